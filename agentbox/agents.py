@@ -1,0 +1,60 @@
+"""The agents agentbox knows how to run: built-in ones and the ones a config defines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class AgentSpec:
+    name: str
+    binary: str
+    default_args: tuple[str, ...]
+    install: str | None = None
+    # Where --model goes: after this many leading default args (kiro takes it after `chat`).
+    model_after: int = 0
+    credentials: tuple[str, ...] = field(default_factory=tuple)
+    summary: str = ""
+
+
+BUILTIN_AGENTS: dict[str, AgentSpec] = {
+    "codex": AgentSpec(
+        name="codex",
+        binary="codex",
+        default_args=("--dangerously-bypass-approvals-and-sandbox",),
+        install="npm install -g @openai/codex",
+        credentials=("~/.codex/auth.json",),
+        summary="OpenAI Codex CLI",
+    ),
+    "claude": AgentSpec(
+        name="claude",
+        binary="claude",
+        default_args=("--dangerously-skip-permissions",),
+        install="npm install -g @anthropic-ai/claude-code",
+        credentials=("~/.claude/.credentials.json", "~/.claude.json"),
+        summary="Anthropic Claude Code",
+    ),
+    "gemini": AgentSpec(
+        name="gemini",
+        binary="gemini",
+        default_args=("--approval-mode=yolo", "--no-sandbox"),
+        install="npm install -g @google/gemini-cli",
+        credentials=(
+            "~/.gemini/oauth_creds.json",
+            "~/.gemini/google_accounts.json",
+            "~/.gemini/google_account_id",
+            "~/.gemini/installation_id",
+            "~/.gemini/state.json",
+        ),
+        summary="Google Gemini CLI",
+    ),
+    "kiro": AgentSpec(
+        name="kiro",
+        binary="kiro-cli",
+        default_args=("chat", "--trust-all-tools"),
+        install="curl -fsSL https://cli.kiro.dev/install | bash",
+        model_after=1,
+        credentials=("~/Library/Application Support/kiro-cli/data.sqlite3",),
+        summary="Kiro CLI",
+    ),
+}

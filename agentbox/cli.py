@@ -1,0 +1,198 @@
+"""The command line: parses arguments and hands the work to the modules that do it.
+
+Start-up speed matters (`agentbox --help` must stay well under 150 ms), so heavy modules are
+imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agentbox import __version__
+from agentbox.agents import BUILTIN_AGENTS
+from agentbox.errors import AgentboxError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell")
+CONFIG_COMMANDS = ("config", "init", "completion")
+
+
+class AgentboxGroup(click.Group):
+    """Adds one command per agent (built-in and configured) and the single error boundary."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self.commands, *(name for name in _agent_names(ctx) if name not in self.commands)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = self.commands.get(cmd_name)
+        if command is not None:
+            return command
+        if cmd_name in BUILTIN_AGENTS or cmd_name in _agent_names(ctx):
+            from agentbox.commands.agent import make_agent_command
+
+            return make_agent_command(cmd_name, _agent_summary(ctx, cmd_name))
+        return None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        agents = [n for n in names if n not in self.commands]
+        sections = (
+            ("Agent commands (agentbox AGENT [ARGS]... runs it in the project's VM)", agents),
+            ("VM commands", [n for n in VM_COMMANDS if n in self.commands]),
+            ("Config commands", [n for n in self.commands if n not in VM_COMMANDS]),
+        )
+        for title, section in sections:
+            rows = []
+            for name in section:
+                if name in agents:
+                    rows.append((name, _agent_summary(ctx, name)))
+                else:
+                    rows.append((name, self.commands[name].get_short_help_str(limit=70)))
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except AgentboxError as exc:
+            report_error(exc)
+            ctx.exit(exc.exit_code)
+        except KeyboardInterrupt:
+            click.echo("\nagentbox: interrupted", err=True)
+            ctx.exit(130)
+
+
+def report_error(exc: AgentboxError) -> None:
+    click.echo(f"agentbox: error: {exc.message}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+
+
+def _start_dir(ctx: click.Context) -> Path:
+    root = ctx.find_root()
+    directory = root.params.get("directory")
+    return Path(directory) if directory else Path(os.getcwd())
+
+
+def _agent_names(ctx: click.Context) -> list[str]:
+    """Built-in agents plus those defined in config; a broken config still lists the built-ins."""
+    configured = _configured_agents(ctx)
+    return [*BUILTIN_AGENTS, *sorted(n for n in configured if n not in BUILTIN_AGENTS)]
+
+
+def _configured_agents(ctx: click.Context) -> dict[str, Any]:
+    root = ctx.find_root()
+    cache = root.meta.setdefault("agentbox.configured_agents", {})
+    if "agents" not in cache:
+        from agentbox import config
+
+        try:
+            cache["agents"] = config.load(_start_dir(ctx)).agents
+        except AgentboxError:
+            cache["agents"] = {}
+    return cache["agents"]
+
+
+def _agent_summary(ctx: click.Context, name: str) -> str:
+    builtin = BUILTIN_AGENTS.get(name)
+    if builtin:
+        return f"Run {builtin.summary} ({builtin.binary}) in the VM"
+    agent = _configured_agents(ctx).get(name)
+    binary = agent.binary if agent else name
+    return f"Run {binary} in the VM (defined in your config)"
+
+
+@click.group("agentbox", cls=AgentboxGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="agentbox", message="%(prog)s %(version)s")
+@click.option(
+    "-C",
+    "directory",
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False, resolve_path=True),
+    is_eager=True,  # processed before --help, which lists the agents defined in DIR's config
+    help="Run as if agentbox was started in DIR.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Stream limactl's own output.")
+@click.option("--debug", is_flag=True, help="Print every limactl call with its duration and exit code.")
+@click.pass_context
+def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool) -> None:
+    """Run AI coding agents in a per-project Lima VM.
+
+    In a project folder, `agentbox claude` (or codex, gemini, kiro) finds or creates the project's
+    VM, mounts the project at the same path and starts the agent there with its approval prompts
+    off: the VM is the sandbox.
+    """
+    ctx.obj = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose, "debug": debug}
+
+
+def load_config(ctx: click.Context) -> Any:
+    from agentbox import config
+
+    loaded = config.load(ctx.obj["cwd"])
+    config.print_notices(loaded)
+    return loaded
+
+
+@cli.command("config")
+@click.option("--json", "as_json", is_flag=True, help="Print the merged config as one JSON object.")
+@click.pass_context
+def config_command(ctx: click.Context, as_json: bool) -> None:
+    """Show the merged config and where each value came from."""
+    from agentbox import configview
+
+    loaded = load_config(ctx)
+    if as_json:
+        click.echo(configview.as_json(loaded))
+    else:
+        click.echo(configview.as_text(loaded), nl=False)
+    if loaded.workspace_problem:
+        click.echo(f"agentbox: warning: {loaded.workspace_problem}", err=True)
+
+
+@cli.command("init")
+@click.option("--global", "is_global", is_flag=True, help="Write the global config instead of ./agentbox.yml.")
+@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.pass_context
+def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
+    """Write a commented config file to start from."""
+    from agentbox import initfile
+
+    target = initfile.write(ctx.obj["cwd"], is_global=is_global, force=force)
+    click.echo(f"Wrote {target}")
+
+
+@cli.command("completion")
+@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
+def completion_command(shell: str) -> None:
+    """Print the shell completion script (add it to your shell's startup file)."""
+    from click.shell_completion import get_completion_class
+
+    completion_class = get_completion_class(shell)
+    assert completion_class is not None
+    click.echo(completion_class(cli, {}, "agentbox", "_AGENTBOX_COMPLETE").source())
+
+
+def _register_vm_commands() -> None:
+    from agentbox.commands import vm
+
+    for command in vm.COMMANDS:
+        cli.add_command(command)
+
+
+_register_vm_commands()
+
+
+def main() -> None:
+    cli.main(prog_name="agentbox")
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,1 @@
+"""Click commands, one module per group of verbs."""

@@ -1,0 +1,411 @@
+"""Find, load, merge and resolve agentbox's config: built-in defaults < global file < local agentbox.yml."""
+
+from __future__ import annotations
+
+import copy
+import os
+import stat
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentbox import paths
+from agentbox.agents import BUILTIN_AGENTS
+from agentbox.errors import ConfigError
+
+DEFAULTS: dict[str, Any] = {
+    "vm": {"cpus": 4, "memory": "8GiB", "disk": "20GiB"},
+    "mounts": [],
+    "sync": {"remoteWrite": False},
+    "startupWaitSec": 30,
+    "env": {},
+    "bootstrap": {"onCreateScript": [], "onStartScript": []},
+}
+
+
+@dataclass(frozen=True)
+class Mount:
+    location: Path
+    mount_point: str
+    writable: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"location": str(self.location), "mountPoint": self.mount_point, "writable": self.writable}
+
+
+@dataclass(frozen=True)
+class Script:
+    path: Path
+    origin: str  # "global" or "local"
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str
+    binary: str
+    default_args: tuple[str, ...]
+    model: str | None
+    vm_name: str
+    install: str | None
+    builtin: bool
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "binary": self.binary,
+            "defaultArgs": list(self.default_args),
+            "model": self.model,
+            "vmName": self.vm_name,
+        }
+        if self.install is not None:
+            data["install"] = self.install
+        return data
+
+
+@dataclass(frozen=True)
+class Config:
+    cwd: Path
+    workspace: Path
+    workspace_problem: str | None
+    global_file: Path | None
+    local_file: Path | None
+    vm_name: str
+    cpus: int
+    memory: str
+    disk: str
+    vm_type: str | None
+    arch: str | None
+    mount_type: str | None
+    template: Path | None
+    lima: dict[str, Any]
+    mounts: tuple[Mount, ...]
+    env: dict[str, str]
+    remote_write: bool
+    startup_wait_sec: int
+    on_create: tuple[Script, ...]
+    on_start: tuple[Script, ...]
+    ca_cert: Path | None
+    agents: dict[str, AgentConfig]
+    origins: dict[str, str]
+    notices: tuple[str, ...] = field(default_factory=tuple)
+
+    def require_workspace(self) -> Path:
+        """The workspace, or a config error when it cannot be one (home, /, missing)."""
+        if self.workspace_problem:
+            raise ConfigError(self.workspace_problem, hint=_workspace_hint(self))
+        return self.workspace
+
+    def agent(self, name: str) -> AgentConfig:
+        return self.agents[name]
+
+    def to_json(self) -> dict[str, Any]:
+        vm: dict[str, Any] = {
+            "name": self.vm_name,
+            "cpus": self.cpus,
+            "memory": self.memory,
+            "disk": self.disk,
+            "vmType": self.vm_type,
+            "arch": self.arch,
+            "mountType": self.mount_type,
+            "template": str(self.template) if self.template else None,
+            "lima": self.lima,
+        }
+        return {
+            "workspace": str(self.workspace),
+            "vm": vm,
+            "mounts": [m.to_json() for m in self.mounts],
+            "env": dict(self.env),
+            "sync": {"remoteWrite": self.remote_write},
+            "startupWaitSec": self.startup_wait_sec,
+            "bootstrap": {
+                "onCreateScript": [str(s.path) for s in self.on_create],
+                "onStartScript": [str(s.path) for s in self.on_start],
+            },
+            "caCert": str(self.ca_cert) if self.ca_cert else None,
+            "agents": {name: agent.to_json() for name, agent in self.agents.items()},
+        }
+
+
+def load(cwd: Path | None = None) -> Config:
+    """Load and validate every layer, then merge and resolve. Raises ConfigError (exit 2)."""
+    from agentbox import schema, yamlio
+
+    cwd = Path(os.path.abspath(cwd or os.getcwd()))
+    notices: list[str] = []
+    layers = []
+    global_path = paths.global_config_file()
+    if _usable(global_path, notices, "global"):
+        text = yamlio.read_config_text(global_path)
+        layers.append(schema.validate(yamlio.compose(text, global_path), global_path, "global"))
+    local_path = find_local_config(cwd, notices)
+    if local_path is not None:
+        text = yamlio.read_config_text(local_path)
+        layers.append(schema.validate(yamlio.compose(text, local_path), local_path, "local"))
+    for layer in layers:
+        notices.extend(layer.notices)
+    return resolve(cwd, layers, notices)
+
+
+def find_local_config(start: Path, notices: list[str]) -> Path | None:
+    """The nearest agentbox.yml from start upward, if it may be used."""
+    for directory in (start, *start.parents):
+        candidate = directory / paths.LOCAL_CONFIG_NAME
+        if os.path.lexists(candidate):
+            return candidate if _usable(candidate, notices, "local") else None
+    return None
+
+
+def _usable(path: Path, notices: list[str], layer: str) -> bool:
+    """Like git's safe.directory: only the user's own, not group/world-writable, regular files."""
+    if not os.path.lexists(path):
+        return False
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if os.path.islink(path):
+            notices.append(f"{path} is not used: it is a symlink to {os.path.realpath(path)}, which cannot be read ({exc.strerror})")
+            return False
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
+    shown = path if not os.path.islink(path) else f"{path} (-> {os.path.realpath(path)})"
+    if not stat.S_ISREG(st.st_mode):
+        from agentbox.yamlio import describe_file_type
+
+        raise ConfigError(f"{shown}: is {describe_file_type(st.st_mode)}, not a regular file")
+    if st.st_uid != os.getuid():
+        notices.append(
+            f"{shown} is not used: it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}). "
+            f"Someone else could have written it. If you trust it, take ownership: chown $(id -u) {os.path.realpath(path)}"
+        )
+        return False
+    if st.st_mode & 0o022:
+        notices.append(
+            f"{shown} is not used: it is writable by {'group and others' if st.st_mode & 0o022 == 0o022 else 'group' if st.st_mode & 0o020 else 'others'}. "
+            f"Fix it with: chmod go-w {os.path.realpath(path)}"
+        )
+        return False
+    return True
+
+
+def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Merge defaults and layers by agentbox's rules; return data and the origin of every value."""
+    data = copy.deepcopy(DEFAULTS)
+    origins: dict[str, str] = {}
+    _note_origins(origins, DEFAULTS, "default")
+    for layer in layers:
+        raw = copy.deepcopy(layer.data)
+        wait = raw.pop("defaults", {}).get("startupWaitSec")
+        if "startupWaitSec" not in raw and wait is not None:
+            raw["startupWaitSec"] = wait
+        label = f"{layer.name} ({layer.path})"
+        for key, value in raw.items():
+            if key == "env":
+                data["env"].update(value)
+                _note_origins(origins, {"env": value}, label)
+            elif key == "bootstrap":
+                for hook in ("onCreateScript", "onStartScript"):
+                    for script in value.get(hook, []):
+                        origins[f"bootstrap.{hook}[{len(data['bootstrap'][hook])}]"] = label
+                        data["bootstrap"][hook].append((script, layer))
+            elif key == "mounts":
+                data["mounts"] = [(m, layer) for m in value]
+                for name in [k for k in origins if k.startswith("mounts")]:
+                    del origins[name]
+                origins["mounts"] = label
+            elif key in ("vm", "sync", "agents"):
+                _deep_update(data.setdefault(key, {}), value)
+                _note_origins(origins, {key: value}, label)
+            else:
+                data[key] = (value, layer) if key in ("workspace", "caCert") else value
+                origins[key] = label
+    return data, origins
+
+
+def _deep_update(target: dict[str, Any], source: dict[str, Any]) -> None:
+    for key, value in source.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _deep_update(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def _note_origins(origins: dict[str, str], data: dict[str, Any], label: str, prefix: str = "") -> None:
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and value and name != "vm.lima":
+            _note_origins(origins, value, label, name + ".")
+        else:
+            origins[name] = label
+
+
+def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
+    from agentbox import naming
+
+    data, origins = merge(layers)
+    local = next((layer for layer in layers if layer.name == "local"), None)
+    global_layer = next((layer for layer in layers if layer.name == "global"), None)
+
+    workspace, problem = _resolve_workspace(cwd, data, local)
+    lima_home = paths.lima_home()
+    vm = data["vm"]
+    if "name" in vm:
+        vm_name = vm["name"]
+        _check_socket_length(vm_name, lima_home, _position(layers, ("vm", "name")))
+    else:
+        vm_name = naming.default_vm_name(workspace, lima_home)
+        origins["vm.name"] = "default (from the workspace folder name)"
+        _check_socket_length(vm_name, lima_home, None)
+
+    agents = {}
+    configured = data.get("agents", {})
+    for name in [*BUILTIN_AGENTS, *sorted(set(configured) - set(BUILTIN_AGENTS))]:
+        agents[name] = _resolve_agent(name, configured.get(name, {}), vm_name, layers, lima_home)
+
+    mounts = tuple(_resolve_mount(raw, layer, workspace) for raw, layer in data["mounts"])
+    ca_cert = None
+    if "caCert" in data:
+        value, layer = data["caCert"]
+        ca_cert = _expand(value, _base_dir(layer, workspace))
+    template = None
+    if "template" in vm:
+        owner = local if local and "template" in local.data.get("vm", {}) else global_layer
+        template = _expand(vm["template"], _base_dir(owner, workspace))
+
+    def scripts(hook: str) -> tuple[Script, ...]:
+        return tuple(Script(_expand(path, workspace), layer.name) for path, layer in data["bootstrap"][hook])
+
+    return Config(
+        cwd=cwd,
+        workspace=workspace,
+        workspace_problem=problem,
+        global_file=global_layer.path if global_layer else None,
+        local_file=local.path if local else None,
+        vm_name=vm_name,
+        cpus=vm["cpus"],
+        memory=vm["memory"],
+        disk=vm["disk"],
+        vm_type=vm.get("vmType"),
+        arch=vm.get("arch"),
+        mount_type=vm.get("mountType"),
+        template=template,
+        lima=vm.get("lima", {}),
+        mounts=mounts,
+        env=data["env"],
+        remote_write=data["sync"].get("remoteWrite", False),
+        startup_wait_sec=data["startupWaitSec"],
+        on_create=scripts("onCreateScript"),
+        on_start=scripts("onStartScript"),
+        ca_cert=ca_cert,
+        agents=agents,
+        origins=origins,
+        notices=tuple(notices),
+    )
+
+
+def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Path, str | None]:
+    if "workspace" in data:
+        value, layer = data["workspace"]
+        workspace = _expand(value, layer.path.parent)
+        source = f"`workspace` in {layer.path}"
+    elif local is not None:
+        workspace = local.path.parent
+        source = f"the folder of {local.path}"
+    else:
+        workspace = cwd
+        source = "the current folder (no agentbox.yml found)"
+    workspace = Path(os.path.realpath(workspace))
+    home = Path(os.path.realpath(paths.home()))
+    if workspace == Path("/"):
+        return workspace, f"the workspace would be / ({source}); agentbox never mounts the whole filesystem"
+    if workspace == home or workspace in home.parents:
+        return workspace, (
+            f"the workspace would be {workspace} ({source}), which is or contains your home folder; "
+            "agentbox never mounts your home folder into a VM"
+        )
+    if not workspace.is_dir():
+        return workspace, f"the workspace {workspace} ({source}) does not exist or is not a folder"
+    return workspace, None
+
+
+def _workspace_hint(config: Config) -> str:
+    if config.local_file is None:
+        return "Run agentbox inside a project folder, use -C DIR, or create one with `agentbox init`."
+    return f"Fix `workspace` in {config.local_file}, or run agentbox from another project."
+
+
+def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[Any], lima_home: Path) -> AgentConfig:
+    builtin = BUILTIN_AGENTS.get(name)
+    if builtin is None and "binary" not in raw:
+        import difflib
+
+        position = _position(layers, ("agents", name))
+        close = difflib.get_close_matches(name, list(BUILTIN_AGENTS), n=1, cutoff=0.6)
+        hint = (
+            f"Did you mean `agents.{close[0]}`?"
+            if close
+            else f"Add `binary: <executable>` under agents.{name} to define a new agent."
+        )
+        raise ConfigError(
+            f"{position}: agents.{name}: `{name}` is not a built-in agent "
+            f"({', '.join(BUILTIN_AGENTS)}), so it needs `binary`",
+            hint=hint,
+        )
+    if "vmName" in raw:
+        _check_socket_length(raw["vmName"], lima_home, _position(layers, ("agents", name, "vmName")))
+    return AgentConfig(
+        name=name,
+        binary=raw.get("binary", builtin.binary if builtin else ""),
+        default_args=tuple(raw["defaultArgs"]) if "defaultArgs" in raw else (builtin.default_args if builtin else ()),
+        model=raw.get("model"),
+        vm_name=raw.get("vmName", vm_name),
+        install=raw.get("install", builtin.install if builtin else None),
+        builtin=builtin is not None,
+    )
+
+
+def _resolve_mount(raw: dict[str, Any], layer: Any, workspace: Path) -> Mount:
+    location = _expand(raw["location"], _base_dir(layer, workspace))
+    mount_point = raw.get("mountPoint")
+    if mount_point is None:
+        mount_point = str(location)
+    elif mount_point.startswith("~"):
+        raise ConfigError(
+            f"{layer.path}: mounts: mountPoint {mount_point!r} starts with ~, which Lima does not allow",
+            hint="Give the path inside the VM as an absolute path.",
+        )
+    return Mount(location=location, mount_point=mount_point, writable=raw.get("writable", False))
+
+
+def _base_dir(layer: Any, workspace: Path) -> Path:
+    """Relative paths in a local file are relative to its folder; in the global file, to the workspace."""
+    return layer.path.parent if layer is not None and layer.name == "local" else workspace
+
+
+def _expand(value: str, base: Path) -> Path:
+    path = Path(os.path.expanduser(value))
+    return Path(os.path.normpath(path if path.is_absolute() else base / path))
+
+
+def _position(layers: list[Any], keypath: tuple[str, ...]) -> str:
+    for layer in reversed(layers):
+        if keypath in layer.positions:
+            return layer.positions[keypath]
+    return "config"
+
+
+def _check_socket_length(name: str, lima_home: Path, where: str | None) -> None:
+    from agentbox import naming
+
+    limit = naming.socket_limit(lima_home)
+    if len(name) <= limit:
+        return
+    prefix = f"{where}: " if where else ""
+    raise ConfigError(
+        f"{prefix}the VM name {name!r} is {len(name)} characters, but with LIMA_HOME={lima_home} "
+        f"Lima's socket paths allow at most {limit}",
+        hint="Choose a shorter `vm.name`, or use a shorter LIMA_HOME.",
+    )
+
+
+def print_notices(config: Config) -> None:
+    for notice in config.notices:
+        print(f"agentbox: warning: {notice}", file=sys.stderr)

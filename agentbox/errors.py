@@ -1,0 +1,46 @@
+"""The exceptions agentbox shows to people. cli.main() is the one place that prints them."""
+
+from __future__ import annotations
+
+
+class AgentboxError(Exception):
+    """An error with a message for people and an optional hint on what to do."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+
+class ConfigError(AgentboxError):
+    """Invalid configuration. Raised before anything is created or started."""
+
+    exit_code = 2
+
+
+class StateError(AgentboxError):
+    """The VM or the host is in a state agentbox cannot continue from."""
+
+
+class LimaError(AgentboxError):
+    """limactl failed, or could not be run."""
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        argv: list[str] | None = None,
+        exit_code: int | None = None,
+        stderr_lines: list[str] | None = None,
+    ) -> None:
+        super().__init__(message, hint)
+        self.argv = argv or []
+        self.limactl_exit_code = exit_code
+        self.stderr_lines = stderr_lines or []
+
+
+class Interrupted(AgentboxError):
+    exit_code = 130

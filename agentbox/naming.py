@@ -1,0 +1,58 @@
+"""Lima instance names: the rules Lima enforces and agentbox's default name for a workspace."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import unicodedata
+from pathlib import Path
+
+_IDENTIFIER = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
+MAX_NAME = 76
+PREFIX = "agentbox-"
+# limactl refuses a name when LIMA_HOME/NAME/ssh.sock.1234567890123456 reaches UNIX_PATH_MAX:
+# 104 on macOS, 108 on Linux. agentbox uses the smaller one everywhere so names stay portable.
+UNIX_PATH_MAX = 104
+_SOCKET_SUFFIX = len("/ssh.sock.1234567890123456")
+
+
+def instance_name_problem(name: str) -> str | None:
+    """Why Lima would reject name as an instance name, or None."""
+    if not _IDENTIFIER.match(name):
+        return (
+            f"{name!r} is not a valid Lima instance name "
+            "(letters and digits, with single . _ or - between them)"
+        )
+    if len(name) > MAX_NAME:
+        return f"{name!r} is {len(name)} characters; Lima allows at most {MAX_NAME}"
+    if name.lower().endswith((".yml", ".yaml")):
+        return f"{name!r} must not end with .yml or .yaml"
+    return None
+
+
+def socket_limit(lima_home: Path) -> int:
+    """The longest name whose ssh socket path still fits under UNIX_PATH_MAX."""
+    return UNIX_PATH_MAX - 1 - len(str(lima_home)) - 1 - _SOCKET_SUFFIX
+
+
+def default_vm_name(workspace: Path, lima_home: Path) -> str:
+    """agentbox-<basename>; a short hash of the path is appended whenever the basename had to change."""
+    limit = min(MAX_NAME, socket_limit(lima_home))
+    base = workspace.name
+    cleaned = _sanitize(base)
+    name = PREFIX + cleaned if cleaned else PREFIX.rstrip("-")
+    if cleaned == base and not instance_name_problem(name) and len(name) <= limit:
+        return name
+    digest = hashlib.sha256(str(workspace).encode()).hexdigest()[:8]
+    room = limit - len(PREFIX) - len(digest) - 1
+    stem = cleaned[: max(room, 0)].rstrip("._-")
+    return f"{PREFIX}{stem}-{digest}" if stem else f"{PREFIX}{digest}"
+
+
+def _sanitize(text: str) -> str:
+    ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
+    dashed = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_text)
+    collapsed = re.sub(r"[._-]{2,}", lambda m: m.group(0)[0], dashed).strip("._-")
+    if collapsed.lower().endswith((".yml", ".yaml")):
+        collapsed = collapsed.replace(".", "-")
+    return collapsed

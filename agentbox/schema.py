@@ -1,0 +1,441 @@
+"""The table of every config key, and validation of one config file against it.
+
+Validation works on YAML nodes so that every error can name file:line:column. It returns plain
+Python data (lists normalized, strings checked) plus the position of each value.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from agentbox import sizes
+from agentbox.errors import ConfigError
+from agentbox.yamlio import construct_scalar, flatten_merge_keys
+
+BOTH = frozenset({"global", "local"})
+LOCAL = frozenset({"local"})
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+
+# How many YAML nodes one file may expand to. Aliases share nodes, so a "billion laughs" file is
+# small to compose but huge to walk; the budget stops the walk long before time or memory runs out.
+MAX_NODES = 100_000
+
+
+@dataclass(frozen=True)
+class Key:
+    kind: str  # str, path, int, bool, size, strlist, args, env, mapping, agents, mounts, freeform
+    help: str
+    files: frozenset[str] = BOTH
+    children: dict[str, Key] = field(default_factory=dict)
+    minimum: int | None = None
+    check: Callable[[Any], str | None] | None = None
+
+
+def _check_vm_type(value: str) -> str | None:
+    return None if value in VM_TYPES else f"expected one of {', '.join(VM_TYPES)}, found {value!r}"
+
+
+def _check_arch(value: str) -> str | None:
+    return None if value in ARCHES else f"expected one of {', '.join(ARCHES)}, found {value!r}"
+
+
+def _check_mount_type(value: str) -> str | None:
+    if value == "reverse-sshfs":
+        return (
+            "reverse-sshfs is refused: its read-only mode is the weakest of Lima's mount types; "
+            "use virtiofs (vz) or 9p (qemu)"
+        )
+    return None if value in MOUNT_TYPES else f"expected one of {', '.join(MOUNT_TYPES)}, found {value!r}"
+
+
+VM_TYPES = ("qemu", "vz", "krunkit", "wsl2")
+ARCHES = ("x86_64", "aarch64", "armv7l", "ppc64le", "riscv64", "s390x")
+MOUNT_TYPES = ("virtiofs", "9p", "wsl2")
+
+AGENT_KEYS: dict[str, Key] = {
+    "binary": Key("str", "Executable of the agent inside the VM."),
+    "defaultArgs": Key("args", "Arguments always passed to the agent (a list, or one string split like a shell would)."),
+    "model": Key("str", "Model passed as --model unless the command line already names one."),
+    "vmName": Key("vmname", "VM used for this agent in this project (default: the project's VM).", files=LOCAL),
+    "install": Key("str", "Shell command that installs the agent's CLI in the VM (agents you define)."),
+}
+
+SCHEMA: dict[str, Key] = {
+    "workspace": Key("path", "Project folder mounted into the VM (default: the folder of agentbox.yml).", files=LOCAL),
+    "vm": Key(
+        "mapping",
+        "The VM's resources and Lima settings.",
+        children={
+            "name": Key("vmname", "Lima instance name (default: agentbox-<workspace folder name>)."),
+            "cpus": Key("int", "Virtual CPUs.", minimum=1),
+            "memory": Key("size", "Memory, as Lima writes sizes (\"8GiB\")."),
+            "disk": Key("size", "Disk size (\"20GiB\"). Lima cannot shrink a disk."),
+            "vmType": Key("str", "Lima VM driver (qemu, vz, ...); Lima's default when unset.", check=_check_vm_type),
+            "arch": Key("str", "Guest architecture (x86_64, aarch64, ...); the host's when unset.", check=_check_arch),
+            "mountType": Key("str", "virtiofs or 9p; Lima's default for the driver when unset.", check=_check_mount_type),
+            "template": Key("path", "Your own Jinja2 template for lima.yaml, rendered with agentbox's context."),
+            "lima": Key("freeform", "Lima settings deep-merged into the rendered lima.yaml."),
+        },
+    ),
+    "mounts": Key("mounts", "Extra host folders: {location, mountPoint, writable}."),
+    "sync": Key(
+        "mapping",
+        "How the VM may talk to git remotes.",
+        children={"remoteWrite": Key("bool", "Allow git push and other remote writes from the VM.")},
+    ),
+    "startupWaitSec": Key("int", "Seconds to wait for the VM to come up.", minimum=1),
+    "defaults": Key(
+        "mapping",
+        "Defaults (kept for configs of the previous agentbox).",
+        children={"startupWaitSec": Key("int", "Same as startupWaitSec.", minimum=1)},
+    ),
+    "env": Key("env", "Environment variables for the agent and for shells in the VM."),
+    "bootstrap": Key(
+        "mapping",
+        "Scripts run inside the VM.",
+        children={
+            "onCreateScript": Key("strlist", "Script(s) run once, after the VM is first started."),
+            "onStartScript": Key("strlist", "Script(s) run once per VM boot."),
+        },
+    ),
+    "caCert": Key("path", "PEM file with extra CA certificates for the VM."),
+    "agents": Key("agents", "Settings of built-in agents, and agents you define."),
+}
+
+MOUNT_KEYS: dict[str, Key] = {
+    "location": Key("path", "Host folder."),
+    "mountPoint": Key("path", "Path inside the VM (default: same as location)."),
+    "writable": Key("bool", "Whether the VM may write to it (default false)."),
+}
+
+
+@dataclass
+class Layer:
+    """One config file's validated content."""
+
+    name: str  # "global" or "local"
+    path: Path
+    data: dict[str, Any]
+    positions: dict[tuple[str, ...], str]
+    notices: list[str] = field(default_factory=list)
+
+
+def validate(node: yaml.Node | None, path: Path, layer: str) -> Layer:
+    walker = _Walker(path, layer)
+    if node is None:
+        return Layer(layer, path, {}, {})
+    if not isinstance(node, yaml.MappingNode):
+        raise ConfigError(
+            f"{walker.where(node)}: the top level must be a mapping of keys (like `vm:` or `env:`), "
+            f"found {_describe_node(node)}"
+        )
+    data = walker.mapping(node, SCHEMA, ())
+    return Layer(layer, path, data, walker.positions, walker.notices)
+
+
+class _Walker:
+    def __init__(self, path: Path, layer: str) -> None:
+        self.path = path
+        self.layer = layer
+        self.positions: dict[tuple[str, ...], str] = {}
+        self.notices: list[str] = []
+        self.visited = 0
+
+    def where(self, node: yaml.Node) -> str:
+        mark = node.start_mark
+        return f"{self.path}:{mark.line + 1}:{mark.column + 1}"
+
+    def fail(self, node: yaml.Node, keypath: tuple[str, ...], message: str, hint: str | None = None) -> ConfigError:
+        name = ".".join(keypath) if keypath else "(top level)"
+        return ConfigError(f"{self.where(node)}: {name}: {message}", hint=hint)
+
+    def visit(self, node: yaml.Node, keypath: tuple[str, ...]) -> None:
+        self.visited += 1
+        if self.visited > MAX_NODES:
+            raise ConfigError(
+                f"{self.where(node)}: the config expands to more than {MAX_NODES:,} values "
+                "(a YAML alias bomb?); refusing to read it"
+            )
+        self.positions.setdefault(keypath, self.where(node))
+
+    def mapping_items(self, node: yaml.MappingNode, keypath: tuple[str, ...]) -> list[tuple[str, yaml.Node, yaml.Node]]:
+        try:
+            flatten_merge_keys(node)
+        except yaml.YAMLError as exc:
+            raise self.fail(node, keypath, f"invalid merge key: {exc}") from exc
+        seen: dict[str, yaml.Node] = {}
+        items = []
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise self.fail(key_node, keypath, "keys must be plain names")
+            key = key_node.value  # as written: YAML 1.1 would read keys like `yes` or `on` as booleans
+            if key in seen:
+                raise self.fail(
+                    key_node,
+                    keypath + (key,),
+                    f"the key appears twice (first at line {seen[key].start_mark.line + 1})",
+                )
+            seen[key] = key_node
+            items.append((key, key_node, value_node))
+        return items
+
+    def mapping(self, node: yaml.Node, keys: dict[str, Key], keypath: tuple[str, ...]) -> dict[str, Any]:
+        self.visit(node, keypath)
+        if _is_null(node):
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, keypath, f"expected a mapping, found {_describe_node(node)}")
+        result: dict[str, Any] = {}
+        for key, key_node, value_node in self.mapping_items(node, keypath):
+            child_path = keypath + (key,)
+            spec = keys.get(key)
+            retired = _retired_reason(child_path)
+            if spec is None and retired:
+                self.notices.append(f"{self.where(key_node)}: {'.'.join(child_path)} is ignored: {retired}")
+                continue
+            if spec is None:
+                raise self.fail(key_node, child_path, "unknown key", hint=_suggest(key, keys, keypath))
+            if self.layer not in spec.files:
+                # The previous agentbox silently ignored these here; keep accepting them, but say so.
+                self.notices.append(
+                    f"{self.where(key_node)}: {'.'.join(child_path)} is ignored: it only has a meaning in a "
+                    "project's agentbox.yml"
+                )
+                continue
+            self.positions[child_path] = self.where(value_node)
+            if _is_null(value_node) and spec.kind not in ("mapping", "agents", "env", "freeform"):
+                continue  # `key:` with no value means "not set", as in the previous agentbox
+            result[key] = self.value(value_node, spec, child_path)
+        return result
+
+    def value(self, node: yaml.Node, spec: Key, keypath: tuple[str, ...]) -> Any:
+        kind = spec.kind
+        if kind == "mapping":
+            return self.mapping(node, spec.children, keypath)
+        if kind == "agents":
+            return self.agents(node, keypath)
+        if kind == "mounts":
+            return self.mounts(node, keypath)
+        if kind == "env":
+            return self.env(node, keypath)
+        if kind == "freeform":
+            return self.freeform(node, keypath, top=True)
+        if kind in ("strlist", "args"):
+            return self.string_list(node, keypath, split=kind == "args")
+        self.visit(node, keypath)
+        value = self.scalar(node, keypath)
+        if kind in ("str", "path", "vmname"):
+            if not isinstance(value, str):
+                raise self.fail(node, keypath, f"expected a string, found {_describe_value(value)}")
+            if kind in ("path", "vmname") and not value.strip():
+                raise self.fail(node, keypath, "must not be empty")
+            if kind == "vmname":
+                from agentbox.naming import instance_name_problem
+
+                problem = instance_name_problem(value)
+                if problem:
+                    raise self.fail(node, keypath, problem, hint="Pick a name of letters, digits and single . _ - between them.")
+        elif kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise self.fail(node, keypath, f"expected a whole number, found {_describe_value(value)}")
+            if spec.minimum is not None and value < spec.minimum:
+                raise self.fail(node, keypath, f"must be at least {spec.minimum}, found {value}")
+        elif kind == "bool":
+            if not isinstance(value, bool):
+                raise self.fail(node, keypath, f"expected true or false, found {_describe_value(value)}")
+        elif kind == "size":
+            problem = sizes.size_problem(value)
+            if problem:
+                raise self.fail(node, keypath, problem, hint='Write sizes as Lima does, for example "8GiB" or "512MiB".')
+            value = sizes.normalize(value)
+        if spec.check is not None and isinstance(value, str):
+            problem = spec.check(value)
+            if problem:
+                raise self.fail(node, keypath, problem)
+        return value
+
+    def scalar(self, node: yaml.Node, keypath: tuple[str, ...]) -> Any:
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, keypath, f"expected a single value, found {_describe_node(node)}")
+        return construct_scalar(node)
+
+    def string_list(self, node: yaml.Node, keypath: tuple[str, ...], split: bool) -> list[str]:
+        self.visit(node, keypath)
+        if isinstance(node, yaml.ScalarNode):
+            value = construct_scalar(node)
+            if not isinstance(value, str):
+                raise self.fail(node, keypath, f"expected a string or a list of strings, found {_describe_value(value)}")
+            if split:
+                import shlex
+
+                try:
+                    return shlex.split(value)
+                except ValueError as exc:
+                    raise self.fail(node, keypath, f"cannot split into arguments: {exc}") from exc
+            return [value] if value.strip() else []
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, keypath, f"expected a string or a list of strings, found {_describe_node(node)}")
+        items = []
+        for index, item in enumerate(node.value):
+            item_path = keypath + (f"[{index}]",)
+            self.visit(item, item_path)
+            value = self.scalar(item, item_path)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and split:
+                value = item.value  # `defaultArgs: [--max-turns, 5]`: the number is an argument
+            if not isinstance(value, str):
+                raise self.fail(item, item_path, f"expected a string, found {_describe_value(value)}")
+            items.append(value)
+        return items
+
+    def env(self, node: yaml.Node, keypath: tuple[str, ...]) -> dict[str, str]:
+        self.visit(node, keypath)
+        if _is_null(node):
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, keypath, f"expected a mapping of NAME: value, found {_describe_node(node)}")
+        result = {}
+        for key, key_node, value_node in self.mapping_items(node, keypath):
+            item_path = keypath + (key,)
+            self.visit(value_node, item_path)
+            if not ENV_NAME.match(key):
+                raise self.fail(
+                    key_node,
+                    item_path,
+                    "is not a valid environment variable name",
+                    hint="Use letters, digits and _, not starting with a digit.",
+                )
+            if not isinstance(value_node, yaml.ScalarNode) or _is_null(value_node):
+                raise self.fail(value_node, item_path, f"expected a string value, found {_describe_node(value_node)}")
+            # The text as written: `yes`, `0755` and `1.10` stay what the user typed, not YAML 1.1's reading.
+            value = value_node.value
+            if "\x00" in value:
+                raise self.fail(value_node, item_path, "contains a NUL byte, which no environment can carry")
+            result[key] = value
+        return result
+
+    def mounts(self, node: yaml.Node, keypath: tuple[str, ...]) -> list[dict[str, Any]]:
+        self.visit(node, keypath)
+        if _is_null(node):
+            return []
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, keypath, f"expected a list of mounts, found {_describe_node(node)}")
+        mounts = []
+        for index, item in enumerate(node.value):
+            item_path = keypath + (f"[{index}]",)
+            if isinstance(item, yaml.ScalarNode) and isinstance(construct_scalar(item), str):
+                self.visit(item, item_path)
+                mounts.append({"location": construct_scalar(item)})
+                continue
+            mount = self.mapping(item, MOUNT_KEYS, item_path)
+            if "location" not in mount:
+                raise self.fail(item, item_path, "a mount needs `location` (the host folder)")
+            mounts.append(mount)
+        return mounts
+
+    def agents(self, node: yaml.Node, keypath: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+        self.visit(node, keypath)
+        if _is_null(node):
+            return {}
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, keypath, f"expected a mapping of agent names, found {_describe_node(node)}")
+        result = {}
+        for name, key_node, value_node in self.mapping_items(node, keypath):
+            if not AGENT_NAME.match(name):
+                raise self.fail(
+                    key_node,
+                    keypath + (name,),
+                    "is not a valid agent name",
+                    hint="Agent names become commands: use lowercase letters, digits and -, starting with a letter.",
+                )
+            self.positions[keypath + (name,)] = self.where(value_node)
+            result[name] = self.mapping(value_node, AGENT_KEYS, keypath + (name,))
+        return result
+
+    def freeform(self, node: yaml.Node, keypath: tuple[str, ...], top: bool = False) -> Any:
+        self.visit(node, keypath)
+        if isinstance(node, yaml.MappingNode):
+            return {key: self.freeform(value, keypath + (key,)) for key, _, value in self.mapping_items(node, keypath)}
+        if isinstance(node, yaml.SequenceNode):
+            if top:
+                raise self.fail(node, keypath, "expected a mapping of Lima settings, found a list")
+            return [self.freeform(item, keypath + (f"[{i}]",)) for i, item in enumerate(node.value)]
+        value = construct_scalar(node)
+        if top and value is not None:
+            raise self.fail(node, keypath, f"expected a mapping of Lima settings, found {_describe_value(value)}")
+        return {} if top else value
+
+
+# Keys of the previous agentbox's Docker Sandboxes era. Its Lima version ignored them; so does agentbox.
+_RETIRED = {
+    ("network",): "network policies belonged to Docker Sandboxes; a Lima VM has no such proxy",
+    ("sync", "files"): "files are no longer copied into the sandbox; use mounts, or credentials for logins",
+    ("agents", "*", "execMode"): "agents always run through the VM's shell now",
+    ("agents", "*", "sandboxName"): "Docker Sandboxes are gone; use agents.<agent>.vmName to pick a VM",
+}
+
+
+def _retired_reason(keypath: tuple[str, ...]) -> str | None:
+    for pattern, reason in _RETIRED.items():
+        if len(pattern) == len(keypath) and all(p in ("*", k) for p, k in zip(pattern, keypath)):
+            return reason
+    return None
+
+
+def _is_null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
+
+
+def _describe_node(node: yaml.Node) -> str:
+    if isinstance(node, yaml.MappingNode):
+        return "a mapping"
+    if isinstance(node, yaml.SequenceNode):
+        return "a list"
+    return _describe_value(construct_scalar(node))
+
+
+def _describe_value(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (a boolean)"
+    if isinstance(value, int):
+        return f"{value} (a number)"
+    if isinstance(value, float):
+        return f"{value} (a decimal number)"
+    if isinstance(value, str):
+        return f"{value!r} (a string)"
+    return type(value).__name__
+
+
+def _all_key_paths(keys: dict[str, Key], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    paths = []
+    for name, spec in keys.items():
+        paths.append(prefix + (name,))
+        paths.extend(_all_key_paths(spec.children, prefix + (name,)))
+        if spec.kind == "agents":
+            paths.extend(_all_key_paths(AGENT_KEYS, prefix + (name, "<agent>")))
+        if spec.kind == "mounts":
+            paths.extend(_all_key_paths(MOUNT_KEYS, prefix + (name, "[]")))
+    return paths
+
+
+def _suggest(key: str, siblings: dict[str, Key], keypath: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(key, list(siblings), n=1, cutoff=0.6)
+    if not close:
+        lowered = {name.lower(): name for name in siblings}
+        if key.lower() in lowered:
+            close = [lowered[key.lower()]]
+    if close:
+        return f"Did you mean `{'.'.join(keypath + (close[0],))}`?"
+    elsewhere = [p for p in _all_key_paths(SCHEMA) if p[-1] == key and p[:-1] != keypath]
+    if elsewhere:
+        return f"`{key}` belongs under `{'.'.join(elsewhere[0][:-1])}`: write it as `{'.'.join(elsewhere[0])}`."
+    return "Known keys here: " + ", ".join(sorted(siblings)) + "."

@@ -1,0 +1,42 @@
+"""Memory and disk sizes as Lima reads them (go-units RAMInBytes: binary multiples, bare number = bytes)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+_SIZE = re.compile(r"^(\d+(?:\.\d+)*) ?([kKmMgGtTpP])?[iI]?[bB]?$")
+_MULTIPLIER = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+
+# A bare number is bytes to Lima; below this it was almost certainly meant as GiB.
+_SMALLEST_PLAUSIBLE = 1 << 20
+
+
+def to_bytes(text: str) -> int | None:
+    match = _SIZE.match(text)
+    if not match:
+        return None
+    try:
+        number = float(match.group(1))
+    except ValueError:
+        return None
+    return int(number * _MULTIPLIER[(match.group(2) or "").lower()])
+
+
+def size_problem(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return f'expected a size such as "8GiB", found {value!r}'
+    text = str(value)
+    size = to_bytes(text)
+    if size is None:
+        return f'{text!r} is not a size Lima understands (examples: "8GiB", "512MiB", "20G")'
+    if size == 0:
+        return "must be larger than zero"
+    if size < _SMALLEST_PLAUSIBLE:
+        return f"{text} is {size} bytes, which cannot run a VM (Lima reads a bare number as bytes)"
+    return None
+
+
+def normalize(value: str | int) -> str:
+    """Keep the user's spelling ("8GiB") but turn a bare YAML number into a string of bytes."""
+    return str(value)

@@ -1,0 +1,97 @@
+"""Bounded, position-keeping YAML reading. The only module that parses agentbox's YAML config."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentbox.errors import ConfigError
+
+MAX_CONFIG_BYTES = 1_000_000
+
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_config_text(path: Path) -> str:
+    """Read a config file that must be a regular UTF-8 file of at most 1 MB.
+
+    Directories, FIFOs and devices are refused from stat alone, so reading never blocks.
+    """
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
+    if not stat.S_ISREG(st.st_mode):
+        kind = describe_file_type(st.st_mode)
+        raise ConfigError(
+            f"{path}: is {kind}, not a regular file",
+            hint="agentbox reads its config from a regular YAML file; rename or remove this one.",
+        )
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: the file is {st.st_size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes",
+        )
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: the file is larger than {MAX_CONFIG_BYTES:,} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: the file is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
+            hint="Save the file as UTF-8.",
+        ) from exc
+
+
+def describe_file_type(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    return "not a regular file"
+
+
+def compose(text: str, path: Path) -> yaml.Node | None:
+    """Parse text into a node tree that keeps line and column of every value."""
+    try:
+        return yaml.compose(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: YAML syntax error: {exc}") from exc
+    except RecursionError as exc:
+        raise ConfigError(f"{path}: the YAML is nested too deeply") from exc
+
+
+def construct_scalar(node: yaml.ScalarNode) -> Any:
+    """The Python value of one scalar node, as YAML's safe loader resolves it."""
+    return _SCALAR_CONSTRUCTOR.construct_object(node)
+
+
+_SCALAR_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+
+
+def flatten_merge_keys(node: yaml.MappingNode) -> None:
+    """Apply YAML merge keys (`<<: *base`) in place, as the safe loader would."""
+    _SCALAR_CONSTRUCTOR.flatten_mapping(node)
+
+
+def dump(data: Any) -> str:
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)

@@ -1,0 +1,435 @@
+"""Config discovery, merging, validation and the JSON view, through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli, write
+
+
+def config_json(cwd: Path) -> dict:
+    result = run_cli("config", "--json", cwd=cwd)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def global_config(home: Path, text: str) -> Path:
+    return write(home / ".config" / "agentbox" / "config.yml", text)
+
+
+def test_empty_local_file_is_a_valid_config(project: Path) -> None:
+    write(project / "agentbox.yml", "")
+    data = config_json(project)
+    assert data["workspace"] == str(project)
+    assert data["vm"] == {
+        "name": "agentbox-myproject",
+        "cpus": 4,
+        "memory": "8GiB",
+        "disk": "20GiB",
+        "vmType": None,
+        "arch": None,
+        "mountType": None,
+        "template": None,
+        "lima": {},
+    }
+    assert data["mounts"] == []
+    assert data["env"] == {}
+    assert data["sync"] == {"remoteWrite": False}
+    assert data["startupWaitSec"] == 30
+    assert data["bootstrap"] == {"onCreateScript": [], "onStartScript": []}
+    assert data["caCert"] is None
+    assert data["agents"]["claude"] == {
+        "binary": "claude",
+        "defaultArgs": ["--dangerously-skip-permissions"],
+        "model": None,
+        "vmName": "agentbox-myproject",
+        "install": "npm install -g @anthropic-ai/claude-code",
+    }
+    assert data["agents"]["kiro"]["binary"] == "kiro-cli"
+    assert data["agents"]["kiro"]["defaultArgs"] == ["chat", "--trust-all-tools"]
+    assert data["agents"]["gemini"]["defaultArgs"] == ["--approval-mode=yolo", "--no-sandbox"]
+    assert data["agents"]["codex"]["defaultArgs"] == ["--dangerously-bypass-approvals-and-sandbox"]
+
+
+def test_previous_tool_examples_from_a_subdirectory(project: Path, home: Path) -> None:
+    """The README examples of the previous agentbox, global plus local, keep their meaning."""
+    global_config(
+        home,
+        """\
+sync:
+  remoteWrite: false          # git push blocked (default)
+
+vm:
+  cpus: 4
+  memory: "8GiB"
+  disk: "20GiB"
+
+defaults:
+  startupWaitSec: 30
+
+env:
+  CLAUDE_CODE_OAUTH_TOKEN: "sk-ant-oat01-xxx..."
+
+agents:
+  codex:
+    binary: codex
+    model: o3
+  claude:
+    model: sonnet
+  gemini:
+    binary: gemini
+""",
+    )
+    write(
+        project / "agentbox.yml",
+        f"""\
+workspace: {project}
+
+sync:
+  remoteWrite: true
+
+vm:
+  cpus: 2
+  memory: "4GiB"
+
+mounts:
+  - location: "~/extra-data"
+    mountPoint: "/home/user/data"
+    writable: false
+
+startupWaitSec: 10
+
+env:
+  MY_PROJECT_KEY: "value"
+
+agents:
+  codex:
+    vmName: codex-myproj
+    model: o4-mini
+""",
+    )
+    sub = project / "src" / "deep"
+    sub.mkdir(parents=True)
+    data = config_json(sub)
+    assert data["workspace"] == str(project)
+    assert data["sync"] == {"remoteWrite": True}
+    assert (data["vm"]["cpus"], data["vm"]["memory"], data["vm"]["disk"]) == (2, "4GiB", "20GiB")
+    assert data["mounts"] == [
+        {"location": str(home / "extra-data"), "mountPoint": "/home/user/data", "writable": False}
+    ]
+    assert data["startupWaitSec"] == 10
+    assert data["env"] == {"CLAUDE_CODE_OAUTH_TOKEN": "sk-ant-oat01-xxx...", "MY_PROJECT_KEY": "value"}
+    assert data["agents"]["codex"]["model"] == "o4-mini"
+    assert data["agents"]["codex"]["vmName"] == "codex-myproj"
+    assert data["agents"]["claude"]["model"] == "sonnet"
+    assert data["agents"]["claude"]["vmName"] == "agentbox-myproject"
+
+
+def test_merge_rules(project: Path, home: Path) -> None:
+    global_config(
+        home,
+        """\
+vm: {cpus: 8, disk: 40GiB}
+env: {A: global-a, B: global-b}
+mounts: [{location: /opt/global-only}]
+bootstrap:
+  onCreateScript: ~/g-create.sh
+  onStartScript: [~/g-start1.sh, ~/g-start2.sh]
+defaults: {startupWaitSec: 45}
+caCert: ~/global.pem
+agents: {claude: {model: opus, binary: claude-beta}}
+""",
+    )
+    write(
+        project / "agentbox.yml",
+        """\
+vm: {cpus: 2}
+env: {B: local-b, C: local-c}
+mounts: [{location: ./data, writable: true}]
+bootstrap:
+  onCreateScript: [setup.sh]
+  onStartScript: scripts/start.sh
+agents: {claude: {model: sonnet}}
+""",
+    )
+    data = config_json(project)
+    assert data["vm"]["cpus"] == 2
+    assert data["vm"]["disk"] == "40GiB"
+    assert data["env"] == {"A": "global-a", "B": "local-b", "C": "local-c"}
+    assert data["mounts"] == [
+        {"location": str(project / "data"), "mountPoint": str(project / "data"), "writable": True}
+    ]
+    assert data["bootstrap"]["onCreateScript"] == [str(home / "g-create.sh"), str(project / "setup.sh")]
+    assert data["bootstrap"]["onStartScript"] == [
+        str(home / "g-start1.sh"),
+        str(home / "g-start2.sh"),
+        str(project / "scripts" / "start.sh"),
+    ]
+    assert data["startupWaitSec"] == 45
+    assert data["caCert"] == str(home / "global.pem")
+    assert data["agents"]["claude"]["model"] == "sonnet"
+    assert data["agents"]["claude"]["binary"] == "claude-beta"
+
+
+def test_local_startup_wait_overrides_global_defaults_spelling(project: Path, home: Path) -> None:
+    global_config(home, "defaults:\n  startupWaitSec: 45\n")
+    write(project / "agentbox.yml", "defaults:\n  startupWaitSec: 12\n")
+    assert config_json(project)["startupWaitSec"] == 12
+    write(project / "agentbox.yml", "startupWaitSec: 7\n")
+    assert config_json(project)["startupWaitSec"] == 7
+
+
+def test_local_empty_mounts_list_clears_global_mounts(project: Path, home: Path) -> None:
+    global_config(home, "mounts:\n  - location: /opt/tools\n")
+    assert config_json(project)["mounts"][0]["location"] == "/opt/tools"
+    write(project / "agentbox.yml", "mounts: []\n")
+    assert config_json(project)["mounts"] == []
+
+
+def test_xdg_config_home_is_honoured(project: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    xdg = home / "xdg"
+    write(xdg / "agentbox" / "config.yml", "vm: {cpus: 6}\n")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(xdg))
+    assert config_json(project)["vm"]["cpus"] == 6
+
+
+def test_custom_agent_is_defined_and_listed(project: Path) -> None:
+    write(
+        project / "agentbox.yml",
+        "agents:\n  aider:\n    binary: aider\n    defaultArgs: --yes-always --no-git\n    install: pipx install aider-chat\n",
+    )
+    data = config_json(project)
+    assert data["agents"]["aider"] == {
+        "binary": "aider",
+        "defaultArgs": ["--yes-always", "--no-git"],
+        "model": None,
+        "vmName": "agentbox-myproject",
+        "install": "pipx install aider-chat",
+    }
+    help_text = run_cli("--help", cwd=project).stdout
+    assert "aider" in help_text
+
+
+def test_workspace_key_relative_and_tilde(project: Path, home: Path) -> None:
+    other = project.parent / "other"
+    other.mkdir()
+    write(project / "agentbox.yml", "workspace: ../other\n")
+    assert config_json(project)["workspace"] == str(other)
+    (home / "code").mkdir()
+    write(project / "agentbox.yml", "workspace: ~/code\n")
+    assert config_json(project)["workspace"] == str(home / "code")
+
+
+def test_no_local_file_uses_the_current_directory(project: Path) -> None:
+    data = config_json(project)
+    assert data["workspace"] == str(project)
+    assert data["vm"]["name"] == "agentbox-myproject"
+
+
+@pytest.mark.parametrize("where", ["home", "root"])
+def test_home_and_root_are_refused_as_workspace(home: Path, where: str) -> None:
+    cwd = home if where == "home" else Path("/")
+    result = run_cli("status", cwd=cwd)
+    assert result.exit_code == 2
+    assert "workspace" in result.stderr
+    # Commands that do not need a project still work there.
+    assert run_cli("config", "--json", cwd=cwd).exit_code == 0
+
+
+def test_group_writable_local_config_is_not_used(project: Path) -> None:
+    write(project / "agentbox.yml", "vm: {cpus: 2}\n", mode=0o664)
+    result = run_cli("config", "--json", cwd=project)
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["vm"]["cpus"] == 4
+    assert f"{project / 'agentbox.yml'} is not used: it is writable by group" in result.stderr
+    assert "chmod go-w" in result.stderr
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another user")
+def test_config_owned_by_someone_else_is_not_used(project: Path) -> None:
+    path = write(project / "agentbox.yml", "vm: {cpus: 2}\n")
+    os.chown(path, 12345, -1)
+    result = run_cli("config", "--json", cwd=project)
+    assert json.loads(result.stdout)["vm"]["cpus"] == 4
+    assert "belongs to uid 12345, not to you" in result.stderr
+
+
+def test_symlinked_config_is_followed_to_a_regular_file(project: Path, home: Path) -> None:
+    target = write(home / "dotfiles" / "proj.yml", "vm: {cpus: 3}\n")
+    (project / "agentbox.yml").symlink_to(target)
+    assert config_json(project)["vm"]["cpus"] == 3
+    os.chmod(target, 0o666)
+    result = run_cli("config", "--json", cwd=project)
+    assert json.loads(result.stdout)["vm"]["cpus"] == 4
+    assert f"(-> {target})" in result.stderr
+
+
+def test_config_that_is_a_directory_is_an_error(project: Path) -> None:
+    (project / "agentbox.yml").mkdir()
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    assert f"{project / 'agentbox.yml'}: is a directory, not a regular file" in result.stderr
+
+
+def test_config_that_is_a_fifo_is_an_error_not_a_hang(project: Path) -> None:
+    os.mkfifo(project / "agentbox.yml", 0o644)
+    started = time.monotonic()
+    result = run_cli("config", cwd=project)
+    assert time.monotonic() - started < 2
+    assert result.exit_code == 2
+    assert "a FIFO" in result.stderr
+
+
+def test_non_utf8_config_is_an_error_naming_the_file(project: Path) -> None:
+    (project / "agentbox.yml").write_bytes(b"env:\n  A: caf\xe9\n")
+    os.chmod(project / "agentbox.yml", 0o644)
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    assert f"{project / 'agentbox.yml'}:2: the file is not valid UTF-8" in result.stderr
+
+
+def test_oversized_config_fails_fast(project: Path) -> None:
+    write(project / "agentbox.yml", "# " + "x" * 1_100_000 + "\n")
+    started = time.monotonic()
+    result = run_cli("config", cwd=project)
+    assert time.monotonic() - started < 2
+    assert result.exit_code == 2
+    assert "at most 1,000,000 bytes" in result.stderr
+
+
+def test_alias_bomb_fails_fast(project: Path) -> None:
+    lines = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]']
+    for i in range(1, 10):
+        prev = chr(ord("a") + i - 1)
+        cur = chr(ord("a") + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 10) + "]")
+    write(project / "agentbox.yml", "vm:\n  lima:\n" + "".join(f"    {line}\n" for line in lines))
+    started = time.monotonic()
+    result = run_cli("config", cwd=project)
+    assert time.monotonic() - started < 2
+    assert result.exit_code == 2
+    assert "alias bomb" in result.stderr
+
+
+BAD_CONFIGS = [
+    ("mount: []\n", "1:1: mount: unknown key", "Did you mean `mounts`?"),
+    ("vm:\n  cpu: 3\n", "2:3: vm.cpu: unknown key", "Did you mean `vm.cpus`?"),
+    ("cpus: 3\n", "1:1: cpus: unknown key", "vm.cpus"),
+    ("vm:\n  cpus: 0\n", "2:9: vm.cpus: must be at least 1, found 0", None),
+    ("vm:\n  cpus: two\n", "vm.cpus: expected a whole number, found 'two' (a string)", None),
+    ("vm:\n  memory: lots\n", "vm.memory: 'lots' is not a size Lima understands", None),
+    ("vm:\n  disk: -5GiB\n", "vm.disk: '-5GiB' is not a size Lima understands", None),
+    ("vm:\n  memory: 8\n", "vm.memory: 8 is 8 bytes", None),
+    ("env:\n  1BAD: x\n", "2:3: env.1BAD: is not a valid environment variable name", None),
+    ("env:\n  MY-VAR: x\n", "env.MY-VAR: is not a valid environment variable name", None),
+    ("env: [A]\n", "env: expected a mapping of NAME: value, found a list", None),
+    ("env:\n  A: [1, 2]\n", "env.A: expected a string value, found a list", None),
+    ("- a\n", "1:1: the top level must be a mapping", None),
+    ("just a string\n", "the top level must be a mapping", None),
+    ("sync:\n  remoteWrite: 'false'\n", "sync.remoteWrite: expected true or false, found 'false' (a string)", None),
+    ("vm:\n  cpus: [1\n", "YAML syntax error", None),
+    ("vm: {cpus: 2\n", "YAML syntax error", None),
+    ("mounts:\n  - mountPoint: /x\n", "mounts.[0]: a mount needs `location`", None),
+    ("mounts:\n  - location: /x\n    writeable: true\n", "mounts.[0].writeable: unknown key", "Did you mean `mounts.[0].writable`?"),
+    ("mounts: /opt\n", "mounts: expected a list of mounts", None),
+    ("bootstrap:\n  onCreateScript: 5\n", "bootstrap.onCreateScript: expected a string or a list of strings", None),
+    ("agents:\n  cladue:\n    model: x\n", "agents.cladue: `cladue` is not a built-in agent", "Did you mean `agents.claude`?"),
+    ("agents:\n  claude:\n    modle: x\n", "agents.claude.modle: unknown key", "Did you mean `agents.claude.model`?"),
+    ("agents:\n  Bad_Name:\n    binary: x\n", "agents.Bad_Name: is not a valid agent name", None),
+    ("vm:\n  name: my vm\n", "vm.name: 'my vm' is not a valid Lima instance name", None),
+    ("vm:\n  name: agentbox-x.yaml\n", "must not end with .yml or .yaml", None),
+    ("agents:\n  claude:\n    vmName: 'bad name'\n", "agents.claude.vmName: 'bad name' is not a valid Lima instance name", None),
+    ("vm:\n  vmType: docker\n", "vm.vmType: expected one of qemu, vz, krunkit, wsl2, found 'docker'", None),
+    ("vm:\n  mountType: reverse-sshfs\n", "vm.mountType: reverse-sshfs is refused", None),
+    ("vm:\n  lima: [1]\n", "vm.lima: expected a mapping of Lima settings, found a list", None),
+    ("startupWaitSec: 0\n", "startupWaitSec: must be at least 1", None),
+    ("vm:\n  cpus: 2\nvm:\n  cpus: 3\n", "3:1: vm: the key appears twice (first at line 1)", None),
+    ("workspace: ''\n", "workspace: must not be empty", None),
+]
+
+
+@pytest.mark.parametrize(("text", "message", "hint"), BAD_CONFIGS)
+def test_bad_local_config_exits_2_naming_file_and_key(project: Path, text: str, message: str, hint: str | None) -> None:
+    path = write(project / "agentbox.yml", text)
+    result = run_cli("config", "--json", cwd=project)
+    assert result.exit_code == 2, result.stdout
+    assert result.stdout == ""
+    assert f"agentbox: error: {path}:" in result.stderr
+    assert message in result.stderr
+    if hint:
+        assert hint in result.stderr
+
+
+def test_bad_global_config_names_the_global_file(project: Path, home: Path) -> None:
+    path = global_config(home, "vm:\n  cpus: -1\n")
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    assert f"{path}:2:9: vm.cpus: must be at least 1, found -1" in result.stderr
+
+
+def test_bad_config_starts_nothing(project: Path, isolated_env: dict[str, Path]) -> None:
+    write(project / "agentbox.yml", "vm: {cpus: 0}\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert list(isolated_env["lima_home"].iterdir()) == []
+    assert not isolated_env["state"].exists()
+
+
+def test_local_only_keys_in_global_config_are_ignored_with_a_warning(project: Path, home: Path) -> None:
+    global_config(home, "workspace: /somewhere\nagents:\n  codex:\n    vmName: shared\n")
+    result = run_cli("config", "--json", cwd=project)
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert data["workspace"] == str(project)
+    assert data["agents"]["codex"]["vmName"] == "agentbox-myproject"
+    assert "workspace is ignored: it only has a meaning in a project's agentbox.yml" in result.stderr
+
+
+def test_docker_era_keys_are_ignored_with_a_warning(project: Path) -> None:
+    write(project / "agentbox.yml", "network:\n  policy: deny\nsync:\n  files: [~/.npmrc]\n")
+    result = run_cli("config", "--json", cwd=project)
+    assert result.exit_code == 0
+    assert "network is ignored" in result.stderr
+    assert "sync.files is ignored" in result.stderr
+
+
+def test_env_values_keep_the_text_as_written(project: Path) -> None:
+    write(
+        project / "agentbox.yml",
+        "env:\n  YES: yes\n  PORT: 8080\n  MODE: 0755\n  VERSION: 1.10\n  on: off\n  MULTI: \"a\\nb 'c' $HOME `x`\"\n",
+    )
+    assert config_json(project)["env"] == {
+        "YES": "yes",
+        "PORT": "8080",
+        "MODE": "0755",
+        "VERSION": "1.10",
+        "on": "off",
+        "MULTI": "a\nb 'c' $HOME `x`",
+    }
+
+
+def test_text_view_shows_origins(project: Path, home: Path) -> None:
+    gpath = global_config(home, "vm:\n  cpus: 6\n")
+    lpath = write(project / "agentbox.yml", "vm:\n  memory: 4GiB\n")
+    out = run_cli("config", cwd=project).stdout
+    assert f"# local config:  {lpath}" in out
+    lines = {line.split(":")[0]: line for line in out.splitlines() if not line.startswith("#")}
+    assert lines["vm.cpus"].endswith(f"# global ({gpath})")
+    assert lines["vm.memory"].endswith(f"# local ({lpath})")
+    assert lines["vm.disk"].endswith("# default")
+
+
+def test_dash_c_targets_another_project(project: Path, tmp_path: Path) -> None:
+    write(project / "agentbox.yml", "vm:\n  cpus: 3\n")
+    assert config_json(project)["vm"]["cpus"] == 3
+    from agentbox.cli import cli
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(cli, ["-C", str(project / "nope"), "config"])
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
