@@ -168,6 +168,20 @@ def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
     click.echo(f"Wrote {target}")
 
 
+@cli.command("template")
+@click.option("--agent", metavar="NAME", help="Render for this agent's VM (agents.NAME.vmName).")
+@click.pass_context
+def template_command(ctx: click.Context, agent: str | None) -> None:
+    """Print the lima.yaml agentbox would create the VM from."""
+    from agentbox import render
+
+    loaded = load_config(ctx)
+    if agent is not None and agent not in loaded.agents:
+        raise click.BadParameter(f"unknown agent {agent!r} (known: {', '.join(loaded.agents)})", param_hint="--agent")
+    name = loaded.agent(agent).vm_name if agent else loaded.vm_name
+    click.echo(render.render(loaded, name), nl=False)
+
+
 @cli.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion_command(shell: str) -> None:

@@ -24,6 +24,10 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+# Lima refuses these as mount points (pkg/limayaml/validate.go).
+RESERVED_MOUNT_POINTS = frozenset({"/", "/bin", "/dev", "/etc", "/home", "/opt", "/sbin", "/tmp", "/usr", "/var"})
+
+
 @dataclass(frozen=True)
 class Mount:
     location: Path
@@ -364,6 +368,13 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
 
 def _resolve_mount(raw: dict[str, Any], layer: Any, workspace: Path) -> Mount:
     location = _expand(raw["location"], _base_dir(layer, workspace))
+    home = Path(os.path.realpath(paths.home()))
+    real = Path(os.path.realpath(location))
+    if real == home or real in home.parents:
+        raise ConfigError(
+            f"{layer.path}: mounts: {location} is your home folder or contains it; agentbox never mounts it into a VM",
+            hint="Mount only the folder the agent needs, for example ~/datasets.",
+        )
     mount_point = raw.get("mountPoint")
     if mount_point is None:
         mount_point = str(location)
@@ -371,6 +382,15 @@ def _resolve_mount(raw: dict[str, Any], layer: Any, workspace: Path) -> Mount:
         raise ConfigError(
             f"{layer.path}: mounts: mountPoint {mount_point!r} starts with ~, which Lima does not allow",
             hint="Give the path inside the VM as an absolute path.",
+        )
+    if not mount_point.startswith("/"):
+        raise ConfigError(
+            f"{layer.path}: mounts: mountPoint {mount_point!r} must be an absolute path inside the VM",
+        )
+    if os.path.normpath(mount_point) in RESERVED_MOUNT_POINTS:
+        raise ConfigError(
+            f"{layer.path}: mounts: mountPoint {mount_point} would hide the VM's own {mount_point}; Lima refuses it",
+            hint="Mount it below, for example at /mnt" + mount_point.rstrip("/") + ".",
         )
     return Mount(location=location, mount_point=mount_point, writable=raw.get("writable", False))
 

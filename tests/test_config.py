@@ -337,6 +337,8 @@ BAD_CONFIGS = [
     ("mounts:\n  - mountPoint: /x\n", "mounts.[0]: a mount needs `location`", None),
     ("mounts:\n  - location: /x\n    writeable: true\n", "mounts.[0].writeable: unknown key", "Did you mean `mounts.[0].writable`?"),
     ("mounts: /opt\n", "mounts: expected a list of mounts", None),
+    ("mounts:\n  - location: /opt\n", "mountPoint /opt would hide the VM's own /opt", "/mnt/opt"),
+    ("mounts:\n  - location: /srv\n    mountPoint: data\n", "must be an absolute path inside the VM", None),
     ("bootstrap:\n  onCreateScript: 5\n", "bootstrap.onCreateScript: expected a string or a list of strings", None),
     ("agents:\n  cladue:\n    model: x\n", "agents.cladue: `cladue` is not a built-in agent", "Did you mean `agents.claude`?"),
     ("agents:\n  claude:\n    modle: x\n", "agents.claude.modle: unknown key", "Did you mean `agents.claude.model`?"),

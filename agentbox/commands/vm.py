@@ -1,7 +1,167 @@
-"""VM lifecycle commands: start, stop, restart, rm, status, ls, shell."""
+"""VM commands: start, stop, restart, rm, status, ls, shell."""
 
 from __future__ import annotations
 
+import json
+import sys
+
 import click
 
-COMMANDS: list[click.Command] = []
+from agentbox.errors import AgentboxError
+
+
+def _session(ctx: click.Context, needs_config: bool = True):  # noqa: ANN202 - returns vm.Session
+    from agentbox import vm
+    from agentbox.cli import load_config
+    from agentbox.lima import Lima
+
+    config = load_config(ctx) if needs_config else None
+    return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"])
+
+
+def _vm_name(session, agent: str | None = None) -> str:  # noqa: ANN001
+    session.config.require_workspace()
+    return session.config.agent(agent).vm_name if agent else session.config.vm_name
+
+
+@click.command("start")
+@click.option("--recreate", is_flag=True, help="Delete the VM and create it anew from the current config.")
+@click.pass_context
+def start_command(ctx: click.Context, recreate: bool) -> None:
+    """Create and start the project's VM (nothing to do if it runs)."""
+    from agentbox import vm
+
+    session = _session(ctx)
+    name = _vm_name(session)
+    existing = session.instance(name)
+    if recreate and existing is not None:
+        click.echo(vm.remove(session, name), err=True)
+        existing = None
+    if existing is not None and existing.status == "Running":
+        vm.check_ownership(existing, session.config)
+        click.echo(f"{name} is already running", err=True)
+        return
+    instance = vm.ensure_running(session, name)
+    click.echo(f"{instance.name} is running (workspace {session.config.workspace})", err=True)
+
+
+@click.command("stop")
+@click.option("--all", "stop_all", is_flag=True, help="Stop every running agentbox VM.")
+@click.option("--force", is_flag=True, help="Kill the VM instead of shutting it down.")
+@click.pass_context
+def stop_command(ctx: click.Context, stop_all: bool, force: bool) -> None:
+    """Stop the project's VM (or all agentbox VMs)."""
+    from agentbox import vm
+
+    if stop_all:
+        session = _session(ctx, needs_config=False)
+        stopped = vm.stop_all(session.lima, verbose=session.verbose, force=force)
+        click.echo(f"stopped {', '.join(stopped)}" if stopped else "no agentbox VM was running", err=True)
+        return
+    session = _session(ctx)
+    click.echo(vm.stop(session, _vm_name(session), force=force), err=True)
+
+
+@click.command("restart")
+@click.pass_context
+def restart_command(ctx: click.Context) -> None:
+    """Stop the project's VM if it runs, then start it."""
+    from agentbox import vm
+
+    session = _session(ctx)
+    name = _vm_name(session)
+    existing = session.instance(name)
+    if existing is not None:
+        vm.check_ownership(existing, session.config)
+        click.echo(vm.stop(session, name), err=True)
+    instance = vm.ensure_running(session, name)
+    click.echo(f"{instance.name} is running", err=True)
+
+
+@click.command("rm")
+@click.option("--force", is_flag=True, help="Do not ask for confirmation.")
+@click.pass_context
+def rm_command(ctx: click.Context, force: bool) -> None:
+    """Delete the project's VM and its disk (the workspace on the host stays)."""
+    from agentbox import vm
+
+    session = _session(ctx)
+    name = _vm_name(session)
+    instance = session.instance(name)
+    if instance is None:
+        click.echo(f"{name} does not exist; nothing to remove", err=True)
+        return
+    if not force:
+        if not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise AgentboxError(
+                f"refusing to delete {name} without confirmation (no terminal to ask on)",
+                hint="Run `agentbox rm --force` to delete it from a script.",
+            )
+        click.confirm(f"Delete VM {name} and its disk? Your workspace on the host is not touched.", abort=True, err=True)
+    click.echo(vm.remove(session, name), err=True)
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.pass_context
+def status_command(ctx: click.Context, as_json: bool) -> None:
+    """Show the project's VM: status, workspace, resources."""
+    from agentbox import vm
+
+    session = _session(ctx)
+    name = _vm_name(session)
+    info = vm.describe(session.instance(name), name, str(session.config.workspace))
+    if as_json:
+        click.echo(json.dumps(info))
+        return
+    for key in ("name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir"):
+        value = info[key]
+        if key in ("memory", "disk") and isinstance(value, int):
+            value = f"{value / (1 << 30):g}GiB"
+        click.echo(f"{key + ':':11}{'-' if value is None else value}")
+
+
+@click.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
+@click.option("--all", "show_all", is_flag=True, help="Include Lima instances agentbox did not create.")
+@click.pass_context
+def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List agentbox's VMs."""
+    from agentbox import vm
+
+    session = _session(ctx, needs_config=False)
+    rows = [
+        vm.describe(instance, instance.name, vm.workspace_of(instance))
+        for instance in session.lima.list().values()
+        if show_all or vm.is_agentbox_vm(instance)
+    ]
+    if as_json:
+        click.echo(json.dumps(rows))
+        return
+    if not rows:
+        click.echo("no agentbox VMs" + ("" if show_all else " (--all shows every Lima instance)"), err=True)
+        return
+    width = max(len(row["name"]) for row in rows) + 2
+    click.echo(f"{'NAME':{width}}{'STATUS':10}WORKSPACE")
+    for row in rows:
+        click.echo(f"{row['name']:{width}}{row['status']:10}{row['workspace'] or '-'}")
+
+
+@click.command("shell", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+@click.pass_context
+def shell_command(ctx: click.Context, command: tuple[str, ...]) -> None:
+    """Open a login shell in the VM, or run `-- CMD ...` there."""
+    ctx.exit(run_shell(ctx, None, command))
+
+
+def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...]) -> int:
+    from agentbox import launch
+
+    session = _session(ctx)
+    name = _vm_name(session, agent)
+    argv = list(command[1:] if command[:1] == ("--",) else command)
+    return launch.run_in_vm(session, name, argv, interactive_shell=not argv)
+
+
+COMMANDS = [start_command, stop_command, restart_command, rm_command, status_command, ls_command, shell_command]

@@ -1,0 +1,51 @@
+"""`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there."""
+
+from __future__ import annotations
+
+import click
+
+MODEL_FLAGS = ("--model", "-m")
+
+
+def make_agent_command(name: str, summary: str) -> click.Command:
+    @click.command(
+        name,
+        help=f"{summary}. Arguments are passed to the agent unchanged (try `agentbox {name} --help`).",
+        short_help=summary,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+        add_help_option=False,
+    )
+    @click.pass_context
+    def agent_command(ctx: click.Context) -> None:
+        ctx.exit(run_agent(ctx, name, list(ctx.args)))
+
+    return agent_command
+
+
+def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
+    from agentbox import launch
+    from agentbox.commands.vm import _session
+
+    if args[:1] == ["shell"]:
+        from agentbox.commands.vm import run_shell
+
+        return run_shell(ctx, name, tuple(args[1:]))
+    session = _session(ctx)
+    agent = session.config.agent(name)
+    session.config.require_workspace()
+    argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args))
+    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent)
+
+
+def model_after(name: str, default_args: tuple[str, ...]) -> int:
+    """kiro takes --model after its `chat` subcommand; the others take it first."""
+    if "chat" in default_args and name == "kiro":
+        return default_args.index("chat") + 1
+    return 0
+
+
+def agent_argv(binary: str, default_args: list[str], user_args: list[str], model: str | None, after: int) -> list[str]:
+    args = [*default_args, *user_args]
+    if model and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in user_args):
+        args[after:after] = ["--model", model]
+    return [binary, *args]

@@ -1,0 +1,299 @@
+"""The only module that runs limactl. Everything else asks it.
+
+Captured calls (list, create, start, stop, delete, copy) return parsed results or raise LimaError
+carrying the command, exit code and Lima's own messages. `shell` is attached: the terminal, stdin,
+stdout and stderr pass straight through and its exit code is returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentbox import calllog
+from agentbox.errors import Interrupted, LimaError
+
+RUNNING = "Running"
+STOPPED = "Stopped"
+BROKEN = "Broken"
+NOT_CREATED = "NotCreated"
+
+INSTALL_HINT = (
+    "Install Lima 2.x: on macOS `brew install lima`; on Linux see "
+    "https://lima-vm.io/docs/installation/ (or `brew install lima` with Homebrew)."
+)
+_LOGRUS = re.compile(r'level=(\w+)\s+msg=("(?:[^"\\]|\\.)*"|\S+)')
+_JSON_LEVEL = re.compile(r'^\{.*"level"')
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One row of `limactl list --json`; unknown fields are kept in raw."""
+
+    name: str
+    status: str
+    dir: str
+    vm_type: str
+    arch: str
+    cpus: int
+    memory: int
+    disk: int
+    config: dict[str, Any]
+    param: dict[str, str]
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Instance:
+        return cls(
+            name=data.get("name", ""),
+            status=data.get("status", "") or "",
+            dir=data.get("dir", ""),
+            vm_type=data.get("vmType", "") or "",
+            arch=data.get("arch", "") or "",
+            cpus=int(data.get("cpus", 0) or 0),
+            memory=int(data.get("memory", 0) or 0),
+            disk=int(data.get("disk", 0) or 0),
+            config=data.get("config") or {},
+            param=data.get("param") or (data.get("config") or {}).get("param") or {},
+            raw=data,
+        )
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.dir, "ha.stderr.log")
+
+
+@dataclass
+class Lima:
+    """Runs limactl. `on_output` receives every stderr/stdout line of long operations."""
+
+    debug: bool = False
+    executable: str = "limactl"
+    _command: Any = None
+
+    # -- state ---------------------------------------------------------------------------------
+    def list(self) -> dict[str, Instance]:
+        """Every instance, by name. Any failure is an error: never mistake it for "not created"."""
+        stdout, _ = self._captured(["list", "--json"])
+        instances = {}
+        for number, line in enumerate(stdout.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LimaError(
+                    f"`limactl list --json` printed something that is not JSON (line {number}: {line[:120]!r})",
+                    hint="agentbox stops here rather than guess whether the VM exists. Check `limactl list`.",
+                ) from exc
+            if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+                raise LimaError(f"`limactl list --json` line {number} has no instance name: {line[:120]!r}")
+            instances[data["name"]] = Instance.from_json(data)
+        return instances
+
+    def get(self, name: str) -> Instance | None:
+        return self.list().get(name)
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def create(self, name: str, template: Path, on_output: Callable[[str], None] | None = None) -> None:
+        self._streamed(["--tty=false", "create", "--name", name, str(template)], on_output)
+
+    def start(self, name: str, timeout_sec: int, on_output: Callable[[str], None] | None = None) -> None:
+        self._streamed(["--tty=false", "start", f"--timeout={timeout_sec}s", name], on_output)
+
+    def stop(self, name: str, force: bool = False, on_output: Callable[[str], None] | None = None) -> None:
+        self._streamed(["--tty=false", "stop", *(["--force"] if force else []), name], on_output)
+
+    def delete(self, name: str, force: bool = False) -> None:
+        self._captured(["--tty=false", "delete", *(["--force"] if force else []), name])
+
+    def copy(self, sources: Sequence[str], target: str, recursive: bool = False) -> None:
+        self._captured(["copy", *(["-r"] if recursive else []), *sources, target])
+
+    # -- attached ------------------------------------------------------------------------------
+    def shell(
+        self,
+        name: str,
+        argv: Sequence[str],
+        workdir: str | None = None,
+        reconnect: bool = False,
+        stdin_data: bytes | None = None,
+    ) -> int:
+        """Run argv in the VM with stdio passed through; return its exit code.
+
+        agentbox stays the parent (it checks the workspace after the session), so it ignores
+        SIGINT/SIGQUIT meanwhile: Ctrl-C belongs to the program in the VM.
+        """
+        args = ["shell"]
+        if workdir:
+            args.append(f"--workdir={workdir}")
+        if reconnect:
+            args.append("--reconnect")
+        args += [name, "--", *argv] if argv else [name]
+        import subprocess
+
+        started = time.monotonic()
+        full = [self._resolve(), *args]
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
+        try:
+            if stdin_data is None:
+                code = subprocess.call(full, preexec_fn=_restore_signals)
+            else:
+                code = subprocess.run(full, input=stdin_data, preexec_fn=_restore_signals).returncode
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        calllog.record(full, time.monotonic() - started, code, echo=self.debug)
+        return 128 - code if code < 0 else code  # a signal death reads like a shell's 128+N
+
+    # -- plumbing ------------------------------------------------------------------------------
+    def _resolve(self) -> str:
+        found = shutil.which(self.executable)
+        if not found:
+            raise LimaError("limactl was not found on PATH, so agentbox cannot run any VM.", hint=INSTALL_HINT)
+        return found
+
+    def _sh(self) -> Any:
+        if self._command is None:
+            import sh
+
+            self._command = sh.Command(self._resolve())
+        return self._command
+
+    def _captured(self, args: list[str]) -> tuple[str, str]:
+        import sh
+
+        command = self._sh()
+        started = time.monotonic()
+        code = 0
+        try:
+            result = command(*args, _tty_out=False, _tty_in=False, _truncate_exc=False)
+            return str(result), result.stderr.decode(errors="replace")
+        except sh.ErrorReturnCode as exc:
+            code = exc.exit_code
+            stderr = exc.stderr.decode(errors="replace")
+            raise self._error(args, code, stderr) from None
+        except KeyboardInterrupt:
+            code = 130
+            raise Interrupted("interrupted") from None
+        finally:
+            calllog.record([command._path, *args], time.monotonic() - started, code, echo=self.debug)
+
+    def _streamed(self, args: list[str], on_output: Callable[[str], None] | None) -> None:
+        """Run a long operation, feeding each output line to on_output as it arrives."""
+        import sh
+
+        command = self._sh()
+        lines: list[str] = []
+
+        def feed(line: str) -> None:
+            line = line.rstrip("\n")
+            lines.append(line)
+            if on_output:
+                on_output(line)
+
+        started = time.monotonic()
+        code = 0
+        process = None
+        try:
+            process = command(*args, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False, _out=feed, _err=feed)
+            process.wait()
+        except sh.ErrorReturnCode as exc:
+            code = exc.exit_code
+            raise self._error(args, code, "\n".join(lines), tail=lines[-20:]) from None
+        except KeyboardInterrupt:
+            code = 130
+            _stop_child(process)
+            raise Interrupted("interrupted") from None
+        finally:
+            calllog.record([command._path, *args], time.monotonic() - started, code, echo=self.debug)
+
+    def _error(self, args: list[str], code: int, stderr: str, tail: list[str] | None = None) -> LimaError:
+        messages = meaningful_lines(stderr)
+        if "must not run as the root user" in stderr:
+            return LimaError(
+                "limactl refuses to run as root, so agentbox cannot manage VMs from this account.",
+                hint="Run agentbox as your normal user (not with sudo or as root).",
+                argv=args,
+                exit_code=code,
+                stderr_lines=messages,
+            )
+        summary = messages[-1] if messages else f"exit code {code}"
+        error = LimaError(
+            f"`limactl {' '.join(args)}` failed (exit {code}): {summary}",
+            argv=args,
+            exit_code=code,
+            stderr_lines=messages,
+        )
+        error.tail = tail or []  # type: ignore[attr-defined]
+        return error
+
+
+def meaningful_lines(stderr: str) -> list[str]:
+    """Lima's messages without logrus noise: `time=... level=fatal msg="x"` becomes `x`."""
+    result = []
+    for raw in stderr.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if _JSON_LEVEL.match(line):
+            try:
+                data = json.loads(line)
+                result.append(str(data.get("msg", line)))
+                continue
+            except json.JSONDecodeError:
+                pass
+        match = _LOGRUS.search(line)
+        if match:
+            level, msg = match.groups()
+            if level in ("debug", "trace"):
+                continue
+            if msg.startswith('"'):
+                try:
+                    msg = json.loads(msg)
+                except json.JSONDecodeError:
+                    msg = msg.strip('"')
+            result.append(msg)
+        else:
+            result.append(line)
+    return result
+
+
+def _stop_child(process: Any) -> None:
+    """Make sure no limactl child outlives agentbox after Ctrl-C."""
+    if process is None:
+        return
+    try:
+        process.process.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while process.process.is_alive()[0] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if process.process.is_alive()[0]:
+            process.process.kill()
+        process.process.wait()
+    except Exception:  # noqa: BLE001 - the process may already be gone; nothing else to do
+        pass
+
+
+def _restore_signals() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+def print_failure_details(error: LimaError, instance_dir: str | None) -> None:
+    tail = getattr(error, "tail", [])
+    if tail:
+        print("Last lines from limactl:", file=sys.stderr)
+        for line in tail:
+            print(f"  {line}", file=sys.stderr)
+    if instance_dir:
+        print(f"Lima's logs: {os.path.join(instance_dir, 'ha.stderr.log')}", file=sys.stderr)

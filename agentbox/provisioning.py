@@ -1,0 +1,89 @@
+"""What the VM gets while Lima provisions it: scripts from provision/, settings files, CA certificates."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentbox import resources
+from agentbox.config import Config
+from agentbox.errors import ConfigError
+
+SYSTEM_SCRIPTS = ("10-base-packages.sh", "20-docker.sh", "30-nodejs.sh", "40-github-cli.sh")
+USER_SCRIPTS = ("50-user-setup.sh",)
+_PEM = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
+
+CLAUDE_SETTINGS = {"permissions": {"defaultMode": "bypassPermissions"}}
+CODEX_CONFIG = 'approval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
+GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}, "tools": {"approvalMode": "yolo"}}
+
+READINESS_PROBE = """#!/bin/bash
+set -eu
+for tool in git curl docker node npm gh; do
+  if ! command -v "$tool" >/dev/null 2>&1; then
+    echo "agentbox provisioning did not install $tool" >&2
+    exit 1
+  fi
+done
+"""
+READINESS_HINT = (
+    "agentbox's provisioning did not finish. See /var/log/cloud-init-output.log in the VM "
+    "(agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log)."
+)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: str
+    content: str
+    owner: str = "{{.User}}"
+    permissions: str = "644"
+    overwrite: bool = False
+
+
+@dataclass
+class Plan:
+    system_scripts: list[str] = field(default_factory=list)
+    user_scripts: list[str] = field(default_factory=list)
+    data_files: list[DataFile] = field(default_factory=list)
+    ca_certs: list[str] = field(default_factory=list)
+    readiness_probe: str = READINESS_PROBE
+    readiness_hint: str = READINESS_HINT
+
+
+def plan(config: Config) -> Plan:
+    result = Plan()
+    result.system_scripts = [resources.text("provision", name) for name in SYSTEM_SCRIPTS]
+    result.user_scripts = [resources.text("provision", name) for name in USER_SCRIPTS]
+    result.data_files = [
+        DataFile("/etc/profile.d/agentbox.sh", resources.text("provision", "profile.sh"), owner="root", overwrite=True),
+        DataFile("{{.Home}}/.claude/settings.json", json.dumps(CLAUDE_SETTINGS, indent=2) + "\n"),
+        DataFile("{{.Home}}/.codex/config.toml", CODEX_CONFIG),
+        DataFile("{{.Home}}/.gemini/settings.json", json.dumps(GEMINI_SETTINGS, indent=2) + "\n"),
+    ]
+    result.ca_certs = ca_certificates(config)
+    return result
+
+
+def ca_certificates(config: Config) -> list[str]:
+    """PEM blocks from caCert and from the host's NODE_EXTRA_CA_CERTS, without duplicates."""
+    sources: list[tuple[Path, str]] = []
+    if config.ca_cert is not None:
+        sources.append((config.ca_cert, "caCert"))
+    extra = os.environ.get("NODE_EXTRA_CA_CERTS")
+    if extra:
+        sources.append((Path(extra), "NODE_EXTRA_CA_CERTS"))
+    certs: list[str] = []
+    for path, origin in sources:
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise ConfigError(f"{origin}: cannot read {path}: {exc.strerror}") from exc
+        found = [block.strip() + "\n" for block in _PEM.findall(text)]
+        if not found:
+            raise ConfigError(f"{origin}: {path} contains no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        certs.extend(cert for cert in found if cert not in certs)
+    return certs

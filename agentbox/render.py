@@ -1,0 +1,161 @@
+"""Render the instance's lima.yaml from the merged config. Logic lives here; the template is layout."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentbox import paths, resources
+from agentbox.config import Config
+from agentbox.errors import ConfigError
+
+MINIMUM_LIMA_VERSION = "2.0.0"
+IMAGE_BASE = "template:_images/ubuntu-24.04"
+STAGING_MOUNT_POINT = "/mnt/agentbox"
+
+
+@dataclass(frozen=True)
+class RenderedMount:
+    location: str
+    mount_point: str
+    writable: bool
+
+
+def to_yaml_scalar(value: Any, indent: int = 0) -> str:
+    """A YAML value meaning exactly `value` (strings of any characters included).
+
+    Multi-line strings become literal blocks where YAML allows it; their lines are indented by
+    `indent` more than PyYAML's own two spaces, to sit under a key at that column.
+    """
+    multiline = isinstance(value, str) and "\n" in value.rstrip("\n")
+    text = yaml.safe_dump(
+        value,
+        default_flow_style=True,
+        default_style="|" if multiline else None,
+        allow_unicode=True,
+        width=float("inf"),
+    )
+    if text.endswith("\n...\n"):
+        text = text[: -len("\n...\n")]
+    lines = text.rstrip("\n").split("\n") if not multiline else text.split("\n")
+    if multiline:
+        if lines and lines[-1] == "":
+            lines.pop()
+        return "\n".join([lines[0], *((" " * indent + line) if line else line for line in lines[1:])])
+    return "\n".join(lines)
+
+
+def staging_dir(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / "staging"
+
+
+def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
+    workspace = config.require_workspace()
+    mounts = [RenderedMount(str(workspace), str(workspace), True)]
+    common = git_common_dir(workspace)
+    if common and not _inside(common, workspace):
+        mounts.append(RenderedMount(str(common), str(common), True))
+    mounts.append(RenderedMount(str(staging_dir(vm_name)), STAGING_MOUNT_POINT, False))
+    for mount in config.mounts:
+        mounts.append(RenderedMount(str(mount.location), mount.mount_point, mount.writable))
+    return mounts
+
+
+def git_common_dir(workspace: Path) -> Path | None:
+    """For a git worktree, the main repository's .git folder, which git in the VM must reach too."""
+    dot_git = workspace / ".git"
+    if not dot_git.is_file():
+        return None
+    try:
+        text = dot_git.read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return None
+    if not text.startswith("gitdir:"):
+        return None
+    gitdir = Path(text[len("gitdir:") :].strip())
+    gitdir = gitdir if gitdir.is_absolute() else (workspace / gitdir)
+    commondir_file = gitdir / "commondir"
+    try:
+        common = commondir_file.read_text().strip()
+    except OSError:
+        return None
+    common_path = Path(common) if Path(common).is_absolute() else gitdir / common
+    return common_path.resolve()
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def context(config: Config, vm_name: str) -> dict[str, Any]:
+    from agentbox import provisioning
+
+    prov = provisioning.plan(config)
+    return {
+        "name": vm_name,
+        "minimum_lima_version": MINIMUM_LIMA_VERSION,
+        "image_base": IMAGE_BASE,
+        "vm_type": config.vm_type,
+        "arch": config.arch,
+        "cpus": config.cpus,
+        "memory": config.memory,
+        "disk": config.disk,
+        "mount_type": config.mount_type,
+        "mounts": mounts_for(config, vm_name),
+        "forward_agent": False,
+        "propagate_proxy_env": False,
+        "ca_certs": prov.ca_certs,
+        "workspace": str(config.require_workspace()),
+        "staging_mount": STAGING_MOUNT_POINT,
+        "system_scripts": prov.system_scripts,
+        "user_scripts": prov.user_scripts,
+        "data_files": prov.data_files,
+        "readiness_probe": prov.readiness_probe,
+        "readiness_hint": prov.readiness_hint,
+    }
+
+
+def render(config: Config, vm_name: str) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+        loader=jinja2.FileSystemLoader(str(resources.path("templates"))),
+    )
+    env.filters["yaml"] = to_yaml_scalar
+    if config.template is not None:
+        try:
+            source = config.template.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ConfigError(f"vm.template: cannot read {config.template}: {exc.strerror}") from exc
+        try:
+            template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ConfigError(f"{config.template}:{exc.lineno}: vm.template: Jinja2 syntax error: {exc.message}") from exc
+    else:
+        template = env.get_template("lima.yaml.j2")
+    try:
+        text = template.render(**context(config, vm_name))
+    except jinja2.UndefinedError as exc:
+        raise ConfigError(f"vm.template: {exc.message}") from exc
+    if not config.lima:
+        return text
+    data = yaml.safe_load(text) or {}
+    deep_merge(data, config.lima)
+    return "# Rendered by agentbox, with vm.lima merged in.\n" + yaml.safe_dump(
+        data, sort_keys=False, allow_unicode=True, width=float("inf")
+    )
+
+
+def deep_merge(target: dict[str, Any], extra: dict[str, Any]) -> None:
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            deep_merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)

@@ -1,0 +1,304 @@
+"""The project VM's lifecycle: find it, create it, start it, recover it. Only this module asks lima.py to change a VM."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentbox import lima as limamod
+from agentbox import paths
+from agentbox.config import Config
+from agentbox.errors import Interrupted, LimaError, StateError
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.lima import BROKEN, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
+from agentbox.progress import Progress, note
+
+WORKSPACE_PARAM = "agentboxWorkspace"
+# limactl start's own --timeout covers boot plus provisioning; a first boot downloads and installs a lot.
+MIN_START_TIMEOUT = 600
+POLL_INTERVAL = 2.0
+
+
+@dataclass
+class Session:
+    """What one agentbox invocation needs to manage its VM."""
+
+    config: Config
+    lima: Lima
+    verbose: bool = False
+
+    def instance(self, name: str) -> Instance | None:
+        return self.lima.get(name)
+
+
+def workspace_of(instance: Instance) -> str | None:
+    return instance.param.get(WORKSPACE_PARAM)
+
+
+def is_agentbox_vm(instance: Instance) -> bool:
+    return workspace_of(instance) is not None
+
+
+def check_ownership(instance: Instance, config: Config) -> None:
+    """Refuse a VM recorded for another workspace, or one agentbox did not create."""
+    recorded = workspace_of(instance)
+    workspace = str(config.require_workspace())
+    if recorded is None:
+        raise StateError(
+            f"the Lima instance {instance.name} exists but was not created by this agentbox "
+            "(it records no workspace), so agentbox will not use it",
+            hint=f"Recreate it with `agentbox start --recreate` (this deletes {instance.name}), "
+            "or pick another name with `vm.name` in agentbox.yml.",
+        )
+    if recorded != workspace:
+        raise StateError(
+            f"the VM {instance.name} belongs to {recorded}, not to this workspace {workspace} "
+            "(two projects with the same folder name?)",
+            hint=f"Give this project its own VM: set `vm:\n  name: <another-name>` in {workspace}/agentbox.yml.",
+        )
+
+
+def ensure_running(session: Session, name: str) -> Instance:
+    """Make sure the project's VM exists and runs; a VM that already runs costs one `limactl list`."""
+    instance = session.instance(name)
+    if instance is not None:
+        check_ownership(instance, session.config)
+        if instance.status == RUNNING:
+            return instance
+    with vm_lock(name):
+        instance = session.instance(name)  # another agentbox may have finished the job meanwhile
+        if instance is None:
+            return create_and_start(session, name)
+        check_ownership(instance, session.config)
+        if instance.status == RUNNING:
+            return instance
+        if instance.status == STOPPED:
+            return start(session, instance)
+        if instance.status == BROKEN:
+            return recover(session, instance)
+        return wait_for_settled(session, instance)
+
+
+def create_and_start(session: Session, name: str) -> Instance:
+    from agentbox import render
+
+    config = session.config
+    template_text = render.render(config, name)
+    state = private_dir(paths.vm_state_dir(name))
+    private_dir(render.staging_dir(name))
+    template_path = state / "lima.yaml"
+    atomic_write(template_path, template_text, mode=0o600)
+    try:
+        with Progress(f"Creating VM {name}", verbose=session.verbose) as progress:
+            session.lima.create(name, template_path, on_output=progress.feed)
+    except Interrupted:
+        raise Interrupted(
+            f"interrupted while creating {name}",
+            hint=f"Run the same command again to finish, or `agentbox rm --force` to discard {name}.",
+        ) from None
+    except LimaError as error:
+        leftover = session.instance(name)
+        limamod.print_failure_details(error, leftover.dir if leftover else None)
+        if leftover is not None:
+            session.lima.delete(name, force=True)
+            error.hint = f"The half-created VM {name} was removed; nothing else changed."
+        else:
+            error.hint = "No VM was created."
+        raise
+    write_state(name, {"workspace": str(config.require_workspace()), "created": time.time(), "reconnect": True})
+    created = session.instance(name)
+    if created is None:
+        raise StateError(f"limactl reported {name} as created, but `limactl list` does not show it")
+    return start(session, created)
+
+
+def start(session: Session, instance: Instance) -> Instance:
+    timeout = max(MIN_START_TIMEOUT, session.config.startup_wait_sec)
+    try:
+        with Progress(f"Starting VM {instance.name}", verbose=session.verbose) as progress:
+            session.lima.start(instance.name, timeout, on_output=progress.feed)
+    except Interrupted:
+        raise Interrupted(
+            f"interrupted while starting {instance.name}; Lima may keep booting it in the background",
+            hint="Run the same command again: agentbox waits for the VM to finish starting.",
+        ) from None
+    except LimaError as error:
+        limamod.print_failure_details(error, instance.dir)
+        error.hint = (
+            f"{instance.name} was not deleted. Run the command again to retry, see Lima's log "
+            f"{instance.log_path}, or start over with `agentbox start --recreate`."
+        )
+        raise
+    update_state(instance.name, {"booted": time.time()})
+    return require_running(session, instance.name)
+
+
+def recover(session: Session, instance: Instance) -> Instance:
+    """Lima's own recovery for a Broken VM: force-stop (clears stale pid/socket files), then start."""
+    note(f"{instance.name} is Broken; trying Lima's recovery (limactl stop --force, then start)")
+    try:
+        session.lima.stop(instance.name, force=True)
+        return start(session, session.instance(instance.name) or instance)
+    except (LimaError, StateError) as error:
+        raise StateError(
+            f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}",
+            hint=(
+                f"Lima's instance folder: {instance.dir}; its log: {instance.log_path}. "
+                "To start over: `agentbox start --recreate`, or `agentbox rm --force` and run again "
+                "(this deletes the VM's disk; your workspace on the host is not touched)."
+            ),
+        ) from None
+
+
+def wait_for_settled(session: Session, instance: Instance) -> Instance:
+    """Installing, Uninitialized or a status agentbox does not know: wait a bounded time, then explain."""
+    deadline = time.monotonic() + session.config.startup_wait_sec
+    status = instance.status
+    note(f"{instance.name} is {status or 'in an unknown state'}; waiting up to {session.config.startup_wait_sec}s")
+    while time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
+        current = session.instance(instance.name)
+        if current is None:
+            raise StateError(f"{instance.name} disappeared while agentbox was waiting for it")
+        if current.status == RUNNING:
+            return current
+        if current.status == STOPPED:
+            return start(session, current)
+        status = current.status
+    detail = "its lima.yaml could not be loaded" if status == "" else f"status {status!r}"
+    raise StateError(
+        f"{instance.name} did not become usable ({detail}) within {session.config.startup_wait_sec}s",
+        hint=f"Check `limactl list` and Lima's log {instance.log_path}; `agentbox start --recreate` starts over.",
+    )
+
+
+def require_running(session: Session, name: str) -> Instance:
+    instance = session.instance(name)
+    if instance is None:
+        raise StateError(f"{name} disappeared right after it was started", hint="Run the command again.")
+    if instance.status != RUNNING:
+        raise StateError(
+            f"{name} is {instance.status or 'unknown'} after `limactl start` succeeded",
+            hint=f"See Lima's log {instance.log_path}.",
+        )
+    return instance
+
+
+def stop(session: Session, name: str, force: bool = False) -> str:
+    instance = session.instance(name)
+    if instance is None:
+        return f"{name} does not exist; nothing to stop"
+    if instance.status == STOPPED and not force:
+        return f"{name} is already stopped"
+    with vm_lock(name):
+        if force or instance.status != RUNNING:
+            session.lima.stop(name, force=True)
+        else:
+            with Progress(f"Stopping VM {name}", verbose=session.verbose) as progress:
+                session.lima.stop(name, on_output=progress.feed)
+    return f"{name} stopped"
+
+
+def stop_all(lima: Lima, verbose: bool = False, force: bool = False) -> list[str]:
+    stopped = []
+    for instance in lima.list().values():
+        if is_agentbox_vm(instance) and instance.status == RUNNING:
+            if force:
+                lima.stop(instance.name, force=True)
+            else:
+                with Progress(f"Stopping VM {instance.name}", verbose=verbose) as progress:
+                    lima.stop(instance.name, on_output=progress.feed)
+            stopped.append(instance.name)
+    return stopped
+
+
+def remove(session: Session, name: str) -> str:
+    instance = session.instance(name)
+    if instance is None:
+        return f"{name} does not exist; nothing to remove"
+    with vm_lock(name):
+        session.lima.delete(name, force=True)
+    clear_state(name)
+    return f"{name} removed (its disk is gone; the workspace on the host is untouched)"
+
+
+def describe(instance: Instance | None, name: str, workspace: str | None) -> dict[str, Any]:
+    if instance is None:
+        return {
+            "name": name,
+            "status": NOT_CREATED,
+            "workspace": workspace,
+            "cpus": None,
+            "memory": None,
+            "disk": None,
+            "vmType": None,
+            "arch": None,
+            "dir": None,
+        }
+    return {
+        "name": instance.name,
+        "status": instance.status or "Unknown",
+        "workspace": workspace_of(instance),
+        "cpus": instance.cpus or None,
+        "memory": instance.memory or None,
+        "disk": instance.disk or None,
+        "vmType": instance.vm_type or None,
+        "arch": instance.arch or None,
+        "dir": instance.dir or None,
+    }
+
+
+# -- agentbox's own per-VM state (outside Lima) ------------------------------------------------
+
+
+@contextmanager
+def vm_lock(name: str) -> Iterator[None]:
+    """Serialize create/start/stop of one VM across agentbox processes."""
+    directory = private_dir(paths.vm_state_dir(name))
+    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            note(f"waiting for another agentbox that is creating or starting {name}...")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def state_file(name: str) -> Path:
+    return paths.vm_state_dir(name) / "state.json"
+
+
+def read_state(name: str) -> dict[str, Any]:
+    try:
+        return json.loads(state_file(name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_state(name: str, data: dict[str, Any]) -> None:
+    private_dir(paths.vm_state_dir(name))
+    atomic_write(state_file(name), json.dumps(data, indent=2), mode=0o600)
+
+
+def update_state(name: str, changes: dict[str, Any]) -> None:
+    data = read_state(name)
+    data.update(changes)
+    write_state(name, data)
+
+
+def clear_state(name: str) -> None:
+    import shutil
+
+    directory = paths.vm_state_dir(name)
+    if directory.exists():
+        shutil.rmtree(directory, ignore_errors=True)

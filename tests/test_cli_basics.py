@@ -1,0 +1,114 @@
+"""--help, --version, init and completion through the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from agentbox import __version__
+from tests.conftest import run_cli, write
+
+
+def test_version() -> None:
+    result = run_cli("--version")
+    assert result.exit_code == 0
+    assert result.stdout == f"agentbox {__version__}\n"
+
+
+def test_help_lists_agent_and_vm_commands_one_line_each(project: Path) -> None:
+    result = run_cli("--help", cwd=project)
+    assert result.exit_code == 0
+    out = result.stdout
+    assert "Agent commands" in out and "VM commands" in out
+    for name in ("claude", "codex", "gemini", "kiro", "start", "stop", "restart", "rm", "status", "ls", "shell"):
+        rows = [line for line in out.splitlines() if line.strip().startswith(name + " ")]
+        assert len(rows) == 1, (name, out)
+
+
+def test_help_still_works_with_a_broken_config(project: Path) -> None:
+    write(project / "agentbox.yml", "vm: [\n")
+    result = run_cli("--help", cwd=project)
+    assert result.exit_code == 0
+    assert "claude" in result.stdout
+
+
+def test_agent_help_is_passed_to_the_agent_not_shown_by_agentbox(project: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = run_cli("claude", "--help", cwd=project)
+    # No limactl here: the point is that --help did not print agentbox's own help.
+    assert "Usage: agentbox" not in result.stdout
+    assert "limactl was not found on PATH" in result.stderr
+    assert result.exit_code == 1
+
+
+def test_init_writes_the_example_and_refuses_to_overwrite(project: Path) -> None:
+    result = run_cli("init", cwd=project)
+    assert result.exit_code == 0
+    target = project / "agentbox.yml"
+    assert result.stdout == f"Wrote {target}\n"
+    text = target.read_text()
+    assert "# workspace: ." in text and "onCreateScript" in text
+    assert os.stat(target).st_mode & 0o777 == 0o644
+    # The commented template is itself a valid (empty) config.
+    assert run_cli("config", "--json", cwd=project).exit_code == 0
+
+    target.write_text("vm: {cpus: 2}\n")
+    again = run_cli("init", cwd=project)
+    assert again.exit_code == 1
+    assert "already exists; nothing was written" in again.stderr
+    assert target.read_text() == "vm: {cpus: 2}\n"
+
+    forced = run_cli("init", "--force", cwd=project)
+    assert forced.exit_code == 0
+    assert "onCreateScript" in target.read_text()
+
+
+def test_init_global_uses_the_xdg_path(project: Path, home: Path, monkeypatch) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home / "cfg"))
+    result = run_cli("init", "--global", cwd=project)
+    assert result.exit_code == 0
+    target = home / "cfg" / "agentbox" / "config.yml"
+    assert target.is_file()
+    assert not (project / "agentbox.yml").exists()
+
+
+def test_every_documented_key_is_in_the_example() -> None:
+    from agentbox.schema import AGENT_KEYS, MOUNT_KEYS, SCHEMA
+
+    text = (Path(__file__).parent.parent / "agentbox.yml.example").read_text()
+    names = set(SCHEMA) | set(AGENT_KEYS) | set(MOUNT_KEYS)
+    for spec in SCHEMA.values():
+        names |= set(spec.children)
+    missing = [name for name in sorted(names) if f"{name}:" not in text]
+    assert missing == []
+
+
+def test_every_command_is_in_the_readme() -> None:
+    from agentbox.cli import cli
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    for name in cli.commands:
+        assert f"agentbox {name}" in readme, name
+
+
+def test_completion_scripts() -> None:
+    for shell, marker in (("bash", "complete -o"), ("zsh", "compdef"), ("fish", "complete --no-files")):
+        result = run_cli("completion", shell)
+        assert result.exit_code == 0
+        assert marker in result.stdout
+        assert "_AGENTBOX_COMPLETE" in result.stdout
+
+
+def test_completion_through_click_mechanism(project: Path) -> None:
+    env = {**os.environ, "_AGENTBOX_COMPLETE": "bash_complete", "COMP_WORDS": "agentbox cla", "COMP_CWORD": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "agentbox"], env=env, cwd=project, capture_output=True, text=True, timeout=30
+    )
+    assert "plain,claude" in result.stdout
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    result = subprocess.run([sys.executable, "-m", "agentbox", "--version"], capture_output=True, text=True, timeout=30)
+    assert result.stdout.strip() == f"agentbox {__version__}"

@@ -1,0 +1,149 @@
+"""The rendered lima.yaml: valid against Lima's schema, meaning exactly the config, never mounting home."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.conftest import run_cli, write
+
+SCHEMA = json.loads((Path(__file__).parent / "lima_schema.json").read_text())
+VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def rendered(project: Path, *args: str) -> dict:
+    result = run_cli("template", *args, cwd=project)
+    assert result.exit_code == 0, result.stderr
+    data = yaml.safe_load(result.stdout)
+    errors = sorted(VALIDATOR.iter_errors(data), key=str)
+    assert errors == [], [e.message for e in errors]
+    return data
+
+
+TRICKY = [
+    "plain",
+    "with space",
+    "quote's \"double\"",
+    "hash # and: colon",
+    "ünïcödé-☃",
+    "{{.Home}} braces",
+    "- dash [x] {y} & *star !bang %pct @at `tick`",
+    "yes",
+]
+
+
+@pytest.mark.parametrize("folder", TRICKY)
+def test_tricky_workspace_paths_render_to_valid_yaml_meaning_the_path(home: Path, folder: str) -> None:
+    project = home.parent / "work" / folder
+    project.mkdir(parents=True)
+    data = rendered(project)
+    workspace_mount = data["mounts"][0]
+    assert workspace_mount == {"location": str(project), "mountPoint": str(project), "writable": True}
+    assert data["param"]["agentboxWorkspace"] == str(project)
+
+
+def test_config_values_reach_the_template(project: Path, home: Path) -> None:
+    data_dir = home.parent / "data dir: #1"
+    data_dir.mkdir()
+    write(
+        project / "agentbox.yml",
+        f"""\
+vm:
+  cpus: 6
+  memory: 12GiB
+  disk: 50GiB
+  vmType: vz
+  arch: aarch64
+  mountType: virtiofs
+mounts:
+  - location: "{data_dir}"
+    mountPoint: /data
+  - location: /srv/tools
+    writable: true
+""",
+    )
+    data = rendered(project)
+    assert (data["cpus"], data["memory"], data["disk"]) == (6, "12GiB", "50GiB")
+    assert (data["vmType"], data["arch"], data["mountType"]) == ("vz", "aarch64", "virtiofs")
+    assert data["mounts"][2:] == [
+        {"location": str(data_dir), "mountPoint": "/data", "writable": False},
+        {"location": "/srv/tools", "mountPoint": "/srv/tools", "writable": True},
+    ]
+    staging = data["mounts"][1]
+    assert staging["mountPoint"] == "/mnt/agentbox" and staging["writable"] is False
+    assert data["containerd"] == {"system": False, "user": False}
+    assert data["ssh"]["forwardAgent"] is False
+    assert data["propagateProxyEnv"] is False
+
+
+def test_defaults_leave_driver_choices_to_lima(project: Path) -> None:
+    data = rendered(project)
+    for key in ("vmType", "arch", "mountType"):
+        assert key not in data
+    assert data["base"] == ["template:_images/ubuntu-24.04"]
+    assert data["minimumLimaVersion"] == "2.0.0"
+
+
+def test_home_is_never_mounted(project: Path, home: Path) -> None:
+    data = rendered(project)
+    for mount in data["mounts"]:
+        location = Path(mount["location"])
+        assert location != home and location not in home.parents
+    for bad in (str(home), "~", "/"):
+        write(project / "agentbox.yml", f"mounts:\n  - location: '{bad}'\n")
+        result = run_cli("template", cwd=project)
+        assert result.exit_code == 2
+        assert "never mounts it" in result.stderr
+
+
+def test_git_worktree_mounts_the_common_git_dir(home: Path) -> None:
+    repo = home.parent / "work" / "repo"
+    repo.mkdir(parents=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@e", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "-C", str(repo), "commit", "-q", "--allow-empty", "-m", "x"], check=True)
+    tree = home.parent / "work" / "tree"
+    subprocess.run([*git, "-C", str(repo), "worktree", "add", "-q", str(tree)], check=True)
+    data = rendered(tree)
+    locations = [m["location"] for m in data["mounts"]]
+    assert locations[0] == str(tree)
+    assert str(repo / ".git") in locations
+
+
+def test_vm_lima_is_deep_merged(project: Path) -> None:
+    write(project / "agentbox.yml", "vm:\n  lima:\n    ssh:\n      localPort: 60123\n    timezone: UTC\n")
+    data = rendered(project)
+    assert data["ssh"] == {"forwardAgent": False, "loadDotSSHPubKeys": False, "localPort": 60123}
+    assert data["timezone"] == "UTC"
+
+
+def test_user_template_gets_the_same_context(project: Path) -> None:
+    write(
+        project / "my.yaml.j2",
+        "images:\n- location: https://example.invalid/img.qcow2\n  arch: x86_64\ncpus: {{ cpus | yaml }}\n"
+        "mounts:\n{% for m in mounts %}- location: {{ m.location | yaml }}\n  writable: {{ m.writable | yaml }}\n{% endfor %}",
+    )
+    write(project / "agentbox.yml", "vm:\n  cpus: 3\n  template: my.yaml.j2\n")
+    data = rendered(project)
+    assert data["cpus"] == 3
+    assert data["mounts"][0] == {"location": str(project), "writable": True}
+
+
+def test_user_template_errors_are_config_errors(project: Path) -> None:
+    write(project / "bad.j2", "cpus: {{ nope }}\n")
+    write(project / "agentbox.yml", "vm:\n  template: bad.j2\n")
+    result = run_cli("template", cwd=project)
+    assert result.exit_code == 2
+    assert "vm.template" in result.stderr and "nope" in result.stderr
+
+
+def test_shipped_scripts_have_no_go_template_braces() -> None:
+    """Lima evaluates {{...}} in provisioning scripts; ours must mean what they say."""
+    for path in (REPO / "provision").iterdir():
+        assert "{{" not in path.read_text(), path
