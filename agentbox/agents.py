@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class AgentSpec:
+class AgentSpec(NamedTuple):
     name: str
     binary: str
     default_args: tuple[str, ...]
     install: str | None = None
     # Where --model goes: after this many leading default args (kiro takes it after `chat`).
     model_after: int = 0
-    credentials: tuple[str, ...] = field(default_factory=tuple)
+    credentials: tuple[str, ...] = ()
     summary: str = ""
 
 

@@ -93,10 +93,13 @@ def _configured_agents(ctx: click.Context) -> dict[str, Any]:
     if "agents" not in cache:
         from agentbox import config
 
-        try:
-            cache["agents"] = config.load(_start_dir(ctx)).agents
-        except AgentboxError:
-            cache["agents"] = {}
+        cache["agents"] = {}
+        # Only a config that mentions agents can define one: skip YAML (and its import) otherwise.
+        if config.may_define_agents(_start_dir(ctx)):
+            try:
+                cache["agents"] = config.load(_start_dir(ctx)).agents
+            except AgentboxError:
+                pass
     return cache["agents"]
 
 

@@ -6,9 +6,8 @@ import copy
 import os
 import stat
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentbox import paths
 from agentbox.agents import BUILTIN_AGENTS
@@ -28,8 +27,7 @@ DEFAULTS: dict[str, Any] = {
 RESERVED_MOUNT_POINTS = frozenset({"/", "/bin", "/dev", "/etc", "/home", "/opt", "/sbin", "/tmp", "/usr", "/var"})
 
 
-@dataclass(frozen=True)
-class Mount:
+class Mount(NamedTuple):
     location: Path
     mount_point: str
     writable: bool
@@ -38,14 +36,12 @@ class Mount:
         return {"location": str(self.location), "mountPoint": self.mount_point, "writable": self.writable}
 
 
-@dataclass(frozen=True)
-class Script:
+class Script(NamedTuple):
     path: Path
     origin: str  # "global" or "local"
 
 
-@dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(NamedTuple):
     name: str
     binary: str
     default_args: tuple[str, ...]
@@ -66,8 +62,7 @@ class AgentConfig:
         return data
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     cwd: Path
     workspace: Path
     workspace_problem: str | None
@@ -91,7 +86,7 @@ class Config:
     ca_cert: Path | None
     agents: dict[str, AgentConfig]
     origins: dict[str, str]
-    notices: tuple[str, ...] = field(default_factory=tuple)
+    notices: tuple[str, ...] = ()
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -148,6 +143,23 @@ def load(cwd: Path | None = None) -> Config:
     for layer in layers:
         notices.extend(layer.notices)
     return resolve(cwd, layers, notices)
+
+
+def may_define_agents(cwd: Path) -> bool:
+    """A cheap look at the raw files: could any of them define an agent?"""
+    candidates = [paths.global_config_file()]
+    for directory in (cwd, *cwd.parents):
+        candidate = directory / paths.LOCAL_CONFIG_NAME
+        if os.path.lexists(candidate):
+            candidates.append(candidate)
+            break
+    for candidate in candidates:
+        try:
+            if os.path.isfile(candidate) and b"agents" in candidate.read_bytes()[: 1_000_001]:
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def find_local_config(start: Path, notices: list[str]) -> Path | None:

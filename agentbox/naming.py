@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import re
-import unicodedata
 from pathlib import Path
 
 _IDENTIFIER = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
@@ -43,6 +41,8 @@ def default_vm_name(workspace: Path, lima_home: Path) -> str:
     name = PREFIX + cleaned if cleaned else PREFIX.rstrip("-")
     if cleaned == base and not instance_name_problem(name) and len(name) <= limit:
         return name
+    import hashlib
+
     digest = hashlib.sha256(str(workspace).encode()).hexdigest()[:8]
     room = limit - len(PREFIX) - len(digest) - 1
     stem = cleaned[: max(room, 0)].rstrip("._-")
@@ -50,6 +50,8 @@ def default_vm_name(workspace: Path, lima_home: Path) -> str:
 
 
 def _sanitize(text: str) -> str:
+    import unicodedata
+
     ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     dashed = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_text)
     collapsed = re.sub(r"[._-]{2,}", lambda m: m.group(0)[0], dashed).strip("._-")

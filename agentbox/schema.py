@@ -6,11 +6,9 @@ Python data (lists normalized, strings checked) plus the position of each value.
 
 from __future__ import annotations
 
-import difflib
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import yaml
 
@@ -29,12 +27,11 @@ AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 MAX_NODES = 100_000
 
 
-@dataclass(frozen=True)
-class Key:
+class Key(NamedTuple):
     kind: str  # str, path, int, bool, size, strlist, args, env, mapping, agents, mounts, freeform
     help: str
     files: frozenset[str] = BOTH
-    children: dict[str, Key] = field(default_factory=dict)
+    children: dict[str, Key] = {}  # never mutated
     minimum: int | None = None
     check: Callable[[Any], str | None] | None = None
 
@@ -117,15 +114,14 @@ MOUNT_KEYS: dict[str, Key] = {
 }
 
 
-@dataclass
-class Layer:
+class Layer(NamedTuple):
     """One config file's validated content."""
 
     name: str  # "global" or "local"
     path: Path
     data: dict[str, Any]
     positions: dict[tuple[str, ...], str]
-    notices: list[str] = field(default_factory=list)
+    notices: list[str] = []  # never mutated: each Layer gets its own list
 
 
 def validate(node: yaml.Node | None, path: Path, layer: str) -> Layer:
@@ -428,6 +424,8 @@ def _all_key_paths(keys: dict[str, Key], prefix: tuple[str, ...] = ()) -> list[t
 
 
 def _suggest(key: str, siblings: dict[str, Key], keypath: tuple[str, ...]) -> str:
+    import difflib
+
     close = difflib.get_close_matches(key, list(siblings), n=1, cutoff=0.6)
     if not close:
         lowered = {name.lower(): name for name in siblings}
