@@ -67,6 +67,27 @@ class AgentboxGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("\nagentbox: interrupted", err=True)
             ctx.exit(130)
+        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
+            raise
+        except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into a readable message
+            log = _write_crash_log()
+            click.echo(f"agentbox: internal error: {type(exc).__name__}: {exc}", err=True)
+            click.echo(f"The details are in {log}; please include them when you report this.", err=True)
+            ctx.exit(1)
+
+
+def _write_crash_log() -> str:
+    import traceback
+
+    from agentbox import paths
+
+    path = paths.state_dir() / "crash.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(traceback.format_exc())
+        return str(path)
+    except OSError:
+        return "(could not be written)"
 
 
 def report_error(exc: AgentboxError) -> None:

@@ -176,8 +176,8 @@ class Lima:
         started = time.monotonic()
         code = 0
         try:
-            result = command(*args, _tty_out=False, _tty_in=False, _truncate_exc=False)
-            return str(result), result.stderr.decode(errors="replace")
+            result = command(*args, _tty_out=False, _tty_in=False, _truncate_exc=False, _return_cmd=True)
+            return result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
         except sh.ErrorReturnCode as exc:
             code = exc.exit_code
             stderr = exc.stderr.decode(errors="replace")

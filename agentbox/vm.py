@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentbox import drift, paths
 from agentbox import lima as limamod
-from agentbox import paths
 from agentbox.config import Config
 from agentbox.errors import Interrupted, LimaError, StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -65,25 +65,47 @@ def check_ownership(instance: Instance, config: Config) -> None:
         )
 
 
-def ensure_running(session: Session, name: str) -> Instance:
-    """Make sure the project's VM exists and runs; a VM that already runs costs one `limactl list`."""
-    instance = session.instance(name)
+_UNKNOWN: Any = object()
+
+
+def check_workspace_matches(instance: Instance, config: Config) -> None:
+    """For stop and rm: a VM recorded for another workspace is not this project's to touch."""
+    if workspace_of(instance) is not None:
+        check_ownership(instance, config)
+
+
+def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOWN) -> Instance:
+    """Make sure the project's VM exists and runs; a VM that already runs costs one `limactl list`.
+
+    `known` is the result of a `list` the caller already made, so no call is repeated.
+    """
+    instance = session.instance(name) if known is _UNKNOWN else known
     if instance is not None:
         check_ownership(instance, session.config)
         if instance.status == RUNNING:
             return instance
-    with vm_lock(name):
-        instance = session.instance(name)  # another agentbox may have finished the job meanwhile
+    with vm_lock(name) as waited:
+        if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
+            instance = session.instance(name)
         if instance is None:
-            return create_and_start(session, name)
+            try:
+                return create_and_start(session, name)
+            except _AlreadyExists:
+                instance = session.instance(name)  # created by an agentbox that did not hold our lock yet
+                if instance is None:
+                    raise StateError(f"limactl says {name} already exists, but `limactl list` does not show it") from None
         check_ownership(instance, session.config)
         if instance.status == RUNNING:
             return instance
         if instance.status == STOPPED:
-            return start(session, instance)
+            return start(session, instance.name, instance.dir)
         if instance.status == BROKEN:
             return recover(session, instance)
         return wait_for_settled(session, instance)
+
+
+class _AlreadyExists(Exception):
+    pass
 
 
 def create_and_start(session: Session, name: str) -> Instance:
@@ -104,40 +126,47 @@ def create_and_start(session: Session, name: str) -> Instance:
             hint=f"Run the same command again to finish, or `agentbox rm --force` to discard {name}.",
         ) from None
     except LimaError as error:
+        if any("already exists" in line for line in error.stderr_lines):
+            raise _AlreadyExists() from None
+        # We hold the VM's lock, so anything left under this name is our own half-made VM.
         leftover = session.instance(name)
         limamod.print_failure_details(error, leftover.dir if leftover else None)
         if leftover is not None:
             session.lima.delete(name, force=True)
             error.hint = f"The half-created VM {name} was removed; nothing else changed."
         else:
-            error.hint = "No VM was created."
+            error.hint = "No VM was created; nothing changed."
         raise
-    write_state(name, {"workspace": str(config.require_workspace()), "created": time.time(), "reconnect": True})
-    created = session.instance(name)
-    if created is None:
-        raise StateError(f"limactl reported {name} as created, but `limactl list` does not show it")
-    return start(session, created)
+    write_state(
+        name,
+        {"workspace": str(config.require_workspace()), "created": time.time(), "reconnect": True,
+         "fingerprint": drift.creation_fingerprint(config)},
+    )
+    return start(session, name, str(paths.lima_home() / name))
 
 
-def start(session: Session, instance: Instance) -> Instance:
+def start(session: Session, name: str, instance_dir: str) -> Instance:
     timeout = max(MIN_START_TIMEOUT, session.config.startup_wait_sec)
+    log_path = os.path.join(instance_dir, "ha.stderr.log")
     try:
-        with Progress(f"Starting VM {instance.name}", verbose=session.verbose) as progress:
-            session.lima.start(instance.name, timeout, on_output=progress.feed)
+        with Progress(f"Starting VM {name}", verbose=session.verbose) as progress:
+            session.lima.start(name, timeout, on_output=progress.feed)
     except Interrupted:
         raise Interrupted(
-            f"interrupted while starting {instance.name}; Lima may keep booting it in the background",
+            f"interrupted while starting {name}; Lima may keep booting it in the background",
             hint="Run the same command again: agentbox waits for the VM to finish starting.",
         ) from None
     except LimaError as error:
-        limamod.print_failure_details(error, instance.dir)
+        limamod.print_failure_details(error, instance_dir)
         error.hint = (
-            f"{instance.name} was not deleted. Run the command again to retry, see Lima's log "
-            f"{instance.log_path}, or start over with `agentbox start --recreate`."
+            f"{name} was not deleted. Run the command again to retry, see Lima's log "
+            f"{log_path}, or start over with `agentbox start --recreate`."
         )
         raise
-    update_state(instance.name, {"booted": time.time()})
-    return require_running(session, instance.name)
+    update_state(name, {"booted": time.time()})
+    instance = require_running(session, name)
+    drift.check_effective_config(instance.config, paths.vm_state_dir(name) / "lima.yaml", name, paths.lima_home())
+    return instance
 
 
 def recover(session: Session, instance: Instance) -> Instance:
@@ -145,7 +174,7 @@ def recover(session: Session, instance: Instance) -> Instance:
     note(f"{instance.name} is Broken; trying Lima's recovery (limactl stop --force, then start)")
     try:
         session.lima.stop(instance.name, force=True)
-        return start(session, session.instance(instance.name) or instance)
+        return start(session, instance.name, instance.dir)
     except (LimaError, StateError) as error:
         raise StateError(
             f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}",
@@ -170,7 +199,7 @@ def wait_for_settled(session: Session, instance: Instance) -> Instance:
         if current.status == RUNNING:
             return current
         if current.status == STOPPED:
-            return start(session, current)
+            return start(session, current.name, current.dir)
         status = current.status
     detail = "its lima.yaml could not be loaded" if status == "" else f"status {status!r}"
     raise StateError(
@@ -195,6 +224,7 @@ def stop(session: Session, name: str, force: bool = False) -> str:
     instance = session.instance(name)
     if instance is None:
         return f"{name} does not exist; nothing to stop"
+    check_workspace_matches(instance, session.config)
     if instance.status == STOPPED and not force:
         return f"{name} is already stopped"
     with vm_lock(name):
@@ -220,9 +250,6 @@ def stop_all(lima: Lima, verbose: bool = False, force: bool = False) -> list[str
 
 
 def remove(session: Session, name: str) -> str:
-    instance = session.instance(name)
-    if instance is None:
-        return f"{name} does not exist; nothing to remove"
     with vm_lock(name):
         session.lima.delete(name, force=True)
     clear_state(name)
@@ -259,17 +286,19 @@ def describe(instance: Instance | None, name: str, workspace: str | None) -> dic
 
 
 @contextmanager
-def vm_lock(name: str) -> Iterator[None]:
-    """Serialize create/start/stop of one VM across agentbox processes."""
+def vm_lock(name: str) -> Iterator[bool]:
+    """Serialize create/start/stop of one VM across agentbox processes. Yields whether it had to wait."""
     directory = private_dir(paths.vm_state_dir(name))
     fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+    waited = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            waited = True
             note(f"waiting for another agentbox that is creating or starting {name}...")
             fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        yield waited
     finally:
         os.close(fd)
 

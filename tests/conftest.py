@@ -67,3 +67,70 @@ def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, **kwa
     runner = CliRunner()
     argv = (["-C", str(cwd)] if cwd else []) + list(args)
     return runner.invoke(cli, argv, input=input, catch_exceptions=False, **kwargs)
+
+
+@pytest.fixture
+def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> "FakeLima":
+    """The limactl test double, first on PATH, with its state in this test's LIMA_HOME."""
+    from tests import fake_limactl
+
+    bin_dir = tmp_path / "bin"
+    fake_limactl.install(bin_dir, isolated_env["lima_home"])
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    for name in list(os.environ):
+        if name.startswith("FAKE_LIMACTL_"):
+            monkeypatch.delenv(name)
+    return FakeLima(isolated_env["lima_home"])
+
+
+class FakeLima:
+    def __init__(self, lima_home: Path) -> None:
+        self.home = lima_home
+
+    def calls(self) -> list[list[str]]:
+        from tests import fake_limactl
+
+        return [call["argv"] for call in fake_limactl.read_calls(self.home)]
+
+    def subcommands(self) -> list[str]:
+        """The limactl sub-command of each call, global flags skipped."""
+        result = []
+        for argv in self.calls():
+            words = [a for a in argv if not a.startswith("-")]
+            result.append(words[0] if words else "")
+        return result
+
+    def clear(self) -> None:
+        from tests import fake_limactl
+
+        fake_limactl.clear_calls(self.home)
+
+    def status(self, name: str) -> str | None:
+        from tests import fake_limactl
+
+        try:
+            return fake_limactl.read_state(self.home, name)["status"]
+        except FileNotFoundError:
+            return None
+
+    def set_status(self, name: str, status: str) -> None:
+        from tests import fake_limactl
+
+        fake_limactl.set_status(self.home, name, status)
+
+    def lima_yaml(self, name: str) -> str:
+        return (self.home / name / "lima.yaml").read_text()
+
+    def guest_home(self, name: str) -> Path:
+        from tests import fake_limactl
+
+        return fake_limactl.guest_home(self.home, name)
+
+
+def needs_bwrap() -> None:
+    """Skip without bubblewrap, except in CI, where a missing bwrap is a failure."""
+    if shutil.which("bwrap"):
+        return
+    if os.environ.get("CI"):
+        pytest.fail("bubblewrap is required in CI (.ci/run installs it)")
+    pytest.skip("bubblewrap is not installed")

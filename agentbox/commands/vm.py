@@ -41,7 +41,7 @@ def start_command(ctx: click.Context, recreate: bool) -> None:
         vm.check_ownership(existing, session.config)
         click.echo(f"{name} is already running", err=True)
         return
-    instance = vm.ensure_running(session, name)
+    instance = vm.ensure_running(session, name, existing)
     click.echo(f"{instance.name} is running (workspace {session.config.workspace})", err=True)
 
 
@@ -70,10 +70,7 @@ def restart_command(ctx: click.Context) -> None:
 
     session = _session(ctx)
     name = _vm_name(session)
-    existing = session.instance(name)
-    if existing is not None:
-        vm.check_ownership(existing, session.config)
-        click.echo(vm.stop(session, name), err=True)
+    click.echo(vm.stop(session, name), err=True)
     instance = vm.ensure_running(session, name)
     click.echo(f"{instance.name} is running", err=True)
 
@@ -91,6 +88,7 @@ def rm_command(ctx: click.Context, force: bool) -> None:
     if instance is None:
         click.echo(f"{name} does not exist; nothing to remove", err=True)
         return
+    vm.check_workspace_matches(instance, session.config)
     if not force:
         if not (sys.stdin.isatty() and sys.stderr.isatty()):
             raise AgentboxError(

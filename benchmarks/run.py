@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""Measure agentbox's start-up and launch paths against the limactl test double; print a table.
+
+    python3 benchmarks/run.py [--runs 10] [--latency list=0.03,shell=0.15,copy=0.25,start=20,create=2]
+
+Each row runs the real `agentbox` console script in a subprocess. "limactl" is the time spent inside
+the double (it reports its own duration, simulated latency included); "own" is wall time minus that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.fake_limactl import install, read_calls  # noqa: E402
+
+DEFAULT_LATENCY = "list=0.03,shell=0.15,copy=0.25,start=20,create=2"
+BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150}
+
+
+def agentbox_command() -> list[str]:
+    script = Path(sys.executable).parent / "agentbox"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "agentbox"]
+
+
+class Sandbox:
+    """A throwaway HOME, LIMA_HOME, state dir and project, with the double first on PATH."""
+
+    def __init__(self, latency: str) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="abbench"))
+        self.lima_home = Path(tempfile.mkdtemp(prefix="lh", dir="/tmp"))
+        self.home = self.root / "home"
+        self.home.mkdir()
+        self.bin = self.root / "bin"
+        self.bin.mkdir()
+        install(self.bin, self.lima_home)
+        self.env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("AGENTBOX_", "XDG_", "FAKE_LIMACTL"))},
+            "HOME": str(self.home),
+            "LIMA_HOME": str(self.lima_home),
+            "AGENTBOX_STATE_DIR": str(self.root / "state"),
+            "PATH": f"{self.bin}:{os.environ['PATH']}",
+            "FAKE_LIMACTL_LATENCY": latency,
+        }
+        self.env.pop("NODE_EXTRA_CA_CERTS", None)
+
+    def project(self, name: str) -> Path:
+        path = self.root / "work" / name
+        path.mkdir(parents=True, exist_ok=True)
+        # A stub agent binary the launch step finds in the VM (the guest sees the host's /usr/bin etc.).
+        (path / "agentbox.yml").write_text("agents:\n  codex:\n    binary: true\n")
+        os.chmod(path / "agentbox.yml", 0o644)
+        return path
+
+    def run(self, args: list[str], cwd: Path) -> tuple[float, float, list[dict]]:
+        before = len(read_calls(self.lima_home))
+        started = time.perf_counter()
+        result = subprocess.run(
+            [*agentbox_command(), *args], cwd=cwd, env=self.env, capture_output=True, stdin=subprocess.DEVNULL
+        )
+        wall = time.perf_counter() - started
+        if result.returncode != 0:
+            raise SystemExit(f"agentbox {' '.join(args)} failed ({result.returncode}):\n{result.stderr.decode()}")
+        calls = read_calls(self.lima_home)[before:]
+        return wall, sum(call.get("duration") or 0 for call in calls), calls
+
+    def remove(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        shutil.rmtree(self.lima_home, ignore_errors=True)
+
+
+def summarize(samples: list[float]) -> str:
+    return f"{statistics.median(samples) * 1000:7.1f} {min(samples) * 1000:7.1f} {max(samples) * 1000:7.1f}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--latency", default=DEFAULT_LATENCY, help="the double's simulated latency per subcommand (s)")
+    parser.add_argument("--slow-runs", type=int, default=None, help="runs for the stopped and cold launches")
+    options = parser.parse_args()
+    slow_runs = options.slow_runs or options.runs
+    box = Sandbox(options.latency)
+    rows: list[tuple[str, str, str, str, str]] = []
+    call_lists: dict[str, list[str]] = {}
+    try:
+        project = box.project("bench")
+        for label, args in (("--help", ["--help"]), ("config --json", ["config", "--json"])):
+            walls = [box.run(args, project)[0] for _ in range(options.runs)]
+            rows.append((label, summarize(walls), "-", "0", verdict(label, statistics.median(walls))))
+
+        box.run(["start"], project)
+        warm = [box.run(["codex", "--version"], project) for _ in range(options.runs)]
+        own = [wall - inside for wall, inside, _ in warm]
+        counts = {len(calls) for _, _, calls in warm}
+        call_lists["warm launch"] = [" ".join(c["argv"]) for c in warm[-1][2]]
+        rows.append(
+            ("warm launch", summarize([w for w, _, _ in warm]), summarize(own), "/".join(map(str, sorted(counts))),
+             verdict("warm launch", statistics.median(own), max(counts) <= 2))
+        )
+
+        stopped = []
+        for _ in range(slow_runs):
+            box.run(["stop"], project)
+            stopped.append(box.run(["codex", "--version"], project))
+        call_lists["stopped launch"] = [" ".join(c["argv"]) for c in stopped[-1][2]]
+        rows.append(("stopped launch", summarize([w for w, _, _ in stopped]),
+                     summarize([w - i for w, i, _ in stopped]), str(len(stopped[-1][2])), "-"))
+
+        cold = []
+        for index in range(slow_runs):
+            fresh = box.project(f"cold{index}")
+            cold.append(box.run(["codex", "--version"], fresh))
+        call_lists["cold launch"] = [" ".join(c["argv"]) for c in cold[-1][2]]
+        rows.append(("cold launch", summarize([w for w, _, _ in cold]),
+                     summarize([w - i for w, i, _ in cold]), str(len(cold[-1][2])), "-"))
+    finally:
+        box.remove()
+
+    print(f"agentbox benchmark: {options.runs} runs (stopped/cold: {slow_runs}); double latency {options.latency}")
+    print(f"{'path':16} {'wall ms (median min max)':>25}  {'own ms (median min max)':>25}  {'limactl calls':>13}  budget")
+    for label, wall, own, calls, ok in rows:
+        print(f"{label:16} {wall:>25}  {own:>25}  {calls:>13}  {ok}")
+    for label, calls in call_lists.items():
+        print(f"\n{label} limactl calls:")
+        for call in calls:
+            print(f"  limactl {call}")
+    return 0
+
+
+def verdict(label: str, value: float, calls_ok: bool = True) -> str:
+    budget = BUDGETS.get(label)
+    if budget is None:
+        return "-"
+    ok = value <= budget and calls_ok
+    return f"{'OK' if ok else 'MISSED'} (<= {budget * 1000:.0f} ms{', <= 2 calls' if label == 'warm launch' else ''})"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""VM lifecycle through the real CLI against the limactl double: start, stop, rm, status, ls, recovery."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FakeLima, run_cli, write
+
+NAME = "agentbox-myproject"
+
+
+def agentbox_process(cwd: Path, *args: str, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentbox", *args],
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_cold_start_creates_and_starts_one_vm(project: Path, limactl: FakeLima, isolated_env) -> None:
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert limactl.status(NAME) == "Running"
+    assert limactl.subcommands() == ["list", "create", "start", "list"]
+    create = limactl.calls()[1]
+    assert create[:4] == ["--tty=false", "create", "--name", NAME]
+    template = Path(create[4])
+    assert template.parent.stat().st_mode & 0o777 == 0o700
+    assert template.stat().st_mode & 0o777 == 0o600
+    assert str(template).startswith(str(isolated_env["state"]))
+    assert f"agentboxWorkspace: {project}" in limactl.lima_yaml(NAME)
+    assert "Creating VM agentbox-myproject" in result.stderr
+    assert "Starting VM agentbox-myproject: ready" in result.stderr
+
+
+def test_warm_start_is_one_list_call(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    limactl.clear()
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0
+    assert "already running" in result.stderr
+    assert limactl.subcommands() == ["list"]
+
+
+def test_stop_start_rm_are_idempotent_for_scripts(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("stop", cwd=project).exit_code == 0  # nothing to stop yet
+    assert "does not exist; nothing to stop" in run_cli("stop", cwd=project).stderr
+    assert run_cli("start", cwd=project).exit_code == 0
+    stop = run_cli("stop", cwd=project)
+    assert stop.exit_code == 0 and limactl.status(NAME) == "Stopped"
+    again = run_cli("stop", cwd=project)
+    assert again.exit_code == 0 and "already stopped" in again.stderr
+    limactl.clear()
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert limactl.status(NAME) == "Running"
+    assert limactl.subcommands() == ["list", "start", "list"]
+    rm = run_cli("rm", "--force", cwd=project)
+    assert rm.exit_code == 0
+    assert not (limactl.home / NAME).exists()
+    rm_again = run_cli("rm", "--force", cwd=project)
+    assert rm_again.exit_code == 0 and "nothing to remove" in rm_again.stderr
+
+
+def test_rm_without_terminal_or_force_refuses(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    result = run_cli("rm", cwd=project)
+    assert result.exit_code == 1
+    assert "without confirmation" in result.stderr and "--force" in result.stderr
+    assert limactl.status(NAME) == "Running"
+
+
+def test_restart(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    limactl.clear()
+    assert run_cli("restart", cwd=project).exit_code == 0
+    assert limactl.subcommands() == ["list", "stop", "list", "start", "list"]
+    assert limactl.status(NAME) == "Running"
+
+
+def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
+    before = json.loads(run_cli("status", "--json", cwd=project).stdout)
+    assert before == {
+        "name": NAME, "status": "NotCreated", "workspace": str(project), "cpus": None, "memory": None,
+        "disk": None, "vmType": None, "arch": None, "dir": None,
+    }
+    write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    after = json.loads(run_cli("status", "--json", cwd=project).stdout)
+    assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir"]
+    assert after["status"] == "Running"
+    assert (after["cpus"], after["memory"], after["disk"]) == (2, 4 << 30, 30 << 30)
+    assert after["workspace"] == str(project)
+    assert after["dir"] == str(limactl.home / NAME)
+    assert after["vmType"] == "qemu"
+
+
+def test_ls_lists_agentbox_vms_by_marker(project: Path, limactl: FakeLima, home: Path) -> None:
+    other = home.parent / "work" / "other"
+    other.mkdir()
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert run_cli("start", cwd=other).exit_code == 0
+    foreign = home.parent / "foreign.yaml"
+    foreign.write_text("images:\n- location: https://example.invalid/x.img\n")
+    subprocess.run(["limactl", "--tty=false", "create", "--name", "agentbox-lookalike", str(foreign)],
+                   check=True, capture_output=True)
+    rows = json.loads(run_cli("ls", "--json", cwd=project).stdout)
+    assert [r["name"] for r in rows] == ["agentbox-myproject", "agentbox-other"]
+    assert rows[1]["workspace"] == str(other)
+    everything = json.loads(run_cli("ls", "--json", "--all", cwd=project).stdout)
+    assert [r["name"] for r in everything] == ["agentbox-lookalike", "agentbox-myproject", "agentbox-other"]
+    assert everything[0]["workspace"] is None
+
+
+def test_stop_all_stops_only_running_agentbox_vms(project: Path, limactl: FakeLima, home: Path) -> None:
+    other = home.parent / "work" / "other"
+    other.mkdir()
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert run_cli("start", cwd=other).exit_code == 0
+    foreign = home.parent / "foreign.yaml"
+    foreign.write_text("images:\n- location: https://example.invalid/x.img\n")
+    subprocess.run(["limactl", "--tty=false", "create", "--name", "mine", str(foreign)], check=True, capture_output=True)
+    subprocess.run(["limactl", "--tty=false", "start", "mine"], check=True, capture_output=True)
+    result = run_cli("stop", "--all", cwd=home)  # works anywhere, even without a project
+    assert result.exit_code == 0
+    assert limactl.status("agentbox-myproject") == "Stopped"
+    assert limactl.status("agentbox-other") == "Stopped"
+    assert limactl.status("mine") == "Running"
+    assert run_cli("stop", "--all", cwd=home).exit_code == 0
+
+
+def test_broken_vm_is_recovered_with_lima_own_recovery(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    limactl.set_status(NAME, "Broken")
+    limactl.clear()
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert limactl.status(NAME) == "Running"
+    assert ["--tty=false", "stop", "--force", NAME] in limactl.calls()
+    assert "delete" not in limactl.subcommands()
+
+
+def test_broken_vm_that_stays_broken_is_explained_not_deleted(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    limactl.set_status(NAME, "Broken")
+    monkeypatch.setenv("FAKE_LIMACTL_FAIL_START", "host agent process has exited: exit status 1")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "still Broken" in result.stderr
+    assert str(limactl.home / NAME) in result.stderr
+    assert "ha.stderr.log" in result.stderr
+    assert "agentbox start --recreate" in result.stderr and "agentbox rm --force" in result.stderr
+    assert (limactl.home / NAME / "lima.yaml").exists()
+    assert "delete" not in limactl.subcommands()
+
+
+def test_failing_start_is_reported_and_nothing_deleted(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_LIMACTL_FAIL_START", "did not receive an event with the `running` status")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "did not receive an event with the `running` status" in result.stderr
+    assert "level=fatal" not in result.stderr.split("Last lines")[0]
+    assert "ha.stderr.log" in result.stderr
+    assert "was not deleted" in result.stderr
+    assert (limactl.home / NAME / "lima.yaml").exists()
+    assert "delete" not in limactl.subcommands()
+
+
+def test_failing_create_rolls_back_the_half_made_vm(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_LIMACTL_FAIL_CREATE", "failed to download the image")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "failed to download the image" in result.stderr
+    assert not (limactl.home / NAME).exists()
+
+
+def test_limactl_missing(project: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    if os.path.exists("/usr/bin/limactl"):
+        pytest.skip("a real limactl is installed")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "limactl was not found on PATH" in result.stderr
+    assert "brew install lima" in result.stderr
+
+
+def test_limactl_refusing_root_is_explained(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the double only refuses root when run as root")
+    monkeypatch.setenv("FAKE_LIMACTL_REFUSE_ROOT", "1")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "limactl refuses to run as root" in result.stderr
+    assert "normal user" in result.stderr
+
+
+def test_malformed_list_is_an_error_not_a_new_vm(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert run_cli("stop", cwd=project).exit_code == 0
+    limactl.clear()
+    monkeypatch.setenv("FAKE_LIMACTL_LIST_MALFORMED", "1")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "not JSON" in result.stderr
+    assert limactl.subcommands() == ["list"]
+
+
+def test_failing_list_is_an_error_not_a_new_vm(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_LIMACTL_LIST_FAIL", "open /x/.lima: permission denied")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "permission denied" in result.stderr
+    assert "create" not in limactl.subcommands()
+
+
+def test_same_folder_name_in_two_places_is_refused(limactl: FakeLima, home: Path) -> None:
+    first = home.parent / "a" / "app"
+    second = home.parent / "b" / "app"
+    first.mkdir(parents=True)
+    second.mkdir(parents=True)
+    assert run_cli("start", cwd=first).exit_code == 0
+    result = run_cli("start", cwd=second)
+    assert result.exit_code == 1
+    assert str(first) in result.stderr and str(second) in result.stderr
+    assert "vm.name" in result.stderr or "name:" in result.stderr
+    write(second / "agentbox.yml", "vm:\n  name: agentbox-app-b\n")
+    assert run_cli("start", cwd=second).exit_code == 0
+
+
+def test_two_concurrent_first_runs_create_one_vm(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_LIMACTL_LATENCY", "create=1,start=1")
+    procs = [agentbox_process(project, "start") for _ in range(2)]
+    outputs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert limactl.subcommands().count("create") == 1
+    assert limactl.status(NAME) == "Running"
+
+
+def test_ctrl_c_during_start_exits_130_and_leaves_no_child(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    monkeypatch.setenv("FAKE_LIMACTL_LATENCY", "start=30")
+    proc = agentbox_process(project, "start", start_new_session=True)
+    deadline = time.monotonic() + 20
+    while "start" not in [c for c in limactl.subcommands()] and time.monotonic() < deadline:
+        time.sleep(0.1)
+        if any("start" in " ".join(argv) for argv in _running_limactl()):
+            break
+    time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=20)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "Run the same command again" in stderr
+    time.sleep(0.3)
+    assert _running_limactl() == []
+
+
+def _running_limactl() -> list[list[str]]:
+    """The double's processes that belong to this test (by its LIMA_HOME)."""
+    marker = f"LIMA_HOME={os.environ['LIMA_HOME']}".encode()
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv if a]
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ and any(w.endswith("limactl.py") for w in words):
+            found.append(words)
+    return found
+
+
+def test_verbose_streams_limactl_output_and_debug_prints_calls(project: Path, limactl: FakeLima) -> None:
+    result = run_cli("-v", "--debug", "start", cwd=project)
+    assert result.exit_code == 0
+    assert "READY" in result.stderr
+    assert "[debug]" in result.stderr and "create --name agentbox-myproject" in result.stderr
+
+
+def test_every_limactl_call_is_logged(project: Path, limactl: FakeLima, isolated_env) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    lines = (isolated_env["state"] / "limactl.log").read_text().splitlines()
+    entries = [json.loads(line) for line in lines]
+    assert [e["argv"][1] if e["argv"][1] != "--tty=false" else e["argv"][2] for e in entries] == [
+        "list", "create", "start", "list"
+    ]
+    assert all(e["exit"] == 0 and e["duration"] >= 0 for e in entries)
