@@ -53,7 +53,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         default_args=("chat", "--trust-all-tools"),
         install="curl -fsSL https://cli.kiro.dev/install | bash",
         model_after=1,
-        credentials=("~/Library/Application Support/kiro-cli/data.sqlite3",),
+        # macOS keeps it under Application Support; both land in ~/.local/share/kiro-cli in the VM.
+        credentials=("~/Library/Application Support/kiro-cli/data.sqlite3", "~/.local/share/kiro-cli/data.sqlite3"),
         summary="Kiro CLI",
     ),
 }

@@ -49,6 +49,7 @@ class AgentConfig(NamedTuple):
     vm_name: str
     install: str | None
     builtin: bool
+    credentials: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -59,7 +60,20 @@ class AgentConfig(NamedTuple):
         }
         if self.install is not None:
             data["install"] = self.install
+        data["credentials"] = list(self.credentials)
         return data
+
+
+class CredentialSettings(NamedTuple):
+    enabled: bool = True
+    netrc: bool = False
+    gh: bool = True
+    git: bool = True
+
+    def to_json(self) -> Any:
+        if not self.enabled:
+            return False
+        return {"netrc": self.netrc, "gh": self.gh, "git": self.git}
 
 
 class Config(NamedTuple):
@@ -86,6 +100,7 @@ class Config(NamedTuple):
     ca_cert: Path | None
     agents: dict[str, AgentConfig]
     origins: dict[str, str]
+    credentials: CredentialSettings = CredentialSettings()
     notices: tuple[str, ...] = ()
 
     def require_workspace(self) -> Path:
@@ -122,6 +137,7 @@ class Config(NamedTuple):
             },
             "caCert": str(self.ca_cert) if self.ca_cert else None,
             "agents": {name: agent.to_json() for name, agent in self.agents.items()},
+            "credentials": self.credentials.to_json(),
         }
 
 
@@ -227,6 +243,12 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                 for name in [k for k in origins if k.startswith("mounts")]:
                     del origins[name]
                 origins["mounts"] = label
+            elif key == "credentials":
+                previous = data.get("credentials", {})
+                if isinstance(value, dict) and isinstance(previous, dict):
+                    value = {**previous, **value}
+                data["credentials"] = value
+                origins["credentials"] = label
             elif key in ("vm", "sync", "agents"):
                 _deep_update(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
@@ -313,8 +335,17 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         ca_cert=ca_cert,
         agents=agents,
         origins=origins,
+        credentials=_credential_settings(data.get("credentials", True)),
         notices=tuple(notices),
     )
+
+
+def _credential_settings(raw: Any) -> CredentialSettings:
+    if raw is False:
+        return CredentialSettings(enabled=False)
+    if isinstance(raw, dict):
+        return CredentialSettings(True, raw.get("netrc", False), raw.get("gh", True), raw.get("git", True))
+    return CredentialSettings()
 
 
 def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Path, str | None]:
@@ -375,7 +406,16 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
         vm_name=raw.get("vmName", vm_name),
         install=raw.get("install", builtin.install if builtin else None),
         builtin=builtin is not None,
+        credentials=_agent_credentials(raw.get("credentials", True), builtin.credentials if builtin else ()),
     )
+
+
+def _agent_credentials(raw: Any, builtin: tuple[str, ...]) -> tuple[str, ...]:
+    if raw is False:
+        return ()
+    if raw is True:
+        return builtin
+    return tuple(raw)
 
 
 def _resolve_mount(raw: dict[str, Any], layer: Any, workspace: Path) -> Mount:

@@ -14,8 +14,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agentbox.config import Config
 from agentbox.errors import StateError
 
@@ -48,6 +46,8 @@ def changed_settings(recorded: dict[str, Any] | None, config: Config) -> list[st
 
 
 def expected_from_rendered(rendered_yaml: str) -> dict[str, Any]:
+    import yaml
+
     data = yaml.safe_load(rendered_yaml) or {}
     mounts = [
         (str(m.get("location")), str(m.get("mountPoint") or m.get("location")), bool(m.get("writable", False)))

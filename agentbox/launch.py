@@ -8,10 +8,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import render, resources, vm
+from agentbox import drift, render, resources, vm
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.progress import note
 
 LAUNCH_SCRIPT = f"{render.STAGING_MOUNT_POINT}/launch.sh"
 
@@ -27,7 +28,11 @@ def run_in_vm(
     workspace = config.require_workspace()
     vm.ensure_running(session, name)
     refresh_staging(name, config.env)
-    reconnect = bool(vm.read_state(name).get("reconnect"))
+    state = vm.read_state(name)
+    changed = drift.changed_settings(state.get("fingerprint"), config)
+    if changed:
+        note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
+    reconnect = bool(state.get("reconnect"))
     command = ["/bin/bash", LAUNCH_SCRIPT, "--wait", str(config.startup_wait_sec)]
     if agent is not None:
         command += ["--binary", agent.binary, "--install", agent.install or ""]

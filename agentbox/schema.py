@@ -63,6 +63,7 @@ AGENT_KEYS: dict[str, Key] = {
     "model": Key("str", "Model passed as --model unless the command line already names one."),
     "vmName": Key("vmname", "VM used for this agent in this project (default: the project's VM).", files=LOCAL),
     "install": Key("str", "Shell command that installs the agent's CLI in the VM (agents you define)."),
+    "credentials": Key("agent_credentials", "Host files with this agent's login (a list), or false for none."),
 }
 
 SCHEMA: dict[str, Key] = {
@@ -105,6 +106,17 @@ SCHEMA: dict[str, Key] = {
     ),
     "caCert": Key("path", "PEM file with extra CA certificates for the VM."),
     "agents": Key("agents", "Settings of built-in agents, and agents you define."),
+    "credentials": Key("credentials", "false: bring no host logins into the VM; or {netrc, gh, git} switches."),
+}
+
+CREDENTIAL_KEYS: dict[str, Key] = {
+    "netrc": Key("bool", "Also bring ~/.netrc (default false)."),
+    "gh": Key("bool", "The GitHub CLI login (default true)."),
+    "git": Key("bool", "The safe part of ~/.gitconfig: name, email, ... (default true)."),
+}
+DOCKER_ERA_AGENT_CREDENTIALS: dict[str, Key] = {
+    "enabled": Key("bool", "Whether to bring this agent's login."),
+    "files": Key("strlist", "Host files with the login."),
 }
 
 MOUNT_KEYS: dict[str, Key] = {
@@ -224,6 +236,8 @@ class _Walker:
             return self.env(node, keypath)
         if kind == "freeform":
             return self.freeform(node, keypath, top=True)
+        if kind in ("credentials", "agent_credentials"):
+            return self.credentials(node, keypath, per_agent=kind == "agent_credentials")
         if kind in ("strlist", "args"):
             return self.string_list(node, keypath, split=kind == "args")
         self.visit(node, keypath)
@@ -354,6 +368,23 @@ class _Walker:
             self.positions[keypath + (name,)] = self.where(value_node)
             result[name] = self.mapping(value_node, AGENT_KEYS, keypath + (name,))
         return result
+
+    def credentials(self, node: yaml.Node, keypath: tuple[str, ...], per_agent: bool) -> Any:
+        """`false`/`true`, or a mapping; per agent also a list of host files (or the Docker-era {enabled, files})."""
+        self.visit(node, keypath)
+        if isinstance(node, yaml.ScalarNode):
+            value = construct_scalar(node)
+            if isinstance(value, bool):
+                return value
+            raise self.fail(node, keypath, f"expected true, false or {'a list of files' if per_agent else 'a mapping'}, found {_describe_value(value)}")
+        if isinstance(node, yaml.SequenceNode):
+            if not per_agent:
+                raise self.fail(node, keypath, "expected true, false or a mapping of netrc/gh/git, found a list")
+            return self.string_list(node, keypath, split=False)
+        if per_agent:
+            data = self.mapping(node, DOCKER_ERA_AGENT_CREDENTIALS, keypath)
+            return data.get("files", []) if data.get("enabled", True) else False
+        return self.mapping(node, CREDENTIAL_KEYS, keypath)
 
     def freeform(self, node: yaml.Node, keypath: tuple[str, ...], top: bool = False) -> Any:
         self.visit(node, keypath)

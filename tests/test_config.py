@@ -49,7 +49,9 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "model": None,
         "vmName": "agentbox-myproject",
         "install": "npm install -g @anthropic-ai/claude-code",
+        "credentials": ["~/.claude/.credentials.json", "~/.claude.json"],
     }
+    assert data["credentials"] == {"netrc": False, "gh": True, "git": True}
     assert data["agents"]["kiro"]["binary"] == "kiro-cli"
     assert data["agents"]["kiro"]["defaultArgs"] == ["chat", "--trust-all-tools"]
     assert data["agents"]["gemini"]["defaultArgs"] == ["--approval-mode=yolo", "--no-sandbox"]
@@ -210,9 +212,27 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "model": None,
         "vmName": "agentbox-myproject",
         "install": "pipx install aider-chat",
+        "credentials": [],
     }
     help_text = run_cli("--help", cwd=project).stdout
     assert "aider" in help_text
+
+
+def test_credentials_switches_and_per_agent_lists(project: Path, home: Path) -> None:
+    global_config(home, "credentials:\n  netrc: true\n")
+    write(
+        project / "agentbox.yml",
+        "credentials:\n  gh: false\nagents:\n  claude:\n    credentials: false\n"
+        "  codex:\n    credentials: [~/.codex/auth.json, ~/.codex/extra.json]\n"
+        "  gemini:\n    credentials: {enabled: false}\n",
+    )
+    data = config_json(project)
+    assert data["credentials"] == {"netrc": True, "gh": False, "git": True}
+    assert data["agents"]["claude"]["credentials"] == []
+    assert data["agents"]["codex"]["credentials"] == ["~/.codex/auth.json", "~/.codex/extra.json"]
+    assert data["agents"]["gemini"]["credentials"] == []
+    write(project / "agentbox.yml", "credentials: false\n")
+    assert config_json(project)["credentials"] is False
 
 
 def test_workspace_key_relative_and_tilde(project: Path, home: Path) -> None:
