@@ -1,6 +1,7 @@
 """One launch: make sure the VM runs, refresh the staging folder, then one `limactl shell` that does the rest.
 
-A warm launch therefore costs exactly two limactl calls: `list` and `shell`.
+A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
+needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount.
 """
 
 from __future__ import annotations
@@ -8,13 +9,15 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import drift, render, resources, vm
-from agentbox.config import AgentConfig
+from agentbox import bootstrap, credentials, drift, render, resources, vm
+from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
 
 LAUNCH_SCRIPT = f"{render.STAGING_MOUNT_POINT}/launch.sh"
+GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+GUARD_FILES = ("git", "gh", "pre-push")
 
 
 def run_in_vm(
@@ -26,16 +29,15 @@ def run_in_vm(
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
+    scripts = bootstrap.plan(config, render.STAGING_MOUNT_POINT, trusted_local=False)
     vm.ensure_running(session, name)
-    refresh_staging(name, config.env)
+    refresh_staging(config, name, agent, scripts)
     state = vm.read_state(name)
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if changed:
         note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
     reconnect = bool(state.get("reconnect"))
-    command = ["/bin/bash", LAUNCH_SCRIPT, "--wait", str(config.startup_wait_sec)]
-    if agent is not None:
-        command += ["--binary", agent.binary, "--install", agent.install or ""]
+    command = launch_command(config, workspace, scripts, agent)
     command += ["--", *argv] if not interactive_shell else []
     code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
     if reconnect:
@@ -48,17 +50,55 @@ def run_in_vm(
     return code
 
 
-def refresh_staging(name: str, env: dict[str, str]) -> Path:
-    """The host side of the read-only staging mount: the launch script and the 0600 env file."""
+def launch_command(config: Config, workspace: Path, scripts: bootstrap.Plan, agent: AgentConfig | None) -> list[str]:
+    command = ["/bin/bash", LAUNCH_SCRIPT, "--wait", str(config.startup_wait_sec), "--workspace", str(workspace)]
+    command += ["--guards", "off" if config.remote_write else "on"]
+    if agent is not None:
+        command += ["--binary", agent.binary, "--install", agent.install or ""]
+    for path in scripts.on_create:
+        command += ["--on-create", path]
+    for path in scripts.on_start:
+        command += ["--on-start", path]
+    return command
+
+
+def refresh_staging(config: Config, name: str, agent: AgentConfig | None, scripts: bootstrap.Plan) -> Path:
+    """The host side of the read-only staging mount: scripts, guards, credentials, the 0600 env file."""
     staging = private_dir(render.staging_dir(name))
     _write_if_changed(staging / "launch.sh", resources.text("provision", "launch.sh").encode(), 0o700)
+    guards = private_dir(staging / "guards")
+    for guard in GUARD_FILES:
+        _write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
+    bootstrap.stage(scripts, staging)
+    extra_env: dict[str, str] = {}
+    files: list[str] = []
+    settings = config.credentials
+    if settings.enabled:
+        agents = [agent] if agent is not None else list(config.agents.values())
+        files = [path for a in agents for path in a.credentials]
+        if settings.gh:
+            files += list(credentials.GH_FILES)
+            if "GH_TOKEN" not in config.env:
+                token = credentials.gh_token_from_keychain()
+                if token:
+                    extra_env["GH_TOKEN"] = token
+        if settings.netrc:
+            files.append(credentials.NETRC)
+    _, warnings = credentials.refresh(staging, files, include_git_identity=settings.enabled and settings.git)
+    credentials.warn(warnings)
+    if (config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS")) and "NODE_EXTRA_CA_CERTS" not in config.env:
+        extra_env["NODE_EXTRA_CA_CERTS"] = GUEST_CA_BUNDLE
+    write_env_file(staging, {**extra_env, **config.env})
+    return staging
+
+
+def write_env_file(staging: Path, env: dict[str, str]) -> None:
     env_file = staging / "env"
     if env:
         payload = b"".join(f"{key}={value}".encode() + b"\0" for key, value in env.items())
         _write_if_changed(env_file, payload, 0o600)
     elif env_file.exists():
         env_file.unlink()
-    return staging
 
 
 def _write_if_changed(path: Path, data: bytes, mode: int) -> None:

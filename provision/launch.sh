@@ -1,58 +1,198 @@
 #!/bin/bash
 # agentbox-managed: the per-launch step. agentbox runs it in the VM's single `limactl shell` call
 # from the read-only staging mount; it prepares the session and then execs the agent or a shell.
-#   launch.sh [--wait SECONDS] [--binary NAME --install CMD] [-- PROGRAM ARGS...]
+#   launch.sh [--wait SECONDS] [--binary NAME --install CMD] [--guards on|off]
+#             [--on-create SCRIPT]... [--on-start SCRIPT]... [--workspace DIR] [-- PROGRAM ARGS...]
 set -euo pipefail
 
 staging="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+state="$HOME/.agentbox"
 wait_sec=30
 binary=""
 install=""
+guards=""
+workspace="$PWD"
+on_create=()
+on_start=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
     --binary) binary="$2"; shift 2 ;;
     --install) install="$2"; shift 2 ;;
+    --guards) guards="$2"; shift 2 ;;
+    --workspace) workspace="$2"; shift 2 ;;
+    --on-create) on_create+=("$2"); shift 2 ;;
+    --on-start) on_start+=("$2"); shift 2 ;;
     --) shift; break ;;
     *) break ;;
   esac
 done
 
-# A start that was interrupted leaves Lima booting in the background: wait for its boot scripts.
-if [ ! -e /run/lima-boot-done ]; then
-  echo "agentbox: waiting for the VM to finish provisioning (up to ${wait_sec}s)..." >&2
-  waited=0
+say() { printf 'agentbox: %s\n' "$*" >&2; }
+
+wait_for_boot() {
+  # A start that was interrupted leaves Lima booting in the background: wait for its boot scripts.
+  [ -e /run/lima-boot-done ] && return 0
+  say "waiting for the VM to finish provisioning (up to ${wait_sec}s)..."
+  local waited=0
   while [ ! -e /run/lima-boot-done ]; do
     if [ "$waited" -ge "$wait_sec" ]; then
-      echo "agentbox: the VM has not finished provisioning after ${wait_sec}s." >&2
-      echo "agentbox: see /var/log/cloud-init-output.log in the VM, or run 'agentbox restart'." >&2
+      say "the VM has not finished provisioning after ${wait_sec}s."
+      say "see /var/log/cloud-init-output.log in the VM, or run 'agentbox restart'."
       exit 125
     fi
     sleep 1
     waited=$((waited + 1))
   done
-fi
+}
 
-# Environment from config: NAME=value records separated by NUL bytes, so any value arrives intact.
-if [ -r "$staging/env" ]; then
+load_env() {
+  # NAME=value records separated by NUL bytes, so any value arrives intact.
+  [ -r "$staging/env" ] || return 0
+  local assignment
   while IFS= read -r -d '' assignment; do
     export "${assignment?}"
   done < "$staging/env"
-fi
+}
 
+apply_credentials() {
+  # Copy a staged file into the guest home only when the host's copy changed since the last launch,
+  # so a token the agent refreshed here is kept until the host logs in anew.
+  local manifest="$staging/creds/manifest" entry digest relative applied
+  [ -r "$manifest" ] || return 0
+  while IFS= read -r -d '' entry; do
+    digest="${entry%% *}"
+    relative="${entry#* }"
+    case "$relative" in /* | *..*) continue ;; esac
+    applied="$state/applied/$relative"
+    if [ ! -e "$HOME/$relative" ] || [ "$(cat "$applied" 2>/dev/null || true)" != "$digest" ]; then
+      mkdir -p "$(dirname "$HOME/$relative")" "$(dirname "$applied")"
+      install -m 600 "$staging/creds/home/$relative" "$HOME/$relative"
+      printf '%s' "$digest" > "$applied"
+    fi
+  done < "$manifest"
+}
+
+configure_git() {
+  command -v git >/dev/null 2>&1 || return 0
+  local identity="$staging/creds/gitconfig"
+  if [ -r "$identity" ]; then
+    if ! git config --global --get-all include.path 2>/dev/null | grep -qxF "$identity"; then
+      git config --global --add include.path "$identity"
+    fi
+  elif git config --global --get-all include.path 2>/dev/null | grep -qxF "$identity"; then
+    git config --global --unset-all include.path "^$(printf '%s' "$identity" | sed 's/[.[\*^$/]/\\&/g')\$" || true
+  fi
+  if { [ -r "$HOME/.config/gh/hosts.yml" ] || [ -n "${GH_TOKEN:-}" ]; } &&
+    [ -z "$(git config --global --get credential.https://github.com.helper 2>/dev/null || true)" ]; then
+    git config --global credential.https://github.com.helper '!gh auth git-credential'
+  fi
+}
+
+mark_claude_onboarded() {
+  # With a token from `claude setup-token` there is no interactive login to complete.
+  [ -n "${CLAUDE_CODE_OAUTH_TOKEN:-}" ] || return 0
+  local file="$HOME/.claude.json"
+  if [ ! -s "$file" ]; then
+    printf '{"hasCompletedOnboarding": true}\n' > "$file"
+  elif ! grep -q '"hasCompletedOnboarding": *true' "$file"; then
+    if command -v jq >/dev/null 2>&1; then
+      jq '.hasCompletedOnboarding = true' "$file" > "$file.agentbox-tmp" && mv "$file.agentbox-tmp" "$file"
+    elif command -v python3 >/dev/null 2>&1; then
+      python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["hasCompletedOnboarding"]=True; json.dump(d,open(p,"w"))' "$file"
+    fi
+  fi
+}
+
+readonly_marker="agentbox-managed: readonly-remote"
+hooks_dir="$HOME/.config/agentbox/hooks"
+
+install_guards() {
+  local name
+  mkdir -p "$HOME/.local/bin" "$hooks_dir"
+  for name in git gh; do
+    if ! cmp -s "$staging/guards/$name" "$HOME/.local/bin/$name"; then
+      if [ -e "$HOME/.local/bin/$name" ] && ! grep -q "$readonly_marker" "$HOME/.local/bin/$name"; then
+        say "not replacing $HOME/.local/bin/$name: it is not agentbox's"
+        continue
+      fi
+      install -m 755 "$staging/guards/$name" "$HOME/.local/bin/$name"
+    fi
+  done
+  cmp -s "$staging/guards/pre-push" "$hooks_dir/pre-push" || install -m 755 "$staging/guards/pre-push" "$hooks_dir/pre-push"
+  if command -v git >/dev/null 2>&1 && [ "$(git config --global --get core.hooksPath 2>/dev/null || true)" != "$hooks_dir" ]; then
+    git config --global core.hooksPath "$hooks_dir"
+  fi
+}
+
+remove_guards() {
+  local name
+  for name in git gh; do
+    if [ -e "$HOME/.local/bin/$name" ] && grep -q "$readonly_marker" "$HOME/.local/bin/$name"; then
+      rm -f "$HOME/.local/bin/$name"
+    fi
+  done
+  rm -f "$hooks_dir/pre-push"
+  if command -v git >/dev/null 2>&1 && [ "$(git config --global --get core.hooksPath 2>/dev/null || true)" = "$hooks_dir" ]; then
+    git config --global --unset core.hooksPath
+  fi
+}
+
+run_scripts() {
+  local kind="$1" script code
+  shift
+  for script in "$@"; do
+    say "running $kind $script"
+    set +e
+    (cd "$workspace" && bash -euo pipefail "$script")
+    code=$?
+    set -e
+    if [ "$code" -ne 0 ]; then
+      say "$kind $script failed with exit code $code; the agent was not started."
+      exit "$code"
+    fi
+  done
+}
+
+bootstrap() {
+  mkdir -p "$state"
+  if [ ${#on_create[@]} -gt 0 ] && [ ! -e "$state/on-create-done" ]; then
+    run_scripts onCreateScript "${on_create[@]}"
+    touch "$state/on-create-done"
+  fi
+  local boot
+  boot="$(cat /run/lima-boot-done 2>/dev/null || true)"
+  if [ ${#on_start[@]} -gt 0 ] && [ "$(cat "$state/on-start-boot" 2>/dev/null || true)" != "$boot" ]; then
+    run_scripts onStartScript "${on_start[@]}"
+    printf '%s' "$boot" > "$state/on-start-boot"
+  fi
+}
+
+wait_for_boot
+load_env
 case ":$PATH:" in
   *":$HOME/.local/bin:"*) ;;
   *) export PATH="$HOME/.local/bin:$PATH" ;;
 esac
+mkdir -p "$state"
+apply_credentials
+configure_git
+mark_claude_onboarded
+case "$guards" in
+  on) install_guards ;;
+  off) remove_guards ;;
+esac
+hash -r
+bootstrap
 
 if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
   if [ -z "$install" ]; then
-    echo "agentbox: $binary is not installed in the VM and no install command is configured." >&2
+    say "$binary is not installed in the VM and no install command is configured."
     exit 127
   fi
-  echo "agentbox: installing $binary in the VM: $install" >&2
+  say "installing $binary in the VM: $install"
   if ! bash -euo pipefail -c "$install" >&2; then
-    echo "agentbox: installing $binary failed (command: $install)" >&2
+    say "installing $binary failed (command: $install)"
     exit 127
   fi
   hash -r

@@ -16,17 +16,13 @@ from tests.conftest import FakeLima, needs_bwrap, run_cli, write
 NAME = "agentbox-myproject"
 
 # A stand-in agent installed in the VM's /usr/local/bin: it records what reached it in the workspace.
-STUB = r"""#!/bin/bash
-out="$AGENTBOX_TEST_OUT"
-python3 - "$out" "$@" <<'PY'
+STUB = r"""#!/usr/bin/python3
 import json, os, sys
-out, args = sys.argv[1], sys.argv[2:]
-data = {"argv0": os.path.basename(os.environ.get("STUB_NAME", "")), "args": args, "cwd": os.getcwd(),
-        "env": {k: v for k, v in os.environ.items()}, "stdin": "" if sys.stdin.isatty() else sys.stdin.read()}
-with open(out, "w") as f:
+data = {"args": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+        "stdin": "" if sys.stdin.isatty() else sys.stdin.read()}
+with open(os.environ["AGENTBOX_TEST_OUT"], "w") as f:
     json.dump(data, f)
-PY
-exit "${STUB_EXIT:-0}"
+sys.exit(int(os.environ.get("STUB_EXIT", "0")))
 """
 
 
@@ -175,6 +171,7 @@ def test_env_file_is_removed_when_env_becomes_empty(project: Path, vm: FakeLima,
 
 
 def test_shell_runs_a_command_in_the_current_folder(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "")
     sub = project / "docs"
     sub.mkdir()
     result = subprocess.run(

@@ -7,9 +7,18 @@ import click
 MODEL_FLAGS = ("--model", "-m")
 
 
+class PassthroughCommand(click.Command):
+    """Hands every argument to the agent untouched: click would otherwise swallow a `--`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.args = list(args)
+        return ctx.args
+
+
 def make_agent_command(name: str, summary: str) -> click.Command:
     @click.command(
         name,
+        cls=PassthroughCommand,
         help=f"{summary}. Arguments are passed to the agent unchanged (try `agentbox {name} --help`).",
         short_help=summary,
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
