@@ -1,0 +1,228 @@
+"""What the per-launch step does inside the VM: guards, credentials, bootstrap (through the double's real shell)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+
+NAME = "agentbox-myproject"
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
+
+
+@pytest.fixture
+def vm(project: Path, limactl: FakeLima) -> FakeLima:
+    needs_bwrap()
+    write(project / "agentbox.yml", "")
+    assert run_cli("start", cwd=project).exit_code == 0
+    limactl.clear()
+    return limactl
+
+
+def shell(project: Path, *command: str, input: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agentbox", "shell", "--", *command],
+        cwd=project, capture_output=True, input=input, timeout=120,
+    )
+
+
+def repo_with_remote(project: Path) -> Path:
+    remote = project / "remote.git"
+    subprocess.run([*GIT, "init", "-q", "--bare", str(remote)], check=True)
+    subprocess.run([*GIT, "init", "-q", str(project)], check=True)
+    subprocess.run([*GIT, "-C", str(project), "remote", "add", "origin", str(remote)], check=True)
+    (project / "file.txt").write_text("hello\n")
+    subprocess.run([*GIT, "-C", str(project), "add", "file.txt"], check=True)
+    subprocess.run([*GIT, "-C", str(project), "commit", "-q", "-m", "first"], check=True)
+    return remote
+
+
+def remote_head(remote: Path) -> str:
+    result = subprocess.run(["git", "--git-dir", str(remote), "rev-parse", "--verify", "-q", "refs/heads/main"],
+                            capture_output=True, text=True)
+    return result.stdout.strip()
+
+
+# -- readonly-remote ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "push",
+    [
+        ["git", "push", "origin", "main"],
+        ["git", "-C", ".", "push", "origin", "main"],
+        ["git", "-c", "alias.p=push", "p", "origin", "main"],
+        ["git", "-c", "core.hooksPath=/dev/null", "push", "origin", "main"],
+        ["/usr/bin/git", "push", "origin", "main"],
+    ],
+)
+def test_pushes_really_fail_inside_the_vm(project: Path, vm: FakeLima, push: list[str]) -> None:
+    remote = repo_with_remote(project)
+    result = shell(project, *push)
+    assert result.returncode != 0
+    assert b"remoteWrite" in result.stderr or b"blocked" in result.stderr
+    assert remote_head(remote) == ""
+
+
+def test_reading_and_committing_still_work(project: Path, vm: FakeLima) -> None:
+    repo_with_remote(project)
+    result = shell(project, "sh", "-c", "git status --short && git -c user.name=a -c user.email=a@b commit -q --allow-empty -m x && git log --oneline | wc -l")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(b"2")
+
+
+def test_remote_write_true_removes_the_guards(project: Path, vm: FakeLima) -> None:
+    remote = repo_with_remote(project)
+    assert shell(project, "true").returncode == 0
+    guest_bin = vm.guest_home(NAME) / ".local" / "bin"
+    assert (guest_bin / "git").exists() and (guest_bin / "gh").exists()
+    write(project / "agentbox.yml", "sync:\n  remoteWrite: true\n")
+    result = shell(project, "git", "push", "-q", "origin", "main")
+    assert result.returncode == 0, result.stderr
+    assert remote_head(remote) != ""
+    assert not (guest_bin / "git").exists() and not (guest_bin / "gh").exists()
+
+
+def test_gh_wrapper_blocks_writes_and_passes_reads(project: Path, vm: FakeLima) -> None:
+    record = project / "gh-calls"
+    stub = vm.home / NAME / "guestfs" / "usr-local" / "bin" / "gh"
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text(f"#!/bin/sh\nprintf '%s\\n' \"$*\" >> {record}\n")
+    stub.chmod(0o755)
+    assert shell(project, "gh", "pr", "list").returncode == 0
+    blocked = shell(project, "gh", "pr", "merge", "1")
+    assert blocked.returncode != 0
+    api_post = shell(project, "gh", "api", "-X", "POST", "repos/o/r/issues")
+    assert api_post.returncode != 0
+    assert record.read_text() == "pr list\n"
+
+
+# -- credentials -------------------------------------------------------------------------------
+
+
+def test_credentials_are_staged_read_only_and_copied_once(project: Path, vm: FakeLima, home: Path, isolated_env) -> None:
+    host_file = write(home / ".claude" / ".credentials.json", '{"token": "v1"}', mode=0o600)
+    assert shell(project, "true").returncode == 0
+    guest_file = vm.guest_home(NAME) / ".claude" / ".credentials.json"
+    assert guest_file.read_text() == '{"token": "v1"}'
+    assert stat.S_IMODE(guest_file.stat().st_mode) == 0o600
+    staged = isolated_env["state"] / "vms" / NAME / "staging" / "creds" / "home" / ".claude" / ".credentials.json"
+    assert stat.S_IMODE(staged.stat().st_mode) == 0o600
+
+    # Nothing in the VM can write the staged copy or the host's file.
+    attempt = shell(project, "sh", "-c", "echo evil > /mnt/agentbox/creds/home/.claude/.credentials.json")
+    assert attempt.returncode != 0
+    assert staged.read_text() == '{"token": "v1"}' and host_file.read_text() == '{"token": "v1"}'
+
+    # The agent refreshes its token in the VM: an unchanged host file does not overwrite it.
+    guest_file.write_text('{"token": "refreshed-in-vm"}')
+    assert shell(project, "true").returncode == 0
+    assert guest_file.read_text() == '{"token": "refreshed-in-vm"}'
+
+    # A new login on the host reaches the VM at the next launch.
+    host_file.write_text('{"token": "v2"}')
+    assert shell(project, "true").returncode == 0
+    assert guest_file.read_text() == '{"token": "v2"}'
+
+
+def test_credentials_false_brings_nothing(project: Path, vm: FakeLima, home: Path) -> None:
+    write(home / ".codex" / "auth.json", "{}", mode=0o600)
+    write(project / "agentbox.yml", "credentials: false\n")
+    assert shell(project, "true").returncode == 0
+    assert not (vm.guest_home(NAME) / ".codex" / "auth.json").exists()
+
+
+def test_only_safe_git_settings_reach_the_vm(project: Path, vm: FakeLima, home: Path) -> None:
+    write(
+        home / ".gitconfig",
+        "[user]\n\tname = Ada Lovelace\n\temail = ada@example.com\n[credential]\n\thelper = osxkeychain\n"
+        '[url "https://x-token:secret@github.com/"]\n\tinsteadOf = https://github.com/\n'
+        "[init]\n\tdefaultBranch = trunk\n[gpg]\n\tprogram = /opt/homebrew/bin/gpg\n",
+    )
+    result = shell(project, "sh", "-c", "git config --global --list --includes")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.decode()
+    assert "user.name=Ada Lovelace" in out and "user.email=ada@example.com" in out
+    assert "init.defaultbranch=trunk" in out
+    assert "osxkeychain" not in out and "secret" not in out and "gpg" not in out
+
+
+def test_claude_token_in_env_marks_onboarding_done(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "env:\n  CLAUDE_CODE_OAUTH_TOKEN: sk-ant-oat01-test\n")
+    assert shell(project, "true").returncode == 0
+    assert '"hasCompletedOnboarding": true' in (vm.guest_home(NAME) / ".claude.json").read_text()
+    assert not any("sk-ant-oat01-test" in " ".join(argv) for argv in vm.calls())
+
+
+# -- bootstrap ---------------------------------------------------------------------------------
+
+
+def test_bootstrap_once_per_vm_and_once_per_boot_in_order(project: Path, vm: FakeLima, home: Path) -> None:
+    log = project / "boot.log"
+    write(home / "scripts" / "global-start.sh", f"echo global-start >> {log}\n")
+    write(home / ".config" / "agentbox" / "config.yml", "bootstrap:\n  onStartScript: ~/scripts/global-start.sh\n")
+    write(project / "create.sh", 'echo "create $(pwd) $MY_VAR" >> boot.log\n')
+    write(project / "start.sh", "echo local-start >> boot.log\n")
+    write(project / "agentbox.yml", "env:\n  MY_VAR: hi\nbootstrap:\n  onCreateScript: create.sh\n  onStartScript: [start.sh]\n")
+    assert shell(project, "true").returncode == 0
+    assert log.read_text() == f"create {project} hi\nglobal-start\nlocal-start\n"
+    assert shell(project, "true").returncode == 0
+    assert log.read_text() == f"create {project} hi\nglobal-start\nlocal-start\n"
+    assert run_cli("restart", cwd=project).exit_code == 0
+    assert shell(project, "true").returncode == 0
+    assert log.read_text() == f"create {project} hi\nglobal-start\nlocal-start\nglobal-start\nlocal-start\n"
+
+
+def test_failing_bootstrap_stops_the_launch_and_is_retried(project: Path, vm: FakeLima) -> None:
+    marker = project / "ran-agent"
+    write(project / "setup.sh", "echo setting up\nexit 3\n")
+    write(project / "agentbox.yml", "bootstrap:\n  onCreateScript: setup.sh\n")
+    result = shell(project, "touch", str(marker))
+    assert result.returncode == 3
+    assert b"onCreateScript" in result.stderr and b"setup.sh" in result.stderr and b"exit code 3" in result.stderr
+    assert b"setting up" in result.stdout
+    assert not marker.exists()
+    write(project / "setup.sh", "echo fixed\n")
+    result = shell(project, "touch", str(marker))
+    assert result.returncode == 0
+    assert marker.exists()
+
+
+def test_local_config_cannot_run_host_scripts(project: Path, vm: FakeLima, home: Path) -> None:
+    secret = write(home / ".aws" / "credentials", "aws_secret_access_key = x\n")
+    write(project / "agentbox.yml", "bootstrap:\n  onStartScript: ~/.aws/credentials\n")
+    result = shell(project, "true")
+    assert result.returncode == 2
+    assert b"outside the workspace" in result.stderr
+    (project / "innocent.sh").symlink_to(secret)
+    write(project / "agentbox.yml", "bootstrap:\n  onStartScript: innocent.sh\n")
+    result = shell(project, "true")
+    assert result.returncode == 2
+    assert b"symlink" in result.stderr
+    assert vm.subcommands() == []
+
+
+def test_missing_bootstrap_script_is_a_config_error_before_create(project: Path, limactl: FakeLima) -> None:
+    write(project / "agentbox.yml", "bootstrap:\n  onCreateScript: scripts/nope.sh\n")
+    result = shell(project, "true")
+    assert result.returncode == 2
+    assert b"bootstrap.onCreateScript" in result.stderr and b"nope.sh" in result.stderr
+    assert "create" not in limactl.subcommands()
+
+
+def test_warm_launch_with_everything_still_makes_two_calls(project: Path, vm: FakeLima, home: Path) -> None:
+    write(home / ".claude" / ".credentials.json", "{}", mode=0o600)
+    write(home / ".gitconfig", "[user]\n\tname = A\n")
+    write(project / "s.sh", "true\n")
+    write(project / "agentbox.yml", "env:\n  TOKEN: secret-value\nbootstrap:\n  onStartScript: s.sh\n")
+    assert shell(project, "true").returncode == 0
+    vm.clear()
+    assert shell(project, "true").returncode == 0
+    assert vm.subcommands() == ["list", "shell"]
+    assert not any("secret-value" in " ".join(argv) for argv in vm.calls())
