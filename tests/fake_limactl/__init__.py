@@ -1,0 +1,145 @@
+"""Helpers for driving the fake ``limactl`` (see ``limactl.py`` for behaviour and env knobs).
+
+Typical use in a test::
+
+    shim = fake_limactl.install(tmp_path / "bin", tmp_path / "lima")
+    env = fake_limactl.make_env(tmp_path / "lima", home=tmp_path / "home", bin_dir=tmp_path / "bin")
+    subprocess.run(["limactl", "list", "--json"], env=env)
+    fake_limactl.read_calls(tmp_path / "lima")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+LIMACTL_PY = Path(__file__).resolve().with_name("limactl.py")
+STATE_FILE = "fake-state.json"
+VERSION = "v2.2.0"
+
+__all__ = [
+    "LIMACTL_PY", "install", "make_env", "read_calls", "clear_calls", "read_state", "write_state",
+    "set_status", "instance_dir", "guest_dir", "guest_home", "bwrap_available", "VERSION",
+]
+
+
+def install(bin_dir: Path, lima_home: Path | None = None) -> Path:
+    """Write an executable ``limactl`` shim into ``bin_dir`` and return its path.
+
+    ``lima_home`` (optional) is only created; the shim reads ``$LIMA_HOME`` like the real tool.
+    """
+    bin_dir = Path(bin_dir)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    if lima_home is not None:
+        Path(lima_home).mkdir(parents=True, exist_ok=True)
+    shim = bin_dir / "limactl"
+    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(LIMACTL_PY))} "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    return shim
+
+
+_LEAKY_PREFIXES = ("FAKE_LIMACTL_", "LIMA_", "_LIMA_")
+
+
+def make_env(lima_home: Path, *, home: Path | None = None, bin_dir: Path | None = None,
+             base: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """An environment for running the shim: LIMA_HOME/HOME set, bin_dir first on PATH,
+    no leftover FAKE_LIMACTL_*/LIMA_* variables from the caller."""
+    env = {k: v for k, v in (base if base is not None else os.environ).items()
+           if not k.startswith(_LEAKY_PREFIXES)}
+    env["LIMA_HOME"] = str(lima_home)
+    if home is not None:
+        env["HOME"] = str(home)
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', os.defpath)}"
+    env.update(extra)
+    return env
+
+
+def _calls_path(lima_home: Path) -> Path:
+    return Path(lima_home) / "_fake" / "calls.jsonl"
+
+
+def read_calls(lima_home: Path) -> list[dict[str, Any]]:
+    """All recorded invocations: ``{"argv", "cwd", "start", "duration", "exit"}`` per call."""
+    path = _calls_path(lima_home)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def clear_calls(lima_home: Path) -> None:
+    _calls_path(lima_home).unlink(missing_ok=True)
+
+
+def instance_dir(lima_home: Path, name: str) -> Path:
+    return Path(lima_home) / name
+
+
+def read_state(lima_home: Path, name: str) -> dict[str, Any]:
+    """The double's private state of an instance (see ``new_state`` in limactl.py)."""
+    return json.loads((instance_dir(lima_home, name) / STATE_FILE).read_text(encoding="utf-8"))
+
+
+def write_state(lima_home: Path, name: str, state: Mapping[str, Any]) -> None:
+    inst = instance_dir(lima_home, name)
+    tmp = inst / ".fake-state.json.new"
+    tmp.write_text(json.dumps(dict(state), indent=1), encoding="utf-8")
+    os.replace(tmp, inst / STATE_FILE)
+
+
+def set_status(lima_home: Path, name: str, status: str, *, errors: list[str] | None = None,
+               ssh_port: int | None = None) -> None:
+    """Force an instance's status: "Running", "Stopped" or "Broken".
+
+    "Broken" simulates a half-dead VM (default error: the host agent runs but the driver does not):
+    list shows it with ``errors``, ``start`` is fatal, ``stop`` is fatal, ``stop --force`` recovers.
+    To get Lima's other Broken case, remove ``lima.yaml`` from the instance directory.
+    """
+    import fcntl
+
+    lock = os.open(Path(lima_home) / ".fake.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        state = read_state(lima_home, name)
+        state["status"] = status
+        if status == "Broken":
+            state["errors"] = list(errors or ["host agent is running but driver is not"])
+            state["hostAgentPID"] = state.get("hostAgentPID") or 999999
+        else:
+            state["errors"] = []
+        if status == "Running":
+            state["sshLocalPort"] = ssh_port or state.get("sshLocalPort") or 60022
+            state.setdefault("lastStartedAt", time.time())
+        elif ssh_port is not None:
+            state["sshLocalPort"] = ssh_port
+        write_state(lima_home, name, state)
+    finally:
+        os.close(lock)
+
+
+def guest_dir(lima_home: Path, name: str, which: str) -> Path:
+    """Host directory backing one of the guest's own dirs: "etc", "usr-local", "tmp", "run", "home"."""
+    return instance_dir(lima_home, name) / "guestfs" / which
+
+
+def guest_home(lima_home: Path, name: str, user: str | None = None) -> Path:
+    """Host directory backing ``/home/USER.guest`` (USER defaults to the guest user of the double)."""
+    if user is None:
+        import getpass
+        import re
+        user = getpass.getuser()
+        if not re.fullmatch(r"[a-z_][a-z0-9_-]*", user) or user == "admin":
+            user = "lima"
+    return guest_dir(lima_home, name, "home") / f"{user}.guest"
+
+
+def bwrap_available() -> bool:
+    return shutil.which("bwrap") is not None
