@@ -172,6 +172,7 @@ def config_command(ctx: click.Context, as_json: bool) -> None:
     from agentbox import configview
 
     loaded = load_config(ctx)
+    warn_if_untrusted(loaded)
     if as_json:
         click.echo(configview.as_json(loaded))
     else:
@@ -192,6 +193,42 @@ def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
     click.echo(f"Wrote {target}")
 
 
+@cli.command("trust")
+@click.option("--show", is_flag=True, help="Print what would be trusted (a diff against the last trusted content).")
+@click.pass_context
+def trust_command(ctx: click.Context, show: bool) -> None:
+    """Trust this project's agentbox.yml as it is now (needed when it widens what the VM gets)."""
+    from agentbox import trust
+
+    loaded = load_config(ctx)
+    if loaded.local_file is None:
+        raise AgentboxError("there is no agentbox.yml here to trust", hint="The global config is always trusted.")
+    risky = trust.risky_keys(loaded)
+    if show:
+        click.echo(trust.show(loaded.local_file), nl=False)
+        if risky:
+            click.echo("# keys that need trust:\n" + "".join(f"#   {item}\n" for item in risky), nl=False)
+        else:
+            click.echo("# nothing in it needs trust: agentbox uses it as it is.")
+        return
+    trust.trust(loaded.local_file)
+    click.echo(f"Trusted {loaded.local_file} as it is now; any edit revokes the trust.", err=True)
+
+
+def warn_if_untrusted(loaded: Any) -> None:
+    from agentbox import trust
+
+    if loaded.local_file is None:
+        return
+    risky = trust.risky_keys(loaded)
+    if risky and not trust.is_trusted(loaded.local_file):
+        click.echo(
+            f"agentbox: warning: {loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` "
+            f"({', '.join(item.split(' ')[0] for item in risky)})",
+            err=True,
+        )
+
+
 @cli.command("template")
 @click.option("--agent", metavar="NAME", help="Render for this agent's VM (agents.NAME.vmName).")
 @click.pass_context
@@ -203,6 +240,7 @@ def template_command(ctx: click.Context, agent: str | None) -> None:
     if agent is not None and agent not in loaded.agents:
         raise click.BadParameter(f"unknown agent {agent!r} (known: {', '.join(loaded.agents)})", param_hint="--agent")
     name = loaded.agent(agent).vm_name if agent else loaded.vm_name
+    warn_if_untrusted(loaded)
     click.echo(render.render(loaded, name), nl=False)
 
 

@@ -102,6 +102,8 @@ class Config(NamedTuple):
     origins: dict[str, str]
     credentials: CredentialSettings = CredentialSettings()
     notices: tuple[str, ...] = ()
+    local_data: dict[str, Any] = {}  # the local file's own keys, for deciding whether it needs trust
+    protect_git_hooks: bool = False
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -123,6 +125,7 @@ class Config(NamedTuple):
             "mountType": self.mount_type,
             "template": str(self.template) if self.template else None,
             "lima": self.lima,
+            "protectGitHooks": self.protect_git_hooks,
         }
         return {
             "workspace": str(self.workspace),
@@ -337,6 +340,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         origins=origins,
         credentials=_credential_settings(data.get("credentials", True)),
         notices=tuple(notices),
+        local_data=local.data if local else {},
+        protect_git_hooks=vm.get("protectGitHooks", False),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, credentials, drift, render, resources, vm
+from agentbox import bootstrap, credentials, drift, render, resources, trust, vm
 from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -17,7 +17,7 @@ from agentbox.progress import note
 
 LAUNCH_SCRIPT = f"{render.STAGING_MOUNT_POINT}/launch.sh"
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-GUARD_FILES = ("git", "gh", "pre-push")
+GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
 
 
 def run_in_vm(
@@ -29,7 +29,8 @@ def run_in_vm(
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
-    scripts = bootstrap.plan(config, render.STAGING_MOUNT_POINT, trusted_local=False)
+    trusted = config.local_file is not None and trust.is_trusted(config.local_file)
+    scripts = bootstrap.plan(config, render.STAGING_MOUNT_POINT, trusted_local=trusted)
     vm.ensure_running(session, name)
     refresh_staging(config, name, agent, scripts)
     state = vm.read_state(name)

@@ -59,6 +59,10 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     common = git_common_dir(workspace)
     if common and not _inside(common, workspace):
         mounts.append(RenderedMount(str(common), str(common), True))
+    hooks = (common or workspace / ".git") / "hooks"
+    if config.protect_git_hooks and hooks.is_dir():
+        # Mounted after the writable workspace, so this read-only view wins inside it.
+        mounts.append(RenderedMount(str(hooks), str(hooks), False))
     mounts.append(RenderedMount(str(staging_dir(vm_name)), STAGING_MOUNT_POINT, False))
     for mount in config.mounts:
         mounts.append(RenderedMount(str(mount.location), mount.mount_point, mount.writable))

@@ -81,6 +81,7 @@ SCHEMA: dict[str, Key] = {
             "mountType": Key("str", "virtiofs or 9p; Lima's default for the driver when unset.", check=_check_mount_type),
             "template": Key("path", "Your own Jinja2 template for lima.yaml, rendered with agentbox's context."),
             "lima": Key("freeform", "Lima settings deep-merged into the rendered lima.yaml."),
+            "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM (default false)."),
         },
     ),
     "mounts": Key("mounts", "Extra host folders: {location, mountPoint, writable}."),

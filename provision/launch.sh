@@ -106,6 +106,9 @@ mark_claude_onboarded() {
 
 readonly_marker="agentbox-managed: readonly-remote"
 hooks_dir="$HOME/.config/agentbox/hooks"
+# The repository's own hooks keep running through the dispatcher (core.hooksPath replaces .git/hooks).
+forwarded_hooks=(applypatch-msg pre-applypatch post-applypatch pre-commit pre-merge-commit prepare-commit-msg
+  commit-msg post-commit pre-rebase post-checkout post-merge post-rewrite reference-transaction push-to-checkout)
 
 install_guards() {
   local name
@@ -120,6 +123,9 @@ install_guards() {
     fi
   done
   cmp -s "$staging/guards/pre-push" "$hooks_dir/pre-push" || install -m 755 "$staging/guards/pre-push" "$hooks_dir/pre-push"
+  for name in "${forwarded_hooks[@]}"; do
+    cmp -s "$staging/guards/hook-dispatch" "$hooks_dir/$name" || install -m 755 "$staging/guards/hook-dispatch" "$hooks_dir/$name"
+  done
   if command -v git >/dev/null 2>&1 && [ "$(git config --global --get core.hooksPath 2>/dev/null || true)" != "$hooks_dir" ]; then
     git config --global core.hooksPath "$hooks_dir"
   fi
@@ -133,6 +139,9 @@ remove_guards() {
     fi
   done
   rm -f "$hooks_dir/pre-push"
+  for name in "${forwarded_hooks[@]}"; do
+    rm -f "$hooks_dir/$name"
+  done
   if command -v git >/dev/null 2>&1 && [ "$(git config --global --get core.hooksPath 2>/dev/null || true)" = "$hooks_dir" ]; then
     git config --global --unset core.hooksPath
   fi

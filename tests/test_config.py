@@ -36,6 +36,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "mountType": None,
         "template": None,
         "lima": {},
+        "protectGitHooks": False,
     }
     assert data["mounts"] == []
     assert data["env"] == {}

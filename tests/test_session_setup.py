@@ -77,12 +77,21 @@ def test_reading_and_committing_still_work(project: Path, vm: FakeLima) -> None:
     assert result.stdout.strip().endswith(b"2")
 
 
+def test_the_repository_own_hooks_still_run(project: Path, vm: FakeLima) -> None:
+    repo_with_remote(project)
+    write(project / ".git" / "hooks" / "pre-commit", "#!/bin/sh\necho own-hook-ran > hook.out\n", mode=0o755)
+    result = shell(project, "git", "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "x")
+    assert result.returncode == 0, result.stderr
+    assert (project / "hook.out").read_text() == "own-hook-ran\n"
+
+
 def test_remote_write_true_removes_the_guards(project: Path, vm: FakeLima) -> None:
     remote = repo_with_remote(project)
     assert shell(project, "true").returncode == 0
     guest_bin = vm.guest_home(NAME) / ".local" / "bin"
     assert (guest_bin / "git").exists() and (guest_bin / "gh").exists()
     write(project / "agentbox.yml", "sync:\n  remoteWrite: true\n")
+    assert run_cli("trust", cwd=project).exit_code == 0
     result = shell(project, "git", "push", "-q", "origin", "main")
     assert result.returncode == 0, result.stderr
     assert remote_head(remote) != ""

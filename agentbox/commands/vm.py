@@ -10,12 +10,15 @@ import click
 from agentbox.errors import AgentboxError
 
 
-def _session(ctx: click.Context, needs_config: bool = True):  # noqa: ANN202 - returns vm.Session
-    from agentbox import vm
+def _session(ctx: click.Context, needs_config: bool = True, acts: bool = True):  # noqa: ANN202 - returns vm.Session
+    """Config and limactl for a command; `acts` commands refuse an untrusted risky agentbox.yml."""
+    from agentbox import trust, vm
     from agentbox.cli import load_config
     from agentbox.lima import Lima
 
     config = load_config(ctx) if needs_config else None
+    if config is not None and acts:
+        trust.require_trust(config)
     return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"])
 
 
@@ -106,7 +109,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
     from agentbox import vm
 
-    session = _session(ctx)
+    session = _session(ctx, acts=False)
     name = _vm_name(session)
     info = vm.describe(session.instance(name), name, str(session.config.workspace))
     if as_json:

@@ -1,0 +1,768 @@
+"""The readonly-remote guards in wrappers/ (git, gh, pre-push), run directly on this host.
+
+Every git test works in a sandbox of its own: copies of the wrappers in `bin/` (first on PATH), a
+recording stand-in for the real git in `realbin/` (next on PATH, so the wrapper's PATH search
+finds it), a bare repository `remote.git` and a clone `work/` with one commit. A refused push must
+leave every ref of `remote.git` as it was, and the real git must only have been asked the guard's
+own config questions. The control tests show that the same pushes do land when nothing guards
+them, so the "refs unchanged" checks can fail.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+WRAPPERS = Path(__file__).resolve().parent.parent / "wrappers"
+GUARDS = ("git", "gh", "pre-push")
+MARKER = "# agentbox-managed: readonly-remote"
+BLOCKED = "remote writes are blocked for this project by agentbox's readonly-remote guard"
+HOW_TO_ALLOW = "`sync: {remoteWrite: true}` in agentbox.yml"
+
+REAL_GIT = shutil.which("git")
+BASH = shutil.which("bash")
+
+pytestmark = pytest.mark.skipif(REAL_GIT is None or BASH is None, reason="needs git and bash")
+
+# The stand-in for the real git: records each call (one file per call, NUL-separated argv), then
+# runs the real git.
+RECORDER = """#!/bin/sh
+f=$(mktemp "$RECORD_DIR/call.XXXXXX")
+for a in "$@"; do printf '%s\\0' "$a" >>"$f"; done
+exec {real} "$@"
+"""
+
+# A stand-in for the real gh: records argv (NUL-separated) and standard input, exits 0.
+GH_STUB = """#!/bin/sh
+: >"$GH_ARGV"
+for a in "$@"; do printf '%s\\0' "$a" >>"$GH_ARGV"; done
+cat >"$GH_STDIN"
+exit 0
+"""
+
+
+def install(src: Path, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    os.chmod(dest, 0o755)
+    return dest
+
+
+def write_exe(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    os.chmod(path, 0o755)
+    return path
+
+
+def clean_env(home: Path) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("GIT_", "AGENTBOX_REAL_")) and k != "XDG_CONFIG_HOME"
+    }
+    env.update(
+        HOME=str(home),
+        XDG_CONFIG_HOME=str(home / ".config"),
+        GIT_CONFIG_NOSYSTEM="1",
+        GIT_AUTHOR_NAME="Agent",
+        GIT_AUTHOR_EMAIL="agent@example.invalid",
+        GIT_COMMITTER_NAME="Agent",
+        GIT_COMMITTER_EMAIL="agent@example.invalid",
+        GIT_TERMINAL_PROMPT="0",
+        GIT_PAGER="cat",
+        PAGER="cat",
+        MANPAGER="cat",
+        LC_ALL="C",
+    )
+    return env
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    bin: Path
+    realbin: Path
+    hooks: Path
+    records: Path
+    env: dict[str, str]
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def remote(self) -> Path:
+        return self.root / "remote.git"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    def real(self, *args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess:
+        """The real git, bypassing every guard (for setting up and inspecting)."""
+        return subprocess.run(
+            [REAL_GIT, *args], cwd=cwd or self.work, env=self.env, capture_output=True, text=True,
+            stdin=subprocess.DEVNULL, check=check, timeout=60,
+        )
+
+    def git(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            stdin: str | None = None) -> subprocess.CompletedProcess:
+        """`git ARGS` as the agent types it: found on PATH, which is the wrapper in bin/."""
+        run_env = {**self.env, **self.extra_env, **(env or {})}
+        exe = shutil.which("git", path=run_env["PATH"])
+        assert exe == str(self.bin / "git")
+        return subprocess.run(
+            ["git", *args], cwd=cwd or self.work, env=run_env, capture_output=True, text=True,
+            input=stdin if stdin is not None else "", timeout=60,
+        )
+
+    def remote_refs(self) -> dict[str, str]:
+        out = self.real("--git-dir", str(self.remote), "for-each-ref", "--format=%(refname) %(objectname)").stdout
+        return dict(line.split(" ", 1) for line in out.splitlines())
+
+    def remote_main(self) -> str:
+        return self.real("--git-dir", str(self.remote), "rev-parse", "refs/heads/main").stdout.strip()
+
+    def commit_ahead(self) -> str:
+        """A local commit that any successful push of main would carry to remote.git."""
+        self.real("commit", "-q", "--allow-empty", "-m", "local work")
+        return self.real("rev-parse", "HEAD").stdout.strip()
+
+    def advance_remote(self) -> str:
+        """A new commit on remote.git's main, made from another clone with the real git."""
+        other = self.root / "other"
+        if not other.exists():
+            self.real("clone", "-q", str(self.remote), str(other), cwd=self.root)
+        self.real("pull", "-q", "--ff-only", cwd=other)
+        self.real("commit", "-q", "--allow-empty", "-m", "upstream work", cwd=other)
+        self.real("push", "-q", "origin", "main", cwd=other)
+        return self.remote_main()
+
+    def calls(self) -> list[list[str]]:
+        found = []
+        for path in sorted(self.records.iterdir()):
+            data = path.read_bytes()
+            found.append([a.decode() for a in data.split(b"\0")[:-1]])
+        return found
+
+    def clear_calls(self) -> None:
+        for path in self.records.iterdir():
+            path.unlink()
+
+
+def is_guard_query(argv: list[str]) -> bool:
+    """The config look-ups the git wrapper itself makes before deciding."""
+    return ("config" in argv and "--get-regexp" in argv) or any(a.startswith("--list-cmds=") for a in argv)
+
+
+@pytest.fixture
+def sandbox(tmp_path: Path) -> Sandbox:
+    root = tmp_path / "gw"
+    home = tmp_path / "ghome"
+    home.mkdir()
+    bin_dir = root / "bin"
+    realbin = root / "realbin"
+    hooks = root / "hooks"
+    records = root / "records"
+    records.mkdir(parents=True)
+    for name in ("git", "gh"):
+        install(WRAPPERS / name, bin_dir / name)
+    install(WRAPPERS / "pre-push", hooks / "pre-push")
+    write_exe(realbin / "git", RECORDER.format(real=REAL_GIT))
+    env = clean_env(home)
+    env["PATH"] = os.pathsep.join([str(bin_dir), str(realbin), os.environ.get("PATH", os.defpath)])
+    env["RECORD_DIR"] = str(records)
+    box = Sandbox(root=root, bin=bin_dir, realbin=realbin, hooks=hooks, records=records, env=env)
+
+    box.real("init", "-q", "--bare", "--initial-branch=main", str(box.remote), cwd=root)
+    box.real("clone", "-q", str(box.remote), str(box.work), cwd=root)
+    box.real("checkout", "-q", "-b", "main")
+    (box.work / "README").write_text("hello\n")
+    box.real("add", "README")
+    box.real("commit", "-q", "-m", "first")
+    box.real("push", "-q", "origin", "main")
+    box.real("branch", "-q", "--set-upstream-to=origin/main")
+    box.clear_calls()
+    return box
+
+
+def assert_refused(result: subprocess.CompletedProcess, *mentions: str) -> None:
+    assert result.returncode != 0, result
+    assert BLOCKED in result.stderr, result.stderr
+    assert HOW_TO_ALLOW in result.stderr, result.stderr
+    for text in mentions:
+        assert text in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The files themselves
+
+
+@pytest.mark.parametrize("name", GUARDS)
+def test_guard_file_is_marked_strict_bash(name: str) -> None:
+    path = WRAPPERS / name
+    lines = path.read_text().splitlines()
+    assert lines[0] in ("#!/usr/bin/env bash", "#!/bin/bash")
+    assert MARKER in lines[:3]
+    assert "set -euo pipefail" in lines
+    assert path.stat().st_mode & stat.S_IXUSR, f"{name} is not executable in the repository"
+    subprocess.run([BASH, "-n", str(path)], check=True)
+
+
+@pytest.mark.parametrize("name", GUARDS)
+def test_shellcheck_is_clean(name: str) -> None:
+    shellcheck = shutil.which("shellcheck")
+    if shellcheck is None:
+        if os.environ.get("CI"):
+            pytest.fail("shellcheck is required in CI")
+        pytest.skip("shellcheck is not installed")
+    result = subprocess.run([shellcheck, "--severity=style", str(WRAPPERS / name)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# git: controls (without the guards these pushes do land)
+
+
+def test_control_real_git_push_lands(sandbox: Sandbox) -> None:
+    head = sandbox.commit_ahead()
+    sandbox.real("push", "-q", "origin", "main")
+    assert sandbox.remote_main() == head
+
+
+def test_control_send_pack_lands(sandbox: Sandbox) -> None:
+    head = sandbox.commit_ahead()
+    sandbox.real("send-pack", "../remote.git", "main")
+    assert sandbox.remote_main() == head
+
+
+# ---------------------------------------------------------------------------------------------
+# git: the bypass matrix. (id, argv, cwd relative to the sandbox root, setup, extra env)
+
+
+def _alias(name: str, value: str):
+    def setup(box: Sandbox) -> None:
+        box.real("config", f"alias.{name}", value)
+
+    return setup
+
+
+def _aliases(*pairs: tuple[str, str]):
+    def setup(box: Sandbox) -> None:
+        for name, value in pairs:
+            box.real("config", f"alias.{name}", value)
+
+    return setup
+
+
+def _include_file_alias(box: Sandbox) -> None:
+    (box.root / "extra.gitconfig").write_text("[alias]\n\txx = push\n")
+
+
+def _global_alias(box: Sandbox) -> None:
+    box.real("config", "--global", "alias.gp", "push origin main")
+
+
+def _subsection_alias(box: Sandbox) -> None:
+    box.real("config", "alias.sub.command", "push")
+
+
+REFUSED = [
+    ("push", ["push"], "work", None, {}),
+    ("push-origin-main", ["push", "origin", "main"], "work", None, {}),
+    ("push-other-ref", ["push", "origin", "HEAD:refs/heads/other"], "work", None, {}),
+    ("push-tag", ["push", "origin", "--tags"], "work", None, {}),
+    ("-C", ["-C", "work", "push"], ".", None, {}),
+    ("--git-dir=/--work-tree=", ["--git-dir=work/.git", "--work-tree=work", "push"], ".", None, {}),
+    ("--git-dir/--work-tree", ["--git-dir", "work/.git", "--work-tree", "work", "push"], ".", None, {}),
+    ("-c-user.name", ["-c", "user.name=x", "push"], "work", None, {}),
+    ("--no-pager", ["--no-pager", "push"], "work", None, {}),
+    ("-p", ["-p", "push"], "work", None, {}),
+    ("many-globals", ["--no-replace-objects", "--literal-pathspecs", "--no-optional-locks", "-P", "--namespace", "x",
+                      "-c", "color.ui=never", "--config-env=user.name=HOME", "push"], "work", None, {}),
+    ("--attr-source", ["--attr-source", "HEAD", "push"], "work", None, {}),
+    ("unknown-global-option", ["--some-future-option", "value", "push"], "work", None, {}),
+    ("-c-alias", ["-c", "alias.p=push", "p"], "work", None, {}),
+    ("-c-Alias-case", ["-c", "Alias.P=push", "P"], "work", None, {}),
+    ("-c-alias-harmless", ["-c", "alias.st=status", "st"], "work", None, {}),
+    ("-c-core.hooksPath", ["-c", "core.hooksPath=/dev/null", "push"], "work", None, {}),
+    ("-c-core.hookspath-status", ["-c", "core.hookspath=/dev/null", "status"], "work", None, {}),
+    ("--config-env=hooksPath", ["--config-env=core.hooksPath=X", "push"], "work", None, {"X": "/dev/null"}),
+    ("--config-env-hooksPath", ["--config-env", "core.HooksPath=X", "status"], "work", None, {"X": "/dev/null"}),
+    ("--config-env-alias", ["--config-env=alias.p=X", "p"], "work", None, {"X": "push"}),
+    ("config-alias", ["pp"], "work", _alias("pp", "push"), {}),
+    ("config-alias-args", ["pp", "origin", "main"], "work", _alias("pp", "push"), {}),
+    ("config-alias-upper", ["PP"], "work", _alias("pp", "push"), {}),
+    ("config-alias-with-options", ["xp"], "work", _alias("xp", "-c user.name=x push"), {}),
+    ("config-alias-quoted", ["qp"], "work", _alias("qp", "'push' origin"), {}),
+    ("config-alias-chain", ["p1"], "work", _aliases(("p1", "p2 -q"), ("p2", "pp"), ("pp", "push")), {}),
+    ("config-alias-chain-end", ["p1"], "work", _aliases(("p1", "p2"), ("p2", "push")), {}),
+    ("config-alias-send-pack", ["sp"], "work", _alias("sp", "send-pack ../remote.git main"), {}),
+    ("config-alias-sets-alias", ["ca"], "work", _alias("ca", "-c alias.z=push z"), {}),
+    ("global-alias", ["gp"], "work", _global_alias, {}),
+    ("alias-via--C", ["-C", "work", "pp"], ".", _alias("pp", "push"), {}),
+    ("alias-via--git-dir", ["--git-dir=work/.git", "--work-tree=work", "pp"], ".", _alias("pp", "push"), {}),
+    ("alias-via-include", ["-c", "include.path={root}/extra.gitconfig", "xx"], "work", _include_file_alias, {}),
+    ("alias-from-env", ["ep"], "work", None,
+     {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "alias.ep", "GIT_CONFIG_VALUE_0": "push"}),
+    ("alias-subsection-syntax", ["sub"], "work", _subsection_alias, {}),
+    ("shell-alias", ["shp"], "work", _alias("shp", "!git push"), {}),
+    ("shell-alias-full-path", ["shp"], "work", _alias("shp", "!f() { /usr/bin/git push origin main; }; f"), {}),
+    ("send-pack", ["send-pack", "../remote.git", "main"], "work", None, {}),
+    ("receive-pack", ["receive-pack", "../remote.git"], "work", None, {}),
+    ("http-push", ["http-push", "http://127.0.0.1:9/remote.git", "main"], "work", None, {}),
+    ("remote-ext", ["remote-ext", "origin", "git-receive-pack ../remote.git"], "work", None, {}),
+    ("remote-fd", ["remote-fd", "origin", "0"], "work", None, {}),
+    ("remote-https", ["remote-https", "origin", "https://example.invalid/r.git"], "work", None, {}),
+    ("autocorrect-typo", ["-c", "help.autocorrect=-1", "psuh"], "work", None, {}),
+]
+
+
+@pytest.mark.parametrize(
+    "argv,cwd,setup,extra_env", [pytest.param(a, c, s, e, id=i) for i, a, c, s, e in REFUSED]
+)
+def test_git_refuses(sandbox: Sandbox, argv, cwd, setup, extra_env) -> None:
+    if setup:
+        setup(sandbox)
+    sandbox.commit_ahead()
+    before = sandbox.remote_refs()
+    sandbox.clear_calls()
+
+    argv = [a.replace("{root}", str(sandbox.root)) for a in argv]
+    result = sandbox.git(*argv, cwd=sandbox.root / cwd, env=extra_env)
+
+    assert_refused(result)
+    assert sandbox.remote_refs() == before
+    others = [c for c in sandbox.calls() if not is_guard_query(c)]
+    assert others == [], f"the real git ran: {others}"
+
+
+def test_git_refusal_names_the_operation(sandbox: Sandbox) -> None:
+    assert_refused(sandbox.git("push", "origin", "main"), "`git push`")
+    assert_refused(sandbox.git("send-pack", "../remote.git", "main"), "`git send-pack`")
+    assert_refused(sandbox.git("-c", "alias.p=push", "p"), "alias.p=push")
+    sandbox.real("config", "alias.pp", "push")
+    assert_refused(sandbox.git("pp"), "`git pp`", "push")
+    sandbox.real("config", "alias.shp", "!git push")
+    assert_refused(sandbox.git("shp"), "shell alias", "cannot be guarded")
+
+
+# ---------------------------------------------------------------------------------------------
+# git: what keeps working
+
+
+def test_git_status_log_and_remote_work(sandbox: Sandbox) -> None:
+    status = sandbox.git("status")
+    assert status.returncode == 0 and "On branch main" in status.stdout
+    log = sandbox.git("log", "--oneline")
+    assert log.returncode == 0 and "first" in log.stdout
+    remote = sandbox.git("remote", "-v")
+    assert remote.returncode == 0 and "origin" in remote.stdout and "(push)" in remote.stdout
+    colour = sandbox.git("-c", "color.ui=never", "status")
+    assert colour.returncode == 0 and "On branch main" in colour.stdout
+    version = sandbox.git("--version")
+    assert version.returncode == 0 and version.stdout.startswith("git version")
+    assert sandbox.git("-v").stdout.startswith("git version")
+    # the arguments reached the real git unchanged
+    assert ["-c", "color.ui=never", "status"] in sandbox.calls()
+
+
+def test_git_commit_through_dash_C(sandbox: Sandbox) -> None:
+    before = sandbox.real("rev-parse", "HEAD").stdout.strip()
+    result = sandbox.git("-C", "work", "commit", "--allow-empty", "-m", "x", cwd=sandbox.root)
+    assert result.returncode == 0, result.stderr
+    assert sandbox.real("rev-parse", "HEAD~1").stdout.strip() == before
+    assert sandbox.real("log", "-1", "--format=%s").stdout.strip() == "x"
+
+
+def test_git_fetch_and_pull_work(sandbox: Sandbox) -> None:
+    upstream = sandbox.advance_remote()
+    fetch = sandbox.git("fetch")
+    assert fetch.returncode == 0, fetch.stderr
+    assert sandbox.real("rev-parse", "origin/main").stdout.strip() == upstream
+    upstream = sandbox.advance_remote()
+    pull = sandbox.git("pull")
+    assert pull.returncode == 0, pull.stderr
+    assert sandbox.real("rev-parse", "HEAD").stdout.strip() == upstream
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["log", "--grep", "push", "--oneline"],
+        ["commit", "--allow-empty", "-m", "push later"],
+        ["remote", "add", "mirror", "../remote.git"],
+        ["config", "alias.pp", "push"],  # configuring an alias is fine; running it is not
+        ["ls-remote", "origin"],
+        ["branch", "push"],
+        ["-c", "core.editor=true", "status"],
+        ["--no-pager", "log", "-1"],
+        ["help", "-a"],
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_git_allows(sandbox: Sandbox, argv: list[str]) -> None:
+    result = sandbox.git(*argv)
+    assert result.returncode == 0, result.stderr
+    assert BLOCKED not in result.stderr
+    assert argv in sandbox.calls()
+
+
+def test_git_harmless_aliases_work(sandbox: Sandbox) -> None:
+    sandbox.real("config", "alias.st", "status")
+    sandbox.real("config", "alias.lg", "log --oneline --grep='push me'")
+    sandbox.real("config", "alias.shl", "!git log -1 --format=%s")
+    for name in ("st", "lg", "shl"):
+        result = sandbox.git(name)
+        assert result.returncode == 0, (name, result.stderr)
+        assert BLOCKED not in result.stderr
+    assert "first" in sandbox.git("shl").stdout
+
+
+def test_git_help_for_blocked_command_is_allowed(sandbox: Sandbox) -> None:
+    # `git push --help` is `git help push`: nothing is pushed, the wrapper lets it through.
+    result = sandbox.git("push", "--help")
+    assert BLOCKED not in result.stderr
+    assert ["push", "--help"] in sandbox.calls()
+
+
+def test_git_unknown_command_without_autocorrect_reaches_git(sandbox: Sandbox) -> None:
+    result = sandbox.git("psuh")
+    assert result.returncode != 0
+    assert BLOCKED not in result.stderr
+    assert "not a git command" in result.stderr
+
+
+def test_git_exit_code_and_stdin_pass_through(sandbox: Sandbox) -> None:
+    result = sandbox.git("hash-object", "--stdin", stdin="hello\n")
+    assert result.returncode == 0
+    assert result.stdout.strip() == "ce013625030ba8dba906f756967f9e9ca394464a"
+    missing = sandbox.git("rev-parse", "--verify", "no-such-ref")
+    assert missing.returncode == 128
+
+
+# ---------------------------------------------------------------------------------------------
+# git: finding the real git
+
+
+def test_git_override_env_is_used(sandbox: Sandbox, tmp_path: Path) -> None:
+    marker = tmp_path / "override-ran"
+    stub = write_exe(tmp_path / "stub-git", f"#!/bin/sh\necho \"$@\" >{marker}\n")
+    result = sandbox.git("status", "--short", env={"AGENTBOX_REAL_GIT": str(stub)})
+    assert result.returncode == 0
+    assert marker.read_text().strip() == "status --short"
+    assert sandbox.calls() == []
+
+
+def test_git_skips_itself_through_symlinks_and_copies(sandbox: Sandbox) -> None:
+    link = sandbox.root / "bin-link"
+    link.symlink_to(sandbox.bin)
+    copy_dir = sandbox.root / "bin-copy"
+    install(WRAPPERS / "git", copy_dir / "git")
+    linked_file_dir = sandbox.root / "bin-file-link"
+    linked_file_dir.mkdir()
+    (linked_file_dir / "git").symlink_to(sandbox.bin / "git")
+    path = os.pathsep.join(
+        [str(sandbox.bin), str(link), str(copy_dir), str(linked_file_dir), "", str(sandbox.realbin), sandbox.env["PATH"]]
+    )
+    result = sandbox.git("-C", str(sandbox.work), "status", env={"PATH": path}, cwd=sandbox.bin)
+    assert result.returncode == 0, result.stderr
+    assert ["-C", str(sandbox.work), "status"] in sandbox.calls()
+    assert_refused(sandbox.git("push", env={"PATH": path}))
+
+
+def test_git_without_a_real_git(sandbox: Sandbox, tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    for tool in ("bash", "readlink"):
+        (tools / tool).symlink_to(shutil.which(tool))
+    result = sandbox.git("status", env={"PATH": os.pathsep.join([str(sandbox.bin), str(tools)])})
+    assert result.returncode == 127
+    assert "real git was not found" in result.stderr
+
+
+def test_git_credential_helper_through_gh_guard_works(sandbox: Sandbox, tmp_path: Path) -> None:
+    """agentbox's launch step sets credential.https://github.com.helper to `!gh auth git-credential`:
+    git runs that through the gh guard, which must let it answer (else private fetches fail)."""
+    stub = write_exe(tmp_path / "gh-real", "#!/bin/sh\ncat >/dev/null\nprintf 'username=x-access-token\\npassword=tok\\n'\n")
+    sandbox.real("config", "--global", "credential.https://github.com.helper", "!gh auth git-credential")
+    result = sandbox.git(
+        "credential", "fill", env={"AGENTBOX_REAL_GH": str(stub)}, stdin="protocol=https\nhost=github.com\n\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert "password=tok" in result.stdout
+
+
+# ---------------------------------------------------------------------------------------------
+# pre-push: the global hook stops the real git too
+
+
+def test_pre_push_hook_stops_real_git(sandbox: Sandbox) -> None:
+    sandbox.real("config", "--global", "core.hooksPath", str(sandbox.hooks))
+    sandbox.commit_ahead()
+    before = sandbox.remote_refs()
+    result = sandbox.real("push", "origin", "main", check=False)
+    assert_refused(result, "pre-push hook", "origin")
+    assert sandbox.remote_refs() == before
+    tag = sandbox.real("push", "origin", "HEAD:refs/tags/t1", check=False)
+    assert_refused(tag)
+    assert sandbox.remote_refs() == before
+
+
+def test_pre_push_hook_stops_shell_alias_push(sandbox: Sandbox) -> None:
+    # A shell alias git runs with its exec-path first on PATH (so not through the wrapper).
+    sandbox.real("config", "--global", "core.hooksPath", str(sandbox.hooks))
+    sandbox.real("config", "alias.sneaky", "!f() { git push origin main; }; f")
+    sandbox.commit_ahead()
+    before = sandbox.remote_refs()
+    result = sandbox.real("sneaky", check=False)
+    assert_refused(result, "pre-push hook")
+    assert sandbox.remote_refs() == before
+
+
+def test_pre_push_hook_is_skipped_by_no_verify_known_gap(sandbox: Sandbox) -> None:
+    """Documented gap: `git push --no-verify` with the real git skips every hook."""
+    sandbox.real("config", "--global", "core.hooksPath", str(sandbox.hooks))
+    head = sandbox.commit_ahead()
+    sandbox.real("push", "-q", "--no-verify", "origin", "main")
+    assert sandbox.remote_main() == head
+
+
+# ---------------------------------------------------------------------------------------------
+# gh
+
+
+@dataclass
+class GhBox:
+    root: Path
+    env: dict[str, str]
+    argv_file: Path
+    stdin_file: Path
+
+    def gh(self, *args: str, stdin: str = "", env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        self.argv_file.unlink(missing_ok=True)
+        self.stdin_file.unlink(missing_ok=True)
+        return subprocess.run(
+            ["gh", *args], cwd=self.root, env={**self.env, **(env or {})}, capture_output=True, text=True,
+            input=stdin, timeout=60,
+        )
+
+    def reached(self) -> list[str] | None:
+        if not self.argv_file.exists():
+            return None
+        return [a.decode() for a in self.argv_file.read_bytes().split(b"\0")[:-1]]
+
+
+@pytest.fixture
+def ghbox(tmp_path: Path) -> GhBox:
+    root = tmp_path / "gh"
+    bin_dir = root / "bin"
+    install(WRAPPERS / "gh", bin_dir / "gh")
+    stub = write_exe(root / "stub" / "gh-real", GH_STUB)
+    env = clean_env(tmp_path / "home")
+    env["PATH"] = os.pathsep.join([str(bin_dir), os.environ.get("PATH", os.defpath)])
+    env["AGENTBOX_REAL_GH"] = str(stub)
+    env["GH_ARGV"] = str(root / "argv")
+    env["GH_STDIN"] = str(root / "stdin")
+    (root / "mutation.graphql").write_text(
+        "# star a repository\nmutation Star($id: ID!) {\n  addStar(input: {starrableId: $id}) { clientMutationId }\n}\n"
+    )
+    (root / "query.graphql").write_text(
+        '# no mutation here\nquery { viewer { login } search(query: "mutation testing", type: REPOSITORY, first: 1) '
+        "{ repositoryCount } }\n"
+    )
+    (root / "body.json").write_text('{"query": "mutation {\\n addStar(input: {starrableId: \\"x\\"}) { clientMutationId } }"}')
+    (root / "query-body.json").write_text('{"query": "query { viewer { login } }"}')
+    return GhBox(root=root, env=env, argv_file=root / "argv", stdin_file=root / "stdin")
+
+
+GH_ALLOWED = [
+    [],
+    ["--version"],
+    ["version"],
+    ["help"],
+    ["help", "pr", "merge"],
+    ["--help"],
+    ["-h"],
+    ["pr", "view", "1"],
+    ["pr", "list", "-R", "o/r"],
+    ["pr", "list", "--repo=o/r", "--state", "open"],
+    ["pr", "-R", "o/r", "list"],
+    ["-R", "o/r", "pr", "list"],
+    ["pr", "checks", "1"],
+    ["pr", "diff", "1"],
+    ["pr", "status"],
+    ["pr", "create", "--fill"],
+    ["pr", "create", "--title", "merge me", "--body", "close #1"],
+    ["issue", "list"],
+    ["issue", "view", "1", "--comments"],
+    ["issue", "status"],
+    ["issue", "create", "--title", "t", "--body", "b"],
+    ["issue", "comment", "1", "-b", "hi"],
+    ["repo", "view", "o/r"],
+    ["repo", "clone", "o/r"],
+    ["repo", "list", "o"],
+    ["search", "repos", "x"],
+    ["search", "issues", "--repo", "o/r", "label:bug"],
+    ["auth", "status"],
+    ["auth", "status", "--hostname", "github.com"],
+    ["auth", "status", "-h", "github.com", "-a"],
+    ["auth", "git-credential", "get"],  # the credential helper agentbox configures for github.com
+    ["api", "repos/o/r"],
+    ["api", "repos/o/r", "--paginate", "--jq", ".[].name"],
+    ["api", "-X", "GET", "-f", "per_page=5", "repos/o/r/issues"],
+    ["api", "--method=get", "-F", "per_page=5", "repos/o/r/issues"],
+    ["api", "-XGET", "--field", "state=open", "repos/o/r/issues"],
+    ["api", "-X", "GET", "-f", "q=--method=POST", "repos/o/r/issues"],
+    ["api", "-H", "Accept: application/vnd.github+json", "-i", "repos/o/r"],
+    ["api", "-t", "{{.name}}", "repos/o/r"],
+    ["api", "repos/o/r/pulls", "-q", ".[] | select(.state == \"POST\")"],
+    ["api", "graphql", "-f", "query=query { viewer { login } }"],
+    ["api", "graphql", "-F", "query=@query.graphql"],
+    ["api", "graphql", "--raw-field", "query={ viewer { login } }", "-F", "first=5"],
+    ["api", "graphql", "-f", 'query=query { search(query: "mutation", type: ISSUE, first: 1) { issueCount } }'],
+    ["api", "graphql", "-f", "query=query { viewer { login } } # a mutation would be refused"],
+    ["api", "graphql", "--paginate", "-f", "query=query($endCursor: String) { viewer { login } }"],
+    ["api", "graphql", "--input", "query-body.json"],
+    ["api", "--help"],
+]
+
+
+@pytest.mark.parametrize("argv", GH_ALLOWED, ids=lambda a: " ".join(a) or "(no args)")
+def test_gh_allows(ghbox: GhBox, argv: list[str]) -> None:
+    result = ghbox.gh(*argv)
+    assert result.returncode == 0, result.stderr
+    assert BLOCKED not in result.stderr
+    assert ghbox.reached() == argv
+
+
+GH_REFUSED = [
+    ["api", "-X", "POST", "repos/o/r/issues"],
+    ["api", "-XPOST", "repos/o/r/issues"],
+    ["api", "-X=POST", "repos/o/r/issues"],
+    ["api", "--method", "PATCH", "repos/o/r"],
+    ["api", "--method=DELETE", "repos/o/r"],
+    ["api", "-X", "post", "repos/o/r/issues"],
+    ["api", "-X", "PUT", "repos/o/r/subscription"],
+    ["api", "-iXPOST", "repos/o/r/issues"],
+    ["api", "-f", "a=b", "repos/o/r/issues"],
+    ["api", "-F", "a=1", "repos/o/r/issues"],
+    ["api", "--field", "a=b", "repos/o/r/issues"],
+    ["api", "--raw-field", "a=b", "repos/o/r/issues"],
+    ["api", "--input", "body.json", "repos/o/r/issues"],
+    ["api", "-fa=b", "repos/o/r/issues"],
+    ["api", "-f=a=b", "repos/o/r/issues"],
+    ["api", "--field=a=b", "repos/o/r/issues"],
+    ["api", "--raw-field=title=x", "repos/o/r/issues"],
+    ["api", "repos/o/r/issues", "-f", "title=x"],
+    ["api", "-X", "GET", "-X", "POST", "repos/o/r/issues"],
+    ["api", "-f", "title=--method", "-f", "x=GET", "repos/o/r/issues"],
+    ["api", "--method", "DELETE", "repos/o/r", "--", "--method", "GET"],
+    ["api", "--bogus-flag", "repos/o/r"],
+    ["-X", "POST", "api", "repos/o/r/issues"],
+    ["api", "graphql", "-f", "query=mutation { addStar(input: {starrableId: \"x\"}) { clientMutationId } }"],
+    ["api", "graphql", "-f", "query=  # comment\nmutation{addStar(input:{starrableId:\"x\"}){clientMutationId}}"],
+    ["api", "graphql", "-F", "query=@mutation.graphql"],
+    ["api", "graphql", "-F", "query=@missing.graphql"],
+    ["api", "graphql", "--raw-field", "query=mutation M { deleteIssue(input: {issueId: \"x\"}) { clientMutationId } }"],
+    ["api", "graphql", "--field=query=mutation { x }"],
+    ["api", "graphql", "-fquery=mutation { x }"],
+    ["api", "graphql", "--input", "body.json"],
+    ["api", "graphql", "--input", "missing.json"],
+    ["api", "graphql", "-X", "DELETE", "-f", "query={ viewer { login } }"],
+    ["pr", "merge", "1"],
+    ["pr", "close", "1"],
+    ["pr", "edit", "1", "--title", "x"],
+    ["pr", "review", "1", "--approve"],
+    ["pr", "comment", "1", "-b", "x"],
+    ["pr", "checkout", "1"],
+    ["pr", "--body", "view", "merge", "1"],
+    ["pr", "merge", "--help"],
+    ["repo", "delete", "o/r"],
+    ["repo", "create", "x"],
+    ["repo", "fork"],
+    ["repo", "edit", "--visibility", "public"],
+    ["release", "create", "v1"],
+    ["issue", "close", "1"],
+    ["issue", "edit", "1"],
+    ["issue", "delete", "1"],
+    ["issue", "comment", "1", "--edit-last", "-b", "x"],
+    ["issue", "comment", "1", "--delete-last"],
+    ["auth", "token"],
+    ["auth", "login"],
+    ["auth", "logout"],
+    ["auth", "refresh"],
+    ["auth", "setup-git"],
+    ["auth", "status", "--show-token"],
+    ["auth", "status", "-t"],
+    ["auth", "status", "-at"],
+    ["secret", "set", "X"],
+    ["variable", "set", "X"],
+    ["workflow", "run", "x"],
+    ["run", "rerun", "1"],
+    ["gist", "create", "f"],
+    ["label", "create", "x"],
+    ["alias", "set", "pm", "pr merge"],
+    ["extension", "install", "o/gh-x"],
+    ["pm", "1"],
+    ["pr"],
+]
+
+
+@pytest.mark.parametrize("argv", GH_REFUSED, ids=lambda a: " ".join(a))
+def test_gh_refuses(ghbox: GhBox, argv: list[str]) -> None:
+    result = ghbox.gh(*argv)
+    assert result.returncode == 1
+    assert BLOCKED in result.stderr, result.stderr
+    assert HOW_TO_ALLOW in result.stderr, result.stderr
+    assert ghbox.reached() is None, "the real gh ran"
+
+
+def test_gh_refusal_names_the_command(ghbox: GhBox) -> None:
+    assert "`gh pr merge`" in ghbox.gh("pr", "merge", "1").stderr
+    assert "`gh auth token`" in ghbox.gh("auth", "token").stderr
+    assert "POST" in ghbox.gh("api", "-f", "a=b", "repos/o/r/issues").stderr
+    assert "mutation" in ghbox.gh("api", "graphql", "-F", "query=@mutation.graphql").stderr
+    assert "cannot read" in ghbox.gh("api", "graphql", "-F", "query=@missing.graphql").stderr
+
+
+def test_gh_graphql_query_from_stdin(ghbox: GhBox) -> None:
+    query = (ghbox.root / "query.graphql").read_text()
+    result = ghbox.gh("api", "graphql", "-F", "query=@-", stdin=query)
+    assert result.returncode == 0, result.stderr
+    assert ghbox.reached() == ["api", "graphql", "-F", "query=@-"]
+    assert ghbox.stdin_file.read_text() == query  # gh still gets the whole of stdin
+
+    mutation = (ghbox.root / "mutation.graphql").read_text()
+    refused = ghbox.gh("api", "graphql", "-F", "query=@-", stdin=mutation)
+    assert refused.returncode == 1 and "mutation" in refused.stderr
+    assert ghbox.reached() is None
+
+    body = (ghbox.root / "body.json").read_text()
+    refused = ghbox.gh("api", "graphql", "--input", "-", stdin=body)
+    assert refused.returncode == 1
+    assert ghbox.reached() is None
+
+
+def test_gh_stdin_passes_through_untouched(ghbox: GhBox) -> None:
+    result = ghbox.gh("issue", "create", "--title", "t", "--body-file", "-", stdin="line 1\nline 2\n")
+    assert result.returncode == 0
+    assert ghbox.stdin_file.read_text() == "line 1\nline 2\n"
+
+
+def test_gh_found_on_path(ghbox: GhBox, tmp_path: Path) -> None:
+    realbin = tmp_path / "realbin"
+    install(Path(ghbox.env["AGENTBOX_REAL_GH"]), realbin / "gh")
+    copy_dir = tmp_path / "gh-copy"
+    install(WRAPPERS / "gh", copy_dir / "gh")
+    env = {**ghbox.env, "PATH": os.pathsep.join([str(ghbox.root / "bin"), str(copy_dir), str(realbin), ghbox.env["PATH"]])}
+    del env["AGENTBOX_REAL_GH"]
+    result = subprocess.run(
+        ["gh", "pr", "list"], cwd=ghbox.root, env=env, capture_output=True, text=True, input="", timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert ghbox.reached() == ["pr", "list"]
