@@ -193,6 +193,29 @@ def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
     click.echo(f"Wrote {target}")
 
 
+@cli.command("audit")
+@click.pass_context
+def audit_command(ctx: click.Context) -> None:
+    """Compare the files your host runs (git hooks, .envrc, ...) with how the last session found them."""
+    from agentbox import tripwire
+
+    loaded = load_config(ctx)
+    workspace = loaded.require_workspace()
+    names = dict.fromkeys([loaded.vm_name, *(agent.vm_name for agent in loaded.agents.values())])
+    recorded = [(name, tripwire.load(name)) for name in names]
+    recorded = [(name, record) for name, record in recorded if record is not None and record[0] == workspace]
+    if not recorded:
+        click.echo(f"No session has been recorded for {workspace} yet; nothing to compare.", err=True)
+        return
+    current = tripwire.fingerprint(workspace)
+    changed = False
+    for _, (_, before) in recorded:
+        changed = tripwire.report(before, current) or changed
+    if changed:
+        ctx.exit(1)
+    click.echo(f"No changes to the watched files of {workspace} since the last session started.", err=True)
+
+
 @cli.command("trust")
 @click.option("--show", is_flag=True, help="Print what would be trusted (a diff against the last trusted content).")
 @click.pass_context

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, credentials, drift, render, resources, trust, vm
+from agentbox import bootstrap, credentials, drift, render, resources, tripwire, trust, vm
 from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -40,7 +40,10 @@ def run_in_vm(
     reconnect = bool(state.get("reconnect"))
     command = launch_command(config, workspace, scripts, agent)
     command += ["--", *argv] if not interactive_shell else []
+    before = tripwire.fingerprint(workspace)
+    tripwire.save(name, workspace, before)
     code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
+    tripwire.report(before, tripwire.fingerprint(workspace))
     if reconnect:
         vm.update_state(name, {"reconnect": False})
     if code in (1, 255) and session.instance(name) is None:

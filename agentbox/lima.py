@@ -103,6 +103,14 @@ class Lima:
     def get(self, name: str) -> Instance | None:
         return self.list().get(name)
 
+    def version(self) -> str:
+        """Lima's version from `limactl --version` ("limactl version 2.2.0" -> "2.2.0")."""
+        stdout, _ = self._captured(["--version"])
+        match = re.search(r"^limactl version v?(\S+)$", stdout.strip(), re.MULTILINE)
+        if match is None:
+            raise LimaError(f"`limactl --version` printed no version agentbox understands: {stdout.strip()[:120]!r}")
+        return match.group(1)
+
     # -- lifecycle -----------------------------------------------------------------------------
     def create(self, name: str, template: Path, on_output: Callable[[str], None] | None = None) -> None:
         self._streamed(["--tty=false", "create", "--name", name, str(template)], on_output)
@@ -154,6 +162,26 @@ class Lima:
                 signal.signal(sig, handler)
         calllog.record(full, time.monotonic() - started, code, echo=self.debug)
         return 128 - code if code < 0 else code  # a signal death reads like a shell's 128+N
+
+    def shell_output(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """Run argv in the VM with its output captured; return its exit code (non-zero too) and stdout."""
+        import sh
+
+        command = self._sh()
+        args = ["shell", name, "--", *argv]
+        started = time.monotonic()
+        code = 0
+        try:
+            result = command(*args, _tty_out=False, _tty_in=False, _truncate_exc=False, _return_cmd=True)
+            return 0, result.stdout.decode(errors="replace")
+        except sh.ErrorReturnCode as exc:
+            code = exc.exit_code
+            return (128 - code if code < 0 else code), exc.stdout.decode(errors="replace")
+        except KeyboardInterrupt:
+            code = 130
+            raise Interrupted("interrupted") from None
+        finally:
+            calllog.record([command._path, *args], time.monotonic() - started, code, echo=self.debug)
 
     # -- plumbing ------------------------------------------------------------------------------
     def _resolve(self) -> str:

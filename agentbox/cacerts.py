@@ -1,0 +1,263 @@
+"""Extra CA certificates: read PEM files, list the macOS System keychain, point `caCert:` at a file.
+
+The click layer is agentbox/commands/ca.py; this module does the work and never prompts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import NamedTuple
+
+from agentbox.errors import AgentboxError
+from agentbox.fsutil import atomic_write
+
+SYSTEM_KEYCHAIN = "/Library/Keychains/System.keychain"
+LOCAL_PEM_NAME = "agentbox-ca.pem"
+GLOBAL_PEM_NAME = "ca-certificates.pem"
+APPLE_PREFIXES = ("com.apple.", "Apple ")
+PEM_BLOCK = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
+_LABEL = re.compile(r'^\s*"labl"<blob>=(.*)$')
+_TOP_LEVEL_CA_CERT = re.compile(r"^caCert\s*:")
+
+
+class Certificate(NamedTuple):
+    pem: str  # one "-----BEGIN CERTIFICATE----- ... -----END CERTIFICATE-----\n" block
+    label: str | None  # the keychain's name for it, when known
+
+
+class CertFile(NamedTuple):
+    """What `agentbox ca ls` shows about one PEM file."""
+
+    path: Path
+    exists: bool
+    pems: tuple[str, ...]
+    error: str | None  # why it could not be read
+
+
+# -- PEM files ---------------------------------------------------------------------------------
+
+
+def pem_blocks(text: str) -> list[str]:
+    """Every PEM certificate in text, each ending with one newline, duplicates dropped."""
+    blocks: list[str] = []
+    for block in PEM_BLOCK.findall(text):
+        block = block.strip() + "\n"
+        if block not in blocks:
+            blocks.append(block)
+    return blocks
+
+
+def inspect_file(path: Path) -> CertFile:
+    if not path.exists():
+        return CertFile(path, False, (), None)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        return CertFile(path, True, (), exc.strerror or str(exc))
+    return CertFile(path, True, tuple(pem_blocks(text)), None)
+
+
+def describe(pem: str) -> str | None:
+    """The certificate's subject and expiry via openssl ("CN = Corp Root, O = Corp; expires ..."), or None."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    try:
+        result = subprocess.run(
+            [openssl, "x509", "-noout", "-subject", "-enddate"],
+            input=pem.encode(), capture_output=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if result.returncode != 0:
+        return None
+    fields = {}
+    for line in result.stdout.decode(errors="replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip()
+    subject = fields.get("subject")
+    if not subject:
+        return None
+    return f"{subject}; expires {fields['notAfter']}" if fields.get("notAfter") else subject
+
+
+# -- the macOS System keychain -----------------------------------------------------------------
+
+
+def keychain_certificates(keychain: str = SYSTEM_KEYCHAIN) -> list[Certificate]:
+    """The keychain's certificates with their labels, in keychain order, duplicates dropped."""
+    pems = PEM_BLOCK.findall(_security("find-certificate", "-a", "-p", keychain))
+    labels = parse_labels(_security("find-certificate", "-a", keychain))
+    if len(labels) != len(pems):
+        labels = [None] * len(pems)  # cannot pair them safely: show no names rather than wrong ones
+    result: list[Certificate] = []
+    seen: set[str] = set()
+    for pem, label in zip(pems, labels):
+        pem = pem.strip() + "\n"
+        if pem not in seen:
+            seen.add(pem)
+            result.append(Certificate(pem, label))
+    return result
+
+
+def parse_labels(listing: str) -> list[str | None]:
+    """One label per certificate record of `security find-certificate -a` (None when it has none)."""
+    labels: list[str | None] = []
+    for line in listing.splitlines():
+        if line.startswith("keychain:"):
+            labels.append(None)
+            continue
+        match = _LABEL.match(line)
+        if match and labels and labels[-1] is None:
+            labels[-1] = _label_value(match.group(1).strip())
+    return labels
+
+
+def _label_value(raw: str) -> str | None:
+    """`"Name"`, `0x4B6FC3A9...  "Ko\\303\\251"` (non-ASCII names) or `<NULL>`."""
+    if raw.startswith("0x"):
+        hex_part = raw[2:].split()[0] if raw[2:].split() else ""
+        try:
+            return bytes.fromhex(hex_part).rstrip(b"\0").decode("utf-8", errors="replace")
+        except ValueError:
+            return None
+    if raw.startswith('"') and raw.endswith('"') and len(raw) >= 2:
+        return raw[1:-1]
+    return None
+
+
+def is_apple(certificate: Certificate) -> bool:
+    return certificate.label is not None and certificate.label.startswith(APPLE_PREFIXES)
+
+
+def _security(*args: str) -> str:
+    security = shutil.which("security")
+    if security is None:
+        raise AgentboxError(
+            "the macOS `security` tool was not found on PATH, so agentbox cannot read the System keychain",
+            hint="Export the certificate from Keychain Access as a .pem file and put its path in `caCert:`.",
+        )
+    try:
+        result = subprocess.run([security, *args], capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise AgentboxError(f"`security {' '.join(args)}` could not be run: {exc}") from exc
+    if result.returncode != 0:
+        detail = result.stderr.decode(errors="replace").strip().splitlines()
+        raise AgentboxError(
+            f"`security {' '.join(args)}` failed (exit {result.returncode})"
+            + (f": {detail[-1]}" if detail else ""),
+            hint="Export the certificate from Keychain Access as a .pem file and put its path in `caCert:`.",
+        )
+    return result.stdout.decode(errors="replace")
+
+
+def parse_selection(text: str, count: int) -> list[int] | None:
+    """"1,3" -> [0, 2] (0-based, in the given order, no repeats); "" -> all; None when it is not valid."""
+    text = text.strip()
+    if not text:
+        return list(range(count))
+    chosen: list[int] = []
+    for part in text.replace(" ", ",").split(","):
+        if not part:
+            continue
+        if not part.isdigit() or not 1 <= int(part) <= count:
+            return None
+        if int(part) - 1 not in chosen:
+            chosen.append(int(part) - 1)
+    return chosen or None
+
+
+# -- writing -----------------------------------------------------------------------------------
+
+
+def write_pem_file(path: Path, certificates: list[Certificate]) -> None:
+    parts = []
+    for certificate in certificates:
+        if certificate.label:
+            parts.append(f"# {certificate.label}\n")
+        parts.append(certificate.pem)
+    _atomic(path, "".join(parts), 0o644)
+
+
+def ensure_gitignored(workspace: Path, name: str = LOCAL_PEM_NAME) -> bool:
+    """Add name to workspace/.gitignore unless it is there; return whether the file changed."""
+    gitignore = workspace / ".gitignore"
+    try:
+        text = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
+    except OSError as exc:
+        raise AgentboxError(f"cannot read {gitignore}: {exc.strerror}") from exc
+    if any(line.strip() in (name, f"/{name}") for line in text.splitlines()):
+        return False
+    if text and not text.endswith("\n"):
+        text += "\n"
+    mode = (os.stat(gitignore).st_mode & 0o777) if gitignore.exists() else 0o644
+    _atomic(Path(os.path.realpath(gitignore)), text + name + "\n", mode)
+    return True
+
+
+def set_ca_cert(config_file: Path, pem_path: Path, layer: str) -> str | None:
+    """Point the top-level `caCert:` of config_file at pem_path, keeping everything else.
+
+    Replaces an existing top-level `caCert:` line (and its continuation lines) or appends one; the
+    file is created when missing. Returns the previous caCert value as written, if there was one.
+    The edited text is validated before it is written: a file this line edit cannot handle is
+    left untouched.
+    """
+    target = Path(os.path.realpath(config_file))  # edit the file a symlinked config points to
+    try:
+        text = target.read_text(encoding="utf-8") if target.exists() else ""
+    except OSError as exc:
+        raise AgentboxError(f"cannot read {config_file}: {exc.strerror}") from exc
+    previous = _layer_data(text, config_file, layer).get("caCert")
+    new_line = f"caCert: {json.dumps(str(pem_path))}"
+    new_text = replace_ca_cert_line(text, new_line)
+    manual = f"Add this line to {config_file} yourself: {new_line}"
+    try:
+        data = _layer_data(new_text, config_file, layer)
+    except AgentboxError as exc:
+        raise AgentboxError(
+            f"{config_file} would not be valid after setting caCert ({exc.message}); it was not changed",
+            hint=manual,
+        ) from exc
+    if data.get("caCert") != str(pem_path):
+        raise AgentboxError(
+            f"agentbox could not set caCert in {config_file} with a line edit; it was not changed", hint=manual
+        )
+    mode = (os.stat(target).st_mode & 0o777) if target.exists() else 0o644
+    _atomic(target, new_text, mode)
+    return previous
+
+
+def replace_ca_cert_line(text: str, new_line: str) -> str:
+    """text with new_line in place of its top-level `caCert:` entry, or appended when it has none."""
+    lines = text.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        if not _TOP_LEVEL_CA_CERT.match(line):
+            continue
+        end = index + 1
+        while end < len(lines) and lines[end][:1] in (" ", "\t") and lines[end].strip():
+            end += 1  # continuation lines of a multi-line value
+        return "".join([*lines[:index], new_line + "\n", *lines[end:]])
+    if text and not text.endswith("\n"):
+        text += "\n"
+    return text + new_line + "\n"
+
+
+def _layer_data(text: str, config_file: Path, layer: str) -> dict:
+    """The validated content of a config file's text (ConfigError when it is not valid)."""
+    from agentbox import schema, yamlio
+
+    return schema.validate(yamlio.compose(text, config_file), config_file, layer).data
+
+
+def _atomic(path: Path, text: str, mode: int) -> None:
+    try:
+        atomic_write(path, text, mode=mode)
+    except OSError as exc:
+        raise AgentboxError(f"cannot write {path}: {exc.strerror}") from exc
