@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from agentbox import __version__
+from agentbox import __version__, timing
 from agentbox.agents import BUILTIN_AGENTS
 from agentbox.errors import AgentboxError
 
@@ -145,21 +145,25 @@ def _agent_summary(ctx: click.Context, name: str) -> str:
 )
 @click.option("-v", "--verbose", is_flag=True, help="Stream limactl's own output.")
 @click.option("--debug", is_flag=True, help="Print every limactl call with its duration and exit code.")
+@click.option("--timings", is_flag=True, help="Print how long each phase took (same as AGENTBOX_TIMING=1).")
 @click.pass_context
-def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool) -> None:
+def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool, timings: bool) -> None:
     """Run AI coding agents in a per-project Lima VM.
 
     In a project folder, `agentbox claude` (or codex, gemini, kiro) finds or creates the project's
     VM, mounts the project at the same path and starts the agent there with its approval prompts
     off: the VM is the sandbox.
     """
+    if timings:
+        timing.enable()
     ctx.obj = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose, "debug": debug}
 
 
 def load_config(ctx: click.Context) -> Any:
     from agentbox import config
 
-    loaded = config.load(ctx.obj["cwd"])
+    with timing.phase("config (find, parse, validate, merge)"):
+        loaded = config.load(ctx.obj["cwd"])
     config.print_notices(loaded)
     return loaded
 
@@ -286,6 +290,7 @@ def _register_vm_commands() -> None:
 
 
 _register_vm_commands()
+
 
 
 def main() -> None:

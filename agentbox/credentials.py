@@ -87,12 +87,32 @@ def refresh(staging: Path, host_files: list[str], include_git_identity: bool) ->
     _remove_unlisted(files_root, {s.guest_path for s in staged})
     manifest = "".join(f"{s.digest} {s.guest_path}\0" for s in staged).encode()
     _write_if_changed(creds / "manifest", manifest)
-    gitconfig = git_identity() if include_git_identity else ""
-    if gitconfig:
-        _write_if_changed(creds / "gitconfig", gitconfig.encode())
-    elif (creds / "gitconfig").exists():
-        (creds / "gitconfig").unlink()
+    _refresh_git_identity(creds, include_git_identity)
     return staged, warnings
+
+
+def _refresh_git_identity(creds: Path, wanted: bool) -> None:
+    """Re-read ~/.gitconfig (a `git config` run) only when it changed since the last launch."""
+    target, stamp_file = creds / "gitconfig", creds / "gitconfig.stamp"
+    source = paths.home() / ".gitconfig"
+    try:
+        st = source.stat()
+        stamp = f"{st.st_mtime_ns}:{st.st_size}:{st.st_ino}"
+    except OSError:
+        stamp = "absent"
+    if not wanted:
+        stamp = "off"
+    try:
+        if stamp_file.read_text() == stamp:
+            return
+    except OSError:
+        pass
+    gitconfig = git_identity() if wanted else ""
+    if gitconfig:
+        _write_if_changed(target, gitconfig.encode())
+    elif target.exists():
+        target.unlink()
+    _write_if_changed(stamp_file, stamp.encode())
 
 
 def git_identity() -> str:

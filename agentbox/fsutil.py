@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -12,6 +11,8 @@ def atomic_write(path: Path, content: str | bytes, mode: int = 0o644, overwrite:
 
     With overwrite=False an existing file is never replaced (FileExistsError), even in a race.
     """
+    import tempfile
+
     data = content.encode() if isinstance(content, str) else content
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, credentials, drift, render, resources, tripwire, trust, vm
+from agentbox import bootstrap, credentials, drift, render, resources, timing, tripwire, trust, vm
 from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -31,8 +31,10 @@ def run_in_vm(
     workspace = config.require_workspace()
     trusted = config.local_file is not None and trust.is_trusted(config.local_file)
     scripts = bootstrap.plan(config, render.STAGING_MOUNT_POINT, trusted_local=trusted)
-    vm.ensure_running(session, name)
-    refresh_staging(config, name, agent, scripts)
+    with timing.phase("VM state (limactl list, start)"):
+        vm.ensure_running(session, name)
+    with timing.phase("staging (credentials, env, guards)"):
+        refresh_staging(config, name, agent, scripts)
     state = vm.read_state(name)
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if changed:
@@ -40,10 +42,13 @@ def run_in_vm(
     reconnect = bool(state.get("reconnect"))
     command = launch_command(config, workspace, scripts, agent)
     command += ["--", *argv] if not interactive_shell else []
-    before = tripwire.fingerprint(workspace)
-    tripwire.save(name, workspace, before)
-    code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
-    tripwire.report(before, tripwire.fingerprint(workspace))
+    with timing.phase("tripwire fingerprint"):
+        before = tripwire.fingerprint(workspace)
+        tripwire.save(name, workspace, before)
+    with timing.phase("in-VM setup + agent (limactl shell)"):
+        code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
+    with timing.phase("tripwire check"):
+        tripwire.report(before, tripwire.fingerprint(workspace))
     if reconnect:
         vm.update_state(name, {"reconnect": False})
     if code in (1, 255) and session.instance(name) is None:
@@ -57,6 +62,8 @@ def run_in_vm(
 def launch_command(config: Config, workspace: Path, scripts: bootstrap.Plan, agent: AgentConfig | None) -> list[str]:
     command = ["/bin/bash", LAUNCH_SCRIPT, "--wait", str(config.startup_wait_sec), "--workspace", str(workspace)]
     command += ["--guards", "off" if config.remote_write else "on"]
+    if timing.enabled():
+        command += ["--timing"]
     if agent is not None:
         command += ["--binary", agent.binary, "--install", agent.install or ""]
     for path in scripts.on_create:

@@ -15,9 +15,8 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentbox import calllog
 from agentbox.errors import Interrupted, LimaError
@@ -35,8 +34,7 @@ _LOGRUS = re.compile(r'level=(\w+)\s+msg=("(?:[^"\\]|\\.)*"|\S+)')
 _JSON_LEVEL = re.compile(r'^\{.*"level"')
 
 
-@dataclass(frozen=True)
-class Instance:
+class Instance(NamedTuple):
     """One row of `limactl list --json`; unknown fields are kept in raw."""
 
     name: str
@@ -49,7 +47,7 @@ class Instance:
     disk: int
     config: dict[str, Any]
     param: dict[str, str]
-    raw: dict[str, Any] = field(repr=False)
+    raw: dict[str, Any]
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Instance:
@@ -72,13 +70,20 @@ class Instance:
         return os.path.join(self.dir, "ha.stderr.log")
 
 
-@dataclass
 class Lima:
-    """Runs limactl. `on_output` receives every stderr/stdout line of long operations."""
+    """Runs limactl. `on_output` receives every stderr/stdout line of long operations.
 
-    debug: bool = False
-    executable: str = "limactl"
-    _command: Any = None
+    Quick captured calls (list, delete, copy, --version) and the attached `shell` use subprocess;
+    the long streamed ones (create, start, stop) use `sh`, whose line callbacks feed the progress
+    display. Importing `sh` costs about 45 ms, a third of a warm launch's budget, so the warm path
+    (list + shell) never imports it.
+    """
+
+    def __init__(self, debug: bool = False, executable: str = "limactl") -> None:
+        self.debug = debug
+        self.executable = executable
+        self._command: Any = None
+        self._path: str | None = None
 
     # -- state ---------------------------------------------------------------------------------
     def list(self) -> dict[str, Instance]:
@@ -103,15 +108,6 @@ class Lima:
     def get(self, name: str) -> Instance | None:
         return self.list().get(name)
 
-    def version(self) -> str:
-        """Lima's version from `limactl --version` ("limactl version 2.2.0" -> "2.2.0")."""
-        stdout, _ = self._captured(["--version"])
-        match = re.search(r"^limactl version v?(\S+)$", stdout.strip(), re.MULTILINE)
-        if match is None:
-            raise LimaError(f"`limactl --version` printed no version agentbox understands: {stdout.strip()[:120]!r}")
-        return match.group(1)
-
-    # -- lifecycle -----------------------------------------------------------------------------
     def create(self, name: str, template: Path, on_output: Callable[[str], None] | None = None) -> None:
         self._streamed(["--tty=false", "create", "--name", name, str(template)], on_output)
 
@@ -163,32 +159,14 @@ class Lima:
         calllog.record(full, time.monotonic() - started, code, echo=self.debug)
         return 128 - code if code < 0 else code  # a signal death reads like a shell's 128+N
 
-    def shell_output(self, name: str, argv: list[str]) -> tuple[int, str]:
-        """Run argv in the VM with its output captured; return its exit code (non-zero too) and stdout."""
-        import sh
-
-        command = self._sh()
-        args = ["shell", name, "--", *argv]
-        started = time.monotonic()
-        code = 0
-        try:
-            result = command(*args, _tty_out=False, _tty_in=False, _truncate_exc=False, _return_cmd=True)
-            return 0, result.stdout.decode(errors="replace")
-        except sh.ErrorReturnCode as exc:
-            code = exc.exit_code
-            return (128 - code if code < 0 else code), exc.stdout.decode(errors="replace")
-        except KeyboardInterrupt:
-            code = 130
-            raise Interrupted("interrupted") from None
-        finally:
-            calllog.record([command._path, *args], time.monotonic() - started, code, echo=self.debug)
-
     # -- plumbing ------------------------------------------------------------------------------
     def _resolve(self) -> str:
-        found = shutil.which(self.executable)
-        if not found:
-            raise LimaError("limactl was not found on PATH, so agentbox cannot run any VM.", hint=INSTALL_HINT)
-        return found
+        if self._path is None:
+            found = shutil.which(self.executable)
+            if not found:
+                raise LimaError("limactl was not found on PATH, so agentbox cannot run any VM.", hint=INSTALL_HINT)
+            self._path = found
+        return self._path
 
     def _sh(self) -> Any:
         if self._command is None:
@@ -198,23 +176,44 @@ class Lima:
         return self._command
 
     def _captured(self, args: list[str]) -> tuple[str, str]:
-        import sh
+        import subprocess
 
-        command = self._sh()
+        full = [self._resolve(), *args]
         started = time.monotonic()
         code = 0
         try:
-            result = command(*args, _tty_out=False, _tty_in=False, _truncate_exc=False, _return_cmd=True)
-            return result.stdout.decode(errors="replace"), result.stderr.decode(errors="replace")
-        except sh.ErrorReturnCode as exc:
-            code = exc.exit_code
-            stderr = exc.stderr.decode(errors="replace")
-            raise self._error(args, code, stderr) from None
+            result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True)
         except KeyboardInterrupt:
             code = 130
             raise Interrupted("interrupted") from None
         finally:
-            calllog.record([command._path, *args], time.monotonic() - started, code, echo=self.debug)
+            if code:
+                calllog.record(full, time.monotonic() - started, code, echo=self.debug)
+        code = result.returncode
+        calllog.record(full, time.monotonic() - started, code, echo=self.debug)
+        stdout = result.stdout.decode(errors="replace")
+        stderr = result.stderr.decode(errors="replace")
+        if code != 0:
+            raise self._error(args, code, stderr)
+        return stdout, stderr
+
+    def version(self) -> str:
+        """limactl's version without a leading v (`limactl version 2.2.0` -> `2.2.0`)."""
+        stdout, _ = self._captured(["--version"])
+        match = re.match(r"^limactl version v?(\S+)", stdout.strip())
+        if not match:
+            raise LimaError(f"cannot read limactl's version from {stdout.strip()!r}")
+        return match.group(1)
+
+    def shell_output(self, name: str, argv: list[str]) -> tuple[int, str]:
+        """Run argv in the VM with output captured (for checks, not sessions); any exit code is returned."""
+        import subprocess
+
+        full = [self._resolve(), "shell", name, "--", *argv]
+        started = time.monotonic()
+        result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True)
+        calllog.record(full, time.monotonic() - started, result.returncode, echo=self.debug)
+        return result.returncode, result.stdout.decode(errors="replace")
 
     def _streamed(self, args: list[str], on_output: Callable[[str], None] | None) -> None:
         """Run a long operation, feeding each output line to on_output as it arrives."""
@@ -243,7 +242,7 @@ class Lima:
             _stop_child(process)
             raise Interrupted("interrupted") from None
         finally:
-            calllog.record([command._path, *args], time.monotonic() - started, code, echo=self.debug)
+            calllog.record([self._resolve(), *args], time.monotonic() - started, code, echo=self.debug)
 
     def _error(self, args: list[str], code: int, stderr: str, tail: list[str] | None = None) -> LimaError:
         messages = meaningful_lines(stderr)

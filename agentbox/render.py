@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -18,8 +17,7 @@ IMAGE_BASE = "template:_images/ubuntu-24.04"
 STAGING_MOUNT_POINT = "/mnt/agentbox"
 
 
-@dataclass(frozen=True)
-class RenderedMount:
+class RenderedMount(NamedTuple):
     location: str
     mount_point: str
     writable: bool

@@ -9,7 +9,6 @@ any repository) before a session and compares after it, naming every change loud
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -110,6 +109,8 @@ def report(before: dict[str, Entry], after: dict[str, Entry], stream=None) -> bo
     found = changes(before, after)
     if not found:
         return False
+    import difflib
+
     bar = "!" * 78
     lines = [bar, "agentbox: WARNING: the session changed files that your host runs without asking:"]
     for label, kind in found:

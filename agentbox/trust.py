@@ -7,7 +7,6 @@ revokes the trust. The global config is always trusted.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -106,6 +105,8 @@ def show(config_file: Path) -> str:
         return f"# {config_file} has never been trusted; its content:\n" + current
     if record.get("content") == current:
         return f"# {config_file} is trusted as it is.\n"
+    import difflib
+
     diff = difflib.unified_diff(
         record.get("content", "").splitlines(keepends=True),
         current.splitlines(keepends=True),

@@ -8,7 +8,6 @@ import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,13 +25,13 @@ MIN_START_TIMEOUT = 600
 POLL_INTERVAL = 2.0
 
 
-@dataclass
 class Session:
     """What one agentbox invocation needs to manage its VM."""
 
-    config: Config
-    lima: Lima
-    verbose: bool = False
+    def __init__(self, config: Config, lima: Lima, verbose: bool = False) -> None:
+        self.config = config
+        self.lima = lima
+        self.verbose = verbose
 
     def instance(self, name: str) -> Instance | None:
         return self.lima.get(name)

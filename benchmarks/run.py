@@ -58,10 +58,13 @@ class Sandbox:
     def project(self, name: str) -> Path:
         path = self.root / "work" / name
         path.mkdir(parents=True, exist_ok=True)
-        # A stub agent binary the launch step finds in the VM (the guest sees the host's /usr/bin etc.).
-        (path / "agentbox.yml").write_text("agents:\n  codex:\n    binary: true\n")
-        os.chmod(path / "agentbox.yml", 0o644)
         return path
+
+    def stub_agent(self) -> None:
+        """`codex` becomes /bin/true in the VM (the double's guest sees the host's /bin), via the global config."""
+        config = self.home / ".config" / "agentbox" / "config.yml"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text("agents:\n  codex:\n    binary: /bin/true\n")
 
     def run(self, args: list[str], cwd: Path) -> tuple[float, float, list[dict]]:
         before = len(read_calls(self.lima_home))
@@ -100,6 +103,7 @@ def main() -> int:
             walls = [box.run(args, project)[0] for _ in range(options.runs)]
             rows.append((label, summarize(walls), "-", "0", verdict(label, statistics.median(walls))))
 
+        box.stub_agent()
         box.run(["start"], project)
         warm = [box.run(["codex", "--version"], project) for _ in range(options.runs)]
         own = [wall - inside for wall, inside, _ in warm]

@@ -14,6 +14,7 @@ guards=""
 workspace="$PWD"
 on_create=()
 on_start=()
+timing_start=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -23,6 +24,7 @@ while [ $# -gt 0 ]; do
     --workspace) workspace="$2"; shift 2 ;;
     --on-create) on_create+=("$2"); shift 2 ;;
     --on-start) on_start+=("$2"); shift 2 ;;
+    --timing) timing_start="${EPOCHREALTIME:-}"; shift ;;
     --) shift; break ;;
     *) break ;;
   esac
@@ -205,6 +207,11 @@ if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
     exit 127
   fi
   hash -r
+fi
+
+if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
+  setup_us=$(( ${EPOCHREALTIME/./} - ${timing_start/./} ))
+  printf 'agentbox timings (in the VM):\n  %-34s %8d.%d ms\n' "setup step (launch.sh)" $((setup_us / 1000)) $(((setup_us % 1000) / 100)) >&2
 fi
 
 if [ $# -eq 0 ]; then

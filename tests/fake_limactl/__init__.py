@@ -40,7 +40,10 @@ def install(bin_dir: Path, lima_home: Path | None = None) -> Path:
     if lima_home is not None:
         Path(lima_home).mkdir(parents=True, exist_ok=True)
     shim = bin_dir / "limactl"
-    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(LIMACTL_PY))} "$@"\n')
+    shim.write_text(
+        "#!/bin/bash\nexport FAKE_LIMACTL_T0=$EPOCHREALTIME\n"
+        f'exec {shlex.quote(sys.executable)} {shlex.quote(str(LIMACTL_PY))} "$@"\n'
+    )
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return shim
 
