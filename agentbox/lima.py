@@ -180,22 +180,18 @@ class Lima:
 
         full = [self._resolve(), *args]
         started = time.monotonic()
-        code = 0
         try:
             result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True)
         except KeyboardInterrupt:
-            code = 130
+            calllog.record(full, time.monotonic() - started, 130, echo=self.debug)
             raise Interrupted("interrupted") from None
-        finally:
-            if code:
-                calllog.record(full, time.monotonic() - started, code, echo=self.debug)
-        code = result.returncode
-        calllog.record(full, time.monotonic() - started, code, echo=self.debug)
-        stdout = result.stdout.decode(errors="replace")
+        except OSError as exc:
+            raise LimaError(f"cannot run {full[0]}: {exc.strerror}", hint=INSTALL_HINT) from exc
+        calllog.record(full, time.monotonic() - started, result.returncode, echo=self.debug)
         stderr = result.stderr.decode(errors="replace")
-        if code != 0:
-            raise self._error(args, code, stderr)
-        return stdout, stderr
+        if result.returncode != 0:
+            raise self._error(args, result.returncode, stderr)
+        return result.stdout.decode(errors="replace"), stderr
 
     def version(self) -> str:
         """limactl's version without a leading v (`limactl version 2.2.0` -> `2.2.0`)."""

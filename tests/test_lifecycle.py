@@ -235,6 +235,7 @@ def test_same_folder_name_in_two_places_is_refused(limactl: FakeLima, home: Path
     assert str(first) in result.stderr and str(second) in result.stderr
     assert "vm.name" in result.stderr or "name:" in result.stderr
     write(second / "agentbox.yml", "vm:\n  name: agentbox-app-b\n")
+    assert run_cli("trust", cwd=second).exit_code == 0  # vm.name in a project file needs trust
     assert run_cli("start", cwd=second).exit_code == 0
 
 
