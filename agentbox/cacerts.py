@@ -11,10 +11,13 @@ import re
 import shutil
 import subprocess
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import atomic_write
+
+if TYPE_CHECKING:
+    from agentbox.config import Config
 
 SYSTEM_KEYCHAIN = "/Library/Keychains/System.keychain"
 LOCAL_PEM_NAME = "agentbox-ca.pem"
@@ -30,6 +33,15 @@ class Certificate(NamedTuple):
     label: str | None  # the keychain's name for it, when known
 
 
+class Source(NamedTuple):
+    """One place the VM's extra CA certificates come from."""
+
+    origin: str  # "global", "local" or "NODE_EXTRA_CA_CERTS"
+    config_file: Path | None  # the config file that sets it (None for the environment variable)
+    path: Path
+    used: bool  # False when the local config's caCert overrides the global one
+
+
 class CertFile(NamedTuple):
     """What `agentbox ca ls` shows about one PEM file."""
 
@@ -37,6 +49,41 @@ class CertFile(NamedTuple):
     exists: bool
     pems: tuple[str, ...]
     error: str | None  # why it could not be read
+
+
+# -- what is configured ------------------------------------------------------------------------
+
+
+def sources(config: Config) -> list[Source]:
+    """The global and local `caCert` (the local one wins) and the host's NODE_EXTRA_CA_CERTS."""
+    winner = config.origins.get("caCert", "")
+    result: list[Source] = []
+    for layer, config_file in (("global", config.global_file), ("local", config.local_file)):
+        if config_file is None:
+            continue
+        if winner.startswith(layer) and config.ca_cert is not None:
+            result.append(Source(layer, config_file, config.ca_cert, True))
+        elif layer == "global":
+            value = _configured_value(config_file, layer)
+            if value:
+                # The same rule as config.resolve: a relative path in the global file is relative to the workspace.
+                result.append(Source(layer, config_file, _absolute(value, config.workspace), False))
+    extra = os.environ.get("NODE_EXTRA_CA_CERTS")
+    if extra:
+        result.append(Source("NODE_EXTRA_CA_CERTS", None, Path(extra), True))  # read as provisioning reads it
+    return result
+
+
+def _configured_value(config_file: Path, layer: str) -> str | None:
+    from agentbox import yamlio
+
+    value = _layer_data(yamlio.read_config_text(config_file), config_file, layer).get("caCert")
+    return value if isinstance(value, str) else None
+
+
+def _absolute(value: str, base: Path) -> Path:
+    path = Path(os.path.expanduser(value))
+    return Path(os.path.normpath(path if path.is_absolute() else base / path))
 
 
 # -- PEM files ---------------------------------------------------------------------------------
@@ -84,7 +131,20 @@ def describe(pem: str) -> str | None:
     subject = fields.get("subject")
     if not subject:
         return None
-    return f"{subject}; expires {fields['notAfter']}" if fields.get("notAfter") else subject
+    expiry = fields.get("notAfter")
+    if not expiry:
+        return subject
+    return f"{subject}; {'EXPIRED on' if _expired(expiry) else 'expires'} {' '.join(expiry.split())}"
+
+
+def _expired(not_after: str) -> bool:
+    import datetime
+
+    try:
+        moment = datetime.datetime.strptime(not_after, "%b %d %H:%M:%S %Y %Z")
+    except ValueError:
+        return False
+    return moment.replace(tzinfo=datetime.timezone.utc) < datetime.datetime.now(datetime.timezone.utc)
 
 
 # -- the macOS System keychain -----------------------------------------------------------------
@@ -124,11 +184,11 @@ def _label_value(raw: str) -> str | None:
     if raw.startswith("0x"):
         hex_part = raw[2:].split()[0] if raw[2:].split() else ""
         try:
-            return bytes.fromhex(hex_part).rstrip(b"\0").decode("utf-8", errors="replace")
+            return bytes.fromhex(hex_part).rstrip(b"\0").decode("utf-8", errors="replace").replace("\n", " ")
         except ValueError:
             return None
     if raw.startswith('"') and raw.endswith('"') and len(raw) >= 2:
-        return raw[1:-1]
+        return raw[1:-1].replace("\n", " ")
     return None
 
 

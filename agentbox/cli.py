@@ -282,14 +282,18 @@ def completion_command(shell: str) -> None:
     click.echo(completion_class(cli, {}, "agentbox", "_AGENTBOX_COMPLETE").source())
 
 
-def _register_vm_commands() -> None:
+def _register_commands() -> None:
     from agentbox.commands import vm
+    from agentbox.commands.ca import ca_group
+    from agentbox.commands.doctor import doctor_command
 
     for command in vm.COMMANDS:
         cli.add_command(command)
+    cli.add_command(ca_group)
+    cli.add_command(doctor_command)
 
 
-_register_vm_commands()
+_register_commands()
 
 
 

@@ -50,8 +50,10 @@ def risky_keys(config: Config) -> list[str]:
         risky.append("credentials.netrc: true (brings ~/.netrc into the VM)")
     for hook in ("onCreateScript", "onStartScript"):
         for script in (config.on_create if hook == "onCreateScript" else config.on_start):
-            if script.origin == "local" and not _inside(Path(os.path.realpath(script.path)), workspace):
-                risky.append(f"bootstrap.{hook}: {script.path} (a host file outside the workspace)")
+            real = Path(os.path.realpath(script.path))
+            if script.origin == "local" and not _inside(real, workspace):
+                where = f"a symlink to {real}, " if real != script.path else "a host file "
+                risky.append(f"bootstrap.{hook}: {script.path} ({where}outside the workspace)")
     for name, agent in data.get("agents", {}).items():
         for key in ("binary", "install", "vmName"):
             if key in agent:

@@ -195,6 +195,7 @@ def test_agent_shell_subcommand_uses_the_agent_vm(project: Path, vm: FakeLima) -
 def test_missing_agent_is_installed_once_with_its_install_command(project: Path, vm: FakeLima) -> None:
     install = "mkdir -p ~/.local/bin && printf '#!/bin/sh\\necho tool-ran \"$@\"\\n' > ~/.local/bin/mytool && chmod +x ~/.local/bin/mytool && echo INSTALLED >&2"
     write(project / "agentbox.yml", f"agents:\n  mytool:\n    binary: mytool\n    install: {json.dumps(install)}\n")
+    assert run_cli("trust", cwd=project).exit_code == 0  # binary and install in a project file need trust
     first = subprocess.run([sys.executable, "-m", "agentbox", "mytool", "a b"], cwd=project, capture_output=True, text=True, timeout=60)
     assert first.returncode == 0, first.stderr
     assert first.stdout == "tool-ran a b\n"

@@ -1,0 +1,427 @@
+"""`agentbox doctor`: one screen of checks of Lima, the config, the VM, credentials and guards.
+
+Every check becomes a Check (OK, WARN or FAIL); nothing here raises for a problem it finds. It
+costs at most three limactl calls: `--version`, `list` and, when the VM runs, one `shell`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from agentbox.errors import AgentboxError, ConfigError, LimaError
+
+if TYPE_CHECKING:
+    from agentbox.config import AgentConfig, Config
+    from agentbox.lima import Instance, Lima
+
+OK = "OK"
+WARN = "WARN"
+FAIL = "FAIL"
+GUARD_MARKER = "agentbox-managed: readonly-remote"
+HOOKS_DIR = ".config/agentbox/hooks"  # relative to the guest home, as in provision/launch.sh
+_PROBE_TAG = "agentbox-doctor"
+VM_MISSING = "the VM does not exist yet"
+# One `limactl shell` answers every in-VM question: each line is "agentbox-doctor KIND VALUE [PATH]".
+PROBE_SCRIPT = (
+    'for f in "$@"; do if [ -e "$HOME/$f" ]; then r=yes; else r=no; fi; echo "' + _PROBE_TAG + ' cred $r $f"; done; '
+    'for n in git gh; do w="$HOME/.local/bin/$n"; '
+    'if [ ! -e "$w" ]; then r=none; elif grep -q "' + GUARD_MARKER + '" "$w"; then r=guard; else r=foreign; fi; '
+    'echo "' + _PROBE_TAG + ' wrapper $r $n"; done; '
+    'h="$(git config --global --get core.hooksPath 2>/dev/null || true)"; '
+    'if [ "$h" = "$HOME/' + HOOKS_DIR + '" ] && [ -e "$HOME/' + HOOKS_DIR + '/pre-push" ]; then r=yes; else r=no; fi; '
+    'echo "' + _PROBE_TAG + ' hooks $r"'
+)
+
+
+class Check(NamedTuple):
+    check: str  # a stable id: "lima", "config", "vm", "credentials.claude", ...
+    status: str  # OK, WARN or FAIL
+    message: str
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, str | None]:
+        return {"check": self.check, "status": self.status, "message": self.message, "hint": self.hint}
+
+
+class Probe(NamedTuple):
+    """What the one in-VM call found; `reason` says why there is none when it could not run."""
+
+    creds: dict[str, bool]  # guest path relative to home -> exists in the VM
+    wrappers: dict[str, str]  # "git"/"gh" -> "guard", "foreign" or "none"
+    hooks: bool
+    reason: str | None = None
+
+
+def run(cwd: Path, lima: Lima) -> list[Check]:
+    checks: list[Check] = []
+    lima_usable = check_lima(lima, checks)
+    config = check_config(cwd, checks)
+    if config is None:
+        return checks
+    instance, owned = check_vm(lima, config, checks) if lima_usable else (None, False)
+    probe = probe_vm(lima, config, instance, owned, lima_usable, checks)
+    check_credentials(config, probe, checks)
+    check_guards(config, probe, checks)
+    return checks
+
+
+# -- Lima --------------------------------------------------------------------------------------
+
+
+def check_lima(lima: Lima, checks: list[Check]) -> bool:
+    """limactl on PATH and recent enough; whether VM checks can go on."""
+    from agentbox.lima import INSTALL_HINT
+    from agentbox.render import MINIMUM_LIMA_VERSION
+
+    found = shutil.which(lima.executable)
+    if found is None:
+        checks.append(Check("lima", FAIL, "limactl was not found on PATH, so agentbox cannot run any VM", INSTALL_HINT))
+        return False
+    try:
+        version = lima.version()
+    except LimaError as error:
+        checks.append(Check("lima", FAIL, f"{found} does not work: {error.message}", f"Reinstall Lima. {INSTALL_HINT}"))
+        return False
+    parsed = version_tuple(version)
+    if parsed is None:
+        checks.append(Check("lima", WARN, f"Lima {version} ({found}): agentbox cannot tell whether it is new enough",
+                            f"agentbox needs Lima {MINIMUM_LIMA_VERSION} or later; `limactl --version` shows yours."))
+    elif parsed < (version_tuple(MINIMUM_LIMA_VERSION) or (0,)):
+        checks.append(Check("lima", FAIL, f"Lima {version} ({found}) is older than {MINIMUM_LIMA_VERSION}, "
+                            "the oldest agentbox supports", f"Upgrade Lima (`brew upgrade lima`). {INSTALL_HINT}"))
+    else:
+        checks.append(Check("lima", OK, f"Lima {version} (limactl at {found})"))
+    return True
+
+
+def version_tuple(version: str) -> tuple[int, ...] | None:
+    """"2.0.1" -> (2, 0, 1); "2.1.0-beta.1" -> (2, 1, 0); None when it does not start with numbers."""
+    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if match is None:
+        return None
+    return tuple(int(part or 0) for part in match.groups())
+
+
+# -- config ------------------------------------------------------------------------------------
+
+
+def check_config(cwd: Path, checks: list[Check]) -> Config | None:
+    """Load the config; None when it is invalid or names no usable workspace (later checks need both)."""
+    from agentbox import config as configmod
+
+    try:
+        config = configmod.load(cwd)
+    except ConfigError as error:
+        checks.append(Check("config", FAIL, f"the config is not valid: {error.message}",
+                            error.hint or "Fix it, then run `agentbox config` to see the result."))
+        return None
+    used = [f"global {config.global_file}" if config.global_file else None,
+            f"local {config.local_file}" if config.local_file else None]
+    files = ", ".join(name for name in used if name) or "no config files, built-in defaults"
+    checks.append(Check("config", OK, f"config is valid ({files})"))
+    for notice in config.notices:
+        checks.append(Check("config", WARN, notice, "agentbox ignores that file until it is fixed."))
+    try:
+        workspace = config.require_workspace()
+    except ConfigError as error:
+        checks.append(Check("workspace", FAIL, error.message, error.hint))
+        return None
+    checks.append(Check("workspace", OK, f"workspace {workspace} (VM {config.vm_name})"))
+    check_trust(config, checks)
+    check_ca_certificates(config, checks)
+    return config
+
+
+def check_trust(config: Config, checks: list[Check]) -> None:
+    """A local config that widens what the VM gets must be trusted, or every launch refuses it (exit 2)."""
+    from agentbox import trust
+
+    risky = trust.risky_keys(config) if config.local_file is not None else []
+    if config.local_file is None or not risky:
+        return
+    keys = ", ".join(dict.fromkeys(item.split(" ")[0] for item in risky))
+    if trust.is_trusted(config.local_file):
+        checks.append(Check("trust", OK, f"{config.local_file} is trusted as it is ({keys})"))
+        return
+    why = "changed since you trusted it" if trust.trusted_record(config.local_file) else "is not trusted"
+    checks.append(Check("trust", FAIL, f"{config.local_file} {why}, so launches refuse it: it sets {keys}",
+                        f"Read it (`agentbox trust --show`), then run `agentbox -C {config.local_file.parent} trust`."))
+
+
+def check_ca_certificates(config: Config, checks: list[Check]) -> None:
+    """caCert and NODE_EXTRA_CA_CERTS must be readable PEM files, or creating the VM fails."""
+    from agentbox import cacerts
+
+    try:
+        sources = [source for source in cacerts.sources(config) if source.used]
+    except AgentboxError as error:
+        checks.append(Check("ca", FAIL, error.message, error.hint))
+        return
+    for source in sources:
+        name = "caCert" if source.config_file is not None else "NODE_EXTRA_CA_CERTS"
+        where = f"`caCert` in {source.config_file}" if source.config_file else "NODE_EXTRA_CA_CERTS on the host"
+        found = cacerts.inspect_file(source.path)
+        if not found.exists:
+            problem = "does not exist"
+        elif found.error:
+            problem = f"cannot be read ({found.error})"
+        elif not found.pems:
+            problem = "holds no PEM certificate"
+        else:
+            count = len(found.pems)
+            checks.append(Check("ca", OK, f"{name}: {count} CA certificate{'s' if count != 1 else ''} from {source.path}"))
+            continue
+        checks.append(Check("ca", FAIL, f"{name}: {source.path} {problem}, so creating the VM fails",
+                            f"Fix {where} (`agentbox ca ls` shows what is configured)."))
+
+
+# -- the VM ------------------------------------------------------------------------------------
+
+
+def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance | None, bool]:
+    """The VM's state and whether it belongs to this workspace."""
+    from agentbox import vm
+    from agentbox.lima import BROKEN, RUNNING, STOPPED
+
+    name = config.vm_name
+    try:
+        instance = lima.get(name)
+    except LimaError as error:
+        checks.append(Check("vm", FAIL, f"cannot ask Lima about {name}: {error.message}",
+                            error.hint or "Check `limactl list`."))
+        return None, False
+    if instance is None:
+        checks.append(Check("vm", WARN, f"VM {name} does not exist yet: it is created on first launch",
+                            "Run `agentbox start` (or an agent command such as `agentbox claude`) to create it."))
+        return None, False
+    if instance.status == RUNNING:
+        checks.append(Check("vm", OK, f"VM {name} is running"))
+    elif instance.status == STOPPED:
+        checks.append(Check("vm", OK, f"VM {name} is stopped; it starts on next launch"))
+    elif instance.status == BROKEN:
+        errors = instance.raw.get("errors") or []
+        detail = f" ({errors[0]})" if errors and isinstance(errors[0], str) else ""
+        checks.append(Check("vm", FAIL, f"VM {name} is Broken{detail}",
+                            "`agentbox start` tries Lima's recovery; if that fails, `agentbox start --recreate` "
+                            f"creates it anew (its disk is lost, your workspace is not). Lima's log: {instance.log_path}"))
+    else:
+        checks.append(Check("vm", WARN, f"VM {name} is {instance.status or 'in an unknown state'}",
+                            f"It may be starting or stopping: run `agentbox doctor` again in a moment, "
+                            f"or see `limactl list` and Lima's log {instance.log_path}."))
+    recorded = vm.workspace_of(instance)
+    workspace = str(config.workspace)
+    if recorded == workspace:
+        checks.append(Check("vm.workspace", OK, f"VM {name} belongs to this workspace"))
+        return instance, True
+    if recorded is None:
+        checks.append(Check("vm.workspace", FAIL,
+                            f"the Lima instance {name} was not created by agentbox (it records no workspace)",
+                            f"Recreate it with `agentbox start --recreate` (this deletes {name}), "
+                            "or choose another `vm.name` in agentbox.yml."))
+    else:
+        checks.append(Check("vm.workspace", FAIL,
+                            f"VM {name} belongs to {recorded}, not to this workspace {workspace}",
+                            f"Give this project its own VM: set `vm.name` in {workspace}/agentbox.yml."))
+    return instance, False
+
+
+def probe_vm(lima: Lima, config: Config, instance: Instance | None, owned: bool, lima_usable: bool,
+             checks: list[Check]) -> Probe:
+    """Look inside the VM once (only when it runs and is this workspace's)."""
+    from agentbox.lima import RUNNING
+
+    if not lima_usable:
+        return _no_probe("Lima is not usable")
+    if instance is None:
+        return _no_probe(VM_MISSING)
+    if not owned:
+        return _no_probe(f"{instance.name} is not this workspace's VM")
+    if instance.status != RUNNING:
+        return _no_probe(f"the VM is {instance.status or 'not running'}")
+    relatives = sorted({guest[2:] for _, guests in credential_groups(config) for guest in guests})
+    try:
+        code, output = lima.shell_output(instance.name, ["bash", "-c", PROBE_SCRIPT, _PROBE_TAG, *relatives])
+    except LimaError as error:
+        code, output = -1, error.message
+    probe = parse_probe(output)
+    if probe is None:
+        checks.append(Check("vm.shell", WARN, f"cannot look inside {instance.name} (`limactl shell` exit {code})",
+                            "Try `agentbox shell`; if it does not connect, `agentbox restart`."))
+        return _no_probe("`limactl shell` failed")
+    return probe
+
+
+def parse_probe(output: str) -> Probe | None:
+    creds: dict[str, bool] = {}
+    wrappers: dict[str, str] = {}
+    hooks: bool | None = None
+    for line in output.splitlines():
+        parts = line.rstrip("\r").split(" ", 3)
+        if len(parts) < 3 or parts[0] != _PROBE_TAG:
+            continue
+        kind, value = parts[1], parts[2]
+        if kind == "cred" and len(parts) == 4:
+            creds[parts[3]] = value == "yes"
+        elif kind == "wrapper" and len(parts) == 4:
+            wrappers[parts[3]] = value
+        elif kind == "hooks":
+            hooks = value == "yes"
+    if hooks is None:  # the last line: without it the script did not finish
+        return None
+    return Probe(creds, wrappers, hooks)
+
+
+def _no_probe(reason: str) -> Probe:
+    return Probe({}, {}, False, reason)
+
+
+# -- credentials -------------------------------------------------------------------------------
+
+
+def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str, list[Path]]]]:
+    """Per agent (None for gh and netrc): guest path ("~/...") -> the host files that land there."""
+    from agentbox import credentials
+
+    if not config.credentials.enabled:
+        return []
+    groups: list[tuple[AgentConfig | None, dict[str, list[Path]]]] = []
+    for agent in config.agents.values():
+        groups.append((agent, _guest_map(agent.credentials)))
+    extra = [*(credentials.GH_FILES if config.credentials.gh else ()), *((credentials.NETRC,) if config.credentials.netrc else ())]
+    if extra:
+        groups.append((None, _guest_map(extra)))
+    return groups
+
+
+def _guest_map(specs: Iterable[str]) -> dict[str, list[Path]]:
+    from agentbox import credentials
+
+    mapping: dict[str, list[Path]] = {}
+    for spec in specs:
+        guest = credentials.guest_path_for(spec)
+        if guest.startswith("~/"):  # the only paths launch stages
+            mapping.setdefault(guest, []).append(Path(os.path.expanduser(spec)))
+    return mapping
+
+
+def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None:
+    if not config.credentials.enabled:
+        checks.append(Check("credentials", OK, "credentials are off in config (credentials: false)"))
+        return
+    for agent, guests in credential_groups(config):
+        if agent is None:
+            check = _check_other_logins(config, guests, probe)
+        else:
+            check = _check_agent_login(config, agent, guests, probe)
+        if check is not None:
+            checks.append(check)
+
+
+def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, list[Path]], probe: Probe) -> Check:
+    check = f"credentials.{agent.name}"
+    if not guests:
+        why = "credentials are off for it in config" if agent.builtin else f"agents.{agent.name}.credentials lists no files"
+        return Check(check, OK, f"{agent.name}: no login to bring into the VM ({why})")
+    in_vm_probe = probe if agent.vm_name == config.vm_name else _no_probe(f"it runs in its own VM {agent.vm_name}")
+    on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
+    if not on_host:
+        if any(in_vm_probe.creds.get(guest[2:]) for guest in guests):
+            return Check(check, OK, f"{agent.name}: not logged in on the host; the VM has its own login")
+        return Check(check, WARN, f"{agent.name}: not logged in on the host",
+                     f"Log in to {agent.binary} on the host and the next `agentbox {agent.name}` brings the login "
+                     f"into the VM; or log in inside the VM (`agentbox {agent.name}`).")
+    return _login_state(check, agent.name, on_host, len(guests), agent.vm_name, in_vm_probe,
+                        f"The next `agentbox {agent.name}` copies it into the VM.")
+
+
+def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:
+    """gh and netrc: shown only when the host has them (neither is needed)."""
+    from agentbox import credentials
+
+    on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
+    if not on_host:
+        return None
+    names = sorted({"gh" if guest in credentials.GH_FILES else "netrc" for guest in on_host})
+    return _login_state(f"credentials.{'+'.join(names)}", " and ".join(names), on_host, len(on_host), config.vm_name,
+                        probe, "The next launch (`agentbox shell` or an agent command) copies it into the VM.")
+
+
+def _login_state(check: str, label: str, on_host: list[str], total: int, vm_name: str, probe: Probe, hint: str) -> Check:
+    """A login present on the host: is it staged for the VM, and is it in the VM?"""
+    from agentbox import render
+
+    staging = render.staging_dir(vm_name) / "creds" / "home"
+    staged = all((staging / guest[2:]).is_file() for guest in on_host)
+    count = f" ({len(on_host)} of {total} files)" if len(on_host) != total else ""
+    parts = [f"logged in on the host{count}", "staged" if staged else "not staged now"]
+    if probe.reason is None:
+        in_vm = all(probe.creds.get(guest[2:], False) for guest in on_host)
+        parts.append("in the VM" if in_vm else "not in the VM yet")
+        healthy = in_vm
+    else:
+        parts.append(f"not checked in the VM: {probe.reason}")
+        healthy = staged
+    return Check(check, OK if healthy else WARN, f"{label}: " + ", ".join(parts), None if healthy else hint)
+
+
+# -- guards ------------------------------------------------------------------------------------
+
+
+def check_guards(config: Config, probe: Probe, checks: list[Check]) -> None:
+    installed = probe.reason is None and probe.wrappers.get("git") == "guard"
+    if config.remote_write:
+        extra = "; the guards still in the VM are removed at the next launch" if installed else ""
+        checks.append(Check("guards", OK, "guards are off by config (sync.remoteWrite: true): agents in the VM can push" + extra))
+        return
+    launch = "the next launch (`agentbox shell` or an agent command)"
+    if probe.reason == VM_MISSING:
+        checks.append(Check("guards", WARN, "guards (sync.remoteWrite: false) are not installed yet: the VM does not exist",
+                            f"They are installed at {launch}, before anything runs."))
+        return
+    if probe.reason is not None:
+        checks.append(Check("guards", OK, "guards are on (sync.remoteWrite: false) and installed at every launch "
+                            f"(not checked in the VM: {probe.reason})"))
+        return
+    foreign = [name for name in ("git", "gh") if probe.wrappers.get(name) == "foreign"]
+    if foreign:
+        paths = " and ".join(f"~/.local/bin/{name}" for name in foreign)
+        checks.append(Check("guards", FAIL, f"{paths} in the VM {'is' if len(foreign) == 1 else 'are'} not agentbox's, "
+                            "so launch does not install the guard there: remote writes through it are not blocked",
+                            f"Remove it (`agentbox shell -- rm {paths.replace(' and ', ' ')}`); {launch} installs the guard."))
+        return
+    missing = [name for name in ("git", "gh") if probe.wrappers.get(name) != "guard"]
+    if not probe.hooks:
+        missing.append("pre-push hook")
+    if missing:
+        checks.append(Check("guards", WARN, f"guards (sync.remoteWrite: false) are not installed in the VM yet "
+                            f"(missing: {', '.join(missing)})", f"They are installed at {launch}."))
+        return
+    checks.append(Check("guards", OK, "guards are installed in the VM: git and gh wrappers, pre-push hook "
+                        "(sync.remoteWrite: false)"))
+
+
+# -- output ------------------------------------------------------------------------------------
+
+
+def format_text(checks: list[Check]) -> str:
+    lines = []
+    for check in checks:
+        lines.append(f"  {check.status:<6}{check.message}")
+        if check.hint and check.status != OK:
+            lines.append(f"{'':8}hint: {check.hint}")
+    fails = sum(check.status == FAIL for check in checks)
+    warns = sum(check.status == WARN for check in checks)
+    if fails or warns:
+        lines.append(f"{fails} problem{'s' if fails != 1 else ''}, {warns} warning{'s' if warns != 1 else ''}")
+    else:
+        lines.append("Everything looks fine.")
+    return "\n".join(lines) + "\n"
+
+
+def failed(checks: list[Check]) -> bool:
+    return any(check.status == FAIL for check in checks)
