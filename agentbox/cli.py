@@ -20,19 +20,30 @@ from agentbox.errors import AgentboxError
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell")
-CONFIG_COMMANDS = ("config", "init", "completion")
+# Imported only when used: an agent launch should not pay for every other command's module.
+LAZY_COMMANDS = {
+    **{name: ("agentbox.commands.vm", f"{name}_command") for name in VM_COMMANDS},
+    "doctor": ("agentbox.commands.doctor", "doctor_command"),
+    "ca": ("agentbox.commands.ca", "ca_group"),
+}
 
 
 class AgentboxGroup(click.Group):
     """Adds one command per agent (built-in and configured) and the single error boundary."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return [*self.commands, *(name for name in _agent_names(ctx) if name not in self.commands)]
+        names = [*self.commands, *LAZY_COMMANDS]
+        return [*names, *(name for name in _agent_names(ctx) if name not in names)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = self.commands.get(cmd_name)
         if command is not None:
             return command
+        if cmd_name in LAZY_COMMANDS:
+            import importlib
+
+            module, attribute = LAZY_COMMANDS[cmd_name]
+            return getattr(importlib.import_module(module), attribute)
         if cmd_name in BUILTIN_AGENTS or cmd_name in _agent_names(ctx):
             from agentbox.commands.agent import make_agent_command
 
@@ -41,11 +52,11 @@ class AgentboxGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
-        agents = [n for n in names if n not in self.commands]
+        agents = [n for n in names if n not in self.commands and n not in LAZY_COMMANDS]
         sections = (
             ("Agent commands (agentbox AGENT [ARGS]... runs it in the project's VM)", agents),
-            ("VM commands", [n for n in VM_COMMANDS if n in self.commands]),
-            ("Config commands", [n for n in self.commands if n not in VM_COMMANDS]),
+            ("VM commands", list(VM_COMMANDS)),
+            ("Other commands", [n for n in names if n not in agents and n not in VM_COMMANDS]),
         )
         for title, section in sections:
             rows = []
@@ -53,7 +64,9 @@ class AgentboxGroup(click.Group):
                 if name in agents:
                     rows.append((name, _agent_summary(ctx, name)))
                 else:
-                    rows.append((name, self.commands[name].get_short_help_str(limit=70)))
+                    command = self.get_command(ctx, name)
+                    assert command is not None
+                    rows.append((name, command.get_short_help_str(limit=60)))
             if rows:
                 with formatter.section(title):
                     formatter.write_dl(rows)
@@ -200,7 +213,7 @@ def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
 @cli.command("audit")
 @click.pass_context
 def audit_command(ctx: click.Context) -> None:
-    """Compare the files your host runs (git hooks, .envrc, ...) with how the last session found them."""
+    """Check files your host runs (git hooks, .envrc) for changes."""
     from agentbox import tripwire
 
     loaded = load_config(ctx)
@@ -224,7 +237,7 @@ def audit_command(ctx: click.Context) -> None:
 @click.option("--show", is_flag=True, help="Print what would be trusted (a diff against the last trusted content).")
 @click.pass_context
 def trust_command(ctx: click.Context, show: bool) -> None:
-    """Trust this project's agentbox.yml as it is now (needed when it widens what the VM gets)."""
+    """Trust this project's agentbox.yml as it is now."""
     from agentbox import trust
 
     loaded = load_config(ctx)
@@ -274,26 +287,12 @@ def template_command(ctx: click.Context, agent: str | None) -> None:
 @cli.command("completion")
 @click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
 def completion_command(shell: str) -> None:
-    """Print the shell completion script (add it to your shell's startup file)."""
+    """Print the shell completion script."""
     from click.shell_completion import get_completion_class
 
     completion_class = get_completion_class(shell)
     assert completion_class is not None
     click.echo(completion_class(cli, {}, "agentbox", "_AGENTBOX_COMPLETE").source())
-
-
-def _register_commands() -> None:
-    from agentbox.commands import vm
-    from agentbox.commands.ca import ca_group
-    from agentbox.commands.doctor import doctor_command
-
-    for command in vm.COMMANDS:
-        cli.add_command(command)
-    cli.add_command(ca_group)
-    cli.add_command(doctor_command)
-
-
-_register_commands()
 
 
 

@@ -23,6 +23,16 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+class Layer(NamedTuple):
+    """One config file's validated content."""
+
+    name: str  # "global" or "local"
+    path: Path
+    data: dict[str, Any]
+    positions: dict[tuple[str, ...], str]
+    notices: list[str] = []  # never mutated: each Layer gets its own list
+
+
 # Lima refuses these as mount points (pkg/limayaml/validate.go).
 RESERVED_MOUNT_POINTS = frozenset({"/", "/bin", "/dev", "/etc", "/home", "/opt", "/sbin", "/tmp", "/usr", "/var"})
 
@@ -146,22 +156,62 @@ class Config(NamedTuple):
 
 def load(cwd: Path | None = None) -> Config:
     """Load and validate every layer, then merge and resolve. Raises ConfigError (exit 2)."""
-    from agentbox import schema, yamlio
-
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
     notices: list[str] = []
     layers = []
     global_path = paths.global_config_file()
     if _usable(global_path, notices, "global"):
-        text = yamlio.read_config_text(global_path)
-        layers.append(schema.validate(yamlio.compose(text, global_path), global_path, "global"))
+        layers.append(_load_layer(global_path, "global"))
     local_path = find_local_config(cwd, notices)
     if local_path is not None:
-        text = yamlio.read_config_text(local_path)
-        layers.append(schema.validate(yamlio.compose(text, local_path), local_path, "local"))
+        layers.append(_load_layer(local_path, "local"))
     for layer in layers:
         notices.extend(layer.notices)
     return resolve(cwd, layers, notices)
+
+
+def _load_layer(path: Path, name: str) -> Layer:
+    """Validate one file, or reuse the result for exactly this content (no YAML import on a hit)."""
+    import hashlib
+    import json
+
+    from agentbox import yamlio
+
+    text = yamlio.read_config_text(path)
+    digest = hashlib.sha256(f"{name}\0{path}\0{text}".encode()).hexdigest()
+    cache = paths.state_dir() / "config-cache" / f"{digest[:32]}.json"
+    try:
+        data = json.loads(cache.read_text())
+        if data["digest"] == digest:
+            positions = {tuple(key): where for key, where in data["positions"]}
+            return Layer(name, path, data["data"], positions, data["notices"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    from agentbox import schema
+
+    layer = schema.validate(yamlio.compose(text, path), path, name)
+    _store_layer(cache, digest, layer)
+    return layer
+
+
+def _store_layer(cache: Path, digest: str, layer: Layer) -> None:
+    import json
+
+    from agentbox.fsutil import atomic_write, private_dir
+
+    try:
+        payload = json.dumps(
+            {"digest": digest, "data": layer.data, "positions": [[list(k), v] for k, v in layer.positions.items()],
+             "notices": layer.notices},
+            allow_nan=False,
+        )
+        # Only what JSON gives back unchanged may be cached (no dates or other YAML-only values).
+        if json.loads(payload)["data"] != layer.data:
+            return
+        private_dir(cache.parent)
+        atomic_write(cache, payload, mode=0o600)
+    except (OSError, TypeError, ValueError):
+        pass
 
 
 def may_define_agents(cwd: Path) -> bool:

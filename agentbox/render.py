@@ -6,8 +6,6 @@ import copy
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
-
 from agentbox import paths, resources
 from agentbox.config import Config
 from agentbox.errors import ConfigError
@@ -29,6 +27,8 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
     Multi-line strings become literal blocks where YAML allows it; their lines are indented by
     `indent` more than PyYAML's own two spaces, to sit under a key at that column.
     """
+    import yaml
+
     multiline = isinstance(value, str) and "\n" in value.rstrip("\n")
     text = yaml.safe_dump(
         value,
@@ -148,6 +148,8 @@ def render(config: Config, vm_name: str) -> str:
         raise ConfigError(f"vm.template: {exc.message}") from exc
     if not config.lima:
         return text
+    import yaml
+
     data = yaml.safe_load(text) or {}
     deep_merge(data, config.lima)
     return "# Rendered by agentbox, with vm.lima merged in.\n" + yaml.safe_dump(

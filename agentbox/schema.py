@@ -13,6 +13,7 @@ from typing import Any, Callable, NamedTuple
 import yaml
 
 from agentbox import sizes
+from agentbox.config import Layer
 from agentbox.errors import ConfigError
 from agentbox.yamlio import construct_scalar, flatten_merge_keys
 
@@ -125,16 +126,6 @@ MOUNT_KEYS: dict[str, Key] = {
     "mountPoint": Key("path", "Path inside the VM (default: same as location)."),
     "writable": Key("bool", "Whether the VM may write to it (default false)."),
 }
-
-
-class Layer(NamedTuple):
-    """One config file's validated content."""
-
-    name: str  # "global" or "local"
-    path: Path
-    data: dict[str, Any]
-    positions: dict[tuple[str, ...], str]
-    notices: list[str] = []  # never mutated: each Layer gets its own list
 
 
 def validate(node: yaml.Node | None, path: Path, layer: str) -> Layer:

@@ -7,13 +7,14 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import yaml
+from typing import TYPE_CHECKING
 
 from agentbox.errors import ConfigError
 
-MAX_CONFIG_BYTES = 1_000_000
+if TYPE_CHECKING:
+    import yaml
 
-_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+MAX_CONFIG_BYTES = 1_000_000
 
 
 def read_config_text(path: Path) -> str:
@@ -67,8 +68,10 @@ def describe_file_type(mode: int) -> str:
 
 def compose(text: str, path: Path) -> yaml.Node | None:
     """Parse text into a node tree that keeps line and column of every value."""
+    import yaml
+
     try:
-        return yaml.compose(text, Loader=_Loader)
+        return yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -82,16 +85,21 @@ def compose(text: str, path: Path) -> yaml.Node | None:
 
 def construct_scalar(node: yaml.ScalarNode) -> Any:
     """The Python value of one scalar node, as YAML's safe loader resolves it."""
-    return _SCALAR_CONSTRUCTOR.construct_object(node)
-
-
-_SCALAR_CONSTRUCTOR = yaml.constructor.SafeConstructor()
+    return _constructor().construct_object(node)
 
 
 def flatten_merge_keys(node: yaml.MappingNode) -> None:
     """Apply YAML merge keys (`<<: *base`) in place, as the safe loader would."""
-    _SCALAR_CONSTRUCTOR.flatten_mapping(node)
+    _constructor().flatten_mapping(node)
 
 
-def dump(data: Any) -> str:
-    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, allow_unicode=True)
+_CONSTRUCTOR: Any = None
+
+
+def _constructor() -> Any:
+    global _CONSTRUCTOR
+    if _CONSTRUCTOR is None:
+        import yaml
+
+        _CONSTRUCTOR = yaml.constructor.SafeConstructor()
+    return _CONSTRUCTOR

@@ -25,6 +25,9 @@ def test_help_lists_agent_and_vm_commands_one_line_each(project: Path) -> None:
     for name in ("claude", "codex", "gemini", "kiro", "start", "stop", "restart", "rm", "status", "ls", "shell"):
         rows = [line for line in out.splitlines() if line.strip().startswith(name + " ")]
         assert len(rows) == 1, (name, out)
+    commands = out[out.index("Agent commands"):]
+    continuation = [line for line in commands.splitlines() if line.startswith(" " * 6)]
+    assert continuation == [], "every command's description fits on one line"
 
 
 def test_help_still_works_with_a_broken_config(project: Path) -> None:
@@ -86,10 +89,14 @@ def test_every_documented_key_is_in_the_example() -> None:
 
 
 def test_every_command_is_in_the_readme() -> None:
+    import click
+
     from agentbox.cli import cli
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
-    for name in cli.commands:
+    names = cli.list_commands(click.Context(cli))
+    assert {"start", "doctor", "ca", "trust", "audit", "config"} <= set(names)
+    for name in names:
         assert f"agentbox {name}" in readme, name
 
 

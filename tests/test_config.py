@@ -456,3 +456,24 @@ def test_dash_c_targets_another_project(project: Path, tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["-C", str(project / "nope"), "config"])
     assert result.exit_code == 2
     assert "does not exist" in result.stderr
+
+
+def test_validated_config_is_reused_only_for_identical_content(project: Path, isolated_env) -> None:
+    write(project / "agentbox.yml", "vm:\n  cpus: 3\n")
+    assert config_json(project)["vm"]["cpus"] == 3
+    cached = list((isolated_env["state"] / "config-cache").iterdir())
+    assert len(cached) == 1
+    code = (
+        "import sys, agentbox.config as c; cfg = c.load(); "
+        "print(cfg.cpus, 'yaml' in sys.modules)"
+    )
+    import os
+    import subprocess
+    import sys
+
+    hit = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, env=os.environ)
+    assert hit.stdout.split() == ["3", "False"], hit.stderr  # a cache hit does not even import PyYAML
+    write(project / "agentbox.yml", "vm:\n  cpus: 0\n")
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    assert "vm.cpus: must be at least 1" in result.stderr

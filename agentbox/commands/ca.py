@@ -26,7 +26,7 @@ HOW_TO_ADD = (
 
 @click.group("ca")
 def ca_group() -> None:
-    """Show or add the extra CA certificates the VM trusts (caCert)."""
+    """Show or add extra CA certificates for the VM."""
 
 
 @ca_group.command("ls")

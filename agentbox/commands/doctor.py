@@ -9,7 +9,7 @@ import click
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array of {check, status, message, hint}.")
 @click.pass_context
 def doctor_command(ctx: click.Context, as_json: bool) -> None:
-    """Check Lima, the config, the VM, logins and guards; say what to fix.
+    """Check Lima, config, VM, logins and guards; say what to fix.
 
     Each line is OK, WARN or FAIL; the exit code is 1 when any check fails.
     """

@@ -31,7 +31,7 @@ def _vm_name(session, agent: str | None = None) -> str:  # noqa: ANN001
 @click.option("--recreate", is_flag=True, help="Delete the VM and create it anew from the current config.")
 @click.pass_context
 def start_command(ctx: click.Context, recreate: bool) -> None:
-    """Create and start the project's VM (nothing to do if it runs)."""
+    """Create and start the project's VM."""
     from agentbox import vm
 
     session = _session(ctx)
@@ -82,7 +82,7 @@ def restart_command(ctx: click.Context) -> None:
 @click.option("--force", is_flag=True, help="Do not ask for confirmation.")
 @click.pass_context
 def rm_command(ctx: click.Context, force: bool) -> None:
-    """Delete the project's VM and its disk (the workspace on the host stays)."""
+    """Delete the project's VM and its disk."""
     from agentbox import vm
 
     session = _session(ctx)
@@ -165,4 +165,3 @@ def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...]) -
     return launch.run_in_vm(session, name, argv, interactive_shell=not argv)
 
 
-COMMANDS = [start_command, stop_command, restart_command, rm_command, status_command, ls_command, shell_command]
