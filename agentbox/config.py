@@ -303,7 +303,7 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                 data["credentials"] = value
                 origins["credentials"] = label
             elif key in ("vm", "sync", "agents"):
-                _deep_update(data.setdefault(key, {}), value)
+                deep_merge(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
             else:
                 data[key] = (value, layer) if key in ("workspace", "caCert") else value
@@ -311,10 +311,11 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
     return data, origins
 
 
-def _deep_update(target: dict[str, Any], source: dict[str, Any]) -> None:
+def deep_merge(target: dict[str, Any], source: dict[str, Any]) -> None:
+    """Merge source into target: mappings key by key, everything else replaced."""
     for key, value in source.items():
         if isinstance(value, dict) and isinstance(target.get(key), dict):
-            _deep_update(target[key], value)
+            deep_merge(target[key], value)
         else:
             target[key] = copy.deepcopy(value)
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentbox import paths, resources
-from agentbox.config import Config
+from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
 
 MINIMUM_LIMA_VERSION = "2.0.0"
@@ -155,11 +154,3 @@ def render(config: Config, vm_name: str) -> str:
     return "# Rendered by agentbox, with vm.lima merged in.\n" + yaml.safe_dump(
         data, sort_keys=False, allow_unicode=True, width=float("inf")
     )
-
-
-def deep_merge(target: dict[str, Any], extra: dict[str, Any]) -> None:
-    for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(target.get(key), dict):
-            deep_merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)

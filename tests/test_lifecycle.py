@@ -302,3 +302,34 @@ def test_every_limactl_call_is_logged(project: Path, limactl: FakeLima, isolated
         "list", "create", "start", "list"
     ]
     assert all(e["exit"] == 0 and e["duration"] >= 0 for e in entries)
+
+
+def test_host_wide_lima_default_that_widens_the_vm_is_refused(project: Path, limactl: FakeLima, home: Path) -> None:
+    config_dir = limactl.home / "_config"
+    config_dir.mkdir()
+    (config_dir / "default.yaml").write_text(f"mounts:\n- location: {home}\n  writable: true\n")
+    # agentbox's own forwardAgent: false beats default.yaml; override.yaml beats everything.
+    (config_dir / "override.yaml").write_text("ssh:\n  forwardAgent: true\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1
+    assert "settings agentbox did not give it" in result.stderr
+    assert f"an extra writable mount of {home}" in result.stderr
+    assert "ssh.forwardAgent is true" in result.stderr
+    assert "_config/default.yaml" in result.stderr
+
+
+def test_vm_deleted_between_list_and_shell_is_a_clear_error(project: Path, limactl: FakeLima, tmp_path: Path, monkeypatch) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    real = tmp_path / "bin" / "limactl"
+    racing = tmp_path / "racing-bin"
+    racing.mkdir()
+    (racing / "limactl").write_text(
+        f'#!/bin/sh\nif [ "$1" = shell ]; then "{real}" delete --force {NAME} >/dev/null 2>&1; fi\nexec "{real}" "$@"\n'
+    )
+    (racing / "limactl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{racing}{os.pathsep}{os.environ['PATH']}")
+    result = subprocess.run([sys.executable, "-m", "agentbox", "shell", "--", "true"], cwd=project,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert "disappeared" in result.stderr
+    assert result.stderr.count("agentbox: error") == 1

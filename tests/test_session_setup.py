@@ -235,3 +235,33 @@ def test_warm_launch_with_everything_still_makes_two_calls(project: Path, vm: Fa
     assert shell(project, "true").returncode == 0
     assert vm.subcommands() == ["list", "shell"]
     assert not any("secret-value" in " ".join(argv) for argv in vm.calls())
+
+
+def test_keychain_gh_token_reaches_the_vm_as_gh_token(project: Path, vm: FakeLima, home: Path, tmp_path: Path, monkeypatch) -> None:
+    write(home / ".config" / "gh" / "hosts.yml", "github.com:\n    user: ada\n    git_protocol: https\n")
+    host_bin = tmp_path / "host-bin"
+    host_bin.mkdir()
+    (host_bin / "gh").write_text("#!/bin/sh\n[ \"$1 $2\" = 'auth token' ] && echo gho_fromkeychain\n")
+    (host_bin / "gh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{host_bin}{os.pathsep}{os.environ['PATH']}")
+    result = shell(project, "printenv", "GH_TOKEN")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == b"gho_fromkeychain\n"
+    assert not any("gho_fromkeychain" in " ".join(argv) for argv in vm.calls())
+
+
+def test_ca_cert_sets_node_extra_ca_certs_in_the_vm(project: Path, vm: FakeLima, home: Path) -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUTEST\n-----END CERTIFICATE-----\n"
+    write(home / "corp.pem", pem)
+    write(home / ".config" / "agentbox" / "config.yml", "caCert: ~/corp.pem\n")
+    template = run_cli("template", cwd=project)
+    assert "MIIBszCCAVmgAwIBAgIUTEST" in template.stdout and "caCerts:" in template.stdout
+    result = shell(project, "printenv", "NODE_EXTRA_CA_CERTS")
+    assert result.stdout == b"/etc/ssl/certs/ca-certificates.crt\n"
+
+
+def test_a_launch_notes_settings_that_need_a_new_vm(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
+    result = shell(project, "true")
+    assert result.returncode == 0
+    assert b"cpus changed since agentbox-myproject was created; `agentbox start --recreate` applies it" in result.stderr
