@@ -1,7 +1,5 @@
 """The agents agentbox knows how to run: built-in ones and the ones a config defines."""
 
-from __future__ import annotations
-
 from typing import NamedTuple
 
 

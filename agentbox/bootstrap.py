@@ -6,8 +6,6 @@ read-only staging folder, but only when a trusted config named it: a project's a
 be able to pull a host file such as ~/.aws/credentials into the VM.
 """
 
-from __future__ import annotations
-
 import hashlib
 import os
 from pathlib import Path

@@ -1,7 +1,5 @@
 """Find, load, merge and resolve agentbox's config: built-in defaults < global file < local agentbox.yml."""
 
-from __future__ import annotations
-
 import copy
 import os
 import stat

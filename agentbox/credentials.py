@@ -6,8 +6,6 @@ files in 0700 folders, never a whole home directory) and a manifest of their dig
 applied, so a token the agent refreshed in the VM survives until the host's copy changes.
 """
 
-from __future__ import annotations
-
 import hashlib
 import os
 import shutil

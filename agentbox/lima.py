@@ -5,8 +5,6 @@ carrying the command, exit code and Lima's own messages. `shell` is attached: th
 stdout and stderr pass straight through and its exit code is returned.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import re
@@ -50,7 +48,7 @@ class Instance(NamedTuple):
     raw: dict[str, Any]
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Instance:
+    def from_json(cls, data: dict[str, Any]) -> "Instance":
         return cls(
             name=data.get("name", ""),
             status=data.get("status", "") or "",

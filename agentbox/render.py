@@ -1,7 +1,5 @@
 """Render the instance's lima.yaml from the merged config. Logic lives here; the template is layout."""
 
-from __future__ import annotations
-
 from pathlib import Path
 from typing import Any, NamedTuple
 

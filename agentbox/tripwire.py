@@ -7,8 +7,6 @@ Makefiles, CI workflows. agentbox fingerprints exactly these paths (no tree walk
 any repository) before a session and compares after it, naming every change loudly.
 """
 
-from __future__ import annotations
-
 import hashlib
 import json
 import os

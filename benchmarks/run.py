@@ -54,6 +54,12 @@ class Sandbox:
             "FAKE_LIMACTL_LATENCY": latency,
         }
         self.env.pop("NODE_EXTRA_CA_CERTS", None)
+        # An installed agentbox has its bytecode compiled (pip does it at install time); measure that,
+        # not Python compiling every module anew because PYTHONDONTWRITEBYTECODE is set here.
+        self.env.pop("PYTHONDONTWRITEBYTECODE", None)
+        import agentbox
+
+        subprocess.run([sys.executable, "-m", "compileall", "-q", str(Path(agentbox.__file__).parent)], check=True)
 
     def project(self, name: str) -> Path:
         path = self.root / "work" / name
