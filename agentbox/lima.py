@@ -5,6 +5,8 @@ carrying the command, exit code and Lima's own messages. `shell` is attached: th
 stdout and stderr pass straight through and its exit code is returned.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import re
