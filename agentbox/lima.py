@@ -112,7 +112,7 @@ class Lima:
         self._streamed(["--tty=false", "create", "--name", name, str(template)], on_output)
 
     def start(self, name: str, timeout_sec: int, on_output: Callable[[str], None] | None = None) -> None:
-        self._streamed(["--tty=false", "start", f"--timeout={timeout_sec}s", name], on_output)
+        self._streamed(["--tty=false", "start", "--timeout", f"{timeout_sec}s", name], on_output)
 
     def stop(self, name: str, force: bool = False, on_output: Callable[[str], None] | None = None) -> None:
         self._streamed(["--tty=false", "stop", *(["--force"] if force else []), name], on_output)
@@ -139,7 +139,7 @@ class Lima:
         """
         args = ["shell"]
         if workdir:
-            args.append(f"--workdir={workdir}")
+            args += ["--workdir", workdir]
         if reconnect:
             args.append("--reconnect")
         args += [name, "--", *argv] if argv else [name]
