@@ -333,3 +333,21 @@ def test_vm_deleted_between_list_and_shell_is_a_clear_error(project: Path, limac
     assert result.returncode == 1
     assert "disappeared" in result.stderr
     assert result.stderr.count("agentbox: error") == 1
+
+
+def test_unknown_status_is_waited_for_then_explained(project: Path, limactl: FakeLima) -> None:
+    from tests import fake_limactl
+
+    assert run_cli("start", cwd=project).exit_code == 0
+    state = fake_limactl.read_state(limactl.home, NAME)
+    state["status"] = "Installing"
+    fake_limactl.write_state(limactl.home, NAME, state)
+    write(project / "agentbox.yml", "startupWaitSec: 1\n")
+    if json.loads(run_cli("status", "--json", cwd=project).stdout)["status"] != "Installing":
+        pytest.skip("the double does not report custom statuses")
+    started = time.monotonic()
+    result = run_cli("start", cwd=project)
+    assert time.monotonic() - started < 15
+    assert result.exit_code == 1
+    assert "Installing" in result.stderr and "did not become usable" in result.stderr
+    assert "delete" not in limactl.subcommands()
