@@ -8,8 +8,8 @@ class AgentSpec(NamedTuple):
     binary: str
     default_args: tuple[str, ...]
     install: str | None = None
-    # Where --model goes: after this many leading default args (kiro takes it after `chat`).
-    model_after: int = 0
+    # --model goes right after this argument when present (kiro: after `chat`), else first.
+    model_after_arg: str | None = None
     credentials: tuple[str, ...] = ()
     summary: str = ""
 
@@ -50,7 +50,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         binary="kiro-cli",
         default_args=("chat", "--trust-all-tools"),
         install="curl -fsSL https://cli.kiro.dev/install | bash",
-        model_after=1,
+        model_after_arg="chat",
         # macOS keeps it under Application Support; both land in ~/.local/share/kiro-cli in the VM.
         credentials=("~/Library/Application Support/kiro-cli/data.sqlite3", "~/.local/share/kiro-cli/data.sqlite3"),
         summary="Kiro CLI",

@@ -46,15 +46,25 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     return launch.run_in_vm(session, agent.vm_name, argv, agent=agent)
 
 
-def model_after(name: str, default_args: tuple[str, ...]) -> int:
-    """kiro takes --model after its `chat` subcommand; the others take it first."""
-    if "chat" in default_args and name == "kiro":
-        return default_args.index("chat") + 1
-    return 0
+def model_after(name: str, default_args: tuple[str, ...]) -> int | None:
+    """Where --model goes: first, or right after the agent's anchor argument (kiro's `chat`).
+
+    None when the anchor is missing (custom kiro args without `chat`): like the previous agentbox,
+    no model is added then, since kiro's other subcommands take no --model.
+    """
+    from agentbox.agents import BUILTIN_AGENTS
+
+    spec = BUILTIN_AGENTS.get(name)
+    anchor = spec.model_after_arg if spec else None
+    if anchor is None:
+        return 0
+    return default_args.index(anchor) + 1 if anchor in default_args else None
 
 
-def agent_argv(binary: str, default_args: list[str], user_args: list[str], model: str | None, after: int) -> list[str]:
+def agent_argv(
+    binary: str, default_args: list[str], user_args: list[str], model: str | None, after: int | None
+) -> list[str]:
     args = [*default_args, *user_args]
-    if model and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in user_args):
+    if model and after is not None and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in user_args):
         args[after:after] = ["--model", model]
     return [binary, *args]
