@@ -15,7 +15,6 @@ from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
 
-LAUNCH_SCRIPT = f"{render.STAGING_MOUNT_POINT}/launch.sh"
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
 
@@ -30,7 +29,7 @@ def run_in_vm(
     config = session.config
     workspace = config.require_workspace()
     trusted = config.local_file is not None and trust.is_trusted(config.local_file)
-    scripts = bootstrap.plan(config, render.STAGING_MOUNT_POINT, trusted_local=trusted)
+    scripts = bootstrap.plan(config, str(render.staging_dir(name)), trusted_local=trusted)
     with timing.phase("VM state (limactl list, start)"):
         vm.ensure_running(session, name)
     with timing.phase("staging (credentials, env, guards)"):
@@ -40,7 +39,7 @@ def run_in_vm(
     if changed:
         note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
     reconnect = bool(state.get("reconnect"))
-    command = launch_command(config, workspace, scripts, agent)
+    command = launch_command(config, workspace, scripts, agent, render.staging_dir(name))
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):
         before = tripwire.fingerprint(workspace)
@@ -59,8 +58,10 @@ def run_in_vm(
     return code
 
 
-def launch_command(config: Config, workspace: Path, scripts: bootstrap.Plan, agent: AgentConfig | None) -> list[str]:
-    command = ["/bin/bash", LAUNCH_SCRIPT, "--wait", str(config.startup_wait_sec), "--workspace", str(workspace)]
+def launch_command(
+    config: Config, workspace: Path, scripts: bootstrap.Plan, agent: AgentConfig | None, staging: Path
+) -> list[str]:
+    command = ["/bin/bash", str(staging / "launch.sh"), "--wait", str(config.startup_wait_sec), "--workspace", str(workspace)]
     command += ["--guards", "off" if config.remote_write else "on"]
     if timing.enabled():
         command += ["--timing"]

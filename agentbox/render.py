@@ -9,7 +9,6 @@ from agentbox.errors import ConfigError
 
 MINIMUM_LIMA_VERSION = "2.0.0"
 IMAGE_BASE = "template:_images/ubuntu-24.04"
-STAGING_MOUNT_POINT = "/mnt/agentbox"
 
 
 class RenderedMount(NamedTuple):
@@ -45,6 +44,7 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
 
 
 def staging_dir(vm_name: str) -> Path:
+    """The host folder the VM mounts read-only, at the same path (like every agentbox mount)."""
     return paths.vm_state_dir(vm_name) / "staging"
 
 
@@ -58,7 +58,7 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     if config.protect_git_hooks and hooks.is_dir():
         # Mounted after the writable workspace, so this read-only view wins inside it.
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
-    mounts.append(RenderedMount(str(staging_dir(vm_name)), STAGING_MOUNT_POINT, False))
+    mounts.append(RenderedMount(str(staging_dir(vm_name)), str(staging_dir(vm_name)), False))
     for mount in config.mounts:
         mounts.append(RenderedMount(str(mount.location), mount.mount_point, mount.writable))
     return mounts
@@ -109,7 +109,7 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
         "propagate_proxy_env": False,
         "ca_certs": prov.ca_certs,
         "workspace": str(config.require_workspace()),
-        "staging_mount": STAGING_MOUNT_POINT,
+        "staging_mount": str(staging_dir(vm_name)),
         "system_scripts": prov.system_scripts,
         "user_scripts": prov.user_scripts,
         "data_files": prov.data_files,

@@ -76,7 +76,8 @@ mounts:
         {"location": "/srv/tools", "mountPoint": "/srv/tools", "writable": True},
     ]
     staging = data["mounts"][1]
-    assert staging["mountPoint"] == "/mnt/agentbox" and staging["writable"] is False
+    assert staging["mountPoint"] == staging["location"] and staging["writable"] is False
+    assert staging["location"].endswith("/vms/agentbox-myproject/staging")
     assert data["containerd"] == {"system": False, "user": False}
     assert data["ssh"]["forwardAgent"] is False
     assert data["propagateProxyEnv"] is False

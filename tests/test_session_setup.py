@@ -125,7 +125,7 @@ def test_credentials_are_staged_read_only_and_copied_once(project: Path, vm: Fak
     assert stat.S_IMODE(staged.stat().st_mode) == 0o600
 
     # Nothing in the VM can write the staged copy or the host's file.
-    attempt = shell(project, "sh", "-c", "echo evil > /mnt/agentbox/creds/home/.claude/.credentials.json")
+    attempt = shell(project, "sh", "-c", f"echo evil > {staged}")
     assert attempt.returncode != 0
     assert staged.read_text() == '{"token": "v1"}' and host_file.read_text() == '{"token": "v1"}'
 
