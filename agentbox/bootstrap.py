@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from agentbox.config import Config, Script
 from agentbox.errors import ConfigError
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import private_dir, write_if_changed
 
 STAGED_DIR = "bootstrap"
 
@@ -63,9 +63,7 @@ def stage(plan: Plan, staging: Path) -> None:
             data = source.read_bytes()
         except OSError as exc:
             raise ConfigError(f"bootstrap: cannot read {source}: {exc.strerror}") from exc
-        target = folder / name
-        if not target.exists() or target.read_bytes() != data:
-            atomic_write(target, data, mode=0o600)
+        write_if_changed(folder / name, data)
     for leftover in folder.iterdir():
         if leftover.name not in plan.staged:
             leftover.unlink()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentbox import paths
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import private_dir, write_if_changed
 
 GH_FILES = ("~/.config/gh/hosts.yml", "~/.config/gh/config.yml")
 NETRC = "~/.netrc"
@@ -79,12 +79,11 @@ def refresh(staging: Path, host_files: list[str], include_git_identity: bool) ->
         relative = guest[2:]
         target = files_root / relative
         _private_parents(files_root, target.parent)
-        if not target.exists() or target.read_bytes() != data:
-            atomic_write(target, data, mode=0o600)
+        write_if_changed(target, data)
         staged.append(Staged(relative, host, hashlib.sha256(data).hexdigest()))
     _remove_unlisted(files_root, {s.guest_path for s in staged})
     manifest = "".join(f"{s.digest} {s.guest_path}\0" for s in staged).encode()
-    _write_if_changed(creds / "manifest", manifest)
+    write_if_changed(creds / "manifest", manifest)
     _refresh_git_identity(creds, include_git_identity)
     return staged, warnings
 
@@ -107,10 +106,10 @@ def _refresh_git_identity(creds: Path, wanted: bool) -> None:
         pass
     gitconfig = git_identity() if wanted else ""
     if gitconfig:
-        _write_if_changed(target, gitconfig.encode())
+        write_if_changed(target, gitconfig.encode())
     elif target.exists():
         target.unlink()
-    _write_if_changed(stamp_file, stamp.encode())
+    write_if_changed(stamp_file, stamp.encode())
 
 
 def git_identity() -> str:
@@ -172,15 +171,6 @@ def _remove_unlisted(root: Path, keep: set[str]) -> None:
             path.unlink()
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()
-
-
-def _write_if_changed(path: Path, data: bytes) -> None:
-    try:
-        if path.read_bytes() == data:
-            return
-    except OSError:
-        pass
-    atomic_write(path, data, mode=0o600)
 
 
 def warn(messages: list[str]) -> None:

@@ -49,12 +49,8 @@ def expected_from_rendered(rendered_yaml: str) -> dict[str, Any]:
     import yaml
 
     data = yaml.safe_load(rendered_yaml) or {}
-    mounts = [
-        (str(m.get("location")), str(m.get("mountPoint") or m.get("location")), bool(m.get("writable", False)))
-        for m in data.get("mounts") or []
-    ]
     return {
-        "mounts": sorted(mounts),
+        "mounts": _mount_keys(data),
         "forwardAgent": bool((data.get("ssh") or {}).get("forwardAgent", False)),
         "mountType": data.get("mountType"),
     }
@@ -63,10 +59,7 @@ def expected_from_rendered(rendered_yaml: str) -> dict[str, Any]:
 def effective_differences(effective: dict[str, Any], expected: dict[str, Any]) -> list[str]:
     """What the instance really has that agentbox did not render, in words."""
     problems = []
-    mounts = sorted(
-        (str(m.get("location")), str(m.get("mountPoint") or m.get("location")), bool(m.get("writable", False)))
-        for m in effective.get("mounts") or []
-    )
+    mounts = _mount_keys(effective)
     wanted = expected["mounts"]
     for mount in mounts:
         if mount not in wanted:
@@ -82,6 +75,14 @@ def effective_differences(effective: dict[str, Any], expected: dict[str, Any]) -
     if mount_type == "reverse-sshfs" or (expected["mountType"] and mount_type != expected["mountType"]):
         problems.append(f"mountType is {mount_type}")
     return problems
+
+
+def _mount_keys(config: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(location, mountPoint, writable) of each mount, sorted, mountPoint defaulted as Lima does."""
+    return sorted(
+        (str(m.get("location")), str(m.get("mountPoint") or m.get("location")), bool(m.get("writable", False)))
+        for m in config.get("mounts") or []
+    )
 
 
 def check_effective_config(instance_config: dict[str, Any], rendered_path: Path, name: str, lima_home: Path) -> None:

@@ -33,6 +33,16 @@ def atomic_write(path: Path, content: str | bytes, mode: int = 0o644, overwrite:
         raise
 
 
+def write_if_changed(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """atomic_write, skipped when the file already holds exactly data with that mode (the launch path)."""
+    try:
+        if path.read_bytes() == data and (os.stat(path).st_mode & 0o777) == mode:
+            return
+    except OSError:
+        pass
+    atomic_write(path, data, mode=mode)
+
+
 def private_dir(path: Path) -> Path:
     """A folder only the user can enter (0700), created if needed."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)

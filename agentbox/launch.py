@@ -12,7 +12,7 @@ from pathlib import Path
 from agentbox import bootstrap, credentials, drift, render, resources, timing, tripwire, trust, vm
 from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import private_dir, write_if_changed
 from agentbox.progress import note
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -77,10 +77,10 @@ def launch_command(
 def refresh_staging(config: Config, name: str, agent: AgentConfig | None, scripts: bootstrap.Plan) -> Path:
     """The host side of the read-only staging mount: scripts, guards, credentials, the 0600 env file."""
     staging = private_dir(render.staging_dir(name))
-    _write_if_changed(staging / "launch.sh", resources.text("provision", "launch.sh").encode(), 0o700)
+    write_if_changed(staging / "launch.sh", resources.text("provision", "launch.sh").encode(), 0o700)
     guards = private_dir(staging / "guards")
     for guard in GUARD_FILES:
-        _write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
+        write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
     bootstrap.stage(scripts, staging)
     extra_env: dict[str, str] = {}
     files: list[str] = []
@@ -108,18 +108,9 @@ def write_env_file(staging: Path, env: dict[str, str]) -> None:
     env_file = staging / "env"
     if env:
         payload = b"".join(f"{key}={value}".encode() + b"\0" for key, value in env.items())
-        _write_if_changed(env_file, payload, 0o600)
+        write_if_changed(env_file, payload, 0o600)
     elif env_file.exists():
         env_file.unlink()
-
-
-def _write_if_changed(path: Path, data: bytes, mode: int) -> None:
-    try:
-        if path.read_bytes() == data and (os.stat(path).st_mode & 0o777) == mode:
-            return
-    except OSError:
-        pass
-    atomic_write(path, data, mode=mode)
 
 
 def workdir_for(cwd: Path, workspace: Path) -> str:

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import paths, resources
+from agentbox import gitdirs, paths, resources
 from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
 
@@ -66,24 +66,8 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
 
 def git_common_dir(workspace: Path) -> Path | None:
     """For a git worktree, the main repository's .git folder, which git in the VM must reach too."""
-    dot_git = workspace / ".git"
-    if not dot_git.is_file():
-        return None
-    try:
-        text = dot_git.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None
-    if not text.startswith("gitdir:"):
-        return None
-    gitdir = Path(text[len("gitdir:") :].strip())
-    gitdir = gitdir if gitdir.is_absolute() else (workspace / gitdir)
-    commondir_file = gitdir / "commondir"
-    try:
-        common = commondir_file.read_text().strip()
-    except OSError:
-        return None
-    common_path = Path(common) if Path(common).is_absolute() else gitdir / common
-    return common_path.resolve()
+    git_dir, common_dir = gitdirs.git_dirs(workspace)
+    return common_dir if common_dir is not None and common_dir != git_dir else None
 
 
 def _inside(path: Path, parent: Path) -> bool:

@@ -257,7 +257,7 @@ class _Walker:
             problem = sizes.size_problem(value)
             if problem:
                 raise self.fail(node, keypath, problem, hint='Write sizes as Lima does, for example "8GiB" or "512MiB".')
-            value = sizes.normalize(value)
+            value = str(value)  # a bare YAML number is bytes, as Lima reads it
         if spec.check is not None and isinstance(value, str):
             problem = spec.check(value)
             if problem:

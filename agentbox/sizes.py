@@ -35,8 +35,3 @@ def size_problem(value: Any) -> str | None:
     if size < _SMALLEST_PLAUSIBLE:
         return f"{text} is {size} bytes, which cannot run a VM (Lima reads a bare number as bytes)"
     return None
-
-
-def normalize(value: str | int) -> str:
-    """Keep the user's spelling ("8GiB") but turn a bare YAML number into a string of bytes."""
-    return str(value)

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import NamedTuple
 
-from agentbox import paths
+from agentbox import gitdirs, paths
 from agentbox.fsutil import atomic_write, private_dir
 
 WATCHED_FILES = (
@@ -55,7 +55,7 @@ def watched_paths(workspace: Path) -> dict[str, Path]:
     found: dict[str, Path] = {name: workspace / name for name in WATCHED_FILES}
     for folder in WATCHED_DIRS:
         found.update(_list_dir(workspace, workspace / folder))
-    git_dir, common_dir = _git_dirs(workspace)
+    git_dir, common_dir = gitdirs.git_dirs(workspace)
     if common_dir is not None:
         for name in GIT_FILES:
             found[_label(workspace, common_dir / name)] = common_dir / name
@@ -184,27 +184,3 @@ def _label(workspace: Path, path: Path) -> str:
         return str(path.relative_to(workspace))
     except ValueError:
         return str(path)
-
-
-def _git_dirs(workspace: Path) -> tuple[Path | None, Path | None]:
-    """(.git dir, common dir): the same folder for a plain clone, different for a worktree."""
-    dot_git = workspace / ".git"
-    try:
-        st = os.lstat(dot_git)
-    except OSError:
-        return None, None
-    if stat.S_ISDIR(st.st_mode):
-        return dot_git, dot_git
-    if not stat.S_ISREG(st.st_mode):
-        return None, None
-    from agentbox.render import git_common_dir
-
-    try:
-        text = dot_git.read_text(errors="replace").strip()
-    except OSError:
-        return None, None
-    if not text.startswith("gitdir:"):
-        return None, None
-    git_dir = Path(text[len("gitdir:"):].strip())
-    git_dir = git_dir if git_dir.is_absolute() else workspace / git_dir
-    return git_dir, git_common_dir(workspace) or git_dir
