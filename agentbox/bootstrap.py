@@ -1,32 +1,33 @@
-"""Bootstrap scripts: where each one runs from in the VM, checked before anything is created.
+"""Bootstrap scripts: checked before anything is created, and run from a pinned copy.
 
-A script inside the workspace runs in place (the workspace is mounted at the same path). One outside
-it (`~/...`, or a workspace symlink whose real path leaves the workspace) is copied into the
-read-only staging folder, but only when a trusted config named it: a project's agentbox.yml must not
-be able to pull a host file such as ~/.aws/credentials into the VM.
+Every script, in the workspace or not, is read once (pins.read: regular file, size-capped, the
+content trust checked) and copied into the read-only staging folder under a name made from its
+digest; the VM runs that copy, in the workspace. So the bytes that run are the bytes that were
+checked, even if something rewrites the script while the launch is under way. A project's
+agentbox.yml names scripts only with the user's trust (trust.py); callers gate on it.
 """
 
 import hashlib
-import os
 from pathlib import Path
 from typing import NamedTuple
 
+from agentbox import pins
 from agentbox.config import Config, Script
 from agentbox.errors import ConfigError
-from agentbox.fsutil import private_dir, write_if_changed
+from agentbox.fsutil import atomic_write, private_dir
 
 STAGED_DIR = "bootstrap"
 
 
 class Plan(NamedTuple):
-    on_create: list[str]  # paths as the VM sees them
+    on_create: list[str]  # paths as the VM sees them (in the staging folder)
     on_start: list[str]
-    staged: dict[str, Path]  # file name in staging/bootstrap -> host file
+    staged: dict[str, bytes]  # file name in staging/bootstrap -> content
 
 
-def plan(config: Config, staging_mount: str, trusted_local: bool = False) -> Plan:
-    workspace = config.require_workspace()
-    staged: dict[str, Path] = {}
+def plan(config: Config, staging_mount: str) -> Plan:
+    config.require_workspace()
+    staged: dict[str, bytes] = {}
 
     def place(script: Script, key: str) -> str:
         path = script.path
@@ -36,19 +37,9 @@ def plan(config: Config, staging_mount: str, trusted_local: bool = False) -> Pla
                 f"bootstrap.{key}: {path} {what} (named in the {script.origin} config)",
                 hint="Fix the path; relative paths are relative to the workspace.",
             )
-        real = Path(os.path.realpath(path))
-        if real == workspace or workspace in real.parents:
-            return str(real)
-        if script.origin == "local" and not trusted_local:
-            raise ConfigError(
-                f"bootstrap.{key}: {path} is outside the workspace"
-                + (f" (it is a symlink to {real})" if real != path else "")
-                + "; a project's agentbox.yml may only run scripts inside its workspace",
-                hint="Name host scripts in your global config instead, or trust this agentbox.yml (`agentbox trust`).",
-            )
-        digest = hashlib.sha256(str(real).encode()).hexdigest()[:10]
-        name = f"{digest}-{real.name}"
-        staged[name] = real
+        data = pins.read(path, f"bootstrap.{key}")
+        name = f"{hashlib.sha256(data).hexdigest()[:16]}-{path.name}"
+        staged[name] = data
         return f"{staging_mount}/{STAGED_DIR}/{name}"
 
     on_create = [place(s, "onCreateScript") for s in config.on_create]
@@ -57,13 +48,11 @@ def plan(config: Config, staging_mount: str, trusted_local: bool = False) -> Pla
 
 
 def stage(plan: Plan, staging: Path) -> None:
+    """Write the copies (named by content, so an existing one is already right) and drop stale ones."""
     folder = private_dir(staging / STAGED_DIR)
-    for name, source in plan.staged.items():
-        try:
-            data = source.read_bytes()
-        except OSError as exc:
-            raise ConfigError(f"bootstrap: cannot read {source}: {exc.strerror}") from exc
-        write_if_changed(folder / name, data)
+    for name, data in plan.staged.items():
+        if not (folder / name).is_file():
+            atomic_write(folder / name, data, mode=0o600)
     for leftover in folder.iterdir():
         if leftover.name not in plan.staged:
             leftover.unlink()

@@ -100,12 +100,14 @@ def pem_blocks(text: str) -> list[str]:
 
 
 def inspect_file(path: Path) -> CertFile:
+    from agentbox import pins
+
     if not path.exists():
         return CertFile(path, False, (), None)
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        return CertFile(path, True, (), exc.strerror or str(exc))
+        text = pins.read(path, "caCert").decode("utf-8", errors="replace")
+    except AgentboxError as exc:
+        return CertFile(path, True, (), exc.message)
     return CertFile(path, True, tuple(pem_blocks(text)), None)
 
 
@@ -237,6 +239,7 @@ def parse_selection(text: str, count: int) -> list[int] | None:
 
 
 def write_pem_file(path: Path, certificates: list[Certificate]) -> None:
+    _refuse_symlink(path)
     parts = []
     for certificate in certificates:
         if certificate.label:
@@ -246,18 +249,27 @@ def write_pem_file(path: Path, certificates: list[Certificate]) -> None:
 
 
 def ensure_gitignored(workspace: Path, name: str = LOCAL_PEM_NAME) -> bool:
-    """Add name to workspace/.gitignore unless it is there; return whether the file changed."""
+    """Add name to workspace/.gitignore unless it is there; return whether the file changed.
+
+    The workspace is agent-writable: a .gitignore that is a symlink, a FIFO or huge is refused, not followed.
+    """
+    from agentbox.fsutil import read_workspace_file
+
     gitignore = workspace / ".gitignore"
     try:
-        text = gitignore.read_text(encoding="utf-8") if gitignore.exists() else ""
+        data = read_workspace_file(gitignore)
+        st = os.lstat(gitignore) if data is not None else None
     except OSError as exc:
-        raise AgentboxError(f"cannot read {gitignore}: {exc.strerror}") from exc
+        raise AgentboxError(
+            f"cannot update {gitignore}: {exc.strerror}",
+            hint=f"Add the line `{name}` to it yourself.",
+        ) from exc
+    text = (data or b"").decode("utf-8", "replace")
     if any(line.strip() in (name, f"/{name}") for line in text.splitlines()):
         return False
     if text and not text.endswith("\n"):
         text += "\n"
-    mode = (os.stat(gitignore).st_mode & 0o777) if gitignore.exists() else 0o644
-    _atomic(Path(os.path.realpath(gitignore)), text + name + "\n", mode)
+    _atomic(gitignore, text + name + "\n", (st.st_mode & 0o777) if st else 0o644)
     return True
 
 
@@ -269,11 +281,14 @@ def set_ca_cert(config_file: Path, pem_path: Path, layer: str) -> str | None:
     The edited text is validated before it is written: a file this line edit cannot handle is
     left untouched.
     """
-    target = Path(os.path.realpath(config_file))  # edit the file a symlinked config points to
-    try:
-        text = target.read_text(encoding="utf-8") if target.exists() else ""
-    except OSError as exc:
-        raise AgentboxError(f"cannot read {config_file}: {exc.strerror}") from exc
+    if layer == "local":
+        _refuse_symlink(config_file)  # in the workspace: never written through a link
+        target = config_file
+    else:
+        target = Path(os.path.realpath(config_file))  # a global config symlinked from dotfiles is edited in place
+    from agentbox import yamlio
+
+    text = yamlio.read_config(target).text if target.exists() else ""
     previous = _layer_data(text, config_file, layer).get("caCert")
     new_line = f"caCert: {json.dumps(str(pem_path))}"
     new_text = replace_ca_cert_line(text, new_line)
@@ -314,6 +329,15 @@ def _layer_data(text: str, config_file: Path, layer: str) -> dict:
     from agentbox import schema, yamlio
 
     return schema.validate(yamlio.compose(text, config_file), config_file, layer).data
+
+
+def _refuse_symlink(path: Path) -> None:
+    from agentbox.fsutil import refuse_symlink
+
+    try:
+        refuse_symlink(path)
+    except OSError as exc:
+        raise AgentboxError(f"cannot update {path}: {exc.strerror}", hint="Edit the file yourself.") from exc
 
 
 def _atomic(path: Path, text: str, mode: int) -> None:

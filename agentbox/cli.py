@@ -15,7 +15,7 @@ import click
 
 from agentbox import __version__, timing
 from agentbox.agents import BUILTIN_AGENTS
-from agentbox.errors import AgentboxError
+from agentbox.errors import AgentboxError, ConfigError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -169,6 +169,9 @@ def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool, t
     """
     if timings:
         timing.enable()
+    from agentbox import pins
+
+    pins.forget()  # one invocation, one read of every pinned file (tests run many in one process)
     ctx.obj = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose, "debug": debug}
 
 
@@ -183,17 +186,18 @@ def load_config(ctx: click.Context) -> Any:
 
 @cli.command("config")
 @click.option("--json", "as_json", is_flag=True, help="Print the merged config as one JSON object.")
+@click.option("--show-secrets", is_flag=True, help="Print env values instead of masking them.")
 @click.pass_context
-def config_command(ctx: click.Context, as_json: bool) -> None:
+def config_command(ctx: click.Context, as_json: bool, show_secrets: bool) -> None:
     """Show the merged config and where each value came from."""
     from agentbox import configview
 
     loaded = load_config(ctx)
     warn_if_untrusted(loaded)
     if as_json:
-        click.echo(configview.as_json(loaded))
+        click.echo(configview.as_json(loaded, show_secrets))
     else:
-        click.echo(configview.as_text(loaded), nl=False)
+        click.echo(configview.as_text(loaded, show_secrets), nl=False)
     if loaded.workspace_problem:
         click.echo(f"agentbox: warning: {loaded.workspace_problem}", err=True)
 
@@ -245,14 +249,18 @@ def trust_command(ctx: click.Context, show: bool) -> None:
         raise AgentboxError("there is no agentbox.yml here to trust", hint="The global config is always trusted.")
     risky = trust.risky_keys(loaded)
     if show:
-        click.echo(trust.show(loaded.local_file), nl=False)
+        click.echo(trust.show(loaded), nl=False)
         if risky:
             click.echo("# keys that need trust:\n" + "".join(f"#   {item}\n" for item in risky), nl=False)
         else:
             click.echo("# nothing in it needs trust: agentbox uses it as it is.")
         return
-    trust.trust(loaded.local_file)
-    click.echo(f"Trusted {loaded.local_file} as it is now; any edit revokes the trust.", err=True)
+    trust.trust(loaded)
+    click.echo(
+        f"Trusted {loaded.local_file} as it is now, with the files and folders it names; an edit of any of them, "
+        "or a path that comes to point elsewhere, revokes the trust.",
+        err=True,
+    )
 
 
 def warn_if_untrusted(loaded: Any) -> None:
@@ -261,7 +269,7 @@ def warn_if_untrusted(loaded: Any) -> None:
     if loaded.local_file is None:
         return
     risky = trust.risky_keys(loaded)
-    if risky and not trust.is_trusted(loaded.local_file):
+    if risky and not trust.is_trusted(loaded):
         click.echo(
             f"agentbox: warning: {loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` "
             f"({', '.join(item.split(' ')[0] for item in risky)})",
@@ -274,13 +282,21 @@ def warn_if_untrusted(loaded: Any) -> None:
 @click.pass_context
 def template_command(ctx: click.Context, agent: str | None) -> None:
     """Print the lima.yaml agentbox would create the VM from."""
-    from agentbox import render
+    from agentbox import render, trust
 
     loaded = load_config(ctx)
     if agent is not None and agent not in loaded.agents:
         raise click.BadParameter(f"unknown agent {agent!r} (known: {', '.join(loaded.agents)})", param_hint="--agent")
     name = loaded.agent(agent).vm_name if agent else loaded.vm_name
     warn_if_untrusted(loaded)
+    present = (("vm.template", "template" in loaded.local_data.get("vm", {})), ("caCert", "caCert" in loaded.local_data))
+    named = [key for key, found in present if found]
+    if named and loaded.local_file is not None and not trust.is_trusted(loaded):
+        raise ConfigError(
+            f"{loaded.local_file} is not trusted, and its {' and '.join(named)} would make agentbox read host files into the "
+            "rendered lima.yaml; agentbox renders nothing from an untrusted config that names files",
+            hint=f"Read it with `agentbox trust --show`, then `agentbox -C {loaded.local_file.parent} trust`.",
+        )
     click.echo(render.render(loaded, name), nl=False)
 
 

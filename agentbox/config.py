@@ -2,7 +2,6 @@
 
 import copy
 import os
-import stat
 import sys
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -29,6 +28,7 @@ class Layer(NamedTuple):
     data: dict[str, Any]
     positions: dict[tuple[str, ...], str]
     notices: list[str] = []  # never mutated: each Layer gets its own list
+    sha256: str = ""  # of the very bytes that were parsed: what trust compares
 
 
 # Lima refuses these as mount points (pkg/limayaml/validate.go).
@@ -111,6 +111,7 @@ class Config(NamedTuple):
     credentials: CredentialSettings = CredentialSettings()
     notices: tuple[str, ...] = ()
     local_data: dict[str, Any] = {}  # the local file's own keys, for deciding whether it needs trust
+    local_sha256: str = ""  # digest of the local file's bytes as they were parsed
     protect_git_hooks: bool = False
 
     def require_workspace(self) -> Path:
@@ -158,36 +159,37 @@ def load(cwd: Path | None = None) -> Config:
     notices: list[str] = []
     layers = []
     global_path = paths.global_config_file()
-    if _usable(global_path, notices, "global"):
-        layers.append(_load_layer(global_path, "global"))
-    local_path = find_local_config(cwd, notices)
-    if local_path is not None:
-        layers.append(_load_layer(local_path, "local"))
+    local_path = find_local_config(cwd)
+    for path, name in ((global_path, "global"), (local_path, "local")):
+        if path is None or not os.path.lexists(path):
+            continue
+        read = _read_usable(path, notices, name)
+        if read is not None:
+            layers.append(_load_layer(path, name, read))
     for layer in layers:
         notices.extend(layer.notices)
     return resolve(cwd, layers, notices)
 
 
-def _load_layer(path: Path, name: str) -> Layer:
-    """Validate one file, or reuse the result for exactly this content (no YAML import on a hit)."""
+def _load_layer(path: Path, name: str, read: Any) -> Layer:
+    """Validate one file's text, or reuse the result for exactly this content (no YAML import on a hit)."""
     import hashlib
     import json
 
     from agentbox import yamlio
 
-    text = yamlio.read_config_text(path)
-    digest = hashlib.sha256(f"{name}\0{path}\0{text}".encode()).hexdigest()
+    digest = hashlib.sha256(f"{name}\0{path}\0{read.sha256}".encode()).hexdigest()
     cache = paths.state_dir() / "config-cache" / f"{digest[:32]}.json"
     try:
         data = json.loads(cache.read_text())
         if data["digest"] == digest:
             positions = {tuple(key): where for key, where in data["positions"]}
-            return Layer(name, path, data["data"], positions, data["notices"])
+            return Layer(name, path, data["data"], positions, data["notices"], read.sha256)
     except (OSError, ValueError, KeyError, TypeError):
         pass
     from agentbox import schema
 
-    layer = schema.validate(yamlio.compose(text, path), path, name)
+    layer = schema.validate(yamlio.compose(read.text, path), path, name)._replace(sha256=read.sha256)
     _store_layer(cache, digest, layer)
     return layer
 
@@ -229,44 +231,39 @@ def may_define_agents(cwd: Path) -> bool:
     return False
 
 
-def find_local_config(start: Path, notices: list[str]) -> Path | None:
-    """The nearest agentbox.yml from start upward, if it may be used."""
+def find_local_config(start: Path) -> Path | None:
+    """The nearest agentbox.yml from start upward (whether it may be used is decided when it is read)."""
     for directory in (start, *start.parents):
         candidate = directory / paths.LOCAL_CONFIG_NAME
         if os.path.lexists(candidate):
-            return candidate if _usable(candidate, notices, "local") else None
+            return candidate
     return None
 
 
-def _usable(path: Path, notices: list[str], layer: str) -> bool:
-    """Like git's safe.directory: only the user's own, not group/world-writable, regular files."""
-    if not os.path.lexists(path):
-        return False
-    try:
-        st = os.stat(path)
-    except OSError as exc:
-        if os.path.islink(path):
-            notices.append(f"{path} is not used: it is a symlink to {os.path.realpath(path)}, which cannot be read ({exc.strerror})")
-            return False
-        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
-    shown = path if not os.path.islink(path) else f"{path} (-> {os.path.realpath(path)})"
-    if not stat.S_ISREG(st.st_mode):
-        from agentbox.yamlio import describe_file_type
+def _read_usable(path: Path, notices: list[str], layer: str) -> Any:
+    """Read a config file once, if it may be used: like git's safe.directory, only the user's own,
+    not group/world-writable, regular files. The checks apply to the file that was read."""
+    from agentbox import yamlio
 
-        raise ConfigError(f"{shown}: is {describe_file_type(st.st_mode)}, not a regular file")
+    shown = f"{path} (-> {os.path.realpath(path)})" if os.path.islink(path) else str(path)
+    if os.path.islink(path) and not os.path.exists(path):
+        notices.append(f"{shown} is not used: it is a symlink to a file that does not exist")
+        return None
+    read = yamlio.read_config(path)
+    st = read.st
     if st.st_uid != os.getuid():
         notices.append(
             f"{shown} is not used: it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}). "
             f"Someone else could have written it. If you trust it, take ownership: chown $(id -u) {os.path.realpath(path)}"
         )
-        return False
+        return None
     if st.st_mode & 0o022:
         notices.append(
             f"{shown} is not used: it is writable by {'group and others' if st.st_mode & 0o022 == 0o022 else 'group' if st.st_mode & 0o020 else 'others'}. "
             f"Fix it with: chmod go-w {os.path.realpath(path)}"
         )
-        return False
-    return True
+        return None
+    return read
 
 
 def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -390,6 +387,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         credentials=_credential_settings(data.get("credentials", True)),
         notices=tuple(notices),
         local_data=local.data if local else {},
+        local_sha256=local.sha256 if local else "",
         protect_git_hooks=vm.get("protectGitHooks", False),
     )
 
@@ -414,13 +412,16 @@ def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Pat
         workspace = cwd
         source = "the current folder (no agentbox.yml found)"
     workspace = Path(os.path.realpath(workspace))
-    home = Path(os.path.realpath(paths.home()))
+    control = paths.control_character_problem(str(workspace))
+    if control:
+        return workspace, f"the workspace path {str(workspace)!r} ({source}) {control}"
     if workspace == Path("/"):
         return workspace, f"the workspace would be / ({source}); agentbox never mounts the whole filesystem"
-    if workspace == home or workspace in home.parents:
+    problem = paths.mount_target_problem(workspace)
+    if problem:
         return workspace, (
-            f"the workspace would be {workspace} ({source}), which is or contains your home folder; "
-            "agentbox never mounts your home folder into a VM"
+            f"the workspace would be {workspace} ({source}), but {problem}; "
+            "agentbox never mounts it into a VM"
         )
     if not workspace.is_dir():
         return workspace, f"the workspace {workspace} ({source}) does not exist or is not a folder"
@@ -474,11 +475,10 @@ def _agent_credentials(raw: Any, builtin: tuple[str, ...]) -> tuple[str, ...]:
 
 def _resolve_mount(raw: dict[str, Any], layer: Any, workspace: Path) -> Mount:
     location = _expand(raw["location"], _base_dir(layer, workspace))
-    home = Path(os.path.realpath(paths.home()))
-    real = Path(os.path.realpath(location))
-    if real == home or real in home.parents:
+    problem = paths.mount_target_problem(location)
+    if problem:
         raise ConfigError(
-            f"{layer.path}: mounts: {location} is your home folder or contains it; agentbox never mounts it into a VM",
+            f"{layer.path}: mounts: {location}: {problem}; agentbox never mounts it into a VM",
             hint="Mount only the folder the agent needs, for example ~/datasets.",
         )
     mount_point = raw.get("mountPoint")

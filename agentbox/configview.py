@@ -8,15 +8,27 @@ from typing import Any
 from agentbox.config import Config
 
 
-def as_json(config: Config) -> str:
-    return json.dumps(config.to_json(), indent=2, ensure_ascii=False)
+def as_json(config: Config, show_secrets: bool = False) -> str:
+    return json.dumps(shown(config, show_secrets), indent=2, ensure_ascii=False)
 
 
-def as_text(config: Config) -> str:
+def shown(config: Config, show_secrets: bool) -> dict[str, Any]:
+    """The merged config; env values (tokens, more often than not) masked unless asked for."""
+    data = config.to_json()
+    if not show_secrets:
+        data["env"] = {key: masked(value) for key, value in data["env"].items()}
+    return data
+
+
+def masked(value: str) -> str:
+    return f"<set, {len(value)} chars>"
+
+
+def as_text(config: Config, show_secrets: bool = False) -> str:
     lines = [f"# workspace: {config.workspace}"]
     lines.append(f"# global config: {config.global_file or 'none'}")
     lines.append(f"# local config:  {config.local_file or 'none'}")
-    rows = [(key, _show(value), origin_of(config, key)) for key, value in flatten(config.to_json())]
+    rows = [(key, _show(value), origin_of(config, key)) for key, value in flatten(shown(config, show_secrets))]
     width = max(len(key) + len(value) for key, value, _ in rows) + 3
     for key, value, origin in rows:
         lines.append(f"{key}: {value}".ljust(width) + f"  # {origin}")
@@ -51,4 +63,6 @@ def origin_of(config: Config, key: str) -> str:
 def _show(value: Any) -> str:
     if value is None:
         return "(not set)"
-    return json.dumps(value, ensure_ascii=False)
+    from agentbox.safetext import visible_line
+
+    return visible_line(json.dumps(value, ensure_ascii=False))

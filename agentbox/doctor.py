@@ -144,8 +144,8 @@ def check_trust(config: Config, checks: list[Check]) -> None:
     risky = trust.risky_keys(config) if config.local_file is not None else []
     if config.local_file is None or not risky:
         return
-    keys = ", ".join(dict.fromkeys(item.split(" ")[0] for item in risky))
-    if trust.is_trusted(config.local_file):
+    keys = ", ".join(dict.fromkeys(item.split(" ")[0].rstrip(":") for item in risky))
+    if trust.is_trusted(config):
         checks.append(Check("trust", OK, f"{config.local_file} is trusted as it is ({keys})"))
         return
     why = "changed since you trusted it" if trust.trusted_record(config.local_file) else "is not trusted"

@@ -48,3 +48,35 @@ def private_dir(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.chmod(path, 0o700)
     return path
+
+
+def read_workspace_file(path: Path, limit: int = 1_000_000) -> bytes | None:
+    """A file in the workspace, which the agent may have written: None when absent; refused (OSError)
+    when it is a symlink, not a regular file or larger than limit. Never blocks on a FIFO."""
+    import errno
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(errno.ELOOP, "it is a symlink, which agentbox does not follow in the workspace") from exc
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "it is not a regular file")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"it is larger than {limit:,} bytes")
+    return data
+
+
+def refuse_symlink(path: Path) -> None:
+    """Files agentbox writes into the workspace are never written through a symlink."""
+    if os.path.islink(path):
+        import errno
+
+        raise OSError(errno.ELOOP, f"{path} is a symlink (to {os.path.realpath(path)}); agentbox does not write through it")

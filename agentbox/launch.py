@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, credentials, drift, render, resources, timing, tripwire, trust, vm
+from agentbox import bootstrap, credentials, drift, render, resources, timing, tripwire, vm
 from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError
 from agentbox.fsutil import private_dir, write_if_changed
@@ -28,8 +28,7 @@ def run_in_vm(
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
-    trusted = config.local_file is not None and trust.is_trusted(config.local_file)
-    scripts = bootstrap.plan(config, str(render.staging_dir(name)), trusted_local=trusted)
+    scripts = bootstrap.plan(config, str(render.staging_dir(name)))
     with timing.phase("VM state (limactl list, start)"):
         vm.ensure_running(session, name)
     with timing.phase("staging (credentials, env, guards)"):

@@ -42,3 +42,33 @@ def lima_home() -> Path:
     raw = os.environ.get("LIMA_HOME") or str(home() / ".lima")
     path = Path(raw)
     return path.resolve() if path.exists() else path
+
+
+def mount_target_problem(path: Path) -> str | None:
+    """Why the VM must never get this host folder (resolved path), or None.
+
+    Never the home folder or a folder containing it; never agentbox's state folder or LIMA_HOME, nor
+    anything inside or containing them: with those the VM could rewrite trust records or its own
+    instance config.
+    """
+    real = Path(os.path.realpath(path))
+    own_home = Path(os.path.realpath(home()))
+    if real == own_home or real in own_home.parents:
+        return "it is or contains your home folder"
+    for name, special in (("agentbox's state folder", state_dir()), ("LIMA_HOME", lima_home())):
+        special = Path(os.path.realpath(special))
+        if real == special:
+            return f"it is {name}"
+        if special in real.parents:
+            return f"it is inside {name} ({special})"
+        if real in special.parents:
+            return f"it contains {name} ({special})"
+    return None
+
+
+def control_character_problem(text: str) -> str | None:
+    """Paths end up in YAML, argv and terminal output: a newline or escape byte in one is refused."""
+    for char in text:
+        if ord(char) < 0x20 or ord(char) == 0x7F:
+            return f"contains the control character {char!r}, which agentbox does not accept in a path"
+    return None

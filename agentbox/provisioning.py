@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agentbox import resources
+from agentbox import pins, resources
 from agentbox.config import Config
 from agentbox.errors import ConfigError
 
@@ -78,10 +78,7 @@ def ca_certificates(config: Config) -> list[str]:
         sources.append((Path(extra), "NODE_EXTRA_CA_CERTS"))
     certs: list[str] = []
     for path, origin in sources:
-        try:
-            text = path.read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise ConfigError(f"{origin}: cannot read {path}: {exc.strerror}") from exc
+        text = pins.read(path, origin).decode("utf-8", errors="replace")
         found = [block.strip() + "\n" for block in _PEM.findall(text)]
         if not found:
             raise ConfigError(f"{origin}: {path} contains no PEM certificate (-----BEGIN CERTIFICATE-----)")

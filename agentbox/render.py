@@ -1,5 +1,6 @@
 """Render the instance's lima.yaml from the merged config. Logic lives here; the template is layout."""
 
+import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -60,7 +61,8 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
     mounts.append(RenderedMount(str(staging_dir(vm_name)), str(staging_dir(vm_name)), False))
     for mount in config.mounts:
-        mounts.append(RenderedMount(str(mount.location), mount.mount_point, mount.writable))
+        # Lima gets the resolved path: a symlink swapped in later cannot redirect the mount.
+        mounts.append(RenderedMount(os.path.realpath(mount.location), mount.mount_point, mount.writable))
     return mounts
 
 
@@ -102,31 +104,39 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
     }
 
 
-def render(config: Config, vm_name: str) -> str:
-    import jinja2
+MAX_RENDERED_BYTES = 4 * 1024 * 1024
+TEMPLATE_NAME = "<template>"  # what Jinja2 calls a template made from a string, in tracebacks
 
-    env = jinja2.Environment(
+
+def render(config: Config, vm_name: str) -> str:
+    """The instance's lima.yaml. Templates run in Jinja2's immutable sandbox: a template is data, never
+    a way to reach Python objects or run commands on the host."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         autoescape=False,
         loader=jinja2.FileSystemLoader(str(resources.path("templates"))),
     )
     env.filters["yaml"] = to_yaml_scalar
+    where = "agentbox's template"
     if config.template is not None:
+        from agentbox import pins
+
+        where = str(config.template)
         try:
-            source = config.template.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"vm.template: cannot read {config.template}: {exc.strerror}") from exc
+            source = pins.read(config.template, "vm.template").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"vm.template: {config.template} is not UTF-8 text") from exc
         try:
             template = env.from_string(source)
         except jinja2.TemplateSyntaxError as exc:
             raise ConfigError(f"{config.template}:{exc.lineno}: vm.template: Jinja2 syntax error: {exc.message}") from exc
     else:
         template = env.get_template("lima.yaml.j2")
-    try:
-        text = template.render(**context(config, vm_name))
-    except jinja2.UndefinedError as exc:
-        raise ConfigError(f"vm.template: {exc.message}") from exc
+    text = _render_bounded(template, context(config, vm_name), where)
     if not config.lima:
         return text
     import yaml
@@ -136,3 +146,40 @@ def render(config: Config, vm_name: str) -> str:
     return "# Rendered by agentbox, with vm.lima merged in.\n" + yaml.safe_dump(
         data, sort_keys=False, allow_unicode=True, width=float("inf")
     )
+
+
+def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
+    """Render, turning anything the template does wrong into a config error with its line."""
+    from jinja2.exceptions import SecurityError, TemplateError
+
+    parts: list[str] = []
+    size = 0
+    try:
+        for part in template.generate(**values):
+            size += len(part)
+            if size > MAX_RENDERED_BYTES:
+                raise ConfigError(f"{where}: vm.template renders more than {MAX_RENDERED_BYTES:,} characters; refusing it")
+            parts.append(part)
+    except ConfigError:
+        raise
+    except SecurityError as exc:
+        raise ConfigError(
+            f"{where}{_template_line(exc)}: vm.template reaches for something the template sandbox refuses ({exc})",
+            hint="A template may only use the values agentbox passes to it (see `agentbox template`).",
+        ) from exc
+    except TemplateError as exc:
+        raise ConfigError(f"{where}{_template_line(exc)}: vm.template: {exc.message or exc}") from exc
+    except Exception as exc:  # noqa: BLE001 - any failure of template code is the template's error
+        raise ConfigError(f"{where}{_template_line(exc)}: vm.template failed: {type(exc).__name__}: {exc}") from exc
+    return "".join(parts)
+
+
+def _template_line(exc: BaseException) -> str:
+    """":LINE" of the template line that raised, from the frames Jinja2 maps back to the template."""
+    import traceback
+
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename in (TEMPLATE_NAME, "lima.yaml.j2") or frame.f_code.co_filename.endswith(".j2"):
+            line = lineno
+    return f":{line}" if line is not None else ""

@@ -239,6 +239,8 @@ class _Walker:
                 raise self.fail(node, keypath, f"expected a string, found {_describe_value(value)}")
             if kind in ("path", "vmname") and not value.strip():
                 raise self.fail(node, keypath, "must not be empty")
+            if kind == "path":
+                self.check_path_text(node, keypath, value)
             if kind == "vmname":
                 from agentbox.naming import instance_name_problem
 
@@ -282,6 +284,7 @@ class _Walker:
                     return shlex.split(value)
                 except ValueError as exc:
                     raise self.fail(node, keypath, f"cannot split into arguments: {exc}") from exc
+            self.check_path_text(node, keypath, value)
             return [value] if value.strip() else []
         if not isinstance(node, yaml.SequenceNode):
             raise self.fail(node, keypath, f"expected a string or a list of strings, found {_describe_node(node)}")
@@ -294,8 +297,17 @@ class _Walker:
                 value = item.value  # `defaultArgs: [--max-turns, 5]`: the number is an argument
             if not isinstance(value, str):
                 raise self.fail(item, item_path, f"expected a string, found {_describe_value(value)}")
+            if not split:
+                self.check_path_text(item, item_path, value)
             items.append(value)
         return items
+
+    def check_path_text(self, node: yaml.Node, keypath: tuple[str, ...], value: str) -> None:
+        from agentbox.paths import control_character_problem
+
+        problem = control_character_problem(value)
+        if problem:
+            raise self.fail(node, keypath, problem)
 
     def env(self, node: yaml.Node, keypath: tuple[str, ...]) -> dict[str, str]:
         self.visit(node, keypath)
@@ -334,6 +346,7 @@ class _Walker:
             item_path = keypath + (f"[{index}]",)
             if isinstance(item, yaml.ScalarNode) and isinstance(construct_scalar(item), str):
                 self.visit(item, item_path)
+                self.check_path_text(item, item_path, construct_scalar(item))
                 mounts.append({"location": construct_scalar(item)})
                 continue
             mount = self.mapping(item, MOUNT_KEYS, item_path)

@@ -1,8 +1,12 @@
 """Trust for a project's agentbox.yml: anyone who can write the repository (the agent included) can write it.
 
-A local config that widens what the VM gets from the host is used only after `agentbox trust`, which
-records that file's exact content in the user's state folder (outside every workspace). Any edit
-revokes the trust. The global config is always trusted.
+A local config that widens what the VM gets from the host, or decides what runs in it with your
+logins present, is used only after `agentbox trust`. Trust is recorded in the user's state folder
+(outside every workspace) as a manifest: the digest of the file's bytes as agentbox parsed them, and
+for every host path the file makes agentbox read, stage, render or mount, where that path resolves to
+and, for files agentbox reads, their content (see pins.py). A launch uses the file only while the
+current manifest equals the trusted one; any edit, of the file or of a pinned script, and any
+retargeted symlink revokes the trust. The global config is always trusted.
 """
 
 from __future__ import annotations
@@ -11,51 +15,69 @@ import hashlib
 import json
 import os
 from pathlib import Path
+from typing import Any
 
-from agentbox import paths
+from agentbox import paths, pins
 from agentbox.config import Config
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.safetext import visible, visible_line
+
+MAX_KEPT_TEXT = 256 * 1024  # pinned file contents kept in the record, for `trust --show` diffs
 
 
 def risky_keys(config: Config) -> list[str]:
-    """The keys of the local file that need trust, each with why."""
+    """What in the local file needs trust, each as "key: detail (why)"."""
     data = config.local_data
-    if not data or config.local_file is None:
+    if config.local_file is None:
         return []
     workspace = config.workspace
     risky: list[str] = []
+    if os.path.islink(config.local_file):
+        risky.append(
+            f"{config.local_file.name}: a symlink to {visible_line(os.path.realpath(config.local_file))} "
+            "(trusted only for the folder it was found in)"
+        )
+    if not data:
+        return risky
     if "workspace" in data and Path(os.path.realpath(config.local_file.parent)) != workspace:
         risky.append(f"workspace: {workspace} (a folder other than the config's own)")
     vm = data.get("vm", {})
-    for key in ("name", "template", "lima"):
-        if key in vm:
-            why = {"name": "could move the session into another project's VM",
-                   "template": "replaces agentbox's Lima template",
-                   "lima": "changes Lima settings directly"}[key]
-            risky.append(f"vm.{key} ({why})")
-    local_mounts = {str(m.location): m for m in config.mounts} if "mounts" in data else {}
-    for location, mount in local_mounts.items():
-        inside = _inside(Path(os.path.realpath(location)), workspace)
-        if not inside:
-            risky.append(f"mounts: {location} (outside the workspace)")
-        elif mount.writable:
-            risky.append(f"mounts: {location} (writable)")
+    why_vm = {
+        "name": "could move the session into another project's VM",
+        "template": "replaces agentbox's Lima template",
+        "lima": "changes Lima settings directly",
+    }
+    risky.extend(f"vm.{key} ({why})" for key, why in why_vm.items() if key in vm)
+    if "mounts" in data:
+        for mount in config.mounts:
+            if not _inside(Path(os.path.realpath(mount.location)), workspace):
+                risky.append(f"mounts: {mount.location} (outside the workspace)")
+            elif mount.writable:
+                risky.append(f"mounts: {mount.location} (writable)")
     if data.get("sync", {}).get("remoteWrite") is True:
         risky.append("sync.remoteWrite: true (allows git push from the VM)")
+    if data.get("env"):
+        risky.append(
+            f"env: {', '.join(sorted(data['env']))} (environment values can send the agent's requests, "
+            "and your logins with them, elsewhere: ANTHROPIC_BASE_URL, HTTPS_PROXY, NODE_OPTIONS, ...)"
+        )
     if "caCert" in data:
         risky.append("caCert (adds certificate authorities the VM trusts)")
     credentials = data.get("credentials")
     if isinstance(credentials, dict) and credentials.get("netrc"):
         risky.append("credentials.netrc: true (brings ~/.netrc into the VM)")
-    for hook in ("onCreateScript", "onStartScript"):
-        for script in (config.on_create if hook == "onCreateScript" else config.on_start):
+    for hook, scripts in (("onCreateScript", config.on_create), ("onStartScript", config.on_start)):
+        for script in scripts:
+            if script.origin != "local":
+                continue
             real = Path(os.path.realpath(script.path))
-            if script.origin == "local" and not _inside(real, workspace):
-                where = f"a symlink to {real}, " if real != script.path else "a host file "
-                risky.append(f"bootstrap.{hook}: {script.path} ({where}outside the workspace)")
+            where = ""
+            if not _inside(real, workspace):
+                where = f", a symlink to {visible_line(str(real))} outside the workspace" if real != script.path else ", a host file outside the workspace"
+            risky.append(f"bootstrap.{hook}: {script.path} (runs in the VM with your logins present{where})")
     for name, agent in data.get("agents", {}).items():
-        for key in ("binary", "install", "vmName"):
+        for key in ("binary", "install", "vmName", "defaultArgs"):
             if key in agent:
                 risky.append(f"agents.{name}.{key}")
         if isinstance(agent.get("credentials"), list):
@@ -63,79 +85,218 @@ def risky_keys(config: Config) -> list[str]:
     return risky
 
 
+def manifest(config: Config) -> dict[str, Any]:
+    """The local file's digest and every host path it makes agentbox use, resolved and pinned."""
+    assert config.local_file is not None
+    data = config.local_data
+    found: list[pins.Pin] = []
+    if "workspace" in data:
+        found.append(pins.pin_path("workspace", config.workspace))
+    if "mounts" in data:
+        found.extend(pins.pin_path(f"mounts[{i}]", mount.location) for i, mount in enumerate(config.mounts))
+    for hook, scripts in (("onCreateScript", config.on_create), ("onStartScript", config.on_start)):
+        for index, script in enumerate(scripts):
+            if script.origin == "local":
+                found.append(pins.pin_file(f"bootstrap.{hook}[{index}]", script.path))
+    if config.ca_cert is not None and config.origins.get("caCert", "").startswith("local"):
+        found.append(pins.pin_file("caCert", config.ca_cert))
+    if config.template is not None and "template" in data.get("vm", {}):
+        found.append(pins.pin_file("vm.template", config.template))
+    for name, agent in data.get("agents", {}).items():
+        if isinstance(agent.get("credentials"), list):
+            for index, spec in enumerate(agent["credentials"]):
+                found.append(pins.pin_path(f"agents.{name}.credentials[{index}]", os.path.expanduser(spec)))
+    credentials = data.get("credentials")
+    if isinstance(credentials, dict) and credentials.get("netrc"):
+        found.append(pins.pin_path("credentials.netrc", paths.home() / ".netrc"))
+    pins.save_stat_cache()
+    return {
+        "config": {
+            "path": str(config.local_file),
+            "real": os.path.realpath(config.local_file),
+            "sha256": config.local_sha256,
+        },
+        "pins": [pin.to_json() for pin in found],
+    }
+
+
 def record_path(config_file: Path) -> Path:
-    digest = hashlib.sha256(str(Path(os.path.realpath(config_file))).encode()).hexdigest()[:24]
+    """Keyed by where the file was found: a symlinked agentbox.yml is trusted per folder, not per target."""
+    digest = hashlib.sha256(str(Path(os.path.abspath(config_file))).encode()).hexdigest()[:24]
     return paths.state_dir() / "trust" / f"{digest}.json"
 
 
-def _content(config_file: Path) -> bytes:
-    return Path(os.path.realpath(config_file)).read_bytes()
-
-
-def trusted_record(config_file: Path) -> dict | None:
+def trusted_record(config_file: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(record_path(config_file).read_text())
+        record = json.loads(record_path(config_file).read_text())
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
 
 
-def is_trusted(config_file: Path) -> bool:
-    record = trusted_record(config_file)
-    if record is None:
-        return False
-    return record.get("sha256") == hashlib.sha256(_content(config_file)).hexdigest()
+def is_trusted(config: Config) -> bool:
+    """Whether the local file, and everything it names, is exactly as the user trusted it."""
+    if config.local_file is None:
+        return True
+    record = trusted_record(config.local_file)
+    return record is not None and record.get("manifest") == manifest(config)
 
 
-def trust(config_file: Path) -> Path:
-    content = _content(config_file)
-    private_dir(paths.state_dir() / "trust")
+def trust(config: Config) -> Path:
+    """Record the local file and what it names, as they are now."""
+    assert config.local_file is not None
+    current = manifest(config)
+    texts: dict[str, str] = {}
+    for pin in map(pins.Pin.from_json, current["pins"]):
+        if pin.kind == pins.FILE and pin.sha256 is not None:
+            text = _text(pins.read(pin.path, pin.key))
+            if text is not None:
+                texts[pin.key] = text
     record = {
-        "path": str(Path(os.path.realpath(config_file))),
-        "sha256": hashlib.sha256(content).hexdigest(),
-        "content": content.decode("utf-8", "replace"),
+        "path": str(config.local_file),
+        "manifest": current,
+        "content": _config_text(config),
+        "texts": texts,
     }
-    target = record_path(config_file)
+    private_dir(paths.state_dir() / "trust")
+    target = record_path(config.local_file)
     atomic_write(target, json.dumps(record, indent=2), mode=0o600)
     return target
 
 
-def show(config_file: Path) -> str:
-    """What `agentbox trust` would record: a diff against the last trusted content, or the whole file."""
-    current = _content(config_file).decode("utf-8", "replace")
-    record = trusted_record(config_file)
+def show(config: Config) -> str:
+    """What `agentbox trust` would record: the changes since the last trust, or everything."""
+    assert config.local_file is not None
+    current = manifest(config)
+    text = _config_text(config)
+    record = trusted_record(config.local_file)
+    pinned = [pins.Pin.from_json(p) for p in current["pins"]]
     if record is None:
-        return f"# {config_file} has never been trusted; its content:\n" + current
-    if record.get("content") == current:
-        return f"# {config_file} is trusted as it is.\n"
+        lines = [f"# {config.local_file} has never been trusted; its content:\n", text]
+        if not text.endswith("\n"):
+            lines.append("\n")
+        if pinned:
+            lines.append("# it makes agentbox use these host paths:\n")
+            lines.extend(f"#   {pin.key}: {_describe_pin(pin)}\n" for pin in pinned)
+        return visible("".join(lines))
+    if record.get("manifest") == current:
+        return f"# {config.local_file} is trusted as it is.\n"
     import difflib
 
-    diff = difflib.unified_diff(
-        record.get("content", "").splitlines(keepends=True),
-        current.splitlines(keepends=True),
-        fromfile=f"{config_file} (last trusted)",
-        tofile=f"{config_file} (now)",
+    lines = []
+    if "manifest" not in record:
+        lines.append("# it was trusted by an earlier agentbox, which did not pin the files it names\n")
+    lines.extend(
+        difflib.unified_diff(
+            str(record.get("content", "")).splitlines(keepends=True),
+            text.splitlines(keepends=True),
+            fromfile=f"{config.local_file} (last trusted)",
+            tofile=f"{config.local_file} (now)",
+        )
     )
-    return "".join(diff)
+    old_pins = {p["key"]: pins.Pin.from_json(p) for p in (record.get("manifest") or {}).get("pins", [])}
+    old_texts = record.get("texts") or {}
+    for line, pin in pin_changes(old_pins, pinned):
+        lines.append(f"# {line}\n")
+        if pin is not None and pin.key in old_texts and pin.kind == pins.FILE:
+            new_text = _text(pins.read(pin.path, pin.key))
+            if new_text is not None:
+                lines.extend(
+                    difflib.unified_diff(
+                        old_texts[pin.key].splitlines(keepends=True),
+                        new_text.splitlines(keepends=True),
+                        fromfile=f"{pin.path} (last trusted)",
+                        tofile=f"{pin.path} (now)",
+                    )
+                )
+    return visible("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+
+
+def pin_changes(old: dict[str, pins.Pin], new: list[pins.Pin]) -> list[tuple[str, pins.Pin | None]]:
+    """In words: every pinned path that appeared, disappeared, points elsewhere or holds other content."""
+    result: list[tuple[str, pins.Pin | None]] = []
+    current = {pin.key: pin for pin in new}
+    for key, pin in current.items():
+        before = old.get(key)
+        if before is None:
+            result.append((f"{key}: new: {_describe_pin(pin)}", None))
+        elif before.path != pin.path:
+            result.append((f"{key}: was {before.path}, now {_describe_pin(pin)}", None))
+        elif before.real != pin.real:
+            result.append((visible_line(f"{key}: {pin.path} now resolves to {pin.real} (it was {before.real})"), None))
+        elif before.kind != pin.kind:
+            result.append((f"{key}: {pin.path} is now {_kind_words(pin.kind)} (it was {_kind_words(before.kind)})", None))
+        elif before.sha256 != pin.sha256:
+            result.append((f"{key}: the content of {pin.path} changed", pin))
+    result.extend((f"{key}: no longer named ({pin.path})", None) for key, pin in old.items() if key not in current)
+    return result
 
 
 def require_trust(config: Config) -> None:
-    """Refuse (exit 2) an untrusted local config that widens what the VM gets."""
+    """Refuse (exit 2) an untrusted local config that needs trust, naming what needs it and what changed."""
     if config.local_file is None:
         return
     risky = risky_keys(config)
-    if not risky or is_trusted(config.local_file):
+    if not risky:
         return
     record = trusted_record(config.local_file)
-    why = "it changed since you trusted it" if record else "it is not trusted"
+    current = manifest(config)
+    if record is not None and record.get("manifest") == current:
+        return
     listing = "\n".join(f"  - {item}" for item in risky)
+    if record is None:
+        why = "it is not trusted"
+    elif "manifest" not in record:
+        why = "it was trusted by an earlier agentbox, which did not pin the files it names"
+    else:
+        why = "it changed since you trusted it"
+        changed = []
+        if record["manifest"].get("config") != current["config"]:
+            changed.append(f"  - {config.local_file.name} itself")
+        old_pins = {p["key"]: pins.Pin.from_json(p) for p in record["manifest"].get("pins", [])}
+        changed.extend(f"  - {line}" for line, _ in pin_changes(old_pins, list(map(pins.Pin.from_json, current["pins"]))))
+        if changed:
+            why += ":\n" + "\n".join(changed) + "\nand it sets"
     raise ConfigError(
-        f"{config.local_file} widens what the VM gets from your host, and {why}:\n{listing}",
+        f"{config.local_file} widens what the VM gets from your host or runs in it, and {why}:\n{listing}",
         hint=(
             f"Read it (`agentbox trust --show` shows {'the changes' if record else 'it'}), then run "
             f"`agentbox -C {config.local_file.parent} trust` to use it. Anyone who can write the repository, "
-            "the agent included, can write this file."
+            "the agent included, can write this file and the files it names."
         ),
     )
+
+
+def _config_text(config: Config) -> str:
+    """The local file's text, as long as it is still what agentbox parsed (else the trust would be of other bytes)."""
+    from agentbox import yamlio
+
+    assert config.local_file is not None
+    read = yamlio.read_config(config.local_file)
+    if read.sha256 != config.local_sha256:
+        raise ConfigError(
+            f"{config.local_file} changed while agentbox was reading it; nothing was recorded",
+            hint="Run the command again.",
+        )
+    return read.text
+
+
+def _text(data: bytes) -> str | None:
+    if len(data) > MAX_KEPT_TEXT or b"\0" in data:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _describe_pin(pin: pins.Pin) -> str:
+    target = pin.path if pin.real == pin.path else f"{pin.path} -> {pin.real}"
+    return visible_line(f"{target} ({_kind_words(pin.kind)})")
+
+
+def _kind_words(kind: str) -> str:
+    return {pins.FILE: "a file", pins.DIR: "a folder", pins.MISSING: "missing"}.get(kind, "not a file or folder")
 
 
 def _inside(path: Path, workspace: Path) -> bool:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Any
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox.errors import ConfigError
 
@@ -17,41 +15,68 @@ if TYPE_CHECKING:
 MAX_CONFIG_BYTES = 1_000_000
 
 
-def read_config_text(path: Path) -> str:
-    """Read a config file that must be a regular UTF-8 file of at most 1 MB.
+class ConfigText(NamedTuple):
+    """One read of a config file: its text, the digest of exactly those bytes, and the stat of what was read."""
 
-    Directories, FIFOs and devices are refused from stat alone, so reading never blocks.
+    text: str
+    sha256: str
+    st: os.stat_result
+
+
+def read_config(path: Path) -> ConfigText:
+    """Read a config file that must be a regular UTF-8 file of at most 1 MB, in one open.
+
+    Directories, FIFOs and devices are refused from stat before anything is opened, so reading never
+    blocks; what is read is checked again on the open descriptor, so a file swapped in between is
+    refused rather than read. The digest is of the very bytes that are parsed.
     """
+    import hashlib
+
     try:
-        st = os.stat(path)
+        before = os.stat(path)
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
-    if not stat.S_ISREG(st.st_mode):
-        kind = describe_file_type(st.st_mode)
-        raise ConfigError(
-            f"{path}: is {kind}, not a regular file",
-            hint="agentbox reads its config from a regular YAML file; rename or remove this one.",
-        )
-    if st.st_size > MAX_CONFIG_BYTES:
-        raise ConfigError(
-            f"{path}: the file is {st.st_size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes",
-        )
+    _require_regular(path, before)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as handle:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
+    with os.fdopen(fd, "rb") as handle:
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
+            raise ConfigError(f"{path}: the file was replaced while agentbox was reading it", hint="Run the command again.")
+        _require_regular(path, st)
+        try:
             data = handle.read(MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read the config file: {exc.strerror}") from exc
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError(f"{path}: the file is larger than {MAX_CONFIG_BYTES:,} bytes")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(
             f"{path}:{line}: the file is not valid UTF-8 (byte 0x{data[exc.start]:02x} at offset {exc.start})",
             hint="Save the file as UTF-8.",
         ) from exc
+    return ConfigText(text, hashlib.sha256(data).hexdigest(), st)
+
+
+def read_config_text(path: Path) -> str:
+    return read_config(path).text
+
+
+def _require_regular(path: Path, st: os.stat_result) -> None:
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(
+            f"{path}: is {describe_file_type(st.st_mode)}, not a regular file",
+            hint="agentbox reads its config from a regular YAML file; rename or remove this one.",
+        )
+    if st.st_size > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"{path}: the file is {st.st_size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes",
+        )
 
 
 def describe_file_type(mode: int) -> str:

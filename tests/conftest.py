@@ -60,6 +60,14 @@ def write(path: Path, text: str, mode: int = 0o644) -> Path:
     return path
 
 
+def write_trusted(project: Path, text: str) -> Path:
+    """Write the project's agentbox.yml and trust it, as a user who read it would."""
+    path = write(project / "agentbox.yml", text)
+    result = run_cli("trust", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    return path
+
+
 def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, **kwargs: Any) -> Result:
     """Run the real CLI in-process; errors surface as exit codes and stderr, as for users."""
     from agentbox.cli import cli

@@ -13,7 +13,7 @@ from tests.conftest import run_cli, write
 
 
 def config_json(cwd: Path) -> dict:
-    result = run_cli("config", "--json", cwd=cwd)
+    result = run_cli("config", "--json", "--show-secrets", cwd=cwd)
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -477,3 +477,34 @@ def test_validated_config_is_reused_only_for_identical_content(project: Path, is
     result = run_cli("config", cwd=project)
     assert result.exit_code == 2
     assert "vm.cpus: must be at least 1" in result.stderr
+
+
+def test_config_masks_env_values_unless_asked(project: Path, home: Path) -> None:
+    global_config(home, "env:\n  ANTHROPIC_API_KEY: sk-ant-api03-secret\n")
+    for args in (["config"], ["config", "--json"]):
+        result = run_cli(*args, cwd=project)
+        assert result.exit_code == 0
+        assert "sk-ant-api03-secret" not in result.output
+        assert "<set, 19 chars>" in result.stdout
+    assert json.loads(run_cli("config", "--json", cwd=project).stdout)["env"] == {"ANTHROPIC_API_KEY": "<set, 19 chars>"}
+    shown = run_cli("config", "--show-secrets", cwd=project)
+    assert "sk-ant-api03-secret" in shown.stdout
+
+
+@pytest.mark.parametrize("bad", ["/srv/a\nb", "/srv/a\rb", "/srv/\x1b[2Jx"])
+def test_paths_with_control_characters_are_refused(project: Path, bad: str) -> None:
+    for text in (f"mounts:\n  - {json.dumps(bad)}\n", f"caCert: {json.dumps(bad)}\n",
+                 f"bootstrap:\n  onStartScript: {json.dumps(bad)}\n", f"mounts:\n  - location: {json.dumps(bad)}\n"):
+        write(project / "agentbox.yml", text)
+        result = run_cli("config", cwd=project)
+        assert result.exit_code == 2, text
+        assert "control character" in result.stderr
+
+
+def test_a_workspace_path_with_a_newline_is_refused(home: Path, limactl) -> None:
+    odd = home.parent / "work" / "two\nlines"
+    odd.mkdir(parents=True)
+    result = run_cli("start", cwd=odd)
+    assert result.exit_code == 2
+    assert "control character" in result.stderr
+    assert limactl.calls() == []

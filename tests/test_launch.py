@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+from tests.conftest import FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 NAME = "agentbox-myproject"
 
@@ -56,7 +56,7 @@ def launch(project: Path, *args: str, env: dict[str, str] | None = None, cwd: Pa
 
 
 def configure(project: Path, text: str) -> None:
-    write(project / "agentbox.yml", f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n" + text)
+    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n" + text)
 
 
 TRICKY_ARGS = ["--help", "--", "two words", "it's \"quoted\"", "$HOME", "`whoami`", "line1\nline2", "ünïcødé ☃", "", "*"]
@@ -131,7 +131,7 @@ ENV_VALUES = {
 
 def test_env_arrives_byte_for_byte_and_never_on_a_command_line(project: Path, vm: FakeLima, isolated_env) -> None:
     lines = "".join(f"  {k}: {json.dumps(v)}\n" for k, v in ENV_VALUES.items())
-    write(project / "agentbox.yml", f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n{lines}")
+    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n{lines}")
     result, data = launch(project, "claude")
     assert result.returncode == 0, result.stderr
     for key, value in ENV_VALUES.items():
@@ -145,7 +145,7 @@ def test_env_arrives_byte_for_byte_and_never_on_a_command_line(project: Path, vm
 
 
 def test_env_reaches_agentbox_shell_interactive_and_not(project: Path, vm: FakeLima) -> None:
-    write(project / "agentbox.yml", "env:\n  GREETING: \"hello\\nworld $x\"\n")
+    write_trusted(project, "env:\n  GREETING: \"hello\\nworld $x\"\n")
     result = subprocess.run(
         [sys.executable, "-m", "agentbox", "shell", "--", "printenv", "GREETING"],
         cwd=project, capture_output=True, timeout=60,
@@ -161,7 +161,7 @@ def test_env_reaches_agentbox_shell_interactive_and_not(project: Path, vm: FakeL
 
 
 def test_env_file_is_removed_when_env_becomes_empty(project: Path, vm: FakeLima, isolated_env) -> None:
-    write(project / "agentbox.yml", "env:\n  A: b\n")
+    write_trusted(project, "env:\n  A: b\n")
     assert subprocess.run([sys.executable, "-m", "agentbox", "shell", "--", "true"], cwd=project).returncode == 0
     env_file = isolated_env["state"] / "vms" / NAME / "staging" / "env"
     assert env_file.exists()

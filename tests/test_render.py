@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.conftest import run_cli, write
+from tests.conftest import run_cli, write, write_trusted
 
 SCHEMA = json.loads((Path(__file__).parent / "lima_schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -130,7 +130,7 @@ def test_user_template_gets_the_same_context(project: Path) -> None:
         "images:\n- location: https://example.invalid/img.qcow2\n  arch: x86_64\ncpus: {{ cpus | yaml }}\n"
         "mounts:\n{% for m in mounts %}- location: {{ m.location | yaml }}\n  writable: {{ m.writable | yaml }}\n{% endfor %}",
     )
-    write(project / "agentbox.yml", "vm:\n  cpus: 3\n  template: my.yaml.j2\n")
+    write_trusted(project, "vm:\n  cpus: 3\n  template: my.yaml.j2\n")
     data = rendered(project)
     assert data["cpus"] == 3
     assert data["mounts"][0] == {"location": str(project), "writable": True}
@@ -138,7 +138,7 @@ def test_user_template_gets_the_same_context(project: Path) -> None:
 
 def test_user_template_errors_are_config_errors(project: Path) -> None:
     write(project / "bad.j2", "cpus: {{ nope }}\n")
-    write(project / "agentbox.yml", "vm:\n  template: bad.j2\n")
+    write_trusted(project, "vm:\n  template: bad.j2\n")
     result = run_cli("template", cwd=project)
     assert result.exit_code == 2
     assert "vm.template" in result.stderr and "nope" in result.stderr
@@ -161,3 +161,60 @@ def test_shell_scripts_pass_shellcheck() -> None:
     scripts = sorted(str(p) for p in (REPO / "provision").iterdir()) + sorted(str(p) for p in (REPO / "wrappers").iterdir())
     result = subprocess.run(["shellcheck", "--severity=style", *scripts], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+TEMPLATE_PAYLOADS = [
+    "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+    "{{ cycler.__init__.__globals__.os.system('touch MARKER') }}",
+    "{{ lipsum.__globals__['os'].system('touch MARKER') }}",
+    "{{ self._TemplateReference__context }}",
+    "{{ mounts[0].__class__.__init__ }}",
+    "{{ '{0.__class__.__base__}'.format(cpus) }}",
+    "{% set x = [] %}{{ x.append(1) }}",
+    "{{ namespace.__init__.__globals__ }}",
+]
+
+
+@pytest.mark.parametrize("payload", TEMPLATE_PAYLOADS)
+def test_template_code_cannot_reach_python(project: Path, payload: str) -> None:
+    marker = project / "MARKER"
+    write(project / "evil.j2", f"cpus: 1\n# line two\n{payload.replace('MARKER', str(marker))}\n")
+    write_trusted(project, "vm:\n  template: evil.j2\n")
+    result = run_cli("template", cwd=project)
+    assert result.exit_code == 2, result.stdout
+    assert f"{project / 'evil.j2'}:3:" in result.stderr
+    assert not marker.exists()
+    assert result.stdout == ""
+
+
+def test_untrusted_template_is_never_rendered(project: Path) -> None:
+    marker = project / "MARKER"
+    write(project / "t.j2", "cpus: {{ cpus }}\n{{ 'x' * 3 }}\n")
+    write(project / "agentbox.yml", "vm:\n  template: t.j2\n")
+    result = run_cli("template", cwd=project)
+    assert result.exit_code == 2
+    assert "not trusted" in result.stderr and "renders nothing" in result.stderr
+    assert "xxx" not in result.output and not marker.exists()
+
+
+def test_trusted_template_edited_afterwards_is_not_rendered(project: Path, limactl) -> None:
+    write(project / "t.j2", (REPO / "templates" / "lima.yaml.j2").read_text())
+    write_trusted(project, "vm:\n  template: t.j2\n")
+    assert run_cli("template", cwd=project).exit_code == 0
+    write(project / "t.j2", "cpus: {{ 7 * 6 }}\n")  # as the agent would, through the workspace mount
+    for args in (["template"], ["start"]):
+        result = run_cli(*args, cwd=project)
+        assert result.exit_code == 2
+        assert "42" not in result.output
+    assert "vm.template" in result.stderr and "t.j2 changed" in result.stderr
+    assert limactl.calls() == []
+
+
+def test_mounts_of_agentbox_state_or_lima_home_are_refused(project: Path, isolated_env) -> None:
+    state, lima_home = isolated_env["state"], isolated_env["lima_home"]
+    (state / "trust").mkdir(parents=True)
+    for bad in (state, state / "trust", lima_home, lima_home.parent, state.parent):
+        write(project / "agentbox.yml", f"mounts:\n  - location: {bad}\n")
+        result = run_cli("template", cwd=project)
+        assert result.exit_code == 2, bad
+        assert "never mounts it" in result.stderr, result.stderr

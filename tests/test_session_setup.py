@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+from tests.conftest import FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 NAME = "agentbox-myproject"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
@@ -163,7 +163,7 @@ def test_only_safe_git_settings_reach_the_vm(project: Path, vm: FakeLima, home: 
 
 
 def test_claude_token_in_env_marks_onboarding_done(project: Path, vm: FakeLima) -> None:
-    write(project / "agentbox.yml", "env:\n  CLAUDE_CODE_OAUTH_TOKEN: sk-ant-oat01-test\n")
+    write_trusted(project, "env:\n  CLAUDE_CODE_OAUTH_TOKEN: sk-ant-oat01-test\n")
     assert shell(project, "true").returncode == 0
     assert '"hasCompletedOnboarding": true' in (vm.guest_home(NAME) / ".claude.json").read_text()
     assert not any("sk-ant-oat01-test" in " ".join(argv) for argv in vm.calls())
@@ -178,7 +178,7 @@ def test_bootstrap_once_per_vm_and_once_per_boot_in_order(project: Path, vm: Fak
     write(home / ".config" / "agentbox" / "config.yml", "bootstrap:\n  onStartScript: ~/scripts/global-start.sh\n")
     write(project / "create.sh", 'echo "create $(pwd) $MY_VAR" >> boot.log\n')
     write(project / "start.sh", "echo local-start >> boot.log\n")
-    write(project / "agentbox.yml", "env:\n  MY_VAR: hi\nbootstrap:\n  onCreateScript: create.sh\n  onStartScript: [start.sh]\n")
+    write_trusted(project, "env:\n  MY_VAR: hi\nbootstrap:\n  onCreateScript: create.sh\n  onStartScript: [start.sh]\n")
     assert shell(project, "true").returncode == 0
     assert log.read_text() == f"create {project} hi\nglobal-start\nlocal-start\n"
     assert shell(project, "true").returncode == 0
@@ -191,13 +191,18 @@ def test_bootstrap_once_per_vm_and_once_per_boot_in_order(project: Path, vm: Fak
 def test_failing_bootstrap_stops_the_launch_and_is_retried(project: Path, vm: FakeLima) -> None:
     marker = project / "ran-agent"
     write(project / "setup.sh", "echo setting up\nexit 3\n")
-    write(project / "agentbox.yml", "bootstrap:\n  onCreateScript: setup.sh\n")
+    write_trusted(project, "bootstrap:\n  onCreateScript: setup.sh\n")
     result = shell(project, "touch", str(marker))
     assert result.returncode == 3
     assert b"onCreateScript" in result.stderr and b"setup.sh" in result.stderr and b"exit code 3" in result.stderr
     assert b"setting up" in result.stdout
     assert not marker.exists()
     write(project / "setup.sh", "echo fixed\n")
+    edited = shell(project, "touch", str(marker))
+    assert edited.returncode == 2  # an edited script asks for trust again, like `direnv allow`
+    assert b"the content of" in edited.stderr and b"setup.sh changed" in edited.stderr
+    assert not marker.exists()
+    assert run_cli("trust", cwd=project).exit_code == 0
     result = shell(project, "touch", str(marker))
     assert result.returncode == 0
     assert marker.exists()
@@ -229,7 +234,7 @@ def test_warm_launch_with_everything_still_makes_two_calls(project: Path, vm: Fa
     write(home / ".claude" / ".credentials.json", "{}", mode=0o600)
     write(home / ".gitconfig", "[user]\n\tname = A\n")
     write(project / "s.sh", "true\n")
-    write(project / "agentbox.yml", "env:\n  TOKEN: secret-value\nbootstrap:\n  onStartScript: s.sh\n")
+    write_trusted(project, "env:\n  TOKEN: secret-value\nbootstrap:\n  onStartScript: s.sh\n")
     assert shell(project, "true").returncode == 0
     vm.clear()
     assert shell(project, "true").returncode == 0

@@ -50,7 +50,7 @@ def ls_command(ctx: click.Context) -> None:
 def _untrusted(config_file: Path, config: Config) -> bool:
     from agentbox import trust
 
-    return bool(trust.risky_keys(config)) and not trust.is_trusted(config_file)
+    return bool(trust.risky_keys(config)) and not trust.is_trusted(config)
 
 
 def _show_source(source: Source, config: Config) -> None:
@@ -141,7 +141,7 @@ def _note_trust(ctx: click.Context) -> None:
     from agentbox import trust
 
     edited = configmod.load(ctx.obj["cwd"])
-    if edited.local_file is not None and trust.risky_keys(edited) and not trust.is_trusted(edited.local_file):
+    if edited.local_file is not None and trust.risky_keys(edited) and not trust.is_trusted(edited):
         click.echo(
             f"{edited.local_file} now needs your trust before launches use it (a local caCert adds certificate "
             "authorities the VM trusts): check it with `agentbox trust --show`, then run `agentbox trust`."
