@@ -239,7 +239,7 @@ def parse_selection(text: str, count: int) -> list[int] | None:
 
 
 def write_pem_file(path: Path, certificates: list[Certificate]) -> None:
-    _refuse_symlink(path)
+    refuse_symlink(path)
     parts = []
     for certificate in certificates:
         if certificate.label:
@@ -282,7 +282,7 @@ def set_ca_cert(config_file: Path, pem_path: Path, layer: str) -> str | None:
     left untouched.
     """
     if layer == "local":
-        _refuse_symlink(config_file)  # in the workspace: never written through a link
+        refuse_symlink(config_file)  # in the workspace: never written through a link
         target = config_file
     else:
         target = Path(os.path.realpath(config_file))  # a global config symlinked from dotfiles is edited in place
@@ -331,11 +331,12 @@ def _layer_data(text: str, config_file: Path, layer: str) -> dict:
     return schema.validate(yamlio.compose(text, config_file), config_file, layer).data
 
 
-def _refuse_symlink(path: Path) -> None:
-    from agentbox.fsutil import refuse_symlink
+def refuse_symlink(path: Path) -> None:
+    """The workspace is agent-writable: agentbox never writes through a link there."""
+    from agentbox import fsutil
 
     try:
-        refuse_symlink(path)
+        fsutil.refuse_symlink(path)
     except OSError as exc:
         raise AgentboxError(f"cannot update {path}: {exc.strerror}", hint="Edit the file yourself.") from exc
 

@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO))
 from tests.fake_limactl import install, read_calls  # noqa: E402
 
 DEFAULT_LATENCY = "list=0.03,shell=0.15,copy=0.25,start=20,create=2"
-BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150}
+BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust check": 0.005}
 
 
 def agentbox_command() -> list[str]:
@@ -72,6 +72,23 @@ class Sandbox:
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text("agents:\n  codex:\n    binary: /bin/true\n")
 
+    def pinned_project(self, count: int) -> Path:
+        """A project whose agentbox.yml pins `count` host paths: half bootstrap scripts, half mounts."""
+        project = self.project("pinned")
+        scripts, mounts = [], []
+        for index in range(count // 2):
+            script = project / "scripts" / f"s{index}.sh"
+            script.parent.mkdir(exist_ok=True)
+            script.write_text(f"true {index}\n")
+            scripts.append(f"scripts/s{index}.sh")
+            folder = self.root / "data" / f"d{index}"
+            folder.mkdir(parents=True, exist_ok=True)
+            mounts.append(f"  - location: {folder}\n    mountPoint: /mnt/d{index}\n")
+        text = "bootstrap:\n  onStartScript:\n" + "".join(f"    - {s}\n" for s in scripts)
+        text += "mounts:\n" + "".join(mounts) + "env:\n  PINNED: yes\n"
+        (project / "agentbox.yml").write_text(text)
+        return project
+
     def run(self, args: list[str], cwd: Path) -> tuple[float, float, list[dict]]:
         before = len(read_calls(self.lima_home))
         started = time.perf_counter()
@@ -87,6 +104,26 @@ class Sandbox:
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         shutil.rmtree(self.lima_home, ignore_errors=True)
+
+
+def manifest_check_seconds(box: Sandbox, project: Path, runs: int) -> list[float]:
+    """agentbox's own cost of the trust check (manifest of every pinned path, compared), in-process."""
+    code = (
+        "import sys, time, json\n"
+        "from pathlib import Path\n"
+        "from agentbox import config, pins, trust\n"
+        "loaded = config.load(Path(sys.argv[1]))\n"
+        "samples = []\n"
+        "for _ in range(int(sys.argv[2])):\n"
+        "    pins.forget()\n"
+        "    started = time.perf_counter()\n"
+        "    trust.require_trust(loaded)\n"
+        "    samples.append(time.perf_counter() - started)\n"
+        "print(json.dumps(samples))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(project), str(runs)], env=box.env, capture_output=True,
+                            check=True)
+    return json.loads(result.stdout)
 
 
 def summarize(samples: list[float]) -> str:
@@ -119,6 +156,18 @@ def main() -> int:
             ("warm launch", summarize([w for w, _, _ in warm]), summarize(own), "/".join(map(str, sorted(counts))),
              verdict("warm launch", statistics.median(own), max(counts) <= 2))
         )
+
+        pinned_project = box.pinned_project(20)
+        box.run(["trust"], pinned_project)
+        box.run(["start"], pinned_project)
+        pinned = [box.run(["codex", "--version"], pinned_project) for _ in range(options.runs)]
+        pinned_counts = {len(calls) for _, _, calls in pinned}
+        rows.append(
+            ("warm, 20 pins", summarize([w for w, _, _ in pinned]), summarize([w - i for w, i, _ in pinned]),
+             "/".join(map(str, sorted(pinned_counts))), "-")
+        )
+        check = manifest_check_seconds(box, pinned_project, options.runs * 5)
+        rows.append(("trust check", summarize(check), "-", "0", verdict("trust check", statistics.median(check))))
 
         stopped = []
         for _ in range(slow_runs):

@@ -261,3 +261,18 @@ def test_replace_ca_cert_line_keeps_everything_else() -> None:
     )
     assert cacerts.replace_ca_cert_line("vm: {}", 'caCert: "/n"') == 'vm: {}\ncaCert: "/n"\n'
     assert cacerts.replace_ca_cert_line("", 'caCert: "/n"') == 'caCert: "/n"\n'
+
+
+@pytest.mark.parametrize("name", [".gitignore", "agentbox.yml", "agentbox-ca.pem"])
+def test_add_never_writes_through_a_symlink_in_the_workspace(
+    project: Path, home: Path, keychain: dict[str, str], name: str
+) -> None:
+    outside = write(home / "dotfiles" / "target", "vm:\n  cpus: 2\n" if name == "agentbox.yml" else "keep\n")
+    before = outside.read_text()
+    (project / name).symlink_to(outside)
+    result = run_cli("ca", "add", "--all", cwd=project)
+    assert result.exit_code == 1
+    assert "symlink" in result.stderr and name in result.stderr
+    assert outside.read_text() == before
+    assert (project / name).is_symlink()
+    assert not (project / "agentbox-ca.pem").exists() or name == "agentbox-ca.pem"

@@ -108,6 +108,9 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
         raise click.UsageError("use either --all or --select, not both")
     config = load_config(ctx)
     pem_path, config_file = _targets(config, is_global)
+    if not is_global:  # checked before anything is written, so a refusal leaves nothing half-done
+        for target in (pem_path, config_file, config.require_workspace() / ".gitignore"):
+            cacerts.refuse_symlink(target)
     candidates = [c for c in cacerts.keychain_certificates() if not cacerts.is_apple(c)]
     if not candidates:
         raise AgentboxError(
