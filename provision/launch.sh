@@ -75,19 +75,31 @@ apply_credentials() {
   done < "$manifest"
 }
 
+# agentbox's own git settings go through the real git, never the readonly-remote wrapper in
+# ~/.local/bin: the wrapper refuses every git command while `env:` sets, say, GIT_SSH_COMMAND.
+git_config_global() {
+  local dir path=""
+  local -a dirs
+  IFS=: read -r -a dirs <<<"$PATH"
+  for dir in "${dirs[@]}"; do
+    [ "$dir" = "$HOME/.local/bin" ] || path="${path:+$path:}$dir"
+  done
+  env PATH="$path" git config --global "$@"
+}
+
 configure_git() {
   command -v git >/dev/null 2>&1 || return 0
   local identity="$staging/creds/gitconfig"
   if [ -r "$identity" ]; then
-    if ! git config --global --get-all include.path 2>/dev/null | grep -qxF "$identity"; then
-      git config --global --add include.path "$identity"
+    if ! git_config_global --get-all include.path 2>/dev/null | grep -qxF "$identity"; then
+      git_config_global --add include.path "$identity"
     fi
-  elif git config --global --get-all include.path 2>/dev/null | grep -qxF "$identity"; then
-    git config --global --unset-all include.path "^$(printf '%s' "$identity" | sed 's/[.[\*^$/]/\\&/g')\$" || true
+  elif git_config_global --get-all include.path 2>/dev/null | grep -qxF "$identity"; then
+    git_config_global --unset-all include.path "^$(printf '%s' "$identity" | sed 's/[.[\*^$/]/\\&/g')\$" || true
   fi
   if { [ -r "$HOME/.config/gh/hosts.yml" ] || [ -n "${GH_TOKEN:-}" ]; } &&
-    [ -z "$(git config --global --get credential.https://github.com.helper 2>/dev/null || true)" ]; then
-    git config --global credential.https://github.com.helper '!gh auth git-credential'
+    [ -z "$(git_config_global --get credential.https://github.com.helper 2>/dev/null || true)" ]; then
+    git_config_global credential.https://github.com.helper '!gh auth git-credential'
   fi
 }
 
@@ -128,8 +140,8 @@ install_guards() {
   for name in "${forwarded_hooks[@]}"; do
     cmp -s "$staging/guards/hook-dispatch" "$hooks_dir/$name" || install -m 755 "$staging/guards/hook-dispatch" "$hooks_dir/$name"
   done
-  if command -v git >/dev/null 2>&1 && [ "$(git config --global --get core.hooksPath 2>/dev/null || true)" != "$hooks_dir" ]; then
-    git config --global core.hooksPath "$hooks_dir"
+  if command -v git >/dev/null 2>&1 && [ "$(git_config_global --get core.hooksPath 2>/dev/null || true)" != "$hooks_dir" ]; then
+    git_config_global core.hooksPath "$hooks_dir"
   fi
 }
 
@@ -144,8 +156,8 @@ remove_guards() {
   for name in "${forwarded_hooks[@]}"; do
     rm -f "$hooks_dir/$name"
   done
-  if command -v git >/dev/null 2>&1 && [ "$(git config --global --get core.hooksPath 2>/dev/null || true)" = "$hooks_dir" ]; then
-    git config --global --unset core.hooksPath
+  if command -v git >/dev/null 2>&1 && [ "$(git_config_global --get core.hooksPath 2>/dev/null || true)" = "$hooks_dir" ]; then
+    git_config_global --unset core.hooksPath
   fi
 }
 

@@ -85,6 +85,54 @@ def test_the_repository_own_hooks_still_run(project: Path, vm: FakeLima) -> None
     assert (project / "hook.out").read_text() == "own-hook-ran\n"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["git", "-c", "core.fsmonitor=./evil", "status"],
+        ["git", "-C", ".", "--config-env=core.sshCommand=EVIL", "ls-remote", "ssh://example.invalid/r.git"],
+        ["env", "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=core.fsmonitor", "GIT_CONFIG_VALUE_0=./evil", "git", "status"],
+        ["env", "GIT_SSH_COMMAND=./evil", "git", "ls-remote", "ssh://example.invalid/r.git"],
+        ["git", "submodule", "foreach", "./evil"],
+    ],
+    ids=["-c", "--config-env", "GIT_CONFIG_COUNT", "GIT_SSH_COMMAND", "submodule-foreach"],
+)
+def test_settings_that_run_a_program_are_refused_inside_the_vm(project: Path, vm: FakeLima, command: list[str]) -> None:
+    remote = repo_with_remote(project)
+    write(project / "evil", f"#!/bin/sh\ntouch {project}/pwned\ngit push -q --no-verify origin HEAD:main\n", mode=0o755)
+    result = shell(project, "env", "EVIL=./evil", *command)
+    assert result.returncode == 1
+    assert b"readonly-remote guard" in result.stderr and b"remoteWrite" in result.stderr
+    assert not (project / "pwned").exists()
+    assert remote_head(remote) == ""
+
+
+def test_session_git_variables_in_env_keep_the_launch_and_git_working(project: Path, vm: FakeLima) -> None:
+    """An `env:` that sets the editor and pager for every command (as IDEs and harnesses do) is no
+    one-off injection: the launch step's own git calls and the agent's commits keep working."""
+    write(project / "agentbox.yml", "env:\n  GIT_EDITOR: 'true'\n  GIT_PAGER: cat\n  GIT_SEQUENCE_EDITOR: ':'\n")
+    repo_with_remote(project)
+    for _ in range(2):  # the second launch runs its git calls through the installed wrapper
+        result = shell(project, "sh", "-c", "git -c user.name=a -c user.email=a@b commit -q --allow-empty -m x && "
+                       "git -c user.name=a -c user.email=a@b commit -q --amend --allow-empty && git log --oneline | wc -l")
+        assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(b"3")
+
+
+def test_refused_git_variable_in_env_stops_git_not_the_launch(project: Path, vm: FakeLima, home: Path) -> None:
+    """The launch step's own git settings bypass the wrapper; the agent's git commands are refused
+    with the reason, instead of the launch dying halfway."""
+    write(home / ".gitconfig", "[user]\n\tname = Ada\n\temail = ada@example.com\n")
+    write(project / "agentbox.yml", "env:\n  GIT_SSH_COMMAND: ssh -o BatchMode=yes\n")
+    repo_with_remote(project)
+    for _ in range(2):  # the second launch finds the wrapper installed
+        result = shell(project, "sh", "-c", "echo launched; git status")
+        assert result.stdout.startswith(b"launched\n"), result.stderr
+        assert result.returncode == 1
+        assert b"refused `GIT_SSH_COMMAND` in the environment" in result.stderr
+    hooks = shell(project, "env", "-u", "GIT_SSH_COMMAND", "git", "config", "--global", "--get", "core.hooksPath")
+    assert hooks.returncode == 0 and hooks.stdout.strip().endswith(b"/.config/agentbox/hooks")
+
+
 def test_remote_write_true_removes_the_guards(project: Path, vm: FakeLima) -> None:
     remote = repo_with_remote(project)
     assert shell(project, "true").returncode == 0

@@ -5,15 +5,20 @@ recording stand-in for the real git in `realbin/` (next on PATH, so the wrapper'
 finds it), a bare repository `remote.git` and a clone `work/` with one commit. A refused push must
 leave every ref of `remote.git` as it was, and the real git must only have been asked the guard's
 own config questions. The control tests show that the same pushes do land when nothing guards
-them, so the "refs unchanged" checks can fail.
+them, so the "refs unchanged" checks can fail. Settings that make git run a program are tried
+with a stand-in program that leaves a marker and pushes; their controls show the real git does
+run it.
 """
 
 from __future__ import annotations
 
 import os
+import pty
+import select
 import shutil
 import stat
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -109,16 +114,21 @@ class Sandbox:
             stdin=subprocess.DEVNULL, check=check, timeout=60,
         )
 
-    def git(self, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            stdin: str | None = None) -> subprocess.CompletedProcess:
-        """`git ARGS` as the agent types it: found on PATH, which is the wrapper in bin/."""
-        run_env = {**self.env, **self.extra_env, **(env or {})}
+    def git(self, *args: str, cwd: Path | None = None, env: dict[str, str | None] | None = None,
+            stdin: str | None = None, tty: bool = False) -> subprocess.CompletedProcess:
+        """`git ARGS` as the agent types it: found on PATH, which is the wrapper in bin/. An env
+        value of None removes that variable; tty=True gives git a terminal as standard output
+        (git only starts a pager on one)."""
+        run_env = merged_env(self.env, self.extra_env, env or {})
         exe = shutil.which("git", path=run_env["PATH"])
         assert exe == str(self.bin / "git")
-        return subprocess.run(
-            ["git", *args], cwd=cwd or self.work, env=run_env, capture_output=True, text=True,
-            input=stdin if stdin is not None else "", timeout=60,
-        )
+        return run(["git", *args], cwd=cwd or self.work, env=run_env, stdin=stdin, tty=tty)
+
+    def real_git(self, *args: str, cwd: Path | None = None, env: dict[str, str | None] | None = None,
+                 stdin: str | None = None, tty: bool = False) -> subprocess.CompletedProcess:
+        """The same with the real git binary called directly (the wrappers stay on PATH)."""
+        run_env = merged_env(self.env, self.extra_env, env or {})
+        return run([REAL_GIT, *args], cwd=cwd or self.work, env=run_env, stdin=stdin, tty=tty)
 
     def remote_refs(self) -> dict[str, str]:
         out = self.real("--git-dir", str(self.remote), "for-each-ref", "--format=%(refname) %(objectname)").stdout
@@ -154,9 +164,57 @@ class Sandbox:
             path.unlink()
 
 
+def merged_env(*layers: dict[str, str | None]) -> dict[str, str]:
+    env: dict[str, str | None] = {}
+    for layer in layers:
+        env.update(layer)
+    return {k: v for k, v in env.items() if v is not None}
+
+
+def run(argv: list[str], cwd: Path, env: dict[str, str], stdin: str | None, tty: bool) -> subprocess.CompletedProcess:
+    if not tty:
+        return subprocess.run(
+            argv, cwd=cwd, env=env, capture_output=True, text=True, input=stdin or "", timeout=60,
+        )
+    assert stdin is None, "a terminal run reads no input"
+    leader, follower = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+        )
+    finally:
+        os.close(follower)
+    out = b""
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise subprocess.TimeoutExpired(argv, 60)
+            if not select.select([leader], [], [], remaining)[0]:
+                continue
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not chunk:
+                break
+            out += chunk
+        _, err = proc.communicate(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        os.close(leader)
+        if proc.poll() is None:
+            proc.kill()
+    return subprocess.CompletedProcess(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"))
+
+
 def is_guard_query(argv: list[str]) -> bool:
     """The config look-ups the git wrapper itself makes before deciding."""
-    return ("config" in argv and "--get-regexp" in argv) or any(a.startswith("--list-cmds=") for a in argv)
+    return (
+        ("config" in argv and ("--get-regexp" in argv or "--show-scope" in argv))
+        or any(a.startswith("--list-cmds=") for a in argv)
+        or argv == ["--exec-path"]
+    )
 
 
 @pytest.fixture
@@ -349,6 +407,445 @@ def test_git_refusal_names_the_operation(sandbox: Sandbox) -> None:
     assert_refused(sandbox.git("pp"), "`git pp`", "push")
     sandbox.real("config", "alias.shp", "!git push")
     assert_refused(sandbox.git("shp"), "shell alias", "cannot be guarded")
+
+
+# ---------------------------------------------------------------------------------------------
+# git: settings that make git run a program. Each case injects `evil`, a script standing for any
+# such program: it leaves a marker file and pushes with the first `git` on its PATH (git puts
+# its own exec-path, the real git, first). Through the wrapper the marker must stay absent, the
+# remote untouched and the real git unasked; the controls run the same command with the real
+# git binary and show the program does run (and, where marked, that its push lands).
+
+EVIL = """#!/bin/sh
+if [ ! -e {marker} ]; then
+  : >{marker}
+  env -i PATH="$PATH" HOME="$HOME" GIT_CONFIG_NOSYSTEM=1 \\
+    git -C {work} push -q --no-verify origin HEAD:refs/heads/pwned >/dev/null 2>&1 </dev/null || true
+fi
+exit 0
+"""
+
+SSH_URL = "ssh://example.invalid/r.git"
+CREDENTIAL_REQUEST = "protocol=https\nhost=example.invalid\n\n"
+NO_PAGER_ENV = {"GIT_PAGER": None, "PAGER": None}
+
+
+@dataclass(frozen=True)
+class Injection:
+    argv: tuple[str, ...]
+    setups: tuple = ()
+    env: tuple[tuple[str, str | None], ...] = ()
+    stdin: str | None = None
+    tty: bool = False
+    cwd: str = "work"
+    control: bool = True  # the real git runs the program (git 2.39 knows the setting and the command works)
+    pushes: bool = True  # ... and the program's push lands
+
+
+def inj(name: str, argv: list[str], *setups, env: dict[str, str | None] | None = None, **kwargs):
+    return pytest.param(Injection(tuple(argv), tuple(setups), tuple((env or {}).items()), **kwargs), id=name)
+
+
+def substitute(box: Sandbox, text: str) -> str:
+    for name, value in {
+        "{evil}": str(box.root / "evil"),
+        "{marker}": str(box.root / "pwned"),
+        "{root}": str(box.root),
+        "{work}": str(box.work),
+        "{remote}": str(box.remote),
+        "{path}": box.env["PATH"],
+    }.items():
+        text = text.replace(name, value)
+    return text
+
+
+def arm(box: Sandbox, case: Injection) -> tuple[list[str], dict[str, str | None]]:
+    """Write `evil`, run the case's setups; the argv and env to run."""
+    write_exe(box.root / "evil", substitute(box, EVIL))
+    for setup in case.setups:
+        setup(box)
+    argv = [substitute(box, a) for a in case.argv]
+    env = {k: None if v is None else substitute(box, v) for k, v in case.env}
+    return argv, env
+
+
+def _changed_readme(box: Sandbox) -> None:
+    (box.work / "README").write_text("hello\nchanged\n")
+
+
+def _attributes(line: str):
+    def setup(box: Sandbox) -> None:
+        info = box.work / ".git" / "info"
+        info.mkdir(exist_ok=True)
+        (info / "attributes").write_text(line + "\n")
+
+    return setup
+
+
+def _readme_deleted(box: Sandbox) -> None:
+    (box.work / "README").unlink()
+
+
+def _conflict(box: Sandbox) -> None:
+    """Branch `other` and main both change README: merging other needs a 3-way merge."""
+    box.real("checkout", "-q", "-b", "other")
+    (box.work / "README").write_text("theirs\n")
+    box.real("commit", "-q", "-am", "theirs")
+    box.real("checkout", "-q", "main")
+    (box.work / "README").write_text("ours\n")
+    box.real("commit", "-q", "-am", "ours")
+
+
+def _merge_stopped(box: Sandbox) -> None:
+    _conflict(box)
+    box.real("merge", "-q", "other", check=False)
+
+
+def _evil_in(*relative: str):
+    def setup(box: Sandbox) -> None:
+        for rel in relative:
+            install(box.root / "evil", box.root / rel)
+
+    return setup
+
+
+def _evil_config(box: Sandbox) -> None:
+    (box.root / "evil.gitconfig").write_text(f"[core]\n\tfsmonitor = {box.root / 'evil'}\n")
+
+
+def _alternates(box: Sandbox) -> None:
+    (box.work / ".git" / "objects" / "info" / "alternates").write_text(str(box.remote / "objects") + "\n")
+    box.advance_remote()
+
+
+def _upstream_moved(box: Sandbox) -> None:
+    box.advance_remote()
+
+
+def _submodule(box: Sandbox) -> None:
+    box.real("-c", "protocol.file.allow=always", "submodule", "add", "-q", str(box.remote), "sub")
+    box.real("commit", "-q", "-m", "add sub")
+
+
+def _submodule_behind(box: Sandbox) -> None:
+    """sub is checked out one commit behind the commit work records: `submodule update` moves it."""
+    _submodule(box)
+    box.advance_remote()
+    sub = box.work / "sub"
+    box.real("fetch", "-q", cwd=sub)
+    box.real("checkout", "-q", "origin/main", cwd=sub)
+    box.real("add", "sub")
+    box.real("commit", "-q", "-m", "bump sub")
+    box.real("checkout", "-q", "HEAD~1", cwd=sub)
+
+
+def _setting_alias(box: Sandbox) -> None:
+    box.real("config", "alias.st2", f"-c core.fsmonitor={box.root / 'evil'} status")
+
+
+def _foreach_alias(box: Sandbox) -> None:
+    box.real("config", "alias.sf", f"submodule foreach {box.root / 'evil'}")
+
+
+HELPER_PATH = {"PATH": "{path}" + os.pathsep + "{root}/helpers"}
+
+INJECTIONS = [
+    # -c / --config-env, wherever git reads them
+    inj("core.sshCommand", ["-c", "core.sshCommand={evil}", "ls-remote", SSH_URL]),
+    inj("core.sshCommand-after--C", ["-C", "work", "-c", "core.sshCommand={evil}", "ls-remote", SSH_URL], cwd="."),
+    inj("core.sshCommand-after--git-dir", ["--git-dir=work/.git", "--work-tree", "work", "-c", "core.sshCommand={evil}",
+                                           "fetch", SSH_URL], cwd="."),
+    inj("--config-env=core.sshCommand", ["--config-env=core.sshCommand=EVIL_CMD", "ls-remote", SSH_URL],
+        env={"EVIL_CMD": "{evil}"}),
+    inj("--config-env-Core.SSHCommand", ["--config-env", "Core.SSHCommand=EVIL_CMD", "ls-remote", SSH_URL],
+        env={"EVIL_CMD": "{evil}"}),
+    inj("-c-glued", ["-ccore.sshCommand={evil}", "ls-remote", SSH_URL], control=False),  # git 2.39 rejects it
+    inj("core.gitProxy", ["-c", "core.gitProxy={evil}", "ls-remote", "git://example.invalid/r.git"]),
+    inj("core.askPass", ["-c", "core.askPass={evil}", "credential", "fill"], stdin=CREDENTIAL_REQUEST),
+    inj("core.pager", ["-c", "core.pager={evil}", "log", "-1"], env=NO_PAGER_ENV, tty=True),
+    inj("pager.log", ["-c", "pager.log={evil}", "log", "-1"], env=NO_PAGER_ENV, tty=True),
+    inj("core.editor", ["-c", "core.editor={evil}", "commit", "--allow-empty"]),
+    inj("sequence.editor", ["-c", "sequence.editor={evil}", "rebase", "-i", "HEAD~1"]),
+    inj("core.fsmonitor", ["-c", "core.fsmonitor={evil}", "status"]),
+    inj("core.hooksPath", ["-c", "core.hooksPath={root}/evilhooks", "commit", "--allow-empty", "-m", "x"],
+        _evil_in("evilhooks/pre-commit")),
+    inj("core.alternateRefsCommand", ["-c", "core.alternateRefsCommand={evil}", "fetch"], _alternates),
+    inj("diff.external", ["-c", "diff.external={evil}", "diff"], _changed_readme),
+    inj("diff.driver.command", ["-c", "diff.x.command={evil}", "diff"], _changed_readme, _attributes("* diff=x")),
+    inj("diff.driver.textconv", ["-c", "diff.x.textconv={evil}", "diff"], _changed_readme, _attributes("* diff=x")),
+    inj("merge.driver.driver", ["-c", "merge.x.driver={evil}", "merge", "-q", "--no-edit", "other"], _conflict,
+        _attributes("* merge=x")),
+    inj("filter.clean", ["-c", "filter.x.clean={evil}", "add", "README"], _changed_readme, _attributes("* filter=x")),
+    inj("filter.smudge", ["-c", "filter.x.smudge={evil}", "checkout", "--", "README"], _readme_deleted,
+        _attributes("* filter=x")),
+    inj("filter.process", ["-c", "filter.x.process={evil}", "add", "README"], _changed_readme,
+        _attributes("* filter=x")),
+    inj("credential.helper", ["-c", "credential.helper={evil}", "credential", "fill"], stdin=CREDENTIAL_REQUEST),
+    inj("credential.url.helper", ["-c", "credential.https://example.invalid.helper=!{evil}", "credential", "fill"],
+        stdin=CREDENTIAL_REQUEST),
+    inj("gpg.program", ["-c", "gpg.program={evil}", "commit", "-q", "-S", "--allow-empty", "-m", "signed"]),
+    inj("gpg.ssh.program", ["-c", "gpg.format=ssh", "-c", "user.signingKey=key::ssh-ed25519 AAAA", "-c",
+                            "gpg.ssh.program={evil}", "commit", "-q", "-S", "--allow-empty", "-m", "signed"]),
+    inj("gpg.ssh.defaultKeyCommand", ["-c", "gpg.format=ssh", "-c", "gpg.ssh.defaultKeyCommand={evil}", "commit", "-q",
+                                      "-S", "--allow-empty", "-m", "signed"]),
+    inj("alias-shell", ["-c", "alias.x=!{evil}", "x"]),
+    inj("interactive.diffFilter", ["-c", "interactive.diffFilter={evil}", "add", "-p"], _changed_readme,
+        tty=True),  # git filters only the coloured diff it shows on a terminal
+    inj("uploadpack.packObjectsHook", ["-c", "uploadpack.packObjectsHook={evil}", "fetch"], _upstream_moved,
+        control=False),  # honoured by `git upload-pack`; a local fetch starts it without the command line's config
+    inj("tar.format.command", ["-c", "tar.evil.command={evil}", "archive", "--format=evil", "-o", "{root}/out.evil",
+                               "HEAD"]),
+    inj("trailer.token.command", ["-c", "trailer.sign.command={evil}", "interpret-trailers", "--trailer", "sign=x"],
+        stdin="subject\n"),
+    inj("trailer.token.cmd", ["-c", "trailer.sign.cmd={evil}", "interpret-trailers", "--trailer", "sign=x"],
+        stdin="subject\n"),
+    inj("remote.uploadpack", ["-c", "remote.origin.uploadpack={evil}", "fetch"]),
+    inj("remote.receivepack", ["-c", "remote.origin.receivepack={evil}", "fetch"], control=False),  # push only
+    inj("remote.vcs", ["-c", "remote.origin.vcs=evil", "fetch"], _evil_in("helpers/git-remote-evil"),
+        env=HELPER_PATH),
+    inj("remote.url", ["-c", "remote.zz.url=evil::x", "fetch", "zz"], _evil_in("helpers/git-remote-evil"),
+        env=HELPER_PATH),
+    inj("url.insteadOf", ["-c", "url.evil::x.insteadOf={remote}", "fetch"], _evil_in("helpers/git-remote-evil"),
+        env=HELPER_PATH),
+    inj("url.pushInsteadOf", ["-c", "url.evil::x.pushInsteadOf={remote}", "fetch"], control=False),  # push only
+    inj("protocol.ext.allow", ["-c", "protocol.ext.allow=always", "ls-remote", "ext::{evil}"]),
+    inj("protocol.allow", ["-c", "protocol.allow=always", "ls-remote", "ext::{evil}"]),
+    inj("include.path", ["-c", "include.path={root}/evil.gitconfig", "status"], _evil_config),
+    inj("includeIf.path", ["-c", "includeIf.onbranch:main.path={root}/evil.gitconfig", "status"], _evil_config,
+        control=False),  # git reads includeIf conditions only from files
+    inj("init.templateDir", ["-c", "init.templateDir={root}/tpl", "clone", "-q", "{remote}", "{root}/clone2"],
+        _evil_in("tpl/hooks/post-checkout")),
+    inj("submodule.update", ["-c", "submodule.sub.update=!{evil}", "submodule", "update"], _submodule_behind),
+    inj("submodule.url", ["-c", "submodule.sub.url=evil::x", "submodule", "update", "--init"], control=False),
+    inj("hook.command", ["-c", "hook.evil.command={evil}", "-c", "hook.evil.event=pre-commit", "commit",
+                         "--allow-empty", "-m", "x"], control=False),  # git 2.50+
+    inj("gc.recentObjectsHook", ["-c", "gc.recentObjectsHook={evil}", "gc", "--cruft"], control=False),  # git 2.42+
+    inj("difftool.cmd", ["-c", "difftool.x.cmd={evil}", "difftool", "-y", "-t", "x"], _changed_readme),
+    inj("mergetool.cmd", ["-c", "mergetool.x.cmd={evil}", "mergetool", "-t", "x", "--no-prompt"], _merge_stopped),
+    inj("man.cmd", ["-c", "man.viewer=x", "-c", "man.x.cmd={evil}", "help", "-m", "log"]),
+    inj("browser.cmd", ["-c", "browser.x.cmd={evil}", "web--browse", "--browser=x", "http://example.invalid/"]),
+    inj("guitool.cmd", ["-c", "guitool.x.cmd={evil}", "gui"], control=False),
+    inj("sendemail.smtpServer", ["-c", "sendemail.smtpServer={evil}", "send-email", "--to=x@example.invalid", "-1"],
+        control=False),
+    inj("sendemail.identity.toCmd", ["-c", "sendemail.work.toCmd={evil}", "send-email", "-1"], control=False),
+    inj("imap.tunnel", ["-c", "imap.tunnel={evil}", "imap-send"], control=False),
+    inj("instaweb.httpd", ["-c", "instaweb.httpd={evil}", "instaweb"], control=False),
+    inj("--exec-path=", ["--exec-path={root}/evilexec", "fetch"], _evil_in("evilexec/git-upload-pack"),
+        pushes=False),  # the program's `git` is this wrapper again: not on the exec-path
+    inj("alias-sets-program", ["st2"], _setting_alias),
+    # git submodule foreach
+    inj("submodule-foreach", ["submodule", "foreach", "{evil}"], _submodule),
+    inj("submodule-quiet-foreach", ["submodule", "--quiet", "foreach", "{evil}"], _submodule),
+    inj("submodule-foreach-via--C", ["-C", "work", "submodule", "foreach", "--recursive", "{evil}"], _submodule,
+        cwd="."),
+    inj("submodule--helper-foreach", ["submodule--helper", "foreach", "{evil}"], _submodule),
+    inj("alias-submodule-foreach", ["sf"], _submodule, _foreach_alias),
+    # the environment
+    inj("GIT_CONFIG_COUNT", ["status"],
+        env={"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "{evil}"}),
+    inj("GIT_CONFIG_COUNT-second-entry", ["ls-remote", SSH_URL],
+        env={"GIT_CONFIG_COUNT": "2", "GIT_CONFIG_KEY_0": "user.name", "GIT_CONFIG_VALUE_0": "x",
+             "GIT_CONFIG_KEY_1": "Core.SSHCommand", "GIT_CONFIG_VALUE_1": "{evil}"}),
+    inj("GIT_CONFIG_COUNT-bogus", ["status"],
+        env={"GIT_CONFIG_COUNT": "1x", "GIT_CONFIG_KEY_0": "core.fsmonitor", "GIT_CONFIG_VALUE_0": "{evil}"},
+        control=False),  # git stops too
+    inj("GIT_CONFIG_PARAMETERS", ["status"], env={"GIT_CONFIG_PARAMETERS": "'core.fsmonitor'='{evil}'"}),
+    inj("GIT_CONFIG_PARAMETERS-old-style", ["status"], env={"GIT_CONFIG_PARAMETERS": "'core.fsmonitor={evil}'"}),
+    inj("GIT_CONFIG_PARAMETERS-alias", ["zz"], env={"GIT_CONFIG_PARAMETERS": "'user.name'='x' 'alias.zz'='!{evil}'"}),
+    inj("GIT_CONFIG_PARAMETERS-include", ["status"], _evil_config,
+        env={"GIT_CONFIG_PARAMETERS": "'include.path'='{root}/evil.gitconfig'"}),
+    inj("GIT_SSH_COMMAND", ["ls-remote", SSH_URL], env={"GIT_SSH_COMMAND": "{evil}"}),
+    inj("GIT_SSH", ["ls-remote", SSH_URL], env={"GIT_SSH": "{evil}"}),
+    inj("GIT_PROXY_COMMAND", ["ls-remote", "git://example.invalid/r.git"], env={"GIT_PROXY_COMMAND": "{evil}"}),
+    inj("GIT_EXTERNAL_DIFF", ["diff"], _changed_readme, env={"GIT_EXTERNAL_DIFF": "{evil}"}),
+    inj("GIT_EXEC_PATH", ["fetch"], _evil_in("evilexec/git-upload-pack"), env={"GIT_EXEC_PATH": "{root}/evilexec"},
+        pushes=False),
+    inj("GIT_CONFIG_GLOBAL", ["status"], _evil_config, env={"GIT_CONFIG_GLOBAL": "{root}/evil.gitconfig"}),
+    inj("GIT_CONFIG_SYSTEM", ["status"], _evil_config,
+        env={"GIT_CONFIG_SYSTEM": "{root}/evil.gitconfig", "GIT_CONFIG_NOSYSTEM": None}),
+    inj("GIT_TEMPLATE_DIR", ["clone", "-q", "{remote}", "{root}/clone2"], _evil_in("tpl/hooks/post-checkout"),
+        env={"GIT_TEMPLATE_DIR": "{root}/tpl"}),
+    inj("GIT_ALLOW_PROTOCOL", ["ls-remote", "ext::{evil}"], env={"GIT_ALLOW_PROTOCOL": "file:ext"}),
+]
+
+
+@pytest.mark.parametrize("case", INJECTIONS)
+def test_git_refuses_settings_that_run_a_program(sandbox: Sandbox, case: Injection) -> None:
+    sandbox.commit_ahead()
+    argv, env = arm(sandbox, case)
+    before = sandbox.remote_refs()
+    sandbox.clear_calls()
+
+    result = sandbox.git(*argv, cwd=sandbox.root / case.cwd, env=env, stdin=case.stdin, tty=case.tty)
+
+    assert_refused(result)
+    assert not (sandbox.root / "pwned").exists(), "the injected program ran"
+    assert sandbox.remote_refs() == before
+    others = [c for c in sandbox.calls() if not is_guard_query(c)]
+    assert others == [], f"the real git ran: {others}"
+
+
+@pytest.mark.parametrize("case", [c for c in INJECTIONS if c.values[0].control])
+def test_control_real_git_runs_the_injected_program(sandbox: Sandbox, case: Injection) -> None:
+    sandbox.commit_ahead()
+    argv, env = arm(sandbox, case)
+
+    result = sandbox.real_git(*argv, cwd=sandbox.root / case.cwd, env=env, stdin=case.stdin, tty=case.tty)
+
+    assert (sandbox.root / "pwned").exists(), f"the program did not run: {result}"
+    if case.pushes:
+        assert "refs/heads/pwned" in sandbox.remote_refs(), "the program's push did not land"
+
+
+def test_git_refusal_names_the_setting(sandbox: Sandbox) -> None:
+    assert_refused(sandbox.git("-c", "core.sshCommand=x", "fetch"), "`git -c core.sshCommand=x`", "core.sshCommand",
+                   "a program git runs finds the real git first on PATH")
+    assert_refused(sandbox.git("--config-env=core.hooksPath=HOME", "status"), "`git --config-env=core.hooksPath=HOME`",
+                   "pre-push hook")
+    assert_refused(sandbox.git("-c", "include.path=/dev/null", "status"), "another config file")
+    assert_refused(sandbox.git("status", env={"GIT_CONFIG_PARAMETERS": "'diff.x.textconv'='x'"}),
+                   "`diff.x.textconv` set in the environment", "GIT_CONFIG_PARAMETERS")
+    assert_refused(sandbox.git("status", env={"GIT_CONFIG_COUNT": "z"}), "cannot read")
+    assert_refused(sandbox.git("fetch", env={"GIT_SSH_COMMAND": "ssh -i key"}), "`GIT_SSH_COMMAND` in the environment",
+                   "~/.ssh/config")
+    assert_refused(sandbox.git("status", env={"GIT_CONFIG_GLOBAL": "/dev/null"}), "`GIT_CONFIG_GLOBAL`", "core.hooksPath")
+    assert_refused(sandbox.git("--exec-path=/tmp", "status"), "`git --exec-path=/tmp`", "from /tmp instead of")
+    assert_refused(sandbox.git("submodule", "foreach", "true"), "`git submodule foreach`", "every submodule")
+    # a control character the agent typed is shown as '?', never sent to the terminal
+    shown = sandbox.git("-c", "core.pager=\x1b]0;title\x07", "log")
+    assert_refused(shown, "core.pager=?]0;title?")
+    assert "\x1b" not in shown.stderr and "\x07" not in shown.stderr
+
+
+# Settings and environment that run nothing (or only what the user configured) keep working.
+HARMLESS = [
+    inj("-c-user.name", ["-c", "user.name=x", "commit", "-q", "--allow-empty", "-m", "x"]),
+    inj("-c-color.ui", ["-c", "color.ui=never", "status"]),
+    inj("-c-core.pager-cat", ["-c", "core.pager=cat", "log", "-1"], tty=True),
+    inj("-c-core.pager-empty", ["-c", "core.pager=", "log", "-1"], tty=True),
+    inj("-c-core.pager-less-options", ["-c", "core.pager=less -FRX", "log", "-1"]),
+    inj("-c-pager.log-false", ["-c", "pager.log=false", "log", "-1"], tty=True),
+    inj("-c-pager.log-bare", ["-c", "pager.log", "log", "-1"]),
+    inj("-c-core.editor-true", ["-c", "core.editor=true", "commit", "-q", "--amend", "--allow-empty"]),
+    inj("-c-sequence.editor-colon", ["-c", "sequence.editor=:", "rebase", "-q", "-i", "HEAD~1"]),
+    inj("-c-credential.helper-reset", ["-c", "credential.helper=", "fetch", "-q"]),
+    inj("-c-credential.url.helper-reset", ["-c", "credential.https://example.invalid.helper=", "status"]),
+    inj("-c-core.fsmonitor-false", ["-c", "core.fsmonitor=false", "status"]),
+    inj("-c-protocol.file.allow", ["-c", "protocol.file.allow=always", "fetch", "-q"]),
+    inj("-c-protocol.ext.allow-never", ["-c", "protocol.ext.allow=never", "status"]),
+    inj("-c-ssh.variant", ["-c", "ssh.variant=ssh", "status"]),
+    inj("-c-http.proxy", ["-c", "http.proxy=http://127.0.0.1:9", "status"]),
+    inj("-c-diff.tool", ["-c", "diff.tool=vimdiff", "status"]),
+    inj("-c-safe.directory", ["-c", "safe.directory=*", "status"]),
+    inj("--config-env-user.name", ["--config-env=user.name=NAME", "commit", "-q", "--allow-empty", "-m", "x"],
+        env={"NAME": "x"}),
+    inj("--config-env-core.pager-cat", ["--config-env", "core.pager=PAGER_CMD", "log", "-1"], env={"PAGER_CMD": "cat"},
+        tty=True),
+    inj("--exec-path-own", ["--exec-path={execpath}", "status"]),
+    inj("GIT_EXEC_PATH-own", ["status"], env={"GIT_EXEC_PATH": "{execpath}"}),
+    inj("GIT_CONFIG_COUNT-user.name", ["commit", "-q", "--allow-empty", "-m", "x"],
+        env={"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "user.name", "GIT_CONFIG_VALUE_0": "x"}),
+    inj("GIT_CONFIG_COUNT-0", ["status"], env={"GIT_CONFIG_COUNT": "0"}),
+    inj("GIT_CONFIG_PARAMETERS-safe", ["status"],
+        env={"GIT_CONFIG_PARAMETERS": "'user.name'='x' 'color.ui'='never' 'core.pager'='cat'"}),
+    inj("GIT_CONFIG_SYSTEM-dev-null", ["status"], env={"GIT_CONFIG_SYSTEM": "/dev/null", "GIT_CONFIG_NOSYSTEM": None}),
+    inj("GIT_ALLOW_PROTOCOL-safe", ["fetch", "-q"], env={"GIT_ALLOW_PROTOCOL": "file:https:ssh"}),
+    inj("session-editors-and-pagers", ["status"],
+        env={"GIT_EDITOR": "code --wait", "GIT_SEQUENCE_EDITOR": "sed -i s/pick/edit/", "GIT_PAGER": "delta",
+             "GIT_ASKPASS": "/usr/lib/code/askpass.sh", "EDITOR": "vim", "PAGER": "less"}),
+    inj("submodule-status", ["submodule", "status"], _submodule),
+    inj("submodule-update", ["submodule", "update"], _submodule_behind),
+    inj("submodule-update-checkout", ["-c", "submodule.sub.update=checkout", "submodule", "update"], _submodule_behind),
+    inj("submodule-quiet-sync", ["submodule", "--quiet", "sync"], _submodule),
+]
+
+
+@pytest.mark.parametrize("case", HARMLESS)
+def test_git_allows_harmless_settings(sandbox: Sandbox, case: Injection) -> None:
+    sandbox.commit_ahead()
+    argv, env = arm(sandbox, case)
+    own_exec_path = sandbox.real("--exec-path").stdout.strip()
+    argv = [a.replace("{execpath}", own_exec_path) for a in argv]
+    env = {k: v and v.replace("{execpath}", own_exec_path) for k, v in env.items()}
+    sandbox.clear_calls()
+
+    result = sandbox.git(*argv, cwd=sandbox.root / case.cwd, env=env, stdin=case.stdin, tty=case.tty)
+
+    assert result.returncode == 0, result.stderr
+    assert BLOCKED not in result.stderr
+    assert argv in sandbox.calls()
+
+
+def test_git_dash_c_and_environment_config_reach_git(sandbox: Sandbox) -> None:
+    no_author = {"GIT_AUTHOR_NAME": None}  # it would win over user.name
+    assert sandbox.git("-c", "user.name=Dash C", "commit", "-q", "--allow-empty", "-m", "a", env=no_author).returncode == 0
+    assert sandbox.real("log", "-1", "--format=%an").stdout.strip() == "Dash C"
+    env = {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "user.name", "GIT_CONFIG_VALUE_0": "Env Count",
+           "GIT_AUTHOR_NAME": None}
+    assert sandbox.git("commit", "-q", "--allow-empty", "-m", "b", env=env).returncode == 0
+    assert sandbox.real("log", "-1", "--format=%an").stdout.strip() == "Env Count"
+    env = {"GIT_CONFIG_PARAMETERS": "'user.name'='Env Params'", "GIT_AUTHOR_NAME": None}
+    assert sandbox.git("commit", "-q", "--allow-empty", "-m", "c", env=env).returncode == 0
+    assert sandbox.real("log", "-1", "--format=%an").stdout.strip() == "Env Params"
+
+
+def test_git_user_global_editor_and_pager_work(sandbox: Sandbox) -> None:
+    """The user's own ~/.gitconfig may name any editor or pager: only one-off settings are checked."""
+    editor = write_exe(sandbox.root / "my-editor", "#!/bin/sh\necho 'written in my editor' >\"$1\"\n")
+    pager_log = sandbox.root / "pager-ran"
+    pager = write_exe(sandbox.root / "my-pager", f"#!/bin/sh\necho ran >>{pager_log}\nexec cat\n")
+    sandbox.real("config", "--global", "core.editor", str(editor))
+    sandbox.real("config", "--global", "core.pager", str(pager))
+    no_pager_env = {"GIT_PAGER": None, "PAGER": None}
+
+    commit = sandbox.git("commit", "--allow-empty")
+    assert commit.returncode == 0, commit.stderr
+    assert sandbox.real("log", "-1", "--format=%s").stdout.strip() == "written in my editor"
+
+    log = sandbox.git("log", "-1", "--format=%s", env=no_pager_env, tty=True)
+    assert log.returncode == 0, log.stderr
+    assert "written in my editor" in log.stdout
+    _changed_readme(sandbox)
+    diff = sandbox.git("diff", env=no_pager_env, tty=True)
+    assert diff.returncode == 0, diff.stderr
+    assert "changed" in diff.stdout
+    assert pager_log.read_text() == "ran\nran\n"
+
+
+def test_git_session_editor_pager_and_askpass_work(sandbox: Sandbox) -> None:
+    """GIT_EDITOR, GIT_SEQUENCE_EDITOR, GIT_PAGER and GIT_ASKPASS come from the session (editors,
+    IDEs, agent harnesses) and are left alone."""
+    editor = write_exe(sandbox.root / "ide-editor", "#!/bin/sh\necho 'from the IDE' >\"$1\"\n")
+    assert sandbox.git("commit", "-q", "--allow-empty", env={"GIT_EDITOR": str(editor)}).returncode == 0
+    assert sandbox.real("log", "-1", "--format=%s").stdout.strip() == "from the IDE"
+
+    rebase = sandbox.git("rebase", "-q", "-i", "HEAD~1", env={"GIT_SEQUENCE_EDITOR": ":"})
+    assert rebase.returncode == 0, rebase.stderr
+
+    pager_log = sandbox.root / "pager-ran"
+    pager = write_exe(sandbox.root / "ide-pager", f"#!/bin/sh\necho ran >>{pager_log}\nexec cat\n")
+    log = sandbox.git("log", "-1", "--format=%s", env={"GIT_PAGER": str(pager)}, tty=True)
+    assert log.returncode == 0 and "from the IDE" in log.stdout
+    assert pager_log.read_text() == "ran\n"
+
+    askpass = write_exe(sandbox.root / "ide-askpass", "#!/bin/sh\necho from-askpass\n")
+    fill = sandbox.git("credential", "fill", env={"GIT_ASKPASS": str(askpass)}, stdin=CREDENTIAL_REQUEST)
+    assert fill.returncode == 0, fill.stderr
+    assert "password=from-askpass" in fill.stdout
+
+
+def test_git_submodule_init_and_update_work(sandbox: Sandbox) -> None:
+    _submodule(sandbox)
+    clone = sandbox.root / "clone2"
+    sandbox.real("clone", "-q", str(sandbox.work), str(clone), cwd=sandbox.root)
+    init = sandbox.git("submodule", "init", cwd=clone)
+    assert init.returncode == 0, init.stderr
+    update = sandbox.git("-c", "protocol.file.allow=always", "submodule", "update", cwd=clone)
+    assert update.returncode == 0, update.stderr
+    assert (clone / "sub" / "README").read_text() == "hello\n"
+    status = sandbox.git("submodule", "status", cwd=clone)
+    assert status.returncode == 0 and " sub " in status.stdout
+
 
 
 # ---------------------------------------------------------------------------------------------
