@@ -108,8 +108,8 @@ def differences(effective: dict[str, Any], expected: dict[str, Any], instance_di
         if _flag(ssh.get(flag), False) and not expected["ssh"].get(flag):
             found.append(Difference(f"ssh.{flag}", f"ssh.{flag} is true", True))
     if _flag(effective.get("propagateProxyEnv"), True) and not expected["propagateProxyEnv"]:
-        found.append(Difference("propagateProxyEnv", "propagateProxyEnv is true (host proxy variables, "
-                                "which can carry passwords, reach the VM)", True))
+        found.append(Difference("propagateProxyEnv", "propagateProxyEnv is true: the host's proxy variables, "
+                                "which can carry passwords, reach the VM", True))
     found += _containerd_differences(effective, expected)
     variables = _TemplateVars(effective, instance_dir)
     found += [
@@ -241,7 +241,7 @@ def _describe_forward(entry: dict[str, Any]) -> str:
     host = entry.get("hostSocket") or f"{entry.get('hostIP', '127.0.0.1')}:{_ports(entry, 'host')}"
     guest = entry.get("guestSocket") or f"port {_ports(entry, 'guest')}"
     if entry.get("reverse"):
-        return f"portForwards: a reverse forward lets the VM reach the host's {host} (at its {guest})"
+        return f"portForwards: a reverse forward gives the VM the host's {host} at {guest}"
     return f"portForwards: the VM's {guest} is forwarded to the host's {host}"
 
 
@@ -309,10 +309,13 @@ def refusal(name: str, found: list[Difference], lima_home: Path, stopped: bool) 
         sources += [path for path in named if path not in sources]
         where = " and ".join(named) if named else "a host-wide Lima setting"
         lines.append(f"  - {difference.text} (set by {where})")
-    state = "agentbox stopped it and will not use it" if stopped else "agentbox will not start it"
     files = " and ".join(sources) if sources else f"{config_dir}/default.yaml or override.yaml"
+    if stopped:
+        opening = f"{name} runs with settings agentbox did not give it, so agentbox stopped it and will not use it"
+    else:
+        opening = f"{name} would start with settings agentbox did not give it, so agentbox will not start it"
     return RefusedError(
-        f"{name} runs with settings agentbox did not give it, so {state} until they are gone:\n" + "\n".join(lines),
+        f"{opening} until they are gone:\n" + "\n".join(lines),
         hint=(
             f"Lima merges {files} into every instance. Remove those settings there, then run the command "
             "again. To give this VM such a setting on purpose, set it in `vm.lima` in agentbox.yml "

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from agentbox import drift, effective, paths
 from agentbox import lima as limamod
@@ -139,7 +139,7 @@ def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str,
     return expected
 
 
-def refuse(session: Session, name: str, found: list[effective.Difference], running: bool) -> None:
+def refuse(session: Session, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
     """Record the VM as refused (so the next command does not use it either), stop it, raise."""
     update_state(name, {"refused": [difference.text for difference in found]})
     if running:

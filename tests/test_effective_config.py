@@ -118,7 +118,7 @@ def test_a_setting_neither_file_holds_is_named_as_host_wide(project: Path, limac
     instance_yaml.write_text(instance_yaml.read_text().replace("propagateProxyEnv: false", "propagateProxyEnv: true"))
     result = run_cli("start", cwd=project)
     assert result.exit_code == 1
-    assert "propagateProxyEnv is true (" in result.stderr
+    assert "propagateProxyEnv is true:" in result.stderr
     assert "(set by a host-wide Lima setting)" in result.stderr
 
 
