@@ -13,6 +13,7 @@ sets the key.
 
 from __future__ import annotations
 
+import functools
 import os
 import posixpath
 import re
@@ -170,6 +171,8 @@ def _containerd_differences(effective: dict[str, Any], expected: dict[str, Any])
 
 def _unmatched(actual: list[Any], rendered: list[Any], key: Any) -> list[Any]:
     """Entries of `actual` left over once each rendered entry has claimed one equal to it."""
+    if not actual:
+        return []
     remaining = [key(entry) for entry in rendered if isinstance(entry, dict)]
     extra = []
     for entry in actual:
@@ -191,22 +194,30 @@ def _widening_forward(entry: Any) -> bool:
 
 
 class _TemplateVars:
-    """The variables Lima expands in forwards and copyToHost, for rendered entries that use them."""
+    """The variables Lima expands in forwards and copyToHost, for rendered entries that use them.
+
+    Worked out only when an entry is compared: the warm launch usually has none.
+    """
 
     def __init__(self, effective: dict[str, Any], instance_dir: str) -> None:
-        user = effective.get("user") or {}
-        name = os.path.basename(instance_dir)
-        params = effective.get("param") or {}
-        self.guest = {"Name": name, "Hostname": f"lima-{name}", "UID": user.get("uid"), "User": user.get("name"),
-                      "Home": user.get("home"), "Param": params}
-        self.host = {"Name": name, "Instance": name, "Dir": instance_dir, "LimaHome": os.path.dirname(instance_dir),
-                     "Home": os.path.expanduser("~"), "UID": os.getuid(), "User": _host_user(), "Param": params}
+        self._effective = effective
+        self._dir = instance_dir
 
+    @functools.cached_property
+    def guest(self) -> dict[str, Any]:
+        user = self._effective.get("user") or {}
+        name = os.path.basename(self._dir)
+        return {"Name": name, "Hostname": f"lima-{name}", "UID": user.get("uid"), "User": user.get("name"),
+                "Home": user.get("home"), "Param": self._effective.get("param") or {}}
 
-def _host_user() -> str:
-    import getpass
+    @functools.cached_property
+    def host(self) -> dict[str, Any]:
+        import getpass
 
-    return getpass.getuser()
+        name = os.path.basename(self._dir)
+        return {"Name": name, "Instance": name, "Dir": self._dir, "LimaHome": os.path.dirname(self._dir),
+                "Home": os.path.expanduser("~"), "UID": os.getuid(), "User": getpass.getuser(),
+                "Param": self._effective.get("param") or {}}
 
 
 def _expand(text: Any, variables: dict[str, Any]) -> str:
