@@ -44,3 +44,7 @@ class LimaError(AgentboxError):
 
 class Interrupted(AgentboxError):
     exit_code = 130
+
+
+class RefusedError(StateError):
+    """The VM would reach further than agentbox rendered it; agentbox will not start or use it."""

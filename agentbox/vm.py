@@ -9,12 +9,12 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-from agentbox import drift, paths
+from agentbox import drift, effective, paths
 from agentbox import lima as limamod
 from agentbox.config import Config
-from agentbox.errors import Interrupted, LimaError, StateError
+from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.lima import BROKEN, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
 from agentbox.progress import Progress, note
@@ -74,14 +74,15 @@ def check_workspace_matches(instance: Instance, config: Config) -> None:
 
 
 def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOWN) -> Instance:
-    """Make sure the project's VM exists and runs; a VM that already runs costs one `limactl list`.
+    """Make sure the project's VM exists, runs and runs with what agentbox rendered.
 
-    `known` is the result of a `list` the caller already made, so no call is repeated.
+    `known` is the result of a `list` the caller already made, so no call is repeated: a VM that
+    already runs costs that one `limactl list`, whose row also carries the config it is checked against.
     """
     instance = session.instance(name) if known is _UNKNOWN else known
     if instance is not None:
         check_ownership(instance, session.config)
-        if instance.status == RUNNING:
+        if instance.status == RUNNING and verify_running(session, instance):
             return instance
     with vm_lock(name) as waited:
         if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
@@ -95,12 +96,58 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
                     raise StateError(f"limactl says {name} already exists, but `limactl list` does not show it") from None
         check_ownership(instance, session.config)
         if instance.status == RUNNING:
-            return instance
+            if verify_running(session, instance):
+                return instance
+            # Refused earlier and started again outside agentbox: what it booted with is unknown.
+            note(f"{name} was refused earlier and has been started since; restarting it to check what it runs with")
+            session.lima.stop(name, force=True)
+            return start(session, name, instance.dir, instance)
         if instance.status == STOPPED:
-            return start(session, instance.name, instance.dir)
+            return start(session, instance.name, instance.dir, instance)
         if instance.status == BROKEN:
             return recover(session, instance)
         return wait_for_settled(session, instance)
+
+
+def verify_running(session: Session, instance: Instance) -> bool:
+    """Check a Running VM's effective config from its `list` row (no limactl call).
+
+    A difference marks the VM refused, stops it and raises. False: the row is clean but the VM was
+    refused before, so it may still run with what was refused and has to be restarted first.
+    """
+    state = read_state(instance.name)
+    expected = expected_config(instance.name, state)
+    if expected is not None and instance.config:
+        found = effective.differences(instance.config, expected, instance.dir)
+        if found:
+            refuse(session, instance.name, found, running=True)
+    return not state.get("refused")
+
+
+def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What agentbox rendered for the VM, from its state; rebuilt once from the kept lima.yaml for older VMs."""
+    state = read_state(name) if state is None else state
+    expected = state.get("expected")
+    if effective.is_current(expected):
+        return expected
+    try:
+        rendered = (paths.vm_state_dir(name) / "lima.yaml").read_text()
+    except OSError:
+        return None  # created before agentbox kept its template: nothing to compare with
+    expected = effective.expected_from_rendered(rendered)
+    update_state(name, {"expected": expected})
+    return expected
+
+
+def refuse(session: Session, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
+    """Record the VM as refused (so the next command does not use it either), stop it, raise."""
+    update_state(name, {"refused": [difference.text for difference in found]})
+    if running:
+        try:
+            session.lima.stop(name, force=True)
+        except LimaError as error:
+            note(f"could not stop {name}: {error.message}; agentbox still refuses to use it")
+    raise effective.refusal(name, found, paths.lima_home(), stopped=running)
 
 
 class _AlreadyExists(Exception):
@@ -139,12 +186,20 @@ def create_and_start(session: Session, name: str) -> Instance:
     write_state(
         name,
         {"workspace": str(config.require_workspace()), "created": time.time(), "reconnect": True,
-         "fingerprint": drift.creation_fingerprint(config)},
+         "fingerprint": drift.creation_fingerprint(config), "expected": effective.expected_from_rendered(template_text)},
     )
     return start(session, name, str(paths.lima_home() / name))
 
 
-def start(session: Session, name: str, instance_dir: str) -> Instance:
+def start(session: Session, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
+    """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
+    expected = expected_config(name)
+    if expected is not None:
+        effective.check_mount_locations(name, expected)
+        if row is not None and row.config:
+            found = effective.differences(row.config, expected, row.dir or instance_dir)
+            if found:
+                refuse(session, name, found, running=False)
     timeout = max(MIN_START_TIMEOUT, session.config.startup_wait_sec)
     log_path = os.path.join(instance_dir, "ha.stderr.log")
     try:
@@ -164,7 +219,11 @@ def start(session: Session, name: str, instance_dir: str) -> Instance:
         raise
     update_state(name, {"booted": time.time()})
     instance = require_running(session, name)
-    drift.check_effective_config(instance.config, paths.vm_state_dir(name) / "lima.yaml", name, paths.lima_home())
+    if expected is not None and instance.config:
+        found = effective.differences(instance.config, expected, instance.dir)
+        if found:
+            refuse(session, name, found, running=True)
+    clear_refusal(name)
     return instance
 
 
@@ -173,7 +232,9 @@ def recover(session: Session, instance: Instance) -> Instance:
     note(f"{instance.name} is Broken; trying Lima's recovery (limactl stop --force, then start)")
     try:
         session.lima.stop(instance.name, force=True)
-        return start(session, instance.name, instance.dir)
+        return start(session, instance.name, instance.dir, instance)
+    except RefusedError:
+        raise
     except (LimaError, StateError) as error:
         raise StateError(
             f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}",
@@ -198,7 +259,7 @@ def wait_for_settled(session: Session, instance: Instance) -> Instance:
         if current.status == RUNNING:
             return current
         if current.status == STOPPED:
-            return start(session, current.name, current.dir)
+            return start(session, current.name, current.dir, current)
         status = current.status
     detail = "its lima.yaml could not be loaded" if status == "" else f"status {status!r}"
     raise StateError(
@@ -322,6 +383,13 @@ def update_state(name: str, changes: dict[str, Any]) -> None:
     data = read_state(name)
     data.update(changes)
     write_state(name, data)
+
+
+def clear_refusal(name: str) -> None:
+    """The VM started and passed the check: a refusal recorded earlier no longer applies."""
+    data = read_state(name)
+    if data.pop("refused", None) is not None:
+        write_state(name, data)
 
 
 def clear_state(name: str) -> None:

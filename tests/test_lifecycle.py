@@ -351,3 +351,98 @@ def test_unknown_status_is_waited_for_then_explained(project: Path, limactl: Fak
     assert result.exit_code == 1
     assert "Installing" in result.stderr and "did not become usable" in result.stderr
     assert "delete" not in limactl.subcommands()
+
+
+@pytest.mark.parametrize("explicit_name", [False, True])
+def test_recreate_refuses_a_vm_of_another_workspace(limactl: FakeLima, home: Path, explicit_name: bool) -> None:
+    first = home.parent / "a" / "app"
+    second = home.parent / "b" / "app"
+    for folder in (first, second):
+        folder.mkdir(parents=True)
+        if explicit_name:
+            write(folder / "agentbox.yml", "vm:\n  name: agentbox-shared\n")
+            assert run_cli("trust", cwd=folder).exit_code == 0
+    name = "agentbox-shared" if explicit_name else "agentbox-app"
+    assert run_cli("start", cwd=first).exit_code == 0
+    limactl.clear()
+    result = run_cli("start", "--recreate", "--yes", cwd=second)
+    assert result.exit_code == 1
+    assert f"belongs to {first}" in result.stderr
+    assert "delete" not in limactl.subcommands()
+    assert limactl.status(name) == "Running"
+    assert f"agentboxWorkspace: {first}" in limactl.lima_yaml(name)
+
+
+def test_recreate_without_terminal_or_yes_refuses(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    limactl.clear()
+    result = run_cli("start", "--recreate", cwd=project)
+    assert result.exit_code == 1
+    assert "without confirmation" in result.stderr and "agentbox start --recreate --yes" in result.stderr
+    assert limactl.subcommands() == ["list"]
+    assert limactl.status(NAME) == "Running"
+
+
+def test_recreate_with_yes_deletes_and_creates_anew(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    marker = limactl.home / NAME / "from-the-old-vm"
+    marker.write_text("")
+    limactl.clear()
+    result = run_cli("start", "--recreate", "--yes", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert limactl.subcommands() == ["list", "delete", "create", "start", "list"]
+    assert limactl.status(NAME) == "Running" and not marker.exists()
+
+
+def test_recreate_asks_on_a_terminal(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    limactl.clear()
+    code, output = _on_terminal(project, ["start", "--recreate"], answer=b"n\n")
+    assert code == 1
+    assert "Delete VM agentbox-myproject and its disk, then create it anew?" in output
+    assert "delete" not in limactl.subcommands() and limactl.status(NAME) == "Running"
+    code, output = _on_terminal(project, ["start", "--recreate"], answer=b"y\n")
+    assert code == 0, output
+    assert "delete" in limactl.subcommands() and limactl.status(NAME) == "Running"
+
+
+def _on_terminal(cwd: Path, args: list[str], answer: bytes) -> tuple[int, str]:
+    """Run agentbox with stdin and stderr on a pseudo-terminal; answer its first question."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=slave,
+                            stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    output = b""
+    answered = False
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not chunk:
+                break
+            output += chunk
+        if not answered and b"[y/N]" in output:
+            os.write(master, answer)
+            answered = True
+        if proc.poll() is not None and not ready:
+            break
+    os.close(master)
+    return proc.wait(timeout=60), output.decode(errors="replace")
+
+
+def test_recreate_replaces_a_same_named_vm_agentbox_did_not_create(project: Path, limactl: FakeLima, home: Path) -> None:
+    foreign = home.parent / "foreign.yaml"
+    foreign.write_text("images:\n- location: https://example.invalid/x.img\n")
+    subprocess.run(["limactl", "--tty=false", "create", "--name", NAME, str(foreign)], check=True, capture_output=True)
+    refused = run_cli("start", cwd=project)
+    assert refused.exit_code == 1 and "was not created by this agentbox" in refused.stderr
+    result = run_cli("start", "--recreate", "--yes", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert f"agentboxWorkspace: {project}" in limactl.lima_yaml(NAME)

@@ -29,8 +29,9 @@ def _vm_name(session, agent: str | None = None) -> str:  # noqa: ANN001
 
 @click.command("start")
 @click.option("--recreate", is_flag=True, help="Delete the VM and create it anew from the current config.")
+@click.option("--yes", is_flag=True, help="With --recreate: delete without asking (for scripts).")
 @click.pass_context
-def start_command(ctx: click.Context, recreate: bool) -> None:
+def start_command(ctx: click.Context, recreate: bool, yes: bool) -> None:
     """Create and start the project's VM."""
     from agentbox import vm
 
@@ -38,14 +39,27 @@ def start_command(ctx: click.Context, recreate: bool) -> None:
     name = _vm_name(session)
     existing = session.instance(name)
     if recreate and existing is not None:
+        # A VM without agentbox's workspace marker may be replaced; one of another workspace may not.
+        vm.check_workspace_matches(existing, session.config)
+        _confirm(f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not touched.",
+                 yes, f"refusing to delete {name} for --recreate without confirmation (no terminal to ask on)",
+                 "Run `agentbox start --recreate --yes` to recreate it from a script.")
         click.echo(vm.remove(session, name), err=True)
         existing = None
-    if existing is not None and existing.status == "Running":
-        vm.check_ownership(existing, session.config)
+    instance = vm.ensure_running(session, name, existing)
+    if instance is existing:  # it was running and passed the checks: nothing was started
         click.echo(f"{name} is already running", err=True)
         return
-    instance = vm.ensure_running(session, name, existing)
     click.echo(f"{instance.name} is running (workspace {session.config.workspace})", err=True)
+
+
+def _confirm(question: str, yes: bool, refusal: str, hint: str) -> None:
+    """Ask on a terminal; without one, only an explicit flag (`yes`) lets a destructive command go on."""
+    if yes:
+        return
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        raise AgentboxError(refusal, hint=hint)
+    click.confirm(question, abort=True, err=True)
 
 
 @click.command("stop")
@@ -92,13 +106,9 @@ def rm_command(ctx: click.Context, force: bool) -> None:
         click.echo(f"{name} does not exist; nothing to remove", err=True)
         return
     vm.check_workspace_matches(instance, session.config)
-    if not force:
-        if not (sys.stdin.isatty() and sys.stderr.isatty()):
-            raise AgentboxError(
-                f"refusing to delete {name} without confirmation (no terminal to ask on)",
-                hint="Run `agentbox rm --force` to delete it from a script.",
-            )
-        click.confirm(f"Delete VM {name} and its disk? Your workspace on the host is not touched.", abort=True, err=True)
+    _confirm(f"Delete VM {name} and its disk? Your workspace on the host is not touched.", force,
+             f"refusing to delete {name} without confirmation (no terminal to ask on)",
+             "Run `agentbox rm --force` to delete it from a script.")
     click.echo(vm.remove(session, name), err=True)
 
 
