@@ -224,8 +224,12 @@ def may_define_agents(cwd: Path) -> bool:
             break
     for candidate in candidates:
         try:
-            if os.path.isfile(candidate) and b"agents" in candidate.read_bytes()[: 1_000_001]:
-                return True
+            if not os.path.isfile(candidate):
+                continue
+            fd = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as handle:
+                if b"agents" in handle.read(1_000_001):
+                    return True
         except OSError:
             continue
     return False

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from agentbox import paths
 from agentbox.errors import RefusedError
 
 # Bump when the record's shape changes: an older record is rebuilt from the kept lima.yaml.
@@ -281,22 +282,28 @@ def _describe_network(entry: dict[str, Any]) -> str:
 # -- mount locations before a start ------------------------------------------------------------
 
 
-def mount_redirections(expected: dict[str, Any]) -> list[str]:
-    """Mount locations that no longer resolve where they did, or that reach the home folder."""
-    home = os.path.realpath(os.path.expanduser("~"))
+def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset()) -> list[str]:
+    """Mount locations that no longer resolve where they did, or that the VM must never get.
+
+    `own` are agentbox's own mounts (the staging folder, which lives in its state folder).
+    """
     problems = []
     for location, _, _ in expected["mounts"]:
         real = os.path.realpath(location)
         recorded = expected["targets"].get(location, location)
         if real != recorded:
             problems.append(f"{location} now resolves to {real} (a path component became a symlink after the VM was created)")
-        elif real == home or home.startswith(real.rstrip("/") + "/"):
-            problems.append(f"{location} is your home folder or contains it")
+            continue
+        problem = None if real in own else paths.mount_target_problem(Path(real))
+        if problem:
+            problems.append(f"{location}: {problem}")
     return problems
 
 
 def check_mount_locations(name: str, expected: dict[str, Any]) -> None:
-    problems = mount_redirections(expected)
+    from agentbox.render import staging_dir
+
+    problems = mount_redirections(expected, frozenset({os.path.realpath(staging_dir(name))}))
     if problems:
         raise RefusedError(
             f"refusing to start {name}: Lima would mount something else than agentbox rendered: " + "; ".join(problems),
