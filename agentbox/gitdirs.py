@@ -13,10 +13,12 @@ would have the next VM mount the user's home folder. `locate` is the one decisio
   folder as `worktrees/<id>`, and that folder's `gitdir` must point back to this workspace's
   `.git`: only `git worktree add` (run by the user on the host) leaves that behind outside the
   workspace;
-- it must not be, contain or lie inside places no VM may write: the home folder (or contain it),
-  agentbox's state folder, LIMA_HOME.
+- it must not be the home folder or contain it, nor be, contain or lie inside agentbox's state
+  folder or LIMA_HOME (the VM could rewrite trust records or instance configs there).
 
-Anything else is not followed, with a reason the caller shows.
+A `.git` file naming a git folder inside the workspace without a `commondir` (`git init
+--separate-git-dir`) needs no mount; it is followed for the tripwire only. Anything else is not
+followed, with a reason the caller shows (escaped: it quotes agent-written paths).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ class _Refused(Exception):
 
 
 def locate(workspace: Path) -> GitDirs:
+    """Where the workspace's git data lives, as far as agentbox may follow it."""
     workspace = Path(os.path.realpath(workspace))
     dot_git = workspace / ".git"
     try:
@@ -68,7 +71,7 @@ def locate(workspace: Path) -> GitDirs:
         return GitDirs(None, None, str(refused))
 
 
-def read_pointer(path: Path) -> str:
+def _read_pointer(path: Path) -> str:
     """A small text file the agent may have written: regular, not a link, at most MAX_POINTER bytes.
 
     Raises _Refused naming the file and what is wrong with it.
@@ -107,12 +110,12 @@ def read_pointer(path: Path) -> str:
 
 
 def _follow(workspace: Path, dot_git: Path) -> GitDirs:
-    text = read_pointer(dot_git)
+    text = _read_pointer(dot_git)
     if not text.startswith("gitdir:"):
         raise _Refused(f"{visible(str(dot_git))} is neither a folder nor a `gitdir:` file")
     git_dir = _resolve(dot_git.parent, text[len("gitdir:"):].strip())
     try:
-        common_text = read_pointer(git_dir / "commondir")
+        common_text = _read_pointer(git_dir / "commondir")
     except _Refused as refused:
         if os.path.lexists(git_dir / "commondir") or not _inside(git_dir, workspace):
             raise _Refused(f"{visible(str(dot_git))} points to {visible(str(git_dir))}, which is not a "
@@ -126,7 +129,7 @@ def _follow(workspace: Path, dot_git: Path) -> GitDirs:
     if git_dir.parent != common / "worktrees":
         raise _Refused(f"{visible(str(dot_git))} points to {visible(str(git_dir))}, which is not in "
                        f"{shown}/worktrees")
-    back = _resolve(git_dir, read_pointer(git_dir / "gitdir"))
+    back = _resolve(git_dir, _read_pointer(git_dir / "gitdir"))
     if back != dot_git:
         raise _Refused(f"{visible(str(git_dir / 'gitdir'))} names {visible(str(back))}, not this workspace's "
                        f"{visible(str(dot_git))}")

@@ -159,7 +159,7 @@ def load(workspace: Path) -> Record | None:
         return Record(
             Path(data["workspace"]),
             {label: Entry(*value) for label, value in data["reference"].items()},
-            {label: (_entry_or_none(before), _entry_or_none(after)) for label, (before, after) in data["pending"].items()},
+            {label: (_entry_or_none(pair[0]), _entry_or_none(pair[1])) for label, pair in data["pending"].items()},
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -238,7 +238,7 @@ def _settle(record: Record, current: dict[str, Entry]) -> tuple[Pending, dict[st
 
 def _pending_changes(pending: Pending, current: dict[str, Entry]) -> list[Change]:
     """Each settled pending change, from its earliest before to the file as it is now."""
-    found = []
+    found: list[Change] = []
     for label, (before, after) in sorted(pending.items()):
         now = current.get(label)
         found.append(Change(label, before, now, CHANGED_AGAIN if _digest(now) != _digest(after) else ""))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -108,11 +110,16 @@ def test_changes_stay_reported_until_acknowledged(repo: Path) -> None:
     audit = run_cli("audit", cwd=repo)
     assert audit.exit_code == 1
     assert "added     .envrc" in audit.stderr and "+export X=1" in audit.stderr
+    doctor = [c for c in json.loads(run_cli("doctor", "--json", cwd=repo).stdout) if c["check"] == "tripwire"]
+    assert [(c["status"], c["message"]) for c in doctor] == [
+        ("WARN", "1 watched file that your host runs changed and is not acknowledged: .envrc")
+    ]
 
     ack = run_cli("audit", "--ack", cwd=repo)
     assert ack.exit_code == 0
     assert "Accepted 1 changed watched file of" in ack.stderr
     assert run_cli("audit", cwd=repo).exit_code == 0
+    assert "tripwire" not in run_cli("doctor", "--json", cwd=repo).stdout
     third = session(repo, "true")
     assert "not acknowledged" not in third.stderr
 
@@ -151,32 +158,39 @@ def test_a_change_after_the_session_is_shown_by_audit(repo: Path) -> None:
 def test_two_vms_of_one_workspace_share_the_pending_changes(repo: Path) -> None:
     write(repo / "agentbox.yml", "agents:\n  claude:\n    vmName: agentbox-myproject-claude\n")
     assert run_cli("trust", cwd=repo).exit_code == 0
-    # Two sessions at once, in two VMs: the one that ends last must not drop the other's changes.
+
+    def claude_shell(script: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agentbox", "claude", "shell", "--", "sh", "-c", script],
+                              cwd=repo, capture_output=True, text=True, timeout=120)
+
+    assert "the session changed 1 watched file" in session(repo, "echo 'export X=1' > .envrc").stderr
+    # The agent's own VM reminds of what a session in the project's VM changed.
+    assert "not acknowledged: .envrc;" in claude_shell("true").stderr
+    # Two sessions at once, one per VM: the one that ends last must not drop anything.
     slow = subprocess.Popen(
         [sys.executable, "-m", "agentbox", "shell", "--", "sh", "-c",
-         "while [ ! -e go ]; do sleep 0.1; done; echo 'export X=1' > .envrc"],
-        cwd=repo, stderr=subprocess.PIPE, text=True,
+         "echo SESSION-STARTED >&2; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done;"
+         " echo 'all:' > Makefile"],
+        cwd=repo, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     try:
-        other = subprocess.run(
-            [sys.executable, "-m", "agentbox", "claude", "shell", "--", "sh", "-c", "echo 'all:' > Makefile"],
-            cwd=repo, capture_output=True, text=True, timeout=120,
-        )
-        assert other.returncode == 0, other.stderr
-        assert "the session changed 1 watched file" in other.stderr
+        while "SESSION-STARTED" not in (slow.stderr.readline() or "SESSION-STARTED"):
+            pass
+        other = claude_shell("mkdir -p .vscode && echo '{}' > .vscode/tasks.json")
+        assert "the session changed 1 watched file that your host runs without asking: .vscode/tasks.json." \
+               in other.stderr
         (repo / "go").touch()
         _, slow_err = slow.communicate(timeout=120)
     finally:
-        slow.kill()
-    assert "the session changed 2 watched files" in slow_err  # it saw the other VM's Makefile too
+        if slow.poll() is None:
+            os.killpg(slow.pid, signal.SIGKILL)
+    assert "the session changed 2 watched files that your host runs without asking: .vscode/tasks.json, Makefile." \
+           in slow_err
+    assert "1 watched file changed earlier is not acknowledged either." in slow_err
     audit = run_cli("audit", cwd=repo)
     assert audit.exit_code == 1
-    assert "added     .envrc" in audit.stderr and "added     Makefile" in audit.stderr
-    reminder = subprocess.run(
-        [sys.executable, "-m", "agentbox", "claude", "shell", "--", "true"], cwd=repo, capture_output=True, text=True,
-        timeout=120,
-    )
-    assert "2 watched files that your host runs changed and are not acknowledged: .envrc, Makefile" in reminder.stderr
+    assert ("3 watched files that your host runs without asking changed and are not acknowledged: "
+            ".envrc, .vscode/tasks.json, Makefile.") in audit.stderr
 
 
 def test_a_quiet_session_prints_no_warning(repo: Path) -> None:
@@ -222,6 +236,26 @@ def test_fifo_and_symlink_do_not_hang_or_follow(project: Path) -> None:
     assert time.monotonic() - started < 1
     assert after["Makefile"].digest == "link:/etc/passwd"
     assert {label for label, _ in tripwire.changes(before, after)} == {".envrc", "Makefile"}
+
+
+def test_links_in_place_of_watched_folders_are_watched_not_followed(project: Path, home: Path) -> None:
+    subprocess.run([*GIT, "init", "-q", str(project)], check=True)
+    write(home / ".ssh" / "id_rsa", "PRIVATE KEY\n")
+    write(home / ".ssh" / "tasks.json", "PRIVATE TASKS\n")
+    before = tripwire.fingerprint(project)
+    hooks = project / ".git" / "hooks"
+    for sample in hooks.iterdir():
+        sample.unlink()
+    hooks.rmdir()
+    hooks.symlink_to(home / ".ssh")
+    (project / ".vscode").symlink_to(home / ".ssh")
+    (project / ".github").symlink_to(home)
+    after = tripwire.fingerprint(project)
+    assert not [entry for entry in after.values() if entry.text and "PRIVATE" in entry.text]
+    assert not [label for label in after if "id_rsa" in label or label.startswith(".vscode/")]
+    added = {label for label, kind in tripwire.changes(before, after) if kind == "added"}
+    assert added == {".git/hooks", ".vscode", ".github"}
+    assert after[".vscode"].digest == f"link:{home / '.ssh'}"
 
 
 def test_fingerprint_of_a_large_repository_is_fast(project: Path) -> None:
