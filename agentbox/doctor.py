@@ -189,7 +189,7 @@ def check_git(config: Config, checks: list[Check]) -> None:
     workspace = config.require_workspace()
     git = gitdirs.locate(workspace)
     if git.problem:
-        checks.append(Check("git", WARN, f"the VM does not get the git common dir: {git.problem}",
+        checks.append(Check("git", WARN, f"agentbox does not mount the git common dir: {git.problem}",
                             "git in the VM will not work in this worktree. If it is a real `git worktree add` "
                             "checkout, `git worktree repair` on the host rewrites its pointers."))
     elif git.common_dir_outside(workspace) is not None:
