@@ -215,26 +215,27 @@ def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
 
 
 @cli.command("audit")
+@click.option("--ack", is_flag=True, help="Accept the changes: the files as they are now become the reference.")
 @click.pass_context
-def audit_command(ctx: click.Context) -> None:
-    """Check files your host runs (git hooks, .envrc) for changes."""
+def audit_command(ctx: click.Context, ack: bool) -> None:
+    """Show unacknowledged changes to files your host runs (git hooks, .envrc); exit 1 while there are any."""
     from agentbox import tripwire
 
-    loaded = load_config(ctx)
-    workspace = loaded.require_workspace()
-    names = dict.fromkeys([loaded.vm_name, *(agent.vm_name for agent in loaded.agents.values())])
-    recorded = [(name, tripwire.load(name)) for name in names]
-    recorded = [(name, record) for name, record in recorded if record is not None and record[0] == workspace]
-    if not recorded:
+    workspace = load_config(ctx).require_workspace()
+    if ack:
+        count = tripwire.acknowledge(workspace)
+        files = f"{count} changed watched file{'s' if count != 1 else ''}"
+        click.echo(f"Accepted {files} of {workspace}; later changes are compared with the files as they are now.",
+                   err=True)
+        return
+    found = tripwire.audit(workspace)
+    if found is None:
         click.echo(f"No session has been recorded for {workspace} yet; nothing to compare.", err=True)
         return
-    current = tripwire.fingerprint(workspace)
-    changed = False
-    for _, (_, before) in recorded:
-        changed = tripwire.report(before, current) or changed
-    if changed:
+    if found:
+        tripwire.report_audit(found, workspace)
         ctx.exit(1)
-    click.echo(f"No changes to the watched files of {workspace} since the last session started.", err=True)
+    click.echo(f"No unacknowledged changes to the watched files of {workspace}.", err=True)
 
 
 @cli.command("trust")

@@ -63,6 +63,6 @@ def origin_of(config: Config, key: str) -> str:
 def _show(value: Any) -> str:
     if value is None:
         return "(not set)"
-    from agentbox.safetext import visible_line
+    from agentbox.safetext import visible
 
-    return visible_line(json.dumps(value, ensure_ascii=False))
+    return visible(json.dumps(value, ensure_ascii=False))

@@ -63,6 +63,8 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     config = check_config(cwd, checks)
     if config is None:
         return checks
+    check_git(config, checks)
+    check_tripwire(config, checks)
     instance, owned = check_vm(lima, config, checks) if lima_usable else (None, False)
     probe = probe_vm(lima, config, instance, owned, lima_usable, checks)
     check_credentials(config, probe, checks)
@@ -178,6 +180,30 @@ def check_ca_certificates(config: Config, checks: list[Check]) -> None:
             continue
         checks.append(Check("ca", FAIL, f"{name}: {source.path} {problem}, so creating the VM fails",
                             f"Fix {where} (`agentbox ca ls` shows what is configured)."))
+
+
+def check_git(config: Config, checks: list[Check]) -> None:
+    """A worktree's main git folder is mounted only when gitdirs validates it; say which way it went."""
+    from agentbox import gitdirs
+
+    workspace = config.require_workspace()
+    git = gitdirs.locate(workspace)
+    if git.problem:
+        checks.append(Check("git", WARN, f"agentbox does not mount the git common dir: {git.problem}",
+                            "git in the VM will not work in this worktree. If it is a real `git worktree add` "
+                            "checkout, `git worktree repair` on the host rewrites its pointers."))
+    elif git.common_dir_outside(workspace) is not None:
+        checks.append(Check("git", OK, f"git worktree: the VM mounts the main repository's {git.common_dir}"))
+
+
+def check_tripwire(config: Config, checks: list[Check]) -> None:
+    """Changes to files the host runs, made in or after a session, that nobody has accepted yet."""
+    from agentbox import tripwire
+
+    found = tripwire.audit(config.require_workspace())
+    if found:
+        checks.append(Check("tripwire", WARN, tripwire.summary(found),
+                            "Run `agentbox audit` to see the diffs, `agentbox audit --ack` to accept them."))
 
 
 # -- the VM ------------------------------------------------------------------------------------

@@ -1,35 +1,184 @@
-"""Where a workspace's git data lives: `.git` itself, or for a worktree the folders it points to."""
+"""Where a workspace's git data lives, and whether agentbox may follow it out of the workspace.
 
+A plain clone keeps everything in `<workspace>/.git`. A `git worktree add` checkout has a `.git`
+file (`gitdir: <common>/worktrees/<id>`) whose `commondir` names the main repository's git folder,
+which git in the VM needs mounted, writable. The agent can write `.git` and anything it points to
+inside the workspace, so these files are pointers an attacker controls: followed blindly, they
+would have the next VM mount the user's home folder. `locate` is the one decision every caller
+(the lima.yaml mounts, the tripwire, doctor) uses:
+
+- pointer files (`.git`, `commondir`, the worktree's `gitdir`) are read only as regular files,
+  never through a link, never blocking on a FIFO, at most 4 KiB;
+- the common dir must look like a git folder (HEAD, objects/, refs/), hold this checkout's git
+  folder as `worktrees/<id>`, and that folder's `gitdir` must point back to this workspace's
+  `.git`: only `git worktree add` (run by the user on the host) leaves that behind outside the
+  workspace;
+- it must not be the home folder or contain it, nor be, contain or lie inside agentbox's state
+  folder or LIMA_HOME (the VM could rewrite trust records or instance configs there).
+
+A `.git` file naming a git folder inside the workspace without a `commondir` (`git init
+--separate-git-dir`) needs no mount; it is followed for the tripwire only. Anything else is not
+followed, with a reason the caller shows (escaped: it quotes agent-written paths).
+"""
+
+from __future__ import annotations
+
+import errno
 import os
 import stat
 from pathlib import Path
+from typing import NamedTuple
+
+from agentbox import paths
+from agentbox.safetext import visible
+
+MAX_POINTER = 4096
 
 
-def git_dirs(workspace: Path) -> tuple[Path | None, Path | None]:
-    """(git dir, common dir): the same `.git` folder for a plain clone, different for a worktree.
+class GitDirs(NamedTuple):
+    """git_dir: this checkout's own git folder; common_dir: the repository's shared one (the same
+    folder for a plain clone). Both are resolved real paths, or None when there is no git data
+    agentbox may follow; `problem` then says why a `.git` that exists was not followed."""
 
-    Only reads `.git` (never follows it as a link or opens a FIFO), since the agent can write it.
-    """
+    git_dir: Path | None
+    common_dir: Path | None
+    problem: str | None = None
+
+    def common_dir_outside(self, workspace: Path) -> Path | None:
+        """The common dir when it lies outside the workspace, so the VM needs it mounted."""
+        if self.common_dir is None or _inside(self.common_dir, Path(os.path.realpath(workspace))):
+            return None
+        return self.common_dir
+
+
+class _Refused(Exception):
+    pass
+
+
+def locate(workspace: Path) -> GitDirs:
+    """Where the workspace's git data lives, as far as agentbox may follow it."""
+    workspace = Path(os.path.realpath(workspace))
     dot_git = workspace / ".git"
     try:
         st = os.lstat(dot_git)
     except OSError:
-        return None, None
+        return GitDirs(None, None)
     if stat.S_ISDIR(st.st_mode):
-        return dot_git, dot_git
+        return GitDirs(dot_git, dot_git)
+    try:
+        return _follow(workspace, dot_git)
+    except _Refused as refused:
+        return GitDirs(None, None, str(refused))
+
+
+def _read_pointer(path: Path) -> str:
+    """A small text file the agent may have written: regular, not a link, at most MAX_POINTER bytes.
+
+    Raises _Refused naming the file and what is wrong with it.
+    """
+    shown = visible(str(path))
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise _Refused(f"{shown} does not exist") from None
+    except OSError as exc:
+        raise _Refused(f"{shown} cannot be read ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        return None, None
+        raise _Refused(f"{shown} is {_kind(st.st_mode)}, not a regular file")
     try:
-        text = dot_git.read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        return None, None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        raise _Refused(f"{shown} cannot be read ({why})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise _Refused(f"{shown} is not a regular file")
+        data = b""
+        while len(data) <= MAX_POINTER:
+            chunk = os.read(fd, MAX_POINTER + 1 - len(data))
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) > MAX_POINTER:
+        raise _Refused(f"{shown} is larger than {MAX_POINTER} bytes, too large for a git pointer file")
+    try:
+        return data.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise _Refused(f"{shown} is not UTF-8 text") from None
+
+
+def _follow(workspace: Path, dot_git: Path) -> GitDirs:
+    text = _read_pointer(dot_git)
     if not text.startswith("gitdir:"):
-        return None, None
-    git_dir = Path(text[len("gitdir:"):].strip())
-    git_dir = git_dir if git_dir.is_absolute() else workspace / git_dir
+        raise _Refused(f"{visible(str(dot_git))} is neither a folder nor a `gitdir:` file")
+    git_dir = _resolve(dot_git.parent, text[len("gitdir:"):].strip())
     try:
-        common = (git_dir / "commondir").read_text().strip()
-    except OSError:
-        return git_dir, git_dir
-    common_dir = Path(common) if Path(common).is_absolute() else git_dir / common
-    return git_dir, common_dir.resolve()
+        common_text = _read_pointer(git_dir / "commondir")
+    except _Refused as refused:
+        if os.path.lexists(git_dir / "commondir") or not _inside(git_dir, workspace):
+            raise _Refused(f"{visible(str(dot_git))} points to {visible(str(git_dir))}, which is not a "
+                           f"`git worktree` folder: {refused}") from None
+        # `git init --separate-git-dir` inside the workspace: nothing to mount, the tripwire may look at it.
+        _require_git_folder(git_dir)
+        return GitDirs(git_dir, git_dir)
+    common = _resolve(git_dir, common_text)
+    shown = visible(str(common))
+    _require_git_folder(common)
+    if git_dir.parent != common / "worktrees":
+        raise _Refused(f"{visible(str(dot_git))} points to {visible(str(git_dir))}, which is not in "
+                       f"{shown}/worktrees")
+    back = _resolve(git_dir, _read_pointer(git_dir / "gitdir"))
+    if back != dot_git:
+        raise _Refused(f"{visible(str(git_dir / 'gitdir'))} names {visible(str(back))}, not this workspace's "
+                       f"{visible(str(dot_git))}")
+    if not _inside(common, workspace):
+        _require_mountable(common, shown)
+    return GitDirs(git_dir, common)
+
+
+def _require_git_folder(folder: Path) -> None:
+    shown = visible(str(folder))
+    for name, is_kind, kind in (("HEAD", stat.S_ISREG, "file"), ("objects", stat.S_ISDIR, "folder"),
+                                ("refs", stat.S_ISDIR, "folder")):
+        try:
+            mode = os.lstat(folder / name).st_mode
+        except OSError:
+            raise _Refused(f"{shown} is not a git folder (it has no {name} {kind})") from None
+        if not is_kind(mode):
+            raise _Refused(f"{shown} is not a git folder (its {name} is {_kind(mode)})")
+
+
+def _require_mountable(common: Path, shown: str) -> None:
+    if shown != str(common):
+        raise _Refused(f"the path {shown} contains control or invisible characters")
+    home = Path(os.path.realpath(paths.home()))
+    if _inside(home, common):
+        raise _Refused(f"{shown} is your home folder or contains it")
+    for what, place in (("agentbox's state folder", paths.state_dir()), ("LIMA_HOME", paths.lima_home())):
+        place = Path(os.path.realpath(place))
+        if _inside(place, common) or _inside(common, place):
+            raise _Refused(f"{shown} is, contains or lies inside {what} ({visible(str(place))})")
+
+
+def _resolve(base: Path, value: str) -> Path:
+    return Path(os.path.realpath(os.path.join(base, value)))
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"

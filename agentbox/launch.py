@@ -41,12 +41,12 @@ def run_in_vm(
     command = launch_command(config, workspace, scripts, agent, render.staging_dir(name))
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):
-        before = tripwire.fingerprint(workspace)
-        tripwire.save(name, workspace, before)
+        before, unacknowledged = tripwire.begin_session(workspace)
+    tripwire.remind(unacknowledged)
     with timing.phase("in-VM setup + agent (limactl shell)"):
         code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
     with timing.phase("tripwire check"):
-        tripwire.report(before, tripwire.fingerprint(workspace))
+        tripwire.report_session(*tripwire.end_session(workspace, before))
     if reconnect:
         vm.update_state(name, {"reconnect": False})
     if code in (1, 255) and session.instance(name) is None:

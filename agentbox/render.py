@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 from agentbox import gitdirs, paths, resources
 from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
+from agentbox.progress import note
 
 MINIMUM_LIMA_VERSION = "2.0.0"
 IMAGE_BASE = "template:_images/ubuntu-24.04"
@@ -52,11 +53,15 @@ def staging_dir(vm_name: str) -> Path:
 def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     workspace = config.require_workspace()
     mounts = [RenderedMount(str(workspace), str(workspace), True)]
-    common = git_common_dir(workspace)
-    if common and not _inside(common, workspace):
+    git = gitdirs.locate(workspace)
+    if git.problem:
+        note(f"not mounting the git common dir: {git.problem}; git in the VM will not work in this worktree")
+    common = git.common_dir_outside(workspace)
+    if common is not None:
+        # A validated `git worktree add` layout: the main repository's .git, which git in the VM needs.
         mounts.append(RenderedMount(str(common), str(common), True))
-    hooks = (common or workspace / ".git") / "hooks"
-    if config.protect_git_hooks and hooks.is_dir():
+    hooks = _hooks_dir(git.common_dir)
+    if config.protect_git_hooks and hooks is not None:
         # Mounted after the writable workspace, so this read-only view wins inside it.
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
     mounts.append(RenderedMount(str(staging_dir(vm_name)), str(staging_dir(vm_name)), False))
@@ -66,14 +71,17 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     return mounts
 
 
-def git_common_dir(workspace: Path) -> Path | None:
-    """For a git worktree, the main repository's .git folder, which git in the VM must reach too."""
-    git_dir, common_dir = gitdirs.git_dirs(workspace)
-    return common_dir if common_dir is not None and common_dir != git_dir else None
+def _hooks_dir(common: Path | None) -> Path | None:
+    """The hooks folder of a validated git folder, when it is a real folder (a link could point anywhere)."""
+    import os
+    import stat
 
-
-def _inside(path: Path, parent: Path) -> bool:
-    return path == parent or parent in path.parents
+    if common is None:
+        return None
+    try:
+        return common / "hooks" if stat.S_ISDIR(os.lstat(common / "hooks").st_mode) else None
+    except OSError:
+        return None
 
 
 def context(config: Config, vm_name: str) -> dict[str, Any]:

