@@ -153,13 +153,9 @@ def _require_git_folder(folder: Path) -> None:
 def _require_mountable(common: Path, shown: str) -> None:
     if shown != str(common):
         raise _Refused(f"the path {shown} contains control or invisible characters")
-    home = Path(os.path.realpath(paths.home()))
-    if _inside(home, common):
-        raise _Refused(f"{shown} is your home folder or contains it")
-    for what, place in (("agentbox's state folder", paths.state_dir()), ("LIMA_HOME", paths.lima_home())):
-        place = Path(os.path.realpath(place))
-        if _inside(place, common) or _inside(common, place):
-            raise _Refused(f"{shown} is, contains or lies inside {what} ({visible(str(place))})")
+    problem = paths.mount_target_problem(common)
+    if problem:
+        raise _Refused(f"{shown}: {problem}")
 
 
 def _resolve(base: Path, value: str) -> Path:

@@ -7,7 +7,6 @@ the file is fixed; mount locations are re-checked before each start. Through the
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
