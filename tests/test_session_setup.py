@@ -109,7 +109,7 @@ def test_settings_that_run_a_program_are_refused_inside_the_vm(project: Path, vm
 def test_session_git_variables_in_env_keep_the_launch_and_git_working(project: Path, vm: FakeLima) -> None:
     """An `env:` that sets the editor and pager for every command (as IDEs and harnesses do) is no
     one-off injection: the launch step's own git calls and the agent's commits keep working."""
-    write(project / "agentbox.yml", "env:\n  GIT_EDITOR: 'true'\n  GIT_PAGER: cat\n  GIT_SEQUENCE_EDITOR: ':'\n")
+    write_trusted(project, "env:\n  GIT_EDITOR: 'true'\n  GIT_PAGER: cat\n  GIT_SEQUENCE_EDITOR: ':'\n")
     repo_with_remote(project)
     for _ in range(2):  # the second launch runs its git calls through the installed wrapper
         result = shell(project, "sh", "-c", "git -c user.name=a -c user.email=a@b commit -q --allow-empty -m x && "
@@ -122,7 +122,7 @@ def test_refused_git_variable_in_env_stops_git_not_the_launch(project: Path, vm:
     """The launch step's own git settings bypass the wrapper; the agent's git commands are refused
     with the reason, instead of the launch dying halfway."""
     write(home / ".gitconfig", "[user]\n\tname = Ada\n\temail = ada@example.com\n")
-    write(project / "agentbox.yml", "env:\n  GIT_SSH_COMMAND: ssh -o BatchMode=yes\n")
+    write_trusted(project, "env:\n  GIT_SSH_COMMAND: ssh -o BatchMode=yes\n")
     repo_with_remote(project)
     for _ in range(2):  # the second launch finds the wrapper installed
         result = shell(project, "sh", "-c", "echo launched; git status")
