@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -52,11 +53,10 @@ def mount_target_problem(path: Path) -> str | None:
     instance config.
     """
     real = Path(os.path.realpath(path))
-    own_home = Path(os.path.realpath(home()))
+    own_home, protected = _protected_roots(str(home()), str(state_dir()), str(lima_home()))
     if real == own_home or real in own_home.parents:
         return "it is or contains your home folder"
-    for name, special in (("agentbox's state folder", state_dir()), ("LIMA_HOME", lima_home())):
-        special = Path(os.path.realpath(special))
+    for name, special in protected:
         if real == special:
             return f"it is {name}"
         if special in real.parents:
@@ -64,6 +64,13 @@ def mount_target_problem(path: Path) -> str | None:
         if real in special.parents:
             return f"it contains {name} ({special})"
     return None
+
+
+@functools.lru_cache(maxsize=4)
+def _protected_roots(home_dir: str, state: str, lima: str) -> tuple[Path, tuple[tuple[str, Path], ...]]:
+    """Resolved once per run (keyed by the paths, which tests change between commands)."""
+    home_real, state_real, lima_real = (Path(os.path.realpath(p)) for p in (home_dir, state, lima))
+    return home_real, (("agentbox's state folder", state_real), ("LIMA_HOME", lima_real))
 
 
 def control_character_problem(text: str) -> str | None:
