@@ -15,7 +15,7 @@ import click
 
 from agentbox import __version__, timing
 from agentbox.agents import BUILTIN_AGENTS
-from agentbox.errors import AgentboxError, ConfigError
+from agentbox.errors import AgentboxError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -25,6 +25,12 @@ LAZY_COMMANDS = {
     **{name: ("agentbox.commands.vm", f"{name}_command") for name in VM_COMMANDS},
     "doctor": ("agentbox.commands.doctor", "doctor_command"),
     "ca": ("agentbox.commands.ca", "ca_group"),
+    "config": ("agentbox.commands.config", "config_command"),
+    "init": ("agentbox.commands.config", "init_command"),
+    "template": ("agentbox.commands.config", "template_command"),
+    "trust": ("agentbox.commands.safety", "trust_command"),
+    "audit": ("agentbox.commands.safety", "audit_command"),
+    "completion": ("agentbox.commands.completion", "completion_command"),
 }
 
 
@@ -173,144 +179,6 @@ def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool, t
 
     pins.forget()  # one invocation, one read of every pinned file (tests run many in one process)
     ctx.obj = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose, "debug": debug}
-
-
-def load_config(ctx: click.Context) -> Any:
-    from agentbox import config
-
-    with timing.phase("config (find, parse, validate, merge)"):
-        loaded = config.load(ctx.obj["cwd"])
-    config.print_notices(loaded)
-    return loaded
-
-
-@cli.command("config")
-@click.option("--json", "as_json", is_flag=True, help="Print the merged config as one JSON object.")
-@click.option("--show-secrets", is_flag=True, help="Print env values instead of masking them.")
-@click.pass_context
-def config_command(ctx: click.Context, as_json: bool, show_secrets: bool) -> None:
-    """Show the merged config and where each value came from."""
-    from agentbox import configview
-
-    loaded = load_config(ctx)
-    warn_if_untrusted(loaded)
-    if as_json:
-        click.echo(configview.as_json(loaded, show_secrets))
-    else:
-        click.echo(configview.as_text(loaded, show_secrets), nl=False)
-    if loaded.workspace_problem:
-        click.echo(f"agentbox: warning: {loaded.workspace_problem}", err=True)
-
-
-@cli.command("init")
-@click.option("--global", "is_global", is_flag=True, help="Write the global config instead of ./agentbox.yml.")
-@click.option("--force", is_flag=True, help="Overwrite an existing file.")
-@click.pass_context
-def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
-    """Write a commented config file to start from."""
-    from agentbox import initfile
-
-    target = initfile.write(ctx.obj["cwd"], is_global=is_global, force=force)
-    click.echo(f"Wrote {target}")
-
-
-@cli.command("audit")
-@click.option("--ack", is_flag=True, help="Accept the changes: the files as they are now become the reference.")
-@click.pass_context
-def audit_command(ctx: click.Context, ack: bool) -> None:
-    """Show unacknowledged changes to files your host runs (git hooks, .envrc); exit 1 while there are any."""
-    from agentbox import tripwire
-
-    workspace = load_config(ctx).require_workspace()
-    if ack:
-        count = tripwire.acknowledge(workspace)
-        files = f"{count} changed watched file{'s' if count != 1 else ''}"
-        click.echo(f"Accepted {files} of {workspace}; later changes are compared with the files as they are now.",
-                   err=True)
-        return
-    found = tripwire.audit(workspace)
-    if found is None:
-        click.echo(f"No session has been recorded for {workspace} yet; nothing to compare.", err=True)
-        return
-    if found:
-        tripwire.report_audit(found, workspace)
-        ctx.exit(1)
-    click.echo(f"No unacknowledged changes to the watched files of {workspace}.", err=True)
-
-
-@cli.command("trust")
-@click.option("--show", is_flag=True, help="Print what would be trusted (a diff against the last trusted content).")
-@click.pass_context
-def trust_command(ctx: click.Context, show: bool) -> None:
-    """Trust this project's agentbox.yml as it is now."""
-    from agentbox import trust
-
-    loaded = load_config(ctx)
-    if loaded.local_file is None:
-        raise AgentboxError("there is no agentbox.yml here to trust", hint="The global config is always trusted.")
-    risky = trust.risky_keys(loaded)
-    if show:
-        click.echo(trust.show(loaded), nl=False)
-        if risky:
-            click.echo("# keys that need trust:\n" + "".join(f"#   {item}\n" for item in risky), nl=False)
-        else:
-            click.echo("# nothing in it needs trust: agentbox uses it as it is.")
-        return
-    trust.trust(loaded)
-    click.echo(
-        f"Trusted {loaded.local_file} as it is now, with the files and folders it names; an edit of any of them, "
-        "or a path that comes to point elsewhere, revokes the trust.",
-        err=True,
-    )
-
-
-def warn_if_untrusted(loaded: Any) -> None:
-    from agentbox import trust
-
-    if loaded.local_file is None:
-        return
-    risky = trust.risky_keys(loaded)
-    if risky and not trust.is_trusted(loaded):
-        click.echo(
-            f"agentbox: warning: {loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` "
-            f"({', '.join(item.split(' ')[0] for item in risky)})",
-            err=True,
-        )
-
-
-@cli.command("template")
-@click.option("--agent", metavar="NAME", help="Render for this agent's VM (agents.NAME.vmName).")
-@click.pass_context
-def template_command(ctx: click.Context, agent: str | None) -> None:
-    """Print the lima.yaml agentbox would create the VM from."""
-    from agentbox import render, trust
-
-    loaded = load_config(ctx)
-    if agent is not None and agent not in loaded.agents:
-        raise click.BadParameter(f"unknown agent {agent!r} (known: {', '.join(loaded.agents)})", param_hint="--agent")
-    name = loaded.agent(agent).vm_name if agent else loaded.vm_name
-    warn_if_untrusted(loaded)
-    present = (("vm.template", "template" in loaded.local_data.get("vm", {})), ("caCert", "caCert" in loaded.local_data))
-    named = [key for key, found in present if found]
-    if named and loaded.local_file is not None and not trust.is_trusted(loaded):
-        raise ConfigError(
-            f"{loaded.local_file} is not trusted, and its {' and '.join(named)} would make agentbox read host files into the "
-            "rendered lima.yaml; agentbox renders nothing from an untrusted config that names files",
-            hint=f"Read it with `agentbox trust --show`, then `agentbox -C {loaded.local_file.parent} trust`.",
-        )
-    click.echo(render.render(loaded, name), nl=False)
-
-
-@cli.command("completion")
-@click.argument("shell", type=click.Choice(["bash", "zsh", "fish"]))
-def completion_command(shell: str) -> None:
-    """Print the shell completion script."""
-    from click.shell_completion import get_completion_class
-
-    completion_class = get_completion_class(shell)
-    assert completion_class is not None
-    click.echo(completion_class(cli, {}, "agentbox", "_AGENTBOX_COMPLETE").source())
-
 
 
 def main() -> None:

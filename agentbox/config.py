@@ -9,6 +9,7 @@ from typing import Any, NamedTuple
 from agentbox import paths
 from agentbox.agents import BUILTIN_AGENTS
 from agentbox.errors import ConfigError
+from agentbox.layers import Layer
 
 DEFAULTS: dict[str, Any] = {
     "vm": {"cpus": 4, "memory": "8GiB", "disk": "20GiB"},
@@ -18,17 +19,6 @@ DEFAULTS: dict[str, Any] = {
     "env": {},
     "bootstrap": {"onCreateScript": [], "onStartScript": []},
 }
-
-
-class Layer(NamedTuple):
-    """One config file's validated content."""
-
-    name: str  # "global" or "local"
-    path: Path
-    data: dict[str, Any]
-    positions: dict[tuple[str, ...], str]
-    notices: list[str] = []  # never mutated: each Layer gets its own list
-    sha256: str = ""  # of the very bytes that were parsed: what trust compares
 
 
 # Lima refuses these as mount points (pkg/limayaml/validate.go).

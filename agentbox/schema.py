@@ -13,7 +13,7 @@ from typing import Any, Callable, NamedTuple
 import yaml
 
 from agentbox import sizes
-from agentbox.config import Layer
+from agentbox.layers import Layer
 from agentbox.errors import ConfigError
 from agentbox.yamlio import construct_scalar, flatten_merge_keys
 

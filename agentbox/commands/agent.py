@@ -33,13 +33,13 @@ def make_agent_command(name: str, summary: str) -> click.Command:
 
 def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     from agentbox import launch
-    from agentbox.commands.vm import _session
+    from agentbox.commands.common import session as session_for
 
     if args[:1] == ["shell"]:
         from agentbox.commands.vm import run_shell
 
         return run_shell(ctx, name, tuple(args[1:]))
-    session = _session(ctx)
+    session = session_for(ctx)
     agent = session.config.agent(name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args))

@@ -34,7 +34,7 @@ def ca_group() -> None:
 def ls_command(ctx: click.Context) -> None:
     """Show the configured CA certificate files and what they hold."""
     from agentbox import cacerts, paths
-    from agentbox.cli import load_config
+    from agentbox.commands.common import load_config
 
     config = load_config(ctx)
     sources = cacerts.sources(config)
@@ -96,7 +96,7 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
     ~/.config/agentbox/ca-certificates.pem) and points `caCert` at that file.
     """
     from agentbox import cacerts
-    from agentbox.cli import load_config
+    from agentbox.commands.common import load_config
 
     if sys.platform != "darwin":
         raise AgentboxError(

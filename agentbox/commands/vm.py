@@ -7,24 +7,9 @@ import sys
 
 import click
 
+from agentbox.commands.common import session as session_for
+from agentbox.commands.common import vm_name
 from agentbox.errors import AgentboxError
-
-
-def _session(ctx: click.Context, needs_config: bool = True, acts: bool = True):  # noqa: ANN202 - returns vm.Session
-    """Config and limactl for a command; `acts` commands refuse an untrusted risky agentbox.yml."""
-    from agentbox import trust, vm
-    from agentbox.cli import load_config
-    from agentbox.lima import Lima
-
-    config = load_config(ctx) if needs_config else None
-    if config is not None and acts:
-        trust.require_trust(config)
-    return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"])
-
-
-def _vm_name(session, agent: str | None = None) -> str:  # noqa: ANN001
-    session.config.require_workspace()
-    return session.config.agent(agent).vm_name if agent else session.config.vm_name
 
 
 @click.command("start")
@@ -35,8 +20,8 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool) -> None:
     """Create and start the project's VM."""
     from agentbox import vm
 
-    session = _session(ctx)
-    name = _vm_name(session)
+    session = session_for(ctx)
+    name = vm_name(session)
     existing = session.instance(name)
     if recreate and existing is not None:
         # A VM without agentbox's workspace marker may be replaced; one of another workspace may not.
@@ -71,12 +56,12 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool) -> None:
     from agentbox import vm
 
     if stop_all:
-        session = _session(ctx, needs_config=False)
+        session = session_for(ctx, needs_config=False)
         stopped = vm.stop_all(session.lima, verbose=session.verbose, force=force)
         click.echo(f"stopped {', '.join(stopped)}" if stopped else "no agentbox VM was running", err=True)
         return
-    session = _session(ctx)
-    click.echo(vm.stop(session, _vm_name(session), force=force), err=True)
+    session = session_for(ctx)
+    click.echo(vm.stop(session, vm_name(session), force=force), err=True)
 
 
 @click.command("restart")
@@ -85,8 +70,8 @@ def restart_command(ctx: click.Context) -> None:
     """Stop the project's VM if it runs, then start it."""
     from agentbox import vm
 
-    session = _session(ctx)
-    name = _vm_name(session)
+    session = session_for(ctx)
+    name = vm_name(session)
     click.echo(vm.stop(session, name), err=True)
     instance = vm.ensure_running(session, name)
     click.echo(f"{instance.name} is running", err=True)
@@ -99,8 +84,8 @@ def rm_command(ctx: click.Context, force: bool) -> None:
     """Delete the project's VM and its disk."""
     from agentbox import vm
 
-    session = _session(ctx)
-    name = _vm_name(session)
+    session = session_for(ctx)
+    name = vm_name(session)
     instance = session.instance(name)
     if instance is None:
         click.echo(f"{name} does not exist; nothing to remove", err=True)
@@ -119,8 +104,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
     from agentbox import vm
 
-    session = _session(ctx, acts=False)
-    name = _vm_name(session)
+    session = session_for(ctx, acts=False)
+    name = vm_name(session)
     info = vm.describe(session.instance(name), name, str(session.config.workspace))
     if as_json:
         click.echo(json.dumps(info))
@@ -140,7 +125,7 @@ def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """List agentbox's VMs."""
     from agentbox import vm
 
-    session = _session(ctx, needs_config=False)
+    session = session_for(ctx, needs_config=False)
     rows = [
         vm.describe(instance, instance.name, vm.workspace_of(instance))
         for instance in session.lima.list().values()
@@ -169,8 +154,8 @@ def shell_command(ctx: click.Context, command: tuple[str, ...]) -> None:
 def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...]) -> int:
     from agentbox import launch
 
-    session = _session(ctx)
-    name = _vm_name(session, agent)
+    session = session_for(ctx)
+    name = vm_name(session, agent)
     argv = list(command[1:] if command[:1] == ("--",) else command)
     return launch.run_in_vm(session, name, argv, interactive_shell=not argv)
 

@@ -1,0 +1,58 @@
+"""What the commands share: the merged config with its notices, the trust gate, a VM session.
+
+Helpers live here, below the commands, so no command module imports from cli.py.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import click
+
+from agentbox import timing
+
+if TYPE_CHECKING:
+    from agentbox.config import Config
+    from agentbox.vm import Session
+
+
+def load_config(ctx: click.Context) -> Config:
+    """The merged config for the folder agentbox runs in; its notices go to stderr."""
+    from agentbox import config
+
+    with timing.phase("config (find, parse, validate, merge)"):
+        loaded = config.load(ctx.obj["cwd"])
+    config.print_notices(loaded)
+    return loaded
+
+
+def warn_if_untrusted(loaded: Config) -> None:
+    """Display commands describe an untrusted config; they say so, once, on stderr."""
+    from agentbox import trust
+
+    if loaded.local_file is None:
+        return
+    risky = trust.risky_keys(loaded)
+    if risky and not trust.is_trusted(loaded):
+        keys = ", ".join(dict.fromkeys(item.split(" ")[0].rstrip(":") for item in risky))
+        click.echo(
+            f"agentbox: warning: {loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` ({keys})",
+            err=True,
+        )
+
+
+def session(ctx: click.Context, needs_config: bool = True, acts: bool = True) -> Session:
+    """Config and limactl for a command; `acts` commands refuse an untrusted local config that needs trust."""
+    from agentbox import trust, vm
+    from agentbox.lima import Lima
+
+    config = load_config(ctx) if needs_config else None
+    if config is not None and acts:
+        trust.require_trust(config)
+    return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"])  # type: ignore[arg-type]
+
+
+def vm_name(session: Session, agent: str | None = None) -> str:
+    """The project's VM, or the VM of one agent (agents.NAME.vmName)."""
+    session.config.require_workspace()
+    return session.config.agent(agent).vm_name if agent else session.config.vm_name
