@@ -74,10 +74,32 @@ class CredentialSettings(NamedTuple):
         return {"netrc": self.netrc, "gh": self.gh, "git": self.git}
 
 
+class UnusableFile(NamedTuple):
+    """A config file agentbox will not use, why, and the command that fixes it."""
+
+    path: Path
+    layer: str  # "global" or "local"
+    shown: str  # the path as shown (with its target when it is a symlink)
+    reason: str
+    fix: str
+
+    def error(self) -> ConfigError:
+        """Commands that act refuse to go on with other settings than the ones the user wrote."""
+        return ConfigError(
+            f"{self.shown} is not used: {self.reason}; agentbox will not go on with other settings instead",
+            hint=f"Fix it with `{self.fix}` (or remove the file), then run the command again.",
+        )
+
+    def notice(self) -> str:
+        return (f"{self.shown} is not used: {self.reason}. Commands that start or launch refuse until it is fixed: "
+                f"{self.fix}")
+
+
 class Config(NamedTuple):
     cwd: Path
     workspace: Path
     workspace_problem: str | None
+    workspace_rule: str  # which rule chose the workspace, in words
     global_file: Path | None
     local_file: Path | None
     vm_name: str
@@ -103,6 +125,7 @@ class Config(NamedTuple):
     local_data: dict[str, Any] = {}  # the local file's own keys, for deciding whether it needs trust
     local_sha256: str = ""  # digest of the local file's bytes as they were parsed
     protect_git_hooks: bool = False
+    unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -143,22 +166,33 @@ class Config(NamedTuple):
         }
 
 
-def load(cwd: Path | None = None) -> Config:
-    """Load and validate every layer, then merge and resolve. Raises ConfigError (exit 2)."""
+def load(cwd: Path | None = None, describe: bool = False) -> Config:
+    """Load and validate every layer, then merge and resolve. Raises ConfigError (exit 2).
+
+    A config file agentbox will not use (someone else's, or writable by others) is an error: going on
+    with defaults would build a different VM than the one the file describes. With `describe` (the
+    display commands) it is left out instead, and recorded in `unusable` and the notices.
+    """
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
     notices: list[str] = []
+    unusable: list[UnusableFile] = []
     layers = []
     global_path = paths.global_config_file()
     local_path = find_local_config(cwd)
     for path, name in ((global_path, "global"), (local_path, "local")):
         if path is None or not os.path.lexists(path):
             continue
-        read = _read_usable(path, notices, name)
-        if read is not None:
-            layers.append(_load_layer(path, name, read))
+        read = _read_usable(path, name)
+        if isinstance(read, UnusableFile):
+            if not describe:
+                raise read.error()
+            unusable.append(read)
+            notices.append(read.notice())
+            continue
+        layers.append(_load_layer(path, name, read))
     for layer in layers:
         notices.extend(layer.notices)
-    return resolve(cwd, layers, notices)
+    return resolve(cwd, layers, notices)._replace(unusable=tuple(unusable))
 
 
 def _load_layer(path: Path, name: str, read: Any) -> Layer:
@@ -234,30 +268,77 @@ def find_local_config(start: Path) -> Path | None:
     return None
 
 
-def _read_usable(path: Path, notices: list[str], layer: str) -> Any:
-    """Read a config file once, if it may be used: like git's safe.directory, only the user's own,
-    not group/world-writable, regular files. The checks apply to the file that was read."""
-    from agentbox import yamlio
+def _read_usable(path: Path, layer: str) -> Any:
+    """Read a config file once, if it may be used (the checks apply to the file that was read), or say why not.
 
-    shown = f"{path} (-> {os.path.realpath(path)})" if os.path.islink(path) else str(path)
+    Like git's safe.directory: only the user's own regular files, writable by nobody else. A file that is
+    group-writable is accepted when the group is the user's private group (Ubuntu's and Fedora's umask 002
+    makes every clone's files 0664, with the user's own group).
+    """
+    import shlex
+
+    from agentbox import yamlio
+    from agentbox.safetext import visible
+
+    real = os.path.realpath(path)
+    shown = visible(f"{path} (-> {real})" if os.path.islink(path) else str(path))
+    quoted = shlex.quote(real)
     if os.path.islink(path) and not os.path.exists(path):
-        notices.append(f"{shown} is not used: it is a symlink to a file that does not exist")
-        return None
+        return UnusableFile(path, layer, shown, "it is a symlink to a file that does not exist", f"rm {shlex.quote(str(path))}")
     read = yamlio.read_config(path)
     st = read.st
     if st.st_uid != os.getuid():
-        notices.append(
-            f"{shown} is not used: it belongs to uid {st.st_uid}, not to you (uid {os.getuid()}). "
-            f"Someone else could have written it. If you trust it, take ownership: chown $(id -u) {os.path.realpath(path)}"
+        return UnusableFile(
+            path, layer, shown,
+            f"it belongs to {_user_name(st.st_uid)}, not to you (uid {os.getuid()}), so someone else "
+            "could have written it",
+            f"sudo chown $(id -u) {quoted}",
         )
-        return None
-    if st.st_mode & 0o022:
-        notices.append(
-            f"{shown} is not used: it is writable by {'group and others' if st.st_mode & 0o022 == 0o022 else 'group' if st.st_mode & 0o020 else 'others'}. "
-            f"Fix it with: chmod go-w {os.path.realpath(path)}"
-        )
-        return None
+    if st.st_mode & 0o002:
+        who = "group and others" if st.st_mode & 0o020 else "others"
+        return UnusableFile(path, layer, shown, f"it is writable by {who}", f"chmod g-w,o-w {quoted}")
+    if st.st_mode & 0o020:
+        problem = shared_group_problem(st.st_gid, os.getuid())
+        if problem:
+            return UnusableFile(path, layer, shown, f"it is writable by {visible(problem)}", f"chmod g-w,o-w {quoted}")
     return read
+
+
+def shared_group_problem(gid: int, uid: int) -> str | None:
+    """Why the group gid is not the private group of uid, as "the group NAME, which ...", or None when it is."""
+    import grp
+    import pwd
+
+    try:
+        group = grp.getgrgid(gid)
+    except KeyError:
+        return f"the group with gid {gid}, which is not in the group database"
+    try:
+        user = pwd.getpwuid(uid)
+    except KeyError:
+        return f"the group {group.gr_name}, and your uid {uid} has no account entry to compare it with"
+    why = private_group_problem(group, user)
+    return f"the group {group.gr_name}, which {why}" if why else None
+
+
+def private_group_problem(group: Any, user: Any) -> str | None:
+    """The decision itself, on grp/pwd entries: only the user may be a member, and the group must be the
+    user's primary group or carry the user's name (as user private groups do)."""
+    others = [member for member in group.gr_mem if member != user.pw_name]
+    if others:
+        return f"has other members ({', '.join(others)})"
+    if group.gr_gid != user.pw_gid and group.gr_name != user.pw_name:
+        return f"is not your private group (that is gid {user.pw_gid})"
+    return None
+
+
+def _user_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
@@ -325,7 +406,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
     local = next((layer for layer in layers if layer.name == "local"), None)
     global_layer = next((layer for layer in layers if layer.name == "global"), None)
 
-    workspace, problem = _resolve_workspace(cwd, data, local)
+    workspace, workspace_rule, problem = _resolve_workspace(cwd, data, local)
+    origins["workspace"] = workspace_rule
     lima_home = paths.lima_home()
     vm = data["vm"]
     if "name" in vm:
@@ -358,6 +440,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         cwd=cwd,
         workspace=workspace,
         workspace_problem=problem,
+        workspace_rule=workspace_rule,
         global_file=global_layer.path if global_layer else None,
         local_file=local.path if local else None,
         vm_name=vm_name,
@@ -394,7 +477,13 @@ def _credential_settings(raw: Any) -> CredentialSettings:
     return CredentialSettings()
 
 
-def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Path, str | None]:
+def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Path, str, str | None]:
+    """The workspace, the rule that chose it (in words) and why it cannot be one (or None).
+
+    A local file decides (its `workspace`, else its folder), even when it lies below the top of a
+    git work tree: its place was chosen by whoever wrote it. Without one, the workspace is the git
+    work tree the current folder is in, so a launch from any subfolder uses the repository's VM.
+    """
     if "workspace" in data:
         value, layer = data["workspace"]
         workspace = _expand(value, layer.path.parent)
@@ -403,28 +492,47 @@ def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Pat
         workspace = local.path.parent
         source = f"the folder of {local.path}"
     else:
-        workspace = cwd
-        source = "the current folder (no agentbox.yml found)"
+        here = Path(os.path.realpath(cwd))
+        top = _work_tree_top(here)
+        if top is not None:
+            workspace, source = top, "the git work tree containing the current folder"
+        else:
+            workspace, source = here, "the current folder: no agentbox.yml, not inside a git work tree"
     workspace = Path(os.path.realpath(workspace))
+    if local is not None:
+        top = _work_tree_top(workspace)
+        if top is not None and top != workspace:
+            source += f", inside the git work tree {top} (the VM does not see the rest of it, nor its .git)"
     control = paths.control_character_problem(str(workspace))
     if control:
-        return workspace, f"the workspace path {str(workspace)!r} ({source}) {control}"
+        return workspace, source, f"the workspace path {str(workspace)!r} ({source}) {control}"
     if workspace == Path("/"):
-        return workspace, f"the workspace would be / ({source}); agentbox never mounts the whole filesystem"
+        return workspace, source, f"the workspace would be / ({source}); agentbox never mounts the whole filesystem"
     problem = paths.mount_target_problem(workspace)
     if problem:
-        return workspace, (
+        return workspace, source, (
             f"the workspace would be {workspace} ({source}), but {problem}; "
             "agentbox never mounts it into a VM"
         )
     if not workspace.is_dir():
-        return workspace, f"the workspace {workspace} ({source}) does not exist or is not a folder"
-    return workspace, None
+        return workspace, source, f"the workspace {workspace} ({source}) does not exist or is not a folder"
+    return workspace, source, None
+
+
+def _work_tree_top(folder: Path) -> Path | None:
+    from agentbox import gitdirs
+
+    return gitdirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))
 
 
 def _workspace_hint(config: Config) -> str:
     if config.local_file is None:
-        return "Run agentbox inside a project folder, use -C DIR, or create one with `agentbox init`."
+        # Not `agentbox init` here: that would write agentbox.yml into the home folder (or /).
+        return ("Run agentbox in a project folder, or pass -C DIR. Settings for every project go in the global "
+                "config: `agentbox init --global`.")
+    if Path(os.path.realpath(config.local_file.parent)) == Path(os.path.realpath(paths.home())):
+        return (f"{config.local_file} is found from every folder below your home folder that has no agentbox.yml "
+                f"of its own: move its settings to {paths.global_config_file()} and remove it.")
     return f"Fix `workspace` in {config.local_file}, or run agentbox from another project."
 
 

@@ -117,7 +117,7 @@ def check_config(cwd: Path, checks: list[Check]) -> Config | None:
     from agentbox import config as configmod
 
     try:
-        config = configmod.load(cwd)
+        config = configmod.load(cwd, describe=True)
     except ConfigError as error:
         checks.append(Check("config", FAIL, f"the config is not valid: {error.message}",
                             error.hint or "Fix it, then run `agentbox config` to see the result."))
@@ -126,8 +126,12 @@ def check_config(cwd: Path, checks: list[Check]) -> Config | None:
             f"local {config.local_file}" if config.local_file else None]
     files = ", ".join(name for name in used if name) or "no config files, built-in defaults"
     checks.append(Check("config", OK, f"config is valid ({files})"))
+    for unusable in config.unusable:
+        checks.append(Check("config", FAIL, f"{unusable.shown} is not used: {unusable.reason}, so launches refuse to run",
+                            f"Fix it with `{unusable.fix}`."))
     for notice in config.notices:
-        checks.append(Check("config", WARN, notice, "agentbox ignores that file until it is fixed."))
+        if not any(notice == unusable.notice() for unusable in config.unusable):
+            checks.append(Check("config", WARN, notice, "agentbox ignores that setting until it is fixed."))
     try:
         workspace = config.require_workspace()
     except ConfigError as error:
@@ -247,12 +251,11 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
     if recorded is None:
         checks.append(Check("vm.workspace", FAIL,
                             f"the Lima instance {name} was not created by agentbox (it records no workspace)",
-                            f"Recreate it with `agentbox start --recreate` (this deletes {name}), "
-                            "or choose another `vm.name` in agentbox.yml."))
+                            vm.clash_hint(config, name, foreign=True)))
     else:
         checks.append(Check("vm.workspace", FAIL,
                             f"VM {name} belongs to {recorded}, not to this workspace {workspace}",
-                            f"Give this project its own VM: set `vm.name` in {workspace}/agentbox.yml."))
+                            vm.clash_hint(config, name)))
     return instance, False
 
 

@@ -19,6 +19,10 @@ would have the next VM mount the user's home folder. `locate` is the one decisio
 A `.git` file naming a git folder inside the workspace without a `commondir` (`git init
 --separate-git-dir`) needs no mount; it is followed for the tripwire only. Anything else is not
 followed, with a reason the caller shows (escaped: it quotes agent-written paths).
+
+`work_tree_top` finds the work tree a folder belongs to, without running git (a repository's own
+config could make host git run a program): the nearest folder upward with a `.git` folder that
+looks like one, or a `.git` file starting with `gitdir:` (a linked worktree or a submodule).
 """
 
 from __future__ import annotations
@@ -69,6 +73,39 @@ def locate(workspace: Path) -> GitDirs:
         return _follow(workspace, dot_git)
     except _Refused as refused:
         return GitDirs(None, None, str(refused))
+
+
+def work_tree_top(start: Path, stop: Path) -> Path | None:
+    """The top of the git work tree containing start (a resolved path), or None.
+
+    The walk never looks at stop (the home folder) or at any folder containing it: a dotfiles
+    repository in the home folder would otherwise make every folder below it part of one work tree
+    whose top (the home folder) can never be a workspace.
+    """
+    for directory in (start, *start.parents):
+        if directory == stop or directory in stop.parents:
+            return None
+        if _is_git_marker(directory / ".git"):
+            return directory
+    return None
+
+
+def _is_git_marker(dot_git: Path) -> bool:
+    """A `.git` folder holding HEAD, objects/ and refs/, or a small regular `gitdir:` file (never followed)."""
+    try:
+        mode = os.lstat(dot_git).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        try:
+            _require_git_folder(dot_git)
+        except _Refused:
+            return False
+        return True
+    try:
+        return stat.S_ISREG(mode) and _read_pointer(dot_git).startswith("gitdir:")
+    except _Refused:
+        return False
 
 
 def _read_pointer(path: Path) -> str:

@@ -49,6 +49,23 @@ def default_vm_name(workspace: Path, lima_home: Path) -> str:
     return f"{PREFIX}{stem}-{digest}" if stem else f"{PREFIX}{digest}"
 
 
+def distinct_vm_name(workspace: Path, lima_home: Path, taken: str) -> str:
+    """agentbox-<basename>-<short hash of the path>: a name no other folder gets, suggested when `taken`
+    (this workspace's name) already belongs to another workspace's VM."""
+    import hashlib
+
+    limit = min(MAX_NAME, socket_limit(lima_home))
+    digest = hashlib.sha256(str(workspace).encode()).hexdigest()
+    for start in range(0, len(digest) - 8, 8):
+        short = digest[start:start + 8]
+        room = limit - len(PREFIX) - len(short) - 1
+        stem = _sanitize(workspace.name)[: max(room, 0)].rstrip("._-")
+        name = f"{PREFIX}{stem}-{short}" if stem else f"{PREFIX}{short}"
+        if name != taken:
+            return name
+    return f"{PREFIX}{digest[:8]}"
+
+
 def _sanitize(text: str) -> str:
     import unicodedata
 

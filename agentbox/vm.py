@@ -53,15 +53,43 @@ def check_ownership(instance: Instance, config: Config) -> None:
         raise StateError(
             f"the Lima instance {instance.name} exists but was not created by this agentbox "
             "(it records no workspace), so agentbox will not use it",
-            hint=f"Recreate it with `agentbox start --recreate` (this deletes {instance.name}), "
-            "or pick another name with `vm.name` in agentbox.yml.",
+            hint=clash_hint(config, instance.name, foreign=True),
         )
     if recorded != workspace:
         raise StateError(
             f"the VM {instance.name} belongs to {recorded}, not to this workspace {workspace} "
             "(two projects with the same folder name?)",
-            hint=f"Give this project its own VM: set `vm:\n  name: <another-name>` in {workspace}/agentbox.yml.",
+            hint=clash_hint(config, instance.name),
         )
+
+
+def clash_hint(config: Config, name: str, foreign: bool = False) -> str:
+    """The fix for a VM name that is taken, wherever the clash is reported: by another workspace's VM, or
+    (foreign) by a Lima instance agentbox did not create."""
+    own = f"give this workspace its own VM: {own_vm_instruction(config, name)}"
+    if foreign:
+        return f"Recreate it with `agentbox start --recreate` (this deletes {name}), or {own}"
+    return own[0].upper() + own[1:]
+
+
+def own_vm_instruction(config: Config, name: str) -> str:
+    """One copy-pasteable instruction that moves this workspace off the VM name `name`."""
+    import shlex
+
+    from agentbox import naming
+    from agentbox.safetext import visible
+
+    free = naming.distinct_vm_name(config.workspace, paths.lima_home(), name)
+    if config.local_file is None:
+        return visible(
+            f"`agentbox -C {shlex.quote(str(config.workspace))} init --vm-name {free}` (it writes "
+            f"{config.workspace / paths.LOCAL_CONFIG_NAME} with that name and trusts it)."
+        )
+    agent = next((a.name for a in config.agents.values() if a.vm_name == name and name != config.vm_name), None)
+    where = f"`vmName: {free}` under `agents: {agent}:`" if agent else f"`name: {free}` under `vm:`"
+    return visible(
+        f"set {where} in {config.local_file}, then run `agentbox -C {shlex.quote(str(config.local_file.parent))} trust`."
+    )
 
 
 _UNKNOWN: Any = object()
@@ -314,6 +342,20 @@ def remove(session: Session, name: str) -> str:
         session.lima.delete(name, force=True)
     clear_state(name)
     return f"{name} removed (its disk is gone; the workspace on the host is untouched)"
+
+
+def conflict(instance: Instance | None, config: Config) -> dict[str, Any] | None:
+    """When the VM of this name is not this workspace's: its name, its workspace (None when agentbox did
+    not create it) and a name this workspace could use instead."""
+    from agentbox import naming
+
+    if instance is None or workspace_of(instance) == str(config.workspace):
+        return None
+    return {
+        "vm": instance.name,
+        "workspace": workspace_of(instance),
+        "suggestedName": naming.distinct_vm_name(config.workspace, paths.lima_home(), instance.name),
+    }
 
 
 def describe(instance: Instance | None, name: str, workspace: str | None) -> dict[str, Any]:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli, write
+from tests.conftest import FakeLima, run_cli, write
 
 
 def config_json(cwd: Path) -> dict:
@@ -262,22 +263,125 @@ def test_home_and_root_are_refused_as_workspace(home: Path, where: str) -> None:
     assert run_cli("config", "--json", cwd=cwd).exit_code == 0
 
 
-def test_group_writable_local_config_is_not_used(project: Path) -> None:
-    write(project / "agentbox.yml", "vm: {cpus: 2}\n", mode=0o664)
-    result = run_cli("config", "--json", cwd=project)
-    assert result.exit_code == 0
-    assert json.loads(result.stdout)["vm"]["cpus"] == 4
-    assert f"{project / 'agentbox.yml'} is not used: it is writable by group" in result.stderr
-    assert "chmod go-w" in result.stderr
+def shared_group() -> int | None:
+    """A group this user may give a file to that is not the user's private group, or None."""
+    import grp
+
+    from agentbox.config import shared_group_problem
+
+    allowed = None if os.getuid() == 0 else set(os.getgroups())
+    for group in grp.getgrall():
+        if (allowed is None or group.gr_gid in allowed) and shared_group_problem(group.gr_gid, os.getuid()):
+            return group.gr_gid
+    return None
+
+
+def nothing_created(limactl: FakeLima, isolated_env: dict[str, Path]) -> bool:
+    return limactl.calls() == [] and not (isolated_env["state"] / "vms").exists()
+
+
+def test_group_writable_config_of_your_private_group_is_used(project: Path, limactl: FakeLima) -> None:
+    from agentbox.config import shared_group_problem
+
+    if shared_group_problem(os.getgid(), os.getuid()):
+        pytest.skip("this user's primary group is not a private group")  # e.g. macOS's shared `staff`
+    path = write(project / "agentbox.yml", "vm: {cpus: 2}\n", mode=0o664)  # what umask 002 gives a clone
+    os.chown(path, -1, os.getgid())
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert "cpus: 2" in limactl.lima_yaml("agentbox-myproject")
+    assert "not used" not in result.stderr
+
+
+def test_group_writable_config_of_a_shared_group_refuses_and_creates_nothing(
+    project: Path, limactl: FakeLima, isolated_env: dict[str, Path]
+) -> None:
+    import grp
+
+    gid = shared_group()
+    if gid is None:
+        pytest.skip("no group other than a private one to give the file to")
+    path = write(project / "agentbox.yml", "vm: {cpus: 2}\n", mode=0o664)
+    os.chown(path, -1, gid)
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert result.stderr.startswith(
+        f"agentbox: error: {path} is not used: it is writable by the group {grp.getgrgid(gid).gr_name}, which "
+    )
+    assert "agentbox will not go on with other settings instead\n" in result.stderr
+    assert f"hint: Fix it with `chmod g-w,o-w {path}` (or remove the file)" in result.stderr
+    assert nothing_created(limactl, isolated_env)
+    # The display commands still describe, saying why the file is left out.
+    shown = run_cli("config", "--json", cwd=project)
+    assert shown.exit_code == 0 and json.loads(shown.stdout)["vm"]["cpus"] == 4
+    assert f"agentbox: warning: {path} is not used: it is writable by the group " in shown.stderr
+    status = run_cli("status", cwd=project)
+    assert status.exit_code == 0 and "status:    NotCreated" in status.stdout
+    assert f"{path} is not used" in status.stderr
+
+
+def test_world_writable_config_refuses_every_acting_command(
+    project: Path, home: Path, limactl: FakeLima, isolated_env: dict[str, Path]
+) -> None:
+    path = write(project / "agentbox.yml", "vm: {cpus: 2}\n", mode=0o666)
+    for command in (["start"], ["claude"], ["shell", "--", "true"], ["trust"], ["template"]):
+        result = run_cli(*command, cwd=project)
+        assert result.exit_code == 2, command
+        assert f"{path} is not used: it is writable by group and others;" in result.stderr, command
+    assert nothing_created(limactl, isolated_env)
+    text = run_cli("config", cwd=project, env={"COLUMNS": "400"}).stdout
+    assert f"# local config: none ({path} is not used: it is writable by group and others)\n" in text
+    # The global file is held to the same rule.
+    os.chmod(path, 0o644)
+    gpath = global_config(home, "vm: {cpus: 3}\n")
+    os.chmod(gpath, 0o646)
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert f"{gpath} is not used: it is writable by others;" in result.stderr
+    assert nothing_created(limactl, isolated_env)
+
+
+def test_dangling_config_symlink_refuses(project: Path, home: Path) -> None:
+    (project / "agentbox.yml").symlink_to(home / "dotfiles" / "gone.yml")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert "is a symlink to a file that does not exist" in result.stderr
+    assert f"hint: Fix it with `rm {project / 'agentbox.yml'}`" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("group", "why"),
+    [
+        (("alice", "x", 1000, []), None),  # primary group, no listed members
+        (("alice", "x", 1000, ["alice"]), None),
+        (("alice", "x", 2000, []), None),  # not primary, but named like the user (a user private group)
+        (("alice", "x", 1000, ["alice", "bob"]), "has other members (bob)"),
+        (("devs", "x", 2000, ["alice"]), "is not your private group (that is gid 1000)"),
+        (("staff", "x", 20, []), "is not your private group (that is gid 1000)"),
+    ],
+)
+def test_private_group_decision(group: tuple, why: str | None) -> None:
+    import grp
+    import pwd
+
+    from agentbox.config import private_group_problem
+
+    user = pwd.struct_passwd(("alice", "x", 1000, 1000, "", "/home/alice", "/bin/sh"))
+    assert private_group_problem(grp.struct_group(group), user) == why
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to give a file to another user")
-def test_config_owned_by_someone_else_is_not_used(project: Path) -> None:
+def test_config_owned_by_someone_else_refuses(project: Path, limactl: FakeLima, isolated_env) -> None:
     path = write(project / "agentbox.yml", "vm: {cpus: 2}\n")
     os.chown(path, 12345, -1)
-    result = run_cli("config", "--json", cwd=project)
-    assert json.loads(result.stdout)["vm"]["cpus"] == 4
-    assert "belongs to uid 12345, not to you" in result.stderr
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert f"{path} is not used: it belongs to uid 12345, not to you (uid 0), so someone else could have written it;" in result.stderr
+    assert f"hint: Fix it with `sudo chown $(id -u) {path}`" in result.stderr
+    assert nothing_created(limactl, isolated_env)
+    shown = run_cli("config", "--json", cwd=project)
+    assert json.loads(shown.stdout)["vm"]["cpus"] == 4
+    assert "belongs to uid 12345, not to you" in shown.stderr
 
 
 def test_symlinked_config_is_followed_to_a_regular_file(project: Path, home: Path) -> None:
@@ -439,12 +543,13 @@ def test_env_values_keep_the_text_as_written(project: Path) -> None:
 def test_text_view_shows_origins(project: Path, home: Path) -> None:
     gpath = global_config(home, "vm:\n  cpus: 6\n")
     lpath = write(project / "agentbox.yml", "vm:\n  memory: 4GiB\n")
-    out = run_cli("config", cwd=project).stdout
-    assert f"# local config:  {lpath}" in out
+    out = run_cli("config", cwd=project, env={"COLUMNS": "400"}).stdout
+    assert out.startswith(f"# global config: {gpath}\n# local config: {lpath}\n")
     lines = {line.split(":")[0]: line for line in out.splitlines() if not line.startswith("#")}
-    assert lines["vm.cpus"].endswith(f"# global ({gpath})")
-    assert lines["vm.memory"].endswith(f"# local ({lpath})")
-    assert lines["vm.disk"].endswith("# default")
+    assert lines["vm.cpus"] == "vm.cpus: 6  # global"
+    assert lines["vm.memory"] == 'vm.memory: "4GiB"  # local'
+    assert lines["vm.disk"] == 'vm.disk: "20GiB"  # default'
+    assert lines["workspace"] == f'workspace: "{project}"  # the folder of {lpath}'
 
 
 def test_dash_c_targets_another_project(project: Path, tmp_path: Path) -> None:
@@ -489,6 +594,67 @@ def test_config_masks_env_values_unless_asked(project: Path, home: Path) -> None
     assert json.loads(run_cli("config", "--json", cwd=project).stdout)["env"] == {"ANTHROPIC_API_KEY": "<set, 19 chars>"}
     shown = run_cli("config", "--show-secrets", cwd=project)
     assert "sk-ant-api03-secret" in shown.stdout
+
+
+def test_config_masks_env_values_with_sources_too(project: Path, home: Path) -> None:
+    global_config(home, "env:\n  ANTHROPIC_API_KEY: sk-ant-api03-secret\n")
+    masked = run_cli("config", "--json", "--sources", cwd=project)
+    assert "sk-ant-api03-secret" not in masked.output
+    assert json.loads(masked.stdout)["config"]["env"] == {"ANTHROPIC_API_KEY": "<set, 19 chars>"}
+    shown = json.loads(run_cli("config", "--json", "--sources", "--show-secrets", cwd=project).stdout)
+    assert shown["config"]["env"] == {"ANTHROPIC_API_KEY": "sk-ant-api03-secret"}
+
+
+def test_config_text_is_readable_in_100_columns(project: Path, home: Path) -> None:
+    long_dir = "data-" + "x" * 70
+    (project / long_dir).mkdir()
+    gpath = global_config(home, "env:\n  LONG_TOKEN: " + "t" * 120 + "\n  SHORT: s\n")
+    lpath = write(project / "agentbox.yml", f"vm:\n  cpus: 2\nmounts:\n  - location: ./{long_dir}\n")
+    result = run_cli("config", "--show-secrets", cwd=project, env={"COLUMNS": "100"})
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[:2] == [f"# global config: {gpath}", f"# local config: {lpath}"]
+    for index, line in enumerate(lines[2:], start=2):
+        if line.startswith("    "):  # a value (or a long origin) on its own line, below its key
+            assert lines[index - 1].startswith(" ") or re.fullmatch(r"[\w.\[\]-]+:(  # .+)?", lines[index - 1]), line
+            continue
+        assert len(line) <= 100, line
+        # unpadded `key: value  # origin`, or `key:  # origin` above the value, or `key:` above value and origin
+        assert re.fullmatch(r"[\w.\[\]-]+(: \S(.*\S)?  # \S.*|:  # \S.*|:)", line), line
+    at = lines.index("workspace:")  # its origin names the config file's long path: below the value
+    assert lines[at + 1:at + 3] == [f'    "{project}"', f"    # the folder of {lpath}"]
+    at = lines.index("env.LONG_TOKEN:  # global")
+    assert lines[at + 1] == '    "' + "t" * 120 + '"'
+    assert "env.SHORT: \"s\"  # global" in lines
+    assert "vm.cpus: 2  # local" in lines
+    at = lines.index("mounts[0].location:  # local")
+    assert lines[at + 1] == f'    "{project / long_dir}"'
+    at = lines.index("agents.gemini.credentials:  # default")  # a list too long for one line: one item per line
+    assert lines[at + 1:at + 3] == ['    - "~/.gemini/oauth_creds.json"', '    - "~/.gemini/google_accounts.json"']
+
+
+def test_config_json_sources(project: Path, home: Path) -> None:
+    gpath = global_config(home, "vm:\n  memory: 6GiB\n")
+    lpath = write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
+    plain = run_cli("config", "--json", cwd=project)
+    assert list(json.loads(plain.stdout))[:2] == ["workspace", "vm"]  # scripts reading the plain object keep working
+    result = run_cli("config", "--json", "--sources", cwd=project)
+    assert result.exit_code == 0
+    data = json.loads(result.stdout)
+    assert list(data) == ["config", "sources"]
+    assert data["config"] == json.loads(plain.stdout)
+    sources = data["sources"]
+    assert sources["vm.cpus"] == f"local ({lpath})"
+    assert sources["vm.memory"] == f"global ({gpath})"
+    assert sources["vm.disk"] == "default"
+    assert sources["vm.name"] == "default (from the workspace folder name)"
+    assert sources["workspace"] == f"the folder of {lpath}"
+    assert sources["agents.claude.binary"] == "default"
+    text_keys = [line.split(":")[0] for line in run_cli("config", cwd=project).stdout.splitlines()
+                 if line and not line.startswith(("#", " "))]
+    assert list(sources) == text_keys  # the same keys the text view shows
+    usage = run_cli("config", "--sources", cwd=project)
+    assert usage.exit_code == 2 and "--sources goes with --json" in usage.stderr
 
 
 @pytest.mark.parametrize("bad", ["/srv/a\nb", "/srv/a\rb", "/srv/\x1b[2Jx"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -168,11 +169,12 @@ def test_invalid_config_is_reported_not_exit_2(project: Path, limactl: FakeLima)
     assert result.stderr == ""
 
 
-def test_ignored_config_file_is_a_warning(project: Path, limactl: FakeLima) -> None:
-    write(project / "agentbox.yml", "", mode=0o666)
+def test_unusable_config_file_is_a_failure(project: Path, limactl: FakeLima) -> None:
+    path = write(project / "agentbox.yml", "", mode=0o666)
     result = doctor(project)
-    assert result.exit_code == 0
-    assert "chmod go-w" in line(result, "WARN", "is not used: it is writable by group and others")
+    assert result.exit_code == 1  # launches refuse such a file, so doctor fails it
+    line(result, "FAIL", f"{path} is not used: it is writable by group and others, so launches refuse to run")
+    assert hint_after(result, "is not used") == " " * 8 + f"hint: Fix it with `chmod g-w,o-w {path}`."
 
 
 def test_home_as_workspace_fails(home: Path, limactl: FakeLima) -> None:
@@ -192,7 +194,10 @@ def test_vm_of_another_workspace_fails_naming_both(project: Path, home: Path, li
     assert result.exit_code == 1
     failure = line(result, "FAIL", f"VM {NAME} belongs to {other}, not to this workspace {project}")
     assert failure
-    assert "vm.name" in hint_after(result, "belongs to")
+    hint = hint_after(result, "belongs to")
+    assert re.fullmatch(
+        " {8}hint: Give this workspace its own VM: set `name: agentbox-myproject-[0-9a-f]{8}` under `vm:` in "
+        + re.escape(f"{project / 'agentbox.yml'}, then run `agentbox -C {project} trust`."), hint), hint
     assert "shell" not in limactl.subcommands()  # never look into another project's VM
 
 

@@ -94,11 +94,15 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
     assert before == {
         "name": NAME, "status": "NotCreated", "workspace": str(project), "cpus": None, "memory": None,
         "disk": None, "vmType": None, "arch": None, "dir": None,
+        "workspaceRule": "the current folder: no agentbox.yml, not inside a git work tree", "conflict": None,
     }
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n")
     assert run_cli("start", cwd=project).exit_code == 0
     after = json.loads(run_cli("status", "--json", cwd=project).stdout)
-    assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir"]
+    assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir",
+                           "workspaceRule", "conflict"]
+    assert after["workspaceRule"] == f"the folder of {project / 'agentbox.yml'}"
+    assert after["conflict"] is None
     assert after["status"] == "Running"
     assert (after["cpus"], after["memory"], after["disk"]) == (2, 4 << 30, 30 << 30)
     assert after["workspace"] == str(project)
@@ -232,8 +236,7 @@ def test_same_folder_name_in_two_places_is_refused(limactl: FakeLima, home: Path
     assert run_cli("start", cwd=first).exit_code == 0
     result = run_cli("start", cwd=second)
     assert result.exit_code == 1
-    assert str(first) in result.stderr and str(second) in result.stderr
-    assert "vm.name" in result.stderr or "name:" in result.stderr
+    assert f"the VM agentbox-app belongs to {first}, not to this workspace {second}" in result.stderr
     write(second / "agentbox.yml", "vm:\n  name: agentbox-app-b\n")
     assert run_cli("trust", cwd=second).exit_code == 0  # vm.name in a project file needs trust
     assert run_cli("start", cwd=second).exit_code == 0

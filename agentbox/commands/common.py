@@ -16,12 +16,16 @@ if TYPE_CHECKING:
     from agentbox.vm import Session
 
 
-def load_config(ctx: click.Context) -> Config:
-    """The merged config for the folder agentbox runs in; its notices go to stderr."""
+def load_config(ctx: click.Context, describe: bool = False) -> Config:
+    """The merged config for the folder agentbox runs in; its notices go to stderr.
+
+    A config file agentbox will not use (see config.load) stops every command but the display ones
+    (`describe`), which leave it out and say why.
+    """
     from agentbox import config
 
     with timing.phase("config (find, parse, validate, merge)"):
-        loaded = config.load(ctx.obj["cwd"])
+        loaded = config.load(ctx.obj["cwd"], describe=describe)
     config.print_notices(loaded)
     return loaded
 
@@ -46,7 +50,7 @@ def session(ctx: click.Context, needs_config: bool = True, acts: bool = True) ->
     from agentbox import trust, vm
     from agentbox.lima import Lima
 
-    config = load_config(ctx) if needs_config else None
+    config = load_config(ctx, describe=not acts) if needs_config else None
     if config is not None and acts:
         trust.require_trust(config)
     return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"])  # type: ignore[arg-type]

@@ -10,32 +10,69 @@ from agentbox.errors import ConfigError
 
 @click.command("config")
 @click.option("--json", "as_json", is_flag=True, help="Print the merged config as one JSON object.")
+@click.option("--sources", is_flag=True,
+              help='With --json: print {"config": ..., "sources": {KEY: where its value came from}}.')
 @click.option("--show-secrets", is_flag=True, help="Print env values instead of masking them.")
 @click.pass_context
-def config_command(ctx: click.Context, as_json: bool, show_secrets: bool) -> None:
+def config_command(ctx: click.Context, as_json: bool, sources: bool, show_secrets: bool) -> None:
     """Show the merged config and where each value came from."""
     from agentbox import configview
 
-    loaded = load_config(ctx)
+    if sources and not as_json:
+        raise click.UsageError("--sources goes with --json (the text view always shows where values came from)")
+    loaded = load_config(ctx, describe=True)
     warn_if_untrusted(loaded)
     if as_json:
-        click.echo(configview.as_json(loaded, show_secrets))
+        click.echo(configview.as_json(loaded, show_secrets, with_sources=sources))
     else:
-        click.echo(configview.as_text(loaded, show_secrets), nl=False)
+        click.echo(configview.as_text(loaded, show_secrets, width=_width()), nl=False)
     if loaded.workspace_problem:
         click.echo(f"agentbox: warning: {loaded.workspace_problem}", err=True)
+
+
+def _width() -> int:
+    """The terminal's width (or $COLUMNS); 100 when the output goes to a pipe or file."""
+    import os
+    import shutil
+    import sys
+
+    if os.environ.get("COLUMNS") or sys.stdout.isatty():
+        return shutil.get_terminal_size((100, 24)).columns
+    return 100
 
 
 @click.command("init")
 @click.option("--global", "is_global", is_flag=True, help="Write the global config instead of ./agentbox.yml.")
 @click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.option("--vm-name", metavar="NAME",
+              help="Write ./agentbox.yml with only `vm.name: NAME` enabled, and trust it (you typed the name).")
 @click.pass_context
-def init_command(ctx: click.Context, is_global: bool, force: bool) -> None:
+def init_command(ctx: click.Context, is_global: bool, force: bool, vm_name: str | None) -> None:
     """Write a commented config file to start from."""
-    from agentbox import initfile
+    import os
+    from pathlib import Path
 
-    target = initfile.write(ctx.obj["cwd"], is_global=is_global, force=force)
+    from agentbox import gitdirs, initfile, paths
+
+    cwd = ctx.obj["cwd"]
+    target = initfile.write(cwd, is_global=is_global, force=force, vm_name=vm_name)
     click.echo(f"Wrote {target}")
+    if vm_name is not None:
+        initfile.trust_written(cwd, target)
+        click.echo(f"Trusted it: the VM of {target.parent} is {vm_name}.", err=True)
+    if is_global:
+        return
+    here = Path(os.path.realpath(cwd))
+    top = gitdirs.work_tree_top(here, Path(os.path.realpath(paths.home())))
+    if top is not None and top != here:
+        from agentbox.safetext import visible
+
+        click.echo(
+            visible(f"agentbox: note: the workspace is now {here}, the folder of this file, not the git work tree "
+                    f"{top}: the VM does not see the rest of the repository or its .git. For the whole repository, "
+                    f"move the file to {top}."),
+            err=True,
+        )
 
 
 @click.command("template")

@@ -105,8 +105,14 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     from agentbox import vm
 
     session = session_for(ctx, acts=False)
+    config = session.config
     name = vm_name(session)
-    info = vm.describe(session.instance(name), name, str(session.config.workspace))
+    instance = session.instance(name)
+    conflict = vm.conflict(instance, config)
+    # A VM of this name that is not this workspace's is not this workspace's VM: it has none yet.
+    info = vm.describe(None if conflict else instance, name, str(config.workspace))
+    info["workspaceRule"] = config.workspace_rule
+    info["conflict"] = conflict
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -114,7 +120,15 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
         value = info[key]
         if key in ("memory", "disk") and isinstance(value, int):
             value = f"{value / (1 << 30):g}GiB"
+        if key == "workspace" and value == str(config.workspace):
+            value = f"{value} ({config.workspace_rule})"
         click.echo(f"{key + ':':11}{'-' if value is None else value}")
+        if key == "workspace" and conflict:
+            owner = conflict["workspace"]
+            taken = (f"the VM {name} belongs to another workspace, {owner}" if owner else
+                     f"the Lima instance {name} exists but was not created by agentbox")
+            click.echo(f"{'conflict:':11}{taken}")
+            click.echo(f"{'fix:':11}{vm.clash_hint(config, name, foreign=owner is None)}")
 
 
 @click.command("ls")
