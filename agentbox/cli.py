@@ -31,6 +31,7 @@ LAZY_COMMANDS = {
     "trust": ("agentbox.commands.safety", "trust_command"),
     "audit": ("agentbox.commands.safety", "audit_command"),
     "completion": ("agentbox.commands.completion", "completion_command"),
+    "help": ("agentbox.commands.help", "help_command"),
 }
 
 
@@ -38,8 +39,10 @@ class AgentboxGroup(click.Group):
     """Adds one command per agent (built-in and configured) and the single error boundary."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        names = [*self.commands, *LAZY_COMMANDS]
-        return [*names, *(name for name in _agent_names(ctx) if name not in names)]
+        """Agents first (what people run most), then the VM commands, then the rest: for --help and completion."""
+        names = [*VM_COMMANDS, *self.commands, *LAZY_COMMANDS]
+        agents = [name for name in _agent_names(ctx) if name not in names]
+        return [*agents, *dict.fromkeys(names)]
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         command = self.commands.get(cmd_name)
@@ -55,6 +58,20 @@ class AgentboxGroup(click.Group):
 
             return make_agent_command(cmd_name, _agent_summary(ctx, cmd_name))
         return None
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's lookup, with agentbox's own error (and a did-you-mean) for a command that does not exist."""
+        name = args[0]
+        command = self.get_command(ctx, name)
+        if command is not None:
+            return name, command, args[1:]
+        if ctx.resilient_parsing or name.startswith("-"):  # completion; or an option, which click reports
+            return super().resolve_command(ctx, args)
+        from agentbox.commands.help import unknown_command
+
+        raise unknown_command(ctx, name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         names = self.list_commands(ctx)
@@ -172,6 +189,11 @@ def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool, t
     In a project folder, `agentbox claude` (or codex, gemini, kiro) finds or creates the project's
     VM, mounts the project at the same path and starts the agent there with its approval prompts
     off: the VM is the sandbox.
+
+    Every argument after the agent's name goes to the agent: `agentbox AGENT --help` shows the
+    agent's own help, run inside the VM (when the VM is not running, agentbox describes the agent
+    instead and creates nothing). `agentbox AGENT shell` opens a shell in the agent's VM.
+    `agentbox help COMMAND` shows agentbox's help for any command, agents included.
     """
     if timings:
         timing.enable()

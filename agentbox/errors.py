@@ -20,6 +20,12 @@ class ConfigError(AgentboxError):
     exit_code = 2
 
 
+class UsageError(AgentboxError):
+    """The command line itself is wrong (an unknown command); nothing was run."""
+
+    exit_code = 2
+
+
 class StateError(AgentboxError):
     """The VM or the host is in a state agentbox cannot continue from."""
 

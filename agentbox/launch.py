@@ -13,6 +13,7 @@ from agentbox import bootstrap, credentials, drift, render, resources, timing, t
 from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError
 from agentbox.fsutil import private_dir, write_if_changed
+from agentbox.lima import Instance
 from agentbox.progress import note
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
@@ -25,12 +26,20 @@ def run_in_vm(
     argv: list[str],
     interactive_shell: bool = False,
     agent: AgentConfig | None = None,
+    running: Instance | None = None,
 ) -> int:
+    """Run argv (or a login shell) in the VM `name`, creating or starting it as needed.
+
+    `running` is the Running row of a `limactl list` the caller just made: it is checked, not listed again.
+    """
     config = session.config
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(render.staging_dir(name)))
     with timing.phase("VM state (limactl list, start)"):
-        vm.ensure_running(session, name)
+        if running is not None:
+            vm.ensure_running(session, name, running)
+        else:
+            vm.ensure_running(session, name)
     with timing.phase("staging (credentials, env, guards)"):
         refresh_staging(config, name, agent, scripts)
     state = vm.read_state(name)

@@ -1,10 +1,29 @@
-"""`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there."""
+"""`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there.
+
+Every argument reaches the agent untouched, `--help` and `--version` included, so the agent answers
+them from inside the VM. A `--help`, `-h` or `--version` on its own never creates or starts a VM,
+though: when the agent's VM is not running, agentbox answers from the host with what it knows (the
+agent's registry entry and config) and says how to get the agent's own answer.
+"""
 
 from __future__ import annotations
 
+import shlex
+from typing import TYPE_CHECKING, Any
+
 import click
 
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
+
+    from agentbox.config import AgentConfig, Config
+    from agentbox.lima import Instance
+    from agentbox.vm import Session
+
 MODEL_FLAGS = ("--model", "-m")
+# Asked on their own, these are questions about the agent, not work for it.
+QUERIES = ("--help", "-h", "--version")
+CONFIG_META = "agentbox.config"  # ctx.meta key: a config already loaded, reused by the help text
 
 
 class PassthroughCommand(click.Command):
@@ -15,35 +34,163 @@ class PassthroughCommand(click.Command):
         return ctx.args
 
 
+class AgentCommand(PassthroughCommand):
+    """One agent's command; its help (`agentbox help NAME`) describes what agentbox runs, from the host."""
+
+    def __init__(self, name: str, summary: str, **kwargs: Any) -> None:
+        super().__init__(
+            name,
+            short_help=summary,
+            context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+            add_help_option=False,
+            **kwargs,
+        )
+        self.summary = summary
+
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[ARGS]...")
+        formatter.write_usage(ctx.command_path, "shell [-- CMD...]", prefix="   or: ")
+
+    def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        name = self.name or ""
+        config, problem = _config_for_help(ctx)
+        agent = config.agents.get(name) if config is not None else None
+        binary = _shown(agent.binary if agent else _builtin_binary(name))
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(f"{self.summary}.")
+            formatter.write_paragraph()
+            formatter.write_text(
+                f"Every argument reaches {binary} unchanged, --help and --version included: "
+                f"`agentbox {name} --help` shows {binary}'s own help, from the VM. A --help, -h or --version "
+                "on its own never creates or starts a VM: when the VM is not running, agentbox answers "
+                "from the host instead."
+            )
+        with formatter.section("What agentbox runs"):
+            formatter.write_dl(_agent_rows(name, agent, config, problem))
+        formatter.write_paragraph()
+        with formatter.indentation():
+            formatter.write_text(
+                f"`agentbox {name} shell` opens a login shell in that VM; `agentbox {name} shell -- CMD...` runs CMD "
+                f"there (`agentbox {name} shell --help`)."
+            )
+
+    def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
+        """`shell` right after the agent's name, file names everywhere (the agent takes any argument)."""
+        from click.shell_completion import CompletionItem
+
+        items = []
+        if not ctx.args and "shell".startswith(incomplete):
+            items.append(CompletionItem("shell", help=f"a shell in {self.name}'s VM"))
+        return [*items, CompletionItem(incomplete, type="file")]
+
+
 def make_agent_command(name: str, summary: str) -> click.Command:
-    @click.command(
-        name,
-        cls=PassthroughCommand,
-        help=f"{summary}. Arguments are passed to the agent unchanged (try `agentbox {name} --help`).",
-        short_help=summary,
-        context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
-        add_help_option=False,
-    )
     @click.pass_context
     def agent_command(ctx: click.Context) -> None:
         ctx.exit(run_agent(ctx, name, list(ctx.args)))
 
-    return agent_command
+    return AgentCommand(name, summary, callback=agent_command)
+
+
+def agent_shell_command(name: str) -> click.Command:
+    """`agentbox NAME shell`: the shell command of the VM this agent runs in (its own help, not bash's)."""
+
+    @click.command(
+        "shell",
+        help=f"Open a login shell in the VM `agentbox {name}` runs in, or run `-- CMD ...` there and exit "
+        f"with its code. That is the project's VM unless agents.{name}.vmName names another.",
+        context_settings={
+            "ignore_unknown_options": True,
+            "allow_interspersed_args": False,
+            "help_option_names": ["-h", "--help"],
+        },
+    )
+    @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
+    @click.pass_context
+    def shell(ctx: click.Context, command: tuple[str, ...]) -> int:
+        from agentbox.commands.vm import run_shell
+
+        return run_shell(ctx, name, command)
+
+    return shell
 
 
 def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
-    from agentbox import launch
     from agentbox.commands.common import session as session_for
 
     if args[:1] == ["shell"]:
-        from agentbox.commands.vm import run_shell
-
-        return run_shell(ctx, name, tuple(args[1:]))
+        command = agent_shell_command(name)
+        with command.make_context("shell", args[1:], parent=ctx) as shell_ctx:
+            return int(command.invoke(shell_ctx))
+    if len(args) == 1 and args[0] in QUERIES:
+        return answer_query(ctx, name, args[0])
     session = session_for(ctx)
+    return launch_agent(session, name, args)
+
+
+def launch_agent(session: Session, name: str, args: list[str], running: Instance | None = None) -> int:
+    from agentbox import launch
+
     agent = session.config.agent(name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args))
-    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent)
+    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running)
+
+
+def answer_query(ctx: click.Context, name: str, query: str) -> int:
+    """`--help`/`-h`/`--version` alone: the agent answers when its VM runs; otherwise agentbox does, from the host.
+
+    Costs the `limactl list` a launch makes anyway; a running VM then gets exactly the warm launch's calls.
+    """
+    from agentbox import trust, vm
+    from agentbox.commands.common import session as session_for
+    from agentbox.commands.common import warn_if_untrusted
+    from agentbox.errors import LimaError, StateError
+    from agentbox.lima import RUNNING
+
+    session = session_for(ctx, acts=False)
+    config = session.config
+    agent = config.agent(name)
+    config.require_workspace()
+    problem = None
+    try:
+        instance = session.instance(agent.vm_name)
+    except LimaError as exc:
+        instance, problem = None, exc.message
+    if instance is not None:
+        vm.check_ownership(instance, config)
+        if instance.status == RUNNING:
+            trust.require_trust(config)
+            return launch_agent(session, name, [query], running=instance)
+    warn_if_untrusted(config)
+    binary = _shown(agent.binary)
+    vm_name = agent.vm_name
+    if problem is not None:
+        state = f"could not be checked ({problem.rstrip('.')})"
+    elif instance is None:
+        state = "does not exist yet (creating it takes minutes)"
+    else:
+        state = f"is {instance.status.lower()}"
+    how = "agentbox start" if vm_name == config.vm_name else f"agentbox {name} shell -- true"
+    if query == "--version":
+        from agentbox import __version__
+
+        installed = f"; agentbox installs it at the first launch with `{_shown(agent.install)}`" if agent.install else ""
+        raise StateError(
+            f"{binary}'s version is that of the {binary} in the VM {vm_name}, which {state}; "
+            "agentbox does not create or start a VM to ask it",
+            hint=f"Run `{how}`, then `agentbox {name} --version` asks {binary}{installed}. "
+            f"agentbox's own version is {__version__} (`agentbox --version`).",
+        )
+    ctx.meta[CONFIG_META] = config
+    command = ctx.command
+    click.echo(command.get_help(ctx))
+    click.echo(
+        f"\nThis is agentbox's description; {binary} was not asked because the VM {vm_name} {state}. "
+        f"For {binary}'s own help run `{how}`, then `agentbox {name} {query}`."
+    )
+    return 0
 
 
 def model_after(name: str, default_args: tuple[str, ...]) -> int | None:
@@ -68,3 +215,68 @@ def agent_argv(
     if model and after is not None and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in user_args):
         args[after:after] = ["--model", model]
     return [binary, *args]
+
+
+def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
+    """The config the help describes (never printed notices: help must not nag); None and why when unreadable."""
+    from pathlib import Path
+
+    from agentbox import config
+    from agentbox.errors import AgentboxError
+
+    loaded = ctx.meta.get(CONFIG_META)
+    if loaded is not None:
+        return loaded, None
+    root = ctx.find_root()
+    cwd = (root.obj or {}).get("cwd") or Path(root.params.get("directory") or ".").resolve()
+    try:
+        loaded = config.load(cwd)
+    except AgentboxError as exc:
+        return None, exc.message
+    ctx.meta[CONFIG_META] = loaded
+    return loaded, None
+
+
+def _agent_rows(
+    name: str, agent: AgentConfig | None, config: Config | None, problem: str | None
+) -> list[tuple[str, str]]:
+    from agentbox.agents import BUILTIN_AGENTS
+
+    if agent is None:  # the config could not be read: the built-in entry is all there is to show
+        spec = BUILTIN_AGENTS[name]
+        rows = [("runs", _shown(shlex.join([spec.binary, *spec.default_args])) + " [ARGS]...")]
+        if spec.install:
+            rows.append(("install", _shown(spec.install)))
+        return [*rows, ("config", f"not read: {_shown(problem or '')}")]
+    binary = _shown(agent.binary)
+    after = model_after(name, agent.default_args)
+    runs = _shown(shlex.join(agent_argv(agent.binary, list(agent.default_args), [], agent.model, after))) + " [ARGS]..."
+    if agent.model and after is not None:
+        runs += " (--model is left out when ARGS has --model or -m)"
+    elif agent.model:
+        runs += f" (model {_shown(agent.model)} is not passed: defaultArgs lack `{BUILTIN_AGENTS[name].model_after_arg}`)"
+    if agent.install:
+        install = f"{_shown(agent.install)} (in the VM, at a launch that finds {binary} missing)"
+    else:
+        install = f"none: {binary} must already be in the VM"
+    own_vm = config is None or agent.vm_name != config.vm_name
+    logins = ", ".join(_shown(path) for path in agent.credentials)
+    return [
+        ("runs", runs),
+        ("install", install),
+        ("VM", f"{agent.vm_name} (agents.{name}.vmName)" if own_vm else f"{agent.vm_name} (the project's VM)"),
+        ("logins", f"{logins} (copied into the VM at each launch)" if logins else "none copied into the VM"),
+    ]
+
+
+def _builtin_binary(name: str) -> str:
+    from agentbox.agents import BUILTIN_AGENTS
+
+    spec = BUILTIN_AGENTS.get(name)
+    return spec.binary if spec else name
+
+
+def _shown(text: str) -> str:
+    from agentbox.safetext import visible
+
+    return visible(text)

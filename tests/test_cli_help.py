@@ -1,0 +1,309 @@
+"""Help, `agentbox help`, unknown commands and shell completion, through the real CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from agentbox import __version__
+from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+from tests.test_launch import NAME, configure, launch, vm  # noqa: F401 - vm is a fixture
+
+AGENTS = ["codex", "claude", "gemini", "kiro"]
+VM_COMMANDS = ["start", "stop", "restart", "rm", "status", "ls", "shell"]
+
+
+def global_config(home: Path, text: str) -> None:
+    write(home / ".config" / "agentbox" / "config.yml", text)
+
+
+# --- agentbox --help and agentbox help ---------------------------------------------------------
+
+
+def test_group_help_explains_agent_help_shell_and_help_command(project: Path) -> None:
+    result = run_cli("--help", cwd=project)
+    assert result.exit_code == 0
+    text = " ".join(result.stdout.split())  # click wraps the paragraph; compare the words
+    assert "`agentbox AGENT --help` shows the agent's own help, run inside the VM" in text
+    assert "`agentbox AGENT shell` opens a shell in the agent's VM" in text
+    assert "`agentbox help COMMAND` shows agentbox's help for any command" in text
+
+
+def test_help_command_is_the_group_help(project: Path) -> None:
+    assert run_cli("help", cwd=project).stdout == run_cli("--help", cwd=project).stdout
+
+
+def test_help_of_an_agent_describes_what_agentbox_runs(project: Path, limactl: FakeLima) -> None:
+    result = run_cli("help", "claude", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("Usage: agentbox claude [ARGS]...\n   or: agentbox claude shell [-- CMD...]\n")
+    rows = {line.split()[0]: " ".join(line.split()[1:]) for line in out.split("What agentbox runs:\n")[1].splitlines()
+            if line.startswith("  ") and not line.startswith("   ")}
+    assert rows["runs"] == "claude --dangerously-skip-permissions [ARGS]..."
+    assert rows["install"].startswith("npm install -g @anthropic-ai/claude-code ")
+    assert rows["VM"] == f"{NAME} (the project's VM)"
+    assert rows["logins"].startswith("~/.claude/.credentials.json, ~/.claude.json ")
+    assert limactl.calls() == []  # help is answered from the host
+
+
+def test_help_of_an_agent_follows_the_config(project: Path, home: Path) -> None:
+    global_config(home, "agents:\n  kiro:\n    model: claude-4\n  aider:\n    binary: aider\n    defaultArgs: --yes\n")
+    kiro = " ".join(run_cli("help", "kiro", cwd=project).stdout.split())
+    assert "runs kiro-cli chat --model claude-4 --trust-all-tools [ARGS]... (--model is left out" in kiro
+    aider = run_cli("help", "aider", cwd=project)
+    assert aider.exit_code == 0, aider.stderr
+    assert "Run aider in the VM (defined in your config)." in aider.stdout
+    assert "runs     aider --yes [ARGS]..." in aider.stdout
+    assert "install  none: aider must already be in the VM" in aider.stdout
+
+
+def test_help_of_an_agent_with_an_unreadable_config_shows_the_builtin_entry(project: Path) -> None:
+    write(project / "agentbox.yml", "vm: [\n")
+    result = run_cli("help", "codex", cwd=project)
+    assert result.exit_code == 0
+    assert "runs     codex --dangerously-bypass-approvals-and-sandbox [ARGS]..." in result.stdout
+    assert "config   not read: " in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("words", "usage"),
+    [
+        (["start"], "Usage: agentbox start [OPTIONS]\n"),
+        (["ca", "add"], "Usage: agentbox ca add [OPTIONS]\n"),
+        (["claude", "shell"], "Usage: agentbox claude shell [OPTIONS] [-- CMD...]\n"),
+        (["help"], "Usage: agentbox help [OPTIONS] [COMMAND]...\n"),
+    ],
+)
+def test_help_of_commands_and_subcommands(project: Path, words: list[str], usage: str) -> None:
+    result = run_cli("help", *words, cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith(usage)
+
+
+def test_help_of_an_unknown_command_suggests_one(project: Path) -> None:
+    result = run_cli("help", "cluade", cwd=project)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == "agentbox: error: unknown command `cluade`\nhint: Did you mean `agentbox claude`?\n"
+    nested = run_cli("help", "start", "now", cwd=project)
+    assert nested.exit_code == 2
+    assert nested.stderr == (
+        "agentbox: error: `agentbox start` has no command `now`\nhint: `agentbox help start` shows what it takes.\n"
+    )
+
+
+def test_agent_and_vm_commands_lead_the_help_listing(project: Path) -> None:
+    out = run_cli("--help", cwd=project).stdout
+    listed = [line.split()[0] for line in out[out.index("Agent commands"):].splitlines() if line.startswith("  ")]
+    assert listed[:11] == AGENTS + VM_COMMANDS
+    assert "help" in listed[11:]
+
+
+# --- agentbox AGENT --help / --version: never a VM just to answer -------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_agent_help_without_a_vm_answers_from_the_host_and_creates_nothing(
+    project: Path, limactl: FakeLima, flag: str
+) -> None:
+    result = run_cli("claude", flag, cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("Usage: agentbox claude [ARGS]...\n")
+    assert "claude --dangerously-skip-permissions [ARGS]..." in result.stdout
+    assert result.stdout.endswith(
+        f"\nThis is agentbox's description; claude was not asked because the VM {NAME} does not exist yet "
+        f"(creating it takes minutes). For claude's own help run `agentbox start`, then `agentbox claude {flag}`.\n"
+    )
+    assert limactl.subcommands() == ["list"]
+    assert limactl.status(NAME) is None
+
+
+def test_agent_version_without_a_vm_says_where_the_version_comes_from(project: Path, limactl: FakeLima) -> None:
+    result = run_cli("codex", "--version", cwd=project)
+    assert (result.exit_code, result.stdout) == (1, "")
+    assert result.stderr == (
+        f"agentbox: error: codex's version is that of the codex in the VM {NAME}, which does not exist yet "
+        "(creating it takes minutes); agentbox does not create or start a VM to ask it\n"
+        "hint: Run `agentbox start`, then `agentbox codex --version` asks codex; agentbox installs it at the first "
+        f"launch with `npm install -g @openai/codex`. agentbox's own version is {__version__} (`agentbox --version`).\n"
+    )
+    assert limactl.subcommands() == ["list"]
+
+
+def test_agent_help_with_its_own_vm_names_that_vm(project: Path, limactl: FakeLima, home: Path) -> None:
+    write(project / "agentbox.yml", "agents:\n  gemini:\n    vmName: gem-vm\n")
+    assert run_cli("trust", cwd=project).exit_code == 0
+    result = run_cli("gemini", "--help", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert "VM       gem-vm (agents.gemini.vmName)" in result.stdout
+    assert "own help run `agentbox gemini shell -- true`, then `agentbox gemini --help`." in result.stdout
+    assert limactl.subcommands() == ["list"]
+
+
+def test_agent_help_without_limactl_still_answers(project: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = run_cli("claude", "--help", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert "Usage: agentbox claude [ARGS]..." in result.stdout
+    assert f"because the VM {NAME} could not be checked (limactl was not found on PATH" in result.stdout
+
+
+def test_agent_help_with_a_stopped_vm_starts_nothing(project: Path, limactl: FakeLima) -> None:
+    needs_bwrap()
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert run_cli("stop", cwd=project).exit_code == 0
+    limactl.clear()
+    result = run_cli("claude", "--help", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert f"claude was not asked because the VM {NAME} is stopped." in result.stdout
+    assert limactl.subcommands() == ["list"]
+    assert limactl.status(NAME) == "Stopped"
+
+
+@pytest.mark.parametrize("flag", ["--help", "--version"])
+def test_agent_help_and_version_reach_the_agent_when_the_vm_runs(project: Path, vm: FakeLima, flag: str) -> None:
+    configure(project, "")
+    result, data = launch(project, "claude", flag)
+    assert result.returncode == 0, result.stderr
+    assert data["args"] == ["--dangerously-skip-permissions", flag]
+    assert b"Usage: agentbox" not in result.stdout
+    assert vm.subcommands() == ["list", "shell"]  # exactly a warm launch
+
+
+def test_agent_help_with_other_arguments_is_a_normal_launch(project: Path, vm: FakeLima) -> None:
+    configure(project, "")
+    vm.set_status(NAME, "Stopped")
+    result, data = launch(project, "claude", "--help", "--verbose")
+    assert result.returncode == 0, result.stderr
+    assert data["args"] == ["--dangerously-skip-permissions", "--help", "--verbose"]
+    assert "start" in vm.subcommands()
+
+
+# --- agentbox AGENT shell --help -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_agent_shell_help_is_agentbox_help_not_the_shells(project: Path, limactl: FakeLima, flag: str) -> None:
+    result = run_cli("claude", "shell", flag, cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("Usage: agentbox claude shell [OPTIONS] [-- CMD...]\n")
+    assert "agents.claude.vmName" in result.stdout
+    assert limactl.calls() == []
+
+
+def test_agent_shell_passes_help_after_the_command_to_it(project: Path, vm: FakeLima) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "agentbox", "claude", "shell", "--", "sh", "-c", 'echo "$@"', "sh", "--help"],
+        cwd=project, capture_output=True, text=True, timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (0, "--help\n")
+
+
+# --- unknown commands ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("typed", "hint"),
+    [
+        ("cluade", "Did you mean `agentbox claude`?"),
+        ("Codex", "Did you mean `agentbox codex`?"),
+        ("kiro-cli", "Did you mean `agentbox kiro`?"),
+        ("sttus", "Did you mean `agentbox status`?"),
+        ("stat", "Did you mean `agentbox start` or `agentbox status`?"),
+        ("confg", "Did you mean `agentbox config`?"),
+        ("aidr", "Did you mean `agentbox aider`?"),
+        ("zzz", "`agentbox --help` lists the commands. To run a program in the VM: `agentbox shell -- zzz`; "
+                "to add an agent, define agents.NAME (with its binary) in agentbox.yml."),
+    ],
+)
+def test_unknown_command_suggests_the_closest(project: Path, home: Path, limactl: FakeLima, typed: str, hint: str) -> None:
+    global_config(home, "agents:\n  aider:\n    binary: aider\n")
+    result = run_cli(typed, "some", "args", cwd=project)
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == f"agentbox: error: unknown command `{typed}`\nhint: {hint}\n"
+    assert limactl.calls() == []
+
+
+def test_unknown_command_from_the_console_has_no_click_box(project: Path) -> None:
+    result = subprocess.run([sys.executable, "-m", "agentbox", "cluade"], cwd=project, capture_output=True, text=True,
+                            timeout=30)
+    assert result.returncode == 2
+    assert result.stderr == "agentbox: error: unknown command `cluade`\nhint: Did you mean `agentbox claude`?\n"
+
+
+def test_unknown_command_is_shown_escaped(project: Path) -> None:
+    result = run_cli("\x1b[2Jx", cwd=project)
+    assert result.exit_code == 2
+    assert "\x1b" not in result.stderr
+    assert "unknown command `\\x1b[2Jx`" in result.stderr
+
+
+# --- completion, through click's protocol --------------------------------------------------------
+
+
+def complete(project: Path, words: str, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """What bash would get for `words` (the last word is the one being completed; "" for a new word)."""
+    from agentbox.cli import cli
+
+    parts = words.split(" ")
+    result = CliRunner().invoke(
+        cli, [], prog_name="agentbox", catch_exceptions=False,
+        env={"_AGENTBOX_COMPLETE": "bash_complete", "COMP_WORDS": words, "COMP_CWORD": str(len(parts) - 1), **(env or {})},
+    )
+    assert result.exit_code == 0, result.output
+    return [tuple(line.split(",", 1)) for line in result.stdout.splitlines()]  # type: ignore[misc]
+
+
+def test_completion_lists_agents_first_then_vm_commands(project: Path, home: Path, monkeypatch) -> None:
+    global_config(home, "agents:\n  aider:\n    binary: aider\n")
+    monkeypatch.chdir(project)
+    items = complete(project, "agentbox ")
+    names = [value for kind, value in items]
+    assert all(kind == "plain" for kind, _ in items)
+    assert names[:12] == [*AGENTS, "aider", *VM_COMMANDS]
+    assert {"doctor", "config", "help", "completion"} <= set(names[12:])
+
+
+def test_completion_after_an_agent_offers_shell_and_files(project: Path, monkeypatch) -> None:
+    monkeypatch.chdir(project)
+    assert complete(project, "agentbox claude ") == [("plain", "shell"), ("file", "")]
+    assert complete(project, "agentbox claude sh") == [("plain", "shell"), ("file", "sh")]
+    assert complete(project, "agentbox claude RE") == [("file", "RE")]
+    assert complete(project, "agentbox claude -p ") == [("file", "")]
+    assert complete(project, "agentbox claude shell ") == [("file", "")]
+    assert complete(project, "agentbox -C . kiro ") == [("plain", "shell"), ("file", "")]
+
+
+def test_completion_of_help_names_commands(project: Path, monkeypatch) -> None:
+    monkeypatch.chdir(project)
+    assert complete(project, "agentbox help cl") == [("plain", "claude")]
+    assert complete(project, "agentbox help claude ") == [("plain", "shell")]
+    assert complete(project, "agentbox help ca ") == [("plain", "add"), ("plain", "ls")]
+
+
+def test_completion_in_a_real_process(project: Path) -> None:
+    env = {**os.environ, "_AGENTBOX_COMPLETE": "bash_complete", "COMP_WORDS": "agentbox claude ", "COMP_CWORD": "2"}
+    result = subprocess.run([sys.executable, "-m", "agentbox"], env=env, cwd=project, capture_output=True, text=True,
+                            timeout=30)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "plain,shell\nfile,\n", "")
+
+
+# --- start-up cost ------------------------------------------------------------------------------
+
+
+def test_group_help_imports_no_yaml_jinja_or_sh(project: Path) -> None:
+    code = (
+        "import sys\n"
+        "from agentbox.cli import main\n"
+        "sys.argv = ['agentbox', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('yaml', 'jinja2', 'sh') if m in sys.modules), file=sys.stderr)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=30)
+    assert result.stderr == "[]\n"
+    assert "Agent commands" in result.stdout
