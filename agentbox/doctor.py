@@ -1,5 +1,9 @@
 """`agentbox doctor`: one screen of checks of Lima, the config, the VM, credentials and guards.
 
+Credentials are checked for the agents in use (named in a config file, or logged in on the host or
+in the VM), not for every agent agentbox knows; the VM check includes settings changed since it was
+created (agentbox.drift), which only a new VM gets.
+
 Every check becomes a Check (OK, WARN or FAIL); nothing here raises for a problem it finds. It
 costs at most three limactl calls: `--version`, `list` and, when the VM runs, one `shell`.
 """
