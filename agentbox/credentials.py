@@ -24,6 +24,10 @@ from agentbox.pins import RACY_NS
 
 GH_FILES = ("~/.config/gh/hosts.yml", "~/.config/gh/config.yml")
 NETRC = "~/.netrc"
+# What was staged, by guest path: [host path, size, mtime_ns, ctime_ns, inode, device, sha256, hashed at (ns)].
+STAMPS = "stamps.json"
+_DIGEST = 6
+_HASHED_AT = 7
 # Host paths that live elsewhere in the Linux guest.
 _GUEST_PATH = {"~/Library/Application Support/kiro-cli/": "~/.local/share/kiro-cli/"}
 # git settings that mean the same in the VM and carry no secret or host-only program.
@@ -90,12 +94,6 @@ def refresh(staging: Path, host_files: list[str], include_git_identity: bool) ->
     write_if_changed(creds / STAMPS, json.dumps(stamps, sort_keys=True).encode())
     _refresh_git_identity(creds, include_git_identity)
     return staged, warnings
-
-
-# A stamp: [host path, size, mtime_ns, ctime_ns, inode, device, sha256, when it was hashed (ns)].
-STAMPS = "stamps.json"
-_DIGEST = 6
-_HASHED_AT = 7
 
 
 def _stage(host: Path, files_root: Path, relative: str, previous: Any, warnings: list[str]) -> list[Any] | None:
