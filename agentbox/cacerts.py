@@ -1,5 +1,10 @@
 """Extra CA certificates: read PEM files, list the macOS System keychain, point `caCert:` at a file.
 
+The VM's own trust store (Ubuntu's ca-certificates: Mozilla's public roots) already holds the public
+roots, so a new VM gets only the certificates that are not among the public roots the host's OS
+ships; a source that is the host's whole trust store (NODE_EXTRA_CA_CERTS at the OS bundle, which
+is common) then adds just what was installed locally, such as a corporate CA.
+
 The click layer is agentbox/commands/ca.py; this module does the work and never prompts.
 """
 
@@ -26,6 +31,33 @@ APPLE_PREFIXES = ("com.apple.", "Apple ")
 PEM_BLOCK = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
 _LABEL = re.compile(r'^\s*"labl"<blob>=(.*)$')
 _TOP_LEVEL_CA_CERT = re.compile(r"^caCert\s*:")
+# The OS's whole trust store, where NODE_EXTRA_CA_CERTS often points (Debian/Ubuntu/Alpine, Fedora/RHEL,
+# openSUSE, Arch, macOS and BSDs, Homebrew's).
+SYSTEM_BUNDLES = (
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/ca-certificates/extracted/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+    "/opt/homebrew/etc/ca-certificates/cert.pem",
+    "/usr/local/etc/ca-certificates/cert.pem",
+    "/opt/homebrew/etc/openssl@3/cert.pem",
+    "/usr/local/etc/openssl@3/cert.pem",
+)
+# Mozilla's public roots as the host's OS packages them, without local additions (glob patterns).
+PUBLIC_ROOTS = (
+    "/usr/share/ca-certificates/mozilla/*.crt",  # Debian, Ubuntu, Alpine
+    "/usr/share/pki/ca-trust-source/ca-bundle.trust.p11-kit",  # Fedora, RHEL
+    "/usr/share/ca-certificates/trust-source/mozilla.trust.p11-kit",  # Arch
+)
+PUBLIC_ROOTS_MACOS = (
+    "/opt/homebrew/share/ca-certificates/cacert.pem",  # Homebrew's copy of Mozilla's bundle
+    "/usr/local/share/ca-certificates/cacert.pem",
+    "/etc/ssl/cert.pem",  # Apple's public roots; keychain additions never land here
+)
+WHOLE_STORE_COUNT = 100  # more certificates than any set of private CAs: a copy of a trust store
+_MAX_SYSTEM_FILE = 8 * 1024 * 1024
 
 
 class Certificate(NamedTuple):
@@ -40,6 +72,15 @@ class Source(NamedTuple):
     config_file: Path | None  # the config file that sets it (None for the environment variable)
     path: Path
     used: bool  # False when the local config's caCert overrides the global one
+
+
+class Embedding(NamedTuple):
+    """What a new VM gets from one CA file."""
+
+    kept: list[str]  # the certificates the VM does not trust already
+    total: int
+    whole_store: str | None  # why the file looks like a whole trust store ("is the host's system trust store")
+    public_known: bool  # whether the host has a copy of the public roots to compare with
 
 
 class CertFile(NamedTuple):
@@ -109,6 +150,64 @@ def inspect_file(path: Path) -> CertFile:
     except AgentboxError as exc:
         return CertFile(path, True, (), exc.message)
     return CertFile(path, True, tuple(pem_blocks(text)), None)
+
+
+def embedding(path: Path, pems: list[str] | tuple[str, ...], public: frozenset[str] | None = None) -> Embedding:
+    """Which of a CA file's certificates a new VM gets: all but the public roots it trusts already."""
+    public = public_roots() if public is None else public
+    kept = [pem for pem in pems if _key(pem) not in public]
+    return Embedding(kept, len(pems), whole_store_reason(path, len(pems)), bool(public))
+
+
+def whole_store_reason(path: Path, count: int) -> str | None:
+    real = os.path.realpath(path)
+    for bundle in SYSTEM_BUNDLES:
+        if os.path.exists(bundle) and os.path.realpath(bundle) == real:
+            return "is the host's system trust store" + (f" ({bundle})" if str(path) != bundle else "")
+    if count > WHOLE_STORE_COUNT:
+        return f"looks like a whole system trust store (more than {WHOLE_STORE_COUNT} certificates)"
+    return None
+
+
+def embedding_summary(embedded: Embedding) -> str:
+    """"6 certificates; the VM trusts the 5 public ones already, so a new VM gets only the 1 other"."""
+    total = f"{embedded.total} certificate{'s' if embedded.total != 1 else ''}"
+    if not embedded.public_known:
+        return (f"{total}; this host has no copy of the public roots to compare with, "
+                f"so a new VM gets all {embedded.total}")
+    dropped = embedded.total - len(embedded.kept)
+    if not embedded.kept:
+        return f"{total}, all public roots the VM trusts already, so a new VM gets none of them"
+    if not dropped:
+        return f"{total}, none of them public roots: a new VM gets all {embedded.total}"
+    count = len(embedded.kept)
+    return (f"{total}; the VM trusts the {dropped} public one{'s' if dropped != 1 else ''} already, "
+            f"so a new VM gets only the {count} {'other' if count == 1 else 'others'}")
+
+
+def public_roots() -> frozenset[str]:
+    """The public roots the host's OS ships (normalized PEM), empty when this host has no copy."""
+    import glob
+    import sys
+
+    patterns = PUBLIC_ROOTS + (PUBLIC_ROOTS_MACOS if sys.platform == "darwin" else ())
+    found: set[str] = set()
+    for pattern in patterns:
+        for name in sorted(glob.glob(pattern)):
+            try:
+                with open(name, "rb") as handle:
+                    text = handle.read(_MAX_SYSTEM_FILE).decode("utf-8", errors="replace")
+            except OSError:
+                continue
+            found.update(_key(block) for block in PEM_BLOCK.findall(text))
+        if found and pattern in PUBLIC_ROOTS_MACOS:
+            break  # the first macOS copy that exists is enough; /etc/ssl/cert.pem is the fallback
+    return frozenset(found)
+
+
+def _key(pem: str) -> str:
+    """A certificate independent of line wrapping."""
+    return "".join(pem.split())
 
 
 def describe(pem: str) -> str | None:

@@ -1,24 +1,33 @@
 """Host logins for the VM: staged read-only, copied into the guest home only when the host's copy changed.
 
 Host side (here): on each launch, refresh `staging/creds/` with exactly the configured files (0600
-files in 0700 folders, never a whole home directory) and a manifest of their digests. Guest side
+files in 0700 folders, never a whole home directory) and a manifest of their digests. A file whose
+size, mtime, ctime and inode are those recorded when it was staged is not read again. Guest side
 (launch.sh): copy a file into the guest home only when its digest differs from the one it last
 applied, so a token the agent refreshed in the VM survives until the host's copy changes.
 """
 
 import hashlib
+import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from agentbox import paths
-from agentbox.fsutil import private_dir, write_if_changed
+from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.pins import RACY_NS
 
 GH_FILES = ("~/.config/gh/hosts.yml", "~/.config/gh/config.yml")
 NETRC = "~/.netrc"
+# What was staged, by guest path: [host path, size, mtime_ns, ctime_ns, inode, device, sha256, hashed at (ns)].
+STAMPS = "stamps.json"
+_DIGEST = 6
+_HASHED_AT = 7
 # Host paths that live elsewhere in the Linux guest.
 _GUEST_PATH = {"~/Library/Application Support/kiro-cli/": "~/.local/share/kiro-cli/"}
 # git settings that mean the same in the VM and carry no secret or host-only program.
@@ -54,38 +63,115 @@ def guest_path_for(host_path: str) -> str:
 
 
 def refresh(staging: Path, host_files: list[str], include_git_identity: bool) -> tuple[list[Staged], list[str]]:
-    """Stage host_files (`~/...` paths) under staging/creds; return what was staged and warnings."""
+    """Stage host_files (`~/...` paths) under staging/creds; return what was staged and warnings.
+
+    Several host paths may land on one guest path (Kiro's macOS and Linux locations): the first one
+    that exists wins. A file whose stat signature is the one recorded when it was last staged is
+    neither read nor hashed again (a Kiro database can be tens of MB, and this runs at every launch).
+    """
     creds = private_dir(staging / "creds")
     files_root = creds / "home"
+    recorded = _load_stamps(creds)
+    stamps: dict[str, list[Any]] = {}
     staged: list[Staged] = []
     warnings: list[str] = []
-    seen: set[str] = set()
+    done: set[str] = set()
     for spec in host_files:
         guest = guest_path_for(spec)
-        if not guest.startswith("~/") or guest in seen:
-            continue
-        seen.add(guest)
-        host = Path(os.path.expanduser(spec))
-        try:
-            data = host.read_bytes()
-        except FileNotFoundError:
-            continue
-        except IsADirectoryError:
-            warnings.append(f"credential {host} is a folder, not a file; skipped")
-            continue
-        except OSError as exc:
-            warnings.append(f"cannot read credential file {host}: {exc.strerror}; skipped")
+        if not guest.startswith("~/") or guest in done:
             continue
         relative = guest[2:]
-        target = files_root / relative
-        _private_parents(files_root, target.parent)
-        write_if_changed(target, data)
-        staged.append(Staged(relative, host, hashlib.sha256(data).hexdigest()))
+        host = Path(os.path.expanduser(spec))
+        stamp = _stage(host, files_root, relative, recorded.get(relative), warnings)
+        if stamp is None:
+            continue  # absent or unusable: a later host path for the same guest path may have it
+        done.add(guest)
+        stamps[relative] = stamp
+        staged.append(Staged(relative, host, stamp[_DIGEST]))
     _remove_unlisted(files_root, {s.guest_path for s in staged})
     manifest = "".join(f"{s.digest} {s.guest_path}\0" for s in staged).encode()
     write_if_changed(creds / "manifest", manifest)
+    write_if_changed(creds / STAMPS, json.dumps(stamps, sort_keys=True).encode())
     _refresh_git_identity(creds, include_git_identity)
     return staged, warnings
+
+
+def _stage(host: Path, files_root: Path, relative: str, previous: Any, warnings: list[str]) -> list[Any] | None:
+    """Copy one host file to files_root/relative unless its stamp shows it unchanged; its new stamp, or None."""
+    target = files_root / relative
+    try:
+        st = os.stat(host)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        warnings.append(f"cannot read credential file {host}: {exc.strerror}; skipped")
+        return None
+    if _unchanged(previous, _signature(host, st), target):
+        return previous  # not opened at all
+    if stat.S_ISDIR(st.st_mode):
+        warnings.append(f"credential {host} is a folder, not a file; skipped")
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        warnings.append(f"credential {host} is not a regular file; skipped")
+        return None
+    try:
+        # The signature is the one taken before reading, so a change made while reading leaves a stamp
+        # that no longer matches and the next launch reads the file again. O_NONBLOCK: a FIFO put there
+        # since the stat does not hang the launch.
+        fd = os.open(host, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                warnings.append(f"credential {host} is not a regular file; skipped")
+                return None
+            data = handle.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        warnings.append(f"cannot read credential file {host}: {exc.strerror}; skipped")
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    _private_parents(files_root, target.parent)
+    if not (isinstance(previous, list) and len(previous) == 8 and previous[_DIGEST] == digest
+            and _staged_size(target) == len(data)):
+        atomic_write(target, data, mode=0o600)
+    return [*_signature(host, st), digest, time.time_ns()]
+
+
+def _signature(host: Path, st: os.stat_result) -> list[Any]:
+    return [str(host), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _unchanged(previous: Any, signature: list[Any], target: Path) -> bool:
+    """The same file with the same size, times and inode as when it was staged, and its copy still there.
+
+    Like git's racy-clean rule (and agentbox.pins): a file hashed within a second of its last change
+    may have changed again within the same timestamp tick, so that stamp is not trusted.
+    """
+    return (
+        isinstance(previous, list)
+        and len(previous) == 8
+        and previous[:_DIGEST] == signature
+        and isinstance(previous[_HASHED_AT], int)
+        and previous[_HASHED_AT] - signature[3] > RACY_NS
+        and _staged_size(target) == signature[1]
+    )
+
+
+def _staged_size(target: Path) -> int | None:
+    try:
+        st = os.lstat(target)
+    except OSError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 else None
+
+
+def _load_stamps(creds: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads((creds / STAMPS).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 def _refresh_git_identity(creds: Path, wanted: bool) -> None:

@@ -1,5 +1,9 @@
 """`agentbox doctor`: one screen of checks of Lima, the config, the VM, credentials and guards.
 
+Credentials are checked for the agents in use (named in a config file, or logged in on the host or
+in the VM), not for every agent agentbox knows; the VM check includes settings changed since it was
+created (agentbox.drift), which only a new VM gets.
+
 Every check becomes a Check (OK, WARN or FAIL); nothing here raises for a problem it finds. It
 costs at most three limactl calls: `--version`, `list` and, when the VM runs, one `shell`.
 """
@@ -66,6 +70,8 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     check_git(config, checks)
     check_tripwire(config, checks)
     instance, owned = check_vm(lima, config, checks) if lima_usable else (None, False)
+    if owned:
+        check_drift(config, checks)
     probe = probe_vm(lima, config, instance, owned, lima_usable, checks)
     check_credentials(config, probe, checks)
     check_guards(config, probe, checks)
@@ -179,11 +185,26 @@ def check_ca_certificates(config: Config, checks: list[Check]) -> None:
         elif not found.pems:
             problem = "holds no PEM certificate"
         else:
-            count = len(found.pems)
-            checks.append(Check("ca", OK, f"{name}: {count} CA certificate{'s' if count != 1 else ''} from {source.path}"))
+            checks.append(_ca_content_check(name, source.path, found.pems))
             continue
         checks.append(Check("ca", FAIL, f"{name}: {source.path} {problem}, so creating the VM fails",
                             f"Fix {where} (`agentbox ca ls` shows what is configured)."))
+
+
+def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
+    """A readable CA file: fine, unless it is a whole system trust store (the VM has the public roots)."""
+    from agentbox import cacerts
+
+    embedded = cacerts.embedding(path, pems)
+    if embedded.whole_store is None:
+        count = len(pems)
+        dropped = count - len(embedded.kept)
+        extra = f" ({dropped} of them public roots the VM trusts already)" if dropped else ""
+        return Check("ca", OK, f"{name}: {count} CA certificate{'s' if count != 1 else ''} from {path}{extra}")
+    return Check("ca", WARN, f"{name}: {path} {embedded.whole_store}: {cacerts.embedding_summary(embedded)}",
+                 "Name only the certificates the VM needs (such as a corporate CA): put them in a file of their "
+                 "own and set `caCert` to it (`agentbox ca add` does it on macOS), or point NODE_EXTRA_CA_CERTS "
+                 "at that file.")
 
 
 def check_git(config: Config, checks: list[Check]) -> None:
@@ -257,6 +278,37 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
                             f"VM {name} belongs to {recorded}, not to this workspace {workspace}",
                             vm.clash_hint(config, name)))
     return instance, False
+
+
+def check_drift(config: Config, checks: list[Check]) -> None:
+    """Settings that only a new VM gets (cpus, memory, mounts, ...) changed since this VM was created."""
+    from agentbox import drift, vm
+
+    recorded = vm.read_state(config.vm_name).get("fingerprint")
+    if not recorded:
+        return  # created before agentbox recorded them: nothing to compare with
+    changed = drift.changed_settings(recorded, config)
+    if not changed:
+        checks.append(Check("vm.settings", OK, f"VM {config.vm_name} was created with the current settings"))
+        return
+    current = drift.creation_fingerprint(config)
+    described = [_change(key, recorded.get(key), current[key]) for key in changed]
+    checks.append(Check("vm.settings", WARN,
+                        f"changed since VM {config.vm_name} was created, so the VM does not have them yet: "
+                        + ", ".join(described),
+                        "They take effect only in a new VM: `agentbox start --recreate` creates it anew "
+                        "(the VM's disk is lost; your workspace is not touched)."))
+
+
+def _change(key: str, before: object, after: object) -> str:
+    """"cpus 4 -> 2" for a plain value; the name alone for mounts, the template and vm.lima."""
+    if isinstance(before, (str, int, type(None))) and isinstance(after, (str, int, type(None))) and key != "lima":
+        return f"{key} {_shown(before)} -> {_shown(after)}"
+    return key
+
+
+def _shown(value: object) -> str:
+    return "default" if value is None else str(value)
 
 
 def probe_vm(lima: Lima, config: Config, instance: Instance | None, owned: bool, lima_usable: bool,
@@ -342,13 +394,51 @@ def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None
     if not config.credentials.enabled:
         checks.append(Check("credentials", OK, "credentials are off in config (credentials: false)"))
         return
-    for agent, guests in credential_groups(config):
+    groups = credential_groups(config)
+    used = agents_in_use(config, groups, probe)
+    checks.append(_agents_check(config, used))
+    for agent, guests in groups:
         if agent is None:
             check = _check_other_logins(config, guests, probe)
-        else:
+        elif agent.name in used:
             check = _check_agent_login(config, agent, guests, probe)
+        else:
+            check = None
         if check is not None:
             checks.append(check)
+
+
+def agents_in_use(config: Config, groups: list[tuple[AgentConfig | None, dict[str, list[Path]]]],
+                  probe: Probe) -> dict[str, str]:
+    """The agents worth checking, each with why: named in a config file, or logged in on the host or in the VM."""
+    configured: dict[str, set[str]] = {}
+    for key, origin in config.origins.items():
+        parts = key.split(".")
+        if parts[0] == "agents" and len(parts) > 1 and origin != "default":
+            configured.setdefault(parts[1], set()).add(origin.split(" ")[0])
+    used: dict[str, str] = {}
+    for agent, guests in groups:
+        if agent is None:
+            continue
+        layers = configured.get(agent.name)
+        if layers:  # always for an agent the config defines
+            names = sorted(layers, key=lambda layer: (layer != "global", layer))
+            used[agent.name] = f"set in the {' and '.join(names)} config"
+        elif any(host.is_file() for hosts in guests.values() for host in hosts):
+            used[agent.name] = "logged in on the host"
+        elif agent.vm_name == config.vm_name and any(probe.creds.get(guest[2:]) for guest in guests):
+            used[agent.name] = "logged in in the VM"
+    return used
+
+
+def _agents_check(config: Config, used: dict[str, str]) -> Check:
+    unused = [name for name in config.agents if name not in used]
+    if not used:
+        return Check("agents", OK, "no agent is set in the config or logged in on the host or in the VM, "
+                     f"so no login is checked ({', '.join(unused)})")
+    checked = ", ".join(f"{name} ({why})" for name, why in used.items())
+    skipped = f"; not checked: {', '.join(unused)} (neither set in the config nor logged in)" if unused else ""
+    return Check("agents", OK, f"agents checked: {checked}{skipped}")
 
 
 def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, list[Path]], probe: Probe) -> Check:

@@ -228,8 +228,12 @@ class Lima:
         code = 0
         process = None
         try:
-            process = command(*args, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False, _out=feed, _err=feed)
-            process.wait()
+            # stdin from /dev/null: without `_in`, a callable `_out` makes sh feed stdin from a Queue, whose
+            # writer thread notices the exit only between 0.1 s waits on that queue, and wait() joins it.
+            with open(os.devnull, "rb") as devnull:
+                process = command(*args, _in=devnull, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False,
+                                  _out=feed, _err=feed)
+                process.wait()
         except sh.ErrorReturnCode as exc:
             code = exc.exit_code
             raise self._error(args, code, "\n".join(lines), tail=lines[-20:]) from None

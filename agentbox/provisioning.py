@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +13,6 @@ from agentbox.errors import ConfigError
 
 SYSTEM_SCRIPTS = ("10-base-packages.sh", "20-docker.sh", "30-nodejs.sh", "40-github-cli.sh")
 USER_SCRIPTS = ("50-user-setup.sh",)
-_PEM = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
 
 CLAUDE_SETTINGS = {"permissions": {"defaultMode": "bypassPermissions"}}
 CODEX_CONFIG = 'approval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
@@ -69,7 +67,11 @@ def plan(config: Config) -> Plan:
 
 
 def ca_certificates(config: Config) -> list[str]:
-    """PEM blocks from caCert and from the host's NODE_EXTRA_CA_CERTS, without duplicates."""
+    """PEM blocks from caCert and from the host's NODE_EXTRA_CA_CERTS, without duplicates and without
+    the public roots the guest trusts already (says so when it leaves any out)."""
+    from agentbox import cacerts
+    from agentbox.progress import note
+
     sources: list[tuple[Path, str]] = []
     if config.ca_cert is not None:
         sources.append((config.ca_cert, "caCert"))
@@ -77,10 +79,16 @@ def ca_certificates(config: Config) -> list[str]:
     if extra:
         sources.append((Path(extra), "NODE_EXTRA_CA_CERTS"))
     certs: list[str] = []
+    public: frozenset[str] | None = None
     for path, origin in sources:
         text = pins.read(path, origin).decode("utf-8", errors="replace")
-        found = [block.strip() + "\n" for block in _PEM.findall(text)]
+        found = cacerts.pem_blocks(text)
         if not found:
             raise ConfigError(f"{origin}: {path} contains no PEM certificate (-----BEGIN CERTIFICATE-----)")
-        certs.extend(cert for cert in found if cert not in certs)
+        public = cacerts.public_roots() if public is None else public
+        embedded = cacerts.embedding(path, found, public)
+        if embedded.whole_store or len(embedded.kept) < len(found):
+            note(f"{origin}: {path} {embedded.whole_store + ': ' if embedded.whole_store else 'holds '}"
+                 f"{cacerts.embedding_summary(embedded)}")
+        certs.extend(cert for cert in embedded.kept if cert not in certs)
     return certs

@@ -70,10 +70,17 @@ class Sandbox:
         return path
 
     def stub_agent(self) -> None:
-        """`codex` becomes /bin/true in the VM (the double's guest sees the host's /bin), via the global config."""
+        """`codex` and `kiro` become /bin/true in the VM (the double's guest sees the host's /bin), via the global config."""
         config = self.home / ".config" / "agentbox" / "config.yml"
         config.parent.mkdir(parents=True, exist_ok=True)
-        config.write_text("agents:\n  codex:\n    binary: /bin/true\n")
+        config.write_text("agents:\n  codex:\n    binary: /bin/true\n  kiro:\n    binary: /bin/true\n")
+
+    def large_credential(self, megabytes: int) -> None:
+        """A Kiro login database of this size where Kiro keeps it on Linux, old enough to be trusted by its stat."""
+        database = self.home / ".local" / "share" / "kiro-cli" / "data.sqlite3"
+        database.parent.mkdir(parents=True, exist_ok=True)
+        database.write_bytes(os.urandom(megabytes * 1024 * 1024))
+        time.sleep(1.1)  # a file changed less than a second before it was hashed is hashed again (racy-clean)
 
     def pinned_project(self, count: int) -> Path:
         """A project whose agentbox.yml pins `count` host paths: half bootstrap scripts, half mounts."""
@@ -158,6 +165,14 @@ def main() -> int:
         rows.append(
             ("warm launch", summarize([w for w, _, _ in warm]), summarize(own), "/".join(map(str, sorted(counts))),
              verdict("warm launch", statistics.median(own), max(counts) <= 2))
+        )
+
+        box.large_credential(50)
+        box.run(["kiro", "--version"], project)  # stages the database once
+        large = [box.run(["kiro", "--version"], project) for _ in range(options.runs)]
+        rows.append(
+            ("warm, 50 MB cred", summarize([w for w, _, _ in large]), summarize([w - i for w, i, _ in large]),
+             "/".join(map(str, sorted({len(calls) for _, _, calls in large}))), "-")
         )
 
         pinned_project = box.pinned_project(20)

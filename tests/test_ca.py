@@ -276,3 +276,60 @@ def test_add_never_writes_through_a_symlink_in_the_workspace(
     assert outside.read_text() == before
     assert (project / name).is_symlink()
     assert not (project / "agentbox-ca.pem").exists() or name == "agentbox-ca.pem"
+
+
+# -- what a new VM gets ------------------------------------------------------------------------
+
+
+def test_a_new_vm_gets_only_the_certificates_it_does_not_trust_already(
+        project: Path, limactl, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_doctor import fake_system_store, pem_stand_in
+
+    bundle = fake_system_store(tmp_path, monkeypatch, public=5, local=1)
+    corp = write(home / "corp.pem", pem_stand_in("corp CA") + pem_stand_in("public root 2"))
+    write(home / ".config" / "agentbox" / "config.yml", "caCert: ~/corp.pem\n")
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(bundle))
+    write(project / "agentbox.yml", "")
+
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    notes = [text for text in result.stderr.splitlines() if "public" in text]
+    assert notes == [
+        f"agentbox: caCert: {corp} holds 2 certificates; the VM trusts the 1 public one already, "
+        "so a new VM gets only the 1 other",
+        f"agentbox: NODE_EXTRA_CA_CERTS: {bundle} is the host's system trust store: 6 certificates; "
+        "the VM trusts the 5 public ones already, so a new VM gets only the 1 other",
+    ]
+    lima_yaml = limactl.lima_yaml("agentbox-myproject")
+    assert lima_yaml.count("BEGIN CERTIFICATE") == 2
+    assert "corp CA".encode().hex()[:20] in lima_yaml and "local CA 0".encode().hex()[:20] in lima_yaml
+    assert "public root".encode().hex()[:20] not in lima_yaml
+
+    again = run_cli("start", cwd=project)  # the VM exists: nothing is embedded, nothing said
+    assert again.exit_code == 0 and "public" not in again.stderr
+
+
+def test_a_system_store_without_local_additions_adds_nothing(
+        project: Path, limactl, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_doctor import fake_system_store
+
+    bundle = fake_system_store(tmp_path, monkeypatch, public=4, local=0)
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(bundle))
+    write(project / "agentbox.yml", "")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert (f"agentbox: NODE_EXTRA_CA_CERTS: {bundle} is the host's system trust store: 4 certificates, "
+            "all public roots the VM trusts already, so a new VM gets none of them\n") in result.stderr
+    assert "caCerts" not in limactl.lima_yaml("agentbox-myproject")
+
+
+def test_ls_says_what_a_new_vm_gets_from_a_whole_trust_store(
+        project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.test_doctor import fake_system_store
+
+    bundle = fake_system_store(tmp_path, monkeypatch, public=3, local=2)
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(bundle))
+    out = run_cli("ca", "ls", cwd=project).stdout
+    assert (f"NODE_EXTRA_CA_CERTS on the host (the VM gets these too): {bundle}\n"
+            "  is the host's system trust store: 5 certificates; the VM trusts the 3 public ones already, "
+            "so a new VM gets only the 2 others\n") in out

@@ -73,7 +73,8 @@ def test_healthy_running_vm_after_a_launch(project: Path, limactl: FakeLima, hom
     line(result, "OK", f"VM {NAME} belongs to this workspace")
     assert line(result, "OK", "claude:").endswith("claude: logged in on the host (1 of 2 files), staged, in the VM")
     line(result, "OK", "guards are installed in the VM")
-    line(result, "WARN", "codex: not logged in on the host")
+    line(result, "OK", "agents checked: claude (logged in on the host); not checked: codex, gemini, kiro")
+    assert "codex:" not in result.stdout  # not used: not checked
     # --version, list and exactly one `limactl shell` for every in-VM question.
     assert limactl.subcommands() == ["", "list", "shell"]
     assert limactl.calls()[0] == ["--version"]
@@ -265,3 +266,134 @@ def test_version_tuple() -> None:
     assert version_tuple("v2.1") == (2, 1, 0)
     assert version_tuple("2.1.0-beta.1") == (2, 1, 0)
     assert version_tuple("HEAD-abc") is None
+
+
+# -- the agents in use -------------------------------------------------------------------------
+
+
+def test_only_the_agents_in_use_are_checked(project: Path, limactl: FakeLima, home: Path) -> None:
+    write(project / "agentbox.yml", "")
+    result = doctor(project)
+    assert result.exit_code == 0
+    line(result, "OK", "no agent is set in the config or logged in on the host or in the VM, so no login is checked "
+                       "(codex, claude, gemini, kiro)")
+    assert not [text for text in result.stdout.splitlines() if "not logged in" in text]
+
+    # Kiro logged in where Linux keeps it; Gemini named in the global config without a login.
+    write(home / ".local" / "share" / "kiro-cli" / "data.sqlite3", "db", mode=0o600)
+    write(home / ".config" / "agentbox" / "config.yml", "agents:\n  gemini:\n    model: gemini-2.5-pro\n")
+    result = doctor(project)
+    assert result.exit_code == 0
+    line(result, "OK", "agents checked: gemini (set in the global config), kiro (logged in on the host); "
+                       "not checked: codex, claude (neither set in the config nor logged in)")
+    line(result, "WARN", "gemini: not logged in on the host")
+    assert line(result, "WARN", "kiro:").endswith("kiro: logged in on the host, not staged now, "
+                                                  "not checked in the VM: the VM does not exist yet")
+    assert "codex:" not in result.stdout and "claude:" not in result.stdout
+    checks = json.loads(doctor(project, "--json").stdout)
+    assert sorted(c["check"] for c in checks if c["check"].startswith("credentials.")) == [
+        "credentials.gemini", "credentials.kiro"]
+
+
+def test_a_login_made_in_the_vm_counts_as_in_use(project: Path, limactl: FakeLima) -> None:
+    needs_bwrap()
+    write(project / "agentbox.yml", "")
+    assert run_cli("start", cwd=project).exit_code == 0
+    write(limactl.guest_home(NAME) / ".codex" / "auth.json", "{}", mode=0o600)
+    result = doctor(project)
+    line(result, "OK", "agents checked: codex (logged in in the VM)")
+    line(result, "OK", "codex: not logged in on the host; the VM has its own login")
+
+
+# -- settings changed since the VM was created --------------------------------------------------
+
+
+def test_settings_changed_since_create_are_reported_until_recreated(project: Path, limactl: FakeLima, home: Path) -> None:
+    write(project / "agentbox.yml", "")
+    assert run_cli("start", cwd=project).exit_code == 0
+    line(doctor(project), "OK", f"VM {NAME} was created with the current settings")
+
+    write(home / ".config" / "agentbox" / "config.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n")
+    extra = write(home / "data" / "x", "")
+    write(project / "agentbox.yml", f"mounts:\n  - location: {extra.parent}\n")
+    assert run_cli("trust", cwd=project).exit_code == 0
+    result = doctor(project)
+    assert result.exit_code == 0
+    line(result, "WARN", f"changed since VM {NAME} was created, so the VM does not have them yet: "
+                         "cpus 4 -> 2, memory 8GiB -> 4GiB, mounts")
+    assert "`agentbox start --recreate` creates it anew" in hint_after(result, "changed since VM")
+
+    assert run_cli("start", "--recreate", "--yes", cwd=project).exit_code == 0
+    result = doctor(project)
+    line(result, "OK", f"VM {NAME} was created with the current settings")
+    assert "changed since" not in result.stdout
+
+
+# -- CA bundles that are a whole trust store ------------------------------------------------------
+
+
+def fake_system_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, public: int, local: int) -> Path:
+    """A host whose OS ships `public` public roots and whose trust store adds `local` CAs of its own."""
+    from agentbox import cacerts
+
+    roots = [pem_stand_in(f"public root {index}") for index in range(public)]
+    for index, pem in enumerate(roots):
+        write(tmp_path / "mozilla" / f"root{index}.crt", pem)
+    bundle = write(tmp_path / "etc" / "ca-certificates.crt",
+                   "".join(roots) + "".join(pem_stand_in(f"local CA {index}") for index in range(local)))
+    monkeypatch.setattr(cacerts, "PUBLIC_ROOTS", (str(tmp_path / "mozilla" / "*.crt"),))
+    monkeypatch.setattr(cacerts, "SYSTEM_BUNDLES", ("/nonexistent/cert.pem", str(bundle)))
+    return bundle
+
+
+def pem_stand_in(name: str) -> str:
+    body = name.encode().hex()
+    return f"-----BEGIN CERTIFICATE-----\n{body[:64]}\n{body[64:]}\n-----END CERTIFICATE-----\n"
+
+
+def test_node_extra_ca_certs_at_the_system_store_warns(project: Path, limactl: FakeLima, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    bundle = fake_system_store(tmp_path, monkeypatch, public=5, local=1)
+    link = tmp_path / "my-certs.pem"
+    link.symlink_to(bundle)
+    write(project / "agentbox.yml", "")
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(bundle))
+    result = doctor(project)
+    assert result.exit_code == 0
+    line(result, "WARN", f"NODE_EXTRA_CA_CERTS: {bundle} is the host's system trust store: 6 certificates; "
+                         "the VM trusts the 5 public ones already, so a new VM gets only the 1 other")
+    assert "`caCert`" in hint_after(result, "system trust store")
+
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(link))  # found through a link too
+    line(doctor(project), "WARN", f"NODE_EXTRA_CA_CERTS: {link} is the host's system trust store ({bundle}): ")
+
+
+def test_a_file_with_over_100_certificates_warns(project: Path, limactl: FakeLima, tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbox import cacerts
+
+    monkeypatch.setattr(cacerts, "PUBLIC_ROOTS", ())
+    monkeypatch.setattr(cacerts, "SYSTEM_BUNDLES", ())
+    many = write(tmp_path / "many.pem", "".join(pem_stand_in(f"ca {index}") for index in range(101)))
+    write(project / "agentbox.yml", "")
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(many))
+    line(doctor(project), "WARN", f"NODE_EXTRA_CA_CERTS: {many} looks like a whole system trust store (more than "
+                                  "100 certificates): 101 certificates; this host has no copy of the public roots "
+                                  "to compare with, so a new VM gets all 101")
+    write(tmp_path / "few.pem", "".join(pem_stand_in(f"ca {index}") for index in range(100)))
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(tmp_path / "few.pem"))
+    line(doctor(project), "OK", f"NODE_EXTRA_CA_CERTS: 100 CA certificates from {tmp_path / 'few.pem'}")
+
+
+def test_this_hosts_own_trust_store_is_recognised(project: Path, limactl: FakeLima, monkeypatch) -> None:
+    """On a Debian-family host: the real OS bundle, compared with the real public roots."""
+    bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    if not bundle.is_file() or not list(Path("/usr/share/ca-certificates/mozilla").glob("*.crt")):
+        pytest.skip("not a Debian-family host")
+    write(project / "agentbox.yml", "")
+    monkeypatch.setenv("NODE_EXTRA_CA_CERTS", str(bundle))
+    warning = line(doctor(project), "WARN", f"NODE_EXTRA_CA_CERTS: {bundle} is the host's system trust store: ")
+    assert "public ones already, so a new VM gets" in warning or "a new VM gets none of them" in warning
+    template = run_cli("template", cwd=project)
+    assert template.exit_code == 0
+    assert template.stdout.count("BEGIN CERTIFICATE") < 10  # the local additions at most, not ~140 public roots

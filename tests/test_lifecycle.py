@@ -290,6 +290,27 @@ def _running_limactl() -> list[list[str]]:
     return found
 
 
+def test_streamed_limactl_calls_get_no_open_stdin(project: Path, limactl: FakeLima, tmp_path: Path, monkeypatch) -> None:
+    """create, start and stop read stdin from /dev/null. Left to itself, sh feeds a callable-output command's
+    stdin from a queue that never ends (a limactl reading stdin would hang), and after the command exits its
+    writer thread notices only between 0.1 s waits on that queue, which wait() sits through."""
+    real = tmp_path / "bin" / "limactl"
+    wrapper = write(tmp_path / "stdin-bin" / "limactl",
+                    f'#!/bin/sh\ncase " $* " in *" start "*|*" stop "*|*" create "*) cat >/dev/null ;; esac\n'
+                    f'exec "{real}" "$@"\n', mode=0o755)
+    monkeypatch.setenv("PATH", f"{wrapper.parent}{os.pathsep}{os.environ['PATH']}")
+    for command in (["start"], ["stop"]):
+        proc = agentbox_process(project, *command)
+        try:
+            _, stderr = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"`agentbox {command[0]}` hung: limactl's stdin never reached its end")
+        assert proc.returncode == 0, stderr
+    assert limactl.subcommands() == ["list", "create", "start", "list", "list", "stop"]
+
+
 def test_verbose_streams_limactl_output_and_debug_prints_calls(project: Path, limactl: FakeLima) -> None:
     result = run_cli("-v", "--debug", "start", cwd=project)
     assert result.exit_code == 0

@@ -70,7 +70,7 @@ def test_staging_copies_only_listed_files_privately_and_reports_problems(home: P
     assert [s.guest_path for s in staged] == [".codex/auth.json"]
     assert warnings == [f"credential {home / '.gemini' / 'oauth_creds.json'} is a folder, not a file; skipped"]
     files = sorted(p.relative_to(staging).as_posix() for p in staging.rglob("*") if p.is_file())
-    assert files == ["creds/gitconfig.stamp", "creds/home/.codex/auth.json", "creds/manifest"]
+    assert files == ["creds/gitconfig.stamp", "creds/home/.codex/auth.json", "creds/manifest", "creds/stamps.json"]
     target = staging / "creds" / "home" / ".codex" / "auth.json"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700

@@ -188,6 +188,75 @@ def test_credentials_are_staged_read_only_and_copied_once(project: Path, vm: Fak
     assert guest_file.read_text() == '{"token": "v2"}'
 
 
+@pytest.mark.parametrize("host_dir", [".local/share/kiro-cli", "Library/Application Support/kiro-cli"])
+def test_kiro_login_reaches_the_vm_from_either_host_location(project: Path, vm: FakeLima, home: Path,
+                                                             isolated_env, host_dir: str) -> None:
+    """Linux keeps Kiro's login in ~/.local/share, macOS in ~/Library: both land where Linux keeps it."""
+    write(home / host_dir / "data.sqlite3", f"kiro login from {host_dir}", mode=0o600)
+    assert shell(project, "true").returncode == 0
+    staged = isolated_env["state"] / "vms" / NAME / "staging" / "creds" / "home" / ".local" / "share" / "kiro-cli"
+    assert (staged / "data.sqlite3").read_text() == f"kiro login from {host_dir}"
+    guest = vm.guest_home(NAME) / ".local" / "share" / "kiro-cli" / "data.sqlite3"
+    assert guest.read_text() == f"kiro login from {host_dir}"
+
+
+def test_an_unchanged_credential_file_is_not_read_again(project: Path, vm: FakeLima, home: Path,
+                                                        isolated_env) -> None:
+    """Only the file's stat is looked at while it is unchanged; a changed one is staged with its new digest."""
+    import hashlib
+    import time
+
+    host_file = write(home / ".codex" / "auth.json", '{"token": "v1"}', mode=0o600)
+    written = time.time()
+    opened: list[str] = []
+    watch_opens(str(host_file), opened)
+    assert launch_in_process(project) == 0
+    assert opened, "the first launch reads the file"
+    assert (vm.guest_home(NAME) / ".codex" / "auth.json").read_text() == '{"token": "v1"}'
+
+    time.sleep(max(0.0, written + 1.2 - time.time()))  # past the racy-clean second after its last change
+    assert launch_in_process(project) == 0  # hashes it once more: the first hashing was racy
+    opened.clear()
+    assert launch_in_process(project) == 0
+    assert opened == [], "an unchanged credential file was read again"
+
+    host_file.write_text('{"token": "v2"}')
+    assert launch_in_process(project) == 0
+    assert opened
+    guest = vm.guest_home(NAME) / ".codex" / "auth.json"
+    assert guest.read_text() == '{"token": "v2"}'
+    manifest = (isolated_env["state"] / "vms" / NAME / "staging" / "creds" / "manifest").read_bytes()
+    digest = hashlib.sha256(host_file.read_bytes()).hexdigest()
+    assert manifest == f"{digest} .codex/auth.json\0".encode()
+
+
+_watched: dict[str, list[str]] = {}
+
+
+def watch_opens(path: str, record: list[str]) -> None:
+    """Record every open of path by this process (an audit hook stays for the process: it checks a table)."""
+    import sys
+
+    if not _watched:
+        def hook(event: str, args: tuple) -> None:
+            if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
+                found = _watched.get(os.fsdecode(args[0]))
+                if found is not None:
+                    found.append(event)
+
+        sys.addaudithook(hook)
+    _watched.clear()
+    _watched[path] = record
+
+
+def launch_in_process(project: Path) -> int:
+    """`agentbox shell -- true` in this process, so its opens can be watched."""
+    from agentbox import pins
+
+    pins.forget()
+    return run_cli("shell", "--", "true", cwd=project).exit_code
+
+
 def test_credentials_false_brings_nothing(project: Path, vm: FakeLima, home: Path) -> None:
     write(home / ".codex" / "auth.json", "{}", mode=0o600)
     write(project / "agentbox.yml", "credentials: false\n")

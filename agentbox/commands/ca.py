@@ -74,7 +74,12 @@ def _show_source(source: Source, config: Config) -> None:
         click.echo("  it holds no PEM certificate (-----BEGIN CERTIFICATE-----); agentbox refuses it")
     else:
         count = len(found.pems)
-        click.echo(f"  {count} certificate{'s' if count != 1 else ''}")
+        embedded = cacerts.embedding(source.path, found.pems)
+        if embedded.whole_store or len(embedded.kept) < count:
+            click.echo(f"  {embedded.whole_store + ': ' if embedded.whole_store else ''}"
+                       f"{cacerts.embedding_summary(embedded)}")
+        else:
+            click.echo(f"  {count} certificate{'s' if count != 1 else ''}")
         subjects = [cacerts.describe(pem) for pem in found.pems[:MAX_LISTED]]
         if not any(subjects):
             return  # no openssl: the count is all there is to show
