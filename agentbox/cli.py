@@ -94,22 +94,47 @@ class AgentboxGroup(click.Group):
                 with formatter.section(title):
                     formatter.write_dl(rows)
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:  # `agentbox --help | head -1`
+            raise click.exceptions.Exit(closed_pipe()) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
-        except AgentboxError as exc:
-            report_error(exc)
-            ctx.exit(exc.exit_code)
-        except KeyboardInterrupt:
-            click.echo("\nagentbox: interrupted", err=True)
-            ctx.exit(130)
-        except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort):
-            raise
-        except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into a readable message
-            log = _write_crash_log()
-            click.echo(f"agentbox: internal error: {type(exc).__name__}: {exc}", err=True)
-            click.echo(f"The details are in {log}; please include them when you report this.", err=True)
-            ctx.exit(1)
+            try:
+                return super().invoke(ctx)
+            except AgentboxError as exc:
+                report_error(exc)
+                ctx.exit(exc.exit_code)
+            except KeyboardInterrupt:
+                click.echo("\nagentbox: interrupted", err=True)
+                ctx.exit(130)
+            except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, BrokenPipeError):
+                raise
+            except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into a readable message
+                log = _write_crash_log()
+                click.echo(f"agentbox: internal error: {type(exc).__name__}: {exc}", err=True)
+                click.echo(f"The details are in {log}; please include them when you report this.", err=True)
+                ctx.exit(1)
+        except BrokenPipeError:  # raised by the command or while reporting its error
+            ctx.exit(closed_pipe())
+
+
+CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `yes | head -1`
+
+
+def closed_pipe() -> int:
+    """The reader of stdout or stderr has gone (`agentbox ls | head -1`): end quietly, as with SIGPIPE.
+
+    Nothing more can reach that reader. Both streams are pointed at /dev/null, so Python's flush
+    at exit prints no "Exception ignored ... BrokenPipeError" either. Returns the exit status.
+    """
+    from agentbox.progress import silence
+
+    silence(sys.stdout)
+    silence(sys.stderr)
+    return CLOSED_PIPE_EXIT
 
 
 def _write_crash_log() -> str:
@@ -180,10 +205,13 @@ def _agent_summary(ctx: click.Context, name: str) -> str:
     help="Run as if agentbox was started in DIR.",
 )
 @click.option("-v", "--verbose", is_flag=True, help="Stream limactl's own output.")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only warnings and errors on stderr (no progress, no notes)."
+)
 @click.option("--debug", is_flag=True, help="Print every limactl call with its duration and exit code.")
 @click.option("--timings", is_flag=True, help="Print how long each phase took (same as AGENTBOX_TIMING=1).")
 @click.pass_context
-def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool, timings: bool) -> None:
+def cli(ctx: click.Context, directory: str | None, verbose: bool, quiet: bool, debug: bool, timings: bool) -> None:
     """Run AI coding agents in a per-project Lima VM.
 
     In a project folder, `agentbox claude` (or codex, gemini, kiro) finds or creates the project's
@@ -195,16 +223,24 @@ def cli(ctx: click.Context, directory: str | None, verbose: bool, debug: bool, t
     instead and creates nothing). `agentbox AGENT shell` opens a shell in the agent's VM.
     `agentbox help COMMAND` shows agentbox's help for any command, agents included.
     """
+    if quiet and verbose:
+        raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together.")
     if timings:
         timing.enable()
-    from agentbox import pins
+    from agentbox import pins, progress
+
+    progress.set_quiet(quiet)
+    ctx.call_on_close(lambda: progress.set_quiet(False))  # tests run many invocations in one process
 
     pins.forget()  # one invocation, one read of every pinned file (tests run many in one process)
     ctx.obj = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose, "debug": debug}
 
 
 def main() -> None:
-    cli.main(prog_name="agentbox")
+    try:
+        cli.main(prog_name="agentbox")
+    except BrokenPipeError:  # click printing a usage error to a closed stderr
+        sys.exit(closed_pipe())
 
 
 if __name__ == "__main__":

@@ -265,33 +265,54 @@ class Lima:
         return error
 
 
+class LogLine(NamedTuple):
+    """One line of limactl's stderr: logrus level ("" for a line that is not a log line) and message."""
+
+    level: str
+    message: str
+
+
+def parse_log_line(line: str) -> LogLine:
+    """`time=... level=warning msg="x"` (or its JSON form) -> ("warning", "x"); other text -> ("", text)."""
+    line = line.strip()
+    if _JSON_LEVEL.match(line):
+        try:
+            data = json.loads(line)
+            return LogLine(_level(str(data.get("level", ""))), str(data.get("msg", line)))
+        except (json.JSONDecodeError, AttributeError):
+            pass
+    match = _LOGRUS.search(line)
+    if not match:
+        return LogLine("", line)
+    level, msg = match.groups()
+    if msg.startswith('"'):
+        try:
+            msg = json.loads(msg)  # Go's %q escapes are JSON's, for the characters logrus quotes
+        except json.JSONDecodeError:
+            msg = msg.strip('"')
+    return LogLine(_level(level), msg)
+
+
+def _level(name: str) -> str:
+    return "warning" if name == "warn" else name
+
+
 def meaningful_lines(stderr: str) -> list[str]:
-    """Lima's messages without logrus noise: `time=... level=fatal msg="x"` becomes `x`."""
+    """Lima's messages without logrus noise: `time=... level=fatal msg="x"` becomes `x`.
+
+    Debug and trace lines are left out. Messages can carry text from the guest (a probe's output),
+    so control characters come back escaped (safetext.visible).
+    """
+    from agentbox.safetext import visible
+
     result = []
     for raw in stderr.splitlines():
-        line = raw.strip()
-        if not line:
+        if not raw.strip():
             continue
-        if _JSON_LEVEL.match(line):
-            try:
-                data = json.loads(line)
-                result.append(str(data.get("msg", line)))
-                continue
-            except json.JSONDecodeError:
-                pass
-        match = _LOGRUS.search(line)
-        if match:
-            level, msg = match.groups()
-            if level in ("debug", "trace"):
-                continue
-            if msg.startswith('"'):
-                try:
-                    msg = json.loads(msg)
-                except json.JSONDecodeError:
-                    msg = msg.strip('"')
-            result.append(msg)
-        else:
-            result.append(line)
+        entry = parse_log_line(raw)
+        if entry.level in ("debug", "trace"):
+            continue
+        result.append(visible(entry.message))
     return result
 
 
@@ -317,10 +338,12 @@ def _restore_signals() -> None:
 
 
 def print_failure_details(error: LimaError, instance_dir: str | None) -> None:
+    from agentbox.safetext import visible
+
     tail = getattr(error, "tail", [])
     if tail:
         print("Last lines from limactl:", file=sys.stderr)
         for line in tail:
-            print(f"  {line}", file=sys.stderr)
+            print(f"  {visible(line)}", file=sys.stderr)
     if instance_dir:
         print(f"Lima's logs: {os.path.join(instance_dir, 'ha.stderr.log')}", file=sys.stderr)

@@ -7,7 +7,7 @@ from typing import Any, NamedTuple
 from agentbox import gitdirs, paths, resources
 from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
-from agentbox.progress import note
+from agentbox.progress import warn
 
 MINIMUM_LIMA_VERSION = "2.0.0"
 IMAGE_BASE = "template:_images/ubuntu-24.04"
@@ -55,7 +55,7 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     mounts = [RenderedMount(str(workspace), str(workspace), True)]
     git = gitdirs.locate(workspace)
     if git.problem:
-        note(f"not mounting the git common dir: {git.problem}; git in the VM will not work in this worktree")
+        warn(f"not mounting the git common dir: {git.problem}; git in the VM will not work in this worktree")
     common = git.common_dir_outside(workspace)
     if common is not None:
         # A validated `git worktree add` layout: the main repository's .git, which git in the VM needs.

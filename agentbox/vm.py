@@ -17,7 +17,7 @@ from agentbox.config import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.lima import BROKEN, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
-from agentbox.progress import Progress, note
+from agentbox.progress import Progress, note, warn
 
 WORKSPACE_PARAM = "agentboxWorkspace"
 # limactl start's own --timeout covers boot plus provisioning; a first boot downloads and installs a lot.
@@ -174,7 +174,7 @@ def refuse(session: Session, name: str, found: list[effective.Difference], runni
         try:
             session.lima.stop(name, force=True)
         except LimaError as error:
-            note(f"could not stop {name}: {error.message}; agentbox still refuses to use it")
+            warn(f"could not stop {name}: {error.message}; agentbox still refuses to use it")
     raise effective.refusal(name, found, paths.lima_home(), stopped=running)
 
 
@@ -308,7 +308,8 @@ def require_running(session: Session, name: str) -> Instance:
     return instance
 
 
-def stop(session: Session, name: str, force: bool = False) -> str:
+def stop(session: Session, name: str, force: bool = False) -> str | None:
+    """Stop the VM. A step line reports a stop; the returned note says why nothing was done."""
     instance = session.instance(name)
     if instance is None:
         return f"{name} does not exist; nothing to stop"
@@ -316,25 +317,22 @@ def stop(session: Session, name: str, force: bool = False) -> str:
     if instance.status == STOPPED and not force:
         return f"{name} is already stopped"
     with vm_lock(name):
-        if force or instance.status != RUNNING:
-            session.lima.stop(name, force=True)
-        else:
-            with Progress(f"Stopping VM {name}", verbose=session.verbose) as progress:
-                session.lima.stop(name, on_output=progress.feed)
-    return f"{name} stopped"
+        _stop_step(session.lima, name, force or instance.status != RUNNING, session.verbose)
+    return None
 
 
 def stop_all(lima: Lima, verbose: bool = False, force: bool = False) -> list[str]:
     stopped = []
     for instance in lima.list().values():
         if is_agentbox_vm(instance) and instance.status == RUNNING:
-            if force:
-                lima.stop(instance.name, force=True)
-            else:
-                with Progress(f"Stopping VM {instance.name}", verbose=verbose) as progress:
-                    lima.stop(instance.name, on_output=progress.feed)
+            _stop_step(lima, instance.name, force, verbose)
             stopped.append(instance.name)
     return stopped
+
+
+def _stop_step(lima: Lima, name: str, force: bool, verbose: bool) -> None:
+    with Progress(f"Stopping VM {name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
+        lima.stop(name, force=force, on_output=progress.feed)
 
 
 def remove(session: Session, name: str) -> str:

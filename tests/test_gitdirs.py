@@ -20,7 +20,7 @@ from agentbox import tripwire
 from tests.conftest import FakeLima, needs_bwrap, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
-NOT_MOUNTED = "agentbox: not mounting the git common dir: "
+NOT_MOUNTED = "agentbox: warning: not mounting the git common dir: "
 
 
 def worktree(base: Path, name: str = "tree") -> tuple[Path, Path]:

@@ -41,8 +41,8 @@ def test_cold_start_creates_and_starts_one_vm(project: Path, limactl: FakeLima, 
     assert template.stat().st_mode & 0o777 == 0o600
     assert str(template).startswith(str(isolated_env["state"]))
     assert f"agentboxWorkspace: {project}" in limactl.lima_yaml(NAME)
-    assert "Creating VM agentbox-myproject" in result.stderr
-    assert "Starting VM agentbox-myproject: ready" in result.stderr
+    assert "Creating VM agentbox-myproject: done" in result.stderr
+    assert "Starting VM agentbox-myproject: done" in result.stderr
 
 
 def test_warm_start_is_one_list_call(project: Path, limactl: FakeLima) -> None:

@@ -8,7 +8,7 @@ import stat
 from pathlib import Path
 
 from agentbox import credentials
-from agentbox.progress import Progress, phase_of
+from agentbox.progress import Progress, fit, phase_of
 from tests.conftest import write
 
 
@@ -27,28 +27,48 @@ def test_terminal_gets_one_live_line_with_spinner_elapsed_and_phase() -> None:
     out = stream.getvalue()
     assert "\r\033[K" in out
     assert "Starting VM agentbox-x [0s] waiting for ssh" in out
-    assert out.rstrip().endswith("Starting VM agentbox-x: done (0s)")
+    assert out.endswith("\r\033[KStarting VM agentbox-x: done (0s)\n")
     assert out.count("\n") == 1  # the live line is rewritten in place; only the final line ends a line
 
 
-def test_plain_output_prints_each_phase_once() -> None:
+def test_phases_only_move_forward() -> None:
+    stream = FakeTerminal()
+    with Progress("Starting VM agentbox-x", stream=stream) as progress:
+        seen = []
+        for message in (
+            "Starting the instance `x` with internal VM driver `qemu`",
+            "[hostagent] Waiting for the essential requirement 1 of 1: `ssh`",
+            "[hostagent] Waiting for the optional requirement 1 of 1: `agentbox provisioning to finish`",
+            "[hostagent] The essential requirement 1 of 1 is satisfied",  # a late line of an earlier stage
+            "READY. Run `limactl shell x` to open the shell.",
+            "Starting the instance `x`",
+        ):
+            progress.feed(f'level=info msg="{message}"')
+            seen.append(progress.phase)
+    assert seen == [
+        "booting", "waiting for ssh", "waiting for provisioning", "waiting for provisioning", "ready", "ready"
+    ]
+
+
+def test_plain_output_is_one_line_per_step() -> None:
     stream = io.StringIO()
     with Progress("Creating VM agentbox-x", stream=stream) as progress:
         for line in ("Attempting to download the image", "Downloading the image (1/3)", "READY. Run `limactl shell x`"):
             progress.feed(line)
-    assert stream.getvalue().splitlines() == [
-        "Creating VM agentbox-x...",
-        "  Creating VM agentbox-x: downloading the image",
-        "  Creating VM agentbox-x: ready",
-        "Creating VM agentbox-x: done (0s)",
-    ]
+    assert stream.getvalue() == "Creating VM agentbox-x: done (0s)\n"
+
+
+def test_fit_keeps_the_end_and_marks_the_cut() -> None:
+    assert fit("Starting VM agentbox-x", " [3s] booting", 80) == "Starting VM agentbox-x [3s] booting"
+    assert fit("Starting VM agentbox-a-long-name", " [3s] booting", 30) == "Starting VM agen… [3s] booting"
+    assert len(fit("Starting VM agentbox-a-long-name", " [3s] waiting for provisioning", 20)) == 20
 
 
 def test_verbose_streams_every_line() -> None:
     stream = FakeTerminal()
     with Progress("Stopping VM x", verbose=True, stream=stream) as progress:
-        progress.feed("some limactl line")
-    assert "  some limactl line" in stream.getvalue()
+        progress.feed("some limactl line \x1b[31m")
+    assert "  some limactl line \\x1b[31m" in stream.getvalue()
     assert phase_of("unrelated") is None
 
 

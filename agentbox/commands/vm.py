@@ -10,6 +10,7 @@ import click
 from agentbox.commands.common import session as session_for
 from agentbox.commands.common import vm_name
 from agentbox.errors import AgentboxError
+from agentbox.progress import say
 
 
 @click.command("start")
@@ -29,13 +30,18 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool) -> None:
         _confirm(f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not touched.",
                  yes, f"refusing to delete {name} for --recreate without confirmation (no terminal to ask on)",
                  "Run `agentbox start --recreate --yes` to recreate it from a script.")
-        click.echo(vm.remove(session, name), err=True)
+        say(vm.remove(session, name))
         existing = None
     instance = vm.ensure_running(session, name, existing)
     if instance is existing:  # it was running and passed the checks: nothing was started
-        click.echo(f"{name} is already running", err=True)
+        say(f"{name} is already running")
         return
-    click.echo(f"{instance.name} is running (workspace {session.config.workspace})", err=True)
+    say(f"{instance.name} is running (workspace {session.config.workspace})")
+
+
+def _say_if(message: str | None) -> None:
+    if message:
+        say(message)
 
 
 def _confirm(question: str, yes: bool, refusal: str, hint: str) -> None:
@@ -57,11 +63,11 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool) -> None:
 
     if stop_all:
         session = session_for(ctx, needs_config=False)
-        stopped = vm.stop_all(session.lima, verbose=session.verbose, force=force)
-        click.echo(f"stopped {', '.join(stopped)}" if stopped else "no agentbox VM was running", err=True)
+        if not vm.stop_all(session.lima, verbose=session.verbose, force=force):  # each stop has its own line
+            say("no agentbox VM was running")
         return
     session = session_for(ctx)
-    click.echo(vm.stop(session, vm_name(session), force=force), err=True)
+    _say_if(vm.stop(session, vm_name(session), force=force))
 
 
 @click.command("restart")
@@ -72,9 +78,9 @@ def restart_command(ctx: click.Context) -> None:
 
     session = session_for(ctx)
     name = vm_name(session)
-    click.echo(vm.stop(session, name), err=True)
+    _say_if(vm.stop(session, name))
     instance = vm.ensure_running(session, name)
-    click.echo(f"{instance.name} is running", err=True)
+    say(f"{instance.name} is running")
 
 
 @click.command("rm")
@@ -88,13 +94,13 @@ def rm_command(ctx: click.Context, force: bool) -> None:
     name = vm_name(session)
     instance = session.instance(name)
     if instance is None:
-        click.echo(f"{name} does not exist; nothing to remove", err=True)
+        say(f"{name} does not exist; nothing to remove")
         return
     vm.check_workspace_matches(instance, session.config)
     _confirm(f"Delete VM {name} and its disk? Your workspace on the host is not touched.", force,
              f"refusing to delete {name} without confirmation (no terminal to ask on)",
              "Run `agentbox rm --force` to delete it from a script.")
-    click.echo(vm.remove(session, name), err=True)
+    say(vm.remove(session, name))
 
 
 @click.command("status")
@@ -149,7 +155,7 @@ def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         click.echo(json.dumps(rows))
         return
     if not rows:
-        click.echo("no agentbox VMs" + ("" if show_all else " (--all shows every Lima instance)"), err=True)
+        say("no agentbox VMs" + ("" if show_all else " (--all shows every Lima instance)"))
         return
     width = max(len(row["name"]) for row in rows) + 2
     click.echo(f"{'NAME':{width}}{'STATUS':10}WORKSPACE")

@@ -24,6 +24,8 @@ Environment knobs (all optional):
   FAKE_LIMACTL_START_LEAVE_RUNNING=1   an injected start failure leaves the instance Running (timeout-like);
                                        without it the instance keeps its previous status
   FAKE_LIMACTL_START_DEGRADED=1        start ends with DEGRADED + fatal, instance Running
+  FAKE_LIMACTL_PROBE_FAIL="stderr"     every readiness probe (`probes:`) fails with this stderr: Lima's
+                                       error line, DEGRADED and a fatal `degraded`, instance Running
   FAKE_LIMACTL_START_STEPS_DELAY=S     seconds between start progress lines
   FAKE_LIMACTL_LIST_MALFORMED=1        list --json prints a truncated JSON line first
   FAKE_LIMACTL_LIST_FAIL="msg"         list is fatal with msg
@@ -2176,22 +2178,32 @@ def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progres
             raise Fatal(fail)
         _progress(ctx, f"The essential requirement {i} of {len(essential)} is satisfied")
     provision_error = provision(ctx, inst, progress)
-    optional = []
+    optional: list[tuple[str, dict[str, Any] | None]] = []
     if (cfg["containerd"]["system"] or cfg["containerd"]["user"]) and not cfg.get("plain"):
-        optional += ["systemd must be available", "containerd binaries to be installed"]
-    optional += [pr["description"] for pr in cfg.get("probes", [])]
-    for i, desc in enumerate(optional, 1):
+        optional += [("systemd must be available", None), ("containerd binaries to be installed", None)]
+    optional += [(pr["description"], pr) for pr in cfg.get("probes", [])]
+    probe_stderr = os.environ.get("FAKE_LIMACTL_PROBE_FAIL")
+    errors: list[str] = []
+    for i, (desc, probe) in enumerate(optional, 1):
         _progress(ctx, f"Waiting for the optional requirement {i} of {len(optional)}: {bq(desc)}")
+        if probe is not None and probe_stderr is not None:
+            # pkg/hostagent/requirements.go: after its retries, the failure joins the event's errors.
+            errors.append(f"failed to satisfy the optional requirement {i} of {len(optional)} {go_quote(desc)}: "
+                          f"{probe.get('hint', '')}: stdout=\"\", stderr={go_quote(probe_stderr)}: exit status 1")
+            continue
         _progress(ctx, f"The optional requirement {i} of {len(optional)} is satisfied")
     _progress(ctx, "Waiting for the final requirement 1 of 1: `boot scripts must have finished`")
     if provision_error:
         ctx.log.warn(provision_error)
         raise Fatal("did not receive an event with the `running` status")
     _progress(ctx, "The final requirement 1 of 1 is satisfied")
-    if os.environ.get("FAKE_LIMACTL_START_DEGRADED"):
+    if errors:  # pkg/instance/start.go watchHostAgentEvents: the errors, then DEGRADED
+        ctx.log.error("[" + " ".join(errors) + "]")
+    if errors or os.environ.get("FAKE_LIMACTL_START_DEGRADED"):
         ctx.log.warn("DEGRADED. The VM seems running, but file sharing and port forwarding may not work. "
                      f"(hint: see {bq(os.path.join(inst.dir, 'ha.stderr.log'))})")
-        raise Fatal(f"degraded, status={{Running:true Degraded:true Exiting:false Errors:[] SSHLocalPort:{port}}}")
+        raise Fatal(f"degraded, status={{Running:true Degraded:true Exiting:false Errors:[{' '.join(errors)}] "
+                    f"SSHLocalPort:{port}}}")
     if not launching_shell:
         if cfg.get("plain"):
             ctx.log.info(f"READY. Run `ssh -F {bq(inst.ssh_config)} {hostname_of(inst.name)}` to open the shell.")
