@@ -228,7 +228,11 @@ class Lima:
         code = 0
         process = None
         try:
-            process = command(*args, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False, _out=feed, _err=feed)
+            process, interrupted = _spawn_holding_sigint(
+                lambda: command(*args, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False, _out=feed, _err=feed)
+            )
+            if interrupted:
+                raise KeyboardInterrupt
             process.wait()
         except sh.ErrorReturnCode as exc:
             code = exc.exit_code
@@ -289,6 +293,21 @@ def meaningful_lines(stderr: str) -> list[str]:
         else:
             result.append(line)
     return result
+
+
+def _spawn_holding_sigint(spawn: Callable[[], Any]) -> tuple[Any, bool]:
+    """Start a child with SIGINT held until its handle is ours: a Ctrl-C in between would otherwise
+    leave a running limactl that nothing stops. Returns (handle, whether SIGINT came meanwhile)."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return spawn(), False
+    held: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        return spawn(), bool(held)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _stop_child(process: Any) -> None:
