@@ -214,8 +214,10 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "install": "pipx install aider-chat",
         "credentials": [],
     }
-    help_text = run_cli("--help", cwd=project).stdout
-    assert "aider" in help_text
+    lines = run_cli("--help", cwd=project).stdout.splitlines()
+    agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:
+                   lines.index("VM commands:")]
+    assert [line.split()[0] for line in agents if line.strip()] == ["codex", "claude", "gemini", "kiro", "aider"]
 
 
 def test_credentials_switches_and_per_agent_lists(project: Path, home: Path) -> None:

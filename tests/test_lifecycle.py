@@ -240,8 +240,10 @@ def test_same_folder_name_in_two_places_is_refused(limactl: FakeLima, home: Path
     assert run_cli("start", cwd=first).exit_code == 0
     result = run_cli("start", cwd=second)
     assert result.exit_code == 1
-    assert str(first) in result.stderr and str(second) in result.stderr
-    assert "vm.name" in result.stderr or "name:" in result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == (f"agentbox: error: the VM agentbox-app belongs to {first}, not to this workspace {second} "
+                        "(two projects with the same folder name?)")
+    assert lines[1].startswith("hint: ")  # how to give this project a VM of its own
     write(second / "agentbox.yml", "vm:\n  name: agentbox-app-b\n")
     assert run_cli("trust", cwd=second).exit_code == 0  # vm.name in a project file needs trust
     assert run_cli("start", cwd=second).exit_code == 0
