@@ -772,12 +772,13 @@ def test_call_log_records_shell_exit_codes(running: Lima) -> None:
 
 
 def test_latency_is_simulated_per_subcommand(lima: Lima) -> None:
+    # list sleeps its own 0.4 s (a lower bound: sleeping never ends early), never shell's 600 s
+    # (the call would hit its timeout), and a sub-command without an entry does not sleep at all.
     began = time.monotonic()
-    lima.ok("list", env={"FAKE_LIMACTL_LATENCY": "list=0.4,shell=5"})
+    lima.ok("list", env={"FAKE_LIMACTL_LATENCY": "list=0.4,shell=600"}, timeout=60)
     assert time.monotonic() - began >= 0.4
     assert fake_limactl.read_calls(lima.lima_home)[-1]["duration"] >= 0.4
-    # Another sub-command is not slowed: were list's 600 s applied, the call would hit its timeout.
-    lima.ok("--version", env={"FAKE_LIMACTL_LATENCY": "list=600"}, timeout=60)
+    lima.ok("list", "--json", env={"FAKE_LIMACTL_LATENCY": "create=600"}, timeout=60)
 
 
 def test_injected_start_failure_keeps_the_instance_stopped(lima: Lima) -> None:

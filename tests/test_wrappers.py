@@ -85,6 +85,7 @@ def clean_env(home: Path) -> dict[str, str]:
         PAGER="cat",
         MANPAGER="cat",
         LC_ALL="C",
+        TERM="xterm",  # the terminal runs need one git colours for, whatever the caller's TERM (CI has none)
     )
     return env
 
