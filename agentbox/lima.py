@@ -14,7 +14,8 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -228,10 +229,9 @@ class Lima:
         code = 0
         process = None
         try:
-            process, interrupted = _spawn_holding_sigint(
-                lambda: command(*args, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False, _out=feed, _err=feed)
-            )
-            if interrupted:
+            with _sigint_held() as held:
+                process = command(*args, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False, _out=feed, _err=feed)
+            if held:
                 raise KeyboardInterrupt
             process.wait()
         except sh.ErrorReturnCode as exc:
@@ -295,17 +295,20 @@ def meaningful_lines(stderr: str) -> list[str]:
     return result
 
 
-def _spawn_holding_sigint(spawn: Callable[[], Any]) -> tuple[Any, bool]:
-    """Start a child with SIGINT held until its handle is ours: a Ctrl-C in between would otherwise
-    leave a running limactl that nothing stops. Returns (handle, whether SIGINT came meanwhile)."""
+@contextmanager
+def _sigint_held() -> Iterator[list[int]]:
+    """SIGINT is only noted (in the yielded list) until the block has ended: a Ctrl-C while a child
+    is being started would otherwise come before its handle is assigned, leaving a running limactl
+    that nothing stops. The caller raises KeyboardInterrupt afterwards if one came."""
     import threading
 
-    if threading.current_thread() is not threading.main_thread():
-        return spawn(), False
     held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield held
+        return
     previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
     try:
-        return spawn(), bool(held)
+        yield held
     finally:
         signal.signal(signal.SIGINT, previous)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -173,6 +174,7 @@ def _on_path(name: str) -> Callable[[], bool]:
     return lambda: shutil.which(name) is not None
 
 
+@functools.cache
 def _can_be_root() -> bool:
     """Root already, or able to look like root in a user namespace of our own (`unshare -r`)."""
     if os.geteuid() == 0:
