@@ -14,7 +14,8 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -231,8 +232,11 @@ class Lima:
             # stdin from /dev/null: without `_in`, a callable `_out` makes sh feed stdin from a Queue, whose
             # writer thread notices the exit only between 0.1 s waits on that queue, and wait() joins it.
             with open(os.devnull, "rb") as devnull:
-                process = command(*args, _in=devnull, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False,
-                                  _out=feed, _err=feed)
+                with _sigint_held() as held:
+                    process = command(*args, _in=devnull, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False,
+                                      _out=feed, _err=feed)
+                if held:
+                    raise KeyboardInterrupt
                 process.wait()
         except sh.ErrorReturnCode as exc:
             code = exc.exit_code
@@ -314,6 +318,24 @@ def meaningful_lines(stderr: str) -> list[str]:
             continue
         result.append(visible(entry.message))
     return result
+
+
+@contextmanager
+def _sigint_held() -> Iterator[list[int]]:
+    """SIGINT is only noted (in the yielded list) until the block has ended: a Ctrl-C while a child
+    is being started would otherwise come before its handle is assigned, leaving a running limactl
+    that nothing stops. The caller raises KeyboardInterrupt afterwards if one came."""
+    import threading
+
+    held: list[int] = []
+    if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
+        yield held
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, _frame: held.append(signum))
+    try:
+        yield held
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _stop_child(process: Any) -> None:

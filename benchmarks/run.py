@@ -29,7 +29,8 @@ DEFAULT_LATENCY = "list=0.03,shell=0.15,copy=0.25,start=20,create=2"
 # A --version alone never creates or starts a VM (agentbox answers it from the host), so the stopped
 # and cold rows launch the agent with a real argument.
 LAUNCH = ["codex", "exec", "true"]
-BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust check": 0.005}
+BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust check": 0.005,
+           "tripwire, 50k files": 0.050}
 
 
 def agentbox_command() -> list[str]:
@@ -136,6 +137,32 @@ def manifest_check_seconds(box: Sandbox, project: Path, runs: int) -> list[float
     return json.loads(result.stdout)
 
 
+def tripwire_seconds(box: Sandbox, runs: int) -> list[float]:
+    """The tripwire's fingerprint of a git repository of 50,000 files (it must not walk them), in-process."""
+    project = box.project("large")
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    for folder in range(100):
+        sub = project / "src" / f"d{folder}"
+        sub.mkdir(parents=True)
+        for index in range(500):
+            (sub / f"f{index}.txt").write_bytes(b"x")
+    (project / "package.json").write_text('{"scripts": {"test": "jest"}}\n')
+    code = (
+        "import sys, time, json\n"
+        "from pathlib import Path\n"
+        "from agentbox import tripwire\n"
+        "samples = []\n"
+        "for _ in range(int(sys.argv[2])):\n"
+        "    started = time.perf_counter()\n"
+        "    tripwire.fingerprint(Path(sys.argv[1]))\n"
+        "    samples.append(time.perf_counter() - started)\n"
+        "print(json.dumps(samples))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(project), str(runs)], env=box.env, capture_output=True,
+                            check=True)
+    return json.loads(result.stdout)
+
+
 def summarize(samples: list[float]) -> str:
     return f"{statistics.median(samples) * 1000:7.1f} {min(samples) * 1000:7.1f} {max(samples) * 1000:7.1f}"
 
@@ -186,6 +213,9 @@ def main() -> int:
         )
         check = manifest_check_seconds(box, pinned_project, options.runs * 5)
         rows.append(("trust check", summarize(check), "-", "0", verdict("trust check", statistics.median(check))))
+        walk = tripwire_seconds(box, options.runs)
+        rows.append(("tripwire, 50k files", summarize(walk), "-", "0",
+                     verdict("tripwire, 50k files", statistics.median(walk))))
 
         stopped = []
         for _ in range(slow_runs):
@@ -206,9 +236,9 @@ def main() -> int:
         box.remove()
 
     print(f"agentbox benchmark: {options.runs} runs (stopped/cold: {slow_runs}); double latency {options.latency}")
-    print(f"{'path':16} {'wall ms (median min max)':>25}  {'own ms (median min max)':>25}  {'limactl calls':>13}  budget")
+    print(f"{'path':19} {'wall ms (median min max)':>25}  {'own ms (median min max)':>25}  {'limactl calls':>13}  budget")
     for label, wall, own, calls, ok in rows:
-        print(f"{label:16} {wall:>25}  {own:>25}  {calls:>13}  {ok}")
+        print(f"{label:19} {wall:>25}  {own:>25}  {calls:>13}  {ok}")
     for label, calls in call_lists.items():
         print(f"\n{label} limactl calls:")
         for call in calls:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -77,6 +80,31 @@ def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, **kwa
     return runner.invoke(cli, argv, input=input, catch_exceptions=False, **kwargs)
 
 
+def run_agentbox(*args: str, cwd: Path, timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess:
+    """The real CLI in a child process: a hang fails the test at the timeout instead of stalling the suite."""
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def returns_within(seconds: float, call: Callable[[], Any], unblock: Callable[[], None] | None = None) -> Any:
+    """call()'s result; fail (not hang) when it has not returned within seconds. unblock() then frees
+    the stuck call so its thread can end."""
+    import threading
+
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        if unblock is not None:
+            unblock()
+        pytest.fail(f"still blocked after {seconds} s")
+    assert outcome, "the call raised (see the thread's traceback above)"
+    return outcome[0]
+
+
 @pytest.fixture
 def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> "FakeLima":
     """The limactl test double, first on PATH, with its state in this test's LIMA_HOME."""
@@ -135,10 +163,92 @@ class FakeLima:
         return fake_limactl.guest_home(self.home, name)
 
 
+# -- capabilities of this machine -------------------------------------------------------------
+#
+# Some tests need a tool from the machine (bubblewrap runs the double's guest; shellcheck lints the
+# shipped scripts). Without it such a test is skipped, and the run ends with a banner that names
+# every test that did not run and what to install; with CI set, a missing capability fails the
+# test instead, so CI never passes having run less than the whole suite.
+
+def _on_path(name: str) -> Callable[[], bool]:
+    return lambda: shutil.which(name) is not None
+
+
+@functools.cache
+def _can_be_root() -> bool:
+    """Root already, or able to look like root in a user namespace of our own (`unshare -r`)."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        return subprocess.run(["unshare", "--map-root-user", "true"], capture_output=True).returncode == 0
+    except OSError:
+        return False
+
+
+CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
+    # name: (is it here?, how to get it)
+    "bwrap": (_on_path("bwrap"), "apt-get install bubblewrap"),
+    "shellcheck": (_on_path("shellcheck"), "apt-get install shellcheck"),
+    "git": (_on_path("git"), "apt-get install git"),
+    "bash": (_on_path("bash"), "apt-get install bash"),
+    "openssl": (_on_path("openssl"), "apt-get install openssl"),
+    "root": (_can_be_root, "run as root, or allow unprivileged user namespaces for `unshare -r`"),
+}
+MISSING = "missing capability: "
+
+
+def needs(*names: str) -> None:
+    """Skip (or, with CI set, fail) the running test unless this machine has every named capability."""
+    for name in names:
+        available, how = CAPABILITIES[name]
+        if available():
+            continue
+        message = f"{MISSING}{name} ({how})"
+        if os.environ.get("CI"):
+            pytest.fail(f"{message}: CI must run every test (.ci/run installs it)", pytrace=False)
+        pytest.skip(message)
+
+
+def as_root(argv: list[str]) -> list[str]:
+    """argv run with euid 0: as it is when we are root, else in a user namespace that maps us to root."""
+    needs("root")
+    return argv if os.geteuid() == 0 else ["unshare", "--map-root-user", *argv]
+
+
 def needs_bwrap() -> None:
-    """Skip without bubblewrap, except in CI, where a missing bwrap is a failure."""
-    if shutil.which("bwrap"):
+    needs("bwrap")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "needs(*capabilities): the test needs these tools on this machine")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("needs"):
+        needs(*mark.args)
+
+
+def _missing_capabilities(reporter: Any) -> dict[str, list[str]]:
+    """Capability -> node ids of the tests skipped for the lack of it."""
+    missing: dict[str, list[str]] = {}
+    for report in reporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        if MISSING in reason:
+            what = reason[reason.index(MISSING) + len(MISSING):]
+            missing.setdefault(what, []).append(report.nodeid)
+    return missing
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    missing = _missing_capabilities(terminalreporter)
+    if not missing:
         return
-    if os.environ.get("CI"):
-        pytest.fail("bubblewrap is required in CI (.ci/run installs it)")
-    pytest.skip("bubblewrap is not installed")
+    count = sum(len(ids) for ids in missing.values())
+    terminalreporter.write_sep("!", f"{count} TESTS DID NOT RUN: this machine lacks what they need", red=True, bold=True)
+    for what, ids in sorted(missing.items()):
+        terminalreporter.write_line(f"{len(ids):4} need {what}:", red=True, bold=True)
+        for nodeid in ids:
+            terminalreporter.write_line(f"       {nodeid}")
+    terminalreporter.write_line("Install what is missing and run again; with CI=1 these are failures, not skips.",
+                                red=True, bold=True)
+    terminalreporter.write_sep("!", red=True, bold=True)

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from agentbox import __version__
 from tests.conftest import run_cli, write
 
@@ -30,11 +32,14 @@ def test_help_lists_agent_and_vm_commands_one_line_each(project: Path) -> None:
     assert continuation == [], "every command's description fits on one line"
 
 
-def test_help_still_works_with_a_broken_config(project: Path) -> None:
-    write(project / "agentbox.yml", "vm: [\n")
+@pytest.mark.parametrize("broken", ["vm: [\n", "agents:\n  aider: [\n"])  # the second one is read for agents
+def test_help_still_works_with_a_broken_config(project: Path, broken: str) -> None:
+    write(project / "agentbox.yml", broken)
     result = run_cli("--help", cwd=project)
     assert result.exit_code == 0
-    assert "claude" in result.stdout
+    lines = result.stdout.splitlines()
+    agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:]
+    assert [line.split()[0] for line in agents[:4]] == ["codex", "claude", "gemini", "kiro"]
 
 
 def test_init_writes_the_example_and_refuses_to_overwrite(project: Path) -> None:

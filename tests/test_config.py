@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeLima, run_cli, write
+from tests.conftest import FakeLima, run_agentbox, run_cli, write
 
 
 def config_json(cwd: Path) -> dict:
@@ -216,8 +216,10 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "install": "pipx install aider-chat",
         "credentials": [],
     }
-    help_text = run_cli("--help", cwd=project).stdout
-    assert "aider" in help_text
+    lines = run_cli("--help", cwd=project).stdout.splitlines()
+    agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:
+                   lines.index("VM commands:")]
+    assert [line.split()[0] for line in agents if line.strip()] == ["codex", "claude", "gemini", "kiro", "aider"]
 
 
 def test_credentials_switches_and_per_agent_lists(project: Path, home: Path) -> None:
@@ -254,11 +256,15 @@ def test_no_local_file_uses_the_current_directory(project: Path) -> None:
 
 
 @pytest.mark.parametrize("where", ["home", "root"])
-def test_home_and_root_are_refused_as_workspace(home: Path, where: str) -> None:
+def test_home_and_root_are_refused_as_workspace(home: Path, where: str, limactl: FakeLima) -> None:
     cwd = home if where == "home" else Path("/")
     result = run_cli("status", cwd=cwd)
     assert result.exit_code == 2
-    assert "workspace" in result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith(f"agentbox: error: the workspace would be {cwd} ")
+    assert first.endswith("it is or contains your home folder; agentbox never mounts it into a VM" if where == "home"
+                          else "; agentbox never mounts the whole filesystem")
+    assert limactl.calls() == []
     # Commands that do not need a project still work there.
     assert run_cli("config", "--json", cwd=cwd).exit_code == 0
 
@@ -403,11 +409,12 @@ def test_config_that_is_a_directory_is_an_error(project: Path) -> None:
 
 def test_config_that_is_a_fifo_is_an_error_not_a_hang(project: Path) -> None:
     os.mkfifo(project / "agentbox.yml", 0o644)
-    started = time.monotonic()
-    result = run_cli("config", cwd=project)
-    assert time.monotonic() - started < 2
-    assert result.exit_code == 2
-    assert "a FIFO" in result.stderr
+    result = run_agentbox("config", cwd=project)  # a read that blocks fails at the timeout
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"agentbox: error: {project / 'agentbox.yml'}: is a FIFO (named pipe), not a regular file",
+        "hint: agentbox reads its config from a regular YAML file; rename or remove this one.",
+    ]
 
 
 def test_non_utf8_config_is_an_error_naming_the_file(project: Path) -> None:
@@ -418,26 +425,22 @@ def test_non_utf8_config_is_an_error_naming_the_file(project: Path) -> None:
     assert f"{project / 'agentbox.yml'}:2: the file is not valid UTF-8" in result.stderr
 
 
-def test_oversized_config_fails_fast(project: Path) -> None:
+def test_oversized_config_is_refused_unread(project: Path) -> None:
     write(project / "agentbox.yml", "# " + "x" * 1_100_000 + "\n")
-    started = time.monotonic()
-    result = run_cli("config", cwd=project)
-    assert time.monotonic() - started < 2
-    assert result.exit_code == 2
+    result = run_agentbox("config", cwd=project)
+    assert result.returncode == 2
     assert "at most 1,000,000 bytes" in result.stderr
 
 
-def test_alias_bomb_fails_fast(project: Path) -> None:
+def test_alias_bomb_is_refused_unexpanded(project: Path) -> None:
     lines = ['a: &a ["x","x","x","x","x","x","x","x","x","x"]']
     for i in range(1, 10):
         prev = chr(ord("a") + i - 1)
         cur = chr(ord("a") + i)
         lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 10) + "]")
     write(project / "agentbox.yml", "vm:\n  lima:\n" + "".join(f"    {line}\n" for line in lines))
-    started = time.monotonic()
-    result = run_cli("config", cwd=project)
-    assert time.monotonic() - started < 2
-    assert result.exit_code == 2
+    result = run_agentbox("config", cwd=project)  # expanding it would not end before the timeout
+    assert result.returncode == 2
     assert "alias bomb" in result.stderr
 
 
@@ -499,11 +502,15 @@ def test_bad_global_config_names_the_global_file(project: Path, home: Path) -> N
     assert f"{path}:2:9: vm.cpus: must be at least 1, found -1" in result.stderr
 
 
-def test_bad_config_starts_nothing(project: Path, isolated_env: dict[str, Path]) -> None:
+def test_bad_config_starts_nothing(project: Path, isolated_env: dict[str, Path], limactl: FakeLima) -> None:
+    # The double is first on PATH: any limactl call, let alone a VM, would be recorded.
     write(project / "agentbox.yml", "vm: {cpus: 0}\n")
     result = run_cli("start", cwd=project)
     assert result.exit_code == 2
-    assert list(isolated_env["lima_home"].iterdir()) == []
+    assert f"agentbox: error: {project / 'agentbox.yml'}:1:12: vm.cpus: must be at least 1, found 0" \
+        in result.stderr.splitlines()
+    assert limactl.calls() == []
+    assert [p.name for p in isolated_env["lima_home"].iterdir()] == []
     assert not isolated_env["state"].exists()
 
 

@@ -106,7 +106,8 @@ def test_start_on_a_running_vm_checks_its_config(project: Path, limactl: FakeLim
     result = run_cli("start", cwd=project)
     assert result.exit_code == 1
     assert "already running" not in result.stderr
-    assert "networks" in result.stderr
+    assert f"  - networks: an extra network (lima: shared) (set by {limactl.home / '_config' / 'default.yaml'})" \
+        in result.stderr.splitlines()
     assert limactl.status(NAME) == "Stopped"
 
 

@@ -21,6 +21,7 @@ try:
     from tests import fake_limactl
 except ImportError:  # tests/ is not a package
     import fake_limactl  # type: ignore[no-redef]
+from tests.conftest import as_root, needs
 
 FATAL_RE = re.compile(r'^time="[^"]+" level=fatal msg=(.*)$')
 LOG_RE = re.compile(r'^time="([^"]+)" level=(\w+) msg=("(?:[^"\\]|\\.)*"|\S*)(.*)$')
@@ -109,10 +110,7 @@ def lima(tmp_path: Path) -> Lima:
 
 @pytest.fixture
 def bwrap() -> None:
-    if not fake_limactl.bwrap_available():
-        if os.environ.get("CI"):
-            pytest.fail("bwrap is required in CI (apt-get install bubblewrap)")
-        pytest.skip("bwrap is not installed")
+    needs("bwrap")
 
 
 @pytest.fixture
@@ -166,11 +164,13 @@ def test_log_format_json(lima: Lima) -> None:
 
 
 def test_refuses_root_only_when_asked(lima: Lima) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs euid 0")
-    result = lima.run("list", env={"FAKE_LIMACTL_REFUSE_ROOT": "1"})
+    def list_as_root(**extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(as_root(["limactl", "list"]), env={**lima.env, **extra}, cwd=lima.root,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+
+    result = list_as_root(FAKE_LIMACTL_REFUSE_ROOT="1")
     assert (result.returncode, result.stdout, result.stderr) == (1, "", "limactl: must not run as the root user\n")
-    assert lima.run("list").returncode == 0
+    assert list_as_root().returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,11 +411,25 @@ def test_start_stop_transitions(lima: Lima) -> None:
 
 
 def test_boot_count_and_port_change_on_every_start(running: Lima) -> None:
-    first = fake_limactl.read_state(running.lima_home, "vm")
-    running.ok("restart", "vm")
-    second = fake_limactl.read_state(running.lima_home, "vm")
-    assert (first["bootCount"], second["bootCount"]) == (1, 2)
+    import socket
+
+    first = running.one()
+    # Lima picks a free port at every start: hold the old one so that a port merely kept is caught.
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", first["sshLocalPort"]))
+        running.ok("restart", "vm")
+    second = running.one()
     assert second["status"] == "Running"
+    assert (fake_limactl.read_state(running.lima_home, "vm")["bootCount"]) == 2
+    assert second["sshLocalPort"] != first["sshLocalPort"]
+    assert f"  Port {second['sshLocalPort']}\n" in (running.inst_dir() / "ssh.config").read_text()
+
+
+def test_a_configured_ssh_port_stays_across_starts(lima: Lima) -> None:
+    lima.create(yaml_text=minimal_yaml("ssh:\n  localPort: 60222\n"))
+    lima.ok("start", "vm")
+    lima.ok("restart", "vm")
+    assert lima.one()["sshLocalPort"] == 60222
 
 
 def test_stop_missing_instance(lima: Lima) -> None:
@@ -758,13 +772,13 @@ def test_call_log_records_shell_exit_codes(running: Lima) -> None:
 
 
 def test_latency_is_simulated_per_subcommand(lima: Lima) -> None:
+    # list sleeps its own 0.4 s (a lower bound: sleeping never ends early), never shell's 600 s
+    # (the call would hit its timeout), and a sub-command without an entry does not sleep at all.
     began = time.monotonic()
-    lima.ok("list", env={"FAKE_LIMACTL_LATENCY": "list=0.4,shell=5"})
+    lima.ok("list", env={"FAKE_LIMACTL_LATENCY": "list=0.4,shell=600"}, timeout=60)
     assert time.monotonic() - began >= 0.4
     assert fake_limactl.read_calls(lima.lima_home)[-1]["duration"] >= 0.4
-    began = time.monotonic()
-    lima.ok("--version", env={"FAKE_LIMACTL_LATENCY": "list=5"})
-    assert time.monotonic() - began < 3
+    lima.ok("list", "--json", env={"FAKE_LIMACTL_LATENCY": "create=600"}, timeout=60)
 
 
 def test_injected_start_failure_keeps_the_instance_stopped(lima: Lima) -> None:

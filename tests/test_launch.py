@@ -69,6 +69,17 @@ def test_arguments_pass_through_verbatim(project: Path, vm: FakeLima) -> None:
     assert data["args"] == ["--dangerously-skip-permissions", *TRICKY_ARGS]
 
 
+@pytest.mark.parametrize("flag", ["--help", "-h", "--version"])
+def test_agent_help_and_version_are_passed_to_the_agent_not_answered_by_agentbox(project: Path, vm: FakeLima,
+                                                                                    flag: str) -> None:
+    configure(project, "")
+    result, data = launch(project, "claude", flag)
+    assert result.returncode == 0, result.stderr
+    assert data["args"] == ["--dangerously-skip-permissions", flag]
+    assert result.stdout == b""  # agentbox printed neither its own help nor its version
+    assert vm.subcommands()[-1] == "shell"
+
+
 def test_warm_launch_makes_two_limactl_calls(project: Path, vm: FakeLima) -> None:
     configure(project, "env:\n  SECRET_TOKEN: s3cr3t-value\n".replace("env:\n", ""))
     result, _ = launch(project, "codex", "exec", "fix the tests")

@@ -5,35 +5,65 @@ from __future__ import annotations
 import io
 import os
 import stat
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
-from agentbox import credentials
+import pytest
+
+from agentbox import credentials, progress
 from agentbox.progress import Progress, fit, phase_of
 from tests.conftest import write
 
 
 class FakeTerminal(io.StringIO):
+    """A terminal to write to; wait_for() returns as soon as a text has appeared (no fixed sleeps)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = threading.Condition()
+
     def isatty(self) -> bool:
         return True
 
+    def write(self, text: str) -> int:
+        with self.changed:
+            written = super().write(text)
+            self.changed.notify_all()
+            return written
 
-def test_terminal_gets_one_live_line_with_spinner_elapsed_and_phase() -> None:
+    def wait_for(self, text: str, timeout: float = 10) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: text in self.getvalue(), timeout), self.getvalue()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """The clock progress reads elapsed time from; tests move it forward by hand."""
+    fake = SimpleNamespace(now=1000.0)
+    fake.monotonic = lambda: fake.now
+    monkeypatch.setattr(progress, "time", fake)
+    return fake
+
+
+def test_terminal_gets_one_live_line_with_spinner_elapsed_and_phase(clock: SimpleNamespace) -> None:
     stream = FakeTerminal()
-    with Progress("Starting VM agentbox-x", stream=stream) as progress:
-        progress.feed('time="x" level=info msg="[hostagent] Waiting for the essential requirement 1 of 2: `ssh`"')
-        import time
-
-        time.sleep(0.35)
+    with Progress("Starting VM agentbox-x", stream=stream) as live:
+        stream.wait_for("Starting VM agentbox-x [0s] starting")
+        live.feed('time="x" level=info msg="[hostagent] Waiting for the essential requirement 1 of 2: `ssh`"')
+        stream.wait_for("Starting VM agentbox-x [0s] waiting for ssh")
+        clock.now += 7.2
+        stream.wait_for("Starting VM agentbox-x [7s] waiting for ssh")
+        clock.now += 5
     out = stream.getvalue()
-    assert "\r\033[K" in out
-    assert "Starting VM agentbox-x [0s] waiting for ssh" in out
-    assert out.endswith("\r\033[KStarting VM agentbox-x: done (0s)\n")
+    assert out.startswith("\r\033[K")
+    assert out.endswith("\r\033[KStarting VM agentbox-x: done (12s)\n")
     assert out.count("\n") == 1  # the live line is rewritten in place; only the final line ends a line
 
 
 def test_phases_only_move_forward() -> None:
     stream = FakeTerminal()
-    with Progress("Starting VM agentbox-x", stream=stream) as progress:
+    with Progress("Starting VM agentbox-x", stream=stream) as live:
         seen = []
         for message in (
             "Starting the instance `x` with internal VM driver `qemu`",
@@ -43,19 +73,20 @@ def test_phases_only_move_forward() -> None:
             "READY. Run `limactl shell x` to open the shell.",
             "Starting the instance `x`",
         ):
-            progress.feed(f'level=info msg="{message}"')
-            seen.append(progress.phase)
+            live.feed(f'level=info msg="{message}"')
+            seen.append(live.phase)
     assert seen == [
         "booting", "waiting for ssh", "waiting for provisioning", "waiting for provisioning", "ready", "ready"
     ]
 
 
-def test_plain_output_is_one_line_per_step() -> None:
+def test_plain_output_is_one_line_per_step(clock: SimpleNamespace) -> None:
     stream = io.StringIO()
-    with Progress("Creating VM agentbox-x", stream=stream) as progress:
+    with Progress("Creating VM agentbox-x", stream=stream) as plain:
         for line in ("Attempting to download the image", "Downloading the image (1/3)", "READY. Run `limactl shell x`"):
-            progress.feed(line)
-    assert stream.getvalue() == "Creating VM agentbox-x: done (0s)\n"
+            plain.feed(line)
+        clock.now += 42
+    assert stream.getvalue() == "Creating VM agentbox-x: done (42s)\n"
 
 
 def test_fit_keeps_the_end_and_marks_the_cut() -> None:
@@ -66,8 +97,8 @@ def test_fit_keeps_the_end_and_marks_the_cut() -> None:
 
 def test_verbose_streams_every_line() -> None:
     stream = FakeTerminal()
-    with Progress("Stopping VM x", verbose=True, stream=stream) as progress:
-        progress.feed("some limactl line \x1b[31m")
+    with Progress("Stopping VM x", verbose=True, stream=stream) as verbose:
+        verbose.feed("some limactl line \x1b[31m")
     assert "  some limactl line \\x1b[31m" in stream.getvalue()
     assert phase_of("unrelated") is None
 

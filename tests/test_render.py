@@ -150,14 +150,8 @@ def test_shipped_scripts_have_no_go_template_braces() -> None:
         assert "{{" not in path.read_text(), path
 
 
+@pytest.mark.needs("shellcheck")
 def test_shell_scripts_pass_shellcheck() -> None:
-    import os
-    import shutil
-
-    if shutil.which("shellcheck") is None:
-        if os.environ.get("CI"):
-            pytest.fail("shellcheck is required in CI (.ci/run installs it)")
-        pytest.skip("shellcheck is not installed")
     scripts = sorted(str(p) for p in (REPO / "provision").iterdir()) + sorted(str(p) for p in (REPO / "wrappers").iterdir())
     result = subprocess.run(["shellcheck", "--severity=style", *scripts], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout

@@ -52,21 +52,29 @@ def remote_head(remote: Path) -> str:
 # -- readonly-remote ---------------------------------------------------------------------------
 
 
+BLOCKED = "remote writes are blocked for this project by agentbox's readonly-remote guard"
+
+
 @pytest.mark.parametrize(
-    "push",
+    ("push", "refusal"),
     [
-        ["git", "push", "origin", "main"],
-        ["git", "-C", ".", "push", "origin", "main"],
-        ["git", "-c", "alias.p=push", "p", "origin", "main"],
-        ["git", "-c", "core.hooksPath=/dev/null", "push", "origin", "main"],
-        ["/usr/bin/git", "push", "origin", "main"],
+        (["git", "push", "origin", "main"], f"agentbox: refused `git push`: {BLOCKED}."),
+        (["git", "-C", ".", "push", "origin", "main"], f"agentbox: refused `git push`: {BLOCKED}."),
+        (["git", "-c", "alias.p=push", "p", "origin", "main"], f"agentbox: refused `git -c alias.p=push`: {BLOCKED}."),
+        (["git", "-c", "core.hooksPath=/dev/null", "push", "origin", "main"],
+         f"agentbox: refused `git -c core.hooksPath=/dev/null`: {BLOCKED}."),
+        # The real git, past the wrapper: the pre-push hook stops it.
+        (["/usr/bin/git", "push", "origin", "main"], f"agentbox: refused `git push` to origin ({{remote}}): {BLOCKED} (pre-push hook)."),
     ],
+    ids=["push", "-C", "alias", "hooksPath", "real-git"],
 )
-def test_pushes_really_fail_inside_the_vm(project: Path, vm: FakeLima, push: list[str]) -> None:
+def test_pushes_really_fail_inside_the_vm(project: Path, vm: FakeLima, push: list[str], refusal: str) -> None:
     remote = repo_with_remote(project)
     result = shell(project, *push)
     assert result.returncode != 0
-    assert b"remoteWrite" in result.stderr or b"blocked" in result.stderr
+    lines = result.stderr.decode().splitlines()
+    assert lines[0] == refusal.format(remote=remote)
+    assert "agentbox: setting `sync: {remoteWrite: true}` in agentbox.yml allows them." in lines
     assert remote_head(remote) == ""
 
 
@@ -325,17 +333,19 @@ def test_failing_bootstrap_stops_the_launch_and_is_retried(project: Path, vm: Fa
     assert marker.exists()
 
 
-def test_local_config_cannot_run_host_scripts(project: Path, vm: FakeLima, home: Path) -> None:
+def test_untrusted_local_config_cannot_run_host_scripts(project: Path, vm: FakeLima, home: Path) -> None:
     secret = write(home / ".aws" / "credentials", "aws_secret_access_key = x\n")
     write(project / "agentbox.yml", "bootstrap:\n  onStartScript: ~/.aws/credentials\n")
     result = shell(project, "true")
     assert result.returncode == 2
-    assert b"outside the workspace" in result.stderr
+    assert (f"  - bootstrap.onStartScript: {secret} (runs in the VM with your logins present, "
+            "a host file outside the workspace)") in result.stderr.decode().splitlines()
     (project / "innocent.sh").symlink_to(secret)
     write(project / "agentbox.yml", "bootstrap:\n  onStartScript: innocent.sh\n")
     result = shell(project, "true")
     assert result.returncode == 2
-    assert b"symlink" in result.stderr
+    assert (f"  - bootstrap.onStartScript: {project / 'innocent.sh'} (runs in the VM with your logins present, "
+            f"a symlink to {secret} outside the workspace)") in result.stderr.decode().splitlines()
     assert vm.subcommands() == []
 
 

@@ -33,7 +33,7 @@ HOW_TO_ALLOW = "`sync: {remoteWrite: true}` in agentbox.yml"
 REAL_GIT = shutil.which("git")
 BASH = shutil.which("bash")
 
-pytestmark = pytest.mark.skipif(REAL_GIT is None or BASH is None, reason="needs git and bash")
+pytestmark = pytest.mark.needs("git", "bash")
 
 # The stand-in for the real git: records each call (one file per call, NUL-separated argv), then
 # runs the real git.
@@ -85,6 +85,7 @@ def clean_env(home: Path) -> dict[str, str]:
         PAGER="cat",
         MANPAGER="cat",
         LC_ALL="C",
+        TERM="xterm",  # the terminal runs need one git colours for, whatever the caller's TERM (CI has none)
     )
     return env
 
@@ -271,14 +272,10 @@ def test_guard_file_is_marked_strict_bash(name: str) -> None:
     subprocess.run([BASH, "-n", str(path)], check=True)
 
 
+@pytest.mark.needs("shellcheck")
 @pytest.mark.parametrize("name", GUARDS)
 def test_shellcheck_is_clean(name: str) -> None:
-    shellcheck = shutil.which("shellcheck")
-    if shellcheck is None:
-        if os.environ.get("CI"):
-            pytest.fail("shellcheck is required in CI")
-        pytest.skip("shellcheck is not installed")
-    result = subprocess.run([shellcheck, "--severity=style", str(WRAPPERS / name)], capture_output=True, text=True)
+    result = subprocess.run(["shellcheck", "--severity=style", str(WRAPPERS / name)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
