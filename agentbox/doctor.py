@@ -348,6 +348,13 @@ def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None
             checks.append(check)
 
 
+# Files some CLIs keep beside their login (Gemini's installation_id, state.json, google_accounts.json)
+# are copied along but are no login by themselves; for these agents only the listed files are, or an
+# API key in the config's env.
+LOGIN_FILES = {"gemini": ("~/.gemini/oauth_creds.json",)}
+LOGIN_ENV = {"gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+
+
 def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, list[Path]], probe: Probe) -> Check:
     check = f"credentials.{agent.name}"
     if not guests:
@@ -355,8 +362,12 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
         return Check(check, OK, f"{agent.name}: no login to bring into the VM ({why})")
     in_vm_probe = probe if agent.vm_name == config.vm_name else _no_probe(f"it runs in its own VM {agent.vm_name}")
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
-    if not on_host:
-        if any(in_vm_probe.creds.get(guest[2:]) for guest in guests):
+    login = {guest: hosts for guest, hosts in guests.items() if guest in LOGIN_FILES.get(agent.name, guests)} or guests
+    keys = [key for key in LOGIN_ENV.get(agent.name, ()) if config.env.get(key)]
+    if keys and not any(host.is_file() for hosts in login.values() for host in hosts):
+        return Check(check, OK, f"{agent.name}: logs in with {keys[0]} from the config's env")
+    if not any(guest in on_host for guest in login):
+        if any(in_vm_probe.creds.get(guest[2:]) for guest in login):
             return Check(check, OK, f"{agent.name}: not logged in on the host; the VM has its own login")
         return Check(check, WARN, f"{agent.name}: not logged in on the host",
                      f"Log in to {agent.binary} on the host and the next `agentbox {agent.name}` brings the login "
