@@ -109,7 +109,7 @@ trust_workspace_for_gemini() {
 }
 
 repair_gemini_settings() {
-  # Settings written by agentbox before 0.2 hold keys current Gemini CLI rejects on every run:
+  # Settings an earlier agentbox wrote hold keys current Gemini CLI rejects on every run:
   # tools.approvalMode, and the general.defaultApprovalMode "yolo" it migrates that key to.
   local file="$HOME/.gemini/settings.json"
   if [ ! -s "$file" ] || ! grep -q '"approvalMode"\|"defaultApprovalMode": *"yolo"' "$file"; then
