@@ -241,11 +241,10 @@ def gh_token_from_keychain() -> str | None:
 
 
 def _private_parents(root: Path, directory: Path) -> None:
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    current = directory
-    while current != root and root in current.parents:
-        os.chmod(current, 0o700)
-        current = current.parent
+    """directory and every folder from root down to it: 0700 (mkdir(parents=True) gives parents the umask's mode)."""
+    current = private_dir(root)
+    for part in directory.relative_to(root).parts:
+        current = private_dir(current / part)
 
 
 def _remove_unlisted(root: Path, keep: set[str]) -> None:

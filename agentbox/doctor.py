@@ -424,9 +424,9 @@ def agents_in_use(config: Config, groups: list[tuple[AgentConfig | None, dict[st
         if layers:  # always for an agent the config defines
             names = sorted(layers, key=lambda layer: (layer != "global", layer))
             used[agent.name] = f"set in the {' and '.join(names)} config"
-        elif any(host.is_file() for hosts in guests.values() for host in hosts):
+        elif any(host.is_file() for hosts in login_files(agent, guests).values() for host in hosts):
             used[agent.name] = "logged in on the host"
-        elif agent.vm_name == config.vm_name and any(probe.creds.get(guest[2:]) for guest in guests):
+        elif agent.vm_name == config.vm_name and any(probe.creds.get(guest[2:]) for guest in login_files(agent, guests)):
             used[agent.name] = "logged in in the VM"
     return used
 
@@ -441,6 +441,18 @@ def _agents_check(config: Config, used: dict[str, str]) -> Check:
     return Check("agents", OK, f"agents checked: {checked}{skipped}")
 
 
+# Files some CLIs keep beside their login (Gemini's installation_id, state.json, google_accounts.json)
+# are copied along but are no login by themselves; for these agents only the listed files are, or an
+# API key in the config's env.
+LOGIN_FILES = {"gemini": ("~/.gemini/oauth_creds.json",)}
+LOGIN_ENV = {"gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+
+
+def login_files(agent: AgentConfig, guests: dict[str, list[Path]]) -> dict[str, list[Path]]:
+    """The staged files that are a login by themselves (all of them, unless LOGIN_FILES says otherwise)."""
+    return {guest: hosts for guest, hosts in guests.items() if guest in LOGIN_FILES.get(agent.name, guests)} or guests
+
+
 def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, list[Path]], probe: Probe) -> Check:
     check = f"credentials.{agent.name}"
     if not guests:
@@ -448,8 +460,12 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
         return Check(check, OK, f"{agent.name}: no login to bring into the VM ({why})")
     in_vm_probe = probe if agent.vm_name == config.vm_name else _no_probe(f"it runs in its own VM {agent.vm_name}")
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
-    if not on_host:
-        if any(in_vm_probe.creds.get(guest[2:]) for guest in guests):
+    login = login_files(agent, guests)
+    keys = [key for key in LOGIN_ENV.get(agent.name, ()) if config.env.get(key)]
+    if keys and not any(host.is_file() for hosts in login.values() for host in hosts):
+        return Check(check, OK, f"{agent.name}: logs in with {keys[0]} from the config's env")
+    if not any(guest in on_host for guest in login):
+        if any(in_vm_probe.creds.get(guest[2:]) for guest in login):
             return Check(check, OK, f"{agent.name}: not logged in on the host; the VM has its own login")
         return Check(check, WARN, f"{agent.name}: not logged in on the host",
                      f"Log in to {agent.binary} on the host and the next `agentbox {agent.name}` brings the login "

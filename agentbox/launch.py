@@ -17,6 +17,7 @@ from agentbox.lima import Instance
 from agentbox.progress import note
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
 
 
@@ -36,10 +37,7 @@ def run_in_vm(
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(render.staging_dir(name)))
     with timing.phase("VM state (limactl list, start)"):
-        if running is not None:
-            vm.ensure_running(session, name, running)
-        else:
-            vm.ensure_running(session, name)
+        instance = vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
     with timing.phase("staging (credentials, env, guards)"):
         refresh_staging(config, name, agent, scripts)
     state = vm.read_state(name)
@@ -62,6 +60,12 @@ def run_in_vm(
         raise StateError(
             f"the VM {name} disappeared while agentbox was starting the session",
             hint="Another process deleted it. Run the command again to create it anew.",
+        )
+    if code == SSH_FAILED:
+        note(
+            f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} (unless the program itself "
+            f"exited {SSH_FAILED}). `agentbox restart` restarts the VM; Lima's logs are in {instance.dir}"
+            f" ({os.path.join(instance.dir, 'ha.stderr.log')})."
         )
     return code
 

@@ -14,18 +14,24 @@ from agentbox.errors import ConfigError
 SYSTEM_SCRIPTS = ("10-base-packages.sh", "20-docker.sh", "30-nodejs.sh", "40-github-cli.sh")
 USER_SCRIPTS = ("50-user-setup.sh",)
 
-CLAUDE_SETTINGS = {"permissions": {"defaultMode": "bypassPermissions"}}
+# Approvals off in each agent's own settings too (the launch adds each agent's flag). Claude Code asks once
+# before its first bypass-permissions run unless skipDangerousModePermissionPrompt is set. Gemini CLI
+# takes yolo only from the command line (launch.sh makes the workspace a trusted folder, without which
+# it falls back to "default"); its settings only choose the login.
+CLAUDE_SETTINGS = {"permissions": {"defaultMode": "bypassPermissions"}, "skipDangerousModePermissionPrompt": True}
 CODEX_CONFIG = 'approval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
-GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}, "tools": {"approvalMode": "yolo"}}
+GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}}
+PROVISIONING_NOTE = (
+    "agentbox's provisioning ends by writing this boot's id to ~/.agentbox/provisioned of the VM's user;\n"
+    "every launch checks it and says when the provisioning did not finish.\n"
+)
 
 READINESS_PROBE = """#!/bin/bash
 set -eu
-for tool in git curl docker node npm gh; do
-  if ! command -v "$tool" >/dev/null 2>&1; then
-    echo "agentbox provisioning did not install $tool" >&2
-    exit 1
-  fi
-done
+if [ "$(cat ~/.agentbox/provisioned 2>/dev/null)" != "$(cat /proc/sys/kernel/random/boot_id)" ]; then
+  echo "agentbox provisioning has not finished" >&2
+  exit 1
+fi
 """
 READINESS_HINT = (
     "agentbox's provisioning did not finish. See /var/log/cloud-init-output.log in the VM "
@@ -58,6 +64,7 @@ def plan(config: Config) -> Plan:
     result.user_scripts = [resources.text("provision", name) for name in USER_SCRIPTS]
     result.data_files = [
         DataFile("/etc/profile.d/agentbox.sh", resources.text("provision", "profile.sh"), owner="root", overwrite=True),
+        DataFile("/etc/agentbox/provisioning", PROVISIONING_NOTE, owner="root", overwrite=True),
         DataFile("{{.Home}}/.claude/settings.json", json.dumps(CLAUDE_SETTINGS, indent=2) + "\n"),
         DataFile("{{.Home}}/.codex/config.toml", CODEX_CONFIG),
         DataFile("{{.Home}}/.gemini/settings.json", json.dumps(GEMINI_SETTINGS, indent=2) + "\n"),

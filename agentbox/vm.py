@@ -240,6 +240,13 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
         ) from None
     except LimaError as error:
         limamod.print_failure_details(error, instance_dir)
+        if any(line.startswith("degraded") for line in error.stderr_lines):
+            error.hint = (
+                f"{name} is running, but its provisioning did not finish (a readiness probe failed). "
+                "See why with `agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log`; "
+                "`agentbox restart` runs the provisioning again."
+            )
+            raise
         error.hint = (
             f"{name} was not deleted. Run the command again to retry, see Lima's log "
             f"{log_path}, or start over with `agentbox start --recreate`."

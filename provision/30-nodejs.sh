@@ -10,10 +10,13 @@ case "$(uname -m)" in
   aarch64) arch=arm64 ;;
   *) echo "agentbox: no Node.js build for $(uname -m)" >&2; exit 1 ;;
 esac
-tarball="node-${NODE_VERSION}-linux-${arch}.tar.xz"
+top="node-${NODE_VERSION}-linux-${arch}"
+tarball="${top}.tar.xz"
 workdir="$(mktemp -d)"
 trap 'rm -rf "$workdir"' EXIT
 curl -fsSL -o "$workdir/$tarball" "https://nodejs.org/dist/${NODE_VERSION}/${tarball}"
 curl -fsSL -o "$workdir/SHASUMS256.txt" "https://nodejs.org/dist/${NODE_VERSION}/SHASUMS256.txt"
 (cd "$workdir" && grep " ${tarball}\$" SHASUMS256.txt | sha256sum -c -)
-tar -xJf "$workdir/$tarball" -C /usr/local --strip-components=1 --no-same-owner
+# Only the install tree: the README, LICENSE and CHANGELOG beside it do not belong in /usr/local.
+tar -xJf "$workdir/$tarball" -C /usr/local --strip-components=1 --no-same-owner \
+  "$top/bin" "$top/include" "$top/lib" "$top/share"

@@ -48,6 +48,16 @@ wait_for_boot() {
   done
 }
 
+check_provisioned() {
+  # VMs whose provisioning marks its end (the marker note is a data file) say when it did not finish:
+  # the start that ran it failed or was cut short, and the tools it installs may be missing.
+  [ -e /etc/agentbox/provisioning ] || return 0
+  [ "$(cat "$state/provisioned" 2>/dev/null || true)" = "$(cat /proc/sys/kernel/random/boot_id)" ] && return 0
+  say "the VM's provisioning did not finish at its last start, so tools it installs (node, npm, gh, docker) may be missing."
+  say "its log: agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log"
+  say "\`agentbox restart\` runs the provisioning again."
+}
+
 load_env() {
   # NAME=value records separated by NUL bytes, so any value arrives intact.
   [ -r "$staging/env" ] || return 0
@@ -85,6 +95,46 @@ git_config_global() {
     [ "$dir" = "$HOME/.local/bin" ] || path="${path:+$path:}$dir"
   done
   env PATH="$path" git config --global "$@"
+}
+
+trust_workspace_for_gemini() {
+  # Gemini CLI resets --approval-mode=yolo to "default" in a folder it does not trust.
+  local file="$HOME/.gemini/trustedFolders.json"
+  if [ -s "$file" ] && grep -qF "\"$workspace\": \"TRUST_FOLDER\"" "$file"; then
+    return 0
+  fi
+  mkdir -p "$HOME/.gemini"
+  # shellcheck disable=SC2016 # $dir is jq's variable
+  json_edit "$file" '.[$dir] = "TRUST_FOLDER"' --arg dir "$workspace"
+}
+
+repair_gemini_settings() {
+  # Settings an earlier agentbox wrote hold keys current Gemini CLI rejects on every run:
+  # tools.approvalMode, and the general.defaultApprovalMode "yolo" it migrates that key to.
+  local file="$HOME/.gemini/settings.json"
+  if [ ! -s "$file" ] || ! grep -q '"approvalMode"\|"defaultApprovalMode": *"yolo"' "$file"; then
+    return 0
+  fi
+  json_edit "$file" 'del(.tools.approvalMode) | if .general.defaultApprovalMode == "yolo" then del(.general.defaultApprovalMode) else . end
+    | if .tools == {} then del(.tools) else . end | if .general == {} then del(.general) else . end'
+}
+
+# Rewrite a JSON file with a jq program (an absent file counts as {}), keeping its mode.
+json_edit() {
+  local file="$1" program="$2"
+  shift 2
+  if ! command -v jq >/dev/null 2>&1; then
+    say "cannot update $file: jq is not installed in the VM"
+    return 0
+  fi
+  if { [ -s "$file" ] && jq "$@" "$program" "$file" > "$file.agentbox-tmp"; } ||
+    { [ ! -s "$file" ] && jq -n "$@" "$program" > "$file.agentbox-tmp"; }; then
+    chmod 600 "$file.agentbox-tmp"
+    mv "$file.agentbox-tmp" "$file"
+  else
+    rm -f "$file.agentbox-tmp"
+    say "cannot update $file (is it valid JSON?)"
+  fi
 }
 
 configure_git() {
@@ -192,6 +242,7 @@ bootstrap() {
 }
 
 wait_for_boot
+check_provisioned
 load_env
 case ":$PATH:" in
   *":$HOME/.local/bin:"*) ;;
@@ -201,6 +252,8 @@ mkdir -p "$state"
 apply_credentials
 configure_git
 mark_claude_onboarded
+repair_gemini_settings
+[ "$binary" != gemini ] || trust_workspace_for_gemini
 case "$guards" in
   on) install_guards ;;
   off) remove_guards ;;
@@ -227,6 +280,30 @@ if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
 fi
 
 if [ $# -eq 0 ]; then
-  exec bash -l
+  # The login shell's profile puts ~/.local/bin on PATH again: hand it a PATH without it.
+  shell_path=""
+  IFS=: read -r -a dirs <<<"$PATH"
+  for dir in "${dirs[@]}"; do
+    [ "$dir" = "$HOME/.local/bin" ] || shell_path="${shell_path:+$shell_path:}$dir"
+  done
+  PATH="$shell_path" exec bash -l
 fi
+# Say what a shell would, not where this script failed to exec it.
+case "$1" in
+  */*)
+    if [ ! -e "$1" ]; then
+      printf '%s: No such file or directory\n' "$1" >&2
+      exit 127
+    elif [ -d "$1" ] || [ ! -x "$1" ]; then
+      printf '%s: Permission denied\n' "$1" >&2
+      exit 126
+    fi
+    ;;
+  *)
+    if ! command -v -- "$1" >/dev/null 2>&1; then
+      printf '%s: command not found\n' "$1" >&2
+      exit 127
+    fi
+    ;;
+esac
 exec "$@"

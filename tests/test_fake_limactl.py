@@ -29,8 +29,15 @@ NAME_RE_TEXT = r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$"
 
 
 def guest_user() -> str:
+    """Lima's guest user is the host user; run as root (which real Lima refuses) the double picks `lima`."""
+    if os.geteuid() == 0:
+        return "lima"
     user = getpass.getuser()
     return user if re.fullmatch(r"[a-z_][a-z0-9_-]*", user) and user != "admin" else "lima"
+
+
+def guest_uid() -> int:
+    return os.getuid() or 1000
 
 
 def unquote(value: str) -> str:
@@ -212,7 +219,7 @@ def test_create_from_stdin_then_list_shows_stopped_instance(lima: Lima, tmp_path
     assert config["mounts"][0]["writable"] is False
     assert config["user"] == {"name": guest_user(), "comment": config["user"]["comment"],
                               "home": f"/home/{guest_user()}.guest", "shell": "/bin/bash",
-                              "uid": os.getuid(), "passwordlessSudo": True}
+                              "uid": guest_uid(), "passwordlessSudo": True}
     assert config["containerd"] == {"system": False, "user": True}
 
 
@@ -548,6 +555,202 @@ def test_data_provisioning_outside_the_writable_guest_dirs_never_finishes_bootin
     assert not Path("/opt/fake-limactl").exists()
 
 
+def boot_log(lima: Lima, name: str = "vm") -> str:
+    return (fake_limactl.guest_dir(lima.lima_home, name, "var") / "log" / "cloud-init-output.log").read_text()
+
+
+def script(body: str) -> str:
+    """A provisioning or probe script as a YAML block scalar value."""
+    return "|\n" + "".join(f"    {line}\n" for line in ["#!/bin/bash", *body.splitlines()])
+
+
+@pytest.fixture
+def root_host() -> None:
+    """The guest user is unprivileged only when the double runs as root (as CI does)."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("CI runs the tests as root")
+        pytest.skip("the double separates guest root from the guest user only when run as root")
+
+
+def test_boot_done_is_written_after_provisioning_not_at_boot(lima: Lima, bwrap: None) -> None:
+    lima.create(yaml_text=minimal_yaml(
+        "provision:\n- mode: system\n  script: " + script("touch /var/lib/by-system")))
+    slow = {"FAKE_LIMACTL_PROVISION_DELAY": "3"}
+    result = lima.run("start", "--timeout", "1s", "vm", env=slow)
+    assert result.returncode == 1
+    assert fatal(result.stderr) == "did not receive an event with the `running` status"
+    assert lima.one()["status"] == "Running"  # like a real start that timed out: the guest boots on
+    booting = lima.run("shell", "vm", "sh", "-c", "test -e /run/lima-boot-done || echo not-yet; "
+                       "test -e /var/lib/by-system || echo no-system-script-yet")
+    assert booting.stdout == "not-yet\nno-system-script-yet\n"
+    run = fake_limactl.guest_dir(lima.lima_home, "vm", "run")
+    deadline = time.monotonic() + 20
+    while not (run / "lima-boot-done").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert (run / "lima-boot-done").read_text() == fake_limactl.read_state(lima.lima_home, "vm")["iid"] + "\n"
+    assert lima.ok("shell", "vm", "ls", "/var/lib/by-system").stdout == "/var/lib/by-system\n"
+
+
+def test_a_boot_that_never_finishes_stops_with_the_vm(lima: Lima, bwrap: None) -> None:
+    lima.create()
+    result = lima.run("start", "--timeout", "1s", "vm", env={"FAKE_LIMACTL_PROVISION_HANG": "1"})
+    assert fatal(result.stderr) == "did not receive an event with the `running` status"
+    pid = fake_limactl.read_state(lima.lima_home, "vm")["bootPID"]
+    assert Path(f"/proc/{pid}").exists()
+    lima.ok("stop", "vm")
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{pid}").exists() and b"zombie" not in _proc_state(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or b"zombie" in _proc_state(pid)
+    assert not (fake_limactl.guest_dir(lima.lima_home, "vm", "run") / "lima-boot-done").exists()
+
+
+def _proc_state(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/status").read_bytes().lower()
+    except OSError:
+        return b"zombie"
+
+
+def test_provisioning_runs_by_mode_system_as_root_user_as_the_user(lima: Lima, bwrap: None, root_host: None) -> None:
+    # Listed user first and data last: Lima's boot script runs data, then system, then user.
+    lima.create(yaml_text=minimal_yaml(
+        "provision:\n"
+        "- mode: user\n  script: " + script(
+            'echo "$(id -un) $HOME $(tr "\\n" , < /etc/order)" > ~/user.txt\n'
+            "touch /etc/by-user 2>~/user-etc.err || true\n"
+            "sudo touch /etc/by-sudo") +
+        "- mode: system\n  script: " + script('echo "$(id -u) $HOME" > /var/lib/system.txt; echo system >> /etc/order') +
+        "- mode: data\n  path: /etc/order\n  content: |\n    data\n"))
+    lima.ok("start", "vm")
+    home = fake_limactl.guest_home(lima.lima_home, "vm")
+    etc = fake_limactl.guest_dir(lima.lima_home, "vm", "etc")
+    assert (fake_limactl.guest_dir(lima.lima_home, "vm", "var") / "lib" / "system.txt").read_text() == "0 /root\n"
+    assert (home / "user.txt").read_text() == "lima /home/lima.guest data,system,\n"
+    assert "Permission denied" in (home / "user-etc.err").read_text()
+    assert not (etc / "by-user").exists() and (etc / "by-sudo").exists()
+    log = [(e["mode"], e["exit"]) for e in fake_limactl.read_state(lima.lima_home, "vm")["provisionLog"]]
+    assert log == [("system", 0), ("user", 0)]
+
+
+def test_a_failing_provisioning_script_is_logged_and_start_still_succeeds(lima: Lima, bwrap: None) -> None:
+    lima.create(yaml_text=minimal_yaml(
+        "provision:\n- mode: system\n  script: " + script("echo about to fail; exit 3") +
+        "- mode: user\n  script: " + script("touch ~/user-ran")))
+    result = lima.ok("start", "vm")
+    assert log_lines(result.stderr)[-1] == ("info", "READY. Run `limactl shell vm` to open the shell.")
+    log = boot_log(lima)
+    assert "about to fail\n" in log
+    assert re.search(r"^LIMA \S+\| WARNING: Failed to execute /run/fake-limactl/cidata/provision.system/00000001$",
+                     log, re.M), log
+    assert (fake_limactl.guest_home(lima.lima_home, "vm") / "user-ran").exists()
+    assert [e["exit"] for e in fake_limactl.read_state(lima.lima_home, "vm")["provisionLog"]] == [3, 0]
+
+
+def test_a_failing_probe_is_a_degraded_start(lima: Lima, bwrap: None) -> None:
+    lima.create(yaml_text=minimal_yaml(
+        "containerd:\n  user: false\n"
+        "provision:\n- mode: system\n  script: " + script("touch /var/lib/ready") +
+        "probes:\n- description: the marker\n  script: " + script("test -e /var/lib/ready") +
+        "- description: never\n  hint: see the log\n  script: " + script("echo nope >&2; exit 1")))
+    result = lima.run("start", "vm")
+    assert result.returncode == 1
+    lines = log_lines(result.stderr)
+    assert ("info", "[hostagent] The optional requirement 1 of 2 is satisfied") in lines  # ran after provisioning
+    error = 'failed to satisfy the optional requirement 2 of 2 "never": see the log: stdout="", stderr="nope\\n": exit status 1'
+    assert ("error", "[hostagent] " + error) in lines
+    assert ("warning", "DEGRADED. The VM seems running, but file sharing and port forwarding may not work. "
+            f"(hint: see `{lima.inst_dir()}/ha.stderr.log`)") in lines
+    assert fatal(result.stderr).startswith(f"degraded, status={{Running:true Degraded:true Exiting:false Errors:[{error}]")
+    assert lima.one()["status"] == "Running"
+
+
+def test_ca_certs_reach_the_guest_trust_store_once(lima: Lima, bwrap: None) -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIBfake\n-----END CERTIFICATE-----\n"
+    indented = "".join(f"      {line}\n" for line in pem.splitlines())
+    lima.create(yaml_text=minimal_yaml(f"caCerts:\n  certs:\n  - |\n{indented}"))
+    lima.ok("start", "vm")
+    lima.ok("restart", "vm")
+    bundle = lima.ok("shell", "vm", "cat", "/etc/ssl/certs/ca-certificates.crt").stdout
+    assert bundle.count(pem) == 1
+    host_bundle = Path("/etc/ssl/certs/ca-certificates.crt")
+    if host_bundle.exists():
+        assert bundle.startswith(host_bundle.read_text())  # the image's own certificates stay
+    crt = lima.ok("shell", "vm", "cat", "/usr/local/share/ca-certificates/cloud-init-ca-cert-1.crt").stdout
+    assert crt == pem
+
+
+def test_ca_certs_remove_defaults_leaves_only_them(lima: Lima, bwrap: None) -> None:
+    pem = "-----BEGIN CERTIFICATE-----\nMIIBonly\n-----END CERTIFICATE-----\n"
+    indented = "".join(f"      {line}\n" for line in pem.splitlines())
+    lima.create(yaml_text=minimal_yaml(f"caCerts:\n  removeDefaults: true\n  certs:\n  - |\n{indented}"))
+    lima.ok("start", "vm")
+    assert lima.ok("shell", "vm", "cat", "/etc/ssl/certs/ca-certificates.crt").stdout == pem
+
+
+def test_the_guest_user_is_not_root_and_owns_the_mounts(lima: Lima, tmp_path: Path, bwrap: None,
+                                                       root_host: None) -> None:
+    rw = tmp_path / "rw"
+    rw.mkdir()
+    lima.create(yaml_text=minimal_yaml(f"mounts:\n- location: {rw}\n  writable: true\n"))
+    lima.ok("start", "vm")
+    result = lima.run("shell", "vm", "sh", "-c",
+                      f"id -un; id -u; stat -c %u /etc/passwd /usr/local/bin; echo x > {rw}/mine; "
+                      "touch /usr/local/bin/tool || echo refused; sudo touch /usr/local/bin/tool && echo sudo-ok")
+    assert result.stdout == "lima\n1000\n0\n0\nrefused\nsudo-ok\n", result.stderr
+    assert "Permission denied" in result.stderr
+    assert (rw / "mine").stat().st_uid == os.getuid()  # the host user's file, as over 9p/virtiofs
+    assert lima.ok("shell", "vm", "stat", "-c", "%u", "/usr/local/bin/tool").stdout == "0\n"
+
+
+def test_sudo_runs_as_root_with_the_callers_stdio_and_exit_code(running: Lima, bwrap: None) -> None:
+    result = running.run("shell", "vm", "sh", "-c", "echo in | sudo sh -c 'id -u; cat; echo err >&2; exit 7'")
+    assert (result.returncode, result.stdout, result.stderr) == (7, "0\nin\n", "err\n")
+    env = running.ok("shell", "vm", "sudo", "env").stdout
+    assert "HOME=/root\n" in env and "SUDO_USER=" in env
+
+
+def test_system_scripts_find_stand_ins_for_the_network(lima: Lima, bwrap: None) -> None:
+    lima.create(yaml_text=minimal_yaml("provision:\n- mode: system\n  script: " + script(
+        "apt-get install -y gh || echo no-update-no-package\n"
+        "apt-get update -q && apt-get install -y -q gh\n"
+        "command -v gh; dpkg-query -W -f='${Status}\\n' gh; dpkg-query -W nothing || echo not-installed\n"
+        "cd /tmp && curl -fsSLO https://nodejs.org/dist/v22.22.0/node-v22.22.0-linux-x64.tar.xz\n"
+        "curl -fsSL https://nodejs.org/dist/v22.22.0/SHASUMS256.txt | grep ' node-v22.22.0-linux-x64.tar.xz$' "
+        "| sha256sum -c -\n"
+        "tar -tJf node-v22.22.0-linux-x64.tar.xz | sort | head -3\n"
+        "curl -fsS https://example.com/ || echo curl=$?")))
+    lima.ok("start", "vm")
+    log = boot_log(lima)
+    assert "E: Unable to locate package gh\nno-update-no-package\n" in log
+    assert "/usr/local/bin/gh\ninstall ok installed\n" in log
+    assert "dpkg-query: no packages found matching nothing\nnot-installed\n" in log
+    assert "node-v22.22.0-linux-x64.tar.xz: OK\n" in log
+    assert ("node-v22.22.0-linux-x64/CHANGELOG.md\nnode-v22.22.0-linux-x64/LICENSE\n"
+            "node-v22.22.0-linux-x64/README.md\n") in log
+    assert "curl: (6) Could not resolve host: example.com\ncurl=6\n" in log
+
+
+def test_apt_waits_for_a_held_dpkg_lock_only_when_told_to(lima: Lima, bwrap: None) -> None:
+    lima.create(yaml_text=minimal_yaml("provision:\n- mode: system\n  script: " + script(
+        "apt-get update || echo update=$?\n"
+        "apt-get install -y jq || echo no-wait=$?\n"
+        "apt-get -o DPkg::Lock::Timeout=30 install -y jq || echo waited=$?\n"
+        "apt-get update -q && apt-get install -y jq && echo installed")))
+    lima.ok("start", "vm", env={"FAKE_LIMACTL_APT_LOCK_SECONDS": "3"})
+    log = boot_log(lima)
+    assert ("E: Could not get lock /var/lib/apt/lists/lock. It is held by process 1234 (apt-get)\n"
+            "E: Unable to lock directory /var/lib/apt/lists/\nupdate=100\n") in log
+    assert ("E: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234 (unattended-upgr)\n"
+            "E: Unable to acquire the dpkg frontend lock (/var/lib/dpkg/lock-frontend), is another process using it?\n"
+            "no-wait=100\n") in log
+    # With the timeout it waits for the lock (and then finds no package lists: nothing was updated).
+    assert ("Waiting for cache lock: Could not get lock /var/lib/dpkg/lock-frontend. It is held by process 1234 "
+            "(unattended-upgr)\n") in log
+    assert "E: Unable to locate package jq\nwaited=100\n" in log and "installed\n" in log
+
+
 # ---------------------------------------------------------------------------------------------
 # shell (works with or without bwrap)
 # ---------------------------------------------------------------------------------------------
@@ -688,7 +891,7 @@ def test_guest_home_is_private_and_persistent(running: Lima, bwrap: None) -> Non
 
 
 def test_run_is_emptied_by_stop_and_start(running: Lima, bwrap: None) -> None:
-    running.ok("shell", "vm", "sh", "-c", "echo x > /run/leftover; echo y > /tmp/kept")
+    running.ok("shell", "vm", "sh", "-c", "sudo sh -c 'echo x > /run/leftover'; echo y > /tmp/kept")
     assert running.ok("shell", "vm", "cat", "/run/leftover").stdout == "x\n"
     running.ok("stop", "vm")
     running.ok("start", "vm")

@@ -26,7 +26,7 @@ VERSION = "v2.2.0"
 
 __all__ = [
     "LIMACTL_PY", "install", "make_env", "read_calls", "clear_calls", "read_state", "write_state",
-    "set_status", "instance_dir", "guest_dir", "guest_home", "bwrap_available", "VERSION",
+    "set_status", "instance_dir", "guest_dir", "guest_home", "guest_user", "bwrap_available", "VERSION",
 ]
 
 
@@ -136,12 +136,20 @@ def guest_dir(lima_home: Path, name: str, which: str) -> Path:
 def guest_home(lima_home: Path, name: str, user: str | None = None) -> Path:
     """Host directory backing ``/home/USER.guest`` (USER defaults to the guest user of the double)."""
     if user is None:
-        import getpass
-        import re
-        user = getpass.getuser()
-        if not re.fullmatch(r"[a-z_][a-z0-9_-]*", user) or user == "admin":
-            user = "lima"
+        user = guest_user()
     return guest_dir(lima_home, name, "home") / f"{user}.guest"
+
+
+def guest_user() -> str:
+    """The double's default guest user: the host user as Lima does, or `lima` when run as root
+    (real limactl refuses root; the double then gives the guest an unprivileged user, uid 1000)."""
+    import getpass
+    import re
+
+    if os.geteuid() == 0:
+        return "lima"
+    user = getpass.getuser()
+    return user if re.fullmatch(r"[a-z_][a-z0-9_-]*", user) and user != "admin" else "lima"
 
 
 def bwrap_available() -> bool:

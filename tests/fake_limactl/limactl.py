@@ -2,17 +2,30 @@
 """A test double of Lima's ``limactl`` (v2.2.0) for agentbox's test-suite.
 
 It keeps all state under ``$LIMA_HOME`` like the real tool, prints Lima's log lines and exit codes
-(see /work/shared/lima/CONTRACT.md and Lima's source), and really runs ``limactl shell`` commands:
-inside bubblewrap (``bwrap``) with a per-instance "guest" filesystem when bwrap is available, else
-directly on the host (with a one-time warning).
+(see /work/shared/lima/CONTRACT.md and Lima's source), and really runs what a VM runs: ``shell``
+commands, the provisioning scripts and the readiness probes, inside bubblewrap (``bwrap``) with a
+per-instance guest filesystem, as an unprivileged guest user with passwordless sudo (guest.py says
+how). Without bwrap, shell commands run directly on the host (with a one-time warning) and
+provisioning scripts are only recorded.
+
+A start boots like a VM: Running at once, then the guest's boot scripts in the background
+(cloud-init's caCerts on the first boot; Lima's `data`, `system` as root, `user` as the user, every
+boot, each failure logged as "WARNING: Failed to execute ..." in the guest's
+/var/log/cloud-init-output.log), /run/lima-boot-done last. `start` waits for it (up to --timeout),
+then runs the probes: a failing probe is a degraded start (exit 1, instance left Running).
+`system` scripts find stand-ins for apt-get, dpkg-query, curl and systemctl first on PATH
+(guest_tools/tools.py): the guest has no network.
 
 Instance layout (``$LIMA_HOME/NAME/``):
   lima.yaml, lima-version, protected     as real Lima (lima.yaml = the create input, verbatim)
   ssh.config                             written at every start (list reads the port from it)
   fake-state.json                        private state, see ``new_state()``
-  guestfs/{etc,usr-local,tmp,run,home}   the guest's own /etc (a copy of the host's), /usr/local,
-                                         /tmp, /run (emptied at every start) and /home
-Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl.
+  boot-id                                this boot's /proc/sys/kernel/random/boot_id in the guest
+  guestfs/{etc,usr-local,var,root,tmp,run,home}   the guest's own /etc (a copy of the host's),
+                                         /usr/local, /var, /root, /tmp, /run (emptied at every
+                                         start) and /home
+Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl
+(the background boot process, `limactl __boot`, is the double's own and not logged).
 
 Environment knobs (all optional):
   FAKE_LIMACTL_LATENCY="list=0.03,shell=0.15,*=0"  sleep per sub-command ("*" = any other one)
@@ -21,12 +34,19 @@ Environment knobs (all optional):
   FAKE_LIMACTL_FAIL_<SUBCMD>_TIMES=N   ... only for the first N invocations (counted in $LIMA_HOME/_fake)
   FAKE_LIMACTL_FAIL_CREATE_STAGE=validate|prepare  default prepare: the Stopped instance is left
                                        behind, like a failed image download
-  FAKE_LIMACTL_START_LEAVE_RUNNING=1   an injected start failure leaves the instance Running (timeout-like);
-                                       without it the instance keeps its previous status
+  FAKE_LIMACTL_START_LEAVE_RUNNING=1   an injected start failure leaves the instance Running and
+                                       booting (timeout-like); without it the instance keeps its
+                                       previous status
   FAKE_LIMACTL_START_DEGRADED=1        start ends with DEGRADED + fatal, instance Running
   FAKE_LIMACTL_PROBE_FAIL="stderr"     every readiness probe (`probes:`) fails with this stderr: Lima's
                                        error line, DEGRADED and a fatal `degraded`, instance Running
   FAKE_LIMACTL_START_STEPS_DELAY=S     seconds between start progress lines
+  FAKE_LIMACTL_PROVISION_DELAY=S       the guest's boot scripts take S seconds longer (before `system`)
+  FAKE_LIMACTL_PROVISION_HANG=1        ... never finish: /run/lima-boot-done is never written
+  FAKE_LIMACTL_GUEST_OFFLINE=1         the stand-ins' downloads (apt-get update, curl) fail
+  FAKE_LIMACTL_APT_LOCK_SECONDS=S[,D] another apt holds the apt-lists lock for S seconds after boot
+                                       and the dpkg lock for D (default S) (unattended-upgrades on a
+                                       first boot)
   FAKE_LIMACTL_LIST_MALFORMED=1        list --json prints a truncated JSON line first
   FAKE_LIMACTL_LIST_FAIL="msg"         list is fatal with msg
   FAKE_LIMACTL_SHELL_SSH_FAIL=1        shell/copy fail like an unreachable sshd (exit 255)
@@ -55,15 +75,18 @@ import stat
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+
+import guest  # tests/fake_limactl/guest.py: the guest machine (this script's folder is on sys.path)
+from guest import GUEST_PATH, guestfs, hostname_of
 
 VERSION = "v2.2.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 SCHEMA_PATH = os.path.join(os.path.dirname(HERE), "lima_schema.json")
-GUEST_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
 STATE_FILE = "fake-state.json"
-GUESTFS = "guestfs"
+BOOT_SUBCOMMAND = "__boot"
 ID_RE = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
 USERNAME_RE = re.compile(r"^[a-z_][a-z0-9_-]*$")
 PARAM_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")
@@ -413,10 +436,6 @@ def validate_inst_name(name: str) -> str | None:
     return None
 
 
-def hostname_of(name: str) -> str:
-    return "lima-" + name.replace(".", "-").replace("_", "-")
-
-
 def go_errno_text(e: OSError) -> str:
     text = os.strerror(e.errno) if e.errno else str(e)
     return text[:1].lower() + text[1:]
@@ -431,8 +450,11 @@ def new_state() -> dict[str, Any]:
         "errors": [],             # error texts shown while Broken
         "hostAgentPID": 0, "driverPID": 0,   # fake pids (only used in log lines)
         "proxyEnv": {},           # host proxy variables captured at start (propagateProxyEnv)
-        "provisionLog": [],       # recorded (not run) scripts: {"boot", "mode", "script"|"path"...}
+        "provisionLog": [],       # scripts run at each boot: {"boot", "index", "mode", "script", "exit"}
+                                  # (exit None: not run, without bwrap)
         "dataWritten": [],        # guest paths written by `mode: data` at the last start
+        "bootPID": 0,             # the background boot process of the current boot (0 once done)
+        "caCertsApplied": False,  # cloud-init's ca_certs ran (once per instance)
         "createdAt": time.time(),
     }
 
@@ -799,7 +821,14 @@ def host_timezone() -> str:
     return ""
 
 
+# Real limactl refuses to run as root. Run as root, the double behaves as if an unprivileged
+# user ran it: the guest user is `lima` (Lima's own fallback name) with this uid, never root.
+ROOT_HOST_GUEST_UID = 1000
+
+
 def default_guest_user(log: Logger | None) -> str:
+    if os.geteuid() == 0:
+        return "lima"
     name = getpass.getuser()
     if not USERNAME_RE.fullmatch(name):
         if log:
@@ -814,6 +843,8 @@ def default_guest_user(log: Logger | None) -> str:
 
 
 def host_gecos() -> str:
+    if os.geteuid() == 0:
+        return "lima"
     try:
         return pwd.getpwuid(os.getuid()).pw_gecos.split(",")[0]
     except KeyError:
@@ -995,7 +1026,7 @@ def _fill_user(y: dict[str, Any], d: dict[str, Any], o: dict[str, Any], inst_dir
         old = created_by == "" or (vt is not None and vt < (2, 1, 0, 0))
         home = "/home/{{.User}}.linux" if old else "/home/{{.User}}.guest"
     uid = _pick("uid", ou, yu, du)
-    uid = int(uid) if uid is not None else os.getuid()
+    uid = int(uid) if uid is not None else (os.getuid() or ROOT_HOST_GUEST_UID)
     inst_name = os.path.basename(inst_dir)
     data = {"Name": inst_name, "Hostname": hostname_of(inst_name), "UID": uid, "User": name,
             "Home": go_str(home), "Param": param}
@@ -1582,177 +1613,6 @@ def instance_json(ctx: Ctx, inst: Instance) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# The guest filesystem and path mapping
-# --------------------------------------------------------------------------------------------
-
-def guestfs(inst_dir: str, sub: str = "") -> str:
-    return os.path.join(inst_dir, GUESTFS, sub) if sub else os.path.join(inst_dir, GUESTFS)
-
-
-GUEST_DIRS = (("/etc", "etc"), ("/usr/local", "usr-local"), ("/tmp", "tmp"), ("/run", "run"), ("/home", "home"))
-
-
-def copy_tree_lenient(src: str, dst: str) -> None:
-    """Copy a tree preserving symlinks and modes; unreadable entries and special files are skipped."""
-    os.makedirs(dst, exist_ok=True)
-    try:
-        entries = list(os.scandir(src))
-    except OSError:
-        return
-    for e in entries:
-        target = os.path.join(dst, e.name)
-        try:
-            if e.is_symlink():
-                os.symlink(os.readlink(e.path), target)
-            elif e.is_dir():
-                copy_tree_lenient(e.path, target)
-                shutil.copystat(e.path, target)
-            elif e.is_file():
-                shutil.copy2(e.path, target)
-        except OSError:
-            continue
-
-
-def guest_home_host_path(inst_dir: str, home: str) -> str:
-    if home.startswith("/home/"):
-        return os.path.join(guestfs(inst_dir, "home"), home[len("/home/"):])
-    return guestfs(inst_dir, "userhome")
-
-
-def copy_host_etc(dst: str) -> None:
-    """`cp -a` is several times faster than a Python walk; unreadable files are just skipped."""
-    cp = shutil.which("cp")
-    if cp and sys.platform.startswith("linux"):
-        subprocess.run([cp, "-a", "/etc", dst], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, check=False)
-        if os.path.isdir(dst):
-            return
-    copy_tree_lenient("/etc", dst)
-
-
-def init_guestfs(staging: str, name: str, cfg: dict[str, Any]) -> None:
-    """The guest's own /etc, /usr/local, /tmp, /run, /home (created once, at create)."""
-    copy_host_etc(guestfs(staging, "etc"))
-    for d in ("usr-local/bin", "usr-local/sbin", "usr-local/lib", "usr-local/share", "usr-local/include",
-              "usr-local/etc", "run", "home"):
-        os.makedirs(guestfs(staging, d), exist_ok=True)
-    os.makedirs(guestfs(staging, "tmp"), exist_ok=True)
-    os.chmod(guestfs(staging, "tmp"), 0o1777)
-    user = cfg["user"]
-    home = guest_home_host_path(staging, user["home"])
-    if os.path.isdir("/etc/skel"):
-        copy_tree_lenient("/etc/skel", home)
-    os.makedirs(home, exist_ok=True)
-    with contextlib.suppress(OSError):
-        os.chown(home, user["uid"], user["uid"])
-    if user["home"].startswith("/home/") and user["home"].endswith(".guest"):
-        # The boot script links the pre-2.1 name to the new one.
-        with contextlib.suppress(OSError):
-            os.symlink(os.path.basename(user["home"]), os.path.join(guestfs(staging, "home"), user["name"] + ".linux"))
-    _write_guest_passwd(staging, user)
-    with contextlib.suppress(OSError), open(guestfs(staging, "etc/hostname"), "w", encoding="utf-8") as f:
-        f.write(hostname_of(name) + "\n")
-
-
-def ensure_guestfs(inst: Instance) -> None:
-    """Instances whose directory was written by hand (not by `create`) get their guest dirs lazily."""
-    if not os.path.isdir(guestfs(inst.dir, "etc")) and inst.config is not None:
-        init_guestfs(inst.dir, inst.name, inst.config)
-    for _, sub in GUEST_DIRS:
-        os.makedirs(guestfs(inst.dir, sub), exist_ok=True)
-    os.makedirs(guest_home_host_path(inst.dir, inst.config["user"]["home"]), exist_ok=True)
-
-
-def _write_guest_passwd(inst_dir: str, user: dict[str, Any]) -> None:
-    path = guestfs(inst_dir, "etc/passwd")
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        lines = []
-    entry = f"{user['name']}:x:{user['uid']}:{user['uid']}:{user['comment']}:{user['home']}:{user['shell']}"
-    lines = [entry if line.split(":", 1)[0] == user["name"] else line for line in lines]
-    if entry not in lines:
-        lines.append(entry)
-    with contextlib.suppress(OSError):
-        if os.path.islink(path):
-            os.unlink(path)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write("\n".join(lines) + "\n")
-
-
-@dataclass
-class Layer:
-    guest: str              # guest path prefix
-    host: str | None        # backing host path (None = an empty tmpfs)
-    writable: bool
-    kind: str = "dir"       # "dir" | "mount" | "tmpfs"
-
-
-def _under(path: str, prefix: str) -> bool:
-    return prefix == "/" or path == prefix or path.startswith(prefix.rstrip("/") + "/")
-
-
-def guest_layers(inst: Instance) -> list[Layer]:
-    """What the sandbox binds over the read-only host root, in bind order (later wins)."""
-    cfg = inst.config or {}
-    layers = [Layer(g, guestfs(inst.dir, sub), True) for g, sub in GUEST_DIRS]
-    hh = os.path.realpath(host_home())
-    if hh != "/" and not any(_under(hh, g) for g, _ in GUEST_DIRS) and \
-            hh not in ("/usr", "/bin", "/lib", "/sbin", "/var", "/opt", "/srv"):
-        layers.append(Layer(hh, None, True, "tmpfs"))  # a VM never sees the host home unless mounted
-    home = cfg.get("user", {}).get("home", "")
-    if home and not home.startswith("/home/"):
-        layers.append(Layer(home, guest_home_host_path(inst.dir, home), True))
-    for m in cfg.get("mounts", []):
-        layers.append(Layer(m["mountPoint"], m["location"], bool(m["writable"]), "mount"))
-    return layers
-
-
-def resolve_guest_path(inst: Instance, gpath: str, layers: list[Layer] | None = None) -> tuple[str | None, bool]:
-    """Map a guest path to (backing host path, writable); host path None = inside an empty tmpfs."""
-    home = (inst.config or {}).get("user", {}).get("home", "/")
-    gpath = posixpath.normpath(gpath if gpath.startswith("/") else posixpath.join(home, gpath))
-    for layer in reversed(guest_layers(inst) if layers is None else layers):
-        if _under(gpath, layer.guest):
-            if layer.host is None:
-                return None, layer.writable
-            rest = gpath[len(layer.guest):].lstrip("/") if layer.guest != "/" else gpath.lstrip("/")
-            return (os.path.join(layer.host, rest) if rest else layer.host), layer.writable
-    return gpath, False
-
-
-def guest_user_env(inst: Instance) -> dict[str, str]:
-    cfg = inst.config or {}
-    user = cfg["user"]
-    env = {"HOME": user["home"], "USER": user["name"], "LOGNAME": user["name"], "SHELL": user["shell"],
-           "PATH": GUEST_PATH}
-    if cfg.get("propagateProxyEnv", True):
-        env.update(inst.state.get("proxyEnv") or {})
-    env.update({k: v for k, v in cfg.get("env", {}).items() if k and "=" not in k and "\0" not in k + v})
-    for key in ("COLORTERM", "TERM"):
-        if key in os.environ:
-            env[key] = os.environ[key]
-    return env
-
-
-def write_etc_environment(inst: Instance, env: dict[str, str]) -> None:
-    path = guestfs(inst.dir, "etc/environment")
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError:
-        text = ""
-    text = re.sub(r"#LIMA-START\n.*?#LIMA-END\n", "", text, flags=re.S)
-    block = "#LIMA-START\n" + "".join(f"{k}={v}\n" for k, v in env.items()) + "#LIMA-END\n"
-    with contextlib.suppress(OSError):
-        if os.path.islink(path):
-            os.unlink(path)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(text + block)
-
-
-# --------------------------------------------------------------------------------------------
 # Sub-commands
 # --------------------------------------------------------------------------------------------
 
@@ -2017,7 +1877,7 @@ def create_instance(ctx: Ctx, name: str, data: bytes) -> str:
         with open(os.path.join(staging, "lima-version"), "w", encoding="utf-8") as f:
             f.write(VERSION)
         write_state(staging, new_state())
-        init_guestfs(staging, name, cfg)
+        guest.init_guestfs(staging, name, cfg)
         with lima_lock(ctx.lima_home):
             if os.path.lexists(inst_dir):
                 if os.path.exists(yaml_path):
@@ -2044,7 +1904,7 @@ START_FLAGS = dict(_edit_flags(), name=Flag("str", default=""), timeout=Flag("st
 
 def cmd_start(ctx: Ctx, p: Parsed) -> int:
     not_implemented_flags(ctx, p, START_FLAGS)
-    parse_duration(p.get("timeout"), "--timeout")
+    timeout = parse_duration(p.get("timeout"), "--timeout")
     if len(p.args) > 1:
         raise wrap_args_error("start", f"accepts at most 1 arg(s), received {len(p.args)}",
                               "start NAME|FILE.yaml|URL [flags]", "Start an instance of Lima")
@@ -2076,7 +1936,7 @@ def cmd_start(ctx: Ctx, p: Parsed) -> int:
         return 0
     if inst.status != "Stopped":
         ctx.log.warn(f"expected status `Stopped`, got {bq(inst.status)}")
-    do_start(ctx, inst, progress=bool(p.get("progress")))
+    do_start(ctx, inst, progress=bool(p.get("progress")), timeout=timeout)
     return 0
 
 
@@ -2122,16 +1982,18 @@ def _ssh_config_text(ctx: Ctx, inst: Instance, port: int) -> str:
 
 
 def _boot(ctx: Ctx, inst: Instance) -> None:
-    """The instant part of a boot: state -> Running, fresh /run, ssh.config, mount dirs."""
+    """The instant part of a boot: state -> Running, a fresh /run and boot id, ssh.config, mount dirs."""
     cfg = inst.config
     state = read_state(inst.dir)
+    _kill_boot(state)
     port = cfg["ssh"].get("localPort") or free_port()
     state.update(status="Running", sshLocalPort=port, bootCount=int(state.get("bootCount", 0)) + 1,
-                 iid=f"iid-{int(time.time())}-{os.getpid()}", errors=[],
+                 iid=f"iid-{int(time.time())}-{os.getpid()}", errors=[], bootPID=0,
                  hostAgentPID=os.getpid() + 1, driverPID=os.getpid() + 2, lastStartedAt=time.time(),
                  proxyEnv={k: os.environ[k] for k in PROXY_VARS if k in os.environ})
-    ensure_guestfs(inst)
-    run_dir = guestfs(inst.dir, "run")
+    guest.ensure_guestfs(inst)
+    ids = guest.ids_of(cfg)
+    run_dir = guest.guestfs(inst.dir, "run")
     for entry in os.listdir(run_dir):
         path = os.path.join(run_dir, entry)
         if os.path.isdir(path) and not os.path.islink(path):
@@ -2139,11 +2001,16 @@ def _boot(ctx: Ctx, inst: Instance) -> None:
         else:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+    os.makedirs(os.path.join(run_dir, "user"), exist_ok=True)
+    guest.chown_guest(ids, os.path.join(run_dir, "user"), 0)
     user_run = os.path.join(run_dir, "user", str(cfg["user"]["uid"]))
     os.makedirs(user_run, mode=0o700, exist_ok=True)
-    for marker in ("lima-ssh-ready", "lima-boot-done"):
-        with open(os.path.join(run_dir, marker), "w", encoding="utf-8") as f:
-            f.write(state["iid"] + "\n")
+    guest.chown_guest(ids, user_run, ids.uid)
+    with open(os.path.join(run_dir, "lima-ssh-ready"), "w", encoding="utf-8") as f:
+        f.write(state["iid"] + "\n")
+    guest.chown_guest(ids, os.path.join(run_dir, "lima-ssh-ready"), 0)
+    with open(os.path.join(inst.dir, guest.BOOT_ID_FILE), "w", encoding="utf-8") as f:
+        f.write(str(uuid.uuid4()) + "\n")
     for m in cfg.get("mounts", []):
         with contextlib.suppress(OSError):
             os.makedirs(m["location"], exist_ok=True)
@@ -2154,7 +2021,24 @@ def _boot(ctx: Ctx, inst: Instance) -> None:
     inst.state, inst.status = state, "Running"
 
 
-def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progress: bool = False) -> None:
+def _kill_boot(state: dict[str, Any]) -> None:
+    """The guest's boot scripts of an earlier boot stop with the VM (only if that process is still
+    this boot's `limactl __boot`: a finished one's pid may belong to someone else by now)."""
+    pid = int(state.get("bootPID") or 0)
+    if pid <= 0:
+        return
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return
+    if BOOT_SUBCOMMAND.encode() in argv and str(state.get("iid", "")).encode() in argv:
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progress: bool = False,
+             timeout: float = 600.0) -> None:
     cfg = inst.config
     assert cfg is not None
     ctx.log.info(f"Starting the instance {bq(inst.name)} with internal VM driver {bq(cfg['vmType'])}")
@@ -2174,11 +2058,20 @@ def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progres
     for i, desc in enumerate(essential, 1):
         _progress(ctx, f"Waiting for the essential requirement {i} of {len(essential)}: {bq(desc)}")
         if fail:
-            _abort_start(ctx, inst, previous)
+            if os.environ.get("FAKE_LIMACTL_START_LEAVE_RUNNING"):
+                _start_boot(ctx, inst)  # like a start that timed out: the guest keeps booting
+            else:
+                _abort_start(ctx, inst, previous)
             raise Fatal(fail)
         _progress(ctx, f"The essential requirement {i} of {len(essential)} is satisfied")
-    provision_error = provision(ctx, inst, progress)
-    optional: list[tuple[str, dict[str, Any] | None]] = []
+    _start_boot(ctx, inst)
+    if progress:
+        ctx.log.info("Cloud-init provisioning started...")
+    finished = _wait_for_boot(inst, time.monotonic() + (timeout or 600.0))
+    if progress:
+        _show_boot_log(ctx, inst)
+        ctx.log.info("Cloud-init progress monitoring done.")
+    optional = []
     if (cfg["containerd"]["system"] or cfg["containerd"]["user"]) and not cfg.get("plain"):
         optional += [("systemd must be available", None), ("containerd binaries to be installed", None)]
     optional += [(pr["description"], pr) for pr in cfg.get("probes", [])]
@@ -2186,15 +2079,16 @@ def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progres
     errors: list[str] = []
     for i, (desc, probe) in enumerate(optional, 1):
         _progress(ctx, f"Waiting for the optional requirement {i} of {len(optional)}: {bq(desc)}")
+        failure = _run_probe(inst, probe) if probe is not None and finished else None
         if probe is not None and probe_stderr is not None:
-            # pkg/hostagent/requirements.go: after its retries, the failure joins the event's errors.
-            errors.append(f"failed to satisfy the optional requirement {i} of {len(optional)} {go_quote(desc)}: "
-                          f"{probe.get('hint', '')}: stdout=\"\", stderr={go_quote(probe_stderr)}: exit status 1")
+            failure = f"stdout=\"\", stderr={go_quote(probe_stderr)}: exit status 1"
+        if failure is None:
+            _progress(ctx, f"The optional requirement {i} of {len(optional)} is satisfied")
             continue
-        _progress(ctx, f"The optional requirement {i} of {len(optional)} is satisfied")
+        errors.append(f"failed to satisfy the optional requirement {i} of {len(optional)} {go_quote(desc)}: "
+                      f"{probe.get('hint', '')}: {failure}")
     _progress(ctx, "Waiting for the final requirement 1 of 1: `boot scripts must have finished`")
-    if provision_error:
-        ctx.log.warn(provision_error)
+    if not finished:
         raise Fatal("did not receive an event with the `running` status")
     _progress(ctx, "The final requirement 1 of 1 is satisfied")
     if errors:  # pkg/instance/start.go watchHostAgentEvents: the errors, then DEGRADED
@@ -2217,81 +2111,131 @@ def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progres
 
 
 def _abort_start(ctx: Ctx, inst: Instance, previous: dict[str, Any]) -> None:
-    if os.environ.get("FAKE_LIMACTL_START_LEAVE_RUNNING"):
-        return
     with lima_lock(ctx.lima_home):
         state = read_state(inst.dir)
         state.update(status=previous.get("status", "Stopped"), errors=previous.get("errors", []))
         write_state(inst.dir, state)
 
 
-def provision(ctx: Ctx, inst: Instance, progress: bool) -> str | None:
-    """Write `mode: data` files into the guest; record the scripts of the other modes."""
-    cfg = inst.config
-    state = read_state(inst.dir)
-    boot = state["bootCount"]
-    log = list(state.get("provisionLog") or [])
-    written: list[str] = []
-    error = None
-    if progress:
-        ctx.log.info("Cloud-init provisioning started...")
-    for i, p in enumerate(cfg.get("provision", [])):
-        mode = p["mode"]
-        if mode == "data":
-            err = _write_data_file(inst, p)
-            if err:
-                error = error or err
-                continue
-            written.append(p["path"])
-        else:
-            entry = {"boot": boot, "index": i, "mode": mode}
-            entry.update({k: p[k] for k in ("script", "path", "expression") if p.get(k)})
-            log.append(entry)
-        if progress:
-            ctx.log.info(f"[cloud-init] LIMA {rfc3339_now()}| Executing provision[{i}] (mode {mode})")
-    if progress:
-        ctx.log.info("Cloud-init progress monitoring done.")
-    write_etc_environment(inst, {k: v for k, v in guest_user_env(inst).items()
-                                 if k in cfg.get("env", {}) or k in (inst.state.get("proxyEnv") or {})})
-    state.update(provisionLog=log, dataWritten=written)
-    write_state(inst.dir, state)
-    inst.state = state
-    return error
+def _start_boot(ctx: Ctx, inst: Instance) -> None:
+    """The guest's boot scripts run on in the background, like cloud-init in a VM: `start` waits for
+    them, and a start that is interrupted or times out leaves them running."""
+    child = subprocess.Popen([sys.executable, os.path.abspath(__file__), BOOT_SUBCOMMAND, inst.name,
+                              inst.state["iid"]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy())
+    with lima_lock(ctx.lima_home):
+        state = read_state(inst.dir)
+        if state.get("iid") == inst.state["iid"]:
+            state["bootPID"] = child.pid
+            write_state(inst.dir, state)
+            inst.state = state
 
 
-def _owner_ids(inst: Instance, owner: str) -> tuple[int, int]:
-    user = inst.config["user"]
-
-    def lookup(name: str) -> int:
-        if name.isdigit():
-            return int(name)
-        if name == user["name"]:
-            return int(user["uid"])
-        try:
-            return pwd.getpwnam(name).pw_uid
-        except KeyError:
-            return -1
-
-    u, _, g = owner.partition(":")
-    return lookup(u), lookup(g) if g else lookup(u)
+def _boot_done(inst: Instance) -> bool:
+    try:
+        with open(os.path.join(guest.guestfs(inst.dir, "run"), "lima-boot-done"), encoding="utf-8") as f:
+            return f.read().strip() == inst.state["iid"]
+    except OSError:
+        return False
 
 
-def _write_data_file(inst: Instance, p: dict[str, Any]) -> str | None:
-    host_path, writable = resolve_guest_path(inst, p["path"])
-    if host_path is None or not writable:
-        return (f"fake limactl: provision `mode: data` cannot write {bq(p['path'])}: it is not on a writable "
-                f"part of the fake guest (/etc, /usr/local, /tmp, /run, /home, writable mounts)")
-    if os.path.exists(host_path) and not p.get("overwrite", True):
+def _wait_for_boot(inst: Instance, deadline: float) -> bool:
+    """True once /run/lima-boot-done holds this boot's id. The double gives up early when the boot
+    script died without writing it (real Lima would wait for --timeout)."""
+    pid = int(inst.state.get("bootPID") or 0)
+    while not _boot_done(inst):
+        if time.monotonic() >= deadline:
+            return False
+        if pid > 0:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == pid:
+                    pid = 0
+                    continue  # one more look: it may have written boot-done just before leaving
+        if pid == 0:
+            return _boot_done(inst)
+        time.sleep(0.02)
+    return True
+
+
+def _show_boot_log(ctx: Ctx, inst: Instance) -> None:
+    with contextlib.suppress(OSError), open(guest.guestfs(inst.dir, guest.CLOUD_INIT_LOG), encoding="utf-8",
+                                            errors="replace") as f:
+        for line in f.read().splitlines()[-200:]:
+            ctx.log.info(f"[cloud-init] {line}")
+
+
+def _run_probe(inst: Instance, probe: dict[str, Any]) -> str | None:
+    """None when the probe passes, else the error as Lima's host agent words it."""
+    if guest.bwrap_path() is None:
+        return None  # nothing can run in the guest without bwrap
+    code, stdout, stderr = guest.run_probe(inst, probe)
+    if code == 0:
         return None
-    os.makedirs(os.path.dirname(host_path), exist_ok=True)
-    with open(host_path, "wb") as f:
-        f.write(p.get("content", "").encode("utf-8", "surrogateescape"))
-    os.chmod(host_path, int(p.get("permissions") or "644", 8))
-    if os.geteuid() == 0:
-        uid, gid = _owner_ids(inst, p.get("owner", "root:root"))
-        with contextlib.suppress(OSError):
-            os.chown(host_path, uid, gid)
-    return None
+    return f"stdout={go_quote(stdout)}, stderr={go_quote(stderr)}: exit status {code}"
+
+
+def boot_process(ctx: Ctx, args: list[str]) -> int:
+    """`limactl __boot NAME IID` (the double's own): the guest's boot scripts, detached from `start`."""
+    name, iid = args
+    inst = inspect(ctx, name)
+    if inst.state.get("iid") != iid or inst.config is None:
+        return 0
+    knobs: dict[str, Any] = {}
+    if os.environ.get("FAKE_LIMACTL_GUEST_OFFLINE"):
+        knobs["offline"] = True
+    lists, _, dpkg = (os.environ.get("FAKE_LIMACTL_APT_LOCK_SECONDS") or "0").partition(",")
+    knobs["aptListsLockedUntil"] = time.time() + float(lists or 0)
+    knobs["dpkgLockedUntil"] = time.time() + float(dpkg or lists or 0)
+    knobs["provisionDelay"] = os.environ.get("FAKE_LIMACTL_PROVISION_DELAY", "")
+    knobs["provisionHang"] = bool(os.environ.get("FAKE_LIMACTL_PROVISION_HANG"))
+    cfg = inst.config
+    guest.write_etc_environment(inst, {k: v for k, v in guest.guest_user_env(inst).items()
+                                       if k in cfg.get("env", {}) or k in (inst.state.get("proxyEnv") or {})})
+    results: dict[str, list[Any]] = {"scripts": [], "data": []}
+    if guest.bwrap_path() is None:
+        return _boot_without_sandbox(ctx, inst, iid, results)
+    try:
+        guest.run_boot(inst, iid, knobs, results)
+    except guest.BootAborted:
+        return 1
+    finally:
+        _record_boot(ctx, inst, iid, results)
+    return 0
+
+
+def _boot_without_sandbox(ctx: Ctx, inst: Instance, iid: str, results: dict[str, list[Any]]) -> int:
+    """Without bwrap nothing may run as guest root: data files are written, scripts only recorded."""
+    log = guest.BootLog(inst)
+    try:
+        for i, p in sorted(enumerate(inst.config.get("provision", [])), key=lambda item: item[1]["mode"] != "data"):
+            if p["mode"] == "data":
+                guest.write_data_file(inst, p)
+                results["data"].append(p["path"])
+            else:
+                log.lima(f"WARNING: fake limactl: bwrap is missing, so provision mode `{p['mode']}` was not run")
+                results["scripts"].append({"index": i, "mode": p["mode"], "script": p.get("script", ""),
+                                           "exit": None})
+    except guest.BootAborted as e:
+        log.lima(str(e))
+        return 1
+    finally:
+        log.close()
+        _record_boot(ctx, inst, iid, results)
+    with open(os.path.join(guest.guestfs(inst.dir, "run"), "lima-boot-done"), "w", encoding="utf-8") as f:
+        f.write(iid + "\n")
+    return 0
+
+
+def _record_boot(ctx: Ctx, inst: Instance, iid: str, results: dict[str, list[Any]]) -> None:
+    """What the boot did, in the double's state (for tests): each script's exit code, data files."""
+    with lima_lock(ctx.lima_home):
+        state = read_state(inst.dir)
+        if state.get("iid") != iid:
+            return
+        log = list(state.get("provisionLog") or [])
+        log += [dict(entry, boot=state["bootCount"]) for entry in results["scripts"]]
+        state.update(provisionLog=log, dataWritten=results["data"], caCertsApplied=True, bootPID=0)
+        write_state(inst.dir, state)
 
 
 STOP_FLAGS = {"force": Flag("bool", "f")}
@@ -2342,7 +2286,8 @@ def stop_gracefully(ctx: Ctx, inst: Instance, *, restart: bool = False) -> str |
 
 def _set_stopped(inst: Instance) -> None:
     state = read_state(inst.dir)
-    state.update(status="Stopped", errors=[], hostAgentPID=0, driverPID=0)
+    _kill_boot(state)
+    state.update(status="Stopped", errors=[], hostAgentPID=0, driverPID=0, bootPID=0)
     write_state(inst.dir, state)
     inst.state, inst.status = state, "Stopped"
 
@@ -2484,8 +2429,11 @@ def cmd_clone(ctx: Ctx, p: Parsed) -> int:
     with lima_lock(ctx.lima_home):
         if os.path.lexists(new_dir):
             raise Fatal(f"instance {bq(new)} already exists")
-        ignore = shutil.ignore_patterns("protected", "*.pid", "*.sock", "*.tmp", STATE_FILE)
-        shutil.copytree(src.dir, new_dir, symlinks=True, ignore=ignore)
+        subprocess.run(["cp", "-a", src.dir, new_dir], check=True)  # keeps the guest's owners
+        for entry in os.listdir(new_dir):
+            if entry == "protected" or entry.endswith(TMP_SUFFIXES):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(new_dir, entry))
         write_state(new_dir, new_state())
         with contextlib.suppress(OSError), open(guestfs(new_dir, "etc/hostname"), "w", encoding="utf-8") as f:
             f.write(hostname_of(new) + "\n")
@@ -2675,88 +2623,22 @@ def build_shell_script(inst: Instance, command: list[str], *, workdir: str, shel
     return script
 
 
-def bwrap_path() -> str | None:
-    if os.environ.get("FAKE_LIMACTL_NO_BWRAP"):
-        return None
-    return shutil.which("bwrap")
-
-
-def sandbox_argv(bwrap: str, inst: Instance, argv: list[str]) -> list[str]:
-    """bwrap arguments: read-only host root, the guest's own dirs and the configured mounts."""
-    layers = guest_layers(inst)
-    replaced_top = {layer.guest for layer in layers if layer.guest.count("/") == 1}
-    a = [bwrap, "--die-with-parent", "--unshare-uts", "--hostname", hostname_of(inst.name)]
-    # Bind the host root entry by entry onto bwrap's tmpfs root (remounted read-only at the end),
-    # so that mount points that do not exist on the host (e.g. /workspace) can still be created.
-    a += _reexpose("/", "/", skip={"/proc", "/dev"} | replaced_top)
-    a += ["--proc", "/proc", "--dev", "/dev"]
-    read_only = ["/"]
-    for i, layer in enumerate(layers):
-        if layer.kind == "tmpfs":
-            a += ["--tmpfs", layer.guest]
-        elif layer.kind == "mount":
-            if os.path.isdir(layer.host):
-                a += _room_for_mount_point(inst, layers[:i], layer.guest, read_only)
-                a += ["--bind" if layer.writable else "--ro-bind", layer.host, layer.guest]
-        elif layer.guest != "/usr/local" or os.path.isdir("/usr/local"):
-            a += ["--bind", layer.host, layer.guest]
-    for path in read_only:
-        a += ["--remount-ro", path]
-    a += ["--chdir", inst.config["user"]["home"], "--", *argv]
-    return a
-
-
-def _reexpose(guest_dir: str, host_dir: str, skip: set[str] = frozenset()) -> list[str]:
-    """Bind every entry of host_dir read-only into guest_dir (symlinks recreated)."""
-    ops: list[str] = []
-    for entry in sorted(os.listdir(host_dir)):
-        src, dst = os.path.join(host_dir, entry), posixpath.join(guest_dir, entry)
-        if dst in skip:
-            continue
-        if os.path.islink(src):
-            ops += ["--symlink", os.readlink(src), dst]
-        elif os.path.exists(src):
-            ops += ["--ro-bind", src, dst]
-    return ops
-
-
-def _room_for_mount_point(inst: Instance, below: list[Layer], point: str, read_only: list[str]) -> list[str]:
-    """bwrap creates a missing mount point only inside a writable directory. When the nearest
-    existing ancestor is read-only (e.g. /mnt), shadow it with a tmpfs that re-exposes its entries."""
-    host, _ = resolve_guest_path(inst, point, below)
-    if host is None or os.path.exists(host):
-        return []
-    ancestor = posixpath.dirname(point)
-    while True:
-        host, writable = resolve_guest_path(inst, ancestor, below)
-        if host is None or os.path.isdir(host):
-            break
-        ancestor = posixpath.dirname(ancestor)
-    if host is None or writable or ancestor in read_only:
-        return []
-    read_only.append(ancestor)
-    return ["--tmpfs", ancestor] + _reexpose(ancestor, host)
-
-
 def run_in_guest(ctx: Ctx, inst: Instance, script: str) -> int:
-    """Run `SHELL -c SCRIPT` as sshd would, with stdio passed straight through."""
-    env = guest_user_env(inst)
+    """Run `SHELL -c SCRIPT` as sshd would, as the guest user, with stdio passed straight through."""
+    env = guest.guest_user_env(inst)
     user_shell = inst.config["user"]["shell"]
     # sshd runs the login shell with argv[0] = its basename ("bash: line 1: cd: ..." messages);
     # bwrap has no --argv0, so pass the basename when PATH finds that very shell.
     base = os.path.basename(user_shell)
     found = shutil.which(base, path=env["PATH"])
     argv0 = base if found and os.path.realpath(found) == os.path.realpath(user_shell) else user_shell
-    ensure_guestfs(inst)
-    home_host = guest_home_host_path(inst.dir, inst.config["user"]["home"])
-    bwrap = bwrap_path()
-    if bwrap:
-        cmd, cwd = sandbox_argv(bwrap, inst, [argv0, "-c", script]), None
-    else:
-        _warn_no_bwrap(ctx)
-        env["HOME"] = home_host
-        cmd, cwd = [argv0, "-c", script], home_host
-    return run_child(cmd, env=env, cwd=cwd)
+    guest.ensure_guestfs(inst)
+    if guest.bwrap_path():
+        return guest.run(inst, [argv0, "-c", script], as_root=False, env=env)
+    _warn_no_bwrap(ctx)
+    home_host = guest.guest_home_host_path(inst.dir, inst.config["user"]["home"])
+    env["HOME"] = home_host
+    return run_child([argv0, "-c", script], env=env, cwd=home_host)
 
 
 def _warn_no_bwrap(ctx: Ctx) -> None:
@@ -2771,26 +2653,13 @@ def _warn_no_bwrap(ctx: Ctx) -> None:
 
 
 def run_child(cmd: list[str], *, env: dict[str, str], cwd: str | None) -> int:
-    """Run a child with inherited stdio; forward termination signals; return its exit code."""
+    """Run a child on the host with inherited stdio (no bwrap); return its exit code."""
     try:
         child = subprocess.Popen(cmd, env=env, cwd=cwd)
     except OSError as e:
         sys.stderr.write(f"fake limactl: cannot run {cmd[0]}: {e}\n")
         return 255
-
-    def forward(signum: int, _frame: Any) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            child.send_signal(signum)
-
-    # SIGINT from a terminal reaches the child directly (same process group); just survive it.
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
-    previous[signal.SIGINT] = signal.signal(signal.SIGINT, lambda *_: None)
-    try:
-        code = child.wait()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-    return 255 if code < 0 else code
+    return guest.wait(child.pid)
 
 
 COPY_FLAGS = {"recursive": Flag("bool", "r"), "verbose": Flag("bool", "v"), "backend": Flag("str", default="auto")}
@@ -2803,6 +2672,7 @@ class CopyPath:
     host: str | None
     writable: bool
     remote: bool
+    inst: Instance | None = None
 
 
 def cmd_copy(ctx: Ctx, p: Parsed) -> int:
@@ -2838,9 +2708,9 @@ def _copy_path(ctx: Ctx, arg: str) -> CopyPath:
         raise Fatal(f"instance {bq(name)} is stopped, run `limactl start {name}` to start the instance")
     if inst.config is None:
         raise Fatal(f"instance {bq(name)} has no configuration")
-    ensure_guestfs(inst)
-    host, writable = resolve_guest_path(inst, gpath or ".")
-    return CopyPath(arg, gpath, host, writable, True)
+    guest.ensure_guestfs(inst)
+    host, writable = guest.resolve_guest_path(inst, gpath or ".")
+    return CopyPath(arg, gpath, host, writable, True, inst)
 
 
 def scp_like_copy(sources: list[CopyPath], target: CopyPath, *, recursive: bool, verbose: bool) -> int:
@@ -2866,7 +2736,8 @@ def scp_like_copy(sources: list[CopyPath], target: CopyPath, *, recursive: bool,
         base = os.path.basename(src.host.rstrip("/"))
         dest = os.path.join(target.host, base) if target_is_dir else target.host
         dest_display = posixpath.join(target.display, base) if target_is_dir else target.display
-        if dest is None or not target.writable:
+        if dest is None or not target.writable or (
+                target.inst is not None and not guest.user_may_write(target.inst, os.path.dirname(dest) or ".")):
             fail(f'dest open "{dest_display}": Permission denied')
             continue
         if not os.path.isdir(os.path.dirname(dest) or "."):
@@ -2982,6 +2853,8 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
         apply_global_flags(ctx, p)
         out(usage_text())
         return 0
+    if sub == BOOT_SUBCOMMAND:
+        return boot_process(ctx, rest)
     name = ALIASES.get(sub, sub)
     if name == "help":
         out(usage_text())
@@ -3056,7 +2929,7 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(OSError):
             cwd = os.getcwd()
         # Never create a real ~/.lima just to log a call.
-        if lima_home and (os.environ.get("LIMA_HOME") or os.path.isdir(lima_home)):
+        if lima_home and (os.environ.get("LIMA_HOME") or os.path.isdir(lima_home)) and argv[:1] != [BOOT_SUBCOMMAND]:
             append_call(lima_home, {"argv": argv, "cwd": cwd, "start": started,
                                     "duration": time.time() - started, "exit": code})
     return code

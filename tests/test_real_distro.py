@@ -1,0 +1,443 @@
+"""The real-distribution tier: agentbox's provisioning and launch step on a real Debian userspace.
+
+No VM and no double: a Debian userspace built with debootstrap from Debian's mirror (cached under
+~/.cache/agentbox-tests, or $AGENTBOX_TEST_CACHE, keyed by suite, architecture and package list),
+entered with unshare + chroot as root. In it, like Lima at boot: agentbox's own rendered lima.yaml
+is applied (its `data` files, then its `system` scripts as root, then its `user` script as the
+unprivileged guest user through sudo -iu, then its readiness probe), with real apt, then launch.sh
+runs as that user from a staging folder built by agentbox's own host code, installing the agents
+with real npm and starting them with their approvals-off flags, and the real gh sits behind the
+guards.
+
+What differs from a VM, and why:
+- Debian 12, not Ubuntu: Debian's mirror is the one this project can reach. The image has Debian's
+  docker.io, so 20-docker.sh (which asks apt for Ubuntu's package names) finds docker installed;
+  no daemon starts, as no init runs in a chroot, but its group is there for the user step.
+- Node.js comes from a nodejs.org-shaped folder built from the npm registry's `node-linux-<arch>`
+  and `npm` packages (nodejs.org is not reachable here); a `curl` first on PATH for the system
+  scripts maps https://nodejs.org/dist/ to it, so 30-nodejs.sh still downloads, checks SHASUMS256
+  and unpacks. gh is Debian's package, in the image, so 40-github-cli.sh finds it installed.
+
+Slow (minutes when nothing is cached) and needs the network: deselected by default. Run it with
+`python3 -m pytest -m realdistro` (as root, with debootstrap and npm on the host); .ci/run does.
+Outside CI a missing requirement skips it with the reason; in CI (CI set) it fails instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REAL_HOME
+
+pytestmark = pytest.mark.realdistro
+
+REPO = Path(__file__).resolve().parent.parent
+SUITE = "bookworm"
+MIRROR = "http://deb.debian.org/debian"
+# The image: what a cloud image brings before agentbox provisions it (gh: see the module docstring).
+IMAGE_PACKAGES = ("sudo", "ca-certificates", "curl", "git", "gnupg", "xz-utils", "build-essential", "gh", "procps",
+                  "docker.io")
+HOSTNAME = "lima-agentbox"
+USER, UID = "lima", 1000
+GUEST_HOME = f"/home/{USER}.guest"
+NODE_VERSION = re.search(r'^NODE_VERSION="(v[0-9.]+)"$', (REPO / "provision" / "30-nodejs.sh").read_text(), re.M)[1]
+ARCH = {"x86_64": ("amd64", "x64"), "aarch64": ("arm64", "arm64")}.get(platform.machine())
+# A host behind a TLS-inspecting proxy trusts its CA through NODE_EXTRA_CA_CERTS: agentbox brings
+# those certificates into the VM (caCerts), as it would for a user on such a host. Read before the
+# tests' own isolation removes it from the environment.
+HOST_NODE_EXTRA_CA_CERTS = os.environ.get("NODE_EXTRA_CA_CERTS", "")
+
+
+def unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"the real-distribution tier cannot run: {reason}")
+    pytest.skip(reason)
+
+
+def run(cmd: list[str], timeout: float = 1800, **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, **kwargs)
+    if result.returncode != 0:
+        raise AssertionError(f"{shlex.join(cmd)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}")
+    return result
+
+
+# -- the cache: a Debian userspace and a nodejs.org-shaped folder ------------------------------
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("AGENTBOX_TEST_CACHE") or Path(REAL_HOME) / ".cache" / "agentbox-tests")
+
+
+def rootfs_tarball() -> Path:
+    """debootstrap --variant=minbase SUITE with the image packages, cached as one tarball."""
+    key = hashlib.sha256(" ".join((SUITE, *IMAGE_PACKAGES)).encode()).hexdigest()[:12]
+    stem = cache_dir() / f"rootfs-{SUITE}-{ARCH[0]}-{key}"
+    for found in (stem.with_suffix(".tar.zst"), stem.with_suffix(".tar.gz")):
+        if found.exists():
+            return found
+    tarball = stem.with_suffix(".tar.zst" if shutil.which("zstd") else ".tar.gz")
+    tarball.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
+        root = Path(tmp) / "root"
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}", SUITE, str(root), MIRROR])
+        run(["chroot", str(root), "apt-get", "clean"])
+        partial = Path(tmp) / tarball.name
+        run(["tar", "-C", str(root), "--numeric-owner", "-a", "-cf", str(partial), "."])
+        os.replace(partial, tarball)
+    return tarball
+
+
+def node_dist() -> Path:
+    """https://nodejs.org/dist/VERSION/ as 30-nodejs.sh expects it, made from npm registry packages:
+    node-linux-ARCH (bin/node, include, share, README/LICENSE/CHANGELOG) and npm (lib/node_modules/npm)."""
+    folder = cache_dir() / "node-dist" / NODE_VERSION
+    top = f"node-{NODE_VERSION}-linux-{ARCH[1]}"
+    if (folder / "SHASUMS256.txt").exists():
+        return folder.parent
+    if shutil.which("npm") is None:
+        unavailable("npm is not installed on the host (it fetches Node.js from the npm registry)")
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        work = Path(tmp)
+        for spec in (f"node-linux-{ARCH[1]}@{NODE_VERSION[1:]}", "npm@10"):
+            run(["npm", "pack", "--silent", "--pack-destination", str(work), spec], cwd=work)
+        tree = work / top
+        (tree / "lib" / "node_modules").mkdir(parents=True)
+        for packed in work.glob("*.tgz"):
+            with tarfile.open(packed) as tar:
+                tar.extractall(work / packed.stem, filter="tar")
+            unpacked = work / packed.stem / "package"
+            if packed.name.startswith("npm-"):
+                unpacked.rename(tree / "lib" / "node_modules" / "npm")
+            else:
+                for entry in unpacked.iterdir():
+                    if entry.name != "package.json":
+                        entry.rename(tree / entry.name)
+        (tree / "bin" / "npm").symlink_to("../lib/node_modules/npm/bin/npm-cli.js")
+        (tree / "bin" / "npx").symlink_to("../lib/node_modules/npm/bin/npx-cli.js")
+        (tree / "bin" / "node").chmod(0o755)
+        name = f"{top}.tar.xz"
+        run(["tar", "-C", str(work), "--owner=0", "--group=0", "-cf", str(work / name), "-I", "xz -T0 -1", top])
+        digest = hashlib.sha256((work / name).read_bytes()).hexdigest()
+        os.replace(work / name, folder / name)
+        (folder / "SHASUMS256.txt").write_text(f"{digest}  {name}\n")
+    return folder.parent
+
+
+def network_problem() -> str | None:
+    for url in (f"{MIRROR}/dists/{SUITE}/Release", "https://registry.npmjs.org/npm"):
+        try:
+            subprocess.run(["curl", "-fsS", "-o", "/dev/null", "--max-time", "20", url], check=True,
+                           capture_output=True, timeout=30)
+        except (subprocess.SubprocessError, OSError) as exc:
+            return f"{url} is not reachable ({exc})"
+    return None
+
+
+# -- the machine -------------------------------------------------------------------------------
+
+
+@dataclass
+class Machine:
+    """An unpacked userspace and the host folders bound into it (at the same paths, like Lima's mounts)."""
+
+    root: Path
+    binds: list[tuple[Path, Path, bool]] = field(default_factory=list)  # host, guest, writable
+
+    def command(self, argv: list[str], user: bool = False) -> list[str]:
+        """argv in the userspace: own mount and pid namespaces, the binds, chroot; as the user through a
+        clean environment (as sshd leaves it) when user is set."""
+        mounts = ["mount --rbind /dev \"$R/dev\"", "mount -t proc proc \"$R/proc\"", "mount -t sysfs sys \"$R/sys\""]
+        for host, guest, writable in self.binds:
+            target = f'"$R"{shlex.quote(str(guest))}'
+            mounts.append(f"mkdir -p {target} && mount --bind {shlex.quote(str(host))} {target}")
+            if not writable:
+                mounts.append(f"mount -o remount,bind,ro {target}")
+        inner = argv
+        if user:
+            inner = ["setpriv", f"--reuid={UID}", f"--regid={UID}", "--init-groups", "--reset-env", *argv]
+        script = " && ".join([f"hostname {HOSTNAME}", *mounts]) + ' && exec chroot "$R" "$@"'
+        return ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--uts", "--", "sh", "-c", script, "sh",
+                *inner]
+
+    def run(self, argv: list[str], user: bool = False, check: bool = True, timeout: float = 1200,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        result = subprocess.run(self.command(argv, user), capture_output=True, text=True, timeout=timeout,
+                                input=input, env={"R": str(self.root), "PATH": os.environ["PATH"]})
+        if check and result.returncode != 0:
+            raise AssertionError(f"{argv} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def path(self, guest: str) -> Path:
+        return self.root / guest.lstrip("/")
+
+
+@dataclass
+class Provisioned:
+    machine: Machine
+    project: Path
+    staging: Path
+    scripts: list[tuple[str, int, str]]  # (name, exit code, output)
+    env: dict[str, str]  # HOME and friends for agentbox's host code
+
+
+def _go_template(text: str, params: dict[str, str]) -> str:
+    """The template variables Lima fills in provisioning scripts and data files."""
+    values = {".User": USER, ".Home": GUEST_HOME, ".UID": str(UID), **{f".Param.{k}": v for k, v in params.items()}}
+    return re.sub(r"{{\s*(\.[A-Za-z.]+)\s*}}", lambda m: values[m[1]], text)
+
+
+def _apply_lima_yaml(machine: Machine, lima_yaml: dict, log: list[tuple[str, int, str]]) -> None:
+    """What Lima's boot script does with `provision`: data files, then system scripts as root, then
+    user scripts as the user (sudo -iu), every failure noted; and the readiness probes."""
+    params = {k: str(v) for k, v in (lima_yaml.get("param") or {}).items()}
+    certs = (lima_yaml.get("caCerts") or {}).get("certs") or []
+    for number, cert in enumerate(certs, 1):  # cloud-init's ca_certs
+        machine.path(f"/usr/local/share/ca-certificates/cloud-init-ca-cert-{number}.crt").write_text(cert)
+    if certs:
+        machine.run(["update-ca-certificates"])
+    steps = lima_yaml["provision"]
+    for step in (s for s in steps if s["mode"] == "data"):
+        target = machine.path(_go_template(step["path"], params))
+        if target.exists() and step.get("overwrite") is False:
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(_go_template(step["content"], params))
+        target.chmod(int(str(step.get("permissions", "644")), 8))
+        owner = _go_template(str(step.get("owner", "root")), params)
+        machine.run(["chown", owner if ":" in owner else f"{owner}:{owner}", _go_template(step["path"], params)])
+    # Data files under the user's home: Lima creates their folders as the owner.
+    machine.run(["chown", "-R", f"{USER}:{USER}", GUEST_HOME])
+    for number, step in enumerate((s for s in steps if s["mode"] == "system"), 1):
+        path = f"/var/lib/agentbox-test/system-{number:02d}"
+        machine.path(path).parent.mkdir(parents=True, exist_ok=True)
+        machine.path(path).write_text(_go_template(step["script"], params))
+        machine.path(path).chmod(0o755)
+        name = re.search(r"agentbox-managed: ([^\n(]*)", step["script"])[1].strip()
+        result = machine.run(["env", "PATH=/var/lib/agentbox-test/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                                     "/usr/bin:/sbin:/bin", "HOME=/root", path], check=False)
+        log.append((name, result.returncode, result.stdout + result.stderr))
+    for step in (s for s in steps if s["mode"] == "user"):
+        script = f"{GUEST_HOME}/.lima-user-script"
+        machine.path(script).write_text(_go_template(step["script"], params))
+        machine.path(script).chmod(0o755)
+        machine.run(["chown", f"{USER}:{USER}", script])
+        result = machine.run(["sudo", "-iu", USER, script], check=False)
+        machine.path(script).unlink()
+        log.append(("user setup", result.returncode, result.stdout + result.stderr))
+    machine.path("/run/lima-boot-done").write_text("iid-realdistro\n")  # the boot script's last step
+    for probe in lima_yaml.get("probes") or []:
+        result = machine.run(["bash"], user=True, check=False, input=probe["script"])
+        log.append(("readiness probe", result.returncode, result.stdout + result.stderr))
+
+
+@pytest.fixture(scope="module")
+def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisioned]:
+    if os.geteuid() != 0:
+        unavailable("it runs a chroot, so it needs root")
+    for tool in ("debootstrap", "unshare", "chroot", "curl", "tar", "xz"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed (.ci/run installs debootstrap)")
+    if ARCH is None:
+        unavailable(f"no Node.js build for {platform.machine()}")
+    problem = network_problem()
+    if problem:
+        unavailable(problem)
+    started = time.monotonic()
+    tarball, dist = rootfs_tarball(), node_dist()
+    print(f"\nreal-distro cache ready after {time.monotonic() - started:.0f}s ({cache_dir()})")
+
+    base = tmp_path_factory.mktemp("realdistro")
+    root = base / "root"
+    root.mkdir()
+    run(["tar", "-C", str(root), "--numeric-owner", "-a", "-xf", str(tarball)])
+    shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    with open(root / "etc" / "hosts", "a", encoding="utf-8") as hosts:
+        hosts.write(f"127.0.1.1 {HOSTNAME}\n")
+    machine = Machine(root)
+    # cloud-init's part: the user, its home and passwordless sudo.
+    machine.run(["useradd", "--create-home", "--home-dir", GUEST_HOME, "--uid", str(UID), "--user-group",
+                 "--shell", "/bin/bash", USER])
+    (root / "etc" / "sudoers.d" / "90-lima").write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")
+    # nodejs.org, as far as 30-nodejs.sh is concerned (see the module docstring)
+    shim = root / "var" / "lib" / "agentbox-test" / "bin" / "curl"
+    shim.parent.mkdir(parents=True)
+    shim.write_text('#!/bin/sh\n# the test tier\'s nodejs.org\nfor a; do shift; set -- "$@" '
+                    '"$(printf %s "$a" | sed "s#^https://nodejs.org/dist/#file:///var/lib/agentbox-test/node-dist/#")"; '
+                    'done\nexec /usr/bin/curl "$@"\n')
+    shim.chmod(0o755)
+    npm_cache = cache_dir() / "npm-cache"
+    npm_cache.mkdir(parents=True, exist_ok=True)
+    os.chown(npm_cache, UID, UID)
+    for entry in npm_cache.rglob("*"):
+        os.lchown(entry, UID, UID)
+    machine.binds.append((dist, Path("/var/lib/agentbox-test/node-dist"), False))
+    machine.binds.append((npm_cache, Path(GUEST_HOME) / ".npm", True))
+
+    # agentbox's host side, in a home of its own: config, rendered lima.yaml, staging.
+    host_home = base / "host-home"
+    project = base / "work" / "project"
+    project.mkdir(parents=True)
+    host_home.mkdir()
+    env = {"HOME": str(host_home), "AGENTBOX_STATE_DIR": str(base / "state"), "LIMA_HOME": str(base / "lima")}
+    if HOST_NODE_EXTRA_CA_CERTS:
+        env["NODE_EXTRA_CA_CERTS"] = HOST_NODE_EXTRA_CA_CERTS
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in env.items():
+            patch.setenv(key, value)
+        for key in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "NODE_EXTRA_CA_CERTS"):
+            patch.delenv(key, raising=False)
+        if HOST_NODE_EXTRA_CA_CERTS:
+            patch.setenv("NODE_EXTRA_CA_CERTS", HOST_NODE_EXTRA_CA_CERTS)
+        import yaml
+
+        from agentbox import config as config_module
+        from agentbox import render
+
+        config = config_module.load(project)
+        lima_yaml = yaml.safe_load(render.render(config, config.vm_name))
+        staging = render.staging_dir(config.vm_name)
+    staging.mkdir(parents=True, mode=0o700)
+    own_by_guest_user(project, staging)
+    machine.binds.append((project, project, True))
+    machine.binds.append((staging, staging, False))
+
+    log: list[tuple[str, int, str]] = []
+    started = time.monotonic()
+    _apply_lima_yaml(machine, lima_yaml, log)
+    print(f"provisioning took {time.monotonic() - started:.0f}s")
+    yield Provisioned(machine, project, staging, log, env)
+
+
+def own_by_guest_user(*paths: Path) -> None:
+    """Over Lima's mounts the host user's files are the guest user's (same uid); here the host user
+    is root, so hand the mounted folders to the guest user's uid."""
+    for top in paths:
+        for path in [top, *top.rglob("*")]:
+            os.lchown(path, UID, UID)
+
+
+def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input: str | None = None,
+           timeout: float = 1200) -> subprocess.CompletedProcess:
+    """One launch as agentbox makes it: staging refreshed by agentbox's host code, then what
+    `limactl shell --workdir WORKSPACE` runs (a login shell running launch.sh) as the user."""
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in p.env.items():
+            patch.setenv(key, value)
+        from agentbox import bootstrap, config as config_module, launch as launch_module, render
+
+        config = config_module.load(p.project)
+        agent_config = config.agent(agent) if agent else None
+        scripts = bootstrap.plan(config, str(render.staging_dir(config.vm_name)))
+        launch_module.refresh_staging(config, config.vm_name, agent_config, scripts)
+        command = launch_module.launch_command(config, p.project, scripts, agent_config, p.staging)
+    own_by_guest_user(p.staging)
+    if agent_config is not None:
+        command += ["--", agent_config.binary, *agent_config.default_args, *argv]
+    elif argv:
+        command += ["--", *argv]
+    script = f"cd {shlex.quote(str(p.project))} || exit 1 ; exec /bin/bash -l -c {shlex.quote(shlex.join(command))}"
+    return p.machine.run(["/bin/bash", "-c", script], user=True, check=False, input=interactive_input or "",
+                         timeout=timeout)
+
+
+# -- the tests ---------------------------------------------------------------------------------
+
+
+def test_provisioning_finishes_on_a_real_distribution(provisioned: Provisioned) -> None:
+    """Every script of agentbox's rendered lima.yaml, for real; then the readiness probe passes."""
+    report = "\n".join(f"== {name}: exit {code}\n{output}" for name, code, output in provisioned.scripts)
+    codes = {name: code for name, code, _ in provisioned.scripts}
+    assert codes == {"base packages": 0, "Docker engine from Ubuntu's archive": 0,
+                     "Node.js LTS from nodejs.org, checked against its SHASUMS256": 0,
+                     "GitHub CLI from its signed apt repository": 0, "user setup": 0, "readiness probe": 0}, report
+    machine = provisioned.machine
+    assert machine.run(["dpkg-query", "-W", "-f=${Status}\n", "jq", "unzip"]).stdout == \
+        "install ok installed\ninstall ok installed\n"
+    assert machine.run(["node", "--version"], user=True).stdout.strip() == NODE_VERSION
+    assert sorted(p.name for p in machine.path("/usr/local").iterdir() if p.is_file()) == []  # no README, LICENSE
+    assert machine.run(["npm", "config", "get", "prefix"], user=True).stdout.strip() == f"{GUEST_HOME}/.local"
+    assert "docker" in machine.run(["id", "-nG", USER]).stdout.split()  # through sudo usermod, in the user step
+
+
+@pytest.mark.parametrize("agent,package", [
+    ("claude", "@anthropic-ai/claude-code"), ("codex", "@openai/codex"), ("gemini", "@google/gemini-cli")])
+def test_each_agent_installs_and_accepts_its_approvals_off_flags(provisioned: Provisioned, agent: str,
+                                                                package: str) -> None:
+    result = launch(provisioned, agent, ["--version"])
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"installing {agent} in the VM: npm install -g {package}" in result.stderr
+    assert re.search(r"\d+\.\d+\.\d+", result.stdout), result.stdout
+    again = launch(provisioned, agent, ["--version"])
+    assert again.returncode == 0 and "installing" not in again.stderr
+
+
+def test_gemini_keeps_yolo_in_the_workspace_and_leaves_its_settings_alone(provisioned: Provisioned) -> None:
+    machine = provisioned.machine
+    settings = machine.path(f"{GUEST_HOME}/.gemini/settings.json")
+    before = settings.read_text()
+    # Headless, Gemini CLI says when it resets yolo in an untrusted folder (and then refuses to run);
+    # in a trusted one it goes on to call the API, which fails here: only what it decided is read.
+    try:
+        result = launch(provisioned, "gemini", ["--debug", "-p", "hi"], interactive_input="", timeout=90)
+        decided = result.stdout + result.stderr
+    except subprocess.TimeoutExpired as waited:  # still trying to reach Google: the decision is made by then
+        decided = "".join(x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+                          for x in (waited.stdout, waited.stderr))
+    assert "YOLO mode is enabled" in decided, decided[-3000:]
+    assert "Approval mode overridden" not in decided and "not running in a trusted directory" not in decided
+    assert settings.read_text() == before  # Gemini CLI found nothing to migrate or reject
+    assert "approvalMode" not in before
+    trusted = json.loads(machine.path(f"{GUEST_HOME}/.gemini/trustedFolders.json").read_text())
+    assert trusted == {str(provisioned.project): "TRUST_FOLDER"}
+
+
+def test_local_bin_is_on_path_once(provisioned: Provisioned) -> None:
+    local_bin = f"{GUEST_HOME}/.local/bin"
+    command = launch(provisioned, None, ["printenv", "PATH"])
+    assert command.stdout.strip().split(":").count(local_bin) == 1, command.stdout
+    shell = launch(provisioned, None, [], interactive_input='echo "PATH=$PATH"\n')
+    line = next(x for x in shell.stdout.splitlines() if x.startswith("PATH="))
+    assert line[5:].split(":").count(local_bin) == 1, line
+
+
+def test_guards_stop_remote_writes_with_the_real_git_and_gh(provisioned: Provisioned) -> None:
+    project, machine = provisioned.project, provisioned.machine
+    remote = project / "remote.git"
+    git = ["git", "-c", "safe.directory=*"]  # the host's git, as root, in the guest user's folder
+    if not remote.exists():
+        run([*git, "init", "-q", "--bare", str(remote)])
+        run([*git, "-c", "init.defaultBranch=main", "init", "-q", str(project)])
+        run([*git, "-C", str(project), "remote", "add", "origin", str(remote)])
+        run([*git, "-C", str(project), "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q",
+             "--allow-empty", "-m", "first"])
+        own_by_guest_user(project)
+    push = launch(provisioned, None, ["git", "push", "origin", "HEAD:main"])
+    assert push.returncode != 0 and "remoteWrite" in push.stderr, push.stderr
+    real_push = launch(provisioned, None, ["/usr/bin/git", "push", "origin", "HEAD:main"])
+    assert real_push.returncode != 0, real_push.stderr  # the global pre-push hook
+    assert run([*git, "--git-dir", str(remote), "for-each-ref"]).stdout == ""
+    assert machine.run(["test", "-x", "/usr/bin/gh"], check=False).returncode == 0
+    for write in (["gh", "pr", "merge", "1"], ["gh", "repo", "delete", "o/r", "--yes"], ["gh", "api", "-X", "POST", "/x"]):
+        refused = launch(provisioned, None, write)
+        assert refused.returncode == 1 and "agentbox: refused" in refused.stderr, (write, refused.stderr)
+    # Reading (and `pr create`, which the guard allows) reaches the real gh: Debian's, behind the wrapper.
+    version = launch(provisioned, None, ["gh", "--version"])
+    assert version.returncode == 0 and "gh version" in version.stdout and " Debian " in version.stdout
+    create = launch(provisioned, None, ["gh", "pr", "create", "--title", "t", "--body", "b"])
+    assert "agentbox: refused" not in create.stderr
