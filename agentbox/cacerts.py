@@ -259,7 +259,7 @@ def keychain_certificates(keychain: str = SYSTEM_KEYCHAIN) -> list[Certificate]:
         labels = [None] * len(pems)  # cannot pair them safely: show no names rather than wrong ones
     result: list[Certificate] = []
     seen: set[str] = set()
-    for pem, label in zip(pems, labels):
+    for pem, label in zip(pems, labels, strict=True):
         pem = pem.strip() + "\n"
         if pem not in seen:
             seen.add(pem)

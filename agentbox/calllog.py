@@ -27,14 +27,15 @@ def mask(argv: Sequence[str]) -> list[str]:
 
 
 def record(argv: Sequence[str], duration: float, exit_code: int, echo: bool = False) -> None:
+    shown = mask(argv)
     entry = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "argv": mask(argv),
+        "argv": shown,
         "duration": round(duration, 4),
         "exit": exit_code,
     }
     if echo:
-        print(f"[debug] {' '.join(entry['argv'])}  ({entry['duration']:.3f}s, exit {exit_code})", file=sys.stderr)
+        print(f"[debug] {' '.join(shown)}  ({duration:.3f}s, exit {exit_code})", file=sys.stderr)
     log = paths.state_dir() / "limactl.log"
     try:
         log.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

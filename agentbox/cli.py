@@ -52,7 +52,8 @@ class AgentboxGroup(click.Group):
             import importlib
 
             module, attribute = LAZY_COMMANDS[cmd_name]
-            return getattr(importlib.import_module(module), attribute)
+            lazy: click.Command = getattr(importlib.import_module(module), attribute)
+            return lazy
         if cmd_name in BUILTIN_AGENTS or cmd_name in _agent_names(ctx):
             from agentbox.commands.agent import make_agent_command
 
@@ -112,7 +113,7 @@ class AgentboxGroup(click.Group):
                 ctx.exit(130)
             except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, BrokenPipeError):
                 raise
-            except Exception as exc:  # noqa: BLE001 - the one place that turns a bug into a readable message
+            except Exception as exc:
                 log = _write_crash_log()
                 click.echo(f"agentbox: internal error: {type(exc).__name__}: {exc}", err=True)
                 click.echo(f"The details are in {log}; please include them when you report this.", err=True)
@@ -182,7 +183,8 @@ def _configured_agents(ctx: click.Context) -> dict[str, Any]:
                 cache["agents"] = config.load(_start_dir(ctx)).agents
             except AgentboxError:
                 pass
-    return cache["agents"]
+    agents: dict[str, Any] = cache["agents"]
+    return agents
 
 
 def _agent_summary(ctx: click.Context, name: str) -> str:

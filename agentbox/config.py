@@ -3,7 +3,9 @@
 import copy
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from agentbox import paths
@@ -122,7 +124,7 @@ class Config(NamedTuple):
     origins: dict[str, str]
     credentials: CredentialSettings = CredentialSettings()
     notices: tuple[str, ...] = ()
-    local_data: dict[str, Any] = {}  # the local file's own keys, for deciding whether it needs trust
+    local_data: Mapping[str, Any] = MappingProxyType({})  # the local file's own keys, for deciding on trust
     local_sha256: str = ""  # digest of the local file's bytes as they were parsed
     protect_git_hooks: bool = False
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
@@ -284,12 +286,15 @@ def _read_usable(path: Path, layer: str) -> Any:
     shown = visible(f"{path} (-> {real})" if os.path.islink(path) else str(path))
     quoted = shlex.quote(real)
     if os.path.islink(path) and not os.path.exists(path):
-        return UnusableFile(path, layer, shown, "it is a symlink to a file that does not exist", f"rm {shlex.quote(str(path))}")
+        missing = "it is a symlink to a file that does not exist"
+        return UnusableFile(path, layer, shown, missing, f"rm {shlex.quote(str(path))}")
     read = yamlio.read_config(path)
     st = read.st
     if st.st_uid != os.getuid():
         return UnusableFile(
-            path, layer, shown,
+            path,
+            layer,
+            shown,
             f"it belongs to {_user_name(st.st_uid)}, not to you (uid {os.getuid()}), so someone else "
             "could have written it",
             f"sudo chown $(id -u) {quoted}",
@@ -510,9 +515,10 @@ def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Pat
         return workspace, source, f"the workspace would be / ({source}); agentbox never mounts the whole filesystem"
     problem = paths.mount_target_problem(workspace)
     if problem:
-        return workspace, source, (
-            f"the workspace would be {workspace} ({source}), but {problem}; "
-            "agentbox never mounts it into a VM"
+        return (
+            workspace,
+            source,
+            (f"the workspace would be {workspace} ({source}), but {problem}; agentbox never mounts it into a VM"),
         )
     if not workspace.is_dir():
         return workspace, source, f"the workspace {workspace} ({source}) does not exist or is not a folder"
@@ -528,11 +534,15 @@ def _work_tree_top(folder: Path) -> Path | None:
 def _workspace_hint(config: Config) -> str:
     if config.local_file is None:
         # Not `agentbox init` here: that would write agentbox.yml into the home folder (or /).
-        return ("Run agentbox in a project folder, or pass -C DIR. Settings for every project go in the global "
-                "config: `agentbox init --global`.")
+        return (
+            "Run agentbox in a project folder, or pass -C DIR. Settings for every project go in the global "
+            "config: `agentbox init --global`."
+        )
     if Path(os.path.realpath(config.local_file.parent)) == Path(os.path.realpath(paths.home())):
-        return (f"{config.local_file} is found from every folder below your home folder that has no agentbox.yml "
-                f"of its own: move its settings to {paths.global_config_file()} and remove it.")
+        return (
+            f"{config.local_file} is found from every folder below your home folder that has no agentbox.yml "
+            f"of its own: move its settings to {paths.global_config_file()} and remove it."
+        )
     return f"Fix `workspace` in {config.local_file}, or run agentbox from another project."
 
 
@@ -613,8 +623,8 @@ def _expand(value: str, base: Path) -> Path:
     return Path(os.path.normpath(path if path.is_absolute() else base / path))
 
 
-def _position(layers: list[Any], keypath: tuple[str, ...]) -> str:
-    for layer in reversed(layers):
+def _position(layers: list[Layer], keypath: tuple[str, ...]) -> str:
+    for layer in layers[::-1]:
         if keypath in layer.positions:
             return layer.positions[keypath]
     return "config"

@@ -96,7 +96,9 @@ def refresh(staging: Path, host_files: list[str], include_git_identity: bool) ->
     return staged, warnings
 
 
-def _stage(host: Path, files_root: Path, relative: str, previous: Any, warnings: list[str]) -> list[Any] | None:
+def _stage(
+    host: Path, files_root: Path, relative: str, previous: list[Any] | None, warnings: list[str]
+) -> list[Any] | None:
     """Copy one host file to files_root/relative unless its stamp shows it unchanged; its new stamp, or None."""
     target = files_root / relative
     try:

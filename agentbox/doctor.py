@@ -133,8 +133,14 @@ def check_config(cwd: Path, checks: list[Check]) -> Config | None:
     files = ", ".join(name for name in used if name) or "no config files, built-in defaults"
     checks.append(Check("config", OK, f"config is valid ({files})"))
     for unusable in config.unusable:
-        checks.append(Check("config", FAIL, f"{unusable.shown} is not used: {unusable.reason}, so launches refuse to run",
-                            f"Fix it with `{unusable.fix}`."))
+        checks.append(
+            Check(
+                "config",
+                FAIL,
+                f"{unusable.shown} is not used: {unusable.reason}, so launches refuse to run",
+                f"Fix it with `{unusable.fix}`.",
+            )
+        )
     for notice in config.notices:
         if not any(notice == unusable.notice() for unusable in config.unusable):
             checks.append(Check("config", WARN, notice, "agentbox ignores that setting until it is fixed."))
@@ -161,8 +167,14 @@ def check_trust(config: Config, checks: list[Check]) -> None:
         checks.append(Check("trust", OK, f"{config.local_file} is trusted as it is ({keys})"))
         return
     why = "changed since you trusted it" if trust.trusted_record(config.local_file) else "is not trusted"
-    checks.append(Check("trust", FAIL, f"{config.local_file} {why}, so launches refuse it: it sets {keys}",
-                        f"Read it (`agentbox trust --show`), then run `agentbox -C {config.local_file.parent} trust`."))
+    checks.append(
+        Check(
+            "trust",
+            FAIL,
+            f"{config.local_file} {why}, so launches refuse it: it sets {keys}",
+            f"Read it (`agentbox trust --show`), then run `agentbox -C {config.local_file.parent} trust`.",
+        )
+    )
 
 
 def check_ca_certificates(config: Config, checks: list[Check]) -> None:
@@ -187,8 +199,14 @@ def check_ca_certificates(config: Config, checks: list[Check]) -> None:
         else:
             checks.append(_ca_content_check(name, source.path, found.pems))
             continue
-        checks.append(Check("ca", FAIL, f"{name}: {source.path} {problem}, so creating the VM fails",
-                            f"Fix {where} (`agentbox ca ls` shows what is configured)."))
+        checks.append(
+            Check(
+                "ca",
+                FAIL,
+                f"{name}: {source.path} {problem}, so creating the VM fails",
+                f"Fix {where} (`agentbox ca ls` shows what is configured).",
+            )
+        )
 
 
 def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
@@ -201,10 +219,14 @@ def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
         dropped = count - len(embedded.kept)
         extra = f" ({dropped} of them public roots the VM trusts already)" if dropped else ""
         return Check("ca", OK, f"{name}: {count} CA certificate{'s' if count != 1 else ''} from {path}{extra}")
-    return Check("ca", WARN, f"{name}: {path} {embedded.whole_store}: {cacerts.embedding_summary(embedded)}",
-                 "Name only the certificates the VM needs (such as a corporate CA): put them in a file of their "
-                 "own and set `caCert` to it (`agentbox ca add` does it on macOS), or point NODE_EXTRA_CA_CERTS "
-                 "at that file.")
+    return Check(
+        "ca",
+        WARN,
+        f"{name}: {path} {embedded.whole_store}: {cacerts.embedding_summary(embedded)}",
+        "Name only the certificates the VM needs (such as a corporate CA): put them in a file of their "
+        "own and set `caCert` to it (`agentbox ca add` does it on macOS), or point NODE_EXTRA_CA_CERTS "
+        "at that file.",
+    )
 
 
 def check_git(config: Config, checks: list[Check]) -> None:
@@ -214,9 +236,15 @@ def check_git(config: Config, checks: list[Check]) -> None:
     workspace = config.require_workspace()
     git = gitdirs.locate(workspace)
     if git.problem:
-        checks.append(Check("git", WARN, f"agentbox does not mount the git common dir: {git.problem}",
-                            "git in the VM will not work in this worktree. If it is a real `git worktree add` "
-                            "checkout, `git worktree repair` on the host rewrites its pointers."))
+        checks.append(
+            Check(
+                "git",
+                WARN,
+                f"agentbox does not mount the git common dir: {git.problem}",
+                "git in the VM will not work in this worktree. If it is a real `git worktree add` "
+                "checkout, `git worktree repair` on the host rewrites its pointers.",
+            )
+        )
     elif git.common_dir_outside(workspace) is not None:
         checks.append(Check("git", OK, f"git worktree: the VM mounts the main repository's {git.common_dir}"))
 
@@ -227,8 +255,14 @@ def check_tripwire(config: Config, checks: list[Check]) -> None:
 
     found = tripwire.audit(config.require_workspace())
     if found:
-        checks.append(Check("tripwire", WARN, tripwire.summary(found),
-                            "Run `agentbox audit` to see the diffs, `agentbox audit --ack` to accept them."))
+        checks.append(
+            Check(
+                "tripwire",
+                WARN,
+                tripwire.summary(found),
+                "Run `agentbox audit` to see the diffs, `agentbox audit --ack` to accept them.",
+            )
+        )
 
 
 # -- the VM ------------------------------------------------------------------------------------
@@ -243,12 +277,19 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
     try:
         instance = lima.get(name)
     except LimaError as error:
-        checks.append(Check("vm", FAIL, f"cannot ask Lima about {name}: {error.message}",
-                            error.hint or "Check `limactl list`."))
+        checks.append(
+            Check("vm", FAIL, f"cannot ask Lima about {name}: {error.message}", error.hint or "Check `limactl list`.")
+        )
         return None, False
     if instance is None:
-        checks.append(Check("vm", WARN, f"VM {name} does not exist yet: it is created on first launch",
-                            "Run `agentbox start` (or an agent command such as `agentbox claude`) to create it."))
+        checks.append(
+            Check(
+                "vm",
+                WARN,
+                f"VM {name} does not exist yet: it is created on first launch",
+                "Run `agentbox start` (or an agent command such as `agentbox claude`) to create it.",
+            )
+        )
         return None, False
     if instance.status == RUNNING:
         checks.append(Check("vm", OK, f"VM {name} is running"))
@@ -257,26 +298,48 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
     elif instance.status == BROKEN:
         errors = instance.raw.get("errors") or []
         detail = f" ({errors[0]})" if errors and isinstance(errors[0], str) else ""
-        checks.append(Check("vm", FAIL, f"VM {name} is Broken{detail}",
-                            "`agentbox start` tries Lima's recovery; if that fails, `agentbox start --recreate` "
-                            f"creates it anew (its disk is lost, your workspace is not). Lima's log: {instance.log_path}"))
+        checks.append(
+            Check(
+                "vm",
+                FAIL,
+                f"VM {name} is Broken{detail}",
+                "`agentbox start` tries Lima's recovery; if that fails, `agentbox start --recreate` "
+                f"creates it anew (its disk is lost, your workspace is not). Lima's log: {instance.log_path}",
+            )
+        )
     else:
-        checks.append(Check("vm", WARN, f"VM {name} is {instance.status or 'in an unknown state'}",
-                            f"It may be starting or stopping: run `agentbox doctor` again in a moment, "
-                            f"or see `limactl list` and Lima's log {instance.log_path}."))
+        checks.append(
+            Check(
+                "vm",
+                WARN,
+                f"VM {name} is {instance.status or 'in an unknown state'}",
+                f"It may be starting or stopping: run `agentbox doctor` again in a moment, "
+                f"or see `limactl list` and Lima's log {instance.log_path}.",
+            )
+        )
     recorded = vm.workspace_of(instance)
     workspace = str(config.workspace)
     if recorded == workspace:
         checks.append(Check("vm.workspace", OK, f"VM {name} belongs to this workspace"))
         return instance, True
     if recorded is None:
-        checks.append(Check("vm.workspace", FAIL,
-                            f"the Lima instance {name} was not created by agentbox (it records no workspace)",
-                            vm.clash_hint(config, name, foreign=True)))
+        checks.append(
+            Check(
+                "vm.workspace",
+                FAIL,
+                f"the Lima instance {name} was not created by agentbox (it records no workspace)",
+                vm.clash_hint(config, name, foreign=True),
+            )
+        )
     else:
-        checks.append(Check("vm.workspace", FAIL,
-                            f"VM {name} belongs to {recorded}, not to this workspace {workspace}",
-                            vm.clash_hint(config, name)))
+        checks.append(
+            Check(
+                "vm.workspace",
+                FAIL,
+                f"VM {name} belongs to {recorded}, not to this workspace {workspace}",
+                vm.clash_hint(config, name),
+            )
+        )
     return instance, False
 
 
@@ -293,15 +356,19 @@ def check_drift(config: Config, checks: list[Check]) -> None:
         return
     current = drift.creation_fingerprint(config)
     described = [_change(key, recorded.get(key), current[key]) for key in changed]
-    checks.append(Check("vm.settings", WARN,
-                        f"changed since VM {config.vm_name} was created, so the VM does not have them yet: "
-                        + ", ".join(described),
-                        "They take effect only in a new VM: `agentbox start --recreate` creates it anew "
-                        "(the VM's disk is lost; your workspace is not touched)."))
+    checks.append(
+        Check(
+            "vm.settings",
+            WARN,
+            f"changed since VM {config.vm_name} was created, so the VM does not have them yet: " + ", ".join(described),
+            "They take effect only in a new VM: `agentbox start --recreate` creates it anew "
+            "(the VM's disk is lost; your workspace is not touched).",
+        )
+    )
 
 
 def _change(key: str, before: object, after: object) -> str:
-    """"cpus 4 -> 2" for a plain value; the name alone for mounts, the template and vm.lima."""
+    """ "cpus 4 -> 2" for a plain value; the name alone for mounts, the template and vm.lima."""
     if isinstance(before, (str, int, type(None))) and isinstance(after, (str, int, type(None))) and key != "lima":
         return f"{key} {_shown(before)} -> {_shown(after)}"
     return key
@@ -311,8 +378,9 @@ def _shown(value: object) -> str:
     return "default" if value is None else str(value)
 
 
-def probe_vm(lima: Lima, config: Config, instance: Instance | None, owned: bool, lima_usable: bool,
-             checks: list[Check]) -> Probe:
+def probe_vm(
+    lima: Lima, config: Config, instance: Instance | None, owned: bool, lima_usable: bool, checks: list[Check]
+) -> Probe:
     """Look inside the VM once (only when it runs and is this workspace's)."""
     from agentbox.lima import RUNNING
 
@@ -331,8 +399,14 @@ def probe_vm(lima: Lima, config: Config, instance: Instance | None, owned: bool,
         code, output = -1, error.message
     probe = parse_probe(output)
     if probe is None:
-        checks.append(Check("vm.shell", WARN, f"cannot look inside {instance.name} (`limactl shell` exit {code})",
-                            "Try `agentbox shell`; if it does not connect, `agentbox restart`."))
+        checks.append(
+            Check(
+                "vm.shell",
+                WARN,
+                f"cannot look inside {instance.name} (`limactl shell` exit {code})",
+                "Try `agentbox shell`; if it does not connect, `agentbox restart`.",
+            )
+        )
         return _no_probe("`limactl shell` failed")
     return probe
 
@@ -373,7 +447,10 @@ def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str
     groups: list[tuple[AgentConfig | None, dict[str, list[Path]]]] = []
     for agent in config.agents.values():
         groups.append((agent, _guest_map(agent.credentials)))
-    extra = [*(credentials.GH_FILES if config.credentials.gh else ()), *((credentials.NETRC,) if config.credentials.netrc else ())]
+    extra = [
+        *(credentials.GH_FILES if config.credentials.gh else ()),
+        *((credentials.NETRC,) if config.credentials.netrc else ()),
+    ]
     if extra:
         groups.append((None, _guest_map(extra)))
     return groups
@@ -408,8 +485,9 @@ def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None
             checks.append(check)
 
 
-def agents_in_use(config: Config, groups: list[tuple[AgentConfig | None, dict[str, list[Path]]]],
-                  probe: Probe) -> dict[str, str]:
+def agents_in_use(
+    config: Config, groups: list[tuple[AgentConfig | None, dict[str, list[Path]]]], probe: Probe
+) -> dict[str, str]:
     """The agents worth checking, each with why: named in a config file, or logged in on the host or in the VM."""
     configured: dict[str, set[str]] = {}
     for key, origin in config.origins.items():
@@ -426,7 +504,9 @@ def agents_in_use(config: Config, groups: list[tuple[AgentConfig | None, dict[st
             used[agent.name] = f"set in the {' and '.join(names)} config"
         elif any(host.is_file() for hosts in login_files(agent, guests).values() for host in hosts):
             used[agent.name] = "logged in on the host"
-        elif agent.vm_name == config.vm_name and any(probe.creds.get(guest[2:]) for guest in login_files(agent, guests)):
+        elif agent.vm_name == config.vm_name and any(
+            probe.creds.get(guest[2:]) for guest in login_files(agent, guests)
+        ):
             used[agent.name] = "logged in in the VM"
     return used
 
@@ -434,8 +514,12 @@ def agents_in_use(config: Config, groups: list[tuple[AgentConfig | None, dict[st
 def _agents_check(config: Config, used: dict[str, str]) -> Check:
     unused = [name for name in config.agents if name not in used]
     if not used:
-        return Check("agents", OK, "no agent is set in the config or logged in on the host or in the VM, "
-                     f"so no login is checked ({', '.join(unused)})")
+        return Check(
+            "agents",
+            OK,
+            "no agent is set in the config or logged in on the host or in the VM, "
+            f"so no login is checked ({', '.join(unused)})",
+        )
     checked = ", ".join(f"{name} ({why})" for name, why in used.items())
     skipped = f"; not checked: {', '.join(unused)} (neither set in the config nor logged in)" if unused else ""
     return Check("agents", OK, f"agents checked: {checked}{skipped}")
@@ -456,7 +540,11 @@ def login_files(agent: AgentConfig, guests: dict[str, list[Path]]) -> dict[str, 
 def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, list[Path]], probe: Probe) -> Check:
     check = f"credentials.{agent.name}"
     if not guests:
-        why = "credentials are off for it in config" if agent.builtin else f"agents.{agent.name}.credentials lists no files"
+        why = (
+            "credentials are off for it in config"
+            if agent.builtin
+            else f"agents.{agent.name}.credentials lists no files"
+        )
         return Check(check, OK, f"{agent.name}: no login to bring into the VM ({why})")
     in_vm_probe = probe if agent.vm_name == config.vm_name else _no_probe(f"it runs in its own VM {agent.vm_name}")
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
@@ -467,11 +555,22 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
     if not any(guest in on_host for guest in login):
         if any(in_vm_probe.creds.get(guest[2:]) for guest in login):
             return Check(check, OK, f"{agent.name}: not logged in on the host; the VM has its own login")
-        return Check(check, WARN, f"{agent.name}: not logged in on the host",
-                     f"Log in to {agent.binary} on the host and the next `agentbox {agent.name}` brings the login "
-                     f"into the VM; or log in inside the VM (`agentbox {agent.name}`).")
-    return _login_state(check, agent.name, on_host, len(guests), agent.vm_name, in_vm_probe,
-                        f"The next `agentbox {agent.name}` copies it into the VM.")
+        return Check(
+            check,
+            WARN,
+            f"{agent.name}: not logged in on the host",
+            f"Log in to {agent.binary} on the host and the next `agentbox {agent.name}` brings the login "
+            f"into the VM; or log in inside the VM (`agentbox {agent.name}`).",
+        )
+    return _login_state(
+        check,
+        agent.name,
+        on_host,
+        len(guests),
+        agent.vm_name,
+        in_vm_probe,
+        f"The next `agentbox {agent.name}` copies it into the VM.",
+    )
 
 
 def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:
@@ -482,11 +581,20 @@ def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Pr
     if not on_host:
         return None
     names = sorted({"gh" if guest in credentials.GH_FILES else "netrc" for guest in on_host})
-    return _login_state(f"credentials.{'+'.join(names)}", " and ".join(names), on_host, len(on_host), config.vm_name,
-                        probe, "The next launch (`agentbox shell` or an agent command) copies it into the VM.")
+    return _login_state(
+        f"credentials.{'+'.join(names)}",
+        " and ".join(names),
+        on_host,
+        len(on_host),
+        config.vm_name,
+        probe,
+        "The next launch (`agentbox shell` or an agent command) copies it into the VM.",
+    )
 
 
-def _login_state(check: str, label: str, on_host: list[str], total: int, vm_name: str, probe: Probe, hint: str) -> Check:
+def _login_state(
+    check: str, label: str, on_host: list[str], total: int, vm_name: str, probe: Probe, hint: str
+) -> Check:
     """A login present on the host: is it staged for the VM, and is it in the VM?"""
     from agentbox import render
 
@@ -511,33 +619,62 @@ def check_guards(config: Config, probe: Probe, checks: list[Check]) -> None:
     installed = probe.reason is None and probe.wrappers.get("git") == "guard"
     if config.remote_write:
         extra = "; the guards still in the VM are removed at the next launch" if installed else ""
-        checks.append(Check("guards", OK, "guards are off by config (sync.remoteWrite: true): agents in the VM can push" + extra))
+        checks.append(
+            Check("guards", OK, "guards are off by config (sync.remoteWrite: true): agents in the VM can push" + extra)
+        )
         return
     launch = "the next launch (`agentbox shell` or an agent command)"
     if probe.reason == VM_MISSING:
-        checks.append(Check("guards", WARN, "guards (sync.remoteWrite: false) are not installed yet: the VM does not exist",
-                            f"They are installed at {launch}, before anything runs."))
+        checks.append(
+            Check(
+                "guards",
+                WARN,
+                "guards (sync.remoteWrite: false) are not installed yet: the VM does not exist",
+                f"They are installed at {launch}, before anything runs.",
+            )
+        )
         return
     if probe.reason is not None:
-        checks.append(Check("guards", OK, "guards are on (sync.remoteWrite: false) and installed at every launch "
-                            f"(not checked in the VM: {probe.reason})"))
+        checks.append(
+            Check(
+                "guards",
+                OK,
+                "guards are on (sync.remoteWrite: false) and installed at every launch "
+                f"(not checked in the VM: {probe.reason})",
+            )
+        )
         return
     foreign = [name for name in ("git", "gh") if probe.wrappers.get(name) == "foreign"]
     if foreign:
         paths = " and ".join(f"~/.local/bin/{name}" for name in foreign)
-        checks.append(Check("guards", FAIL, f"{paths} in the VM {'is' if len(foreign) == 1 else 'are'} not agentbox's, "
-                            "so launch does not install the guard there: remote writes through it are not blocked",
-                            f"Remove it (`agentbox shell -- rm {paths.replace(' and ', ' ')}`); {launch} installs the guard."))
+        checks.append(
+            Check(
+                "guards",
+                FAIL,
+                f"{paths} in the VM {'is' if len(foreign) == 1 else 'are'} not agentbox's, "
+                "so launch does not install the guard there: remote writes through it are not blocked",
+                f"Remove it (`agentbox shell -- rm {paths.replace(' and ', ' ')}`); {launch} installs the guard.",
+            )
+        )
         return
     missing = [name for name in ("git", "gh") if probe.wrappers.get(name) != "guard"]
     if not probe.hooks:
         missing.append("pre-push hook")
     if missing:
-        checks.append(Check("guards", WARN, f"guards (sync.remoteWrite: false) are not installed in the VM yet "
-                            f"(missing: {', '.join(missing)})", f"They are installed at {launch}."))
+        checks.append(
+            Check(
+                "guards",
+                WARN,
+                f"guards (sync.remoteWrite: false) are not installed in the VM yet (missing: {', '.join(missing)})",
+                f"They are installed at {launch}.",
+            )
+        )
         return
-    checks.append(Check("guards", OK, "guards are installed in the VM: git and gh wrappers, pre-push hook "
-                        "(sync.remoteWrite: false)"))
+    checks.append(
+        Check(
+            "guards", OK, "guards are installed in the VM: git and gh wrappers, pre-push hook (sync.remoteWrite: false)"
+        )
+    )
 
 
 # -- output ------------------------------------------------------------------------------------

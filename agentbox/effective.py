@@ -123,7 +123,11 @@ def differences(effective: dict[str, Any], expected: dict[str, Any], instance_di
         )
     ]
     found += [
-        Difference("copyToHost", f"copyToHost copies {entry.get('guest')} from the VM to {entry.get('host')} on the host", False)
+        Difference(
+            "copyToHost",
+            f"copyToHost copies {entry.get('guest')} from the VM to {entry.get('host')} on the host",
+            False,
+        )
         for entry in _unmatched(
             effective.get("copyToHost") or [], expected["copyToHost"], lambda c: _copy_key(c, variables)
         )
@@ -146,10 +150,18 @@ def _mount_differences(effective: dict[str, Any], expected: dict[str, Any]) -> l
             continue
         want_location, want_writable = wanted[mount_point]
         if location != want_location:
-            found.append(Difference("mounts", f"mounts: {mount_point} shows {location} instead of {want_location}", False))
+            found.append(
+                Difference("mounts", f"mounts: {mount_point} shows {location} instead of {want_location}", False)
+            )
         elif writable != want_writable:
-            found.append(Difference("mounts", f"mounts: the mount of {location} at {mount_point} is {mode}, "
-                                    f"agentbox made it {'writable' if want_writable else 'read-only'}", False))
+            found.append(
+                Difference(
+                    "mounts",
+                    f"mounts: the mount of {location} at {mount_point} is {mode}, "
+                    f"agentbox made it {'writable' if want_writable else 'read-only'}",
+                    False,
+                )
+            )
     present = {mount_point for _, mount_point, _ in actual}
     for mount_point, (location, _) in wanted.items():
         if mount_point not in present:
@@ -208,17 +220,30 @@ class _TemplateVars:
     def guest(self) -> dict[str, Any]:
         user = self._effective.get("user") or {}
         name = os.path.basename(self._dir)
-        return {"Name": name, "Hostname": f"lima-{name}", "UID": user.get("uid"), "User": user.get("name"),
-                "Home": user.get("home"), "Param": self._effective.get("param") or {}}
+        return {
+            "Name": name,
+            "Hostname": f"lima-{name}",
+            "UID": user.get("uid"),
+            "User": user.get("name"),
+            "Home": user.get("home"),
+            "Param": self._effective.get("param") or {},
+        }
 
     @functools.cached_property
     def host(self) -> dict[str, Any]:
         import getpass
 
         name = os.path.basename(self._dir)
-        return {"Name": name, "Instance": name, "Dir": self._dir, "LimaHome": os.path.dirname(self._dir),
-                "Home": os.path.expanduser("~"), "UID": os.getuid(), "User": getpass.getuser(),
-                "Param": self._effective.get("param") or {}}
+        return {
+            "Name": name,
+            "Instance": name,
+            "Dir": self._dir,
+            "LimaHome": os.path.dirname(self._dir),
+            "Home": os.path.expanduser("~"),
+            "UID": os.getuid(),
+            "User": getpass.getuser(),
+            "Param": self._effective.get("param") or {},
+        }
 
 
 def _expand(text: Any, variables: dict[str, Any]) -> str:
@@ -292,7 +317,9 @@ def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset
         real = os.path.realpath(location)
         recorded = expected["targets"].get(location, location)
         if real != recorded:
-            problems.append(f"{location} now resolves to {real} (a path component became a symlink after the VM was created)")
+            problems.append(
+                f"{location} now resolves to {real} (a path component became a symlink after the VM was created)"
+            )
             continue
         problem = None if real in own else paths.mount_target_problem(Path(real))
         if problem:

@@ -79,4 +79,6 @@ def refuse_symlink(path: Path) -> None:
     if os.path.islink(path):
         import errno
 
-        raise OSError(errno.ELOOP, f"{path} is a symlink (to {os.path.realpath(path)}); agentbox does not write through it")
+        raise OSError(
+            errno.ELOOP, f"{path} is a symlink (to {os.path.realpath(path)}); agentbox does not write through it"
+        )

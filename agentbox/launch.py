@@ -37,7 +37,9 @@ def run_in_vm(
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(render.staging_dir(name)))
     with timing.phase("VM state (limactl list, start)"):
-        instance = vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
+        instance = (
+            vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
+        )
     with timing.phase("staging (credentials, env, guards)"):
         refresh_staging(config, name, agent, scripts)
     state = vm.read_state(name)
@@ -73,7 +75,14 @@ def run_in_vm(
 def launch_command(
     config: Config, workspace: Path, scripts: bootstrap.Plan, agent: AgentConfig | None, staging: Path
 ) -> list[str]:
-    command = ["/bin/bash", str(staging / "launch.sh"), "--wait", str(config.startup_wait_sec), "--workspace", str(workspace)]
+    command = [
+        "/bin/bash",
+        str(staging / "launch.sh"),
+        "--wait",
+        str(config.startup_wait_sec),
+        "--workspace",
+        str(workspace),
+    ]
     command += ["--guards", "off" if config.remote_write else "on"]
     if timing.enabled():
         command += ["--timing"]
@@ -110,7 +119,9 @@ def refresh_staging(config: Config, name: str, agent: AgentConfig | None, script
             files.append(credentials.NETRC)
     _, warnings = credentials.refresh(staging, files, include_git_identity=settings.enabled and settings.git)
     credentials.warn(warnings)
-    if (config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS")) and "NODE_EXTRA_CA_CERTS" not in config.env:
+    if (
+        config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS")
+    ) and "NODE_EXTRA_CA_CERTS" not in config.env:
         extra_env["NODE_EXTRA_CA_CERTS"] = GUEST_CA_BUNDLE
     write_env_file(staging, {**extra_env, **config.env})
     return staging

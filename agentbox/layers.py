@@ -6,6 +6,7 @@ must not, on the warm path) depend on it instead of on each other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,5 +18,5 @@ class Layer(NamedTuple):
     path: Path
     data: dict[str, Any]
     positions: dict[tuple[str, ...], str]
-    notices: list[str] = []  # never mutated: each Layer gets its own list
+    notices: Sequence[str] = ()
     sha256: str = ""  # of the very bytes that were parsed: what trust compares

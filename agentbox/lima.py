@@ -51,7 +51,7 @@ class Instance(NamedTuple):
     raw: dict[str, Any]
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Instance":
+    def from_json(cls, data: dict[str, Any]) -> Instance:
         return cls(
             name=data.get("name", ""),
             status=data.get("status", "") or "",
@@ -87,7 +87,7 @@ class Lima:
         self._path: str | None = None
 
     # -- state ---------------------------------------------------------------------------------
-    def list(self) -> dict[str, Instance]:
+    def instances(self) -> dict[str, Instance]:
         """Every instance, by name. Any failure is an error: never mistake it for "not created"."""
         stdout, _ = self._captured(["list", "--json"])
         instances = {}
@@ -107,7 +107,7 @@ class Lima:
         return instances
 
     def get(self, name: str) -> Instance | None:
-        return self.list().get(name)
+        return self.instances().get(name)
 
     def create(self, name: str, template: Path, on_output: Callable[[str], None] | None = None) -> None:
         self._streamed(["--tty=false", "create", "--name", name, str(template)], on_output)
@@ -350,7 +350,7 @@ def _stop_child(process: Any) -> None:
         if process.process.is_alive()[0]:
             process.process.kill()
         process.process.wait()
-    except Exception:  # noqa: BLE001 - the process may already be gone; nothing else to do
+    except Exception:
         pass
 
 

@@ -22,7 +22,7 @@ import os
 import stat
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 from agentbox import paths
 from agentbox.errors import ConfigError
@@ -176,7 +176,7 @@ def _read_regular(real: str, shown: Path | str, what: str) -> bytes:
     return data
 
 
-def _fresh(cached: Any, st: os.stat_result) -> bool:
+def _fresh(cached: Any, st: os.stat_result) -> TypeGuard[list[Any]]:
     return (
         isinstance(cached, list)
         and len(cached) == 7

@@ -141,7 +141,8 @@ def render(config: Config, vm_name: str) -> str:
         try:
             template = env.from_string(source)
         except jinja2.TemplateSyntaxError as exc:
-            raise ConfigError(f"{config.template}:{exc.lineno}: vm.template: Jinja2 syntax error: {exc.message}") from exc
+            where = f"{config.template}:{exc.lineno}"
+            raise ConfigError(f"{where}: vm.template: Jinja2 syntax error: {exc.message}") from exc
     else:
         template = env.get_template("lima.yaml.j2")
     text = _render_bounded(template, context(config, vm_name), where)
@@ -166,7 +167,9 @@ def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
         for part in template.generate(**values):
             size += len(part)
             if size > MAX_RENDERED_BYTES:
-                raise ConfigError(f"{where}: vm.template renders more than {MAX_RENDERED_BYTES:,} characters; refusing it")
+                raise ConfigError(
+                    f"{where}: vm.template renders more than {MAX_RENDERED_BYTES:,} characters; refusing it"
+                )
             parts.append(part)
     except ConfigError:
         raise
@@ -177,13 +180,13 @@ def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
         ) from exc
     except TemplateError as exc:
         raise ConfigError(f"{where}{_template_line(exc)}: vm.template: {exc.message or exc}") from exc
-    except Exception as exc:  # noqa: BLE001 - any failure of template code is the template's error
+    except Exception as exc:
         raise ConfigError(f"{where}{_template_line(exc)}: vm.template failed: {type(exc).__name__}: {exc}") from exc
     return "".join(parts)
 
 
 def _template_line(exc: BaseException) -> str:
-    """":LINE" of the template line that raised, from the frames Jinja2 maps back to the template."""
+    """ ":LINE" of the template line that raised, from the frames Jinja2 maps back to the template."""
     import traceback
 
     line = None

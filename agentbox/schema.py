@@ -7,14 +7,16 @@ Python data (lists normalized, strings checked) plus the position of each value.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 import yaml
 
 from agentbox import sizes
-from agentbox.layers import Layer
 from agentbox.errors import ConfigError
+from agentbox.layers import Layer
 from agentbox.yamlio import construct_scalar, flatten_merge_keys
 
 BOTH = frozenset({"global", "local"})
@@ -32,7 +34,7 @@ class Key(NamedTuple):
     kind: str  # str, path, int, bool, size, strlist, args, env, mapping, agents, mounts, freeform
     help: str
     files: frozenset[str] = BOTH
-    children: dict[str, Key] = {}  # never mutated
+    children: Mapping[str, Key] = MappingProxyType({})
     minimum: int | None = None
     check: Callable[[Any], str | None] | None = None
 
@@ -60,7 +62,9 @@ MOUNT_TYPES = ("virtiofs", "9p", "wsl2")
 
 AGENT_KEYS: dict[str, Key] = {
     "binary": Key("str", "Executable of the agent inside the VM."),
-    "defaultArgs": Key("args", "Arguments always passed to the agent (a list, or one string split like a shell would)."),
+    "defaultArgs": Key(
+        "args", "Arguments always passed to the agent (a list, or one string split like a shell would)."
+    ),
     "model": Key("str", "Model passed as --model unless the command line already names one."),
     "vmName": Key("vmname", "VM used for this agent in this project (default: the project's VM).", files=LOCAL),
     "install": Key("str", "Shell command that installs the agent's CLI in the VM (agents you define)."),
@@ -75,11 +79,13 @@ SCHEMA: dict[str, Key] = {
         children={
             "name": Key("vmname", "Lima instance name (default: agentbox-<workspace folder name>)."),
             "cpus": Key("int", "Virtual CPUs.", minimum=1),
-            "memory": Key("size", "Memory, as Lima writes sizes (\"8GiB\")."),
-            "disk": Key("size", "Disk size (\"20GiB\"). Lima cannot shrink a disk."),
+            "memory": Key("size", 'Memory, as Lima writes sizes ("8GiB").'),
+            "disk": Key("size", 'Disk size ("20GiB"). Lima cannot shrink a disk.'),
             "vmType": Key("str", "Lima VM driver (qemu, vz, ...); Lima's default when unset.", check=_check_vm_type),
             "arch": Key("str", "Guest architecture (x86_64, aarch64, ...); the host's when unset.", check=_check_arch),
-            "mountType": Key("str", "virtiofs or 9p; Lima's default for the driver when unset.", check=_check_mount_type),
+            "mountType": Key(
+                "str", "virtiofs or 9p; Lima's default for the driver when unset.", check=_check_mount_type
+            ),
             "template": Key("path", "Your own Jinja2 template for lima.yaml, rendered with agentbox's context."),
             "lima": Key("freeform", "Lima settings deep-merged into the rendered lima.yaml."),
             "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM (default false)."),
@@ -172,7 +178,7 @@ class _Walker:
         except yaml.YAMLError as exc:
             raise self.fail(node, keypath, f"invalid merge key: {exc}") from exc
         seen: dict[str, yaml.Node] = {}
-        items = []
+        items: list[tuple[str, yaml.Node, yaml.Node]] = []
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise self.fail(key_node, keypath, "keys must be plain names")
@@ -187,7 +193,7 @@ class _Walker:
             items.append((key, key_node, value_node))
         return items
 
-    def mapping(self, node: yaml.Node, keys: dict[str, Key], keypath: tuple[str, ...]) -> dict[str, Any]:
+    def mapping(self, node: yaml.Node, keys: Mapping[str, Key], keypath: tuple[str, ...]) -> dict[str, Any]:
         self.visit(node, keypath)
         if _is_null(node):
             return {}
@@ -246,7 +252,9 @@ class _Walker:
 
                 problem = instance_name_problem(value)
                 if problem:
-                    raise self.fail(node, keypath, problem, hint="Pick a name of letters, digits and single . _ - between them.")
+                    raise self.fail(
+                        node, keypath, problem, hint="Pick a name of letters, digits and single . _ - between them."
+                    )
         elif kind == "int":
             if isinstance(value, bool) or not isinstance(value, int):
                 raise self.fail(node, keypath, f"expected a whole number, found {_describe_value(value)}")
@@ -258,7 +266,9 @@ class _Walker:
         elif kind == "size":
             problem = sizes.size_problem(value)
             if problem:
-                raise self.fail(node, keypath, problem, hint='Write sizes as Lima does, for example "8GiB" or "512MiB".')
+                raise self.fail(
+                    node, keypath, problem, hint='Write sizes as Lima does, for example "8GiB" or "512MiB".'
+                )
             value = str(value)  # a bare YAML number is bytes, as Lima reads it
         if spec.check is not None and isinstance(value, str):
             problem = spec.check(value)
@@ -276,7 +286,9 @@ class _Walker:
         if isinstance(node, yaml.ScalarNode):
             value = construct_scalar(node)
             if not isinstance(value, str):
-                raise self.fail(node, keypath, f"expected a string or a list of strings, found {_describe_value(value)}")
+                raise self.fail(
+                    node, keypath, f"expected a string or a list of strings, found {_describe_value(value)}"
+                )
             if split:
                 import shlex
 
@@ -381,7 +393,12 @@ class _Walker:
             value = construct_scalar(node)
             if isinstance(value, bool):
                 return value
-            raise self.fail(node, keypath, f"expected true, false or {'a list of files' if per_agent else 'a mapping'}, found {_describe_value(value)}")
+            raise self.fail(
+                node,
+                keypath,
+                f"expected true, false or {'a list of files' if per_agent else 'a mapping'}, "
+                f"found {_describe_value(value)}",
+            )
         if isinstance(node, yaml.SequenceNode):
             if not per_agent:
                 raise self.fail(node, keypath, "expected true, false or a mapping of netrc/gh/git, found a list")
@@ -416,7 +433,7 @@ _RETIRED = {
 
 def _retired_reason(keypath: tuple[str, ...]) -> str | None:
     for pattern, reason in _RETIRED.items():
-        if len(pattern) == len(keypath) and all(p in ("*", k) for p, k in zip(pattern, keypath)):
+        if len(pattern) == len(keypath) and all(p in ("*", k) for p, k in zip(pattern, keypath, strict=True)):
             return reason
     return None
 
@@ -447,7 +464,7 @@ def _describe_value(value: Any) -> str:
     return type(value).__name__
 
 
-def _all_key_paths(keys: dict[str, Key], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+def _all_key_paths(keys: Mapping[str, Key], prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     paths = []
     for name, spec in keys.items():
         paths.append(prefix + (name,))
@@ -459,7 +476,7 @@ def _all_key_paths(keys: dict[str, Key], prefix: tuple[str, ...] = ()) -> list[t
     return paths
 
 
-def _suggest(key: str, siblings: dict[str, Key], keypath: tuple[str, ...]) -> str:
+def _suggest(key: str, siblings: Mapping[str, Key], keypath: tuple[str, ...]) -> str:
     import difflib
 
     close = difflib.get_close_matches(key, list(siblings), n=1, cutoff=0.6)

@@ -375,7 +375,7 @@ def _as_list(entry: Entry | None) -> list[str | None] | None:
 
 
 def _entry_or_none(value: list[str | None] | None) -> Entry | None:
-    return Entry(*value) if value is not None else None
+    return Entry(str(value[0]), value[1]) if value is not None else None
 
 
 def _entry(path: Path) -> Entry | None:

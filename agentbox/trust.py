@@ -74,7 +74,11 @@ def risky_keys(config: Config) -> list[str]:
             real = Path(os.path.realpath(script.path))
             where = ""
             if not _inside(real, workspace):
-                where = f", a symlink to {visible(str(real))} outside the workspace" if real != script.path else ", a host file outside the workspace"
+                where = (
+                    f", a symlink to {visible(str(real))} outside the workspace"
+                    if real != script.path
+                    else ", a host file outside the workspace"
+                )
             risky.append(f"bootstrap.{hook}: {script.path} (runs in the VM with your logins present{where})")
     for name, agent in data.get("agents", {}).items():
         for key in ("binary", "install", "vmName", "defaultArgs"):
@@ -225,7 +229,9 @@ def pin_changes(old: dict[str, pins.Pin], new: list[pins.Pin]) -> list[tuple[str
         elif before.real != pin.real:
             result.append((visible(f"{key}: {pin.path} now resolves to {pin.real} (it was {before.real})"), None))
         elif before.kind != pin.kind:
-            result.append((f"{key}: {pin.path} is now {_kind_words(pin.kind)} (it was {_kind_words(before.kind)})", None))
+            result.append(
+                (f"{key}: {pin.path} is now {_kind_words(pin.kind)} (it was {_kind_words(before.kind)})", None)
+            )
         elif before.sha256 != pin.sha256:
             result.append((f"{key}: the content of {pin.path} changed", pin))
     result.extend((f"{key}: no longer named ({pin.path})", None) for key, pin in old.items() if key not in current)
@@ -254,7 +260,9 @@ def require_trust(config: Config) -> None:
         if record["manifest"].get("config") != current["config"]:
             changed.append(f"  - {config.local_file.name} itself")
         old_pins = {p["key"]: pins.Pin.from_json(p) for p in record["manifest"].get("pins", [])}
-        changed.extend(f"  - {line}" for line, _ in pin_changes(old_pins, list(map(pins.Pin.from_json, current["pins"]))))
+        changed.extend(
+            f"  - {line}" for line, _ in pin_changes(old_pins, list(map(pins.Pin.from_json, current["pins"])))
+        )
         if changed:
             why += ":\n" + "\n".join(changed) + "\nand it sets"
     raise ConfigError(

@@ -1,4 +1,7 @@
-"""The project VM's lifecycle: find it, create it, start it, recover it. Only this module asks lima.py to change a VM."""
+"""The project VM's lifecycle: find it, create it, start it, recover it.
+
+Only this module asks lima.py to change a VM.
+"""
 
 from __future__ import annotations
 
@@ -88,7 +91,8 @@ def own_vm_instruction(config: Config, name: str) -> str:
     agent = next((a.name for a in config.agents.values() if a.vm_name == name and name != config.vm_name), None)
     where = f"`vmName: {free}` under `agents: {agent}:`" if agent else f"`name: {free}` under `vm:`"
     return visible(
-        f"set {where} in {config.local_file}, then run `agentbox -C {shlex.quote(str(config.local_file.parent))} trust`."
+        f"set {where} in {config.local_file}, "
+        f"then run `agentbox -C {shlex.quote(str(config.local_file.parent))} trust`."
     )
 
 
@@ -121,7 +125,9 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
             except _AlreadyExists:
                 instance = session.instance(name)  # created by an agentbox that did not hold our lock yet
                 if instance is None:
-                    raise StateError(f"limactl says {name} already exists, but `limactl list` does not show it") from None
+                    raise StateError(
+                        f"limactl says {name} already exists, but `limactl list` does not show it"
+                    ) from None
         check_ownership(instance, session.config)
         if instance.status == RUNNING:
             if verify_running(session, instance):
@@ -213,8 +219,13 @@ def create_and_start(session: Session, name: str) -> Instance:
         raise
     write_state(
         name,
-        {"workspace": str(config.require_workspace()), "created": time.time(), "reconnect": True,
-         "fingerprint": drift.creation_fingerprint(config), "expected": effective.expected_from_rendered(template_text)},
+        {
+            "workspace": str(config.require_workspace()),
+            "created": time.time(),
+            "reconnect": True,
+            "fingerprint": drift.creation_fingerprint(config),
+            "expected": effective.expected_from_rendered(template_text),
+        },
     )
     return start(session, name, str(paths.lima_home() / name))
 
@@ -330,7 +341,7 @@ def stop(session: Session, name: str, force: bool = False) -> str | None:
 
 def stop_all(lima: Lima, verbose: bool = False, force: bool = False) -> list[str]:
     stopped = []
-    for instance in lima.list().values():
+    for instance in lima.instances().values():
         if is_agentbox_vm(instance) and instance.status == RUNNING:
             _stop_step(lima, instance.name, force, verbose)
             stopped.append(instance.name)
@@ -416,7 +427,8 @@ def state_file(name: str) -> Path:
 
 def read_state(name: str) -> dict[str, Any]:
     try:
-        return json.loads(state_file(name).read_text())
+        data = json.loads(state_file(name).read_text())
+        return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
 

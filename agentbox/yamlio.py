@@ -44,7 +44,9 @@ def read_config(path: Path) -> ConfigText:
     with os.fdopen(fd, "rb") as handle:
         st = os.fstat(fd)
         if (st.st_dev, st.st_ino) != (before.st_dev, before.st_ino):
-            raise ConfigError(f"{path}: the file was replaced while agentbox was reading it", hint="Run the command again.")
+            raise ConfigError(
+                f"{path}: the file was replaced while agentbox was reading it", hint="Run the command again."
+            )
         _require_regular(path, st)
         try:
             data = handle.read(MAX_CONFIG_BYTES + 1)
@@ -108,7 +110,7 @@ def compose(text: str, path: Path) -> yaml.Node | None:
         raise ConfigError(f"{path}: the YAML is nested too deeply") from exc
 
 
-def construct_scalar(node: yaml.ScalarNode) -> Any:
+def construct_scalar(node: yaml.Node) -> Any:
     """The Python value of one scalar node, as YAML's safe loader resolves it."""
     return _constructor().construct_object(node)
 

@@ -71,7 +71,10 @@ class Sandbox:
         return path
 
     def stub_agent(self) -> None:
-        """`codex` and `kiro` become /bin/true in the VM (the double's guest sees the host's /bin), via the global config."""
+        """`codex` and `kiro` become /bin/true in the VM (the double's guest sees the host's /bin).
+
+        Set in the global config, so every project's launch uses them.
+        """
         config = self.home / ".config" / "agentbox" / "config.yml"
         config.parent.mkdir(parents=True, exist_ok=True)
         config.write_text("agents:\n  codex:\n    binary: /bin/true\n  kiro:\n    binary: /bin/true\n")
@@ -132,8 +135,9 @@ def manifest_check_seconds(box: Sandbox, project: Path, runs: int) -> list[float
         "    samples.append(time.perf_counter() - started)\n"
         "print(json.dumps(samples))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(project), str(runs)], env=box.env, capture_output=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(project), str(runs)], env=box.env, capture_output=True, check=True
+    )
     return json.loads(result.stdout)
 
 
@@ -158,8 +162,9 @@ def tripwire_seconds(box: Sandbox, runs: int) -> list[float]:
         "    samples.append(time.perf_counter() - started)\n"
         "print(json.dumps(samples))\n"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(project), str(runs)], env=box.env, capture_output=True,
-                            check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(project), str(runs)], env=box.env, capture_output=True, check=True
+    )
     return json.loads(result.stdout)
 
 
@@ -190,16 +195,26 @@ def main() -> int:
         counts = {len(calls) for _, _, calls in warm}
         call_lists["warm launch"] = [" ".join(c["argv"]) for c in warm[-1][2]]
         rows.append(
-            ("warm launch", summarize([w for w, _, _ in warm]), summarize(own), "/".join(map(str, sorted(counts))),
-             verdict("warm launch", statistics.median(own), max(counts) <= 2))
+            (
+                "warm launch",
+                summarize([w for w, _, _ in warm]),
+                summarize(own),
+                "/".join(map(str, sorted(counts))),
+                verdict("warm launch", statistics.median(own), max(counts) <= 2),
+            )
         )
 
         box.large_credential(50)
         box.run(["kiro", "--version"], project)  # stages the database once
         large = [box.run(["kiro", "--version"], project) for _ in range(options.runs)]
         rows.append(
-            ("warm, 50 MB cred", summarize([w for w, _, _ in large]), summarize([w - i for w, i, _ in large]),
-             "/".join(map(str, sorted({len(calls) for _, _, calls in large}))), "-")
+            (
+                "warm, 50 MB cred",
+                summarize([w for w, _, _ in large]),
+                summarize([w - i for w, i, _ in large]),
+                "/".join(map(str, sorted({len(calls) for _, _, calls in large}))),
+                "-",
+            )
         )
 
         pinned_project = box.pinned_project(20)
@@ -208,35 +223,57 @@ def main() -> int:
         pinned = [box.run(["codex", "--version"], pinned_project) for _ in range(options.runs)]
         pinned_counts = {len(calls) for _, _, calls in pinned}
         rows.append(
-            ("warm, 20 pins", summarize([w for w, _, _ in pinned]), summarize([w - i for w, i, _ in pinned]),
-             "/".join(map(str, sorted(pinned_counts))), "-")
+            (
+                "warm, 20 pins",
+                summarize([w for w, _, _ in pinned]),
+                summarize([w - i for w, i, _ in pinned]),
+                "/".join(map(str, sorted(pinned_counts))),
+                "-",
+            )
         )
         check = manifest_check_seconds(box, pinned_project, options.runs * 5)
         rows.append(("trust check", summarize(check), "-", "0", verdict("trust check", statistics.median(check))))
         walk = tripwire_seconds(box, options.runs)
-        rows.append(("tripwire, 50k files", summarize(walk), "-", "0",
-                     verdict("tripwire, 50k files", statistics.median(walk))))
+        rows.append(
+            ("tripwire, 50k files", summarize(walk), "-", "0", verdict("tripwire, 50k files", statistics.median(walk)))
+        )
 
         stopped = []
         for _ in range(slow_runs):
             box.run(["stop"], project)
             stopped.append(box.run(LAUNCH, project))
         call_lists["stopped launch"] = [" ".join(c["argv"]) for c in stopped[-1][2]]
-        rows.append(("stopped launch", summarize([w for w, _, _ in stopped]),
-                     summarize([w - i for w, i, _ in stopped]), str(len(stopped[-1][2])), "-"))
+        rows.append(
+            (
+                "stopped launch",
+                summarize([w for w, _, _ in stopped]),
+                summarize([w - i for w, i, _ in stopped]),
+                str(len(stopped[-1][2])),
+                "-",
+            )
+        )
 
         cold = []
         for index in range(slow_runs):
             fresh = box.project(f"cold{index}")
             cold.append(box.run(LAUNCH, fresh))
         call_lists["cold launch"] = [" ".join(c["argv"]) for c in cold[-1][2]]
-        rows.append(("cold launch", summarize([w for w, _, _ in cold]),
-                     summarize([w - i for w, i, _ in cold]), str(len(cold[-1][2])), "-"))
+        rows.append(
+            (
+                "cold launch",
+                summarize([w for w, _, _ in cold]),
+                summarize([w - i for w, i, _ in cold]),
+                str(len(cold[-1][2])),
+                "-",
+            )
+        )
     finally:
         box.remove()
 
     print(f"agentbox benchmark: {options.runs} runs (stopped/cold: {slow_runs}); double latency {options.latency}")
-    print(f"{'path':19} {'wall ms (median min max)':>25}  {'own ms (median min max)':>25}  {'limactl calls':>13}  budget")
+    print(
+        f"{'path':19} {'wall ms (median min max)':>25}  {'own ms (median min max)':>25}  {'limactl calls':>13}  budget"
+    )
     for label, wall, own, calls, ok in rows:
         print(f"{label:19} {wall:>25}  {own:>25}  {calls:>13}  {ok}")
     for label, calls in call_lists.items():

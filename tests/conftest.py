@@ -106,7 +106,7 @@ def returns_within(seconds: float, call: Callable[[], Any], unblock: Callable[[]
 
 
 @pytest.fixture
-def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> "FakeLima":
+def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeLima:
     """The limactl test double, first on PATH, with its state in this test's LIMA_HOME."""
     from tests import fake_limactl
 
@@ -252,3 +252,34 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.write_line("Install what is missing and run again; with CI=1 these are failures, not skips.",
                                 red=True, bold=True)
     terminalreporter.write_sep("!", red=True, bold=True)
+
+
+NAME = "agentbox-myproject"
+
+# A stand-in agent installed in the VM's /usr/local/bin: it records what reached it in the workspace.
+STUB = r"""#!/usr/bin/python3
+import json, os, sys
+data = {"args": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+        "stdin": "" if sys.stdin.isatty() else sys.stdin.read()}
+with open(os.environ["AGENTBOX_TEST_OUT"], "w") as f:
+    json.dump(data, f)
+sys.exit(int(os.environ.get("STUB_EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def vm(project: Path, limactl: FakeLima) -> FakeLima:
+    """The project's VM, started, with stub agents (claude, codex, gemini, kiro-cli) that report what they got."""
+    import stat
+
+    needs_bwrap()
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    bin_dir = limactl.home / NAME / "guestfs" / "usr-local" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for binary in ("claude", "codex", "gemini", "kiro-cli"):
+        path = bin_dir / binary
+        path.write_text(STUB)
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    limactl.clear()
+    return limactl

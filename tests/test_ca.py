@@ -319,8 +319,8 @@ def test_a_new_vm_gets_only_the_certificates_it_does_not_trust_already(
     ]
     lima_yaml = limactl.lima_yaml("agentbox-myproject")
     assert lima_yaml.count("BEGIN CERTIFICATE") == 2
-    assert "corp CA".encode().hex()[:20] in lima_yaml and "local CA 0".encode().hex()[:20] in lima_yaml
-    assert "public root".encode().hex()[:20] not in lima_yaml
+    assert b"corp CA".hex()[:20] in lima_yaml and b"local CA 0".hex()[:20] in lima_yaml
+    assert b"public root".hex()[:20] not in lima_yaml
 
     again = run_cli("start", cwd=project)  # the VM exists: nothing is embedded, nothing said
     assert again.exit_code == 0 and "public" not in again.stderr

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from agentbox import __version__
 from tests.conftest import FakeLima, needs_bwrap, run_cli, write
-from tests.test_launch import NAME, configure, launch, vm  # noqa: F401 - vm is a fixture
+from tests.test_launch import NAME, configure, launch
 
 AGENTS = ["codex", "claude", "gemini", "kiro"]
 VM_COMMANDS = ["start", "stop", "restart", "rm", "status", "ls", "shell"]

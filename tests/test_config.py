@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -562,8 +561,9 @@ def test_text_view_shows_origins(project: Path, home: Path) -> None:
 def test_dash_c_targets_another_project(project: Path, tmp_path: Path) -> None:
     write(project / "agentbox.yml", "vm:\n  cpus: 3\n")
     assert config_json(project)["vm"]["cpus"] == 3
-    from agentbox.cli import cli
     from click.testing import CliRunner
+
+    from agentbox.cli import cli
 
     result = CliRunner().invoke(cli, ["-C", str(project / "nope"), "config"])
     assert result.exit_code == 2

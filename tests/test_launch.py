@@ -11,34 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write, write_trusted
-
-NAME = "agentbox-myproject"
-
-# A stand-in agent installed in the VM's /usr/local/bin: it records what reached it in the workspace.
-STUB = r"""#!/usr/bin/python3
-import json, os, sys
-data = {"args": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
-        "stdin": "" if sys.stdin.isatty() else sys.stdin.read()}
-with open(os.environ["AGENTBOX_TEST_OUT"], "w") as f:
-    json.dump(data, f)
-sys.exit(int(os.environ.get("STUB_EXIT", "0")))
-"""
-
-
-@pytest.fixture
-def vm(project: Path, limactl: FakeLima) -> FakeLima:
-    needs_bwrap()
-    result = run_cli("start", cwd=project)
-    assert result.exit_code == 0, result.stderr
-    bin_dir = limactl.home / NAME / "guestfs" / "usr-local" / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    for binary in ("claude", "codex", "gemini", "kiro-cli"):
-        path = bin_dir / binary
-        path.write_text(STUB)
-        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    limactl.clear()
-    return limactl
+from tests.conftest import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 
 def launch(project: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

@@ -317,8 +317,9 @@ def _running_limactl(subcommand: str | None = None) -> list[tuple[int, list[str]
             environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if marker in environ and any(w.endswith("limactl.py") for w in words):
-            if subcommand is None or subcommand in words:
+        if marker in environ and any(w.endswith("limactl.py") for w in words) and (
+            subcommand is None or subcommand in words
+        ):
                 found.append((int(pid), words))
     return found
 

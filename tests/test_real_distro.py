@@ -18,13 +18,14 @@ What differs from a VM, and why:
   scripts maps https://nodejs.org/dist/ to it, so 30-nodejs.sh still downloads, checks SHASUMS256
   and unpacks. gh is Debian's package, in the image, so 40-github-cli.sh finds it installed.
 
-Slow (minutes when nothing is cached) and needs the network: deselected by default. Run it with
-`python3 -m pytest -m realdistro` (as root, with debootstrap and npm on the host); .ci/run does.
-Outside CI a missing requirement skips it with the reason; in CI (CI set) it fails instead.
+Slow (minutes when nothing is cached) and needs the network; part of the whole suite. Run only it
+with `python3 -m pytest -m realdistro` (as root, with debootstrap and npm on the host). Outside CI a
+missing requirement skips it with the reason; in CI (CI set) it fails instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -44,7 +45,8 @@ import pytest
 
 from tests.conftest import REAL_HOME
 
-pytestmark = pytest.mark.realdistro
+# One xdist worker runs the whole tier (`pytest -n auto --dist loadgroup`): its fixture is per module.
+pytestmark = [pytest.mark.realdistro, pytest.mark.xdist_group("realdistro")]
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
@@ -81,6 +83,16 @@ def run(cmd: list[str], timeout: float = 1800, **kwargs) -> subprocess.Completed
 
 def cache_dir() -> Path:
     return Path(os.environ.get("AGENTBOX_TEST_CACHE") or Path(REAL_HOME) / ".cache" / "agentbox-tests")
+
+
+@contextlib.contextmanager
+def cache_lock() -> Iterator[None]:
+    import fcntl
+
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with open(cache_dir() / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def rootfs_tarball() -> Path:
@@ -259,7 +271,8 @@ def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisione
     if problem:
         unavailable(problem)
     started = time.monotonic()
-    tarball, dist = rootfs_tarball(), node_dist()
+    with cache_lock():  # parallel workers (pytest -n) and parallel runs build the cache once
+        tarball, dist = rootfs_tarball(), node_dist()
     print(f"\nreal-distro cache ready after {time.monotonic() - started:.0f}s ({cache_dir()})")
 
     base = tmp_path_factory.mktemp("realdistro")
@@ -339,7 +352,9 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
     with pytest.MonkeyPatch.context() as patch:
         for key, value in p.env.items():
             patch.setenv(key, value)
-        from agentbox import bootstrap, config as config_module, launch as launch_module, render
+        from agentbox import bootstrap, render
+        from agentbox import config as config_module
+        from agentbox import launch as launch_module
 
         config = config_module.load(p.project)
         agent_config = config.agent(agent) if agent else None

@@ -111,7 +111,7 @@ def test_trusted_local_may_run_a_host_bootstrap_script(project: Path, home: Path
 # -- what trust pins: the paths the file names, and the bytes that were parsed ------------------
 
 
-def _start(project: Path) -> "object":
+def _start(project: Path) -> object:
     return run_cli("start", cwd=project)
 
 

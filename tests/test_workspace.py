@@ -201,7 +201,7 @@ def test_the_clash_hint_is_one_command_that_fixes_it(home: Path, limactl: FakeLi
 
 
 def test_the_clash_hint_with_an_existing_agentbox_yml_edits_it_and_trusts(home: Path, limactl: FakeLima) -> None:
-    first, second = two_apps(home, limactl)
+    _first, second = two_apps(home, limactl)
     local = write(second / "agentbox.yml", "vm:\n  cpus: 2\n")
     result = run_cli("start", cwd=second)
     assert result.exit_code == 1

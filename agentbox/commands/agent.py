@@ -176,7 +176,9 @@ def answer_query(ctx: click.Context, name: str, query: str) -> int:
     if query == "--version":
         from agentbox import __version__
 
-        installed = f"; agentbox installs it at the first launch with `{_shown(agent.install)}`" if agent.install else ""
+        installed = ""
+        if agent.install:
+            installed = f"; agentbox installs it at the first launch with `{_shown(agent.install)}`"
         raise StateError(
             f"{binary}'s version is that of the {binary} in the VM {vm_name}, which {state}; "
             "agentbox does not create or start a VM to ask it",
@@ -254,7 +256,9 @@ def _agent_rows(
     if agent.model and after is not None:
         runs += " (--model is left out when ARGS has --model or -m)"
     elif agent.model:
-        runs += f" (model {_shown(agent.model)} is not passed: defaultArgs lack `{BUILTIN_AGENTS[name].model_after_arg}`)"
+        runs += (
+            f" (model {_shown(agent.model)} is not passed: defaultArgs lack `{BUILTIN_AGENTS[name].model_after_arg}`)"
+        )
     if agent.install:
         install = f"{_shown(agent.install)} (in the VM, at a launch that finds {binary} missing)"
     else:

@@ -120,7 +120,8 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
     if not candidates:
         raise AgentboxError(
             f"the System keychain ({cacerts.SYSTEM_KEYCHAIN}) holds no certificates besides Apple's own",
-            hint="Add your organisation's root certificate in Keychain Access, or put its PEM file's path in `caCert:`.",
+            hint="Add your organisation's root certificate in Keychain Access, "
+            "or put its PEM file's path in `caCert:`.",
         )
     chosen = _choose(candidates, take_all, selection)
     if not chosen:
@@ -130,7 +131,9 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
     previous = cacerts.set_ca_cert(config_file, pem_path, "global" if is_global else "local")
     count = len(chosen)
     click.echo(f"Wrote {count} certificate{'s' if count != 1 else ''} to {pem_path}")
-    click.echo(f"Set caCert in {config_file}" + (f" (it was {previous})" if previous and previous != str(pem_path) else ""))
+    click.echo(
+        f"Set caCert in {config_file}" + (f" (it was {previous})" if previous and previous != str(pem_path) else "")
+    )
     if not is_global and cacerts.ensure_gitignored(config.require_workspace()):
         click.echo(f"Added {cacerts.LOCAL_PEM_NAME} to {config.require_workspace() / '.gitignore'}")
     if is_global and config.origins.get("caCert", "").startswith("local"):
@@ -166,9 +169,8 @@ def _targets(config: Config, is_global: bool) -> tuple[Path, Path]:
             _refuse_unused(config_file, config)
         return config_file.parent / cacerts.GLOBAL_PEM_NAME, config_file
     workspace = config.require_workspace()
-    config_file = config.local_file
-    if config_file is None:
-        config_file = workspace / paths.LOCAL_CONFIG_NAME
+    config_file = config.local_file or workspace / paths.LOCAL_CONFIG_NAME
+    if config.local_file is None:
         _refuse_unused(config_file, config)
     return workspace / cacerts.LOCAL_PEM_NAME, config_file
 
@@ -179,7 +181,9 @@ def _refuse_unused(config_file: Path, config: Config) -> None:
 
     if os.path.lexists(config_file):
         reason = next((notice for notice in config.notices if str(config_file) in notice), "agentbox does not use it")
-        raise AgentboxError(f"{config_file} exists but is not used: {reason}", hint="Fix that first, then run this again.")
+        raise AgentboxError(
+            f"{config_file} exists but is not used: {reason}", hint="Fix that first, then run this again."
+        )
 
 
 def _choose(candidates: list[Certificate], take_all: bool, selection: str | None) -> list[Certificate]:

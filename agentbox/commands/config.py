@@ -87,12 +87,15 @@ def template_command(ctx: click.Context, agent: str | None) -> None:
         raise click.BadParameter(f"unknown agent {agent!r} (known: {', '.join(loaded.agents)})", param_hint="--agent")
     name = loaded.agent(agent).vm_name if agent else loaded.vm_name
     warn_if_untrusted(loaded)
-    present = (("vm.template", "template" in loaded.local_data.get("vm", {})), ("caCert", "caCert" in loaded.local_data))
+    present = (
+        ("vm.template", "template" in loaded.local_data.get("vm", {})),
+        ("caCert", "caCert" in loaded.local_data),
+    )
     named = [key for key, found in present if found]
     if named and loaded.local_file is not None and not trust.is_trusted(loaded):
         raise ConfigError(
-            f"{loaded.local_file} is not trusted, and its {' and '.join(named)} would make agentbox read host files into the "
-            "rendered lima.yaml; agentbox renders nothing from an untrusted config that names files",
+            f"{loaded.local_file} is not trusted, and its {' and '.join(named)} would make agentbox read host files "
+            "into the rendered lima.yaml; agentbox renders nothing from an untrusted config that names files",
             hint=f"Read it with `agentbox trust --show`, then `agentbox -C {loaded.local_file.parent} trust`.",
         )
     click.echo(render.render(loaded, name), nl=False)

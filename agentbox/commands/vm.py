@@ -148,7 +148,7 @@ def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     session = session_for(ctx, needs_config=False)
     rows = [
         vm.describe(instance, instance.name, vm.workspace_of(instance))
-        for instance in session.lima.list().values()
+        for instance in session.lima.instances().values()
         if show_all or vm.is_agentbox_vm(instance)
     ]
     if as_json:

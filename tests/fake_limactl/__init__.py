@@ -17,16 +17,29 @@ import shutil
 import stat
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 LIMACTL_PY = Path(__file__).resolve().with_name("limactl.py")
 STATE_FILE = "fake-state.json"
 VERSION = "v2.2.0"
 
 __all__ = [
-    "LIMACTL_PY", "install", "make_env", "read_calls", "clear_calls", "read_state", "write_state",
-    "set_status", "instance_dir", "guest_dir", "guest_home", "guest_user", "bwrap_available", "VERSION",
+    "LIMACTL_PY",
+    "VERSION",
+    "bwrap_available",
+    "clear_calls",
+    "guest_dir",
+    "guest_home",
+    "guest_user",
+    "install",
+    "instance_dir",
+    "make_env",
+    "read_calls",
+    "read_state",
+    "set_status",
+    "write_state",
 ]
 
 

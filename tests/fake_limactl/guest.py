@@ -506,7 +506,7 @@ def _spawn_in_userns(cmd: list[str], env: dict[str, str], ids: Ids, stdio: tuple
             os.setgroups([])
             os.setresuid(0, 0, 0)
             os.execve(cmd[0], cmd, env)
-        except BaseException as e:  # noqa: BLE001 - report and leave; never return into the parent's code
+        except BaseException as e:
             with contextlib.suppress(Exception):
                 os.write(2, f"fake limactl: cannot start the guest sandbox: {e}\n".encode())
             os._exit(127)
@@ -576,7 +576,7 @@ class SudoBridge:
         self.host_path = ""
         self.guest_path = ""
 
-    def __enter__(self) -> "SudoBridge":
+    def __enter__(self) -> SudoBridge:
         run_dir = guestfs(self.inst.dir, RUN_TOOLS)
         if not os.path.isdir(run_dir):
             os.makedirs(run_dir, exist_ok=True)
@@ -623,7 +623,7 @@ class SudoBridge:
                 os.close(fd)
             fds = []
             code = wait(pid, forward_signals=False)
-        except Exception as e:  # noqa: BLE001 - the guest's sudo prints it
+        except Exception as e:
             code = 1
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"error": str(e)}).encode() + b"\n")

@@ -76,8 +76,9 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import guest  # tests/fake_limactl/guest.py: the guest machine (this script's folder is on sys.path)
 from guest import GUEST_PATH, guestfs, hostname_of
@@ -1741,7 +1742,7 @@ def _print_table(ctx: Ctx, instances: list[Instance]) -> None:
     # text/tabwriter(minwidth=4, tabwidth=8, padding=4): every cell but the last is padded.
     widths = [max(4, max(len(r[i]) for r in rows) + 4) for i in range(len(rows[0]) - 1)]
     for r in rows:
-        out("".join(c.ljust(w) for c, w in zip(r, widths)) + r[-1] + "\n")
+        out("".join(c.ljust(w) for c, w in zip(r, widths, strict=False)) + r[-1] + "\n")
 
 
 CREATE_FLAGS = dict(_edit_flags(), name=Flag("str", default=""), **{"list-templates": Flag("bool"),

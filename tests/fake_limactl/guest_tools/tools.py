@@ -249,7 +249,7 @@ def dpkg_query(args: list[str]) -> int:
     for a in it:
         if a in ("-f", "--showformat"):
             fmt = next(it, fmt)
-        elif a.startswith("--showformat=") or a.startswith("-f="):
+        elif a.startswith(("--showformat=", "-f=")):
             fmt = a.split("=", 1)[1]
         elif a.startswith("-f") and len(a) > 2:
             fmt = a[2:]

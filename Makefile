@@ -1,0 +1,24 @@
+# Tasks for working on agentbox. `make test` is the README's test command; CI (.ci/run) runs it after `make lint`.
+.PHONY: install test test-parallel test-fast lint bench
+
+PYTHON ?= python3
+
+install:  ## the package with the test and checker extras, editable
+	$(PYTHON) -m pip install -e '.[dev]'
+
+test:  ## the whole suite, as CI runs it
+	$(PYTHON) -m pytest
+
+test-parallel:  ## the whole suite on every core (pytest-xdist; the real-distribution tier stays on one worker)
+	$(PYTHON) -m pytest -n auto --dist loadgroup
+
+test-fast:  ## everything but the real-distribution tier, on every core
+	$(PYTHON) -m pytest -n auto -m 'not realdistro'
+
+lint:  ## ruff, mypy and shellcheck with the project's configuration
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m mypy
+	shellcheck --severity=style provision/*.sh wrappers/*
+
+bench:  ## start-up and launch timings against the limactl double, as a table
+	$(PYTHON) benchmarks/run.py
