@@ -2,27 +2,24 @@
 
 Every script, in the workspace or not, is read once (pins.read: regular file, size-capped, the
 content trust checked) and copied into the read-only staging folder under a name made from its
-digest; the VM runs that copy, in the workspace. So the bytes that run are the bytes that were
-checked, even if something rewrites the script while the launch is under way. A project's
-agentbox.yml names scripts only with the user's trust (trust.py); callers gate on it.
+digest (agentbox.staging writes the copies); the VM runs that copy, in the workspace. So the bytes
+that run are the bytes that were checked, even if something rewrites the script while the launch
+is under way. A project's agentbox.yml names scripts only with the user's trust (trust.py);
+callers gate on it.
 """
 
 import hashlib
-from pathlib import Path
 from typing import NamedTuple
 
-from agentbox import pins
+from agentbox import pins, staging
 from agentbox.config import Config, Script
 from agentbox.errors import ConfigError
-from agentbox.fsutil import atomic_write, private_dir
-
-STAGED_DIR = "bootstrap"
 
 
 class Plan(NamedTuple):
     on_create: list[str]  # paths as the VM sees them (in the staging folder)
     on_start: list[str]
-    staged: dict[str, bytes]  # file name in staging/bootstrap -> content
+    staged: dict[str, bytes]  # file name in the staging folder's bootstrap/ -> content
 
 
 def plan(config: Config, staging_mount: str) -> Plan:
@@ -40,19 +37,9 @@ def plan(config: Config, staging_mount: str) -> Plan:
         data = pins.read(path, f"bootstrap.{key}")
         name = f"{hashlib.sha256(data).hexdigest()[:16]}-{path.name}"
         staged[name] = data
-        return f"{staging_mount}/{STAGED_DIR}/{name}"
+        return f"{staging_mount}/{staging.BOOTSTRAP}/{name}"
 
     on_create = [place(s, "onCreateScript") for s in config.on_create]
     on_start = [place(s, "onStartScript") for s in config.on_start]
     return Plan(on_create, on_start, staged)
 
-
-def stage(plan: Plan, staging: Path) -> None:
-    """Write the copies (named by content, so an existing one is already right) and drop stale ones."""
-    folder = private_dir(staging / STAGED_DIR)
-    for name, data in plan.staged.items():
-        if not (folder / name).is_file():
-            atomic_write(folder / name, data, mode=0o600)
-    for leftover in folder.iterdir():
-        if leftover.name not in plan.staged:
-            leftover.unlink()

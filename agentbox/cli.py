@@ -15,7 +15,7 @@ import click
 
 from agentbox import __version__, timing
 from agentbox.agents import BUILTIN_AGENTS
-from agentbox.errors import AgentboxError
+from agentbox.errors import AgentboxError, LimaError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
@@ -153,6 +153,16 @@ def _write_crash_log() -> str:
 
 
 def report_error(exc: AgentboxError) -> None:
+    """The error on stderr: a failed limactl's last lines and log first, then the message and its hint."""
+    if isinstance(exc, LimaError):
+        from agentbox.safetext import visible
+
+        if exc.tail:
+            click.echo("Last lines from limactl:", err=True)
+            for line in exc.tail:
+                click.echo(f"  {visible(line)}", err=True)
+        if exc.log_path:
+            click.echo(f"Lima's logs: {exc.log_path}", err=True)
     click.echo(f"agentbox: error: {exc.message}", err=True)
     if exc.hint:
         click.echo(f"hint: {exc.hint}", err=True)

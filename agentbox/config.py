@@ -2,7 +2,6 @@
 
 import copy
 import os
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -645,5 +644,7 @@ def _check_socket_length(name: str, lima_home: Path, where: str | None) -> None:
 
 
 def print_notices(config: Config) -> None:
+    from agentbox.progress import warn
+
     for notice in config.notices:
-        print(f"agentbox: warning: {notice}", file=sys.stderr)
+        warn(notice)

@@ -1,19 +1,18 @@
-"""Host logins for the VM: staged read-only, copied into the guest home only when the host's copy changed.
+"""Host logins for the VM: which files, copied only when they changed, and the safe part of ~/.gitconfig.
 
-Host side (here): on each launch, refresh `staging/creds/` with exactly the configured files (0600
-files in 0700 folders, never a whole home directory) and a manifest of their digests. A file whose
-size, mtime, ctime and inode are those recorded when it was staged is not read again. Guest side
-(launch.sh): copy a file into the guest home only when its digest differs from the one it last
-applied, so a token the agent refreshed in the VM survives until the host's copy changes.
+Host side (here, called by agentbox.staging, which owns the folder's layout): on each launch, copy
+exactly the configured files (0600 files in 0700 folders, never a whole home directory) into the
+staging folder. A file whose size, mtime, ctime and inode are those recorded when it was staged is
+not read again. Guest side (launch.sh): copy a file into the guest home only when its digest
+differs from the one it last applied, so a token the agent refreshed in the VM survives until the
+host's copy changes.
 """
-
 import hashlib
 import json
 import os
 import shutil
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -24,8 +23,7 @@ from agentbox.pins import RACY_NS
 
 GH_FILES = ("~/.config/gh/hosts.yml", "~/.config/gh/config.yml")
 NETRC = "~/.netrc"
-# What was staged, by guest path: [host path, size, mtime_ns, ctime_ns, inode, device, sha256, hashed at (ns)].
-STAMPS = "stamps.json"
+# A stamps file holds, by guest path: [host path, size, mtime_ns, ctime_ns, inode, device, sha256, hashed at (ns)].
 _DIGEST = 6
 _HASHED_AT = 7
 # Host paths that live elsewhere in the Linux guest.
@@ -62,16 +60,15 @@ def guest_path_for(host_path: str) -> str:
     return host_path
 
 
-def refresh(staging: Path, host_files: list[str], include_git_identity: bool) -> tuple[list[Staged], list[str]]:
-    """Stage host_files (`~/...` paths) under staging/creds; return what was staged and warnings.
+def stage_files(files_root: Path, stamps_file: Path, host_files: list[str]) -> tuple[list[Staged], list[str]]:
+    """Copy host_files (`~/...` paths) under files_root at their guest paths; return what was staged and warnings.
 
-    Several host paths may land on one guest path (Kiro's macOS and Linux locations): the first one
-    that exists wins. A file whose stat signature is the one recorded when it was last staged is
-    neither read nor hashed again (a Kiro database can be tens of MB, and this runs at every launch).
+    Files no longer listed are removed. Several host paths may land on one guest path (Kiro's macOS
+    and Linux locations): the first one that exists wins. A file whose stat signature is the one
+    recorded in stamps_file when it was last staged is neither read nor hashed again (a Kiro
+    database can be tens of MB, and this runs at every launch).
     """
-    creds = private_dir(staging / "creds")
-    files_root = creds / "home"
-    recorded = _load_stamps(creds)
+    recorded = _load_stamps(stamps_file)
     stamps: dict[str, list[Any]] = {}
     staged: list[Staged] = []
     warnings: list[str] = []
@@ -89,10 +86,7 @@ def refresh(staging: Path, host_files: list[str], include_git_identity: bool) ->
         stamps[relative] = stamp
         staged.append(Staged(relative, host, stamp[_DIGEST]))
     _remove_unlisted(files_root, {s.guest_path for s in staged})
-    manifest = "".join(f"{s.digest} {s.guest_path}\0" for s in staged).encode()
-    write_if_changed(creds / "manifest", manifest)
-    write_if_changed(creds / STAMPS, json.dumps(stamps, sort_keys=True).encode())
-    _refresh_git_identity(creds, include_git_identity)
+    write_if_changed(stamps_file, json.dumps(stamps, sort_keys=True).encode())
     return staged, warnings
 
 
@@ -168,17 +162,17 @@ def _staged_size(target: Path) -> int | None:
     return st.st_size if stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600 else None
 
 
-def _load_stamps(creds: Path) -> dict[str, Any]:
+def _load_stamps(stamps_file: Path) -> dict[str, Any]:
     try:
-        loaded = json.loads((creds / STAMPS).read_bytes())
+        loaded = json.loads(stamps_file.read_bytes())
     except (OSError, ValueError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
 
 
-def _refresh_git_identity(creds: Path, wanted: bool) -> None:
-    """Re-read ~/.gitconfig (a `git config` run) only when it changed since the last launch."""
-    target, stamp_file = creds / "gitconfig", creds / "gitconfig.stamp"
+def refresh_git_identity(target: Path, stamp_file: Path, wanted: bool) -> None:
+    """target: git_identity() when wanted (absent when empty), remade only when ~/.gitconfig changed
+    since stamp_file was written (each check would otherwise run `git config`)."""
     source = paths.home() / ".gitconfig"
     try:
         st = source.stat()
@@ -259,7 +253,3 @@ def _remove_unlisted(root: Path, keep: set[str]) -> None:
         elif path.is_dir() and not any(path.iterdir()):
             path.rmdir()
 
-
-def warn(messages: list[str]) -> None:
-    for message in messages:
-        print(f"agentbox: warning: {message}", file=sys.stderr)

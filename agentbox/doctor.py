@@ -5,7 +5,8 @@ in the VM), not for every agent agentbox knows; the VM check includes settings c
 created (agentbox.drift), which only a new VM gets.
 
 Every check becomes a Check (OK, WARN or FAIL); nothing here raises for a problem it finds. It
-costs at most three limactl calls: `--version`, `list` and, when the VM runs, one `shell`.
+costs at most three limactl calls: `--version`, `list` and, when the VM runs, one `shell` that runs
+provision/doctor-probe.sh.
 """
 
 from __future__ import annotations
@@ -26,21 +27,11 @@ if TYPE_CHECKING:
 OK = "OK"
 WARN = "WARN"
 FAIL = "FAIL"
-GUARD_MARKER = "agentbox-managed: readonly-remote"
-HOOKS_DIR = ".config/agentbox/hooks"  # relative to the guest home, as in provision/launch.sh
-_PROBE_TAG = "agentbox-doctor"
 VM_MISSING = "the VM does not exist yet"
-# One `limactl shell` answers every in-VM question: each line is "agentbox-doctor KIND VALUE [PATH]".
-PROBE_SCRIPT = (
-    'for f in "$@"; do if [ -e "$HOME/$f" ]; then r=yes; else r=no; fi; echo "' + _PROBE_TAG + ' cred $r $f"; done; '
-    'for n in git gh; do w="$HOME/.local/bin/$n"; '
-    'if [ ! -e "$w" ]; then r=none; elif grep -q "' + GUARD_MARKER + '" "$w"; then r=guard; else r=foreign; fi; '
-    'echo "' + _PROBE_TAG + ' wrapper $r $n"; done; '
-    'h="$(git config --global --get core.hooksPath 2>/dev/null || true)"; '
-    'if [ "$h" = "$HOME/' + HOOKS_DIR + '" ] && [ -e "$HOME/' + HOOKS_DIR + '/pre-push" ]; then r=yes; else r=no; fi; '
-    'echo "' + _PROBE_TAG + ' hooks $r"'
-)
-
+# One `limactl shell` answers every in-VM question: provision/doctor-probe.sh, whose every line is
+# "agentbox-doctor KIND VALUE [PATH]".
+PROBE = "doctor-probe.sh"
+_PROBE_TAG = "agentbox-doctor"
 
 class Check(NamedTuple):
     check: str  # a stable id: "lima", "config", "vm", "credentials.claude", ...
@@ -382,6 +373,7 @@ def probe_vm(
     lima: Lima, config: Config, instance: Instance | None, owned: bool, lima_usable: bool, checks: list[Check]
 ) -> Probe:
     """Look inside the VM once (only when it runs and is this workspace's)."""
+    from agentbox import resources
     from agentbox.lima import RUNNING
 
     if not lima_usable:
@@ -394,7 +386,8 @@ def probe_vm(
         return _no_probe(f"the VM is {instance.status or 'not running'}")
     relatives = sorted({guest[2:] for _, guests in credential_groups(config) for guest in guests})
     try:
-        code, output = lima.shell_output(instance.name, ["bash", "-c", PROBE_SCRIPT, _PROBE_TAG, *relatives])
+        script = resources.text("provision", PROBE)
+        code, output = lima.shell_output(instance.name, ["bash", "-c", script, _PROBE_TAG, *relatives])
     except LimaError as error:
         code, output = -1, error.message
     probe = parse_probe(output)
@@ -596,10 +589,10 @@ def _login_state(
     check: str, label: str, on_host: list[str], total: int, vm_name: str, probe: Probe, hint: str
 ) -> Check:
     """A login present on the host: is it staged for the VM, and is it in the VM?"""
-    from agentbox import render
+    from agentbox import staging
 
-    staging = render.staging_dir(vm_name) / "creds" / "home"
-    staged = all((staging / guest[2:]).is_file() for guest in on_host)
+    staged_home = staging.folder(vm_name) / staging.CREDS_HOME
+    staged = all((staged_home / guest[2:]).is_file() for guest in on_host)
     count = f" ({len(on_host)} of {total} files)" if len(on_host) != total else ""
     parts = [f"logged in on the host{count}", "staged" if staged else "not staged now"]
     if probe.reason is None:

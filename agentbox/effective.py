@@ -328,9 +328,9 @@ def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset
 
 
 def check_mount_locations(name: str, expected: dict[str, Any]) -> None:
-    from agentbox.render import staging_dir
+    from agentbox import staging
 
-    problems = mount_redirections(expected, frozenset({os.path.realpath(staging_dir(name))}))
+    problems = mount_redirections(expected, frozenset({os.path.realpath(staging.folder(name))}))
     if problems:
         raise RefusedError(
             f"refusing to start {name}: Lima would mount something else than agentbox rendered: " + "; ".join(problems),

@@ -31,21 +31,26 @@ class StateError(AgentboxError):
 
 
 class LimaError(AgentboxError):
-    """limactl failed, or could not be run."""
+    """limactl failed, or could not be run.
+
+    Besides the message, the error boundary (cli.py) prints `tail`, the last lines of a long
+    operation's output (create, start, stop), and `log_path`, Lima's log of the instance, when the
+    code that knows the instance sets it.
+    """
 
     def __init__(
         self,
         message: str,
         hint: str | None = None,
         *,
-        argv: list[str] | None = None,
-        exit_code: int | None = None,
         stderr_lines: list[str] | None = None,
+        tail: list[str] | None = None,
+        log_path: str | None = None,
     ) -> None:
         super().__init__(message, hint)
-        self.argv = argv or []
-        self.limactl_exit_code = exit_code
-        self.stderr_lines = stderr_lines or []
+        self.stderr_lines = stderr_lines or []  # Lima's messages, for callers that look for a known one
+        self.tail = tail or []
+        self.log_path = log_path
 
 
 class Interrupted(AgentboxError):

@@ -1,8 +1,9 @@
 """The only module that runs limactl. Everything else asks it.
 
-Captured calls (list, create, start, stop, delete, copy) return parsed results or raise LimaError
-carrying the command, exit code and Lima's own messages. `shell` is attached: the terminal, stdin,
-stdout and stderr pass straight through and its exit code is returned.
+Captured calls (list, create, start, stop, delete) return parsed results or raise LimaError
+naming the command and exit code, with Lima's own messages (and, from the long ones, the last
+lines of their output). `shell` is attached: the terminal, stdin, stdout and stderr pass straight
+through and its exit code is returned.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -74,7 +74,7 @@ class Instance(NamedTuple):
 class Lima:
     """Runs limactl. `on_output` receives every stderr/stdout line of long operations.
 
-    Quick captured calls (list, delete, copy, --version) and the attached `shell` use subprocess;
+    Quick captured calls (list, delete, --version) and the attached `shell` use subprocess;
     the long streamed ones (create, start, stop) use `sh`, whose line callbacks feed the progress
     display. Importing `sh` costs about 45 ms, a third of a warm launch's budget, so the warm path
     (list + shell) never imports it.
@@ -120,9 +120,6 @@ class Lima:
 
     def delete(self, name: str, force: bool = False) -> None:
         self._captured(["--tty=false", "delete", *(["--force"] if force else []), name])
-
-    def copy(self, sources: Sequence[str], target: str, recursive: bool = False) -> None:
-        self._captured(["copy", *(["-r"] if recursive else []), *sources, target])
 
     # -- attached ------------------------------------------------------------------------------
     def shell(
@@ -254,19 +251,12 @@ class Lima:
             return LimaError(
                 "limactl refuses to run as root, so agentbox cannot manage VMs from this account.",
                 hint="Run agentbox as your normal user (not with sudo or as root).",
-                argv=args,
-                exit_code=code,
                 stderr_lines=messages,
             )
         summary = messages[-1] if messages else f"exit code {code}"
-        error = LimaError(
-            f"`limactl {' '.join(args)}` failed (exit {code}): {summary}",
-            argv=args,
-            exit_code=code,
-            stderr_lines=messages,
+        return LimaError(
+            f"`limactl {' '.join(args)}` failed (exit {code}): {summary}", stderr_lines=messages, tail=tail
         )
-        error.tail = tail or []  # type: ignore[attr-defined]
-        return error
 
 
 class LogLine(NamedTuple):
@@ -358,14 +348,3 @@ def _restore_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
-
-def print_failure_details(error: LimaError, instance_dir: str | None) -> None:
-    from agentbox.safetext import visible
-
-    tail = getattr(error, "tail", [])
-    if tail:
-        print("Last lines from limactl:", file=sys.stderr)
-        for line in tail:
-            print(f"  {visible(line)}", file=sys.stderr)
-    if instance_dir:
-        print(f"Lima's logs: {os.path.join(instance_dir, 'ha.stderr.log')}", file=sys.stderr)

@@ -71,10 +71,6 @@ def set_quiet(quiet: bool) -> None:
     _quiet = quiet
 
 
-def is_quiet() -> bool:
-    return _quiet
-
-
 def phase_of(line: str) -> str | None:
     for fragment, phase in _PHASES:
         if fragment in line:

@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import gitdirs, paths, resources
+from agentbox import gitdirs, resources, staging
 from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
 from agentbox.progress import warn
@@ -45,11 +45,6 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
     return "\n".join(lines)
 
 
-def staging_dir(vm_name: str) -> Path:
-    """The host folder the VM mounts read-only, at the same path (like every agentbox mount)."""
-    return paths.vm_state_dir(vm_name) / "staging"
-
-
 def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     workspace = config.require_workspace()
     mounts = [RenderedMount(str(workspace), str(workspace), True)]
@@ -64,7 +59,7 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     if config.protect_git_hooks and hooks is not None:
         # Mounted after the writable workspace, so this read-only view wins inside it.
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
-    mounts.append(RenderedMount(str(staging_dir(vm_name)), str(staging_dir(vm_name)), False))
+    mounts.append(RenderedMount(str(staging.folder(vm_name)), str(staging.folder(vm_name)), False))
     for mount in config.mounts:
         # Lima gets the resolved path: a symlink swapped in later cannot redirect the mount.
         mounts.append(RenderedMount(os.path.realpath(mount.location), mount.mount_point, mount.writable))
@@ -103,7 +98,7 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
         "propagate_proxy_env": False,
         "ca_certs": prov.ca_certs,
         "workspace": str(config.require_workspace()),
-        "staging_mount": str(staging_dir(vm_name)),
+        "staging_mount": str(staging.folder(vm_name)),
         "system_scripts": prov.system_scripts,
         "user_scripts": prov.user_scripts,
         "data_files": prov.data_files,

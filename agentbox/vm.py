@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from agentbox import drift, effective, paths
-from agentbox import lima as limamod
 from agentbox.config import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -189,12 +188,12 @@ class _AlreadyExists(Exception):
 
 
 def create_and_start(session: Session, name: str) -> Instance:
-    from agentbox import render
+    from agentbox import render, staging
 
     config = session.config
     template_text = render.render(config, name)
     state = private_dir(paths.vm_state_dir(name))
-    private_dir(render.staging_dir(name))
+    private_dir(staging.folder(name))
     template_path = state / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
     try:
@@ -210,7 +209,7 @@ def create_and_start(session: Session, name: str) -> Instance:
             raise _AlreadyExists() from None
         # We hold the VM's lock, so anything left under this name is our own half-made VM.
         leftover = session.instance(name)
-        limamod.print_failure_details(error, leftover.dir if leftover else None)
+        error.log_path = leftover.log_path if leftover is not None else None
         if leftover is not None:
             session.lima.delete(name, force=True)
             error.hint = f"The half-created VM {name} was removed; nothing else changed."
@@ -250,7 +249,7 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
             hint="Run the same command again: agentbox waits for the VM to finish starting.",
         ) from None
     except LimaError as error:
-        limamod.print_failure_details(error, instance_dir)
+        error.log_path = log_path
         if any(line.startswith("degraded") for line in error.stderr_lines):
             error.hint = (
                 f"{name} is running, but its provisioning did not finish (a readiness probe failed). "
@@ -282,14 +281,17 @@ def recover(session: Session, instance: Instance) -> Instance:
     except RefusedError:
         raise
     except (LimaError, StateError) as error:
-        raise StateError(
-            f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}",
-            hint=(
-                f"Lima's instance folder: {instance.dir}; its log: {instance.log_path}. "
-                "To start over: `agentbox start --recreate`, or `agentbox rm --force` and run again "
-                "(this deletes the VM's disk; your workspace on the host is not touched)."
-            ),
-        ) from None
+        message = f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}"
+        hint = (
+            f"Lima's instance folder: {instance.dir}; its log: {instance.log_path}. "
+            "To start over: `agentbox start --recreate`, or `agentbox rm --force` and run again "
+            "(this deletes the VM's disk; your workspace on the host is not touched)."
+        )
+        if isinstance(error, LimaError):  # keeps limactl's last lines for the error boundary
+            raise LimaError(
+                message, hint, stderr_lines=error.stderr_lines, tail=error.tail, log_path=error.log_path
+            ) from None
+        raise StateError(message, hint=hint) from None
 
 
 def wait_for_settled(session: Session, instance: Instance) -> Instance:

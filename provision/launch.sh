@@ -1,8 +1,10 @@
 #!/bin/bash
 # agentbox-managed: the per-launch step. agentbox runs it in the VM's single `limactl shell` call
 # from the read-only staging mount; it prepares the session and then execs the agent or a shell.
-#   launch.sh [--wait SECONDS] [--binary NAME --install CMD] [--guards on|off]
-#             [--on-create SCRIPT]... [--on-start SCRIPT]... [--workspace DIR] [-- PROGRAM ARGS...]
+#   launch.sh [OPTION VALUE | --timing]... [-- PROGRAM ARGS...]
+# The options, what each means and the staging folder's files this script reads are listed once,
+# on the host side: agentbox/staging.py (LAUNCH_OPTIONS; tests check this parser against it).
+# An option this script does not know is an error (exit 2), never the program to run.
 set -euo pipefail
 
 staging="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -26,6 +28,11 @@ while [ $# -gt 0 ]; do
     --on-start) on_start+=("$2"); shift 2 ;;
     --timing) timing_start="${EPOCHREALTIME:-}"; shift ;;
     --) shift; break ;;
+    -*)
+      # A host newer than this staged copy: stop rather than run the option as the program.
+      printf 'agentbox: launch.sh: unknown option %s (agentbox and its staged launch.sh disagree; run the command again)\n' "$1" >&2
+      exit 2
+      ;;
     *) break ;;
   esac
 done

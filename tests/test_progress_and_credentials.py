@@ -13,6 +13,7 @@ import pytest
 
 from agentbox import credentials, progress
 from agentbox.progress import Progress, fit, phase_of
+from agentbox.staging import stage_credentials
 from tests.conftest import write
 
 
@@ -115,7 +116,7 @@ def test_staging_copies_only_listed_files_privately_and_reports_problems(home: P
     write(home / ".codex" / "other-secret.json", "{}")
     (home / ".gemini" / "oauth_creds.json").mkdir(parents=True)  # a folder where a file belongs
     staging = tmp_path / "staging"
-    staged, warnings = credentials.refresh(
+    staged, warnings = stage_credentials(
         staging, ["~/.codex/auth.json", "~/.gemini/oauth_creds.json", "~/.missing/file"], include_git_identity=False
     )
     assert [s.guest_path for s in staged] == [".codex/auth.json"]
@@ -126,6 +127,6 @@ def test_staging_copies_only_listed_files_privately_and_reports_problems(home: P
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
     assert stat.S_IMODE(target.parent.stat().st_mode) == 0o700
     # A file dropped from the list is removed from the staging folder at the next launch.
-    credentials.refresh(staging, [], include_git_identity=False)
+    stage_credentials(staging, [], include_git_identity=False)
     assert not target.exists()
     assert os.path.getsize(staging / "creds" / "manifest") == 0

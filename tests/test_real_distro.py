@@ -320,21 +320,21 @@ def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisione
         import yaml
 
         from agentbox import config as config_module
-        from agentbox import render
+        from agentbox import render, staging
 
         config = config_module.load(project)
         lima_yaml = yaml.safe_load(render.render(config, config.vm_name))
-        staging = render.staging_dir(config.vm_name)
-    staging.mkdir(parents=True, mode=0o700)
-    own_by_guest_user(project, staging)
+        staged = staging.folder(config.vm_name)
+    staged.mkdir(parents=True, mode=0o700)
+    own_by_guest_user(project, staged)
     machine.binds.append((project, project, True))
-    machine.binds.append((staging, staging, False))
+    machine.binds.append((staged, staged, False))
 
     log: list[tuple[str, int, str]] = []
     started = time.monotonic()
     _apply_lima_yaml(machine, lima_yaml, log)
     print(f"provisioning took {time.monotonic() - started:.0f}s")
-    yield Provisioned(machine, project, staging, log, env)
+    yield Provisioned(machine, project, staged, log, env)
 
 
 def own_by_guest_user(*paths: Path) -> None:
@@ -352,15 +352,14 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
     with pytest.MonkeyPatch.context() as patch:
         for key, value in p.env.items():
             patch.setenv(key, value)
-        from agentbox import bootstrap, render
+        from agentbox import bootstrap, staging
         from agentbox import config as config_module
-        from agentbox import launch as launch_module
 
         config = config_module.load(p.project)
         agent_config = config.agent(agent) if agent else None
-        scripts = bootstrap.plan(config, str(render.staging_dir(config.vm_name)))
-        launch_module.refresh_staging(config, config.vm_name, agent_config, scripts)
-        command = launch_module.launch_command(config, p.project, scripts, agent_config, p.staging)
+        scripts = bootstrap.plan(config, str(staging.folder(config.vm_name)))
+        staging.refresh(config, config.vm_name, agent_config, scripts)
+        command = staging.launch_command(config, p.project, scripts, agent_config, p.staging)
     own_by_guest_user(p.staging)
     if agent_config is not None:
         command += ["--", agent_config.binary, *agent_config.default_args, *argv]

@@ -33,16 +33,14 @@ def load_config(ctx: click.Context, describe: bool = False) -> Config:
 def warn_if_untrusted(loaded: Config) -> None:
     """Display commands describe an untrusted config; they say so, once, on stderr."""
     from agentbox import trust
+    from agentbox.progress import warn
 
     if loaded.local_file is None:
         return
     risky = trust.risky_keys(loaded)
     if risky and not trust.is_trusted(loaded):
         keys = ", ".join(dict.fromkeys(item.split(" ")[0].rstrip(":") for item in risky))
-        click.echo(
-            f"agentbox: warning: {loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` ({keys})",
-            err=True,
-        )
+        warn(f"{loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` ({keys})")
 
 
 def session(ctx: click.Context, needs_config: bool = True, acts: bool = True) -> Session:

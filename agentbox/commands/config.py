@@ -27,7 +27,9 @@ def config_command(ctx: click.Context, as_json: bool, sources: bool, show_secret
     else:
         click.echo(configview.as_text(loaded, show_secrets, width=_width()), nl=False)
     if loaded.workspace_problem:
-        click.echo(f"agentbox: warning: {loaded.workspace_problem}", err=True)
+        from agentbox.progress import warn
+
+        warn(loaded.workspace_problem)
 
 
 def _width() -> int:

@@ -1,0 +1,211 @@
+"""The staging folder: everything one launch hands to the VM, and the contract provision/launch.sh reads.
+
+The host folder `folder(VM)` (`<state dir>/vms/VM/staging`) is mounted read-only in the VM at the
+same path. Before every launch the host rewrites it (`refresh`), touching only files whose bytes or
+mode changed; the VM only reads it. Every folder in it is 0700, every file is written atomically.
+launch.sh finds the folder as the one it runs from.
+
+    path                   mode  content                                   read in the VM by
+    launch.sh              0700  provision/launch.sh                       `limactl shell`: bash launch.sh OPTIONS
+    guards/git, guards/gh  0700  wrappers/git, wrappers/gh                 launch.sh: install -m 755 in ~/.local/bin
+    guards/pre-push,       0700  wrappers/pre-push, wrappers/hook-dispatch launch.sh: install -m 755 in
+      guards/hook-dispatch                                                   ~/.config/agentbox/hooks (core.hooksPath)
+    bootstrap/SHA-NAME     0600  a bootstrap script as it was checked,     launch.sh (--on-create, --on-start):
+                                 SHA = 16 hex digits of its sha256           bash -euo pipefail FILE, in the workspace
+    env                    0600  NAME=value records, each ended by a NUL;  launch.sh: exports each record
+                                 absent when there is nothing to set
+    creds/home/PATH        0600  a host login file at PATH, its path       launch.sh: install -m 600 as ~/PATH when its
+                                 relative to the guest home (folders 0700)   digest is not the one it last applied
+    creds/manifest         0600  "SHA256 PATH" records, each ended by a    launch.sh: which creds/home files to apply
+                                 NUL, one per staged file                    (skips a PATH that is absolute or has ..)
+    creds/gitconfig        0600  the safe part of the host's ~/.gitconfig  git, through include.path in ~/.gitconfig
+                                 (credentials.git_identity); absent if off
+    creds/stamps.json      0600  host only: each staged file's stat signature and digest (credentials.stage_files)
+    creds/gitconfig.stamp  0600  host only: ~/.gitconfig's stat when creds/gitconfig was last made
+
+launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
+arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
+script and a host that disagree stop instead of running an option as the program. Its own state
+stays in the guest (~/.agentbox: applied credential digests, bootstrap and provisioning markers).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from agentbox import credentials, paths, resources, timing
+from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.progress import warn
+
+if TYPE_CHECKING:
+    from agentbox.bootstrap import Plan
+    from agentbox.config import AgentConfig, Config
+
+LAUNCH_SCRIPT = "launch.sh"
+GUARDS = "guards"
+GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
+BOOTSTRAP = "bootstrap"
+ENV_FILE = "env"
+CREDS = "creds"
+CREDS_HOME = "creds/home"
+CREDS_MANIFEST = "creds/manifest"
+CREDS_STAMPS = "creds/stamps.json"
+GIT_IDENTITY = "creds/gitconfig"
+GIT_IDENTITY_STAMP = "creds/gitconfig.stamp"
+
+GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+class LaunchOption(NamedTuple):
+    name: str
+    value: str | None  # what the value is, None for a flag
+    meaning: str
+    repeated: bool = False
+
+
+# launch.sh's options, the order the host sends them in. tests/test_staging.py checks launch.sh's parser against it.
+LAUNCH_OPTIONS = (
+    LaunchOption("--wait", "SECONDS", "how long to wait for boot scripts an interrupted start left running "
+                 "(vm.startupWaitSec; launch.sh's default 30)"),
+    LaunchOption("--workspace", "DIR", "the workspace: bootstrap scripts run there and Gemini CLI trusts it "
+                 "(launch.sh's default: its working folder)"),
+    LaunchOption("--guards", "on|off", "install (on) or remove (off) the readonly-remote guards (sync.remoteWrite)"),
+    LaunchOption("--timing", None, "print how long launch.sh's setup took (agentbox --timings)"),
+    LaunchOption("--binary", "NAME", "the agent's program, installed with --install when it is missing"),
+    LaunchOption("--install", "COMMAND", "the bash command that installs --binary ('' for none)"),
+    LaunchOption("--on-create", "SCRIPT", "a staged onCreateScript, run once in the VM's life", repeated=True),
+    LaunchOption("--on-start", "SCRIPT", "a staged onStartScript, run once per boot", repeated=True),
+)
+
+OptionValue = str | bool | Sequence[str] | None
+
+
+def folder(vm_name: str) -> Path:
+    """The host folder the VM mounts read-only, at the same path (like every agentbox mount)."""
+    return paths.vm_state_dir(vm_name) / "staging"
+
+
+def launch_command(
+    config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path
+) -> list[str]:
+    """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
+    values: dict[str, OptionValue] = {
+        "--wait": str(config.startup_wait_sec),
+        "--workspace": str(workspace),
+        "--guards": "off" if config.remote_write else "on",
+        "--timing": timing.enabled(),
+        "--on-create": scripts.on_create,
+        "--on-start": scripts.on_start,
+    }
+    if agent is not None:
+        values["--binary"] = agent.binary
+        values["--install"] = agent.install or ""
+    return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
+
+
+def launch_options(values: Mapping[str, OptionValue]) -> list[str]:
+    """launch.sh's options from {name: value} (a flag: True; a repeated option: a list), in LAUNCH_OPTIONS order."""
+    unknown = set(values) - {option.name for option in LAUNCH_OPTIONS}
+    if unknown:
+        raise ValueError(f"launch.sh has no option {', '.join(sorted(unknown))} (see staging.LAUNCH_OPTIONS)")
+    argv: list[str] = []
+    for option in LAUNCH_OPTIONS:
+        value = values.get(option.name)
+        if value is None or value is False:
+            continue
+        if option.value is None and value is True:
+            argv.append(option.name)
+        elif option.value is not None and not option.repeated and isinstance(value, str):
+            argv += [option.name, value]
+        elif option.repeated and isinstance(value, Sequence) and not isinstance(value, str):
+            for item in value:
+                argv += [option.name, item]
+        else:
+            raise ValueError(f"launch.sh option {option.name} does not take {value!r}")
+    return argv
+
+
+def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan) -> Path:
+    """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None)."""
+    staging = private_dir(folder(name))
+    write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
+    guards = private_dir(staging / GUARDS)
+    for guard in GUARD_FILES:
+        write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
+    stage_bootstrap(scripts, staging)
+    settings = config.credentials
+    _, warnings = stage_credentials(
+        staging, _credential_files(config, agent), include_git_identity=settings.enabled and settings.git
+    )
+    for warning in warnings:
+        warn(warning)
+    write_env(staging, {**_added_env(config), **config.env})
+    return staging
+
+
+def _credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
+    """The host login files (`~/...`) this launch stages: the agent's (every agent's for a shell), gh's, .netrc."""
+    settings = config.credentials
+    if not settings.enabled:
+        return []
+    agents = [agent] if agent is not None else list(config.agents.values())
+    files = [path for a in agents for path in a.credentials]
+    if settings.gh:
+        files += list(credentials.GH_FILES)
+    if settings.netrc:
+        files.append(credentials.NETRC)
+    return files
+
+
+def _added_env(config: Config) -> dict[str, str]:
+    """Variables agentbox sets for the session; the config's env overrides each of them."""
+    added: dict[str, str] = {}
+    settings = config.credentials
+    if settings.enabled and settings.gh and "GH_TOKEN" not in config.env:
+        token = credentials.gh_token_from_keychain()
+        if token:
+            added["GH_TOKEN"] = token
+    if (
+        config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS")
+    ) and "NODE_EXTRA_CA_CERTS" not in config.env:
+        added["NODE_EXTRA_CA_CERTS"] = GUEST_CA_BUNDLE
+    return added
+
+
+def write_env(staging: Path, env: dict[str, str]) -> None:
+    """staging/env: NAME=value records ended by NUL bytes (any value arrives intact); no file when env is empty."""
+    env_file = staging / ENV_FILE
+    if env:
+        payload = b"".join(f"{key}={value}".encode() + b"\0" for key, value in env.items())
+        write_if_changed(env_file, payload, 0o600)
+    elif env_file.exists():
+        env_file.unlink()
+
+
+def stage_bootstrap(plan: Plan, staging: Path) -> None:
+    """staging/bootstrap: the checked copies (named by content, so an existing one is right); stale ones go."""
+    copies = private_dir(staging / BOOTSTRAP)
+    for name, data in plan.staged.items():
+        if not (copies / name).is_file():
+            atomic_write(copies / name, data, mode=0o600)
+    for leftover in copies.iterdir():
+        if leftover.name not in plan.staged:
+            leftover.unlink()
+
+
+def stage_credentials(
+    staging: Path, host_files: list[str], include_git_identity: bool
+) -> tuple[list[credentials.Staged], list[str]]:
+    """staging/creds: host_files under creds/home, their manifest, the git identity. Returns (staged, warnings)."""
+    private_dir(staging / CREDS)
+    staged, warnings = credentials.stage_files(staging / CREDS_HOME, staging / CREDS_STAMPS, host_files)
+    write_if_changed(staging / CREDS_MANIFEST, manifest(staged))
+    credentials.refresh_git_identity(staging / GIT_IDENTITY, staging / GIT_IDENTITY_STAMP, include_git_identity)
+    return staged, warnings
+
+
+def manifest(staged: list[credentials.Staged]) -> bytes:
+    return "".join(f"{item.digest} {item.guest_path}\0" for item in staged).encode()

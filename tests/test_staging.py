@@ -1,0 +1,145 @@
+"""The staging contract: the host's option table and launch.sh's parser agree, launch.sh refuses an option it
+does not know, and the staging folder holds what agentbox/staging.py says, with the modes it says."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentbox import staging
+from tests.conftest import NAME, FakeLima, write, write_trusted
+
+REPO = Path(__file__).resolve().parent.parent
+LAUNCH_SH = REPO / "provision" / "launch.sh"
+PROBE_SH = REPO / "provision" / "doctor-probe.sh"
+
+
+def launch_sh_options() -> dict[str, bool]:
+    """The options launch.sh's parser knows: {name: whether it takes a value}, read from its case labels."""
+    text = LAUNCH_SH.read_text()
+    loop = re.search(r'^while \[ \$# -gt 0 \]; do\n  case "\$1" in\n(.*?)^  esac\ndone\n', text, re.S | re.M)
+    assert loop, "launch.sh's option loop was not found"
+    labels = re.findall(r"^    (--[a-z-]+)\) (.*)$", loop.group(1), re.M)
+    return {label: '"$2"' in body for label, body in labels}
+
+
+def test_launch_sh_knows_exactly_the_host_options() -> None:
+    table = {option.name: option.value is not None for option in staging.LAUNCH_OPTIONS}
+    assert launch_sh_options() == table
+
+
+def test_launch_options_follow_the_table_and_refuse_an_option_launch_sh_lacks() -> None:
+    argv = staging.launch_options({
+        "--on-start": ["s"], "--install": "", "--binary": "claude", "--timing": True, "--guards": "on",
+        "--workspace": "/w", "--wait": "30", "--on-create": ["a", "b"],
+    })
+    assert argv == ["--wait", "30", "--workspace", "/w", "--guards", "on", "--timing", "--binary", "claude",
+                    "--install", "", "--on-create", "a", "--on-create", "b", "--on-start", "s"]
+    assert staging.launch_options({"--timing": False, "--on-create": []}) == []
+    with pytest.raises(ValueError, match="--from-a-newer-host"):
+        staging.launch_options({"--from-a-newer-host": "x"})
+    with pytest.raises(ValueError, match="--wait"):
+        staging.launch_options({"--wait": ["1", "2"]})
+
+
+def run_launch_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    home = tmp_path / "guest-home"
+    home.mkdir(exist_ok=True)
+    return subprocess.run(["bash", str(LAUNCH_SH), *args], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], "HOME": str(home)}, timeout=30)
+
+
+@pytest.mark.parametrize("args", [
+    ["--from-a-newer-host", "value", "--", "touch", "ran"],
+    ["--wait", "5", "-x", "--", "touch", "ran"],
+    ["--from-a-newer-host", "touch", "ran"],
+])
+def test_launch_sh_refuses_an_unknown_option(tmp_path: Path, args: list[str]) -> None:
+    result = run_launch_sh(tmp_path, *args)
+    unknown = next(arg for arg in args if arg.startswith("-") and arg not in ("--wait", "--"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (f"agentbox: launch.sh: unknown option {unknown} (agentbox and its staged launch.sh "
+                             "disagree; run the command again)\n")
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.skipif(os.path.exists("/run/lima-boot-done"), reason="in a Lima VM launch.sh would go on and set it up")
+def test_launch_sh_accepts_every_option_the_host_sends(tmp_path: Path) -> None:
+    values: dict[str, staging.OptionValue] = {
+        option.name: True if option.value is None else [str(tmp_path / "x.sh")] if option.repeated else "1"
+        for option in staging.LAUNCH_OPTIONS
+    }
+    values["--wait"] = "0"  # this host is no VM that finished booting: launch.sh gives up on it at once
+    result = run_launch_sh(tmp_path, *staging.launch_options(values), "--", "touch", "ran")
+    assert result.returncode == 125, result.stderr  # past the options, at its first step
+    assert "has not finished provisioning after 0s" in result.stderr
+
+
+def test_unknown_option_is_refused_in_the_vm(project: Path, vm: FakeLima) -> None:
+    """Through the double's real shell: a staged launch.sh older than the host stops instead of running `--foo`."""
+    launched = subprocess.run([sys.executable, "-m", "agentbox", "shell", "--", "true"], cwd=project,
+                              capture_output=True, timeout=120)
+    assert launched.returncode == 0, launched.stderr
+    script = staging.folder(NAME) / staging.LAUNCH_SCRIPT
+    marker = project / "ran"
+    result = subprocess.run(["limactl", "shell", NAME, "--", "/bin/bash", str(script), "--from-a-newer-host",
+                             "--", "touch", str(marker)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert "agentbox: launch.sh: unknown option --from-a-newer-host" in result.stderr
+    assert not marker.exists()
+
+
+def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm: FakeLima, home: Path) -> None:
+    """An agent with an install command, both bootstrap kinds and --timings: every option of the table reaches
+    launch.sh, which runs the session; the staging folder holds the documented files with the documented modes."""
+    write(home / ".codex" / "auth.json", '{"token": "t"}', mode=0o644)
+    write(home / ".gitconfig", "[user]\n\tname = Someone\n")
+    write(project / "create.sh", "echo created >> boot.log\n")
+    write(project / "start.sh", "echo started >> boot.log\n")
+    install = "mkdir -p ~/.local/bin && printf '#!/bin/sh\\necho tool-ran\\n' > ~/.local/bin/mytool && chmod +x ~/.local/bin/mytool"
+    write_trusted(project, "env:\n  MY_VAR: hi\nbootstrap:\n  onCreateScript: create.sh\n  onStartScript: start.sh\n"
+                           f"agents:\n  mytool:\n    binary: mytool\n    install: {install!r}\n"
+                           "    credentials: ['~/.codex/auth.json']\n")
+    result = subprocess.run([sys.executable, "-m", "agentbox", "--timings", "mytool"], cwd=project,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "tool-ran\n"
+    assert (project / "boot.log").read_text() == "created\nstarted\n"
+    assert "setup step (launch.sh)" in result.stderr
+    shell = next(argv for argv in vm.calls() if "shell" in argv)
+    sent = {arg for arg in shell if arg.startswith("--")}
+    assert {option.name for option in staging.LAUNCH_OPTIONS} <= sent
+
+    folder = staging.folder(NAME)
+    found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
+    executable = {staging.LAUNCH_SCRIPT, *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
+    named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
+             staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", *executable}
+    folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex"}
+    copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}
+    assert set(found) == named | folders | copies
+    assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2
+    assert {name: mode for name, mode in found.items() if mode != 0o600} == {
+        **dict.fromkeys(executable, 0o700), **dict.fromkeys(folders, 0o700)}
+    assert (folder / staging.ENV_FILE).read_bytes() == b"MY_VAR=hi\0"
+    documented = staging.__doc__ or ""
+    for name in named - {f"{staging.CREDS_HOME}/.codex/auth.json"}:
+        assert re.search(rf"^    {re.escape(name)}\b|, {re.escape(name)}\b|^      {re.escape(name)}\b", documented, re.M), name
+    assert "    creds/home/PATH " in documented and "    bootstrap/SHA-NAME " in documented
+
+def test_doctor_probe_and_launch_sh_agree_on_the_guards() -> None:
+    """doctor-probe.sh recognises what launch.sh installs: the wrappers' marker, the hooks folder."""
+    launch, probe = LAUNCH_SH.read_text(), PROBE_SH.read_text()
+    marker = re.search(r'^readonly_marker="([^"]+)"$', launch, re.M)
+    hooks = re.search(r'^hooks_dir="([^"]+)"$', launch, re.M)
+    assert marker and hooks
+    assert re.search(rf'^marker="{re.escape(marker.group(1))}"', probe, re.M)
+    assert re.search(rf'^hooks_dir="{re.escape(hooks.group(1))}"', probe, re.M)
+    for wrapper in ("git", "gh"):
+        assert f"# {marker.group(1)}\n" in (REPO / "wrappers" / wrapper).read_text()
