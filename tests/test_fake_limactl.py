@@ -1,5 +1,5 @@
 """The fake limactl (tests/fake_limactl) must behave like Lima v2.2 as described in
-/work/shared/lima/CONTRACT.md: texts, exit codes, list JSON, state transitions, shell, copy."""
+tests/fake_limactl/README.md: texts, exit codes, list JSON, state transitions, shell, copy."""
 
 from __future__ import annotations
 
