@@ -147,12 +147,26 @@ def _can_be_root() -> bool:
         return False
 
 
+@functools.cache
+def _bash_4_4() -> bool:
+    """bash 4.4 or newer first on PATH: the guards in wrappers/ refuse to run on an older one."""
+    bash = shutil.which("bash")
+    if bash is None:
+        return False
+    version = subprocess.run([bash, "-c", 'echo "${BASH_VERSINFO[0]} ${BASH_VERSINFO[1]}"'],
+                             capture_output=True, text=True).stdout.split()
+    try:
+        return (int(version[0]), int(version[1])) >= (4, 4)
+    except (IndexError, ValueError):
+        return False
+
+
 CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     # name: (is it here?, how to get it)
     "bwrap": (_on_path("bwrap"), "apt-get install bubblewrap"),
     "shellcheck": (_on_path("shellcheck"), "apt-get install shellcheck"),
     "git": (_on_path("git"), "apt-get install git"),
-    "bash": (_on_path("bash"), "apt-get install bash"),
+    "bash": (_bash_4_4, "bash 4.4 or newer first on PATH, as the guards in wrappers/ need (macOS: brew install bash)"),
     "openssl": (_on_path("openssl"), "apt-get install openssl"),
     "root": (_can_be_root, "run as root, or allow unprivileged user namespaces for `unshare -r`"),
 }
