@@ -1,5 +1,5 @@
 """The fake limactl (tests/fake_limactl) must behave like Lima v2.2 as described in
-/work/shared/lima/CONTRACT.md: texts, exit codes, list JSON, state transitions, shell, copy."""
+tests/fake_limactl/README.md: texts, exit codes, list JSON, state transitions, shell, copy."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ try:
     from tests import fake_limactl
 except ImportError:  # tests/ is not a package
     import fake_limactl  # type: ignore[no-redef]
-from tests.conftest import as_root, needs
+from tests.helpers import as_root, needs
 
 FATAL_RE = re.compile(r'^time="[^"]+" level=fatal msg=(.*)$')
 LOG_RE = re.compile(r'^time="([^"]+)" level=(\w+) msg=("(?:[^"\\]|\\.)*"|\S*)(.*)$')

@@ -13,7 +13,7 @@ import pytest
 
 from agentbox import credentials, progress
 from agentbox.progress import Progress, fit, phase_of
-from tests.conftest import write
+from tests.helpers import write
 
 
 class FakeTerminal(io.StringIO):
