@@ -7,19 +7,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from agentbox import paths
+from agentbox import keys, paths
 from agentbox.agents import BUILTIN_AGENTS
 from agentbox.errors import ConfigError
 from agentbox.layers import Layer
 
-DEFAULTS: dict[str, Any] = {
-    "vm": {"cpus": 4, "memory": "8GiB", "disk": "20GiB"},
-    "mounts": [],
-    "sync": {"remoteWrite": False},
-    "startupWaitSec": 30,
-    "env": {},
-    "bootstrap": {"onCreateScript": [], "onStartScript": []},
-}
+DEFAULTS: dict[str, Any] = keys.defaults()
 
 
 # Lima refuses these as mount points (pkg/limayaml/validate.go).

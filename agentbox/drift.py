@@ -1,4 +1,4 @@
-"""Creation-only settings: cpus, memory, disk, mounts and the template only take effect on a new VM.
+"""Creation-only settings (keys.py marks them) only take effect on a new VM.
 
 A launch notes when the config has changed since the VM was created, without a limactl call.
 (What Lima's host-wide files add to a VM is checked by agentbox.effective.)
@@ -10,31 +10,55 @@ import hashlib
 import json
 from typing import Any
 
+from agentbox import keys
 from agentbox.config import Config
 
 
 def creation_fingerprint(config: Config) -> dict[str, Any]:
-    template_digest = None
-    if config.template is not None:
-        try:
-            template_digest = hashlib.sha256(config.template.read_bytes()).hexdigest()
-        except OSError:
-            template_digest = "unreadable"
-    return {
-        "cpus": config.cpus,
-        "memory": config.memory,
-        "disk": config.disk,
-        "vmType": config.vm_type,
-        "arch": config.arch,
-        "mountType": config.mount_type,
-        "mounts": [m.to_json() for m in config.mounts],
-        "template": [str(config.template) if config.template else None, template_digest],
-        "lima": json.dumps(config.lima, sort_keys=True, default=str),
-    }
+    """The value of every creation-only setting, by its short name (`cpus`, `mounts`, `caCert`, ...).
+
+    Files (the template, the CA file) count with their content, read through pins like every other use.
+    """
+    shown = config.to_json()
+    fingerprint: dict[str, Any] = {}
+    seen: set[tuple[str, ...]] = set()
+    for path, key in keys.walk():
+        if not key.creation or any(path[:end] in seen for end in range(1, len(path))):
+            continue  # a part of a setting already counted whole (a mount's location)
+        seen.add(path)
+        value = _value_at(shown, path)
+        if key.kind == "path":
+            value = [value, _digest(value)]
+        elif key.kind == "freeform":
+            value = json.dumps(value, sort_keys=True, default=str)
+        fingerprint[path[-1]] = value
+    return fingerprint
 
 
 def changed_settings(recorded: dict[str, Any] | None, config: Config) -> list[str]:
+    """Names of the creation-only settings that differ from what the VM was created with.
+
+    A setting the VM's record does not know (created by an older agentbox) counts as unchanged.
+    """
     if not recorded:
         return []
     current = creation_fingerprint(config)
     return [key for key, value in current.items() if recorded.get(key, value) != value]
+
+
+def _value_at(data: Any, path: tuple[str, ...]) -> Any:
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
+def _digest(path: str | None) -> str | None:
+    if path is None:
+        return None
+    from agentbox import pins
+    from agentbox.errors import ConfigError
+
+    try:
+        return hashlib.sha256(pins.read(path, "creation fingerprint")).hexdigest()
+    except ConfigError:
+        return "unreadable"

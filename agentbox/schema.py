@@ -1,4 +1,4 @@
-"""The table of every config key, and validation of one config file against it.
+"""Validation of one config file against the key table in keys.py.
 
 Validation works on YAML nodes so that every error can name file:line:column. It returns plain
 Python data (lists normalized, strings checked) plus the position of each value.
@@ -7,20 +7,25 @@ Python data (lists normalized, strings checked) plus the position of each value.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import Any
 
 import yaml
 
 from agentbox import sizes
 from agentbox.errors import ConfigError
+from agentbox.keys import (
+    AGENT_KEYS,
+    CREDENTIAL_KEYS,
+    DOCKER_ERA_AGENT_CREDENTIALS,
+    MOUNT_KEYS,
+    SCHEMA,
+    Key,
+    retired_reason,
+)
 from agentbox.layers import Layer
 from agentbox.yamlio import construct_scalar, flatten_merge_keys
-
-BOTH = frozenset({"global", "local"})
-LOCAL = frozenset({"local"})
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -28,110 +33,6 @@ AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 # How many YAML nodes one file may expand to. Aliases share nodes, so a "billion laughs" file is
 # small to compose but huge to walk; the budget stops the walk long before time or memory runs out.
 MAX_NODES = 100_000
-
-
-class Key(NamedTuple):
-    kind: str  # str, path, int, bool, size, strlist, args, env, mapping, agents, mounts, freeform
-    help: str
-    files: frozenset[str] = BOTH
-    children: Mapping[str, Key] = MappingProxyType({})
-    minimum: int | None = None
-    check: Callable[[Any], str | None] | None = None
-
-
-def _check_vm_type(value: str) -> str | None:
-    return None if value in VM_TYPES else f"expected one of {', '.join(VM_TYPES)}, found {value!r}"
-
-
-def _check_arch(value: str) -> str | None:
-    return None if value in ARCHES else f"expected one of {', '.join(ARCHES)}, found {value!r}"
-
-
-def _check_mount_type(value: str) -> str | None:
-    if value == "reverse-sshfs":
-        return (
-            "reverse-sshfs is refused: its read-only mode is the weakest of Lima's mount types; "
-            "use virtiofs (vz) or 9p (qemu)"
-        )
-    return None if value in MOUNT_TYPES else f"expected one of {', '.join(MOUNT_TYPES)}, found {value!r}"
-
-
-VM_TYPES = ("qemu", "vz", "krunkit", "wsl2")
-ARCHES = ("x86_64", "aarch64", "armv7l", "ppc64le", "riscv64", "s390x")
-MOUNT_TYPES = ("virtiofs", "9p", "wsl2")
-
-AGENT_KEYS: dict[str, Key] = {
-    "binary": Key("str", "Executable of the agent inside the VM."),
-    "defaultArgs": Key(
-        "args", "Arguments always passed to the agent (a list, or one string split like a shell would)."
-    ),
-    "model": Key("str", "Model passed as --model unless the command line already names one."),
-    "vmName": Key("vmname", "VM used for this agent in this project (default: the project's VM).", files=LOCAL),
-    "install": Key("str", "Shell command that installs the agent's CLI in the VM (agents you define)."),
-    "credentials": Key("agent_credentials", "Host files with this agent's login (a list), or false for none."),
-}
-
-SCHEMA: dict[str, Key] = {
-    "workspace": Key("path", "Project folder mounted into the VM (default: the folder of agentbox.yml).", files=LOCAL),
-    "vm": Key(
-        "mapping",
-        "The VM's resources and Lima settings.",
-        children={
-            "name": Key("vmname", "Lima instance name (default: agentbox-<workspace folder name>)."),
-            "cpus": Key("int", "Virtual CPUs.", minimum=1),
-            "memory": Key("size", 'Memory, as Lima writes sizes ("8GiB").'),
-            "disk": Key("size", 'Disk size ("20GiB"). Lima cannot shrink a disk.'),
-            "vmType": Key("str", "Lima VM driver (qemu, vz, ...); Lima's default when unset.", check=_check_vm_type),
-            "arch": Key("str", "Guest architecture (x86_64, aarch64, ...); the host's when unset.", check=_check_arch),
-            "mountType": Key(
-                "str", "virtiofs or 9p; Lima's default for the driver when unset.", check=_check_mount_type
-            ),
-            "template": Key("path", "Your own Jinja2 template for lima.yaml, rendered with agentbox's context."),
-            "lima": Key("freeform", "Lima settings deep-merged into the rendered lima.yaml."),
-            "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM (default false)."),
-        },
-    ),
-    "mounts": Key("mounts", "Extra host folders: {location, mountPoint, writable}."),
-    "sync": Key(
-        "mapping",
-        "How the VM may talk to git remotes.",
-        children={"remoteWrite": Key("bool", "Allow git push and other remote writes from the VM.")},
-    ),
-    "startupWaitSec": Key("int", "Seconds to wait for the VM to come up.", minimum=1),
-    "defaults": Key(
-        "mapping",
-        "Defaults (kept for configs of the previous agentbox).",
-        children={"startupWaitSec": Key("int", "Same as startupWaitSec.", minimum=1)},
-    ),
-    "env": Key("env", "Environment variables for the agent and for shells in the VM."),
-    "bootstrap": Key(
-        "mapping",
-        "Scripts run inside the VM.",
-        children={
-            "onCreateScript": Key("strlist", "Script(s) run once, after the VM is first started."),
-            "onStartScript": Key("strlist", "Script(s) run once per VM boot."),
-        },
-    ),
-    "caCert": Key("path", "PEM file with extra CA certificates for the VM."),
-    "agents": Key("agents", "Settings of built-in agents, and agents you define."),
-    "credentials": Key("credentials", "false: bring no host logins into the VM; or {netrc, gh, git} switches."),
-}
-
-CREDENTIAL_KEYS: dict[str, Key] = {
-    "netrc": Key("bool", "Also bring ~/.netrc (default false)."),
-    "gh": Key("bool", "The GitHub CLI login (default true)."),
-    "git": Key("bool", "The safe part of ~/.gitconfig: name, email, ... (default true)."),
-}
-DOCKER_ERA_AGENT_CREDENTIALS: dict[str, Key] = {
-    "enabled": Key("bool", "Whether to bring this agent's login."),
-    "files": Key("strlist", "Host files with the login."),
-}
-
-MOUNT_KEYS: dict[str, Key] = {
-    "location": Key("path", "Host folder."),
-    "mountPoint": Key("path", "Path inside the VM (default: same as location)."),
-    "writable": Key("bool", "Whether the VM may write to it (default false)."),
-}
 
 
 def validate(node: yaml.Node | None, path: Path, layer: str) -> Layer:
@@ -203,7 +104,7 @@ class _Walker:
         for key, key_node, value_node in self.mapping_items(node, keypath):
             child_path = keypath + (key,)
             spec = keys.get(key)
-            retired = _retired_reason(child_path)
+            retired = retired_reason(child_path)
             if spec is None and retired:
                 self.notices.append(f"{self.where(key_node)}: {'.'.join(child_path)} is ignored: {retired}")
                 continue
@@ -420,22 +321,6 @@ class _Walker:
         if top and value is not None:
             raise self.fail(node, keypath, f"expected a mapping of Lima settings, found {_describe_value(value)}")
         return {} if top else value
-
-
-# Keys of the previous agentbox's Docker Sandboxes era. Its Lima version ignored them; so does agentbox.
-_RETIRED = {
-    ("network",): "network policies belonged to Docker Sandboxes; a Lima VM has no such proxy",
-    ("sync", "files"): "files are no longer copied into the sandbox; use mounts, or credentials for logins",
-    ("agents", "*", "execMode"): "agents always run through the VM's shell now",
-    ("agents", "*", "sandboxName"): "Docker Sandboxes are gone; use agents.<agent>.vmName to pick a VM",
-}
-
-
-def _retired_reason(keypath: tuple[str, ...]) -> str | None:
-    for pattern, reason in _RETIRED.items():
-        if len(pattern) == len(keypath) and all(p in ("*", k) for p, k in zip(pattern, keypath, strict=True)):
-            return reason
-    return None
 
 
 def _is_null(node: yaml.Node) -> bool:

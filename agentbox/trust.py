@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentbox import paths, pins
+from agentbox import keys, paths, pins
 from agentbox.config import Config
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
@@ -27,66 +27,83 @@ MAX_KEPT_TEXT = 256 * 1024  # pinned file contents kept in the record, for `trus
 
 
 def risky_keys(config: Config) -> list[str]:
-    """What in the local file needs trust, each as "key: detail (why)"."""
-    data = config.local_data
+    """What in the local file needs trust, each as "key: detail (why)", by the rules of keys.py."""
     if config.local_file is None:
         return []
-    workspace = config.workspace
     risky: list[str] = []
     if os.path.islink(config.local_file):
         risky.append(
             f"{config.local_file.name}: a symlink to {visible(os.path.realpath(config.local_file))} "
             "(trusted only for the folder it was found in)"
         )
-    if not data:
-        return risky
-    if "workspace" in data and Path(os.path.realpath(config.local_file.parent)) != workspace:
-        risky.append(f"workspace: {workspace} (a folder other than the config's own)")
-    vm = data.get("vm", {})
-    why_vm = {
-        "name": "could move the session into another project's VM",
-        "template": "replaces agentbox's Lima template",
-        "lima": "changes Lima settings directly",
-    }
-    risky.extend(f"vm.{key} ({why})" for key, why in why_vm.items() if key in vm)
-    if "mounts" in data:
-        for mount in config.mounts:
-            if not _inside(Path(os.path.realpath(mount.location)), workspace):
-                risky.append(f"mounts: {mount.location} (outside the workspace)")
-            elif mount.writable:
-                risky.append(f"mounts: {mount.location} (writable)")
-    if data.get("sync", {}).get("remoteWrite") is True:
-        risky.append("sync.remoteWrite: true (allows git push from the VM)")
-    if data.get("env"):
-        risky.append(
-            f"env: {', '.join(sorted(data['env']))} (environment values can send the agent's requests, "
-            "and your logins with them, elsewhere: ANTHROPIC_BASE_URL, HTTPS_PROXY, NODE_OPTIONS, ...)"
-        )
-    if "caCert" in data:
-        risky.append("caCert (adds certificate authorities the VM trusts)")
-    credentials = data.get("credentials")
-    if isinstance(credentials, dict) and credentials.get("netrc"):
-        risky.append("credentials.netrc: true (brings ~/.netrc into the VM)")
-    for hook, scripts in (("onCreateScript", config.on_create), ("onStartScript", config.on_start)):
-        for script in scripts:
-            if script.origin != "local":
-                continue
-            real = Path(os.path.realpath(script.path))
-            where = ""
-            if not _inside(real, workspace):
-                where = (
-                    f", a symlink to {visible(str(real))} outside the workspace"
-                    if real != script.path
-                    else ", a host file outside the workspace"
-                )
-            risky.append(f"bootstrap.{hook}: {script.path} (runs in the VM with your logins present{where})")
-    for name, agent in data.get("agents", {}).items():
-        for key in ("binary", "install", "vmName", "defaultArgs"):
-            if key in agent:
-                risky.append(f"agents.{name}.{key}")
-        if isinstance(agent.get("credentials"), list):
-            risky.append(f"agents.{name}.credentials (host files brought into the VM)")
+    for path, key in keys.trust_rules():
+        for concrete, value in _set_in(config.local_data, path):
+            name = keys.dotted(concrete)
+            if key.trust == keys.SET:
+                detail = f": {', '.join(sorted(value))}" if isinstance(value, dict) and value else ""
+                risky.append(f"{name}{detail} ({key.why})")
+            elif key.trust == keys.TRUE and value is True:
+                risky.append(f"{name}: true ({key.why})")
+            elif key.trust == keys.RULE:
+                risky.extend(_RULES[keys.dotted(path)](config, concrete, value))
     return risky
+
+
+def _set_in(data: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
+    """Where a key path (`agents.<name>.binary`) is set in a file's data, with the value found."""
+    if not path:
+        return [((), data)]
+    if not isinstance(data, dict):
+        return []
+    head, rest = path[0], path[1:]
+    names = list(data) if head == "<name>" else [head] if head in data else []
+    return [((name, *sub), value) for name in names for sub, value in _set_in(data[name], rest)]
+
+
+def _workspace_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    assert config.local_file is not None
+    if Path(os.path.realpath(config.local_file.parent)) == config.workspace:
+        return []
+    return [f"workspace: {config.workspace} (a folder other than the config's own)"]
+
+
+def _mounts_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    found = []
+    for mount in config.mounts:
+        if not _inside(Path(os.path.realpath(mount.location)), config.workspace):
+            found.append(f"mounts: {mount.location} (outside the workspace)")
+        elif mount.writable:
+            found.append(f"mounts: {mount.location} (writable)")
+    return found
+
+
+def _scripts_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    hook = path[-1]
+    found = []
+    for script in config.on_create if hook == "onCreateScript" else config.on_start:
+        if script.origin != "local":
+            continue
+        real = Path(os.path.realpath(script.path))
+        where = ""
+        if not _inside(real, config.workspace):
+            outside = f"a symlink to {visible(str(real))}" if real != script.path else "a host file"
+            where = f", {outside} outside the workspace"
+        found.append(f"bootstrap.{hook}: {script.path} (runs in the VM with your logins present{where})")
+    return found
+
+
+def _agent_credentials_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    return [f"{keys.dotted(path)} (host files brought into the VM)"] if isinstance(value, list) else []
+
+
+# The keys whose need for trust depends on what their value resolves to (keys.RULE).
+_RULES = {
+    "workspace": _workspace_rule,
+    "mounts": _mounts_rule,
+    "bootstrap.onCreateScript": _scripts_rule,
+    "bootstrap.onStartScript": _scripts_rule,
+    "agents.<name>.credentials": _agent_credentials_rule,
+}
 
 
 def manifest(config: Config) -> dict[str, Any]:

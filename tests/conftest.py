@@ -1,24 +1,24 @@
-"""Every test runs against a home, config, state and LIMA_HOME of its own, never the real ones."""
+"""Fixtures and hooks: every test runs against a home, config, state and LIMA_HOME of its own, never
+the real ones; skips for a missing capability are summed up in a banner at the end of the run.
+(Shared helpers that are not fixtures live in tests/helpers.py.)"""
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
-import subprocess
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
 
-REAL_HOME = os.path.expanduser("~")
+from tests.helpers import MISSING, NAME, REAL_HOME, STUB, FakeLima, needs, needs_bwrap, run_cli
 
 
 @pytest.fixture(autouse=True)
-def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Path]]:
     home = tmp_path / "home"
     home.mkdir()
     state = tmp_path / "state"
@@ -34,7 +34,7 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, P
 
 
 @pytest.fixture(autouse=True, scope="session")
-def real_home_untouched():
+def real_home_untouched() -> Iterator[None]:
     """Fail loudly if a test wrote agentbox files into the real home directory."""
     watched = [Path(REAL_HOME) / ".config" / "agentbox", Path(REAL_HOME) / ".lima"]
     before = {p: p.exists() for p in watched}
@@ -56,55 +56,6 @@ def project(home: Path) -> Path:
     return path
 
 
-def write(path: Path, text: str, mode: int = 0o644) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    os.chmod(path, mode)
-    return path
-
-
-def write_trusted(project: Path, text: str) -> Path:
-    """Write the project's agentbox.yml and trust it, as a user who read it would."""
-    path = write(project / "agentbox.yml", text)
-    result = run_cli("trust", cwd=project)
-    assert result.exit_code == 0, result.stderr
-    return path
-
-
-def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, **kwargs: Any) -> Result:
-    """Run the real CLI in-process; errors surface as exit codes and stderr, as for users."""
-    from agentbox.cli import cli
-
-    runner = CliRunner()
-    argv = (["-C", str(cwd)] if cwd else []) + list(args)
-    return runner.invoke(cli, argv, input=input, catch_exceptions=False, **kwargs)
-
-
-def run_agentbox(*args: str, cwd: Path, timeout: float = 60, **kwargs: Any) -> subprocess.CompletedProcess:
-    """The real CLI in a child process: a hang fails the test at the timeout instead of stalling the suite."""
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-def returns_within(seconds: float, call: Callable[[], Any], unblock: Callable[[], None] | None = None) -> Any:
-    """call()'s result; fail (not hang) when it has not returned within seconds. unblock() then frees
-    the stuck call so its thread can end."""
-    import threading
-
-    outcome: list[Any] = []
-    thread = threading.Thread(target=lambda: outcome.append(call()), daemon=True)
-    thread.start()
-    thread.join(seconds)
-    if thread.is_alive():
-        if unblock is not None:
-            unblock()
-        pytest.fail(f"still blocked after {seconds} s")
-    assert outcome, "the call raised (see the thread's traceback above)"
-    return outcome[0]
-
-
 @pytest.fixture
 def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeLima:
     """The limactl test double, first on PATH, with its state in this test's LIMA_HOME."""
@@ -119,105 +70,23 @@ def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.M
     return FakeLima(isolated_env["lima_home"])
 
 
-class FakeLima:
-    def __init__(self, lima_home: Path) -> None:
-        self.home = lima_home
-
-    def calls(self) -> list[list[str]]:
-        from tests import fake_limactl
-
-        return [call["argv"] for call in fake_limactl.read_calls(self.home)]
-
-    def subcommands(self) -> list[str]:
-        """The limactl sub-command of each call, global flags skipped."""
-        result = []
-        for argv in self.calls():
-            words = [a for a in argv if not a.startswith("-")]
-            result.append(words[0] if words else "")
-        return result
-
-    def clear(self) -> None:
-        from tests import fake_limactl
-
-        fake_limactl.clear_calls(self.home)
-
-    def status(self, name: str) -> str | None:
-        from tests import fake_limactl
-
-        try:
-            return fake_limactl.read_state(self.home, name)["status"]
-        except FileNotFoundError:
-            return None
-
-    def set_status(self, name: str, status: str) -> None:
-        from tests import fake_limactl
-
-        fake_limactl.set_status(self.home, name, status)
-
-    def lima_yaml(self, name: str) -> str:
-        return (self.home / name / "lima.yaml").read_text()
-
-    def guest_home(self, name: str) -> Path:
-        from tests import fake_limactl
-
-        return fake_limactl.guest_home(self.home, name)
+@pytest.fixture
+def vm(project: Path, limactl: FakeLima) -> FakeLima:
+    """The project's VM, started, with stub agents (claude, codex, gemini, kiro-cli) that report what they got."""
+    needs_bwrap()
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    bin_dir = limactl.home / NAME / "guestfs" / "usr-local" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for binary in ("claude", "codex", "gemini", "kiro-cli"):
+        path = bin_dir / binary
+        path.write_text(STUB)
+        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    limactl.clear()
+    return limactl
 
 
-# -- capabilities of this machine -------------------------------------------------------------
-#
-# Some tests need a tool from the machine (bubblewrap runs the double's guest; shellcheck lints the
-# shipped scripts). Without it such a test is skipped, and the run ends with a banner that names
-# every test that did not run and what to install; with CI set, a missing capability fails the
-# test instead, so CI never passes having run less than the whole suite.
-
-def _on_path(name: str) -> Callable[[], bool]:
-    return lambda: shutil.which(name) is not None
-
-
-@functools.cache
-def _can_be_root() -> bool:
-    """Root already, or able to look like root in a user namespace of our own (`unshare -r`)."""
-    if os.geteuid() == 0:
-        return True
-    try:
-        return subprocess.run(["unshare", "--map-root-user", "true"], capture_output=True).returncode == 0
-    except OSError:
-        return False
-
-
-CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
-    # name: (is it here?, how to get it)
-    "bwrap": (_on_path("bwrap"), "apt-get install bubblewrap"),
-    "shellcheck": (_on_path("shellcheck"), "apt-get install shellcheck"),
-    "git": (_on_path("git"), "apt-get install git"),
-    "bash": (_on_path("bash"), "apt-get install bash"),
-    "openssl": (_on_path("openssl"), "apt-get install openssl"),
-    "root": (_can_be_root, "run as root, or allow unprivileged user namespaces for `unshare -r`"),
-}
-MISSING = "missing capability: "
-
-
-def needs(*names: str) -> None:
-    """Skip (or, with CI set, fail) the running test unless this machine has every named capability."""
-    for name in names:
-        available, how = CAPABILITIES[name]
-        if available():
-            continue
-        message = f"{MISSING}{name} ({how})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message}: CI must run every test (.ci/run installs it)", pytrace=False)
-        pytest.skip(message)
-
-
-def as_root(argv: list[str]) -> list[str]:
-    """argv run with euid 0: as it is when we are root, else in a user namespace that maps us to root."""
-    needs("root")
-    return argv if os.geteuid() == 0 else ["unshare", "--map-root-user", *argv]
-
-
-def needs_bwrap() -> None:
-    needs("bwrap")
-
+# -- capabilities: the `needs` mark and the banner of tests that did not run ---------------------
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs(*capabilities): the test needs these tools on this machine")
@@ -252,34 +121,3 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.write_line("Install what is missing and run again; with CI=1 these are failures, not skips.",
                                 red=True, bold=True)
     terminalreporter.write_sep("!", red=True, bold=True)
-
-
-NAME = "agentbox-myproject"
-
-# A stand-in agent installed in the VM's /usr/local/bin: it records what reached it in the workspace.
-STUB = r"""#!/usr/bin/python3
-import json, os, sys
-data = {"args": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
-        "stdin": "" if sys.stdin.isatty() else sys.stdin.read()}
-with open(os.environ["AGENTBOX_TEST_OUT"], "w") as f:
-    json.dump(data, f)
-sys.exit(int(os.environ.get("STUB_EXIT", "0")))
-"""
-
-
-@pytest.fixture
-def vm(project: Path, limactl: FakeLima) -> FakeLima:
-    """The project's VM, started, with stub agents (claude, codex, gemini, kiro-cli) that report what they got."""
-    import stat
-
-    needs_bwrap()
-    result = run_cli("start", cwd=project)
-    assert result.exit_code == 0, result.stderr
-    bin_dir = limactl.home / NAME / "guestfs" / "usr-local" / "bin"
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    for binary in ("claude", "codex", "gemini", "kiro-cli"):
-        path = bin_dir / binary
-        path.write_text(STUB)
-        path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    limactl.clear()
-    return limactl

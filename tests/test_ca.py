@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import cacerts
-from tests.conftest import run_cli, write
+from tests.helpers import run_cli, write
 
 SYSTEM_KEYCHAIN = "/Library/Keychains/System.keychain"
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import __version__
-from tests.conftest import run_cli, write
+from tests.helpers import run_cli, write
 
 
 def test_version() -> None:

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentbox import __version__
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 from tests.test_launch import NAME, configure, launch
 
 AGENTS = ["codex", "claude", "gemini", "kiro"]

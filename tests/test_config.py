@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeLima, run_agentbox, run_cli, write
+from tests.helpers import FakeLima, run_agentbox, run_cli, write
 
 
 def config_json(cwd: Path) -> dict:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from click.testing import Result
 
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 
 NAME = "agentbox-myproject"
 

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from agentbox import tripwire
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
 NOT_MOUNTED = "agentbox: warning: not mounting the git common dir: "

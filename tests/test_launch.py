@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 
 def launch(project: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import FakeLima, as_root, run_agentbox, run_cli, write
+from tests.helpers import FakeLima, as_root, run_agentbox, run_cli, write
 
 NAME = "agentbox-myproject"
 

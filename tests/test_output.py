@@ -23,7 +23,7 @@ from typing import NamedTuple
 import pytest
 
 import agentbox
-from tests.conftest import FakeLima, run_cli
+from tests.helpers import FakeLima, run_cli
 
 NAME = "agentbox-myproject"
 ROOT = str(Path(agentbox.__file__).resolve().parents[1])

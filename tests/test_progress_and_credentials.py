@@ -14,7 +14,7 @@ import pytest
 from agentbox import credentials, progress
 from agentbox.progress import Progress, fit, phase_of
 from agentbox.staging import stage_credentials
-from tests.conftest import write
+from tests.helpers import write
 
 
 class FakeTerminal(io.StringIO):

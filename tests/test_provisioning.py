@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests import fake_limactl
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write
+from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 
 NAME = "agentbox-myproject"
 
@@ -189,11 +189,15 @@ def test_doctor_counts_only_a_real_gemini_login(project: Path, home: Path, limac
     write(home / ".gemini" / "installation_id", "abc")
     write(home / ".gemini" / "state.json", "{}")
 
-    def gemini_check() -> dict[str, str]:
-        result = run_cli("doctor", "--json", cwd=project)
-        return next(c for c in json.loads(result.stdout) if c["check"] == "credentials.gemini")
+    def checks() -> list[dict[str, str]]:
+        return json.loads(run_cli("doctor", "--json", cwd=project).stdout)
 
-    assert gemini_check()["status"] == "WARN"
-    assert gemini_check()["message"] == "gemini: not logged in on the host"
+    def gemini_check() -> dict[str, str]:
+        return next(c for c in checks() if c["check"] == "credentials.gemini")
+
+    # installation_id and state.json are no login: gemini is not one of the agents in use
+    agents = next(c for c in checks() if c["check"] == "agents")
+    assert agents["message"].startswith("no agent is set in the config or logged in") and "gemini" in agents["message"]
+    assert not any(c["check"] == "credentials.gemini" for c in checks())
     write(home / ".gemini" / "oauth_creds.json", "{}")
     assert gemini_check()["message"].startswith("gemini: logged in on the host")

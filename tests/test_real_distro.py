@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REAL_HOME
+from tests.helpers import REAL_HOME
 
 # One xdist worker runs the whole tier (`pytest -n auto --dist loadgroup`): its fixture is per module.
 pytestmark = [pytest.mark.realdistro, pytest.mark.xdist_group("realdistro")]

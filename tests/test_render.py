@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.conftest import run_cli, write, write_trusted
+from tests.helpers import run_cli, write, write_trusted
 
 SCHEMA = json.loads((Path(__file__).parent / "lima_schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 NAME = "agentbox-myproject"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]

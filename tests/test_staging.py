@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import staging
-from tests.conftest import NAME, FakeLima, write, write_trusted
+from tests.helpers import NAME, FakeLima, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 REPO_TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "lima.yaml.j2"
 

@@ -20,7 +20,7 @@ import yaml
 
 from agentbox import __version__
 from tests import fake_limactl
-from tests.conftest import needs_bwrap
+from tests.helpers import needs_bwrap
 
 REPO = Path(__file__).resolve().parent.parent
 # What agentbox reads at run time, as shipped in the wheel (pyproject.toml force-include).

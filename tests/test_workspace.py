@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import FakeLima, run_cli, write
+from tests.helpers import FakeLima, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
 GIT_RULE = "the git work tree containing the current folder"

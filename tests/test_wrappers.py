@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import pty
+import re
 import select
 import shutil
 import stat
@@ -277,6 +278,94 @@ def test_guard_file_is_marked_strict_bash(name: str) -> None:
 def test_shellcheck_is_clean(name: str) -> None:
     result = subprocess.run(["shellcheck", "--severity=style", str(WRAPPERS / name)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The bash they need: 4.4 or newer, else they refuse everything (a guard that failed somewhere
+# further down could let a command through).
+
+BASH_GUARDS = ("git", "gh")  # pre-push refuses every push on any bash; hook-dispatch is plain sh
+CHECK_START = "# -- bash version check"
+CHECK_END = "# -- end of the bash version check --\n"
+OLD_BASH = "4.3.48(1)-release"
+REFUSED_ON_OLD_BASH = (
+    "agentbox: refused to run {name}: agentbox's readonly-remote guard needs bash 4.4 or newer, "
+    "and this is bash 4.3.48(1)-release.\n"
+    "agentbox: nothing was run. Put bash 4.4 or newer first on PATH (the guard starts with `/usr/bin/env bash`).\n"
+)
+
+
+def version_check(name: str) -> str:
+    text = (WRAPPERS / name).read_text()
+    return text[text.index(CHECK_START):text.index(CHECK_END) + len(CHECK_END)]
+
+
+def as_bash(version: str, wrapper: Path, *args: str) -> list[str]:
+    """argv that runs WRAPPER as a bash reporting VERSION would. bash sets $BASH_VERSION itself at
+    start-up (the environment cannot change it), so a bash -c sets it and then sources the wrapper,
+    with $0 and BASH_SOURCE naming the wrapper as when it runs by itself."""
+    return [BASH, "-c", f"BASH_VERSION='{version}'; source \"$0\" \"$@\"", str(wrapper), *args]
+
+
+def test_bash_version_check_runs_first_and_is_the_same_in_every_guard() -> None:
+    for name in BASH_GUARDS:
+        text = (WRAPPERS / name).read_text()
+        before = text[:text.index(CHECK_START)].splitlines()
+        assert all(line.startswith("#") or not line.strip() for line in before), f"{name} runs something before it"
+    assert version_check("git") == version_check("gh")
+
+
+@pytest.mark.parametrize("shell", ["bash", "sh"])  # plain POSIX sh: it must work whatever runs the file
+@pytest.mark.parametrize(("major", "minor", "too_old"), [
+    ("3", "2", True), ("4", "3", True), ("4", "4", False), ("4", "10", False), ("5", "0", False),
+    ("5", "2", False), ("10", "0", False), ("2", "05b", True), ("", "", True), ("4", "", True),
+    ("", "4", True), ("five", "0", True),
+])
+def test_bash_version_check_logic(shell: str, major: str, minor: str, too_old: bool) -> None:
+    function = re.search(r"^bash_too_old\(\) \{.*?^\}$", version_check("git"), re.M | re.S)[0]
+    result = subprocess.run([shell, "-c", f'{function}\nbash_too_old "$1" "$2"', "check", major, minor],
+                            capture_output=True, text=True)
+    assert result.stderr == ""
+    assert (result.returncode == 0) == too_old, result.returncode
+
+
+@pytest.mark.parametrize("argv", [["push", "origin", "main"], ["status"], ["--version"]])
+def test_git_guard_on_an_old_bash_runs_nothing(sandbox: Sandbox, argv: list[str]) -> None:
+    sandbox.commit_ahead()
+    before = sandbox.remote_refs()
+    result = run(as_bash(OLD_BASH, sandbox.bin / "git", *argv), cwd=sandbox.work, env=sandbox.env, stdin=None, tty=False)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == REFUSED_ON_OLD_BASH.format(name="git")
+    assert sandbox.calls() == []  # the real git never ran, not even for the guard's own questions
+    assert sandbox.remote_refs() == before
+
+
+def test_control_git_guard_sourced_as_bash_4_4_works_as_usual(sandbox: Sandbox) -> None:
+    """The same way of running it, with 4.4 reported: the guard lets status through and refuses the
+    push itself, so the refusals above are the version check's."""
+    status = run(as_bash("4.4.0(1)-release", sandbox.bin / "git", "status", "--short"), cwd=sandbox.work,
+                 env=sandbox.env, stdin=None, tty=False)
+    assert status.returncode == 0, status.stderr
+    assert ["status", "--short"] in sandbox.calls()
+    sandbox.commit_ahead()
+    before = sandbox.remote_refs()
+    push = run(as_bash("4.4.0(1)-release", sandbox.bin / "git", "push", "origin", "main"), cwd=sandbox.work,
+               env=sandbox.env, stdin=None, tty=False)
+    assert_refused(push, "`git push`")
+    assert sandbox.remote_refs() == before
+
+
+def test_gh_guard_on_an_old_bash_runs_nothing(ghbox: GhBox) -> None:
+    for argv in (["pr", "list"], ["version"], ["api", "repos/o/r"]):
+        result = subprocess.run(as_bash(OLD_BASH, ghbox.root / "bin" / "gh", *argv), cwd=ghbox.root, env=ghbox.env,
+                                capture_output=True, text=True, input="", timeout=60)
+        assert (result.returncode, result.stdout) == (1, "")
+        assert result.stderr == REFUSED_ON_OLD_BASH.format(name="gh")
+        assert ghbox.reached() is None
+    control = subprocess.run(as_bash("5.0.0(1)-release", ghbox.root / "bin" / "gh", "pr", "list"), cwd=ghbox.root,
+                             env=ghbox.env, capture_output=True, text=True, input="", timeout=60)
+    assert control.returncode == 0, control.stderr
+    assert ghbox.reached() == ["pr", "list"]
 
 
 # ---------------------------------------------------------------------------------------------

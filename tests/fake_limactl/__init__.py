@@ -100,7 +100,7 @@ def instance_dir(lima_home: Path, name: str) -> Path:
 
 
 def read_state(lima_home: Path, name: str) -> dict[str, Any]:
-    """The double's private state of an instance (see ``new_state`` in limactl.py)."""
+    """The double's private state of an instance (see ``new_state`` in context.py)."""
     return json.loads((instance_dir(lima_home, name) / STATE_FILE).read_text(encoding="utf-8"))
 
 

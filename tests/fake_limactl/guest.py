@@ -372,7 +372,8 @@ def sandbox_argv(bwrap: str, inst: Any, argv: list[str], *, as_root: bool, chdir
     ids = ids_of(inst.config)
     layers = guest_layers(inst)
     replaced_top = {layer.guest for layer in layers if layer.guest.count("/") == 1}
-    a = [bwrap, "--die-with-parent", "--unshare-uts", "--hostname", hostname_of(inst.name)]
+    # The kernel takes at most 64 bytes (HOST_NAME_MAX); cloud-init cuts a longer Lima hostname too.
+    a = [bwrap, "--die-with-parent", "--unshare-uts", "--hostname", hostname_of(inst.name)[:64]]
     if ids.separated:
         a += ["--unshare-pid"]  # procfs can only be mounted by the owner of the pid namespace
     else:
@@ -587,7 +588,13 @@ class SudoBridge:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.host_path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.bind(self.host_path)
+        # Bound through /proc/self/fd: a long LIMA_HOME/NAME (which Lima allows up to its own
+        # ssh.sock limit) would make the full path too long for a Unix socket.
+        folder = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            self.sock.bind(f"/proc/self/fd/{folder}/{name}")
+        finally:
+            os.close(folder)
         os.chmod(self.host_path, 0o600)
         chown_guest(self.ids, self.host_path, self.ids.uid)
         self.sock.listen(8)

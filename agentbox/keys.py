@@ -1,0 +1,281 @@
+"""Every config key, described once.
+
+Each key says its type, its built-in default, its help, whether it takes effect only when the VM is
+created, and whether a project's agentbox.yml needs `agentbox trust` to set it (and why). From this
+one table derive: validation (schema.py), the built-in defaults (config.py), the creation fingerprint
+that says "`agentbox start --recreate` applies it" (drift.py), what needs trust (trust.py), and the
+key table in the README (`python3 -m agentbox.keys` prints it; a test keeps it and
+agentbox.yml.example in step).
+
+Adding a key: describe it here, give Config a field and resolve it in config.py, use it. No other
+list needs to learn about it. Pure data, no YAML import: the warm launch path reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+BOTH = frozenset({"global", "local"})
+LOCAL = frozenset({"local"})
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Any = _Unset()  # a key without a built-in value (decided elsewhere, or simply not set)
+
+# When a project's agentbox.yml needs trust for a key:
+SET = "set"  # whenever it sets the key
+TRUE = "true"  # when it sets the key to true
+RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outside the workspace, ...)
+
+
+class Key(NamedTuple):
+    kind: str  # str, path, int, bool, size, strlist, args, env, mapping, agents, mounts, freeform, credentials
+    help: str
+    default: Any = UNSET
+    default_text: str = ""  # the default in words, where a value would not say it
+    files: frozenset[str] = BOTH
+    children: Mapping[str, Key] = MappingProxyType({})
+    minimum: int | None = None
+    check: Callable[[Any], str | None] | None = None
+    creation: bool = False  # fixed when the VM is created: a change needs `agentbox start --recreate`
+    trust: str | None = None  # SET, TRUE, RULE, or None: harmless in a project's file
+    why: str = ""  # what the key could do, for the trust prompt and the README
+    documented: bool = True  # a row in the README's key table
+
+
+VM_TYPES = ("qemu", "vz", "krunkit", "wsl2")
+ARCHES = ("x86_64", "aarch64", "armv7l", "ppc64le", "riscv64", "s390x")
+MOUNT_TYPES = ("virtiofs", "9p", "wsl2")
+
+
+def _check_vm_type(value: str) -> str | None:
+    return None if value in VM_TYPES else f"expected one of {', '.join(VM_TYPES)}, found {value!r}"
+
+
+def _check_arch(value: str) -> str | None:
+    return None if value in ARCHES else f"expected one of {', '.join(ARCHES)}, found {value!r}"
+
+
+def _check_mount_type(value: str) -> str | None:
+    if value == "reverse-sshfs":
+        return (
+            "reverse-sshfs is refused: its read-only mode is the weakest of Lima's mount types; "
+            "use virtiofs (vz) or 9p (qemu)"
+        )
+    return None if value in MOUNT_TYPES else f"expected one of {', '.join(MOUNT_TYPES)}, found {value!r}"
+
+
+AGENT_KEYS: dict[str, Key] = {
+    "binary": Key("str", "Executable of the agent inside the VM.", default_text="built-ins", trust=SET,
+                  why="decides what runs on every launch"),
+    "defaultArgs": Key(
+        "args", "Arguments always passed to the agent (a list, or one string split like a shell would).",
+        default_text="built-ins", trust=SET, why="decide the agent's settings on every launch",
+    ),
+    "model": Key("str", "Model passed as --model unless the command line already names one.", default_text="none"),
+    "vmName": Key("vmname", "VM used for this agent in this project.", files=LOCAL, default_text="the project's VM",
+                  trust=SET, why="could move the session into another project's VM"),
+    "install": Key("str", "Shell command that installs the agent's CLI in the VM (agents you define).",
+                   default_text="built-ins", trust=SET, why="runs in the VM when the agent is missing"),
+    "credentials": Key("agent_credentials", "Host files with this agent's login (a list), or false for none.",
+                       default_text="built-ins", trust=RULE, why="when a list: it brings host files into the VM"),
+}
+
+MOUNT_KEYS: dict[str, Key] = {
+    "location": Key("path", "Host folder.", creation=True),
+    "mountPoint": Key("path", "Path inside the VM.", default_text="same as location", creation=True),
+    "writable": Key("bool", "Whether the VM may write to it.", default=False, creation=True),
+}
+
+CREDENTIAL_KEYS: dict[str, Key] = {
+    "netrc": Key("bool", "Also bring ~/.netrc into the VM.", default=False, trust=TRUE,
+                 why="brings ~/.netrc, which can hold many passwords, into the VM"),
+    "gh": Key("bool", "Bring the GitHub CLI login.", default=True),
+    "git": Key("bool", "Bring the safe part of ~/.gitconfig: name, email, ...", default=True),
+}
+
+# The Docker-era spelling of an agent's credentials, still accepted.
+DOCKER_ERA_AGENT_CREDENTIALS: dict[str, Key] = {
+    "enabled": Key("bool", "Whether to bring this agent's login."),
+    "files": Key("strlist", "Host files with the login."),
+}
+
+_SCRIPT_WHY = "always: it runs in the VM with your logins present (its content is pinned: an edit asks again)"
+
+SCHEMA: dict[str, Key] = {
+    "workspace": Key(
+        "path", "Project folder mounted into the VM, writable, at the same path (relative to the file's folder).",
+        files=LOCAL, default_text="the folder of agentbox.yml, else the git work tree's top, else the current folder",
+        trust=RULE, why="when it names another folder: that folder is mounted writable",
+    ),
+    "vm": Key(
+        "mapping",
+        "The VM's resources and Lima settings.",
+        documented=False,
+        children={
+            "name": Key("vmname", "Lima instance name for this project.",
+                        default_text="`agentbox-<workspace folder name>`", trust=SET,
+                        why="could move the session into another project's VM"),
+            "cpus": Key("int", "Virtual CPUs.", default=4, minimum=1, creation=True),
+            "memory": Key("size", 'Memory, in Lima\'s units ("8GiB").', default="8GiB", creation=True),
+            "disk": Key("size", 'Disk size ("20GiB"); Lima cannot shrink a disk.', default="20GiB", creation=True),
+            "vmType": Key("str", "Lima VM driver (qemu, vz, krunkit, wsl2).", default_text="Lima's choice",
+                          check=_check_vm_type, creation=True),
+            "arch": Key("str", "Guest architecture (x86_64, aarch64, ...).", default_text="the host's",
+                        check=_check_arch, creation=True),
+            "mountType": Key("str", "virtiofs or 9p (reverse-sshfs is refused).", default_text="Lima's choice",
+                             check=_check_mount_type, creation=True),
+            "template": Key("path", "Your own Jinja2 template for lima.yaml, rendered with agentbox's context.",
+                            default_text="agentbox's", creation=True, trust=SET,
+                            why="replaces agentbox's Lima template"),
+            "lima": Key("freeform", "Lima settings deep-merged into the rendered lima.yaml.", default_text="none",
+                        creation=True, trust=SET, why="changes Lima settings directly"),
+            "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM.", default=False,
+                                   creation=True),
+        },
+    ),
+    "mounts": Key("mounts", "Extra host folders: `location`, `mountPoint` (default: the same), `writable`.",
+                  default=[], creation=True, trust=RULE,
+                  why="when a folder lies outside the workspace or is writable: it widens what the VM reaches"),
+    "sync": Key(
+        "mapping",
+        "How the VM may talk to git remotes.",
+        documented=False,
+        children={"remoteWrite": Key("bool", "Allow git push and other remote writes from the VM.", default=False,
+                                     trust=TRUE, why="turns the readonly-remote guards off")},
+    ),
+    "startupWaitSec": Key("int", "Seconds a launch waits for an unfinished boot.", default=30, minimum=1),
+    "defaults": Key(
+        "mapping",
+        "Defaults (the previous agentbox's spelling in the global config).",
+        documented=False,
+        children={"startupWaitSec": Key("int", "Same as startupWaitSec.", minimum=1)},
+    ),
+    "env": Key("env", "Environment for the agent and for `agentbox shell` (values arrive byte for byte).",
+               default={}, trust=SET,
+               why="ANTHROPIC_BASE_URL, HTTPS_PROXY, NODE_OPTIONS and friends send the agent's requests, "
+               "with your login, wherever the file says"),
+    "bootstrap": Key(
+        "mapping",
+        "Scripts run inside the VM.",
+        documented=False,
+        children={
+            "onCreateScript": Key("strlist", "Script(s) run once per VM, after its first start.", default=[],
+                                  trust=RULE, why=_SCRIPT_WHY),
+            "onStartScript": Key("strlist", "Script(s) run once per VM boot.", default=[], trust=RULE,
+                                 why=_SCRIPT_WHY),
+        },
+    ),
+    "caCert": Key("path", "PEM file with extra CA certificates for the VM.", default_text="none", creation=True,
+                  trust=SET, why="adds certificate authorities the VM trusts"),
+    "agents": Key("agents", "Settings of built-in agents, and agents you define (`agents.<name>.*`).",
+                  documented=False),
+    "credentials": Key("credentials", "`false` brings no host logins into the VM; or switches `{netrc, gh, git}`.",
+                       default_text="true"),
+}
+
+# Keys of the previous agentbox's Docker Sandboxes era. Its Lima version ignored them; so does agentbox.
+RETIRED: dict[tuple[str, ...], str] = {
+    ("network",): "network policies belonged to Docker Sandboxes; a Lima VM has no such proxy",
+    ("sync", "files"): "files are no longer copied into the sandbox; use mounts, or credentials for logins",
+    ("agents", "*", "execMode"): "agents always run through the VM's shell now",
+    ("agents", "*", "sandboxName"): "Docker Sandboxes are gone; use agents.<agent>.vmName to pick a VM",
+}
+
+
+def retired_reason(keypath: tuple[str, ...]) -> str | None:
+    for pattern, reason in RETIRED.items():
+        if len(pattern) == len(keypath) and all(p in ("*", k) for p, k in zip(pattern, keypath, strict=True)):
+            return reason
+    return None
+
+
+def walk(keys: Mapping[str, Key] = SCHEMA, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Key]]:
+    """Every key with its path; agents' keys under ("agents", "<name>"), credentials' under ("credentials",)."""
+    for name, key in keys.items():
+        path = (*prefix, name)
+        yield path, key
+        yield from walk(key.children, path)
+        if key.kind == "agents":
+            yield from walk(AGENT_KEYS, (*path, "<name>"))
+        if key.kind == "credentials":
+            yield from walk(CREDENTIAL_KEYS, path)
+        if key.kind == "mounts":
+            yield from walk(MOUNT_KEYS, (*path, "[]"))
+
+
+def dotted(path: tuple[str, ...]) -> str:
+    return ".".join(path).replace(".[]", "[]")
+
+
+def defaults() -> dict[str, Any]:
+    """The built-in values, nested as in a config file (a fresh copy: callers may change it)."""
+    import copy
+
+    result: dict[str, Any] = {}
+    for path, key in walk():
+        if key.default is UNSET or "<name>" in path or "[]" in path or path[0] == "credentials":
+            continue
+        target = result
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+        target[path[-1]] = copy.deepcopy(key.default)
+    return result
+
+
+def creation_keys() -> list[str]:
+    """Dotted paths of the keys that take effect only when the VM is created."""
+    return [dotted(path) for path, key in walk() if key.creation]
+
+
+def trust_rules() -> list[tuple[tuple[str, ...], Key]]:
+    """The keys a project's agentbox.yml needs trust for, with the rule deciding when."""
+    return [(path, key) for path, key in walk() if key.trust is not None]
+
+
+def readme_table() -> str:
+    """The README's key table, one row per documented key."""
+    rows = [
+        "| key | meaning | default | needs `agentbox trust` in a project file | applies to |",
+        "|---|---|---|---|---|",
+    ]
+    for path, key in walk():
+        if not key.documented:
+            continue
+        name = f"`{dotted(path)}`" + (" (project file only)" if key.files == LOCAL else "")
+        rows.append(
+            f"| {name} | {key.help} | {_default_words(key)} | {_trust_words(key)} | "
+            f"{'a new VM (`start --recreate`)' if key.creation else 'the next launch'} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def _default_words(key: Key) -> str:
+    if key.default_text:
+        return key.default_text
+    if key.default is UNSET:
+        return "none"
+    if isinstance(key.default, bool):
+        return str(key.default).lower()
+    if key.default in ([], {}):
+        return "none"
+    return f"`{key.default}`" if isinstance(key.default, str) else str(key.default)
+
+
+def _trust_words(key: Key) -> str:
+    if key.trust is None:
+        return "no"
+    if key.trust == RULE:
+        return key.why
+    when = {SET: "yes", TRUE: "when true"}[key.trust]
+    return f"{when}: {key.why}" if key.why else when
+
+
+if __name__ == "__main__":
+    print(readme_table(), end="")

@@ -1,0 +1,47 @@
+"""Lima's fixed values that the double follows: its version, name and path limits, the key
+order of `limactl list --json`'s `config` (Go's limatype.LimaYAML) and the template fields."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+VERSION = "v2.2.0"
+HERE = os.path.dirname(os.path.abspath(__file__))
+LIMACTL_PY = os.path.join(HERE, "limactl.py")  # the entry point (`limactl __boot` runs it again)
+SCHEMA_PATH = os.path.join(os.path.dirname(HERE), "lima_schema.json")
+STATE_FILE = "fake-state.json"
+BOOT_SUBCOMMAND = "__boot"
+ID_RE = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
+USERNAME_RE = re.compile(r"^[a-z_][a-z0-9_-]*$")
+PARAM_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")
+UNIX_PATH_MAX = 108 if sys.platform.startswith("linux") else 104
+LONGEST_SOCK = "ssh.sock.1234567890123456"
+TMP_SUFFIXES = (".pid", ".sock", ".tmp")
+VM_TYPES = ("qemu", "vz", "wsl2", "krunkit")
+ARCH_TYPES = ("x86_64", "aarch64", "armv7l", "ppc64le", "riscv64", "s390x")
+OS_TYPES = ("Linux", "Darwin", "FreeBSD", "Windows")
+SYSTEM_MOUNT_POINTS = ("/", "/bin", "/dev", "/etc", "/home", "/opt", "/sbin", "/tmp", "/usr", "/var")
+PROXY_VARS = ("ftp_proxy", "http_proxy", "https_proxy", "no_proxy",
+              "FTP_PROXY", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY")
+SHELL_ENV_BLOCK = ["BASH*", "DISPLAY", "DYLD_*", "EUID", "FPATH", "GID", "GROUP", "HOME", "HOSTNAME",
+                   "LD_*", "LOGNAME", "OLDPWD", "PATH", "PWD", "SHELL", "SHLVL", "SSH_*", "TERM",
+                   "TERMINFO", "TMPDIR", "UID", "USER", "XAUTHORITY", "XDG_*", "ZDOTDIR", "ZSH*", "_*"]
+# Key order of Go's limatype.LimaYAML (json output order of `config`).
+CONFIG_ORDER = ["base", "minimumLimaVersion", "vmType", "vmOpts", "os", "arch", "images", "cpuType",
+                "cpus", "memory", "disk", "additionalDisks", "mounts", "mountTypesUnsupported",
+                "mountType", "mountInotify", "ssh", "firmware", "audio", "video", "provision",
+                "upgradePackages", "containerd", "guestInstallPrefix", "probes", "portForwards",
+                "copyToHost", "message", "networks", "env", "param", "dns", "hostResolver",
+                "propagateProxyEnv", "caCerts", "rosetta", "plain", "timezone",
+                "nestedVirtualization", "user", "tpm", "osOpts"]
+PROVISION_ORDER = ["mode", "skipDefaultDependencyResolution", "script", "file", "playbook", "content",
+                   "overwrite", "owner", "path", "permissions", "expression", "format"]
+PORT_FORWARD_ORDER = ["guestIPMustBeZero", "guestIP", "guestPort", "guestPortRange", "guestSocket",
+                      "hostIP", "hostPort", "hostPortRange", "hostSocket", "proto", "reverse",
+                      "ignore", "static"]
+TEMPLATE_FIELDS = ["Name", "Hostname", "Status", "Dir", "VMType", "Arch", "CPUs", "Memory", "Disk",
+                   "Message", "AdditionalDisks", "Networks", "SSHLocalPort", "SSHConfigFile",
+                   "HostAgentPID", "DriverPID", "Errors", "Config", "SSHAddress", "Protected",
+                   "LimaVersion", "Param", "AutoStartedIdentifier"]
