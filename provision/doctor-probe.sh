@@ -10,7 +10,7 @@
 # The hooks line comes last: without it, the probe did not finish.
 
 tag="agentbox-doctor"
-marker="agentbox-managed: readonly"  # launch.sh's readonly_marker
+marker="agentbox-managed: readonly-remote"  # launch.sh's readonly_marker
 hooks_dir="$HOME/.config/agentbox/hooks"    # launch.sh's hooks_dir
 
 for file in "$@"; do
