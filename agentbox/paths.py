@@ -38,6 +38,18 @@ def vm_state_dir(vm_name: str) -> Path:
     return state_dir() / "vms" / vm_name
 
 
+def workspace_key(workspace: Path) -> str:
+    """A short stable name for a workspace folder, used to file host records about it."""
+    import hashlib
+
+    return hashlib.sha256(str(workspace).encode("utf-8", "surrogateescape")).hexdigest()[:24]
+
+
+def workspace_state_dir(workspace: Path) -> Path:
+    """Host-only records about one workspace (checkpoints, proposals, their event log); never mounted in a VM."""
+    return state_dir() / "workspaces" / workspace_key(workspace)
+
+
 def lima_home() -> Path:
     """Lima's instance root, resolved the way limactl resolves it (symlinks followed if it exists)."""
     raw = os.environ.get("LIMA_HOME") or str(home() / ".lima")

@@ -149,8 +149,7 @@ def changes(before: dict[str, Entry], after: dict[str, Entry]) -> list[tuple[str
 
 
 def record_file(workspace: Path) -> Path:
-    digest = hashlib.sha256(str(workspace).encode("utf-8", "surrogateescape")).hexdigest()[:24]
-    return paths.state_dir() / "tripwire" / f"{digest}.json"
+    return paths.state_dir() / "tripwire" / f"{paths.workspace_key(workspace)}.json"
 
 
 def load(workspace: Path) -> Record | None:
