@@ -52,6 +52,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,7 +63,8 @@ from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.safetext import visible
 
-TIMEOUT = 600  # seconds; a first status of a very large tree is slow, but never endless
+TIMEOUT = 300  # seconds a git call may take (time_limit() lowers it); a FIFO can make git wait forever
+MAX_SCANNED = 500_000  # entries looked at to name the FIFOs that stopped git
 MAX_INDEX = 1 << 30  # the user's index is copied only up to this size
 MAX_EXCLUDE = 1 << 20  # info/exclude
 MAX_MESSAGE = 2000  # characters of git's stderr shown in an error
@@ -81,6 +83,16 @@ class GitError(StateError):
 
 class GitMissing(GitError):
     """git is not installed on the host."""
+
+
+class GitTimeout(GitError):
+    """A git call did not finish in time (a FIFO where git reads, or a very slow disk)."""
+
+
+class _TimedOut(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
 
 
 class Repo(NamedTuple):
@@ -318,6 +330,7 @@ def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False
 
 
 def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
+    _refuse_known_fifos(repo, shadow)
     fmt, head_oid = _real_head(repo)
     _write_settings(repo, shadow, fmt)
     _copy_exclude(repo, shadow)
@@ -328,6 +341,8 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
     notes: list[str] = []
     try:
         listing = _status(repo)
+    except GitTimeout:
+        raise
     except GitError:
         if base:  # pruned and collected since: compare with the real HEAD instead
             (shadow / "base").unlink(missing_ok=True)
@@ -555,7 +570,10 @@ def _global_excludes() -> str | None:
     del env["GIT_CONFIG_GLOBAL"]
     if os.environ.get("XDG_CONFIG_HOME"):
         env["XDG_CONFIG_HOME"] = os.environ["XDG_CONFIG_HOME"]
-    result = _run(["config", "--global", "--includes", "--path", "--get", "core.excludesFile"], env, Path("/"))
+    try:
+        result = _run(["config", "--global", "--includes", "--path", "--get", "core.excludesFile"], env, Path("/"))
+    except _TimedOut:
+        return None
     configured = result.stdout.decode(errors="surrogateescape").strip() if result.returncode == 0 else ""
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(paths.home() / ".config")
     candidate = configured or os.path.join(xdg, "git", "ignore")
@@ -620,13 +638,56 @@ def _shadow_git(repo: Repo, args: list[str], input: bytes | None = None, ok: Seq
     return _checked(repo, args, env, repo.work_tree, input, ok, what or f"git {args[0]}")
 
 
+_limits = threading.local()
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Every git call of this thread inside the block ends within seconds in all (a launch must not wait
+    on a FIFO the agent planted where git reads: git opens .gitignore, .gitattributes and everything in
+    .git without checking, and blocks there until a writer appears)."""
+    import time
+
+    previous = getattr(_limits, "deadline", None)
+    _limits.deadline = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _limits.deadline = previous
+
+
+def _timeout() -> float:
+    import time
+
+    deadline = getattr(_limits, "deadline", None)
+    return TIMEOUT if deadline is None else max(0.1, min(TIMEOUT, deadline - time.monotonic()))
+
+
 def _checked(repo: Repo, args: list[str], env: dict[str, str], cwd: Path, input: bytes | None,
              ok: Sequence[int], what: str) -> bytes:
-    result = _run(args, env, cwd, input)
+    try:
+        result = _run(args, env, cwd, input)
+    except _TimedOut as timed_out:
+        raise _timeout_error(repo, what, timed_out.seconds) from None
     if result.returncode not in ok:
         message = visible(result.stderr.decode(errors="replace").strip()[-MAX_MESSAGE:])
         raise GitError(f"{what} failed in {visible(str(repo.work_tree))} (exit {result.returncode}): {message}")
     return result.stdout
+
+
+def _timeout_error(repo: Repo, what: str, seconds: float) -> GitTimeout:
+    """What to say when git did not finish: the FIFOs it may be waiting on, if any (remembered, so the next
+    snapshot fails at once instead of waiting again)."""
+    fifos = _find_fifos(repo)
+    _remember_fifos(repo, fifos)
+    message = f"{what} did not finish within {seconds:.0f} seconds in {visible(str(repo.work_tree))}"
+    if fifos:
+        shown = ", ".join(visible(str(path)) for path in fifos[:10])
+        return GitTimeout(f"{message}; these FIFOs are where git waits for a writer that never comes: {shown}",
+                          hint="Remove them (something in the VM may have made them).")
+    return GitTimeout(message, hint="A very large repository can be this slow the first time: `agentbox checkpoint` "
+                                    f"waits longer ({TIMEOUT} s a step) and makes the next ones fast. Otherwise "
+                                    "something keeps git waiting.")
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path,
@@ -635,11 +696,12 @@ def _run(args: list[str], env: dict[str, str], cwd: Path,
     if git is None:
         raise GitMissing("git is not installed on this computer (not found on PATH)",
                          hint="Install git to use checkpoints and `agentbox diff`.")
+    timeout = _timeout()
     try:
         return subprocess.run([git, *_SAFE, *args], env=env, cwd=cwd, input=input if input is not None else b"",
-                              capture_output=True, timeout=TIMEOUT)
+                              capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise GitError(f"git {args[0]} did not finish within {TIMEOUT} seconds in {visible(str(cwd))}") from None
+        raise _TimedOut(timeout) from None
     except OSError as exc:
         raise GitError(f"git could not be run: {exc.strerror}") from None
 
@@ -662,6 +724,69 @@ def _base_env(home: Path) -> dict[str, str]:
     if os.environ.get("TMPDIR"):
         env["TMPDIR"] = os.environ["TMPDIR"]
     return env
+
+
+# -- FIFOs ------------------------------------------------------------------------------------------
+
+
+def _find_fifos(repo: Repo) -> list[Path]:
+    """The FIFOs git opens without looking (after a call timed out; at most MAX_SCANNED entries looked at):
+    .gitignore and .gitattributes files of the work tree, and anything in the git folders."""
+    found: list[Path] = []
+    seen = 0
+    roots = dict.fromkeys([repo.work_tree, repo.git_dir, repo.common_dir])
+    stack = list(roots)
+    while stack and seen < MAX_SCANNED:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if Path(entry.path) not in roots:
+                        stack.append(Path(entry.path))
+                elif stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode) and (
+                        entry.name in _READ_BY_NAME or _inside_git_folder(repo, Path(entry.path))):
+                    found.append(Path(entry.path))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+_READ_BY_NAME = (".gitignore", ".gitattributes")
+
+
+def _inside_git_folder(repo: Repo, path: Path) -> bool:
+    return any(folder in path.parents for folder in (repo.git_dir, repo.common_dir))
+
+
+def _remember_fifos(repo: Repo, fifos: list[Path]) -> None:
+    shadow = shadow_dir(repo)
+    if shadow.is_dir():
+        write_if_changed(shadow / "fifos", b"".join(os.fsencode(path) + b"\0" for path in fifos))
+
+
+def _refuse_known_fifos(repo: Repo, shadow: Path) -> None:
+    """Fail at once, not after a timeout, while a FIFO that stopped git before is still there."""
+    try:
+        known = [Path(os.fsdecode(name)) for name in (shadow / "fifos").read_bytes().split(b"\0") if name]
+    except OSError:
+        return
+    still = [path for path in known if _is_fifo(path)]
+    if still:
+        raise GitError(f"git would wait forever on these FIFOs: {', '.join(visible(str(path)) for path in still[:10])}",
+                       hint="Remove them (something in the VM may have made them).")
+    (shadow / "fifos").unlink(missing_ok=True)
+
+
+def _is_fifo(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 # -- small helpers ----------------------------------------------------------------------------------
