@@ -11,9 +11,15 @@ Work-tree commands (status, update-index, write-tree, diff-tree, cat-file, apply
 index are written by agentbox; only the objects are the repository's (GIT_OBJECT_DIRECTORY). Its
 config defines no filter, diff driver, textconv or merge driver, so `.gitattributes` naming one has
 no effect (git treats an undefined driver as absent). The repository's own config is read by git
-only for the three calls that must touch the real repository: reading HEAD and the object format
-(`rev-parse`), and writing or reading refs (`update-ref`, `rev-parse --verify`); none of them runs
-a hook, filter or pager with the overrides above, and none reads an object (so no lazy fetch).
+only in the calls that must touch the real repository: reading HEAD and the object format
+(`rev-parse`), core.ignoreCase (`config`), and writing or reading refs (`update-ref`, `for-each-ref`,
+`rev-parse --verify`); none of them runs a hook, filter or pager with the overrides above, and none
+reads an object but the one update-ref checks, which agentbox just wrote (so no lazy fetch).
+
+git opens `.gitignore`, `.gitattributes` and the files of `.git` without checking what they are, and
+a FIFO there makes it wait forever. Every call has a time limit (time_limit() lowers it for a
+launch); when one runs out, the FIFOs git may be waiting on are found, named in the error and
+remembered, so the next snapshot fails at once while they are still there.
 
 Snapshot (the working tree as a tree object, the user's index untouched), one walk over the tree:
 1. the shadow index is a copy of the user's index when that file's stat signature changed since
@@ -29,10 +35,10 @@ Snapshot (the working tree as a tree object, the user's index untouched), one wa
    nested repository) noted as not captured;
 5. `git update-index -z --add --remove --replace --stdin` records the rest, `git write-tree` makes
    the tree.
-The alternative, `git add -A` on the shadow index, walks the tree once too but cannot skip large
-files or special files without a second walk to find them; measured on a 50,000-file repository
-it is no faster unchanged (both are dominated by the same index refresh and untracked-cache walk)
-and slower after changes, so the status path is kept (benchmarks/run.py, `checkpoint` rows).
+The alternative, `git add -A` on the shadow index (then `write-tree`), cannot leave out large files
+or special files without a walk of its own to find them first, and is slower anyway: `git add` does
+not use the untracked cache. benchmarks/run.py measures both on 50,000 files: `add -A` took 1.4 times
+as long unchanged and 1.3 times as long after 100 changed files, so the status path is kept.
 
 The copy of the user's index keeps that file's mtime, so git's racy-timestamp checks judge the copy
 exactly as they would the original (a file changed in the same clock tick as the index was written

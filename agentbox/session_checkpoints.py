@@ -51,7 +51,7 @@ class SessionCheckpoints:
         """Join the start checkpoint and say what there is to say about it (once)."""
         if self._thread is None:
             return
-        with timing.phase("start checkpoint (rest not overlapped)"):
+        with timing.phase("start checkpoint (not overlapped)"):
             self._thread.join()
         self._thread = None
         if self._error is not None:
