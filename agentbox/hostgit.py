@@ -66,7 +66,7 @@ from typing import NamedTuple
 
 from agentbox import gitdirs, paths
 from agentbox.errors import StateError
-from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.fsutil import private_dir
 from agentbox.safetext import visible
 
 TIMEOUT = 300  # seconds a git call may take (time_limit() lowers it); a FIFO can make git wait forever
@@ -166,7 +166,7 @@ def commit(repo: Repo, tree: str, parent: str | None, message: str) -> str:
             # The next status compares the shadow index with this commit instead of HEAD: with the
             # index's cache tree equal to it, git skips the comparison (it costs 20-60 ms on 50,000
             # files when the working tree differs from HEAD in many folders).
-            atomic_write(shadow / "base", made + "\n", mode=0o600)
+            _put(shadow / "base", (made + "\n").encode())
     except OSError:
         pass
     return made
@@ -342,7 +342,7 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
     _copy_exclude(repo, shadow)
     fresh = _sync_index(repo, shadow)
     base = None if fresh else _read_base(shadow)
-    write_if_changed(shadow / "HEAD", f"{base or head_oid}\n".encode() if base or head_oid else _UNBORN)
+    _put_if_changed(shadow / "HEAD", f"{base or head_oid}\n".encode() if base or head_oid else _UNBORN)
     extras = set() if fresh else _read_extras(shadow)
     notes: list[str] = []
     try:
@@ -356,13 +356,14 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
         if head_oid and tree_of(repo, head_oid) is None:
             notes.append(f"HEAD names {head_oid}, which is not a commit in the repository; the snapshot has no parent")
             head_oid = None
-            write_if_changed(shadow / "HEAD", _UNBORN)
+            _put_if_changed(shadow / "HEAD", _UNBORN)
         elif fresh:
             # A copied index git cannot read without the user's git folder (a split index): start from HEAD.
             _index_changing(shadow)
             _shadow_git(repo, ["read-tree", *((head_oid,) if head_oid else ("--empty",))])
-        else:
-            raise
+        else:  # agentbox's own index is damaged (a crash?): copy the user's again
+            _forget_index(shadow)
+            return _snapshot(repo, shadow, max_file_size)
         listing = _status(repo)
     _check_objects(repo)
     extras = _drop_newly_ignored(repo, shadow, extras)
@@ -420,7 +421,7 @@ def _tree_of_index(repo: Repo, shadow: Path) -> str:
     except OSError:
         pass
     tree = _shadow_git(repo, ["write-tree"]).decode().strip()
-    atomic_write(known, tree + "\n", mode=0o600)
+    _put(known, (tree + "\n").encode())
     return tree
 
 
@@ -473,9 +474,9 @@ def _sync_index(repo: Repo, shadow: Path) -> bool:
     if data is None:
         (shadow / "index").unlink(missing_ok=True)
     else:
-        atomic_write(shadow / "index", data, mode=0o600)
+        _put(shadow / "index", data)
         os.utime(shadow / "index", ns=(st.st_atime_ns, st.st_mtime_ns))
-    atomic_write(stamp, json.dumps(signature), mode=0o600)
+    _put(stamp, json.dumps(signature).encode())
     return True
 
 
@@ -492,7 +493,7 @@ def _read_extras(shadow: Path) -> set[bytes]:
 
 
 def _write_extras(shadow: Path, extras: set[bytes]) -> None:
-    write_if_changed(shadow / "extras", b"".join(name + b"\0" for name in sorted(extras)))
+    _put_if_changed(shadow / "extras", b"".join(name + b"\0" for name in sorted(extras)))
 
 
 # -- the shadow git folder --------------------------------------------------------------------------
@@ -519,7 +520,7 @@ def _create_shadow(repo: Repo) -> None:
     with _shadow_locked(repo) as shadow:
         _write_settings(repo, shadow, object_format(repo))
         if not (shadow / "HEAD").exists():
-            write_if_changed(shadow / "HEAD", _UNBORN)
+            _put_if_changed(shadow / "HEAD", _UNBORN)
 
 
 def _write_settings(repo: Repo, shadow: Path, fmt: str) -> None:
@@ -550,8 +551,8 @@ def _write_settings(repo: Repo, shadow: Path, fmt: str) -> None:
     if old is not None and old != new and f"objectFormat = {fmt}" not in old.decode(errors="replace"):
         (shadow / "index").unlink(missing_ok=True)  # an index of the other object format
         _forget_index(shadow)
-    write_if_changed(shadow / "config", new)
-    atomic_write(stamp_file, json.dumps(stamp), mode=0o600)
+    _put_if_changed(shadow / "config", new)
+    _put(stamp_file, json.dumps(stamp).encode())
 
 
 def _case_settings(repo: Repo) -> dict[str, str]:
@@ -589,7 +590,7 @@ def _global_excludes() -> str | None:
 def _copy_exclude(repo: Repo, shadow: Path) -> None:
     """The repository's info/exclude (read as a capped, regular, unfollowed file) into the shadow."""
     data = _read_regular(repo.common_dir / "info" / "exclude", MAX_EXCLUDE) or b""
-    write_if_changed(shadow / "info" / "exclude", data)
+    _put_if_changed(shadow / "info" / "exclude", data)
 
 
 def _check_objects(repo: Repo) -> None:
@@ -772,7 +773,7 @@ def _inside_git_folder(repo: Repo, path: Path) -> bool:
 def _remember_fifos(repo: Repo, fifos: list[Path]) -> None:
     shadow = shadow_dir(repo)
     if shadow.is_dir():
-        write_if_changed(shadow / "fifos", b"".join(os.fsencode(path) + b"\0" for path in fifos))
+        _put_if_changed(shadow / "fifos", b"".join(os.fsencode(path) + b"\0" for path in fifos))
 
 
 def _refuse_known_fifos(repo: Repo, shadow: Path) -> None:
@@ -796,6 +797,32 @@ def _is_fifo(path: Path) -> bool:
 
 
 # -- small helpers ----------------------------------------------------------------------------------
+
+
+def _put(path: Path, data: bytes) -> None:
+    """Replace a file of the shadow folder in one step (0600). No fsync: these files are a cache agentbox
+    rebuilds (a damaged index is copied again from the user's), and a launch should not wait on the disk."""
+    import tempfile
+
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _put_if_changed(path: Path, data: bytes) -> None:
+    try:
+        if path.read_bytes() == data:
+            return
+    except OSError:
+        pass
+    _put(path, data)
+
 
 
 def _pathspec(paths: list[str] | None) -> list[str]:

@@ -221,6 +221,14 @@ def test_a_base_commit_that_disappeared_is_not_needed(work: Path) -> None:
     assert not (hostgit.shadow_dir(repo) / "base").exists()
 
 
+def test_a_damaged_shadow_index_is_rebuilt_from_the_users(work: Path) -> None:
+    repo = hostgit.find(work)
+    assert repo is not None
+    first = hostgit.snapshot(repo, MB)
+    (hostgit.shadow_dir(repo) / "index").write_bytes(b"DIRC garbage")
+    assert hostgit.snapshot(repo, MB).tree == first.tree
+
+
 def test_a_file_the_user_staged_is_captured_even_when_ignored(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
