@@ -30,6 +30,9 @@ LAZY_COMMANDS = {
     "template": ("agentbox.commands.config", "template_command"),
     "trust": ("agentbox.commands.safety", "trust_command"),
     "audit": ("agentbox.commands.safety", "audit_command"),
+    "checkpoint": ("agentbox.commands.checkpoint", "checkpoint_command"),
+    "checkpoints": ("agentbox.commands.checkpoint", "checkpoints_command"),
+    "diff": ("agentbox.commands.checkpoint", "diff_command"),
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
 }
