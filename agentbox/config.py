@@ -7,7 +7,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from agentbox import keys, paths
+from agentbox import keys, paths, sizes
 from agentbox.agents import BUILTIN_AGENTS
 from agentbox.errors import ConfigError
 from agentbox.layers import Layer
@@ -68,6 +68,15 @@ class CredentialSettings(NamedTuple):
         return {"netrc": self.netrc, "gh": self.gh, "git": self.git}
 
 
+class CheckpointSettings(NamedTuple):
+    enabled: bool = True
+    max_file_size: int = 5 << 20  # bytes
+    keep: int = 50
+
+    def to_json(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "maxFileSize": self.max_file_size, "keep": self.keep}
+
+
 class UnusableFile(NamedTuple):
     """A config file agentbox will not use, why, and the command that fixes it."""
 
@@ -119,6 +128,7 @@ class Config(NamedTuple):
     local_data: Mapping[str, Any] = MappingProxyType({})  # the local file's own keys, for deciding on trust
     local_sha256: str = ""  # digest of the local file's bytes as they were parsed
     protect_git_hooks: bool = False
+    checkpoints: CheckpointSettings = CheckpointSettings()
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
 
     def require_workspace(self) -> Path:
@@ -157,6 +167,7 @@ class Config(NamedTuple):
             "caCert": str(self.ca_cert) if self.ca_cert else None,
             "agents": {name: agent.to_json() for name, agent in self.agents.items()},
             "credentials": self.credentials.to_json(),
+            "checkpoints": self.checkpoints.to_json(),
         }
 
 
@@ -369,7 +380,7 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = {**previous, **value}
                 data["credentials"] = value
                 origins["credentials"] = label
-            elif key in ("vm", "sync", "agents"):
+            elif key in ("vm", "sync", "agents", "checkpoints"):
                 deep_merge(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
             else:
@@ -463,7 +474,14 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         local_data=local.data if local else {},
         local_sha256=local.sha256 if local else "",
         protect_git_hooks=vm.get("protectGitHooks", False),
+        checkpoints=_checkpoint_settings(data["checkpoints"]),
     )
+
+
+def _checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
+    size = sizes.to_bytes(str(raw["maxFileSize"]))
+    assert size is not None  # validated by the schema
+    return CheckpointSettings(raw["enabled"], size, raw["keep"])
 
 
 def _credential_settings(raw: Any) -> CredentialSettings:
