@@ -327,6 +327,8 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
     _check_objects(repo)
     extras = _drop_newly_ignored(repo, extras)
     record: list[bytes] = []
+    gone: list[bytes] = []
+    real_folders: dict[bytes, bool] = {}
     skipped: list[tuple[str, int]] = []
     for code, name in listing:
         if code == b"??":
@@ -335,6 +337,12 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
                 continue
         elif code[1:2] == b" " and code not in (b"DD", b"AA") and b"U" not in code:
             continue  # changed in the index only: the index already holds the working tree's version
+        if _beyond_link(repo.work_tree, name, real_folders):
+            # A folder on the way became a symlink: the file is gone from the tree (git refuses
+            # to --remove a path "beyond a symbolic link"; lstat would follow the link).
+            gone.append(name)
+            extras.discard(name)
+            continue
         try:
             st = os.lstat(repo.work_tree / os.fsdecode(name))
         except (FileNotFoundError, NotADirectoryError):
@@ -352,6 +360,9 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
         record.append(name)
         if code == b"??":
             extras.add(name)
+    if gone:
+        _shadow_git(repo, ["update-index", "-z", "--force-remove", "--stdin"],
+                    input=b"".join(name + b"\0" for name in gone))
     if record:
         _shadow_git(repo, ["update-index", "-z", "--add", "--remove", "--replace", "--stdin"],
                     input=b"".join(name + b"\0" for name in record))
@@ -360,6 +371,21 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
     if os.path.lexists(repo.work_tree / ".gitmodules"):
         notes.append("submodules are captured as the commit the index records for them, not their own changes")
     return Snapshot(tree, head_oid, skipped, notes)
+
+
+def _beyond_link(work_tree: Path, name: bytes, real_folders: dict[bytes, bool]) -> bool:
+    """Whether a folder on the way to name is not a real folder (a symlink, a file, missing)."""
+    parts = name.split(b"/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        folder = b"/".join(parts[:depth])
+        if folder not in real_folders:
+            try:
+                real_folders[folder] = stat.S_ISDIR(os.lstat(os.fsencode(work_tree) + b"/" + folder).st_mode)
+            except OSError:
+                real_folders[folder] = False
+        if not real_folders[folder]:
+            return True
+    return False
 
 
 def _status(repo: Repo) -> list[tuple[bytes, bytes]]:
