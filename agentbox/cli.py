@@ -32,6 +32,7 @@ LAZY_COMMANDS = {
     "audit": ("agentbox.commands.safety", "audit_command"),
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
+    "undo": ("agentbox.commands.undo", "undo_command"),
 }
 
 

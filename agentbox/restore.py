@@ -118,7 +118,7 @@ def apply(workspace: Path, operations: Sequence[Operation], *, dry_run: bool = F
     removals = sorted((op for op in valid if op.kind == REMOVE), key=lambda op: op.path, reverse=True)
     root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        run = _Run(root, dry_run, result, keep=_folders_of(op.path for op in writes))
+        run = _Run(root, dry_run, result, keep=folders_of(op.path for op in writes))
         for operation in removals:
             run.attempt(operation, run.remove)
         for operation in writes:
@@ -128,7 +128,8 @@ def apply(workspace: Path, operations: Sequence[Operation], *, dry_run: bool = F
     return result
 
 
-def _folders_of(paths: Iterable[str]) -> set[str]:
+def folders_of(paths: Iterable[str]) -> set[str]:
+    """Every folder on the way to paths (`a/b/c` -> `a`, `a/b`)."""
     folders: set[str] = set()
     for path in paths:
         parts = path.split("/")

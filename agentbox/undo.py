@@ -79,7 +79,9 @@ def plan(repo: hostgit.Repo, checkpoint_tree: str, current_tree: str, skipped: I
         # Deleted since: anything there now was not captured (an ignored file), so it stays.
         operations.append(restore.Operation(_KINDS[change.old_mode], change.path, blobs[change.old_oid],
                                             overwrite=change.status != "D"))
-    return Plan(operations, created, submodules, not_compared)
+    # A file or link created where the checkpoint has a folder goes anyway: restore replaces it.
+    needed = restore.folders_of(change.path for change in to_read)
+    return Plan(operations, [path for path in created if path not in needed], submodules, not_compared)
 
 
 def _what_is_there(kind: str) -> str:
