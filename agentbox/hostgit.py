@@ -325,12 +325,15 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
             raise
         listing = _status(repo)
     _check_objects(repo)
-    extras = _drop_newly_ignored(repo, extras)
+    kept = _drop_newly_ignored(repo, extras)
+    newly_ignored, extras = extras - kept, kept
     record: list[bytes] = []
     gone: list[bytes] = []
     real_folders: dict[bytes, bool] = {}
     skipped: list[tuple[str, int]] = []
     for code, name in listing:
+        if name in newly_ignored:
+            continue  # listed as changed before it left the index: recording it would bring it back
         if code == b"??":
             if name.endswith(b"/"):
                 notes.append(f"{visible(os.fsdecode(name))} is a nested git repository; its files are not captured")
