@@ -109,8 +109,8 @@ def report(result: restore.Result, todo: Plan, target: str, dry_run: bool) -> li
         detail = f" ({visible(change.detail)})" if change.detail else ""
         lines.append(f"  {change.action:<{width}}  {visible(change.path)}{detail}")
     if kept:
-        lines.append("Left in place (not in the current snapshot, e.g. ignored; remove it yourself to restore it):")
-        lines.extend(f"  {visible(change.path)} ({change.detail})" for change in kept)
+        lines.append("Not restored, left in place (remove it yourself and undo again to restore it):")
+        lines.extend(f"  {visible(change.path)} ({_what_is_there(change.detail)})" for change in kept)
     if todo.created:
         lines.append(f"Created since {target}, left in place (use --clean to remove):")
         lines.extend(f"  {visible(path)}" for path in todo.created)

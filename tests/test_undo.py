@@ -287,3 +287,61 @@ def test_not_a_git_repository(project: Path) -> None:
     result = run_cli("undo", cwd=project)
     assert result.exit_code == 1
     assert f"agentbox: error: checkpoints are off: {project} is not a git repository" in result.stderr
+
+
+def test_a_file_the_agent_made_ignored_is_left_in_place(repo: Path) -> None:
+    number = checkpoint(repo)
+    write(repo / ".gitignore", "*.log\nbuild/\nnotes.md\n")
+    write(repo / "notes.md", "the agent's notes, now ignored\n")
+    output = undo(repo, "--clean", str(number))
+    assert (repo / ".gitignore").read_text() == "*.log\nbuild/\n"
+    assert (repo / "notes.md").read_text() == "the agent's notes, now ignored\n"
+    assert output.splitlines()[2:] == [
+        "  restored  .gitignore",
+        "Not restored, left in place (remove it yourself and undo again to restore it):",
+        "  notes.md (a file is there now that no snapshot captured, an ignored one perhaps)",
+    ]
+
+
+def test_submodules_are_not_restored_nor_entered(repo: Path) -> None:
+    sub = repo / "sub"
+    sub.mkdir()
+    git(sub, "init", "-q")
+    write(sub / "lib.txt", "v1\n")
+    git(sub, "add", "-A")
+    git(sub, "-c", "user.name=U", "-c", "user.email=u@example.com", "commit", "-qm", "v1")
+    git(repo, "add", "sub")
+    git(repo, "commit", "-qm", "add a nested repository")
+    number = checkpoint(repo)
+    write(sub / "lib.txt", "v2\n")
+    git(sub, "-c", "user.name=U", "-c", "user.email=u@example.com", "commit", "-qam", "v2")
+    git(repo, "add", "sub")
+    write(repo / "edit.txt", "changed\n")
+    inside = tree_listing(sub)
+    output = undo(repo, "--clean", str(number))
+    assert tree_listing(sub) == inside
+    assert (repo / "edit.txt").read_text() == "original\n"
+    assert output.splitlines()[2:] == [
+        "  restored  edit.txt",
+        "Submodules or nested repositories, not restored:",
+        "  sub",
+    ]
+
+
+@pytest.mark.needs("bwrap")
+def test_undo_last_after_a_session_with_the_vm_stopped(repo: Path, vm: FakeLima) -> None:
+    before = files(repo)
+    script = ("set -e; echo agent > edit.txt; rm 'delete me.txt'; rm -r dir; chmod +x tool.sh; "
+              "echo new > created.txt; echo log > new.log")
+    result = run_cli("shell", "--", "sh", "-c", script, cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    after = files(repo)
+    assert after != before
+    vm.set_status("agentbox-myproject", "Stopped")
+    vm.clear()
+    output = undo(repo)  # `last`: the start of the session just ended
+    assert vm.calls() == []
+    assert re.search(r"^Undo to #\d+ \(start, ", output, re.M)
+    expected = {path: entry for path, entry in before.items()} | {
+        path: after[path] for path in ("created.txt", "new.log")}
+    assert files(repo) == expected
