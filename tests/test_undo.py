@@ -272,14 +272,18 @@ def test_files_too_large_to_capture_are_not_compared(repo: Path) -> None:
     write(repo / "agentbox.yml", "checkpoints:\n  maxFileSize: 100\n")
     write(repo / "big.bin", "x" * 200)
     number = checkpoint(repo)
-    write(repo / "big.bin", "y" * 300)
+    write(repo / "big.bin", "small now")  # captured now, never in the checkpoint: not a file "created since"
+    write(repo / "huge.bin", "z" * 300)  # created since, too large to capture
     write(repo / "edit.txt", "changed\n")
     output = undo(repo, "--clean", str(number))
-    assert (repo / "big.bin").read_text() == "y" * 300
+    assert (repo / "big.bin").read_text() == "small now"
+    assert (repo / "huge.bin").read_text() == "z" * 300
     assert (repo / "edit.txt").read_text() == "original\n"
-    assert output.splitlines()[-2:] == [
+    assert output.splitlines()[2:] == [
+        "  restored  edit.txt",
         "Not compared (larger than checkpoints.maxFileSize in a snapshot, never captured):",
-        "  big.bin (300 bytes)",
+        "  big.bin (200 bytes)",
+        "  huge.bin (300 bytes)",
     ]
 
 
