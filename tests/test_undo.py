@@ -28,10 +28,11 @@ def files(project: Path) -> dict[str, tuple[str, int, bytes]]:
 
 
 def checkpoint(project: Path) -> int:
-    from agentbox import checkpoints
-    from agentbox.config import CheckpointSettings
-
-    return checkpoints.take(project, "manual", CheckpointSettings()).checkpoint.id
+    result = run_cli("checkpoint", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    found = re.match(r"checkpoint #(\d+) of ", result.stdout)
+    assert found, result.stdout
+    return int(found.group(1))
 
 
 def undo(project: Path, *args: str, exit_code: int = 0) -> str:
