@@ -72,9 +72,10 @@ class CheckpointSettings(NamedTuple):
     enabled: bool = True
     max_file_size: int = 5 << 20  # bytes
     keep: int = 50
+    max_file_size_text: str = "5MiB"  # as the config wrote it
 
     def to_json(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "maxFileSize": self.max_file_size, "keep": self.keep}
+        return {"enabled": self.enabled, "maxFileSize": self.max_file_size_text, "keep": self.keep}
 
 
 class UnusableFile(NamedTuple):
@@ -481,7 +482,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
 def _checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
     size = sizes.to_bytes(str(raw["maxFileSize"]))
     assert size is not None  # validated by the schema
-    return CheckpointSettings(raw["enabled"], size, raw["keep"])
+    return CheckpointSettings(raw["enabled"], size, raw["keep"], str(raw["maxFileSize"]))
 
 
 def _credential_settings(raw: Any) -> CredentialSettings:

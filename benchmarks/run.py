@@ -30,7 +30,8 @@ DEFAULT_LATENCY = "list=0.03,shell=0.15,copy=0.25,start=20,create=2"
 # and cold rows launch the agent with a real argument.
 LAUNCH = ["codex", "exec", "true"]
 BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust check": 0.005,
-           "tripwire, 50k files": 0.050}
+           "tripwire, 50k files": 0.050, "checkpoint, 50k unchanged": 0.150, "checkpoint, 100 changed": 0.500,
+           "checkpoints add": 0.150}
 
 
 def agentbox_command() -> list[str]:
@@ -168,6 +169,78 @@ def tripwire_seconds(box: Sandbox, runs: int) -> list[float]:
     return json.loads(result.stdout)
 
 
+def large_repository(box: Sandbox, name: str) -> Path:
+    """A git repository of 50,000 small committed files in 100 folders."""
+    project = box.project(name)
+    subprocess.run(["git", "init", "-q", str(project)], check=True)
+    for folder in range(100):
+        sub = project / "src" / f"d{folder}"
+        sub.mkdir(parents=True)
+        for index in range(500):
+            (sub / f"f{index}.txt").write_text(f"{folder} {index}\n")
+    identity = ["-c", "user.name=bench", "-c", "user.email=bench@example.com"]
+    subprocess.run(["git", "add", "-A"], cwd=project, check=True)
+    subprocess.run(["git", *identity, "commit", "-q", "-m", "50k files"], cwd=project, check=True)
+    time.sleep(1.1)  # files written in the same second as the index are hashed again (racy-clean)
+    return project
+
+
+CHECKPOINT_CODE = """
+import json, os, shutil, subprocess, sys, time
+from pathlib import Path
+from agentbox import checkpoints, hostgit
+from agentbox.config import CheckpointSettings
+
+workspace, runs = Path(sys.argv[1]), int(sys.argv[2])
+settings = CheckpointSettings()
+repo = hostgit.find(workspace)
+rounds = [0]
+
+def change_100():
+    rounds[0] += 1
+    for folder in range(100):
+        (workspace / "src" / f"d{folder}" / "f1.txt").write_text(f"round {rounds[0]}\\n")
+
+def timed(call):
+    started = time.perf_counter()
+    call()
+    return time.perf_counter() - started
+
+def add_all():
+    # The alternative measured against hostgit's status path: `git add -A` on a copy of the shadow index.
+    shadow = hostgit.shadow_dir(repo)
+    env = {**hostgit._base_env(shadow), "GIT_DIR": str(shadow), "GIT_WORK_TREE": str(workspace),
+           "GIT_INDEX_FILE": str(shadow / "alt-index"), "GIT_OBJECT_DIRECTORY": str(repo.common_dir / "objects")}
+    for args in (["add", "-A"], ["write-tree"]):
+        subprocess.run(["git", *hostgit._SAFE, *args], env=env, cwd=workspace, check=True, capture_output=True)
+
+checkpoints.take(workspace, "manual", settings)  # the first one builds the shadow folder and index
+shutil.copyfile(hostgit.shadow_dir(repo) / "index", hostgit.shadow_dir(repo) / "alt-index")
+add_all()
+result = {"take_unchanged": [], "take_changed": [], "snap_unchanged": [], "snap_changed": [],
+          "add_unchanged": [], "add_changed": []}
+for _ in range(runs):
+    result["take_unchanged"].append(timed(lambda: checkpoints.take(workspace, "manual", settings)))
+    result["snap_unchanged"].append(timed(lambda: hostgit.snapshot(repo, settings.max_file_size)))
+    result["add_unchanged"].append(timed(add_all))
+    change_100()
+    result["take_changed"].append(timed(lambda: checkpoints.take(workspace, "manual", settings)))
+    change_100()
+    result["snap_changed"].append(timed(lambda: hostgit.snapshot(repo, settings.max_file_size)))
+    change_100()
+    result["add_changed"].append(timed(add_all))
+print(json.dumps(result))
+"""
+
+
+def checkpoint_seconds(box: Sandbox, project: Path, runs: int) -> dict[str, list[float]]:
+    """checkpoints.take() and hostgit.snapshot() (and `git add -A`, the alternative) on 50,000 files, in-process."""
+    result = subprocess.run([sys.executable, "-c", CHECKPOINT_CODE, str(project), str(runs)], env=box.env,
+                            capture_output=True, check=True)
+    data: dict[str, list[float]] = json.loads(result.stdout)
+    return data
+
+
 def summarize(samples: list[float]) -> str:
     return f"{statistics.median(samples) * 1000:7.1f} {min(samples) * 1000:7.1f} {max(samples) * 1000:7.1f}"
 
@@ -237,6 +310,33 @@ def main() -> int:
         rows.append(
             ("tripwire, 50k files", summarize(walk), "-", "0", verdict("tripwire, 50k files", statistics.median(walk)))
         )
+
+        big_repo = large_repository(box, "ckpt")
+        timings = checkpoint_seconds(box, big_repo, options.runs)
+        for label, key in (("checkpoint, 50k unchanged", "take_unchanged"), ("checkpoint, 100 changed", "take_changed"),
+                           ("snapshot, unchanged", "snap_unchanged"), ("snapshot, 100 changed", "snap_changed"),
+                           ("git add -A, unchanged", "add_unchanged"), ("git add -A, 100 changed", "add_changed")):
+            samples = timings[key]
+            rows.append((label, summarize(samples), "-", "0", verdict(label, statistics.median(samples))))
+
+        box.run(["start"], big_repo)
+        ckpt_launches: dict[str, list[tuple[float, float, list[dict]]]] = {"off": [], "on": []}
+        for index in range(options.runs * 2):  # interleaved, so a busy moment costs both alike
+            state = "off" if index % 2 == 0 else "on"
+            enabled = "false" if state == "off" else "true"
+            (big_repo / "agentbox.yml").write_text(f"checkpoints:\n  enabled: {enabled}\n")
+            ckpt_launches[state].append(box.run(["codex", "--version"], big_repo))
+        own_by_state = {state: [w - i for w, i, _ in results] for state, results in ckpt_launches.items()}
+        for state in ("off", "on"):
+            rows.append((
+                f"warm, 50k, ckpt {state}",
+                summarize([w for w, _, _ in ckpt_launches[state]]),
+                summarize(own_by_state[state]),
+                "/".join(map(str, sorted({len(calls) for _, _, calls in ckpt_launches[state]}))),
+                "-",
+            ))
+        added = statistics.median(own_by_state["on"]) - statistics.median(own_by_state["off"])
+        rows.append(("checkpoints add", f"{added * 1000:7.1f}", "-", "-", verdict("checkpoints add", added)))
 
         stopped = []
         for _ in range(slow_runs):

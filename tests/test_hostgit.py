@@ -205,6 +205,22 @@ def test_the_kept_index_follows_later_changes(work: Path) -> None:
     assert hostgit.snapshot(repo, MB).tree == second.tree
 
 
+def test_a_base_commit_that_disappeared_is_not_needed(work: Path) -> None:
+    repo = hostgit.find(work)
+    assert repo is not None
+    snap = hostgit.snapshot(repo, MB)
+    base = hostgit.commit(repo, snap.tree, snap.head, "checkpoint")
+    assert (hostgit.shadow_dir(repo) / "HEAD").read_text() != base + "\n"
+    write(work / "tracked.txt", "after\n")
+    assert (hostgit.shadow_dir(repo) / "HEAD").read_text() != base + "\n"
+    hostgit.snapshot(repo, MB)
+    assert (hostgit.shadow_dir(repo) / "HEAD").read_text() == base + "\n"  # the status compared with it
+    (work / ".git" / "objects" / base[:2] / base[2:]).unlink()  # pruned and collected
+    write(work / "tracked.txt", "later\n")
+    assert files_of(repo, hostgit.snapshot(repo, MB).tree)["tracked.txt"] == b"later\n"
+    assert not (hostgit.shadow_dir(repo) / "base").exists()
+
+
 def test_a_file_the_user_staged_is_captured_even_when_ignored(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
