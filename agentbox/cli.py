@@ -35,6 +35,7 @@ LAZY_COMMANDS = {
     "diff": ("agentbox.commands.checkpoint", "diff_command"),
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
+    "undo": ("agentbox.commands.undo", "undo_command"),
 }
 
 

@@ -344,16 +344,27 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
             raise
         listing = _status(repo)
     _check_objects(repo)
-    extras = _drop_newly_ignored(repo, shadow, extras)
+    kept = _drop_newly_ignored(repo, shadow, extras)
+    newly_ignored, extras = extras - kept, kept
     record: list[bytes] = []
+    gone: list[bytes] = []
+    real_folders: dict[bytes, bool] = {}
     skipped: list[tuple[str, int]] = []
     for code, name in listing:
+        if name in newly_ignored:
+            continue  # listed as changed before it left the index: recording it would bring it back
         if code == b"??":
             if name.endswith(b"/"):
                 notes.append(f"{visible(os.fsdecode(name))} is a nested git repository; its files are not captured")
                 continue
         elif code[1:2] == b" " and code not in (b"DD", b"AA") and b"U" not in code:
             continue  # changed in the index only: the index already holds the working tree's version
+        if _beyond_link(repo.work_tree, name, real_folders):
+            # A folder on the way became a symlink: the file is gone from the tree (git refuses
+            # to --remove a path "beyond a symbolic link"; lstat would follow the link).
+            gone.append(name)
+            extras.discard(name)
+            continue
         try:
             st = os.lstat(repo.work_tree / os.fsdecode(name))
         except (FileNotFoundError, NotADirectoryError):
@@ -371,6 +382,10 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
         record.append(name)
         if code == b"??":
             extras.add(name)
+    if gone:
+        _index_changing(shadow)
+        _shadow_git(repo, ["update-index", "-z", "--force-remove", "--stdin"],
+                    input=b"".join(name + b"\0" for name in gone))
     if record:
         _index_changing(shadow)
         _shadow_git(repo, ["update-index", "-z", "--add", "--remove", "--replace", "--stdin"],
@@ -380,6 +395,21 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
     if os.path.lexists(repo.work_tree / ".gitmodules"):
         notes.append("submodules are captured as the commit the index records for them, not their own changes")
     return Snapshot(tree, head_oid, skipped, notes)
+
+
+def _beyond_link(work_tree: Path, name: bytes, real_folders: dict[bytes, bool]) -> bool:
+    """Whether a folder on the way to name is not a real folder (a symlink, a file, missing)."""
+    parts = name.split(b"/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        folder = b"/".join(parts[:depth])
+        if folder not in real_folders:
+            try:
+                real_folders[folder] = stat.S_ISDIR(os.lstat(os.fsencode(work_tree) + b"/" + folder).st_mode)
+            except OSError:
+                real_folders[folder] = False
+        if not real_folders[folder]:
+            return True
+    return False
 
 
 def _status(repo: Repo) -> list[tuple[bytes, bytes]]:

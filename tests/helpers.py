@@ -4,13 +4,14 @@ fixtures and pytest hooks; import these from here.)"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,39 @@ def as_root(argv: list[str]) -> list[str]:
 
 def needs_bwrap() -> None:
     needs("bwrap")
+
+
+def tree_listing(root: Path) -> dict[str, tuple[str, int, bytes]]:
+    """Every entry under root, never following a link: relative path -> (kind, permission bits,
+    content or link target; b"" for a folder). Two equal listings are byte-for-byte the same tree."""
+    listing: dict[str, tuple[str, int, bytes]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            st = path.lstat()
+            if path.is_symlink():
+                listing[rel] = ("link", 0, os.fsencode(os.readlink(path)))
+            elif path.is_dir():
+                listing[rel] = ("dir", st.st_mode & 0o7777, b"")
+            else:
+                listing[rel] = ("file", st.st_mode & 0o7777, path.read_bytes())
+    return listing
+
+
+@contextlib.contextmanager
+def unwritable(folder: Path) -> Iterator[None]:
+    """Nothing can be created in or removed from folder meanwhile, even by root (chattr +i then)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("as root, a folder is made unwritable with chattr +i, which this file system refuses")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
