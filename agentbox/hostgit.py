@@ -1,0 +1,604 @@
+"""Host git that the repository cannot make run anything: the only module that runs git on the host.
+
+The workspace's `.git` is written by the agent, so its config, hooks and attributes are attacker
+input. Every call here therefore builds git's environment from scratch (no system or global config,
+no GIT_* variable of the user's, HOME pointing at agentbox's own folder, no pager) and passes
+`-c core.hooksPath=/dev/null -c core.fsmonitor=false -c protocol.allow=never` (the last one stops a
+lazy fetch of a partial clone from starting a transport the repository's config names).
+
+Work-tree commands (status, update-index, write-tree, diff-tree, cat-file, apply) run against a
+**shadow git folder** agentbox owns, `<workspace state dir>/git/`: its HEAD, config, info/exclude and
+index are written by agentbox; only the objects are the repository's (GIT_OBJECT_DIRECTORY). Its
+config defines no filter, diff driver, textconv or merge driver, so `.gitattributes` naming one has
+no effect (git treats an undefined driver as absent). The repository's own config is read by git
+only for the three calls that must touch the real repository: reading HEAD and the object format
+(`rev-parse`), and writing or reading refs (`update-ref`, `rev-parse --verify`); none of them runs
+a hook, filter or pager with the overrides above, and none reads an object (so no lazy fetch).
+
+Snapshot (the working tree as a tree object, the user's index untouched), one walk over the tree:
+1. the shadow index is a copy of the user's index when that file's stat signature changed since
+   the last copy, else the one agentbox kept from its last snapshot (it then still holds the files
+   that were untracked then: those that became ignored since are dropped with `check-ignore`);
+2. the shadow HEAD is the real HEAD commit, detached (an unborn branch when there is none);
+3. `git status -z --porcelain=v1 -uall --no-renames --ignore-submodules=all` refreshes the shadow
+   index and lists worktree-side changes and untracked files (untracked cache on);
+4. each of those paths is lstat'ed (never followed): regular files larger than max_file_size are
+   skipped and named, FIFOs, sockets and devices left out, an untracked folder (`?? dir/`, a
+   nested repository) noted as not captured;
+5. `git update-index -z --add --remove --replace --stdin` records the rest, `git write-tree` makes
+   the tree.
+The alternative, `git add -A` on the shadow index, walks the tree once too but cannot skip large
+files or special files without a second walk to find them; measured on a 50,000-file repository
+it is no faster unchanged (both are dominated by the same index refresh and untracked-cache walk)
+and slower after changes, so the status path is kept (benchmarks/run.py, `checkpoint` rows).
+
+The copy of the user's index keeps that file's mtime, so git's racy-timestamp checks judge the copy
+exactly as they would the original (a file changed in the same clock tick as the index was written
+is hashed again). An index the agent's git wrote inside the VM may record other inode and owner
+numbers than the host sees: the first snapshot after it then hashes every file once (correct, only
+slower); the shadow index it leaves behind is fast again.
+
+Submodules are captured as the commit their gitlink records in the index; their own changes are not.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+from agentbox import gitdirs, paths
+from agentbox.errors import StateError
+from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.safetext import visible
+
+TIMEOUT = 600  # seconds; a first status of a very large tree is slow, but never endless
+MAX_INDEX = 1 << 30  # the user's index is copied only up to this size
+MAX_EXCLUDE = 1 << 20  # info/exclude
+MAX_MESSAGE = 2000  # characters of git's stderr shown in an error
+IDENTITY = {"GIT_AUTHOR_NAME": "agentbox", "GIT_AUTHOR_EMAIL": "agentbox@localhost",
+            "GIT_COMMITTER_NAME": "agentbox", "GIT_COMMITTER_EMAIL": "agentbox@localhost"}
+_SAFE = ("--no-pager", "-c", "core.hooksPath=/dev/null", "-c", "core.fsmonitor=false",
+         "-c", "protocol.allow=never")
+_DIFF = ("--no-ext-diff", "--no-textconv", "--no-color", "--no-renames")
+_UNBORN = b"ref: refs/heads/agentbox-unborn\n"
+
+
+class GitError(StateError):
+    """A host git call failed; the message names the command and quotes git (escaped)."""
+
+
+class GitMissing(GitError):
+    """git is not installed on the host."""
+
+
+class Repo(NamedTuple):
+    work_tree: Path  # the workspace
+    git_dir: Path  # this checkout's git folder (a linked worktree's own)
+    common_dir: Path  # objects and refs
+
+
+class Snapshot(NamedTuple):
+    tree: str
+    head: str | None
+    skipped: list[tuple[str, int]]  # (path, size) larger than the limit, not captured
+    notes: list[str]  # what else was not captured (nested repositories, submodules' own changes)
+
+
+class TreeChange(NamedTuple):
+    status: str  # "A" added since old, "D" deleted, "M" modified, "T" type changed
+    path: str
+    old_mode: str
+    new_mode: str
+    old_oid: str
+    new_oid: str
+
+
+def available() -> bool:
+    return shutil.which("git") is not None
+
+
+def find(workspace: Path) -> Repo | None:
+    """The workspace as a git work tree (it has its own `.git`), or None. Runs no git."""
+    work_tree = Path(os.path.realpath(workspace))
+    dirs = gitdirs.locate(work_tree)
+    if dirs.git_dir is None or dirs.common_dir is None:
+        return None
+    return Repo(work_tree, dirs.git_dir, dirs.common_dir)
+
+
+def shadow_dir(repo: Repo) -> Path:
+    return paths.workspace_state_dir(repo.work_tree) / "git"
+
+
+def head(repo: Repo) -> str | None:
+    """HEAD's commit id; None when there are no commits yet."""
+    return _real_head(repo)[1]
+
+
+def object_format(repo: Repo) -> str:
+    return _real_head(repo)[0]
+
+
+def snapshot(repo: Repo, max_file_size: int) -> Snapshot:
+    """The working tree (tracked files and untracked files that are not ignored) as a tree object."""
+    with _shadow_locked(repo) as shadow:
+        return _snapshot(repo, shadow, max_file_size)
+
+
+def commit(repo: Repo, tree: str, parent: str | None, message: str) -> str:
+    """A commit object of tree (parented on parent) in the repository's objects; no ref is written."""
+    _check_objects(repo)
+    args = ["commit-tree", "--no-gpg-sign", *(("-p", parent) if parent else ()), "-F", "-", tree]
+    return _shadow_git(repo, args, input=message.encode()).decode().strip()
+
+
+def set_ref(repo: Repo, ref: str, commit: str) -> None:
+    _check_ref(ref)
+    _real_git(repo, ["update-ref", "-m", "agentbox checkpoint", ref, commit])
+
+
+def delete_refs(repo: Repo, refs: list[str]) -> None:
+    """Delete refs from the real repository (those already gone are fine)."""
+    if not refs:
+        return
+    for ref in refs:
+        _check_ref(ref)
+    commands = "".join(f"delete {ref}\n" for ref in refs).encode()
+    _real_git(repo, ["update-ref", "--stdin"], input=commands)
+
+
+def resolve(repo: Repo, rev: str) -> str | None:
+    """The object id a ref (or HEAD) names in the real repository; None when it does not exist."""
+    if rev != "HEAD":
+        _check_ref(rev)
+    out = _real_git(repo, ["rev-parse", "-q", "--verify", "--end-of-options", rev], ok=(0, 1))
+    return out.decode().strip() or None
+
+
+def tree_of(repo: Repo, commit: str) -> str | None:
+    """The tree a commit object holds, read from the objects (not through the real repository); None when
+    the object is missing or not a commit."""
+    _check_oid(commit)
+    out = _shadow_git(repo, ["rev-parse", "-q", "--verify", "--end-of-options", f"{commit}^{{tree}}"], ok=(0, 1))
+    return out.decode().strip() or None
+
+
+def changes(repo: Repo, old_tree: str, new_tree: str, paths: list[str] | None = None) -> list[TreeChange]:
+    """What differs between two trees, file by file (no rename detection)."""
+    out = _shadow_git(repo, ["diff-tree", "-r", "-z", "--raw", *_DIFF, old_tree, new_tree, *_pathspec(paths)])
+    fields = out.split(b"\0")
+    found = []
+    for index in range(0, len(fields) - 1, 2):
+        meta, name = fields[index], fields[index + 1]
+        old_mode, new_mode, old_oid, new_oid, status = meta.lstrip(b":").decode().split(" ")
+        found.append(TreeChange(status[0], os.fsdecode(name), old_mode, new_mode, old_oid, new_oid))
+    return found
+
+
+def diff(repo: Repo, old_tree: str, new_tree: str, *, stat: bool = False, name_only: bool = False,
+         binary: bool = False, paths: list[str] | None = None) -> bytes:
+    """`git diff-tree` between two trees: a patch (`git apply` reads it back when binary), --stat or --name-only."""
+    if name_only:
+        shape = ["--name-only"]
+    elif stat:
+        shape = ["--stat"]
+    else:
+        shape = ["-p", *(("--binary", "--full-index") if binary else ())]
+    return _shadow_git(repo, ["diff-tree", "-r", *shape, *_DIFF, old_tree, new_tree, *_pathspec(paths)])
+
+
+def read_blobs(repo: Repo, oids: list[str]) -> dict[str, bytes]:
+    """Blob contents by id (one `cat-file --batch`); each is checked against its id, so a loose object
+    file the agent overwrote is refused rather than restored."""
+    wanted = list(dict.fromkeys(oids))
+    if not wanted:
+        return {}
+    for oid in wanted:
+        _check_oid(oid)
+    out = _shadow_git(repo, ["cat-file", "--batch"], input="".join(f"{oid}\n" for oid in wanted).encode())
+    blobs: dict[str, bytes] = {}
+    position = 0
+    for oid in wanted:
+        end = out.index(b"\n", position)
+        header = out[position:end].decode().split(" ")
+        if len(header) != 3 or header[1] != "blob":
+            raise GitError(f"the object {oid} is missing from the repository {visible(str(repo.common_dir))} "
+                           f"(or is not a file's content)",
+                           hint="Something deleted or garbage-collected it; this checkpoint cannot be restored.")
+        size = int(header[2])
+        content = out[end + 1:end + 1 + size]
+        position = end + 1 + size + 1
+        if _object_id(b"blob", content, len(oid)) != oid:
+            raise GitError(f"the object {oid} in {visible(str(repo.common_dir))} does not hold what its id says: "
+                           f"it was altered after it was written", hint="Do not trust this checkpoint's content.")
+        blobs[oid] = content
+    return blobs
+
+
+def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False) -> None:
+    """`git apply` (or `--check`) of patch to the working tree; raises GitError with git's message.
+
+    three_way uses (and leaves changed) the shadow index, which is brought up to date with the working
+    tree first and copied afresh from the user's index by the next snapshot.
+    """
+    args = ["apply", "--whitespace=nowarn", *(("--check",) if check_only else ())]
+    if not three_way:
+        _shadow_git(repo, [*args, "-"], input=patch, what="git apply")
+        return
+    with _shadow_locked(repo) as shadow:
+        try:
+            _snapshot(repo, shadow, max_file_size=1 << 62)
+            _shadow_git(repo, [*args, "--3way", "-"], input=patch, what="git apply --3way")
+        finally:
+            _forget_index(shadow)
+
+
+# -- snapshot ---------------------------------------------------------------------------------------
+
+
+def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
+    fmt, head_oid = _real_head(repo)
+    _write_settings(repo, shadow, fmt)
+    _copy_exclude(repo, shadow)
+    write_if_changed(shadow / "HEAD", f"{head_oid}\n".encode() if head_oid else _UNBORN)
+    fresh = _sync_index(repo, shadow)
+    extras = set() if fresh else _read_extras(shadow)
+    notes: list[str] = []
+    try:
+        listing = _status(repo)
+    except GitError:
+        if head_oid and tree_of(repo, head_oid) is None:
+            notes.append(f"HEAD names {head_oid}, which is not a commit in the repository; the snapshot has no parent")
+            head_oid = None
+            write_if_changed(shadow / "HEAD", _UNBORN)
+        elif fresh:
+            # A copied index git cannot read without the user's git folder (a split index): start from HEAD.
+            _shadow_git(repo, ["read-tree", *((head_oid,) if head_oid else ("--empty",))])
+        else:
+            raise
+        listing = _status(repo)
+    _check_objects(repo)
+    extras = _drop_newly_ignored(repo, extras)
+    record: list[bytes] = []
+    skipped: list[tuple[str, int]] = []
+    for code, name in listing:
+        if code == b"??":
+            if name.endswith(b"/"):
+                notes.append(f"{visible(os.fsdecode(name))} is a nested git repository; its files are not captured")
+                continue
+        elif code[1:2] == b" " and code not in (b"DD", b"AA") and b"U" not in code:
+            continue  # changed in the index only: the index already holds the working tree's version
+        try:
+            st = os.lstat(repo.work_tree / os.fsdecode(name))
+        except (FileNotFoundError, NotADirectoryError):
+            record.append(name)  # deleted: --remove takes it out
+            extras.discard(name)
+            continue
+        except OSError:
+            continue
+        if stat.S_ISREG(st.st_mode):
+            if st.st_size > max_file_size:
+                skipped.append((os.fsdecode(name), st.st_size))
+                continue
+        elif not stat.S_ISLNK(st.st_mode):
+            continue  # FIFOs, sockets, devices; a folder where a file was is handled by --replace
+        record.append(name)
+        if code == b"??":
+            extras.add(name)
+    if record:
+        _shadow_git(repo, ["update-index", "-z", "--add", "--remove", "--replace", "--stdin"],
+                    input=b"".join(name + b"\0" for name in record))
+    tree = _shadow_git(repo, ["write-tree"]).decode().strip()
+    _write_extras(shadow, extras)
+    if os.path.lexists(repo.work_tree / ".gitmodules"):
+        notes.append("submodules are captured as the commit the index records for them, not their own changes")
+    return Snapshot(tree, head_oid, skipped, notes)
+
+
+def _status(repo: Repo) -> list[tuple[bytes, bytes]]:
+    out = _shadow_git(repo, ["status", "-z", "--porcelain=v1", "-uall", "--no-renames",
+                             "--ignore-submodules=all"])
+    return [(entry[:2], entry[3:]) for entry in out.split(b"\0") if entry]
+
+
+def _drop_newly_ignored(repo: Repo, extras: set[bytes]) -> set[bytes]:
+    """Files a reused shadow index holds only because they were untracked before: those the ignore
+    rules now match leave it (an untracked, ignored file is not part of a snapshot)."""
+    if not extras:
+        return extras
+    out = _shadow_git(repo, ["check-ignore", "-z", "--no-index", "--stdin"],
+                      input=b"".join(name + b"\0" for name in extras), ok=(0, 1), literal=False)
+    ignored = [name for name in out.split(b"\0") if name]
+    if ignored:
+        _shadow_git(repo, ["update-index", "-z", "--force-remove", "--stdin"],
+                    input=b"".join(name + b"\0" for name in ignored))
+    return extras - set(ignored)
+
+
+def _sync_index(repo: Repo, shadow: Path) -> bool:
+    """Copy the user's index into the shadow when it changed since the last copy; True when copied."""
+    source = repo.git_dir / "index"
+    try:
+        st = os.lstat(source)
+        signature = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] if stat.S_ISREG(st.st_mode) else None
+    except FileNotFoundError:
+        signature = None
+    stamp = shadow / "index.source"
+    try:
+        known = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        known = "unknown"
+    if known == signature and (shadow / "index").exists():
+        return False
+    data = _read_regular(source, MAX_INDEX) if signature else None
+    if data is None:
+        (shadow / "index").unlink(missing_ok=True)
+    else:
+        atomic_write(shadow / "index", data, mode=0o600)
+        os.utime(shadow / "index", ns=(st.st_atime_ns, st.st_mtime_ns))
+    atomic_write(stamp, json.dumps(signature), mode=0o600)
+    return True
+
+
+def _forget_index(shadow: Path) -> None:
+    (shadow / "index.source").unlink(missing_ok=True)
+
+
+def _read_extras(shadow: Path) -> set[bytes]:
+    try:
+        return {name for name in (shadow / "extras").read_bytes().split(b"\0") if name}
+    except OSError:
+        return set()
+
+
+def _write_extras(shadow: Path, extras: set[bytes]) -> None:
+    write_if_changed(shadow / "extras", b"".join(name + b"\0" for name in sorted(extras)))
+
+
+# -- the shadow git folder --------------------------------------------------------------------------
+
+
+@contextmanager
+def _shadow_locked(repo: Repo) -> Iterator[Path]:
+    """The shadow folder, set up, held by this process alone (two launches of one workspace snapshot in turn)."""
+    import fcntl
+
+    shadow = private_dir(shadow_dir(repo))
+    (shadow / "refs").mkdir(exist_ok=True)
+    (shadow / "info").mkdir(exist_ok=True)
+    fd = os.open(shadow / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield shadow
+    finally:
+        os.close(fd)
+
+
+def _create_shadow(repo: Repo) -> None:
+    """A shadow folder git accepts, for reading objects before any snapshot made one."""
+    with _shadow_locked(repo) as shadow:
+        _write_settings(repo, shadow, object_format(repo))
+        if not (shadow / "HEAD").exists():
+            write_if_changed(shadow / "HEAD", _UNBORN)
+
+
+def _write_settings(repo: Repo, shadow: Path, fmt: str) -> None:
+    """The shadow's config; rebuilt only when the config files it is read from change (stat signature)."""
+    sources = [repo.common_dir / "config", repo.git_dir / "config.worktree", *_global_config_files()]
+    stamp = {"format": fmt, "sources": [_signature(path) for path in sources]}
+    stamp_file = shadow / "config.source"
+    try:
+        if json.loads(stamp_file.read_text()) == stamp and (shadow / "config").exists():
+            return
+    except (OSError, ValueError):
+        pass
+    core = {"repositoryformatversion": "1" if fmt != "sha1" else "0", "bare": "false",
+            "untrackedCache": "true", "symlinks": "true", "filemode": "true", "autocrlf": "false",
+            "splitIndex": "false", "quotePath": "true"}
+    core.update(_case_settings(repo))
+    excludes = _global_excludes()
+    if excludes:
+        core["excludesFile"] = excludes
+    lines = ["[core]", *(f"\t{key} = {_quote(value)}" for key, value in core.items()),
+             "[gc]", "\tauto = 0", "[index]", "\tsparse = false"]
+    if fmt != "sha1":
+        lines += ["[extensions]", f"\tobjectFormat = {fmt}"]
+    old = (shadow / "config").read_bytes() if (shadow / "config").exists() else None
+    new = ("\n".join(lines) + "\n").encode()
+    if old is not None and old != new and f"objectFormat = {fmt}" not in old.decode(errors="replace"):
+        (shadow / "index").unlink(missing_ok=True)  # an index of the other object format
+        _forget_index(shadow)
+    write_if_changed(shadow / "config", new)
+    atomic_write(stamp_file, json.dumps(stamp), mode=0o600)
+
+
+def _case_settings(repo: Repo) -> dict[str, str]:
+    """core.ignoreCase and core.precomposeUnicode as `git init` found them for this file system (macOS)."""
+    out = _real_git(repo, ["config", "-z", "--get-regexp", r"^core\.(ignorecase|precomposeunicode)$"], ok=(0, 1))
+    found = {}
+    for entry in out.split(b"\0"):
+        key, _, value = entry.decode(errors="replace").partition("\n")
+        if key and value.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+            found["ignoreCase" if key.endswith("ignorecase") else "precomposeUnicode"] = value.lower()
+    return found
+
+
+def _global_config_files() -> list[Path]:
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(paths.home() / ".config")
+    return [paths.home() / ".gitconfig", Path(xdg) / "git" / "config"]
+
+
+def _global_excludes() -> str | None:
+    """The host user's own global excludes file (host-controlled, so trusted), if there is one."""
+    env = {**_base_env(paths.home()), "HOME": str(paths.home())}
+    del env["GIT_CONFIG_GLOBAL"]
+    if os.environ.get("XDG_CONFIG_HOME"):
+        env["XDG_CONFIG_HOME"] = os.environ["XDG_CONFIG_HOME"]
+    result = _run(["config", "--global", "--includes", "--path", "--get", "core.excludesFile"], env, Path("/"))
+    configured = result.stdout.decode(errors="surrogateescape").strip() if result.returncode == 0 else ""
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(paths.home() / ".config")
+    candidate = configured or os.path.join(xdg, "git", "ignore")
+    return candidate if os.path.isfile(candidate) else None
+
+
+def _copy_exclude(repo: Repo, shadow: Path) -> None:
+    """The repository's info/exclude (read as a capped, regular, unfollowed file) into the shadow."""
+    data = _read_regular(repo.common_dir / "info" / "exclude", MAX_EXCLUDE) or b""
+    write_if_changed(shadow / "info" / "exclude", data)
+
+
+def _check_objects(repo: Repo) -> None:
+    """Objects are written into the repository: its objects folder must be a real folder inside the common
+    dir, with no fan-out folder (objects/xx) that is a symlink leading the writes elsewhere."""
+    objects = repo.common_dir / "objects"
+    shown = visible(str(objects))
+    try:
+        st = os.lstat(objects)
+    except OSError as exc:
+        raise GitError(f"{shown} cannot be read ({exc.strerror})") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise GitError(f"{shown} is not a folder (a symbolic link?); agentbox does not write objects through it",
+                       hint="The agent may have replaced it. Check the repository before trusting it.")
+    with os.scandir(objects) as entries:
+        for entry in entries:
+            if len(entry.name) == 2 and entry.is_symlink():
+                raise GitError(f"{visible(entry.path)} is a symbolic link; agentbox does not write objects through it",
+                               hint="The agent may have planted it. Remove it, then check the repository.")
+
+
+# -- running git ------------------------------------------------------------------------------------
+
+
+def _real_head(repo: Repo) -> tuple[str, str | None]:
+    """The object format and HEAD's commit id (None when unborn), read from the real repository."""
+    out = _real_git(repo, ["rev-parse", "--show-object-format", "-q", "--verify", "HEAD"], ok=(0, 1))
+    lines = out.decode().split()
+    if not lines:
+        raise GitError(f"git could not read the object format of {visible(str(repo.git_dir))}")
+    return lines[0], (lines[1] if len(lines) > 1 else None)
+
+
+def _real_git(repo: Repo, args: list[str], input: bytes | None = None, ok: Sequence[int] = (0,)) -> bytes:
+    """git in the real repository (refs, HEAD, its config): no work tree, no object reads."""
+    env = _base_env(shadow_dir(repo))
+    env["GIT_DIR"] = str(repo.git_dir)
+    return _checked(repo, args, env, repo.git_dir, input, ok, f"git {args[0]}")
+
+
+def _shadow_git(repo: Repo, args: list[str], input: bytes | None = None, ok: Sequence[int] = (0,),
+                what: str | None = None, literal: bool = True) -> bytes:
+    """git on the workspace through the shadow folder: its config, index and HEAD; the repository's objects."""
+    shadow = shadow_dir(repo)
+    if not (shadow / "config").exists():
+        _create_shadow(repo)
+    env = _base_env(shadow)
+    env.update(GIT_DIR=str(shadow), GIT_WORK_TREE=str(repo.work_tree), GIT_INDEX_FILE=str(shadow / "index"),
+               GIT_OBJECT_DIRECTORY=str(repo.common_dir / "objects"), **IDENTITY)
+    if literal:  # paths are names, never patterns (check-ignore takes names and refuses the setting)
+        env["GIT_LITERAL_PATHSPECS"] = "1"
+    return _checked(repo, args, env, repo.work_tree, input, ok, what or f"git {args[0]}")
+
+
+def _checked(repo: Repo, args: list[str], env: dict[str, str], cwd: Path, input: bytes | None,
+             ok: Sequence[int], what: str) -> bytes:
+    result = _run(args, env, cwd, input)
+    if result.returncode not in ok:
+        message = visible(result.stderr.decode(errors="replace").strip()[-MAX_MESSAGE:])
+        raise GitError(f"{what} failed in {visible(str(repo.work_tree))} (exit {result.returncode}): {message}")
+    return result.stdout
+
+
+def _run(args: list[str], env: dict[str, str], cwd: Path,
+         input: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    git = shutil.which("git", path=os.environ.get("PATH", os.defpath))
+    if git is None:
+        raise GitMissing("git is not installed on this computer (not found on PATH)",
+                         hint="Install git to use checkpoints and `agentbox diff`.")
+    try:
+        return subprocess.run([git, *_SAFE, *args], env=env, cwd=cwd, input=input if input is not None else b"",
+                              capture_output=True, timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        raise GitError(f"git {args[0]} did not finish within {TIMEOUT} seconds in {visible(str(cwd))}") from None
+    except OSError as exc:
+        raise GitError(f"git could not be run: {exc.strerror}") from None
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    """git's whole environment: nothing of the user's but PATH (and TMPDIR), so no GIT_* variable leaks in."""
+    env = {
+        "PATH": os.environ.get("PATH", os.defpath),
+        "LC_ALL": "C",
+        "HOME": str(home),
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_ATTR_NOSYSTEM": "1",
+        "GIT_NO_REPLACE_OBJECTS": "1",
+        "GIT_TERMINAL_PROMPT": "0",
+        "GIT_NO_LAZY_FETCH": "1",
+        "GIT_PAGER": "cat",
+        "PAGER": "cat",
+    }
+    if os.environ.get("TMPDIR"):
+        env["TMPDIR"] = os.environ["TMPDIR"]
+    return env
+
+
+# -- small helpers ----------------------------------------------------------------------------------
+
+
+def _pathspec(paths: list[str] | None) -> list[str]:
+    return ["--", *paths] if paths else []
+
+
+def _check_ref(ref: str) -> None:
+    if not ref.startswith("refs/") or any(ch.isspace() or ord(ch) < 0x20 for ch in ref) or ".." in ref:
+        raise ValueError(f"not a ref agentbox writes: {ref!r}")
+
+
+def _check_oid(oid: str) -> None:
+    if len(oid) not in (40, 64) or any(ch not in "0123456789abcdef" for ch in oid):
+        raise ValueError(f"not an object id: {oid!r}")
+
+
+def _object_id(kind: bytes, content: bytes, length: int) -> str:
+    digest = hashlib.sha1 if length == 40 else hashlib.sha256
+    return digest(kind + b" " + str(len(content)).encode() + b"\0" + content).hexdigest()
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _signature(path: Path) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def _read_regular(path: Path, limit: int) -> bytes | None:
+    """A file of the repository's git folder (agent-writable): regular, unfollowed, non-blocking, capped.
+    None when absent or not such a file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+            return None
+        raise GitError(f"{visible(str(path))} cannot be read ({exc.strerror})") from None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise GitError(f"{visible(str(path))} is larger than {limit:,} bytes; agentbox does not read it")
+    return data
