@@ -30,6 +30,10 @@ LAZY_COMMANDS = {
     "template": ("agentbox.commands.config", "template_command"),
     "trust": ("agentbox.commands.safety", "trust_command"),
     "audit": ("agentbox.commands.safety", "audit_command"),
+    "proposals": ("agentbox.commands.proposals", "proposals_command"),
+    "review": ("agentbox.commands.proposals", "review_command"),
+    "apply": ("agentbox.commands.proposals", "apply_command"),
+    "reject": ("agentbox.commands.proposals", "reject_command"),
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
 }

@@ -424,3 +424,143 @@ def read_summary(workspace: Path, proposal: dict[str, Any]) -> bytes:
         return f"(summary.md not shown: {exc.message})\n".encode()
     finally:
         os.close(dir_fd)
+
+
+# -- review, apply, reject ----------------------------------------------------------------------
+
+
+def host_exec_paths(workspace: Path, proposal: dict[str, Any]) -> list[str]:
+    """The proposal's paths that the host runs without asking (the tripwire's list), for review's flags."""
+    matcher = _host_exec_matcher(workspace)
+    found = []
+    for entry in proposal["files"]:
+        for path in (entry.get("oldPath"), entry["path"]):
+            if path is not None and path not in found and matcher(path):
+                found.append(path)
+    return found
+
+
+def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host_exec: bool) -> list[str]:
+    """Why apply refuses this patch, one line per change (empty: it may be applied)."""
+    from agentbox import patchcheck
+
+    if proposal.get("problem"):
+        return [str(proposal["problem"])]
+    try:
+        changes = patchcheck.parse(patch, limit=MAX_PATCH)
+    except patchcheck.PatchError as exc:
+        return [f"the patch cannot be read: {exc}"]
+    return patchcheck.problems(
+        changes, host_exec=_host_exec_matcher(workspace), allow_host_exec=allow_host_exec,
+        link_target=lambda path: _link_target(workspace, path),
+    )
+
+
+def _host_exec_matcher(workspace: Path) -> Any:
+    from agentbox import tripwire
+
+    return tripwire.host_exec_matcher(workspace)
+
+
+def _link_target(workspace: Path, path: str) -> str | None:
+    """The target of the symbolic link at path in the workspace; None when it is not one (nothing followed)."""
+    try:
+        return os.readlink(workspace / path)
+    except OSError:
+        return None
+
+
+def mark_reviewed(workspace: Path, proposal: dict[str, Any]) -> None:
+    append_event(workspace, "proposal_reviewed", proposal=proposal["id"], patchSha256=proposal.get("patchSha256"))
+
+
+class Applied(NamedTuple):
+    proposal: dict[str, Any]
+    checkpoint: int | None  # the checkpoint taken before applying (None for --check)
+    head_moved: bool
+
+
+def apply(
+    workspace: Path, wanted: str | None, *, check_only: bool, three_way: bool, allow_host_exec: bool,
+    max_file_size: int,
+) -> Applied:
+    """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
+    exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
+    refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses."""
+    from agentbox import hostgit, isolation
+
+    with locked(workspace):
+        proposal = find(workspace, wanted)
+        number = proposal["id"]
+        if proposal["status"] == APPLIED:
+            raise StateError(f"proposal {number} was applied already ({proposal.get('applied', 'earlier')})",
+                             hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
+                             "was before." if proposal.get("checkpoint") is not None else None)
+        patch = read_patch(workspace, proposal)
+        found = refusals(workspace, proposal, patch, allow_host_exec)
+        if found:
+            listing = "\n".join(f"  - {line}" for line in found)
+            host_exec = any("host runs without asking" in line for line in found)
+            raise StateError(
+                f"proposal {number} is refused; nothing was changed in {workspace}:\n{listing}",
+                hint="`agentbox review` shows the patch. " + (
+                    "Changes to files your host runs are taken only with `agentbox apply --allow-host-exec`, "
+                    "after you have read them." if host_exec else "Ask the agent for a patch without these changes."
+                ),
+            )
+        repo = hostgit.find(workspace)
+        if repo is None:
+            raise StateError(f"{workspace} is no longer a git work tree; a proposal is applied with git",
+                             hint=isolation.NOT_GIT_HINT)
+        base_head = proposal["base"].get("head")
+        now = hostgit.head(repo)
+        moved = now != base_head
+        if moved and not three_way:
+            raise StateError(
+                f"HEAD moved since proposal {number} was made (from {_short(base_head)} to {_short(now)}): its "
+                "patch was made against the old one; nothing was changed",
+                hint=f"`agentbox apply {number} --3way` merges it with git's three-way merge, which refuses "
+                "rather than leave conflicts.",
+            )
+        if check_only:
+            hostgit.apply(repo, patch, check_only=True, three_way=three_way)
+            return Applied(proposal, None, moved)
+        checkpoint = _checkpoint_before(workspace, repo, number, max_file_size)
+        hostgit.apply(repo, patch, check_only=True, three_way=three_way)
+        hostgit.apply(repo, patch, check_only=False, three_way=three_way)
+        proposal = _update(workspace, proposal, status=APPLIED, applied=isolation.now(), checkpoint=checkpoint)
+        append_event(workspace, "proposal_applied", proposal=number, checkpoint=checkpoint, threeWay=three_way,
+                     patchSha256=proposal.get("patchSha256"))
+        if proposal.get("vm"):
+            isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
+        return Applied(proposal, checkpoint, moved)
+
+
+def _checkpoint_before(workspace: Path, repo: Any, number: int, max_file_size: int) -> int | None:
+    from agentbox import checkpoints
+
+    return checkpoints.take(workspace, kind="apply", message=f"before applying proposal {number}").id
+
+
+def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:
+    """Mark a proposal rejected (its files are kept); the VM's copy is made anew at its next isolated session."""
+    from agentbox import isolation
+
+    with locked(workspace):
+        proposal = find(workspace, wanted)
+        if proposal["status"] == APPLIED:
+            raise StateError(f"proposal {proposal['id']} was applied already; rejecting it changes nothing",
+                             hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
+                             "was before it.")
+        proposal = _update(workspace, proposal, status=REJECTED, rejected=isolation.now())
+        append_event(workspace, "proposal_rejected", proposal=proposal["id"], patchSha256=proposal.get("patchSha256"))
+        same_copy = [p for p in _all(workspace) if p["status"] == PENDING and p.get("vm") == proposal.get("vm")
+                     and p["base"].get("commit") == proposal["base"]["commit"]]
+        if proposal.get("vm") and not same_copy:
+            # The copy holds what was just rejected: the next session starts from the workspace again.
+            isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
+        return proposal
+
+
+def _short(commit: str | None) -> str:
+    return commit[:12] if commit else "no commit"
