@@ -7,7 +7,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from agentbox import keys, paths
+from agentbox import keys, paths, sizes
 from agentbox.agents import BUILTIN_AGENTS
 from agentbox.errors import ConfigError
 from agentbox.layers import Layer
@@ -68,6 +68,15 @@ class CredentialSettings(NamedTuple):
         return {"netrc": self.netrc, "gh": self.gh, "git": self.git}
 
 
+class CheckpointSettings(NamedTuple):
+    enabled: bool = True
+    max_file_size: int = 5 << 20  # bytes
+    keep: int = 50
+
+    def to_json(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "maxFileSize": self.max_file_size, "keep": self.keep}
+
+
 class UnusableFile(NamedTuple):
     """A config file agentbox will not use, why, and the command that fixes it."""
 
@@ -120,6 +129,7 @@ class Config(NamedTuple):
     local_sha256: str = ""  # digest of the local file's bytes as they were parsed
     global_data: Mapping[str, Any] = MappingProxyType({})  # the global file's own keys (trust rules compare)
     protect_git_hooks: bool = False
+    checkpoints: CheckpointSettings = CheckpointSettings()
     session_mode: str = "live"  # "live" or "isolated" (keys.SESSION_MODES)
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
 
@@ -159,6 +169,7 @@ class Config(NamedTuple):
             "caCert": str(self.ca_cert) if self.ca_cert else None,
             "agents": {name: agent.to_json() for name, agent in self.agents.items()},
             "credentials": self.credentials.to_json(),
+            "checkpoints": self.checkpoints.to_json(),
             "session": {"mode": self.session_mode},
         }
 
@@ -372,7 +383,7 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = {**previous, **value}
                 data["credentials"] = value
                 origins["credentials"] = label
-            elif key in ("vm", "sync", "agents", "session"):
+            elif key in ("vm", "sync", "agents", "checkpoints", "session"):
                 deep_merge(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
             else:
@@ -467,8 +478,15 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         local_sha256=local.sha256 if local else "",
         global_data=global_layer.data if global_layer else {},
         protect_git_hooks=vm.get("protectGitHooks", False),
+        checkpoints=_checkpoint_settings(data["checkpoints"]),
         session_mode=data["session"]["mode"],
     )
+
+
+def _checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
+    size = sizes.to_bytes(str(raw["maxFileSize"]))
+    assert size is not None  # validated by the schema
+    return CheckpointSettings(raw["enabled"], size, raw["keep"])
 
 
 def _credential_settings(raw: Any) -> CredentialSettings:

@@ -164,6 +164,50 @@ def resolve(repo: Repo, rev: str) -> str | None:
     return out.decode().strip() or None
 
 
+def refs(repo: Repo, prefix: str) -> dict[str, str]:
+    """Every ref under prefix in the real repository, with the object it names (one `for-each-ref`)."""
+    _check_ref(prefix)
+    out = _real_git(repo, ["for-each-ref", "--format=%(refname) %(objectname)", prefix])
+    found = {}
+    for line in out.decode(errors="replace").splitlines():
+        name, _, oid = line.rpartition(" ")
+        found[name] = oid
+    return found
+
+
+def commit_trees(repo: Repo, commits: list[str]) -> dict[str, str | None]:
+    """The tree each commit holds (None when the object is missing, not a commit, or altered: its content
+    no longer hashes to its id), in one `cat-file --batch`."""
+    wanted = list(dict.fromkeys(commits))
+    for oid in wanted:
+        _check_oid(oid)
+    objects = _batch(repo, wanted)
+    found: dict[str, str | None] = {}
+    for oid in wanted:
+        kind, content = objects.get(oid, (b"", b""))
+        tree = None
+        if kind == b"commit" and content.startswith(b"tree ") and _object_id(b"commit", content, len(oid)) == oid:
+            tree = content[5:content.index(b"\n")].decode()
+        found[oid] = tree
+    return found
+
+
+def change_counts(repo: Repo, pairs: list[tuple[str, str]]) -> list[dict[str, int]]:
+    """For each (old tree, new tree): how many files were added, modified, deleted ("A", "M", "D", "T")."""
+    if not pairs:
+        return []
+    out = _shadow_git(repo, ["diff-tree", "--stdin", "-r", "--raw", *_DIFF],
+                      input="".join(f"{old} {new}\n" for old, new in pairs).encode())
+    counts: list[dict[str, int]] = []
+    for line in out.split(b"\n"):
+        if line.startswith(b":") and counts:
+            status = line.split(b"\t", 1)[0].rsplit(b" ", 1)[-1][:1].decode()
+            counts[-1][status] = counts[-1].get(status, 0) + 1
+        elif line:
+            counts.append({})
+    return counts
+
+
 def tree_of(repo: Repo, commit: str) -> str | None:
     """The tree a commit object holds, read from the objects (not through the real repository); None when
     the object is missing or not a commit."""
@@ -204,24 +248,38 @@ def read_blobs(repo: Repo, oids: list[str]) -> dict[str, bytes]:
         return {}
     for oid in wanted:
         _check_oid(oid)
-    out = _shadow_git(repo, ["cat-file", "--batch"], input="".join(f"{oid}\n" for oid in wanted).encode())
+    objects = _batch(repo, wanted)
     blobs: dict[str, bytes] = {}
-    position = 0
     for oid in wanted:
-        end = out.index(b"\n", position)
-        header = out[position:end].decode().split(" ")
-        if len(header) != 3 or header[1] != "blob":
+        kind, content = objects.get(oid, (b"", b""))
+        if kind != b"blob":
             raise GitError(f"the object {oid} is missing from the repository {visible(str(repo.common_dir))} "
                            f"(or is not a file's content)",
                            hint="Something deleted or garbage-collected it; this checkpoint cannot be restored.")
-        size = int(header[2])
-        content = out[end + 1:end + 1 + size]
-        position = end + 1 + size + 1
         if _object_id(b"blob", content, len(oid)) != oid:
             raise GitError(f"the object {oid} in {visible(str(repo.common_dir))} does not hold what its id says: "
                            f"it was altered after it was written", hint="Do not trust this checkpoint's content.")
         blobs[oid] = content
     return blobs
+
+
+def _batch(repo: Repo, oids: list[str]) -> dict[str, tuple[bytes, bytes]]:
+    """oid -> (type, content) of the objects that exist, read by one `cat-file --batch`."""
+    if not oids:
+        return {}
+    out = _shadow_git(repo, ["cat-file", "--batch"], input="".join(f"{oid}\n" for oid in oids).encode())
+    found = {}
+    position = 0
+    for oid in oids:
+        end = out.index(b"\n", position)
+        header = out[position:end].split(b" ")
+        position = end + 1
+        if len(header) != 3:
+            continue  # "<oid> missing"
+        size = int(header[2])
+        found[oid] = (header[1], out[position:position + size])
+        position += size + 1
+    return found
 
 
 def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False) -> None:

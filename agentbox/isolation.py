@@ -19,7 +19,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import paths
 from agentbox.errors import ConfigError, StateError
@@ -30,6 +30,7 @@ from agentbox.staging import IsolatedLaunch
 
 if TYPE_CHECKING:
     from agentbox.config import Config
+    from agentbox.session_checkpoints import SessionCheckpoints
 
 LIVE = "live"
 ISOLATED = "isolated"
@@ -122,8 +123,6 @@ RECORD = "isolated.json"
 KEEP_BASES = 50
 KEEP_SESSIONS = 50
 BASE_MESSAGE = "agentbox: the base of an isolated session (the workspace as it was at launch)\n"
-# Files larger than this are not in the copy (the checkpoints' default limit).
-DEFAULT_MAX_FILE_SIZE = 5 * 1024 * 1024
 
 
 def record_path(workspace: Path) -> Path:
@@ -163,8 +162,13 @@ def base_ref(workspace: Path, vm_name: str) -> str:
     return f"refs/agentbox/isolated/{digest}"
 
 
-def begin(config: Config, vm_name: str, agent: str, chdir: str) -> IsolatedLaunch:
-    """Before the session: collect what earlier sessions left, choose the base, make this session's outbox folder."""
+def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionCheckpoints) -> IsolatedLaunch:
+    """Before the session: collect what earlier sessions left, choose the base, make this session's outbox folder.
+
+    The base is the launch's start checkpoint (or, with checkpoints off or failed, a commit made the same way),
+    unless the VM's copy already has a base with the same content: then that one is sent again and the copy,
+    with the agent's earlier work in it, carries over.
+    """
     from agentbox import hostgit, proposals
 
     workspace = config.require_workspace()
@@ -173,43 +177,74 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str) -> IsolatedLaunc
         require_git_workspace(workspace, None)
         raise AssertionError("unreachable")
     for made in proposals.collect(workspace, vm_name):
-        note(f"an earlier isolated session left changes: {made}")
-    snap = hostgit.snapshot(repo, DEFAULT_MAX_FILE_SIZE)
+        if made.proposal is not None:
+            note(f"an earlier isolated session left changes: {made}")
+    start = points.taken.checkpoint if points.taken is not None else None
+    if start is not None:
+        candidate = Base(start.commit, start.tree, start.head)
+        if start.skipped:
+            warn(f"the agent's copy of the workspace lacks the {len(start.skipped)} file"
+                 f"{'s' if len(start.skipped) != 1 else ''} the checkpoint left out for their size")
+    else:
+        candidate = _own_base(repo, config.checkpoints.max_file_size)
+    outbox_dir = private_dir(outbox(vm_name))
+    while True:
+        session = _session_id()
+        try:
+            os.mkdir(outbox_dir / session, 0o700)  # a fresh random name: never one the VM made (or a link)
+            break
+        except FileExistsError:
+            continue
+    with locked_record(workspace) as record:
+        base = _choose_base(repo, workspace, vm_name, candidate, record)
+        record["sessions"][session] = {"vm": vm_name, "agent": agent, "base": base, "started": now(),
+                                       "checkpointSession": points.session}
+        _prune(record)
+    return IsolatedLaunch(GUEST_SOURCE, base, outbox_dir / session, chdir)
+
+
+class Base(NamedTuple):
+    commit: str
+    tree: str
+    head: str | None
+
+
+def _own_base(repo: Any, max_file_size: int) -> Base:
+    """A commit of the workspace as it is, when no start checkpoint was taken (checkpoints off, or it failed)."""
+    from agentbox import hostgit
+
+    snap = hostgit.snapshot(repo, max_file_size)
     if snap.skipped:
         shown = ", ".join(f"{visible(path)} ({size:,} bytes)" for path, size in snap.skipped[:5])
         more = f" and {len(snap.skipped) - 5} more" if len(snap.skipped) > 5 else ""
-        warn(f"files larger than {DEFAULT_MAX_FILE_SIZE:,} bytes are not in the agent's copy: {shown}{more}")
-    session = _session_id()
-    with locked_record(workspace) as record:
-        base = _choose_base(repo, workspace, vm_name, snap, record)
-        record["sessions"][session] = {"vm": vm_name, "agent": agent, "base": base, "started": now()}
-        _prune(record)
-    folder = outbox(vm_name) / session
-    private_dir(outbox(vm_name))
-    os.mkdir(folder, 0o700)  # a fresh random name: never one the VM made (it could be a link)
-    return IsolatedLaunch(GUEST_SOURCE, base, folder, chdir)
+        warn(f"files larger than {max_file_size:,} bytes (checkpoints.maxFileSize) are not in the agent's copy: "
+             f"{shown}{more}")
+    return Base(hostgit.commit(repo, snap.tree, snap.head, BASE_MESSAGE), snap.tree, snap.head)
 
 
-def _choose_base(repo: Any, workspace: Path, vm_name: str, snap: Any, record: dict[str, Any]) -> str:
-    """The VM's current base while the workspace is unchanged since (its copy is kept), else a new commit."""
+def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, record: dict[str, Any]) -> str:
+    """The VM's current base while the workspace is unchanged since (its copy is kept), else the candidate."""
     from agentbox import hostgit
 
     current = record["current"].get(vm_name)
     known = record["bases"].get(current) if current else None
+    ref = base_ref(workspace, vm_name)
     if (
         known is not None
         and vm_name not in record["fresh"]
-        and known.get("tree") == snap.tree
-        and known.get("head") == snap.head
-        and hostgit.tree_of(repo, current) == snap.tree
+        and known.get("tree") == candidate.tree
+        and known.get("head") == candidate.head
+        and hostgit.tree_of(repo, current) == candidate.tree
     ):
+        if hostgit.resolve(repo, ref) != current:
+            hostgit.set_ref(repo, ref, current)
         return str(current)
-    commit = hostgit.commit(repo, snap.tree, snap.head, BASE_MESSAGE)
-    hostgit.set_ref(repo, base_ref(workspace, vm_name), commit)
-    record["bases"][commit] = {"tree": snap.tree, "head": snap.head, "vm": vm_name, "time": now()}
-    record["current"][vm_name] = commit
+    hostgit.set_ref(repo, ref, candidate.commit)
+    record["bases"][candidate.commit] = {"tree": candidate.tree, "head": candidate.head, "vm": vm_name,
+                                         "time": now()}
+    record["current"][vm_name] = candidate.commit
     record["fresh"] = [name for name in record["fresh"] if name != vm_name]
-    return commit
+    return candidate.commit
 
 
 def _prune(record: dict[str, Any]) -> None:

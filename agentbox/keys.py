@@ -35,7 +35,7 @@ RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outs
 
 
 class Key(NamedTuple):
-    kind: str  # str, path, int, bool, size, strlist, args, env, mapping, agents, mounts, freeform, credentials
+    kind: str  # str, path, int, bool, size, bytes, strlist, args, env, mapping, agents, mounts, freeform, credentials
     help: str
     default: Any = UNSET
     default_text: str = ""  # the default in words, where a value would not say it
@@ -199,6 +199,19 @@ SCHEMA: dict[str, Key] = {
                   documented=False),
     "credentials": Key("credentials", "`false` brings no host logins into the VM; or switches `{netrc, gh, git}`.",
                        default_text="true"),
+    "checkpoints": Key(
+        "mapping",
+        "Checkpoints of a git workspace at every launch (see README \"Review and undo\").",
+        documented=False,
+        children={
+            "enabled": Key("bool", "Take a checkpoint when a session starts and ends (git workspaces only).",
+                           default=True),
+            "maxFileSize": Key("bytes", "Files larger than this are left out of checkpoints (and named).",
+                               default="5MiB"),
+            "keep": Key("int", "How many checkpoints of a workspace are kept; older ones are pruned.", default=50,
+                        minimum=1),
+        },
+    ),
 }
 
 # Keys of the previous agentbox's Docker Sandboxes era. Its Lima version ignored them; so does agentbox.

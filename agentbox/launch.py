@@ -2,7 +2,10 @@
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
 needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount
-(agentbox.staging describes it, and the command line of provision/launch.sh).
+(agentbox.staging describes it, and the command line of provision/launch.sh). A git workspace gets
+a checkpoint before the session (taken on the host while `limactl list` runs) and after it
+(agentbox.session_checkpoints). In isolated mode the start checkpoint is also the base of the agent's copy
+(agentbox.isolation), whose changes become a proposal after the session.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
 from agentbox.progress import note
+from agentbox.session_checkpoints import SessionCheckpoints
 
 SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
 
@@ -31,6 +35,25 @@ def run_in_vm(
 
     `running` is the Running row of a `limactl list` the caller just made: it is checked, not listed again.
     """
+    config = session.config
+    workspace = config.require_workspace()
+    points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
+    points.start()
+    try:
+        return _run(session, name, argv, interactive_shell, agent, running, points)
+    finally:
+        points.wait_for_start()  # a launch that failed early still leaves no thread behind
+
+
+def _run(
+    session: vm.Session,
+    name: str,
+    argv: list[str],
+    interactive_shell: bool,
+    agent: AgentConfig | None,
+    running: Instance | None,
+    points: SessionCheckpoints,
+) -> int:
     config = session.config
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(staging.folder(name)))
@@ -56,16 +79,21 @@ def run_in_vm(
     isolated = None
     workdir = workdir_for(config.cwd, workspace)
     if mode == isolation.ISOLATED:
-        with timing.phase("isolated mode (base checkpoint)"):
-            isolated = isolation.begin(config, name, agent.name if agent else "shell", workdir)
+        points.wait_for_start()  # the start checkpoint is the copy's base
+        with timing.phase("isolated mode (base, outbox)"):
+            isolated = isolation.begin(config, name, agent.name if agent else "shell", workdir, points)
         workdir = str(staging.folder(name))  # the copy may not exist yet: launch.sh makes it, then enters it
     command = staging.launch_command(config, workspace, scripts, agent, staging.folder(name), isolated)
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):
         before, unacknowledged = tripwire.begin_session(workspace)
     tripwire.remind(unacknowledged)
-    with timing.phase("in-VM setup + agent (limactl shell)"):
-        code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)
+    points.wait_for_start()
+    try:
+        with timing.phase("in-VM setup + agent (limactl shell)"):
+            code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)
+    finally:
+        points.end()
     with timing.phase("tripwire check"):
         tripwire.report_session(*tripwire.end_session(workspace, before))
     if isolated is not None:

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentbox import paths
+from agentbox.config import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.safetext import visible
@@ -482,7 +483,7 @@ class Applied(NamedTuple):
 
 def apply(
     workspace: Path, wanted: str | None, *, check_only: bool, three_way: bool, allow_host_exec: bool,
-    max_file_size: int,
+    settings: CheckpointSettings,
 ) -> Applied:
     """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
     exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
@@ -525,7 +526,7 @@ def apply(
         if check_only:
             hostgit.apply(repo, patch, check_only=True, three_way=three_way)
             return Applied(proposal, None, moved)
-        checkpoint = _checkpoint_before(workspace, repo, number, max_file_size)
+        checkpoint = _checkpoint_before(workspace, number, settings)
         hostgit.apply(repo, patch, check_only=True, three_way=three_way)
         hostgit.apply(repo, patch, check_only=False, three_way=three_way)
         proposal = _update(workspace, proposal, status=APPLIED, applied=isolation.now(), checkpoint=checkpoint)
@@ -536,10 +537,12 @@ def apply(
         return Applied(proposal, checkpoint, moved)
 
 
-def _checkpoint_before(workspace: Path, repo: Any, number: int, max_file_size: int) -> int | None:
+def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSettings) -> int:
+    """Taken whatever checkpoints.enabled says (that is about launches): `agentbox undo` can take the apply back."""
     from agentbox import checkpoints
 
-    return checkpoints.take(workspace, kind="apply", message=f"before applying proposal {number}").id
+    taken = checkpoints.take(workspace, "apply", settings, message=f"before applying proposal {number}")
+    return taken.checkpoint.id
 
 
 def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:

@@ -164,12 +164,11 @@ class _Walker:
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise self.fail(node, keypath, f"expected true or false, found {_describe_value(value)}")
-        elif kind == "size":
-            problem = sizes.size_problem(value)
+        elif kind in ("size", "bytes"):
+            problem = sizes.size_problem(value) if kind == "size" else sizes.bytes_problem(value)
             if problem:
-                raise self.fail(
-                    node, keypath, problem, hint='Write sizes as Lima does, for example "8GiB" or "512MiB".'
-                )
+                example = '"8GiB" or "512MiB"' if kind == "size" else '"5MiB" or "512KiB"'
+                raise self.fail(node, keypath, problem, hint=f"Write sizes as Lima does, for example {example}.")
             value = str(value)  # a bare YAML number is bytes, as Lima reads it
         if spec.check is not None and isinstance(value, str):
             problem = spec.check(value)

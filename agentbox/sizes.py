@@ -23,6 +23,16 @@ def to_bytes(text: str) -> int | None:
     return int(number * _MULTIPLIER[(match.group(2) or "").lower()])
 
 
+def bytes_problem(value: Any) -> str | None:
+    """A size of a file, not of a VM: anything above zero bytes."""
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        return f'expected a size such as "5MiB", found {value!r}'
+    size = to_bytes(str(value))
+    if size is None:
+        return f'{str(value)!r} is not a size (examples: "5MiB", "512KiB", "1G"; a bare number is bytes)'
+    return "must be larger than zero" if size == 0 else None
+
+
 def size_problem(value: Any) -> str | None:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         return f'expected a size such as "8GiB", found {value!r}'

@@ -162,7 +162,7 @@ def apply_command(ctx: click.Context, proposal_id: str | None, check: bool, thre
 
     config, workspace = _workspace(ctx, acts=True)
     result = proposals.apply(workspace, proposal_id, check_only=check, three_way=three_way,
-                             allow_host_exec=allow_host_exec, max_file_size=_max_file_size(config))
+                             allow_host_exec=allow_host_exec, settings=config.checkpoints)
     number, files = result.proposal["id"], len(result.proposal["files"])
     how = " with a three-way merge" if three_way else ""
     if check:
@@ -172,12 +172,6 @@ def apply_command(ctx: click.Context, proposal_id: str | None, check: bool, thre
     undo = f"; `agentbox undo {result.checkpoint}` returns to it" if result.checkpoint is not None else ""
     say(f"applied proposal {number}{how} to {workspace} ({files} file{'s' if files != 1 else ''}); checkpoint "
         f"{result.checkpoint} holds the workspace as it was before{undo}")
-
-
-def _max_file_size(config: Config) -> int:
-    from agentbox import isolation
-
-    return int(getattr(config, "checkpoints_max_file_size", isolation.DEFAULT_MAX_FILE_SIZE))
 
 
 @click.command("reject")

@@ -1,0 +1,274 @@
+"""Checkpoints of a git workspace: what it held when a session started and ended, or when asked.
+
+A checkpoint is a commit object of the whole working tree (tracked files as they are on disk and
+untracked files that are not ignored; see agentbox.hostgit for how it is made without touching the
+user's index, HEAD or branches), parented on HEAD, kept alive by a ref in the repository:
+`refs/agentbox/checkpoints/<id>` (a linked worktree, whose refs are shared with the main checkout,
+uses `refs/agentbox/checkpoints/worktree-<key>/<id>`).
+
+The agent can write every ref, so the truth is the record agentbox keeps outside the workspace,
+`<workspace state dir>/checkpoints.json` (0600, written atomically under `checkpoints.lock`): a
+counter and one entry per checkpoint (id, commit, tree, head, time in UTC, kind, agent, session,
+message, skipped files, ref). Using a checkpoint checks that its ref still names the recorded commit
+and that this commit (its content hashed again) still holds the recorded tree; otherwise it fails
+loudly, naming the checkpoint and what happened to it, never falling back to something else.
+
+Ids are small integers per workspace (`#12`). Kinds: start and end (of a session), manual
+(`agentbox checkpoint`), undo and apply (taken before those change the workspace). A session has an
+id (`s-20250102T030405Z-1a2b`) shared by its start and end checkpoints. Only the last
+`checkpoints.keep` checkpoints are kept: older refs are deleted and their records dropped.
+
+API for the commands: take(), current(), load(), lookup() (verified), last_session(), statuses().
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from agentbox import hostgit, paths
+from agentbox.config import CheckpointSettings
+from agentbox.errors import StateError
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.safetext import visible
+
+KINDS = ("start", "end", "manual", "undo", "apply")
+VERSION = 1
+REF_PREFIX = "refs/agentbox/checkpoints"
+
+
+class NotARepository(StateError):
+    """The workspace is not a git work tree: checkpoints are off."""
+
+
+class Checkpoint(NamedTuple):
+    id: int
+    commit: str
+    tree: str
+    head: str | None  # HEAD when it was taken (its parent); None before the first commit
+    time: str  # ISO-8601, UTC
+    kind: str
+    agent: str | None
+    session: str | None
+    message: str
+    skipped: list[tuple[str, int]]  # files larger than checkpoints.maxFileSize, not captured
+    ref: str
+
+    @property
+    def label(self) -> str:
+        return f"#{self.id}"
+
+    def to_json(self) -> dict[str, Any]:
+        data = self._asdict()
+        data["skipped"] = [list(item) for item in self.skipped]
+        return data
+
+
+class Taken(NamedTuple):
+    checkpoint: Checkpoint
+    notes: list[str]  # what the snapshot could not capture, besides skipped files
+
+
+def records_file(workspace: Path) -> Path:
+    return paths.workspace_state_dir(Path(os.path.realpath(workspace))) / "checkpoints.json"
+
+
+def repo_of(workspace: Path) -> hostgit.Repo:
+    """The workspace's repository, or NotARepository (checkpoints are off)."""
+    repo = hostgit.find(workspace)
+    if repo is None:
+        raise NotARepository(f"checkpoints are off: {visible(str(workspace))} is not a git repository",
+                             hint="Checkpoints and `agentbox diff` work in the top folder of a git work tree "
+                                  "(`git init` makes one).")
+    return repo
+
+
+def new_session() -> str:
+    return time.strftime("s-%Y%m%dT%H%M%SZ-", time.gmtime()) + secrets.token_hex(2)
+
+
+def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str | None = None,
+         session: str | None = None, message: str = "") -> Taken:
+    """Record a checkpoint of the workspace as it is now; prune beyond settings.keep."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown checkpoint kind {kind!r}")
+    repo = repo_of(workspace)
+    snap = hostgit.snapshot(repo, settings.max_file_size)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    details = [f"kind: {kind}", *(f"agent: {agent}",) * bool(agent), *(f"session: {session}",) * bool(session)]
+    subject = f"agentbox checkpoint ({kind}{', ' + agent if agent else ''})"
+    text = "\n\n".join(part for part in (subject, message, "\n".join(details)) if part) + "\n"
+    commit = hostgit.commit(repo, snap.tree, snap.head, text)
+    with _locked(workspace):
+        data = _read(workspace)
+        number = data["next"]
+        checkpoint = Checkpoint(number, commit, snap.tree, snap.head, stamp, kind, agent, session, message,
+                                snap.skipped, _ref(repo, number))
+        hostgit.set_ref(repo, checkpoint.ref, commit)
+        kept = [*_parse_all(data, workspace), checkpoint]
+        dropped, kept = kept[:-settings.keep], kept[-settings.keep:]
+        hostgit.delete_refs(repo, [old.ref for old in dropped])
+        _write(workspace, number + 1, kept)
+    return Taken(checkpoint, snap.notes)
+
+
+def current(workspace: Path, settings: CheckpointSettings) -> hostgit.Snapshot:
+    """The workspace as it is now, as a tree (nothing recorded, no ref written)."""
+    return hostgit.snapshot(repo_of(workspace), settings.max_file_size)
+
+
+def load(workspace: Path) -> list[Checkpoint]:
+    """Every recorded checkpoint of the workspace, oldest first (none when there is no record)."""
+    with _locked(workspace):
+        return _parse_all(_read(workspace), workspace)
+
+
+def problem(repo: hostgit.Repo, checkpoint: Checkpoint) -> str | None:
+    """What happened to a checkpoint's ref or commit since it was taken, or None when it still verifies."""
+    return statuses(repo, [checkpoint])[checkpoint.id]
+
+
+def statuses(repo: hostgit.Repo, checkpoints: list[Checkpoint]) -> dict[int, str | None]:
+    """id -> what is wrong with each checkpoint (None: it verifies), with two git calls for all of them."""
+    current_refs = hostgit.refs(repo, REF_PREFIX) if checkpoints else {}
+    trees = hostgit.commit_trees(repo, [c.commit for c in checkpoints])
+    found: dict[int, str | None] = {}
+    for checkpoint in checkpoints:
+        target = current_refs.get(checkpoint.ref)
+        if target is None:
+            found[checkpoint.id] = f"its ref {checkpoint.ref} was deleted"
+        elif target != checkpoint.commit:
+            found[checkpoint.id] = (f"its ref {checkpoint.ref} was rewritten: it names {target}, "
+                                    f"not the recorded {checkpoint.commit}")
+        elif trees.get(checkpoint.commit) is None:
+            found[checkpoint.id] = f"its commit {checkpoint.commit} is missing or was altered in the repository"
+        elif trees[checkpoint.commit] != checkpoint.tree:
+            found[checkpoint.id] = f"its commit {checkpoint.commit} no longer holds the recorded tree"
+        else:
+            found[checkpoint.id] = None
+    return found
+
+
+def require(repo: hostgit.Repo, checkpoint: Checkpoint) -> Checkpoint:
+    """checkpoint, when it still verifies; else a loud StateError saying what happened to it."""
+    wrong = problem(repo, checkpoint)
+    if wrong:
+        raise StateError(f"checkpoint {checkpoint.label} ({checkpoint.kind}, {local_time(checkpoint.time)}) cannot be "
+                         f"used: {wrong}",
+                         hint="Something in the workspace (the agent?) changed agentbox's ref. agentbox will not "
+                              "guess what it held; pick another checkpoint from `agentbox checkpoints`.")
+    return checkpoint
+
+
+def lookup(workspace: Path, spec: str) -> Checkpoint:
+    """The checkpoint a user named: `12`, `#12`, or `last` (the start of the most recent session); verified."""
+    repo = repo_of(workspace)
+    found = load(workspace)
+    if spec == "last":
+        start, _end = last_session(found)
+        return require(repo, start)
+    number = spec[1:] if spec.startswith("#") else spec
+    if not number.isdigit():
+        raise StateError(f"{visible(spec)!r} is not a checkpoint",
+                         hint="Name one by number (`12` or `#12`), or say `last`; `agentbox checkpoints` lists them.")
+    for checkpoint in found:
+        if checkpoint.id == int(number):
+            return require(repo, checkpoint)
+    newest = found[-1].id if found else 0
+    if 0 < int(number) < (found[0].id if found else 1):
+        raise StateError(f"checkpoint #{int(number)} was pruned (agentbox keeps the last checkpoints.keep)",
+                         hint="`agentbox checkpoints` lists those that are left.")
+    raise StateError(f"there is no checkpoint #{int(number)} of {visible(str(workspace))}"
+                     + (f" (the newest is #{newest})" if newest else " (none has been taken yet)"),
+                     hint="`agentbox checkpoints` lists them.")
+
+
+def last_session(found: list[Checkpoint]) -> tuple[Checkpoint, Checkpoint | None]:
+    """The most recent session's start checkpoint and its end checkpoint (None while it has none)."""
+    starts = [c for c in found if c.kind == "start"]
+    if not starts:
+        raise StateError("no session has been recorded for this workspace yet",
+                         hint="Checkpoints are taken when an agent or `agentbox shell` starts and ends; "
+                              "`agentbox checkpoint` takes one now.")
+    start = starts[-1]
+    ends = [c for c in found if c.kind == "end" and c.session == start.session]
+    return start, (ends[-1] if ends else None)
+
+
+# -- the record ------------------------------------------------------------------------------------
+
+
+def _ref(repo: hostgit.Repo, number: int) -> str:
+    if repo.git_dir == repo.common_dir:
+        return f"{REF_PREFIX}/{number}"
+    # A linked worktree shares refs with the main checkout, whose checkpoints count from 1 too.
+    return f"{REF_PREFIX}/worktree-{paths.workspace_key(repo.work_tree)[:12]}/{number}"
+
+
+@contextmanager
+def _locked(workspace: Path) -> Iterator[None]:
+    import fcntl
+
+    lock = records_file(workspace).with_suffix(".lock")
+    private_dir(lock.parent)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _read(workspace: Path) -> dict[str, Any]:
+    path = records_file(workspace)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"version": VERSION, "next": 1, "checkpoints": []}
+    except (OSError, ValueError) as exc:
+        raise _damaged(path, str(exc)) from None
+    if not isinstance(data, dict) or not isinstance(data.get("next"), int) or not isinstance(
+            data.get("checkpoints"), list):
+        raise _damaged(path, "it does not have the expected fields")
+    if data.get("version") != VERSION:
+        raise _damaged(path, f"it is version {data.get('version')!r}; this agentbox reads version {VERSION}")
+    return data
+
+
+def _parse_all(data: dict[str, Any], workspace: Path) -> list[Checkpoint]:
+    try:
+        return [Checkpoint(int(e["id"]), str(e["commit"]), str(e["tree"]), e.get("head"), str(e["time"]),
+                           str(e["kind"]), e.get("agent"), e.get("session"), str(e.get("message", "")),
+                           [(str(p), int(s)) for p, s in e.get("skipped", [])], str(e["ref"]))
+                for e in data["checkpoints"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise _damaged(records_file(workspace), f"an entry lacks or mangles {exc}") from None
+
+
+def _write(workspace: Path, next_id: int, found: list[Checkpoint]) -> None:
+    data = {"version": VERSION, "workspace": str(workspace), "next": next_id,
+            "checkpoints": [c.to_json() for c in found]}
+    atomic_write(records_file(workspace), json.dumps(data, indent=1) + "\n", mode=0o600)
+
+
+def _damaged(path: Path, why: str) -> StateError:
+    return StateError(f"agentbox's checkpoint record {path} cannot be read: {why}",
+                      hint="Move the file away to start a new record (the old checkpoints' refs stay in the "
+                           "repository under refs/agentbox/checkpoints/).")
+
+
+def local_time(stamp: str) -> str:
+    """A recorded UTC time in the user's time zone, to the minute."""
+    import calendar
+
+    try:
+        seconds = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
+    except ValueError:
+        return stamp
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
