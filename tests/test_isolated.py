@@ -66,7 +66,8 @@ def test_a_warm_isolated_launch_makes_two_limactl_calls(project: Path, isolated_
     assert isolated_vm.subcommands() == ["list", "shell"]
     shell = isolated_vm.calls()[-1]
     assert shell[shell.index("--workdir") + 1] == str(staging.folder(NAME))
-    sent = shell[shell.index("--isolated-from"):shell.index("--")]
+    start = shell.index("--isolated-from")
+    sent = shell[start:shell.index("--", start)]
     assert sent[:2] == ["--isolated-from", "/mnt/agentbox/workspace"]
     assert [arg for arg in sent if arg.startswith("--")] == ["--isolated-from", "--base", "--outbox", "--chdir"]
     assert sent[sent.index("--chdir") + 1] == str(project)

@@ -163,6 +163,13 @@ def test_the_exit_code_and_the_proposal_survive_a_failing_agent(project: Path, i
     assert [f["path"] for f in proposal_list(project)[0]["files"]] == ["new.txt"]
 
 
+def test_ctrl_c_ends_the_agent_and_its_changes_still_become_a_proposal(project: Path, isolated_vm: FakeLima) -> None:
+    """A terminal's Ctrl-C reaches launch.sh and the agent alike (one process group): here the agent sends it."""
+    result = agentbox(project, "shell", "--", "bash", "-c", "echo x > new.txt; kill -INT $PPID $$; sleep 5")
+    assert result.returncode == 130, result.stderr
+    assert [f["path"] for f in proposal_list(project)[0]["files"]] == ["new.txt"]
+
+
 # -- refusals, with the workspace left exactly as it was ------------------------------------------
 
 
