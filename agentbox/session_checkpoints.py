@@ -90,10 +90,10 @@ class SessionCheckpoints:
         _forget(self.workspace, NO_GIT_MARK)
         fresh = [(path, size) for path, size in checkpoint.skipped if path not in already_named]
         if fresh:
-            names = ", ".join(f"{visible(path)} ({_size(size)})" for path, size in fresh[:MAX_NAMED])
+            names = ", ".join(f"{visible(path)} ({size_text(size)})" for path, size in fresh[:MAX_NAMED])
             more = f" and {len(fresh) - MAX_NAMED} more" if len(fresh) > MAX_NAMED else ""
             warn(f"checkpoint {checkpoint.label} ({checkpoint.kind}) left out {len(fresh)} file"
-                 f"{'s' if len(fresh) != 1 else ''} larger than {_size(self.settings.max_file_size)} "
+                 f"{'s' if len(fresh) != 1 else ''} larger than {size_text(self.settings.max_file_size)} "
                  f"(checkpoints.maxFileSize): {names}{more}; `agentbox undo` cannot bring back their content")
         elif self.verbose:
             note(f"checkpoint {checkpoint.label} ({checkpoint.kind}) of {self.workspace}: {checkpoint.commit[:12]}")
@@ -141,7 +141,7 @@ def _forget(workspace: Path, mark: str) -> None:
         os.unlink(path)
 
 
-def _size(size: int) -> str:
+def size_text(size: int) -> str:
     for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if size >= factor:
             return f"{size / factor:.1f} {unit}".replace(".0 ", " ")

@@ -1,0 +1,341 @@
+"""Checkpoints through the CLI: taken at every launch (no extra limactl call), listed, compared with
+`agentbox diff`, verified against what the agent can do to refs, pruned, and never running what the
+repository's config names."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentbox import checkpoints, paths
+from tests.gitrepo import commit_all, fired, git, hostile, init, user_state
+from tests.helpers import FakeLima, run_agentbox, run_cli, write, write_trusted
+
+pytestmark = pytest.mark.needs("git")
+
+
+@pytest.fixture
+def repo(project: Path) -> Path:
+    init(project)
+    write(project / "keep.txt", "keep\n")
+    write(project / "edit.txt", "before\n")
+    write(project / "remove.txt", "remove me\n")
+    write(project / ".gitignore", "*.log\n")
+    commit_all(project)
+    return project
+
+
+def session(project: Path, script: str, *flags: str) -> subprocess.CompletedProcess:
+    """`agentbox shell -- sh -c script` in a child process: the command runs in the double's VM."""
+    return run_agentbox(*flags, "shell", "--", "sh", "-c", script, cwd=project, timeout=120)
+
+
+def records(project: Path) -> list[dict]:
+    result = run_cli("checkpoints", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+AGENT_WORK = ("echo after > edit.txt && rm remove.txt && echo new > 'new file.txt' && mkdir -p src "
+              "&& echo code > src/made.py && echo noise > debug.log")
+
+
+def test_a_session_is_framed_by_two_checkpoints_and_diff_shows_exactly_its_changes(repo: Path, vm: FakeLima) -> None:
+    result = session(repo, AGENT_WORK)
+    assert result.returncode == 0, result.stderr
+    assert vm.subcommands() == ["list", "shell"]  # the checkpoints added no limactl call
+    assert "checkpoint" not in result.stderr  # nothing to say when nothing was skipped
+
+    found = records(repo)
+    assert [(r["id"], r["kind"], r["agent"], r["ok"]) for r in found] == [(1, "start", "shell", True),
+                                                                          (2, "end", "shell", True)]
+    assert found[0]["session"] == found[1]["session"] and found[0]["session"].startswith("s-")
+    assert found[0]["head"] == git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+    assert set(found[0]) >= {"id", "commit", "tree", "time", "kind", "agent", "session", "message", "skipped", "ok"}
+    assert git(repo, "rev-parse", "refs/agentbox/checkpoints/2").stdout.decode().strip() == found[1]["commit"]
+
+    vm.clear()
+    for since in ([], ["--since", "last"], ["--since", "session"], ["--since", "1"]):
+        names = run_cli("diff", *since, "--name-only", cwd=repo)
+        assert names.exit_code == 0, names.stderr
+        assert names.stdout.splitlines() == ["edit.txt", "new file.txt", "remove.txt", "src/made.py"], since
+    assert run_cli("diff", "--since", "2", "--name-only", cwd=repo).stdout == ""
+    patch = run_cli("diff", cwd=repo).stdout
+    assert "-before\n+after\n" in patch and "debug.log" not in patch
+    assert "4 files changed" in run_cli("diff", "--stat", cwd=repo).stdout
+    assert run_cli("diff", "--name-only", "src", cwd=repo).stdout == "src/made.py\n"
+    assert run_cli("diff", "--name-only", "made.py", cwd=repo / "src").stdout == "src/made.py\n"
+    assert vm.calls() == []  # diff never asks limactl
+
+
+def test_an_agent_launch_records_the_agent_and_keeps_the_warm_launch_at_two_calls(repo: Path, vm: FakeLima) -> None:
+    write_trusted(repo, f"env:\n  AGENTBOX_TEST_OUT: {repo / '.stub-out.json'}\n")
+    git(repo, "add", "agentbox.yml")
+    vm.clear()
+    result = run_agentbox("codex", "exec", "hi", cwd=repo)
+    assert result.returncode == 0, result.stderr
+    assert vm.subcommands() == ["list", "shell"]
+    assert [(r["kind"], r["agent"]) for r in records(repo)] == [("start", "codex"), ("end", "codex")]
+    assert run_cli("diff", "--name-only", cwd=repo).stdout == ".stub-out.json\n"
+
+
+def test_diff_works_with_the_vm_stopped_or_never_created(repo: Path, limactl: FakeLima) -> None:
+    taken = run_cli("checkpoint", "-m", "by hand", cwd=repo)
+    assert taken.exit_code == 0, taken.stderr
+    assert taken.stdout.startswith("checkpoint #1 of ")
+    write(repo / "edit.txt", "changed on the host\n")
+    result = run_cli("diff", "--since", "1", cwd=repo)
+    assert result.exit_code == 0, result.stderr
+    assert "+changed on the host" in result.stdout
+    listing = run_cli("checkpoints", cwd=repo)
+    assert "#1" in listing.stdout and "manual" in listing.stdout and "by hand" in listing.stdout
+    assert limactl.calls() == []
+
+
+def test_a_piped_diff_applies_back_with_git_apply(repo: Path, limactl: FakeLima, tmp_path: Path) -> None:
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    write(repo / "edit.txt", "edited\n")
+    (repo / "remove.txt").unlink()
+    (repo / "bytes.bin").write_bytes(bytes(range(256)) * 8)
+    write(repo / "name with spaces and ünïcode.txt", "hello\n")
+    os.symlink("keep.txt", repo / "a-link")
+    expected = user_state(repo)
+    result = run_agentbox("diff", "--since", "1", cwd=repo)
+    assert result.returncode == 0, result.stderr
+    patch = tmp_path / "x.patch"
+    patch.write_text(result.stdout)
+
+    git(repo, "stash", "-q", "-u")
+    assert not (repo / "bytes.bin").exists()
+    git(repo, "apply", str(patch))
+    after = user_state(repo)
+    assert {name: value.split()[:2] for name, value in after.items() if not name.startswith(".git/")} == {
+        name: value.split()[:2] for name, value in expected.items() if not name.startswith(".git/")}
+
+
+def test_on_a_terminal_the_diff_is_escaped_and_coloured(repo: Path, limactl: FakeLima) -> None:
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    write(repo / "edit.txt", "plain\x1b[2J\x1b]0;owned\x07 text\r\n")
+    output = _on_a_terminal([sys.executable, "-m", "agentbox", "diff", "--since", "1"], repo)
+    assert b"\x1b[2J" not in output and b"\x1b]0;" not in output and b"\x07" not in output
+    assert b"plain\\x1b[2J\\x1b]0;owned\\x07 text\\r" in output
+    assert b"\x1b[32m+plain" in output and b"\x1b[31m-before" in output
+
+
+def _on_a_terminal(argv: list[str], cwd: Path) -> bytes:
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(argv, cwd=cwd, stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE,
+                             env={**os.environ, "TERM": "xterm", "NO_COLOR": ""})
+    os.close(follower)
+    output = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 30)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(leader)
+    assert child.wait(30) == 0, child.stderr.read() if child.stderr else ""
+    return output
+
+
+def test_a_ref_the_agent_deletes_or_rewrites_makes_later_commands_fail_loudly(repo: Path, vm: FakeLima) -> None:
+    for _ in range(3):
+        assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    result = session(repo, "git update-ref -d refs/agentbox/checkpoints/1 && "
+                           "git update-ref refs/agentbox/checkpoints/2 HEAD")
+    assert result.returncode == 0, result.stderr
+
+    deleted = run_cli("diff", "--since", "1", cwd=repo)
+    assert deleted.exit_code == 1
+    assert "checkpoint #1 (manual," in deleted.stderr
+    assert "its ref refs/agentbox/checkpoints/1 was deleted" in deleted.stderr
+    rewritten = run_cli("diff", "--since", "#2", cwd=repo)
+    assert rewritten.exit_code == 1
+    assert "its ref refs/agentbox/checkpoints/2 was rewritten" in rewritten.stderr
+    assert deleted.stdout == rewritten.stdout == ""
+
+    found = {r["id"]: r for r in records(repo)}
+    assert (found[1]["ok"], found[2]["ok"], found[3]["ok"]) == (False, False, True)
+    listing = run_cli("checkpoints", cwd=repo)
+    assert listing.stdout.count("BROKEN") == 2
+    assert "#1 cannot be used: its ref refs/agentbox/checkpoints/1 was deleted" in listing.stderr
+    assert run_cli("diff", "--since", "3", cwd=repo).exit_code == 0
+
+
+def test_a_commit_object_the_agent_forges_is_caught(repo: Path, limactl: FakeLima) -> None:
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    commit = records(repo)[0]["commit"]
+    loose = repo / ".git" / "objects" / commit[:2] / commit[2:]
+    other = git(repo, "rev-parse", "HEAD").stdout.decode().strip()
+    other_file = repo / ".git" / "objects" / other[:2] / other[2:]
+    loose.chmod(0o644)
+    loose.write_bytes(other_file.read_bytes())
+    result = run_cli("diff", "--since", "1", cwd=repo)
+    assert result.exit_code == 1
+    assert f"its commit {commit} is missing or was altered" in result.stderr
+
+
+def test_only_the_last_keep_checkpoints_are_kept(repo: Path, limactl: FakeLima) -> None:
+    write(repo / "agentbox.yml", "checkpoints:\n  keep: 3\n")
+    for _ in range(5):
+        assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    assert [r["id"] for r in records(repo)] == [3, 4, 5]
+    refs = git(repo, "for-each-ref", "--format=%(refname)", "refs/agentbox/").stdout.decode().split()
+    assert refs == ["refs/agentbox/checkpoints/3", "refs/agentbox/checkpoints/4", "refs/agentbox/checkpoints/5"]
+    pruned = run_cli("diff", "--since", "1", cwd=repo)
+    assert pruned.exit_code == 1 and "checkpoint #1 was pruned" in pruned.stderr
+    missing = run_cli("diff", "--since", "9", cwd=repo)
+    assert missing.exit_code == 1 and "there is no checkpoint #9" in missing.stderr and "newest is #5" in missing.stderr
+
+
+def test_large_files_are_left_out_and_named_escaped(repo: Path, vm: FakeLima) -> None:
+    write(repo / "agentbox.yml", "checkpoints:\n  maxFileSize: 1KiB\n")
+    git(repo, "add", "agentbox.yml")
+    result = session(repo, "head -c 4096 /dev/zero > \"$(printf 'big\\033[31m.bin')\" && echo small > small.txt")
+    assert result.returncode == 0, result.stderr
+    assert "warning: checkpoint #2 (end) left out 1 file larger than 1 KiB (checkpoints.maxFileSize): " \
+           "big\\x1b[31m.bin (4 KiB)" in result.stderr
+    assert "\x1b[31m" not in result.stderr
+    assert [r["skipped"] for r in records(repo)] == [[], [["big\x1b[31m.bin", 4096]]]
+    diff = run_cli("diff", "--name-only", cwd=repo)
+    assert diff.stdout == "small.txt\n"
+    assert "not compared, larger than checkpoints.maxFileSize: big\\x1b[31m.bin (4 KiB)" in diff.stderr
+
+    again = session(repo, "true")  # still there: named by the start checkpoint, not again at the end
+    assert again.stderr.count("left out") == 1 and "checkpoint #3 (start)" in again.stderr
+
+
+def test_verbose_shows_the_checkpoint_ids(repo: Path, vm: FakeLima) -> None:
+    result = session(repo, "true", "-v")
+    assert result.returncode == 0, result.stderr
+    assert "checkpoint #1 (start) of " in result.stderr and "checkpoint #2 (end) of " in result.stderr
+
+
+def test_not_a_git_repository_is_said_once(project: Path, vm: FakeLima) -> None:
+    first = session(project, "echo hi > f.txt")
+    assert first.returncode == 0, first.stderr
+    assert "checkpoints are off: " in first.stderr and "is not a git repository" in first.stderr
+    second = session(project, "true")
+    assert second.returncode == 0 and "checkpoints" not in second.stderr
+    assert vm.subcommands() == ["list", "shell", "list", "shell"]
+    diff = run_cli("diff", cwd=project)
+    assert diff.exit_code == 1 and "is not a git repository" in diff.stderr
+
+
+def test_checkpoints_enabled_false_takes_none(repo: Path, vm: FakeLima) -> None:
+    write(repo / "agentbox.yml", "checkpoints:\n  enabled: false\n")
+    result = session(repo, "echo x > y.txt")
+    assert result.returncode == 0, result.stderr
+    assert records(repo) == []
+    assert not checkpoints.records_file(repo).exists()
+    assert not (paths.workspace_state_dir(repo) / "git").exists()
+
+
+def test_a_failed_checkpoint_warns_once_and_the_session_goes_on(repo: Path, vm: FakeLima, tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    write(repo / "new.txt", "n\n")
+    oid = git(repo, "hash-object", "new.txt").stdout.decode().strip()
+    os.symlink(elsewhere, repo / ".git" / "objects" / oid[:2])
+    result = session(repo, "echo ran > ran.txt")
+    assert result.returncode == 0
+    assert (repo / "ran.txt").read_text() == "ran\n"
+    assert result.stderr.count("the start checkpoint was not taken, the session goes on without it: ") == 1
+    assert "is a symbolic link; agentbox does not write objects through it" in result.stderr
+    assert "end checkpoint" not in result.stderr  # no start, no end
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_launch_leaves_the_users_git_state_alone(repo: Path, vm: FakeLima) -> None:
+    write(repo / "staged.txt", "staged\n")
+    git(repo, "add", "staged.txt")
+    write(repo / "edit.txt", "unstaged\n")
+    write(repo / "untracked.txt", "u\n")
+    before = user_state(repo)
+    result = session(repo, "true")
+    assert result.returncode == 0, result.stderr
+    assert user_state(repo) == before
+    assert len(records(repo)) == 2
+
+
+def test_nothing_the_repository_configures_runs_during_checkpoints_and_diff(repo: Path, vm: FakeLima,
+                                                                           tmp_path: Path) -> None:
+    """The same hostile repository runs every marker under plain git: see test_hostgit's control test."""
+    markers = tmp_path / "markers"
+    hostile(repo, markers)
+    write(repo / "edit.txt", "edited\n")
+    result = session(repo, "echo more >> edit.txt")
+    assert result.returncode == 0, result.stderr
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    for args in (["diff"], ["diff", "--stat"], ["diff", "--since", "session"], ["checkpoints"]):
+        assert run_cli(*args, cwd=repo).exit_code == 0, args
+    assert "+more" in run_agentbox("diff", cwd=repo).stdout
+    assert fired(markers) == []
+    git(repo, "status")  # the control: the user's own git does run it
+    assert "fsmonitor" in fired(markers)
+
+
+def test_a_linked_worktree_keeps_its_own_checkpoint_refs(repo: Path, limactl: FakeLima) -> None:
+    linked = repo.parent / "linked"
+    git(repo, "worktree", "add", "-q", "-b", "side", str(linked))
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    assert run_cli("checkpoint", cwd=linked).exit_code == 0
+    write(linked / "edit.txt", "in the linked worktree\n")
+    main_ref = records(repo)[0]["ref"]
+    linked_ref = records(linked)[0]["ref"]
+    assert main_ref == "refs/agentbox/checkpoints/1" and linked_ref != main_ref
+    assert linked_ref.startswith("refs/agentbox/checkpoints/worktree-") and linked_ref.endswith("/1")
+    assert run_cli("diff", "--since", "1", cwd=repo).stdout == ""
+    assert run_cli("diff", "--since", "1", "--name-only", cwd=linked).stdout == "edit.txt\n"
+
+
+def test_a_repository_without_commits(project: Path, limactl: FakeLima) -> None:
+    init(project)
+    write(project / "first.txt", "1\n")
+    assert run_cli("checkpoint", cwd=project).exit_code == 0
+    write(project / "second.txt", "2\n")
+    result = run_cli("diff", "--since", "1", "--name-only", cwd=project)
+    assert result.stdout == "second.txt\n"
+    assert records(project)[0]["head"] is None
+
+
+def test_diff_refuses_paths_outside_the_workspace_and_unknown_names(repo: Path, limactl: FakeLima) -> None:
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    outside = run_cli("diff", "--since", "1", "../elsewhere", cwd=repo)
+    assert outside.exit_code == 1 and "is outside the workspace" in outside.stderr
+    bad = run_cli("diff", "--since", "yesterday", cwd=repo)
+    assert bad.exit_code == 1 and "'yesterday' is not a checkpoint" in bad.stderr
+    none = run_cli("diff", cwd=repo)
+    assert none.exit_code == 1 and "no session has been recorded for this workspace yet" in none.stderr
+
+
+def test_the_listing_counts_changes_since_the_one_before(repo: Path, limactl: FakeLima) -> None:
+    assert run_cli("checkpoint", "-m", "one", cwd=repo).exit_code == 0
+    write(repo / "added.txt", "a\n")
+    write(repo / "edit.txt", "e\n")
+    (repo / "remove.txt").unlink()
+    assert run_cli("checkpoint", "-m", "two", cwd=repo).exit_code == 0
+    lines = run_cli("checkpoints", cwd=repo).stdout.splitlines()
+    assert lines[0].split() == ["ID", "TIME", "KIND", "AGENT", "CHANGES", "MESSAGE"]
+    assert lines[1].startswith("#1") and lines[1].endswith("one")
+    assert lines[2].startswith("#2") and "+1 ~1 -1" in lines[2] and lines[2].endswith("two")
+
+
+def test_git_missing_on_the_host(repo: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = run_cli("checkpoint", cwd=repo)
+    assert result.exit_code == 1
+    assert "git is not installed on this computer" in result.stderr
