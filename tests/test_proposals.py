@@ -321,8 +321,9 @@ def test_review_escapes_on_a_terminal_and_is_raw_when_piped(project: Path, isola
                            timeout=60)
     assert b"# Done \x1b[2J\x1b]0;owned\x07\n" in piped.stdout
     main, child = pty.openpty()
+    env = {**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm"}
     with subprocess.Popen([sys.executable, "-m", "agentbox", "review"], cwd=project, stdin=subprocess.DEVNULL,
-                          stdout=child, stderr=subprocess.DEVNULL) as proc:
+                          stdout=child, stderr=subprocess.DEVNULL, env=env) as proc:
         os.close(child)
         shown = b""
         while True:
@@ -336,4 +337,5 @@ def test_review_escapes_on_a_terminal_and_is_raw_when_piped(project: Path, isola
         proc.wait(timeout=60)
     os.close(main)
     assert b"# Done \\x1b[2J\\x1b]0;owned\\x07" in shown
-    assert b"\x1b" not in shown
+    assert b"\x1b[2J" not in shown and b"\x1b]" not in shown and b"\x07" not in shown
+    assert b"\x1b[32m+x\x1b[0m" in shown  # the patch is coloured, line by line

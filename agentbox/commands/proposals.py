@@ -7,7 +7,6 @@ session whose agentbox was interrupted still becomes a proposal.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,7 +90,8 @@ def review_command(ctx: click.Context, proposal_id: str | None) -> None:
     Without ID, the newest pending proposal. On a terminal every control character is shown escaped;
     piped, the summary and patch are written as they are.
     """
-    from agentbox import proposals
+    from agentbox import patchview, proposals
+    from agentbox.safetext import visible_text
 
     _, workspace = _workspace(ctx, acts=False)
     proposal = proposals.find(workspace, proposal_id)
@@ -99,16 +99,13 @@ def review_command(ctx: click.Context, proposal_id: str | None) -> None:
     summary = proposals.read_summary(workspace, proposal)
     flagged = set(proposals.host_exec_paths(workspace, proposal))
     refused = proposals.refusals(workspace, proposal, patch, allow_host_exec=False)
-    header = _review_header(workspace, proposal, flagged, refused)
+    front = _review_header(workspace, proposal, flagged, refused).encode("utf-8", "surrogateescape") + summary
+    front += b"" if front.endswith(b"\n") else b"\n"
     out = click.get_binary_stream("stdout")
-    if sys.stdout.isatty():
-        from agentbox.safetext import visible_text
-
-        text = header + summary.decode("utf-8", "surrogateescape") + "\n" + patch.decode("utf-8", "surrogateescape")
-        out.write(visible_text(text).encode("utf-8", "surrogateescape"))
-    else:
-        out.write(header.encode("utf-8", "surrogateescape") + summary + b"\n" + patch)
-    out.flush()
+    if patchview.is_terminal(out):
+        front = visible_text(front.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+    out.write(front + b"\n")
+    patchview.write(patch, out)  # escaped (and coloured) on a terminal, the exact bytes in a pipe
     proposals.mark_reviewed(workspace, proposal)
 
 
