@@ -299,7 +299,10 @@ def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False
     """`git apply` (or `--check`) of patch to the working tree; raises GitError with git's message.
 
     three_way uses (and leaves changed) the shadow index, which is brought up to date with the working
-    tree first and copied afresh from the user's index by the next snapshot.
+    tree first and copied afresh from the user's index by the next snapshot. `git apply --3way --check`
+    does not try the merge (it passes a patch whose merge will conflict, and the apply then leaves
+    conflict markers in the working tree), so the three-way check merges into the shadow index alone
+    (`--cached`): a conflict fails it with the working tree untouched.
     """
     args = ["apply", "--whitespace=nowarn", *(("--check",) if check_only else ())]
     if not three_way:
@@ -309,7 +312,11 @@ def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False
         try:
             _snapshot(repo, shadow, max_file_size=1 << 62)
             _index_changing(shadow)
-            _shadow_git(repo, [*args, "--3way", "-"], input=patch, what="git apply --3way")
+            if check_only:
+                _shadow_git(repo, ["apply", "--whitespace=nowarn", "--cached", "--3way", "-"], input=patch,
+                            what="git apply --3way")
+            else:
+                _shadow_git(repo, [*args, "--3way", "-"], input=patch, what="git apply --3way")
         finally:
             _forget_index(shadow)
 
