@@ -83,6 +83,13 @@ def repo_of(workspace: Path) -> hostgit.Repo:
     """The workspace's repository, or NotARepository (checkpoints are off)."""
     repo = hostgit.find(workspace)
     if repo is None:
+        from agentbox import gitdirs
+
+        refused = gitdirs.locate(workspace).problem
+        if refused:
+            raise NotARepository(
+                f"checkpoints are off: the .git of {visible(str(workspace))} is not followed: {refused}",
+                hint="agentbox follows a .git file only to what `git worktree add` made.")
         raise NotARepository(f"checkpoints are off: {visible(str(workspace))} is not a git repository",
                              hint="Checkpoints and `agentbox diff` work in the top folder of a git work tree "
                                   "(`git init` makes one).")

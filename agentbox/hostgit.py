@@ -724,7 +724,7 @@ def _object_id(kind: bytes, content: bytes, length: int) -> str:
 
 
 def _quote(value: str) -> str:
-    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
 def _signature(path: Path) -> list[int] | None:

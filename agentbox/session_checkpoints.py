@@ -104,8 +104,7 @@ class SessionCheckpoints:
     def _report_failure(self, which: str, error: BaseException) -> None:
         if isinstance(error, checkpoints.NotARepository):
             if _first_time(self.workspace, NOT_A_REPOSITORY_MARK):
-                note(f"checkpoints are off: {visible(str(self.workspace))} is not a git repository "
-                     "(said once; `git init` turns them on)")
+                note(f"{error.message} (said once)")
             return
         if isinstance(error, hostgit.GitMissing):
             if _first_time(self.workspace, NO_GIT_MARK):

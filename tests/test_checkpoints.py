@@ -339,3 +339,19 @@ def test_git_missing_on_the_host(repo: Path, limactl: FakeLima, monkeypatch: pyt
     result = run_cli("checkpoint", cwd=repo)
     assert result.exit_code == 1
     assert "git is not installed on this computer" in result.stderr
+
+
+def test_a_host_without_git_launches_with_one_note(repo: Path, vm: FakeLima,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import shutil
+
+    which = shutil.which
+    with monkeypatch.context() as patch:
+        patch.setattr(shutil, "which", lambda name, *a, **k: None if name == "git" else which(name, *a, **k))
+        first = run_cli("shell", "--", "true", cwd=repo)
+        assert first.exit_code == 0, first.stderr
+        assert "checkpoints are off: git is not installed on this computer (said once)" in first.stderr
+        second = run_cli("shell", "--", "true", cwd=repo)
+        assert second.exit_code == 0 and "checkpoints" not in second.stderr
+    assert vm.subcommands() == ["list", "shell", "list", "shell"]
+    assert records(repo) == []
