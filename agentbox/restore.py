@@ -197,10 +197,7 @@ class _Run:
 
     def _make_folder(self, parent: int, name: str, rel: str) -> bool:
         """Make name (in parent) a real folder, replacing a link or file there. False in a dry run."""
-        try:
-            st: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
+        st = self._entry(parent, name, rel)
         if st is not None and stat.S_ISDIR(st.st_mode):
             return True  # it became a folder meanwhile: the caller opens it (never following a link)
         if st is not None and stat.S_ISLNK(st.st_mode):
@@ -215,6 +212,15 @@ class _Run:
             os.unlink(name, dir_fd=parent)
         os.mkdir(name, 0o755, dir_fd=parent)
         return True
+
+    def _entry(self, parent: int, name: str, rel: str) -> os.stat_result | None:
+        """lstat of name in parent; None when absent, or removed earlier in this dry run."""
+        if self.dry_run and name in self.gone.get(_parent_of(rel), ()):
+            return None
+        try:
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return None
 
     # -- writing ----------------------------------------------------------------------------------
 
@@ -231,10 +237,7 @@ class _Run:
                 os.close(fd)
 
     def _write_in(self, parent: int, name: str, operation: Operation) -> None:
-        try:
-            st: os.stat_result | None = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
+        st = self._entry(parent, name, operation.path)
         if st is not None and not operation.overwrite:
             self.report(LEFT_IN_PLACE, operation.path, _kind(st.st_mode))
             return

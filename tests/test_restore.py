@@ -226,7 +226,13 @@ def _scenario(workspace: Path, outside: Path) -> list[Operation]:
     write(workspace / "gone" / "deep" / "created.txt", "new")
     write(workspace / "changed.txt", "new content")
     (workspace / "emptied").mkdir()
+    write(workspace / "was-file" / "created.txt", "new")  # --clean: removed, then the file comes back
+    write(workspace / "was-folder", "created since")  # --clean: removed, then a folder comes back
     return [
+        Operation(restore.REMOVE, "was-file/created.txt"),
+        Operation(restore.FILE, "was-file", b"5", overwrite=False),
+        Operation(restore.REMOVE, "was-folder"),
+        Operation(restore.FILE, "was-folder/inside", b"6"),
         Operation(restore.FILE, "src/a/b.txt", b"1"),
         Operation(restore.FILE, "src/a/c.txt", b"2"),
         Operation(restore.FILE, "pkg/x.py", b"3"),
@@ -252,4 +258,6 @@ def test_dry_run_changes_nothing_and_reports_what_a_real_run_does(tmp_path: Path
         ("replaced link", "src"), ("created folder", "src/a"), ("replaced file", "pkg"),
         ("removed", "gone/deep/created.txt"), ("removed folder", "gone/deep"), ("removed folder", "gone"),
         ("replaced folder", "emptied"), ("created folder", "new"), ("created folder", "new/dir"),
+        ("removed folder", "was-file"), ("restored", "was-file"), ("removed", "was-folder"),
+        ("created folder", "was-folder"), ("restored", "was-folder/inside"),
     }
