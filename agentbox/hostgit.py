@@ -11,9 +11,15 @@ Work-tree commands (status, update-index, write-tree, diff-tree, cat-file, apply
 index are written by agentbox; only the objects are the repository's (GIT_OBJECT_DIRECTORY). Its
 config defines no filter, diff driver, textconv or merge driver, so `.gitattributes` naming one has
 no effect (git treats an undefined driver as absent). The repository's own config is read by git
-only for the three calls that must touch the real repository: reading HEAD and the object format
-(`rev-parse`), and writing or reading refs (`update-ref`, `rev-parse --verify`); none of them runs
-a hook, filter or pager with the overrides above, and none reads an object (so no lazy fetch).
+only in the calls that must touch the real repository: reading HEAD and the object format
+(`rev-parse`), core.ignoreCase (`config`), and writing or reading refs (`update-ref`, `for-each-ref`,
+`rev-parse --verify`); none of them runs a hook, filter or pager with the overrides above, and none
+reads an object but the one update-ref checks, which agentbox just wrote (so no lazy fetch).
+
+git opens `.gitignore`, `.gitattributes` and the files of `.git` without checking what they are, and
+a FIFO there makes it wait forever. Every call has a time limit (time_limit() lowers it for a
+launch); when one runs out, the FIFOs git may be waiting on are found, named in the error and
+remembered, so the next snapshot fails at once while they are still there.
 
 Snapshot (the working tree as a tree object, the user's index untouched), one walk over the tree:
 1. the shadow index is a copy of the user's index when that file's stat signature changed since
@@ -29,10 +35,10 @@ Snapshot (the working tree as a tree object, the user's index untouched), one wa
    nested repository) noted as not captured;
 5. `git update-index -z --add --remove --replace --stdin` records the rest, `git write-tree` makes
    the tree.
-The alternative, `git add -A` on the shadow index, walks the tree once too but cannot skip large
-files or special files without a second walk to find them; measured on a 50,000-file repository
-it is no faster unchanged (both are dominated by the same index refresh and untracked-cache walk)
-and slower after changes, so the status path is kept (benchmarks/run.py, `checkpoint` rows).
+The alternative, `git add -A` on the shadow index (then `write-tree`), cannot leave out large files
+or special files without a walk of its own to find them first, and is slower anyway: `git add` does
+not use the untracked cache. benchmarks/run.py measures both on 50,000 files: `add -A` took 1.4 times
+as long unchanged and 1.3 times as long after 100 changed files, so the status path is kept.
 
 The copy of the user's index keeps that file's mtime, so git's racy-timestamp checks judge the copy
 exactly as they would the original (a file changed in the same clock tick as the index was written
@@ -52,6 +58,7 @@ import os
 import shutil
 import stat
 import subprocess
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,7 +69,8 @@ from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.safetext import visible
 
-TIMEOUT = 600  # seconds; a first status of a very large tree is slow, but never endless
+TIMEOUT = 300  # seconds a git call may take (time_limit() lowers it); a FIFO can make git wait forever
+MAX_SCANNED = 500_000  # entries looked at to name the FIFOs that stopped git
 MAX_INDEX = 1 << 30  # the user's index is copied only up to this size
 MAX_EXCLUDE = 1 << 20  # info/exclude
 MAX_MESSAGE = 2000  # characters of git's stderr shown in an error
@@ -81,6 +89,16 @@ class GitError(StateError):
 
 class GitMissing(GitError):
     """git is not installed on the host."""
+
+
+class GitTimeout(GitError):
+    """A git call did not finish in time (a FIFO where git reads, or a very slow disk)."""
+
+
+class _TimedOut(Exception):
+    def __init__(self, seconds: float) -> None:
+        super().__init__(seconds)
+        self.seconds = seconds
 
 
 class Repo(NamedTuple):
@@ -325,6 +343,7 @@ def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False
 
 
 def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
+    _refuse_known_fifos(repo, shadow)
     fmt, head_oid = _real_head(repo)
     _write_settings(repo, shadow, fmt)
     _copy_exclude(repo, shadow)
@@ -335,6 +354,8 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
     notes: list[str] = []
     try:
         listing = _status(repo)
+    except GitTimeout:
+        raise
     except GitError:
         if base:  # pruned and collected since: compare with the real HEAD instead
             (shadow / "base").unlink(missing_ok=True)
@@ -592,7 +613,10 @@ def _global_excludes() -> str | None:
     del env["GIT_CONFIG_GLOBAL"]
     if os.environ.get("XDG_CONFIG_HOME"):
         env["XDG_CONFIG_HOME"] = os.environ["XDG_CONFIG_HOME"]
-    result = _run(["config", "--global", "--includes", "--path", "--get", "core.excludesFile"], env, Path("/"))
+    try:
+        result = _run(["config", "--global", "--includes", "--path", "--get", "core.excludesFile"], env, Path("/"))
+    except _TimedOut:
+        return None
     configured = result.stdout.decode(errors="surrogateescape").strip() if result.returncode == 0 else ""
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(paths.home() / ".config")
     candidate = configured or os.path.join(xdg, "git", "ignore")
@@ -657,13 +681,56 @@ def _shadow_git(repo: Repo, args: list[str], input: bytes | None = None, ok: Seq
     return _checked(repo, args, env, repo.work_tree, input, ok, what or f"git {args[0]}")
 
 
+_limits = threading.local()
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Every git call of this thread inside the block ends within seconds in all (a launch must not wait
+    on a FIFO the agent planted where git reads: git opens .gitignore, .gitattributes and everything in
+    .git without checking, and blocks there until a writer appears)."""
+    import time
+
+    previous = getattr(_limits, "deadline", None)
+    _limits.deadline = time.monotonic() + seconds
+    try:
+        yield
+    finally:
+        _limits.deadline = previous
+
+
+def _timeout() -> float:
+    import time
+
+    deadline = getattr(_limits, "deadline", None)
+    return TIMEOUT if deadline is None else max(0.1, min(TIMEOUT, deadline - time.monotonic()))
+
+
 def _checked(repo: Repo, args: list[str], env: dict[str, str], cwd: Path, input: bytes | None,
              ok: Sequence[int], what: str) -> bytes:
-    result = _run(args, env, cwd, input)
+    try:
+        result = _run(args, env, cwd, input)
+    except _TimedOut as timed_out:
+        raise _timeout_error(repo, what, timed_out.seconds) from None
     if result.returncode not in ok:
         message = visible(result.stderr.decode(errors="replace").strip()[-MAX_MESSAGE:])
         raise GitError(f"{what} failed in {visible(str(repo.work_tree))} (exit {result.returncode}): {message}")
     return result.stdout
+
+
+def _timeout_error(repo: Repo, what: str, seconds: float) -> GitTimeout:
+    """What to say when git did not finish: the FIFOs it may be waiting on, if any (remembered, so the next
+    snapshot fails at once instead of waiting again)."""
+    fifos = _find_fifos(repo)
+    _remember_fifos(repo, fifos)
+    message = f"{what} did not finish within {seconds:.0f} seconds in {visible(str(repo.work_tree))}"
+    if fifos:
+        shown = ", ".join(visible(str(path)) for path in fifos[:10])
+        return GitTimeout(f"{message}; these FIFOs are where git waits for a writer that never comes: {shown}",
+                          hint="Remove them (something in the VM may have made them).")
+    return GitTimeout(message, hint="A very large repository can be this slow the first time: `agentbox checkpoint` "
+                                    f"waits longer ({TIMEOUT} s a step) and makes the next ones fast. Otherwise "
+                                    "something keeps git waiting.")
 
 
 def _run(args: list[str], env: dict[str, str], cwd: Path,
@@ -672,11 +739,12 @@ def _run(args: list[str], env: dict[str, str], cwd: Path,
     if git is None:
         raise GitMissing("git is not installed on this computer (not found on PATH)",
                          hint="Install git to use checkpoints and `agentbox diff`.")
+    timeout = _timeout()
     try:
         return subprocess.run([git, *_SAFE, *args], env=env, cwd=cwd, input=input if input is not None else b"",
-                              capture_output=True, timeout=TIMEOUT)
+                              capture_output=True, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise GitError(f"git {args[0]} did not finish within {TIMEOUT} seconds in {visible(str(cwd))}") from None
+        raise _TimedOut(timeout) from None
     except OSError as exc:
         raise GitError(f"git could not be run: {exc.strerror}") from None
 
@@ -699,6 +767,69 @@ def _base_env(home: Path) -> dict[str, str]:
     if os.environ.get("TMPDIR"):
         env["TMPDIR"] = os.environ["TMPDIR"]
     return env
+
+
+# -- FIFOs ------------------------------------------------------------------------------------------
+
+
+def _find_fifos(repo: Repo) -> list[Path]:
+    """The FIFOs git opens without looking (after a call timed out; at most MAX_SCANNED entries looked at):
+    .gitignore and .gitattributes files of the work tree, and anything in the git folders."""
+    found: list[Path] = []
+    seen = 0
+    roots = dict.fromkeys([repo.work_tree, repo.git_dir, repo.common_dir])
+    stack = list(roots)
+    while stack and seen < MAX_SCANNED:
+        folder = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if Path(entry.path) not in roots:
+                        stack.append(Path(entry.path))
+                elif stat.S_ISFIFO(entry.stat(follow_symlinks=False).st_mode) and (
+                        entry.name in _READ_BY_NAME or _inside_git_folder(repo, Path(entry.path))):
+                    found.append(Path(entry.path))
+            except OSError:
+                continue
+    return sorted(found)
+
+
+_READ_BY_NAME = (".gitignore", ".gitattributes")
+
+
+def _inside_git_folder(repo: Repo, path: Path) -> bool:
+    return any(folder in path.parents for folder in (repo.git_dir, repo.common_dir))
+
+
+def _remember_fifos(repo: Repo, fifos: list[Path]) -> None:
+    shadow = shadow_dir(repo)
+    if shadow.is_dir():
+        write_if_changed(shadow / "fifos", b"".join(os.fsencode(path) + b"\0" for path in fifos))
+
+
+def _refuse_known_fifos(repo: Repo, shadow: Path) -> None:
+    """Fail at once, not after a timeout, while a FIFO that stopped git before is still there."""
+    try:
+        known = [Path(os.fsdecode(name)) for name in (shadow / "fifos").read_bytes().split(b"\0") if name]
+    except OSError:
+        return
+    still = [path for path in known if _is_fifo(path)]
+    if still:
+        raise GitError(f"git would wait forever on these FIFOs: {', '.join(visible(str(path)) for path in still[:10])}",
+                       hint="Remove them (something in the VM may have made them).")
+    (shadow / "fifos").unlink(missing_ok=True)
+
+
+def _is_fifo(path: Path) -> bool:
+    try:
+        return stat.S_ISFIFO(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 # -- small helpers ----------------------------------------------------------------------------------

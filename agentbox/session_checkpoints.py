@@ -23,6 +23,7 @@ from agentbox.progress import note, warn
 from agentbox.safetext import visible
 
 MAX_NAMED = 5
+TIME_LIMIT = 30  # seconds a launch gives each checkpoint (a FIFO the agent plants can make git wait forever)
 NOT_A_REPOSITORY_MARK = "checkpoints-not-a-repository"
 NO_GIT_MARK = "checkpoints-no-git"
 
@@ -50,7 +51,7 @@ class SessionCheckpoints:
         """Join the start checkpoint and say what there is to say about it (once)."""
         if self._thread is None:
             return
-        with timing.phase("start checkpoint (rest not overlapped)"):
+        with timing.phase("start checkpoint (not overlapped)"):
             self._thread.join()
         self._thread = None
         if self._error is not None:
@@ -69,7 +70,9 @@ class SessionCheckpoints:
             return
         with timing.phase("end checkpoint"):
             try:
-                taken = checkpoints.take(self.workspace, "end", self.settings, agent=self.agent, session=self.session)
+                with hostgit.time_limit(TIME_LIMIT):
+                    taken = checkpoints.take(self.workspace, "end", self.settings, agent=self.agent,
+                                             session=self.session)
             except AgentboxError as exc:
                 self._report_failure("end", exc)
                 return
@@ -78,8 +81,9 @@ class SessionCheckpoints:
     # -- in the thread ------------------------------------------------------------------------------
     def _take_start(self) -> None:
         try:
-            self._start = checkpoints.take(self.workspace, "start", self.settings, agent=self.agent,
-                                           session=self.session)
+            with hostgit.time_limit(TIME_LIMIT):
+                self._start = checkpoints.take(self.workspace, "start", self.settings, agent=self.agent,
+                                               session=self.session)
         except BaseException as exc:  # reported by the main thread, which decides what it means
             self._error = exc
 

@@ -59,6 +59,7 @@ class Sandbox:
             "FAKE_LIMACTL_LATENCY": latency,
         }
         self.env.pop("NODE_EXTRA_CA_CERTS", None)
+        self.last_stderr = ""
         # An installed agentbox has its bytecode compiled (pip does it at install time); measure that,
         # not Python compiling every module anew because PYTHONDONTWRITEBYTECODE is set here.
         self.env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -104,12 +105,14 @@ class Sandbox:
         (project / "agentbox.yml").write_text(text)
         return project
 
-    def run(self, args: list[str], cwd: Path) -> tuple[float, float, list[dict]]:
+    def run(self, args: list[str], cwd: Path, env: dict[str, str] | None = None) -> tuple[float, float, list[dict]]:
         before = len(read_calls(self.lima_home))
         started = time.perf_counter()
         result = subprocess.run(
-            [*agentbox_command(), *args], cwd=cwd, env=self.env, capture_output=True, stdin=subprocess.DEVNULL
+            [*agentbox_command(), *args], cwd=cwd, env={**self.env, **(env or {})}, capture_output=True,
+            stdin=subprocess.DEVNULL,
         )
+        self.last_stderr = result.stderr.decode(errors="replace")
         wall = time.perf_counter() - started
         if result.returncode != 0:
             raise SystemExit(f"agentbox {' '.join(args)} failed ({result.returncode}):\n{result.stderr.decode()}")
@@ -255,16 +258,65 @@ def summarize(samples: list[float]) -> str:
     return f"{statistics.median(samples) * 1000:7.1f} {min(samples) * 1000:7.1f} {max(samples) * 1000:7.1f}"
 
 
+def checkpoint_rows(box: Sandbox, runs: int) -> list[tuple[str, str, str, str, str]]:
+    """Checkpoints of a 50,000-file repository in-process, and warm launches in it with checkpoints off and on."""
+    rows: list[tuple[str, str, str, str, str]] = []
+    big_repo = large_repository(box, "ckpt")
+    timings = checkpoint_seconds(box, big_repo, runs)
+    for label, key in (("checkpoint, 50k unchanged", "take_unchanged"), ("checkpoint, 100 changed", "take_changed"),
+                       ("snapshot, unchanged", "snap_unchanged"), ("snapshot, 100 changed", "snap_changed"),
+                       ("git add -A, unchanged", "add_unchanged"), ("git add -A, 100 changed", "add_changed"),
+                       ("plain git status", "status")):
+        samples = timings[key]
+        rows.append((label, summarize(samples), "-", "0", verdict(label, statistics.median(samples))))
+
+    box.run(["start"], big_repo)
+    ckpt_launches: dict[str, list[tuple[float, float, list[dict]]]] = {"off": [], "on": []}
+    phases: dict[str, list[float]] = {"start checkpoint (not overlapped)": [], "end checkpoint": []}
+    for index in range(runs * 2):  # interleaved, so a busy moment costs both alike
+        state = "off" if index % 2 == 0 else "on"
+        enabled = "false" if state == "off" else "true"
+        (big_repo / "agentbox.yml").write_text(f"checkpoints:\n  enabled: {enabled}\n")
+        ckpt_launches[state].append(box.run(["codex", "--version"], big_repo, {"AGENTBOX_TIMING": "1"}))
+        for line in box.last_stderr.splitlines():
+            name, _, value = line.strip().rpartition("  ")
+            if name.strip() in phases and state == "on":
+                phases[name.strip()].append(float(value.split()[0]) / 1000)
+    own_by_state = {state: [w - i for w, i, _ in results] for state, results in ckpt_launches.items()}
+    for state in ("off", "on"):
+        rows.append((
+            f"warm, 50k, ckpt {state}",
+            summarize([w for w, _, _ in ckpt_launches[state]]),
+            summarize(own_by_state[state]),
+            "/".join(map(str, sorted({len(calls) for _, _, calls in ckpt_launches[state]}))),
+            "-",
+        ))
+    for name, samples in phases.items():
+        rows.append((f"  {name.split(' (')[0]}", summarize(samples), "-", "0", "-"))
+    added = statistics.median(own_by_state["on"]) - statistics.median(own_by_state["off"])
+    rows.append(("checkpoints add", f"{added * 1000:7.1f}", "-", "-", verdict("checkpoints add", added)))
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--latency", default=DEFAULT_LATENCY, help="the double's simulated latency per subcommand (s)")
     parser.add_argument("--slow-runs", type=int, default=None, help="runs for the stopped and cold launches")
+    parser.add_argument("--only", choices=("checkpoints",), help="only the checkpoint rows")
     options = parser.parse_args()
     slow_runs = options.slow_runs or options.runs
     box = Sandbox(options.latency)
     rows: list[tuple[str, str, str, str, str]] = []
     call_lists: dict[str, list[str]] = {}
+    if options.only == "checkpoints":
+        try:
+            box.stub_agent()
+            rows = checkpoint_rows(box, options.runs)
+        finally:
+            box.remove()
+        print_table(options, slow_runs, rows, call_lists)
+        return 0
     try:
         project = box.project("bench")
         for label, args in (("--help", ["--help"]), ("config --json", ["config", "--json"])):
@@ -321,33 +373,7 @@ def main() -> int:
             ("tripwire, 50k files", summarize(walk), "-", "0", verdict("tripwire, 50k files", statistics.median(walk)))
         )
 
-        big_repo = large_repository(box, "ckpt")
-        timings = checkpoint_seconds(box, big_repo, options.runs)
-        for label, key in (("checkpoint, 50k unchanged", "take_unchanged"), ("checkpoint, 100 changed", "take_changed"),
-                           ("snapshot, unchanged", "snap_unchanged"), ("snapshot, 100 changed", "snap_changed"),
-                           ("git add -A, unchanged", "add_unchanged"), ("git add -A, 100 changed", "add_changed"),
-                           ("plain git status", "status")):
-            samples = timings[key]
-            rows.append((label, summarize(samples), "-", "0", verdict(label, statistics.median(samples))))
-
-        box.run(["start"], big_repo)
-        ckpt_launches: dict[str, list[tuple[float, float, list[dict]]]] = {"off": [], "on": []}
-        for index in range(options.runs * 2):  # interleaved, so a busy moment costs both alike
-            state = "off" if index % 2 == 0 else "on"
-            enabled = "false" if state == "off" else "true"
-            (big_repo / "agentbox.yml").write_text(f"checkpoints:\n  enabled: {enabled}\n")
-            ckpt_launches[state].append(box.run(["codex", "--version"], big_repo))
-        own_by_state = {state: [w - i for w, i, _ in results] for state, results in ckpt_launches.items()}
-        for state in ("off", "on"):
-            rows.append((
-                f"warm, 50k, ckpt {state}",
-                summarize([w for w, _, _ in ckpt_launches[state]]),
-                summarize(own_by_state[state]),
-                "/".join(map(str, sorted({len(calls) for _, _, calls in ckpt_launches[state]}))),
-                "-",
-            ))
-        added = statistics.median(own_by_state["on"]) - statistics.median(own_by_state["off"])
-        rows.append(("checkpoints add", f"{added * 1000:7.1f}", "-", "-", verdict("checkpoints add", added)))
+        rows += checkpoint_rows(box, options.runs)
 
         stopped = []
         for _ in range(slow_runs):
@@ -381,17 +407,22 @@ def main() -> int:
     finally:
         box.remove()
 
+    print_table(options, slow_runs, rows, call_lists)
+    return 0
+
+
+def print_table(options: argparse.Namespace, slow_runs: int, rows: list[tuple[str, str, str, str, str]],
+                call_lists: dict[str, list[str]]) -> None:
     print(f"agentbox benchmark: {options.runs} runs (stopped/cold: {slow_runs}); double latency {options.latency}")
     print(
-        f"{'path':19} {'wall ms (median min max)':>25}  {'own ms (median min max)':>25}  {'limactl calls':>13}  budget"
+        f"{'path':26} {'wall ms (median min max)':>25}  {'own ms (median min max)':>25}  {'limactl calls':>13}  budget"
     )
     for label, wall, own, calls, ok in rows:
-        print(f"{label:19} {wall:>25}  {own:>25}  {calls:>13}  {ok}")
+        print(f"{label:26} {wall:>25}  {own:>25}  {calls:>13}  {ok}")
     for label, calls in call_lists.items():
         print(f"\n{label} limactl calls:")
         for call in calls:
             print(f"  limactl {call}")
-    return 0
 
 
 def verdict(label: str, value: float, calls_ok: bool = True) -> str:

@@ -355,3 +355,30 @@ def test_a_host_without_git_launches_with_one_note(repo: Path, vm: FakeLima,
         assert second.exit_code == 0 and "checkpoints" not in second.stderr
     assert vm.subcommands() == ["list", "shell", "list", "shell"]
     assert records(repo) == []
+
+
+def test_a_fifo_where_git_reads_costs_one_time_limit_then_fails_at_once(repo: Path, vm: FakeLima,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from agentbox import session_checkpoints
+
+    monkeypatch.setattr(session_checkpoints, "TIME_LIMIT", 3)
+    planted = run_cli("shell", "--", "sh", "-c", "mkdir -p sub && mkfifo sub/.gitignore", cwd=repo)
+    assert planted.exit_code == 0, planted.stderr
+    assert "the end checkpoint was not taken, the session goes on without it: git status did not finish " \
+           "within 3 seconds" in planted.stderr
+    assert f"these FIFOs are where git waits for a writer that never comes: {repo}/sub/.gitignore" in planted.stderr
+
+    monkeypatch.setattr(session_checkpoints, "TIME_LIMIT", 60)
+    started = time.monotonic()
+    again = run_cli("shell", "--", "true", cwd=repo)
+    assert again.exit_code == 0
+    assert time.monotonic() - started < 30  # it did not wait for git again
+    assert f"the start checkpoint was not taken, the session goes on without it: git would wait forever on " \
+           f"these FIFOs: {repo}/sub/.gitignore" in again.stderr
+    diff = run_cli("diff", cwd=repo)
+    assert diff.exit_code == 1 and "git would wait forever on these FIFOs" in diff.stderr
+
+    (repo / "sub" / ".gitignore").unlink()
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0

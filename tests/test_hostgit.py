@@ -398,3 +398,24 @@ def test_refs_resolve_and_delete(work: Path) -> None:
     assert hostgit.resolve(repo, "refs/agentbox/checkpoints/7") is None
     with pytest.raises(ValueError):
         hostgit.set_ref(repo, "--upload-pack=x", head)
+
+
+@pytest.mark.parametrize("fifo", [".gitattributes", "sub/.gitignore", ".git/objects/info/alternates"])
+def test_a_fifo_where_git_reads_ends_in_a_timeout_that_names_it(work: Path, fifo: str) -> None:
+    (work / fifo).parent.mkdir(parents=True, exist_ok=True)
+    write(work / "tracked.txt", "changed\n")
+    write(work / "sub" / "x.txt", "x\n")
+    repo = hostgit.find(work)
+    assert repo is not None
+    base = hostgit.tree_of(repo, hostgit.head(repo) or "")
+    snap = hostgit.snapshot(repo, MB)
+    os.mkfifo(work / fifo)
+    assert base is not None
+    expected = f"did not finish within 2 seconds .* never comes: {work / fifo}"
+    with pytest.raises(hostgit.GitTimeout, match=expected), hostgit.time_limit(2):
+        hostgit.snapshot(repo, MB)
+        hostgit.diff(repo, base, snap.tree)
+    with pytest.raises(hostgit.GitError, match="git would wait forever on these FIFOs"):
+        hostgit.snapshot(repo, MB)
+    (work / fifo).unlink()
+    assert hostgit.snapshot(repo, MB).tree == snap.tree
