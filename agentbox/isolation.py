@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 LIVE = "live"
 ISOLATED = "isolated"
+SSH_FAILED = 255
 # Where an isolated VM sees the host workspace, read-only. The workspace's own path holds the agent's copy.
 GUEST_SOURCE = "/mnt/agentbox/workspace"
 NOT_GIT_HINT = (
@@ -76,14 +77,13 @@ def session_mode(requested: str, vm_mode: str | None, vm_name: str, asked_by: st
     return LIVE
 
 
-def require_git_workspace(workspace: Path, git_dir: Path | None) -> None:
+def not_a_git_work_tree(workspace: Path) -> ConfigError:
     """Isolated mode builds the copy from a git checkpoint and applies proposals with git."""
-    if git_dir is None:
-        raise ConfigError(
-            f"session.mode: isolated needs the workspace {workspace} to be a git work tree (agentbox makes the "
-            "agent's copy from a git checkpoint of it and applies its proposals with git), and it is not one",
-            hint=NOT_GIT_HINT,
-        )
+    return ConfigError(
+        f"session.mode: isolated needs the workspace {workspace} to be a git work tree (agentbox makes the "
+        "agent's copy from a git checkpoint of it and applies its proposals with git), and it is not one",
+        hint=NOT_GIT_HINT,
+    )
 
 
 def mount_point_problem(mount_point: str, workspace: Path) -> str | None:
@@ -174,8 +174,7 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
     workspace = config.require_workspace()
     repo = hostgit.find(workspace)
     if repo is None:
-        require_git_workspace(workspace, None)
-        raise AssertionError("unreachable")
+        raise not_a_git_work_tree(workspace)
     for made in proposals.collect(workspace, vm_name):
         if made.proposal is not None:
             note(f"an earlier isolated session left changes: {made}")
@@ -258,24 +257,32 @@ def _prune(record: dict[str, Any]) -> None:
         del record["sessions"][session]
 
 
-def finish(config: Config, vm_name: str, launch: IsolatedLaunch) -> None:
+def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> None:
     """After the session: its changes (and any other finished session's) become proposals."""
     from agentbox import proposals
 
     workspace = config.require_workspace()
     session = launch.outbox.name
     made = proposals.collect(workspace, vm_name)
-    own = [item for item in made if item.session == session]
     for item in made:
-        if item.session != session:
+        if item.session != session and item.proposal is not None:
             note(f"an earlier isolated session left changes: {item}")
+    own = [item for item in made if item.session == session]
     for item in own:
         if item.proposal is None:
-            note("the session changed nothing in the workspace copy: no proposal")
-        else:
-            note(f"{item}; `agentbox review` shows it, `agentbox apply` applies it to {workspace}")
-    if not own:
-        proposals.forget_session(workspace, vm_name, session)
+            if item.problem is None:
+                note("the session changed nothing in the workspace copy: no proposal")
+            continue
+        note(f"{item}; `agentbox review` shows it, `agentbox apply` applies it to {workspace}")
+        refused = proposals.refusals_of(workspace, item.proposal)
+        if refused:
+            shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
+            warn(f"apply will refuse proposal {item.proposal} as it is: {shown}")
+    # No finished outbox: launch.sh ended before writing one (the program never ran, or launch.sh was
+    # stopped). After a lost connection (ssh's 255) it may still be running: its folder is left for later.
+    if not own and proposals.forget_session(workspace, vm_name, session, only_if_empty=code == SSH_FAILED):
+        note("the session's changes were not collected (the launch step ended early); they stay in the "
+             f"VM's copy at {workspace}")
 
 
 def mark_fresh(workspace: Path, vm_name: str, base: str) -> None:

@@ -98,7 +98,7 @@ def _run(
         tripwire.report_session(*tripwire.end_session(workspace, before))
     if isolated is not None:
         with timing.phase("isolated mode (proposal)"):
-            isolation.finish(config, name, isolated)
+            isolation.finish(config, name, isolated, code)
     if reconnect:
         vm.update_state(name, {"reconnect": False})
     if code in (1, 255) and session.instance(name) is None:

@@ -143,29 +143,35 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
     return made
 
 
-def forget_session(workspace: Path, vm_name: str, session: str) -> None:
-    """A session that ended without writing anything (its program never ran): drop its empty outbox folder."""
+def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: bool) -> bool:
+    """A session that ended without a finished outbox folder: drop the folder (only an empty one, when its
+    launch step may still run) and agentbox's record of it. True when something the VM wrote was dropped."""
     from agentbox import isolation
 
+    dropped = False
     with locked(workspace):
         try:
             outbox_fd = os.open(isolation.outbox(vm_name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError:
-            return
+            return False
         try:
-            session_fd = os.open(session, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=outbox_fd)
             try:
-                empty = not os.listdir(session_fd)
+                session_fd = os.open(session, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     dir_fd=outbox_fd)
+            except OSError:
+                return False
+            try:
+                dropped = bool(os.listdir(session_fd))
             finally:
                 os.close(session_fd)
-            if empty:
-                os.rmdir(session, dir_fd=outbox_fd)
-                with isolation.locked_record(workspace) as record:
-                    record["sessions"].pop(session, None)
-        except OSError:
-            pass
+            if dropped and only_if_empty:
+                return False
+            _remove_at(outbox_fd, session)
+            with isolation.locked_record(workspace) as record:
+                record["sessions"].pop(session, None)
         finally:
             os.close(outbox_fd)
+    return dropped
 
 
 def _collect_one(
@@ -197,7 +203,7 @@ def _collect_one(
         os.close(session_fd)
     if not patch:
         return Collected(name, None, 0)
-    proposal = _store(workspace, vm_name, name, session, base, known, patch, summary)
+    proposal = _store(workspace, vm_name, name, session, base, known, patch, summary, record)
     return Collected(name, proposal["id"], len(proposal["files"]), proposal.get("problem"))
 
 
@@ -261,7 +267,7 @@ def _remove_at(parent_fd: int, name: str, depth: int = 0) -> None:
 
 def _store(
     workspace: Path, vm_name: str, session_id: str, session: dict[str, Any], base: str, known: dict[str, Any],
-    patch: bytes, summary: bytes | None,
+    patch: bytes, summary: bytes | None, record: dict[str, Any],
 ) -> dict[str, Any]:
     from agentbox import isolation, patchcheck
 
@@ -272,7 +278,9 @@ def _store(
         changes, problem = [], f"the patch cannot be read: {exc}"
     files = [_file_entry(change) for change in changes]
     proposals_dir = private_dir(folder(workspace))
-    number = 1 + max((p["id"] for p in _all(workspace)), default=0)
+    # Never an id used before, even when proposal folders were deleted: events.jsonl names them.
+    number = max(int(record.get("nextProposal", 1)), 1 + max((p["id"] for p in _all(workspace)), default=0))
+    record["nextProposal"] = number + 1
     proposal = {
         "version": VERSION,
         "id": number,
@@ -455,6 +463,15 @@ def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host
         changes, host_exec=_host_exec_matcher(workspace), allow_host_exec=allow_host_exec,
         link_target=lambda path: _link_target(workspace, path),
     )
+
+
+def refusals_of(workspace: Path, number: int) -> list[str]:
+    """What apply would refuse in a stored proposal, host-run files included (the note after a session)."""
+    proposal = find(workspace, str(number))
+    try:
+        return refusals(workspace, proposal, read_patch(workspace, proposal), allow_host_exec=False)
+    except StateError as exc:
+        return [exc.message]
 
 
 def _host_exec_matcher(workspace: Path) -> Any:

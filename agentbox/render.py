@@ -51,7 +51,8 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     git = gitdirs.locate(workspace)
     if isolated:
         # The VM sees the workspace read-only, elsewhere; launch.sh puts the agent's copy at its path.
-        isolation.require_git_workspace(workspace, git.git_dir)
+        if git.git_dir is None:
+            raise isolation.not_a_git_work_tree(workspace)
         mounts = [RenderedMount(str(workspace), isolation.GUEST_SOURCE, False)]
     else:
         mounts = [RenderedMount(str(workspace), str(workspace), True)]

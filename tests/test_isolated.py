@@ -7,6 +7,8 @@ import json
 import os
 import stat
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from agentbox import isolation, staging
@@ -195,3 +197,84 @@ def test_an_unknown_session_mode_is_a_config_error(project: Path) -> None:
     result = run_cli("config", cwd=project)
     assert result.exit_code == 2
     assert "session.mode: expected live or isolated, found 'sandboxed'" in result.stderr
+
+
+def test_a_worktree_checkout_can_be_isolated(project: Path, limactl: FakeLima) -> None:
+    """A `git worktree add` checkout: its git folder lives in the main repository, mounted read-only."""
+    import yaml
+
+    needs_bwrap()
+    main = project.parent / "main"
+    main.mkdir()
+    write(main / "tracked.txt", "one\n")
+    git(main, "init", "-q")
+    git(main, "add", "-A")
+    git(main, "commit", "-qm", "init")
+    project.rmdir()
+    git(main, "worktree", "add", "-q", "-b", "feature", str(project))
+    write(project / "agentbox.yml", "session:\n  mode: isolated\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    mounts = yaml.safe_load(limactl.lima_yaml(NAME))["mounts"]
+    common = str(main / ".git")
+    assert {"location": common, "mountPoint": common, "writable": False} in mounts
+    result = agentbox(project, "shell", "--", "bash", "-c", "git status --short --branch | head -1; "
+                      "echo agent >> tracked.txt")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("## feature")  # the copy is on the checkout's branch
+    assert agentbox(project, "apply").returncode == 0
+    assert (project / "tracked.txt").read_text() == "one\nagent\n"
+    assert (main / "tracked.txt").read_text() == "one\n"
+
+
+def test_with_checkpoints_off_the_base_is_still_the_workspace_as_it_is(project: Path, isolated_vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "session:\n  mode: isolated\ncheckpoints:\n  enabled: false\n")
+    result = agentbox(project, "shell", "--", "bash", "-c", "cat modified.txt untracked.txt; echo x > new.txt")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "uncommitted\nuntracked\n"
+    assert agentbox(project, "apply").returncode == 0
+    assert (project / "new.txt").read_text() == "x\n"
+
+
+def test_a_second_session_joins_the_copy_in_use(project: Path, isolated_vm: FakeLima) -> None:
+    """While a session runs, another in the same VM works on the same copy: it is not remade under the first,
+    even when the workspace changed meanwhile."""
+    gate = isolated_vm.home / NAME / "guestfs" / "tmp" / "gate"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "agentbox", "shell", "--", "bash", "-c",
+         "echo first > first.txt; until [ -e /tmp/gate ]; do sleep 0.2; done"],
+        cwd=project, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        copy = copy_in_guest(isolated_vm, project)
+        for _ in range(600):
+            if (copy / "first.txt").exists():
+                break
+            time.sleep(0.1)
+        write(project / "tracked.txt", "changed on the host\n")
+        second = agentbox(project, "shell", "--", "cat", "first.txt", "tracked.txt")
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == "first\none\n"
+        assert ("isolated mode: another session in this VM works on the copy, so this one joins it as it is (its "
+                "base is older than your workspace now)") in second.stderr
+    finally:
+        gate.touch()
+        _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    # Both sessions proposed the copy's state; the later one holds the earlier one's changes.
+    listed = json.loads(agentbox(project, "proposals", "--json").stdout)
+    assert [(p["status"], [f["path"] for f in p["files"]]) for p in listed] == [
+        ("superseded", ["first.txt"]), ("pending", ["first.txt"])]
+    # With no session left on it, the next one gets a copy of the workspace as it is now.
+    third = agentbox(project, "shell", "--", "cat", "tracked.txt")
+    assert third.stdout == "changed on the host\n"
+
+
+
+def test_isolated_right_after_the_agent_is_agentboxs_and_a_later_one_the_agents(
+        project: Path, isolated_vm: FakeLima) -> None:
+    result = agentbox(project, "claude", "--isolated", "--isolated", "x")
+    assert result.returncode == 0, result.stderr
+    report = (isolated_vm.home / NAME / "guestfs" / "tmp" / "agent-report").read_text()
+    assert "args=--dangerously-skip-permissions --isolated x\n" in report
+    shell = agentbox(project, "claude", "--isolated", "shell", "--", "pwd")
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout == f"{project}\n"

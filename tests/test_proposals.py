@@ -194,6 +194,7 @@ def test_a_hostile_patch_is_refused_and_the_workspace_stays_as_it_was(
     plant(isolated_vm, make_patch(tmp_path))
     session = agentbox(project, "claude")
     assert session.returncode == 137, session.stderr  # the agent killed launch.sh
+    assert "agentbox: warning: apply will refuse proposal 1 as it is: " in session.stderr
     assert [p["status"] for p in proposal_list(project)] == ["pending"]
     before = workspace_state(project)
     for extra in ([], ["--3way"], ["--check"]):
@@ -238,6 +239,16 @@ def test_a_base_agentbox_did_not_give_is_not_believed(project: Path, isolated_vm
     (isolated_vm.home / NAME / "guestfs" / "tmp" / "planted-base").write_text("0" * 40 + "\n")
     session = agentbox(project, "claude")
     assert "names a base agentbox did not give agentbox-myproject" in session.stderr
+    assert proposal_list(project) == []
+
+
+def test_an_unfinished_outbox_is_dropped_and_said(project: Path, isolated_vm: FakeLima) -> None:
+    install_agent(isolated_vm, '#!/bin/bash\necho partial > "$AGENTBOX_SUMMARY"\nkill -KILL "$PPID"\n')
+    result = agentbox(project, "claude")
+    assert result.returncode == 137
+    assert (f"agentbox: the session's changes were not collected (the launch step ended early); they stay in the "
+            f"VM's copy at {project}\n") in result.stderr
+    assert os.listdir(isolation.outbox(NAME)) == []
     assert proposal_list(project) == []
 
 

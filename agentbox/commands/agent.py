@@ -122,13 +122,14 @@ def agent_shell_command(name: str) -> click.Command:
 def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     from agentbox.commands.common import session as session_for
 
-    if args[:1] == ["shell"]:
-        command = agent_shell_command(name)
-        with command.make_context("shell", args[1:], parent=ctx) as shell_ctx:
-            return int(command.invoke(shell_ctx))
     # agentbox's own option comes first; anything after it (another --isolated too) is the agent's.
     isolated = args[:1] == [ISOLATED_FLAG]
     args = args[1:] if isolated else args
+    if args[:1] == ["shell"]:
+        command = agent_shell_command(name)
+        shell_args = [ISOLATED_FLAG, *args[1:]] if isolated else args[1:]
+        with command.make_context("shell", shell_args, parent=ctx) as shell_ctx:
+            return int(command.invoke(shell_ctx))
     if len(args) == 1 and args[0] in QUERIES:
         return answer_query(ctx, name, args[0], isolated)
     session = session_for(ctx)
