@@ -33,8 +33,13 @@ LAZY_COMMANDS = {
     "checkpoint": ("agentbox.commands.checkpoint", "checkpoint_command"),
     "checkpoints": ("agentbox.commands.checkpoint", "checkpoints_command"),
     "diff": ("agentbox.commands.checkpoint", "diff_command"),
+    "proposals": ("agentbox.commands.proposals", "proposals_command"),
+    "review": ("agentbox.commands.proposals", "review_command"),
+    "apply": ("agentbox.commands.proposals", "apply_command"),
+    "reject": ("agentbox.commands.proposals", "reject_command"),
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
+    "undo": ("agentbox.commands.undo", "undo_command"),
 }
 
 

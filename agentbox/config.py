@@ -128,8 +128,10 @@ class Config(NamedTuple):
     notices: tuple[str, ...] = ()
     local_data: Mapping[str, Any] = MappingProxyType({})  # the local file's own keys, for deciding on trust
     local_sha256: str = ""  # digest of the local file's bytes as they were parsed
+    global_data: Mapping[str, Any] = MappingProxyType({})  # the global file's own keys (trust rules compare)
     protect_git_hooks: bool = False
     checkpoints: CheckpointSettings = CheckpointSettings()
+    session_mode: str = "live"  # "live" or "isolated" (keys.SESSION_MODES)
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
 
     def require_workspace(self) -> Path:
@@ -169,6 +171,7 @@ class Config(NamedTuple):
             "agents": {name: agent.to_json() for name, agent in self.agents.items()},
             "credentials": self.credentials.to_json(),
             "checkpoints": self.checkpoints.to_json(),
+            "session": {"mode": self.session_mode},
         }
 
 
@@ -381,7 +384,7 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = {**previous, **value}
                 data["credentials"] = value
                 origins["credentials"] = label
-            elif key in ("vm", "sync", "agents", "checkpoints"):
+            elif key in ("vm", "sync", "agents", "checkpoints", "session"):
                 deep_merge(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
             else:
@@ -474,8 +477,10 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         notices=tuple(notices),
         local_data=local.data if local else {},
         local_sha256=local.sha256 if local else "",
+        global_data=global_layer.data if global_layer else {},
         protect_git_hooks=vm.get("protectGitHooks", False),
         checkpoints=_checkpoint_settings(data["checkpoints"]),
+        session_mode=data["session"]["mode"],
     )
 
 

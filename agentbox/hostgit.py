@@ -317,7 +317,10 @@ def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False
     """`git apply` (or `--check`) of patch to the working tree; raises GitError with git's message.
 
     three_way uses (and leaves changed) the shadow index, which is brought up to date with the working
-    tree first and copied afresh from the user's index by the next snapshot.
+    tree first and copied afresh from the user's index by the next snapshot. `git apply --3way --check`
+    does not try the merge (it passes a patch whose merge will conflict, and the apply then leaves
+    conflict markers in the working tree), so the three-way check merges into the shadow index alone
+    (`--cached`): a conflict fails it with the working tree untouched.
     """
     args = ["apply", "--whitespace=nowarn", *(("--check",) if check_only else ())]
     if not three_way:
@@ -327,7 +330,11 @@ def apply(repo: Repo, patch: bytes, *, check_only: bool, three_way: bool = False
         try:
             _snapshot(repo, shadow, max_file_size=1 << 62)
             _index_changing(shadow)
-            _shadow_git(repo, [*args, "--3way", "-"], input=patch, what="git apply --3way")
+            if check_only:
+                _shadow_git(repo, ["apply", "--whitespace=nowarn", "--cached", "--3way", "-"], input=patch,
+                            what="git apply --3way")
+            else:
+                _shadow_git(repo, [*args, "--3way", "-"], input=patch, what="git apply --3way")
         finally:
             _forget_index(shadow)
 
@@ -366,16 +373,27 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
             return _snapshot(repo, shadow, max_file_size)
         listing = _status(repo)
     _check_objects(repo)
-    extras = _drop_newly_ignored(repo, shadow, extras)
+    kept = _drop_newly_ignored(repo, shadow, extras)
+    newly_ignored, extras = extras - kept, kept
     record: list[bytes] = []
+    gone: list[bytes] = []
+    real_folders: dict[bytes, bool] = {}
     skipped: list[tuple[str, int]] = []
     for code, name in listing:
+        if name in newly_ignored:
+            continue  # listed as changed before it left the index: recording it would bring it back
         if code == b"??":
             if name.endswith(b"/"):
                 notes.append(f"{visible(os.fsdecode(name))} is a nested git repository; its files are not captured")
                 continue
         elif code[1:2] == b" " and code not in (b"DD", b"AA") and b"U" not in code:
             continue  # changed in the index only: the index already holds the working tree's version
+        if _beyond_link(repo.work_tree, name, real_folders):
+            # A folder on the way became a symlink: the file is gone from the tree (git refuses
+            # to --remove a path "beyond a symbolic link"; lstat would follow the link).
+            gone.append(name)
+            extras.discard(name)
+            continue
         try:
             st = os.lstat(repo.work_tree / os.fsdecode(name))
         except (FileNotFoundError, NotADirectoryError):
@@ -393,6 +411,10 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
         record.append(name)
         if code == b"??":
             extras.add(name)
+    if gone:
+        _index_changing(shadow)
+        _shadow_git(repo, ["update-index", "-z", "--force-remove", "--stdin"],
+                    input=b"".join(name + b"\0" for name in gone))
     if record:
         _index_changing(shadow)
         _shadow_git(repo, ["update-index", "-z", "--add", "--remove", "--replace", "--stdin"],
@@ -402,6 +424,21 @@ def _snapshot(repo: Repo, shadow: Path, max_file_size: int) -> Snapshot:
     if os.path.lexists(repo.work_tree / ".gitmodules"):
         notes.append("submodules are captured as the commit the index records for them, not their own changes")
     return Snapshot(tree, head_oid, skipped, notes)
+
+
+def _beyond_link(work_tree: Path, name: bytes, real_folders: dict[bytes, bool]) -> bool:
+    """Whether a folder on the way to name is not a real folder (a symlink, a file, missing)."""
+    parts = name.split(b"/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        folder = b"/".join(parts[:depth])
+        if folder not in real_folders:
+            try:
+                real_folders[folder] = stat.S_ISDIR(os.lstat(os.fsencode(work_tree) + b"/" + folder).st_mode)
+            except OSError:
+                real_folders[folder] = False
+        if not real_folders[folder]:
+            return True
+    return False
 
 
 def _status(repo: Repo) -> list[tuple[bytes, bytes]]:

@@ -62,6 +62,13 @@ def _check_arch(value: str) -> str | None:
     return None if value in ARCHES else f"expected one of {', '.join(ARCHES)}, found {value!r}"
 
 
+SESSION_MODES = ("live", "isolated")
+
+
+def _check_session_mode(value: str) -> str | None:
+    return None if value in SESSION_MODES else f"expected live or isolated, found {value!r}"
+
+
 def _check_mount_type(value: str) -> str | None:
     if value == "reverse-sshfs":
         return (
@@ -149,6 +156,20 @@ SCHEMA: dict[str, Key] = {
         documented=False,
         children={"remoteWrite": Key("bool", "Allow git push and other remote writes from the VM.", default=False,
                                      trust=TRUE, why="turns the readonly-remote guards off")},
+    ),
+    "session": Key(
+        "mapping",
+        "How a session reaches the workspace.",
+        documented=False,
+        children={
+            # A project's file may ask for isolated without trust (it only narrows what the agent reaches);
+            # `live` while the global file says `isolated` loosens it, so that needs trust (trust.py's rule).
+            "mode": Key("str", "`live`: the agent edits the workspace; `isolated`: it edits a copy in the VM and "
+                        "proposes a patch (`agentbox review`, `apply`).", default="live",
+                        check=_check_session_mode, creation=True, trust=RULE,
+                        why="when `live` while the global config says `isolated`: it gives the agent the "
+                        "workspace, writable"),
+        },
     ),
     "startupWaitSec": Key("int", "Seconds a launch waits for an unfinished boot.", default=30, minimum=1),
     "defaults": Key(

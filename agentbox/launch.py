@@ -4,7 +4,8 @@ A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Eve
 needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount
 (agentbox.staging describes it, and the command line of provision/launch.sh). A git workspace gets
 a checkpoint before the session (taken on the host while `limactl list` runs) and after it
-(agentbox.session_checkpoints).
+(agentbox.session_checkpoints). In isolated mode the start checkpoint is also the base of the agent's copy
+(agentbox.isolation), whose changes become a proposal after the session.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, drift, staging, timing, tripwire, vm
+from agentbox import bootstrap, drift, isolation, staging, timing, tripwire, vm
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -63,11 +64,26 @@ def _run(
     with timing.phase("staging (credentials, env, guards)"):
         staging.refresh(config, name, agent, scripts)
     state = vm.read_state(name)
+    mode = isolation.session_mode(
+        config.session_mode, isolation.mode_of_vm(vm.expected_config(name, state), workspace), name,
+        isolation.asked_by(config),
+    )
     changed = drift.changed_settings(state.get("fingerprint"), config)
+    if mode == isolation.ISOLATED and config.session_mode != isolation.ISOLATED:
+        changed = [setting for setting in changed if setting != "mode"]
+        note(f"{name} was created isolated, so this session works on a copy of the workspace too; "
+             "`agentbox start --recreate` with session.mode: live makes it live")
     if changed:
         note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
     reconnect = bool(state.get("reconnect"))
-    command = staging.launch_command(config, workspace, scripts, agent, staging.folder(name))
+    isolated = None
+    workdir = workdir_for(config.cwd, workspace)
+    if mode == isolation.ISOLATED:
+        points.wait_for_start()  # the start checkpoint is the copy's base
+        with timing.phase("isolated mode (base, outbox)"):
+            isolated = isolation.begin(config, name, agent.name if agent else "shell", workdir, points)
+        workdir = str(staging.folder(name))  # the copy may not exist yet: launch.sh makes it, then enters it
+    command = staging.launch_command(config, workspace, scripts, agent, staging.folder(name), isolated)
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):
         before, unacknowledged = tripwire.begin_session(workspace)
@@ -75,11 +91,14 @@ def _run(
     points.wait_for_start()
     try:
         with timing.phase("in-VM setup + agent (limactl shell)"):
-            code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
+            code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)
     finally:
         points.end()
     with timing.phase("tripwire check"):
         tripwire.report_session(*tripwire.end_session(workspace, before))
+    if isolated is not None:
+        with timing.phase("isolated mode (proposal)"):
+            isolation.finish(config, name, isolated, code)
     if reconnect:
         vm.update_state(name, {"reconnect": False})
     if code in (1, 255) and session.instance(name) is None:

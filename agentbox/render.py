@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import gitdirs, resources, staging
+from agentbox import gitdirs, isolation, resources, staging
 from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
 from agentbox.progress import warn
@@ -47,20 +47,37 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
 
 def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     workspace = config.require_workspace()
-    mounts = [RenderedMount(str(workspace), str(workspace), True)]
+    isolated = config.session_mode == isolation.ISOLATED
     git = gitdirs.locate(workspace)
+    if isolated:
+        # The VM sees the workspace read-only, elsewhere; launch.sh puts the agent's copy at its path.
+        if git.git_dir is None:
+            raise isolation.not_a_git_work_tree(workspace)
+        mounts = [RenderedMount(str(workspace), isolation.GUEST_SOURCE, False)]
+    else:
+        mounts = [RenderedMount(str(workspace), str(workspace), True)]
     if git.problem:
         warn(f"not mounting the git common dir: {git.problem}; git in the VM will not work in this worktree")
     common = git.common_dir_outside(workspace)
     if common is not None:
-        # A validated `git worktree add` layout: the main repository's .git, which git in the VM needs.
-        mounts.append(RenderedMount(str(common), str(common), True))
+        # A validated `git worktree add` layout: the main repository's .git, which git in the VM needs
+        # (only to read, in isolated mode: the copy is cloned from it).
+        mounts.append(RenderedMount(str(common), str(common), not isolated))
     hooks = _hooks_dir(git.common_dir)
-    if config.protect_git_hooks and hooks is not None:
+    if config.protect_git_hooks and hooks is not None and not isolated:
         # Mounted after the writable workspace, so this read-only view wins inside it.
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
     mounts.append(RenderedMount(str(staging.folder(vm_name)), str(staging.folder(vm_name)), False))
+    if isolated:
+        outbox = str(isolation.outbox(vm_name))
+        mounts.append(RenderedMount(outbox, outbox, True))
     for mount in config.mounts:
+        problem = isolation.mount_point_problem(mount.mount_point, workspace) if isolated else None
+        if problem:
+            raise ConfigError(
+                f"mounts: {mount.location}: {problem}; isolated mode cannot have it",
+                hint="Give it a mountPoint outside the workspace (for example /mnt/data), or use session.mode: live.",
+            )
         # Lima gets the resolved path: a symlink swapped in later cannot redirect the mount.
         mounts.append(RenderedMount(os.path.realpath(mount.location), mount.mount_point, mount.writable))
     return mounts

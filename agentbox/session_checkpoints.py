@@ -59,6 +59,11 @@ class SessionCheckpoints:
         elif self._start is not None:
             self._report(self._start, already_named=set())
 
+    @property
+    def taken(self) -> checkpoints.Taken | None:
+        """The start checkpoint, once wait_for_start() has returned (None: none was taken)."""
+        return self._start
+
     def end(self) -> None:
         """The end checkpoint, when the start one was taken."""
         if self._start is None:

@@ -78,9 +78,25 @@ LAUNCH_OPTIONS = (
     LaunchOption("--install", "COMMAND", "the bash command that installs --binary ('' for none)"),
     LaunchOption("--on-create", "SCRIPT", "a staged onCreateScript, run once in the VM's life", repeated=True),
     LaunchOption("--on-start", "SCRIPT", "a staged onStartScript, run once per boot", repeated=True),
+    LaunchOption("--isolated-from", "DIR", "isolated mode: the VM's read-only view of the host workspace; the "
+                 "program runs on a copy of it at --workspace, made from it when missing or of another --base"),
+    LaunchOption("--base", "COMMIT", "isolated mode: the host's checkpoint commit the copy starts from"),
+    LaunchOption("--outbox", "DIR", "isolated mode: this session's folder in the writable outbox, where the "
+                 "copy's changes go when the program exits (agentbox.isolation)"),
+    LaunchOption("--chdir", "DIR", "isolated mode: the folder the program starts in, inside the copy "
+                 "(the workspace when the copy lacks it)"),
 )
 
 OptionValue = str | bool | Sequence[str] | None
+
+
+class IsolatedLaunch(NamedTuple):
+    """launch.sh's isolated-mode options for one session."""
+
+    source: str  # --isolated-from
+    base: str  # --base
+    outbox: Path  # --outbox
+    chdir: str  # --chdir
 
 
 def folder(vm_name: str) -> Path:
@@ -89,7 +105,8 @@ def folder(vm_name: str) -> Path:
 
 
 def launch_command(
-    config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path
+    config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path,
+    isolated: IsolatedLaunch | None = None,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -103,6 +120,11 @@ def launch_command(
     if agent is not None:
         values["--binary"] = agent.binary
         values["--install"] = agent.install or ""
+    if isolated is not None:
+        values["--isolated-from"] = isolated.source
+        values["--base"] = isolated.base
+        values["--outbox"] = str(isolated.outbox)
+        values["--chdir"] = isolated.chdir
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 

@@ -27,12 +27,12 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple, TextIO
 
-from agentbox import gitdirs, paths
+from agentbox import gitdirs, patchcheck, paths
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.safetext import visible
 
@@ -102,8 +102,31 @@ def watched_paths(workspace: Path) -> dict[str, Path]:
     The git folders come from gitdirs.locate: a `.git` file pointing somewhere it did not validate
     is not followed (the `.git` file itself is watched).
     """
+    return _watched(workspace)[0]
+
+
+def host_exec_matcher(workspace: Path) -> Callable[[str], bool]:
+    """Whether a repository-relative path (as a patch names it) is one the tripwire watches, or lies
+    in a folder whose every file it watches (.husky, .github/workflows, the hooks of a git folder
+    kept in the workspace). Names are compared as a case-insensitive file system sees them."""
+    root = Path(os.path.realpath(workspace))
+    watched, folders = _watched(workspace)
+    names = {patchcheck.fold(label) for label in watched if not os.path.isabs(label)}
+    inside = [_label(root, folder) for folder in folders]
+    prefixes = tuple(patchcheck.fold(label) + "/" for label in inside if not os.path.isabs(label))
+
+    def runs_on_host(path: str) -> bool:
+        folded = patchcheck.fold(path)
+        return folded in names or folded.startswith(prefixes)
+
+    return runs_on_host
+
+
+def _watched(workspace: Path) -> tuple[dict[str, Path], list[Path]]:
+    """(watched_paths, the folders whose every entry is watched)."""
     workspace = Path(os.path.realpath(workspace))
     found: dict[str, Path] = {}
+    folders: list[Path] = []
     for name in WATCHED_FILES:
         for parent in reversed(Path(name).parents[:-1]):  # .vscode for .vscode/tasks.json: a link there redirects
             found[str(parent)] = workspace / parent
@@ -111,18 +134,20 @@ def watched_paths(workspace: Path) -> dict[str, Path]:
     for folder in WATCHED_DIRS:
         for parent in reversed(Path(folder).parents[:-1]):
             found[str(parent)] = workspace / parent
-        found.update(_list_dir(workspace, workspace / folder))
+        folders.append(workspace / folder)
     git = gitdirs.locate(workspace)
     if git.common_dir is not None:
         for name in GIT_FILES:
             path = git.common_dir / name
             found[_label(workspace, path.parent)] = path.parent
             found[_label(workspace, path)] = path
-        found.update(_list_dir(workspace, git.common_dir / "hooks"))
+        folders.append(git.common_dir / "hooks")
+    for listed in folders:
+        found.update(_list_dir(workspace, listed))
     if git.git_dir is not None and git.git_dir != git.common_dir:
         for name in ("config.worktree", "commondir"):
             found[_label(workspace, git.git_dir / name)] = git.git_dir / name
-    return found
+    return found, folders
 
 
 def fingerprint(workspace: Path) -> dict[str, Entry]:

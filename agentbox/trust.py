@@ -96,6 +96,15 @@ def _agent_credentials_rule(config: Config, path: tuple[str, ...], value: Any) -
     return [f"{keys.dotted(path)} (host files brought into the VM)"] if isinstance(value, list) else []
 
 
+def _session_mode_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """Asking for isolation narrows what the agent reaches; turning off the isolation the global file asks for
+    widens it."""
+    global_mode = (config.global_data.get("session") or {}).get("mode")
+    if value == "live" and global_mode == "isolated":
+        return ["session.mode: live (the global config says isolated; live gives the agent the workspace, writable)"]
+    return []
+
+
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
 _RULES = {
     "workspace": _workspace_rule,
@@ -103,6 +112,7 @@ _RULES = {
     "bootstrap.onCreateScript": _scripts_rule,
     "bootstrap.onStartScript": _scripts_rule,
     "agents.<name>.credentials": _agent_credentials_rule,
+    "session.mode": _session_mode_rule,
 }
 
 

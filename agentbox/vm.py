@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agentbox import drift, effective, paths
+from agentbox import drift, effective, isolation, paths
 from agentbox.config import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -194,6 +194,8 @@ def create_and_start(session: Session, name: str) -> Instance:
     template_text = render.render(config, name)
     state = private_dir(paths.vm_state_dir(name))
     private_dir(staging.folder(name))
+    if config.session_mode == isolation.ISOLATED:
+        private_dir(isolation.outbox(name))
     template_path = state / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
     try:

@@ -14,7 +14,18 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import MISSING, NAME, REAL_HOME, STUB, FakeLima, needs, needs_bwrap, run_cli
+from tests.helpers import (
+    MISSING,
+    NAME,
+    REAL_HOME,
+    STUB,
+    FakeLima,
+    install_agent,
+    make_repository,
+    needs,
+    needs_bwrap,
+    run_cli,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +93,18 @@ def vm(project: Path, limactl: FakeLima) -> FakeLima:
         path = bin_dir / binary
         path.write_text(STUB)
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    limactl.clear()
+    return limactl
+
+
+@pytest.fixture
+def isolated_vm(project: Path, limactl: FakeLima) -> FakeLima:
+    """The project as a git repository with uncommitted work, its VM created isolated, a stand-in claude."""
+    needs_bwrap()
+    make_repository(project)
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    install_agent(limactl)
     limactl.clear()
     return limactl
 

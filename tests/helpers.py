@@ -4,13 +4,15 @@ fixtures and pytest hooks; import these from here.)"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +126,93 @@ class FakeLima:
         return fake_limactl.guest_home(self.home, name)
 
 
+# -- isolated mode: a repository with work in progress, a stand-in agent, the guest's copy ----------
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main",
+       "-c", "core.hooksPath=/dev/null"]
+
+# What the stand-in agent does to the workspace it is given; then it checks that the host's files, which the
+# VM sees read-only at /mnt/agentbox/workspace, did not change, and writes a summary where agentbox said.
+ISOLATED_AGENT = r"""#!/bin/bash
+set -u
+{
+  echo "cwd=$PWD"
+  echo "status=$(git status --short | tr '\n' ';')"
+  printf 'changed\n' >> tracked.txt
+  printf 'new file\n' > 'created file.txt'
+  rm deleted.txt
+  mkdir -p src && printf 'print(1)\n' > src/added.py
+  printf 'bin\000ary' > data.bin
+  ln -s tracked.txt link.txt
+  chmod +x script.sh
+  mkdir -p build && printf 'ignored\n' > build/new.o
+  rm untracked.txt
+  printf 'edited\n' > modified.txt
+  if touch /mnt/agentbox/workspace/escape 2>/dev/null; then echo "host-write=yes"; else echo "host-write=no"; fi
+  echo "host-tracked=$(cat /mnt/agentbox/workspace/tracked.txt | tr '\n' ';')"
+  echo "args=$*"
+} > /tmp/agent-report
+printf '# Tidy the files\n\nChanged, created and deleted some.\n' > "$AGENTBOX_SUMMARY"
+exit "${AGENT_EXIT:-0}"
+"""
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run([*GIT, *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def make_repository(project: Path, config: str = "session:\n  mode: isolated\n") -> None:
+    """A repository with committed files, then uncommitted edits, an untracked file and an ignored one."""
+    write(project / "agentbox.yml", config)
+    write(project / ".gitignore", "build/\n")
+    write(project / "tracked.txt", "one\n")
+    write(project / "deleted.txt", "to delete\n")
+    write(project / "modified.txt", "committed\n")
+    write(project / "script.sh", "echo hi\n")
+    git(project, "init", "-q")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "init")
+    write(project / "modified.txt", "uncommitted\n")
+    write(project / "untracked.txt", "untracked\n")
+    write(project / "build" / "out.o", "ignored\n")
+
+
+def snapshot_tree(root: Path, skip: tuple[str, ...] = (".git",)) -> dict[str, tuple[str, bytes]]:
+    """Every file and link under root (names relative), with its kind and exec bit and its content."""
+    found: dict[str, tuple[str, bytes]] = {}
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        dirs[:] = sorted(d for d in dirs if os.path.normpath(os.path.join(rel, d)) not in skip)
+        for name in dirs + files:
+            path = os.path.join(folder, name)
+            key = os.path.normpath(os.path.join(rel, name))
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                found[key] = ("link", os.readlink(path).encode())
+            elif stat.S_ISREG(st.st_mode):
+                found[key] = ("exec" if st.st_mode & 0o100 else "file", Path(path).read_bytes())
+            elif stat.S_ISDIR(st.st_mode):
+                found[key] = ("dir", b"")
+    return found
+
+
+def copy_in_guest(limactl: FakeLima, project: Path) -> Path:
+    """Where the double keeps the guest's copy of the workspace (it lives in the guest's own /tmp)."""
+    assert project.is_relative_to("/tmp")
+    return limactl.home / NAME / "guestfs" / "tmp" / project.relative_to("/tmp")
+
+
+def install_agent(limactl: FakeLima, script: str = ISOLATED_AGENT, binary: str = "claude") -> None:
+    bin_dir = limactl.home / NAME / "guestfs" / "usr-local" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    write(bin_dir / binary, script, mode=0o755)
+
+
+def agentbox(project: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    """run_agentbox in the project, with room for a VM's first start."""
+    return run_agentbox(*args, cwd=project, timeout=timeout)
+
+
 # -- capabilities of this machine -------------------------------------------------------------
 #
 # Some tests need a tool from the machine (bubblewrap runs the double's guest; shellcheck lints the
@@ -194,3 +283,39 @@ def as_root(argv: list[str]) -> list[str]:
 
 def needs_bwrap() -> None:
     needs("bwrap")
+
+
+def tree_listing(root: Path) -> dict[str, tuple[str, int, bytes]]:
+    """Every entry under root, never following a link: relative path -> (kind, permission bits,
+    content or link target; b"" for a folder). Two equal listings are byte-for-byte the same tree."""
+    listing: dict[str, tuple[str, int, bytes]] = {}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            st = path.lstat()
+            if path.is_symlink():
+                listing[rel] = ("link", 0, os.fsencode(os.readlink(path)))
+            elif path.is_dir():
+                listing[rel] = ("dir", st.st_mode & 0o7777, b"")
+            else:
+                listing[rel] = ("file", st.st_mode & 0o7777, path.read_bytes())
+    return listing
+
+
+@contextlib.contextmanager
+def unwritable(folder: Path) -> Iterator[None]:
+    """Nothing can be created in or removed from folder meanwhile, even by root (chattr +i then)."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield
+        finally:
+            folder.chmod(0o755)
+        return
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("as root, a folder is made unwritable with chattr +i, which this file system refuses")
+    try:
+        yield
+    finally:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)

@@ -65,6 +65,7 @@ CHANGES = {
     "protectGitHooks": "vm:\n  protectGitHooks: true\n",
     "mounts": "mounts:\n  - location: ./docs\n",
     "caCert": "caCert: ca.pem\n",
+    "mode": "session:\n  mode: isolated\n",
 }
 
 
@@ -84,6 +85,10 @@ def test_a_changed_creation_setting_asks_for_recreate(project: Path, limactl: Fa
     write_trusted(project, CHANGES[name])
     result = subprocess.run([sys.executable, "-m", "agentbox", "shell", "--", "true"], cwd=project,
                             capture_output=True, text=True, timeout=120)
+    if name == "mode":  # isolation asked of a live VM is never dropped: the launch refuses, naming the fix
+        assert result.returncode == 1
+        assert "was created live" in result.stderr and "`agentbox start --recreate`" in result.stderr
+        return
     assert result.returncode == 0, result.stderr
     assert f"agentbox: {name} changed since agentbox-myproject was created; `agentbox start --recreate` applies it\n" in (
         result.stderr

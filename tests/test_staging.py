@@ -17,6 +17,7 @@ from tests.helpers import NAME, FakeLima, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
+ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
 PROBE_SH = REPO / "provision" / "doctor-probe.sh"
 
 
@@ -114,7 +115,9 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     assert "setup step (launch.sh)" in result.stderr
     shell = next(argv for argv in vm.calls() if "shell" in argv)
     sent = {arg for arg in shell if arg.startswith("--")}
-    assert {option.name for option in staging.LAUNCH_OPTIONS} <= sent
+    # Isolated mode's options go with an isolated launch only (tests/test_isolated.py sends them).
+    assert {option.name for option in staging.LAUNCH_OPTIONS} - set(ISOLATED_OPTIONS) <= sent
+    assert not sent & set(ISOLATED_OPTIONS)
 
     folder = staging.folder(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}

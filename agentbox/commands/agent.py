@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from agentbox.vm import Session
 
 MODEL_FLAGS = ("--model", "-m")
+ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
 # Asked on their own, these are questions about the agent, not work for it.
 QUERIES = ("--help", "-h", "--version")
 CONFIG_META = "agentbox.config"  # ctx.meta key: a config already loaded, reused by the help text
@@ -106,12 +107,14 @@ def agent_shell_command(name: str) -> click.Command:
             "help_option_names": ["-h", "--help"],
         },
     )
+    @click.option("--isolated", is_flag=True, help="Work on a copy of the workspace in the VM (see `agentbox help "
+                  "review`); the VM must have been created isolated.")
     @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
     @click.pass_context
-    def shell(ctx: click.Context, command: tuple[str, ...]) -> int:
+    def shell(ctx: click.Context, isolated: bool, command: tuple[str, ...]) -> int:
         from agentbox.commands.vm import run_shell
 
-        return run_shell(ctx, name, command)
+        return run_shell(ctx, name, command, isolated)
 
     return shell
 
@@ -119,14 +122,26 @@ def agent_shell_command(name: str) -> click.Command:
 def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     from agentbox.commands.common import session as session_for
 
+    # agentbox's own option comes first; anything after it (another --isolated too) is the agent's.
+    isolated = args[:1] == [ISOLATED_FLAG]
+    args = args[1:] if isolated else args
     if args[:1] == ["shell"]:
         command = agent_shell_command(name)
-        with command.make_context("shell", args[1:], parent=ctx) as shell_ctx:
+        shell_args = [ISOLATED_FLAG, *args[1:]] if isolated else args[1:]
+        with command.make_context("shell", shell_args, parent=ctx) as shell_ctx:
             return int(command.invoke(shell_ctx))
     if len(args) == 1 and args[0] in QUERIES:
-        return answer_query(ctx, name, args[0])
+        return answer_query(ctx, name, args[0], isolated)
     session = session_for(ctx)
+    if isolated:
+        session.config = isolation_config(session.config)
     return launch_agent(session, name, args)
+
+
+def isolation_config(config: Config) -> Config:
+    from agentbox import isolation
+
+    return isolation.with_isolation(config)
 
 
 def launch_agent(session: Session, name: str, args: list[str], running: Instance | None = None) -> int:
@@ -138,7 +153,7 @@ def launch_agent(session: Session, name: str, args: list[str], running: Instance
     return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running)
 
 
-def answer_query(ctx: click.Context, name: str, query: str) -> int:
+def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = False) -> int:
     """`--help`/`-h`/`--version` alone: the agent answers when its VM runs; otherwise agentbox does, from the host.
 
     Costs the `limactl list` a launch makes anyway; a running VM then gets exactly the warm launch's calls.
@@ -150,6 +165,8 @@ def answer_query(ctx: click.Context, name: str, query: str) -> int:
     from agentbox.lima import RUNNING
 
     session = session_for(ctx, acts=False)
+    if isolated:
+        session.config = isolation_config(session.config)
     config = session.config
     agent = config.agent(name)
     config.require_workspace()

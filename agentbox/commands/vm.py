@@ -16,12 +16,16 @@ from agentbox.progress import say
 @click.command("start")
 @click.option("--recreate", is_flag=True, help="Delete the VM and create it anew from the current config.")
 @click.option("--yes", is_flag=True, help="With --recreate: delete without asking (for scripts).")
+@click.option("--isolated", is_flag=True, help="Create the VM isolated, whatever session.mode says: agents work on "
+              "a copy of the workspace and propose their changes.")
 @click.pass_context
-def start_command(ctx: click.Context, recreate: bool, yes: bool) -> None:
+def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool) -> None:
     """Create and start the project's VM."""
-    from agentbox import vm
+    from agentbox import isolation, vm
 
     session = session_for(ctx)
+    if isolated:
+        session.config = isolation.with_isolation(session.config)
     name = vm_name(session)
     existing = session.instance(name)
     if recreate and existing is not None:
@@ -32,6 +36,10 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool) -> None:
                  "Run `agentbox start --recreate --yes` to recreate it from a script.")
         say(vm.remove(session, name))
         existing = None
+    if existing is not None and isolated:
+        # Refused before anything starts: the VM's mounts, fixed at creation, decide its mode.
+        recorded = isolation.mode_of_vm(vm.expected_config(name), session.config.workspace)
+        isolation.session_mode(isolation.ISOLATED, recorded, name, isolation.asked_by(session.config))
     instance = vm.ensure_running(session, name, existing)
     if instance is existing:  # it was running and passed the checks: nothing was started
         say(f"{name} is already running")
@@ -163,18 +171,25 @@ def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
         click.echo(f"{row['name']:{width}}{row['status']:10}{row['workspace'] or '-'}")
 
 
+ISOLATED_HELP = ("Work on a copy of the workspace in the VM; its changes become a proposal "
+                 "(`agentbox review`, `agentbox apply`). The VM must have been created isolated.")
+
+
 @click.command("shell", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--isolated", is_flag=True, help=ISOLATED_HELP)
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def shell_command(ctx: click.Context, command: tuple[str, ...]) -> None:
+def shell_command(ctx: click.Context, isolated: bool, command: tuple[str, ...]) -> None:
     """Open a login shell in the VM, or run `-- CMD ...` there."""
-    ctx.exit(run_shell(ctx, None, command))
+    ctx.exit(run_shell(ctx, None, command, isolated))
 
 
-def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...]) -> int:
-    from agentbox import launch
+def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...], isolated: bool = False) -> int:
+    from agentbox import isolation, launch
 
     session = session_for(ctx)
+    if isolated:
+        session.config = isolation.with_isolation(session.config)
     name = vm_name(session, agent)
     argv = list(command[1:] if command[:1] == ("--",) else command)
     return launch.run_in_vm(session, name, argv, interactive_shell=not argv)

@@ -1,0 +1,586 @@
+"""Proposals: an isolated session's changes, kept on the host for review and applied only as a checked patch.
+
+After an isolated session (agentbox.isolation) the VM has left, in its outbox session folder,
+`changes.patch` (`git diff --binary --full-index --no-renames` of the copy against its base), maybe the
+agent's `summary.md`, and `base` (written last: the folder is finished). `collect` turns each finished
+folder into a proposal and removes the folder:
+
+    <workspace state dir>/proposals/<id>/proposal.json   version, id, status, agent, vm, session, created,
+                                                          base {commit, tree, head}, files [{status, path,
+                                                          oldPath?}], added, removed, patchSha256, patchSize,
+                                                          summary ("agent" or "generated"), problem
+    <workspace state dir>/proposals/<id>/changes.patch   the patch as the VM wrote it
+    <workspace state dir>/proposals/<id>/summary.md      the agent's summary, or one made from the patch
+    <workspace state dir>/events.jsonl                    proposal_created, proposal_reviewed,
+                                                          proposal_applied, proposal_rejected: one JSON
+                                                          object per line
+
+Ids are small integers per workspace. A proposal is `pending` until it is `applied` or `rejected`; a
+later proposal from the same copy (same base) marks the earlier pending ones `superseded` (it holds their
+changes too, unless the agent undid them).
+
+Nothing from the VM is trusted: outbox files are opened relative to the folder's descriptor, never
+through a link, regular files only, with size caps (a FIFO or a device never blocks or feeds
+agentbox); the base must be one agentbox gave that VM; the patch is parsed by agentbox.patchcheck and
+applied only when it names nothing the host must not take, with its digest checked against the one
+recorded when it was collected (an edited patch is refused).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import re
+import stat
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from agentbox import paths
+from agentbox.config import CheckpointSettings
+from agentbox.errors import AgentboxError, StateError
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.safetext import visible
+
+VERSION = 1
+PENDING, APPLIED, REJECTED, SUPERSEDED = "pending", "applied", "rejected", "superseded"
+PATCH, SUMMARY, BASE, RECORD = "changes.patch", "summary.md", "base", "proposal.json"
+MAX_PATCH = 64 * 1024 * 1024
+MAX_SUMMARY = 256 * 1024
+MAX_BASE = 256
+MAX_DEPTH = 64  # folders the VM nests in an outbox folder, when agentbox removes it
+_OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_SESSION = re.compile(r"s-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
+
+
+class Collected(NamedTuple):
+    """A finished session folder: the proposal it became (None: the session changed nothing)."""
+
+    session: str
+    proposal: int | None
+    files: int
+    problem: str | None = None
+
+    def __str__(self) -> str:
+        if self.proposal is None:
+            return "no changes"
+        what = f"proposal {self.proposal}: {self.files} file{'s' if self.files != 1 else ''} changed"
+        return f"{what} (apply will refuse it: {self.problem})" if self.problem else what
+
+
+class OutboxError(AgentboxError):
+    """A file in the outbox that agentbox will not read (a link, not a regular file, too large)."""
+
+
+def folder(workspace: Path) -> Path:
+    return paths.workspace_state_dir(workspace) / "proposals"
+
+
+def events_file(workspace: Path) -> Path:
+    return paths.workspace_state_dir(workspace) / "events.jsonl"
+
+
+@contextmanager
+def locked(workspace: Path) -> Iterator[None]:
+    """One agentbox at a time collects, applies or marks a workspace's proposals."""
+    state = private_dir(paths.workspace_state_dir(workspace))
+    fd = os.open(state / "proposals.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def append_event(workspace: Path, event: str, **fields: Any) -> None:
+    """One line of events.jsonl, written with a single append (lines of concurrent writers never mix)."""
+    from agentbox import isolation
+
+    line = json.dumps({"time": isolation.now(), "event": event, **fields}, sort_keys=False) + "\n"
+    private_dir(paths.workspace_state_dir(workspace))
+    fd = os.open(events_file(workspace), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+# -- from the outbox ----------------------------------------------------------------------------
+
+
+def collect(workspace: Path, vm_name: str) -> list[Collected]:
+    """Every finished session folder in the VM's outbox, made into a proposal (or noted as unchanged) and removed.
+
+    Folders still being written (no `base` yet: their session may still run) are left alone; so are names
+    agentbox did not make.
+    """
+    from agentbox import isolation
+
+    made: list[Collected] = []
+    with locked(workspace):
+        try:
+            outbox_fd = os.open(isolation.outbox(vm_name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StateError(f"cannot read the outbox {isolation.outbox(vm_name)}: {exc.strerror}") from exc
+        try:
+            with isolation.locked_record(workspace) as record:
+                for name in sorted(os.listdir(outbox_fd)):
+                    session = record["sessions"].get(name)
+                    if session is None or session.get("vm") != vm_name or not _SESSION.fullmatch(name):
+                        continue
+                    result = _collect_one(workspace, vm_name, outbox_fd, name, session, record)
+                    if result is not None:
+                        made.append(result)
+                        del record["sessions"][name]
+                        _remove_at(outbox_fd, name)
+        finally:
+            os.close(outbox_fd)
+    return made
+
+
+def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: bool) -> bool:
+    """A session that ended without a finished outbox folder: drop the folder (only an empty one, when its
+    launch step may still run) and agentbox's record of it. True when something the VM wrote was dropped."""
+    from agentbox import isolation
+
+    dropped = False
+    with locked(workspace):
+        try:
+            outbox_fd = os.open(isolation.outbox(vm_name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            try:
+                session_fd = os.open(session, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                     dir_fd=outbox_fd)
+            except OSError:
+                return False
+            try:
+                dropped = bool(os.listdir(session_fd))
+            finally:
+                os.close(session_fd)
+            if dropped and only_if_empty:
+                return False
+            _remove_at(outbox_fd, session)
+            with isolation.locked_record(workspace) as record:
+                record["sessions"].pop(session, None)
+        finally:
+            os.close(outbox_fd)
+    return dropped
+
+
+def _collect_one(
+    workspace: Path, vm_name: str, outbox_fd: int, name: str, session: dict[str, Any], record: dict[str, Any]
+) -> Collected | None:
+    from agentbox.progress import warn
+
+    try:
+        session_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=outbox_fd)
+    except OSError:
+        return None
+    try:
+        base_bytes = read_at(session_fd, BASE, MAX_BASE)
+        if base_bytes is None:
+            return None  # not finished
+        base = base_bytes.decode("ascii", "replace").strip()
+        known = record["bases"].get(base)
+        if not _OID.fullmatch(base) or known is None or known.get("vm") != vm_name:
+            warn(f"the outbox of isolated session {name} names a base agentbox did not give {vm_name} "
+                 f"({visible(base[:80])}); its changes are not taken")
+            return Collected(name, None, 0, "unknown base")
+        patch = read_at(session_fd, PATCH, MAX_PATCH) or b""
+        summary = read_at(session_fd, SUMMARY, MAX_SUMMARY)
+    except OutboxError as exc:
+        warn(f"the outbox of isolated session {name}: {exc.message}; its changes are not taken "
+             "(they stay in the VM's copy)")
+        return Collected(name, None, 0, exc.message)
+    finally:
+        os.close(session_fd)
+    if not patch:
+        return Collected(name, None, 0)
+    proposal = _store(workspace, vm_name, name, session, base, known, patch, summary, record)
+    return Collected(name, proposal["id"], len(proposal["files"]), proposal.get("problem"))
+
+
+def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """A regular file in a folder the VM writes, or None when absent. Never follows a link, never opens a FIFO
+    or a device (checked before opening, and again on what was opened), never reads more than limit."""
+    try:
+        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(before.st_mode):
+        raise OutboxError(f"{name} is {_kind(before.st_mode)}, not a regular file")
+    if before.st_size > limit:
+        raise OutboxError(f"{name} is {before.st_size:,} bytes, more than the {limit:,} agentbox reads")
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        raise OutboxError(f"{name} cannot be opened ({exc.strerror})") from exc
+    with os.fdopen(fd, "rb") as handle:
+        now = os.fstat(fd)
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
+            raise OutboxError(f"{name} was replaced while agentbox opened it")
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise OutboxError(f"{name} is more than the {limit:,} bytes agentbox reads")
+    return data
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    return "a special file"
+
+
+def _remove_at(parent_fd: int, name: str, depth: int = 0) -> None:
+    """Remove a file or folder the VM wrote, without following any link in it."""
+    try:
+        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=parent_fd)
+        return
+    if depth > MAX_DEPTH:
+        raise StateError(f"the outbox holds folders nested more than {MAX_DEPTH} deep; remove them by hand")
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    try:
+        for entry in os.listdir(fd):
+            _remove_at(fd, entry, depth + 1)
+    finally:
+        os.close(fd)
+    os.rmdir(name, dir_fd=parent_fd)
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+def _store(
+    workspace: Path, vm_name: str, session_id: str, session: dict[str, Any], base: str, known: dict[str, Any],
+    patch: bytes, summary: bytes | None, record: dict[str, Any],
+) -> dict[str, Any]:
+    from agentbox import isolation, patchcheck
+
+    problem = None
+    try:
+        changes = patchcheck.parse(patch, limit=MAX_PATCH)
+    except patchcheck.PatchError as exc:
+        changes, problem = [], f"the patch cannot be read: {exc}"
+    files = [_file_entry(change) for change in changes]
+    proposals_dir = private_dir(folder(workspace))
+    # Never an id used before, even when proposal folders were deleted: events.jsonl names them.
+    number = max(int(record.get("nextProposal", 1)), 1 + max((p["id"] for p in _all(workspace)), default=0))
+    record["nextProposal"] = number + 1
+    proposal = {
+        "version": VERSION,
+        "id": number,
+        "status": PENDING,
+        "agent": session.get("agent"),
+        "vm": vm_name,
+        "session": session_id,
+        "created": isolation.now(),
+        "started": session.get("started"),
+        "base": {"commit": base, "tree": known.get("tree"), "head": known.get("head")},
+        "files": files,
+        "added": sum(change.added_lines for change in changes),
+        "removed": sum(change.removed_lines for change in changes),
+        "patchSha256": hashlib.sha256(patch).hexdigest(),
+        "patchSize": len(patch),
+        "summary": "agent" if summary is not None else "generated",
+        "problem": problem,
+    }
+    # Written under a temporary name, renamed last: a proposal folder is whole or absent.
+    staging = proposals_dir / f".{number}.partial"
+    if os.path.lexists(staging):
+        import shutil
+
+        shutil.rmtree(staging)  # left by an agentbox that was killed here; agentbox's own folder
+    private_dir(staging)
+    atomic_write(staging / PATCH, patch, mode=0o600)
+    atomic_write(staging / SUMMARY, summary if summary is not None else generated_summary(proposal), mode=0o600)
+    atomic_write(staging / RECORD, json.dumps(proposal, indent=2), mode=0o600)
+    os.rename(staging, proposals_dir / str(number))
+    for earlier in _all(workspace):
+        if earlier["id"] != number and earlier["status"] == PENDING and earlier.get("vm") == vm_name and \
+                earlier.get("base", {}).get("commit") == base:
+            _update(workspace, earlier, status=SUPERSEDED, supersededBy=number)
+    append_event(workspace, "proposal_created", proposal=number, agent=proposal["agent"], vm=vm_name,
+                 session=session_id, base=base, files=len(files), patchSha256=proposal["patchSha256"])
+    return proposal
+
+
+def _file_entry(change: Any) -> dict[str, Any]:
+    entry = {"status": change.status, "path": change.new_path if change.new_path is not None else change.old_path}
+    if change.status in ("renamed", "copied"):
+        entry["oldPath"] = change.old_path
+    return entry
+
+
+def generated_summary(proposal: dict[str, Any]) -> bytes:
+    """What the proposal changes, when the agent wrote no summary: the files, like `git diff --stat` in words."""
+    files = proposal["files"]
+    lines = [
+        f"# Changes from an isolated session of {proposal.get('agent') or 'an agent'}",
+        "",
+        "(written by agentbox from the patch: the agent left no summary)",
+        "",
+        f"{len(files)} file{'s' if len(files) != 1 else ''} changed, {proposal['added']} line(s) added, "
+        f"{proposal['removed']} removed:",
+        "",
+    ]
+    for entry in files:
+        source = f" (from {entry['oldPath']})" if entry.get("oldPath") else ""
+        lines.append(f"- {entry['status']}: {entry['path']}{source}")
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def _all(workspace: Path) -> list[dict[str, Any]]:
+    """Every proposal of the workspace, oldest first (a folder without a readable record is left out)."""
+    found = []
+    try:
+        names = os.listdir(folder(workspace))
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            data = json.loads((folder(workspace) / name / RECORD).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("id") == int(name):
+            found.append(data)
+    return sorted(found, key=lambda p: p["id"])
+
+
+def all_proposals(workspace: Path) -> list[dict[str, Any]]:
+    return _all(workspace)
+
+
+def _update(workspace: Path, proposal: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    proposal = {**proposal, **changes}
+    atomic_write(folder(workspace) / str(proposal["id"]) / RECORD, json.dumps(proposal, indent=2), mode=0o600)
+    return proposal
+
+
+def find(workspace: Path, wanted: str | None) -> dict[str, Any]:
+    """The proposal named by its id (`3` or `#3`), or the newest pending one."""
+    proposals = _all(workspace)
+    if wanted is None:
+        pending = [p for p in proposals if p["status"] == PENDING]
+        if not pending:
+            others = " (`agentbox proposals` lists the others)" if proposals else ""
+            raise StateError(
+                f"no pending proposal for {workspace}{others}",
+                hint="Proposals come from isolated sessions: `agentbox <agent> --isolated` (or session.mode: "
+                "isolated).",
+            )
+        return pending[-1]
+    text = wanted.lstrip("#")
+    if not text.isdigit():
+        raise StateError(f"{visible(wanted)} is not a proposal id (a number, as `agentbox proposals` lists them)")
+    for proposal in proposals:
+        if proposal["id"] == int(text):
+            return proposal
+    raise StateError(f"there is no proposal {text} for {workspace}", hint="`agentbox proposals` lists them.")
+
+
+def patch_path(workspace: Path, proposal: dict[str, Any]) -> Path:
+    return folder(workspace) / str(proposal["id"]) / PATCH
+
+
+def read_patch(workspace: Path, proposal: dict[str, Any]) -> bytes:
+    """The stored patch, checked against the digest recorded when it was collected."""
+    path = patch_path(workspace, proposal)
+    try:
+        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StateError(
+            f"proposal {proposal['id']}: its folder {path.parent} cannot be read ({exc.strerror})"
+        ) from exc
+    try:
+        data = read_at(dir_fd, PATCH, MAX_PATCH)
+    except OutboxError as exc:
+        raise StateError(f"proposal {proposal['id']}: {exc.message}") from exc
+    finally:
+        os.close(dir_fd)
+    if data is None:
+        raise StateError(f"proposal {proposal['id']}: its patch {path} is missing")
+    if hashlib.sha256(data).hexdigest() != proposal.get("patchSha256"):
+        raise StateError(
+            f"proposal {proposal['id']}: {path} was changed after agentbox collected it (its sha256 is not the "
+            "one recorded then), so agentbox will not apply it",
+            hint="Nothing was changed in the workspace. Run the isolated session again for a new proposal.",
+        )
+    return data
+
+
+def read_summary(workspace: Path, proposal: dict[str, Any]) -> bytes:
+    dir_fd = os.open(folder(workspace) / str(proposal["id"]), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        return read_at(dir_fd, SUMMARY, MAX_SUMMARY) or b""
+    except OutboxError as exc:
+        return f"(summary.md not shown: {exc.message})\n".encode()
+    finally:
+        os.close(dir_fd)
+
+
+# -- review, apply, reject ----------------------------------------------------------------------
+
+
+def host_exec_paths(workspace: Path, proposal: dict[str, Any]) -> list[str]:
+    """The proposal's paths that the host runs without asking (the tripwire's list), for review's flags."""
+    matcher = _host_exec_matcher(workspace)
+    found = []
+    for entry in proposal["files"]:
+        for path in (entry.get("oldPath"), entry["path"]):
+            if path is not None and path not in found and matcher(path):
+                found.append(path)
+    return found
+
+
+def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host_exec: bool) -> list[str]:
+    """Why apply refuses this patch, one line per change (empty: it may be applied)."""
+    from agentbox import patchcheck
+
+    if proposal.get("problem"):
+        return [str(proposal["problem"])]
+    try:
+        changes = patchcheck.parse(patch, limit=MAX_PATCH)
+    except patchcheck.PatchError as exc:
+        return [f"the patch cannot be read: {exc}"]
+    return patchcheck.problems(
+        changes, host_exec=_host_exec_matcher(workspace), allow_host_exec=allow_host_exec,
+        link_target=lambda path: _link_target(workspace, path),
+    )
+
+
+def refusals_of(workspace: Path, number: int) -> list[str]:
+    """What apply would refuse in a stored proposal, host-run files included (the note after a session)."""
+    proposal = find(workspace, str(number))
+    try:
+        return refusals(workspace, proposal, read_patch(workspace, proposal), allow_host_exec=False)
+    except StateError as exc:
+        return [exc.message]
+
+
+def _host_exec_matcher(workspace: Path) -> Any:
+    from agentbox import tripwire
+
+    return tripwire.host_exec_matcher(workspace)
+
+
+def _link_target(workspace: Path, path: str) -> str | None:
+    """The target of the symbolic link at path in the workspace; None when it is not one (nothing followed)."""
+    try:
+        return os.readlink(workspace / path)
+    except OSError:
+        return None
+
+
+def mark_reviewed(workspace: Path, proposal: dict[str, Any]) -> None:
+    append_event(workspace, "proposal_reviewed", proposal=proposal["id"], patchSha256=proposal.get("patchSha256"))
+
+
+class Applied(NamedTuple):
+    proposal: dict[str, Any]
+    checkpoint: int | None  # the checkpoint taken before applying (None for --check)
+    head_moved: bool
+
+
+def apply(
+    workspace: Path, wanted: str | None, *, check_only: bool, three_way: bool, allow_host_exec: bool,
+    settings: CheckpointSettings,
+) -> Applied:
+    """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
+    exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
+    refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses."""
+    from agentbox import hostgit, isolation
+
+    with locked(workspace):
+        proposal = find(workspace, wanted)
+        number = proposal["id"]
+        if proposal["status"] == APPLIED:
+            raise StateError(f"proposal {number} was applied already ({proposal.get('applied', 'earlier')})",
+                             hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
+                             "was before." if proposal.get("checkpoint") is not None else None)
+        patch = read_patch(workspace, proposal)
+        found = refusals(workspace, proposal, patch, allow_host_exec)
+        if found:
+            listing = "\n".join(f"  - {line}" for line in found)
+            host_exec = any("host runs without asking" in line for line in found)
+            raise StateError(
+                f"proposal {number} is refused; nothing was changed in {workspace}:\n{listing}",
+                hint="`agentbox review` shows the patch. " + (
+                    "Changes to files your host runs are taken only with `agentbox apply --allow-host-exec`, "
+                    "after you have read them." if host_exec else "Ask the agent for a patch without these changes."
+                ),
+            )
+        repo = hostgit.find(workspace)
+        if repo is None:
+            raise StateError(f"{workspace} is no longer a git work tree; a proposal is applied with git",
+                             hint=isolation.NOT_GIT_HINT)
+        base_head = proposal["base"].get("head")
+        now = hostgit.head(repo)
+        moved = now != base_head
+        if moved and not three_way:
+            raise StateError(
+                f"HEAD moved since proposal {number} was made (from {_short(base_head)} to {_short(now)}): its "
+                "patch was made against the old one; nothing was changed",
+                hint=f"`agentbox apply {number} --3way` merges it with git's three-way merge, which refuses "
+                "rather than leave conflicts.",
+            )
+        if check_only:
+            hostgit.apply(repo, patch, check_only=True, three_way=three_way)
+            return Applied(proposal, None, moved)
+        checkpoint = _checkpoint_before(workspace, number, settings)
+        hostgit.apply(repo, patch, check_only=True, three_way=three_way)
+        hostgit.apply(repo, patch, check_only=False, three_way=three_way)
+        proposal = _update(workspace, proposal, status=APPLIED, applied=isolation.now(), checkpoint=checkpoint)
+        append_event(workspace, "proposal_applied", proposal=number, checkpoint=checkpoint, threeWay=three_way,
+                     patchSha256=proposal.get("patchSha256"))
+        if proposal.get("vm"):
+            isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
+        return Applied(proposal, checkpoint, moved)
+
+
+def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSettings) -> int:
+    """Taken whatever checkpoints.enabled says (that is about launches): `agentbox undo` can take the apply back."""
+    from agentbox import checkpoints
+
+    taken = checkpoints.take(workspace, "apply", settings, message=f"before applying proposal {number}")
+    return taken.checkpoint.id
+
+
+def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:
+    """Mark a proposal rejected (its files are kept); the VM's copy is made anew at its next isolated session."""
+    from agentbox import isolation
+
+    with locked(workspace):
+        proposal = find(workspace, wanted)
+        if proposal["status"] == APPLIED:
+            raise StateError(f"proposal {proposal['id']} was applied already; rejecting it changes nothing",
+                             hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
+                             "was before it.")
+        proposal = _update(workspace, proposal, status=REJECTED, rejected=isolation.now())
+        append_event(workspace, "proposal_rejected", proposal=proposal["id"], patchSha256=proposal.get("patchSha256"))
+        same_copy = [p for p in _all(workspace) if p["status"] == PENDING and p.get("vm") == proposal.get("vm")
+                     and p["base"].get("commit") == proposal["base"]["commit"]]
+        if proposal.get("vm") and not same_copy:
+            # The copy holds what was just rejected: the next session starts from the workspace again.
+            isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
+        return proposal
+
+
+def _short(commit: str | None) -> str:
+    return commit[:12] if commit else "no commit"

@@ -1,0 +1,280 @@
+"""Isolated mode through the CLI and the limactl double: the VM sees the workspace read-only elsewhere, the
+agent works on a guest-local copy at the workspace's own path, and its changes come back only as a proposal."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agentbox import isolation, staging
+from tests.helpers import (
+    NAME,
+    FakeLima,
+    agentbox,
+    copy_in_guest,
+    git,
+    install_agent,
+    make_repository,
+    needs_bwrap,
+    run_cli,
+    snapshot_tree,
+    write,
+    write_trusted,
+)
+
+
+def test_the_vm_sees_the_workspace_read_only_elsewhere_and_gets_an_outbox(project: Path, isolated_vm: FakeLima) -> None:
+    import yaml
+
+    mounts = yaml.safe_load(isolated_vm.lima_yaml(NAME))["mounts"]
+    outbox = str(isolation.outbox(NAME))
+    assert {"location": str(project), "mountPoint": "/mnt/agentbox/workspace", "writable": False} in mounts
+    assert {"location": outbox, "mountPoint": outbox, "writable": True} in mounts
+    assert not [m for m in mounts if m["mountPoint"] == str(project)]
+    assert stat.S_IMODE(os.stat(outbox).st_mode) == 0o700
+
+
+def test_an_isolated_session_works_on_a_copy_and_the_host_is_untouched(project: Path, isolated_vm: FakeLima) -> None:
+    before = snapshot_tree(project, skip=())
+    result = agentbox(project, "claude", "do", "it")
+    assert result.returncode == 0, result.stderr
+    report = dict(line.split("=", 1) for line in (isolated_vm.home / NAME / "guestfs" / "tmp" / "agent-report")
+                  .read_text().splitlines())
+    # The agent ran in the copy at the workspace's own path, which starts as HEAD plus the uncommitted work.
+    assert report["cwd"] == str(project)
+    assert report["status"] == " M modified.txt;?? untracked.txt;"
+    assert report["args"] == "--dangerously-skip-permissions do it"
+    # During the session the host's files stayed as they were, and the VM could not write them.
+    assert report["host-write"] == "no"
+    assert report["host-tracked"] == "one;"
+    assert snapshot_tree(project, skip=(".git",)) == {k: v for k, v in before.items()
+                                                       if k != ".git" and not k.startswith(".git/")}
+    copy = snapshot_tree(copy_in_guest(isolated_vm, project))
+    assert copy["tracked.txt"] == ("file", b"one\nchanged\n")
+    assert "build/out.o" not in copy  # ignored files are not in the copy
+    assert "isolated mode: copying the workspace into the VM" in result.stderr
+
+
+def test_a_warm_isolated_launch_makes_two_limactl_calls(project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "true").returncode == 0
+    isolated_vm.clear()
+    result = agentbox(project, "shell", "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert isolated_vm.subcommands() == ["list", "shell"]
+    shell = isolated_vm.calls()[-1]
+    assert shell[shell.index("--workdir") + 1] == str(staging.folder(NAME))
+    start = shell.index("--isolated-from")
+    sent = shell[start:shell.index("--", start)]
+    assert sent[:2] == ["--isolated-from", "/mnt/agentbox/workspace"]
+    assert [arg for arg in sent if arg.startswith("--")] == ["--isolated-from", "--base", "--outbox", "--chdir"]
+    assert sent[sent.index("--chdir") + 1] == str(project)
+    assert Path(sent[sent.index("--outbox") + 1]).parent == isolation.outbox(NAME)
+    assert "agentbox: the session changed nothing in the workspace copy: no proposal" in result.stderr
+
+
+def test_the_copy_carries_over_while_the_workspace_is_unchanged(project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo kept > scratch.txt").returncode == 0
+    again = agentbox(project, "shell", "--", "cat", "scratch.txt")
+    assert again.returncode == 0, again.stderr
+    assert again.stdout == "kept\n"
+    assert "copying the workspace" not in again.stderr
+    # A change on the host makes a new base: the copy is made anew from the workspace as it is now.
+    write(project / "tracked.txt", "host edit\n")
+    fresh = agentbox(project, "shell", "--", "bash", "-c", "cat tracked.txt; ls scratch.txt 2>&1 || true")
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.stdout.startswith("host edit\n")
+    assert "No such file" in fresh.stdout
+    assert "copying the workspace" in fresh.stderr
+
+
+def test_isolated_asked_of_a_live_vm_is_refused_before_anything_runs(project: Path, limactl: FakeLima) -> None:
+    needs_bwrap()
+    make_repository(project, config="")
+    assert run_cli("start", cwd=project).exit_code == 0
+    install_agent(limactl)
+    limactl.clear()
+    result = agentbox(project, "claude", "--isolated")
+    assert result.returncode == 1
+    assert ("agentbox: error: isolation was asked for (the command line (--isolated)), but the VM agentbox-myproject "
+            "was created live: the agent would edit your workspace directly, so agentbox does not start it\n"
+            ) in result.stderr
+    assert "agentbox start --recreate --isolated" in result.stderr
+    assert "shell" not in limactl.subcommands()
+    write(project / "agentbox.yml", "session:\n  mode: isolated\n")  # the same from the config: no trust needed
+    result = agentbox(project, "shell", "--", "true")
+    assert result.returncode == 1
+    assert f"(session.mode: isolated in local ({project / 'agentbox.yml'}))" in result.stderr
+    refused = agentbox(project, "start", "--isolated")
+    assert refused.returncode == 1 and "was created live" in refused.stderr
+    # Recreated isolated, the same launch runs, on a copy.
+    recreated = agentbox(project, "start", "--recreate", "--yes", timeout=300)
+    assert recreated.returncode == 0, recreated.stderr
+    assert "/mnt/agentbox/workspace" in limactl.lima_yaml(NAME)
+    ran = agentbox(project, "shell", "--", "pwd")
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == f"{project}\n"
+
+
+def test_a_live_launch_on_an_isolated_vm_runs_isolated_and_says_so(project: Path, isolated_vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "")
+    git(project, "add", "agentbox.yml")
+    result = agentbox(project, "shell", "--", "bash", "-c", "touch /mnt/agentbox/workspace/x || echo read-only")
+    assert result.returncode == 0, result.stderr
+    assert "read-only" in result.stdout
+    assert ("agentbox: agentbox-myproject was created isolated, so this session works on a copy of the workspace "
+            "too; `agentbox start --recreate` with session.mode: live makes it live\n") in result.stderr
+    assert "mode changed since" not in result.stderr
+    assert not (project / "x").exists()
+
+
+def test_a_workspace_that_is_not_a_git_work_tree_cannot_be_isolated(project: Path, limactl: FakeLima) -> None:
+    write(project / "agentbox.yml", "session:\n  mode: isolated\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert (f"agentbox: error: session.mode: isolated needs the workspace {project} to be a git work tree (agentbox "
+            "makes the agent's copy from a git checkpoint of it and applies its proposals with git), and it is not "
+            "one\nhint: Make it a git repository (`git init`; one without commits works), or use `session.mode: "
+            "live`.\n") == result.stderr
+    assert limactl.subcommands() == ["list"]
+
+
+def test_a_mount_over_the_workspace_path_is_refused_in_isolated_mode(project: Path, limactl: FakeLima) -> None:
+    make_repository(project, config="")
+    (project.parent / "data").mkdir()
+    write_trusted(project, "session:\n  mode: isolated\nmounts:\n  - location: ../data\n"
+                           f"    mountPoint: {project}/data\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert (f"agentbox: error: mounts: {project.parent / 'data'}: its mount point {project}/data is at, inside or "
+            f"above {project} (the workspace path, where the agent's copy lives); isolated mode cannot have it\n"
+            ) in result.stderr
+
+
+def test_launch_sh_never_puts_the_copy_on_a_mount(project: Path, limactl: FakeLima) -> None:
+    """A staged launch.sh asked for a copy where the VM mounts the host workspace (a live VM) refuses, and the
+    host files stay: "replace the old copy" must never reach the user's files."""
+    needs_bwrap()
+    make_repository(project, config="")
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert agentbox(project, "shell", "--", "true").returncode == 0
+    before = snapshot_tree(project, skip=())
+    outbox = isolation.outbox(NAME)
+    outbox.mkdir(parents=True, exist_ok=True)
+    script = staging.folder(NAME) / staging.LAUNCH_SCRIPT
+    result = subprocess.run(
+        ["limactl", "shell", "--workdir", str(staging.folder(NAME)), NAME, "--", "/bin/bash", str(script),
+         "--workspace", str(project), "--isolated-from", str(project), "--base", git(project, "rev-parse", "HEAD")
+         .strip(), "--outbox", str(outbox), "--chdir", str(project), "--", "true"],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert (f"agentbox: isolated mode: not making the workspace copy: {project} is a mount in this VM (was the VM "
+            "created live? agentbox start --recreate makes it isolated).\n") in result.stderr
+    assert snapshot_tree(project, skip=()) == before
+
+
+def test_session_mode_needs_trust_only_to_loosen_what_the_global_config_asks(project: Path, home: Path,
+                                                                             limactl: FakeLima) -> None:
+    write(project / "agentbox.yml", "session:\n  mode: isolated\n")
+    assert run_cli("config", "--json", cwd=project).exit_code == 0
+    assert json.loads(run_cli("config", "--json", cwd=project).stdout)["session"] == {"mode": "isolated"}
+    write(home / ".config" / "agentbox" / "config.yml", "session:\n  mode: isolated\n")
+    write(project / "agentbox.yml", "session:\n  mode: live\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert ("  - session.mode: live (the global config says isolated; live gives the agent the workspace, "
+            "writable)\n") in result.stderr
+    write(home / ".config" / "agentbox" / "config.yml", "session:\n  mode: live\n")
+    assert "session.mode" not in run_cli("trust", "--show", cwd=project).stdout
+
+
+def test_an_unknown_session_mode_is_a_config_error(project: Path) -> None:
+    write(project / "agentbox.yml", "session:\n  mode: sandboxed\n")
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    assert "session.mode: expected live or isolated, found 'sandboxed'" in result.stderr
+
+
+def test_a_worktree_checkout_can_be_isolated(project: Path, limactl: FakeLima) -> None:
+    """A `git worktree add` checkout: its git folder lives in the main repository, mounted read-only."""
+    import yaml
+
+    needs_bwrap()
+    main = project.parent / "main"
+    main.mkdir()
+    write(main / "tracked.txt", "one\n")
+    git(main, "init", "-q")
+    git(main, "add", "-A")
+    git(main, "commit", "-qm", "init")
+    project.rmdir()
+    git(main, "worktree", "add", "-q", "-b", "feature", str(project))
+    write(project / "agentbox.yml", "session:\n  mode: isolated\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    mounts = yaml.safe_load(limactl.lima_yaml(NAME))["mounts"]
+    common = str(main / ".git")
+    assert {"location": common, "mountPoint": common, "writable": False} in mounts
+    result = agentbox(project, "shell", "--", "bash", "-c", "git status --short --branch | head -1; "
+                      "echo agent >> tracked.txt")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("## feature")  # the copy is on the checkout's branch
+    assert agentbox(project, "apply").returncode == 0
+    assert (project / "tracked.txt").read_text() == "one\nagent\n"
+    assert (main / "tracked.txt").read_text() == "one\n"
+
+
+def test_with_checkpoints_off_the_base_is_still_the_workspace_as_it_is(project: Path, isolated_vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "session:\n  mode: isolated\ncheckpoints:\n  enabled: false\n")
+    result = agentbox(project, "shell", "--", "bash", "-c", "cat modified.txt untracked.txt; echo x > new.txt")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "uncommitted\nuntracked\n"
+    assert agentbox(project, "apply").returncode == 0
+    assert (project / "new.txt").read_text() == "x\n"
+
+
+def test_a_second_session_joins_the_copy_in_use(project: Path, isolated_vm: FakeLima) -> None:
+    """While a session runs, another in the same VM works on the same copy: it is not remade under the first,
+    even when the workspace changed meanwhile."""
+    gate = isolated_vm.home / NAME / "guestfs" / "tmp" / "gate"
+    first = subprocess.Popen(
+        [sys.executable, "-m", "agentbox", "shell", "--", "bash", "-c",
+         "echo first > first.txt; until [ -e /tmp/gate ]; do sleep 0.2; done"],
+        cwd=project, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        copy = copy_in_guest(isolated_vm, project)
+        for _ in range(600):
+            if (copy / "first.txt").exists():
+                break
+            time.sleep(0.1)
+        write(project / "tracked.txt", "changed on the host\n")
+        second = agentbox(project, "shell", "--", "cat", "first.txt", "tracked.txt")
+        assert second.returncode == 0, second.stderr
+        assert second.stdout == "first\none\n"
+        assert ("isolated mode: another session in this VM works on the copy, so this one joins it as it is (its "
+                "base is older than your workspace now)") in second.stderr
+    finally:
+        gate.touch()
+        _, stderr = first.communicate(timeout=120)
+    assert first.returncode == 0, stderr
+    # Both sessions proposed the copy's state; the later one holds the earlier one's changes.
+    listed = json.loads(agentbox(project, "proposals", "--json").stdout)
+    assert [(p["status"], [f["path"] for f in p["files"]]) for p in listed] == [
+        ("superseded", ["first.txt"]), ("pending", ["first.txt"])]
+    # With no session left on it, the next one gets a copy of the workspace as it is now.
+    third = agentbox(project, "shell", "--", "cat", "tracked.txt")
+    assert third.stdout == "changed on the host\n"
+
+
+
+def test_isolated_right_after_the_agent_is_agentboxs_and_a_later_one_the_agents(
+        project: Path, isolated_vm: FakeLima) -> None:
+    result = agentbox(project, "claude", "--isolated", "--isolated", "x")
+    assert result.returncode == 0, result.stderr
+    report = (isolated_vm.home / NAME / "guestfs" / "tmp" / "agent-report").read_text()
+    assert "args=--dangerously-skip-permissions --isolated x\n" in report
+    shell = agentbox(project, "claude", "--isolated", "shell", "--", "pwd")
+    assert shell.returncode == 0, shell.stderr
+    assert shell.stdout == f"{project}\n"

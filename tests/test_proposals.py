@@ -1,0 +1,352 @@
+"""Proposals through the CLI and the limactl double: what an isolated session leaves is filed, listed, reviewed,
+applied (only when safe, and atomically) or rejected; each step lands in the event log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pty
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentbox import isolation, proposals
+from tests.helpers import (
+    NAME,
+    FakeLima,
+    agentbox,
+    copy_in_guest,
+    git,
+    install_agent,
+    returns_within,
+    snapshot_tree,
+    write,
+)
+
+# A stand-in agent that skips launch.sh's own collection: it plants a patch (from the guest's /tmp) and the
+# copy's real base in its outbox folder, then kills launch.sh, as a hostile agent could.
+PLANTING_AGENT = r"""#!/bin/bash
+out="$(dirname "$AGENTBOX_SUMMARY")"
+cp /tmp/planted.patch "$out/changes.patch"
+[ ! -e /tmp/planted-summary ] || cp /tmp/planted-summary "$out/summary.md"
+if [ -e /tmp/planted-base ]; then cp /tmp/planted-base "$out/base"; else cp ~/.agentbox/isolated/base "$out/base"; fi
+kill -KILL "$PPID"
+"""
+
+
+def workspace_state(project: Path) -> dict[str, object]:
+    """The workspace as the user sees it: every file and link (not .git), plus HEAD, the index and the branch."""
+    return {
+        "tree": snapshot_tree(project),
+        "head": (project / ".git" / "HEAD").read_bytes(),
+        "index": (project / ".git" / "index").read_bytes(),
+        "refs": sorted(p.name for p in (project / ".git" / "refs" / "heads").iterdir()),
+    }
+
+
+def events(project: Path) -> list[dict[str, object]]:
+    path = proposals.events_file(project)
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def proposal_list(project: Path) -> list[dict[str, object]]:
+    result = agentbox(project, "proposals", "--json")
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def plant(limactl: FakeLima, patch: bytes, summary: bytes | None = None) -> None:
+    tmp = limactl.home / NAME / "guestfs" / "tmp"
+    (tmp / "planted.patch").write_bytes(patch)
+    if summary is not None:
+        (tmp / "planted-summary").write_bytes(summary)
+    install_agent(limactl, PLANTING_AGENT)
+
+
+def blob_id(content: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def added_file(path: str, content: bytes = b"x\n", mode: str = "100644") -> bytes:
+    """The patch git writes for one new file, with the path as given (git would never write some of these)."""
+    body = b"".join(b"+" + line + b"\n" for line in content.split(b"\n")[:-1])
+    lines = content.count(b"\n")
+    return (f"diff --git a/{path} b/{path}\nnew file mode {mode}\nindex {'0' * 40}..{blob_id(content)}\n"
+            f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{lines} @@\n").encode() + body
+
+
+def git_patch(tmp_path: Path, build: str) -> bytes:
+    """The patch real git makes for what the shell command `build` adds to an empty repository."""
+    repo = tmp_path / "patch-source"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    subprocess.run(["bash", "-c", build], cwd=repo, check=True)
+    git(repo, "add", "-A")
+    return subprocess.run([*["git"], "diff", "--cached", "--binary", "--full-index", "--no-renames"], cwd=repo,
+                          check=True, capture_output=True).stdout
+
+
+# -- the whole cycle ----------------------------------------------------------------------------
+
+
+def test_a_session_becomes_a_proposal_that_applies_to_exactly_the_copy(project: Path, isolated_vm: FakeLima) -> None:
+    result = agentbox(project, "claude")
+    assert result.returncode == 0, result.stderr
+    assert (f"agentbox: proposal 1: 9 files changed; `agentbox review` shows it, `agentbox apply` applies it to "
+            f"{project}\n") in result.stderr
+    listed = proposal_list(project)
+    assert [(p["id"], p["status"], p["agent"]) for p in listed] == [(1, "pending", "claude")]
+    record = listed[0]
+    assert sorted((f["status"], f["path"]) for f in record["files"]) == [
+        ("added", "created file.txt"), ("added", "data.bin"), ("added", "link.txt"), ("added", "src/added.py"),
+        ("deleted", "deleted.txt"), ("deleted", "untracked.txt"), ("mode", "script.sh"),
+        ("modified", "modified.txt"), ("modified", "tracked.txt"),
+    ]
+    assert record["base"]["head"] == git(project, "rev-parse", "HEAD").strip()
+    assert record["base"]["tree"] and record["base"]["commit"] != record["base"]["head"]
+    assert record["patchSha256"] == hashlib.sha256(
+        (proposals.folder(project) / "1" / "changes.patch").read_bytes()).hexdigest()
+    assert (proposals.folder(project) / "1" / "summary.md").read_text() == (
+        "# Tidy the files\n\nChanged, created and deleted some.\n")
+    text = agentbox(project, "proposals")
+    assert text.returncode == 0
+    assert text.stdout.splitlines()[1].split()[:3] == ["1", "pending", "claude"]
+    assert text.stdout.rstrip().endswith("Tidy the files")
+    # Nothing is left in the outbox.
+    assert os.listdir(isolation.outbox(NAME)) == []
+
+    review = agentbox(project, "review")
+    assert review.returncode == 0, review.stderr
+    assert "# Tidy the files" in review.stdout
+    assert "diff --git a/tracked.txt b/tracked.txt" in review.stdout
+    assert "apply refuses it" not in review.stdout
+
+    before_apply = snapshot_tree(project)
+    applied = agentbox(project, "apply")
+    assert applied.returncode == 0, applied.stderr
+    copy = snapshot_tree(copy_in_guest(isolated_vm, project), skip=(".git", "build"))
+    assert snapshot_tree(project, skip=(".git", "build")) == copy
+    assert snapshot_tree(project)["build/out.o"] == before_apply["build/out.o"]  # ignored files stay
+    assert "build/new.o" not in snapshot_tree(project)  # what the agent made there is ignored: not proposed
+    assert git(project, "status", "--short", "tracked.txt") == " M tracked.txt\n"  # the user's index is theirs
+    record = proposal_list(project)[0]
+    assert record["status"] == "applied" and isinstance(record["checkpoint"], int)
+    assert f"checkpoint {record['checkpoint']} holds the workspace as it was before" in applied.stderr
+    assert [e["event"] for e in events(project)] == ["proposal_created", "proposal_reviewed", "proposal_applied"]
+    assert events(project)[-1]["checkpoint"] == record["checkpoint"]
+
+    again = agentbox(project, "apply", "1")
+    assert again.returncode == 1
+    assert "agentbox: error: proposal 1 was applied already" in again.stderr
+
+
+def test_an_agent_summary_is_optional_and_a_session_without_changes_leaves_nothing(
+        project: Path, isolated_vm: FakeLima) -> None:
+    result = agentbox(project, "shell", "--isolated", "--", "bash", "-c", "echo more >> tracked.txt")
+    assert result.returncode == 0, result.stderr
+    summary = (proposals.folder(project) / "1" / "summary.md").read_text()
+    assert summary.startswith("# Changes from an isolated session of shell\n")
+    assert "- modified: tracked.txt\n" in summary
+    assert proposal_list(project)[0]["summary"] == "generated"
+    nothing = agentbox(project, "shell", "--", "true")
+    assert "the session changed nothing in the workspace copy: no proposal" not in nothing.stderr  # carried over
+    assert len(proposal_list(project)) == 2
+    assert proposal_list(project)[0]["status"] == "superseded"
+
+
+def test_the_exit_code_and_the_proposal_survive_a_failing_agent(project: Path, isolated_vm: FakeLima) -> None:
+    result = agentbox(project, "shell", "--", "bash", "-c", "echo x > new.txt; exit 3")
+    assert result.returncode == 3
+    assert [f["path"] for f in proposal_list(project)[0]["files"]] == ["new.txt"]
+
+
+def test_ctrl_c_ends_the_agent_and_its_changes_still_become_a_proposal(project: Path, isolated_vm: FakeLima) -> None:
+    """A terminal's Ctrl-C reaches launch.sh and the agent alike (one process group): here the agent sends it."""
+    result = agentbox(project, "shell", "--", "bash", "-c", "echo x > new.txt; kill -INT $PPID $$; sleep 5")
+    assert result.returncode == 130, result.stderr
+    assert [f["path"] for f in proposal_list(project)[0]["files"]] == ["new.txt"]
+
+
+# -- refusals, with the workspace left exactly as it was ------------------------------------------
+
+
+CORPUS = {
+    "absolute": (lambda tmp: added_file("/tmp/evil"), "absolute path"),
+    "dotdot": (lambda tmp: added_file("../outside.txt"), "`..` component"),
+    "git hook": (lambda tmp: added_file(".git/hooks/pre-commit", b"#!/bin/sh\ntouch pwned\n", "100755"),
+                 "inside a git folder"),
+    "nested git config": (lambda tmp: added_file("sub/.GIT/config"), "inside a git folder"),
+    "symlink to /": (lambda tmp: git_patch(tmp, "ln -s / evil"), "symbolic link to an absolute path"),
+    "symlink out": (lambda tmp: git_patch(tmp, "ln -s ../../.. up"), "leads out of the tree"),
+    "makefile": (lambda tmp: git_patch(tmp, "printf 'all:\\n\\ttouch pwned\\n' > Makefile"), "your host runs"),
+    "crlf name": (lambda tmp: git_patch(tmp, "printf 'x\\n' > \"$(printf 'crlf\\r')\""), "control character"),
+    "not a patch": (lambda tmp: b"rm -rf ~\n", "the patch cannot be read"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CORPUS))
+def test_a_hostile_patch_is_refused_and_the_workspace_stays_as_it_was(
+        project: Path, isolated_vm: FakeLima, tmp_path: Path, case: str) -> None:
+    make_patch, reason = CORPUS[case]
+    plant(isolated_vm, make_patch(tmp_path))
+    session = agentbox(project, "claude")
+    assert session.returncode == 137, session.stderr  # the agent killed launch.sh
+    assert "agentbox: warning: apply will refuse proposal 1 as it is: " in session.stderr
+    assert [p["status"] for p in proposal_list(project)] == ["pending"]
+    before = workspace_state(project)
+    for extra in ([], ["--3way"], ["--check"]):
+        refused = agentbox(project, "apply", *extra)
+        assert refused.returncode == 1, refused.stdout
+        assert "agentbox: error: proposal 1 is refused; nothing was changed in" in refused.stderr
+        assert reason in refused.stderr
+        assert workspace_state(project) == before
+    assert not (project.parent / "outside.txt").exists() and not Path("/tmp/evil").exists()
+    review = agentbox(project, "review")
+    assert "apply refuses it:" in review.stdout and reason in review.stdout
+    assert proposal_list(project)[0]["status"] == "pending"
+
+
+def test_a_change_to_a_file_the_host_runs_applies_only_when_allowed(
+        project: Path, isolated_vm: FakeLima, tmp_path: Path) -> None:
+    plant(isolated_vm, git_patch(tmp_path, "printf 'all:\\n\\ttrue\\n' > Makefile"))
+    agentbox(project, "claude")
+    review = agentbox(project, "review")
+    assert "added     Makefile  <- YOUR HOST RUNS THIS FILE" in review.stdout
+    assert agentbox(project, "apply").returncode == 1
+    assert not (project / "Makefile").exists()
+    allowed = agentbox(project, "apply", "--allow-host-exec")
+    assert allowed.returncode == 0, allowed.stderr
+    assert (project / "Makefile").read_text() == "all:\n\ttrue\n"
+
+
+def test_a_patch_edited_after_it_was_filed_is_refused(project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo agent > tracked.txt").returncode == 0
+    stored = proposals.folder(project) / "1" / "changes.patch"
+    stored.write_bytes(stored.read_bytes().replace(b"+agent", b"+evil!"))
+    before = workspace_state(project)
+    refused = agentbox(project, "apply")
+    assert refused.returncode == 1
+    assert (f"agentbox: error: proposal 1: {stored} was changed after agentbox collected it (its sha256 is not the "
+            "one recorded then), so agentbox will not apply it\n") in refused.stderr
+    assert workspace_state(project) == before
+
+
+def test_a_base_agentbox_did_not_give_is_not_believed(project: Path, isolated_vm: FakeLima) -> None:
+    plant(isolated_vm, added_file("new.txt"))
+    (isolated_vm.home / NAME / "guestfs" / "tmp" / "planted-base").write_text("0" * 40 + "\n")
+    session = agentbox(project, "claude")
+    assert "names a base agentbox did not give agentbox-myproject" in session.stderr
+    assert proposal_list(project) == []
+
+
+def test_an_unfinished_outbox_is_dropped_and_said(project: Path, isolated_vm: FakeLima) -> None:
+    install_agent(isolated_vm, '#!/bin/bash\necho partial > "$AGENTBOX_SUMMARY"\nkill -KILL "$PPID"\n')
+    result = agentbox(project, "claude")
+    assert result.returncode == 137
+    assert (f"agentbox: the session's changes were not collected (the launch step ended early); they stay in the "
+            f"VM's copy at {project}\n") in result.stderr
+    assert os.listdir(isolation.outbox(NAME)) == []
+    assert proposal_list(project) == []
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "huge"])
+def test_outbox_files_are_read_safely(project: Path, isolated_vm: FakeLima, kind: str) -> None:
+    make = {
+        "symlink": 'ln -s /etc/passwd "$out/changes.patch"',
+        "fifo": 'mkfifo "$out/changes.patch"',
+        "huge": 'truncate -s 65M "$out/changes.patch"',
+    }[kind]
+    install_agent(isolated_vm, "#!/bin/bash\n" + 'out="$(dirname "$AGENTBOX_SUMMARY")"\n' + make + "\n"
+                  'cp ~/.agentbox/isolated/base "$out/base"\nkill -KILL "$PPID"\n')
+    result = returns_within(120, lambda: agentbox(project, "claude"))
+    assert "its changes are not taken (they stay in the VM's copy)" in result.stderr
+    assert {"symlink": "is a symbolic link, not a regular file", "fifo": "is a FIFO, not a regular file",
+            "huge": "bytes, more than the 67,108,864 agentbox reads"}[kind] in result.stderr
+    assert proposal_list(project) == []
+    assert os.listdir(isolation.outbox(NAME)) == []
+
+
+def test_apply_on_a_dirty_tree_that_conflicts_is_refused(project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo agent > tracked.txt").returncode == 0
+    write(project / "tracked.txt", "the user's own edit\n")
+    before = workspace_state(project)
+    refused = agentbox(project, "apply")
+    assert refused.returncode == 1
+    assert "tracked.txt" in refused.stderr
+    assert workspace_state(project) == before
+    assert proposal_list(project)[0]["status"] == "pending"
+
+
+def test_a_moved_head_needs_3way_which_refuses_conflicts(project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo agent >> tracked.txt").returncode == 0
+    base_head = git(project, "rev-parse", "HEAD").strip()
+    write(project / "other.txt", "unrelated\n")
+    git(project, "add", "other.txt")
+    git(project, "commit", "-qm", "moved on")
+    before = workspace_state(project)
+    refused = agentbox(project, "apply")
+    assert refused.returncode == 1
+    assert (f"agentbox: error: HEAD moved since proposal 1 was made (from {base_head[:12]} to "
+            f"{git(project, 'rev-parse', 'HEAD').strip()[:12]})") in refused.stderr
+    assert "agentbox apply 1 --3way" in refused.stderr
+    assert workspace_state(project) == before
+    merged = agentbox(project, "apply", "--3way")
+    assert merged.returncode == 0, merged.stderr
+    assert (project / "tracked.txt").read_text() == "one\nagent\n"
+    assert (project / "other.txt").read_text() == "unrelated\n"
+
+    # A three-way merge that conflicts is refused whole: no conflict markers are left behind.
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo agent2 > tracked.txt").returncode == 0
+    write(project / "tracked.txt", "user\n")
+    git(project, "commit", "-qam", "user edit")
+    before = workspace_state(project)
+    conflict = agentbox(project, "apply", "--3way")
+    assert conflict.returncode == 1, conflict.stderr
+    assert workspace_state(project) == before
+    assert b"<<<<<<<" not in (project / "tracked.txt").read_bytes()
+
+
+def test_reject_keeps_the_files_and_the_next_session_starts_afresh(project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo agent > scratch.txt").returncode == 0
+    rejected = agentbox(project, "reject")
+    assert rejected.returncode == 0, rejected.stderr
+    assert f"rejected proposal 1; its files stay in {proposals.folder(project) / '1'}" in rejected.stderr
+    assert (proposals.folder(project) / "1" / "changes.patch").exists()
+    assert proposal_list(project)[0]["status"] == "rejected"
+    assert [e["event"] for e in events(project)] == ["proposal_created", "proposal_rejected"]
+    fresh = agentbox(project, "shell", "--", "bash", "-c", "ls scratch.txt 2>&1 || true")
+    assert "copying the workspace" in fresh.stderr
+    assert "No such file" in fresh.stdout
+    nothing = agentbox(project, "reject")
+    assert nothing.returncode == 1
+    assert "no pending proposal" in nothing.stderr
+
+
+def test_review_escapes_on_a_terminal_and_is_raw_when_piped(project: Path, isolated_vm: FakeLima) -> None:
+    plant(isolated_vm, added_file("new.txt"), summary=b"# Done \x1b[2J\x1b]0;owned\x07\n")
+    agentbox(project, "claude")
+    piped = subprocess.run([sys.executable, "-m", "agentbox", "review"], cwd=project, capture_output=True,
+                           timeout=60)
+    assert b"# Done \x1b[2J\x1b]0;owned\x07\n" in piped.stdout
+    main, child = pty.openpty()
+    env = {**{k: v for k, v in os.environ.items() if k != "NO_COLOR"}, "TERM": "xterm"}
+    with subprocess.Popen([sys.executable, "-m", "agentbox", "review"], cwd=project, stdin=subprocess.DEVNULL,
+                          stdout=child, stderr=subprocess.DEVNULL, env=env) as proc:
+        os.close(child)
+        shown = b""
+        while True:
+            try:
+                chunk = os.read(main, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            shown += chunk
+        proc.wait(timeout=60)
+    os.close(main)
+    assert b"# Done \\x1b[2J\\x1b]0;owned\\x07" in shown
+    assert b"\x1b[2J" not in shown and b"\x1b]" not in shown and b"\x07" not in shown
+    assert b"\x1b[32m+x\x1b[0m" in shown  # the patch is coloured, line by line
