@@ -117,16 +117,13 @@ def asked_by(config: Config) -> str:
 #   current:  vm -> the base commit its copy was last given (sent again while the workspace is unchanged,
 #             so the copy, and the agent's work in it, carries over to the next session)
 #   fresh:    VMs whose copy must be remade at the next launch (its proposal was rejected or applied)
-#   sessions: session id -> {vm, agent, base, started}: the outbox folders agentbox made
+#   sessions: session id -> {vm, agent, base, started, checkpointSession}: the outbox folders agentbox made
+#   nextProposal: the next proposal id (ids are never used twice: events.jsonl names them)
 
 RECORD = "isolated.json"
 KEEP_BASES = 50
 KEEP_SESSIONS = 50
 BASE_MESSAGE = "agentbox: the base of an isolated session (the workspace as it was at launch)\n"
-
-
-def record_path(workspace: Path) -> Path:
-    return paths.workspace_state_dir(workspace) / RECORD
 
 
 @contextmanager

@@ -137,7 +137,13 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
                     if result is not None:
                         made.append(result)
                         del record["sessions"][name]
-                        _remove_at(outbox_fd, name)
+                        try:
+                            _remove_at(outbox_fd, name)
+                        except (OSError, StateError) as exc:  # it is no longer a session's: never read again
+                            from agentbox.progress import warn
+
+                            warn(f"could not remove the outbox folder {name} of {vm_name}: "
+                                 f"{getattr(exc, 'message', None) or exc}")
         finally:
             os.close(outbox_fd)
     return made
