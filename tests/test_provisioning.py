@@ -119,6 +119,7 @@ def test_local_bin_is_on_path_once(project: Path, started: FakeLima) -> None:
 
 
 def test_a_command_missing_in_the_vm_reads_like_a_shell(project: Path, started: FakeLima) -> None:
+    agentbox(project, "shell", "--", "true")  # the one-time "checkpoints are off: not a git repository" note
     missing = agentbox(project, "shell", "--", "no-such-tool", "x")
     assert (missing.returncode, missing.stderr.decode()) == (127, "no-such-tool: command not found\n")
     no_file = agentbox(project, "shell", "--", "/nowhere/tool")
