@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, drift, staging, timing, tripwire, vm
+from agentbox import agentsync, bootstrap, drift, staging, timing, tripwire, vm
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -38,8 +38,8 @@ def run_in_vm(
         instance = (
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
-    with timing.phase("staging (credentials, env, guards)"):
-        staging.refresh(config, name, agent, scripts)
+    with timing.phase("staging (credentials, env, guards, sync)"):
+        staging.refresh(config, name, agent, scripts, agentsync.guest_home_of(instance))
     state = vm.read_state(name)
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if changed:
