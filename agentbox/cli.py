@@ -30,6 +30,7 @@ LAZY_COMMANDS = {
     "template": ("agentbox.commands.config", "template_command"),
     "trust": ("agentbox.commands.safety", "trust_command"),
     "audit": ("agentbox.commands.safety", "audit_command"),
+    "sync": ("agentbox.commands.sync", "sync_group"),
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
 }

@@ -603,14 +603,16 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
 
 def _agent_sync(name: str, raw: dict[str, Any], layers: list[Layer]) -> AgentSync:
     """agents.<name>.sync, its paths checked: relative to the agent's folder, never leaving it."""
+    builtin = BUILTIN_AGENTS.get(name)
+    folder = f"~/{builtin.folder}" if builtin and builtin.folder else "the agent's folder"
     for key in ("include", "exclude"):
         for index, entry in enumerate(raw.get(key, [])):
             parts = entry.replace("\\", "/").split("/")
             if entry.startswith(("/", "~")) or ".." in parts or not entry.strip("/ "):
                 raise ConfigError(
                     f"{_position(layers, ('agents', name, 'sync', key, f'[{index}]'))}: agents.{name}.sync.{key}"
-                    f"[{index}]: {entry!r} must be a path or glob inside the agent's folder (relative, without ..)",
-                    hint="Write it relative to the agent's folder: `skills/my-skill` for ~/.claude/skills/my-skill.",
+                    f"[{index}]: {entry!r} must be a path or glob inside {folder} (relative, without ..)",
+                    hint=f"Write it relative to {folder}: `skills/my-skill` for {folder}/skills/my-skill.",
                 )
     return AgentSync(
         include=tuple(raw.get("include", ())),

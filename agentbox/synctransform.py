@@ -60,7 +60,7 @@ class Unusable(ValueError):
 
 class Note(NamedTuple):
     where: str  # the key path inside the file ("" for the whole file)
-    what: str  # "dropped" or "changed"
+    what: str  # "dropped", "changed" or "kept"
     why: str
 
 
@@ -281,6 +281,9 @@ def _servers(servers: Any, where: str, context: Context, notes: list[Note]) -> d
         if problem:
             notes.append(Note(at, "dropped", problem))
             continue
+        kind = "a stdio server (runs " + str(server["command"]).split()[0] + " in the VM)" if "command" in server \
+            else "a remote (http/sse) server"
+        notes.append(Note(at, "kept", kind))
         kept[name] = _secrets_left_out(server, at, context, notes)
     return kept
 
