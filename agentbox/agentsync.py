@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import paths, synctransform
 from agentbox.agents import BUILTIN_AGENTS, NEVER_SYNC, AgentSpec
-from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.fsutil import private_dir, write_if_changed
 from agentbox.pins import RACY_NS
 
 if TYPE_CHECKING:
@@ -344,7 +344,10 @@ def _stage_agent(agent_dir: Path, collected: Collected, context: synctransform.C
             warnings.append(f"{_shown(item)}: {stamp['problem']}; it was not brought into the VM")
             continue
         records.append(f"{stamp['digest']} {stamp['mode']:o} {item.relative}\0")
-    _remove_unlisted(files, set(stamps) - {r for r, s in stamps.items() if s["problem"]})
+    staged = {relative for relative, stamp in stamps.items() if not stamp["problem"]}
+    before = {relative for relative, stamp in previous.items() if isinstance(stamp, dict) and not stamp.get("problem")}
+    if staged != before:
+        _remove_unlisted(files, staged)  # only a path staged before and not now can have left a copy behind
     write_if_changed(agent_dir / MANIFEST, "".join(records).encode())
     write_if_changed(agent_dir / STAMPS, json.dumps(stamps, sort_keys=True).encode())
     return warnings
@@ -360,7 +363,7 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
     """Stage one file unless its stamp shows it unchanged; its new stamp."""
     st = item.st
     signature = [item.source, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
-    target = files / item.relative
+    target_path = f"{files}/{item.relative}"  # a string: this runs for every file at every launch
     mode = 0o700 if st.st_mode & stat.S_IXUSR else 0o600
     if (
         isinstance(previous, dict)
@@ -368,9 +371,10 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
         and previous.get("key") == key
         and isinstance(previous.get("at"), int)
         and previous["at"] - st.st_ctime_ns > RACY_NS
-        and (previous.get("problem") or _staged_size(target, previous.get("mode")) == previous.get("size"))
+        and (previous.get("problem") or _staged_size(target_path, previous.get("mode")) == previous.get("size"))
     ):
         return dict(previous)  # not opened at all
+    target = Path(target_path)
     stamp: dict[str, Any] = {"sig": signature, "key": key, "at": time.time_ns(), "mode": mode, "digest": None,
                              "size": None, "problem": None}
     old = previous if isinstance(previous, dict) else {}
@@ -385,7 +389,7 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
                 digest, size = hashlib.sha256(data).hexdigest(), len(data)
                 if not (old.get("digest") == digest and _staged_size(target, mode) == size):
                     _private_parents(files, target.parent)
-                    atomic_write(target, data, mode=mode)
+                    _replace(target, data, mode)
     except synctransform.Unusable as exc:
         stamp["problem"] = str(exc)
         return stamp
@@ -394,6 +398,21 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
         return stamp
     stamp.update(digest=digest, size=size)
     return stamp
+
+
+def _replace(target: Path, data: bytes, mode: int) -> None:
+    """atomic_write without its fsync: a staged copy is made anew whenever it is missing or wrong, and hundreds
+    of fsyncs would make a first sync of a skills folder take seconds."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def _open(source: str) -> int:
@@ -432,7 +451,7 @@ def _copy_streamed(handle: Any, target: Path, files: Path, mode: int, old_digest
     return hexdigest, size
 
 
-def _staged_size(target: Path, mode: Any) -> int | None:
+def _staged_size(target: Path | str, mode: Any) -> int | None:
     try:
         st = os.lstat(target)
     except OSError:

@@ -103,7 +103,8 @@ apply_sync() {
   for agent in "${sync_agents[@]}"; do
     case "$agent" in "" | */* | .*) continue ;; esac
     if [ -r "$staging/sync/$agent/manifest" ] && ! cmp -s "$staging/sync/$agent/manifest" "$state/sync/$agent/staged"; then
-      sync_agent "$agent"
+      # A problem here (a folder where a file goes, a full disk) must not stop the session: say so and go on.
+      sync_agent "$agent" || say "could not bring all of $agent's own setup into the VM (see above); the next launch tries again"
     fi
   done
 }
@@ -114,7 +115,7 @@ sync_agent() {
   local -A applied=() announced=() defaults=() listed=() waiting=()
   local -a copy=() announce=()
   local entry rest digest mode relative target last current fd
-  mkdir -p "$records"
+  mkdir -p "$records" || return 1
   if [ -r "$records/applied" ]; then
     while IFS= read -r -d '' entry; do  # "DIGEST MODE PATH"
       rest="${entry#* }"
@@ -127,7 +128,7 @@ sync_agent() {
   if [ -r "$staging/sync/defaults" ]; then
     while IFS= read -r -d '' entry; do defaults["${entry#* }"]="${entry%% *}"; done < "$staging/sync/defaults"
   fi
-  exec {fd}>"$records/applied.tmp"
+  exec {fd}>"$records/applied.tmp" || return 1
   while IFS= read -r -d '' entry; do  # "DIGEST MODE PATH"
     digest="${entry%% *}"
     rest="${entry#* }"
@@ -142,16 +143,16 @@ sync_agent() {
       continue
     fi
     target="$HOME/$relative"
-    if [ -L "$target" ]; then
-      current="a link"
+    if [ -L "$target" ] || [ -d "$target" ]; then
+      current="not a file"
     elif [ -e "$target" ]; then
-      current="$(sha256sum < "$target")"
+      current="$(sha256sum < "$target" 2>/dev/null)" || current="unreadable"
       current="${current%% *}"
     else
       current=""
     fi
     if [ "$current" = "$digest" ]; then
-      chmod "$mode" "$target"
+      chmod "$mode" "$target" || true
     elif [ -z "$current" ] || { [ -n "$last" ] && [ "$current" = "${last%% *}" ]; } ||
       { [ -z "$last" ] && [ "$current" = "${defaults[$relative]:-}" ]; }; then
       copy+=("$relative")  # absent, unchanged since the last sync, or the settings a new VM gets
@@ -164,36 +165,37 @@ sync_agent() {
     printf '%s %s %s\0' "$digest" "$mode" "$relative" >&"$fd"
   done < "$dir/manifest"
   exec {fd}>&-
-  if [ ${#copy[@]} -gt 0 ]; then
-    printf '%s\0' "${copy[@]}" | tar -C "$dir/home" --null -T - -cf - | tar -C "$HOME" -xf -
+  for relative in "${!waiting[@]}"; do
+    printf '%s %s\0' "${waiting[$relative]}" "$relative"
+  done > "$records/announced.tmp" && mv "$records/announced.tmp" "$records/announced"
+  if [ ${#announce[@]} -gt 0 ]; then
+    local files
+    # shellcheck disable=SC2088 # the ~ is shown to the user, not expanded
+    files="$(printf '~/%s, ' "${announce[@]}")"
+    say "kept ${files%, } as changed in this VM; the host's newer version waits in $dir/home (delete the VM's copy to take it at the next launch)"
+  fi
+  if [ ${#copy[@]} -gt 0 ] &&
+    ! printf '%s\0' "${copy[@]}" | tar -C "$dir/home" --null -T - -cf - | tar -C "$HOME" -xf -; then
+    rm -f "$records/applied.tmp"  # nothing recorded: the next launch compares again
+    return 1
   fi
   for relative in "${!applied[@]}"; do
     # No longer brought from the host: removed, unless it was changed in the VM.
     [ -z "${listed[$relative]:-}" ] || continue
     target="$HOME/$relative"
     if [ -f "$target" ] && [ ! -L "$target" ]; then
-      current="$(sha256sum < "$target")"
+      current="$(sha256sum < "$target" 2>/dev/null)" || continue
       if [ "${current%% *}" = "${applied[$relative]%% *}" ]; then
         rm -f "$target"
         (cd "$HOME" && rmdir -p --ignore-fail-on-non-empty "$(dirname "$relative")" 2>/dev/null) || true
       fi
     fi
   done
-  mv "$records/applied.tmp" "$records/applied"
-  for relative in "${!waiting[@]}"; do
-    printf '%s %s\0' "${waiting[$relative]}" "$relative"
-  done > "$records/announced.tmp"
-  mv "$records/announced.tmp" "$records/announced"
+  mv "$records/applied.tmp" "$records/applied" || return 1
   if [ ${#waiting[@]} -eq 0 ]; then
-    cp "$dir/manifest" "$records/staged"
+    cp "$dir/manifest" "$records/staged" || return 1
   else
     rm -f "$records/staged"  # look again next time: deleting the VM's copy takes the host's
-  fi
-  if [ ${#announce[@]} -gt 0 ]; then
-    local files
-    # shellcheck disable=SC2088 # the ~ is shown to the user, not expanded
-    files="$(printf '~/%s, ' "${announce[@]}")"
-    say "kept ${files%, } as changed in this VM; the host's newer version waits in $dir/home (delete the VM's copy to take it at the next launch)"
   fi
 }
 

@@ -315,6 +315,27 @@ def test_a_new_vm_takes_the_host_settings_over_the_ones_it_was_created_with(proj
     assert "kept ~/.gemini/settings.json as changed in this VM" in result.stderr
 
 
+def test_what_is_in_the_way_in_the_vm_does_not_stop_the_session(project: Path, vm: FakeLima, home: Path) -> None:
+    """A folder in the VM where a synced file goes is kept (and named); a file where a synced folder goes makes
+    the copy fail: the launch says so, starts the agent anyway, and tries again next time."""
+    write(home / ".claude" / "CLAUDE.md", "memory\n")
+    write(home / ".claude" / "agents" / "a.md", "agent\n")
+    write(home / ".claude" / "skills" / "x" / "SKILL.md", "skill\n")
+    g = guest(vm) / ".claude"
+    (g / "agents" / "a.md").mkdir(parents=True)
+    write(g / "skills", "a file where a folder goes\n")
+    result = launch(project)
+    assert "agentbox: could not bring all of claude's own setup into the VM (see above); the next launch tries " \
+           "again" in result.stderr.splitlines()
+    assert "kept ~/.claude/agents/a.md as changed in this VM" in result.stderr
+    assert (g / "CLAUDE.md").read_text() == "memory\n"
+    (g / "skills").unlink()
+    again = launch(project)
+    assert "could not bring" not in again.stderr
+    assert (g / "skills" / "x" / "SKILL.md").read_text() == "skill\n"
+    assert (g / "agents" / "a.md").is_dir()
+
+
 # -- speed ---------------------------------------------------------------------------------------------
 
 
