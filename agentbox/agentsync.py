@@ -147,6 +147,7 @@ class _Walker:
         self.total = 0
         self.full = False
         self.visited: set[str] = set()
+        self.listed: set[str] = set()
 
     def shown(self, inner: str) -> str:
         from agentbox.safetext import visible
@@ -242,7 +243,7 @@ class _Walker:
             self.drop(inner, "a symlink to something that is not a regular file")
 
     def file(self, inner: str, source: str, st: os.stat_result) -> None:
-        if self.full:
+        if self.full or inner in self.listed:  # an include inside a folder that is brought anyway
             return
         if len(self.out.items) >= MAX_FILES or self.total + st.st_size > MAX_TOTAL:
             self.full = True
@@ -253,6 +254,7 @@ class _Walker:
             self.drop(inner, f"larger than {MAX_FILE // MiB} MiB")
             return
         self.total += st.st_size
+        self.listed.add(inner)
         self.out.items.append(Item(f"{self.spec.folder}/{inner}", inner, source, st))
 
 
@@ -468,6 +470,9 @@ def _load_stamps(path: Path) -> dict[str, Any]:
 
 
 def _private_parents(root: Path, directory: Path) -> None:
+    """directory and the folders from root down to it: 0700 (made once per folder, however many files it gets)."""
+    if directory.is_dir() and stat.S_IMODE(directory.stat().st_mode) == 0o700:
+        return
     current = private_dir(root)
     for part in directory.relative_to(root).parts:
         current = private_dir(current / part)
