@@ -43,6 +43,7 @@ from agentbox import paths, synctransform
 from agentbox.agents import BUILTIN_AGENTS, NEVER_SYNC, AgentSpec
 from agentbox.fsutil import private_dir, write_if_changed
 from agentbox.pins import RACY_NS
+from agentbox.safetext import visible
 
 if TYPE_CHECKING:
     from agentbox.config import AgentConfig, Config
@@ -125,7 +126,7 @@ def _entries(agent: AgentConfig, spec: AgentSpec, root: str, collected: Collecte
         pattern = pattern.strip("/")
         found = sorted(glob.glob(pattern, root_dir=root, recursive=True)) if glob.has_magic(pattern) else [pattern]
         for inner in found:
-            shown = f"{collected.folder}/{inner}"
+            shown = visible(f"{collected.folder}/{inner}")
             if any(fnmatch.fnmatchcase(part, rule) for part in inner.split("/") for rule in never) or (
                 os.path.normpath(os.path.join(root, inner)) in credentials
             ):
@@ -150,14 +151,14 @@ class _Walker:
         self.listed: set[str] = set()
 
     def shown(self, inner: str) -> str:
-        from agentbox.safetext import visible
-
         return visible(f"{self.shown_root}/{inner}")
 
     def drop(self, inner: str, why: str) -> None:
         self.out.dropped.append(Dropped(self.shown(inner), why))
 
     def excluded(self, inner: str) -> bool:
+        if not self.agent.sync.exclude:
+            return False
         parts = inner.split("/")
         prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
         for pattern in self.agent.sync.exclude:
@@ -343,7 +344,7 @@ def _stage_agent(agent_dir: Path, collected: Collected, context: synctransform.C
         stamp = _stage_file(item, files, previous.get(item.relative), key, context)
         stamps[item.relative] = stamp
         if stamp["problem"]:
-            warnings.append(f"{_shown(item)}: {stamp['problem']}; it was not brought into the VM")
+            warnings.append(f"{_shown(item)}: {visible(stamp['problem'])}; it was not brought into the VM")
             continue
         records.append(f"{stamp['digest']} {stamp['mode']:o} {item.relative}\0")
     staged = {relative for relative, stamp in stamps.items() if not stamp["problem"]}
@@ -356,8 +357,6 @@ def _stage_agent(agent_dir: Path, collected: Collected, context: synctransform.C
 
 
 def _shown(item: Item) -> str:
-    from agentbox.safetext import visible
-
     return visible(f"~/{item.relative}")
 
 
