@@ -343,19 +343,22 @@ def test_an_unchanged_warm_launch_makes_two_calls_and_rewrites_nothing(project: 
                                                                         isolated_env: dict[str, Path]) -> None:
     for index in range(200):
         write(home / ".claude" / "skills" / f"s{index // 10}" / f"f{index}.md", f"skill file {index}\n")
+    write(home / ".claude.json", json.dumps({"mcpServers": {"x": {"command": "npx", "env": {"K": "secret"}}}}))
     launch(project)
     assert len(list((guest(vm) / ".claude" / "skills").rglob("*.md"))) == 200
+    assert json.loads((guest(vm) / ".claude.json").read_text())["mcpServers"]["x"]["env"] == {"K": ""}
     time.sleep(1.2)  # past the racy-clean second: the next launch hashes once more, then trusts the stat
     launch(project)
     folder = staged_sync(isolated_env)
+    creds = folder.parent / "creds"  # ~/.claude.json, staged through its filter, is not made again either
     records = guest(vm) / ".agentbox" / "sync" / "claude"
-    before = {p: p.stat().st_mtime_ns for root in (folder, records) for p in [root, *root.rglob("*")]}
+    before = {p: p.stat().st_mtime_ns for root in (folder, creds, records) for p in [root, *root.rglob("*")]}
     guest_files = {p: (p.stat().st_mtime_ns, p.stat().st_ino) for p in (guest(vm) / ".claude").rglob("*.md")}
     vm.clear()
     result = launch(project)
     assert vm.subcommands() == ["list", "shell"]
     assert "agentbox: warning" not in result.stderr
-    after = {p: p.stat().st_mtime_ns for root in (folder, records) for p in [root, *root.rglob("*")]}
+    after = {p: p.stat().st_mtime_ns for root in (folder, creds, records) for p in [root, *root.rglob("*")]}
     assert after == before
     assert {p: (p.stat().st_mtime_ns, p.stat().st_ino) for p in guest_files} == guest_files
 
