@@ -1,7 +1,7 @@
 """One launch: make sure the VM runs, refresh the staging folder, then one `limactl shell` that does the rest.
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
-needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount
+needs (env, credentials, guards, bootstrap, the agents' own setup) reaches the VM through the read-only staging mount
 (agentbox.staging describes it, and the command line of provision/launch.sh).
 """
 
