@@ -12,6 +12,18 @@ class AgentSpec(NamedTuple):
     model_after_arg: str | None = None
     credentials: tuple[str, ...] = ()
     summary: str = ""
+    # The agent's own setup (agentbox.agentsync): its folder in the home, relative to it; what in it is
+    # brought into the VM (a trailing / marks a folder); what `agentbox sync pull` may bring back; and
+    # what no `sync.include` can bring (credentials, history, sessions, caches, logs, databases).
+    folder: str | None = None
+    sync_items: tuple[str, ...] = ()
+    pull_folders: tuple[str, ...] = ()
+    never_sync: tuple[str, ...] = ()
+
+
+# Whatever the agent: never brought into the VM by sync.include.
+NEVER_SYNC = ("history*", "*.log", "log", "logs", "cache", "caches", "*.sqlite*", "*.db", "*.db-*", "tmp",
+              "sessions", "*credentials*", "auth.json", "oauth_creds.json")
 
 
 BUILTIN_AGENTS: dict[str, AgentSpec] = {
@@ -22,6 +34,10 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         install="npm install -g @openai/codex",
         credentials=("~/.codex/auth.json",),
         summary="OpenAI Codex CLI",
+        folder=".codex",
+        sync_items=("config.toml", "AGENTS.md", "prompts/", "skills/"),
+        pull_folders=("skills", "prompts"),
+        never_sync=("archived_sessions", "shell_snapshots", "version.json", "models_cache.json"),
     ),
     "claude": AgentSpec(
         name="claude",
@@ -30,6 +46,11 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         install="npm install -g @anthropic-ai/claude-code",
         credentials=("~/.claude/.credentials.json", "~/.claude.json"),
         summary="Anthropic Claude Code",
+        folder=".claude",
+        sync_items=("CLAUDE.md", "settings.json", "skills/", "agents/", "commands/", "output-styles/", "plugins/"),
+        pull_folders=("skills", "agents", "commands"),
+        never_sync=("projects", "todos", "shell-snapshots", "statsig", "ide", "debug", "file-history", "session-env",
+                    "telemetry", "paste-cache", "settings.local.json"),
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -44,6 +65,11 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
             "~/.gemini/state.json",
         ),
         summary="Google Gemini CLI",
+        folder=".gemini",
+        sync_items=("settings.json", "GEMINI.md", "commands/", "extensions/"),
+        pull_folders=("commands",),
+        never_sync=("google_accounts.json", "google_account_id", "installation_id", "state.json",
+                    "trustedFolders.json"),
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -54,5 +80,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # macOS keeps it under Application Support; both land in ~/.local/share/kiro-cli in the VM.
         credentials=("~/Library/Application Support/kiro-cli/data.sqlite3", "~/.local/share/kiro-cli/data.sqlite3"),
         summary="Kiro CLI",
+        folder=".kiro",
+        sync_items=("steering/", "agents/", "prompts/", "settings/mcp.json"),
+        pull_folders=("agents", "prompts"),
     ),
 }

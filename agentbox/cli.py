@@ -37,6 +37,7 @@ LAZY_COMMANDS = {
     "review": ("agentbox.commands.proposals", "review_command"),
     "apply": ("agentbox.commands.proposals", "apply_command"),
     "reject": ("agentbox.commands.proposals", "reject_command"),
+    "sync": ("agentbox.commands.sync", "sync_group"),
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
     "undo": ("agentbox.commands.undo", "undo_command"),

@@ -33,6 +33,17 @@ class Script(NamedTuple):
     origin: str  # "global" or "local"
 
 
+class AgentSync(NamedTuple):
+    """agents.<name>.sync: what of the agent's own setup goes beyond or below the built-in set (agentsync.py)."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+    mcp_secrets: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"include": list(self.include), "exclude": list(self.exclude), "mcpSecrets": self.mcp_secrets}
+
+
 class AgentConfig(NamedTuple):
     name: str
     binary: str
@@ -42,6 +53,7 @@ class AgentConfig(NamedTuple):
     install: str | None
     builtin: bool
     credentials: tuple[str, ...] = ()
+    sync: AgentSync = AgentSync()
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -53,6 +65,7 @@ class AgentConfig(NamedTuple):
         if self.install is not None:
             data["install"] = self.install
         data["credentials"] = list(self.credentials)
+        data["sync"] = self.sync.to_json()
         return data
 
 
@@ -133,6 +146,7 @@ class Config(NamedTuple):
     checkpoints: CheckpointSettings = CheckpointSettings()
     session_mode: str = "live"  # "live" or "isolated" (keys.SESSION_MODES)
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
+    sync_agent_config: bool = True  # sync.agentConfig: bring the agents' own setup into the VM
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -161,7 +175,7 @@ class Config(NamedTuple):
             "vm": vm,
             "mounts": [m.to_json() for m in self.mounts],
             "env": dict(self.env),
-            "sync": {"remoteWrite": self.remote_write},
+            "sync": {"remoteWrite": self.remote_write, "agentConfig": self.sync_agent_config},
             "startupWaitSec": self.startup_wait_sec,
             "bootstrap": {
                 "onCreateScript": [str(s.path) for s in self.on_create],
@@ -385,12 +399,26 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                 data["credentials"] = value
                 origins["credentials"] = label
             elif key in ("vm", "sync", "agents", "checkpoints", "session"):
+                if key == "agents":
+                    value = _with_excludes_added(data.get("agents", {}), value)
                 deep_merge(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
             else:
                 data[key] = (value, layer) if key in ("workspace", "caCert") else value
                 origins[key] = label
     return data, origins
+
+
+def _with_excludes_added(merged: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    """A layer's agents with each `sync.exclude` list added to the one merged so far: a project's file can
+    exclude more than the global file does, never less (it could otherwise bring back what the user left out)."""
+    result = dict(layer)
+    for name, agent in layer.items():
+        excluded = agent.get("sync", {}).get("exclude") if isinstance(agent, dict) else None
+        before = merged.get(name, {}).get("sync", {}).get("exclude", [])
+        if excluded is not None and before:
+            result[name] = {**agent, "sync": {**agent["sync"], "exclude": list(dict.fromkeys([*before, *excluded]))}}
+    return result
 
 
 def deep_merge(target: dict[str, Any], source: dict[str, Any]) -> None:
@@ -467,6 +495,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         mounts=mounts,
         env=data["env"],
         remote_write=data["sync"].get("remoteWrite", False),
+        sync_agent_config=data["sync"].get("agentConfig", True),
         startup_wait_sec=data["startupWaitSec"],
         on_create=scripts("onCreateScript"),
         on_start=scripts("onStartScript"),
@@ -476,8 +505,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         credentials=_credential_settings(data.get("credentials", True)),
         notices=tuple(notices),
         local_data=local.data if local else {},
-        local_sha256=local.sha256 if local else "",
         global_data=global_layer.data if global_layer else {},
+        local_sha256=local.sha256 if local else "",
         protect_git_hooks=vm.get("protectGitHooks", False),
         checkpoints=_checkpoint_settings(data["checkpoints"]),
         session_mode=data["session"]["mode"],
@@ -590,6 +619,27 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
         install=raw.get("install", builtin.install if builtin else None),
         builtin=builtin is not None,
         credentials=_agent_credentials(raw.get("credentials", True), builtin.credentials if builtin else ()),
+        sync=_agent_sync(name, raw.get("sync", {}), layers),
+    )
+
+
+def _agent_sync(name: str, raw: dict[str, Any], layers: list[Layer]) -> AgentSync:
+    """agents.<name>.sync, its paths checked: relative to the agent's folder, never leaving it."""
+    builtin = BUILTIN_AGENTS.get(name)
+    folder = f"~/{builtin.folder}" if builtin and builtin.folder else "the agent's folder"
+    for key in ("include", "exclude"):
+        for index, entry in enumerate(raw.get(key, [])):
+            parts = entry.replace("\\", "/").split("/")
+            if entry.startswith(("/", "~")) or ".." in parts or not entry.strip("/ "):
+                raise ConfigError(
+                    f"{_position(layers, ('agents', name, 'sync', key, f'[{index}]'))}: agents.{name}.sync.{key}"
+                    f"[{index}]: {entry!r} must be a path or glob inside {folder} (relative, without ..)",
+                    hint=f"Write it relative to {folder}: `skills/my-skill` for {folder}/skills/my-skill.",
+                )
+    return AgentSync(
+        include=tuple(raw.get("include", ())),
+        exclude=tuple(raw.get("exclude", ())),
+        mcp_secrets=raw.get("mcpSecrets", False),
     )
 
 

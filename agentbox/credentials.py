@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -23,9 +24,14 @@ from agentbox.pins import RACY_NS
 
 GH_FILES = ("~/.config/gh/hosts.yml", "~/.config/gh/config.yml")
 NETRC = "~/.netrc"
-# A stamps file holds, by guest path: [host path, size, mtime_ns, ctime_ns, inode, device, sha256, hashed at (ns)].
+# A stamps file holds, by guest path: [host path, size, mtime_ns, ctime_ns, inode, device, sha256, hashed at (ns)],
+# and for a file staged through a transform, a ninth element: {"transform": its key, "size": the staged size}.
 _DIGEST = 6
 _HASHED_AT = 7
+_TRANSFORMED = 8
+# A file staged as a transform makes it (guest path -> (key, transform)): the key names what the result depends
+# on besides the file, so a change of it re-makes the copy. A transform raises ValueError for a file it cannot use.
+Transforms = Mapping[str, tuple[str, Callable[[bytes], bytes]]]
 # Host paths that live elsewhere in the Linux guest.
 _GUEST_PATH = {"~/Library/Application Support/kiro-cli/": "~/.local/share/kiro-cli/"}
 # git settings that mean the same in the VM and carry no secret or host-only program.
@@ -60,13 +66,16 @@ def guest_path_for(host_path: str) -> str:
     return host_path
 
 
-def stage_files(files_root: Path, stamps_file: Path, host_files: list[str]) -> tuple[list[Staged], list[str]]:
+def stage_files(
+    files_root: Path, stamps_file: Path, host_files: list[str], transforms: Transforms | None = None
+) -> tuple[list[Staged], list[str]]:
     """Copy host_files (`~/...` paths) under files_root at their guest paths; return what was staged and warnings.
 
     Files no longer listed are removed. Several host paths may land on one guest path (Kiro's macOS
     and Linux locations): the first one that exists wins. A file whose stat signature is the one
     recorded in stamps_file when it was last staged is neither read nor hashed again (a Kiro
-    database can be tens of MB, and this runs at every launch).
+    database can be tens of MB, and this runs at every launch). A file named in `transforms` (by
+    guest path) is staged as its transform makes it (~/.claude.json: its MCP servers filtered).
     """
     recorded = _load_stamps(stamps_file)
     stamps: dict[str, list[Any]] = {}
@@ -79,7 +88,8 @@ def stage_files(files_root: Path, stamps_file: Path, host_files: list[str]) -> t
             continue
         relative = guest[2:]
         host = Path(os.path.expanduser(spec))
-        stamp = _stage(host, files_root, relative, recorded.get(relative), warnings)
+        transform = (transforms or {}).get(relative)
+        stamp = _stage(host, files_root, relative, recorded.get(relative), warnings, transform)
         if stamp is None:
             continue  # absent or unusable: a later host path for the same guest path may have it
         done.add(guest)
@@ -91,10 +101,16 @@ def stage_files(files_root: Path, stamps_file: Path, host_files: list[str]) -> t
 
 
 def _stage(
-    host: Path, files_root: Path, relative: str, previous: list[Any] | None, warnings: list[str]
+    host: Path,
+    files_root: Path,
+    relative: str,
+    previous: list[Any] | None,
+    warnings: list[str],
+    transform: tuple[str, Callable[[bytes], bytes]] | None = None,
 ) -> list[Any] | None:
     """Copy one host file to files_root/relative unless its stamp shows it unchanged; its new stamp, or None."""
     target = files_root / relative
+    key = transform[0] if transform else None
     try:
         st = os.stat(host)
     except (FileNotFoundError, NotADirectoryError):
@@ -102,7 +118,7 @@ def _stage(
     except OSError as exc:
         warnings.append(f"cannot read credential file {host}: {exc.strerror}; skipped")
         return None
-    if _unchanged(previous, _signature(host, st), target):
+    if _unchanged(previous, _signature(host, st), target, key):
         return previous  # not opened at all
     if stat.S_ISDIR(st.st_mode):
         warnings.append(f"credential {host} is a folder, not a file; skipped")
@@ -126,31 +142,48 @@ def _stage(
     except OSError as exc:
         warnings.append(f"cannot read credential file {host}: {exc.strerror}; skipped")
         return None
+    if transform is not None:
+        try:
+            data = transform[1](data)
+        except ValueError as exc:
+            warnings.append(f"{host}: {exc}; it was not brought into the VM")
+            return None
     digest = hashlib.sha256(data).hexdigest()
     _private_parents(files_root, target.parent)
-    if not (isinstance(previous, list) and len(previous) == 8 and previous[_DIGEST] == digest
+    if not (isinstance(previous, list) and len(previous) in (8, 9) and previous[_DIGEST] == digest
             and _staged_size(target) == len(data)):
         atomic_write(target, data, mode=0o600)
-    return [*_signature(host, st), digest, time.time_ns()]
+    stamp = [*_signature(host, st), digest, time.time_ns()]
+    return stamp if key is None else [*stamp, {"transform": key, "size": len(data)}]
 
 
 def _signature(host: Path, st: os.stat_result) -> list[Any]:
     return [str(host), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
 
 
-def _unchanged(previous: Any, signature: list[Any], target: Path) -> bool:
-    """The same file with the same size, times and inode as when it was staged, and its copy still there.
+def _unchanged(previous: Any, signature: list[Any], target: Path, key: str | None = None) -> bool:
+    """The same file with the same size, times and inode as when it was staged (through the same transform),
+    and its copy still there.
 
     Like git's racy-clean rule (and agentbox.pins): a file hashed within a second of its last change
     may have changed again within the same timestamp tick, so that stamp is not trusted.
     """
+    if not isinstance(previous, list) or len(previous) not in (8, 9):
+        return False
+    transformed = previous[_TRANSFORMED] if len(previous) == 9 else None
+    if key is not None:
+        if not isinstance(transformed, dict) or transformed.get("transform") != key:
+            return False
+        staged_size = transformed.get("size")
+    elif transformed is not None:
+        return False
+    else:
+        staged_size = signature[1]
     return (
-        isinstance(previous, list)
-        and len(previous) == 8
-        and previous[:_DIGEST] == signature
+        previous[:_DIGEST] == signature
         and isinstance(previous[_HASHED_AT], int)
         and previous[_HASHED_AT] - signature[3] > RACY_NS
-        and _staged_size(target) == signature[1]
+        and _staged_size(target) == staged_size
     )
 
 

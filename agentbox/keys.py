@@ -92,6 +92,23 @@ AGENT_KEYS: dict[str, Key] = {
                    default_text="built-ins", trust=SET, why="runs in the VM when the agent is missing"),
     "credentials": Key("agent_credentials", "Host files with this agent's login (a list), or false for none.",
                        default_text="built-ins", trust=RULE, why="when a list: it brings host files into the VM"),
+    "sync": Key(
+        "mapping",
+        "What of this agent's own setup is brought into the VM.",
+        documented=False,
+        children={
+            "include": Key("strlist", "More paths or globs in the agent's folder to bring into the VM "
+                           "(besides the built-in set, see README \"Your agents' own setup\").", default_text="none",
+                           trust=RULE, why="when it adds paths the global config does not: it brings more host "
+                           "files into the VM"),
+            "exclude": Key("strlist", "Paths or globs in the agent's folder never brought into the VM "
+                           "(a folder: everything in it). Local and global lists add up.", default_text="none"),
+            "mcpSecrets": Key("bool", "Bring the values of MCP servers' env and headers (otherwise only their names).",
+                              default=False, trust=RULE,
+                              why="when true and the global config does not set it: it brings the MCP servers' "
+                              "secrets into the VM"),
+        },
+    ),
 }
 
 MOUNT_KEYS: dict[str, Key] = {
@@ -152,10 +169,16 @@ SCHEMA: dict[str, Key] = {
                   why="when a folder lies outside the workspace or is writable: it widens what the VM reaches"),
     "sync": Key(
         "mapping",
-        "How the VM may talk to git remotes.",
+        "How the VM may talk to git remotes, and what of your agents' own setup it gets.",
         documented=False,
-        children={"remoteWrite": Key("bool", "Allow git push and other remote writes from the VM.", default=False,
-                                     trust=TRUE, why="turns the readonly-remote guards off")},
+        children={
+            "remoteWrite": Key("bool", "Allow git push and other remote writes from the VM.", default=False,
+                               trust=TRUE, why="turns the readonly-remote guards off"),
+            "agentConfig": Key("bool", "Bring the launched agent's own setup (skills, settings, MCP servers, "
+                               "...) into the VM, filtered (README \"Your agents' own setup\").", default=True,
+                               trust=RULE, why="when true and the global config turns it off: it brings host "
+                               "files into the VM"),
+        },
     ),
     "session": Key(
         "mapping",

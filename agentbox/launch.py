@@ -1,8 +1,8 @@
 """One launch: make sure the VM runs, refresh the staging folder, then one `limactl shell` that does the rest.
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
-needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount
-(agentbox.staging describes it, and the command line of provision/launch.sh). A git workspace gets
+needs (env, credentials, guards, bootstrap, the agents' own setup) reaches the VM through the read-only
+staging mount (agentbox.staging describes it, and the command line of provision/launch.sh). A git workspace gets
 a checkpoint before the session (taken on the host while `limactl list` runs) and after it
 (agentbox.session_checkpoints). In isolated mode the start checkpoint is also the base of the agent's copy
 (agentbox.isolation), whose changes become a proposal after the session.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, drift, isolation, staging, timing, tripwire, vm
+from agentbox import agentsync, bootstrap, drift, isolation, staging, timing, tripwire, vm
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -61,8 +61,8 @@ def _run(
         instance = (
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
-    with timing.phase("staging (credentials, env, guards)"):
-        staging.refresh(config, name, agent, scripts)
+    with timing.phase("staging (credentials, env, guards, sync)"):
+        staging.refresh(config, name, agent, scripts, agentsync.guest_home_of(instance))
     state = vm.read_state(name)
     mode = isolation.session_mode(
         config.session_mode, isolation.mode_of_vm(vm.expected_config(name, state), workspace), name,

@@ -209,6 +209,40 @@ class Lima:
         calllog.record(full, time.monotonic() - started, result.returncode, echo=self.debug)
         return result.returncode, result.stdout.decode(errors="replace")
 
+    def shell_bytes(self, name: str, argv: list[str], limit: int) -> tuple[int, bytes, str]:
+        """Run argv in the VM and return (exit code, stdout, stderr): stdout as bytes, read up to limit.
+
+        What the VM prints is untrusted: more than `limit` bytes stops the command (LimaError) rather
+        than filling the host's memory.
+        """
+        import subprocess
+        import tempfile
+
+        full = [self._resolve(), "shell", name, "--", *argv]
+        started = time.monotonic()
+        chunks: list[bytes] = []
+        size = 0
+        with tempfile.TemporaryFile() as errors:
+            process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+            assert process.stdout is not None
+            try:
+                while chunk := process.stdout.read(1 << 16):
+                    size += len(chunk)
+                    if size > limit:
+                        process.kill()
+                        process.wait()
+                        calllog.record(full, time.monotonic() - started, -9, echo=self.debug)
+                        raise LimaError(f"the VM {name} sent more than {limit:,} bytes; agentbox stopped reading",
+                                        hint="Nothing was copied. Make the folders smaller in the VM and try again.")
+                    chunks.append(chunk)
+            finally:
+                process.stdout.close()
+            code = process.wait()
+            errors.seek(0)
+            stderr = errors.read(1 << 16).decode(errors="replace")
+        calllog.record(full, time.monotonic() - started, code, echo=self.debug)
+        return code, b"".join(chunks), stderr
+
     def _streamed(self, args: list[str], on_output: Callable[[str], None] | None) -> None:
         """Run a long operation, feeding each output line to on_output as it arrives."""
         import sh

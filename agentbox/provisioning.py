@@ -19,7 +19,8 @@ USER_SCRIPTS = ("50-user-setup.sh",)
 # takes yolo only from the command line (launch.sh makes the workspace a trusted folder, without which
 # it falls back to "default"); its settings only choose the login.
 CLAUDE_SETTINGS = {"permissions": {"defaultMode": "bypassPermissions"}, "skipDangerousModePermissionPrompt": True}
-CODEX_CONFIG = 'approval_policy = "never"\nsandbox_mode = "danger-full-access"\n'
+CODEX_SETTINGS = {"approval_policy": "never", "sandbox_mode": "danger-full-access"}
+CODEX_CONFIG = "".join(f'{key} = "{value}"\n' for key, value in CODEX_SETTINGS.items())
 GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}}
 PROVISIONING_NOTE = (
     "agentbox's provisioning ends by writing this boot's id to ~/.agentbox/provisioned of the VM's user;\n"
@@ -65,12 +66,23 @@ def plan(config: Config) -> Plan:
     result.data_files = [
         DataFile("/etc/profile.d/agentbox.sh", resources.text("provision", "profile.sh"), owner="root", overwrite=True),
         DataFile("/etc/agentbox/provisioning", PROVISIONING_NOTE, owner="root", overwrite=True),
-        DataFile("{{.Home}}/.claude/settings.json", json.dumps(CLAUDE_SETTINGS, indent=2) + "\n"),
-        DataFile("{{.Home}}/.codex/config.toml", CODEX_CONFIG),
-        DataFile("{{.Home}}/.gemini/settings.json", json.dumps(GEMINI_SETTINGS, indent=2) + "\n"),
+        *(DataFile("{{.Home}}/" + path, content) for path, content in home_files().items()),
     ]
     result.ca_certs = ca_certificates(config)
     return result
+
+
+def home_files() -> dict[str, str]:
+    """The agents' settings a new VM gets in its user's home (path relative to it -> content), written once.
+
+    The launch's sync of the agents' own setup (agentbox.agentsync) may replace them: they are agentbox's,
+    not the user's edits.
+    """
+    return {
+        ".claude/settings.json": json.dumps(CLAUDE_SETTINGS, indent=2) + "\n",
+        ".codex/config.toml": CODEX_CONFIG,
+        ".gemini/settings.json": json.dumps(GEMINI_SETTINGS, indent=2) + "\n",
+    }
 
 
 def ca_certificates(config: Config) -> list[str]:

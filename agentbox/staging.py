@@ -22,21 +22,30 @@ launch.sh finds the folder as the one it runs from.
                                  (credentials.git_identity); absent if off
     creds/stamps.json      0600  host only: each staged file's stat signature and digest (credentials.stage_files)
     creds/gitconfig.stamp  0600  host only: ~/.gitconfig's stat when creds/gitconfig was last made
+    sync/AGENT/home/PATH   0600  a file of the agent's own setup as the VM   launch.sh (--sync AGENT): copied to ~/PATH
+                          (0700 gets it (agentbox.agentsync), PATH        when the host's copy changed since the last
+                           if exec) relative to the guest home              sync, unless changed in the VM since then
+    sync/AGENT/manifest    0600  "SHA256 MODE PATH" records, each ended by  launch.sh: which sync/AGENT/home files
+                                 a NUL (MODE 600 or 700)                     to apply (never an absolute PATH or ..)
+    sync/AGENT/stamps.json 0600  host only: each file's stat signature, digest, and why it was left out, if it was
+    sync/defaults          0600  "SHA256 PATH" records, NUL-ended: the       launch.sh: a VM copy with that digest is
+                                 settings a new VM gets (provisioning)       agentbox's, not the user's edit
 
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
 script and a host that disagree stop instead of running an option as the program. Its own state
-stays in the guest (~/.agentbox: applied credential digests, bootstrap and provisioning markers).
+stays in the guest (~/.agentbox: applied credential digests, bootstrap and provisioning markers,
+and sync/AGENT/: what the last sync applied, what it announced as waiting).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import credentials, paths, resources, timing
+from agentbox import agentsync, credentials, paths, resources, timing
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.progress import warn
 
@@ -85,6 +94,7 @@ LAUNCH_OPTIONS = (
                  "copy's changes go when the program exits (agentbox.isolation)"),
     LaunchOption("--chdir", "DIR", "isolated mode: the folder the program starts in, inside the copy "
                  "(the workspace when the copy lacks it)"),
+    LaunchOption("--sync", "AGENT", "apply sync/AGENT: the agent's own setup (sync.agentConfig)", repeated=True),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -116,6 +126,7 @@ def launch_command(
         "--timing": timing.enabled(),
         "--on-create": scripts.on_create,
         "--on-start": scripts.on_start,
+        "--sync": [a.name for a in synced_agents(config, agent)],
     }
     if agent is not None:
         values["--binary"] = agent.binary
@@ -150,8 +161,19 @@ def launch_options(values: Mapping[str, OptionValue]) -> list[str]:
     return argv
 
 
-def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan) -> Path:
-    """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None)."""
+def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig]:
+    """The agents whose own setup this launch brings: the launched one, every one for a shell."""
+    if not config.sync_agent_config:
+        return []
+    candidates = [agent] if agent is not None else list(config.agents.values())
+    return [a for a in candidates if agentsync.spec_of(a) is not None]
+
+
+def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan, guest_home: str) -> Path:
+    """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
+
+    guest_home: the VM user's home (host paths in the agents' settings are rewritten to it).
+    """
     staging = private_dir(folder(name))
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
     guards = private_dir(staging / GUARDS)
@@ -159,9 +181,12 @@ def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan)
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
     stage_bootstrap(scripts, staging)
     settings = config.credentials
+    transforms = dict([_claude_json(config, guest_home, staging)])
     _, warnings = stage_credentials(
-        staging, _credential_files(config, agent), include_git_identity=settings.enabled and settings.git
+        staging, _credential_files(config, agent), include_git_identity=settings.enabled and settings.git,
+        transforms=transforms,
     )
+    warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
     write_env(staging, {**_added_env(config), **config.env})
@@ -218,12 +243,17 @@ def stage_bootstrap(plan: Plan, staging: Path) -> None:
             leftover.unlink()
 
 
+def _claude_json(config: Config, guest_home: str, staging: Path) -> tuple[str, tuple[str, Callable[[bytes], bytes]]]:
+    """~/.claude.json is a login file that also holds Claude Code's MCP servers: staged filtered (agentsync)."""
+    return agentsync.CLAUDE_JSON, agentsync.claude_json_transform(config, guest_home, staging)
+
+
 def stage_credentials(
-    staging: Path, host_files: list[str], include_git_identity: bool
+    staging: Path, host_files: list[str], include_git_identity: bool, transforms: credentials.Transforms | None = None
 ) -> tuple[list[credentials.Staged], list[str]]:
     """staging/creds: host_files under creds/home, their manifest, the git identity. Returns (staged, warnings)."""
     private_dir(staging / CREDS)
-    staged, warnings = credentials.stage_files(staging / CREDS_HOME, staging / CREDS_STAMPS, host_files)
+    staged, warnings = credentials.stage_files(staging / CREDS_HOME, staging / CREDS_STAMPS, host_files, transforms)
     write_if_changed(staging / CREDS_MANIFEST, manifest(staged))
     credentials.refresh_git_identity(staging / GIT_IDENTITY, staging / GIT_IDENTITY_STAMP, include_git_identity)
     return staged, warnings

@@ -96,13 +96,38 @@ def _agent_credentials_rule(config: Config, path: tuple[str, ...], value: Any) -
     return [f"{keys.dotted(path)} (host files brought into the VM)"] if isinstance(value, list) else []
 
 
+def _global_value(config: Config, path: tuple[str, ...]) -> Any:
+    data: Any = config.global_data
+    for part in path:
+        data = data.get(part) if isinstance(data, dict) else None
+    return data
+
+
 def _session_mode_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
     """Asking for isolation narrows what the agent reaches; turning off the isolation the global file asks for
     widens it."""
-    global_mode = (config.global_data.get("session") or {}).get("mode")
-    if value == "live" and global_mode == "isolated":
+    if value == "live" and _global_value(config, ("session", "mode")) == "isolated":
         return ["session.mode: live (the global config says isolated; live gives the agent the workspace, writable)"]
     return []
+
+
+def _widens_bool_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """A local true widens only what the global file does not already allow (sync.agentConfig defaults to true)."""
+    default = keys.defaults().get(path[0], {}).get(path[-1]) if len(path) == 2 else False
+    allowed = _global_value(config, path)
+    if value is not True or (allowed if allowed is not None else default) is True:
+        return []
+    why = {"agentConfig": "brings the agents' own setup from your home into the VM, which the global config turns off",
+           "mcpSecrets": "brings the secrets of its MCP servers (env and header values) into the VM"}[path[-1]]
+    return [f"{keys.dotted(path)}: true ({why})"]
+
+
+def _sync_include_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    allowed = _global_value(config, path) or []
+    added = [entry for entry in value if entry not in allowed] if isinstance(value, list) else []
+    if not added:
+        return []
+    return [f"{keys.dotted(path)}: {', '.join(visible(entry) for entry in added)} (brings more host files into the VM)"]
 
 
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
@@ -113,6 +138,9 @@ _RULES = {
     "bootstrap.onStartScript": _scripts_rule,
     "agents.<name>.credentials": _agent_credentials_rule,
     "session.mode": _session_mode_rule,
+    "sync.agentConfig": _widens_bool_rule,
+    "agents.<name>.sync.include": _sync_include_rule,
+    "agents.<name>.sync.mcpSecrets": _widens_bool_rule,
 }
 
 

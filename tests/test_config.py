@@ -40,7 +40,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
     }
     assert data["mounts"] == []
     assert data["env"] == {}
-    assert data["sync"] == {"remoteWrite": False}
+    assert data["sync"] == {"remoteWrite": False, "agentConfig": True}
     assert data["startupWaitSec"] == 30
     assert data["bootstrap"] == {"onCreateScript": [], "onStartScript": []}
     assert data["caCert"] is None
@@ -51,6 +51,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "vmName": "agentbox-myproject",
         "install": "npm install -g @anthropic-ai/claude-code",
         "credentials": ["~/.claude/.credentials.json", "~/.claude.json"],
+        "sync": {"include": [], "exclude": [], "mcpSecrets": False},
     }
     assert data["credentials"] == {"netrc": False, "gh": True, "git": True}
     assert data["agents"]["kiro"]["binary"] == "kiro-cli"
@@ -120,7 +121,7 @@ agents:
     sub.mkdir(parents=True)
     data = config_json(sub)
     assert data["workspace"] == str(project)
-    assert data["sync"] == {"remoteWrite": True}
+    assert data["sync"] == {"remoteWrite": True, "agentConfig": True}
     assert (data["vm"]["cpus"], data["vm"]["memory"], data["vm"]["disk"]) == (2, "4GiB", "20GiB")
     assert data["mounts"] == [
         {"location": str(home / "extra-data"), "mountPoint": "/home/user/data", "writable": False}
@@ -214,6 +215,7 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "vmName": "agentbox-myproject",
         "install": "pipx install aider-chat",
         "credentials": [],
+        "sync": {"include": [], "exclude": [], "mcpSecrets": False},
     }
     lines = run_cli("--help", cwd=project).stdout.splitlines()
     agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:

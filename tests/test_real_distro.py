@@ -358,7 +358,7 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
         config = config_module.load(p.project)
         agent_config = config.agent(agent) if agent else None
         scripts = bootstrap.plan(config, str(staging.folder(config.vm_name)))
-        staging.refresh(config, config.vm_name, agent_config, scripts)
+        staging.refresh(config, config.vm_name, agent_config, scripts, GUEST_HOME)
         command = staging.launch_command(config, p.project, scripts, agent_config, p.staging)
     own_by_guest_user(p.staging)
     if agent_config is not None:

@@ -97,21 +97,23 @@ def test_unknown_option_is_refused_in_the_vm(project: Path, vm: FakeLima) -> Non
 
 
 def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm: FakeLima, home: Path) -> None:
-    """An agent with an install command, both bootstrap kinds and --timings: every option of the table reaches
-    launch.sh, which runs the session; the staging folder holds the documented files with the documented modes."""
+    """An agent with an install command, both bootstrap kinds, its own setup to sync and --timings: every option
+    of the table reaches launch.sh, which runs the session; the staging folder holds the documented files with
+    the documented modes."""
     write(home / ".codex" / "auth.json", '{"token": "t"}', mode=0o644)
+    write(home / ".codex" / "AGENTS.md", "Be brief.\n")
     write(home / ".gitconfig", "[user]\n\tname = Someone\n")
     write(project / "create.sh", "echo created >> boot.log\n")
     write(project / "start.sh", "echo started >> boot.log\n")
     install = "mkdir -p ~/.local/bin && printf '#!/bin/sh\\necho tool-ran\\n' > ~/.local/bin/mytool && chmod +x ~/.local/bin/mytool"
     write_trusted(project, "env:\n  MY_VAR: hi\nbootstrap:\n  onCreateScript: create.sh\n  onStartScript: start.sh\n"
-                           f"agents:\n  mytool:\n    binary: mytool\n    install: {install!r}\n"
-                           "    credentials: ['~/.codex/auth.json']\n")
-    result = subprocess.run([sys.executable, "-m", "agentbox", "--timings", "mytool"], cwd=project,
+                           f"agents:\n  codex:\n    binary: mytool\n    install: {install!r}\n")
+    result = subprocess.run([sys.executable, "-m", "agentbox", "--timings", "codex"], cwd=project,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "tool-ran\n"
     assert (project / "boot.log").read_text() == "created\nstarted\n"
+    assert (vm.guest_home(NAME) / ".codex" / "AGENTS.md").read_text() == "Be brief.\n"
     assert "setup step (launch.sh)" in result.stderr
     shell = next(argv for argv in vm.calls() if "shell" in argv)
     sent = {arg for arg in shell if arg.startswith("--")}
@@ -122,9 +124,12 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     folder = staging.folder(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
     executable = {staging.LAUNCH_SCRIPT, *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
+    synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/codex/home/.codex/AGENTS.md"}
     named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
-             staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", *executable}
-    folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex"}
+             staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
+             *executable}
+    folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex",
+               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex"}
     copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}
     assert set(found) == named | folders | copies
     assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2
@@ -132,9 +137,12 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
         **dict.fromkeys(executable, 0o700), **dict.fromkeys(folders, 0o700)}
     assert (folder / staging.ENV_FILE).read_bytes() == b"MY_VAR=hi\0"
     documented = staging.__doc__ or ""
-    for name in named - {f"{staging.CREDS_HOME}/.codex/auth.json"}:
+    for name in named - {f"{staging.CREDS_HOME}/.codex/auth.json", "sync/codex/home/.codex/AGENTS.md"}:
+        name = name.replace("sync/codex/", "sync/AGENT/")
         assert re.search(rf"^    {re.escape(name)}\b|, {re.escape(name)}\b|^      {re.escape(name)}\b", documented, re.M), name
     assert "    creds/home/PATH " in documented and "    bootstrap/SHA-NAME " in documented
+    assert "    sync/AGENT/home/PATH " in documented
+
 
 def test_doctor_probe_and_launch_sh_agree_on_the_guards() -> None:
     """doctor-probe.sh recognises what launch.sh installs: the wrappers' marker, the hooks folder."""
