@@ -12,6 +12,10 @@ class AgentSpec(NamedTuple):
     model_after_arg: str | None = None
     credentials: tuple[str, ...] = ()
     summary: str = ""
+    # `agentbox NAME login` runs the binary with these arguments (None: the agent has no login command).
+    # The OAuth callback of each listens on the VM's localhost, which Lima forwards to the host's.
+    login: tuple[str, ...] | None = None
+    login_hint: str = ""  # what to do in the agent, said before it starts
 
 
 BUILTIN_AGENTS: dict[str, AgentSpec] = {
@@ -22,6 +26,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         install="npm install -g @openai/codex",
         credentials=("~/.codex/auth.json",),
         summary="OpenAI Codex CLI",
+        # Its callback listens on port 1455; `codex login --device-auth` needs no callback at all.
+        login=("login",),
     ),
     "claude": AgentSpec(
         name="claude",
@@ -30,6 +36,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         install="npm install -g @anthropic-ai/claude-code",
         credentials=("~/.claude/.credentials.json", "~/.claude.json"),
         summary="Anthropic Claude Code",
+        # Its callback listens on a random free port; the page it opens also offers a code to paste.
+        login=("auth", "login"),
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -44,6 +52,10 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
             "~/.gemini/state.json",
         ),
         summary="Google Gemini CLI",
+        # No login command: the CLI asks how to log in when it has no login (/auth switches it), and its
+        # callback listens on a random free port (NO_BROWSER=true: a code to paste instead).
+        login=(),
+        login_hint="choose \"Login with Google\" (or type /auth), then /quit once it says you are logged in",
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -54,5 +66,6 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # macOS keeps it under Application Support; both land in ~/.local/share/kiro-cli in the VM.
         credentials=("~/Library/Application Support/kiro-cli/data.sqlite3", "~/.local/share/kiro-cli/data.sqlite3"),
         summary="Kiro CLI",
+        login=("login",),
     ),
 }

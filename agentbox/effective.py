@@ -310,7 +310,7 @@ def _describe_network(entry: dict[str, Any]) -> str:
 def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset()) -> list[str]:
     """Mount locations that no longer resolve where they did, or that the VM must never get.
 
-    `own` are agentbox's own mounts (the staging folder, which lives in its state folder).
+    `own` are agentbox's own mounts (the staging folder and the outbox, which live in its state folder).
     """
     problems = []
     for location, _, _ in expected["mounts"]:
@@ -330,7 +330,8 @@ def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset
 def check_mount_locations(name: str, expected: dict[str, Any]) -> None:
     from agentbox import staging
 
-    problems = mount_redirections(expected, frozenset({os.path.realpath(staging.folder(name))}))
+    own = frozenset({os.path.realpath(staging.folder(name)), os.path.realpath(staging.outbox(name))})
+    problems = mount_redirections(expected, own)
     if problems:
         raise RefusedError(
             f"refusing to start {name}: Lima would mount something else than agentbox rendered: " + "; ".join(problems),

@@ -2,7 +2,8 @@
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
 needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount
-(agentbox.staging describes it, and the command line of provision/launch.sh).
+(agentbox.staging describes it, and the command line of provision/launch.sh); what it hands back
+(logins refreshed in the VM) comes through the outbox, read after the shell returns (agentbox.writeback).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, drift, staging, timing, tripwire, vm
+from agentbox import bootstrap, drift, staging, timing, tripwire, vm, writeback
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -26,10 +27,12 @@ def run_in_vm(
     interactive_shell: bool = False,
     agent: AgentConfig | None = None,
     running: Instance | None = None,
+    login: bool = False,
 ) -> int:
     """Run argv (or a login shell) in the VM `name`, creating or starting it as needed.
 
     `running` is the Running row of a `limactl list` the caller just made: it is checked, not listed again.
+    `login`: argv is the agent's login (`agentbox AGENT login`), whose login may replace the host's.
     """
     config = session.config
     workspace = config.require_workspace()
@@ -39,19 +42,25 @@ def run_in_vm(
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
     with timing.phase("staging (credentials, env, guards)"):
-        staging.refresh(config, name, agent, scripts)
+        refreshed = staging.refresh(config, name, agent, scripts)
     state = vm.read_state(name)
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if changed:
         note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
     reconnect = bool(state.get("reconnect"))
-    command = staging.launch_command(config, workspace, scripts, agent, staging.folder(name))
+    handback = writeback.begin(config, name, agent, refreshed, vm.expected_config(name, state), login=login)
+    command = staging.launch_command(
+        config, workspace, scripts, agent, refreshed.folder, handback.returns if handback is not None else None
+    )
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):
         before, unacknowledged = tripwire.begin_session(workspace)
     tripwire.remind(unacknowledged)
     with timing.phase("in-VM setup + agent (limactl shell)"):
         code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
+    if handback is not None:
+        with timing.phase("credential write-back"):
+            writeback.finish(handback)
     with timing.phase("tripwire check"):
         tripwire.report_session(*tripwire.end_session(workspace, before))
     if reconnect:

@@ -60,6 +60,8 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
         # Mounted after the writable workspace, so this read-only view wins inside it.
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
     mounts.append(RenderedMount(str(staging.folder(vm_name)), str(staging.folder(vm_name)), False))
+    # The one folder of agentbox's the VM may write (what a session hands back: agentbox.writeback).
+    mounts.append(RenderedMount(str(staging.outbox(vm_name)), str(staging.outbox(vm_name)), True))
     for mount in config.mounts:
         # Lima gets the resolved path: a symlink swapped in later cannot redirect the mount.
         mounts.append(RenderedMount(os.path.realpath(mount.location), mount.mount_point, mount.writable))

@@ -22,6 +22,21 @@ launch.sh finds the folder as the one it runs from.
                                  (credentials.git_identity); absent if off
     creds/stamps.json      0600  host only: each staged file's stat signature and digest (credentials.stage_files)
     creds/gitconfig.stamp  0600  host only: ~/.gitconfig's stat when creds/gitconfig was last made
+    open-url               0700  provision/open-url.sh: prints an address  launch.sh: install -m 755 as
+                                 for the user to open on the host            ~/.agentbox/bin/open-url, exported as
+                                                                             BROWSER unless env sets one
+
+The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
+mounted writable at the same path, read by the host after the session, everything in it treated as
+written by an attacker (size caps, no symlinks followed, regular files only; agentbox.writeback).
+
+    path                   written by                                  read by
+    creds/SESSION/         the host, before the session (a fresh       launch.sh: --creds-outbox
+                           random name, 0700)
+    creds/SESSION/N        launch.sh, after the program exits: the     the host (agentbox.writeback), which then
+                           guest's copy of the Nth --creds-return        removes SESSION/
+                           file, when it differs from the copy last
+                           installed from the host (through N.partial)
 
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
@@ -55,6 +70,8 @@ CREDS_MANIFEST = "creds/manifest"
 CREDS_STAMPS = "creds/stamps.json"
 GIT_IDENTITY = "creds/gitconfig"
 GIT_IDENTITY_STAMP = "creds/gitconfig.stamp"
+OPEN_URL = "open-url"
+OUTBOX_CREDS = "creds"
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -78,6 +95,11 @@ LAUNCH_OPTIONS = (
     LaunchOption("--install", "COMMAND", "the bash command that installs --binary ('' for none)"),
     LaunchOption("--on-create", "SCRIPT", "a staged onCreateScript, run once in the VM's life", repeated=True),
     LaunchOption("--on-start", "SCRIPT", "a staged onStartScript, run once per boot", repeated=True),
+    LaunchOption("--creds-outbox", "DIR", "credential write-back: this session's folder in the writable outbox; "
+                 "launch.sh then runs the program as its child and, when it exits, copies each --creds-return "
+                 "file there"),
+    LaunchOption("--creds-return", "PATH", "a file under the guest home (a login file) to copy to --creds-outbox "
+                 "as its position (0, 1, ...) when it differs from what launch.sh last installed", repeated=True),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -88,8 +110,26 @@ def folder(vm_name: str) -> Path:
     return paths.vm_state_dir(vm_name) / "staging"
 
 
+def outbox(vm_name: str) -> Path:
+    """The host folder the VM may write (mounted writable at the same path); see the docstring."""
+    return paths.vm_state_dir(vm_name) / "outbox"
+
+
+class Refreshed(NamedTuple):
+    folder: Path
+    credentials: list[credentials.Staged]  # the login files this launch staged
+
+
+class CredentialReturn(NamedTuple):
+    """What launch.sh hands back after the program: copies of `files` (guest paths) in `folder`."""
+
+    folder: Path
+    files: Sequence[str]
+
+
 def launch_command(
-    config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path
+    config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path,
+    returns: CredentialReturn | None = None,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -103,6 +143,9 @@ def launch_command(
     if agent is not None:
         values["--binary"] = agent.binary
         values["--install"] = agent.install or ""
+    if returns is not None:
+        values["--creds-outbox"] = str(returns.folder)
+        values["--creds-return"] = list(returns.files)
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 
@@ -128,25 +171,26 @@ def launch_options(values: Mapping[str, OptionValue]) -> list[str]:
     return argv
 
 
-def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan) -> Path:
+def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan) -> Refreshed:
     """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None)."""
     staging = private_dir(folder(name))
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
+    write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
     guards = private_dir(staging / GUARDS)
     for guard in GUARD_FILES:
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
     stage_bootstrap(scripts, staging)
     settings = config.credentials
-    _, warnings = stage_credentials(
-        staging, _credential_files(config, agent), include_git_identity=settings.enabled and settings.git
+    staged, warnings = stage_credentials(
+        staging, credential_files(config, agent), include_git_identity=settings.enabled and settings.git
     )
     for warning in warnings:
         warn(warning)
     write_env(staging, {**_added_env(config), **config.env})
-    return staging
+    return Refreshed(staging, staged)
 
 
-def _credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
+def credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
     """The host login files (`~/...`) this launch stages: the agent's (every agent's for a shell), gh's, .netrc."""
     settings = config.credentials
     if not settings.enabled:

@@ -1,6 +1,7 @@
 #!/bin/bash
 # agentbox-managed: the per-launch step. agentbox runs it in the VM's single `limactl shell` call
-# from the read-only staging mount; it prepares the session and then execs the agent or a shell.
+# from the read-only staging mount; it prepares the session and then execs the agent or a shell
+# (or, with --creds-outbox, runs it as a child and hands changed login files back when it exits).
 #   launch.sh [OPTION VALUE | --timing]... [-- PROGRAM ARGS...]
 # The options, what each means and the staging folder's files this script reads are listed once,
 # on the host side: agentbox/staging.py (LAUNCH_OPTIONS; tests check this parser against it).
@@ -17,6 +18,8 @@ workspace="$PWD"
 on_create=()
 on_start=()
 timing_start=""
+creds_outbox=""
+creds_return=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -27,6 +30,8 @@ while [ $# -gt 0 ]; do
     --on-create) on_create+=("$2"); shift 2 ;;
     --on-start) on_start+=("$2"); shift 2 ;;
     --timing) timing_start="${EPOCHREALTIME:-}"; shift ;;
+    --creds-outbox) creds_outbox="$2"; shift 2 ;;
+    --creds-return) creds_return+=("$2"); shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -90,6 +95,54 @@ apply_credentials() {
       printf '%s' "$digest" > "$applied"
     fi
   done < "$manifest"
+}
+
+setup_browser() {
+  # The VM has no browser: an agent that opens a login page gets the address printed for the user
+  # (open-url.sh, which writes to the session's terminal even when the agent detached it).
+  local bin="$state/bin"
+  mkdir -p "$bin"
+  cmp -s "$staging/open-url" "$bin/open-url" || install -m 755 "$staging/open-url" "$bin/open-url"
+  [ -n "${BROWSER:-}" ] || export BROWSER="$bin/open-url"
+  if [ -t 2 ]; then
+    AGENTBOX_TTY="$(readlink /proc/self/fd/2 2>/dev/null || true)"
+    export AGENTBOX_TTY
+  fi
+}
+
+# Credential write-back: run the program as a child, then copy each --creds-return file the session
+# changed (it differs from what apply_credentials last installed, or there was none) into the
+# session's outbox folder as its position; the host checks each and writes it back. Exits with the
+# program's code (a signal's death as 128+N).
+run_and_return_credentials() {
+  local code
+  # A trap that runs a command (not '') is reset in the program: Ctrl-C still reaches it (and it
+  # may handle it and go on), while this script lives on to hand the files back.
+  trap 'true' INT TERM HUP QUIT
+  set +e
+  "$@"
+  code=$?
+  set -e
+  trap - INT TERM HUP QUIT
+  return_credentials || say "could not hand the session's login files back to the host"
+  exit "$code"
+}
+
+return_credentials() {
+  local index=0 relative file digest
+  [ -d "$creds_outbox" ] || return 1
+  for relative in ${creds_return[@]+"${creds_return[@]}"}; do
+    file="$HOME/$relative"
+    case "$relative" in /* | *..*) file="" ;; esac
+    if [ -n "$file" ] && [ -f "$file" ] && [ ! -L "$file" ]; then
+      digest="$(sha256sum < "$file")"
+      digest="${digest%% *}"
+      if [ "$digest" != "$(cat "$state/applied/$relative" 2>/dev/null || true)" ]; then
+        cp -p "$file" "$creds_outbox/$index.partial" && mv -f "$creds_outbox/$index.partial" "$creds_outbox/$index"
+      fi
+    fi
+    index=$((index + 1))
+  done
 }
 
 # agentbox's own git settings go through the real git, never the readonly-remote wrapper in
@@ -257,6 +310,7 @@ case ":$PATH:" in
 esac
 mkdir -p "$state"
 apply_credentials
+setup_browser
 configure_git
 mark_claude_onboarded
 repair_gemini_settings
@@ -293,6 +347,7 @@ if [ $# -eq 0 ]; then
   for dir in "${dirs[@]}"; do
     [ "$dir" = "$HOME/.local/bin" ] || shell_path="${shell_path:+$shell_path:}$dir"
   done
+  [ -z "$creds_outbox" ] || run_and_return_credentials env PATH="$shell_path" bash -l
   PATH="$shell_path" exec bash -l
 fi
 # Say what a shell would, not where this script failed to exec it.
@@ -313,4 +368,5 @@ case "$1" in
     fi
     ;;
 esac
+[ -z "$creds_outbox" ] || run_and_return_credentials "$@"
 exec "$@"
