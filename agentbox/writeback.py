@@ -293,9 +293,10 @@ def _read_host(path: Path, limit: int = MAX_FILE) -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
     with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
         data = handle.read(limit + 1)
     return data if len(data) <= limit else None
 
@@ -392,10 +393,11 @@ def _read_copy(folder: int, name: str, limit: int) -> tuple[bytes, float] | str 
         if exc.errno == errno.ELOOP:
             return "a symlink, which agentbox does not follow"
         return f"unreadable ({exc.strerror})"
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        return "not a regular file"
     with os.fdopen(fd, "rb") as handle:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return "not a regular file"
         data = handle.read(limit + 1)
     if len(data) > limit:
         return f"larger than {limit:,} bytes"

@@ -138,6 +138,7 @@ return_credentials() {
       digest="$(sha256sum < "$file")"
       digest="${digest%% *}"
       if [ "$digest" != "$(cat "$state/applied/$relative" 2>/dev/null || true)" ]; then
+        rm -rf "$creds_outbox/$index.partial"
         cp -p "$file" "$creds_outbox/$index.partial" && mv -f "$creds_outbox/$index.partial" "$creds_outbox/$index"
       fi
     fi
