@@ -15,7 +15,7 @@ from agentbox import bootstrap, drift, staging, timing, tripwire, vm, writeback
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
-from agentbox.progress import note
+from agentbox.progress import note, warn
 
 SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
 
@@ -56,11 +56,16 @@ def run_in_vm(
     with timing.phase("tripwire fingerprint"):
         before, unacknowledged = tripwire.begin_session(workspace)
     tripwire.remind(unacknowledged)
-    with timing.phase("in-VM setup + agent (limactl shell)"):
-        code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
-    if handback is not None:
-        with timing.phase("credential write-back"):
-            writeback.finish(handback)
+    try:
+        with timing.phase("in-VM setup + agent (limactl shell)"):
+            code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
+    finally:
+        if handback is not None:
+            with timing.phase("credential write-back"):
+                try:
+                    writeback.finish(handback)
+                except OSError as exc:
+                    warn(f"the session's logins were not copied back to the host: {exc}")
     with timing.phase("tripwire check"):
         tripwire.report_session(*tripwire.end_session(workspace, before))
     if reconnect:

@@ -63,7 +63,6 @@ class Target(NamedTuple):
 
 class Plan(NamedTuple):
     vm_name: str
-    command: str  # the agent's command, for hints (`agentbox claude login`)
     returns: staging.CredentialReturn
     targets: tuple[Target, ...]
     staged: dict[str, credentials.Staged]  # every file this launch staged, by guest path
@@ -113,8 +112,7 @@ def begin(
         if target.fmt.companion and target.fmt.companion not in files:
             files.append(target.fmt.companion)
     folder = _new_session_folder(vm_name)
-    command = agent.name if agent is not None else next(iter(targets.values())).fmt.command
-    return Plan(vm_name, command, staging.CredentialReturn(folder, tuple(files)), tuple(targets.values()), staged,
+    return Plan(vm_name, staging.CredentialReturn(folder, tuple(files)), tuple(targets.values()), staged,
                 refreshed.folder, login)
 
 
@@ -195,7 +193,7 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
         if not plan.login:
             return Verdict(False, f"it is logged in as {_account(guest.shown)}, the host's file as "
                                   f"{_account(host.shown)}; `agentbox {fmt.command} login` makes a VM login the "
-                                  "host's too")
+                                  "host's too, `credentials: {writeBack: false}` keeps them apart")
         return Verdict(True, switched=(_account(guest.shown), _account(host.shown)))
     if guest.fresh_until is not None and host.fresh_until is not None:
         newer = guest.fresh_until > host.fresh_until
@@ -220,10 +218,11 @@ def _write(target: Target, data: bytes, verdict: Verdict) -> Verdict:
     if st is not None and not stat.S_ISREG(st.st_mode):
         return Verdict(False, "the host's file is not a regular file")
     current = _read_host(host) if st is not None else None
-    if (current is None) != (target.staged is None) or (
-        current is not None and target.staged is not None
-        and hashlib.sha256(current).hexdigest() != target.staged.digest
-    ):
+    if target.staged is None:
+        unchanged = st is None  # the host had no such file when the session began, and still has none
+    else:
+        unchanged = current is not None and hashlib.sha256(current).hexdigest() == target.staged.digest
+    if not unchanged:
         return Verdict(False, "" if current == data else _HOST_CHANGED)
     mode = stat.S_IMODE(st.st_mode) if st is not None else 0o600
     if current is not None:

@@ -222,7 +222,8 @@ def test_a_login_of_another_account_is_never_written_back(project: Path, agents:
     assert result.returncode == 0, result.stderr
     assert host.read_text() == old and not backup(host).exists()
     assert (f"from the VM was not copied back to ~/{path}: it is logged in as bob@example.com, the host's file as "
-            f"alice@example.com; `agentbox {agent} login` makes a VM login the host's too") in result.stderr
+            f"alice@example.com; `agentbox {agent} login` makes a VM login the host's too, "
+            "`credentials: {writeBack: false}` keeps them apart\n") in result.stderr
 
 
 def test_the_same_account_is_recognised_by_its_id(project: Path, agents: FakeLima, home: Path) -> None:
