@@ -105,7 +105,7 @@ setup_browser() {
   cmp -s "$staging/open-url" "$bin/open-url" || install -m 755 "$staging/open-url" "$bin/open-url"
   [ -n "${BROWSER:-}" ] || export BROWSER="$bin/open-url"
   if [ -t 2 ]; then
-    AGENTBOX_TTY="$(readlink /proc/self/fd/2 2>/dev/null || true)"
+    AGENTBOX_TTY="$(readlink "/proc/$$/fd/2" 2>/dev/null || true)"
     export AGENTBOX_TTY
   fi
 }

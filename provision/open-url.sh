@@ -9,7 +9,9 @@ url=$(printf '%s' "$*" | tr -d '\000-\037\177')
 [ -n "$url" ] || exit 1
 mkdir -p "$HOME/.agentbox" && printf '%s\n' "$url" > "$HOME/.agentbox/last-url"
 message=$(printf '\nagentbox: open this address in a browser on your computer (the VM has none):\n\n  %s\n\n' "$url")
-if [ -n "${AGENTBOX_TTY:-}" ] && { printf '%s\n' "$message" > "$AGENTBOX_TTY"; } 2>/dev/null; then
+# On the terminal each line ends in CR LF: a full-screen agent keeps it in raw mode, where LF alone
+# does not return to the first column.
+if [ -n "${AGENTBOX_TTY:-}" ] && { printf '%s\n' "$message" | sed 's/$/\r/' > "$AGENTBOX_TTY"; } 2>/dev/null; then
   exit 0
 fi
 printf '%s\n' "$message" >&2

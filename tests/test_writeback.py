@@ -417,6 +417,67 @@ def test_ctrl_c_reaches_the_agent_and_the_login_is_still_handed_back(project: Pa
     assert host.read_text() == newer + "\n"
 
 
+def test_on_a_terminal_ctrl_c_and_the_browser_reach_the_session(project: Path, agents: FakeLima,
+                                                                home: Path) -> None:
+    """On a real terminal: the agent has it as its terminal, a typed Ctrl-C reaches the agent (which goes on),
+    a browser the agent starts detached from the terminal still shows its address there, and the login the
+    agent refreshed is handed back when it exits with its own status."""
+    import fcntl
+    import pty
+    import select
+    import termios
+
+    host = write(home / CLAUDE, claude_login("r1", 1_750_000_000_000), mode=0o600)
+    new = claude_login("r2", 1_760_000_000_000)
+    agent_does(project, writes(CLAUDE, new) + f"""trap 'echo caught-int' INT
+[ -t 0 ] && echo "stdin is a terminal"
+setsid "$BROWSER" "{LOGIN_URL}" </dev/null >/dev/null 2>&1
+echo READY
+while [ ! -f .done ]; do sleep 0.1; done
+exit 6
+""")
+
+    def controlling_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", "claude"], cwd=project, stdin=slave, stdout=slave,
+                            stderr=slave, preexec_fn=controlling_terminal)
+    os.close(slave)
+    output = ""
+    deadline = time.monotonic() + 120
+    interrupted = False
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    output += os.read(master, 65536).decode(errors="replace")
+                except OSError:
+                    break
+            if "READY" in output and LOGIN_URL in output and not interrupted:
+                os.write(master, b"\x03")
+                interrupted = True
+            if interrupted and "caught-int" in output and not (project / ".done").exists():
+                (project / ".done").touch()
+            if proc.poll() is not None and not ready:
+                break
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the launch did not end; it printed:\n{output}")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    assert code == 6, output
+    assert "stdin is a terminal" in output and "caught-int" in output
+    shown = output.replace("\r", "")
+    assert f"open this address in a browser on your computer (the VM has none):\n\n  {LOGIN_URL}\n" in shown
+    assert host.read_text() == new + "\n"
+
+
 def test_a_vm_created_without_the_outbox_says_so_and_keeps_the_host_file(project: Path, agents: FakeLima,
                                                                          home: Path, isolated_env) -> None:
     outbox = str(isolated_env["state"] / "vms" / NAME / "outbox")
