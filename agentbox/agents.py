@@ -19,6 +19,10 @@ class AgentSpec(NamedTuple):
     sync_items: tuple[str, ...] = ()
     pull_folders: tuple[str, ...] = ()
     never_sync: tuple[str, ...] = ()
+    # `agentbox NAME login` runs the binary with these arguments (None: the agent has no login command).
+    # The OAuth callback of each listens on the VM's localhost, which Lima forwards to the host's.
+    login: tuple[str, ...] | None = None
+    login_hint: str = ""  # what to do in the agent, said before it starts
 
 
 # Whatever the agent: never brought into the VM by sync.include.
@@ -38,6 +42,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         sync_items=("config.toml", "AGENTS.md", "prompts/", "skills/"),
         pull_folders=("skills", "prompts"),
         never_sync=("archived_sessions", "shell_snapshots", "version.json", "models_cache.json"),
+        # Its callback listens on port 1455; `codex login --device-auth` needs no callback at all.
+        login=("login",),
     ),
     "claude": AgentSpec(
         name="claude",
@@ -51,6 +57,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         pull_folders=("skills", "agents", "commands"),
         never_sync=("projects", "todos", "shell-snapshots", "statsig", "ide", "debug", "file-history", "session-env",
                     "telemetry", "paste-cache", "settings.local.json"),
+        # Its callback listens on a random free port; the page it opens also offers a code to paste.
+        login=("auth", "login"),
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -70,6 +78,10 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         pull_folders=("commands",),
         never_sync=("google_accounts.json", "google_account_id", "installation_id", "state.json",
                     "trustedFolders.json"),
+        # No login command: the CLI asks how to log in when it has no login (/auth switches it), and its
+        # callback listens on a random free port (NO_BROWSER=true: a code to paste instead).
+        login=(),
+        login_hint="choose \"Login with Google\" (or type /auth), then /quit once it says you are logged in",
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -83,5 +95,6 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         folder=".kiro",
         sync_items=("steering/", "agents/", "prompts/", "settings/mcp.json"),
         pull_folders=("agents", "prompts"),
+        login=("login",),
     ),
 }

@@ -74,11 +74,12 @@ class CredentialSettings(NamedTuple):
     netrc: bool = False
     gh: bool = True
     git: bool = True
+    write_back: bool = True
 
     def to_json(self) -> Any:
         if not self.enabled:
             return False
-        return {"netrc": self.netrc, "gh": self.gh, "git": self.git}
+        return {"netrc": self.netrc, "gh": self.gh, "git": self.git, "writeBack": self.write_back}
 
 
 class CheckpointSettings(NamedTuple):
@@ -476,6 +477,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
     def scripts(hook: str) -> tuple[Script, ...]:
         return tuple(Script(_expand(path, workspace), layer.name) for path, layer in data["bootstrap"][hook])
 
+    credentials = _credential_settings(data.get("credentials", True), global_layer, local, notices)
+
     return Config(
         cwd=cwd,
         workspace=workspace,
@@ -502,7 +505,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         ca_cert=ca_cert,
         agents=agents,
         origins=origins,
-        credentials=_credential_settings(data.get("credentials", True)),
+        credentials=credentials,
         notices=tuple(notices),
         local_data=local.data if local else {},
         global_data=global_layer.data if global_layer else {},
@@ -519,12 +522,25 @@ def _checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:
     return CheckpointSettings(raw["enabled"], size, raw["keep"], str(raw["maxFileSize"]))
 
 
-def _credential_settings(raw: Any) -> CredentialSettings:
+def _credential_settings(raw: Any, global_layer: Any, local: Any, notices: list[str]) -> CredentialSettings:
     if raw is False:
         return CredentialSettings(enabled=False)
-    if isinstance(raw, dict):
-        return CredentialSettings(True, raw.get("netrc", False), raw.get("gh", True), raw.get("git", True))
-    return CredentialSettings()
+    if not isinstance(raw, dict):
+        raw = {}
+    write_back = raw.get("writeBack", True)
+    # writeBack writes host files: a project's agentbox.yml may turn it off, never on against the global config.
+    in_global = global_layer.data.get("credentials", True) if global_layer is not None else True
+    if write_back and (in_global is False or (isinstance(in_global, dict) and in_global.get("writeBack") is False)):
+        write_back = False
+        in_local = local.data.get("credentials") if local is not None else None
+        if isinstance(in_local, dict) and in_local.get("writeBack") is True:
+            notices.append(
+                f"credentials.writeBack: true in {local.path} is not used: the global config ({global_layer.path}) "
+                "turns write-back off, and a project file can only turn it off"
+            )
+    return CredentialSettings(
+        True, raw.get("netrc", False), raw.get("gh", True), raw.get("git", True), write_back=write_back
+    )
 
 
 def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Path, str, str | None]:

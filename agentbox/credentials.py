@@ -57,6 +57,7 @@ class Staged(NamedTuple):
     guest_path: str  # relative to the guest home
     host_path: Path
     digest: str
+    mtime_ns: int = 0  # the host file's, when it was staged
 
 
 def guest_path_for(host_path: str) -> str:
@@ -94,7 +95,7 @@ def stage_files(
             continue  # absent or unusable: a later host path for the same guest path may have it
         done.add(guest)
         stamps[relative] = stamp
-        staged.append(Staged(relative, host, stamp[_DIGEST]))
+        staged.append(Staged(relative, host, stamp[_DIGEST], stamp[2]))
     _remove_unlisted(files_root, {s.guest_path for s in staged})
     write_if_changed(stamps_file, json.dumps(stamps, sort_keys=True).encode())
     return staged, warnings

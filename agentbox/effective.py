@@ -310,7 +310,7 @@ def _describe_network(entry: dict[str, Any]) -> str:
 def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset()) -> list[str]:
     """Mount locations that no longer resolve where they did, or that the VM must never get.
 
-    `own` are agentbox's own mounts (the staging folder and an isolated VM's outbox, in its state folder).
+    `own` are agentbox's own mounts (the staging folder and the outbox, which live in its state folder).
     """
     problems = []
     for location, _, _ in expected["mounts"]:
@@ -328,9 +328,9 @@ def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset
 
 
 def check_mount_locations(name: str, expected: dict[str, Any]) -> None:
-    from agentbox import isolation, staging
+    from agentbox import staging
 
-    own = frozenset({os.path.realpath(staging.folder(name)), os.path.realpath(isolation.outbox(name))})
+    own = frozenset({os.path.realpath(staging.folder(name)), os.path.realpath(staging.outbox(name))})
     problems = mount_redirections(expected, own)
     if problems:
         raise RefusedError(

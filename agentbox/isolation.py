@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import paths
+from agentbox import paths, staging
 from agentbox.errors import ConfigError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note, warn
@@ -43,8 +43,9 @@ NOT_GIT_HINT = (
 
 
 def outbox(vm_name: str) -> Path:
-    """The host folder an isolated VM writes its sessions' changes to (mounted writable at the same path)."""
-    return paths.vm_state_dir(vm_name) / "outbox"
+    """The host folder an isolated VM writes its sessions' changes to: the VM's outbox (staging.outbox), where
+    each session's folder is its random id next to write-back's creds/."""
+    return staging.outbox(vm_name)
 
 
 def mode_of_vm(expected: dict[str, Any] | None, workspace: Path) -> str | None:

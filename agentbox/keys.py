@@ -122,6 +122,10 @@ CREDENTIAL_KEYS: dict[str, Key] = {
                  why="brings ~/.netrc, which can hold many passwords, into the VM"),
     "gh": Key("bool", "Bring the GitHub CLI login.", default=True),
     "git": Key("bool", "Bring the safe part of ~/.gitconfig: name, email, ...", default=True),
+    "writeBack": Key(
+        "bool", "Copy a login the agent refreshed or made in the VM back to the host file after the session "
+        "(Claude Code, Codex, Gemini CLI); a project file can only turn it off.", default=True,
+    ),
 }
 
 # The Docker-era spelling of an agent's credentials, still accepted.

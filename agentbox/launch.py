@@ -2,10 +2,12 @@
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
 needs (env, credentials, guards, bootstrap, the agents' own setup) reaches the VM through the read-only
-staging mount (agentbox.staging describes it, and the command line of provision/launch.sh). A git workspace gets
-a checkpoint before the session (taken on the host while `limactl list` runs) and after it
-(agentbox.session_checkpoints). In isolated mode the start checkpoint is also the base of the agent's copy
-(agentbox.isolation), whose changes become a proposal after the session.
+staging mount (agentbox.staging describes it, and the command line of provision/launch.sh); what it hands back
+(logins refreshed in the VM, an isolated session's changes) comes through the outbox, read after the shell
+returns (agentbox.writeback, agentbox.proposals). A git workspace gets a checkpoint before the session (taken on
+the host while `limactl list` runs) and after it (agentbox.session_checkpoints). In isolated mode the start
+checkpoint is also the base of the agent's copy (agentbox.isolation), whose changes become a proposal after the
+session.
 """
 
 from __future__ import annotations
@@ -13,11 +15,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import agentsync, bootstrap, drift, isolation, staging, timing, tripwire, vm
+from agentbox import agentsync, bootstrap, drift, isolation, staging, timing, tripwire, vm, writeback
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
-from agentbox.progress import note
+from agentbox.progress import note, warn
 from agentbox.session_checkpoints import SessionCheckpoints
 
 SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
@@ -30,17 +32,19 @@ def run_in_vm(
     interactive_shell: bool = False,
     agent: AgentConfig | None = None,
     running: Instance | None = None,
+    login: bool = False,
 ) -> int:
     """Run argv (or a login shell) in the VM `name`, creating or starting it as needed.
 
     `running` is the Running row of a `limactl list` the caller just made: it is checked, not listed again.
+    `login`: argv is the agent's login (`agentbox AGENT login`), whose login may replace the host's.
     """
     config = session.config
     workspace = config.require_workspace()
     points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
     points.start()
     try:
-        return _run(session, name, argv, interactive_shell, agent, running, points)
+        return _run(session, name, argv, interactive_shell, agent, running, points, login)
     finally:
         points.wait_for_start()  # a launch that failed early still leaves no thread behind
 
@@ -53,6 +57,7 @@ def _run(
     agent: AgentConfig | None,
     running: Instance | None,
     points: SessionCheckpoints,
+    login: bool,
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
@@ -62,7 +67,7 @@ def _run(
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
     with timing.phase("staging (credentials, env, guards, sync)"):
-        staging.refresh(config, name, agent, scripts, agentsync.guest_home_of(instance))
+        refreshed = staging.refresh(config, name, agent, scripts, agentsync.guest_home_of(instance))
     state = vm.read_state(name)
     mode = isolation.session_mode(
         config.session_mode, isolation.mode_of_vm(vm.expected_config(name, state), workspace), name,
@@ -83,7 +88,11 @@ def _run(
         with timing.phase("isolated mode (base, outbox)"):
             isolated = isolation.begin(config, name, agent.name if agent else "shell", workdir, points)
         workdir = str(staging.folder(name))  # the copy may not exist yet: launch.sh makes it, then enters it
-    command = staging.launch_command(config, workspace, scripts, agent, staging.folder(name), isolated)
+    handback = writeback.begin(config, name, agent, refreshed, vm.expected_config(name, state), login=login)
+    command = staging.launch_command(
+        config, workspace, scripts, agent, refreshed.folder, isolated,
+        handback.returns if handback is not None else None,
+    )
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):
         before, unacknowledged = tripwire.begin_session(workspace)
@@ -94,6 +103,12 @@ def _run(
             code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)
     finally:
         points.end()
+        if handback is not None:
+            with timing.phase("credential write-back"):
+                try:
+                    writeback.finish(handback)
+                except OSError as exc:
+                    warn(f"the session's logins were not copied back to the host: {exc}")
     with timing.phase("tripwire check"):
         tripwire.report_session(*tripwire.end_session(workspace, before))
     if isolated is not None:

@@ -68,9 +68,9 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
         # Mounted after the writable workspace, so this read-only view wins inside it.
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
     mounts.append(RenderedMount(str(staging.folder(vm_name)), str(staging.folder(vm_name)), False))
-    if isolated:
-        outbox = str(isolation.outbox(vm_name))
-        mounts.append(RenderedMount(outbox, outbox, True))
+    # The one folder of agentbox's the VM may write: what a session hands back (logins: agentbox.writeback;
+    # an isolated session's changes: agentbox.isolation).
+    mounts.append(RenderedMount(str(staging.outbox(vm_name)), str(staging.outbox(vm_name)), True))
     for mount in config.mounts:
         problem = isolation.mount_point_problem(mount.mount_point, workspace) if isolated else None
         if problem:

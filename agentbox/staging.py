@@ -30,6 +30,26 @@ launch.sh finds the folder as the one it runs from.
     sync/AGENT/stamps.json 0600  host only: each file's stat signature, digest, and why it was left out, if it was
     sync/defaults          0600  "SHA256 PATH" records, NUL-ended: the       launch.sh: a VM copy with that digest is
                                  settings a new VM gets (provisioning)       agentbox's, not the user's edit
+    open-url               0700  provision/open-url.sh: prints an address  launch.sh: install -m 755 as
+                                 for the user to open on the host            ~/.agentbox/bin/open-url, exported as
+                                                                             BROWSER unless env sets one
+
+The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
+mounted writable at the same path, read by the host after the session, everything in it treated as
+written by an attacker (size caps, no symlinks followed, regular files only; agentbox.writeback,
+agentbox.proposals).
+
+    path                   written by                                  read by
+    creds/SESSION/         the host, before the session (a fresh       launch.sh: --creds-outbox
+                           random name, 0700)
+    creds/SESSION/N        launch.sh, after the program exits: the     the host (agentbox.writeback), which then
+                           guest's copy of the Nth --creds-return        removes SESSION/
+                           file, when it differs from the copy last
+                           installed from the host (through N.partial)
+    SESSION/               the host, before an isolated session (a     launch.sh: --outbox
+                           fresh random id, 0700)
+    SESSION/changes.patch  launch.sh, when the program exits: the      the host (agentbox.proposals), which makes
+    (base, summary.md...)  copy's changes (agentbox.isolation)          it a proposal and removes SESSION/
 
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
@@ -64,6 +84,8 @@ CREDS_MANIFEST = "creds/manifest"
 CREDS_STAMPS = "creds/stamps.json"
 GIT_IDENTITY = "creds/gitconfig"
 GIT_IDENTITY_STAMP = "creds/gitconfig.stamp"
+OPEN_URL = "open-url"
+OUTBOX_CREDS = "creds"
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -95,6 +117,11 @@ LAUNCH_OPTIONS = (
     LaunchOption("--chdir", "DIR", "isolated mode: the folder the program starts in, inside the copy "
                  "(the workspace when the copy lacks it)"),
     LaunchOption("--sync", "AGENT", "apply sync/AGENT: the agent's own setup (sync.agentConfig)", repeated=True),
+    LaunchOption("--creds-outbox", "DIR", "credential write-back: this session's folder in the writable outbox; "
+                 "launch.sh then runs the program as its child and, when it exits, copies each --creds-return "
+                 "file there"),
+    LaunchOption("--creds-return", "PATH", "a file under the guest home (a login file) to copy to --creds-outbox "
+                 "as its position (0, 1, ...) when it differs from what launch.sh last installed", repeated=True),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -114,9 +141,27 @@ def folder(vm_name: str) -> Path:
     return paths.vm_state_dir(vm_name) / "staging"
 
 
+def outbox(vm_name: str) -> Path:
+    """The host folder the VM may write (mounted writable at the same path); see the docstring."""
+    return paths.vm_state_dir(vm_name) / "outbox"
+
+
+class Refreshed(NamedTuple):
+    folder: Path
+    credentials: list[credentials.Staged]  # the login files this launch staged
+
+
+class CredentialReturn(NamedTuple):
+    """What launch.sh hands back after the program: copies of `files` (guest paths) in `folder`."""
+
+    folder: Path
+    files: Sequence[str]
+
+
 def launch_command(
     config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path,
     isolated: IsolatedLaunch | None = None,
+    returns: CredentialReturn | None = None,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -136,6 +181,9 @@ def launch_command(
         values["--base"] = isolated.base
         values["--outbox"] = str(isolated.outbox)
         values["--chdir"] = isolated.chdir
+    if returns is not None:
+        values["--creds-outbox"] = str(returns.folder)
+        values["--creds-return"] = list(returns.files)
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 
@@ -169,31 +217,32 @@ def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig
     return [a for a in candidates if agentsync.spec_of(a) is not None]
 
 
-def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan, guest_home: str) -> Path:
+def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan, guest_home: str) -> Refreshed:
     """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
 
     guest_home: the VM user's home (host paths in the agents' settings are rewritten to it).
     """
     staging = private_dir(folder(name))
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
+    write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
     guards = private_dir(staging / GUARDS)
     for guard in GUARD_FILES:
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
     stage_bootstrap(scripts, staging)
     settings = config.credentials
     transforms = dict([_claude_json(config, guest_home, staging)])
-    _, warnings = stage_credentials(
-        staging, _credential_files(config, agent), include_git_identity=settings.enabled and settings.git,
+    staged, warnings = stage_credentials(
+        staging, credential_files(config, agent), include_git_identity=settings.enabled and settings.git,
         transforms=transforms,
     )
     warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
     write_env(staging, {**_added_env(config), **config.env})
-    return staging
+    return Refreshed(staging, staged)
 
 
-def _credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
+def credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
     """The host login files (`~/...`) this launch stages: the agent's (every agent's for a shell), gh's, .netrc."""
     settings = config.credentials
     if not settings.enabled:

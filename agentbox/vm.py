@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-from agentbox import drift, effective, isolation, paths
+from agentbox import drift, effective, paths
 from agentbox.config import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -194,8 +194,7 @@ def create_and_start(session: Session, name: str) -> Instance:
     template_text = render.render(config, name)
     state = private_dir(paths.vm_state_dir(name))
     private_dir(staging.folder(name))
-    if config.session_mode == isolation.ISOLATED:
-        private_dir(isolation.outbox(name))
+    private_dir(staging.outbox(name))
     template_path = state / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
     try:
@@ -233,7 +232,10 @@ def create_and_start(session: Session, name: str) -> Instance:
 
 def start(session: Session, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
     """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
+    from agentbox import staging
+
     expected = expected_config(name)
+    private_dir(staging.outbox(name))  # a mount location Lima needs to find
     if expected is not None:
         effective.check_mount_locations(name, expected)
         if row is not None and row.config:

@@ -1,6 +1,7 @@
 #!/bin/bash
 # agentbox-managed: the per-launch step. agentbox runs it in the VM's single `limactl shell` call
-# from the read-only staging mount; it prepares the session and then execs the agent or a shell.
+# from the read-only staging mount; it prepares the session and then execs the agent or a shell
+# (or, with --creds-outbox, runs it as a child and hands changed login files back when it exits).
 #   launch.sh [OPTION VALUE | --timing]... [-- PROGRAM ARGS...]
 # The options, what each means and the staging folder's files this script reads are listed once,
 # on the host side: agentbox/staging.py (LAUNCH_OPTIONS; tests check this parser against it).
@@ -22,6 +23,8 @@ isolated_from=""
 base=""
 outbox=""
 chdir=""
+creds_outbox=""
+creds_return=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -37,6 +40,8 @@ while [ $# -gt 0 ]; do
     --base) base="$2"; shift 2 ;;
     --outbox) outbox="$2"; shift 2 ;;
     --chdir) chdir="$2"; shift 2 ;;
+    --creds-outbox) creds_outbox="$2"; shift 2 ;;
+    --creds-return) creds_return+=("$2"); shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -205,6 +210,40 @@ sync_agent() {
   else
     rm -f "$records/staged"  # look again next time: deleting the VM's copy takes the host's
   fi
+}
+
+setup_browser() {
+  # The VM has no browser: an agent that opens a login page gets the address printed for the user
+  # (open-url.sh, which writes to the session's terminal even when the agent detached it).
+  local bin="$state/bin"
+  mkdir -p "$bin"
+  cmp -s "$staging/open-url" "$bin/open-url" || install -m 755 "$staging/open-url" "$bin/open-url"
+  [ -n "${BROWSER:-}" ] || export BROWSER="$bin/open-url"
+  if [ -t 2 ]; then
+    AGENTBOX_TTY="$(readlink "/proc/$$/fd/2" 2>/dev/null || true)"
+    export AGENTBOX_TTY
+  fi
+}
+
+# Credential write-back: copy each --creds-return file the session changed (it differs from what
+# apply_credentials last installed, or there was none) into the session's outbox folder as its
+# position; the host checks each and writes it back.
+return_credentials() {
+  local index=0 relative file digest
+  [ -d "$creds_outbox" ] || return 1
+  for relative in ${creds_return[@]+"${creds_return[@]}"}; do
+    file="$HOME/$relative"
+    case "$relative" in /* | *..*) file="" ;; esac
+    if [ -n "$file" ] && [ -f "$file" ] && [ ! -L "$file" ]; then
+      digest="$(sha256sum < "$file")"
+      digest="${digest%% *}"
+      if [ "$digest" != "$(cat "$state/applied/$relative" 2>/dev/null || true)" ]; then
+        rm -rf "$creds_outbox/$index.partial"
+        cp -p "$file" "$creds_outbox/$index.partial" && mv -f "$creds_outbox/$index.partial" "$creds_outbox/$index"
+      fi
+    fi
+    index=$((index + 1))
+  done
 }
 
 # agentbox's own git settings go through the real git, never the readonly-remote wrapper in
@@ -482,19 +521,29 @@ prepare_copy() {
 }
 
 # Run the program on the copy, then leave its changes in the outbox; exits with the program's code.
-run_isolated() {
+# When something must happen after the program, it runs as a child: an isolated session's changes go
+# to the outbox (write_outbox), the logins it changed are handed back (return_credentials). Exits with
+# the program's code (a signal's death as 128+N).
+run_then_hand_back() {
   local code
-  cd "$chdir" 2>/dev/null || cd "$workspace"
-  export AGENTBOX_SUMMARY="$outbox/summary.md"
-  # A trap that runs a command (not '') is reset in the program: Ctrl-C still reaches it, and this
-  # script lives on to collect the changes.
+  if [ -n "$isolated_from" ]; then
+    cd "$chdir" 2>/dev/null || cd "$workspace"
+    export AGENTBOX_SUMMARY="$outbox/summary.md"
+  fi
+  # A trap that runs a command (not '') is reset in the program: Ctrl-C still reaches it (and it may
+  # handle it and go on), while this script lives on to hand back what it must.
   trap 'true' INT TERM HUP QUIT
   set +e
   "$@" 9>&-
   code=$?
   set -e
   trap - INT TERM HUP QUIT
-  write_outbox || say "isolated mode: the session's changes could not be collected; they stay in the copy at $workspace"
+  if [ -n "$isolated_from" ]; then
+    write_outbox || say "isolated mode: the session's changes could not be collected; they stay in the copy at $workspace"
+  fi
+  if [ -n "$creds_outbox" ]; then
+    return_credentials || say "could not hand the session's login files back to the host"
+  fi
   exit "$code"
 }
 
@@ -522,6 +571,7 @@ esac
 mkdir -p "$state"
 apply_credentials
 apply_sync
+setup_browser
 configure_git
 mark_claude_onboarded
 repair_gemini_settings
@@ -555,7 +605,7 @@ fi
 if [ $# -eq 0 ]; then
   # The login shell's profile puts ~/.local/bin on PATH again: hand it a PATH without it.
   shell_path="$(path_without_local_bin)"
-  [ -z "$isolated_from" ] || run_isolated env PATH="$shell_path" bash -l
+  [ -z "$isolated_from$creds_outbox" ] || run_then_hand_back env PATH="$shell_path" bash -l
   PATH="$shell_path" exec bash -l
 fi
 # Say what a shell would, not where this script failed to exec it.
@@ -576,5 +626,5 @@ case "$1" in
     fi
     ;;
 esac
-[ -z "$isolated_from" ] || run_isolated "$@"
+[ -z "$isolated_from$creds_outbox" ] || run_then_hand_back "$@"
 exec "$@"

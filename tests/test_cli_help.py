@@ -269,14 +269,15 @@ def test_completion_lists_agents_first_then_vm_commands(project: Path, home: Pat
     assert {"doctor", "config", "help", "completion"} <= set(names[12:])
 
 
-def test_completion_after_an_agent_offers_shell_and_files(project: Path, monkeypatch) -> None:
+def test_completion_after_an_agent_offers_shell_login_and_files(project: Path, monkeypatch) -> None:
     monkeypatch.chdir(project)
-    assert complete(project, "agentbox claude ") == [("plain", "shell"), ("file", "")]
+    assert complete(project, "agentbox claude ") == [("plain", "shell"), ("plain", "login"), ("file", "")]
     assert complete(project, "agentbox claude sh") == [("plain", "shell"), ("file", "sh")]
     assert complete(project, "agentbox claude RE") == [("file", "RE")]
     assert complete(project, "agentbox claude -p ") == [("file", "")]
     assert complete(project, "agentbox claude shell ") == [("file", "")]
-    assert complete(project, "agentbox -C . kiro ") == [("plain", "shell"), ("file", "")]
+    assert complete(project, "agentbox claude lo") == [("plain", "login"), ("file", "lo")]
+    assert complete(project, "agentbox -C . kiro ") == [("plain", "shell"), ("plain", "login"), ("file", "")]
 
 
 def test_completion_of_help_names_commands(project: Path, monkeypatch) -> None:
@@ -290,7 +291,7 @@ def test_completion_in_a_real_process(project: Path) -> None:
     env = {**os.environ, "_AGENTBOX_COMPLETE": "bash_complete", "COMP_WORDS": "agentbox claude ", "COMP_CWORD": "2"}
     result = subprocess.run([sys.executable, "-m", "agentbox"], env=env, cwd=project, capture_output=True, text=True,
                             timeout=30)
-    assert (result.returncode, result.stdout, result.stderr) == (0, "plain,shell\nfile,\n", "")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "plain,shell\nplain,login\nfile,\n", "")
 
 
 # --- start-up cost ------------------------------------------------------------------------------

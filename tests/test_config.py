@@ -53,7 +53,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "credentials": ["~/.claude/.credentials.json", "~/.claude.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
     }
-    assert data["credentials"] == {"netrc": False, "gh": True, "git": True}
+    assert data["credentials"] == {"netrc": False, "gh": True, "git": True, "writeBack": True}
     assert data["agents"]["kiro"]["binary"] == "kiro-cli"
     assert data["agents"]["kiro"]["defaultArgs"] == ["chat", "--trust-all-tools"]
     assert data["agents"]["gemini"]["defaultArgs"] == ["--approval-mode=yolo", "--no-sandbox"]
@@ -232,7 +232,7 @@ def test_credentials_switches_and_per_agent_lists(project: Path, home: Path) -> 
         "  gemini:\n    credentials: {enabled: false}\n",
     )
     data = config_json(project)
-    assert data["credentials"] == {"netrc": True, "gh": False, "git": True}
+    assert data["credentials"] == {"netrc": True, "gh": False, "git": True, "writeBack": True}
     assert data["agents"]["claude"]["credentials"] == []
     assert data["agents"]["codex"]["credentials"] == ["~/.codex/auth.json", "~/.codex/extra.json"]
     assert data["agents"]["gemini"]["credentials"] == []

@@ -43,8 +43,8 @@ def template(workspace: Path) -> tuple[list[str], str]:
 
 
 def outside_mounts(workspace: Path, locations: list[str]) -> list[str]:
-    """Mounts other than the workspace itself and agentbox's staging folder."""
-    return [loc for loc in locations if loc != str(workspace) and not loc.endswith("/staging")]
+    """Mounts other than the workspace itself and agentbox's own folders (staging, outbox)."""
+    return [loc for loc in locations if loc != str(workspace) and not loc.endswith(("/staging", "/outbox"))]
 
 
 def fake_git_folder(folder: Path, worktree_of: Path | None = None, wt_id: str = "x") -> Path:

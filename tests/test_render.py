@@ -71,13 +71,16 @@ mounts:
     data = rendered(project)
     assert (data["cpus"], data["memory"], data["disk"]) == (6, "12GiB", "50GiB")
     assert (data["vmType"], data["arch"], data["mountType"]) == ("vz", "aarch64", "virtiofs")
-    assert data["mounts"][2:] == [
+    assert data["mounts"][3:] == [
         {"location": str(data_dir), "mountPoint": "/data", "writable": False},
         {"location": "/srv/tools", "mountPoint": "/srv/tools", "writable": True},
     ]
     staging = data["mounts"][1]
     assert staging["mountPoint"] == staging["location"] and staging["writable"] is False
     assert staging["location"].endswith("/vms/agentbox-myproject/staging")
+    outbox = data["mounts"][2]  # the one folder of agentbox's the VM may write
+    assert outbox["mountPoint"] == outbox["location"] and outbox["writable"] is True
+    assert outbox["location"].endswith("/vms/agentbox-myproject/outbox")
     assert data["containerd"] == {"system": False, "user": False}
     assert data["ssh"]["forwardAgent"] is False
     assert data["propagateProxyEnv"] is False

@@ -1,4 +1,5 @@
-"""`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there.
+"""`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there,
+`agentbox <agent> login` runs the agent's own login there (and its login becomes the host's: agentbox.writeback).
 
 Every argument reaches the agent untouched, `--help` and `--version` included, so the agent answers
 them from inside the VM. A `--help`, `-h` or `--version` on its own never creates or starts a VM,
@@ -51,6 +52,7 @@ class AgentCommand(PassthroughCommand):
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         formatter.write_usage(ctx.command_path, "[ARGS]...")
         formatter.write_usage(ctx.command_path, "shell [-- CMD...]", prefix="   or: ")
+        formatter.write_usage(ctx.command_path, "login [ARGS]...", prefix="   or: ")
 
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         name = self.name or ""
@@ -75,6 +77,8 @@ class AgentCommand(PassthroughCommand):
                 f"`agentbox {name} shell` opens a login shell in that VM; `agentbox {name} shell -- CMD...` runs CMD "
                 f"there (`agentbox {name} shell --help`)."
             )
+            formatter.write_paragraph()
+            formatter.write_text(_login_help(name, binary))
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         """`shell` right after the agent's name, file names everywhere (the agent takes any argument)."""
@@ -83,6 +87,8 @@ class AgentCommand(PassthroughCommand):
         items = []
         if not ctx.args and "shell".startswith(incomplete):
             items.append(CompletionItem("shell", help=f"a shell in {self.name}'s VM"))
+        if not ctx.args and "login".startswith(incomplete):
+            items.append(CompletionItem("login", help=f"log {self.name} in, in its VM and on this computer"))
         return [*items, CompletionItem(incomplete, type="file")]
 
 
@@ -135,6 +141,8 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     session = session_for(ctx)
     if isolated:
         session.config = isolation_config(session.config)
+    if args[:1] == ["login"]:
+        return login_agent(session, name, args[1:])
     return launch_agent(session, name, args)
 
 
@@ -142,6 +150,38 @@ def isolation_config(config: Config) -> Config:
     from agentbox import isolation
 
     return isolation.with_isolation(config)
+
+
+def login_agent(session: Session, name: str, args: list[str]) -> int:
+    """`agentbox NAME login [ARGS]`: the agent's own login command in its VM; afterwards the login is the host's too.
+
+    The agent's OAuth callback listens on the VM's localhost, which Lima forwards to the same port of the
+    host's; the VM has no browser, so the page's address is printed (launch.sh's BROWSER) for the user to open.
+    """
+    from agentbox import launch
+    from agentbox.agents import BUILTIN_AGENTS
+    from agentbox.credentials import guest_path_for
+    from agentbox.credformats import FORMATS
+    from agentbox.errors import StateError
+    from agentbox.progress import note
+
+    agent = session.config.agent(name)
+    session.config.require_workspace()
+    spec = BUILTIN_AGENTS.get(name)
+    binary = _shown(agent.binary)
+    if spec is None or spec.login is None:
+        raise StateError(
+            f"agentbox does not know how {name} logs in",
+            hint=f"Run `agentbox {name} shell` and log in with {binary}'s own command there; the login stays in "
+            "the VM.",
+        )
+    hint = f": {spec.login_hint}" if spec.login_hint else ""
+    note(f"logging in to {spec.summary} in the VM {agent.vm_name}{hint}")
+    note("open the address it shows in a browser on this computer: Lima forwards the VM's localhost ports here, "
+         "so the login page's redirect reaches it")
+    if not any(guest_path_for(path)[2:] in FORMATS for path in agent.credentials):
+        note(f"{spec.summary} keeps its login where agentbox does not copy it back, so the login stays in the VM")
+    return launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True)
 
 
 def launch_agent(session: Session, name: str, args: list[str], running: Instance | None = None) -> int:
@@ -288,6 +328,20 @@ def _agent_rows(
         ("VM", f"{agent.vm_name} (agents.{name}.vmName)" if own_vm else f"{agent.vm_name} (the project's VM)"),
         ("logins", f"{logins} (copied into the VM at each launch)" if logins else "none copied into the VM"),
     ]
+
+
+def _login_help(name: str, binary: str) -> str:
+    from agentbox.agents import BUILTIN_AGENTS
+
+    spec = BUILTIN_AGENTS.get(name)
+    if spec is None or spec.login is None:
+        return f"`agentbox {name} login` is not available: agentbox does not know how {binary} logs in."
+    command = _shown(shlex.join([binary, *spec.login]))
+    return (
+        f"`agentbox {name} login [ARGS]...` runs `{command} [ARGS]...` in the VM (without the default arguments); "
+        "open the address it shows in a browser on this computer. The new login then becomes the host's too "
+        "(credentials.writeBack)."
+    )
 
 
 def _builtin_binary(name: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -166,12 +167,18 @@ def run_in_guest(ctx: Ctx, inst: Instance, script: str) -> int:
     found = shutil.which(base, path=env["PATH"])
     argv0 = base if found and os.path.realpath(found) == os.path.realpath(user_shell) else user_shell
     guest.ensure_guestfs(inst)
+    argv = [argv0, "-c", script]
     if guest.bwrap_path():
-        return guest.run(inst, [argv0, "-c", script], as_root=False, env=env)
+        if sys.stdout.isatty() and sys.stdin.isatty():
+            # ssh -t: the command gets a terminal of the guest's own (its stdout and stderr merged on it, the
+            # caller's terminal in raw mode so that Ctrl-C reaches the guest's foreground job). util-linux's
+            # script(1) relays it as sshd would.
+            argv = ["script", "-qfec", shlex.join(argv), "/dev/null"]
+        return guest.run(inst, argv, as_root=False, env=env)
     _warn_no_bwrap(ctx)
     home_host = guest.guest_home_host_path(inst.dir, inst.config["user"]["home"])
     env["HOME"] = home_host
-    return run_child([argv0, "-c", script], env=env, cwd=home_host)
+    return run_child(argv, env=env, cwd=home_host)
 
 
 def _warn_no_bwrap(ctx: Ctx) -> None:
