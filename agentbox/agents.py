@@ -55,4 +55,24 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         credentials=("~/Library/Application Support/kiro-cli/data.sqlite3", "~/.local/share/kiro-cli/data.sqlite3"),
         summary="Kiro CLI",
     ),
+    "opencode": AgentSpec(
+        name="opencode",
+        binary="opencode",
+        # --auto: "auto-approve permissions that are not explicitly denied"; the TUI and `opencode run` take it.
+        default_args=("--auto",),
+        install="npm install -g opencode-ai",
+        credentials=("~/.local/share/opencode/auth.json",),
+        summary="OpenCode",
+    ),
+    "copilot": AgentSpec(
+        name="copilot",
+        binary="copilot",
+        # --allow-all = --allow-all-tools --allow-all-paths --allow-all-urls.
+        default_args=("--allow-all",),
+        install="npm install -g @github/copilot",
+        # Holds the token only where the host has no keychain (macOS keeps it in the Keychain); in the VM
+        # Copilot CLI also takes GH_TOKEN or the GitHub CLI's login, which agentbox brings along.
+        credentials=("~/.copilot/config.json",),
+        summary="GitHub Copilot CLI",
+    ),
 }

@@ -226,9 +226,9 @@ def _agent_summary(ctx: click.Context, name: str) -> str:
 def cli(ctx: click.Context, directory: str | None, verbose: bool, quiet: bool, debug: bool, timings: bool) -> None:
     """Run AI coding agents in a per-project Lima VM.
 
-    In a project folder, `agentbox claude` (or codex, gemini, kiro) finds or creates the project's
-    VM, mounts the project at the same path and starts the agent there with its approval prompts
-    off: the VM is the sandbox.
+    In a project folder, `agentbox claude` (or codex, gemini, kiro, opencode, copilot) finds or
+    creates the project's VM, mounts the project at the same path and starts the agent there with its
+    approval prompts off: the VM is the sandbox.
 
     Every argument after the agent's name goes to the agent: `agentbox AGENT --help` shows the
     agent's own help, run inside the VM (when the VM is not running, agentbox describes the agent

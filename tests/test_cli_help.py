@@ -14,7 +14,7 @@ from agentbox import __version__
 from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 from tests.test_launch import NAME, configure, launch
 
-AGENTS = ["codex", "claude", "gemini", "kiro"]
+AGENTS = ["codex", "claude", "gemini", "kiro", "opencode", "copilot"]
 VM_COMMANDS = ["start", "stop", "restart", "rm", "status", "ls", "shell"]
 
 
@@ -100,8 +100,9 @@ def test_help_of_an_unknown_command_suggests_one(project: Path) -> None:
 def test_agent_and_vm_commands_lead_the_help_listing(project: Path) -> None:
     out = run_cli("--help", cwd=project).stdout
     listed = [line.split()[0] for line in out[out.index("Agent commands"):].splitlines() if line.startswith("  ")]
-    assert listed[:11] == AGENTS + VM_COMMANDS
-    assert "help" in listed[11:]
+    count = len(AGENTS + VM_COMMANDS)
+    assert listed[:count] == AGENTS + VM_COMMANDS
+    assert "help" in listed[count:]
 
 
 # --- agentbox AGENT --help / --version: never a VM just to answer -------------------------------
@@ -265,8 +266,9 @@ def test_completion_lists_agents_first_then_vm_commands(project: Path, home: Pat
     items = complete(project, "agentbox ")
     names = [value for kind, value in items]
     assert all(kind == "plain" for kind, _ in items)
-    assert names[:12] == [*AGENTS, "aider", *VM_COMMANDS]
-    assert {"doctor", "config", "help", "completion"} <= set(names[12:])
+    expected = [*AGENTS, "aider", *VM_COMMANDS]
+    assert names[:len(expected)] == expected
+    assert {"doctor", "config", "help", "completion"} <= set(names[len(expected):])
 
 
 def test_completion_after_an_agent_offers_shell_and_files(project: Path, monkeypatch) -> None:
