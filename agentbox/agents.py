@@ -12,6 +12,10 @@ class AgentSpec(NamedTuple):
     model_after_arg: str | None = None
     credentials: tuple[str, ...] = ()
     summary: str = ""
+    # For an agent that reads a leading bare word as its sub-command and options before it as its TUI's
+    # (opencode): the sub-commands that take default_args and --model right after them. Other
+    # sub-commands get neither. None: the arguments always come first.
+    flag_subcommands: tuple[str, ...] | None = None
 
 
 BUILTIN_AGENTS: dict[str, AgentSpec] = {
@@ -63,6 +67,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         install="npm install -g opencode-ai",
         credentials=("~/.local/share/opencode/auth.json",),
         summary="OpenCode",
+        # `opencode --auto run x` would start the TUI in a folder named `run`: options follow `run`.
+        flag_subcommands=("run",),
     ),
     "copilot": AgentSpec(
         name="copilot",

@@ -63,6 +63,14 @@ def test_help_of_an_agent_follows_the_config(project: Path, home: Path) -> None:
     assert "install  none: aider must already be in the VM" in aider.stdout
 
 
+def test_help_of_opencode_says_where_its_options_go(project: Path, home: Path) -> None:
+    global_config(home, "agents:\n  opencode:\n    model: anthropic/claude-sonnet-4-5\n")
+    text = " ".join(run_cli("help", "opencode", cwd=project).stdout.split())
+    assert ("runs opencode --model anthropic/claude-sonnet-4-5 --auto [ARGS]... (--model is left out when ARGS has "
+            "--model or -m); `run ARGS...` runs opencode run --model anthropic/claude-sonnet-4-5 --auto ARGS...; "
+            "other sub-commands get none of these options") in text
+
+
 def test_help_of_an_agent_with_an_unreadable_config_shows_the_builtin_entry(project: Path) -> None:
     write(project / "agentbox.yml", "vm: [\n")
     result = run_cli("help", "codex", cwd=project)

@@ -221,7 +221,7 @@ def test_opencode_and_copilot_logins_reach_the_vm_with_their_own_launch(project:
 
     result, data = launch(project, "opencode", "run", "hi")
     assert result.returncode == 0, result.stderr
-    assert data["args"] == ["--auto", "run", "hi"]
+    assert data["args"] == ["run", "--auto", "hi"]
     assert (guest / ".local" / "share" / "opencode" / "auth.json").read_text() == '{"anthropic": {"type": "oauth"}}'
     assert not (guest / ".copilot" / "config.json").exists()  # not copilot's launch
 
