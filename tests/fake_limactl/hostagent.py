@@ -120,13 +120,13 @@ def forwarding_addresses(all_rules: list[dict[str, Any]], ip: str, port: int) ->
         if port < low or port > high:
             continue
         rule_ip = _ip(rule.get("guestIP", "127.0.0.1"))
-        if guest_ip.is_unspecified or guest_ip == rule_ip:
-            pass
-        elif guest_ip == ipaddress.ip_address("::1") and rule_ip == ipaddress.ip_address("127.0.0.1"):
-            pass
-        elif rule_ip.is_unspecified and not rule.get("guestIPMustBeZero", False):
-            pass
-        else:
+        matches = (
+            guest_ip.is_unspecified
+            or guest_ip == rule_ip
+            or (guest_ip == ipaddress.ip_address("::1") and rule_ip == ipaddress.ip_address("127.0.0.1"))
+            or (rule_ip.is_unspecified and not rule.get("guestIPMustBeZero", False))
+        )
+        if not matches:
             continue
         if rule.get("ignore"):
             if guest_ip.is_unspecified and not rule_ip.is_unspecified:
