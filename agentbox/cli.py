@@ -19,10 +19,12 @@ from agentbox.errors import AgentboxError, LimaError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
-VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell")
+VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports")
 # Imported only when used: an agent launch should not pay for every other command's module.
 LAZY_COMMANDS = {
     **{name: ("agentbox.commands.vm", f"{name}_command") for name in VM_COMMANDS},
+    "port": ("agentbox.commands.ports", "port_command"),
+    "ports": ("agentbox.commands.ports", "ports_command"),
     "doctor": ("agentbox.commands.doctor", "doctor_command"),
     "ca": ("agentbox.commands.ca", "ca_group"),
     "config": ("agentbox.commands.config", "config_command"),

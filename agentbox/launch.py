@@ -2,7 +2,9 @@
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
 needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount
-(agentbox.staging describes it, and the command line of provision/launch.sh).
+(agentbox.staging describes it, and the command line of provision/launch.sh). Before and after the
+session, the VM's ports that Lima could not forward to the host are reported (agentbox.ports, from
+the instance folders of that `list`).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, drift, staging, timing, tripwire, vm
+from agentbox import bootstrap, drift, ports, staging, timing, tripwire, vm
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -50,10 +52,14 @@ def run_in_vm(
     with timing.phase("tripwire fingerprint"):
         before, unacknowledged = tripwire.begin_session(workspace)
     tripwire.remind(unacknowledged)
+    with timing.phase("port clashes (Lima's logs)"):
+        unreachable = ports.warn_clashes(instance, session.lima.listed)
     with timing.phase("in-VM setup + agent (limactl shell)"):
         code = session.lima.shell(name, command, workdir=workdir_for(config.cwd, workspace), reconnect=reconnect)
     with timing.phase("tripwire check"):
         tripwire.report_session(*tripwire.end_session(workspace, before))
+    with timing.phase("port clashes after the session"):
+        ports.warn_clashes(instance, session.lima.listed, known=unreachable, during=True)
     if reconnect:
         vm.update_state(name, {"reconnect": False})
     if code in (1, 255) and session.instance(name) is None:
