@@ -63,6 +63,8 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     instance, owned = check_vm(lima, config, checks) if lima_usable else (None, False)
     if owned:
         check_drift(config, checks)
+    if owned and instance is not None:
+        check_ports(lima, instance, checks)
     probe = probe_vm(lima, config, instance, owned, lima_usable, checks)
     check_credentials(config, probe, checks)
     check_guards(config, probe, checks)
@@ -332,6 +334,24 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
             )
         )
     return instance, False
+
+
+def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
+    """The running VM's guest ports Lima could not forward to the host, with who has each host port."""
+    from agentbox import ports
+    from agentbox.lima import RUNNING
+    from agentbox.safetext import visible
+
+    if instance.status != RUNNING:
+        return
+    holders = ports.Holders(lima.listed, instance)
+    rows = holders.rows(instance)
+    blocked = [row for row in rows if not row.forwarded]
+    if not blocked:
+        checks.append(Check("vm.ports", OK, f"VM {instance.name}: every port it forwards reaches the host "
+                                            f"({len(rows)} forwarded; `agentbox ports` lists them)"))
+    for row in blocked:
+        checks.append(Check("vm.ports", WARN, visible(ports.clash_text(row)), ports.clash_hint(row, holders) + "."))
 
 
 def check_drift(config: Config, checks: list[Check]) -> None:

@@ -128,7 +128,10 @@ def save_on_demand(vm: str, items: Iterable[OnDemand]) -> None:
 
 
 def log_path(vm: str, host_port: int) -> Path:
-    return paths.vm_state_dir(vm) / f"port-{host_port}.log"
+    """Where the ssh of an agentbox port forward writes (its folder is created)."""
+    from agentbox.fsutil import private_dir
+
+    return private_dir(paths.vm_state_dir(vm)) / f"port-{host_port}.log"
 
 
 # -- who holds what ------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ def test_help_lists_agent_and_vm_commands_one_line_each(project: Path) -> None:
     out = result.stdout
     assert "Agent commands" in out and "VM commands" in out
     for name in ("claude", "codex", "gemini", "kiro", "opencode", "copilot",
-                 "start", "stop", "restart", "rm", "status", "ls", "shell"):
+                 "start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports"):
         rows = [line for line in out.splitlines() if line.strip().startswith(name + " ")]
         assert len(rows) == 1, (name, out)
     commands = out[out.index("Agent commands"):]

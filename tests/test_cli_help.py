@@ -15,7 +15,7 @@ from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 from tests.test_launch import NAME, configure, launch
 
 AGENTS = ["codex", "claude", "gemini", "kiro", "opencode", "copilot"]
-VM_COMMANDS = ["start", "stop", "restart", "rm", "status", "ls", "shell"]
+VM_COMMANDS = ["start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports"]
 
 
 def global_config(home: Path, text: str) -> None:

@@ -87,6 +87,11 @@ def test_status_ports_and_a_launch_name_the_vm_that_holds_a_host_port(project: P
         [f"127.0.0.1:{port}", OTHER, f"127.0.0.1:{port}", "lima", "forwarded"],
     ]
 
+    checks = json.loads(run_cli("doctor", "--json", cwd=project).stdout)
+    assert [(c["status"], c["message"]) for c in checks if c["check"] == "vm.ports"] == [
+        ("WARN", f"port {port} in {NAME} is not reachable at 127.0.0.1:{port}: the VM {OTHER} (workspace {other}) "
+                 "forwards that host port")]
+
     vm.clear()
     launched = shell(project, "true")
     assert launched.returncode == 0, launched.stderr
