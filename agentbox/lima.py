@@ -401,6 +401,7 @@ LOG_READ_LIMIT = 4 << 20
 _FORWARDING = re.compile(r"^Forwarding TCP from (\S+) to (\S+)$")
 _LISTEN_FAILED = re.compile(r"^failed to listen tcp: (\S+)$")
 _NOT_FORWARDING = re.compile(r"^Not forwarding TCP (\S+)$")
+_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$")  # Go's net.JoinHostPort of an IP
 
 
 def port_forwards(instance_dir: str) -> list[PortForward]:
@@ -431,7 +432,7 @@ def port_forwards(instance_dir: str) -> list[PortForward]:
     for entry in _json_lines(os.path.join(instance_dir, "ha.stdout.log"), '"portForward"'):
         event = (entry.get("status") or {}).get("portForward") or {}
         kind, guest, host = event.get("type"), str(event.get("guestAddr", "")), str(event.get("hostAddr", ""))
-        if event.get("protocol", "tcp") != "tcp" or not guest or not host.rpartition(":")[2].isdigit():
+        if event.get("protocol", "tcp") != "tcp" or not (_ADDRESS.match(guest) and _ADDRESS.match(host)):
             continue
         if kind == "forwarding":
             attempt = seen.get(host, 0)

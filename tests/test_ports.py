@@ -264,3 +264,37 @@ def test_port_arguments(project: Path, vm: FakeLima) -> None:
     for args in ([], ["--stop", "3000", "4000"], ["3000", "--stop", "3001"], ["0"], ["70000"]):
         result = run_cli("port", *args, cwd=project)
         assert result.exit_code == 2, (args, result.stderr)
+
+
+def test_lima_logs_are_read_defensively(tmp_path: Path) -> None:
+    """Malformed lines and odd addresses are skipped; a FIFO or a symlink is not read (never blocks)."""
+    import os
+
+    from agentbox.lima import PortForward, port_forwards
+
+    def event(kind: str, guest: str, host: str) -> str:
+        return json.dumps({"time": "t", "status": {"running": True, "portForward": {
+            "type": kind, "protocol": "tcp", "guestAddr": guest, "hostAddr": host}}})
+
+    (tmp_path / "ha.stdout.log").write_text("\n".join([
+        "not json", '{"portForward": [1]', event("forwarding", "127.0.0.1:3000", "127.0.0.1:3000"),
+        event("forwarding", "\x1b[31mevil:1", "127.0.0.1:1"), event("forwarding", "127.0.0.1:4000", "/tmp/sock"),
+        event("forwarding", "0.0.0.0:5000", "127.0.0.1:5000"), event("stopping", "0.0.0.0:5000", "127.0.0.1:5000"),
+        event("forwarding", "[::1]:6000", "127.0.0.1:6000"),
+    ]) + "\n")
+    (tmp_path / "ha.stderr.log").write_text("\n".join([
+        json.dumps({"level": "info", "msg": "Forwarding TCP from [::1]:6000 to 127.0.0.1:6000"}),
+        json.dumps({"error": "listen tcp 127.0.0.1:6000: bind: address already in use", "level": "warning",
+                    "msg": "failed to listen tcp: 127.0.0.1:6000"}),
+        "{broken",
+    ]) + "\n")
+    assert port_forwards(str(tmp_path)) == [
+        PortForward("127.0.0.1:3000", "127.0.0.1:3000", True),
+        PortForward("[::1]:6000", "127.0.0.1:6000", False, "listen tcp 127.0.0.1:6000: bind: address already in use"),
+    ]
+    (tmp_path / "ha.stderr.log").unlink()
+    os.mkfifo(tmp_path / "ha.stderr.log")
+    assert len(port_forwards(str(tmp_path))) == 2  # the FIFO is skipped: every attempt counts as listening
+    (tmp_path / "ha.stdout.log").rename(tmp_path / "elsewhere.log")
+    (tmp_path / "ha.stdout.log").symlink_to(tmp_path / "elsewhere.log")
+    assert port_forwards(str(tmp_path)) == []
