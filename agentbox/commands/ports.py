@@ -24,7 +24,7 @@ PORT = click.IntRange(1, 65535)
 @click.option("--stop", "stop_port", type=PORT, metavar="HOST_PORT", help="End the forward on this host port.")
 @click.pass_context
 def port_command(ctx: click.Context, guest_port: int | None, host_port: int | None, stop_port: int | None) -> None:
-    """Forward a port of the VM to the host's 127.0.0.1 and print its URL.
+    """Forward a VM port to the host's 127.0.0.1; print its URL.
 
     Lima forwards every port a program in the VM listens on to the same host port by itself. This is
     for a port Lima could not forward (another VM or program has that host port) or one you want
@@ -117,7 +117,11 @@ def _stop(name: str, host_port: int) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array.")
 @click.pass_context
 def ports_command(ctx: click.Context, as_json: bool) -> None:
-    """List the ports every running agentbox VM forwards to the host, and the ones it could not."""
+    """List the ports the running VMs forward to the host.
+
+    Every running agentbox VM's forwarded ports (Lima's and `agentbox port`'s), and the ones Lima
+    could not forward, with who has that host port.
+    """
     from agentbox import ports, vm
     from agentbox.safetext import visible
 
