@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import STUB, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 NAME = "agentbox-myproject"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
@@ -214,6 +214,8 @@ def test_opencode_and_copilot_logins_reach_the_vm_with_their_own_launch(project:
     from tests.test_launch import configure, launch
 
     configure(project, "")
+    for binary in ("opencode", "copilot"):  # stand-ins that record what reached them (this module's vm has none)
+        write(vm.home / NAME / "guestfs" / "usr-local" / "bin" / binary, STUB, mode=0o755)
     write(home / ".local" / "share" / "opencode" / "auth.json", '{"anthropic": {"type": "oauth"}}', mode=0o600)
     write(home / ".copilot" / "config.json", '{"last_logged_in_user": {"login": "me"}}', mode=0o600)
     write(home / ".config" / "gh" / "hosts.yml", "github.com:\n  oauth_token: gho_x\n", mode=0o600)
