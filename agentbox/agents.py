@@ -23,6 +23,10 @@ class AgentSpec(NamedTuple):
     # The OAuth callback of each listens on the VM's localhost, which Lima forwards to the host's.
     login: tuple[str, ...] | None = None
     login_hint: str = ""  # what to do in the agent, said before it starts
+    # For an agent that reads a leading bare word as its sub-command and options before it as its TUI's
+    # (opencode): the sub-commands that take default_args and --model right after them. Other
+    # sub-commands get neither. None: the arguments always come first.
+    flag_subcommands: tuple[str, ...] | None = None
 
 
 # Whatever the agent: never brought into the VM by sync.include.
@@ -96,5 +100,31 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         sync_items=("steering/", "agents/", "prompts/", "settings/mcp.json"),
         pull_folders=("agents", "prompts"),
         login=("login",),
+    ),
+    "opencode": AgentSpec(
+        name="opencode",
+        binary="opencode",
+        # --auto: "auto-approve permissions that are not explicitly denied"; the TUI and `opencode run` take it.
+        default_args=("--auto",),
+        install="npm install -g opencode-ai",
+        credentials=("~/.local/share/opencode/auth.json",),
+        summary="OpenCode",
+        # `opencode --auto run x` would start the TUI in a folder named `run`: options follow `run`.
+        flag_subcommands=("run",),
+        login=("auth", "login"),
+    ),
+    "copilot": AgentSpec(
+        name="copilot",
+        binary="copilot",
+        # --allow-all = --allow-all-tools --allow-all-paths --allow-all-urls.
+        default_args=("--allow-all",),
+        install="npm install -g @github/copilot",
+        # Holds the token only where the host has no keychain (macOS keeps it in the Keychain); in the VM
+        # Copilot CLI also takes GH_TOKEN or the GitHub CLI's login, which agentbox brings along.
+        credentials=("~/.copilot/config.json",),
+        summary="GitHub Copilot CLI",
+        # A device flow (a code to enter at github.com), typed in its TUI: no callback port at all.
+        login=(),
+        login_hint="type /login and enter the code it shows at the address it gives, then /exit",
     ),
 }

@@ -19,10 +19,12 @@ from agentbox.errors import AgentboxError, LimaError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
-VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell")
+VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports")
 # Imported only when used: an agent launch should not pay for every other command's module.
 LAZY_COMMANDS = {
     **{name: ("agentbox.commands.vm", f"{name}_command") for name in VM_COMMANDS},
+    "port": ("agentbox.commands.ports", "port_command"),
+    "ports": ("agentbox.commands.ports", "ports_command"),
     "doctor": ("agentbox.commands.doctor", "doctor_command"),
     "ca": ("agentbox.commands.ca", "ca_group"),
     "config": ("agentbox.commands.config", "config_command"),
@@ -235,9 +237,9 @@ def _agent_summary(ctx: click.Context, name: str) -> str:
 def cli(ctx: click.Context, directory: str | None, verbose: bool, quiet: bool, debug: bool, timings: bool) -> None:
     """Run AI coding agents in a per-project Lima VM.
 
-    In a project folder, `agentbox claude` (or codex, gemini, kiro) finds or creates the project's
-    VM, mounts the project at the same path and starts the agent there with its approval prompts
-    off: the VM is the sandbox.
+    In a project folder, `agentbox claude` (or codex, gemini, kiro, opencode, copilot) finds or
+    creates the project's VM, mounts the project at the same path and starts the agent there with its
+    approval prompts off: the VM is the sandbox.
 
     Every argument after the agent's name goes to the agent: `agentbox AGENT --help` shows the
     agent's own help, run inside the VM (when the VM is not running, agentbox describes the agent

@@ -63,6 +63,8 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     instance, owned = check_vm(lima, config, checks) if lima_usable else (None, False)
     if owned:
         check_drift(config, checks)
+    if owned and instance is not None:
+        check_ports(lima, instance, checks)
     probe = probe_vm(lima, config, instance, owned, lima_usable, checks)
     check_credentials(config, probe, checks)
     check_guards(config, probe, checks)
@@ -334,6 +336,24 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
     return instance, False
 
 
+def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
+    """The running VM's guest ports Lima could not forward to the host, with who has each host port."""
+    from agentbox import ports
+    from agentbox.lima import RUNNING
+    from agentbox.safetext import visible
+
+    if instance.status != RUNNING:
+        return
+    holders = ports.Holders(lima.listed, instance)
+    rows = holders.rows(instance)
+    blocked = [row for row in rows if not row.forwarded]
+    if not blocked:
+        checks.append(Check("vm.ports", OK, f"VM {instance.name}: every port it forwards reaches the host "
+                                            f"({len(rows)} forwarded; `agentbox ports` lists them)"))
+    for row in blocked:
+        checks.append(Check("vm.ports", WARN, visible(ports.clash_text(row)), ports.clash_hint(row, holders) + "."))
+
+
 def check_drift(config: Config, checks: list[Check]) -> None:
     """Settings that only a new VM gets (cpus, memory, mounts, ...) changed since this VM was created."""
     from agentbox import drift, vm
@@ -522,7 +542,12 @@ def _agents_check(config: Config, used: dict[str, str]) -> Check:
 # are copied along but are no login by themselves; for these agents only the listed files are, or an
 # API key in the config's env.
 LOGIN_FILES = {"gemini": ("~/.gemini/oauth_creds.json",)}
-LOGIN_ENV = {"gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY")}
+LOGIN_ENV = {
+    "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    "copilot": ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN"),
+}
+# Agents that fall back to the GitHub CLI's login, which agentbox brings into the VM (credentials.gh).
+LOGIN_VIA_GH = ("copilot",)
 
 
 def login_files(agent: AgentConfig, guests: dict[str, list[Path]]) -> dict[str, list[Path]]:
@@ -548,6 +573,8 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
     if not any(guest in on_host for guest in login):
         if any(in_vm_probe.creds.get(guest[2:]) for guest in login):
             return Check(check, OK, f"{agent.name}: not logged in on the host; the VM has its own login")
+        if agent.name in LOGIN_VIA_GH and _gh_login_on_host(config):
+            return Check(check, OK, f"{agent.name}: uses the GitHub CLI's login (gh), which launches bring into the VM")
         return Check(
             check,
             WARN,
@@ -564,6 +591,12 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
         in_vm_probe,
         f"The next `agentbox {agent.name}` copies it into the VM.",
     )
+
+
+def _gh_login_on_host(config: Config) -> bool:
+    from agentbox import credentials
+
+    return config.credentials.gh and Path(os.path.expanduser(credentials.GH_FILES[0])).is_file()
 
 
 def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:

@@ -7,7 +7,8 @@ staging mount (agentbox.staging describes it, and the command line of provision/
 returns (agentbox.writeback, agentbox.proposals). A git workspace gets a checkpoint before the session (taken on
 the host while `limactl list` runs) and after it (agentbox.session_checkpoints). In isolated mode the start
 checkpoint is also the base of the agent's copy (agentbox.isolation), whose changes become a proposal after the
-session.
+session. Before and after the session, the VM's ports that Lima could not forward to the host are reported
+(agentbox.ports, from the instance folders of that `list`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import agentsync, bootstrap, drift, isolation, staging, timing, tripwire, vm, writeback
+from agentbox import agentsync, bootstrap, drift, isolation, ports, staging, timing, tripwire, vm, writeback
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -97,6 +98,8 @@ def _run(
     with timing.phase("tripwire fingerprint"):
         before, unacknowledged = tripwire.begin_session(workspace)
     tripwire.remind(unacknowledged)
+    with timing.phase("port clashes (Lima's logs)"):
+        unreachable = ports.warn_clashes(instance, session.lima.listed)
     points.wait_for_start()
     try:
         with timing.phase("in-VM setup + agent (limactl shell)"):
@@ -111,6 +114,8 @@ def _run(
                     warn(f"the session's logins were not copied back to the host: {exc}")
     with timing.phase("tripwire check"):
         tripwire.report_session(*tripwire.end_session(workspace, before))
+    with timing.phase("port clashes after the session"):
+        ports.warn_clashes(instance, session.lima.listed, known=unreachable, during=True)
     if isolated is not None:
         with timing.phase("isolated mode (proposal)"):
             isolation.finish(config, name, isolated, code)

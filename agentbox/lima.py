@@ -1,9 +1,16 @@
-"""The only module that runs limactl. Everything else asks it.
+"""The only module that runs limactl, or ssh into a Lima VM. Everything else asks it.
 
 Captured calls (list, create, start, stop, delete) return parsed results or raise LimaError
 naming the command and exit code, with Lima's own messages (and, from the long ones, the last
 lines of their output). `shell` is attached: the terminal, stdin, stdout and stderr pass straight
 through and its exit code is returned.
+
+Ports. Lima's host agent forwards every TCP port a guest program listens on to the same port on the
+host's 127.0.0.1 and, when that host port is taken, only logs a warning. `port_forwards` reads what
+it did from the instance folder (no limactl call, so a launch can afford it). `forward_port` adds one
+forward on demand to a running VM without restarting it: a detached `ssh -N -L` through the
+ssh.config Lima writes in the instance folder (`limactl tunnel` only offers a SOCKS proxy, and
+`portForwards` are read at start), which lives until the VM stops or `stop_port_forward`.
 """
 
 from __future__ import annotations
@@ -70,6 +77,29 @@ class Instance(NamedTuple):
     def log_path(self) -> str:
         return os.path.join(self.dir, "ha.stderr.log")
 
+    @property
+    def ssh_host(self) -> str:
+        """The Host of Lima's ssh.config: lima-NAME with dots and underscores as dashes."""
+        return "lima-" + self.name.replace(".", "-").replace("_", "-")
+
+
+class PortForward(NamedTuple):
+    """A guest TCP listener Lima's host agent forwards; `forwarded` is False when the host address was
+    taken (Lima logged `failed to listen tcp: ADDR` and nothing else), `error` says why."""
+
+    guest_addr: str
+    host_addr: str
+    forwarded: bool
+    error: str = ""
+
+    @property
+    def host_port(self) -> int:
+        return int(self.host_addr.rpartition(":")[2])
+
+    @property
+    def guest_port(self) -> int:
+        return int(self.guest_addr.rpartition(":")[2])
+
 
 class Lima:
     """Runs limactl. `on_output` receives every stderr/stdout line of long operations.
@@ -85,6 +115,7 @@ class Lima:
         self.executable = executable
         self._command: Any = None
         self._path: str | None = None
+        self.listed: dict[str, Instance] = {}  # the last `list`: other VMs' folders without another call
 
     # -- state ---------------------------------------------------------------------------------
     def instances(self) -> dict[str, Instance]:
@@ -104,6 +135,7 @@ class Lima:
             if not isinstance(data, dict) or not isinstance(data.get("name"), str):
                 raise LimaError(f"`limactl list --json` line {number} has no instance name: {line[:120]!r}")
             instances[data["name"]] = Instance.from_json(data)
+        self.listed = instances
         return instances
 
     def get(self, name: str) -> Instance | None:
@@ -291,6 +323,188 @@ class Lima:
         return LimaError(
             f"`limactl {' '.join(args)}` failed (exit {code}): {summary}", stderr_lines=messages, tail=tail
         )
+
+
+    # -- on-demand port forwards (ssh) -------------------------------------------------------------
+    def forward_port(self, instance: Instance, guest_port: int, host_port: int, log: Path) -> int:
+        """Forward 127.0.0.1:host_port to the guest's 127.0.0.1:guest_port; return the ssh process's pid.
+
+        The ssh runs detached (its own session, output to `log`) and is waited for until it listens,
+        or fails: a taken host port is fatal to it (ExitOnForwardFailure).
+        """
+        import subprocess
+
+        ssh = shutil.which("ssh")
+        if ssh is None:
+            raise LimaError("ssh was not found on PATH, so agentbox cannot forward a port",
+                            hint="Install OpenSSH's client (Lima needs it too).")
+        argv = [ssh, "-F", os.path.join(instance.dir, "ssh.config"), "-N", "-o", "ExitOnForwardFailure=yes",
+                "-o", "ControlMaster=no", "-o", "ControlPath=none", "-o", "LogLevel=ERROR",
+                "-L", forward_spec(guest_port, host_port), instance.ssh_host]
+        started = time.monotonic()
+        with open(log, "wb") as output:
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
+                                       start_new_session=True)
+        deadline = started + FORWARD_TIMEOUT
+        while True:
+            code = process.poll()
+            if code is not None:
+                calllog.record(argv, time.monotonic() - started, code, echo=self.debug)
+                lines = [line for line in _tail(log) if line.strip()]
+                raise LimaError(
+                    f"ssh could not forward 127.0.0.1:{host_port} to port {guest_port} of {instance.name} "
+                    f"(exit {code}){': ' + lines[-1] if lines else ''}",
+                    stderr_lines=lines,
+                )
+            if host_port_in_use(host_port):
+                calllog.record(argv, time.monotonic() - started, 0, echo=self.debug)
+                return process.pid
+            if time.monotonic() > deadline:
+                process.terminate()
+                raise LimaError(f"ssh did not set up the forward of 127.0.0.1:{host_port} within "
+                                f"{FORWARD_TIMEOUT} s; its output is in {log}")
+            time.sleep(0.05)
+
+
+FORWARD_TIMEOUT = 20
+
+
+def forward_spec(guest_port: int, host_port: int) -> str:
+    return f"127.0.0.1:{host_port}:127.0.0.1:{guest_port}"
+
+
+def port_forward_alive(pid: int, guest_port: int, host_port: int) -> bool:
+    """Is pid still the ssh that forward_port started for this forward (not a reused pid)?"""
+    spec = forward_spec(guest_port, host_port)
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return spec.encode() in handle.read().split(b"\0")
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return False
+    except OSError:
+        return False
+    import subprocess
+
+    try:  # macOS has no /proc
+        result = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return result.returncode == 0 and spec in result.stdout.split()
+
+
+def stop_port_forward(pid: int, guest_port: int, host_port: int) -> bool:
+    """End the ssh of an on-demand forward; False when it had already ended."""
+    if not port_forward_alive(pid, guest_port, host_port):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def host_port_in_use(port: int, ip: str = "127.0.0.1") -> bool:
+    """Something listens on ip:port (binding it fails with EADDRINUSE)."""
+    import errno
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((ip, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
+def _tail(path: Path, limit: int = 8192) -> list[str]:
+    from agentbox.safetext import visible
+
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - limit))
+            return [visible(line) for line in handle.read().decode(errors="replace").splitlines()]
+    except OSError:
+        return []
+
+
+# -- what the host agent forwards (read from the instance folder) ------------------------------
+
+LOG_READ_LIMIT = 4 << 20
+_FORWARDING = re.compile(r"^Forwarding TCP from (\S+) to (\S+)$")
+_LISTEN_FAILED = re.compile(r"^failed to listen tcp: (\S+)$")
+_NOT_FORWARDING = re.compile(r"^Not forwarding TCP (\S+)$")
+_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$")  # Go's net.JoinHostPort of an IP
+
+
+def port_forwards(instance_dir: str) -> list[PortForward]:
+    """The guest TCP listeners Lima's host agent forwards now, from its logs in the instance folder.
+
+    ha.stdout.log's `portForward` events say what was forwarded and stopped; ha.stderr.log says which
+    attempt failed: its `Forwarding TCP from G to H` lines come in the same order as the events, each
+    followed by `failed to listen tcp: H` when H was taken (or `Not forwarding TCP H` for a privileged
+    port). Both files are recreated at every start. Read with a size cap, without following links.
+    """
+    outcomes: dict[str, list[str]] = {}  # host address -> per attempt: "" (listening) or the error
+    last: dict[str, int] = {}
+    for entry in _json_lines(os.path.join(instance_dir, "ha.stderr.log"), '"msg"'):
+        message = str(entry.get("msg", ""))
+        match = _FORWARDING.match(message)
+        if match:
+            outcomes.setdefault(match.group(2), []).append("")
+            last[match.group(2)] = len(outcomes[match.group(2)]) - 1
+            continue
+        match = _LISTEN_FAILED.match(message) or _NOT_FORWARDING.match(message)
+        if match and match.group(1) in last:
+            host = match.group(1)
+            reason = str(entry.get("error", "")) or "Lima did not forward it (a privileged port)"
+            if outcomes[host][last[host]] == "":
+                outcomes[host][last[host]] = reason
+    active: dict[tuple[str, str], PortForward] = {}
+    seen: dict[str, int] = {}
+    for entry in _json_lines(os.path.join(instance_dir, "ha.stdout.log"), '"portForward"'):
+        event = (entry.get("status") or {}).get("portForward") or {}
+        kind, guest, host = event.get("type"), str(event.get("guestAddr", "")), str(event.get("hostAddr", ""))
+        if event.get("protocol", "tcp") != "tcp" or not (_ADDRESS.match(guest) and _ADDRESS.match(host)):
+            continue
+        if kind == "forwarding":
+            attempt = seen.get(host, 0)
+            seen[host] = attempt + 1
+            tries = outcomes.get(host, [])
+            error = tries[attempt] if attempt < len(tries) else ""
+            active[(guest, host)] = PortForward(guest, host, not error, error)
+        elif kind == "stopping":
+            active.pop((guest, host), None)
+    return list(active.values())
+
+
+def _json_lines(path: str, marker: str) -> Iterator[dict[str, Any]]:
+    """JSON objects of the lines that contain marker, from the last LOG_READ_LIMIT bytes of a regular file."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return
+    with os.fdopen(fd, "rb") as handle:
+        size = os.fstat(fd).st_size
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return
+        if size > LOG_READ_LIMIT:
+            handle.seek(size - LOG_READ_LIMIT)
+            handle.readline()  # a partial line
+        data = handle.read(LOG_READ_LIMIT)
+    needle = marker.encode()
+    for raw in data.splitlines():
+        if needle not in raw:
+            continue
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            yield entry
 
 
 class LogLine(NamedTuple):

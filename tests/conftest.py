@@ -83,13 +83,14 @@ def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.M
 
 @pytest.fixture
 def vm(project: Path, limactl: FakeLima) -> FakeLima:
-    """The project's VM, started, with stub agents (claude, codex, gemini, kiro-cli) that report what they got."""
+    """The project's VM, started, with stub agents (claude, codex, gemini, kiro-cli, opencode, copilot) that report
+    what they got."""
     needs_bwrap()
     result = run_cli("start", cwd=project)
     assert result.exit_code == 0, result.stderr
     bin_dir = limactl.home / NAME / "guestfs" / "usr-local" / "bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for binary in ("claude", "codex", "gemini", "kiro-cli"):
+    for binary in ("claude", "codex", "gemini", "kiro-cli", "opencode", "copilot"):
         path = bin_dir / binary
         path.write_text(STUB)
         path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)

@@ -125,6 +125,17 @@ class FakeLima:
 
         return fake_limactl.guest_home(self.home, name)
 
+    def set_guest_listeners(self, name: str, *listeners: str) -> None:
+        """What the guest listens on now ("127.0.0.1:3000", "0.0.0.0:8080"): Lima's host agent forwards it."""
+        from tests import fake_limactl
+
+        fake_limactl.set_guest_listeners(self.home, name, list(listeners))
+
+    def ssh_calls(self) -> list[list[str]]:
+        from tests import fake_limactl
+
+        return [call["argv"] for call in fake_limactl.read_ssh_calls(self.home)]
+
 
 # -- isolated mode: a repository with work in progress, a stand-in agent, the guest's copy ----------
 

@@ -24,7 +24,8 @@ def test_help_lists_agent_and_vm_commands_one_line_each(project: Path) -> None:
     assert result.exit_code == 0
     out = result.stdout
     assert "Agent commands" in out and "VM commands" in out
-    for name in ("claude", "codex", "gemini", "kiro", "start", "stop", "restart", "rm", "status", "ls", "shell"):
+    for name in ("claude", "codex", "gemini", "kiro", "opencode", "copilot",
+                 "start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports"):
         rows = [line for line in out.splitlines() if line.strip().startswith(name + " ")]
         assert len(rows) == 1, (name, out)
     commands = out[out.index("Agent commands"):]
@@ -39,7 +40,7 @@ def test_help_still_works_with_a_broken_config(project: Path, broken: str) -> No
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
     agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:]
-    assert [line.split()[0] for line in agents[:4]] == ["codex", "claude", "gemini", "kiro"]
+    assert [line.split()[0] for line in agents[:6]] == ["codex", "claude", "gemini", "kiro", "opencode", "copilot"]
 
 
 def test_init_writes_the_example_and_refuses_to_overwrite(project: Path) -> None:

@@ -14,8 +14,8 @@ from agentbox import __version__
 from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 from tests.test_launch import NAME, configure, launch
 
-AGENTS = ["codex", "claude", "gemini", "kiro"]
-VM_COMMANDS = ["start", "stop", "restart", "rm", "status", "ls", "shell"]
+AGENTS = ["codex", "claude", "gemini", "kiro", "opencode", "copilot"]
+VM_COMMANDS = ["start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports"]
 
 
 def global_config(home: Path, text: str) -> None:
@@ -63,6 +63,14 @@ def test_help_of_an_agent_follows_the_config(project: Path, home: Path) -> None:
     assert "install  none: aider must already be in the VM" in aider.stdout
 
 
+def test_help_of_opencode_says_where_its_options_go(project: Path, home: Path) -> None:
+    global_config(home, "agents:\n  opencode:\n    model: anthropic/claude-sonnet-4-5\n")
+    text = " ".join(run_cli("help", "opencode", cwd=project).stdout.split())
+    assert ("runs opencode --model anthropic/claude-sonnet-4-5 --auto [ARGS]... (--model is left out when ARGS has "
+            "--model or -m); `run ARGS...` runs opencode run --model anthropic/claude-sonnet-4-5 --auto ARGS...; "
+            "other sub-commands get none of these options") in text
+
+
 def test_help_of_an_agent_with_an_unreadable_config_shows_the_builtin_entry(project: Path) -> None:
     write(project / "agentbox.yml", "vm: [\n")
     result = run_cli("help", "codex", cwd=project)
@@ -100,8 +108,9 @@ def test_help_of_an_unknown_command_suggests_one(project: Path) -> None:
 def test_agent_and_vm_commands_lead_the_help_listing(project: Path) -> None:
     out = run_cli("--help", cwd=project).stdout
     listed = [line.split()[0] for line in out[out.index("Agent commands"):].splitlines() if line.startswith("  ")]
-    assert listed[:11] == AGENTS + VM_COMMANDS
-    assert "help" in listed[11:]
+    count = len(AGENTS + VM_COMMANDS)
+    assert listed[:count] == AGENTS + VM_COMMANDS
+    assert "help" in listed[count:]
 
 
 # --- agentbox AGENT --help / --version: never a VM just to answer -------------------------------
@@ -265,8 +274,9 @@ def test_completion_lists_agents_first_then_vm_commands(project: Path, home: Pat
     items = complete(project, "agentbox ")
     names = [value for kind, value in items]
     assert all(kind == "plain" for kind, _ in items)
-    assert names[:12] == [*AGENTS, "aider", *VM_COMMANDS]
-    assert {"doctor", "config", "help", "completion"} <= set(names[12:])
+    expected = [*AGENTS, "aider", *VM_COMMANDS]
+    assert names[:len(expected)] == expected
+    assert {"doctor", "config", "help", "completion"} <= set(names[len(expected):])
 
 
 def test_completion_after_an_agent_offers_shell_login_and_files(project: Path, monkeypatch) -> None:

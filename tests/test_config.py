@@ -58,6 +58,22 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
     assert data["agents"]["kiro"]["defaultArgs"] == ["chat", "--trust-all-tools"]
     assert data["agents"]["gemini"]["defaultArgs"] == ["--approval-mode=yolo", "--no-sandbox"]
     assert data["agents"]["codex"]["defaultArgs"] == ["--dangerously-bypass-approvals-and-sandbox"]
+    assert data["agents"]["opencode"] == {
+        "binary": "opencode",
+        "defaultArgs": ["--auto"],
+        "model": None,
+        "vmName": "agentbox-myproject",
+        "install": "npm install -g opencode-ai",
+        "credentials": ["~/.local/share/opencode/auth.json"],
+    }
+    assert data["agents"]["copilot"] == {
+        "binary": "copilot",
+        "defaultArgs": ["--allow-all"],
+        "model": None,
+        "vmName": "agentbox-myproject",
+        "install": "npm install -g @github/copilot",
+        "credentials": ["~/.copilot/config.json"],
+    }
 
 
 def test_previous_tool_examples_from_a_subdirectory(project: Path, home: Path) -> None:
@@ -220,7 +236,8 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
     lines = run_cli("--help", cwd=project).stdout.splitlines()
     agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:
                    lines.index("VM commands:")]
-    assert [line.split()[0] for line in agents if line.strip()] == ["codex", "claude", "gemini", "kiro", "aider"]
+    assert [line.split()[0] for line in agents if line.strip()] == [
+        "codex", "claude", "gemini", "kiro", "opencode", "copilot", "aider"]
 
 
 def test_credentials_switches_and_per_agent_lists(project: Path, home: Path) -> None:

@@ -276,7 +276,7 @@ def test_only_the_agents_in_use_are_checked(project: Path, limactl: FakeLima, ho
     result = doctor(project)
     assert result.exit_code == 0
     line(result, "OK", "no agent is set in the config or logged in on the host or in the VM, so no login is checked "
-                       "(codex, claude, gemini, kiro)")
+                       "(codex, claude, gemini, kiro, opencode, copilot)")
     assert not [text for text in result.stdout.splitlines() if "not logged in" in text]
 
     # Kiro logged in where Linux keeps it; Gemini named in the global config without a login.
@@ -285,7 +285,7 @@ def test_only_the_agents_in_use_are_checked(project: Path, limactl: FakeLima, ho
     result = doctor(project)
     assert result.exit_code == 0
     line(result, "OK", "agents checked: gemini (set in the global config), kiro (logged in on the host); "
-                       "not checked: codex, claude (neither set in the config nor logged in)")
+                       "not checked: codex, claude, opencode, copilot (neither set in the config nor logged in)")
     line(result, "WARN", "gemini: not logged in on the host")
     assert line(result, "WARN", "kiro:").endswith("kiro: logged in on the host, not staged now, "
                                                   "not checked in the VM: the VM does not exist yet")
@@ -293,6 +293,23 @@ def test_only_the_agents_in_use_are_checked(project: Path, limactl: FakeLima, ho
     checks = json.loads(doctor(project, "--json").stdout)
     assert sorted(c["check"] for c in checks if c["check"].startswith("credentials.")) == [
         "credentials.gemini", "credentials.kiro"]
+
+
+def test_copilot_logs_in_with_a_token_in_env_or_the_github_cli_login(project: Path, limactl: FakeLima,
+                                                                     home: Path) -> None:
+    write(project / "agentbox.yml", "")
+    write(home / ".config" / "agentbox" / "config.yml", "agents:\n  copilot:\n    model: gpt-5\n")
+    line(doctor(project), "WARN", "copilot: not logged in on the host")
+
+    write(home / ".config" / "gh" / "hosts.yml", "github.com:\n  user: me\n", mode=0o600)
+    line(doctor(project), "OK", "copilot: uses the GitHub CLI's login (gh), which launches bring into the VM")
+    write(home / ".config" / "agentbox" / "config.yml",
+          "credentials:\n  gh: false\nagents:\n  copilot:\n    model: gpt-5\n")
+    line(doctor(project), "WARN", "copilot: not logged in on the host")  # gh's login is not brought along
+
+    write(home / ".config" / "agentbox" / "config.yml",
+          "env:\n  COPILOT_GITHUB_TOKEN: github_pat_x\nagents:\n  copilot:\n    model: gpt-5\n")
+    line(doctor(project), "OK", "copilot: logs in with COPILOT_GITHUB_TOKEN from the config's env")
 
 
 def test_a_login_made_in_the_vm_counts_as_in_use(project: Path, limactl: FakeLima) -> None:

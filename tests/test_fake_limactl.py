@@ -1025,3 +1025,204 @@ def test_injected_shell_failure(running: Lima) -> None:
     assert result.returncode == 1 and fatal(result.stderr) == "ssh broke"
     unreachable = running.run("shell", "vm", "true", env={"FAKE_LIMACTL_SHELL_SSH_FAIL": "1"})
     assert unreachable.returncode == 255 and "Connection refused" in unreachable.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# port forwarding (hostagent.py) and the ssh that reaches a guest (ssh.py)
+# ---------------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def forward_events(lima: Lima, name: str = "vm") -> list[dict[str, Any]]:
+    lines = (lima.inst_dir(name) / "ha.stdout.log").read_text().splitlines()
+    return [json.loads(line)["status"]["portForward"] for line in lines if '"portForward"' in line]
+
+
+def ha_log(lima: Lima, name: str = "vm") -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (lima.inst_dir(name) / "ha.stderr.log").read_text().splitlines()]
+
+
+def listen(lima: Lima, name: str, *addrs: str) -> None:
+    fake_limactl.set_guest_listeners(lima.lima_home, name, list(addrs))
+
+
+def test_guest_listeners_are_forwarded_to_the_same_port_on_host_localhost(running: Lima) -> None:
+    first = (running.inst_dir() / "ha.stdout.log").read_text().splitlines()
+    assert len(first) == 1
+    event = json.loads(first[0])
+    assert set(event) == {"time", "status"}
+    assert event["status"] == {"running": True, "sshLocalPort": running.one()["sshLocalPort"]}
+    a, b = free_port(), free_port()
+    listen(running, "vm", f"127.0.0.1:{a}", f"0.0.0.0:{b}")
+    assert forward_events(running) == [
+        {"type": "forwarding", "protocol": "tcp", "guestAddr": f"127.0.0.1:{a}", "hostAddr": f"127.0.0.1:{a}"},
+        {"type": "forwarding", "protocol": "tcp", "guestAddr": f"0.0.0.0:{b}", "hostAddr": f"127.0.0.1:{b}"},
+    ]
+    logged = ha_log(running)
+    assert [(e["level"], e["msg"]) for e in logged] == [
+        ("info", f"Forwarding TCP from 127.0.0.1:{a} to 127.0.0.1:{a}"),
+        ("info", f"Forwarding TCP from 0.0.0.0:{b} to 127.0.0.1:{b}"),
+    ]
+    assert list(logged[0]) == ["level", "msg", "time"]  # logrus's JSON formatter: keys sorted
+    listen(running, "vm", f"0.0.0.0:{b}")
+    assert forward_events(running)[-1] == {"type": "stopping", "protocol": "tcp", "guestAddr": f"127.0.0.1:{a}",
+                                           "hostAddr": f"127.0.0.1:{a}"}
+    running.ok("stop", "vm")
+    running.ok("--tty=false", "start", "vm")
+    assert forward_events(running) == [] and ha_log(running) == []  # recreated at every start
+
+
+def test_port_forward_rules_first_match_wins(lima: Lima) -> None:
+    p1, h1, p2, h2, p3, p4, p5, h5a, h5b = (free_port() for _ in range(9))
+    lima.create(yaml_text=minimal_yaml(
+        f"portForwards:\n"
+        f"- guestPort: {p1}\n  hostPort: {h1}\n"
+        f"- guestPortRange: [{p2}, {p2}]\n  hostPortRange: [{h2}, {h2}]\n"
+        f"- guestPort: {p3}\n  ignore: true\n"
+        f"- guestIP: 0.0.0.0\n  guestPort: {p4}\n  ignore: true\n"
+        f"- guestPort: {p5}\n  hostPort: {h5a}\n"
+        f"- guestPort: {p5}\n  hostPort: {h5b}\n"))
+    lima.ok("--tty=false", "start", "vm")
+    listen(lima, "vm", f"127.0.0.1:{p1}", f"[::1]:{p2}", f"127.0.0.1:{p3}", f"0.0.0.0:{p3}",
+           f"0.0.0.0:{p4}", f"127.0.0.1:{p4}", f"127.0.0.1:{p5}", "0.0.0.0:22")
+    assert [(e["type"], e["guestAddr"], e.get("hostAddr")) for e in forward_events(lima)] == [
+        ("forwarding", f"127.0.0.1:{p1}", f"127.0.0.1:{h1}"),
+        ("forwarding", f"[::1]:{p2}", f"127.0.0.1:{h2}"),  # ::1 matches a 127.0.0.1 rule
+        ("not-forwarding", f"127.0.0.1:{p3}", None),
+        # an ignore rule for 127.0.0.1 is skipped by a listener on 0.0.0.0, which the catch-all forwards
+        ("forwarding", f"0.0.0.0:{p3}", f"127.0.0.1:{p3}"),
+        # guestIP 0.0.0.0 alone means guestIPMustBeZero: only a listener on 0.0.0.0 is ignored
+        ("not-forwarding", f"0.0.0.0:{p4}", None),
+        ("forwarding", f"127.0.0.1:{p4}", f"127.0.0.1:{p4}"),
+        ("forwarding", f"127.0.0.1:{p5}", f"127.0.0.1:{h5a}"),
+        ("not-forwarding", "0.0.0.0:22", None),  # the guest's sshd is never forwarded
+    ]
+    assert ("info", f"Not forwarding TCP 127.0.0.1:{p3}") in [(e["level"], e["msg"]) for e in ha_log(lima)]
+
+
+def test_ignoring_both_guest_ips_turns_forwarding_off_silently(lima: Lima) -> None:
+    lima.create(yaml_text=minimal_yaml("portForwards:\n- guestIP: 0.0.0.0\n  proto: any\n  ignore: true\n"
+                                       "- guestIP: 127.0.0.1\n  proto: any\n  ignore: true\n"))
+    lima.ok("--tty=false", "start", "vm")
+    listen(lima, "vm", f"127.0.0.1:{free_port()}", f"0.0.0.0:{free_port()}")
+    assert forward_events(lima) == [] and ha_log(lima) == []
+
+
+def test_a_host_port_that_is_taken_is_only_a_warning(lima: Lima) -> None:
+    import socket
+
+    for name in ("vm", "vm2"):
+        lima.create(name)
+        lima.ok("--tty=false", "start", name)
+    shared, busy = free_port(), free_port()
+    listen(lima, "vm", f"127.0.0.1:{shared}")
+    listen(lima, "vm2", f"0.0.0.0:{shared}")
+    with socket.socket() as program:
+        program.bind(("127.0.0.1", busy))
+        program.listen(1)
+        listen(lima, "vm2", f"0.0.0.0:{shared}", f"127.0.0.1:{busy}")
+    # Lima emits the forwarding event and logs the forward before it tries to listen.
+    assert [e["type"] for e in forward_events(lima, "vm2")] == ["forwarding", "forwarding"]
+    warnings = [e for e in ha_log(lima, "vm2") if e["level"] == "warning"]
+    assert warnings == [
+        {"error": f"listen tcp 127.0.0.1:{shared}: bind: address already in use", "level": "warning",
+         "msg": f"failed to listen tcp: 127.0.0.1:{shared}", "time": warnings[0]["time"]},
+        {"error": f"listen tcp 127.0.0.1:{busy}: bind: address already in use", "level": "warning",
+         "msg": f"failed to listen tcp: 127.0.0.1:{busy}", "time": warnings[1]["time"]},
+    ]
+    assert [e["level"] for e in ha_log(lima, "vm")] == ["info"]  # the first one holds it
+    # Once vm stops, its host ports are free: vm2's next listener there is forwarded.
+    lima.ok("stop", "vm")
+    listen(lima, "vm2")
+    listen(lima, "vm2", f"0.0.0.0:{shared}")
+    assert len([e for e in ha_log(lima, "vm2") if e["level"] == "warning"]) == 2
+
+
+def ssh_forward(lima: Lima, *extra: str, name: str = "vm") -> list[str]:
+    return ["ssh", "-F", str(lima.inst_dir(name) / "ssh.config"), "-N", *extra, f"lima-{name}"]
+
+
+def echo_server() -> tuple[Any, int]:
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"echo:" + conn.recv(100))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
+
+
+def connect_when_up(port: int, payload: bytes, seconds: float = 20) -> bytes:
+    import socket
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.sendall(payload)
+                return conn.recv(100)
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_ssh_forwards_a_local_port_into_the_guest_until_the_vm_stops(running: Lima) -> None:
+    server, guest_port = echo_server()
+    host_port = free_port()
+    spec = f"127.0.0.1:{host_port}:127.0.0.1:{guest_port}"
+    child = subprocess.Popen(ssh_forward(running, "-o", "ExitOnForwardFailure=yes", "-L", spec),
+                             env=running.env, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        assert connect_when_up(host_port, b"hi") == b"echo:hi"
+        running.ok("stop", "vm")
+        assert child.wait(timeout=20) == 255
+        assert child.stderr is not None and child.stderr.read() == b"Connection to 127.0.0.1 closed by remote host.\r\n"
+    finally:
+        child.kill()
+        server.close()
+    assert fake_limactl.read_ssh_calls(running.lima_home)[0]["argv"][-1] == "lima-vm"
+
+
+def test_ssh_forward_to_a_taken_host_port_fails_with_exit_on_forward_failure(running: Lima) -> None:
+    import socket
+
+    with socket.socket() as program:
+        program.bind(("127.0.0.1", 0))
+        program.listen(1)
+        taken = program.getsockname()[1]
+        result = subprocess.run(ssh_forward(running, "-o", "ExitOnForwardFailure=yes", "-L",
+                                            f"127.0.0.1:{taken}:127.0.0.1:80"),
+                                env=running.env, stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    assert result.returncode == 255
+    assert result.stderr.decode() == (f"bind [127.0.0.1]:{taken}: Address already in use\r\n"
+                                      f"channel_setup_fwd_listener_tcpip: cannot listen to port: {taken}\r\n"
+                                      "Could not request local forwarding.\r\n")
+
+
+def test_ssh_to_a_stopped_vm_is_refused(lima: Lima) -> None:
+    lima.create()
+    lima.ok("--tty=false", "start", "vm")
+    port = lima.one()["sshLocalPort"]
+    lima.ok("stop", "vm")
+    result = subprocess.run(ssh_forward(lima, "-L", f"127.0.0.1:{free_port()}:127.0.0.1:80"), env=lima.env,
+                            stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
+    assert (result.returncode, result.stderr.decode()) == (
+        255, f"ssh: connect to host 127.0.0.1 port {port}: Connection refused\r\n")

@@ -69,6 +69,17 @@ def test_warm_launch_makes_two_limactl_calls(project: Path, vm: FakeLima) -> Non
         ("codex", "o3", ["--model=o4"], ["--dangerously-bypass-approvals-and-sandbox", "--model=o4"]),
         ("kiro", "claude-4", [], ["chat", "--model", "claude-4", "--trust-all-tools"]),
         ("gemini", None, ["-p", "x"], ["--approval-mode=yolo", "--no-sandbox", "-p", "x"]),
+        # opencode reads options before a sub-command as its TUI's: they follow `run`, and other
+        # sub-commands get none.
+        ("opencode", "anthropic/claude-sonnet-4-5", [], ["--model", "anthropic/claude-sonnet-4-5", "--auto"]),
+        ("opencode", "anthropic/claude-sonnet-4-5", ["run", "fix it"],
+         ["run", "--model", "anthropic/claude-sonnet-4-5", "--auto", "fix it"]),
+        ("opencode", "anthropic/claude-sonnet-4-5", ["run", "-m", "openai/gpt-5", "x"],
+         ["run", "--auto", "-m", "openai/gpt-5", "x"]),
+        ("opencode", "anthropic/claude-sonnet-4-5", ["models", "anthropic"], ["models", "anthropic"]),
+        ("opencode", None, ["-c"], ["--auto", "-c"]),
+        ("copilot", "gpt-5", ["-p", "fix it"], ["--model", "gpt-5", "--allow-all", "-p", "fix it"]),
+        ("copilot", None, [], ["--allow-all"]),
     ],
 )
 def test_model_is_added_unless_given(project: Path, vm: FakeLima, agent, model_config, user_args, expected) -> None:

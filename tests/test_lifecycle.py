@@ -98,12 +98,13 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
         "name": NAME, "status": "NotCreated", "workspace": str(project), "cpus": None, "memory": None,
         "disk": None, "vmType": None, "arch": None, "dir": None,
         "workspaceRule": "the current folder: no agentbox.yml, not inside a git work tree", "conflict": None,
+        "ports": [],
     }
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n")
     assert run_cli("start", cwd=project).exit_code == 0
     after = json.loads(run_cli("status", "--json", cwd=project).stdout)
     assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir",
-                           "workspaceRule", "conflict"]
+                           "workspaceRule", "conflict", "ports"]
     assert after["workspaceRule"] == f"the folder of {project / 'agentbox.yml'}"
     assert after["conflict"] is None
     assert after["status"] == "Running"

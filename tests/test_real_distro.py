@@ -390,7 +390,8 @@ def test_provisioning_finishes_on_a_real_distribution(provisioned: Provisioned) 
 
 
 @pytest.mark.parametrize("agent,package", [
-    ("claude", "@anthropic-ai/claude-code"), ("codex", "@openai/codex"), ("gemini", "@google/gemini-cli")])
+    ("claude", "@anthropic-ai/claude-code"), ("codex", "@openai/codex"), ("gemini", "@google/gemini-cli"),
+    ("opencode", "opencode-ai"), ("copilot", "@github/copilot")])
 def test_each_agent_installs_and_accepts_its_approvals_off_flags(provisioned: Provisioned, agent: str,
                                                                 package: str) -> None:
     result = launch(provisioned, agent, ["--version"])

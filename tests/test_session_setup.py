@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import STUB, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 NAME = "agentbox-myproject"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
@@ -206,6 +206,32 @@ def test_kiro_login_reaches_the_vm_from_either_host_location(project: Path, vm: 
     assert (staged / "data.sqlite3").read_text() == f"kiro login from {host_dir}"
     guest = vm.guest_home(NAME) / ".local" / "share" / "kiro-cli" / "data.sqlite3"
     assert guest.read_text() == f"kiro login from {host_dir}"
+
+
+def test_opencode_and_copilot_logins_reach_the_vm_with_their_own_launch(project: Path, vm: FakeLima, home: Path) -> None:
+    """A launch stages the launched agent's logins (plus GitHub's): OpenCode's auth.json; Copilot CLI's
+    config.json and the GitHub CLI login it falls back to."""
+    from tests.test_launch import configure, launch
+
+    configure(project, "")
+    for binary in ("opencode", "copilot"):  # stand-ins that record what reached them (this module's vm has none)
+        write(vm.home / NAME / "guestfs" / "usr-local" / "bin" / binary, STUB, mode=0o755)
+    write(home / ".local" / "share" / "opencode" / "auth.json", '{"anthropic": {"type": "oauth"}}', mode=0o600)
+    write(home / ".copilot" / "config.json", '{"last_logged_in_user": {"login": "me"}}', mode=0o600)
+    write(home / ".config" / "gh" / "hosts.yml", "github.com:\n  oauth_token: gho_x\n", mode=0o600)
+    guest = vm.guest_home(NAME)
+
+    result, data = launch(project, "opencode", "run", "hi")
+    assert result.returncode == 0, result.stderr
+    assert data["args"] == ["run", "--auto", "hi"]
+    assert (guest / ".local" / "share" / "opencode" / "auth.json").read_text() == '{"anthropic": {"type": "oauth"}}'
+    assert not (guest / ".copilot" / "config.json").exists()  # not copilot's launch
+
+    result, data = launch(project, "copilot", "-p", "hi")
+    assert result.returncode == 0, result.stderr
+    assert data["args"] == ["--allow-all", "-p", "hi"]
+    assert (guest / ".copilot" / "config.json").read_text() == '{"last_logged_in_user": {"login": "me"}}'
+    assert (guest / ".config" / "gh" / "hosts.yml").read_text() == "github.com:\n  oauth_token: gho_x\n"
 
 
 def test_an_unchanged_credential_file_is_not_read_again(project: Path, vm: FakeLima, home: Path,

@@ -149,6 +149,7 @@ def test_status_reports_a_name_clash(home: Path, limactl: FakeLima) -> None:
         "name": "agentbox-app", "status": "NotCreated", "workspace": str(second), "cpus": None, "memory": None,
         "disk": None, "vmType": None, "arch": None, "dir": None, "workspaceRule": CWD_RULE,
         "conflict": {"vm": "agentbox-app", "workspace": str(first), "suggestedName": suggested},
+        "ports": [],
     }
     result = run_cli("status", cwd=second)
     assert result.exit_code == 0

@@ -189,7 +189,8 @@ def launch_agent(session: Session, name: str, args: list[str], running: Instance
 
     agent = session.config.agent(name)
     session.config.require_workspace()
-    argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args))
+    argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
+                      flag_subcommands(name))
     return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running)
 
 
@@ -267,13 +268,34 @@ def model_after(name: str, default_args: tuple[str, ...]) -> int | None:
     return default_args.index(anchor) + 1 if anchor in default_args else None
 
 
+def flag_subcommands(name: str) -> tuple[str, ...] | None:
+    from agentbox.agents import BUILTIN_AGENTS
+
+    spec = BUILTIN_AGENTS.get(name)
+    return spec.flag_subcommands if spec else None
+
+
 def agent_argv(
-    binary: str, default_args: list[str], user_args: list[str], model: str | None, after: int | None
+    binary: str,
+    default_args: list[str],
+    user_args: list[str],
+    model: str | None,
+    after: int | None,
+    subcommands: tuple[str, ...] | None = None,
 ) -> list[str]:
-    args = [*default_args, *user_args]
-    if model and after is not None and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in user_args):
+    """binary, default args (with --model at `after`), user args. With `subcommands` (see
+    AgentSpec.flag_subcommands) a leading bare word is a sub-command: the default args and the model
+    follow it when it is one of them, and are left out for any other."""
+    lead: list[str] = []
+    rest = list(user_args)
+    if subcommands is not None and rest and not rest[0].startswith("-"):
+        if rest[0] not in subcommands:
+            return [binary, *rest]
+        lead, rest = rest[:1], rest[1:]
+    args = [*default_args, *rest]
+    if model and after is not None and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in rest):
         args[after:after] = ["--model", model]
-    return [binary, *args]
+    return [binary, *lead, *args]
 
 
 def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
@@ -312,6 +334,12 @@ def _agent_rows(
     runs = _shown(shlex.join(agent_argv(agent.binary, list(agent.default_args), [], agent.model, after))) + " [ARGS]..."
     if agent.model and after is not None:
         runs += " (--model is left out when ARGS has --model or -m)"
+    for sub in flag_subcommands(name) or ():
+        argv = agent_argv(agent.binary, list(agent.default_args), [sub], agent.model, after, (sub,))
+        shown = _shown(shlex.join(argv))
+        runs += f"; `{sub} ARGS...` runs {shown} ARGS..."
+    if flag_subcommands(name) is not None:
+        runs += "; other sub-commands get none of these options"
     elif agent.model:
         runs += (
             f" (model {_shown(agent.model)} is not passed: defaultArgs lack `{BUILTIN_AGENTS[name].model_after_arg}`)"

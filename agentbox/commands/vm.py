@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
@@ -116,17 +117,21 @@ def rm_command(ctx: click.Context, force: bool) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
-    from agentbox import vm
+    from agentbox import ports, vm
 
     session = session_for(ctx, acts=False)
     config = session.config
     name = vm_name(session)
-    instance = session.instance(name)
+    instances = session.lima.instances()  # all of them, for who holds which host port
+    instance = instances.get(name)
     conflict = vm.conflict(instance, config)
     # A VM of this name that is not this workspace's is not this workspace's VM: it has none yet.
     info = vm.describe(None if conflict else instance, name, str(config.workspace))
     info["workspaceRule"] = config.workspace_rule
     info["conflict"] = conflict
+    holders = ports.Holders(instances) if instance is not None and not conflict else None
+    rows = holders.rows(instance) if holders is not None and instance is not None else []
+    info["ports"] = [row.to_json() for row in rows]
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -143,6 +148,25 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
                      f"the Lima instance {name} exists but was not created by agentbox")
             click.echo(f"{'conflict:':11}{taken}")
             click.echo(f"{'fix:':11}{vm.clash_hint(config, name, foreign=owner is None)}")
+    if holders is not None and info["status"] == "Running":
+        _print_ports(rows, holders)
+
+
+def _print_ports(rows: list[Any], holders: Any) -> None:
+    """One line per forwarded port; a port Lima could not forward says who has its host port, and the fix."""
+    from agentbox import ports
+    from agentbox.safetext import visible
+
+    if not rows:
+        click.echo(f"{'ports:':11}none forwarded")
+    for index, row in enumerate(rows):
+        key = "ports:" if index == 0 else ""
+        if row.forwarded:
+            by = "agentbox port" if row.via == ports.VIA_AGENTBOX else "Lima"
+            text = f"http://{row.host_addr}/ -> {row.guest_addr} in the VM ({by})"
+        else:
+            text = f"{ports.clash_text(row)}; fix: {ports.clash_hint(row, holders)}"
+        click.echo(visible(f"{key:11}{text}"))
 
 
 @click.command("ls")

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 LIMACTL_PY = Path(__file__).resolve().with_name("limactl.py")
+SSH_PY = Path(__file__).resolve().with_name("ssh.py")
 STATE_FILE = "fake-state.json"
 VERSION = "v2.2.0"
 
@@ -37,7 +38,9 @@ __all__ = [
     "instance_dir",
     "make_env",
     "read_calls",
+    "read_ssh_calls",
     "read_state",
+    "set_guest_listeners",
     "set_status",
     "write_state",
 ]
@@ -58,6 +61,10 @@ def install(bin_dir: Path, lima_home: Path | None = None) -> Path:
         f'exec {shlex.quote(sys.executable)} {shlex.quote(str(LIMACTL_PY))} "$@"\n'
     )
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    # The ssh that reaches the double's guests through their ssh.config (port forwards only; ssh.py).
+    ssh = bin_dir / "ssh"
+    ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(SSH_PY))} "$@"\n')
+    ssh.chmod(ssh.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return shim
 
 
@@ -93,6 +100,26 @@ def read_calls(lima_home: Path) -> list[dict[str, Any]]:
 
 def clear_calls(lima_home: Path) -> None:
     _calls_path(lima_home).unlink(missing_ok=True)
+
+
+def read_ssh_calls(lima_home: Path) -> list[dict[str, Any]]:
+    """Every run of the double's ssh: ``{"argv", "pid"}``."""
+    path = Path(lima_home) / "_fake" / "ssh-calls.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def set_guest_listeners(lima_home: Path, name: str, listeners: list[str]) -> None:
+    """The guest now listens on these tcp addresses ("127.0.0.1:3000", "0.0.0.0:8080", "[::1]:5000"): the
+    double's host agent forwards the new ones and stops the gone ones, as Lima's does (hostagent.py)."""
+    import subprocess
+
+    env = {**os.environ, "LIMA_HOME": str(lima_home)}
+    result = subprocess.run([sys.executable, str(LIMACTL_PY), "__listeners", name, *(f"tcp:{a}" for a in listeners)],
+                            env=env, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise RuntimeError(f"__listeners failed: {result.stderr}")
 
 
 def instance_dir(lima_home: Path, name: str) -> Path:

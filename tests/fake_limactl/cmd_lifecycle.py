@@ -65,7 +65,8 @@ def stop_gracefully(ctx: Ctx, inst: Instance, *, restart: bool = False) -> str |
 def _set_stopped(inst: Instance) -> None:
     state = read_state(inst.dir)
     kill_boot(state)
-    state.update(status="Stopped", errors=[], hostAgentPID=0, driverPID=0, bootPID=0)
+    # The host agent exits: its listeners close, so the forwarded host ports are free again.
+    state.update(status="Stopped", errors=[], hostAgentPID=0, driverPID=0, bootPID=0, forwards=[], guestListeners=[])
     write_state(inst.dir, state)
     inst.state, inst.status = state, "Stopped"
 

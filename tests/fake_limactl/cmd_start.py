@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import guest
+import hostagent
 from constants import BOOT_SUBCOMMAND, LIMACTL_PY, PROXY_VARS
 from context import Ctx, injected_failure, lima_lock, read_state, validate_inst_name, write_state
 from guest import hostname_of
@@ -115,6 +116,7 @@ def _boot(ctx: Ctx, inst: Instance) -> None:
     kill_boot(state)
     port = cfg["ssh"].get("localPort") or free_port()
     state.update(status="Running", sshLocalPort=port, bootCount=int(state.get("bootCount", 0)) + 1,
+                 forwards=[], guestListeners=[],
                  iid=f"iid-{int(time.time())}-{os.getpid()}", errors=[], bootPID=0,
                  hostAgentPID=os.getpid() + 1, driverPID=os.getpid() + 2, lastStartedAt=time.time(),
                  proxyEnv={k: os.environ[k] for k in PROXY_VARS if k in os.environ})
@@ -144,6 +146,7 @@ def _boot(ctx: Ctx, inst: Instance) -> None:
     with open(inst.ssh_config, "w", encoding="utf-8") as f:
         f.write(_ssh_config_text(ctx, inst, port))
     os.chmod(inst.ssh_config, 0o600)
+    hostagent.reset_logs(inst, port)
     write_state(inst.dir, state)
     inst.state, inst.status = state, "Running"
 

@@ -95,6 +95,8 @@ def new_state() -> dict[str, Any]:
         "dataWritten": [],        # guest paths written by `mode: data` at the last start
         "bootPID": 0,             # the background boot process of the current boot (0 once done)
         "caCertsApplied": False,  # cloud-init's ca_certs ran (once per instance)
+        "guestListeners": [],     # the guest's tcp listeners [ip, port] as last reported (hostagent.py)
+        "forwards": [],           # {"guestAddr", "hostAddr", "held"}: the host agent's tcp forwards
         "createdAt": time.time(),
     }
 

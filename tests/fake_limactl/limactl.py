@@ -25,8 +25,11 @@ Instance layout (``$LIMA_HOME/NAME/``):
   guestfs/{etc,usr-local,var,root,tmp,run,home}   the guest's own /etc (a copy of the host's),
                                          /usr/local, /var, /root, /tmp, /run (emptied at every
                                          start) and /home
+  ha.stdout.log, ha.stderr.log           the host agent's events and log lines, recreated at every start;
+                                         port forwarding writes to them (hostagent.py)
 Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl
-(the background boot process, `limactl __boot`, is the double's own and not logged).
+(the background boot process, `limactl __boot`, and `limactl __listeners NAME tcp:IP:PORT...`, which
+stands for the guest agent reporting the guest's listening sockets, are the double's own and not logged).
 
 Environment knobs (all optional):
   FAKE_LIMACTL_LATENCY="list=0.03,shell=0.15,*=0"  sleep per sub-command ("*" = any other one)
@@ -63,6 +66,8 @@ folder is first on sys.path and the modules beside it are imported by their plai
   cmd_list.py, cmd_create.py, cmd_start.py (and the boot), cmd_lifecycle.py (stop, restart, delete,
   protect, clone), cmd_info.py (info, validate), cmd_shell.py (shell, copy)   the sub-commands
   guest.py         the guest machine: bubblewrap sandbox, identities, sudo, the boot's scripts
+  hostagent.py     tcp port forwarding of the guest's listeners (Lima's rules, events and warnings)
+  ssh.py           the `ssh` that reaches a guest through ssh.config (`-N -L` port forwards only)
   guest_tools/     stand-ins run inside the guest (apt-get, curl, ..., sudo)
 PyYAML and jsonschema are imported on first use: most calls (`list`, `shell`) never need them.
 """
@@ -97,6 +102,7 @@ from cmd_shell import COPY_FLAGS, SHELL_FLAGS, cmd_copy, cmd_shell
 from cmd_start import START_FLAGS, boot_process, cmd_start
 from constants import BOOT_SUBCOMMAND, VERSION
 from context import Ctx, injected_failure, resolve_lima_home, simulate_latency
+from hostagent import LISTENERS_SUBCOMMAND, listeners_process
 from logrus import LEVELS, ChildExit, Fatal, Logger, bq, go_quote, out
 from pflag import GLOBAL_FLAGS, ROOT_FLAGS, Flag, Parsed, parse_flags
 
@@ -193,6 +199,8 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
         return 0
     if sub == BOOT_SUBCOMMAND:
         return boot_process(ctx, rest)
+    if sub == LISTENERS_SUBCOMMAND:
+        return listeners_process(ctx, rest)
     name = ALIASES.get(sub, sub)
     if name == "help":
         out(usage_text())
@@ -267,7 +275,8 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(OSError):
             cwd = os.getcwd()
         # Never create a real ~/.lima just to log a call.
-        if lima_home and (os.environ.get("LIMA_HOME") or os.path.isdir(lima_home)) and argv[:1] != [BOOT_SUBCOMMAND]:
+        own = argv[:1] in ([BOOT_SUBCOMMAND], [LISTENERS_SUBCOMMAND])  # the double's own, not limactl's
+        if lima_home and (os.environ.get("LIMA_HOME") or os.path.isdir(lima_home)) and not own:
             append_call(lima_home, {"argv": argv, "cwd": cwd, "start": started,
                                     "duration": time.time() - started, "exit": code})
     return code

@@ -86,6 +86,22 @@ def rfc3339_now() -> str:
     return s[:-6] + "Z" if s.endswith("+00:00") else s
 
 
+def go_json(data: Any) -> str:
+    """encoding/json's compact form: HTML characters and U+2028/2029 escaped."""
+    line = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+    for a, b in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
+                 ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        line = line.replace(a, b)
+    return line
+
+
+def json_line(level: str, msg: str, *, ts: str | None = None, **fields: Any) -> str:
+    """One logrus JSONFormatter line (keys sorted, as Go marshals a map), without the newline."""
+    data = {k: str(v) for k, v in fields.items()}
+    data.update(level=level, msg=msg, time=ts or rfc3339_now())
+    return go_json(dict(sorted(data.items())))
+
+
 class Logger:
     """logrus TextFormatter (non-TTY) / JSONFormatter lines on stderr."""
 
@@ -98,12 +114,7 @@ class Logger:
             return
         ts = ts or rfc3339_now()
         if self.fmt == "json":
-            data = {k: str(v) for k, v in fields.items()}
-            data.update(level=level, msg=msg, time=ts)
-            line = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-            for a, b in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"),
-                         ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
-                line = line.replace(a, b)
+            line = json_line(level, msg, ts=ts, **fields)
         else:
             parts = [f"time={self._value(ts)}", f"level={level}", f"msg={self._value(msg)}"]
             parts += [f"{k}={self._value(str(v))}" for k, v in sorted(fields.items())]
