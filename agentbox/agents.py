@@ -12,6 +12,8 @@ class AgentSpec(NamedTuple):
     model_after_arg: str | None = None
     credentials: tuple[str, ...] = ()
     summary: str = ""
+    # The agent's user-level memory file in the guest, where agentbox keeps its description of the sandbox.
+    memory_file: str | None = None
 
 
 BUILTIN_AGENTS: dict[str, AgentSpec] = {
@@ -22,6 +24,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         install="npm install -g @openai/codex",
         credentials=("~/.codex/auth.json",),
         summary="OpenAI Codex CLI",
+        memory_file="~/.codex/AGENTS.md",
     ),
     "claude": AgentSpec(
         name="claude",
@@ -30,6 +33,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         install="npm install -g @anthropic-ai/claude-code",
         credentials=("~/.claude/.credentials.json", "~/.claude.json"),
         summary="Anthropic Claude Code",
+        memory_file="~/.claude/CLAUDE.md",
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -44,6 +48,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
             "~/.gemini/state.json",
         ),
         summary="Google Gemini CLI",
+        memory_file="~/.gemini/GEMINI.md",
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -54,5 +59,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # macOS keeps it under Application Support; both land in ~/.local/share/kiro-cli in the VM.
         credentials=("~/Library/Application Support/kiro-cli/data.sqlite3", "~/.local/share/kiro-cli/data.sqlite3"),
         summary="Kiro CLI",
+        # A steering file of its own: Kiro reads every file in ~/.kiro/steering.
+        memory_file="~/.kiro/steering/agentbox.md",
     ),
 }

@@ -1,8 +1,8 @@
 """One launch: make sure the VM runs, refresh the staging folder, then one `limactl shell` that does the rest.
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
-needs (env, credentials, guards, bootstrap) reaches the VM through the read-only staging mount
-(agentbox.staging describes it, and the command line of provision/launch.sh).
+needs (env, credentials, guards, bootstrap, the sandbox's description) reaches the VM through the
+read-only staging mount (agentbox.staging describes it, and the command line of provision/launch.sh).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import bootstrap, drift, staging, timing, tripwire, vm
+from agentbox import bootstrap, context, drift, staging, timing, tripwire, vm
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -38,9 +38,12 @@ def run_in_vm(
         instance = (
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
-    with timing.phase("staging (credentials, env, guards)"):
-        staging.refresh(config, name, agent, scripts)
     state = vm.read_state(name)
+    seen = context.vm_facts(instance)
+    if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
+        vm.update_state(name, {"seen": seen})
+    with timing.phase("staging (credentials, env, guards, context)"):
+        staging.refresh(config, name, agent, scripts, instance)
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if changed:
         note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")

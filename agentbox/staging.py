@@ -22,6 +22,14 @@ launch.sh finds the folder as the one it runs from.
                                  (credentials.git_identity); absent if off
     creds/stamps.json      0600  host only: each staged file's stat signature and digest (credentials.stage_files)
     creds/gitconfig.stamp  0600  host only: ~/.gitconfig's stat when creds/gitconfig was last made
+    context/context.json   0600  the sandbox described for the agent       launch.sh: adds each tool's `command -v`
+                                 (agentbox.context; names, never values)     (jq), installs it as root's 0644
+                                                                             /run/agentbox/context.json, exports
+                                                                             AGENTBOX_CONTEXT_FILE
+    context/memory.md      0600  the BEGIN/END AGENTBOX block derived      agent-memory.sh, for each --memory-file
+                                 from it (context.memory_block)
+    agent-memory.sh        0700  provision/agent-memory.sh                 launch.sh: bash agent-memory.sh put
+                                                                             context/memory.md ~/MEMORY-FILE...
 
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
@@ -36,15 +44,17 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import credentials, paths, resources, timing
+from agentbox import context, credentials, paths, resources, timing
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.progress import warn
 
 if TYPE_CHECKING:
     from agentbox.bootstrap import Plan
     from agentbox.config import AgentConfig, Config
+    from agentbox.lima import Instance
 
 LAUNCH_SCRIPT = "launch.sh"
+MEMORY_SCRIPT = "agent-memory.sh"
 GUARDS = "guards"
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
 BOOTSTRAP = "bootstrap"
@@ -55,6 +65,9 @@ CREDS_MANIFEST = "creds/manifest"
 CREDS_STAMPS = "creds/stamps.json"
 GIT_IDENTITY = "creds/gitconfig"
 GIT_IDENTITY_STAMP = "creds/gitconfig.stamp"
+CONTEXT = "context"
+CONTEXT_FILE = "context/context.json"
+MEMORY_BLOCK = "context/memory.md"
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -78,6 +91,8 @@ LAUNCH_OPTIONS = (
     LaunchOption("--install", "COMMAND", "the bash command that installs --binary ('' for none)"),
     LaunchOption("--on-create", "SCRIPT", "a staged onCreateScript, run once in the VM's life", repeated=True),
     LaunchOption("--on-start", "SCRIPT", "a staged onStartScript, run once per boot", repeated=True),
+    LaunchOption("--memory-file", "PATH", "an agent's memory file, relative to the guest home, that keeps "
+                 "context/memory.md's block (agents.py memory_file)", repeated=True),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -99,6 +114,7 @@ def launch_command(
         "--timing": timing.enabled(),
         "--on-create": scripts.on_create,
         "--on-start": scripts.on_start,
+        "--memory-file": [path[2:] for path in context.memory_files()],
     }
     if agent is not None:
         values["--binary"] = agent.binary
@@ -128,25 +144,42 @@ def launch_options(values: Mapping[str, OptionValue]) -> list[str]:
     return argv
 
 
-def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan) -> Path:
-    """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None)."""
+def refresh(
+    config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None
+) -> Path:
+    """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
+
+    `instance` is the VM's row of the launch's `limactl list`: the sandbox description takes the VM's
+    resources and mounts from it (without it, from the VM's record or the config).
+    """
     staging = private_dir(folder(name))
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
+    write_if_changed(staging / MEMORY_SCRIPT, resources.text("provision", MEMORY_SCRIPT).encode(), 0o700)
     guards = private_dir(staging / GUARDS)
     for guard in GUARD_FILES:
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
     stage_bootstrap(scripts, staging)
     settings = config.credentials
-    _, warnings = stage_credentials(
-        staging, _credential_files(config, agent), include_git_identity=settings.enabled and settings.git
+    staged, warnings = stage_credentials(
+        staging, credential_files(config, agent), include_git_identity=settings.enabled and settings.git
     )
     for warning in warnings:
         warn(warning)
-    write_env(staging, {**_added_env(config), **config.env})
+    env = session_env(config)
+    write_env(staging, env)
+    document = context.build(
+        config, name, agent,
+        staged_credentials=[item.guest_path for item in staged],
+        env_keys=env,
+        git_identity=(staging / GIT_IDENTITY).exists(),
+        vm_facts=context.vm_facts(instance) if instance is not None else None,
+        mounts=context.effective_mounts(instance) if instance is not None else None,
+    )
+    context.stage(staging, document)
     return staging
 
 
-def _credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
+def credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
     """The host login files (`~/...`) this launch stages: the agent's (every agent's for a shell), gh's, .netrc."""
     settings = config.credentials
     if not settings.enabled:
@@ -158,6 +191,11 @@ def _credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
     if settings.netrc:
         files.append(credentials.NETRC)
     return files
+
+
+def session_env(config: Config) -> dict[str, str]:
+    """The environment the session gets: agentbox's additions, then the config's env over them."""
+    return {**_added_env(config), **config.env}
 
 
 def _added_env(config: Config) -> dict[str, str]:

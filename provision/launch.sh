@@ -16,6 +16,7 @@ guards=""
 workspace="$PWD"
 on_create=()
 on_start=()
+memory_files=()
 timing_start=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -26,6 +27,7 @@ while [ $# -gt 0 ]; do
     --workspace) workspace="$2"; shift 2 ;;
     --on-create) on_create+=("$2"); shift 2 ;;
     --on-start) on_start+=("$2"); shift 2 ;;
+    --memory-file) memory_files+=("$2"); shift 2 ;;
     --timing) timing_start="${EPOCHREALTIME:-}"; shift ;;
     --) shift; break ;;
     -*)
@@ -248,6 +250,56 @@ bootstrap() {
   fi
 }
 
+context_file=/run/agentbox/context.json
+
+install_context() {
+  # The host's description of the sandbox, with what `command -v` finds for each tool here, as root's
+  # read-only /run/agentbox/context.json (rewritten only when it changed; /run is emptied at every boot).
+  local staged="$staging/context/context.json" probed="$state/context.json" found="" name path
+  [ -r "$staged" ] || return 0
+  if command -v jq >/dev/null 2>&1; then
+    while IFS= read -r name; do
+      path="$(command -v -- "$name" 2>/dev/null || true)"
+      found+="$name"$'\t'"$path"$'\n'
+    done < <(jq -r '.tools.list[].name' "$staged")
+  fi
+  # shellcheck disable=SC2016 # $found is jq's variable
+  if [ -n "$found" ] && jq --arg found "$found" '
+      ([$found | split("\n")[] | select(length > 0) | split("\t") | {key: .[0], value: (.[1] // "")}]
+        | from_entries) as $paths
+      | .tools.checkedInVm = true
+      | .tools.list |= map(.path = (if ($paths[.name] // "") == "" then null else $paths[.name] end))' \
+      "$staged" > "$probed.tmp"; then
+    mv -f "$probed.tmp" "$probed"
+  else
+    rm -f "$probed.tmp"
+    cp "$staged" "$probed"  # no jq yet (provisioning did not finish): the tools stay unchecked
+  fi
+  if ! cmp -s "$probed" "$context_file"; then
+    # shellcheck disable=SC2016 # $1 and $$ belong to the root shell
+    if ! sudo -n /bin/sh -c 'install -d -m 755 /run/agentbox && install -m 644 "$1" "/run/agentbox/.context.json.$$" &&
+        mv -f "/run/agentbox/.context.json.$$" /run/agentbox/context.json' sh "$probed"; then
+      say "could not write $context_file (sudo failed); the agent reads the description from $probed instead"
+      export AGENTBOX_CONTEXT_FILE="$probed"
+      return 0
+    fi
+  fi
+  export AGENTBOX_CONTEXT_FILE="$context_file"
+}
+
+keep_memory_block() {
+  # agentbox's short block in each agent's memory file (~/.claude/CLAUDE.md, ...), the user's text around it kept.
+  local block="$staging/context/memory.md" relative
+  local -a files=()
+  [ -r "$block" ] || return 0
+  for relative in "${memory_files[@]}"; do
+    case "$relative" in /* | *..*) continue ;; esac
+    files+=("$HOME/$relative")
+  done
+  [ ${#files[@]} -gt 0 ] || return 0
+  bash "$staging/agent-memory.sh" put "$block" "${files[@]}" || say "could not update the agents' memory files"
+}
+
 wait_for_boot
 check_provisioned
 load_env
@@ -280,6 +332,9 @@ if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
   fi
   hash -r
 fi
+
+install_context
+keep_memory_block
 
 if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   setup_us=$(( ${EPOCHREALTIME/./} - ${timing_start/./} ))

@@ -118,10 +118,13 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
 
     folder = staging.folder(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
-    executable = {staging.LAUNCH_SCRIPT, *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
+    executable = {staging.LAUNCH_SCRIPT, staging.MEMORY_SCRIPT,
+                  *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
     named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
-             staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", *executable}
-    folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex"}
+             staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", staging.CONTEXT_FILE,
+             staging.MEMORY_BLOCK, *executable}
+    folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex",
+               staging.CONTEXT}
     copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}
     assert set(found) == named | folders | copies
     assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2
