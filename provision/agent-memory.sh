@@ -31,7 +31,7 @@ END {
     exit 3
   }
   for (i = 1; i <= NR; i++) {
-    if (i == first_begin) {
+    if (i == first_begin && first_end > i) {
       if (block != "") while ((getline line < block) > 0) print line
       i = first_end
       continue
