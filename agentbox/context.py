@@ -394,14 +394,33 @@ def memory_block(document: dict[str, Any]) -> str:
 
 
 def stage(folder: Path, document: dict[str, Any]) -> None:
-    """context/context.json and context/memory.md in the staging folder (rewritten only when they changed)."""
+    """The document, its memory block, the tools to look up and both digests in the staging folder's context/.
+
+    The digests file is written last and compared first: when it matches, nothing is written (the warm path).
+    It also lets launch.sh skip all of it, without starting a process, when nothing changed since the last
+    launch. The staged document is compact JSON: launch.sh's jq prints it indented.
+    """
+    import hashlib
+
     from agentbox import staging
     from agentbox.fsutil import private_dir, write_if_changed
 
+    text = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    block = memory_block(document).encode()
+    digests = f"{hashlib.sha256(text).hexdigest()}\n{hashlib.sha256(block).hexdigest()}\n".encode()
+    try:
+        if (folder / staging.CONTEXT_DIGESTS).read_bytes() == digests:
+            return
+    except OSError:
+        pass
     private_dir(folder / staging.CONTEXT)
-    write_if_changed(folder / staging.CONTEXT_FILE, dump(document).encode())
-    write_if_changed(folder / staging.MEMORY_BLOCK, memory_block(document).encode())
+    write_if_changed(folder / staging.CONTEXT_FILE, text)
+    write_if_changed(folder / staging.MEMORY_BLOCK, block)
+    tools = "".join(f"{tool['name']}\n" for tool in document["tools"]["list"])
+    write_if_changed(folder / staging.CONTEXT_TOOLS, tools.encode())
+    write_if_changed(folder / staging.CONTEXT_DIGESTS, digests)
 
 
 def dump(document: dict[str, Any]) -> str:
+    """The document as `agentbox describe --json` prints it."""
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"

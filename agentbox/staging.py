@@ -28,6 +28,11 @@ launch.sh finds the folder as the one it runs from.
                                                                              AGENTBOX_CONTEXT_FILE
     context/memory.md      0600  the BEGIN/END AGENTBOX block derived      agent-memory.sh, for each --memory-file
                                  from it (context.memory_block)
+    context/tools          0600  the tools context.json lists, one name    launch.sh: looks each up (bash's hash)
+                                 a line
+    context/digests        0600  sha256 of context.json, then of           launch.sh: nothing changed since the last
+                                 memory.md, one a line                       launch (~/.agentbox/context.key,
+                                                                             memory.key): installs and edits nothing
     agent-memory.sh        0700  provision/agent-memory.sh                 launch.sh: bash agent-memory.sh put
                                                                              context/memory.md ~/MEMORY-FILE...
 
@@ -68,6 +73,8 @@ GIT_IDENTITY_STAMP = "creds/gitconfig.stamp"
 CONTEXT = "context"
 CONTEXT_FILE = "context/context.json"
 MEMORY_BLOCK = "context/memory.md"
+CONTEXT_TOOLS = "context/tools"
+CONTEXT_DIGESTS = "context/digests"
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 

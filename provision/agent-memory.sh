@@ -7,11 +7,13 @@
 #   agent-memory.sh strip FILE          print FILE without agentbox's block: the text the user wrote.
 # A marker is a line that starts with "<!-- BEGIN AGENTBOX" or "<!-- END AGENTBOX" and ends with "-->".
 # A FILE whose markers do not pair up (exactly one BEGIN, then one END) is left as it is, and so is a FILE
-# that is a symbolic link or not a regular file; each is said on stderr and the others are still updated.
+# that is a symbolic link or not a regular file; each is said on stderr, the others are still updated, and
+# `put` exits 1 (so launch.sh tries, and says it, again at the next launch).
 # launch.sh runs `put` at every launch (agentbox/staging.py lists the staged files).
 set -euo pipefail
 
 say() { printf 'agentbox: %s\n' "$*" >&2; }
+left_alone=0
 
 # awk program: the file with its block replaced by the lines of the file `block` (or appended when it has
 # none; with block="" the block is only removed). Exits 3, printing "BEGINS ENDS", when the markers do not
@@ -45,10 +47,12 @@ put_one() {
   local block="$1" file="$2" output status=0 counts
   if [ -L "$file" ]; then
     say "not updating $file: it is a symbolic link (agentbox keeps its block only in a regular file)"
+    left_alone=1
     return 0
   fi
   if [ -e "$file" ] && [ ! -f "$file" ]; then
     say "not updating $file: it is not a regular file"
+    left_alone=1
     return 0
   fi
   mkdir -p "$(dirname "$file")"
@@ -63,10 +67,12 @@ put_one() {
     rm -f "$output"
     say "not updating $file: its agentbox markers do not pair up (${counts[0]} BEGIN AGENTBOX and ${counts[1]} END AGENTBOX lines);" \
       "remove the stray marker lines (or the whole block) and launch again"
+    left_alone=1
     return 0
   elif [ "$status" -ne 0 ]; then
     rm -f "$output"
     say "could not update $file (awk exited $status)"
+    left_alone=1
     return 0
   fi
   if cmp -s "$output" "$file"; then
@@ -89,6 +95,7 @@ case "${1:-}" in
     for file in "$@"; do
       put_one "$block" "$file"
     done
+    exit "$left_alone"
     ;;
   strip)
     [ $# -eq 2 ] || { say "usage: agent-memory.sh strip FILE"; exit 2; }

@@ -225,10 +225,18 @@ def test_memory_block_is_kept_once_around_the_users_text(project: Path, limactl:
     assert (f"agentbox: not updating {in_guest(vm, gemini_md)}: its agentbox markers do "
             "not pair up (1 BEGIN AGENTBOX and 0 END AGENTBOX lines)") in result.stderr
 
-    # Launching again changes nothing, byte for byte, and does not rewrite the file.
+    # Launching again changes nothing, byte for byte, and does not rewrite the file; the broken file is
+    # named again.
     before = {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in guest.rglob("*.md")}
-    assert launch(project, "codex")[0].returncode == 0
+    again = launch(project, "codex")[0]
+    assert again.returncode == 0
     assert {path: (path.read_bytes(), path.stat().st_mtime_ns) for path in guest.rglob("*.md")} == before
+    assert "GEMINI.md: its agentbox markers do not pair up" in again.stderr
+
+    # The user takes the block out: the next launch puts it back, after their text.
+    claude_md.write_text("# My rules\n\nAlways use tabs.\n")
+    assert launch(project, "claude")[0].returncode == 0
+    assert claude_md.read_text() == "# My rules\n\nAlways use tabs.\n" + block
 
     # Text the user adds after the block stays after it when the block changes.
     claude_md.write_text(claude_md.read_text() + "\nLater notes.\n")
@@ -238,6 +246,25 @@ def test_memory_block_is_kept_once_around_the_users_text(project: Path, limactl:
     assert text.count("BEGIN AGENTBOX") == 1 and "Remote writes are allowed" in text
     assert text.startswith("# My rules\n\nAlways use tabs.\n" + context.BEGIN_MARKER)
     assert text.endswith(context.END_MARKER + "\n\nLater notes.\n")
+
+
+def test_a_launch_with_nothing_changed_touches_nothing(project: Path, limactl: FakeLima) -> None:
+    """launch.sh skips the description and the block without starting a process when the staged digests and
+    the tools' paths are those of the last launch; a tool that appears is found at the next launch."""
+    vm = started(project, limactl, "agents:\n  mytool:\n    binary: mytool-cli\n")
+    assert launch(project, "claude")[0].returncode == 0
+    state = guest_user_home(vm) / ".agentbox"
+    watched = [state / "context.json", state / "memory.stamp", guest_context(vm)]
+    before = [path.stat().st_mtime_ns for path in watched]
+    assert launch(project, "claude")[0].returncode == 0
+    assert [path.stat().st_mtime_ns for path in watched] == before
+
+    tool = vm.home / NAME / "guestfs" / "usr-local" / "bin" / "mytool-cli"
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert launch(project, "claude")[0].returncode == 0
+    tools = {t["name"]: t["path"] for t in json.loads(guest_context(vm).read_text())["tools"]["list"]}
+    assert tools["mytool-cli"] == "/usr/local/bin/mytool-cli"
 
 
 def memory_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -285,7 +312,7 @@ def test_put_leaves_a_file_with_broken_markers_alone_and_says_so(tmp_path: Path,
     broken = write(tmp_path / "GEMINI.md", text)
     other = tmp_path / "steering" / "agentbox.md"
     result = memory_sh(tmp_path, "put", str(block), str(broken), str(other))
-    assert result.returncode == 0
+    assert result.returncode == 1
     assert broken.read_text() == text
     assert re.fullmatch(rf"agentbox: not updating {re.escape(str(broken))}: its agentbox markers do not pair up "
                         r"\(\d BEGIN AGENTBOX and \d END AGENTBOX lines\); remove the stray marker lines \(or the whole "
@@ -300,7 +327,7 @@ def test_put_does_not_write_through_a_symlink(tmp_path: Path, block: Path) -> No
     link = tmp_path / "CLAUDE.md"
     link.symlink_to(real)
     result = memory_sh(tmp_path, "put", str(block), str(link))
-    assert result.returncode == 0
+    assert result.returncode == 1
     assert real.read_text() == "theirs\n" and link.is_symlink()
     assert "it is a symbolic link" in result.stderr
 

@@ -122,7 +122,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
                   *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
     named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
              staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", staging.CONTEXT_FILE,
-             staging.MEMORY_BLOCK, *executable}
+             staging.MEMORY_BLOCK, staging.CONTEXT_TOOLS, staging.CONTEXT_DIGESTS, *executable}
     folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex",
                staging.CONTEXT}
     copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}
