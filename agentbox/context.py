@@ -275,22 +275,30 @@ def _owners(config: Config, staged: list[str]) -> list[tuple[str, str]]:
     return [(path, owners.get(path, "unknown")) for path in staged]
 
 
-# Lima settings that change what the network facts below describe.
-_NETWORK_SETTINGS = ("networks", "portForwards", "hostResolver", "propagateProxyEnv", "ssh")
+# vm.lima settings that change what the network sentences below describe (beyond the two they follow).
+_NETWORK_SETTINGS = ("networks", "portForwards", "hostResolver", "dns")
 
 
 def _network(config: Config) -> dict[str, Any]:
-    changed = sorted(key for key in _NETWORK_SETTINGS if key in config.lima)
+    lima = config.lima
+    ssh: dict[str, Any] = lima["ssh"] if isinstance(lima.get("ssh"), dict) else {}
+    if lima.get("propagateProxyEnv"):
+        proxy = "the host's proxy variables are copied in (vm.lima.propagateProxyEnv)"
+    else:
+        proxy = "sets no proxy (the host's proxy variables are not copied in)"
+    if ssh.get("forwardAgent"):
+        agent = "forwarded (vm.lima.ssh.forwardAgent): the host's SSH keys can be used through it"
+    else:
+        agent = "not forwarded: the host's SSH keys are not usable in the VM"
     return {
-        "internet": "open: the VM reaches the internet directly; agentbox filters nothing and sets no proxy (the "
-                    "host's proxy variables are not copied in)",
+        "internet": f"open: the VM reaches the internet directly; agentbox filters nothing and {proxy}",
         "hostLocalhost": "host.lima.internal (192.168.5.2) is the host's localhost (127.0.0.1): every service "
                          "listening on the host's localhost, a database or dev server for instance, is reachable "
                          "from the VM",
         "guestPorts": "a port you listen on in the VM (on 127.0.0.1 or 0.0.0.0) is forwarded by Lima to the same "
                       "port on the host's localhost, so the user can open http://localhost:PORT on the host",
-        "sshAgent": "not forwarded: the host's SSH keys are not usable in the VM",
-        "changedByConfig": [f"vm.lima.{key}" for key in changed],
+        "sshAgent": agent,
+        "changedByConfig": [f"vm.lima.{key}" for key in _NETWORK_SETTINGS if key in lima],
     }
 
 

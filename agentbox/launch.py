@@ -42,7 +42,7 @@ def run_in_vm(
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vm.update_state(name, {"seen": seen})
-    with timing.phase("staging (credentials, env, guards, context)"):
+    with timing.phase("staging (credentials, env, guards)"):
         staging.refresh(config, name, agent, scripts, instance)
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if changed:

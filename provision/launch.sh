@@ -260,7 +260,7 @@ install_context() {
   # document nor a tool's path changed since the last launch, nothing runs at all.
   local staged="$staging/context/context.json" probed="$state/context.json" found="" name path key previous=""
   [ -r "$staged" ] || return 0
-  { read -r context_digest && read -r memory_digest; } < "$staging/context/digests" || true
+  { read -r context_digest && read -r memory_digest; } 2>/dev/null < "$staging/context/digests" || true
   while IFS= read -r name; do
     path=""
     if [[ $name == */* ]]; then
@@ -271,7 +271,7 @@ install_context() {
     found+="$name"$'\t'"$path"$'\n'
   done < "$staging/context/tools"
   key="$context_digest"$'\n'"$found"
-  IFS= read -r -d '' previous < "$state/context.key" || true
+  IFS= read -r -d '' previous 2>/dev/null < "$state/context.key" || true
   if [ "$key" = "$previous" ] && [ -e "$context_file" ]; then
     export AGENTBOX_CONTEXT_FILE="$context_file"
     return 0
@@ -313,7 +313,7 @@ keep_memory_block() {
     files+=("$HOME/$relative")
   done
   [ ${#files[@]} -gt 0 ] || return 0
-  IFS= read -r previous < "$state/memory.key" || true
+  IFS= read -r previous 2>/dev/null < "$state/memory.key" || true
   if [ -n "$memory_digest" ] && [ "$memory_digest" = "$previous" ] && [ -e "$stamp" ]; then
     for file in "${files[@]}"; do
       if [ ! -e "$file" ] || [ "$file" -nt "$stamp" ]; then

@@ -252,11 +252,13 @@ def test_a_launch_with_nothing_changed_touches_nothing(project: Path, limactl: F
     """launch.sh skips the description and the block without starting a process when the staged digests and
     the tools' paths are those of the last launch; a tool that appears is found at the next launch."""
     vm = started(project, limactl, "agents:\n  mytool:\n    binary: mytool-cli\n")
-    assert launch(project, "claude")[0].returncode == 0
+    first = launch(project, "claude")[0]
+    assert (first.returncode, first.stderr) == (0, "")  # the first launch, with no record yet, is as quiet
     state = guest_user_home(vm) / ".agentbox"
     watched = [state / "context.json", state / "memory.stamp", guest_context(vm)]
     before = [path.stat().st_mtime_ns for path in watched]
-    assert launch(project, "claude")[0].returncode == 0
+    again = launch(project, "claude")[0]
+    assert (again.returncode, again.stderr) == (0, "")
     assert [path.stat().st_mtime_ns for path in watched] == before
 
     tool = vm.home / NAME / "guestfs" / "usr-local" / "bin" / "mytool-cli"
@@ -376,6 +378,18 @@ def test_describe_before_any_vm_uses_the_config(project: Path, limactl: FakeLima
     assert [m["role"] for m in document["mounts"]] == ["workspace", "staging"]
     assert document["remoteWrite"]["allowed"] is True
     assert document["tools"]["checkedInVm"] is False
+
+
+def test_network_lines_follow_vm_lima(project: Path) -> None:
+    plain = json.loads(run_cli("describe", "--json", cwd=project).stdout)["network"]
+    assert "sets no proxy" in plain["internet"] and plain["sshAgent"].startswith("not forwarded")
+    assert plain["changedByConfig"] == []
+    write_trusted(project, "vm:\n  lima:\n    propagateProxyEnv: true\n    ssh:\n      forwardAgent: true\n"
+                           "    portForwards:\n      - guestPort: 8080\n        hostPort: 9090\n")
+    changed = json.loads(run_cli("describe", "--json", cwd=project).stdout)["network"]
+    assert "the host's proxy variables are copied in (vm.lima.propagateProxyEnv)" in changed["internet"]
+    assert changed["sshAgent"].startswith("forwarded (vm.lima.ssh.forwardAgent)")
+    assert changed["changedByConfig"] == ["vm.lima.portForwards"]
 
 
 def test_describe_text_shows_each_section_and_the_block(project: Path) -> None:
