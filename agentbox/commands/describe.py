@@ -15,9 +15,10 @@ from agentbox.errors import ConfigError
               help="Describe a launch of AGENT (whose login files it brings); without it, `agentbox shell`'s.")
 @click.pass_context
 def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) -> None:
-    """Print the sandbox's description the agent gets (without asking Lima or starting the VM).
+    """Print what the agent is told about its sandbox.
 
-    The VM's resources and mounts are those the last launch saw (before any launch: what the config
+    The same description a launch installs as /run/agentbox/context.json, with the block it keeps in the
+    agents' memory files; printed without asking Lima or starting the VM. The VM's resources and mounts are those the last launch saw (before any launch: what the config
     asks for); the tools are looked up in the VM only at a launch.
     """
     from agentbox import context, contextview
