@@ -27,6 +27,8 @@ class AgentSpec(NamedTuple):
     # (opencode): the sub-commands that take default_args and --model right after them. Other
     # sub-commands get neither. None: the arguments always come first.
     flag_subcommands: tuple[str, ...] | None = None
+    # The agent's user-level memory file in the guest, where agentbox keeps its description of the sandbox.
+    memory_file: str | None = None
 
 
 # Whatever the agent: never brought into the VM by sync.include.
@@ -48,6 +50,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         never_sync=("archived_sessions", "shell_snapshots", "version.json", "models_cache.json"),
         # Its callback listens on port 1455; `codex login --device-auth` needs no callback at all.
         login=("login",),
+        memory_file="~/.codex/AGENTS.md",
     ),
     "claude": AgentSpec(
         name="claude",
@@ -63,6 +66,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
                     "telemetry", "paste-cache", "settings.local.json"),
         # Its callback listens on a random free port; the page it opens also offers a code to paste.
         login=("auth", "login"),
+        memory_file="~/.claude/CLAUDE.md",
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -86,6 +90,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # callback listens on a random free port (NO_BROWSER=true: a code to paste instead).
         login=(),
         login_hint="choose \"Login with Google\" (or type /auth), then /quit once it says you are logged in",
+        memory_file="~/.gemini/GEMINI.md",
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -100,6 +105,8 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         sync_items=("steering/", "agents/", "prompts/", "settings/mcp.json"),
         pull_folders=("agents", "prompts"),
         login=("login",),
+        # A steering file of its own: Kiro reads every file in ~/.kiro/steering.
+        memory_file="~/.kiro/steering/agentbox.md",
     ),
     "opencode": AgentSpec(
         name="opencode",

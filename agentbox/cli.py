@@ -30,6 +30,7 @@ LAZY_COMMANDS = {
     "config": ("agentbox.commands.config", "config_command"),
     "init": ("agentbox.commands.config", "init_command"),
     "template": ("agentbox.commands.config", "template_command"),
+    "describe": ("agentbox.commands.describe", "describe_command"),
     "trust": ("agentbox.commands.safety", "trust_command"),
     "audit": ("agentbox.commands.safety", "audit_command"),
     "checkpoint": ("agentbox.commands.checkpoint", "checkpoint_command"),

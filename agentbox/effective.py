@@ -47,7 +47,7 @@ def expected_from_rendered(rendered_yaml: str) -> dict[str, Any]:
     data = yaml.safe_load(rendered_yaml) or {}
     ssh = data.get("ssh") or {}
     containerd = data.get("containerd") or {}
-    mounts = _merged_mounts(data.get("mounts") or [])
+    mounts = merged_mounts(data.get("mounts") or [])
     return {
         "version": EXPECTED_VERSION,
         "mounts": [list(mount) for mount in mounts],
@@ -72,7 +72,7 @@ def is_current(expected: Any) -> bool:
     return isinstance(expected, dict) and expected.get("version") == EXPECTED_VERSION
 
 
-def _merged_mounts(entries: list[Any]) -> list[tuple[str, str, bool]]:
+def merged_mounts(entries: list[Any]) -> list[tuple[str, str, bool]]:
     """(location, mountPoint, writable) as Lima merges them: by mountPoint, the later entry's writable wins."""
     merged: dict[str, list[Any]] = {}
     for entry in entries:
@@ -142,7 +142,7 @@ def differences(effective: dict[str, Any], expected: dict[str, Any], instance_di
 def _mount_differences(effective: dict[str, Any], expected: dict[str, Any]) -> list[Difference]:
     found = []
     wanted = {mount_point: (location, writable) for location, mount_point, writable in expected["mounts"]}
-    actual = _merged_mounts(effective.get("mounts") or [])
+    actual = merged_mounts(effective.get("mounts") or [])
     for location, mount_point, writable in actual:
         mode = "writable" if writable else "read-only"
         if mount_point not in wanted:

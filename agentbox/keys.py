@@ -311,7 +311,7 @@ def readme_table() -> str:
             continue
         name = f"`{dotted(path)}`" + (" (project file only)" if key.files == LOCAL else "")
         rows.append(
-            f"| {name} | {key.help} | {_default_words(key)} | {_trust_words(key)} | "
+            f"| {name} | {key.help} | {_default_words(key)} | {trust_words(key)} | "
             f"{'a new VM (`start --recreate`)' if key.creation else 'the next launch'} |"
         )
     return "\n".join(rows) + "\n"
@@ -329,7 +329,8 @@ def _default_words(key: Key) -> str:
     return f"`{key.default}`" if isinstance(key.default, str) else str(key.default)
 
 
-def _trust_words(key: Key) -> str:
+def trust_words(key: Key) -> str:
+    """Whether a project's agentbox.yml needs `agentbox trust` to set the key, in words."""
     if key.trust is None:
         return "no"
     if key.trust == RULE:

@@ -1,8 +1,9 @@
 """One launch: make sure the VM runs, refresh the staging folder, then one `limactl shell` that does the rest.
 
 A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
-needs (env, credentials, guards, bootstrap, the agents' own setup) reaches the VM through the read-only
-staging mount (agentbox.staging describes it, and the command line of provision/launch.sh); what it hands back
+needs (env, credentials, guards, bootstrap, the agents' own setup, the sandbox's description) reaches the VM
+through the read-only staging mount (agentbox.staging describes it, and the command line of provision/launch.sh);
+what it hands back
 (logins refreshed in the VM, an isolated session's changes) comes through the outbox, read after the shell
 returns (agentbox.writeback, agentbox.proposals). A git workspace gets a checkpoint before the session (taken on
 the host while `limactl list` runs) and after it (agentbox.session_checkpoints). In isolated mode the start
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agentbox import agentsync, bootstrap, drift, isolation, ports, staging, timing, tripwire, vm, writeback
+from agentbox import bootstrap, context, drift, isolation, ports, staging, timing, tripwire, vm, writeback
 from agentbox.config import AgentConfig
 from agentbox.errors import StateError
 from agentbox.lima import Instance
@@ -68,8 +69,11 @@ def _run(
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
     with timing.phase("staging (credentials, env, guards, sync)"):
-        refreshed = staging.refresh(config, name, agent, scripts, agentsync.guest_home_of(instance))
+        refreshed = staging.refresh(config, name, agent, scripts, instance)
     state = vm.read_state(name)
+    seen = context.vm_facts(instance)
+    if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
+        vm.update_state(name, {"seen": seen})
     mode = isolation.session_mode(
         config.session_mode, isolation.mode_of_vm(vm.expected_config(name, state), workspace), name,
         isolation.asked_by(config),
@@ -101,6 +105,10 @@ def _run(
     with timing.phase("port clashes (Lima's logs)"):
         unreachable = ports.warn_clashes(instance, session.lima.listed)
     points.wait_for_start()
+    start = points.taken
+    with timing.phase("sandbox description"):
+        staging.stage_context(config, name, agent, refreshed, instance, mode,
+                              start.checkpoint.id if start is not None else None)
     try:
         with timing.phase("in-VM setup + agent (limactl shell)"):
             code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)

@@ -33,6 +33,19 @@ launch.sh finds the folder as the one it runs from.
     open-url               0700  provision/open-url.sh: prints an address  launch.sh: install -m 755 as
                                  for the user to open on the host            ~/.agentbox/bin/open-url, exported as
                                                                              BROWSER unless env sets one
+    context/context.json   0600  the sandbox described for the agent       launch.sh: adds each tool's `command -v`
+                                 (agentbox.context; names, never values)     (jq), installs it as root's 0644
+                                                                             /run/agentbox/context.json, exports
+                                                                             AGENTBOX_CONTEXT_FILE
+    context/memory.md      0600  the BEGIN/END AGENTBOX block derived      agent-memory.sh, for each --memory-file
+                                 from it (context.memory_block)
+    context/tools          0600  the tools context.json lists, one name    launch.sh: looks each up (bash's hash)
+                                 a line
+    context/digests        0600  sha256 of context.json, then of           launch.sh: nothing changed since the last
+                                 memory.md, one a line                       launch (~/.agentbox/context.key,
+                                                                             memory.key): installs and edits nothing
+    agent-memory.sh        0700  provision/agent-memory.sh                 launch.sh: bash agent-memory.sh put
+                                                                             context/memory.md ~/MEMORY-FILE...
 
 The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
 mounted writable at the same path, read by the host after the session, everything in it treated as
@@ -65,15 +78,17 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import agentsync, credentials, paths, resources, timing
+from agentbox import agentsync, context, credentials, paths, resources, timing
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.progress import warn
 
 if TYPE_CHECKING:
     from agentbox.bootstrap import Plan
     from agentbox.config import AgentConfig, Config
+    from agentbox.lima import Instance
 
 LAUNCH_SCRIPT = "launch.sh"
+MEMORY_SCRIPT = "agent-memory.sh"
 GUARDS = "guards"
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
 BOOTSTRAP = "bootstrap"
@@ -86,6 +101,11 @@ GIT_IDENTITY = "creds/gitconfig"
 GIT_IDENTITY_STAMP = "creds/gitconfig.stamp"
 OPEN_URL = "open-url"
 OUTBOX_CREDS = "creds"
+CONTEXT = "context"
+CONTEXT_FILE = "context/context.json"
+MEMORY_BLOCK = "context/memory.md"
+CONTEXT_TOOLS = "context/tools"
+CONTEXT_DIGESTS = "context/digests"
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 
@@ -122,6 +142,8 @@ LAUNCH_OPTIONS = (
                  "file there"),
     LaunchOption("--creds-return", "PATH", "a file under the guest home (a login file) to copy to --creds-outbox "
                  "as its position (0, 1, ...) when it differs from what launch.sh last installed", repeated=True),
+    LaunchOption("--memory-file", "PATH", "an agent's memory file, relative to the guest home, that keeps "
+                 "context/memory.md's block (agents.py memory_file)", repeated=True),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -149,6 +171,7 @@ def outbox(vm_name: str) -> Path:
 class Refreshed(NamedTuple):
     folder: Path
     credentials: list[credentials.Staged]  # the login files this launch staged
+    env_keys: tuple[str, ...] = ()  # the names of the session's env (staging/env)
 
 
 class CredentialReturn(NamedTuple):
@@ -172,6 +195,7 @@ def launch_command(
         "--on-create": scripts.on_create,
         "--on-start": scripts.on_start,
         "--sync": [a.name for a in synced_agents(config, agent)],
+        "--memory-file": [path[2:] for path in context.memory_files()],
     }
     if agent is not None:
         values["--binary"] = agent.binary
@@ -217,14 +241,20 @@ def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig
     return [a for a in candidates if agentsync.spec_of(a) is not None]
 
 
-def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan, guest_home: str) -> Refreshed:
+def refresh(
+    config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None
+) -> Refreshed:
     """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
 
-    guest_home: the VM user's home (host paths in the agents' settings are rewritten to it).
+    `instance` is the VM's row of the launch's `limactl list`: host paths in the agents' settings are
+    rewritten to its user's home. The sandbox's description is staged later (stage_context), once the
+    session's mode and start checkpoint are known.
     """
     staging = private_dir(folder(name))
+    guest_home = agentsync.guest_home_of(instance)
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
     write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
+    write_if_changed(staging / MEMORY_SCRIPT, resources.text("provision", MEMORY_SCRIPT).encode(), 0o700)
     guards = private_dir(staging / GUARDS)
     for guard in GUARD_FILES:
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
@@ -238,8 +268,28 @@ def refresh(config: Config, name: str, agent: AgentConfig | None, scripts: Plan,
     warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
-    write_env(staging, {**_added_env(config), **config.env})
-    return Refreshed(staging, staged)
+    env = session_env(config)
+    write_env(staging, env)
+    return Refreshed(staging, staged, tuple(env))
+
+
+def stage_context(
+    config: Config, name: str, agent: AgentConfig | None, refreshed: Refreshed, instance: Instance | None,
+    mode: str, checkpoint: int | None,
+) -> None:
+    """Stage the sandbox's description for this launch (agentbox.context): what refresh staged, what Lima
+    reported of the VM, the session's mode and its start checkpoint."""
+    document = context.build(
+        config, name, agent,
+        staged_credentials=[item.guest_path for item in refreshed.credentials],
+        env_keys=refreshed.env_keys,
+        git_identity=(refreshed.folder / GIT_IDENTITY).exists(),
+        vm_facts=context.vm_facts(instance) if instance is not None else None,
+        mounts=context.effective_mounts(instance) if instance is not None else None,
+        mode=mode,
+        checkpoint=checkpoint,
+    )
+    context.stage(refreshed.folder, document)
 
 
 def credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
@@ -254,6 +304,11 @@ def credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
     if settings.netrc:
         files.append(credentials.NETRC)
     return files
+
+
+def session_env(config: Config) -> dict[str, str]:
+    """The environment the session gets: agentbox's additions, then the config's env over them."""
+    return {**_added_env(config), **config.env}
 
 
 def _added_env(config: Config) -> dict[str, str]:

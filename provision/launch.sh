@@ -18,6 +18,7 @@ workspace="$PWD"
 on_create=()
 on_start=()
 sync_agents=()
+memory_files=()
 timing_start=""
 isolated_from=""
 base=""
@@ -35,6 +36,7 @@ while [ $# -gt 0 ]; do
     --on-create) on_create+=("$2"); shift 2 ;;
     --on-start) on_start+=("$2"); shift 2 ;;
     --sync) sync_agents+=("$2"); shift 2 ;;
+    --memory-file) memory_files+=("$2"); shift 2 ;;
     --timing) timing_start="${EPOCHREALTIME:-}"; shift ;;
     --isolated-from) isolated_from="$2"; shift 2 ;;
     --base) base="$2"; shift 2 ;;
@@ -111,6 +113,25 @@ apply_credentials() {
 # A file is copied into the home only when the host's copy changed since the last sync; one changed in
 # the VM since then is kept, and the launch says once which host version waits. When the staged
 # manifest is the one last applied (the usual launch), nothing else is read.
+# A memory file's agentbox block (keep_memory_block) is not the user's edit: prints the digest of FILE
+# without it when that is one of WANTED (awk ends the last line with a newline the host's file may
+# lack: both are tried), else FALLBACK.
+#   digest_without_block FILE FALLBACK WANTED...
+digest_without_block() {
+  local file="$1" fallback="$2" stripped found="" candidate wanted
+  shift 2
+  stripped="$(mktemp)" || { printf '%s' "$fallback"; return 0; }
+  if bash "$staging/agent-memory.sh" strip "$file" > "$stripped" 2>/dev/null; then
+    for candidate in "$(sha256sum < "$stripped")" "$(head -c -1 "$stripped" | sha256sum)"; do
+      for wanted in "$@"; do
+        [ -z "$found" ] && [ -n "$wanted" ] && [ "${candidate%% *}" = "$wanted" ] && found="$wanted"
+      done
+    done
+  fi
+  rm -f "$stripped"
+  printf '%s' "${found:-$fallback}"
+}
+
 apply_sync() {
   local agent
   for agent in "${sync_agents[@]}"; do
@@ -163,6 +184,10 @@ sync_agent() {
       current="${current%% *}"
     else
       current=""
+    fi
+    if [ -n "$current" ] && [ "$current" != "$digest" ] && [ "$current" != "${last%% *}" ] &&
+      grep -qs '^<!-- BEGIN AGENTBOX' "$target"; then
+      current="$(digest_without_block "$target" "$current" "$digest" "${last%% *}")"
     fi
     if [ "$current" = "$digest" ]; then
       chmod "$mode" "$target" || true
@@ -561,6 +586,88 @@ write_outbox() {
   mv -f "$outbox/base.partial" "$outbox/base"
 }
 
+context_file=/run/agentbox/context.json
+context_digest=""
+memory_digest=""
+
+install_context() {
+  # The host's description of the sandbox, with the path of each tool found here (bash's hash: no process),
+  # as root's read-only /run/agentbox/context.json (/run is emptied at every boot). When neither the
+  # document nor a tool's path changed since the last launch, nothing runs at all.
+  local staged="$staging/context/context.json" probed="$state/context.json" found="" name path key previous=""
+  [ -r "$staged" ] || return 0
+  { read -r context_digest && read -r memory_digest; } 2>/dev/null < "$staging/context/digests" || true
+  while IFS= read -r name; do
+    path=""
+    if [[ $name == */* ]]; then
+      [ ! -x "$name" ] || path="$name"
+    elif hash -- "$name" 2>/dev/null; then
+      path="${BASH_CMDS[$name]-}"
+    fi
+    found+="$name"$'\t'"$path"$'\n'
+  done < "$staging/context/tools"
+  key="$context_digest"$'\n'"$found"
+  IFS= read -r -d '' previous 2>/dev/null < "$state/context.key" || true
+  if [ "$key" = "$previous" ] && [ -e "$context_file" ]; then
+    export AGENTBOX_CONTEXT_FILE="$context_file"
+    return 0
+  fi
+  # shellcheck disable=SC2016 # $found is jq's variable
+  if command -v jq >/dev/null 2>&1 && jq --arg found "$found" '
+      ([$found | split("\n")[] | select(length > 0) | split("\t") | {key: .[0], value: (.[1] // "")}]
+        | from_entries) as $paths
+      | .tools.checkedInVm = true
+      | .tools.list |= map(.path = (if ($paths[.name] // "") == "" then null else $paths[.name] end))' \
+      "$staged" > "$probed.tmp"; then
+    mv -f "$probed.tmp" "$probed"
+  else
+    rm -f "$probed.tmp"
+    cp "$staged" "$probed"  # no jq yet (provisioning did not finish): the tools stay unchecked
+    key=""
+  fi
+  if ! cmp -s "$probed" "$context_file"; then
+    # shellcheck disable=SC2016 # $1 and $$ belong to the root shell
+    if ! sudo -n /bin/sh -c 'install -d -m 755 /run/agentbox && install -m 644 "$1" "/run/agentbox/.context.json.$$" &&
+        mv -f "/run/agentbox/.context.json.$$" /run/agentbox/context.json' sh "$probed"; then
+      say "could not write $context_file (sudo failed); the agent reads the description from $probed instead"
+      export AGENTBOX_CONTEXT_FILE="$probed"
+      return 0
+    fi
+  fi
+  printf '%s' "$key" > "$state/context.key"
+  export AGENTBOX_CONTEXT_FILE="$context_file"
+}
+
+keep_memory_block() {
+  # agentbox's short block in each agent's memory file (~/.claude/CLAUDE.md, ...), the user's text around it
+  # kept. Skipped without starting a process when the block is the one kept last time and no file changed since.
+  local block="$staging/context/memory.md" stamp="$state/memory.stamp" relative previous="" file stale=""
+  local -a files=()
+  [ -r "$block" ] || return 0
+  for relative in "${memory_files[@]}"; do
+    case "$relative" in /* | *..*) continue ;; esac
+    files+=("$HOME/$relative")
+  done
+  [ ${#files[@]} -gt 0 ] || return 0
+  IFS= read -r previous 2>/dev/null < "$state/memory.key" || true
+  if [ -n "$memory_digest" ] && [ "$memory_digest" = "$previous" ] && [ -e "$stamp" ]; then
+    for file in "${files[@]}"; do
+      if [ ! -e "$file" ] || [ "$file" -nt "$stamp" ]; then
+        stale=1
+      fi
+    done
+    [ -n "$stale" ] || return 0
+  fi
+  local status=0
+  bash "$staging/agent-memory.sh" put "$block" "${files[@]}" || status=$?
+  if [ "$status" -eq 0 ]; then
+    : > "$stamp"
+    printf '%s\n' "$memory_digest" > "$state/memory.key"
+  elif [ "$status" -ne 1 ]; then  # 1: a file was left alone, and agent-memory.sh said why
+    say "could not update the agents' memory files (agent-memory.sh exited $status)"
+  fi
+}
+
 wait_for_boot
 check_provisioned
 load_env
@@ -596,6 +703,9 @@ if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
   fi
   hash -r
 fi
+
+install_context
+keep_memory_block
 
 if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   setup_us=$(( ${EPOCHREALTIME/./} - ${timing_start/./} ))

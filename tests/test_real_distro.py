@@ -456,3 +456,25 @@ def test_guards_stop_remote_writes_with_the_real_git_and_gh(provisioned: Provisi
     assert version.returncode == 0 and "gh version" in version.stdout and " Debian " in version.stdout
     create = launch(provisioned, None, ["gh", "pr", "create", "--title", "t", "--body", "b"])
     assert "agentbox: refused" not in create.stderr
+
+
+def test_the_sandbox_description_is_root_s_and_the_memory_block_is_kept(provisioned: Provisioned) -> None:
+    """Real sudo, jq and Debian's mawk: /run/agentbox/context.json belongs to root and lists the tools found;
+    the block goes into an existing CLAUDE.md once, the user's text kept."""
+    machine = provisioned.machine
+    claude_md = machine.path(f"{GUEST_HOME}/.claude/CLAUDE.md")
+    claude_md.parent.mkdir(parents=True, exist_ok=True)
+    claude_md.write_text("# mine\n")
+    machine.run(["chown", "-R", f"{USER}:{USER}", f"{GUEST_HOME}/.claude"])
+    result = launch(provisioned, None, ["sh", "-c", 'stat -c "%U %a" "$AGENTBOX_CONTEXT_FILE"'])
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "root 644\n"
+    document = json.loads(machine.path("/run/agentbox/context.json").read_text())
+    tools = {tool["name"]: tool["path"] for tool in document["tools"]["list"]}
+    assert document["tools"]["checkedInVm"] is True
+    assert tools["node"] == "/usr/local/bin/node" and tools["gh"] == f"{GUEST_HOME}/.local/bin/gh"  # the guard
+    first = claude_md.read_text()
+    assert first.startswith("# mine\n<!-- BEGIN AGENTBOX") and first.count("END AGENTBOX") == 1
+    assert launch(provisioned, None, ["true"]).returncode == 0
+    assert claude_md.read_text() == first
+    assert machine.path(f"{GUEST_HOME}/.kiro/steering/agentbox.md").read_text().startswith("<!-- BEGIN AGENTBOX")

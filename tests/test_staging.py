@@ -123,13 +123,14 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
 
     folder = staging.folder(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
-    executable = {staging.LAUNCH_SCRIPT, staging.OPEN_URL, *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
+    executable = {staging.LAUNCH_SCRIPT, staging.OPEN_URL, staging.MEMORY_SCRIPT,
+                  *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
     synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/codex/home/.codex/AGENTS.md"}
     named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
              staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
-             *executable}
+             staging.CONTEXT_FILE, staging.MEMORY_BLOCK, staging.CONTEXT_TOOLS, staging.CONTEXT_DIGESTS, *executable}
     folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex",
-               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex"}
+               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", staging.CONTEXT}
     copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}
     assert set(found) == named | folders | copies
     assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2

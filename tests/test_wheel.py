@@ -102,6 +102,8 @@ def test_wheel_contains_every_runtime_file_as_in_the_checkout(wheel: Path) -> No
             assert archive.read(f"agentbox/_data/{path}") == (REPO / path).read_bytes(), path
         modules = {p.relative_to(REPO).as_posix() for p in (REPO / "agentbox").rglob("*.py")}
         assert modules <= names, sorted(modules - names)
+        schema = "agentbox/schemas/context.schema.json"  # context.SCHEMA_FILE, beside the modules
+        assert archive.read(schema) == (REPO / schema).read_bytes()
         entry_points = next(name for name in names if name.endswith(".dist-info/entry_points.txt"))
         assert "agentbox = agentbox.cli:main" in archive.read(entry_points).decode()
 
