@@ -65,6 +65,12 @@ def run_agentbox(*args: str, cwd: Path, timeout: float = 60, **kwargs: Any) -> s
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
+def without_once_notes(stderr: str) -> str:
+    """stderr without the notes agentbox says once per workspace (such as "checkpoints are off: ... is not a
+    git repository (said once)"), for tests of something else that compare the whole of it."""
+    return "".join(line for line in stderr.splitlines(keepends=True) if not line.rstrip().endswith("(said once)"))
+
+
 def returns_within(seconds: float, call: Callable[[], Any], unblock: Callable[[], None] | None = None) -> Any:
     """call()'s result; fail (not hang) when it has not returned within seconds. unblock() then frees
     the stuck call so its thread can end."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -85,6 +86,11 @@ def staged_sync(isolated_env: dict[str, Path]) -> Path:
     return isolated_env["state"] / "vms" / NAME / "staging" / "sync"
 
 
+def user_text(path: Path) -> str:
+    """A memory file in the VM without the block agentbox keeps in it (tests/test_context.py tests the block)."""
+    return re.sub(r"<!-- BEGIN AGENTBOX.*?<!-- END AGENTBOX -->\n", "", path.read_text(), flags=re.S)
+
+
 def all_text(folder: Path) -> str:
     return "".join(p.read_text(errors="replace") for p in folder.rglob("*") if p.is_file())
 
@@ -98,7 +104,7 @@ def test_the_vm_gets_exactly_the_filtered_claude_setup(project: Path, vm: FakeLi
     launch(project)
     g = guest(vm)
     gh = inside(g)
-    assert (g / ".claude" / "CLAUDE.md").read_text() == "Use tabs.\n"
+    assert user_text(g / ".claude" / "CLAUDE.md") == "Use tabs.\n"
     assert (g / ".claude" / "skills" / "review" / "SKILL.md").read_text() == \
         "---\nname: review\n---\nReview with care.\n"
     # A host home path in a skill points to the same file in the VM's home.
@@ -257,17 +263,17 @@ def test_an_edit_in_the_vm_survives_and_the_launch_names_the_waiting_host_versio
     write(home / ".claude" / "agents" / "a.md", "agent v1\n")
     launch(project)
     memory = guest(vm) / ".claude" / "CLAUDE.md"
-    assert memory.read_text() == "host v1\n"
+    assert user_text(memory) == "host v1\n"
     memory.write_text("edited in the VM\n")
 
     result = launch(project)  # the host's copy has not changed: the VM's edit stays, nothing to say
-    assert memory.read_text() == "edited in the VM\n"
+    assert user_text(memory) == "edited in the VM\n"
     assert "kept" not in result.stderr
 
     write(home / ".claude" / "CLAUDE.md", "host v2\n")
     write(home / ".claude" / "agents" / "a.md", "agent v2\n")
     result = launch(project)
-    assert memory.read_text() == "edited in the VM\n"
+    assert user_text(memory) == "edited in the VM\n"
     assert (guest(vm) / ".claude" / "agents" / "a.md").read_text() == "agent v2\n"  # unedited: updated
     waiting = staged_sync(isolated_env) / "claude" / "home"
     assert (f"agentbox: kept ~/.claude/CLAUDE.md as changed in this VM; the host's newer version waits in {waiting} "
@@ -275,11 +281,11 @@ def test_an_edit_in_the_vm_survives_and_the_launch_names_the_waiting_host_versio
     assert (waiting / ".claude" / "CLAUDE.md").read_text() == "host v2\n"
 
     again = launch(project)  # said once per host version
-    assert "kept" not in again.stderr and memory.read_text() == "edited in the VM\n"
+    assert "kept" not in again.stderr and user_text(memory) == "edited in the VM\n"
 
     memory.unlink()
     launch(project)
-    assert memory.read_text() == "host v2\n"
+    assert user_text(memory) == "host v2\n"
 
 
 def test_a_file_gone_from_the_host_leaves_the_vm_unless_edited_there(project: Path, vm: FakeLima,
@@ -328,7 +334,7 @@ def test_what_is_in_the_way_in_the_vm_does_not_stop_the_session(project: Path, v
     assert "agentbox: could not bring all of claude's own setup into the VM (see above); the next launch tries " \
            "again" in result.stderr.splitlines()
     assert "kept ~/.claude/agents/a.md as changed in this VM" in result.stderr
-    assert (g / "CLAUDE.md").read_text() == "memory\n"
+    assert user_text(g / "CLAUDE.md") == "memory\n"
     (g / "skills").unlink()
     again = launch(project)
     assert "could not bring" not in again.stderr

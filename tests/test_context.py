@@ -15,8 +15,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from agentbox import context, provisioning
-from tests.helpers import NAME, STUB, FakeLima, needs_bwrap, run_cli, write, write_trusted
+from agentbox import context, provisioning, staging
+from tests.helpers import NAME, STUB, FakeLima, needs_bwrap, run_cli, without_once_notes, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 MEMORY_SH = REPO / "provision" / "agent-memory.sh"
@@ -102,6 +102,7 @@ def test_context_file_validates_matches_the_config_and_holds_no_secret(project: 
         (str(data_ro), False, "mounts"),
         ("/mnt/rw", True, "mounts"),
         (str(context_staging()), False, "staging"),
+        (str(staging.outbox(NAME)), True, "outbox"),
     }
     assert {m["hostPath"] for m in document["mounts"] if m["guestPath"] == "/mnt/rw"} == {str(data_rw)}
     assert document["workspace"] == {"path": str(project), "writable": True, "mode": "live",
@@ -299,7 +300,7 @@ def test_put_replaces_the_block_in_place(tmp_path: Path, block: Path) -> None:
     target = write(tmp_path / "AGENTS.md", "before\n<!-- BEGIN AGENTBOX -->  \r\nold\nlines\n<!-- END AGENTBOX -->\t\nafter\n",
                    mode=0o600)
     result = memory_sh(tmp_path, "put", str(block), str(target))
-    assert result.returncode == 0 and result.stderr == ""
+    assert result.returncode == 0 and without_once_notes(result.stderr) == ""
     assert target.read_text() == "before\n" + BLOCK + "after\n"
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
 
@@ -375,7 +376,7 @@ def test_describe_before_any_vm_uses_the_config(project: Path, limactl: FakeLima
     jsonschema.validate(document, SCHEMA)
     assert {key: document["vm"][key] for key in ("cpus", "memory", "vmType", "arch")} == {
         "cpus": 2, "memory": 4 << 30, "vmType": None, "arch": "aarch64"}
-    assert [m["role"] for m in document["mounts"]] == ["workspace", "staging"]
+    assert [m["role"] for m in document["mounts"]] == ["workspace", "staging", "outbox"]
     assert document["remoteWrite"]["allowed"] is True
     assert document["tools"]["checkedInVm"] is False
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import isolation, proposals
+from agentbox import isolation, proposals, staging
 from tests.helpers import (
     NAME,
     FakeLima,
@@ -35,6 +35,11 @@ cp /tmp/planted.patch "$out/changes.patch"
 if [ -e /tmp/planted-base ]; then cp /tmp/planted-base "$out/base"; else cp ~/.agentbox/isolated/base "$out/base"; fi
 kill -KILL "$PPID"
 """
+
+
+def session_folders() -> list[str]:
+    """The isolated sessions' folders left in the VM's outbox (write-back's creds/ lives there too)."""
+    return [name for name in os.listdir(isolation.outbox(NAME)) if name != staging.OUTBOX_CREDS]
 
 
 def workspace_state(project: Path) -> dict[str, object]:
@@ -116,7 +121,7 @@ def test_a_session_becomes_a_proposal_that_applies_to_exactly_the_copy(project: 
     assert text.stdout.splitlines()[1].split()[:3] == ["1", "pending", "claude"]
     assert text.stdout.rstrip().endswith("Tidy the files")
     # Nothing is left in the outbox.
-    assert os.listdir(isolation.outbox(NAME)) == []
+    assert session_folders() == []
 
     review = agentbox(project, "review")
     assert review.returncode == 0, review.stderr
@@ -248,7 +253,7 @@ def test_an_unfinished_outbox_is_dropped_and_said(project: Path, isolated_vm: Fa
     assert result.returncode == 137
     assert (f"agentbox: the session's changes were not collected (the launch step ended early); they stay in the "
             f"VM's copy at {project}\n") in result.stderr
-    assert os.listdir(isolation.outbox(NAME)) == []
+    assert session_folders() == []
     assert proposal_list(project) == []
 
 
@@ -266,7 +271,7 @@ def test_outbox_files_are_read_safely(project: Path, isolated_vm: FakeLima, kind
     assert {"symlink": "is a symbolic link, not a regular file", "fifo": "is a FIFO, not a regular file",
             "huge": "bytes, more than the 67,108,864 agentbox reads"}[kind] in result.stderr
     assert proposal_list(project) == []
-    assert os.listdir(isolation.outbox(NAME)) == []
+    assert session_folders() == []
 
 
 def test_apply_on_a_dirty_tree_that_conflicts_is_refused(project: Path, isolated_vm: FakeLima) -> None:

@@ -113,7 +113,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     assert result.returncode == 0, result.stderr
     assert result.stdout == "tool-ran\n"
     assert (project / "boot.log").read_text() == "created\nstarted\n"
-    assert (vm.guest_home(NAME) / ".codex" / "AGENTS.md").read_text() == "Be brief.\n"
+    assert (vm.guest_home(NAME) / ".codex" / "AGENTS.md").read_text().startswith("Be brief.\n<!-- BEGIN AGENTBOX")
     assert "setup step (launch.sh)" in result.stderr
     shell = next(argv for argv in vm.calls() if "shell" in argv)
     sent = {arg for arg in shell if arg.startswith("--")}

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import NAME, FakeLima, run_agentbox, run_cli, write
+from tests.helpers import NAME, FakeLima, run_agentbox, run_cli, without_once_notes, write
 
 # Runs the workspace's .agent.sh with the arguments the agent got (a test's script of what it does).
 AGENT = "#!/bin/sh\n[ ! -f .agent.sh ] || . ./.agent.sh\n"
@@ -130,7 +130,7 @@ def test_a_login_the_vm_did_not_refresh_is_not_written_back(project: Path, agent
     assert result.returncode == 0, result.stderr
     assert host.read_text() == current
     assert not backup(host).exists()
-    assert "agentbox: " not in result.stderr
+    assert "agentbox: " not in without_once_notes(result.stderr)
 
 
 def test_without_an_expiry_the_newer_file_wins(project: Path, agents: FakeLima, home: Path) -> None:
@@ -194,11 +194,11 @@ def test_a_guest_file_that_does_not_parse_is_never_written_back_and_said_once(
     first = run_agentbox("claude", cwd=project)
     assert first.returncode == 0, first.stderr
     assert host.read_text() == old and not backup(host).exists()
-    assert first.stderr == (f"agentbox: ~/.claude/.credentials.json from the VM was not copied back to "
+    assert without_once_notes(first.stderr) == (f"agentbox: ~/.claude/.credentials.json from the VM was not copied back to "
                             f"~/.claude/.credentials.json: {why}; the host's file is unchanged\n")
     agent_does(project, "")  # the VM keeps its copy: handed back again, refused again, not said again
     second = run_agentbox("claude", cwd=project)
-    assert second.returncode == 0 and second.stderr == ""
+    assert second.returncode == 0 and without_once_notes(second.stderr) == ""
     assert host.read_text() == old
 
 
@@ -245,7 +245,7 @@ def test_write_back_false_changes_nothing(project: Path, agents: FakeLima, home:
     result = run_agentbox("claude", cwd=project)
     assert result.returncode == 0, result.stderr
     assert host.read_text() == old and not backup(host).exists()
-    assert result.stderr == ""
+    assert without_once_notes(result.stderr) == ""
     assert guest_file(agents, CLAUDE).read_text() == new + "\n"  # the VM keeps its own
     creds_outbox = isolated_env["state"] / "vms" / NAME / "outbox" / "creds"
     assert not creds_outbox.exists() or not any(creds_outbox.iterdir())
@@ -263,7 +263,7 @@ def test_a_project_file_cannot_turn_write_back_on_against_the_global_config(proj
     write(project / "agentbox.yml", "credentials:\n  writeBack: false\n")
     narrowed = run_cli("config", "--json", cwd=project)
     assert json.loads(narrowed.stdout)["credentials"]["writeBack"] is False
-    assert narrowed.stderr == ""
+    assert without_once_notes(narrowed.stderr) == ""
 
 
 def test_two_sessions_ending_at_once_write_back_once(project: Path, agents: FakeLima, home: Path,
@@ -494,7 +494,7 @@ def test_a_vm_created_without_the_outbox_says_so_and_keeps_the_host_file(project
     agent_does(project, writes(CLAUDE, claude_login("r2", 1_760_000_000_000)) + "exit 4\n")
     result = run_agentbox("claude", cwd=project)
     assert result.returncode == 4
-    assert result.stderr == (f"agentbox: credential write-back is off for {NAME}: it was created before agentbox gave "
+    assert without_once_notes(result.stderr) == (f"agentbox: credential write-back is off for {NAME}: it was created before agentbox gave "
                              "VMs an outbox, so a login refreshed in it stays there; `agentbox start --recreate` "
                              "applies it\n")
     assert host.read_text() == old
