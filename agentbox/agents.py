@@ -119,6 +119,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # `opencode --auto run x` would start the TUI in a folder named `run`: options follow `run`.
         flag_subcommands=("run",),
         login=("auth", "login"),
+        memory_file="~/.config/opencode/AGENTS.md",  # its global rules
     ),
     "copilot": AgentSpec(
         name="copilot",
@@ -133,5 +134,6 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # A device flow (a code to enter at github.com), typed in its TUI: no callback port at all.
         login=(),
         login_hint="type /login and enter the code it shows at the address it gives, then /exit",
+        memory_file="~/.copilot/copilot-instructions.md",  # its user-level instructions
     ),
 }

@@ -101,8 +101,9 @@ def new_session() -> str:
 
 
 def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str | None = None,
-         session: str | None = None, message: str = "") -> Taken:
-    """Record a checkpoint of the workspace as it is now; prune beyond settings.keep."""
+         session: str | None = None, message: str = "", protect: frozenset[int] = frozenset()) -> Taken:
+    """Record a checkpoint of the workspace as it is now; prune the oldest beyond settings.keep, never one
+    whose id is in `protect` (the checkpoint an undo is about to use)."""
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}")
     repo = repo_of(workspace)
@@ -119,7 +120,10 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
                                 snap.skipped, _ref(repo, number))
         hostgit.set_ref(repo, checkpoint.ref, commit)
         kept = [*_parse_all(data, workspace), checkpoint]
-        dropped, kept = kept[:-settings.keep], kept[-settings.keep:]
+        excess = len(kept) - settings.keep
+        prunable = [old for old in kept[:-1] if old.id not in protect]
+        dropped = prunable[:max(excess, 0)]
+        kept = [old for old in kept if old not in dropped]
         hostgit.delete_refs(repo, [old.ref for old in dropped])
         _write(workspace, number + 1, kept)
     return Taken(checkpoint, snap.notes)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -361,3 +362,19 @@ def test_a_name_that_is_not_utf8_is_restored_and_shown_escaped(repo: Path) -> No
     output = undo(repo, str(number))
     assert (repo / name).read_text() == "bytes\n"
     assert "  restored  latin1-caf\\xe9.txt" in output.splitlines()
+
+
+def test_undo_to_the_oldest_kept_checkpoint_does_not_prune_it(repo: Path, limactl: FakeLima) -> None:
+    """At the checkpoints.keep limit, the checkpoint taken before an undo prunes the oldest one but never the
+    one the undo goes back to."""
+    write(repo / "agentbox.yml", "checkpoints:\n  keep: 2\n")
+    first = checkpoint(repo)
+    write(repo / "edit.txt", "second\n")
+    checkpoint(repo)
+    write(repo / "edit.txt", "third\n")
+
+    before = pre_undo_id(undo(repo, str(first)))
+    assert (repo / "edit.txt").read_text() == "original\n"
+    listed = json.loads(run_cli("checkpoints", "--json", cwd=repo).stdout)
+    assert [(c["id"], c["ok"]) for c in listed] == [(first, True), (before, True)]
+    undo(repo, str(first))  # still there to go back to

@@ -65,7 +65,8 @@ def undo_command(ctx: click.Context, checkpoint: str, paths: tuple[str, ...], dr
         now = checkpoints.current(workspace, loaded.checkpoints)
         current_tree, current_skipped = now.tree, now.skipped
     else:
-        taken = checkpoints.take(workspace, "undo", loaded.checkpoints, message=f"before undo to {target.label}")
+        taken = checkpoints.take(workspace, "undo", loaded.checkpoints, message=f"before undo to {target.label}",
+                                 protect=frozenset({target.id}))
         before = taken.checkpoint
         for line in taken.notes:
             note(line)
