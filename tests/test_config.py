@@ -65,6 +65,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "vmName": "agentbox-myproject",
         "install": "npm install -g opencode-ai",
         "credentials": ["~/.local/share/opencode/auth.json"],
+        "sync": {"include": [], "exclude": [], "mcpSecrets": False},
     }
     assert data["agents"]["copilot"] == {
         "binary": "copilot",
@@ -73,6 +74,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "vmName": "agentbox-myproject",
         "install": "npm install -g @github/copilot",
         "credentials": ["~/.copilot/config.json"],
+        "sync": {"include": [], "exclude": [], "mcpSecrets": False},
     }
 
 

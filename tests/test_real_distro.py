@@ -354,11 +354,16 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
             patch.setenv(key, value)
         from agentbox import bootstrap, staging
         from agentbox import config as config_module
+        from agentbox.lima import Instance
 
         config = config_module.load(p.project)
         agent_config = config.agent(agent) if agent else None
         scripts = bootstrap.plan(config, str(staging.folder(config.vm_name)))
-        staging.refresh(config, config.vm_name, agent_config, scripts, GUEST_HOME)
+        # The VM's row of `limactl list` as a launch has it (the user's home is what the sync rewrites to).
+        instance = Instance.from_json({"name": config.vm_name, "status": "Running", "cpus": 4, "memory": 8 << 30,
+                                       "disk": 100 << 30, "config": {"user": {"home": GUEST_HOME}}})
+        refreshed = staging.refresh(config, config.vm_name, agent_config, scripts, instance)
+        staging.stage_context(config, config.vm_name, agent_config, refreshed, instance, "live", None)
         command = staging.launch_command(config, p.project, scripts, agent_config, p.staging)
     own_by_guest_user(p.staging)
     if agent_config is not None:
