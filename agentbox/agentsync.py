@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import paths, synctransform
 from agentbox.agents import BUILTIN_AGENTS, NEVER_SYNC, AgentSpec
-from agentbox.fsutil import private_dir, write_if_changed
+from agentbox.fsutil import private_dir, private_parents, remove_unlisted, write_if_changed
 from agentbox.pins import RACY_NS
 from agentbox.safetext import visible
 
@@ -350,7 +350,7 @@ def _stage_agent(agent_dir: Path, collected: Collected, context: synctransform.C
     staged = {relative for relative, stamp in stamps.items() if not stamp["problem"]}
     before = {relative for relative, stamp in previous.items() if isinstance(stamp, dict) and not stamp.get("problem")}
     if staged != before:
-        _remove_unlisted(files, staged)  # only a path staged before and not now can have left a copy behind
+        remove_unlisted(files, staged)  # only a path staged before and not now can have left a copy behind
     write_if_changed(agent_dir / MANIFEST, "".join(records).encode())
     write_if_changed(agent_dir / STAMPS, json.dumps(stamps, sort_keys=True).encode())
     return warnings
@@ -389,7 +389,7 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
                 data = transform(handle.read(MAX_FILE + 1), context, [])
                 digest, size = hashlib.sha256(data).hexdigest(), len(data)
                 if not (old.get("digest") == digest and _staged_size(target, mode) == size):
-                    _private_parents(files, target.parent)
+                    private_parents(files, target.parent)
                     _replace(target, data, mode)
     except synctransform.Unusable as exc:
         stamp["problem"] = str(exc)
@@ -427,7 +427,7 @@ def _open(source: str) -> int:
 
 def _copy_streamed(handle: Any, target: Path, files: Path, mode: int, old_digest: str | None) -> tuple[str, int]:
     """A large file copied as it is, hashed on the way; the staged copy is replaced only when it differs."""
-    _private_parents(files, target.parent)
+    private_parents(files, target.parent)
     digest = hashlib.sha256()
     size = 0
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
@@ -466,26 +466,6 @@ def _load_stamps(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return loaded if isinstance(loaded, dict) else {}
-
-
-def _private_parents(root: Path, directory: Path) -> None:
-    """directory and the folders from root down to it: 0700 (made once per folder, however many files it gets)."""
-    if directory.is_dir() and stat.S_IMODE(directory.stat().st_mode) == 0o700:
-        return
-    current = private_dir(root)
-    for part in directory.relative_to(root).parts:
-        current = private_dir(current / part)
-
-
-def _remove_unlisted(root: Path, keep: set[str]) -> None:
-    if not root.exists():
-        return
-    for path in sorted(root.rglob("*"), reverse=True):
-        relative = path.relative_to(root).as_posix()
-        if path.is_symlink() or (path.is_file() and relative not in keep):
-            path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
 
 
 # -- describing it ------------------------------------------------------------------------------------

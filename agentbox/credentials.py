@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentbox import paths
-from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.fsutil import atomic_write, private_parents, remove_unlisted, write_if_changed
 from agentbox.pins import RACY_NS
 
 GH_FILES = ("~/.config/gh/hosts.yml", "~/.config/gh/config.yml")
@@ -96,7 +96,7 @@ def stage_files(
         done.add(guest)
         stamps[relative] = stamp
         staged.append(Staged(relative, host, stamp[_DIGEST], stamp[2]))
-    _remove_unlisted(files_root, {s.guest_path for s in staged})
+    remove_unlisted(files_root, {s.guest_path for s in staged})
     write_if_changed(stamps_file, json.dumps(stamps, sort_keys=True).encode())
     return staged, warnings
 
@@ -150,7 +150,7 @@ def _stage(
             warnings.append(f"{host}: {exc}; it was not brought into the VM")
             return None
     digest = hashlib.sha256(data).hexdigest()
-    _private_parents(files_root, target.parent)
+    private_parents(files_root, target.parent)
     if not (isinstance(previous, list) and len(previous) in (8, 9) and previous[_DIGEST] == digest
             and _staged_size(target) == len(data)):
         atomic_write(target, data, mode=0o600)
@@ -268,22 +268,3 @@ def gh_token_from_keychain() -> str | None:
         return None
     token = result.stdout.decode().strip()
     return token if result.returncode == 0 and token else None
-
-
-def _private_parents(root: Path, directory: Path) -> None:
-    """directory and every folder from root down to it: 0700 (mkdir(parents=True) gives parents the umask's mode)."""
-    current = private_dir(root)
-    for part in directory.relative_to(root).parts:
-        current = private_dir(current / part)
-
-
-def _remove_unlisted(root: Path, keep: set[str]) -> None:
-    if not root.exists():
-        return
-    for path in sorted(root.rglob("*"), reverse=True):
-        relative = path.relative_to(root).as_posix()
-        if path.is_file() and relative not in keep:
-            path.unlink()
-        elif path.is_dir() and not any(path.iterdir()):
-            path.rmdir()
-

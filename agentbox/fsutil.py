@@ -50,6 +50,29 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+def private_parents(root: Path, directory: Path) -> None:
+    """directory and every folder from root down to it: 0700 (mkdir(parents=True) would give the umask's mode).
+    A directory already 0700 is taken as made, so a folder of many files costs one stat per file."""
+    if directory.is_dir() and (directory.stat().st_mode & 0o7777) == 0o700:
+        return
+    current = private_dir(root)
+    for part in directory.relative_to(root).parts:
+        current = private_dir(current / part)
+
+
+def remove_unlisted(root: Path, keep: set[str]) -> None:
+    """Remove every file below root whose path relative to it is not in keep, every symlink (agentbox makes
+    none there) and the folders that leaves empty."""
+    if not root.exists():
+        return
+    for path in sorted(root.rglob("*"), reverse=True):
+        relative = path.relative_to(root).as_posix()
+        if path.is_symlink() or (path.is_file() and relative not in keep):
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
+
+
 def read_workspace_file(path: Path, limit: int = 1_000_000) -> bytes | None:
     """A file in the workspace, which the agent may have written: None when absent; refused (OSError)
     when it is a symlink, not a regular file or larger than limit. Never blocks on a FIFO."""

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import os
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -63,6 +64,26 @@ def run_agentbox(*args: str, cwd: Path, timeout: float = 60, **kwargs: Any) -> s
     """The real CLI in a child process: a hang fails the test at the timeout instead of stalling the suite."""
     return subprocess.run([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def echo_server(prefix: bytes = b"echo:") -> tuple[socket.socket, int]:
+    """A TCP server on 127.0.0.1 that answers each connection with prefix + the first bytes it got: a program
+    listening in the VM (the double's guest shares the host's network). Returns it and its port."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(prefix + conn.recv(100))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, server.getsockname()[1]
 
 
 def without_once_notes(stderr: str) -> str:

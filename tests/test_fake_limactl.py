@@ -21,7 +21,7 @@ try:
     from tests import fake_limactl
 except ImportError:  # tests/ is not a package
     import fake_limactl  # type: ignore[no-redef]
-from tests.helpers import as_root, needs
+from tests.helpers import as_root, echo_server, needs
 
 FATAL_RE = re.compile(r'^time="[^"]+" level=fatal msg=(.*)$')
 LOG_RE = re.compile(r'^time="([^"]+)" level=(\w+) msg=("(?:[^"\\]|\\.)*"|\S*)(.*)$')
@@ -1146,27 +1146,6 @@ def test_a_host_port_that_is_taken_is_only_a_warning(lima: Lima) -> None:
 
 def ssh_forward(lima: Lima, *extra: str, name: str = "vm") -> list[str]:
     return ["ssh", "-F", str(lima.inst_dir(name) / "ssh.config"), "-N", *extra, f"lima-{name}"]
-
-
-def echo_server() -> tuple[Any, int]:
-    import socket
-    import threading
-
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"echo:" + conn.recv(100))
-
-    threading.Thread(target=serve, daemon=True).start()
-    return server, server.getsockname()[1]
 
 
 def connect_when_up(port: int, payload: bytes, seconds: float = 20) -> bytes:

@@ -8,14 +8,13 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.helpers import NAME, FakeLima, run_cli
+from tests.helpers import NAME, FakeLima, echo_server, run_cli
 
 OTHER = "agentbox-other"
 
@@ -138,25 +137,6 @@ def test_a_clash_that_starts_during_the_session_is_reported_after_it(project: Pa
                                f"127.0.0.1:{port}: the VM {OTHER}")
 
 
-def echo_server() -> tuple[socket.socket, int]:
-    """Stands for a program listening in the VM: the double's guest shares the host's network."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"from the VM:" + conn.recv(100))
-
-    threading.Thread(target=serve, daemon=True).start()
-    return server, server.getsockname()[1]
-
-
 def ask(port: int) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
         conn.sendall(b"hi")
@@ -164,7 +144,7 @@ def ask(port: int) -> bytes:
 
 
 def test_agentbox_port_forwards_on_demand_until_stopped(project: Path, vm: FakeLima, isolated_env) -> None:
-    server, guest = echo_server()
+    server, guest = echo_server(b"from the VM:")
     host = free_port()
     try:
         result = run_cli("port", str(guest), str(host), cwd=project)
@@ -210,7 +190,7 @@ def test_agentbox_port_forwards_on_demand_until_stopped(project: Path, vm: FakeL
 
 
 def test_an_on_demand_forward_ends_with_the_vm(project: Path, vm: FakeLima) -> None:
-    server, guest = echo_server()
+    server, guest = echo_server(b"from the VM:")
     host = free_port()
     try:
         assert run_cli("port", str(guest), str(host), cwd=project).exit_code == 0
