@@ -31,6 +31,12 @@ class AgentSpec(NamedTuple):
     memory_file: str | None = None
 
 
+# The settings that turn each agent's approvals off (the VM is the sandbox): a new VM gets them
+# (agentbox.provisioning) and the user's synced settings keep them (agentbox.synctransform).
+CLAUDE_SETTINGS = {"permissions": {"defaultMode": "bypassPermissions"}, "skipDangerousModePermissionPrompt": True}
+CODEX_SETTINGS = {"approval_policy": "never", "sandbox_mode": "danger-full-access"}
+GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}}  # the login type a new VM asks for
+
 # Whatever the agent: never brought into the VM by sync.include.
 NEVER_SYNC = ("history*", "*.log", "log", "logs", "cache", "caches", "*.sqlite*", "*.db", "*.db-*", "tmp",
               "sessions", "*credentials*", "auth.json", "oauth_creds.json")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentbox import pins, resources
+from agentbox.agents import CLAUDE_SETTINGS, CODEX_SETTINGS, GEMINI_SETTINGS
 from agentbox.config import Config
 from agentbox.errors import ConfigError
 
@@ -18,10 +19,7 @@ USER_SCRIPTS = ("50-user-setup.sh",)
 # before its first bypass-permissions run unless skipDangerousModePermissionPrompt is set. Gemini CLI
 # takes yolo only from the command line (launch.sh makes the workspace a trusted folder, without which
 # it falls back to "default"); its settings only choose the login.
-CLAUDE_SETTINGS = {"permissions": {"defaultMode": "bypassPermissions"}, "skipDangerousModePermissionPrompt": True}
-CODEX_SETTINGS = {"approval_policy": "never", "sandbox_mode": "danger-full-access"}
 CODEX_CONFIG = "".join(f'{key} = "{value}"\n' for key, value in CODEX_SETTINGS.items())
-GEMINI_SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}}
 PROVISIONING_NOTE = (
     "agentbox's provisioning ends by writing this boot's id to ~/.agentbox/provisioned of the VM's user;\n"
     "every launch checks it and says when the provisioning did not finish.\n"

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from agentbox import provisioning
+from agentbox.agents import CLAUDE_SETTINGS, CODEX_SETTINGS, GEMINI_SETTINGS
 
 # Programs a stdio MCP server may start in the VM: what agentbox's provisioning installs (Node.js with
 # npm and npx, Docker, git, gh, curl, jq) and what the Ubuntu image has.
@@ -76,7 +76,7 @@ class Context(NamedTuple):
         """What the transforms' output depends on besides the file: a change re-makes every staged copy."""
         import hashlib
 
-        forced = [provisioning.CLAUDE_SETTINGS, provisioning.CODEX_SETTINGS, provisioning.GEMINI_SETTINGS]
+        forced = [CLAUDE_SETTINGS, CODEX_SETTINGS, GEMINI_SETTINGS]
         text = json.dumps([FORMAT, list(self), forced, GUEST_COMMANDS], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -136,7 +136,7 @@ def claude_settings(data: bytes, context: Context, notes: list[Note]) -> bytes:
     """~/.claude/settings.json: no hooks or helper programs; approvals off, as in every agentbox VM."""
     settings = _json_object(data)
     result = _without(settings, {(key,): why for key, why in CLAUDE_DROPPED.items()}, notes)
-    _force(result, provisioning.CLAUDE_SETTINGS, notes, "approvals are off in the VM (the VM is the sandbox)")
+    _force(result, CLAUDE_SETTINGS, notes, "approvals are off in the VM (the VM is the sandbox)")
     return _json_out(data, settings, Rewriter(context).tree(result))
 
 
@@ -173,7 +173,7 @@ def codex_config(data: bytes, context: Context, notes: list[Note]) -> bytes:
     result = _without(config, {(key,): why for key, why in CODEX_DROPPED.items()}, notes)
     if "mcp_servers" in result:
         result["mcp_servers"] = _servers(result["mcp_servers"], "mcp_servers", context, notes)
-    _force(result, provisioning.CODEX_SETTINGS, notes, "approvals are off in the VM (the VM is the sandbox)")
+    _force(result, CODEX_SETTINGS, notes, "approvals are off in the VM (the VM is the sandbox)")
     result = Rewriter(context).tree(result)
     if result == config:
         return data
@@ -210,7 +210,7 @@ def gemini_settings(data: bytes, context: Context, notes: list[Note]) -> bytes:
             del result[key]
     if "mcpServers" in result:
         result["mcpServers"] = _servers(result["mcpServers"], "mcpServers", context, notes)
-    _defaults(result, provisioning.GEMINI_SETTINGS, notes, "the login type a new VM gets")
+    _defaults(result, GEMINI_SETTINGS, notes, "the login type a new VM gets")
     return _json_out(data, settings, Rewriter(context).tree(result))
 
 
