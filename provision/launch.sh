@@ -212,10 +212,14 @@ sync_agent() {
     files="$(printf '~/%s, ' "${announce[@]}")"
     say "kept ${files%, } as changed in this VM; the host's newer version waits in $dir/home (delete the VM's copy to take it at the next launch)"
   fi
-  if [ ${#copy[@]} -gt 0 ] &&
-    ! printf '%s\0' "${copy[@]}" | tar -C "$dir/home" --null -T - -cf - | tar -C "$HOME" -xf -; then
-    rm -f "$records/applied.tmp"  # nothing recorded: the next launch compares again
-    return 1
+  if [ ${#copy[@]} -gt 0 ]; then
+    # A copied memory file has lost agentbox's block, and tar gives it the host's mtime (whole seconds),
+    # which may not be newer than the block's stamp: keep_memory_block puts it back whatever the times.
+    rm -f "$state/memory.stamp"
+    if ! printf '%s\0' "${copy[@]}" | tar -C "$dir/home" --null -T - -cf - | tar -C "$HOME" -xf -; then
+      rm -f "$records/applied.tmp"  # nothing recorded: the next launch compares again
+      return 1
+    fi
   fi
   for relative in "${!applied[@]}"; do
     # No longer brought from the host: removed, unless it was changed in the VM.

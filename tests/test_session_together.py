@@ -6,6 +6,8 @@ agentbox's block."""
 from __future__ import annotations
 
 import json
+import os
+import time
 from pathlib import Path
 
 import jsonschema
@@ -75,6 +77,10 @@ def test_a_synced_memory_file_keeps_agentboxs_block_and_still_takes_the_hosts_ne
     assert first.startswith("host v1\n" + context.BEGIN_MARKER) and first.endswith(context.END_MARKER + "\n")
 
     write(home / ".claude" / "CLAUDE.md", "host v2")  # no final newline: the block's awk adds one
+    # Two launches within one second: tar's whole-second mtime makes the copy look no newer than the block's
+    # stamp. The stamp is set ahead to make that moment certain.
+    stamp = vm.guest_home(NAME) / ".agentbox" / "memory.stamp"
+    os.utime(stamp, (time.time() + 3600,) * 2)
     result = agentbox(project, "claude", "-p", "hi")
     assert result.returncode == 0, result.stderr
     assert "kept" not in result.stderr  # the block is agentbox's, not an edit made in the VM
