@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
 
@@ -41,6 +42,23 @@ def write_if_changed(path: Path, data: bytes, mode: int = 0o600) -> None:
     except OSError:
         pass
     atomic_write(path, data, mode=mode)
+
+
+def file_kind(mode: int) -> str:
+    """What a file is, in words for a message ("... is a FIFO (named pipe), not a regular file")."""
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a special file"
 
 
 def private_dir(path: Path) -> Path:

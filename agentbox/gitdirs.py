@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentbox import paths
+from agentbox.fsutil import file_kind
 from agentbox.safetext import visible
 
 MAX_POINTER = 4096
@@ -121,7 +122,7 @@ def _read_pointer(path: Path) -> str:
     except OSError as exc:
         raise _Refused(f"{shown} cannot be read ({exc.strerror})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise _Refused(f"{shown} is {_kind(st.st_mode)}, not a regular file")
+        raise _Refused(f"{shown} is {file_kind(st.st_mode)}, not a regular file")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError as exc:
@@ -184,7 +185,7 @@ def _require_git_folder(folder: Path) -> None:
         except OSError:
             raise _Refused(f"{shown} is not a git folder (it has no {name} {kind})") from None
         if not is_kind(mode):
-            raise _Refused(f"{shown} is not a git folder (its {name} is {_kind(mode)})")
+            raise _Refused(f"{shown} is not a git folder (its {name} is {file_kind(mode)})")
 
 
 def _require_mountable(common: Path, shown: str) -> None:
@@ -201,17 +202,3 @@ def _resolve(base: Path, value: str) -> Path:
 
 def _inside(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"

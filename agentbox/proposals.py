@@ -42,7 +42,7 @@ from typing import Any, NamedTuple
 from agentbox import paths
 from agentbox.config import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import atomic_write, file_kind, private_dir
 from agentbox.safetext import visible
 
 VERSION = 1
@@ -221,7 +221,7 @@ def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
     except FileNotFoundError:
         return None
     if not stat.S_ISREG(before.st_mode):
-        raise OutboxError(f"{name} is {_kind(before.st_mode)}, not a regular file")
+        raise OutboxError(f"{name} is {file_kind(before.st_mode)}, not a regular file")
     if before.st_size > limit:
         raise OutboxError(f"{name} is {before.st_size:,} bytes, more than the {limit:,} agentbox reads")
     try:
@@ -236,16 +236,6 @@ def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
     if len(data) > limit:
         raise OutboxError(f"{name} is more than the {limit:,} bytes agentbox reads")
     return data
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symbolic link"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    return "a special file"
 
 
 def _remove_at(parent_fd: int, name: str, depth: int = 0) -> None:

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from agentbox.fsutil import file_kind
+
 FILE = "file"
 EXECUTABLE = "executable"
 SYMLINK = "symlink"
@@ -203,7 +205,7 @@ class _Run:
         if st is not None and stat.S_ISLNK(st.st_mode):
             self.report(REPLACED_LINK, rel, _link_target(parent, name))
         elif st is not None:
-            self.report(REPLACED_FILE, rel, _kind(st.st_mode))
+            self.report(REPLACED_FILE, rel, file_kind(st.st_mode))
         else:
             self.report(CREATED_FOLDER, rel)
         if self.dry_run:
@@ -239,7 +241,7 @@ class _Run:
     def _write_in(self, parent: int, name: str, operation: Operation) -> None:
         st = self._entry(parent, name, operation.path)
         if st is not None and not operation.overwrite:
-            self.report(LEFT_IN_PLACE, operation.path, _kind(st.st_mode))
+            self.report(LEFT_IN_PLACE, operation.path, file_kind(st.st_mode))
             return
         if st is not None and stat.S_ISDIR(st.st_mode):
             if not self.dry_run:
@@ -349,18 +351,6 @@ def _link_target(parent: int, name: str) -> str:
         return "-> " + os.fsdecode(os.readlink(name, dir_fd=parent))
     except OSError:
         return ""
-
-
-def _kind(mode: int) -> str:
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISDIR(mode):
-        return "a folder"
-    if stat.S_ISREG(mode):
-        return "a file"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO"
-    return "a special file"
 
 
 def _reason(exc: OSError) -> str:

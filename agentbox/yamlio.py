@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox.errors import ConfigError
+from agentbox.fsutil import file_kind
 
 if TYPE_CHECKING:
     import yaml
@@ -72,25 +73,13 @@ def read_config_text(path: Path) -> str:
 def _require_regular(path: Path, st: os.stat_result) -> None:
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(
-            f"{path}: is {describe_file_type(st.st_mode)}, not a regular file",
+            f"{path}: is {file_kind(st.st_mode)}, not a regular file",
             hint="agentbox reads its config from a regular YAML file; rename or remove this one.",
         )
     if st.st_size > MAX_CONFIG_BYTES:
         raise ConfigError(
             f"{path}: the file is {st.st_size:,} bytes; a config may be at most {MAX_CONFIG_BYTES:,} bytes",
         )
-
-
-def describe_file_type(mode: int) -> str:
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
 
 
 def compose(text: str, path: Path) -> yaml.Node | None:

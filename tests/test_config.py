@@ -424,7 +424,7 @@ def test_config_that_is_a_directory_is_an_error(project: Path) -> None:
     (project / "agentbox.yml").mkdir()
     result = run_cli("config", cwd=project)
     assert result.exit_code == 2
-    assert f"{project / 'agentbox.yml'}: is a directory, not a regular file" in result.stderr
+    assert f"{project / 'agentbox.yml'}: is a folder, not a regular file" in result.stderr
 
 
 def test_config_that_is_a_fifo_is_an_error_not_a_hang(project: Path) -> None:

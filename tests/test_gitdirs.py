@@ -171,7 +171,7 @@ def test_commondir_fifo_does_not_hang(project: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "agentbox", "template"], cwd=project,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert f"{gitdir}/commondir is a FIFO, not a regular file" in result.stderr
+    assert f"{gitdir}/commondir is a FIFO (named pipe), not a regular file" in result.stderr
 
 
 def test_dot_git_fifo_does_not_hang(project: Path) -> None:
@@ -179,7 +179,7 @@ def test_dot_git_fifo_does_not_hang(project: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "agentbox", "template"], cwd=project,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert f"{NOT_MOUNTED}{project}/.git is a FIFO, not a regular file" in result.stderr
+    assert f"{NOT_MOUNTED}{project}/.git is a FIFO (named pipe), not a regular file" in result.stderr
 
 
 def test_huge_pointer_files_are_not_read(project: Path) -> None:

@@ -87,7 +87,7 @@ def test_a_file_where_a_folder_belongs_is_replaced(workspace: Path) -> None:
     write(workspace / "pkg", "now a file")
     result = restore.apply(workspace, [Operation(restore.FILE, "pkg/mod.py", b"x = 1\n")])
     assert result.failures == []
-    assert result.changes == [Change("replaced file", "pkg", "a file"), Change("restored", "pkg/mod.py")]
+    assert result.changes == [Change("replaced file", "pkg", "a regular file"), Change("restored", "pkg/mod.py")]
     assert tree_listing(workspace) == {"pkg": ("dir", 0o755, b""), "pkg/mod.py": ("file", 0o644, b"x = 1\n")}
 
 
@@ -193,7 +193,7 @@ def test_left_in_place_when_not_to_overwrite(workspace: Path) -> None:
         Operation(restore.FILE, "folder", b"old", overwrite=False),
     ])
     assert result.changes == [Change("left in place", "folder", "a folder"),
-                              Change("left in place", "ignored.log", "a file")]
+                              Change("left in place", "ignored.log", "a regular file")]
     assert (workspace / "ignored.log").read_text() == "the user's"
 
 

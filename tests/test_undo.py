@@ -304,7 +304,7 @@ def test_a_file_the_agent_made_ignored_is_left_in_place(repo: Path) -> None:
     assert output.splitlines()[2:] == [
         "  restored  .gitignore",
         "Not restored, left in place (remove it yourself and undo again to restore it):",
-        "  notes.md (a file is there now that no snapshot captured, an ignored one perhaps)",
+        "  notes.md (a regular file is there now that no snapshot captured, an ignored one perhaps)",
     ]
 
 
