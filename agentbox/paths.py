@@ -50,6 +50,12 @@ def workspace_state_dir(workspace: Path) -> Path:
     return state_dir() / "workspaces" / workspace_key(workspace)
 
 
+def tasks_dir() -> Path:
+    """Background tasks' records and outputs (agentbox.tasks): never inside a VM's folder, so `agentbox rm`
+    leaves them."""
+    return state_dir() / "tasks"
+
+
 def lima_home() -> Path:
     """Lima's instance root, resolved the way limactl resolves it (symlinks followed if it exists)."""
     raw = os.environ.get("LIMA_HOME") or str(home() / ".lima")

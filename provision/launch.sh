@@ -26,6 +26,7 @@ outbox=""
 chdir=""
 creds_outbox=""
 creds_return=()
+task=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -44,6 +45,7 @@ while [ $# -gt 0 ]; do
     --chdir) chdir="$2"; shift 2 ;;
     --creds-outbox) creds_outbox="$2"; shift 2 ;;
     --creds-return) creds_return+=("$2"); shift 2 ;;
+    --task) task="$2"; shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -737,4 +739,15 @@ case "$1" in
     ;;
 esac
 [ -z "$isolated_from$creds_outbox" ] || run_then_hand_back "$@"
+if [ -n "$task" ]; then
+  # A background task: its runner outlives this shell (a session of its own, no terminal), and says it
+  # took the task by writing its state; then this step is done.
+  setsid bash "$staging/task-runner.sh" "$task" "$@" < /dev/null > /dev/null 2> "$task/runner.log" 9>&- &
+  for _ in $(seq 1 200); do
+    [ ! -e "$task/state" ] || exit 0
+    sleep 0.05
+  done
+  say "the task runner did not start (see $task/runner.log)"
+  exit 1
+fi
 exec "$@"
