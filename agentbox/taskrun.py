@@ -55,7 +55,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
                          hint="Commit once, then run the task again.")
     cwd = workdir_for(config.cwd, workspace)
     task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
-                        timeout=timeout, worktree=worktree)
+                        timeout=timeout, worktree=base)
     try:
         _hand_over(session, agent, task, prompt, base, repo)
     except BaseException as exc:

@@ -139,8 +139,9 @@ def locked() -> Iterator[None]:
 
 
 def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prompt: bytes, *,
-           name: str | None, timeout: int | None, worktree: bool) -> Task:
-    """A new Pending task with the next id, its prompt kept beside its record."""
+           name: str | None, timeout: int | None, worktree: str | None) -> Task:
+    """A new Pending task with the next id, its prompt kept beside its record; `worktree`: the commit a
+    worktree task's branch starts from (None: the task runs in the live tree)."""
     root = private_dir(paths.tasks_dir())
     with locked():
         try:
@@ -155,6 +156,7 @@ def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prom
                     created=now, timeout=timeout, transitions=[{"state": PENDING, "time": now}],
                     summary=_summary(prompt))
         if worktree:
+            task.base = worktree
             task.branch = f"agentbox/task-{number}"
             task.worktree = str(workspace / WORKTREES / f"task-{number}")
         private_dir(folder(number))

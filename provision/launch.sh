@@ -164,7 +164,7 @@ sync_agent() {
   if [ -r "$staging/sync/defaults" ]; then
     while IFS= read -r -d '' entry; do defaults["${entry#* }"]="${entry%% *}"; done < "$staging/sync/defaults"
   fi
-  exec {fd}>"$records/applied.tmp" || return 1
+  exec {fd}>"$records/applied.tmp.$$" || return 1
   while IFS= read -r -d '' entry; do  # "DIGEST MODE PATH"
     digest="${entry%% *}"
     rest="${entry#* }"
@@ -207,7 +207,7 @@ sync_agent() {
   exec {fd}>&-
   for relative in "${!waiting[@]}"; do
     printf '%s %s\0' "${waiting[$relative]}" "$relative"
-  done > "$records/announced.tmp" && mv "$records/announced.tmp" "$records/announced"
+  done > "$records/announced.tmp.$$" && mv "$records/announced.tmp.$$" "$records/announced"
   if [ ${#announce[@]} -gt 0 ]; then
     local files
     # shellcheck disable=SC2088 # the ~ is shown to the user, not expanded
@@ -216,7 +216,7 @@ sync_agent() {
   fi
   if [ ${#copy[@]} -gt 0 ] &&
     ! printf '%s\0' "${copy[@]}" | tar -C "$dir/home" --null -T - -cf - | tar -C "$HOME" -xf -; then
-    rm -f "$records/applied.tmp"  # nothing recorded: the next launch compares again
+    rm -f "$records/applied.tmp.$$"  # nothing recorded: the next launch compares again
     return 1
   fi
   for relative in "${!applied[@]}"; do
@@ -231,7 +231,7 @@ sync_agent() {
       fi
     fi
   done
-  mv "$records/applied.tmp" "$records/applied" || return 1
+  mv "$records/applied.tmp.$$" "$records/applied" || return 1
   if [ ${#waiting[@]} -eq 0 ]; then
     cp "$dir/manifest" "$records/staged" || return 1
   else
@@ -319,12 +319,12 @@ json_edit() {
     say "cannot update $file: jq is not installed in the VM"
     return 0
   fi
-  if { [ -s "$file" ] && jq "$@" "$program" "$file" > "$file.agentbox-tmp"; } ||
-    { [ ! -s "$file" ] && jq -n "$@" "$program" > "$file.agentbox-tmp"; }; then
-    chmod 600 "$file.agentbox-tmp"
-    mv "$file.agentbox-tmp" "$file"
+  if { [ -s "$file" ] && jq "$@" "$program" "$file" > "$file.agentbox-tmp.$$"; } ||
+    { [ ! -s "$file" ] && jq -n "$@" "$program" > "$file.agentbox-tmp.$$"; }; then
+    chmod 600 "$file.agentbox-tmp.$$"
+    mv "$file.agentbox-tmp.$$" "$file"
   else
-    rm -f "$file.agentbox-tmp"
+    rm -f "$file.agentbox-tmp.$$"
     say "cannot update $file (is it valid JSON?)"
   fi
 }
@@ -353,7 +353,7 @@ mark_claude_onboarded() {
     printf '{"hasCompletedOnboarding": true}\n' > "$file"
   elif ! grep -q '"hasCompletedOnboarding": *true' "$file"; then
     if command -v jq >/dev/null 2>&1; then
-      jq '.hasCompletedOnboarding = true' "$file" > "$file.agentbox-tmp" && mv "$file.agentbox-tmp" "$file"
+      jq '.hasCompletedOnboarding = true' "$file" > "$file.agentbox-tmp.$$" && mv "$file.agentbox-tmp.$$" "$file"
     elif command -v python3 >/dev/null 2>&1; then
       python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["hasCompletedOnboarding"]=True; json.dump(d,open(p,"w"))' "$file"
     fi
@@ -620,10 +620,10 @@ install_context() {
         | from_entries) as $paths
       | .tools.checkedInVm = true
       | .tools.list |= map(.path = (if ($paths[.name] // "") == "" then null else $paths[.name] end))' \
-      "$staged" > "$probed.tmp"; then
-    mv -f "$probed.tmp" "$probed"
+      "$staged" > "$probed.tmp.$$"; then
+    mv -f "$probed.tmp.$$" "$probed"
   else
-    rm -f "$probed.tmp"
+    rm -f "$probed.tmp.$$"
     cp "$staged" "$probed"  # no jq yet (provisioning did not finish): the tools stay unchecked
     key=""
   fi
