@@ -175,7 +175,7 @@ def folder(vm_name: str) -> Path:
 
 def outbox(vm_name: str) -> Path:
     """The host folder the VM may write (mounted writable at the same path); see the docstring."""
-    return paths.vm_state_dir(vm_name) / "outbox"
+    return paths.vm_outbox(vm_name)
 
 
 class Refreshed(NamedTuple):

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox import paths, staging, taskstate
+from agentbox import paths, taskstate
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.taskstate import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
@@ -122,7 +122,7 @@ def folder(task_id: int) -> Path:
 
 def outbox_dir(task: Task) -> Path:
     """The task's folder in its VM's outbox, shared with the runner."""
-    return staging.outbox(task.vm) / "tasks" / str(task.id)
+    return paths.vm_outbox(task.vm) / "tasks" / str(task.id)
 
 
 @contextlib.contextmanager
@@ -300,21 +300,24 @@ def vm_statuses(names: Iterable[str]) -> dict[str, str | None]:
 def refresh(tasks: list[Task], *, check_vms: bool = True) -> list[Task]:
     """Update every active task from its runner (and, when check_vms, its VM's status: at most one limactl
     call); ended tasks get their outputs moved into the record. Returns the tasks, updated."""
-    updated = []
+    updated = list(tasks)
+    pending = [index for index, task in enumerate(updated) if task.active or not task.harvested]
+    if not pending:
+        return updated
     with locked():
-        for task in tasks:
-            fresh = _load(task.id) or task
+        for index in pending:
+            fresh = _load(updated[index].id) or updated[index]
             if fresh.active and apply_runner(fresh):
                 save(fresh)
-            updated.append(fresh)
+            updated[index] = fresh
     still = [task for task in updated if task.active]
     statuses: dict[str, str | None] = {}
     if still and check_vms:
         statuses = vm_statuses({task.vm for task in still})
     now = time.time()
     with locked():
-        for index, task in enumerate(updated):
-            task = _load(task.id) or task
+        for index in pending:
+            task = _load(updated[index].id) or updated[index]  # another agentbox may have moved it on
             if task.active:
                 why = _lost(task, statuses.get(task.vm, "Running") if check_vms else "Running", now)
                 if why:

@@ -678,6 +678,10 @@ case ":$PATH:" in
   *) export PATH="$HOME/.local/bin:$PATH" ;;
 esac
 mkdir -p "$state"
+# Launches at once (several `agentbox run`, a session beside them) take turns for the setup: it installs
+# files in the home. The program itself runs after the lock is let go.
+exec 7>>"$state/launch.lock"
+flock 7
 apply_credentials
 apply_sync
 setup_browser
@@ -708,6 +712,8 @@ fi
 
 install_context
 keep_memory_block
+flock -u 7
+exec 7>&-
 
 if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   setup_us=$(( ${EPOCHREALTIME/./} - ${timing_start/./} ))
