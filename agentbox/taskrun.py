@@ -23,7 +23,6 @@ from agentbox import bootstrap, checkpoints, hostgit, staging, tasks, timing, vm
 from agentbox.commands.agent import agent_argv, flag_subcommands, model_after
 from agentbox.config import AgentConfig
 from agentbox.errors import AgentboxError, StateError
-from agentbox.fsutil import atomic_write, private_dir
 from agentbox.launch import workdir_for
 from agentbox.progress import warn
 from agentbox.taskstate import FAILED
@@ -89,9 +88,8 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance)
         staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
-    box = private_dir(tasks.outbox_dir(task))
-    atomic_write(box / "prompt", prompt, mode=0o600)
-    atomic_write(box / "spec", _spec(task, config.tasks_max_concurrent, base, workspace), mode=0o600)
+    box = tasks.prepare_box(task, {"prompt": prompt,
+                                   "spec": _spec(task, config.tasks_max_concurrent, base, workspace)})
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box)
     command += ["--", *task.argv]
     with timing.phase("in-VM setup + task runner (limactl shell)"):

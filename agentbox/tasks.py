@@ -121,8 +121,107 @@ def folder(task_id: int) -> Path:
 
 
 def outbox_dir(task: Task) -> Path:
-    """The task's folder in its VM's outbox, shared with the runner."""
+    """The task's folder in its VM's outbox, shared with the runner. The VM can replace anything in the
+    outbox (with a link to a host folder, say), so the host reaches it only through _box: folder by
+    folder, never following a link."""
     return paths.vm_outbox(task.vm) / "tasks" / str(task.id)
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+@contextlib.contextmanager
+def _box(task: Task, *, fresh: bool = False) -> Iterator[int | None]:
+    """A descriptor of the task's outbox folder (None when there is none, or a link stands there). fresh:
+    make it anew, whatever the VM put in its place."""
+    fds: list[int] = []
+    try:
+        try:
+            fds.append(os.open(paths.vm_outbox(task.vm), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        except OSError:
+            if not fresh:
+                yield None
+                return
+            private_dir(paths.vm_outbox(task.vm))
+            fds.append(os.open(paths.vm_outbox(task.vm), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+        for name, make_anew in (("tasks", False), (str(task.id), fresh)):
+            fd = _subfolder(fds[-1], name, create=fresh, anew=make_anew)
+            if fd is None:
+                yield None
+                return
+            fds.append(fd)
+        yield fds[-1]
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _subfolder(parent: int, name: str, *, create: bool, anew: bool) -> int | None:
+    if create:
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            st = None
+        if st is not None and (anew or not stat.S_ISDIR(st.st_mode)):
+            _remove_at(parent, name)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o700, dir_fd=parent)
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except OSError:
+        return None
+
+
+def _remove_at(parent: int, name: str) -> None:
+    """Remove parent/name and all below it, never following a link (the VM made it)."""
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=parent)
+        return
+    with contextlib.suppress(OSError):
+        for _root, dirs, files, root_fd in os.fwalk(name, topdown=False, dir_fd=parent, follow_symlinks=False):
+            for entry in files:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry, dir_fd=root_fd)
+            for entry in dirs:
+                try:
+                    os.rmdir(entry, dir_fd=root_fd)
+                except OSError:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry, dir_fd=root_fd)  # a link to a folder
+    with contextlib.suppress(OSError):
+        os.rmdir(name, dir_fd=parent)
+
+
+def prepare_box(task: Task, files: dict[str, bytes]) -> Path:
+    """Make the task's outbox folder anew and write the host's files into it; returns its path (for the VM)."""
+    with _box(task, fresh=True) as box:
+        if box is None:
+            raise StateError(f"cannot make {task.label}'s folder in the outbox {paths.vm_outbox(task.vm)}")
+        for name, data in files.items():
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=box)
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+    return outbox_dir(task)
+
+
+def _drop_box(task: Task) -> None:
+    try:
+        outbox = os.open(paths.vm_outbox(task.vm), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        tasks_fd = _subfolder(outbox, "tasks", create=False, anew=False)
+        if tasks_fd is not None:
+            _remove_at(tasks_fd, str(task.id))
+            os.close(tasks_fd)
+    finally:
+        os.close(outbox)
 
 
 @contextlib.contextmanager
@@ -230,25 +329,29 @@ def advance(task: Task, new: str, at: float | None = None, **fields: Any) -> Non
 # -- what the runner reports --------------------------------------------------------------------------
 
 
-def _read_small(path: Path, limit: int) -> bytes | None:
-    """A file the VM wrote: a regular file, never through a link, at most limit bytes (else None)."""
+def _open_file(box: int, name: str) -> int | None:
+    """A file the VM wrote, opened for reading: a regular file, never through a link (else None)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=box)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = os.read(fd, limit + 1)
-        return data if len(data) <= limit else None
-    finally:
-        os.close(fd)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def runner_state(task: Task) -> dict[str, Any] | None:
     """The runner's state file, checked: a known state, numbers as numbers, the reason as text."""
-    data = _read_small(outbox_dir(task) / "state", MAX_STATE_BYTES)
-    if data is None:
+    with _box(task) as box:
+        fd = _open_file(box, "state") if box is not None else None
+        if fd is None:
+            return None
+        try:
+            data = os.read(fd, MAX_STATE_BYTES + 1)
+        finally:
+            os.close(fd)
+    if len(data) > MAX_STATE_BYTES:
         return None
     fields: dict[str, Any] = {}
     for line in data.decode("utf-8", "replace").splitlines():
@@ -264,10 +367,13 @@ def runner_state(task: Task) -> dict[str, Any] | None:
 
 def heartbeat(task: Task) -> float | None:
     """When the runner last said it was alive (the heartbeat file's time)."""
-    try:
-        st = os.stat(outbox_dir(task) / "heartbeat", follow_symlinks=False)
-    except OSError:
-        return None
+    with _box(task) as box:
+        if box is None:
+            return None
+        try:
+            st = os.stat("heartbeat", dir_fd=box, follow_symlinks=False)
+        except OSError:
+            return None
     return st.st_mtime if stat.S_ISREG(st.st_mode) else None
 
 
@@ -355,29 +461,20 @@ def end(task: Task, state: str, reason: str) -> None:
 
 def harvest(task: Task) -> None:
     """Move the outputs from the outbox into the record (a rename), then drop the outbox folder. Call locked."""
-    source = outbox_dir(task)
     target = folder(task.id)
-    for name in OUTPUTS:
-        moved = False
-        with contextlib.suppress(OSError):
-            st = os.lstat(source / name)
-            if stat.S_ISREG(st.st_mode):
-                os.replace(source / name, target / name)
-                moved = True
-        if not moved and not (target / name).exists():
-            atomic_write(target / name, b"", mode=0o600)
-    _remove_tree(source)
+    with _box(task) as box:
+        for name in OUTPUTS:
+            moved = False
+            if box is not None:
+                with contextlib.suppress(OSError):
+                    if stat.S_ISREG(os.stat(name, dir_fd=box, follow_symlinks=False).st_mode):
+                        os.replace(name, target / name, src_dir_fd=box)
+                        moved = True
+            if not moved and not (target / name).exists():
+                atomic_write(target / name, b"", mode=0o600)
+    _drop_box(task)
     task.harvested = True
     save(task)
-
-
-def _remove_tree(path: Path) -> None:
-    """rmtree that never follows a link, the top one included (the VM wrote what is inside)."""
-    with contextlib.suppress(OSError):
-        if os.path.islink(path):
-            os.unlink(path)
-        elif path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
 
 
 def output_path(task: Task, name: str) -> Path:
@@ -388,15 +485,12 @@ def output_path(task: Task, name: str) -> Path:
 
 def open_output(task: Task, name: str) -> int | None:
     """A read descriptor on the output (regular file, no link followed), or None when there is none yet."""
-    for path in (folder(task.id) / name, outbox_dir(task) / name):
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except OSError:
-            continue
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            return fd
-        os.close(fd)
-    return None
+    try:
+        return os.open(folder(task.id) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        pass
+    with _box(task) as box:
+        return _open_file(box, name) if box is not None else None
 
 
 def settle_vm(vm: str, reason: str) -> list[Task]:
@@ -426,9 +520,11 @@ def request_cancel(task: Task) -> None:
         if fresh.state == PENDING and runner_state(fresh) is None:
             end(fresh, CANCELLED, "cancelled before it reached the VM")
             return
-    box = outbox_dir(task)
-    if box.is_dir() and not box.is_symlink():
-        atomic_write(box / "cancel", b"cancel\n", mode=0o600)
+    with _box(task) as box:
+        if box is not None:
+            with contextlib.suppress(OSError):
+                os.close(os.open("cancel", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                 dir_fd=box))
 
 
 def remove_worktree(task: Task) -> str | None:
@@ -464,7 +560,7 @@ def prune(tasks: list[Task]) -> list[Task]:
             if fresh.active:
                 continue
             remove_worktree(fresh)
-            _remove_tree(outbox_dir(fresh))
+            _drop_box(fresh)
             shutil.rmtree(folder(fresh.id), ignore_errors=True)
             gone.append(fresh)
     return gone

@@ -310,3 +310,29 @@ def test_wait_timeout_leaves_the_task_running(project: Path, tasks_vm: FakeLima)
     assert done.returncode == 75
     assert task(project, task_id)["state"] in ("Queued", "Running")
     assert run_cli("cancel", str(task_id), cwd=project).exit_code == 0
+
+
+def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tasks_vm: FakeLima,
+                                                               tmp_path: Path) -> None:
+    from agentbox import staging
+
+    decoy = tmp_path / "host-folder"
+    write(decoy / "state", "state=completed\nexit=0\n")
+    write(decoy / "stdout", "a host file\n")
+    write(decoy / "precious", "keep me\n")
+    task_id = run_task(project, "--worktree", "do:sleep:60")
+    box = staging.outbox(NAME) / "tasks" / str(task_id)
+    while task(project, task_id)["state"] != "Running":
+        time.sleep(0.2)
+    aside = box.with_name("moved-away")
+    box.rename(aside)
+    box.symlink_to(decoy)  # what a root agent in the VM could do
+    assert task(project, task_id)["state"] == "Running"  # the decoy's "completed" was not read
+    logs = run_cli("logs", str(task_id), cwd=project)
+    assert "a host file" not in logs.stdout
+    assert run_cli("stop", cwd=project).exit_code == 0
+    assert task(project, task_id)["state"] == "Failed"
+    assert sorted(p.name for p in decoy.iterdir()) == ["precious", "state", "stdout"]
+    assert (decoy / "stdout").read_text() == "a host file\n"
+    assert not (decoy / "cancel").exists()
+    assert run_agentbox("logs", str(task_id), cwd=project).stdout == ""
