@@ -93,6 +93,7 @@ if TYPE_CHECKING:
     from agentbox.bootstrap import Plan
     from agentbox.config import AgentConfig, Config
     from agentbox.lima import Instance
+    from agentbox.worktrees import Worktree
 
 LAUNCH_SCRIPT = "launch.sh"
 TASK_RUNNER = "task-runner.sh"
@@ -152,6 +153,10 @@ LAUNCH_OPTIONS = (
                  "as its position (0, 1, ...) when it differs from what launch.sh last installed", repeated=True),
     LaunchOption("--memory-file", "PATH", "an agent's memory file, relative to the guest home, that keeps "
                  "context/memory.md's block (agents.py memory_file)", repeated=True),
+    LaunchOption("--worktree", "DIR", "run the program in this git worktree of the workspace, made when missing "
+                 "(`git worktree add`, on --worktree-branch from --worktree-base; agentbox.worktrees)"),
+    LaunchOption("--worktree-branch", "BRANCH", "the worktree's branch (taken when it exists, else made)"),
+    LaunchOption("--worktree-base", "COMMIT", "the commit a new worktree branch starts from"),
     LaunchOption("--task", "DIR", "a background task (agentbox.tasks): instead of running the program, start "
                  "task-runner.sh with it, detached, on this task's folder in the outbox; return once it runs"),
 )
@@ -196,6 +201,7 @@ def launch_command(
     isolated: IsolatedLaunch | None = None,
     returns: CredentialReturn | None = None,
     task: Path | None = None,
+    worktree: Worktree | None = None,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -219,6 +225,10 @@ def launch_command(
     if returns is not None:
         values["--creds-outbox"] = str(returns.folder)
         values["--creds-return"] = list(returns.files)
+    if worktree is not None:
+        values["--worktree"] = worktree.path
+        values["--worktree-branch"] = worktree.branch
+        values["--worktree-base"] = worktree.base
     if task is not None:
         values["--task"] = str(task)
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]

@@ -48,7 +48,7 @@ MAX_STATE_BYTES = 4096
 HEARTBEAT_STALE = 20.0  # seconds without a heartbeat before a Running task counts as lost
 PENDING_STALE = 300.0  # a Pending task its `agentbox run` never handed over (that process died)
 GRACE_SECONDS = 5  # between TERM and KILL when a task is cancelled or times out
-WORKTREES = ".agentbox/worktrees"  # inside the workspace; the runner adds /.agentbox/ to .git/info/exclude
+WORKTREES = ".agentbox/worktrees"  # agentbox.worktrees.FOLDER; the runner adds /.agentbox/ to .git/info/exclude
 RUNNER_STATES = {"queued": QUEUED, "running": RUNNING, "completed": taskstate.COMPLETED, "failed": FAILED,
                  "timeout": taskstate.TIMEOUT, "cancelled": CANCELLED}
 

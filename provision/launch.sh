@@ -27,6 +27,9 @@ chdir=""
 creds_outbox=""
 creds_return=()
 task=""
+worktree=""
+worktree_branch=""
+worktree_base=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -45,6 +48,9 @@ while [ $# -gt 0 ]; do
     --chdir) chdir="$2"; shift 2 ;;
     --creds-outbox) creds_outbox="$2"; shift 2 ;;
     --creds-return) creds_return+=("$2"); shift 2 ;;
+    --worktree) worktree="$2"; shift 2 ;;
+    --worktree-branch) worktree_branch="$2"; shift 2 ;;
+    --worktree-base) worktree_base="$2"; shift 2 ;;
     --task) task="$2"; shift 2 ;;
     --) shift; break ;;
     -*)
@@ -670,6 +676,28 @@ keep_memory_block() {
   fi
 }
 
+enter_worktree() {
+  # agentbox AGENT --worktree NAME: the session's own checkout of the workspace, on its own branch, in a
+  # folder git ignores; made here (in the VM) when missing, used again when it exists.
+  local common
+  if ! common="$(git -C "$workspace" rev-parse --path-format=absolute --git-common-dir)"; then
+    say "--worktree: $workspace is not a git work tree"
+    exit 1
+  fi
+  mkdir -p "$common/info"
+  grep -qxF '/.agentbox/' "$common/info/exclude" 2>/dev/null || printf '/.agentbox/\n' >> "$common/info/exclude"
+  if [ ! -e "$worktree/.git" ]; then
+    mkdir -p "$(dirname "$worktree")"
+    if git -C "$workspace" show-ref --verify --quiet "refs/heads/$worktree_branch"; then
+      git -C "$workspace" worktree add -q "$worktree" "$worktree_branch" >&2 || exit 1
+    else
+      git -C "$workspace" worktree add -q -b "$worktree_branch" "$worktree" "$worktree_base" >&2 || exit 1
+    fi
+    say "made the worktree $worktree on the branch $worktree_branch"
+  fi
+  cd "$worktree"
+}
+
 wait_for_boot
 check_provisioned
 load_env
@@ -712,6 +740,7 @@ fi
 
 install_context
 keep_memory_block
+[ -z "$worktree" ] || enter_worktree
 flock -u 7
 exec 7>&-
 

@@ -18,7 +18,8 @@ from tests.helpers import NAME, FakeLima, write, write_trusted
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
 ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
-TASK_OPTIONS = ("--task",)  # a background task's launch only (tests/test_tasks.py sends it)
+# A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
+TASK_OPTIONS = ("--task", "--worktree", "--worktree-branch", "--worktree-base")
 PROBE_SH = REPO / "provision" / "doctor-probe.sh"
 
 

@@ -336,3 +336,26 @@ def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tas
     assert (decoy / "stdout").read_text() == "a host file\n"
     assert not (decoy / "cancel").exists()
     assert run_agentbox("logs", str(task_id), cwd=project).stdout == ""
+
+
+def test_an_interactive_session_runs_in_a_worktree_of_its_own(project: Path, tasks_vm: FakeLima) -> None:
+    from agentbox import worktrees
+
+    assert worktrees.FOLDER == ".agentbox/worktrees"
+    first = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:in the worktree",
+                         cwd=project)
+    assert first.returncode == 0, first.stderr
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    report = json.loads(first.stdout.splitlines()[0])
+    assert report["cwd"] == str(place)
+    assert report["args"][-1] == "do:write:tracked.txt:in the worktree"
+    assert "--worktree" not in report["args"]
+    assert (place / "tracked.txt").read_text().endswith("in the worktree\n")
+    assert "in the worktree" not in (project / "tracked.txt").read_text()
+    assert git(place, "rev-parse", "--abbrev-ref", "HEAD").strip() == "agentbox/fix-it"
+    assert ".agentbox" not in git(project, "status", "--short")
+    again = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:again", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert (place / "tracked.txt").read_text().endswith("in the worktree\nagain\n")  # the same worktree
+    bad = run_cli("claude", "--worktree", "../escape", cwd=project)
+    assert bad.exit_code == 2 and "is not a worktree name" in bad.stderr

@@ -49,10 +49,11 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Stop the task after this long (90, 90s, 10m, 1h30m): it ends as Timeout.")
 @click.option("--worktree", is_flag=True, help="Run in a git worktree of its own on the branch agentbox/task-ID "
               "(for tasks that run side by side).")
+@click.option("-d", "--detach", is_flag=True, hidden=True, help="Accepted for symmetry: a task always runs detached.")
 @click.argument("prompt", nargs=-1, required=False)
 @click.pass_context
 def run_command(ctx: click.Context, agent_name: str | None, name: str | None, timeout: int | None,
-                worktree: bool, prompt: tuple[str, ...]) -> None:
+                worktree: bool, detach: bool, prompt: tuple[str, ...]) -> None:
     """Run an agent on PROMPT in the background, in the project's VM; print the task's id.
 
     The prompt is the arguments after the options (`--` first if it starts with a dash), or standard
