@@ -19,13 +19,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentbox import bootstrap, checkpoints, hostgit, staging, tasks, timing, vm
+from agentbox import bootstrap, checkpoints, hostgit, isolation, staging, tasks, timing, vm
 from agentbox.commands.agent import agent_argv, flag_subcommands, model_after
 from agentbox.config import AgentConfig
 from agentbox.errors import AgentboxError, StateError
 from agentbox.launch import workdir_for
 from agentbox.progress import warn
-from agentbox.taskstate import FAILED
+from agentbox.taskstate import CANCELLED, FAILED
 
 
 def task_argv(agent: AgentConfig) -> list[str]:
@@ -52,6 +52,11 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if worktree and base is None:
         raise StateError("--worktree starts the task's branch at HEAD, and this repository has no commit yet",
                          hint="Commit once, then run the task again.")
+    vm_mode = isolation.mode_of_vm(vm.expected_config(agent.vm_name, vm.read_state(agent.vm_name)), workspace)
+    if isolation.ISOLATED in (vm_mode, config.session_mode):
+        raise StateError(f"background tasks run in the live workspace, and {agent.vm_name} is isolated "
+                         "(session.mode: isolated)",
+                         hint="Use a live VM; --worktree gives each task a checkout of its own.")
     cwd = workdir_for(config.cwd, workspace)
     task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
                         timeout=timeout, worktree=base)
@@ -59,8 +64,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
         _hand_over(session, agent, task, prompt, base, repo)
     except BaseException as exc:
         with tasks.locked():
-            fresh = tasks.all_tasks()
-            record = next((t for t in fresh if t.id == task.id), task)
+            record = tasks.get(task.id) or task
             if record.state == tasks.PENDING and tasks.runner_state(record) is None:
                 message = exc.message if isinstance(exc, AgentboxError) else type(exc).__name__
                 tasks.end(record, FAILED, f"it could not be handed to the VM: {message}")
@@ -81,7 +85,10 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                 warn(f"{task.label} has no start checkpoint: {exc.message}")
             else:
                 task.checkpoint = taken.checkpoint.id
-                tasks.save(task)
+                with tasks.locked():
+                    latest = tasks.get(task.id) or task
+                    latest.checkpoint = task.checkpoint
+                    tasks.save(latest)
     scripts = bootstrap.plan(config, str(staging.folder(agent.vm_name)))
     with timing.phase("VM state (limactl list, start)"):
         instance = vm.ensure_running(session, agent.vm_name)
@@ -90,6 +97,9 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
         staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
     box = tasks.prepare_box(task, {"prompt": prompt,
                                    "spec": _spec(task, config.tasks_max_concurrent, base, workspace)})
+    now = tasks.get(task.id)
+    if now is not None and now.state == CANCELLED:
+        return  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box)
     command += ["--", *task.argv]
     with timing.phase("in-VM setup + task runner (limactl shell)"):

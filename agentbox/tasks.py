@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -49,6 +50,7 @@ HEARTBEAT_STALE = 20.0  # seconds without a heartbeat before a Running task coun
 PENDING_STALE = 300.0  # a Pending task its `agentbox run` never handed over (that process died)
 GRACE_SECONDS = 5  # between TERM and KILL when a task is cancelled or times out
 WORKTREES = ".agentbox/worktrees"  # agentbox.worktrees.FOLDER; the runner adds /.agentbox/ to .git/info/exclude
+_TIME = re.compile(r"\d{1,12}(\.\d{1,9})?")
 RUNNER_STATES = {"queued": QUEUED, "running": RUNNING, "completed": taskstate.COMPLETED, "failed": FAILED,
                  "timeout": taskstate.TIMEOUT, "cancelled": CANCELLED}
 
@@ -282,6 +284,11 @@ def _load(task_id: int) -> Task | None:
         return None
 
 
+def get(task_id: int) -> Task | None:
+    """The record of one task as it is now (None when there is none)."""
+    return _load(task_id)
+
+
 def all_tasks() -> list[Task]:
     """Every recorded task, by id."""
     try:
@@ -358,8 +365,10 @@ def runner_state(task: Task) -> dict[str, Any] | None:
         key, _, value = line.partition("=")
         if key == "state" and value in RUNNER_STATES:
             fields["state"] = RUNNER_STATES[value]
-        elif key in ("queued_at", "started_at", "ended_at", "exit") and value.lstrip("-").isdigit():
+        elif key == "exit" and value.lstrip("-").isdigit() and len(value) < 6:
             fields[key] = int(value)
+        elif key in ("queued_at", "started_at", "ended_at") and _TIME.fullmatch(value):
+            fields[key] = float(value)
         elif key == "reason":
             fields["reason"] = value[:300]
     return fields if "state" in fields else None
@@ -444,8 +453,8 @@ def _lost(task: Task, vm_status: str | None, now: float) -> str | None:
         return f"its VM {task.vm} no longer exists"
     if vm_status != "Running":
         return f"its VM {task.vm} stopped ({vm_status}) while the task was {task.state.lower()}"
-    beat = heartbeat(task) if task.state == RUNNING else None
-    if task.state == RUNNING and beat is not None and now - beat > HEARTBEAT_STALE:
+    beat = heartbeat(task)
+    if beat is not None and now - beat > HEARTBEAT_STALE:
         return f"its runner in the VM stopped answering {int(now - beat)} s ago (the VM restarted?)"
     return None
 
@@ -572,8 +581,6 @@ def of_workspace(tasks: list[Task], workspace: Path) -> list[Task]:
 
 def parse_duration(text: str) -> int:
     """`90`, `90s`, `10m`, `1h30m`, `2h` -> seconds (at least 1). ValueError when malformed."""
-    import re
-
     spec = text.strip()
     if spec.isdigit():
         seconds = int(spec)

@@ -40,7 +40,22 @@ for number in "$id" "$max" "$timeout" "$grace"; do
   case "$number" in '' | *[!0-9]*) echo "task-runner: bad spec in $dir" >&2; exit 2 ;; esac
 done
 
-queued_at="$EPOCHSECONDS" started_at="" ended_at="" exit_code="" reason="" state=""
+now_precise() {
+  # EPOCHREALTIME with a dot, whatever the locale's decimal separator
+  local t="$EPOCHREALTIME"
+  printf '%s' "${t/,/.}"
+}
+
+beat=""
+heartbeat() {
+  # once a second at most: the host counts a runner silent for long as lost
+  if [ "$EPOCHSECONDS" != "$beat" ]; then
+    beat="$EPOCHSECONDS"
+    printf '%s\n' "$beat" > "$dir/heartbeat"
+  fi
+}
+
+queued_at="$(now_precise)" started_at="" ended_at="" exit_code="" reason="" state=""
 me="$(printf '%012d' "$id")"
 live=1
 [ -z "$worktree" ] || live=0
@@ -58,7 +73,7 @@ put_state() {
 
 finish() {
   # finish STATE REASON: the end, the slot freed
-  ended_at="$EPOCHSECONDS"
+  ended_at="$(now_precise)"
   reason="$2"
   put_state "$1"
   rm -f "$registry/$me"
@@ -98,6 +113,7 @@ wait_for_slot() {
   exec {lock}>"$registry/.lock"
   while :; do
     [ ! -e "$dir/cancel" ] || finish cancelled "cancelled while queued"
+    heartbeat
     flock "$lock"
     if may_start; then
       printf 'running %s %s %s\n' "$live" "$boot" "$$" > "$registry/$me"
@@ -144,21 +160,18 @@ wait_for_slot
 IFS= read -r -d '' prompt < "$dir/prompt" || true
 [ -z "$worktree" ] || cwd="$worktree"
 cd "$cwd" 2>>"$dir/stderr" || finish failed "cannot enter $cwd"
-started_at="$EPOCHSECONDS"
+started_at="$(now_precise)"
 put_state running
 # A session of its own: cancel and timeout signal its whole process group.
 setsid "$@" "$prompt" < /dev/null > "$dir/stdout" 2> "$dir/stderr" &
 child=$!
 
-ending="" kill_at=0 beat=""
+ending="" kill_at=0
 deadline=0
-[ "$timeout" -eq 0 ] || deadline=$((started_at + timeout))
+[ "$timeout" -eq 0 ] || deadline=$((EPOCHSECONDS + timeout))
 while kill -0 "$child" 2>/dev/null; do
   now="$EPOCHSECONDS"
-  if [ "$now" != "$beat" ]; then
-    printf '%s\n' "$now" > "$dir/heartbeat"
-    beat="$now"
-  fi
+  heartbeat
   if [ -z "$ending" ]; then
     if [ -e "$dir/cancel" ]; then
       ending=cancelled

@@ -359,3 +359,30 @@ def test_an_interactive_session_runs_in_a_worktree_of_its_own(project: Path, tas
     assert (place / "tracked.txt").read_text().endswith("in the worktree\nagain\n")  # the same worktree
     bad = run_cli("claude", "--worktree", "../escape", cwd=project)
     assert bad.exit_code == 2 and "is not a worktree name" in bad.stderr
+
+
+def test_the_state_machine_refuses_every_move_it_does_not_have() -> None:
+    from agentbox import taskstate
+
+    allowed = {("Pending", "Queued"), ("Pending", "Failed"), ("Pending", "Cancelled"), ("Queued", "Running"),
+               ("Queued", "Failed"), ("Queued", "Cancelled"), ("Running", "Completed"), ("Running", "Failed"),
+               ("Running", "Timeout"), ("Running", "Cancelled")}
+    for current in taskstate.STATES:
+        for new in taskstate.STATES:
+            if (current, new) in allowed:
+                taskstate.check(current, new)
+            else:
+                with pytest.raises(taskstate.IllegalTransition):
+                    taskstate.check(current, new)
+    # A runner seen late: the states it went through, in order; none out of an ended state.
+    assert taskstate.path_to("Pending", "Completed") == ["Queued", "Running", "Completed"]
+    assert taskstate.path_to("Queued", "Cancelled") == ["Cancelled"]
+    assert taskstate.path_to("Completed", "Running") == []
+
+
+def test_a_task_is_refused_in_an_isolated_vm(project: Path, isolated_vm: FakeLima) -> None:
+    result = run_cli("run", "do:exit:0", cwd=project)
+    assert result.exit_code == 1
+    assert "is isolated" in result.stderr
+    assert isolated_vm.calls() == []
+    assert listing(project) == []
