@@ -189,7 +189,12 @@ while kill -0 "$child" 2>/dev/null; do
 done
 wait "$child"
 exit_code=$?
-commit_worktree
+commit_worktree &
+committing=$!
+while kill -0 "$committing" 2>/dev/null; do  # a large tree takes a while: keep beating meanwhile
+  heartbeat
+  sleep 0.2
+done
 case "$ending" in
   cancelled) finish cancelled "cancelled (agentbox cancel)" ;;
   timeout) finish timeout "stopped after its timeout of ${timeout}s" ;;

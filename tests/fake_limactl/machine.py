@@ -5,7 +5,7 @@ servers, nohup'd jobs, daemons of provisioning scripts), and all of it dies when
 So a boot gets one guest sandbox (bubblewrap with its own pid, mount and uts namespaces) whose
 pid 1 is held by a host-side "machine agent", `limactl __machine NAME IID` (the double's own
 sub-command, not logged as a call). Every guest process (a `shell` command, a boot script, a
-probe, a sudo request) enters that sandbox's namespaces with nsenter, so all of them see the
+probe, a sudo request) enters that sandbox's namespaces (setns, as nsenter does), so all of them see the
 same processes (`ps`, `kill`), mounts, /tmp and /run; what a command leaves running (`nohup
 CMD &`, `setsid`, a tmux server) is re-parented to the guest's pid 1 and outlives its shell.
 
@@ -19,11 +19,13 @@ is gone (a test's LIMA_HOME removed), and the sandbox dies with the agent (--die
 The agent also serves the guest's sudo for the whole boot (a socket at
 /run/fake-limactl/sudo.sock, guest.SudoBridge): sudo works from a process that outlived its shell.
 
-Each process entering the guest is started as `nsenter -t INIT -U -m -p -u -r --
-setpriv --pdeathsig KILL [--reuid/--regid of the user] -- env -C DIR -- ARGV`: the command dies with the
-limactl process that runs it (as ssh's session would end), while what it detached survives.
-With the id mapping of a root-run double (guest.Ids.separated) nsenter becomes guest root in the
-sandbox's user namespace and setpriv drops to the guest user. Run as an ordinary user, the
+Each process entering the guest is started by a proxy (spawn()) that joins the sandbox's user, mount,
+uts and pid namespaces and its root (as nsenter would), then runs `setpriv --pdeathsig KILL
+[--reuid/--regid of the user] -- env -C DIR -- ARGV` as its child and exits with its status (128+N
+for a signal): the command dies with the limactl process that runs it (as ssh's session would
+end), while what it detached survives. With the id mapping of a root-run double
+(guest.Ids.separated) the proxy's child becomes guest root in the sandbox's user namespace and
+setpriv drops to the guest user. Run as an ordinary user, the
 sandbox's user namespace maps guest root alone (to that user; bwrap's `--uid` would put its pid 1
 in a nested namespace that nsenter cannot use), so the guest user's processes run in a nested
 user namespace (`unshare --map-user=UID`) inside the guest: same processes, mounts and files.
@@ -106,7 +108,7 @@ def _instance_lock(inst_dir: str) -> Any:
 
 def ensure(inst: Any) -> Machine | None:
     """This boot's guest, launched when the instance is Running without one; None without bwrap."""
-    if guest.bwrap_path() is None or shutil.which("nsenter") is None:
+    if guest.bwrap_path() is None or shutil.which("setpriv") is None:
         return None
     m = running(inst)
     if m is not None:
@@ -186,16 +188,20 @@ def _is_agent(m: Machine) -> bool:
     return MACHINE_SUBCOMMAND.encode() in argv and m.iid.encode() in argv
 
 
+_libc = ctypes.CDLL(None, use_errno=True)
+# setns order: the user namespace first (it gives the capabilities for the others), the pid one last.
+_NAMESPACES = (("user", 0x10000000), ("mnt", 0x00020000), ("uts", 0x04000000), ("pid", 0x20000000))
+
+
 def enter_argv(inst: Any, m: Machine, argv: list[str], *, as_root: bool, chdir: str | None) -> list[str]:
+    """What runs once inside the guest: setpriv (the guest user's ids, death with its proxy), env -C (the
+    folder, looked up inside the guest), argv."""
     ids = guest.ids_of(inst.config)
     wd = chdir or ("/root" if as_root else inst.config["user"]["home"])
-    nsenter, setpriv = shutil.which("nsenter"), shutil.which("setpriv")
-    if nsenter is None or setpriv is None:
-        raise RuntimeError("fake limactl: nsenter and setpriv (util-linux) are needed to enter the guest")
-    cmd = [nsenter, "-t", str(m.init), "-U", "-m", "-p", "-u", "-r"]
-    if not ids.separated:
-        cmd.append("--preserve-credentials")
-    cmd += ["--", setpriv, "--pdeathsig", "KILL"]
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError("fake limactl: setpriv (util-linux) is needed to enter the guest")
+    cmd = [setpriv, "--pdeathsig", "KILL"]
     if ids.separated and not as_root:
         cmd += [f"--reuid={ids.uid}", f"--regid={ids.gid}", "--init-groups"]
     cmd.append("--")
@@ -204,36 +210,84 @@ def enter_argv(inst: Any, m: Machine, argv: list[str], *, as_root: bool, chdir: 
         if unshare is None:
             raise RuntimeError("fake limactl: unshare (util-linux) is needed for the guest user")
         cmd += [unshare, f"--map-user={ids.uid}", f"--map-group={ids.gid}", "--"]
-    # nsenter would look --wd=DIR up on the host; env changes directory inside the guest, as the user.
-    cmd += ["/usr/bin/env", "-C", wd, "--"]
-    return cmd + argv
+    return cmd + ["/usr/bin/env", "-C", wd, "--", *argv]
 
 
 def spawn(inst: Any, m: Machine, argv: list[str], *, as_root: bool, env: dict[str, str],
           chdir: str | None = None, stdio: tuple[int, int, int] | None = None, new_session: bool = False) -> int:
-    """Start argv inside the running guest; return the host pid to wait() for."""
+    """Start argv inside the running guest; return the host pid to wait() for.
+
+    The pid is a proxy (what ssh and sshd are to a VM's command): it enters the guest's namespaces, starts
+    the command there and exits with its status (128+N when a signal N ended it). It dies with this limactl
+    process and the command with it; TERM and HUP it passes on; SIGINT and SIGQUIT it ignores, so that a
+    Ctrl-C (or `kill -INT 0`) reaches the command, which shares its process group, and not the proxy."""
     cmd = enter_argv(inst, m, argv, as_root=as_root, chdir=chdir)
+    separated = guest.ids_of(inst.config).separated
+    fds = [os.open(f"/proc/{m.init}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC) for name, _ in _NAMESPACES]
+    root = os.open(f"/proc/{m.init}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     pid = os.fork()
     if pid == 0:
         try:
-            if stdio:
-                for target, fd in enumerate(stdio):
-                    if fd != target:
-                        os.dup2(fd, target)
-            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
-                signal.signal(sig, signal.SIG_DFL)
-            if new_session:
-                os.setsid()
-            # nsenter stays in the host's pid namespace and waits for the command: it (and so, through
-            # setpriv's --pdeathsig, the command) dies with this limactl process, as bwrap's
-            # --die-with-parent had it.
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            os.execve(cmd[0], cmd, env)
+            _proxy(fds, root, cmd, env, stdio, new_session, separated)
         except BaseException as e:
             with contextlib.suppress(Exception):
                 os.write(2, f"fake limactl: cannot enter the guest: {e}\n".encode())
-            os._exit(127)
+        os._exit(127)
+    for fd in (*fds, root):
+        os.close(fd)
     return pid
+
+
+def _proxy(fds: list[int], root: int, cmd: list[str], env: dict[str, str], stdio: tuple[int, int, int] | None,
+           new_session: bool, separated: bool) -> None:
+    """The forked child: into the guest, then the command as its own child, waited for."""
+    if stdio:
+        for target, fd in enumerate(stdio):
+            if fd != target:
+                os.dup2(fd, target)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+        signal.signal(sig, signal.SIG_DFL)
+    for sig in (signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_IGN)
+    if new_session:
+        os.setsid()
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    for fd, (name, flag) in zip(fds, _NAMESPACES, strict=True):
+        if _libc.setns(fd, flag) != 0:
+            raise OSError(ctypes.get_errno(), f"setns({name})")
+    os.fchdir(root)
+    os.chroot(".")
+    os.chdir("/")
+    child = os.fork()
+    if child == 0:
+        try:
+            for sig in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
+            _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if separated:  # guest root first; setpriv then becomes the guest user when asked
+                os.setgroups([])
+                os.setresgid(0, 0, 0)
+                os.setresuid(0, 0, 0)
+            os.execve(cmd[0], cmd, env)
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                os.write(2, f"fake limactl: cannot start {cmd[-1]!r} in the guest: {e}\n".encode())
+        os._exit(127)
+
+    def forward(signum: int, _frame: Any) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(128 - code if code < 0 else code)
 
 
 # --------------------------------------------------------------------------------------------
