@@ -29,6 +29,9 @@ class AgentSpec(NamedTuple):
     flag_subcommands: tuple[str, ...] | None = None
     # The agent's user-level memory file in the guest, where agentbox keeps its description of the sandbox.
     memory_file: str | None = None
+    # Its non-interactive form for `agentbox run` (the prompt follows them as the last argument). A leading
+    # bare word is a sub-command that the default arguments and --model follow (`codex exec`, `opencode run`).
+    task_args: tuple[str, ...] = ()
 
 
 # The settings that turn each agent's approvals off (the VM is the sandbox): a new VM gets them
@@ -57,6 +60,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # Its callback listens on port 1455; `codex login --device-auth` needs no callback at all.
         login=("login",),
         memory_file="~/.codex/AGENTS.md",
+        task_args=("exec",),  # codex exec [OPTIONS] PROMPT
     ),
     "claude": AgentSpec(
         name="claude",
@@ -73,6 +77,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # Its callback listens on a random free port; the page it opens also offers a code to paste.
         login=("auth", "login"),
         memory_file="~/.claude/CLAUDE.md",
+        task_args=("-p",),  # --print: answer the prompt and exit
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -97,6 +102,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=(),
         login_hint="choose \"Login with Google\" (or type /auth), then /quit once it says you are logged in",
         memory_file="~/.gemini/GEMINI.md",
+        task_args=("-p",),  # --prompt: non-interactive
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -113,6 +119,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=("login",),
         # A steering file of its own: Kiro reads every file in ~/.kiro/steering.
         memory_file="~/.kiro/steering/agentbox.md",
+        task_args=("--no-interactive",),  # after `chat --trust-all-tools`
     ),
     "opencode": AgentSpec(
         name="opencode",
@@ -126,6 +133,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         flag_subcommands=("run",),
         login=("auth", "login"),
         memory_file="~/.config/opencode/AGENTS.md",  # its global rules
+        task_args=("run",),  # opencode run --auto PROMPT
     ),
     "copilot": AgentSpec(
         name="copilot",
@@ -141,5 +149,6 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=(),
         login_hint="type /login and enter the code it shows at the address it gives, then /exit",
         memory_file="~/.copilot/copilot-instructions.md",  # its user-level instructions
+        task_args=("-p",),  # --prompt: non-interactive
     ),
 }

@@ -14,7 +14,8 @@ and that this commit (its content hashed again) still holds the recorded tree; o
 loudly, naming the checkpoint and what happened to it, never falling back to something else.
 
 Ids are small integers per workspace (`#12`). Kinds: start and end (of a session), manual
-(`agentbox checkpoint`), undo and apply (taken before those change the workspace). A session has an
+(`agentbox checkpoint`), undo and apply (taken before those change the workspace), task (when a
+background task is handed to the VM; its session is `task-ID`). A session has an
 id (`s-20250102T030405Z-1a2b`) shared by its start and end checkpoints. Only the last
 `checkpoints.keep` checkpoints are kept: older refs are deleted and their records dropped.
 
@@ -38,7 +39,7 @@ from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.safetext import visible
 
-KINDS = ("start", "end", "manual", "undo", "apply")
+KINDS = ("start", "end", "manual", "undo", "apply", "task")
 VERSION = 1
 REF_PREFIX = "refs/agentbox/checkpoints"
 

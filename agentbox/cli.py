@@ -44,6 +44,11 @@ LAZY_COMMANDS = {
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
     "undo": ("agentbox.commands.undo", "undo_command"),
+    "run": ("agentbox.commands.tasks", "run_command"),
+    "tasks": ("agentbox.commands.tasks", "tasks_command"),
+    "logs": ("agentbox.commands.tasks", "logs_command"),
+    "wait": ("agentbox.commands.tasks", "wait_command"),
+    "cancel": ("agentbox.commands.tasks", "cancel_command"),
 }
 
 

@@ -54,6 +54,7 @@ class AgentConfig(NamedTuple):
     builtin: bool
     credentials: tuple[str, ...] = ()
     sync: AgentSync = AgentSync()
+    task_args: tuple[str, ...] = ()  # its non-interactive form (agentbox run)
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -66,6 +67,7 @@ class AgentConfig(NamedTuple):
             data["install"] = self.install
         data["credentials"] = list(self.credentials)
         data["sync"] = self.sync.to_json()
+        data["taskArgs"] = list(self.task_args)
         return data
 
 
@@ -148,6 +150,7 @@ class Config(NamedTuple):
     session_mode: str = "live"  # "live" or "isolated" (keys.SESSION_MODES)
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
     sync_agent_config: bool = True  # sync.agentConfig: bring the agents' own setup into the VM
+    tasks_max_concurrent: int = 2  # tasks.maxConcurrent: background tasks running at once per VM
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -187,6 +190,7 @@ class Config(NamedTuple):
             "credentials": self.credentials.to_json(),
             "checkpoints": self.checkpoints.to_json(),
             "session": {"mode": self.session_mode},
+            "tasks": {"maxConcurrent": self.tasks_max_concurrent},
         }
 
 
@@ -399,7 +403,7 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = {**previous, **value}
                 data["credentials"] = value
                 origins["credentials"] = label
-            elif key in ("vm", "sync", "agents", "checkpoints", "session"):
+            elif key in ("vm", "sync", "agents", "checkpoints", "session", "tasks"):
                 if key == "agents":
                     value = _with_excludes_added(data.get("agents", {}), value)
                 deep_merge(data.setdefault(key, {}), value)
@@ -513,6 +517,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         protect_git_hooks=vm.get("protectGitHooks", False),
         checkpoints=_checkpoint_settings(data["checkpoints"]),
         session_mode=data["session"]["mode"],
+        tasks_max_concurrent=data["tasks"]["maxConcurrent"],
     )
 
 
@@ -636,6 +641,7 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
         builtin=builtin is not None,
         credentials=_agent_credentials(raw.get("credentials", True), builtin.credentials if builtin else ()),
         sync=_agent_sync(name, raw.get("sync", {}), layers),
+        task_args=tuple(raw["taskArgs"]) if "taskArgs" in raw else (builtin.task_args if builtin else ()),
     )
 
 

@@ -88,6 +88,11 @@ AGENT_KEYS: dict[str, Key] = {
     "model": Key("str", "Model passed as --model unless the command line already names one.", default_text="none"),
     "vmName": Key("vmname", "VM used for this agent in this project.", files=LOCAL, default_text="the project's VM",
                   trust=SET, why="could move the session into another project's VM"),
+    "taskArgs": Key(
+        "args", "The agent's non-interactive form for `agentbox run`: arguments before the prompt (a leading "
+        "word is a sub-command the defaultArgs follow).", default_text="built-ins (`claude -p`, `codex exec`, ...)",
+        trust=SET, why="decide what runs for every background task",
+    ),
     "install": Key("str", "Shell command that installs the agent's CLI in the VM (agents you define).",
                    default_text="built-ins", trust=SET, why="runs in the VM when the agent is missing"),
     "credentials": Key("agent_credentials", "Host files with this agent's login (a list), or false for none.",
@@ -226,6 +231,15 @@ SCHEMA: dict[str, Key] = {
                   documented=False),
     "credentials": Key("credentials", "`false` brings no host logins into the VM; or switches `{netrc, gh, git}`.",
                        default_text="true"),
+    "tasks": Key(
+        "mapping",
+        "Background tasks (`agentbox run`).",
+        documented=False,
+        children={
+            "maxConcurrent": Key("int", "How many background tasks run at once in a VM; the others wait, Queued.",
+                                 default=2, minimum=1),
+        },
+    ),
     "checkpoints": Key(
         "mapping",
         "Checkpoints of a git workspace at every launch (see README \"Review and undo\").",

@@ -23,6 +23,7 @@ from agentbox.errors import StateError
 from agentbox.lima import Instance
 from agentbox.progress import note, warn
 from agentbox.session_checkpoints import SessionCheckpoints
+from agentbox.worktrees import Worktree
 
 SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
 
@@ -35,18 +36,20 @@ def run_in_vm(
     agent: AgentConfig | None = None,
     running: Instance | None = None,
     login: bool = False,
+    worktree: Worktree | None = None,
 ) -> int:
     """Run argv (or a login shell) in the VM `name`, creating or starting it as needed.
 
     `running` is the Running row of a `limactl list` the caller just made: it is checked, not listed again.
     `login`: argv is the agent's login (`agentbox AGENT login`), whose login may replace the host's.
+    `worktree`: the session runs in that git worktree of the workspace (made by launch.sh when missing).
     """
     config = session.config
     workspace = config.require_workspace()
     points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
     points.start()
     try:
-        return _run(session, name, argv, interactive_shell, agent, running, points, login)
+        return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree)
     finally:
         points.wait_for_start()  # a launch that failed early still leaves no thread behind
 
@@ -60,6 +63,7 @@ def _run(
     running: Instance | None,
     points: SessionCheckpoints,
     login: bool,
+    worktree: Worktree | None = None,
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
@@ -96,7 +100,7 @@ def _run(
     handback = writeback.begin(config, name, agent, refreshed, vm.expected_config(name, state), login=login)
     command = staging.launch_command(
         config, workspace, scripts, agent, refreshed.folder, isolated,
-        handback.returns if handback is not None else None,
+        handback.returns if handback is not None else None, worktree=worktree,
     )
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):

@@ -50,6 +50,17 @@ def workspace_state_dir(workspace: Path) -> Path:
     return state_dir() / "workspaces" / workspace_key(workspace)
 
 
+def vm_outbox(vm_name: str) -> Path:
+    """The one folder of agentbox's a VM may write (agentbox.staging describes it)."""
+    return vm_state_dir(vm_name) / "outbox"
+
+
+def tasks_dir() -> Path:
+    """Background tasks' records and outputs (agentbox.tasks): never inside a VM's folder, so `agentbox rm`
+    leaves them."""
+    return state_dir() / "tasks"
+
+
 def lima_home() -> Path:
     """Lima's instance root, resolved the way limactl resolves it (symlinks followed if it exists)."""
     raw = os.environ.get("LIMA_HOME") or str(home() / ".lima")

@@ -46,6 +46,8 @@ launch.sh finds the folder as the one it runs from.
                                                                              memory.key): installs and edits nothing
     agent-memory.sh        0700  provision/agent-memory.sh                 launch.sh: bash agent-memory.sh put
                                                                              context/memory.md ~/MEMORY-FILE...
+    task-runner.sh         0700  provision/task-runner.sh                  launch.sh --task: started detached, runs
+                                                                             one background task (agentbox.tasks)
 
 The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
 mounted writable at the same path, read by the host after the session, everything in it treated as
@@ -63,6 +65,11 @@ agentbox.proposals).
                            fresh random id, 0700)
     SESSION/changes.patch  launch.sh, when the program exits: the      the host (agentbox.proposals), which makes
     (base, summary.md...)  copy's changes (agentbox.isolation)          it a proposal and removes SESSION/
+    tasks/ID/spec, prompt  the host, before `agentbox run`'s shell     task-runner.sh (its settings, the prompt)
+    tasks/ID/state,        task-runner.sh: its state (replaced whole),  the host (agentbox.tasks), which moves
+      stdout, stderr,        the program's output, a heartbeat           stdout and stderr into the task's record
+      heartbeat                                                            when it ended, then removes ID/
+    tasks/ID/cancel        the host (`agentbox cancel`)                 task-runner.sh: stop the task
 
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
@@ -86,8 +93,10 @@ if TYPE_CHECKING:
     from agentbox.bootstrap import Plan
     from agentbox.config import AgentConfig, Config
     from agentbox.lima import Instance
+    from agentbox.worktrees import Worktree
 
 LAUNCH_SCRIPT = "launch.sh"
+TASK_RUNNER = "task-runner.sh"
 MEMORY_SCRIPT = "agent-memory.sh"
 GUARDS = "guards"
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
@@ -144,6 +153,12 @@ LAUNCH_OPTIONS = (
                  "as its position (0, 1, ...) when it differs from what launch.sh last installed", repeated=True),
     LaunchOption("--memory-file", "PATH", "an agent's memory file, relative to the guest home, that keeps "
                  "context/memory.md's block (agents.py memory_file)", repeated=True),
+    LaunchOption("--worktree", "DIR", "run the program in this git worktree of the workspace, made when missing "
+                 "(`git worktree add`, on --worktree-branch from --worktree-base; agentbox.worktrees)"),
+    LaunchOption("--worktree-branch", "BRANCH", "the worktree's branch (taken when it exists, else made)"),
+    LaunchOption("--worktree-base", "COMMIT", "the commit a new worktree branch starts from"),
+    LaunchOption("--task", "DIR", "a background task (agentbox.tasks): instead of running the program, start "
+                 "task-runner.sh with it, detached, on this task's folder in the outbox; return once it runs"),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -165,7 +180,7 @@ def folder(vm_name: str) -> Path:
 
 def outbox(vm_name: str) -> Path:
     """The host folder the VM may write (mounted writable at the same path); see the docstring."""
-    return paths.vm_state_dir(vm_name) / "outbox"
+    return paths.vm_outbox(vm_name)
 
 
 class Refreshed(NamedTuple):
@@ -185,6 +200,8 @@ def launch_command(
     config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path,
     isolated: IsolatedLaunch | None = None,
     returns: CredentialReturn | None = None,
+    task: Path | None = None,
+    worktree: Worktree | None = None,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -208,6 +225,12 @@ def launch_command(
     if returns is not None:
         values["--creds-outbox"] = str(returns.folder)
         values["--creds-return"] = list(returns.files)
+    if worktree is not None:
+        values["--worktree"] = worktree.path
+        values["--worktree-branch"] = worktree.branch
+        values["--worktree-base"] = worktree.base
+    if task is not None:
+        values["--task"] = str(task)
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 
@@ -255,6 +278,7 @@ def refresh(
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
     write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
     write_if_changed(staging / MEMORY_SCRIPT, resources.text("provision", MEMORY_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / TASK_RUNNER, resources.text("provision", TASK_RUNNER).encode(), 0o700)
     guards = private_dir(staging / GUARDS)
     for guard in GUARD_FILES:
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)

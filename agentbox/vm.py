@@ -357,11 +357,23 @@ def stop_all(lima: Lima, verbose: bool = False, force: bool = False) -> list[str
 def _stop_step(lima: Lima, name: str, force: bool, verbose: bool) -> None:
     with Progress(f"Stopping VM {name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
         lima.stop(name, force=force, on_output=progress.feed)
+    _settle_tasks(name, f"its VM {name} was stopped")
+
+
+def _settle_tasks(name: str, reason: str) -> None:
+    """The VM's background tasks end with it; their outputs move into their records (agentbox.tasks)."""
+    if not (paths.tasks_dir()).is_dir():
+        return
+    from agentbox import tasks
+
+    for task in tasks.settle_vm(name, reason):
+        warn(f"{task.label} ended as {task.state}: {reason}")
 
 
 def remove(session: Session, name: str) -> str:
     with vm_lock(name):
         session.lima.delete(name, force=True)
+    _settle_tasks(name, f"its VM {name} was removed")
     clear_state(name)
     return f"{name} removed (its disk is gone; the workspace on the host is untouched)"
 

@@ -31,8 +31,9 @@ DEFAULT_LATENCY = "list=0.03,shell=0.15,copy=0.25,start=20,create=2"
 LAUNCH = ["codex", "exec", "true"]
 BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust check": 0.005,
            "tripwire, 50k files": 0.050, "checkpoint, 50k unchanged": 0.150, "checkpoint, 100 changed": 0.500,
-           "checkpoints add": 0.150, "warm, 200 synced": 0.150}
+           "checkpoints add": 0.150, "warm, 200 synced": 0.150, "tasks, 100 recorded": 0.300}
 WARM_ROWS = ("warm launch", "warm, 200 synced")  # also held to two limactl calls
+ONE_CALL_ROWS = ("tasks, 100 recorded",)  # held to one limactl call
 
 
 def agentbox_command() -> list[str]:
@@ -140,6 +141,40 @@ class Sandbox:
     def remove(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
         shutil.rmtree(self.lima_home, ignore_errors=True)
+
+
+def record_tasks(box: Sandbox, project: Path, count: int) -> None:
+    """count background tasks of the project in agentbox's records: all ended but two, which run (their
+    runner's state and heartbeat in the outbox), so `agentbox tasks` must ask Lima about the VM."""
+    keys = ("HOME", "LIMA_HOME", "AGENTBOX_STATE_DIR")
+    saved = {key: os.environ.get(key) for key in keys}
+    os.environ.update({key: box.env[key] for key in keys})
+    try:
+        from agentbox import config, tasks
+
+        loaded = config.load(project)
+        for index in range(count):
+            task = tasks.create(loaded.vm_name, loaded.workspace, "claude", ["claude", "-p"], str(project),
+                                f"benchmark task {index}\nwith a second line".encode(), name=None, timeout=None,
+                                worktree=None)
+            if index < count - 2:
+                tasks.advance(task, tasks.QUEUED)
+                tasks.advance(task, tasks.RUNNING)
+                tasks.advance(task, tasks.taskstate.COMPLETED, exit_code=0)
+                task.harvested = True
+                tasks.save(task)
+                continue
+            box_dir = tasks.outbox_dir(task)
+            box_dir.mkdir(parents=True)
+            now = int(time.time())
+            (box_dir / "state").write_text(f"state=running\nqueued_at={now}\nstarted_at={now}\n")
+            (box_dir / "heartbeat").write_text(f"{now}\n")
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def manifest_check_seconds(box: Sandbox, project: Path, runs: int) -> list[float]:
@@ -357,6 +392,24 @@ def main() -> int:
             )
         )
 
+        record_tasks(box, project, 100)
+        listed = []
+        for _ in range(options.runs):
+            for heartbeat in (box.root / "state").glob("vms/*/outbox/tasks/*/heartbeat"):
+                heartbeat.write_text(f"{int(time.time())}\n")  # the runners are alive
+            listed.append(box.run(["tasks"], project))
+        task_calls = {len(calls) for _, _, calls in listed}
+        rows.append(
+            (
+                "tasks, 100 recorded",
+                summarize([w for w, _, _ in listed]),
+                summarize([w - i for w, i, _ in listed]),
+                "/".join(map(str, sorted(task_calls))),
+                verdict("tasks, 100 recorded", statistics.median([w - i for w, i, _ in listed]),
+                        max(task_calls) <= 1),
+            )
+        )
+
         box.synced_files(200)
         box.run(["claude", "--version"], project)  # the first sync
         box.run(["claude", "--version"], project)  # hashes the files once more (the first hashing was racy)
@@ -477,7 +530,8 @@ def verdict(label: str, value: float, calls_ok: bool = True) -> str:
     if budget is None:
         return "-"
     ok = value <= budget and calls_ok
-    return f"{'OK' if ok else 'MISSED'} (<= {budget * 1000:.0f} ms{', <= 2 calls' if label in WARM_ROWS else ''})"
+    limit = ", <= 2 calls" if label in WARM_ROWS else ", <= 1 call" if label in ONE_CALL_ROWS else ""
+    return f"{'OK' if ok else 'MISSED'} (<= {budget * 1000:.0f} ms{limit})"
 
 
 if __name__ == "__main__":

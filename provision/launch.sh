@@ -26,6 +26,10 @@ outbox=""
 chdir=""
 creds_outbox=""
 creds_return=()
+task=""
+worktree=""
+worktree_branch=""
+worktree_base=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -44,6 +48,10 @@ while [ $# -gt 0 ]; do
     --chdir) chdir="$2"; shift 2 ;;
     --creds-outbox) creds_outbox="$2"; shift 2 ;;
     --creds-return) creds_return+=("$2"); shift 2 ;;
+    --worktree) worktree="$2"; shift 2 ;;
+    --worktree-branch) worktree_branch="$2"; shift 2 ;;
+    --worktree-base) worktree_base="$2"; shift 2 ;;
+    --task) task="$2"; shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -162,7 +170,7 @@ sync_agent() {
   if [ -r "$staging/sync/defaults" ]; then
     while IFS= read -r -d '' entry; do defaults["${entry#* }"]="${entry%% *}"; done < "$staging/sync/defaults"
   fi
-  exec {fd}>"$records/applied.tmp" || return 1
+  exec {fd}>"$records/applied.tmp.$$" || return 1
   while IFS= read -r -d '' entry; do  # "DIGEST MODE PATH"
     digest="${entry%% *}"
     rest="${entry#* }"
@@ -205,7 +213,7 @@ sync_agent() {
   exec {fd}>&-
   for relative in "${!waiting[@]}"; do
     printf '%s %s\0' "${waiting[$relative]}" "$relative"
-  done > "$records/announced.tmp" && mv "$records/announced.tmp" "$records/announced"
+  done > "$records/announced.tmp.$$" && mv "$records/announced.tmp.$$" "$records/announced"
   if [ ${#announce[@]} -gt 0 ]; then
     local files
     # shellcheck disable=SC2088 # the ~ is shown to the user, not expanded
@@ -217,7 +225,7 @@ sync_agent() {
     # which may not be newer than the block's stamp: keep_memory_block puts it back whatever the times.
     rm -f "$state/memory.stamp"
     if ! printf '%s\0' "${copy[@]}" | tar -C "$dir/home" --null -T - -cf - | tar -C "$HOME" -xf -; then
-      rm -f "$records/applied.tmp"  # nothing recorded: the next launch compares again
+      rm -f "$records/applied.tmp.$$"  # nothing recorded: the next launch compares again
       return 1
     fi
   fi
@@ -233,7 +241,7 @@ sync_agent() {
       fi
     fi
   done
-  mv "$records/applied.tmp" "$records/applied" || return 1
+  mv "$records/applied.tmp.$$" "$records/applied" || return 1
   if [ ${#waiting[@]} -eq 0 ]; then
     cp "$dir/manifest" "$records/staged" || return 1
   else
@@ -321,12 +329,12 @@ json_edit() {
     say "cannot update $file: jq is not installed in the VM"
     return 0
   fi
-  if { [ -s "$file" ] && jq "$@" "$program" "$file" > "$file.agentbox-tmp"; } ||
-    { [ ! -s "$file" ] && jq -n "$@" "$program" > "$file.agentbox-tmp"; }; then
-    chmod 600 "$file.agentbox-tmp"
-    mv "$file.agentbox-tmp" "$file"
+  if { [ -s "$file" ] && jq "$@" "$program" "$file" > "$file.agentbox-tmp.$$"; } ||
+    { [ ! -s "$file" ] && jq -n "$@" "$program" > "$file.agentbox-tmp.$$"; }; then
+    chmod 600 "$file.agentbox-tmp.$$"
+    mv "$file.agentbox-tmp.$$" "$file"
   else
-    rm -f "$file.agentbox-tmp"
+    rm -f "$file.agentbox-tmp.$$"
     say "cannot update $file (is it valid JSON?)"
   fi
 }
@@ -355,7 +363,7 @@ mark_claude_onboarded() {
     printf '{"hasCompletedOnboarding": true}\n' > "$file"
   elif ! grep -q '"hasCompletedOnboarding": *true' "$file"; then
     if command -v jq >/dev/null 2>&1; then
-      jq '.hasCompletedOnboarding = true' "$file" > "$file.agentbox-tmp" && mv "$file.agentbox-tmp" "$file"
+      jq '.hasCompletedOnboarding = true' "$file" > "$file.agentbox-tmp.$$" && mv "$file.agentbox-tmp.$$" "$file"
     elif command -v python3 >/dev/null 2>&1; then
       python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["hasCompletedOnboarding"]=True; json.dump(d,open(p,"w"))' "$file"
     fi
@@ -622,10 +630,10 @@ install_context() {
         | from_entries) as $paths
       | .tools.checkedInVm = true
       | .tools.list |= map(.path = (if ($paths[.name] // "") == "" then null else $paths[.name] end))' \
-      "$staged" > "$probed.tmp"; then
-    mv -f "$probed.tmp" "$probed"
+      "$staged" > "$probed.tmp.$$"; then
+    mv -f "$probed.tmp.$$" "$probed"
   else
-    rm -f "$probed.tmp"
+    rm -f "$probed.tmp.$$"
     cp "$staged" "$probed"  # no jq yet (provisioning did not finish): the tools stay unchecked
     key=""
   fi
@@ -672,6 +680,28 @@ keep_memory_block() {
   fi
 }
 
+enter_worktree() {
+  # agentbox AGENT --worktree NAME: the session's own checkout of the workspace, on its own branch, in a
+  # folder git ignores; made here (in the VM) when missing, used again when it exists.
+  local common
+  if ! common="$(git -C "$workspace" rev-parse --path-format=absolute --git-common-dir)"; then
+    say "--worktree: $workspace is not a git work tree"
+    exit 1
+  fi
+  mkdir -p "$common/info"
+  grep -qxF '/.agentbox/' "$common/info/exclude" 2>/dev/null || printf '/.agentbox/\n' >> "$common/info/exclude"
+  if [ ! -e "$worktree/.git" ]; then
+    mkdir -p "$(dirname "$worktree")"
+    if git -C "$workspace" show-ref --verify --quiet "refs/heads/$worktree_branch"; then
+      git -C "$workspace" worktree add -q "$worktree" "$worktree_branch" >&2 || exit 1
+    else
+      git -C "$workspace" worktree add -q -b "$worktree_branch" "$worktree" "$worktree_base" >&2 || exit 1
+    fi
+    say "made the worktree $worktree on the branch $worktree_branch"
+  fi
+  cd "$worktree"
+}
+
 wait_for_boot
 check_provisioned
 load_env
@@ -680,6 +710,10 @@ case ":$PATH:" in
   *) export PATH="$HOME/.local/bin:$PATH" ;;
 esac
 mkdir -p "$state"
+# Launches at once (several `agentbox run`, a session beside them) take turns for the setup: it installs
+# files in the home. The program itself runs after the lock is let go.
+exec 7>>"$state/launch.lock"
+flock 7
 apply_credentials
 apply_sync
 setup_browser
@@ -710,6 +744,9 @@ fi
 
 install_context
 keep_memory_block
+[ -z "$worktree" ] || enter_worktree
+flock -u 7
+exec 7>&-
 
 if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   setup_us=$(( ${EPOCHREALTIME/./} - ${timing_start/./} ))
@@ -741,4 +778,15 @@ case "$1" in
     ;;
 esac
 [ -z "$isolated_from$creds_outbox" ] || run_then_hand_back "$@"
+if [ -n "$task" ]; then
+  # A background task: its runner outlives this shell (a session of its own, no terminal), and says it
+  # took the task by writing its state; then this step is done.
+  setsid bash "$staging/task-runner.sh" "$task" "$@" < /dev/null > /dev/null 2> "$task/runner.log" 9>&- &
+  for _ in $(seq 1 200); do
+    [ ! -e "$task/state" ] || exit 0
+    sleep 0.05
+  done
+  say "the task runner did not start (see $task/runner.log)"
+  exit 1
+fi
 exec "$@"

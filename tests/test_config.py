@@ -52,6 +52,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "install": "npm install -g @anthropic-ai/claude-code",
         "credentials": ["~/.claude/.credentials.json", "~/.claude.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
+        "taskArgs": ["-p"],
     }
     assert data["credentials"] == {"netrc": False, "gh": True, "git": True, "writeBack": True}
     assert data["agents"]["kiro"]["binary"] == "kiro-cli"
@@ -66,6 +67,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "install": "npm install -g opencode-ai",
         "credentials": ["~/.local/share/opencode/auth.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
+        "taskArgs": ["run"],
     }
     assert data["agents"]["copilot"] == {
         "binary": "copilot",
@@ -75,6 +77,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "install": "npm install -g @github/copilot",
         "credentials": ["~/.copilot/config.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
+        "taskArgs": ["-p"],
     }
 
 
@@ -234,6 +237,7 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "install": "pipx install aider-chat",
         "credentials": [],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
+        "taskArgs": [],
     }
     lines = run_cli("--help", cwd=project).stdout.splitlines()
     agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:

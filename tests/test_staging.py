@@ -18,6 +18,8 @@ from tests.helpers import NAME, FakeLima, write, write_trusted
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
 ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
+# A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
+TASK_OPTIONS = ("--task", "--worktree", "--worktree-branch", "--worktree-base")
 PROBE_SH = REPO / "provision" / "doctor-probe.sh"
 
 
@@ -118,12 +120,12 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     shell = next(argv for argv in vm.calls() if "shell" in argv)
     sent = {arg for arg in shell if arg.startswith("--")}
     # Isolated mode's options go with an isolated launch only (tests/test_isolated.py sends them).
-    assert {option.name for option in staging.LAUNCH_OPTIONS} - set(ISOLATED_OPTIONS) <= sent
-    assert not sent & set(ISOLATED_OPTIONS)
+    assert {option.name for option in staging.LAUNCH_OPTIONS} - set(ISOLATED_OPTIONS) - set(TASK_OPTIONS) <= sent
+    assert not sent & set(ISOLATED_OPTIONS) and not sent & set(TASK_OPTIONS)
 
     folder = staging.folder(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
-    executable = {staging.LAUNCH_SCRIPT, staging.OPEN_URL, staging.MEMORY_SCRIPT,
+    executable = {staging.LAUNCH_SCRIPT, staging.OPEN_URL, staging.MEMORY_SCRIPT, staging.TASK_RUNNER,
                   *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
     synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/codex/home/.codex/AGENTS.md"}
     named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,

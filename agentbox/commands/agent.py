@@ -20,9 +20,11 @@ if TYPE_CHECKING:
     from agentbox.config import AgentConfig, Config
     from agentbox.lima import Instance
     from agentbox.vm import Session
+    from agentbox.worktrees import Worktree
 
 MODEL_FLAGS = ("--model", "-m")
 ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
+WORKTREE_FLAG = "--worktree"  # `--worktree NAME` right after the agent's name (or after --isolated): agentbox's
 # Asked on their own, these are questions about the agent, not work for it.
 QUERIES = ("--help", "-h", "--version")
 CONFIG_META = "agentbox.config"  # ctx.meta key: a config already loaded, reused by the help text
@@ -143,7 +145,17 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         session.config = isolation_config(session.config)
     if args[:1] == ["login"]:
         return login_agent(session, name, args[1:])
-    return launch_agent(session, name, args)
+    worktree = None
+    if args[:1] == [WORKTREE_FLAG]:
+        from agentbox.worktrees import session_worktree
+
+        if len(args) < 2:
+            from agentbox.errors import UsageError
+
+            raise UsageError(f"agentbox {name} --worktree needs a NAME", hint=f"agentbox {name} --worktree fix-tests")
+        worktree = session_worktree(session.config, args[1])
+        args = args[2:]
+    return launch_agent(session, name, args, worktree=worktree)
 
 
 def isolation_config(config: Config) -> Config:
@@ -184,14 +196,15 @@ def login_agent(session: Session, name: str, args: list[str]) -> int:
     return launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True)
 
 
-def launch_agent(session: Session, name: str, args: list[str], running: Instance | None = None) -> int:
+def launch_agent(session: Session, name: str, args: list[str], running: Instance | None = None,
+                 worktree: Worktree | None = None) -> int:
     from agentbox import launch
 
     agent = session.config.agent(name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
                       flag_subcommands(name))
-    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running)
+    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running, worktree=worktree)
 
 
 def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = False) -> int:

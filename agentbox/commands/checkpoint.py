@@ -72,9 +72,10 @@ def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
 
 
 @click.command("diff")
-@click.option("--since", "since", default="last", metavar="CHECKPOINT|last|session", show_default=True,
+@click.option("--since", "since", default="last", metavar="CHECKPOINT|last|session|task:ID", show_default=True,
               help="Compare with this checkpoint (`12` or `#12`); `last`: the start of the last session; "
-                   "`session`: that session's own changes (its start to its end).")
+                   "`session`: that session's own changes (its start to its end); `task:ID`: what background "
+                   "task ID changed (in its worktree, for a --worktree task).")
 @click.option("--stat", is_flag=True, help="A summary per file instead of the patch.")
 @click.option("--name-only", is_flag=True, help="Only the names of the changed files.")
 @click.argument("paths", nargs=-1, type=click.Path())
@@ -86,10 +87,16 @@ def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, pa
 
     config = load_config(ctx)
     workspace = config.require_workspace()
-    repo = checkpoints.repo_of(workspace)
     pathspec = _pathspec(ctx.obj["cwd"], workspace, paths)
-    old, new_tree, skipped = _range(config, workspace, repo, since)
-    output = hostgit.diff(repo, old.tree, new_tree, stat=stat, name_only=name_only,
+    if since.startswith("task:"):
+        from agentbox import tasks
+
+        repo, old_tree, new_tree, skipped = tasks.diff_range(config, since[len("task:"):])
+    else:
+        repo = checkpoints.repo_of(workspace)
+        old, new_tree, skipped = _range(config, workspace, repo, since)
+        old_tree = old.tree
+    output = hostgit.diff(repo, old_tree, new_tree, stat=stat, name_only=name_only,
                           binary=not patchview.is_terminal(), paths=pathspec)
     patchview.write(output)
     if skipped:

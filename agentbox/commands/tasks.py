@@ -1,0 +1,328 @@
+"""Background tasks: `run` hands a prompt to an agent in the VM and returns; `tasks`, `logs`, `wait`,
+`cancel` and `tasks prune` follow and tidy them (agentbox.tasks, agentbox.taskrun).
+
+Only `run` needs the VM. The others read the records on the host and the runners' files in the outbox,
+and make at most one `limactl list` (to tell whether the VMs of active tasks still run), so they answer
+for a task whose VM was stopped or removed too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from agentbox.commands.common import load_config
+from agentbox.errors import AgentboxError, UsageError
+
+if TYPE_CHECKING:
+    from agentbox.config import Config
+    from agentbox.tasks import Task
+
+WAIT_TIMEOUT_EXIT = 75  # `agentbox wait --timeout` ran out before the task ended (the task goes on)
+POLL_SECONDS = 0.25
+VM_CHECK_SECONDS = 2.0  # while waiting or following, how often the VM's status is asked (one limactl list)
+CHUNK = 1 << 16
+CANCEL_WAIT = 15.0  # seconds `cancel` waits for the runner to confirm (grace period included)
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from agentbox.tasks import parse_duration
+
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+@click.command("run", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--agent", "agent_name", metavar="NAME", help="The agent (default: claude, or the only one you "
+              "defined).")
+@click.option("--name", metavar="N", help="A name for the task (commands take it instead of the id).")
+@click.option("--timeout", metavar="DURATION", callback=_duration,
+              help="Stop the task after this long (90, 90s, 10m, 1h30m): it ends as Timeout.")
+@click.option("--worktree", is_flag=True, help="Run in a git worktree of its own on the branch agentbox/task-ID "
+              "(for tasks that run side by side).")
+@click.option("-d", "--detach", is_flag=True, hidden=True, help="Accepted for symmetry: a task always runs detached.")
+@click.argument("prompt", nargs=-1, required=False)
+@click.pass_context
+def run_command(ctx: click.Context, agent_name: str | None, name: str | None, timeout: int | None,
+                worktree: bool, detach: bool, prompt: tuple[str, ...]) -> None:
+    """Run an agent on PROMPT in the background, in the project's VM; print the task's id.
+
+    The prompt is the arguments after the options (`--` first if it starts with a dash), or standard
+    input when there are none; it reaches the agent byte for byte as one argument of its non-interactive
+    form (`claude -p`, `codex exec`, `gemini -p`, `kiro-cli chat --no-interactive`, ...; agents.NAME.taskArgs).
+    At most tasks.maxConcurrent tasks run at once in a VM: the others wait, Queued, and start in order as
+    slots free. Follow them with `agentbox tasks`, `logs ID -f`, `wait ID`; `cancel ID` stops one.
+    """
+    from agentbox import taskrun
+    from agentbox.commands.common import session as session_for
+    from agentbox.progress import note
+
+    text = _prompt(prompt)
+    if name is not None and (not name or name.isdigit() or any(ord(c) < 0x20 for c in name)):
+        raise UsageError(f"--name {name!r} is not a task name: use letters, not only digits (ids are numbers)")
+    session = session_for(ctx)
+    agent = _agent(session.config, agent_name)
+    task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree)
+    click.echo(task.id)
+    where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
+    note(f"{task.label}: {agent} is {task.state.lower()}{where}; `agentbox logs {task.id} -f` follows it, "
+         f"`agentbox wait {task.id}` waits for it")
+
+
+def _prompt(words: tuple[str, ...]) -> bytes:
+    if words:
+        text = " ".join(words).encode("utf-8", "surrogateescape")
+    else:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError("no prompt: give it after the options, or on standard input",
+                             hint="agentbox run -- 'fix the failing test'   or   agentbox run < prompt.txt")
+        text = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    if b"\0" in text:
+        raise UsageError("the prompt contains a NUL byte, which no program argument can carry")
+    return text
+
+
+def _agent(config: Config, wanted: str | None) -> str:
+    from agentbox.agents import BUILTIN_AGENTS
+
+    agents = config.agents
+    if wanted is None:
+        custom = [name for name in agents if name not in BUILTIN_AGENTS]
+        return custom[0] if len(custom) == 1 else "claude"
+    if wanted not in agents:
+        raise UsageError(f"--agent {wanted!r} is not an agent agentbox knows",
+                         hint=f"One of: {', '.join(agents)} (or define it under agents: in agentbox.yml).")
+    return wanted
+
+
+# -- tasks ----------------------------------------------------------------------------------------
+
+
+@click.group("tasks", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, one object per task (fields below).")
+@click.option("--all", "show_all", is_flag=True, help="Tasks of every workspace, not only this one's.")
+@click.pass_context
+def tasks_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List the background tasks of this workspace (`--all`: of every workspace), oldest first.
+
+    --json fields: id, name, state (Pending, Queued, Running, Completed, Failed, Timeout, Cancelled),
+    exitCode, reason, agent, vm, workspace, cwd, argv (without the prompt), prompt (its first line),
+    timeoutSec, created, started, ended (UTC, ISO 8601, or null), transitions ([{state, time}]),
+    checkpoint, worktree, branch, base, stdout and stderr (where the outputs are).
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from agentbox import tasks
+
+    found = _selected(ctx, show_all)
+    found = tasks.refresh(found)
+    if as_json:
+        click.echo(json.dumps([task.to_json() for task in found], indent=2))
+        return
+    if not found:
+        click.echo("No tasks" + ("" if show_all else " in this workspace") + ": `agentbox run PROMPT` starts one.",
+                   err=True)
+        return
+    _table(found)
+
+
+def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
+    from agentbox import tasks
+
+    everything = tasks.all_tasks()
+    if show_all:
+        return everything
+    workspace = load_config(ctx, describe=True).require_workspace()
+    return tasks.of_workspace(everything, workspace)
+
+
+def _table(found: list[Task]) -> None:
+    from agentbox.safetext import visible
+
+    rows = [("ID", "NAME", "AGENT", "STATE", "EXIT", "STARTED", "TIME", "PROMPT")]
+    now = time.time()
+    for task in found:
+        started = time.strftime("%m-%d %H:%M", time.localtime(task.started)) if task.started else ""
+        took = ""
+        if task.started:
+            took = _span((task.ended or now) - task.started)
+        rows.append((str(task.id), visible(task.name or ""), task.agent, task.state,
+                     "" if task.exit_code is None else str(task.exit_code), started, took, visible(task.summary)))
+    widths = [max(len(row[i]) for row in rows) for i in range(7)]
+    for row in rows:
+        click.echo(("  ".join(cell.ljust(width) for cell, width in zip(row[:7], widths, strict=True))
+                    + "  " + row[7]).rstrip())
+
+
+def _span(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@tasks_command.command("prune")
+@click.option("--all", "show_all", is_flag=True, help="Ended tasks of every workspace.")
+@click.pass_context
+def prune_command(ctx: click.Context, show_all: bool) -> None:
+    """Forget ended tasks: their records, outputs and worktrees (their branches stay)."""
+    from agentbox import tasks
+    from agentbox.progress import note
+
+    found = tasks.refresh(_selected(ctx, show_all))
+    gone = tasks.prune([task for task in found if not task.active])
+    for task in gone:
+        extra = f"; its branch {task.branch} stays" if task.branch else ""
+        note(f"removed {task.label} ({task.state}){extra}")
+    if not gone:
+        note("no ended task to remove")
+
+
+# -- logs, wait, cancel -----------------------------------------------------------------------------
+
+
+def _one(spec: str) -> Task:
+    from agentbox import tasks
+
+    task = tasks.lookup(spec)
+    return tasks.refresh([task])[0] if task.active or not task.harvested else task
+
+
+@click.command("logs", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what the task writes until it ends.")
+@click.argument("task_id", metavar="ID")
+def logs_command(follow: bool, task_id: str) -> None:
+    """Print a task's output: its stdout on stdout, its stderr on stderr (control characters escaped on a
+    terminal, the exact bytes otherwise)."""
+    from agentbox import tasks
+
+    task = _one(task_id)
+    streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    fds = {name: tasks.open_output(task, name) for name in streams}
+    decoders = {name: _Escaper(stream) for name, stream in streams.items()}
+    last_vm_check = time.monotonic()
+    try:
+        while True:
+            for name in streams:
+                fd = fds[name]
+                if fd is None:
+                    fds[name] = fd = tasks.open_output(task, name)
+                if fd is not None:
+                    while chunk := os.read(fd, CHUNK):
+                        decoders[name].write(chunk)
+            if not follow or not task.active:
+                break
+            time.sleep(POLL_SECONDS)
+            check = time.monotonic() - last_vm_check > VM_CHECK_SECONDS
+            if check:
+                last_vm_check = time.monotonic()
+            task = tasks.refresh([task], check_vms=check)[0]
+            if not task.active:
+                continue  # one more read: what it wrote last
+    finally:
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
+        for decoder in decoders.values():
+            decoder.flush()
+
+
+class _Escaper:
+    """Writes a task's output: as is when the stream is not a terminal, else with control characters
+    escaped (the agent wrote it: it must not drive the user's terminal)."""
+
+    def __init__(self, stream: object) -> None:
+        import codecs
+
+        self.stream = stream
+        self.terminal = bool(getattr(stream, "isatty", lambda: False)())
+        self.decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+
+    def write(self, chunk: bytes) -> None:
+        if self.terminal:
+            from agentbox.safetext import visible_text
+
+            chunk = visible_text(self.decoder.decode(chunk)).encode("utf-8", "surrogateescape")
+        self.stream.write(chunk)  # type: ignore[attr-defined]
+
+    def flush(self) -> None:
+        self.stream.flush()  # type: ignore[attr-defined]
+
+
+@click.command("wait", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--timeout", metavar="DURATION", callback=_duration,
+              help=f"Give up after this long (90s, 10m, ...), exiting {WAIT_TIMEOUT_EXIT}; the task goes on.")
+@click.argument("task_id", metavar="ID")
+@click.pass_context
+def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
+    """Wait for a task to end; exit with its exit code (124 when it timed out, 130 when it was cancelled,
+    1 when it failed without one)."""
+    from agentbox import tasks
+    from agentbox.progress import note
+
+    task = _one(task_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last_vm_check = time.monotonic()
+    while task.active:
+        if deadline is not None and time.monotonic() >= deadline:
+            note(f"{task.label} is still {task.state} after {timeout}s")
+            ctx.exit(WAIT_TIMEOUT_EXIT)
+        time.sleep(POLL_SECONDS)
+        check = time.monotonic() - last_vm_check > VM_CHECK_SECONDS
+        if check:
+            last_vm_check = time.monotonic()
+        task = tasks.refresh([task], check_vms=check)[0]
+    ctx.exit(_report_end(task))
+
+
+def _report_end(task: Task) -> int:
+    from agentbox import taskstate
+    from agentbox.progress import note
+    from agentbox.safetext import visible
+
+    reason = f": {visible(task.reason)}" if task.reason else ""
+    note(f"{task.label} {task.state}{reason}")
+    if task.state == taskstate.TIMEOUT:
+        return taskstate.TIMEOUT_EXIT
+    if task.state == taskstate.CANCELLED:
+        return taskstate.CANCELLED_EXIT
+    if task.state == taskstate.COMPLETED:
+        return 0
+    return task.exit_code if task.exit_code not in (None, 0) else 1
+
+
+@click.command("cancel", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("task_id", metavar="ID")
+def cancel_command(task_id: str) -> None:
+    """Cancel a task: a queued one is dequeued; a running one gets TERM (its process group), then KILL
+    after a grace period."""
+    from agentbox import tasks
+    from agentbox.progress import note
+
+    task = _one(task_id)
+    if not task.active:
+        raise AgentboxError(f"{task.label} already ended: {task.state}",
+                            hint="`agentbox tasks prune` forgets ended tasks.")
+    tasks.request_cancel(task)
+    deadline = time.monotonic() + CANCEL_WAIT
+    task = tasks.refresh([task])[0]
+    while task.active and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        task = tasks.refresh([task], check_vms=False)[0]
+    if task.active:
+        note(f"{task.label} was asked to stop and is still {task.state}; `agentbox wait {task.id}` waits for it")
+        return
+    note(f"{task.label} {task.state}")

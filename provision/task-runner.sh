@@ -1,0 +1,205 @@
+#!/bin/bash
+# agentbox-managed: runs one background task (`agentbox run`) in the VM, detached from the `limactl shell`
+# that started it (launch.sh --task starts it in a session of its own and returns).
+#   task-runner.sh DIR PROGRAM ARGS...
+# DIR is the task's folder in agentbox's outbox (shared with the host). The host wrote there:
+#   spec     NAME=value records, each ended by a NUL: id, max (tasks.maxConcurrent), timeout and grace
+#            (seconds; timeout 0: none), cwd, and for a worktree task worktree, branch, base, repo
+#   prompt   the prompt, byte for byte: the program's last argument
+# This script writes there, each file replaced whole (written aside, then renamed):
+#   state    state=queued|running|completed|failed|timeout|cancelled and its times (epoch seconds), exit,
+#            reason, one NAME=value a line
+#   stdout, stderr   the program's output;   heartbeat   the time, every second while it runs
+# and reads `cancel`, which the host creates to cancel the task.
+# Slots: tasks wait (queued) in the order of their ids until fewer than `max` run and, for a task in the
+# live tree (no worktree), no other live-tree task runs. The waiting runners coordinate through
+# ~/.agentbox/tasks (one file per task, under a flock); a finishing runner frees its slot and the oldest
+# waiting one starts.
+set -uo pipefail
+
+dir="$1"
+shift
+registry="$HOME/.agentbox/tasks"
+boot="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)"
+
+id="" max=2 timeout=0 grace=5 cwd="" worktree="" branch="" base="" repo=""
+while IFS= read -r -d '' record; do
+  case "$record" in
+    id=*) id="${record#id=}" ;;
+    max=*) max="${record#max=}" ;;
+    timeout=*) timeout="${record#timeout=}" ;;
+    grace=*) grace="${record#grace=}" ;;
+    cwd=*) cwd="${record#cwd=}" ;;
+    worktree=*) worktree="${record#worktree=}" ;;
+    branch=*) branch="${record#branch=}" ;;
+    base=*) base="${record#base=}" ;;
+    repo=*) repo="${record#repo=}" ;;
+  esac
+done < "$dir/spec"
+for number in "$id" "$max" "$timeout" "$grace"; do
+  case "$number" in '' | *[!0-9]*) echo "task-runner: bad spec in $dir" >&2; exit 2 ;; esac
+done
+
+now_precise() {
+  # EPOCHREALTIME with a dot, whatever the locale's decimal separator
+  local t="$EPOCHREALTIME"
+  printf '%s' "${t/,/.}"
+}
+
+beat=""
+heartbeat() {
+  # once a second at most: the host counts a runner silent for long as lost
+  if [ "$EPOCHSECONDS" != "$beat" ]; then
+    beat="$EPOCHSECONDS"
+    printf '%s\n' "$beat" > "$dir/heartbeat"
+  fi
+}
+
+queued_at="$(now_precise)" started_at="" ended_at="" exit_code="" reason="" state=""
+me="$(printf '%012d' "$id")"
+live=1
+[ -z "$worktree" ] || live=0
+
+put_state() {
+  state="$1"
+  {
+    printf 'state=%s\nqueued_at=%s\n' "$state" "$queued_at"
+    [ -z "$started_at" ] || printf 'started_at=%s\n' "$started_at"
+    [ -z "$ended_at" ] || printf 'ended_at=%s\n' "$ended_at"
+    [ -z "$exit_code" ] || printf 'exit=%s\n' "$exit_code"
+    [ -z "$reason" ] || printf 'reason=%s\n' "$reason"
+  } > "$dir/.state.new" && mv -f "$dir/.state.new" "$dir/state"
+}
+
+finish() {
+  # finish STATE REASON: the end, the slot freed
+  ended_at="$(now_precise)"
+  reason="$2"
+  put_state "$1"
+  rm -f "$registry/$me"
+  exit 0
+}
+
+enter_registry() {
+  mkdir -p "$registry"
+  printf 'queued %s %s %s\n' "$live" "$boot" "$$" > "$registry/$me"
+}
+
+may_start() {
+  # Under the lock: the oldest waiting task, a slot free, and no clash in the live tree.
+  local entry name e_state e_live e_boot e_pid running=0 live_running=0
+  for entry in "$registry"/*; do
+    [ -f "$entry" ] || continue
+    name="${entry##*/}"
+    [ "$name" != "$me" ] || continue
+    read -r e_state e_live e_boot e_pid < "$entry" || continue
+    if [ "$e_boot" != "$boot" ] || ! kill -0 "$e_pid" 2>/dev/null; then
+      rm -f "$entry"  # a runner of an earlier boot, or one that died
+      continue
+    fi
+    if [ "$e_state" = running ]; then
+      running=$((running + 1))
+      [ "$e_live" = 0 ] || live_running=1
+    elif [[ $name < $me ]]; then
+      return 1  # an older task waits: it goes first
+    fi
+  done
+  [ "$running" -lt "$max" ] || return 1
+  [ "$live" = 0 ] || [ "$live_running" = 0 ]
+}
+
+wait_for_slot() {
+  local lock
+  exec {lock}>"$registry/.lock"
+  while :; do
+    [ ! -e "$dir/cancel" ] || finish cancelled "cancelled while queued"
+    heartbeat
+    flock "$lock"
+    if may_start; then
+      printf 'running %s %s %s\n' "$live" "$boot" "$$" > "$registry/$me"
+      flock -u "$lock"
+      exec {lock}>&-
+      return 0
+    fi
+    flock -u "$lock"
+    sleep 0.3
+  done
+}
+
+make_worktree() {
+  # The task's own checkout, on its own branch, in a folder git ignores (the repository's info/exclude).
+  local common exclude
+  common="$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>>"$dir/stderr")" || return 1
+  exclude="$common/info/exclude"
+  mkdir -p "$common/info"
+  grep -qxF '/.agentbox/' "$exclude" 2>/dev/null || printf '/.agentbox/\n' >> "$exclude"
+  mkdir -p "$(dirname "$worktree")"
+  git -C "$repo" worktree add -q -b "$branch" "$worktree" "$base" >/dev/null 2>>"$dir/stderr"
+}
+
+commit_worktree() {
+  # What the agent left uncommitted becomes a commit on the task's branch, ready to merge.
+  [ -n "$worktree" ] && [ -d "$worktree" ] || return 0
+  git -C "$worktree" add -A >/dev/null 2>&1 || return 0
+  git -C "$worktree" diff --cached --quiet 2>/dev/null && return 0
+  local message="agentbox task $id"
+  git -C "$worktree" commit -q --no-verify -m "$message" >/dev/null 2>&1 ||
+    git -C "$worktree" -c user.name="agentbox task" -c user.email="agentbox@localhost" \
+      commit -q --no-verify -m "$message" >/dev/null 2>&1 || true
+}
+
+: > "$dir/stdout"
+: > "$dir/stderr"
+enter_registry
+put_state queued
+if [ -n "$worktree" ] && ! make_worktree; then
+  finish failed "could not create the worktree $worktree (see the task's stderr)"
+fi
+wait_for_slot
+
+IFS= read -r -d '' prompt < "$dir/prompt" || true
+[ -z "$worktree" ] || cwd="$worktree"
+cd "$cwd" 2>>"$dir/stderr" || finish failed "cannot enter $cwd"
+started_at="$(now_precise)"
+put_state running
+# A session of its own: cancel and timeout signal its whole process group.
+setsid "$@" "$prompt" < /dev/null > "$dir/stdout" 2> "$dir/stderr" &
+child=$!
+
+ending="" kill_at=0
+deadline=0
+[ "$timeout" -eq 0 ] || deadline=$((EPOCHSECONDS + timeout))
+while kill -0 "$child" 2>/dev/null; do
+  now="$EPOCHSECONDS"
+  heartbeat
+  if [ -z "$ending" ]; then
+    if [ -e "$dir/cancel" ]; then
+      ending=cancelled
+    elif [ "$deadline" -gt 0 ] && [ "$now" -ge "$deadline" ]; then
+      ending=timeout
+    fi
+    if [ -n "$ending" ]; then
+      kill -TERM -- "-$child" 2>/dev/null
+      kill_at=$((now + grace))
+    fi
+  elif [ "$now" -ge "$kill_at" ]; then
+    kill -KILL -- "-$child" 2>/dev/null
+  fi
+  sleep 0.2
+done
+wait "$child"
+exit_code=$?
+commit_worktree &
+committing=$!
+while kill -0 "$committing" 2>/dev/null; do  # a large tree takes a while: keep beating meanwhile
+  heartbeat
+  sleep 0.2
+done
+case "$ending" in
+  cancelled) finish cancelled "cancelled (agentbox cancel)" ;;
+  timeout) finish timeout "stopped after its timeout of ${timeout}s" ;;
+esac
+if [ "$exit_code" -eq 0 ]; then
+  finish completed ""
+fi
+finish failed "exited with $exit_code"

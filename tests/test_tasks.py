@@ -1,0 +1,388 @@
+"""Background tasks through the CLI against the limactl double, whose guest keeps what a shell left
+running: `agentbox run`, `tasks`, `logs`, `wait`, `cancel`, `tasks prune`, `diff --since task:ID`."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import NAME, FakeLima, git, make_repository, run_agentbox, run_cli, write
+
+pytestmark = pytest.mark.xdist_group("tasks")
+
+# A stand-in agent for tasks: prints its arguments as JSON, then does what a prompt starting with `do:` asks
+# (`;`-separated): sleep:S, exit:N, write:FILE:TEXT (in its folder), spam:MB (MiB on stdout), err:TEXT,
+# ignore-term (TERM does not stop it).
+TASK_AGENT = r"""#!/usr/bin/python3
+import json, os, signal, sys, time
+prompt = sys.argv[-1]
+print(json.dumps({"args": sys.argv[1:], "cwd": os.getcwd()}), flush=True)
+code = 0
+if prompt.startswith("do:"):
+    for step in prompt[3:].split(";"):
+        what, _, arg = step.partition(":")
+        if what == "sleep":
+            time.sleep(float(arg))
+        elif what == "exit":
+            code = int(arg)
+        elif what == "write":
+            name, _, text = arg.partition(":")
+            with open(name, "a") as f:
+                f.write(text + "\n")
+        elif what == "spam":
+            block = b"x" * 1023 + b"\n"
+            for _ in range(int(arg) * 1024):
+                sys.stdout.buffer.write(block)
+            sys.stdout.flush()
+        elif what == "err":
+            print(arg, file=sys.stderr, flush=True)
+        elif what == "ignore-term":
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+sys.exit(code)
+"""
+
+
+@pytest.fixture
+def tasks_vm(project: Path, vm: FakeLima) -> FakeLima:
+    """The project as a git repository (committed files, a local config), its VM running, the stand-in agent."""
+    make_repository(project, config="tasks:\n  maxConcurrent: 2\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "work in progress")
+    bin_dir = vm.home / NAME / "guestfs" / "usr-local" / "bin"
+    write(bin_dir / "claude", TASK_AGENT, mode=0o755)
+    vm.clear()
+    return vm
+
+
+def run_task(project: Path, *args: str, input: str | None = None) -> int:
+    result = run_cli("run", *args, cwd=project, input=input)
+    assert result.exit_code == 0, result.stderr
+    return int(result.stdout.strip())
+
+
+def listing(project: Path, *args: str) -> list[dict]:
+    result = run_cli("tasks", "--json", *args, cwd=project)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def task(project: Path, task_id: int) -> dict:
+    return next(t for t in listing(project, "--all") if t["id"] == task_id)
+
+
+def wait(project: Path, task_id: int, *args: str) -> subprocess.CompletedProcess:
+    return run_agentbox("wait", *args, str(task_id), cwd=project, timeout=90)
+
+
+def test_a_task_runs_the_agents_non_interactive_form_with_the_prompt_byte_for_byte(project: Path,
+                                                                                    tasks_vm: FakeLima) -> None:
+    prompt = "it's \"quoted\", $HOME and `cmd`,\nnew lines\n\n, tabs\t, unicode ✓ é 𝄞, and a trailing newline\n"
+    task_id = run_task(project, "--", prompt)
+    # A warm VM: one list and one shell, and `run` returned before the agent ended.
+    assert tasks_vm.subcommands() == ["list", "shell"]
+    done = wait(project, task_id)
+    assert done.returncode == 0, done.stderr
+    out = run_agentbox("logs", str(task_id), cwd=project)
+    report = json.loads(out.stdout.splitlines()[0])
+    assert report["args"] == ["--dangerously-skip-permissions", "-p", prompt]
+    assert report["cwd"] == str(project)
+    record = task(project, task_id)
+    assert record["state"] == "Completed" and record["exitCode"] == 0
+    assert [t["state"] for t in record["transitions"]] == ["Pending", "Queued", "Running", "Completed"]
+    assert record["argv"] == ["claude", "--dangerously-skip-permissions", "-p"]
+    assert record["checkpoint"] is not None
+
+
+def test_the_prompt_can_come_from_stdin(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "--agent", "claude", input="from stdin\n")
+    assert wait(project, task_id).returncode == 0
+    out = run_agentbox("logs", str(task_id), cwd=project)
+    assert json.loads(out.stdout.splitlines()[0])["args"][-1] == "from stdin\n"
+
+
+def test_a_failing_task_is_failed_and_wait_exits_with_its_code(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "do:err:something broke;exit:3")
+    done = wait(project, task_id)
+    assert done.returncode == 3
+    assert f"task {task_id} Failed: exited with 3" in done.stderr
+    logs = run_agentbox("logs", str(task_id), cwd=project)
+    assert logs.stderr == "something broke\n"
+    assert task(project, task_id)["state"] == "Failed"
+
+
+def test_a_task_that_outlives_its_timeout_is_stopped_and_wait_exits_124(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "--timeout", "2s", "do:write:timed.txt:started;sleep:60;write:timed.txt:finished")
+    started = time.monotonic()
+    done = wait(project, task_id)
+    assert done.returncode == 124, done.stderr
+    assert time.monotonic() - started < 30
+    record = task(project, task_id)
+    assert record["state"] == "Timeout" and record["timeoutSec"] == 2
+    assert "timeout of 2s" in record["reason"]
+    time.sleep(1)
+    assert (project / "timed.txt").read_text() == "started\n"  # the agent was stopped, not left running
+
+
+def test_cancel_stops_a_running_task_and_kills_one_that_ignores_term(project: Path, tasks_vm: FakeLima) -> None:
+    polite = run_task(project, "do:sleep:60")
+    stubborn = run_task(project, "--worktree", "do:ignore-term;sleep:60;write:late.txt:too late")
+    for task_id in (polite, stubborn):
+        deadline = time.monotonic() + 30
+        while task(project, task_id)["state"] != "Running":
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    result = run_cli("cancel", str(polite), cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert f"task {polite} Cancelled" in result.stderr
+    assert wait(project, polite).returncode == 130
+    started = time.monotonic()
+    assert run_cli("cancel", str(stubborn), cwd=project).exit_code == 0
+    assert wait(project, stubborn).returncode == 130
+    assert time.monotonic() - started >= 4  # TERM was ignored: KILL came after the grace period
+    assert task(project, stubborn)["state"] == "Cancelled"
+    # Ended: cancelling again is refused, the record stays as it is.
+    again = run_cli("cancel", str(polite), cwd=project)
+    assert again.exit_code == 1 and "already ended: Cancelled" in again.stderr
+
+
+def test_queued_tasks_start_in_order_as_slots_free(project: Path, tasks_vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "tasks:\n  maxConcurrent: 1\n")
+    ids = [run_task(project, "--worktree", f"do:sleep:{6 if n == 0 else 1};write:order.txt:{n}") for n in range(3)]
+    states = {t["id"]: t["state"] for t in listing(project)}
+    assert states[ids[0]] == "Running"
+    assert states[ids[1]] == states[ids[2]] == "Queued"
+    dropped = run_task(project, "--worktree", "do:write:order.txt:never")
+    assert run_cli("cancel", str(dropped), cwd=project).exit_code == 0
+    for task_id in ids:
+        assert wait(project, task_id).returncode == 0
+    records = [task(project, task_id) for task_id in ids]
+    for before, after in itertools.pairwise(records):
+        assert after["started"] >= before["ended"], (before, after)
+    cancelled = task(project, dropped)
+    assert cancelled["state"] == "Cancelled"
+    assert "Running" not in [t["state"] for t in cancelled["transitions"]]
+    assert not (Path(cancelled["worktree"]) / "order.txt").exists() or \
+        "never" not in (Path(cancelled["worktree"]) / "order.txt").read_text()
+
+
+def test_live_tree_tasks_never_run_side_by_side(project: Path, tasks_vm: FakeLima) -> None:
+    first = run_task(project, "do:sleep:2")
+    second = run_task(project, "do:sleep:0.1")
+    assert wait(project, first).returncode == 0 and wait(project, second).returncode == 0
+    one, two = task(project, first), task(project, second)
+    assert two["started"] >= one["ended"]
+
+
+def test_two_worktree_tasks_edit_the_same_file_without_clobbering(project: Path, tasks_vm: FakeLima) -> None:
+    before = (project / "tracked.txt").read_text()
+    first = run_task(project, "--worktree", "--name", "alpha", "do:write:tracked.txt:from alpha;sleep:6")
+    second = run_task(project, "--worktree", "--name", "beta", "do:write:tracked.txt:from beta;sleep:6")
+    assert wait(project, first).returncode == 0 and wait(project, second).returncode == 0
+    one, two = task(project, first), task(project, second)
+    assert one["started"] < two["ended"] and two["started"] < one["ended"]  # side by side
+    assert (project / "tracked.txt").read_text() == before  # the live tree is untouched
+    assert git(project, "show", f"agentbox/task-{first}:tracked.txt") == before + "from alpha\n"
+    assert git(project, "show", f"agentbox/task-{second}:tracked.txt") == before + "from beta\n"
+    assert one["branch"] == f"agentbox/task-{first}" and Path(one["worktree"]).is_dir()
+    assert ".agentbox/" not in git(project, "status", "--short")  # the worktrees' folder is ignored
+    diff = run_cli("diff", "--since", "task:alpha", "--name-only", cwd=project)
+    assert diff.exit_code == 0, diff.stderr
+    assert diff.stdout == "tracked.txt\n"
+    pruned = run_cli("tasks", "prune", cwd=project)
+    assert pruned.exit_code == 0, pruned.stderr
+    assert not Path(one["worktree"]).exists() and not Path(two["worktree"]).exists()
+    assert listing(project) == []
+    assert f"agentbox/task-{first}" in git(project, "branch", "--list", "agentbox/*")
+    merged = subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@e", "merge", "-q",
+                             f"agentbox/task-{first}"], cwd=project, capture_output=True, text=True)
+    assert merged.returncode == 0, merged.stderr
+    assert (project / "tracked.txt").read_text() == before + "from alpha\n"
+
+
+def test_diff_since_a_live_task_shows_what_it_changed(project: Path, tasks_vm: FakeLima) -> None:
+    (project / "before.txt").write_text("the user's edit before the task\n")
+    task_id = run_task(project, "do:write:made-by-task.txt:hello")
+    assert wait(project, task_id).returncode == 0
+    diff = run_cli("diff", "--since", f"task:{task_id}", "--name-only", cwd=project)
+    assert diff.exit_code == 0, diff.stderr
+    assert diff.stdout == "made-by-task.txt\n"
+
+
+def test_outputs_outlive_the_vm_and_agentbox_rm(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "do:err:to stderr;exit:5")
+    assert wait(project, task_id).returncode == 5
+    removed = run_cli("rm", "--force", cwd=project)
+    assert removed.exit_code == 0, removed.stderr
+    assert tasks_vm.status(NAME) is None
+    logs = run_agentbox("logs", str(task_id), cwd=project)
+    assert logs.returncode == 0
+    assert json.loads(logs.stdout.splitlines()[0])["args"][-1] == "do:err:to stderr;exit:5"
+    assert logs.stderr == "to stderr\n"
+    assert wait(project, task_id).returncode == 5  # the host's record answers, with no VM
+    assert task(project, task_id)["state"] == "Failed"
+
+
+def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_vm: FakeLima) -> None:
+    through_agentbox = run_task(project, "--worktree", "do:sleep:120")
+    behind_its_back = run_task(project, "--worktree", "do:sleep:120")
+    while task(project, through_agentbox)["state"] != "Running":
+        time.sleep(0.2)
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    record = task(project, through_agentbox)
+    assert record["state"] == "Failed" and "was stopped" in record["reason"]
+    started = time.monotonic()
+    assert wait(project, behind_its_back).returncode == 1
+    assert time.monotonic() - started < 20
+    # Started again and stopped with limactl itself: agentbox notices when it next looks.
+    third = run_task(project, "--worktree", "do:sleep:120")
+    while task(project, third)["state"] != "Running":
+        time.sleep(0.2)
+    subprocess.run(["limactl", "stop", NAME], check=True, capture_output=True)
+    record = task(project, third)
+    assert record["state"] == "Failed" and "stopped (Stopped)" in record["reason"]
+
+
+def test_two_runs_at_once_lose_no_task(project: Path, tasks_vm: FakeLima) -> None:
+    procs = [subprocess.Popen([sys.executable, "-m", "agentbox", "run", "--worktree", f"do:write:n.txt:{n}"],
+                              cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for n in range(2)]
+    ids = []
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        ids.append(int(out))
+    assert len(set(ids)) == 2
+    for task_id in ids:
+        assert wait(project, task_id).returncode == 0
+        assert [t["state"] for t in task(project, task_id)["transitions"]].count("Running") == 1
+
+
+def test_a_huge_output_streams_without_filling_memory(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "do:spam:200")
+    assert wait(project, task_id).returncode == 0
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", "logs", str(task_id)], cwd=project,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    size = 0
+    assert proc.stdout is not None
+    while chunk := proc.stdout.read(1 << 20):
+        size += len(chunk)
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert size > 200 << 20
+    assert usage.ru_maxrss < 100 * 1024  # KiB: far less than the output
+
+
+def test_logs_follow_stops_when_the_task_ends(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "do:sleep:1;err:late line;sleep:1")
+    followed = run_agentbox("logs", "-f", str(task_id), cwd=project, timeout=60)
+    assert followed.returncode == 0
+    assert followed.stderr == "late line\n"
+    assert task(project, task_id)["state"] == "Completed"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("logs", "999"), "there is no task '999'"),
+    (("wait", "nope"), "there is no task 'nope'"),
+    (("cancel", "12"), "there is no task '12'"),
+    (("run", "--timeout", "soon", "x"), "is not a duration"),
+    (("run", "--timeout", "0s", "x"), "at least one second"),
+    (("wait", "--timeout", "1x", "1"), "is not a duration"),
+])
+def test_bad_input_is_refused_with_exit_2(project: Path, limactl: FakeLima, args: tuple[str, ...],
+                                          message: str) -> None:
+    result = run_cli(*args, cwd=project)
+    assert result.exit_code == 2, result.stderr
+    assert message in result.stderr
+    assert limactl.calls() == []
+
+
+def test_wait_timeout_leaves_the_task_running(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "do:sleep:30")
+    done = wait(project, task_id, "--timeout", "1s")
+    assert done.returncode == 75
+    assert task(project, task_id)["state"] in ("Queued", "Running")
+    assert run_cli("cancel", str(task_id), cwd=project).exit_code == 0
+
+
+def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tasks_vm: FakeLima,
+                                                               tmp_path: Path) -> None:
+    from agentbox import staging
+
+    decoy = tmp_path / "host-folder"
+    write(decoy / "state", "state=completed\nexit=0\n")
+    write(decoy / "stdout", "a host file\n")
+    write(decoy / "precious", "keep me\n")
+    task_id = run_task(project, "--worktree", "do:sleep:60")
+    box = staging.outbox(NAME) / "tasks" / str(task_id)
+    while task(project, task_id)["state"] != "Running":
+        time.sleep(0.2)
+    aside = box.with_name("moved-away")
+    box.rename(aside)
+    box.symlink_to(decoy)  # what a root agent in the VM could do
+    assert task(project, task_id)["state"] == "Running"  # the decoy's "completed" was not read
+    logs = run_cli("logs", str(task_id), cwd=project)
+    assert "a host file" not in logs.stdout
+    assert run_cli("stop", cwd=project).exit_code == 0
+    assert task(project, task_id)["state"] == "Failed"
+    assert sorted(p.name for p in decoy.iterdir()) == ["precious", "state", "stdout"]
+    assert (decoy / "stdout").read_text() == "a host file\n"
+    assert not (decoy / "cancel").exists()
+    assert run_agentbox("logs", str(task_id), cwd=project).stdout == ""
+
+
+def test_an_interactive_session_runs_in_a_worktree_of_its_own(project: Path, tasks_vm: FakeLima) -> None:
+    from agentbox import worktrees
+
+    assert worktrees.FOLDER == ".agentbox/worktrees"
+    first = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:in the worktree",
+                         cwd=project)
+    assert first.returncode == 0, first.stderr
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    report = json.loads(first.stdout.splitlines()[0])
+    assert report["cwd"] == str(place)
+    assert report["args"][-1] == "do:write:tracked.txt:in the worktree"
+    assert "--worktree" not in report["args"]
+    assert (place / "tracked.txt").read_text().endswith("in the worktree\n")
+    assert "in the worktree" not in (project / "tracked.txt").read_text()
+    assert git(place, "rev-parse", "--abbrev-ref", "HEAD").strip() == "agentbox/fix-it"
+    assert ".agentbox" not in git(project, "status", "--short")
+    again = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:again", cwd=project)
+    assert again.returncode == 0, again.stderr
+    assert (place / "tracked.txt").read_text().endswith("in the worktree\nagain\n")  # the same worktree
+    bad = run_cli("claude", "--worktree", "../escape", cwd=project)
+    assert bad.exit_code == 2 and "is not a worktree name" in bad.stderr
+
+
+def test_the_state_machine_refuses_every_move_it_does_not_have() -> None:
+    from agentbox import taskstate
+
+    allowed = {("Pending", "Queued"), ("Pending", "Failed"), ("Pending", "Cancelled"), ("Queued", "Running"),
+               ("Queued", "Failed"), ("Queued", "Cancelled"), ("Running", "Completed"), ("Running", "Failed"),
+               ("Running", "Timeout"), ("Running", "Cancelled")}
+    for current in taskstate.STATES:
+        for new in taskstate.STATES:
+            if (current, new) in allowed:
+                taskstate.check(current, new)
+            else:
+                with pytest.raises(taskstate.IllegalTransition):
+                    taskstate.check(current, new)
+    # A runner seen late: the states it went through, in order; none out of an ended state.
+    assert taskstate.path_to("Pending", "Completed") == ["Queued", "Running", "Completed"]
+    assert taskstate.path_to("Queued", "Cancelled") == ["Cancelled"]
+    assert taskstate.path_to("Completed", "Running") == []
+
+
+def test_a_task_is_refused_in_an_isolated_vm(project: Path, isolated_vm: FakeLima) -> None:
+    result = run_cli("run", "do:exit:0", cwd=project)
+    assert result.exit_code == 1
+    assert "is isolated" in result.stderr
+    assert isolated_vm.calls() == []
+    assert listing(project) == []
