@@ -29,6 +29,9 @@ class AgentSpec(NamedTuple):
     flag_subcommands: tuple[str, ...] | None = None
     # The agent's user-level memory file in the guest, where agentbox keeps its description of the sandbox.
     memory_file: str | None = None
+    # The agent's own way back into its last conversation in this folder (`agentbox attach` on a session
+    # whose agent exited says `agentbox NAME <resume>`); None when it has none.
+    resume: tuple[str, ...] | None = None
 
 
 # Whatever the agent: never brought into the VM by sync.include.
@@ -51,6 +54,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # Its callback listens on port 1455; `codex login --device-auth` needs no callback at all.
         login=("login",),
         memory_file="~/.codex/AGENTS.md",
+        resume=("resume", "--last"),
     ),
     "claude": AgentSpec(
         name="claude",
@@ -67,6 +71,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # Its callback listens on a random free port; the page it opens also offers a code to paste.
         login=("auth", "login"),
         memory_file="~/.claude/CLAUDE.md",
+        resume=("--continue",),
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -91,6 +96,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=(),
         login_hint="choose \"Login with Google\" (or type /auth), then /quit once it says you are logged in",
         memory_file="~/.gemini/GEMINI.md",
+        resume=("--resume", "latest"),
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -107,6 +113,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=("login",),
         # A steering file of its own: Kiro reads every file in ~/.kiro/steering.
         memory_file="~/.kiro/steering/agentbox.md",
+        resume=("--resume",),
     ),
     "opencode": AgentSpec(
         name="opencode",
@@ -120,6 +127,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         flag_subcommands=("run",),
         login=("auth", "login"),
         memory_file="~/.config/opencode/AGENTS.md",  # its global rules
+        resume=("--continue",),
     ),
     "copilot": AgentSpec(
         name="copilot",
@@ -135,5 +143,6 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=(),
         login_hint="type /login and enter the code it shows at the address it gives, then /exit",
         memory_file="~/.copilot/copilot-instructions.md",  # its user-level instructions
+        resume=("--continue",),
     ),
 }

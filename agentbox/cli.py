@@ -44,6 +44,8 @@ LAZY_COMMANDS = {
     "completion": ("agentbox.commands.completion", "completion_command"),
     "help": ("agentbox.commands.help", "help_command"),
     "undo": ("agentbox.commands.undo", "undo_command"),
+    "attach": ("agentbox.commands.sessions", "attach_command"),
+    "sessions": ("agentbox.commands.sessions", "sessions_command"),
 }
 
 

@@ -148,6 +148,8 @@ class Config(NamedTuple):
     session_mode: str = "live"  # "live" or "isolated" (keys.SESSION_MODES)
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
     sync_agent_config: bool = True  # sync.agentConfig: bring the agents' own setup into the VM
+    keep_alive: bool = False  # session.keepAlive: an interactive launch on a terminal runs in a tmux session
+    notify: bool = True  # notify: desktop notification, bell and title when a session needs the user
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -186,7 +188,8 @@ class Config(NamedTuple):
             "agents": {name: agent.to_json() for name, agent in self.agents.items()},
             "credentials": self.credentials.to_json(),
             "checkpoints": self.checkpoints.to_json(),
-            "session": {"mode": self.session_mode},
+            "session": {"mode": self.session_mode, "keepAlive": self.keep_alive},
+            "notify": self.notify,
         }
 
 
@@ -513,6 +516,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         protect_git_hooks=vm.get("protectGitHooks", False),
         checkpoints=_checkpoint_settings(data["checkpoints"]),
         session_mode=data["session"]["mode"],
+        keep_alive=data["session"]["keepAlive"],
+        notify=data["notify"],
     )
 
 

@@ -46,6 +46,15 @@ launch.sh finds the folder as the one it runs from.
                                                                              memory.key): installs and edits nothing
     agent-memory.sh        0700  provision/agent-memory.sh                 launch.sh: bash agent-memory.sh put
                                                                              context/memory.md ~/MEMORY-FILE...
+    session.sh             0700  provision/session.sh: detachable sessions launch.sh (--session): start; tmux: run
+                                 (agentbox.sessions)                        (the host sends the same script inline
+                                                                             for `sessions` and `attach`)
+    tmux.conf              0600  provision/tmux.conf: agentbox's tmux      session.sh: the settings of its server
+                                 server's settings                           (`tmux -L agentbox -f`)
+    attention.sh           0700  provision/attention.sh: bell, title and   launch.sh (--notify on): install -m 755
+                                 the host's notification event             as ~/.agentbox/bin/attention
+    claude-hooks.json      0600  provision/claude-hooks.json: Claude       launch.sh (--notify on): installed as
+                                 Code's Notification and Stop hooks          /etc/claude-code/managed-settings.json
 
 The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
 mounted writable at the same path, read by the host after the session, everything in it treated as
@@ -63,6 +72,14 @@ agentbox.proposals).
                            fresh random id, 0700)
     SESSION/changes.patch  launch.sh, when the program exits: the      the host (agentbox.proposals), which makes
     (base, summary.md...)  copy's changes (agentbox.isolation)          it a proposal and removes SESSION/
+    sessions/reply-ID/     the host, before a session's start or an    session.sh: `result` (key=value lines) and,
+                           attach (a fresh random name, 0700)            for an ended session, `last-output`; the
+                                                                         host reads them, then removes reply-ID/
+    sessions/events/       session.sh and attention.sh: NAME.event     the host's watcher (agentbox.attention):
+                           (kind, session, agent, message lines) when  a desktop notification, then removes it
+                           a session no one is attached to needs you
+    sessions/events/live/  session.sh: one empty file per session      the watcher: it ends when none is left
+                           that runs
 
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
@@ -89,6 +106,11 @@ if TYPE_CHECKING:
 
 LAUNCH_SCRIPT = "launch.sh"
 MEMORY_SCRIPT = "agent-memory.sh"
+SESSION_SCRIPT = "session.sh"
+TMUX_CONF = "tmux.conf"
+ATTENTION_SCRIPT = "attention.sh"
+CLAUDE_HOOKS = "claude-hooks.json"
+OUTBOX_SESSIONS = "sessions"
 GUARDS = "guards"
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
 BOOTSTRAP = "bootstrap"
@@ -144,6 +166,15 @@ LAUNCH_OPTIONS = (
                  "as its position (0, 1, ...) when it differs from what launch.sh last installed", repeated=True),
     LaunchOption("--memory-file", "PATH", "an agent's memory file, relative to the guest home, that keeps "
                  "context/memory.md's block (agents.py memory_file)", repeated=True),
+    LaunchOption("--notify", "on|off", "install (on) or remove (off) the attention hooks: Claude Code's "
+                 "Notification and Stop hooks, which ring the terminal and tell the host (notify)"),
+    LaunchOption("--session", "NAME", "run the program in a tmux session named NAME (or NAME-2, ...) that "
+                 "outlives this shell (session.sh start); never with --isolated-from or --creds-outbox"),
+    LaunchOption("--session-attach", None, "attach to that session at once (session.keepAlive) instead of "
+                 "leaving it detached (--detach)"),
+    LaunchOption("--session-reply", "DIR", "this launch's folder in the outbox, where session.sh writes the "
+                 "session's name (and, after an attach, how it ended)"),
+    LaunchOption("--session-events", "DIR", "the outbox folder for the session's attention events (notify)"),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -174,6 +205,15 @@ class Refreshed(NamedTuple):
     env_keys: tuple[str, ...] = ()  # the names of the session's env (staging/env)
 
 
+class SessionLaunch(NamedTuple):
+    """launch.sh's session options: the program runs in a tmux session that outlives the shell (agentbox.sessions)."""
+
+    name: str  # --session: the name it starts from
+    attach: bool  # --session-attach
+    reply: Path  # --session-reply
+    events: Path | None  # --session-events (None: notify is off)
+
+
 class CredentialReturn(NamedTuple):
     """What launch.sh hands back after the program: copies of `files` (guest paths) in `folder`."""
 
@@ -185,6 +225,7 @@ def launch_command(
     config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path,
     isolated: IsolatedLaunch | None = None,
     returns: CredentialReturn | None = None,
+    session: SessionLaunch | None = None,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -196,6 +237,7 @@ def launch_command(
         "--on-start": scripts.on_start,
         "--sync": [a.name for a in synced_agents(config, agent)],
         "--memory-file": [path[2:] for path in context.memory_files()],
+        "--notify": "on" if config.notify else "off",
     }
     if agent is not None:
         values["--binary"] = agent.binary
@@ -208,6 +250,11 @@ def launch_command(
     if returns is not None:
         values["--creds-outbox"] = str(returns.folder)
         values["--creds-return"] = list(returns.files)
+    if session is not None:
+        values["--session"] = session.name
+        values["--session-attach"] = session.attach
+        values["--session-reply"] = str(session.reply)
+        values["--session-events"] = str(session.events) if session.events is not None else None
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 
@@ -255,6 +302,10 @@ def refresh(
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
     write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
     write_if_changed(staging / MEMORY_SCRIPT, resources.text("provision", MEMORY_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / SESSION_SCRIPT, resources.text("provision", SESSION_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / TMUX_CONF, resources.text("provision", TMUX_CONF).encode(), 0o600)
+    write_if_changed(staging / ATTENTION_SCRIPT, resources.text("provision", ATTENTION_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / CLAUDE_HOOKS, resources.text("provision", CLAUDE_HOOKS).encode(), 0o600)
     guards = private_dir(staging / GUARDS)
     for guard in GUARD_FILES:
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)

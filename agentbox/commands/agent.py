@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 MODEL_FLAGS = ("--model", "-m")
 ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
+DETACH_FLAGS = ("--detach", "-d")  # the same: start the agent in a tmux session in the VM and return
 # Asked on their own, these are questions about the agent, not work for it.
 QUERIES = ("--help", "-h", "--version")
 CONFIG_META = "agentbox.config"  # ctx.meta key: a config already loaded, reused by the help text
@@ -128,9 +129,21 @@ def agent_shell_command(name: str) -> click.Command:
 def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     from agentbox.commands.common import session as session_for
 
-    # agentbox's own option comes first; anything after it (another --isolated too) is the agent's.
-    isolated = args[:1] == [ISOLATED_FLAG]
-    args = args[1:] if isolated else args
+    # agentbox's own options come first (each once); anything after them (another --isolated too) is the agent's.
+    isolated = detach = False
+    while args:
+        if args[0] == ISOLATED_FLAG and not isolated:
+            isolated = True
+        elif args[0] in DETACH_FLAGS and not detach:
+            detach = True
+        else:
+            break
+        args = args[1:]
+    if detach and (args[:1] in (["shell"], ["login"]) or (len(args) == 1 and args[0] in QUERIES)):
+        from agentbox.errors import UsageError
+
+        raise UsageError(f"--detach starts the agent itself in a session; it does not go with `{args[0]}`",
+                         hint=f"Run `agentbox {name} --detach [ARGS]...` for the agent.")
     if args[:1] == ["shell"]:
         command = agent_shell_command(name)
         shell_args = [ISOLATED_FLAG, *args[1:]] if isolated else args[1:]
@@ -143,7 +156,7 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         session.config = isolation_config(session.config)
     if args[:1] == ["login"]:
         return login_agent(session, name, args[1:])
-    return launch_agent(session, name, args)
+    return launch_agent(session, name, args, detach=detach)
 
 
 def isolation_config(config: Config) -> Config:
@@ -184,14 +197,21 @@ def login_agent(session: Session, name: str, args: list[str]) -> int:
     return launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True)
 
 
-def launch_agent(session: Session, name: str, args: list[str], running: Instance | None = None) -> int:
+def launch_agent(
+    session: Session, name: str, args: list[str], running: Instance | None = None, detach: bool = False,
+    keep_alive: bool = True,
+) -> int:
+    """Run the agent in its VM. `detach`: in a new tmux session, and return at once (agentbox.sessions); with
+    session.keepAlive (unless keep_alive is False: a --help or --version) a launch on a terminal runs in such
+    a session too, attached."""
     from agentbox import launch
 
     agent = session.config.agent(name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
                       flag_subcommands(name))
-    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running)
+    kept = launch.DETACHED if detach else launch.ATTACHED if keep_alive and launch.keeps_alive(session.config) else None
+    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running, keep=kept)
 
 
 def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = False) -> int:
@@ -220,7 +240,7 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
         vm.check_ownership(instance, config)
         if instance.status == RUNNING:
             trust.require_trust(config)
-            return launch_agent(session, name, [query], running=instance)
+            return launch_agent(session, name, [query], running=instance, keep_alive=False)
     warn_if_untrusted(config)
     binary = _shown(agent.binary)
     vm_name = agent.vm_name
