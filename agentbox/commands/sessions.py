@@ -41,7 +41,8 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     vm_name = session.config.vm_name
     _running(session, vm_name)
     reply_folder = sessions.new_reply(vm_name)
-    code = session.lima.shell(vm_name, sessions.script("attach", "--reply", str(reply_folder), *([name] if name else [])))
+    argv = sessions.script("attach", "--reply", str(reply_folder), *([name] if name else []))
+    code = session.lima.shell(vm_name, argv)
     reply = sessions.take_reply(vm_name, reply_folder)
     if reply is None:
         ctx.exit(code)

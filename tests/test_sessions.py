@@ -1,0 +1,104 @@
+"""Detachable sessions through the CLI against the limactl double: `agentbox AGENT --detach`, session.keepAlive,
+`agentbox attach`, `agentbox sessions`; the VM side is provision/session.sh under the guest's real tmux."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import NAME, FakeLima, needs, run_cli, write, write_trusted
+
+pytestmark = pytest.mark.needs("tmux")
+
+# An interactive stand-in: says it started (with its arguments and whether it has a terminal), then waits
+# for a line and exits with the code it reads.
+WAITING_AGENT = r"""#!/bin/bash
+printf 'stand-in agent up: %s tty=%s\n' "$*" "$([ -t 0 ] && echo yes || echo no)"
+printf 'session=%s\n' "${AGENTBOX_SESSION:-none}"
+IFS= read -r line
+printf 'got %s\n' "$line"
+exit "${line:-0}"
+"""
+
+
+def install(limactl: FakeLima, script: str = WAITING_AGENT, binary: str = "claude") -> None:
+    path = limactl.home / NAME / "guestfs" / "usr-local" / "bin" / binary
+    write(path, script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def on_terminal(cwd: Path, args: list[str], steps: list[tuple[bytes, bytes]], timeout: float = 40) -> tuple[int, str]:
+    """Run agentbox with stdin, stdout and stderr on a pseudo-terminal; when the output shows a step's text, type
+    its keys. Returns the exit status and everything shown."""
+    import pty
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=slave, stdout=slave,
+                            stderr=slave, start_new_session=True, env={**os.environ, "TERM": "xterm"})
+    os.close(slave)
+    output = b""
+    pending = list(steps)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            while pending and pending[0][0] in output:
+                time.sleep(0.3)  # the program reads the keys once it waits for them
+                os.write(master, pending.pop(0)[1])
+            if proc.poll() is not None and not ready:
+                break
+        else:
+            proc.kill()
+            pytest.fail(f"agentbox {' '.join(args)} did not end; shown:\n{output.decode(errors='replace')}")
+    finally:
+        os.close(master)
+    return proc.wait(timeout=30), output.decode(errors="replace")
+
+
+@pytest.fixture
+def kept(vm: FakeLima, project: Path) -> FakeLima:
+    """The project's VM with session.keepAlive on and the waiting stand-in as claude."""
+    write_trusted(project, "session:\n  keepAlive: true\n")
+    install(vm)
+    return vm
+
+
+def test_keep_alive_runs_a_terminal_launch_in_a_session_and_exits_with_the_agents_code(
+    kept: FakeLima, project: Path
+) -> None:
+    code, shown = on_terminal(project, ["claude", "hello"], [(b"session=claude", b"7\r")])
+    assert code == 7, shown
+    assert "stand-in agent up: --dangerously-skip-permissions hello tty=yes" in shown
+    assert "agentbox: claude" in shown  # the status line of agentbox's tmux, with the session's name
+    assert "Ctrl-b d: detach" in shown
+    assert kept.subcommands() == ["list", "shell"]
+
+
+def test_keep_alive_leaves_a_piped_launch_as_it_is(vm: FakeLima, project: Path) -> None:
+    out = project / ".stub-out.json"
+    write_trusted(project, f"session:\n  keepAlive: true\nenv:\n  AGENTBOX_TEST_OUT: {out}\n")
+    result = subprocess.run([sys.executable, "-m", "agentbox", "claude", "-p", "hi"], cwd=project, input="piped",
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(out.read_text())
+    assert got["args"] == ["--dangerously-skip-permissions", "-p", "hi"]
+    assert got["stdin"] == "piped"
+    assert "AGENTBOX_SESSION" not in got["env"] and "TMUX" not in got["env"]
