@@ -102,3 +102,39 @@ def test_keep_alive_leaves_a_piped_launch_as_it_is(vm: FakeLima, project: Path) 
     assert got["args"] == ["--dangerously-skip-permissions", "-p", "hi"]
     assert got["stdin"] == "piped"
     assert "AGENTBOX_SESSION" not in got["env"] and "TMUX" not in got["env"]
+
+
+def test_what_the_vm_says_is_checked_before_it_is_used() -> None:
+    from agentbox import sessions
+
+    listed = sessions.parse_list(
+        b"claude\tclaude\t1700000000\t1\trunning\t\t\n"
+        b"codex-2\tcodex\t1700000100\t0\texited\t3\t1700000200\n"
+        b"../etc\tclaude\t1\t0\trunning\t\t\n"  # not a name
+        b"x\tclaude\t1\t0\tzombie\t\t\n"  # not a state
+        b"short\tline\n"
+        b"gem\t\x1b]2;evil\x07\tnope\t0\texited\t\t\n"  # an agent that is not a name, a start that is no number
+    )
+    assert [row.to_json("vm") for row in listed] == [
+        {"name": "gem", "agent": "", "vm": "vm", "started": None, "attached": False, "state": "exited",
+         "exitCode": None, "ended": None},
+        {"name": "claude", "agent": "claude", "vm": "vm", "started": "2023-11-14T22:13:20Z", "attached": True,
+         "state": "running", "exitCode": None, "ended": None},
+        {"name": "codex-2", "agent": "codex", "vm": "vm", "started": "2023-11-14T22:15:00Z", "attached": False,
+         "state": "exited", "exitCode": 3, "ended": "2023-11-14T22:16:40Z"},
+    ]
+    reply = sessions.parse_reply(b"outcome=exited\nname=claude\nagent=claude\ncode=9\noutcome=started\n", b"bye\n")
+    assert reply == sessions.Reply("exited", "claude", "claude", 9, (), None, "bye\n")
+    assert sessions.parse_reply(b"outcome=rm -rf /\n") is None
+    assert sessions.parse_reply(b"outcome=ambiguous\nnames=a b/c d\n") == sessions.Reply(
+        "ambiguous", None, None, None, ("a", "d"), None, None)
+    assert sessions.base_name("my agent.v2") == "my-agent-v2" and sessions.base_name("...") == "agent"
+
+
+def test_the_resume_hint_comes_from_the_agent_registry() -> None:
+    from agentbox import sessions
+
+    assert sessions.resume_command(None, "claude") == "agentbox claude --continue"
+    assert sessions.resume_command(None, "codex") == "agentbox codex resume --last"
+    assert sessions.resume_command(None, "gemini") == "agentbox gemini --resume latest"
+    assert sessions.resume_command(None, "mine") is None
