@@ -6,17 +6,18 @@ from __future__ import annotations
 import json
 import os
 import select
-import signal
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import NAME, FakeLima, needs, run_cli, write, write_trusted
+from agentbox import sessions
+from tests.helpers import NAME, FakeLima, write, write_trusted
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.needs("tmux")
 
@@ -90,6 +91,40 @@ def test_keep_alive_runs_a_terminal_launch_in_a_session_and_exits_with_the_agent
     assert "agentbox: claude" in shown  # the status line of agentbox's tmux, with the session's name
     assert "Ctrl-b d: detach" in shown
     assert kept.subcommands() == ["list", "shell"]
+
+
+HOOKED_AGENT = r"""#!/bin/bash
+printf '{"message":"Claude needs your permission to use Bash"}' | bash "$HOME/.agentbox/bin/attention" notification
+printf 'hook ran\n'
+IFS= read -r line
+exit 0
+"""
+
+
+def test_an_attached_session_that_needs_you_rings_and_says_so_in_the_title(kept: FakeLima, project: Path) -> None:
+    """Claude Code's hooks are in its managed settings in the VM; the hook's bell and title reach the terminal
+    through tmux; attached, no desktop notification is asked for."""
+    install(kept, HOOKED_AGENT)
+    code, shown = on_terminal(project, ["claude"], [(b"hook ran", b"\r")])
+    assert code == 0, shown
+    managed = kept.home / NAME / "guestfs" / "etc" / "claude-code" / "managed-settings.json"
+    assert json.loads(managed.read_text()) == json.loads((REPO / "provision" / "claude-hooks.json").read_text())
+    assert "\x07" in shown
+    assert "claude: Claude needs your permission to use Bash" in shown  # the title: session, then the message
+    events = sessions.events_folder(NAME)
+    assert not any(events.glob("*.event")) if events.exists() else True
+
+
+def test_notify_false_takes_the_hooks_away(kept: FakeLima, project: Path) -> None:
+    install(kept, HOOKED_AGENT)
+    code, shown = on_terminal(project, ["claude"], [(b"hook ran", b"\r")])
+    assert code == 0, shown
+    managed = kept.home / NAME / "guestfs" / "etc" / "claude-code" / "managed-settings.json"
+    assert managed.exists()
+    write_trusted(project, "session:\n  keepAlive: true\nnotify: false\n")
+    code, shown = on_terminal(project, ["claude"], [(b"hook ran", b"\r")])
+    assert code == 0, shown
+    assert not managed.exists()
 
 
 def test_keep_alive_leaves_a_piped_launch_as_it_is(vm: FakeLima, project: Path) -> None:
