@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import stat
 import subprocess
 import sys
@@ -173,3 +174,141 @@ def test_the_resume_hint_comes_from_the_agent_registry() -> None:
     assert sessions.resume_command(None, "codex") == "agentbox codex resume --last"
     assert sessions.resume_command(None, "gemini") == "agentbox gemini --resume latest"
     assert sessions.resume_command(None, "mine") is None
+
+
+def agentbox_run(project: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentbox", *args], cwd=project, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def listed(project: Path) -> list[dict[str, object]]:
+    result = agentbox_run(project, "sessions", "--json")
+    assert result.returncode == 0, result.stderr
+    rows: list[dict[str, object]] = json.loads(result.stdout)
+    return rows
+
+
+def test_attach_to_a_session_that_does_not_exist(vm: FakeLima, project: Path) -> None:
+    code, shown = on_terminal(project, ["attach", "nope"], [])
+    assert code == 2, shown
+    assert "agentbox: error: agentbox-myproject has no session nope" in shown
+    code, shown = on_terminal(project, ["attach"], [])
+    assert code == 1, shown
+    assert "agentbox-myproject has no sessions" in shown
+
+
+def test_attach_needs_a_terminal_and_a_session_name(vm: FakeLima, project: Path) -> None:
+    result = agentbox_run(project, "attach")
+    assert result.returncode == 2 and "`agentbox attach` needs a terminal" in result.stderr
+    code, shown = on_terminal(project, ["attach", "a;b"], [])
+    assert code == 2 and "a;b is not a session name" in shown
+    assert vm.subcommands() == []
+
+
+def test_detach_is_agentboxs_only_right_after_the_agent_and_not_for_shell_or_an_isolated_session(
+    isolated_vm: FakeLima, project: Path
+) -> None:
+    result = agentbox_run(project, "claude", "-d", "shell")
+    assert result.returncode == 2 and "--detach starts the agent itself in a session" in result.stderr
+    result = agentbox_run(project, "claude", "--detach")
+    assert result.returncode == 2, result.stderr
+    assert "an isolated session cannot be detached" in result.stderr
+    assert "shell" not in isolated_vm.subcommands()
+
+
+# -- detached sessions: they outlive the `limactl shell` that started them (the double's persistent guest) --
+
+def test_detach_returns_and_attach_follows_the_session_to_its_end(vm: FakeLima, project: Path) -> None:
+    install(vm)
+    started = agentbox_run(project, "claude", "--detach", "hello", "it's $HOME; \"quoted\"")
+    assert started.returncode == 0, started.stderr
+    assert started.stdout == "claude\n"
+    assert "claude runs in the session claude in agentbox-myproject: `agentbox attach claude`" in started.stderr
+    assert vm.subcommands() == ["list", "shell"]
+    [row] = listed(project)
+    assert {key: row[key] for key in ("name", "agent", "vm", "attached", "state", "exitCode", "ended")} == {
+        "name": "claude", "agent": "claude", "vm": NAME, "attached": False, "state": "running", "exitCode": None,
+        "ended": None}
+    assert isinstance(row["started"], str) and row["started"].endswith("Z")
+
+    vm.clear()
+    code, shown = on_terminal(project, ["attach"], [(b"session=claude", b"5\r")])
+    assert code == 5, shown
+    assert "stand-in agent up: --dangerously-skip-permissions hello it's $HOME; \"quoted\" tty=yes" in shown
+    assert vm.subcommands() == ["list", "shell"]
+    [row] = listed(project)
+    assert (row["state"], row["exitCode"], row["attached"]) == ("exited", 5, False)
+
+    code, shown = on_terminal(project, ["attach", "claude"], [])
+    assert code == 5, shown
+    assert "got 5" in shown  # its last screen
+    assert "claude exited with code 5" in shown and "`agentbox claude --continue` resumes its conversation" in shown
+
+
+def test_an_interrupted_attach_leaves_the_session_running(vm: FakeLima, project: Path) -> None:
+    import pty
+
+    install(vm)
+    assert agentbox_run(project, "claude", "-d").returncode == 0
+    master, slave = pty.openpty()
+    attach = subprocess.Popen([sys.executable, "-m", "agentbox", "attach", "claude"], cwd=project, stdin=slave,
+                              stdout=slave, stderr=slave, start_new_session=True, env={**os.environ, "TERM": "xterm"})
+    os.close(slave)
+    output = b""
+    deadline = time.monotonic() + 60
+    while b"session=claude" not in output and time.monotonic() < deadline:
+        ready, _, _ = select.select([master], [], [], 0.2)
+        if ready:
+            output += os.read(master, 65536)
+    assert b"session=claude" in output, output
+    os.killpg(attach.pid, signal.SIGKILL)  # agentbox, limactl and the tmux client go; the terminal too
+    attach.wait(timeout=30)
+    os.close(master)
+    time.sleep(1)
+    [row] = listed(project)
+    assert (row["state"], row["attached"]) == ("running", False)
+    code, shown = on_terminal(project, ["attach"], [(b"session=claude", b"0\r")])
+    assert code == 0, shown
+
+
+def test_a_second_session_gets_its_own_name_and_attach_asks_which(vm: FakeLima, project: Path) -> None:
+    install(vm)
+    assert agentbox_run(project, "claude", "-d").stdout == "claude\n"
+    assert agentbox_run(project, "claude", "-d").stdout == "claude-2\n"
+    assert [row["name"] for row in listed(project)] == ["claude", "claude-2"]
+    code, shown = on_terminal(project, ["attach"], [])
+    assert code == 2, shown
+    assert "several sessions run in agentbox-myproject: claude, claude-2" in shown
+    table = agentbox_run(project, "sessions")
+    assert table.stdout.splitlines()[0].split() == ["NAME", "AGENT", "STARTED", "STATE", "ATTACHED"]
+    assert [line.split()[0] for line in table.stdout.splitlines()[1:]] == ["claude", "claude-2"]
+
+
+NEEDY_AGENT = r"""#!/bin/bash
+sleep 1
+printf '{"message":"Claude needs your permission to use Bash"}' | bash "$HOME/.agentbox/bin/attention" notification
+sleep 2
+exit 3
+"""
+
+
+def test_a_detached_session_that_needs_you_is_a_desktop_notification(
+    vm: FakeLima, project: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if sys.platform == "darwin":
+        pytest.skip("the stand-in is Linux's notify-send")
+    bin_dir = tmp_path / "host-bin"
+    log = tmp_path / "notified.jsonl"
+    write(bin_dir / "notify-send", "#!/bin/sh\nprintf '%s\\n' \"$*\" >> \"$NOTIFY_LOG\"\n", mode=0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("NOTIFY_LOG", str(log))
+    install(vm, NEEDY_AGENT)
+    assert agentbox_run(project, "claude", "-d").returncode == 0
+    deadline = time.monotonic() + 30
+    while not (log.exists() and len(log.read_text().splitlines()) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert log.read_text().splitlines() == [
+        "--app-name=agentbox -- agentbox: claude needs you session claude in agentbox-myproject: Claude needs your "
+        "permission to use Bash. `agentbox attach claude` to answer.",
+        "--app-name=agentbox -- agentbox: claude ended session claude in agentbox-myproject: exited with code 3. "
+        "`agentbox attach claude` shows its last screen."]

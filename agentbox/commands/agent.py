@@ -54,6 +54,7 @@ class AgentCommand(PassthroughCommand):
         formatter.write_usage(ctx.command_path, "[ARGS]...")
         formatter.write_usage(ctx.command_path, "shell [-- CMD...]", prefix="   or: ")
         formatter.write_usage(ctx.command_path, "login [ARGS]...", prefix="   or: ")
+        formatter.write_usage(ctx.command_path, "--detach|-d [ARGS]...", prefix="   or: ")
 
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         name = self.name or ""
@@ -80,6 +81,12 @@ class AgentCommand(PassthroughCommand):
             )
             formatter.write_paragraph()
             formatter.write_text(_login_help(name, binary))
+            formatter.write_paragraph()
+            formatter.write_text(
+                f"`agentbox {name} --detach [ARGS]...` (or -d, right after the agent's name) starts {binary} in a "
+                "tmux session in the VM and returns; `agentbox attach` attaches to it, `agentbox sessions` lists "
+                "them."
+            )
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         """`shell` right after the agent's name, file names everywhere (the agent takes any argument)."""
