@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 
+import machine
 from cmd_start import do_start, kill_boot, require_config
 from constants import TMP_SUFFIXES
 from context import Ctx, injected_failure, lima_lock, new_state, read_state, write_state
@@ -65,6 +66,7 @@ def stop_gracefully(ctx: Ctx, inst: Instance, *, restart: bool = False) -> str |
 def _set_stopped(inst: Instance) -> None:
     state = read_state(inst.dir)
     kill_boot(state)
+    machine.stop(state)  # the VM powers off: every guest process ends
     # The host agent exits: its listeners close, so the forwarded host ports are free again.
     state.update(status="Stopped", errors=[], hostAgentPID=0, driverPID=0, bootPID=0, forwards=[], guestListeners=[])
     write_state(inst.dir, state)

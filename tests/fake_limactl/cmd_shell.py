@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import guest
+import machine
 from cmd_start import do_start
 from constants import SHELL_ENV_BLOCK
 from context import Ctx, injected_failure
@@ -169,6 +170,7 @@ def run_in_guest(ctx: Ctx, inst: Instance, script: str) -> int:
     guest.ensure_guestfs(inst)
     argv = [argv0, "-c", script]
     if guest.bwrap_path():
+        machine.ensure(inst)  # an instance marked Running by hand, or whose guest died, gets one now
         if sys.stdout.isatty() and sys.stdin.isatty():
             # ssh -t: the command gets a terminal of the guest's own (its stdout and stderr merged on it, the
             # caller's terminal in raw mode so that Ctrl-C reaches the guest's foreground job). util-linux's

@@ -18,6 +18,7 @@ from typing import Any
 
 import guest
 import hostagent
+import machine
 from constants import BOOT_SUBCOMMAND, LIMACTL_PY, PROXY_VARS
 from context import Ctx, injected_failure, lima_lock, read_state, validate_inst_name, write_state
 from guest import hostname_of
@@ -114,6 +115,7 @@ def _boot(ctx: Ctx, inst: Instance) -> None:
     cfg = inst.config
     state = read_state(inst.dir)
     kill_boot(state)
+    machine.stop(state)
     port = cfg["ssh"].get("localPort") or free_port()
     state.update(status="Running", sshLocalPort=port, bootCount=int(state.get("bootCount", 0)) + 1,
                  forwards=[], guestListeners=[],
@@ -189,11 +191,13 @@ def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progres
         _progress(ctx, f"Waiting for the essential requirement {i} of {len(essential)}: {bq(desc)}")
         if fail:
             if os.environ.get("FAKE_LIMACTL_START_LEAVE_RUNNING"):
+                machine.ensure(inst)
                 _start_boot(ctx, inst)  # like a start that timed out: the guest keeps booting
             else:
                 _abort_start(ctx, inst, previous)
             raise Fatal(fail)
         _progress(ctx, f"The essential requirement {i} of {len(essential)} is satisfied")
+    machine.ensure(inst)
     _start_boot(ctx, inst)
     if progress:
         ctx.log.info("Cloud-init provisioning started...")

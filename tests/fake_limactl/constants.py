@@ -13,6 +13,7 @@ LIMACTL_PY = os.path.join(HERE, "limactl.py")  # the entry point (`limactl __boo
 SCHEMA_PATH = os.path.join(os.path.dirname(HERE), "lima_schema.json")
 STATE_FILE = "fake-state.json"
 BOOT_SUBCOMMAND = "__boot"
+MACHINE_SUBCOMMAND = "__machine"   # the running guest's agent (machine.py)
 ID_RE = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
 USERNAME_RE = re.compile(r"^[a-z_][a-z0-9_-]*$")
 PARAM_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")

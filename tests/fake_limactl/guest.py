@@ -17,6 +17,10 @@ guest's own /etc, /usr/local and /var belong to guest root and the user cannot w
 Run as an ordinary user, guest root and the guest user are both that host user (bwrap --uid),
 so permission mistakes do not show there.
 
+The running guest. Between start and stop every guest process runs inside one long-lived sandbox
+per boot (machine.py), so processes outlive the shell that started them and die with the VM;
+spawn() enters it when it runs and builds a sandbox of its own otherwise.
+
 sudo. Passwordless, as in Lima. A guest process of the user reaches guest root through a socket
 that the limactl process running it serves (FAKE_LIMACTL_SUDO names it): the command then runs
 in a separate root sandbox over the same folders, with the caller's stdin/stdout/stderr.
@@ -366,9 +370,11 @@ def write_etc_environment(inst: Any, env: dict[str, str]) -> None:
 # The sandbox
 # --------------------------------------------------------------------------------------------
 
-def sandbox_argv(bwrap: str, inst: Any, argv: list[str], *, as_root: bool, chdir: str | None = None) -> list[str]:
+def sandbox_argv(bwrap: str, inst: Any, argv: list[str], *, as_root: bool, chdir: str | None = None,
+                 pid_namespace: bool = False, extra: list[str] | None = None) -> list[str]:
     """bwrap arguments: read-only host root, the guest's own dirs, the mounts, then argv as the
-    guest user (or guest root)."""
+    guest user (or guest root). pid_namespace: a pid namespace of its own also when not separated
+    (the running guest's, machine.py); extra: more bwrap options."""
     ids = ids_of(inst.config)
     layers = guest_layers(inst)
     replaced_top = {layer.guest for layer in layers if layer.guest.count("/") == 1}
@@ -379,6 +385,8 @@ def sandbox_argv(bwrap: str, inst: Any, argv: list[str], *, as_root: bool, chdir
     else:
         guest_id = 0 if as_root else ids.uid
         a += ["--unshare-user", "--uid", str(guest_id), "--gid", str(guest_id)]
+        if pid_namespace:
+            a += ["--unshare-pid"]
     # Bind the host root entry by entry onto bwrap's tmpfs root (remounted read-only at the end),
     # so that mount points that do not exist on the host (e.g. /workspace) can still be created.
     a += _reexpose("/", "/", skip={"/proc", "/dev"} | replaced_top)
@@ -401,6 +409,7 @@ def sandbox_argv(bwrap: str, inst: Any, argv: list[str], *, as_root: bool, chdir
     for path in read_only:
         a += ["--remount-ro", path]
     home = inst.config["user"]["home"]
+    a += list(extra or [])
     a += ["--chdir", chdir or ("/root" if as_root else home), "--"]
     if ids.separated and not as_root:
         setpriv = shutil.which("setpriv")
@@ -463,22 +472,34 @@ _CLONE_NEWUSER = 0x10000000
 
 def spawn(inst: Any, argv: list[str], *, as_root: bool, env: dict[str, str], chdir: str | None = None,
           stdio: tuple[int, int, int] | None = None, new_session: bool = False) -> int:
-    """Start argv in the guest; return the host pid of its bwrap (wait for it with wait())."""
+    """Start argv in the guest (inside this boot's running guest when there is one, machine.py; else
+    in a sandbox of its own); return the host pid to wait for with wait()."""
+    import machine
+    m = machine.running(inst)
+    if m is not None:
+        return machine.spawn(inst, m, argv, as_root=as_root, env=env, chdir=chdir, stdio=stdio,
+                             new_session=new_session)
     bwrap = bwrap_path()
     if bwrap is None:
         raise RuntimeError("fake limactl: bwrap is needed to run guest processes")
-    ids = ids_of(inst.config)
     cmd = sandbox_argv(bwrap, inst, argv, as_root=as_root, chdir=chdir)
+    return spawn_sandbox(inst, cmd, env=env, stdio=stdio, new_session=new_session)
+
+
+def spawn_sandbox(inst: Any, cmd: list[str], *, env: dict[str, str], stdio: tuple[int, int, int] | None = None,
+                  new_session: bool = False, pass_fds: tuple[int, ...] = ()) -> int:
+    """Run a bwrap command line (sandbox_argv) with the instance's id mapping, passing pass_fds on."""
+    ids = ids_of(inst.config)
     if not ids.separated:
         proc = subprocess.Popen(cmd, env=env, start_new_session=new_session,
                                 stdin=stdio[0] if stdio else None, stdout=stdio[1] if stdio else None,
-                                stderr=stdio[2] if stdio else None, pass_fds=())
+                                stderr=stdio[2] if stdio else None, pass_fds=pass_fds)
         return proc.pid
-    return _spawn_in_userns(cmd, env, ids, stdio, new_session)
+    return _spawn_in_userns(cmd, env, ids, stdio, new_session, pass_fds)
 
 
 def _spawn_in_userns(cmd: list[str], env: dict[str, str], ids: Ids, stdio: tuple[int, int, int] | None,
-                     new_session: bool) -> int:
+                     new_session: bool, pass_fds: tuple[int, ...] = ()) -> int:
     """fork; the child enters a new user namespace whose id maps this (root) process writes, becomes
     root there and execs bwrap, which then has every capability over the guest's ids only."""
     ready_r, ready_w = os.pipe()
@@ -496,6 +517,8 @@ def _spawn_in_userns(cmd: list[str], env: dict[str, str], ids: Ids, stdio: tuple
                 signal.signal(sig, signal.SIG_DFL)
             if new_session:
                 os.setsid()
+            for fd in pass_fds:
+                os.set_inheritable(fd, True)
             libc = ctypes.CDLL(None, use_errno=True)
             if libc.unshare(_CLONE_NEWUSER) != 0:
                 raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWUSER)")
@@ -553,7 +576,13 @@ def wait(pid: int, *, forward_signals: bool = True) -> int:
 
 def run(inst: Any, argv: list[str], *, as_root: bool, env: dict[str, str], chdir: str | None = None,
         stdio: tuple[int, int, int] | None = None, sudo: bool = True) -> int:
-    """Run argv in the guest and wait; the user's processes get sudo (see SudoBridge)."""
+    """Run argv in the guest and wait; the user's processes get sudo (see SudoBridge; the running
+    guest's agent serves it for the whole boot)."""
+    import machine
+    m = machine.running(inst)
+    if m is not None and not as_root and sudo:
+        env = dict(env, FAKE_LIMACTL_SUDO=m.sudo_path)
+        return wait(machine.spawn(inst, m, argv, as_root=False, env=env, chdir=chdir, stdio=stdio))
     if as_root or not sudo:
         return wait(spawn(inst, argv, as_root=as_root, env=env, chdir=chdir, stdio=stdio))
     with SudoBridge(inst) as bridge:
@@ -570,8 +599,9 @@ class SudoBridge:
     carries argv, env and cwd as JSON plus the caller's stdin, stdout and stderr (SCM_RIGHTS); the
     command runs as guest root in its own sandbox and the exit code goes back."""
 
-    def __init__(self, inst: Any) -> None:
+    def __init__(self, inst: Any, name: str = "") -> None:
         self.inst = inst
+        self.name = name
         self.ids = ids_of(inst.config)
         self.sock: socket.socket | None = None
         self.host_path = ""
@@ -582,7 +612,7 @@ class SudoBridge:
         if not os.path.isdir(run_dir):
             os.makedirs(run_dir, exist_ok=True)
             chown_guest(self.ids, run_dir, 0)
-        name = f"sudo-{os.getpid()}-{threading.get_ident() % 100000}.sock"
+        name = self.name or f"sudo-{os.getpid()}-{threading.get_ident() % 100000}.sock"
         self.host_path = os.path.join(run_dir, name)
         self.guest_path = f"/{RUN_TOOLS}/{name}"
         with contextlib.suppress(FileNotFoundError):

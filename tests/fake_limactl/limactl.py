@@ -28,7 +28,7 @@ Instance layout (``$LIMA_HOME/NAME/``):
   ha.stdout.log, ha.stderr.log           the host agent's events and log lines, recreated at every start;
                                          port forwarding writes to them (hostagent.py)
 Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl
-(the background boot process, `limactl __boot`, and `limactl __listeners NAME tcp:IP:PORT...`, which
+(the background boot process, `limactl __boot`, the running guest's agent, `limactl __machine`, and `limactl __listeners NAME tcp:IP:PORT...`, which
 stands for the guest agent reporting the guest's listening sockets, are the double's own and not logged).
 
 Environment knobs (all optional):
@@ -66,6 +66,7 @@ folder is first on sys.path and the modules beside it are imported by their plai
   cmd_list.py, cmd_create.py, cmd_start.py (and the boot), cmd_lifecycle.py (stop, restart, delete,
   protect, clone), cmd_info.py (info, validate), cmd_shell.py (shell, copy)   the sub-commands
   guest.py         the guest machine: bubblewrap sandbox, identities, sudo, the boot's scripts
+  machine.py       the running guest: one sandbox per boot that every guest process enters
   hostagent.py     tcp port forwarding of the guest's listeners (Lima's rules, events and warnings)
   ssh.py           the `ssh` that reaches a guest through ssh.config (`-N -L` port forwards only)
   guest_tools/     stand-ins run inside the guest (apt-get, curl, ..., sudo)
@@ -100,7 +101,7 @@ from cmd_lifecycle import (
 from cmd_list import LIST_FLAGS, cmd_list
 from cmd_shell import COPY_FLAGS, SHELL_FLAGS, cmd_copy, cmd_shell
 from cmd_start import START_FLAGS, boot_process, cmd_start
-from constants import BOOT_SUBCOMMAND, VERSION
+from constants import BOOT_SUBCOMMAND, MACHINE_SUBCOMMAND, VERSION
 from context import Ctx, injected_failure, resolve_lima_home, simulate_latency
 from hostagent import LISTENERS_SUBCOMMAND, listeners_process
 from logrus import LEVELS, ChildExit, Fatal, Logger, bq, go_quote, out
@@ -201,6 +202,9 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
         return boot_process(ctx, rest)
     if sub == LISTENERS_SUBCOMMAND:
         return listeners_process(ctx, rest)
+    if sub == MACHINE_SUBCOMMAND:
+        from machine import machine_process
+        return machine_process(ctx, rest)
     name = ALIASES.get(sub, sub)
     if name == "help":
         out(usage_text())
@@ -275,7 +279,8 @@ def main(argv: list[str]) -> int:
         with contextlib.suppress(OSError):
             cwd = os.getcwd()
         # Never create a real ~/.lima just to log a call.
-        own = argv[:1] in ([BOOT_SUBCOMMAND], [LISTENERS_SUBCOMMAND])  # the double's own, not limactl's
+        # the double's own, not limactl's
+        own = argv[:1] in ([BOOT_SUBCOMMAND], [LISTENERS_SUBCOMMAND], [MACHINE_SUBCOMMAND])
         if lima_home and (os.environ.get("LIMA_HOME") or os.path.isdir(lima_home)) and not own:
             append_call(lima_home, {"argv": argv, "cwd": cwd, "start": started,
                                     "duration": time.time() - started, "exit": code})

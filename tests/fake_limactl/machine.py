@@ -1,0 +1,326 @@
+"""The running guest: one long-lived sandbox per boot that every guest process joins, as in a VM.
+
+A VM keeps running what was started in it after the `limactl shell` that started it ends (tmux
+servers, nohup'd jobs, daemons of provisioning scripts), and all of it dies when the VM stops.
+So a boot gets one guest sandbox (bubblewrap with its own pid, mount and uts namespaces) whose
+pid 1 is held by a host-side "machine agent", `limactl __machine NAME IID` (the double's own
+sub-command, not logged as a call). Every guest process (a `shell` command, a boot script, a
+probe, a sudo request) enters that sandbox's namespaces with nsenter, so all of them see the
+same processes (`ps`, `kill`), mounts, /tmp and /run; what a command leaves running (`nohup
+CMD &`, `setsid`, a tmux server) is re-parented to the guest's pid 1 and outlives its shell.
+
+Lifetime. `start` launches the agent after the instant part of the boot (before the boot
+scripts); a `shell` of an instance that is Running without one (a state written by hand, an agent
+that died) launches it too. `stop`, `stop -f`, `delete` and the next `start` kill the guest's
+pid 1, and the kernel kills everything else in its pid namespace before they return. The agent
+also ends the guest when the instance's state no longer names this boot as Running or its folder
+is gone (a test's LIMA_HOME removed), and the sandbox dies with the agent (--die-with-parent).
+
+The agent also serves the guest's sudo for the whole boot (a socket at
+/run/fake-limactl/sudo.sock, guest.SudoBridge): sudo works from a process that outlived its shell.
+
+Each process entering the guest is started as `nsenter -t INIT -U -m -p -u -r --
+setpriv --pdeathsig KILL [--reuid/--regid of the user] -- env -C DIR -- ARGV`: the command dies with the
+limactl process that runs it (as ssh's session would end), while what it detached survives.
+With the id mapping of a root-run double (guest.Ids.separated) nsenter becomes guest root in the
+sandbox's user namespace and setpriv drops to the guest user. Run as an ordinary user, the
+sandbox's user namespace maps guest root alone (to that user; bwrap's `--uid` would put its pid 1
+in a nested namespace that nsenter cannot use), so the guest user's processes run in a nested
+user namespace (`unshare --map-user=UID`) inside the guest: same processes, mounts and files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import guest
+from constants import LIMACTL_PY, MACHINE_SUBCOMMAND
+from context import Ctx, lima_lock, read_state, write_state
+from instances import Instance, inspect
+
+LOCK_FILE = ".fake-machine.lock"  # not *.lock-like names that `stop -f` removes (*.pid, *.sock, *.tmp)
+SUDO_SOCKET = "sudo.sock"          # in /run/fake-limactl
+POLL_SECONDS = 0.3
+READY_TIMEOUT = 30.0
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True)
+class Machine:
+    agent: int    # host pid of `limactl __machine`
+    init: int     # host pid of the sandbox's pid 1
+    pidns: str    # readlink of /proc/INIT/ns/pid when it started (guards against pid reuse)
+    iid: str
+
+    @property
+    def sudo_path(self) -> str:
+        return f"/{guest.RUN_TOOLS}/{SUDO_SOCKET}"
+
+
+def _ns_of(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return ""
+
+
+def _from_state(state: dict[str, Any]) -> Machine | None:
+    m = state.get("machine") or {}
+    try:
+        return Machine(int(m["agent"]), int(m["init"]), str(m["pidns"]), str(m["iid"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def running(inst: Any) -> Machine | None:
+    """This boot's guest, when it is alive (the state file is read afresh)."""
+    state = read_state(inst.dir)
+    m = _from_state(state)
+    if m is None or state.get("status") != "Running" or m.iid != state.get("iid"):
+        return None
+    return m if _ns_of(m.init) == m.pidns else None
+
+
+@contextlib.contextmanager
+def _instance_lock(inst_dir: str) -> Any:
+    fd = os.open(os.path.join(inst_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def ensure(inst: Any) -> Machine | None:
+    """This boot's guest, launched when the instance is Running without one; None without bwrap."""
+    if guest.bwrap_path() is None or shutil.which("nsenter") is None:
+        return None
+    m = running(inst)
+    if m is not None:
+        return m
+    with _instance_lock(inst.dir):
+        m = running(inst)
+        if m is not None:
+            return m
+        state = read_state(inst.dir)
+        if state.get("status") != "Running" or not state.get("iid"):
+            return None
+        ready_r, ready_w = os.pipe()
+        agent = subprocess.Popen([sys.executable, LIMACTL_PY, MACHINE_SUBCOMMAND, inst.name, state["iid"],
+                                  str(ready_w)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(ready_w,),
+                                 env=os.environ.copy())
+        os.close(ready_w)
+        try:
+            answer = _read_all(ready_r, READY_TIMEOUT, lambda data: data.endswith(b"\n"))
+        finally:
+            os.close(ready_r)
+        m = running(inst)
+        if m is None:
+            with contextlib.suppress(OSError):
+                agent.kill()
+            raise RuntimeError(f"fake limactl: the guest of `{inst.name}` did not start: "
+                               f"{answer.decode(errors='replace').strip() or 'no answer'}")
+        return m
+
+
+def _read_all(fd: int, timeout: float, enough: Callable[[bytes], bool] = lambda _: False) -> bytes:
+    """What fd gives until EOF, the timeout, or enough(data) (bwrap keeps the write ends open)."""
+    data, deadline = b"", time.monotonic() + timeout
+    while not enough(data):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return data
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            return data
+        data += chunk
+    return data
+
+
+def _json_complete(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
+
+
+def stop(state: dict[str, Any]) -> None:
+    """Power off: kill the guest's pid 1 (the kernel kills the rest of its pid namespace first) and its
+    agent. Returns once the guest's processes are gone."""
+    m = _from_state(state)
+    state.pop("machine", None)
+    if m is None:
+        return
+    if _ns_of(m.init) == m.pidns:
+        with contextlib.suppress(OSError):
+            os.kill(m.init, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while _ns_of(m.init) == m.pidns and time.monotonic() < deadline:
+            time.sleep(0.01)
+    if _is_agent(m):
+        with contextlib.suppress(OSError):
+            os.kill(m.agent, signal.SIGKILL)
+
+
+def _is_agent(m: Machine) -> bool:
+    try:
+        with open(f"/proc/{m.agent}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return MACHINE_SUBCOMMAND.encode() in argv and m.iid.encode() in argv
+
+
+def enter_argv(inst: Any, m: Machine, argv: list[str], *, as_root: bool, chdir: str | None) -> list[str]:
+    ids = guest.ids_of(inst.config)
+    wd = chdir or ("/root" if as_root else inst.config["user"]["home"])
+    nsenter, setpriv = shutil.which("nsenter"), shutil.which("setpriv")
+    if nsenter is None or setpriv is None:
+        raise RuntimeError("fake limactl: nsenter and setpriv (util-linux) are needed to enter the guest")
+    cmd = [nsenter, "-t", str(m.init), "-U", "-m", "-p", "-u", "-r"]
+    if not ids.separated:
+        cmd.append("--preserve-credentials")
+    cmd += ["--", setpriv, "--pdeathsig", "KILL"]
+    if ids.separated and not as_root:
+        cmd += [f"--reuid={ids.uid}", f"--regid={ids.gid}", "--init-groups"]
+    cmd.append("--")
+    if not ids.separated and not as_root:
+        unshare = shutil.which("unshare")
+        if unshare is None:
+            raise RuntimeError("fake limactl: unshare (util-linux) is needed for the guest user")
+        cmd += [unshare, f"--map-user={ids.uid}", f"--map-group={ids.gid}", "--"]
+    # nsenter would look --wd=DIR up on the host; env changes directory inside the guest, as the user.
+    cmd += ["/usr/bin/env", "-C", wd, "--"]
+    return cmd + argv
+
+
+def spawn(inst: Any, m: Machine, argv: list[str], *, as_root: bool, env: dict[str, str],
+          chdir: str | None = None, stdio: tuple[int, int, int] | None = None, new_session: bool = False) -> int:
+    """Start argv inside the running guest; return the host pid to wait() for."""
+    cmd = enter_argv(inst, m, argv, as_root=as_root, chdir=chdir)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            if stdio:
+                for target, fd in enumerate(stdio):
+                    if fd != target:
+                        os.dup2(fd, target)
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGPIPE):
+                signal.signal(sig, signal.SIG_DFL)
+            if new_session:
+                os.setsid()
+            # nsenter stays in the host's pid namespace and waits for the command: it (and so, through
+            # setpriv's --pdeathsig, the command) dies with this limactl process, as bwrap's
+            # --die-with-parent had it.
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            os.execve(cmd[0], cmd, env)
+        except BaseException as e:
+            with contextlib.suppress(Exception):
+                os.write(2, f"fake limactl: cannot enter the guest: {e}\n".encode())
+            os._exit(127)
+    return pid
+
+
+# --------------------------------------------------------------------------------------------
+# The agent: `limactl __machine NAME IID READY_FD`
+# --------------------------------------------------------------------------------------------
+
+def machine_process(ctx: Ctx, args: list[str]) -> int:
+    name, iid, ready = args[0], args[1], int(args[2])
+    try:
+        inst = inspect(ctx, name)
+        if inst.state.get("iid") != iid or inst.config is None:
+            os.write(ready, b"the instance is no longer in this boot\n")
+            return 1
+        outer, init = _start_sandbox(inst)
+    except Exception as e:  # reported to the waiting `ensure`
+        with contextlib.suppress(OSError):
+            os.write(ready, f"{e}\n".encode())
+        return 1
+    m = Machine(os.getpid(), init, _ns_of(init), iid)
+    with lima_lock(ctx.lima_home):
+        state = read_state(inst.dir)
+        current = state.get("status") == "Running" and state.get("iid") == iid and bool(m.pidns)
+        if current:
+            state["machine"] = {"agent": m.agent, "init": m.init, "pidns": m.pidns, "iid": iid}
+            write_state(inst.dir, state)
+    if not current:
+        _kill(m, outer)
+        os.write(ready, b"the instance stopped while its guest started\n")
+        return 1
+    bridge = guest.SudoBridge(inst, name=SUDO_SOCKET).__enter__()
+    os.write(ready, b"ok\n")
+    os.close(ready)
+    try:
+        while _still_wanted(inst, m, outer):
+            time.sleep(POLL_SECONDS)
+    finally:
+        bridge.__exit__(None, None, None)
+        _kill(m, outer)
+    return 0
+
+
+def _start_sandbox(inst: Instance) -> tuple[int, int]:
+    """The guest sandbox, its pid 1 a process that waits forever; returns (bwrap's pid, pid 1's)."""
+    bwrap = guest.bwrap_path()
+    assert bwrap is not None
+    guest.ensure_guestfs(inst)
+    info_r, info_w = os.pipe()
+    up_r, up_w = os.pipe()
+    # The command says it runs (so every mount is in place), then waits forever as guest root.
+    init = ["/bin/sh", "-c", f'echo up >&{up_w}; exec {up_w}>&-; exec sleep infinity']
+    cmd = guest.sandbox_argv(bwrap, inst, init, as_root=True, pid_namespace=True,
+                             extra=["--info-fd", str(info_w)])
+    null = os.open(os.devnull, os.O_RDWR)
+    outer = guest.spawn_sandbox(inst, cmd, env={"PATH": guest.ROOT_PATH}, stdio=(null, null, null),
+                                pass_fds=(info_w, up_w))
+    os.close(null)
+    os.close(info_w)
+    os.close(up_w)
+    info = _read_all(info_r, READY_TIMEOUT, _json_complete)
+    up = _read_all(up_r, READY_TIMEOUT, lambda data: data.endswith(b"\n"))
+    os.close(info_r)
+    os.close(up_r)
+    try:
+        init_pid = int(json.loads(info)["child-pid"])
+    except (ValueError, KeyError):
+        raise RuntimeError(f"fake limactl: bwrap gave no child pid ({info!r})")
+    if up.strip() != b"up":
+        raise RuntimeError("fake limactl: the guest sandbox did not come up")
+    return outer, init_pid
+
+
+def _still_wanted(inst: Instance, m: Machine, outer: int) -> bool:
+    with contextlib.suppress(ChildProcessError):
+        if os.waitpid(outer, os.WNOHANG)[0] == outer:
+            return False
+    if not os.path.isdir(inst.dir):
+        return False
+    state = read_state(inst.dir)
+    return state.get("status") == "Running" and state.get("iid") == m.iid and \
+        (state.get("machine") or {}).get("init") == m.init
+
+
+def _kill(m: Machine, outer: int) -> None:
+    if m.pidns and _ns_of(m.init) == m.pidns:
+        with contextlib.suppress(OSError):
+            os.kill(m.init, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(outer, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(outer, 0)
