@@ -201,6 +201,9 @@ def _session_outcome(name: str, kept: staging.SessionLaunch, code: int) -> int:
 
     reply = sessions.take_reply(name, kept.reply)
     if reply is None or reply.name is None:
+        if code == 0:
+            warn(f"{name} did not say which session it started; `agentbox sessions` lists them")
+            return 1
         return code  # launch.sh stopped before the session (it said why)
     agent = reply.agent or "the agent"
     if reply.outcome == "started":

@@ -111,7 +111,7 @@ def parse_reply(result: bytes, last_output: bytes | None = None) -> Reply | None
     outcome = fields.get("outcome", "")
     if outcome not in ("started", "ended", "detached", "exited", "unknown", "ambiguous", "none"):
         return None
-    names = tuple(name for name in fields.get("names", "").split() if NAME_PATTERN.match(name))
+    names = tuple(sorted(name for name in fields.get("names", "").split() if NAME_PATTERN.match(name)))
     return Reply(outcome, _name(fields.get("name")), _agent(fields.get("agent")), _int(fields.get("code")), names,
                  _int(fields.get("ended")), last_output.decode(errors="replace") if last_output is not None else None)
 

@@ -43,8 +43,8 @@ prune() {
   local dir
   # shellcheck disable=SC2012 # names are checked, and ls sorts by time
   ls -1t "$records" 2>/dev/null | while IFS= read -r dir; do
-    valid_name "$dir" && [ -e "$records/$dir/exit" ] && printf '%s\n' "$dir"
-  done | tail -n +21 | while IFS= read -r dir; do rm -rf -- "${records:?}/$dir"; done
+    if valid_name "$dir" && [ -e "$records/$dir/exit" ]; then printf '%s\n' "$dir"; fi
+  done | tail -n +21 | while IFS= read -r dir; do rm -rf -- "${records:?}/$dir"; done || true
 }
 
 start() {

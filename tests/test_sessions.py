@@ -273,8 +273,9 @@ def test_an_interrupted_attach_leaves_the_session_running(vm: FakeLima, project:
 
 def test_a_second_session_gets_its_own_name_and_attach_asks_which(vm: FakeLima, project: Path) -> None:
     install(vm)
-    assert agentbox_run(project, "claude", "-d").stdout == "claude\n"
-    assert agentbox_run(project, "claude", "-d").stdout == "claude-2\n"
+    for expected in ("claude\n", "claude-2\n"):
+        started = agentbox_run(project, "claude", "-d")
+        assert started.stdout == expected, started.stderr
     assert [row["name"] for row in listed(project)] == ["claude", "claude-2"]
     code, shown = on_terminal(project, ["attach"], [])
     assert code == 2, shown
