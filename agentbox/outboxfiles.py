@@ -11,6 +11,7 @@ import errno
 import os
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +20,7 @@ from agentbox.fsutil import private_dir
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_DEPTH = 32
+STALE_SEC = 24 * 3600
 
 
 @contextmanager
@@ -37,8 +39,16 @@ def folder(outbox: Path, *parts: str, create: bool = False) -> Iterator[int]:
 
 
 def fresh_folder(outbox: Path, *parts: str, prefix: str) -> Path:
-    """A new folder outbox/PARTS.../PREFIX-RANDOM (0700) for the VM to answer in."""
+    """A new folder outbox/PARTS.../PREFIX-RANDOM (0700) for the VM to answer in. Such folders older than a day
+    (an agentbox killed before it read the answer) go."""
     with folder(outbox, *parts, create=True) as parent:
+        cutoff = time.time() - STALE_SEC
+        for entry in os.scandir(parent):
+            try:
+                if entry.name.startswith(f"{prefix}-") and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    remove(parent, entry.name)
+            except OSError:
+                continue
         while True:
             name = f"{prefix}-{secrets.token_hex(8)}"
             try:

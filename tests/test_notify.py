@@ -168,3 +168,23 @@ def test_the_outbox_folder_is_never_reached_through_a_link(tmp_path: Path) -> No
     (outbox / staging.OUTBOX_SESSIONS).symlink_to(elsewhere)
     assert attention.poll("agentbox-w") == (False, False)
     assert (elsewhere / "events" / "1.event").exists()
+
+
+def test_reply_folders_are_made_inside_the_outbox_and_old_ones_go(tmp_path: Path) -> None:
+    outbox = staging.outbox("agentbox-w")
+    outbox.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (outbox / staging.OUTBOX_SESSIONS).symlink_to(elsewhere)  # the VM put a link where the folder goes
+    first = sessions.new_reply("agentbox-w")
+    assert first.parent == outbox / staging.OUTBOX_SESSIONS and first.is_dir() and not first.parent.is_symlink()
+    assert list(elsewhere.iterdir()) == []
+    old = time.time() - 2 * 24 * 3600
+    os.utime(first, (old, old))
+    second = sessions.new_reply("agentbox-w")
+    assert not first.exists() and second.is_dir()
+    write(second / "result", "outcome=started\nname=claude\nagent=claude\n")
+    (second / "last-output").symlink_to("/etc/passwd")
+    reply = sessions.take_reply("agentbox-w", second)
+    assert reply == sessions.Reply("started", "claude", "claude", None, (), None, None)
+    assert not second.exists()
