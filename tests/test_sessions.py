@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import sessions
-from tests.helpers import NAME, FakeLima, write, write_trusted
+from tests.helpers import NAME, FakeLima, run_cli, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -313,3 +313,12 @@ def test_a_detached_session_that_needs_you_is_a_desktop_notification(
         "permission to use Bash. `agentbox attach claude` to answer.",
         "--app-name=agentbox -- agentbox: claude ended session claude in agentbox-myproject: exited with code 3. "
         "`agentbox attach claude` shows its last screen."]
+
+
+def test_the_keys_in_config(project: Path) -> None:
+    write(project / "agentbox.yml", "session:\n  keepAlive: true\nnotify: false\n")
+    data = json.loads(run_cli("config", "--json", cwd=project).stdout)
+    assert (data["session"]["keepAlive"], data["notify"]) == (True, False)
+    write(project / "agentbox.yml", "notify: sometimes\n")
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2 and "notify" in result.stderr
