@@ -322,3 +322,14 @@ def test_the_keys_in_config(project: Path) -> None:
     write(project / "agentbox.yml", "notify: sometimes\n")
     result = run_cli("config", cwd=project)
     assert result.exit_code == 2 and "notify" in result.stderr
+
+
+def test_detaching_from_a_kept_session_returns_and_the_agent_goes_on(kept: FakeLima, project: Path) -> None:
+    code, shown = on_terminal(project, ["claude"], [(b"session=claude", b"\x02d")])
+    assert code == 0, shown
+    assert "detached from the session claude: claude goes on in agentbox-myproject; `agentbox attach claude`" in shown
+    [row] = listed(project)
+    assert (row["name"], row["state"], row["attached"]) == ("claude", "running", False)
+    code, shown = on_terminal(project, ["attach", "claude"], [(b"session=claude", b"4\r")])
+    assert code == 4, shown
+    assert "got 4" in shown
