@@ -1,13 +1,14 @@
 """Attention on the host: a small watcher turns a detached session's "I need you" into a desktop notification.
 
-In the VM, Claude Code's Notification and Stop hooks (provision/attention.sh) and the end of a session's
-agent (provision/session.sh) leave an event in the outbox (outbox/sessions/events/*.event: kind, session,
-agent and message, one a line) when no terminal is attached to the session; attached, the terminal's bell
-and title say it instead. This watcher, one per VM, started in the background by a launch that leaves a
-session in the VM (`--detach`, session.keepAlive) or by `agentbox attach`, reads those events every second,
-shows each with agentbox.notify and removes it. It ends on its own once no session of the VM has been alive
-for IDLE_EXIT_SEC: each running session keeps a marker in events/live fresh (session.sh), which stops when
-the VM does. No daemon stays behind.
+In the VM, Claude Code's Notification and Stop hooks (provision/attention.sh) and the end of a session's agent
+(provision/session.sh) leave an event in the outbox (outbox/sessions/events/*.event: kind, session, agent and
+message, one a line; written as *.partial, then renamed) when no terminal is attached to the session (a
+background task's end may leave one too: kind `task`, the task's id in the session line); attached, the
+terminal's bell and title say it instead. This watcher, one per VM, started in the background by a launch that
+leaves a session in the VM (`--detach`, session.keepAlive) or by `agentbox attach`, reads those events every
+second, shows each with agentbox.notify and removes it. It ends on its own once no session of the VM has been
+alive for IDLE_EXIT_SEC: each running session keeps a marker in events/live fresh (session.sh), which stops
+when the VM does. No daemon stays behind.
 
 The events are written by the VM: read with size caps and no links followed; only the kind (a fixed set),
 checked names and a short message made visible reach the notification.
@@ -29,7 +30,7 @@ STALE_SEC = 90  # a live marker older than this belongs to a session that ended 
 IDLE_EXIT_SEC = 30
 EVENT_LIMIT = 4096
 PER_POLL = 5  # notifications shown per poll at most; the rest of a burst is dropped
-KINDS = ("notification", "stop", "exit")
+KINDS = ("notification", "stop", "exit", "task")  # task: a background task ended (its id in the session line)
 
 
 def lock_path(vm_name: str) -> Path:
@@ -58,6 +59,8 @@ def ensure_watcher(vm_name: str) -> None:
 def message(kind: str, session: str, agent: str, text: str, vm_name: str) -> tuple[str, str]:
     """The notification's title and body for one event."""
     who = agent or "the agent"
+    if kind == "task":
+        return f"agentbox: task {session} ended", f"{who} in {vm_name}: {text}. `agentbox logs {session}` shows it."
     where = f"session {session} in {vm_name}"
     if kind == "exit":
         return f"agentbox: {who} ended", f"{where}: {text}. `agentbox attach {session}` shows its last screen."

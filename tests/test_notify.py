@@ -106,13 +106,14 @@ def test_the_watcher_shows_each_event_once_and_ends_when_no_session_lives(
     (events / "1-1.event").write_text("notification\nclaude\nclaude\nClaude needs your permission to use Bash\n")
     (events / "2-1.event").write_text("exit\nclaude-2\ncodex\nexited with code 3\n")
     (events / "3-1.event").write_text("rm -rf\nclaude\nclaude\nnot a kind\n")  # dropped
+    (events / "3-2.event").write_text("task\nt7\ncodex\nCompleted, exit 0\n")
     (events / "4-1.event").symlink_to("/etc/passwd")  # never followed
     (events / "5-1.event.partial").write_text("notification\nclaude\nclaude\nnot finished\n")  # not yet written
     done = threading.Event()
     thread = threading.Thread(target=lambda: (attention.watch("agentbox-w"), done.set()), daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
-    while len(notified(notifier_path)) < 2 and time.monotonic() < deadline:
+    while len(notified(notifier_path)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not done.is_set()  # a session lives
     (events / "live" / "claude").unlink()
@@ -123,6 +124,7 @@ def test_the_watcher_shows_each_event_once_and_ends_when_no_session_lives(
          "`agentbox attach claude` to answer."],
         ["agentbox: codex ended", "session claude-2 in agentbox-w: exited with code 3. `agentbox attach claude-2` "
          "shows its last screen."],
+        ["agentbox: task t7 ended", "codex in agentbox-w: Completed, exit 0. `agentbox logs t7` shows it."],
     ]
     assert sorted(p.name for p in events.iterdir()) == ["5-1.event.partial", "live"]
 
