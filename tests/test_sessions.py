@@ -236,6 +236,11 @@ def test_detach_returns_and_attach_follows_the_session_to_its_end(vm: FakeLima, 
     assert code == 5, shown
     assert "stand-in agent up: --dangerously-skip-permissions hello it's $HOME; \"quoted\" tty=yes" in shown
     assert vm.subcommands() == ["list", "shell"]
+    shell = next(argv for argv in vm.calls() if "shell" in argv)
+    script = (REPO / "provision" / "session.sh").read_text()
+    assert shell[shell.index(NAME):-1] == [NAME, "--", "bash", "-c", script, "session.sh", "attach", "--reply"]
+    assert Path(shell[-1]).parent == sessions.outbox_folder(NAME) and Path(shell[-1]).name.startswith("reply-")
+    assert not Path(shell[-1]).exists()  # read, then removed
     [row] = listed(project)
     assert (row["state"], row["exitCode"], row["attached"]) == ("exited", 5, False)
 
