@@ -32,6 +32,9 @@ class AgentSpec(NamedTuple):
     # Its non-interactive form for `agentbox run` (the prompt follows them as the last argument). A leading
     # bare word is a sub-command that the default arguments and --model follow (`codex exec`, `opencode run`).
     task_args: tuple[str, ...] = ()
+    # The agent's own way back into its last conversation in this folder (`agentbox attach` on a session
+    # whose agent exited says `agentbox NAME <resume>`); None when it has none.
+    resume: tuple[str, ...] | None = None
 
 
 # The settings that turn each agent's approvals off (the VM is the sandbox): a new VM gets them
@@ -61,6 +64,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=("login",),
         memory_file="~/.codex/AGENTS.md",
         task_args=("exec",),  # codex exec [OPTIONS] PROMPT
+        resume=("resume", "--last"),
     ),
     "claude": AgentSpec(
         name="claude",
@@ -78,6 +82,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=("auth", "login"),
         memory_file="~/.claude/CLAUDE.md",
         task_args=("-p",),  # --print: answer the prompt and exit
+        resume=("--continue",),
     ),
     "gemini": AgentSpec(
         name="gemini",
@@ -103,6 +108,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login_hint="choose \"Login with Google\" (or type /auth), then /quit once it says you are logged in",
         memory_file="~/.gemini/GEMINI.md",
         task_args=("-p",),  # --prompt: non-interactive
+        resume=("--resume", "latest"),
     ),
     "kiro": AgentSpec(
         name="kiro",
@@ -120,6 +126,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # A steering file of its own: Kiro reads every file in ~/.kiro/steering.
         memory_file="~/.kiro/steering/agentbox.md",
         task_args=("--no-interactive",),  # after `chat --trust-all-tools`
+        resume=("--resume",),
     ),
     "opencode": AgentSpec(
         name="opencode",
@@ -134,6 +141,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login=("auth", "login"),
         memory_file="~/.config/opencode/AGENTS.md",  # its global rules
         task_args=("run",),  # opencode run --auto PROMPT
+        resume=("--continue",),
     ),
     "copilot": AgentSpec(
         name="copilot",
@@ -150,5 +158,6 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         login_hint="type /login and enter the code it shows at the address it gives, then /exit",
         memory_file="~/.copilot/copilot-instructions.md",  # its user-level instructions
         task_args=("-p",),  # --prompt: non-interactive
+        resume=("--continue",),
     ),
 }

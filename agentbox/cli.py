@@ -49,6 +49,8 @@ LAZY_COMMANDS = {
     "logs": ("agentbox.commands.tasks", "logs_command"),
     "wait": ("agentbox.commands.tasks", "wait_command"),
     "cancel": ("agentbox.commands.tasks", "cancel_command"),
+    "attach": ("agentbox.commands.sessions", "attach_command"),
+    "sessions": ("agentbox.commands.sessions", "sessions_command"),
 }
 
 

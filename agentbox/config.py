@@ -151,6 +151,8 @@ class Config(NamedTuple):
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
     sync_agent_config: bool = True  # sync.agentConfig: bring the agents' own setup into the VM
     tasks_max_concurrent: int = 2  # tasks.maxConcurrent: background tasks running at once per VM
+    keep_alive: bool = False  # session.keepAlive: an interactive launch on a terminal runs in a tmux session
+    notify: bool = True  # notify: desktop notification, bell and title when a session needs the user
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -189,8 +191,9 @@ class Config(NamedTuple):
             "agents": {name: agent.to_json() for name, agent in self.agents.items()},
             "credentials": self.credentials.to_json(),
             "checkpoints": self.checkpoints.to_json(),
-            "session": {"mode": self.session_mode},
+            "session": {"mode": self.session_mode, "keepAlive": self.keep_alive},
             "tasks": {"maxConcurrent": self.tasks_max_concurrent},
+            "notify": self.notify,
         }
 
 
@@ -518,6 +521,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         checkpoints=_checkpoint_settings(data["checkpoints"]),
         session_mode=data["session"]["mode"],
         tasks_max_concurrent=data["tasks"]["maxConcurrent"],
+        keep_alive=data["session"]["keepAlive"],
+        notify=data["notify"],
     )
 
 

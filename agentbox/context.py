@@ -35,7 +35,7 @@ END_MARKER = "<!-- END AGENTBOX -->"
 
 # Commands the provisioning installs (provision/10-base-packages.sh to 40-github-cli.sh), and python3, which
 # the Ubuntu image brings. tests/test_context.py checks them against the scripts.
-PROVISIONED_TOOLS = ("git", "curl", "jq", "make", "gcc", "g++", "unzip", "gpg", "docker", "node", "npm", "gh")
+PROVISIONED_TOOLS = ("git", "curl", "jq", "make", "gcc", "g++", "unzip", "gpg", "tmux", "docker", "node", "npm", "gh")
 IMAGE_TOOLS = ("python3",)
 
 # What the gh guard lets through (wrappers/gh's allowlist; a test compares them).

@@ -201,8 +201,13 @@ SCHEMA: dict[str, Key] = {
                         check=_check_session_mode, creation=True, trust=RULE,
                         why="when `live` while the global config says `isolated`: it gives the agent the "
                         "workspace, writable"),
+            "keepAlive": Key("bool", "Run an interactive launch on a terminal inside a tmux session in the VM and "
+                             "attach to it, so closing the terminal does not end the agent (`agentbox attach`).",
+                             default=False),
         },
     ),
+    "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends: a desktop "
+                  "notification on the host, the terminal's bell and title when attached.", default=True),
     "startupWaitSec": Key("int", "Seconds a launch waits for an unfinished boot.", default=30, minimum=1),
     "defaults": Key(
         "mapping",

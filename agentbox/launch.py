@@ -9,23 +9,34 @@ returns (agentbox.writeback, agentbox.proposals). A git workspace gets a checkpo
 the host while `limactl list` runs) and after it (agentbox.session_checkpoints). In isolated mode the start
 checkpoint is also the base of the agent's copy (agentbox.isolation), whose changes become a proposal after the
 session. Before and after the session, the VM's ports that Lima could not forward to the host are reported
-(agentbox.ports, from the instance folders of that `list`).
+(agentbox.ports, from the instance folders of that `list`). A kept session (`--detach`, session.keepAlive) runs
+the agent in a tmux session of the VM that outlives the shell (agentbox.sessions): launch.sh starts it and
+leaves it (DETACHED) or attaches to it (ATTACHED); its name, and how an attach ended, come back through the
+outbox.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
-from agentbox import bootstrap, context, drift, isolation, ports, staging, timing, tripwire, vm, writeback
-from agentbox.config import AgentConfig
-from agentbox.errors import StateError
+from agentbox import bootstrap, context, drift, isolation, ports, sessions, staging, timing, tripwire, vm, writeback
+from agentbox.config import AgentConfig, Config
+from agentbox.errors import StateError, UsageError
 from agentbox.lima import Instance
 from agentbox.progress import note, warn
 from agentbox.session_checkpoints import SessionCheckpoints
 from agentbox.worktrees import Worktree
 
 SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
+DETACHED = "detached"  # the agent runs in a new session of the VM; the launch returns at once
+ATTACHED = "attached"  # the same, attached to it: the launch returns when the agent ends or the user detaches
+
+
+def keeps_alive(config: Config) -> bool:
+    """session.keepAlive wraps a launch only on a terminal: a piped one is never wrapped."""
+    return config.keep_alive and sys.stdin.isatty() and sys.stdout.isatty()
 
 
 def run_in_vm(
@@ -37,19 +48,21 @@ def run_in_vm(
     running: Instance | None = None,
     login: bool = False,
     worktree: Worktree | None = None,
+    keep: str | None = None,
 ) -> int:
     """Run argv (or a login shell) in the VM `name`, creating or starting it as needed.
 
     `running` is the Running row of a `limactl list` the caller just made: it is checked, not listed again.
     `login`: argv is the agent's login (`agentbox AGENT login`), whose login may replace the host's.
     `worktree`: the session runs in that git worktree of the workspace (made by launch.sh when missing).
+    `keep`: DETACHED or ATTACHED runs the agent in a session that outlives the shell (agentbox.sessions).
     """
     config = session.config
     workspace = config.require_workspace()
     points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
     points.start()
     try:
-        return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree)
+        return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree, keep)
     finally:
         points.wait_for_start()  # a launch that failed early still leaves no thread behind
 
@@ -64,6 +77,7 @@ def _run(
     points: SessionCheckpoints,
     login: bool,
     worktree: Worktree | None = None,
+    keep: str | None = None,
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
@@ -90,6 +104,7 @@ def _run(
     if changed:
         note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
     reconnect = bool(state.get("reconnect"))
+    kept = _kept_session(config, name, agent, keep, mode, state)
     isolated = None
     workdir = workdir_for(config.cwd, workspace)
     if mode == isolation.ISOLATED:
@@ -97,10 +112,13 @@ def _run(
         with timing.phase("isolated mode (base, outbox)"):
             isolated = isolation.begin(config, name, agent.name if agent else "shell", workdir, points)
         workdir = str(staging.folder(name))  # the copy may not exist yet: launch.sh makes it, then enters it
-    handback = writeback.begin(config, name, agent, refreshed, vm.expected_config(name, state), login=login)
+    # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
+    # logins it refreshed (launch.sh keeps what it last installed).
+    handback = None if kept else writeback.begin(config, name, agent, refreshed, vm.expected_config(name, state),
+                                                 login=login)
     command = staging.launch_command(
         config, workspace, scripts, agent, refreshed.folder, isolated,
-        handback.returns if handback is not None else None, worktree=worktree,
+        handback.returns if handback is not None else None, session=kept, worktree=worktree,
     )
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("tripwire fingerprint"):
@@ -113,11 +131,18 @@ def _run(
     with timing.phase("sandbox description"):
         staging.stage_context(config, name, agent, refreshed, instance, mode,
                               start.checkpoint.id if start is not None else None)
+    if kept is not None and kept.events is not None:
+        from agentbox import attention
+
+        attention.ensure_watcher(name)  # before the shell: a closed terminal ends agentbox with it
     try:
         with timing.phase("in-VM setup + agent (limactl shell)"):
             code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)
     finally:
-        points.end()
+        if kept is not None and not kept.attach:
+            points.wait_for_start()  # the session goes on: its end is not this launch's
+        else:
+            points.end()
         if handback is not None:
             with timing.phase("credential write-back"):
                 try:
@@ -138,6 +163,8 @@ def _run(
             f"the VM {name} disappeared while agentbox was starting the session",
             hint="Another process deleted it. Run the command again to create it anew.",
         )
+    if kept is not None:
+        code = _session_outcome(name, kept, code)
     if code == SSH_FAILED:
         note(
             f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} (unless the program itself "
@@ -145,6 +172,64 @@ def _run(
             f" ({os.path.join(instance.dir, 'ha.stderr.log')})."
         )
     return code
+
+
+def _kept_session(
+    config: Config, name: str, agent: AgentConfig | None, keep: str | None, mode: str, state: dict[str, object]
+) -> staging.SessionLaunch | None:
+    """launch.sh's session options for a kept launch; None for a plain one."""
+    if keep is None or agent is None:
+        return None
+    if mode == isolation.ISOLATED:
+        if keep == ATTACHED:
+            return None  # session.keepAlive leaves isolated sessions as they are
+        raise UsageError(
+            "an isolated session cannot be detached: its changes are collected when the agent exits in the launch "
+            "that started it",
+            hint=f"Run `agentbox {agent.name}` without --detach, or detach a live session.",
+        )
+    if not writeback.has_outbox(vm.expected_config(name, state), name):
+        raise StateError(
+            f"{name} was created before agentbox could keep sessions (it has no outbox)",
+            hint="`agentbox start --recreate` applies it.",
+        )
+    events = sessions.events_folder(name) if config.notify else None
+    return staging.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name), events)
+
+
+def _session_outcome(name: str, kept: staging.SessionLaunch, code: int) -> int:
+    """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
+    import click
+
+    from agentbox.safetext import visible_text
+
+    reply = sessions.take_reply(name, kept.reply)
+    if reply is None or reply.name is None:
+        if code == 0:
+            warn(f"{name} did not say which session it started; `agentbox sessions` lists them")
+            return 1
+        return code  # launch.sh stopped before the session (it said why)
+    agent = reply.agent or "the agent"
+    if reply.outcome == "started":
+        click.echo(reply.name)
+        note(f"{agent} runs in the session {reply.name} in {name}: `agentbox attach {reply.name}` to see it, "
+             "`agentbox sessions` lists them")
+        return 0
+    if reply.outcome == "ended":
+        if reply.last_output:
+            click.echo(visible_text(screen_tail(reply.last_output)))
+        return reply.code if reply.code is not None else code
+    note(f"detached from the session {reply.name}: {agent} goes on in {name}; `agentbox attach {reply.name}` "
+         "returns to it")
+    return 0
+
+
+def screen_tail(text: str) -> str:
+    """The end of a session's last screen, as much as the terminal shows, without its trailing blank lines."""
+    import shutil
+
+    lines = text.rstrip("\n").split("\n")
+    return "\n".join(lines[-max(shutil.get_terminal_size().lines - 1, 5):])
 
 
 def workdir_for(cwd: Path, workspace: Path) -> str:

@@ -48,6 +48,15 @@ launch.sh finds the folder as the one it runs from.
                                                                              context/memory.md ~/MEMORY-FILE...
     task-runner.sh         0700  provision/task-runner.sh                  launch.sh --task: started detached, runs
                                                                              one background task (agentbox.tasks)
+    session.sh             0700  provision/session.sh: detachable sessions launch.sh (--session): start; tmux: run
+                                 (agentbox.sessions)                        (the host sends the same script inline
+                                                                             for `sessions` and `attach`)
+    tmux.conf              0600  provision/tmux.conf: agentbox's tmux      session.sh: the settings of its server
+                                 server's settings                           (`tmux -L agentbox -f`)
+    attention.sh           0700  provision/attention.sh: bell, title and   launch.sh (--notify on): install -m 755
+                                 the host's notification event             as ~/.agentbox/bin/attention
+    claude-hooks.json      0600  provision/claude-hooks.json: Claude       launch.sh (--notify on): installed as
+                                 Code's Notification and Stop hooks          /etc/claude-code/managed-settings.json
 
 The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
 mounted writable at the same path, read by the host after the session, everything in it treated as
@@ -70,6 +79,14 @@ agentbox.proposals).
       stdout, stderr,        the program's output, a heartbeat           stdout and stderr into the task's record
       heartbeat                                                            when it ended, then removes ID/
     tasks/ID/cancel        the host (`agentbox cancel`)                 task-runner.sh: stop the task
+    sessions/reply-ID/     the host, before a session's start or an    session.sh: `result` (key=value lines) and,
+                           attach (a fresh random name, 0700)            for an ended session, `last-output`; the
+                                                                         host reads them, then removes reply-ID/
+    sessions/events/       session.sh and attention.sh: NAME.event     the host's watcher (agentbox.attention):
+                           (kind, session, agent, message lines) when  a desktop notification, then removes it
+                           a session no one is attached to needs you
+    sessions/events/live/  session.sh: one empty file per session      the watcher: it ends when none is left
+                           that runs
 
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
@@ -98,6 +115,11 @@ if TYPE_CHECKING:
 LAUNCH_SCRIPT = "launch.sh"
 TASK_RUNNER = "task-runner.sh"
 MEMORY_SCRIPT = "agent-memory.sh"
+SESSION_SCRIPT = "session.sh"
+TMUX_CONF = "tmux.conf"
+ATTENTION_SCRIPT = "attention.sh"
+CLAUDE_HOOKS = "claude-hooks.json"
+OUTBOX_SESSIONS = "sessions"
 GUARDS = "guards"
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
 BOOTSTRAP = "bootstrap"
@@ -159,6 +181,15 @@ LAUNCH_OPTIONS = (
     LaunchOption("--worktree-base", "COMMIT", "the commit a new worktree branch starts from"),
     LaunchOption("--task", "DIR", "a background task (agentbox.tasks): instead of running the program, start "
                  "task-runner.sh with it, detached, on this task's folder in the outbox; return once it runs"),
+    LaunchOption("--notify", "on|off", "install (on) or remove (off) the attention hooks: Claude Code's "
+                 "Notification and Stop hooks, which ring the terminal and tell the host (notify)"),
+    LaunchOption("--session", "NAME", "run the program in a tmux session named NAME (or NAME-2, ...) that "
+                 "outlives this shell (session.sh start); never with --isolated-from or --creds-outbox"),
+    LaunchOption("--session-attach", None, "attach to that session at once (session.keepAlive) instead of "
+                 "leaving it detached (--detach)"),
+    LaunchOption("--session-reply", "DIR", "this launch's folder in the outbox, where session.sh writes the "
+                 "session's name (and, after an attach, how it ended)"),
+    LaunchOption("--session-events", "DIR", "the outbox folder for the session's attention events (notify)"),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -189,6 +220,15 @@ class Refreshed(NamedTuple):
     env_keys: tuple[str, ...] = ()  # the names of the session's env (staging/env)
 
 
+class SessionLaunch(NamedTuple):
+    """launch.sh's session options: the program runs in a tmux session that outlives the shell (agentbox.sessions)."""
+
+    name: str  # --session: the name it starts from
+    attach: bool  # --session-attach
+    reply: Path  # --session-reply
+    events: Path | None  # --session-events (None: notify is off)
+
+
 class CredentialReturn(NamedTuple):
     """What launch.sh hands back after the program: copies of `files` (guest paths) in `folder`."""
 
@@ -202,6 +242,7 @@ def launch_command(
     returns: CredentialReturn | None = None,
     task: Path | None = None,
     worktree: Worktree | None = None,
+    session: SessionLaunch | None = None,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -213,6 +254,7 @@ def launch_command(
         "--on-start": scripts.on_start,
         "--sync": [a.name for a in synced_agents(config, agent)],
         "--memory-file": [path[2:] for path in context.memory_files()],
+        "--notify": "on" if config.notify else "off",
     }
     if agent is not None:
         values["--binary"] = agent.binary
@@ -231,6 +273,11 @@ def launch_command(
         values["--worktree-base"] = worktree.base
     if task is not None:
         values["--task"] = str(task)
+    if session is not None:
+        values["--session"] = session.name
+        values["--session-attach"] = session.attach
+        values["--session-reply"] = str(session.reply)
+        values["--session-events"] = str(session.events) if session.events is not None else None
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 
@@ -279,6 +326,10 @@ def refresh(
     write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
     write_if_changed(staging / MEMORY_SCRIPT, resources.text("provision", MEMORY_SCRIPT).encode(), 0o700)
     write_if_changed(staging / TASK_RUNNER, resources.text("provision", TASK_RUNNER).encode(), 0o700)
+    write_if_changed(staging / SESSION_SCRIPT, resources.text("provision", SESSION_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / TMUX_CONF, resources.text("provision", TMUX_CONF).encode(), 0o600)
+    write_if_changed(staging / ATTENTION_SCRIPT, resources.text("provision", ATTENTION_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / CLAUDE_HOOKS, resources.text("provision", CLAUDE_HOOKS).encode(), 0o600)
     guards = private_dir(staging / GUARDS)
     for guard in GUARD_FILES:
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)

@@ -30,6 +30,11 @@ task=""
 worktree=""
 worktree_branch=""
 worktree_base=""
+notify=""
+session=""
+session_attach=""
+session_reply=""
+session_events=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -52,6 +57,11 @@ while [ $# -gt 0 ]; do
     --worktree-branch) worktree_branch="$2"; shift 2 ;;
     --worktree-base) worktree_base="$2"; shift 2 ;;
     --task) task="$2"; shift 2 ;;
+    --notify) notify="$2"; shift 2 ;;
+    --session) session="$2"; shift 2 ;;
+    --session-attach) session_attach=1; shift ;;
+    --session-reply) session_reply="$2"; shift 2 ;;
+    --session-events) session_events="$2"; shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -598,6 +608,39 @@ write_outbox() {
   mv -f "$outbox/base.partial" "$outbox/base"
 }
 
+# Attention (notify: on): Claude Code's Notification and Stop hooks, in its managed settings (they add to the
+# user's own hooks and leave ~/.claude/settings.json alone), run attention.sh: the terminal's bell and title,
+# and an event for the host's desktop notification when the session is detached. A managed settings file
+# that is not the one agentbox installed is left alone.
+claude_managed=/etc/claude-code/managed-settings.json
+
+install_attention() {
+  local bin="$state/bin" hooks_copy="$state/claude-hooks.json"
+  mkdir -p "$bin"
+  cmp -s "$staging/attention.sh" "$bin/attention" || install -m 755 "$staging/attention.sh" "$bin/attention"
+  cmp -s "$staging/claude-hooks.json" "$claude_managed" && return 0
+  if [ -e "$claude_managed" ] && ! cmp -s "$claude_managed" "$hooks_copy"; then
+    say "not installing agentbox's Claude Code hooks: $claude_managed is not agentbox's"
+    return 0
+  fi
+  # shellcheck disable=SC2016 # $1 belongs to the root shell
+  if sudo -n /bin/sh -c 'install -d -m 755 /etc/claude-code && install -m 644 "$1" /etc/claude-code/managed-settings.json' \
+      sh "$staging/claude-hooks.json"; then
+    cp "$staging/claude-hooks.json" "$hooks_copy"
+  else
+    say "could not install agentbox's Claude Code hooks in $claude_managed (sudo failed)"
+  fi
+}
+
+remove_attention() {
+  local hooks_copy="$state/claude-hooks.json"
+  [ -e "$hooks_copy" ] || return 0
+  if [ -e "$claude_managed" ] && cmp -s "$claude_managed" "$hooks_copy"; then
+    sudo -n rm -f "$claude_managed" || say "could not remove agentbox's Claude Code hooks from $claude_managed"
+  fi
+  rm -f "$hooks_copy"
+}
+
 context_file=/run/agentbox/context.json
 context_digest=""
 memory_digest=""
@@ -744,6 +787,10 @@ fi
 
 install_context
 keep_memory_block
+case "$notify" in
+  on) install_attention ;;
+  off) remove_attention ;;
+esac
 [ -z "$worktree" ] || enter_worktree
 flock -u 7
 exec 7>&-
@@ -777,6 +824,15 @@ case "$1" in
     fi
     ;;
 esac
+if [ -n "$session" ]; then
+  # A session outlives this shell: nothing can be handed back when it ends (the host never asks both).
+  if [ -n "$isolated_from$creds_outbox" ]; then
+    say "launch.sh: --session does not go with --isolated-from or --creds-outbox"
+    exit 2
+  fi
+  exec bash "$staging/session.sh" start --name "$session" --agent "$session" --reply "$session_reply" \
+    --conf "$staging/tmux.conf" --events "$session_events" ${session_attach:+--attach} -- "$@"
+fi
 [ -z "$isolated_from$creds_outbox" ] || run_then_hand_back "$@"
 if [ -n "$task" ]; then
   # A background task: its runner outlives this shell (a session of its own, no terminal), and says it

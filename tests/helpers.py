@@ -295,6 +295,7 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     "git": (_on_path("git"), "apt-get install git"),
     "bash": (_bash_4_4, "bash 4.4 or newer first on PATH, as the guards in wrappers/ need (macOS: brew install bash)"),
     "openssl": (_on_path("openssl"), "apt-get install openssl"),
+    "tmux": (_on_path("tmux"), "apt-get install tmux (the double's guest runs the host's, as a VM runs its own)"),
     "root": (_can_be_root, "run as root, or allow unprivileged user namespaces for `unshare -r`"),
 }
 # The start of every skip reason for a missing capability: the banner finds the skips by it.

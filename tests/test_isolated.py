@@ -182,7 +182,7 @@ def test_session_mode_needs_trust_only_to_loosen_what_the_global_config_asks(pro
                                                                              limactl: FakeLima) -> None:
     write(project / "agentbox.yml", "session:\n  mode: isolated\n")
     assert run_cli("config", "--json", cwd=project).exit_code == 0
-    assert json.loads(run_cli("config", "--json", cwd=project).stdout)["session"] == {"mode": "isolated"}
+    assert json.loads(run_cli("config", "--json", cwd=project).stdout)["session"] == {"mode": "isolated", "keepAlive": False}
     write(home / ".config" / "agentbox" / "config.yml", "session:\n  mode: isolated\n")
     write(project / "agentbox.yml", "session:\n  mode: live\n")
     result = run_cli("start", cwd=project)

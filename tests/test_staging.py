@@ -20,6 +20,7 @@ LAUNCH_SH = REPO / "provision" / "launch.sh"
 ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
 # A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
 TASK_OPTIONS = ("--task", "--worktree", "--worktree-branch", "--worktree-base")
+SESSION_OPTIONS = ("--session", "--session-attach", "--session-reply", "--session-events")
 PROBE_SH = REPO / "provision" / "doctor-probe.sh"
 
 
@@ -119,18 +120,22 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     assert "setup step (launch.sh)" in result.stderr
     shell = next(argv for argv in vm.calls() if "shell" in argv)
     sent = {arg for arg in shell if arg.startswith("--")}
-    # Isolated mode's options go with an isolated launch only (tests/test_isolated.py sends them).
-    assert {option.name for option in staging.LAUNCH_OPTIONS} - set(ISOLATED_OPTIONS) - set(TASK_OPTIONS) <= sent
-    assert not sent & set(ISOLATED_OPTIONS) and not sent & set(TASK_OPTIONS)
+    # Isolated mode's options go with an isolated launch only (tests/test_isolated.py sends them), a kept
+    # session's with a kept launch (tests/test_sessions.py), a task's with a task (tests/test_tasks.py).
+    others = {*ISOLATED_OPTIONS, *SESSION_OPTIONS, *TASK_OPTIONS}
+    assert {option.name for option in staging.LAUNCH_OPTIONS} - others <= sent
+    assert not sent & others
 
     folder = staging.folder(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
     executable = {staging.LAUNCH_SCRIPT, staging.OPEN_URL, staging.MEMORY_SCRIPT, staging.TASK_RUNNER,
+                  staging.SESSION_SCRIPT, staging.ATTENTION_SCRIPT,
                   *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
     synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/codex/home/.codex/AGENTS.md"}
     named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
              staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
-             staging.CONTEXT_FILE, staging.MEMORY_BLOCK, staging.CONTEXT_TOOLS, staging.CONTEXT_DIGESTS, *executable}
+             staging.CONTEXT_FILE, staging.MEMORY_BLOCK, staging.CONTEXT_TOOLS, staging.CONTEXT_DIGESTS,
+             staging.TMUX_CONF, staging.CLAUDE_HOOKS, *executable}
     folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex",
                "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", staging.CONTEXT}
     copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 MODEL_FLAGS = ("--model", "-m")
 ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
 WORKTREE_FLAG = "--worktree"  # `--worktree NAME` right after the agent's name (or after --isolated): agentbox's
+DETACH_FLAGS = ("--detach", "-d")  # the same: start the agent in a tmux session in the VM and return
 # Asked on their own, these are questions about the agent, not work for it.
 QUERIES = ("--help", "-h", "--version")
 CONFIG_META = "agentbox.config"  # ctx.meta key: a config already loaded, reused by the help text
@@ -55,6 +56,7 @@ class AgentCommand(PassthroughCommand):
         formatter.write_usage(ctx.command_path, "[ARGS]...")
         formatter.write_usage(ctx.command_path, "shell [-- CMD...]", prefix="   or: ")
         formatter.write_usage(ctx.command_path, "login [ARGS]...", prefix="   or: ")
+        formatter.write_usage(ctx.command_path, "--detach|-d [ARGS]...", prefix="   or: ")
 
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         name = self.name or ""
@@ -81,6 +83,12 @@ class AgentCommand(PassthroughCommand):
             )
             formatter.write_paragraph()
             formatter.write_text(_login_help(name, binary))
+            formatter.write_paragraph()
+            formatter.write_text(
+                f"`agentbox {name} --detach [ARGS]...` (or -d, right after the agent's name) starts {binary} in a "
+                "tmux session in the VM and returns; `agentbox attach` attaches to it, `agentbox sessions` lists "
+                "them."
+            )
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         """`shell` right after the agent's name, file names everywhere (the agent takes any argument)."""
@@ -130,9 +138,21 @@ def agent_shell_command(name: str) -> click.Command:
 def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     from agentbox.commands.common import session as session_for
 
-    # agentbox's own option comes first; anything after it (another --isolated too) is the agent's.
-    isolated = args[:1] == [ISOLATED_FLAG]
-    args = args[1:] if isolated else args
+    # agentbox's own options come first (each once); anything after them (another --isolated too) is the agent's.
+    isolated = detach = False
+    while args:
+        if args[0] == ISOLATED_FLAG and not isolated:
+            isolated = True
+        elif args[0] in DETACH_FLAGS and not detach:
+            detach = True
+        else:
+            break
+        args = args[1:]
+    if detach and (args[:1] in (["shell"], ["login"]) or (len(args) == 1 and args[0] in QUERIES)):
+        from agentbox.errors import UsageError
+
+        raise UsageError(f"--detach starts the agent itself in a session; it does not go with `{args[0]}`",
+                         hint=f"Run `agentbox {name} --detach [ARGS]...` for the agent.")
     if args[:1] == ["shell"]:
         command = agent_shell_command(name)
         shell_args = [ISOLATED_FLAG, *args[1:]] if isolated else args[1:]
@@ -155,7 +175,7 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
             raise UsageError(f"agentbox {name} --worktree needs a NAME", hint=f"agentbox {name} --worktree fix-tests")
         worktree = session_worktree(session.config, args[1])
         args = args[2:]
-    return launch_agent(session, name, args, worktree=worktree)
+    return launch_agent(session, name, args, detach=detach, worktree=worktree)
 
 
 def isolation_config(config: Config) -> Config:
@@ -196,15 +216,21 @@ def login_agent(session: Session, name: str, args: list[str]) -> int:
     return launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True)
 
 
-def launch_agent(session: Session, name: str, args: list[str], running: Instance | None = None,
-                 worktree: Worktree | None = None) -> int:
+def launch_agent(
+    session: Session, name: str, args: list[str], running: Instance | None = None, detach: bool = False,
+    keep_alive: bool = True, worktree: Worktree | None = None,
+) -> int:
+    """Run the agent in its VM. `detach`: in a new tmux session, and return at once (agentbox.sessions); with
+    session.keepAlive (unless keep_alive is False: a --help or --version) a launch on a terminal runs in such
+    a session too, attached. `worktree`: in that git worktree of the workspace."""
     from agentbox import launch
 
     agent = session.config.agent(name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
                       flag_subcommands(name))
-    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running, worktree=worktree)
+    kept = launch.DETACHED if detach else launch.ATTACHED if keep_alive and launch.keeps_alive(session.config) else None
+    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running, keep=kept, worktree=worktree)
 
 
 def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = False) -> int:
@@ -233,7 +259,7 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
         vm.check_ownership(instance, config)
         if instance.status == RUNNING:
             trust.require_trust(config)
-            return launch_agent(session, name, [query], running=instance)
+            return launch_agent(session, name, [query], running=instance, keep_alive=False)
     warn_if_untrusted(config)
     binary = _shown(agent.binary)
     vm_name = agent.vm_name

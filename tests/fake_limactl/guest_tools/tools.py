@@ -39,7 +39,7 @@ LOCK_HOLDER = 1234
 # package -> the commands it provides
 PACKAGES = {
     "git": ["git"], "curl": ["curl"], "jq": ["jq"], "build-essential": ["make", "gcc", "g++"],
-    "unzip": ["unzip"], "ca-certificates": [], "gnupg": ["gpg"], "docker.io": ["docker", "dockerd"],
+    "unzip": ["unzip"], "ca-certificates": [], "gnupg": ["gpg"], "tmux": ["tmux"], "docker.io": ["docker", "dockerd"],
     "docker-buildx": [], "docker-compose-v2": [], "gh": ["gh"], "sudo": ["sudo"],
 }
 

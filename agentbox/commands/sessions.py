@@ -1,0 +1,143 @@
+"""`agentbox attach [NAME]` and `agentbox sessions [--json]`: the detachable sessions of the project's VM
+(agentbox.sessions). Each costs `limactl list` and one `limactl shell`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from agentbox.lima import Instance
+    from agentbox.vm import Session
+
+
+@click.command("attach")
+@click.argument("name", required=False)
+@click.pass_context
+def attach_command(ctx: click.Context, name: str | None) -> None:
+    """Attach to a session started with `agentbox AGENT --detach` (or kept by session.keepAlive).
+
+    Without NAME: the session that runs, when only one does, else the one that ended last. Detach again
+    with Ctrl-b d; the session goes on. When the agent ends while you are attached, agentbox exits with its
+    exit code. A session whose agent has exited shows its last screen and how to resume the conversation
+    (exit status: the agent's).
+    """
+    from agentbox import attention, launch, sessions
+    from agentbox.commands.common import session as session_for
+    from agentbox.errors import StateError, UsageError
+    from agentbox.progress import note
+    from agentbox.safetext import visible, visible_text
+
+    if name is not None and not sessions.NAME_PATTERN.match(name):
+        raise UsageError(f"{visible(name)!s} is not a session name",
+                         hint="`agentbox sessions` lists the sessions of this project's VM.")
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        raise UsageError("`agentbox attach` needs a terminal (its stdin and stdout)",
+                         hint="`agentbox sessions --json` tells a script what runs.")
+    session = session_for(ctx)
+    vm_name = session.config.vm_name
+    _running(session, vm_name)
+    reply_folder = sessions.new_reply(vm_name)
+    argv = sessions.script("attach", "--reply", str(reply_folder), *([name] if name else []))
+    code = session.lima.shell(vm_name, argv)
+    reply = sessions.take_reply(vm_name, reply_folder)
+    if reply is None:
+        ctx.exit(code)
+    assert reply is not None
+    if reply.outcome == "none":
+        raise StateError(f"{vm_name} has no sessions", hint="`agentbox AGENT --detach` starts one.")
+    if reply.outcome == "unknown":
+        raise UsageError(f"{vm_name} has no session {visible(name or '')}",
+                         hint="`agentbox sessions` lists the sessions of this project's VM.")
+    if reply.outcome == "ambiguous":
+        raise UsageError(f"several sessions run in {vm_name}: {', '.join(reply.names)}",
+                         hint=f"Name one: `agentbox attach {reply.names[0] if reply.names else 'NAME'}`.")
+    shown = reply.name or "?"
+    agent = reply.agent or "the agent"
+    if reply.outcome == "detached":
+        if session.config.notify:
+            attention.ensure_watcher(vm_name)
+        note(f"detached from the session {shown}: {agent} goes on in {vm_name}; `agentbox attach {shown}` returns")
+        ctx.exit(0)
+    if reply.outcome == "ended":
+        if reply.last_output:
+            click.echo(visible_text(launch.screen_tail(reply.last_output)))
+        ctx.exit(reply.code if reply.code is not None else 0)
+    # exited before this attach: its last screen, and how to go on
+    if reply.last_output:
+        click.echo(visible_text(launch.screen_tail(reply.last_output)))
+    ended = f" at {sessions.local_time(reply.ended)}" if reply.ended else ""
+    how = f"exited with code {reply.code}" if reply.code is not None else "ended (its VM restarted)"
+    resume = sessions.resume_command(session.config, reply.agent)
+    again = (f"`{resume}` resumes its conversation" if resume
+             else f"`agentbox {reply.agent} --detach` starts it again" if reply.agent else "")
+    note(f"the session {shown}: {agent} {how}{ended}" + (f"; {again}" if again else ""))
+    ctx.exit(reply.code if reply.code is not None else 1)
+
+
+@click.command("sessions")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array: name, agent, vm, started, attached, state, "
+              "exitCode, ended.")
+@click.pass_context
+def sessions_command(ctx: click.Context, as_json: bool) -> None:
+    """List the detachable sessions of the project's VM: running ones, and the last ones that ended."""
+    from agentbox import sessions
+    from agentbox.commands.common import session as session_for
+    from agentbox.errors import LimaError
+    from agentbox.lima import RUNNING
+    from agentbox.progress import note
+
+    session = session_for(ctx, acts=False)
+    vm_name = session.config.vm_name
+    session.config.require_workspace()
+    instance = session.instance(vm_name)
+    if instance is not None:
+        from agentbox import vm
+
+        vm.check_ownership(instance, session.config)
+    rows: list[sessions.Row] = []
+    if instance is None or instance.status != RUNNING:
+        if not as_json:
+            note(f"{vm_name} is not running, so no session is: they end when their VM stops")
+    else:
+        code, output, stderr = session.lima.shell_bytes(vm_name, sessions.script("list"), sessions.LIST_LIMIT)
+        if code != 0:
+            raise LimaError(f"could not list the sessions of {vm_name} (exit {code})",
+                            hint=sessions.shown(stderr.strip()[-300:]) or None)
+        rows = sessions.parse_list(output)
+    if as_json:
+        click.echo(json.dumps([row.to_json(vm_name) for row in rows], indent=2))
+        return
+    if not rows:
+        if instance is not None and instance.status == RUNNING:
+            note(f"no sessions in {vm_name}; `agentbox AGENT --detach` starts one")
+        return
+    table = [("NAME", "AGENT", "STARTED", "STATE", "ATTACHED")]
+    for row in rows:
+        state = row.state if row.state == sessions.RUNNING else (
+            f"exited ({row.exit_code})" if row.exit_code is not None else "exited")
+        table.append((row.name, row.agent, sessions.local_time(row.started), state,
+                      "yes" if row.attached else "no"))
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def _running(session: Session, vm_name: str) -> Instance:
+    from agentbox import vm
+    from agentbox.errors import StateError
+    from agentbox.lima import RUNNING
+
+    session.config.require_workspace()
+    instance = session.instance(vm_name)
+    if instance is None:
+        raise StateError(f"{vm_name} does not exist, so it has no sessions",
+                         hint="`agentbox AGENT --detach` creates it and starts one.")
+    vm.check_ownership(instance, session.config)
+    if instance.status != RUNNING:
+        raise StateError(f"{vm_name} is {instance.status.lower() or 'not running'}: its sessions ended when it stopped",
+                         hint="`agentbox AGENT --detach` starts a new one.")
+    return instance
