@@ -30,7 +30,7 @@ def folder(outbox: Path, *parts: str, create: bool = False) -> Iterator[int]:
     fd = os.open(private_dir(outbox) if create else outbox, DIR_FLAGS)
     try:
         for part in parts:
-            child = _open_dir(fd, part, create)
+            child = open_dir(fd, part, create)
             os.close(fd)
             fd = child
         yield fd
@@ -121,7 +121,8 @@ def remove_folder(outbox: Path, path: Path) -> None:
         pass
 
 
-def _open_dir(parent: int, name: str, create: bool) -> int:
+def open_dir(parent: int, name: str, create: bool) -> int:
+    """A folder under parent, never through a symlink; with create, whatever else is there is replaced."""
     try:
         return os.open(name, DIR_FLAGS, dir_fd=parent)
     except FileNotFoundError:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentbox import credentials, paths, staging
 from agentbox.credformats import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.outboxfiles import open_dir
 from agentbox.progress import note
 from agentbox.safetext import visible
 
@@ -318,7 +319,7 @@ def _new_session_folder(vm_name: str) -> Path:
     outbox = private_dir(staging.outbox(vm_name))
     root = os.open(outbox, _DIR_FLAGS)
     try:
-        creds = _open_dir(root, staging.OUTBOX_CREDS, create=True)
+        creds = open_dir(root, staging.OUTBOX_CREDS, create=True)
         try:
             _remove_stale(creds)
             while True:
@@ -333,21 +334,6 @@ def _new_session_folder(vm_name: str) -> Path:
     finally:
         os.close(root)
     return outbox / staging.OUTBOX_CREDS / name
-
-
-def _open_dir(parent: int, name: str, create: bool) -> int:
-    """A folder under parent, never through a symlink; with create, whatever else is there is replaced."""
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
-            raise
-    except OSError as exc:
-        if not create or exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        os.unlink(name, dir_fd=parent)
-    os.mkdir(name, 0o700, dir_fd=parent)
-    return os.open(name, _DIR_FLAGS, dir_fd=parent)
 
 
 def _read_returned(folder: Path, files: Sequence[str]) -> dict[str, tuple[bytes, float] | str]:
