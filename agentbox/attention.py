@@ -5,10 +5,11 @@ In the VM, Claude Code's Notification and Stop hooks (provision/attention.sh) an
 message, one a line; written as *.partial, then renamed) when no terminal is attached to the session (a
 background task's end may leave one too: kind `task`, the task's id in the session line); attached, the
 terminal's bell and title say it instead. This watcher, one per VM, started in the background by a launch that
-leaves a session in the VM (`--detach`, session.keepAlive) or by `agentbox attach`, reads those events every
-second, shows each with agentbox.notify and removes it. It ends on its own once no session of the VM has been
-alive for IDLE_EXIT_SEC: each running session keeps a marker in events/live fresh (session.sh), which stops
-when the VM does. No daemon stays behind.
+leaves a session in the VM (`--detach`, session.keepAlive), by `agentbox attach` or by `agentbox run`, reads
+those events every second, shows each with agentbox.notify and removes it (a task's end also moves its outputs
+to the host's record at once). It ends on its own once no session of the VM has been
+alive for IDLE_EXIT_SEC: each running session and each waiting or running task keeps a marker in events/live
+fresh (session.sh, task-runner.sh), which stops when the VM does. No daemon stays behind.
 
 The events are written by the VM: read with size caps and no links followed; only the kind (a fixed set),
 checked names and a short message made visible reach the notification.
@@ -88,12 +89,27 @@ def poll(vm_name: str) -> tuple[bool, bool]:
                 data = outboxfiles.read(events, name, EVENT_LIMIT)
                 outboxfiles.remove(events, name)
                 event = parse_event(data) if data is not None else None
+                if event is not None and event[0] == "task":
+                    _harvest(vm_name, event[1])
                 if event is not None and shown < PER_POLL:
                     notify.notify(*message(*event, vm_name))
                     shown += 1
             return True, _alive(events)
     except OSError:
         return False, False
+
+
+def _harvest(vm_name: str, task_id: str) -> None:
+    """Bring the ended task's record up to date now, its outputs moved to the host (not at the next command)."""
+    from agentbox import tasks
+    from agentbox.errors import AgentboxError
+
+    task = tasks.get(int(task_id)) if task_id.isdigit() else None
+    if task is not None and task.vm == vm_name:
+        try:
+            tasks.refresh([task], check_vms=False)
+        except (OSError, ValueError, AgentboxError):
+            pass  # the next agentbox command that looks does it
 
 
 def _alive(events: int) -> bool:

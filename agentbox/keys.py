@@ -206,8 +206,9 @@ SCHEMA: dict[str, Key] = {
                              default=False),
         },
     ),
-    "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends: a desktop "
-                  "notification on the host, the terminal's bell and title when attached.", default=True),
+    "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "
+                  "background task ends: a desktop notification on the host, the terminal's bell and title "
+                  "when attached.", default=True),
     "startupWaitSec": Key("int", "Seconds a launch waits for an unfinished boot.", default=30, minimum=1),
     "defaults": Key(
         "mapping",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentbox import bootstrap, checkpoints, hostgit, isolation, staging, tasks, timing, vm
+from agentbox import attention, bootstrap, checkpoints, hostgit, isolation, sessions, staging, tasks, timing, vm
 from agentbox.commands.agent import agent_argv, flag_subcommands, model_after
 from agentbox.config import AgentConfig
 from agentbox.errors import AgentboxError, StateError
@@ -95,8 +95,9 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance)
         staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
+    events = sessions.events_folder(agent.vm_name) if config.notify else None
     box = tasks.prepare_box(task, {"prompt": prompt,
-                                   "spec": _spec(task, config.tasks_max_concurrent, base, workspace)})
+                                   "spec": _spec(task, config.tasks_max_concurrent, base, workspace, events)})
     now = tasks.get(task.id)
     if now is not None and now.state == CANCELLED:
         return  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
@@ -104,14 +105,18 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
     command += ["--", *task.argv]
     with timing.phase("in-VM setup + task runner (limactl shell)"):
         code = session.lima.shell(agent.vm_name, command, workdir=task.cwd, stdin_data=b"")
+    if code == 0 and events is not None:
+        attention.ensure_watcher(agent.vm_name)  # it shows the task's end, and ends itself after
     if code != 0:
         raise StateError(f"the VM did not take {task.label}: the launch step exited {code}",
                          hint="Its messages are above. `agentbox tasks` shows the task as Failed.")
 
 
-def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path) -> bytes:
+def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path, events: Path | None) -> bytes:
     values = {"id": str(task.id), "max": str(max_concurrent), "timeout": str(task.timeout or 0),
-              "grace": str(tasks.GRACE_SECONDS), "cwd": task.cwd}
+              "grace": str(tasks.GRACE_SECONDS), "cwd": task.cwd, "agent": task.agent}
+    if events is not None:
+        values["events"] = str(events)
     if task.worktree and base:
         values.update(worktree=task.worktree, branch=task.branch or "", base=base, repo=str(workspace))
     return b"".join(f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0" for key, value in values.items())

@@ -4,7 +4,9 @@
 #   task-runner.sh DIR PROGRAM ARGS...
 # DIR is the task's folder in agentbox's outbox (shared with the host). The host wrote there:
 #   spec     NAME=value records, each ended by a NUL: id, max (tasks.maxConcurrent), timeout and grace
-#            (seconds; timeout 0: none), cwd, and for a worktree task worktree, branch, base, repo
+#            (seconds; timeout 0: none), cwd, agent, and for a worktree task worktree, branch, base, repo;
+#            events (the host's attention folder, when notify is on: the task's end is left there for the
+#            host's watcher, and a marker in events/live keeps that watcher while the task waits or runs)
 #   prompt   the prompt, byte for byte: the program's last argument
 # This script writes there, each file replaced whole (written aside, then renamed):
 #   state    state=queued|running|completed|failed|timeout|cancelled and its times (epoch seconds), exit,
@@ -22,7 +24,7 @@ shift
 registry="$HOME/.agentbox/tasks"
 boot="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)"
 
-id="" max=2 timeout=0 grace=5 cwd="" worktree="" branch="" base="" repo=""
+id="" max=2 timeout=0 grace=5 cwd="" agent="" events="" worktree="" branch="" base="" repo=""
 while IFS= read -r -d '' record; do
   case "$record" in
     id=*) id="${record#id=}" ;;
@@ -30,6 +32,8 @@ while IFS= read -r -d '' record; do
     timeout=*) timeout="${record#timeout=}" ;;
     grace=*) grace="${record#grace=}" ;;
     cwd=*) cwd="${record#cwd=}" ;;
+    agent=*) agent="${record#agent=}" ;;
+    events=*) events="${record#events=}" ;;
     worktree=*) worktree="${record#worktree=}" ;;
     branch=*) branch="${record#branch=}" ;;
     base=*) base="${record#base=}" ;;
@@ -46,13 +50,29 @@ now_precise() {
   printf '%s' "${t/,/.}"
 }
 
-beat=""
+beat="" marked=0
 heartbeat() {
   # once a second at most: the host counts a runner silent for long as lost
   if [ "$EPOCHSECONDS" != "$beat" ]; then
     beat="$EPOCHSECONDS"
     printf '%s\n' "$beat" > "$dir/heartbeat"
+    if [ -n "$events" ] && [ $((beat - marked)) -ge 20 ]; then
+      marked="$beat"
+      mkdir -p "$events/live" 2>/dev/null && touch "$events/live/task-$id" 2>/dev/null
+    fi
   fi
+}
+
+tell_host() {
+  # tell_host STATE: the task's end as an event for the host's watcher (agentbox.attention), which shows it
+  [ -n "$events" ] || return 0
+  rm -f "$events/live/task-$id"
+  [ "$1" != cancelled ] || return 0  # the user asked for that one
+  local file message="$1"
+  [ -z "$reason" ] || message="$1: $reason"
+  file="$events/$(date +%s%N)-$$"
+  printf 'task\n%s\n%s\n%s\n' "$id" "$agent" "${message:0:300}" > "$file.partial" 2>/dev/null &&
+    mv -f "$file.partial" "$file.event" 2>/dev/null
 }
 
 queued_at="$(now_precise)" started_at="" ended_at="" exit_code="" reason="" state=""
@@ -77,6 +97,7 @@ finish() {
   reason="$2"
   put_state "$1"
   rm -f "$registry/$me"
+  tell_host "$1"
   exit 0
 }
 

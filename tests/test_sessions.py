@@ -338,3 +338,25 @@ def test_detaching_from_a_kept_session_returns_and_the_agent_goes_on(kept: FakeL
     code, shown = on_terminal(project, ["attach", "claude"], [(b"session=claude", b"4\r")])
     assert code == 4, shown
     assert "got 4" in shown
+
+
+def test_sessions_and_attach_reach_an_agent_that_has_a_vm_of_its_own(vm: FakeLima, project: Path) -> None:
+    install(vm)
+    write_trusted(project, "agents:\n  codex:\n    vmName: agentbox-codexvm\n")
+    created = agentbox_run(project, "codex", "shell", "--", "true")
+    assert created.returncode == 0, created.stderr
+    codex_bin = vm.home / "agentbox-codexvm" / "guestfs" / "usr-local" / "bin" / "codex"
+    write(codex_bin, WAITING_AGENT)
+    codex_bin.chmod(0o755)
+    assert agentbox_run(project, "codex", "-d").stdout == "codex\n"
+    assert agentbox_run(project, "claude", "-d").stdout == "claude\n"
+    vm.clear()
+    assert {(row["name"], row["vm"]) for row in listed(project)} == {("claude", NAME), ("codex", "agentbox-codexvm")}
+    assert vm.subcommands() == ["list", "shell", "shell"]  # one list, one shell per running VM of the project
+    table = agentbox_run(project, "sessions").stdout.splitlines()
+    assert table[0].split() == ["NAME", "AGENT", "STARTED", "STATE", "ATTACHED", "VM"]
+    code, shown = on_terminal(project, ["attach"], [])
+    assert code == 2, shown
+    assert "several sessions run: claude (in agentbox-myproject), codex (in agentbox-codexvm)" in shown
+    code, shown = on_terminal(project, ["attach", "codex"], [(b"session=codex", b"4\r")])
+    assert code == 4, shown

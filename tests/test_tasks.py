@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -391,3 +392,87 @@ def test_a_task_is_refused_in_an_isolated_vm(project: Path, isolated_vm: FakeLim
     assert "is isolated" in result.stderr
     assert isolated_vm.calls() == []
     assert listing(project) == []
+
+
+def test_a_task_that_ends_is_a_desktop_notification_and_its_outputs_come_home(
+    project: Path, tasks_vm: FakeLima, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if sys.platform == "darwin":
+        pytest.skip("the stand-in is Linux's notify-send")
+    from agentbox import tasks
+
+    log = tmp_path / "notified"
+    write(tmp_path / "host-bin" / "notify-send", "#!/bin/sh\nprintf '%s\\n' \"$*\" >> \"$NOTIFY_LOG\"\n", mode=0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'host-bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("NOTIFY_LOG", str(log))
+    failing = run_task(project, "do:sleep:1;exit:3")
+    completed = run_task(project, "do:sleep:1")
+    cancelled = run_task(project, "do:sleep:60")
+    assert run_cli("cancel", str(cancelled), cwd=project).exit_code == 0
+    deadline = time.monotonic() + 60
+    while not (log.exists() and len(log.read_text().splitlines()) >= 2) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # a notification for the cancelled task would be there by now
+    vm_name = f"agentbox-{project.name}"
+    assert sorted(log.read_text().splitlines()) == sorted([
+        f"--app-name=agentbox -- agentbox: task {failing} ended claude in {vm_name}: failed: exited with 3. "
+        f"`agentbox logs {failing}` shows it.",
+        f"--app-name=agentbox -- agentbox: task {completed} ended claude in {vm_name}: completed. "
+        f"`agentbox logs {completed}` shows it."])
+    # the watcher moved the outputs into the host's record without any agentbox command asking
+    record = tasks.get(completed)
+    assert record is not None and record.harvested and record.state == "Completed"
+    assert b'"args"' in (tasks.folder(completed) / "stdout").read_bytes()
+
+
+def test_notify_false_leaves_task_ends_quiet(project: Path, tasks_vm: FakeLima, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    log = tmp_path / "notified"
+    write(tmp_path / "host-bin" / "notify-send", "#!/bin/sh\nprintf '%s\\n' \"$*\" >> \"$NOTIFY_LOG\"\n", mode=0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'host-bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("NOTIFY_LOG", str(log))
+    write(project / "agentbox.yml", "tasks:\n  maxConcurrent: 2\nnotify: false\n")
+    task_id = run_task(project, "do:exit:0")
+    assert wait(project, task_id).returncode == 0
+    time.sleep(2)
+    assert not log.exists()
+    from agentbox import sessions
+
+    assert not sessions.events_folder(f"agentbox-{project.name}").exists()
+
+
+def test_wait_on_a_task_whose_vm_was_deleted_under_it_answers_from_the_host(project: Path,
+                                                                             tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "do:err:half way;sleep:120")
+    while task(project, task_id)["state"] != "Running":
+        time.sleep(0.2)
+    subprocess.run(["limactl", "delete", "--force", NAME], check=True, capture_output=True)
+    started = time.monotonic()
+    assert wait(project, task_id).returncode == 1
+    assert time.monotonic() - started < 20
+    record = task(project, task_id)
+    assert record["state"] == "Failed" and "no longer exists" in record["reason"]
+    logs = run_agentbox("logs", str(task_id), cwd=project)
+    assert logs.returncode == 0 and logs.stderr == "half way\n"  # what it wrote before, kept on the host
+
+
+def test_tasks_json_is_as_documented(project: Path, tasks_vm: FakeLima) -> None:
+    from datetime import datetime
+
+    task_id = run_task(project, "--worktree", "--name", "doc", "--timeout", "10m", "do:exit:0;\nsecond line")
+    assert wait(project, task_id).returncode == 0
+    [record] = listing(project)
+    assert set(record) == {"id", "name", "state", "exitCode", "reason", "agent", "vm", "workspace", "cwd", "argv",
+                           "prompt", "timeoutSec", "created", "started", "ended", "transitions", "checkpoint",
+                           "worktree", "branch", "base", "stdout", "stderr"}
+    assert (record["id"], record["name"], record["state"], record["exitCode"], record["reason"]) == (
+        task_id, "doc", "Completed", 0, None)
+    assert (record["agent"], record["vm"], record["workspace"]) == ("claude", NAME, str(project))
+    assert record["prompt"] == "do:exit:0;..." and "do:exit:0;\nsecond line" not in record["argv"]
+    assert record["timeoutSec"] == 600 and record["branch"] == f"agentbox/task-{task_id}"
+    assert record["base"] == git(project, "rev-parse", "HEAD").strip()
+    times = [datetime.fromisoformat(record[key].replace("Z", "+00:00")) for key in ("created", "started", "ended")]
+    assert times == sorted(times)
+    assert [step["state"] for step in record["transitions"]] == ["Pending", "Queued", "Running", "Completed"]
+    assert Path(record["stdout"]).is_file() and Path(record["stderr"]).is_file()
+    assert isinstance(record["checkpoint"], int)  # the id `agentbox checkpoints` shows

@@ -1,5 +1,6 @@
-"""`agentbox attach [NAME]` and `agentbox sessions [--json]`: the detachable sessions of the project's VM
-(agentbox.sessions). Each costs `limactl list` and one `limactl shell`."""
+"""`agentbox attach [NAME]` and `agentbox sessions [--json]`: the detachable sessions of the project's VM, and
+of the VMs of agents that have their own (agentbox.sessions). Each costs `limactl list` and one `limactl shell`
+per running VM of the project."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 from typing import TYPE_CHECKING
 
 import click
+
+from agentbox import sessions
 
 if TYPE_CHECKING:
     from agentbox.lima import Instance
@@ -25,7 +28,7 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     exit code. A session whose agent has exited shows its last screen and how to resume the conversation
     (exit status: the agent's).
     """
-    from agentbox import attention, launch, sessions
+    from agentbox import attention, launch
     from agentbox.commands.common import session as session_for
     from agentbox.errors import StateError, UsageError
     from agentbox.progress import note
@@ -38,8 +41,7 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
         raise UsageError("`agentbox attach` needs a terminal (its stdin and stdout)",
                          hint="`agentbox sessions --json` tells a script what runs.")
     session = session_for(ctx)
-    vm_name = session.config.vm_name
-    _running(session, vm_name)
+    vm_name = _vm_to_attach(session, name)
     reply_folder = sessions.new_reply(vm_name)
     argv = sessions.script("attach", "--reply", str(reply_folder), *([name] if name else []))
     code = session.lima.shell(vm_name, argv)
@@ -84,46 +86,96 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
 @click.pass_context
 def sessions_command(ctx: click.Context, as_json: bool) -> None:
     """List the detachable sessions of the project's VM: running ones, and the last ones that ended."""
-    from agentbox import sessions
     from agentbox.commands.common import session as session_for
-    from agentbox.errors import LimaError
-    from agentbox.lima import RUNNING
     from agentbox.progress import note
 
     session = session_for(ctx, acts=False)
-    vm_name = session.config.vm_name
     session.config.require_workspace()
-    instance = session.instance(vm_name)
-    if instance is not None:
-        from agentbox import vm
-
-        vm.check_ownership(instance, session.config)
-    rows: list[sessions.Row] = []
-    if instance is None or instance.status != RUNNING:
-        if not as_json:
-            note(f"{vm_name} is not running, so no session is: they end when their VM stops")
-    else:
-        code, output, stderr = session.lima.shell_bytes(vm_name, sessions.script("list"), sessions.LIST_LIMIT)
-        if code != 0:
-            raise LimaError(f"could not list the sessions of {vm_name} (exit {code})",
-                            hint=sessions.shown(stderr.strip()[-300:]) or None)
-        rows = sessions.parse_list(output)
+    running = _running_vms(session)
+    rows = [(vm_name, row) for vm_name in running for row in _list(session, vm_name)]
     if as_json:
-        click.echo(json.dumps([row.to_json(vm_name) for row in rows], indent=2))
+        click.echo(json.dumps([row.to_json(vm_name) for vm_name, row in rows], indent=2))
+        return
+    vm_name = session.config.vm_name
+    if not running:
+        note(f"{vm_name} is not running, so no session is: they end when their VM stops")
         return
     if not rows:
-        if instance is not None and instance.status == RUNNING:
-            note(f"no sessions in {vm_name}; `agentbox AGENT --detach` starts one")
+        note(f"no sessions in {', '.join(running)}; `agentbox AGENT --detach` starts one")
         return
-    table = [("NAME", "AGENT", "STARTED", "STATE", "ATTACHED")]
-    for row in rows:
+    several = len(running) > 1
+    table = [("NAME", "AGENT", "STARTED", "STATE", "ATTACHED", *(("VM",) if several else ()))]
+    for vm_name, row in rows:
         state = row.state if row.state == sessions.RUNNING else (
             f"exited ({row.exit_code})" if row.exit_code is not None else "exited")
         table.append((row.name, row.agent, sessions.local_time(row.started), state,
-                      "yes" if row.attached else "no"))
+                      "yes" if row.attached else "no", *((vm_name,) if several else ())))
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
     for line in table:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+
+
+def _project_vms(session: Session) -> list[str]:
+    """The project's VM, then the VMs of agents that have their own (agents.NAME.vmName)."""
+    names = [session.config.vm_name]
+    for agent in session.config.agents.values():
+        if agent.vm_name not in names:
+            names.append(agent.vm_name)
+    return names
+
+
+def _running_vms(session: Session) -> list[str]:
+    """Which of the project's VMs run (one `limactl list`); each is checked to be this workspace's."""
+    from agentbox import vm
+    from agentbox.lima import RUNNING
+
+    listed = session.lima.instances()
+    running = []
+    for vm_name in _project_vms(session):
+        instance = listed.get(vm_name)
+        if instance is not None:
+            vm.check_ownership(instance, session.config)
+            if instance.status == RUNNING:
+                running.append(vm_name)
+    return running
+
+
+def _list(session: Session, vm_name: str) -> list[sessions.Row]:
+    from agentbox.errors import LimaError
+
+    code, output, stderr = session.lima.shell_bytes(vm_name, sessions.script("list"), sessions.LIST_LIMIT)
+    if code != 0:
+        raise LimaError(f"could not list the sessions of {vm_name} (exit {code})",
+                        hint=sessions.shown(stderr.strip()[-300:]) or None)
+    return sessions.parse_list(output)
+
+
+def _vm_to_attach(session: Session, name: str | None) -> str:
+    """The VM whose session `attach` takes: the project's VM, unless agents of the project have VMs of their
+    own, then the one that has the session (asked of each running VM; one shell each)."""
+    from agentbox.errors import UsageError
+
+    if len(_project_vms(session)) == 1:
+        vm_name = session.config.vm_name
+        _running(session, vm_name)
+        return vm_name
+    running = _running_vms(session)
+    if len(running) <= 1:
+        vm_name = running[0] if running else session.config.vm_name
+        _running(session, vm_name)
+        return vm_name
+    found = {vm_name: _list(session, vm_name) for vm_name in running}
+    if name is not None:
+        return next((vm_name for vm_name, rows in found.items() if any(row.name == name for row in rows)),
+                    running[0])  # none has it: the project's VM answers that it has no such session
+    live = [(vm_name, row.name) for vm_name, rows in found.items() for row in rows if row.state == sessions.RUNNING]
+    if len(live) > 1:
+        raise UsageError(f"several sessions run: {', '.join(f'{row} (in {vm_name})' for vm_name, row in live)}",
+                         hint=f"Name one: `agentbox attach {live[0][1]}`.")
+    if live:
+        return live[0][0]
+    ended = [(row.ended or 0, vm_name) for vm_name, rows in found.items() for row in rows]
+    return max(ended)[1] if ended else running[0]
 
 
 def _running(session: Session, vm_name: str) -> Instance:
