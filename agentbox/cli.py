@@ -27,6 +27,7 @@ LAZY_COMMANDS = {
     "ports": ("agentbox.commands.ports", "ports_command"),
     "doctor": ("agentbox.commands.doctor", "doctor_command"),
     "ca": ("agentbox.commands.ca", "ca_group"),
+    "base": ("agentbox.commands.base", "base_group"),
     "config": ("agentbox.commands.config", "config_command"),
     "init": ("agentbox.commands.config", "init_command"),
     "template": ("agentbox.commands.config", "template_command"),

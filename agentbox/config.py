@@ -153,6 +153,8 @@ class Config(NamedTuple):
     tasks_max_concurrent: int = 2  # tasks.maxConcurrent: background tasks running at once per VM
     keep_alive: bool = False  # session.keepAlive: an interactive launch on a terminal runs in a tmux session
     notify: bool = True  # notify: desktop notification, bell and title when a session needs the user
+    vm_base: str = "auto"  # vm.base: new VMs are clones of the provisioned base (agentbox.base), or "off"
+    base_max_age_days: int = 7  # vm.baseMaxAgeDays: an older base is rebuilt before the next clone
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -175,6 +177,8 @@ class Config(NamedTuple):
             "template": str(self.template) if self.template else None,
             "lima": self.lima,
             "protectGitHooks": self.protect_git_hooks,
+            "base": self.vm_base,
+            "baseMaxAgeDays": self.base_max_age_days,
         }
         return {
             "workspace": str(self.workspace),
@@ -523,6 +527,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         tasks_max_concurrent=data["tasks"]["maxConcurrent"],
         keep_alive=data["session"]["keepAlive"],
         notify=data["notify"],
+        vm_base=vm["base"],
+        base_max_age_days=vm["baseMaxAgeDays"],
     )
 
 

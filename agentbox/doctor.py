@@ -61,6 +61,8 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     check_git(config, checks)
     check_tripwire(config, checks)
     instance, owned = check_vm(lima, config, checks) if lima_usable else (None, False)
+    if lima_usable:
+        check_base(lima, config, checks)
     if owned:
         check_drift(config, checks)
     if owned and instance is not None:
@@ -334,6 +336,36 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
             )
         )
     return instance, False
+
+
+def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
+    """The base VM new project VMs are cloned from (agentbox.base): fresh, stale or absent; and whether
+    this project's VM was cloned from an older one. Uses the `list` check_vm made."""
+    from agentbox import base, vm
+
+    if config.vm_base != "auto":
+        checks.append(Check("base", OK, "vm.base is off: new VMs are created and provisioned from scratch"))
+        return
+    try:
+        current = base.key(config)
+    except (AgentboxError, OSError) as error:
+        checks.append(Check("base", WARN, f"cannot work out the base VM's key: {error}"))
+        return
+    name = base.instance_name(current)
+    record = base.read_record(current)
+    if name not in lima.listed:
+        checks.append(Check("base", OK, f"base VM {name} is absent: the next new project VM builds it first",
+                            "`agentbox base build` builds it now."))
+    elif record is None or base.age_days(record) > config.base_max_age_days:
+        age = "has no build record" if record is None else f"is {base.age_days(record):.0f} days old"
+        checks.append(Check("base", WARN, f"base VM {name} is stale: it {age} (vm.baseMaxAgeDays: "
+                            f"{config.base_max_age_days}); the next new project VM rebuilds it first",
+                            "`agentbox base build --rebuild` rebuilds it now."))
+    else:
+        checks.append(Check("base", OK, f"base VM {name} is fresh (built {base.age_days(record):.1f} days ago)"))
+    line = base.staleness(config, vm.read_state(config.vm_name).get("base"))
+    if line:
+        checks.append(Check("base.vm", WARN, line))
 
 
 def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:

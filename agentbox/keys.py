@@ -54,6 +54,13 @@ ARCHES = ("x86_64", "aarch64", "armv7l", "ppc64le", "riscv64", "s390x")
 MOUNT_TYPES = ("virtiofs", "9p", "wsl2")
 
 
+BASE_MODES = ("auto", "off")
+
+
+def _check_base_mode(value: str) -> str | None:
+    return None if value in BASE_MODES else f"expected auto or off, found {value!r}"
+
+
 def _check_vm_type(value: str) -> str | None:
     return None if value in VM_TYPES else f"expected one of {', '.join(VM_TYPES)}, found {value!r}"
 
@@ -171,6 +178,11 @@ SCHEMA: dict[str, Key] = {
                         creation=True, trust=SET, why="changes Lima settings directly"),
             "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM.", default=False,
                                    creation=True),
+            "base": Key("str", "`auto`: a new VM is a clone of agentbox's provisioned base VM (built once, "
+                        "README \"The base VM\"); `off`: every new VM is created and provisioned from scratch.",
+                        default="auto", check=_check_base_mode),
+            "baseMaxAgeDays": Key("int", "A base older than this is rebuilt the next time a VM is cloned from it "
+                                  "(so the agent CLIs in new VMs stay current).", default=7, minimum=1),
         },
     ),
     "mounts": Key("mounts", "Extra host folders: `location`, `mountPoint` (default: the same), `writable`.",

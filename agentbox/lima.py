@@ -1,6 +1,6 @@
 """The only module that runs limactl, or ssh into a Lima VM. Everything else asks it.
 
-Captured calls (list, create, start, stop, delete) return parsed results or raise LimaError
+Captured calls (list, create, clone, rename, start, stop, delete) return parsed results or raise LimaError
 naming the command and exit code, with Lima's own messages (and, from the long ones, the last
 lines of their output). `shell` is attached: the terminal, stdin, stdout and stderr pass straight
 through and its exit code is returned.
@@ -153,6 +153,15 @@ class Lima:
     def delete(self, name: str, force: bool = False) -> None:
         self._captured(["--tty=false", "delete", *(["--force"] if force else []), name])
 
+    def clone(self, source: str, name: str, edits: Sequence[str], cwd: str,
+              on_output: Callable[[str], None] | None = None) -> None:
+        """`limactl clone SOURCE NAME` with edit flags (--set, --cpus, ...), run in `cwd`: Lima writes an
+        edit it rejects to ./lima.REJECTED.yaml there. Copying the disk can take a while without CoW."""
+        self._streamed(["--tty=false", "clone", source, name, *edits], on_output, cwd=cwd)
+
+    def rename(self, old: str, new: str) -> None:
+        self._captured(["--tty=false", "rename", old, new])
+
     # -- attached ------------------------------------------------------------------------------
     def shell(
         self,
@@ -275,7 +284,7 @@ class Lima:
         calllog.record(full, time.monotonic() - started, code, echo=self.debug)
         return code, b"".join(chunks), stderr
 
-    def _streamed(self, args: list[str], on_output: Callable[[str], None] | None) -> None:
+    def _streamed(self, args: list[str], on_output: Callable[[str], None] | None, cwd: str | None = None) -> None:
         """Run a long operation, feeding each output line to on_output as it arrives."""
         import sh
 
@@ -297,7 +306,7 @@ class Lima:
             with open(os.devnull, "rb") as devnull:
                 with _sigint_held() as held:
                     process = command(*args, _in=devnull, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False,
-                                      _out=feed, _err=feed)
+                                      _out=feed, _err=feed, **({"_cwd": cwd} if cwd else {}))
                 if held:
                     raise KeyboardInterrupt
                 process.wait()

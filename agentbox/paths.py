@@ -38,6 +38,11 @@ def vm_state_dir(vm_name: str) -> Path:
     return state_dir() / "vms" / vm_name
 
 
+def bases_dir() -> Path:
+    """The base VMs' records (agentbox.base): what each was built from, when, and its verification."""
+    return state_dir() / "bases"
+
+
 def workspace_key(workspace: Path) -> str:
     """A short stable name for a workspace folder, used to file host records about it."""
     import hashlib

@@ -57,7 +57,8 @@ class Plan:
     readiness_hint: str = READINESS_HINT
 
 
-def plan(config: Config) -> Plan:
+def plan(config: Config | None) -> Plan:
+    """What every VM gets; the CA certificates only with a config (the base VM has none: agentbox.base)."""
     result = Plan()
     result.system_scripts = [resources.text("provision", name) for name in SYSTEM_SCRIPTS]
     result.user_scripts = [resources.text("provision", name) for name in USER_SCRIPTS]
@@ -66,7 +67,7 @@ def plan(config: Config) -> Plan:
         DataFile("/etc/agentbox/provisioning", PROVISIONING_NOTE, owner="root", overwrite=True),
         *(DataFile("{{.Home}}/" + path, content) for path, content in home_files().items()),
     ]
-    result.ca_certs = ca_certificates(config)
+    result.ca_certs = ca_certificates(config) if config is not None else []
     return result
 
 

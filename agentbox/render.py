@@ -124,13 +124,54 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
     }
 
 
-MAX_RENDERED_BYTES = 4 * 1024 * 1024
-TEMPLATE_NAME = "<template>"  # what Jinja2 calls a template made from a string, in tracebacks
+class BaseSettings(NamedTuple):
+    """What the base VM (agentbox.base) is rendered with: nothing of a project's."""
+
+    vm_type: str | None
+    arch: str | None
+    mount_type: str | None
+    cpus: int
+    memory: str
+    disk: str
 
 
-def render(config: Config, vm_name: str) -> str:
-    """The instance's lima.yaml. Templates run in Jinja2's immutable sandbox: a template is data, never
-    a way to reach Python objects or run commands on the host."""
+def base_context(settings: BaseSettings, vm_name: str) -> dict[str, Any]:
+    """The template's values for the base VM: no mounts, no CA certificates, empty workspace params
+    (Lima requires every param to be used, and a clone sets them: agentbox.base.clone_edits)."""
+    from agentbox import provisioning
+
+    prov = provisioning.plan(None)
+    return {
+        "name": vm_name,
+        "minimum_lima_version": MINIMUM_LIMA_VERSION,
+        "image_base": IMAGE_BASE,
+        "vm_type": settings.vm_type,
+        "arch": settings.arch,
+        "cpus": settings.cpus,
+        "memory": settings.memory,
+        "disk": settings.disk,
+        "mount_type": settings.mount_type,
+        "mounts": [],
+        "forward_agent": False,
+        "propagate_proxy_env": False,
+        "ca_certs": [],
+        "workspace": "",
+        "staging_mount": "",
+        "system_scripts": prov.system_scripts,
+        "user_scripts": prov.user_scripts,
+        "data_files": prov.data_files,
+        "readiness_probe": prov.readiness_probe,
+        "readiness_hint": prov.readiness_hint,
+    }
+
+
+def render_base(settings: BaseSettings, vm_name: str) -> str:
+    """The base VM's lima.yaml: agentbox's own template (never vm.template), without vm.lima."""
+    return _render_bounded(_environment().get_template("lima.yaml.j2"), base_context(settings, vm_name),
+                           "agentbox's template")
+
+
+def _environment() -> Any:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -141,6 +182,19 @@ def render(config: Config, vm_name: str) -> str:
         loader=jinja2.FileSystemLoader(str(resources.path("templates"))),
     )
     env.filters["yaml"] = to_yaml_scalar
+    return env
+
+
+MAX_RENDERED_BYTES = 4 * 1024 * 1024
+TEMPLATE_NAME = "<template>"  # what Jinja2 calls a template made from a string, in tracebacks
+
+
+def render(config: Config, vm_name: str) -> str:
+    """The instance's lima.yaml. Templates run in Jinja2's immutable sandbox: a template is data, never
+    a way to reach Python objects or run commands on the host."""
+    import jinja2
+
+    env = _environment()
     where = "agentbox's template"
     if config.template is not None:
         from agentbox import pins

@@ -40,7 +40,8 @@ class Session:
 
 
 def workspace_of(instance: Instance) -> str | None:
-    return instance.param.get(WORKSPACE_PARAM)
+    """The workspace a project VM was made for; None for any other instance (a base VM's is empty)."""
+    return instance.param.get(WORKSPACE_PARAM) or None
 
 
 def is_agentbox_vm(instance: Instance) -> bool:
@@ -136,10 +137,25 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
             session.lima.stop(name, force=True)
             return start(session, name, instance.dir, instance)
         if instance.status == STOPPED:
-            return start(session, instance.name, instance.dir, instance)
-        if instance.status == BROKEN:
-            return recover(session, instance)
-        return wait_for_settled(session, instance)
+            started = start(session, instance.name, instance.dir, instance)
+        elif instance.status == BROKEN:
+            started = recover(session, instance)
+        else:
+            return wait_for_settled(session, instance)
+        note_stale_base(session.config, name)
+        return started
+
+
+def note_stale_base(config: Config, name: str) -> None:
+    """One line when the VM was cloned from a base that is no longer current (never on a warm launch:
+    the key costs a template render)."""
+    recorded = read_state(name).get("base")
+    if recorded and config.vm_base == "auto":
+        from agentbox import base
+
+        line = base.staleness(config, recorded)
+        if line:
+            note(line)
 
 
 def verify_running(session: Session, instance: Instance) -> bool:
@@ -197,24 +213,29 @@ def create_and_start(session: Session, name: str) -> Instance:
     private_dir(staging.outbox(name))
     template_path = state / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
+    cloned_from = None
     try:
-        with Progress(f"Creating VM {name}", verbose=session.verbose) as progress:
-            session.lima.create(name, template_path, on_output=progress.feed)
+        if config.vm_base == "auto":
+            cloned_from = _clone_from_base(session, name, template_text)
+        if cloned_from is None:
+            with Progress(f"Creating VM {name}", verbose=session.verbose) as progress:
+                session.lima.create(name, template_path, on_output=progress.feed)
     except Interrupted:
         raise Interrupted(
             f"interrupted while creating {name}",
             hint=f"Run the same command again to finish, or `agentbox rm --force` to discard {name}.",
         ) from None
     except LimaError as error:
-        if any("already exists" in line for line in error.stderr_lines):
+        if any("already exists" in line and name in line for line in error.stderr_lines):
             raise _AlreadyExists() from None
         # We hold the VM's lock, so anything left under this name is our own half-made VM.
         leftover = session.instance(name)
         error.log_path = leftover.log_path if leftover is not None else None
         if leftover is not None:
             session.lima.delete(name, force=True)
-            error.hint = f"The half-created VM {name} was removed; nothing else changed."
-        else:
+            error.hint = " ".join(filter(None, [error.hint, f"The half-created VM {name} was removed; nothing else "
+                                                             "changed."]))
+        elif not error.hint:
             error.hint = "No VM was created; nothing changed."
         raise
     write_state(
@@ -225,9 +246,31 @@ def create_and_start(session: Session, name: str) -> Instance:
             "reconnect": True,
             "fingerprint": drift.creation_fingerprint(config),
             "expected": effective.expected_from_rendered(template_text),
+            **({"base": cloned_from} if cloned_from else {}),
         },
     )
     return start(session, name, str(paths.lima_home() / name))
+
+
+def _clone_from_base(session: Session, name: str, template_text: str) -> dict[str, Any] | None:
+    """Make the VM a clone of the base (built first when needed): returns what the VM keeps about its base,
+    or None when this project's VM cannot be a clone (said once; the caller creates it from scratch)."""
+    from agentbox import base
+
+    plan = base.clone_plan(session.config, template_text)
+    if isinstance(plan, str):
+        note(f"creating {name} from scratch, not as a clone of the base VM: {plan}")
+        return None
+    with base.lock() as waited:
+        current = base.ensure(session.lima, session.config, session.verbose, waited=waited)
+        if plan.disk_note:
+            note(plan.disk_note)
+        try:
+            base.clone(session.lima, current, name, plan.edits, session.verbose)
+        except base.CloneUnsupported as error:
+            note(f"this Lima cannot clone a VM with edit flags ({error}); creating {name} from scratch")
+            return None
+    return current.reference()
 
 
 def start(session: Session, name: str, instance_dir: str, row: Instance | None = None) -> Instance:

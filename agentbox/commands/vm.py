@@ -44,6 +44,7 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     instance = vm.ensure_running(session, name, existing)
     if instance is existing:  # it was running and passed the checks: nothing was started
         say(f"{name} is already running")
+        vm.note_stale_base(session.config, name)
         return
     say(f"{instance.name} is running (workspace {session.config.workspace})")
 

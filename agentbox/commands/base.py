@@ -1,0 +1,108 @@
+"""`agentbox base`: the provisioned base VM that new project VMs are cloned from (agentbox.base)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+import click
+
+from agentbox.commands.common import load_config
+from agentbox.progress import say
+
+if TYPE_CHECKING:
+    from agentbox.lima import Lima
+
+
+@click.group("base")
+def base_group() -> None:
+    """The base VM new project VMs are cloned from: build, list, remove."""
+
+
+def _lima(ctx: click.Context) -> Lima:
+    from agentbox.lima import Lima
+
+    return Lima(debug=ctx.obj["debug"])
+
+
+@base_group.command("build")
+@click.option("--rebuild", is_flag=True, help="Build it again even when the current base is fresh.")
+@click.pass_context
+def build_command(ctx: click.Context, rebuild: bool) -> None:
+    """Build the current base VM now (a launch builds it when needed)."""
+    from agentbox import base
+
+    config = load_config(ctx)
+    lima = _lima(ctx)
+    with base.lock() as waited:
+        built = base.ensure(lima, config, verbose=ctx.obj["verbose"], rebuild=rebuild, waited=waited)
+    age = base.age_days(built.record)
+    state = "built now" if age < 1 / 24 else f"built {age:.1f} days ago"
+    say(f"base VM {built.name} is ready ({state}); new project VMs are cloned from it")
+
+
+@base_group.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, for scripts.")
+@click.pass_context
+def ls_command(ctx: click.Context, as_json: bool) -> None:
+    """List the base VMs: key, when built, age, size, the VMs cloned from it, fresh or stale."""
+    from agentbox import base
+
+    config = load_config(ctx)
+    rows = base.listing(_lima(ctx), config)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    if not rows:
+        say("no base VM yet; the next new project VM builds one (or `agentbox base build`)")
+        return
+    click.echo(f"{'KEY':<14}{'STATE':<7}{'BUILT':<22}{'AGE':>8}  {'SIZE':>9}  USED BY")
+    for row in rows:
+        age = "-" if row["ageDays"] is None else f"{row['ageDays']:.1f}d"
+        size = "-" if row["size"] is None else _human(row["size"])
+        used = ", ".join(row["usedBy"]) or "-"
+        state = row["state"] + ("*" if row["current"] else "")
+        click.echo(f"{row['key']:<14}{state:<7}{row['built'] or '-':<22}{age:>8}  {size:>9}  {used}")
+    if any(row["current"] for row in rows):
+        click.echo("* the current base: new VMs are cloned from it")
+
+
+def _human(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
+        value /= 1024
+    return f"{value:.1f}GiB"
+
+
+@base_group.command("rm")
+@click.argument("key")
+@click.pass_context
+def rm_command(ctx: click.Context, key: str) -> None:
+    """Remove a base VM (VMs cloned from it are independent copies and keep working)."""
+    from agentbox import base
+
+    say(base.remove(_lima(ctx), key))
+
+
+@base_group.command("prune")
+@click.pass_context
+def prune_command(ctx: click.Context) -> None:
+    """Remove the base VMs that no VM was cloned from and that are not the current base."""
+    from agentbox import base
+
+    config = load_config(ctx)
+    lima = _lima(ctx)
+    removed = 0
+    for row in base.listing(lima, config):
+        if row["current"]:
+            say(f"kept {row['name']}: it is the current base")
+        elif row["usedBy"]:
+            say(f"kept {row['name']}: {', '.join(row['usedBy'])} {'was' if len(row['usedBy']) == 1 else 'were'} "
+                "cloned from it (`agentbox base rm` removes it anyway; clones keep working)")
+        else:
+            say(base.remove(lima, row["key"]))
+            removed += 1
+    if not removed:
+        say("no base VM to prune")
