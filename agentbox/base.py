@@ -393,10 +393,8 @@ def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
         if setting in RESOURCE_KEYS or wanted.get(setting) == have.get(setting):
             continue
         path = f".{setting}" if _IDENTIFIER.match(str(setting)) else f".[{json.dumps(str(setting))}]"
-        if setting in wanted:
-            edits += ["--set", f"{path} = {json.dumps(wanted[setting], ensure_ascii=False)}"]
-        else:
-            edits += ["--set", f"del({path})"]
+        # null is how Lima reads a key that is not there (a key only the base has)
+        edits += ["--set", f"{path} = {json.dumps(wanted.get(setting), ensure_ascii=False)}"]
     if wanted.get("cpus") != have.get("cpus"):
         edits += ["--cpus", str(wanted.get("cpus"))]
     if wanted.get("memory") != have.get("memory"):

@@ -527,9 +527,19 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         tasks_max_concurrent=data["tasks"]["maxConcurrent"],
         keep_alive=data["session"]["keepAlive"],
         notify=data["notify"],
-        vm_base=vm["base"],
+        vm_base=_vm_base(vm["base"]),
         base_max_age_days=vm["baseMaxAgeDays"],
     )
+
+
+def _vm_base(configured: str) -> str:
+    """vm.base, unless $AGENTBOX_VM_BASE (auto or off) overrides it for this run (CI, tests)."""
+    override = os.environ.get("AGENTBOX_VM_BASE")
+    if not override:
+        return configured
+    if override not in keys.BASE_MODES:
+        raise ConfigError(f"AGENTBOX_VM_BASE: expected auto or off, found {override!r}")
+    return override
 
 
 def _checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:

@@ -40,6 +40,9 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[di
     monkeypatch.setenv("LIMA_HOME", str(lima_home))
     for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "AGENTBOX_TIMING", "NODE_EXTRA_CA_CERTS"):
         monkeypatch.delenv(name, raising=False)
+    # A new VM is created from scratch unless a test asks for the base VM (tests/test_base.py): building a
+    # base costs the double a second provisioning per test, and most tests are about something else.
+    monkeypatch.setenv("AGENTBOX_VM_BASE", "off")
     yield {"home": home, "state": state, "lima_home": lima_home}
     shutil.rmtree(lima_home, ignore_errors=True)
 

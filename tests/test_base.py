@@ -1,0 +1,311 @@
+"""The base VM (agentbox.base): built once, cloned per project with edit flags, through the CLI against
+the limactl double. The suite runs with AGENTBOX_VM_BASE=off (conftest); these tests turn it back on."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from agentbox import sizes
+from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
+
+SCHEMA = json.loads((Path(__file__).parent / "lima_schema.json").read_text())
+OTHER = "agentbox-other"
+
+
+@pytest.fixture(autouse=True)
+def base_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    needs_bwrap()
+    monkeypatch.setenv("AGENTBOX_VM_BASE", "auto")
+
+
+@pytest.fixture
+def other(project: Path) -> Path:
+    path = project.parent / "other"
+    path.mkdir()
+    return path
+
+
+def bases(limactl: FakeLima) -> list[str]:
+    return sorted(p.name for p in limactl.home.iterdir() if p.name.startswith("agentbox-base"))
+
+
+def calls_named(limactl: FakeLima, subcommand: str) -> list[list[str]]:
+    return [argv for argv, word in zip(limactl.calls(), limactl.subcommands()) if word == subcommand]
+
+
+def start(project: Path) -> str:
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    return result.stderr
+
+
+def base_ls(project: Path) -> list[dict]:
+    result = run_cli("base", "ls", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def test_first_project_builds_one_base_second_only_clones(project: Path, other: Path, limactl: FakeLima) -> None:
+    start(project)
+    subcommands = limactl.subcommands()
+    assert subcommands.count("create") == 1 and subcommands.count("rename") == 1
+    assert subcommands.count("clone") == 1
+    (create,) = calls_named(limactl, "create")
+    temporary = create[create.index("--name") + 1]
+    assert temporary.startswith("agentbox-basebuild-")
+    (rename,) = calls_named(limactl, "rename")
+    (base,) = bases(limactl)
+    assert rename[-2:] == [temporary, base] and base.startswith("agentbox-base-")
+    assert subcommands.index("stop") < subcommands.index("rename") < subcommands.index("clone")
+    (clone,) = calls_named(limactl, "clone")
+    assert clone[clone.index("clone") + 1: clone.index("clone") + 3] == [base, NAME]
+    assert limactl.status(base) == "Stopped" and limactl.status(NAME) == "Running"
+    assert not (limactl.home / temporary).exists()
+
+    limactl.clear()
+    start(other)
+    assert "create" not in limactl.subcommands()
+    assert limactl.subcommands().count("clone") == 1
+    assert limactl.status(OTHER) == "Running"
+    assert bases(limactl) == [base]
+
+    # A base is not a project VM: `ls` and `stop --all` leave it out.
+    listed = run_cli("ls", "--json", cwd=project)
+    assert {vm["name"] for vm in json.loads(listed.stdout)} == {NAME, OTHER}
+    run_cli("stop", "--all", cwd=project)
+    assert limactl.status(base) == "Stopped"
+    assert not any(base in argv for argv in calls_named(limactl, "stop"))
+
+
+def test_the_clone_carries_exactly_this_projects_render(project: Path, isolated_env: dict, limactl: FakeLima) -> None:
+    write(project / "data" / "x", "x")
+    write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n"
+          "mounts:\n  - location: data\n    mountPoint: /data\n")
+    start(project)
+    rendered = yaml.safe_load((isolated_env["state"] / "vms" / NAME / "lima.yaml").read_text())
+    cloned = yaml.safe_load(limactl.lima_yaml(NAME))
+    jsonschema.Draft202012Validator(SCHEMA).validate(cloned)
+    assert cloned["mounts"] == rendered["mounts"]
+    assert any(mount["mountPoint"] == "/data" for mount in cloned["mounts"])
+    assert cloned["param"] == {"agentboxWorkspace": str(project), "agentboxStaging": rendered["param"]["agentboxStaging"]}
+    assert cloned["cpus"] == 2
+    for size in ("memory", "disk"):
+        assert sizes.to_bytes(str(cloned[size])) == sizes.to_bytes(str(rendered[size]))
+    assert {k: v for k, v in cloned.items() if k not in ("memory", "disk")} == \
+        {k: v for k, v in rendered.items() if k not in ("memory", "disk")}
+    # The base itself has nothing of the project's.
+    (base,) = bases(limactl)
+    own = yaml.safe_load(limactl.lima_yaml(base))
+    assert own["mounts"] == [] and set(own["param"].values()) == {""} and "caCerts" not in own
+    # ... and the guest's workspace marker names the project (written at the clone's boot).
+    marker = (limactl.home / NAME / "guestfs" / "etc" / "agentbox" / "workspace").read_text()
+    assert marker.splitlines()[0] == str(project)
+
+
+def test_a_provisioning_change_is_noted_and_recreate_clones_a_new_base(
+    project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
+) -> None:
+    from agentbox import base
+
+    start(project)
+    (old,) = bases(limactl)
+    assert "older base" not in start(project)
+    real = base._files_digest
+    monkeypatch.setattr(base, "_files_digest", lambda *folders: "changed-" + real(*folders))
+    limactl.clear()
+    said = start(project)
+    assert "cloned from an older base VM (provisioning scripts changed since)" in said
+    assert "`agentbox start --recreate` re-clones" in said
+    assert limactl.subcommands() == ["list"]  # noted, never recreated on its own
+
+    result = run_cli("start", "--recreate", "--yes", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    new = [name for name in bases(limactl) if name != old]
+    assert len(new) == 1
+    (clone,) = calls_named(limactl, "clone")
+    assert new[0] in clone
+    state = json.loads((isolated_env["state"] / "vms" / NAME / "state.json").read_text())
+    assert base.instance_name(state["base"]["key"]) == new[0]
+    assert "older base" not in start(project)
+
+
+def test_two_first_launches_at_once_build_one_base(project: Path, other: Path, limactl: FakeLima) -> None:
+    env = {**os.environ, "AGENTBOX_VM_BASE": "auto", "PYTHONPATH": os.pathsep.join(sys.path)}
+    processes = [subprocess.Popen([sys.executable, "-m", "agentbox", "start"], cwd=folder, env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for folder in (project, other)]
+    outputs = [process.communicate(timeout=600) for process in processes]
+    assert [process.returncode for process in processes] == [0, 0], outputs
+    assert limactl.subcommands().count("create") == 1
+    assert limactl.subcommands().count("clone") == 2
+    assert limactl.status(NAME) == "Running" and limactl.status(OTHER) == "Running"
+    assert len(bases(limactl)) == 1
+
+
+def test_base_ls_json(project: Path, limactl: FakeLima) -> None:
+    assert base_ls(project) == []
+    start(project)
+    (row,) = base_ls(project)
+    assert set(row) == {"key", "name", "status", "built", "ageDays", "size", "disk", "usedBy", "current", "state",
+                        "limaVersion", "agents"}
+    assert row["name"] == "agentbox-base-" + row["key"] and row["status"] == "Stopped"
+    assert row["usedBy"] == [NAME] and row["current"] is True and row["state"] == "fresh"
+    assert isinstance(row["size"], int) and row["size"] > 0
+    assert time.time() - time.mktime(time.strptime(row["built"], "%Y-%m-%dT%H:%M:%SZ")) < 3600 + abs(time.timezone)
+    assert row["ageDays"] < 1
+    assert "claude" in row["agents"]  # the built-in agents the double's npm can install
+
+
+def test_vm_base_off_keeps_todays_create_path(project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AGENTBOX_VM_BASE")
+    write(project / "agentbox.yml", "vm:\n  base: off\n")
+    start(project)
+    assert limactl.subcommands() == ["list", "create", "start", "list"]
+    assert bases(limactl) == []
+
+
+def test_vm_template_is_created_from_scratch_said_once(project: Path, home: Path, limactl: FakeLima) -> None:
+    from agentbox import resources
+
+    template = write(home / "my.yaml.j2", resources.text("templates", "lima.yaml.j2"))
+    write(home / ".config" / "agentbox" / "config.yml", f"vm:\n  template: {template}\n")
+    said = start(project)
+    assert said.count("from scratch") == 1 and "vm.template" in said
+    assert "clone" not in limactl.subcommands() and bases(limactl) == []
+
+
+def test_a_base_build_failing_halfway_leaves_nothing_and_the_next_attempt_works(
+    project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_LIMACTL_FAIL_START", "boom: the image could not boot")
+    monkeypatch.setenv("FAKE_LIMACTL_FAIL_START_TIMES", "1")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code != 0
+    assert "building the base VM" in result.stderr and "failed while starting" in result.stderr
+    assert "boom" in result.stderr
+    assert bases(limactl) == [] and limactl.status(NAME) is None
+    assert not any(p.name.startswith("agentbox-basebuild-") for p in limactl.home.iterdir())
+
+    limactl.clear()
+    start(project)
+    assert limactl.subcommands().count("create") == 1
+    assert len(bases(limactl)) == 1 and limactl.status(NAME) == "Running"
+
+
+def test_a_failed_verification_names_the_step(project: Path, home: Path, limactl: FakeLima) -> None:
+    # A global install command that leaves a login file behind: the check refuses to seal such a base.
+    write(home / ".config" / "agentbox" / "config.yml",
+          "agents:\n  codex:\n    install: mkdir -p ~/.codex && echo secret > ~/.codex/auth.json\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code != 0
+    assert "failed while verifying" in result.stderr and ".codex/auth.json" in result.stderr
+    assert bases(limactl) == [] and limactl.status(NAME) is None
+
+
+def test_a_rejected_clone_shows_lima_message_and_leaves_no_file(
+    project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
+) -> None:
+    write_trusted(project, "vm:\n  lima:\n    portForwards:\n      - guestPort: 70000\n")
+    monkeypatch.chdir(project)
+    result = run_cli("start", cwd=project)
+    assert result.exit_code != 0
+    assert "rejected" in result.stderr and "portForwards" in result.stderr
+    assert not (project / "lima.REJECTED.yaml").exists()
+    assert (isolated_env["state"] / "vms" / NAME / "lima.REJECTED.yaml").is_file()
+    assert limactl.status(NAME) is None  # the unedited copy Lima left is removed
+    assert len(bases(limactl)) == 1  # the base stays for the next attempt
+
+
+def test_a_base_deleted_by_hand_is_rebuilt(project: Path, other: Path, limactl: FakeLima) -> None:
+    start(project)
+    (base,) = bases(limactl)
+    subprocess.run(["limactl", "delete", "--force", base], check=True, capture_output=True)
+    limactl.clear()
+    said = start(other)
+    assert "is gone" in said
+    assert limactl.subcommands().count("create") == 1 and limactl.subcommands().count("clone") == 1
+    assert bases(limactl) == [base] and limactl.status(OTHER) == "Running"
+
+
+def test_an_old_base_is_rebuilt_before_the_next_clone(
+    project: Path, other: Path, limactl: FakeLima, isolated_env: dict
+) -> None:
+    start(project)
+    (base,) = bases(limactl)
+    record_file = isolated_env["state"] / "bases" / f"{base.removeprefix('agentbox-base-')}.json"
+    record = json.loads(record_file.read_text())
+    record["built"] -= 8 * 86400
+    record_file.write_text(json.dumps(record))
+    assert base_ls(project)[0]["state"] == "stale"
+    limactl.clear()
+    said = start(other)
+    assert "8 days old" in said
+    assert limactl.subcommands().count("create") == 1 and limactl.subcommands().count("delete") == 1
+    assert bases(limactl) == [base]
+    assert base_ls(project)[0]["state"] == "fresh"
+    assert "rebuilt since" in start(project)  # the older clone says a newer base exists
+
+
+def test_a_smaller_disk_uses_the_bases(project: Path, limactl: FakeLima) -> None:
+    write(project / "agentbox.yml", "vm:\n  disk: 10GiB\n")
+    said = start(project)
+    assert said.count("cannot shrink") == 1
+    (clone,) = calls_named(limactl, "clone")
+    assert "--disk" not in clone
+    assert sizes.to_bytes(str(yaml.safe_load(limactl.lima_yaml(NAME))["disk"])) == 20 << 30
+
+
+def test_prune_keeps_the_current_base_and_bases_in_use(
+    project: Path, other: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from agentbox import base
+
+    start(project)
+    (old,) = bases(limactl)
+    real = base._files_digest
+    monkeypatch.setattr(base, "_files_digest", lambda *folders: "changed-" + real(*folders))
+    start(other)
+    (new,) = [name for name in bases(limactl) if name != old]
+    result = run_cli("base", "prune", cwd=project)
+    assert f"kept {old}: {NAME} was cloned from it" in result.stdout
+    assert f"kept {new}: it is the current base" in result.stdout
+    assert sorted(bases(limactl)) == sorted([old, new])
+
+    assert run_cli("rm", "--force", cwd=project).exit_code == 0
+    result = run_cli("base", "prune", cwd=project)
+    assert f"removed the base VM {old}" in result.stdout
+    assert bases(limactl) == [new]
+
+    result = run_cli("base", "rm", new.removeprefix("agentbox-base-"), cwd=project)
+    assert result.exit_code == 0 and f"removed the base VM {new}" in result.stdout and OTHER in result.stdout
+    assert bases(limactl) == [] and limactl.status(OTHER) == "Running"
+
+
+def test_doctor_reports_the_base(project: Path, limactl: FakeLima) -> None:
+    def base_check() -> dict:
+        result = run_cli("doctor", "--json", cwd=project)
+        return next(check for check in json.loads(result.stdout) if check["check"] == "base")
+
+    assert "absent" in base_check()["message"]
+    start(project)
+    assert "fresh" in base_check()["message"]
+
+
+def test_base_build_command(project: Path, limactl: FakeLima) -> None:
+    result = run_cli("base", "build", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert "is ready (built now)" in result.stdout
+    limactl.clear()
+    result = run_cli("base", "build", cwd=project)
+    assert limactl.subcommands() == ["list"]
+    result = run_cli("base", "build", "--rebuild", cwd=project)
+    assert limactl.subcommands().count("create") == 1
