@@ -37,6 +37,8 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "template": None,
         "lima": {},
         "protectGitHooks": False,
+        "base": "off",  # AGENTBOX_VM_BASE: the suite creates VMs from scratch (tests/conftest.py)
+        "baseMaxAgeDays": 7,
     }
     assert data["mounts"] == []
     assert data["env"] == {}
