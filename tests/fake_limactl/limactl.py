@@ -65,7 +65,7 @@ folder is first on sys.path and the modules beside it are imported by their plai
   goyaml.py        YAML as goccy/go-yaml decodes it            gotemplate.py the Go template subset
   limayaml.py      lima.yaml: merge, defaults, validation      instances.py  inspecting instances, list's objects
   cmd_list.py, cmd_create.py, cmd_start.py (and the boot), cmd_lifecycle.py (stop, restart, delete,
-  protect, clone), cmd_edit.py (edit), cmd_info.py (info, validate), cmd_shell.py (shell, copy)
+  protect, clone), cmd_rename.py (rename), cmd_edit.py (edit), cmd_info.py (info, validate), cmd_shell.py (shell, copy)
                    the sub-commands
   editflags.py     Lima's edit flags as yq expressions, validation, ./lima.REJECTED.yaml
   yqsubset.py      the part of yq that --set may use (anything else fails loudly)
@@ -104,6 +104,7 @@ from cmd_lifecycle import (
     cmd_stop,
 )
 from cmd_list import LIST_FLAGS, cmd_list
+from cmd_rename import RENAME_FLAGS, cmd_rename
 from cmd_shell import COPY_FLAGS, SHELL_FLAGS, cmd_copy, cmd_shell
 from cmd_start import START_FLAGS, boot_process, cmd_start
 from constants import BOOT_SUBCOMMAND, MACHINE_SUBCOMMAND, VERSION
@@ -131,6 +132,7 @@ COMMANDS: dict[str, Command] = {
     "protect": Command(lambda c, p: cmd_protect(c, p, protect=True), {}, "protect INSTANCE [INSTANCE, ...]"),
     "unprotect": Command(lambda c, p: cmd_protect(c, p, protect=False), {}, "unprotect INSTANCE [INSTANCE, ...]"),
     "clone": Command(cmd_clone, CLONE_FLAGS, "clone OLDINST NEWINST [flags]"),
+    "rename": Command(cmd_rename, RENAME_FLAGS, "rename OLDINST NEWINST [flags]"),
     "edit": Command(cmd_edit, EDIT_FLAGS, "edit INSTANCE|FILE.yaml [flags]"),
     "info": Command(cmd_info, {"yq": Flag("str", default=".", unsupported=True)}, "info [flags]"),
     "validate": Command(cmd_validate, {"fill": Flag("bool")}, "validate FILE.yaml [FILE.yaml, ...] [flags]"),
@@ -138,9 +140,9 @@ COMMANDS: dict[str, Command] = {
     "copy": Command(cmd_copy, COPY_FLAGS, "copy SOURCE ... TARGET [flags]"),
 }
 # Sub-commands whose FAKE_LIMACTL_FAIL_<SUBCMD> fails them up front (the others fail mid-way).
-SIMPLE_FAILURES = ("restart", "protect", "unprotect", "clone", "edit", "info", "validate")
+SIMPLE_FAILURES = ("restart", "protect", "unprotect", "clone", "rename", "edit", "info", "validate")
 ALIASES = {"ls": "list", "rm": "delete", "remove": "delete", "cp": "copy"}
-UNIMPLEMENTED = ("rename", "factory-reset", "prune", "disk", "snapshot", "template", "show-ssh",
+UNIMPLEMENTED = ("factory-reset", "prune", "disk", "snapshot", "template", "show-ssh",
                  "tunnel", "sudoers", "start-at-login", "autostart", "network", "watch", "guest-install",
                  "hostagent", "debug", "usernet", "generate-doc", "gen-schema", "screenshot", "completion")
 
