@@ -258,6 +258,13 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
             missing = _install_agents(lima, temporary, installs)
         with _step(step, f"Building base VM {name}: verifying", verbose):
             verification = _verify(lima, temporary, installs)
+        found = _agent_versions(verification)
+        for agent in installs:
+            binary = BUILTIN_AGENTS[agent].binary
+            if agent not in missing and binary not in found:
+                missing[agent] = f"its install command ended without error, but {binary} is not on PATH"
+                warn(f"the base VM will not hold {agent}: {missing[agent]}; "
+                     "it is installed at its first launch instead")
         with _step(step, f"Building base VM {name}: sealing", verbose):
             _seal(lima, temporary)
         with _step(step, f"Building base VM {name}: stopping", verbose) as progress:
@@ -289,7 +296,7 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
         "agentInstalls": installs,
         "built": time.time(),
         "limaVersion": (row.raw.get("limaVersion") if row is not None else None) or None,
-        "agents": _agent_versions(verification),
+        "agents": found,
         "agentsMissing": missing,
         "verification": verification,
     }
@@ -334,7 +341,7 @@ def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
     arguments += ["file:~/.netrc", "file:~/.git-credentials", "file:~/.config/gh/hosts.yml"]
     script = resources.text("provision", "base-check.sh")
     code, output = lima.shell_output(name, ["bash", "-c", script, "base-check", *arguments])
-    output = visible(output[-20000:])
+    output = "".join(visible(line) + "\n" for line in output[-20000:].splitlines())
     if code != 0:
         failures = [line[len("FAIL: "):] for line in output.splitlines() if line.startswith("FAIL: ")]
         raise StateError("; ".join(failures) or f"the check script exited {code}: {output.strip()[-300:]}")
@@ -353,11 +360,13 @@ def _seal(lima: Lima, name: str) -> None:
 
 
 def _agent_versions(verification: str) -> dict[str, str]:
+    """Binary -> the first line of its --version, for the agents the check found."""
     versions = {}
     for line in verification.splitlines():
         if line.startswith("agent ") and ": " in line:
             binary, _, version = line[len("agent "):].partition(": ")
-            versions[binary] = version
+            if version != "not installed":
+                versions[binary] = version
     return versions
 
 

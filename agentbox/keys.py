@@ -35,7 +35,9 @@ RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outs
 
 
 class Key(NamedTuple):
-    kind: str  # str, path, int, bool, size, bytes, strlist, args, env, mapping, agents, mounts, freeform, credentials
+    # str, word (a str where a bare off/on stays a word), path, int, bool, size, bytes, strlist, args, env,
+    # mapping, agents, mounts, freeform, credentials
+    kind: str
     help: str
     default: Any = UNSET
     default_text: str = ""  # the default in words, where a value would not say it
@@ -178,7 +180,7 @@ SCHEMA: dict[str, Key] = {
                         creation=True, trust=SET, why="changes Lima settings directly"),
             "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM.", default=False,
                                    creation=True),
-            "base": Key("str", "`auto`: a new VM is a clone of agentbox's provisioned base VM (built once, "
+            "base": Key("word", "`auto`: a new VM is a clone of agentbox's provisioned base VM (built once, "
                         "README \"The base VM\"); `off`: every new VM is created and provisioned from scratch.",
                         default="auto", check=_check_base_mode),
             "baseMaxAgeDays": Key("int", "A base older than this is rebuilt the next time a VM is cloned from it "

@@ -141,7 +141,9 @@ class _Walker:
             return self.string_list(node, keypath, split=kind == "args")
         self.visit(node, keypath)
         value = self.scalar(node, keypath)
-        if kind in ("str", "path", "vmname"):
+        if kind == "word" and isinstance(value, bool):
+            value = node.value  # `off` as written, not YAML 1.1's false
+        if kind in ("str", "path", "vmname", "word"):
             if not isinstance(value, str):
                 raise self.fail(node, keypath, f"expected a string, found {_describe_value(value)}")
             if kind in ("path", "vmname") and not value.strip():

@@ -39,7 +39,7 @@ def bases(limactl: FakeLima) -> list[str]:
 
 
 def calls_named(limactl: FakeLima, subcommand: str) -> list[list[str]]:
-    return [argv for argv, word in zip(limactl.calls(), limactl.subcommands()) if word == subcommand]
+    return [argv for argv, word in zip(limactl.calls(), limactl.subcommands(), strict=True) if word == subcommand]
 
 
 def start(project: Path) -> str:
@@ -105,7 +105,7 @@ def test_the_clone_carries_exactly_this_projects_render(project: Path, isolated_
     # The base itself has nothing of the project's.
     (base,) = bases(limactl)
     own = yaml.safe_load(limactl.lima_yaml(base))
-    assert own["mounts"] == [] and set(own["param"].values()) == {""} and "caCerts" not in own
+    assert not own["mounts"] and set(own["param"].values()) == {""} and "caCerts" not in own
     # ... and the guest's workspace marker names the project (written at the clone's boot).
     marker = (limactl.home / NAME / "guestfs" / "etc" / "agentbox" / "workspace").read_text()
     assert marker.splitlines()[0] == str(project)
@@ -162,7 +162,7 @@ def test_base_ls_json(project: Path, limactl: FakeLima) -> None:
     assert isinstance(row["size"], int) and row["size"] > 0
     assert time.time() - time.mktime(time.strptime(row["built"], "%Y-%m-%dT%H:%M:%SZ")) < 3600 + abs(time.timezone)
     assert row["ageDays"] < 1
-    assert "claude" in row["agents"]  # the built-in agents the double's npm can install
+    assert set(row["agents"]) == {"claude", "codex", "gemini"}  # the ones the double's npm can install
 
 
 def test_vm_base_off_keeps_todays_create_path(project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -276,17 +276,17 @@ def test_prune_keeps_the_current_base_and_bases_in_use(
     start(other)
     (new,) = [name for name in bases(limactl) if name != old]
     result = run_cli("base", "prune", cwd=project)
-    assert f"kept {old}: {NAME} was cloned from it" in result.stdout
-    assert f"kept {new}: it is the current base" in result.stdout
+    assert f"kept {old}: {NAME} was cloned from it" in result.stderr
+    assert f"kept {new}: it is the current base" in result.stderr
     assert sorted(bases(limactl)) == sorted([old, new])
 
     assert run_cli("rm", "--force", cwd=project).exit_code == 0
     result = run_cli("base", "prune", cwd=project)
-    assert f"removed the base VM {old}" in result.stdout
+    assert f"removed the base VM {old}" in result.stderr
     assert bases(limactl) == [new]
 
     result = run_cli("base", "rm", new.removeprefix("agentbox-base-"), cwd=project)
-    assert result.exit_code == 0 and f"removed the base VM {new}" in result.stdout and OTHER in result.stdout
+    assert result.exit_code == 0 and f"removed the base VM {new}" in result.stderr and OTHER in result.stderr
     assert bases(limactl) == [] and limactl.status(OTHER) == "Running"
 
 
@@ -303,7 +303,7 @@ def test_doctor_reports_the_base(project: Path, limactl: FakeLima) -> None:
 def test_base_build_command(project: Path, limactl: FakeLima) -> None:
     result = run_cli("base", "build", cwd=project)
     assert result.exit_code == 0, result.stderr
-    assert "is ready (built now)" in result.stdout
+    assert "is ready (built now)" in result.stderr
     limactl.clear()
     result = run_cli("base", "build", cwd=project)
     assert limactl.subcommands() == ["list"]
