@@ -1,4 +1,4 @@
-"""The part of yq (mikefarah/yq v4, which Lima embeds for `--set` and the other edit flags) that the
+r"""The part of yq (mikefarah/yq v4, which Lima embeds for `--set` and the other edit flags) that the
 double evaluates. Anything outside it is refused with "not implemented by the test double", never
 ignored or guessed.
 
