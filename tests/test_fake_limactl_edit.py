@@ -222,10 +222,22 @@ def test_set_keeps_multi_line_scripts_and_numbers_as_written(lima: Lima) -> None
     assert "permissions: 0644\n" in text and "content: |\n    line one\n    line two\n" in text
 
 
+def test_set_reads_strings_as_yq_does_not_as_json(lima: Lima) -> None:
+    lima.create()
+    result = edit(lima, "--set", r'.env.A = "l1\nl2\t\"q\""', "--set", r'.env.B = "a\\b"',
+                  "--set", r'.env.C = "\u00e9 \/"', "--set", '.env.D = "1" + "2" | .cpus = 2')
+    assert result.returncode == 0, result.stderr
+    y = lima_yaml(lima)
+    assert y["env"] == {"A": 'l1\nl2\t"q"', "B": "a\\b", "C": "\\u00e9 \\/", "D": "12"}
+    assert y["cpus"] == 2
+
+
 @pytest.mark.parametrize("expr, why", [
     (".cpus |= 2", "expected `=` or `+=` at offset 6"),
     ("del(.cpus)", "expected a path starting with `.` at offset 0"),
-    ('.env.X = env(HOME)', "a value that is neither JSON nor a path at offset 9"),
+    ('.env.X = env(HOME)', "a value that is neither a literal nor a path at offset 9"),
+    (r'.env.X = "\(.cpus)"', "string interpolation `\\(...)`"),
+    ('.env = {X: "1"}', "an object key that is not a quoted string at offset 8"),
     (".images[5].arch = \"x86_64\"", "index [5] outside an existing list"),
     (".cpus = 2 | .cpus", "expected `=` or `+=` at offset 17"),
     (". = {}", "assigning to the whole document"),
