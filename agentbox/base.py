@@ -401,6 +401,9 @@ def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
     for setting in [*wanted, *(k for k in have if k not in wanted)]:
         if setting in RESOURCE_KEYS or wanted.get(setting) == have.get(setting):
             continue
+        problem = _literal_problem(wanted.get(setting))
+        if problem:
+            return f"`{setting}` holds {problem}, which Lima's --set cannot be given exactly"
         path = f".{setting}" if _IDENTIFIER.match(str(setting)) else f".[{json.dumps(str(setting))}]"
         # null is how Lima reads a key that is not there (a key only the base has)
         edits += ["--set", f"{path} = {json.dumps(wanted.get(setting), ensure_ascii=False)}"]
@@ -417,6 +420,25 @@ def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
             disk_note = (f"vm.disk {wanted.get('disk')} is smaller than the base VM's {have.get('disk')}, and Lima "
                          f"cannot shrink a disk: {config.vm_name} gets {have.get('disk')}")
     return ClonePlan(edits, disk_note)
+
+
+# Lima's --set is a yq expression: a JSON value is a yq literal, except that yq reads backslashes in
+# strings its own way (`\\` twice, `\(` as interpolation, no `\u`). Values without a backslash or a
+# control character JSON would write as \u00XX read the same in both.
+_UNSAFE_IN_YQ = re.compile(r"[\\\x00-\x07\x0b\x0e-\x1f]")
+
+
+def _literal_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        found = _UNSAFE_IN_YQ.search(value)
+        if found:
+            return "a backslash" if found.group() == "\\" else f"a control character ({found.group()!r})"
+        return None
+    if isinstance(value, dict):
+        return next((p for k, v in value.items() for p in (_literal_problem(str(k)), _literal_problem(v)) if p), None)
+    if isinstance(value, list):
+        return next((p for item in value if (p := _literal_problem(item))), None)
+    return None
 
 
 def _gib(size: int | None) -> str:

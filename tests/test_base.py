@@ -87,9 +87,9 @@ def test_first_project_builds_one_base_second_only_clones(project: Path, other: 
 
 
 def test_the_clone_carries_exactly_this_projects_render(project: Path, isolated_env: dict, limactl: FakeLima) -> None:
-    write(project / "data" / "x", "x")
+    write(project / 'da"ta é' / "x", "x")  # a quote and a non-ASCII letter reach Lima's --set exactly
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n"
-          "mounts:\n  - location: data\n    mountPoint: /data\n")
+          "mounts:\n  - location: 'da\"ta é'\n    mountPoint: /data\n")
     start(project)
     rendered = yaml.safe_load((isolated_env["state"] / "vms" / NAME / "lima.yaml").read_text())
     cloned = yaml.safe_load(limactl.lima_yaml(NAME))
@@ -181,6 +181,15 @@ def test_vm_template_is_created_from_scratch_said_once(project: Path, home: Path
     said = start(project)
     assert said.count("from scratch") == 1 and "vm.template" in said
     assert "clone" not in limactl.subcommands() and bases(limactl) == []
+
+
+def test_a_value_yq_would_read_differently_is_created_from_scratch(project: Path, limactl: FakeLima) -> None:
+    write(project / "we\\ird" / "x", "x")
+    write(project / "agentbox.yml", "mounts:\n  - location: 'we\\ird'\n")
+    said = start(project)
+    assert "creating agentbox-myproject from scratch" in said and "backslash" in said
+    assert "clone" not in limactl.subcommands() and limactl.status(NAME) == "Running"
+    assert any(m["location"].endswith("we\\ird") for m in yaml.safe_load(limactl.lima_yaml(NAME))["mounts"])
 
 
 def test_a_base_build_failing_halfway_leaves_nothing_and_the_next_attempt_works(
