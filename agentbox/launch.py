@@ -86,6 +86,7 @@ def _run(
         instance = (
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
+        instance = vm.settle_in_place(session, instance)  # cpus, memory, disk changed while it ran
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, name, agent, scripts, instance)
     state = vm.read_state(name)
