@@ -303,11 +303,16 @@ def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] 
     """A running VM whose cpus, memory or disk changed in the config (agentbox.inplace): Lima changes them
     only while it is stopped. On a terminal, ask whether to restart it now; elsewhere say once that they apply
     at its next start. Returns the VM as it runs now. Costs no limactl call unless it restarts the VM."""
-    from agentbox import inplace
-
     name = instance.name
     state = read_state(name) if state is None else state
-    found = inplace.plan(state.get("fingerprint"), session.config, instance.disk)
+    recorded = state.get("fingerprint") or {}
+    config = session.config
+    if all(recorded.get(key, value) == value for key, value in
+           (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+        return instance  # the warm launch: nothing changed, nothing more to import
+    from agentbox import inplace
+
+    found = inplace.plan(recorded, config, instance.disk)
     if found is inplace.NOTHING:
         return instance
     if found.kept:
