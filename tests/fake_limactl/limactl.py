@@ -86,6 +86,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmd_create import CREATE_FLAGS, cmd_create
+from cmd_edit import EDIT_FLAGS, cmd_edit
 from cmd_info import cmd_info, cmd_validate
 from cmd_lifecycle import (
     CLONE_FLAGS,
@@ -126,15 +127,16 @@ COMMANDS: dict[str, Command] = {
     "protect": Command(lambda c, p: cmd_protect(c, p, protect=True), {}, "protect INSTANCE [INSTANCE, ...]"),
     "unprotect": Command(lambda c, p: cmd_protect(c, p, protect=False), {}, "unprotect INSTANCE [INSTANCE, ...]"),
     "clone": Command(cmd_clone, CLONE_FLAGS, "clone OLDINST NEWINST [flags]"),
+    "edit": Command(cmd_edit, EDIT_FLAGS, "edit INSTANCE|FILE.yaml [flags]"),
     "info": Command(cmd_info, {"yq": Flag("str", default=".", unsupported=True)}, "info [flags]"),
     "validate": Command(cmd_validate, {"fill": Flag("bool")}, "validate FILE.yaml [FILE.yaml, ...] [flags]"),
     "shell": Command(cmd_shell, SHELL_FLAGS, "shell [flags] INSTANCE [COMMAND...]", interspersed=False),
     "copy": Command(cmd_copy, COPY_FLAGS, "copy SOURCE ... TARGET [flags]"),
 }
 # Sub-commands whose FAKE_LIMACTL_FAIL_<SUBCMD> fails them up front (the others fail mid-way).
-SIMPLE_FAILURES = ("restart", "protect", "unprotect", "clone", "info", "validate")
+SIMPLE_FAILURES = ("restart", "protect", "unprotect", "clone", "edit", "info", "validate")
 ALIASES = {"ls": "list", "rm": "delete", "remove": "delete", "cp": "copy"}
-UNIMPLEMENTED = ("rename", "edit", "factory-reset", "prune", "disk", "snapshot", "template", "show-ssh",
+UNIMPLEMENTED = ("rename", "factory-reset", "prune", "disk", "snapshot", "template", "show-ssh",
                  "tunnel", "sudoers", "start-at-login", "autostart", "network", "watch", "guest-install",
                  "hostagent", "debug", "usernet", "generate-doc", "gen-schema", "screenshot", "completion")
 
