@@ -40,7 +40,9 @@ INSTALL_HINT = (
 )
 EDIT_FLAGS = ("cpus", "memory", "disk")  # what agentbox changes with `limactl edit`, in Lima's order
 # Lima's `the YAML is invalid, saved the buffer as "lima.REJECTED.yaml": REASON`: the file is in a folder that is gone.
-_REJECTED_FILE = re.compile(r',? *(?:attempted to )?saved? the buffer as "?[^"]*lima\.REJECTED\.yaml"?(?: but failed)?')
+_REJECTED_FILE = re.compile(
+    r',? *(?:attempted to )?saved? the buffer as [`"]?[^`"]*lima\.REJECTED\.yaml[`"]?(?: but failed)?'
+)
 _LOGRUS = re.compile(r'level=(\w+)\s+msg=("(?:[^"\\]|\\.)*"|\S+)')
 _JSON_LEVEL = re.compile(r'^\{.*"level"')
 
