@@ -309,6 +309,8 @@ def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] 
     config = session.config
     if all(recorded.get(key, value) == value for key, value in
            (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+        if "deferred" in state:  # the config went back to what the VM has: nothing waits any more
+            record_in_place(name, {}, applied=True)
         return instance  # the warm launch: nothing changed, nothing more to import
     from agentbox import inplace
 

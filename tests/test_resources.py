@@ -60,6 +60,15 @@ def test_a_running_vm_keeps_its_cpus_until_its_next_start_and_says_so_once(proje
     assert started.subcommands() == ["list", "shell"]
 
 
+def test_a_change_taken_back_and_made_again_is_said_again(project: Path, started: FakeLima) -> None:
+    write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
+    assert "cpus 4 -> 2 in the config" in launch(project).stderr
+    write(project / "agentbox.yml", "vm:\n  cpus: 4\n")
+    assert "cpus" not in launch(project).stderr
+    write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
+    assert "cpus 4 -> 2 in the config" in launch(project).stderr
+
+
 def test_start_of_a_running_vm_says_when_the_change_applies(project: Path, started: FakeLima) -> None:
     write(project / "agentbox.yml", "vm:\n  cpus: 6\n")
     result = run_cli("start", cwd=project)
