@@ -291,8 +291,9 @@ def apply_in_place(session: Session, name: str, row: Instance | None) -> None:
                 session.lima.edit(name, found.edits)
         except LimaError as error:
             error.hint = (
-                f"{name} was not changed and not started. Change vm.cpus, vm.memory or vm.disk to what Lima "
-                "accepts (`agentbox config --sources` shows where each is set) and run the command again."
+                f"{name} was not changed and not started. Lima checks the VM's whole config with the change "
+                f"({paths.lima_home() / name / 'lima.yaml'}): fix what it names, or set vm.cpus, vm.memory and "
+                "vm.disk back (`agentbox config --sources` shows where each is set), then run the command again."
             )
             raise
     if found.applied or found.settled:
