@@ -180,12 +180,13 @@ def shrink_error(ctx: Ctx, new: bytes, latest: bytes, yaml_path: str) -> str | N
 def validate_edit(ctx: Ctx, new: bytes, latest: bytes, yaml_path: str, *, check_shrink: bool,
                   warn: bool = True) -> None:
     """Load (its errors are fatal as they are), then Validate and, for edit/clone/restart, the disk
-    check: their errors save ./lima.REJECTED.yaml. The double's schema check counts as validation."""
+    check: their errors save ./lima.REJECTED.yaml. The double's schema check counts as validation; it
+    runs after Lima's checks, so what Lima rejects is rejected with Lima's text."""
     try:
         raw, cfg = load_config(ctx, new, yaml_path, warn=warn)
     except LoadError as e:
         raise Fatal(str(e))
-    errs = schema_errors(raw) + validate_config(cfg, raw, ctx.log, True)
+    errs = validate_config(cfg, raw, ctx.log, True) or schema_errors(raw)
     if errs:
         raise save_rejected(new, "\n".join(errs))
     if check_shrink:

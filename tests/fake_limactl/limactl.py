@@ -34,7 +34,8 @@ stands for the guest agent reporting the guest's listening sockets, are the doub
 Environment knobs (all optional):
   FAKE_LIMACTL_LATENCY="list=0.03,shell=0.15,*=0"  sleep per sub-command ("*" = any other one)
   FAKE_LIMACTL_FAIL_<SUBCMD>="msg"     make SUBCMD (START, CREATE, STOP, SHELL, COPY, DELETE, LIST,
-                                       RESTART, ...) fatal with msg, after realistic progress lines
+                                       RESTART, CLONE, EDIT, ...) fatal with msg, after realistic
+                                       progress lines (CLONE and EDIT up front: nothing changes)
   FAKE_LIMACTL_FAIL_<SUBCMD>_TIMES=N   ... only for the first N invocations (counted in $LIMA_HOME/_fake)
   FAKE_LIMACTL_FAIL_CREATE_STAGE=validate|prepare  default prepare: the Stopped instance is left
                                        behind, like a failed image download
@@ -64,7 +65,10 @@ folder is first on sys.path and the modules beside it are imported by their plai
   goyaml.py        YAML as goccy/go-yaml decodes it            gotemplate.py the Go template subset
   limayaml.py      lima.yaml: merge, defaults, validation      instances.py  inspecting instances, list's objects
   cmd_list.py, cmd_create.py, cmd_start.py (and the boot), cmd_lifecycle.py (stop, restart, delete,
-  protect, clone), cmd_info.py (info, validate), cmd_shell.py (shell, copy)   the sub-commands
+  protect, clone), cmd_edit.py (edit), cmd_info.py (info, validate), cmd_shell.py (shell, copy)
+                   the sub-commands
+  editflags.py     Lima's edit flags as yq expressions, validation, ./lima.REJECTED.yaml
+  yqsubset.py      the part of yq that --set may use (anything else fails loudly)
   guest.py         the guest machine: bubblewrap sandbox, identities, sudo, the boot's scripts
   machine.py       the running guest: one sandbox per boot that every guest process enters
   hostagent.py     tcp port forwarding of the guest's listeners (Lima's rules, events and warnings)

@@ -3,6 +3,7 @@ arguments, `--flag=value`, grouped short flags, `--` ends the flags) and cobra's
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -97,7 +98,10 @@ def parse_float32(val: str, flag: str) -> float:
         raise Fatal(f'invalid argument "{val}" for "{flag}" flag: strconv.ParseFloat: parsing {go_quote(val)}: '
                     "invalid syntax")
     try:
-        return float(struct.unpack("f", struct.pack("f", float(val)))[0])
+        value = float(struct.unpack("f", struct.pack("f", float(val)))[0])
+        if math.isinf(value):
+            raise OverflowError(val)
+        return value
     except OverflowError:
         raise Fatal(f'invalid argument "{val}" for "{flag}" flag: strconv.ParseFloat: parsing {go_quote(val)}: '
                     "value out of range")

@@ -1,4 +1,4 @@
-"""The part of yq (mikefarah/yq v4, which Lima embeds for `--set` and the other edit flags) that the
+r"""The part of yq (mikefarah/yq v4, which Lima embeds for `--set` and the other edit flags) that the
 double evaluates. Anything outside it is refused with "not implemented by the test double", never
 ignored or guessed.
 
@@ -8,7 +8,15 @@ The subset:
   PATH    := "." | ( "." NAME | "." '"KEY"' | '["KEY"]' | "[N]" | "[]" )+
              NAME is [A-Za-z_][A-Za-z0-9_-]*; "[]" (every element) only on the left; N >= 0 must exist
   VALUE   := TERM ( "+" TERM )*
-  TERM    := a JSON value (string, number, true, false, null, [...], {...}) | PATH (read from the document)
+  TERM    := LITERAL | PATH (read from the document)
+  LITERAL := STRING | NUMBER | true | false | null | "[" LITERAL,... "]" | "{" STRING ":" LITERAL,... "}"
+             (so JSON is accepted; true/false/null in any case, `~` is null)
+
+Strings are read as yq v4.53 (Lima v2.2's) reads them, not as JSON: the lexer's `"..."` token,
+then processEscapeCharacters (pkg/yqlib/lib.go: \\ is \ except before "(", \" \n \t \r \f \v \b \a;
+any other backslash stays, so \u00e9 and \/ are kept as written), then string interpolation
+(pkg/yqlib/operator_strings.go: \\ is \ once more; "\(" would evaluate an expression: refused).
+Numbers keep the text they were written with (yq prints it back as written).
 
 yq's rules kept: a missing map key on the left is created (parents as maps); `.a[]` over a missing
 or null value matches nothing; `+` of null and X is X, of two lists their concatenation, of two
@@ -18,15 +26,56 @@ strings or two numbers the usual; `A += B` is `A = A + B`.
 from __future__ import annotations
 
 import copy
-import json
 import re
 from typing import Any
 
+from goyaml import SrcFloat, SrcInt
 from logrus import Fatal, bq
 
 _NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
-_JSON = json.JSONDecoder()
-_MISSING = object()
+# pkg/yqlib/lexer_participle.go: QuotedStringValue, HexValue, FloatValueScientific, FloatValue, NumberValue
+_STRING_RE = re.compile(r'"([^"\\]*(\\.[^"\\]*)*)"')
+_NUMBER_RES = (("hex", re.compile(r"0[xX][0-9A-Fa-f]+")), ("float", re.compile(r"-?[1-9](\.\d+)?[Ee][-+]?\d+")),
+               ("float", re.compile(r"-?\d+(\.\d+)")), ("int", re.compile(r"-?\d+")))
+_WORDS = ((re.compile(r"[Tt][Rr][Uu][Ee]"), True), (re.compile(r"[Ff][Aa][Ll][Ss][Ee]"), False),
+          (re.compile(r"[Nn][Uu][Ll][Ll]|~"), None))
+_ESCAPES = {'"': '"', "n": "\n", "t": "\t", "r": "\r", "f": "\f", "v": "\v", "b": "\b", "a": "\a"}
+
+
+def yq_string(body: str) -> str:
+    """The value of a yq string literal whose text between the quotes is BODY."""
+    out: list[str] = []
+    i = 0
+    while i < len(body):  # processEscapeCharacters
+        c = body[i]
+        if c == "\\" and i < len(body) - 1:
+            nxt = body[i + 1]
+            if nxt == "\\":
+                if i + 2 < len(body) and body[i + 2] == "(":
+                    out.append("\\\\")
+                else:
+                    out.append("\\")
+                i += 2
+                continue
+            if nxt in _ESCAPES:
+                out.append(_ESCAPES[nxt])
+                i += 2
+                continue
+        out.append(c)
+        i += 1
+    text = "".join(out)
+    result: list[str] = []
+    i = 0
+    while i < len(text):  # interpolate, without expressions
+        c = text[i]
+        if c == "\\" and i < len(text) - 1:
+            if text[i + 1] == "(":
+                raise Unsupported("string interpolation `\\(...)`")
+            if text[i + 1] == "\\":
+                i += 1
+        result.append(c)
+        i += 1
+    return "".join(result)
 
 
 class Unsupported(Exception):
@@ -60,15 +109,12 @@ class _Parser:
         self.ws()
         return self.i >= len(self.s)
 
-    def json_string(self) -> str:
-        try:
-            value, end = _JSON.raw_decode(self.s, self.i)
-        except json.JSONDecodeError as e:
-            raise Unsupported(f"a string that is not JSON at offset {self.i}: {e.msg}")
-        if not isinstance(value, str):
-            raise Unsupported(f"a key that is not a string at offset {self.i}")
-        self.i = end
-        return value
+    def string(self) -> str:
+        m = _STRING_RE.match(self.s, self.i)
+        if not m:
+            raise Unsupported(f"an unterminated string at offset {self.i}")
+        self.i = m.end()
+        return yq_string(m[1])
 
     def path(self) -> list[Any]:
         """A list of str (map key), int (index) and None (every element)."""
@@ -86,7 +132,7 @@ class _Parser:
                 if self.s.startswith("]", self.i):
                     parts.append(None)
                 elif self.s.startswith('"', self.i):
-                    parts.append(self.json_string())
+                    parts.append(self.string())
                 else:
                     m = re.compile(r"[0-9]+").match(self.s, self.i)
                     if not m:
@@ -102,7 +148,7 @@ class _Parser:
                 if c == ".":
                     self.i += 1
                 if self.s.startswith('"', self.i):
-                    parts.append(self.json_string())
+                    parts.append(self.string())
                 else:
                     m = _NAME_RE.match(self.s, self.i)
                     if not m:
@@ -121,12 +167,56 @@ class _Parser:
         self.ws()
         if self.s.startswith(".", self.i):
             return "path", self.path()
-        try:
-            value, end = _JSON.raw_decode(self.s, self.i)
-        except json.JSONDecodeError:
-            raise Unsupported(f"a value that is neither JSON nor a path at offset {self.i}")
-        self.i = end
-        return "value", value
+        return "value", self.literal()
+
+    def literal(self) -> Any:
+        self.ws()
+        start = self.i
+        if self.s.startswith('"', self.i):
+            return self.string()
+        if self.eat("["):
+            items: list[Any] = []
+            if self.eat("]"):
+                return items
+            while True:
+                items.append(self.literal())
+                if self.eat("]"):
+                    return items
+                if not self.eat(","):
+                    raise Unsupported(f"expected `,` or `]` at offset {self.i}")
+        if self.eat("{"):
+            obj: dict[str, Any] = {}
+            if self.eat("}"):
+                return obj
+            while True:
+                self.ws()
+                if not self.s.startswith('"', self.i):
+                    raise Unsupported(f"an object key that is not a quoted string at offset {self.i}")
+                key = self.string()
+                if not self.eat(":"):
+                    raise Unsupported(f"expected `:` at offset {self.i}")
+                obj[key] = self.literal()
+                if self.eat("}"):
+                    return obj
+                if not self.eat(","):
+                    raise Unsupported(f"expected `,` or `}}` at offset {self.i}")
+        for kind, rx in _NUMBER_RES:
+            m = rx.match(self.s, self.i)
+            if m and not _NAME_RE.match(self.s, m.end()):
+                self.i = m.end()
+                value: SrcInt | SrcFloat
+                if kind == "float":
+                    value = SrcFloat(float(m[0]))
+                else:
+                    value = SrcInt(int(m[0][2:], 16) if kind == "hex" else int(m[0]))
+                value.src = m[0]
+                return value
+        for rx, word in _WORDS:
+            m = rx.match(self.s, self.i)
+            if m and not _NAME_RE.match(self.s, m.end()):
+                self.i = m.end()
+                return word
+        raise Unsupported(f"a value that is neither a literal nor a path at offset {start}")
 
     def value(self) -> list[tuple[str, Any]]:
         terms = [self.term()]
