@@ -22,9 +22,9 @@ from context import (
 )
 from limayaml import load_config, validate_config
 from logrus import Fatal, LoadError, bq, out
-from pflag import Flag, Parsed, edit_flags, not_implemented_flags, wrap_args_error
+from pflag import Flag, Parsed, create_flags, not_implemented_flags, wrap_args_error
 
-CREATE_FLAGS = dict(edit_flags(), name=Flag("str", default=""), **{"list-templates": Flag("bool"),
+CREATE_FLAGS = dict(create_flags(), name=Flag("str", default=""), **{"list-templates": Flag("bool"),
                                                                    "list-drivers": Flag("bool")})
 
 
@@ -116,9 +116,13 @@ def cmd_create(ctx: Ctx, p: Parsed) -> int:
     name, data = read_template_arg(ctx, arg, name)
     if os.path.exists(os.path.join(ctx.lima_home, name, "lima.yaml")):
         raise Fatal(f"instance {bq(name)} already exists")
+    from editflags import apply, raw_params, yq_expressions
+    exprs = yq_expressions(ctx, p, new_instance=True,
+                           params=raw_params(data, os.path.join(ctx.lima_home, name, "lima.yaml")))
     if tty:
         raise Fatal("fake limactl: `limactl create` with --tty=true would open an interactive menu; pass --tty=false")
     ctx.log.info("Terminal is not available, proceeding without opening an editor")
+    data = apply(exprs, data, os.path.join(ctx.lima_home, name, "lima.yaml"))
     create_instance(ctx, name, data)
     ctx.log.info(f"Run `limactl start {name}` to start the instance.")
     return 0

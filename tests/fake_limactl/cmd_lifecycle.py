@@ -7,11 +7,13 @@ import contextlib
 import os
 import shutil
 import subprocess
+import sys
 
 import machine
 from cmd_start import do_start, kill_boot, require_config
 from constants import TMP_SUFFIXES
 from context import Ctx, injected_failure, lima_lock, new_state, read_state, write_state
+from editflags import apply, raw_params, validate_edit, write_lima_yaml, yq_expressions
 from guest import guestfs, hostname_of
 from instances import Instance, inspect
 from logrus import Fatal, NotExist, bq
@@ -111,6 +113,16 @@ def cmd_restart(ctx: Ctx, p: Parsed) -> int:
     except NotExist as e:
         raise Fatal(str(e))
     require_config(ctx, inst)
+    with open(inst.yaml_path, "rb") as f:
+        content = f.read()
+    params = raw_params(content, inst.yaml_path) if "param" in p.changed else None
+    exprs = yq_expressions(ctx, p, new_instance=False, params=params)
+    edited = apply(exprs, content, inst.yaml_path)
+    if edited != content:
+        validate_edit(ctx, edited, content, inst.yaml_path, check_shrink=True)
+        write_lima_yaml(inst.yaml_path, edited)
+        ctx.log.info(f"Instance {bq(name)} configuration edited")
+        inst = inspect(ctx, name)
     if p.get("force"):
         ctx.log.info("Restarting the instance forcibly")
         stop_forcibly(ctx, inst)
@@ -190,6 +202,10 @@ def cmd_protect(ctx: Ctx, p: Parsed, *, protect: bool = True) -> int:
 
 
 CLONE_FLAGS = dict(edit_flags(), start=Flag("bool"))
+# pkg/limatype/filenames/filenames.go: SkipOnClone (the protection marker, the TPM state) and
+# NullifyOnClone (the vz machine identifier, kept as an empty file).
+SKIP_ON_CLONE = ("protected", "swtpm")
+NULLIFY_ON_CLONE = ("vz-identifier",)
 
 
 def cmd_clone(ctx: Ctx, p: Parsed) -> int:
@@ -212,12 +228,32 @@ def cmd_clone(ctx: Ctx, p: Parsed) -> int:
             raise Fatal(f"instance {bq(new)} already exists")
         subprocess.run(["cp", "-a", src.dir, new_dir], check=True)  # keeps the guest's owners
         for entry in os.listdir(new_dir):
-            if entry == "protected" or entry.endswith(TMP_SUFFIXES):
+            path = os.path.join(new_dir, entry)
+            if entry in SKIP_ON_CLONE and os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif entry in SKIP_ON_CLONE or entry.endswith(TMP_SUFFIXES):
                 with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(new_dir, entry))
+                    os.unlink(path)
+            elif entry in NULLIFY_ON_CLONE:
+                with open(path, "wb"):
+                    pass
         write_state(new_dir, new_state())
         with contextlib.suppress(OSError), open(guestfs(new_dir, "etc/hostname"), "w", encoding="utf-8") as f:
             f.write(hostname_of(new) + "\n")
+    # From here on the clone exists: Lima applies the edit flags to it afterwards and leaves it
+    # behind, with the source's lima.yaml, when a flag or the edited YAML is rejected.
+    inst = inspect(ctx, new)
+    exprs = yq_expressions(ctx, p, new_instance=False, params=(inst.config or {}).get("param", {}))
+    if exprs:
+        with open(inst.yaml_path, "rb") as f:
+            content = f.read()
+        edited = apply(exprs, content, inst.yaml_path)
+        validate_edit(ctx, edited, content, inst.yaml_path, check_shrink=True)
+        write_lima_yaml(inst.yaml_path, edited)
+        inst = inspect(ctx, new)
+    if ctx.tty and "start" not in p.changed and sys.stdin.isatty():
+        raise Fatal("fake limactl: `limactl clone` would ask whether to start the instance; pass --start or "
+                    "--tty=false")
     if p.get("start"):
-        do_start(ctx, inspect(ctx, new))
+        do_start(ctx, inst)
     return 0

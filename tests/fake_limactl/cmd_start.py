@@ -24,9 +24,9 @@ from context import Ctx, injected_failure, lima_lock, read_state, validate_inst_
 from guest import hostname_of
 from instances import Instance, format_data, inspect
 from logrus import Fatal, NotExist, bq, go_quote
-from pflag import Flag, Parsed, edit_flags, not_implemented_flags, parse_duration, wrap_args_error
+from pflag import Flag, Parsed, create_flags, not_implemented_flags, parse_duration, wrap_args_error
 
-START_FLAGS = dict(edit_flags(), name=Flag("str", default=""), timeout=Flag("str", default="10m0s"),
+START_FLAGS = dict(create_flags(), name=Flag("str", default=""), timeout=Flag("str", default="10m0s"),
                    progress=Flag("bool"), foreground=Flag("bool"), **{"list-templates": Flag("bool"),
                                                                       "list-drivers": Flag("bool")})
 
@@ -58,6 +58,7 @@ def cmd_start(ctx: Ctx, p: Parsed) -> int:
         raise Fatal("fake limactl: start of a non-existent instance would create a default Ubuntu VM")
     require_config(ctx, inst, quoting=go_quote)
     ctx.log.info(f"Using the existing instance {bq(name)}")
+    inst = _apply_edit_flags(ctx, p, inst)
     if inst.errors:
         raise Fatal(f"errors inspecting instance: [{' '.join(inst.errors)}]")
     if inst.status == "Running":
@@ -67,6 +68,25 @@ def cmd_start(ctx: Ctx, p: Parsed) -> int:
         ctx.log.warn(f"expected status `Stopped`, got {bq(inst.status)}")
     do_start(ctx, inst, progress=bool(p.get("progress")), timeout=timeout)
     return 0
+
+
+def _apply_edit_flags(ctx: Ctx, p: Parsed, inst: Instance) -> Instance:
+    """Edit flags on an existing instance change its lima.yaml for good (applyYQExpressionToExistingInstance
+    in cmd/limactl/start.go): validated, but without the disk-shrinking check of edit and clone."""
+    from editflags import apply, validate_edit, write_lima_yaml, yq_expressions
+    exprs = yq_expressions(ctx, p, new_instance=False, params=(inst.config or {}).get("param", {}))
+    if not exprs:
+        return inst
+    yq = " | ".join(exprs)
+    with open(inst.yaml_path, "rb") as f:
+        content = f.read()
+    try:
+        edited = apply(exprs, content, inst.yaml_path)
+        validate_edit(ctx, edited, content, inst.yaml_path, check_shrink=False, warn=False)
+    except Fatal as e:
+        raise Fatal(f"failed to apply yq expression {bq(yq)} to instance {bq(inst.name)}: {e.msg}")
+    write_lima_yaml(inst.yaml_path, edited)
+    return inspect(ctx, inst.name)
 
 
 def require_config(ctx: Ctx, inst: Instance, quoting: Callable[[str], str] = bq) -> None:

@@ -122,3 +122,39 @@ def go_str(v: Any) -> str:
     if v is None:
         return ""
     raise LoadError(f"cannot unmarshal {type(v).__name__} into Go value of type string")
+
+
+_DUMPER: Any = None
+
+
+def dump_yaml(doc: Any) -> bytes:
+    """YAML text for an edited lima.yaml: keys in their order, lists not indented under their key
+    (yamlfmt's indentless_arrays, as Lima formats yq's output), multi-line strings as `|` blocks,
+    numbers as they were written, and every string that `parse_yaml` would read as something else
+    quoted, so that parsing the text gives back DOC."""
+    global _DUMPER
+    import yaml
+    if _DUMPER is None:
+        class Dumper(yaml.SafeDumper):
+            def ignore_aliases(self, data: Any) -> bool:
+                return True
+
+        def represent_str(dumper: Any, data: str) -> Any:
+            style = "|" if "\n" in data and not any(c in data for c in "\r\t") else None
+            return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+        Dumper.add_representer(str, represent_str)
+        Dumper.add_representer(SrcInt, lambda d, v: d.represent_scalar("tag:yaml.org,2002:int", v.src))
+        Dumper.add_representer(SrcFloat, lambda d, v: d.represent_scalar("tag:yaml.org,2002:float", v.src))
+        loader = _yaml_loader()
+        for tag, rx, first in (
+                ("tag:yaml.org,2002:bool", loader.yaml_implicit_resolvers.get("t", []), "tTfF"),
+                ("tag:yaml.org,2002:int", loader.yaml_implicit_resolvers.get("0", []), "-+0123456789"),
+                ("tag:yaml.org,2002:float", loader.yaml_implicit_resolvers.get(".", []), "-+.0123456789")):
+            for t, r in rx:
+                if t == tag:
+                    Dumper.add_implicit_resolver(tag, r, list(first))
+        _DUMPER = Dumper
+    text = yaml.dump(doc, Dumper=_DUMPER, sort_keys=False, default_flow_style=False, allow_unicode=True,
+                     width=1 << 30)
+    return text.encode("utf-8")

@@ -34,7 +34,8 @@ stands for the guest agent reporting the guest's listening sockets, are the doub
 Environment knobs (all optional):
   FAKE_LIMACTL_LATENCY="list=0.03,shell=0.15,*=0"  sleep per sub-command ("*" = any other one)
   FAKE_LIMACTL_FAIL_<SUBCMD>="msg"     make SUBCMD (START, CREATE, STOP, SHELL, COPY, DELETE, LIST,
-                                       RESTART, ...) fatal with msg, after realistic progress lines
+                                       RESTART, CLONE, EDIT, ...) fatal with msg, after realistic
+                                       progress lines (CLONE and EDIT up front: nothing changes)
   FAKE_LIMACTL_FAIL_<SUBCMD>_TIMES=N   ... only for the first N invocations (counted in $LIMA_HOME/_fake)
   FAKE_LIMACTL_FAIL_CREATE_STAGE=validate|prepare  default prepare: the Stopped instance is left
                                        behind, like a failed image download
@@ -64,7 +65,10 @@ folder is first on sys.path and the modules beside it are imported by their plai
   goyaml.py        YAML as goccy/go-yaml decodes it            gotemplate.py the Go template subset
   limayaml.py      lima.yaml: merge, defaults, validation      instances.py  inspecting instances, list's objects
   cmd_list.py, cmd_create.py, cmd_start.py (and the boot), cmd_lifecycle.py (stop, restart, delete,
-  protect, clone), cmd_info.py (info, validate), cmd_shell.py (shell, copy)   the sub-commands
+  protect, clone), cmd_edit.py (edit), cmd_info.py (info, validate), cmd_shell.py (shell, copy)
+                   the sub-commands
+  editflags.py     Lima's edit flags as yq expressions, validation, ./lima.REJECTED.yaml
+  yqsubset.py      the part of yq that --set may use (anything else fails loudly)
   guest.py         the guest machine: bubblewrap sandbox, identities, sudo, the boot's scripts
   machine.py       the running guest: one sandbox per boot that every guest process enters
   hostagent.py     tcp port forwarding of the guest's listeners (Lima's rules, events and warnings)
@@ -86,6 +90,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cmd_create import CREATE_FLAGS, cmd_create
+from cmd_edit import EDIT_FLAGS, cmd_edit
 from cmd_info import cmd_info, cmd_validate
 from cmd_lifecycle import (
     CLONE_FLAGS,
@@ -126,15 +131,16 @@ COMMANDS: dict[str, Command] = {
     "protect": Command(lambda c, p: cmd_protect(c, p, protect=True), {}, "protect INSTANCE [INSTANCE, ...]"),
     "unprotect": Command(lambda c, p: cmd_protect(c, p, protect=False), {}, "unprotect INSTANCE [INSTANCE, ...]"),
     "clone": Command(cmd_clone, CLONE_FLAGS, "clone OLDINST NEWINST [flags]"),
+    "edit": Command(cmd_edit, EDIT_FLAGS, "edit INSTANCE|FILE.yaml [flags]"),
     "info": Command(cmd_info, {"yq": Flag("str", default=".", unsupported=True)}, "info [flags]"),
     "validate": Command(cmd_validate, {"fill": Flag("bool")}, "validate FILE.yaml [FILE.yaml, ...] [flags]"),
     "shell": Command(cmd_shell, SHELL_FLAGS, "shell [flags] INSTANCE [COMMAND...]", interspersed=False),
     "copy": Command(cmd_copy, COPY_FLAGS, "copy SOURCE ... TARGET [flags]"),
 }
 # Sub-commands whose FAKE_LIMACTL_FAIL_<SUBCMD> fails them up front (the others fail mid-way).
-SIMPLE_FAILURES = ("restart", "protect", "unprotect", "clone", "info", "validate")
+SIMPLE_FAILURES = ("restart", "protect", "unprotect", "clone", "edit", "info", "validate")
 ALIASES = {"ls": "list", "rm": "delete", "remove": "delete", "cp": "copy"}
-UNIMPLEMENTED = ("rename", "edit", "factory-reset", "prune", "disk", "snapshot", "template", "show-ssh",
+UNIMPLEMENTED = ("rename", "factory-reset", "prune", "disk", "snapshot", "template", "show-ssh",
                  "tunnel", "sudoers", "start-at-login", "autostart", "network", "watch", "guest-install",
                  "hostagent", "debug", "usernet", "generate-doc", "gen-schema", "screenshot", "completion")
 
