@@ -35,6 +35,9 @@ class AgentSpec(NamedTuple):
     # The agent's own way back into its last conversation in this folder (`agentbox attach` on a session
     # whose agent exited says `agentbox NAME <resume>`); None when it has none.
     resume: tuple[str, ...] | None = None
+    # Its own update path in the VM (`agentbox update-agents`); None: its install command again, which fetches
+    # the latest release (kiro's installer).
+    update: str | None = None
 
 
 # The settings that turn each agent's approvals off (the VM is the sandbox): a new VM gets them
@@ -54,6 +57,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         binary="codex",
         default_args=("--dangerously-bypass-approvals-and-sandbox",),
         install="npm install -g @openai/codex",
+        update="npm install -g @openai/codex@latest",
         credentials=("~/.codex/auth.json",),
         summary="OpenAI Codex CLI",
         folder=".codex",
@@ -71,6 +75,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         binary="claude",
         default_args=("--dangerously-skip-permissions",),
         install="npm install -g @anthropic-ai/claude-code",
+        update="npm install -g @anthropic-ai/claude-code@latest",
         credentials=("~/.claude/.credentials.json", "~/.claude.json"),
         summary="Anthropic Claude Code",
         folder=".claude",
@@ -89,6 +94,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         binary="gemini",
         default_args=("--approval-mode=yolo", "--no-sandbox"),
         install="npm install -g @google/gemini-cli",
+        update="npm install -g @google/gemini-cli@latest",
         credentials=(
             "~/.gemini/oauth_creds.json",
             "~/.gemini/google_accounts.json",
@@ -134,6 +140,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # --auto: "auto-approve permissions that are not explicitly denied"; the TUI and `opencode run` take it.
         default_args=("--auto",),
         install="npm install -g opencode-ai",
+        update="npm install -g opencode-ai@latest",
         credentials=("~/.local/share/opencode/auth.json",),
         summary="OpenCode",
         # `opencode --auto run x` would start the TUI in a folder named `run`: options follow `run`.
@@ -149,6 +156,7 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
         # --allow-all = --allow-all-tools --allow-all-paths --allow-all-urls.
         default_args=("--allow-all",),
         install="npm install -g @github/copilot",
+        update="npm install -g @github/copilot@latest",
         # Holds the token only where the host has no keychain (macOS keeps it in the Keychain); in the VM
         # Copilot CLI also takes GH_TOKEN or the GitHub CLI's login, which agentbox brings along.
         credentials=("~/.copilot/config.json",),

@@ -36,7 +36,7 @@ from typing import Any, NamedTuple
 from agentbox import hostgit, paths
 from agentbox.config import CheckpointSettings
 from agentbox.errors import StateError
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.safetext import visible
 
 KINDS = ("start", "end", "manual", "undo", "apply", "task")
@@ -225,16 +225,10 @@ def _ref(repo: hostgit.Repo, number: int) -> str:
 
 @contextmanager
 def _locked(workspace: Path) -> Iterator[None]:
-    import fcntl
-
     lock = records_file(workspace).with_suffix(".lock")
     private_dir(lock.parent)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(lock):
         yield
-    finally:
-        os.close(fd)
 
 
 def _read(workspace: Path) -> dict[str, Any]:

@@ -52,6 +52,7 @@ LAZY_COMMANDS = {
     "cancel": ("agentbox.commands.tasks", "cancel_command"),
     "attach": ("agentbox.commands.sessions", "attach_command"),
     "sessions": ("agentbox.commands.sessions", "sessions_command"),
+    "update-agents": ("agentbox.commands.update", "update_agents_command"),
 }
 
 

@@ -367,7 +367,8 @@ def _ask_for_more(config: Config) -> dict[str, Any]:
             "want": want,
             "key": keys.dotted(path),
             "projectFileNeedsTrust": keys.trust_words(key),
-            "appliesAt": "a new VM: `agentbox start --recreate`" if key.creation else "the next launch",
+            "appliesAt": ("a new VM: `agentbox start --recreate`" if key.creation else
+                          "the VM's next start (`agentbox restart`)" if key.restart else "the next launch"),
         })
     return {
         "how": "Ask the user: only they can change these, on the host. They edit their global config (trusted as "

@@ -393,6 +393,7 @@ def check_drift(config: Config, checks: list[Check]) -> None:
     recorded = vm.read_state(config.vm_name).get("fingerprint")
     if not recorded:
         return  # created before agentbox recorded them: nothing to compare with
+    check_in_place(config, recorded, checks)
     changed = drift.changed_settings(recorded, config)
     if not changed:
         checks.append(Check("vm.settings", OK, f"VM {config.vm_name} was created with the current settings"))
@@ -408,6 +409,18 @@ def check_drift(config: Config, checks: list[Check]) -> None:
             "(the VM's disk is lost; your workspace is not touched).",
         )
     )
+
+
+def check_in_place(config: Config, recorded: dict[str, object], checks: list[Check]) -> None:
+    """cpus, memory or a larger disk changed in the config: Lima applies them when the VM next starts."""
+    from agentbox import inplace
+
+    found = inplace.plan(recorded, config)
+    if found.pending:
+        checks.append(Check(
+            "vm.resources", WARN, f"{', '.join(found.changes)} in the config: VM {config.vm_name} gets them when it "
+            "next starts", "`agentbox restart` applies them now (Lima changes the stopped VM; no new VM).",
+        ))
 
 
 def _change(key: str, before: object, after: object) -> str:

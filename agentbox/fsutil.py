@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -123,3 +125,16 @@ def refuse_symlink(path: Path) -> None:
         raise OSError(
             errno.ELOOP, f"{path} is a symlink (to {os.path.realpath(path)}); agentbox does not write through it"
         )
+
+
+@contextlib.contextmanager
+def locked(lock_file: Path) -> Iterator[None]:
+    """Hold an exclusive flock on lock_file (made private, 0600, when missing) for the block."""
+    import fcntl
+
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -66,7 +66,7 @@ from typing import NamedTuple
 
 from agentbox import gitdirs, paths
 from agentbox.errors import StateError
-from agentbox.fsutil import private_dir
+from agentbox.fsutil import locked, private_dir
 from agentbox.safetext import visible
 
 TIMEOUT = 300  # seconds a git call may take (time_limit() lowers it); a FIFO can make git wait forever
@@ -539,17 +539,11 @@ def _write_extras(shadow: Path, extras: set[bytes]) -> None:
 @contextmanager
 def _shadow_locked(repo: Repo) -> Iterator[Path]:
     """The shadow folder, set up, held by this process alone (two launches of one workspace snapshot in turn)."""
-    import fcntl
-
     shadow = private_dir(shadow_dir(repo))
     (shadow / "refs").mkdir(exist_ok=True)
     (shadow / "info").mkdir(exist_ok=True)
-    fd = os.open(shadow / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(shadow / "lock"):
         yield shadow
-    finally:
-        os.close(fd)
 
 
 def _create_shadow(repo: Repo) -> None:

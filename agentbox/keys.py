@@ -3,7 +3,8 @@
 Each key says its type, its built-in default, its help, whether it takes effect only when the VM is
 created, and whether a project's agentbox.yml needs `agentbox trust` to set it (and why). From this
 one table derive: validation (schema.py), the built-in defaults (config.py), the creation fingerprint
-that says "`agentbox start --recreate` applies it" (drift.py), what needs trust (trust.py), and the
+that says "`agentbox start --recreate` applies it" (drift.py), the settings Lima changes on the stopped
+VM at its next start instead (agentbox.inplace), what needs trust (trust.py), and the
 key table in the README (`python3 -m agentbox.keys` prints it; a test keeps it and
 agentbox.yml.example in step).
 
@@ -46,6 +47,7 @@ class Key(NamedTuple):
     minimum: int | None = None
     check: Callable[[Any], str | None] | None = None
     creation: bool = False  # fixed when the VM is created: a change needs `agentbox start --recreate`
+    restart: bool = False  # Lima changes it on the stopped VM (`limactl edit`): a change applies at its next start
     trust: str | None = None  # SET, TRUE, RULE, or None: harmless in a project's file
     why: str = ""  # what the key could do, for the trust prompt and the README
     documented: bool = True  # a row in the README's key table
@@ -164,9 +166,10 @@ SCHEMA: dict[str, Key] = {
             "name": Key("vmname", "Lima instance name for this project.",
                         default_text="`agentbox-<workspace folder name>`", trust=SET,
                         why="could move the session into another project's VM"),
-            "cpus": Key("int", "Virtual CPUs.", default=4, minimum=1, creation=True),
-            "memory": Key("size", 'Memory, in Lima\'s units ("8GiB").', default="8GiB", creation=True),
-            "disk": Key("size", 'Disk size ("20GiB"); Lima cannot shrink a disk.', default="20GiB", creation=True),
+            "cpus": Key("int", "Virtual CPUs.", default=4, minimum=1, restart=True),
+            "memory": Key("size", 'Memory, in Lima\'s units ("8GiB").', default="8GiB", restart=True),
+            "disk": Key("size", 'Disk size ("20GiB"); Lima cannot shrink a disk: a smaller value keeps the larger '
+                        "disk.", default="20GiB", restart=True),
             "vmType": Key("str", "Lima VM driver (qemu, vz, krunkit, wsl2).", default_text="Lima's choice",
                           check=_check_vm_type, creation=True),
             "arch": Key("str", "Guest architecture (x86_64, aarch64, ...).", default_text="the host's",
@@ -346,9 +349,18 @@ def readme_table() -> str:
         name = f"`{dotted(path)}`" + (" (project file only)" if key.files == LOCAL else "")
         rows.append(
             f"| {name} | {key.help} | {_default_words(key)} | {trust_words(key)} | "
-            f"{'a new VM (`start --recreate`)' if key.creation else 'the next launch'} |"
+            f"{applies_at(key)} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def applies_at(key: Key) -> str:
+    """When a change of the key takes effect, in words."""
+    if key.creation:
+        return "a new VM (`start --recreate`)"
+    if key.restart:
+        return "the VM's next start (`limactl edit`)"
+    return "the next launch"
 
 
 def _default_words(key: Key) -> str:

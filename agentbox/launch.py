@@ -86,9 +86,13 @@ def _run(
         instance = (
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
+        state = vm.read_state(name)
+        running_before = instance
+        instance = vm.settle_in_place(session, instance, state)  # cpus, memory, disk changed while it ran
+        if instance is not running_before:  # restarted to apply them
+            state = vm.read_state(name)
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, name, agent, scripts, instance)
-    state = vm.read_state(name)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vm.update_state(name, {"seen": seen})

@@ -1,6 +1,6 @@
 """The only module that runs limactl, or ssh into a Lima VM. Everything else asks it.
 
-Captured calls (list, create, clone, rename, start, stop, delete) return parsed results or raise LimaError
+Captured calls (list, create, clone, rename, start, stop, delete, edit) return parsed results or raise LimaError
 naming the command and exit code, with Lima's own messages (and, from the long ones, the last
 lines of their output). `shell` is attached: the terminal, stdin, stdout and stderr pass straight
 through and its exit code is returned.
@@ -37,6 +37,11 @@ NOT_CREATED = "NotCreated"
 INSTALL_HINT = (
     "Install Lima 2.x: on macOS `brew install lima`; on Linux see "
     "https://lima-vm.io/docs/installation/ (or `brew install lima` with Homebrew)."
+)
+EDIT_FLAGS = ("cpus", "memory", "disk")  # what agentbox changes with `limactl edit`, in Lima's order
+# Lima's `the YAML is invalid, saved the buffer as "lima.REJECTED.yaml": REASON`: the file is in a folder that is gone.
+_REJECTED_FILE = re.compile(
+    r',? *(?:attempted to )?saved? the buffer as [`"]?[^`"]*lima\.REJECTED\.yaml[`"]?(?: but failed)?'
 )
 _LOGRUS = re.compile(r'level=(\w+)\s+msg=("(?:[^"\\]|\\.)*"|\S+)')
 _JSON_LEVEL = re.compile(r'^\{.*"level"')
@@ -162,6 +167,25 @@ class Lima:
     def rename(self, old: str, new: str) -> None:
         self._captured(["--tty=false", "rename", old, new])
 
+    def edit(self, name: str, flags: dict[str, str]) -> None:
+        """`limactl edit NAME --cpus N --memory GiB --disk GiB` (the flags given, in that order) on a stopped VM.
+
+        Lima saves a rejected edit as ./lima.REJECTED.yaml in its current folder, so it runs in a temporary
+        folder of its own (gone afterwards); the error keeps Lima's reason without that file's name.
+        """
+        import tempfile
+
+        args = ["--tty=false", "edit", name]
+        for flag in EDIT_FLAGS:
+            if flag in flags:
+                args += [f"--{flag}", flags[flag]]
+        with tempfile.TemporaryDirectory(prefix="agentbox-edit-") as folder:
+            try:
+                self._captured(args, cwd=folder)
+            except LimaError as error:
+                reasons = [_REJECTED_FILE.sub("", line) for line in error.stderr_lines] or [error.message]
+                raise LimaError(f"Lima refused to change {name}: {reasons[-1]}", stderr_lines=reasons) from None
+
     # -- attached ------------------------------------------------------------------------------
     def shell(
         self,
@@ -214,13 +238,13 @@ class Lima:
             self._command = sh.Command(self._resolve())
         return self._command
 
-    def _captured(self, args: list[str]) -> tuple[str, str]:
+    def _captured(self, args: list[str], cwd: str | None = None) -> tuple[str, str]:
         import subprocess
 
         full = [self._resolve(), *args]
         started = time.monotonic()
         try:
-            result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True)
+            result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, cwd=cwd)
         except KeyboardInterrupt:
             calllog.record(full, time.monotonic() - started, 130, echo=self.debug)
             raise Interrupted("interrupted") from None

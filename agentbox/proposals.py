@@ -28,7 +28,6 @@ recorded when it was collected (an edited patch is refused).
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -39,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import paths
+from agentbox import fsutil, paths
 from agentbox.config import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, file_kind, private_dir
@@ -86,13 +85,8 @@ def events_file(workspace: Path) -> Path:
 @contextmanager
 def locked(workspace: Path) -> Iterator[None]:
     """One agentbox at a time collects, applies or marks a workspace's proposals."""
-    state = private_dir(paths.workspace_state_dir(workspace))
-    fd = os.open(state / "proposals.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with fsutil.locked(private_dir(paths.workspace_state_dir(workspace)) / "proposals.lock"):
         yield
-    finally:
-        os.close(fd)
 
 
 def append_event(workspace: Path, event: str, **fields: Any) -> None:

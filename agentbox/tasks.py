@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox import paths, taskstate
+from agentbox import fsutil, paths, taskstate
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.taskstate import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
@@ -228,15 +228,8 @@ def _drop_box(task: Task) -> None:
 
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
-    import fcntl
-
-    root = private_dir(paths.tasks_dir())
-    fd = os.open(root / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with fsutil.locked(private_dir(paths.tasks_dir()) / ".lock"):
         yield
-    finally:
-        os.close(fd)
 
 
 def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prompt: bytes, *,

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import NamedTuple, TextIO
 
 from agentbox import gitdirs, patchcheck, paths
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.safetext import visible
 
 WATCHED_FILES = (
@@ -287,16 +287,10 @@ def _save(record: Record) -> None:
 @contextmanager
 def _locked(workspace: Path) -> Iterator[None]:
     """Two agents' sessions of one workspace can end at once; each read-modify-write is serialized."""
-    import fcntl
-
     lock = record_file(workspace).with_suffix(".lock")
     private_dir(lock.parent)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked(lock):
         yield
-    finally:
-        os.close(fd)
 
 
 # -- printing ----------------------------------------------------------------------------------

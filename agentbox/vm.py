@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -285,6 +286,7 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
             found = effective.differences(row.config, expected, row.dir or instance_dir)
             if found:
                 refuse(session, name, found, running=False)
+    apply_in_place(session, name, row)
     timeout = max(MIN_START_TIMEOUT, session.config.startup_wait_sec)
     log_path = os.path.join(instance_dir, "ha.stderr.log")
     try:
@@ -317,6 +319,85 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
             refuse(session, name, found, running=True)
     clear_refusal(name)
     return instance
+
+
+def apply_in_place(session: Session, name: str, row: Instance | None) -> None:
+    """The stopped VM gets the cpus, memory and larger disk the config asks for (`limactl edit`, agentbox.inplace)."""
+    from agentbox import inplace
+
+    found = inplace.plan(read_state(name).get("fingerprint"), session.config, row.disk if row is not None else 0)
+    if found.kept:
+        note(found.kept)
+    if found.pending:
+        try:
+            with Progress(f"Applying {', '.join(found.changes)} to VM {name}", verbose=session.verbose):
+                session.lima.edit(name, found.edits)
+        except LimaError as error:
+            error.hint = (
+                f"{name} was not changed and not started. Lima checks the VM's whole config with the change "
+                f"({paths.lima_home() / name / 'lima.yaml'}): fix what it names, or set vm.cpus, vm.memory and "
+                "vm.disk back (`agentbox config --sources` shows where each is set), then run the command again."
+            )
+            raise
+    if found.applied or found.settled:
+        record_in_place(name, {**found.settled, **found.applied}, applied=found.pending)
+
+
+def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] | None = None) -> Instance:
+    """A running VM whose cpus, memory or disk changed in the config (agentbox.inplace): Lima changes them
+    only while it is stopped. On a terminal, ask whether to restart it now; elsewhere say once that they apply
+    at its next start. Returns the VM as it runs now. Costs no limactl call unless it restarts the VM."""
+    name = instance.name
+    state = read_state(name) if state is None else state
+    recorded = state.get("fingerprint") or {}
+    config = session.config
+    if all(recorded.get(key, value) == value for key, value in
+           (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+        if "deferred" in state:  # the config went back to what the VM has: nothing waits any more
+            record_in_place(name, {}, applied=True)
+        return instance  # the warm launch: nothing changed, nothing more to import
+    from agentbox import inplace
+
+    found = inplace.plan(recorded, config, instance.disk)
+    if found is inplace.NOTHING:
+        return instance
+    if found.kept:
+        note(found.kept)
+    if found.settled:
+        record_in_place(name, found.settled)
+    if not found.pending or state.get("deferred") == found.applied:
+        return instance  # nothing to apply, or asked and said already
+    what = ", ".join(found.changes)
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        import click
+
+        if click.confirm(f"agentbox: {what} in the config: restart VM {name} now to apply? Sessions and background "
+                         "tasks running in it end", default=False, err=True):
+            return restart_to_apply(session, instance)
+        note(f"{what} apply when {name} next starts (`agentbox restart`)")
+    else:
+        note(f"{what} in the config apply at the next `agentbox stop`/start of {name} "
+             "(`agentbox restart` applies them now)")
+    update_state(name, {"deferred": found.applied})
+    return instance
+
+
+def restart_to_apply(session: Session, instance: Instance) -> Instance:
+    """Stop the running VM, apply what changed with `limactl edit`, start it (start does the edit)."""
+    name = instance.name
+    with vm_lock(name):
+        _stop_step(session.lima, name, False, session.verbose)
+        return start(session, name, instance.dir, instance)
+
+
+def record_in_place(name: str, values: dict[str, Any], applied: bool = False) -> None:
+    """The VM now has these cpus, memory, disk (or keeps a larger disk): its record says so. `applied`: the
+    edit waiting for the VM's next start was made, so nothing is deferred any more."""
+    state = read_state(name)
+    state["fingerprint"] = {**(state.get("fingerprint") or {}), **values}
+    if applied:
+        state.pop("deferred", None)
+    write_state(name, state)
 
 
 def recover(session: Session, instance: Instance) -> Instance:

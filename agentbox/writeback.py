@@ -28,7 +28,6 @@ Why a file was not written back is said once per copy (the VM's state remembers 
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import secrets
@@ -39,10 +38,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import credentials, paths, staging
+from agentbox import credentials, fsutil, paths, staging
 from agentbox.credformats import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.outboxfiles import open_dir
+from agentbox.outboxfiles import remove as remove_tree
 from agentbox.progress import note
 from agentbox.safetext import visible
 
@@ -395,7 +395,7 @@ def _remove_stale(creds: int) -> None:
     for entry in os.scandir(creds):
         try:
             if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                _remove_at(creds, entry.name, depth=0)
+                remove_tree(creds, entry.name)
         except OSError:
             continue
 
@@ -404,25 +404,9 @@ def _remove(folder: Path) -> None:
     """Remove a session folder and whatever the VM put in it, never following a link out of it."""
     try:
         with _creds_folder(folder.parent.parent) as creds:
-            _remove_at(creds, folder.name, depth=0)
+            remove_tree(creds, folder.name)
     except OSError:
         pass
-
-
-def _remove_at(parent: int, name: str, depth: int) -> None:
-    st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    if stat.S_ISDIR(st.st_mode):
-        if depth > 32:
-            return  # a tree the VM nested this deep stays; it is in the VM's own folder
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
-        try:
-            for child in os.listdir(fd):
-                _remove_at(fd, child, depth + 1)
-        finally:
-            os.close(fd)
-        os.rmdir(name, dir_fd=parent)
-    else:
-        os.unlink(name, dir_fd=parent)
 
 
 # -- the lock and what was said -----------------------------------------------------------------------
@@ -431,12 +415,8 @@ def _remove_at(parent: int, name: str, depth: int) -> None:
 @contextmanager
 def _locked() -> Iterator[None]:
     """One write-back at a time, for every VM: they may write the same host file."""
-    fd = os.open(private_dir(paths.state_dir()) / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with fsutil.locked(private_dir(paths.state_dir()) / LOCK_FILE):
         yield
-    finally:
-        os.close(fd)
 
 
 def _newly_said(vm_name: str, path: str, key: str) -> bool:

@@ -336,14 +336,15 @@ def test_settings_changed_since_create_are_reported_until_recreated(project: Pat
     assert run_cli("trust", cwd=project).exit_code == 0
     result = doctor(project)
     assert result.exit_code == 0
-    line(result, "WARN", f"changed since VM {NAME} was created, so the VM does not have them yet: "
-                         "cpus 4 -> 2, memory 8GiB -> 4GiB, mounts")
+    line(result, "WARN", f"changed since VM {NAME} was created, so the VM does not have them yet: mounts")
     assert "`agentbox start --recreate` creates it anew" in hint_after(result, "changed since VM")
+    line(result, "WARN", f"cpus 4 -> 2, memory 8GiB -> 4GiB in the config: VM {NAME} gets them when it next starts")
+    assert "`agentbox restart` applies them now" in hint_after(result, "gets them when it next starts")
 
     assert run_cli("start", "--recreate", "--yes", cwd=project).exit_code == 0
     result = doctor(project)
     line(result, "OK", f"VM {NAME} was created with the current settings")
-    assert "changed since" not in result.stdout
+    assert "changed since" not in result.stdout and "next starts" not in result.stdout
 
 
 # -- CA bundles that are a whole trust store ------------------------------------------------------

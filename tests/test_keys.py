@@ -74,7 +74,15 @@ def test_every_creation_setting_has_a_sample_change(project: Path) -> None:
     assert set(drift.creation_fingerprint(config.load(project))) == set(CHANGES)
 
 
-@pytest.mark.parametrize("name", sorted(CHANGES))
+IN_PLACE = {"cpus", "memory", "disk"}  # Lima changes them on the stopped VM (tests/test_resources.py)
+
+
+def test_the_settings_lima_changes_in_place_are_marked_so() -> None:
+    assert drift.restart_settings() == IN_PLACE
+    assert all(not key.creation for path, key in keys.walk() if path[-1] in IN_PLACE and path[0] == "vm")
+
+
+@pytest.mark.parametrize("name", sorted(set(CHANGES) - IN_PLACE))
 def test_a_changed_creation_setting_asks_for_recreate(project: Path, limactl: FakeLima, name: str) -> None:
     needs_bwrap()
     (project / "docs").mkdir()

@@ -419,7 +419,8 @@ def test_ca_cert_sets_node_extra_ca_certs_in_the_vm(project: Path, vm: FakeLima,
 
 
 def test_a_launch_notes_settings_that_need_a_new_vm(project: Path, vm: FakeLima) -> None:
-    write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
+    write(project / "agentbox.yml", "vm:\n  protectGitHooks: true\n")
     result = shell(project, "true")
     assert result.returncode == 0
-    assert b"cpus changed since agentbox-myproject was created; `agentbox start --recreate` applies it" in result.stderr
+    assert (b"protectGitHooks changed since agentbox-myproject was created; `agentbox start --recreate` applies it"
+            in result.stderr)

@@ -43,9 +43,11 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
         isolation.session_mode(isolation.ISOLATED, recorded, name, isolation.asked_by(session.config))
     instance = vm.ensure_running(session, name, existing)
     if instance is existing:  # it was running and passed the checks: nothing was started
-        say(f"{name} is already running")
-        vm.note_stale_base(session.config, name)
-        return
+        instance = vm.settle_in_place(session, instance)
+        if instance is existing:
+            say(f"{name} is already running")
+            vm.note_stale_base(session.config, name)
+            return
     say(f"{instance.name} is running (workspace {session.config.workspace})")
 
 

@@ -348,12 +348,19 @@ def boot_process(ctx: Ctx, args: list[str]) -> int:
     results: dict[str, list[Any]] = {"scripts": [], "data": []}
     if guest.bwrap_path() is None:
         return _boot_without_sandbox(ctx, inst, iid, results)
+    recorded = []
+
+    def record() -> None:
+        if not recorded:
+            recorded.append(True)
+            _record_boot(ctx, inst, iid, results)
+
     try:
-        guest.run_boot(inst, iid, knobs, results)
+        guest.run_boot(inst, iid, knobs, results, before_done=record)
     except guest.BootAborted:
         return 1
     finally:
-        _record_boot(ctx, inst, iid, results)
+        record()
     return 0
 
 

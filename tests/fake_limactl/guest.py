@@ -810,9 +810,11 @@ def _script_env_base(inst: Any) -> dict[str, str]:
     return env
 
 
-def run_boot(inst: Any, iid: str, knobs: dict[str, Any], results: dict[str, list[Any]]) -> None:
+def run_boot(inst: Any, iid: str, knobs: dict[str, Any], results: dict[str, list[Any]],
+             before_done: Any = None) -> None:
     """Everything the guest does at boot after sshd is up, in Lima's order. Runs in the detached
-    provisioning process; /run/lima-boot-done is written last, unless the boot script aborted."""
+    provisioning process; /run/lima-boot-done is written last, unless the boot script aborted, after
+    before_done() (the double records the boot first: `start` returns once it sees boot-done)."""
     cfg = inst.config
     log = BootLog(inst)
     os.dup2(log.fd, 1)
@@ -858,6 +860,8 @@ def run_boot(inst: Any, iid: str, knobs: dict[str, Any], results: dict[str, list
         raise
     finally:
         log.close()
+    if before_done is not None:
+        before_done()
     run = guestfs(inst.dir, "run")
     with open(os.path.join(run, "lima-boot-done"), "w", encoding="utf-8") as f:
         f.write(iid + "\n")
