@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Measure agentbox's start-up and launch paths against the limactl test double; print a table.
 
-    python3 benchmarks/run.py [--runs 10] [--latency list=0.03,shell=0.15,copy=0.25,start=20,create=2]
+    python3 benchmarks/run.py [--runs 10] [--latency list=0.03,shell=0.15,copy=0.25,start=20,create=2,clone=1,...]
 
 Each row runs the real `agentbox` console script in a subprocess. "limactl" is the time spent inside
 the double (it reports its own duration, simulated latency included); "own" is wall time minus that.
@@ -25,10 +25,11 @@ sys.path.insert(0, str(REPO))
 
 from tests.fake_limactl import guest_home, install, read_calls  # noqa: E402
 
-DEFAULT_LATENCY = "list=0.03,shell=0.15,copy=0.25,start=20,create=2"
+DEFAULT_LATENCY = "list=0.03,shell=0.15,copy=0.25,start=20,create=2,clone=1,stop=3,rename=0.1"
 # A --version alone never creates or starts a VM (agentbox answers it from the host), so the stopped
 # and cold rows launch the agent with a real argument.
 LAUNCH = ["codex", "exec", "true"]
+CLONE_LAUNCH = ("list", "clone", "start", "list", "shell")  # issue 16's target for a new project
 BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust check": 0.005,
            "tripwire, 50k files": 0.050, "checkpoint, 50k unchanged": 0.150, "checkpoint, 100 changed": 0.500,
            "checkpoints add": 0.150, "warm, 200 synced": 0.150, "tasks, 100 recorded": 0.300}
@@ -59,6 +60,7 @@ class Sandbox:
             "AGENTBOX_STATE_DIR": str(self.root / "state"),
             "PATH": f"{self.bin}:{os.environ['PATH']}",
             "FAKE_LIMACTL_LATENCY": latency,
+            "AGENTBOX_VM_BASE": "off",  # the rows that clone from a base say so
         }
         self.env.pop("NODE_EXTRA_CA_CERTS", None)
         self.last_stderr = ""
@@ -490,20 +492,29 @@ def main() -> int:
             )
         )
 
-        cold = []
-        for index in range(slow_runs):
-            fresh = box.project(f"cold{index}")
-            cold.append(box.run(LAUNCH, fresh))
-        call_lists["cold launch"] = [" ".join(c["argv"]) for c in cold[-1][2]]
-        rows.append(
-            (
-                "cold launch",
-                summarize([w for w, _, _ in cold]),
-                summarize([w - i for w, i, _ in cold]),
-                str(len(cold[-1][2])),
-                "-",
+        # once: what the first new project pays on top of its clone
+        built = box.run(["base", "build"], project, {"AGENTBOX_VM_BASE": "auto"})
+        call_lists["base build"] = [" ".join(c["argv"]) for c in built[2]]
+        rows.append(("base build", summarize([built[0]]), summarize([built[0] - built[1]]), str(len(built[2])), "-"))
+        for label, env in (("cold launch, fresh base", {"AGENTBOX_VM_BASE": "auto"}),
+                           ("cold launch, vm.base: off", {"AGENTBOX_VM_BASE": "off"})):
+            cold = []
+            for index in range(slow_runs):
+                fresh = box.project(f"cold{len(rows)}-{index}")
+                cold.append(box.run(LAUNCH, fresh, env))
+            call_lists[label] = [" ".join(c["argv"]) for c in cold[-1][2]]
+            sequences = {tuple(subcommand(c["argv"]) for c in calls) for _, _, calls in cold}
+            target = CLONE_LAUNCH if env["AGENTBOX_VM_BASE"] == "auto" else None
+            rows.append(
+                (
+                    label,
+                    summarize([w for w, _, _ in cold]),
+                    summarize([w - i for w, i, _ in cold]),
+                    f"{len(cold[-1][2])} ({', '.join(cold[-1][2] and [subcommand(c['argv']) for c in cold[-1][2]])})",
+                    "-" if target is None else
+                    f"{'OK' if sequences == {target} else 'MISSED'} ({' + '.join(target)})",
+                )
             )
-        )
     finally:
         box.remove()
 
@@ -523,6 +534,10 @@ def print_table(options: argparse.Namespace, slow_runs: int, rows: list[tuple[st
         print(f"\n{label} limactl calls:")
         for call in calls:
             print(f"  limactl {call}")
+
+
+def subcommand(argv: list[str]) -> str:
+    return next((arg for arg in argv if not arg.startswith("-")), "?")
 
 
 def verdict(label: str, value: float, calls_ok: bool = True) -> str:

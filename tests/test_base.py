@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from agentbox import sizes
+from tests import fake_limactl
 from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 SCHEMA = json.loads((Path(__file__).parent / "lima_schema.json").read_text())
@@ -318,3 +319,19 @@ def test_base_build_command(project: Path, limactl: FakeLima) -> None:
     assert limactl.subcommands() == ["list"]
     result = run_cli("base", "build", "--rebuild", cwd=project)
     assert limactl.subcommands().count("create") == 1
+
+
+def test_a_clone_boots_without_installing_anything(project: Path, limactl: FakeLima) -> None:
+    start(project)
+    (base,) = bases(limactl)
+    log = Path("guestfs") / "var" / "log" / "cloud-init-output.log"
+    base_boots = (limactl.home / base / log).read_text()
+    assert "newly installed" in base_boots  # the base's provisioning installed the packages
+    clone_boot = (limactl.home / NAME / log).read_text()
+    assert clone_boot.startswith(base_boots)  # the clone's log goes on from the copied one
+    own_boot = clone_boot[len(base_boots):]
+    assert "Executing provision" in own_boot  # its provisioning did run ...
+    assert "newly installed" not in own_boot and "Reading package lists" not in own_boot  # ... and installed nothing
+    state = fake_limactl.read_state(limactl.home, NAME)
+    this_boot = [entry for entry in state["provisionLog"] if entry["boot"] == state["bootCount"]]
+    assert this_boot and all(entry["exit"] == 0 for entry in this_boot)
