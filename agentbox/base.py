@@ -20,7 +20,6 @@ module asks lima.py to change base VMs only; agentbox.vm owns the project VMs.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -34,7 +33,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentbox import keys, paths, render, resources
 from agentbox.agents import BUILTIN_AGENTS
 from agentbox.errors import AgentboxError, LimaError, StateError
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
 from agentbox.progress import Progress, note, warn
 
 if TYPE_CHECKING:
@@ -170,19 +169,9 @@ def age_days(record: dict[str, Any], now: float | None = None) -> float:
 @contextmanager
 def lock() -> Iterator[bool]:
     """One base build (or clone from a base) at a time across agentbox processes; yields whether it waited."""
-    directory = private_dir(paths.bases_dir())
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-    waited = False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            waited = True
-            note("waiting for another agentbox that is building or cloning the base VM...")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked_or_waiting(private_dir(paths.bases_dir()) / "lock",
+                           "waiting for another agentbox that is building or cloning the base VM...") as waited:
         yield waited
-    finally:
-        os.close(fd)
 
 
 # -- the base a clone comes from ------------------------------------------------------------------

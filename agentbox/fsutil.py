@@ -138,3 +138,25 @@ def locked(lock_file: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+@contextlib.contextmanager
+def locked_or_waiting(lock_file: Path, waiting: str) -> Iterator[bool]:
+    """As locked(); when another process holds the lock, says `waiting` (a note) and waits. Yields whether it
+    waited."""
+    import fcntl
+
+    from agentbox.progress import note
+
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    waited = False
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            waited = True
+            note(waiting)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield waited
+    finally:
+        os.close(fd)

@@ -5,7 +5,6 @@ Only this module asks lima.py to change a VM.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
@@ -18,7 +17,7 @@ from typing import Any, NoReturn
 from agentbox import drift, effective, paths
 from agentbox.config import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
-from agentbox.fsutil import atomic_write, private_dir
+from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
 from agentbox.lima import BROKEN, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
 from agentbox.progress import Progress, note, warn
 
@@ -548,19 +547,9 @@ def describe(instance: Instance | None, name: str, workspace: str | None) -> dic
 @contextmanager
 def vm_lock(name: str) -> Iterator[bool]:
     """Serialize create/start/stop of one VM across agentbox processes. Yields whether it had to wait."""
-    directory = private_dir(paths.vm_state_dir(name))
-    fd = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-    waited = False
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            waited = True
-            note(f"waiting for another agentbox that is creating or starting {name}...")
-            fcntl.flock(fd, fcntl.LOCK_EX)
+    with locked_or_waiting(private_dir(paths.vm_state_dir(name)) / "lock",
+                           f"waiting for another agentbox that is creating or starting {name}...") as waited:
         yield waited
-    finally:
-        os.close(fd)
 
 
 def state_file(name: str) -> Path:

@@ -202,17 +202,20 @@ def cmd_protect(ctx: Ctx, p: Parsed, *, protect: bool = True) -> int:
 
 
 CLONE_FLAGS = dict(edit_flags(), start=Flag("bool"))
+RENAME_FLAGS = {name: Flag(flag.kind, flag.short, flag.default, unsupported=True)
+                for name, flag in edit_flags().items()}
 # pkg/limatype/filenames/filenames.go: SkipOnClone (the protection marker, the TPM state) and
 # NullifyOnClone (the vz machine identifier, kept as an empty file).
 SKIP_ON_CLONE = ("protected", "swtpm")
 NULLIFY_ON_CLONE = ("vz-identifier",)
 
 
-def cmd_clone(ctx: Ctx, p: Parsed) -> int:
-    not_implemented_flags(ctx, p, CLONE_FLAGS)
+def _copy_or_move(ctx: Ctx, p: Parsed, verb: str) -> str:
+    """clone.go's shared part of clone and rename: check both names, then copy (clone) or move (rename) the
+    folder, leaving out what Lima skips and emptying what it nullifies. Returns the new name."""
     if len(p.args) != 2:
-        raise wrap_args_error("clone", f"accepts 2 arg(s), received {len(p.args)}",
-                              "clone OLDINST NEWINST [flags]", "Clone an instance of Lima")
+        raise wrap_args_error(verb, f"accepts 2 arg(s), received {len(p.args)}",
+                              f"{verb} OLDINST NEWINST [flags]", f"{verb.capitalize()} an instance of Lima")
     old, new = p.args
     try:
         src = inspect(ctx, old)
@@ -221,12 +224,15 @@ def cmd_clone(ctx: Ctx, p: Parsed) -> int:
     if new == old:
         raise Fatal(f"new instance name {bq(new)} must be different from {bq(old)}")
     if src.status == "Running":
-        raise Fatal("cannot clone a running instance")
+        raise Fatal(f"cannot {verb} a running instance")
     new_dir = ctx.inst_dir(new)
     with lima_lock(ctx.lima_home):
         if os.path.lexists(new_dir):
             raise Fatal(f"instance {bq(new)} already exists")
-        subprocess.run(["cp", "-a", src.dir, new_dir], check=True)  # keeps the guest's owners
+        if verb == "clone":
+            subprocess.run(["cp", "-a", src.dir, new_dir], check=True)  # keeps the guest's owners
+        else:
+            os.rename(src.dir, new_dir)
         for entry in os.listdir(new_dir):
             path = os.path.join(new_dir, entry)
             if entry in SKIP_ON_CLONE and os.path.isdir(path) and not os.path.islink(path):
@@ -237,9 +243,23 @@ def cmd_clone(ctx: Ctx, p: Parsed) -> int:
             elif entry in NULLIFY_ON_CLONE:
                 with open(path, "wb"):
                     pass
-        write_state(new_dir, new_state())
+        if verb == "clone":
+            write_state(new_dir, new_state())
         with contextlib.suppress(OSError), open(guestfs(new_dir, "etc/hostname"), "w", encoding="utf-8") as f:
             f.write(hostname_of(new) + "\n")
+    return new
+
+
+def cmd_rename(ctx: Ctx, p: Parsed) -> int:
+    """`limactl rename OLD NEW`: the folder moved whole (the protection is lost); edit flags refused by the double."""
+    not_implemented_flags(ctx, p, RENAME_FLAGS)
+    _copy_or_move(ctx, p, "rename")
+    return 0
+
+
+def cmd_clone(ctx: Ctx, p: Parsed) -> int:
+    not_implemented_flags(ctx, p, CLONE_FLAGS)
+    new = _copy_or_move(ctx, p, "clone")
     # From here on the clone exists: Lima applies the edit flags to it afterwards and leaves it
     # behind, with the source's lima.yaml, when a flag or the edited YAML is rejected.
     inst = inspect(ctx, new)

@@ -65,7 +65,7 @@ folder is first on sys.path and the modules beside it are imported by their plai
   goyaml.py        YAML as goccy/go-yaml decodes it            gotemplate.py the Go template subset
   limayaml.py      lima.yaml: merge, defaults, validation      instances.py  inspecting instances, list's objects
   cmd_list.py, cmd_create.py, cmd_start.py (and the boot), cmd_lifecycle.py (stop, restart, delete,
-  protect, clone), cmd_rename.py (rename), cmd_edit.py (edit), cmd_info.py (info, validate), cmd_shell.py (shell, copy)
+  protect, clone, rename), cmd_edit.py (edit), cmd_info.py (info, validate), cmd_shell.py (shell, copy)
                    the sub-commands
   editflags.py     Lima's edit flags as yq expressions, validation, ./lima.REJECTED.yaml
   yqsubset.py      the part of yq that --set may use (anything else fails loudly)
@@ -95,16 +95,17 @@ from cmd_info import cmd_info, cmd_validate
 from cmd_lifecycle import (
     CLONE_FLAGS,
     DELETE_FLAGS,
+    RENAME_FLAGS,
     RESTART_FLAGS,
     STOP_FLAGS,
     cmd_clone,
     cmd_delete,
     cmd_protect,
+    cmd_rename,
     cmd_restart,
     cmd_stop,
 )
 from cmd_list import LIST_FLAGS, cmd_list
-from cmd_rename import RENAME_FLAGS, cmd_rename
 from cmd_shell import COPY_FLAGS, SHELL_FLAGS, cmd_copy, cmd_shell
 from cmd_start import START_FLAGS, boot_process, cmd_start
 from constants import BOOT_SUBCOMMAND, MACHINE_SUBCOMMAND, VERSION
