@@ -483,3 +483,46 @@ def test_the_sandbox_description_is_root_s_and_the_memory_block_is_kept(provisio
     assert launch(provisioned, None, ["true"]).returncode == 0
     assert claude_md.read_text() == first
     assert machine.path(f"{GUEST_HOME}/.kiro/steering/agentbox.md").read_text().startswith("<!-- BEGIN AGENTBOX")
+
+
+def test_the_base_check_and_seal_on_a_real_distribution(provisioned: Provisioned) -> None:
+    """The last test of the module (it seals the machine): agentbox's base VM check passes on a provisioned
+    userspace and refuses a login file or a shell history; the seal leaves no host keys, machine-id, package
+    lists or history; and the base packages' provisioning then runs again without the lists (a clone's boot)."""
+    machine = provisioned.machine
+    check = (REPO / "provision" / "base-check.sh").read_text()
+    seal = (REPO / "provision" / "base-seal.sh").read_text()
+    passed = machine.run(["bash", "-c", check, "base-check.sh", "agent:node", "file:~/.codex/auth.json"],
+                         user=True, check=False)
+    assert passed.returncode == 0, passed.stdout
+    assert "tool git: git version" in passed.stdout and "agent node: v" in passed.stdout
+    history = machine.path(f"{GUEST_HOME}/.bash_history")
+    history.write_text("echo secret\n")
+    machine.run(["chown", f"{USER}:{USER}", f"{GUEST_HOME}/.bash_history"])
+    login = machine.path(f"{GUEST_HOME}/.codex/auth.json")
+    login.parent.mkdir(parents=True, exist_ok=True)
+    login.write_text("{}")
+    failed = machine.run(["bash", "-c", check, "base-check.sh", "file:~/.codex/auth.json"], user=True, check=False)
+    assert failed.returncode == 1
+    assert f"FAIL: a login file is present: {GUEST_HOME}/.codex/auth.json" in failed.stdout
+    assert f"FAIL: a shell history file is present: {GUEST_HOME}/.bash_history" in failed.stdout
+    login.unlink()
+
+    machine.run(["ssh-keygen", "-A"], check=False)  # host keys as an installed openssh-server has them
+    sealed = machine.run(["bash", "-c", seal, "base-seal.sh", GUEST_HOME])
+    assert sealed.stdout.strip().endswith("sealed")
+    assert not list(machine.path("/etc/ssh").glob("ssh_host_*_key"))
+    assert "ssh-keygen -A" in machine.path("/etc/systemd/system/ssh.service.d/agentbox-host-keys.conf").read_text()
+    assert machine.path("/etc/machine-id").read_text() == ""
+    assert not history.exists()
+    assert not [p for p in machine.path("/var/lib/apt/lists").iterdir() if p.is_file() and p.name != "lock"]
+    # A clone's boot: every system script runs again, without package lists, and installs nothing.
+    scripts = sorted(machine.path("/var/lib/agentbox-test").glob("system-*"))
+    assert scripts
+    for script in scripts:
+        again = machine.run(["env", "PATH=/var/lib/agentbox-test/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:"
+                                    "/usr/bin:/sbin:/bin", "HOME=/root", f"/var/lib/agentbox-test/{script.name}"],
+                            check=False)
+        output = again.stdout + again.stderr
+        assert again.returncode == 0, (script.name, output)
+        assert "Reading package lists" not in output and "newly installed" not in output, (script.name, output)
