@@ -533,7 +533,7 @@ def print_table(options: argparse.Namespace, slow_runs: int, rows: list[tuple[st
     for label, calls in call_lists.items():
         print(f"\n{label} limactl calls:")
         for call in calls:
-            print(f"  limactl {call}")
+            print(f"  limactl {call if len(call) <= 200 else call[:197] + '...'}")
 
 
 def subcommand(argv: list[str]) -> str:
