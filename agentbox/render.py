@@ -2,12 +2,15 @@
 
 import os
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import gitdirs, isolation, resources, staging
 from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
 from agentbox.progress import warn
+
+if TYPE_CHECKING:
+    from agentbox.provisioning import Plan
 
 MINIMUM_LIMA_VERSION = "2.0.0"
 IMAGE_BASE = "template:_images/ubuntu-24.04"
@@ -96,34 +99,6 @@ def _hooks_dir(common: Path | None) -> Path | None:
         return None
 
 
-def context(config: Config, vm_name: str) -> dict[str, Any]:
-    from agentbox import provisioning
-
-    prov = provisioning.plan(config)
-    return {
-        "name": vm_name,
-        "minimum_lima_version": MINIMUM_LIMA_VERSION,
-        "image_base": IMAGE_BASE,
-        "vm_type": config.vm_type,
-        "arch": config.arch,
-        "cpus": config.cpus,
-        "memory": config.memory,
-        "disk": config.disk,
-        "mount_type": config.mount_type,
-        "mounts": mounts_for(config, vm_name),
-        "forward_agent": False,
-        "propagate_proxy_env": False,
-        "ca_certs": prov.ca_certs,
-        "workspace": str(config.require_workspace()),
-        "staging_mount": str(staging.folder(vm_name)),
-        "system_scripts": prov.system_scripts,
-        "user_scripts": prov.user_scripts,
-        "data_files": prov.data_files,
-        "readiness_probe": prov.readiness_probe,
-        "readiness_hint": prov.readiness_hint,
-    }
-
-
 class BaseSettings(NamedTuple):
     """What the base VM (agentbox.base) is rendered with: nothing of a project's."""
 
@@ -135,12 +110,25 @@ class BaseSettings(NamedTuple):
     disk: str
 
 
+def context(config: Config, vm_name: str) -> dict[str, Any]:
+    from agentbox import provisioning
+
+    prov = provisioning.plan(config)
+    settings = BaseSettings(config.vm_type, config.arch, config.mount_type, config.cpus, config.memory, config.disk)
+    return _values(vm_name, settings, prov, mounts_for(config, vm_name), str(config.require_workspace()),
+                   str(staging.folder(vm_name)))
+
+
 def base_context(settings: BaseSettings, vm_name: str) -> dict[str, Any]:
     """The template's values for the base VM: no mounts, no CA certificates, empty workspace params
     (Lima requires every param to be used, and a clone sets them: agentbox.base.clone_edits)."""
     from agentbox import provisioning
 
-    prov = provisioning.plan(None)
+    return _values(vm_name, settings, provisioning.plan(None), [], "", "")
+
+
+def _values(vm_name: str, settings: BaseSettings, prov: "Plan", mounts: list[RenderedMount], workspace: str,
+            staging_mount: str) -> dict[str, Any]:
     return {
         "name": vm_name,
         "minimum_lima_version": MINIMUM_LIMA_VERSION,
@@ -151,12 +139,12 @@ def base_context(settings: BaseSettings, vm_name: str) -> dict[str, Any]:
         "memory": settings.memory,
         "disk": settings.disk,
         "mount_type": settings.mount_type,
-        "mounts": [],
+        "mounts": mounts,
         "forward_agent": False,
         "propagate_proxy_env": False,
-        "ca_certs": [],
-        "workspace": "",
-        "staging_mount": "",
+        "ca_certs": prov.ca_certs,
+        "workspace": workspace,
+        "staging_mount": staging_mount,
         "system_scripts": prov.system_scripts,
         "user_scripts": prov.user_scripts,
         "data_files": prov.data_files,

@@ -86,6 +86,15 @@ def echo_server(prefix: bytes = b"echo:") -> tuple[socket.socket, int]:
     return server, server.getsockname()[1]
 
 
+def notify_send_stand_in(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A host `notify-send` first on PATH that appends its arguments, one call a line, to the returned file."""
+    log = tmp_path / "notified"
+    write(tmp_path / "host-bin" / "notify-send", "#!/bin/sh\nprintf '%s\\n' \"$*\" >> \"$NOTIFY_LOG\"\n", mode=0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'host-bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("NOTIFY_LOG", str(log))
+    return log
+
+
 def without_once_notes(stderr: str) -> str:
     """stderr without the notes agentbox says once per workspace (such as "checkpoints are off: ... is not a
     git repository (said once)"), for tests of something else that compare the whole of it."""

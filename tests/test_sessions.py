@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import sessions
-from tests.helpers import NAME, FakeLima, run_cli, write, write_trusted
+from tests.helpers import NAME, FakeLima, notify_send_stand_in, run_cli, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -303,11 +303,7 @@ def test_a_detached_session_that_needs_you_is_a_desktop_notification(
 ) -> None:
     if sys.platform == "darwin":
         pytest.skip("the stand-in is Linux's notify-send")
-    bin_dir = tmp_path / "host-bin"
-    log = tmp_path / "notified.jsonl"
-    write(bin_dir / "notify-send", "#!/bin/sh\nprintf '%s\\n' \"$*\" >> \"$NOTIFY_LOG\"\n", mode=0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
-    monkeypatch.setenv("NOTIFY_LOG", str(log))
+    log = notify_send_stand_in(tmp_path, monkeypatch)
     install(vm, NEEDY_AGENT)
     assert agentbox_run(project, "claude", "-d").returncode == 0
     deadline = time.monotonic() + 30

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import NAME, FakeLima, git, make_repository, run_agentbox, run_cli, write
+from tests.helpers import (
+    NAME,
+    FakeLima,
+    git,
+    make_repository,
+    notify_send_stand_in,
+    run_agentbox,
+    run_cli,
+    write,
+)
 
 pytestmark = pytest.mark.xdist_group("tasks")
 
@@ -401,10 +409,7 @@ def test_a_task_that_ends_is_a_desktop_notification_and_its_outputs_come_home(
         pytest.skip("the stand-in is Linux's notify-send")
     from agentbox import tasks
 
-    log = tmp_path / "notified"
-    write(tmp_path / "host-bin" / "notify-send", "#!/bin/sh\nprintf '%s\\n' \"$*\" >> \"$NOTIFY_LOG\"\n", mode=0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'host-bin'}:{os.environ['PATH']}")
-    monkeypatch.setenv("NOTIFY_LOG", str(log))
+    log = notify_send_stand_in(tmp_path, monkeypatch)
     failing = run_task(project, "do:sleep:1;exit:3")
     completed = run_task(project, "do:sleep:1")
     cancelled = run_task(project, "do:sleep:60")
@@ -427,10 +432,7 @@ def test_a_task_that_ends_is_a_desktop_notification_and_its_outputs_come_home(
 
 def test_notify_false_leaves_task_ends_quiet(project: Path, tasks_vm: FakeLima, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    log = tmp_path / "notified"
-    write(tmp_path / "host-bin" / "notify-send", "#!/bin/sh\nprintf '%s\\n' \"$*\" >> \"$NOTIFY_LOG\"\n", mode=0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path / 'host-bin'}:{os.environ['PATH']}")
-    monkeypatch.setenv("NOTIFY_LOG", str(log))
+    log = notify_send_stand_in(tmp_path, monkeypatch)
     write(project / "agentbox.yml", "tasks:\n  maxConcurrent: 2\nnotify: false\n")
     task_id = run_task(project, "do:exit:0")
     assert wait(project, task_id).returncode == 0
