@@ -122,6 +122,8 @@ def check_pattern(text: Any) -> str | None:
         if not _is_name(host[2:]):
             return f"`{text}` is not a valid wildcard; only a leading `*.` before a domain is allowed"
         return None
+    if host == "*":
+        return "`*` would allow every host; use `network.mode: open` instead"
     if "*" in host:
         return f"`{text}`: `*` is only allowed as a leading `*.`, e.g. `*.example.com`"
     if not _is_name(host):
@@ -135,7 +137,7 @@ class _Rule:
     port: int | None
 
     def matches(self, host: str, port: int, default_port: int) -> bool:
-        if self.port is None and port != default_port or self.port is not None and port != self.port:
+        if port != (default_port if self.port is None else self.port):
             return False
         if self.host.startswith("."):
             return host.endswith(self.host)
@@ -166,8 +168,9 @@ class Policy:
             problem = check_pattern(pattern)
             if problem:
                 raise ValueError(f"network.allow: {problem}")
-            host, port = _split_host_port(pattern)  # type: ignore[misc]
-            host = host.lower()
+            split = _split_host_port(pattern)
+            assert not isinstance(split, str)
+            host, port = split[0].lower(), split[1]
             self.rules.append(_Rule(host[1:] if host.startswith("*.") else host, port))
 
     def permits(self, host: str, port: int, default_port: int) -> str | None:
