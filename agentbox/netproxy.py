@@ -238,7 +238,6 @@ class _Proxy:
         peer = writer.get_extra_info("peername") or ("?", 0)
         entry: dict[str, Any] = {"client": f"{peer[0]}:{peer[1]}", "method": None, "host": None, "port": None,
                                  "decision": "deny", "reason": "", "bytes_up": 0, "bytes_down": 0}
-        upstream: asyncio.StreamWriter | None = None
         try:
             if self.waiting >= self.policy.max_connections and self.slots.locked():
                 raise _Refused(503, "too many connections")
@@ -250,7 +249,7 @@ class _Proxy:
             finally:
                 self.waiting -= 1
             try:
-                upstream = await self.serve(reader, writer, entry)
+                await self.serve(reader, writer, entry)
             finally:
                 self.slots.release()
         except _Refused as refused:
@@ -261,9 +260,7 @@ class _Proxy:
         except asyncio.CancelledError:
             entry["reason"] = entry["reason"] or "proxy stopped"
         finally:
-            for stream in (writer, upstream):
-                if stream is not None:
-                    stream.close()
+            writer.close()
             entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             with contextlib.suppress(OSError):
                 self.log.write(entry)
@@ -339,7 +336,7 @@ class _Proxy:
         raise _Refused(502, f"cannot connect: {last}")
 
     async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    entry: dict[str, Any]) -> asyncio.StreamWriter | None:
+                    entry: dict[str, Any]) -> None:
         method, target, headers = await self.read_head(reader)
         entry["method"] = method
         if method == "CONNECT":
@@ -370,7 +367,6 @@ class _Proxy:
             await self.relay(reader, writer, up_reader, up_writer, entry)
         finally:
             up_writer.close()
-        return up_writer
 
     async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
