@@ -16,13 +16,16 @@ Policy (a `Policy` object, built from `network.allow`-style patterns):
   a public name must not rebind to the host or the LAN. It then connects to an address it checked,
   never to a second lookup.
 - Refusals are HTTP 403 with a JSON body `{"blocked", "port", "reason", "allow"}` where `allow` is the
-  command that would allow the host. A request head over 64 KB gets 431, a malformed one 400, and both
-  close the connection. Plain HTTP is one request per connection (forwarded with `Connection: close`).
+  command that would allow the host (for a name resolving to a private address: `network.allowLan`).
+  A request head over 64 KB gets 431, a malformed one 400, and both close the connection.
+- Plain HTTP is one request per connection (forwarded with `Connection: close`, the Host header set to
+  the URL's authority); hop-by-hop proxy headers are dropped.
 - At most `max_connections` requests are served at once; as many again may wait `queue_timeout`
   seconds for a slot, the rest get 503 at once. A tunnel silent in both directions for `idle_timeout`
   seconds is closed.
-- Every decision is one JSON line (time, client, method, host, port, decision, reason, bytes_up,
-  bytes_down) appended to the log file (O_APPEND, mode 0600), written when the request ends.
+- Every decision is one JSON line (time, client, method, host, port, decision: allow | deny (403) |
+  error (400, 431, 502, 503), reason, bytes_up, bytes_down) appended to the log file (O_APPEND,
+  mode 0600), written when the request ends.
 
 What it cannot do: see inside TLS (a tunnel to an allowed name may carry anything, domain fronting
 included) or stop a program that ignores the proxy variables; that is the guest firewall's job.
@@ -254,6 +257,7 @@ class _Proxy:
                 self.slots.release()
         except _Refused as refused:
             entry["reason"] = refused.reason
+            entry["decision"] = "deny" if refused.status == 403 else "error"
             await self.refuse(writer, refused, entry)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as error:
             entry["reason"] = entry["reason"] or type(error).__name__
@@ -268,8 +272,11 @@ class _Proxy:
 
     async def refuse(self, writer: asyncio.StreamWriter, refused: _Refused, entry: dict[str, Any]) -> None:
         body: dict[str, Any] = {"blocked": entry["host"], "port": entry["port"], "reason": refused.reason}
-        if refused.status == 403 and entry["host"]:
-            body["allow"] = f"agentbox net allow {entry['host']}" + (
+        if refused.status == 403 and refused.reason.startswith("resolves to"):
+            body["allow"] = "network.allowLan: true (in agentbox.yml)"
+        elif refused.status == 403:
+            host = f"[{entry['host']}]" if ":" in entry["host"] else entry["host"]
+            body["allow"] = f"agentbox net allow {host}" + (
                 "" if entry["port"] in (CONNECT_PORT, HTTP_PORT) else f":{entry['port']}")
         data = json.dumps(body).encode() + b"\n"
         head = (f"HTTP/1.1 {refused.status} {_STATUS_TEXT[refused.status]}\r\nContent-Type: application/json\r\n"
@@ -357,8 +364,10 @@ class _Proxy:
             path = match.group(2) or "/"
             if not path.startswith("/"):
                 path = "/" + path
-            kept = [(n, v) for n, v in headers
-                    if n.lower() not in ("connection", "proxy-connection", "proxy-authorization", "keep-alive")]
+            # Host is the checked authority, so a different Host header cannot pick another virtual host.
+            kept = [("Host", match.group(1))] + [
+                (n, v) for n, v in headers
+                if n.lower() not in ("host", "connection", "proxy-connection", "proxy-authorization", "keep-alive")]
             first = (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in kept)
                      + "Connection: close\r\n\r\n").encode("latin-1")
         entry["decision"], entry["reason"] = "allow", "listed"

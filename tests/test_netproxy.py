@@ -228,6 +228,7 @@ def test_name_resolving_to_loopback_refused_without_allow_lan(echo: EchoServer, 
         assert status == 403
         body = refusal(sock, rest)
     assert body["reason"] == "resolves to a private or loopback address (127.0.0.1)"
+    assert body["allow"] == "network.allowLan: true (in agentbox.yml)"
     assert echo.peak == 0
 
 
@@ -269,13 +270,20 @@ def test_plain_http_forwarded_and_refused(web: int, log_path: Path) -> None:
         body = rest + read_all(sock)
         sock.close()
         assert status == 200 and body == f"hello /a?b=1 host=web.test:{web}".encode()
+        # A Host header naming another site is replaced by the URL's (checked) authority.
+        sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
+        sock.sendall(f"GET http://web.test:{web} HTTP/1.1\r\nHost: evil.test\r\n\r\n".encode())
+        status, rest = read_head(sock)
+        body = rest + read_all(sock)
+        sock.close()
+        assert status == 200 and body == f"hello / host=web.test:{web}".encode()
         sock = socket.create_connection(("127.0.0.1", proxy.port), timeout=10)
         sock.sendall(b"GET http://evil.test/ HTTP/1.1\r\nHost: evil.test\r\n\r\n")
         status, rest = read_head(sock)
         assert status == 403 and refusal(sock, rest)["allow"] == "agentbox net allow evil.test"
-        entries = wait_for_log(log_path, 2)
+        entries = wait_for_log(log_path, 3)
     assert [(e["method"], e["host"], e["decision"]) for e in entries] == [
-        ("GET", "web.test", "allow"), ("GET", "evil.test", "deny")]
+        ("GET", "web.test", "allow"), ("GET", "web.test", "allow"), ("GET", "evil.test", "deny")]
     assert entries[0]["bytes_down"] > 0
 
 
@@ -300,7 +308,8 @@ def test_malformed_requests_get_400(request_bytes: bytes, log_path: Path) -> Non
         sock.sendall(request_bytes)
         status, _ = read_head(sock)
         sock.close()
-    assert status == 400
+        (entry,) = wait_for_log(log_path, 1)
+    assert status == 400 and entry["decision"] == "error"
 
 
 def open_fds() -> int:
