@@ -1,0 +1,491 @@
+"""The host-side egress proxy for `network.mode: allowlist | offline` (HTTP CONNECT and plain HTTP).
+
+The VM's HTTP(S)_PROXY points here; the proxy decides, per request, whether traffic may leave.
+
+Policy (a `Policy` object, built from `network.allow`-style patterns):
+- A pattern is `host`, `*.suffix` (subdomains of suffix only, not suffix itself), an IP literal
+  (`203.0.113.7`, `[2001:db8::1]`), each optionally with `:port`. `check_pattern` says what is wrong
+  with a bad one; the config layer reports that error with the key.
+- Ports: a pattern without a port allows 443 for CONNECT and 80 for plain HTTP; any other port must be
+  listed as `host:port`.
+- IP-literal destinations are refused unless that literal is listed (a listed name must not be
+  sidestepped by connecting to its address).
+- The proxy resolves names itself (getaddrinfo in a worker thread, or the policy's `resolver` hook) and
+  refuses when ANY address is loopback, private (RFC 1918, IPv6 ULA), link-local (cloud metadata
+  169.254.169.254 included), CGNAT (100.64/10), unspecified or multicast, unless `allow_lan` is set:
+  a public name must not rebind to the host or the LAN. It then connects to an address it checked,
+  never to a second lookup.
+- Refusals are HTTP 403 with a JSON body `{"blocked", "port", "reason", "allow"}` where `allow` is the
+  command that would allow the host (for a name resolving to a private address: `network.allowLan`).
+  A request head over 64 KB gets 431, a malformed one 400, and both close the connection.
+- Plain HTTP is one request per connection (forwarded with `Connection: close`, the Host header set to
+  the URL's authority); hop-by-hop proxy headers are dropped.
+- At most `max_connections` requests are served at once; as many again may wait `queue_timeout`
+  seconds for a slot, the rest get 503 at once. A tunnel silent in both directions for `idle_timeout`
+  seconds is closed.
+- Every decision is one JSON line (time, client, method, host, port, decision: allow | deny (403) |
+  error (400, 431, 502, 503), reason, bytes_up, bytes_down) appended to the log file (O_APPEND,
+  mode 0600), written when the request ends.
+
+What it cannot do: see inside TLS (a tunnel to an allowed name may carry anything, domain fronting
+included) or stop a program that ignores the proxy variables; that is the guest firewall's job.
+
+`start(policy, log_path, port=0)` runs the proxy on 127.0.0.1 in a thread for synchronous callers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import os
+import re
+import socket
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+MAX_HEAD = 64 * 1024
+CHUNK = 64 * 1024
+CONNECT_PORT = 443
+HTTP_PORT = 80
+
+Resolver = Callable[[str, int], Sequence[str]]
+
+_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+_BLOCKED_NETS = [
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+        "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4",
+        "::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8",
+    )
+]
+
+
+def _is_name(host: str) -> bool:
+    labels = host.split(".")
+    return len(host) <= 253 and all(_LABEL.match(label) for label in labels)
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
+
+
+def _split_host_port(text: str) -> tuple[str, int | None] | str:
+    """`host`, `host:port`, `[v6]`, `[v6]:port` → (host, port) or an error message."""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            return "has `[` without a closing `]`"
+        host, rest = text[1:end], text[end + 1:]
+        if _ip(host) is None or ":" not in host:
+            return f"`[{host}]` is not an IPv6 address"
+        if not rest:
+            return host, None
+        if not rest.startswith(":"):
+            return f"has `{rest}` after the `]`"
+        port_text = rest[1:]
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    elif ":" in text:
+        return "looks like an IPv6 address; write it in brackets, e.g. `[2001:db8::1]:443`"
+    else:
+        return text, None
+    if not port_text.isdigit() or not 1 <= int(port_text) <= 65535:
+        return f"has port `{port_text}`; a port is a number from 1 to 65535"
+    return host, int(port_text)
+
+
+def check_pattern(text: Any) -> str | None:
+    """Why `text` is not a valid allow pattern (`host`, `*.suffix`, IP literal, each with optional `:port`), or None."""
+    if not isinstance(text, str) or not text:
+        return "is empty; write a host name such as `api.example.com` or `*.example.com`"
+    if any(ch.isspace() for ch in text):
+        return f"`{text}` contains a space; write one host per entry"
+    if "://" in text or "/" in text or "@" in text:
+        return f"`{text}` is a URL; write only the host (and `:port`), e.g. `example.com`"
+    split = _split_host_port(text)
+    if isinstance(split, str):
+        return f"`{text}` {split}"
+    host = split[0].lower()
+    if _ip(host) is not None:
+        return None
+    if host.startswith("*."):
+        if not host[2:]:
+            return f"`{text}` has nothing after `*.`; write e.g. `*.example.com`"
+        if not _is_name(host[2:]):
+            return f"`{text}` is not a valid wildcard; only a leading `*.` before a domain is allowed"
+        return None
+    if host == "*":
+        return "`*` would allow every host; use `network.mode: open` instead"
+    if "*" in host:
+        return f"`{text}`: `*` is only allowed as a leading `*.`, e.g. `*.example.com`"
+    if not _is_name(host):
+        return f"`{text}` is not a valid host name"
+    return None
+
+
+@dataclass(frozen=True)
+class _Rule:
+    host: str  # a name, an IP literal, or ".suffix" for `*.suffix`
+    port: int | None
+
+    def matches(self, host: str, port: int, default_port: int) -> bool:
+        if port != (default_port if self.port is None else self.port):
+            return False
+        if self.host.startswith("."):
+            return host.endswith(self.host)
+        return host == self.host
+
+
+def _default_resolver(host: str, port: int) -> list[str]:
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+@dataclass
+class Policy:
+    """What the proxy lets through; `allow` holds patterns as accepted by `check_pattern`."""
+
+    allow: Sequence[str] = ()
+    allow_lan: bool = False
+    resolver: Resolver | None = None
+    max_connections: int = 256
+    queue_timeout: float = 10.0
+    idle_timeout: float = 300.0
+    connect_timeout: float = 10.0
+    rules: list[_Rule] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.rules = []
+        for pattern in self.allow:
+            problem = check_pattern(pattern)
+            if problem:
+                raise ValueError(f"network.allow: {problem}")
+            split = _split_host_port(pattern)
+            assert not isinstance(split, str)
+            host, port = split[0].lower(), split[1]
+            self.rules.append(_Rule(host[1:] if host.startswith("*.") else host, port))
+
+    def permits(self, host: str, port: int, default_port: int) -> str | None:
+        """None when host:port is listed, else the reason it is not."""
+        if any(rule.matches(host, port, default_port) for rule in self.rules):
+            return None
+        if _ip(host) is not None:
+            return "IP address not in the allow list"
+        if any(rule.matches(host, rule.port or default_port, default_port) for rule in self.rules):
+            return f"port {port} not allowed for this host"
+        return "host not in the allow list"
+
+    def blocked_address(self, address: str) -> bool:
+        if self.allow_lan:
+            return False
+        ip = _ip(address.split("%")[0])
+        if ip is None:
+            return True
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return any(ip in net for net in _BLOCKED_NETS if net.version == ip.version)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large",
+                502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
+
+
+class _Log:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        self.fd = os.open(path, flags, 0o600)
+        if not stat.S_ISREG(os.fstat(self.fd).st_mode):
+            os.close(self.fd)
+            raise OSError(f"{path} is not a regular file")
+        os.set_blocking(self.fd, True)
+        os.fchmod(self.fd, 0o600)
+
+    def write(self, entry: dict[str, Any]) -> None:
+        os.write(self.fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class _Proxy:
+    def __init__(self, policy: Policy, log: _Log) -> None:
+        self.policy = policy
+        self.log = log
+        self.slots = asyncio.Semaphore(policy.max_connections)
+        self.waiting = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.add(task)
+        peer = writer.get_extra_info("peername") or ("?", 0)
+        entry: dict[str, Any] = {"client": f"{peer[0]}:{peer[1]}", "method": None, "host": None, "port": None,
+                                 "decision": "deny", "reason": "", "bytes_up": 0, "bytes_down": 0}
+        try:
+            if self.waiting >= self.policy.max_connections and self.slots.locked():
+                raise _Refused(503, "too many connections")
+            self.waiting += 1
+            try:
+                await asyncio.wait_for(self.slots.acquire(), self.policy.queue_timeout)
+            except asyncio.TimeoutError:
+                raise _Refused(503, "too many connections") from None
+            finally:
+                self.waiting -= 1
+            try:
+                await self.serve(reader, writer, entry)
+            finally:
+                self.slots.release()
+        except _Refused as refused:
+            entry["reason"] = refused.reason
+            entry["decision"] = "deny" if refused.status == 403 else "error"
+            await self.refuse(writer, refused, entry)
+        except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as error:
+            entry["reason"] = entry["reason"] or type(error).__name__
+        except asyncio.CancelledError:
+            entry["reason"] = entry["reason"] or "proxy stopped"
+        finally:
+            writer.close()
+            entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            with contextlib.suppress(OSError):
+                self.log.write(entry)
+            self.tasks.discard(task)
+
+    async def refuse(self, writer: asyncio.StreamWriter, refused: _Refused, entry: dict[str, Any]) -> None:
+        body: dict[str, Any] = {"blocked": entry["host"], "port": entry["port"], "reason": refused.reason}
+        if refused.status == 403 and refused.reason.startswith("resolves to"):
+            body["allow"] = "network.allowLan: true (in agentbox.yml)"
+        elif refused.status == 403:
+            host = f"[{entry['host']}]" if ":" in entry["host"] else entry["host"]
+            body["allow"] = f"agentbox net allow {host}" + (
+                "" if entry["port"] in (CONNECT_PORT, HTTP_PORT) else f":{entry['port']}")
+        data = json.dumps(body).encode() + b"\n"
+        head = (f"HTTP/1.1 {refused.status} {_STATUS_TEXT[refused.status]}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+        with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
+            writer.write(head + data)
+            await asyncio.wait_for(writer.drain(), 5)
+
+    async def read_head(self, reader: asyncio.StreamReader) -> tuple[str, str, list[tuple[str, str]]]:
+        try:
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.policy.idle_timeout)
+        except asyncio.LimitOverrunError:
+            raise _Refused(431, "request head over 64 KB") from None
+        except asyncio.IncompleteReadError as error:
+            if len(error.partial) > MAX_HEAD:
+                raise _Refused(431, "request head over 64 KB") from None
+            raise
+        if len(raw) > MAX_HEAD:
+            raise _Refused(431, "request head over 64 KB")
+        try:
+            lines = raw.decode("latin-1").split("\r\n")[:-2]
+            method, target, version = lines[0].split(" ")
+            if not version.startswith("HTTP/1.") or not method.isalpha():
+                raise ValueError
+            headers = []
+            for line in lines[1:]:
+                name, sep, value = line.partition(":")
+                if not sep or not name or name != name.strip():
+                    raise ValueError
+                headers.append((name, value.strip()))
+        except ValueError:
+            raise _Refused(400, "malformed request") from None
+        return method.upper(), target, headers
+
+    async def open_upstream(self, host: str, port: int, default_port: int,
+                            entry: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host = host.lower().rstrip(".") if _ip(host) is None else host
+        entry["host"], entry["port"] = host, port
+        if _ip(host) is None and not _is_name(host):
+            raise _Refused(400, "malformed host")
+        reason = self.policy.permits(host, port, default_port)
+        if reason:
+            raise _Refused(403, reason)
+        if _ip(host) is not None:
+            addresses: Sequence[str] = [host]
+        else:
+            resolve = self.policy.resolver or _default_resolver
+            try:
+                addresses = await asyncio.get_running_loop().run_in_executor(None, resolve, host, port)
+            except OSError:
+                raise _Refused(502, "name does not resolve") from None
+            if not addresses:
+                raise _Refused(502, "name does not resolve")
+        bad = [a for a in addresses if self.policy.blocked_address(a)]
+        if bad:
+            raise _Refused(403, f"resolves to a private or loopback address ({bad[0]})")
+        last: Exception | None = None
+        for address in addresses:
+            try:
+                return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK),
+                                              self.policy.connect_timeout)
+            except (OSError, asyncio.TimeoutError) as error:
+                last = error
+        raise _Refused(502, f"cannot connect: {last}")
+
+    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    entry: dict[str, Any]) -> None:
+        method, target, headers = await self.read_head(reader)
+        entry["method"] = method
+        if method == "CONNECT":
+            split = _split_host_port(target)
+            if isinstance(split, str) or split[1] is None:
+                raise _Refused(400, "CONNECT target must be host:port")
+            up_reader, up_writer = await self.open_upstream(split[0], split[1], CONNECT_PORT, entry)
+            writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+            first = b""
+        else:
+            match = re.match(r"^http://([^/?#]+)(.*)$", target, re.IGNORECASE)
+            if not match or "@" in match.group(1):
+                raise _Refused(400, "plain HTTP needs an absolute http:// URL")
+            split = _split_host_port(match.group(1))
+            if isinstance(split, str):
+                raise _Refused(400, "malformed host")
+            up_reader, up_writer = await self.open_upstream(split[0], split[1] or HTTP_PORT, HTTP_PORT, entry)
+            path = match.group(2) or "/"
+            if not path.startswith("/"):
+                path = "/" + path
+            # Host is the checked authority, so a different Host header cannot pick another virtual host.
+            kept = [("Host", match.group(1))] + [
+                (n, v) for n, v in headers
+                if n.lower() not in ("host", "connection", "proxy-connection", "proxy-authorization", "keep-alive")]
+            first = (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in kept)
+                     + "Connection: close\r\n\r\n").encode("latin-1")
+        entry["decision"], entry["reason"] = "allow", "listed"
+        try:
+            up_writer.write(first)
+            await self.relay(reader, writer, up_reader, up_writer, entry)
+        finally:
+            up_writer.close()
+
+    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
+        last = [time.monotonic()]
+        idle = self.policy.idle_timeout
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, counter: str) -> None:
+            while True:
+                try:
+                    data = await asyncio.wait_for(src.read(CHUNK), idle)
+                except asyncio.TimeoutError:
+                    if time.monotonic() - last[0] >= idle:
+                        entry["reason"] = "idle timeout"
+                        return
+                    continue
+                if not data:
+                    if dst.can_write_eof():
+                        with contextlib.suppress(OSError):
+                            dst.write_eof()
+                    return
+                last[0] = time.monotonic()
+                entry[counter] += len(data)
+                dst.write(data)
+                await dst.drain()
+
+        up = asyncio.ensure_future(pipe(reader, up_writer, "bytes_up"))
+        down = asyncio.ensure_future(pipe(up_reader, writer, "bytes_down"))
+        try:
+            # The client finishing its upload leaves the download running; the server finishing, an
+            # error or the idle timeout on either side ends the tunnel.
+            done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+            if down not in done and up.exception() is None and entry["reason"] != "idle timeout":
+                await down
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            for task in (up, down):
+                task.cancel()
+            await asyncio.gather(up, down, return_exceptions=True)
+
+
+class RunningProxy:
+    """A proxy serving on 127.0.0.1:`port` from its own thread until `stop()`."""
+
+    def __init__(self, policy: Policy, log_path: Path, port: int) -> None:
+        self.port = 0
+        self._log = _Log(log_path)
+        self._loop = asyncio.new_event_loop()
+        self._proxy: _Proxy | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(policy, port), name="agentbox-netproxy", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._thread.join()
+            self._log.close()
+            raise self._error
+
+    def _run(self, policy: Policy, port: int) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._open(policy, port))
+        except BaseException as error:  # handed to the caller of start()
+            self._error = error
+            self._ready.set()
+            self._loop.close()
+            return
+        self._ready.set()
+        try:
+            self._loop.run_forever()
+        finally:
+            self._loop.close()
+
+    async def _open(self, policy: Policy, port: int) -> None:
+        self._proxy = _Proxy(policy, self._log)
+        try:
+            self._server = await asyncio.start_server(self._proxy.handle, "127.0.0.1", port, limit=MAX_HEAD)
+        except OSError:
+            if port == 0:
+                raise
+            self._server = await asyncio.start_server(self._proxy.handle, "127.0.0.1", 0, limit=MAX_HEAD)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _shutdown(self) -> None:
+        assert self._server is not None and self._proxy is not None
+        self._server.close()
+        tasks = list(self._proxy.tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.wait_closed()
+        await self._loop.shutdown_default_executor()
+
+    def stop(self) -> None:
+        """Close the listener and every open connection, then the log; idempotent."""
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._log.close()
+
+    def __enter__(self) -> RunningProxy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start(policy: Policy, log_path: Path, port: int = 0) -> RunningProxy:
+    """Serve the proxy on 127.0.0.1:port (0, or a taken port: any free one) from a background thread."""
+    return RunningProxy(policy, Path(log_path), port)

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""Measure what the egress proxy adds to a connection's setup on loopback; print a table.
+
+    python3 benchmarks/proxy.py [--runs 200]
+
+Each sample opens a TCP connection to a local echo server and waits for one byte to come back:
+directly, or through `agentbox.netproxy` (CONNECT handshake included). The name row resolves through
+the policy's resolver hook (no DNS: what DNS costs is the same with or without the proxy).
+Target (issue 17): the proxy adds under 5 ms at the median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import socketserver
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agentbox import netproxy
+
+
+class Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+def direct(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(b"x")
+        assert sock.recv(1) == b"x"
+
+
+def through(proxy_port: int, target: str) -> None:
+    with socket.create_connection(("127.0.0.1", proxy_port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        head = b""
+        while not head.endswith(b"\r\n\r\n"):
+            head += sock.recv(1)
+        assert head.startswith(b"HTTP/1.1 200"), head
+        sock.sendall(b"x")
+        assert sock.recv(1) == b"x"
+
+
+def median_ms(run: Callable[[], None], runs: int) -> float:
+    for _ in range(10):
+        run()
+    samples = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        run()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    args = parser.parse_args()
+
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    policy = netproxy.Policy(allow=[f"echo.test:{port}", f"127.0.0.1:{port}"], allow_lan=True,
+                             resolver=lambda host, _port: ["127.0.0.1"])
+    with tempfile.TemporaryDirectory() as scratch, netproxy.start(policy, Path(scratch) / "net.log") as proxy:
+        base = median_ms(lambda: direct(port), args.runs)
+        rows = [
+            ("direct", base),
+            ("proxy, listed name", median_ms(lambda: through(proxy.port, f"echo.test:{port}"), args.runs)),
+            ("proxy, listed IP literal", median_ms(lambda: through(proxy.port, f"127.0.0.1:{port}"), args.runs)),
+        ]
+    server.shutdown()
+    print(f"connection setup + 1-byte round trip on loopback, median of {args.runs}")
+    print(f"{'path':<26} {'median ms':>10} {'added ms':>9}")
+    for name, value in rows:
+        print(f"{name:<26} {value:>10.3f} {value - base:>9.3f}")
+    worst = max(value - base for _, value in rows)
+    print(f"target: proxy adds < 5 ms -> {'met' if worst < 5 else 'MISSED'} ({worst:.3f} ms)")
+
+
+if __name__ == "__main__":
+    main()
