@@ -112,6 +112,15 @@ def _harvest(vm_name: str, task_id: str) -> None:
             pass  # the next agentbox command that looks does it
 
 
+def sessions_alive(vm_name: str) -> bool:
+    """Whether a kept session or a waiting or running task of the VM keeps its marker fresh."""
+    try:
+        with outboxfiles.folder(staging.outbox(vm_name), staging.OUTBOX_SESSIONS, sessions.EVENTS) as events:
+            return _alive(events)
+    except OSError:
+        return False
+
+
 def _alive(events: int) -> bool:
     try:
         live = os.open("live", outboxfiles.DIR_FLAGS, dir_fd=events)

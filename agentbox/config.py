@@ -7,10 +7,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
-from agentbox import keys, paths, sizes
+from agentbox import keys, netpolicy, paths, sizes
 from agentbox.agents import BUILTIN_AGENTS
 from agentbox.errors import ConfigError
 from agentbox.layers import Layer
+from agentbox.netpolicy import NetworkSettings
 
 DEFAULTS: dict[str, Any] = keys.defaults()
 
@@ -55,6 +56,7 @@ class AgentConfig(NamedTuple):
     credentials: tuple[str, ...] = ()
     sync: AgentSync = AgentSync()
     task_args: tuple[str, ...] = ()  # its non-interactive form (agentbox run)
+    endpoints: tuple[str, ...] = ()  # its API's hosts, reachable in network.mode allowlist and offline
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -68,6 +70,7 @@ class AgentConfig(NamedTuple):
         data["credentials"] = list(self.credentials)
         data["sync"] = self.sync.to_json()
         data["taskArgs"] = list(self.task_args)
+        data["endpoints"] = list(self.endpoints)
         return data
 
 
@@ -155,6 +158,7 @@ class Config(NamedTuple):
     notify: bool = True  # notify: desktop notification, bell and title when a session needs the user
     vm_base: str = "auto"  # vm.base: new VMs are clones of the provisioned base (agentbox.base), or "off"
     base_max_age_days: int = 7  # vm.baseMaxAgeDays: an older base is rebuilt before the next clone
+    network: NetworkSettings = NetworkSettings()  # network.*: what the VM may reach (agentbox.netpolicy)
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -198,6 +202,7 @@ class Config(NamedTuple):
             "session": {"mode": self.session_mode, "keepAlive": self.keep_alive},
             "tasks": {"maxConcurrent": self.tasks_max_concurrent},
             "notify": self.notify,
+            "network": self.network.to_json(),
         }
 
 
@@ -410,9 +415,11 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = {**previous, **value}
                 data["credentials"] = value
                 origins["credentials"] = label
-            elif key in ("vm", "sync", "agents", "checkpoints", "session", "tasks"):
+            elif key in ("vm", "sync", "agents", "checkpoints", "session", "tasks", "network"):
                 if key == "agents":
                     value = _with_excludes_added(data.get("agents", {}), value)
+                if key == "network":
+                    value = _with_lists_added(data.get("network", {}), value, ("presets", "allow"))
                 deep_merge(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
             else:
@@ -430,6 +437,15 @@ def _with_excludes_added(merged: dict[str, Any], layer: dict[str, Any]) -> dict[
         before = merged.get(name, {}).get("sync", {}).get("exclude", [])
         if excluded is not None and before:
             result[name] = {**agent, "sync": {**agent["sync"], "exclude": list(dict.fromkeys([*before, *excluded]))}}
+    return result
+
+
+def _with_lists_added(merged: dict[str, Any], layer: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """A layer's mapping with each listed key's list added to the one merged so far (local and global add up)."""
+    result = dict(layer)
+    for name in names:
+        if name in layer and merged.get(name):
+            result[name] = list(dict.fromkeys([*merged[name], *layer[name]]))
     return result
 
 
@@ -529,6 +545,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
         notify=data["notify"],
         vm_base=_vm_base(vm["base"]),
         base_max_age_days=vm["baseMaxAgeDays"],
+        network=netpolicy.from_data(data["network"]),
     )
 
 
@@ -663,6 +680,7 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
         credentials=_agent_credentials(raw.get("credentials", True), builtin.credentials if builtin else ()),
         sync=_agent_sync(name, raw.get("sync", {}), layers),
         task_args=tuple(raw["taskArgs"]) if "taskArgs" in raw else (builtin.task_args if builtin else ()),
+        endpoints=netpolicy.endpoints(name, raw.get("endpoints")),
     )
 
 

@@ -37,7 +37,8 @@ RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outs
 
 class Key(NamedTuple):
     # str, word (a str where a bare off/on stays a word), path, int, bool, size, bytes, strlist, args, env,
-    # mapping, agents, mounts, freeform, credentials
+    # mapping, agents, mounts, freeform, credentials, hosts (a strlist of netproxy patterns), hostports (true,
+    # false or a list of ports)
     kind: str
     help: str
     default: Any = UNSET
@@ -63,6 +64,18 @@ BASE_MODES = ("auto", "off")
 
 def _check_base_mode(value: str) -> str | None:
     return None if value in BASE_MODES else f"expected auto or off, found {value!r}"
+
+
+def _check_network_mode(value: str) -> str | None:
+    from agentbox.netpolicy import check_mode
+
+    return check_mode(value)
+
+
+def _check_network_preset(value: str) -> str | None:
+    from agentbox.netpolicy import check_preset
+
+    return check_preset(value)
 
 
 def _check_vm_type(value: str) -> str | None:
@@ -108,6 +121,9 @@ AGENT_KEYS: dict[str, Key] = {
                    default_text="built-ins", trust=SET, why="runs in the VM when the agent is missing"),
     "credentials": Key("agent_credentials", "Host files with this agent's login (a list), or false for none.",
                        default_text="built-ins", trust=RULE, why="when a list: it brings host files into the VM"),
+    "endpoints": Key("hosts", "Hosts of the agent's API and login, reachable in `network.mode` allowlist and offline "
+                     "(`host`, `*.suffix`, `host:port`).", default_text="built-ins (README \"Network\")",
+                     trust=RULE, why="when it adds hosts the VM may reach in allowlist or offline mode"),
     "sync": Key(
         "mapping",
         "What of this agent's own setup is brought into the VM.",
@@ -223,6 +239,35 @@ SCHEMA: dict[str, Key] = {
                              default=False),
         },
     ),
+    "network": Key(
+        "mapping",
+        "What the VM's network may reach (README \"Network\").",
+        documented=False,
+        children={
+            # A project's file may tighten the policy without trust; loosening it needs trust (netpolicy.loosened).
+            "mode": Key("word", "`open`: the internet is open; `allowlist`: traffic leaves only through agentbox's "
+                        "proxy, to the agent's API, `presets` and `allow`; `offline`: to the agent's API only.",
+                        default="open", check=_check_network_mode, trust=RULE,
+                        why="when looser than the global config's: the VM reaches more"),
+            "allowHost": Key("hostports", "Ports of the host's localhost the VM may reach (a list), or true for all; "
+                             "closed in every mode otherwise.", default=False, trust=RULE,
+                             why="when it opens ports the global config does not: the VM reaches services on "
+                             "your localhost"),
+            "allowLan": Key("bool", "In allowlist and offline mode, let the VM reach private addresses (RFC 1918, "
+                            "link-local, cloud metadata).", default=False, trust=RULE,
+                            why="when true and the global config does not say so: the VM reaches your local "
+                            "network"),
+            "presets": Key("strlist", "Host sets for allowlist mode: npm, pypi, github, apt, docker. Local and "
+                           "global lists add up.", default=[], check=_check_network_preset, trust=RULE,
+                           why="when it adds hosts the global config does not allow"),
+            "allow": Key("hosts", "More hosts for allowlist mode (`host`, `*.suffix`, `host:port`, an IP). Local and "
+                         "global lists add up.", default=[], trust=RULE,
+                         why="when it adds hosts the global config does not allow"),
+            "agentApi": Key("bool", "Let the launched agent reach its API (and login) in allowlist and offline "
+                            "mode.", default=True, trust=RULE,
+                            why="when true and the global config turns it off"),
+        },
+    ),
     "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "
                   "background task ends: a desktop notification on the host, the terminal's bell and title "
                   "when attached.", default=True),
@@ -280,7 +325,9 @@ SCHEMA: dict[str, Key] = {
 
 # Keys of the previous agentbox's Docker Sandboxes era. Its Lima version ignored them; so does agentbox.
 RETIRED: dict[tuple[str, ...], str] = {
-    ("network",): "network policies belonged to Docker Sandboxes; a Lima VM has no such proxy",
+    **{("network", old): "Docker Sandboxes' proxy setting; agentbox's is network.mode with network.allow "
+       "(README \"Network\")" for old in ("policy", "allowHosts", "blockHosts", "allowCidrs", "blockCidrs",
+                                            "bypassHosts", "bypassCidrs")},
     ("sync", "files"): "files are no longer copied into the sandbox; use mounts, or credentials for logins",
     ("agents", "*", "execMode"): "agents always run through the VM's shell now",
     ("agents", "*", "sandboxName"): "Docker Sandboxes are gone; use agents.<agent>.vmName to pick a VM",

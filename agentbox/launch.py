@@ -21,7 +21,20 @@ import os
 import sys
 from pathlib import Path
 
-from agentbox import bootstrap, context, drift, isolation, ports, sessions, staging, timing, tripwire, vm, writeback
+from agentbox import (
+    bootstrap,
+    context,
+    drift,
+    isolation,
+    netguard,
+    ports,
+    sessions,
+    staging,
+    timing,
+    tripwire,
+    vm,
+    writeback,
+)
 from agentbox.config import AgentConfig, Config
 from agentbox.errors import StateError, UsageError
 from agentbox.lima import Instance
@@ -59,12 +72,19 @@ def run_in_vm(
     """
     config = session.config
     workspace = config.require_workspace()
+    # In allowlist and offline mode the VM's proxy starts now, while Lima is asked (agentbox.netguard).
+    lease = netguard.begin(config.network, name, {agent.name: agent.endpoints} if agent is not None else {})
     points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
-    points.start()
     try:
-        return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree, keep)
+        points.start()
+        try:
+            return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree, keep,
+                        lease)
+        finally:
+            points.wait_for_start()  # a launch that failed early still leaves no thread behind
     finally:
-        points.wait_for_start()  # a launch that failed early still leaves no thread behind
+        if lease is not None:
+            lease.release()  # the proxy stops unless another session (or a kept one's marker) needs it
 
 
 def _run(
@@ -78,6 +98,7 @@ def _run(
     login: bool,
     worktree: Worktree | None = None,
     keep: str | None = None,
+    lease: netguard.Lease | None = None,
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
@@ -92,7 +113,7 @@ def _run(
         if instance is not running_before:  # restarted to apply them
             state = vm.read_state(name)
     with timing.phase("staging (credentials, env, guards, sync)"):
-        refreshed = staging.refresh(config, name, agent, scripts, instance)
+        refreshed = staging.refresh(config, name, agent, scripts, instance, lease.port if lease else None)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vm.update_state(name, {"seen": seen})
@@ -198,7 +219,8 @@ def _kept_session(
             hint="`agentbox start --recreate` applies it.",
         )
     events = sessions.events_folder(name) if config.notify else None
-    return staging.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name), events)
+    return staging.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name), events,
+                                 sessions.live_folder(name))
 
 
 def _session_outcome(name: str, kept: staging.SessionLaunch, code: int) -> int:

@@ -9,11 +9,12 @@ Policy (a `Policy` object, built from `network.allow`-style patterns):
 - Ports: a pattern without a port allows 443 for CONNECT and 80 for plain HTTP; any other port must be
   listed as `host:port`.
 - IP-literal destinations are refused unless that literal is listed (a listed name must not be
-  sidestepped by connecting to its address).
+  sidestepped by connecting to its address); a listed literal is connected to as written.
 - The proxy resolves names itself (getaddrinfo in a worker thread, or the policy's `resolver` hook) and
-  refuses when ANY address is loopback, private (RFC 1918, IPv6 ULA), link-local (cloud metadata
-  169.254.169.254 included), CGNAT (100.64/10), unspecified or multicast, unless `allow_lan` is set:
-  a public name must not rebind to the host or the LAN. It then connects to an address it checked,
+  refuses when ANY address is loopback, unspecified or multicast, or (unless `allow_lan` is set) private
+  (RFC 1918, IPv6 ULA), link-local (cloud metadata 169.254.169.254 included) or CGNAT (100.64/10): a public
+  name must not rebind to the host or the LAN (the host's own services are `network.allowHost`'s, never
+  the proxy's). It then connects to an address it checked,
   never to a second lookup.
 - Refusals are HTTP 403 with a JSON body `{"blocked", "port", "reason", "allow"}` where `allow` is the
   command that would allow the host (for a name resolving to a private address: `network.allowLan`).
@@ -66,6 +67,9 @@ _BLOCKED_NETS = [
         "::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8",
     )
 ]
+
+
+_RESERVED = ipaddress.ip_network("0.0.0.0/8")
 
 
 def _is_name(host: str) -> bool:
@@ -158,6 +162,7 @@ class Policy:
 
     allow: Sequence[str] = ()
     allow_lan: bool = False
+    allow_loopback: bool = False  # tests and benchmarks only: their servers listen on loopback
     resolver: Resolver | None = None
     max_connections: int = 256
     queue_timeout: float = 10.0
@@ -187,14 +192,24 @@ class Policy:
         return "host not in the allow list"
 
     def blocked_address(self, address: str) -> bool:
-        if self.allow_lan:
-            return False
+        """Whether a name may not lead to `address`: loopback, unspecified and multicast always (the host's own
+        services are `network.allowHost`'s), private ranges unless allow_lan."""
         ip = _ip(address.split("%")[0])
         if ip is None:
             return True
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
-        return any(ip in net for net in _BLOCKED_NETS if net.version == ip.version)
+        if ip.is_loopback or ip.is_unspecified or ip.is_multicast or ip in _RESERVED:
+            return not (self.allow_loopback and ip.is_loopback)
+        return not self.allow_lan and any(ip in net for net in _BLOCKED_NETS if net.version == ip.version)
+
+
+    @staticmethod
+    def loopback(address: str) -> bool:
+        ip = _ip(address.split("%")[0])
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        return ip is not None and (ip.is_loopback or ip.is_unspecified)
 
 
 class _Refused(Exception):
@@ -272,7 +287,10 @@ class _Proxy:
 
     async def refuse(self, writer: asyncio.StreamWriter, refused: _Refused, entry: dict[str, Any]) -> None:
         body: dict[str, Any] = {"blocked": entry["host"], "port": entry["port"], "reason": refused.reason}
-        if refused.status == 403 and refused.reason.startswith("resolves to"):
+        if refused.status == 403 and refused.reason.startswith("resolves to a loopback"):
+            body["allow"] = (f"nothing here: the host's own services are reached directly, not through the proxy "
+                             f"(network.allowHost: [PORT], then host.lima.internal:PORT)")
+        elif refused.status == 403 and refused.reason.startswith("resolves to"):
             body["allow"] = "network.allowLan: true (in agentbox.yml)"
         elif refused.status == 403:
             host = f"[{entry['host']}]" if ":" in entry["host"] else entry["host"]
@@ -321,7 +339,7 @@ class _Proxy:
         if reason:
             raise _Refused(403, reason)
         if _ip(host) is not None:
-            addresses: Sequence[str] = [host]
+            addresses: Sequence[str] = [host]  # listed by the user, as written: no rebinding to fear
         else:
             resolve = self.policy.resolver or _default_resolver
             try:
@@ -330,9 +348,10 @@ class _Proxy:
                 raise _Refused(502, "name does not resolve") from None
             if not addresses:
                 raise _Refused(502, "name does not resolve")
-        bad = [a for a in addresses if self.policy.blocked_address(a)]
+        bad = [a for a in addresses if self.policy.blocked_address(a)] if _ip(host) is None else []
         if bad:
-            raise _Refused(403, f"resolves to a private or loopback address ({bad[0]})")
+            kind = "a loopback" if self.policy.loopback(bad[0]) else "a private"
+            raise _Refused(403, f"resolves to {kind} address ({bad[0]})")
         last: Exception | None = None
         for address in addresses:
             try:
@@ -470,6 +489,11 @@ class RunningProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self._server.wait_closed()
         await self._loop.shutdown_default_executor()
+
+    def set_policy(self, policy: Policy) -> None:
+        """Decide the next requests by `policy` (open tunnels stay as they are)."""
+        if self._proxy is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(setattr, self._proxy, "policy", policy)
 
     def stop(self) -> None:
         """Close the listener and every open connection, then the log; idempotent."""

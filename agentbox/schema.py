@@ -7,7 +7,7 @@ Python data (lists normalized, strings checked) plus the position of each value.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -137,8 +137,11 @@ class _Walker:
             return self.freeform(node, keypath, top=True)
         if kind in ("credentials", "agent_credentials"):
             return self.credentials(node, keypath, per_agent=kind == "agent_credentials")
-        if kind in ("strlist", "args"):
-            return self.string_list(node, keypath, split=kind == "args")
+        if kind in ("strlist", "args", "hosts"):
+            check = _check_host_pattern if kind == "hosts" else spec.check
+            return self.string_list(node, keypath, split=kind == "args", check=check)
+        if kind == "hostports":
+            return self.host_ports(node, keypath)
         self.visit(node, keypath)
         value = self.scalar(node, keypath)
         if kind == "word" and isinstance(value, bool):
@@ -183,7 +186,34 @@ class _Walker:
             raise self.fail(node, keypath, f"expected a single value, found {_describe_node(node)}")
         return construct_scalar(node)
 
-    def string_list(self, node: yaml.Node, keypath: tuple[str, ...], split: bool) -> list[str]:
+    def host_ports(self, node: yaml.Node, keypath: tuple[str, ...]) -> bool | list[int]:
+        """true, false, one port or a list of ports (network.allowHost)."""
+        from agentbox.netpolicy import check_port
+
+        self.visit(node, keypath)
+        hint = "Write true, false, or the ports as a list, e.g. `allowHost: [5432, 8080]`."
+        items = [(node, keypath)] if isinstance(node, yaml.ScalarNode) else None
+        if isinstance(node, yaml.ScalarNode):
+            value = construct_scalar(node)
+            if isinstance(value, bool):
+                return value
+        elif isinstance(node, yaml.SequenceNode):
+            items = [(item, keypath + (f"[{index}]",)) for index, item in enumerate(node.value)]
+        if items is None:
+            raise self.fail(node, keypath, f"expected true, false or a list of ports, found {_describe_node(node)}",
+                            hint=hint)
+        ports = []
+        for item, item_path in items:
+            self.visit(item, item_path)
+            value = self.scalar(item, item_path)
+            problem = check_port(value)
+            if problem:
+                raise self.fail(item, item_path, problem, hint=hint)
+            ports.append(value)
+        return ports
+
+    def string_list(self, node: yaml.Node, keypath: tuple[str, ...], split: bool,
+                    check: Callable[[Any], str | None] | None = None) -> list[str]:
         self.visit(node, keypath)
         if isinstance(node, yaml.ScalarNode):
             value = construct_scalar(node)
@@ -199,6 +229,8 @@ class _Walker:
                 except ValueError as exc:
                     raise self.fail(node, keypath, f"cannot split into arguments: {exc}") from exc
             self.check_path_text(node, keypath, value)
+            if check is not None and value.strip():
+                self._check_item(node, keypath, value, check)
             return [value] if value.strip() else []
         if not isinstance(node, yaml.SequenceNode):
             raise self.fail(node, keypath, f"expected a string or a list of strings, found {_describe_node(node)}")
@@ -213,8 +245,16 @@ class _Walker:
                 raise self.fail(item, item_path, f"expected a string, found {_describe_value(value)}")
             if not split:
                 self.check_path_text(item, item_path, value)
+            if check is not None:
+                self._check_item(item, item_path, value, check)
             items.append(value)
         return items
+
+    def _check_item(self, node: yaml.Node, keypath: tuple[str, ...], value: str,
+                    check: Callable[[Any], str | None]) -> None:
+        problem = check(value)
+        if problem:
+            raise self.fail(node, keypath, problem)
 
     def check_path_text(self, node: yaml.Node, keypath: tuple[str, ...], value: str) -> None:
         from agentbox.paths import control_character_problem
@@ -322,6 +362,12 @@ class _Walker:
         if top and value is not None:
             raise self.fail(node, keypath, f"expected a mapping of Lima settings, found {_describe_value(value)}")
         return {} if top else value
+
+
+def _check_host_pattern(value: Any) -> str | None:
+    from agentbox.netpolicy import check_host_pattern
+
+    return check_host_pattern(value)
 
 
 def _is_null(node: yaml.Node) -> bool:

@@ -81,6 +81,11 @@ def events_folder(vm_name: str) -> Path:
     return outbox_folder(vm_name) / EVENTS
 
 
+def live_folder(vm_name: str) -> Path:
+    """Where running sessions and waiting or running tasks keep a marker fresh (agentbox.attention reads it)."""
+    return events_folder(vm_name) / "live"
+
+
 def new_reply(vm_name: str) -> Path:
     """A fresh folder for one start's or attach's answer (the host removes it once read)."""
     return outboxfiles.fresh_folder(staging.outbox(vm_name), staging.OUTBOX_SESSIONS, prefix=REPLY_PREFIX)

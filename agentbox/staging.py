@@ -14,6 +14,8 @@ launch.sh finds the folder as the one it runs from.
                                  SHA = 16 hex digits of its sha256           bash -euo pipefail FILE, in the workspace
     env                    0600  NAME=value records, each ended by a NUL;  launch.sh: exports each record
                                  absent when there is nothing to set
+    network.nft            0600  the VM's firewall (agentbox.netpolicy)    launch.sh: sudo nft -f, when it differs
+                                                                             from /run/agentbox/network.nft
     creds/home/PATH        0600  a host login file at PATH, its path       launch.sh: install -m 600 as ~/PATH when its
                                  relative to the guest home (folders 0700)   digest is not the one it last applied
     creds/manifest         0600  "SHA256 PATH" records, each ended by a    launch.sh: which creds/home files to apply
@@ -102,9 +104,9 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import agentsync, context, credentials, paths, resources, timing
+from agentbox import agentsync, context, credentials, netpolicy, paths, resources, timing
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
-from agentbox.progress import warn
+from agentbox.progress import note, warn
 
 if TYPE_CHECKING:
     from agentbox.bootstrap import Plan
@@ -117,6 +119,7 @@ TASK_RUNNER = "task-runner.sh"
 MEMORY_SCRIPT = "agent-memory.sh"
 SESSION_SCRIPT = "session.sh"
 TMUX_CONF = "tmux.conf"
+NETWORK_RULES = "network.nft"
 ATTENTION_SCRIPT = "attention.sh"
 CLAUDE_HOOKS = "claude-hooks.json"
 OUTBOX_SESSIONS = "sessions"
@@ -190,6 +193,8 @@ LAUNCH_OPTIONS = (
     LaunchOption("--session-reply", "DIR", "this launch's folder in the outbox, where session.sh writes the "
                  "session's name (and, after an attach, how it ended)"),
     LaunchOption("--session-events", "DIR", "the outbox folder for the session's attention events (notify)"),
+    LaunchOption("--session-live", "DIR", "the outbox folder where the session keeps a marker fresh while it runs "
+                 "(the host's watcher and network proxy stay while one is)"),
 )
 
 OptionValue = str | bool | Sequence[str] | None
@@ -227,6 +232,7 @@ class SessionLaunch(NamedTuple):
     attach: bool  # --session-attach
     reply: Path  # --session-reply
     events: Path | None  # --session-events (None: notify is off)
+    live: Path | None = None  # --session-live
 
 
 class CredentialReturn(NamedTuple):
@@ -278,6 +284,7 @@ def launch_command(
         values["--session-attach"] = session.attach
         values["--session-reply"] = str(session.reply)
         values["--session-events"] = str(session.events) if session.events is not None else None
+        values["--session-live"] = str(session.live) if session.live is not None else None
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 
@@ -312,7 +319,8 @@ def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig
 
 
 def refresh(
-    config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None
+    config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None,
+    proxy_port: int | None = None,
 ) -> Refreshed:
     """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
 
@@ -343,7 +351,8 @@ def refresh(
     warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
-    env = session_env(config)
+    write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
+    env = session_env(config, proxy_port)
     write_env(staging, env)
     return Refreshed(staging, staged, tuple(env))
 
@@ -381,9 +390,18 @@ def credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
     return files
 
 
-def session_env(config: Config) -> dict[str, str]:
-    """The environment the session gets: agentbox's additions, then the config's env over them."""
-    return {**_added_env(config), **config.env}
+def session_env(config: Config, proxy_port: int | None = None) -> dict[str, str]:
+    """The environment the session gets: agentbox's additions, then the config's env over them; in allowlist and
+    offline mode the proxy's variables over both (said when the config's env had its own)."""
+    env = {**_added_env(config), **config.env}
+    if proxy_port is None:
+        return env
+    proxy = netpolicy.proxy_env(proxy_port)
+    replaced = sorted(key for key in proxy if key in config.env)
+    if replaced:
+        note(f"network.mode {config.network.mode}: the session's {', '.join(replaced)} point to agentbox's proxy, "
+             "not to the values in env")
+    return {**env, **proxy}
 
 
 def _added_env(config: Config) -> dict[str, str]:

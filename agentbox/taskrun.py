@@ -19,11 +19,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentbox import attention, bootstrap, checkpoints, hostgit, isolation, sessions, staging, tasks, timing, vm
+from agentbox import (
+    attention,
+    bootstrap,
+    checkpoints,
+    hostgit,
+    isolation,
+    netguard,
+    sessions,
+    staging,
+    tasks,
+    timing,
+    vm,
+)
 from agentbox.commands.agent import agent_argv, flag_subcommands, model_after
 from agentbox.config import AgentConfig
 from agentbox.errors import AgentboxError, StateError
 from agentbox.launch import workdir_for
+from agentbox.lima import Instance
 from agentbox.progress import warn
 from agentbox.taskstate import CANCELLED, FAILED
 
@@ -92,8 +105,21 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
     scripts = bootstrap.plan(config, str(staging.folder(agent.vm_name)))
     with timing.phase("VM state (limactl list, start)"):
         instance = vm.ensure_running(session, agent.vm_name)
+    # The task's marker keeps the VM's proxy (allowlist, offline) once this lease ends with the hand-over.
+    lease = netguard.begin(config.network, agent.vm_name, {agent.name: agent.endpoints})
+    try:
+        _stage_and_start(session, agent, task, prompt, base, workspace, scripts, instance,
+                         lease.port if lease is not None else None)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
+                     workspace: Path, scripts: bootstrap.Plan, instance: Instance, proxy_port: int | None) -> None:
+    config = session.config
     with timing.phase("staging (credentials, env, guards, sync)"):
-        refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance)
+        refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance, proxy_port)
         staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
     events = sessions.events_folder(agent.vm_name) if config.notify else None
     box = tasks.prepare_box(task, {"prompt": prompt,
@@ -117,6 +143,7 @@ def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Pa
               "grace": str(tasks.GRACE_SECONDS), "cwd": task.cwd, "agent": task.agent}
     if events is not None:
         values["events"] = str(events)
+    values["live"] = str(sessions.live_folder(task.vm))
     if task.worktree and base:
         values.update(worktree=task.worktree, branch=task.branch or "", base=base, repo=str(workspace))
     return b"".join(f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0" for key, value in values.items())

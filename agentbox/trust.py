@@ -46,7 +46,7 @@ def risky_keys(config: Config) -> list[str]:
                 risky.append(f"{name}: true ({key.why})")
             elif key.trust == keys.RULE:
                 risky.extend(_RULES[keys.dotted(path)](config, concrete, value))
-    return risky
+    return list(dict.fromkeys(risky))
 
 
 def _set_in(data: Any, path: tuple[str, ...]) -> list[tuple[tuple[str, ...], Any]]:
@@ -130,6 +130,33 @@ def _sync_include_rule(config: Config, path: tuple[str, ...], value: Any) -> lis
     return [f"{keys.dotted(path)}: {', '.join(visible(entry) for entry in added)} (brings more host files into the VM)"]
 
 
+def _network_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """A project's file may tighten the network policy; what it loosens against the global config needs trust."""
+    from agentbox import netpolicy
+
+    global_raw = {**keys.defaults()["network"], **(_global_value(config, ("network",)) or {})}
+    return netpolicy.loosened(netpolicy.from_data(global_raw), config.network)
+
+
+def _endpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """An agent's endpoints matter only where a proxy decides; hosts beyond the global config's need trust."""
+    if config.network.mode == "open" or not config.network.agent_api or not isinstance(value, list):
+        return []
+    allowed = _global_value(config, path)
+    before = {str(host).lower() for host in (allowed if isinstance(allowed, list) else
+                                              _builtin_endpoints(path[1]))}
+    added = [host for host in value if host.lower() not in before]
+    if not added:
+        return []
+    return [f"{keys.dotted(path)}: {', '.join(visible(host) for host in added)} (more hosts the VM may reach)"]
+
+
+def _builtin_endpoints(agent: str) -> tuple[str, ...]:
+    from agentbox import netpolicy
+
+    return netpolicy.AGENT_ENDPOINTS.get(agent, ())
+
+
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
 _RULES = {
     "workspace": _workspace_rule,
@@ -141,6 +168,13 @@ _RULES = {
     "sync.agentConfig": _widens_bool_rule,
     "agents.<name>.sync.include": _sync_include_rule,
     "agents.<name>.sync.mcpSecrets": _widens_bool_rule,
+    "agents.<name>.endpoints": _endpoints_rule,
+    "network.mode": _network_rule,
+    "network.allowHost": _network_rule,
+    "network.allowLan": _network_rule,
+    "network.presets": _network_rule,
+    "network.allow": _network_rule,
+    "network.agentApi": _network_rule,
 }
 
 

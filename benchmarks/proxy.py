@@ -72,7 +72,7 @@ def main() -> None:
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port = server.server_address[1]
-    policy = netproxy.Policy(allow=[f"echo.test:{port}", f"127.0.0.1:{port}"], allow_lan=True,
+    policy = netproxy.Policy(allow=[f"echo.test:{port}", f"127.0.0.1:{port}"], allow_lan=True, allow_loopback=True,
                              resolver=lambda host, _port: ["127.0.0.1"])
     with tempfile.TemporaryDirectory() as scratch, netproxy.start(policy, Path(scratch) / "net.log") as proxy:
         base = median_ms(lambda: direct(port), args.runs)

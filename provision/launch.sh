@@ -35,6 +35,7 @@ session=""
 session_attach=""
 session_reply=""
 session_events=""
+session_live=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -62,6 +63,7 @@ while [ $# -gt 0 ]; do
     --session-attach) session_attach=1; shift ;;
     --session-reply) session_reply="$2"; shift 2 ;;
     --session-events) session_events="$2"; shift 2 ;;
+    --session-live) session_live="$2"; shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -98,6 +100,21 @@ check_provisioned() {
   say "the VM's provisioning did not finish at its last start, so tools it installs (node, npm, gh, docker) may be missing."
   say "its log: agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log"
   say "\`agentbox restart\` runs the provisioning again."
+}
+
+apply_network() {
+  # The VM's firewall (agentbox.netpolicy's ruleset: the host's localhost closed; in allowlist and offline
+  # mode nothing leaves but through agentbox's proxy), set when it differs from the one in place (root's
+  # copy in /run goes with the rules at the next boot). The agent is root here: this only stops mistakes.
+  local rules="$staging/network.nft" applied=/run/agentbox/network.nft output
+  [ -r "$rules" ] || return 0
+  ! cmp -s "$rules" "$applied" 2>/dev/null || return 0
+  if output="$(sudo -n nft -f "$rules" 2>&1)" &&
+    sudo -n /bin/sh -c 'install -d -m 755 /run/agentbox && install -m 644 "$1" "$2"' sh "$rules" "$applied"; then
+    return 0
+  fi
+  say "the VM's firewall could not be set (${output%%$'\n'*}): inside the VM, nothing stops a program that"
+  say "ignores the proxy variables, or a connection to your localhost; \`agentbox restart\` provisions nftables."
 }
 
 load_env() {
@@ -747,6 +764,7 @@ enter_worktree() {
 
 wait_for_boot
 check_provisioned
+apply_network
 load_env
 case ":$PATH:" in
   *":$HOME/.local/bin:"*) ;;
@@ -831,7 +849,7 @@ if [ -n "$session" ]; then
     exit 2
   fi
   exec bash "$staging/session.sh" start --name "$session" --agent "$session" --reply "$session_reply" \
-    --conf "$staging/tmux.conf" --events "$session_events" ${session_attach:+--attach} -- "$@"
+    --conf "$staging/tmux.conf" --events "$session_events" --live "$session_live" ${session_attach:+--attach} -- "$@"
 fi
 [ -z "$isolated_from$creds_outbox" ] || run_then_hand_back "$@"
 if [ -n "$task" ]; then

@@ -3,7 +3,8 @@
 # (`tmux -L agentbox`, its settings from the staged tmux.conf) holds every session; each session's
 # record lives in ~/.agentbox/sessions/NAME, so it outlasts the session and answers `agentbox sessions`
 # and `agentbox attach` after the agent has exited.
-#   session.sh start --name BASE --agent AGENT --reply DIR --conf FILE [--dir DIR] [--events DIR] [--attach]
+#   session.sh start --name BASE --agent AGENT --reply DIR --conf FILE [--dir DIR] [--events DIR] [--live DIR]
+#                    [--attach]
 #                    -- PROGRAM ARGS...     (launch.sh, last: the session is made, then attached to)
 #   session.sh run NAME                     (tmux, inside the new session: the program, then its record)
 #   session.sh list                         (the host: one line per record, tab-separated)
@@ -48,7 +49,7 @@ prune() {
 }
 
 start() {
-  local base="" agent="" reply_dir="" conf="" dir="$PWD" events="" attach="" name="" n=1 rec
+  local base="" agent="" reply_dir="" conf="" dir="$PWD" events="" live="" attach="" name="" n=1 rec
   while [ $# -gt 0 ]; do
     case "$1" in
       --name) base="$2"; shift 2 ;;
@@ -57,6 +58,7 @@ start() {
       --conf) conf="$2"; shift 2 ;;
       --dir) dir="$2"; shift 2 ;;
       --events) events="$2"; shift 2 ;;
+      --live) live="$2"; shift 2 ;;
       --attach) attach=1; shift ;;
       --) shift; break ;;
       *) say "session.sh start: unknown option $1"; exit 2 ;;
@@ -80,13 +82,17 @@ start() {
   printf '%s\n' "$agent" > "$rec/agent"
   printf '%s\n' "$dir" > "$rec/dir"
   printf '%s\n' "$events" > "$rec/events"
+  printf '%s\n' "$live" > "$rec/live"
   printf '%s\0' "$@" > "$rec/argv"
   # The session's environment is this launch's (env:, PATH, BROWSER, ...), not the tmux server's.
   (umask 077 && env -0 > "$rec/env")
   date +%s > "$rec/started"
+  # The marker exists before the host hears of the session (run keeps it fresh): its proxy must not stop between.
+  [ -z "$live" ] || { mkdir -p "$live" 2>/dev/null && touch "$live/$name" 2>/dev/null; } || true
   # The program and its arguments go through the record, never through tmux's command parser.
   if ! "${tmux_cmd[@]}" -f "$conf" new-session -d -s "$name" -c "$dir" -- bash "${BASH_SOURCE[0]}" run "$name"; then
     rm -rf -- "$rec"
+    [ -z "$live" ] || rm -f "$live/$name"
     say "could not start the tmux session $name"
     exit 1
   fi
@@ -98,7 +104,7 @@ start() {
 }
 
 run() {
-  local name="$1" rec="$records/$1" assignment code=0 events=""
+  local name="$1" rec="$records/$1" assignment code=0 events="" live=""
   local -a argv=() environment=()
   while IFS= read -r -d '' assignment; do
     case "$assignment" in TERM=* | TMUX=* | TMUX_PANE=*) ;; *) environment+=("$assignment") ;; esac
@@ -106,10 +112,12 @@ run() {
   rm -f "$rec/env"
   while IFS= read -r -d '' assignment; do argv+=("$assignment"); done < "$rec/argv"
   IFS= read -r events < "$rec/events" || true
+  IFS= read -r live < "$rec/live" 2>/dev/null || true
   local heartbeat=""
-  if [ -n "$events" ] && mkdir -p "$events/live" 2>/dev/null; then
-    # Kept fresh while the program runs: the host's watcher ends once no marker is (the VM stopped, too).
-    (while touch "$events/live/$name" 2>/dev/null; do sleep 20; done) </dev/null >/dev/null 2>&1 &
+  if [ -n "$live" ] && mkdir -p "$live" 2>/dev/null; then
+    # Kept fresh while the program runs: the host's watcher and network proxy end once no marker is (the VM
+    # stopped, too).
+    (while touch "$live/$name" 2>/dev/null; do sleep 20; done) </dev/null >/dev/null 2>&1 &
     heartbeat=$!
   fi
   set +e
@@ -127,8 +135,8 @@ run() {
     if [ "$(attached_clients "$name")" = 0 ]; then
       event "$events" exit "$name" "$(cat "$rec/agent" 2>/dev/null || true)" "exited with code $code"
     fi
-    rm -f "$events/live/$name"
   fi
+  [ -z "$live" ] || rm -f "$live/$name"
   exit "$code"
 }
 

@@ -6,7 +6,8 @@
 #   spec     NAME=value records, each ended by a NUL: id, max (tasks.maxConcurrent), timeout and grace
 #            (seconds; timeout 0: none), cwd, agent, and for a worktree task worktree, branch, base, repo;
 #            events (the host's attention folder, when notify is on: the task's end is left there for the
-#            host's watcher, and a marker in events/live keeps that watcher while the task waits or runs)
+#            host's watcher), live (the outbox folder where a marker, kept fresh while the task waits or
+#            runs, keeps the host's watcher and network proxy)
 #   prompt   the prompt, byte for byte: the program's last argument
 # This script writes there, each file replaced whole (written aside, then renamed):
 #   state    state=queued|running|completed|failed|timeout|cancelled and its times (epoch seconds), exit,
@@ -24,7 +25,7 @@ shift
 registry="$HOME/.agentbox/tasks"
 boot="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)"
 
-id="" max=2 timeout=0 grace=5 cwd="" agent="" events="" worktree="" branch="" base="" repo=""
+id="" max=2 timeout=0 grace=5 cwd="" agent="" events="" marker_dir="" worktree="" branch="" base="" repo=""
 while IFS= read -r -d '' record; do
   case "$record" in
     id=*) id="${record#id=}" ;;
@@ -34,6 +35,7 @@ while IFS= read -r -d '' record; do
     cwd=*) cwd="${record#cwd=}" ;;
     agent=*) agent="${record#agent=}" ;;
     events=*) events="${record#events=}" ;;
+    live=*) marker_dir="${record#live=}" ;;
     worktree=*) worktree="${record#worktree=}" ;;
     branch=*) branch="${record#branch=}" ;;
     base=*) base="${record#base=}" ;;
@@ -56,17 +58,17 @@ heartbeat() {
   if [ "$EPOCHSECONDS" != "$beat" ]; then
     beat="$EPOCHSECONDS"
     printf '%s\n' "$beat" > "$dir/heartbeat"
-    if [ -n "$events" ] && [ $((beat - marked)) -ge 20 ]; then
+    if [ -n "$marker_dir" ] && [ $((beat - marked)) -ge 20 ]; then
       marked="$beat"
-      mkdir -p "$events/live" 2>/dev/null && touch "$events/live/task-$id" 2>/dev/null
+      mkdir -p "$marker_dir" 2>/dev/null && touch "$marker_dir/task-$id" 2>/dev/null
     fi
   fi
 }
 
 tell_host() {
   # tell_host STATE: the task's end as an event for the host's watcher (agentbox.attention), which shows it
+  [ -z "$marker_dir" ] || rm -f "$marker_dir/task-$id"
   [ -n "$events" ] || return 0
-  rm -f "$events/live/task-$id"
   [ "$1" != cancelled ] || return 0  # the user asked for that one
   local file message="$1"
   [ -z "$reason" ] || message="$1: $reason"
@@ -172,6 +174,8 @@ commit_worktree() {
 : > "$dir/stdout"
 : > "$dir/stderr"
 enter_registry
+# The marker exists before the host hears of the task: the host's proxy must not stop in between.
+[ -z "$marker_dir" ] || { mkdir -p "$marker_dir" 2>/dev/null && touch "$marker_dir/task-$id" 2>/dev/null; } || true
 put_state queued
 if [ -n "$worktree" ] && ! make_worktree; then
   finish failed "could not create the worktree $worktree (see the task's stderr)"

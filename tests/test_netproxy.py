@@ -109,7 +109,7 @@ def log_path(tmp_path: Path) -> Path:
 
 
 def policy(*allow: str, lan: bool = True, **kw: object) -> Policy:
-    return Policy(allow=allow, allow_lan=lan, resolver=to_loopback, **kw)  # type: ignore[arg-type]
+    return Policy(allow=allow, allow_lan=lan, allow_loopback=lan, resolver=to_loopback, **kw)  # type: ignore[arg-type]
 
 
 def read_head(sock: socket.socket) -> tuple[int, bytes]:
@@ -222,21 +222,39 @@ def test_ip_literal_connect_refused_unless_listed(echo: EchoServer, log_path: Pa
         assert status == 200
 
 
-def test_name_resolving_to_loopback_refused_without_allow_lan(echo: EchoServer, log_path: Path) -> None:
-    with netproxy.start(policy(f"echo.test:{echo.port}", lan=False), log_path) as proxy:
+@pytest.mark.parametrize("lan", [False, True])
+def test_name_resolving_to_loopback_is_refused_even_with_allow_lan(echo: EchoServer, log_path: Path,
+                                                                    lan: bool) -> None:
+    with netproxy.start(Policy(allow=[f"echo.test:{echo.port}"], allow_lan=lan, resolver=to_loopback),
+                        log_path) as proxy:
         sock, status, rest = connect(proxy.port, f"echo.test:{echo.port}")
         assert status == 403
         body = refusal(sock, rest)
-    assert body["reason"] == "resolves to a private or loopback address (127.0.0.1)"
-    assert body["allow"] == "network.allowLan: true (in agentbox.yml)"
+    assert body["reason"] == "resolves to a loopback address (127.0.0.1)"
+    assert "network.allowHost" in body["allow"]
     assert echo.peak == 0
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.5.2", "169.254.169.254",
-                                     "100.64.0.1", "0.0.0.0", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1"])
-def test_private_addresses_are_blocked(address: str) -> None:
+def test_name_resolving_to_a_private_address_is_refused_without_allow_lan(log_path: Path) -> None:
+    with netproxy.start(Policy(allow=["lan.test:9"], resolver=lambda host, port: ["10.1.2.3"]), log_path) as proxy:
+        sock, status, rest = connect(proxy.port, "lan.test:9")
+        assert status == 403
+        body = refusal(sock, rest)
+    assert body["reason"] == "resolves to a private address (10.1.2.3)"
+    assert body["allow"] == "network.allowLan: true (in agentbox.yml)"
+
+
+@pytest.mark.parametrize("address", ["10.1.2.3", "172.16.0.1", "192.168.5.2", "169.254.169.254",
+                                     "100.64.0.1", "fe80::1", "fd00::1"])
+def test_private_addresses_are_blocked_unless_allow_lan(address: str) -> None:
     assert Policy(allow_lan=False).blocked_address(address)
     assert not Policy(allow_lan=True).blocked_address(address)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "0.0.0.0", "::1", "::ffff:127.0.0.1", "224.0.0.1"])
+def test_loopback_and_unspecified_addresses_are_blocked_even_with_allow_lan(address: str) -> None:
+    assert Policy(allow_lan=False).blocked_address(address)
+    assert Policy(allow_lan=True).blocked_address(address)
 
 
 @pytest.mark.parametrize("address", ["93.184.215.14", "2606:4700::6810:84e5", "8.8.8.8"])
@@ -253,7 +271,8 @@ def test_connects_to_the_address_it_checked(echo: EchoServer, log_path: Path) ->
         calls.append(host)
         return next(answers)
 
-    with netproxy.start(Policy(allow=[f"echo.test:{echo.port}"], allow_lan=True, resolver=flipping), log_path) as proxy:
+    with netproxy.start(Policy(allow=[f"echo.test:{echo.port}"], allow_lan=True, allow_loopback=True,
+                               resolver=flipping), log_path) as proxy:
         sock, status, _ = connect(proxy.port, f"echo.test:{echo.port}")
         sock.sendall(b"x")
         assert sock.recv(1) == b"x"
