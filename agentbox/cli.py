@@ -53,6 +53,7 @@ LAZY_COMMANDS = {
     "attach": ("agentbox.commands.sessions", "attach_command"),
     "sessions": ("agentbox.commands.sessions", "sessions_command"),
     "update-agents": ("agentbox.commands.update", "update_agents_command"),
+    "net": ("agentbox.commands.net", "net_group"),
 }
 
 

@@ -289,9 +289,12 @@ _NETWORK_SETTINGS = ("networks", "portForwards", "hostResolver", "dns")
 
 
 def _network(config: Config) -> dict[str, Any]:
+    from agentbox import netpolicy
+
     lima = config.lima
+    settings = config.network
     ssh: dict[str, Any] = lima["ssh"] if isinstance(lima.get("ssh"), dict) else {}
-    if lima.get("propagateProxyEnv"):
+    if lima.get("propagateProxyEnv") and not settings.proxied:
         proxy = "the host's proxy variables are copied in (vm.lima.propagateProxyEnv)"
     else:
         proxy = "sets no proxy (the host's proxy variables are not copied in)"
@@ -299,11 +302,33 @@ def _network(config: Config) -> dict[str, Any]:
         agent = "forwarded (vm.lima.ssh.forwardAgent): the host's SSH keys can be used through it"
     else:
         agent = "not forwarded: the host's SSH keys are not usable in the VM"
+    enforcement, why = netpolicy.enforcement(settings)
+    if settings.mode == "open":
+        internet = f"open: the VM reaches the internet directly; agentbox filters nothing and {proxy}"
+    else:
+        reach = ("only the agent's API" if settings.mode == "offline" else
+                 "only the agent's API and the hosts the user allowed (presets, network.allow)")
+        internet = (f"{settings.mode}: HTTP and HTTPS leave only through agentbox's proxy (HTTPS_PROXY, HTTP_PROXY), "
+                    f"which lets through {reach}; a refused request gets HTTP 403 with a JSON body naming the host "
+                    "and the command the user can run to allow it (`agentbox net allow HOST`, on the host). "
+                    "Programs that ignore the proxy variables cannot reach the network: ask the user instead of "
+                    "working around it")
+    if settings.allow_host is True:
+        host = ("host.lima.internal (192.168.5.2) is the host's localhost (127.0.0.1): every service listening on "
+                "the host's localhost is reachable from the VM (network.allowHost: true)")
+    elif settings.allow_host:
+        ports = ", ".join(str(port) for port in settings.allow_host)
+        host = (f"host.lima.internal (192.168.5.2) is the host's localhost: only its ports {ports} are reachable "
+                "(network.allowHost); the others are closed")
+    else:
+        host = ("closed: host.lima.internal (192.168.5.2), the host's localhost, is not reachable from the VM "
+                "(the user opens ports with network.allowHost)")
     return {
-        "internet": f"open: the VM reaches the internet directly; agentbox filters nothing and {proxy}",
-        "hostLocalhost": "host.lima.internal (192.168.5.2) is the host's localhost (127.0.0.1): every service "
-                         "listening on the host's localhost, a database or dev server for instance, is reachable "
-                         "from the VM",
+        "mode": settings.mode,
+        "enforcement": enforcement,
+        "enforcementWhy": why,
+        "internet": internet,
+        "hostLocalhost": host,
         "guestPorts": "a port you listen on in the VM (on 127.0.0.1 or 0.0.0.0) is forwarded by Lima to the same "
                       "port on the host's localhost, so the user can open http://localhost:PORT on the host",
         "sshAgent": agent,

@@ -33,7 +33,9 @@ def as_text(document: dict[str, Any], block: str) -> str:
                               f"{workspace['mode']}: {workspace['meaning']}"]),
         *_group("Mounts", [f"{'rw' if m['writable'] else 'ro'}  {_mount(m)}  ({m['role']})"
                            for m in document["mounts"]]),
-        *_group("Network", [f"internet: {document['network']['internet']}",
+        *_group("Network", [f"mode: {document['network']['mode']} (enforcement: {document['network']['enforcement']}: "
+                            f"{document['network']['enforcementWhy']})",
+                            f"internet: {document['network']['internet']}",
                             f"host's localhost: {document['network']['hostLocalhost']}",
                             f"ports: {document['network']['guestPorts']}",
                             f"SSH agent: {document['network']['sshAgent']}",

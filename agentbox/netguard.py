@@ -26,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -70,6 +70,38 @@ def policy(vm_name: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def describe(settings: netpolicy.NetworkSettings, vm_name: str,
+             agents: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The VM's network policy as `agentbox net status --json` and `status --json` report it."""
+    enforcement, why = netpolicy.enforcement(settings)
+    current = running(vm_name)
+    launched = (policy(vm_name) or {}).get("agents", {}) if current is not None else {}
+    shown_agents = {name: tuple(hosts) for name, hosts in launched.items()} or dict(agents)
+    return {
+        "mode": settings.mode,
+        "enforcement": enforcement,
+        "enforcementWhy": why,
+        "allowHost": settings.allow_host if isinstance(settings.allow_host, bool) else list(settings.allow_host),
+        "allowLan": settings.allow_lan,
+        "agentApi": settings.agent_api,
+        "allow": [{"host": host, "from": source} for host, source in netpolicy.allow_list(settings, shown_agents)],
+        "proxy": ({"running": True, "port": current.port, "pid": current.pid,
+                   "url": f"http://{netpolicy.HOST_NAME}:{current.port}"} if current is not None
+                  else {"running": False, "port": None, "pid": None, "url": None}),
+        "log": str(log_path(vm_name)),
+    }
+
+
+def refresh_policy(settings: netpolicy.NetworkSettings, vm_name: str) -> bool:
+    """Give a running proxy the settings now in the config (`agentbox net allow`); False when none runs."""
+    with locked(_control_lock(vm_name)):
+        if running(vm_name) is None:
+            return False
+        agents = {name: tuple(hosts) for name, hosts in (policy(vm_name) or {}).get("agents", {}).items()}
+        _write_policy(vm_name, settings, agents)
+        return True
 
 
 class Lease:

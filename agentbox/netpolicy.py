@@ -192,7 +192,8 @@ def enforcement(settings: NetworkSettings) -> tuple[str, str]:
                           "there) can undo; the internet is open")
     return ADVISORY, ("the host-side proxy decides what it forwards, but the VM is kept from going around it "
                       "only by a firewall inside the VM, which the agent (root there) can undo; Lima offers no "
-                      "host-side filter (CONTRACT: QEMU's user network without restrict=, VZ's netstack)")
+                      "host-side filter (its QEMU user network takes no restrict option, VZ's network stack has no "
+                      "filter)")
 
 
 def ruleset(settings: NetworkSettings, proxy_port: int | None) -> str:

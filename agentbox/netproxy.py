@@ -288,8 +288,8 @@ class _Proxy:
     async def refuse(self, writer: asyncio.StreamWriter, refused: _Refused, entry: dict[str, Any]) -> None:
         body: dict[str, Any] = {"blocked": entry["host"], "port": entry["port"], "reason": refused.reason}
         if refused.status == 403 and refused.reason.startswith("resolves to a loopback"):
-            body["allow"] = (f"nothing here: the host's own services are reached directly, not through the proxy "
-                             f"(network.allowHost: [PORT], then host.lima.internal:PORT)")
+            body["allow"] = ("nothing here: the host's own services are reached directly, not through the proxy "
+                             "(network.allowHost: [PORT], then host.lima.internal:PORT)")
         elif refused.status == 403 and refused.reason.startswith("resolves to"):
             body["allow"] = "network.allowLan: true (in agentbox.yml)"
         elif refused.status == 403:
