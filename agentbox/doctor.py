@@ -50,6 +50,7 @@ class Probe(NamedTuple):
     wrappers: dict[str, str]  # "git"/"gh" -> "guard", "foreign" or "none"
     hooks: bool
     reason: str | None = None
+    firewall: tuple[bool, bool] | None = None  # nft installed, agentbox's firewall in place
 
 
 def run(cwd: Path, lima: Lima) -> list[Check]:
@@ -70,6 +71,7 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     probe = probe_vm(lima, config, instance, owned, lima_usable, checks)
     check_credentials(config, probe, checks)
     check_guards(config, probe, checks)
+    check_network(config, probe, checks)
     return checks
 
 
@@ -473,6 +475,7 @@ def parse_probe(output: str) -> Probe | None:
     creds: dict[str, bool] = {}
     wrappers: dict[str, str] = {}
     hooks: bool | None = None
+    firewall: tuple[bool, bool] | None = None
     for line in output.splitlines():
         parts = line.rstrip("\r").split(" ", 3)
         if len(parts) < 3 or parts[0] != _PROBE_TAG:
@@ -484,9 +487,11 @@ def parse_probe(output: str) -> Probe | None:
             wrappers[parts[3]] = value
         elif kind == "hooks":
             hooks = value == "yes"
+        elif kind == "firewall" and len(parts) == 4:
+            firewall = (value == "yes", parts[3] == "yes")
     if hooks is None:  # the last line: without it the script did not finish
         return None
-    return Probe(creds, wrappers, hooks)
+    return Probe(creds, wrappers, hooks, firewall=firewall)
 
 
 def _no_probe(reason: str) -> Probe:
@@ -684,6 +689,30 @@ def _login_state(
 
 
 # -- guards ------------------------------------------------------------------------------------
+
+
+def check_network(config: Config, probe: Probe, checks: list[Check]) -> None:
+    """network.mode, what enforces it, and whether the VM's firewall is in place (agentbox.netpolicy)."""
+    from agentbox import netguard, netpolicy
+
+    settings = config.network
+    enforcement, why = netpolicy.enforcement(settings)
+    proxy = netguard.running(config.vm_name)
+    proxy_words = "" if not settings.proxied else (
+        f"; its proxy runs on 127.0.0.1:{proxy.port}" if proxy else "; its proxy starts with the next session")
+    checks.append(Check("network", OK, f"network.mode {settings.mode} (enforcement: {enforcement}: {why})"
+                        + proxy_words))
+    if probe.reason is not None or probe.firewall is None:
+        return
+    installed, applied = probe.firewall
+    if not installed:
+        checks.append(Check("network", WARN, "nft is not installed in the VM, so its firewall cannot be set: the "
+                            "host's localhost is reachable from it" + (" and programs that ignore the proxy "
+                            "variables go around the proxy" if settings.proxied else ""),
+                            "`agentbox restart` provisions it (nftables)."))
+    elif not applied:
+        checks.append(Check("network", WARN, "the VM's firewall is not in place since its last boot",
+                            "The next launch sets it (`agentbox shell -- true`)."))
 
 
 def check_guards(config: Config, probe: Probe, checks: list[Check]) -> None:

@@ -481,6 +481,9 @@ def _stop_step(lima: Lima, name: str, force: bool, verbose: bool) -> None:
     with Progress(f"Stopping VM {name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
         lima.stop(name, force=force, on_output=progress.feed)
     _settle_tasks(name, f"its VM {name} was stopped")
+    from agentbox import netguard
+
+    netguard.stop(name)  # its sessions ended with it
 
 
 def _settle_tasks(name: str, reason: str) -> None:

@@ -6,6 +6,7 @@
 # "agentbox-doctor KIND VALUE [NAME]" (agentbox/doctor.py parse_probe reads them):
 #   cred yes|no PATH                  PATH exists in the guest home
 #   wrapper guard|foreign|none NAME   ~/.local/bin/NAME (git, gh) is launch.sh's guard, someone else's, or absent
+#   firewall yes|no yes|no            nft is installed; launch.sh's firewall (network.*) is in place this boot
 #   hooks yes|no                      git's core.hooksPath is launch.sh's hooks folder, with its pre-push hook
 # The hooks line comes last: without it, the probe did not finish.
 
@@ -28,6 +29,9 @@ for name in git gh; do
   fi
   echo "$tag wrapper $kind $name"
 done
+if [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1; then nft_found=yes; else nft_found=no; fi
+if [ -e /run/agentbox/network.nft ]; then applied=yes; else applied=no; fi
+echo "$tag firewall $nft_found $applied"
 hooks_path="$(git config --global --get core.hooksPath 2>/dev/null || true)"
 if [ "$hooks_path" = "$hooks_dir" ] && [ -e "$hooks_dir/pre-push" ]; then found=yes; else found=no; fi
 echo "$tag hooks $found"

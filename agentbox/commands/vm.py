@@ -120,7 +120,7 @@ def rm_command(ctx: click.Context, force: bool) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
-    from agentbox import ports, vm
+    from agentbox import netguard, ports, vm
 
     session = session_for(ctx, acts=False)
     config = session.config
@@ -135,6 +135,9 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     holders = ports.Holders(instances) if instance is not None and not conflict else None
     rows = holders.rows(instance) if holders is not None and instance is not None else []
     info["ports"] = [row.to_json() for row in rows]
+    network = netguard.describe(config.network, name, {})
+    info["network"] = {key: network[key] for key in ("mode", "enforcement", "enforcementWhy", "allowHost",
+                                                      "allowLan", "proxy")}
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -151,6 +154,9 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
                      f"the Lima instance {name} exists but was not created by agentbox")
             click.echo(f"{'conflict:':11}{taken}")
             click.echo(f"{'fix:':11}{vm.clash_hint(config, name, foreign=owner is None)}")
+    proxy = network["proxy"]
+    click.echo(f"{'network:':11}{network['mode']} (enforcement: {network['enforcement']}"
+               + (f"; proxy on 127.0.0.1:{proxy['port']}" if proxy["running"] else "") + "; `agentbox net status`)")
     if holders is not None and info["status"] == "Running":
         _print_ports(rows, holders)
 
