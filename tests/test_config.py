@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agentbox import netpolicy
 from tests.helpers import FakeLima, run_agentbox, run_cli, write
 
 
@@ -55,7 +56,10 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "credentials": ["~/.claude/.credentials.json", "~/.claude.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["-p"],
+        "endpoints": list(netpolicy.AGENT_ENDPOINTS["claude"]),
     }
+    assert data["network"] == {"mode": "open", "allowHost": False, "allowLan": False, "presets": [], "allow": [],
+                               "agentApi": True}
     assert data["credentials"] == {"netrc": False, "gh": True, "git": True, "writeBack": True}
     assert data["agents"]["kiro"]["binary"] == "kiro-cli"
     assert data["agents"]["kiro"]["defaultArgs"] == ["chat", "--trust-all-tools"]
@@ -70,6 +74,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "credentials": ["~/.local/share/opencode/auth.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["run"],
+        "endpoints": list(netpolicy.AGENT_ENDPOINTS["opencode"]),
     }
     assert data["agents"]["copilot"] == {
         "binary": "copilot",
@@ -80,6 +85,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "credentials": ["~/.copilot/config.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["-p"],
+        "endpoints": list(netpolicy.AGENT_ENDPOINTS["copilot"]),
     }
 
 
@@ -240,6 +246,7 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "credentials": [],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": [],
+        "endpoints": [],
     }
     lines = run_cli("--help", cwd=project).stdout.splitlines()
     agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:
@@ -554,7 +561,7 @@ def test_docker_era_keys_are_ignored_with_a_warning(project: Path) -> None:
     write(project / "agentbox.yml", "network:\n  policy: deny\nsync:\n  files: [~/.npmrc]\n")
     result = run_cli("config", "--json", cwd=project)
     assert result.exit_code == 0
-    assert "network is ignored" in result.stderr
+    assert "network.policy is ignored: Docker Sandboxes' proxy setting; agentbox's is network.mode" in result.stderr
     assert "sync.files is ignored" in result.stderr
 
 

@@ -185,7 +185,7 @@ def test_malformed_network_settings_are_config_errors_before_anything_starts(pro
     write(project / "agentbox.yml", text)
     result = agentbox(project, "claude")
     assert result.returncode == 2
-    assert f"agentbox.yml:" in result.stderr and f"{key}:" in result.stderr
+    assert "agentbox.yml:" in result.stderr and f"{key}:" in result.stderr
     assert limactl.subcommands() == []
 
 

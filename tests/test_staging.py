@@ -20,7 +20,7 @@ LAUNCH_SH = REPO / "provision" / "launch.sh"
 ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
 # A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
 TASK_OPTIONS = ("--task", "--worktree", "--worktree-branch", "--worktree-base")
-SESSION_OPTIONS = ("--session", "--session-attach", "--session-reply", "--session-events")
+SESSION_OPTIONS = ("--session", "--session-attach", "--session-reply", "--session-events", "--session-live")
 PROBE_SH = REPO / "provision" / "doctor-probe.sh"
 
 
@@ -135,7 +135,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
              staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
              staging.CONTEXT_FILE, staging.MEMORY_BLOCK, staging.CONTEXT_TOOLS, staging.CONTEXT_DIGESTS,
-             staging.TMUX_CONF, staging.CLAUDE_HOOKS, *executable}
+             staging.TMUX_CONF, staging.CLAUDE_HOOKS, staging.NETWORK_RULES, *executable}
     folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex",
                "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", staging.CONTEXT}
     copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}
