@@ -216,3 +216,191 @@ def test_a_project_file_may_tighten_the_network_but_loosening_needs_trust(
     result = run_cli("config", cwd=project)
     assert result.exit_code == 0, result.stderr
     assert ("UNTRUSTED" in result.stderr) is needs_trust
+
+
+PROXY_AGENT = """#!/bin/bash
+# A stand-in agent: tells where its proxy is, then waits as long as its last argument says (seconds).
+printf '%s\\n' "${HTTPS_PROXY:-none}" > "$PWD/.agent-proxy"
+sleep "${@: -1}"
+"""
+
+
+def install_agent(vm: FakeLima, script: str = PROXY_AGENT) -> None:
+    write(vm.home / NAME / "guestfs" / "usr-local" / "bin" / "claude", script, mode=0o755)
+
+
+def test_a_task_keeps_the_proxy_until_it_ends(project: Path, vm: FakeLima) -> None:
+    from tests.helpers import git, make_repository
+
+    make_repository(project, config="network:\n  mode: allowlist\n")
+    git(project, "add", "-A")
+    git(project, "commit", "-qm", "work")
+    install_agent(vm)
+    started = run_cli("run", "--", "3", cwd=project)
+    assert started.exit_code == 0, started.stderr
+    task_id = started.stdout.strip()
+    running = netguard.running(NAME)
+    assert running is not None, "the task's marker keeps the proxy after `agentbox run` returned"
+    assert wait_until(lambda: (project / ".agent-proxy").exists())
+    assert (project / ".agent-proxy").read_text() == f"http://host.lima.internal:{running.port}\n"
+    done = agentbox(project, "wait", task_id, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert wait_until(lambda: netguard.running(NAME) is None, 5), "the proxy stops once the task has ended"
+
+
+@pytest.mark.needs("tmux")
+def test_a_detached_session_keeps_the_proxy_and_its_end_stops_it(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    install_agent(vm)
+    result = agentbox(project, "claude", "--detach", "4")
+    assert result.returncode == 0, result.stderr
+    running = netguard.running(NAME)
+    assert running is not None, "the session's marker keeps the proxy after the detached launch returned"
+    assert wait_until(lambda: (project / ".agent-proxy").exists())
+    assert (project / ".agent-proxy").read_text() == f"http://host.lima.internal:{running.port}\n"
+    assert wait_until(lambda: netguard.running(NAME) is None, 15), "the proxy stops once the session has ended"
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", running.port), timeout=2).close()
+
+
+def test_a_taken_port_makes_the_proxy_pick_another(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    first = agentbox(project, "shell", "--", "sh", "-c", 'printf "%s" "$HTTPS_PROXY"')
+    assert first.returncode == 0, first.stderr
+    old_port = int(first.stdout.rsplit(":", 1)[1])
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", old_port))
+    squatter.listen(1)
+    try:
+        second = agentbox(project, "shell", "--", "sh", "-c", 'printf "%s" "$HTTPS_PROXY"')
+    finally:
+        squatter.close()
+    assert second.returncode == 0, second.stderr
+    new_port = int(second.stdout.rsplit(":", 1)[1])
+    assert new_port != old_port
+    assert (netguard.folder(NAME) / "port").read_text().strip() == str(new_port)
+
+
+def test_net_status_json_reports_the_policy_and_the_running_proxy(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n  presets: [pypi]\n  allow: [example.com]\n"
+                                    "  allowHost: [5432]\n")
+    idle = json.loads(run_cli("net", "status", "--json", cwd=project).stdout)
+    assert idle["mode"] == "allowlist" and idle["enforcement"] == "advisory" and idle["allowHost"] == [5432]
+    assert idle["proxy"] == {"running": False, "port": None, "pid": None, "url": None}
+    sources = {entry["host"]: entry["from"] for entry in idle["allow"]}
+    assert sources["pypi.org"] == "preset pypi" and sources["example.com"] == "network.allow"
+    assert sources["api.anthropic.com"] == "agent claude"
+    lease = netguard.begin(run_config(project).network, NAME, {"codex": ("api.openai.com",)})
+    assert lease is not None and lease.port  # the port once the proxy serves
+    try:
+        busy = json.loads(run_cli("net", "status", "--json", cwd=project).stdout)
+        status = json.loads(run_cli("status", "--json", cwd=project).stdout)
+    finally:
+        lease.release()
+    assert busy["proxy"]["running"] and busy["proxy"]["url"] == f"http://host.lima.internal:{lease.port}"
+    assert [entry["from"] for entry in busy["allow"]].count("agent claude") == 0  # only the launched agent's
+    assert status["network"]["mode"] == "allowlist" and status["network"]["proxy"]["port"] == lease.port
+    assert netguard.running(NAME) is None
+
+
+def run_config(project: Path):
+    from agentbox import config
+
+    return config.load(project)
+
+
+def proxy_connect(port: int, target: str) -> int:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        return int(sock.recv(100).split(b" ")[1])
+
+
+def test_net_allow_edits_the_file_and_a_running_proxy_uses_it_at_once(project: Path, vm: FakeLima,
+                                                                       echo_server: int) -> None:
+    original = "# my project\nnetwork:\n  mode: allowlist   # keep it tight\n"
+    write(project / "agentbox.yml", original)
+    lease = netguard.begin(run_config(project).network, NAME, {})
+    assert lease is not None and lease.port
+    try:
+        assert proxy_connect(lease.port, f"127.0.0.1:{echo_server}") == 403
+        result = run_cli("net", "allow", f"127.0.0.1:{echo_server}", cwd=project)
+        assert result.exit_code == 0, result.stderr
+        assert "lets 127.0.0.1" in result.stderr
+        assert wait_until(lambda: proxy_connect(lease.port, f"127.0.0.1:{echo_server}") == 200, 3)
+    finally:
+        lease.release()
+    text = (project / "agentbox.yml").read_text()
+    assert text.startswith(original.rstrip("\n"))  # the user's comments stay
+    assert run_config(project).network.allow == (f"127.0.0.1:{echo_server}",)
+    again = run_cli("net", "allow", f"127.0.0.1:{echo_server}", cwd=project)
+    assert again.exit_code == 0 and "already" in again.stderr
+    assert (project / "agentbox.yml").read_text() == text
+
+
+def test_net_allow_that_loosens_the_global_policy_asks_for_trust_again(project: Path, vm: FakeLima) -> None:
+    from agentbox import paths
+
+    write(paths.global_config_file(), "network:\n  mode: allowlist\n")
+    write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
+    result = run_cli("net", "allow", "example.org", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert "agentbox trust" in result.stderr
+    refused = agentbox(project, "shell", "--", "true")
+    assert refused.returncode == 2 and "network.allow" in refused.stderr
+    global_result = run_cli("net", "allow", "--global", "example.net", cwd=project)
+    assert global_result.exit_code == 0
+    assert "example.net" in paths.global_config_file().read_text()
+
+
+@pytest.mark.parametrize("bad", ["http://example.com", "*.", "example.com:99999", "a b"])
+def test_net_allow_refuses_a_malformed_host_and_writes_nothing(project: Path, limactl: FakeLima, bad: str) -> None:
+    result = run_cli("net", "allow", bad, cwd=project)
+    assert result.exit_code == 2
+    assert not (project / "agentbox.yml").exists()
+
+
+def test_net_log_prints_decisions_with_control_characters_escaped(project: Path, vm: FakeLima) -> None:
+    log = netguard.log_path(NAME)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    entries = [{"time": "2026-11-26T10:00:00Z", "client": "127.0.0.1", "method": "CONNECT", "host": "a.example",
+                "port": 443, "decision": "allow", "reason": "", "bytes_up": 1, "bytes_down": 2},
+               {"time": "2026-11-26T10:00:01Z", "client": "127.0.0.1", "method": "CONNECT",
+                "host": "evil\x1b[2Jhost", "port": 443, "decision": "deny", "reason": "host not in the allow list"}]
+    log.write_text("".join(json.dumps(entry) + "\n" for entry in entries))
+    result = run_cli("net", "log", cwd=project)
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    assert lines[0] == "2026-11-26T10:00:00Z  allow  CONNECT a.example:443"
+    assert "\x1b" not in result.stdout and "evil\\x1b[2Jhost:443  (host not in the allow list)" in lines[1]
+    assert run_cli("net", "log", "-n", "1", cwd=project).stdout.count("\n") == 1
+
+
+def test_net_test_says_allowed_blocked_or_no_route_from_inside_the_vm(project: Path, vm: FakeLima,
+                                                                      echo_server: int) -> None:
+    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['127.0.0.1:{echo_server}', "
+                                    "'nowhere.invalid']\n")
+    allowed = agentbox(project, "net", "test", f"https://127.0.0.1:{echo_server}")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "allowed through agentbox's proxy (allowlist)" in allowed.stdout
+    blocked = agentbox(project, "net", "test", "https://example.org")
+    assert blocked.returncode == 1
+    assert "blocked by policy (host not in the allow list); to allow it: agentbox net allow example.org" in \
+        blocked.stdout
+    unresolved = agentbox(project, "net", "test", "https://nowhere.invalid")
+    assert unresolved.returncode == 3 and "no route" in unresolved.stdout
+    assert netguard.running(NAME) is None
+
+
+def test_the_agents_context_file_reports_the_mode_and_its_enforcement(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "network:\n  mode: offline\n")
+    result = run_cli("describe", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    network = json.loads(result.stdout)["network"]
+    assert network["mode"] == "offline" and network["enforcement"] == "advisory"
+    assert "proxy" in network["internet"] and network["hostLocalhost"].startswith("closed")
+
+
+def test_doctor_reports_the_network_mode(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    result = run_cli("doctor", cwd=project)
+    assert "network.mode allowlist (enforcement: advisory" in result.stdout + result.stderr
