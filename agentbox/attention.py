@@ -24,10 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from agentbox import notify, outboxfiles, paths, sessions, staging
+from agentbox import livemarkers, notify, outboxfiles, paths, sessions, staging
 
 POLL_SEC = 1.0
-STALE_SEC = 90  # a live marker older than this belongs to a session that ended with its VM
 IDLE_EXIT_SEC = 30
 EVENT_LIMIT = 4096
 PER_POLL = 5  # notifications shown per poll at most; the rest of a burst is dropped
@@ -112,29 +111,13 @@ def _harvest(vm_name: str, task_id: str) -> None:
             pass  # the next agentbox command that looks does it
 
 
-def sessions_alive(vm_name: str) -> bool:
-    """Whether a kept session or a waiting or running task of the VM keeps its marker fresh."""
-    try:
-        with outboxfiles.folder(staging.outbox(vm_name), staging.OUTBOX_SESSIONS, sessions.EVENTS) as events:
-            return _alive(events)
-    except OSError:
-        return False
-
-
 def _alive(events: int) -> bool:
     try:
         live = os.open("live", outboxfiles.DIR_FLAGS, dir_fd=events)
     except OSError:
         return False
     try:
-        now = time.time()
-        for name in os.listdir(live):
-            try:
-                if now - os.stat(name, dir_fd=live, follow_symlinks=False).st_mtime < STALE_SEC:
-                    return True
-            except OSError:
-                continue
-        return False
+        return livemarkers.fresh_in(live)
     finally:
         os.close(live)
 

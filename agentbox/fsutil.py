@@ -9,10 +9,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
-def atomic_write(path: Path, content: str | bytes, mode: int = 0o644, overwrite: bool = True) -> None:
+def atomic_write(path: Path, content: str | bytes, mode: int = 0o644, overwrite: bool = True,
+                 durable: bool = True) -> None:
     """Write content to path via a temp file in the same folder.
 
-    With overwrite=False an existing file is never replaced (FileExistsError), even in a race.
+    With overwrite=False an existing file is never replaced (FileExistsError), even in a race. durable=False
+    skips the fsync, for files that describe a running process and mean nothing after a crash.
     """
     import tempfile
 
@@ -23,7 +25,8 @@ def atomic_write(path: Path, content: str | bytes, mode: int = 0o644, overwrite:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.chmod(tmp, mode)
         if overwrite:
             os.replace(tmp, path)

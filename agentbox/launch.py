@@ -84,7 +84,8 @@ def run_in_vm(
             points.wait_for_start()  # a launch that failed early still leaves no thread behind
     finally:
         if lease is not None:
-            lease.release()  # the proxy stops unless another session (or a kept one's marker) needs it
+            with timing.phase("network proxy (released)"):
+                lease.release()  # the proxy stops unless another session (or a kept one's marker) needs it
 
 
 def _run(
@@ -112,8 +113,10 @@ def _run(
         instance = vm.settle_in_place(session, instance, state)  # cpus, memory, disk changed while it ran
         if instance is not running_before:  # restarted to apply them
             state = vm.read_state(name)
+    with timing.phase("network proxy (ready)"):
+        proxy_port = lease.port if lease else None  # waits for a proxy this launch started
     with timing.phase("staging (credentials, env, guards, sync)"):
-        refreshed = staging.refresh(config, name, agent, scripts, instance, lease.port if lease else None)
+        refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vm.update_state(name, {"seen": seen})

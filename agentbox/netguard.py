@@ -187,7 +187,7 @@ def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dic
     entries = netpolicy.allow_list(settings, agents)
     data = {"mode": settings.mode, "allow": [[host, source] for host, source in entries],
             "allowLan": settings.allow_lan, "agents": {name: list(hosts) for name, hosts in agents.items()}}
-    atomic_write(folder(vm_name) / "policy.json", json.dumps(data, indent=1) + "\n", mode=0o600)
+    atomic_write(folder(vm_name) / "policy.json", json.dumps(data, indent=1) + "\n", mode=0o600, durable=False)
 
 
 def _spawn(vm_name: str) -> subprocess.Popen[bytes]:
@@ -242,7 +242,7 @@ def _leases(vm_name: str) -> Iterator[Path]:
 
 def _in_use(vm_name: str) -> bool:
     """A lease whose holder runs, or a kept session's or task's fresh marker; stale leases are removed."""
-    from agentbox import attention
+    from agentbox import livemarkers
 
     in_use = False
     for lease in _leases(vm_name):
@@ -251,7 +251,7 @@ def _in_use(vm_name: str) -> bool:
         else:
             with contextlib.suppress(OSError):
                 lease.unlink()
-    return in_use or attention.sessions_alive(vm_name)
+    return in_use or livemarkers.any_fresh(vm_name)
 
 
 # -- the proxy process ---------------------------------------------------------------------------------------
@@ -275,9 +275,11 @@ def serve(vm_name: str) -> int:
         fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # one runs
-    stopping = []
-    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
-    signal.signal(signal.SIGINT, lambda *_: stopping.append(True))
+    import threading
+
+    stopping = threading.Event()  # set by SIGTERM (`stop()`): its wait returns at once
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
     try:
         preferred = int((base / "port").read_text())
     except (OSError, ValueError):
@@ -286,12 +288,11 @@ def serve(vm_name: str) -> int:
     seen = _mtime(policy_file)
     proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred)
     try:
-        atomic_write(base / "port", f"{proxy.port}\n", mode=0o600)
+        atomic_write(base / "port", f"{proxy.port}\n", mode=0o600, durable=False)
         atomic_write(base / "proxy.json", json.dumps({"pid": os.getpid(), "port": proxy.port,
-                                                      "started": time.time()}) + "\n", mode=0o600)
+                                                      "started": time.time()}) + "\n", mode=0o600, durable=False)
         idle_since: float | None = None
-        while not stopping:
-            time.sleep(POLL_SEC)
+        while not stopping.wait(POLL_SEC):
             if _mtime(policy_file) != seen:
                 seen = _mtime(policy_file)
                 proxy.set_policy(_load_policy(vm_name))

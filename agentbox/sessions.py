@@ -82,8 +82,10 @@ def events_folder(vm_name: str) -> Path:
 
 
 def live_folder(vm_name: str) -> Path:
-    """Where running sessions and waiting or running tasks keep a marker fresh (agentbox.attention reads it)."""
-    return events_folder(vm_name) / "live"
+    """Where running sessions and waiting or running tasks keep a marker fresh (agentbox.livemarkers)."""
+    from agentbox import livemarkers
+
+    return livemarkers.folder(vm_name)
 
 
 def new_reply(vm_name: str) -> Path:

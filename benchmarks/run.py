@@ -33,7 +33,7 @@ CLONE_LAUNCH = ("list", "clone", "start", "list", "shell")  # issue 16's target 
 BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust check": 0.005,
            "tripwire, 50k files": 0.050, "checkpoint, 50k unchanged": 0.150, "checkpoint, 100 changed": 0.500,
            "checkpoints add": 0.150, "warm, 200 synced": 0.150, "tasks, 100 recorded": 0.300}
-WARM_ROWS = ("warm launch", "warm, 200 synced")  # also held to two limactl calls
+WARM_ROWS = ("warm launch", "warm, 200 synced", "warm, network allowlist")  # also held to two limactl calls
 ONE_CALL_ROWS = ("tasks, 100 recorded",)  # held to one limactl call
 
 
@@ -391,6 +391,22 @@ def main() -> int:
                 summarize(own),
                 "/".join(map(str, sorted(counts))),
                 verdict("warm launch", statistics.median(own), max(counts) <= 2),
+            )
+        )
+
+        # network.mode allowlist: the launch starts the VM's proxy (a process of its own) and stops it at its end.
+        (project / "agentbox.yml").write_text("network:\n  mode: allowlist\n")
+        proxied = [box.run(["codex", "--version"], project) for _ in range(options.runs)]
+        (project / "agentbox.yml").unlink()
+        proxied_counts = {len(calls) for _, _, calls in proxied}
+        rows.append(
+            (
+                "warm, network allowlist",
+                summarize([w for w, _, _ in proxied]),
+                summarize([w - i for w, i, _ in proxied]),
+                "/".join(map(str, sorted(proxied_counts))),
+                verdict("warm, network allowlist", statistics.median([w - i for w, i, _ in proxied]),
+                        max(proxied_counts) <= 2),
             )
         )
 

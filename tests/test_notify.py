@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import attention, notify, sessions, staging
+from agentbox import attention, livemarkers, notify, sessions, staging
 from tests.helpers import write
 
 RECORDER = """#!/usr/bin/env python3
@@ -136,7 +136,7 @@ def test_a_stale_live_marker_does_not_keep_the_watcher(notifier_path: Path, monk
     (events / "live").mkdir()
     marker = events / "live" / "claude"
     marker.touch()
-    old = time.time() - attention.STALE_SEC - 10
+    old = time.time() - livemarkers.STALE_SEC - 10
     os.utime(marker, (old, old))
     started = time.monotonic()
     assert attention.watch("agentbox-w") == 0
