@@ -37,6 +37,7 @@ POLL_SEC = 0.25
 START_TIMEOUT_SEC = 10.0
 STOP_TIMEOUT_SEC = 5.0
 IDLE_GRACE_SEC = 1.0  # between a detached launch's end and its session's first marker
+LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
 
 def folder(vm_name: str) -> Path:
@@ -284,6 +285,7 @@ def serve(vm_name: str) -> int:
         preferred = int((base / "port").read_text())
     except (OSError, ValueError):
         preferred = 0
+    _rotate(log_path(vm_name))
     policy_file = base / "policy.json"
     seen = _mtime(policy_file)
     proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred)
@@ -308,6 +310,12 @@ def serve(vm_name: str) -> int:
             (base / "proxy.json").unlink()
         os.close(lock_fd)
     return 0
+
+
+def _rotate(log: Path) -> None:
+    with contextlib.suppress(OSError):
+        if log.stat().st_size > LOG_KEEP_BYTES:
+            os.replace(log, log.with_name(log.name + ".1"))
 
 
 def _mtime(path: Path) -> int:

@@ -255,8 +255,10 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
 
 @net_group.command("test")
 @click.argument("url")
+@click.option("--agent", "agent_name", metavar="AGENT",
+              help="Check as that agent's session does (its API allowed); default: as `agentbox shell` does.")
 @click.pass_context
-def test_command(ctx: click.Context, url: str) -> None:
+def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
     """Check from inside the VM whether URL is reachable: allowed, blocked by policy, or no route.
 
     Runs as a session would (the VM's firewall and proxy variables in place). Exit status: 0 allowed,
@@ -282,7 +284,10 @@ def test_command(ctx: click.Context, url: str) -> None:
     config = session.config
     workspace = config.require_workspace()
     name = config.vm_name
-    lease = netguard.begin(config.network, name, {})
+    if agent_name is not None and agent_name not in config.agents:
+        raise UsageError(f"there is no agent {visible(agent_name)}", hint=f"The agents: {', '.join(config.agents)}.")
+    agents = {agent_name: config.agents[agent_name].endpoints} if agent_name else {}
+    lease = netguard.begin(config.network, name, agents)
     try:
         instance = vm.ensure_running(session, name)
         scripts = bootstrap.plan(config, str(staging.folder(name)))
