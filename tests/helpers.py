@@ -167,6 +167,13 @@ class FakeLima:
 
         fake_limactl.set_guest_listeners(self.home, name, list(listeners))
 
+    def nft_ruleset(self, name: str) -> str:
+        """The ruleset the guest's `sudo nft -f` left (nft's listing; "" when none): what the VM would enforce."""
+        from tests import fake_limactl
+
+        state = fake_limactl.guest_dir(self.home, name, "run") / "fake-limactl" / "nft.ruleset"
+        return state.read_text() if state.exists() else ""
+
     def ssh_calls(self) -> list[list[str]]:
         from tests import fake_limactl
 

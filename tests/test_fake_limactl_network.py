@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests import test_fake_limactl
-from tests.helpers import needs, sbin_tool
+from tests.helpers import NAME, FakeLima, needs, sbin_tool
 from tests.test_fake_limactl import Lima
 
 lima = test_fake_limactl.lima        # the fixtures of the double's own tests
@@ -107,3 +107,15 @@ def test_host_lima_internal_is_the_host_s_loopback(running: Lima) -> None:
         assert (code, out) == (0, "127.0.0.1       host.lima.internal\nconnected\n"), err
     finally:
         server.close()
+
+
+def test_an_agentbox_vm_has_the_stand_in_and_tests_read_its_ruleset(vm: FakeLima) -> None:
+    """An agentbox VM's provisioning installs nftables without hiding the stand-in, and FakeLima.nft_ruleset
+    reads what the guest's `sudo nft -f` left."""
+    needs("netns")
+    assert vm.nft_ruleset(NAME) == ""
+    (vm.home / NAME / "guestfs" / "tmp" / "r.nft").write_text(RULESET)
+    applied = subprocess.run(["limactl", "shell", NAME, "sudo", "nft", "-f", "/tmp/r.nft"], capture_output=True,
+                             text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert applied.returncode == 0, applied.stderr
+    assert "ip daddr 192.168.5.2 tcp dport 3128 accept" in vm.nft_ruleset(NAME)

@@ -42,7 +42,7 @@ PACKAGES = {
     "git": ["git"], "curl": ["curl"], "jq": ["jq"], "build-essential": ["make", "gcc", "g++"],
     "unzip": ["unzip"], "ca-certificates": [], "gnupg": ["gpg"], "tmux": ["tmux"], "docker.io": ["docker", "dockerd"],
     "docker-buildx": [], "docker-compose-v2": [], "gh": ["gh"], "sudo": ["sudo"],
-    "nftables": ["nft"],  # the guest's nft is the double's stand-in (guest_tools/nft.py) in /usr/local/sbin
+    "nftables": ["nft"],  # root's nft is the stand-in below, in /usr/local/sbin
 }
 
 
