@@ -210,6 +210,11 @@ def ruleset(settings: NetworkSettings, proxy_port: int | None) -> str:
         "    type filter hook output priority 0; policy accept;",
         '    oif "lo" accept',
         "    ct state established,related accept",
+        # Neighbour discovery is not tracked by conntrack: without this the guest cannot find the host's
+        # IPv6 address (fec0::2) in allowlist/offline, and its answers to the host's probes are refused.
+        "    icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } accept",
+        # The DHCP server is the host address: a lease renewal is a unicast from a UDP socket.
+        f"    ip daddr {HOST_ADDRESS} udp sport 68 udp dport 67 accept",
     ]
     if settings.allow_host is True:
         lines += [f"    ip daddr {HOST_ADDRESS} accept", f"    ip6 daddr {HOST_ADDRESS6} accept"]

@@ -19,7 +19,7 @@ apt_update() {
 }
 
 needed=()
-for pkg in git curl jq build-essential unzip ca-certificates gnupg tmux; do
+for pkg in git curl jq build-essential unzip ca-certificates gnupg tmux nftables; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || needed+=("$pkg")
 done
 if [ ${#needed[@]} -gt 0 ]; then

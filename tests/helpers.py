@@ -167,6 +167,13 @@ class FakeLima:
 
         fake_limactl.set_guest_listeners(self.home, name, list(listeners))
 
+    def nft_ruleset(self, name: str) -> str:
+        """The ruleset the guest's `sudo nft -f` left (nft's listing; "" when none): what the VM would enforce."""
+        from tests import fake_limactl
+
+        state = fake_limactl.guest_dir(self.home, name, "run") / "fake-limactl" / "nft.ruleset"
+        return state.read_text() if state.exists() else ""
+
     def ssh_calls(self) -> list[list[str]]:
         from tests import fake_limactl
 
@@ -297,6 +304,23 @@ def _bash_4_4() -> bool:
         return False
 
 
+def sbin_tool(name: str) -> str | None:
+    """A system tool (nft, ip) also where it lives outside a user's PATH (/usr/sbin, /sbin)."""
+    return shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"]))
+
+
+@functools.cache
+def _network_lab() -> bool:
+    """nft, ip and nsenter here, and a network namespace of our own where nft may load a ruleset."""
+    nft = sbin_tool("nft")
+    if nft is None or sbin_tool("ip") is None or shutil.which("nsenter") is None or not _can_be_root():
+        return False
+    argv = ["unshare", "--net", nft, "list", "ruleset"]
+    if os.geteuid() != 0:
+        argv[1:1] = ["--map-root-user"]
+    return subprocess.run(argv, capture_output=True).returncode == 0
+
+
 CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     # name: (is it here?, how to get it)
     "bwrap": (_on_path("bwrap"), "apt-get install bubblewrap"),
@@ -306,6 +330,8 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     "openssl": (_on_path("openssl"), "apt-get install openssl"),
     "tmux": (_on_path("tmux"), "apt-get install tmux (the double's guest runs the host's, as a VM runs its own)"),
     "root": (_can_be_root, "run as root, or allow unprivileged user namespaces for `unshare -r`"),
+    "netns": (_network_lab, "apt-get install nftables iproute2 util-linux, and run as root or allow unprivileged "
+                            "user namespaces (`unshare -rn nft list ruleset` must work)"),
 }
 # The start of every skip reason for a missing capability: the banner finds the skips by it.
 MISSING = "missing capability: "

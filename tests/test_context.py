@@ -426,7 +426,8 @@ def test_the_tools_are_those_the_provisioning_installs() -> None:
     packages = re.search(r"^for pkg in (.*); do$", (REPO / "provision" / "10-base-packages.sh").read_text(), re.M)
     assert packages
     commands = {"git": ["git"], "curl": ["curl"], "jq": ["jq"], "build-essential": ["make", "gcc", "g++"],
-                "unzip": ["unzip"], "ca-certificates": [], "gnupg": ["gpg"], "tmux": ["tmux"]}
+                "unzip": ["unzip"], "ca-certificates": [], "gnupg": ["gpg"], "tmux": ["tmux"],
+                "nftables": []}  # nft: root's, for agentbox's own firewall, not a tool for the agent
     assert set(packages.group(1).split()) == set(commands)
     assert {c for cs in commands.values() for c in cs} <= set(context.PROVISIONED_TOOLS)
     assert set(provisioning.SYSTEM_SCRIPTS) == {"10-base-packages.sh", "20-docker.sh", "30-nodejs.sh",

@@ -13,6 +13,11 @@ What differs from a VM, and why:
 - Debian 12, not Ubuntu: Debian's mirror is the one this project can reach. The image has Debian's
   docker.io, so 20-docker.sh (which asks apt for Ubuntu's package names) finds docker installed;
   no daemon starts, as no init runs in a chroot, but its group is there for the user step.
+- The chroot shares the host's network namespace (a VM has its own), so launch.sh's `sudo nft -f`
+  would change the test machine's firewall: root's nft is a stand-in (NFT_STAND_IN, at /usr/local/sbin
+  where sudo's secure_path looks first) that lets the real nft, installed by 10-base-packages.sh, load
+  the file in a throwaway network namespace (over the ruleset kept so far, so a broken file fails as
+  in a VM) and keeps nft's listing in /var/lib/agentbox-test/nft.ruleset, which the tests read.
 - Node.js comes from a nodejs.org-shaped folder built from the npm registry's `node-linux-<arch>`
   and `npm` packages (nodejs.org is not reachable here); a `curl` first on PATH for the system
   scripts maps https://nodejs.org/dist/ to it, so 30-nodejs.sh still downloads, checks SHASUMS256
@@ -59,6 +64,30 @@ USER, UID = "lima", 1000
 GUEST_HOME = f"/home/{USER}.guest"
 NODE_VERSION = re.search(r'^NODE_VERSION="(v[0-9.]+)"$', (REPO / "provision" / "30-nodejs.sh").read_text(), re.M)[1]
 ARCH = {"x86_64": ("amd64", "x64"), "aarch64": ("arm64", "arm64")}.get(platform.machine())
+NFT_STATE = "/var/lib/agentbox-test/nft.ruleset"
+# root's nft in the chroot (see the module docstring): the real one, but only ever in a throwaway namespace.
+NFT_STAND_IN = r"""#!/bin/sh
+# the real-distribution tier's nft (tests/test_real_distro.py): never touches this network namespace
+state=/var/lib/agentbox-test/nft.ruleset
+real=/usr/sbin/nft
+if [ "$(id -u)" != 0 ]; then
+  [ "${1-}" != list ] || echo "Operation not permitted (you must be root)" >&2
+  echo "netlink: Error: cache initialization failed: Operation not permitted" >&2
+  exit 1
+fi
+check=
+if [ "${1-}" = -c ] || [ "${1-}" = --check ]; then check=1; shift; fi
+case "${1-} $#" in
+  "-f 2"|"--file 2")
+    listing=$(unshare --net sh -c '[ ! -s "$1" ] || "$0" -f "$1" || exit; "$0" -f "$2" && "$0" list ruleset' \
+      "$real" "$state" "$2") || exit
+    [ -n "$check" ] || printf '%s\n' "$listing" > "$state" ;;
+  "list "*)
+    [ -z "$check" ] || exit 1
+    exec unshare --net sh -c '[ ! -s "$1" ] || "$0" -f "$1" || exit; shift; exec "$0" "$@"' "$real" "$state" "$@" ;;
+  *) echo "the test tier's nft takes -f FILE, -c -f FILE or list ...; got: $*" >&2; exit 1 ;;
+esac
+"""
 # A host behind a TLS-inspecting proxy trusts its CA through NODE_EXTRA_CA_CERTS: agentbox brings
 # those certificates into the VM (caCerts), as it would for a user on such a host. Read before the
 # tests' own isolation removes it from the environment.
@@ -287,6 +316,9 @@ def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisione
     machine.run(["useradd", "--create-home", "--home-dir", GUEST_HOME, "--uid", str(UID), "--user-group",
                  "--shell", "/bin/bash", USER])
     (root / "etc" / "sudoers.d" / "90-lima").write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")
+    stand_in = root / "usr" / "local" / "sbin" / "nft"
+    stand_in.write_text(NFT_STAND_IN)
+    stand_in.chmod(0o755)
     # nodejs.org, as far as 30-nodejs.sh is concerned (see the module docstring)
     shim = root / "var" / "lib" / "agentbox-test" / "bin" / "curl"
     shim.parent.mkdir(parents=True)
@@ -483,6 +515,26 @@ def test_the_sandbox_description_is_root_s_and_the_memory_block_is_kept(provisio
     assert launch(provisioned, None, ["true"]).returncode == 0
     assert claude_md.read_text() == first
     assert machine.path(f"{GUEST_HOME}/.kiro/steering/agentbox.md").read_text().startswith("<!-- BEGIN AGENTBOX")
+
+
+def test_launch_applies_the_staged_network_ruleset_with_root_s_nft(provisioned: Provisioned) -> None:
+    """launch.sh loads the staged ruleset with `sudo nft -f` on every launch: root's nft here is the stand-in,
+    which ran the real nft (installed by the base packages) on it; the ruleset kept is exactly the staged
+    file's, once, after a second launch too; this machine's own firewall never saw it."""
+    machine = provisioned.machine
+    assert machine.run(["test", "-x", "/usr/sbin/nft"], check=False).returncode == 0  # from 10-base-packages.sh
+    machine.path(NFT_STATE).unlink(missing_ok=True)
+    for _ in range(2):
+        result = launch(provisioned, None, ["true"])
+        assert result.returncode == 0, result.stderr
+    staged = provisioned.staging / "network.nft"
+    assert staged.is_file(), "the staging folder has no network.nft"
+    expected = run(["unshare", "--net", "sh", "-c", 'nft -f "$1" && nft list ruleset', "sh", str(staged)]).stdout
+    assert machine.path(NFT_STATE).read_text() == expected
+    assert expected.count("table inet agentbox {") == 1 and "ip daddr 192.168.5.2" in expected
+    host = shutil.which("nft", path="/usr/sbin:/sbin:" + os.environ["PATH"])
+    if host:
+        assert "inet agentbox" not in run([host, "list", "ruleset"]).stdout
 
 
 def test_the_base_check_and_seal_on_a_real_distribution(provisioned: Provisioned) -> None:

@@ -7,7 +7,8 @@ Folders. The guest has its own /etc (a copy of the host's), /usr/local, /var, /r
 host's, read-only. The double's guest tools (``guest_tools/``) are mounted read-only at
 /.fake-limactl: ``bin/`` holds stand-ins for apt-get, dpkg-query, curl and systemctl that are
 put first on PATH for `system` provisioning scripts only (the guest has no network and no
-package archive), and /usr/local/bin/sudo is the guest's sudo.
+package archive), /usr/local/bin/sudo is the guest's sudo and /usr/local/sbin/nft a stand-in that
+records the ruleset instead of changing the host's firewall (the guest shares the host's network).
 
 Identities. Run as root (as CI runs), the guest has a root and an unprivileged user, like a VM:
 every guest process runs in a user namespace where guest uid/gid n is host id GUEST_ID_BASE+n,
@@ -64,6 +65,7 @@ RUN_TOOLS = "run/fake-limactl"        # per-boot files of the double inside the 
 BOOT_ID_FILE = "boot-id"              # in the instance dir; bound over /proc/sys/kernel/random/boot_id
 CA_DIR = "/usr/local/share/ca-certificates"
 CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+HOST_ALIAS = "host.lima.internal"
 
 
 def guestfs(inst_dir: str, sub: str = "") -> str:
@@ -206,6 +208,10 @@ def init_guestfs(inst_dir: str, name: str, cfg: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):
         os.symlink(GUEST_TOOLS + "/sudo", guestfs(inst_dir, "usr-local/bin/sudo"))
         chown_guest(ids, guestfs(inst_dir, "usr-local/bin/sudo"), 0)
+    with contextlib.suppress(OSError):  # root's PATH finds it before the host's real nft (see guest_tools/tools.py)
+        os.symlink(GUEST_TOOLS + "/nft", guestfs(inst_dir, "usr-local/sbin/nft"))
+        chown_guest(ids, guestfs(inst_dir, "usr-local/sbin/nft"), 0)
+    add_host_alias(inst_dir, ids)
     user = cfg["user"]
     home = guest_home_host_path(inst_dir, user["home"])
     if os.path.isdir("/etc/skel"):
@@ -226,6 +232,30 @@ def init_guestfs(inst_dir: str, name: str, cfg: dict[str, Any]) -> None:
     write_guest_accounts(inst_dir, user)
     with contextlib.suppress(OSError), open(guestfs(inst_dir, "etc/hostname"), "w", encoding="utf-8") as f:
         f.write(hostname_of(name) + "\n")
+
+
+def add_host_alias(inst_dir: str, ids: Ids) -> None:
+    """host.lima.internal in the guest's /etc/hosts: in Lima the name reaches the host's loopback (192.168.5.2);
+    the double's guest shares the host's network, so there the host's loopback is 127.0.0.1."""
+    path = guestfs(inst_dir, "etc/hosts")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        text = ""
+    if re.search(r"^\S+\s+(.*\s)?host\.lima\.internal(\s|$)", text, re.M):
+        return
+    with contextlib.suppress(OSError):
+        st = os.lstat(path) if os.path.lexists(path) else None
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            os.unlink(path)
+            st = None
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text + ("" if not text or text.endswith("\n") else "\n") + f"127.0.0.1 {HOST_ALIAS}\n")
+        if st is not None:
+            os.chmod(path, stat.S_IMODE(st.st_mode))
+        else:
+            chown_guest(ids, path, 0)
 
 
 def hostname_of(name: str) -> str:

@@ -25,6 +25,7 @@ import json
 import os
 import re
 import socket
+import subprocess
 import sys
 import tarfile
 import time
@@ -41,6 +42,7 @@ PACKAGES = {
     "git": ["git"], "curl": ["curl"], "jq": ["jq"], "build-essential": ["make", "gcc", "g++"],
     "unzip": ["unzip"], "ca-certificates": [], "gnupg": ["gpg"], "tmux": ["tmux"], "docker.io": ["docker", "dockerd"],
     "docker-buildx": [], "docker-compose-v2": [], "gh": ["gh"], "sudo": ["sudo"],
+    "nftables": ["nft"],  # root's nft is the stand-in below, in /usr/local/sbin
 }
 
 
@@ -388,7 +390,129 @@ def systemctl(args: list[str]) -> int:
     return 1
 
 
-PROGRAMS = {"sudo": sudo, "apt-get": apt_get, "apt": apt_get, "dpkg-query": dpkg_query, "curl": curl,
+# -- nft ---------------------------------------------------------------------------------------
+#
+# The double's guest shares the host's network namespace (and, on CI, guest root can act on it), so a
+# real `nft -f` would change the test machine's firewall. This stand-in plays nft on the guest's
+# ruleset kept in NFT_STATE (in nft's own listing form) and, when the host has nft, lets the real
+# one do the work in a throwaway network namespace: the previous ruleset loaded, then the file, then
+# listed. So a broken file fails as it would in a VM, with nft's own message.
+
+NFT_STATE = "/run/fake-limactl/nft.ruleset"
+NFT_REAL = ("/usr/sbin/nft", "/sbin/nft", "/usr/bin/nft")
+NFT_LAB = r"""set -e
+nft=$0 state=$1
+[ ! -s "$state" ] || "$nft" -f "$state"
+case $2 in
+  load) "$nft" -f "$3"; "$nft" list ruleset ;;
+  table) "$nft" list table "$3" "$4" ;;
+esac"""
+
+
+def nft(args: list[str]) -> int:
+    check, path, words = False, None, []
+    it = iter(args)
+    for a in it:
+        if a in ("-c", "--check"):
+            check = True
+        elif a in ("-f", "--file"):
+            path = next(it, None)
+            if path is None:
+                err("nft: option requires an argument -- 'f'")
+                return 1
+        elif a.startswith("--file="):
+            path = a.split("=", 1)[1]
+        elif a.startswith("-"):
+            err(f"fake limactl nft: option {a} is not supported by the test double")
+            return 1
+        else:
+            words.append(a)
+    if path is None and not (words == ["list", "ruleset"] or (words[:2] == ["list", "table"] and len(words) == 4)):
+        err(f"fake limactl nft: `nft {' '.join(args)}` is not supported by the test double "
+            "(it takes -f FILE, -c -f FILE, list ruleset, list table FAMILY NAME)")
+        return 1
+    if os.geteuid() != 0:
+        if path is None:
+            err("Operation not permitted (you must be root)")
+        err("netlink: Error: cache initialization failed: Operation not permitted")
+        return 1
+    if path is not None:
+        return _nft_load(path, check)
+    if words == ["list", "ruleset"]:
+        sys.stdout.write(_nft_state())
+        return 0
+    real = _nft_lab()
+    if real is None:  # no nft on the host: only the state's own text can answer
+        state = _nft_state()
+        if f"table {words[2]} {words[3]}" in state:
+            sys.stdout.write(state)
+            return 0
+        err(f"Error: No such file or directory\nlist table {words[2]} {words[3]}")
+        return 1
+    done = subprocess.run(real + [NFT_STATE, "table", words[2], words[3]],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    sys.stdout.write(done.stdout)
+    sys.stderr.write(done.stderr)
+    return done.returncode
+
+
+def _nft_state() -> str:
+    try:
+        with open(NFT_STATE, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _nft_lab() -> list[str] | None:
+    """argv prefix that runs NFT_LAB with the real nft in a throwaway network namespace, or None."""
+    real = next((p for p in NFT_REAL if os.access(p, os.X_OK)), None)
+    if real is None:
+        return None
+    for namespace in (["unshare", "--net"], ["unshare", "--map-root-user", "--net"]):
+        if subprocess.run(namespace + ["true"], capture_output=True).returncode == 0:
+            return namespace + ["sh", "-c", NFT_LAB, real]
+    return None
+
+
+def _nft_load(path: str, check: bool) -> int:
+    if path == "-" or path == "/dev/stdin":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            err(f"Error: Could not process rule: {e.strerror}\n{path}")
+            return 1
+    real = _nft_lab()
+    if real is None:
+        listing = text  # unchecked: the host has no nft to read it
+    else:
+        import tempfile
+
+        os.makedirs(os.path.dirname(NFT_STATE), exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", suffix=".nft", dir="/run/fake-limactl", delete=False) as f:
+            f.write(text)
+        try:
+            shown = path if path not in ("-", "/dev/stdin") else "/dev/stdin"
+            done = subprocess.run(real + [NFT_STATE, "load", f.name],
+                                  stdin=subprocess.DEVNULL, capture_output=True, text=True)
+        finally:
+            os.unlink(f.name)
+        if done.returncode != 0:
+            sys.stderr.write(done.stderr.replace(f.name, shown))
+            return done.returncode
+        listing = done.stdout
+    if not check:
+        os.makedirs(os.path.dirname(NFT_STATE), exist_ok=True)
+        with open(NFT_STATE + ".tmp", "w", encoding="utf-8") as f:
+            f.write(listing)
+        os.replace(NFT_STATE + ".tmp", NFT_STATE)
+    return 0
+
+
+PROGRAMS = {"sudo": sudo, "nft": nft, "apt-get": apt_get, "apt": apt_get, "dpkg-query": dpkg_query, "curl": curl,
             "systemctl": systemctl}
 
 
