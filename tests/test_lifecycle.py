@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from agentbox import netpolicy
 from tests.helpers import FakeLima, as_root, run_agentbox, run_cli, write
 
 NAME = "agentbox-myproject"
@@ -99,12 +100,15 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
         "disk": None, "vmType": None, "arch": None, "dir": None,
         "workspaceRule": "the current folder: no agentbox.yml, not inside a git work tree", "conflict": None,
         "ports": [],
+        "network": {"mode": "open", "enforcement": "advisory", "enforcementWhy": netpolicy.enforcement(netpolicy.NetworkSettings())[1],
+                    "allowHost": False, "allowLan": False,
+                    "proxy": {"running": False, "port": None, "pid": None, "url": None}},
     }
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n")
     assert run_cli("start", cwd=project).exit_code == 0
     after = json.loads(run_cli("status", "--json", cwd=project).stdout)
     assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir",
-                           "workspaceRule", "conflict", "ports"]
+                           "workspaceRule", "conflict", "ports", "network"]
     assert after["workspaceRule"] == f"the folder of {project / 'agentbox.yml'}"
     assert after["conflict"] is None
     assert after["status"] == "Running"

@@ -70,16 +70,6 @@ def echo_server() -> Iterator[int]:
     server.close()
 
 
-@pytest.fixture(autouse=True)
-def _hosts_tmp(request: pytest.FixtureRequest) -> None:
-    if "vm" in request.fixturenames:
-        vm = request.getfixturevalue("vm")
-        hosts = vm.home / NAME / "guestfs" / "etc" / "hosts"
-        if "host.lima.internal" not in hosts.read_text():
-            with open(hosts, "a") as f:
-                f.write("127.0.0.1 host.lima.internal\n")
-
-
 def connect_from_guest(project: Path, target: str) -> dict:
     result = agentbox(project, "shell", "--", "python3", "-c", CONNECT, target)
     assert result.returncode == 0, result.stderr
@@ -138,6 +128,9 @@ def test_the_proxy_is_gone_when_the_session_ends(project: Path, vm: FakeLima, ec
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("http://host.lima.internal:")
     port = int(result.stdout.rsplit(":", 1)[1])
+    rules = vm.nft_ruleset(NAME)  # the VM's firewall: the proxy's port the only way to the host
+    assert f"ip daddr 192.168.5.2 tcp dport {port} accept" in rules
+    assert "ip daddr 192.168.5.2 reject" in rules and "meta l4proto tcp reject with tcp reset" in rules
     assert netguard.running(NAME) is None
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
@@ -160,8 +153,28 @@ def test_open_mode_starts_no_proxy_and_a_warm_launch_stays_at_two_calls(project:
     result = agentbox(project, "shell", "--", "sh", "-c", 'printf "%s" "${HTTPS_PROXY:-none}"')
     assert result.returncode == 0, result.stderr
     assert result.stdout == "none"
+    assert "firewall" not in result.stderr  # it was set: no warning
+    rules = vm.nft_ruleset(NAME)
+    assert "ip daddr 192.168.5.2 reject" in rules and "tcp reset" not in rules  # open: only the host closed
     assert vm.subcommands() == ["list", "shell"]
     assert not netguard.folder(NAME).joinpath("proxy.json").exists()
+
+
+def test_allow_host_opens_only_its_ports_in_the_vms_firewall(project: Path, vm: FakeLima) -> None:
+    write(paths_global(), "network:\n  allowHost: [5432, 8080]\n")
+    result = agentbox(project, "shell", "--", "true")
+    assert result.returncode == 0, result.stderr
+    assert "ip daddr 192.168.5.2 tcp dport { 5432, 8080 } accept" in vm.nft_ruleset(NAME)
+    write(paths_global(), "network:\n  allowHost: true\n")
+    assert agentbox(project, "shell", "--", "true").returncode == 0
+    rules = vm.nft_ruleset(NAME)
+    assert "ip daddr 192.168.5.2 accept" in rules and "192.168.5.2 reject" not in rules
+
+
+def paths_global() -> Path:
+    from agentbox import paths
+
+    return paths.global_config_file()
 
 
 def test_allowlist_warm_launch_stays_at_two_calls(project: Path, vm: FakeLima, echo_server: int) -> None:

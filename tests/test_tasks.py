@@ -440,7 +440,9 @@ def test_notify_false_leaves_task_ends_quiet(project: Path, tasks_vm: FakeLima, 
     assert not log.exists()
     from agentbox import sessions
 
-    assert not sessions.events_folder(f"agentbox-{project.name}").exists()
+    events = sessions.events_folder(f"agentbox-{project.name}")
+    assert not list(events.glob("*.event"))  # no event (its live marker, kept for the network proxy, is gone too)
+    assert not list(events.glob("live/*"))
 
 
 def test_wait_on_a_task_whose_vm_was_deleted_under_it_answers_from_the_host(project: Path,

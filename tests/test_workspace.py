@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentbox import netpolicy
 from tests.helpers import FakeLima, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
@@ -150,6 +151,9 @@ def test_status_reports_a_name_clash(home: Path, limactl: FakeLima) -> None:
         "disk": None, "vmType": None, "arch": None, "dir": None, "workspaceRule": CWD_RULE,
         "conflict": {"vm": "agentbox-app", "workspace": str(first), "suggestedName": suggested},
         "ports": [],
+        "network": {"mode": "open", "enforcement": "advisory", "enforcementWhy": netpolicy.enforcement(netpolicy.NetworkSettings())[1],
+                    "allowHost": False, "allowLan": False,
+                    "proxy": {"running": False, "port": None, "pid": None, "url": None}},
     }
     result = run_cli("status", cwd=second)
     assert result.exit_code == 0
