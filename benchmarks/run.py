@@ -309,6 +309,14 @@ def checkpoint_seconds(box: Sandbox, project: Path, runs: int) -> dict[str, list
     return data
 
 
+def measured_row(label: str, runs: list[tuple[float, float, list[dict]]], max_calls: int) -> tuple[str, ...]:
+    """A table row from box.run results: wall and own times, the call counts seen, the verdict."""
+    own = [wall - inside for wall, inside, _ in runs]
+    counts = {len(calls) for _, _, calls in runs}
+    return (label, summarize([wall for wall, _, _ in runs]), summarize(own), "/".join(map(str, sorted(counts))),
+            verdict(label, statistics.median(own), max(counts) <= max_calls))
+
+
 def summarize(samples: list[float]) -> str:
     return f"{statistics.median(samples) * 1000:7.1f} {min(samples) * 1000:7.1f} {max(samples) * 1000:7.1f}"
 
@@ -398,17 +406,7 @@ def main() -> int:
         (project / "agentbox.yml").write_text("network:\n  mode: allowlist\n")
         proxied = [box.run(["codex", "--version"], project) for _ in range(options.runs)]
         (project / "agentbox.yml").unlink()
-        proxied_counts = {len(calls) for _, _, calls in proxied}
-        rows.append(
-            (
-                "warm, network allowlist",
-                summarize([w for w, _, _ in proxied]),
-                summarize([w - i for w, i, _ in proxied]),
-                "/".join(map(str, sorted(proxied_counts))),
-                verdict("warm, network allowlist", statistics.median([w - i for w, i, _ in proxied]),
-                        max(proxied_counts) <= 2),
-            )
-        )
+        rows.append(measured_row("warm, network allowlist", proxied, max_calls=2))
 
         record_tasks(box, project, 100)
         listed = []
@@ -416,17 +414,7 @@ def main() -> int:
             for heartbeat in (box.root / "state").glob("vms/*/outbox/tasks/*/heartbeat"):
                 heartbeat.write_text(f"{int(time.time())}\n")  # the runners are alive
             listed.append(box.run(["tasks"], project))
-        task_calls = {len(calls) for _, _, calls in listed}
-        rows.append(
-            (
-                "tasks, 100 recorded",
-                summarize([w for w, _, _ in listed]),
-                summarize([w - i for w, i, _ in listed]),
-                "/".join(map(str, sorted(task_calls))),
-                verdict("tasks, 100 recorded", statistics.median([w - i for w, i, _ in listed]),
-                        max(task_calls) <= 1),
-            )
-        )
+        rows.append(measured_row("tasks, 100 recorded", listed, max_calls=1))
 
         box.synced_files(200)
         box.run(["claude", "--version"], project)  # the first sync

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentbox import netguard
+from tests import helpers
 from tests.helpers import NAME, FakeLima, agentbox, run_cli, write
 
 # A program in the guest: CONNECT through $HTTPS_PROXY to argv[1] (host:port), print the status line, and
@@ -52,21 +52,8 @@ else:
 @pytest.fixture
 def echo_server() -> Iterator[int]:
     """A TCP server on the host's 127.0.0.1 answering "echo:" + what it got."""
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(16)
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-            with conn:
-                conn.sendall(b"echo:" + conn.recv(100))
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield server.getsockname()[1]
+    server, port = helpers.echo_server()
+    yield port
     server.close()
 
 
