@@ -134,6 +134,8 @@ def test_offline_keeps_only_the_agents_api(project: Path, vm: FakeLima, tmp_path
     assert policy is not None and policy["mode"] == "offline"
     hosts = [host for host, _ in policy["allow"]]
     assert "api.anthropic.com" in hosts and "registry.npmjs.org" not in hosts
+    registry = connect_from_guest(project, "registry.npmjs.org:443")  # the preset does not count offline
+    assert registry["status"] == 403 and registry["body"]["blocked"] == "registry.npmjs.org"
 
 
 def test_open_mode_starts_no_proxy_and_a_warm_launch_stays_at_two_calls(project: Path, vm: FakeLima) -> None:
