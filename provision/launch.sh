@@ -113,8 +113,14 @@ apply_network() {
     sudo -n /bin/sh -c 'install -d -m 755 /run/agentbox && install -m 644 "$1" "$2"' sh "$rules" "$applied"; then
     return 0
   fi
+  # Said once per boot and ruleset (an older VM without nft would say it at every launch).
+  local boot key
+  boot="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || true)"
+  key="$boot $(cksum < "$rules")"
+  [ "$(cat "$state/network-warned" 2>/dev/null || true)" != "$key" ] || return 0
   say "the VM's firewall could not be set (${output%%$'\n'*}): inside the VM, nothing stops a program that"
   say "ignores the proxy variables, or a connection to your localhost; \`agentbox restart\` provisions nftables."
+  mkdir -p "$state" && printf '%s\n' "$key" > "$state/network-warned"
 }
 
 load_env() {

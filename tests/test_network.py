@@ -406,3 +406,18 @@ def test_doctor_reports_the_network_mode(project: Path, vm: FakeLima) -> None:
     write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
     result = run_cli("doctor", cwd=project)
     assert "network.mode allowlist (enforcement: advisory" in result.stdout + result.stderr
+
+
+def test_a_firewall_that_cannot_be_set_is_said_once_per_boot_and_ruleset(project: Path, vm: FakeLima) -> None:
+    stand_in = vm.home / NAME / "guestfs" / "usr-local" / "sbin" / "nft"
+    stand_in.unlink()  # the double's nft, replaced by one that fails as an older VM without nftables does
+    write(stand_in, "#!/bin/sh\necho 'nft: command not found' >&2\nexit 127\n", mode=0o755)
+    first = agentbox(project, "shell", "--", "true")
+    assert first.returncode == 0, first.stderr
+    assert "the VM's firewall could not be set (nft: command not found)" in first.stderr
+    again = agentbox(project, "shell", "--", "true")
+    assert again.returncode == 0 and "firewall" not in again.stderr
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    changed = agentbox(project, "shell", "--", "true")
+    assert changed.returncode == 0 and "firewall could not be set" in changed.stderr
+    assert vm.nft_ruleset(NAME) == ""
