@@ -302,14 +302,35 @@ def serve(vm_name: str) -> int:
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > IDLE_GRACE_SEC:
-                break
+            elif time.monotonic() - idle_since > IDLE_GRACE_SEC and _end_if_idle(vm_name, proxy):
+                return 0
     finally:
-        proxy.stop()  # the port closes before proxy.json goes: `stop()` returns only once it is closed
-        with contextlib.suppress(OSError):
-            (base / "proxy.json").unlink()
+        _end(base, proxy)
         os.close(lock_fd)
     return 0
+
+
+def _end_if_idle(vm_name: str, proxy: Any) -> bool:
+    """Stop when still unused, under the lock a launch takes to lease the proxy (so none leases it meanwhile);
+    False when that lock is busy (a launch or a release is deciding) or a session came."""
+    fd = os.open(_control_lock(vm_name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        if _in_use(vm_name):
+            return False
+        _end(folder(vm_name), proxy)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _end(base: Path, proxy: Any) -> None:
+    proxy.stop()  # idempotent; the port closes before proxy.json goes, so `stop()` returns only once it is closed
+    with contextlib.suppress(OSError):
+        (base / "proxy.json").unlink()
 
 
 def _rotate(log: Path) -> None:

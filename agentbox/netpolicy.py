@@ -138,10 +138,6 @@ def allow_list(settings: NetworkSettings, agent_endpoints: Mapping[str, Iterable
     return unique
 
 
-def host_ports(settings: NetworkSettings) -> bool | tuple[int, ...]:
-    return settings.allow_host
-
-
 # -- trust: a project's file may tighten the policy, never loosen it -----------------------------------------
 
 _RANK = {mode: rank for rank, mode in enumerate(MODES)}
