@@ -142,19 +142,15 @@ def _endpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[s
     """An agent's endpoints matter only where a proxy decides; hosts beyond the global config's need trust."""
     if config.network.mode == "open" or not config.network.agent_api or not isinstance(value, list):
         return []
-    allowed = _global_value(config, path)
-    before = {str(host).lower() for host in (allowed if isinstance(allowed, list) else
-                                              _builtin_endpoints(path[1]))}
+    from agentbox import netpolicy
+
+    allowed = _global_value(config, path)  # the global file's list, else the built-in one
+    listed = netpolicy.endpoints(path[1], allowed if isinstance(allowed, list) else None)
+    before = {str(host).lower() for host in listed}
     added = [host for host in value if host.lower() not in before]
     if not added:
         return []
     return [f"{keys.dotted(path)}: {', '.join(visible(host) for host in added)} (more hosts the VM may reach)"]
-
-
-def _builtin_endpoints(agent: str) -> tuple[str, ...]:
-    from agentbox import netpolicy
-
-    return netpolicy.AGENT_ENDPOINTS.get(agent, ())
 
 
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
