@@ -1,23 +1,28 @@
 """Checkpoints of a git workspace: what it held when a session started and ended, or when asked.
 
-A checkpoint is a commit object of the whole working tree (tracked files as they are on disk and
-untracked files that are not ignored; see agentbox.hostgit for how it is made without touching the
-user's index, HEAD or branches), parented on HEAD, kept alive by a ref in the repository:
-`refs/agentbox/checkpoints/<id>` (a linked worktree, whose refs are shared with the main checkout,
-uses `refs/agentbox/checkpoints/worktree-<key>/<id>`).
+A checkpoint is a commit of the whole working tree (tracked files as they are on disk and untracked
+files that are not ignored; agentbox.snapshot reads them itself) in agentbox's own store,
+`<workspace state dir>/store/` (agentbox.hostgit), kept alive by a ref there,
+`refs/agentbox/checkpoints/<id>`. Nothing is written into the workspace's `.git`, and no object of
+the workspace's can stand in for one of the store's.
 
-The agent can write every ref, so the truth is the record agentbox keeps outside the workspace,
-`<workspace state dir>/checkpoints.json` (0600, written atomically under `checkpoints.lock`): a
-counter and one entry per checkpoint (id, commit, tree, head, time in UTC, kind, agent, session,
-message, skipped files, ref). Using a checkpoint checks that its ref still names the recorded commit
-and that this commit (its content hashed again) still holds the recorded tree; otherwise it fails
-loudly, naming the checkpoint and what happened to it, never falling back to something else.
+The record agentbox keeps, `<workspace state dir>/checkpoints.json` (0600, written atomically under
+`checkpoints.lock`), holds a counter and one entry per checkpoint (id, commit, tree, head, time in UTC,
+kind, agent, session, message, skipped files, ref, and `uses`: later sessions or commands whose
+checkpoint found the very same tree and HEAD, so they share this entry instead of adding one).
+Using a checkpoint checks that its ref still names the recorded commit and that this commit (its
+content hashed again) still holds the recorded tree; otherwise it fails loudly, naming the checkpoint
+and what happened to it, never falling back to something else.
 
 Ids are small integers per workspace (`#12`). Kinds: start and end (of a session), manual
 (`agentbox checkpoint`), undo and apply (taken before those change the workspace), task (when a
 background task is handed to the VM; its session is `task-ID`). A session has an
 id (`s-20250102T030405Z-1a2b`) shared by its start and end checkpoints. Only the last
-`checkpoints.keep` checkpoints are kept: older refs are deleted and their records dropped.
+`checkpoints.keep` checkpoints are kept: older refs are deleted and their records dropped; a
+checkpoint of an unchanged workspace adds no entry, so ordinary launches do not push history out.
+
+Records of version 1 named commits in the workspace's own repository (refs/agentbox/checkpoints
+there): they are moved into the store once (agentbox.checkpointmove), said in one line.
 
 API for the commands: take(), current(), load(), lookup() (verified), last_session(), statuses().
 """
@@ -40,7 +45,7 @@ from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.safetext import visible
 
 KINDS = ("start", "end", "manual", "undo", "apply", "task")
-VERSION = 1
+VERSION = 2
 REF_PREFIX = "refs/agentbox/checkpoints"
 
 
@@ -60,6 +65,7 @@ class Checkpoint(NamedTuple):
     message: str
     skipped: list[tuple[str, int]]  # files larger than checkpoints.maxFileSize, not captured
     ref: str
+    uses: list[list[str | None]] = []  # [kind, session, agent, time] of later checkpoints of the same tree
 
     @property
     def label(self) -> str:
@@ -68,7 +74,14 @@ class Checkpoint(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         data = self._asdict()
         data["skipped"] = [list(item) for item in self.skipped]
+        if not self.uses:
+            del data["uses"]
         return data
+
+    def used_as(self) -> list[tuple[str, str | None, str]]:
+        """(kind, session, time) of every checkpoint this entry stands for, its own first."""
+        return [(self.kind, self.session, self.time),
+                *((str(use[0]), use[1], str(use[3])) for use in self.uses)]
 
 
 class Taken(NamedTuple):
@@ -110,15 +123,26 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
     repo = repo_of(workspace)
     snap = hostgit.snapshot(repo, settings.max_file_size)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    details = [f"kind: {kind}", *(f"agent: {agent}",) * bool(agent), *(f"session: {session}",) * bool(session)]
+    with _locked(workspace):
+        data = _read(workspace, repo)
+        found = _parse_all(data, workspace)
+        last = found[-1] if found else None
+        if last is not None and last.tree == snap.tree and last.head == snap.head and not last.skipped \
+                and not snap.skipped and hostgit.resolve(repo, last.ref) == last.commit:
+            # Nothing changed since the last checkpoint: this one is that one (no entry pushes history out).
+            same = last._replace(uses=[*last.uses, [kind, session, agent, stamp]])
+            _write(workspace, data["next"], [*found[:-1], same])
+            return Taken(same, snap.notes)
+    details = [f"kind: {kind}", *(f"agent: {agent}",) * bool(agent), *(f"session: {session}",) * bool(session),
+               *(f"head: {snap.head}",) * bool(snap.head)]
     subject = f"agentbox checkpoint ({kind}{', ' + agent if agent else ''})"
     text = "\n\n".join(part for part in (subject, message, "\n".join(details)) if part) + "\n"
-    commit = hostgit.commit(repo, snap.tree, snap.head, text)
+    commit = hostgit.commit(repo, snap.tree, None, text)
     with _locked(workspace):
-        data = _read(workspace)
+        data = _read(workspace, repo)
         number = data["next"]
         checkpoint = Checkpoint(number, commit, snap.tree, snap.head, stamp, kind, agent, session, message,
-                                snap.skipped, _ref(repo, number))
+                                snap.skipped, _ref(number))
         hostgit.set_ref(repo, checkpoint.ref, commit)
         kept = [*_parse_all(data, workspace), checkpoint]
         excess = len(kept) - settings.keep
@@ -137,8 +161,9 @@ def current(workspace: Path, settings: CheckpointSettings) -> hostgit.Snapshot:
 
 def load(workspace: Path) -> list[Checkpoint]:
     """Every recorded checkpoint of the workspace, oldest first (none when there is no record)."""
+    repo = hostgit.find(workspace)
     with _locked(workspace):
-        return _parse_all(_read(workspace), workspace)
+        return _parse_all(_read(workspace, repo), workspace)
 
 
 def problem(repo: hostgit.Repo, checkpoint: Checkpoint) -> str | None:
@@ -203,24 +228,22 @@ def lookup(workspace: Path, spec: str) -> Checkpoint:
 
 def last_session(found: list[Checkpoint]) -> tuple[Checkpoint, Checkpoint | None]:
     """The most recent session's start checkpoint and its end checkpoint (None while it has none)."""
-    starts = [c for c in found if c.kind == "start"]
+    uses = [(c, kind, session) for c in found for kind, session, _time in c.used_as()]
+    starts = [(c, session) for c, kind, session in uses if kind == "start"]
     if not starts:
         raise StateError("no session has been recorded for this workspace yet",
                          hint="Checkpoints are taken when an agent or `agentbox shell` starts and ends; "
                               "`agentbox checkpoint` takes one now.")
-    start = starts[-1]
-    ends = [c for c in found if c.kind == "end" and c.session == start.session]
+    start, started = starts[-1]
+    ends = [c for c, kind, session in uses if kind == "end" and session == started]
     return start, (ends[-1] if ends else None)
 
 
 # -- the record ------------------------------------------------------------------------------------
 
 
-def _ref(repo: hostgit.Repo, number: int) -> str:
-    if repo.git_dir == repo.common_dir:
-        return f"{REF_PREFIX}/{number}"
-    # A linked worktree shares refs with the main checkout, whose checkpoints count from 1 too.
-    return f"{REF_PREFIX}/worktree-{paths.workspace_key(repo.work_tree)[:12]}/{number}"
+def _ref(number: int) -> str:
+    return f"{REF_PREFIX}/{number}"
 
 
 @contextmanager
@@ -231,7 +254,9 @@ def _locked(workspace: Path) -> Iterator[None]:
         yield
 
 
-def _read(workspace: Path) -> dict[str, Any]:
+def _read(workspace: Path, repo: hostgit.Repo | None = None) -> dict[str, Any]:
+    """The record (held under its lock); one of version 1, whose checkpoints were in the workspace's own
+    repository, is moved into the store first."""
     path = records_file(workspace)
     try:
         data = json.loads(path.read_text())
@@ -242,6 +267,11 @@ def _read(workspace: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("next"), int) or not isinstance(
             data.get("checkpoints"), list):
         raise _damaged(path, "it does not have the expected fields")
+    if data.get("version") == 1 and repo is not None:
+        from agentbox import checkpointmove
+
+        data = checkpointmove.move(repo, data)
+        atomic_write(path, json.dumps(data, indent=1) + "\n", mode=0o600)
     if data.get("version") != VERSION:
         raise _damaged(path, f"it is version {data.get('version')!r}; this agentbox reads version {VERSION}")
     return data
@@ -251,7 +281,8 @@ def _parse_all(data: dict[str, Any], workspace: Path) -> list[Checkpoint]:
     try:
         return [Checkpoint(int(e["id"]), str(e["commit"]), str(e["tree"]), e.get("head"), str(e["time"]),
                            str(e["kind"]), e.get("agent"), e.get("session"), str(e.get("message", "")),
-                           [(str(p), int(s)) for p, s in e.get("skipped", [])], str(e["ref"]))
+                           [(str(p), int(s)) for p, s in e.get("skipped", [])], str(e["ref"]),
+                           [list(use) for use in e.get("uses", [])])
                 for e in data["checkpoints"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise _damaged(records_file(workspace), f"an entry lacks or mangles {exc}") from None
@@ -265,8 +296,8 @@ def _write(workspace: Path, next_id: int, found: list[Checkpoint]) -> None:
 
 def _damaged(path: Path, why: str) -> StateError:
     return StateError(f"agentbox's checkpoint record {path} cannot be read: {why}",
-                      hint="Move the file away to start a new record (the old checkpoints' refs stay in the "
-                           "repository under refs/agentbox/checkpoints/).")
+                      hint="Move the file away to start a new record (the old checkpoints' refs stay in "
+                           "agentbox's store under refs/agentbox/checkpoints/).")
 
 
 def local_time(stamp: str) -> str:

@@ -2,9 +2,15 @@
 
 An isolated VM (`session.mode: isolated`, or `--isolated` when the VM is created) mounts the host
 workspace read-only at GUEST_SOURCE instead of writable at its own path, and a per-VM outbox folder
-writable at its own path. At each launch the host records a checkpoint commit of the workspace (the
-base); provision/launch.sh makes the copy at the workspace's own path in the VM, a git clone of the
-read-only mount checked out at the base, runs the agent there and, when it exits, leaves
+writable at its own path. At each launch the host records a checkpoint of the workspace (the
+base, a tree in agentbox's own store). The VM cannot read the store, so agentbox writes the base into
+the session's outbox folder as a `git fast-import` stream, `base.fi`: one commit whose parent is the
+workspace's HEAD and whose files are those of the base, each named by its object id where the
+workspace's index already has that content (the VM's clone of the read-only mount has it) and sent
+inline otherwise. Its author, committer, date and message are fixed, so the commit's id is known to
+agentbox before the VM makes it, and the VM checks it. provision/launch.sh makes the copy at the
+workspace's own path in the VM, a git clone of the read-only mount with that commit checked out, runs
+the agent there and, when it exits, leaves
 `changes.patch` (and the agent's `summary.md`) in a session folder of the outbox. The host turns that
 into a proposal (agentbox.proposals) after `limactl shell` returns: no extra limactl call.
 
@@ -155,7 +161,7 @@ def locked_record(workspace: Path) -> Iterator[dict[str, Any]]:
 
 
 def base_ref(workspace: Path, vm_name: str) -> str:
-    """The ref that keeps a VM's current base (and so the copy's objects) from git's garbage collection."""
+    """The ref of agentbox's store that keeps a VM's current base from garbage collection."""
     digest = hashlib.sha256(f"{workspace}\0{vm_name}".encode("utf-8", "surrogateescape")).hexdigest()[:24]
     return f"refs/agentbox/isolated/{digest}"
 
@@ -178,7 +184,7 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
             note(f"an earlier isolated session left changes: {made}")
     start = points.taken.checkpoint if points.taken is not None else None
     if start is not None:
-        candidate = Base(start.commit, start.tree, start.head)
+        candidate = Base(vm_commit(start.tree, start.head), start.tree, start.head, start.commit)
         if start.skipped:
             warn(f"the agent's copy of the workspace lacks the {len(start.skipped)} file"
                  f"{'s' if len(start.skipped) != 1 else ''} the checkpoint left out for their size")
@@ -197,13 +203,23 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
         record["sessions"][session] = {"vm": vm_name, "agent": agent, "base": base, "started": now(),
                                        "checkpointSession": points.session}
         _prune(record)
+    _write_stream(repo, outbox_dir / session / "base.fi", candidate)
     return IsolatedLaunch(GUEST_SOURCE, base, outbox_dir / session, chdir)
 
 
 class Base(NamedTuple):
-    commit: str
+    commit: str  # the commit the VM makes from base.fi (parent: head)
     tree: str
     head: str | None
+    stored: str  # a commit of that tree in agentbox's store
+
+
+def vm_commit(tree: str, head: str | None) -> str:
+    """The id of the commit base.fi makes in the VM: its fields are fixed, so it follows from tree and head."""
+    from agentbox import hostgit
+
+    fmt = "sha1" if len(tree) == 40 else "sha256"
+    return hostgit.object_id(b"commit", hostgit.commit_object(tree, head, BASE_MESSAGE, 0), fmt)
 
 
 def _own_base(repo: Any, max_file_size: int) -> Base:
@@ -216,32 +232,72 @@ def _own_base(repo: Any, max_file_size: int) -> Base:
         more = f" and {len(snap.skipped) - 5} more" if len(snap.skipped) > 5 else ""
         warn(f"files larger than {max_file_size:,} bytes (checkpoints.maxFileSize) are not in the agent's copy: "
              f"{shown}{more}")
-    return Base(hostgit.commit(repo, snap.tree, snap.head, BASE_MESSAGE), snap.tree, snap.head)
+    stored = hostgit.commit(repo, snap.tree, None, BASE_MESSAGE)
+    return Base(vm_commit(snap.tree, snap.head), snap.tree, snap.head, stored)
 
 
 def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, record: dict[str, Any]) -> str:
-    """The VM's current base while the workspace is unchanged since (its copy is kept), else the candidate."""
+    """The candidate, recorded as a base agentbox gave the VM; the VM's copy is kept while its base is the
+    same (the id follows from the tree and HEAD) and the copy was not marked fresh."""
     from agentbox import hostgit
 
-    current = record["current"].get(vm_name)
-    known = record["bases"].get(current) if current else None
-    ref = base_ref(workspace, vm_name)
-    if (
-        known is not None
-        and vm_name not in record["fresh"]
-        and known.get("tree") == candidate.tree
-        and known.get("head") == candidate.head
-        and hostgit.tree_of(repo, current) == candidate.tree
-    ):
-        if hostgit.resolve(repo, ref) != current:
-            hostgit.set_ref(repo, ref, current)
-        return str(current)
-    hostgit.set_ref(repo, ref, candidate.commit)
-    record["bases"][candidate.commit] = {"tree": candidate.tree, "head": candidate.head, "vm": vm_name,
-                                         "time": now()}
-    record["current"][vm_name] = candidate.commit
+    hostgit.set_ref(repo, base_ref(workspace, vm_name), candidate.stored)
+    if record["current"].get(vm_name) != candidate.commit or candidate.commit not in record["bases"]:
+        record["bases"][candidate.commit] = {"tree": candidate.tree, "head": candidate.head, "vm": vm_name,
+                                             "time": now()}
+        record["current"][vm_name] = candidate.commit
     record["fresh"] = [name for name in record["fresh"] if name != vm_name]
     return candidate.commit
+
+
+def _write_stream(repo: Any, path: Path, base: Base) -> None:
+    """base.fi: the fast-import stream from which the VM makes the base commit (see the module's docstring)."""
+    from agentbox import gitread, hostgit
+
+    entries = hostgit.tree_entries(repo, base.tree)
+    known: set[str] = set()
+    try:
+        known = {entry.oid for entry in gitread.read_index(repo.git_dir / "index", 1 << 30,
+                                                           fmt=hostgit.store_format(repo))}
+    except (gitread.GitReadError, OSError):
+        pass  # every file inline
+    inline = [oid for mode, oid, _ in entries if mode != "160000" and oid not in known]
+    blobs = hostgit.read_blobs(repo, inline)
+    stamp = b"agentbox <agentbox@localhost> 0 +0000"
+    message = BASE_MESSAGE.encode()
+    parts = [b"commit refs/agentbox/base\n", b"author " + stamp + b"\n", b"committer " + stamp + b"\n",
+             b"data %d\n" % len(message), message, b"\n"]
+    if base.head:
+        parts.append(b"from " + base.head.encode() + b"\n")
+    parts.append(b"deleteall\n")
+    for mode, oid, name in entries:
+        quoted = _fast_import_path(name)
+        if oid in blobs:
+            data = blobs[oid]
+            parts += [b"M " + mode.encode() + b" inline " + quoted + b"\n", b"data %d\n" % len(data), data, b"\n"]
+        else:
+            parts.append(b"M " + mode.encode() + b" " + oid.encode() + b" " + quoted + b"\n")
+    parts.append(b"\ndone\n")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(b"feature done\n")
+        handle.writelines(parts)
+
+
+def _fast_import_path(name: bytes) -> bytes:
+    """A path as fast-import reads it: C-style quoted when it starts with a quote or holds a control
+    character or a backslash."""
+    if not name.startswith(b'"') and not any(byte < 0x20 or byte in (0x5C, 0x7F) for byte in name):
+        return name
+    escaped = bytearray(b'"')
+    for byte in name:
+        if byte in (0x22, 0x5C):
+            escaped += b"\\" + bytes([byte])
+        elif byte < 0x20 or byte >= 0x7F:
+            escaped += b"\\%03o" % byte
+        else:
+            escaped.append(byte)
+    return bytes(escaped + b'"')
 
 
 def _prune(record: dict[str, Any]) -> None:

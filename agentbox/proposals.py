@@ -530,12 +530,17 @@ def apply(
                 hint=f"`agentbox apply {number} --3way` merges it with git's three-way merge, which refuses "
                 "rather than leave conflicts.",
             )
+        # The patch is applied to a tree of agentbox's store (the workspace as it is now); agentbox then
+        # writes the files that changed itself (agentbox.restore): git never opens a path of the workspace.
+        now_snap = hostgit.snapshot(repo, settings.max_file_size)
+        result_tree = hostgit.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
         if check_only:
-            hostgit.apply(repo, patch, check_only=True, three_way=three_way)
             return Applied(proposal, None, moved)
-        checkpoint = _checkpoint_before(workspace, number, settings)
-        hostgit.apply(repo, patch, check_only=True, three_way=three_way)
-        hostgit.apply(repo, patch, check_only=False, three_way=three_way)
+        checkpoint, before_tree = _checkpoint_before(workspace, number, settings)
+        if before_tree != now_snap.tree:
+            raise StateError(f"the workspace changed while proposal {number} was being applied; nothing was changed",
+                             hint=f"Run `agentbox apply {number}` again.")
+        _write_tree(repo, now_snap, result_tree)
         proposal = _update(workspace, proposal, status=APPLIED, applied=isolation.now(), checkpoint=checkpoint)
         append_event(workspace, "proposal_applied", proposal=number, checkpoint=checkpoint, threeWay=three_way,
                      patchSha256=proposal.get("patchSha256"))
@@ -544,12 +549,25 @@ def apply(
         return Applied(proposal, checkpoint, moved)
 
 
-def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSettings) -> int:
-    """Taken whatever checkpoints.enabled says (that is about launches): `agentbox undo` can take the apply back."""
+def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
+    """Bring the workspace from the snapshot now to result_tree, writing only the files that differ."""
+    from agentbox import restore, undo
+
+    todo = undo.plan(repo, result_tree, now.tree, now.skipped, None, clean=True)
+    result = restore.apply(repo.work_tree, todo.operations)
+    if result.failures:
+        shown = "; ".join(f"{visible(failure.path)}: {failure.reason}" for failure in result.failures[:5])
+        raise StateError(f"some files of the proposal could not be written: {shown}",
+                         hint="The checkpoint taken before applying it is kept: `agentbox undo` returns to it.")
+
+
+def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSettings) -> tuple[int, str]:
+    """Taken whatever checkpoints.enabled says (that is about launches): `agentbox undo` can take the apply back.
+    Returns its id and tree."""
     from agentbox import checkpoints
 
     taken = checkpoints.take(workspace, "apply", settings, message=f"before applying proposal {number}")
-    return taken.checkpoint.id
+    return taken.checkpoint.id, taken.checkpoint.tree
 
 
 def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:

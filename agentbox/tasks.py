@@ -530,8 +530,8 @@ def request_cancel(task: Task) -> None:
 
 
 def remove_worktree(task: Task) -> str | None:
-    """Remove the task's worktree folder and git's note of it (what `git worktree prune` would drop), never
-    through a link and only where agentbox made it; the branch stays. Returns what was removed, or None."""
+    """Remove the task's worktree folder, never through a link and only where agentbox made it; the branch
+    stays. Returns what was removed, or None."""
     if not task.worktree:
         return None
     workspace = Path(task.workspace)
@@ -543,13 +543,8 @@ def remove_worktree(task: Task) -> str | None:
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path, ignore_errors=True)
         removed = str(path)
-    from agentbox import hostgit
-
-    repo = hostgit.find(workspace)
-    if repo is not None:
-        admin = Path(repo.common_dir) / "worktrees" / f"task-{task.id}"
-        if admin.is_dir() and not admin.is_symlink() and os.path.realpath(admin.parent) == str(admin.parent):
-            shutil.rmtree(admin, ignore_errors=True)
+    # git's own note of it, <common>/worktrees/task-ID, stays: agentbox writes nothing under a workspace's
+    # git folder (git drops a note whose folder is gone at its next `git worktree prune` or gc).
     return removed
 
 
@@ -591,7 +586,7 @@ def parse_duration(text: str) -> int:
 def diff_range(config: Config, spec: str) -> tuple[Repo, str, str, list[tuple[str, int]]]:
     """What `agentbox diff --since task:ID` compares: (repository, the task's start tree, the tree now, files
     left out for their size). A worktree task: its branch's start commit against its worktree as it is."""
-    from agentbox import checkpoints, hostgit
+    from agentbox import checkpointmove, checkpoints, gitread, hostgit
 
     task = lookup(spec)
     if task.worktree:
@@ -599,10 +594,19 @@ def diff_range(config: Config, spec: str) -> tuple[Repo, str, str, list[tuple[st
         if repo is None or not task.base:
             raise StateError(f"{task.label}'s worktree {task.worktree} is gone",
                              hint=f"Its work is on the branch {task.branch}: `git diff {task.base} {task.branch}`.")
-        base_tree = hostgit.commit_trees(repo, [task.base]).get(task.base)
-        if base_tree is None:
-            raise StateError(f"{task.label}'s start commit {task.base} is missing from the repository")
+        try:
+            base_tree = checkpointmove.import_commit(repo, task.base)
+        except gitread.GitReadError as exc:
+            raise StateError(f"{task.label}'s start commit {task.base} cannot be read from the repository: "
+                             f"{exc.message}") from None
         now = hostgit.snapshot(repo, config.checkpoints.max_file_size)
+        old_side = [change.old_oid for change in hostgit.changes(repo, base_tree, now.tree)
+                    if change.status != "A" and change.old_mode != "160000"]
+        try:
+            checkpointmove.import_blobs(repo, old_side)
+        except gitread.GitReadError as exc:
+            raise StateError(f"{task.label}'s start commit {task.base} cannot be read from the repository: "
+                             f"{exc.message}") from None
         return repo, base_tree, now.tree, now.skipped
     workspace = config.require_workspace()
     if task.workspace != str(workspace):

@@ -479,7 +479,7 @@ bootstrap() {
 # -- isolated mode --------------------------------------------------------------------------------
 # The host workspace is mounted read-only at $isolated_from. The agent works on a copy at the
 # workspace's own path, local to the VM: a git clone of that mount checked out at $base (the host's
-# checkpoint of HEAD plus uncommitted and untracked files). The copy is kept while the host sends the
+# checkpoint of HEAD plus uncommitted and untracked files, made here from the outbox's base.fi). The copy is kept while the host sends the
 # same base, so a later session goes on with it. When the program exits, the copy's changes against
 # its base go to $outbox as changes.patch (the agent may add summary.md at $AGENTBOX_SUMMARY), and
 # `base` is written last: the host takes only a finished outbox.
@@ -548,6 +548,14 @@ make_copy() {
   fi
   copy_git clone -q --shared --no-checkout "$isolated_from" "$workspace"
   branch="$(copy_git -C "$workspace" symbolic-ref -q HEAD || true)"
+  # The base lives in agentbox's store on the host: it comes as a fast-import stream (base.fi) making one
+  # commit whose id the host computed beforehand.
+  if [ ! -f "$outbox/base.fi" ] || ! copy_git -C "$workspace" fast-import --quiet < "$outbox/base.fi" ||
+    [ "$(copy_git -C "$workspace" rev-parse -q --verify refs/agentbox/base 2>/dev/null || true)" != "$base" ]; then
+    say "isolated mode: the workspace's base (${base:0:12}) could not be made in the copy from $outbox/base.fi"
+    exit 1
+  fi
+  copy_git -C "$workspace" update-ref -d refs/agentbox/base
   copy_git -C "$workspace" checkout -q --detach "$base"
   # HEAD back where the user's is, the files as in the base: the uncommitted changes show as such.
   if parent="$(copy_git -C "$workspace" rev-parse -q --verify "$base^" 2>/dev/null)"; then

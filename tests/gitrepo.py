@@ -90,3 +90,21 @@ def hostile(repo: Path, markers: Path) -> None:
 
 def fired(markers: Path) -> list[str]:
     return sorted(path.name for path in markers.iterdir()) if markers.exists() else []
+
+
+def git_folder_state(repo: Path) -> dict[str, str]:
+    """Every entry under a repository's git folder, never followed: kind, mode, content (or link target) and
+    mtime. agentbox's host side must leave all of it byte for byte as it was."""
+    found: dict[str, str] = {}
+    for root, dirs, files in os.walk(repo / ".git"):
+        for name in [*dirs, *files]:
+            path = Path(root, name)
+            st = os.lstat(path)
+            if path.is_symlink():
+                content = os.readlink(path).encode()
+            elif path.is_file():
+                content = path.read_bytes()
+            else:
+                content = b""
+            found[str(path.relative_to(repo))] = f"{st.st_mode:o} {_digest(content)} {st.st_mtime_ns}"
+    return found

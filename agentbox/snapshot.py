@@ -1,0 +1,557 @@
+"""The workspace as a tree in agentbox's checkpoint store, read by agentbox itself.
+
+A snapshot holds what `git status -uall` would call the working tree: the files the workspace's index
+tracks, as they are on disk, and the untracked files that are not ignored. git never opens a path of
+the work tree here: agentbox walks it itself and reads every file it records through folder
+descriptors (`O_DIRECTORY|O_NOFOLLOW` from the workspace down, then `O_NOFOLLOW|O_NONBLOCK`), keeps
+it only when fstat() shows a regular file with the inode it listed, reads at most max_file_size bytes
+of it, and hashes the bytes into the store itself. A symlink is recorded as its target, a FIFO, socket
+or device is left out, a folder that became a symlink is not followed. The ignore rules (.gitignore
+files, info/exclude, the user's global excludes file) are read the same way and matched by
+agentbox.ignorerules; the tracked paths come from the workspace's index as agentbox.gitread reads it.
+
+Fast when little changed, with a cache in the store (`stat.cache`, agentbox's own):
+- every folder's listing and what was decided about its entries, kept while the folder's stat (inode,
+  mtime), its .gitignore's and the rules above it are unchanged: an unchanged folder is one lstat();
+- every recorded file's stat data and object id, also written as a git index (`stat.index`) for one
+  `git diff-files`, which lstat()s those paths in C and names the ones that changed. It opens nothing:
+  git reads a file only for an entry that is "racily clean" (modified no earlier than the index file),
+  and an entry recorded within RACY_NS of the moment the index is written is recorded with mtime 0, so
+  it is reported changed (and read again by agentbox) instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import marshal
+import os
+import stat
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+from agentbox import hostgit, paths
+from agentbox.safetext import visible
+
+CACHE_VERSION = 1
+RACY_NS = 2_000_000_000
+MAX_INDEX = 1 << 30  # the workspace's index is read up to this size
+MAX_RULES = 1 << 20  # a .gitignore, info/exclude or the global excludes file
+DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+REGULAR, EXECUTABLE, LINK, GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
+
+
+def take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapshot:
+    """The snapshot (the store must be held locked by the caller)."""
+    walk = _Walk(repo, store, max_file_size)
+    try:
+        return walk.run()
+    finally:
+        walk.close()
+
+
+class _Walk:
+    def __init__(self, repo: hostgit.Repo, store: Path, max_file_size: int) -> None:
+        self.repo = repo
+        self.store = store
+        self.limit = max_file_size
+        self.fmt = hostgit.store_format(repo)
+        self.cache = _load(store, self.fmt)
+        self.fds: dict[bytes, int | None] = {}
+        self.notes: list[str] = []
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            if fd is not None:
+                os.close(fd)
+
+    # -- the walk ----------------------------------------------------------------------------------
+
+    def run(self) -> hostgit.Snapshot:
+        from agentbox import ignorerules
+
+        started = time.time_ns()
+        tracked, gitlinks, tracked_dirs, tracked_sig = self._tracked()
+        global_rules, global_sig = self._global_rules()
+        context = _digest(repr((global_sig, tracked_sig)).encode())
+        matcher = ignorerules.Matcher(global_rules, ignore_case=self._ignore_case())
+        old_dirs: dict[bytes, Any] = self.cache["dirs"]
+        new_dirs: dict[bytes, Any] = {}
+        files: dict[bytes, int] = {}  # path -> kind seen in the listing (REGULAR, LINK, GITLINK)
+        stack: list[tuple[bytes, Any, bytes, bool]] = [(b"", matcher, context, False)]
+        while stack:
+            folder, rules, ctx, inside_ignored = stack.pop()
+            st = self._lstat(folder)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                continue
+            listing = self._listing(folder, st)
+            if listing is None:
+                continue
+            names = listing
+            if b".gitignore" in names and names[b".gitignore"] != "d":
+                sig, rules = self._folder_rules(folder, rules)
+                ctx = _digest(ctx + repr(sig).encode())
+            signature = [st.st_ino, st.st_mtime_ns, ctx]
+            known = old_dirs.get(folder)
+            if known is not None and known[0] == signature:
+                decided = known[1]
+            else:
+                decided = self._decide(folder, names, rules, tracked, gitlinks, tracked_dirs, inside_ignored)
+            new_dirs[folder] = [signature, decided]
+            kept_files, subdirs, notes = decided
+            for name, kind in kept_files:
+                files[_join(folder, name)] = kind
+            self.notes.extend(notes)
+            for name, ignored in subdirs:
+                sub_ctx = _digest(ctx + b"ignored") if ignored else ctx
+                stack.append((_join(folder, name), rules, sub_ctx, inside_ignored or ignored))
+        for path in gitlinks:
+            if path in files:
+                files[path] = GITLINK
+        return self._record(files, gitlinks, new_dirs, started)
+
+    def _decide(self, folder: bytes, names: dict[bytes, str], rules: Any, tracked: set[bytes],
+                gitlinks: dict[bytes, str], tracked_dirs: set[bytes], inside_ignored: bool) -> list[Any]:
+        """Which entries of a folder are recorded (files) and walked (folders, with whether they are ignored:
+        a tracked folder git ignores is walked for its tracked files only), and what is said about it."""
+        kept: list[tuple[bytes, int]] = []
+        subdirs: list[tuple[bytes, bool]] = []
+        notes: list[str] = []
+        for name, kind in sorted(names.items()):
+            if not folder and name == b".git":
+                continue
+            path = _join(folder, name)
+            shown = os.fsdecode(path)
+            if path in gitlinks:
+                kept.append((name, GITLINK))
+                continue
+            if kind == "d":
+                ignored = inside_ignored or rules.is_ignored(shown, True)
+                if path not in tracked_dirs and ignored:
+                    continue
+                if path not in tracked_dirs and self._is_nested_repository(path):
+                    notes.append(f"{visible(shown)}/ is a nested git repository; its files are not captured")
+                    continue
+                subdirs.append((name, ignored))
+            elif kind in ("f", "l"):
+                if path in tracked or not (inside_ignored or rules.is_ignored(shown, False)):
+                    kept.append((name, LINK if kind == "l" else REGULAR))
+        return [kept, subdirs, notes]
+
+    def _is_nested_repository(self, path: bytes) -> bool:
+        fd = self._folder_fd(path)
+        if fd is None:
+            return False
+        try:
+            os.stat(".git", dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            return False
+        return True
+
+    def _listing(self, folder: bytes, st: os.stat_result) -> dict[bytes, str] | None:
+        """name -> "f" (regular file), "l" (link), "d" (folder) or "o" (anything else); the cached one
+        while the folder's inode and mtime are unchanged."""
+        known = self.cache["listings"].get(folder)
+        if known is not None and known[0] == [st.st_ino, st.st_mtime_ns]:
+            self.cache["new_listings"][folder] = known
+            listing: dict[bytes, str] = known[1]
+            return listing
+        fd = self._folder_fd(folder)
+        if fd is None:
+            return None
+        found: dict[bytes, str] = {}
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    try:
+                        if entry.is_symlink():
+                            kind = "l"
+                        elif entry.is_dir(follow_symlinks=False):
+                            kind = "d"
+                        elif entry.is_file(follow_symlinks=False):
+                            kind = "f"
+                        else:
+                            kind = "o"
+                    except OSError:
+                        continue
+                    found[os.fsencode(entry.name)] = kind
+        except OSError:
+            return None
+        self.cache["new_listings"][folder] = [[st.st_ino, st.st_mtime_ns], found]
+        return found
+
+    # -- recording -----------------------------------------------------------------------------------
+
+    def _record(self, files: dict[bytes, int], gitlinks: dict[bytes, str], dirs: dict[bytes, Any],
+                started: int) -> hostgit.Snapshot:
+        entries: dict[bytes, list[Any]] = self.cache["entries"]
+        changed = {path for path in entries if path not in files}
+        for path in changed:
+            del entries[path]
+        dirty = bool(changed)
+        todo = [path for path in files if path not in entries]
+        if entries and self.cache["index_written"]:
+            todo += [path for path in hostgit.diff_files(self.repo, self.store, self.store / "stat.index")
+                     if path in entries]
+        skipped: dict[bytes, int] = {}
+        for path in dict.fromkeys(todo):
+            kind = files.get(path)
+            if kind is None:
+                continue
+            dirty = True
+            entries.pop(path, None)
+            if kind == GITLINK:
+                entries[path] = [GITLINK, gitlinks[path], 0, 0, 0, 0, 0, 0, 0]
+                continue
+            made = self._read(path, started)
+            if made is None:
+                continue
+            if isinstance(made, int):
+                skipped[path] = made
+                continue
+            entries[path] = made
+        skipped.update(self._still_skipped(files, entries, skipped))
+        tree = self.cache["tree"] if not dirty and self.cache["tree"] else None
+        if tree is None or not (self.store / "objects" / tree[:2] / tree[2:]).exists():
+            tree = _write_trees(self.store, entries, self.fmt)
+        if dirty or not self.cache["index_written"]:
+            _write_index(self.store / "stat.index", entries, self.fmt, started)
+            self.cache["index_written"] = True
+        self.cache["tree"] = tree
+        self.cache["dirs"] = dirs
+        self.cache["listings"] = self.cache.pop("new_listings")
+        self.cache["skipped"] = skipped
+        _save(self.store, self.cache)
+        notes = list(dict.fromkeys(self.notes))
+        if gitlinks:
+            notes.append("submodules are captured as the commit the index records for them, not their own changes")
+        shown_skipped = sorted((os.fsdecode(path), size) for path, size in skipped.items())
+        return hostgit.Snapshot(tree, self._head(), shown_skipped, notes)
+
+    def _still_skipped(self, files: dict[bytes, int], entries: dict[bytes, Any],
+                       skipped: dict[bytes, int]) -> dict[bytes, int]:
+        """Files left out for their size last time and not read again this time: still too large?"""
+        found = {}
+        for path, _size in self.cache["skipped"].items():
+            if path in skipped or path in entries or path not in files:
+                continue
+            st = self._lstat(path)
+            if st is not None and stat.S_ISREG(st.st_mode):
+                if st.st_size > self.limit:
+                    found[path] = st.st_size
+                else:  # it shrank: read it now
+                    made = self._read(path, time.time_ns())
+                    if isinstance(made, list):
+                        entries[path] = made
+                        self.cache["tree"] = None
+                    elif isinstance(made, int):
+                        found[path] = made
+        return found
+
+    def _read(self, path: bytes, started: int) -> list[Any] | int | None:
+        """The stat entry of a file after writing its content to the store; its size when it is larger than
+        the limit; None when it is no longer a regular file or link where it was listed."""
+        folder, _, name = path.rpartition(b"/")
+        parent = self._folder_fd(folder)
+        if parent is None:
+            return None
+        try:
+            before = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return None
+        if stat.S_ISLNK(before.st_mode):
+            try:
+                target = os.readlink(name, dir_fd=parent)
+            except OSError:
+                return None
+            oid = hostgit.write_object(self.store, b"blob", os.fsencode(target), self.fmt)
+            return _entry(LINK, oid, before, started)
+        if not stat.S_ISREG(before.st_mode):
+            return None
+        if before.st_size > self.limit:
+            return before.st_size
+        try:
+            fd = os.open(name, FILE_FLAGS, dir_fd=parent)
+        except OSError:
+            return None
+        try:
+            opened = os.fstat(fd)
+            if not stat.S_ISREG(opened.st_mode) or (opened.st_ino, opened.st_dev) != (before.st_ino, before.st_dev):
+                return None  # swapped between the listing and the open: not what was listed
+            chunks = []
+            left = self.limit + 1
+            while left > 0:
+                chunk = os.read(fd, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            data = b"".join(chunks)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if len(data) > self.limit:
+            return len(data)
+        mode = EXECUTABLE if opened.st_mode & stat.S_IXUSR else REGULAR
+        oid = hostgit.write_object(self.store, b"blob", data, self.fmt)
+        steady = (after.st_mtime_ns, after.st_ctime_ns, after.st_size) == (
+            opened.st_mtime_ns, opened.st_ctime_ns, len(data))
+        return _entry(mode, oid, after, started if steady else None)
+
+    # -- what the workspace's git folder says (read by agentbox) -----------------------------------
+
+    def _tracked(self) -> tuple[set[bytes], dict[bytes, str], set[bytes], Any]:
+        from agentbox import gitread
+
+        index = self.repo.git_dir / "index"
+        try:
+            st = os.lstat(index)
+            sig: Any = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+        except OSError:
+            sig = None
+        known = self.cache["tracked"]
+        if known is not None and known[0] == sig:
+            tracked, gitlinks = set(known[1]), dict(known[2])
+        else:
+            tracked, gitlinks = set(), {}
+            if sig is not None:
+                try:
+                    for entry in gitread.read_index(index, MAX_INDEX, fmt=self.fmt):
+                        path = os.fsencode(entry.path)
+                        tracked.add(path)
+                        if entry.mode == GITLINK:
+                            gitlinks[path] = entry.oid
+                except gitread.GitReadError as exc:
+                    self.notes.append(f"the workspace's index could not be read ({exc.message}); tracked files that "
+                                      "the ignore rules match are not captured")
+            self.cache["tracked"] = [sig, sorted(tracked), gitlinks]
+        tracked_dirs = {b""}
+        for path in tracked:
+            folder = path.rpartition(b"/")[0]
+            while folder and folder not in tracked_dirs:
+                tracked_dirs.add(folder)
+                folder = folder.rpartition(b"/")[0]
+        return tracked, gitlinks, tracked_dirs, sig
+
+    def _global_rules(self) -> tuple[list[Any], Any]:
+        from agentbox import ignorerules
+
+        found = []
+        signatures = []
+        for path, source in ((self.repo.common_dir / "info" / "exclude", "info/exclude"),
+                             (_global_excludes(), "the global excludes file")):
+            if path is None:
+                continue
+            data, sig = _read_rules(path)
+            signatures.append(sig)
+            found.append(ignorerules.parse_capped(data, "", source, MAX_RULES))
+        return found, signatures
+
+    def _folder_rules(self, folder: bytes, rules: Any) -> tuple[Any, Any]:
+        from agentbox import ignorerules
+
+        parent = self._folder_fd(folder)
+        data, sig = (None, None) if parent is None else _read_at(parent, b".gitignore", MAX_RULES)
+        base = os.fsdecode(folder)
+        source = f"{base}/.gitignore" if base else ".gitignore"
+        return sig, rules.with_dir(base, ignorerules.parse_capped(data, base, source, MAX_RULES))
+
+    def _ignore_case(self) -> bool:
+        from agentbox import gitread
+
+        try:
+            value = gitread.config_value(self.repo.common_dir, "core", "ignorecase")
+        except gitread.GitReadError:
+            return False
+        return (value or "").lower() in ("true", "yes", "on", "1")
+
+    def _head(self) -> str | None:
+        from agentbox import gitread
+
+        try:
+            return gitread.head(self.repo.git_dir, self.repo.common_dir)
+        except gitread.GitReadError as exc:
+            self.notes.append(f"HEAD could not be read ({exc.message}); the checkpoint names no HEAD")
+            return None
+
+    # -- file-system access, never through a link --------------------------------------------------
+
+    def _folder_fd(self, folder: bytes) -> int | None:
+        if folder in self.fds:
+            return self.fds[folder]
+        if not folder:
+            try:
+                fd: int | None = os.open(self.repo.work_tree, DIR_FLAGS)
+            except OSError:
+                fd = None
+        else:
+            parent_name, _, name = folder.rpartition(b"/")
+            parent = self._folder_fd(parent_name)
+            try:
+                fd = None if parent is None else os.open(name, DIR_FLAGS, dir_fd=parent)
+            except OSError:
+                fd = None
+        self.fds[folder] = fd
+        return fd
+
+    def _lstat(self, path: bytes) -> os.stat_result | None:
+        folder, _, name = path.rpartition(b"/")
+        if not path:
+            try:
+                return os.lstat(self.repo.work_tree)
+            except OSError:
+                return None
+        parent = self._folder_fd(folder)
+        if parent is None:
+            return None
+        try:
+            return os.stat(name, dir_fd=parent, follow_symlinks=False)
+        except OSError:
+            return None
+
+
+def _entry(mode: int, oid: str, st: os.stat_result, started: int | None) -> list[Any]:
+    # Recorded with mtime 0 (so reported changed and read again) when it may be racily clean.
+    recent = started is None or st.st_mtime_ns >= started - RACY_NS or st.st_ctime_ns >= started - RACY_NS
+    mtime = 0 if recent else st.st_mtime_ns
+    return [mode, oid, st.st_ino, st.st_size, mtime, st.st_ctime_ns, st.st_dev, st.st_uid, st.st_gid]
+
+
+def _join(folder: bytes, name: bytes) -> bytes:
+    return folder + b"/" + name if folder else name
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha1(data).digest()
+
+
+# -- the trees ---------------------------------------------------------------------------------------
+
+
+def _write_trees(store: Path, entries: dict[bytes, list[Any]], fmt: str) -> str:
+    """The tree objects of entries, written to the store deepest first; the root tree's id."""
+    listed: dict[bytes, list[tuple[bytes, bytes, str]]] = {b"": []}  # folder -> (sort key, "mode name", oid)
+    subfolders: dict[bytes, list[bytes]] = {}
+    for path, entry in entries.items():
+        folder, _, name = path.rpartition(b"/")
+        child = folder
+        while child not in listed:
+            listed[child] = []
+            parent = child.rpartition(b"/")[0]
+            subfolders.setdefault(parent, []).append(child)
+            child = parent
+        listed[folder].append((name, b"%o %s" % (entry[0], name), entry[1]))
+    ids: dict[bytes, str] = {}
+    for folder in sorted(listed, key=lambda item: item.count(b"/") + bool(item), reverse=True):
+        items = listed[folder]
+        for sub in subfolders.get(folder, ()):
+            name = sub.rpartition(b"/")[2]
+            items.append((name + b"/", b"40000 " + name, ids[sub]))
+        items.sort(key=lambda item: item[0])
+        content = b"".join(head + b"\0" + bytes.fromhex(oid) for _, head, oid in items)
+        ids[folder] = hostgit.write_object(store, b"tree", content, fmt)
+    return ids[b""]
+
+
+# -- the git index for diff-files ---------------------------------------------------------------------
+
+
+def _write_index(path: Path, entries: dict[bytes, list[Any]], fmt: str, started: int) -> None:
+    """A version 2 git index of the recorded entries (their stat data), dated `started` so that git
+    judges no entry racily clean (the recent ones are recorded with mtime 0)."""
+    mask = 0xFFFFFFFF
+    parts = [b"DIRC", struct.pack(">II", 2, len(entries))]
+    for name in sorted(entries):
+        mode, oid, ino, size, mtime, ctime, dev, uid, gid = entries[name]
+        fixed = struct.pack(">IIIIIIIIII", (ctime // 1_000_000_000) & mask, ctime % 1_000_000_000,
+                            (mtime // 1_000_000_000) & mask, mtime % 1_000_000_000, dev & mask, ino & mask,
+                            mode, uid & mask, gid & mask, size & mask)
+        body = fixed + bytes.fromhex(oid) + struct.pack(">H", min(len(name), 0xFFF)) + name
+        parts.append(body + b"\0" * (8 - len(body) % 8))
+    data = b"".join(parts)
+    digest = hashlib.sha1 if fmt == "sha1" else hashlib.sha256
+    data += digest(data).digest()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+    os.utime(tmp, ns=(started, started))
+    os.replace(tmp, path)
+
+
+# -- the cache ---------------------------------------------------------------------------------------
+
+
+def _empty(fmt: str) -> dict[str, Any]:
+    return {"version": CACHE_VERSION, "fmt": fmt, "entries": {}, "dirs": {}, "listings": {}, "new_listings": {},
+            "tracked": None, "tree": None, "skipped": {}, "index_written": False}
+
+
+def _load(store: Path, fmt: str) -> dict[str, Any]:
+    try:
+        with open(store / "stat.cache", "rb") as handle:
+            data = marshal.load(handle)
+    except (OSError, EOFError, ValueError, TypeError):
+        return _empty(fmt)
+    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("fmt") != fmt:
+        return _empty(fmt)
+    data["new_listings"] = {}
+    return data
+
+
+def _save(store: Path, cache: dict[str, Any]) -> None:
+    tmp = store / f".stat.cache.{os.getpid()}"
+    with open(tmp, "wb") as handle:
+        marshal.dump(cache, handle)
+    os.replace(tmp, store / "stat.cache")
+
+
+# -- rule files, read by agentbox --------------------------------------------------------------------
+
+
+def _read_at(parent: int, name: bytes, limit: int) -> tuple[bytes | None, Any]:
+    """A regular file under a folder descriptor, never through a link, never blocking, at most limit bytes;
+    (None, None) when it is absent or not such a file."""
+    try:
+        fd = os.open(name, FILE_FLAGS, dir_fd=parent)
+    except OSError:
+        return None, None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None, None
+        data = os.read(fd, limit + 1) if st.st_size <= limit else b""
+        return data[:limit], [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+    finally:
+        os.close(fd)
+
+
+def _read_rules(path: Path) -> tuple[bytes | None, Any]:
+    try:
+        parent = os.open(path.parent, DIR_FLAGS)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+            return None, None
+        return None, None
+    try:
+        return _read_at(parent, os.fsencode(path.name), MAX_RULES)
+    finally:
+        os.close(parent)
+
+
+def _global_excludes() -> Path | None:
+    """The host user's own global excludes file (host-controlled): core.excludesFile of ~/.gitconfig when it
+    names one plainly, else $XDG_CONFIG_HOME/git/ignore."""
+    from agentbox import gitread
+
+    xdg = os.environ.get("XDG_CONFIG_HOME") or str(paths.home() / ".config")
+    for config in (paths.home() / ".gitconfig", Path(xdg) / "git" / "config"):
+        try:
+            value = gitread.config_file_value(config, "core", "excludesfile")
+        except gitread.GitReadError:
+            value = None
+        if value:
+            return Path(os.path.expanduser(value))
+    return Path(xdg) / "git" / "ignore"
