@@ -65,7 +65,7 @@ class Checkpoint(NamedTuple):
     message: str
     skipped: list[tuple[str, int]]  # files larger than checkpoints.maxFileSize, not captured
     ref: str
-    uses: list[list[str | None]] = []  # [kind, session, agent, time] of later checkpoints of the same tree
+    uses: tuple[tuple[str | None, ...], ...] = ()  # (kind, session, agent, time) of later checkpoints of the same tree
 
     @property
     def label(self) -> str:
@@ -74,7 +74,9 @@ class Checkpoint(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         data = self._asdict()
         data["skipped"] = [list(item) for item in self.skipped]
-        if not self.uses:
+        if self.uses:
+            data["uses"] = [list(use) for use in self.uses]
+        else:
             del data["uses"]
         return data
 
@@ -130,7 +132,7 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
         if last is not None and last.tree == snap.tree and last.head == snap.head and not last.skipped \
                 and not snap.skipped and hostgit.resolve(repo, last.ref) == last.commit:
             # Nothing changed since the last checkpoint: this one is that one (no entry pushes history out).
-            same = last._replace(uses=[*last.uses, [kind, session, agent, stamp]])
+            same = last._replace(uses=(*last.uses, (kind, session, agent, stamp)))
             _write(workspace, data["next"], [*found[:-1], same])
             return Taken(same, snap.notes)
     details = [f"kind: {kind}", *(f"agent: {agent}",) * bool(agent), *(f"session: {session}",) * bool(session),
@@ -274,7 +276,8 @@ def _read(workspace: Path, repo: hostgit.Repo | None = None) -> dict[str, Any]:
         atomic_write(path, json.dumps(data, indent=1) + "\n", mode=0o600)
     if data.get("version") != VERSION:
         raise _damaged(path, f"it is version {data.get('version')!r}; this agentbox reads version {VERSION}")
-    return data
+    checked: dict[str, Any] = data
+    return checked
 
 
 def _parse_all(data: dict[str, Any], workspace: Path) -> list[Checkpoint]:
@@ -282,7 +285,7 @@ def _parse_all(data: dict[str, Any], workspace: Path) -> list[Checkpoint]:
         return [Checkpoint(int(e["id"]), str(e["commit"]), str(e["tree"]), e.get("head"), str(e["time"]),
                            str(e["kind"]), e.get("agent"), e.get("session"), str(e.get("message", "")),
                            [(str(p), int(s)) for p, s in e.get("skipped", [])], str(e["ref"]),
-                           [list(use) for use in e.get("uses", [])])
+                           tuple(tuple(use) for use in e.get("uses", [])))
                 for e in data["checkpoints"]]
     except (KeyError, TypeError, ValueError) as exc:
         raise _damaged(records_file(workspace), f"an entry lacks or mangles {exc}") from None

@@ -240,6 +240,15 @@ def config_value(common_dir: Path, section: str, key: str) -> str | None:
     return _config(common_dir).get((wanted, key.lower()))
 
 
+def config_file_value(path: Path, section: str, key: str) -> str | None:
+    """section.key of any git config file (the user's own ~/.gitconfig), read the same careful way; no includes."""
+    data = _read_file(path.parent, path.name, MAX_CONFIG)
+    if data is None:
+        return None
+    name, dot, sub = section.partition(".")
+    return _parse_config(data.decode("utf-8", "surrogateescape"), path).get((f"{name.lower()}{dot}{sub}", key.lower()))
+
+
 def object_format(common_dir: Path) -> str:
     """ "sha1" or "sha256": the repository's hash (extensions.objectformat). A repository whose refs are in
     the reftable format is refused: agentbox reads only loose refs and packed-refs."""

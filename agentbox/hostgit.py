@@ -125,6 +125,9 @@ def snapshot(repo: Repo, max_file_size: int) -> Snapshot:
     """The working tree (tracked files and untracked files that are not ignored) as a tree in the store."""
     from agentbox import snapshot as snapshots
 
+    if tool() is None:
+        raise GitMissing("git is not installed on this computer (not found on PATH)",
+                         hint="Install git to use checkpoints and `agentbox diff`.")
     with store_locked(repo) as store:
         return snapshots.take(repo, store, max_file_size)
 
@@ -371,6 +374,14 @@ def init_store(repo: Repo) -> Path:
     store = store_dir(repo)
     if (store / "agentbox-layout").exists():
         return store
+    try:
+        return _make_store(repo, store)
+    except OSError as exc:
+        raise GitError(f"agentbox's checkpoint store {visible(str(store))} cannot be set up ({exc.strerror})",
+                       hint="Check that agentbox's state folder is writable, or move what is in the way.") from None
+
+
+def _make_store(repo: Repo, store: Path) -> Path:
     fmt = object_format(repo)
     private_dir(store.parent)
     private_dir(store)

@@ -40,9 +40,7 @@ class Rules(NamedTuple):
             if not line or line.startswith("#"):
                 continue
             negated = line.startswith("!")
-            if negated:
-                line = line[1:]
-            elif line.startswith("\\!") or line.startswith("\\#"):
+            if negated or line.startswith(("\\!", "\\#")):
                 line = line[1:]
             dir_only = line.endswith("/") and not line.endswith("\\/")
             if dir_only:
@@ -163,7 +161,7 @@ def _bracket(pattern: str, start: int) -> tuple[str | None, int]:
     negate = i < n and pattern[i] in "!^"
     if negate:
         i += 1
-    parts = []
+    parts: list[str] = []
     first = True
     while i < n:
         ch = pattern[i]

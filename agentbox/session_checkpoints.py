@@ -57,7 +57,7 @@ class SessionCheckpoints:
         if self._error is not None:
             self._report_failure("start", self._error)
         elif self._start is not None:
-            self._report(self._start, already_named=set())
+            self._report(self._start, already_named=set(), kind="start")
 
     @property
     def taken(self) -> checkpoints.Taken | None:
@@ -76,7 +76,7 @@ class SessionCheckpoints:
             except AgentboxError as exc:
                 self._report_failure("end", exc)
                 return
-        self._report(taken, already_named={path for path, _ in self._start.checkpoint.skipped})
+        self._report(taken, already_named={path for path, _ in self._start.checkpoint.skipped}, kind="end")
 
     # -- in the thread ------------------------------------------------------------------------------
     def _take_start(self) -> None:
@@ -88,19 +88,20 @@ class SessionCheckpoints:
             self._error = exc
 
     # -- what the user sees -------------------------------------------------------------------------
-    def _report(self, taken: checkpoints.Taken, already_named: set[str]) -> None:
+    def _report(self, taken: checkpoints.Taken, already_named: set[str], kind: str) -> None:
         checkpoint = taken.checkpoint
+        same = "" if checkpoint.kind == kind and not checkpoint.uses else f", the workspace as in {checkpoint.label}"
         _forget(self.workspace, NOT_A_REPOSITORY_MARK)
         _forget(self.workspace, NO_GIT_MARK)
         fresh = [(path, size) for path, size in checkpoint.skipped if path not in already_named]
         if fresh:
             names = ", ".join(f"{visible(path)} ({size_text(size)})" for path, size in fresh[:MAX_NAMED])
             more = f" and {len(fresh) - MAX_NAMED} more" if len(fresh) > MAX_NAMED else ""
-            warn(f"checkpoint {checkpoint.label} ({checkpoint.kind}) left out {len(fresh)} file"
+            warn(f"checkpoint {checkpoint.label} ({kind}{same}) left out {len(fresh)} file"
                  f"{'s' if len(fresh) != 1 else ''} larger than {size_text(self.settings.max_file_size)} "
                  f"(checkpoints.maxFileSize): {names}{more}; `agentbox undo` cannot bring back their content")
         elif self.verbose:
-            note(f"checkpoint {checkpoint.label} ({checkpoint.kind}) of {self.workspace}: {checkpoint.commit[:12]}")
+            note(f"checkpoint {checkpoint.label} ({kind}{same}) of {self.workspace}: {checkpoint.commit[:12]}")
         if self.verbose:
             for text in taken.notes:
                 note(f"checkpoint {checkpoint.label}: {text}")

@@ -136,9 +136,8 @@ class _Walk:
                     notes.append(f"{visible(shown)}/ is a nested git repository; its files are not captured")
                     continue
                 subdirs.append((name, ignored))
-            elif kind in ("f", "l"):
-                if path in tracked or not (inside_ignored or rules.is_ignored(shown, False)):
-                    kept.append((name, LINK if kind == "l" else REGULAR))
+            elif kind in ("f", "l") and (path in tracked or not (inside_ignored or rules.is_ignored(shown, False))):
+                kept.append((name, LINK if kind == "l" else REGULAR))
         return [kept, subdirs, notes]
 
     def _is_nested_repository(self, path: bytes) -> bool:
@@ -192,7 +191,8 @@ class _Walk:
         for path in changed:
             del entries[path]
         dirty = bool(changed)
-        todo = [path for path in files if path not in entries]
+        todo = [path for path in files if path not in entries
+                or (files[path] == GITLINK and entries[path][1] != gitlinks.get(path))]
         if entries and self.cache["index_written"]:
             todo += [path for path in hostgit.diff_files(self.repo, self.store, self.store / "stat.index")
                      if path in entries]

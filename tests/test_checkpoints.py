@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import checkpoints, paths
-from tests.gitrepo import commit_all, fired, git, hostile, init, user_state
+from agentbox import checkpoints, hostgit, paths
+from tests.gitrepo import commit_all, fired, git, git_folder_state, hostile, init, user_state
 from tests.helpers import FakeLima, run_agentbox, run_cli, write, write_trusted
 
 pytestmark = pytest.mark.needs("git")
@@ -35,6 +35,11 @@ def repo(project: Path) -> Path:
 def session(project: Path, script: str, *flags: str) -> subprocess.CompletedProcess:
     """`agentbox shell -- sh -c script` in a child process: the command runs in the double's VM."""
     return run_agentbox(*flags, "shell", "--", "sh", "-c", script, cwd=project, timeout=120)
+
+
+def store_git(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """git on agentbox's own checkpoint store of project (where checkpoints live, not in its .git)."""
+    return subprocess.run(["git", f"--git-dir={hostgit.store_dir(project)}", *args], capture_output=True, check=check)
 
 
 def records(project: Path) -> list[dict]:
@@ -59,7 +64,8 @@ def test_a_session_is_framed_by_two_checkpoints_and_diff_shows_exactly_its_chang
     assert found[0]["session"] == found[1]["session"] and found[0]["session"].startswith("s-")
     assert found[0]["head"] == git(repo, "rev-parse", "HEAD").stdout.decode().strip()
     assert set(found[0]) >= {"id", "commit", "tree", "time", "kind", "agent", "session", "message", "skipped", "ok"}
-    assert git(repo, "rev-parse", "refs/agentbox/checkpoints/2").stdout.decode().strip() == found[1]["commit"]
+    assert store_git(repo, "rev-parse", "refs/agentbox/checkpoints/2").stdout.decode().strip() == found[1]["commit"]
+    assert git(repo, "for-each-ref", "refs/agentbox/").stdout == b""  # nothing in the workspace's .git
 
     vm.clear()
     for since in ([], ["--since", "last"], ["--since", "session"], ["--since", "1"]):
@@ -151,13 +157,18 @@ def _on_a_terminal(argv: list[str], cwd: Path) -> bytes:
     return output
 
 
-def test_a_ref_the_agent_deletes_or_rewrites_makes_later_commands_fail_loudly(repo: Path, vm: FakeLima) -> None:
-    for _ in range(3):
+def test_the_agent_cannot_reach_the_store_and_a_changed_store_fails_loudly(repo: Path, vm: FakeLima) -> None:
+    for number in range(3):
+        write(repo / "edit.txt", f"round {number}\n")
         assert run_cli("checkpoint", cwd=repo).exit_code == 0
-    result = session(repo, "git update-ref -d refs/agentbox/checkpoints/1 && "
-                           "git update-ref refs/agentbox/checkpoints/2 HEAD")
+    result = session(repo, "git update-ref refs/agentbox/checkpoints/1 HEAD && "
+                           "git update-ref refs/agentbox/checkpoints/2 HEAD && rm -rf .git/objects/pack")
     assert result.returncode == 0, result.stderr
+    assert all(r["ok"] for r in records(repo))  # what the agent did to its .git does not touch checkpoints
+    assert run_cli("diff", "--since", "1", "--name-only", cwd=repo).stdout == "edit.txt\n"
 
+    store_git(repo, "update-ref", "-d", "refs/agentbox/checkpoints/1")
+    store_git(repo, "update-ref", "refs/agentbox/checkpoints/2", records(repo)[2]["commit"])
     deleted = run_cli("diff", "--since", "1", cwd=repo)
     assert deleted.exit_code == 1
     assert "checkpoint #1 (manual," in deleted.stderr
@@ -166,34 +177,34 @@ def test_a_ref_the_agent_deletes_or_rewrites_makes_later_commands_fail_loudly(re
     assert rewritten.exit_code == 1
     assert "its ref refs/agentbox/checkpoints/2 was rewritten" in rewritten.stderr
     assert deleted.stdout == rewritten.stdout == ""
-
     found = {r["id"]: r for r in records(repo)}
     assert (found[1]["ok"], found[2]["ok"], found[3]["ok"]) == (False, False, True)
     listing = run_cli("checkpoints", cwd=repo)
     assert listing.stdout.count("BROKEN") == 2
-    assert "#1 cannot be used: its ref refs/agentbox/checkpoints/1 was deleted" in listing.stderr
     assert run_cli("diff", "--since", "3", cwd=repo).exit_code == 0
 
 
-def test_a_commit_object_the_agent_forges_is_caught(repo: Path, limactl: FakeLima) -> None:
+def test_a_commit_object_altered_in_the_store_is_caught(repo: Path, limactl: FakeLima) -> None:
     assert run_cli("checkpoint", cwd=repo).exit_code == 0
     commit = records(repo)[0]["commit"]
-    loose = repo / ".git" / "objects" / commit[:2] / commit[2:]
-    other = git(repo, "rev-parse", "HEAD").stdout.decode().strip()
-    other_file = repo / ".git" / "objects" / other[:2] / other[2:]
+    store = hostgit.store_dir(repo)
+    loose = store / "objects" / commit[:2] / commit[2:]
+    other = hostgit.write_object(store, b"commit", b"tree " + b"0" * 40 + b"\n\nforged\n", "sha1")
     loose.chmod(0o644)
-    loose.write_bytes(other_file.read_bytes())
+    loose.write_bytes((store / "objects" / other[:2] / other[2:]).read_bytes())
     result = run_cli("diff", "--since", "1", cwd=repo)
     assert result.exit_code == 1
     assert f"its commit {commit} is missing or was altered" in result.stderr
 
 
 def test_only_the_last_keep_checkpoints_are_kept(repo: Path, limactl: FakeLima) -> None:
-    write(repo / "agentbox.yml", "checkpoints:\n  keep: 3\n")
-    for _ in range(5):
+    write_trusted(repo, "checkpoints:\n  keep: 3\n")
+    for number in range(5):
+        write(repo / "edit.txt", f"round {number}\n")
         assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    assert run_cli("checkpoint", cwd=repo).exit_code == 0  # nothing changed: no new entry, nothing pruned
     assert [r["id"] for r in records(repo)] == [3, 4, 5]
-    refs = git(repo, "for-each-ref", "--format=%(refname)", "refs/agentbox/").stdout.decode().split()
+    refs = store_git(repo, "for-each-ref", "--format=%(refname)", "refs/agentbox/").stdout.decode().split()
     assert refs == ["refs/agentbox/checkpoints/3", "refs/agentbox/checkpoints/4", "refs/agentbox/checkpoints/5"]
     pruned = run_cli("diff", "--since", "1", cwd=repo)
     assert pruned.exit_code == 1 and "checkpoint #1 was pruned" in pruned.stderr
@@ -219,9 +230,12 @@ def test_large_files_are_left_out_and_named_escaped(repo: Path, vm: FakeLima) ->
 
 
 def test_verbose_shows_the_checkpoint_ids(repo: Path, vm: FakeLima) -> None:
-    result = session(repo, "true", "-v")
+    result = session(repo, "echo x > edit.txt", "-v")
     assert result.returncode == 0, result.stderr
     assert "checkpoint #1 (start) of " in result.stderr and "checkpoint #2 (end) of " in result.stderr
+    unchanged = session(repo, "true", "-v")
+    assert "checkpoint #2 (start, the workspace as in #2) of " in unchanged.stderr
+    assert "checkpoint #2 (end, the workspace as in #2) of " in unchanged.stderr
 
 
 def test_not_a_git_repository_is_said_once(project: Path, vm: FakeLima) -> None:
@@ -245,18 +259,15 @@ def test_checkpoints_enabled_false_takes_none(repo: Path, vm: FakeLima) -> None:
 
 
 def test_a_failed_checkpoint_warns_once_and_the_session_goes_on(repo: Path, vm: FakeLima, tmp_path: Path) -> None:
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    write(repo / "new.txt", "n\n")
-    oid = git(repo, "hash-object", "new.txt").stdout.decode().strip()
-    os.symlink(elsewhere, repo / ".git" / "objects" / oid[:2])
+    store = hostgit.store_dir(repo)
+    store.parent.mkdir(parents=True, exist_ok=True)
+    store.write_text("in the way\n")  # the store cannot be made
     result = session(repo, "echo ran > ran.txt")
     assert result.returncode == 0
     assert (repo / "ran.txt").read_text() == "ran\n"
     assert result.stderr.count("the start checkpoint was not taken, the session goes on without it: ") == 1
-    assert "is a symbolic link; agentbox does not write objects through it" in result.stderr
+    assert "checkpoint store" in result.stderr and "cannot be set up" in result.stderr
     assert "end checkpoint" not in result.stderr  # no start, no end
-    assert list(elsewhere.iterdir()) == []
 
 
 def test_a_launch_leaves_the_users_git_state_alone(repo: Path, vm: FakeLima) -> None:
@@ -265,10 +276,13 @@ def test_a_launch_leaves_the_users_git_state_alone(repo: Path, vm: FakeLima) -> 
     write(repo / "edit.txt", "unstaged\n")
     write(repo / "untracked.txt", "u\n")
     before = user_state(repo)
+    folder_before = git_folder_state(repo)
     result = session(repo, "true")
     assert result.returncode == 0, result.stderr
     assert user_state(repo) == before
-    assert len(records(repo)) == 2
+    assert git_folder_state(repo) == folder_before
+    found = records(repo)
+    assert len(found) == 1 and found[0]["uses"][0][0] == "end"  # an unchanged workspace adds no entry
 
 
 def test_nothing_the_repository_configures_runs_during_checkpoints_and_diff(repo: Path, vm: FakeLima,
@@ -294,10 +308,8 @@ def test_a_linked_worktree_keeps_its_own_checkpoint_refs(repo: Path, limactl: Fa
     assert run_cli("checkpoint", cwd=repo).exit_code == 0
     assert run_cli("checkpoint", cwd=linked).exit_code == 0
     write(linked / "edit.txt", "in the linked worktree\n")
-    main_ref = records(repo)[0]["ref"]
-    linked_ref = records(linked)[0]["ref"]
-    assert main_ref == "refs/agentbox/checkpoints/1" and linked_ref != main_ref
-    assert linked_ref.startswith("refs/agentbox/checkpoints/worktree-") and linked_ref.endswith("/1")
+    assert records(repo)[0]["ref"] == records(linked)[0]["ref"] == "refs/agentbox/checkpoints/1"
+    assert hostgit.store_dir(repo) != hostgit.store_dir(linked)  # each checkout has its own store
     assert run_cli("diff", "--since", "1", cwd=repo).stdout == ""
     assert run_cli("diff", "--since", "1", "--name-only", cwd=linked).stdout == "edit.txt\n"
 
@@ -357,28 +369,16 @@ def test_a_host_without_git_launches_with_one_note(repo: Path, vm: FakeLima,
     assert records(repo) == []
 
 
-def test_a_fifo_where_git_reads_costs_one_time_limit_then_fails_at_once(repo: Path, vm: FakeLima,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_fifo_where_git_used_to_read_never_stalls_a_launch(repo: Path, vm: FakeLima) -> None:
     import time
 
-    from agentbox import session_checkpoints
-
-    monkeypatch.setattr(session_checkpoints, "TIME_LIMIT", 3)
-    planted = run_cli("shell", "--", "sh", "-c", "mkdir -p sub && mkfifo sub/.gitignore", cwd=repo)
+    planted = run_cli("shell", "--", "sh", "-c", "mkdir -p sub && mkfifo sub/.gitignore .gitattributes", cwd=repo)
     assert planted.exit_code == 0, planted.stderr
-    assert "the end checkpoint was not taken, the session goes on without it: git status did not finish " \
-           "within 3 seconds" in planted.stderr
-    assert f"these FIFOs are where git waits for a writer that never comes: {repo}/sub/.gitignore" in planted.stderr
-
-    monkeypatch.setattr(session_checkpoints, "TIME_LIMIT", 60)
+    assert "checkpoint was not taken" not in planted.stderr
     started = time.monotonic()
-    again = run_cli("shell", "--", "true", cwd=repo)
-    assert again.exit_code == 0
-    assert time.monotonic() - started < 30  # it did not wait for git again
-    assert f"the start checkpoint was not taken, the session goes on without it: git would wait forever on " \
-           f"these FIFOs: {repo}/sub/.gitignore" in again.stderr
-    diff = run_cli("diff", cwd=repo)
-    assert diff.exit_code == 1 and "git would wait forever on these FIFOs" in diff.stderr
+    again = run_cli("shell", "--", "sh", "-c", "echo after > edit.txt", cwd=repo)
+    assert again.exit_code == 0 and "checkpoint was not taken" not in again.stderr
+    assert time.monotonic() - started < 30
+    assert run_cli("diff", "--name-only", cwd=repo).stdout == "edit.txt\n"
 
-    (repo / "sub" / ".gitignore").unlink()
-    assert run_cli("checkpoint", cwd=repo).exit_code == 0
+

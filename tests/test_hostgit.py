@@ -440,9 +440,9 @@ def test_a_file_swapped_for_a_symlink_between_listing_and_reading_is_not_followe
             os.symlink(str(secret), path, dir_fd=dir_fd)
         return real_open(path, flags, mode, dir_fd=dir_fd)
 
-    monkeypatch.setattr(snapshot.os, "open", swapping_open)
-    snap = hostgit.snapshot(repo, MB)
-    monkeypatch.undo()
+    with monkeypatch.context() as patched:
+        patched.setattr(snapshot.os, "open", swapping_open)
+        snap = hostgit.snapshot(repo, MB)
     contents = files_of(repo, snap.tree).values()
     assert all(b"PRIVATE KEY" not in content for content in contents)
     # control: without the swap, the file's content is captured

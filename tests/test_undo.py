@@ -190,12 +190,17 @@ def test_a_folder_replaced_by_a_link_to_outside_is_restored_inside(repo: Path, t
 def test_a_deleted_or_rewritten_ref_fails_loudly_and_changes_nothing(repo: Path) -> None:
     from agentbox import checkpoints
 
+    from agentbox import hostgit
+
     first = checkpoint(repo)
+    write(repo / "between.txt", "between\n")
     second = checkpoint(repo)
     agent_works(repo)
     record = checkpoints.records_file(repo).read_bytes()
-    git(repo, "update-ref", "-d", f"refs/agentbox/checkpoints/{first}")
-    git(repo, "update-ref", f"refs/agentbox/checkpoints/{second}", "HEAD")
+    store = f"--git-dir={hostgit.store_dir(repo)}"
+    git(repo, store, "update-ref", "-d", f"refs/agentbox/checkpoints/{first}")
+    other = hostgit.write_object(hostgit.store_dir(repo), b"commit", b"tree " + b"0" * 40 + b"\n\nx\n", "sha1")
+    git(repo, store, "update-ref", f"refs/agentbox/checkpoints/{second}", other)
     before = tree_listing(repo)
     result = run_cli("undo", str(first), cwd=repo)
     assert result.exit_code == 1
