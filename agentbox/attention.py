@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentbox import livemarkers, notify, outboxfiles, paths, sessions, staging
+from agentbox import livemarkers, notify, paths, sessions, staging, vmread
 
 POLL_SEC = 1.0
 IDLE_EXIT_SEC = 30
@@ -81,12 +81,12 @@ def poll(vm_name: str) -> tuple[bool, bool]:
     """Show and remove the waiting events. Returns (the events folder could be read, a session is alive)."""
     outbox = staging.outbox(vm_name)
     try:
-        with outboxfiles.folder(outbox, staging.OUTBOX_SESSIONS, sessions.EVENTS) as events:
+        with vmread.folder(outbox, staging.OUTBOX_SESSIONS, sessions.EVENTS) as events:
             names = sorted(name for name in os.listdir(events) if name.endswith(".event"))
             shown = 0
             for name in names:
-                data = outboxfiles.read(events, name, EVENT_LIMIT)
-                outboxfiles.remove(events, name)
+                data = vmread.read(events, name, EVENT_LIMIT)
+                vmread.remove(events, name)
                 event = parse_event(data) if data is not None else None
                 if event is not None and event[0] == "task":
                     _harvest(vm_name, event[1])
@@ -113,7 +113,7 @@ def _harvest(vm_name: str, task_id: str) -> None:
 
 def _alive(events: int) -> bool:
     try:
-        live = os.open("live", outboxfiles.DIR_FLAGS, dir_fd=events)
+        live = os.open("live", vmread.DIR_FLAGS, dir_fd=events)
     except OSError:
         return False
     try:

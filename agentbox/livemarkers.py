@@ -12,7 +12,7 @@ import os
 import time
 from pathlib import Path
 
-from agentbox import outboxfiles, paths
+from agentbox import paths, vmread
 
 STALE_SEC = 90  # a marker older than this belongs to a session that ended with its VM
 PARTS = ("sessions", "events", "live")  # staging.OUTBOX_SESSIONS, sessions.EVENTS, then this folder
@@ -25,7 +25,7 @@ def folder(vm_name: str) -> Path:
 def any_fresh(vm_name: str) -> bool:
     """Whether a session or task of the VM keeps its marker fresh."""
     try:
-        with outboxfiles.folder(paths.vm_outbox(vm_name), *PARTS) as live:
+        with vmread.folder(paths.vm_outbox(vm_name), *PARTS) as live:
             return fresh_in(live)
     except OSError:
         return False

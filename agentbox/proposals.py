@@ -32,16 +32,15 @@ import hashlib
 import json
 import os
 import re
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import fsutil, paths
+from agentbox import fsutil, paths, vmread
 from agentbox.config import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
-from agentbox.fsutil import atomic_write, file_kind, private_dir
+from agentbox.fsutil import atomic_write, private_dir
 from agentbox.safetext import visible
 
 VERSION = 1
@@ -50,7 +49,6 @@ PATCH, SUMMARY, BASE, RECORD = "changes.patch", "summary.md", "base", "proposal.
 MAX_PATCH = 64 * 1024 * 1024
 MAX_SUMMARY = 256 * 1024
 MAX_BASE = 256
-MAX_DEPTH = 64  # folders the VM nests in an outbox folder, when agentbox removes it
 _OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _SESSION = re.compile(r"s-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
 
@@ -116,7 +114,7 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
     made: list[Collected] = []
     with locked(workspace):
         try:
-            outbox_fd = os.open(isolation.outbox(vm_name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            outbox_fd = os.open(isolation.outbox(vm_name), vmread.DIR_FLAGS)
         except FileNotFoundError:
             return []
         except OSError as exc:
@@ -151,13 +149,12 @@ def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: b
     dropped = False
     with locked(workspace):
         try:
-            outbox_fd = os.open(isolation.outbox(vm_name), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            outbox_fd = os.open(isolation.outbox(vm_name), vmread.DIR_FLAGS)
         except OSError:
             return False
         try:
             try:
-                session_fd = os.open(session, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                     dir_fd=outbox_fd)
+                session_fd = vmread.open_dir(outbox_fd, session)
             except OSError:
                 return False
             try:
@@ -180,7 +177,7 @@ def _collect_one(
     from agentbox.progress import warn
 
     try:
-        session_fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=outbox_fd)
+        session_fd = vmread.open_dir(outbox_fd, name)
     except OSError:
         return None
     try:
@@ -208,48 +205,18 @@ def _collect_one(
 
 
 def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
-    """A regular file in a folder the VM writes, or None when absent. Never follows a link, never opens a FIFO
-    or a device (checked before opening, and again on what was opened), never reads more than limit."""
+    """A file of a folder the VM wrote (vmread's rules), None when absent; OutboxError says why it is not read."""
     try:
-        before = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISREG(before.st_mode):
-        raise OutboxError(f"{name} is {file_kind(before.st_mode)}, not a regular file")
-    if before.st_size > limit:
-        raise OutboxError(f"{name} is {before.st_size:,} bytes, more than the {limit:,} agentbox reads")
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError as exc:
-        raise OutboxError(f"{name} cannot be opened ({exc.strerror})") from exc
-    with os.fdopen(fd, "rb") as handle:
-        now = os.fstat(fd)
-        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (before.st_dev, before.st_ino):
-            raise OutboxError(f"{name} was replaced while agentbox opened it")
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise OutboxError(f"{name} is more than the {limit:,} bytes agentbox reads")
-    return data
+        return vmread.read_at(dir_fd, name, limit)
+    except vmread.Refused as refused:
+        raise OutboxError(refused.message) from None
 
 
-def _remove_at(parent_fd: int, name: str, depth: int = 0) -> None:
+def _remove_at(parent_fd: int, name: str) -> None:
     """Remove a file or folder the VM wrote, without following any link in it."""
-    try:
-        st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        os.unlink(name, dir_fd=parent_fd)
-        return
-    if depth > MAX_DEPTH:
-        raise StateError(f"the outbox holds folders nested more than {MAX_DEPTH} deep; remove them by hand")
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
-    try:
-        for entry in os.listdir(fd):
-            _remove_at(fd, entry, depth + 1)
-    finally:
-        os.close(fd)
-    os.rmdir(name, dir_fd=parent_fd)
+    if not vmread.remove(parent_fd, name):
+        raise StateError(f"{visible(name)} in the outbox could not be removed (folders nested more than "
+                         f"{vmread.MAX_DEPTH} deep?); remove it by hand")
 
 
 # -- the store ----------------------------------------------------------------------------------
@@ -393,7 +360,7 @@ def read_patch(workspace: Path, proposal: dict[str, Any]) -> bytes:
     """The stored patch, checked against the digest recorded when it was collected."""
     path = patch_path(workspace, proposal)
     try:
-        dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        dir_fd = os.open(path.parent, vmread.DIR_FLAGS)
     except OSError as exc:
         raise StateError(
             f"proposal {proposal['id']}: its folder {path.parent} cannot be read ({exc.strerror})"
@@ -416,7 +383,7 @@ def read_patch(workspace: Path, proposal: dict[str, Any]) -> bytes:
 
 
 def read_summary(workspace: Path, proposal: dict[str, Any]) -> bytes:
-    dir_fd = os.open(folder(workspace) / str(proposal["id"]), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    dir_fd = os.open(folder(workspace) / str(proposal["id"]), vmread.DIR_FLAGS)
     try:
         return read_at(dir_fd, SUMMARY, MAX_SUMMARY) or b""
     except OutboxError as exc:

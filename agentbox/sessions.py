@@ -17,7 +17,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import outboxfiles, resources, staging
+from agentbox import resources, staging, vmread
 from agentbox.safetext import visible
 
 if TYPE_CHECKING:
@@ -90,20 +90,20 @@ def live_folder(vm_name: str) -> Path:
 
 def new_reply(vm_name: str) -> Path:
     """A fresh folder for one start's or attach's answer (the host removes it once read)."""
-    return outboxfiles.fresh_folder(staging.outbox(vm_name), staging.OUTBOX_SESSIONS, prefix=REPLY_PREFIX)
+    return vmread.fresh_folder(staging.outbox(vm_name), staging.OUTBOX_SESSIONS, prefix=REPLY_PREFIX)
 
 
 def take_reply(vm_name: str, folder: Path) -> Reply | None:
     """Read and remove the answer in `folder`; None when there is none (the VM did not get that far)."""
     outbox = staging.outbox(vm_name)
     try:
-        with outboxfiles.folder(outbox, staging.OUTBOX_SESSIONS, folder.name) as fd:
-            result = outboxfiles.read(fd, "result", RESULT_LIMIT)
-            last = outboxfiles.read_tail(fd, "last-output", LAST_OUTPUT_LIMIT)
+        with vmread.folder(outbox, staging.OUTBOX_SESSIONS, folder.name) as fd:
+            result = vmread.read(fd, "result", RESULT_LIMIT)
+            last = vmread.read_tail(fd, "last-output", LAST_OUTPUT_LIMIT)
     except OSError:
         return None
     finally:
-        outboxfiles.remove_folder(outbox, folder)
+        vmread.remove_folder(outbox, folder)
     if result is None:
         return None
     return parse_reply(result, last)

@@ -3,9 +3,9 @@
 Additive only: a file the host already has is never overwritten (one that differs is listed and
 left alone), and only the agent's pull folders come back (agents.py `pull_folders`: Claude Code's
 skills/, agents/ and commands/; Codex's skills/ and prompts/; Gemini CLI's commands/; Kiro's agents/
-and prompts/), never settings. A file that defines hooks or MCP servers (a Markdown front matter
-with `hooks:` or `mcpServers:`, a Kiro agent with `hooks` or `mcpServers`) is not copied: those run
-programs on the host. Files arrive without their executable bit.
+and prompts/), never settings. A file that defines hooks or MCP servers in any spelling, or whose front
+matter or JSON does not parse, is not copied (agentbox.syncfilter): those run programs on the host.
+Files arrive without their executable bit.
 
 What the VM sends is untrusted (the agent is root there). It comes as one tar stream from one
 `limactl shell` (lima.Lima.shell_bytes, at most PULL_LIMIT bytes), read with tarfile from memory,
@@ -18,14 +18,13 @@ a symlink that leads out of the agent's folder or the pull folder.
 from __future__ import annotations
 
 import io
-import json
 import os
 import posixpath
-import re
 import tarfile
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from agentbox import syncfilter, vmread
 from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write
 from agentbox.safetext import visible
@@ -44,7 +43,6 @@ TAR_SCRIPT = (
     'cd "$HOME" || exit 1; found=(); for d in "$@"; do if [ -d "$d" ] && [ ! -L "$d" ]; then found+=("$d"); fi; '
     'done; [ ${#found[@]} -eq 0 ] || exec tar -cf - -- "${found[@]}"'
 )
-_FRONT_MATTER_KEY = re.compile(r"^(hooks|mcpServers)\s*:", re.M)
 
 
 class Incoming(NamedTuple):
@@ -131,41 +129,20 @@ def _consider(archive: tarfile.TarFile, member: tarfile.TarInfo, folders: tuple[
         return
     handle = archive.extractfile(member)
     data = handle.read(MAX_MEMBER + 1) if handle is not None else b""
-    problem = runs_programs(relative, data)
+    problem = syncfilter.runs_programs(relative, data)
     if problem:
         result.skipped.append(Skipped(shown, problem))
         return
     target = home / relative
     if os.path.lexists(target):
         try:
-            same = target.is_file() and target.stat().st_size == len(data) and target.read_bytes() == data
-        except OSError:
+            same = vmread.read_path(target, len(data)) == data
+        except vmread.Refused:
             same = False
         if not same:
             result.skipped.append(Skipped(shown, "your host has a different file there, which is kept"))
         return
     result.copy.append(Incoming(relative, data))
-
-
-def runs_programs(relative: str, data: bytes) -> str | None:
-    """Why a file must not reach the host: it defines hooks or MCP servers, which run programs there."""
-    if relative.endswith(".md") and data.startswith(b"---"):
-        text = data.decode("utf-8", errors="replace")
-        end = text.find("\n---", 3)
-        front = text[3:end] if end > 0 else text[3:]
-        found = _FRONT_MATTER_KEY.search(front)
-        if found:
-            return f"its front matter defines {found.group(1)}, which would run programs on your host"
-    if relative.startswith(".kiro/agents/") and relative.endswith(".json"):
-        try:
-            document = json.loads(data)
-        except ValueError:
-            return "not valid JSON"
-        if isinstance(document, dict):
-            found_keys = [key for key in ("hooks", "mcpServers") if document.get(key)]
-            if found_keys:
-                return f"it defines {' and '.join(found_keys)}, which would run programs on your host"
-    return None
 
 
 def copy(pull: PullPlan, spec: AgentSpec, home: Path) -> tuple[list[str], list[Skipped]]:

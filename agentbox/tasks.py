@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox import fsutil, paths, taskstate
+from agentbox import fsutil, paths, taskstate, vmread
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.taskstate import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
@@ -129,74 +129,21 @@ def outbox_dir(task: Task) -> Path:
     return paths.vm_outbox(task.vm) / "tasks" / str(task.id)
 
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-
-
 @contextlib.contextmanager
 def _box(task: Task, *, fresh: bool = False) -> Iterator[int | None]:
     """A descriptor of the task's outbox folder (None when there is none, or a link stands there). fresh:
     make it anew, whatever the VM put in its place."""
-    fds: list[int] = []
-    try:
+    outbox = paths.vm_outbox(task.vm)
+    with contextlib.ExitStack() as stack:
+        box: int | None
         try:
-            fds.append(os.open(paths.vm_outbox(task.vm), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+            if fresh:
+                with vmread.folder(outbox, "tasks", create=True) as tasks_fd:
+                    vmread.remove(tasks_fd, str(task.id))
+            box = stack.enter_context(vmread.folder(outbox, "tasks", str(task.id), create=fresh))
         except OSError:
-            if not fresh:
-                yield None
-                return
-            private_dir(paths.vm_outbox(task.vm))
-            fds.append(os.open(paths.vm_outbox(task.vm), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
-        for name, make_anew in (("tasks", False), (str(task.id), fresh)):
-            fd = _subfolder(fds[-1], name, create=fresh, anew=make_anew)
-            if fd is None:
-                yield None
-                return
-            fds.append(fd)
-        yield fds[-1]
-    finally:
-        for fd in fds:
-            os.close(fd)
-
-
-def _subfolder(parent: int, name: str, *, create: bool, anew: bool) -> int | None:
-    if create:
-        try:
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-        except FileNotFoundError:
-            st = None
-        if st is not None and (anew or not stat.S_ISDIR(st.st_mode)):
-            _remove_at(parent, name)
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(name, 0o700, dir_fd=parent)
-    try:
-        return os.open(name, _DIR_FLAGS, dir_fd=parent)
-    except OSError:
-        return None
-
-
-def _remove_at(parent: int, name: str) -> None:
-    """Remove parent/name and all below it, never following a link (the VM made it)."""
-    try:
-        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-    except OSError:
-        return
-    if not stat.S_ISDIR(st.st_mode):
-        with contextlib.suppress(OSError):
-            os.unlink(name, dir_fd=parent)
-        return
-    with contextlib.suppress(OSError):
-        for _root, dirs, files, root_fd in os.fwalk(name, topdown=False, dir_fd=parent, follow_symlinks=False):
-            for entry in files:
-                with contextlib.suppress(OSError):
-                    os.unlink(entry, dir_fd=root_fd)
-            for entry in dirs:
-                try:
-                    os.rmdir(entry, dir_fd=root_fd)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry, dir_fd=root_fd)  # a link to a folder
-    with contextlib.suppress(OSError):
-        os.rmdir(name, dir_fd=parent)
+            box = None
+        yield box
 
 
 def prepare_box(task: Task, files: dict[str, bytes]) -> Path:
@@ -213,17 +160,7 @@ def prepare_box(task: Task, files: dict[str, bytes]) -> Path:
 
 
 def _drop_box(task: Task) -> None:
-    try:
-        outbox = os.open(paths.vm_outbox(task.vm), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        tasks_fd = _subfolder(outbox, "tasks", create=False, anew=False)
-        if tasks_fd is not None:
-            _remove_at(tasks_fd, str(task.id))
-            os.close(tasks_fd)
-    finally:
-        os.close(outbox)
+    vmread.remove_folder(paths.vm_outbox(task.vm), outbox_dir(task))
 
 
 @contextlib.contextmanager
@@ -332,26 +269,16 @@ def advance(task: Task, new: str, at: float | None = None, **fields: Any) -> Non
 def _open_file(box: int, name: str) -> int | None:
     """A file the VM wrote, opened for reading: a regular file, never through a link (else None)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=box)
-    except OSError:
+        return vmread.open_regular(box, name)[0]
+    except vmread.Refused:
         return None
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        return fd
-    os.close(fd)
-    return None
 
 
 def runner_state(task: Task) -> dict[str, Any] | None:
     """The runner's state file, checked: a known state, numbers as numbers, the reason as text."""
     with _box(task) as box:
-        fd = _open_file(box, "state") if box is not None else None
-        if fd is None:
-            return None
-        try:
-            data = os.read(fd, MAX_STATE_BYTES + 1)
-        finally:
-            os.close(fd)
-    if len(data) > MAX_STATE_BYTES:
+        data = vmread.read(box, "state", MAX_STATE_BYTES) if box is not None else None
+    if data is None:
         return None
     fields: dict[str, Any] = {}
     for line in data.decode("utf-8", "replace").splitlines():
@@ -472,7 +399,10 @@ def harvest(task: Task) -> None:
                     if stat.S_ISREG(os.stat(name, dir_fd=box, follow_symlinks=False).st_mode):
                         os.replace(name, target / name, src_dir_fd=box)
                         moved = True
-            if not moved and not (target / name).exists():
+                if moved and not stat.S_ISREG(os.lstat(target / name).st_mode):
+                    (target / name).unlink()  # the VM swapped it after the look: not an output agentbox keeps
+                    moved = False
+            if not moved and not os.path.lexists(target / name):
                 atomic_write(target / name, b"", mode=0o600)
     _drop_box(task)
     task.harvested = True
@@ -488,9 +418,12 @@ def output_path(task: Task, name: str) -> Path:
 def open_output(task: Task, name: str) -> int | None:
     """A read descriptor on the output (regular file, no link followed), or None when there is none yet."""
     try:
-        return os.open(folder(task.id) / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with vmread.folder(folder(task.id)) as record:
+            fd = _open_file(record, name)
     except OSError:
-        pass
+        fd = None
+    if fd is not None:
+        return fd
     with _box(task) as box:
         return _open_file(box, name) if box is not None else None
 

@@ -27,22 +27,17 @@ Why a file was not written back is said once per copy (the VM's state remembers 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import os
-import secrets
 import stat
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import credentials, fsutil, paths, staging
+from agentbox import credentials, fsutil, paths, staging, vmread
 from agentbox.credformats import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.outboxfiles import open_dir
-from agentbox.outboxfiles import remove as remove_tree
 from agentbox.progress import note
 from agentbox.safetext import visible
 
@@ -51,8 +46,6 @@ if TYPE_CHECKING:
 
 BACKUP_SUFFIX = ".agentbox-backup"
 LOCK_FILE = "credentials.lock"
-STALE_SESSION_SEC = 24 * 3600  # a folder a session left behind (agentbox was killed) is removed after a day
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _SAID = "writeBackSaid"  # the VM state's record of what was said about which copy
 
 
@@ -138,7 +131,7 @@ def finish(plan: Plan) -> None:
         if copy is None:
             continue
         if isinstance(copy, str):
-            verdict = Verdict(False, f"the VM's copy is {copy}")
+            verdict = Verdict(False, f"the VM's copy {copy}")
             guest_key = copy
         else:
             guest_bytes, guest_mtime = copy
@@ -315,98 +308,32 @@ def _private_parents(folder: Path) -> None:
 
 
 def _new_session_folder(vm_name: str) -> Path:
-    """outbox/creds/SESSION, a fresh random name, made without following anything the VM put there."""
-    outbox = private_dir(staging.outbox(vm_name))
-    root = os.open(outbox, _DIR_FLAGS)
-    try:
-        creds = open_dir(root, staging.OUTBOX_CREDS, create=True)
-        try:
-            _remove_stale(creds)
-            while True:
-                name = f"s-{secrets.token_hex(8)}"
-                try:
-                    os.mkdir(name, 0o700, dir_fd=creds)
-                    break
-                except FileExistsError:
-                    continue
-        finally:
-            os.close(creds)
-    finally:
-        os.close(root)
-    return outbox / staging.OUTBOX_CREDS / name
+    """outbox/creds/s-RANDOM, a fresh name, made without following anything the VM put there."""
+    return vmread.fresh_folder(staging.outbox(vm_name), staging.OUTBOX_CREDS, prefix="s")
 
 
 def _read_returned(folder: Path, files: Sequence[str]) -> dict[str, tuple[bytes, float] | str]:
     """What launch.sh handed back, by guest path: (bytes, mtime), or why a copy was not read."""
     found: dict[str, tuple[bytes, float] | str] = {}
     try:
-        with _creds_folder(folder.parent.parent) as creds:
-            session = os.open(folder.name, _DIR_FLAGS, dir_fd=creds)
-            try:
-                for index, relative in enumerate(files):
-                    limit = MAX_FILE if relative in FORMATS else MAX_COMPANION
-                    copy = _read_copy(session, str(index), limit)
-                    if copy is not None:
-                        found[relative] = copy
-            finally:
-                os.close(session)
+        with vmread.folder(folder.parent.parent, staging.OUTBOX_CREDS, folder.name) as session:
+            for index, relative in enumerate(files):
+                limit = MAX_FILE if relative in FORMATS else MAX_COMPANION
+                try:
+                    data, st = vmread.read_checked(session, str(index), limit)
+                except vmread.Refused as refused:
+                    if refused.why != vmread.MISSING:
+                        found[relative] = refused.reason
+                    continue
+                found[relative] = (data, st.st_mtime)
     except OSError:
         return {}  # the VM removed or replaced the folder: nothing was handed back
     return found
 
 
-@contextmanager
-def _creds_folder(outbox: Path) -> Iterator[int]:
-    """outbox/creds, reached without following a symlink the VM may have put in its place."""
-    root = os.open(outbox, _DIR_FLAGS)
-    try:
-        creds = os.open(staging.OUTBOX_CREDS, _DIR_FLAGS, dir_fd=root)
-        try:
-            yield creds
-        finally:
-            os.close(creds)
-    finally:
-        os.close(root)
-
-
-def _read_copy(folder: int, name: str, limit: int) -> tuple[bytes, float] | str | None:
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder)
-    except FileNotFoundError:
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return "a symlink, which agentbox does not follow"
-        return f"unreadable ({exc.strerror})"
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
-        return "not a regular file"
-    with os.fdopen(fd, "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        return f"larger than {limit:,} bytes"
-    return data, st.st_mtime
-
-
-def _remove_stale(creds: int) -> None:
-    """Session folders older than a day: left by an agentbox that was killed before it read them."""
-    cutoff = time.time() - STALE_SESSION_SEC
-    for entry in os.scandir(creds):
-        try:
-            if entry.stat(follow_symlinks=False).st_mtime < cutoff:
-                remove_tree(creds, entry.name)
-        except OSError:
-            continue
-
-
 def _remove(folder: Path) -> None:
     """Remove a session folder and whatever the VM put in it, never following a link out of it."""
-    try:
-        with _creds_folder(folder.parent.parent) as creds:
-            remove_tree(creds, folder.name)
-    except OSError:
-        pass
+    vmread.remove_folder(folder.parent.parent, folder)
 
 
 # -- the lock and what was said -----------------------------------------------------------------------

@@ -537,7 +537,7 @@ def test_sync_pull_copies_new_files_back_after_listing_them(project: Path, vm: F
     assert dry.returncode == 0, dry.stderr
     assert vm.subcommands() == ["list", "shell"]
     assert sorted(dry.stdout.splitlines()) == [
-        "skip  ~/.claude/agents/hooky.md: its front matter defines hooks, which would run programs on your host",
+        "skip  ~/.claude/agents/hooky.md: its front matter defines `hooks`, which would run programs on your host",
         "skip  ~/.claude/agents/shared.md: your host has a different file there, which is kept",
         "skip  ~/.claude/skills/passwd: a link: only regular files are copied",
         "would copy  ~/.claude/commands/go.md (4 bytes)",
@@ -620,3 +620,48 @@ def test_sync_pull_never_writes_through_a_link_out_of_the_agent_folder(project: 
     assert list(elsewhere.iterdir()) == []
     assert f"skip  ~/.claude/skills/x/SKILL.md: {home}/.claude/skills/x leads to {elsewhere}, outside the agent's " \
            "folder" in result.stdout.splitlines()
+
+
+def test_sync_pull_keeps_every_spelling_of_hooks_and_mcp_servers_in_the_vm(project: Path, vm: FakeLima,
+                                                                          home: Path) -> None:
+    """Front matter and JSON are parsed, not searched: no quoting, indenting, flow style, case or nesting gets a
+    hook or an MCP server to the host; a front matter that does not parse stays too. The control is pulled."""
+    launch(project)
+    g = guest(vm)
+    files = {
+        ".claude/agents/quoted.md": '---\n"hooks":\n  Stop: []\n---\nx\n',
+        ".claude/agents/indented.md": "---\n  name: x\n  hooks:\n    Stop: []\n---\nx\n",
+        ".claude/agents/flow.md": "---\n{name: x, hooks: {Stop: [{command: evil}]}}\n---\nx\n",
+        ".claude/agents/cased.md": "---\nHooks:\n  Stop: []\n---\nx\n",
+        ".claude/agents/snake.md": "---\nmcp_servers:\n  x: {command: evil}\n---\nx\n",
+        ".claude/agents/broken.md": "---\nname: [unclosed\n---\nx\n",
+        ".claude/agents/unclosed.md": "---\nname: x\nhooks: {}\n",
+        ".claude/skills/s/nested.json": '{"settings": {"deep": [{"hooks": {"Stop": []}}]}}',
+        ".claude/skills/s/dashed.json": '{"MCP-Servers": {"x": {"command": "evil"}}}',
+        ".claude/skills/s/bad.json": '{"name": ',
+        ".claude/agents/control.md": "---\nname: control\ndescription: 'mentions hooks: in text'\n---\nhooks: in the body\n",
+    }
+    for relative, text in files.items():
+        write(g / relative, text)
+    result = agentbox(project, "sync", "pull", "claude")
+    assert result.returncode == 0, result.stderr
+    lines = sorted(result.stdout.splitlines())
+    runs = "which would run programs on your host"
+    assert lines == sorted([
+        f"copy  ~/.claude/agents/control.md ({len(files['.claude/agents/control.md'])} bytes)",
+        f"skip  ~/.claude/agents/quoted.md: its front matter defines `hooks`, {runs}",
+        f"skip  ~/.claude/agents/indented.md: its front matter defines `hooks`, {runs}",
+        f"skip  ~/.claude/agents/flow.md: its front matter defines `hooks`, {runs}",
+        f"skip  ~/.claude/agents/cased.md: its front matter defines `Hooks`, {runs}",
+        f"skip  ~/.claude/agents/snake.md: its front matter defines `mcp_servers`, {runs}",
+        "skip  ~/.claude/agents/unclosed.md: its front matter has no closing `---` line, so what a CLI makes of it "
+        "is unclear",
+        f"skip  ~/.claude/skills/s/nested.json: it defines `hooks`, {runs}",
+        f"skip  ~/.claude/skills/s/dashed.json: it defines `MCP-Servers`, {runs}",
+        *[line for line in lines if line.startswith(("skip  ~/.claude/agents/broken.md: its front matter is not "
+                                                     "valid YAML (", "skip  ~/.claude/skills/s/bad.json: not "
+                                                     "valid JSON ("))],
+    ])
+    assert len(lines) == len(files)
+    pulled = [p.name for folder in ("agents", "skills") for p in (home / ".claude" / folder).rglob("*") if p.is_file()]
+    assert pulled == ["control.md"]

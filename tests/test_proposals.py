@@ -268,8 +268,8 @@ def test_outbox_files_are_read_safely(project: Path, isolated_vm: FakeLima, kind
                   'cp ~/.agentbox/isolated/base "$out/base"\nkill -KILL "$PPID"\n')
     result = returns_within(120, lambda: agentbox(project, "claude"))
     assert "its changes are not taken (they stay in the VM's copy)" in result.stderr
-    assert {"symlink": "is a symbolic link, not a regular file", "fifo": "is a FIFO (named pipe), not a regular file",
-            "huge": "bytes, more than the 67,108,864 agentbox reads"}[kind] in result.stderr
+    assert {"symlink": "is a symbolic link, which agentbox does not follow", "fifo": "is a FIFO (named pipe), not a regular file",
+            "huge": "is larger than 67,108,864 bytes, the most agentbox reads"}[kind] in result.stderr
     assert proposal_list(project) == []
     assert session_folders() == []
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 import time
@@ -480,3 +481,42 @@ def test_tasks_json_is_as_documented(project: Path, tasks_vm: FakeLima) -> None:
     assert [step["state"] for step in record["transitions"]] == ["Pending", "Queued", "Running", "Completed"]
     assert Path(record["stdout"]).is_file() and Path(record["stderr"]).is_file()
     assert isinstance(record["checkpoint"], int)  # the id `agentbox checkpoints` shows
+
+
+@pytest.mark.parametrize("kind", ["control", "symlink", "fifo", "oversize"])
+def test_the_runners_state_and_output_are_read_only_as_small_regular_files(project: Path, tasks_vm: FakeLima,
+                                                                         tmp_path: Path, kind: str) -> None:
+    """`agentbox tasks` and `agentbox logs` read the VM's state and stdout through vmread: a link, a FIFO (which
+    must not block) or an oversize state file is not taken; the control, the same bytes as a small regular
+    file, is."""
+    from agentbox import staging, tasks
+
+    decoy = write(tmp_path / "decoy-state", "state=completed\nexit=0\n")
+    host_out = write(tmp_path / "decoy-out", "a host file\n")
+    task_id = run_task(project, "do:sleep:60")
+    box = staging.outbox(NAME) / "tasks" / str(task_id)
+    while task(project, task_id)["state"] != "Running":
+        time.sleep(0.2)
+    for name in ("state", "stdout"):
+        (box / name).unlink()
+    if kind == "control":
+        write(box / "state", decoy.read_text())
+        write(box / "stdout", host_out.read_text())
+    elif kind == "symlink":
+        (box / "state").symlink_to(decoy)
+        (box / "stdout").symlink_to(host_out)
+    elif kind == "fifo":
+        os.mkfifo(box / "state")
+        os.mkfifo(box / "stdout")
+    else:
+        write(box / "state", decoy.read_text() + "#" * tasks.MAX_STATE_BYTES)
+        write(box / "stdout", "")
+    listed = run_agentbox("tasks", "--json", cwd=project, timeout=30)
+    logs = run_agentbox("logs", str(task_id), cwd=project, timeout=30)
+    assert listed.returncode == 0 and logs.returncode == 0, listed.stderr + logs.stderr
+    state = next(t for t in json.loads(listed.stdout) if t["id"] == task_id)["state"]
+    if kind == "control":
+        assert state == "Completed" and logs.stdout == "a host file\n"
+    else:
+        assert state == "Running" and logs.stdout == ""
+        assert run_cli("cancel", str(task_id), cwd=project).exit_code == 0

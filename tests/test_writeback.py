@@ -538,9 +538,9 @@ ln -s "$PWD/trap" {outbox}/creds
 
 
 @pytest.mark.parametrize(("script", "said"), [
-    (f'head -c 2000000 /dev/zero > "$HOME/{CLAUDE}"\n', "the VM's copy is larger than 1,048,576 bytes"),
+    (f'head -c 2000000 /dev/zero > "$HOME/{CLAUDE}"\n', "the VM's copy is larger than 1,048,576 bytes, the most agentbox reads"),
     ('dir="$(ls -d "$OUTBOX"/creds/s-*)"\nmkdir "$dir/0"\n' + writes(CLAUDE, claude_login("r2", 1_760_000_000_000)),
-     "the VM's copy is not a regular file"),
+     "the VM's copy is a folder, not a regular file"),
 ])
 def test_a_hostile_copy_is_not_read(project: Path, agents: FakeLima, home: Path, isolated_env,
                                     script: str, said: str) -> None:
