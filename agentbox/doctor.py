@@ -243,7 +243,8 @@ def check_git(config: Config, checks: list[Check]) -> None:
             )
         )
     elif git.common_dir_outside(workspace) is not None:
-        checks.append(Check("git", OK, f"git worktree: the VM mounts the main repository's {git.common_dir}"))
+        checks.append(Check("git", OK, f"git worktree: the VM mounts the main repository's {git.common_dir} "
+                                         "read-only, with what git writes for this checkout writable"))
 
 
 def check_tripwire(config: Config, checks: list[Check]) -> None:

@@ -2,7 +2,10 @@
 
 A plain clone keeps everything in `<workspace>/.git`. A `git worktree add` checkout has a `.git`
 file (`gitdir: <common>/worktrees/<id>`) whose `commondir` names the main repository's git folder,
-which git in the VM needs mounted, writable. The agent can write `.git` and anything it points to
+which git in the VM needs mounted. It is mounted read-only, with only what git writes for this
+checkout mounted writable on top (`vm_writable_parts`): the common dir's `config`, `hooks/`,
+`info/`, `modules/` and the other worktrees' folders configure or point the user's other
+checkouts, and the agent must not change them. The agent can write `.git` and anything it points to
 inside the workspace, so these files are pointers an attacker controls: followed blindly, they
 would have the next VM mount the user's home folder. `locate` is the one decision every caller
 (the lima.yaml mounts, the tripwire, doctor) uses:
@@ -54,6 +57,47 @@ class GitDirs(NamedTuple):
         if self.common_dir is None or _inside(self.common_dir, Path(os.path.realpath(workspace))):
             return None
         return self.common_dir
+
+
+# What git writes in the common dir for a linked worktree, each mounted writable in the VM when it is
+# a real folder: the object store, refs and reflogs (loose refs and their lock files live there),
+# the reftable store of a repository that uses it, rerere's records and git-lfs's objects. Not the
+# top folder itself: `config` is replaced by a rename there, and a single file cannot be mounted.
+# So what git writes at the top (packed-refs, deleting or renaming a ref that is packed, gc.pid,
+# shallow) fails in the VM.
+VM_WRITABLE = ("objects", "refs", "logs", "reftable", "rr-cache", "lfs")
+
+
+class WritableParts(NamedTuple):
+    """The folders of a linked worktree's common dir the VM may write, and why any other was left out."""
+
+    folders: list[Path]
+    skipped: list[str]
+
+
+def vm_writable_parts(git: GitDirs) -> WritableParts:
+    """For a validated linked worktree: VM_WRITABLE's real folders in the common dir, then this
+    checkout's own `worktrees/<id>` (already resolved by locate). A link in place of one of them
+    is not mounted (it could point anywhere), and said."""
+    if git.common_dir is None or git.git_dir is None or git.git_dir == git.common_dir:
+        return WritableParts([], [])
+    folders: list[Path] = []
+    skipped: list[str] = []
+    for name in VM_WRITABLE:
+        path = git.common_dir / name
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue  # git has not made it: nothing to write there yet
+        if stat.S_ISDIR(mode):
+            folders.append(path)
+        else:
+            skipped.append(f"{visible(str(path))} is {file_kind(mode)}, not a folder")
+    if visible(str(git.git_dir)) == str(git.git_dir):
+        folders.append(git.git_dir)
+    else:
+        skipped.append(f"the path {visible(str(git.git_dir))} contains control or invisible characters")
+    return WritableParts(folders, skipped)
 
 
 class _Refused(Exception):

@@ -61,11 +61,11 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
         mounts = [RenderedMount(str(workspace), str(workspace), True)]
     if git.problem:
         warn(f"not mounting the git common dir: {git.problem}; git in the VM will not work in this worktree")
-    common = git.common_dir_outside(workspace)
-    if common is not None:
-        # A validated `git worktree add` layout: the main repository's .git, which git in the VM needs
-        # (only to read, in isolated mode: the copy is cloned from it).
-        mounts.append(RenderedMount(str(common), str(common), not isolated))
+    git_mounts = _common_dir_mounts(git, workspace, isolated)
+    if git_mounts and _inside(Path(os.path.realpath(workspace)), Path(git_mounts[0].location)):
+        mounts = git_mounts + mounts  # a workspace inside the read-only common dir stays writable: mounted after it
+    else:
+        mounts += git_mounts
     hooks = _hooks_dir(git.common_dir)
     if config.protect_git_hooks and hooks is not None and not isolated:
         # Mounted after the writable workspace, so this read-only view wins inside it.
@@ -84,6 +84,32 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
         # Lima gets the resolved path: a symlink swapped in later cannot redirect the mount.
         mounts.append(RenderedMount(os.path.realpath(mount.location), mount.mount_point, mount.writable))
     return mounts
+
+
+def _common_dir_mounts(git: gitdirs.GitDirs, workspace: Path, isolated: bool) -> list[RenderedMount]:
+    """A validated `git worktree add` layout: the main repository's .git, which git in the VM needs.
+
+    Read-only as a whole (its config, hooks, info and the other worktrees' folders configure and
+    point the user's other checkouts), then each folder git writes for this checkout mounted writable
+    on top, in that order (Lima mounts them in list order). Each is a separate share, so guest root
+    unmounting one never uncovers a writable view of the rest. Isolated mode reads it only: the copy
+    is cloned from it.
+    """
+    common = git.common_dir_outside(workspace)
+    if common is None:
+        return []
+    mounts = [RenderedMount(str(common), str(common), False)]
+    if isolated:
+        return mounts
+    parts = gitdirs.vm_writable_parts(git)
+    for problem in parts.skipped:
+        warn(f"not mounting it writable: {problem}; git in the VM cannot write there")
+    mounts += [RenderedMount(str(folder), str(folder), True) for folder in parts.folders]
+    return mounts
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
 
 
 def _hooks_dir(common: Path | None) -> Path | None:

@@ -3,8 +3,12 @@
 The agent can write anything in the workspace, and some of it the host later executes on its own:
 git hooks and .git/config (core.fsmonitor, core.hooksPath, filters and aliases run on the next
 `git status`), .envrc (direnv), editor tasks, husky and pre-commit hooks, package.json scripts,
-Makefiles, CI workflows. agentbox fingerprints exactly these paths (no tree walk, so it stays fast on
-any repository) before a session and compares after it, naming every change loudly.
+Makefiles, CI workflows. In the git folders that host git reads, wherever they lie (a linked
+worktree's common dir too): config, config.worktree, info/attributes, commondir and hooks/ of the
+common dir and of each submodule's folder under modules/, and each linked worktree's commondir,
+gitdir and config.worktree (its submodules' folders too). agentbox fingerprints exactly these paths
+(no tree walk: only hooks/, modules/ and worktrees/ are listed, one level, so it stays fast on any
+repository) before a session and compares after it, naming every change loudly.
 
 A change stays reported until the user accepts it. One record per workspace (every agent's VM of
 that workspace shares it), in agentbox's state folder outside the workspace, keeps:
@@ -55,8 +59,16 @@ WATCHED_FILES = (
     ".circleci/config.yml",
 )
 WATCHED_DIRS = (".husky", ".github/workflows")
-# In the git folder: `commondir` redirects git to another folder's config and hooks.
+# In a git folder (the common dir, and each submodule's under its modules/): `commondir` redirects git
+# to another folder's config and hooks; hooks/ is watched whole.
 GIT_FILES = ("config", "config.worktree", "info/attributes", "commondir")
+# In each `worktrees/<id>` of the common dir: where that checkout's host git finds its common dir and
+# its work tree, and (with extensions.worktreeConfig) its own config; its submodules are under modules/.
+WORKTREE_FILES = ("commondir", "gitdir", "config.worktree")
+MAX_LISTED = 1000  # entries of a modules/ or worktrees/ folder looked at: bounded however it grows
+# The list's version, kept in each record. 2 added the modules/ and worktrees/ files: a record of an
+# older list takes the files only the newer list watches as they are (nobody was asked about them).
+WATCH_LIST = 2
 MAX_TEXT = 64 * 1024
 MAX_DIFF_LINES = 40
 MAX_NAMES = 10
@@ -91,6 +103,7 @@ class Record(NamedTuple):
     workspace: Path
     reference: dict[str, Entry]
     pending: Pending
+    watching: int = WATCH_LIST
 
 
 # -- what is watched ---------------------------------------------------------------------------
@@ -122,8 +135,8 @@ def host_exec_matcher(workspace: Path) -> Callable[[str], bool]:
     return runs_on_host
 
 
-def _watched(workspace: Path) -> tuple[dict[str, Path], list[Path]]:
-    """(watched_paths, the folders whose every entry is watched)."""
+def _watched(workspace: Path, version: int = WATCH_LIST) -> tuple[dict[str, Path], list[Path]]:
+    """(watched_paths, the folders whose every entry is watched), as list `version` had them."""
     workspace = Path(os.path.realpath(workspace))
     found: dict[str, Path] = {}
     folders: list[Path] = []
@@ -137,17 +150,53 @@ def _watched(workspace: Path) -> tuple[dict[str, Path], list[Path]]:
         folders.append(workspace / folder)
     git = gitdirs.locate(workspace)
     if git.common_dir is not None:
-        for name in GIT_FILES:
-            path = git.common_dir / name
-            found[_label(workspace, path.parent)] = path.parent
-            found[_label(workspace, path)] = path
-        folders.append(git.common_dir / "hooks")
+        _watch_git_folder(workspace, git.common_dir, found, folders)
+    if git.common_dir is not None and version >= 2:
+        for module in _subfolders(workspace, git.common_dir / "modules", found):
+            _watch_git_folder(workspace, module, found, folders)
+        for tree in _subfolders(workspace, git.common_dir / "worktrees", found):
+            for name in WORKTREE_FILES:
+                found[_label(workspace, tree / name)] = tree / name
+            for module in _subfolders(workspace, tree / "modules", found):
+                _watch_git_folder(workspace, module, found, folders)
     for listed in folders:
         found.update(_list_dir(workspace, listed))
     if git.git_dir is not None and git.git_dir != git.common_dir:
         for name in ("config.worktree", "commondir"):
             found[_label(workspace, git.git_dir / name)] = git.git_dir / name
     return found, folders
+
+
+def _watch_git_folder(workspace: Path, folder: Path, found: dict[str, Path], folders: list[Path]) -> None:
+    """GIT_FILES of a git folder, the folders they lie in (a link there is reported), and its hooks."""
+    for name in GIT_FILES:
+        path = folder / name
+        found[_label(workspace, path.parent)] = path.parent
+        found[_label(workspace, path)] = path
+    folders.append(folder / "hooks")
+
+
+def _subfolders(workspace: Path, folder: Path, found: dict[str, Path]) -> list[Path]:
+    """The real folders in folder (a git folder's modules/ or worktrees/), at most MAX_LISTED entries in
+    name order. The folder and every entry are watched themselves: a link in place of one is reported,
+    never followed."""
+    found[_label(workspace, folder)] = folder
+    if not _reached_without_links(folder):
+        return []
+    try:
+        names = sorted(os.listdir(folder))[:MAX_LISTED]
+    except OSError:
+        return []
+    real: list[Path] = []
+    for name in names:
+        path = folder / name
+        found[_label(workspace, path)] = path
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                real.append(path)
+        except OSError:
+            continue
+    return real
 
 
 def fingerprint(workspace: Path) -> dict[str, Entry]:
@@ -184,6 +233,7 @@ def load(workspace: Path) -> Record | None:
             Path(data["workspace"]),
             {label: Entry(*value) for label, value in data["reference"].items()},
             {label: (_entry_or_none(pair[0]), _entry_or_none(pair[1])) for label, pair in data["pending"].items()},
+            int(data.get("watching", 1)),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -242,7 +292,15 @@ def acknowledge(workspace: Path) -> int:
 
 def _load_for(workspace: Path) -> Record | None:
     record = load(workspace)
-    return record if record is not None and record.workspace == workspace else None
+    if record is None or record.workspace != workspace:
+        return None
+    if record.watching < WATCH_LIST:
+        # Newly watched files are taken as they are; a file the old list watched keeps being compared.
+        newly = set(_watched(workspace)[0]) - set(_watched(workspace, record.watching)[0])
+        current = fingerprint(workspace)
+        taken = {label: current[label] for label in newly if label in current and label not in record.reference}
+        record = record._replace(reference={**record.reference, **taken})
+    return record
 
 
 def _settle(record: Record, current: dict[str, Entry]) -> tuple[Pending, dict[str, Entry]]:
@@ -270,7 +328,7 @@ def _pending_changes(pending: Pending, current: dict[str, Entry]) -> list[Change
 
 
 def _save_if_changed(old: Record | None, new: Record) -> None:
-    if old is None or old.reference != new.reference or old.pending != new.pending:
+    if old is None or old.reference != new.reference or old.pending != new.pending or old.watching != new.watching:
         _save(new)
 
 
@@ -278,6 +336,7 @@ def _save(record: Record) -> None:
     private_dir(record_file(record.workspace).parent)
     data = {
         "workspace": str(record.workspace),
+        "watching": WATCH_LIST,
         "reference": {label: list(entry) for label, entry in record.reference.items()},
         "pending": {label: [_as_list(before), _as_list(after)] for label, (before, after) in record.pending.items()},
     }

@@ -47,6 +47,12 @@ def outside_mounts(workspace: Path, locations: list[str]) -> list[str]:
     return [loc for loc in locations if loc != str(workspace) and not loc.endswith(("/staging", "/outbox"))]
 
 
+def git_mounts(repo: Path, tree: str = "tree") -> list[str]:
+    """The mounts of a real worktree's common dir: read-only as a whole, then what git writes for this checkout."""
+    common = repo / ".git"
+    return [str(common), *(str(common / name) for name in ("objects", "refs", "logs", f"worktrees/{tree}"))]
+
+
 def fake_git_folder(folder: Path, worktree_of: Path | None = None, wt_id: str = "x") -> Path:
     """A folder that looks like a repository's .git, optionally with worktrees/<id> pointing back to a workspace."""
     for name in ("objects", "refs", "hooks"):
@@ -66,7 +72,7 @@ def fake_git_folder(folder: Path, worktree_of: Path | None = None, wt_id: str = 
 def test_a_real_worktree_mounts_its_common_dir_without_a_prompt(project: Path) -> None:
     repo, tree = worktree(project.parent)
     locations, err = template(tree)
-    assert outside_mounts(tree, locations) == [str(repo / ".git")]
+    assert outside_mounts(tree, locations) == git_mounts(repo)
     assert "not mounting" not in err
 
 
@@ -76,7 +82,7 @@ def test_a_worktree_with_relative_pointers_is_followed_too(project: Path) -> Non
     (tree / ".git").write_text("gitdir: ../repo/.git/worktrees/tree\n")
     (repo / ".git" / "worktrees" / "tree" / "gitdir").write_text("../../../../tree/.git\n")
     locations, err = template(tree)
-    assert outside_mounts(tree, locations) == [str(repo / ".git")]
+    assert outside_mounts(tree, locations) == git_mounts(repo)
     assert err == ""
 
 
@@ -86,7 +92,7 @@ def test_the_resolved_common_dir_is_handed_to_lima(project: Path) -> None:
     link.symlink_to(repo)
     (tree / ".git").write_text(f"gitdir: {link}/.git/worktrees/tree\n")
     locations, _ = template(tree)
-    assert outside_mounts(tree, locations) == [str(repo / ".git")]
+    assert outside_mounts(tree, locations) == git_mounts(repo)
 
 
 def test_a_plain_clone_mounts_nothing_else(project: Path) -> None:
