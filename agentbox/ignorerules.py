@@ -533,7 +533,6 @@ def _compile(line: _Line, index: int, fold: bool) -> _Compiled:
 # -- decisions per folder --------------------------------------------------------------------------
 
 _Full = tuple[Callable[[str], bool], int, str]  # a `**` pattern: its matcher, the offset of its folder, its gate
-_MEMO_LIMIT = 1 << 17
 _NONE = -2  # no pattern matched; a match is rank * 2 + (1 if it excludes else 0), the highest wins
 
 
@@ -549,13 +548,10 @@ class _Plan:
         "all_code",
         "exact",
         "gated",
-        "memo",
         "open",
-        "prefix_lengths",
         "prefixes",
         "start_gate",
         "suffix_gate",
-        "suffix_lengths",
         "suffixes",
     )
 
@@ -585,31 +581,30 @@ class _Plan:
                 else:
                     open_.append((code, "", what.fn, -1))
         self.exact = exact
-        self.suffixes = suffixes
-        self.prefixes = prefixes
         self.suffix_gate = tuple(suffixes)
         self.start_gate = tuple(prefixes) + tuple(gate for _, gate, _ in gated)
-        self.suffix_lengths = tuple(sorted({len(s) for s in suffixes}))
-        self.prefix_lengths = tuple(sorted({len(s) for s in prefixes}))
+        # by last (first) character, highest code first: a name that passed the gate tries only a few
+        self.suffixes = _buckets(suffixes, -1)
+        self.prefixes = _buckets(prefixes, 0)
         self.gated = tuple(sorted(gated, key=lambda item: -item[0]))
         self.open = tuple(sorted(open_, key=lambda item: -item[0]))
-        # names repeat across folders (index.js, __init__.py); a plan that looks at names only remembers them
-        self.memo: dict[str, bool] | None = None if any(item[3] >= 0 for item in self.open) else {}
 
     def decide(self, name: str, path: str) -> bool:
         best = self.exact.get(name, self.all_code)
         if name.endswith(self.suffix_gate):
-            suffixes = self.suffixes
-            for length in self.suffix_lengths:
-                code = suffixes.get(name[-length:], _NONE)
-                if code > best:
+            for suffix, code in self.suffixes[name[-1]]:
+                if code <= best:
+                    break
+                if name.endswith(suffix):
                     best = code
+                    break
         if name.startswith(self.start_gate):
-            prefixes = self.prefixes
-            for length in self.prefix_lengths:
-                code = prefixes.get(name[:length], _NONE)
-                if code > best:
+            for prefix, code in self.prefixes.get(name[0], ()):
+                if code <= best:
+                    break
+                if name.startswith(prefix):
                     best = code
+                    break
             for code, gate, fn in self.gated:
                 if code <= best:
                     break
@@ -623,11 +618,14 @@ class _Plan:
             if text.startswith(gate) and fn(text):
                 best = code
                 break
-        ignored = best >= 0 and best & 1 == 1
-        memo = self.memo
-        if memo is not None and len(memo) < _MEMO_LIMIT:
-            memo[name] = ignored
-        return ignored
+        return best >= 0 and best & 1 == 1
+
+
+def _buckets(literals: dict[str, int], at: int) -> dict[str, tuple[tuple[str, int], ...]]:
+    grouped: dict[str, list[tuple[str, int]]] = {}
+    for literal, code in literals.items():
+        grouped.setdefault(literal[at], []).append((literal, code))
+    return {key: tuple(sorted(items, key=lambda item: -item[1])) for key, items in grouped.items()}
 
 
 class _Layer:
@@ -677,6 +675,8 @@ class Matcher:
         self._parent: Matcher | None = None
         self._newest: _Layer | None = None
         self._pairs: dict[str, _Pair | bool] = {}
+        self._files: dict[str, _Plan] = {}  # _pairs split by kind: one lookup on the hot path
+        self._dirs: dict[str, _Plan] = {}
         self._name_plans: dict[tuple[int, ...], _Pair] = {}
 
     def with_dir(self, base: str, rules: Rules) -> Matcher:
@@ -693,6 +693,8 @@ class Matcher:
         child._parent = self
         child._newest = layer
         child._pairs = {}
+        child._files = {}
+        child._dirs = {}
         child._name_plans = {}
         return child
 
@@ -706,17 +708,10 @@ class Matcher:
         if self._fold:
             path = _fold(path)
         folder, _, name = path.rpartition("/")
-        pair = self._pairs.get(folder)
-        if pair is None:
+        plan = (self._dirs if is_dir else self._files).get(folder)
+        if plan is None:
             pair = self._pair(folder)
-        if pair is False:
-            return True
-        plan: _Plan = pair[is_dir]  # type: ignore[index]
-        memo = plan.memo
-        if memo is not None:
-            known = memo.get(name)
-            if known is not None:
-                return known
+            plan = _EXCLUDED if pair is False else pair[is_dir]  # type: ignore[index]
         return plan.decide(name, path)
 
     def _pair(self, folder: str) -> _Pair | bool:
@@ -727,7 +722,9 @@ class Matcher:
                 break
             missing.append(up)
         for each in reversed(missing):
-            self._pairs[each] = self._compute(each)
+            pair = self._compute(each)
+            self._pairs[each] = pair
+            self._files[each], self._dirs[each] = (_EXCLUDED, _EXCLUDED) if pair is False else pair  # type: ignore[misc]
         return self._pairs[folder]
 
     def _compute(self, folder: str) -> _Pair | bool:
@@ -776,3 +773,6 @@ def _plans(entries: Sequence[_Entry]) -> _Pair:
     files = _Plan([(code, what) for code, pattern, what in entries if not pattern.line.mustbedir])
     folders = _Plan([(code, what) for code, pattern, what in entries])
     return files, folders
+
+
+_EXCLUDED = _Plan([(1, _ALL)])  # the plan of an excluded folder: everything in it is ignored
