@@ -245,33 +245,36 @@ def _parse_class(pat: str, i: int) -> tuple[list[tuple[str, ...]], bool, int] | 
             return members, negated, j + 1
 
 
+_CLASS_CHARS = {name: frozenset(c for c in map(chr, range(128)) if test(c)) for name, test in _CLASSES.items()}
+_BYTES = frozenset(map(chr, range(256)))
+_UPPER = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
+
+
 def _class_set(members: list[tuple[str, ...]], negated: bool, fold: bool) -> frozenset[str]:
     """The bytes (as latin-1 characters) a bracket expression matches; never "/" (git's WM_PATHNAME).
 
-    With fold the text is already lower-cased, so upper-case letters can never occur and are left out.
+    With fold the text is already lower-cased: a range also takes the lower case of the capitals in it,
+    [:upper:] means any letter, and capitals are left out (they can no longer occur). Members are
+    deduplicated and the union stops once full, so a hostile class costs little.
     """
-    chosen = set()
-    for code in range(256):
-        t = chr(code)
-        if t == "/" or (fold and "A" <= t <= "Z"):
-            continue
-        matched = False
-        for member in members:
-            kind = member[0]
-            if kind == "c":
-                matched = t == member[1]
-            elif kind == "r":
-                low, high = member[1], member[2]
-                matched = low <= t <= high or (fold and "a" <= t <= "z" and low <= t.upper() <= high)
-            elif member[1] == "upper" and fold:
-                matched = "a" <= t <= "z"
-            else:
-                matched = _CLASSES[member[1]](t)
-            if matched:
-                break
-        if matched != negated:
-            chosen.add(t)
-    return frozenset(chosen)
+    chosen: set[str] = set()
+    for member in set(members):
+        kind = member[0]
+        if kind == "c":
+            chosen.add(member[1])
+        elif kind == "r":
+            span = [chr(code) for code in range(ord(member[1]), ord(member[2]) + 1)]
+            chosen.update(span)
+            if fold:
+                chosen.update(c.lower() for c in span if c in _UPPER)
+        elif member[1] == "upper" and fold:
+            chosen.update(_CLASS_CHARS["lower"])
+        else:
+            chosen.update(_CLASS_CHARS[member[1]])
+        if len(chosen) == len(_BYTES):
+            break
+    result = _BYTES - chosen if negated else frozenset(chosen)
+    return result - {"/"} - (_UPPER if fold else frozenset())
 
 
 def _tokens(pat: str, fold: bool, pathname: bool) -> list[Token]:

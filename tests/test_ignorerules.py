@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -143,7 +145,7 @@ CASES: list[tuple[str, dict[str, bytes], list[str]]] = [
      ["abx", "ab/x", "abc/x", "abc/d/x", "pre/lit/z", "pre/litx", "pre/lit/x/y", "pre/li"]),
     ("character classes", {"": b"[[:digit:]]*.txt\n[!a]b\n[a-c]x\n[]]y\n*.[oa]\n[[:upper:]]Z\n[[:space:]]s\n"
                            b"[[:punct:]]p\n[^q]w\n[[:alpha:][:digit:]]v\n"},
-     ["1.txt", "a.txt", "ab", "bb", "bx", "dx", "]y", "y", "m.o", "m.a", "m.b", "AZ", "aZ", " s", "\ts", "\x0bs",
+     ["1.txt", "a.txt", "ab", "bb", "ax", "bx", "cx", "dx", "]y", "y", "m.o", "m.a", "m.b", "AZ", "aZ", " s", "\ts", "\x0bs",
       "!p", "ap", "qw", "rw", "av", "5v", "-v"]),
     ("malformed classes match nothing", {"": b"[abc\n[[:foo:]]x\n[a-\nz[]\n"},
      ["[abc", "a", "[[:foo:]]x", "fx", "[a-", "z[]", "z"]),
@@ -351,3 +353,48 @@ def test_fifty_thousand_calls_are_fast() -> None:
     elapsed = time.perf_counter() - start
     print(f"50,000 is_ignored calls: {elapsed * 1000:.1f} ms")
     assert elapsed < 1.0
+
+
+def test_automaton_agrees_with_the_regular_expressions() -> None:
+    """Patterns with many stars run on the automaton; it must answer as the compiled expressions do."""
+    from agentbox import ignorerules
+
+    rng = random.Random(11)
+    texts = ["/".join(rng.choice(_NAMES + ["", "aab", "b/a"]) for _ in range(rng.randint(1, 4))) for _ in range(300)]
+    for _ in range(300):
+        pattern = _random_pattern(rng).lstrip("!").rstrip("/") or "a"
+        for fold in (False, True):
+            tokens = ignorerules._tokens(pattern, fold, pathname=True)
+            if any(token[0] == ignorerules._NEVER for token in tokens):
+                continue
+            expression = re.compile(ignorerules._regex(tokens), re.DOTALL)
+            automaton = ignorerules._automaton(tokens)
+            for text in texts:
+                assert automaton(text) == (expression.fullmatch(text) is not None), (pattern, fold, text)
+
+
+HOSTILE = """
+import time
+from agentbox.ignorerules import Matcher, Rules
+star = b"*a" * 30 + b"b\\n"
+globstar = b"**/a" * 20 + b"/b\\n"
+klass = b"[" + b"a-z" * 20000 + b"]x\\n"
+matcher = Matcher([]).with_dir("", Rules.parse(star + globstar + klass, "", ".gitignore"))
+start = time.perf_counter()
+assert not matcher.is_ignored("a" * 250, False)
+assert not matcher.is_ignored("/".join(["a"] * 100) + "/c", False)
+assert matcher.is_ignored("qx", False)
+assert matcher.is_ignored("a" * 40 + "b", False)  # the control: the star pattern does match
+print(f"{time.perf_counter() - start:.3f}")
+"""
+
+
+def test_hostile_patterns_stay_fast() -> None:
+    """A .gitignore is written by the agent: patterns that make backtracking explode must not hang a walk.
+
+    In a child process, so a regression fails at the timeout instead of hanging the suite.
+    """
+    done = subprocess.run([sys.executable, "-c", HOSTILE], capture_output=True, text=True, timeout=30,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+    assert done.returncode == 0, done.stderr
+    assert float(done.stdout) < 2.0
