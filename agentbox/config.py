@@ -724,13 +724,16 @@ def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path)
             ("mounts", f"[{index}]"), str(layer.path))
         from agentbox.safetext import visible
 
-        shown = written
+        shown, hint = written, refused.hint
+        relative = not os.path.isabs(os.path.expanduser(written))
         if str(location) != written:
-            relative = not os.path.isabs(os.path.expanduser(written))
             shown += f" ({location}{', relative to the folder of the file' if relative else ''})"
+        if relative and layer.name == "global":
+            hint += (" A relative location in the global config is relative to its folder, never to the workspace: "
+                     "write the folder as an absolute path or as ~/...")
         raise ConfigError(
             f"{where}: mounts[{index}].location: {visible(shown)}: {visible(refused.reason)}",
-            hint=f"Nothing was created or started. {refused.hint}",
+            hint=f"Nothing was created or started. {hint}",
         )
     mount_point = raw.get("mountPoint")
     if mount_point is None:
