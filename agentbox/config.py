@@ -21,9 +21,10 @@ RESERVED_MOUNT_POINTS = frozenset({"/", "/bin", "/dev", "/etc", "/home", "/opt",
 
 
 class Mount(NamedTuple):
-    location: Path
+    location: Path  # as configured (~ expanded, relative ones made absolute)
     mount_point: str
     writable: bool
+    real: Path  # where it resolved, once (agentbox.mountpaths): what trust pins and Lima gets
 
     def to_json(self) -> dict[str, Any]:
         return {"location": str(self.location), "mountPoint": self.mount_point, "writable": self.writable}
@@ -491,7 +492,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
     for name in [*BUILTIN_AGENTS, *sorted(set(configured) - set(BUILTIN_AGENTS))]:
         agents[name] = _resolve_agent(name, configured.get(name, {}), vm_name, layers, lima_home)
 
-    mounts = tuple(_resolve_mount(raw, layer, workspace) for raw, layer in data["mounts"])
+    mounts = tuple(_resolve_mount(raw, layer, index, workspace) for index, (raw, layer) in enumerate(data["mounts"]))
     ca_cert = None
     if "caCert" in data:
         value, layer = data["caCert"]
@@ -712,13 +713,27 @@ def _agent_credentials(raw: Any, builtin: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(raw)
 
 
-def _resolve_mount(raw: dict[str, Any], layer: Any, workspace: Path) -> Mount:
-    location = _expand(raw["location"], _base_dir(layer, workspace))
-    problem = paths.mount_target_problem(location)
-    if problem:
+def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path) -> Mount:
+    from agentbox import mountpaths
+
+    written = raw["location"]
+    location = _expand(written, _base_dir(layer, workspace))
+    real, refused = mountpaths.refusal(location, written, workspace, layer.name == "global")
+    if refused:
+        where = layer.positions.get(("mounts", f"[{index}]", "location")) or layer.positions.get(
+            ("mounts", f"[{index}]"), str(layer.path))
+        from agentbox.safetext import visible
+
+        shown, hint = written, refused.hint
+        relative = not os.path.isabs(os.path.expanduser(written))
+        if str(location) != written:
+            shown += f" ({location}{', relative to the folder of the file' if relative else ''})"
+        if relative and layer.name == "global":
+            hint += (" A relative location in the global config is relative to its folder, never to the workspace: "
+                     "write the folder as an absolute path or as ~/...")
         raise ConfigError(
-            f"{layer.path}: mounts: {location}: {problem}; agentbox never mounts it into a VM",
-            hint="Mount only the folder the agent needs, for example ~/datasets.",
+            f"{where}: mounts[{index}].location: {visible(shown)}: {visible(refused.reason)}",
+            hint=f"Nothing was created or started. {hint}",
         )
     mount_point = raw.get("mountPoint")
     if mount_point is None:
@@ -737,12 +752,16 @@ def _resolve_mount(raw: dict[str, Any], layer: Any, workspace: Path) -> Mount:
             f"{layer.path}: mounts: mountPoint {mount_point} would hide the VM's own {mount_point}; Lima refuses it",
             hint="Mount it below, for example at /mnt" + mount_point.rstrip("/") + ".",
         )
-    return Mount(location=location, mount_point=mount_point, writable=raw.get("writable", False))
+    return Mount(location=location, mount_point=mount_point, writable=raw.get("writable", False), real=real)
 
 
 def _base_dir(layer: Any, workspace: Path) -> Path:
-    """Relative paths in a local file are relative to its folder; in the global file, to the workspace."""
-    return layer.path.parent if layer is not None and layer.name == "local" else workspace
+    """Relative paths in a config file are relative to its folder (the folder it was found in).
+
+    Never to the workspace for the global file: a cloned repository would then decide what a global
+    mount, template or CA file is (a symlink at that relative path).
+    """
+    return layer.path.parent if layer is not None else workspace
 
 
 def _expand(value: str, base: Path) -> Path:

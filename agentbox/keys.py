@@ -144,7 +144,8 @@ AGENT_KEYS: dict[str, Key] = {
 }
 
 MOUNT_KEYS: dict[str, Key] = {
-    "location": Key("path", "Host folder.", creation=True),
+    "location": Key("path", "Host folder; a relative path is relative to the file's folder (README \"Mount "
+                    "targets\").", creation=True),
     "mountPoint": Key("path", "Path inside the VM.", default_text="same as location", creation=True),
     "writable": Key("bool", "Whether the VM may write to it.", default=False, creation=True),
 }

@@ -94,6 +94,21 @@ def mount_target_problem(path: Path) -> str | None:
     return None
 
 
+# Folders of the home folder that hold logins, keys and the settings of programs that run on the host.
+PRIVATE_HOME_FOLDERS = (".ssh", ".aws", ".gnupg", ".config", ".kube", ".docker", "Library")
+
+
+def private_folders() -> list[tuple[str, Path]]:
+    """The folders a `mounts` entry may name only exactly, from the global config (agentbox.mountpaths), as
+    (name to show, path as written): PRIVATE_HOME_FOLDERS, and XDG_CONFIG_HOME when it moves the global config
+    out of ~/.config."""
+    found = [(f"~/{name}", home() / name) for name in PRIVATE_HOME_FOLDERS]
+    config_base = global_config_file().parent.parent
+    if config_base != home() / ".config":
+        found.append(("your config folder (XDG_CONFIG_HOME)", config_base))
+    return found
+
+
 @functools.lru_cache(maxsize=4)
 def _protected_roots(home_dir: str, state: str, lima: str) -> tuple[Path, tuple[tuple[str, Path], ...]]:
     """Resolved once per run (keyed by the paths, which tests change between commands)."""

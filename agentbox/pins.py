@@ -57,9 +57,11 @@ _stat_cache: dict[str, list[Any]] | None = None
 _stat_cache_dirty = False
 
 
-def pin_path(key: str, path: Path | str) -> Pin:
-    """Pin where a path (a mount, a credential file) resolves to, without reading it."""
-    real = os.path.realpath(path)
+def pin_path(key: str, path: Path | str, resolved: Path | None = None) -> Pin:
+    """Pin where a path (a mount, a credential file) resolves to, without reading it.
+
+    `resolved`: where the caller already resolved it (a mount), so the pin is the path that is used."""
+    real = str(resolved) if resolved is not None else os.path.realpath(path)
     return Pin(key, str(path), real, _kind(real))
 
 

@@ -1,6 +1,5 @@
 """Render the instance's lima.yaml from the merged config. Logic lives here; the template is layout."""
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -81,8 +80,8 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
                 f"mounts: {mount.location}: {problem}; isolated mode cannot have it",
                 hint="Give it a mountPoint outside the workspace (for example /mnt/data), or use session.mode: live.",
             )
-        # Lima gets the resolved path: a symlink swapped in later cannot redirect the mount.
-        mounts.append(RenderedMount(os.path.realpath(mount.location), mount.mount_point, mount.writable))
+        # Lima gets the path resolved when the config was read: a symlink swapped in later cannot redirect it.
+        mounts.append(RenderedMount(str(mount.real), mount.mount_point, mount.writable))
     return mounts
 
 

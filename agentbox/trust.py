@@ -70,7 +70,7 @@ def _workspace_rule(config: Config, path: tuple[str, ...], value: Any) -> list[s
 def _mounts_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
     found = []
     for mount in config.mounts:
-        if not _inside(Path(os.path.realpath(mount.location)), config.workspace):
+        if not _inside(mount.real, config.workspace):
             found.append(f"mounts: {mount.location} (outside the workspace)")
         elif mount.writable:
             found.append(f"mounts: {mount.location} (writable)")
@@ -182,7 +182,7 @@ def manifest(config: Config) -> dict[str, Any]:
     if "workspace" in data:
         found.append(pins.pin_path("workspace", config.workspace))
     if "mounts" in data:
-        found.extend(pins.pin_path(f"mounts[{i}]", mount.location) for i, mount in enumerate(config.mounts))
+        found.extend(pins.pin_path(f"mounts[{i}]", mount.location, mount.real) for i, mount in enumerate(config.mounts))
     for hook, scripts in (("onCreateScript", config.on_create), ("onStartScript", config.on_start)):
         for index, script in enumerate(scripts):
             if script.origin == "local":

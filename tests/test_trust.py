@@ -138,10 +138,12 @@ def test_retargeting_any_pinned_path_revokes_trust(project: Path, home: Path, li
     pem = "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUTEST\n-----END CERTIFICATE-----\n"
     write(project / "ca.pem", pem)
     write(project / "t.j2", (REPO_TEMPLATE).read_text())
-    (project / "data").mkdir()
+    shared = project.parent / "shared"  # a symlink inside the workspace is refused outright (test_mounts.py)
+    shared.mkdir()
+    (project.parent / "other").mkdir()
     write(home / ".codex" / "auth.json", "{}")
     texts = {
-        "mount": ("mounts:\n  - location: ./data\n    writable: true\n", project / "data", ssh),
+        "mount": (f"mounts:\n  - location: {shared}\n    writable: true\n", shared, project.parent / "other"),
         "caCert": ("caCert: ca.pem\n", project / "ca.pem", ssh / "id_ed25519"),
         "template": ("vm:\n  template: t.j2\n", project / "t.j2", ssh / "id_ed25519"),
         "credentials": ("agents:\n  codex:\n    credentials: [~/.codex/auth.json]\n", home / ".codex" / "auth.json",
