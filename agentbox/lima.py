@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import calllog
+from agentbox import calllog, terminal
 from agentbox.errors import Interrupted, LimaError
 
 RUNNING = "Running"
@@ -197,6 +197,7 @@ class Lima:
     ) -> int:
         """Run argv in the VM with stdio passed through; return its exit code.
 
+        The terminal is restored afterwards (agentbox.terminal): the program may have left it in any state.
         agentbox stays the parent (it checks the workspace after the session), so it ignores
         SIGINT/SIGQUIT meanwhile: Ctrl-C belongs to the program in the VM.
         """
@@ -219,6 +220,7 @@ class Lima:
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            terminal.restore()  # before agentbox prints anything after the session
         calllog.record(full, time.monotonic() - started, code, echo=self.debug)
         return 128 - code if code < 0 else code  # a signal death reads like a shell's 128+N
 
