@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from agentbox import hosttools
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import atomic_write
 
@@ -212,13 +212,13 @@ def _key(pem: str) -> str:
 
 def describe(pem: str) -> str | None:
     """The certificate's subject and expiry via openssl ("CN = Corp Root, O = Corp; expires ..."), or None."""
-    openssl = shutil.which("openssl")
+    openssl = hosttools.which("openssl")
     if openssl is None:
         return None
     try:
         result = subprocess.run(
             [openssl, "x509", "-noout", "-subject", "-enddate"],
-            input=pem.encode(), capture_output=True, timeout=10,
+            input=pem.encode(), capture_output=True, timeout=10, env=hosttools.environ(),
         )
     except (OSError, subprocess.SubprocessError):
         return None
@@ -298,14 +298,14 @@ def is_apple(certificate: Certificate) -> bool:
 
 
 def _security(*args: str) -> str:
-    security = shutil.which("security")
+    security = hosttools.which("security")
     if security is None:
         raise AgentboxError(
             "the macOS `security` tool was not found on PATH, so agentbox cannot read the System keychain",
             hint="Export the certificate from Keychain Access as a .pem file and put its path in `caCert:`.",
         )
     try:
-        result = subprocess.run([security, *args], capture_output=True, timeout=60)
+        result = subprocess.run([security, *args], capture_output=True, timeout=60, env=hosttools.environ())
     except (OSError, subprocess.SubprocessError) as exc:
         raise AgentboxError(f"`security {' '.join(args)}` could not be run: {exc}") from exc
     if result.returncode != 0:

@@ -10,7 +10,6 @@ host's copy changes.
 import hashlib
 import json
 import os
-import shutil
 import stat
 import subprocess
 import time
@@ -18,7 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import paths
+from agentbox import hosttools, paths
 from agentbox.fsutil import atomic_write, private_parents, remove_unlisted, write_if_changed
 from agentbox.pins import RACY_NS
 
@@ -231,13 +230,13 @@ def refresh_git_identity(target: Path, stamp_file: Path, wanted: bool) -> None:
 def git_identity() -> str:
     """The safe part of the host's ~/.gitconfig, as a gitconfig file ('' when there is none)."""
     source = paths.home() / ".gitconfig"
-    git = shutil.which("git")
+    git = hosttools.which("git")
     if not source.is_file() or git is None:
         return ""
     try:
         output = subprocess.run(
             [git, "config", "--file", str(source), "--includes", "--list", "-z"],
-            capture_output=True, timeout=10, check=True,
+            capture_output=True, timeout=10, check=True, env=hosttools.environ(),
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return ""
@@ -257,13 +256,13 @@ def git_identity() -> str:
 def gh_token_from_keychain() -> str | None:
     """macOS keeps gh's token in the Keychain: when hosts.yml has none, ask the host's gh for it."""
     hosts = Path(os.path.expanduser(GH_FILES[0]))
-    gh = shutil.which("gh")
+    gh = hosttools.which("gh")
     if gh is None or not hosts.is_file():
         return None
     try:
         if b"oauth_token" in hosts.read_bytes():
             return None
-        result = subprocess.run([gh, "auth", "token"], capture_output=True, timeout=10)
+        result = subprocess.run([gh, "auth", "token"], capture_output=True, timeout=10, env=hosttools.environ())
     except (OSError, subprocess.SubprocessError):
         return None
     token = result.stdout.decode().strip()

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from agentbox import hosttools
 from agentbox.errors import AgentboxError, ConfigError, LimaError
 
 if TYPE_CHECKING:
@@ -55,8 +55,12 @@ class Probe(NamedTuple):
 
 def run(cwd: Path, lima: Lima) -> list[Check]:
     checks: list[Check] = []
+    config_checks: list[Check] = []
+    config = check_config(cwd, config_checks)  # first: limactl is never looked up in a folder the VM writes
+    if config is not None:
+        hosttools.distrust_writable(config)
     lima_usable = check_lima(lima, checks)
-    config = check_config(cwd, checks)
+    checks += config_checks
     if config is None:
         return checks
     check_git(config, checks)
@@ -80,12 +84,14 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
 
 def check_lima(lima: Lima, checks: list[Check]) -> bool:
     """limactl on PATH and recent enough; whether VM checks can go on."""
-    from agentbox.lima import INSTALL_HINT
+    from agentbox import hosttools
+    from agentbox.lima import INSTALL_HINT, not_found_hint
     from agentbox.render import MINIMUM_LIMA_VERSION
 
-    found = shutil.which(lima.executable)
+    found = hosttools.which(lima.executable)
     if found is None:
-        checks.append(Check("lima", FAIL, "limactl was not found on PATH, so agentbox cannot run any VM", INSTALL_HINT))
+        checks.append(Check("lima", FAIL, "limactl was not found on PATH, so agentbox cannot run any VM",
+                            not_found_hint(lima.executable)))
         return False
     try:
         version = lima.version()

@@ -178,28 +178,32 @@ def _run(
                 except OSError as exc:
                     warn(f"the session's logins were not copied back to the host: {exc}")
     with timing.phase("tripwire check"):
-        tripwire.report_session(*tripwire.end_session(workspace, before))
-    with timing.phase("port clashes after the session"):
-        ports.warn_clashes(instance, session.lima.listed, known=unreachable, during=True)
-    if isolated is not None:
-        with timing.phase("isolated mode (proposal)"):
-            isolation.finish(config, name, isolated, code)
-    if reconnect:
-        vm.update_state(name, {"reconnect": False})
-    if code in (1, 255) and session.instance(name) is None:
-        raise StateError(
-            f"the VM {name} disappeared while agentbox was starting the session",
-            hint="Another process deleted it. Run the command again to create it anew.",
-        )
-    if kept is not None:
-        code = _session_outcome(name, kept, code)
-    if code == SSH_FAILED:
-        note(
-            f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} (unless the program itself "
-            f"exited {SSH_FAILED}). `agentbox restart` restarts the VM; Lima's logs are in {instance.dir}"
-            f" ({os.path.join(instance.dir, 'ha.stderr.log')})."
-        )
-    return code
+        changed_files = tripwire.end_session(workspace, before)
+    try:
+        with timing.phase("port clashes after the session"):
+            ports.warn_clashes(instance, session.lima.listed, known=unreachable, during=True)
+        if isolated is not None:
+            with timing.phase("isolated mode (proposal)"):
+                isolation.finish(config, name, isolated, code)
+        if reconnect:
+            vm.update_state(name, {"reconnect": False})
+        if code in (1, 255) and session.instance(name) is None:
+            raise StateError(
+                f"the VM {name} disappeared while agentbox was starting the session",
+                hint="Another process deleted it. Run the command again to create it anew.",
+            )
+        if kept is not None:
+            code = _session_outcome(name, kept, code)
+        if code == SSH_FAILED:
+            note(
+                f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} (unless the program itself "
+                f"exited {SSH_FAILED}). `agentbox restart` restarts the VM; Lima's logs are in {instance.dir}"
+                f" ({os.path.join(instance.dir, 'ha.stderr.log')})."
+            )
+        return code
+    finally:
+        # Last: whatever else the session's end prints comes before, so nothing pushes the warning away.
+        tripwire.report_session(*changed_files)
 
 
 def _kept_session(

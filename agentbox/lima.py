@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -26,7 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import calllog
+from agentbox import calllog, hosttools, terminal
 from agentbox.errors import Interrupted, LimaError
 
 RUNNING = "Running"
@@ -38,6 +37,18 @@ INSTALL_HINT = (
     "Install Lima 2.x: on macOS `brew install lima`; on Linux see "
     "https://lima-vm.io/docs/installation/ (or `brew install lima` with Homebrew)."
 )
+
+
+def not_found_hint(executable: str) -> str:
+    """INSTALL_HINT, or where PATH has limactl in a folder agentbox does not search (relative, or the workspace)."""
+    skipped = hosttools.ignored(executable)
+    if skipped is None:
+        return INSTALL_HINT
+    return (f"PATH has {skipped}, in a folder agentbox does not run host tools from (an empty or relative PATH "
+            f"entry, or inside the workspace, which the VM can write). Put Lima's folder on PATH by its absolute "
+            f"path, outside the workspace. {INSTALL_HINT}")
+
+
 EDIT_FLAGS = ("cpus", "memory", "disk")  # what agentbox changes with `limactl edit`, in Lima's order
 # Lima's `the YAML is invalid, saved the buffer as "lima.REJECTED.yaml": REASON`: the file is in a folder that is gone.
 _REJECTED_FILE = re.compile(
@@ -197,6 +208,7 @@ class Lima:
     ) -> int:
         """Run argv in the VM with stdio passed through; return its exit code.
 
+        The terminal is restored afterwards (agentbox.terminal): the program may have left it in any state.
         agentbox stays the parent (it checks the workspace after the session), so it ignores
         SIGINT/SIGQUIT meanwhile: Ctrl-C belongs to the program in the VM.
         """
@@ -213,21 +225,24 @@ class Lima:
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
         try:
             if stdin_data is None:
-                code = subprocess.call(full, preexec_fn=_restore_signals)
+                code = subprocess.call(full, env=hosttools.environ(), preexec_fn=_restore_signals)
             else:
-                code = subprocess.run(full, input=stdin_data, preexec_fn=_restore_signals).returncode
+                code = subprocess.run(full, input=stdin_data, env=hosttools.environ(),
+                                      preexec_fn=_restore_signals).returncode
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+            terminal.restore()  # before agentbox prints anything after the session
         calllog.record(full, time.monotonic() - started, code, echo=self.debug)
         return 128 - code if code < 0 else code  # a signal death reads like a shell's 128+N
 
     # -- plumbing ------------------------------------------------------------------------------
     def _resolve(self) -> str:
         if self._path is None:
-            found = shutil.which(self.executable)
+            found = hosttools.which(self.executable)
             if not found:
-                raise LimaError("limactl was not found on PATH, so agentbox cannot run any VM.", hint=INSTALL_HINT)
+                raise LimaError("limactl was not found on PATH, so agentbox cannot run any VM.",
+                                hint=not_found_hint(self.executable))
             self._path = found
         return self._path
 
@@ -244,7 +259,8 @@ class Lima:
         full = [self._resolve(), *args]
         started = time.monotonic()
         try:
-            result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, cwd=cwd)
+            result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, cwd=cwd,
+                                    env=hosttools.environ())
         except KeyboardInterrupt:
             calllog.record(full, time.monotonic() - started, 130, echo=self.debug)
             raise Interrupted("interrupted") from None
@@ -270,7 +286,7 @@ class Lima:
 
         full = [self._resolve(), "shell", name, "--", *argv]
         started = time.monotonic()
-        result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True)
+        result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, env=hosttools.environ())
         calllog.record(full, time.monotonic() - started, result.returncode, echo=self.debug)
         return result.returncode, result.stdout.decode(errors="replace")
 
@@ -288,7 +304,8 @@ class Lima:
         chunks: list[bytes] = []
         size = 0
         with tempfile.TemporaryFile() as errors:
-            process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+            process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                                       env=hosttools.environ())
             assert process.stdout is not None
             try:
                 while chunk := process.stdout.read(1 << 16):
@@ -330,7 +347,7 @@ class Lima:
             with open(os.devnull, "rb") as devnull:
                 with _sigint_held() as held:
                     process = command(*args, _in=devnull, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False,
-                                      _out=feed, _err=feed, **({"_cwd": cwd} if cwd else {}))
+                                      _out=feed, _err=feed, _env=hosttools.environ(), **({"_cwd": cwd} if cwd else {}))
                 if held:
                     raise KeyboardInterrupt
                 process.wait()
@@ -367,7 +384,7 @@ class Lima:
         """
         import subprocess
 
-        ssh = shutil.which("ssh")
+        ssh = hosttools.which("ssh")
         if ssh is None:
             raise LimaError("ssh was not found on PATH, so agentbox cannot forward a port",
                             hint="Install OpenSSH's client (Lima needs it too).")
@@ -377,7 +394,7 @@ class Lima:
         started = time.monotonic()
         with open(log, "wb") as output:
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                                       start_new_session=True)
+                                       start_new_session=True, env=hosttools.environ())
         deadline = started + FORWARD_TIMEOUT
         while True:
             code = process.poll()
@@ -419,8 +436,11 @@ def port_forward_alive(pid: int, guest_port: int, host_port: int) -> bool:
         return False
     import subprocess
 
+    ps = hosttools.which("ps")
+    if ps is None:
+        return False
     try:  # macOS has no /proc
-        result = subprocess.run(["ps", "-o", "command=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
+        result = subprocess.run([ps, "-o", "command=", "-p", str(pid)], capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return False
     return result.returncode == 0 and spec in result.stdout.split()

@@ -9,10 +9,10 @@ with its markup characters escaped.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 
+from agentbox import hosttools
 from agentbox.safetext import visible
 
 TITLE_LIMIT = 100
@@ -28,7 +28,7 @@ def notify(title: str, body: str, platform: str | None = None) -> bool:
         return False
     try:
         result = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, timeout=TIMEOUT_SEC)
+                                stderr=subprocess.DEVNULL, timeout=TIMEOUT_SEC, env=hosttools.environ())
     except (OSError, subprocess.SubprocessError):
         return False
     return result.returncode == 0
@@ -38,12 +38,12 @@ def command(title: str, body: str, platform: str) -> list[str] | None:
     """The notifier's argv for this platform, or None when the host has none."""
     title, body = _short(title, TITLE_LIMIT), _short(body, BODY_LIMIT)
     if platform == "darwin":
-        osascript = shutil.which("osascript")
+        osascript = hosttools.which("osascript")
         if osascript is None:
             return None
         script = [part for line in APPLESCRIPT for part in ("-e", line)]
         return [osascript, *script, title, body]
-    notify_send = shutil.which("notify-send")
+    notify_send = hosttools.which("notify-send")
     if notify_send is None:
         return None
     return [notify_send, "--app-name=agentbox", "--", title, _markup_escaped(body)]

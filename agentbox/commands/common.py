@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from agentbox import timing
+from agentbox import hosttools, timing
 
 if TYPE_CHECKING:
     from agentbox.config import Config
@@ -27,6 +27,7 @@ def load_config(ctx: click.Context, describe: bool = False) -> Config:
     with timing.phase("config (find, parse, validate, merge)"):
         loaded = config.load(ctx.obj["cwd"], describe=describe)
     config.print_notices(loaded)
+    hosttools.distrust_writable(loaded)  # before any host tool is looked up
     return loaded
 
 
