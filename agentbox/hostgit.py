@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import threading
 import zlib
@@ -89,8 +88,9 @@ def available() -> bool:
 
 def tool() -> str | None:
     """The host's git: found on PATH without empty or relative entries (a workspace's `git` never runs)."""
-    entries = [entry for entry in os.environ.get("PATH", os.defpath).split(os.pathsep) if os.path.isabs(entry)]
-    return shutil.which("git", path=os.pathsep.join(entries)) if entries else None
+    from agentbox import hosttools
+
+    return hosttools.which("git")
 
 
 def find(workspace: Path) -> Repo | None:
@@ -484,7 +484,7 @@ def _checked(repo: Repo, args: list[str], env: dict[str, str], cwd: Path, input:
 def _base_env(home: Path) -> dict[str, str]:
     """git's whole environment: nothing of the user's but PATH (and TMPDIR), so no GIT_* variable leaks in."""
     env = {
-        "PATH": os.environ.get("PATH", os.defpath),
+        "PATH": _search_path(),
         "LC_ALL": "C",
         "HOME": str(home),
         "GIT_CONFIG_NOSYSTEM": "1",
@@ -499,6 +499,12 @@ def _base_env(home: Path) -> dict[str, str]:
     if os.environ.get("TMPDIR"):
         env["TMPDIR"] = os.environ["TMPDIR"]
     return env
+
+
+def _search_path() -> str:
+    from agentbox import hosttools
+
+    return hosttools.search_path()
 
 
 def _pathspec(paths: list[str] | None) -> list[str]:

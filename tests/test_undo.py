@@ -188,9 +188,7 @@ def test_a_folder_replaced_by_a_link_to_outside_is_restored_inside(repo: Path, t
 
 
 def test_a_deleted_or_rewritten_ref_fails_loudly_and_changes_nothing(repo: Path) -> None:
-    from agentbox import checkpoints
-
-    from agentbox import hostgit
+    from agentbox import checkpoints, hostgit
 
     first = checkpoint(repo)
     write(repo / "between.txt", "between\n")
