@@ -1,5 +1,6 @@
 """Render the instance's lima.yaml from the merged config. Logic lives here; the template is layout."""
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
