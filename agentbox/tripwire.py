@@ -53,6 +53,7 @@ WATCHED_FILES = (
     ".lefthook.yml",
     ".gitlab-ci.yml",
     ".circleci/config.yml",
+    "agentbox.yml",  # agentbox's own config: a change can weaken review (checkpoints) or ask for trust next time
 )
 WATCHED_DIRS = (".husky", ".github/workflows")
 # In the git folder: `commondir` redirects git to another folder's config and hooks.
