@@ -314,12 +314,17 @@ SCHEMA: dict[str, Key] = {
         "Checkpoints of a git workspace at every launch (see README \"Review and undo\").",
         documented=False,
         children={
+            # A project's file may only tighten these (the agent can write it): what weakens review or undo
+            # against the global config (or the default) needs trust (trust.py's rule).
             "enabled": Key("bool", "Take a checkpoint when a session starts and ends (git workspaces only).",
-                           default=True),
+                           default=True, trust=RULE,
+                           why="when false while the global config takes checkpoints: nothing to review or undo"),
             "maxFileSize": Key("bytes", "Files larger than this are left out of checkpoints (and named).",
-                               default="5MiB"),
+                               default="5MiB", trust=RULE,
+                               why="when lower than the global config's: more files are left out of undo"),
             "keep": Key("int", "How many checkpoints of a workspace are kept; older ones are pruned.", default=50,
-                        minimum=1),
+                        minimum=1, trust=RULE,
+                        why="when lower than the global config's: older checkpoints are pruned at the next launch"),
         },
     ),
 }

@@ -11,8 +11,12 @@ without asking (tripwire.host_exec_matcher answers that for a workspace).
 Names are compared the way a macOS or Windows file system sees them: case folded, Unicode
 normalized, with the characters HFS+ ignores dropped, and for `.git` also with the trailing dots
 and spaces and the `git~1` short name that NTFS accepts. Files already on the host are not looked
-at (no I/O here): git apply itself refuses to write beyond a symbolic link in the work tree, and
-the caller answers, through `link_target`, what an unstated rename moves.
+at here (no I/O): the caller answers, through `on_host`, what each path is on the host (the
+workspace, never followed, and the proposal's base). The type of a file a patch changes is the
+host's, never the patch's: a change whose stated type differs is refused, a symbolic link on the
+host is checked as one whatever the patch says, and a path through a folder that is a link on the
+host is refused. A modification whose `index` line names no mode is refused outright: git apply
+would then keep the host's type, so a link's target could be rewritten as if it were text.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ from agentbox.safetext import visible
 MAX_FILES = 100_000
 REGULAR, EXECUTABLE, SYMLINK, GITLINK = "100644", "100755", "120000", "160000"
 MODES = frozenset((REGULAR, EXECUTABLE, SYMLINK, GITLINK))
+TREE, OTHER = "040000", "other"  # what a host path may be besides those: a folder; a FIFO, socket or device
+_KINDS = {REGULAR: "a regular file", EXECUTABLE: "an executable file", SYMLINK: "a symbolic link",
+          GITLINK: "a submodule", TREE: "a folder", OTHER: "a FIFO, socket or device"}
 
 # HFS+ ignores these code points in names, so `.g\u200cit` is `.git` there (as git's utf8.c knows).
 _HFS_IGNORED = dict.fromkeys([0x200C, 0x200D, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x206A, 0x2070), 0xFEFF])
@@ -58,6 +65,18 @@ class FileChange(NamedTuple):
     symlink_target: str | None  # a new or changed symbolic link's target, when the patch shows all of it
     added_lines: int
     removed_lines: int
+
+
+class OnHost(NamedTuple):
+    """What a path is on the host, as agentbox found it (never as the patch says)."""
+
+    mode: str | None  # SYMLINK when the workspace or the base has a link there; else the workspace's type (a
+    # MODES value, TREE or OTHER), else the base's; None when neither has anything there
+    link_target: str | None  # the target of the workspace's symbolic link at the path
+    linked_folder: str | None  # a folder on the way to the path that is a symbolic link in the workspace
+
+
+NOT_THERE = OnHost(None, None, None)
 
 
 class PatchError(Exception):
@@ -502,17 +521,23 @@ def problems(
     host_exec: Callable[[str], bool] | None = None,
     allow_host_exec: bool = False,
     link_target: Callable[[str], str | None] | None = None,
+    on_host: Callable[[str], OnHost] | None = None,
 ) -> list[str]:
     """One line per change the host must not take (empty: the patch is safe to apply).
 
     host_exec(path) says whether the host runs that file without asking (tripwire.host_exec_matcher);
-    such changes are refused unless allow_host_exec. link_target(path) gives the target of the
-    symbolic link at that path in the workspace (None: not a link); it decides a rename or copy whose
-    file type the patch does not state. Without it such a move to a shallower folder is refused: a
-    relative link moved up could lead out of the tree.
+    such changes are refused unless allow_host_exec. on_host(path) says what the path is on the host;
+    with it, the host's type decides (see the module's docstring), and a link's target there decides a
+    rename or copy of it. Without on_host, link_target(path) gives the target of the symbolic link at
+    that path in the workspace (None: not a link) for such a rename or copy; without either, a move to a
+    shallower folder is refused: a relative link moved up could lead out of the tree.
     """
+    if on_host is not None:
+        host = on_host
+        link_target = lambda path: host(path).link_target  # noqa: E731
     found: list[str] = []
     touched: dict[str, FileChange] = {}
+    removed: set[str] = set()  # folded paths that earlier changes delete or move away
     links = [c.new_path for c in changes if c.new_mode == SYMLINK and c.new_path is not None]
     folded_links = {fold(path): path for path in links}
     for change in changes:
@@ -522,6 +547,9 @@ def problems(
         found += path_problems
         if path_problems:
             continue
+        found += _index_mode_problems(change)
+        if on_host is not None:
+            found += _host_problems(change, on_host, removed)
         found += _change_problems(change, link_target)
         for path in paths:
             for parent in _parents(fold(path)):
@@ -536,6 +564,8 @@ def problems(
                     " (under another name of the same file on a case-insensitive file system)"
                 found.append(f"{visible(path)}: changed twice in one patch{other}")
             touched[key] = change
+        if change.status in ("deleted", "renamed") and change.old_path is not None:
+            removed.add(fold(change.old_path))
         if host_exec is not None and not allow_host_exec:
             found += [f"{visible(path)}: a file your host runs without asking (hooks, build files, editor tasks); "
                       "refused unless host execution is allowed" for path in paths if host_exec(path)]
@@ -599,6 +629,49 @@ def _change_problems(change: FileChange, link_target: Callable[[str], str | None
         elif change.new_path.count("/") < change.old_path.count("/"):
             found.append(f"{visible(change.new_path)}: moved up from {visible(change.old_path)} without the patch "
                          "saying whether it is a symbolic link (whose relative target could then lead out of the tree)")
+    return found
+
+
+def _index_mode_problems(change: FileChange) -> list[str]:
+    """git writes the mode on the `index` line of every changed file; without it git apply keeps the type the
+    file has on the host, so a symbolic link's target would be rewritten by hunks that look like text."""
+    content = change.binary or change.added_lines or change.removed_lines
+    if change.old_mode is None and change.old_path is not None and (
+            change.status == "modified" or (change.status in ("renamed", "copied") and content)):
+        return [f"{visible(change.old_path)}: changed by a patch whose `index` line names no file mode (git writes "
+                "one; without it the file's type on your host would decide what the patch does)"
+                f"{_role(change, change.old_path)}"]
+    return []
+
+
+def _host_problems(change: FileChange, on_host: Callable[[str], OnHost], removed: set[str]) -> list[str]:
+    """What the host's own view of the change's paths refuses: the type comes from the host, not the patch."""
+    found = []
+    paths = list(dict.fromkeys(p for p in (change.old_path, change.new_path) if p is not None))
+    linked = False
+    for path in paths:
+        folder = on_host(path).linked_folder
+        if folder is not None:
+            linked = True
+            found.append(f"{visible(path)}: inside {visible(folder)}, which is a symbolic link on your host"
+                         f"{_role(change, path)}")
+    if linked:
+        return found
+    old = change.old_path
+    if old is not None:
+        host = on_host(old)
+        stated = change.old_mode
+        if host.mode is not None and stated is not None and _file_type(host.mode) != _file_type(stated):
+            found.append(f"{visible(old)}: the patch takes it for {_KINDS[stated]}, but on your host it is "
+                         f"{_KINDS.get(host.mode, 'something else')}{_role(change, old)}")
+        elif host.mode == SYMLINK and change.status in ("renamed", "copied") and change.new_mode is None \
+                and host.link_target is None and change.new_path is not None:
+            found.append(f"{visible(change.new_path)}: a symbolic link in the proposal's base that is no longer one in "
+                         f"the workspace, so its target cannot be checked{_role(change, change.new_path)}")
+    new = change.new_path
+    if new is not None and new != old and on_host(new).mode == SYMLINK and fold(new) not in removed:
+        found.append(f"{visible(new)}: already a symbolic link on your host, which the patch does not remove"
+                     f"{_role(change, new)}")
     return found
 
 

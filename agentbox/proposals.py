@@ -32,7 +32,8 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterator
+import stat
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -416,9 +417,12 @@ def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host
         changes = patchcheck.parse(patch, limit=MAX_PATCH)
     except patchcheck.PatchError as exc:
         return [f"the patch cannot be read: {exc}"]
+    try:
+        on_host = _on_host(workspace, proposal, changes)
+    except StateError as exc:
+        return [exc.message]
     return patchcheck.problems(
-        changes, host_exec=_host_exec_matcher(workspace), allow_host_exec=allow_host_exec,
-        link_target=lambda path: _link_target(workspace, path),
+        changes, host_exec=_host_exec_matcher(workspace), allow_host_exec=allow_host_exec, on_host=on_host,
     )
 
 
@@ -437,12 +441,87 @@ def _host_exec_matcher(workspace: Path) -> Any:
     return tripwire.host_exec_matcher(workspace)
 
 
-def _link_target(workspace: Path, path: str) -> str | None:
-    """The target of the symbolic link at path in the workspace; None when it is not one (nothing followed)."""
+def _on_host(workspace: Path, proposal: dict[str, Any], changes: list[Any]) -> Callable[[str], Any]:
+    """What each path the patch names is on the host: the workspace's entry (never followed) and the base's mode."""
+    from agentbox import patchcheck
+
+    named = {path for change in changes for path in (change.old_path, change.new_path)
+             if path is not None and patchcheck.path_problem(path) is None}
+    if not named:
+        return lambda path: patchcheck.NOT_THERE
+    in_base = base_modes(workspace, proposal, sorted(named))
+    found = {}
+    for path in named:
+        mode, target, folder = _workspace_entry(workspace, path)
+        base = in_base.get(path)
+        if patchcheck.SYMLINK in (mode, base):
+            mode = patchcheck.SYMLINK
+        found[path] = patchcheck.OnHost(mode or base, target, folder)
+    return lambda path: found.get(path, patchcheck.NOT_THERE)
+
+
+def base_modes(workspace: Path, proposal: dict[str, Any], paths: list[str]) -> dict[str, str]:
+    """The mode ("100644", "120000"...) of each of paths that the proposal's base tree holds (absent: not there).
+
+    The only use of hostgit for proposals' checks: where the base tree is read from may change, not what it says.
+    """
+    from agentbox import hostgit
+
+    tree = (proposal.get("base") or {}).get("tree")
+    repo = hostgit.find(workspace)
+    if not isinstance(tree, str) or repo is None:
+        raise StateError(f"proposal {proposal['id']}: its base tree cannot be read, so agentbox cannot tell what "
+                         "the files it changes are on your host")
+    empty = _EMPTY_TREE[hostgit.object_format(repo)]
+    wanted = set(paths)
+    # Named on the command line while few (a long list would pass the argument limit), else the whole tree.
+    listed = hostgit.changes(repo, empty, tree, sorted(wanted) if len(wanted) <= 1000 else None)
+    return {change.path: change.new_mode for change in listed if change.path in wanted}
+
+
+_EMPTY_TREE = {"sha1": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+               "sha256": "6ef19b41225c5369f1c104d45d8d85efa9b057b53b14b4b9b939dd74decc5321"}
+
+
+def _workspace_entry(workspace: Path, path: str) -> tuple[str | None, str | None, str | None]:
+    """(mode, link target, a folder on the way that is a link) of path in the workspace, walked one name at a time
+    from the workspace's descriptor, never through a link."""
+    from agentbox import patchcheck
+
+    parts = path.split("/")
     try:
-        return os.readlink(workspace / path)
+        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
-        return None
+        return None, None, None
+    try:
+        for index, name in enumerate(parts):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return None, None, None
+            last = index == len(parts) - 1
+            if stat.S_ISLNK(st.st_mode):
+                if not last:
+                    return None, None, "/".join(parts[:index + 1])
+                try:
+                    return patchcheck.SYMLINK, os.readlink(name, dir_fd=fd), None
+                except OSError:
+                    return patchcheck.SYMLINK, None, None
+            if last:
+                if stat.S_ISREG(st.st_mode):
+                    return (patchcheck.EXECUTABLE if st.st_mode & 0o100 else patchcheck.REGULAR), None, None
+                return (patchcheck.TREE if stat.S_ISDIR(st.st_mode) else patchcheck.OTHER), None, None
+            if not stat.S_ISDIR(st.st_mode):
+                return None, None, None
+            try:
+                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                return None, None, None
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    return None, None, None
 
 
 def mark_reviewed(workspace: Path, proposal: dict[str, Any]) -> None:

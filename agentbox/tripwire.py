@@ -57,6 +57,7 @@ WATCHED_FILES = (
     ".lefthook.yml",
     ".gitlab-ci.yml",
     ".circleci/config.yml",
+    "agentbox.yml",  # agentbox's own config: a change can weaken review (checkpoints) or ask for trust next time
 )
 WATCHED_DIRS = (".husky", ".github/workflows")
 # In a git folder (the common dir, and each submodule's under its modules/): `commondir` redirects git

@@ -153,6 +153,30 @@ def _endpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[s
     return [f"{keys.dotted(path)}: {', '.join(visible(host) for host in added)} (more hosts the VM may reach)"]
 
 
+def _checkpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """A project's file may keep more checkpoints, of more files; what weakens review and undo against the global
+    config (or the default) needs trust: the agent can write this file and erase its own history."""
+    from agentbox import sizes
+
+    default = keys.defaults()["checkpoints"][path[-1]]
+    allowed = _global_value(config, path)
+    source = "the default" if allowed is None else "the global config's"
+    allowed = default if allowed is None else allowed
+    name = keys.dotted(path)
+    if path[-1] == "enabled":
+        weaker = value is False and allowed is not False
+        return [f"{name}: false (no checkpoints: nothing to review or undo)"] if weaker else []
+    if path[-1] == "keep":
+        weaker = isinstance(value, int) and isinstance(allowed, int) and value < allowed
+        return [f"{name}: {value} (fewer than {source} {allowed}: older checkpoints are pruned at the next "
+                "launch)"] if weaker else []
+    local, limit = sizes.to_bytes(str(value)), sizes.to_bytes(str(allowed))
+    if local is None or limit is None or local >= limit:
+        return []
+    return [f"{name}: {visible(str(value))} (less than {source} {visible(str(allowed))}: more files are left out "
+            "of checkpoints)"]
+
+
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
 _RULES = {
     "workspace": _workspace_rule,
@@ -165,6 +189,9 @@ _RULES = {
     "agents.<name>.sync.include": _sync_include_rule,
     "agents.<name>.sync.mcpSecrets": _widens_bool_rule,
     "agents.<name>.endpoints": _endpoints_rule,
+    "checkpoints.enabled": _checkpoints_rule,
+    "checkpoints.keep": _checkpoints_rule,
+    "checkpoints.maxFileSize": _checkpoints_rule,
     "network.mode": _network_rule,
     "network.allowHost": _network_rule,
     "network.allowLan": _network_rule,

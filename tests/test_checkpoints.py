@@ -212,8 +212,41 @@ def test_only_the_last_keep_checkpoints_are_kept(repo: Path, limactl: FakeLima) 
     assert missing.exit_code == 1 and "there is no checkpoint #9" in missing.stderr and "newest is #5" in missing.stderr
 
 
+@pytest.mark.parametrize(("written", "listed"), [
+    ("checkpoints: {keep: 1}\n", "checkpoints.keep: 1 (fewer than the default 50: older checkpoints are pruned"),
+    ("checkpoints:\n  enabled: false\n", "checkpoints.enabled: false (no checkpoints: nothing to review or undo)"),
+    ("checkpoints:\n  maxFileSize: 10\n", "checkpoints.maxFileSize: 10 (less than the default 5MiB"),
+])
+def test_an_agent_that_weakens_checkpoints_stops_the_next_launch_until_trusted(
+        repo: Path, vm: FakeLima, written: str, listed: str) -> None:
+    assert session(repo, "echo one > edit.txt").returncode == 0
+    kept = records(repo)
+    assert len(kept) == 2
+    wrote = session(repo, f"printf '{written}' > agentbox.yml")
+    assert wrote.returncode == 0, wrote.stderr
+    kept = records(repo)
+    refused = session(repo, "echo after > edit.txt")
+    assert refused.returncode == 2, refused.stderr
+    assert "agentbox.yml widens what the VM gets from your host or runs in it, and it is not trusted" in refused.stderr
+    assert f"  - {listed}" in refused.stderr and " trust`" in refused.stderr
+    assert (repo / "edit.txt").read_text() == "one\n"  # the session never ran
+    assert records(repo) == kept  # nothing pruned, nothing skipped
+    assert checkpoints.records_file(repo).exists()
+    assert run_cli("trust", cwd=repo).exit_code == 0  # the user read it and agrees
+    assert session(repo, "true").returncode == 0
+
+
+@pytest.mark.parametrize("written", ["checkpoints: {keep: 60, maxFileSize: 10MiB, enabled: true}\n",
+                                     "checkpoints: {keep: 50}\n"])
+def test_keeping_more_needs_no_trust(repo: Path, vm: FakeLima, written: str) -> None:
+    assert session(repo, f"printf '{written}' > agentbox.yml").returncode == 0
+    again = session(repo, "echo after > edit.txt")
+    assert again.returncode == 0, again.stderr
+    assert len(records(repo)) == 4
+
+
 def test_large_files_are_left_out_and_named_escaped(repo: Path, vm: FakeLima) -> None:
-    write(repo / "agentbox.yml", "checkpoints:\n  maxFileSize: 1KiB\n")
+    write_trusted(repo, "checkpoints:\n  maxFileSize: 1KiB\n")
     git(repo, "add", "agentbox.yml")
     result = session(repo, "head -c 4096 /dev/zero > \"$(printf 'big\\033[31m.bin')\" && echo small > small.txt")
     assert result.returncode == 0, result.stderr
@@ -250,7 +283,7 @@ def test_not_a_git_repository_is_said_once(project: Path, vm: FakeLima) -> None:
 
 
 def test_checkpoints_enabled_false_takes_none(repo: Path, vm: FakeLima) -> None:
-    write(repo / "agentbox.yml", "checkpoints:\n  enabled: false\n")
+    write_trusted(repo, "checkpoints:\n  enabled: false\n")
     result = session(repo, "echo x > y.txt")
     assert result.returncode == 0, result.stderr
     assert records(repo) == []

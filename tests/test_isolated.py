@@ -228,7 +228,7 @@ def test_a_worktree_checkout_can_be_isolated(project: Path, limactl: FakeLima) -
 
 
 def test_with_checkpoints_off_the_base_is_still_the_workspace_as_it_is(project: Path, isolated_vm: FakeLima) -> None:
-    write(project / "agentbox.yml", "session:\n  mode: isolated\ncheckpoints:\n  enabled: false\n")
+    write_trusted(project, "session:\n  mode: isolated\ncheckpoints:\n  enabled: false\n")
     result = agentbox(project, "shell", "--", "bash", "-c", "cat modified.txt untracked.txt; echo x > new.txt")
     assert result.returncode == 0, result.stderr
     assert result.stdout == "uncommitted\nuntracked\n"

@@ -355,3 +355,117 @@ def test_review_escapes_on_a_terminal_and_is_raw_when_piped(project: Path, isola
     assert b"# Done \\x1b[2J\\x1b]0;owned\\x07" in shown
     assert b"\x1b[2J" not in shown and b"\x1b]" not in shown and b"\x07" not in shown
     assert b"\x1b[32m+x\x1b[0m" in shown  # the patch is coloured, line by line
+
+
+# -- the type of a changed file is the host's, never the patch's ---------------------------------------
+
+
+def git_change(tmp_path: Path, before: str, after: str) -> bytes:
+    """The patch real git makes for the shell command `after` run on what `before` built (and committed)."""
+    repo = tmp_path / "change-source"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    subprocess.run(["bash", "-c", before], cwd=repo, check=True)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "before", "--allow-empty")
+    subprocess.run(["bash", "-c", after], cwd=repo, check=True)
+    git(repo, "add", "-A")
+    return subprocess.run(["git", "diff", "--cached", "--binary", "--full-index", "--no-renames"], cwd=repo,
+                          check=True, capture_output=True).stdout
+
+
+# The host's workspace gets `link -> tracked.txt` and `linked -> <a folder outside the tree>` before the session.
+LINK_CASES = {
+    # git apply keeps the host's type when the index line names no mode: the link would point at /etc/passwd.
+    "mode-less index on a host link": (
+        lambda tmp: git_change(tmp, "ln -s tracked.txt link", "ln -sfn /etc/passwd link").replace(b" 120000\n", b"\n"),
+        "link: changed by a patch whose `index` line names no file mode"),
+    "a host link claimed as a regular file": (
+        lambda tmp: git_change(tmp, "ln -s tracked.txt link", "ln -sfn /etc/passwd link").replace(b" 120000\n",
+                                                                                                 b" 100644\n"),
+        "link: the patch takes it for a regular file, but on your host it is a symbolic link"),
+    "a host link claimed as a regular file, retargeted inside the tree": (
+        lambda tmp: git_change(tmp, "ln -s tracked.txt link", "ln -sfn modified.txt link").replace(b" 120000\n",
+                                                                                                  b" 100644\n"),
+        "link: the patch takes it for a regular file, but on your host it is a symbolic link"),
+    "a file added through a folder that is a link on the host": (
+        lambda tmp: git_change(tmp, "true", "mkdir linked; echo evil > linked/new.txt"),
+        "linked/new.txt: inside linked, which is a symbolic link on your host"),
+    "a file changed through a folder that is a link on the host": (
+        lambda tmp: git_change(tmp, "mkdir linked; echo x > linked/f.txt", "echo evil > linked/f.txt"),
+        "linked/f.txt: inside linked, which is a symbolic link on your host"),
+    "a file added where the host has a link": (
+        lambda tmp: git_change(tmp, "true", "echo evil > link"),
+        "link: already a symbolic link on your host, which the patch does not remove"),
+}
+
+
+def plant_host_links(project: Path, outside: Path) -> None:
+    outside.mkdir()
+    write(outside / "f.txt", "outside\n")
+    os.symlink("tracked.txt", project / "link")
+    os.symlink(outside, project / "linked")
+
+
+@pytest.mark.parametrize("case", sorted(LINK_CASES))
+def test_a_host_link_is_typed_by_the_host_whatever_the_patch_says(
+        project: Path, isolated_vm: FakeLima, tmp_path: Path, case: str) -> None:
+    outside = tmp_path / "outside"
+    plant_host_links(project, outside)
+    make_patch, reason = LINK_CASES[case]
+    plant(isolated_vm, make_patch(tmp_path))
+    session = agentbox(project, "claude")
+    assert session.returncode == 137, session.stderr
+    assert f"agentbox: warning: apply will refuse proposal 1 as it is: {reason}" in session.stderr
+    before = workspace_state(project)
+    outside_before = snapshot_tree(outside)
+    for extra in ([], ["--3way"], ["--check"]):
+        refused = agentbox(project, "apply", *extra)
+        assert refused.returncode == 1, refused.stdout
+        assert "agentbox: error: proposal 1 is refused; nothing was changed in" in refused.stderr
+        assert f"  - {reason}" in refused.stderr
+        assert workspace_state(project) == before
+        assert snapshot_tree(outside) == outside_before
+    assert os.readlink(project / "link") == "tracked.txt"
+    review = agentbox(project, "review")
+    assert "apply refuses it:" in review.stdout and reason in review.stdout
+
+
+def test_a_link_only_in_the_base_is_a_link_too(project: Path, isolated_vm: FakeLima, tmp_path: Path) -> None:
+    """The base has the link; the workspace lost it since: the patch's `100644` still does not make it a file."""
+    os.symlink("tracked.txt", project / "link")
+    plant(isolated_vm, git_change(tmp_path, "ln -s tracked.txt link", "ln -sfn /etc/passwd link")
+          .replace(b" 120000\n", b" 100644\n"))
+    assert agentbox(project, "claude").returncode == 137
+    (project / "link").unlink()
+    write(project / "link", "tracked.txt")
+    refused = agentbox(project, "apply")
+    assert refused.returncode == 1
+    assert "  - link: the patch takes it for a regular file, but on your host it is a symbolic link" in refused.stderr
+    assert (project / "link").read_text() == "tracked.txt"
+
+
+@pytest.mark.parametrize("case", ["file", "link", "beside a linked folder"])
+def test_ordinary_changes_apply_beside_host_links(
+        project: Path, isolated_vm: FakeLima, tmp_path: Path, case: str) -> None:
+    """The controls: a stated mode that is the host's type, a link kept in the tree, a path through no link."""
+    outside = tmp_path / "outside"
+    plant_host_links(project, outside)
+    before, after = {
+        "file": ("echo one > tracked.txt", "echo two > tracked.txt"),
+        "link": ("ln -s tracked.txt link", "ln -sfn modified.txt link"),
+        "beside a linked folder": ("true", "mkdir linked2; echo new > linked2/new.txt"),
+    }[case]
+    patch = git_change(tmp_path, before, after)
+    plant(isolated_vm, patch)
+    session = agentbox(project, "claude")
+    assert "apply will refuse" not in session.stderr
+    applied = agentbox(project, "apply")
+    assert applied.returncode == 0, applied.stderr
+    if case == "file":
+        assert (project / "tracked.txt").read_text() == "two\n"
+    elif case == "link":
+        assert os.readlink(project / "link") == "modified.txt"
+    else:
+        assert (project / "linked2" / "new.txt").read_text() == "new\n"
+    assert snapshot_tree(outside) == {"f.txt": ("file", b"outside\n")}

@@ -157,6 +157,21 @@ def test_a_change_after_the_session_is_shown_by_audit(repo: Path) -> None:
     assert run_cli("audit", cwd=repo).exit_code == 0
 
 
+def test_an_agentbox_yml_changed_between_sessions_is_reported(repo: Path) -> None:
+    assert session(repo, "true").returncode == 0
+    write(repo / "agentbox.yml", "checkpoints: {keep: 60}\n")  # needs no trust, so only the tripwire says it
+    launch = session(repo, "true")
+    assert launch.returncode == 0, launch.stderr
+    assert "not acknowledged: agentbox.yml" in launch.stderr
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 1
+    assert "  modified  agentbox.yml\n" in audit.stderr
+    assert "+checkpoints: {keep: 60}" in audit.stderr
+    assert run_cli("audit", "--ack", cwd=repo).exit_code == 0
+    in_session = session(repo, "echo 'agents: {claude: {model: x}}' > agentbox.yml")
+    assert "modified  agentbox.yml" in in_session.stderr and "+agents: {claude: {model: x}}" in in_session.stderr
+
+
 def test_two_vms_of_one_workspace_share_the_pending_changes(repo: Path) -> None:
     write(repo / "agentbox.yml", "agents:\n  claude:\n    vmName: agentbox-myproject-claude\n")
     assert run_cli("trust", cwd=repo).exit_code == 0

@@ -30,6 +30,9 @@ RISKY = [
     ("env:\n  NODE_OPTIONS: --require /tmp/x.js\n", "env: NODE_OPTIONS"),
     ("agents:\n  claude:\n    defaultArgs: [--settings, /tmp/evil.json]\n", "agents.claude.defaultArgs"),
     ("bootstrap:\n  onStartScript: setup.sh\n", "bootstrap.onStartScript"),
+    ("checkpoints:\n  keep: 49\n", "checkpoints.keep: 49 (fewer than the default 50"),
+    ("checkpoints:\n  enabled: false\n", "checkpoints.enabled: false"),
+    ("checkpoints:\n  maxFileSize: 4MiB\n", "checkpoints.maxFileSize: 4MiB (less than the default 5MiB"),
 ]
 
 
@@ -75,6 +78,28 @@ def test_harmless_local_config_needs_no_trust(project: Path, limactl: FakeLima) 
     result = run_cli("start", cwd=project)
     assert result.exit_code == 0, result.stderr
     assert run_cli("trust", "--show", cwd=project).stdout.endswith("# nothing in it needs trust: agentbox uses it as it is.\n")
+
+
+@pytest.mark.parametrize(("global_text", "local_text", "listed"), [
+    ("checkpoints: {keep: 100}\n", "checkpoints: {keep: 60}\n", "checkpoints.keep: 60 (fewer than the global config's 100"),
+    ("checkpoints: {keep: 10}\n", "checkpoints: {keep: 20}\n", None),
+    ("checkpoints: {maxFileSize: 1GiB}\n", "checkpoints: {maxFileSize: 10MiB}\n",
+     "checkpoints.maxFileSize: 10MiB (less than the global config's 1GiB"),
+    ("checkpoints: {maxFileSize: 1KiB}\n", "checkpoints: {maxFileSize: 2KiB}\n", None),
+    ("checkpoints: {enabled: false}\n", "checkpoints: {enabled: false}\n", None),
+    ("checkpoints: {enabled: false}\n", "checkpoints: {enabled: true}\n", None),
+])
+def test_a_project_may_only_tighten_the_global_checkpoint_settings(
+        project: Path, home: Path, limactl: FakeLima, global_text: str, local_text: str, listed: str | None) -> None:
+    write(home / ".config" / "agentbox" / "config.yml", global_text)
+    write(project / "agentbox.yml", local_text)
+    result = run_cli("start", cwd=project)
+    if listed is None:
+        assert result.exit_code == 0, result.stderr
+    else:
+        assert result.exit_code == 2
+        assert f"  - {listed}" in result.stderr
+        assert limactl.calls() == []
 
 
 def test_global_config_is_always_trusted(project: Path, home: Path, limactl: FakeLima) -> None:

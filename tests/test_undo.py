@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FakeLima, run_cli, tree_listing, unwritable, write
+from tests.helpers import FakeLima, run_cli, tree_listing, unwritable, write, write_trusted
 
 pytestmark = pytest.mark.needs("git")
 
@@ -273,7 +273,7 @@ def test_a_failure_is_reported_the_rest_restored_and_the_way_back_named(repo: Pa
 
 
 def test_files_too_large_to_capture_are_not_compared(repo: Path) -> None:
-    write(repo / "agentbox.yml", "checkpoints:\n  maxFileSize: 100\n")
+    write_trusted(repo, "checkpoints:\n  maxFileSize: 100\n")
     write(repo / "big.bin", "x" * 200)
     number = checkpoint(repo)
     write(repo / "big.bin", "small now")  # captured now, never in the checkpoint: not a file "created since"
@@ -370,7 +370,7 @@ def test_a_name_that_is_not_utf8_is_restored_and_shown_escaped(repo: Path) -> No
 def test_undo_to_the_oldest_kept_checkpoint_does_not_prune_it(repo: Path, limactl: FakeLima) -> None:
     """At the checkpoints.keep limit, the checkpoint taken before an undo prunes the oldest one but never the
     one the undo goes back to."""
-    write(repo / "agentbox.yml", "checkpoints:\n  keep: 2\n")
+    write_trusted(repo, "checkpoints:\n  keep: 2\n")
     first = checkpoint(repo)
     write(repo / "edit.txt", "second\n")
     checkpoint(repo)
