@@ -30,7 +30,6 @@ looks like one, or a `.git` file starting with `gitdir:` (a linked worktree or a
 
 from __future__ import annotations
 
-import errno
 import os
 import stat
 from pathlib import Path
@@ -154,41 +153,21 @@ def _is_git_marker(dot_git: Path) -> bool:
 
 
 def _read_pointer(path: Path) -> str:
-    """A small text file the agent may have written: regular, not a link, at most MAX_POINTER bytes.
+    """A small text file the agent may have written: regular, not a link, at most MAX_POINTER bytes, read
+    through agentbox's one reader of what the VM writes (agentbox.vmread).
 
     Raises _Refused naming the file and what is wrong with it.
     """
-    shown = visible(str(path))
+    from agentbox import vmread
+
     try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        raise _Refused(f"{shown} does not exist") from None
-    except OSError as exc:
-        raise _Refused(f"{shown} cannot be read ({exc.strerror})") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise _Refused(f"{shown} is {file_kind(st.st_mode)}, not a regular file")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError as exc:
-        why = "a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
-        raise _Refused(f"{shown} cannot be read ({why})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _Refused(f"{shown} is not a regular file")
-        data = b""
-        while len(data) <= MAX_POINTER:
-            chunk = os.read(fd, MAX_POINTER + 1 - len(data))
-            if not chunk:
-                break
-            data += chunk
-    finally:
-        os.close(fd)
-    if len(data) > MAX_POINTER:
-        raise _Refused(f"{shown} is larger than {MAX_POINTER} bytes, too large for a git pointer file")
+        data = vmread.read_path(path, MAX_POINTER)
+    except vmread.Refused as refused:
+        raise _Refused(refused.message) from None
     try:
         return data.decode("utf-8").strip()
     except UnicodeDecodeError:
-        raise _Refused(f"{shown} is not UTF-8 text") from None
+        raise _Refused(f"{visible(str(path))} is not UTF-8 text") from None
 
 
 def _follow(workspace: Path, dot_git: Path) -> GitDirs:

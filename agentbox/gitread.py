@@ -53,7 +53,6 @@ _OFS_DELTA = 6
 _REF_DELTA = 7
 _HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 class GitReadError(StateError):
@@ -85,17 +84,26 @@ def _open_file(base: Path, rel: str, limit: int) -> tuple[int, int] | None:
     try:
         for index, part in enumerate(parts):
             last = index == len(parts) - 1
+            if last:
+                child = _open_last(fd, base, rel, part)
+                os.close(fd)
+                if child is None:
+                    return None
+                fd = child
+                break
             try:
-                child = os.open(part, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=fd)
+                child = os.open(part, _DIR_FLAGS, dir_fd=fd)
             except OSError as err:
                 where = base.joinpath(*parts[: index + 1])
                 try:
                     mode = os.stat(part, dir_fd=fd, follow_symlinks=False).st_mode
                 except FileNotFoundError:
+                    os.close(fd)
                     return None
                 except OSError:
                     mode = None
                 if mode is not None and not last and stat.S_ISREG(mode):
+                    os.close(fd)
                     return None  # refs/heads/x is a file, so refs/heads/x/y does not exist
                 kind = file_kind(mode) if mode is not None else "unreadable"
                 raise GitReadError(f"{_shown(where)} is {kind}, not a {'regular file' if last else 'folder'}: "
@@ -112,6 +120,20 @@ def _open_file(base: Path, rel: str, limit: int) -> tuple[int, int] | None:
         os.close(fd)
         raise
     return fd, st.st_size
+
+
+def _open_last(parent: int, base: Path, rel: str, name: str) -> int | None:
+    """The file itself, opened by agentbox's one reader of what the VM writes (agentbox.vmread): regular,
+    no link, never blocking; None when it does not exist."""
+    from agentbox import vmread
+
+    try:
+        return vmread.open_regular(parent, name)[0]
+    except vmread.Refused as refused:
+        if refused.why == vmread.MISSING:
+            return None
+        raise GitReadError(f"{_shown(base / rel)} {refused.reason}: agentbox reads the workspace's git folder "
+                           "without following links") from None
 
 
 def _read_file(base: Path, rel: str, limit: int) -> bytes | None:

@@ -512,20 +512,17 @@ def _save(store: Path, cache: dict[str, Any]) -> None:
 
 
 def _read_at(parent: int, name: bytes, limit: int) -> tuple[bytes | None, Any]:
-    """A regular file under a folder descriptor, never through a link, never blocking, at most limit bytes;
-    (None, None) when it is absent or not such a file."""
+    """A rules file under a folder descriptor, read by agentbox's one reader of agent-written files
+    (agentbox.vmread: never through a link, never blocking, at most limit bytes); (None, None) when it is
+    absent or not such a file (a larger one counts as absent too: git would not read rules from it either
+    way we could trust)."""
+    from agentbox import vmread
+
     try:
-        fd = os.open(name, FILE_FLAGS, dir_fd=parent)
-    except OSError:
+        data, st = vmread.read_checked(parent, os.fsdecode(name), limit)
+    except vmread.Refused:
         return None, None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            return None, None
-        data = os.read(fd, limit + 1) if st.st_size <= limit else b""
-        return data[:limit], [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-    finally:
-        os.close(fd)
+    return data, [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _read_rules(path: Path) -> tuple[bytes | None, Any]:
