@@ -153,7 +153,8 @@ def parse_capped(data: bytes | None, base: str, source: str, limit: int = 1 << 2
     if data is None:
         return Rules(base, source)
     if len(data) > limit:
-        return Rules(base, source, problem=f"{len(data)} bytes, more than the {limit} read: its patterns are not used")
+        problem = f"{source} is {len(data)} bytes, more than the {limit} agentbox reads: its patterns are not used"
+        return Rules(base, source, problem=problem)
     return Rules.parse(data, base, source)
 
 
