@@ -153,7 +153,8 @@ def parse_capped(data: bytes | None, base: str, source: str, limit: int = 1 << 2
     if data is None:
         return Rules(base, source)
     if len(data) > limit:
-        return Rules(base, source, problem=f"{len(data)} bytes, more than the {limit} read: its patterns are not used")
+        problem = f"{source} is {len(data)} bytes, more than the {limit} agentbox reads: its patterns are not used"
+        return Rules(base, source, problem=problem)
     return Rules.parse(data, base, source)
 
 
@@ -645,7 +646,7 @@ class _Layer:
         self.by_segments: dict[int, list[tuple[_Compiled, int]]] = {}
         self.globs: list[tuple[_Compiled, int]] = []
         for pattern in patterns:
-            code = ((rank << 20) + pattern.index) * 2 + (0 if pattern.line.negative else 1)
+            code = ((rank << 32) + pattern.index) * 2 + (0 if pattern.line.negative else 1)
             if pattern.kind == "name":
                 self.names.append((pattern, code))
             elif pattern.kind == "segments":
@@ -657,7 +658,7 @@ class _Layer:
         return not self.base or folder == self.base or folder.startswith(self.under)
 
 
-_Pair = tuple[_Plan, _Plan]  # (for files, for folders); False stands for "the folder is excluded"
+_Pair = tuple[_Plan, _Plan]  # (for files, for folders)
 
 
 class Matcher:
@@ -677,7 +678,7 @@ class Matcher:
         self._global_count = len(self._layers)
         self._parent: Matcher | None = None
         self._newest: _Layer | None = None
-        self._pairs: dict[str, _Pair | bool] = {}
+        self._pairs: dict[str, _Pair] = {}
         self._files: dict[str, _Plan] = {}  # _pairs split by kind: one lookup on the hot path
         self._dirs: dict[str, _Plan] = {}
         self._name_plans: dict[tuple[int, ...], _Pair] = {}
@@ -713,11 +714,10 @@ class Matcher:
         folder, _, name = path.rpartition("/")
         plan = (self._dirs if is_dir else self._files).get(folder)
         if plan is None:
-            pair = self._pair(folder)
-            plan = _EXCLUDED if pair is False else pair[is_dir]  # type: ignore[index]
+            plan = self._pair(folder)[is_dir]
         return plan.decide(name, path)
 
-    def _pair(self, folder: str) -> _Pair | bool:
+    def _pair(self, folder: str) -> _Pair:
         missing = [folder]
         while missing[-1]:
             up = missing[-1].rpartition("/")[0]
@@ -727,10 +727,10 @@ class Matcher:
         for each in reversed(missing):
             pair = self._compute(each)
             self._pairs[each] = pair
-            self._files[each], self._dirs[each] = (_EXCLUDED, _EXCLUDED) if pair is False else pair  # type: ignore[misc]
+            self._files[each], self._dirs[each] = pair
         return self._pairs[folder]
 
-    def _compute(self, folder: str) -> _Pair | bool:
+    def _compute(self, folder: str) -> _Pair:
         newest = self._newest
         if newest is not None and not newest.applies_in(folder):
             assert self._parent is not None
@@ -738,9 +738,8 @@ class Matcher:
             return self._parent._pair(folder) if found is None else found
         if folder:
             up, _, name = folder.rpartition("/")
-            above = self._pairs[up]
-            if above is False or above[1].decide(name, folder):  # type: ignore[index]
-                return False
+            if self._pairs[up][1].decide(name, folder):  # an excluded folder's plan says so of everything
+                return _EXCLUDED_PAIR
         return self._build(folder)
 
     def _build(self, folder: str) -> _Pair:
@@ -779,3 +778,4 @@ def _plans(entries: Sequence[_Entry]) -> _Pair:
 
 
 _EXCLUDED = _Plan([(1, _ALL)])  # the plan of an excluded folder: everything in it is ignored
+_EXCLUDED_PAIR = (_EXCLUDED, _EXCLUDED)
