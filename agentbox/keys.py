@@ -321,10 +321,12 @@ SCHEMA: dict[str, Key] = {
                            why="when false while the global config takes checkpoints: nothing to review or undo"),
             "maxFileSize": Key("bytes", "Files larger than this are left out of checkpoints (and named).",
                                default="5MiB", trust=RULE,
-                               why="when lower than the global config's: more files are left out of undo"),
+                               why="when lower than the global config's (or the default): more files are left out "
+                               "of undo"),
             "keep": Key("int", "How many checkpoints of a workspace are kept; older ones are pruned.", default=50,
                         minimum=1, trust=RULE,
-                        why="when lower than the global config's: older checkpoints are pruned at the next launch"),
+                        why="when lower than the global config's (or the default): older checkpoints are "
+                        "pruned at the next launch"),
         },
     ),
 }
