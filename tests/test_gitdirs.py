@@ -193,17 +193,17 @@ def test_huge_pointer_files_are_not_read(project: Path) -> None:
     gitdir.mkdir()
     (gitdir / "commondir").symlink_to("/dev/zero")
     write(project / ".git", "gitdir: wt\n")
-    refused(project, f"{gitdir}/commondir is a symbolic link, not a regular file")
+    refused(project, f"{gitdir}/commondir is a symbolic link, which agentbox does not follow")
     (gitdir / "commondir").unlink()
     with open(gitdir / "commondir", "wb") as huge:
         huge.truncate(1 << 40)  # a sparse terabyte: reading it whole would never finish
     result = subprocess.run([sys.executable, "-m", "agentbox", "template"], cwd=project,
                             capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
-    assert f"{gitdir}/commondir is larger than 4096 bytes" in result.stderr
+    assert f"{gitdir}/commondir is larger than 4,096 bytes" in result.stderr
     (gitdir / "commondir").unlink()
     write(project / ".git", "gitdir: " + "a/" * 5000)
-    refused(project, f"{project}/.git is larger than 4096 bytes")
+    refused(project, f"{project}/.git is larger than 4,096 bytes")
 
 
 def test_a_common_dir_that_is_not_a_git_folder(project: Path) -> None:
@@ -239,7 +239,7 @@ def test_another_worktrees_gitdir_is_refused(project: Path) -> None:
 def test_dot_git_symlink_is_refused(project: Path) -> None:
     repo, _ = worktree(project.parent)
     (project / ".git").symlink_to(repo / ".git")
-    refused(project, f"{project}/.git is a symbolic link, not a regular file")
+    refused(project, f"{project}/.git is a symbolic link, which agentbox does not follow")
 
 
 def test_reasons_are_printed_escaped(project: Path) -> None:
