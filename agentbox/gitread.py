@@ -381,6 +381,7 @@ def read_index(index_file: Path, limit: int, fmt: str = "sha1") -> list[IndexEnt
     pos = 12
     previous = b""
     sparse = False
+    refused: str | None = None
     for _ in range(count):
         flags_at = pos + _ENTRY_HEAD + hash_len
         if flags_at + 2 > end:
@@ -409,8 +410,8 @@ def read_index(index_file: Path, limit: int, fmt: str = "sha1") -> list[IndexEnt
             pos += (nul - pos + 8) & ~7  # 1 to 8 NULs pad the entry to a multiple of 8 bytes
         if stat.S_ISDIR(mode):
             sparse = True
-        if _bad_path(path):
-            raise corrupt(f"entry {len(entries) + 1} has the path {_shown(decode(path))}, which git refuses")
+        if refused is None and _bad_path(path):  # said after the extensions: a split index has empty paths
+            refused = f"entry {len(entries) + 1} has the path {_shown(decode(path))}, which git refuses"
         append(IndexEntry(decode(path), mode, oid, (flags >> 12) & 3))
         previous = path
     if pos > end:
@@ -428,6 +429,8 @@ def read_index(index_file: Path, limit: int, fmt: str = "sha1") -> list[IndexEnt
     if sparse:
         raise corrupt("it is a sparse index (index.sparse), whose folders hide their files; "
                       "agentbox reads only whole ones (a split index is refused the same way)")
+    if refused is not None:
+        raise corrupt(refused)
     return entries
 
 
