@@ -536,6 +536,8 @@ def index_repo(path: Path, fmt: str = "sha1") -> Path:
     write(repo / "a" / "b" / "c" / "long-shared-prefix-1.txt", "1")
     write(repo / "a" / "b" / "c" / "long-shared-prefix-2.txt", "2")
     (repo / os.fsdecode(b"not-utf8-\xff\xfe")).write_text("odd name")
+    write(repo / ("d" * 200) / "x", "a long folder: a v4 path strips more than 127 bytes of the one before")
+    write(repo / "e", "after it")
     commit_all(repo)
     git(repo, "update-index", "--add", "--cacheinfo", f"160000,{out(repo, 'rev-parse', 'HEAD')},gitlink")
     return repo
