@@ -571,13 +571,13 @@ class ObjectReader:
     """
 
     def __init__(self, common_dir: Path, fmt: str, max_size: int = MAX_OBJECT) -> None:
+        self._packs: list[_Pack] | None = None
         if fmt not in HASH_LEN:
-            raise ValueError(fmt)
+            raise ValueError(f"object format {fmt!r}: sha1 or sha256")
         self.common_dir = common_dir
         self.fmt = fmt
         self.hash_len = HASH_LEN[fmt]
         self.max_size = max_size
-        self._packs: list[_Pack] | None = None
         self._bases: OrderedDict[tuple[int, int], tuple[str, bytes]] = OrderedDict()
         self._base_bytes = 0
 

@@ -142,6 +142,18 @@ def test_a_delta_chain_deeper_than_the_cap_is_refused(tmp_path: Path, monkeypatc
     assert errors and all("a delta chain is deeper than 5" in e for e in errors)
 
 
+def test_deltas_of_a_large_file_copy_whole_64k_blocks(tmp_path: Path) -> None:
+    repo = init(tmp_path / "r")
+    content = bytearray(b"".join(hashlib.sha256(str(n).encode()).digest() for n in range(10_000)))  # 320 KB
+    for number in range(3):
+        content[-100 - number] ^= 0xFF
+        (repo / "big.bin").write_bytes(bytes(content))
+        commit_all(repo)
+    git(repo, "repack", "-adf")
+    assert "chain length = " in out(repo, "verify-pack", "-v", str(pack_files(repo, "idx")[0]))
+    assert_reads_like_git(repo, "sha1")
+
+
 def test_large_offsets_in_the_pack_index(tmp_path: Path) -> None:
     repo = history(tmp_path / "r", commits=5)
     git(repo, "repack", "-adf")
@@ -427,6 +439,9 @@ def test_refs_that_escape_or_loop_are_refused(tmp_path: Path) -> None:
     (git_dir / "HEAD").write_text("ref: refs/../../secret\n")
     err = raised(lambda: gitread.head(git_dir, git_dir))
     assert err is not None and "refs/../../secret is not a ref name agentbox reads" in str(err)
+    (git_dir / "HEAD").write_text("ref: refs/heads/a..b\n")
+    err = raised(lambda: gitread.head(git_dir, git_dir))
+    assert err is not None and "refs/heads/a..b is not a ref name agentbox reads" in str(err)
     for n in range(7):
         (git_dir / "refs" / "heads" / f"s{n}").write_text(f"ref: refs/heads/s{n + 1}\n")
     (git_dir / "HEAD").write_text("ref: refs/heads/s0\n")
