@@ -836,33 +836,50 @@ def _apply_delta(base: bytes, delta: bytes, max_size: int, where: Path) -> bytes
         raise GitReadError(f"{_shown(where)}: a delta makes an object of {target_size} bytes, more than the "
                            f"{max_size} agentbox reads")
     out = bytearray()
+    source = memoryview(base)
     end = len(delta)
-    while pos < end:
-        op = delta[pos]
-        pos += 1
-        if op & 0x80:
-            offset = length = 0
-            for bit in range(4):
-                if op & (1 << bit):
-                    offset |= delta[pos] << (8 * bit)
+    try:
+        while pos < end:
+            op = delta[pos]
+            pos += 1
+            if op & 0x80:  # copy from the base: which offset and size bytes follow is in op's low bits
+                offset = length = 0
+                if op & 0x01:
+                    offset = delta[pos]
                     pos += 1
-            for bit in range(3):
-                if op & (0x10 << bit):
-                    length |= delta[pos] << (8 * bit)
+                if op & 0x02:
+                    offset |= delta[pos] << 8
                     pos += 1
-            length = length or 0x10000
-            if offset + length > len(base):
-                raise GitReadError(f"{_shown(where)}: a delta copies from past the end of its base")
-            out += base[offset:offset + length]
-        elif op:
-            if pos + op > end:
-                raise GitReadError(f"{_shown(where)}: a delta ends inside an insert")
-            out += delta[pos:pos + op]
-            pos += op
-        else:
-            raise GitReadError(f"{_shown(where)}: a delta holds the reserved instruction 0")
-        if len(out) > target_size:
-            break
+                if op & 0x04:
+                    offset |= delta[pos] << 16
+                    pos += 1
+                if op & 0x08:
+                    offset |= delta[pos] << 24
+                    pos += 1
+                if op & 0x10:
+                    length = delta[pos]
+                    pos += 1
+                if op & 0x20:
+                    length |= delta[pos] << 8
+                    pos += 1
+                if op & 0x40:
+                    length |= delta[pos] << 16
+                    pos += 1
+                length = length or 0x10000
+                if offset + length > source_size:
+                    raise GitReadError(f"{_shown(where)}: a delta copies from past the end of its base")
+                out += source[offset:offset + length]
+            elif op:
+                if pos + op > end:
+                    raise GitReadError(f"{_shown(where)}: a delta ends inside an insert")
+                out += delta[pos:pos + op]
+                pos += op
+            else:
+                raise GitReadError(f"{_shown(where)}: a delta holds the reserved instruction 0")
+            if len(out) > target_size:
+                break
+    except IndexError:
+        raise GitReadError(f"{_shown(where)}: a delta ends inside a copy instruction") from None
     if len(out) != target_size:
         raise GitReadError(f"{_shown(where)}: a delta makes {len(out)} bytes, not the {target_size} it says")
     return bytes(out)
@@ -874,26 +891,29 @@ def _apply_delta(base: bytes, delta: bytes, max_size: int, where: Path) -> bytes
 _MODES = {b"100644", b"100755", b"120000", b"40000", b"160000", b"100664", b"100640"}
 
 
+_TREE_ENTRY = {
+    fmt: re.compile(rb"([0-7]{5,6}) ([^\0/]+)\0(.{%d})" % length, re.DOTALL) for fmt, length in HASH_LEN.items()
+}
+
+
 def tree_entries(content: bytes, fmt: str) -> list[tuple[str, str, str]]:
     """(mode as git writes it, e.g. "100644" or "40000"; name; object id) of each entry of a tree object.
     Names git refuses ("", ".", "..", ".git", anything with "/") are an error."""
-    hash_len = HASH_LEN[fmt]
     entries: list[tuple[str, str, str]] = []
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
     pos = 0
-    end = len(content)
-    while pos < end:
-        space = content.find(b" ", pos, pos + 8)
-        nul = content.find(b"\0", space + 1) if space > 0 else -1
-        if nul < 0 or nul + 1 + hash_len > end:
-            raise GitReadError(f"a tree object is malformed (entry {len(entries) + 1})")
-        mode = content[pos:space]
-        name = content[space + 1:nul]
+    for match in _TREE_ENTRY[fmt].finditer(content):
+        if match.start() != pos:
+            break
+        mode, name, raw = match.groups()
         if mode not in _MODES:
-            raise GitReadError(f"a tree object has an entry of unknown mode {_shown(mode.decode('ascii', 'replace'))}")
-        if not name or b"/" in name or name in (b".", b"..") or name.lower() == b".git":
-            raise GitReadError(f"a tree object has an entry named {_shown(os.fsdecode(name))!s}, which git refuses")
-        entries.append((mode.decode(), os.fsdecode(name), content[nul + 1:nul + 1 + hash_len].hex()))
-        pos = nul + 1 + hash_len
+            raise GitReadError(f"a tree object has an entry of unknown mode {_shown(mode.decode())}")
+        if name[:1] == b"." and name.lower() in (b".", b"..", b".git"):
+            raise GitReadError(f"a tree object has an entry named {_shown(os.fsdecode(name))}, which git refuses")
+        entries.append((mode.decode(), name.decode(encoding, errors), raw.hex()))
+        pos = match.end()
+    if pos != len(content):
+        raise GitReadError(f"a tree object is malformed (entry {len(entries) + 1})")
     return entries
 
 

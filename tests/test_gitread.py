@@ -208,13 +208,16 @@ def test_tree_entries_parse_and_refuse_names_git_refuses() -> None:
     oid = bytes(range(20))
     good = b"100644 a.txt\0" + oid + b"40000 dir\0" + oid
     assert gitread.tree_entries(good, "sha1") == [("100644", "a.txt", oid.hex()), ("40000", "dir", oid.hex())]
-    for name in (b"..", b".", b".GIT", b"a/b", b""):
+    for name in (b"..", b".", b".GIT"):
         with pytest.raises(GitReadError, match="which git refuses"):
+            gitread.tree_entries(b"100644 " + name + b"\0" + oid, "sha1")
+    for name in (b"a/b", b""):
+        with pytest.raises(GitReadError, match="malformed"):
             gitread.tree_entries(b"100644 " + name + b"\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="malformed"):
         gitread.tree_entries(good[:-3], "sha1")
     with pytest.raises(GitReadError, match="unknown mode"):
-        gitread.tree_entries(b"777 x\0" + oid, "sha1")
+        gitread.tree_entries(b"100777 x\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="does not start with its tree"):
         gitread.commit_tree(b"parent " + b"0" * 40 + b"\n")
 
@@ -480,7 +483,7 @@ CONFIG = """\
 \turl = "https://example.com/a b"  # comment
 \tfetch = +refs/heads/*:refs/remotes/origin/*
 [weird]  key = on the header line
-\tspaced =   inner   spaces   kept   
+\tspaced =   inner   spaces   kept   ; trailing white space goes
 \tquoted = " lead and trail " after
 \tescapes = tab\\there \\"q\\" back\\\\slash
 \tcontinued = one \\
