@@ -216,6 +216,8 @@ def test_tree_entries_parse_and_refuse_names_git_refuses() -> None:
             gitread.tree_entries(b"100644 " + name + b"\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="malformed"):
         gitread.tree_entries(good[:-3], "sha1")
+    with pytest.raises(GitReadError, match="malformed"):
+        gitread.tree_entries(b"100644 a\0" + oid + b"junk" + b"100644 b\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="unknown mode"):
         gitread.tree_entries(b"100777 x\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="does not start with its tree"):
