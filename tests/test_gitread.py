@@ -56,7 +56,7 @@ def history(path: Path, fmt: str = "sha1", commits: int = 12) -> Path:
         lines[number * 7] = f"changed in commit {number}\n"
         write(repo / "big.txt", "".join(lines))
         write(repo / "src" / "deep" / "er" / f"f{number % 3}.py", f"print({number})\n" * 50)
-        write(repo / "bin.dat", bytes(range(256)) * (number + 1))
+        (repo / "bin.dat").write_bytes(bytes(range(256)) * (number + 1))
         if number == 2:
             os.symlink("big.txt", repo / "link")
         commit_all(repo, f"commit {number}")
@@ -105,8 +105,9 @@ def test_packed_objects_and_deltas_read_as_git_reads_them(tmp_path: Path, fmt: s
     assert assert_reads_like_git(repo, fmt) > 40
 
 
-def test_deep_delta_chains_and_the_base_cache(tmp_path: Path) -> None:
-    repo = init(tmp_path / "r")
+def deep_chains(path: Path) -> tuple[Path, int]:
+    """A repository whose pack has delta chains at least 20 deep; and the deepest."""
+    repo = init(path)
     text = [f"{n}\n" for n in range(3000)]
     for number in range(60):
         text[number * 11] = f"edit {number}\n"
@@ -116,28 +117,41 @@ def test_deep_delta_chains_and_the_base_cache(tmp_path: Path) -> None:
     [idx] = pack_files(repo, "idx")
     depths = [int(line.split("=")[1].split(":")[0]) for line in out(repo, "verify-pack", "-v", str(idx)).splitlines()
               if line.startswith("chain length = ")]
-    assert max(depths) >= 20
+    return repo, max(depths)
+
+
+def test_deep_delta_chains_and_the_base_cache(tmp_path: Path) -> None:
+    repo, deepest = deep_chains(tmp_path / "r")
+    assert deepest >= 20
     started = time.perf_counter()
     assert_reads_like_git(repo, "sha1")
     assert time.perf_counter() - started < 10
 
 
 def test_a_delta_chain_deeper_than_the_cap_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    repo = init(tmp_path / "r")
-    for number in range(8):
-        write(repo / "f.txt", "x\n" * 500 + f"{number}\n")
-        commit_all(repo)
-    git(repo, "-c", "pack.threads=1", "repack", "-adf", "--depth=50")
-    objects = all_objects(repo)
-    assert_reads_like_git(repo, "sha1")  # control: under the cap every object reads
-    monkeypatch.setattr(gitread, "MAX_DELTA_DEPTH", 1)
+    repo, deepest = deep_chains(tmp_path / "r")
+    monkeypatch.setattr(gitread, "MAX_DELTA_DEPTH", deepest)
+    assert_reads_like_git(repo, "sha1")  # control: at the cap every object reads
+    monkeypatch.setattr(gitread, "MAX_DELTA_DEPTH", 5)
     errors = []
     with ObjectReader(repo / ".git", "sha1") as reader:
-        for oid in objects:
+        for oid in all_objects(repo):
             err = raised(lambda oid=oid: reader.read(oid))
             if err is not None:
                 errors.append(str(err))
-    assert errors and all("a delta chain is deeper than 1" in e for e in errors)
+    assert errors and all("a delta chain is deeper than 5" in e for e in errors)
+
+
+def test_deltas_of_a_large_file_copy_whole_64k_blocks(tmp_path: Path) -> None:
+    repo = init(tmp_path / "r")
+    content = bytearray(b"".join(hashlib.sha256(str(n).encode()).digest() for n in range(10_000)))  # 320 KB
+    for number in range(3):
+        content[-100 - number] ^= 0xFF
+        (repo / "big.bin").write_bytes(bytes(content))
+        commit_all(repo)
+    git(repo, "repack", "-adf")
+    assert "chain length = " in out(repo, "verify-pack", "-v", str(pack_files(repo, "idx")[0]))
+    assert_reads_like_git(repo, "sha1")
 
 
 def test_large_offsets_in_the_pack_index(tmp_path: Path) -> None:
@@ -194,13 +208,18 @@ def test_tree_entries_parse_and_refuse_names_git_refuses() -> None:
     oid = bytes(range(20))
     good = b"100644 a.txt\0" + oid + b"40000 dir\0" + oid
     assert gitread.tree_entries(good, "sha1") == [("100644", "a.txt", oid.hex()), ("40000", "dir", oid.hex())]
-    for name in (b"..", b".", b".GIT", b"a/b", b""):
+    for name in (b"..", b".", b".GIT"):
         with pytest.raises(GitReadError, match="which git refuses"):
+            gitread.tree_entries(b"100644 " + name + b"\0" + oid, "sha1")
+    for name in (b"a/b", b""):
+        with pytest.raises(GitReadError, match="malformed"):
             gitread.tree_entries(b"100644 " + name + b"\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="malformed"):
         gitread.tree_entries(good[:-3], "sha1")
+    with pytest.raises(GitReadError, match="malformed"):
+        gitread.tree_entries(b"100644 a\0" + oid + b"junk" + b"100644 b\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="unknown mode"):
-        gitread.tree_entries(b"777 x\0" + oid, "sha1")
+        gitread.tree_entries(b"100777 x\0" + oid, "sha1")
     with pytest.raises(GitReadError, match="does not start with its tree"):
         gitread.commit_tree(b"parent " + b"0" * 40 + b"\n")
 
@@ -343,6 +362,8 @@ def test_fifos_in_the_git_folder_are_errors_not_hangs(tmp_path: Path) -> None:
     git_dir = repo / ".git"
     oid = out(repo, "rev-parse", "HEAD:f")
     assert gitread.head(git_dir, git_dir) == tip  # control
+    git(repo, "pack-refs", "--all")  # git itself would block on the FIFOs below: it runs first
+    os.rename(git_dir / "packed-refs", tmp_path / "packed-refs")
 
     fifo_in_place_of(loose_path(repo, oid))
     reader = ObjectReader(git_dir, "sha1")
@@ -355,8 +376,6 @@ def test_fifos_in_the_git_folder_are_errors_not_hangs(tmp_path: Path) -> None:
     fifo_in_place_of(git_dir / "config")
     assert "FIFO" in refused_fast(git_dir / "config", lambda: gitread.object_format(git_dir))
 
-    git(repo, "pack-refs", "--all")
-    os.rename(git_dir / "packed-refs", tmp_path / "packed-refs")
     fifo_in_place_of(git_dir / "packed-refs")
     assert "FIFO" in refused_fast(git_dir / "packed-refs", lambda: gitread.head(git_dir, git_dir))
 
@@ -425,6 +444,9 @@ def test_refs_that_escape_or_loop_are_refused(tmp_path: Path) -> None:
     (git_dir / "HEAD").write_text("ref: refs/../../secret\n")
     err = raised(lambda: gitread.head(git_dir, git_dir))
     assert err is not None and "refs/../../secret is not a ref name agentbox reads" in str(err)
+    (git_dir / "HEAD").write_text("ref: refs/heads/a..b\n")
+    err = raised(lambda: gitread.head(git_dir, git_dir))
+    assert err is not None and "refs/heads/a..b is not a ref name agentbox reads" in str(err)
     for n in range(7):
         (git_dir / "refs" / "heads" / f"s{n}").write_text(f"ref: refs/heads/s{n + 1}\n")
     (git_dir / "HEAD").write_text("ref: refs/heads/s0\n")
@@ -463,9 +485,9 @@ CONFIG = """\
 \turl = "https://example.com/a b"  # comment
 \tfetch = +refs/heads/*:refs/remotes/origin/*
 [weird]  key = on the header line
-\tspaced =   inner   spaces   kept   
+\tspaced =   inner   spaces   kept   ; trailing white space goes
 \tquoted = " lead and trail " after
-\tescapes = tab\\there \\"q\\" back\\\\slash semi\\;not
+\tescapes = tab\\there \\"q\\" back\\\\slash
 \tcontinued = one \\
 two
 \tlast = first
@@ -534,6 +556,8 @@ def index_repo(path: Path, fmt: str = "sha1") -> Path:
     write(repo / "a" / "b" / "c" / "long-shared-prefix-1.txt", "1")
     write(repo / "a" / "b" / "c" / "long-shared-prefix-2.txt", "2")
     (repo / os.fsdecode(b"not-utf8-\xff\xfe")).write_text("odd name")
+    write(repo / ("d" * 200) / "x", "a long folder: a v4 path strips more than 127 bytes of the one before")
+    write(repo / "e", "after it")
     commit_all(repo)
     git(repo, "update-index", "--add", "--cacheinfo", f"160000,{out(repo, 'rev-parse', 'HEAD')},gitlink")
     return repo
