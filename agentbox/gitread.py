@@ -134,7 +134,8 @@ def _open_last(parent: int, base: Path, rel: str, name: str) -> int | None:
     except vmread.Refused as refused:
         if refused.why == vmread.MISSING:
             return None
-        raise GitReadError(f"{_shown(base / rel)} {refused.reason}: agentbox reads the workspace's git folder "
+        reason = "is a symbolic link, not a regular file" if refused.why == vmread.LINK else refused.reason
+        raise GitReadError(f"{_shown(base / rel)} {reason}: agentbox reads the workspace's git folder "
                            "without following links") from None
 
 

@@ -61,6 +61,10 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if worktree and repo is None:
         raise StateError(f"--worktree needs a git work tree, and {workspace} is not one",
                          hint="Run `git init` and commit, or drop --worktree.")
+    if worktree and repo is not None:
+        from agentbox import worktrees
+
+        worktrees.refuse_in_linked_worktree(repo)
     base = hostgit.head(repo) if worktree and repo is not None else None
     if worktree and base is None:
         raise StateError("--worktree starts the task's branch at HEAD, and this repository has no commit yet",

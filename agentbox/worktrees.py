@@ -10,7 +10,7 @@ repository's `.git/info/exclude` (`/.agentbox/`). An existing worktree or branch
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from agentbox.config import Config
 from agentbox.errors import StateError, UsageError
@@ -26,6 +26,16 @@ class Worktree(NamedTuple):
     base: str  # the commit a new branch starts from
 
 
+def refuse_in_linked_worktree(repo: Any) -> None:
+    """A workspace that is itself a `git worktree add` checkout cannot get worktrees from the VM: the main
+    repository's `worktrees/` folder, which points your other checkouts, is read-only there."""
+    if repo.git_dir != repo.common_dir:
+        raise StateError(f"--worktree cannot be used in {repo.work_tree}: it is a linked worktree of "
+                         f"{repo.common_dir}, whose worktrees/ folder the VM may not change (it points your other "
+                         "checkouts)",
+                         hint="Run the agent from the main checkout with --worktree, or without --worktree here.")
+
+
 def session_worktree(config: Config, name: str) -> Worktree:
     """The worktree of `agentbox AGENT --worktree NAME`, checked."""
     from agentbox import hostgit
@@ -39,6 +49,7 @@ def session_worktree(config: Config, name: str) -> Worktree:
     if repo is None:
         raise StateError(f"--worktree needs a git work tree, and {workspace} is not one",
                          hint="Run `git init` and commit, or drop --worktree.")
+    refuse_in_linked_worktree(repo)
     base = hostgit.head(repo)
     if base is None:
         raise StateError("--worktree starts its branch at HEAD, and this repository has no commit yet",
