@@ -30,7 +30,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from agentbox import gitdirs, paths
 from agentbox.errors import StateError
@@ -154,6 +154,107 @@ def write_object(store: Path, kind: bytes, content: bytes, fmt: str) -> str:
         handle.write(data)
     os.replace(tmp, target)
     return oid
+
+
+class ObjectWriter:
+    """The store's new objects, written by one `git fast-import` (one pack, not a file per object) that is
+    started at the first object the store does not have yet; `finish` makes the snapshot's tree from the
+    previous snapshot's commit and the paths that changed, and ends it."""
+
+    SNAPSHOT_REF = "refs/agentbox/snapshot"
+
+    def __init__(self, repo: Repo, store: Path, fmt: str) -> None:
+        self.repo = repo
+        self.store = store
+        self.fmt = fmt
+        self.process: subprocess.Popen[bytes] | None = None
+        self.stderr: Any = None
+        self.sent: set[str] = set()
+
+    def blob(self, data: bytes) -> str:
+        oid = object_id(b"blob", data, self.fmt)
+        if oid in self.sent or (self.store / "objects" / oid[:2] / oid[2:]).exists():
+            return oid
+        self._write(b"blob\ndata %d\n" % len(data) + data + b"\n")
+        self.sent.add(oid)
+        return oid
+
+    def finish(self, parent: str | None, changes: list[tuple[bytes, int | None, str | None]]) -> tuple[str, str]:
+        """(commit, tree) of parent's tree with changes applied: (path, mode, oid) written, (path, None, None)
+        removed; without a parent, changes must list every entry."""
+        header = (b"commit " + self.SNAPSHOT_REF.encode() + b"\ncommitter " + SIGNATURE + b" 0 +0000\ndata 0\n"
+                  + (b"from " + parent.encode() + b"\n" if parent else b""))
+        lines = [header]
+        for path, mode, oid in changes:
+            quoted = fast_import_path(path)
+            if mode is None:
+                lines.append(b"D " + quoted + b"\n")
+            else:
+                lines.append(b"M %o " % mode + (oid or "").encode() + b" " + quoted + b"\n")
+        self._write(b"".join(lines) + b"\ndone\n")
+        assert self.process is not None and self.process.stdin is not None
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=remaining())
+        except subprocess.TimeoutExpired:
+            self.abandon()
+            raise GitTimeout(f"git fast-import did not finish for {visible(str(self.repo.work_tree))}") from None
+        if self.process.returncode != 0:
+            message = visible(self._errors().decode(errors="replace").strip()[-MAX_MESSAGE:])
+            raise GitError(f"git fast-import failed for {visible(str(self.repo.work_tree))}: {message}")
+        out = _store_git(self.repo, ["rev-parse", self.SNAPSHOT_REF, self.SNAPSHOT_REF + "^{tree}"]).split()
+        self._tidy()
+        return out[0].decode(), out[1].decode()
+
+    def abandon(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def _errors(self) -> bytes:
+        self.stderr.seek(0)
+        return bytes(self.stderr.read())
+
+    def _write(self, data: bytes) -> None:
+        if self.process is None:
+            import tempfile
+
+            self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept across calls: what git says when it fails)
+            self.process = _store_popen(self.repo, ["-c", "fastimport.unpackLimit=0", "fast-import", "--quiet",
+                                                    "--done", "--force"], self.stderr)
+        assert self.process.stdin is not None
+        try:
+            self.process.stdin.write(data)
+        except BrokenPipeError:
+            self.process.wait()
+            raise GitError(f"git fast-import failed for {visible(str(self.repo.work_tree))}: "
+                           f"{visible(self._errors().decode(errors='replace').strip()[-MAX_MESSAGE:])}") from None
+
+    def _tidy(self) -> None:
+        """One pack per snapshot that changed something: past PACKS_BEFORE_REPACK, they become one (objects no
+        ref reaches, those of no checkpoint and not the last snapshot, go)."""
+        packs = list((self.store / "objects" / "pack").glob("*.pack"))
+        if len(packs) > PACKS_BEFORE_REPACK:
+            _store_git(self.repo, ["repack", "-a", "-d", "-q"])
+
+
+PACKS_BEFORE_REPACK = 20
+
+
+def fast_import_path(name: bytes) -> bytes:
+    """A path as fast-import reads it: C-style quoted when it starts with a quote or holds a control
+    character, a backslash or a byte above 0x7e."""
+    if not name.startswith(b'"') and not any(byte < 0x20 or byte in (0x5C, 0x7F) for byte in name):
+        return name
+    escaped = bytearray(b'"')
+    for byte in name:
+        if byte in (0x22, 0x5C):
+            escaped += b"\\" + bytes([byte])
+        elif byte < 0x20 or byte >= 0x7F:
+            escaped += b"\\%03o" % byte
+        else:
+            escaped.append(byte)
+    return bytes(escaped + b'"')
 
 
 def commit_object(tree: str, parent: str | None, message: str, when: int) -> bytes:
@@ -413,12 +514,53 @@ def store_format(repo: Repo) -> str:
 # -- running git ------------------------------------------------------------------------------------
 
 
-def diff_files(repo: Repo, store: Path, index: Path) -> list[bytes]:
-    """The paths of the store's stat index (index) whose lstat() no longer matches it: `git diff-files`,
-    which compares stat data only and opens nothing in the work tree (no entry is racy: see snapshot)."""
-    out = _store_git(repo, ["diff-files", "--name-only", "-z", "--ignore-submodules=all"], index=str(index),
-                     work_tree=repo.work_tree)
-    return [name for name in out.split(b"\0") if name]
+def _store_popen(repo: Repo, args: list[str], stderr: Any) -> subprocess.Popen[bytes]:
+    git = tool()
+    if git is None:
+        raise GitMissing("git is not installed on this computer (not found on PATH)",
+                         hint="Install git to use checkpoints and `agentbox diff`.")
+    store = init_store(repo)
+    env = _base_env(store)
+    env.update(GIT_DIR=str(store), GIT_CONFIG_GLOBAL=str(store / "config"), **IDENTITY)
+    return subprocess.Popen([git, *_SAFE, *args], env=env, cwd=store, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=stderr)
+
+
+class Pending(NamedTuple):
+    """A git call running while agentbox does something else; result() waits for it."""
+
+    repo: Repo
+    process: subprocess.Popen[bytes]
+    what: str
+
+    def result(self) -> bytes:
+        try:
+            out, error = self.process.communicate(timeout=remaining())
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise GitTimeout(f"{self.what} did not finish for {visible(str(self.repo.work_tree))}") from None
+        if self.process.returncode != 0:
+            message = visible(error.decode(errors="replace").strip()[-MAX_MESSAGE:])
+            raise GitError(f"{self.what} failed for {visible(str(self.repo.work_tree))} "
+                           f"(exit {self.process.returncode}): {message}")
+        return out
+
+
+def start_diff_files(repo: Repo, index: Path) -> Pending:
+    """`git diff-files` on the store's stat index, started now (see diff_files), its answer read later."""
+    git = tool()
+    if git is None:
+        raise GitMissing("git is not installed on this computer (not found on PATH)",
+                         hint="Install git to use checkpoints and `agentbox diff`.")
+    store = init_store(repo)
+    env = _base_env(store)
+    env.update(GIT_DIR=str(store), GIT_CONFIG_GLOBAL=str(store / "config"), GIT_INDEX_FILE=str(index),
+               GIT_WORK_TREE=str(repo.work_tree), GIT_LITERAL_PATHSPECS="1")
+    process = subprocess.Popen([git, *_SAFE, "diff-files", "--name-only", "-z", "--ignore-submodules=all"], env=env,
+                               cwd=repo.work_tree, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    return Pending(repo, process, "git diff-files")
 
 
 def _store_git(repo: Repo, args: list[str], input: bytes | None = None, ok: Sequence[int] = (0,),

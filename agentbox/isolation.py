@@ -271,7 +271,7 @@ def _write_stream(repo: Any, path: Path, base: Base) -> None:
         parts.append(b"from " + base.head.encode() + b"\n")
     parts.append(b"deleteall\n")
     for mode, oid, name in entries:
-        quoted = _fast_import_path(name)
+        quoted = hostgit.fast_import_path(name)
         if oid in blobs:
             data = blobs[oid]
             parts += [b"M " + mode.encode() + b" inline " + quoted + b"\n", b"data %d\n" % len(data), data, b"\n"]
@@ -282,22 +282,6 @@ def _write_stream(repo: Any, path: Path, base: Base) -> None:
     with os.fdopen(fd, "wb") as handle:
         handle.write(b"feature done\n")
         handle.writelines(parts)
-
-
-def _fast_import_path(name: bytes) -> bytes:
-    """A path as fast-import reads it: C-style quoted when it starts with a quote or holds a control
-    character or a backslash."""
-    if not name.startswith(b'"') and not any(byte < 0x20 or byte in (0x5C, 0x7F) for byte in name):
-        return name
-    escaped = bytearray(b'"')
-    for byte in name:
-        if byte in (0x22, 0x5C):
-            escaped += b"\\" + bytes([byte])
-        elif byte < 0x20 or byte >= 0x7F:
-            escaped += b"\\%03o" % byte
-        else:
-            escaped.append(byte)
-    return bytes(escaped + b'"')
 
 
 def _prune(record: dict[str, Any]) -> None:

@@ -35,7 +35,7 @@ from typing import Any
 from agentbox import hostgit, paths
 from agentbox.safetext import visible
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 RACY_NS = 2_000_000_000
 MAX_INDEX = 1 << 30  # the workspace's index is read up to this size
 MAX_RULES = 1 << 20  # a .gitignore, info/exclude or the global excludes file
@@ -46,11 +46,17 @@ REGULAR, EXECUTABLE, LINK, GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
 
 def take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapshot:
     """The snapshot (the store must be held locked by the caller)."""
+    import gc
+
     walk = _Walk(repo, store, max_file_size)
+    collecting = gc.isenabled()
+    gc.disable()  # tens of thousands of small objects: the collector would run over them again and again
     try:
         return walk.run()
     finally:
         walk.close()
+        if collecting:
+            gc.enable()
 
 
 class _Walk:
@@ -59,9 +65,24 @@ class _Walk:
         self.store = store
         self.limit = max_file_size
         self.fmt = hostgit.store_format(repo)
-        self.cache = _load(store, self.fmt)
+        self.cache = _load(store / "walk.cache", self.fmt)
+        self._recorded: dict[str, Any] | None = None  # entries.cache, read only when something changed
+        self._tracked_sets: tuple[set[bytes], dict[bytes, str], set[bytes]] | None = None
         self.fds: dict[bytes, int | None] = {}
         self.notes: list[str] = []
+
+    @property
+    def recorded(self) -> dict[str, Any]:
+        """entries: path -> [mode, oid, ino, size, mtime, ctime, dev, uid, gid]; tracked: [index signature,
+        tracked paths, gitlinks]."""
+        if self._recorded is None:
+            loaded = _load(self.store / "entries.cache", self.fmt)
+            if not self.cache["index_written"]:
+                loaded = _empty(self.fmt)
+            loaded.setdefault("entries", {})
+            loaded.setdefault("tracked", None)
+            self._recorded = loaded
+        return self._recorded
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -74,44 +95,70 @@ class _Walk:
         from agentbox import ignorerules
 
         started = time.time_ns()
-        tracked, gitlinks, tracked_dirs, tracked_sig = self._tracked()
-        global_rules, global_sig = self._global_rules()
-        context = _digest(repr((global_sig, tracked_sig)).encode())
-        matcher = ignorerules.Matcher(global_rules, ignore_case=self._ignore_case())
-        old_dirs: dict[bytes, Any] = self.cache["dirs"]
-        new_dirs: dict[bytes, Any] = {}
-        files: dict[bytes, int] = {}  # path -> kind seen in the listing (REGULAR, LINK, GITLINK)
-        stack: list[tuple[bytes, Any, bytes, bool]] = [(b"", matcher, context, False)]
-        while stack:
-            folder, rules, ctx, inside_ignored = stack.pop()
-            st = self._lstat(folder)
-            if st is None or not stat.S_ISDIR(st.st_mode):
-                continue
-            listing = self._listing(folder, st)
-            if listing is None:
-                continue
-            names = listing
-            if b".gitignore" in names and names[b".gitignore"] != "d":
-                sig, rules = self._folder_rules(folder, rules)
-                ctx = _digest(ctx + repr(sig).encode())
-            signature = [st.st_ino, st.st_mtime_ns, ctx]
-            known = old_dirs.get(folder)
-            if known is not None and known[0] == signature:
-                decided = known[1]
-            else:
-                decided = self._decide(folder, names, rules, tracked, gitlinks, tracked_dirs, inside_ignored)
-            new_dirs[folder] = [signature, decided]
-            kept_files, subdirs, notes = decided
-            for name, kind in kept_files:
-                files[_join(folder, name)] = kind
-            self.notes.extend(notes)
-            for name, ignored in subdirs:
-                sub_ctx = _digest(ctx + b"ignored") if ignored else ctx
-                stack.append((_join(folder, name), rules, sub_ctx, inside_ignored or ignored))
-        for path in gitlinks:
-            if path in files:
-                files[path] = GITLINK
-        return self._record(files, gitlinks, new_dirs, started)
+        stat_index = self.store / "stat.index"
+        pending = hostgit.start_diff_files(self.repo, stat_index) if self.cache["index_written"] else None
+        try:
+            tracked_sig = self._index_signature()
+            global_rules, global_sig = self._global_rules()
+            context = _digest(repr((global_sig, tracked_sig)).encode())
+            matcher = ignorerules.Matcher(global_rules, ignore_case=self._ignore_case())
+            old_dirs: dict[bytes, Any] = self.cache["dirs"]
+            new_dirs: dict[bytes, Any] = {}
+            files: dict[bytes, int] = {}  # path -> kind seen in the listing (REGULAR, LINK, GITLINK)
+            unchanged = tracked_sig == self.cache["tracked_sig"]
+            stack: list[tuple[bytes, Any, bytes, bool]] = [(b"", matcher, context, False)]
+            while stack:
+                folder, rules, ctx, inside_ignored = stack.pop()
+                st = self._dir_stat(folder)
+                if st is None:
+                    unchanged = False
+                    continue
+                names = self._listing(folder, st)
+                if names is None:
+                    unchanged = False
+                    continue
+                if b".gitignore" in names and names[b".gitignore"] != "d":
+                    sig, rules = self._folder_rules(folder, rules)
+                    ctx = _digest(ctx + repr(sig).encode())
+                signature = [st.st_ino, st.st_mtime_ns, ctx]
+                known = old_dirs.get(folder)
+                if known is not None and known[0] == signature:
+                    decided = known[1]
+                else:
+                    unchanged = False
+                    tracked, gitlinks, tracked_dirs = self._tracked(tracked_sig)
+                    decided = self._decide(folder, names, rules, tracked, gitlinks, tracked_dirs, inside_ignored)
+                new_dirs[folder] = [signature, decided]
+                kept_files, subdirs, notes = decided
+                for name, kind in kept_files:
+                    files[_join(folder, name)] = kind
+                self.notes.extend(notes)
+                for name, ignored in subdirs:
+                    sub_ctx = _digest(ctx + b"ignored") if ignored else ctx
+                    stack.append((_join(folder, name), rules, sub_ctx, inside_ignored or ignored))
+            reported = self._reported(pending)
+            pending = None
+        finally:
+            if pending is not None:
+                pending.process.kill()
+                pending.process.wait()
+        changed = [path for path in reported if path] if reported is not None else []
+        unchanged = unchanged and reported is not None and len(new_dirs) == len(old_dirs) and not changed
+        return self._record(files, new_dirs, changed, unchanged, started, tracked_sig)
+
+    def _reported(self, pending: hostgit.Pending | None) -> list[bytes] | None:
+        """The recorded paths whose stat changed; None when the stat index is unusable (damaged or gone):
+        then every file is read again."""
+        if pending is None:
+            return []
+        try:
+            return pending.result().split(b"\0")
+        except hostgit.GitTimeout:
+            raise
+        except hostgit.GitError:
+            self.cache["index_written"] = False
+            self._recorded = None
+            return None
 
     def _decide(self, folder: bytes, names: dict[bytes, str], rules: Any, tracked: set[bytes],
                 gitlinks: dict[bytes, str], tracked_dirs: set[bytes], inside_ignored: bool) -> list[Any]:
@@ -184,74 +231,94 @@ class _Walk:
 
     # -- recording -----------------------------------------------------------------------------------
 
-    def _record(self, files: dict[bytes, int], gitlinks: dict[bytes, str], dirs: dict[bytes, Any],
-                started: int) -> hostgit.Snapshot:
-        entries: dict[bytes, list[Any]] = self.cache["entries"]
-        changed = {path for path in entries if path not in files}
-        for path in changed:
+    def _record(self, files: dict[bytes, int], dirs: dict[bytes, Any], reported: list[bytes], unchanged: bool,
+                started: int, tracked_sig: Any) -> hostgit.Snapshot:
+        """The snapshot from what the walk found: the cached tree while nothing changed (no folder, no
+        recorded file's stat, no file left out for its size), else the files that changed read into the
+        store and the tree made anew from the last one."""
+        skipped = self._still_skipped(files)
+        tree = self.cache["tree"]
+        if unchanged and skipped is not None and tree and self.cache["commit"]:
+            return self._finish(tree, skipped, dirs, tracked_sig)
+        entries: dict[bytes, list[Any]] = self.recorded["entries"]
+        gitlinks = self._tracked(tracked_sig)[1] if any(kind == GITLINK for kind in files.values()) else {}
+        changes: list[tuple[bytes, int | None, str | None]] = []
+        for path in [path for path in entries if path not in files]:
             del entries[path]
-        dirty = bool(changed)
+            changes.append((path, None, None))
         todo = [path for path in files if path not in entries
-                or (files[path] == GITLINK and entries[path][1] != gitlinks.get(path))]
-        if entries and self.cache["index_written"]:
-            todo += [path for path in hostgit.diff_files(self.repo, self.store, self.store / "stat.index")
-                     if path in entries]
-        skipped: dict[bytes, int] = {}
-        for path in dict.fromkeys(todo):
-            kind = files.get(path)
-            if kind is None:
-                continue
-            dirty = True
-            entries.pop(path, None)
-            if kind == GITLINK:
-                entries[path] = [GITLINK, gitlinks[path], 0, 0, 0, 0, 0, 0, 0]
-                continue
-            made = self._read(path, started)
-            if made is None:
-                continue
-            if isinstance(made, int):
-                skipped[path] = made
-                continue
-            entries[path] = made
-        skipped.update(self._still_skipped(files, entries, skipped))
-        tree = self.cache["tree"] if not dirty and self.cache["tree"] else None
-        if tree is None or not (self.store / "objects" / tree[:2] / tree[2:]).exists():
-            tree = _write_trees(self.store, entries, self.fmt)
-        if dirty or not self.cache["index_written"]:
-            _write_index(self.store / "stat.index", entries, self.fmt, started)
-            self.cache["index_written"] = True
+                or (files[path] == GITLINK and entries[path][1] != gitlinks.get(path))
+                or entries[path][3] > self.limit]
+        todo += [path for path in reported if path in entries]
+        todo += [path for path in (skipped or {}) if path in files]
+        writer = hostgit.ObjectWriter(self.repo, self.store, self.fmt)
+        left_out: dict[bytes, int] = {}
+        try:
+            for path in dict.fromkeys(todo):
+                kind = files.get(path)
+                if kind is None:
+                    continue
+                had = entries.pop(path, None)
+                if kind == GITLINK:
+                    made: list[Any] | int | None = [GITLINK, gitlinks.get(path, "0" * 40), 0, 0, 0, 0, 0, 0, 0]
+                else:
+                    made = self._read(path, started, writer)
+                if isinstance(made, list):
+                    entries[path] = made
+                    if had is None or had[:2] != made[:2]:
+                        changes.append((path, made[0], made[1]))
+                    continue
+                if isinstance(made, int):
+                    left_out[path] = made
+                if had is not None:
+                    changes.append((path, None, None))
+            parent = self.cache["commit"] if self.cache["tree"] and not self._missing(self.cache["commit"]) else None
+            if parent is None:
+                changes = [(path, entry[0], entry[1]) for path, entry in sorted(entries.items())]
+            if changes or parent is None:
+                commit, tree = writer.finish(parent, changes)
+            else:
+                writer.abandon()
+                commit, tree = self.cache["commit"], self.cache["tree"]
+        except BaseException:
+            writer.abandon()
+            raise
+        _write_index(self.store / "stat.index", entries, self.fmt, started)
+        _save(self.store / "entries.cache", self.recorded)
+        self.cache["index_written"] = True
+        self.cache["commit"] = commit
+        return self._finish(tree, left_out, dirs, tracked_sig)
+
+    def _finish(self, tree: str, skipped: dict[bytes, int], dirs: dict[bytes, Any],
+                tracked_sig: Any) -> hostgit.Snapshot:
         self.cache["tree"] = tree
         self.cache["dirs"] = dirs
         self.cache["listings"] = self.cache.pop("new_listings")
         self.cache["skipped"] = skipped
-        _save(self.store, self.cache)
+        self.cache["tracked_sig"] = tracked_sig
+        _save(self.store / "walk.cache", self.cache)
+        self.cache["new_listings"] = {}
         notes = list(dict.fromkeys(self.notes))
-        if gitlinks:
+        if any(kind == GITLINK for _, kind in (item for folder in dirs.values() for item in folder[1][0])):
             notes.append("submodules are captured as the commit the index records for them, not their own changes")
         shown_skipped = sorted((os.fsdecode(path), size) for path, size in skipped.items())
         return hostgit.Snapshot(tree, self._head(), shown_skipped, notes)
 
-    def _still_skipped(self, files: dict[bytes, int], entries: dict[bytes, Any],
-                       skipped: dict[bytes, int]) -> dict[bytes, int]:
-        """Files left out for their size last time and not read again this time: still too large?"""
+    def _missing(self, commit: str | None) -> bool:
+        return not commit or hostgit.tree_of(self.repo, commit) is None
+
+    def _still_skipped(self, files: dict[bytes, int]) -> dict[bytes, int] | None:
+        """Files left out for their size last time, when all are still there and still too large (their
+        sizes now); None when one of them changed (it is read again)."""
         found = {}
-        for path, _size in self.cache["skipped"].items():
-            if path in skipped or path in entries or path not in files:
-                continue
-            st = self._lstat(path)
-            if st is not None and stat.S_ISREG(st.st_mode):
-                if st.st_size > self.limit:
-                    found[path] = st.st_size
-                else:  # it shrank: read it now
-                    made = self._read(path, time.time_ns())
-                    if isinstance(made, list):
-                        entries[path] = made
-                        self.cache["tree"] = None
-                    elif isinstance(made, int):
-                        found[path] = made
+        for path in self.cache["skipped"]:
+            st = self._lstat(path) if path in files else None
+            if st is None or not stat.S_ISREG(st.st_mode) or st.st_size <= self.limit:
+                return None
+            found[path] = st.st_size
         return found
 
-    def _read(self, path: bytes, started: int) -> list[Any] | int | None:
+    def _read(self, path: bytes, started: int, writer: hostgit.ObjectWriter) -> list[Any] | int | None:
         """The stat entry of a file after writing its content to the store; its size when it is larger than
         the limit; None when it is no longer a regular file or link where it was listed."""
         folder, _, name = path.rpartition(b"/")
@@ -267,8 +334,7 @@ class _Walk:
                 target = os.readlink(name, dir_fd=parent)
             except OSError:
                 return None
-            oid = hostgit.write_object(self.store, b"blob", os.fsencode(target), self.fmt)
-            return _entry(LINK, oid, before, started)
+            return _entry(LINK, writer.blob(os.fsencode(target)), before, started)
         if not stat.S_ISREG(before.st_mode):
             return None
         if before.st_size > self.limit:
@@ -296,30 +362,35 @@ class _Walk:
         if len(data) > self.limit:
             return len(data)
         mode = EXECUTABLE if opened.st_mode & stat.S_IXUSR else REGULAR
-        oid = hostgit.write_object(self.store, b"blob", data, self.fmt)
+        oid = writer.blob(data)
         steady = (after.st_mtime_ns, after.st_ctime_ns, after.st_size) == (
             opened.st_mtime_ns, opened.st_ctime_ns, len(data))
         return _entry(mode, oid, after, started if steady else None)
 
     # -- what the workspace's git folder says (read by agentbox) -----------------------------------
 
-    def _tracked(self) -> tuple[set[bytes], dict[bytes, str], set[bytes], Any]:
+    def _index_signature(self) -> Any:
+        try:
+            st = os.lstat(self.repo.git_dir / "index")
+        except OSError:
+            return None
+        return [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+    def _tracked(self, sig: Any) -> tuple[set[bytes], dict[bytes, str], set[bytes]]:
+        """The paths the workspace's index tracks, its gitlinks, and every folder on the way to a tracked path
+        (read by agentbox.gitread when the index changed, else from the cache)."""
         from agentbox import gitread
 
-        index = self.repo.git_dir / "index"
-        try:
-            st = os.lstat(index)
-            sig: Any = [st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
-        except OSError:
-            sig = None
-        known = self.cache["tracked"]
+        if self._tracked_sets is not None:
+            return self._tracked_sets
+        known = self.recorded["tracked"]
         if known is not None and known[0] == sig:
             tracked, gitlinks = set(known[1]), dict(known[2])
         else:
             tracked, gitlinks = set(), {}
             if sig is not None:
                 try:
-                    for entry in gitread.read_index(index, MAX_INDEX, fmt=self.fmt):
+                    for entry in gitread.read_index(self.repo.git_dir / "index", MAX_INDEX, fmt=self.fmt):
                         path = os.fsencode(entry.path)
                         tracked.add(path)
                         if entry.mode == GITLINK:
@@ -327,14 +398,15 @@ class _Walk:
                 except gitread.GitReadError as exc:
                     self.notes.append(f"the workspace's index could not be read ({exc.message}); tracked files that "
                                       "the ignore rules match are not captured")
-            self.cache["tracked"] = [sig, sorted(tracked), gitlinks]
+            self.recorded["tracked"] = [sig, sorted(tracked), gitlinks]
         tracked_dirs = {b""}
         for path in tracked:
             folder = path.rpartition(b"/")[0]
             while folder and folder not in tracked_dirs:
                 tracked_dirs.add(folder)
                 folder = folder.rpartition(b"/")[0]
-        return tracked, gitlinks, tracked_dirs, sig
+        self._tracked_sets = (tracked, gitlinks, tracked_dirs)
+        return self._tracked_sets
 
     def _global_rules(self) -> tuple[list[Any], Any]:
         from agentbox import ignorerules
@@ -397,6 +469,15 @@ class _Walk:
         self.fds[folder] = fd
         return fd
 
+    def _dir_stat(self, folder: bytes) -> os.stat_result | None:
+        """A folder's lstat by its path (one call; only its data is used: anything read is reached through
+        folder descriptors), None when it is not a folder now."""
+        try:
+            st = os.lstat(os.fsencode(self.repo.work_tree) + (b"/" + folder if folder else b""))
+        except OSError:
+            return None
+        return st if stat.S_ISDIR(st.st_mode) else None
+
     def _lstat(self, path: bytes) -> os.stat_result | None:
         folder, _, name = path.rpartition(b"/")
         if not path:
@@ -428,34 +509,6 @@ def _digest(data: bytes) -> bytes:
     return hashlib.sha1(data).digest()
 
 
-# -- the trees ---------------------------------------------------------------------------------------
-
-
-def _write_trees(store: Path, entries: dict[bytes, list[Any]], fmt: str) -> str:
-    """The tree objects of entries, written to the store deepest first; the root tree's id."""
-    listed: dict[bytes, list[tuple[bytes, bytes, str]]] = {b"": []}  # folder -> (sort key, "mode name", oid)
-    subfolders: dict[bytes, list[bytes]] = {}
-    for path, entry in entries.items():
-        folder, _, name = path.rpartition(b"/")
-        child = folder
-        while child not in listed:
-            listed[child] = []
-            parent = child.rpartition(b"/")[0]
-            subfolders.setdefault(parent, []).append(child)
-            child = parent
-        listed[folder].append((name, b"%o %s" % (entry[0], name), entry[1]))
-    ids: dict[bytes, str] = {}
-    for folder in sorted(listed, key=lambda item: item.count(b"/") + bool(item), reverse=True):
-        items = listed[folder]
-        for sub in subfolders.get(folder, ()):
-            name = sub.rpartition(b"/")[2]
-            items.append((name + b"/", b"40000 " + name, ids[sub]))
-        items.sort(key=lambda item: item[0])
-        content = b"".join(head + b"\0" + bytes.fromhex(oid) for _, head, oid in items)
-        ids[folder] = hostgit.write_object(store, b"tree", content, fmt)
-    return ids[b""]
-
-
 # -- the git index for diff-files ---------------------------------------------------------------------
 
 
@@ -485,14 +538,13 @@ def _write_index(path: Path, entries: dict[bytes, list[Any]], fmt: str, started:
 
 
 def _empty(fmt: str) -> dict[str, Any]:
-    return {"version": CACHE_VERSION, "fmt": fmt, "entries": {}, "dirs": {}, "listings": {}, "new_listings": {},
-            "tracked": None, "tree": None, "skipped": {}, "index_written": False}
+    return {"version": CACHE_VERSION, "fmt": fmt, "dirs": {}, "listings": {}, "new_listings": {}, "tree": None,
+            "commit": None, "skipped": {}, "index_written": False, "tracked_sig": "unknown"}
 
 
-def _load(store: Path, fmt: str) -> dict[str, Any]:
+def _load(path: Path, fmt: str) -> dict[str, Any]:
     try:
-        with open(store / "stat.cache", "rb") as handle:
-            data = marshal.load(handle)
+        data = marshal.loads(path.read_bytes())  # marshal.load on a file reads it in tiny pieces
     except (OSError, EOFError, ValueError, TypeError):
         return _empty(fmt)
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("fmt") != fmt:
@@ -501,11 +553,10 @@ def _load(store: Path, fmt: str) -> dict[str, Any]:
     return data
 
 
-def _save(store: Path, cache: dict[str, Any]) -> None:
-    tmp = store / f".stat.cache.{os.getpid()}"
-    with open(tmp, "wb") as handle:
-        marshal.dump(cache, handle)
-    os.replace(tmp, store / "stat.cache")
+def _save(path: Path, cache: dict[str, Any]) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    tmp.write_bytes(marshal.dumps({key: value for key, value in cache.items() if key != "new_listings"}))
+    os.replace(tmp, path)
 
 
 # -- rule files, read by agentbox --------------------------------------------------------------------

@@ -329,7 +329,10 @@ def checkpoint_rows(box: Sandbox, runs: int) -> list[tuple[str, str, str, str, s
     for index in range(runs * 2):  # interleaved, so a busy moment costs both alike
         state = "off" if index % 2 == 0 else "on"
         enabled = "false" if state == "off" else "true"
-        (big_repo / "agentbox.yml").write_text(f"checkpoints:\n  enabled: {enabled}\n")
+        # In the global config: a project file that turns checkpoints off needs `agentbox trust`.
+        global_config = box.home / ".config" / "agentbox" / "config.yml"
+        kept = global_config.read_text().split("checkpoints:")[0]
+        global_config.write_text(f"{kept}checkpoints:\n  enabled: {enabled}\n")
         ckpt_launches[state].append(box.run(["codex", "--version"], big_repo, {"AGENTBOX_TIMING": "1"}))
         for line in box.last_stderr.splitlines():
             name, _, value = line.strip().rpartition("  ")

@@ -265,13 +265,12 @@ def test_apply_failures_raise_with_gits_message_and_change_nothing(work: Path) -
 
 
 def test_read_blobs_refuses_an_object_altered_after_it_was_written(work: Path) -> None:
-    write(work / "victim.txt", "original\n")
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
-    oid = next(oid for _, oid, name in hostgit.tree_entries(repo, snap.tree) if name == b"victim.txt")
-    assert hostgit.read_blobs(repo, [oid]) == {oid: b"original\n"}
+    hostgit.snapshot(repo, MB)
     store = hostgit.store_dir(repo)
+    oid = hostgit.write_object(store, b"blob", b"original\n", "sha1")  # a loose object of the store
+    assert hostgit.read_blobs(repo, [oid]) == {oid: b"original\n"}
     loose = store / "objects" / oid[:2] / oid[2:]
     forged = hostgit.write_object(store, b"blob", b"forged!!!\n", "sha1")
     forged_file = store / "objects" / forged[:2] / forged[2:]
