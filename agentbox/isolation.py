@@ -184,7 +184,7 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
             note(f"an earlier isolated session left changes: {made}")
     start = points.taken.checkpoint if points.taken is not None else None
     if start is not None:
-        candidate = Base(vm_commit(start.tree, start.head), start.tree, start.head, start.commit)
+        candidate = Base("", start.tree, start.head, start.commit)
         if start.skipped:
             warn(f"the agent's copy of the workspace lacks the {len(start.skipped)} file"
                  f"{'s' if len(start.skipped) != 1 else ''} the checkpoint left out for their size")
@@ -199,7 +199,8 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
         except FileExistsError:
             continue
     with locked_record(workspace) as record:
-        base = _choose_base(repo, workspace, vm_name, candidate, record)
+        candidate = _choose_base(repo, workspace, vm_name, candidate, record)
+        base = candidate.commit
         record["sessions"][session] = {"vm": vm_name, "agent": agent, "base": base, "started": now(),
                                        "checkpointSession": points.session}
         _prune(record)
@@ -208,18 +209,24 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
 
 
 class Base(NamedTuple):
-    commit: str  # the commit the VM makes from base.fi (parent: head)
+    commit: str  # the commit the VM makes from base.fi (parent: head); "" until chosen
     tree: str
     head: str | None
     stored: str  # a commit of that tree in agentbox's store
+    copy: int = 0  # how many times the VM's copy was remade (in the commit's message: a new copy, a new id)
+
+    @property
+    def message(self) -> str:
+        return BASE_MESSAGE + (f"\ncopy {self.copy}\n" if self.copy else "")
 
 
-def vm_commit(tree: str, head: str | None) -> str:
-    """The id of the commit base.fi makes in the VM: its fields are fixed, so it follows from tree and head."""
+def vm_commit(tree: str, head: str | None, message: str) -> str:
+    """The id of the commit base.fi makes in the VM: its fields are fixed, so it follows from tree, head and
+    message."""
     from agentbox import hostgit
 
     fmt = "sha1" if len(tree) == 40 else "sha256"
-    return hostgit.object_id(b"commit", hostgit.commit_object(tree, head, BASE_MESSAGE, 0), fmt)
+    return hostgit.object_id(b"commit", hostgit.commit_object(tree, head, message, 0), fmt)
 
 
 def _own_base(repo: Any, max_file_size: int) -> Base:
@@ -233,21 +240,26 @@ def _own_base(repo: Any, max_file_size: int) -> Base:
         warn(f"files larger than {max_file_size:,} bytes (checkpoints.maxFileSize) are not in the agent's copy: "
              f"{shown}{more}")
     stored = hostgit.commit(repo, snap.tree, None, BASE_MESSAGE)
-    return Base(vm_commit(snap.tree, snap.head), snap.tree, snap.head, stored)
+    return Base("", snap.tree, snap.head, stored)
 
 
-def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, record: dict[str, Any]) -> str:
-    """The candidate, recorded as a base agentbox gave the VM; the VM's copy is kept while its base is the
-    same (the id follows from the tree and HEAD) and the copy was not marked fresh."""
+def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, record: dict[str, Any]) -> Base:
+    """The candidate with its commit id, recorded as a base agentbox gave the VM. The id follows from the tree,
+    HEAD and how many times the copy was remade: the VM keeps its copy while it gets the same id, and a copy
+    marked fresh (its proposal applied or rejected) gets a new one, so launch.sh makes it anew."""
     from agentbox import hostgit
 
-    hostgit.set_ref(repo, base_ref(workspace, vm_name), candidate.stored)
-    if record["current"].get(vm_name) != candidate.commit or candidate.commit not in record["bases"]:
-        record["bases"][candidate.commit] = {"tree": candidate.tree, "head": candidate.head, "vm": vm_name,
-                                             "time": now()}
-        record["current"][vm_name] = candidate.commit
+    copies = record.setdefault("copies", {})
+    if vm_name in record["fresh"]:
+        copies[vm_name] = int(copies.get(vm_name, 0)) + 1
+    chosen = candidate._replace(copy=int(copies.get(vm_name, 0)))
+    chosen = chosen._replace(commit=vm_commit(chosen.tree, chosen.head, chosen.message))
+    hostgit.set_ref(repo, base_ref(workspace, vm_name), chosen.stored)
+    if record["current"].get(vm_name) != chosen.commit or chosen.commit not in record["bases"]:
+        record["bases"][chosen.commit] = {"tree": chosen.tree, "head": chosen.head, "vm": vm_name, "time": now()}
+        record["current"][vm_name] = chosen.commit
     record["fresh"] = [name for name in record["fresh"] if name != vm_name]
-    return candidate.commit
+    return chosen
 
 
 def _write_stream(repo: Any, path: Path, base: Base) -> None:
@@ -264,7 +276,7 @@ def _write_stream(repo: Any, path: Path, base: Base) -> None:
     inline = [oid for mode, oid, _ in entries if mode != "160000" and oid not in known]
     blobs = hostgit.read_blobs(repo, inline)
     stamp = b"agentbox <agentbox@localhost> 0 +0000"
-    message = BASE_MESSAGE.encode()
+    message = base.message.encode()
     parts = [b"commit refs/agentbox/base\n", b"author " + stamp + b"\n", b"committer " + stamp + b"\n",
              b"data %d\n" % len(message), message, b"\n"]
     if base.head:
