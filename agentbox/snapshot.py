@@ -35,7 +35,7 @@ from typing import Any
 from agentbox import hostgit, paths
 from agentbox.safetext import visible
 
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 RACY_NS = 2_000_000_000
 MAX_INDEX = 1 << 30  # the workspace's index is read up to this size
 MAX_RULES = 1 << 20  # a .gitignore, info/exclude or the global excludes file
@@ -103,8 +103,7 @@ class _Walk:
             context = _digest(repr((global_sig, tracked_sig)).encode())
             matcher = ignorerules.Matcher(global_rules, ignore_case=self._ignore_case())
             old_dirs: dict[bytes, Any] = self.cache["dirs"]
-            new_dirs: dict[bytes, Any] = {}
-            files: dict[bytes, int] = {}  # path -> kind seen in the listing (REGULAR, LINK, GITLINK)
+            new_dirs: dict[bytes, Any] = {}  # folder -> [ino, mtime, context, has .gitignore, decided]
             unchanged = tracked_sig == self.cache["tracked_sig"]
             stack: list[tuple[bytes, Any, bytes, bool]] = [(b"", matcher, context, False)]
             while stack:
@@ -113,27 +112,29 @@ class _Walk:
                 if st is None:
                     unchanged = False
                     continue
-                names = self._listing(folder, st)
-                if names is None:
+                known: list[Any] = old_dirs.get(folder) or [None, None, None, False, None]
+                same_listing = known[0] == st.st_ino and known[1] == st.st_mtime_ns
+                names = None if same_listing else self._listing(folder)
+                if names is None and not same_listing:
                     unchanged = False
                     continue
-                if b".gitignore" in names and names[b".gitignore"] != "d":
+                has_rules = known[3] if names is None else (b".gitignore" in names and names[b".gitignore"] != "d")
+                if has_rules:
                     sig, rules = self._folder_rules(folder, rules)
                     ctx = _digest(ctx + repr(sig).encode())
-                signature = [st.st_ino, st.st_mtime_ns, ctx]
-                known = old_dirs.get(folder)
-                if known is not None and known[0] == signature:
-                    decided = known[1]
+                if same_listing and known[2] == ctx:
+                    decided = known[4]
                 else:
                     unchanged = False
+                    names = names if names is not None else self._listing(folder)
+                    if names is None:
+                        continue
                     tracked, gitlinks, tracked_dirs = self._tracked(tracked_sig)
                     decided = self._decide(folder, names, rules, tracked, gitlinks, tracked_dirs, inside_ignored)
-                new_dirs[folder] = [signature, decided]
-                kept_files, subdirs, notes = decided
-                for name, kind in kept_files:
-                    files[_join(folder, name)] = kind
-                self.notes.extend(notes)
-                for name, ignored in subdirs:
+                new_dirs[folder] = [st.st_ino, st.st_mtime_ns, ctx, has_rules, decided]
+                if decided[2]:
+                    self.notes.extend(decided[2])
+                for name, ignored in decided[1]:
                     sub_ctx = _digest(ctx + b"ignored") if ignored else ctx
                     stack.append((_join(folder, name), rules, sub_ctx, inside_ignored or ignored))
             reported = self._reported(pending)
@@ -144,7 +145,7 @@ class _Walk:
                 pending.process.wait()
         changed = [path for path in reported if path] if reported is not None else []
         unchanged = unchanged and reported is not None and len(new_dirs) == len(old_dirs) and not changed
-        return self._record(files, new_dirs, changed, unchanged, started, tracked_sig)
+        return self._record(new_dirs, changed, unchanged, started, tracked_sig)
 
     def _reported(self, pending: hostgit.Pending | None) -> list[bytes] | None:
         """The recorded paths whose stat changed; None when the stat index is unusable (damaged or gone):
@@ -185,7 +186,7 @@ class _Walk:
                 subdirs.append((name, ignored))
             elif kind in ("f", "l") and (path in tracked or not (inside_ignored or rules.is_ignored(shown, False))):
                 kept.append((name, LINK if kind == "l" else REGULAR))
-        return [kept, subdirs, notes]
+        return [kept, subdirs, notes, any(kind == GITLINK for _, kind in kept)]
 
     def _is_nested_repository(self, path: bytes) -> bool:
         fd = self._folder_fd(path)
@@ -197,14 +198,9 @@ class _Walk:
             return False
         return True
 
-    def _listing(self, folder: bytes, st: os.stat_result) -> dict[bytes, str] | None:
-        """name -> "f" (regular file), "l" (link), "d" (folder) or "o" (anything else); the cached one
-        while the folder's inode and mtime are unchanged."""
-        known = self.cache["listings"].get(folder)
-        if known is not None and known[0] == [st.st_ino, st.st_mtime_ns]:
-            self.cache["new_listings"][folder] = known
-            listing: dict[bytes, str] = known[1]
-            return listing
+    def _listing(self, folder: bytes) -> dict[bytes, str] | None:
+        """name -> "f" (regular file), "l" (link), "d" (folder) or "o" (anything else), read through the folder's
+        descriptor; None when it is not a folder reached without a link."""
         fd = self._folder_fd(folder)
         if fd is None:
             return None
@@ -226,20 +222,22 @@ class _Walk:
                     found[os.fsencode(entry.name)] = kind
         except OSError:
             return None
-        self.cache["new_listings"][folder] = [[st.st_ino, st.st_mtime_ns], found]
         return found
 
     # -- recording -----------------------------------------------------------------------------------
 
-    def _record(self, files: dict[bytes, int], dirs: dict[bytes, Any], reported: list[bytes], unchanged: bool,
-                started: int, tracked_sig: Any) -> hostgit.Snapshot:
+    def _record(self, dirs: dict[bytes, Any], reported: list[bytes], unchanged: bool, started: int,
+                tracked_sig: Any) -> hostgit.Snapshot:
         """The snapshot from what the walk found: the cached tree while nothing changed (no folder, no
         recorded file's stat, no file left out for its size), else the files that changed read into the
         store and the tree made anew from the last one."""
-        skipped = self._still_skipped(files)
         tree = self.cache["tree"]
-        if unchanged and skipped is not None and tree and self.cache["commit"]:
-            return self._finish(tree, skipped, dirs, tracked_sig)
+        if unchanged and tree and self.cache["commit"]:
+            skipped = self._still_skipped(None)
+            if skipped is not None:
+                return self._finish(tree, skipped, dirs, tracked_sig, save=skipped != self.cache["skipped"])
+        files = {_join(folder, name): kind for folder, entry in dirs.items() for name, kind in entry[4][0]}
+        skipped = self._still_skipped(files)
         entries: dict[bytes, list[Any]] = self.recorded["entries"]
         gitlinks = self._tracked(tracked_sig)[1] if any(kind == GITLINK for kind in files.values()) else {}
         changes: list[tuple[bytes, int | None, str | None]] = []
@@ -289,17 +287,17 @@ class _Walk:
         self.cache["commit"] = commit
         return self._finish(tree, left_out, dirs, tracked_sig)
 
-    def _finish(self, tree: str, skipped: dict[bytes, int], dirs: dict[bytes, Any],
-                tracked_sig: Any) -> hostgit.Snapshot:
-        self.cache["tree"] = tree
-        self.cache["dirs"] = dirs
-        self.cache["listings"] = self.cache.pop("new_listings")
-        self.cache["skipped"] = skipped
-        self.cache["tracked_sig"] = tracked_sig
-        _save(self.store / "walk.cache", self.cache)
-        self.cache["new_listings"] = {}
+    def _finish(self, tree: str, skipped: dict[bytes, int], dirs: dict[bytes, Any], tracked_sig: Any,
+                save: bool = True) -> hostgit.Snapshot:
+        """The snapshot; the walk's cache written when something in it changed."""
+        if save:
+            self.cache["tree"] = tree
+            self.cache["dirs"] = dirs
+            self.cache["skipped"] = skipped
+            self.cache["tracked_sig"] = tracked_sig
+            _save(self.store / "walk.cache", self.cache)
         notes = list(dict.fromkeys(self.notes))
-        if any(kind == GITLINK for _, kind in (item for folder in dirs.values() for item in folder[1][0])):
+        if any(entry[4][3] for entry in dirs.values()):
             notes.append("submodules are captured as the commit the index records for them, not their own changes")
         shown_skipped = sorted((os.fsdecode(path), size) for path, size in skipped.items())
         return hostgit.Snapshot(tree, self._head(), shown_skipped, notes)
@@ -307,12 +305,12 @@ class _Walk:
     def _missing(self, commit: str | None) -> bool:
         return not commit or hostgit.tree_of(self.repo, commit) is None
 
-    def _still_skipped(self, files: dict[bytes, int]) -> dict[bytes, int] | None:
-        """Files left out for their size last time, when all are still there and still too large (their
-        sizes now); None when one of them changed (it is read again)."""
+    def _still_skipped(self, files: dict[bytes, int] | None) -> dict[bytes, int] | None:
+        """Files left out for their size last time, when all are still there (in files, when given) and still
+        too large (their sizes now); None when one of them changed (it is read again)."""
         found = {}
         for path in self.cache["skipped"]:
-            st = self._lstat(path) if path in files else None
+            st = self._lstat(path) if files is None or path in files else None
             if st is None or not stat.S_ISREG(st.st_mode) or st.st_size <= self.limit:
                 return None
             found[path] = st.st_size
@@ -538,8 +536,8 @@ def _write_index(path: Path, entries: dict[bytes, list[Any]], fmt: str, started:
 
 
 def _empty(fmt: str) -> dict[str, Any]:
-    return {"version": CACHE_VERSION, "fmt": fmt, "dirs": {}, "listings": {}, "new_listings": {}, "tree": None,
-            "commit": None, "skipped": {}, "index_written": False, "tracked_sig": "unknown"}
+    return {"version": CACHE_VERSION, "fmt": fmt, "dirs": {}, "tree": None, "commit": None, "skipped": {},
+            "index_written": False, "tracked_sig": "unknown"}
 
 
 def _load(path: Path, fmt: str) -> dict[str, Any]:
@@ -549,13 +547,12 @@ def _load(path: Path, fmt: str) -> dict[str, Any]:
         return _empty(fmt)
     if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("fmt") != fmt:
         return _empty(fmt)
-    data["new_listings"] = {}
     return data
 
 
 def _save(path: Path, cache: dict[str, Any]) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_bytes(marshal.dumps({key: value for key, value in cache.items() if key != "new_listings"}))
+    tmp.write_bytes(marshal.dumps(cache))
     os.replace(tmp, path)
 
 
