@@ -125,9 +125,7 @@ def snapshot(repo: Repo, max_file_size: int) -> Snapshot:
     """The working tree (tracked files and untracked files that are not ignored) as a tree in the store."""
     from agentbox import snapshot as snapshots
 
-    if tool() is None:
-        raise GitMissing("git is not installed on this computer (not found on PATH)",
-                         hint="Install git to use checkpoints and `agentbox diff`.")
+    _git()
     with store_locked(repo) as store:
         return snapshots.take(repo, store, max_file_size)
 
@@ -514,14 +512,27 @@ def store_format(repo: Repo) -> str:
 # -- running git ------------------------------------------------------------------------------------
 
 
-def _store_popen(repo: Repo, args: list[str], stderr: Any) -> subprocess.Popen[bytes]:
+def _git() -> str:
+    """The host's git, or GitMissing."""
     git = tool()
     if git is None:
         raise GitMissing("git is not installed on this computer (not found on PATH)",
                          hint="Install git to use checkpoints and `agentbox diff`.")
+    return git
+
+
+def _store_env(repo: Repo, **extra: str) -> tuple[Path, dict[str, str]]:
+    """The store and git's whole environment for a call on it (see _base_env)."""
     store = init_store(repo)
     env = _base_env(store)
-    env.update(GIT_DIR=str(store), GIT_CONFIG_GLOBAL=str(store / "config"), **IDENTITY)
+    env.update(GIT_DIR=str(store), GIT_CONFIG_GLOBAL=str(store / "config"), GIT_LITERAL_PATHSPECS="1", **IDENTITY,
+               **extra)
+    return store, env
+
+
+def _store_popen(repo: Repo, args: list[str], stderr: Any) -> subprocess.Popen[bytes]:
+    git = _git()
+    store, env = _store_env(repo)
     return subprocess.Popen([git, *_SAFE, *args], env=env, cwd=store, stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=stderr)
 
@@ -548,15 +559,10 @@ class Pending(NamedTuple):
 
 
 def start_diff_files(repo: Repo, index: Path) -> Pending:
-    """`git diff-files` on the store's stat index, started now (see diff_files), its answer read later."""
-    git = tool()
-    if git is None:
-        raise GitMissing("git is not installed on this computer (not found on PATH)",
-                         hint="Install git to use checkpoints and `agentbox diff`.")
-    store = init_store(repo)
-    env = _base_env(store)
-    env.update(GIT_DIR=str(store), GIT_CONFIG_GLOBAL=str(store / "config"), GIT_INDEX_FILE=str(index),
-               GIT_WORK_TREE=str(repo.work_tree), GIT_LITERAL_PATHSPECS="1")
+    """`git diff-files` on the store's stat index (it only lstat()s the recorded paths, opening none), started
+    now; its answer is read later."""
+    git = _git()
+    _, env = _store_env(repo, GIT_INDEX_FILE=str(index), GIT_WORK_TREE=str(repo.work_tree))
     process = subprocess.Popen([git, *_SAFE, "diff-files", "--name-only", "-z", "--ignore-submodules=all"], env=env,
                                cwd=repo.work_tree, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE)
@@ -566,14 +572,10 @@ def start_diff_files(repo: Repo, index: Path) -> Pending:
 def _store_git(repo: Repo, args: list[str], input: bytes | None = None, ok: Sequence[int] = (0,),
                index: str | None = None, work_tree: Path | None = None, what: str | None = None) -> bytes:
     """git on agentbox's own store (never on the workspace's git folder)."""
-    store = init_store(repo)
-    env = _base_env(store)
-    env.update(GIT_DIR=str(store), GIT_CONFIG_GLOBAL=str(store / "config"), **IDENTITY)
-    env["GIT_LITERAL_PATHSPECS"] = "1"
-    if index is not None:
-        env["GIT_INDEX_FILE"] = index
+    extra = {"GIT_INDEX_FILE": index} if index is not None else {}
     if work_tree is not None:
-        env["GIT_WORK_TREE"] = str(work_tree)
+        extra["GIT_WORK_TREE"] = str(work_tree)
+    store, env = _store_env(repo, **extra)
     return _checked(repo, args, env, work_tree or store, input, ok, what or f"git {args[0]}")
 
 
@@ -603,10 +605,7 @@ def remaining() -> float:
 
 def _checked(repo: Repo, args: list[str], env: dict[str, str], cwd: Path, input: bytes | None,
              ok: Sequence[int], what: str) -> bytes:
-    git = tool()
-    if git is None:
-        raise GitMissing("git is not installed on this computer (not found on PATH)",
-                         hint="Install git to use checkpoints and `agentbox diff`.")
+    git = _git()
     seconds = remaining()
     try:
         result = subprocess.run([git, *_SAFE, *args], env=env, cwd=cwd, input=input if input is not None else b"",
