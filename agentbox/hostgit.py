@@ -323,13 +323,6 @@ def tree_of(repo: Repo, commit: str) -> str | None:
     return commit_trees(repo, [commit])[commit]
 
 
-def has_tree(repo: Repo, tree: str) -> bool:
-    """Whether the store holds tree (checked against its id)."""
-    _check_oid(tree)
-    kind, content = _batch(repo, [tree]).get(tree, (b"", b""))
-    return kind == b"tree" and _verified(b"tree", content, tree)
-
-
 def change_counts(repo: Repo, pairs: list[tuple[str, str]]) -> list[dict[str, int]]:
     """For each (old tree, new tree): how many files were added, modified, deleted ("A", "M", "D", "T")."""
     if not pairs:
@@ -369,19 +362,6 @@ def diff(repo: Repo, old_tree: str, new_tree: str, *, stat: bool = False, name_o
     else:
         shape = ["-p", *(("--binary", "--full-index") if binary else ())]
     return _store_git(repo, ["diff-tree", "-r", *shape, *_DIFF, old_tree, new_tree, *_pathspec(paths)])
-
-
-def tree_modes(repo: Repo, tree: str, wanted: list[str]) -> dict[str, str]:
-    """path -> mode ("100644", "100755", "120000", "160000") of the wanted paths a tree of the store holds."""
-    if not wanted:
-        return {}
-    out = _store_git(repo, ["ls-tree", "-z", "--full-tree", tree, "--", *wanted])
-    found = {}
-    for entry in out.split(b"\0"):
-        if entry:
-            meta, _, name = entry.partition(b"\t")
-            found[os.fsdecode(name)] = meta.split(b" ")[0].decode()
-    return found
 
 
 def tree_entries(repo: Repo, tree: str) -> list[tuple[str, str, bytes]]:

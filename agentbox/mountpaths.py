@@ -99,7 +99,7 @@ def refusal(location: Path, written: str, workspace: Path, named_by_global: bool
         exact = real == Path(os.path.realpath(folder)) and as_named in (folder, Path(os.path.realpath(folder)))
         if explicit and exact:
             continue
-        why = _relation(real, Path(os.path.realpath(folder)), name)
+        why = paths.relation(real, Path(os.path.realpath(folder)), name)
         if why is None:
             continue
         if exact:
@@ -110,13 +110,3 @@ def refusal(location: Path, written: str, workspace: Path, named_by_global: bool
                     f"itself, name exactly {folder} in the global config ({paths.global_config_file()}).")
         return real, Refusal(f"{why}, which holds logins, keys or the settings of programs on your host", hint)
     return real, None
-
-
-def _relation(real: Path, folder: Path, name: str) -> str | None:
-    if real == folder:
-        return f"it is {name}"
-    if folder in real.parents:
-        return f"it is inside {name} ({folder})"
-    if real in folder.parents:
-        return f"it contains {name} ({folder})"
-    return None

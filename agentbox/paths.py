@@ -85,12 +85,20 @@ def mount_target_problem(path: Path) -> str | None:
     if real == own_home or real in own_home.parents:
         return "it is or contains your home folder"
     for name, special in protected:
-        if real == special:
-            return f"it is {name}"
-        if special in real.parents:
-            return f"it is inside {name} ({special})"
-        if real in special.parents:
-            return f"it contains {name} ({special})"
+        why = relation(real, special, name)
+        if why:
+            return why
+    return None
+
+
+def relation(real: Path, folder: Path, name: str) -> str | None:
+    """How real stands to folder (called name), when it is, lies inside or contains it; else None."""
+    if real == folder:
+        return f"it is {name}"
+    if folder in real.parents:
+        return f"it is inside {name} ({folder})"
+    if real in folder.parents:
+        return f"it contains {name} ({folder})"
     return None
 
 
