@@ -117,6 +117,8 @@ def isolated_vm(project: Path, limactl: FakeLima) -> FakeLima:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs(*capabilities): the test needs these tools on this machine")
+    if os.environ.get("CI") and config.option.durations is None:
+        config.option.durations = 25  # CI's log shows where the time goes (the budget is in CONTRIBUTING.md)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -7,6 +7,7 @@ session whose agentbox was interrupted still becomes a proposal.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -101,7 +102,7 @@ def review_command(ctx: click.Context, proposal_id: str | None) -> None:
     refused = proposals.refusals(workspace, proposal, patch, allow_host_exec=False)
     front = _review_header(workspace, proposal, flagged, refused).encode("utf-8", "surrogateescape") + summary
     front += b"" if front.endswith(b"\n") else b"\n"
-    out = click.get_binary_stream("stdout")
+    out = sys.stdout.buffer  # (click.get_binary_stream is deprecated from click 8.5)
     if patchview.is_terminal(out):
         front = visible_text(front.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
     out.write(front + b"\n")
