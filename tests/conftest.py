@@ -70,9 +70,19 @@ def project(home: Path) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def boot_records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the double keeps recorded provisioning results for this run, shared by its xdist workers."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "boot-records"
+
+
 @pytest.fixture
-def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeLima:
-    """The limactl test double, first on PATH, with its state in this test's LIMA_HOME."""
+def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            request: pytest.FixtureRequest, boot_records: Path) -> FakeLima:
+    """The limactl test double, first on PATH, with its state in this test's LIMA_HOME. A VM's boot scripts
+    run for real the first time the run meets them and are replayed from a record after that
+    (tests/fake_limactl/bootcache.py), unless the test is marked `real_boot`."""
     from tests import fake_limactl
 
     bin_dir = tmp_path / "bin"
@@ -81,6 +91,8 @@ def limactl(isolated_env: dict[str, Path], tmp_path: Path, monkeypatch: pytest.M
     for name in list(os.environ):
         if name.startswith("FAKE_LIMACTL_"):
             monkeypatch.delenv(name)
+    if request.node.get_closest_marker("real_boot") is None:
+        monkeypatch.setenv(fake_limactl.BOOT_CACHE_VAR, str(boot_records))
     return FakeLima(isolated_env["lima_home"])
 
 
@@ -117,6 +129,8 @@ def isolated_vm(project: Path, limactl: FakeLima) -> FakeLima:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "needs(*capabilities): the test needs these tools on this machine")
+    config.addinivalue_line("markers", "real_boot: the limactl double runs every boot's provisioning scripts for "
+                                       "real (no recorded results: tests/fake_limactl/bootcache.py)")
     if os.environ.get("CI") and config.option.durations is None:
         config.option.durations = 25  # CI's log shows where the time goes (the budget is in CONTRIBUTING.md)
 

@@ -18,6 +18,10 @@ from agentbox import sizes
 from tests import fake_limactl
 from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
+# A base VM is what provisioning leaves: its tests run the provisioning for real at every boot, never from
+# recorded results (tests/fake_limactl/bootcache.py).
+pytestmark = pytest.mark.real_boot
+
 SCHEMA = json.loads((Path(__file__).parent / "lima_schema.json").read_text())
 OTHER = "agentbox-other"
 

@@ -16,6 +16,10 @@ import pytest
 from tests import fake_limactl
 from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 
+# These tests are about the provisioning scripts: the double runs them for real at every boot, never from
+# recorded results (tests/fake_limactl/bootcache.py).
+pytestmark = pytest.mark.real_boot
+
 NAME = "agentbox-myproject"
 
 

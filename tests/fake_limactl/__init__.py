@@ -25,8 +25,10 @@ LIMACTL_PY = Path(__file__).resolve().with_name("limactl.py")
 SSH_PY = Path(__file__).resolve().with_name("ssh.py")
 STATE_FILE = "fake-state.json"
 VERSION = "v2.2.0"
+BOOT_CACHE_VAR = "FAKE_LIMACTL_BOOT_CACHE"  # bootcache.py: recorded provisioning results
 
 __all__ = [
+    "BOOT_CACHE_VAR",
     "LIMACTL_PY",
     "VERSION",
     "bwrap_available",
@@ -58,14 +60,25 @@ def install(bin_dir: Path, lima_home: Path | None = None) -> Path:
     shim = bin_dir / "limactl"
     shim.write_text(
         "#!/bin/bash\nexport FAKE_LIMACTL_T0=$EPOCHREALTIME\n"
-        f'exec {shlex.quote(sys.executable)} {shlex.quote(str(LIMACTL_PY))} "$@"\n'
+        f"export FAKE_LIMACTL_SYSPATH={shlex.quote(os.pathsep.join(_site_folders()))}\n"
+        f'exec {shlex.quote(sys.executable)} -S {shlex.quote(str(LIMACTL_PY))} "$@"\n'
     )
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     # The ssh that reaches the double's guests through their ssh.config (port forwards only; ssh.py).
     ssh = bin_dir / "ssh"
-    ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} {shlex.quote(str(SSH_PY))} "$@"\n')
+    ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S {shlex.quote(str(SSH_PY))} "$@"\n')
     ssh.chmod(ssh.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return shim
+
+
+def _site_folders() -> list[str]:
+    """Where this interpreter's packages are (PyYAML, jsonschema): the double runs without site.py
+    (constants.SYSPATH_VAR says why) and is told these instead."""
+    import site
+
+    folders = [*site.getsitepackages(), site.getusersitepackages()]
+    folders += [p for p in sys.path if p.rstrip("/").endswith(("site-packages", "dist-packages"))]
+    return list(dict.fromkeys(p for p in folders if os.path.isdir(p)))
 
 
 _LEAKY_PREFIXES = ("FAKE_LIMACTL_", "LIMA_", "_LIMA_")

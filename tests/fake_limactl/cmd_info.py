@@ -10,7 +10,10 @@ from constants import SHELL_ENV_BLOCK, VERSION
 from context import Ctx, host_arch
 from limayaml import SchemaError, fill_defaults, load_aux_config, load_config, validate_config
 from logrus import Fatal, LoadError, bq, out
-from pflag import Parsed, wrap_args_error
+from pflag import Flag, Parsed, wrap_args_error
+
+INFO_FLAGS = {"yq": Flag("str", default=".", unsupported=True)}
+VALIDATE_FLAGS = {"fill": Flag("bool")}
 
 
 def cmd_info(ctx: Ctx, p: Parsed) -> int:

@@ -171,6 +171,14 @@ def cmd_delete(ctx: Ctx, p: Parsed) -> int:
     return 0
 
 
+def cmd_protect_on(ctx: Ctx, p: Parsed) -> int:
+    return cmd_protect(ctx, p, protect=True)
+
+
+def cmd_protect_off(ctx: Ctx, p: Parsed) -> int:
+    return cmd_protect(ctx, p, protect=False)
+
+
 def cmd_protect(ctx: Ctx, p: Parsed, *, protect: bool = True) -> int:
     verb = "protect" if protect else "unprotect"
     if not p.args:

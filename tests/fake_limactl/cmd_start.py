@@ -19,7 +19,7 @@ from typing import Any
 import guest
 import hostagent
 import machine
-from constants import BOOT_SUBCOMMAND, LIMACTL_PY, PROXY_VARS
+from constants import BOOT_SUBCOMMAND, PROXY_VARS, own_process
 from context import Ctx, injected_failure, lima_lock, read_state, validate_inst_name, write_state
 from guest import hostname_of
 from instances import Instance, format_data, inspect
@@ -274,9 +274,9 @@ def _abort_start(ctx: Ctx, inst: Instance, previous: dict[str, Any]) -> None:
 def _start_boot(ctx: Ctx, inst: Instance) -> None:
     """The guest's boot scripts run on in the background, like cloud-init in a VM: `start` waits for
     them, and a start that is interrupted or times out leaves them running."""
-    child = subprocess.Popen([sys.executable, LIMACTL_PY, BOOT_SUBCOMMAND, inst.name,
-                              inst.state["iid"]], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True, env=os.environ.copy())
+    argv, env = own_process(BOOT_SUBCOMMAND, inst.name, inst.state["iid"])
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, env=env)
     with lima_lock(ctx.lima_home):
         state = read_state(inst.dir)
         if state.get("iid") == inst.state["iid"]:

@@ -10,10 +10,22 @@ import sys
 VERSION = "v2.2.0"
 HERE = os.path.dirname(os.path.abspath(__file__))
 LIMACTL_PY = os.path.join(HERE, "limactl.py")  # the entry point (`limactl __boot` runs it again)
+# The double runs under `python -S` (no site.py: the test machine's .pth files cost ~35 ms a call, and a
+# test makes hundreds of calls); the folders holding PyYAML and jsonschema come in this variable instead,
+# which limactl.py takes out of the environment so that no guest or child of the caller sees it.
+SYSPATH_VAR = "FAKE_LIMACTL_SYSPATH"
+SYSPATH = os.environ.pop(SYSPATH_VAR, "")
+sys.path.extend(p for p in SYSPATH.split(os.pathsep) if p and p not in sys.path)
+
+
+def own_process(*args: str) -> tuple[list[str], dict[str, str]]:
+    """argv and environment to run the double again (`limactl __boot`, `__machine`)."""
+    return [sys.executable, "-S", LIMACTL_PY, *args], dict(os.environ, **{SYSPATH_VAR: SYSPATH})
 SCHEMA_PATH = os.path.join(os.path.dirname(HERE), "lima_schema.json")
 STATE_FILE = "fake-state.json"
 BOOT_SUBCOMMAND = "__boot"
 MACHINE_SUBCOMMAND = "__machine"   # the running guest's agent (machine.py)
+LISTENERS_SUBCOMMAND = "__listeners"  # the guest agent reporting listening sockets (hostagent.py)
 ID_RE = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
 USERNAME_RE = re.compile(r"^[a-z_][a-z0-9_-]*$")
 PARAM_NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9_]*$")

@@ -27,7 +27,8 @@ def _yaml_loader() -> Any:
         return _LOADER
     import yaml
 
-    class Loader(yaml.SafeLoader):
+    # libyaml's parser when PyYAML has it (a tenth of the time); the constructor and resolvers are Python either way.
+    class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:

@@ -48,6 +48,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import bootcache
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOOLS_DIR = os.path.join(HERE, "guest_tools")
 GUEST_TOOLS = "/.fake-limactl"
@@ -866,21 +868,24 @@ def run_boot(inst: Any, iid: str, knobs: dict[str, Any], results: dict[str, list
                 time.sleep(0.5)
             return
         failed = False
-        counters = {"system": 0, "user": 0}
         order = {"data": 0, "yq": 1, "system": 2, "user": 3}  # Lima's boot script runs them by mode
         steps = sorted(enumerate(cfg.get("provision", [])), key=lambda item: (order.get(item[1]["mode"], 4), item[0]))
+        scripts = [(i, p) for i, p in steps if p["mode"] in ("system", "user")]
+        data: dict[str, str] = {}
         for i, p in steps:
             mode = p["mode"]
             if mode == "data":
                 log.lima(f"Executing provision[{i}] (mode data, path {p['path']})")
                 write_data_file(inst, p)
                 results["data"].append(p["path"])
+                host_path, _ = resolve_guest_path(inst, p["path"])
+                data[p["path"]] = os.path.relpath(host_path, guestfs(inst.dir)) if host_path else ""
                 continue
             if mode in ("system", "user"):
-                counters[mode] += 1
-                code = _run_script(inst, mode, counters[mode], p.get("script", ""), log)
-                results["scripts"].append({"index": i, "mode": mode, "script": p.get("script", ""), "exit": code})
-                failed = failed or code != 0
+                if i == scripts[0][0]:
+                    ran = _run_scripts(inst, scripts, log, _replayable(knobs), data)
+                    results["scripts"].extend(ran)
+                    failed = any(r["exit"] != 0 for r in ran)
                 continue
             log.lima(f"WARNING: fake limactl: provision mode `{mode}` is not run by the test double")
         if failed:
@@ -895,6 +900,43 @@ def run_boot(inst: Any, iid: str, knobs: dict[str, Any], results: dict[str, list
     run = guestfs(inst.dir, "run")
     with open(os.path.join(run, "lima-boot-done"), "w", encoding="utf-8") as f:
         f.write(iid + "\n")
+
+
+def _replayable(knobs: dict[str, Any]) -> bool:
+    """Whether recorded results may stand in for the scripts: not when a knob changes how the boot goes."""
+    return not (knobs.get("offline") or knobs.get("provisionDelay") or knobs.get("provisionHang")
+                or os.environ.get("FAKE_LIMACTL_APT_LOCK_SECONDS"))
+
+
+def _run_scripts(inst: Any, scripts: list[tuple[int, dict[str, Any]]], log: BootLog, replayable: bool,
+                 data: dict[str, str]) -> list[dict[str, Any]]:
+    """The `system` and `user` scripts in order (their results), or their recorded results (bootcache.py)."""
+    cache = bootcache.folder() if replayable else None
+    root = guestfs(inst.dir)
+    name = before = None
+    if cache:
+        before = bootcache.listing(root)
+        env = dict(_script_env_base(inst), **inst.config.get("env", {}))
+        mounts = [m.get(k) or "" for m in inst.config.get("mounts", []) for k in ("location", "mountPoint")]
+        name = bootcache.key([p for _, p in scripts], env, inst.config["user"], before, data, mounts)
+        if name is not None:
+            replayed = bootcache.replay(cache, name, inst.dir, root, log.fd)
+            if replayed is not None:
+                return replayed
+    log_start = os.lseek(log.fd, 0, os.SEEK_END)
+    ran = []
+    counters = {"system": 0, "user": 0}
+    for i, p in scripts:
+        mode = p["mode"]
+        counters[mode] += 1
+        code = _run_script(inst, mode, counters[mode], p.get("script", ""), log)
+        ran.append({"index": i, "mode": mode, "script": p.get("script", ""), "exit": code})
+    if cache and name is not None and before is not None:
+        with open(log.path, "rb") as f:
+            f.seek(log_start)
+            output = f.read()
+        bootcache.record(cache, name, inst.dir, root, before, ran, output)
+    return ran
 
 
 def _run_script(inst: Any, mode: str, n: int, script: str, log: BootLog) -> int:

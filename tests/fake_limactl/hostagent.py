@@ -46,7 +46,6 @@ from context import Ctx, lima_lock, read_state, write_state
 from instances import Instance, inspect
 from logrus import Fatal, NotExist, bq, go_json, json_line
 
-LISTENERS_SUBCOMMAND = "__listeners"
 SSH_GUEST_PORT = 22
 STDOUT_LOG = "ha.stdout.log"
 STDERR_LOG = "ha.stderr.log"

@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import json
 import os
 import sys
@@ -89,56 +90,46 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cmd_create import CREATE_FLAGS, cmd_create
-from cmd_edit import EDIT_FLAGS, cmd_edit
-from cmd_info import cmd_info, cmd_validate
-from cmd_lifecycle import (
-    CLONE_FLAGS,
-    DELETE_FLAGS,
-    RENAME_FLAGS,
-    RESTART_FLAGS,
-    STOP_FLAGS,
-    cmd_clone,
-    cmd_delete,
-    cmd_protect,
-    cmd_rename,
-    cmd_restart,
-    cmd_stop,
-)
-from cmd_list import LIST_FLAGS, cmd_list
-from cmd_shell import COPY_FLAGS, SHELL_FLAGS, cmd_copy, cmd_shell
-from cmd_start import START_FLAGS, boot_process, cmd_start
-from constants import BOOT_SUBCOMMAND, MACHINE_SUBCOMMAND, VERSION
+# constants comes first: it puts the folders of PyYAML and jsonschema on sys.path (python -S).
+from constants import BOOT_SUBCOMMAND, LISTENERS_SUBCOMMAND, MACHINE_SUBCOMMAND, VERSION
 from context import Ctx, injected_failure, resolve_lima_home, simulate_latency
-from hostagent import LISTENERS_SUBCOMMAND, listeners_process
 from logrus import LEVELS, ChildExit, Fatal, Logger, bq, go_quote, out
 from pflag import GLOBAL_FLAGS, ROOT_FLAGS, Flag, Parsed, parse_flags
 
 
 @dataclass
 class Command:
-    run: Callable[[Ctx, Parsed], int]
-    flags: dict[str, Flag]
+    """A sub-command; its module is imported only when it runs (a call pays for its own command only)."""
+
+    module: str
+    run: str
+    flags: str | None
     usage: str
     interspersed: bool = True
 
+    def load(self) -> tuple[Callable[[Ctx, Parsed], int], dict[str, Flag]]:
+        module = importlib.import_module(self.module)
+        return getattr(module, self.run), (getattr(module, self.flags) if self.flags else {})
+
 
 COMMANDS: dict[str, Command] = {
-    "list": Command(cmd_list, LIST_FLAGS, "list [flags] [INSTANCE]..."),
-    "create": Command(cmd_create, CREATE_FLAGS, "create FILE.yaml|URL [flags]"),
-    "start": Command(cmd_start, START_FLAGS, "start NAME|FILE.yaml|URL [flags]"),
-    "stop": Command(cmd_stop, STOP_FLAGS, "stop INSTANCE [INSTANCE, ...] [flags]"),
-    "restart": Command(cmd_restart, RESTART_FLAGS, "restart INSTANCE [flags]"),
-    "delete": Command(cmd_delete, DELETE_FLAGS, "delete INSTANCE [INSTANCE, ...] [flags]"),
-    "protect": Command(lambda c, p: cmd_protect(c, p, protect=True), {}, "protect INSTANCE [INSTANCE, ...]"),
-    "unprotect": Command(lambda c, p: cmd_protect(c, p, protect=False), {}, "unprotect INSTANCE [INSTANCE, ...]"),
-    "clone": Command(cmd_clone, CLONE_FLAGS, "clone OLDINST NEWINST [flags]"),
-    "rename": Command(cmd_rename, RENAME_FLAGS, "rename OLDINST NEWINST [flags]"),
-    "edit": Command(cmd_edit, EDIT_FLAGS, "edit INSTANCE|FILE.yaml [flags]"),
-    "info": Command(cmd_info, {"yq": Flag("str", default=".", unsupported=True)}, "info [flags]"),
-    "validate": Command(cmd_validate, {"fill": Flag("bool")}, "validate FILE.yaml [FILE.yaml, ...] [flags]"),
-    "shell": Command(cmd_shell, SHELL_FLAGS, "shell [flags] INSTANCE [COMMAND...]", interspersed=False),
-    "copy": Command(cmd_copy, COPY_FLAGS, "copy SOURCE ... TARGET [flags]"),
+    "list": Command("cmd_list", "cmd_list", "LIST_FLAGS", "list [flags] [INSTANCE]..."),
+    "create": Command("cmd_create", "cmd_create", "CREATE_FLAGS", "create FILE.yaml|URL [flags]"),
+    "start": Command("cmd_start", "cmd_start", "START_FLAGS", "start NAME|FILE.yaml|URL [flags]"),
+    "stop": Command("cmd_lifecycle", "cmd_stop", "STOP_FLAGS", "stop INSTANCE [INSTANCE, ...] [flags]"),
+    "restart": Command("cmd_lifecycle", "cmd_restart", "RESTART_FLAGS", "restart INSTANCE [flags]"),
+    "delete": Command("cmd_lifecycle", "cmd_delete", "DELETE_FLAGS", "delete INSTANCE [INSTANCE, ...] [flags]"),
+    "protect": Command("cmd_lifecycle", "cmd_protect_on", None, "protect INSTANCE [INSTANCE, ...]"),
+    "unprotect": Command("cmd_lifecycle", "cmd_protect_off", None, "unprotect INSTANCE [INSTANCE, ...]"),
+    "clone": Command("cmd_lifecycle", "cmd_clone", "CLONE_FLAGS", "clone OLDINST NEWINST [flags]"),
+    "rename": Command("cmd_lifecycle", "cmd_rename", "RENAME_FLAGS", "rename OLDINST NEWINST [flags]"),
+    "edit": Command("cmd_edit", "cmd_edit", "EDIT_FLAGS", "edit INSTANCE|FILE.yaml [flags]"),
+    "info": Command("cmd_info", "cmd_info", "INFO_FLAGS", "info [flags]"),
+    "validate": Command("cmd_info", "cmd_validate", "VALIDATE_FLAGS",
+                        "validate FILE.yaml [FILE.yaml, ...] [flags]"),
+    "shell": Command("cmd_shell", "cmd_shell", "SHELL_FLAGS", "shell [flags] INSTANCE [COMMAND...]",
+                     interspersed=False),
+    "copy": Command("cmd_shell", "cmd_copy", "COPY_FLAGS", "copy SOURCE ... TARGET [flags]"),
 }
 # Sub-commands whose FAKE_LIMACTL_FAIL_<SUBCMD> fails them up front (the others fail mid-way).
 SIMPLE_FAILURES = ("restart", "protect", "unprotect", "clone", "rename", "edit", "info", "validate")
@@ -208,8 +199,10 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
         out(usage_text())
         return 0
     if sub == BOOT_SUBCOMMAND:
+        from cmd_start import boot_process
         return boot_process(ctx, rest)
     if sub == LISTENERS_SUBCOMMAND:
+        from hostagent import listeners_process
         return listeners_process(ctx, rest)
     if sub == MACHINE_SUBCOMMAND:
         from machine import machine_process
@@ -226,7 +219,8 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
         parse_flags(root_args, GLOBAL_FLAGS)
         raise Fatal(f"unknown command {go_quote(sub)} for \"limactl\"")
     ctx.cmd = name
-    spec = dict(GLOBAL_FLAGS, **command.flags)
+    run, flags = command.load()
+    spec = dict(GLOBAL_FLAGS, **flags)
     p = parse_flags(root_args, GLOBAL_FLAGS)
     sub_p = parse_flags(rest, spec, interspersed=command.interspersed)
     merged = Parsed({**sub_p.values, **{k: p.values[k] for k in p.changed}},
@@ -240,7 +234,7 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
         fail = injected_failure(ctx, name)
         if fail:
             raise Fatal(fail)
-    return command.run(ctx, merged)
+    return run(ctx, merged)
 
 
 def append_call(lima_home: str, entry: dict[str, Any]) -> None:

@@ -42,14 +42,13 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import guest
-from constants import LIMACTL_PY, MACHINE_SUBCOMMAND
+from constants import MACHINE_SUBCOMMAND, own_process
 from context import Ctx, lima_lock, read_state, write_state
 from instances import Instance, inspect
 
@@ -121,10 +120,9 @@ def ensure(inst: Any) -> Machine | None:
         if state.get("status") != "Running" or not state.get("iid"):
             return None
         ready_r, ready_w = os.pipe()
-        agent = subprocess.Popen([sys.executable, LIMACTL_PY, MACHINE_SUBCOMMAND, inst.name, state["iid"],
-                                  str(ready_w)], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(ready_w,),
-                                 env=os.environ.copy())
+        argv, env = own_process(MACHINE_SUBCOMMAND, inst.name, state["iid"], str(ready_w))
+        agent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True, pass_fds=(ready_w,), env=env)
         os.close(ready_w)
         try:
             answer = _read_all(ready_r, READY_TIMEOUT, lambda data: data.endswith(b"\n"))

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/python3 -S
 """Programs inside the limactl double's guest, chosen by the name they are called by.
 
 sudo                  the guest's passwordless sudo (guest root through the limactl process's bridge)
