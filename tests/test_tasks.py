@@ -224,6 +224,26 @@ def test_diff_since_a_live_task_shows_what_it_changed(project: Path, tasks_vm: F
     assert diff.stdout == "made-by-task.txt\n"
 
 
+def test_a_replace_ref_in_the_workspace_cannot_hide_what_a_task_changed(project: Path, tasks_vm: FakeLima) -> None:
+    """refs/replace/* in the workspace's .git (agent-written) is not honoured by agentbox's host side: the task's
+    start commit is read as its real objects, so a replacement that looks like the task's result hides nothing."""
+    task_id = run_task(project, "--worktree", "do:write:tracked.txt:from the task")
+    assert wait(project, task_id).returncode == 0
+    record = task(project, task_id)
+    start, worktree = git(project, "rev-parse", "HEAD").strip(), Path(record["worktree"])
+    # The attacker's replacement: the start commit's id now names a commit of the task's own tree.
+    git(worktree, "add", "-A")
+    decoy = git(worktree, "commit-tree", "-m", "decoy", git(worktree, "write-tree").strip()).strip()
+    git(project, "replace", start, decoy)
+    assert (project / ".git" / "refs" / "replace" / start).is_file()
+    assert git(worktree, "diff", "--name-only", start) == ""  # a git that honours it sees no change
+    diff = run_cli("diff", "--since", f"task:{task_id}", "--name-only", cwd=project)
+    assert diff.exit_code == 0, diff.stderr
+    assert diff.stdout == "tracked.txt\n"
+    full = run_cli("diff", "--since", f"task:{task_id}", cwd=project)
+    assert "+from the task" in full.stdout
+
+
 def test_outputs_outlive_the_vm_and_agentbox_rm(project: Path, tasks_vm: FakeLima) -> None:
     task_id = run_task(project, "do:err:to stderr;exit:5")
     assert wait(project, task_id).returncode == 5
