@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,20 @@ def without_once_notes(stderr: str) -> str:
     """stderr without the notes agentbox says once per workspace (such as "checkpoints are off: ... is not a
     git repository (said once)"), for tests of something else that compare the whole of it."""
     return "".join(line for line in stderr.splitlines(keepends=True) if not line.rstrip().endswith("(said once)"))
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, until: Callable[[Any], bool] = bool,
+             interval: float = 0.1) -> Any:
+    """Poll predicate() until its value passes `until` (is true, by default), and return that value; at the
+    deadline fail the test naming `what` and the last value predicate() returned."""
+    deadline = time.monotonic() + timeout
+    while True:
+        last = predicate()
+        if until(last):
+            return last
+        if time.monotonic() >= deadline:
+            pytest.fail(f"waited {timeout:g} s for {what}; last seen: {last!r}")
+        time.sleep(interval)
 
 
 def returns_within(seconds: float, call: Callable[[], Any], unblock: Callable[[], None] | None = None) -> Any:

@@ -458,3 +458,22 @@ def test_forged_objects_in_the_workspace_cannot_stand_in_for_the_stores(work: Pa
     shutil.rmtree(work / ".git" / "objects")
     (work / ".git" / "objects").mkdir()
     assert files_of(repo, snap.tree)["tracked.txt"] == b"checkpointed\n"
+
+
+def test_replace_refs_are_never_honoured_in_the_store(work: Path) -> None:
+    """Defence in depth: even a refs/replace/* in agentbox's own store (nothing of the workspace's reaches it)
+    changes no diff, change list or object read; every store git runs with GIT_NO_REPLACE_OBJECTS."""
+    repo = hostgit.find(work)
+    assert repo is not None
+    before = hostgit.snapshot(repo, MB)
+    write(work / "tracked.txt", "edited\n")
+    after = hostgit.snapshot(repo, MB)
+    store = hostgit.store_dir(repo)
+    subprocess.run(["git", "--git-dir", str(store), "replace", before.tree, after.tree], check=True,
+                   capture_output=True)
+    honoured = subprocess.run(["git", "--git-dir", str(store), "diff", "--name-only", before.tree, after.tree],
+                              check=True, capture_output=True, text=True)
+    assert honoured.stdout == ""  # plain git sees the replacement
+    assert [change.path for change in hostgit.changes(repo, before.tree, after.tree)] == ["tracked.txt"]
+    assert b"+edited" in hostgit.diff(repo, before.tree, after.tree)
+    assert files_of(repo, before.tree)["tracked.txt"] == b"one\n"

@@ -210,3 +210,23 @@ def test_cold_launch_creates_then_runs(project: Path, limactl: FakeLima) -> None
     assert result.stdout == "writable\n"
     assert limactl.subcommands() == ["list", "create", "start", "list", "shell"]
     assert "--reconnect" in limactl.calls()[-1]
+
+
+@pytest.mark.parametrize("args", [("codex", "exec", "x"), ("claude", "--help")], ids=["launch", "agent-help"])
+def test_a_warm_launch_checks_the_vm_from_its_one_list_row(project: Path, vm: FakeLima, args: tuple[str, ...]) -> None:
+    """vm.ensure_running on the launch path: the one `limactl list` row (listed by ensure_running itself, or
+    passed in as `known` by an agent's --help) is both the VM's status and the config checked against what
+    agentbox rendered; nothing lists the VM again. A widening in that row refuses before any shell."""
+    configure(project, "")
+    result, data = launch(project, *args)
+    assert result.returncode == 0, result.stderr
+    assert data["args"][-1] == args[-1]
+    assert vm.subcommands() == ["list", "shell"]
+
+    write(vm.home / "_config" / "override.yaml", "ssh:\n  forwardAgent: true\n")  # shows only in the row's config
+    vm.clear()
+    refused, _ = launch(project, *args)
+    assert refused.returncode == 1
+    assert b"ssh.forwardAgent is true" in refused.stderr
+    assert vm.subcommands() == ["list", "stop"]
+    assert vm.status(NAME) == "Stopped"

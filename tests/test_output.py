@@ -23,7 +23,7 @@ from typing import NamedTuple
 import pytest
 
 import agentbox
-from tests.helpers import FakeLima, run_cli
+from tests.helpers import FakeLima, run_cli, wait_for
 
 NAME = "agentbox-myproject"
 ROOT = str(Path(agentbox.__file__).resolve().parents[1])
@@ -207,17 +207,20 @@ def test_dumb_terminal_gets_plain_lines_without_cursor_movement(project: Path, l
     assert texts[1].startswith(f"Starting VM {NAME}: done")
 
 
-def test_ctrl_c_in_the_terminal_marks_the_step_interrupted(project: Path, limactl: FakeLima) -> None:
+def test_ctrl_c_in_the_terminal_marks_the_step_interrupted(project: Path, limactl: FakeLima, tmp_path: Path) -> None:
     sent: list[bool] = []
+    marker = tmp_path / "limactl-under-way"  # the double names each sub-command as its 30 s begin
 
     def ctrl_c_while_starting(master: int, text: str) -> None:
         if not sent and "Starting VM" in text:
-            time.sleep(0.3)
+            wait_for(lambda: "start" in (marker.read_text().split() if marker.exists() else []), 60,
+                     "limactl start to be under way")
             os.write(master, b"\x03")  # the terminal turns it into SIGINT for the foreground group
             sent.append(True)
 
     session = in_terminal(
-        project, "start", columns=80, env={"FAKE_LIMACTL_LATENCY": "start=30"}, on_output=ctrl_c_while_starting
+        project, "start", columns=80, env={"FAKE_LIMACTL_LATENCY": "start=30", "FAKE_LIMACTL_LATENCY_MARKER": str(marker)},
+        on_output=ctrl_c_while_starting,
     )
     assert sent and session.code == 130, session.output
     texts = screen_of(session.output.replace("\r\n", "\n")).texts()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import NAME, FakeLima, echo_server, run_cli
+from tests.helpers import NAME, FakeLima, echo_server, run_cli, wait_for
 
 OTHER = "agentbox-other"
 
@@ -124,11 +124,21 @@ def test_a_clash_that_starts_during_the_session_is_reported_after_it(project: Pa
     port, before = free_port(), free_port()
     vm.set_guest_listeners(OTHER, f"127.0.0.1:{port}", f"127.0.0.1:{before}")
     vm.set_guest_listeners(NAME, f"127.0.0.1:{before}")
-    session = subprocess.Popen([sys.executable, "-m", "agentbox", "shell", "--", "sleep", "4"], cwd=project,
+    started, go = project / ".session-started", project / ".session-go"
+    # The session's program says it runs, then waits (60 s at most) until the test has changed the listeners.
+    program = f"touch {started}; i=0; while [ ! -e {go} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done"
+    session = subprocess.Popen([sys.executable, "-m", "agentbox", "shell", "--", "sh", "-c", program], cwd=project,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(2)  # the agent starts a dev server while the session runs
-    vm.set_guest_listeners(NAME, f"127.0.0.1:{before}", f"127.0.0.1:{port}")
-    _, stderr = session.communicate(timeout=120)
+    try:
+        wait_for(lambda: started.exists() or session.poll() is not None, 60, "the session's program to start")
+        assert session.poll() is None, session.communicate()
+        vm.set_guest_listeners(NAME, f"127.0.0.1:{before}", f"127.0.0.1:{port}")  # a dev server starts meanwhile
+        go.touch()
+        _, stderr = session.communicate(timeout=120)
+    finally:
+        if session.poll() is None:
+            session.kill()
+            session.wait()
     assert session.returncode == 0, stderr
     found = warnings(stderr)
     assert len(found) == 2, stderr

@@ -21,6 +21,7 @@ from tests.helpers import (
     notify_send_stand_in,
     run_agentbox,
     run_cli,
+    wait_for,
     write,
 )
 
@@ -86,6 +87,12 @@ def task(project: Path, task_id: int) -> dict:
     return next(t for t in listing(project, "--all") if t["id"] == task_id)
 
 
+def running(project: Path, task_id: int, timeout: float = 60) -> None:
+    """Wait until the task is Running (fail the test at the deadline with the state it is in)."""
+    wait_for(lambda: task(project, task_id)["state"], timeout, f"task {task_id} to be Running",
+             until=lambda state: state == "Running")
+
+
 def wait(project: Path, task_id: int, *args: str) -> subprocess.CompletedProcess:
     return run_agentbox("wait", *args, str(task_id), cwd=project, timeout=90)
 
@@ -143,10 +150,7 @@ def test_cancel_stops_a_running_task_and_kills_one_that_ignores_term(project: Pa
     polite = run_task(project, "do:sleep:60")
     stubborn = run_task(project, "--worktree", "do:ignore-term;sleep:60;write:late.txt:too late")
     for task_id in (polite, stubborn):
-        deadline = time.monotonic() + 30
-        while task(project, task_id)["state"] != "Running":
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
+        running(project, task_id, timeout=30)
     result = run_cli("cancel", str(polite), cwd=project)
     assert result.exit_code == 0, result.stderr
     assert f"task {polite} Cancelled" in result.stderr
@@ -224,6 +228,26 @@ def test_diff_since_a_live_task_shows_what_it_changed(project: Path, tasks_vm: F
     assert diff.stdout == "made-by-task.txt\n"
 
 
+def test_a_replace_ref_in_the_workspace_cannot_hide_what_a_task_changed(project: Path, tasks_vm: FakeLima) -> None:
+    """refs/replace/* in the workspace's .git (agent-written) is not honoured by agentbox's host side: the task's
+    start commit is read as its real objects, so a replacement that looks like the task's result hides nothing."""
+    task_id = run_task(project, "--worktree", "do:write:tracked.txt:from the task")
+    assert wait(project, task_id).returncode == 0
+    record = task(project, task_id)
+    start, worktree = git(project, "rev-parse", "HEAD").strip(), Path(record["worktree"])
+    # The attacker's replacement: the start commit's id now names a commit of the task's own tree.
+    git(worktree, "add", "-A")
+    decoy = git(worktree, "commit-tree", "-m", "decoy", git(worktree, "write-tree").strip()).strip()
+    git(project, "replace", start, decoy)
+    assert (project / ".git" / "refs" / "replace" / start).is_file()
+    assert git(worktree, "diff", "--name-only", start) == ""  # a git that honours it sees no change
+    diff = run_cli("diff", "--since", f"task:{task_id}", "--name-only", cwd=project)
+    assert diff.exit_code == 0, diff.stderr
+    assert diff.stdout == "tracked.txt\n"
+    full = run_cli("diff", "--since", f"task:{task_id}", cwd=project)
+    assert "+from the task" in full.stdout
+
+
 def test_outputs_outlive_the_vm_and_agentbox_rm(project: Path, tasks_vm: FakeLima) -> None:
     task_id = run_task(project, "do:err:to stderr;exit:5")
     assert wait(project, task_id).returncode == 5
@@ -241,8 +265,7 @@ def test_outputs_outlive_the_vm_and_agentbox_rm(project: Path, tasks_vm: FakeLim
 def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_vm: FakeLima) -> None:
     through_agentbox = run_task(project, "--worktree", "do:sleep:120")
     behind_its_back = run_task(project, "--worktree", "do:sleep:120")
-    while task(project, through_agentbox)["state"] != "Running":
-        time.sleep(0.2)
+    running(project, through_agentbox)
     stopped = run_cli("stop", cwd=project)
     assert stopped.exit_code == 0, stopped.stderr
     record = task(project, through_agentbox)
@@ -252,8 +275,7 @@ def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_
     assert time.monotonic() - started < 20
     # Started again and stopped with limactl itself: agentbox notices when it next looks.
     third = run_task(project, "--worktree", "do:sleep:120")
-    while task(project, third)["state"] != "Running":
-        time.sleep(0.2)
+    running(project, third)
     subprocess.run(["limactl", "stop", NAME], check=True, capture_output=True)
     record = task(project, third)
     assert record["state"] == "Failed" and "stopped (Stopped)" in record["reason"]
@@ -337,8 +359,7 @@ def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tas
     write(decoy / "precious", "keep me\n")
     task_id = run_task(project, "--worktree", "do:sleep:60")
     box = staging.outbox(NAME) / "tasks" / str(task_id)
-    while task(project, task_id)["state"] != "Running":
-        time.sleep(0.2)
+    running(project, task_id)
     aside = box.with_name("moved-away")
     box.rename(aside)
     box.symlink_to(decoy)  # what a root agent in the VM could do
@@ -449,8 +470,7 @@ def test_notify_false_leaves_task_ends_quiet(project: Path, tasks_vm: FakeLima, 
 def test_wait_on_a_task_whose_vm_was_deleted_under_it_answers_from_the_host(project: Path,
                                                                              tasks_vm: FakeLima) -> None:
     task_id = run_task(project, "do:err:half way;sleep:120")
-    while task(project, task_id)["state"] != "Running":
-        time.sleep(0.2)
+    running(project, task_id)
     subprocess.run(["limactl", "delete", "--force", NAME], check=True, capture_output=True)
     started = time.monotonic()
     assert wait(project, task_id).returncode == 1
@@ -495,8 +515,7 @@ def test_the_runners_state_and_output_are_read_only_as_small_regular_files(proje
     host_out = write(tmp_path / "decoy-out", "a host file\n")
     task_id = run_task(project, "do:sleep:60")
     box = staging.outbox(NAME) / "tasks" / str(task_id)
-    while task(project, task_id)["state"] != "Running":
-        time.sleep(0.2)
+    running(project, task_id)
     for name in ("state", "stdout"):
         (box / name).unlink()
     if kind == "control":

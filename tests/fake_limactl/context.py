@@ -163,4 +163,8 @@ def simulate_latency(sub: str) -> None:
             raise Fatal(f"fake limactl: invalid FAKE_LIMACTL_LATENCY entry {go_quote(item)}")
     delay = table.get(sub, table.get("*", 0.0))
     if delay > 0:
+        marker = os.environ.get("FAKE_LIMACTL_LATENCY_MARKER")
+        if marker:  # a test waits for it: this sub-command is under way
+            with open(marker, "a", encoding="utf-8") as f:
+                f.write(f"{sub}\n")
         time.sleep(delay)

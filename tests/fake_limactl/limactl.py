@@ -33,6 +33,7 @@ stands for the guest agent reporting the guest's listening sockets, are the doub
 
 Environment knobs (all optional):
   FAKE_LIMACTL_LATENCY="list=0.03,shell=0.15,*=0"  sleep per sub-command ("*" = any other one)
+  FAKE_LIMACTL_LATENCY_MARKER=FILE     append the sub-command's name to FILE as its latency sleep begins
   FAKE_LIMACTL_FAIL_<SUBCMD>="msg"     make SUBCMD (START, CREATE, STOP, SHELL, COPY, DELETE, LIST,
                                        RESTART, CLONE, EDIT, ...) fatal with msg, after realistic
                                        progress lines (CLONE and EDIT up front: nothing changes)
