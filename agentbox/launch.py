@@ -187,23 +187,31 @@ def _run(
                 isolation.finish(config, name, isolated, code)
         if reconnect:
             vm.update_state(name, {"reconnect": False})
-        if code in (1, 255) and session.instance(name) is None:
+        after = session.instance(name) if code in (1, SSH_FAILED) else instance
+        if after is None:
             raise StateError(
-                f"the VM {name} disappeared while agentbox was starting the session",
+                f"the VM {name} disappeared " + ("during the session" if code == SSH_FAILED
+                                                 else "while agentbox was starting the session"),
                 hint="Another process deleted it. Run the command again to create it anew.",
             )
         if kept is not None:
             code = _session_outcome(name, kept, code)
         if code == SSH_FAILED:
-            note(
-                f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} (unless the program itself "
-                f"exited {SSH_FAILED}). `agentbox restart` restarts the VM; Lima's logs are in {instance.dir}"
-                f" ({os.path.join(instance.dir, 'ha.stderr.log')})."
-            )
+            note(_ssh_failed(name, instance, after))
         return code
     finally:
         # Last: whatever else the session's end prints comes before, so nothing pushes the warning away.
         tripwire.report_session(*changed_files)
+
+
+def _ssh_failed(name: str, instance: Instance, after: Instance) -> str:
+    """What an exit 255 of `limactl shell` means: ssh could not reach the VM, or lost it when it stopped."""
+    logs = f"Lima's logs are in {instance.dir} ({os.path.join(instance.dir, 'ha.stderr.log')})"
+    if after.status != "Running":
+        return (f"{name} stopped during the session (its status is now {after.status or 'unknown'}), so ssh lost "
+                f"its connection (exit {SSH_FAILED}); the next launch starts it again. {logs}.")
+    return (f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} or lost its connection (unless "
+            f"the program itself exited {SSH_FAILED}). `agentbox restart` restarts the VM; {logs}.")
 
 
 def _kept_session(

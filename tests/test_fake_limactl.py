@@ -505,6 +505,24 @@ def test_clone_copies_a_stopped_instance(lima: Lima) -> None:
     assert fatal(lima.run("clone", "vm", "vm3").stderr) == "cannot clone a running instance"
 
 
+@pytest.mark.parametrize("verb", ["clone", "rename"])
+def test_clone_and_rename_check_the_socket_path_as_create_does(lima: Lima, verb: str) -> None:
+    """pkg/instance/clone.go: LIMA_HOME/NEW/ssh.sock.1234567890123456 must stay under UNIX_PATH_MAX (108)."""
+    lima.create()
+    longest = 108 - 1 - len(f"{lima.lima_home}/") - len("/ssh.sock.1234567890123456")  # a 107-char path
+    too_long, fits = "n" * (longest + 1), "f" * longest
+    sock = f"{lima.lima_home}/{too_long}/ssh.sock.1234567890123456"
+    assert len(sock) == 108 and len(too_long) <= 76
+    before = sorted(os.listdir(lima.lima_home))
+    result = lima.run(verb, "vm", too_long)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert fatal(result.stderr) == (f"instance name `{too_long}` too long: `{sock}` must be less than "
+                                    f"UNIX_PATH_MAX=108 characters, but is 108")
+    assert sorted(os.listdir(lima.lima_home)) == before and lima.one("vm")["status"] == "Stopped"
+    lima.ok(verb, "vm", fits)  # the control: one character less works
+    assert [i["name"] for i in lima.listing()] == (["f" * longest] if verb == "rename" else ["f" * longest, "vm"])
+
+
 def test_info_and_validate(lima: Lima, tmp_path: Path) -> None:
     info = json.loads(lima.ok("info").stdout)
     assert info["version"] == "v2.2.0" and info["limaHome"] == str(lima.lima_home)

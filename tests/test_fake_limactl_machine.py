@@ -95,6 +95,38 @@ def test_guest_processes_end_with_the_instance(running: Lima, how: tuple[str, ..
         assert sh(running, "echo ok").stdout == "ok\n"
 
 
+def _stop_by(lima: Lima, how: str) -> None:
+    if how == "lima home removed":  # the guest's machine ends on its own
+        shutil.rmtree(lima.lima_home / "vm", ignore_errors=True)
+    else:
+        lima.ok("--tty=false", *how.split(), "vm")
+
+
+@pytest.mark.parametrize("how, seconds", [("stop", 1051), ("stop --force", 1052),
+                                          ("lima home removed", 1053)])
+def test_a_shell_whose_vm_stops_under_it_exits_255_as_ssh_does(running: Lima, how: str, seconds: int) -> None:
+    """ssh loses its connection: limactl's ssh, a ControlMaster client at LogLevel=ERROR, exits 255 and says
+    nothing; limactl passes it on (not the 137 of the command the guest's end killed)."""
+    marker = f"sleep {seconds}"
+    proc = subprocess.Popen(["limactl", "shell", "vm", "--", "bash", "-c", f"echo started; exec {marker}"],
+                            env=running.env, cwd=running.root, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not host_alive(marker):
+        assert time.monotonic() < deadline and proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    _stop_by(running, how)
+    stdout, stderr = proc.communicate(timeout=30)
+    assert (proc.returncode, stdout, stderr) == (255, "started\n", "")
+
+
+def test_a_command_killed_while_its_vm_runs_keeps_its_status(running: Lima) -> None:
+    """The control: the same SIGKILL from inside a guest that goes on running is the command's own 137."""
+    result = running.run("shell", "vm", "--", "bash", "-c", "kill -KILL $$")
+    assert (result.returncode, result.stderr) == (137, "")
+    assert sh(running, "echo on").stdout == "on\n"
+
+
 def test_the_command_still_gets_stdio_and_exit_code(running: Lima) -> None:
     result = running.run("shell", "vm", "--", "bash", "-c", "cat; echo err >&2; exit 7", input="in\n")
     assert (result.returncode, result.stdout, result.stderr) == (7, "in\n", "err\n")

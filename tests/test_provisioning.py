@@ -9,6 +9,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -138,6 +139,25 @@ def test_an_unreachable_vm_gets_a_hint(project: Path, started: FakeLima) -> None
     stderr = result.stderr.decode()
     assert "ssh reports that it could not reach agentbox-myproject" in stderr
     assert "`agentbox restart`" in stderr and f"{started.home}/{NAME}/ha.stderr.log" in stderr
+
+
+def test_a_vm_stopped_during_the_session_is_said_so(project: Path, started: FakeLima) -> None:
+    """limactl shell exits 255 (ssh lost its connection): agentbox says the VM stopped, not that it was unreachable."""
+    marker = started.guest_home(NAME) / "session-up"
+    session = subprocess.Popen([sys.executable, "-m", "agentbox", "shell", "--", "bash", "-c",
+                                "touch ~/session-up; exec sleep 1061"], cwd=project, stdin=subprocess.DEVNULL,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not marker.exists():
+        assert time.monotonic() < deadline and session.poll() is None, session.communicate()
+        time.sleep(0.05)
+    subprocess.run(["limactl", "--tty=false", "stop", NAME], check=True, capture_output=True, timeout=60)
+    _, stderr = session.communicate(timeout=60)
+    assert session.returncode == 255
+    text = stderr.decode()
+    assert (f"agentbox: {NAME} stopped during the session (its status is now Stopped), so ssh lost its connection "
+            "(exit 255); the next launch starts it again.") in text, text
+    assert "could not reach" not in text
 
 
 @pytest.mark.parametrize("agent,expected", [

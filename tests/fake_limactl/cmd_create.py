@@ -128,13 +128,18 @@ def cmd_create(ctx: Ctx, p: Parsed) -> int:
     return 0
 
 
-def create_instance(ctx: Ctx, name: str, data: bytes) -> str:
-    """instance.Create + Prepare. Builds everything in a staging dir, then renames it under the lock."""
-    inst_dir = ctx.inst_dir(name)
+def check_socket_path(name: str, inst_dir: str) -> None:
+    """The longest socket Lima makes in the instance folder must fit a unix socket path (create.go, clone.go)."""
     sock = os.path.join(inst_dir, LONGEST_SOCK)
     if len(sock) >= UNIX_PATH_MAX:
         raise Fatal(f"instance name {bq(name)} too long: {bq(sock)} must be less than "
                     f"UNIX_PATH_MAX={UNIX_PATH_MAX} characters, but is {len(sock)}")
+
+
+def create_instance(ctx: Ctx, name: str, data: bytes) -> str:
+    """instance.Create + Prepare. Builds everything in a staging dir, then renames it under the lock."""
+    inst_dir = ctx.inst_dir(name)
+    check_socket_path(name, inst_dir)
     if os.path.lexists(inst_dir):
         raise Fatal(f"instance {bq(name)} already exists ({bq(inst_dir)})")
     if not data:

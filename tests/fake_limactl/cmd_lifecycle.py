@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import machine
+from cmd_create import check_socket_path
 from cmd_start import do_start, kill_boot, require_config
 from constants import TMP_SUFFIXES
 from context import Ctx, injected_failure, lima_lock, new_state, read_state, write_state
@@ -237,6 +238,7 @@ def _copy_or_move(ctx: Ctx, p: Parsed, verb: str) -> str:
     with lima_lock(ctx.lima_home):
         if os.path.lexists(new_dir):
             raise Fatal(f"instance {bq(new)} already exists")
+        check_socket_path(new, new_dir)  # pkg/instance/clone.go, for clone and rename alike
         if verb == "clone":
             subprocess.run(["cp", "-a", src.dir, new_dir], check=True)  # keeps the guest's owners
         else:

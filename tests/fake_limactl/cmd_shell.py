@@ -9,6 +9,7 @@ import posixpath
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -24,6 +25,9 @@ from instances import Instance, inspect
 from limayaml import expand_tilde
 from logrus import ChildExit, Fatal, NotExist, bq
 from pflag import Flag, Parsed, not_implemented_flags, wrap_args_error
+
+KILLED_WITH_THE_GUEST = 128 + signal.SIGKILL  # what the guest's end does to its processes
+SSH_CONNECTION_LOST = 255
 
 SHELL_FLAGS = {"shell": Flag("str", default=""), "workdir": Flag("str", default=""), "reconnect": Flag("bool"),
                "preserve-env": Flag("bool"), "start": Flag("bool"), "instance": Flag("str", default=""),
@@ -170,13 +174,21 @@ def run_in_guest(ctx: Ctx, inst: Instance, script: str) -> int:
     guest.ensure_guestfs(inst)
     argv = [argv0, "-c", script]
     if guest.bwrap_path():
-        machine.ensure(inst)  # an instance marked Running by hand, or whose guest died, gets one now
+        m = machine.ensure(inst)  # an instance marked Running by hand, or whose guest died, gets one now
         if sys.stdout.isatty() and sys.stdin.isatty():
             # ssh -t: the command gets a terminal of the guest's own (its stdout and stderr merged on it, the
             # caller's terminal in raw mode so that Ctrl-C reaches the guest's foreground job). util-linux's
             # script(1) relays it as sshd would.
             argv = ["script", "-qfec", shlex.join(argv), "/dev/null"]
-        return guest.run(inst, argv, as_root=False, env=env)
+        code = guest.run(inst, argv, as_root=False, env=env)
+        if code == KILLED_WITH_THE_GUEST and m is not None and not machine.powered_on(m):
+            # The guest powered off under the command (stop, stop -f, delete -f, restart, its machine ending):
+            # ssh lost its connection. limactl's ssh is a client of the instance's ControlMaster
+            # (ControlMaster=auto, pkg/sshutil/sshutil.go) run with LogLevel=ERROR (cmd/limactl/shell.go): when
+            # the master goes away it exits 255 and prints nothing (OpenSSH mux.c mux_client_request_session),
+            # and limactl passes the status on (osutil.HandleExitError).
+            return SSH_CONNECTION_LOST
+        return code
     _warn_no_bwrap(ctx)
     home_host = guest.guest_home_host_path(inst.dir, inst.config["user"]["home"])
     env["HOME"] = home_host

@@ -92,7 +92,24 @@ def running(inst: Any) -> Machine | None:
     m = _from_state(state)
     if m is None or state.get("status") != "Running" or m.iid != state.get("iid"):
         return None
-    return m if _ns_of(m.init) == m.pidns else None
+    return m if powered_on(m) else None
+
+
+_PF_EXITING = 0x4
+
+
+def powered_on(m: Machine) -> bool:
+    """Whether this boot's guest still runs: its pid 1 is the same process (not a reused pid) and is not
+    ending. The kernel kills the rest of the pid namespace while pid 1 exits, before it is reaped, so a
+    guest process that died with the guest may be seen while pid 1 still reads as alive but exiting."""
+    if _ns_of(m.init) != m.pidns:
+        return False
+    try:
+        with open(f"/proc/{m.init}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return fields[0] not in ("Z", "X", "x") and not int(fields[6]) & _PF_EXITING
+    except (OSError, IndexError, ValueError):
+        return False
 
 
 @contextlib.contextmanager
