@@ -25,6 +25,7 @@ from tests.helpers import (
     needs,
     needs_bwrap,
     run_cli,
+    scratch_root,
 )
 
 
@@ -33,8 +34,9 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[di
     home = tmp_path / "home"
     home.mkdir()
     state = tmp_path / "state"
-    # LIMA_HOME must stay short: Lima's socket paths limit instance names by its length.
-    lima_home = Path(tempfile.mkdtemp(prefix="lh", dir="/tmp"))
+    # LIMA_HOME must stay short: Lima's socket paths limit instance names by its length. It is on a memory file
+    # system where there is one (helpers.scratch_root): the guest's folders are most of a VM start's file writes.
+    lima_home = Path(tempfile.mkdtemp(prefix="lh", dir=scratch_root()))
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("AGENTBOX_STATE_DIR", str(state))
     monkeypatch.setenv("LIMA_HOME", str(lima_home))

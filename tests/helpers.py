@@ -37,6 +37,22 @@ sys.exit(int(os.environ.get("STUB_EXIT", "0")))
 """
 
 
+@functools.cache
+def scratch_root() -> str:
+    """Where tests keep LIMA_HOMEs: /dev/shm when it is a roomy memory file system (a VM's guest folders cost a
+    thousand file creations; on a disk that is most of a VM start in the double), else /tmp. Short either way:
+    Lima's socket paths count LIMA_HOME's length."""
+    chosen = os.environ.get("AGENTBOX_TEST_SCRATCH")
+    if chosen:
+        return chosen
+    try:
+        fs = os.statvfs("/dev/shm")
+        roomy = fs.f_bavail * fs.f_frsize >= 4 << 30 and os.access("/dev/shm", os.W_OK | os.X_OK)
+    except OSError:
+        roomy = False
+    return "/dev/shm" if roomy else "/tmp"
+
+
 def write(path: Path, text: str, mode: int = 0o644) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)

@@ -21,7 +21,7 @@ try:
     from tests import fake_limactl
 except ImportError:  # tests/ is not a package
     import fake_limactl  # type: ignore[no-redef]
-from tests.helpers import as_root, echo_server, needs
+from tests.helpers import as_root, echo_server, needs, scratch_root
 
 FATAL_RE = re.compile(r'^time="[^"]+" level=fatal msg=(.*)$')
 LOG_RE = re.compile(r'^time="([^"]+)" level=(\w+) msg=("(?:[^"\\]|\\.)*"|\S*)(.*)$')
@@ -103,7 +103,7 @@ def minimal_yaml(extra: str = "") -> str:
 @pytest.fixture
 def lima(tmp_path: Path) -> Lima:
     # LIMA_HOME must stay short: Lima's socket path limit counts it.
-    lima_home = Path(tempfile.mkdtemp(prefix="fl", dir="/tmp"))
+    lima_home = Path(tempfile.mkdtemp(prefix="fl", dir=scratch_root()))
     home = tmp_path / "fake-home"  # (tmp_path/"home" may belong to conftest)
     home.mkdir()
     bin_dir = tmp_path / "fake-bin"

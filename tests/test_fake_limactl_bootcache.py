@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import fake_limactl
+from tests.helpers import scratch_root
 from tests.test_fake_limactl import Lima, boot_log, minimal_yaml, script
 
 pytestmark = pytest.mark.needs("bwrap")
@@ -37,7 +38,7 @@ def records(tmp_path: Path) -> Path:
 
 
 def guest(records: Path, tmp_path: Path, label: str) -> Iterator[Lima]:
-    lima_home = Path(tempfile.mkdtemp(prefix="fb", dir="/tmp"))
+    lima_home = Path(tempfile.mkdtemp(prefix="fb", dir=scratch_root()))
     home = tmp_path / f"home-{label}"
     home.mkdir()
     bin_dir = tmp_path / f"bin-{label}"

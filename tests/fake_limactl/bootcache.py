@@ -92,16 +92,20 @@ def _double_digest() -> str:
 
 
 def key(scripts: list[dict[str, Any]], env: dict[str, str], user: dict[str, Any], before: dict[str, Entry],
-        data: dict[str, str], mounts: list[str]) -> str | None:
+        data: dict[str, str], mounts: list[str], mount_points: list[str]) -> str | None:
     """The record's name for these scripts on a guest in this state; None when the boot must run for real.
     data: the guest path of each file this boot's `data` entries wrote -> its path relative to guestfs/;
-    mounts: the host and guest paths of the instance's mounts (what a script does there is not recorded)."""
+    mounts: the host and guest paths of the instance's mounts (what a script does there is not recorded);
+    mount_points: those inside the guest's own folders, relative to guestfs/ (the folders the double makes
+    for them, and their parents, are where the test happens to keep its project, not the guest's state)."""
     texts = "\n".join(s.get("script", "") for s in scripts)
     if any(path in texts for path in [*data, *mounts] if path):
         return None
     written = set(data.values()) | set(VOLATILE)
     named_env = {k: v for k, v in env.items() if not k.startswith("PARAM_") or k in texts}
-    state = {path: (entry if path not in written else entry[:4]) for path, entry in before.items()}
+    state = {path: (entry if path not in written else entry[:4]) for path, entry in before.items()
+             if path in TREES or not any(point == path or point.startswith(path + "/") or path.startswith(point + "/")
+                                         for point in mount_points)}
     blob = json.dumps([_double_digest(), [(s["mode"], s.get("script", "")) for s in scripts], named_env, user,
                        sorted(state.items())], sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8", "surrogateescape")).hexdigest()

@@ -918,7 +918,9 @@ def _run_scripts(inst: Any, scripts: list[tuple[int, dict[str, Any]]], log: Boot
         before = bootcache.listing(root)
         env = dict(_script_env_base(inst), **inst.config.get("env", {}))
         mounts = [m.get(k) or "" for m in inst.config.get("mounts", []) for k in ("location", "mountPoint")]
-        name = bootcache.key([p for _, p in scripts], env, inst.config["user"], before, data, mounts)
+        points = [sub + point[len(g):] for point in mounts[1::2] for g, sub in GUEST_DIRS
+                  if point == g or point.startswith(g + "/")]
+        name = bootcache.key([p for _, p in scripts], env, inst.config["user"], before, data, mounts, points)
         if name is not None:
             replayed = bootcache.replay(cache, name, inst.dir, root, log.fd)
             if replayed is not None:
