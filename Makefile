@@ -1,19 +1,16 @@
 # Tasks for working on agentbox. `make test` is the README's test command; CI (.ci/run) runs it after `make lint`.
-.PHONY: install test test-parallel test-fast lint bench
+.PHONY: install test test-fast lint bench
 
 PYTHON ?= python3
 
 install:  ## the package with the test and checker extras, editable
 	$(PYTHON) -m pip install -e '.[dev]'
 
-test:  ## the whole suite, as CI runs it
+test:  ## the whole suite on every core, as CI runs it (pyproject.toml: -n auto --dist loadgroup, timeouts)
 	$(PYTHON) -m pytest
 
-test-parallel:  ## the whole suite on every core (pytest-xdist; the real-distribution tier stays on one worker)
-	$(PYTHON) -m pytest -n auto --dist loadgroup
-
-test-fast:  ## everything but the real-distribution tier, on every core
-	$(PYTHON) -m pytest -n auto -m 'not realdistro'
+test-fast:  ## everything but the real-distribution tier
+	$(PYTHON) -m pytest -m 'not realdistro'
 
 lint:  ## ruff, mypy and shellcheck with the project's configuration
 	$(PYTHON) -m ruff check .

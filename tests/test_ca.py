@@ -13,6 +13,9 @@ import pytest
 from agentbox import cacerts
 from tests.helpers import run_cli, write
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 SYSTEM_KEYCHAIN = "/Library/Keychains/System.keychain"
 
 

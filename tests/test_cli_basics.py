@@ -12,6 +12,9 @@ import pytest
 from agentbox import __version__
 from tests.helpers import run_cli, write
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 
 def test_version() -> None:
     result = run_cli("--version")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests import fake_limactl
-from tests.helpers import scratch_root
+from tests.helpers import FakeLima, scratch_root
 from tests.test_fake_limactl import Lima, boot_log, minimal_yaml, script
 
 pytestmark = pytest.mark.needs("bwrap")
@@ -130,3 +130,12 @@ def test_without_records_every_boot_runs_its_scripts(first: Lima, second: Lima) 
     booted(first)
     booted(second)
     assert (home_of(second) / ".state/stamp").read_text() != (home_of(first) / ".state/stamp").read_text()
+
+
+def test_the_tests_record_boots_unless_marked_real_boot(limactl: FakeLima, boot_records: Path) -> None:
+    assert os.environ[fake_limactl.BOOT_CACHE_VAR] == str(boot_records)
+
+
+@pytest.mark.real_boot
+def test_a_test_marked_real_boot_runs_every_boot_for_real(limactl: FakeLima) -> None:
+    assert fake_limactl.BOOT_CACHE_VAR not in os.environ

@@ -18,6 +18,9 @@ from agentbox.gitread import GitReadError, IndexEntry, ObjectReader
 from tests.gitrepo import commit_all, git, init
 from tests.helpers import returns_within, write
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 FORMATS = ["sha1", "sha256"]
 
 

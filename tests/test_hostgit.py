@@ -15,7 +15,8 @@ from agentbox import checkpointmove, hostgit
 from tests.gitrepo import HOSTILE_NAMES, commit_all, fired, git, git_folder_state, hostile, init, user_state
 from tests.helpers import write
 
-pytestmark = pytest.mark.needs("git")
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = [pytest.mark.needs("git"), pytest.mark.timeout(60)]
 MB = 1 << 20
 
 

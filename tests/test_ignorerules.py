@@ -19,6 +19,9 @@ import pytest
 
 from agentbox.ignorerules import Matcher, Rules, parse_capped
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull, "LC_ALL": "C"}
 
 

@@ -20,6 +20,9 @@ import pytest
 from agentbox import netproxy
 from agentbox.netproxy import Policy, check_pattern
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 
 class EchoServer:
     """A TCP echo server on 127.0.0.1 in its own loop thread; counts connections open at once."""

@@ -14,8 +14,12 @@ import pytest
 from agentbox import attention, livemarkers, notify, sessions, staging
 from tests.helpers import write
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 RECORDER = """#!/usr/bin/env python3
 import json, os, sys
+
 with open(os.environ["NOTIFY_LOG"], "a") as f:
     f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + "\\n")
 """

@@ -18,7 +18,8 @@ import pytest
 from agentbox import patchcheck, tripwire
 from agentbox.patchcheck import FileChange, PatchError, parse, problems
 
-pytestmark = pytest.mark.needs("git")
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = [pytest.mark.needs("git"), pytest.mark.timeout(60)]
 
 ENV = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "commit.gpgsign=false",

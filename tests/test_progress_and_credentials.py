@@ -16,6 +16,9 @@ from agentbox.progress import Progress, fit, phase_of
 from agentbox.staging import stage_credentials
 from tests.helpers import write
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 
 class FakeTerminal(io.StringIO):
     """A terminal to write to; wait_for() returns as soon as a text has appeared (no fixed sleeps)."""

@@ -50,8 +50,10 @@ import pytest
 
 from tests.helpers import REAL_HOME
 
-# One xdist worker runs the whole tier (`pytest -n auto --dist loadgroup`): its fixture is per module.
-pytestmark = [pytest.mark.realdistro, pytest.mark.xdist_group("realdistro")]
+# One xdist worker runs the whole tier (`pytest -n auto --dist loadgroup`): its fixture is per module. The
+# first test may build the cache (debootstrap and the npm packages: up to ~10 min on a cold 2-core machine),
+# so these tests get longer than the suite's 300 s.
+pytestmark = [pytest.mark.realdistro, pytest.mark.xdist_group("realdistro"), pytest.mark.timeout(1800)]
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"

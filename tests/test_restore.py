@@ -11,6 +11,9 @@ from agentbox import restore
 from agentbox.restore import Change, Operation
 from tests.helpers import tree_listing, unwritable, write
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 
 @pytest.fixture
 def workspace(tmp_path: Path) -> Path:

@@ -10,6 +10,9 @@ import pytest
 
 from agentbox import tomlwrite
 
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = pytest.mark.timeout(60)
+
 tomllib = pytest.importorskip("tomllib") if sys.version_info >= (3, 11) else None
 
 SAMPLES = [

@@ -34,7 +34,8 @@ HOW_TO_ALLOW = "`sync: {remoteWrite: true}` in agentbox.yml"
 REAL_GIT = shutil.which("git")
 BASH = shutil.which("bash")
 
-pytestmark = pytest.mark.needs("git", "bash")
+# Quick tests (no VM): a minute each at most, not the suite's 300 s.
+pytestmark = [pytest.mark.needs("git", "bash"), pytest.mark.timeout(60)]
 
 # The stand-in for the real git: records each call (one file per call, NUL-separated argv), then
 # runs the real git.

@@ -58,6 +58,11 @@ Environment knobs (all optional):
   FAKE_LIMACTL_SHELL_SSH_FAIL=1        shell/copy fail like an unreachable sshd (exit 255)
   FAKE_LIMACTL_NO_BWRAP=1              pretend bwrap is missing (run shell commands on the host)
   FAKE_LIMACTL_REFUSE_ROOT=1           refuse euid 0 like real limactl
+  FAKE_LIMACTL_BOOT_CACHE=DIR          boots replay recorded results of their provisioning scripts when the
+                                       guest, the scripts and the environment match a record in DIR, and
+                                       record them when not (bootcache.py)
+  FAKE_LIMACTL_SYSPATH=DIR[:DIR]       set by the shim: where PyYAML and jsonschema are (the double runs
+                                       under python -S); taken out of the environment at start
 
 This file is the entry point (global flags, dispatch, the call log). It is run by path, so its
 folder is first on sys.path and the modules beside it are imported by their plain names:
@@ -73,6 +78,7 @@ folder is first on sys.path and the modules beside it are imported by their plai
   guest.py         the guest machine: bubblewrap sandbox, identities, sudo, the boot's scripts
   machine.py       the running guest: one sandbox per boot that every guest process enters
   hostagent.py     tcp port forwarding of the guest's listeners (Lima's rules, events and warnings)
+  bootcache.py     recorded provisioning results (the double's own speed-up for tests)
   ssh.py           the `ssh` that reaches a guest through ssh.config (`-N -L` port forwards only)
   guest_tools/     stand-ins run inside the guest (apt-get, curl, ..., sudo)
 PyYAML and jsonschema are imported on first use: most calls (`list`, `shell`) never need them.
