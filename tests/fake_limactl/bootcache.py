@@ -111,23 +111,14 @@ def key(scripts: list[dict[str, Any]], env: dict[str, str], user: dict[str, Any]
     return hashlib.sha256(blob.encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def _boot_id(inst_dir: str) -> bytes:
-    from guest import BOOT_ID_FILE
-    try:
-        with open(os.path.join(inst_dir, BOOT_ID_FILE), "rb") as f:
-            return f.read().strip()
-    except OSError:
-        return b""
-
-
-def record(cache: str, name: str, inst_dir: str, guestfs: str, before: dict[str, Entry],
+def record(cache: str, name: str, boot_id: bytes, guestfs: str, before: dict[str, Entry],
            results: list[dict[str, Any]], log: bytes) -> None:
-    """Keep what the scripts did (the guest now, compared with `before`) under cache/name."""
+    """Keep what the scripts did (the guest now, compared with `before`) under cache/name; boot_id: this
+    boot's, kept as a placeholder wherever a script wrote it."""
     target = os.path.join(cache, name)
     if os.path.isdir(target):
         return
     after = listing(guestfs)
-    boot_id = _boot_id(inst_dir)
     os.makedirs(cache, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".record-", dir=cache)
     changed = []
@@ -154,15 +145,15 @@ def record(cache: str, name: str, inst_dir: str, guestfs: str, before: dict[str,
         shutil.rmtree(work, ignore_errors=True)
 
 
-def replay(cache: str, name: str, inst_dir: str, guestfs: str, log_fd: int) -> list[dict[str, Any]] | None:
-    """Apply the record cache/name to this guest; its scripts' results, or None when there is none."""
+def replay(cache: str, name: str, boot_id: bytes, guestfs: str, log_fd: int) -> list[dict[str, Any]] | None:
+    """Apply the record cache/name to this guest (boot_id: this boot's, put where the placeholder is); its
+    scripts' results, or None when there is none."""
     source = os.path.join(cache, name)
     try:
         with open(os.path.join(source, "record.json"), encoding="utf-8") as f:
             rec = json.load(f)
     except OSError:
         return None
-    boot_id = _boot_id(inst_dir)
     for path in reversed(rec["deleted"]):
         _remove(os.path.join(guestfs, path))
     folders = []

@@ -914,15 +914,19 @@ def _run_scripts(inst: Any, scripts: list[tuple[int, dict[str, Any]]], log: Boot
     cache = bootcache.folder() if replayable else None
     root = guestfs(inst.dir)
     name = before = None
+    boot_id = b""
     if cache:
         before = bootcache.listing(root)
         env = dict(_script_env_base(inst), **inst.config.get("env", {}))
-        mounts = [m.get(k) or "" for m in inst.config.get("mounts", []) for k in ("location", "mountPoint")]
-        points = [sub + point[len(g):] for point in mounts[1::2] for g, sub in GUEST_DIRS
-                  if point == g or point.startswith(g + "/")]
-        name = bootcache.key([p for _, p in scripts], env, inst.config["user"], before, data, mounts, points)
+        mounts = inst.config.get("mounts", [])
+        paths = [m[k] for m in mounts for k in ("location", "mountPoint") if m.get(k)]
+        points = [sub + m["mountPoint"][len(g):] for m in mounts for g, sub in GUEST_DIRS
+                  if m["mountPoint"] == g or m["mountPoint"].startswith(g + "/")]
+        name = bootcache.key([p for _, p in scripts], env, inst.config["user"], before, data, paths, points)
+        with contextlib.suppress(OSError), open(os.path.join(inst.dir, BOOT_ID_FILE), "rb") as f:
+            boot_id = f.read().strip()
         if name is not None:
-            replayed = bootcache.replay(cache, name, inst.dir, root, log.fd)
+            replayed = bootcache.replay(cache, name, boot_id, root, log.fd)
             if replayed is not None:
                 return replayed
     log_start = os.lseek(log.fd, 0, os.SEEK_END)
@@ -937,7 +941,7 @@ def _run_scripts(inst: Any, scripts: list[tuple[int, dict[str, Any]]], log: Boot
         with open(log.path, "rb") as f:
             f.seek(log_start)
             output = f.read()
-        bootcache.record(cache, name, inst.dir, root, before, ran, output)
+        bootcache.record(cache, name, boot_id, root, before, ran, output)
     return ran
 
 
