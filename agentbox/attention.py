@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentbox import livemarkers, notify, paths, sessions, staging, vmread
+from agentbox import contract, livemarkers, notify, paths, sessions, vmread
 
 POLL_SEC = 1.0
 IDLE_EXIT_SEC = 30
@@ -79,9 +79,9 @@ def parse_event(data: bytes) -> tuple[str, str, str, str] | None:
 
 def poll(vm_name: str) -> tuple[bool, bool]:
     """Show and remove the waiting events. Returns (the events folder could be read, a session is alive)."""
-    outbox = staging.outbox(vm_name)
+    outbox = paths.vm_outbox(vm_name)
     try:
-        with vmread.folder(outbox, staging.OUTBOX_SESSIONS, sessions.EVENTS) as events:
+        with vmread.folder(outbox, contract.OUTBOX_SESSIONS, sessions.EVENTS) as events:
             names = sorted(name for name in os.listdir(events) if name.endswith(".event"))
             shown = 0
             for name in names:
@@ -133,7 +133,7 @@ def watch(vm_name: str) -> int:
         idle_since = time.monotonic()
         while True:
             _, alive = poll(vm_name)
-            if not staging.outbox(vm_name).is_dir():
+            if not paths.vm_outbox(vm_name).is_dir():
                 return 0
             if alive:
                 idle_since = time.monotonic()

@@ -225,7 +225,7 @@ class _Step:
 
 def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verbose: bool = False) -> dict[str, Any]:
     """Build the base for these inputs under a temporary name, then give it the base's name."""
-    from agentbox.vm import MIN_START_TIMEOUT
+    from agentbox.lima import MIN_START_TIMEOUT
 
     base_key = key_of(parts)
     name = instance_name(base_key)

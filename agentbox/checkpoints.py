@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import hostgit, paths
+from agentbox import hostgit, paths, snapshot
 from agentbox.config import CheckpointSettings
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir
@@ -123,7 +123,7 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}")
     repo = repo_of(workspace)
-    snap = hostgit.snapshot(repo, settings.max_file_size)
+    snap = snapshot.take(repo, settings.max_file_size)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with _locked(workspace):
         data = _read(workspace, repo)
@@ -158,7 +158,7 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
 
 def current(workspace: Path, settings: CheckpointSettings) -> hostgit.Snapshot:
     """The workspace as it is now, as a tree (nothing recorded, no ref written)."""
-    return hostgit.snapshot(repo_of(workspace), settings.max_file_size)
+    return snapshot.take(repo_of(workspace), settings.max_file_size)
 
 
 def load(workspace: Path) -> list[Checkpoint]:

@@ -167,6 +167,11 @@ class Config(NamedTuple):
             raise ConfigError(self.workspace_problem, hint=_workspace_hint(self))
         return self.workspace
 
+    def agent_writable(self) -> list[Path]:
+        """The host folders the VM can write: the workspace (when it is one) and the writable mounts."""
+        folders = [] if self.workspace_problem else [self.workspace]
+        return folders + [Path(mount.location) for mount in self.mounts if mount.writable]
+
     def agent(self, name: str) -> AgentConfig:
         return self.agents[name]
 

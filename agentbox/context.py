@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox import __version__, keys
+from agentbox import __version__, contract, credentials, keys, paths, sessionenv, vmstate
 
 if TYPE_CHECKING:
     from agentbox.config import AgentConfig, Config
@@ -81,16 +81,15 @@ def build(
     `mode` and `checkpoint` are the workspace's session mode (live, or isolated) and the checkpoint taken
     when the session started, where those features run.
     """
-    from agentbox import staging
 
     workspace = config.require_workspace()
-    staging_folder = str(staging.folder(vm_name))
+    staging_folder = str(paths.staging_dir(vm_name))
     if mounts is None:
         mounts = mounts_for(config, vm_name)
     if staged_credentials is None:
-        staged_credentials = present_credentials(staging.credential_files(config, agent))
+        staged_credentials = present_credentials(credentials.launch_files(config, agent))
     if env_keys is None:
-        env_keys = staging.session_env(config)
+        env_keys = sessionenv.of(config)
     if git_identity is None:
         settings = config.credentials
         git_identity = settings.enabled and settings.git and (Path(os.path.expanduser("~")) / ".gitconfig").is_file()
@@ -195,9 +194,9 @@ def vm_facts(instance: Instance) -> dict[str, Any]:
 
 def vm_facts_for(config: Config, vm_name: str) -> dict[str, Any]:
     """Without asking Lima: what the last launch saw (the VM's record), else what the config asks for."""
-    from agentbox import sizes, vm
+    from agentbox import sizes
 
-    seen = vm.read_state(vm_name).get("seen")
+    seen = vmstate.read(vm_name).get("seen")
     if isinstance(seen, dict):
         return seen
     return {
@@ -219,9 +218,8 @@ def effective_mounts(instance: Instance) -> list[tuple[str, str, bool]] | None:
 
 def mounts_for(config: Config, vm_name: str) -> list[tuple[str, str, bool]]:
     """Without asking Lima: the mounts the VM was created with (its record), else those the config renders."""
-    from agentbox import vm
 
-    expected = vm.read_state(vm_name).get("expected")
+    expected = vmstate.read(vm_name).get("expected")
     if isinstance(expected, dict) and isinstance(expected.get("mounts"), list):
         return [(str(m[0]), str(m[1]), bool(m[2])) for m in expected["mounts"]]
     from agentbox import render
@@ -232,16 +230,16 @@ def mounts_for(config: Config, vm_name: str) -> list[tuple[str, str, bool]]:
 def _mount(
     location: str, point: str, writable: bool, config: Config, workspace: str, vm_name: str
 ) -> dict[str, Any]:
-    from agentbox import isolation, staging
+    from agentbox import isolation
 
     configured = {m.mount_point for m in config.mounts}
     if point == workspace:
         role = "workspace"
     elif point == isolation.GUEST_SOURCE:
         role = "workspaceSource"
-    elif point == str(staging.folder(vm_name)):
+    elif point == str(paths.staging_dir(vm_name)):
         role = "staging"
-    elif point == str(staging.outbox(vm_name)):
+    elif point == str(paths.vm_outbox(vm_name)):
         role = "outbox"
     elif point in configured:
         role = "mounts"
@@ -445,23 +443,22 @@ def stage(folder: Path, document: dict[str, Any]) -> None:
     """
     import hashlib
 
-    from agentbox import staging
     from agentbox.fsutil import private_dir, write_if_changed
 
     text = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
     block = memory_block(document).encode()
     digests = f"{hashlib.sha256(text).hexdigest()}\n{hashlib.sha256(block).hexdigest()}\n".encode()
     try:
-        if (folder / staging.CONTEXT_DIGESTS).read_bytes() == digests:
+        if (folder / contract.CONTEXT_DIGESTS).read_bytes() == digests:
             return
     except OSError:
         pass
-    private_dir(folder / staging.CONTEXT)
-    write_if_changed(folder / staging.CONTEXT_FILE, text)
-    write_if_changed(folder / staging.MEMORY_BLOCK, block)
+    private_dir(folder / contract.CONTEXT)
+    write_if_changed(folder / contract.CONTEXT_FILE, text)
+    write_if_changed(folder / contract.MEMORY_BLOCK, block)
     tools = "".join(f"{tool['name']}\n" for tool in document["tools"]["list"])
-    write_if_changed(folder / staging.CONTEXT_TOOLS, tools.encode())
-    write_if_changed(folder / staging.CONTEXT_DIGESTS, digests)
+    write_if_changed(folder / contract.CONTEXT_TOOLS, tools.encode())
+    write_if_changed(folder / contract.CONTEXT_DIGESTS, digests)
 
 
 def dump(document: dict[str, Any]) -> str:

@@ -7,6 +7,9 @@ not read again. Guest side (launch.sh): copy a file into the guest home only whe
 differs from the one it last applied, so a token the agent refreshed in the VM survives until the
 host's copy changes.
 """
+
+from __future__ import annotations
+
 import hashlib
 import json
 import os
@@ -15,11 +18,14 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import hosttools, paths
 from agentbox.fsutil import atomic_write, private_parents, remove_unlisted, write_if_changed
 from agentbox.pins import RACY_NS
+
+if TYPE_CHECKING:
+    from agentbox.config import AgentConfig, Config
 
 GH_FILES = ("~/.config/gh/hosts.yml", "~/.config/gh/config.yml")
 NETRC = "~/.netrc"
@@ -267,3 +273,17 @@ def gh_token_from_keychain() -> str | None:
         return None
     token = result.stdout.decode().strip()
     return token if result.returncode == 0 and token else None
+
+
+def launch_files(config: Config, agent: AgentConfig | None) -> list[str]:
+    """The host login files (`~/...`) this launch stages: the agent's (every agent's for a shell), gh's, .netrc."""
+    settings = config.credentials
+    if not settings.enabled:
+        return []
+    agents = [agent] if agent is not None else list(config.agents.values())
+    files = [path for a in agents for path in a.credentials]
+    if settings.gh:
+        files += list(GH_FILES)
+    if settings.netrc:
+        files.append(NETRC)
+    return files

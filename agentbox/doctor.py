@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import hosttools
+from agentbox import contract, hosttools, paths, vmstate
 from agentbox.errors import AgentboxError, ConfigError, LimaError
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     config_checks: list[Check] = []
     config = check_config(cwd, config_checks)  # first: limactl is never looked up in a folder the VM writes
     if config is not None:
-        hosttools.distrust_writable(config)
+        hosttools.distrust_all(config.agent_writable())
     lima_usable = check_lima(lima, checks)
     checks += config_checks
     if config is None:
@@ -350,7 +350,7 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
 def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
     """The base VM new project VMs are cloned from (agentbox.base): fresh, stale or absent; and whether
     this project's VM was cloned from an older one. Uses the `list` check_vm made."""
-    from agentbox import base, vm
+    from agentbox import base
 
     if config.vm_base != "auto":
         checks.append(Check("base", OK, "vm.base is off: new VMs are created and provisioned from scratch"))
@@ -372,7 +372,7 @@ def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
                             "`agentbox base build --rebuild` rebuilds it now."))
     else:
         checks.append(Check("base", OK, f"base VM {name} is fresh (built {base.age_days(record):.1f} days ago)"))
-    line = base.staleness(config, vm.read_state(config.vm_name).get("base"))
+    line = base.staleness(config, vmstate.read(config.vm_name).get("base"))
     if line:
         checks.append(Check("base.vm", WARN, line))
 
@@ -397,9 +397,9 @@ def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
 
 def check_drift(config: Config, checks: list[Check]) -> None:
     """Settings that only a new VM gets (cpus, memory, mounts, ...) changed since this VM was created."""
-    from agentbox import drift, vm
+    from agentbox import drift
 
-    recorded = vm.read_state(config.vm_name).get("fingerprint")
+    recorded = vmstate.read(config.vm_name).get("fingerprint")
     if not recorded:
         return  # created before agentbox recorded them: nothing to compare with
     check_in_place(config, recorded, checks)
@@ -679,9 +679,8 @@ def _login_state(
     check: str, label: str, on_host: list[str], total: int, vm_name: str, probe: Probe, hint: str
 ) -> Check:
     """A login present on the host: is it staged for the VM, and is it in the VM?"""
-    from agentbox import staging
 
-    staged_home = staging.folder(vm_name) / staging.CREDS_HOME
+    staged_home = paths.staging_dir(vm_name) / contract.CREDS_HOME
     staged = all((staged_home / guest[2:]).is_file() for guest in on_host)
     count = f" ({len(on_host)} of {total} files)" if len(on_host) != total else ""
     parts = [f"logged in on the host{count}", "staged" if staged else "not staged now"]

@@ -328,9 +328,8 @@ def mount_redirections(expected: dict[str, Any], own: frozenset[str] = frozenset
 
 
 def check_mount_locations(name: str, expected: dict[str, Any]) -> None:
-    from agentbox import staging
 
-    own = frozenset({os.path.realpath(staging.folder(name)), os.path.realpath(staging.outbox(name))})
+    own = frozenset({os.path.realpath(paths.staging_dir(name)), os.path.realpath(paths.vm_outbox(name))})
     problems = mount_redirections(expected, own)
     if problems:
         raise RefusedError(

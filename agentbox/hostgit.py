@@ -121,15 +121,6 @@ def object_format(repo: Repo) -> str:
     return gitread.object_format(repo.common_dir)
 
 
-def snapshot(repo: Repo, max_file_size: int) -> Snapshot:
-    """The working tree (tracked files and untracked files that are not ignored) as a tree in the store."""
-    from agentbox import snapshot as snapshots
-
-    _git()
-    with store_locked(repo) as store:
-        return snapshots.take(repo, store, max_file_size)
-
-
 # -- objects ----------------------------------------------------------------------------------------
 
 
@@ -492,7 +483,7 @@ def store_format(repo: Repo) -> str:
 # -- running git ------------------------------------------------------------------------------------
 
 
-def _git() -> str:
+def require_git() -> str:
     """The host's git, or GitMissing."""
     git = tool()
     if git is None:
@@ -511,7 +502,7 @@ def _store_env(repo: Repo, **extra: str) -> tuple[Path, dict[str, str]]:
 
 
 def _store_popen(repo: Repo, args: list[str], stderr: Any) -> subprocess.Popen[bytes]:
-    git = _git()
+    git = require_git()
     store, env = _store_env(repo)
     return subprocess.Popen([git, *_SAFE, *args], env=env, cwd=store, stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=stderr)
@@ -541,7 +532,7 @@ class Pending(NamedTuple):
 def start_diff_files(repo: Repo, index: Path) -> Pending:
     """`git diff-files` on the store's stat index (it only lstat()s the recorded paths, opening none), started
     now; its answer is read later."""
-    git = _git()
+    git = require_git()
     _, env = _store_env(repo, GIT_INDEX_FILE=str(index), GIT_WORK_TREE=str(repo.work_tree))
     process = subprocess.Popen([git, *_SAFE, "diff-files", "--name-only", "-z", "--ignore-submodules=all"], env=env,
                                cwd=repo.work_tree, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -585,7 +576,7 @@ def remaining() -> float:
 
 def _checked(repo: Repo, args: list[str], env: dict[str, str], cwd: Path, input: bytes | None,
              ok: Sequence[int], what: str) -> bytes:
-    git = _git()
+    git = require_git()
     seconds = remaining()
     try:
         result = subprocess.run([git, *_SAFE, *args], env=env, cwd=cwd, input=input if input is not None else b"",

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from agentbox.config import Config
+from collections.abc import Iterable
 
 _distrusted: set[str] = set()
 
@@ -25,13 +22,10 @@ def distrust(folder: os.PathLike[str] | str) -> None:
     _distrusted.add(os.path.realpath(folder))
 
 
-def distrust_writable(config: Config) -> None:
-    """Distrust what the VM of this config can write: the workspace (when it is one) and the writable mounts."""
-    if not config.workspace_problem:
-        distrust(config.workspace)
-    for mount in config.mounts:
-        if mount.writable:
-            distrust(mount.location)
+def distrust_all(folders: Iterable[os.PathLike[str] | str]) -> None:
+    """Distrust every folder the VM can write (Config.agent_writable: the workspace and the writable mounts)."""
+    for folder in folders:
+        distrust(folder)
 
 
 def search_path(path: str | None = None) -> str:

@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from agentbox import paths, resources
+from agentbox import paths, resources, vmstate
 from agentbox.errors import AgentboxError, ConfigError
 from agentbox.fsutil import atomic_write
 
@@ -86,7 +86,7 @@ def _require_project_folder(cwd: Path) -> None:
 
 def _require_free_name(vm_name: str, workspace: Path) -> None:
     """A valid Lima name that agentbox has not already given to another workspace's VM."""
-    from agentbox import naming, vm
+    from agentbox import naming
 
     problem = naming.instance_name_problem(vm_name)
     if problem is None:
@@ -96,7 +96,7 @@ def _require_free_name(vm_name: str, workspace: Path) -> None:
                        f"socket paths allow at most {limit}")
     if problem:
         raise ConfigError(f"--vm-name: {problem}", hint="Choose another name, such as agentbox-myproject-2.")
-    owner = vm.read_state(vm_name).get("workspace")
+    owner = vmstate.read(vm_name).get("workspace")
     if owner is not None and owner != str(workspace):
         raise ConfigError(f"--vm-name: {vm_name} is already the VM of {owner}",
                           hint="Choose a name no other workspace uses.")

@@ -24,15 +24,19 @@ from pathlib import Path
 from agentbox import (
     bootstrap,
     context,
+    contract,
     drift,
+    isolatedsession,
     isolation,
     netguard,
+    paths,
     ports,
     sessions,
     staging,
     timing,
     tripwire,
     vm,
+    vmstate,
     writeback,
 )
 from agentbox.config import AgentConfig, Config
@@ -103,23 +107,23 @@ def _run(
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
-    scripts = bootstrap.plan(config, str(staging.folder(name)))
+    scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
     with timing.phase("VM state (limactl list, start)"):
         instance = (
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
         )
-        state = vm.read_state(name)
+        state = vmstate.read(name)
         running_before = instance
         instance = vm.settle_in_place(session, instance, state)  # cpus, memory, disk changed while it ran
         if instance is not running_before:  # restarted to apply them
-            state = vm.read_state(name)
+            state = vmstate.read(name)
     with timing.phase("network proxy (ready)"):
         proxy_port = lease.port if lease else None  # waits for a proxy this launch started
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
-        vm.update_state(name, {"seen": seen})
+        vmstate.update(name, {"seen": seen})
     mode = isolation.session_mode(
         config.session_mode, isolation.mode_of_vm(vm.expected_config(name, state), workspace), name,
         isolation.asked_by(config),
@@ -138,8 +142,8 @@ def _run(
     if mode == isolation.ISOLATED:
         points.wait_for_start()  # the start checkpoint is the copy's base
         with timing.phase("isolated mode (base, outbox)"):
-            isolated = isolation.begin(config, name, agent.name if agent else "shell", workdir, points)
-        workdir = str(staging.folder(name))  # the copy may not exist yet: launch.sh makes it, then enters it
+            isolated = isolatedsession.begin(config, name, agent.name if agent else "shell", workdir, points)
+        workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
     # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
     # logins it refreshed (launch.sh keeps what it last installed).
     handback = None if kept else writeback.begin(config, name, agent, refreshed, vm.expected_config(name, state),
@@ -184,9 +188,9 @@ def _run(
             ports.warn_clashes(instance, session.lima.listed, known=unreachable, during=True)
         if isolated is not None:
             with timing.phase("isolated mode (proposal)"):
-                isolation.finish(config, name, isolated, code)
+                isolatedsession.finish(config, name, isolated, code)
         if reconnect:
-            vm.update_state(name, {"reconnect": False})
+            vmstate.update(name, {"reconnect": False})
         after = session.instance(name) if code in (1, SSH_FAILED) else instance
         if after is None:
             raise StateError(
@@ -216,7 +220,7 @@ def _ssh_failed(name: str, instance: Instance, after: Instance) -> str:
 
 def _kept_session(
     config: Config, name: str, agent: AgentConfig | None, keep: str | None, mode: str, state: dict[str, object]
-) -> staging.SessionLaunch | None:
+) -> contract.SessionLaunch | None:
     """launch.sh's session options for a kept launch; None for a plain one."""
     if keep is None or agent is None:
         return None
@@ -234,11 +238,11 @@ def _kept_session(
             hint="`agentbox start --recreate` applies it.",
         )
     events = sessions.events_folder(name) if config.notify else None
-    return staging.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name), events,
+    return contract.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name), events,
                                  sessions.live_folder(name))
 
 
-def _session_outcome(name: str, kept: staging.SessionLaunch, code: int) -> int:
+def _session_outcome(name: str, kept: contract.SessionLaunch, code: int) -> int:
     """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
     import click
 

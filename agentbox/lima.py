@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from agentbox import calllog, hosttools, terminal
 from agentbox.errors import Interrupted, LimaError
+from agentbox.logline import parse_log_line
 
 RUNNING = "Running"
 STOPPED = "Stopped"
@@ -49,13 +50,13 @@ def not_found_hint(executable: str) -> str:
             f"path, outside the workspace. {INSTALL_HINT}")
 
 
+# limactl start's own --timeout covers boot plus provisioning; a first boot downloads and installs a lot.
+MIN_START_TIMEOUT = 600
 EDIT_FLAGS = ("cpus", "memory", "disk")  # what agentbox changes with `limactl edit`, in Lima's order
 # Lima's `the YAML is invalid, saved the buffer as "lima.REJECTED.yaml": REASON`: the file is in a folder that is gone.
 _REJECTED_FILE = re.compile(
     r',? *(?:attempted to )?saved? the buffer as [`"]?[^`"]*lima\.REJECTED\.yaml[`"]?(?: but failed)?'
 )
-_LOGRUS = re.compile(r'level=(\w+)\s+msg=("(?:[^"\\]|\\.)*"|\S+)')
-_JSON_LEVEL = re.compile(r'^\{.*"level"')
 
 
 class Instance(NamedTuple):
@@ -558,38 +559,6 @@ def _json_lines(path: str, marker: str) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(entry, dict):
             yield entry
-
-
-class LogLine(NamedTuple):
-    """One line of limactl's stderr: logrus level ("" for a line that is not a log line) and message."""
-
-    level: str
-    message: str
-
-
-def parse_log_line(line: str) -> LogLine:
-    """`time=... level=warning msg="x"` (or its JSON form) -> ("warning", "x"); other text -> ("", text)."""
-    line = line.strip()
-    if _JSON_LEVEL.match(line):
-        try:
-            data = json.loads(line)
-            return LogLine(_level(str(data.get("level", ""))), str(data.get("msg", line)))
-        except (json.JSONDecodeError, AttributeError):
-            pass
-    match = _LOGRUS.search(line)
-    if not match:
-        return LogLine("", line)
-    level, msg = match.groups()
-    if msg.startswith('"'):
-        try:
-            msg = json.loads(msg)  # Go's %q escapes are JSON's, for the characters logrus quotes
-        except json.JSONDecodeError:
-            msg = msg.strip('"')
-    return LogLine(_level(level), msg)
-
-
-def _level(name: str) -> str:
-    return "warning" if name == "warn" else name
 
 
 def meaningful_lines(stderr: str) -> list[str]:

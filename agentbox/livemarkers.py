@@ -15,7 +15,7 @@ from pathlib import Path
 from agentbox import paths, vmread
 
 STALE_SEC = 90  # a marker older than this belongs to a session that ended with its VM
-PARTS = ("sessions", "events", "live")  # staging.OUTBOX_SESSIONS, sessions.EVENTS, then this folder
+PARTS = ("sessions", "events", "live")  # contract.OUTBOX_SESSIONS, sessions.EVENTS, then this folder
 
 
 def folder(vm_name: str) -> Path:

@@ -55,6 +55,11 @@ def workspace_state_dir(workspace: Path) -> Path:
     return state_dir() / "workspaces" / workspace_key(workspace)
 
 
+def staging_dir(vm_name: str) -> Path:
+    """The host folder one launch hands to the VM, mounted read-only at the same path (agentbox.staging)."""
+    return vm_state_dir(vm_name) / "staging"
+
+
 def vm_outbox(vm_name: str) -> Path:
     """The one folder of agentbox's a VM may write (agentbox.staging describes it)."""
     return vm_state_dir(vm_name) / "outbox"

@@ -21,7 +21,7 @@ import time
 from typing import TextIO
 
 from agentbox.errors import Interrupted
-from agentbox.lima import parse_log_line
+from agentbox.logline import parse_log_line
 from agentbox.safetext import visible
 
 # limactl output fragments -> the phase a person cares about. First match wins. A step only moves

@@ -541,7 +541,7 @@ def apply(
     """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
     exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
     refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses."""
-    from agentbox import hostgit, isolation
+    from agentbox import hostgit, isolation, snapshot
 
     with locked(workspace):
         proposal = find(workspace, wanted)
@@ -578,7 +578,7 @@ def apply(
             )
         # The patch is applied to a tree of agentbox's store (the workspace as it is now); agentbox then
         # writes the files that changed itself (agentbox.restore): git never opens a path of the workspace.
-        now_snap = hostgit.snapshot(repo, settings.max_file_size)
+        now_snap = snapshot.take(repo, settings.max_file_size)
         result_tree = hostgit.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
         if check_only:
             return Applied(proposal, None, moved)

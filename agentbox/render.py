@@ -4,7 +4,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import gitdirs, isolation, resources, staging
+from agentbox import gitdirs, isolation, paths, resources
 from agentbox.config import Config, deep_merge
 from agentbox.errors import ConfigError
 from agentbox.progress import warn
@@ -70,10 +70,10 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     if config.protect_git_hooks and hooks is not None and not isolated:
         # Mounted after the writable workspace, so this read-only view wins inside it.
         mounts.append(RenderedMount(str(hooks), str(hooks), False))
-    mounts.append(RenderedMount(str(staging.folder(vm_name)), str(staging.folder(vm_name)), False))
+    mounts.append(RenderedMount(str(paths.staging_dir(vm_name)), str(paths.staging_dir(vm_name)), False))
     # The one folder of agentbox's the VM may write: what a session hands back (logins: agentbox.writeback;
     # an isolated session's changes: agentbox.isolation).
-    mounts.append(RenderedMount(str(staging.outbox(vm_name)), str(staging.outbox(vm_name)), True))
+    mounts.append(RenderedMount(str(paths.vm_outbox(vm_name)), str(paths.vm_outbox(vm_name)), True))
     for mount in config.mounts:
         problem = isolation.mount_point_problem(mount.mount_point, workspace) if isolated else None
         if problem:
@@ -142,7 +142,7 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
     prov = provisioning.plan(config)
     settings = BaseSettings(config.vm_type, config.arch, config.mount_type, config.cpus, config.memory, config.disk)
     return _values(vm_name, settings, prov, mounts_for(config, vm_name), str(config.require_workspace()),
-                   str(staging.folder(vm_name)))
+                   str(paths.staging_dir(vm_name)))
 
 
 def base_context(settings: BaseSettings, vm_name: str) -> dict[str, Any]:

@@ -44,7 +44,14 @@ FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 REGULAR, EXECUTABLE, LINK, GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
 
 
-def take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapshot:
+def take(repo: hostgit.Repo, max_file_size: int) -> hostgit.Snapshot:
+    """The working tree (tracked files and untracked files that are not ignored) as a tree in the store."""
+    hostgit.require_git()
+    with hostgit.store_locked(repo) as store:
+        return _take(repo, store, max_file_size)
+
+
+def _take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapshot:
     """The snapshot (the store must be held locked by the caller)."""
     import gc
 

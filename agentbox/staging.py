@@ -99,14 +99,39 @@ and sync/AGENT/: what the last sync applied, what it announced as waiting).
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import agentsync, context, credentials, netpolicy, paths, resources, timing
+from agentbox import agentsync, context, credentials, netpolicy, paths, resources, sessionenv, timing
+from agentbox.contract import (
+    ATTENTION_SCRIPT,
+    BOOTSTRAP,
+    CLAUDE_HOOKS,
+    CREDS,
+    CREDS_HOME,
+    CREDS_MANIFEST,
+    CREDS_STAMPS,
+    ENV_FILE,
+    GIT_IDENTITY,
+    GIT_IDENTITY_STAMP,
+    GUARD_FILES,
+    GUARDS,
+    LAUNCH_SCRIPT,
+    MEMORY_SCRIPT,
+    NETWORK_RULES,
+    OPEN_URL,
+    SESSION_SCRIPT,
+    TASK_RUNNER,
+    TMUX_CONF,
+    CredentialReturn,
+    IsolatedLaunch,
+    OptionValue,
+    SessionLaunch,
+    launch_options,
+)
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
-from agentbox.progress import note, warn
+from agentbox.progress import warn
 
 if TYPE_CHECKING:
     from agentbox.bootstrap import Plan
@@ -114,132 +139,10 @@ if TYPE_CHECKING:
     from agentbox.lima import Instance
     from agentbox.worktrees import Worktree
 
-LAUNCH_SCRIPT = "launch.sh"
-TASK_RUNNER = "task-runner.sh"
-MEMORY_SCRIPT = "agent-memory.sh"
-SESSION_SCRIPT = "session.sh"
-TMUX_CONF = "tmux.conf"
-NETWORK_RULES = "network.nft"
-ATTENTION_SCRIPT = "attention.sh"
-CLAUDE_HOOKS = "claude-hooks.json"
-OUTBOX_SESSIONS = "sessions"
-GUARDS = "guards"
-GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
-BOOTSTRAP = "bootstrap"
-ENV_FILE = "env"
-CREDS = "creds"
-CREDS_HOME = "creds/home"
-CREDS_MANIFEST = "creds/manifest"
-CREDS_STAMPS = "creds/stamps.json"
-GIT_IDENTITY = "creds/gitconfig"
-GIT_IDENTITY_STAMP = "creds/gitconfig.stamp"
-OPEN_URL = "open-url"
-OUTBOX_CREDS = "creds"
-CONTEXT = "context"
-CONTEXT_FILE = "context/context.json"
-MEMORY_BLOCK = "context/memory.md"
-CONTEXT_TOOLS = "context/tools"
-CONTEXT_DIGESTS = "context/digests"
-
-GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
-
-
-class LaunchOption(NamedTuple):
-    name: str
-    value: str | None  # what the value is, None for a flag
-    meaning: str
-    repeated: bool = False
-
-
-# launch.sh's options, the order the host sends them in. tests/test_staging.py checks launch.sh's parser against it.
-LAUNCH_OPTIONS = (
-    LaunchOption("--wait", "SECONDS", "how long to wait for boot scripts an interrupted start left running "
-                 "(vm.startupWaitSec; launch.sh's default 30)"),
-    LaunchOption("--workspace", "DIR", "the workspace: bootstrap scripts run there and Gemini CLI trusts it "
-                 "(launch.sh's default: its working folder)"),
-    LaunchOption("--guards", "on|off", "install (on) or remove (off) the readonly-remote guards (sync.remoteWrite)"),
-    LaunchOption("--timing", None, "print how long launch.sh's setup took (agentbox --timings)"),
-    LaunchOption("--binary", "NAME", "the agent's program, installed with --install when it is missing"),
-    LaunchOption("--install", "COMMAND", "the bash command that installs --binary ('' for none)"),
-    LaunchOption("--on-create", "SCRIPT", "a staged onCreateScript, run once in the VM's life", repeated=True),
-    LaunchOption("--on-start", "SCRIPT", "a staged onStartScript, run once per boot", repeated=True),
-    LaunchOption("--isolated-from", "DIR", "isolated mode: the VM's read-only view of the host workspace; the "
-                 "program runs on a copy of it at --workspace, made from it when missing or of another --base"),
-    LaunchOption("--base", "COMMIT", "isolated mode: the host's checkpoint commit the copy starts from"),
-    LaunchOption("--outbox", "DIR", "isolated mode: this session's folder in the writable outbox, where the "
-                 "copy's changes go when the program exits (agentbox.isolation)"),
-    LaunchOption("--chdir", "DIR", "isolated mode: the folder the program starts in, inside the copy "
-                 "(the workspace when the copy lacks it)"),
-    LaunchOption("--sync", "AGENT", "apply sync/AGENT: the agent's own setup (sync.agentConfig)", repeated=True),
-    LaunchOption("--creds-outbox", "DIR", "credential write-back: this session's folder in the writable outbox; "
-                 "launch.sh then runs the program as its child and, when it exits, copies each --creds-return "
-                 "file there"),
-    LaunchOption("--creds-return", "PATH", "a file under the guest home (a login file) to copy to --creds-outbox "
-                 "as its position (0, 1, ...) when it differs from what launch.sh last installed", repeated=True),
-    LaunchOption("--memory-file", "PATH", "an agent's memory file, relative to the guest home, that keeps "
-                 "context/memory.md's block (agents.py memory_file)", repeated=True),
-    LaunchOption("--worktree", "DIR", "run the program in this git worktree of the workspace, made when missing "
-                 "(`git worktree add`, on --worktree-branch from --worktree-base; agentbox.worktrees)"),
-    LaunchOption("--worktree-branch", "BRANCH", "the worktree's branch (taken when it exists, else made)"),
-    LaunchOption("--worktree-base", "COMMIT", "the commit a new worktree branch starts from"),
-    LaunchOption("--task", "DIR", "a background task (agentbox.tasks): instead of running the program, start "
-                 "task-runner.sh with it, detached, on this task's folder in the outbox; return once it runs"),
-    LaunchOption("--notify", "on|off", "install (on) or remove (off) the attention hooks: Claude Code's "
-                 "Notification and Stop hooks, which ring the terminal and tell the host (notify)"),
-    LaunchOption("--session", "NAME", "run the program in a tmux session named NAME (or NAME-2, ...) that "
-                 "outlives this shell (session.sh start); never with --isolated-from or --creds-outbox"),
-    LaunchOption("--session-attach", None, "attach to that session at once (session.keepAlive) instead of "
-                 "leaving it detached (--detach)"),
-    LaunchOption("--session-reply", "DIR", "this launch's folder in the outbox, where session.sh writes the "
-                 "session's name (and, after an attach, how it ended)"),
-    LaunchOption("--session-events", "DIR", "the outbox folder for the session's attention events (notify)"),
-    LaunchOption("--session-live", "DIR", "the outbox folder where the session keeps a marker fresh while it runs "
-                 "(the host's watcher and network proxy stay while one is)"),
-)
-
-OptionValue = str | bool | Sequence[str] | None
-
-
-class IsolatedLaunch(NamedTuple):
-    """launch.sh's isolated-mode options for one session."""
-
-    source: str  # --isolated-from
-    base: str  # --base
-    outbox: Path  # --outbox
-    chdir: str  # --chdir
-
-
-def folder(vm_name: str) -> Path:
-    """The host folder the VM mounts read-only, at the same path (like every agentbox mount)."""
-    return paths.vm_state_dir(vm_name) / "staging"
-
-
-def outbox(vm_name: str) -> Path:
-    """The host folder the VM may write (mounted writable at the same path); see the docstring."""
-    return paths.vm_outbox(vm_name)
-
-
 class Refreshed(NamedTuple):
     folder: Path
     credentials: list[credentials.Staged]  # the login files this launch staged
     env_keys: tuple[str, ...] = ()  # the names of the session's env (staging/env)
-
-
-class SessionLaunch(NamedTuple):
-    """launch.sh's session options: the program runs in a tmux session that outlives the shell (agentbox.sessions)."""
-
-    name: str  # --session: the name it starts from
-    attach: bool  # --session-attach
-    reply: Path  # --session-reply
-    events: Path | None  # --session-events (None: notify is off)
-    live: Path | None = None  # --session-live
-
-
-class CredentialReturn(NamedTuple):
-    """What launch.sh hands back after the program: copies of `files` (guest paths) in `folder`."""
-
-    folder: Path
-    files: Sequence[str]
 
 
 def launch_command(
@@ -288,28 +191,6 @@ def launch_command(
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 
-def launch_options(values: Mapping[str, OptionValue]) -> list[str]:
-    """launch.sh's options from {name: value} (a flag: True; a repeated option: a list), in LAUNCH_OPTIONS order."""
-    unknown = set(values) - {option.name for option in LAUNCH_OPTIONS}
-    if unknown:
-        raise ValueError(f"launch.sh has no option {', '.join(sorted(unknown))} (see staging.LAUNCH_OPTIONS)")
-    argv: list[str] = []
-    for option in LAUNCH_OPTIONS:
-        value = values.get(option.name)
-        if value is None or value is False:
-            continue
-        if option.value is None and value is True:
-            argv.append(option.name)
-        elif option.value is not None and not option.repeated and isinstance(value, str):
-            argv += [option.name, value]
-        elif option.repeated and isinstance(value, Sequence) and not isinstance(value, str):
-            for item in value:
-                argv += [option.name, item]
-        else:
-            raise ValueError(f"launch.sh option {option.name} does not take {value!r}")
-    return argv
-
-
 def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig]:
     """The agents whose own setup this launch brings: the launched one, every one for a shell."""
     if not config.sync_agent_config:
@@ -328,7 +209,7 @@ def refresh(
     rewritten to its user's home. The sandbox's description is staged later (stage_context), once the
     session's mode and start checkpoint are known.
     """
-    staging = private_dir(folder(name))
+    staging = private_dir(paths.staging_dir(name))
     guest_home = agentsync.guest_home_of(instance)
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
     write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
@@ -345,14 +226,14 @@ def refresh(
     settings = config.credentials
     transforms = dict([_claude_json(config, guest_home, staging)])
     staged, warnings = stage_credentials(
-        staging, credential_files(config, agent), include_git_identity=settings.enabled and settings.git,
+        staging, credentials.launch_files(config, agent), include_git_identity=settings.enabled and settings.git,
         transforms=transforms,
     )
     warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
     write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
-    env = session_env(config, proxy_port)
+    env = sessionenv.of(config, proxy_port)
     write_env(staging, env)
     return Refreshed(staging, staged, tuple(env))
 
@@ -374,49 +255,6 @@ def stage_context(
         checkpoint=checkpoint,
     )
     context.stage(refreshed.folder, document)
-
-
-def credential_files(config: Config, agent: AgentConfig | None) -> list[str]:
-    """The host login files (`~/...`) this launch stages: the agent's (every agent's for a shell), gh's, .netrc."""
-    settings = config.credentials
-    if not settings.enabled:
-        return []
-    agents = [agent] if agent is not None else list(config.agents.values())
-    files = [path for a in agents for path in a.credentials]
-    if settings.gh:
-        files += list(credentials.GH_FILES)
-    if settings.netrc:
-        files.append(credentials.NETRC)
-    return files
-
-
-def session_env(config: Config, proxy_port: int | None = None) -> dict[str, str]:
-    """The environment the session gets: agentbox's additions, then the config's env over them; in allowlist and
-    offline mode the proxy's variables over both (said when the config's env had its own)."""
-    env = {**_added_env(config), **config.env}
-    if proxy_port is None:
-        return env
-    proxy = netpolicy.proxy_env(proxy_port)
-    replaced = sorted(key for key in proxy if key in config.env)
-    if replaced:
-        note(f"network.mode {config.network.mode}: the session's {', '.join(replaced)} point to agentbox's proxy, "
-             "not to the values in env")
-    return {**env, **proxy}
-
-
-def _added_env(config: Config) -> dict[str, str]:
-    """Variables agentbox sets for the session; the config's env overrides each of them."""
-    added: dict[str, str] = {}
-    settings = config.credentials
-    if settings.enabled and settings.gh and "GH_TOKEN" not in config.env:
-        token = credentials.gh_token_from_keychain()
-        if token:
-            added["GH_TOKEN"] = token
-    if (
-        config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS")
-    ) and "NODE_EXTRA_CA_CERTS" not in config.env:
-        added["NODE_EXTRA_CA_CERTS"] = GUEST_CA_BUNDLE
-    return added
 
 
 def write_env(staging: Path, env: dict[str, str]) -> None:

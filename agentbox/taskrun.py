@@ -26,11 +26,13 @@ from agentbox import (
     hostgit,
     isolation,
     netguard,
+    paths,
     sessions,
     staging,
     tasks,
     timing,
     vm,
+    vmstate,
 )
 from agentbox.commands.agent import agent_argv, flag_subcommands, model_after
 from agentbox.config import AgentConfig
@@ -69,7 +71,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if worktree and base is None:
         raise StateError("--worktree starts the task's branch at HEAD, and this repository has no commit yet",
                          hint="Commit once, then run the task again.")
-    vm_mode = isolation.mode_of_vm(vm.expected_config(agent.vm_name, vm.read_state(agent.vm_name)), workspace)
+    vm_mode = isolation.mode_of_vm(vm.expected_config(agent.vm_name, vmstate.read(agent.vm_name)), workspace)
     if isolation.ISOLATED in (vm_mode, config.session_mode):
         raise StateError(f"background tasks run in the live workspace, and {agent.vm_name} is isolated "
                          "(session.mode: isolated)",
@@ -106,7 +108,7 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                     latest = tasks.get(task.id) or task
                     latest.checkpoint = task.checkpoint
                     tasks.save(latest)
-    scripts = bootstrap.plan(config, str(staging.folder(agent.vm_name)))
+    scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
     with timing.phase("VM state (limactl list, start)"):
         instance = vm.ensure_running(session, agent.vm_name)
     # The task's marker keeps the VM's proxy (allowlist, offline) once this lease ends with the hand-over.

@@ -519,7 +519,7 @@ def parse_duration(text: str) -> int:
 def diff_range(config: Config, spec: str) -> tuple[Repo, str, str, list[tuple[str, int]]]:
     """What `agentbox diff --since task:ID` compares: (repository, the task's start tree, the tree now, files
     left out for their size). A worktree task: its branch's start commit against its worktree as it is."""
-    from agentbox import checkpointmove, checkpoints, gitread, hostgit
+    from agentbox import checkpointmove, checkpoints, gitread, hostgit, snapshot
 
     task = lookup(spec)
     if task.worktree:
@@ -532,7 +532,7 @@ def diff_range(config: Config, spec: str) -> tuple[Repo, str, str, list[tuple[st
         except gitread.GitReadError as exc:
             raise StateError(f"{task.label}'s start commit {task.base} cannot be read from the repository: "
                              f"{exc.message}") from None
-        now = hostgit.snapshot(repo, config.checkpoints.max_file_size)
+        now = snapshot.take(repo, config.checkpoints.max_file_size)
         old_side = [change.old_oid for change in hostgit.changes(repo, base_tree, now.tree)
                     if change.status != "A" and change.old_mode != "160000"]
         try:

@@ -5,35 +5,33 @@ Only this module asks lima.py to change a VM.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any, NoReturn
 
-from agentbox import drift, effective, paths
+from agentbox import drift, effective, paths, vmstate
 from agentbox.config import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
-from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
-from agentbox.lima import BROKEN, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.lima import BROKEN, MIN_START_TIMEOUT, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
 from agentbox.progress import Progress, note, warn
 
 WORKSPACE_PARAM = "agentboxWorkspace"
-# limactl start's own --timeout covers boot plus provisioning; a first boot downloads and installs a lot.
-MIN_START_TIMEOUT = 600
 POLL_INTERVAL = 2.0
 
 
 class Session:
     """What one agentbox invocation needs to manage its VM."""
 
-    def __init__(self, config: Config, lima: Lima, verbose: bool = False) -> None:
+    def __init__(self, config: Config, lima: Lima, verbose: bool = False,
+                 on_stopped: Callable[[str], None] | None = None) -> None:
         self.config = config
         self.lima = lima
         self.verbose = verbose
+        # What ends with a VM agentbox stopped (its tasks, its network proxy) is settled by the command layer.
+        self.on_stopped = on_stopped or (lambda name: None)
 
     def instance(self, name: str) -> Instance | None:
         return self.lima.get(name)
@@ -116,7 +114,7 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
         check_ownership(instance, session.config)
         if instance.status == RUNNING and verify_running(session, instance):
             return instance
-    with vm_lock(name) as waited:
+    with vmstate.lock(name) as waited:
         if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
             instance = session.instance(name)
         if instance is None:
@@ -149,7 +147,7 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
 def note_stale_base(config: Config, name: str) -> None:
     """One line when the VM was cloned from a base that is no longer current (never on a warm launch:
     the key costs a template render)."""
-    recorded = read_state(name).get("base")
+    recorded = vmstate.read(name).get("base")
     if recorded and config.vm_base == "auto":
         from agentbox import base
 
@@ -164,7 +162,7 @@ def verify_running(session: Session, instance: Instance) -> bool:
     A difference marks the VM refused, stops it and raises. False: the row is clean but the VM was
     refused before, so it may still run with what was refused and has to be restarted first.
     """
-    state = read_state(instance.name)
+    state = vmstate.read(instance.name)
     expected = expected_config(instance.name, state)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
@@ -175,7 +173,7 @@ def verify_running(session: Session, instance: Instance) -> bool:
 
 def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What agentbox rendered for the VM, from its state; rebuilt once from the kept lima.yaml for older VMs."""
-    state = read_state(name) if state is None else state
+    state = vmstate.read(name) if state is None else state
     expected = state.get("expected")
     if effective.is_current(expected):
         return expected
@@ -184,13 +182,13 @@ def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str,
     except OSError:
         return None  # created before agentbox kept its template: nothing to compare with
     expected = effective.expected_from_rendered(rendered)
-    update_state(name, {"expected": expected})
+    vmstate.update(name, {"expected": expected})
     return expected
 
 
 def refuse(session: Session, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
     """Record the VM as refused (so the next command does not use it either), stop it, raise."""
-    update_state(name, {"refused": [difference.text for difference in found]})
+    vmstate.update(name, {"refused": [difference.text for difference in found]})
     if running:
         try:
             session.lima.stop(name, force=True)
@@ -204,13 +202,13 @@ class _AlreadyExists(Exception):
 
 
 def create_and_start(session: Session, name: str) -> Instance:
-    from agentbox import render, staging
+    from agentbox import render
 
     config = session.config
     template_text = render.render(config, name)
     state = private_dir(paths.vm_state_dir(name))
-    private_dir(staging.folder(name))
-    private_dir(staging.outbox(name))
+    private_dir(paths.staging_dir(name))
+    private_dir(paths.vm_outbox(name))
     template_path = state / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
     cloned_from = None
@@ -238,7 +236,7 @@ def create_and_start(session: Session, name: str) -> Instance:
         elif not error.hint:
             error.hint = "No VM was created; nothing changed."
         raise
-    write_state(
+    vmstate.write(
         name,
         {
             "workspace": str(config.require_workspace()),
@@ -275,10 +273,9 @@ def _clone_from_base(session: Session, name: str, template_text: str) -> dict[st
 
 def start(session: Session, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
     """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
-    from agentbox import staging
 
     expected = expected_config(name)
-    private_dir(staging.outbox(name))  # a mount location Lima needs to find
+    private_dir(paths.vm_outbox(name))  # a mount location Lima needs to find
     if expected is not None:
         effective.check_mount_locations(name, expected)
         if row is not None and row.config:
@@ -310,13 +307,13 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
             f"{log_path}, or start over with `agentbox start --recreate`."
         )
         raise
-    update_state(name, {"booted": time.time()})
+    vmstate.update(name, {"booted": time.time()})
     instance = require_running(session, name)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
         if found:
             refuse(session, name, found, running=True)
-    clear_refusal(name)
+    vmstate.clear_refusal(name)
     return instance
 
 
@@ -324,7 +321,7 @@ def apply_in_place(session: Session, name: str, row: Instance | None) -> None:
     """The stopped VM gets the cpus, memory and larger disk the config asks for (`limactl edit`, agentbox.inplace)."""
     from agentbox import inplace
 
-    found = inplace.plan(read_state(name).get("fingerprint"), session.config, row.disk if row is not None else 0)
+    found = inplace.plan(vmstate.read(name).get("fingerprint"), session.config, row.disk if row is not None else 0)
     if found.kept:
         note(found.kept)
     if found.pending:
@@ -347,7 +344,7 @@ def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] 
     only while it is stopped. On a terminal, ask whether to restart it now; elsewhere say once that they apply
     at its next start. Returns the VM as it runs now. Costs no limactl call unless it restarts the VM."""
     name = instance.name
-    state = read_state(name) if state is None else state
+    state = vmstate.read(name) if state is None else state
     recorded = state.get("fingerprint") or {}
     config = session.config
     if all(recorded.get(key, value) == value for key, value in
@@ -377,26 +374,27 @@ def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] 
     else:
         note(f"{what} in the config apply at the next `agentbox stop`/start of {name} "
              "(`agentbox restart` applies them now)")
-    update_state(name, {"deferred": found.applied})
+    vmstate.update(name, {"deferred": found.applied})
     return instance
 
 
 def restart_to_apply(session: Session, instance: Instance) -> Instance:
     """Stop the running VM, apply what changed with `limactl edit`, start it (start does the edit)."""
     name = instance.name
-    with vm_lock(name):
-        _stop_step(session.lima, name, False, session.verbose)
+    with vmstate.lock(name):
+        stop_now(session.lima, name, False, session.verbose)
+        session.on_stopped(name)
         return start(session, name, instance.dir, instance)
 
 
 def record_in_place(name: str, values: dict[str, Any], applied: bool = False) -> None:
     """The VM now has these cpus, memory, disk (or keeps a larger disk): its record says so. `applied`: the
     edit waiting for the VM's next start was made, so nothing is deferred any more."""
-    state = read_state(name)
+    state = vmstate.read(name)
     state["fingerprint"] = {**(state.get("fingerprint") or {}), **values}
     if applied:
         state.pop("deferred", None)
-    write_state(name, state)
+    vmstate.write(name, state)
 
 
 def recover(session: Session, instance: Instance) -> Instance:
@@ -463,45 +461,29 @@ def stop(session: Session, name: str, force: bool = False) -> str | None:
     check_workspace_matches(instance, session.config)
     if instance.status == STOPPED and not force:
         return f"{name} is already stopped"
-    with vm_lock(name):
-        _stop_step(session.lima, name, force or instance.status != RUNNING, session.verbose)
+    with vmstate.lock(name):
+        stop_now(session.lima, name, force or instance.status != RUNNING, session.verbose)
+    session.on_stopped(name)
     return None
 
 
-def stop_all(lima: Lima, verbose: bool = False, force: bool = False) -> list[str]:
-    stopped = []
-    for instance in lima.instances().values():
-        if is_agentbox_vm(instance) and instance.status == RUNNING:
-            _stop_step(lima, instance.name, force, verbose)
-            stopped.append(instance.name)
-    return stopped
+def running_vms(lima: Lima) -> list[str]:
+    """The agentbox VMs that run now."""
+    return [i.name for i in lima.instances().values() if is_agentbox_vm(i) and i.status == RUNNING]
 
 
-def _stop_step(lima: Lima, name: str, force: bool, verbose: bool) -> None:
+def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
     with Progress(f"Stopping VM {name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
         lima.stop(name, force=force, on_output=progress.feed)
-    _settle_tasks(name, f"its VM {name} was stopped")
-    from agentbox import netguard
-
-    netguard.stop(name)  # its sessions ended with it
 
 
-def _settle_tasks(name: str, reason: str) -> None:
-    """The VM's background tasks end with it; their outputs move into their records (agentbox.tasks)."""
-    if not (paths.tasks_dir()).is_dir():
-        return
-    from agentbox import tasks
-
-    for task in tasks.settle_vm(name, reason):
-        warn(f"{task.label} ended as {task.state}: {reason}")
-
-
-def remove(session: Session, name: str) -> str:
-    with vm_lock(name):
+def delete(session: Session, name: str) -> None:
+    """Delete the VM and its disk; agentbox's own state of it stays until vmstate.clear (the outbox is there)."""
+    with vmstate.lock(name):
         session.lima.delete(name, force=True)
-    _settle_tasks(name, f"its VM {name} was removed")
-    clear_state(name)
-    return f"{name} removed (its disk is gone; the workspace on the host is untouched)"
+
+
+REMOVED = "{name} removed (its disk is gone; the workspace on the host is untouched)"
 
 
 def conflict(instance: Instance | None, config: Config) -> dict[str, Any] | None:
@@ -542,52 +524,3 @@ def describe(instance: Instance | None, name: str, workspace: str | None) -> dic
         "arch": instance.arch or None,
         "dir": instance.dir or None,
     }
-
-
-# -- agentbox's own per-VM state (outside Lima) ------------------------------------------------
-
-
-@contextmanager
-def vm_lock(name: str) -> Iterator[bool]:
-    """Serialize create/start/stop of one VM across agentbox processes. Yields whether it had to wait."""
-    with locked_or_waiting(private_dir(paths.vm_state_dir(name)) / "lock",
-                           f"waiting for another agentbox that is creating or starting {name}...") as waited:
-        yield waited
-
-
-def state_file(name: str) -> Path:
-    return paths.vm_state_dir(name) / "state.json"
-
-
-def read_state(name: str) -> dict[str, Any]:
-    try:
-        data = json.loads(state_file(name).read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def write_state(name: str, data: dict[str, Any]) -> None:
-    private_dir(paths.vm_state_dir(name))
-    atomic_write(state_file(name), json.dumps(data, indent=2), mode=0o600)
-
-
-def update_state(name: str, changes: dict[str, Any]) -> None:
-    data = read_state(name)
-    data.update(changes)
-    write_state(name, data)
-
-
-def clear_refusal(name: str) -> None:
-    """The VM started and passed the check: a refusal recorded earlier no longer applies."""
-    data = read_state(name)
-    if data.pop("refused", None) is not None:
-        write_state(name, data)
-
-
-def clear_state(name: str) -> None:
-    import shutil
-
-    directory = paths.vm_state_dir(name)
-    if directory.exists():
-        shutil.rmtree(directory, ignore_errors=True)

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import credentials, fsutil, paths, staging, vmread
+from agentbox import contract, credentials, fsutil, paths, staging, vmread, vmstate
 from agentbox.credformats import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
@@ -57,7 +57,7 @@ class Target(NamedTuple):
 
 class Plan(NamedTuple):
     vm_name: str
-    returns: staging.CredentialReturn
+    returns: contract.CredentialReturn
     targets: tuple[Target, ...]
     staged: dict[str, credentials.Staged]  # every file this launch staged, by guest path
     staging_folder: Path
@@ -86,7 +86,7 @@ def begin(
         return None
     staged = {item.guest_path: item for item in refreshed.credentials}
     targets: dict[str, Target] = {}
-    for spec in staging.credential_files(config, agent):
+    for spec in credentials.launch_files(config, agent):
         guest = credentials.guest_path_for(spec)
         relative = guest[2:] if guest.startswith("~/") else ""
         if relative in FORMATS and relative not in targets:
@@ -106,7 +106,7 @@ def begin(
         if target.fmt.companion and target.fmt.companion not in files:
             files.append(target.fmt.companion)
     folder = _new_session_folder(vm_name)
-    return Plan(vm_name, staging.CredentialReturn(folder, tuple(files)), tuple(targets.values()), staged,
+    return Plan(vm_name, contract.CredentialReturn(folder, tuple(files)), tuple(targets.values()), staged,
                 refreshed.folder, login)
 
 
@@ -114,7 +114,7 @@ def has_outbox(expected: dict[str, Any] | None, vm_name: str) -> bool:
     """Whether the VM was created with the outbox mount (from what agentbox rendered for it)."""
     if not expected:
         return False
-    outbox = str(staging.outbox(vm_name))
+    outbox = str(paths.vm_outbox(vm_name))
     return [outbox, outbox, True] in [list(mount) for mount in expected.get("mounts", [])]
 
 
@@ -276,7 +276,7 @@ def _host_companion(target: Target, fmt: Format) -> bytes | None:
 
 def _staged_copy(plan: Plan, item: credentials.Staged) -> bytes | None:
     """The staged copy of a file, if it still holds what this launch staged."""
-    data = _read_host(plan.staging_folder / staging.CREDS_HOME / item.guest_path, MAX_COMPANION)
+    data = _read_host(plan.staging_folder / contract.CREDS_HOME / item.guest_path, MAX_COMPANION)
     return data if data is not None and hashlib.sha256(data).hexdigest() == item.digest else None
 
 
@@ -309,14 +309,14 @@ def _private_parents(folder: Path) -> None:
 
 def _new_session_folder(vm_name: str) -> Path:
     """outbox/creds/s-RANDOM, a fresh name, made without following anything the VM put there."""
-    return vmread.fresh_folder(staging.outbox(vm_name), staging.OUTBOX_CREDS, prefix="s")
+    return vmread.fresh_folder(paths.vm_outbox(vm_name), contract.OUTBOX_CREDS, prefix="s")
 
 
 def _read_returned(folder: Path, files: Sequence[str]) -> dict[str, tuple[bytes, float] | str]:
     """What launch.sh handed back, by guest path: (bytes, mtime), or why a copy was not read."""
     found: dict[str, tuple[bytes, float] | str] = {}
     try:
-        with vmread.folder(folder.parent.parent, staging.OUTBOX_CREDS, folder.name) as session:
+        with vmread.folder(folder.parent.parent, contract.OUTBOX_CREDS, folder.name) as session:
             for index, relative in enumerate(files):
                 limit = MAX_FILE if relative in FORMATS else MAX_COMPANION
                 try:
@@ -347,20 +347,18 @@ def _locked() -> Iterator[None]:
 
 
 def _newly_said(vm_name: str, path: str, key: str) -> bool:
-    from agentbox import vm
 
-    said = vm.read_state(vm_name).get(_SAID)
+    said = vmstate.read(vm_name).get(_SAID)
     return not isinstance(said, dict) or said.get(path) != key
 
 
 def _remember_said(vm_name: str, said: dict[str, str], considered: list[str]) -> None:
     """Record what was said for each copy considered; a copy with nothing to say clears its entry."""
-    from agentbox import vm
 
     with _locked():
-        state = vm.read_state(vm_name)
+        state = vmstate.read(vm_name)
         before = state.get(_SAID, {}) if isinstance(state.get(_SAID), dict) else {}
         after = {path: key for path, key in before.items() if path not in considered}
         after.update(said)
         if after != before:
-            vm.update_state(vm_name, {_SAID: after})
+            vmstate.update(vm_name, {_SAID: after})

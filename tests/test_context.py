@@ -15,7 +15,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from agentbox import context, provisioning, staging
+from agentbox import context, paths, provisioning
 from tests.helpers import NAME, STUB, FakeLima, needs_bwrap, run_cli, without_once_notes, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -102,7 +102,7 @@ def test_context_file_validates_matches_the_config_and_holds_no_secret(project: 
         (str(data_ro), False, "mounts"),
         ("/mnt/rw", True, "mounts"),
         (str(context_staging()), False, "staging"),
-        (str(staging.outbox(NAME)), True, "outbox"),
+        (str(paths.vm_outbox(NAME)), True, "outbox"),
     }
     assert {m["hostPath"] for m in document["mounts"] if m["guestPath"] == "/mnt/rw"} == {str(data_rw)}
     assert document["workspace"] == {"path": str(project), "writable": True, "mode": "live",
@@ -139,9 +139,8 @@ def test_context_file_validates_matches_the_config_and_holds_no_secret(project: 
 
 
 def context_staging() -> Path:
-    from agentbox import staging
 
-    return staging.folder(NAME)
+    return paths.staging_dir(NAME)
 
 
 def guest_user_home(vm: FakeLima) -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import checkpointmove, hostgit
+from agentbox import checkpointmove, hostgit, snapshot
 from tests.gitrepo import HOSTILE_NAMES, commit_all, fired, git, git_folder_state, hostile, init, user_state
 from tests.helpers import write
 
@@ -59,7 +59,7 @@ def test_a_snapshot_holds_tracked_changes_and_untracked_files_but_not_ignored_on
 
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, 5 * MB)
+    snap = snapshot.take(repo, 5 * MB)
 
     files = files_of(repo, snap.tree)
     assert sorted(files) == sorted([".gitignore", "tracked.txt", "link", *names])
@@ -82,10 +82,10 @@ def test_a_snapshot_leaves_the_users_index_head_refs_stash_and_files_untouched(w
 
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, 5 * MB)
+    snap = snapshot.take(repo, 5 * MB)
     commit = hostgit.commit(repo, snap.tree, snap.head, "agentbox checkpoint")
     hostgit.set_ref(repo, "refs/agentbox/checkpoints/1", commit)
-    hostgit.snapshot(repo, 5 * MB)
+    snapshot.take(repo, 5 * MB)
 
     assert user_state(work) == before
     assert git(work, "status", "--porcelain").stdout == status_before
@@ -101,7 +101,7 @@ def test_large_files_are_skipped_and_named_special_files_and_nested_repositories
     write(work / "nested" / "inside.txt", "in\n")
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     assert snap.skipped == [("big.bin", MB + 1)]
     assert "small.bin" in files_of(repo, snap.tree)
     assert "nested/inside.txt" not in files_of(repo, snap.tree)
@@ -113,7 +113,7 @@ def test_a_repository_without_commits(project: Path) -> None:
     write(project / "first.txt", "1\n")
     repo = hostgit.find(project)
     assert repo is not None and hostgit.head(repo) is None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     assert snap.head is None
     commit = hostgit.commit(repo, snap.tree, None, "first")
     assert hostgit.tree_of(repo, commit) == snap.tree
@@ -128,8 +128,8 @@ def test_a_detached_head_is_the_parent(work: Path) -> None:
     git(work, "checkout", "-q", "--detach", first)
     repo = hostgit.find(work)
     assert repo is not None
-    assert hostgit.snapshot(repo, MB).head == first
-    assert "second.txt" not in files_of(repo, hostgit.snapshot(repo, MB).tree)
+    assert snapshot.take(repo, MB).head == first
+    assert "second.txt" not in files_of(repo, snapshot.take(repo, MB).tree)
 
 
 def test_a_linked_worktree_uses_its_own_index_and_the_common_objects_and_refs(work: Path) -> None:
@@ -141,7 +141,7 @@ def test_a_linked_worktree_uses_its_own_index_and_the_common_objects_and_refs(wo
     assert repo is not None
     assert repo.common_dir == work / ".git" and repo.git_dir == work / ".git" / "worktrees" / "linked"
     before = user_state(work)
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     files = files_of(repo, snap.tree)
     assert "only-here.txt" in files and "only-main.txt" not in files
     folder_before = git_folder_state(work)
@@ -160,7 +160,7 @@ def test_sha256_repositories(project: Path) -> None:
     write(project / "b.txt", "b\n")
     repo = hostgit.find(project)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     assert len(snap.tree) == 64 and hostgit.object_format(repo) == "sha256"
     assert files_of(repo, snap.tree) == {"a.txt": b"a\n", "b.txt": b"b\n"}
     commit = hostgit.commit(repo, snap.tree, None, "m")
@@ -176,7 +176,7 @@ def test_submodules_are_their_recorded_commit(work: Path, tmp_path: Path) -> Non
     write(work / "sub" / "o.txt", "changed inside the submodule\n")
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     assert ("160000", recorded, b"sub") in hostgit.tree_entries(repo, snap.tree)
     assert snap.notes == ["submodules are captured as the commit the index records for them, not their own changes"]
 
@@ -188,7 +188,7 @@ def test_file_and_folder_swaps(work: Path) -> None:
     os.symlink("/etc", work / "gone.txt")
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     assert files_of(repo, snap.tree) == {".gitignore": b"*.log\nbuild/\n",
                                          "tracked.txt/now-a-folder.txt": b"f\n", "gone.txt": b"/etc"}
     base = head_tree(repo)
@@ -202,36 +202,36 @@ def test_the_kept_index_follows_later_changes(work: Path) -> None:
     write(work / "later-ignored.txt", "x\n")
     repo = hostgit.find(work)
     assert repo is not None
-    first = hostgit.snapshot(repo, MB)
+    first = snapshot.take(repo, MB)
     assert {"new.txt", "later-ignored.txt"} <= set(files_of(repo, first.tree))
     (work / "new.txt").unlink()
     write(work / ".gitignore", "*.log\nbuild/\nlater-ignored.txt\n")
     write(work / "tracked.txt", "edited\n")
-    second = hostgit.snapshot(repo, MB)
+    second = snapshot.take(repo, MB)
     files = files_of(repo, second.tree)
     assert "new.txt" not in files and "later-ignored.txt" not in files
     assert files["tracked.txt"] == b"edited\n"
-    assert hostgit.snapshot(repo, MB).tree == second.tree
+    assert snapshot.take(repo, MB).tree == second.tree
 
 
 def test_a_damaged_cache_is_rebuilt(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
-    first = hostgit.snapshot(repo, MB)
+    first = snapshot.take(repo, MB)
     (hostgit.store_dir(repo) / "stat.cache").write_bytes(b"garbage")
     (hostgit.store_dir(repo) / "stat.index").write_bytes(b"DIRC garbage")
-    assert hostgit.snapshot(repo, MB).tree == first.tree
+    assert snapshot.take(repo, MB).tree == first.tree
     write(work / "tracked.txt", "after the damage\n")
-    assert files_of(repo, hostgit.snapshot(repo, MB).tree)["tracked.txt"] == b"after the damage\n"
+    assert files_of(repo, snapshot.take(repo, MB).tree)["tracked.txt"] == b"after the damage\n"
 
 
 def test_a_file_the_user_staged_is_captured_even_when_ignored(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
-    hostgit.snapshot(repo, MB)
+    snapshot.take(repo, MB)
     write(work / "forced.log", "staged on purpose\n")
     git(work, "add", "-f", "forced.log")
-    assert files_of(repo, hostgit.snapshot(repo, MB).tree)["forced.log"] == b"staged on purpose\n"
+    assert files_of(repo, snapshot.take(repo, MB).tree)["forced.log"] == b"staged on purpose\n"
 
 
 def test_diff_output_applies_back_with_git_apply(work: Path) -> None:
@@ -241,12 +241,12 @@ def test_diff_output_applies_back_with_git_apply(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
     base = head_tree(repo)
-    after = hostgit.snapshot(repo, MB).tree
+    after = snapshot.take(repo, MB).tree
     patch = hostgit.diff(repo, base, after, binary=True)
     assert b"GIT binary patch" in patch
     git(work, "stash", "-q", "-u")
     assert not (work / "bin.dat").exists()
-    assert hostgit.apply_to_tree(repo, hostgit.snapshot(repo, MB).tree, patch, three_way=False) == after
+    assert hostgit.apply_to_tree(repo, snapshot.take(repo, MB).tree, patch, three_way=False) == after
     assert not (work / "bin.dat").exists()
     assert hostgit.diff(repo, base, after, name_only=True) == b"bin.dat\nnew file.txt\ntracked.txt\n"
     assert b"3 files changed" in hostgit.diff(repo, base, after, stat=True)
@@ -256,7 +256,7 @@ def test_diff_output_applies_back_with_git_apply(work: Path) -> None:
 def test_apply_failures_raise_with_gits_message_and_change_nothing(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     patch = b"--- a/tracked.txt\n+++ b/tracked.txt\n@@ -1 +1 @@\n-not what is there\n+x\n"
     with pytest.raises(hostgit.GitError, match=r"git apply failed .*patch does not apply"):
         hostgit.apply_to_tree(repo, snap.tree, patch, three_way=False)
@@ -268,7 +268,7 @@ def test_apply_failures_raise_with_gits_message_and_change_nothing(work: Path) -
 def test_read_blobs_refuses_an_object_altered_after_it_was_written(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
-    hostgit.snapshot(repo, MB)
+    snapshot.take(repo, MB)
     store = hostgit.store_dir(repo)
     oid = hostgit.write_object(store, b"blob", b"original\n", "sha1")  # a loose object of the store
     assert hostgit.read_blobs(repo, [oid]) == {oid: b"original\n"}
@@ -291,7 +291,7 @@ def test_nothing_the_repository_configures_runs_on_the_host(work: Path, tmp_path
     repo = hostgit.find(work)
     assert repo is not None
     base = head_tree(repo)
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     commit = hostgit.commit(repo, snap.tree, None, "m")
     hostgit.set_ref(repo, "refs/agentbox/checkpoints/1", commit)
     patch = hostgit.diff(repo, base, snap.tree, paths=["tracked.txt"])
@@ -348,7 +348,7 @@ def test_the_users_git_environment_does_not_leak_in(work: Path, tmp_path: Path, 
     write(work / "tracked.txt", "edited\n")
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     base = head_tree(repo)
     assert b"+edited" in hostgit.diff(repo, base, snap.tree)
     assert fired(markers) == []
@@ -361,7 +361,7 @@ def test_git_missing_on_the_host_is_one_clear_error(work: Path, monkeypatch: pyt
     monkeypatch.setenv("PATH", "/nonexistent")
     assert not hostgit.available()
     with pytest.raises(hostgit.GitMissing, match="git is not installed on this computer"):
-        hostgit.snapshot(repo, MB)
+        snapshot.take(repo, MB)
 
 
 def test_not_a_work_tree(project: Path) -> None:
@@ -373,7 +373,7 @@ def test_not_a_work_tree(project: Path) -> None:
 def test_refs_resolve_and_delete(work: Path) -> None:
     repo = hostgit.find(work)
     assert repo is not None
-    head = hostgit.commit(repo, hostgit.snapshot(repo, MB).tree, None, "m")
+    head = hostgit.commit(repo, snapshot.take(repo, MB).tree, None, "m")
     hostgit.set_ref(repo, "refs/agentbox/checkpoints/7", head)
     assert hostgit.resolve(repo, "refs/agentbox/checkpoints/7") == head
     hostgit.delete_refs(repo, ["refs/agentbox/checkpoints/7", "refs/agentbox/checkpoints/8"])
@@ -396,7 +396,7 @@ def test_a_fifo_anywhere_never_stalls_a_snapshot(work: Path, fifo: str) -> None:
     (work / fifo).unlink(missing_ok=True)
     os.mkfifo(work / fifo)
     started = time.monotonic()
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     assert time.monotonic() - started < 10
     files = files_of(repo, snap.tree)
     assert files["tracked.txt"] == b"changed\n" and files["sub/x.txt"] == b"x\n"
@@ -414,7 +414,7 @@ def test_the_git_folder_is_byte_identical_after_snapshots_commits_refs_and_diffs
     repo = hostgit.find(work)
     assert repo is not None
     before = git_folder_state(work)
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     commit = hostgit.commit(repo, snap.tree, None, "m")
     hostgit.set_ref(repo, "refs/agentbox/checkpoints/1", commit)
     base = head_tree(repo)
@@ -442,12 +442,12 @@ def test_a_file_swapped_for_a_symlink_between_listing_and_reading_is_not_followe
 
     with monkeypatch.context() as patched:
         patched.setattr(snapshot.os, "open", swapping_open)
-        snap = hostgit.snapshot(repo, MB)
+        snap = snapshot.take(repo, MB)
     contents = files_of(repo, snap.tree).values()
     assert all(b"PRIVATE KEY" not in content for content in contents)
     # control: without the swap, the file's content is captured
     write(work / "swap2.txt", "captured\n")
-    assert files_of(repo, hostgit.snapshot(repo, MB).tree)["swap2.txt"] == b"captured\n"
+    assert files_of(repo, snapshot.take(repo, MB).tree)["swap2.txt"] == b"captured\n"
 
 
 def test_forged_objects_in_the_workspace_cannot_stand_in_for_the_stores(work: Path) -> None:
@@ -455,7 +455,7 @@ def test_forged_objects_in_the_workspace_cannot_stand_in_for_the_stores(work: Pa
     write(work / "tracked.txt", "checkpointed\n")
     repo = hostgit.find(work)
     assert repo is not None
-    snap = hostgit.snapshot(repo, MB)
+    snap = snapshot.take(repo, MB)
     shutil.rmtree(work / ".git" / "objects")
     (work / ".git" / "objects").mkdir()
     assert files_of(repo, snap.tree)["tracked.txt"] == b"checkpointed\n"
@@ -466,9 +466,9 @@ def test_replace_refs_are_never_honoured_in_the_store(work: Path) -> None:
     changes no diff, change list or object read; every store git runs with GIT_NO_REPLACE_OBJECTS."""
     repo = hostgit.find(work)
     assert repo is not None
-    before = hostgit.snapshot(repo, MB)
+    before = snapshot.take(repo, MB)
     write(work / "tracked.txt", "edited\n")
-    after = hostgit.snapshot(repo, MB)
+    after = snapshot.take(repo, MB)
     store = hostgit.store_dir(repo)
     subprocess.run(["git", "--git-dir", str(store), "replace", before.tree, after.tree], check=True,
                    capture_output=True)

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentbox import isolation, staging
+from agentbox import contract, isolation, paths
 from tests.helpers import (
     NAME,
     FakeLima,
@@ -67,7 +67,7 @@ def test_a_warm_isolated_launch_makes_two_limactl_calls(project: Path, isolated_
     assert result.returncode == 0, result.stderr
     assert isolated_vm.subcommands() == ["list", "shell"]
     shell = isolated_vm.calls()[-1]
-    assert shell[shell.index("--workdir") + 1] == str(staging.folder(NAME))
+    assert shell[shell.index("--workdir") + 1] == str(paths.staging_dir(NAME))
     start = shell.index("--isolated-from")
     sent = shell[start:shell.index("--", start)]
     assert sent[:2] == ["--isolated-from", "/mnt/agentbox/workspace"]
@@ -166,9 +166,9 @@ def test_launch_sh_never_puts_the_copy_on_a_mount(project: Path, limactl: FakeLi
     before = snapshot_tree(project, skip=())
     outbox = isolation.outbox(NAME)
     outbox.mkdir(parents=True, exist_ok=True)
-    script = staging.folder(NAME) / staging.LAUNCH_SCRIPT
+    script = paths.staging_dir(NAME) / contract.LAUNCH_SCRIPT
     result = subprocess.run(
-        ["limactl", "shell", "--workdir", str(staging.folder(NAME)), NAME, "--", "/bin/bash", str(script),
+        ["limactl", "shell", "--workdir", str(paths.staging_dir(NAME)), NAME, "--", "/bin/bash", str(script),
          "--workspace", str(project), "--isolated-from", str(project), "--base", git(project, "rev-parse", "HEAD")
          .strip(), "--outbox", str(outbox), "--chdir", str(project), "--", "true"],
         capture_output=True, text=True, timeout=120)

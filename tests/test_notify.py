@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import attention, livemarkers, notify, sessions, staging
+from agentbox import attention, contract, livemarkers, notify, paths, sessions
 from tests.helpers import write
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.
@@ -166,24 +166,24 @@ def test_only_one_watcher_runs_per_vm(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_outbox_folder_is_never_reached_through_a_link(tmp_path: Path) -> None:
-    outbox = staging.outbox("agentbox-w")
+    outbox = paths.vm_outbox("agentbox-w")
     outbox.mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "events").mkdir(parents=True)
     (elsewhere / "events" / "1.event").write_text("notification\nclaude\nclaude\nhi\n")
-    (outbox / staging.OUTBOX_SESSIONS).symlink_to(elsewhere)
+    (outbox / contract.OUTBOX_SESSIONS).symlink_to(elsewhere)
     assert attention.poll("agentbox-w") == (False, False)
     assert (elsewhere / "events" / "1.event").exists()
 
 
 def test_reply_folders_are_made_inside_the_outbox_and_old_ones_go(tmp_path: Path) -> None:
-    outbox = staging.outbox("agentbox-w")
+    outbox = paths.vm_outbox("agentbox-w")
     outbox.mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (outbox / staging.OUTBOX_SESSIONS).symlink_to(elsewhere)  # the VM put a link where the folder goes
+    (outbox / contract.OUTBOX_SESSIONS).symlink_to(elsewhere)  # the VM put a link where the folder goes
     first = sessions.new_reply("agentbox-w")
-    assert first.parent == outbox / staging.OUTBOX_SESSIONS and first.is_dir() and not first.parent.is_symlink()
+    assert first.parent == outbox / contract.OUTBOX_SESSIONS and first.is_dir() and not first.parent.is_symlink()
     assert list(elsewhere.iterdir()) == []
     old = time.time() - 2 * 24 * 3600
     os.utime(first, (old, old))

@@ -48,6 +48,7 @@ from pathlib import Path
 
 import pytest
 
+from agentbox import paths
 from tests.helpers import REAL_HOME
 
 # One xdist worker runs the whole tier (`pytest -n auto --dist loadgroup`): its fixture is per module. The
@@ -355,11 +356,11 @@ def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisione
         import yaml
 
         from agentbox import config as config_module
-        from agentbox import render, staging
+        from agentbox import render
 
         config = config_module.load(project)
         lima_yaml = yaml.safe_load(render.render(config, config.vm_name))
-        staged = staging.folder(config.vm_name)
+        staged = paths.staging_dir(config.vm_name)
     staged.mkdir(parents=True, mode=0o700)
     own_by_guest_user(project, staged)
     machine.binds.append((project, project, True))
@@ -393,7 +394,7 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
 
         config = config_module.load(p.project)
         agent_config = config.agent(agent) if agent else None
-        scripts = bootstrap.plan(config, str(staging.folder(config.vm_name)))
+        scripts = bootstrap.plan(config, str(paths.staging_dir(config.vm_name)))
         # The VM's row of `limactl list` as a launch has it (the user's home is what the sync rewrites to).
         instance = Instance.from_json({"name": config.vm_name, "status": "Running", "cpus": 4, "memory": 8 << 30,
                                        "disk": 100 << 30, "config": {"user": {"home": GUEST_HOME}}})

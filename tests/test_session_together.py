@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jsonschema
 
-from agentbox import context, staging
+from agentbox import context, contract, paths
 from tests.helpers import NAME, FakeLima, agentbox, install_agent, make_repository, needs_bwrap, run_cli, write
 
 SCHEMA = json.loads(context.SCHEMA_FILE.read_text())
@@ -49,9 +49,9 @@ def test_an_isolated_session_hands_back_its_changes_and_its_login(project: Path,
     assert "+changed by the agent" in review.stdout
     assert json.loads(host_login.read_text())["claudeAiOauth"]["refreshToken"] == "sk-ant-ort01-r2"
     assert "login refreshed in the VM is now the host's too" in result.stderr
-    outbox = staging.outbox(NAME)
-    assert [p.name for p in outbox.iterdir()] == [staging.OUTBOX_CREDS]  # both session folders taken and removed
-    assert list((outbox / staging.OUTBOX_CREDS).iterdir()) == []
+    outbox = paths.vm_outbox(NAME)
+    assert [p.name for p in outbox.iterdir()] == [contract.OUTBOX_CREDS]  # both session folders taken and removed
+    assert list((outbox / contract.OUTBOX_CREDS).iterdir()) == []
 
     seen = json.loads((limactl.home / NAME / "guestfs" / "tmp" / "context-seen.json").read_text())
     jsonschema.validate(seen, SCHEMA)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import staging
+from agentbox import contract, paths, staging
 from tests.helpers import NAME, FakeLima, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,22 +34,22 @@ def launch_sh_options() -> dict[str, bool]:
 
 
 def test_launch_sh_knows_exactly_the_host_options() -> None:
-    table = {option.name: option.value is not None for option in staging.LAUNCH_OPTIONS}
+    table = {option.name: option.value is not None for option in contract.LAUNCH_OPTIONS}
     assert launch_sh_options() == table
 
 
 def test_launch_options_follow_the_table_and_refuse_an_option_launch_sh_lacks() -> None:
-    argv = staging.launch_options({
+    argv = contract.launch_options({
         "--on-start": ["s"], "--install": "", "--binary": "claude", "--timing": True, "--guards": "on",
         "--workspace": "/w", "--wait": "30", "--on-create": ["a", "b"],
     })
     assert argv == ["--wait", "30", "--workspace", "/w", "--guards", "on", "--timing", "--binary", "claude",
                     "--install", "", "--on-create", "a", "--on-create", "b", "--on-start", "s"]
-    assert staging.launch_options({"--timing": False, "--on-create": []}) == []
+    assert contract.launch_options({"--timing": False, "--on-create": []}) == []
     with pytest.raises(ValueError, match="--from-a-newer-host"):
-        staging.launch_options({"--from-a-newer-host": "x"})
+        contract.launch_options({"--from-a-newer-host": "x"})
     with pytest.raises(ValueError, match="--wait"):
-        staging.launch_options({"--wait": ["1", "2"]})
+        contract.launch_options({"--wait": ["1", "2"]})
 
 
 def run_launch_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -75,12 +75,12 @@ def test_launch_sh_refuses_an_unknown_option(tmp_path: Path, args: list[str]) ->
 
 @pytest.mark.skipif(os.path.exists("/run/lima-boot-done"), reason="in a Lima VM launch.sh would go on and set it up")
 def test_launch_sh_accepts_every_option_the_host_sends(tmp_path: Path) -> None:
-    values: dict[str, staging.OptionValue] = {
+    values: dict[str, contract.OptionValue] = {
         option.name: True if option.value is None else [str(tmp_path / "x.sh")] if option.repeated else "1"
-        for option in staging.LAUNCH_OPTIONS
+        for option in contract.LAUNCH_OPTIONS
     }
     values["--wait"] = "0"  # this host is no VM that finished booting: launch.sh gives up on it at once
-    result = run_launch_sh(tmp_path, *staging.launch_options(values), "--", "touch", "ran")
+    result = run_launch_sh(tmp_path, *contract.launch_options(values), "--", "touch", "ran")
     assert result.returncode == 125, result.stderr  # past the options, at its first step
     assert "has not finished provisioning after 0s" in result.stderr
 
@@ -90,7 +90,7 @@ def test_unknown_option_is_refused_in_the_vm(project: Path, vm: FakeLima) -> Non
     launched = subprocess.run([sys.executable, "-m", "agentbox", "shell", "--", "true"], cwd=project,
                               capture_output=True, timeout=120)
     assert launched.returncode == 0, launched.stderr
-    script = staging.folder(NAME) / staging.LAUNCH_SCRIPT
+    script = paths.staging_dir(NAME) / contract.LAUNCH_SCRIPT
     marker = project / "ran"
     result = subprocess.run(["limactl", "shell", NAME, "--", "/bin/bash", str(script), "--from-a-newer-host",
                              "--", "touch", str(marker)], capture_output=True, text=True, timeout=60)
@@ -123,29 +123,29 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     # Isolated mode's options go with an isolated launch only (tests/test_isolated.py sends them), a kept
     # session's with a kept launch (tests/test_sessions.py), a task's with a task (tests/test_tasks.py).
     others = {*ISOLATED_OPTIONS, *SESSION_OPTIONS, *TASK_OPTIONS}
-    assert {option.name for option in staging.LAUNCH_OPTIONS} - others <= sent
+    assert {option.name for option in contract.LAUNCH_OPTIONS} - others <= sent
     assert not sent & others
 
-    folder = staging.folder(NAME)
+    folder = paths.staging_dir(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
-    executable = {staging.LAUNCH_SCRIPT, staging.OPEN_URL, staging.MEMORY_SCRIPT, staging.TASK_RUNNER,
-                  staging.SESSION_SCRIPT, staging.ATTENTION_SCRIPT,
-                  *(f"{staging.GUARDS}/{name}" for name in staging.GUARD_FILES)}
+    executable = {contract.LAUNCH_SCRIPT, contract.OPEN_URL, contract.MEMORY_SCRIPT, contract.TASK_RUNNER,
+                  contract.SESSION_SCRIPT, contract.ATTENTION_SCRIPT,
+                  *(f"{contract.GUARDS}/{name}" for name in contract.GUARD_FILES)}
     synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/codex/home/.codex/AGENTS.md"}
-    named = {staging.ENV_FILE, staging.CREDS_MANIFEST, staging.CREDS_STAMPS, staging.GIT_IDENTITY,
-             staging.GIT_IDENTITY_STAMP, f"{staging.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
-             staging.CONTEXT_FILE, staging.MEMORY_BLOCK, staging.CONTEXT_TOOLS, staging.CONTEXT_DIGESTS,
-             staging.TMUX_CONF, staging.CLAUDE_HOOKS, staging.NETWORK_RULES, *executable}
-    folders = {staging.GUARDS, staging.BOOTSTRAP, staging.CREDS, staging.CREDS_HOME, f"{staging.CREDS_HOME}/.codex",
-               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", staging.CONTEXT}
-    copies = {name for name in found if name.startswith(f"{staging.BOOTSTRAP}/")}
+    named = {contract.ENV_FILE, contract.CREDS_MANIFEST, contract.CREDS_STAMPS, contract.GIT_IDENTITY,
+             contract.GIT_IDENTITY_STAMP, f"{contract.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
+             contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
+             contract.TMUX_CONF, contract.CLAUDE_HOOKS, contract.NETWORK_RULES, *executable}
+    folders = {contract.GUARDS, contract.BOOTSTRAP, contract.CREDS, contract.CREDS_HOME, f"{contract.CREDS_HOME}/.codex",
+               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", contract.CONTEXT}
+    copies = {name for name in found if name.startswith(f"{contract.BOOTSTRAP}/")}
     assert set(found) == named | folders | copies
     assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2
     assert {name: mode for name, mode in found.items() if mode != 0o600} == {
         **dict.fromkeys(executable, 0o700), **dict.fromkeys(folders, 0o700)}
-    assert (folder / staging.ENV_FILE).read_bytes() == b"MY_VAR=hi\0"
+    assert (folder / contract.ENV_FILE).read_bytes() == b"MY_VAR=hi\0"
     documented = staging.__doc__ or ""
-    for name in named - {f"{staging.CREDS_HOME}/.codex/auth.json", "sync/codex/home/.codex/AGENTS.md"}:
+    for name in named - {f"{contract.CREDS_HOME}/.codex/auth.json", "sync/codex/home/.codex/AGENTS.md"}:
         name = name.replace("sync/codex/", "sync/AGENT/")
         assert re.search(rf"^    {re.escape(name)}\b|, {re.escape(name)}\b|^      {re.escape(name)}\b", documented, re.M), name
     assert "    creds/home/PATH " in documented and "    bootstrap/SHA-NAME " in documented

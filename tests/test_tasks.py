@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from agentbox import paths
 from tests.helpers import (
     NAME,
     FakeLima,
@@ -351,14 +352,13 @@ def test_wait_timeout_leaves_the_task_running(project: Path, tasks_vm: FakeLima)
 
 def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tasks_vm: FakeLima,
                                                                tmp_path: Path) -> None:
-    from agentbox import staging
 
     decoy = tmp_path / "host-folder"
     write(decoy / "state", "state=completed\nexit=0\n")
     write(decoy / "stdout", "a host file\n")
     write(decoy / "precious", "keep me\n")
     task_id = run_task(project, "--worktree", "do:sleep:60")
-    box = staging.outbox(NAME) / "tasks" / str(task_id)
+    box = paths.vm_outbox(NAME) / "tasks" / str(task_id)
     running(project, task_id)
     aside = box.with_name("moved-away")
     box.rename(aside)
@@ -509,12 +509,12 @@ def test_the_runners_state_and_output_are_read_only_as_small_regular_files(proje
     """`agentbox tasks` and `agentbox logs` read the VM's state and stdout through vmread: a link, a FIFO (which
     must not block) or an oversize state file is not taken; the control, the same bytes as a small regular
     file, is."""
-    from agentbox import staging, tasks
+    from agentbox import tasks
 
     decoy = write(tmp_path / "decoy-state", "state=completed\nexit=0\n")
     host_out = write(tmp_path / "decoy-out", "a host file\n")
     task_id = run_task(project, "do:sleep:60")
-    box = staging.outbox(NAME) / "tasks" / str(task_id)
+    box = paths.vm_outbox(NAME) / "tasks" / str(task_id)
     running(project, task_id)
     for name in ("state", "stdout"):
         (box / name).unlink()

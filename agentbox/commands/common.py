@@ -27,7 +27,7 @@ def load_config(ctx: click.Context, describe: bool = False) -> Config:
     with timing.phase("config (find, parse, validate, merge)"):
         loaded = config.load(ctx.obj["cwd"], describe=describe)
     config.print_notices(loaded)
-    hosttools.distrust_writable(loaded)  # before any host tool is looked up
+    hosttools.distrust_all(loaded.agent_writable())  # before any host tool is looked up
     return loaded
 
 
@@ -52,7 +52,29 @@ def session(ctx: click.Context, needs_config: bool = True, acts: bool = True) ->
     config = load_config(ctx, describe=not acts) if needs_config else None
     if config is not None and acts:
         trust.require_trust(config)
-    return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"])  # type: ignore[arg-type]
+    return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"],  # type: ignore[arg-type]
+                      on_stopped=vm_stopped)
+
+
+def vm_stopped(name: str) -> None:
+    """What ends with a VM agentbox stopped: its background tasks and its network proxy."""
+    from agentbox import netguard
+
+    settle_tasks(name, f"its VM {name} was stopped")
+    netguard.stop(name)  # its sessions ended with it
+
+
+def settle_tasks(name: str, reason: str) -> None:
+    """The VM's background tasks end with it; their outputs move into their records (agentbox.tasks)."""
+    from agentbox import paths
+
+    if not paths.tasks_dir().is_dir():
+        return
+    from agentbox import tasks
+    from agentbox.progress import warn
+
+    for task in tasks.settle_vm(name, reason):
+        warn(f"{task.label} ended as {task.state}: {reason}")
 
 
 def vm_name(session: Session, agent: str | None = None) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from agentbox import vmstate
 from agentbox.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
 
@@ -36,7 +37,7 @@ def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) 
     from agentbox import isolation, vm
 
     # The VM decides: one created isolated stays so until it is recreated (agentbox.isolation).
-    made = isolation.mode_of_vm(vm.expected_config(name, vm.read_state(name)), loaded.require_workspace())
+    made = isolation.mode_of_vm(vm.expected_config(name, vmstate.read(name)), loaded.require_workspace())
     document = context.build(loaded, name, agent, mode=made or loaded.session_mode)
     if as_json:
         click.echo(context.dump(document), nl=False)

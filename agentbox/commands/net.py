@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from agentbox import paths
+
 if TYPE_CHECKING:
     from agentbox.config import Config
 
@@ -290,7 +292,7 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
     lease = netguard.begin(config.network, name, agents)
     try:
         instance = vm.ensure_running(session, name)
-        scripts = bootstrap.plan(config, str(staging.folder(name)))
+        scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
         refreshed = staging.refresh(config, name, None, scripts, instance, lease.port if lease else None)
         command = staging.launch_command(config, workspace, scripts, None, refreshed.folder)
         command += ["--", "python3", "-c", GUEST_CHECK, parsed.geturl()]

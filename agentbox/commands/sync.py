@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agentbox import paths
 from agentbox.progress import say
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def pull_command(ctx: click.Context, agent: str, dry_run: bool) -> None:
 
 
 def show_sync(ctx: click.Context, name: str | None) -> None:
-    from agentbox import agentsync, staging
+    from agentbox import agentsync
     from agentbox.commands.common import session as session_for
     from agentbox.commands.common import warn_if_untrusted
     from agentbox.errors import LimaError
@@ -103,7 +104,7 @@ def show_sync(ctx: click.Context, name: str | None) -> None:
         except LimaError:
             instance = None
         guest_home = agentsync.guest_home_of(instance)
-        _show_agent(config, agent, guest_home, staging.folder(agent.vm_name))
+        _show_agent(config, agent, guest_home, paths.staging_dir(agent.vm_name))
 
 
 def _show_agent(config: Config, agent: AgentConfig, guest_home: str, staging_folder: Path) -> None:

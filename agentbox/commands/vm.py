@@ -35,7 +35,7 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
         _confirm(f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not touched.",
                  yes, f"refusing to delete {name} for --recreate without confirmation (no terminal to ask on)",
                  "Run `agentbox start --recreate --yes` to recreate it from a script.")
-        say(vm.remove(session, name))
+        _remove(session, name)
         existing = None
     if existing is not None and isolated:
         # Refused before anything starts: the VM's mounts, fixed at creation, decide its mode.
@@ -49,6 +49,16 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
             vm.note_stale_base(session.config, name)
             return
     say(f"{instance.name} is running (workspace {session.config.workspace})")
+
+
+def _remove(session: Any, name: str) -> None:
+    from agentbox import vm, vmstate
+    from agentbox.commands.common import settle_tasks
+
+    vm.delete(session, name)
+    settle_tasks(name, f"its VM {name} was removed")  # before the outbox goes with vmstate.clear
+    vmstate.clear(name)
+    say(vm.REMOVED.format(name=name))
 
 
 def _say_if(message: str | None) -> None:
@@ -75,7 +85,11 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool) -> None:
 
     if stop_all:
         session = session_for(ctx, needs_config=False)
-        if not vm.stop_all(session.lima, verbose=session.verbose, force=force):  # each stop has its own line
+        running = vm.running_vms(session.lima)
+        for name in running:  # each stop has its own line
+            vm.stop_now(session.lima, name, force, session.verbose)
+            session.on_stopped(name)
+        if not running:
             say("no agentbox VM was running")
         return
     session = session_for(ctx)
@@ -112,7 +126,7 @@ def rm_command(ctx: click.Context, force: bool) -> None:
     _confirm(f"Delete VM {name} and its disk? Your workspace on the host is not touched.", force,
              f"refusing to delete {name} without confirmation (no terminal to ask on)",
              "Run `agentbox rm --force` to delete it from a script.")
-    say(vm.remove(session, name))
+    _remove(session, name)
 
 
 @click.command("status")
