@@ -146,8 +146,8 @@ def _run(
         workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
     # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
     # logins it refreshed (launch.sh keeps what it last installed).
-    handback = None if kept else writeback.begin(config, name, agent, refreshed, vm.expected_config(name, state),
-                                                 login=login)
+    handback = None if kept else writeback.begin(config, name, agent, refreshed.credentials,
+                                                 vm.expected_config(name, state), login=login)
     command = staging.launch_command(
         config, workspace, scripts, agent, refreshed.folder, isolated,
         handback.returns if handback is not None else None, session=kept, worktree=worktree,

@@ -34,7 +34,7 @@ from agentbox import (
     vm,
     vmstate,
 )
-from agentbox.commands.agent import agent_argv, flag_subcommands, model_after
+from agentbox.agents import agent_argv, flag_subcommands, model_after
 from agentbox.config import AgentConfig
 from agentbox.errors import AgentboxError, StateError
 from agentbox.launch import workdir_for

@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import contract, credentials, fsutil, paths, staging, vmread, vmstate
+from agentbox import contract, credentials, fsutil, paths, vmread, vmstate
 from agentbox.credformats import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
@@ -74,7 +74,7 @@ def begin(
     config: Config,
     vm_name: str,
     agent: AgentConfig | None,
-    refreshed: staging.Refreshed,
+    staged_now: Sequence[credentials.Staged],
     expected: dict[str, Any] | None,
     login: bool = False,
 ) -> Plan | None:
@@ -84,7 +84,7 @@ def begin(
         if login:
             note("credentials.writeBack is off, so the login stays in the VM (the host's files are not changed)")
         return None
-    staged = {item.guest_path: item for item in refreshed.credentials}
+    staged = {item.guest_path: item for item in staged_now}
     targets: dict[str, Target] = {}
     for spec in credentials.launch_files(config, agent):
         guest = credentials.guest_path_for(spec)
@@ -107,7 +107,7 @@ def begin(
             files.append(target.fmt.companion)
     folder = _new_session_folder(vm_name)
     return Plan(vm_name, contract.CredentialReturn(folder, tuple(files)), tuple(targets.values()), staged,
-                refreshed.folder, login)
+                paths.staging_dir(vm_name), login)
 
 
 def has_outbox(expected: dict[str, Any] | None, vm_name: str) -> bool:

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from agentbox.agents import agent_argv, flag_subcommands, model_after
+
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
 
@@ -22,7 +24,6 @@ if TYPE_CHECKING:
     from agentbox.vm import Session
     from agentbox.worktrees import Worktree
 
-MODEL_FLAGS = ("--model", "-m")
 ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
 WORKTREE_FLAG = "--worktree"  # `--worktree NAME` right after the agent's name (or after --isolated): agentbox's
 DETACH_FLAGS = ("--detach", "-d")  # the same: start the agent in a tmux session in the VM and return
@@ -290,51 +291,6 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
         f"For {binary}'s own help run `{how}`, then `agentbox {name} {query}`."
     )
     return 0
-
-
-def model_after(name: str, default_args: tuple[str, ...]) -> int | None:
-    """Where --model goes: first, or right after the agent's anchor argument (kiro's `chat`).
-
-    None when the anchor is missing (custom kiro args without `chat`): like the previous agentbox,
-    no model is added then, since kiro's other subcommands take no --model.
-    """
-    from agentbox.agents import BUILTIN_AGENTS
-
-    spec = BUILTIN_AGENTS.get(name)
-    anchor = spec.model_after_arg if spec else None
-    if anchor is None:
-        return 0
-    return default_args.index(anchor) + 1 if anchor in default_args else None
-
-
-def flag_subcommands(name: str) -> tuple[str, ...] | None:
-    from agentbox.agents import BUILTIN_AGENTS
-
-    spec = BUILTIN_AGENTS.get(name)
-    return spec.flag_subcommands if spec else None
-
-
-def agent_argv(
-    binary: str,
-    default_args: list[str],
-    user_args: list[str],
-    model: str | None,
-    after: int | None,
-    subcommands: tuple[str, ...] | None = None,
-) -> list[str]:
-    """binary, default args (with --model at `after`), user args. With `subcommands` (see
-    AgentSpec.flag_subcommands) a leading bare word is a sub-command: the default args and the model
-    follow it when it is one of them, and are left out for any other."""
-    lead: list[str] = []
-    rest = list(user_args)
-    if subcommands is not None and rest and not rest[0].startswith("-"):
-        if rest[0] not in subcommands:
-            return [binary, *rest]
-        lead, rest = rest[:1], rest[1:]
-    args = [*default_args, *rest]
-    if model and after is not None and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in rest):
-        args[after:after] = ["--model", model]
-    return [binary, *lead, *args]
 
 
 def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
