@@ -12,9 +12,10 @@ test:  ## the whole suite on every core, as CI runs it (pyproject.toml: -n auto 
 test-fast:  ## everything but the real-distribution tier
 	$(PYTHON) -m pytest -m 'not realdistro'
 
-lint:  ## ruff, mypy and shellcheck with the project's configuration
+lint:  ## ruff, mypy, the layer rules (tests/test_layers.py) and shellcheck with the project's configuration
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
+	$(PYTHON) -m pytest -q -n 0 -p no:cacheprovider tests/test_layers.py
 	shellcheck --severity=style provision/*.sh wrappers/*
 
 bench:  ## start-up and launch timings against the limactl double, as a table

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from agentbox import __version__, timing
-from agentbox.agents import BUILTIN_AGENTS
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.errors import AgentboxError, LimaError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -206,7 +206,7 @@ def _configured_agents(ctx: click.Context) -> dict[str, Any]:
     root = ctx.find_root()
     cache = root.meta.setdefault("agentbox.configured_agents", {})
     if "agents" not in cache:
-        from agentbox import config
+        from agentbox.config import load as config
 
         cache["agents"] = {}
         # Only a config that mentions agents can define one: skip YAML (and its import) otherwise.
@@ -261,7 +261,8 @@ def cli(ctx: click.Context, directory: str | None, verbose: bool, quiet: bool, d
         raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together.")
     if timings:
         timing.enable()
-    from agentbox import pins, progress
+    from agentbox import progress
+    from agentbox.config import pins
 
     progress.set_quiet(quiet)
     ctx.call_on_close(lambda: progress.set_quiet(False))  # tests run many invocations in one process

@@ -60,7 +60,7 @@ LAUNCH_OPTIONS = (
                  "program runs on a copy of it at --workspace, made from it when missing or of another --base"),
     LaunchOption("--base", "COMMIT", "isolated mode: the host's checkpoint commit the copy starts from"),
     LaunchOption("--outbox", "DIR", "isolated mode: this session's folder in the writable outbox, where the "
-                 "copy's changes go when the program exits (agentbox.isolation)"),
+                 "copy's changes go when the program exits (agentbox.review.isolation)"),
     LaunchOption("--chdir", "DIR", "isolated mode: the folder the program starts in, inside the copy "
                  "(the workspace when the copy lacks it)"),
     LaunchOption("--sync", "AGENT", "apply sync/AGENT: the agent's own setup (sync.agentConfig)", repeated=True),
@@ -72,10 +72,10 @@ LAUNCH_OPTIONS = (
     LaunchOption("--memory-file", "PATH", "an agent's memory file, relative to the guest home, that keeps "
                  "context/memory.md's block (agents.py memory_file)", repeated=True),
     LaunchOption("--worktree", "DIR", "run the program in this git worktree of the workspace, made when missing "
-                 "(`git worktree add`, on --worktree-branch from --worktree-base; agentbox.worktrees)"),
+                 "(`git worktree add`, on --worktree-branch from --worktree-base; agentbox.session.worktrees)"),
     LaunchOption("--worktree-branch", "BRANCH", "the worktree's branch (taken when it exists, else made)"),
     LaunchOption("--worktree-base", "COMMIT", "the commit a new worktree branch starts from"),
-    LaunchOption("--task", "DIR", "a background task (agentbox.tasks): instead of running the program, start "
+    LaunchOption("--task", "DIR", "a background task (agentbox.tasks.records): instead of running the program, start "
                  "task-runner.sh with it, detached, on this task's folder in the outbox; return once it runs"),
     LaunchOption("--notify", "on|off", "install (on) or remove (off) the attention hooks: Claude Code's "
                  "Notification and Stop hooks, which ring the terminal and tell the host (notify)"),
@@ -103,7 +103,8 @@ class IsolatedLaunch(NamedTuple):
 
 
 class SessionLaunch(NamedTuple):
-    """launch.sh's session options: the program runs in a tmux session that outlives the shell (agentbox.sessions)."""
+    """launch.sh's session options: the program runs in a tmux session that outlives the shell
+    (agentbox.session.detached)."""
 
     name: str  # --session: the name it starts from
     attach: bool  # --session-attach

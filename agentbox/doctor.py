@@ -2,7 +2,7 @@
 
 Credentials are checked for the agents in use (named in a config file, or logged in on the host or
 in the VM), not for every agent agentbox knows; the VM check includes settings changed since it was
-created (agentbox.drift), which only a new VM gets.
+created (agentbox.vm.drift), which only a new VM gets.
 
 Every check becomes a Check (OK, WARN or FAIL); nothing here raises for a problem it finds. It
 costs at most three limactl calls: `--version`, `list` and, when the VM runs, one `shell` that runs
@@ -17,12 +17,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import contract, hosttools, paths, vmstate
+from agentbox import contract, hosttools, paths
 from agentbox.errors import AgentboxError, ConfigError, LimaError
+from agentbox.vm import state as vmstate
 
 if TYPE_CHECKING:
-    from agentbox.config import AgentConfig, Config
-    from agentbox.lima import Instance, Lima
+    from agentbox.config.load import AgentConfig, Config
+    from agentbox.vm.lima import Instance, Lima
 
 OK = "OK"
 WARN = "WARN"
@@ -85,8 +86,8 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
 def check_lima(lima: Lima, checks: list[Check]) -> bool:
     """limactl on PATH and recent enough; whether VM checks can go on."""
     from agentbox import hosttools
-    from agentbox.lima import INSTALL_HINT, not_found_hint
-    from agentbox.render import MINIMUM_LIMA_VERSION
+    from agentbox.vm.lima import INSTALL_HINT, not_found_hint
+    from agentbox.vm.render import MINIMUM_LIMA_VERSION
 
     found = hosttools.which(lima.executable)
     if found is None:
@@ -123,7 +124,7 @@ def version_tuple(version: str) -> tuple[int, ...] | None:
 
 def check_config(cwd: Path, checks: list[Check]) -> Config | None:
     """Load the config; None when it is invalid or names no usable workspace (later checks need both)."""
-    from agentbox import config as configmod
+    from agentbox.config import load as configmod
 
     try:
         config = configmod.load(cwd, describe=True)
@@ -160,7 +161,7 @@ def check_config(cwd: Path, checks: list[Check]) -> Config | None:
 
 def check_trust(config: Config, checks: list[Check]) -> None:
     """A local config that widens what the VM gets must be trusted, or every launch refuses it (exit 2)."""
-    from agentbox import trust
+    from agentbox.config import trust
 
     risky = trust.risky_keys(config) if config.local_file is not None else []
     if config.local_file is None or not risky:
@@ -182,7 +183,7 @@ def check_trust(config: Config, checks: list[Check]) -> None:
 
 def check_ca_certificates(config: Config, checks: list[Check]) -> None:
     """caCert and NODE_EXTRA_CA_CERTS must be readable PEM files, or creating the VM fails."""
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     try:
         sources = [source for source in cacerts.sources(config) if source.used]
@@ -214,7 +215,7 @@ def check_ca_certificates(config: Config, checks: list[Check]) -> None:
 
 def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
     """A readable CA file: fine, unless it is a whole system trust store (the VM has the public roots)."""
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     embedded = cacerts.embedding(path, pems)
     if embedded.whole_store is None:
@@ -234,7 +235,7 @@ def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
 
 def check_git(config: Config, checks: list[Check]) -> None:
     """A worktree's main git folder is mounted only when gitdirs validates it; say which way it went."""
-    from agentbox import gitdirs
+    from agentbox.git import dirs as gitdirs
 
     workspace = config.require_workspace()
     git = gitdirs.locate(workspace)
@@ -255,7 +256,7 @@ def check_git(config: Config, checks: list[Check]) -> None:
 
 def check_tripwire(config: Config, checks: list[Check]) -> None:
     """Changes to files the host runs, made in or after a session, that nobody has accepted yet."""
-    from agentbox import tripwire
+    from agentbox.review import tripwire
 
     found = tripwire.audit(config.require_workspace())
     if found:
@@ -274,8 +275,8 @@ def check_tripwire(config: Config, checks: list[Check]) -> None:
 
 def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance | None, bool]:
     """The VM's state and whether it belongs to this workspace."""
-    from agentbox import vm
-    from agentbox.lima import BROKEN, RUNNING, STOPPED
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm.lima import BROKEN, RUNNING, STOPPED
 
     name = config.vm_name
     try:
@@ -348,9 +349,9 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
 
 
 def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
-    """The base VM new project VMs are cloned from (agentbox.base): fresh, stale or absent; and whether
+    """The base VM new project VMs are cloned from (agentbox.vm.base): fresh, stale or absent; and whether
     this project's VM was cloned from an older one. Uses the `list` check_vm made."""
-    from agentbox import base
+    from agentbox.vm import base
 
     if config.vm_base != "auto":
         checks.append(Check("base", OK, "vm.base is off: new VMs are created and provisioned from scratch"))
@@ -379,9 +380,9 @@ def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
 
 def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
     """The running VM's guest ports Lima could not forward to the host, with who has each host port."""
-    from agentbox import ports
-    from agentbox.lima import RUNNING
     from agentbox.safetext import visible
+    from agentbox.vm import ports
+    from agentbox.vm.lima import RUNNING
 
     if instance.status != RUNNING:
         return
@@ -397,7 +398,7 @@ def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
 
 def check_drift(config: Config, checks: list[Check]) -> None:
     """Settings that only a new VM gets (cpus, memory, mounts, ...) changed since this VM was created."""
-    from agentbox import drift
+    from agentbox.vm import drift
 
     recorded = vmstate.read(config.vm_name).get("fingerprint")
     if not recorded:
@@ -422,7 +423,7 @@ def check_drift(config: Config, checks: list[Check]) -> None:
 
 def check_in_place(config: Config, recorded: dict[str, object], checks: list[Check]) -> None:
     """cpus, memory or a larger disk changed in the config: Lima applies them when the VM next starts."""
-    from agentbox import inplace
+    from agentbox.vm import inplace
 
     found = inplace.plan(recorded, config)
     if found.pending:
@@ -448,7 +449,7 @@ def probe_vm(
 ) -> Probe:
     """Look inside the VM once (only when it runs and is this workspace's)."""
     from agentbox import resources
-    from agentbox.lima import RUNNING
+    from agentbox.vm.lima import RUNNING
 
     if not lima_usable:
         return _no_probe("Lima is not usable")
@@ -510,7 +511,7 @@ def _no_probe(reason: str) -> Probe:
 
 def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str, list[Path]]]]:
     """Per agent (None for gh and netrc): guest path ("~/...") -> the host files that land there."""
-    from agentbox import credentials
+    from agentbox.credentials import stage as credentials
 
     if not config.credentials.enabled:
         return []
@@ -527,7 +528,7 @@ def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str
 
 
 def _guest_map(specs: Iterable[str]) -> dict[str, list[Path]]:
-    from agentbox import credentials
+    from agentbox.credentials import stage as credentials
 
     mapping: dict[str, list[Path]] = {}
     for spec in specs:
@@ -651,14 +652,14 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
 
 
 def _gh_login_on_host(config: Config) -> bool:
-    from agentbox import credentials
+    from agentbox.credentials import stage as credentials
 
     return config.credentials.gh and Path(os.path.expanduser(credentials.GH_FILES[0])).is_file()
 
 
 def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:
     """gh and netrc: shown only when the host has them (neither is needed)."""
-    from agentbox import credentials
+    from agentbox.credentials import stage as credentials
 
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
     if not on_host:
@@ -698,8 +699,9 @@ def _login_state(
 
 
 def check_network(config: Config, probe: Probe, checks: list[Check]) -> None:
-    """network.mode, what enforces it, and whether the VM's firewall is in place (agentbox.netpolicy)."""
-    from agentbox import netguard, netpolicy
+    """network.mode, what enforces it, and whether the VM's firewall is in place (agentbox.net.policy)."""
+    from agentbox.net import guard as netguard
+    from agentbox.net import policy as netpolicy
 
     settings = config.network
     enforcement, why = netpolicy.enforcement(settings)

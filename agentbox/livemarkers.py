@@ -2,7 +2,7 @@
 
 provision/session.sh and task-runner.sh touch `outbox/sessions/events/live/NAME` every 20 seconds while the
 session or task lasts and remove it at its end; a VM that stops leaves them to go stale. The host's attention
-watcher and network proxy (agentbox.attention, agentbox.netguard) stay while one is fresh. The folder is the
+watcher and network proxy (agentbox.session.attention, agentbox.net.guard) stay while one is fresh. The folder is the
 VM's to write: it is read without following links, and only the markers' times count.
 """
 

@@ -39,7 +39,7 @@ def vm_state_dir(vm_name: str) -> Path:
 
 
 def bases_dir() -> Path:
-    """The base VMs' records (agentbox.base): what each was built from, when, and its verification."""
+    """The base VMs' records (agentbox.vm.base): what each was built from, when, and its verification."""
     return state_dir() / "bases"
 
 
@@ -56,17 +56,17 @@ def workspace_state_dir(workspace: Path) -> Path:
 
 
 def staging_dir(vm_name: str) -> Path:
-    """The host folder one launch hands to the VM, mounted read-only at the same path (agentbox.staging)."""
+    """The host folder one launch hands to the VM, mounted read-only at the same path (agentbox.session.staging)."""
     return vm_state_dir(vm_name) / "staging"
 
 
 def vm_outbox(vm_name: str) -> Path:
-    """The one folder of agentbox's a VM may write (agentbox.staging describes it)."""
+    """The one folder of agentbox's a VM may write (agentbox.session.staging describes it)."""
     return vm_state_dir(vm_name) / "outbox"
 
 
 def tasks_dir() -> Path:
-    """Background tasks' records and outputs (agentbox.tasks): never inside a VM's folder, so `agentbox rm`
+    """Background tasks' records and outputs (agentbox.tasks.records): never inside a VM's folder, so `agentbox rm`
     leaves them."""
     return state_dir() / "tasks"
 
@@ -112,7 +112,7 @@ PRIVATE_HOME_FOLDERS = (".ssh", ".aws", ".gnupg", ".config", ".kube", ".docker",
 
 
 def private_folders() -> list[tuple[str, Path]]:
-    """The folders a `mounts` entry may name only exactly, from the global config (agentbox.mountpaths), as
+    """The folders a `mounts` entry may name only exactly, from the global config (agentbox.config.mountpaths), as
     (name to show, path as written): PRIVATE_HOME_FOLDERS, and XDG_CONFIG_HOME when it moves the global config
     out of ~/.config."""
     found = [(f"~/{name}", home() / name) for name in PRIVATE_HOME_FOLDERS]

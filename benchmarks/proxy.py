@@ -4,7 +4,7 @@
     python3 benchmarks/proxy.py [--runs 200]
 
 Each sample opens a TCP connection to a local echo server and waits for one byte to come back:
-directly, or through `agentbox.netproxy` (CONNECT handshake included). The name row resolves through
+directly, or through `agentbox.net.proxy` (CONNECT handshake included). The name row resolves through
 the policy's resolver hook (no DNS: what DNS costs is the same with or without the proxy).
 Target (issue 17): the proxy adds under 5 ms at the median.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentbox import netproxy
+from agentbox.net import proxy as netproxy
 
 
 class Echo(socketserver.BaseRequestHandler):

@@ -152,7 +152,8 @@ def record_tasks(box: Sandbox, project: Path, count: int) -> None:
     saved = {key: os.environ.get(key) for key in keys}
     os.environ.update({key: box.env[key] for key in keys})
     try:
-        from agentbox import config, tasks
+        from agentbox.config import load as config
+        from agentbox.tasks import records as tasks
 
         loaded = config.load(project)
         for index in range(count):
@@ -247,7 +248,7 @@ CHECKPOINT_CODE = """
 import json, os, shutil, subprocess, sys, time
 from pathlib import Path
 from agentbox import checkpoints, hostgit
-from agentbox.config import CheckpointSettings
+from agentbox.config.load import CheckpointSettings
 
 workspace, runs = Path(sys.argv[1]), int(sys.argv[2])
 settings = CheckpointSettings()

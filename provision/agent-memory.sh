@@ -9,7 +9,7 @@
 # A FILE whose markers do not pair up (exactly one BEGIN, then one END) is left as it is, and so is a FILE
 # that is a symbolic link or not a regular file; each is said on stderr, the others are still updated, and
 # `put` exits 1 (so launch.sh tries, and says it, again at the next launch).
-# launch.sh runs `put` at every launch (agentbox/staging.py lists the staged files).
+# launch.sh runs `put` at every launch (agentbox/session/staging.py lists the staged files).
 set -euo pipefail
 
 say() { printf 'agentbox: %s\n' "$*" >&2; }

@@ -5,7 +5,7 @@
 # It rings the bell and sets the title of the session's terminal (AGENTBOX_TTY: the tmux pane in a
 # session, whose bell and title tmux passes to an attached terminal), and for a session no one is
 # attached to it leaves an event in AGENTBOX_EVENTS (the outbox), which the host's watcher
-# (agentbox.attention) turns into a desktop notification. It never fails the hook and never waits.
+# (agentbox.session.attention) turns into a desktop notification. It never fails the hook and never waits.
 set -u
 kind="${1:-notification}"
 case "$kind" in notification | stop) ;; *) kind=notification ;; esac

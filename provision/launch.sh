@@ -4,7 +4,7 @@
 # (or, with --creds-outbox, runs it as a child and hands changed login files back when it exits).
 #   launch.sh [OPTION VALUE | --timing]... [-- PROGRAM ARGS...]
 # The options, what each means and the staging folder's files this script reads are listed once,
-# on the host side: agentbox/staging.py (LAUNCH_OPTIONS; tests check this parser against it).
+# on the host side: agentbox/contract.py (LAUNCH_OPTIONS; tests check this parser against it).
 # An option this script does not know is an error (exit 2), never the program to run.
 set -euo pipefail
 
@@ -103,7 +103,7 @@ check_provisioned() {
 }
 
 apply_network() {
-  # The VM's firewall (agentbox.netpolicy's ruleset: the host's localhost closed; in allowlist and offline
+  # The VM's firewall (agentbox.net.policy's ruleset: the host's localhost closed; in allowlist and offline
   # mode nothing leaves but through agentbox's proxy), set when it differs from the one in place (root's
   # copy in /run goes with the rules at the next boot). The agent is root here: this only stops mistakes.
   local rules="$staging/network.nft" applied=/run/agentbox/network.nft output
@@ -150,7 +150,7 @@ apply_credentials() {
   done < "$manifest"
 }
 
-# The agents' own setup (skills, settings, MCP servers; staging/sync/AGENT, made by agentbox.agentsync).
+# The agents' own setup (skills, settings, MCP servers; staging/sync/AGENT, made by agentbox.sync.stage).
 # A file is copied into the home only when the host's copy changed since the last sync; one changed in
 # the VM since then is kept, and the launch says once which host version waits. When the staged
 # manifest is the one last applied (the usual launch), nothing else is read.

@@ -144,7 +144,7 @@ attached_clients() {
   "${tmux_cmd[@]}" display-message -p -t "=$1:" '#{session_attached}' 2>/dev/null || echo 0
 }
 
-# An event for the host's watcher (agentbox.attention): KIND, session, agent, then the message.
+# An event for the host's watcher (agentbox.session.attention): KIND, session, agent, then the message.
 event() {
   local events="$1" file
   [ -d "$events" ] || mkdir -p "$events" 2>/dev/null || return 0

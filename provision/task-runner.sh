@@ -66,7 +66,7 @@ heartbeat() {
 }
 
 tell_host() {
-  # tell_host STATE: the task's end as an event for the host's watcher (agentbox.attention), which shows it
+  # tell_host STATE: the task's end as an event for the host's watcher (agentbox.session.attention), which shows it
   [ -z "$marker_dir" ] || rm -f "$marker_dir/task-$id"
   [ -n "$events" ] || return 0
   [ "$1" != cancelled ] || return 0  # the user asked for that one

@@ -504,7 +504,8 @@ def test_a_global_file_that_allows_it_makes_the_same_local_keys_need_no_trust(pr
           "agents:\n  claude:\n    sync:\n      include: [keybindings.json]\n      mcpSecrets: true\n")
     write(project / "agentbox.yml", "agents:\n  claude:\n    sync:\n      include: [keybindings.json]\n"
                                     "      mcpSecrets: true\nsync:\n  agentConfig: true\n")
-    from agentbox import config, trust
+    from agentbox.config import load as config
+    from agentbox.config import trust
 
     assert trust.risky_keys(config.load(project)) == []
 

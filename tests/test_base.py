@@ -1,4 +1,4 @@
-"""The base VM (agentbox.base): built once, cloned per project with edit flags, through the CLI against
+"""The base VM (agentbox.vm.base): built once, cloned per project with edit flags, through the CLI against
 the limactl double. The suite runs with AGENTBOX_VM_BASE=off (conftest); these tests turn it back on."""
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def test_the_clone_carries_exactly_this_projects_render(project: Path, isolated_
 def test_a_provisioning_change_is_noted_and_recreate_clones_a_new_base(
     project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
 ) -> None:
-    from agentbox import base
+    from agentbox.vm import base
 
     start(project)
     (old,) = bases(limactl)
@@ -281,7 +281,7 @@ def test_a_smaller_disk_uses_the_bases(project: Path, limactl: FakeLima) -> None
 def test_prune_keeps_the_current_base_and_bases_in_use(
     project: Path, other: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentbox import base
+    from agentbox.vm import base
 
     start(project)
     (old,) = bases(limactl)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import cacerts
+from agentbox.config import cacerts
 from tests.helpers import run_cli, write
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.

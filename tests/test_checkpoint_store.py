@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import checkpoints, hostgit
+from agentbox.git import store as hostgit
+from agentbox.review import checkpoints
 from tests.gitrepo import commit_all, git, git_folder_state, init
 from tests.helpers import NAME, FakeLima, agentbox, make_repository, run_cli, write
 from tests.test_tasks import TASK_AGENT, run_task, wait

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import checkpoints, hostgit, paths
+from agentbox import paths
+from agentbox.git import store as hostgit
+from agentbox.review import checkpoints
 from tests.gitrepo import commit_all, fired, git, git_folder_state, hostile, init, user_state
 from tests.helpers import FakeLima, run_agentbox, run_cli, write, write_trusted
 

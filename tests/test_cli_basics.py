@@ -78,7 +78,7 @@ def test_init_global_uses_the_xdg_path(project: Path, home: Path, monkeypatch) -
 
 
 def test_every_documented_key_is_in_the_example() -> None:
-    from agentbox.schema import AGENT_KEYS, MOUNT_KEYS, SCHEMA
+    from agentbox.config.schema import AGENT_KEYS, MOUNT_KEYS, SCHEMA
 
     text = (Path(__file__).parent.parent / "agentbox.yml.example").read_text()
     names = set(SCHEMA) | set(AGENT_KEYS) | set(MOUNT_KEYS)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import netpolicy
+from agentbox.net import policy as netpolicy
 from tests.helpers import FakeLima, run_agentbox, run_cli, write
 
 
@@ -306,7 +306,7 @@ def shared_group() -> int | None:
     """A group this user may give a file to that is not the user's private group, or None."""
     import grp
 
-    from agentbox.config import shared_group_problem
+    from agentbox.config.load import shared_group_problem
 
     allowed = None if os.getuid() == 0 else set(os.getgroups())
     for group in grp.getgrall():
@@ -320,7 +320,7 @@ def nothing_created(limactl: FakeLima, isolated_env: dict[str, Path]) -> bool:
 
 
 def test_group_writable_config_of_your_private_group_is_used(project: Path, limactl: FakeLima) -> None:
-    from agentbox.config import shared_group_problem
+    from agentbox.config.load import shared_group_problem
 
     if shared_group_problem(os.getgid(), os.getuid()):
         pytest.skip("this user's primary group is not a private group")  # e.g. macOS's shared `staff`
@@ -403,7 +403,7 @@ def test_private_group_decision(group: tuple, why: str | None) -> None:
     import grp
     import pwd
 
-    from agentbox.config import private_group_problem
+    from agentbox.config.load import private_group_problem
 
     user = pwd.struct_passwd(("alice", "x", 1000, 1000, "", "/home/alice", "/bin/sh"))
     assert private_group_problem(grp.struct_group(group), user) == why
@@ -610,7 +610,7 @@ def test_validated_config_is_reused_only_for_identical_content(project: Path, is
     cached = list((isolated_env["state"] / "config-cache").iterdir())
     assert len(cached) == 1
     code = (
-        "import sys, agentbox.config as c; cfg = c.load(); "
+        "import sys, agentbox.config.load as c; cfg = c.load(); "
         "print(cfg.cpus, 'yaml' in sys.modules)"
     )
     import os

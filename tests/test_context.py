@@ -15,7 +15,9 @@ from typing import Any
 import jsonschema
 import pytest
 
-from agentbox import context, paths, provisioning
+from agentbox import paths
+from agentbox.session import context
+from agentbox.vm import provisioning
 from tests.helpers import NAME, STUB, FakeLima, needs_bwrap, run_cli, without_once_notes, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent

@@ -352,7 +352,7 @@ def test_settings_changed_since_create_are_reported_until_recreated(project: Pat
 
 def fake_system_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, public: int, local: int) -> Path:
     """A host whose OS ships `public` public roots and whose trust store adds `local` CAs of its own."""
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     roots = [pem_stand_in(f"public root {index}") for index in range(public)]
     for index, pem in enumerate(roots):
@@ -388,7 +388,7 @@ def test_node_extra_ca_certs_at_the_system_store_warns(project: Path, limactl: F
 
 def test_a_file_with_over_100_certificates_warns(project: Path, limactl: FakeLima, tmp_path: Path,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     monkeypatch.setattr(cacerts, "PUBLIC_ROOTS", ())
     monkeypatch.setattr(cacerts, "SYSTEM_BUNDLES", ())

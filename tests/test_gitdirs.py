@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentbox import tripwire
+from agentbox.review import tripwire
 from tests.helpers import FakeLima, needs_bwrap, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]

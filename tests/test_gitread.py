@@ -1,4 +1,4 @@
-"""agentbox/gitread.py against real git: repositories the tests make, read back without git, compared
+"""agentbox/git/read.py against real git: repositories the tests make, read back without git, compared
 with what git says; and the git folder as an attacker leaves it (links, FIFOs, forged objects)."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import gitread
-from agentbox.gitread import GitReadError, IndexEntry, ObjectReader
+from agentbox.git import read as gitread
+from agentbox.git.read import GitReadError, IndexEntry, ObjectReader
 from tests.gitrepo import commit_all, git, init
 from tests.helpers import returns_within, write
 

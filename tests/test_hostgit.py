@@ -1,4 +1,4 @@
-"""agentbox's checkpoint store (agentbox.hostgit, agentbox.snapshot): snapshots of the working tree read
+"""agentbox's checkpoint store (agentbox.git.store, agentbox.git.snapshot): snapshots of the working tree read
 by agentbox itself, objects and refs in agentbox's own repository, the workspace's git folder left byte
 for byte as it was, and nothing the repository's config names ever run."""
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import checkpointmove, hostgit, snapshot
+from agentbox.git import snapshot
+from agentbox.git import store as hostgit
+from agentbox.review import migrate as checkpointmove
 from tests.gitrepo import HOSTILE_NAMES, commit_all, fired, git, git_folder_state, hostile, init, user_state
 from tests.helpers import write
 
@@ -426,7 +428,7 @@ def test_the_git_folder_is_byte_identical_after_snapshots_commits_refs_and_diffs
 
 def test_a_file_swapped_for_a_symlink_between_listing_and_reading_is_not_followed(
         work: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentbox import snapshot
+    from agentbox.git import snapshot
 
     secret = write(tmp_path / "id_ed25519", "PRIVATE KEY\n")
     write(work / "swap.txt", "innocent\n")

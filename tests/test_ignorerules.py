@@ -1,4 +1,4 @@
-"""agentbox.ignorerules against real git: the same trees, the same ignored and untracked files.
+"""agentbox.git.ignore against real git: the same trees, the same ignored and untracked files.
 
 Each test builds a work tree in tmp_path, asks `git status --porcelain -uall --ignored -z` (git
 running in a repository the test owns), and compares with a walk that uses Matcher the way
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.ignorerules import Matcher, Rules, parse_capped
+from agentbox.git.ignore import Matcher, Rules, parse_capped
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.
 pytestmark = pytest.mark.timeout(60)
@@ -362,7 +362,7 @@ def test_fifty_thousand_calls_are_fast() -> None:
 
 def test_automaton_agrees_with_the_regular_expressions() -> None:
     """Patterns with many stars run on the automaton; it must answer as the compiled expressions do."""
-    from agentbox import ignorerules
+    from agentbox.git import ignore as ignorerules
 
     rng = random.Random(11)
     texts = ["/".join(rng.choice(_NAMES + ["", "aab", "b/a"]) for _ in range(rng.randint(1, 4))) for _ in range(300)]
@@ -380,7 +380,7 @@ def test_automaton_agrees_with_the_regular_expressions() -> None:
 
 HOSTILE = """
 import time
-from agentbox.ignorerules import Matcher, Rules
+from agentbox.git.ignore import Matcher, Rules
 star = b"*a" * 30 + b"b\\n"
 globstar = b"**/a" * 20 + b"/b\\n"
 klass = b"[" + b"a-z" * 20000 + b"]x\\n"

@@ -11,7 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from agentbox import contract, isolation, paths
+from agentbox import contract, paths
+from agentbox.review import isolation
 from tests.helpers import (
     NAME,
     FakeLima,

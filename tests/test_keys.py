@@ -1,4 +1,4 @@
-"""Each config key is described once (agentbox/keys.py); what derives from it stays in step."""
+"""Each config key is described once (agentbox/config/keys.py); what derives from it stays in step."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import config, drift, keys, trust
+from agentbox.config import keys, trust
+from agentbox.config import load as config
+from agentbox.vm import drift
 from tests.helpers import FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -19,7 +21,7 @@ def test_the_readme_key_table_is_the_generated_one() -> None:
     readme = (REPO / "README.md").read_text()
     start = readme.index("<!-- key table:")
     table = readme[readme.index("\n", start) + 1 : readme.index("<!-- end of the key table -->")]
-    assert table == keys.readme_table(), "run `python3 -m agentbox.keys` and paste its table into the README"
+    assert table == keys.readme_table(), "run `python3 -m agentbox.config.keys` and paste its table into the README"
 
 
 def test_the_example_documents_every_key() -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from agentbox import netpolicy
+from agentbox.net import policy as netpolicy
 from tests.helpers import FakeLima, as_root, run_agentbox, run_cli, write
 
 NAME = "agentbox-myproject"

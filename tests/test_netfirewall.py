@@ -1,4 +1,4 @@
-"""The guest firewall (agentbox.netpolicy.ruleset) as the real nft enforces it, proved by real connections.
+"""The guest firewall (agentbox.net.policy.ruleset) as the real nft enforces it, proved by real connections.
 
 A throwaway pair of network namespaces stands for Lima's user-mode network: the "guest" (192.168.5.15/24,
 fec0::15/64, default routes via the host) and, over a veth pair, the "host" side that slirp/gvisor plays
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import netpolicy
-from agentbox.netpolicy import NetworkSettings
+from agentbox.net import policy as netpolicy
+from agentbox.net.policy import NetworkSettings
 from tests.helpers import needs, sbin_tool
 
 PROXY, DB, WEB, DNS = 3128, 5432, 8080, 53

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import netproxy
-from agentbox.netproxy import Policy, check_pattern
+from agentbox.net import proxy as netproxy
+from agentbox.net.proxy import Policy, check_pattern
 from tests.helpers import wait_for
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import netguard
+from agentbox.net import guard as netguard
 from tests import helpers
 from tests.helpers import NAME, FakeLima, agentbox, run_cli, write
 
@@ -306,7 +306,7 @@ def test_net_status_json_reports_the_policy_and_the_running_proxy(project: Path,
 
 
 def run_config(project: Path):
-    from agentbox import config
+    from agentbox.config import load as config
 
     return config.load(project)
 

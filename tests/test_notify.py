@@ -1,5 +1,5 @@
-"""Desktop notifications (agentbox.notify) and the attention watcher that shows a detached session's events
-(agentbox.attention), with stand-ins for notify-send and osascript on PATH that record what they got."""
+"""Desktop notifications (agentbox.session.notify) and the attention watcher that shows a detached session's events
+(agentbox.session.attention), with stand-ins for notify-send and osascript on PATH that record what they got."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import attention, contract, livemarkers, notify, paths, sessions
+from agentbox import contract, livemarkers, paths
+from agentbox.session import attention, notify
+from agentbox.session import detached as sessions
 from tests.helpers import write
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import patchcheck, tripwire
-from agentbox.patchcheck import FileChange, PatchError, parse, problems
+from agentbox.review import patchcheck, tripwire
+from agentbox.review.patchcheck import FileChange, PatchError, parse, problems
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.
 pytestmark = [pytest.mark.needs("git"), pytest.mark.timeout(60)]

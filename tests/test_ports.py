@@ -266,7 +266,7 @@ def test_lima_logs_are_read_defensively(tmp_path: Path) -> None:
     """Malformed lines and odd addresses are skipped; a FIFO or a symlink is not read (never blocks)."""
     import os
 
-    from agentbox.lima import PortForward, port_forwards
+    from agentbox.vm.lima import PortForward, port_forwards
 
     def event(kind: str, guest: str, host: str) -> str:
         return json.dumps({"time": "t", "status": {"running": True, "portForward": {

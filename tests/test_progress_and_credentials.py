@@ -11,9 +11,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentbox import credentials, progress
+from agentbox import progress
+from agentbox.credentials import stage as credentials
 from agentbox.progress import Progress, fit, phase_of
-from agentbox.staging import stage_credentials
+from agentbox.session.staging import stage_credentials
 from tests.helpers import write
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.

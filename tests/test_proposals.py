@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract, isolation, proposals
+from agentbox import contract
+from agentbox.review import isolation, proposals
 from tests.helpers import (
     NAME,
     FakeLima,

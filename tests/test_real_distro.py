@@ -355,8 +355,8 @@ def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisione
             patch.setenv("NODE_EXTRA_CA_CERTS", HOST_NODE_EXTRA_CA_CERTS)
         import yaml
 
-        from agentbox import config as config_module
-        from agentbox import render
+        from agentbox.config import load as config_module
+        from agentbox.vm import render
 
         config = config_module.load(project)
         lima_yaml = yaml.safe_load(render.render(config, config.vm_name))
@@ -388,9 +388,9 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
     with pytest.MonkeyPatch.context() as patch:
         for key, value in p.env.items():
             patch.setenv(key, value)
-        from agentbox import bootstrap, staging
-        from agentbox import config as config_module
-        from agentbox.lima import Instance
+        from agentbox.config import load as config_module
+        from agentbox.session import bootstrap, staging
+        from agentbox.vm.lima import Instance
 
         config = config_module.load(p.project)
         agent_config = config.agent(agent) if agent else None

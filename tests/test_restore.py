@@ -1,4 +1,4 @@
-"""agentbox/restore.py: writes into an agent-writable workspace never leave it, whatever links lie on the way."""
+"""agentbox/review/restore.py: writes into an agent-writable workspace never leave it, whatever links lie on the way."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import restore
-from agentbox.restore import Change, Operation
+from agentbox.review import restore
+from agentbox.review.restore import Change, Operation
 from tests.helpers import tree_listing, unwritable, write
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.

@@ -285,7 +285,7 @@ def watch_opens(path: str, record: list[str]) -> None:
 
 def launch_in_process(project: Path) -> int:
     """`agentbox shell -- true` in this process, so its opens can be watched."""
-    from agentbox import pins
+    from agentbox.config import pins
 
     pins.forget()
     return run_cli("shell", "--", "true", cwd=project).exit_code

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import jsonschema
 
-from agentbox import context, contract, paths
+from agentbox import contract, paths
+from agentbox.session import context
 from tests.helpers import NAME, FakeLima, agentbox, install_agent, make_repository, needs_bwrap, run_cli, write
 
 SCHEMA = json.loads(context.SCHEMA_FILE.read_text())

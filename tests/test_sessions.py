@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import sessions
+from agentbox.session import detached as sessions
 from tests.helpers import NAME, FakeLima, notify_send_stand_in, run_cli, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
@@ -141,7 +141,7 @@ def test_keep_alive_leaves_a_piped_launch_as_it_is(vm: FakeLima, project: Path) 
 
 
 def test_what_the_vm_says_is_checked_before_it_is_used() -> None:
-    from agentbox import sessions
+    from agentbox.session import detached as sessions
 
     listed = sessions.parse_list(
         b"claude\tclaude\t1700000000\t1\trunning\t\t\n"
@@ -168,7 +168,7 @@ def test_what_the_vm_says_is_checked_before_it_is_used() -> None:
 
 
 def test_the_resume_hint_comes_from_the_agent_registry() -> None:
-    from agentbox import sessions
+    from agentbox.session import detached as sessions
 
     assert sessions.resume_command(None, "claude") == "agentbox claude --continue"
     assert sessions.resume_command(None, "codex") == "agentbox codex resume --last"

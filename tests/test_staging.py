@@ -1,5 +1,5 @@
 """The staging contract: the host's option table and launch.sh's parser agree, launch.sh refuses an option it
-does not know, and the staging folder holds what agentbox/staging.py says, with the modes it says."""
+does not know, and the staging folder holds what agentbox/session/staging.py says, with the modes it says."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract, paths, staging
+from agentbox import contract, paths
+from agentbox.session import staging
 from tests.helpers import NAME, FakeLima, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent

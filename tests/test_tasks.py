@@ -375,7 +375,7 @@ def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tas
 
 
 def test_an_interactive_session_runs_in_a_worktree_of_its_own(project: Path, tasks_vm: FakeLima) -> None:
-    from agentbox import worktrees
+    from agentbox.session import worktrees
 
     assert worktrees.FOLDER == ".agentbox/worktrees"
     first = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:in the worktree",
@@ -398,7 +398,7 @@ def test_an_interactive_session_runs_in_a_worktree_of_its_own(project: Path, tas
 
 
 def test_the_state_machine_refuses_every_move_it_does_not_have() -> None:
-    from agentbox import taskstate
+    from agentbox.tasks import state as taskstate
 
     allowed = {("Pending", "Queued"), ("Pending", "Failed"), ("Pending", "Cancelled"), ("Queued", "Running"),
                ("Queued", "Failed"), ("Queued", "Cancelled"), ("Running", "Completed"), ("Running", "Failed"),
@@ -429,7 +429,7 @@ def test_a_task_that_ends_is_a_desktop_notification_and_its_outputs_come_home(
 ) -> None:
     if sys.platform == "darwin":
         pytest.skip("the stand-in is Linux's notify-send")
-    from agentbox import tasks
+    from agentbox.tasks import records as tasks
 
     log = notify_send_stand_in(tmp_path, monkeypatch)
     failing = run_task(project, "do:sleep:1;exit:3")
@@ -460,7 +460,7 @@ def test_notify_false_leaves_task_ends_quiet(project: Path, tasks_vm: FakeLima, 
     assert wait(project, task_id).returncode == 0
     time.sleep(2)
     assert not log.exists()
-    from agentbox import sessions
+    from agentbox.session import detached as sessions
 
     events = sessions.events_folder(f"agentbox-{project.name}")
     assert not list(events.glob("*.event"))  # no event (its live marker, kept for the network proxy, is gone too)
@@ -509,7 +509,7 @@ def test_the_runners_state_and_output_are_read_only_as_small_regular_files(proje
     """`agentbox tasks` and `agentbox logs` read the VM's state and stdout through vmread: a link, a FIFO (which
     must not block) or an oversize state file is not taken; the control, the same bytes as a small regular
     file, is."""
-    from agentbox import tasks
+    from agentbox.tasks import records as tasks
 
     decoy = write(tmp_path / "decoy-state", "state=completed\nexit=0\n")
     host_out = write(tmp_path / "decoy-out", "a host file\n")

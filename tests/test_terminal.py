@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import terminal, tripwire
+from agentbox import terminal
+from agentbox.review import tripwire
 from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]

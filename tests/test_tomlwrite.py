@@ -1,4 +1,4 @@
-"""The small TOML writer (agentbox/tomlwrite.py) writes what tomllib reads back as the same data."""
+"""The small TOML writer (agentbox/sync/tomlwrite.py) writes what tomllib reads back as the same data."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agentbox import tomlwrite
+from agentbox.sync import tomlwrite
 
 # Quick tests (no VM): a minute each at most, not the suite's 300 s.
 pytestmark = pytest.mark.timeout(60)

@@ -188,7 +188,8 @@ def test_a_folder_replaced_by_a_link_to_outside_is_restored_inside(repo: Path, t
 
 
 def test_a_deleted_or_rewritten_ref_fails_loudly_and_changes_nothing(repo: Path) -> None:
-    from agentbox import checkpoints, hostgit
+    from agentbox.git import store as hostgit
+    from agentbox.review import checkpoints
 
     first = checkpoint(repo)
     write(repo / "between.txt", "between\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentbox import netpolicy
+from agentbox.net import policy as netpolicy
 from tests.helpers import FakeLima, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]

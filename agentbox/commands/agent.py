@@ -1,5 +1,6 @@
 """`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there,
-`agentbox <agent> login` runs the agent's own login there (and its login becomes the host's: agentbox.writeback).
+`agentbox <agent> login` runs the agent's own login there (and its login becomes the host's:
+agentbox.credentials.writeback).
 
 Every argument reaches the agent untouched, `--help` and `--version` included, so the agent answers
 them from inside the VM. A `--help`, `-h` or `--version` on its own never creates or starts a VM,
@@ -14,22 +15,22 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from agentbox.agents import agent_argv, flag_subcommands, model_after
+from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
 
-    from agentbox.config import AgentConfig, Config
-    from agentbox.lima import Instance
-    from agentbox.vm import Session
-    from agentbox.worktrees import Worktree
+    from agentbox.config.load import AgentConfig, Config
+    from agentbox.session.worktrees import Worktree
+    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lima import Instance
 
 ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
 WORKTREE_FLAG = "--worktree"  # `--worktree NAME` right after the agent's name (or after --isolated): agentbox's
 DETACH_FLAGS = ("--detach", "-d")  # the same: start the agent in a tmux session in the VM and return
 # Asked on their own, these are questions about the agent, not work for it.
 QUERIES = ("--help", "-h", "--version")
-CONFIG_META = "agentbox.config"  # ctx.meta key: a config already loaded, reused by the help text
+CONFIG_META = "agentbox.config.load"  # ctx.meta key: a config already loaded, reused by the help text
 
 
 class PassthroughCommand(click.Command):
@@ -168,7 +169,7 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         return login_agent(session, name, args[1:])
     worktree = None
     if args[:1] == [WORKTREE_FLAG]:
-        from agentbox.worktrees import session_worktree
+        from agentbox.session.worktrees import session_worktree
 
         if len(args) < 2:
             from agentbox.errors import UsageError
@@ -180,7 +181,7 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
 
 
 def isolation_config(config: Config) -> Config:
-    from agentbox import isolation
+    from agentbox.review import isolation
 
     return isolation.with_isolation(config)
 
@@ -191,12 +192,12 @@ def login_agent(session: Session, name: str, args: list[str]) -> int:
     The agent's OAuth callback listens on the VM's localhost, which Lima forwards to the same port of the
     host's; the VM has no browser, so the page's address is printed (launch.sh's BROWSER) for the user to open.
     """
-    from agentbox import launch
-    from agentbox.agents import BUILTIN_AGENTS
-    from agentbox.credentials import guest_path_for
-    from agentbox.credformats import FORMATS
+    from agentbox.agents.builtin import BUILTIN_AGENTS
+    from agentbox.agents.logins import FORMATS
+    from agentbox.credentials.stage import guest_path_for
     from agentbox.errors import StateError
     from agentbox.progress import note
+    from agentbox.session import launch
 
     agent = session.config.agent(name)
     session.config.require_workspace()
@@ -221,10 +222,10 @@ def launch_agent(
     session: Session, name: str, args: list[str], running: Instance | None = None, detach: bool = False,
     keep_alive: bool = True, worktree: Worktree | None = None,
 ) -> int:
-    """Run the agent in its VM. `detach`: in a new tmux session, and return at once (agentbox.sessions); with
+    """Run the agent in its VM. `detach`: in a new tmux session, and return at once (agentbox.session.detached); with
     session.keepAlive (unless keep_alive is False: a --help or --version) a launch on a terminal runs in such
     a session too, attached. `worktree`: in that git worktree of the workspace."""
-    from agentbox import launch
+    from agentbox.session import launch
 
     agent = session.config.agent(name)
     session.config.require_workspace()
@@ -239,11 +240,12 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
 
     Costs the `limactl list` a launch makes anyway; a running VM then gets exactly the warm launch's calls.
     """
-    from agentbox import trust, vm
     from agentbox.commands.common import session as session_for
     from agentbox.commands.common import warn_if_untrusted
+    from agentbox.config import trust
     from agentbox.errors import LimaError, StateError
-    from agentbox.lima import RUNNING
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm.lima import RUNNING
 
     session = session_for(ctx, acts=False)
     if isolated:
@@ -297,7 +299,7 @@ def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
     """The config the help describes (never printed notices: help must not nag); None and why when unreadable."""
     from pathlib import Path
 
-    from agentbox import config
+    from agentbox.config import load as config
     from agentbox.errors import AgentboxError
 
     loaded = ctx.meta.get(CONFIG_META)
@@ -316,7 +318,7 @@ def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
 def _agent_rows(
     name: str, agent: AgentConfig | None, config: Config | None, problem: str | None
 ) -> list[tuple[str, str]]:
-    from agentbox.agents import BUILTIN_AGENTS
+    from agentbox.agents.builtin import BUILTIN_AGENTS
 
     if agent is None:  # the config could not be read: the built-in entry is all there is to show
         spec = BUILTIN_AGENTS[name]
@@ -354,7 +356,7 @@ def _agent_rows(
 
 
 def _login_help(name: str, binary: str) -> str:
-    from agentbox.agents import BUILTIN_AGENTS
+    from agentbox.agents.builtin import BUILTIN_AGENTS
 
     spec = BUILTIN_AGENTS.get(name)
     if spec is None or spec.login is None:
@@ -368,7 +370,7 @@ def _login_help(name: str, binary: str) -> str:
 
 
 def _builtin_binary(name: str) -> str:
-    from agentbox.agents import BUILTIN_AGENTS
+    from agentbox.agents.builtin import BUILTIN_AGENTS
 
     spec = BUILTIN_AGENTS.get(name)
     return spec.binary if spec else name

@@ -1,4 +1,4 @@
-"""`agentbox base`: the provisioned base VM that new project VMs are cloned from (agentbox.base)."""
+"""`agentbox base`: the provisioned base VM that new project VMs are cloned from (agentbox.vm.base)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from agentbox.commands.common import load_config
 from agentbox.progress import say
 
 if TYPE_CHECKING:
-    from agentbox.lima import Lima
+    from agentbox.vm.lima import Lima
 
 
 @click.group("base")
@@ -20,7 +20,7 @@ def base_group() -> None:
 
 
 def _lima(ctx: click.Context) -> Lima:
-    from agentbox.lima import Lima
+    from agentbox.vm.lima import Lima
 
     return Lima(debug=ctx.obj["debug"])
 
@@ -30,7 +30,7 @@ def _lima(ctx: click.Context) -> Lima:
 @click.pass_context
 def build_command(ctx: click.Context, rebuild: bool) -> None:
     """Build the current base VM now (a launch builds it when needed)."""
-    from agentbox import base
+    from agentbox.vm import base
 
     config = load_config(ctx)
     lima = _lima(ctx)
@@ -46,7 +46,7 @@ def build_command(ctx: click.Context, rebuild: bool) -> None:
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool) -> None:
     """List the base VMs: key, when built, age, size, the VMs cloned from it, fresh or stale."""
-    from agentbox import base
+    from agentbox.vm import base
 
     config = load_config(ctx)
     rows = base.listing(_lima(ctx), config)
@@ -81,7 +81,7 @@ def _human(size: int) -> str:
 @click.pass_context
 def rm_command(ctx: click.Context, key: str) -> None:
     """Remove a base VM (VMs cloned from it are independent copies and keep working)."""
-    from agentbox import base
+    from agentbox.vm import base
 
     say(base.remove(_lima(ctx), key))
 
@@ -90,7 +90,7 @@ def rm_command(ctx: click.Context, key: str) -> None:
 @click.pass_context
 def prune_command(ctx: click.Context) -> None:
     """Remove the base VMs that no VM was cloned from and that are not the current base."""
-    from agentbox import base
+    from agentbox.vm import base
 
     config = load_config(ctx)
     lima = _lima(ctx)

@@ -11,8 +11,8 @@ import click
 from agentbox.errors import AgentboxError
 
 if TYPE_CHECKING:
-    from agentbox.cacerts import Certificate, Source
-    from agentbox.config import Config
+    from agentbox.config.cacerts import Certificate, Source
+    from agentbox.config.load import Config
 
 MAX_LISTED = 20  # subjects shown per file: a whole CA bundle would fill the screen
 RECREATE_NOTE = (
@@ -33,8 +33,9 @@ def ca_group() -> None:
 @click.pass_context
 def ls_command(ctx: click.Context) -> None:
     """Show the configured CA certificate files and what they hold."""
-    from agentbox import cacerts, paths
+    from agentbox import paths
     from agentbox.commands.common import load_config
+    from agentbox.config import cacerts
 
     config = load_config(ctx)
     sources = cacerts.sources(config)
@@ -48,13 +49,13 @@ def ls_command(ctx: click.Context) -> None:
 
 
 def _untrusted(config_file: Path, config: Config) -> bool:
-    from agentbox import trust
+    from agentbox.config import trust
 
     return bool(trust.risky_keys(config)) and not trust.is_trusted(config)
 
 
 def _show_source(source: Source, config: Config) -> None:
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     if source.config_file is None:
         title = f"NODE_EXTRA_CA_CERTS on the host (the VM gets these too): {source.path}"
@@ -100,8 +101,8 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
     Writes the chosen certificates to agentbox-ca.pem in the workspace (with --global:
     ~/.config/agentbox/ca-certificates.pem) and points `caCert` at that file.
     """
-    from agentbox import cacerts
     from agentbox.commands.common import load_config
+    from agentbox.config import cacerts
 
     if sys.platform != "darwin":
         raise AgentboxError(
@@ -148,8 +149,8 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
 
 def _note_trust(ctx: click.Context) -> None:
     """A local caCert needs `agentbox trust`; agentbox never trusts a project file on its own."""
-    from agentbox import config as configmod
-    from agentbox import trust
+    from agentbox.config import load as configmod
+    from agentbox.config import trust
 
     edited = configmod.load(ctx.obj["cwd"])
     if edited.local_file is not None and trust.risky_keys(edited) and not trust.is_trusted(edited):
@@ -161,7 +162,8 @@ def _note_trust(ctx: click.Context) -> None:
 
 def _targets(config: Config, is_global: bool) -> tuple[Path, Path]:
     """Where the PEM file and the config file to edit are."""
-    from agentbox import cacerts, paths
+    from agentbox import paths
+    from agentbox.config import cacerts
 
     if is_global:
         config_file = paths.global_config_file()
@@ -187,7 +189,7 @@ def _refuse_unused(config_file: Path, config: Config) -> None:
 
 
 def _choose(candidates: list[Certificate], take_all: bool, selection: str | None) -> list[Certificate]:
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     if take_all:
         return candidates
@@ -209,7 +211,7 @@ def _choose(candidates: list[Certificate], take_all: bool, selection: str | None
 
 
 def _ask(candidates: list[Certificate]) -> list[Certificate]:
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     while True:
         answer = click.prompt(
@@ -224,7 +226,7 @@ def _ask(candidates: list[Certificate]) -> list[Certificate]:
 
 
 def _show_list(candidates: list[Certificate]) -> None:
-    from agentbox import cacerts
+    from agentbox.config import cacerts
 
     click.echo("Certificates in the System keychain (Apple's own left out):", err=True)
     width = len(str(len(candidates)))

@@ -1,6 +1,6 @@
 """Review commands: `checkpoint` (take one now), `checkpoints` (list them), `diff` (what changed since one).
 
-None of them needs the VM: they read the workspace on the host through agentbox.hostgit and make no
+None of them needs the VM: they read the workspace on the host through agentbox.git.store and make no
 limactl call, so they work with the VM stopped or deleted.
 """
 
@@ -18,9 +18,9 @@ from agentbox.commands.common import load_config
 from agentbox.errors import AgentboxError
 
 if TYPE_CHECKING:
-    from agentbox.checkpoints import Checkpoint
-    from agentbox.config import Config
-    from agentbox.hostgit import Repo
+    from agentbox.config.load import Config
+    from agentbox.git.store import Repo
+    from agentbox.review.checkpoints import Checkpoint
 
 MAX_NAMED = 10
 
@@ -30,8 +30,8 @@ MAX_NAMED = 10
 @click.pass_context
 def checkpoint_command(ctx: click.Context, message: str) -> None:
     """Take a checkpoint of the workspace now (a git work tree): tracked and untracked, not ignored, files."""
-    from agentbox import checkpoints
     from agentbox.progress import note, warn
+    from agentbox.review import checkpoints
     from agentbox.safetext import visible
 
     config = load_config(ctx)
@@ -50,7 +50,8 @@ def checkpoint_command(ctx: click.Context, message: str) -> None:
 @click.pass_context
 def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
     """List the workspace's checkpoints, oldest first, with what changed since the one before."""
-    from agentbox import checkpoints, hostgit
+    from agentbox.git import store as hostgit
+    from agentbox.review import checkpoints
 
     workspace = load_config(ctx).require_workspace()
     repo = checkpoints.repo_of(workspace)
@@ -82,14 +83,15 @@ def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, paths: tuple[str, ...]) -> None:
     """Show what changed in the workspace since a checkpoint, untracked files included (ignored ones not)."""
-    from agentbox import checkpoints, hostgit, patchview
+    from agentbox.git import store as hostgit
     from agentbox.progress import note
+    from agentbox.review import checkpoints, patchview
 
     config = load_config(ctx)
     workspace = config.require_workspace()
     pathspec = _pathspec(ctx.obj["cwd"], workspace, paths)
     if since.startswith("task:"):
-        from agentbox import tasks
+        from agentbox.tasks import records as tasks
 
         repo, old_tree, new_tree, skipped = tasks.diff_range(config, since[len("task:"):])
     else:
@@ -105,8 +107,8 @@ def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, pa
 
 def _range(config: Config, workspace: Path, repo: Repo, since: str) -> tuple[Checkpoint, str, list[tuple[str, int]]]:
     """The checkpoint to compare from, the tree to compare to, and the files neither side holds for their size."""
-    from agentbox import checkpoints
     from agentbox.progress import note
+    from agentbox.review import checkpoints
 
     if since == "session":
         start, end = checkpoints.last_session(checkpoints.load(workspace))
@@ -148,7 +150,7 @@ def _pathspec(cwd: Path, workspace: Path, paths: tuple[str, ...]) -> list[str] |
 
 def _names(skipped: list[tuple[str, int]]) -> str:
     from agentbox.safetext import visible
-    from agentbox.session_checkpoints import size_text
+    from agentbox.session.checkpoints import size_text
 
     shown = [f"{visible(path)} ({size_text(size)})" for path, size in skipped[:MAX_NAMED]]
     if len(skipped) > MAX_NAMED:
@@ -158,7 +160,7 @@ def _names(skipped: list[tuple[str, int]]) -> str:
 
 def _print_table(found: list[Checkpoint], problems: dict[int, str | None], counts: dict[int, dict[str, int]]
                  ) -> None:
-    from agentbox import checkpoints
+    from agentbox.review import checkpoints
     from agentbox.safetext import visible
 
     rows = [("ID", "TIME", "KIND", "AGENT", "CHANGES", "MESSAGE")]

@@ -12,8 +12,8 @@ import click
 from agentbox import hosttools, timing
 
 if TYPE_CHECKING:
-    from agentbox.config import Config
-    from agentbox.vm import Session
+    from agentbox.config.load import Config
+    from agentbox.vm.lifecycle import Session
 
 
 def load_config(ctx: click.Context, describe: bool = False) -> Config:
@@ -22,7 +22,7 @@ def load_config(ctx: click.Context, describe: bool = False) -> Config:
     A config file agentbox will not use (see config.load) stops every command but the display ones
     (`describe`), which leave it out and say why.
     """
-    from agentbox import config
+    from agentbox.config import load as config
 
     with timing.phase("config (find, parse, validate, merge)"):
         loaded = config.load(ctx.obj["cwd"], describe=describe)
@@ -33,7 +33,7 @@ def load_config(ctx: click.Context, describe: bool = False) -> Config:
 
 def warn_if_untrusted(loaded: Config) -> None:
     """Display commands describe an untrusted config; they say so, once, on stderr."""
-    from agentbox import trust
+    from agentbox.config import trust
     from agentbox.progress import warn
 
     if loaded.local_file is None:
@@ -46,8 +46,9 @@ def warn_if_untrusted(loaded: Config) -> None:
 
 def session(ctx: click.Context, needs_config: bool = True, acts: bool = True) -> Session:
     """Config and limactl for a command; `acts` commands refuse an untrusted local config that needs trust."""
-    from agentbox import trust, vm
-    from agentbox.lima import Lima
+    from agentbox.config import trust
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm.lima import Lima
 
     config = load_config(ctx, describe=not acts) if needs_config else None
     if config is not None and acts:
@@ -58,20 +59,20 @@ def session(ctx: click.Context, needs_config: bool = True, acts: bool = True) ->
 
 def vm_stopped(name: str) -> None:
     """What ends with a VM agentbox stopped: its background tasks and its network proxy."""
-    from agentbox import netguard
+    from agentbox.net import guard as netguard
 
     settle_tasks(name, f"its VM {name} was stopped")
     netguard.stop(name)  # its sessions ended with it
 
 
 def settle_tasks(name: str, reason: str) -> None:
-    """The VM's background tasks end with it; their outputs move into their records (agentbox.tasks)."""
+    """The VM's background tasks end with it; their outputs move into their records (agentbox.tasks.records)."""
     from agentbox import paths
 
     if not paths.tasks_dir().is_dir():
         return
-    from agentbox import tasks
     from agentbox.progress import warn
+    from agentbox.tasks import records as tasks
 
     for task in tasks.settle_vm(name, reason):
         warn(f"{task.label} ended as {task.state}: {reason}")

@@ -16,7 +16,7 @@ from agentbox.errors import ConfigError
 @click.pass_context
 def config_command(ctx: click.Context, as_json: bool, sources: bool, show_secrets: bool) -> None:
     """Show the merged config and where each value came from."""
-    from agentbox import configview
+    from agentbox.config import view as configview
 
     if sources and not as_json:
         raise click.UsageError("--sources goes with --json (the text view always shows where values came from)")
@@ -54,7 +54,9 @@ def init_command(ctx: click.Context, is_global: bool, force: bool, vm_name: str 
     import os
     from pathlib import Path
 
-    from agentbox import gitdirs, initfile, paths
+    from agentbox import paths
+    from agentbox.commands import init as initfile
+    from agentbox.git import dirs as gitdirs
 
     cwd = ctx.obj["cwd"]
     target = initfile.write(cwd, is_global=is_global, force=force, vm_name=vm_name)
@@ -82,7 +84,8 @@ def init_command(ctx: click.Context, is_global: bool, force: bool, vm_name: str 
 @click.pass_context
 def template_command(ctx: click.Context, agent: str | None) -> None:
     """Print the lima.yaml agentbox would create the VM from."""
-    from agentbox import render, trust
+    from agentbox.config import trust
+    from agentbox.vm import render
 
     loaded = load_config(ctx)
     if agent is not None and agent not in loaded.agents:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from agentbox import vmstate
 from agentbox.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
+from agentbox.vm import state as vmstate
 
 
 @click.command("describe")
@@ -23,7 +23,8 @@ def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) 
     are those the last launch saw (before any launch: what the config asks for); the tools are looked up
     in the VM only at a launch.
     """
-    from agentbox import context, contextview
+    from agentbox.session import context
+    from agentbox.session import describe as contextview
 
     loaded = load_config(ctx, describe=True)
     warn_if_untrusted(loaded)
@@ -34,9 +35,10 @@ def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) 
                               hint=f"Agents: {', '.join(sorted(loaded.agents))}.")
         agent = loaded.agent(agent_name)
     name = agent.vm_name if agent is not None else loaded.vm_name
-    from agentbox import isolation, vm
+    from agentbox.review import isolation
+    from agentbox.vm import lifecycle as vm
 
-    # The VM decides: one created isolated stays so until it is recreated (agentbox.isolation).
+    # The VM decides: one created isolated stays so until it is recreated (agentbox.review.isolation).
     made = isolation.mode_of_vm(vm.expected_config(name, vmstate.read(name)), loaded.require_workspace())
     document = context.build(loaded, name, agent, mode=made or loaded.session_mode)
     if as_json:

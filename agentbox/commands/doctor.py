@@ -16,7 +16,7 @@ def doctor_command(ctx: click.Context, as_json: bool) -> None:
     import json
 
     from agentbox import doctor
-    from agentbox.lima import Lima
+    from agentbox.vm.lima import Lima
 
     checks = doctor.run(ctx.obj["cwd"], Lima(debug=ctx.obj["debug"]))
     if as_json:

@@ -1,4 +1,4 @@
-"""`agentbox net status|log|allow|test`: the project VM's network policy (network.*, agentbox.netpolicy).
+"""`agentbox net status|log|allow|test`: the project VM's network policy (network.*, agentbox.net.policy).
 
 `status` and `log` read the host's files only (no limactl call); `allow` edits a config file; `test` runs one
 check inside the VM the way a session would (the launch step, so the firewall and the proxy variables are the
@@ -18,7 +18,7 @@ import click
 from agentbox import paths
 
 if TYPE_CHECKING:
-    from agentbox.config import Config
+    from agentbox.config.load import Config
 
 # `net test` exit codes
 ALLOWED, BLOCKED, NO_ROUTE = 0, 1, 3
@@ -99,8 +99,8 @@ def net_group() -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the mode, what enforces it, what the proxy lets through and whether it runs."""
-    from agentbox import netguard
     from agentbox.commands.common import load_config
+    from agentbox.net import guard as netguard
     from agentbox.safetext import visible
 
     config = load_config(ctx, describe=True)
@@ -143,8 +143,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool) -> None:
     """Print the proxy's decisions for the project's VM: time, allow or deny, the host and why."""
-    from agentbox import netguard
     from agentbox.commands.common import load_config
+    from agentbox.net import guard as netguard
     from agentbox.progress import say
 
     config = load_config(ctx, describe=True)
@@ -218,10 +218,14 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     A project's file that allows more than the global config needs `agentbox trust` again after this. With
     --global: the global config. A running proxy uses the new list at once.
     """
-    from agentbox import config as config_module
-    from agentbox import configedit, netguard, netpolicy, paths, trust
+    from agentbox import paths
     from agentbox.commands.common import load_config
+    from agentbox.config import edit as configedit
+    from agentbox.config import load as config_module
+    from agentbox.config import trust
     from agentbox.errors import UsageError
+    from agentbox.net import guard as netguard
+    from agentbox.net import policy as netpolicy
     from agentbox.progress import note, say
     from agentbox.safetext import visible
 
@@ -268,11 +272,13 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
     """
     from urllib.parse import urlsplit
 
-    from agentbox import bootstrap, netguard, staging, vm
     from agentbox.commands.common import session as session_for
     from agentbox.errors import StateError, UsageError
+    from agentbox.net import guard as netguard
     from agentbox.progress import emit
     from agentbox.safetext import visible
+    from agentbox.session import bootstrap, staging
+    from agentbox.vm import lifecycle as vm
 
     parsed = urlsplit(url if "://" in url else f"https://{url}")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:

@@ -13,7 +13,7 @@ from agentbox.errors import AgentboxError, StateError
 from agentbox.progress import note, say
 
 if TYPE_CHECKING:
-    from agentbox.ports import Holders
+    from agentbox.vm.ports import Holders
 
 PORT = click.IntRange(1, 65535)
 
@@ -31,8 +31,9 @@ def port_command(ctx: click.Context, guest_port: int | None, host_port: int | No
     elsewhere: `agentbox port 3000 3001` makes the VM's port 3000 http://127.0.0.1:3001/. The forward
     lasts until the VM stops or `agentbox port --stop 3001`.
     """
-    from agentbox import ports, vm
-    from agentbox.lima import RUNNING
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm import ports
+    from agentbox.vm.lima import RUNNING
 
     if (guest_port is None) == (stop_port is None) or (stop_port is not None and host_port is not None):
         raise click.UsageError("give GUEST_PORT [HOST_PORT], or --stop HOST_PORT")
@@ -76,8 +77,8 @@ def port_command(ctx: click.Context, guest_port: int | None, host_port: int | No
 
 def _check_free(holders: Holders, name: str, guest_port: int, host_port: int) -> None:
     """Refuse a host port another VM, agentbox port, this VM's Lima forward or a host program has."""
-    from agentbox import ports
-    from agentbox.lima import host_port_in_use
+    from agentbox.vm import ports
+    from agentbox.vm.lima import host_port_in_use
 
     taken = None
     holder = holders.vm_holder(host_port, name)
@@ -98,8 +99,8 @@ def _check_free(holders: Holders, name: str, guest_port: int, host_port: int) ->
 
 
 def _stop(name: str, host_port: int) -> None:
-    from agentbox import ports
-    from agentbox.lima import stop_port_forward
+    from agentbox.vm import ports
+    from agentbox.vm.lima import stop_port_forward
 
     own = ports.on_demand(name)
     ending = [item for item in own if item.host_port == host_port]
@@ -122,8 +123,9 @@ def ports_command(ctx: click.Context, as_json: bool) -> None:
     Every running agentbox VM's forwarded ports (Lima's and `agentbox port`'s), and the ones Lima
     could not forward, with who has that host port.
     """
-    from agentbox import ports, vm
     from agentbox.safetext import visible
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm import ports
 
     session = session_for(ctx, needs_config=False)
     instances = session.lima.instances()

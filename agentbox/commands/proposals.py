@@ -1,4 +1,4 @@
-"""Proposal commands: `proposals` (list), `review`, `apply`, `reject` (agentbox.proposals does the work).
+"""Proposal commands: `proposals` (list), `review`, `apply`, `reject` (agentbox.review.proposals does the work).
 
 Each first collects what finished isolated sessions left in the outboxes of the workspace's VMs, so a
 session whose agentbox was interrupted still becomes a proposal.
@@ -17,14 +17,15 @@ from agentbox.commands.common import load_config, warn_if_untrusted
 from agentbox.progress import note, say
 
 if TYPE_CHECKING:
-    from agentbox.config import Config
+    from agentbox.config.load import Config
 
 ID = click.argument("proposal_id", metavar="[ID]", required=False)
 
 
 def _workspace(ctx: click.Context, acts: bool) -> tuple[Config, Path]:
     """The config and workspace, with finished sessions collected. Commands that change something need trust."""
-    from agentbox import proposals, trust
+    from agentbox.config import trust
+    from agentbox.review import proposals
 
     config = load_config(ctx, describe=not acts)
     if acts:
@@ -44,7 +45,7 @@ def _workspace(ctx: click.Context, acts: bool) -> tuple[Config, Path]:
 @click.pass_context
 def proposals_command(ctx: click.Context, as_json: bool) -> None:
     """List the proposals of isolated sessions in this workspace."""
-    from agentbox import proposals
+    from agentbox.review import proposals
     from agentbox.safetext import visible
 
     _, workspace = _workspace(ctx, acts=False)
@@ -70,7 +71,7 @@ def proposals_command(ctx: click.Context, as_json: bool) -> None:
 
 def _headline(workspace: Path, proposal: dict[str, Any]) -> str:
     """The first line of the agent's summary, shown safely (a generated summary has none worth showing)."""
-    from agentbox import proposals
+    from agentbox.review import proposals
     from agentbox.safetext import visible
 
     if proposal.get("problem"):
@@ -91,7 +92,7 @@ def review_command(ctx: click.Context, proposal_id: str | None) -> None:
     Without ID, the newest pending proposal. On a terminal every control character is shown escaped;
     piped, the summary and patch are written as they are.
     """
-    from agentbox import patchview, proposals
+    from agentbox.review import patchview, proposals
     from agentbox.safetext import visible_text
 
     _, workspace = _workspace(ctx, acts=False)
@@ -135,7 +136,7 @@ def _review_header(workspace: Path, proposal: dict[str, Any], flagged: set[str],
 
 
 def proposals_patch(workspace: Path, proposal: dict[str, Any]) -> Path:
-    from agentbox import proposals
+    from agentbox.review import proposals
 
     return proposals.patch_path(workspace, proposal)
 
@@ -156,7 +157,7 @@ def apply_command(ctx: click.Context, proposal_id: str | None, check: bool, thre
     submodules, files the host runs) and refuses it whole; it takes a checkpoint, so `agentbox undo`
     returns to the workspace as it was. A failure leaves the workspace exactly as it was.
     """
-    from agentbox import proposals
+    from agentbox.review import proposals
 
     config, workspace = _workspace(ctx, acts=True)
     result = proposals.apply(workspace, proposal_id, check_only=check, three_way=three_way,
@@ -178,7 +179,7 @@ def apply_command(ctx: click.Context, proposal_id: str | None, check: bool, thre
 def reject_command(ctx: click.Context, proposal_id: str | None) -> None:
     """Reject a proposal (without ID: the newest pending one). Its files are kept; the VM's copy of the workspace
     is made anew at the next isolated session."""
-    from agentbox import proposals
+    from agentbox.review import proposals
 
     _, workspace = _workspace(ctx, acts=True)
     proposal = proposals.reject(workspace, proposal_id)

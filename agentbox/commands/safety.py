@@ -13,7 +13,7 @@ from agentbox.errors import AgentboxError
 @click.pass_context
 def trust_command(ctx: click.Context, show: bool) -> None:
     """Trust this project's agentbox.yml as it is now."""
-    from agentbox import trust
+    from agentbox.config import trust
 
     loaded = load_config(ctx)
     if loaded.local_file is None:
@@ -39,7 +39,7 @@ def trust_command(ctx: click.Context, show: bool) -> None:
 @click.pass_context
 def audit_command(ctx: click.Context, ack: bool) -> None:
     """Show unacknowledged changes to files your host runs (git hooks, .envrc); exit 1 while there are any."""
-    from agentbox import tripwire
+    from agentbox.review import tripwire
 
     workspace = load_config(ctx).require_workspace()
     if ack:

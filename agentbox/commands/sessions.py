@@ -1,5 +1,5 @@
 """`agentbox attach [NAME]` and `agentbox sessions [--json]`: the detachable sessions of the project's VM, and
-of the VMs of agents that have their own (agentbox.sessions). Each costs `limactl list` and one `limactl shell`
+of the VMs of agents that have their own (agentbox.session.detached). Each costs `limactl list` and one `limactl shell`
 per running VM of the project."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import click
 
-from agentbox import sessions
+from agentbox.session import detached as sessions
 
 if TYPE_CHECKING:
-    from agentbox.lima import Instance
-    from agentbox.vm import Session
+    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lima import Instance
 
 
 @click.command("attach")
@@ -28,11 +28,11 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     exit code. A session whose agent has exited shows its last screen and how to resume the conversation
     (exit status: the agent's).
     """
-    from agentbox import attention, launch
     from agentbox.commands.common import session as session_for
     from agentbox.errors import StateError, UsageError
     from agentbox.progress import note
     from agentbox.safetext import visible, visible_text
+    from agentbox.session import attention, launch
 
     if name is not None and not sessions.NAME_PATTERN.match(name):
         raise UsageError(f"{visible(name)!s} is not a session name",
@@ -126,8 +126,8 @@ def _project_vms(session: Session) -> list[str]:
 
 def _running_vms(session: Session) -> list[str]:
     """Which of the project's VMs run (one `limactl list`); each is checked to be this workspace's."""
-    from agentbox import vm
-    from agentbox.lima import RUNNING
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm.lima import RUNNING
 
     listed = session.lima.instances()
     running = []
@@ -179,9 +179,9 @@ def _vm_to_attach(session: Session, name: str | None) -> str:
 
 
 def _running(session: Session, vm_name: str) -> Instance:
-    from agentbox import vm
     from agentbox.errors import StateError
-    from agentbox.lima import RUNNING
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm.lima import RUNNING
 
     session.config.require_workspace()
     instance = session.instance(vm_name)

@@ -1,6 +1,6 @@
 """`agentbox sync`: what of the agents' own setup the VM gets (`--show [AGENT]`), and `sync pull AGENT`.
 
-The sync itself happens at every launch (agentbox.agentsync); these commands explain it and bring
+The sync itself happens at every launch (agentbox.sync.stage); these commands explain it and bring
 back what was made in the VM.
 """
 
@@ -15,9 +15,9 @@ from agentbox import paths
 from agentbox.progress import say
 
 if TYPE_CHECKING:
-    from agentbox.agentsync import FileView
-    from agentbox.config import AgentConfig, Config
-    from agentbox.synctransform import Context
+    from agentbox.config.load import AgentConfig, Config
+    from agentbox.sync.stage import FileView
+    from agentbox.sync.transform import Context
 
 _EPILOG = (
     "Each launch brings the launched agent's own setup (every agent's for `agentbox shell`) into the VM, "
@@ -51,8 +51,10 @@ def sync_group(ctx: click.Context, show: str | None) -> None:
 @click.pass_context
 def pull_command(ctx: click.Context, agent: str, dry_run: bool) -> None:
     """Copy skills, subagents and commands made in the VM back to your home: new files only, after listing them."""
-    from agentbox import agentsync, paths, syncpull
+    from agentbox import paths
     from agentbox.commands.common import session as session_for
+    from agentbox.sync import pull as syncpull
+    from agentbox.sync import stage as agentsync
 
     session = session_for(ctx)
     agent_config = _agent(session.config, agent)
@@ -81,10 +83,10 @@ def pull_command(ctx: click.Context, agent: str, dry_run: bool) -> None:
 
 
 def show_sync(ctx: click.Context, name: str | None) -> None:
-    from agentbox import agentsync
     from agentbox.commands.common import session as session_for
     from agentbox.commands.common import warn_if_untrusted
     from agentbox.errors import LimaError
+    from agentbox.sync import stage as agentsync
 
     session = session_for(ctx, acts=False)
     config = session.config
@@ -108,7 +110,8 @@ def show_sync(ctx: click.Context, name: str | None) -> None:
 
 
 def _show_agent(config: Config, agent: AgentConfig, guest_home: str, staging_folder: Path) -> None:
-    from agentbox import agentsync, paths
+    from agentbox import paths
+    from agentbox.sync import stage as agentsync
 
     spec = agentsync.spec_of(agent)
     assert spec is not None and spec.folder is not None
@@ -158,7 +161,9 @@ def _print_note(shown: str, what: str, where: str, why: str) -> None:
 def _show_claude_json(config: Config, context: Context) -> None:
     import os
 
-    from agentbox import agentsync, paths, synctransform
+    from agentbox import paths
+    from agentbox.sync import stage as agentsync
+    from agentbox.sync import transform as synctransform
 
     path = paths.home() / agentsync.CLAUDE_JSON
     if not path.is_file():

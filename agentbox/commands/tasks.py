@@ -1,5 +1,5 @@
 """Background tasks: `run` hands a prompt to an agent in the VM and returns; `tasks`, `logs`, `wait`,
-`cancel` and `tasks prune` follow and tidy them (agentbox.tasks, agentbox.taskrun).
+`cancel` and `tasks prune` follow and tidy them (agentbox.tasks.records, agentbox.session.run).
 
 Only `run` needs the VM. The others read the records on the host and the runners' files in the outbox,
 and make at most one `limactl list` (to tell whether the VMs of active tasks still run), so they answer
@@ -20,8 +20,8 @@ from agentbox.commands.common import load_config
 from agentbox.errors import AgentboxError, UsageError
 
 if TYPE_CHECKING:
-    from agentbox.config import Config
-    from agentbox.tasks import Task
+    from agentbox.config.load import Config
+    from agentbox.tasks.records import Task
 
 WAIT_TIMEOUT_EXIT = 75  # `agentbox wait --timeout` ran out before the task ended (the task goes on)
 POLL_SECONDS = 0.25
@@ -31,7 +31,7 @@ CANCEL_WAIT = 15.0  # seconds `cancel` waits for the runner to confirm (grace pe
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from agentbox.tasks import parse_duration
+    from agentbox.tasks.records import parse_duration
 
     if value is None:
         return None
@@ -62,9 +62,9 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     At most tasks.maxConcurrent tasks run at once in a VM: the others wait, Queued, and start in order as
     slots free. Follow them with `agentbox tasks`, `logs ID -f`, `wait ID`; `cancel ID` stops one.
     """
-    from agentbox import taskrun
     from agentbox.commands.common import session as session_for
     from agentbox.progress import note
+    from agentbox.session import run as taskrun
 
     text = _prompt(prompt)
     if name is not None and (not name or name.isdigit() or any(ord(c) < 0x20 for c in name)):
@@ -94,7 +94,7 @@ def _prompt(words: tuple[str, ...]) -> bytes:
 
 
 def _agent(config: Config, wanted: str | None) -> str:
-    from agentbox.agents import BUILTIN_AGENTS
+    from agentbox.agents.builtin import BUILTIN_AGENTS
 
     agents = config.agents
     if wanted is None:
@@ -123,7 +123,7 @@ def tasks_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """
     if ctx.invoked_subcommand is not None:
         return
-    from agentbox import tasks
+    from agentbox.tasks import records as tasks
 
     found = _selected(ctx, show_all)
     found = tasks.refresh(found)
@@ -138,7 +138,7 @@ def tasks_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
 
 
 def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
-    from agentbox import tasks
+    from agentbox.tasks import records as tasks
 
     everything = tasks.all_tasks()
     if show_all:
@@ -179,8 +179,8 @@ def _span(seconds: float) -> str:
 @click.pass_context
 def prune_command(ctx: click.Context, show_all: bool) -> None:
     """Forget ended tasks: their records, outputs and worktrees (their branches stay)."""
-    from agentbox import tasks
     from agentbox.progress import note
+    from agentbox.tasks import records as tasks
 
     found = tasks.refresh(_selected(ctx, show_all))
     gone = tasks.prune([task for task in found if not task.active])
@@ -195,7 +195,7 @@ def prune_command(ctx: click.Context, show_all: bool) -> None:
 
 
 def _one(spec: str) -> Task:
-    from agentbox import tasks
+    from agentbox.tasks import records as tasks
 
     task = tasks.lookup(spec)
     return tasks.refresh([task])[0] if task.active or not task.harvested else task
@@ -207,7 +207,7 @@ def _one(spec: str) -> Task:
 def logs_command(follow: bool, task_id: str) -> None:
     """Print a task's output: its stdout on stdout, its stderr on stderr (control characters escaped on a
     terminal, the exact bytes otherwise)."""
-    from agentbox import tasks
+    from agentbox.tasks import records as tasks
 
     task = _one(task_id)
     streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
@@ -270,8 +270,8 @@ class _Escaper:
 def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
     """Wait for a task to end; exit with its exit code (124 when it timed out, 130 when it was cancelled,
     1 when it failed without one)."""
-    from agentbox import tasks
     from agentbox.progress import note
+    from agentbox.tasks import records as tasks
 
     task = _one(task_id)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -289,9 +289,9 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
 
 
 def _report_end(task: Task) -> int:
-    from agentbox import taskstate
     from agentbox.progress import note
     from agentbox.safetext import visible
+    from agentbox.tasks import state as taskstate
 
     reason = f": {visible(task.reason)}" if task.reason else ""
     note(f"{task.label} {task.state}{reason}")
@@ -309,8 +309,8 @@ def _report_end(task: Task) -> int:
 def cancel_command(task_id: str) -> None:
     """Cancel a task: a queued one is dequeued; a running one gets TERM (its process group), then KILL
     after a grace period."""
-    from agentbox import tasks
     from agentbox.progress import note
+    from agentbox.tasks import records as tasks
 
     task = _one(task_id)
     if not task.active:

@@ -51,8 +51,8 @@ def undo_command(ctx: click.Context, checkpoint: str, paths: tuple[str, ...], dr
     id takes the undo back. Files created since the checkpoint stay unless --clean (implied when
     CHECKPOINT was taken before an undo); files git ignores are never touched.
     """
-    from agentbox import checkpoints, restore, undo
     from agentbox.progress import note
+    from agentbox.review import checkpoints, restore, undo
 
     loaded = load_config(ctx)
     workspace = loaded.require_workspace()

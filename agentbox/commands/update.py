@@ -1,4 +1,4 @@
-"""`agentbox update-agents [AGENT]...`: update the agent CLIs inside the project's VM (agentbox.agentupdate).
+"""`agentbox update-agents [AGENT]...`: update the agent CLIs inside the project's VM (agentbox.sync.update).
 
 It costs `limactl list` and one `limactl shell` per VM (an agent with agents.NAME.vmName has its own VM).
 """
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 if TYPE_CHECKING:
-    from agentbox.config import AgentConfig, Config
+    from agentbox.config.load import AgentConfig, Config
 
 
 @click.command("update-agents")
@@ -23,11 +23,12 @@ def update_agents_command(ctx: click.Context, agents: tuple[str, ...]) -> None:
     ~/.local), its install command again for the others. Without AGENT: every agent installed in the VM.
     Prints each one's old and new version; exits 1 naming any agent whose update failed.
     """
-    from agentbox import agentupdate, vm
     from agentbox.commands.common import session as session_for
     from agentbox.errors import AgentboxError, StateError
     from agentbox.progress import Progress, emit, say
     from agentbox.safetext import visible
+    from agentbox.sync import update as agentupdate
+    from agentbox.vm import lifecycle as vm
 
     session = session_for(ctx)
     config = session.config
@@ -72,9 +73,9 @@ def update_agents_command(ctx: click.Context, agents: tuple[str, ...]) -> None:
 
 def _chosen(config: Config, names: tuple[str, ...]) -> list[AgentConfig]:
     """The agents named (each must exist and have an update command), or the project VM's agents that have one."""
-    from agentbox import agentupdate
     from agentbox.errors import UsageError
     from agentbox.safetext import visible
+    from agentbox.sync import update as agentupdate
 
     if not names:
         return [agent for agent in config.agents.values()

@@ -22,7 +22,8 @@ from agentbox.progress import say
 @click.pass_context
 def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool) -> None:
     """Create and start the project's VM."""
-    from agentbox import isolation, vm
+    from agentbox.review import isolation
+    from agentbox.vm import lifecycle as vm
 
     session = session_for(ctx)
     if isolated:
@@ -52,8 +53,9 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
 
 
 def _remove(session: Any, name: str) -> None:
-    from agentbox import vm, vmstate
     from agentbox.commands.common import settle_tasks
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm import state as vmstate
 
     vm.delete(session, name)
     settle_tasks(name, f"its VM {name} was removed")  # before the outbox goes with vmstate.clear
@@ -81,7 +83,7 @@ def _confirm(question: str, yes: bool, refusal: str, hint: str) -> None:
 @click.pass_context
 def stop_command(ctx: click.Context, stop_all: bool, force: bool) -> None:
     """Stop the project's VM (or all agentbox VMs)."""
-    from agentbox import vm
+    from agentbox.vm import lifecycle as vm
 
     if stop_all:
         session = session_for(ctx, needs_config=False)
@@ -100,7 +102,7 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool) -> None:
 @click.pass_context
 def restart_command(ctx: click.Context) -> None:
     """Stop the project's VM if it runs, then start it."""
-    from agentbox import vm
+    from agentbox.vm import lifecycle as vm
 
     session = session_for(ctx)
     name = vm_name(session)
@@ -114,7 +116,7 @@ def restart_command(ctx: click.Context) -> None:
 @click.pass_context
 def rm_command(ctx: click.Context, force: bool) -> None:
     """Delete the project's VM and its disk."""
-    from agentbox import vm
+    from agentbox.vm import lifecycle as vm
 
     session = session_for(ctx)
     name = vm_name(session)
@@ -134,7 +136,9 @@ def rm_command(ctx: click.Context, force: bool) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
-    from agentbox import netguard, ports, vm
+    from agentbox.net import guard as netguard
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm import ports
 
     session = session_for(ctx, acts=False)
     config = session.config
@@ -177,8 +181,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 
 def _print_ports(rows: list[Any], holders: Any) -> None:
     """One line per forwarded port; a port Lima could not forward says who has its host port, and the fix."""
-    from agentbox import ports
     from agentbox.safetext import visible
+    from agentbox.vm import ports
 
     if not rows:
         click.echo(f"{'ports:':11}none forwarded")
@@ -198,7 +202,7 @@ def _print_ports(rows: list[Any], holders: Any) -> None:
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """List agentbox's VMs."""
-    from agentbox import vm
+    from agentbox.vm import lifecycle as vm
 
     session = session_for(ctx, needs_config=False)
     rows = [
@@ -232,7 +236,8 @@ def shell_command(ctx: click.Context, isolated: bool, command: tuple[str, ...]) 
 
 
 def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...], isolated: bool = False) -> int:
-    from agentbox import isolation, launch
+    from agentbox.review import isolation
+    from agentbox.session import launch
 
     session = session_for(ctx)
     if isolated:

@@ -1,0 +1,108 @@
+"""Show a merged config: as JSON in agentbox.yml's shape, or as text with the origin of each value."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agentbox.config.load import Config
+
+INDENT = "    "
+
+
+def as_json(config: Config, show_secrets: bool = False, with_sources: bool = False) -> str:
+    """The merged config; with_sources wraps it as {"config": ..., "sources": {"vm.cpus": "local (/p/agentbox.yml)"}}
+    (the keys as `agentbox config` prints them), so scripts reading the plain object keep working."""
+    data = shown(config, show_secrets)
+    if with_sources:
+        data = {"config": data, "sources": {key: origin_of(config, key) for key, _ in flatten(data)}}
+    return json.dumps(data, indent=2, ensure_ascii=False)
+
+
+def shown(config: Config, show_secrets: bool) -> dict[str, Any]:
+    """The merged config; env values (tokens, more often than not) masked unless asked for."""
+    data = config.to_json()
+    if not show_secrets:
+        data["env"] = {key: masked(value) for key, value in data["env"].items()}
+    return data
+
+
+def masked(value: str) -> str:
+    return f"<set, {len(value)} chars>"
+
+
+def as_text(config: Config, show_secrets: bool = False, width: int = 100) -> str:
+    """One `key: value  # origin` line per value, unpadded. When that is wider than width, the value goes
+    on its own line below `key:  # origin` (a list: one item per line), and an origin too long for the
+    key's line goes below the value. Origins name the layer; the header names the files."""
+    lines = [f"# global config: {_file_state(config, config.global_file, 'global')}",
+             f"# local config: {_file_state(config, config.local_file, 'local')}"]
+    for key, value in flatten(shown(config, show_secrets)):
+        origin = f"# {_short_origin(config, origin_of(config, key))}"
+        text = _show(value)
+        line = f"{key}: {text}  {origin}"
+        if len(line) <= width:
+            lines.append(line)
+            continue
+        origin_fits = len(f"{key}:  {origin}") <= width
+        lines.append(f"{key}:  {origin}" if origin_fits else f"{key}:")
+        if isinstance(value, list) and len(INDENT) + len(text) > width:
+            lines.extend(f"{INDENT}- {_show(item)}" for item in value)
+        else:
+            lines.append(INDENT + text)
+        if not origin_fits:
+            lines.append(INDENT + origin)
+    return "\n".join(lines) + "\n"
+
+
+def _file_state(config: Config, path: Any, layer: str) -> str:
+    """The file a layer came from, or why there is none (a file agentbox will not use says why)."""
+    from agentbox.safetext import visible
+
+    if path is not None:
+        return visible(str(path))
+    for unusable in config.unusable:
+        if unusable.layer == layer:
+            return f"none ({unusable.shown} is not used: {unusable.reason})"
+    return "none"
+
+
+def _short_origin(config: Config, origin: str) -> str:
+    """"local (/p/agentbox.yml)" -> "local": the header already names the file."""
+    for name, path in (("global", config.global_file), ("local", config.local_file)):
+        if path is not None and origin == f"{name} ({path})":
+            return name
+    return origin
+
+
+def flatten(data: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    if isinstance(data, dict) and data and prefix != "vm.lima":
+        rows = []
+        for key, value in data.items():
+            rows.extend(flatten(value, f"{prefix}.{key}" if prefix else key))
+        return rows
+    if isinstance(data, list) and data and prefix != "agents" and not all(isinstance(i, str) for i in data):
+        rows = []
+        for index, value in enumerate(data):
+            rows.extend(flatten(value, f"{prefix}[{index}]"))
+        return rows
+    return [(prefix, data)]
+
+
+def origin_of(config: Config, key: str) -> str:
+    """The origin recorded for key or, failing that, for the nearest enclosing key."""
+    candidate = key
+    while candidate:
+        if candidate in config.origins:
+            return config.origins[candidate]
+        cut = max(candidate.rfind("."), candidate.rfind("["))
+        candidate = candidate[:cut] if cut > 0 else ""
+    return "default"
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(not set)"
+    from agentbox.safetext import visible
+
+    return visible(json.dumps(value, ensure_ascii=False))

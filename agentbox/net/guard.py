@@ -1,0 +1,351 @@
+"""The VM's egress proxy on the host (network.mode allowlist | offline): there while a session needs it, no longer.
+
+The first launch, task or shell of a VM whose mode needs the proxy starts it as a small background process
+(`python -m agentbox.net.guard VM`, agentbox.net.proxy serving on 127.0.0.1); each agentbox process whose session
+needs it holds a lease (a flock'ed file) for as long as it runs, and a kept session or a background task keeps
+its live marker in the outbox fresh (provision/session.sh, task-runner.sh; agentbox.session.attention reads the same
+markers). When the last lease is released and no marker is fresh, the proxy stops (at once when a launch ends;
+within a second otherwise): the VM reaching its port after that is refused. No daemon stays behind.
+
+Files in the VM's state folder, `network/`:
+  policy.json   what the proxy allows (written by each launch: the mode, the patterns with their sources, the
+                agents launched since the proxy started, allowLan); the proxy reloads it when it changes
+  proxy.json    the running proxy's pid and port (removed when it stops); proxy.lock is flock'ed by it
+  port          the port it last had, asked for first next time (another is picked when it is taken)
+  leases/       one file per agentbox process whose session uses the proxy
+  log.jsonl     every decision, one JSON line each (agentbox.net.proxy)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from agentbox import paths
+from agentbox.fsutil import atomic_write, locked, private_dir
+from agentbox.net import policy as netpolicy
+
+POLL_SEC = 0.25
+START_TIMEOUT_SEC = 10.0
+STOP_TIMEOUT_SEC = 5.0
+IDLE_GRACE_SEC = 1.0  # between a detached launch's end and its session's first marker
+LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
+
+
+def folder(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / "network"
+
+
+def log_path(vm_name: str) -> Path:
+    return folder(vm_name) / "log.jsonl"
+
+
+class Running(NamedTuple):
+    pid: int
+    port: int
+    started: float
+
+
+def running(vm_name: str) -> Running | None:
+    """The VM's proxy when one runs (its lock is held), else None."""
+    base = folder(vm_name)
+    try:
+        info = json.loads((base / "proxy.json").read_text())
+        found = Running(int(info["pid"]), int(info["port"]), float(info["started"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return found if _lock_held(base / "proxy.lock") else None
+
+
+def policy(vm_name: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder(vm_name) / "policy.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def describe(settings: netpolicy.NetworkSettings, vm_name: str,
+             agents: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+    """The VM's network policy as `agentbox net status --json` and `status --json` report it."""
+    enforcement, why = netpolicy.enforcement(settings)
+    current = running(vm_name)
+    launched = (policy(vm_name) or {}).get("agents", {}) if current is not None else {}
+    shown_agents = {name: tuple(hosts) for name, hosts in launched.items()} or dict(agents)
+    return {
+        "mode": settings.mode,
+        "enforcement": enforcement,
+        "enforcementWhy": why,
+        "allowHost": settings.allow_host if isinstance(settings.allow_host, bool) else list(settings.allow_host),
+        "allowLan": settings.allow_lan,
+        "agentApi": settings.agent_api,
+        "allow": [{"host": host, "from": source} for host, source in netpolicy.allow_list(settings, shown_agents)],
+        "proxy": ({"running": True, "port": current.port, "pid": current.pid,
+                   "url": f"http://{netpolicy.HOST_NAME}:{current.port}"} if current is not None
+                  else {"running": False, "port": None, "pid": None, "url": None}),
+        "log": str(log_path(vm_name)),
+    }
+
+
+def refresh_policy(settings: netpolicy.NetworkSettings, vm_name: str) -> bool:
+    """Give a running proxy the settings now in the config (`agentbox net allow`); False when none runs."""
+    with locked(_control_lock(vm_name)):
+        if running(vm_name) is None:
+            return False
+        agents = {name: tuple(hosts) for name, hosts in (policy(vm_name) or {}).get("agents", {}).items()}
+        _write_policy(vm_name, settings, agents)
+        return True
+
+
+class Lease:
+    """One agentbox process's claim on the VM's proxy; `release()` (or the process's end) gives it up.
+
+    `port` waits for a proxy this lease started (begin() returns at once, so it starts while Lima is asked)."""
+
+    def __init__(self, vm_name: str, fd: int, path: Path, child: subprocess.Popen[bytes] | None,
+                 port: int = 0) -> None:
+        self.vm_name = vm_name
+        self._port = port
+        self._child = child
+        self._fd: int | None = fd
+        self._path = path
+
+    @property
+    def port(self) -> int:
+        if not self._port:
+            self._port = _await(self.vm_name, self._child).port
+        return self._port
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        with locked(_control_lock(self.vm_name)):
+            with contextlib.suppress(OSError):
+                self._path.unlink()
+            os.close(self._fd)
+            self._fd = None
+            if not _in_use(self.vm_name):
+                stop(self.vm_name, locked_already=True)
+
+
+def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, tuple[str, ...]]) -> Lease | None:
+    """Make sure the VM's proxy runs with the policy for `agents` (name: endpoints) and lease it; None in open mode."""
+    if not settings.proxied:
+        return None
+    base = folder(vm_name)
+    private_dir(base)
+    private_dir(base / "leases")
+    with locked(_control_lock(vm_name)):
+        current = running(vm_name)
+        launched = dict(agents)
+        if current is not None:
+            for name, hosts in (policy(vm_name) or {}).get("agents", {}).items():
+                launched.setdefault(name, tuple(hosts))
+        _write_policy(vm_name, settings, launched)
+        lease_path = base / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
+        fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            child = _spawn(vm_name) if current is None else None
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                lease_path.unlink()
+            raise
+    return Lease(vm_name, fd, lease_path, child, current.port if current is not None else 0)
+
+
+def stop(vm_name: str, locked_already: bool = False) -> bool:
+    """Stop the VM's proxy if one runs (`agentbox stop`, the last session's end); True when one was stopped."""
+    if not locked_already:
+        with locked(_control_lock(vm_name)):
+            return stop(vm_name, locked_already=True)
+    current = running(vm_name)
+    if current is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(current.pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_TIMEOUT_SEC
+    while running(vm_name) is not None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return True
+
+
+def _control_lock(vm_name: str) -> Path:
+    private_dir(folder(vm_name))
+    return folder(vm_name) / "control.lock"
+
+
+def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dict[str, tuple[str, ...]]) -> None:
+    entries = netpolicy.allow_list(settings, agents)
+    data = {"mode": settings.mode, "allow": [[host, source] for host, source in entries],
+            "allowLan": settings.allow_lan, "agents": {name: list(hosts) for name, hosts in agents.items()}}
+    atomic_write(folder(vm_name) / "policy.json", json.dumps(data, indent=1) + "\n", mode=0o600, durable=False)
+
+
+def _spawn(vm_name: str) -> subprocess.Popen[bytes]:
+    with open(folder(vm_name) / "proxy.stderr.log", "ab") as errors:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentbox.net.guard", vm_name],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True,
+            close_fds=True,
+        )
+
+
+def _await(vm_name: str, child: subprocess.Popen[bytes] | None) -> Running:
+    """The VM's proxy once it serves (the one `child` is, or one another launch started meanwhile)."""
+    deadline = time.monotonic() + START_TIMEOUT_SEC
+    while time.monotonic() < deadline:
+        found = running(vm_name)
+        if found is not None:
+            return found
+        if child is not None and child.poll() is not None and running(vm_name) is None:
+            break
+        time.sleep(0.005)
+    if child is not None:
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+    from agentbox.errors import StateError
+
+    raise StateError(
+        f"agentbox's network proxy for {vm_name} did not start",
+        hint=f"Its messages are in {folder(vm_name) / 'proxy.stderr.log'}. The session was not started.",
+    )
+
+
+def _lock_held(lock: Path) -> bool:
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _leases(vm_name: str) -> Iterator[Path]:
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder(vm_name) / "leases"):
+            yield Path(entry.path)
+
+
+def _in_use(vm_name: str) -> bool:
+    """A lease whose holder runs, or a kept session's or task's fresh marker; stale leases are removed."""
+    from agentbox import livemarkers
+
+    in_use = False
+    for lease in _leases(vm_name):
+        if _lock_held(lease):
+            in_use = True
+        else:
+            with contextlib.suppress(OSError):
+                lease.unlink()
+    return in_use or livemarkers.any_fresh(vm_name)
+
+
+# -- the proxy process ---------------------------------------------------------------------------------------
+
+def _load_policy(vm_name: str) -> Any:
+    from agentbox.net import proxy as netproxy
+
+    data = policy(vm_name) or {}
+    patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
+    valid = [pattern for pattern in patterns if netproxy.check_pattern(pattern) is None]
+    return netproxy.Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)))
+
+
+def serve(vm_name: str) -> int:
+    """The proxy process: serve until no session needs it (or SIGTERM)."""
+    from agentbox.net import proxy as netproxy
+
+    base = folder(vm_name)
+    lock_fd = os.open(base / "proxy.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return 0  # one runs
+    import threading
+
+    stopping = threading.Event()  # set by SIGTERM (`stop()`): its wait returns at once
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    try:
+        preferred = int((base / "port").read_text())
+    except (OSError, ValueError):
+        preferred = 0
+    _rotate(log_path(vm_name))
+    policy_file = base / "policy.json"
+    seen = _mtime(policy_file)
+    proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred)
+    try:
+        atomic_write(base / "port", f"{proxy.port}\n", mode=0o600, durable=False)
+        atomic_write(base / "proxy.json", json.dumps({"pid": os.getpid(), "port": proxy.port,
+                                                      "started": time.time()}) + "\n", mode=0o600, durable=False)
+        idle_since: float | None = None
+        while not stopping.wait(POLL_SEC):
+            if _mtime(policy_file) != seen:
+                seen = _mtime(policy_file)
+                proxy.set_policy(_load_policy(vm_name))
+            if _in_use(vm_name):
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since > IDLE_GRACE_SEC and _end_if_idle(vm_name, proxy):
+                return 0
+    finally:
+        _end(base, proxy)
+        os.close(lock_fd)
+    return 0
+
+
+def _end_if_idle(vm_name: str, proxy: Any) -> bool:
+    """Stop when still unused, under the lock a launch takes to lease the proxy (so none leases it meanwhile);
+    False when that lock is busy (a launch or a release is deciding) or a session came."""
+    fd = os.open(_control_lock(vm_name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        if _in_use(vm_name):
+            return False
+        _end(folder(vm_name), proxy)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _end(base: Path, proxy: Any) -> None:
+    proxy.stop()  # idempotent; the port closes before proxy.json goes, so `stop()` returns only once it is closed
+    with contextlib.suppress(OSError):
+        (base / "proxy.json").unlink()
+
+
+def _rotate(log: Path) -> None:
+    with contextlib.suppress(OSError):
+        if log.stat().st_size > LOG_KEEP_BYTES:
+            os.replace(log, log.with_name(log.name + ".1"))
+
+
+def _mtime(path: Path) -> int:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1]))

@@ -1,0 +1,642 @@
+"""Proposals: an isolated session's changes, kept on the host for review and applied only as a checked patch.
+
+After an isolated session (agentbox.review.isolation) the VM has left, in its outbox session folder,
+`changes.patch` (`git diff --binary --full-index --no-renames` of the copy against its base), maybe the
+agent's `summary.md`, and `base` (written last: the folder is finished). `collect` turns each finished
+folder into a proposal and removes the folder:
+
+    <workspace state dir>/proposals/<id>/proposal.json   version, id, status, agent, vm, session, created,
+                                                          base {commit, tree, head}, files [{status, path,
+                                                          oldPath?}], added, removed, patchSha256, patchSize,
+                                                          summary ("agent" or "generated"), problem
+    <workspace state dir>/proposals/<id>/changes.patch   the patch as the VM wrote it
+    <workspace state dir>/proposals/<id>/summary.md      the agent's summary, or one made from the patch
+    <workspace state dir>/events.jsonl                    proposal_created, proposal_reviewed,
+                                                          proposal_applied, proposal_rejected: one JSON
+                                                          object per line
+
+Ids are small integers per workspace. A proposal is `pending` until it is `applied` or `rejected`; a
+later proposal from the same copy (same base) marks the earlier pending ones `superseded` (it holds their
+changes too, unless the agent undid them).
+
+Nothing from the VM is trusted: outbox files are opened relative to the folder's descriptor, never
+through a link, regular files only, with size caps (a FIFO or a device never blocks or feeds
+agentbox); the base must be one agentbox gave that VM; the patch is parsed by agentbox.review.patchcheck and
+applied only when it names nothing the host must not take, with its digest checked against the one
+recorded when it was collected (an edited patch is refused).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from agentbox import fsutil, paths, vmread
+from agentbox.config.load import CheckpointSettings
+from agentbox.errors import AgentboxError, StateError
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.safetext import visible
+
+VERSION = 1
+PENDING, APPLIED, REJECTED, SUPERSEDED = "pending", "applied", "rejected", "superseded"
+PATCH, SUMMARY, BASE, RECORD = "changes.patch", "summary.md", "base", "proposal.json"
+MAX_PATCH = 64 * 1024 * 1024
+MAX_SUMMARY = 256 * 1024
+MAX_BASE = 256
+_OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_SESSION = re.compile(r"s-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
+
+
+class Collected(NamedTuple):
+    """A finished session folder: the proposal it became (None: the session changed nothing)."""
+
+    session: str
+    proposal: int | None
+    files: int
+    problem: str | None = None
+
+    def __str__(self) -> str:
+        if self.proposal is None:
+            return "no changes"
+        what = f"proposal {self.proposal}: {self.files} file{'s' if self.files != 1 else ''} changed"
+        return f"{what} (apply will refuse it: {self.problem})" if self.problem else what
+
+
+class OutboxError(AgentboxError):
+    """A file in the outbox that agentbox will not read (a link, not a regular file, too large)."""
+
+
+def folder(workspace: Path) -> Path:
+    return paths.workspace_state_dir(workspace) / "proposals"
+
+
+def events_file(workspace: Path) -> Path:
+    return paths.workspace_state_dir(workspace) / "events.jsonl"
+
+
+@contextmanager
+def locked(workspace: Path) -> Iterator[None]:
+    """One agentbox at a time collects, applies or marks a workspace's proposals."""
+    with fsutil.locked(private_dir(paths.workspace_state_dir(workspace)) / "proposals.lock"):
+        yield
+
+
+def append_event(workspace: Path, event: str, **fields: Any) -> None:
+    """One line of events.jsonl, written with a single append (lines of concurrent writers never mix)."""
+    from agentbox.review import isolation
+
+    line = json.dumps({"time": isolation.now(), "event": event, **fields}, sort_keys=False) + "\n"
+    private_dir(paths.workspace_state_dir(workspace))
+    fd = os.open(events_file(workspace), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+# -- from the outbox ----------------------------------------------------------------------------
+
+
+def collect(workspace: Path, vm_name: str) -> list[Collected]:
+    """Every finished session folder in the VM's outbox, made into a proposal (or noted as unchanged) and removed.
+
+    Folders still being written (no `base` yet: their session may still run) are left alone; so are names
+    agentbox did not make.
+    """
+    from agentbox.review import isolation
+
+    made: list[Collected] = []
+    with locked(workspace):
+        try:
+            outbox_fd = os.open(isolation.outbox(vm_name), vmread.DIR_FLAGS)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise StateError(f"cannot read the outbox {isolation.outbox(vm_name)}: {exc.strerror}") from exc
+        try:
+            with isolation.locked_record(workspace) as record:
+                for name in sorted(os.listdir(outbox_fd)):
+                    session = record["sessions"].get(name)
+                    if session is None or session.get("vm") != vm_name or not _SESSION.fullmatch(name):
+                        continue
+                    result = _collect_one(workspace, vm_name, outbox_fd, name, session, record)
+                    if result is not None:
+                        made.append(result)
+                        del record["sessions"][name]
+                        try:
+                            _remove_at(outbox_fd, name)
+                        except (OSError, StateError) as exc:  # it is no longer a session's: never read again
+                            from agentbox.progress import warn
+
+                            warn(f"could not remove the outbox folder {name} of {vm_name}: "
+                                 f"{getattr(exc, 'message', None) or exc}")
+        finally:
+            os.close(outbox_fd)
+    return made
+
+
+def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: bool) -> bool:
+    """A session that ended without a finished outbox folder: drop the folder (only an empty one, when its
+    launch step may still run) and agentbox's record of it. True when something the VM wrote was dropped."""
+    from agentbox.review import isolation
+
+    dropped = False
+    with locked(workspace):
+        try:
+            outbox_fd = os.open(isolation.outbox(vm_name), vmread.DIR_FLAGS)
+        except OSError:
+            return False
+        try:
+            try:
+                session_fd = vmread.open_dir(outbox_fd, session)
+            except OSError:
+                return False
+            try:
+                dropped = bool(os.listdir(session_fd))
+            finally:
+                os.close(session_fd)
+            if dropped and only_if_empty:
+                return False
+            _remove_at(outbox_fd, session)
+            with isolation.locked_record(workspace) as record:
+                record["sessions"].pop(session, None)
+        finally:
+            os.close(outbox_fd)
+    return dropped
+
+
+def _collect_one(
+    workspace: Path, vm_name: str, outbox_fd: int, name: str, session: dict[str, Any], record: dict[str, Any]
+) -> Collected | None:
+    from agentbox.progress import warn
+
+    try:
+        session_fd = vmread.open_dir(outbox_fd, name)
+    except OSError:
+        return None
+    try:
+        base_bytes = read_at(session_fd, BASE, MAX_BASE)
+        if base_bytes is None:
+            return None  # not finished
+        base = base_bytes.decode("ascii", "replace").strip()
+        known = record["bases"].get(base)
+        if not _OID.fullmatch(base) or known is None or known.get("vm") != vm_name:
+            warn(f"the outbox of isolated session {name} names a base agentbox did not give {vm_name} "
+                 f"({visible(base[:80])}); its changes are not taken")
+            return Collected(name, None, 0, "unknown base")
+        patch = read_at(session_fd, PATCH, MAX_PATCH) or b""
+        summary = read_at(session_fd, SUMMARY, MAX_SUMMARY)
+    except OutboxError as exc:
+        warn(f"the outbox of isolated session {name}: {exc.message}; its changes are not taken "
+             "(they stay in the VM's copy)")
+        return Collected(name, None, 0, exc.message)
+    finally:
+        os.close(session_fd)
+    if not patch:
+        return Collected(name, None, 0)
+    proposal = _store(workspace, vm_name, name, session, base, known, patch, summary, record)
+    return Collected(name, proposal["id"], len(proposal["files"]), proposal.get("problem"))
+
+
+def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
+    """A file of a folder the VM wrote (vmread's rules), None when absent; OutboxError says why it is not read."""
+    try:
+        return vmread.read_at(dir_fd, name, limit)
+    except vmread.Refused as refused:
+        raise OutboxError(refused.message) from None
+
+
+def _remove_at(parent_fd: int, name: str) -> None:
+    """Remove a file or folder the VM wrote, without following any link in it."""
+    if not vmread.remove(parent_fd, name):
+        raise StateError(f"{visible(name)} in the outbox could not be removed (folders nested more than "
+                         f"{vmread.MAX_DEPTH} deep?); remove it by hand")
+
+
+# -- the store ----------------------------------------------------------------------------------
+
+
+def _store(
+    workspace: Path, vm_name: str, session_id: str, session: dict[str, Any], base: str, known: dict[str, Any],
+    patch: bytes, summary: bytes | None, record: dict[str, Any],
+) -> dict[str, Any]:
+    from agentbox.review import isolation, patchcheck
+
+    problem = None
+    try:
+        changes = patchcheck.parse(patch, limit=MAX_PATCH)
+    except patchcheck.PatchError as exc:
+        changes, problem = [], f"the patch cannot be read: {exc}"
+    files = [_file_entry(change) for change in changes]
+    proposals_dir = private_dir(folder(workspace))
+    # Never an id used before, even when proposal folders were deleted: events.jsonl names them.
+    number = max(int(record.get("nextProposal", 1)), 1 + max((p["id"] for p in _all(workspace)), default=0))
+    record["nextProposal"] = number + 1
+    proposal = {
+        "version": VERSION,
+        "id": number,
+        "status": PENDING,
+        "agent": session.get("agent"),
+        "vm": vm_name,
+        "session": session_id,
+        "created": isolation.now(),
+        "started": session.get("started"),
+        "base": {"commit": base, "tree": known.get("tree"), "head": known.get("head")},
+        "files": files,
+        "added": sum(change.added_lines for change in changes),
+        "removed": sum(change.removed_lines for change in changes),
+        "patchSha256": hashlib.sha256(patch).hexdigest(),
+        "patchSize": len(patch),
+        "summary": "agent" if summary is not None else "generated",
+        "problem": problem,
+    }
+    # Written under a temporary name, renamed last: a proposal folder is whole or absent.
+    staging = proposals_dir / f".{number}.partial"
+    if os.path.lexists(staging):
+        import shutil
+
+        shutil.rmtree(staging)  # left by an agentbox that was killed here; agentbox's own folder
+    private_dir(staging)
+    atomic_write(staging / PATCH, patch, mode=0o600)
+    atomic_write(staging / SUMMARY, summary if summary is not None else generated_summary(proposal), mode=0o600)
+    atomic_write(staging / RECORD, json.dumps(proposal, indent=2), mode=0o600)
+    os.rename(staging, proposals_dir / str(number))
+    for earlier in _all(workspace):
+        if earlier["id"] != number and earlier["status"] == PENDING and earlier.get("vm") == vm_name and \
+                earlier.get("base", {}).get("commit") == base:
+            _update(workspace, earlier, status=SUPERSEDED, supersededBy=number)
+    append_event(workspace, "proposal_created", proposal=number, agent=proposal["agent"], vm=vm_name,
+                 session=session_id, base=base, files=len(files), patchSha256=proposal["patchSha256"])
+    return proposal
+
+
+def _file_entry(change: Any) -> dict[str, Any]:
+    entry = {"status": change.status, "path": change.new_path if change.new_path is not None else change.old_path}
+    if change.status in ("renamed", "copied"):
+        entry["oldPath"] = change.old_path
+    return entry
+
+
+def generated_summary(proposal: dict[str, Any]) -> bytes:
+    """What the proposal changes, when the agent wrote no summary: the files, like `git diff --stat` in words."""
+    files = proposal["files"]
+    lines = [
+        f"# Changes from an isolated session of {proposal.get('agent') or 'an agent'}",
+        "",
+        "(written by agentbox from the patch: the agent left no summary)",
+        "",
+        f"{len(files)} file{'s' if len(files) != 1 else ''} changed, {proposal['added']} line(s) added, "
+        f"{proposal['removed']} removed:",
+        "",
+    ]
+    for entry in files:
+        source = f" (from {entry['oldPath']})" if entry.get("oldPath") else ""
+        lines.append(f"- {entry['status']}: {entry['path']}{source}")
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def _all(workspace: Path) -> list[dict[str, Any]]:
+    """Every proposal of the workspace, oldest first (a folder without a readable record is left out)."""
+    found = []
+    try:
+        names = os.listdir(folder(workspace))
+    except OSError:
+        return []
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            data = json.loads((folder(workspace) / name / RECORD).read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and data.get("id") == int(name):
+            found.append(data)
+    return sorted(found, key=lambda p: p["id"])
+
+
+def all_proposals(workspace: Path) -> list[dict[str, Any]]:
+    return _all(workspace)
+
+
+def _update(workspace: Path, proposal: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    proposal = {**proposal, **changes}
+    atomic_write(folder(workspace) / str(proposal["id"]) / RECORD, json.dumps(proposal, indent=2), mode=0o600)
+    return proposal
+
+
+def find(workspace: Path, wanted: str | None) -> dict[str, Any]:
+    """The proposal named by its id (`3` or `#3`), or the newest pending one."""
+    proposals = _all(workspace)
+    if wanted is None:
+        pending = [p for p in proposals if p["status"] == PENDING]
+        if not pending:
+            others = " (`agentbox proposals` lists the others)" if proposals else ""
+            raise StateError(
+                f"no pending proposal for {workspace}{others}",
+                hint="Proposals come from isolated sessions: `agentbox <agent> --isolated` (or session.mode: "
+                "isolated).",
+            )
+        return pending[-1]
+    text = wanted.lstrip("#")
+    if not text.isdigit():
+        raise StateError(f"{visible(wanted)} is not a proposal id (a number, as `agentbox proposals` lists them)")
+    for proposal in proposals:
+        if proposal["id"] == int(text):
+            return proposal
+    raise StateError(f"there is no proposal {text} for {workspace}", hint="`agentbox proposals` lists them.")
+
+
+def patch_path(workspace: Path, proposal: dict[str, Any]) -> Path:
+    return folder(workspace) / str(proposal["id"]) / PATCH
+
+
+def read_patch(workspace: Path, proposal: dict[str, Any]) -> bytes:
+    """The stored patch, checked against the digest recorded when it was collected."""
+    path = patch_path(workspace, proposal)
+    try:
+        dir_fd = os.open(path.parent, vmread.DIR_FLAGS)
+    except OSError as exc:
+        raise StateError(
+            f"proposal {proposal['id']}: its folder {path.parent} cannot be read ({exc.strerror})"
+        ) from exc
+    try:
+        data = read_at(dir_fd, PATCH, MAX_PATCH)
+    except OutboxError as exc:
+        raise StateError(f"proposal {proposal['id']}: {exc.message}") from exc
+    finally:
+        os.close(dir_fd)
+    if data is None:
+        raise StateError(f"proposal {proposal['id']}: its patch {path} is missing")
+    if hashlib.sha256(data).hexdigest() != proposal.get("patchSha256"):
+        raise StateError(
+            f"proposal {proposal['id']}: {path} was changed after agentbox collected it (its sha256 is not the "
+            "one recorded then), so agentbox will not apply it",
+            hint="Nothing was changed in the workspace. Run the isolated session again for a new proposal.",
+        )
+    return data
+
+
+def read_summary(workspace: Path, proposal: dict[str, Any]) -> bytes:
+    dir_fd = os.open(folder(workspace) / str(proposal["id"]), vmread.DIR_FLAGS)
+    try:
+        return read_at(dir_fd, SUMMARY, MAX_SUMMARY) or b""
+    except OutboxError as exc:
+        return f"(summary.md not shown: {exc.message})\n".encode()
+    finally:
+        os.close(dir_fd)
+
+
+# -- review, apply, reject ----------------------------------------------------------------------
+
+
+def host_exec_paths(workspace: Path, proposal: dict[str, Any]) -> list[str]:
+    """The proposal's paths that the host runs without asking (the tripwire's list), for review's flags."""
+    matcher = _host_exec_matcher(workspace)
+    found = []
+    for entry in proposal["files"]:
+        for path in (entry.get("oldPath"), entry["path"]):
+            if path is not None and path not in found and matcher(path):
+                found.append(path)
+    return found
+
+
+def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host_exec: bool) -> list[str]:
+    """Why apply refuses this patch, one line per change (empty: it may be applied)."""
+    from agentbox.review import patchcheck
+
+    if proposal.get("problem"):
+        return [str(proposal["problem"])]
+    try:
+        changes = patchcheck.parse(patch, limit=MAX_PATCH)
+    except patchcheck.PatchError as exc:
+        return [f"the patch cannot be read: {exc}"]
+    try:
+        on_host = _on_host(workspace, proposal, changes)
+    except StateError as exc:
+        return [exc.message]
+    return patchcheck.problems(
+        changes, host_exec=_host_exec_matcher(workspace), allow_host_exec=allow_host_exec, on_host=on_host,
+    )
+
+
+def refusals_of(workspace: Path, number: int) -> list[str]:
+    """What apply would refuse in a stored proposal, host-run files included (the note after a session)."""
+    proposal = find(workspace, str(number))
+    try:
+        return refusals(workspace, proposal, read_patch(workspace, proposal), allow_host_exec=False)
+    except StateError as exc:
+        return [exc.message]
+
+
+def _host_exec_matcher(workspace: Path) -> Any:
+    from agentbox.review import tripwire
+
+    return tripwire.host_exec_matcher(workspace)
+
+
+def _on_host(workspace: Path, proposal: dict[str, Any], changes: list[Any]) -> Callable[[str], Any]:
+    """What each path the patch names is on the host: the workspace's entry (never followed) and the base's mode."""
+    from agentbox.review import patchcheck
+
+    named = {path for change in changes for path in (change.old_path, change.new_path)
+             if path is not None and patchcheck.path_problem(path) is None}
+    if not named:
+        return lambda path: patchcheck.NOT_THERE
+    in_base = base_modes(workspace, proposal, sorted(named))
+    found = {}
+    for path in named:
+        mode, target, folder = _workspace_entry(workspace, path)
+        base = in_base.get(path)
+        if patchcheck.SYMLINK in (mode, base):
+            mode = patchcheck.SYMLINK
+        found[path] = patchcheck.OnHost(mode or base, target, folder)
+    return lambda path: found.get(path, patchcheck.NOT_THERE)
+
+
+def base_modes(workspace: Path, proposal: dict[str, Any], paths: list[str]) -> dict[str, str]:
+    """The mode ("100644", "120000"...) of each of paths that the proposal's base tree holds (absent: not there).
+
+    The only use of hostgit for proposals' checks: where the base tree is read from may change, not what it says.
+    """
+    from agentbox.git import store as hostgit
+
+    tree = (proposal.get("base") or {}).get("tree")
+    repo = hostgit.find(workspace)
+    if not isinstance(tree, str) or repo is None:
+        raise StateError(f"proposal {proposal['id']}: its base tree cannot be read, so agentbox cannot tell what "
+                         "the files it changes are on your host")
+    empty = _EMPTY_TREE[hostgit.object_format(repo)]
+    wanted = set(paths)
+    # Named on the command line while few (a long list would pass the argument limit), else the whole tree.
+    listed = hostgit.changes(repo, empty, tree, sorted(wanted) if len(wanted) <= 1000 else None)
+    return {change.path: change.new_mode for change in listed if change.path in wanted}
+
+
+_EMPTY_TREE = {"sha1": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
+               "sha256": "6ef19b41225c5369f1c104d45d8d85efa9b057b53b14b4b9b939dd74decc5321"}
+
+
+def _workspace_entry(workspace: Path, path: str) -> tuple[str | None, str | None, str | None]:
+    """(mode, link target, a folder on the way that is a link) of path in the workspace, walked one name at a time
+    from the workspace's descriptor, never through a link."""
+    from agentbox.review import patchcheck
+
+    parts = path.split("/")
+    try:
+        fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return None, None, None
+    try:
+        for index, name in enumerate(parts):
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                return None, None, None
+            last = index == len(parts) - 1
+            if stat.S_ISLNK(st.st_mode):
+                if not last:
+                    return None, None, "/".join(parts[:index + 1])
+                try:
+                    return patchcheck.SYMLINK, os.readlink(name, dir_fd=fd), None
+                except OSError:
+                    return patchcheck.SYMLINK, None, None
+            if last:
+                if stat.S_ISREG(st.st_mode):
+                    return (patchcheck.EXECUTABLE if st.st_mode & 0o100 else patchcheck.REGULAR), None, None
+                return (patchcheck.TREE if stat.S_ISDIR(st.st_mode) else patchcheck.OTHER), None, None
+            if not stat.S_ISDIR(st.st_mode):
+                return None, None, None
+            try:
+                inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError:
+                return None, None, None
+            os.close(fd)
+            fd = inner
+    finally:
+        os.close(fd)
+    return None, None, None
+
+
+def mark_reviewed(workspace: Path, proposal: dict[str, Any]) -> None:
+    append_event(workspace, "proposal_reviewed", proposal=proposal["id"], patchSha256=proposal.get("patchSha256"))
+
+
+class Applied(NamedTuple):
+    proposal: dict[str, Any]
+    checkpoint: int | None  # the checkpoint taken before applying (None for --check)
+    head_moved: bool
+
+
+def apply(
+    workspace: Path, wanted: str | None, *, check_only: bool, three_way: bool, allow_host_exec: bool,
+    settings: CheckpointSettings,
+) -> Applied:
+    """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
+    exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
+    refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses."""
+    from agentbox.git import snapshot
+    from agentbox.git import store as hostgit
+    from agentbox.review import isolation
+
+    with locked(workspace):
+        proposal = find(workspace, wanted)
+        number = proposal["id"]
+        if proposal["status"] == APPLIED:
+            raise StateError(f"proposal {number} was applied already ({proposal.get('applied', 'earlier')})",
+                             hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
+                             "was before." if proposal.get("checkpoint") is not None else None)
+        patch = read_patch(workspace, proposal)
+        found = refusals(workspace, proposal, patch, allow_host_exec)
+        if found:
+            listing = "\n".join(f"  - {line}" for line in found)
+            host_exec = any("host runs without asking" in line for line in found)
+            raise StateError(
+                f"proposal {number} is refused; nothing was changed in {workspace}:\n{listing}",
+                hint="`agentbox review` shows the patch. " + (
+                    "Changes to files your host runs are taken only with `agentbox apply --allow-host-exec`, "
+                    "after you have read them." if host_exec else "Ask the agent for a patch without these changes."
+                ),
+            )
+        repo = hostgit.find(workspace)
+        if repo is None:
+            raise StateError(f"{workspace} is no longer a git work tree; a proposal is applied with git",
+                             hint=isolation.NOT_GIT_HINT)
+        base_head = proposal["base"].get("head")
+        now = hostgit.head(repo)
+        moved = now != base_head
+        if moved and not three_way:
+            raise StateError(
+                f"HEAD moved since proposal {number} was made (from {_short(base_head)} to {_short(now)}): its "
+                "patch was made against the old one; nothing was changed",
+                hint=f"`agentbox apply {number} --3way` merges it with git's three-way merge, which refuses "
+                "rather than leave conflicts.",
+            )
+        # The patch is applied to a tree of agentbox's store (the workspace as it is now); agentbox then
+        # writes the files that changed itself (agentbox.review.restore): git never opens a path of the workspace.
+        now_snap = snapshot.take(repo, settings.max_file_size)
+        result_tree = hostgit.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
+        if check_only:
+            return Applied(proposal, None, moved)
+        checkpoint, before_tree = _checkpoint_before(workspace, number, settings)
+        if before_tree != now_snap.tree:
+            raise StateError(f"the workspace changed while proposal {number} was being applied; nothing was changed",
+                             hint=f"Run `agentbox apply {number}` again.")
+        _write_tree(repo, now_snap, result_tree)
+        proposal = _update(workspace, proposal, status=APPLIED, applied=isolation.now(), checkpoint=checkpoint)
+        append_event(workspace, "proposal_applied", proposal=number, checkpoint=checkpoint, threeWay=three_way,
+                     patchSha256=proposal.get("patchSha256"))
+        if proposal.get("vm"):
+            isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
+        return Applied(proposal, checkpoint, moved)
+
+
+def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
+    """Bring the workspace from the snapshot now to result_tree, writing only the files that differ."""
+    from agentbox.review import restore, undo
+
+    todo = undo.plan(repo, result_tree, now.tree, now.skipped, None, clean=True)
+    result = restore.apply(repo.work_tree, todo.operations)
+    if result.failures:
+        shown = "; ".join(f"{visible(failure.path)}: {failure.reason}" for failure in result.failures[:5])
+        raise StateError(f"some files of the proposal could not be written: {shown}",
+                         hint="The checkpoint taken before applying it is kept: `agentbox undo` returns to it.")
+
+
+def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSettings) -> tuple[int, str]:
+    """Taken whatever checkpoints.enabled says (that is about launches): `agentbox undo` can take the apply back.
+    Returns its id and tree."""
+    from agentbox.review import checkpoints
+
+    taken = checkpoints.take(workspace, "apply", settings, message=f"before applying proposal {number}")
+    return taken.checkpoint.id, taken.checkpoint.tree
+
+
+def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:
+    """Mark a proposal rejected (its files are kept); the VM's copy is made anew at its next isolated session."""
+    from agentbox.review import isolation
+
+    with locked(workspace):
+        proposal = find(workspace, wanted)
+        if proposal["status"] == APPLIED:
+            raise StateError(f"proposal {proposal['id']} was applied already; rejecting it changes nothing",
+                             hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
+                             "was before it.")
+        proposal = _update(workspace, proposal, status=REJECTED, rejected=isolation.now())
+        append_event(workspace, "proposal_rejected", proposal=proposal["id"], patchSha256=proposal.get("patchSha256"))
+        same_copy = [p for p in _all(workspace) if p["status"] == PENDING and p.get("vm") == proposal.get("vm")
+                     and p["base"].get("commit") == proposal["base"]["commit"]]
+        if proposal.get("vm") and not same_copy:
+            # The copy holds what was just rejected: the next session starts from the workspace again.
+            isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
+        return proposal
+
+
+def _short(commit: str | None) -> str:
+    return commit[:12] if commit else "no commit"

@@ -1,0 +1,470 @@
+"""The sandbox described for the agent: /run/agentbox/context.json and the block in its memory files.
+
+An agent that does not know what its sandbox allows wastes turns probing it. At every launch the host
+builds one document (`build`): the VM, the workspace and how live it is, every mount with read/write,
+the staging folder, the network facts that hold, what remote writes are blocked, which login files
+and env keys came in (names only: no value ever goes into it), the tools, and which config key gives
+more. It is staged (`stage`); launch.sh adds what `command -v` finds for the tools and installs it as
+/run/agentbox/context.json (root's, 0644), and keeps a short block derived from it
+(`memory_block`) between BEGIN/END AGENTBOX markers in each agent's user-level memory file
+(provision/agent-memory.sh). `agentbox describe` prints the same document on the host, without a
+limactl call. Its fields are described in agentbox/schemas/context.schema.json (`SCHEMA_FILE`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentbox import __version__, contract, paths
+from agentbox.config import keys
+from agentbox.credentials import stage as credentials
+from agentbox.session import env as sessionenv
+from agentbox.vm import state as vmstate
+
+if TYPE_CHECKING:
+    from agentbox.config.load import AgentConfig, Config
+    from agentbox.vm.lima import Instance
+
+SCHEMA_VERSION = 1
+SCHEMA_FILE = Path(__file__).resolve().parent.parent / "schemas" / "context.schema.json"
+GUEST_FILE = "/run/agentbox/context.json"
+ENV_NAME = "AGENTBOX_CONTEXT_FILE"
+BEGIN_MARKER = "<!-- BEGIN AGENTBOX: written by agentbox at every launch; edits between these lines are replaced -->"
+END_MARKER = "<!-- END AGENTBOX -->"
+
+# Commands the provisioning installs (provision/10-base-packages.sh to 40-github-cli.sh), and python3, which
+# the Ubuntu image brings. tests/test_context.py checks them against the scripts.
+PROVISIONED_TOOLS = ("git", "curl", "jq", "make", "gcc", "g++", "unzip", "gpg", "tmux", "docker", "node", "npm", "gh")
+IMAGE_TOOLS = ("python3",)
+
+# What the gh guard lets through (wrappers/gh's allowlist; a test compares them).
+GH_ALLOWED = (
+    "gh pr view|list|checks|diff|status|create, gh issue list|view|status|create|comment, gh repo view|clone|list, "
+    "gh search, gh auth status, gh api (GET, and graphql queries without mutations), gh help, gh version"
+)
+
+# What the agent may want, and the key that gives it (keys.py says whether a project file needs trust for it).
+ASK_FOR = (
+    ("another host folder in the VM (read-only, or writable)", ("mounts",)),
+    ("git push and other remote writes", ("sync", "remoteWrite")),
+    ("an environment variable (an API key, a proxy)", ("env",)),
+    ("a login file of an agent", ("agents", "<name>", "credentials")),
+    ("~/.netrc", ("credentials", "netrc")),
+    ("more CPUs", ("vm", "cpus")),
+    ("more memory", ("vm", "memory")),
+    ("a larger disk", ("vm", "disk")),
+    ("a script that sets the VM up once (packages, services)", ("bootstrap", "onCreateScript")),
+    ("a script run at every boot of the VM", ("bootstrap", "onStartScript")),
+    ("extra CA certificates", ("caCert",)),
+)
+
+
+def build(
+    config: Config,
+    vm_name: str,
+    agent: AgentConfig | None,
+    *,
+    staged_credentials: list[str] | None = None,
+    env_keys: Iterable[str] | None = None,
+    git_identity: bool | None = None,
+    vm_facts: dict[str, Any] | None = None,
+    mounts: list[tuple[str, str, bool]] | None = None,
+    mode: str = "live",
+    checkpoint: int | None = None,
+) -> dict[str, Any]:
+    """The document for a launch of `agent` (None: `agentbox shell`) in the VM `vm_name`.
+
+    A launch passes what it staged (credential files relative to the guest home, env keys, whether the git
+    identity went in) and what Lima reported (vm_facts, mounts); `describe` leaves them out and gets what a
+    launch would stage now and what the VM was last seen with (`vm_facts_for`, `mounts_for`).
+    `mode` and `checkpoint` are the workspace's session mode (live, or isolated) and the checkpoint taken
+    when the session started, where those features run.
+    """
+
+    workspace = config.require_workspace()
+    staging_folder = str(paths.staging_dir(vm_name))
+    if mounts is None:
+        mounts = mounts_for(config, vm_name)
+    if staged_credentials is None:
+        staged_credentials = present_credentials(credentials.launch_files(config, agent))
+    if env_keys is None:
+        env_keys = sessionenv.of(config)
+    if git_identity is None:
+        settings = config.credentials
+        git_identity = settings.enabled and settings.git and (Path(os.path.expanduser("~")) / ".gitconfig").is_file()
+    mount_list = [_mount(location, point, writable, config, str(workspace), vm_name)
+                  for location, point, writable in mounts]
+    # Isolated: the agent's copy in the VM, which it may change (its changes reach the host as a proposal).
+    workspace_writable = mode == "isolated" or any(
+        m["guestPath"] == str(workspace) and m["writable"] for m in mount_list
+    )
+    return {
+        "schema": SCHEMA_VERSION,
+        "about": (
+            "What agentbox's sandbox gives you and what it does not. agentbox writes this file on the host side "
+            f"at every launch (read-only here; {ENV_NAME} names it). Field meanings: agentbox's "
+            "agentbox/schemas/context.schema.json. No secret value is ever written here: names only."
+        ),
+        "agentbox": {"version": __version__},
+        "contextFile": GUEST_FILE,
+        "vm": _vm(config, vm_name, vm_facts if vm_facts is not None else vm_facts_for(config, vm_name)),
+        "workspace": {
+            "path": str(workspace),
+            "writable": workspace_writable,
+            "mode": mode,
+            "meaning": _MODE_MEANING[mode],
+            "checkpoint": checkpoint,
+        },
+        "mounts": mount_list,
+        "staging": {
+            "path": staging_folder,
+            "writable": False,
+            "holds": "launch.sh, the git/gh guards, bootstrap scripts, the env file and the login files of this "
+                     "launch; agentbox rewrites it on the host before each launch",
+        },
+        "network": _network(config),
+        "remoteWrite": _remote_write(config.remote_write),
+        "credentials": {
+            "stagedFor": agent.name if agent is not None else None,
+            "files": [{"path": f"~/{path}", "for": owner} for path, owner in _owners(config, staged_credentials)],
+            "gitIdentity": bool(git_identity),
+            "note": "Names only. A launch of one agent brings that agent's login files (plus gh's and the safe part "
+                    "of ~/.gitconfig); `agentbox shell` brings every agent's. They are copies: a file changed "
+                    "here does not change the host's.",
+        },
+        "env": {
+            "keys": sorted(set(env_keys) | {ENV_NAME}),
+            "note": "Names of the variables agentbox sets for the session (from the user's config); values are "
+                    "never written here.",
+        },
+        "tools": {
+            "checkedInVm": False,
+            "list": _tools(config),
+            "installMore": "You may use sudo: `sudo apt-get install PACKAGE`; `npm install -g` installs into ~/.local "
+                           "without root. What you install stays in this VM (until it is recreated) and never "
+                           "reaches the host.",
+        },
+        "memoryFiles": memory_files(),
+        "askForMore": _ask_for_more(config),
+    }
+
+
+def memory_files() -> list[str]:
+    """The agents' user-level memory files in the guest that carry agentbox's block (agents.py)."""
+    from agentbox.agents.builtin import BUILTIN_AGENTS
+
+    return [spec.memory_file for spec in BUILTIN_AGENTS.values() if spec.memory_file]
+
+
+_MODE_MEANING = {
+    "live": "the workspace is the user's own folder on the host: every change you make there is on the host at "
+            "once, with no copy to review first",
+    "isolated": "the workspace is a copy: your changes reach the user's folder only as a proposal they review "
+                "and apply on the host",
+}
+
+
+def _vm(config: Config, vm_name: str, facts: dict[str, Any]) -> dict[str, Any]:
+    from agentbox.vm import render
+
+    image = render.IMAGE_BASE if config.template is None and "base" not in config.lima else None
+    return {
+        "name": vm_name,
+        "cpus": facts.get("cpus"),
+        "memory": facts.get("memory"),
+        "disk": facts.get("disk"),
+        "vmType": facts.get("vmType"),
+        "arch": facts.get("arch"),
+        "image": image,
+        "root": "the VM's user has sudo without a password: you are root in the VM, not on the host",
+    }
+
+
+def vm_facts(instance: Instance) -> dict[str, Any]:
+    """What Lima reports of a VM (`limactl list`): cpus, memory and disk in bytes, vmType, arch."""
+    return {
+        "cpus": instance.cpus or None,
+        "memory": instance.memory or None,
+        "disk": instance.disk or None,
+        "vmType": instance.vm_type or None,
+        "arch": instance.arch or None,
+    }
+
+
+def vm_facts_for(config: Config, vm_name: str) -> dict[str, Any]:
+    """Without asking Lima: what the last launch saw (the VM's record), else what the config asks for."""
+    from agentbox import sizes
+
+    seen = vmstate.read(vm_name).get("seen")
+    if isinstance(seen, dict):
+        return seen
+    return {
+        "cpus": config.cpus,
+        "memory": sizes.to_bytes(config.memory),
+        "disk": sizes.to_bytes(config.disk),
+        "vmType": config.vm_type,
+        "arch": config.arch,
+    }
+
+
+def effective_mounts(instance: Instance) -> list[tuple[str, str, bool]] | None:
+    """The mounts Lima reports the VM runs with (merged by mount point, as Lima merges them)."""
+    from agentbox.vm import effective
+
+    mounts = instance.config.get("mounts")
+    return effective.merged_mounts(mounts) if isinstance(mounts, list) else None
+
+
+def mounts_for(config: Config, vm_name: str) -> list[tuple[str, str, bool]]:
+    """Without asking Lima: the mounts the VM was created with (its record), else those the config renders."""
+
+    expected = vmstate.read(vm_name).get("expected")
+    if isinstance(expected, dict) and isinstance(expected.get("mounts"), list):
+        return [(str(m[0]), str(m[1]), bool(m[2])) for m in expected["mounts"]]
+    from agentbox.vm import render
+
+    return [(m.location, m.mount_point, m.writable) for m in render.mounts_for(config, vm_name)]
+
+
+def _mount(
+    location: str, point: str, writable: bool, config: Config, workspace: str, vm_name: str
+) -> dict[str, Any]:
+    from agentbox.review import isolation
+
+    configured = {m.mount_point for m in config.mounts}
+    if point == workspace:
+        role = "workspace"
+    elif point == isolation.GUEST_SOURCE:
+        role = "workspaceSource"
+    elif point == str(paths.staging_dir(vm_name)):
+        role = "staging"
+    elif point == str(paths.vm_outbox(vm_name)):
+        role = "outbox"
+    elif point in configured:
+        role = "mounts"
+    elif not writable and os.path.basename(point) == "hooks":
+        role = "gitHooks"
+    else:
+        role = "gitCommonDir"
+    return {"hostPath": location, "guestPath": point, "writable": writable, "role": role}
+
+
+def present_credentials(host_files: list[str]) -> list[str]:
+    """The guest paths (relative to the guest home) a launch would stage from host_files: the regular files
+    that exist, the first one for each guest path (stat only: no file is read)."""
+    from agentbox.credentials import stage as credentials
+
+    found: list[str] = []
+    for spec in host_files:
+        guest = credentials.guest_path_for(spec)
+        if not guest.startswith("~/") or guest[2:] in found:
+            continue
+        try:
+            if stat.S_ISREG(os.stat(os.path.expanduser(spec)).st_mode):
+                found.append(guest[2:])
+        except OSError:
+            continue
+    return found
+
+
+def _owners(config: Config, staged: list[str]) -> list[tuple[str, str]]:
+    """Each staged file with whose login it is (an agent's name, gh or netrc)."""
+    from agentbox.credentials import stage as credentials
+
+    owners: dict[str, str] = {}
+    for spec in credentials.GH_FILES:
+        owners[credentials.guest_path_for(spec)[2:]] = "gh"
+    owners[credentials.NETRC[2:]] = "netrc"
+    for agent in config.agents.values():
+        for spec in agent.credentials:
+            owners.setdefault(credentials.guest_path_for(spec)[2:], agent.name)
+    return [(path, owners.get(path, "unknown")) for path in staged]
+
+
+# vm.lima settings that change what the network sentences below describe (beyond the two they follow).
+_NETWORK_SETTINGS = ("networks", "portForwards", "hostResolver", "dns")
+
+
+def _network(config: Config) -> dict[str, Any]:
+    from agentbox.net import policy as netpolicy
+
+    lima = config.lima
+    settings = config.network
+    ssh: dict[str, Any] = lima["ssh"] if isinstance(lima.get("ssh"), dict) else {}
+    if lima.get("propagateProxyEnv") and not settings.proxied:
+        proxy = "the host's proxy variables are copied in (vm.lima.propagateProxyEnv)"
+    else:
+        proxy = "sets no proxy (the host's proxy variables are not copied in)"
+    if ssh.get("forwardAgent"):
+        agent = "forwarded (vm.lima.ssh.forwardAgent): the host's SSH keys can be used through it"
+    else:
+        agent = "not forwarded: the host's SSH keys are not usable in the VM"
+    enforcement, why = netpolicy.enforcement(settings)
+    if settings.mode == "open":
+        internet = f"open: the VM reaches the internet directly; agentbox filters nothing and {proxy}"
+    else:
+        reach = ("only the agent's API" if settings.mode == "offline" else
+                 "only the agent's API and the hosts the user allowed (presets, network.allow)")
+        internet = (f"{settings.mode}: HTTP and HTTPS leave only through agentbox's proxy (HTTPS_PROXY, HTTP_PROXY), "
+                    f"which lets through {reach}; a refused request gets HTTP 403 with a JSON body naming the host "
+                    "and the command the user can run to allow it (`agentbox net allow HOST`, on the host). "
+                    "Programs that ignore the proxy variables cannot reach the network: ask the user instead of "
+                    "working around it")
+    if settings.allow_host is True:
+        host = ("host.lima.internal (192.168.5.2) is the host's localhost (127.0.0.1): every service listening on "
+                "the host's localhost is reachable from the VM (network.allowHost: true)")
+    elif settings.allow_host:
+        ports = ", ".join(str(port) for port in settings.allow_host)
+        host = (f"host.lima.internal (192.168.5.2) is the host's localhost: only its ports {ports} are reachable "
+                "(network.allowHost); the others are closed")
+    else:
+        host = ("closed: host.lima.internal (192.168.5.2), the host's localhost, is not reachable from the VM "
+                "(the user opens ports with network.allowHost)")
+    return {
+        "mode": settings.mode,
+        "enforcement": enforcement,
+        "enforcementWhy": why,
+        "internet": internet,
+        "hostLocalhost": host,
+        "guestPorts": "a port you listen on in the VM (on 127.0.0.1 or 0.0.0.0) is forwarded by Lima to the same "
+                      "port on the host's localhost, so the user can open http://localhost:PORT on the host",
+        "sshAgent": agent,
+        "changedByConfig": [f"vm.lima.{key}" for key in _NETWORK_SETTINGS if key in lima],
+    }
+
+
+def _remote_write(allowed: bool) -> dict[str, Any]:
+    instead = (
+        "Commit in the workspace and tell the user what to push: it is their folder, so they push from the host "
+        "(where their own keys are). `gh pr create` works for a branch they have pushed."
+    )
+    if allowed:
+        return {
+            "allowed": True,
+            "setting": "sync.remoteWrite is true",
+            "blocked": [],
+            "allowedCommands": ["every git and gh command, with the logins the VM has"],
+            "instead": None,
+            "enforcedBy": "nothing: the user turned the readonly-remote guards off",
+        }
+    return {
+        "allowed": False,
+        "setting": "sync.remoteWrite is false (the default)",
+        "blocked": [
+            "git push, send-pack, receive-pack, http-push and the remote-* helpers, however they are reached "
+            "(-C, -c, --git-dir, aliases), and git submodule foreach",
+            "one-off git settings and environment variables that make git run a program (-c core.sshCommand=..., "
+            "-c alias.*, GIT_SSH_COMMAND, GIT_EXEC_PATH and the like)",
+            "every gh command but those in allowedCommands (gh api only with GET)",
+        ],
+        "allowedCommands": [
+            "every other git command: fetch, pull, clone, commit, branch, rebase, log, diff, ...",
+            GH_ALLOWED,
+        ],
+        "instead": instead,
+        "enforcedBy": "git and gh wrappers in ~/.local/bin and a global pre-push hook; they stop mistakes. What "
+                      "the VM can reach at all (mounts, logins, config) is decided and enforced on the host",
+    }
+
+
+def _tools(config: Config) -> list[dict[str, Any]]:
+    tools = [{"name": name, "from": "provisioning", "path": None} for name in PROVISIONED_TOOLS]
+    tools += [{"name": name, "from": "image", "path": None} for name in IMAGE_TOOLS]
+    seen = {tool["name"] for tool in tools}
+    for agent in config.agents.values():
+        if agent.binary not in seen:
+            seen.add(agent.binary)
+            tools.append({"name": agent.binary, "from": f"agent {agent.name}", "path": None})
+    return tools
+
+
+def _ask_for_more(config: Config) -> dict[str, Any]:
+    from agentbox import paths
+
+    described = dict(keys.walk())
+    changes = []
+    for want, path in ASK_FOR:
+        key = described[path]
+        changes.append({
+            "want": want,
+            "key": keys.dotted(path),
+            "projectFileNeedsTrust": keys.trust_words(key),
+            "appliesAt": ("a new VM: `agentbox start --recreate`" if key.creation else
+                          "the VM's next start (`agentbox restart`)" if key.restart else "the next launch"),
+        })
+    return {
+        "how": "Ask the user: only they can change these, on the host. They edit their global config (trusted as "
+               "it is) or the project's agentbox.yml, which you may edit too; a change there that widens the VM "
+               "is used only after the user runs `agentbox trust` on the host.",
+        "configFiles": {
+            "global": str(paths.global_config_file()),
+            "local": str(config.local_file) if config.local_file else None,
+        },
+        "changes": changes,
+    }
+
+
+def memory_block(document: dict[str, Any]) -> str:
+    """The short text kept in the agents' memory files, between BEGIN_MARKER and END_MARKER lines."""
+    workspace = document["workspace"]
+    remote = document["remoteWrite"]
+    live = ("live: it is the user's own folder, so every edit is on the host at once"
+            if workspace["mode"] == "live" else "isolated: your changes reach the user as a proposal they review")
+    if remote["allowed"]:
+        pushes = "- Remote writes are allowed (sync.remoteWrite is on): git push and gh use the logins the VM has."
+    else:
+        pushes = ("- Remote writes are blocked: `git push` and gh commands that write are refused. Do not try to get "
+                  "around it: commit in the workspace and tell the user what to push from the host.")
+    lines = [
+        BEGIN_MARKER,
+        "## Sandbox (agentbox)",
+        "",
+        f"You run inside `{document['vm']['name']}`, a Lima VM on the user's machine, not on the machine itself.",
+        f"- Workspace: `{workspace['path']}`, {live}.",
+        pushes,
+        "- You have sudo in the VM and may install what you need; only the workspace and the mounts listed in the "
+        "context file reach the host.",
+        f"- Mounts, network, logins, tools and how to ask for more: `{document['contextFile']}` "
+        f"(${ENV_NAME}).",
+        "- These limits are set and enforced on the host, outside the VM; the user changes them in agentbox's "
+        "config.",
+        END_MARKER,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def stage(folder: Path, document: dict[str, Any]) -> None:
+    """The document, its memory block, the tools to look up and both digests in the staging folder's context/.
+
+    The digests file is written last and compared first: when it matches, nothing is written (the warm path).
+    It also lets launch.sh skip all of it, without starting a process, when nothing changed since the last
+    launch. The staged document is compact JSON: launch.sh's jq prints it indented.
+    """
+    import hashlib
+
+    from agentbox.fsutil import private_dir, write_if_changed
+
+    text = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
+    block = memory_block(document).encode()
+    digests = f"{hashlib.sha256(text).hexdigest()}\n{hashlib.sha256(block).hexdigest()}\n".encode()
+    try:
+        if (folder / contract.CONTEXT_DIGESTS).read_bytes() == digests:
+            return
+    except OSError:
+        pass
+    private_dir(folder / contract.CONTEXT)
+    write_if_changed(folder / contract.CONTEXT_FILE, text)
+    write_if_changed(folder / contract.MEMORY_BLOCK, block)
+    tools = "".join(f"{tool['name']}\n" for tool in document["tools"]["list"])
+    write_if_changed(folder / contract.CONTEXT_TOOLS, tools.encode())
+    write_if_changed(folder / contract.CONTEXT_DIGESTS, digests)
+
+
+def dump(document: dict[str, Any]) -> str:
+    """The document as `agentbox describe --json` prints it."""
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"

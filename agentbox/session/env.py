@@ -1,0 +1,43 @@
+"""The environment a session gets in the VM: agentbox's additions, the config's env, the proxy's variables."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from agentbox.contract import GUEST_CA_BUNDLE
+from agentbox.credentials import stage as credentials
+from agentbox.net import policy as netpolicy
+from agentbox.progress import note
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
+
+
+def of(config: Config, proxy_port: int | None = None) -> dict[str, str]:
+    """The environment the session gets: agentbox's additions, then the config's env over them; in allowlist and
+    offline mode the proxy's variables over both (said when the config's env had its own)."""
+    env = {**_added_env(config), **config.env}
+    if proxy_port is None:
+        return env
+    proxy = netpolicy.proxy_env(proxy_port)
+    replaced = sorted(key for key in proxy if key in config.env)
+    if replaced:
+        note(f"network.mode {config.network.mode}: the session's {', '.join(replaced)} point to agentbox's proxy, "
+             "not to the values in env")
+    return {**env, **proxy}
+
+
+def _added_env(config: Config) -> dict[str, str]:
+    """Variables agentbox sets for the session; the config's env overrides each of them."""
+    added: dict[str, str] = {}
+    settings = config.credentials
+    if settings.enabled and settings.gh and "GH_TOKEN" not in config.env:
+        token = credentials.gh_token_from_keychain()
+        if token:
+            added["GH_TOKEN"] = token
+    if (
+        config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS")
+    ) and "NODE_EXTRA_CA_CERTS" not in config.env:
+        added["NODE_EXTRA_CA_CERTS"] = GUEST_CA_BUNDLE
+    return added

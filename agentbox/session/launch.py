@@ -1,0 +1,275 @@
+"""One launch: make sure the VM runs, refresh the staging folder, then one `limactl shell` that does the rest.
+
+A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
+needs (env, credentials, guards, bootstrap, the agents' own setup, the sandbox's description) reaches the VM
+through the read-only staging mount (agentbox.session.staging describes it, and the command line of
+provision/launch.sh); what it hands back (logins refreshed in the VM, an isolated session's changes) comes
+through the outbox, read after the shell returns (agentbox.credentials.writeback, agentbox.review.proposals).
+A git workspace gets a checkpoint before the session (taken on the host while `limactl list` runs) and after
+it (agentbox.session.checkpoints). In isolated mode the start checkpoint is also the base of the agent's copy
+(agentbox.review.isolation, agentbox.session.isolated), whose changes become a proposal after the
+session. Before and after the session, the VM's ports that Lima could not forward to the host are reported
+(agentbox.vm.ports, from the instance folders of that `list`). A kept session (`--detach`, session.keepAlive) runs
+the agent in a tmux session of the VM that outlives the shell (agentbox.session.detached): launch.sh starts it and
+leaves it (DETACHED) or attaches to it (ATTACHED); its name, and how an attach ended, come back through the
+outbox.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from agentbox import contract, paths, timing
+from agentbox.config.load import AgentConfig, Config
+from agentbox.credentials import writeback
+from agentbox.errors import StateError, UsageError
+from agentbox.net import guard as netguard
+from agentbox.progress import note, warn
+from agentbox.review import isolation, tripwire
+from agentbox.session import bootstrap, context, staging
+from agentbox.session import detached as sessions
+from agentbox.session import isolated as isolatedsession
+from agentbox.session.checkpoints import SessionCheckpoints
+from agentbox.session.worktrees import Worktree
+from agentbox.vm import drift, ports
+from agentbox.vm import lifecycle as vm
+from agentbox.vm import state as vmstate
+from agentbox.vm.lima import Instance
+
+SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
+DETACHED = "detached"  # the agent runs in a new session of the VM; the launch returns at once
+ATTACHED = "attached"  # the same, attached to it: the launch returns when the agent ends or the user detaches
+
+
+def keeps_alive(config: Config) -> bool:
+    """session.keepAlive wraps a launch only on a terminal: a piped one is never wrapped."""
+    return config.keep_alive and sys.stdin.isatty() and sys.stdout.isatty()
+
+
+def run_in_vm(
+    session: vm.Session,
+    name: str,
+    argv: list[str],
+    interactive_shell: bool = False,
+    agent: AgentConfig | None = None,
+    running: Instance | None = None,
+    login: bool = False,
+    worktree: Worktree | None = None,
+    keep: str | None = None,
+) -> int:
+    """Run argv (or a login shell) in the VM `name`, creating or starting it as needed.
+
+    `running` is the Running row of a `limactl list` the caller just made: it is checked, not listed again.
+    `login`: argv is the agent's login (`agentbox AGENT login`), whose login may replace the host's.
+    `worktree`: the session runs in that git worktree of the workspace (made by launch.sh when missing).
+    `keep`: DETACHED or ATTACHED runs the agent in a session that outlives the shell (agentbox.session.detached).
+    """
+    config = session.config
+    workspace = config.require_workspace()
+    # In allowlist and offline mode the VM's proxy starts now, while Lima is asked (agentbox.net.guard).
+    lease = netguard.begin(config.network, name, {agent.name: agent.endpoints} if agent is not None else {})
+    points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
+    try:
+        points.start()
+        try:
+            return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree, keep,
+                        lease)
+        finally:
+            points.wait_for_start()  # a launch that failed early still leaves no thread behind
+    finally:
+        if lease is not None:
+            with timing.phase("network proxy (released)"):
+                lease.release()  # the proxy stops unless another session (or a kept one's marker) needs it
+
+
+def _run(
+    session: vm.Session,
+    name: str,
+    argv: list[str],
+    interactive_shell: bool,
+    agent: AgentConfig | None,
+    running: Instance | None,
+    points: SessionCheckpoints,
+    login: bool,
+    worktree: Worktree | None = None,
+    keep: str | None = None,
+    lease: netguard.Lease | None = None,
+) -> int:
+    config = session.config
+    workspace = config.require_workspace()
+    scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
+    with timing.phase("VM state (limactl list, start)"):
+        instance = (
+            vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
+        )
+        state = vmstate.read(name)
+        running_before = instance
+        instance = vm.settle_in_place(session, instance, state)  # cpus, memory, disk changed while it ran
+        if instance is not running_before:  # restarted to apply them
+            state = vmstate.read(name)
+    with timing.phase("network proxy (ready)"):
+        proxy_port = lease.port if lease else None  # waits for a proxy this launch started
+    with timing.phase("staging (credentials, env, guards, sync)"):
+        refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port)
+    seen = context.vm_facts(instance)
+    if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
+        vmstate.update(name, {"seen": seen})
+    mode = isolation.session_mode(
+        config.session_mode, isolation.mode_of_vm(vm.expected_config(name, state), workspace), name,
+        isolation.asked_by(config),
+    )
+    changed = drift.changed_settings(state.get("fingerprint"), config)
+    if mode == isolation.ISOLATED and config.session_mode != isolation.ISOLATED:
+        changed = [setting for setting in changed if setting != "mode"]
+        note(f"{name} was created isolated, so this session works on a copy of the workspace too; "
+             "`agentbox start --recreate` with session.mode: live makes it live")
+    if changed:
+        note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
+    reconnect = bool(state.get("reconnect"))
+    kept = _kept_session(config, name, agent, keep, mode, state)
+    isolated = None
+    workdir = workdir_for(config.cwd, workspace)
+    if mode == isolation.ISOLATED:
+        points.wait_for_start()  # the start checkpoint is the copy's base
+        with timing.phase("isolated mode (base, outbox)"):
+            isolated = isolatedsession.begin(config, name, agent.name if agent else "shell", workdir, points)
+        workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
+    # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
+    # logins it refreshed (launch.sh keeps what it last installed).
+    handback = None if kept else writeback.begin(config, name, agent, refreshed.credentials,
+                                                 vm.expected_config(name, state), login=login)
+    command = staging.launch_command(
+        config, workspace, scripts, agent, refreshed.folder, isolated,
+        handback.returns if handback is not None else None, session=kept, worktree=worktree,
+    )
+    command += ["--", *argv] if not interactive_shell else []
+    with timing.phase("tripwire fingerprint"):
+        before, unacknowledged = tripwire.begin_session(workspace)
+    tripwire.remind(unacknowledged)
+    with timing.phase("port clashes (Lima's logs)"):
+        unreachable = ports.warn_clashes(instance, session.lima.listed)
+    points.wait_for_start()
+    start = points.taken
+    with timing.phase("sandbox description"):
+        staging.stage_context(config, name, agent, refreshed, instance, mode,
+                              start.checkpoint.id if start is not None else None)
+    if kept is not None and kept.events is not None:
+        from agentbox.session import attention
+
+        attention.ensure_watcher(name)  # before the shell: a closed terminal ends agentbox with it
+    try:
+        with timing.phase("in-VM setup + agent (limactl shell)"):
+            code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)
+    finally:
+        if kept is not None and not kept.attach:
+            points.wait_for_start()  # the session goes on: its end is not this launch's
+        else:
+            points.end()
+        if handback is not None:
+            with timing.phase("credential write-back"):
+                try:
+                    writeback.finish(handback)
+                except OSError as exc:
+                    warn(f"the session's logins were not copied back to the host: {exc}")
+    with timing.phase("tripwire check"):
+        changed_files = tripwire.end_session(workspace, before)
+    try:
+        with timing.phase("port clashes after the session"):
+            ports.warn_clashes(instance, session.lima.listed, known=unreachable, during=True)
+        if isolated is not None:
+            with timing.phase("isolated mode (proposal)"):
+                isolatedsession.finish(config, name, isolated, code)
+        if reconnect:
+            vmstate.update(name, {"reconnect": False})
+        after = session.instance(name) if code in (1, SSH_FAILED) else instance
+        if after is None:
+            raise StateError(
+                f"the VM {name} disappeared " + ("during the session" if code == SSH_FAILED
+                                                 else "while agentbox was starting the session"),
+                hint="Another process deleted it. Run the command again to create it anew.",
+            )
+        if kept is not None:
+            code = _session_outcome(name, kept, code)
+        if code == SSH_FAILED:
+            note(_ssh_failed(name, instance, after))
+        return code
+    finally:
+        # Last: whatever else the session's end prints comes before, so nothing pushes the warning away.
+        tripwire.report_session(*changed_files)
+
+
+def _ssh_failed(name: str, instance: Instance, after: Instance) -> str:
+    """What an exit 255 of `limactl shell` means: ssh could not reach the VM, or lost it when it stopped."""
+    logs = f"Lima's logs are in {instance.dir} ({os.path.join(instance.dir, 'ha.stderr.log')})"
+    if after.status != "Running":
+        return (f"{name} stopped during the session (its status is now {after.status or 'unknown'}), so ssh lost "
+                f"its connection (exit {SSH_FAILED}); the next launch starts it again. {logs}.")
+    return (f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} or lost its connection (unless "
+            f"the program itself exited {SSH_FAILED}). `agentbox restart` restarts the VM; {logs}.")
+
+
+def _kept_session(
+    config: Config, name: str, agent: AgentConfig | None, keep: str | None, mode: str, state: dict[str, object]
+) -> contract.SessionLaunch | None:
+    """launch.sh's session options for a kept launch; None for a plain one."""
+    if keep is None or agent is None:
+        return None
+    if mode == isolation.ISOLATED:
+        if keep == ATTACHED:
+            return None  # session.keepAlive leaves isolated sessions as they are
+        raise UsageError(
+            "an isolated session cannot be detached: its changes are collected when the agent exits in the launch "
+            "that started it",
+            hint=f"Run `agentbox {agent.name}` without --detach, or detach a live session.",
+        )
+    if not writeback.has_outbox(vm.expected_config(name, state), name):
+        raise StateError(
+            f"{name} was created before agentbox could keep sessions (it has no outbox)",
+            hint="`agentbox start --recreate` applies it.",
+        )
+    events = sessions.events_folder(name) if config.notify else None
+    return contract.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name), events,
+                                 sessions.live_folder(name))
+
+
+def _session_outcome(name: str, kept: contract.SessionLaunch, code: int) -> int:
+    """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
+    import click
+
+    from agentbox.safetext import visible_text
+
+    reply = sessions.take_reply(name, kept.reply)
+    if reply is None or reply.name is None:
+        if code == 0:
+            warn(f"{name} did not say which session it started; `agentbox sessions` lists them")
+            return 1
+        return code  # launch.sh stopped before the session (it said why)
+    agent = reply.agent or "the agent"
+    if reply.outcome == "started":
+        click.echo(reply.name)
+        note(f"{agent} runs in the session {reply.name} in {name}: `agentbox attach {reply.name}` to see it, "
+             "`agentbox sessions` lists them")
+        return 0
+    if reply.outcome == "ended":
+        if reply.last_output:
+            click.echo(visible_text(screen_tail(reply.last_output)))
+        return reply.code if reply.code is not None else code
+    note(f"detached from the session {reply.name}: {agent} goes on in {name}; `agentbox attach {reply.name}` "
+         "returns to it")
+    return 0
+
+
+def screen_tail(text: str) -> str:
+    """The end of a session's last screen, as much as the terminal shows, without its trailing blank lines."""
+    import shutil
+
+    lines = text.rstrip("\n").split("\n")
+    return "\n".join(lines[-max(shutil.get_terminal_size().lines - 1, 5):])
+
+
+def workdir_for(cwd: Path, workspace: Path) -> str:
+    """The user's folder when it lies inside the workspace, else the workspace root."""
+    resolved = Path(os.path.realpath(cwd))
+    return str(resolved) if resolved == workspace or workspace in resolved.parents else str(workspace)

@@ -1,0 +1,149 @@
+"""`agentbox run`: hand a background task to the VM in one `limactl shell`, and return.
+
+The host records the task (Pending), takes its start checkpoint, writes its spec and prompt into the
+task's folder in the VM's outbox, refreshes the staging folder like any launch, then runs launch.sh with
+`--task DIR`: launch.sh prepares the session as usual and, instead of running the agent, starts
+provision/task-runner.sh detached with the agent's non-interactive form (agents.py task_args, or
+agents.NAME.taskArgs) and returns once the runner took the task. A warm VM costs `limactl list` and that
+one `limactl shell`.
+
+The runner waits for a slot (tasks.maxConcurrent per VM; a task in the live tree also waits for any other
+live-tree task), runs the agent in a session of its own with the prompt as its last argument, and maps a
+timeout and `agentbox cancel` to TERM to its process group, then KILL after tasks.GRACE_SECONDS. A
+`--worktree` task runs in a git worktree of its own (`.agentbox/worktrees/task-ID` in the workspace, ignored
+through .git/info/exclude) on the branch `agentbox/task-ID`, made by the runner from the commit HEAD named
+when the task was submitted; what it leaves uncommitted is committed on that branch when it ends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentbox import paths, timing
+from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
+from agentbox.config.load import AgentConfig
+from agentbox.errors import AgentboxError, StateError
+from agentbox.git import store as hostgit
+from agentbox.net import guard as netguard
+from agentbox.progress import warn
+from agentbox.review import checkpoints, isolation
+from agentbox.session import attention, bootstrap, staging
+from agentbox.session import detached as sessions
+from agentbox.session.launch import workdir_for
+from agentbox.tasks import records as tasks
+from agentbox.tasks.state import CANCELLED, FAILED
+from agentbox.vm import lifecycle as vm
+from agentbox.vm import state as vmstate
+from agentbox.vm.lima import Instance
+
+
+def task_argv(agent: AgentConfig) -> list[str]:
+    """The agent's non-interactive form, without the prompt (the runner appends it)."""
+    task_args = list(agent.task_args)
+    subcommands = flag_subcommands(agent.name) if agent.builtin else None
+    if task_args and not task_args[0].startswith("-"):
+        subcommands = (task_args[0],)
+    return agent_argv(agent.binary, list(agent.default_args), task_args, agent.model,
+                      model_after(agent.name, agent.default_args), subcommands)
+
+
+def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
+           worktree: bool) -> tasks.Task:
+    """Record the task and hand it to the VM. Returns the record (Queued or Running when the VM took it)."""
+    config = session.config
+    workspace = config.require_workspace()
+    agent = config.agent(agent_name)
+    repo = hostgit.find(workspace)
+    if worktree and repo is None:
+        raise StateError(f"--worktree needs a git work tree, and {workspace} is not one",
+                         hint="Run `git init` and commit, or drop --worktree.")
+    if worktree and repo is not None:
+        from agentbox.session import worktrees
+
+        worktrees.refuse_in_linked_worktree(repo)
+    base = hostgit.head(repo) if worktree and repo is not None else None
+    if worktree and base is None:
+        raise StateError("--worktree starts the task's branch at HEAD, and this repository has no commit yet",
+                         hint="Commit once, then run the task again.")
+    vm_mode = isolation.mode_of_vm(vm.expected_config(agent.vm_name, vmstate.read(agent.vm_name)), workspace)
+    if isolation.ISOLATED in (vm_mode, config.session_mode):
+        raise StateError(f"background tasks run in the live workspace, and {agent.vm_name} is isolated "
+                         "(session.mode: isolated)",
+                         hint="Use a live VM; --worktree gives each task a checkout of its own.")
+    cwd = workdir_for(config.cwd, workspace)
+    task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
+                        timeout=timeout, worktree=base)
+    try:
+        _hand_over(session, agent, task, prompt, base, repo)
+    except BaseException as exc:
+        with tasks.locked():
+            record = tasks.get(task.id) or task
+            if record.state == tasks.PENDING and tasks.runner_state(record) is None:
+                message = exc.message if isinstance(exc, AgentboxError) else type(exc).__name__
+                tasks.end(record, FAILED, f"it could not be handed to the VM: {message}")
+        raise
+    return tasks.refresh([task], check_vms=False)[0]
+
+
+def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
+               repo: hostgit.Repo | None) -> None:
+    config = session.config
+    workspace = config.require_workspace()
+    if repo is not None and config.checkpoints.enabled:
+        with timing.phase("start checkpoint"):
+            try:
+                taken = checkpoints.take(workspace, "task", config.checkpoints, agent=agent.name,
+                                         session=f"task-{task.id}", message=task.summary)
+            except AgentboxError as exc:
+                warn(f"{task.label} has no start checkpoint: {exc.message}")
+            else:
+                task.checkpoint = taken.checkpoint.id
+                with tasks.locked():
+                    latest = tasks.get(task.id) or task
+                    latest.checkpoint = task.checkpoint
+                    tasks.save(latest)
+    scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
+    with timing.phase("VM state (limactl list, start)"):
+        instance = vm.ensure_running(session, agent.vm_name)
+    # The task's marker keeps the VM's proxy (allowlist, offline) once this lease ends with the hand-over.
+    lease = netguard.begin(config.network, agent.vm_name, {agent.name: agent.endpoints})
+    try:
+        _stage_and_start(session, agent, task, prompt, base, workspace, scripts, instance,
+                         lease.port if lease is not None else None)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
+                     workspace: Path, scripts: bootstrap.Plan, instance: Instance, proxy_port: int | None) -> None:
+    config = session.config
+    with timing.phase("staging (credentials, env, guards, sync)"):
+        refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance, proxy_port)
+        staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
+    events = sessions.events_folder(agent.vm_name) if config.notify else None
+    box = tasks.prepare_box(task, {"prompt": prompt,
+                                   "spec": _spec(task, config.tasks_max_concurrent, base, workspace, events)})
+    now = tasks.get(task.id)
+    if now is not None and now.state == CANCELLED:
+        return  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
+    command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box)
+    command += ["--", *task.argv]
+    with timing.phase("in-VM setup + task runner (limactl shell)"):
+        code = session.lima.shell(agent.vm_name, command, workdir=task.cwd, stdin_data=b"")
+    if code == 0 and events is not None:
+        attention.ensure_watcher(agent.vm_name)  # it shows the task's end, and ends itself after
+    if code != 0:
+        raise StateError(f"the VM did not take {task.label}: the launch step exited {code}",
+                         hint="Its messages are above. `agentbox tasks` shows the task as Failed.")
+
+
+def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path, events: Path | None) -> bytes:
+    values = {"id": str(task.id), "max": str(max_concurrent), "timeout": str(task.timeout or 0),
+              "grace": str(tasks.GRACE_SECONDS), "cwd": task.cwd, "agent": task.agent}
+    if events is not None:
+        values["events"] = str(events)
+    values["live"] = str(sessions.live_folder(task.vm))
+    if task.worktree and base:
+        values.update(worktree=task.worktree, branch=task.branch or "", base=base, repo=str(workspace))
+    return b"".join(f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0" for key, value in values.items())

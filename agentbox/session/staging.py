@@ -1,0 +1,303 @@
+"""The staging folder: everything one launch hands to the VM, and the contract provision/launch.sh reads.
+
+The host folder `folder(VM)` (`<state dir>/vms/VM/staging`) is mounted read-only in the VM at the
+same path. Before every launch the host rewrites it (`refresh`), touching only files whose bytes or
+mode changed; the VM only reads it. Every folder in it is 0700, every file is written atomically.
+launch.sh finds the folder as the one it runs from.
+
+    path                   mode  content                                   read in the VM by
+    launch.sh              0700  provision/launch.sh                       `limactl shell`: bash launch.sh OPTIONS
+    guards/git, guards/gh  0700  wrappers/git, wrappers/gh                 launch.sh: install -m 755 in ~/.local/bin
+    guards/pre-push,       0700  wrappers/pre-push, wrappers/hook-dispatch launch.sh: install -m 755 in
+      guards/hook-dispatch                                                   ~/.config/agentbox/hooks (core.hooksPath)
+    bootstrap/SHA-NAME     0600  a bootstrap script as it was checked,     launch.sh (--on-create, --on-start):
+                                 SHA = 16 hex digits of its sha256           bash -euo pipefail FILE, in the workspace
+    env                    0600  NAME=value records, each ended by a NUL;  launch.sh: exports each record
+                                 absent when there is nothing to set
+    network.nft            0600  the VM's firewall (agentbox.net.policy)    launch.sh: sudo nft -f, when it differs
+                                                                             from /run/agentbox/network.nft
+    creds/home/PATH        0600  a host login file at PATH, its path       launch.sh: install -m 600 as ~/PATH when its
+                                 relative to the guest home (folders 0700)   digest is not the one it last applied
+    creds/manifest         0600  "SHA256 PATH" records, each ended by a    launch.sh: which creds/home files to apply
+                                 NUL, one per staged file                    (skips a PATH that is absolute or has ..)
+    creds/gitconfig        0600  the safe part of the host's ~/.gitconfig  git, through include.path in ~/.gitconfig
+                                 (credentials.git_identity); absent if off
+    creds/stamps.json      0600  host only: each staged file's stat signature and digest (credentials.stage_files)
+    creds/gitconfig.stamp  0600  host only: ~/.gitconfig's stat when creds/gitconfig was last made
+    sync/AGENT/home/PATH   0600  a file of the agent's own setup as the VM   launch.sh (--sync AGENT): copied to ~/PATH
+                          (0700 gets it (agentbox.sync.stage), PATH        when the host's copy changed since the last
+                           if exec) relative to the guest home              sync, unless changed in the VM since then
+    sync/AGENT/manifest    0600  "SHA256 MODE PATH" records, each ended by  launch.sh: which sync/AGENT/home files
+                                 a NUL (MODE 600 or 700)                     to apply (never an absolute PATH or ..)
+    sync/AGENT/stamps.json 0600  host only: each file's stat signature, digest, and why it was left out, if it was
+    sync/defaults          0600  "SHA256 PATH" records, NUL-ended: the       launch.sh: a VM copy with that digest is
+                                 settings a new VM gets (provisioning)       agentbox's, not the user's edit
+    open-url               0700  provision/open-url.sh: prints an address  launch.sh: install -m 755 as
+                                 for the user to open on the host            ~/.agentbox/bin/open-url, exported as
+                                                                             BROWSER unless env sets one
+    context/context.json   0600  the sandbox described for the agent       launch.sh: adds each tool's `command -v`
+                                 (agentbox.session.context; names, never values)     (jq), installs it as root's 0644
+                                                                             /run/agentbox/context.json, exports
+                                                                             AGENTBOX_CONTEXT_FILE
+    context/memory.md      0600  the BEGIN/END AGENTBOX block derived      agent-memory.sh, for each --memory-file
+                                 from it (context.memory_block)
+    context/tools          0600  the tools context.json lists, one name    launch.sh: looks each up (bash's hash)
+                                 a line
+    context/digests        0600  sha256 of context.json, then of           launch.sh: nothing changed since the last
+                                 memory.md, one a line                       launch (~/.agentbox/context.key,
+                                                                             memory.key): installs and edits nothing
+    agent-memory.sh        0700  provision/agent-memory.sh                 launch.sh: bash agent-memory.sh put
+                                                                             context/memory.md ~/MEMORY-FILE...
+    task-runner.sh         0700  provision/task-runner.sh                  launch.sh --task: started detached, runs
+                                                                             one background task (tasks.records)
+    session.sh             0700  provision/session.sh: detachable sessions launch.sh (--session): start; tmux: run
+                                 (session.detached)                          (the host sends the same script inline
+                                                                             for `sessions` and `attach`)
+    tmux.conf              0600  provision/tmux.conf: agentbox's tmux      session.sh: the settings of its server
+                                 server's settings                           (`tmux -L agentbox -f`)
+    attention.sh           0700  provision/attention.sh: bell, title and   launch.sh (--notify on): install -m 755
+                                 the host's notification event             as ~/.agentbox/bin/attention
+    claude-hooks.json      0600  provision/claude-hooks.json: Claude       launch.sh (--notify on): installed as
+                                 Code's Notification and Stop hooks          /etc/claude-code/managed-settings.json
+
+The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
+mounted writable at the same path, read by the host after the session, everything in it treated as
+written by an attacker (size caps, no symlinks followed, regular files only; agentbox.credentials.writeback,
+agentbox.review.proposals).
+
+    path                   written by                                  read by
+    creds/SESSION/         the host, before the session (a fresh       launch.sh: --creds-outbox
+                           random name, 0700)
+    creds/SESSION/N        launch.sh, after the program exits: the     the host (credentials.writeback), which then
+                           guest's copy of the Nth --creds-return        removes SESSION/
+                           file, when it differs from the copy last
+                           installed from the host (through N.partial)
+    SESSION/               the host, before an isolated session (a     launch.sh: --outbox
+                           fresh random id, 0700)
+    SESSION/changes.patch  launch.sh, when the program exits: the      the host (agentbox.review.proposals), which makes
+    (base, summary.md...)  copy's changes (agentbox.review.isolation)          it a proposal and removes SESSION/
+    tasks/ID/spec, prompt  the host, before `agentbox run`'s shell     task-runner.sh (its settings, the prompt)
+    tasks/ID/state,        task-runner.sh: its state (replaced whole),  the host (agentbox.tasks.records), which moves
+      stdout, stderr,        the program's output, a heartbeat           stdout and stderr into the task's record
+      heartbeat                                                            when it ended, then removes ID/
+    tasks/ID/cancel        the host (`agentbox cancel`)                 task-runner.sh: stop the task
+    sessions/reply-ID/     the host, before a session's start or an    session.sh: `result` (key=value lines) and,
+                           attach (a fresh random name, 0700)            for an ended session, `last-output`; the
+                                                                         host reads them, then removes reply-ID/
+    sessions/events/       session.sh and attention.sh: NAME.event     the host's watcher (agentbox.session.attention):
+                           (kind, session, agent, message lines) when  a desktop notification, then removes it
+                           a session no one is attached to needs you
+    sessions/events/live/  session.sh: one empty file per session      the watcher: it ends when none is left
+                           that runs
+
+launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
+arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
+script and a host that disagree stop instead of running an option as the program. Its own state
+stays in the guest (~/.agentbox: applied credential digests, bootstrap and provisioning markers,
+and sync/AGENT/: what the last sync applied, what it announced as waiting).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+from agentbox import paths, resources, timing
+from agentbox.contract import (
+    ATTENTION_SCRIPT,
+    BOOTSTRAP,
+    CLAUDE_HOOKS,
+    CREDS,
+    CREDS_HOME,
+    CREDS_MANIFEST,
+    CREDS_STAMPS,
+    ENV_FILE,
+    GIT_IDENTITY,
+    GIT_IDENTITY_STAMP,
+    GUARD_FILES,
+    GUARDS,
+    LAUNCH_SCRIPT,
+    MEMORY_SCRIPT,
+    NETWORK_RULES,
+    OPEN_URL,
+    SESSION_SCRIPT,
+    TASK_RUNNER,
+    TMUX_CONF,
+    CredentialReturn,
+    IsolatedLaunch,
+    OptionValue,
+    SessionLaunch,
+    launch_options,
+)
+from agentbox.credentials import stage as credentials
+from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.net import policy as netpolicy
+from agentbox.progress import warn
+from agentbox.session import context
+from agentbox.session import env as sessionenv
+from agentbox.sync import stage as agentsync
+
+if TYPE_CHECKING:
+    from agentbox.config.load import AgentConfig, Config
+    from agentbox.session.bootstrap import Plan
+    from agentbox.session.worktrees import Worktree
+    from agentbox.vm.lima import Instance
+
+class Refreshed(NamedTuple):
+    folder: Path
+    credentials: list[credentials.Staged]  # the login files this launch staged
+    env_keys: tuple[str, ...] = ()  # the names of the session's env (staging/env)
+
+
+def launch_command(
+    config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path,
+    isolated: IsolatedLaunch | None = None,
+    returns: CredentialReturn | None = None,
+    task: Path | None = None,
+    worktree: Worktree | None = None,
+    session: SessionLaunch | None = None,
+) -> list[str]:
+    """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
+    values: dict[str, OptionValue] = {
+        "--wait": str(config.startup_wait_sec),
+        "--workspace": str(workspace),
+        "--guards": "off" if config.remote_write else "on",
+        "--timing": timing.enabled(),
+        "--on-create": scripts.on_create,
+        "--on-start": scripts.on_start,
+        "--sync": [a.name for a in synced_agents(config, agent)],
+        "--memory-file": [path[2:] for path in context.memory_files()],
+        "--notify": "on" if config.notify else "off",
+    }
+    if agent is not None:
+        values["--binary"] = agent.binary
+        values["--install"] = agent.install or ""
+    if isolated is not None:
+        values["--isolated-from"] = isolated.source
+        values["--base"] = isolated.base
+        values["--outbox"] = str(isolated.outbox)
+        values["--chdir"] = isolated.chdir
+    if returns is not None:
+        values["--creds-outbox"] = str(returns.folder)
+        values["--creds-return"] = list(returns.files)
+    if worktree is not None:
+        values["--worktree"] = worktree.path
+        values["--worktree-branch"] = worktree.branch
+        values["--worktree-base"] = worktree.base
+    if task is not None:
+        values["--task"] = str(task)
+    if session is not None:
+        values["--session"] = session.name
+        values["--session-attach"] = session.attach
+        values["--session-reply"] = str(session.reply)
+        values["--session-events"] = str(session.events) if session.events is not None else None
+        values["--session-live"] = str(session.live) if session.live is not None else None
+    return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
+
+
+def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig]:
+    """The agents whose own setup this launch brings: the launched one, every one for a shell."""
+    if not config.sync_agent_config:
+        return []
+    candidates = [agent] if agent is not None else list(config.agents.values())
+    return [a for a in candidates if agentsync.spec_of(a) is not None]
+
+
+def refresh(
+    config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None,
+    proxy_port: int | None = None,
+) -> Refreshed:
+    """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
+
+    `instance` is the VM's row of the launch's `limactl list`: host paths in the agents' settings are
+    rewritten to its user's home. The sandbox's description is staged later (stage_context), once the
+    session's mode and start checkpoint are known.
+    """
+    staging = private_dir(paths.staging_dir(name))
+    guest_home = agentsync.guest_home_of(instance)
+    write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
+    write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
+    write_if_changed(staging / MEMORY_SCRIPT, resources.text("provision", MEMORY_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / TASK_RUNNER, resources.text("provision", TASK_RUNNER).encode(), 0o700)
+    write_if_changed(staging / SESSION_SCRIPT, resources.text("provision", SESSION_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / TMUX_CONF, resources.text("provision", TMUX_CONF).encode(), 0o600)
+    write_if_changed(staging / ATTENTION_SCRIPT, resources.text("provision", ATTENTION_SCRIPT).encode(), 0o700)
+    write_if_changed(staging / CLAUDE_HOOKS, resources.text("provision", CLAUDE_HOOKS).encode(), 0o600)
+    guards = private_dir(staging / GUARDS)
+    for guard in GUARD_FILES:
+        write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
+    stage_bootstrap(scripts, staging)
+    settings = config.credentials
+    transforms = dict([_claude_json(config, guest_home, staging)])
+    staged, warnings = stage_credentials(
+        staging, credentials.launch_files(config, agent), include_git_identity=settings.enabled and settings.git,
+        transforms=transforms,
+    )
+    warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
+    for warning in warnings:
+        warn(warning)
+    write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
+    env = sessionenv.of(config, proxy_port)
+    write_env(staging, env)
+    return Refreshed(staging, staged, tuple(env))
+
+
+def stage_context(
+    config: Config, name: str, agent: AgentConfig | None, refreshed: Refreshed, instance: Instance | None,
+    mode: str, checkpoint: int | None,
+) -> None:
+    """Stage the sandbox's description for this launch (agentbox.session.context): what refresh staged, what Lima
+    reported of the VM, the session's mode and its start checkpoint."""
+    document = context.build(
+        config, name, agent,
+        staged_credentials=[item.guest_path for item in refreshed.credentials],
+        env_keys=refreshed.env_keys,
+        git_identity=(refreshed.folder / GIT_IDENTITY).exists(),
+        vm_facts=context.vm_facts(instance) if instance is not None else None,
+        mounts=context.effective_mounts(instance) if instance is not None else None,
+        mode=mode,
+        checkpoint=checkpoint,
+    )
+    context.stage(refreshed.folder, document)
+
+
+def write_env(staging: Path, env: dict[str, str]) -> None:
+    """staging/env: NAME=value records ended by NUL bytes (any value arrives intact); no file when env is empty."""
+    env_file = staging / ENV_FILE
+    if env:
+        payload = b"".join(f"{key}={value}".encode() + b"\0" for key, value in env.items())
+        write_if_changed(env_file, payload, 0o600)
+    elif env_file.exists():
+        env_file.unlink()
+
+
+def stage_bootstrap(plan: Plan, staging: Path) -> None:
+    """staging/bootstrap: the checked copies (named by content, so an existing one is right); stale ones go."""
+    copies = private_dir(staging / BOOTSTRAP)
+    for name, data in plan.staged.items():
+        if not (copies / name).is_file():
+            atomic_write(copies / name, data, mode=0o600)
+    for leftover in copies.iterdir():
+        if leftover.name not in plan.staged:
+            leftover.unlink()
+
+
+def _claude_json(config: Config, guest_home: str, staging: Path) -> tuple[str, tuple[str, Callable[[bytes], bytes]]]:
+    """~/.claude.json is a login file that also holds Claude Code's MCP servers: staged filtered (agentsync)."""
+    return agentsync.CLAUDE_JSON, agentsync.claude_json_transform(config, guest_home, staging)
+
+
+def stage_credentials(
+    staging: Path, host_files: list[str], include_git_identity: bool, transforms: credentials.Transforms | None = None
+) -> tuple[list[credentials.Staged], list[str]]:
+    """staging/creds: host_files under creds/home, their manifest, the git identity. Returns (staged, warnings)."""
+    private_dir(staging / CREDS)
+    staged, warnings = credentials.stage_files(staging / CREDS_HOME, staging / CREDS_STAMPS, host_files, transforms)
+    write_if_changed(staging / CREDS_MANIFEST, manifest(staged))
+    credentials.refresh_git_identity(staging / GIT_IDENTITY, staging / GIT_IDENTITY_STAMP, include_git_identity)
+    return staged, warnings
+
+
+def manifest(staged: list[credentials.Staged]) -> bytes:
+    return "".join(f"{item.digest} {item.guest_path}\0" for item in staged).encode()

@@ -1,0 +1,584 @@
+"""The base VM: agentbox's template provisioned once, verified, sealed and stopped, so that a new
+project's VM is one `limactl clone` and one boot instead of a provisioning from scratch.
+
+A base holds nothing of a project's: no workspace, staging or outbox mount, empty workspace params,
+no CA certificates, no `vm.lima`, never `vm.template`; its VM type, arch and mount type come from the
+global config only. `key()` is a short hash over everything that goes into it (`inputs()`): the base
+render of the template, the bytes of every provisioning script and wrapper, the install commands of
+the agents it holds, the image, vmType, arch, mountType and FORMAT (bumped by hand when the way a base
+is made changes). The base is the Lima instance `agentbox-base-KEY`; its record is STATE/bases/KEY.json.
+
+Building: create under a temporary name, start (the provisioning runs), install the agents, verify
+(provision/base-check.sh), seal (provision/base-seal.sh), stop, then rename it to the base's name, so
+nothing half-made ever has that name. A failing step deletes the temporary instance and says which
+step failed. One file lock covers building and cloning: two first launches build one base.
+
+A project VM records the key it was cloned from (its state's "base"); `staleness()` says what changed
+since. A base older than vm.baseMaxAgeDays is rebuilt the next time a VM is cloned from it. This
+module asks lima.py to change base VMs only; agentbox.vm.lifecycle owns the project VMs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from agentbox import paths, resources
+from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.config import keys
+from agentbox.errors import AgentboxError, LimaError, StateError
+from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
+from agentbox.progress import Progress, note, warn
+from agentbox.vm import render
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
+    from agentbox.vm.lima import Lima
+
+FORMAT = 1
+PREFIX = "agentbox-base-"
+BUILD_PREFIX = "agentbox-basebuild-"  # the temporary name while a base is built
+KEY_LENGTH = 12
+RENDER_NAME = "agentbox-base"  # the name in the base render's comment line: the key must not depend on itself
+DAY = 86400
+# Top-level lima.yaml keys a clone cannot take from the project's render: they decide what is on the
+# disk (image, provisioning) or the machine itself. A project that differs in one is created from scratch.
+FIXED_KEYS = ("base", "images", "vmType", "arch", "os", "provision", "probes", "user", "firmware", "vmOpts")
+RESOURCE_KEYS = ("cpus", "memory", "disk")
+# What each part of the key is, for the line that says what changed.
+PART_NAMES = {
+    "template": "agentbox's VM template",
+    "provisioning": "provisioning scripts",
+    "agents": "agent install commands",
+    "image": "the image",
+    "vmType": "vm.vmType",
+    "arch": "vm.arch",
+    "mountType": "vm.mountType",
+    "format": "the base format",
+}
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REJECTED = re.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.yaml"?: ?')
+
+
+# -- what goes into a base --------------------------------------------------------------------------
+
+
+def settings(config: Config) -> render.BaseSettings:
+    """The base's VM settings: vmType, arch and mountType from the global config, resources built-in."""
+    vm = config.global_data.get("vm") or {}
+    vm = vm if isinstance(vm, dict) else {}
+    built_in = keys.SCHEMA["vm"].children
+    return render.BaseSettings(
+        vm_type=vm.get("vmType"),
+        arch=vm.get("arch"),
+        mount_type=vm.get("mountType"),
+        cpus=built_in["cpus"].default,
+        memory=built_in["memory"].default,
+        disk=built_in["disk"].default,
+    )
+
+
+def agent_installs(config: Config) -> dict[str, str]:
+    """The built-in agents a base holds, with their install commands: the ones the global config names
+    (with its install command when it gives one), or all built-ins. A project's file never decides it."""
+    configured = config.global_data.get("agents") or {}
+    configured = configured if isinstance(configured, dict) else {}
+    chosen = [name for name in BUILTIN_AGENTS if name in configured] or list(BUILTIN_AGENTS)
+    installs = {}
+    for name in chosen:
+        own = configured.get(name)
+        install = own.get("install") if isinstance(own, dict) and own.get("install") else BUILTIN_AGENTS[name].install
+        if install:
+            installs[name] = install
+    return installs
+
+
+def inputs(config: Config) -> dict[str, Any]:
+    """Everything the key covers, each part as a value or a digest (to say later what changed)."""
+    base = settings(config)
+    return {
+        "format": FORMAT,
+        "template": _digest(render.render_base(base, RENDER_NAME).encode()),
+        "provisioning": _files_digest("provision", "wrappers"),
+        "agents": _digest(json.dumps(agent_installs(config), sort_keys=True).encode()),
+        "image": render.IMAGE_BASE,
+        "vmType": base.vm_type,
+        "arch": base.arch,
+        "mountType": base.mount_type,
+    }
+
+
+def key_of(parts: dict[str, Any]) -> str:
+    return _digest(json.dumps(parts, sort_keys=True).encode())[:KEY_LENGTH]
+
+
+def key(config: Config) -> str:
+    return key_of(inputs(config))
+
+
+def instance_name(base_key: str) -> str:
+    return PREFIX + base_key
+
+
+def is_base_name(name: str) -> bool:
+    """A base VM or one being built: never a project's VM."""
+    return name.startswith((PREFIX, BUILD_PREFIX))
+
+
+def _digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _files_digest(*folders: str) -> str:
+    digest = hashlib.sha256()
+    for folder in folders:
+        root = resources.path(folder)
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(path.relative_to(root.parent).as_posix().encode() + b"\0")
+            digest.update(_digest(path.read_bytes()).encode())
+    return digest.hexdigest()
+
+
+# -- records --------------------------------------------------------------------------------------
+
+
+def record_path(base_key: str) -> Path:
+    return paths.bases_dir() / f"{base_key}.json"
+
+
+def read_record(base_key: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(record_path(base_key).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def age_days(record: dict[str, Any], now: float | None = None) -> float:
+    built = record.get("built")
+    if not isinstance(built, (int, float)):
+        return float("inf")
+    return max(0.0, ((now if now is not None else time.time()) - built) / DAY)
+
+
+@contextmanager
+def lock() -> Iterator[bool]:
+    """One base build (or clone from a base) at a time across agentbox processes; yields whether it waited."""
+    with locked_or_waiting(private_dir(paths.bases_dir()) / "lock",
+                           "waiting for another agentbox that is building or cloning the base VM...") as waited:
+        yield waited
+
+
+# -- the base a clone comes from ------------------------------------------------------------------
+
+
+class Base(NamedTuple):
+    key: str
+    name: str
+    record: dict[str, Any]
+
+    def reference(self) -> dict[str, Any]:
+        """What a cloned VM keeps about its base (its state's "base")."""
+        return {"key": self.key, "built": self.record.get("built"), "inputs": self.record.get("inputs", {})}
+
+
+def ensure(lima: Lima, config: Config, verbose: bool = False, rebuild: bool = False, waited: bool = False) -> Base:
+    """The current base, built when it is missing, has no record, is older than vm.baseMaxAgeDays, or
+    `rebuild`. Call it holding `lock()`; `waited` (the lock was busy) means Lima's last list is stale."""
+    parts = inputs(config)
+    base_key = key_of(parts)
+    name = instance_name(base_key)
+    instance = None if waited else lima.listed.get(name)
+    if instance is None:  # not in the caller's list, or the list is older than another agentbox's build
+        instance = lima.instances().get(name)
+    record = read_record(base_key)
+    reason = None
+    if rebuild:
+        reason = f"rebuilding the base VM {name} (--rebuild)"
+    elif instance is None:
+        reason = (f"the base VM {name} is gone (deleted outside agentbox?); building it again" if record else
+                  f"building the base VM {name}: provisioned once, then every new project VM is a clone of it")
+    elif record is None:
+        reason = f"the base VM {name} has no record of how it was built; building it again"
+    elif age_days(record) > config.base_max_age_days:
+        reason = (f"the base VM {name} is {age_days(record):.0f} days old (vm.baseMaxAgeDays: "
+                  f"{config.base_max_age_days}); building it again so the agent CLIs are current")
+    if reason is None:
+        assert record is not None
+        return Base(base_key, name, record)
+    note(reason)
+    record = build(lima, config, parts, replace=instance is not None, verbose=verbose)
+    return Base(base_key, name, record)
+
+
+class _Step:
+    """The build's current step, for the error that names it."""
+
+    def __init__(self) -> None:
+        self.name = ""
+
+
+def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verbose: bool = False) -> dict[str, Any]:
+    """Build the base for these inputs under a temporary name, then give it the base's name."""
+    from agentbox.vm.lima import MIN_START_TIMEOUT
+
+    base_key = key_of(parts)
+    name = instance_name(base_key)
+    temporary = BUILD_PREFIX + base_key
+    base = settings(config)
+    directory = private_dir(paths.bases_dir())
+    template = directory / f"{base_key}.yaml"
+    atomic_write(template, render.render_base(base, RENDER_NAME), mode=0o600)
+    if temporary in lima.instances():  # an earlier build that was cut short: start clean
+        lima.delete(temporary, force=True)
+    installs = agent_installs(config)
+    step = _Step()
+    try:
+        with _step(step, f"Building base VM {name}: creating", verbose) as progress:
+            lima.create(temporary, template, on_output=progress.feed)
+        with _step(step, f"Building base VM {name}: starting (provisioning)", verbose) as progress:
+            lima.start(temporary, max(MIN_START_TIMEOUT, config.startup_wait_sec), on_output=progress.feed)
+        with _step(step, f"Building base VM {name}: installing agents", verbose):
+            missing = _install_agents(lima, temporary, installs)
+        with _step(step, f"Building base VM {name}: verifying", verbose):
+            verification = _verify(lima, temporary, installs)
+        found = _agent_versions(verification)
+        for agent in installs:
+            binary = BUILTIN_AGENTS[agent].binary
+            if agent not in missing and binary not in found:
+                missing[agent] = f"its install command ended without error, but {binary} is not on PATH"
+                warn(f"the base VM will not hold {agent}: {missing[agent]}; "
+                     "it is installed at its first launch instead")
+        with _step(step, f"Building base VM {name}: sealing", verbose):
+            _seal(lima, temporary)
+        with _step(step, f"Building base VM {name}: stopping", verbose) as progress:
+            lima.stop(temporary, on_output=progress.feed)
+        if replace:
+            step.name = "removing the old base"
+            lima.delete(name, force=True)
+        step.name = "renaming"
+        lima.rename(temporary, name)
+    except (LimaError, StateError) as error:
+        _discard(lima, temporary)
+        message = f"building the base VM {name} failed while {step.name}: {error.message}"
+        hint = (f"The unfinished base ({temporary}) was removed; nothing else changed. The next launch (or "
+                "`agentbox base build`) starts over; `vm.base: off` creates VMs without a base.")
+        if isinstance(error, LimaError):
+            raise LimaError(message, hint, stderr_lines=error.stderr_lines, tail=error.tail,
+                            log_path=error.log_path) from None
+        raise StateError(message, hint=hint) from None
+    except BaseException:
+        _discard(lima, temporary)
+        raise
+    row = lima.instances().get(name)
+    record = {
+        "key": base_key,
+        "name": name,
+        "format": FORMAT,
+        "inputs": parts,
+        "settings": base._asdict(),
+        "agentInstalls": installs,
+        "built": time.time(),
+        "limaVersion": (row.raw.get("limaVersion") if row is not None else None) or None,
+        "agents": found,
+        "agentsMissing": missing,
+        "verification": verification,
+    }
+    atomic_write(record_path(base_key), json.dumps(record, indent=2), mode=0o600)
+    return record
+
+
+@contextmanager
+def _step(step: _Step, title: str, verbose: bool) -> Iterator[Progress]:
+    step.name = title.rsplit(": ", 1)[-1]
+    with Progress(title, verbose=verbose) as progress:
+        yield progress
+
+
+def _discard(lima: Lima, temporary: str) -> None:
+    try:
+        lima.delete(temporary, force=True)
+    except (LimaError, OSError) as error:
+        warn(f"could not remove the unfinished base {temporary}: {getattr(error, 'message', error)}; "
+             f"remove it with `limactl delete --force {temporary}`")
+
+
+def _install_agents(lima: Lima, name: str, installs: dict[str, str]) -> dict[str, str]:
+    """Run each agent's install command as the VM's user. One that fails leaves that agent to its first
+    launch (as without a base), said once; returns them with the reason."""
+    missing = {}
+    for agent, command in installs.items():
+        code, output = lima.shell_output(name, ["bash", "-lc", f"{command} 2>&1"])
+        if code != 0:
+            last = next((line for line in reversed(output.splitlines()) if line.strip()), "")
+            missing[agent] = f"exit {code}" + (f": {last[:200]}" if last else "")
+            warn(f"the base VM will not hold {agent}: `{command}` failed ({missing[agent]}); "
+                 "it is installed at its first launch instead")
+    return missing
+
+
+def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
+    from agentbox.safetext import visible
+
+    arguments = [f"agent:{BUILTIN_AGENTS[agent].binary}" for agent in installs]
+    arguments += [f"file:{path}" for spec in BUILTIN_AGENTS.values() for path in spec.credentials]
+    arguments += ["file:~/.netrc", "file:~/.git-credentials", "file:~/.config/gh/hosts.yml"]
+    script = resources.text("provision", "base-check.sh")
+    code, output = lima.shell_output(name, ["bash", "-c", script, "base-check", *arguments])
+    output = "".join(visible(line) + "\n" for line in output[-20000:].splitlines())
+    if code != 0:
+        failures = [line[len("FAIL: "):] for line in output.splitlines() if line.startswith("FAIL: ")]
+        raise StateError("; ".join(failures) or f"the check script exited {code}: {output.strip()[-300:]}")
+    return output
+
+
+def _seal(lima: Lima, name: str) -> None:
+    script = resources.text("provision", "base-seal.sh")
+    code, output = lima.shell_output(
+        name, ["bash", "-c", 'exec sudo -n /bin/bash -c "$1" base-seal "$HOME" 2>&1', "base-seal", script]
+    )
+    if code != 0:
+        from agentbox.safetext import visible
+
+        raise StateError(f"the seal script exited {code}: {visible(output.strip()[-300:])}")
+
+
+def _agent_versions(verification: str) -> dict[str, str]:
+    """Binary -> the first line of its --version, for the agents the check found."""
+    versions = {}
+    for line in verification.splitlines():
+        if line.startswith("agent ") and ": " in line:
+            binary, _, version = line[len("agent "):].partition(": ")
+            if version != "not installed":
+                versions[binary] = version
+    return versions
+
+
+# -- a project VM as a clone of the base ----------------------------------------------------------
+
+
+class ClonePlan(NamedTuple):
+    edits: list[str]  # limactl edit flags that turn the base's lima.yaml into the project's render
+    disk_note: str | None  # the project asks for a smaller disk than the base's (Lima cannot shrink)
+
+
+def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
+    """The edit flags for a clone of the base that carries exactly this project's render, or why the
+    project's VM cannot be a clone (then it is created from scratch)."""
+    import yaml
+
+    from agentbox import sizes
+
+    if config.template is not None:
+        return "vm.template is set (a base is made from agentbox's own template)"
+    base = settings(config)
+    for setting, value, own in (("vmType", config.vm_type, base.vm_type), ("arch", config.arch, base.arch)):
+        if value != own:
+            return (f"this project's vm.{setting} ({value or 'not set'}) differs from the global config's "
+                    f"({own or 'not set'}), which the base VM is built with")
+    wanted = yaml.safe_load(rendered) or {}
+    have = yaml.safe_load(render.render_base(base, RENDER_NAME)) or {}
+    for fixed in FIXED_KEYS:
+        if wanted.get(fixed) != have.get(fixed):
+            return f"this project's lima.yaml changes `{fixed}`, which is fixed in the base (vm.lima?)"
+    edits: list[str] = []
+    for setting in [*wanted, *(k for k in have if k not in wanted)]:
+        if setting in RESOURCE_KEYS or wanted.get(setting) == have.get(setting):
+            continue
+        problem = _literal_problem(wanted.get(setting))
+        if problem:
+            return f"`{setting}` holds {problem}, which Lima's --set cannot be given exactly"
+        path = f".{setting}" if _IDENTIFIER.match(str(setting)) else f".[{json.dumps(str(setting))}]"
+        # null is how Lima reads a key that is not there (a key only the base has)
+        edits += ["--set", f"{path} = {json.dumps(wanted.get(setting), ensure_ascii=False)}"]
+    if wanted.get("cpus") != have.get("cpus"):
+        edits += ["--cpus", str(wanted.get("cpus"))]
+    if wanted.get("memory") != have.get("memory"):
+        edits += ["--memory", _gib(sizes.to_bytes(str(wanted.get("memory"))))]
+    disk_note = None
+    want_disk, have_disk = sizes.to_bytes(str(wanted.get("disk"))), sizes.to_bytes(str(have.get("disk")))
+    if want_disk is not None and have_disk is not None:
+        if want_disk > have_disk:
+            edits += ["--disk", _gib(want_disk)]
+        elif want_disk < have_disk:
+            disk_note = (f"vm.disk {wanted.get('disk')} is smaller than the base VM's {have.get('disk')}, and Lima "
+                         f"cannot shrink a disk: {config.vm_name} gets {have.get('disk')}")
+    return ClonePlan(edits, disk_note)
+
+
+# Lima's --set is a yq expression: a JSON value is a yq literal, except that yq reads backslashes in
+# strings its own way (`\\` twice, `\(` as interpolation, no `\u`). Values without a backslash or a
+# control character JSON would write as \u00XX read the same in both.
+_UNSAFE_IN_YQ = re.compile(r"[\\\x00-\x07\x0b\x0e-\x1f]")
+
+
+def _literal_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        found = _UNSAFE_IN_YQ.search(value)
+        if found:
+            return "a backslash" if found.group() == "\\" else f"a control character ({found.group()!r})"
+        return None
+    if isinstance(value, dict):
+        return next((p for k, v in value.items() for p in (_literal_problem(str(k)), _literal_problem(v)) if p), None)
+    if isinstance(value, list):
+        return next((p for item in value if (p := _literal_problem(item))), None)
+    return None
+
+
+def _gib(size: int | None) -> str:
+    if size is None:
+        raise AgentboxError("cannot read a size for the clone's edit flags")
+    return format(size / (1 << 30), ".10g")
+
+
+class CloneUnsupported(Exception):
+    """This Lima's clone takes no edit flags (or has no clone): create the VM from scratch."""
+
+
+def clone(lima: Lima, base: Base, name: str, edits: list[str], verbose: bool = False) -> None:
+    """`limactl clone` of the base into `name`, run in a private temporary folder: Lima writes an edit it
+    rejects to ./lima.REJECTED.yaml, which must never land in the user's folder. A rejected one is kept
+    in the VM's state folder and its message shown."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="agentbox-clone-")
+    try:
+        try:
+            with Progress(f"Cloning VM {name} from the base VM {base.name}", verbose=verbose) as progress:
+                lima.clone(base.name, name, edits, cwd=folder, on_output=progress.feed)
+        except LimaError as error:
+            text = " ".join(error.stderr_lines)
+            if "unknown flag" in text or "unknown command" in text or "unknown shorthand flag" in text:
+                raise CloneUnsupported(error.message) from None
+            rejected = Path(folder) / "lima.REJECTED.yaml"
+            if rejected.is_file() and not rejected.is_symlink():
+                kept = private_dir(paths.vm_state_dir(name)) / "lima.REJECTED.yaml"
+                atomic_write(kept, rejected.read_bytes()[: 4 << 20], mode=0o600)
+                reason = _REJECTED.sub("", error.stderr_lines[-1] if error.stderr_lines else error.message)
+                error.message = f"Lima rejected {name}'s settings applied to the base VM {base.name}: {reason}"
+                error.hint = (f"The rejected lima.yaml is kept in {kept}. Fix what it names in your config, or set "
+                              "`vm.base: off` to create the VM from scratch.")
+            raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def staleness(config: Config, recorded: Any) -> str | None:
+    """The one line a launch says when the VM was cloned from a base that is no longer current."""
+    if config.vm_base != "auto" or not isinstance(recorded, dict) or not recorded.get("key"):
+        return None
+    parts = inputs(config)
+    current = key_of(parts)
+    name = config.vm_name
+    if recorded["key"] != current:
+        before = recorded.get("inputs") or {}
+        changed = [PART_NAMES.get(part, part) for part, value in parts.items() if before.get(part) != value]
+        what = ", ".join(changed) if changed else "what goes into it"
+        return (f"{name} was cloned from an older base VM ({what} changed since); "
+                "`agentbox start --recreate` re-clones it from a new base")
+    record = read_record(current)
+    built = recorded.get("built")
+    if record and isinstance(built, (int, float)) and isinstance(record.get("built"), (int, float)) \
+            and record["built"] > built + 1:
+        return (f"the base VM was rebuilt since {name} was cloned from it (newer agent CLIs); "
+                "`agentbox start --recreate` re-clones it")
+    return None
+
+
+# -- listing and removing bases -------------------------------------------------------------------
+
+
+def users() -> dict[str, list[str]]:
+    """Base key -> the VMs cloned from it (from agentbox's VM records)."""
+    found: dict[str, list[str]] = {}
+    root = paths.state_dir() / "vms"
+    if not root.is_dir():
+        return found
+    for folder in sorted(root.iterdir()):
+        try:
+            state = json.loads((folder / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        recorded = state.get("base") if isinstance(state, dict) else None
+        if isinstance(recorded, dict) and isinstance(recorded.get("key"), str):
+            found.setdefault(recorded["key"], []).append(folder.name)
+    return found
+
+
+def listing(lima: Lima, config: Config) -> list[dict[str, Any]]:
+    """Every base VM: key, status, build time, age, size on the host, the VMs cloned from it, fresh or stale."""
+    instances = lima.instances()
+    current = key(config)
+    cloned = users()
+    rows = []
+    for name, instance in sorted(instances.items()):
+        if not name.startswith(PREFIX):
+            continue
+        base_key = name[len(PREFIX):]
+        record = read_record(base_key) or {}
+        age = age_days(record) if record else None
+        is_current = base_key == current
+        fresh = is_current and age is not None and age <= config.base_max_age_days
+        rows.append({
+            "key": base_key,
+            "name": name,
+            "status": instance.status or "Unknown",
+            "built": _iso(record.get("built")),
+            "ageDays": round(age, 2) if age is not None and age != float("inf") else None,
+            "size": _size_on_host(instance.dir),
+            "disk": instance.disk or None,
+            "usedBy": [vm for vm in cloned.get(base_key, []) if vm in instances],
+            "current": is_current,
+            "state": "fresh" if fresh else "stale",
+            "limaVersion": record.get("limaVersion"),
+            "agents": record.get("agents", {}),
+        })
+    return rows
+
+
+def _iso(stamp: Any) -> str | None:
+    if not isinstance(stamp, (int, float)):
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+
+
+def _size_on_host(directory: str) -> int | None:
+    """Bytes the instance folder takes on the host's disk (allocated blocks: a sparse disk counts as used)."""
+    if not directory:
+        return None
+    total = 0
+    for root, _dirs, files in os.walk(directory):
+        for file in files:
+            try:
+                total += os.lstat(os.path.join(root, file)).st_blocks * 512
+            except OSError:
+                continue
+    return total
+
+
+def remove(lima: Lima, base_key: str) -> str:
+    """Delete a base VM and its record; what was removed, in words."""
+    base_key = base_key[len(PREFIX):] if base_key.startswith(PREFIX) else base_key
+    name = instance_name(base_key)
+    instance = lima.instances().get(name)
+    record = record_path(base_key)
+    if instance is None and not record.exists():
+        raise AgentboxError(f"there is no base VM {name}", hint="`agentbox base ls` lists them.")
+    with lock():
+        if instance is not None:
+            lima.delete(name, force=True)
+        record.unlink(missing_ok=True)
+        (paths.bases_dir() / f"{base_key}.yaml").unlink(missing_ok=True)
+    cloned = [vm for vm in users().get(base_key, []) if vm in lima.listed]
+    what = f"removed the base VM {name}" if instance is not None else f"removed the record of the base VM {name}"
+    if cloned:
+        what += f" (VMs cloned from it are independent copies and keep working: {', '.join(cloned)})"
+    return what

@@ -1,0 +1,528 @@
+"""The project VM's lifecycle: find it, create it, start it, recover it.
+
+Only this module asks lima.py to change a VM.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+from agentbox import paths
+from agentbox.config.load import Config
+from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.progress import Progress, note, warn
+from agentbox.vm import drift, effective
+from agentbox.vm import state as vmstate
+from agentbox.vm.lima import BROKEN, MIN_START_TIMEOUT, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
+
+WORKSPACE_PARAM = "agentboxWorkspace"
+POLL_INTERVAL = 2.0
+
+
+class Session:
+    """What one agentbox invocation needs to manage its VM."""
+
+    def __init__(self, config: Config, lima: Lima, verbose: bool = False,
+                 on_stopped: Callable[[str], None] | None = None) -> None:
+        self.config = config
+        self.lima = lima
+        self.verbose = verbose
+        # What ends with a VM agentbox stopped (its tasks, its network proxy) is settled by the command layer.
+        self.on_stopped = on_stopped or (lambda name: None)
+
+    def instance(self, name: str) -> Instance | None:
+        return self.lima.get(name)
+
+
+def workspace_of(instance: Instance) -> str | None:
+    """The workspace a project VM was made for; None for any other instance (a base VM's is empty)."""
+    return instance.param.get(WORKSPACE_PARAM) or None
+
+
+def is_agentbox_vm(instance: Instance) -> bool:
+    return workspace_of(instance) is not None
+
+
+def check_ownership(instance: Instance, config: Config) -> None:
+    """Refuse a VM recorded for another workspace, or one agentbox did not create."""
+    recorded = workspace_of(instance)
+    workspace = str(config.require_workspace())
+    if recorded is None:
+        raise StateError(
+            f"the Lima instance {instance.name} exists but was not created by this agentbox "
+            "(it records no workspace), so agentbox will not use it",
+            hint=clash_hint(config, instance.name, foreign=True),
+        )
+    if recorded != workspace:
+        raise StateError(
+            f"the VM {instance.name} belongs to {recorded}, not to this workspace {workspace} "
+            "(two projects with the same folder name?)",
+            hint=clash_hint(config, instance.name),
+        )
+
+
+def clash_hint(config: Config, name: str, foreign: bool = False) -> str:
+    """The fix for a VM name that is taken, wherever the clash is reported: by another workspace's VM, or
+    (foreign) by a Lima instance agentbox did not create."""
+    own = f"give this workspace its own VM: {own_vm_instruction(config, name)}"
+    if foreign:
+        return f"Recreate it with `agentbox start --recreate` (this deletes {name}), or {own}"
+    return own[0].upper() + own[1:]
+
+
+def own_vm_instruction(config: Config, name: str) -> str:
+    """One copy-pasteable instruction that moves this workspace off the VM name `name`."""
+    import shlex
+
+    from agentbox.config import naming
+    from agentbox.safetext import visible
+
+    free = naming.distinct_vm_name(config.workspace, paths.lima_home(), name)
+    if config.local_file is None:
+        return visible(
+            f"`agentbox -C {shlex.quote(str(config.workspace))} init --vm-name {free}` (it writes "
+            f"{config.workspace / paths.LOCAL_CONFIG_NAME} with that name and trusts it)."
+        )
+    agent = next((a.name for a in config.agents.values() if a.vm_name == name and name != config.vm_name), None)
+    where = f"`vmName: {free}` under `agents: {agent}:`" if agent else f"`name: {free}` under `vm:`"
+    return visible(
+        f"set {where} in {config.local_file}, "
+        f"then run `agentbox -C {shlex.quote(str(config.local_file.parent))} trust`."
+    )
+
+
+_UNKNOWN: Any = object()
+
+
+def check_workspace_matches(instance: Instance, config: Config) -> None:
+    """For stop and rm: a VM recorded for another workspace is not this project's to touch."""
+    if workspace_of(instance) is not None:
+        check_ownership(instance, config)
+
+
+def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOWN) -> Instance:
+    """Make sure the project's VM exists, runs and runs with what agentbox rendered.
+
+    `known` is the result of a `list` the caller already made, so no call is repeated: a VM that
+    already runs costs that one `limactl list`, whose row also carries the config it is checked against.
+    """
+    instance = session.instance(name) if known is _UNKNOWN else known
+    if instance is not None:
+        check_ownership(instance, session.config)
+        if instance.status == RUNNING and verify_running(session, instance):
+            return instance
+    with vmstate.lock(name) as waited:
+        if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
+            instance = session.instance(name)
+        if instance is None:
+            try:
+                return create_and_start(session, name)
+            except _AlreadyExists:
+                instance = session.instance(name)  # created by an agentbox that did not hold our lock yet
+                if instance is None:
+                    raise StateError(
+                        f"limactl says {name} already exists, but `limactl list` does not show it"
+                    ) from None
+        check_ownership(instance, session.config)
+        if instance.status == RUNNING:
+            if verify_running(session, instance):
+                return instance
+            # Refused earlier and started again outside agentbox: what it booted with is unknown.
+            note(f"{name} was refused earlier and has been started since; restarting it to check what it runs with")
+            session.lima.stop(name, force=True)
+            return start(session, name, instance.dir, instance)
+        if instance.status == STOPPED:
+            started = start(session, instance.name, instance.dir, instance)
+        elif instance.status == BROKEN:
+            started = recover(session, instance)
+        else:
+            return wait_for_settled(session, instance)
+        note_stale_base(session.config, name)
+        return started
+
+
+def note_stale_base(config: Config, name: str) -> None:
+    """One line when the VM was cloned from a base that is no longer current (never on a warm launch:
+    the key costs a template render)."""
+    recorded = vmstate.read(name).get("base")
+    if recorded and config.vm_base == "auto":
+        from agentbox.vm import base
+
+        line = base.staleness(config, recorded)
+        if line:
+            note(line)
+
+
+def verify_running(session: Session, instance: Instance) -> bool:
+    """Check a Running VM's effective config from its `list` row (no limactl call).
+
+    A difference marks the VM refused, stops it and raises. False: the row is clean but the VM was
+    refused before, so it may still run with what was refused and has to be restarted first.
+    """
+    state = vmstate.read(instance.name)
+    expected = expected_config(instance.name, state)
+    if expected is not None and instance.config:
+        found = effective.differences(instance.config, expected, instance.dir)
+        if found:
+            refuse(session, instance.name, found, running=True)
+    return not state.get("refused")
+
+
+def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """What agentbox rendered for the VM, from its state; rebuilt once from the kept lima.yaml for older VMs."""
+    state = vmstate.read(name) if state is None else state
+    expected = state.get("expected")
+    if effective.is_current(expected):
+        return expected
+    try:
+        rendered = (paths.vm_state_dir(name) / "lima.yaml").read_text()
+    except OSError:
+        return None  # created before agentbox kept its template: nothing to compare with
+    expected = effective.expected_from_rendered(rendered)
+    vmstate.update(name, {"expected": expected})
+    return expected
+
+
+def refuse(session: Session, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
+    """Record the VM as refused (so the next command does not use it either), stop it, raise."""
+    vmstate.update(name, {"refused": [difference.text for difference in found]})
+    if running:
+        try:
+            session.lima.stop(name, force=True)
+        except LimaError as error:
+            warn(f"could not stop {name}: {error.message}; agentbox still refuses to use it")
+    raise effective.refusal(name, found, paths.lima_home(), stopped=running)
+
+
+class _AlreadyExists(Exception):
+    pass
+
+
+def create_and_start(session: Session, name: str) -> Instance:
+    from agentbox.vm import render
+
+    config = session.config
+    template_text = render.render(config, name)
+    state = private_dir(paths.vm_state_dir(name))
+    private_dir(paths.staging_dir(name))
+    private_dir(paths.vm_outbox(name))
+    template_path = state / "lima.yaml"
+    atomic_write(template_path, template_text, mode=0o600)
+    cloned_from = None
+    try:
+        if config.vm_base == "auto":
+            cloned_from = _clone_from_base(session, name, template_text)
+        if cloned_from is None:
+            with Progress(f"Creating VM {name}", verbose=session.verbose) as progress:
+                session.lima.create(name, template_path, on_output=progress.feed)
+    except Interrupted:
+        raise Interrupted(
+            f"interrupted while creating {name}",
+            hint=f"Run the same command again to finish, or `agentbox rm --force` to discard {name}.",
+        ) from None
+    except LimaError as error:
+        if any("already exists" in line and name in line for line in error.stderr_lines):
+            raise _AlreadyExists() from None
+        # We hold the VM's lock, so anything left under this name is our own half-made VM.
+        leftover = session.instance(name)
+        error.log_path = leftover.log_path if leftover is not None else None
+        if leftover is not None:
+            session.lima.delete(name, force=True)
+            error.hint = " ".join(filter(None, [error.hint, f"The half-created VM {name} was removed; nothing else "
+                                                             "changed."]))
+        elif not error.hint:
+            error.hint = "No VM was created; nothing changed."
+        raise
+    vmstate.write(
+        name,
+        {
+            "workspace": str(config.require_workspace()),
+            "created": time.time(),
+            "reconnect": True,
+            "fingerprint": drift.creation_fingerprint(config),
+            "expected": effective.expected_from_rendered(template_text),
+            **({"base": cloned_from} if cloned_from else {}),
+        },
+    )
+    return start(session, name, str(paths.lima_home() / name))
+
+
+def _clone_from_base(session: Session, name: str, template_text: str) -> dict[str, Any] | None:
+    """Make the VM a clone of the base (built first when needed): returns what the VM keeps about its base,
+    or None when this project's VM cannot be a clone (said once; the caller creates it from scratch)."""
+    from agentbox.vm import base
+
+    plan = base.clone_plan(session.config, template_text)
+    if isinstance(plan, str):
+        note(f"creating {name} from scratch, not as a clone of the base VM: {plan}")
+        return None
+    with base.lock() as waited:
+        current = base.ensure(session.lima, session.config, session.verbose, waited=waited)
+        if plan.disk_note:
+            note(plan.disk_note)
+        try:
+            base.clone(session.lima, current, name, plan.edits, session.verbose)
+        except base.CloneUnsupported as error:
+            note(f"this Lima cannot clone a VM with edit flags ({error}); creating {name} from scratch")
+            return None
+    return current.reference()
+
+
+def start(session: Session, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
+    """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
+
+    expected = expected_config(name)
+    private_dir(paths.vm_outbox(name))  # a mount location Lima needs to find
+    if expected is not None:
+        effective.check_mount_locations(name, expected)
+        if row is not None and row.config:
+            found = effective.differences(row.config, expected, row.dir or instance_dir)
+            if found:
+                refuse(session, name, found, running=False)
+    apply_in_place(session, name, row)
+    timeout = max(MIN_START_TIMEOUT, session.config.startup_wait_sec)
+    log_path = os.path.join(instance_dir, "ha.stderr.log")
+    try:
+        with Progress(f"Starting VM {name}", verbose=session.verbose) as progress:
+            session.lima.start(name, timeout, on_output=progress.feed)
+    except Interrupted:
+        raise Interrupted(
+            f"interrupted while starting {name}; Lima may keep booting it in the background",
+            hint="Run the same command again: agentbox waits for the VM to finish starting.",
+        ) from None
+    except LimaError as error:
+        error.log_path = log_path
+        if any(line.startswith("degraded") for line in error.stderr_lines):
+            error.hint = (
+                f"{name} is running, but its provisioning did not finish (a readiness probe failed). "
+                "See why with `agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log`; "
+                "`agentbox restart` runs the provisioning again."
+            )
+            raise
+        error.hint = (
+            f"{name} was not deleted. Run the command again to retry, see Lima's log "
+            f"{log_path}, or start over with `agentbox start --recreate`."
+        )
+        raise
+    vmstate.update(name, {"booted": time.time()})
+    instance = require_running(session, name)
+    if expected is not None and instance.config:
+        found = effective.differences(instance.config, expected, instance.dir)
+        if found:
+            refuse(session, name, found, running=True)
+    vmstate.clear_refusal(name)
+    return instance
+
+
+def apply_in_place(session: Session, name: str, row: Instance | None) -> None:
+    """The stopped VM gets the cpus, memory and larger disk the config asks for (`limactl edit`, vm.inplace)."""
+    from agentbox.vm import inplace
+
+    found = inplace.plan(vmstate.read(name).get("fingerprint"), session.config, row.disk if row is not None else 0)
+    if found.kept:
+        note(found.kept)
+    if found.pending:
+        try:
+            with Progress(f"Applying {', '.join(found.changes)} to VM {name}", verbose=session.verbose):
+                session.lima.edit(name, found.edits)
+        except LimaError as error:
+            error.hint = (
+                f"{name} was not changed and not started. Lima checks the VM's whole config with the change "
+                f"({paths.lima_home() / name / 'lima.yaml'}): fix what it names, or set vm.cpus, vm.memory and "
+                "vm.disk back (`agentbox config --sources` shows where each is set), then run the command again."
+            )
+            raise
+    if found.applied or found.settled:
+        record_in_place(name, {**found.settled, **found.applied}, applied=found.pending)
+
+
+def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] | None = None) -> Instance:
+    """A running VM whose cpus, memory or disk changed in the config (agentbox.vm.inplace): Lima changes them
+    only while it is stopped. On a terminal, ask whether to restart it now; elsewhere say once that they apply
+    at its next start. Returns the VM as it runs now. Costs no limactl call unless it restarts the VM."""
+    name = instance.name
+    state = vmstate.read(name) if state is None else state
+    recorded = state.get("fingerprint") or {}
+    config = session.config
+    if all(recorded.get(key, value) == value for key, value in
+           (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+        if "deferred" in state:  # the config went back to what the VM has: nothing waits any more
+            record_in_place(name, {}, applied=True)
+        return instance  # the warm launch: nothing changed, nothing more to import
+    from agentbox.vm import inplace
+
+    found = inplace.plan(recorded, config, instance.disk)
+    if found is inplace.NOTHING:
+        return instance
+    if found.kept:
+        note(found.kept)
+    if found.settled:
+        record_in_place(name, found.settled)
+    if not found.pending or state.get("deferred") == found.applied:
+        return instance  # nothing to apply, or asked and said already
+    what = ", ".join(found.changes)
+    if sys.stdin.isatty() and sys.stderr.isatty():
+        import click
+
+        if click.confirm(f"agentbox: {what} in the config: restart VM {name} now to apply? Sessions and background "
+                         "tasks running in it end", default=False, err=True):
+            return restart_to_apply(session, instance)
+        note(f"{what} apply when {name} next starts (`agentbox restart`)")
+    else:
+        note(f"{what} in the config apply at the next `agentbox stop`/start of {name} "
+             "(`agentbox restart` applies them now)")
+    vmstate.update(name, {"deferred": found.applied})
+    return instance
+
+
+def restart_to_apply(session: Session, instance: Instance) -> Instance:
+    """Stop the running VM, apply what changed with `limactl edit`, start it (start does the edit)."""
+    name = instance.name
+    with vmstate.lock(name):
+        stop_now(session.lima, name, False, session.verbose)
+        session.on_stopped(name)
+        return start(session, name, instance.dir, instance)
+
+
+def record_in_place(name: str, values: dict[str, Any], applied: bool = False) -> None:
+    """The VM now has these cpus, memory, disk (or keeps a larger disk): its record says so. `applied`: the
+    edit waiting for the VM's next start was made, so nothing is deferred any more."""
+    state = vmstate.read(name)
+    state["fingerprint"] = {**(state.get("fingerprint") or {}), **values}
+    if applied:
+        state.pop("deferred", None)
+    vmstate.write(name, state)
+
+
+def recover(session: Session, instance: Instance) -> Instance:
+    """Lima's own recovery for a Broken VM: force-stop (clears stale pid/socket files), then start."""
+    note(f"{instance.name} is Broken; trying Lima's recovery (limactl stop --force, then start)")
+    try:
+        session.lima.stop(instance.name, force=True)
+        return start(session, instance.name, instance.dir, instance)
+    except RefusedError:
+        raise
+    except (LimaError, StateError) as error:
+        message = f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}"
+        hint = (
+            f"Lima's instance folder: {instance.dir}; its log: {instance.log_path}. "
+            "To start over: `agentbox start --recreate`, or `agentbox rm --force` and run again "
+            "(this deletes the VM's disk; your workspace on the host is not touched)."
+        )
+        if isinstance(error, LimaError):  # keeps limactl's last lines for the error boundary
+            raise LimaError(
+                message, hint, stderr_lines=error.stderr_lines, tail=error.tail, log_path=error.log_path
+            ) from None
+        raise StateError(message, hint=hint) from None
+
+
+def wait_for_settled(session: Session, instance: Instance) -> Instance:
+    """Installing, Uninitialized or a status agentbox does not know: wait a bounded time, then explain."""
+    deadline = time.monotonic() + session.config.startup_wait_sec
+    status = instance.status
+    note(f"{instance.name} is {status or 'in an unknown state'}; waiting up to {session.config.startup_wait_sec}s")
+    while time.monotonic() < deadline:
+        time.sleep(POLL_INTERVAL)
+        current = session.instance(instance.name)
+        if current is None:
+            raise StateError(f"{instance.name} disappeared while agentbox was waiting for it")
+        if current.status == RUNNING:
+            return current
+        if current.status == STOPPED:
+            return start(session, current.name, current.dir, current)
+        status = current.status
+    detail = "its lima.yaml could not be loaded" if status == "" else f"status {status!r}"
+    raise StateError(
+        f"{instance.name} did not become usable ({detail}) within {session.config.startup_wait_sec}s",
+        hint=f"Check `limactl list` and Lima's log {instance.log_path}; `agentbox start --recreate` starts over.",
+    )
+
+
+def require_running(session: Session, name: str) -> Instance:
+    instance = session.instance(name)
+    if instance is None:
+        raise StateError(f"{name} disappeared right after it was started", hint="Run the command again.")
+    if instance.status != RUNNING:
+        raise StateError(
+            f"{name} is {instance.status or 'unknown'} after `limactl start` succeeded",
+            hint=f"See Lima's log {instance.log_path}.",
+        )
+    return instance
+
+
+def stop(session: Session, name: str, force: bool = False) -> str | None:
+    """Stop the VM. A step line reports a stop; the returned note says why nothing was done."""
+    instance = session.instance(name)
+    if instance is None:
+        return f"{name} does not exist; nothing to stop"
+    check_workspace_matches(instance, session.config)
+    if instance.status == STOPPED and not force:
+        return f"{name} is already stopped"
+    with vmstate.lock(name):
+        stop_now(session.lima, name, force or instance.status != RUNNING, session.verbose)
+    session.on_stopped(name)
+    return None
+
+
+def running_vms(lima: Lima) -> list[str]:
+    """The agentbox VMs that run now."""
+    return [i.name for i in lima.instances().values() if is_agentbox_vm(i) and i.status == RUNNING]
+
+
+def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
+    with Progress(f"Stopping VM {name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
+        lima.stop(name, force=force, on_output=progress.feed)
+
+
+def delete(session: Session, name: str) -> None:
+    """Delete the VM and its disk; agentbox's own state of it stays until vmstate.clear (the outbox is there)."""
+    with vmstate.lock(name):
+        session.lima.delete(name, force=True)
+
+
+REMOVED = "{name} removed (its disk is gone; the workspace on the host is untouched)"
+
+
+def conflict(instance: Instance | None, config: Config) -> dict[str, Any] | None:
+    """When the VM of this name is not this workspace's: its name, its workspace (None when agentbox did
+    not create it) and a name this workspace could use instead."""
+    from agentbox.config import naming
+
+    if instance is None or workspace_of(instance) == str(config.workspace):
+        return None
+    return {
+        "vm": instance.name,
+        "workspace": workspace_of(instance),
+        "suggestedName": naming.distinct_vm_name(config.workspace, paths.lima_home(), instance.name),
+    }
+
+
+def describe(instance: Instance | None, name: str, workspace: str | None) -> dict[str, Any]:
+    if instance is None:
+        return {
+            "name": name,
+            "status": NOT_CREATED,
+            "workspace": workspace,
+            "cpus": None,
+            "memory": None,
+            "disk": None,
+            "vmType": None,
+            "arch": None,
+            "dir": None,
+        }
+    return {
+        "name": instance.name,
+        "status": instance.status or "Unknown",
+        "workspace": workspace_of(instance),
+        "cpus": instance.cpus or None,
+        "memory": instance.memory or None,
+        "disk": instance.disk or None,
+        "vmType": instance.vm_type or None,
+        "arch": instance.arch or None,
+        "dir": instance.dir or None,
+    }

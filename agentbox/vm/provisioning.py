@@ -1,0 +1,113 @@
+"""What the VM gets while Lima provisions it: scripts from provision/, settings files, CA certificates."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from agentbox import resources
+from agentbox.agents.builtin import CLAUDE_SETTINGS, CODEX_SETTINGS, GEMINI_SETTINGS
+from agentbox.config import pins
+from agentbox.config.load import Config
+from agentbox.errors import ConfigError
+
+SYSTEM_SCRIPTS = ("10-base-packages.sh", "20-docker.sh", "30-nodejs.sh", "40-github-cli.sh")
+USER_SCRIPTS = ("50-user-setup.sh",)
+
+# Approvals off in each agent's own settings too (the launch adds each agent's flag). Claude Code asks once
+# before its first bypass-permissions run unless skipDangerousModePermissionPrompt is set. Gemini CLI
+# takes yolo only from the command line (launch.sh makes the workspace a trusted folder, without which
+# it falls back to "default"); its settings only choose the login.
+CODEX_CONFIG = "".join(f'{key} = "{value}"\n' for key, value in CODEX_SETTINGS.items())
+PROVISIONING_NOTE = (
+    "agentbox's provisioning ends by writing this boot's id to ~/.agentbox/provisioned of the VM's user;\n"
+    "every launch checks it and says when the provisioning did not finish.\n"
+)
+
+READINESS_PROBE = """#!/bin/bash
+set -eu
+if [ "$(cat ~/.agentbox/provisioned 2>/dev/null)" != "$(cat /proc/sys/kernel/random/boot_id)" ]; then
+  echo "agentbox provisioning has not finished" >&2
+  exit 1
+fi
+"""
+READINESS_HINT = (
+    "agentbox's provisioning did not finish. See /var/log/cloud-init-output.log in the VM "
+    "(agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log)."
+)
+
+
+@dataclass(frozen=True)
+class DataFile:
+    path: str
+    content: str
+    owner: str = "{{.User}}"
+    permissions: str = "644"
+    overwrite: bool = False
+
+
+@dataclass
+class Plan:
+    system_scripts: list[str] = field(default_factory=list)
+    user_scripts: list[str] = field(default_factory=list)
+    data_files: list[DataFile] = field(default_factory=list)
+    ca_certs: list[str] = field(default_factory=list)
+    readiness_probe: str = READINESS_PROBE
+    readiness_hint: str = READINESS_HINT
+
+
+def plan(config: Config | None) -> Plan:
+    """What every VM gets; the CA certificates only with a config (the base VM has none: agentbox.vm.base)."""
+    result = Plan()
+    result.system_scripts = [resources.text("provision", name) for name in SYSTEM_SCRIPTS]
+    result.user_scripts = [resources.text("provision", name) for name in USER_SCRIPTS]
+    result.data_files = [
+        DataFile("/etc/profile.d/agentbox.sh", resources.text("provision", "profile.sh"), owner="root", overwrite=True),
+        DataFile("/etc/agentbox/provisioning", PROVISIONING_NOTE, owner="root", overwrite=True),
+        *(DataFile("{{.Home}}/" + path, content) for path, content in home_files().items()),
+    ]
+    result.ca_certs = ca_certificates(config) if config is not None else []
+    return result
+
+
+def home_files() -> dict[str, str]:
+    """The agents' settings a new VM gets in its user's home (path relative to it -> content), written once.
+
+    The launch's sync of the agents' own setup (agentbox.sync.stage) may replace them: they are agentbox's,
+    not the user's edits.
+    """
+    return {
+        ".claude/settings.json": json.dumps(CLAUDE_SETTINGS, indent=2) + "\n",
+        ".codex/config.toml": CODEX_CONFIG,
+        ".gemini/settings.json": json.dumps(GEMINI_SETTINGS, indent=2) + "\n",
+    }
+
+
+def ca_certificates(config: Config) -> list[str]:
+    """PEM blocks from caCert and from the host's NODE_EXTRA_CA_CERTS, without duplicates and without
+    the public roots the guest trusts already (says so when it leaves any out)."""
+    from agentbox.config import cacerts
+    from agentbox.progress import note
+
+    sources: list[tuple[Path, str]] = []
+    if config.ca_cert is not None:
+        sources.append((config.ca_cert, "caCert"))
+    extra = os.environ.get("NODE_EXTRA_CA_CERTS")
+    if extra:
+        sources.append((Path(extra), "NODE_EXTRA_CA_CERTS"))
+    certs: list[str] = []
+    public: frozenset[str] | None = None
+    for path, origin in sources:
+        text = pins.read(path, origin).decode("utf-8", errors="replace")
+        found = cacerts.pem_blocks(text)
+        if not found:
+            raise ConfigError(f"{origin}: {path} contains no PEM certificate (-----BEGIN CERTIFICATE-----)")
+        public = cacerts.public_roots() if public is None else public
+        embedded = cacerts.embedding(path, found, public)
+        if embedded.whole_store or len(embedded.kept) < len(found):
+            note(f"{origin}: {path} {embedded.whole_store + ': ' if embedded.whole_store else 'holds '}"
+                 f"{cacerts.embedding_summary(embedded)}")
+        certs.extend(cert for cert in embedded.kept if cert not in certs)
+    return certs

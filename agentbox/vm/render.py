@@ -1,0 +1,278 @@
+"""Render the instance's lima.yaml from the merged config. Logic lives here; the template is layout."""
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from agentbox import paths, resources
+from agentbox.config.load import Config, deep_merge
+from agentbox.errors import ConfigError
+from agentbox.git import dirs as gitdirs
+from agentbox.progress import warn
+from agentbox.review import isolation
+
+if TYPE_CHECKING:
+    from agentbox.vm.provisioning import Plan
+
+MINIMUM_LIMA_VERSION = "2.0.0"
+IMAGE_BASE = "template:_images/ubuntu-24.04"
+
+
+class RenderedMount(NamedTuple):
+    location: str
+    mount_point: str
+    writable: bool
+
+
+def to_yaml_scalar(value: Any, indent: int = 0) -> str:
+    """A YAML value meaning exactly `value` (strings of any characters included).
+
+    Multi-line strings become literal blocks where YAML allows it; their lines are indented by
+    `indent` more than PyYAML's own two spaces, to sit under a key at that column.
+    """
+    import yaml
+
+    multiline = isinstance(value, str) and "\n" in value.rstrip("\n")
+    text = yaml.safe_dump(
+        value,
+        default_flow_style=True,
+        default_style="|" if multiline else None,
+        allow_unicode=True,
+        width=float("inf"),
+    )
+    if text.endswith("\n...\n"):
+        text = text[: -len("\n...\n")]
+    lines = text.rstrip("\n").split("\n") if not multiline else text.split("\n")
+    if multiline:
+        if lines and lines[-1] == "":
+            lines.pop()
+        return "\n".join([lines[0], *((" " * indent + line) if line else line for line in lines[1:])])
+    return "\n".join(lines)
+
+
+def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
+    workspace = config.require_workspace()
+    isolated = config.session_mode == isolation.ISOLATED
+    git = gitdirs.locate(workspace)
+    if isolated:
+        # The VM sees the workspace read-only, elsewhere; launch.sh puts the agent's copy at its path.
+        if git.git_dir is None:
+            raise isolation.not_a_git_work_tree(workspace)
+        mounts = [RenderedMount(str(workspace), isolation.GUEST_SOURCE, False)]
+    else:
+        mounts = [RenderedMount(str(workspace), str(workspace), True)]
+    if git.problem:
+        warn(f"not mounting the git common dir: {git.problem}; git in the VM will not work in this worktree")
+    git_mounts = _common_dir_mounts(git, workspace, isolated)
+    if git_mounts and _inside(Path(os.path.realpath(workspace)), Path(git_mounts[0].location)):
+        mounts = git_mounts + mounts  # a workspace inside the read-only common dir stays writable: mounted after it
+    else:
+        mounts += git_mounts
+    hooks = _hooks_dir(git.common_dir)
+    if config.protect_git_hooks and hooks is not None and not isolated:
+        # Mounted after the writable workspace, so this read-only view wins inside it.
+        mounts.append(RenderedMount(str(hooks), str(hooks), False))
+    mounts.append(RenderedMount(str(paths.staging_dir(vm_name)), str(paths.staging_dir(vm_name)), False))
+    # The one folder of agentbox's the VM may write: what a session hands back (logins: agentbox.credentials.writeback;
+    # an isolated session's changes: agentbox.review.isolation).
+    mounts.append(RenderedMount(str(paths.vm_outbox(vm_name)), str(paths.vm_outbox(vm_name)), True))
+    for mount in config.mounts:
+        problem = isolation.mount_point_problem(mount.mount_point, workspace) if isolated else None
+        if problem:
+            raise ConfigError(
+                f"mounts: {mount.location}: {problem}; isolated mode cannot have it",
+                hint="Give it a mountPoint outside the workspace (for example /mnt/data), or use session.mode: live.",
+            )
+        # Lima gets the path resolved when the config was read: a symlink swapped in later cannot redirect it.
+        mounts.append(RenderedMount(str(mount.real), mount.mount_point, mount.writable))
+    return mounts
+
+
+def _common_dir_mounts(git: gitdirs.GitDirs, workspace: Path, isolated: bool) -> list[RenderedMount]:
+    """A validated `git worktree add` layout: the main repository's .git, which git in the VM needs.
+
+    Read-only as a whole (its config, hooks, info and the other worktrees' folders configure and
+    point the user's other checkouts), then each folder git writes for this checkout mounted writable
+    on top, in that order (Lima mounts them in list order). Each is a separate share, so guest root
+    unmounting one never uncovers a writable view of the rest. Isolated mode reads it only: the copy
+    is cloned from it.
+    """
+    common = git.common_dir_outside(workspace)
+    if common is None:
+        return []
+    mounts = [RenderedMount(str(common), str(common), False)]
+    if isolated:
+        return mounts
+    parts = gitdirs.vm_writable_parts(git)
+    for problem in parts.skipped:
+        warn(f"not mounting it writable: {problem}; git in the VM cannot write there")
+    mounts += [RenderedMount(str(folder), str(folder), True) for folder in parts.folders]
+    return mounts
+
+
+def _inside(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _hooks_dir(common: Path | None) -> Path | None:
+    """The hooks folder of a validated git folder, when it is a real folder (a link could point anywhere)."""
+    import os
+    import stat
+
+    if common is None:
+        return None
+    try:
+        return common / "hooks" if stat.S_ISDIR(os.lstat(common / "hooks").st_mode) else None
+    except OSError:
+        return None
+
+
+class BaseSettings(NamedTuple):
+    """What the base VM (agentbox.vm.base) is rendered with: nothing of a project's."""
+
+    vm_type: str | None
+    arch: str | None
+    mount_type: str | None
+    cpus: int
+    memory: str
+    disk: str
+
+
+def context(config: Config, vm_name: str) -> dict[str, Any]:
+    from agentbox.vm import provisioning
+
+    prov = provisioning.plan(config)
+    settings = BaseSettings(config.vm_type, config.arch, config.mount_type, config.cpus, config.memory, config.disk)
+    return _values(vm_name, settings, prov, mounts_for(config, vm_name), str(config.require_workspace()),
+                   str(paths.staging_dir(vm_name)))
+
+
+def base_context(settings: BaseSettings, vm_name: str) -> dict[str, Any]:
+    """The template's values for the base VM: no mounts, no CA certificates, empty workspace params
+    (Lima requires every param to be used, and a clone sets them: agentbox.vm.base.clone_edits)."""
+    from agentbox.vm import provisioning
+
+    return _values(vm_name, settings, provisioning.plan(None), [], "", "")
+
+
+def _values(vm_name: str, settings: BaseSettings, prov: "Plan", mounts: list[RenderedMount], workspace: str,
+            staging_mount: str) -> dict[str, Any]:
+    return {
+        "name": vm_name,
+        "minimum_lima_version": MINIMUM_LIMA_VERSION,
+        "image_base": IMAGE_BASE,
+        "vm_type": settings.vm_type,
+        "arch": settings.arch,
+        "cpus": settings.cpus,
+        "memory": settings.memory,
+        "disk": settings.disk,
+        "mount_type": settings.mount_type,
+        "mounts": mounts,
+        "forward_agent": False,
+        "propagate_proxy_env": False,
+        "ca_certs": prov.ca_certs,
+        "workspace": workspace,
+        "staging_mount": staging_mount,
+        "system_scripts": prov.system_scripts,
+        "user_scripts": prov.user_scripts,
+        "data_files": prov.data_files,
+        "readiness_probe": prov.readiness_probe,
+        "readiness_hint": prov.readiness_hint,
+    }
+
+
+def render_base(settings: BaseSettings, vm_name: str) -> str:
+    """The base VM's lima.yaml: agentbox's own template (never vm.template), without vm.lima."""
+    return _render_bounded(_environment().get_template("lima.yaml.j2"), base_context(settings, vm_name),
+                           "agentbox's template")
+
+
+def _environment() -> Any:
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,
+        loader=jinja2.FileSystemLoader(str(resources.path("templates"))),
+    )
+    env.filters["yaml"] = to_yaml_scalar
+    return env
+
+
+MAX_RENDERED_BYTES = 4 * 1024 * 1024
+TEMPLATE_NAME = "<template>"  # what Jinja2 calls a template made from a string, in tracebacks
+
+
+def render(config: Config, vm_name: str) -> str:
+    """The instance's lima.yaml. Templates run in Jinja2's immutable sandbox: a template is data, never
+    a way to reach Python objects or run commands on the host."""
+    import jinja2
+
+    env = _environment()
+    where = "agentbox's template"
+    if config.template is not None:
+        from agentbox.config import pins
+
+        where = str(config.template)
+        try:
+            source = pins.read(config.template, "vm.template").decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"vm.template: {config.template} is not UTF-8 text") from exc
+        try:
+            template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            where = f"{config.template}:{exc.lineno}"
+            raise ConfigError(f"{where}: vm.template: Jinja2 syntax error: {exc.message}") from exc
+    else:
+        template = env.get_template("lima.yaml.j2")
+    text = _render_bounded(template, context(config, vm_name), where)
+    if not config.lima:
+        return text
+    import yaml
+
+    data = yaml.safe_load(text) or {}
+    deep_merge(data, config.lima)
+    return "# Rendered by agentbox, with vm.lima merged in.\n" + yaml.safe_dump(
+        data, sort_keys=False, allow_unicode=True, width=float("inf")
+    )
+
+
+def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
+    """Render, turning anything the template does wrong into a config error with its line."""
+    from jinja2.exceptions import SecurityError, TemplateError
+
+    parts: list[str] = []
+    size = 0
+    try:
+        for part in template.generate(**values):
+            size += len(part)
+            if size > MAX_RENDERED_BYTES:
+                raise ConfigError(
+                    f"{where}: vm.template renders more than {MAX_RENDERED_BYTES:,} characters; refusing it"
+                )
+            parts.append(part)
+    except ConfigError:
+        raise
+    except SecurityError as exc:
+        raise ConfigError(
+            f"{where}{_template_line(exc)}: vm.template reaches for something the template sandbox refuses ({exc})",
+            hint="A template may only use the values agentbox passes to it (see `agentbox template`).",
+        ) from exc
+    except TemplateError as exc:
+        raise ConfigError(f"{where}{_template_line(exc)}: vm.template: {exc.message or exc}") from exc
+    except Exception as exc:
+        raise ConfigError(f"{where}{_template_line(exc)}: vm.template failed: {type(exc).__name__}: {exc}") from exc
+    return "".join(parts)
+
+
+def _template_line(exc: BaseException) -> str:
+    """ ":LINE" of the template line that raised, from the frames Jinja2 maps back to the template."""
+    import traceback
+
+    line = None
+    for frame, lineno in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_filename in (TEMPLATE_NAME, "lima.yaml.j2") or frame.f_code.co_filename.endswith(".j2"):
+            line = lineno
+    return f":{line}" if line is not None else ""

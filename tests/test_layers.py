@@ -1,0 +1,207 @@
+"""The architecture as a check: agentbox's import graph, drawn from the code, has no circle and follows the layers.
+
+Every import counts: at module level, inside functions (agentbox defers many for start-up time) and under
+`if TYPE_CHECKING:`. A package may import its own modules and any layer below its own, never one above
+and never a sibling in its own layer. `make lint` and CI run this file.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(60)
+
+PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
+
+# Top to bottom. A name is a subpackage of agentbox, or a top-level module. The entries of one layer are
+# independent of each other, except in the top one: the command line (cli, its commands, doctor's report).
+LAYERS: list[tuple[str, ...]] = [
+    ("cli", "__main__", "doctor", "commands"),
+    ("session",),
+    ("tasks", "sync", "credentials"),
+    ("vm",),
+    ("review",),
+    ("config",),
+    ("agents", "net", "git"),
+    ("errors", "paths", "fsutil", "progress", "safetext", "sizes", "resources", "timing", "terminal", "logline",
+     "hosttools", "vmread", "livemarkers", "contract", "__init__"),
+]
+# The layers whose entries may import each other (still without a circle): the command line, the ground floor.
+CONNECTED = {0, len(LAYERS) - 1}
+# Imports that break the rules on purpose, each with why. (None today.)
+ALLOWED: dict[tuple[str, str], str] = {}
+
+
+def module_files(package: Path) -> dict[str, Path]:
+    """{dotted module name relative to the package: file}; a package is named by its folder."""
+    found = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, modules: Iterable[str], root: str) -> set[str]:
+    """The package's modules `name` imports, wherever the import statement is."""
+    known = set(modules)
+    is_package = path.name == "__init__.py"
+    here = name.split(".") if is_package else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here[: len(here) - node.level + 1]
+                module = ".".join([root, *base, *([node.module] if node.module else [])])
+            else:
+                module = node.module or ""
+            targets = [f"{module}.{alias.name}" for alias in node.names]  # a module, or a name in `module`
+        for target in targets:
+            if target != root and not target.startswith(root + "."):
+                continue
+            relative = target[len(root) + 1:]
+            while relative and relative not in known:
+                relative = relative.rpartition(".")[0]
+            if relative and relative != name:
+                found.add(relative)
+    return found
+
+
+def graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = module_files(package)
+    return {name: imports_of(name, path, modules, package.name) for name, path in modules.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles (strongly connected components of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(edges.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def layer_of(module: str, layers: list[tuple[str, ...]]) -> tuple[int, str] | None:
+    top = module.split(".")[0]
+    for number, layer in enumerate(layers):
+        if top in layer:
+            return number, top
+    return None
+
+
+def violations(edges: dict[str, set[str]], layers: list[tuple[str, ...]], connected: set[int],
+               allowed: dict[tuple[str, str], str]) -> list[str]:
+    problems = []
+    for module in sorted(edges):
+        place = layer_of(module, layers)
+        if place is None:
+            problem = f"{module.split('.')[0]} is in no layer: add it to LAYERS in {Path(__file__).name}"
+            problems += [] if problem in problems else [problem]
+            continue
+        for target in sorted(edges[module]):
+            other = layer_of(target, layers)
+            if other is None or other[1] == place[1] or (module, target) in allowed:
+                continue
+            if other[0] < place[0]:
+                problems.append(f"{module} imports {target}, a layer above it ({other[1]} over {place[1]})")
+            elif other[0] == place[0] and place[0] not in connected:
+                problems.append(f"{module} imports {target}, a sibling in its layer ({place[1]} and {other[1]})")
+    return problems
+
+
+def test_the_import_graph_has_no_circle() -> None:
+    assert cycles(graph()) == []
+
+
+def test_every_import_follows_the_layers() -> None:
+    assert violations(graph(), LAYERS, CONNECTED, ALLOWED) == []
+
+
+def test_the_allowed_exceptions_are_still_needed() -> None:
+    edges = graph()
+    assert [pair for pair in ALLOWED if pair[1] not in edges.get(pair[0], set())] == []
+
+
+def test_each_package_says_what_it_is_and_what_it_may_import() -> None:
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text())) or ""
+        lines = [line for line in doc.splitlines() if line.strip()]
+        assert len(lines) == 2, f"{init}: two lines (what it is; what it may import), not {lines}"
+        assert "import" in lines[1], f"{init}: the second line says what the package may import"
+
+
+def test_the_ground_floor_stays_small() -> None:
+    top_level = sorted(path.stem for path in PACKAGE.glob("*.py"))
+    declared = {name for layer in LAYERS for name in layer}
+    assert set(top_level) <= declared
+    assert len(LAYERS[-1]) <= 16
+
+
+# -- the checker checks --------------------------------------------------------------------------------------
+
+
+def _package(tmp_path: Path, files: dict[str, str]) -> Path:
+    root = tmp_path / "pkg"
+    for name, text in {"__init__.py": "", **files}.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_circle_through_a_function_level_import_is_found(tmp_path: Path) -> None:
+    root = _package(tmp_path, {
+        "low.py": "def f():\n    from pkg import high\n",
+        "high.py": "from pkg import low\n",
+        "side.py": "from pkg.low import f\n",
+    })
+    assert cycles(graph(root)) == [["high", "low"]]
+
+
+def test_an_upward_import_under_type_checking_is_a_violation(tmp_path: Path) -> None:
+    root = _package(tmp_path, {
+        "a/__init__.py": "", "a/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.b import y\n",
+        "b/__init__.py": "", "b/y.py": "from pkg.a import x\n",
+        "c/__init__.py": "", "c/z.py": "from ..a.x import *\n",
+    })
+    layers = [("b",), ("a", "c"), ("__init__",)]
+    assert violations(graph(root), layers, set(), {}) == [
+        "a.x imports b.y, a layer above it (b over a)",
+        "c.z imports a.x, a sibling in its layer (c and a)",
+    ]
+    assert violations(graph(root), layers, set(), {("a.x", "b.y"): "why", ("c.z", "a.x"): "why"}) == []
+    assert violations(graph(root), [("b",), ("a",), ("__init__",)], set(), {}) == [
+        "a.x imports b.y, a layer above it (b over a)", "c is in no layer: add it to LAYERS in test_layers.py"]
