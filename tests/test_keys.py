@@ -17,11 +17,11 @@ from tests.helpers import FakeLima, needs_bwrap, run_cli, write, write_trusted
 REPO = Path(__file__).resolve().parent.parent
 
 
-def test_the_readme_key_table_is_the_generated_one() -> None:
-    readme = (REPO / "README.md").read_text()
-    start = readme.index("<!-- key table:")
-    table = readme[readme.index("\n", start) + 1 : readme.index("<!-- end of the key table -->")]
-    assert table == keys.readme_table(), "run `python3 -m agentbox.config.keys` and paste its table into the README"
+def test_the_documented_key_table_is_the_generated_one() -> None:
+    page = (REPO / "docs" / "configuration.md").read_text()
+    start = page.index("<!-- BEGIN generated")
+    table = page[page.index("\n", start) + 1 : page.index("<!-- END generated -->")]
+    assert table == keys.readme_table(), "run `python3 docs/gen_configuration.py` to rewrite docs/configuration.md"
 
 
 def test_the_example_documents_every_key() -> None:

@@ -88,7 +88,7 @@ print(json.dumps(out))
 def net_group() -> None:
     """The project VM's network policy (network.mode): what it allows, what the proxy decided, checks.
 
-    See README "Network": open (the default: the internet is open, the host's localhost closed), allowlist
+    See docs/network.md: open (the default: the internet is open, the host's localhost closed), allowlist
     (traffic leaves only through agentbox's proxy, to the agent's API and the hosts you allow) and offline
     (only the agent's API).
     """

@@ -5,7 +5,7 @@ created, and whether a project's agentbox.yml needs `agentbox trust` to set it (
 one table derive: validation (schema.py), the built-in defaults (config.py), the creation fingerprint
 that says "`agentbox start --recreate` applies it" (drift.py), the settings Lima changes on the stopped
 VM at its next start instead (agentbox.vm.inplace), what needs trust (trust.py), and the
-key table in the README (`python3 -m agentbox.config.keys` prints it; a test keeps it and
+key table in docs/configuration.md (`python3 docs/gen_configuration.py` writes it; tests keep it and
 agentbox.yml.example in step).
 
 Adding a key: describe it here, give Config a field and resolve it in config.py, use it. No other
@@ -50,8 +50,8 @@ class Key(NamedTuple):
     creation: bool = False  # fixed when the VM is created: a change needs `agentbox start --recreate`
     restart: bool = False  # Lima changes it on the stopped VM (`limactl edit`): a change applies at its next start
     trust: str | None = None  # SET, TRUE, RULE, or None: harmless in a project's file
-    why: str = ""  # what the key could do, for the trust prompt and the README
-    documented: bool = True  # a row in the README's key table
+    why: str = ""  # what the key could do, for the trust prompt and docs/configuration.md
+    documented: bool = True  # a row in docs/configuration.md's key table
 
 
 VM_TYPES = ("qemu", "vz", "krunkit", "wsl2")
@@ -122,7 +122,7 @@ AGENT_KEYS: dict[str, Key] = {
     "credentials": Key("agent_credentials", "Host files with this agent's login (a list), or false for none.",
                        default_text="built-ins", trust=RULE, why="when a list: it brings host files into the VM"),
     "endpoints": Key("hosts", "Hosts of the agent's API and login, reachable in `network.mode` allowlist and offline "
-                     "(`host`, `*.suffix`, `host:port`).", default_text="built-ins (README \"Network\")",
+                     "(`host`, `*.suffix`, `host:port`).", default_text="built-ins (docs/network.md)",
                      trust=RULE, why="when it adds hosts the VM may reach in allowlist or offline mode"),
     "sync": Key(
         "mapping",
@@ -130,7 +130,7 @@ AGENT_KEYS: dict[str, Key] = {
         documented=False,
         children={
             "include": Key("strlist", "More paths or globs in the agent's folder to bring into the VM "
-                           "(besides the built-in set, see README \"Your agents' own setup\").", default_text="none",
+                           "(besides the built-in set, see docs/agent-setup.md).", default_text="none",
                            trust=RULE, why="when it adds paths the global config does not: it brings more host "
                            "files into the VM"),
             "exclude": Key("strlist", "Paths or globs in the agent's folder never brought into the VM "
@@ -144,7 +144,7 @@ AGENT_KEYS: dict[str, Key] = {
 }
 
 MOUNT_KEYS: dict[str, Key] = {
-    "location": Key("path", "Host folder; a relative path is relative to the file's folder (README \"Mount "
+    "location": Key("path", "Host folder; a relative path is relative to the file's folder (docs/security.md, \"Mount "
                     "targets\").", creation=True),
     "mountPoint": Key("path", "Path inside the VM.", default_text="same as location", creation=True),
     "writable": Key("bool", "Whether the VM may write to it.", default=False, creation=True),
@@ -201,7 +201,7 @@ SCHEMA: dict[str, Key] = {
             "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM.", default=False,
                                    creation=True),
             "base": Key("word", "`auto`: a new VM is a clone of agentbox's provisioned base VM (built once, "
-                        "README \"The base VM\"); `off`: every new VM is created and provisioned from scratch.",
+                        "docs/vm.md, \"The base VM\"); `off`: every new VM is created and provisioned from scratch.",
                         default="auto", check=_check_base_mode),
             "baseMaxAgeDays": Key("int", "A base older than this is rebuilt the next time a VM is cloned from it "
                                   "(so the agent CLIs in new VMs stay current).", default=7, minimum=1),
@@ -218,7 +218,7 @@ SCHEMA: dict[str, Key] = {
             "remoteWrite": Key("bool", "Allow git push and other remote writes from the VM.", default=False,
                                trust=TRUE, why="turns the readonly-remote guards off"),
             "agentConfig": Key("bool", "Bring the launched agent's own setup (skills, settings, MCP servers, "
-                               "...) into the VM, filtered (README \"Your agents' own setup\").", default=True,
+                               "...) into the VM, filtered (docs/agent-setup.md).", default=True,
                                trust=RULE, why="when true and the global config turns it off: it brings host "
                                "files into the VM"),
         },
@@ -242,7 +242,7 @@ SCHEMA: dict[str, Key] = {
     ),
     "network": Key(
         "mapping",
-        "What the VM's network may reach (README \"Network\").",
+        "What the VM's network may reach (docs/network.md).",
         documented=False,
         children={
             # A project's file may tighten the policy without trust; loosening it needs trust (netpolicy.loosened).
@@ -311,7 +311,7 @@ SCHEMA: dict[str, Key] = {
     ),
     "checkpoints": Key(
         "mapping",
-        "Checkpoints of a git workspace at every launch (see README \"Review and undo\").",
+        "Checkpoints of a git workspace at every launch (see docs/review-and-undo.md).",
         documented=False,
         children={
             # A project's file may only tighten these (the agent can write it): what weakens review or undo
@@ -334,7 +334,7 @@ SCHEMA: dict[str, Key] = {
 # Keys of the previous agentbox's Docker Sandboxes era. Its Lima version ignored them; so does agentbox.
 RETIRED: dict[tuple[str, ...], str] = {
     **{("network", old): "Docker Sandboxes' proxy setting; agentbox's is network.mode with network.allow "
-       "(README \"Network\")" for old in ("policy", "allowHosts", "blockHosts", "allowCidrs", "blockCidrs",
+       "(docs/network.md)" for old in ("policy", "allowHosts", "blockHosts", "allowCidrs", "blockCidrs",
                                             "bypassHosts", "bypassCidrs")},
     ("sync", "files"): "files are no longer copied into the sandbox; use mounts, or credentials for logins",
     ("agents", "*", "execMode"): "agents always run through the VM's shell now",
@@ -393,7 +393,7 @@ def trust_rules() -> list[tuple[tuple[str, ...], Key]]:
 
 
 def readme_table() -> str:
-    """The README's key table, one row per documented key."""
+    """The key table of docs/configuration.md, one row per documented key."""
     rows = [
         "| key | meaning | default | needs `agentbox trust` in a project file | applies to |",
         "|---|---|---|---|---|",
