@@ -171,6 +171,58 @@ def test_the_ground_floor_stays_small() -> None:
     assert len(LAYERS[-1]) <= 16
 
 
+# Which modules start host processes, and which programs each may look up (hosttools.which), with why. A
+# process the host starts is where project-controlled input could execute: the list stays short and reviewed.
+PROCESS_STARTERS: dict[str, str] = {
+    "vm.lima": "the only module that runs limactl (and ssh into a Lima VM, and ps to find its own tunnels)",
+    "git.store": "the only git runner on agentbox's own store; never on a workspace's git folder",
+    "credentials.stage": "`git config --file ~/.gitconfig` on the user's own file, `gh auth token` for the keychain",
+    "config.cacerts": "openssl to describe a CA file, `security` to list the macOS System keychain",
+    "net.guard": "starts the host proxy (agentbox.net.proxy) as a detached python process",
+    "session.attention": "starts the host watcher that turns a session's events into notifications",
+    "session.notify": "osascript (macOS) or notify-send (Linux) for a desktop notification",
+}
+PROGRAMS: dict[str, set[str]] = {
+    "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima"}, "ps": {"vm.lima"}, "gh": {"credentials.stage"},
+    "openssl": {"config.cacerts"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
+    "notify-send": {"session.notify"},
+}
+_STARTS = ("subprocess", "sh", "pty")
+
+
+def starts_processes(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import) and any(alias.name in _STARTS for alias in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and node.module in _STARTS:
+            return True
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" and (
+                node.attr.startswith(("exec", "spawn", "posix_spawn")) or node.attr in ("system", "popen", "fork")):
+            return True
+    return False
+
+
+def looked_up_programs(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "which"
+                and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            found.add(node.args[0].value)
+    return found
+
+
+def test_only_the_listed_modules_start_host_processes() -> None:
+    starters = {name for name, path in module_files(PACKAGE).items() if starts_processes(path)}
+    assert starters == set(PROCESS_STARTERS)
+
+
+def test_each_host_program_is_looked_up_only_where_it_is_allowed() -> None:
+    for name, path in module_files(PACKAGE).items():
+        for program in looked_up_programs(path):
+            assert name in PROGRAMS.get(program, set()), f"{name} looks up {program!r}: allow it in PROGRAMS, or ask" \
+                " the module that owns it"
+
+
 # -- the checker checks --------------------------------------------------------------------------------------
 
 
@@ -205,3 +257,11 @@ def test_an_upward_import_under_type_checking_is_a_violation(tmp_path: Path) -> 
     assert violations(graph(root), layers, set(), {("a.x", "b.y"): "why", ("c.z", "a.x"): "why"}) == []
     assert violations(graph(root), [("b",), ("a",), ("__init__",)], set(), {}) == [
         "a.x imports b.y, a layer above it (b over a)", "c is in no layer: add it to LAYERS in test_layers.py"]
+
+
+def test_a_process_start_and_a_program_lookup_are_seen(tmp_path: Path) -> None:
+    root = _package(tmp_path, {"quiet.py": "import os\nos.getcwd()\n", "loud.py": "def f():\n    import os\n"
+                               "    os.execv('/bin/true', ['true'])\n", "piped.py": "from subprocess import run\n",
+                               "finder.py": "from agentbox import hosttools\nhosttools.which('git')\n"})
+    assert [p.stem for p in sorted(root.glob("*.py")) if starts_processes(p)] == ["loud", "piped"]
+    assert looked_up_programs(root / "finder.py") == {"git"}
