@@ -15,7 +15,7 @@ test-fast:  ## everything but the real-distribution tier
 lint:  ## ruff, mypy and shellcheck with the project's configuration
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
-	shellcheck --severity=style provision/*.sh wrappers/*
+	shellcheck -x --severity=style provision/*.sh provision/launch/*.sh wrappers/*
 
 bench:  ## start-up and launch timings against the limactl double, as a table
 	$(PYTHON) benchmarks/run.py
