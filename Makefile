@@ -16,7 +16,7 @@ lint:  ## ruff, mypy, the layer rules (tests/test_layers.py) and shellcheck with
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m mypy
 	$(PYTHON) -m pytest -q -n 0 -p no:cacheprovider tests/test_layers.py
-	shellcheck --severity=style provision/*.sh wrappers/*
+	shellcheck -x --severity=style provision/*.sh provision/launch/*.sh wrappers/*
 
 bench:  ## start-up and launch timings against the limactl double, as a table
 	$(PYTHON) benchmarks/run.py

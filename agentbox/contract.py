@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 LAUNCH_SCRIPT = "launch.sh"
+LAUNCH_PARTS = "launch"  # provision/launch/*.sh, which launch.sh sources from staging/launch/
 TASK_RUNNER = "task-runner.sh"
 MEMORY_SCRIPT = "agent-memory.sh"
 SESSION_SCRIPT = "session.sh"

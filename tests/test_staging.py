@@ -18,6 +18,7 @@ from tests.helpers import NAME, FakeLima, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
+LAUNCH_PARTS = REPO / "provision" / contract.LAUNCH_PARTS  # launch.sh's sourced parts (tests/test_launch_parts.py)
 ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
 # A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
 TASK_OPTIONS = ("--task", "--worktree", "--worktree-branch", "--worktree-base")
@@ -140,12 +141,17 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     folders = {contract.GUARDS, contract.BOOTSTRAP, contract.CREDS, contract.CREDS_HOME, f"{contract.CREDS_HOME}/.codex",
                "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", contract.CONTEXT}
     copies = {name for name in found if name.startswith(f"{contract.BOOTSTRAP}/")}
-    assert set(found) == named | folders | copies
+    parts = {f"{contract.LAUNCH_PARTS}/{part.name}" for part in LAUNCH_PARTS.glob("*.sh")}
+    assert len(parts) > 5
+    folders.add(contract.LAUNCH_PARTS)
+    assert set(found) == named | folders | copies | parts
+    assert all((folder / part).read_bytes() == (REPO / "provision" / part).read_bytes() for part in parts)
     assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2
     assert {name: mode for name, mode in found.items() if mode != 0o600} == {
         **dict.fromkeys(executable, 0o700), **dict.fromkeys(folders, 0o700)}
     assert (folder / contract.ENV_FILE).read_bytes() == b"MY_VAR=hi\0"
     documented = staging.__doc__ or ""
+    assert "    launch/PART.sh " in documented
     for name in named - {f"{contract.CREDS_HOME}/.codex/auth.json", "sync/codex/home/.codex/AGENTS.md"}:
         name = name.replace("sync/codex/", "sync/AGENT/")
         assert re.search(rf"^    {re.escape(name)}\b|, {re.escape(name)}\b|^      {re.escape(name)}\b", documented, re.M), name
@@ -155,7 +161,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
 
 def test_doctor_probe_and_launch_sh_agree_on_the_guards() -> None:
     """doctor-probe.sh recognises what launch.sh installs: the wrappers' marker, the hooks folder."""
-    launch, probe = LAUNCH_SH.read_text(), PROBE_SH.read_text()
+    launch, probe = (LAUNCH_PARTS / "guards.sh").read_text(), PROBE_SH.read_text()
     marker = re.search(r'^readonly_marker="([^"]+)"$', launch, re.M)
     hooks = re.search(r'^hooks_dir="([^"]+)"$', launch, re.M)
     assert marker and hooks

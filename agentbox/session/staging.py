@@ -7,6 +7,8 @@ launch.sh finds the folder as the one it runs from.
 
     path                   mode  content                                   read in the VM by
     launch.sh              0700  provision/launch.sh                       `limactl shell`: bash launch.sh OPTIONS
+    launch/PART.sh         0600  provision/launch/PART.sh: launch.sh's      launch.sh: sourced, each of them, from
+                                 steps (every *.sh there, no other file)     its own folder
     guards/git, guards/gh  0700  wrappers/git, wrappers/gh                 launch.sh: install -m 755 in ~/.local/bin
     guards/pre-push,       0700  wrappers/pre-push, wrappers/hook-dispatch launch.sh: install -m 755 in
       guards/hook-dispatch                                                   ~/.config/agentbox/hooks (core.hooksPath)
@@ -117,6 +119,7 @@ from agentbox.contract import (
     GIT_IDENTITY_STAMP,
     GUARD_FILES,
     GUARDS,
+    LAUNCH_PARTS,
     LAUNCH_SCRIPT,
     MEMORY_SCRIPT,
     NETWORK_RULES,
@@ -217,6 +220,7 @@ def refresh(
     staging = private_dir(paths.staging_dir(name))
     guest_home = agentsync.guest_home_of(instance)
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
+    stage_launch_parts(staging)
     write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
     write_if_changed(staging / MEMORY_SCRIPT, resources.text("provision", MEMORY_SCRIPT).encode(), 0o700)
     write_if_changed(staging / TASK_RUNNER, resources.text("provision", TASK_RUNNER).encode(), 0o700)
@@ -270,6 +274,17 @@ def write_env(staging: Path, env: dict[str, str]) -> None:
         write_if_changed(env_file, payload, 0o600)
     elif env_file.exists():
         env_file.unlink()
+
+
+def stage_launch_parts(staging: Path) -> None:
+    """staging/launch: every provision/launch/*.sh, which launch.sh sources; a part no longer shipped goes."""
+    parts = private_dir(staging / LAUNCH_PARTS)
+    shipped = {part.name: part for part in resources.path("provision", LAUNCH_PARTS).glob("*.sh")}
+    for name, part in shipped.items():
+        write_if_changed(parts / name, part.read_bytes(), 0o600)
+    for leftover in parts.iterdir():
+        if leftover.name not in shipped:
+            leftover.unlink()
 
 
 def stage_bootstrap(plan: Plan, staging: Path) -> None:

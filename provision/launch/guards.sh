@@ -1,0 +1,47 @@
+# shellcheck shell=bash disable=SC2154 # launch.sh sets what this part reads (tests/test_launch_parts.py checks the names)
+# agentbox-managed: a part of launch.sh, which sources it from the staging folder's launch/.
+# The readonly-remote guards (--guards on|off): the git and gh wrappers, the hooks folder.
+# Reads launch.sh's staging.
+
+readonly_marker="agentbox-managed: readonly-remote"
+hooks_dir="$HOME/.config/agentbox/hooks"
+# The repository's own hooks keep running through the dispatcher (core.hooksPath replaces .git/hooks).
+forwarded_hooks=(applypatch-msg pre-applypatch post-applypatch pre-commit pre-merge-commit prepare-commit-msg
+  commit-msg post-commit pre-rebase post-checkout post-merge post-rewrite reference-transaction push-to-checkout)
+
+install_guards() {
+  local name
+  mkdir -p "$HOME/.local/bin" "$hooks_dir"
+  for name in git gh; do
+    if ! cmp -s "$staging/guards/$name" "$HOME/.local/bin/$name"; then
+      if [ -e "$HOME/.local/bin/$name" ] && ! grep -q "$readonly_marker" "$HOME/.local/bin/$name"; then
+        say "not replacing $HOME/.local/bin/$name: it is not agentbox's"
+        continue
+      fi
+      install -m 755 "$staging/guards/$name" "$HOME/.local/bin/$name"
+    fi
+  done
+  cmp -s "$staging/guards/pre-push" "$hooks_dir/pre-push" || install -m 755 "$staging/guards/pre-push" "$hooks_dir/pre-push"
+  for name in "${forwarded_hooks[@]}"; do
+    cmp -s "$staging/guards/hook-dispatch" "$hooks_dir/$name" || install -m 755 "$staging/guards/hook-dispatch" "$hooks_dir/$name"
+  done
+  if command -v git >/dev/null 2>&1 && [ "$(git_config_global --get core.hooksPath 2>/dev/null || true)" != "$hooks_dir" ]; then
+    git_config_global core.hooksPath "$hooks_dir"
+  fi
+}
+
+remove_guards() {
+  local name
+  for name in git gh; do
+    if [ -e "$HOME/.local/bin/$name" ] && grep -q "$readonly_marker" "$HOME/.local/bin/$name"; then
+      rm -f "$HOME/.local/bin/$name"
+    fi
+  done
+  rm -f "$hooks_dir/pre-push"
+  for name in "${forwarded_hooks[@]}"; do
+    rm -f "$hooks_dir/$name"
+  done
+  if command -v git >/dev/null 2>&1 && [ "$(git_config_global --get core.hooksPath 2>/dev/null || true)" = "$hooks_dir" ]; then
+    git_config_global --unset core.hooksPath
+  fi
+}
