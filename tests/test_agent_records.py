@@ -119,10 +119,10 @@ def agent_facts_outside_records(package: Path = PACKAGE) -> list[tuple[str, int,
             if not isinstance(node, ast.Constant) or not isinstance(node.value, str) or id(node) in docstrings:
                 continue
             text = node.value
-            if text in words or text in hosts or any(
-                    text.startswith(folder) or f"~/{folder}" in text or f"/{folder}/" in text for folder in folders):
-                if (relative, text) not in ALLOWED:
-                    found.append((relative, node.lineno, text))
+            fact = text in words or text in hosts or any(
+                text.startswith(folder) or f"~/{folder}" in text or f"/{folder}/" in text for folder in folders)
+            if fact and (relative, text) not in ALLOWED:
+                found.append((relative, node.lineno, text))
     return found
 
 
