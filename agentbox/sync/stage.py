@@ -1,6 +1,6 @@
 """The agents' own setup, brought from the host into the VM at each launch: skills, settings, MCP servers, ...
 
-What comes, per agent (agents.py: `folder`, `sync_items`): Claude Code's CLAUDE.md, settings.json,
+What comes, per agent (its record in agentbox/agents/: `folder`, `sync_items`): Claude Code's CLAUDE.md, settings.json,
 skills/, agents/, commands/, output-styles/ and plugins/ of ~/.claude (its user-scope MCP servers
 travel in ~/.claude.json, a login file: credentials.stage_files filters them with
 synctransform.claude_json); Codex's config.toml, AGENTS.md, prompts/ and skills/ of ~/.codex;
