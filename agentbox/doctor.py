@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import contract, hosttools, paths
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.errors import AgentboxError, ConfigError, LimaError
 from agentbox.vm import state as vmstate
 
@@ -596,21 +597,12 @@ def _agents_check(config: Config, used: dict[str, str]) -> Check:
     return Check("agents", OK, f"agents checked: {checked}{skipped}")
 
 
-# Files some CLIs keep beside their login (Gemini's installation_id, state.json, google_accounts.json)
-# are copied along but are no login by themselves; for these agents only the listed files are, or an
-# API key in the config's env.
-LOGIN_FILES = {"gemini": ("~/.gemini/oauth_creds.json",)}
-LOGIN_ENV = {
-    "gemini": ("GEMINI_API_KEY", "GOOGLE_API_KEY"),
-    "copilot": ("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN"),
-}
-# Agents that fall back to the GitHub CLI's login, which agentbox brings into the VM (credentials.gh).
-LOGIN_VIA_GH = ("copilot",)
-
-
 def login_files(agent: AgentConfig, guests: dict[str, list[Path]]) -> dict[str, list[Path]]:
-    """The staged files that are a login by themselves (all of them, unless LOGIN_FILES says otherwise)."""
-    return {guest: hosts for guest, hosts in guests.items() if guest in LOGIN_FILES.get(agent.name, guests)} or guests
+    """The staged files that are a login by themselves (all of them, unless the agent's record names some:
+    files some CLIs keep beside their login, like Gemini's installation_id, are copied along but are no login)."""
+    spec = BUILTIN_AGENTS.get(agent.name)
+    listed = spec.login_files if spec is not None and spec.login_files is not None else guests
+    return {guest: hosts for guest, hosts in guests.items() if guest in listed} or guests
 
 
 def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, list[Path]], probe: Probe) -> Check:
@@ -625,13 +617,14 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
     in_vm_probe = probe if agent.vm_name == config.vm_name else _no_probe(f"it runs in its own VM {agent.vm_name}")
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
     login = login_files(agent, guests)
-    keys = [key for key in LOGIN_ENV.get(agent.name, ()) if config.env.get(key)]
+    spec = BUILTIN_AGENTS.get(agent.name)
+    keys = [key for key in (spec.login_env if spec else ()) if config.env.get(key)]
     if keys and not any(host.is_file() for hosts in login.values() for host in hosts):
         return Check(check, OK, f"{agent.name}: logs in with {keys[0]} from the config's env")
     if not any(guest in on_host for guest in login):
         if any(in_vm_probe.creds.get(guest[2:]) for guest in login):
             return Check(check, OK, f"{agent.name}: not logged in on the host; the VM has its own login")
-        if agent.name in LOGIN_VIA_GH and _gh_login_on_host(config):
+        if spec is not None and spec.login_via_gh and _gh_login_on_host(config):
             return Check(check, OK, f"{agent.name}: uses the GitHub CLI's login (gh), which launches bring into the VM")
         return Check(
             check,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.net import policy as netpolicy
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from tests.helpers import FakeLima, run_agentbox, run_cli, write
 
 
@@ -56,7 +56,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "credentials": ["~/.claude/.credentials.json", "~/.claude.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["-p"],
-        "endpoints": list(netpolicy.AGENT_ENDPOINTS["claude"]),
+        "endpoints": list(BUILTIN_AGENTS["claude"].endpoints),
     }
     assert data["network"] == {"mode": "open", "allowHost": False, "allowLan": False, "presets": [], "allow": [],
                                "agentApi": True}
@@ -74,7 +74,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "credentials": ["~/.local/share/opencode/auth.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["run"],
-        "endpoints": list(netpolicy.AGENT_ENDPOINTS["opencode"]),
+        "endpoints": list(BUILTIN_AGENTS["opencode"].endpoints),
     }
     assert data["agents"]["copilot"] == {
         "binary": "copilot",
@@ -85,7 +85,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "credentials": ["~/.copilot/config.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["-p"],
-        "endpoints": list(netpolicy.AGENT_ENDPOINTS["copilot"]),
+        "endpoints": list(BUILTIN_AGENTS["copilot"].endpoints),
     }
 
 

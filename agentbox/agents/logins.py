@@ -27,6 +27,8 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 
+from agentbox.agents.builtin import BUILTIN_AGENTS
+
 MAX_FILE = 1 << 20  # a login file; real ones are a few KB
 MAX_COMPANION = 32 << 20  # ~/.claude.json keeps per-project history and grows to several MB
 
@@ -119,14 +121,26 @@ def _gemini(data: bytes) -> Login:
     return Login(ids, _email(claims), ("gemini", kind), _milliseconds(doc.get("expiry_date")))
 
 
-FORMATS: dict[str, Format] = {
-    fmt.path: fmt
-    for fmt in (
-        Format(".claude/.credentials.json", "Claude Code", "claude", _claude, ".claude.json", _claude_account),
-        Format(".codex/auth.json", "Codex", "codex", _codex),
-        Format(".gemini/oauth_creds.json", "Gemini CLI", "gemini", _gemini),
-    )
+# The parsers by the name an agent's record gives (AgentSpec.login_formats).
+PARSERS: dict[str, Callable[[bytes], Login]] = {"claude": _claude, "codex": _codex, "gemini": _gemini}
+COMPANION_PARSERS: dict[str, Callable[[bytes], tuple[dict[str, str], str | None]]] = {
+    "claude_account": _claude_account,
 }
+
+
+def formats() -> dict[str, Format]:
+    """The login files written back, by path, from the built-in agents' records."""
+    return {
+        login.path: Format(
+            login.path, spec.title, spec.name, PARSERS[login.parser], login.companion,
+            COMPANION_PARSERS[login.companion_parser] if login.companion_parser else None,
+        )
+        for spec in BUILTIN_AGENTS.values()
+        for login in spec.login_formats
+    }
+
+
+FORMATS: dict[str, Format] = formats()
 
 
 # -- reading -------------------------------------------------------------------------------------

@@ -93,8 +93,11 @@ def show_sync(ctx: click.Context, name: str | None) -> None:
     warn_if_untrusted(config)
     agents = [_agent(config, name)] if name else list(config.agents.values())
     if not config.sync_agent_config:
+        from agentbox.agents.builtin import BUILTIN_AGENTS
+
+        logins = [f"~/{relative}" for spec in BUILTIN_AGENTS.values() for relative, _ in spec.login_transforms]
         click.echo("sync.agentConfig is false: a launch brings none of the agents' own setup into the VM, "
-                   "and ~/.claude.json reaches it without its MCP servers.")
+                   f"and {' and '.join(logins)} reaches it without its MCP servers.")
         return
     for agent in agents:
         if agentsync.spec_of(agent) is None:
@@ -138,8 +141,8 @@ def _show_agent(config: Config, agent: AgentConfig, guest_home: str, staging_fol
                        f"{sum(view.size for view in good):,} bytes: {listed})")
         for view in group:
             _print_notes(view)
-    if agent.name == "claude":
-        _show_claude_json(config, context)
+    for relative, transform in spec.login_transforms:
+        _show_login_file(config, agent, spec.title, relative, transform, context)
     for dropped in collected.dropped:
         click.echo(f"  drop  {dropped.shown}: {_shown(dropped.why)}")
 
@@ -158,34 +161,37 @@ def _print_note(shown: str, what: str, where: str, why: str) -> None:
     click.echo(f"  {label}  {shown}{inside}: {_shown(why)}")
 
 
-def _show_claude_json(config: Config, context: Context) -> None:
+def _show_login_file(
+    config: Config, agent: AgentConfig, title: str, relative: str, transform: str, context: Context
+) -> None:
+    """A login file that also holds the agent's setup (AgentSpec.login_transforms: ~/.claude.json)."""
     import os
 
     from agentbox import paths
     from agentbox.sync import stage as agentsync
     from agentbox.sync import transform as synctransform
 
-    path = paths.home() / agentsync.CLAUDE_JSON
+    path = paths.home() / relative
+    shown = f"~/{relative}"
     if not path.is_file():
         return
-    claude = config.agents["claude"]
-    if not config.credentials.enabled or "~/.claude.json" not in claude.credentials:
-        click.echo("  drop  ~/.claude.json: it is one of Claude Code's login files, which this config does not "
+    if not config.credentials.enabled or shown not in agent.credentials:
+        click.echo(f"  drop  {shown}: it is one of {title}'s login files, which this config does not "
                    "bring (credentials), so its MCP servers stay on the host too")
         return
     notes: list[synctransform.Note] = []
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as handle:
-            synctransform.claude_json(handle.read(agentsync.MAX_FILE), context, notes)
+            synctransform.LOGIN_TRANSFORMS[transform](handle.read(agentsync.MAX_FILE), context, notes, True)
     except synctransform.Unusable as exc:
-        click.echo(f"  drop  ~/.claude.json: {_shown(str(exc))} (the launch goes on without it)")
+        click.echo(f"  drop  {shown}: {_shown(str(exc))} (the launch goes on without it)")
         return
     except OSError as exc:
-        click.echo(f"  drop  ~/.claude.json: cannot read it ({exc.strerror})")
+        click.echo(f"  drop  {shown}: cannot read it ({exc.strerror})")
         return
     for note in notes:
-        _print_note("~/.claude.json", note.what, note.where, note.why)
+        _print_note(shown, note.what, note.where, note.why)
 
 
 def _agent(config: Config, name: str) -> AgentConfig:

@@ -94,12 +94,12 @@ def _prompt(words: tuple[str, ...]) -> bytes:
 
 
 def _agent(config: Config, wanted: str | None) -> str:
-    from agentbox.agents.builtin import BUILTIN_AGENTS
+    from agentbox.agents.builtin import BUILTIN_AGENTS, DEFAULT_AGENT
 
     agents = config.agents
     if wanted is None:
         custom = [name for name in agents if name not in BUILTIN_AGENTS]
-        return custom[0] if len(custom) == 1 else "claude"
+        return custom[0] if len(custom) == 1 else DEFAULT_AGENT
     if wanted not in agents:
         raise UsageError(f"--agent {wanted!r} is not an agent agentbox knows",
                          hint=f"One of: {', '.join(agents)} (or define it under agents: in agentbox.yml).")

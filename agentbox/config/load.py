@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from agentbox import paths, sizes
-from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.agents.builtin import BUILTIN_AGENTS, endpoints
 from agentbox.config import keys
 from agentbox.config.layers import Layer
 from agentbox.errors import ConfigError
@@ -688,7 +688,7 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
         credentials=_agent_credentials(raw.get("credentials", True), builtin.credentials if builtin else ()),
         sync=_agent_sync(name, raw.get("sync", {}), layers),
         task_args=tuple(raw["taskArgs"]) if "taskArgs" in raw else (builtin.task_args if builtin else ()),
-        endpoints=netpolicy.endpoints(name, raw.get("endpoints")),
+        endpoints=endpoints(name, raw.get("endpoints")),
     )
 
 

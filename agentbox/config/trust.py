@@ -143,10 +143,10 @@ def _endpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[s
     """An agent's endpoints matter only where a proxy decides; hosts beyond the global config's need trust."""
     if config.network.mode == "open" or not config.network.agent_api or not isinstance(value, list):
         return []
-    from agentbox.net import policy as netpolicy
+    from agentbox.agents.builtin import endpoints
 
     allowed = _global_value(config, path)  # the global file's list, else the built-in one
-    listed = netpolicy.endpoints(path[1], allowed if isinstance(allowed, list) else None)
+    listed = endpoints(path[1], allowed if isinstance(allowed, list) else None)
     before = {str(host).lower() for host in listed}
     added = [host for host in value if host.lower() not in before]
     if not added:

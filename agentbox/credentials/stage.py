@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import hosttools, paths
+from agentbox.agents.builtin import guest_paths
 from agentbox.config.pins import RACY_NS
 from agentbox.fsutil import atomic_write, private_parents, remove_unlisted, write_if_changed
 
@@ -37,8 +38,8 @@ _TRANSFORMED = 8
 # A file staged as a transform makes it (guest path -> (key, transform)): the key names what the result depends
 # on besides the file, so a change of it re-makes the copy. A transform raises ValueError for a file it cannot use.
 Transforms = Mapping[str, tuple[str, Callable[[bytes], bytes]]]
-# Host paths that live elsewhere in the Linux guest.
-_GUEST_PATH = {"~/Library/Application Support/kiro-cli/": "~/.local/share/kiro-cli/"}
+# Host paths that live elsewhere in the Linux guest (the agents' records: AgentSpec.guest_paths).
+_GUEST_PATH = guest_paths()
 # git settings that mean the same in the VM and carry no secret or host-only program.
 SAFE_GIT_KEYS = (
     "user.name",

@@ -39,20 +39,6 @@ PRESETS: dict[str, tuple[str, ...]] = {
                "download.docker.com"),
 }
 
-# The hosts each built-in agent needs for its model API and its login.
-AGENT_ENDPOINTS: dict[str, tuple[str, ...]] = {
-    "claude": ("api.anthropic.com", "console.anthropic.com", "statsig.anthropic.com", "claude.ai", "*.claude.ai",
-               "platform.claude.com"),
-    "codex": ("api.openai.com", "auth.openai.com", "chatgpt.com", "*.chatgpt.com"),
-    "gemini": ("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com",
-               "www.googleapis.com", "accounts.google.com"),
-    "kiro": ("*.kiro.dev", "q.us-east-1.amazonaws.com", "codewhisperer.us-east-1.amazonaws.com",
-             "oidc.us-east-1.amazonaws.com"),
-    "opencode": ("opencode.ai", "*.opencode.ai", "models.dev"),
-    "copilot": ("api.github.com", "github.com", "api.githubcopilot.com", "*.githubcopilot.com"),
-}
-
-
 class NetworkSettings(NamedTuple):
     mode: str = "open"
     allow_host: bool | tuple[int, ...] = False  # True: every port of the host's loopback
@@ -109,13 +95,6 @@ def check_port(value: Any) -> str | None:
 
 
 # -- the allow list ----------------------------------------------------------------------------------------
-
-def endpoints(agent_name: str, configured: Iterable[str] | None) -> tuple[str, ...]:
-    """An agent's API endpoints: `agents.<name>.endpoints` when set, else the built-in ones."""
-    if configured is not None:
-        return tuple(configured)
-    return AGENT_ENDPOINTS.get(agent_name, ())
-
 
 def allow_list(settings: NetworkSettings, agent_endpoints: Mapping[str, Iterable[str]]) -> list[tuple[str, str]]:
     """(pattern, where it comes from) for the proxy; agent_endpoints: each launched agent's endpoints."""

@@ -155,7 +155,7 @@ def build(
 
 
 def memory_files() -> list[str]:
-    """The agents' user-level memory files in the guest that carry agentbox's block (agents.py)."""
+    """The agents' user-level memory files in the guest that carry agentbox's block (the agents' records)."""
     from agentbox.agents.builtin import BUILTIN_AGENTS
 
     return [spec.memory_file for spec in BUILTIN_AGENTS.values() if spec.memory_file]

@@ -101,7 +101,6 @@ and sync/AGENT/: what the last sync applied, what it announced as waiting).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -233,7 +232,7 @@ def refresh(
         write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
     stage_bootstrap(scripts, staging)
     settings = config.credentials
-    transforms = dict([_claude_json(config, guest_home, staging)])
+    transforms = agentsync.login_transforms(config, guest_home, staging)
     staged, warnings = stage_credentials(
         staging, credentials.launch_files(config, agent), include_git_identity=settings.enabled and settings.git,
         transforms=transforms,
@@ -298,9 +297,6 @@ def stage_bootstrap(plan: Plan, staging: Path) -> None:
             leftover.unlink()
 
 
-def _claude_json(config: Config, guest_home: str, staging: Path) -> tuple[str, tuple[str, Callable[[bytes], bytes]]]:
-    """~/.claude.json is a login file that also holds Claude Code's MCP servers: staged filtered (agentsync)."""
-    return agentsync.CLAUDE_JSON, agentsync.claude_json_transform(config, guest_home, staging)
 
 
 def stage_credentials(

@@ -1,6 +1,6 @@
 """The agents' own setup, brought from the host into the VM at each launch: skills, settings, MCP servers, ...
 
-What comes, per agent (agents.py: `folder`, `sync_items`): Claude Code's CLAUDE.md, settings.json,
+What comes, per agent (its record in agentbox/agents/: `folder`, `sync_items`): Claude Code's CLAUDE.md, settings.json,
 skills/, agents/, commands/, output-styles/ and plugins/ of ~/.claude (its user-scope MCP servers
 travel in ~/.claude.json, a login file: credentials.stage_files filters them with
 synctransform.claude_json); Codex's config.toml, AGENTS.md, prompts/ and skills/ of ~/.codex;
@@ -62,7 +62,6 @@ DEFAULTS = "defaults"
 MANIFEST = "manifest"
 STAMPS = "stamps.json"
 HOME = "home"
-CLAUDE_JSON = ".claude.json"  # Claude Code's login file, whose mcpServers are the user-scope MCP servers
 
 
 class Item(NamedTuple):
@@ -289,15 +288,27 @@ def context_for(config: Config, agent: AgentConfig, guest_home: str, staging_fol
     )
 
 
-def claude_json_transform(
+def login_transforms(
     config: Config, guest_home: str, staging_folder: Path
+) -> dict[str, tuple[str, Callable[[bytes], bytes]]]:
+    """{path relative to the home: (key, transform)} for the login files the credentials stage through a
+    transform (AgentSpec.login_transforms; ~/.claude.json: MCP servers filtered, or all left out)."""
+    found = {}
+    for name, spec in BUILTIN_AGENTS.items():
+        for relative, transform in spec.login_transforms:
+            found[relative] = _login_transform(config, config.agents[name], transform, guest_home, staging_folder)
+    return found
+
+
+def _login_transform(
+    config: Config, agent: AgentConfig, name: str, guest_home: str, staging_folder: Path
 ) -> tuple[str, Callable[[bytes], bytes]]:
-    """(key, transform) for ~/.claude.json as the credentials stage it: MCP servers filtered (or all left out)."""
-    context = context_for(config, config.agents["claude"], guest_home, staging_folder)
+    context = context_for(config, agent, guest_home, staging_folder)
     bring = config.sync_agent_config
+    function = synctransform.LOGIN_TRANSFORMS[name]
 
     def transform(data: bytes) -> bytes:
-        return synctransform.claude_json(data, context, [], bring_servers=bring)
+        return function(data, context, [], bring)
 
     return f"{context.key()}:{int(bring)}", transform
 

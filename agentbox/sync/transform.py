@@ -21,9 +21,12 @@ import json
 import re
 import sys
 from collections.abc import Callable
+from fnmatch import fnmatchcase
 from typing import Any, NamedTuple
 
-from agentbox.agents.builtin import CLAUDE_SETTINGS, CODEX_SETTINGS, GEMINI_SETTINGS
+from agentbox.agents import claude, codex, gemini
+from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.agents.record import Settings
 
 # Programs a stdio MCP server may start in the VM: what agentbox's provisioning installs (Node.js with
 # npm and npx, Docker, git, gh, curl, jq) and what the Ubuntu image has.
@@ -76,7 +79,7 @@ class Context(NamedTuple):
         """What the transforms' output depends on besides the file: a change re-makes every staged copy."""
         import hashlib
 
-        forced = [CLAUDE_SETTINGS, CODEX_SETTINGS, GEMINI_SETTINGS]
+        forced = [spec.settings.values for spec in BUILTIN_AGENTS.values() if spec.settings is not None]
         text = json.dumps([FORMAT, list(self), forced, GUEST_COMMANDS], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
@@ -136,7 +139,7 @@ def claude_settings(data: bytes, context: Context, notes: list[Note]) -> bytes:
     """~/.claude/settings.json: no hooks or helper programs; approvals off, as in every agentbox VM."""
     settings = _json_object(data)
     result = _without(settings, {(key,): why for key, why in CLAUDE_DROPPED.items()}, notes)
-    _force(result, CLAUDE_SETTINGS, notes, "approvals are off in the VM (the VM is the sandbox)")
+    _apply(result, claude.RECORD.settings, notes)
     return _json_out(data, settings, Rewriter(context).tree(result))
 
 
@@ -173,7 +176,7 @@ def codex_config(data: bytes, context: Context, notes: list[Note]) -> bytes:
     result = _without(config, {(key,): why for key, why in CODEX_DROPPED.items()}, notes)
     if "mcp_servers" in result:
         result["mcp_servers"] = _servers(result["mcp_servers"], "mcp_servers", context, notes)
-    _force(result, CODEX_SETTINGS, notes, "approvals are off in the VM (the VM is the sandbox)")
+    _apply(result, codex.RECORD.settings, notes)
     result = Rewriter(context).tree(result)
     if result == config:
         return data
@@ -210,7 +213,7 @@ def gemini_settings(data: bytes, context: Context, notes: list[Note]) -> bytes:
             del result[key]
     if "mcpServers" in result:
         result["mcpServers"] = _servers(result["mcpServers"], "mcpServers", context, notes)
-    _defaults(result, GEMINI_SETTINGS, notes, "the login type a new VM gets")
+    _apply(result, gemini.RECORD.settings, notes)
     return _json_out(data, settings, Rewriter(context).tree(result))
 
 
@@ -246,21 +249,32 @@ def text(data: bytes, context: Context, notes: list[Note]) -> bytes:
     return rewritten.encode("utf-8")
 
 
+# The transforms by the name an agent's record gives (AgentSpec.sync_transforms).
+TRANSFORMS: dict[str, Transform] = {
+    "claude_settings": claude_settings,
+    "codex_config": codex_config,
+    "gemini_settings": gemini_settings,
+    "mcp_file": mcp_file,
+    "kiro_agent": kiro_agent,
+    "text": text,
+}
+
+
+# Login files that also hold the agent's setup (AgentSpec.login_transforms): bring_servers False leaves their
+# MCP servers out (sync.agentConfig: false).
+LoginTransform = Callable[[bytes, Context, list[Note], bool], bytes]
+LOGIN_TRANSFORMS: dict[str, LoginTransform] = {"claude_json": claude_json}
+
+
 def transform_for(agent: str, inner: str) -> Transform:
-    """The transform of a file at `inner` in the agent's folder (`settings.json`, `agents/x.json`)."""
+    """The transform of a file at `inner` in the agent's folder (`settings.json`, `agents/x.json`): the one its
+    record names for the first pattern that matches, else `text`."""
+    spec = BUILTIN_AGENTS.get(agent)
     parts = inner.split("/")
-    if agent == "claude" and inner == "settings.json":
-        return claude_settings
-    if agent == "codex" and inner == "config.toml":
-        return codex_config
-    if agent == "gemini" and inner == "settings.json":
-        return gemini_settings
-    if agent == "gemini" and len(parts) == 3 and parts[0] == "extensions" and parts[2] == "gemini-extension.json":
-        return mcp_file
-    if agent == "kiro" and inner == "settings/mcp.json":
-        return mcp_file
-    if agent == "kiro" and len(parts) == 2 and parts[0] == "agents" and parts[1].endswith(".json"):
-        return kiro_agent
+    for pattern, name in spec.sync_transforms if spec else ():
+        segments = pattern.split("/")
+        if len(segments) == len(parts) and all(map(fnmatchcase, parts, segments)):
+            return TRANSFORMS[name]
     return text
 
 
@@ -369,6 +383,12 @@ def _without(data: dict[str, Any], dropped: dict[tuple[str, ...], str], notes: l
             del parent[path[-1]]
             notes.append(Note(".".join(path), "dropped", why))
     return result
+
+
+def _apply(result: dict[str, Any], settings: Settings | None, notes: list[Note]) -> None:
+    """agentbox's settings for the agent (its record's): forced, or filled in where the file has none."""
+    if settings is not None:
+        (_force if settings.forced else _defaults)(result, settings.values, notes, settings.why)
 
 
 def _force(result: dict[str, Any], values: dict[str, Any], notes: list[Note], why: str, prefix: str = "") -> None:

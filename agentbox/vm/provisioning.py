@@ -6,9 +6,10 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from agentbox import resources
-from agentbox.agents.builtin import CLAUDE_SETTINGS, CODEX_SETTINGS, GEMINI_SETTINGS
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config import pins
 from agentbox.config.load import Config
 from agentbox.errors import ConfigError
@@ -16,11 +17,6 @@ from agentbox.errors import ConfigError
 SYSTEM_SCRIPTS = ("10-base-packages.sh", "20-docker.sh", "30-nodejs.sh", "40-github-cli.sh")
 USER_SCRIPTS = ("50-user-setup.sh",)
 
-# Approvals off in each agent's own settings too (the launch adds each agent's flag). Claude Code asks once
-# before its first bypass-permissions run unless skipDangerousModePermissionPrompt is set. Gemini CLI
-# takes yolo only from the command line (launch.sh makes the workspace a trusted folder, without which
-# it falls back to "default"); its settings only choose the login.
-CODEX_CONFIG = "".join(f'{key} = "{value}"\n' for key, value in CODEX_SETTINGS.items())
 PROVISIONING_NOTE = (
     "agentbox's provisioning ends by writing this boot's id to ~/.agentbox/provisioned of the VM's user;\n"
     "every launch checks it and says when the provisioning did not finish.\n"
@@ -78,11 +74,15 @@ def home_files() -> dict[str, str]:
     The launch's sync of the agents' own setup (agentbox.sync.stage) may replace them: they are agentbox's,
     not the user's edits.
     """
-    return {
-        ".claude/settings.json": json.dumps(CLAUDE_SETTINGS, indent=2) + "\n",
-        ".codex/config.toml": CODEX_CONFIG,
-        ".gemini/settings.json": json.dumps(GEMINI_SETTINGS, indent=2) + "\n",
-    }
+    return {spec.settings.path: settings_text(spec.settings.values, spec.settings.syntax)
+            for spec in BUILTIN_AGENTS.values() if spec.settings is not None}
+
+
+def settings_text(values: dict[str, Any], syntax: str) -> str:
+    """An agent's settings (AgentSpec.settings: approvals off, each agent's own way) as its file holds them."""
+    if syntax == "toml":  # a flat table of strings is all a record holds
+        return "".join(f'{key} = "{value}"\n' for key, value in values.items())
+    return json.dumps(values, indent=2) + "\n"
 
 
 def ca_certificates(config: Config) -> list[str]:

@@ -1,0 +1,55 @@
+"""Google's Gemini CLI: everything agentbox knows about it."""
+
+from agentbox.agents.record import AgentSpec, LoginFormat, Prompt, Settings
+
+# Gemini CLI takes yolo only from the command line; its settings only choose the login type a new VM asks for.
+SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}}
+
+RECORD = AgentSpec(
+    name="gemini",
+    binary="gemini",
+    default_args=("--approval-mode=yolo", "--no-sandbox"),
+    install="npm install -g @google/gemini-cli",
+    update="npm install -g @google/gemini-cli@latest",
+    credentials=(
+        "~/.gemini/oauth_creds.json",
+        "~/.gemini/google_accounts.json",
+        "~/.gemini/google_account_id",
+        "~/.gemini/installation_id",
+        "~/.gemini/state.json",
+    ),
+    summary="Google Gemini CLI",
+    title="Gemini CLI",
+    endpoints=("generativelanguage.googleapis.com", "cloudcode-pa.googleapis.com", "oauth2.googleapis.com",
+               "www.googleapis.com", "accounts.google.com"),
+    folder=".gemini",
+    sync_items=("settings.json", "GEMINI.md", "commands/", "extensions/"),
+    pull_folders=("commands",),
+    never_sync=("google_accounts.json", "google_account_id", "installation_id", "state.json",
+                "trustedFolders.json"),
+    sync_transforms=(("settings.json", "gemini_settings"), ("extensions/*/gemini-extension.json", "mcp_file")),
+    settings=Settings(".gemini/settings.json", SETTINGS, "json", forced=False, why="the login type a new VM gets"),
+    # No login command: the CLI asks how to log in when it has no login (/auth switches it), and its
+    # callback listens on a random free port (NO_BROWSER=true: a code to paste instead).
+    login=(),
+    login_hint="choose \"Login with Google\" (or type /auth), then /quit once it says you are logged in",
+    # The files it keeps beside its login (installation_id, state.json, google_accounts.json) are copied along
+    # but are no login by themselves.
+    login_files=("~/.gemini/oauth_creds.json",),
+    login_env=("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    login_formats=(LoginFormat(".gemini/oauth_creds.json", "gemini"),),
+    one_time_prompts=(
+        # It resets --approval-mode=yolo to "default" in a folder it does not trust.
+        Prompt("whether to trust the workspace folder", "launch.sh: trust_workspace_for_gemini",
+               ".gemini/trustedFolders.json"),
+    ),
+    memory_file="~/.gemini/GEMINI.md",
+    task_args=("-p",),  # --prompt: non-interactive
+    resume=("--resume", "latest"),
+    none={
+        "model_after_arg": "--model goes first",
+        "login_transforms": "its login files are copied as they are",
+        "guest_paths": "its files have the same paths on macOS, Linux and in the VM",
+        "flag_subcommands": "its arguments always come first",
+    },
+)
