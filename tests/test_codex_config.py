@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from agentbox.agents.builtin import CODEX_SETTINGS
+from agentbox.sync.filter import runs_programs
 from agentbox.sync.transform import Context, Note, Unusable, codex_config
 
 if sys.version_info >= (3, 11):
@@ -79,3 +80,14 @@ def test_a_file_that_does_not_parse_is_refused_with_the_reason(data: bytes, why:
     with pytest.raises(Unusable) as caught:
         codex_config(data, CONTEXT, [])
     assert str(caught.value) == why
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ('prompt = "Plan it"\nnote = "no hooks here, no mcp"\n', None),
+    ('[profiles.fast.mcp_servers.x]\ncommand = "run-me"\n',
+     "it defines `mcp_servers`, which would run programs on your host"),
+    ('prompt = "a"\nprompt = "b"\n', "not valid TOML (Cannot overwrite a value (at line 2, column 13))"),
+])
+def test_a_pulled_toml_file_is_read_with_a_real_parser(text: str, why: str | None) -> None:
+    # The same reader (tomllib, or tomli on 3.10) decides whether `sync pull` may bring a TOML file back.
+    assert runs_programs("commands/plan.toml", text.encode()) == why
