@@ -208,7 +208,10 @@ trust_level = "trusted"
 """)
     write(home / ".codex" / "prompts" / "fix.md", "Fix it.\n")
     launch(project, "codex")
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:
+        import tomli as tomllib
 
     g = guest(vm)
     config = tomllib.loads((g / ".codex" / "config.toml").read_text())

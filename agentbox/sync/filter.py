@@ -3,11 +3,11 @@
 An agent CLI reads hooks and MCP servers (programs it starts) from a Markdown file's front matter (a skill, a
 subagent, a command), from a JSON agent (Kiro), and from YAML or TOML settings. The VM wrote the file, so it is
 read with real parsers, not searched as text: the front matter with yaml.safe_load (at most FRONT_MATTER_LIMIT
-bytes), JSON with json, YAML with yaml.safe_load_all, TOML with tomllib. A key naming hooks or MCP servers, in
-any spelling (`hooks`, `Hooks`, `HOOKS`, `mcpServers`, `mcp_servers`, `mcp-servers`, `MCP`) and at any depth
-(a CLI may read it from a nested block: plugins, profiles), keeps the file in the VM; so does a front matter or
-a document that does not parse, or nests deeper than MAX_DEPTH, since then no one can say what a CLI will make
-of it.
+bytes), JSON with json, YAML with yaml.safe_load_all, TOML with tomllib (tomli on 3.10). A key naming hooks or
+MCP servers, in any spelling (`hooks`, `Hooks`, `HOOKS`, `mcpServers`, `mcp_servers`, `mcp-servers`, `MCP`) and
+at any depth (a CLI may read it from a nested block: plugins, profiles), keeps the file in the VM; so does a
+front matter or a document that does not parse, or nests deeper than MAX_DEPTH, since then no one can say what
+a CLI will make of it.
 """
 
 from __future__ import annotations
@@ -105,13 +105,12 @@ def _toml(text: str | None) -> Any:
         raise _Unreadable("not UTF-8 text, so not valid TOML")
     if sys.version_info >= (3, 11):
         import tomllib
-
-        try:
-            return tomllib.loads(text)
-        except (tomllib.TOMLDecodeError, RecursionError) as exc:
-            raise _Unreadable(f"not valid TOML ({_first_line(exc)})") from None
-    lowered = text.lower()  # Python 3.10 has no TOML parser: any mention keeps the file in the VM
-    return {"hooks": True} if "hook" in lowered or "mcp" in lowered else {}
+    else:  # tomllib is tomli 2.0 taken into the standard library in 3.11
+        import tomli as tomllib
+    try:
+        return tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise _Unreadable(f"not valid TOML ({_first_line(exc)})") from None
 
 
 def _first_line(exc: BaseException) -> str:

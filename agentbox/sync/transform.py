@@ -180,22 +180,23 @@ def codex_config(data: bytes, context: Context, notes: list[Note]) -> bytes:
     result = Rewriter(context).tree(result)
     if result == config:
         return data
-    from agentbox.sync import tomlwrite
+    import tomli_w  # (imported here: only a launch that rewrites the file needs it)
 
-    return tomlwrite.dumps(result).encode()
+    # Comments and layout are not kept (the VM gets a filtered copy; the host's file is never rewritten).
+    return tomli_w.dumps(result).encode()
 
 
 def _toml(data: bytes) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
-
-        try:
-            return tomllib.loads(data.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise Unusable("it is not UTF-8 text") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise Unusable(f"it is not valid TOML ({exc})") from None
-    raise Unusable(f"reading TOML needs Python 3.11 or newer (agentbox runs on {sys.version.split()[0]})")
+    else:  # tomllib is tomli 2.0 taken into the standard library in 3.11
+        import tomli as tomllib
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise Unusable("it is not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise Unusable(f"it is not valid TOML ({exc})") from None
 
 
 def gemini_settings(data: bytes, context: Context, notes: list[Note]) -> bytes:
