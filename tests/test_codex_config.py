@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from agentbox.agents.builtin import CODEX_SETTINGS
+from agentbox.agents.codex import SETTINGS as CODEX_SETTINGS
 from agentbox.sync.filter import runs_programs
 from agentbox.sync.transform import Context, Note, Unusable, codex_config
 
