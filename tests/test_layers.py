@@ -223,6 +223,20 @@ def test_each_host_program_is_looked_up_only_where_it_is_allowed() -> None:
                 " the module that owns it"
 
 
+def test_each_package_docstring_names_the_packages_below_it() -> None:
+    packages = {path.parent.name for path in PACKAGE.glob("*/__init__.py")}
+    for number, layer in enumerate(LAYERS):
+        below = {name for lower in LAYERS[number + 1:] for name in lower if name in packages}
+        for package in sorted(set(layer) & packages):
+            second = (ast.get_docstring(ast.parse((PACKAGE / package / "__init__.py").read_text())) or "").splitlines()
+            line = next((text for text in second[1:] if text.strip()), "")
+            if "every package" in line:
+                continue  # the top layers: everything below but the named exceptions
+            named = {word.strip(".,;:") for word in line.split()} & packages
+            assert named == below, f"agentbox/{package}/__init__.py says it may import {sorted(named)}, the layers " \
+                f"below it are {sorted(below)}"
+
+
 # -- the checker checks --------------------------------------------------------------------------------------
 
 
