@@ -187,6 +187,8 @@ def test_two_vms_get_different_cas() -> None:
     fingerprint = subprocess.run(["openssl", "x509", "-noout", "-fingerprint", "-sha256", "-in", str(first.cert)],
                                  capture_output=True, text=True, check=True).stdout
     assert fingerprint.strip().split("=", 1)[1] == first.fingerprint.removeprefix("SHA256:")
+    ca.remove("vm-one")  # the VM is deleted: its CA and key are gone, the other VM's stay
+    assert not first.folder.exists() and ca.load("vm-one") is None and ca.load("vm-two") == second
 
 
 def test_the_same_hosts_keep_the_ca_without_running_openssl_and_new_hosts_remake_it(argv_log: Path) -> None:
