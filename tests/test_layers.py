@@ -179,12 +179,13 @@ PROCESS_STARTERS: dict[str, str] = {
     "credentials.stage": "`git config --file ~/.gitconfig` on the user's own file, `gh auth token` for the keychain",
     "config.cacerts": "openssl to describe a CA file, `security` to list the macOS System keychain",
     "net.guard": "starts the host proxy (agentbox.net.proxy) as a detached python process",
+    "net.ca": "openssl to make the credential broker's per-VM CA and its leaves (keys through pipes, never argv)",
     "session.attention": "starts the host watcher that turns a session's events into notifications",
     "session.notify": "osascript (macOS) or notify-send (Linux) for a desktop notification",
 }
 PROGRAMS: dict[str, set[str]] = {
     "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima"}, "ps": {"vm.lima"}, "gh": {"credentials.stage"},
-    "openssl": {"config.cacerts"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
+    "openssl": {"config.cacerts", "net.ca"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
     "notify-send": {"session.notify"},
 }
 _STARTS = ("subprocess", "sh", "pty")
