@@ -319,3 +319,17 @@ def test_session_hands_back_after_the_program_with_its_exit_code(guest: Guest) -
     result = guest.run("session.sh", "run_then_hand_back bash -c 'echo new > ~/.login; exit 3'", prelude)
     assert result.returncode == 3, result.stderr
     assert (outbox / "0").read_text() == "new\n"
+
+
+def test_staging_removes_a_part_no_longer_shipped_but_not_another_launchs_write_under_way(tmp_path: Path) -> None:
+    from agentbox.session.staging import stage_launch_parts
+
+    folder = tmp_path / "staging"
+    stale = folder / contract.LAUNCH_PARTS / "retired.sh"
+    under_way = folder / contract.LAUNCH_PARTS / ".context.sh.abc123.tmp"  # fsutil's temporary name
+    write(stale, "old part\n")
+    write(under_way, "a concurrent launch is writing this\n")
+    stage_launch_parts(folder)
+    assert not stale.exists()
+    assert under_way.read_text() == "a concurrent launch is writing this\n"
+    assert sorted(p.name for p in (folder / contract.LAUNCH_PARTS).glob("[!.]*")) == sorted(p.name for p in PARTS.glob("*.sh"))

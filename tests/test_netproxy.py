@@ -340,9 +340,10 @@ def open_fds() -> int:
 
 
 def settled(expected: int) -> None:
-    """The process is back to `expected` open fds within 10 s (the echo server's threads close their sockets
-    a moment after the proxy does; on a busy machine that moment grows)."""
-    wait_for(open_fds, 10, f"the open fds to come back to {expected}", until=lambda n: n == expected)
+    """The process is back to at most `expected` open fds within 10 s (the echo server's threads close their
+    sockets a moment after the proxy does; on a busy machine that moment grows; an fd another test's thread held
+    when `expected` was counted may close meanwhile)."""
+    wait_for(open_fds, 10, f"the open fds to come back to {expected} or fewer", until=lambda n: n <= expected)
 
 
 def test_300_parallel_connections_are_bounded_and_release_every_fd(echo: EchoServer, log_path: Path) -> None:

@@ -282,8 +282,9 @@ def stage_launch_parts(staging: Path) -> None:
     for name, part in shipped.items():
         write_if_changed(parts / name, part.read_bytes(), 0o600)
     for leftover in parts.iterdir():
-        if leftover.name not in shipped:
-            leftover.unlink()
+        # A dot file is another launch's atomic write under way (two launches at once stage the same parts).
+        if leftover.name not in shipped and not leftover.name.startswith("."):
+            leftover.unlink(missing_ok=True)
 
 
 def stage_bootstrap(plan: Plan, staging: Path) -> None:
