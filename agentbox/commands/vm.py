@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from agentbox.commands.common import session as session_for
-from agentbox.commands.common import vm_name
+from agentbox.commands.common import settle_tasks, vm_name
 from agentbox.errors import AgentboxError
 from agentbox.progress import say
+
+if TYPE_CHECKING:
+    from agentbox.vm.lifecycle import Session
 
 
 @click.command("start")
@@ -52,8 +55,7 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     say(f"{instance.name} is running (workspace {session.config.workspace})")
 
 
-def _remove(session: Any, name: str) -> None:
-    from agentbox.commands.common import settle_tasks
+def _remove(session: Session, name: str) -> None:
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import state as vmstate
 

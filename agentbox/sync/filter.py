@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import posixpath
-import sys
 from typing import Any
 
 import yaml
@@ -103,10 +102,9 @@ def _yaml_all(text: str | None) -> Any:
 def _toml(text: str | None) -> Any:
     if text is None:
         raise _Unreadable("not UTF-8 text, so not valid TOML")
-    if sys.version_info >= (3, 11):
-        import tomllib
-    else:  # tomllib is tomli 2.0 taken into the standard library in 3.11
-        import tomli as tomllib
+    from agentbox.sync.transform import toml_parser
+
+    tomllib = toml_parser()
     try:
         return tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:

@@ -186,13 +186,20 @@ def codex_config(data: bytes, context: Context, notes: list[Note]) -> bytes:
     return tomli_w.dumps(result).encode()
 
 
-def _toml(data: bytes) -> dict[str, Any]:
+def toml_parser() -> Any:
+    """The TOML reader: tomllib, which is tomli 2.0 taken into the standard library in 3.11; tomli before."""
     if sys.version_info >= (3, 11):
         import tomllib
-    else:  # tomllib is tomli 2.0 taken into the standard library in 3.11
+    else:
         import tomli as tomllib
+    return tomllib
+
+
+def _toml(data: bytes) -> dict[str, Any]:
+    tomllib = toml_parser()
     try:
-        return tomllib.loads(data.decode("utf-8"))
+        parsed: dict[str, Any] = tomllib.loads(data.decode("utf-8"))
+        return parsed
     except UnicodeDecodeError:
         raise Unusable("it is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
