@@ -81,7 +81,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "defaultArgs": ["--allow-all"],
         "model": None,
         "vmName": "agentbox-myproject",
-        "install": "npm install -g @github/copilot",
+        "install": BUILTIN_AGENTS["copilot"].install,
         "credentials": ["~/.copilot/config.json"],
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["-p"],

@@ -289,3 +289,27 @@ def test_update_agents_without_a_vm_creates_nothing(project: Path, limactl: Fake
     assert result.exit_code == 0, result.stderr
     assert "does not exist yet" in result.stderr
     assert limactl.subcommands() == ["list"]
+
+
+# npm as it behaves when it fails to fetch an optional dependency: the first install "succeeds" with no
+# platform package, so Copilot CLI cannot start; the second brings the package.
+FLAKY_NPM = r"""#!/bin/bash
+echo "$*" >> "$HOME/npm-calls"
+NPM_CONFIG_PREFIX=${NPM_CONFIG_PREFIX:-$HOME/.local}  # the provisioning's ~/.npmrc says so in a real VM
+mkdir -p "$NPM_CONFIG_PREFIX/bin"
+if [ "$(wc -l < "$HOME/npm-calls")" -eq 1 ]; then
+  printf '#!/bin/sh\necho "GitHub Copilot CLI: no platform package found." >&2\nexit 1\n' > "$NPM_CONFIG_PREFIX/bin/copilot"
+else
+  printf '#!/bin/sh\necho "1.0.102"\n' > "$NPM_CONFIG_PREFIX/bin/copilot"
+fi
+chmod 755 "$NPM_CONFIG_PREFIX/bin/copilot"
+echo "added 2 packages in 6s"
+"""
+
+
+def test_a_copilot_install_that_left_out_its_platform_package_is_run_again(started: FakeLima, project: Path) -> None:
+    guest_program(started, "npm", FLAKY_NPM)
+    result = run_agentbox("copilot", "--version", cwd=project, timeout=120)
+    assert (result.returncode, result.stdout) == (0, "1.0.102\n"), result.stderr
+    assert (started.guest_home(NAME) / "npm-calls").read_text().splitlines() == [
+        "install -g @github/copilot", "install -g @github/copilot"]

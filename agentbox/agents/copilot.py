@@ -7,8 +7,13 @@ RECORD = AgentSpec(
     binary="copilot",
     # --allow-all = --allow-all-tools --allow-all-paths --allow-all-urls.
     default_args=("--allow-all",),
-    install="npm install -g @github/copilot",
-    update="npm install -g @github/copilot@latest",
+    # npm skips an optional dependency it failed to fetch or unpack without failing, and Copilot CLI's
+    # program is such a dependency (one package per platform): seen in CI, "added 2 packages" and then
+    # "no platform package found". So the program must start, or the install runs once more.
+    install=("npm install -g @github/copilot"
+             " && { copilot --version >/dev/null 2>&1 || npm install -g @github/copilot; }"),
+    update=("npm install -g @github/copilot@latest"
+            " && { copilot --version >/dev/null 2>&1 || npm install -g @github/copilot@latest; }"),
     # Holds the token only where the host has no keychain (macOS keeps it in the Keychain); in the VM
     # Copilot CLI also takes GH_TOKEN or the GitHub CLI's login, which agentbox brings along.
     credentials=("~/.copilot/config.json",),
