@@ -64,6 +64,7 @@ class Brokering:
     secrets: tuple[Secret, ...] = ()
     endpoints: Mapping[tuple[str, str], TokenEndpoint] = field(default_factory=dict)  # (host, path w/o query)
     allow_push: bool = False
+    push_hint: str = "a push is allowed only by the project's trusted agentbox.yml"  # what allows it, for the 403
     # How the broker reaches and checks the real host: the system's trust store by default; tests point both
     # at a fake upstream.
     upstream_context: ssl.SSLContext | None = None

@@ -43,6 +43,7 @@ import json
 import os
 import re
 import socket
+import ssl
 import stat
 import threading
 import time
@@ -50,6 +51,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from agentbox.net import intercept
+from agentbox.net.broker import PLACEHOLDER_MARK, Brokering
 
 MAX_HEAD = 64 * 1024
 CHUNK = 64 * 1024
@@ -151,6 +155,16 @@ class _Rule:
         return host == self.host
 
 
+_SYSTEM_TLS: list[ssl.SSLContext] = []
+
+
+def _system_tls() -> ssl.SSLContext:
+    """The host's trust store, as any client uses it (made once: loading it takes milliseconds)."""
+    if not _SYSTEM_TLS:
+        _SYSTEM_TLS.append(ssl.create_default_context())
+    return _SYSTEM_TLS[0]
+
+
 def _default_resolver(host: str, port: int) -> list[str]:
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
@@ -242,9 +256,11 @@ class _Log:
 
 
 class _Proxy:
-    def __init__(self, policy: Policy, log: _Log) -> None:
+    def __init__(self, policy: Policy, log: _Log, broker: Brokering | None = None) -> None:
         self.policy = policy
         self.log = log
+        self.broker: Brokering | None = None
+        self.set_broker(broker)
         self.slots = asyncio.Semaphore(policy.max_connections)
         self.waiting = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -285,6 +301,12 @@ class _Proxy:
                 self.log.write(entry)
             self.tasks.discard(task)
 
+    def set_broker(self, broker: Brokering | None) -> None:
+        if broker is not None:
+            for host, context in broker.leaves.items():
+                context.sni_callback = intercept.sni_guard(host)
+        self.broker = broker
+
     async def refuse(self, writer: asyncio.StreamWriter, refused: _Refused, entry: dict[str, Any]) -> None:
         body: dict[str, Any] = {"blocked": entry["host"], "port": entry["port"], "reason": refused.reason}
         if refused.status == 403 and refused.reason.startswith("resolves to a loopback"):
@@ -292,6 +314,8 @@ class _Proxy:
                              "(network.allowHost: [PORT], then host.lima.internal:PORT)")
         elif refused.status == 403 and refused.reason.startswith("resolves to"):
             body["allow"] = "network.allowLan: true (in agentbox.yml)"
+        elif refused.status == 403 and refused.reason.startswith("attempted leak"):
+            body["by"] = "agentbox credential broker"
         elif refused.status == 403:
             host = f"[{entry['host']}]" if ":" in entry["host"] else entry["host"]
             body["allow"] = f"agentbox net allow {host}" + (
@@ -329,8 +353,7 @@ class _Proxy:
             raise _Refused(400, "malformed request") from None
         return method.upper(), target, headers
 
-    async def open_upstream(self, host: str, port: int, default_port: int,
-                            entry: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    def check_destination(self, host: str, port: int, default_port: int, entry: dict[str, Any]) -> str:
         host = host.lower().rstrip(".") if _ip(host) is None else host
         entry["host"], entry["port"] = host, port
         if _ip(host) is None and not _is_name(host):
@@ -338,6 +361,14 @@ class _Proxy:
         reason = self.policy.permits(host, port, default_port)
         if reason:
             raise _Refused(403, reason)
+        return host
+
+    async def open_upstream(self, host: str, port: int, default_port: int, entry: dict[str, Any],
+                            tls: ssl.SSLContext | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        host = self.check_destination(host, port, default_port, entry)
+        wrap: dict[str, Any] = {"ssl": tls, "server_hostname": host} if tls is not None else {}
+        if tls is not None and self.broker is not None and self.broker.upstream_address is not None:
+            return await self.connect([self.broker.upstream_address(host, port)], host, wrap)  # a test's upstream
         if _ip(host) is not None:
             addresses: Sequence[str] = [host]  # listed by the user, as written: no rebinding to fear
         else:
@@ -352,11 +383,19 @@ class _Proxy:
         if bad:
             kind = "a loopback" if self.policy.loopback(bad[0]) else "a private"
             raise _Refused(403, f"resolves to {kind} address ({bad[0]})")
+        return await self.connect([(address, port) for address in addresses], host, wrap)
+
+    async def connect(self, addresses: Sequence[tuple[str, int]], host: str,
+                      wrap: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         last: Exception | None = None
-        for address in addresses:
+        for address, port in addresses:
             try:
-                return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK),
+                return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK, **wrap),
                                               self.policy.connect_timeout)
+            except ssl.SSLError as error:
+                # the upstream's certificate is not the host's: nothing is sent to it
+                raise _Refused(502, f"the upstream's TLS certificate is not valid for {host}: "
+                                    f"{getattr(error, 'verify_message', None) or error.reason}") from None
             except (OSError, asyncio.TimeoutError) as error:
                 last = error
         raise _Refused(502, f"cannot connect: {last}")
@@ -369,6 +408,10 @@ class _Proxy:
             split = _split_host_port(target)
             if isinstance(split, str) or split[1] is None:
                 raise _Refused(400, "CONNECT target must be host:port")
+            broker = self.broker
+            if broker is not None and split[1] == CONNECT_PORT and split[0].lower().rstrip(".") in broker.hosts:
+                await self.intercept(broker, split[0].lower().rstrip("."), reader, writer, entry)
+                return
             up_reader, up_writer = await self.open_upstream(split[0], split[1], CONNECT_PORT, entry)
             writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
             first = b""
@@ -379,6 +422,8 @@ class _Proxy:
             split = _split_host_port(match.group(1))
             if isinstance(split, str):
                 raise _Refused(400, "malformed host")
+            entry["host"], entry["port"] = split[0].lower(), split[1] or HTTP_PORT
+            self.no_placeholders(split[0], target, headers)
             up_reader, up_writer = await self.open_upstream(split[0], split[1] or HTTP_PORT, HTTP_PORT, entry)
             path = match.group(2) or "/"
             if not path.startswith("/"):
@@ -395,6 +440,44 @@ class _Proxy:
             await self.relay(reader, writer, up_reader, up_writer, entry)
         finally:
             up_writer.close()
+
+    async def intercept(self, broker: Brokering, host: str, reader: asyncio.StreamReader,
+                        writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
+        """A CONNECT to a credential host: TLS as that host, each request judged (agentbox.net.intercept)."""
+        host = self.check_destination(host, CONNECT_PORT, CONNECT_PORT, entry)
+        entry["decision"], entry["reason"] = "allow", "credential host: brokered"
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        await writer.drain()
+        try:
+            writer = await intercept.start_tls(reader, writer, broker.leaves[host])
+        except (ssl.SSLError, ConnectionError, asyncio.TimeoutError) as error:
+            entry["decision"], entry["reason"] = "deny", f"TLS with the client failed: {type(error).__name__}"
+            return
+        context = broker.upstream_context or _system_tls()
+
+        async def opener(name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+            try:
+                return await self.open_upstream(name, port, CONNECT_PORT, {}, tls=context)
+            except _Refused as refused:
+                raise intercept.Refusal(refused.status, refused.reason) from None
+
+        session = intercept.Session(broker, host, CONNECT_PORT, entry["client"], opener, self.log.write,
+                                    self.policy.idle_timeout)
+        try:
+            await session.run(reader, writer)
+        finally:
+            writer.close()
+
+    def no_placeholders(self, host: str, target: str, headers: Sequence[tuple[str, str]]) -> None:
+        """A plain-HTTP request that carries one of the VM's placeholders is an attempted leak."""
+        if self.broker is None:
+            return
+        text = target + "\n" + "\n".join(value for _, value in headers)
+        if PLACEHOLDER_MARK not in text:
+            return
+        for secret in self.broker.secrets:
+            if secret.placeholder in text:
+                raise _Refused(403, f"attempted leak: {secret.agent}'s placeholder sent to {host} over plain HTTP")
 
     async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
@@ -439,8 +522,9 @@ class _Proxy:
 class RunningProxy:
     """A proxy serving on 127.0.0.1:`port` from its own thread until `stop()`."""
 
-    def __init__(self, policy: Policy, log_path: Path, port: int) -> None:
+    def __init__(self, policy: Policy, log_path: Path, port: int, broker: Brokering | None = None) -> None:
         self.port = 0
+        self._broker = broker
         self._log = _Log(log_path)
         self._loop = asyncio.new_event_loop()
         self._proxy: _Proxy | None = None
@@ -471,7 +555,7 @@ class RunningProxy:
             self._loop.close()
 
     async def _open(self, policy: Policy, port: int) -> None:
-        self._proxy = _Proxy(policy, self._log)
+        self._proxy = _Proxy(policy, self._log, self._broker)
         try:
             self._server = await asyncio.start_server(self._proxy.handle, "127.0.0.1", port, limit=MAX_HEAD)
         except OSError:
@@ -495,6 +579,11 @@ class RunningProxy:
         if self._proxy is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(setattr, self._proxy, "policy", policy)
 
+    def set_broker(self, broker: Brokering | None) -> None:
+        """Broker the next connections with `broker` (None: tunnel everything; open connections stay as they are)."""
+        if self._proxy is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._proxy.set_broker, broker)
+
     def stop(self) -> None:
         """Close the listener and every open connection, then the log; idempotent."""
         if self._thread.is_alive():
@@ -510,6 +599,7 @@ class RunningProxy:
         self.stop()
 
 
-def start(policy: Policy, log_path: Path, port: int = 0) -> RunningProxy:
-    """Serve the proxy on 127.0.0.1:port (0, or a taken port: any free one) from a background thread."""
-    return RunningProxy(policy, Path(log_path), port)
+def start(policy: Policy, log_path: Path, port: int = 0, broker: Brokering | None = None) -> RunningProxy:
+    """Serve the proxy on 127.0.0.1:port (0, or a taken port: any free one) from a background thread; with a
+    broker, CONNECTs to its credential hosts are brokered (agentbox.net.intercept)."""
+    return RunningProxy(policy, Path(log_path), port, broker)

@@ -1,0 +1,340 @@
+"""The credential broker's engine (agentbox/net/intercept.py through agentbox/net/proxy.py): placeholders swapped for
+real values only on requests to their own hosts, foreign credentials and leaks refused, token endpoints answered on
+the host, pushes refused, everything else tunnelled untouched. Real clients (http.client, curl, git) talk to the
+proxy; tests/fake_upstream.py stands for the real hosts."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentbox.net import ca
+from agentbox.net import proxy as netproxy
+from agentbox.net.broker import Brokering, Exchange, Reply, Secret
+from tests.fake_upstream import FakeUpstream, Response
+
+pytestmark = pytest.mark.timeout(60)
+
+CLAUDE = "api.anthropic.com"
+GITHUB = "github.com"
+GITHUB_API = "api.github.com"
+TOKEN_HOST = "platform.claude.com"
+OTHER = "example.org"  # not a credential host: tunnelled
+CREDENTIAL_HOSTS = [CLAUDE, GITHUB, GITHUB_API, TOKEN_HOST]
+CLAUDE_PH = "sk-ant-oat01-agentbox-ph-" + "a1" * 12
+CLAUDE_REAL = "sk-ant-oat01-REAL-host-token"
+GH_PH = "gho_agentbox-ph-" + "b2" * 12
+GH_REAL = "gho_REALhostGitHubToken"
+
+
+class Harness:
+    def __init__(self, upstream: FakeUpstream, proxy: netproxy.RunningProxy, authority: ca.BrokerCA,
+                 log: Path, tokens: dict[str, str | None], exchanges: list[Exchange]) -> None:
+        self.upstream = upstream
+        self.proxy = proxy
+        self.ca = authority
+        self.log = log
+        self.tokens = tokens
+        self.exchanges = exchanges
+
+    def client_context(self) -> ssl.SSLContext:
+        """What the guest trusts: the broker's CA, and the upstream's test CA standing for the public roots."""
+        context = ssl.create_default_context(cafile=str(self.ca.cert))
+        context.load_verify_locations(cafile=str(self.upstream.ca_file))
+        return context
+
+    def connection(self, host: str) -> http.client.HTTPSConnection:
+        connection = http.client.HTTPSConnection("127.0.0.1", self.proxy.port, context=self.client_context(),
+                                                 timeout=20)
+        connection.set_tunnel(host, 443)
+        return connection
+
+    def request(self, host: str, method: str, path: str, headers: dict[str, str] | None = None,
+                body: bytes | None = None) -> tuple[int, bytes]:
+        connection = self.connection(host)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            response = connection.getresponse()
+            return response.status, response.read()
+        finally:
+            connection.close()
+
+    def entries(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+    def logged(self, path: str, count: int = 1) -> list[dict[str, Any]]:
+        """The log's entries for requests to `path` once there are `count` (each is written as its request ends,
+        a moment after the client has its answer)."""
+        deadline = time.monotonic() + 10
+        while True:
+            found = [entry for entry in self.entries() if entry.get("path") == path]
+            if len(found) >= count or time.monotonic() > deadline:
+                return found
+            time.sleep(0.01)
+
+    def curl(self, *args: str) -> subprocess.CompletedProcess[str]:
+        bundle = self.log.parent / "guest-bundle.pem"
+        bundle.write_text(self.ca.cert_pem() + self.upstream.ca_file.read_text())
+        return subprocess.run(["curl", "-sS", "--proxy", f"http://127.0.0.1:{self.proxy.port}", "--cacert",
+                               str(bundle), "--max-time", "20", *args], capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    monkeypatch.setenv("AGENTBOX_STATE_DIR", str(tmp_path / "state"))
+    authority = ca.ensure("agentbox-broker-test", CREDENTIAL_HOSTS)
+    tokens: dict[str, str | None] = {"claude": CLAUDE_REAL, "gh": GH_REAL}
+    exchanges: list[Exchange] = []
+
+    def token_endpoint(exchange: Exchange) -> Reply:
+        exchanges.append(exchange)
+        return Reply(200, (("Content-Type", "application/json"),),
+                     json.dumps({"access_token": CLAUDE_PH, "expires_in": 3600}).encode())
+
+    with FakeUpstream(tmp_path / "upstream", [*CREDENTIAL_HOSTS, OTHER]) as upstream:
+        brokering = Brokering(
+            leaves={host: ca.server_context(authority.leaf(host)) for host in CREDENTIAL_HOSTS},
+            secrets=(Secret("claude", CLAUDE_PH, frozenset({CLAUDE}), lambda: tokens["claude"]),
+                     Secret("gh", GH_PH, frozenset({GITHUB, GITHUB_API}), lambda: tokens["gh"])),
+            endpoints={(TOKEN_HOST, "/v1/oauth/token"): token_endpoint},
+            push_hint="sync.remoteWrite: true in the project's agentbox.yml (then agentbox trust)",
+            upstream_context=upstream.client_context(),
+            upstream_address=lambda host, port: upstream.address,
+        )
+        policy = netproxy.Policy(allow=[*CREDENTIAL_HOSTS, OTHER], resolver=lambda host, port: [upstream.address[0]],
+                                 allow_lan=True)
+        # OTHER is tunnelled to whatever the resolver says: the fake upstream's port stands in for 443.
+        log = tmp_path / "log.jsonl"
+        with netproxy.start(policy, log, broker=brokering) as proxy:
+            yield Harness(upstream, proxy, authority, log, tokens, exchanges)
+
+
+def _sent(upstream: FakeUpstream, host: str, name: str) -> list[str]:
+    return [value for request in upstream.requests_to(host) for key, value in request.raw_headers
+            if key.lower() == name]
+
+
+# -- substitution --------------------------------------------------------------------------------------------
+
+def test_the_vms_placeholder_reaches_its_host_as_the_real_token_and_the_answer_comes_back(broker: Harness) -> None:
+    broker.upstream.route("GET", "/api/oauth/profile", {"account": "me"}, host=CLAUDE,
+                          authorization=f"Bearer {CLAUDE_REAL}")
+    connection = broker.connection(CLAUDE)
+    for _ in range(2):  # one TLS connection, two requests (keep-alive on both sides)
+        connection.request("GET", "/api/oauth/profile", headers={"Authorization": f"Bearer {CLAUDE_PH}"})
+        response = connection.getresponse()
+        assert (response.status, json.loads(response.read())) == (200, {"account": "me"})
+    connection.close()
+    assert _sent(broker.upstream, CLAUDE, "authorization") == [f"Bearer {CLAUDE_REAL}"] * 2
+    entries = broker.logged("/api/oauth/profile", 2)
+    assert [(e["decision"], e["agent"], e["status"]) for e in entries] == [("substitute", "claude", 200)] * 2
+    assert CLAUDE_REAL not in broker.log.read_text() and CLAUDE_PH not in broker.log.read_text()
+
+
+def test_an_api_key_header_and_a_refreshed_host_token_are_used(broker: Harness) -> None:
+    broker.upstream.route("POST", "/v1/messages", {"ok": True}, host=CLAUDE)
+    broker.tokens["claude"] = "sk-ant-oat01-REFRESHED"
+    status, _ = broker.request(CLAUDE, "POST", "/v1/messages?beta=true", {"x-api-key": CLAUDE_PH}, b'{"m": 1}')
+    assert status == 200
+    request = broker.upstream.requests_to(CLAUDE)[-1]
+    assert (request.headers["x-api-key"], request.body, request.path) == (
+        "sk-ant-oat01-REFRESHED", b'{"m": 1}', "/v1/messages?beta=true")
+
+
+def test_a_request_without_a_credential_passes_unchanged(broker: Harness) -> None:
+    broker.upstream.route("POST", "/api/event_logging/v2/batch", {"ok": True}, host=CLAUDE)
+    status, _ = broker.request(CLAUDE, "POST", "/api/event_logging/v2/batch", {"X-Trace": "1"}, b"x" * 300_000)
+    assert status == 200
+    request = broker.upstream.requests_to(CLAUDE)[-1]
+    assert (len(request.body), "authorization" in request.headers) == (300_000, False)
+    assert broker.logged("/api/event_logging/v2/batch")[-1]["decision"] == "pass"
+
+
+def test_curl_streams_a_chunked_upload_and_git_basic_auth_is_swapped(broker: Harness) -> None:
+    broker.upstream.route("POST", "/v1/files", {"stored": True}, host=CLAUDE)
+    result = broker.curl("-H", f"Authorization: Bearer {CLAUDE_PH}", "-H", "Transfer-Encoding: chunked",
+                         "--data-binary", "@-", f"https://{CLAUDE}/v1/files")
+    assert json.loads(result.stdout or "null") == {"stored": True}, result.stderr
+    assert broker.upstream.requests_to(CLAUDE)[-1].headers["authorization"] == f"Bearer {CLAUDE_REAL}"
+
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    basic = "Basic " + base64.b64encode(f"x-access-token:{GH_REAL}".encode()).decode()
+    broker.upstream.git_refs(GITHUB, "/owner/repo.git", {"refs/heads/main": "ab" * 20}, authorization=basic)
+    bundle = broker.log.parent / "guest-bundle.pem"
+    git = subprocess.run(["git", "-c", f"http.proxy=http://127.0.0.1:{broker.proxy.port}", "-c",
+                          f"http.sslCAInfo={bundle}", "ls-remote", f"https://x-access-token:{GH_PH}@{GITHUB}/owner/repo.git"],
+                         capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin", "HOME": str(bundle.parent),
+                                                                          "GIT_TERMINAL_PROMPT": "0"})
+    assert git.stdout == f"{'ab' * 20}\trefs/heads/main\n", git.stderr
+
+
+def test_a_google_style_key_parameter_is_swapped(broker: Harness) -> None:
+    broker.upstream.route("GET", "/user", {"login": "me"}, host=GITHUB_API)
+    status, _ = broker.request(GITHUB_API, "GET", f"/user?key={GH_PH}&page=2")
+    assert status == 200
+    assert broker.upstream.requests_to(GITHUB_API)[-1].path == f"/user?key={GH_REAL}&page=2"
+
+
+# -- refusals ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("headers,reason", [
+    ({"x-api-key": "sk-ant-api03-ATTACKERS-OWN-KEY"}, "a credential that is not this VM's"),
+    ({"Authorization": "Bearer sk-ant-oat01-agentbox-ph-" + "ff" * 12}, "another VM's placeholder"),
+    ({"Authorization": f"Bearer {CLAUDE_PH}", "x-api-key": CLAUDE_PH}, "carries 2 credentials"),
+    ({"Authorization": f"Bearer {GH_PH}"}, "attempted leak: gh's placeholder sent to api.anthropic.com"),
+    ({"X-Note": f"token {CLAUDE_PH}", "x-api-key": "sk-ant-api03-other"}, "not this VM's"),
+])
+def test_foreign_credentials_and_misplaced_placeholders_are_refused_and_nothing_goes_out(
+        broker: Harness, headers: dict[str, str], reason: str) -> None:
+    broker.upstream.route("POST", "/v1/messages", {"ok": True}, host=CLAUDE)
+    status, body = broker.request(CLAUDE, "POST", "/v1/messages", headers, b"{}")
+    answer = json.loads(body)
+    assert status == 403 and reason in answer["reason"], answer
+    assert answer["by"] == "agentbox credential broker"
+    assert broker.upstream.requests_to(CLAUDE) == []
+    entry = broker.logged("/v1/messages")[-1]
+    assert entry["decision"] == "deny" and reason in entry["reason"]
+
+
+def test_a_placeholder_in_a_body_bound_for_another_host_ends_the_request_before_it_is_complete(
+        broker: Harness) -> None:
+    broker.upstream.route("POST", "/v1/messages", {"ok": True}, host=CLAUDE)
+    status, body = broker.request(CLAUDE, "POST", "/v1/messages", {"x-api-key": CLAUDE_PH},
+                                  b"x" * 200_000 + GH_PH.encode() + b"y" * 1000)
+    assert status == 403
+    assert "gh's placeholder sent to api.anthropic.com" in json.loads(body)["reason"]
+    # What went out before the placeholder was seen is a request cut short (the fake records even that).
+    for request in broker.upstream.requests_to(CLAUDE):
+        assert len(request.body) < int(request.headers["content-length"])
+        assert GH_PH.encode() not in request.body
+
+
+def test_a_placeholder_over_plain_http_is_an_attempted_leak(broker: Harness) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", broker.proxy.port, timeout=10)
+    connection.request("GET", f"http://{OTHER}/collect?t={GH_PH}")
+    response = connection.getresponse()
+    assert response.status == 403
+    assert "attempted leak: gh's placeholder" in json.loads(response.read())["reason"]
+
+
+def test_a_host_without_a_login_now_gets_nothing(broker: Harness) -> None:
+    broker.tokens["claude"] = None
+    status, body = broker.request(CLAUDE, "GET", "/api/oauth/profile", {"Authorization": f"Bearer {CLAUDE_PH}"})
+    assert status == 403 and "log in on the host" in json.loads(body)["reason"]
+    assert broker.upstream.requests_to(CLAUDE) == []
+
+
+def test_the_host_header_and_the_sni_name_must_be_the_connected_host(broker: Harness) -> None:
+    status, body = broker.request(CLAUDE, "GET", "/", {"Host": GITHUB_API, "Authorization": f"Bearer {CLAUDE_PH}"})
+    assert status == 403 and "Host header" in json.loads(body)["reason"]
+    raw = socket.create_connection(("127.0.0.1", broker.proxy.port), timeout=10)
+    raw.sendall(f"CONNECT {CLAUDE}:443 HTTP/1.1\r\nHost: {CLAUDE}:443\r\n\r\n".encode())
+    assert raw.recv(100).startswith(b"HTTP/1.1 200")
+    with pytest.raises(ssl.SSLError):
+        broker.client_context().wrap_socket(raw, server_hostname=GITHUB_API)  # asks for another name: no leaf
+    assert broker.upstream.requests == []
+
+
+def test_an_upstream_with_another_hosts_certificate_gets_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENTBOX_STATE_DIR", str(tmp_path / "state"))
+    authority = ca.ensure("agentbox-impostor", [GITHUB_API])
+    with FakeUpstream(tmp_path / "up", [GITHUB_API], impostor={GITHUB_API: "evil.example.com"}) as upstream:
+        brokering = Brokering(leaves={GITHUB_API: ca.server_context(authority.leaf(GITHUB_API))},
+                              secrets=(Secret("gh", GH_PH, frozenset({GITHUB_API}), lambda: GH_REAL),),
+                              upstream_context=upstream.client_context(),
+                              upstream_address=lambda host, port: upstream.address)
+        with netproxy.start(netproxy.Policy(allow=[GITHUB_API]), tmp_path / "log.jsonl", broker=brokering) as proxy:
+            context = ssl.create_default_context(cafile=str(authority.cert))
+            connection = http.client.HTTPSConnection("127.0.0.1", proxy.port, context=context, timeout=10)
+            connection.set_tunnel(GITHUB_API, 443)
+            connection.request("GET", "/user", headers={"Authorization": f"token {GH_PH}"})
+            response = connection.getresponse()
+            assert response.status == 502
+            assert "not valid for api.github.com" in json.loads(response.read())["reason"]
+        assert upstream.requests == []
+
+
+# -- token endpoints and pushes ------------------------------------------------------------------------------
+
+def test_a_token_endpoint_is_answered_on_the_host(broker: Harness) -> None:
+    request = {"grant_type": "refresh_token", "refresh_token": "sk-ant-ort01-agentbox-ph-x"}
+    status, body = broker.request(TOKEN_HOST, "POST", "/v1/oauth/token", {"Content-Type": "application/json"},
+                                  json.dumps(request).encode())
+    assert (status, json.loads(body)) == (200, {"access_token": CLAUDE_PH, "expires_in": 3600})
+    assert [json.loads(e.body) for e in broker.exchanges] == [request]
+    assert broker.upstream.requests == []
+    assert broker.logged("/v1/oauth/token")[-1]["decision"] == "answer"
+
+
+@pytest.mark.parametrize("method,host,path,body,allowed", [
+    ("GET", GITHUB, "/owner/repo.git/info/refs?service=git-receive-pack", None, False),
+    ("POST", GITHUB, "/owner/repo.git/git-receive-pack", b"0000", False),
+    ("GET", GITHUB, "/owner/repo.git/info/refs?service=git-upload-pack", None, True),
+    ("POST", GITHUB_API, "/repos/o/r/issues", b"{}", False),
+    ("DELETE", GITHUB_API, "/repos/o/r", None, False),
+    ("GET", GITHUB_API, "/repos/o/r", None, True),
+    ("POST", GITHUB_API, "/graphql", b'{"query": "mutation { addStar(input: {}) { clientMutationId } }"}', False),
+    ("POST", GITHUB_API, "/graphql", b'{"query": "# mutation in a comment\\nquery { viewer { login } }"}', True),
+    ("POST", GITHUB_API, "/graphql", b'{"query": "{ viewer { name(x: \\"mutation\\") } }"}', True),
+    ("POST", GITHUB_API, "/graphql", b'[{"query": "{ a }"}, {"query": "mutation M { b }"}]', False),
+    ("POST", GITHUB_API, "/graphql", b"not json", False),
+])
+def test_pushes_and_api_writes_to_github_are_refused(broker: Harness, method: str, host: str, path: str,
+                                                     body: bytes | None, allowed: bool) -> None:
+    broker.upstream.route(method, path.split("?")[0], {"ok": True}, host=host)
+    status, answer = broker.request(host, method, path, {"Authorization": f"token {GH_PH}"}, body)
+    if allowed:
+        assert status == 200, answer
+        assert broker.upstream.requests_to(host)[-1].headers["authorization"] == f"token {GH_REAL}"
+    else:
+        refusal = json.loads(answer)
+        assert status == 403 and "read-only" in refusal["reason"]
+        assert refusal["allow"].startswith("sync.remoteWrite: true")
+        assert broker.upstream.requests_to(host) == []
+
+
+# -- everything else -----------------------------------------------------------------------------------------
+
+def test_other_hosts_are_tunnelled_untouched(broker: Harness) -> None:
+    broker.upstream.route("GET", "/page", {"page": 1}, host=OTHER)
+    # A tunnel to the fake upstream's own address (a listed literal: a name resolving to loopback is refused).
+    target = f"127.0.0.1:{broker.upstream.port}"
+    broker.proxy.set_policy(netproxy.Policy(allow=[*CREDENTIAL_HOSTS, target]))
+    raw = socket.create_connection(("127.0.0.1", broker.proxy.port), timeout=10)
+    raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+    assert raw.recv(100).startswith(b"HTTP/1.1 200")
+    context = ssl.create_default_context(cafile=str(broker.upstream.ca_file))  # the broker's CA is NOT trusted
+    tls = context.wrap_socket(raw, server_hostname=OTHER)
+    tls.sendall(f"GET /page HTTP/1.1\r\nHost: {OTHER}\r\nAuthorization: Bearer anything-goes\r\n"
+                "Connection: close\r\n\r\n".encode())
+    answer = b""
+    while piece := tls.recv(65536):
+        answer += piece
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"page": 1}'), answer
+    assert broker.upstream.requests_to(OTHER)[-1].headers["authorization"] == "Bearer anything-goes"
+
+
+def test_a_websocket_upgrade_becomes_a_relay(broker: Harness) -> None:
+    def upgrade(request: Any) -> Response:
+        return Response(101, b"", "text/plain", {"Upgrade": "websocket", "Connection": "Upgrade"})
+
+    broker.upstream.route("GET", "/ws", handler=upgrade, host=CLAUDE)
+    connection = broker.connection(CLAUDE)
+    connection.request("GET", "/ws", headers={"Upgrade": "websocket", "Connection": "Upgrade",
+                                              "Authorization": f"Bearer {CLAUDE_PH}"})
+    response = connection.getresponse()
+    assert response.status == 101
+    assert broker.upstream.requests_to(CLAUDE)[-1].headers["authorization"] == f"Bearer {CLAUDE_REAL}"
+    connection.close()
