@@ -1,0 +1,101 @@
+"""The GitHub CLI's login as the broker keeps it: the token in ~/.config/gh/hosts.yml (or, on macOS, the
+Keychain through `gh auth token`) stays on the host; the VM's hosts.yml names the same user with a placeholder.
+The token may go to github.com (git over HTTPS) and api.github.com only. Other hosts in hosts.yml (GitHub
+Enterprise) are not brokered and do not reach the VM."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agentbox.credentials import stage
+from agentbox.credentials.hostfile import HostFile
+from agentbox.errors import StateError
+
+HOST = "github.com"
+HOSTS = frozenset({"github.com", "api.github.com"})
+LOGIN_COMMAND = "gh auth login"
+
+
+class GhLogin:
+    def __init__(self, path: Path | None = None) -> None:
+        self.file = HostFile(path or Path(os.path.expanduser(stage.GH_FILES[0])))
+        self._keychain: tuple[bytes | None, str | None] | None = None
+        self._guard = threading.Lock()
+
+    def entry(self) -> dict[str, Any] | None:
+        """hosts.yml's github.com entry (None: no file or no entry); a StateError for a malformed file."""
+        data = self.file.read()
+        if data is None:
+            return None
+        try:
+            doc = yaml.safe_load(data)
+        except yaml.YAMLError as exc:
+            raise StateError(f"{self.file.path} is not valid YAML ({str(exc).splitlines()[0]})",
+                             f"log in again on the host with `{LOGIN_COMMAND}`, or fix the file") from exc
+        if doc is None:
+            return None
+        if not isinstance(doc, dict):
+            raise StateError(f"{self.file.path} is not a mapping of hosts",
+                             f"log in again on the host with `{LOGIN_COMMAND}`, or fix the file")
+        entry = doc.get(HOST)
+        if entry is not None and not isinstance(entry, dict):
+            raise StateError(f"{self.file.path}: its {HOST} entry is not a mapping",
+                             f"log in again on the host with `{LOGIN_COMMAND}`, or fix the file")
+        return entry
+
+    def others(self) -> list[str]:
+        data = self.file.read()
+        try:
+            doc = yaml.safe_load(data) if data else None
+        except yaml.YAMLError:
+            return []
+        return sorted(str(host) for host in doc if host != HOST) if isinstance(doc, dict) else []
+
+    def token(self) -> str | None:
+        """The host's token now: hosts.yml's, else the Keychain's (asked again only when hosts.yml changed)."""
+        entry = self.entry()
+        if entry is not None:
+            token = _token_of(entry)
+            if token:
+                return token
+        data = self.file.read()
+        with self._guard:
+            if self._keychain is not None and self._keychain[0] == data:
+                return self._keychain[1]
+        token = stage.gh_token_from_keychain()
+        with self._guard:
+            self._keychain = (data, token)
+        return token
+
+    def current(self) -> str | None:
+        try:
+            return self.token()
+        except StateError:
+            return None
+
+    def vm_hosts_yml(self, placeholder: str) -> bytes:
+        entry = self.entry() or {}
+        user = entry.get("user")
+        vm_entry: dict[str, Any] = {"git_protocol": entry.get("git_protocol") or "https", "oauth_token": placeholder}
+        if isinstance(user, str) and user:
+            vm_entry["user"] = user
+            vm_entry["users"] = {user: {"oauth_token": placeholder}}
+        return yaml.safe_dump({HOST: vm_entry}, default_flow_style=False, sort_keys=True).encode()
+
+
+def _token_of(entry: dict[str, Any]) -> str | None:
+    token = entry.get("oauth_token")
+    if isinstance(token, str) and token:
+        return token
+    users = entry.get("users")
+    user = entry.get("user")
+    if isinstance(users, dict) and isinstance(users.get(user), dict):
+        token = users[user].get("oauth_token")
+        if isinstance(token, str) and token:
+            return token
+    return None

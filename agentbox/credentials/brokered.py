@@ -1,0 +1,231 @@
+"""The credentials side of the broker: for the brokered agents (Claude Code, Codex, Gemini CLI, the GitHub
+CLI), what the VM gets instead of the host's logins, and what the proxy needs to put the real values back.
+
+    prepare(vm, config) -> Prepared
+        files     guest path (relative to the home) -> bytes: the login files of the real shape, every
+                  secret a placeholder (the VM's own, agentbox.credentials.placeholders)
+        env       variables the session gets instead of the config's (API keys as placeholders)
+        secrets   agentbox.net.broker.Secret: placeholder, the hosts its real value may go to, real()
+        endpoints (host, path) -> TokenEndpoint: OAuth refreshes and code exchanges answered on the host
+        hosts     every credential host (for agentbox.net.ca.ensure and Brokering.leaves)
+        replaced  the host files (`~/...` as in the agents' credentials) staging must no longer copy
+        notes     what to tell the user (a missing login: "log in on the host with ...")
+
+A login that is missing or logged out is a note and nothing of it is staged; a malformed one is a StateError
+naming the file. What the VM gets is scanned for every real value before it is returned.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentbox.credentials import broker_claude, broker_codex, broker_gemini, broker_gh
+from agentbox.credentials.filelogin import FileLogin
+from agentbox.credentials.hostfile import HostFile
+from agentbox.credentials.placeholders import Placeholders, kind_of
+from agentbox.credentials.stage import guest_path_for
+from agentbox.credentials.tokens import TokenHandler, Upstream
+from agentbox.errors import StateError
+from agentbox.net.broker import Secret, TokenEndpoint
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
+
+BROKERED = ("claude", "codex", "gemini")  # agents; the GitHub CLI is brokered with them (credentials.gh)
+LOGIN_FILES = {"claude": ".claude/.credentials.json", "codex": ".codex/auth.json", "gemini": ".gemini/oauth_creds.json"}
+_LOGINS: dict[str, type[FileLogin]] = {
+    "claude": broker_claude.ClaudeLogin, "codex": broker_codex.CodexLogin, "gemini": broker_gemini.GeminiLogin,
+}
+_ENDPOINTS = {"claude": broker_claude.ENDPOINTS, "codex": broker_codex.ENDPOINTS, "gemini": broker_gemini.ENDPOINTS}
+# API keys the config's env may hold, by agent: (variable, the placeholder's usual kind, hosts).
+API_KEYS: dict[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
+    "claude": (("ANTHROPIC_API_KEY", "sk-ant-api03-", broker_claude.API_HOSTS),
+               ("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-", broker_claude.API_HOSTS)),
+    "codex": (("OPENAI_API_KEY", "sk-", broker_codex.API_KEY_HOSTS),),
+    "gemini": (("GEMINI_API_KEY", "AIza", broker_gemini.API_KEY_HOSTS),
+               ("GOOGLE_API_KEY", "AIza", broker_gemini.API_KEY_HOSTS)),
+    "gh": (("GH_TOKEN", "gho_", broker_gh.HOSTS), ("GITHUB_TOKEN", "gho_", broker_gh.HOSTS)),
+}
+MAX_CLAUDE_JSON = 32 << 20
+
+
+@dataclass
+class Prepared:
+    files: dict[str, bytes] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: list[Secret] = field(default_factory=list)
+    endpoints: dict[tuple[str, str], TokenEndpoint] = field(default_factory=dict)
+    replaced: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    brokered: list[str] = field(default_factory=list)  # the agents (and "gh") whose logins are brokered
+
+    @property
+    def hosts(self) -> frozenset[str]:
+        return frozenset(host for secret in self.secrets for host in secret.hosts) | frozenset(
+            host for host, _ in self.endpoints)
+
+
+def prepare(vm: str, config: Config, agents: Iterable[str] | None = None, upstream: Upstream | None = None
+            ) -> Prepared:
+    """What the VM gets for the brokered agents among `agents` (None: every configured one) and the GitHub CLI."""
+    prepared = Prepared()
+    settings = config.credentials
+    if not settings.enabled:
+        return prepared
+    placeholders = Placeholders(vm)
+    names = list(config.agents) if agents is None else list(agents)
+    reals: list[str] = []
+    for name in names:
+        agent = config.agents.get(name)
+        if name not in BROKERED or agent is None or not agent.builtin:
+            continue
+        _file_login(prepared, placeholders, name, agent.credentials, upstream, reals)
+        _api_keys(prepared, placeholders, name, config.env, reals)
+        if name in prepared.brokered:  # an API key in the env is a login: no note about the file
+            prepared.notes[:] = [note for note in prepared.notes if not note.startswith(_LOGINS[name].title + ":")]
+    if settings.gh:
+        _gh(prepared, placeholders, config.env, reals)
+    _scan(prepared, reals)
+    return prepared
+
+
+def _file_login(prepared: Prepared, placeholders: Placeholders, name: str, credentials: Iterable[str],
+                upstream: Upstream | None, reals: list[str]) -> None:
+    spec = next((c for c in credentials if guest_path_for(c) == f"~/{LOGIN_FILES[name]}"), None)
+    if spec is None:
+        return
+    prepared.replaced.add(spec)
+    login = _LOGINS[name](Path(os.path.expanduser(spec)), placeholders)
+    doc = login.file.json()
+    tokens = login.parse(doc) if doc is not None else None
+    handler = TokenHandler(login, upstream)
+    for key in _ENDPOINTS[name]:
+        prepared.endpoints[key] = handler
+    if tokens is not None and doc is not None:
+        ph = login.placeholders_for(tokens)
+        prepared.files[LOGIN_FILES[name]] = _dump(login.vm_file(doc, tokens, ph))
+        prepared.secrets.append(login.secret(tokens))
+        reals.extend(login.reals(tokens))
+    if name == "codex" and doc is not None:
+        _codex_file_key(prepared, placeholders, login, doc, tokens is not None, reals)
+    if name == "claude":
+        _claude_json(prepared, credentials, placeholders)
+    if tokens is not None or (name == "codex" and doc is not None and login_api_key(doc)):
+        prepared.brokered.append(name)
+    else:
+        missing = "is missing" if doc is None else "holds no login"
+        prepared.notes.append(f"{login.title}: no login on the host ({login.file.path} {missing}); log in on the "
+                              f"host with `{login.login_command}`")
+
+
+def login_api_key(doc: dict[str, object]) -> str | None:
+    key = doc.get("OPENAI_API_KEY")
+    return key if isinstance(key, str) and key else None
+
+
+def _codex_file_key(prepared: Prepared, placeholders: Placeholders, login: FileLogin, doc: dict[str, object],
+                    has_tokens: bool, reals: list[str]) -> None:
+    """auth.json's OPENAI_API_KEY (an API-key login, or one beside the ChatGPT tokens)."""
+    key = login_api_key(doc)
+    if key is None:
+        return
+    placeholder = placeholders.get("codex.file_api_key", kind_of(key, "sk-"))
+    codex = login if isinstance(login, broker_codex.CodexLogin) else None
+    assert codex is not None
+
+    def real() -> str | None:
+        try:
+            return codex.api_key()
+        except StateError:
+            return None
+
+    prepared.secrets.append(Secret("codex", placeholder, broker_codex.API_KEY_HOSTS, real))
+    reals.append(key)
+    current = json.loads(prepared.files[LOGIN_FILES["codex"]]) if has_tokens else {}
+    prepared.files[LOGIN_FILES["codex"]] = _dump({**current, "OPENAI_API_KEY": placeholder})
+
+
+def _claude_json(prepared: Prepared, credentials: Iterable[str], placeholders: Placeholders) -> None:
+    spec = next((c for c in credentials if guest_path_for(c) == "~/.claude.json"), None)
+    if spec is None:
+        return
+    path = Path(os.path.expanduser(spec))
+    data = HostFile(path, MAX_CLAUDE_JSON).read()
+    prepared.replaced.add(spec)
+    if data is None:
+        return
+    key = next((s.placeholder for s in prepared.secrets if s.placeholder.startswith("sk-ant-api")), None)
+    try:
+        prepared.files[".claude.json"] = broker_claude.claude_json_for_vm(data, key)
+    except (ValueError, RecursionError) as exc:
+        raise StateError(f"{path} is not a JSON object ({exc})", "fix or remove the file; Claude Code remakes it"
+                         ) from exc
+
+
+def _api_keys(prepared: Prepared, placeholders: Placeholders, name: str, env: dict[str, str],
+              reals: list[str]) -> None:
+    for variable, kind, hosts in API_KEYS[name]:
+        value = env.get(variable)
+        if not value:
+            continue
+        placeholder = placeholders.get(f"env.{variable}", kind_of(value, kind))
+        prepared.env[variable] = placeholder
+        prepared.secrets.append(Secret(name, placeholder, hosts, _constant(value)))
+        reals.append(value)
+        if name not in prepared.brokered:
+            prepared.brokered.append(name)
+    if name == "claude" and ".claude.json" in prepared.files and "ANTHROPIC_API_KEY" in prepared.env:
+        data = json.loads(prepared.files[".claude.json"])
+        data["customApiKeyResponses"] = {"approved": [prepared.env["ANTHROPIC_API_KEY"][-20:]], "rejected": []}
+        prepared.files[".claude.json"] = _dump(data)
+
+
+def _gh(prepared: Prepared, placeholders: Placeholders, env: dict[str, str], reals: list[str]) -> None:
+    _api_keys(prepared, placeholders, "gh", env, reals)
+    login = broker_gh.GhLogin()
+    prepared.replaced.add(broker_gh.stage.GH_FILES[0])
+    token = login.token() if "GH_TOKEN" not in env else None
+    others = login.others()
+    if others:
+        prepared.notes.append(f"GitHub CLI: the logins for {', '.join(others)} in {login.file.path} stay on the "
+                              "host (only github.com is brokered)")
+    if token is None:
+        if "GH_TOKEN" not in env and "GITHUB_TOKEN" not in env:
+            prepared.notes.append(f"GitHub CLI: no login on the host ({login.file.path}); log in on the host with "
+                                  f"`{broker_gh.LOGIN_COMMAND}`")
+        return
+    placeholder = placeholders.get("gh.token", kind_of(token, "gho_"))
+    prepared.files[".config/gh/hosts.yml"] = login.vm_hosts_yml(placeholder)
+    if login.entry() is None or not broker_gh._token_of(login.entry() or {}):
+        prepared.env["GH_TOKEN"] = placeholder  # the Keychain's token: the VM's gh gets it as today, by GH_TOKEN
+    prepared.secrets.append(Secret("gh", placeholder, broker_gh.HOSTS, login.current))
+    reals.append(token)
+    if "gh" not in prepared.brokered:
+        prepared.brokered.append("gh")
+
+
+def _constant(value: str) -> Callable[[], str | None]:
+    return lambda: value
+
+
+def _dump(doc: object) -> bytes:
+    return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def _scan(prepared: Prepared, reals: list[str]) -> None:
+    """No real value reaches the VM, whatever a host file holds where agentbox did not expect it."""
+    for value in reals:
+        if len(value) < 8:
+            continue
+        needle = value.encode()
+        for path, data in prepared.files.items():
+            if needle in data:
+                raise StateError(f"the VM's ~/{path} would hold a real credential; agentbox stages nothing for it",
+                                 "report this as a bug in agentbox")
+        if any(value in env_value for env_value in prepared.env.values()):
+            raise StateError("the VM's environment would hold a real credential", "report this as a bug in agentbox")

@@ -1,0 +1,116 @@
+"""An agent's OAuth login kept in a JSON file on the host, as the broker uses it: its tokens, the VM's
+placeholders for them, the Secret the proxy substitutes, and the token endpoint's answers. Each brokered agent
+(broker_claude, broker_codex, broker_gemini) says where its tokens are in the file and in the replies."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+from agentbox.credentials.hostfile import HostFile
+from agentbox.credentials.placeholders import Placeholders, kind_of
+from agentbox.credentials.tokens import Tokens
+from agentbox.errors import AgentboxError, StateError
+from agentbox.net.broker import Secret
+
+
+class FileLogin:
+    """Subclasses set the class attributes and parse/apply/reply; the rest is shared."""
+
+    agent = ""  # "claude"
+    title = ""  # "Claude Code"
+    login_command = ""  # "claude auth login"
+    access_kind = ""  # the placeholder's prefix when the real value's kind is not one we know
+    refresh_kind = ""
+    access_hosts: frozenset[str] = frozenset()  # where the real access token may go
+
+    def __init__(self, path: Path, placeholders: Placeholders) -> None:
+        self.file = HostFile(path)
+        self.placeholders = placeholders
+
+    # -- what a subclass says -----------------------------------------------------------------------------------
+
+    def parse(self, doc: dict[str, Any]) -> Tokens | None:
+        """The tokens in the file (None: logged out); StateError (via self.bad) when the file is malformed."""
+        raise NotImplementedError
+
+    def apply(self, doc: dict[str, Any], response: dict[str, Any], now: float) -> dict[str, Any]:
+        """The file's new contents with a token response's tokens."""
+        raise NotImplementedError
+
+    def reply(self, tokens: Tokens, ph: dict[str, str], upstream: dict[str, Any] | None, now: float
+              ) -> dict[str, Any]:
+        """The token endpoint's answer; ph holds "access", "refresh" and "id_token" (unsigned) for the VM."""
+        raise NotImplementedError
+
+    def vm_file(self, doc: dict[str, Any], tokens: Tokens, ph: dict[str, str]) -> dict[str, Any]:
+        """The file the VM gets: the real shape, every secret a placeholder."""
+        raise NotImplementedError
+
+    # -- shared ---------------------------------------------------------------------------------------------------
+
+    def bad(self, what: str) -> StateError:
+        return StateError(f"{self.file.path}: {what}, so it is not {self.title}'s login file agentbox can use",
+                          f"log in again on the host with `{self.login_command}`, or fix or remove the file")
+
+    def tokens(self) -> Tokens | None:
+        doc = self.file.json()
+        return None if doc is None else self.parse(doc)
+
+    def store(self, response: dict[str, Any], now: float) -> None:
+        doc = self.file.json() or {}
+        self.file.write_json(self.apply(doc, response, now))
+
+    def locked(self) -> AbstractContextManager[None]:
+        return self.file.locked()
+
+    def access_placeholder(self, tokens: Tokens) -> str:
+        return self.placeholders.get(f"{self.agent}.access", kind_of(tokens.access, self.access_kind))
+
+    def refresh_placeholder(self, tokens: Tokens) -> str:
+        return self.placeholders.get(f"{self.agent}.refresh", kind_of(tokens.refresh, self.refresh_kind))
+
+    def placeholders_for(self, tokens: Tokens) -> dict[str, str]:
+        from agentbox.credentials.tokens import unsigned_jwt
+
+        ph = {"access": self.access_placeholder(tokens), "refresh": self.refresh_placeholder(tokens)}
+        unsigned = unsigned_jwt(tokens.id_token)
+        if unsigned is not None:
+            ph["id_token"] = unsigned
+        return ph
+
+    def placeholder_reply(self, tokens: Tokens, upstream: dict[str, Any] | None, now: float) -> dict[str, Any]:
+        return self.reply(tokens, self.placeholders_for(tokens), upstream, now)
+
+    def current_access(self) -> str | None:
+        """The host's access token now (Secret.real): None when logged out or unreadable, never an exception."""
+        try:
+            tokens = self.tokens()
+        except AgentboxError:
+            return None
+        return tokens.access if tokens is not None else None
+
+    def secret(self, tokens: Tokens) -> Secret:
+        return Secret(self.agent, self.access_placeholder(tokens), self.access_hosts, self.current_access)
+
+    def reals(self, tokens: Tokens) -> list[str]:
+        """Every real value of this login, for the scan of what the VM gets."""
+        return [value for value in (tokens.access, tokens.refresh, tokens.id_token) if value]
+
+
+def string(doc: dict[str, Any], key: str) -> str | None:
+    value = doc.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def expires_in(response: dict[str, Any]) -> float | None:
+    return number(response.get("expires_in"))
+
+
+def remaining(tokens: Tokens, now: float) -> int:
+    return max(0, int((tokens.expires_at or now) - now))
