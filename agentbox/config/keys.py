@@ -155,6 +155,12 @@ CREDENTIAL_KEYS: dict[str, Key] = {
                  why="brings ~/.netrc, which can hold many passwords, into the VM"),
     "gh": Key("bool", "Bring the GitHub CLI login.", default=True),
     "git": Key("bool", "Bring the safe part of ~/.gitconfig: name, email, ...", default=True),
+    "broker": Key(
+        "bool", "Keep the real logins of Claude Code, Codex, Gemini CLI and the GitHub CLI on the host: the VM gets "
+        "placeholders, and agentbox's proxy puts the real value into requests to their own hosts only "
+        "(docs/security.md, \"The credential broker\"). New in this version, off by default for now.",
+        default=False,
+    ),
     "writeBack": Key(
         "bool", "Copy a login the agent refreshed or made in the VM back to the host file after the session "
         "(Claude Code, Codex, Gemini CLI); a project file can only turn it off.", default=True,

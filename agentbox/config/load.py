@@ -83,11 +83,13 @@ class CredentialSettings(NamedTuple):
     gh: bool = True
     git: bool = True
     write_back: bool = True
+    broker: bool = False
 
     def to_json(self) -> Any:
         if not self.enabled:
             return False
-        return {"netrc": self.netrc, "gh": self.gh, "git": self.git, "writeBack": self.write_back}
+        return {"netrc": self.netrc, "gh": self.gh, "git": self.git, "writeBack": self.write_back,
+                "broker": self.broker}
 
 
 class CheckpointSettings(NamedTuple):
@@ -590,7 +592,8 @@ def _credential_settings(raw: Any, global_layer: Any, local: Any, notices: list[
                 "turns write-back off, and a project file can only turn it off"
             )
     return CredentialSettings(
-        True, raw.get("netrc", False), raw.get("gh", True), raw.get("git", True), write_back=write_back
+        True, raw.get("netrc", False), raw.get("gh", True), raw.get("git", True), write_back=write_back,
+        broker=raw.get("broker", False),
     )
 
 

@@ -64,32 +64,73 @@ class Prepared:
     notes: list[str] = field(default_factory=list)
     brokered: list[str] = field(default_factory=list)  # the agents (and "gh") whose logins are brokered
 
+    def replaces(self, host_path: Path) -> bool:
+        """Whether `host_path` (expanded) is one of the host login files the VM gets a placeholder version of."""
+        return any(Path(os.path.expanduser(spec)) == host_path for spec in self.replaced)
+
     @property
     def hosts(self) -> frozenset[str]:
         return frozenset(host for secret in self.secrets for host in secret.hosts) | frozenset(
             host for host, _ in self.endpoints)
 
 
+@dataclass(frozen=True)
+class Request:
+    """What `prepare` reads from the config: the brokered agents' login files, the GitHub CLI, the API keys.
+
+    The launch writes it (with its real API keys) to a 0600 file in the VM's state folder for the broker
+    process, which makes the same Prepared from it (agentbox.credentials.brokerd)."""
+
+    agents: dict[str, tuple[str, ...]]  # brokered agent -> its credentials (`~/...`)
+    gh: bool
+    env: dict[str, str]  # the config's env, only the variables of API_KEYS
+
+    def to_json(self) -> dict[str, object]:
+        return {"agents": {name: list(files) for name, files in self.agents.items()}, "gh": self.gh,
+                "env": dict(self.env)}
+
+    @classmethod
+    def from_json(cls, data: object) -> Request:
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        agents = data.get("agents")
+        env = data.get("env")
+        if not isinstance(agents, dict) or not isinstance(env, dict):
+            raise ValueError("agents and env must be objects")
+        return cls({str(k): tuple(str(f) for f in v) for k, v in agents.items() if isinstance(v, list)},
+                   bool(data.get("gh")), {str(k): str(v) for k, v in env.items()})
+
+
+def request_of(config: Config, agents: Iterable[str] | None = None) -> Request | None:
+    """The broker's request for `agents` (None: every configured one); None when credentials are off."""
+    settings = config.credentials
+    if not settings.enabled:
+        return None
+    names = list(config.agents) if agents is None else list(agents)
+    chosen = {name: tuple(config.agents[name].credentials) for name in names
+              if name in BROKERED and name in config.agents and config.agents[name].builtin}
+    variables = {variable for name in [*chosen, "gh"] for variable, _, _ in API_KEYS[name]}
+    return Request(chosen, settings.gh, {k: v for k, v in config.env.items() if k in variables})
+
+
 def prepare(vm: str, config: Config, agents: Iterable[str] | None = None, upstream: Upstream | None = None
             ) -> Prepared:
     """What the VM gets for the brokered agents among `agents` (None: every configured one) and the GitHub CLI."""
+    request = request_of(config, agents)
+    return Prepared() if request is None else prepare_request(vm, request, upstream)
+
+
+def prepare_request(vm: str, request: Request, upstream: Upstream | None = None) -> Prepared:
     prepared = Prepared()
-    settings = config.credentials
-    if not settings.enabled:
-        return prepared
     placeholders = Placeholders(vm)
-    names = list(config.agents) if agents is None else list(agents)
     reals: list[str] = []
-    for name in names:
-        agent = config.agents.get(name)
-        if name not in BROKERED or agent is None or not agent.builtin:
-            continue
-        _file_login(prepared, placeholders, name, agent.credentials, upstream, reals)
-        _api_keys(prepared, placeholders, name, config.env, reals)
+    for name, credentials in request.agents.items():
+        _file_login(prepared, placeholders, name, credentials, upstream, reals)
+        _api_keys(prepared, placeholders, name, request.env, reals)
         if name in prepared.brokered:  # an API key in the env is a login: no note about the file
             prepared.notes[:] = [note for note in prepared.notes if not note.startswith(_LOGINS[name].title + ":")]
-    if settings.gh:
-        _gh(prepared, placeholders, config.env, reals)
+    if request.gh:
+        _gh(prepared, placeholders, request.env, reals)
     _scan(prepared, reals)
     return prepared
 

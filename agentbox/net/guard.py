@@ -8,6 +8,8 @@ markers). When the last lease is released and no marker is fresh, the proxy stop
 within a second otherwise): the VM reaching its port after that is refused. No daemon stays behind.
 
 Files in the VM's state folder, `network/`:
+  broker.json   what the credential broker serves (agentbox.credentials.brokerd; 0600, real API keys in it);
+                while it exists the proxy runs until `agentbox stop`, in every network mode
   policy.json   what the proxy allows (written by each launch: the mode, the patterns with their sources, the
                 agents launched since the proxy started, allowLan); the proxy reloads it when it changes
   proxy.json    the running proxy's pid and port (removed when it stops); proxy.lock is flock'ed by it
@@ -26,18 +28,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentbox import paths
-from agentbox.fsutil import atomic_write, locked, private_dir
+from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
+from agentbox.net.broker import Brokering
 
 POLL_SEC = 0.25
 START_TIMEOUT_SEC = 10.0
 STOP_TIMEOUT_SEC = 5.0
 IDLE_GRACE_SEC = 1.0  # between a detached launch's end and its session's first marker
+BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
 
@@ -53,6 +57,7 @@ class Running(NamedTuple):
     pid: int
     port: int
     started: float
+    brokers: bool = False  # started as the broker's process (agentbox.credentials.brokerd)
 
 
 def running(vm_name: str) -> Running | None:
@@ -60,7 +65,7 @@ def running(vm_name: str) -> Running | None:
     base = folder(vm_name)
     try:
         info = json.loads((base / "proxy.json").read_text())
-        found = Running(int(info["pid"]), int(info["port"]), float(info["started"]))
+        found = Running(int(info["pid"]), int(info["port"]), float(info["started"]), bool(info.get("brokers")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return found if _lock_held(base / "proxy.lock") else None
@@ -137,25 +142,40 @@ class Lease:
                 stop(self.vm_name, locked_already=True)
 
 
-def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, tuple[str, ...]]) -> Lease | None:
-    """Make sure the VM's proxy runs with the policy for `agents` (name: endpoints) and lease it; None in open mode."""
-    if not settings.proxied:
+def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, tuple[str, ...]],
+          broker: Mapping[str, Any] | None = None, program: str = __name__) -> Lease | None:
+    """Make sure the VM's proxy runs with the policy for `agents` (name: endpoints) and lease it; None in open mode
+    without a broker.
+
+    `broker`: what the credential broker must serve (agentbox.credentials.brokered.Request's JSON, real API keys
+    included), written 0600 for the proxy process, which `program` (`python -m program VM`) must be able to read;
+    a brokered VM's proxy stays up until `stop()`, whatever the mode."""
+    if not settings.proxied and broker is None:
         return None
     base = folder(vm_name)
     private_dir(base)
     private_dir(base / "leases")
     with locked(_control_lock(vm_name)):
         current = running(vm_name)
+        if current is not None and broker is not None and not current.brokers:
+            # started before credentials.broker was turned on: the broker's process takes over (its tunnels end)
+            stop(vm_name, locked_already=True)
+            current = None
         launched = dict(agents)
         if current is not None:
             for name, hosts in (policy(vm_name) or {}).get("agents", {}).items():
                 launched.setdefault(name, tuple(hosts))
         _write_policy(vm_name, settings, launched)
+        if broker is not None:
+            write_if_changed(base / BROKER_FILE, (json.dumps(broker, sort_keys=True, indent=1) + "\n").encode())
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                (base / BROKER_FILE).unlink()
         lease_path = base / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
         fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            child = _spawn(vm_name) if current is None else None
+            child = _spawn(vm_name, program) if current is None else None
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -192,10 +212,10 @@ def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dic
     atomic_write(folder(vm_name) / "policy.json", json.dumps(data, indent=1) + "\n", mode=0o600, durable=False)
 
 
-def _spawn(vm_name: str) -> subprocess.Popen[bytes]:
+def _spawn(vm_name: str, program: str) -> subprocess.Popen[bytes]:
     with open(folder(vm_name) / "proxy.stderr.log", "ab") as errors:
         return subprocess.Popen(
-            [sys.executable, "-m", "agentbox.net.guard", vm_name],
+            [sys.executable, "-m", program, vm_name],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True,
             close_fds=True,
         )
@@ -253,7 +273,8 @@ def _in_use(vm_name: str) -> bool:
         else:
             with contextlib.suppress(OSError):
                 lease.unlink()
-    return in_use or livemarkers.any_fresh(vm_name)
+    # A brokered VM keeps its proxy for its whole life: `agentbox stop` ends it.
+    return in_use or (folder(vm_name) / BROKER_FILE).exists() or livemarkers.any_fresh(vm_name)
 
 
 # -- the proxy process ---------------------------------------------------------------------------------------
@@ -262,13 +283,16 @@ def _load_policy(vm_name: str) -> Any:
     from agentbox.net import proxy as netproxy
 
     data = policy(vm_name) or {}
+    if data.get("mode") == "open":
+        return netproxy.Policy(open=True)
     patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
     valid = [pattern for pattern in patterns if netproxy.check_pattern(pattern) is None]
     return netproxy.Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)))
 
 
-def serve(vm_name: str) -> int:
-    """The proxy process: serve until no session needs it (or SIGTERM)."""
+def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = None) -> int:
+    """The proxy process: serve until no session needs it (or SIGTERM). `load_broker` makes the credential
+    broker from the VM's broker file, again whenever that file changes (None: no broker)."""
     from agentbox.net import proxy as netproxy
 
     base = folder(vm_name)
@@ -289,16 +313,23 @@ def serve(vm_name: str) -> int:
     _rotate(log_path(vm_name))
     policy_file = base / "policy.json"
     seen = _mtime(policy_file)
-    proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred)
+    broker_file = base / BROKER_FILE
+    broker_seen = _mtime(broker_file)
+    proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
+                           broker=_broker(load_broker, broker_seen))
     try:
         atomic_write(base / "port", f"{proxy.port}\n", mode=0o600, durable=False)
-        atomic_write(base / "proxy.json", json.dumps({"pid": os.getpid(), "port": proxy.port,
-                                                      "started": time.time()}) + "\n", mode=0o600, durable=False)
+        atomic_write(base / "proxy.json", json.dumps({"pid": os.getpid(), "port": proxy.port, "started": time.time(),
+                                                      "brokers": load_broker is not None}) + "\n",
+                     mode=0o600, durable=False)
         idle_since: float | None = None
         while not stopping.wait(POLL_SEC):
             if _mtime(policy_file) != seen:
                 seen = _mtime(policy_file)
                 proxy.set_policy(_load_policy(vm_name))
+            if _mtime(broker_file) != broker_seen:
+                broker_seen = _mtime(broker_file)
+                proxy.set_broker(_broker(load_broker, broker_seen))
             if _in_use(vm_name):
                 idle_since = None
             elif idle_since is None:
@@ -309,6 +340,18 @@ def serve(vm_name: str) -> int:
         _end(base, proxy)
         os.close(lock_fd)
     return 0
+
+
+def _broker(load: Callable[[], Brokering | None] | None, seen: int) -> Brokering | None:
+    """The broker the file asks for; on an error, none (the VM's placeholders then reach no host as real values)
+    and the reason in proxy.stderr.log."""
+    if load is None or not seen:
+        return None
+    try:
+        return load()
+    except Exception as error:  # any failure leaves the proxy serving, without a broker
+        print(f"agentbox: the credential broker is not serving: {error}", file=sys.stderr, flush=True)
+        return None
 
 
 def _end_if_idle(vm_name: str, proxy: Any) -> bool:

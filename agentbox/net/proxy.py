@@ -177,6 +177,9 @@ class Policy:
     allow: Sequence[str] = ()
     allow_lan: bool = False
     allow_loopback: bool = False  # tests and benchmarks only: their servers listen on loopback
+    # network.mode open with the credential broker: every host and port, the LAN too (the VM reaches it anyway),
+    # never the host's own loopback (closed to the VM in every mode), by name or by address.
+    open: bool = False
     resolver: Resolver | None = None
     max_connections: int = 256
     queue_timeout: float = 10.0
@@ -197,6 +200,8 @@ class Policy:
 
     def permits(self, host: str, port: int, default_port: int) -> str | None:
         """None when host:port is listed, else the reason it is not."""
+        if self.open:
+            return None
         if any(rule.matches(host, port, default_port) for rule in self.rules):
             return None
         if _ip(host) is not None:
@@ -215,7 +220,8 @@ class Policy:
             ip = ip.ipv4_mapped
         if ip.is_loopback or ip.is_unspecified or ip.is_multicast or ip in _RESERVED:
             return not (self.allow_loopback and ip.is_loopback)
-        return not self.allow_lan and any(ip in net for net in _BLOCKED_NETS if net.version == ip.version)
+        lan = self.allow_lan or self.open
+        return not lan and any(ip in net for net in _BLOCKED_NETS if net.version == ip.version)
 
 
     @staticmethod
@@ -379,7 +385,7 @@ class _Proxy:
                 raise _Refused(502, "name does not resolve") from None
             if not addresses:
                 raise _Refused(502, "name does not resolve")
-        bad = [a for a in addresses if self.policy.blocked_address(a)] if _ip(host) is None else []
+        bad = [a for a in addresses if self.policy.blocked_address(a)] if _ip(host) is None or self.policy.open else []
         if bad:
             kind = "a loopback" if self.policy.loopback(bad[0]) else "a private"
             raise _Refused(403, f"resolves to {kind} address ({bad[0]})")

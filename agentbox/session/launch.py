@@ -28,7 +28,7 @@ from agentbox.errors import StateError, UsageError
 from agentbox.net import guard as netguard
 from agentbox.progress import note, warn
 from agentbox.review import isolation, tripwire
-from agentbox.session import bootstrap, context, staging
+from agentbox.session import bootstrap, broker, context, staging
 from agentbox.session import detached as sessions
 from agentbox.session import isolated as isolatedsession
 from agentbox.session.checkpoints import SessionCheckpoints
@@ -68,14 +68,15 @@ def run_in_vm(
     """
     config = session.config
     workspace = config.require_workspace()
-    # In allowlist and offline mode the VM's proxy starts now, while Lima is asked (agentbox.net.guard).
-    lease = netguard.begin(config.network, name, {agent.name: agent.endpoints} if agent is not None else {})
+    brokering = broker.prepare(config, name)  # a malformed host login stops here, before anything starts
+    # In allowlist and offline mode (or with the broker) the VM's proxy starts now, while Lima is asked.
+    lease = broker.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
     points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
     try:
         points.start()
         try:
             return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree, keep,
-                        lease)
+                        lease, brokering)
         finally:
             points.wait_for_start()  # a launch that failed early still leaves no thread behind
     finally:
@@ -96,6 +97,7 @@ def _run(
     worktree: Worktree | None = None,
     keep: str | None = None,
     lease: netguard.Lease | None = None,
+    brokering: broker.Brokered | None = None,
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
@@ -112,7 +114,8 @@ def _run(
     with timing.phase("network proxy (ready)"):
         proxy_port = lease.port if lease else None  # waits for a proxy this launch started
     with timing.phase("staging (credentials, env, guards, sync)"):
-        refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port)
+        refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port,
+                                    brokering.prepared if brokering is not None else None)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vmstate.update(name, {"seen": seen})
@@ -138,7 +141,10 @@ def _run(
         workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
     # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
     # logins it refreshed (launch.sh keeps what it last installed).
-    handback = None if kept else writeback.begin(config, name, agent, refreshed.credentials,
+    # A brokered login never comes back from the VM: its real tokens are refreshed and saved on the host.
+    returned = [item for item in refreshed.credentials if brokering is None
+                or not brokering.prepared.replaces(item.host_path)]
+    handback = None if kept else writeback.begin(config, name, agent, returned,
                                                  vm.expected_config(name, state), login=login)
     command = staging.launch_command(
         config, workspace, scripts, agent, refreshed.folder, isolated,

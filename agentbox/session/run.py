@@ -24,10 +24,9 @@ from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
 from agentbox.config.load import AgentConfig
 from agentbox.errors import AgentboxError, StateError
 from agentbox.git import store as hostgit
-from agentbox.net import guard as netguard
 from agentbox.progress import warn
 from agentbox.review import checkpoints, isolation
-from agentbox.session import attention, bootstrap, staging
+from agentbox.session import attention, bootstrap, broker, staging
 from agentbox.session import detached as sessions
 from agentbox.session.launch import workdir_for
 from agentbox.tasks import records as tasks
@@ -103,23 +102,26 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                     latest.checkpoint = task.checkpoint
                     tasks.save(latest)
     scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
+    brokering = broker.prepare(config, agent.vm_name)
     with timing.phase("VM state (limactl list, start)"):
         instance = vm.ensure_running(session, agent.vm_name)
     # The task's marker keeps the VM's proxy (allowlist, offline) once this lease ends with the hand-over.
-    lease = netguard.begin(config.network, agent.vm_name, {agent.name: agent.endpoints})
+    lease = broker.begin_proxy(config, agent.vm_name, {agent.name: agent.endpoints})
     try:
         _stage_and_start(session, agent, task, prompt, base, workspace, scripts, instance,
-                         lease.port if lease is not None else None)
+                         lease.port if lease is not None else None, brokering)
     finally:
         if lease is not None:
             lease.release()
 
 
 def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
-                     workspace: Path, scripts: bootstrap.Plan, instance: Instance, proxy_port: int | None) -> None:
+                     workspace: Path, scripts: bootstrap.Plan, instance: Instance, proxy_port: int | None,
+                     brokering: broker.Brokered | None = None) -> None:
     config = session.config
     with timing.phase("staging (credentials, env, guards, sync)"):
-        refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance, proxy_port)
+        refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance, proxy_port,
+                                    brokering.prepared if brokering is not None else None)
         staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
     events = sessions.events_folder(agent.vm_name) if config.notify else None
     box = tasks.prepare_box(task, {"prompt": prompt,

@@ -101,6 +101,8 @@ and sync/AGENT/: what the last sync applied, what it announced as waiting).
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -142,6 +144,7 @@ from agentbox.sync import stage as agentsync
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
+    from agentbox.credentials.brokered import Prepared
     from agentbox.session.bootstrap import Plan
     from agentbox.session.worktrees import Worktree
     from agentbox.vm.lima import Instance
@@ -208,7 +211,7 @@ def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig
 
 def refresh(
     config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None,
-    proxy_port: int | None = None,
+    proxy_port: int | None = None, prepared: Prepared | None = None,
 ) -> Refreshed:
     """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
 
@@ -233,17 +236,38 @@ def refresh(
     stage_bootstrap(scripts, staging)
     settings = config.credentials
     transforms = agentsync.login_transforms(config, guest_home, staging)
+    host_files = credentials.launch_files(config, agent)
+    if prepared is not None:
+        host_files, transforms = brokered_logins(host_files, transforms, prepared)
     staged, warnings = stage_credentials(
-        staging, credentials.launch_files(config, agent), include_git_identity=settings.enabled and settings.git,
-        transforms=transforms,
+        staging, host_files, include_git_identity=settings.enabled and settings.git, transforms=transforms,
     )
     warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
     write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
-    env = sessionenv.of(config, proxy_port)
+    env = sessionenv.of(config, proxy_port, prepared.env if prepared is not None else None)
     write_env(staging, env)
     return Refreshed(staging, staged, tuple(env))
+
+
+def brokered_logins(host_files: list[str], transforms: credentials.Transforms, prepared: Prepared
+                    ) -> tuple[list[str], dict[str, tuple[str, Callable[[bytes], bytes]]]]:
+    """The login files a brokered launch stages: the placeholder versions the broker made (through the file's own
+    transform, ~/.claude.json's MCP filter), never the host's; a brokered login the host lacks, not at all."""
+    kept = [spec for spec in host_files
+            if spec not in prepared.replaced or credentials.guest_path_for(spec)[2:] in prepared.files]
+    changed = dict(transforms)
+    for relative, data in prepared.files.items():
+        inner = transforms.get(relative)
+        key = "broker:" + hashlib.sha256(data).hexdigest()[:16] + (f":{inner[0]}" if inner else "")
+
+        def placeholder_version(_host_bytes: bytes, data: bytes = data,
+                                inner: tuple[str, Callable[[bytes], bytes]] | None = inner) -> bytes:
+            return inner[1](data) if inner is not None else data
+
+        changed[relative] = (key, placeholder_version)
+    return kept, changed
 
 
 def stage_context(

@@ -1,0 +1,65 @@
+"""The VM's proxy process with the credential broker: `python -m agentbox.credentials.brokerd VM`.
+
+agentbox.net.guard's process, given a broker made from the request the launch wrote (guard's broker.json):
+the host's logins read again (agentbox.credentials.brokered), the VM's CA and its leaves (agentbox.net.ca).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import sys
+from pathlib import Path
+
+from agentbox.credentials import brokered
+from agentbox.credentials.tokens import Upstream
+from agentbox.net import ca
+from agentbox.net import guard as netguard
+from agentbox.net.broker import Brokering
+
+PROGRAM = __name__
+# Tests only: where the broker finds "the real hosts" ({"address": [host, port], "caFile": PEM}); the host's
+# environment is the user's, never the VM's.
+TEST_UPSTREAM = "AGENTBOX_TEST_BROKER_UPSTREAM"
+
+
+def request_json(request: brokered.Request, allow_push: bool) -> dict[str, object]:
+    """What the launch hands the broker process (guard.begin writes it 0600)."""
+    return {**request.to_json(), "allowPush": allow_push}
+
+
+def load(vm: str) -> Brokering | None:
+    """The broker for `vm` from its request file; None when there is none."""
+    path = netguard.folder(vm) / netguard.BROKER_FILE
+    try:
+        data = json.loads(path.read_bytes())  # agentbox's own file, in the host's state folder
+    except FileNotFoundError:
+        return None
+    upstream = _test_upstream()
+    prepared = brokered.prepare_request(vm, brokered.Request.from_json(data), upstream)
+    if not prepared.hosts:
+        return None
+    authority = ca.ensure(vm, prepared.hosts)
+    return Brokering(
+        leaves={host: ca.server_context(authority.leaf(host)) for host in authority.hosts},
+        secrets=tuple(prepared.secrets),
+        endpoints=dict(prepared.endpoints),
+        allow_push=bool(data.get("allowPush")),
+        push_hint="sync.remoteWrite: true in the project's agentbox.yml (a setting `agentbox trust` must accept)",
+        upstream_context=upstream.context if upstream else None,
+        upstream_address=upstream.address if upstream else None,
+    )
+
+
+def _test_upstream() -> Upstream | None:
+    text = os.environ.get(TEST_UPSTREAM)
+    if not text:
+        return None
+    data = json.loads(text)
+    address = (str(data["address"][0]), int(data["address"][1]))
+    return Upstream(ssl.create_default_context(cafile=str(Path(data["caFile"]))), lambda host, port: address)
+
+
+if __name__ == "__main__":
+    sys.exit(netguard.serve(sys.argv[1], lambda: load(sys.argv[1])))

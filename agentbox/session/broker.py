@@ -1,0 +1,46 @@
+"""A launch's part of the credential broker (`credentials.broker: true`): the placeholder logins it stages, the
+VM's CA, and the proxy that serves the broker for the VM's whole life (agentbox.credentials.brokerd)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentbox.credentials import brokerd, brokered
+from agentbox.net import ca
+from agentbox.net import guard as netguard
+from agentbox.progress import note
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
+
+
+@dataclass(frozen=True)
+class Brokered:
+    prepared: brokered.Prepared
+    authority: ca.BrokerCA | None  # None when no brokered login is on the host (nothing to vouch for)
+
+
+def wanted(config: Config) -> bool:
+    return config.credentials.enabled and config.credentials.broker
+
+
+def prepare(config: Config, vm_name: str) -> Brokered | None:
+    """What the VM gets instead of the host's logins (every brokered agent's: the CA's host set stays the same
+    whichever agent launches); None without the broker. Raises StateError for a malformed host login."""
+    if not wanted(config):
+        return None
+    prepared = brokered.prepare(vm_name, config)
+    for text in prepared.notes:
+        note(text)
+    authority = ca.ensure(vm_name, prepared.hosts) if prepared.hosts else None
+    return Brokered(prepared, authority)
+
+
+def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]) -> netguard.Lease | None:
+    """netguard.begin, with the broker's request when the broker is on (then in every network mode)."""
+    request = brokered.request_of(config) if wanted(config) else None
+    if request is None:
+        return netguard.begin(config.network, vm_name, agents)
+    return netguard.begin(config.network, vm_name, agents, broker=brokerd.request_json(request, config.remote_write),
+                          program=brokerd.PROGRAM)
