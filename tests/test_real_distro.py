@@ -60,9 +60,10 @@ REPO = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # The image: what a cloud image brings before agentbox provisions it (gh: see the module docstring);
-# openssh-server as in every cloud image (Lima reaches the VM over ssh), so the seal has host keys to remove.
+# openssh-server as in every cloud image (Lima reaches the VM over ssh), so the seal has host keys to remove;
+# python3 as in every cloud image (cloud-init is Python), so the broker CA's trust is checked from Python too.
 IMAGE_PACKAGES = ("sudo", "ca-certificates", "curl", "git", "gnupg", "xz-utils", "build-essential", "gh", "procps",
-                  "docker.io", "openssh-server")
+                  "docker.io", "openssh-server", "python3")
 HOSTNAME = "lima-agentbox"
 USER, UID = "lima", 1000
 GUEST_HOME = f"/home/{USER}.guest"
