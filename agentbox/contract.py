@@ -34,8 +34,14 @@ CONTEXT_FILE = "context/context.json"
 MEMORY_BLOCK = "context/memory.md"
 CONTEXT_TOOLS = "context/tools"
 CONTEXT_DIGESTS = "context/digests"
+BROKER = "broker"
+BROKER_CA = "broker/ca.crt"
+BROKER_CA_DIGEST = "broker/ca.sha256"
 
 GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+GUEST_BROKER_CA = "/usr/local/share/ca-certificates/agentbox-broker.crt"  # provision/launch/broker.sh installs it there
+# launch.sh's exit status when the broker's CA could not be installed in the guest's trust store (it says why first).
+BROKER_CA_FAILED = 122
 
 
 class LaunchOption(NamedTuple):

@@ -84,6 +84,8 @@ source "$staging/launch/common.sh"
 source "$staging/launch/vm.sh"
 # shellcheck source=launch/credentials.sh
 source "$staging/launch/credentials.sh"
+# shellcheck source=launch/broker.sh
+source "$staging/launch/broker.sh"
 # shellcheck source=launch/sync.sh
 source "$staging/launch/sync.sh"
 # shellcheck source=launch/home.sh
@@ -115,6 +117,7 @@ mkdir -p "$state"
 exec 7>>"$state/launch.lock"
 flock 7
 apply_credentials
+apply_broker_ca
 apply_sync
 setup_browser
 configure_git

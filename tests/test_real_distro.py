@@ -60,9 +60,10 @@ REPO = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
 # The image: what a cloud image brings before agentbox provisions it (gh: see the module docstring);
-# openssh-server as in every cloud image (Lima reaches the VM over ssh), so the seal has host keys to remove.
+# openssh-server as in every cloud image (Lima reaches the VM over ssh), so the seal has host keys to remove;
+# python3 as in every cloud image (cloud-init is Python), so the broker CA's trust is checked from Python too.
 IMAGE_PACKAGES = ("sudo", "ca-certificates", "curl", "git", "gnupg", "xz-utils", "build-essential", "gh", "procps",
-                  "docker.io", "openssh-server")
+                  "docker.io", "openssh-server", "python3")
 HOSTNAME = "lima-agentbox"
 USER, UID = "lima", 1000
 GUEST_HOME = f"/home/{USER}.guest"
@@ -382,9 +383,10 @@ def own_by_guest_user(*paths: Path) -> None:
 
 
 def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input: str | None = None,
-           timeout: float = 1200) -> subprocess.CompletedProcess:
+           timeout: float = 1200, brokered: bool = False) -> subprocess.CompletedProcess:
     """One launch as agentbox makes it: staging refreshed by agentbox's host code, then what
-    `limactl shell --workdir WORKSPACE` runs (a login shell running launch.sh) as the user."""
+    `limactl shell --workdir WORKSPACE` runs (a login shell running launch.sh) as the user. `brokered`: the VM's
+    broker CA (agentbox.net.ca, made beforehand) is staged; otherwise none is, and launch.sh removes one."""
     with pytest.MonkeyPatch.context() as patch:
         for key, value in p.env.items():
             patch.setenv(key, value)
@@ -398,7 +400,10 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
         # The VM's row of `limactl list` as a launch has it (the user's home is what the sync rewrites to).
         instance = Instance.from_json({"name": config.vm_name, "status": "Running", "cpus": 4, "memory": 8 << 30,
                                        "disk": 100 << 30, "config": {"user": {"home": GUEST_HOME}}})
-        refreshed = staging.refresh(config, config.vm_name, agent_config, scripts, instance)
+        from agentbox.net import ca
+
+        broker_ca = ca.load(config.vm_name) if brokered else None
+        refreshed = staging.refresh(config, config.vm_name, agent_config, scripts, instance, broker_ca=broker_ca)
         staging.stage_context(config, config.vm_name, agent_config, refreshed, instance, "live", None)
         command = staging.launch_command(config, p.project, scripts, agent_config, p.staging)
     own_by_guest_user(p.staging)
@@ -541,6 +546,124 @@ def test_launch_applies_the_staged_network_ruleset_with_root_s_nft(provisioned: 
     host = shutil.which("nft", path="/usr/sbin:/sbin:" + os.environ["PATH"])
     if host:
         assert "inet agentbox" not in run([host, "list", "ruleset"]).stdout
+
+
+BROKER_HOST = "api.broker-test.invalid"  # a credential host of the test's CA; no real name is shadowed
+OUTSIDE_HOST = "elsewhere.broker-test.example"  # outside the CA's name constraints
+# In the guest, as the agent would: each tool with nothing but the system's trust (the variables launch.sh exports
+# are taken out, so the store itself is what is checked; Node is the exception, it reads only NODE_EXTRA_CA_CERTS).
+TRUST_PROBE = r"""
+url="https://$1:$2"
+printf 'vars %s %s %s\n' "$NODE_EXTRA_CA_CERTS" "$SSL_CERT_FILE" "$REQUESTS_CA_BUNDLE"
+plain() { env -u NODE_EXTRA_CA_CERTS -u SSL_CERT_FILE -u REQUESTS_CA_BUNDLE "$@"; }
+plain curl -sS -o /dev/null "$url/ok.txt" 2>&1 && echo "curl ok" || echo "curl refused"
+plain python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/ok.txt", timeout=20)' "$url" \
+  2>&1 | tail -n 1 | sed 's/^/python: /'; [ "${PIPESTATUS[0]}" = 0 ] && echo "python ok" || echo "python refused"
+node -e 'require("https").get(process.argv[1] + "/ok.txt", r => { console.log("node ok"); r.resume(); })
+  .on("error", e => { console.log("node refused: " + e.code); })' "$url"
+plain git ls-remote "$url/repo.git" 2>&1 | sed 's/^/git: /'; [ "${PIPESTATUS[0]}" = 0 ] && echo "git ok" || echo "git refused"
+"""
+
+
+def _tls_server(root: Path, cert: Path, key: Path) -> tuple[object, int]:
+    """A static HTTPS server on 127.0.0.1 serving `root` (a bare repository there answers git's dumb protocol)."""
+    import functools
+    import http.server
+    import ssl
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(root)))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(str(cert), str(key))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def test_the_broker_ca_is_installed_and_trusted_by_the_guest_s_tools_within_its_names(provisioned: Provisioned,
+                                                                                      tmp_path: Path) -> None:
+    """The real update-ca-certificates installs a CA made by agentbox.net.ca; curl, Python's default context and
+    git then trust a server presenting its leaf with no CA option of their own, and Node through the variable
+    launch.sh exports; a leaf the same key signed for a name outside the CA's constraints is refused by every one.
+    A second launch installs nothing; one without the CA removes it, with the real tool again."""
+    from agentbox.config import load as config_module
+    from agentbox.net import ca
+
+    machine = provisioned.machine
+    with pytest.MonkeyPatch.context() as patch:
+        for key, value in provisioned.env.items():
+            patch.setenv(key, value)
+        vm = config_module.load(provisioned.project).vm_name
+        authority = ca.ensure(vm, [BROKER_HOST])
+    # The outside leaf: signed by the CA's own key, for a name its constraints do not permit.
+    outside_key, outside_cert, ext = tmp_path / "outside.key", tmp_path / "outside.pem", tmp_path / "ext.cnf"
+    ext.write_text(f"subjectAltName = DNS:{OUTSIDE_HOST}\nextendedKeyUsage = serverAuth\n")
+    run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(outside_key)])
+    request = run(["openssl", "req", "-new", "-key", str(outside_key), "-subj", f"/CN={OUTSIDE_HOST}"]).stdout
+    run(["openssl", "x509", "-req", "-CA", str(authority.cert), "-CAkey", str(authority.key), "-set_serial", "7",
+         "-days", "30", "-extfile", str(ext), "-out", str(outside_cert)], input=request)
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "ok.txt").write_text("ok\n")
+    run(["git", "init", "-q", "--bare", str(site / "repo.git")])
+    work = tmp_path / "work"
+    run(["git", "-c", "init.defaultBranch=main", "init", "-q", str(work)])
+    run(["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@e", "commit", "-q", "--allow-empty",
+         "-m", "first"])
+    run(["git", "-C", str(work), "push", "-q", str(site / "repo.git"), "HEAD:main"])
+    run(["git", "--git-dir", str(site / "repo.git"), "update-server-info"])
+    leaf = authority.leaf(BROKER_HOST)
+    inside, inside_port = _tls_server(site, leaf.cert, leaf.key)
+    outside, outside_port = _tls_server(site, outside_cert, outside_key)
+    hosts = machine.path("/etc/hosts")
+    before = hosts.read_text()
+    hosts.write_text(before + f"127.0.0.1 {BROKER_HOST} {OUTSIDE_HOST}\n")
+    installed, bundle = machine.path("/usr/local/share/ca-certificates/agentbox-broker.crt"), \
+        machine.path("/etc/ssl/certs/ca-certificates.crt")
+    try:
+        started = time.monotonic()
+        install = launch(provisioned, None, ["true"], brokered=True)
+        install_took = time.monotonic() - started
+        assert install.returncode == 0, install.stderr
+        assert installed.read_text() == authority.cert_pem() and authority.cert_pem() in bundle.read_text()
+        trusted = launch(provisioned, None, ["bash", "-c", TRUST_PROBE, "probe", BROKER_HOST, str(inside_port)],
+                         brokered=True)
+        assert trusted.returncode == 0, trusted.stderr
+        bundle_path = "/etc/ssl/certs/ca-certificates.crt"
+        assert f"vars {bundle_path} {bundle_path} {bundle_path}\n" in trusted.stdout
+        for tool in ("curl", "python", "node", "git"):
+            assert f"{tool} ok\n" in trusted.stdout, trusted.stdout
+        assert "refs/heads/main" in trusted.stdout
+        refused = launch(provisioned, None, ["bash", "-c", TRUST_PROBE, "probe", OUTSIDE_HOST, str(outside_port)],
+                         brokered=True)
+        for tool in ("curl", "python", "node", "git"):
+            assert f"{tool} refused" in refused.stdout, refused.stdout
+        # refused for the name, not for want of a connection (OpenSSL's words; git's GnuTLS says less)
+        assert refused.stdout.count("permitted subtree violation") == 2, refused.stdout
+        assert "server certificate verification failed" in refused.stdout
+        started = time.monotonic()
+        warm = launch(provisioned, None, ["true"], brokered=True)
+        warm_took = time.monotonic() - started
+        assert warm.returncode == 0, warm.stderr
+        started = time.monotonic()
+        removed = launch(provisioned, None, ["true"])
+        remove_took = time.monotonic() - started
+        assert removed.returncode == 0, removed.stderr
+        assert not installed.exists() and authority.cert_pem() not in bundle.read_text()
+        assert "BEGIN CERTIFICATE" in bundle.read_text()  # Debian's own roots are still there
+        started = time.monotonic()
+        assert launch(provisioned, None, ["true"]).returncode == 0
+        plain_took = time.monotonic() - started
+        print(f"\nbroker CA: install launch {install_took:.2f}s, warm {warm_took:.2f}s, removal {remove_took:.2f}s,"
+              f" without a CA {plain_took:.2f}s")
+    finally:
+        hosts.write_text(before)
+        inside.shutdown()  # type: ignore[attr-defined]
+        outside.shutdown()  # type: ignore[attr-defined]
 
 
 def host_keys(machine: Machine) -> dict[str, bytes]:

@@ -274,10 +274,9 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
 
     from agentbox.commands.common import session as session_for
     from agentbox.errors import StateError, UsageError
-    from agentbox.net import guard as netguard
     from agentbox.progress import emit
     from agentbox.safetext import visible
-    from agentbox.session import bootstrap, staging
+    from agentbox.session import bootstrap, broker, staging
     from agentbox.vm import lifecycle as vm
 
     parsed = urlsplit(url if "://" in url else f"https://{url}")
@@ -295,11 +294,14 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
     if agent_name is not None and agent_name not in config.agents:
         raise UsageError(f"there is no agent {visible(agent_name)}", hint=f"The agents: {', '.join(config.agents)}.")
     agents = {agent_name: config.agents[agent_name].endpoints} if agent_name else {}
-    lease = netguard.begin(config.network, name, agents)
+    brokering = broker.prepare(config, name)
+    lease = broker.begin_proxy(config, name, agents)
     try:
         instance = vm.ensure_running(session, name)
         scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
-        refreshed = staging.refresh(config, name, None, scripts, instance, lease.port if lease else None)
+        refreshed = staging.refresh(config, name, None, scripts, instance, lease.port if lease else None,
+                                    brokering.prepared if brokering else None,
+                                    brokering.authority if brokering else None)
         command = staging.launch_command(config, workspace, scripts, None, refreshed.folder)
         command += ["--", "python3", "-c", GUEST_CHECK, parsed.geturl()]
         code, stdout, stderr = session.lima.shell_bytes(name, command, OUTPUT_LIMIT)

@@ -115,7 +115,8 @@ def _run(
         proxy_port = lease.port if lease else None  # waits for a proxy this launch started
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port,
-                                    brokering.prepared if brokering is not None else None)
+                                    brokering.prepared if brokering is not None else None,
+                                    brokering.authority if brokering is not None else None)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vmstate.update(name, {"seen": seen})

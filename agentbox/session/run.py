@@ -121,7 +121,8 @@ def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, 
     config = session.config
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance, proxy_port,
-                                    brokering.prepared if brokering is not None else None)
+                                    brokering.prepared if brokering is not None else None,
+                                    brokering.authority if brokering is not None else None)
         staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
     events = sessions.events_folder(agent.vm_name) if config.notify else None
     box = tasks.prepare_box(task, {"prompt": prompt,

@@ -48,6 +48,15 @@ launch.sh finds the folder as the one it runs from.
     context/digests        0600  sha256 of context.json, then of           launch.sh: nothing changed since the last
                                  memory.md, one a line                       launch (~/.agentbox/context.key,
                                                                              memory.key): installs and edits nothing
+    broker/ca.crt          0600  the credential broker's CA certificate    launch.sh: installs it as root's 0644
+                                 (agentbox.net.ca; never its key); absent    /usr/local/share/ca-certificates/
+                                 when the VM's credentials are not           agentbox-broker.crt, runs
+                                 brokered                                    update-ca-certificates, exports
+                                                                             NODE_EXTRA_CA_CERTS, SSL_CERT_FILE,
+                                                                             REQUESTS_CA_BUNDLE; with no broker/,
+                                                                             removes the one it installed
+    broker/ca.sha256       0600  sha256 of ca.crt                          launch.sh: the same as ~/.agentbox/
+                                                                             broker-ca.sha256: installs nothing
     agent-memory.sh        0700  provision/agent-memory.sh                 launch.sh: bash agent-memory.sh put
                                                                              context/memory.md ~/MEMORY-FILE...
     task-runner.sh         0700  provision/task-runner.sh                  launch.sh --task: started detached, runs
@@ -101,6 +110,7 @@ and sync/AGENT/: what the last sync applied, what it announced as waiting).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Callable
 from pathlib import Path
@@ -110,6 +120,9 @@ from agentbox import paths, resources, timing
 from agentbox.contract import (
     ATTENTION_SCRIPT,
     BOOTSTRAP,
+    BROKER,
+    BROKER_CA,
+    BROKER_CA_DIGEST,
     CLAUDE_HOOKS,
     CREDS,
     CREDS_HOME,
@@ -145,6 +158,7 @@ from agentbox.sync import stage as agentsync
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
     from agentbox.credentials.brokered import Prepared
+    from agentbox.net.ca import BrokerCA
     from agentbox.session.bootstrap import Plan
     from agentbox.session.worktrees import Worktree
     from agentbox.vm.lima import Instance
@@ -211,13 +225,15 @@ def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig
 
 def refresh(
     config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None,
-    proxy_port: int | None = None, prepared: Prepared | None = None,
+    proxy_port: int | None = None, prepared: Prepared | None = None, broker_ca: BrokerCA | None = None,
 ) -> Refreshed:
     """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
 
     `instance` is the VM's row of the launch's `limactl list`: host paths in the agents' settings are
-    rewritten to its user's home. The sandbox's description is staged later (stage_context), once the
-    session's mode and start checkpoint are known.
+    rewritten to its user's home. `prepared`: the credential broker's placeholder logins, staged instead of the
+    host's (agentbox.credentials.brokered). `broker_ca`: the VM's credential broker CA (agentbox.net.ca), which
+    launch.sh installs in the guest's trust store; None removes one a launch installed before. The sandbox's
+    description is staged later (stage_context), once the session's mode and start checkpoint are known.
     """
     staging = private_dir(paths.staging_dir(name))
     guest_home = agentsync.guest_home_of(instance)
@@ -248,6 +264,7 @@ def refresh(
     write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
     env = sessionenv.of(config, proxy_port, prepared.env if prepared is not None else None)
     write_env(staging, env)
+    stage_broker_ca(staging, broker_ca)
     return Refreshed(staging, staged, tuple(env))
 
 
@@ -268,6 +285,22 @@ def brokered_logins(host_files: list[str], transforms: credentials.Transforms, p
 
         changed[relative] = (key, placeholder_version)
     return kept, changed
+
+
+def stage_broker_ca(staging: Path, broker_ca: BrokerCA | None) -> None:
+    """staging/broker: the broker CA's certificate and its digest (launch.sh installs it when the digest is not the
+    one it last installed), or no folder when there is no CA. Only the public certificate: its key stays put."""
+    folder = staging / BROKER
+    if broker_ca is None:
+        for path in (staging / BROKER_CA_DIGEST, staging / BROKER_CA):
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        return
+    pem = broker_ca.cert_pem().encode()
+    private_dir(folder)
+    write_if_changed(staging / BROKER_CA, pem, 0o600)
+    write_if_changed(staging / BROKER_CA_DIGEST, f"{hashlib.sha256(pem).hexdigest()}\n".encode(), 0o600)
 
 
 def stage_context(

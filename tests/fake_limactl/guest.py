@@ -8,7 +8,8 @@ host's, read-only. The double's guest tools (``guest_tools/``) are mounted read-
 /.fake-limactl: ``bin/`` holds stand-ins for apt-get, dpkg-query, curl and systemctl that are
 put first on PATH for `system` provisioning scripts only (the guest has no network and no
 package archive), /usr/local/bin/sudo is the guest's sudo and /usr/local/sbin/nft a stand-in that
-records the ruleset instead of changing the host's firewall (the guest shares the host's network).
+records the ruleset instead of changing the host's firewall (the guest shares the host's network);
+/usr/local/sbin/update-ca-certificates is Debian's, for the guest's own /etc/ssl/certs.
 
 Identities. Run as root (as CI runs), the guest has a root and an unprivileged user, like a VM:
 every guest process runs in a user namespace where guest uid/gid n is host id GUEST_ID_BASE+n,
@@ -196,8 +197,9 @@ def init_guestfs(inst_dir: str, name: str, cfg: dict[str, Any]) -> None:
     ids = ids_of(cfg)
     copy_host_etc(guestfs(inst_dir, "etc"))
     chown_tree(ids, guestfs(inst_dir, "etc"))
+    # usr-local/share/ca-certificates: the image's ca-certificates package made it.
     for d in ("usr-local/bin", "usr-local/sbin", "usr-local/lib", "usr-local/share", "usr-local/include",
-              "usr-local/etc", "var/log", "var/lib", "var/cache", "var/spool", "run", "home"):
+              "usr-local/share/ca-certificates", "usr-local/etc", "var/log", "var/lib", "var/cache", "var/spool", "run", "home"):
         os.makedirs(guestfs(inst_dir, d), exist_ok=True)
     for link, target in (("var/run", "/run"), ("var/lock", "/run/lock")):
         with contextlib.suppress(OSError):
@@ -210,9 +212,12 @@ def init_guestfs(inst_dir: str, name: str, cfg: dict[str, Any]) -> None:
     with contextlib.suppress(OSError):
         os.symlink(GUEST_TOOLS + "/sudo", guestfs(inst_dir, "usr-local/bin/sudo"))
         chown_guest(ids, guestfs(inst_dir, "usr-local/bin/sudo"), 0)
-    with contextlib.suppress(OSError):  # root's PATH finds it before the host's real nft (see guest_tools/tools.py)
-        os.symlink(GUEST_TOOLS + "/nft", guestfs(inst_dir, "usr-local/sbin/nft"))
-        chown_guest(ids, guestfs(inst_dir, "usr-local/sbin/nft"), 0)
+    # root's PATH finds these before the host's real ones (see guest_tools/tools.py): the real nft would change the
+    # host's firewall, and the host's update-ca-certificates runs its hooks (dpkg triggers) on the guest.
+    for tool in ("nft", "update-ca-certificates"):
+        with contextlib.suppress(OSError):
+            os.symlink(f"{GUEST_TOOLS}/{tool}", guestfs(inst_dir, f"usr-local/sbin/{tool}"))
+            chown_guest(ids, guestfs(inst_dir, f"usr-local/sbin/{tool}"), 0)
     add_host_alias(inst_dir, ids)
     user = cfg["user"]
     home = guest_home_host_path(inst_dir, user["home"])

@@ -10,6 +10,8 @@ curl                  serves the few downloads agentbox's provisioning makes (a 
                       nodejs.org and its SHASUMS256.txt, GitHub CLI's keyring); any other host cannot
                       be resolved, as in a guest without a network
 systemctl             there is no systemd in the double: enable/start/restart succeed, status says inactive
+update-ca-certificates  Debian's, for the guest's trust store (root's, in /usr/local/sbin like nft): the bundle
+                      rebuilt from the system list and /usr/local/share/ca-certificates, without hash links or hooks
 
 The stand-ins are first on PATH for `system` provisioning scripts only. Knobs the limactl double
 passes in /run/fake-limactl/world.json: "offline" (every download fails), "aptListsLockedUntil" and
@@ -118,7 +120,11 @@ def sudo(args: list[str]) -> int:
     env.pop("FAKE_LIMACTL_SUDO", None)
     request = json.dumps({"argv": argv, "env": env, "cwd": os.getcwd()}).encode("utf-8", "surrogateescape")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.connect(path)
+        try:
+            s.connect(path)
+        except OSError as e:  # as sudo fails when it cannot reach root: one line, exit 1
+            err(f"sudo: cannot reach guest root through {path}: {e.strerror}")
+            return 1
         socket.send_fds(s, [request], [0, 1, 2])
         s.shutdown(socket.SHUT_WR)
         reply = b""
@@ -512,7 +518,82 @@ def _nft_load(path: str, check: bool) -> int:
     return 0
 
 
-PROGRAMS = {"sudo": sudo, "nft": nft, "apt-get": apt_get, "apt": apt_get, "dpkg-query": dpkg_query, "curl": curl,
+# -- update-ca-certificates ----------------------------------------------------------------------
+# Debian's /usr/sbin/update-ca-certificates (ca-certificates 20230311), as far as the guest's trust store goes: the
+# bundle rebuilt from the certificates /etc/ca-certificates.conf lists (under /usr/share/ca-certificates) and every
+# *.crt under /usr/local/share/ca-certificates, a NAME.pem link in /etc/ssl/certs for each, --fresh clearing those
+# links first. Not done: `openssl rehash` (hash links) and the hooks in /etc/ca-certificates/update.d.
+
+CA_CONF = "/etc/ca-certificates.conf"
+CA_SYSTEM_DIR = "/usr/share/ca-certificates"
+CA_LOCAL_DIR = "/usr/local/share/ca-certificates"
+CA_ETC_DIR = "/etc/ssl/certs"
+CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+
+
+def update_ca_certificates(args: list[str]) -> int:
+    fresh = False
+    for a in args:
+        if a in ("--fresh", "-f"):
+            fresh = True
+        elif a not in ("--verbose", "-v"):
+            err(f"fake limactl update-ca-certificates: option {a} is not supported by the test double")
+            return 1
+    if os.geteuid() != 0 or not os.access(CA_ETC_DIR, os.W_OK):
+        err(f"ln: failed to create symbolic link '{CA_BUNDLE}.new': Permission denied")
+        return 1
+    certs = []
+    try:
+        with open(CA_CONF, encoding="utf-8") as f:
+            listed = [line.strip() for line in f if line.strip() and line[0] not in "#!"]
+    except OSError:
+        listed = []
+    if not listed:
+        fresh = True  # as Debian's: an empty or missing configuration means --fresh
+    for name in listed:
+        path = os.path.join(CA_SYSTEM_DIR, name)
+        if os.path.isfile(path):
+            certs.append(path)
+        else:
+            err(f"W: {path} not found, but listed in {CA_CONF}.")
+    if os.path.isdir(CA_LOCAL_DIR):
+        local = []
+        for folder, _, files in os.walk(CA_LOCAL_DIR, followlinks=True):
+            local += [os.path.join(folder, f) for f in files if f.endswith(".crt") and os.path.isfile(os.path.join(folder, f))]
+        certs += sorted(local)
+    links = [os.path.join(CA_ETC_DIR, n) for n in os.listdir(CA_ETC_DIR)]
+    if fresh:
+        print(f"Clearing symlinks in {CA_ETC_DIR}...")
+        for link in links:
+            if os.path.islink(link) and os.readlink(link).startswith((CA_SYSTEM_DIR, CA_LOCAL_DIR)):
+                os.unlink(link)
+        print("done.")
+    print(f"Updating certificates in {CA_ETC_DIR}...")
+    added = 0
+    bundle = []
+    for cert in certs:
+        pem = os.path.join(CA_ETC_DIR, os.path.basename(cert)[:-len(".crt")].replace(" ", "_") + ".pem")
+        if not os.path.lexists(pem) or not os.path.exists(pem) or os.readlink(pem) != cert:
+            if os.path.lexists(pem):
+                os.unlink(pem)
+            os.symlink(cert, pem)
+            added += 1
+        with open(cert, encoding="utf-8", errors="surrogateescape") as f:
+            text = f.read()
+        bundle.append(text if text.endswith("\n") else text + "\n")
+    if added:
+        for link in (os.path.join(CA_ETC_DIR, n) for n in os.listdir(CA_ETC_DIR)):
+            if os.path.islink(link) and not os.path.exists(link):
+                os.unlink(link)  # Debian removes orphan links before `openssl rehash`
+    with open(CA_BUNDLE + ".new", "w", encoding="utf-8", errors="surrogateescape") as f:
+        f.write("".join(bundle))
+    os.chmod(CA_BUNDLE + ".new", 0o644)
+    os.replace(CA_BUNDLE + ".new", CA_BUNDLE)
+    print(f"{added} added, 0 removed; done.")
+    return 0
+
+
+PROGRAMS = {"sudo": sudo, "nft": nft, "update-ca-certificates": update_ca_certificates, "apt-get": apt_get, "apt": apt_get, "dpkg-query": dpkg_query, "curl": curl,
             "systemctl": systemctl}
 
 
