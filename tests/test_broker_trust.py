@@ -36,7 +36,10 @@ import sys
 from agentbox.net import ca
 from agentbox.session import staging
 refresh = staging.refresh
-staging.refresh = lambda config, name, *args, **kwargs: refresh(config, name, *args, broker_ca=ca.load(name), **kwargs)
+def refresh_with_ca(config, name, *args, **kwargs):  # the CA as made, without a host login to broker
+    kwargs.pop("broker_ca", None)
+    return refresh(config, name, *args[:5], broker_ca=ca.load(name), **kwargs)
+staging.refresh = refresh_with_ca
 from agentbox.cli import main
 sys.argv[0] = "agentbox"
 main()
