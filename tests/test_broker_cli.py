@@ -1,0 +1,118 @@
+"""credentials.broker through the real CLI and the limactl double: the VM gets placeholder logins, its requests
+to a credential host reach the (fake) real host with the host's token, nothing real is anywhere the VM reads,
+and the VM's proxy lives until `agentbox stop`, in open mode too."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agentbox import paths
+from agentbox.net import guard as netguard
+from tests.fake_upstream import FakeUpstream
+from tests.helpers import NAME, FakeLima, agentbox, write
+
+pytestmark = pytest.mark.timeout(180)
+
+REAL_ACCESS = "sk-ant-oat01-REAL-ACCESS-" + "x" * 40
+REAL_REFRESH = "sk-ant-ort01-REAL-REFRESH-" + "y" * 40
+REAL_GH = "gho_REALGITHUBTOKEN" + "z" * 20
+CLAUDE = "api.anthropic.com"
+
+# In the guest: a request through $HTTPS_PROXY to api.anthropic.com, trusting only the guest's system bundle,
+# with the login the VM's file holds.
+REQUEST = r"""
+import http.client, json, os, ssl, sys, urllib.parse
+login = json.load(open(os.path.expanduser("~/.claude/.credentials.json")))["claudeAiOauth"]["accessToken"]
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
+connection.set_tunnel(sys.argv[1], 443)
+connection.request("GET", "/api/oauth/profile", headers={"Authorization": sys.argv[2].replace("LOGIN", login)})
+response = connection.getresponse()
+print(json.dumps({"status": response.status, "body": json.loads(response.read())}))
+"""
+
+
+@pytest.fixture
+def upstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeUpstream]:
+    with FakeUpstream(tmp_path / "upstream", [CLAUDE, "api.github.com"]) as fake:
+        fake.route("GET", "/api/oauth/profile", {"account": "the host's"}, host=CLAUDE,
+                   authorization=f"Bearer {REAL_ACCESS}")
+        monkeypatch.setenv("AGENTBOX_TEST_BROKER_UPSTREAM",
+                           json.dumps({"address": list(fake.address), "caFile": str(fake.ca_file)}))
+        yield fake
+
+
+@pytest.fixture
+def host_logins(home: Path) -> None:
+    expires = int((time.time() + 3600) * 1000)
+    write(home / ".claude" / ".credentials.json", json.dumps({"claudeAiOauth": {
+        "accessToken": REAL_ACCESS, "refreshToken": REAL_REFRESH, "expiresAt": expires,
+        "scopes": ["user:inference"], "subscriptionType": "max"}}))
+    write(home / ".claude.json", json.dumps({"hasCompletedOnboarding": True,
+                                             "oauthAccount": {"emailAddress": "me@example.com"}}))
+    write(home / ".config" / "gh" / "hosts.yml",
+          f"github.com:\n    user: me\n    oauth_token: {REAL_GH}\n    git_protocol: https\n")
+
+
+def _everything_under(folder: Path) -> bytes:
+    found = b""
+    for path in folder.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            found += path.read_bytes()
+    return found
+
+
+def test_the_vm_holds_placeholders_and_its_requests_reach_the_host_with_the_real_token(
+        project: Path, vm: FakeLima, upstream: FakeUpstream, host_logins: None) -> None:
+    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    result = agentbox(project, "shell", "--", "python3", "-c", REQUEST, CLAUDE, "Bearer LOGIN")
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout.strip().splitlines()[-1])
+    assert answer == {"status": 200, "body": {"account": "the host's"}}
+    assert [r.headers["authorization"] for r in upstream.requests_to(CLAUDE)] == [f"Bearer {REAL_ACCESS}"]
+
+    # Nothing real in what the VM can read: its home, the staging folder it mounts, its env.
+    readable = _everything_under(vm.guest_home(NAME)) + _everything_under(paths.staging_dir(NAME))
+    for real in (REAL_ACCESS, REAL_REFRESH, REAL_GH):
+        assert real.encode() not in readable
+    guest_login = json.loads((vm.guest_home(NAME) / ".claude" / ".credentials.json").read_text())
+    assert "agentbox-ph-" in guest_login["claudeAiOauth"]["accessToken"]
+    assert "agentbox-ph-" in (vm.guest_home(NAME) / ".config" / "gh" / "hosts.yml").read_text()
+
+    # The proxy serves in open mode and stays after the session, until `agentbox stop`.
+    running = netguard.running(NAME)
+    assert running is not None and running.brokers
+    assert agentbox(project, "stop").returncode == 0
+    assert netguard.running(NAME) is None
+
+
+def test_a_foreign_key_from_the_vm_is_refused_and_the_login_is_not_written_back(
+        project: Path, vm: FakeLima, upstream: FakeUpstream, host_logins: None, home: Path) -> None:
+    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    before = (home / ".claude" / ".credentials.json").read_bytes()
+    refused = agentbox(project, "shell", "--", "python3", "-c", REQUEST, CLAUDE, "Bearer sk-ant-oat01-ATTACKER")
+    answer = json.loads(refused.stdout.strip().splitlines()[-1])
+    assert answer["status"] == 403 and "not this VM's" in answer["body"]["reason"]
+    assert upstream.requests_to(CLAUDE) == []
+    # The agent rewrites the VM's login; a brokered login never comes back to the host.
+    login = vm.guest_home(NAME) / ".claude" / ".credentials.json"
+    login.write_text(json.dumps({"claudeAiOauth": {"accessToken": "sk-ant-oat01-ATTACKER", "refreshToken": "x",
+                                                   "expiresAt": int((time.time() + 7200) * 1000)}}))
+    assert agentbox(project, "shell", "--", "true").returncode == 0
+    assert (home / ".claude" / ".credentials.json").read_bytes() == before
+
+
+def test_without_the_broker_the_logins_are_staged_as_before(project: Path, vm: FakeLima, host_logins: None) -> None:
+    write(project / "agentbox.yml", "")
+    assert agentbox(project, "shell", "--", "true").returncode == 0
+    guest_login = json.loads((vm.guest_home(NAME) / ".claude" / ".credentials.json").read_text())
+    assert guest_login["claudeAiOauth"]["accessToken"] == REAL_ACCESS
+    assert netguard.running(NAME) is None  # open mode without the broker: no proxy
+    assert os.environ.get("AGENTBOX_TEST_BROKER_UPSTREAM") is None
