@@ -95,6 +95,7 @@ class FakeUpstream:
         folder.mkdir(parents=True, exist_ok=True)
         self.ca_file = folder / "upstream-ca.pem"
         self.requests: list[Request] = []
+        self.handshakes: list[str | None] = []  # the SNI name of each TLS handshake, in order
         self._routes: list[_Route] = []
         self._lock = threading.Lock()
         self._contexts = {host: self._leaf_context(host) for host in {*self.hosts, *(impostor or {}).values()}}
@@ -161,6 +162,7 @@ class FakeUpstream:
 
         def pick(sock: ssl.SSLSocket | ssl.SSLObject, name: str | None, _context: ssl.SSLContext) -> None:
             sock.sni_name = name  # type: ignore[union-attr]  # read by the handler: the host the client asked for
+            upstream.handshakes.append(name)
             asked = name or first
             if asked in upstream.hosts:  # an unknown name gets the first host's certificate, which it refuses
                 sock.context = upstream._contexts[upstream._impostor.get(asked, asked)]
@@ -235,6 +237,7 @@ def _openssl(*args: str) -> None:
 def _handler_class(upstream: FakeUpstream) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # its head and body are two writes: no 40 ms wait for a delayed ACK
 
         def log_message(self, format: str, *args: Any) -> None:
             pass

@@ -142,6 +142,15 @@ def test_the_vms_placeholder_reaches_its_host_as_the_real_token_and_the_answer_c
     assert CLAUDE_REAL not in broker.log.read_text() and CLAUDE_PH not in broker.log.read_text()
 
 
+def test_a_new_client_connection_reuses_the_upstream_connection_the_last_one_left(broker: Harness) -> None:
+    broker.upstream.route("GET", "/v1/models", {"data": []}, host=CLAUDE)
+    for _ in range(3):
+        status, _ = broker.request(CLAUDE, "GET", "/v1/models", {"x-api-key": CLAUDE_PH})
+        assert status == 200
+    assert broker.upstream.handshakes == [CLAUDE]  # one TLS handshake with the upstream for three connections
+    assert len(broker.upstream.requests_to(CLAUDE)) == 3
+
+
 def test_an_api_key_header_and_a_refreshed_host_token_are_used(broker: Harness) -> None:
     broker.upstream.route("POST", "/v1/messages", {"ok": True}, host=CLAUDE)
     broker.tokens["claude"] = "sk-ant-oat01-REFRESHED"

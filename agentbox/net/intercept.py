@@ -38,7 +38,39 @@ GITHUB_API = frozenset({"api.github.com", "uploads.github.com"})
 _SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 Log = Callable[[dict[str, Any]], None]
-Opener = Callable[[str, int], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+Opener = Callable[[str, int], Awaitable[Streams]]
+POOL_PER_HOST = 4
+POOL_IDLE_SEC = 30.0
+
+
+class Pool:
+    """Upstream connections a session left open and idle, kept for the next session to the same host: an agent
+    CLI opening a new connection then pays one TLS handshake (with the broker), not two."""
+
+    def __init__(self) -> None:
+        self.idle: dict[tuple[str, int], list[tuple[float, Streams]]] = {}
+
+    def take(self, host: str, port: int) -> Streams | None:
+        kept = self.idle.get((host, port), [])
+        while kept:
+            since, streams = kept.pop()
+            if time.monotonic() - since < POOL_IDLE_SEC and not streams[0].at_eof():
+                return streams
+            streams[1].close()
+        return None
+
+    def give(self, host: str, port: int, streams: Streams) -> None:
+        kept = self.idle.setdefault((host, port), [])
+        kept.append((time.monotonic(), streams))
+        while len(kept) > POOL_PER_HOST:
+            kept.pop(0)[1][1].close()
+
+    def close(self) -> None:
+        for kept in self.idle.values():
+            for _, streams in kept:
+                streams[1].close()
+        self.idle.clear()
 
 
 class Refusal(Exception):
@@ -95,7 +127,7 @@ class Session:
     """One intercepted connection to `host`."""
 
     def __init__(self, broker: Brokering, host: str, port: int, client: str, open_upstream: Opener, log: Log,
-                 idle_timeout: float) -> None:
+                 idle_timeout: float, pool: Pool | None = None) -> None:
         self.broker = broker
         self.host = host
         self.port = port
@@ -103,7 +135,9 @@ class Session:
         self.open_upstream = open_upstream
         self.log = log
         self.idle = idle_timeout
-        self.up: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.pool = pool
+        self.up: Streams | None = None
+        self.reusable = False  # the upstream connection ended its last answer cleanly and stays open
         self.ours = {secret.placeholder: secret for secret in broker.secrets}
         self.longest = max((len(p) for p in self.ours), default=0)
 
@@ -128,7 +162,9 @@ class Session:
                 if not keep:
                     return
         finally:
-            if self.up is not None:
+            if self.up is not None and self.reusable and self.pool is not None and not self.up[0].at_eof():
+                self.pool.give(self.host, self.port, self.up)
+            elif self.up is not None:
                 self.up[1].close()
 
     # -- one request -------------------------------------------------------------------------------------
@@ -276,22 +312,28 @@ class Session:
     async def _forward(self, request: _Request, headers: list[tuple[str, str]], query: str, framing: _Framing,
                        body: bytes | None, expects: bool, reader: asyncio.StreamReader,
                        writer: asyncio.StreamWriter, entry: dict[str, Any]) -> bool:
-        if self.up is None or self.up[0].at_eof():
-            if self.up is not None:
-                self.up[1].close()
-            self.up = await self.open_upstream(self.host, self.port)
-        up_reader, up_writer = self.up
         target = request.path + (f"?{query}" if query else "")
-        head = f"{request.method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers) + "\r\n"
-        up_writer.write(head.encode("latin-1"))
+        head = (f"{request.method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+                + "\r\n").encode("latin-1")
+        replayable = body is not None or (not framing.chunked and framing.length == 0)
+        if self.up is not None and self.up[0].at_eof():
+            self.up[1].close()
+            self.up = None
+        pooled = None
+        if self.up is None and replayable and self.pool is not None:
+            pooled = self.up = self.pool.take(self.host, self.port)
+        self.reusable = False
         if expects:
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-        if body is not None:
-            up_writer.write(_reframe(body, framing))
-        else:
-            await self._stream_body(reader, up_writer, framing)
-        await up_writer.drain()
-        status, response_head, response_headers = await _read_response_head(up_reader, self.idle)
+        try:
+            status, response_head, response_headers = await self._send(head, body, framing, reader)
+        except (Refusal, ConnectionError, asyncio.IncompleteReadError):
+            if pooled is None or self.up is not pooled:
+                raise
+            pooled[1].close()  # the host closed the kept connection meanwhile: once more on a new one
+            self.up = None
+            status, response_head, response_headers = await self._send(head, body, framing, reader)
+        up_reader, up_writer = self.up  # type: ignore[misc]
         while 100 <= status < 200 and status != 101:  # interim answers (100 Continue, 103) pass on
             writer.write(response_head)
             status, response_head, response_headers = await _read_response_head(up_reader, self.idle)
@@ -303,7 +345,21 @@ class Session:
             return False
         ends = await _copy_response_body(up_reader, writer, request.method, status, response_headers)
         await writer.drain()
-        return not ends and _keep_alive(request) and _keep_alive_headers(response_headers)
+        self.reusable = not ends and _keep_alive(request) and _keep_alive_headers(response_headers)
+        return self.reusable
+
+    async def _send(self, head: bytes, body: bytes | None, framing: _Framing, reader: asyncio.StreamReader
+                    ) -> tuple[int, bytes, list[tuple[str, str]]]:
+        if self.up is None:
+            self.up = await self.open_upstream(self.host, self.port)
+        up_reader, up_writer = self.up
+        up_writer.write(head)
+        if body is not None:
+            up_writer.write(_reframe(body, framing))
+        else:
+            await self._stream_body(reader, up_writer, framing)
+        await up_writer.drain()
+        return await _read_response_head(up_reader, self.idle)
 
     async def _stream_body(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter,
                            framing: _Framing) -> None:

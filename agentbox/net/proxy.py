@@ -266,6 +266,7 @@ class _Proxy:
         self.policy = policy
         self.log = log
         self.broker: Brokering | None = None
+        self.pool = intercept.Pool()
         self.set_broker(broker)
         self.slots = asyncio.Semaphore(policy.max_connections)
         self.waiting = 0
@@ -308,6 +309,7 @@ class _Proxy:
             self.tasks.discard(task)
 
     def set_broker(self, broker: Brokering | None) -> None:
+        self.pool.close()  # connections made for the previous broker (its upstream, its trust) are not reused
         if broker is not None:
             for host, context in broker.leaves.items():
                 context.sni_callback = intercept.sni_guard(host)
@@ -468,7 +470,7 @@ class _Proxy:
                 raise intercept.Refusal(refused.status, refused.reason) from None
 
         session = intercept.Session(broker, host, CONNECT_PORT, entry["client"], opener, self.log.write,
-                                    self.policy.idle_timeout)
+                                    self.policy.idle_timeout, self.pool)
         try:
             await session.run(reader, writer)
         finally:
@@ -577,6 +579,7 @@ class RunningProxy:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._proxy.pool.close()
         await self._server.wait_closed()
         await self._loop.shutdown_default_executor()
 
