@@ -245,6 +245,28 @@ def test_a_host_without_a_login_now_gets_nothing(broker: Harness) -> None:
     assert broker.upstream.requests_to(CLAUDE) == []
 
 
+def test_a_host_login_that_cannot_be_read_answers_503_and_sends_nothing(broker: Harness) -> None:
+    def unreadable() -> str:
+        raise ValueError("~/.claude/.credentials.json is not JSON")
+
+    broker.proxy.set_broker(Brokering(
+        leaves={CLAUDE: ca.server_context(broker.ca.leaf(CLAUDE))},
+        secrets=(Secret("claude", CLAUDE_PH, frozenset({CLAUDE}), unreadable),),
+        upstream_context=broker.upstream.client_context(), upstream_address=lambda host, port: broker.upstream.address))
+    status, body = broker.request(CLAUDE, "GET", "/api/oauth/profile", {"Authorization": f"Bearer {CLAUDE_PH}"})
+    assert status == 503 and "is not JSON" in json.loads(body)["reason"]
+    assert broker.upstream.requests_to(CLAUDE) == []
+
+
+def test_a_broker_that_could_not_be_made_answers_503_with_the_reason(broker: Harness) -> None:
+    broker.proxy.set_broker(Brokering(leaves={CLAUDE: ca.server_context(broker.ca.leaf(CLAUDE))},
+                                      down="~/.codex/auth.json: its tokens.id_token is not a JWT"))
+    status, body = broker.request(CLAUDE, "GET", "/v1/models", {"x-api-key": CLAUDE_PH})
+    answer = json.loads(body)
+    assert status == 503 and "is not a JWT" in answer["reason"] and "agentbox stop" in answer["fix"]
+    assert broker.upstream.requests == []
+
+
 def test_the_host_header_and_the_sni_name_must_be_the_connected_host(broker: Harness) -> None:
     status, body = broker.request(CLAUDE, "GET", "/", {"Host": GITHUB_API, "Authorization": f"Bearer {CLAUDE_PH}"})
     assert status == 403 and "Host header" in json.loads(body)["reason"]

@@ -69,6 +69,9 @@ class Brokering:
     # at a fake upstream.
     upstream_context: ssl.SSLContext | None = None
     upstream_address: Callable[[str, int], tuple[str, int]] | None = None
+    # Set when the broker could not be made (a host login file it cannot read, ...): every request to a
+    # credential host is then answered 503 with this reason, and nothing goes out.
+    down: str | None = None
 
     @property
     def hosts(self) -> frozenset[str]:

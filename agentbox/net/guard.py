@@ -316,7 +316,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     broker_file = base / BROKER_FILE
     broker_seen = _mtime(broker_file)
     proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
-                           broker=_broker(load_broker, broker_seen))
+                           broker=_broker(vm_name, load_broker, broker_seen))
     try:
         atomic_write(base / "port", f"{proxy.port}\n", mode=0o600, durable=False)
         atomic_write(base / "proxy.json", json.dumps({"pid": os.getpid(), "port": proxy.port, "started": time.time(),
@@ -329,7 +329,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                 proxy.set_policy(_load_policy(vm_name))
             if _mtime(broker_file) != broker_seen:
                 broker_seen = _mtime(broker_file)
-                proxy.set_broker(_broker(load_broker, broker_seen))
+                proxy.set_broker(_broker(vm_name, load_broker, broker_seen))
             if _in_use(vm_name):
                 idle_since = None
             elif idle_since is None:
@@ -342,16 +342,24 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     return 0
 
 
-def _broker(load: Callable[[], Brokering | None] | None, seen: int) -> Brokering | None:
-    """The broker the file asks for; on an error, none (the VM's placeholders then reach no host as real values)
-    and the reason in proxy.stderr.log."""
+def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int) -> Brokering | None:
+    """The broker the file asks for. On an error the credential hosts get a 503 naming it (with the CA the VM
+    already trusts; without one they are tunnelled, and the VM's placeholders reach them as they are: nothing
+    real), and the reason goes to proxy.stderr.log."""
     if load is None or not seen:
         return None
     try:
         return load()
-    except Exception as error:  # any failure leaves the proxy serving, without a broker
-        print(f"agentbox: the credential broker is not serving: {error}", file=sys.stderr, flush=True)
-        return None
+    except Exception as error:  # any failure leaves the proxy serving, never sending a real value
+        reason = getattr(error, "message", None) or str(error) or type(error).__name__
+        print(f"agentbox: the credential broker is not serving: {reason}", file=sys.stderr, flush=True)
+        from agentbox.net import ca
+
+        authority = ca.load(vm_name)
+        if authority is None:
+            return None
+        return Brokering(leaves={host: ca.server_context(authority.leaf(host)) for host in authority.hosts},
+                         down=reason)
 
 
 def _end_if_idle(vm_name: str, proxy: Any) -> bool:

@@ -172,6 +172,10 @@ class Session:
     async def _one(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                    entry: dict[str, Any]) -> bool:
         """Decide and serve one request; False when the client connection must end after it."""
+        if self.broker.down is not None:
+            raise Refusal(503, f"agentbox's credential broker is not serving: {self.broker.down}",
+                          {"fix": "fix that on the host, then `agentbox stop` and launch again (the broker restarts "
+                                  "with the VM's next launch)"})
         self._check_target(request)
         framing = _request_framing(request)
         expects = (request.header("expect") or "").lower() == "100-continue"
@@ -274,7 +278,12 @@ class Session:
         return secret
 
     def _real(self, secret: Secret) -> str:
-        real = secret.real()
+        try:
+            real = secret.real()
+        except Exception as error:  # a host login file that turned unreadable or malformed: nothing goes out
+            reason = getattr(error, "message", None) or str(error) or type(error).__name__
+            raise Refusal(503, f"the host's {secret.agent} login cannot be read: {reason}",
+                          {"fix": "fix or log in again on the host; the next request reads it again"}) from None
         if not real:
             raise Refusal(403, f"the host has no {secret.agent} login now: log in on the host, then try again")
         return real
@@ -583,7 +592,7 @@ def _graphql_writes(body: bytes) -> bool:
 # -- answers of the broker's own -----------------------------------------------------------------------------
 
 _STATUS = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 431: "Request Header Fields Too Large",
-           502: "Bad Gateway"}
+           502: "Bad Gateway", 503: "Service Unavailable"}
 
 
 async def _send_refusal(writer: asyncio.StreamWriter, refusal: Refusal, host: str, port: int) -> None:

@@ -591,7 +591,12 @@ class RunningProxy:
     def set_broker(self, broker: Brokering | None) -> None:
         """Broker the next connections with `broker` (None: tunnel everything; open connections stay as they are)."""
         if self._proxy is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._proxy.set_broker, broker)
+            proxy = self._proxy
+
+            async def swap() -> None:
+                proxy.set_broker(broker)
+
+            asyncio.run_coroutine_threadsafe(swap(), self._loop).result()  # the next connection sees it
 
     def stop(self) -> None:
         """Close the listener and every open connection, then the log; idempotent."""
