@@ -116,3 +116,32 @@ def test_without_the_broker_the_logins_are_staged_as_before(project: Path, vm: F
     assert guest_login["claudeAiOauth"]["accessToken"] == REAL_ACCESS
     assert netguard.running(NAME) is None  # open mode without the broker: no proxy
     assert os.environ.get("AGENTBOX_TEST_BROKER_UPSTREAM") is None
+
+
+def _guest_program(vm: FakeLima, name: str, text: str) -> None:
+    path = vm.home / NAME / "guestfs" / "usr-local" / "bin" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    path.chmod(0o755)
+
+
+def test_a_missing_host_login_says_how_to_log_in_and_stages_nothing(project: Path, vm: FakeLima,
+                                                                      upstream: FakeUpstream, home: Path) -> None:
+    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    _guest_program(vm, "claude", "#!/bin/sh\necho 2.1.0\n")
+    result = agentbox(project, "claude", "--version")
+    assert result.returncode == 0, result.stderr
+    assert "Claude Code: no login on the host" in result.stderr and "log in on the host with `claude" in result.stderr
+    assert "Codex" not in result.stderr  # only the launched agent's
+    assert not (vm.guest_home(NAME) / ".claude" / ".credentials.json").exists()
+
+
+def test_a_malformed_host_login_stops_the_launch_before_the_vm_starts(project: Path, vm: FakeLima,
+                                                                        upstream: FakeUpstream, home: Path) -> None:
+    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    write(home / ".claude" / ".credentials.json", "{not json")
+    assert agentbox(project, "stop").returncode == 0
+    result = agentbox(project, "shell", "--", "true")
+    assert result.returncode != 0
+    assert str(home / ".claude" / ".credentials.json") in result.stderr
+    assert vm.subcommands()[-1] == "stop"  # nothing was started after the stop

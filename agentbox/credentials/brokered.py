@@ -101,6 +101,12 @@ class Request:
                    bool(data.get("gh")), {str(k): str(v) for k, v in env.items()})
 
 
+def title_of(agent: str) -> str | None:
+    """The brokered agent's name as its notes begin ("Claude Code"), None for an agent that is not brokered."""
+    login = _LOGINS.get(agent)
+    return login.title if login is not None else None
+
+
 def request_of(config: Config, agents: Iterable[str] | None = None) -> Request | None:
     """The broker's request for `agents` (None: every configured one); None when credentials are off."""
     settings = config.credentials

@@ -25,14 +25,17 @@ def wanted(config: Config) -> bool:
     return config.credentials.enabled and config.credentials.broker
 
 
-def prepare(config: Config, vm_name: str) -> Brokered | None:
+def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered | None:
     """What the VM gets instead of the host's logins (every brokered agent's: the CA's host set stays the same
-    whichever agent launches); None without the broker. Raises StateError for a malformed host login."""
+    whichever agent launches); None without the broker. Raises StateError for a malformed host login. Says what
+    the host lacks for `agent` (the others are `agentbox doctor`'s to report)."""
     if not wanted(config):
         return None
     prepared = brokered.prepare(vm_name, config)
+    title = brokered.title_of(agent) if agent is not None else None
     for text in prepared.notes:
-        note(text)
+        if title is not None and text.startswith(f"{title}:"):
+            note(text)
     authority = ca.ensure(vm_name, prepared.hosts) if prepared.hosts else None
     return Brokered(prepared, authority)
 

@@ -68,7 +68,8 @@ def run_in_vm(
     """
     config = session.config
     workspace = config.require_workspace()
-    brokering = broker.prepare(config, name)  # a malformed host login stops here, before anything starts
+    # A malformed host login stops the launch here, before anything starts.
+    brokering = broker.prepare(config, name, agent.name if agent else None)
     # In allowlist and offline mode (or with the broker) the VM's proxy starts now, while Lima is asked.
     lease = broker.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
     points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
@@ -142,9 +143,10 @@ def _run(
         workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
     # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
     # logins it refreshed (launch.sh keeps what it last installed).
-    # A brokered login never comes back from the VM: its real tokens are refreshed and saved on the host.
+    # With the broker, a brokered login never comes back from the VM (its real tokens are refreshed and saved on the
+    # host), and a staged one only after `agentbox AGENT login`: a plain session cannot make the host's login.
     returned = [item for item in refreshed.credentials if brokering is None
-                or not brokering.prepared.replaces(item.host_path)]
+                or (login and not brokering.prepared.replaces(item.host_path))]
     handback = None if kept else writeback.begin(config, name, agent, returned,
                                                  vm.expected_config(name, state), login=login)
     command = staging.launch_command(

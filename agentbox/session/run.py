@@ -102,7 +102,7 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                     latest.checkpoint = task.checkpoint
                     tasks.save(latest)
     scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
-    brokering = broker.prepare(config, agent.vm_name)
+    brokering = broker.prepare(config, agent.vm_name, agent.name)
     with timing.phase("VM state (limactl list, start)"):
         instance = vm.ensure_running(session, agent.vm_name)
     # The task's marker keeps the VM's proxy (allowlist, offline) once this lease ends with the hand-over.
