@@ -546,6 +546,7 @@ def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None
     groups = credential_groups(config)
     used = agents_in_use(config, groups, probe)
     checks.append(_agents_check(config, used))
+    checks += check_broker(config)
     for agent, guests in groups:
         if agent is None:
             check = _check_other_logins(config, guests, probe)
@@ -555,6 +556,25 @@ def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None
             check = None
         if check is not None:
             checks.append(check)
+
+
+def check_broker(config: Config) -> list[Check]:
+    """The credential broker: whose logins stay on the host (brokered) and whose are copied in (staged), the
+    VM's CA, and a WARN for each note of the last launch (a host login missing: how to log in on the host)."""
+    from agentbox.credentials import report as brokerreport
+
+    report = brokerreport.of(config, config.vm_name)
+    if not report["enabled"]:
+        return [Check("broker", OK, f"credential broker off: every agent's login is staged (copied "
+                      f"into the VM): {', '.join(report['staged']) or 'none'}",
+                      "credentials.broker: true keeps the logins of Claude Code, Codex, Gemini CLI and the GitHub "
+                      "CLI on the host (docs/security.md, \"The credential broker\")")]
+    message = (f"credential broker on: brokered {', '.join(report['brokered']) or 'none'} (the VM holds "
+               f"placeholders, no secret of theirs); staged {', '.join(report['staged']) or 'none'}; CA "
+               f"{report['caFingerprint'] or 'not made yet (the next launch makes it)'}")
+    checks = [Check("broker", OK, message)]
+    checks += [Check("broker", WARN, note) for note in report["notes"]]
+    return checks
 
 
 def agents_in_use(
@@ -641,7 +661,14 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
         agent.vm_name,
         in_vm_probe,
         f"The next `agentbox {agent.name}` copies it into the VM.",
+        brokered=agent.name in _brokered(config),
     )
+
+
+def _brokered(config: Config) -> list[str]:
+    from agentbox.credentials import report as brokerreport
+
+    return brokerreport.candidates(config) if config.credentials.broker else []
 
 
 def _gh_login_on_host(config: Config) -> bool:
@@ -666,18 +693,21 @@ def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Pr
         config.vm_name,
         probe,
         "The next launch (`agentbox shell` or an agent command) copies it into the VM.",
+        brokered=names == ["gh"] and "gh" in _brokered(config),
     )
 
 
 def _login_state(
-    check: str, label: str, on_host: list[str], total: int, vm_name: str, probe: Probe, hint: str
+    check: str, label: str, on_host: list[str], total: int, vm_name: str, probe: Probe, hint: str,
+    brokered: bool = False,
 ) -> Check:
-    """A login present on the host: is it staged for the VM, and is it in the VM?"""
+    """A login present on the host: is it staged for the VM (as placeholders when `brokered`), and is it in the VM?"""
 
     staged_home = paths.staging_dir(vm_name) / contract.CREDS_HOME
     staged = all((staged_home / guest[2:]).is_file() for guest in on_host)
     count = f" ({len(on_host)} of {total} files)" if len(on_host) != total else ""
-    parts = [f"logged in on the host{count}", "staged" if staged else "not staged now"]
+    what = "brokered: placeholders staged, the real login stays on the host" if brokered else "staged"
+    parts = [f"logged in on the host{count}", what if staged else "not staged now"]
     if probe.reason is None:
         in_vm = all(probe.creds.get(guest[2:], False) for guest in on_host)
         parts.append("in the VM" if in_vm else "not in the VM yet")

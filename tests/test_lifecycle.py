@@ -103,12 +103,17 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
         "network": {"mode": "open", "enforcement": "advisory", "enforcementWhy": netpolicy.enforcement(netpolicy.NetworkSettings())[1],
                     "allowHost": False, "allowLan": False,
                     "proxy": {"running": False, "port": None, "pid": None, "url": None}},
+        "broker": {"enabled": False, "brokered": [], "staged": ["codex", "claude", "gemini", "kiro", "opencode",
+                                                                "copilot", "gh"],
+                   "caFingerprint": None, "notes": [], "notesChecked": False,
+                   "vmHolds": "copies of the host's login files and API keys of every agent brought in "
+                              "(credentials.broker is off)"},
     }
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n")
     assert run_cli("start", cwd=project).exit_code == 0
     after = json.loads(run_cli("status", "--json", cwd=project).stdout)
     assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir",
-                           "workspaceRule", "conflict", "ports", "network"]
+                           "workspaceRule", "conflict", "ports", "network", "broker"]
     assert after["workspaceRule"] == f"the folder of {project / 'agentbox.yml'}"
     assert after["conflict"] is None
     assert after["status"] == "Running"

@@ -98,15 +98,18 @@ def net_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the policy as JSON.")
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
-    """Show the mode, what enforces it, what the proxy lets through and whether it runs."""
+    """Show the mode, what enforces it, what the proxy lets through and whether it runs, and the credential
+    broker: which agents' logins it keeps on the host, which are staged, its CA."""
     from agentbox.commands.common import load_config
+    from agentbox.credentials import report as brokerreport
     from agentbox.net import guard as netguard
     from agentbox.safetext import visible
 
     config = load_config(ctx, describe=True)
     report = netguard.describe(config.network, config.vm_name, _agents(config))
+    broker = brokerreport.of(config, config.vm_name)
     if as_json:
-        click.echo(json.dumps({"vm": config.vm_name, **report}, indent=2))
+        click.echo(json.dumps({"vm": config.vm_name, **report, "broker": broker}, indent=2))
         return
     host = report["allowHost"]
     host_words = ("open: every port" if host is True else f"open on ports {', '.join(map(str, host))}, others closed"
@@ -132,7 +135,14 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
             lines.append("  (a session allows its own agent's API; while none runs, every agent's is shown)")
     else:
         lines.append("internet:        open (no proxy; network.mode allowlist or offline filters it)")
-    click.echo("\n".join(lines))
+        if broker["enabled"]:
+            lines.append("proxy:           " + (
+                f"running on 127.0.0.1:{proxy['port']} (pid {proxy['pid']}) for the credential broker only"
+                if proxy["running"] else "not running (the next launch starts it for the broker; `agentbox stop` "
+                                         "ends it)"))
+            lines.append(f"log:             {report['log']} (`agentbox net log`)")
+    lines += [f"{'broker:' if index == 0 else '':17}{line}" for index, line in enumerate(brokerreport.lines(broker))]
+    click.echo("\n".join(visible(line) for line in lines))
 
 
 @net_group.command("log")
@@ -140,9 +150,17 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 @click.option("-n", "--lines", "count", type=click.IntRange(min=0), default=LOG_TAIL, show_default=True,
               help="How many of the last decisions to print first.")
 @click.option("--json", "as_json", is_flag=True, help="Print the JSON lines as the proxy wrote them.")
+@click.option("--broker", "broker_only", is_flag=True,
+              help="Only the credential broker's decisions: each request to a credential host (substituted, "
+                   "answered on the host, passed or refused) and each placeholder refused on its way elsewhere.")
 @click.pass_context
-def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool) -> None:
-    """Print the proxy's decisions for the project's VM: time, allow or deny, the host and why."""
+def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, broker_only: bool) -> None:
+    """Print the proxy's decisions for the project's VM: time, decision, the host and why.
+
+    A request the credential broker judged (credentials.broker) also shows its path (without the query) and
+    the agent whose credential it carried: substitute (the real value put in on the host), answer (a token
+    request answered on the host), pass (no credential) or deny. Never a secret.
+    """
     from agentbox.commands.common import load_config
     from agentbox.net import guard as netguard
     from agentbox.progress import say
@@ -151,22 +169,23 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool) -> 
     path = netguard.log_path(config.vm_name)
     if not path.exists() and not follow:
         say(f"no decisions logged for {config.vm_name} yet ({path}); the proxy runs in network.mode allowlist and "
-            "offline")
+            "offline, and in every mode with credentials.broker")
         return
     try:
-        _print_log(path, count, follow, as_json)
+        _print_log(path, count, follow, as_json, broker_only)
     except KeyboardInterrupt:
         pass
 
 
-def _print_log(path: Path, count: int, follow: bool, as_json: bool) -> None:
+def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only: bool = False) -> None:
     import collections
     import os
 
     position = 0
     if path.exists():
         with open(path, "rb") as handle:
-            tail = collections.deque(handle, maxlen=count) if count else collections.deque()
+            chosen = (raw for raw in handle if not broker_only or _brokered(raw))
+            tail = collections.deque(chosen, maxlen=count) if count else collections.deque()
             position = handle.tell()
         for raw in tail:
             _print_entry(raw, as_json)
@@ -186,7 +205,8 @@ def _print_log(path: Path, count: int, follow: bool, as_json: bool) -> None:
         complete = data[:data.rfind(b"\n") + 1]
         position += len(complete)
         for raw in complete.splitlines(keepends=True):
-            _print_entry(raw, as_json)
+            if not broker_only or _brokered(raw):
+                _print_entry(raw, as_json)
         sys.stdout.flush()
 
 
@@ -203,8 +223,21 @@ def _print_entry(raw: bytes, as_json: bool) -> None:
         return
     target = f"{entry.get('host', '?')}:{entry.get('port', '?')}"
     reason = f"  ({entry['reason']})" if entry.get("reason") else ""
+    if "path" in entry:  # a request the credential broker judged (agentbox.net.intercept)
+        target += str(entry["path"])
+        status = f" -> {entry['status']}" if entry.get("status") else ""
+        reason = f"  {entry.get('agent') or '-'}{status}{reason}"
     click.echo(visible(f"{entry.get('time', '?')}  {entry.get('decision', '?')!s:5}  "
                        f"{entry.get('method', '?')!s:7} {target}{reason}"))
+
+
+def _brokered(raw: bytes) -> bool:
+    """Whether a log line is the credential broker's: a request it judged, or a placeholder refused elsewhere."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and ("path" in entry or str(entry.get("reason", "")).startswith("attempted leak"))
 
 
 @net_group.command("allow")

@@ -138,7 +138,9 @@ def rm_command(ctx: click.Context, force: bool) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
+    from agentbox.credentials import report as brokerreport
     from agentbox.net import guard as netguard
+    from agentbox.safetext import visible
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import ports
 
@@ -158,6 +160,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     network = netguard.describe(config.network, name, {})
     info["network"] = {key: network[key] for key in ("mode", "enforcement", "enforcementWhy", "allowHost",
                                                       "allowLan", "proxy")}
+    info["broker"] = brokerreport.of(config, name)
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -177,6 +180,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     proxy = network["proxy"]
     click.echo(f"{'network:':11}{network['mode']} (enforcement: {network['enforcement']}"
                + (f"; proxy on 127.0.0.1:{proxy['port']}" if proxy["running"] else "") + "; `agentbox net status`)")
+    click.echo(visible(f"{'broker:':11}{brokerreport.summary(info['broker'])}"))
     if holders is not None and info["status"] == "Running":
         _print_ports(rows, holders)
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentbox.credentials import brokerd, brokered
+from agentbox.credentials import report as brokerreport
 from agentbox.net import ca
 from agentbox.net import guard as netguard
 from agentbox.progress import note
@@ -36,6 +37,7 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
     for text in prepared.notes:
         if title is not None and text.startswith(f"{title}:"):
             note(text)
+    brokerreport.record(vm_name, prepared)  # what status/describe/doctor report, without parsing the logins
     authority = ca.ensure(vm_name, prepared.hosts) if prepared.hosts else None
     return Brokered(prepared, authority)
 

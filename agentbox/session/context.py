@@ -133,6 +133,7 @@ def build(
             "stagedFor": agent.name if agent is not None else None,
             "files": [{"path": f"~/{path}", "for": owner} for path, owner in _owners(config, staged_credentials)],
             "gitIdentity": bool(git_identity),
+            "broker": _broker(config, vm_name),
             "note": "Names only. A launch of one agent brings that agent's login files (plus gh's and the safe part "
                     "of ~/.gitconfig); `agentbox shell` brings every agent's. They are copies: a file changed "
                     "here does not change the host's.",
@@ -152,6 +153,21 @@ def build(
         "memoryFiles": memory_files(),
         "askForMore": _ask_for_more(config),
     }
+
+
+def _broker(config: Config, vm_name: str) -> dict[str, Any]:
+    from agentbox.credentials import report as brokerreport
+
+    report = brokerreport.of(config, vm_name)
+    report["meaning"] = (
+        "The credential broker (credentials.broker). Brokered: the login files and API keys of these agents in "
+        "the VM hold placeholders, not secrets; requests to their own hosts go through agentbox's proxy, which "
+        "puts the real value in on the host; a placeholder sent anywhere else, or another credential sent to "
+        "their hosts, is refused (HTTP 403). Staged: real copies of the host's logins. A note says what the "
+        "user must do on the host (`log in on the host with ...`): ask them; do not log in inside the VM."
+        if report["enabled"] else
+        "The credential broker (credentials.broker) is off: every login brought in is a copy of the host's.")
+    return report
 
 
 def memory_files() -> list[str]:

@@ -54,6 +54,7 @@ def as_text(document: dict[str, Any], block: str) -> str:
             f"git identity: {'yes' if credentials['gitIdentity'] else 'no'}",
             f"brought for: {credentials['stagedFor'] or 'agentbox shell (every agent)'}",
         ]),
+        *_group("Broker", _broker_lines(credentials["broker"])),
         *_group("Env keys", [", ".join(document["env"]["keys"])]),
         *_group("Tools", [", ".join(_tool(tool) for tool in tools["list"]),
                           "(looked up in the VM at each launch)" if tools["checkedInVm"]
@@ -71,6 +72,12 @@ def as_text(document: dict[str, Any], block: str) -> str:
         *("  " + line if line else "" for line in block.rstrip("\n").split("\n")),
     ]
     return visible_text("\n".join(lines)) + "\n"
+
+
+def _broker_lines(report: dict[str, Any]) -> list[str]:
+    from agentbox.credentials import report as brokerreport
+
+    return brokerreport.lines(report)
 
 
 def _group(label: str, lines: list[str]) -> list[str]:

@@ -1,0 +1,115 @@
+"""What `status`, `net status`, `doctor`, `describe` and the VM's context file say about the credential broker.
+
+    of(config, vm) -> dict   whether the broker is on, which agents are brokered and which staged, the CA's
+                             fingerprint, what the VM holds, and the notes of the last launch
+
+Cheap by design (these run on the launch path and in `describe`): the config, one small record the launch wrote
+(`record`, in the VM's state folder) and the CA's record (agentbox.net.ca.load: small files, no program). The
+host's login files are never parsed here; the launch did that (agentbox.credentials.brokered.prepare).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from agentbox import paths
+from agentbox.credentials import brokered
+from agentbox.fsutil import private_dir, write_if_changed
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
+
+RECORD_NAME = "broker-logins.json"  # in paths.vm_state_dir(VM): {"brokered": [...], "notes": [...]}
+MAX_RECORD = 64 << 10
+
+
+def record_path(vm: str) -> Path:
+    return paths.vm_state_dir(vm) / RECORD_NAME
+
+
+def record(vm: str, prepared: brokered.Prepared) -> None:
+    """What the launch found on the host: the logins it brokered and its notes (no secret: names and sentences).
+    Written only when it changed (the warm path reads it and writes nothing)."""
+    private_dir(paths.vm_state_dir(vm))
+    data = {"brokered": list(prepared.brokered), "notes": list(prepared.notes)}
+    write_if_changed(record_path(vm), (json.dumps(data, indent=1) + "\n").encode())
+
+
+def _recorded(vm: str) -> dict[str, Any] | None:
+    try:
+        with open(record_path(vm), "rb") as handle:
+            data = json.loads(handle.read(MAX_RECORD))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("notes"), list):
+        return None
+    return data
+
+
+def candidates(config: Config) -> list[str]:
+    """The agents (and "gh") whose logins the broker holds when it is on (Claude Code, Codex, Gemini CLI, the
+    GitHub CLI); every other agent's stay staged."""
+    request = brokered.request_of(config)
+    if request is None:
+        return []
+    return [*request.agents, *(["gh"] if request.gh else [])]
+
+
+def of(config: Config, vm: str) -> dict[str, Any]:
+    """The broker's part of the reports (JSON-ready; never a secret)."""
+    settings = config.credentials
+    on = settings.enabled and settings.broker
+    if not settings.enabled:
+        return {"enabled": False, "brokered": [], "staged": [], "caFingerprint": None, "notes": [],
+                "notesChecked": False,
+                "vmHolds": "no login: credentials are off (credentials: false), so no login goes into the VM"}
+    every = [*config.agents, *(["gh"] if settings.gh else [])]
+    chosen = candidates(config) if on else []
+    staged = [name for name in every if name not in chosen]
+    if not on:
+        return {"enabled": False, "brokered": [], "staged": staged, "caFingerprint": None, "notes": [],
+                "notesChecked": False,
+                "vmHolds": "copies of the host's login files and API keys of every agent brought in "
+                           "(credentials.broker is off)"}
+    from agentbox.net import ca
+
+    authority = ca.load(vm)
+    seen = _recorded(vm)
+    notes = [str(note) for note in seen["notes"]] if seen is not None else []
+    holds = (f"no secret of {', '.join(chosen)}: their login files and API keys in the VM hold placeholders; the "
+             "real tokens stay on the host and agentbox's proxy puts them only into requests to their own hosts"
+             if chosen else "no brokered login (no agent the broker supports is configured)")
+    if staged:
+        holds += f"; copies of the real logins of {', '.join(staged)} (staged: the broker does not support them)"
+    return {"enabled": True, "brokered": chosen, "staged": staged,
+            "caFingerprint": authority.fingerprint if authority is not None else None,
+            "notes": notes, "notesChecked": seen is not None, "vmHolds": holds}
+
+
+def lines(report: dict[str, Any]) -> list[str]:
+    """The report as a few sentences for people (net status, status, doctor, describe)."""
+    if not report["enabled"]:
+        out = [f"off (credentials.broker): {report['vmHolds']}"]
+        if report["staged"]:
+            out.append(f"staged: {', '.join(report['staged'])}")
+        return out
+    out = [f"on (credentials.broker): the VM holds {report['vmHolds']}",
+           f"brokered: {', '.join(report['brokered']) or 'none'}",
+           f"staged: {', '.join(report['staged']) or 'none'}",
+           "CA: " + (report["caFingerprint"] or "not made yet (the next launch makes it)")]
+    out += [f"note: {note}" for note in report["notes"]]
+    if not report["notesChecked"]:
+        out.append("note: the host's logins are checked at the next launch")
+    return out
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One line (`agentbox status`)."""
+    if not report["enabled"]:
+        return ("off: every login brought in is a copy of the host's (credentials.broker)" if report["staged"]
+                else "off: no login goes into the VM (credentials: false)")
+    notes = f"; {len(report['notes'])} note(s)" if report["notes"] else ""
+    return (f"on: brokered {', '.join(report['brokered']) or 'none'}; staged {', '.join(report['staged']) or 'none'}"
+            f"; CA {report['caFingerprint'] or 'not made yet'}{notes} (`agentbox net status`)")
