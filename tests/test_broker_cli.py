@@ -145,3 +145,48 @@ def test_a_malformed_host_login_stops_the_launch_before_the_vm_starts(project: P
     assert result.returncode != 0
     assert str(home / ".claude" / ".credentials.json") in result.stderr
     assert vm.subcommands()[-1] == "stop"  # nothing was started after the stop
+
+
+# In the guest: what a login inside the VM does at its end (the OAuth code exchange), then an API call with
+# the access token it got back.
+LOGIN = r"""
+import http.client, json, os, ssl, sys, urllib.parse
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+def call(host, method, path, body=None, headers={}):
+    connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
+    connection.set_tunnel(host, 443)
+    connection.request(method, path, body=body, headers=headers)
+    response = connection.getresponse()
+    return response.status, json.loads(response.read())
+status, tokens = call("platform.claude.com", "POST", "/v1/oauth/token", json.dumps(
+    {"grant_type": "authorization_code", "code": "the-code", "code_verifier": "v", "client_id": "c",
+     "redirect_uri": "http://localhost:1/callback"}), {"Content-Type": "application/json"})
+print(json.dumps({"status": status, "tokens": tokens}))
+print(json.dumps(dict(zip(("status", "body"), call("api.anthropic.com", "GET", "/api/oauth/profile", None,
+                                                   {"Authorization": "Bearer " + tokens["access_token"]})))))
+"""
+
+
+def test_a_login_inside_the_vm_saves_the_real_tokens_on_the_host_and_the_vm_gets_placeholders(
+        project: Path, vm: FakeLima, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    new_access, new_refresh = "sk-ant-oat01-LOGGED-IN-" + "q" * 30, "sk-ant-ort01-LOGGED-IN-" + "r" * 30
+    with FakeUpstream(tmp_path / "up", [CLAUDE, "platform.claude.com"]) as fake:
+        fake.route("POST", "/v1/oauth/token", {"access_token": new_access, "refresh_token": new_refresh,
+                                               "expires_in": 28800, "token_type": "Bearer"},
+                   host="platform.claude.com")
+        fake.route("GET", "/api/oauth/profile", {"account": "new"}, host=CLAUDE, authorization=f"Bearer {new_access}")
+        monkeypatch.setenv("AGENTBOX_TEST_BROKER_UPSTREAM",
+                           json.dumps({"address": list(fake.address), "caFile": str(fake.ca_file)}))
+        write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+        result = agentbox(project, "shell", "--", "python3", "-c", LOGIN)
+        assert result.returncode == 0, result.stderr
+        exchange, profile = (json.loads(line) for line in result.stdout.strip().splitlines()[-2:])
+        assert exchange["status"] == 200 and "agentbox-ph-" in exchange["tokens"]["access_token"]
+        assert "agentbox-ph-" in exchange["tokens"]["refresh_token"]
+        assert profile == {"status": 200, "body": {"account": "new"}}
+    saved = home / ".claude" / ".credentials.json"
+    oauth = json.loads(saved.read_text())["claudeAiOauth"]
+    assert (oauth["accessToken"], oauth["refreshToken"]) == (new_access, new_refresh)
+    assert saved.stat().st_mode & 0o077 == 0
+    assert new_access not in result.stdout and new_refresh not in result.stdout

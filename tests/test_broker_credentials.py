@@ -161,7 +161,8 @@ def test_api_keys_in_the_configs_env_become_placeholders(config: Config) -> None
     assert prepared.env["GH_TOKEN"].startswith("gho_agentbox-ph-")
     assert b"REALKEY" not in _vm_bytes(prepared) and GH_TOKEN.encode() not in _vm_bytes(prepared)
     assert prepared.notes == []  # the API key is Claude Code's login: no "log in on the host"
-    assert {s.real() for s in prepared.secrets} == {"sk-ant-api03-REALKEY0123456789", GH_TOKEN}
+    # and the file login's secret, whose real value is None until the host has a login
+    assert {s.real() for s in prepared.secrets} == {"sk-ant-api03-REALKEY0123456789", GH_TOKEN, None}
 
 
 def test_the_keychains_gh_token_goes_to_the_vm_as_a_placeholder(config: Config, monkeypatch: pytest.MonkeyPatch
@@ -175,7 +176,10 @@ def test_the_keychains_gh_token_goes_to_the_vm_as_a_placeholder(config: Config, 
 
 def test_a_missing_or_logged_out_host_login_says_how_to_log_in_and_stages_nothing(config: Config) -> None:
     prepared = brokered.prepare(VM, config, ["claude"])
-    assert prepared.files == {} and prepared.secrets == []
+    assert prepared.files == {}
+    # Only the placeholder a login made later inside the VM will use; it stands for nothing until then.
+    assert [(s.agent, s.real()) for s in prepared.secrets] == [("claude", None)]
+    assert prepared.secrets[0].placeholder == brokered.Placeholders(VM).get("claude.access", "sk-ant-oat01-")
     assert any("log in on the host with `claude auth login`" in n and "is missing" in n for n in prepared.notes)
     assert any("log in on the host with `gh auth login`" in n for n in prepared.notes)
     # What Claude Code leaves after a failed refresh: empty tokens.

@@ -158,6 +158,11 @@ def _file_login(prepared: Prepared, placeholders: Placeholders, name: str, crede
         prepared.files[LOGIN_FILES[name]] = _dump(login.vm_file(doc, tokens, ph))
         prepared.secrets.append(login.secret(tokens))
         reals.extend(login.reals(tokens))
+    else:
+        # No login on the host yet: one made inside the VM (`agentbox AGENT login`) reaches the host through the
+        # token endpoint, and the VM then uses this placeholder, whose real value is read when it is used.
+        placeholder = placeholders.get(f"{name}.access", login.access_kind)
+        prepared.secrets.append(Secret(name, placeholder, login.access_hosts, login.current_access))
     if name == "codex" and doc is not None:
         _codex_file_key(prepared, placeholders, login, doc, tokens is not None, reals)
     if name == "claude":
