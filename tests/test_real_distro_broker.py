@@ -1,0 +1,329 @@
+"""The real agent CLIs with the broker's placeholder logins, through agentbox's real broker (issue 26, "Tests").
+
+Each CLI runs in the real-distribution tier's Debian userspace (tests/test_real_distro.py: its cached debootstrap
+tarball and nodejs.org-shaped Node) as an unprivileged user. The test writes host login files holding
+real-looking values into the test's own home, asks `agentbox.credentials.brokered.prepare_request` for what the
+VM gets (placeholder files and variables, Secrets, token endpoints), makes the VM's CA (`agentbox.net.ca`),
+installs it in the userspace's system store as provision/launch/broker.sh does (update-ca-certificates, and
+NODE_EXTRA_CA_CERTS / SSL_CERT_FILE / REQUESTS_CA_BUNDLE at the bundle), and starts agentbox's proxy with that
+Brokering. The CLI's HTTPS_PROXY is the proxy; the broker's upstream is tests/fake_upstream.py standing for every
+credential host. Only credential hosts are allowed: anything else the CLIs try (telemetry, updates) is refused,
+so nothing leaves the machine.
+
+What each test asserts: the CLI starts with no login prompt, its request reaches the fake upstream with the REAL
+value where the VM sent a placeholder (the header the upstream saw), and no real value is ever in the guest.
+
+The CLIs are installed with npm inside the userspace into a prefix cached beside the tier's userspace (keyed by
+the versions; shared with the measuring harness of branch i26-clis). gh is Debian's package, in the image.
+
+Run: python3 -m pytest -n 0 -m realdistro tests/test_real_distro_broker.py -s   (as root; -s prints what each
+CLI sent and said)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agentbox import paths
+from agentbox.credentials import brokered
+from agentbox.credentials.tokens import Upstream
+from agentbox.net import ca
+from agentbox.net import proxy as netproxy
+from agentbox.net.broker import PLACEHOLDER_MARK, Brokering
+from tests.fake_upstream import FakeUpstream, Request
+from tests.test_real_distro import (
+    ARCH,
+    HOST_NODE_EXTRA_CA_CERTS,
+    NODE_VERSION,
+    Machine,
+    cache_dir,
+    cache_lock,
+    network_problem,
+    node_dist,
+    rootfs_tarball,
+    run,
+    unavailable,
+)
+
+pytestmark = [pytest.mark.realdistro, pytest.mark.xdist_group("realdistro"), pytest.mark.timeout(900)]
+
+# The versions examined (docs/design/broker.md names them); a new version is a new cache folder.
+PACKAGES = ("@anthropic-ai/claude-code@2.1.332", "@openai/codex@0.171.0", "@google/gemini-cli@0.61.0")
+CLIS = "/opt/agentbox-clis"  # the npm prefix inside the userspace
+USER, UID = "agent", 1000
+GUEST_HOME = f"/home/{USER}"
+GUEST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # agentbox.contract.GUEST_CA_BUNDLE
+GUEST_CA = "/usr/local/share/ca-certificates/agentbox-broker.crt"
+VM = "agentbox-realclis"
+RUN_SECONDS = 60
+PUSH_HINT = "sync.remoteWrite: true in the project's agentbox.yml (then agentbox trust)"
+LOGIN_PROMPTS = ("Please run /login", "Invalid API key", "codex login", "Please set an Auth method",
+                 "Waiting for authentication", "gh auth login", "Not logged in", "Manual authorization is required")
+
+
+def real(prefix: str = "", size: int = 32) -> str:
+    """A real-looking secret: what the host's login holds (never a placeholder)."""
+    return prefix + secrets.token_urlsafe(size).replace("-", "x").replace("_", "y")
+
+
+def jwt(claims: dict[str, Any]) -> str:
+    def part(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+    return ".".join([part(b'{"alg":"RS256","typ":"JWT","kid":"real-key-1"}'),
+                     part(json.dumps(claims, separators=(",", ":")).encode()), part(secrets.token_bytes(64))])
+
+
+# -- the userspace ---------------------------------------------------------------------------------------------
+
+
+def _install_clis(machine: Machine) -> None:
+    key = "-".join(p.rsplit("@", 1)[1] for p in PACKAGES) + f"-node{NODE_VERSION}"
+    prefix = cache_dir() / "placeholder-clis" / key
+    machine.binds.append((prefix, Path(CLIS), True))
+    if (prefix / ".complete").exists():
+        return
+    prefix.mkdir(parents=True, exist_ok=True)
+    npm_cache = cache_dir() / "npm-cache-root"
+    npm_cache.mkdir(exist_ok=True)
+    machine.binds.append((npm_cache, Path("/root/.npm"), True))
+    extra = []  # a host behind a TLS-inspecting proxy (see HOST_NODE_EXTRA_CA_CERTS in the tier)
+    if HOST_NODE_EXTRA_CA_CERTS and Path(HOST_NODE_EXTRA_CA_CERTS).is_file():
+        shutil.copyfile(HOST_NODE_EXTRA_CA_CERTS, machine.path("/etc/agentbox-test-host-ca.pem"))
+        extra = ["env", "NODE_EXTRA_CA_CERTS=/etc/agentbox-test-host-ca.pem"]
+    machine.run([*extra, "/usr/local/bin/npm", "install", "-g", "--prefix", CLIS, "--no-audit", "--no-fund",
+                 *PACKAGES], timeout=1500)
+    (prefix / ".complete").write_text(" ".join(PACKAGES) + "\n")
+    machine.binds.pop()
+
+
+def _clis_cached() -> bool:
+    return any((cache_dir() / "placeholder-clis").glob("*/.complete"))
+
+
+@pytest.fixture(scope="module")
+def userspace(tmp_path_factory: pytest.TempPathFactory) -> Machine:
+    if os.geteuid() != 0:
+        unavailable("it runs a chroot, so it needs root")
+    for tool in ("debootstrap", "unshare", "chroot", "curl", "tar", "xz", "openssl", "setpriv"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed")
+    if ARCH is None:
+        unavailable("no Node.js build for this architecture")
+    with cache_lock():
+        problem = None if _clis_cached() else network_problem()
+        if problem:
+            unavailable(problem)
+        tarball, dist = rootfs_tarball(), node_dist()
+    root = tmp_path_factory.mktemp("brokered-clis") / "root"
+    root.mkdir()
+    run(["tar", "-C", str(root), "--numeric-owner", "-a", "-xf", str(tarball)])
+    shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    top = f"node-{NODE_VERSION}-linux-{ARCH[1]}"
+    run(["tar", "-C", str(root / "usr" / "local"), "--strip-components=1", "-xJf",
+         str(dist / NODE_VERSION / f"{top}.tar.xz"), f"{top}/bin", f"{top}/lib"])
+    machine = Machine(root)
+    machine.run(["useradd", "--create-home", "--home-dir", GUEST_HOME, "--uid", str(UID), "--user-group", "--shell",
+                 "/bin/bash", USER])
+    with cache_lock():
+        _install_clis(machine)
+    return machine
+
+
+# -- the broker ------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Broker:
+    upstream: FakeUpstream
+    prepared: brokered.Prepared
+    proxy: netproxy.RunningProxy
+    authority: ca.BrokerCA
+    log: Path
+
+    def entries(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
+
+
+UPSTREAM_HOSTS = ["api.anthropic.com", "platform.claude.com", "console.anthropic.com", "chatgpt.com",
+                  "api.openai.com", "auth.openai.com", "oauth2.googleapis.com", "cloudcode-pa.googleapis.com",
+                  "www.googleapis.com", "generativelanguage.googleapis.com", "github.com", "api.github.com"]
+
+
+@contextmanager
+def broker(tmp_path: Path, request: brokered.Request, routes: Callable[[FakeUpstream], None],
+           allow_push: bool = False) -> Iterator[Broker]:
+    """agentbox's broker for `request` (the host's logins in this test's HOME), its upstream the fake one."""
+    with FakeUpstream(tmp_path / "upstream", UPSTREAM_HOSTS) as upstream:
+        routes(upstream)
+        address: Callable[[str, int], tuple[str, int]] = lambda host, port: upstream.address  # noqa: E731
+        prepared = brokered.prepare_request(VM, request, Upstream(upstream.client_context(), address))
+        authority = ca.ensure(VM, sorted(prepared.hosts))
+        brokering = Brokering(
+            leaves={host: ca.server_context(authority.leaf(host)) for host in prepared.hosts},
+            secrets=tuple(prepared.secrets), endpoints=dict(prepared.endpoints), allow_push=allow_push,
+            push_hint=PUSH_HINT,
+            upstream_context=upstream.client_context(), upstream_address=address)
+        # Only the credential hosts: whatever else a CLI tries is refused, never reaches the internet.
+        policy = netproxy.Policy(allow=sorted(prepared.hosts), resolver=lambda host, port: [upstream.address[0]],
+                                 allow_lan=True)
+        log = tmp_path / "proxy.jsonl"
+        with netproxy.start(policy, log, broker=brokering) as running:
+            yield Broker(upstream, prepared, running, authority, log)
+
+
+def host_file(relative: str, doc: Any) -> Path:
+    path = paths.home() / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc, indent=2))
+    path.chmod(0o600)
+    return path
+
+
+# -- running a CLI ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Outcome:
+    code: int | None  # None: still running after RUN_SECONDS (killed)
+    output: str
+    files: dict[str, str]  # the guest's login files after the run
+    guest_home: Path
+
+    def report(self, title: str, seen: list[Request]) -> str:
+        lines = [f"===== {title}: exit {self.code}"]
+        for request in seen:
+            shown = [f"{k}: {v[:100]}" for k, v in request.raw_headers
+                     if k.lower() in ("authorization", "x-api-key", "x-goog-api-key", "chatgpt-account-id",
+                                      "user-agent", "content-type", "upgrade", "anthropic-beta")]
+            lines.append(f"{request.method} https://{request.host}{request.path}\n  " + "\n  ".join(shown)
+                         + (f"\n  body: {request.body[:300]!r}" if request.body else ""))
+        lines += ["--- output (tail)", self.output[-3000:]]
+        return "\n".join(lines)
+
+
+def run_cli(machine: Machine, running: Broker, argv: list[str], extra_files: dict[str, str] | None = None,
+            env: dict[str, str] | None = None, seconds: float = RUN_SECONDS) -> Outcome:
+    """argv as the user in a fresh home holding the placeholder files (and `extra_files`), trusting the VM's CA
+    from the system store, through the broker."""
+    shutil.copyfile(running.authority.cert, machine.path(GUEST_CA))
+    machine.run(["update-ca-certificates", "--fresh"], timeout=120)
+    assert running.authority.cert_pem().strip().splitlines()[1] in machine.path(GUEST_BUNDLE).read_text()
+    home = machine.path(GUEST_HOME)
+    shutil.rmtree(home)
+    home.mkdir(mode=0o700)
+    files = dict(running.prepared.files)
+    files.update({relative: text.encode() for relative, text in (extra_files or {}).items()})
+    for relative, data in files.items():
+        target = home / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(data)
+        target.chmod(0o600)
+    machine.run(["chown", "-R", f"{USER}:{USER}", GUEST_HOME])
+    proxy = f"http://127.0.0.1:{running.proxy.port}"
+    variables = {"HOME": GUEST_HOME, "USER": USER, "PATH": f"{CLIS}/bin:/usr/local/bin:/usr/bin:/bin",
+                 "TERM": "dumb", "CI": "1", "HTTPS_PROXY": proxy, "https_proxy": proxy, "HTTP_PROXY": proxy,
+                 "http_proxy": proxy, "NO_PROXY": "", "NODE_EXTRA_CA_CERTS": GUEST_BUNDLE,
+                 "SSL_CERT_FILE": GUEST_BUNDLE, "REQUESTS_CA_BUNDLE": GUEST_BUNDLE,
+                 **running.prepared.env, **(env or {})}
+    command = ["env", "-i", *(f"{k}={v}" for k, v in variables.items()), "sh", "-c",
+               f"cd {GUEST_HOME} && exec \"$@\" </dev/null", "sh", *argv]
+    full = machine.command(["setpriv", f"--reuid={UID}", f"--regid={UID}", "--init-groups", *command])
+    process = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env={"R": str(machine.root), "PATH": os.environ["PATH"]}, start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=seconds)
+        code: int | None = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, 9)
+        output, _ = process.communicate()
+        code = None
+    after = {relative: (home / relative).read_text(errors="replace") for relative in files
+             if (home / relative).is_file()}
+    return Outcome(code, output, after, home)
+
+
+def assert_no_real_value_in_the_guest(outcome: Outcome, *reals: str) -> None:
+    for path in outcome.guest_home.rglob("*"):
+        if path.is_file() and not path.is_symlink() and path.stat().st_size < 64 << 20:
+            data = path.read_bytes()
+            for value in reals:
+                assert value.encode() not in data, f"a real credential is in the guest's {path}"
+
+
+def assert_started(outcome: Outcome, title: str, seen: list[Request]) -> None:
+    print(outcome.report(title, seen))
+    prompts = [p for p in LOGIN_PROMPTS if p in outcome.output]
+    assert not prompts, (prompts, outcome.output[-2000:])
+
+
+def headers_seen(upstream: FakeUpstream, host: str, name: str) -> list[str]:
+    return [value for request in upstream.requests_to(host) for key, value in request.raw_headers
+            if key.lower() == name]
+
+
+# -- the GitHub CLI ----------------------------------------------------------------------------------------------
+
+
+GH_REAL = "gho_" + "R" * 4 + secrets.token_hex(16)
+
+
+def gh_host_login() -> None:
+    host_file(".config/gh/hosts.yml", f"github.com:\n    users:\n        octocat:\n            oauth_token: {GH_REAL}\n"
+              f"    git_protocol: https\n    oauth_token: {GH_REAL}\n    user: octocat\n")
+
+
+def gh_routes(upstream: FakeUpstream) -> None:
+    upstream.route("GET", "/user", host="api.github.com", authorization=f"token {GH_REAL}",
+                   json_body={"login": "octocat-from-the-fake-upstream", "id": 1})
+    upstream.route("POST", "/repos/o/r/issues", host="api.github.com", status=201,
+                   json_body={"number": 1, "title": "created"})
+
+
+def test_gh_api_user_goes_through_the_broker_with_the_host_s_real_token(userspace: Machine, tmp_path: Path) -> None:
+    gh_host_login()
+    with broker(tmp_path, brokered.Request({}, True, {}), gh_routes) as running:
+        placeholder = running.prepared.files[".config/gh/hosts.yml"].decode()
+        assert PLACEHOLDER_MARK in placeholder and GH_REAL not in placeholder
+        outcome = run_cli(userspace, running, ["gh", "api", "user"], seconds=45)
+        seen = running.upstream.requests
+        assert_started(outcome, "gh api user", seen)
+        assert outcome.code == 0, outcome.output
+        assert json.loads(outcome.output)["login"] == "octocat-from-the-fake-upstream"
+        assert headers_seen(running.upstream, "api.github.com", "authorization") == [f"token {GH_REAL}"]
+        assert_no_real_value_in_the_guest(outcome, GH_REAL)
+
+
+def test_gh_api_post_is_refused_by_the_broker_and_never_reaches_github(userspace: Machine, tmp_path: Path) -> None:
+    gh_host_login()
+    with broker(tmp_path, brokered.Request({}, True, {}), gh_routes) as running:
+        outcome = run_cli(userspace, running, ["gh", "api", "-X", "POST", "repos/o/r/issues", "-f", "title=t"],
+                          seconds=45)
+        assert_started(outcome, "gh api -X POST", running.upstream.requests)
+        assert outcome.code != 0
+        # gh shows the broker's message as its error (the JSON body also goes to stdout)
+        assert (f"gh: agentbox credential broker: a write through GitHub's API (POST /repos/o/r/issues) is refused: "
+                f"the VM's GitHub access is read-only (allowed by {PUSH_HINT}) (HTTP 403)") in outcome.output
+        assert [r.path for r in running.upstream.requests] == []
+
+
+def test_gh_api_post_reaches_github_when_the_broker_allows_writes(userspace: Machine, tmp_path: Path) -> None:
+    gh_host_login()
+    with broker(tmp_path, brokered.Request({}, True, {}), gh_routes, allow_push=True) as running:
+        outcome = run_cli(userspace, running, ["gh", "api", "-X", "POST", "repos/o/r/issues", "-f", "title=t"],
+                          seconds=45)
+        assert_started(outcome, "gh api -X POST (writes allowed)", running.upstream.requests)
+        assert outcome.code == 0, outcome.output
+        assert json.loads(outcome.output)["title"] == "created"
+        assert headers_seen(running.upstream, "api.github.com", "authorization") == [f"token {GH_REAL}"]
