@@ -28,6 +28,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ from agentbox.credentials.tokens import Upstream
 from agentbox.net import ca
 from agentbox.net import proxy as netproxy
 from agentbox.net.broker import PLACEHOLDER_MARK, Brokering
-from tests.fake_upstream import FakeUpstream, Request
+from tests.fake_upstream import FakeUpstream, Request, Response, json_response
 from tests.test_real_distro import (
     ARCH,
     HOST_NODE_EXTRA_CA_CERTS,
@@ -327,3 +328,110 @@ def test_gh_api_post_reaches_github_when_the_broker_allows_writes(userspace: Mac
         assert outcome.code == 0, outcome.output
         assert json.loads(outcome.output)["title"] == "created"
         assert headers_seen(running.upstream, "api.github.com", "authorization") == [f"token {GH_REAL}"]
+
+
+# -- Claude Code -------------------------------------------------------------------------------------------------
+
+
+CLAUDE_ACCOUNT = {"accountUuid": "5b1f0c1e-0000-4000-8000-00000000a001", "emailAddress": "me@example.com",
+                  "organizationUuid": "5b1f0c1e-0000-4000-8000-00000000a002"}
+ANSWER = "hello from the fake upstream"
+
+
+def claude_host_login(access: str, refresh: str, expires_in: float) -> Path:
+    host_file(".claude.json", {"hasCompletedOnboarding": True, "oauthAccount": CLAUDE_ACCOUNT})
+    return host_file(".claude/.credentials.json", {"claudeAiOauth": {
+        "accessToken": access, "refreshToken": refresh, "expiresAt": int((time.time() + expires_in) * 1000),
+        "scopes": ["user:inference", "user:profile", "user:sessions:claude_code"], "subscriptionType": "max"}})
+
+
+def _sse(*events: dict[str, Any]) -> bytes:
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+def claude_routes(access: str, refreshed: dict[str, str] | None = None) -> Callable[[FakeUpstream], None]:
+    """api.anthropic.com answering only `access` (a profile, and one streamed message saying ANSWER);
+    platform.claude.com's token endpoint answering `refreshed`'s tokens."""
+    def routes(upstream: FakeUpstream) -> None:
+        bearer = f"Bearer {access}"
+        upstream.route("GET", "/api/oauth/profile", host="api.anthropic.com", authorization=bearer, json_body={
+            "account": {"uuid": CLAUDE_ACCOUNT["accountUuid"], "email": CLAUDE_ACCOUNT["emailAddress"],
+                        "has_claude_max": True, "has_claude_pro": False},
+            "organization": {"uuid": CLAUDE_ACCOUNT["organizationUuid"], "organization_type": "claude_max",
+                             "rate_limit_tier": "default_claude_max_20x"}})
+
+        def messages(request: Request) -> Response:
+            if request.headers.get("authorization") != bearer:
+                return json_response({"type": "error", "error": {"type": "authentication_error",
+                                                                 "message": "invalid x-api-key"}}, 401)
+            model = json.loads(request.body).get("model", "claude-sonnet-4-5")
+            if not json.loads(request.body).get("stream"):
+                return json_response({"id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+                                      "content": [{"type": "text", "text": ANSWER}], "stop_reason": "end_turn",
+                                      "stop_sequence": None, "usage": {"input_tokens": 1, "output_tokens": 5}})
+            return Response(200, _sse(
+                {"type": "message_start", "message": {"id": "msg_fake", "type": "message", "role": "assistant",
+                                                      "model": model, "content": [], "stop_reason": None,
+                                                      "stop_sequence": None,
+                                                      "usage": {"input_tokens": 1, "output_tokens": 1}}},
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": ANSWER}},
+                {"type": "content_block_stop", "index": 0},
+                {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                 "usage": {"output_tokens": 5}},
+                {"type": "message_stop"}), "text/event-stream", {"Cache-Control": "no-cache"})
+
+        upstream.route("POST", "/v1/messages", host="api.anthropic.com", handler=messages)
+        if refreshed is not None:
+            upstream.route("POST", "/v1/oauth/token", host="platform.claude.com", json_body={
+                "token_type": "Bearer", "access_token": refreshed["access"], "refresh_token": refreshed["refresh"],
+                "expires_in": 28800, "scope": "user:inference user:profile user:sessions:claude_code"})
+    return routes
+
+
+CLAUDE_REQUEST = brokered.Request({"claude": ("~/.claude/.credentials.json", "~/.claude.json")}, False, {})
+
+
+def test_claude_code_answers_through_the_broker_with_the_host_s_real_token(userspace: Machine,
+                                                                           tmp_path: Path) -> None:
+    access, refresh = real("sk-ant-oat01-"), real("sk-ant-ort01-")
+    claude_host_login(access, refresh, expires_in=3600)
+    with broker(tmp_path, CLAUDE_REQUEST, claude_routes(access)) as running:
+        outcome = run_cli(userspace, running, ["claude", "-p", "say hi"])
+        seen = running.upstream.requests
+        assert_started(outcome, "claude -p (oauth)", seen)
+        bearers = headers_seen(running.upstream, "api.anthropic.com", "authorization")
+        assert bearers and set(bearers) == {f"Bearer {access}"}, bearers
+        assert any(r.path.startswith("/v1/messages") for r in running.upstream.requests_to("api.anthropic.com"))
+        assert ANSWER in outcome.output and outcome.code == 0
+        assert_no_real_value_in_the_guest(outcome, access, refresh)
+
+
+def test_claude_code_s_expired_login_is_refreshed_on_the_host_by_the_broker(userspace: Machine,
+                                                                             tmp_path: Path) -> None:
+    access, refresh = real("sk-ant-oat01-"), real("sk-ant-ort01-")
+    new = {"access": real("sk-ant-oat01-"), "refresh": real("sk-ant-ort01-")}
+    login = claude_host_login(access, refresh, expires_in=-600)
+    with broker(tmp_path, CLAUDE_REQUEST, claude_routes(new["access"], refreshed=new)) as running:
+        vm_before = json.loads(running.prepared.files[".claude/.credentials.json"])["claudeAiOauth"]
+        assert vm_before["expiresAt"] < time.time() * 1000  # the VM sees the host's expiry: Claude Code refreshes
+        outcome = run_cli(userspace, running, ["claude", "-p", "say hi"])
+        assert_started(outcome, "claude -p (expired)", running.upstream.requests)
+        # the broker sent the host's real refresh token to the token endpoint (Claude Code sent its placeholder)
+        refreshes = running.upstream.requests_to("platform.claude.com")
+        assert [(r.method, r.path) for r in refreshes] == [("POST", "/v1/oauth/token")]
+        assert refreshes[0].json()["refresh_token"] == refresh
+        assert refreshes[0].json()["grant_type"] == "refresh_token"
+        # the host file holds the new real tokens ...
+        host = json.loads(login.read_text())["claudeAiOauth"]
+        assert (host["accessToken"], host["refreshToken"]) == (new["access"], new["refresh"])
+        assert host["expiresAt"] > time.time() * 1000
+        # ... the API got the new real token, and Claude Code answered
+        assert set(headers_seen(running.upstream, "api.anthropic.com", "authorization")) == {
+            f"Bearer {new['access']}"}
+        assert ANSWER in outcome.output and outcome.code == 0
+        # the VM's file holds only placeholders (Claude Code rewrote it from the broker's answer)
+        vm = json.loads(outcome.files[".claude/.credentials.json"])["claudeAiOauth"]
+        assert PLACEHOLDER_MARK in vm["accessToken"] and PLACEHOLDER_MARK in vm["refreshToken"], vm
+        assert vm["expiresAt"] > time.time() * 1000
+        assert_no_real_value_in_the_guest(outcome, access, refresh, new["access"], new["refresh"])
