@@ -435,3 +435,136 @@ def test_claude_code_s_expired_login_is_refreshed_on_the_host_by_the_broker(user
         assert PLACEHOLDER_MARK in vm["accessToken"] and PLACEHOLDER_MARK in vm["refreshToken"], vm
         assert vm["expiresAt"] > time.time() * 1000
         assert_no_real_value_in_the_guest(outcome, access, refresh, new["access"], new["refresh"])
+
+
+# -- Codex -------------------------------------------------------------------------------------------------------
+
+
+CODEX_ACCOUNT = "3f9a1c2e-0000-4000-8000-0000000000aa"
+
+
+def codex_host_login() -> tuple[Path, str, str]:
+    now = int(time.time())
+    auth = {"https://api.openai.com/auth": {"chatgpt_account_id": CODEX_ACCOUNT, "chatgpt_plan_type": "pro",
+                                            "chatgpt_user_id": "user-real"}}
+    id_token = jwt({"iss": "https://auth.openai.com", "sub": "auth0|real", "email": "me@example.com",
+                    "aud": ["app_EMoamEEZ73f0CkXaXp7hrann"], "exp": now + 3600, "iat": now, **auth})
+    access = jwt({"iss": "https://auth.openai.com", "sub": "auth0|real", "exp": now + 864000, "iat": now,
+                  "aud": ["https://api.openai.com/v1"], "scp": ["openid", "email", "offline_access"], **auth})
+    refresh = real("rt_")
+    path = host_file(".codex/auth.json", {"OPENAI_API_KEY": None, "last_refresh": time.strftime(
+        "%Y-%m-%dT%H:%M:%S.000000Z", time.gmtime()), "tokens": {"id_token": id_token, "access_token": access,
+                                                                 "refresh_token": refresh,
+                                                                 "account_id": CODEX_ACCOUNT}})
+    return path, access, refresh
+
+
+def codex_routes(access: str) -> Callable[[FakeUpstream], None]:
+    """chatgpt.com answering only `access`: the account check Codex routes its workspace by, and the Responses
+    API over HTTPS (SSE) saying ANSWER. A WebSocket upgrade gets a 404 (the fake upstream speaks no WebSocket)."""
+    def routes(upstream: FakeUpstream) -> None:
+        bearer = f"Bearer {access}"
+        upstream.route("GET", "/backend-api/wham/accounts/check", host="chatgpt.com", authorization=bearer,
+                       json_body={"accounts": [{"id": CODEX_ACCOUNT, "workspace_backend_origin": "https://chatgpt.com",
+                                                "account_routing_override": "NO_CONSTRAINT", "plan_type": "pro"}]})
+
+        def responses(request: Request) -> Response:
+            if request.headers.get("authorization") != bearer:
+                return json_response({"error": {"message": "unauthorized"}}, 401)
+            item = {"type": "message", "role": "assistant", "id": "msg_fake",
+                    "content": [{"type": "output_text", "text": ANSWER}]}
+            usage = {"input_tokens": 1, "input_tokens_details": None, "output_tokens": 5,
+                     "output_tokens_details": None, "total_tokens": 6}
+            events = [{"type": "response.created", "response": {"id": "resp_fake"}},
+                      {"type": "response.output_item.done", "item": item},
+                      {"type": "response.completed", "response": {"id": "resp_fake", "usage": usage}}]
+            return Response(200, b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events),
+                            "text/event-stream")
+
+        upstream.route("POST", "/backend-api/codex/responses", host="chatgpt.com", handler=responses)
+    return routes
+
+
+def test_codex_exec_reaches_chatgpt_through_the_broker_with_the_host_s_real_token(userspace: Machine,
+                                                                                 tmp_path: Path) -> None:
+    _, access, refresh = codex_host_login()
+    with broker(tmp_path, brokered.Request({"codex": ("~/.codex/auth.json",)}, False, {}),
+                codex_routes(access)) as running:
+        outcome = run_cli(userspace, running, ["codex", "exec", "--skip-git-repo-check", "say hi"])
+        assert_started(outcome, "codex exec (chatgpt)", running.upstream.requests)
+        bearers = headers_seen(running.upstream, "chatgpt.com", "authorization")
+        assert bearers and set(bearers) == {f"Bearer {access}"}, bearers
+        # it tries the Responses WebSocket first (the upgrade reaches the upstream with the real token; the fake
+        # one answers 404), then falls back to HTTPS and prints the answer
+        upgrades = [r for r in running.upstream.requests_to("chatgpt.com")
+                    if r.method == "GET" and r.path == "/backend-api/codex/responses"]
+        assert upgrades and all(r.headers.get("upgrade", "").lower() == "websocket" for r in upgrades)
+        assert ANSWER in outcome.output and outcome.code == 0
+        assert_no_real_value_in_the_guest(outcome, access, refresh)
+
+
+# -- Gemini CLI --------------------------------------------------------------------------------------------------
+
+
+def gemini_host_login(expires_in: float) -> tuple[Path, str, str]:
+    access, refresh = real("ya29.a0", 96), real("1//0g", 64)
+    id_token = jwt({"iss": "https://accounts.google.com", "sub": "100000000000000000001", "email": "me@example.com",
+                    "aud": "681255809395-oo8ft2oprdrnp9e3aqf6av3hmdib135j.apps.googleusercontent.com",
+                    "exp": int(time.time()) + 3600})
+    path = host_file(".gemini/oauth_creds.json", {
+        "access_token": access, "refresh_token": refresh, "token_type": "Bearer", "id_token": id_token,
+        "scope": "https://www.googleapis.com/auth/cloud-platform openid "
+                 "https://www.googleapis.com/auth/userinfo.email https://www.googleapis.com/auth/userinfo.profile",
+        "expiry_date": int((time.time() + expires_in) * 1000)})
+    return path, access, refresh
+
+
+def gemini_routes(access: str) -> Callable[[FakeUpstream], None]:
+    """Google answering only `access`: tokeninfo (Gemini CLI validates its token first), Code Assist's
+    loadCodeAssist and one streamed answer saying ANSWER."""
+    def routes(upstream: FakeUpstream) -> None:
+        bearer = f"Bearer {access}"
+        upstream.route("POST", "/tokeninfo", host="oauth2.googleapis.com", authorization=bearer, json_body={
+            "azp": "681255809395-oo8ft2oprdrnp9e3aqf6av3hmdib135j.apps.googleusercontent.com",
+            "aud": "681255809395-oo8ft2oprdrnp9e3aqf6av3hmdib135j.apps.googleusercontent.com",
+            "sub": "100000000000000000001", "scope": "https://www.googleapis.com/auth/cloud-platform openid",
+            "exp": str(int(time.time()) + 3000), "expires_in": "3000", "email": "me@example.com",
+            "email_verified": "true", "access_type": "offline"})
+        upstream.route("POST", "/v1internal:loadCodeAssist", host="cloudcode-pa.googleapis.com", authorization=bearer,
+                       json_body={"currentTier": {"id": "standard-tier", "name": "Gemini Code Assist"},
+                                  "allowedTiers": [{"id": "standard-tier", "isDefault": True}],
+                                  "cloudaicompanionProject": "real-project-123"})
+
+        def stream(request: Request) -> Response:
+            if request.headers.get("authorization") != bearer:
+                return json_response({"error": {"code": 401, "status": "UNAUTHENTICATED"}}, 401)
+            chunk = {"response": {"candidates": [{"content": {"role": "model", "parts": [{"text": ANSWER}]},
+                                                  "finishReason": "STOP", "index": 0}],
+                                  "usageMetadata": {"promptTokenCount": 1, "candidatesTokenCount": 5,
+                                                    "totalTokenCount": 6}}, "traceId": "fake"}
+            return Response(200, f"data: {json.dumps(chunk)}\r\n\r\n".encode(), "text/event-stream")
+
+        upstream.route("POST", "/v1internal:streamGenerateContent", host="cloudcode-pa.googleapis.com",
+                       handler=stream)
+    return routes
+
+
+GEMINI_SETTINGS = {".gemini/settings.json": json.dumps({"security": {"auth": {"selectedType": "oauth-personal"}}})}
+
+
+def test_gemini_cli_reaches_code_assist_through_the_broker_with_the_host_s_real_token(userspace: Machine,
+                                                                                     tmp_path: Path) -> None:
+    _, access, refresh = gemini_host_login(expires_in=3600)
+    with broker(tmp_path, brokered.Request({"gemini": ("~/.gemini/oauth_creds.json",)}, False, {}),
+                gemini_routes(access)) as running:
+        outcome = run_cli(userspace, running, ["gemini", "-p", "say hi"], extra_files=GEMINI_SETTINGS,
+                          env={"GEMINI_CLI_TRUST_WORKSPACE": "true"})
+        assert_started(outcome, "gemini -p (oauth)", running.upstream.requests)
+        # its token check first, then Code Assist: each with the host's real token
+        first = running.upstream.requests[0]
+        assert (first.host, first.path, first.headers["authorization"]) == (
+            "oauth2.googleapis.com", "/tokeninfo", f"Bearer {access}")
+        bearers = headers_seen(running.upstream, "cloudcode-pa.googleapis.com", "authorization")
+        assert bearers and set(bearers) == {f"Bearer {access}"}, bearers
+        assert ANSWER in outcome.output and outcome.code == 0
+        assert_no_real_value_in_the_guest(outcome, access, refresh)
