@@ -333,6 +333,8 @@ def test_pushes_and_api_writes_to_github_are_refused(broker: Harness, method: st
         refusal = json.loads(answer)
         assert status == 403 and "read-only" in refusal["reason"]
         assert refusal["allow"].startswith("sync.remoteWrite: true")
+        # what gh prints from a refusal ("gh: <message> (HTTP 403)"): the reason and what allows it
+        assert refusal["message"] == f"agentbox credential broker: {refusal['reason']} (allowed by {refusal['allow']})"
         assert broker.upstream.requests_to(host) == []
 
 

@@ -596,8 +596,11 @@ _STATUS = {400: "Bad Request", 403: "Forbidden", 413: "Payload Too Large", 431: 
 
 
 async def _send_refusal(writer: asyncio.StreamWriter, refusal: Refusal, host: str, port: int) -> None:
+    # `message` is what GitHub's clients (gh, Octokit) show from an error's JSON ("gh: HTTP 403" without it).
+    allow = refusal.detail.get("allow")
+    message = f"agentbox credential broker: {refusal.reason}" + (f" (allowed by {allow})" if allow else "")
     body = {"blocked": host, "port": port, "reason": refusal.reason, "by": "agentbox credential broker",
-            **refusal.detail}
+            "message": message, **refusal.detail}
     data = json.dumps(body).encode() + b"\n"
     head = (f"HTTP/1.1 {refusal.status} {_STATUS.get(refusal.status, 'Error')}\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
