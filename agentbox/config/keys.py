@@ -158,8 +158,8 @@ CREDENTIAL_KEYS: dict[str, Key] = {
     "broker": Key(
         "bool", "Keep the real logins of Claude Code, Codex, Gemini CLI and the GitHub CLI on the host: the VM gets "
         "placeholders, and agentbox's proxy puts the real value into requests to their own hosts only "
-        "(docs/security.md, \"The credential broker\"). New in this version, off by default for now.",
-        default=False,
+        "(docs/credentials.md, \"The credential broker\"); false copies them into the VM as before.",
+        default=True, trust=RULE, why="when false: the real logins go into the VM",
     ),
     "writeBack": Key(
         "bool", "Copy a login the agent refreshed or made in the VM back to the host file after the session "

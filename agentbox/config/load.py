@@ -83,7 +83,7 @@ class CredentialSettings(NamedTuple):
     gh: bool = True
     git: bool = True
     write_back: bool = True
-    broker: bool = False
+    broker: bool = True
 
     def to_json(self) -> Any:
         if not self.enabled:
@@ -593,7 +593,7 @@ def _credential_settings(raw: Any, global_layer: Any, local: Any, notices: list[
             )
     return CredentialSettings(
         True, raw.get("netrc", False), raw.get("gh", True), raw.get("git", True), write_back=write_back,
-        broker=raw.get("broker", False),
+        broker=raw.get("broker", True),
     )
 
 

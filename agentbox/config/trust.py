@@ -178,8 +178,16 @@ def _checkpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list
             "of checkpoints)"]
 
 
+def _broker_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    if value is not False:
+        return []
+    return ["credentials.broker: false (puts the real logins of Claude Code, Codex, Gemini CLI and the GitHub CLI "
+            "into the VM)"]
+
+
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
 _RULES = {
+    "credentials.broker": _broker_rule,
     "workspace": _workspace_rule,
     "mounts": _mounts_rule,
     "bootstrap.onCreateScript": _scripts_rule,
