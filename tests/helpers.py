@@ -424,3 +424,17 @@ def unwritable(folder: Path) -> Iterator[None]:
         yield
     finally:
         subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+def staged_logins(home: Path) -> None:
+    """Logins copied into the VM as they were before the credential broker: `credentials.broker: false` in the
+    global config (where it needs no trust), kept with whatever else that file says."""
+    import yaml
+
+    path = home / ".config" / "agentbox" / "config.yml"
+    data = (yaml.safe_load(path.read_text()) if path.exists() else None) or {}
+    if data.get("credentials") is False:
+        return
+    credentials = data.get("credentials") if isinstance(data.get("credentials"), dict) else {}
+    data["credentials"] = {**credentials, "broker": False}
+    write(path, yaml.safe_dump(data, sort_keys=False))

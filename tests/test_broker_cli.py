@@ -15,7 +15,7 @@ import pytest
 from agentbox import paths
 from agentbox.net import guard as netguard
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import NAME, FakeLima, agentbox, write
+from tests.helpers import NAME, FakeLima, agentbox, staged_logins, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -71,7 +71,7 @@ def _everything_under(folder: Path) -> bytes:
 
 def test_the_vm_holds_placeholders_and_its_requests_reach_the_host_with_the_real_token(
         project: Path, vm: FakeLima, upstream: FakeUpstream, host_logins: None) -> None:
-    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    write(project / "agentbox.yml", "")  # the broker is on by default
     result = agentbox(project, "shell", "--", "python3", "-c", REQUEST, CLAUDE, "Bearer LOGIN")
     assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout.strip().splitlines()[-1])
@@ -95,7 +95,7 @@ def test_the_vm_holds_placeholders_and_its_requests_reach_the_host_with_the_real
 
 def test_a_foreign_key_from_the_vm_is_refused_and_the_login_is_not_written_back(
         project: Path, vm: FakeLima, upstream: FakeUpstream, host_logins: None, home: Path) -> None:
-    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    write(project / "agentbox.yml", "")  # the broker is on by default
     before = (home / ".claude" / ".credentials.json").read_bytes()
     refused = agentbox(project, "shell", "--", "python3", "-c", REQUEST, CLAUDE, "Bearer sk-ant-oat01-ATTACKER")
     answer = json.loads(refused.stdout.strip().splitlines()[-1])
@@ -109,8 +109,9 @@ def test_a_foreign_key_from_the_vm_is_refused_and_the_login_is_not_written_back(
     assert (home / ".claude" / ".credentials.json").read_bytes() == before
 
 
-def test_without_the_broker_the_logins_are_staged_as_before(project: Path, vm: FakeLima, host_logins: None) -> None:
-    write(project / "agentbox.yml", "")
+def test_without_the_broker_the_logins_are_staged_as_before(project: Path, vm: FakeLima, host_logins: None,
+                                                            home: Path) -> None:
+    staged_logins(home)
     assert agentbox(project, "shell", "--", "true").returncode == 0
     guest_login = json.loads((vm.guest_home(NAME) / ".claude" / ".credentials.json").read_text())
     assert guest_login["claudeAiOauth"]["accessToken"] == REAL_ACCESS
@@ -127,18 +128,20 @@ def _guest_program(vm: FakeLima, name: str, text: str) -> None:
 
 def test_a_missing_host_login_says_how_to_log_in_and_stages_nothing(project: Path, vm: FakeLima,
                                                                       upstream: FakeUpstream, home: Path) -> None:
-    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    write(project / "agentbox.yml", "")  # the broker is on by default
     _guest_program(vm, "claude", "#!/bin/sh\necho 2.1.0\n")
     result = agentbox(project, "claude", "--version")
     assert result.returncode == 0, result.stderr
     assert "Claude Code: no login on the host" in result.stderr and "log in on the host with `claude" in result.stderr
     assert "Codex" not in result.stderr  # only the launched agent's
     assert not (vm.guest_home(NAME) / ".claude" / ".credentials.json").exists()
+    again = agentbox(project, "claude", "--version")
+    assert again.returncode == 0 and "no login on the host" not in again.stderr  # said once; doctor keeps it
 
 
 def test_a_malformed_host_login_stops_the_launch_before_the_vm_starts(project: Path, vm: FakeLima,
                                                                         upstream: FakeUpstream, home: Path) -> None:
-    write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+    write(project / "agentbox.yml", "")  # the broker is on by default
     write(home / ".claude" / ".credentials.json", "{not json")
     assert agentbox(project, "stop").returncode == 0
     result = agentbox(project, "shell", "--", "true")
@@ -178,7 +181,7 @@ def test_a_login_inside_the_vm_saves_the_real_tokens_on_the_host_and_the_vm_gets
         fake.route("GET", "/api/oauth/profile", {"account": "new"}, host=CLAUDE, authorization=f"Bearer {new_access}")
         monkeypatch.setenv("AGENTBOX_TEST_BROKER_UPSTREAM",
                            json.dumps({"address": list(fake.address), "caFile": str(fake.ca_file)}))
-        write(project / "agentbox.yml", "credentials:\n  broker: true\n")
+        write(project / "agentbox.yml", "")  # the broker is on by default
         result = agentbox(project, "shell", "--", "python3", "-c", LOGIN)
         assert result.returncode == 0, result.stderr
         exchange, profile = (json.loads(line) for line in result.stdout.strip().splitlines()[-2:])

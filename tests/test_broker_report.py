@@ -15,7 +15,7 @@ from agentbox import contract, paths
 from agentbox.net import ca
 from agentbox.net import guard as netguard
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import NAME, FakeLima, agentbox, run_cli, write
+from tests.helpers import NAME, FakeLima, agentbox, run_cli, staged_logins, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -130,8 +130,10 @@ def test_status_net_status_describe_doctor_and_the_context_file_say_who_is_broke
     assert not _secrets_in(json.dumps(in_vm))
 
 
-def test_without_the_broker_everything_is_reported_staged(project: Path, vm: FakeLima, host_logins: None) -> None:
+def test_without_the_broker_everything_is_reported_staged(project: Path, vm: FakeLima, host_logins: None,
+                                                          home: Path) -> None:
     write(project / "agentbox.yml", "")
+    staged_logins(home)
     assert agentbox(project, "shell", "--", "true").returncode == 0
     status = json.loads(run_cli("status", "--json", cwd=project).stdout)["broker"]
     assert status["enabled"] is False and status["brokered"] == [] and status["caFingerprint"] is None

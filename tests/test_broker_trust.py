@@ -22,36 +22,26 @@ import pytest
 from agentbox import contract, paths
 from agentbox.net import ca
 from agentbox.session import staging
-from tests.helpers import NAME, FakeLima, needs, write_trusted
+from tests.helpers import NAME, FakeLima, needs, staged_logins, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 BROKER_SH = REPO / "provision" / "launch" / "broker.sh"
-HOSTS = ("api.anthropic.com", "github.com")
+HOSTS = ("api.anthropic.com", "github.com")  # for the staging unit test
+VARIABLES = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 VARIABLES = ("NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE")
 
-# agentbox's CLI with the VM's broker CA passed to every staging refresh whenever the VM has one: the decision the
-# session code makes (when the host brokers the VM's credentials) is not this part's; what follows from it is.
-LAUNCHER = """
-import sys
-from agentbox.net import ca
-from agentbox.session import staging
-refresh = staging.refresh
-def refresh_with_ca(config, name, *args, **kwargs):  # the CA as made, without a host login to broker
-    kwargs.pop("broker_ca", None)
-    return refresh(config, name, *args[:5], broker_ca=ca.load(name), **kwargs)
-staging.refresh = refresh_with_ca
-from agentbox.cli import main
-sys.argv[0] = "agentbox"
-main()
-"""
-
-
 def launch(project: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, Any]]:
+    """agentbox in a child process; what the stub agent saw (its env), or {} when it never ran."""
     out = project / ".stub-out.json"
     out.unlink(missing_ok=True)
-    result = subprocess.run([sys.executable, "-c", LAUNCHER, *args], cwd=project, stdin=subprocess.DEVNULL,
+    result = subprocess.run([sys.executable, "-m", "agentbox", *args], cwd=project, stdin=subprocess.DEVNULL,
                             capture_output=True, text=True, timeout=120)
     return result, json.loads(out.read_text()) if out.exists() else {}
+
+
+def broker_on(home: Path) -> None:
+    """The default again (the global config without `credentials.broker: false`)."""
+    (home / ".config" / "agentbox" / "config.yml").unlink(missing_ok=True)
 
 
 def guest_path(vm: FakeLima, path: str) -> Path:
@@ -72,16 +62,20 @@ def brokered(project: Path, vm: FakeLima) -> FakeLima:
     return vm
 
 
-def test_the_ca_lands_in_the_trust_store_and_the_agent_gets_the_variables(project: Path, brokered: FakeLima) -> None:
-    plain, seen = launch(project, "claude")  # the control: no CA, nothing installed, no variable
+def test_the_ca_lands_in_the_trust_store_and_the_agent_gets_the_variables(project: Path, brokered: FakeLima,
+                                                                         home: Path) -> None:
+    staged_logins(home)
+    plain, seen = launch(project, "claude")  # the control: no broker, no CA, nothing installed, no variable
     assert plain.returncode == 0, plain.stderr
     installed = guest_path(brokered, contract.GUEST_BROKER_CA)
     assert not installed.exists() and not (paths.staging_dir(NAME) / contract.BROKER).exists()
     assert not set(VARIABLES) & set(seen["env"])
 
-    authority = ca.ensure(NAME, HOSTS)
+    broker_on(home)
     result, seen = launch(project, "claude")
     assert result.returncode == 0, result.stderr
+    authority = ca.load(NAME)
+    assert authority is not None
     pem = authority.cert_pem()
     assert installed.read_text() == pem and installed.stat().st_mode & 0o777 == 0o644
     assert pem in guest_path(brokered, contract.GUEST_CA_BUNDLE).read_text()
@@ -99,30 +93,32 @@ def test_the_ca_lands_in_the_trust_store_and_the_agent_gets_the_variables(projec
 
 
 def test_an_unchanged_ca_costs_the_next_launch_no_sudo(project: Path, brokered: FakeLima) -> None:
-    ca.ensure(NAME, HOSTS)
     assert launch(project, "claude")[0].returncode == 0
     # From now on every sudo in the VM fails (the double's sudo reaches guest root through this socket): a launch
     # that installs nothing still works and still exports the variables.
     write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n  FAKE_LIMACTL_SUDO: /nonexistent\n")
     result, seen = launch(project, "claude")
     assert result.returncode == 0, result.stderr
-    assert "broker" not in result.stderr
+    assert "broker's CA" not in result.stderr and "trust store" not in result.stderr
     assert seen["env"]["SSL_CERT_FILE"] == contract.GUEST_CA_BUNDLE
 
-    # The control, and the failure: a new CA (other hosts: new key, new certificate) must be installed, sudo
-    # fails, so the launch stops before the agent with its own exit code and the reason.
-    renewed = ca.ensure(NAME, (*HOSTS, "api.openai.com"))
+    # A new CA (the old one gone: new key, new certificate) must be trusted, and sudo fails: the VM trusts it
+    # through the variables, from a bundle in the guest's state folder, and says so.
+    old = guest_path(brokered, contract.GUEST_BROKER_CA).read_text()
+    ca.remove(NAME)
     result, seen = launch(project, "claude")
-    assert result.returncode == contract.BROKER_CA_FAILED, result.stderr
-    assert seen == {}  # the agent never ran
-    assert ("agentbox: the credential broker's CA could not be installed in the VM's trust store "
-            f"({contract.GUEST_BROKER_CA}): sudo: ") in result.stderr, result.stderr
-    assert "so the launch stops" in result.stderr and "agentbox start --recreate" in result.stderr
-    assert renewed.cert_pem() not in guest_path(brokered, contract.GUEST_BROKER_CA).read_text()
+    assert result.returncode == 0, result.stderr
+    renewed = ca.load(NAME)
+    assert renewed is not None and renewed.cert_pem() != old
+    bundle = "/home/lima.guest/.agentbox/broker-ca-bundle.crt"  # the double's guest home, as the VM sees it
+    assert {name: seen["env"].get(name) for name in (*VARIABLES, "GIT_SSL_CAINFO")} == dict.fromkeys(
+        (*VARIABLES, "GIT_SSL_CAINFO"), bundle)
+    assert renewed.cert_pem() in (brokered.guest_home(NAME) / ".agentbox" / "broker-ca-bundle.crt").read_text()
+    assert "no passwordless sudo in the VM" in result.stderr
+    assert stamp(brokered).read_text().startswith("user ")
 
 
 def test_a_ca_the_guest_cannot_install_stops_the_launch_with_the_reason(project: Path, brokered: FakeLima) -> None:
-    ca.ensure(NAME, HOSTS)
     # A guest without the ca-certificates package: no /usr/local/share/ca-certificates (a file stands in its way).
     share = guest_path(brokered, "/usr/local/share/ca-certificates")
     shutil.rmtree(share, ignore_errors=True)
@@ -131,6 +127,7 @@ def test_a_ca_the_guest_cannot_install_stops_the_launch_with_the_reason(project:
     assert result.returncode == contract.BROKER_CA_FAILED and seen == {}, result.stderr
     reason = r"could not be installed in the VM's trust store \(\S+\): mkdir: cannot create directory .+: File exists"
     assert re.search(reason, result.stderr), result.stderr
+    assert "so the launch stops" in result.stderr and "agentbox start --recreate" in result.stderr
     assert not stamp(brokered).exists()
     share.unlink()
     share.mkdir()
@@ -139,12 +136,14 @@ def test_a_ca_the_guest_cannot_install_stops_the_launch_with_the_reason(project:
     assert seen["env"]["NODE_EXTRA_CA_CERTS"] == contract.GUEST_CA_BUNDLE and stamp(brokered).exists()
 
 
-def test_a_launch_without_a_broker_ca_removes_the_one_installed(project: Path, brokered: FakeLima) -> None:
-    pem = ca.ensure(NAME, HOSTS).cert_pem()
+def test_a_launch_without_the_broker_removes_the_ca_installed(project: Path, brokered: FakeLima, home: Path) -> None:
     assert launch(project, "claude")[0].returncode == 0
+    authority = ca.load(NAME)
+    assert authority is not None
+    pem = authority.cert_pem()
     bundle = guest_path(brokered, contract.GUEST_CA_BUNDLE)
     assert pem in bundle.read_text() and stamp(brokered).exists()
-    ca.remove(NAME)
+    staged_logins(home)
     result, seen = launch(project, "claude")
     assert result.returncode == 0, result.stderr
     assert not guest_path(brokered, contract.GUEST_BROKER_CA).exists() and not stamp(brokered).exists()
@@ -182,14 +181,14 @@ def test_the_part_names_the_contract_s_paths_and_exit_code() -> None:
 def test_the_warm_path_runs_no_program(tmp_path: Path) -> None:
     """With the stamp matching and the certificate in place, apply_broker_ca finds nothing to run: PATH holds no
     program at all and it still exports the variables. The control: a changed digest needs sudo, which is not
-    there, and the part stops."""
+    there, so the CA is trusted through a bundle in the state folder, made with bash alone."""
     stage = tmp_path / "staging"
     (stage / "broker").mkdir(parents=True)
     (stage / "broker" / "ca.crt").write_text("certificate\n")
     (stage / "broker" / "ca.sha256").write_text("abc\n")
     state = tmp_path / "state"
     state.mkdir()
-    (state / "broker-ca.sha256").write_text("abc\n")
+    (state / "broker-ca.sha256").write_text("system abc\n")
     installed = tmp_path / "agentbox-broker.crt"
     installed.write_text("certificate\n")
     empty = tmp_path / "empty"
@@ -203,5 +202,7 @@ def test_the_warm_path_runs_no_program(tmp_path: Path) -> None:
     assert warm.stdout == f"{contract.GUEST_CA_BUNDLE}\n" * 3 and warm.stderr == ""
     (stage / "broker" / "ca.sha256").write_text("def\n")
     changed = subprocess.run([bash, "-c", program], capture_output=True, text=True, timeout=30)
-    assert changed.returncode == contract.BROKER_CA_FAILED, changed.stderr
-    assert "sudo: command not found" in changed.stderr
+    assert changed.returncode == 0, changed.stderr
+    assert changed.stdout == f"{state / 'broker-ca-bundle.crt'}\n" * 3
+    assert (state / "broker-ca-bundle.crt").read_text().endswith("certificate\n")
+    assert (state / "broker-ca.sha256").read_text() == "user def\n"

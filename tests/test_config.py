@@ -60,7 +60,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
     }
     assert data["network"] == {"mode": "open", "allowHost": False, "allowLan": False, "presets": [], "allow": [],
                                "agentApi": True}
-    assert data["credentials"] == {"netrc": False, "gh": True, "git": True, "writeBack": True, "broker": False}
+    assert data["credentials"] == {"netrc": False, "gh": True, "git": True, "writeBack": True, "broker": True}
     assert data["agents"]["kiro"]["binary"] == "kiro-cli"
     assert data["agents"]["kiro"]["defaultArgs"] == ["chat", "--trust-all-tools"]
     assert data["agents"]["gemini"]["defaultArgs"] == ["--approval-mode=yolo", "--no-sandbox"]
@@ -264,7 +264,7 @@ def test_credentials_switches_and_per_agent_lists(project: Path, home: Path) -> 
         "  gemini:\n    credentials: {enabled: false}\n",
     )
     data = config_json(project)
-    assert data["credentials"] == {"netrc": True, "gh": False, "git": True, "writeBack": True, "broker": False}
+    assert data["credentials"] == {"netrc": True, "gh": False, "git": True, "writeBack": True, "broker": True}
     assert data["agents"]["claude"]["credentials"] == []
     assert data["agents"]["codex"]["credentials"] == ["~/.codex/auth.json", "~/.codex/extra.json"]
     assert data["agents"]["gemini"]["credentials"] == []

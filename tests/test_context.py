@@ -113,8 +113,9 @@ def test_context_file_validates_matches_the_config_and_holds_no_secret(project: 
     assert document["remoteWrite"]["allowed"] is False
     assert any("git push" in item for item in document["remoteWrite"]["blocked"])
     assert document["credentials"]["stagedFor"] == "claude"
+    # The credential broker stages gh's login as a placeholder version; the claude file here holds no login it
+    # knows (so nothing of it goes in); ~/.netrc is staged as it is.
     assert document["credentials"]["files"] == [
-        {"path": "~/.claude/.credentials.json", "for": "claude"},
         {"path": "~/.config/gh/hosts.yml", "for": "gh"},
         {"path": "~/.netrc", "for": "netrc"},
     ]

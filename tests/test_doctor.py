@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -59,7 +60,9 @@ def test_no_limactl_is_a_failure_not_a_crash(project: Path, isolated_env, monkey
 
 def test_healthy_running_vm_after_a_launch(project: Path, limactl: FakeLima, home: Path, isolated_env) -> None:
     needs_bwrap()
-    write(home / ".claude" / ".credentials.json", '{"token": "t"}', mode=0o600)
+    login = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-t", "refreshToken": "sk-ant-ort01-r",
+                               "expiresAt": int((time.time() + 3600) * 1000)}}
+    write(home / ".claude" / ".credentials.json", json.dumps(login), mode=0o600)
     write(project / "agentbox.yml", "")
     assert run_cli("start", cwd=project).exit_code == 0
     launch(project)
@@ -71,7 +74,9 @@ def test_healthy_running_vm_after_a_launch(project: Path, limactl: FakeLima, hom
     line(result, "OK", f"config is valid (local {project / 'agentbox.yml'})")
     line(result, "OK", f"VM {NAME} is running")
     line(result, "OK", f"VM {NAME} belongs to this workspace")
-    assert line(result, "OK", "claude:").endswith("claude: logged in on the host (1 of 2 files), staged, in the VM")
+    assert line(result, "OK", "claude:").endswith(
+        "claude: logged in on the host (1 of 2 files), brokered: placeholders staged, the real login stays on the host, "
+        "in the VM")
     line(result, "OK", "guards are installed in the VM")
     line(result, "OK", "agents checked: claude (logged in on the host); not checked: codex, gemini, kiro")
     assert "codex:" not in result.stdout  # not used: not checked

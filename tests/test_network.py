@@ -19,7 +19,7 @@ import pytest
 
 from agentbox.net import guard as netguard
 from tests import helpers
-from tests.helpers import NAME, FakeLima, agentbox, run_cli, write
+from tests.helpers import NAME, FakeLima, agentbox, run_cli, staged_logins, write
 
 # A program in the guest: CONNECT through $HTTPS_PROXY to argv[1] (host:port), print the status line, and
 # for a 200 send "ping" and print what came back; for a refusal, print the JSON body.
@@ -47,6 +47,13 @@ else:
         rest += chunk
     print(json.dumps({"status": int(status.split()[1]), "body": json.loads(rest or b"{}")}))
 """
+
+
+@pytest.fixture(autouse=True)
+def _staged_logins(home: Path) -> None:
+    """The proxy's own lifecycle, per network mode: without the credential broker, which keeps it for the VM's
+    whole life in every mode (tests/test_broker_cli.py)."""
+    staged_logins(home)
 
 
 @pytest.fixture
@@ -150,14 +157,19 @@ def test_open_mode_starts_no_proxy_and_a_warm_launch_stays_at_two_calls(project:
 
 
 def test_allow_host_opens_only_its_ports_in_the_vms_firewall(project: Path, vm: FakeLima) -> None:
-    write(paths_global(), "network:\n  allowHost: [5432, 8080]\n")
+    write(paths_global(), "network:\n  allowHost: [5432, 8080]\ncredentials:\n  broker: false\n")
     result = agentbox(project, "shell", "--", "true")
     assert result.returncode == 0, result.stderr
     assert "ip daddr 192.168.5.2 tcp dport { 5432, 8080 } accept" in vm.nft_ruleset(NAME)
-    write(paths_global(), "network:\n  allowHost: true\n")
+    write(paths_global(), "network:\n  allowHost: true\ncredentials:\n  broker: false\n")
     assert agentbox(project, "shell", "--", "true").returncode == 0
     rules = vm.nft_ruleset(NAME)
     assert "ip daddr 192.168.5.2 accept" in rules and "192.168.5.2 reject" not in rules
+    # With the credential broker the VM's proxy port is open too, and only it besides the listed ports.
+    write(paths_global(), "network:\n  allowHost: [5432]\n")
+    assert agentbox(project, "shell", "--", "true").returncode == 0
+    port = netguard.running(NAME).port  # type: ignore[union-attr]
+    assert f"ip daddr 192.168.5.2 tcp dport {{ 5432, {port} }} accept" in vm.nft_ruleset(NAME)
 
 
 def paths_global() -> Path:

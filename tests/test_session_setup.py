@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import STUB, FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import STUB, FakeLima, needs_bwrap, run_cli, staged_logins, write, write_trusted
 
 NAME = "agentbox-myproject"
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
@@ -172,6 +172,7 @@ def test_gh_wrapper_blocks_writes_and_passes_reads(project: Path, vm: FakeLima) 
 
 
 def test_credentials_are_staged_read_only_and_copied_once(project: Path, vm: FakeLima, home: Path, isolated_env) -> None:
+    staged_logins(home)  # the logins copied in as they are (the broker's placeholders: tests/test_broker_cli.py)
     host_file = write(home / ".claude" / ".credentials.json", '{"token": "v1"}', mode=0o600)
     assert shell(project, "true").returncode == 0
     guest_file = vm.guest_home(NAME) / ".claude" / ".credentials.json"
@@ -211,6 +212,7 @@ def test_kiro_login_reaches_the_vm_from_either_host_location(project: Path, vm: 
 def test_opencode_and_copilot_logins_reach_the_vm_with_their_own_launch(project: Path, vm: FakeLima, home: Path) -> None:
     """A launch stages the launched agent's logins (plus GitHub's): OpenCode's auth.json; Copilot CLI's
     config.json and the GitHub CLI login it falls back to."""
+    staged_logins(home)  # the GitHub CLI's as it is (with the broker: a placeholder version)
     from tests.test_launch import configure, launch
 
     configure(project, "")
@@ -237,6 +239,7 @@ def test_opencode_and_copilot_logins_reach_the_vm_with_their_own_launch(project:
 def test_an_unchanged_credential_file_is_not_read_again(project: Path, vm: FakeLima, home: Path,
                                                         isolated_env) -> None:
     """Only the file's stat is looked at while it is unchanged; a changed one is staged with its new digest."""
+    staged_logins(home)
     import hashlib
     import time
 
@@ -402,7 +405,11 @@ def test_keychain_gh_token_reaches_the_vm_as_gh_token(project: Path, vm: FakeLim
     (host_bin / "gh").write_text("#!/bin/sh\n[ \"$1 $2\" = 'auth token' ] && echo gho_fromkeychain\n")
     (host_bin / "gh").chmod(0o755)
     monkeypatch.setenv("PATH", f"{host_bin}{os.pathsep}{os.environ['PATH']}")
-    result = shell(project, "printenv", "GH_TOKEN")
+    result = shell(project, "printenv", "GH_TOKEN")  # with the credential broker: a placeholder
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(b"gho_agentbox-ph-") and b"fromkeychain" not in result.stdout
+    staged_logins(home)
+    result = shell(project, "printenv", "GH_TOKEN")  # without: the token itself, never on a command line
     assert result.returncode == 0, result.stderr
     assert result.stdout == b"gho_fromkeychain\n"
     assert not any("gho_fromkeychain" in " ".join(argv) for argv in vm.calls())

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from agentbox import contract, paths
+from agentbox.net import guard as netguard
+from agentbox.net import policy as netpolicy
 from agentbox.session import staging
 from tests.helpers import NAME, FakeLima, write, write_trusted
 
@@ -105,7 +107,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     """An agent with an install command, both bootstrap kinds, its own setup to sync and --timings: every option
     of the table reaches launch.sh, which runs the session; the staging folder holds the documented files with
     the documented modes."""
-    write(home / ".codex" / "auth.json", '{"token": "t"}', mode=0o644)
+    write(home / ".codex" / "auth.json", '{"OPENAI_API_KEY": "sk-proj-the-host-key-1234"}', mode=0o644)
     write(home / ".codex" / "AGENTS.md", "Be brief.\n")
     write(home / ".gitconfig", "[user]\n\tname = Someone\n")
     write(project / "create.sh", "echo created >> boot.log\n")
@@ -137,9 +139,10 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     named = {contract.ENV_FILE, contract.CREDS_MANIFEST, contract.CREDS_STAMPS, contract.GIT_IDENTITY,
              contract.GIT_IDENTITY_STAMP, f"{contract.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
              contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
-             contract.TMUX_CONF, contract.CLAUDE_HOOKS, contract.NETWORK_RULES, *executable}
+             contract.TMUX_CONF, contract.CLAUDE_HOOKS, contract.NETWORK_RULES, contract.BROKER_CA,
+             contract.BROKER_CA_DIGEST, *executable}
     folders = {contract.GUARDS, contract.BOOTSTRAP, contract.CREDS, contract.CREDS_HOME, f"{contract.CREDS_HOME}/.codex",
-               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", contract.CONTEXT}
+               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", contract.CONTEXT, contract.BROKER}
     copies = {name for name in found if name.startswith(f"{contract.BOOTSTRAP}/")}
     parts = {f"{contract.LAUNCH_PARTS}/{part.name}" for part in LAUNCH_PARTS.glob("*.sh")}
     assert len(parts) > 5
@@ -149,7 +152,10 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2
     assert {name: mode for name, mode in found.items() if mode != 0o600} == {
         **dict.fromkeys(executable, 0o700), **dict.fromkeys(folders, 0o700)}
-    assert (folder / contract.ENV_FILE).read_bytes() == b"MY_VAR=hi\0"
+    # the config's env, then the proxy's variables (the credential broker serves the VM in every mode)
+    port = netguard.running(NAME).port  # type: ignore[union-attr]
+    proxy = "".join(f"{key}={value}\0" for key, value in netpolicy.proxy_env(port).items())
+    assert (folder / contract.ENV_FILE).read_bytes() == f"MY_VAR=hi\0{proxy}".encode()
     documented = staging.__doc__ or ""
     assert "    launch/PART.sh " in documented
     for name in named - {f"{contract.CREDS_HOME}/.codex/auth.json", "sync/codex/home/.codex/AGENTS.md"}:

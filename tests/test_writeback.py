@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import NAME, FakeLima, run_agentbox, run_cli, without_once_notes, write
+from tests.helpers import NAME, FakeLima, run_agentbox, run_cli, staged_logins, without_once_notes, write
 
 # Runs the workspace's .agent.sh with the arguments the agent got (a test's script of what it does).
 AGENT = "#!/bin/sh\n[ ! -f .agent.sh ] || . ./.agent.sh\n"
@@ -34,6 +34,12 @@ def install_agents(lima: FakeLima, name: str = NAME) -> None:
     bin_dir = lima.home / name / "guestfs" / "usr-local" / "bin"
     for binary in ("claude", "codex", "gemini"):
         write(bin_dir / binary, AGENT, mode=0o755)
+
+
+@pytest.fixture(autouse=True)
+def _staged_logins(home: Path) -> None:
+    """Write-back is for logins copied into the VM (with the credential broker they never are)."""
+    staged_logins(home)
 
 
 @pytest.fixture
@@ -252,7 +258,7 @@ def test_write_back_false_changes_nothing(project: Path, agents: FakeLima, home:
 
 
 def test_a_project_file_cannot_turn_write_back_on_against_the_global_config(project: Path, home: Path) -> None:
-    global_file = write(home / ".config" / "agentbox" / "config.yml", "credentials:\n  writeBack: false\n")
+    global_file = write(home / ".config" / "agentbox" / "config.yml", "credentials:\n  writeBack: false\n  broker: false\n")
     write(project / "agentbox.yml", "credentials:\n  writeBack: true\n  netrc: false\n")
     result = run_cli("config", "--json", cwd=project)
     assert result.exit_code == 0, result.stderr

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentbox import paths
 from agentbox.credentials import brokered
+from agentbox.credentials.stage import guest_path_for
 from agentbox.fsutil import private_dir, write_if_changed
 
 if TYPE_CHECKING:
@@ -33,8 +34,27 @@ def record(vm: str, prepared: brokered.Prepared) -> None:
     """What the launch found on the host: the logins it brokered and its notes (no secret: names and sentences).
     Written only when it changed (the warm path reads it and writes nothing)."""
     private_dir(paths.vm_state_dir(vm))
-    data = {"brokered": list(prepared.brokered), "notes": list(prepared.notes)}
+    data = {"brokered": list(prepared.brokered), "notes": list(prepared.notes),
+            # guest paths (relative to the home): the placeholder versions staged, and every login file the
+            # broker stands in for (one it lacks a login for is not staged at all)
+            "files": sorted(prepared.files),
+            "replaced": sorted(guest_path_for(spec)[2:] for spec in prepared.replaced)}
     write_if_changed(record_path(vm), (json.dumps(data, indent=1) + "\n").encode())
+
+
+def staged_for_vm(vm: str, present: list[str]) -> list[str]:
+    """Of the login files a launch would stage (guest paths), those it stages with the broker: the ones the broker
+    stands in for only when the last launch had a login to make a placeholder version of."""
+    data = _recorded(vm) or {}
+    replaced = set(data.get("replaced") or [])
+    files = set(data.get("files") or [])
+    return [path for path in present if path not in replaced or path in files]
+
+
+def recorded_notes(vm: str) -> list[str]:
+    """The notes the last brokered launch recorded (none before the first)."""
+    data = _recorded(vm)
+    return [str(note) for note in data["notes"]] if data is not None else []
 
 
 def _recorded(vm: str) -> dict[str, Any] | None:

@@ -34,9 +34,10 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
         return None
     prepared = brokered.prepare(vm_name, config)
     title = brokered.title_of(agent) if agent is not None else None
+    said = brokerreport.recorded_notes(vm_name)  # a note stays in `agentbox doctor`; a launch says it once
     for text in prepared.notes:
-        if title is not None and text.startswith(f"{title}:"):
-            note(text)
+        if title is not None and text.startswith(f"{title}:") and text not in said:
+            note(f"{text} (said once)")
     brokerreport.record(vm_name, prepared)  # what status/describe/doctor report, without parsing the logins
     authority = ca.ensure(vm_name, prepared.hosts) if prepared.hosts else None
     return Brokered(prepared, authority)

@@ -90,10 +90,16 @@ def build(
     staging_folder = str(paths.staging_dir(vm_name))
     if mounts is None:
         mounts = mounts_for(config, vm_name)
+    brokered = config.credentials.enabled and config.credentials.broker
     if staged_credentials is None:
         staged_credentials = present_credentials(credentials.launch_files(config, agent))
+        if brokered:
+            from agentbox.credentials import report as brokerreport
+
+            staged_credentials = brokerreport.staged_for_vm(vm_name, staged_credentials)
     if env_keys is None:
-        env_keys = sessionenv.of(config)
+        # the proxy's variables when a proxy serves the VM (its port does not matter here: names only)
+        env_keys = sessionenv.of(config, 1 if brokered or config.network.proxied else None)
     if git_identity is None:
         settings = config.credentials
         git_identity = settings.enabled and settings.git and (Path(os.path.expanduser("~")) / ".gitconfig").is_file()

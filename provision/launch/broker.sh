@@ -11,21 +11,46 @@ broker_ca_failed=122  # contract.BROKER_CA_FAILED
 
 apply_broker_ca() {
   # The warm path (the same CA as last time, still in place) runs no program: bash's read and test only.
-  local stamp="$state/broker-ca.sha256" staged_digest="" installed_digest=""
-  [ ! -r "$stamp" ] || read -r installed_digest < "$stamp" || true
+  # The stamp says where it is trusted: "system DIGEST" (the trust store, with sudo) or "user DIGEST" (a VM
+  # without passwordless sudo: a bundle of the store's roots and the CA in the state folder, named by the
+  # variables, which every client the agent starts reads).
+  local stamp="$state/broker-ca.sha256" staged_digest="" installed="" where="" bundle="$broker_ca_bundle"
+  [ ! -r "$stamp" ] || read -r where installed < "$stamp" || true
   if [ ! -r "$staging/broker/ca.crt" ]; then
-    if [ -n "$installed_digest" ] || [ -e "$broker_ca_file" ]; then
+    if [ "$where" = user ]; then
+      rm -f "$state/broker-ca-bundle.crt" "$stamp"
+    elif [ -n "$installed" ] || [ -e "$broker_ca_file" ]; then
       remove_broker_ca "$stamp"
     fi
     return 0
   fi
   read -r staged_digest < "$staging/broker/ca.sha256" || true
-  if [ -z "$staged_digest" ] || [ "$staged_digest" != "$installed_digest" ] || [ ! -e "$broker_ca_file" ]; then
-    install_broker_ca "$stamp" "$staged_digest"
+  if [ "$where" = user ] && [ "$staged_digest" = "$installed" ] && [ -r "$state/broker-ca-bundle.crt" ]; then
+    bundle="$state/broker-ca-bundle.crt"
+  elif [ "$where" != system ] || [ -z "$staged_digest" ] || [ "$staged_digest" != "$installed" ] \
+      || [ ! -e "$broker_ca_file" ]; then
+    if sudo -n true 2>/dev/null; then
+      install_broker_ca "$stamp" "$staged_digest"
+    else
+      bundle="$state/broker-ca-bundle.crt"
+      user_broker_ca "$stamp" "$staged_digest" "$bundle"
+    fi
   fi
   # Node adds these to its own roots; Python's requests and httpx would use certifi's; OpenSSL-based tools
-  # read the same bundle by default. Codex (Rust, rustls with the system store) needs only the store itself.
-  export NODE_EXTRA_CA_CERTS="$broker_ca_bundle" SSL_CERT_FILE="$broker_ca_bundle" REQUESTS_CA_BUNDLE="$broker_ca_bundle"
+  # read the same bundle by default. Codex (Rust, rustls with the system store) reads SSL_CERT_FILE or the store.
+  export NODE_EXTRA_CA_CERTS="$bundle" SSL_CERT_FILE="$bundle" REQUESTS_CA_BUNDLE="$bundle"
+  [ "$bundle" = "$broker_ca_bundle" ] || export GIT_SSL_CAINFO="$bundle" CURL_CA_BUNDLE="$bundle"
+}
+
+user_broker_ca() {
+  local stamp="$1" digest="$2" bundle="$3" roots=""
+  [ ! -r "$broker_ca_bundle" ] || roots="$(<"$broker_ca_bundle")"
+  # bash alone (a guest this bare may lack more than sudo); the stamp is written last, so a bundle cut short is
+  # made again at the next launch
+  printf '%s\n%s\n' "$roots" "$(<"$staging/broker/ca.crt")" > "$bundle"
+  printf 'user %s\n' "$digest" > "$stamp"
+  say "no passwordless sudo in the VM: the credential broker's CA is trusted through SSL_CERT_FILE," \
+      "NODE_EXTRA_CA_CERTS, REQUESTS_CA_BUNDLE and GIT_SSL_CAINFO ($bundle), not the system trust store"
 }
 
 install_broker_ca() {
@@ -45,7 +70,7 @@ install_broker_ca() {
   if [[ "$bundle" != *"$certificate"* ]]; then
     broker_ca_failure "update-ca-certificates ran, but $broker_ca_bundle does not hold the certificate"
   fi
-  printf '%s\n' "$digest" > "$stamp"
+  printf 'system %s\n' "$digest" > "$stamp"
 }
 
 remove_broker_ca() {
