@@ -1,6 +1,6 @@
 """Anthropic's Claude Code: everything agentbox knows about it."""
 
-from agentbox.agents.record import AgentSpec, LoginFormat, Prompt, Settings
+from agentbox.agents.record import AgentSpec, ApiKey, BrokerSpec, LoginFormat, Prompt, Settings
 
 # Approvals off (the VM is the sandbox). Claude Code asks once before its first bypass-permissions run unless
 # skipDangerousModePermissionPrompt is set.
@@ -28,6 +28,15 @@ RECORD = AgentSpec(
     # Its callback listens on a random free port; the page it opens also offers a code to paste.
     login=("auth", "login"),
     login_formats=(LoginFormat(".claude/.credentials.json", "claude", ".claude.json", "claude_account"),),
+    broker=BrokerSpec(
+        format="claude_oauth", login_file=".claude/.credentials.json", login_command="claude auth login",
+        access_hosts=("api.anthropic.com",),
+        # console.anthropic.com's: older versions
+        token_endpoints=(("platform.claude.com", "/v1/oauth/token"), ("console.anthropic.com", "/v1/oauth/token")),
+        api_keys=(ApiKey("ANTHROPIC_API_KEY", "sk-ant-api03-", ("api.anthropic.com",)),
+                  ApiKey("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-", ("api.anthropic.com",))),
+        companion=(".claude.json", "claude_json"),
+    ),
     login_transforms=((".claude.json", "claude_json"),),
     one_time_prompts=(
         Prompt("the bypass-permissions confirmation before its first run",

@@ -1,6 +1,6 @@
 """OpenAI's Codex CLI: everything agentbox knows about it."""
 
-from agentbox.agents.record import AgentSpec, LoginFormat, Settings
+from agentbox.agents.record import AgentSpec, ApiKey, BrokerSpec, LoginFormat, Settings
 
 SETTINGS = {"approval_policy": "never", "sandbox_mode": "danger-full-access"}  # approvals off
 
@@ -24,6 +24,13 @@ RECORD = AgentSpec(
     # Its callback listens on port 1455; `codex login --device-auth` needs no callback at all.
     login=("login",),
     login_formats=(LoginFormat(".codex/auth.json", "codex"),),
+    broker=BrokerSpec(
+        format="codex_auth", login_file=".codex/auth.json", login_command="codex login",
+        access_hosts=("chatgpt.com", "api.openai.com"),
+        token_endpoints=(("auth.openai.com", "/oauth/token"),),
+        api_keys=(ApiKey("OPENAI_API_KEY", "sk-", ("api.openai.com",)),),
+        file_api_key_hosts=("api.openai.com",),  # auth.json's OPENAI_API_KEY
+    ),
     memory_file="~/.codex/AGENTS.md",
     task_args=("exec",),  # codex exec [OPTIONS] PROMPT
     resume=("resume", "--last"),

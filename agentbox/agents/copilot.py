@@ -37,6 +37,7 @@ RECORD = AgentSpec(
         "sync_transforms": "its setup is not synced (no folder)",
         "settings": "--allow-all turns approvals off; agentbox writes no settings of its own",
         "login_files": "its one credential file is its login",
+        "broker": "its config.json format is not brokered yet: staged",
         "login_formats": "its config.json only travels host -> VM (no format agentbox reads)",
         "login_transforms": "its login file is copied as it is",
         "guest_paths": "its files have the same paths on Linux and in the VM",

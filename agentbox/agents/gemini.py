@@ -1,6 +1,6 @@
 """Google's Gemini CLI: everything agentbox knows about it."""
 
-from agentbox.agents.record import AgentSpec, LoginFormat, Prompt, Settings
+from agentbox.agents.record import AgentSpec, ApiKey, BrokerSpec, LoginFormat, Prompt, Settings
 
 # Gemini CLI takes yolo only from the command line; its settings only choose the login type a new VM asks for.
 SETTINGS = {"security": {"auth": {"selectedType": "oauth-personal"}}}
@@ -38,6 +38,16 @@ RECORD = AgentSpec(
     login_files=("~/.gemini/oauth_creds.json",),
     login_env=("GEMINI_API_KEY", "GOOGLE_API_KEY"),
     login_formats=(LoginFormat(".gemini/oauth_creds.json", "gemini"),),
+    broker=BrokerSpec(
+        format="gemini_oauth", login_file=".gemini/oauth_creds.json",
+        login_command='gemini (choose "Login with Google")',
+        # Gemini CLI checks its token first at oauth2.googleapis.com/tokeninfo, then asks www.googleapis.com
+        # for the user.
+        access_hosts=("cloudcode-pa.googleapis.com", "oauth2.googleapis.com", "www.googleapis.com"),
+        token_endpoints=(("oauth2.googleapis.com", "/token"),),
+        api_keys=(ApiKey("GEMINI_API_KEY", "AIza", ("generativelanguage.googleapis.com",)),
+                  ApiKey("GOOGLE_API_KEY", "AIza", ("generativelanguage.googleapis.com",))),
+    ),
     one_time_prompts=(
         # It resets --approval-mode=yolo to "default" in a folder it does not trust.
         Prompt("whether to trust the workspace folder", "launch.sh: trust_workspace_for_gemini",

@@ -31,6 +31,7 @@ RECORD = AgentSpec(
         "login_hint": "`kiro-cli login` says what to do itself",
         "login_files": "its one login (a database) is a login by itself",
         "login_env": "doctor checks only its login file",
+        "broker": "its login is a SQLite database the broker cannot read yet: staged",
         "login_formats": "its login is a SQLite database, which only travels host -> VM",
         "login_transforms": "its login file is copied as it is",
         "one_time_prompts": "none known",

@@ -30,6 +30,7 @@ RECORD = AgentSpec(
         "login_hint": "`opencode auth login` says what to do itself",
         "login_files": "its one credential file is its login",
         "login_env": "doctor checks only its login file",
+        "broker": "its auth.json format is not brokered yet: staged",
         "login_formats": "its auth.json only travels host -> VM (no format agentbox reads)",
         "login_transforms": "its login file is copied as it is",
         "guest_paths": "its files have the same paths on Linux and in the VM",

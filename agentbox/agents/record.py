@@ -23,6 +23,30 @@ class LoginFormat(NamedTuple):
     companion_parser: str | None = None  # its name in agents.logins.COMPANION_PARSERS
 
 
+class ApiKey(NamedTuple):
+    """An API key of the agent's that the config's env may hold, as the credential broker keeps it."""
+
+    variable: str
+    kind: str  # the usual prefix of such a key, which the VM's placeholder carries
+    hosts: tuple[str, ...]  # where its real value may go
+
+
+class BrokerSpec(NamedTuple):
+    """How the credential broker keeps the agent's login on the host (agentbox.credentials.brokered): the VM gets
+    a placeholder version of its login file and API keys, and the real values go only to these hosts."""
+
+    format: str  # the login file's shape: a name in credentials.brokered.FORMATS
+    login_file: str  # relative to the home
+    login_command: str  # what logs it in on the host, for "log in on the host with ..."
+    access_hosts: tuple[str, ...]  # where its access token may go
+    token_endpoints: tuple[tuple[str, str], ...]  # (host, path) of its OAuth token requests, answered on the host
+    api_keys: tuple[ApiKey, ...] = ()
+    file_api_key_hosts: tuple[str, ...] = ()  # an API key kept in the login file itself may go there (Codex)
+    # Another file of its login the VM gets a version of without secrets (relative to the home), and that
+    # version's maker: a name in credentials.brokered.COMPANIONS.
+    companion: tuple[str, str] | None = None
+
+
 class Settings(NamedTuple):
     """The agent's own settings that agentbox keeps in the VM: written into a new VM's home (vm.provisioning),
     and applied to the user's synced copy by the file's transform (sync.transform)."""
@@ -76,6 +100,7 @@ class AgentSpec(NamedTuple):
     login_env: tuple[str, ...] = ()  # variables of the config's env that log it in (an API key)
     login_via_gh: bool = False  # it falls back to the GitHub CLI's login, which agentbox brings into the VM
     login_formats: tuple[LoginFormat, ...] = ()  # the login files written back from the VM
+    broker: BrokerSpec | None = None  # how the credential broker keeps its login on the host
     # Login files staged through a transform (the path relative to the home; a name in
     # sync.transform.LOGIN_TRANSFORMS): ~/.claude.json also holds Claude Code's user-scope MCP servers.
     login_transforms: tuple[tuple[str, str], ...] = ()

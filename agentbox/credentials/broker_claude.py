@@ -15,8 +15,6 @@ from typing import Any
 from agentbox.credentials.filelogin import FileLogin, expires_in, number, remaining, string
 from agentbox.credentials.tokens import Tokens
 
-ENDPOINTS = (("platform.claude.com", "/v1/oauth/token"), ("console.anthropic.com", "/v1/oauth/token"))
-API_HOSTS = frozenset({"api.anthropic.com"})
 KEPT = ("expiresAt", "scopes", "subscriptionType", "rateLimitTier")  # non-secret fields the VM's file keeps
 # ~/.claude.json: what holds a secret there (an API key approved in Claude Code; the approved keys' last 20
 # characters), dropped from the VM's copy.
@@ -24,12 +22,8 @@ CLAUDE_JSON_SECRETS = ("primaryApiKey",)
 
 
 class ClaudeLogin(FileLogin):
-    agent = "claude"
-    title = "Claude Code"
-    login_command = "claude auth login"
     access_kind = "sk-ant-oat01-"
     refresh_kind = "sk-ant-ort01-"
-    access_hosts = API_HOSTS
 
     def parse(self, doc: dict[str, Any]) -> Tokens | None:
         oauth = doc.get("claudeAiOauth")

@@ -15,18 +15,10 @@ from typing import Any
 from agentbox.credentials.filelogin import FileLogin, number, remaining, string
 from agentbox.credentials.tokens import Tokens, jwt_claims
 
-ENDPOINTS = (("auth.openai.com", "/oauth/token"),)
-ACCESS_HOSTS = frozenset({"chatgpt.com", "api.openai.com"})
-API_KEY_HOSTS = frozenset({"api.openai.com"})
-
 
 class CodexLogin(FileLogin):
-    agent = "codex"
-    title = "Codex"
-    login_command = "codex login"
     access_kind = ""
     refresh_kind = ""
-    access_hosts = ACCESS_HOSTS
 
     def parse(self, doc: dict[str, Any]) -> Tokens | None:
         tokens = doc.get("tokens")
@@ -41,8 +33,14 @@ class CodexLogin(FileLogin):
 
     def api_key(self) -> str | None:
         doc = self.file.json()
-        key = doc.get("OPENAI_API_KEY") if doc else None
+        return self.file_api_key(doc) if doc else None
+
+    def file_api_key(self, doc: dict[str, Any]) -> str | None:
+        key = doc.get("OPENAI_API_KEY")
         return key if isinstance(key, str) and key else None
+
+    def with_file_api_key(self, vm_doc: dict[str, Any], placeholder: str) -> dict[str, Any]:
+        return {**vm_doc, "OPENAI_API_KEY": placeholder}
 
     def apply(self, doc: dict[str, Any], response: dict[str, Any], now: float) -> dict[str, Any]:
         tokens = doc.get("tokens")

@@ -15,18 +15,10 @@ from typing import Any
 from agentbox.credentials.filelogin import FileLogin, expires_in, number, remaining, string
 from agentbox.credentials.tokens import Tokens
 
-ENDPOINTS = (("oauth2.googleapis.com", "/token"),)
-ACCESS_HOSTS = frozenset({"cloudcode-pa.googleapis.com", "oauth2.googleapis.com", "www.googleapis.com"})
-API_KEY_HOSTS = frozenset({"generativelanguage.googleapis.com"})
-
 
 class GeminiLogin(FileLogin):
-    agent = "gemini"
-    title = "Gemini CLI"
-    login_command = "gemini (choose \"Login with Google\")"
     access_kind = "ya29."
     refresh_kind = "1//"
-    access_hosts = ACCESS_HOSTS
 
     def parse(self, doc: dict[str, Any]) -> Tokens | None:
         access, refresh = string(doc, "access_token"), string(doc, "refresh_token")

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.agents.record import AgentSpec, ApiKey
 from agentbox.credentials import broker_claude, broker_codex, broker_gemini, broker_gh
 from agentbox.credentials.filelogin import FileLogin
 from agentbox.credentials.hostfile import HostFile
@@ -36,22 +38,18 @@ from agentbox.net.broker import Secret, TokenEndpoint
 if TYPE_CHECKING:
     from agentbox.config.load import Config
 
-BROKERED = ("claude", "codex", "gemini")  # agents; the GitHub CLI is brokered with them (credentials.gh)
-LOGIN_FILES = {"claude": ".claude/.credentials.json", "codex": ".codex/auth.json", "gemini": ".gemini/oauth_creds.json"}
-_LOGINS: dict[str, type[FileLogin]] = {
-    "claude": broker_claude.ClaudeLogin, "codex": broker_codex.CodexLogin, "gemini": broker_gemini.GeminiLogin,
+# The login files' shapes and their companions' makers, by the names the agents' records use (AgentSpec.broker).
+FORMATS: dict[str, type[FileLogin]] = {
+    "claude_oauth": broker_claude.ClaudeLogin, "codex_auth": broker_codex.CodexLogin,
+    "gemini_oauth": broker_gemini.GeminiLogin,
 }
-_ENDPOINTS = {"claude": broker_claude.ENDPOINTS, "codex": broker_codex.ENDPOINTS, "gemini": broker_gemini.ENDPOINTS}
-# API keys the config's env may hold, by agent: (variable, the placeholder's usual kind, hosts).
-API_KEYS: dict[str, tuple[tuple[str, str, frozenset[str]], ...]] = {
-    "claude": (("ANTHROPIC_API_KEY", "sk-ant-api03-", broker_claude.API_HOSTS),
-               ("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-", broker_claude.API_HOSTS)),
-    "codex": (("OPENAI_API_KEY", "sk-", broker_codex.API_KEY_HOSTS),),
-    "gemini": (("GEMINI_API_KEY", "AIza", broker_gemini.API_KEY_HOSTS),
-               ("GOOGLE_API_KEY", "AIza", broker_gemini.API_KEY_HOSTS)),
-    "gh": (("GH_TOKEN", "gho_", broker_gh.HOSTS), ("GITHUB_TOKEN", "gho_", broker_gh.HOSTS)),
-}
-MAX_CLAUDE_JSON = 32 << 20
+COMPANIONS: dict[str, Callable[[bytes, str | None], bytes]] = {"claude_json": broker_claude.claude_json_for_vm}
+# The agents whose logins the broker keeps (the GitHub CLI's is kept with them, with `credentials.gh`).
+SPECS: dict[str, AgentSpec] = {name: spec for name, spec in BUILTIN_AGENTS.items() if spec.broker is not None}
+BROKERED = tuple(SPECS)
+GH_API_KEYS = (ApiKey("GH_TOKEN", "gho_", tuple(broker_gh.HOSTS)),
+               ApiKey("GITHUB_TOKEN", "gho_", tuple(broker_gh.HOSTS)))
+MAX_COMPANION = 32 << 20  # ~/.claude.json keeps per-project history: several MB
 
 
 @dataclass
@@ -103,8 +101,15 @@ class Request:
 
 def title_of(agent: str) -> str | None:
     """The brokered agent's name as its notes begin ("Claude Code"), None for an agent that is not brokered."""
-    login = _LOGINS.get(agent)
-    return login.title if login is not None else None
+    spec = SPECS.get(agent)
+    return spec.title if spec is not None else None
+
+
+def _api_keys_of(name: str) -> tuple[ApiKey, ...]:
+    spec = SPECS.get(name)
+    if spec is not None and spec.broker is not None:
+        return spec.broker.api_keys
+    return GH_API_KEYS if name == "gh" else ()
 
 
 def request_of(config: Config, agents: Iterable[str] | None = None) -> Request | None:
@@ -115,7 +120,7 @@ def request_of(config: Config, agents: Iterable[str] | None = None) -> Request |
     names = list(config.agents) if agents is None else list(agents)
     chosen = {name: tuple(config.agents[name].credentials) for name in names
               if name in BROKERED and name in config.agents and config.agents[name].builtin}
-    variables = {variable for name in [*chosen, "gh"] for variable, _, _ in API_KEYS[name]}
+    variables = {key.variable for name in [*chosen, "gh"] for key in _api_keys_of(name)}
     return Request(chosen, settings.gh, {k: v for k, v in config.env.items() if k in variables})
 
 
@@ -131,31 +136,38 @@ def prepare_request(vm: str, request: Request, upstream: Upstream | None = None)
     placeholders = Placeholders(vm)
     reals: list[str] = []
     for name, credentials in request.agents.items():
-        _file_login(prepared, placeholders, name, credentials, upstream, reals)
+        spec = SPECS.get(name)
+        if spec is None or spec.broker is None:
+            continue
+        _file_login(prepared, placeholders, spec, credentials, upstream, reals)
         _api_keys(prepared, placeholders, name, request.env, reals)
+        _companion(prepared, spec, credentials)
         if name in prepared.brokered:  # an API key in the env is a login: no note about the file
-            prepared.notes[:] = [note for note in prepared.notes if not note.startswith(_LOGINS[name].title + ":")]
+            prepared.notes[:] = [note for note in prepared.notes if not note.startswith(spec.title + ":")]
     if request.gh:
         _gh(prepared, placeholders, request.env, reals)
     _scan(prepared, reals)
     return prepared
 
 
-def _file_login(prepared: Prepared, placeholders: Placeholders, name: str, credentials: Iterable[str],
+def _file_login(prepared: Prepared, placeholders: Placeholders, spec: AgentSpec, credentials: Iterable[str],
                 upstream: Upstream | None, reals: list[str]) -> None:
-    spec = next((c for c in credentials if guest_path_for(c) == f"~/{LOGIN_FILES[name]}"), None)
-    if spec is None:
+    broker = spec.broker
+    assert broker is not None
+    name = spec.name
+    host_path = next((c for c in credentials if guest_path_for(c) == f"~/{broker.login_file}"), None)
+    if host_path is None:
         return
-    prepared.replaced.add(spec)
-    login = _LOGINS[name](Path(os.path.expanduser(spec)), placeholders)
+    prepared.replaced.add(host_path)
+    login = FORMATS[broker.format](Path(os.path.expanduser(host_path)), placeholders, spec)
     doc = login.file.json()
     tokens = login.parse(doc) if doc is not None else None
     handler = TokenHandler(login, upstream)
-    for key in _ENDPOINTS[name]:
+    for key in broker.token_endpoints:
         prepared.endpoints[key] = handler
     if tokens is not None and doc is not None:
         ph = login.placeholders_for(tokens)
-        prepared.files[LOGIN_FILES[name]] = _dump(login.vm_file(doc, tokens, ph))
+        prepared.files[broker.login_file] = _dump(login.vm_file(doc, tokens, ph))
         prepared.secrets.append(login.secret(tokens))
         reals.extend(login.reals(tokens))
     else:
@@ -163,11 +175,11 @@ def _file_login(prepared: Prepared, placeholders: Placeholders, name: str, crede
         # token endpoint, and the VM then uses this placeholder, whose real value is read when it is used.
         placeholder = placeholders.get(f"{name}.access", login.access_kind)
         prepared.secrets.append(Secret(name, placeholder, login.access_hosts, login.current_access))
-    if name == "codex" and doc is not None:
-        _codex_file_key(prepared, placeholders, login, doc, tokens is not None, reals)
-    if name == "claude":
-        _claude_json(prepared, credentials, placeholders)
-    if tokens is not None or (name == "codex" and doc is not None and login_api_key(doc)):
+    file_key = login.file_api_key(doc) if doc is not None and broker.file_api_key_hosts else None
+    if file_key is not None:
+        _file_api_key(prepared, placeholders, login, broker.login_file, file_key,
+                      frozenset(broker.file_api_key_hosts), reals)
+    if tokens is not None or file_key is not None:
         prepared.brokered.append(name)
     else:
         missing = "is missing" if doc is None else "holds no login"
@@ -175,66 +187,59 @@ def _file_login(prepared: Prepared, placeholders: Placeholders, name: str, crede
                               f"host with `{login.login_command}`")
 
 
-def login_api_key(doc: dict[str, object]) -> str | None:
-    key = doc.get("OPENAI_API_KEY")
-    return key if isinstance(key, str) and key else None
-
-
-def _codex_file_key(prepared: Prepared, placeholders: Placeholders, login: FileLogin, doc: dict[str, object],
-                    has_tokens: bool, reals: list[str]) -> None:
-    """auth.json's OPENAI_API_KEY (an API-key login, or one beside the ChatGPT tokens)."""
-    key = login_api_key(doc)
-    if key is None:
-        return
-    placeholder = placeholders.get("codex.file_api_key", kind_of(key, "sk-"))
-    codex = login if isinstance(login, broker_codex.CodexLogin) else None
-    assert codex is not None
+def _file_api_key(prepared: Prepared, placeholders: Placeholders, login: FileLogin, relative: str, key: str,
+                  hosts: frozenset[str], reals: list[str]) -> None:
+    """An API key the login file holds (Codex's auth.json: an API-key login, or one beside the ChatGPT tokens)."""
+    placeholder = placeholders.get(f"{login.agent}.file_api_key", kind_of(key, "sk-"))
 
     def real() -> str | None:
         try:
-            return codex.api_key()
+            doc = login.file.json()
         except StateError:
             return None
+        return login.file_api_key(doc) if doc is not None else None
 
-    prepared.secrets.append(Secret("codex", placeholder, broker_codex.API_KEY_HOSTS, real))
+    prepared.secrets.append(Secret(login.agent, placeholder, hosts, real))
     reals.append(key)
-    current = json.loads(prepared.files[LOGIN_FILES["codex"]]) if has_tokens else {}
-    prepared.files[LOGIN_FILES["codex"]] = _dump({**current, "OPENAI_API_KEY": placeholder})
+    current = json.loads(prepared.files[relative]) if relative in prepared.files else {}
+    prepared.files[relative] = _dump(login.with_file_api_key(current, placeholder))
 
 
-def _claude_json(prepared: Prepared, credentials: Iterable[str], placeholders: Placeholders) -> None:
-    spec = next((c for c in credentials if guest_path_for(c) == "~/.claude.json"), None)
-    if spec is None:
+def _companion(prepared: Prepared, spec: AgentSpec, credentials: Iterable[str]) -> None:
+    """The VM's version of another file of the login (~/.claude.json without the secrets it may hold), made with
+    the placeholder of the agent's API key when the env has one (Claude Code approves that key)."""
+    assert spec.broker is not None
+    if spec.broker.companion is None:
         return
-    path = Path(os.path.expanduser(spec))
-    data = HostFile(path, MAX_CLAUDE_JSON).read()
-    prepared.replaced.add(spec)
+    relative, maker = spec.broker.companion
+    host_path = next((c for c in credentials if guest_path_for(c) == f"~/{relative}"), None)
+    if host_path is None:
+        return
+    path = Path(os.path.expanduser(host_path))
+    data = HostFile(path, MAX_COMPANION).read()
+    prepared.replaced.add(host_path)
     if data is None:
         return
-    key = next((s.placeholder for s in prepared.secrets if s.placeholder.startswith("sk-ant-api")), None)
+    key = next((prepared.env[k.variable] for k in spec.broker.api_keys if k.variable in prepared.env), None)
     try:
-        prepared.files[".claude.json"] = broker_claude.claude_json_for_vm(data, key)
+        prepared.files[relative] = COMPANIONS[maker](data, key)
     except (ValueError, RecursionError) as exc:
-        raise StateError(f"{path} is not a JSON object ({exc})", "fix or remove the file; Claude Code remakes it"
+        raise StateError(f"{path} is not a JSON object ({exc})", f"fix or remove the file; {spec.title} remakes it"
                          ) from exc
 
 
 def _api_keys(prepared: Prepared, placeholders: Placeholders, name: str, env: dict[str, str],
               reals: list[str]) -> None:
-    for variable, kind, hosts in API_KEYS[name]:
-        value = env.get(variable)
+    for key in _api_keys_of(name):
+        value = env.get(key.variable)
         if not value:
             continue
-        placeholder = placeholders.get(f"env.{variable}", kind_of(value, kind))
-        prepared.env[variable] = placeholder
-        prepared.secrets.append(Secret(name, placeholder, hosts, _constant(value)))
+        placeholder = placeholders.get(f"env.{key.variable}", kind_of(value, key.kind))
+        prepared.env[key.variable] = placeholder
+        prepared.secrets.append(Secret(name, placeholder, frozenset(key.hosts), _constant(value)))
         reals.append(value)
         if name not in prepared.brokered:
             prepared.brokered.append(name)
-    if name == "claude" and ".claude.json" in prepared.files and "ANTHROPIC_API_KEY" in prepared.env:
-        data = json.loads(prepared.files[".claude.json"])
-        data["customApiKeyResponses"] = {"approved": [prepared.env["ANTHROPIC_API_KEY"][-20:]], "rejected": []}
-        prepared.files[".claude.json"] = _dump(data)
 
 
 def _gh(prepared: Prepared, placeholders: Placeholders, env: dict[str, str], reals: list[str]) -> None:

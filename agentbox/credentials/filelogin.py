@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from agentbox.agents.record import AgentSpec
 from agentbox.credentials.hostfile import HostFile
 from agentbox.credentials.placeholders import Placeholders, kind_of
 from agentbox.credentials.tokens import Tokens
@@ -16,18 +17,20 @@ from agentbox.net.broker import Secret
 
 
 class FileLogin:
-    """Subclasses set the class attributes and parse/apply/reply; the rest is shared."""
+    """A login file's format: subclasses set the token kinds and parse/apply/reply/vm_file; whose login it is and
+    where its tokens may go come from the agent's record (AgentSpec.broker)."""
 
-    agent = ""  # "claude"
-    title = ""  # "Claude Code"
-    login_command = ""  # "claude auth login"
     access_kind = ""  # the placeholder's prefix when the real value's kind is not one we know
     refresh_kind = ""
-    access_hosts: frozenset[str] = frozenset()  # where the real access token may go
 
-    def __init__(self, path: Path, placeholders: Placeholders) -> None:
+    def __init__(self, path: Path, placeholders: Placeholders, spec: AgentSpec) -> None:
+        assert spec.broker is not None
         self.file = HostFile(path)
         self.placeholders = placeholders
+        self.agent = spec.name
+        self.title = spec.title
+        self.login_command = spec.broker.login_command
+        self.access_hosts = frozenset(spec.broker.access_hosts)
 
     # -- what a subclass says -----------------------------------------------------------------------------------
 
@@ -46,6 +49,14 @@ class FileLogin:
 
     def vm_file(self, doc: dict[str, Any], tokens: Tokens, ph: dict[str, str]) -> dict[str, Any]:
         """The file the VM gets: the real shape, every secret a placeholder."""
+        raise NotImplementedError
+
+    def file_api_key(self, doc: dict[str, Any]) -> str | None:
+        """An API key the login file itself holds (AgentSpec.broker.file_api_key_hosts); None: none."""
+        return None
+
+    def with_file_api_key(self, vm_doc: dict[str, Any], placeholder: str) -> dict[str, Any]:
+        """The VM's file (its tokens' placeholders, or {} without tokens) with the key's placeholder."""
         raise NotImplementedError
 
     # -- shared ---------------------------------------------------------------------------------------------------
