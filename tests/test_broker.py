@@ -189,6 +189,76 @@ def test_curl_streams_a_chunked_upload_and_git_basic_auth_is_swapped(broker: Har
     assert git.stdout == f"{'ab' * 20}\trefs/heads/main\n", git.stderr
 
 
+def _git_http_backend(root: Path, basic: str) -> Any:
+    """A route handler serving the repositories under `root` with git's own smart-HTTP server, for requests that
+    carry exactly the `basic` Authorization."""
+    def serve(request: Any) -> Response:
+        if request.headers.get("authorization") != basic:
+            return Response(401, b"Authentication failed\n", "text/plain", {"WWW-Authenticate": 'Basic realm="GitHub"'})
+        path, _, query = request.path.partition("?")
+        env = {"PATH": "/usr/bin:/bin", "GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1",
+               "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": request.method,
+               "CONTENT_TYPE": request.headers.get("content-type", ""), "CONTENT_LENGTH": str(len(request.body)),
+               "HTTP_CONTENT_ENCODING": request.headers.get("content-encoding", ""),
+               "GIT_PROTOCOL": request.headers.get("git-protocol", "")}
+        output = subprocess.run(["git", "http-backend"], input=request.body, env=env, capture_output=True,
+                                timeout=30).stdout
+        head, _, body = output.partition(b"\r\n\r\n")
+        fields = dict(line.split(": ", 1) for line in head.decode().split("\r\n") if ": " in line)
+        status = int(fields.pop("Status", "200").split()[0])
+        return Response(status, body, fields.pop("Content-Type", "application/octet-stream"), fields)
+    return serve
+
+
+def test_a_git_clone_and_fetch_over_https_go_through_with_the_host_s_token_and_a_push_does_not(
+        broker: Harness, tmp_path: Path) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    origin = tmp_path / "served" / "owner" / "repo.git"
+    work = tmp_path / "work"
+    git_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "GIT_TERMINAL_PROMPT": "0",
+               "GIT_CONFIG_NOSYSTEM": "1"}
+
+    def git(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-c", "user.name=T", "-c", "user.email=t@example.com", *args], cwd=cwd,
+                              env=git_env, capture_output=True, text=True, timeout=60)
+
+    assert git("init", "-q", "--bare", "--initial-branch=main", str(origin)).returncode == 0
+    assert git("init", "-q", str(work)).returncode == 0
+    (work / "README").write_text("one\n")
+    assert git("add", "README", cwd=work).returncode == 0 and git("commit", "-qm", "one", cwd=work).returncode == 0
+    assert git("push", "-q", str(origin), "HEAD:refs/heads/main", cwd=work).returncode == 0
+    basic = "Basic " + base64.b64encode(f"x-access-token:{GH_REAL}".encode()).decode()
+    for method in ("GET", "POST"):
+        broker.upstream.route(method, "/owner/repo.git/info/refs", host=GITHUB,
+                              handler=_git_http_backend(origin.parent.parent, basic))
+        broker.upstream.route(method, "/owner/repo.git/git-upload-pack", host=GITHUB,
+                              handler=_git_http_backend(origin.parent.parent, basic))
+        broker.upstream.route(method, "/owner/repo.git/git-receive-pack", host=GITHUB,
+                              handler=_git_http_backend(origin.parent.parent, basic))
+    bundle = broker.log.parent / "guest-bundle.pem"
+    bundle.write_text(broker.ca.cert_pem())
+    through = ["-c", f"http.proxy=http://127.0.0.1:{broker.proxy.port}", "-c", f"http.sslCAInfo={bundle}"]
+    url = f"https://x-access-token:{GH_PH}@{GITHUB}/owner/repo.git"
+    clone = git(*through, "clone", "-q", url, str(tmp_path / "clone"))
+    assert clone.returncode == 0, clone.stderr
+    assert (tmp_path / "clone" / "README").read_text() == "one\n"
+    (work / "README").write_text("two\n")
+    assert git("commit", "-qam", "two", cwd=work).returncode == 0
+    assert git("push", "-q", str(origin), "HEAD:refs/heads/main", cwd=work).returncode == 0
+    fetched = git(*through, "pull", "-q", "--ff-only", cwd=tmp_path / "clone")
+    assert fetched.returncode == 0, fetched.stderr
+    assert (tmp_path / "clone" / "README").read_text() == "two\n"
+    (tmp_path / "clone" / "README").write_text("three\n")
+    assert git("commit", "-qam", "three", cwd=tmp_path / "clone").returncode == 0
+    pushed = git(*through, "push", "-q", "origin", "HEAD:refs/heads/main", cwd=tmp_path / "clone")
+    assert pushed.returncode != 0 and "403" in pushed.stderr
+    assert git("rev-parse", "main", cwd=origin).stdout == git("rev-parse", "HEAD~1", cwd=tmp_path / "clone").stdout
+    sent = [r.headers["authorization"] for r in broker.upstream.requests_to(GITHUB) if "authorization" in r.headers]
+    assert sent and set(sent) == {basic}  # (git's first request of each command carries none and gets a 401)
+    assert GH_PH not in "".join(str(r.headers) for r in broker.upstream.requests_to(GITHUB))
+
+
 def test_a_google_style_key_parameter_is_swapped(broker: Harness) -> None:
     broker.upstream.route("GET", "/user", {"login": "me"}, host=GITHUB_API)
     status, _ = broker.request(GITHUB_API, "GET", f"/user?key={GH_PH}&page=2")
