@@ -103,8 +103,17 @@ def _install_clis(machine: Machine) -> None:
     if HOST_NODE_EXTRA_CA_CERTS and Path(HOST_NODE_EXTRA_CA_CERTS).is_file():
         shutil.copyfile(HOST_NODE_EXTRA_CA_CERTS, machine.path("/etc/agentbox-test-host-ca.pem"))
         extra = ["env", "NODE_EXTRA_CA_CERTS=/etc/agentbox-test-host-ca.pem"]
-    machine.run([*extra, "/usr/local/bin/npm", "install", "-g", "--prefix", CLIS, "--no-audit", "--no-fund",
-                 *PACKAGES], timeout=1500)
+    install = [*extra, "/usr/local/bin/npm", "install", "-g", "--prefix", CLIS, "--no-audit", "--no-fund", *PACKAGES]
+    for attempt in (1, 2):
+        machine.run(install, timeout=1500)
+        # npm leaves out an optional dependency it failed to fetch without failing (Codex's program is one, per
+        # platform): each CLI must start before the cache counts as complete.
+        broken = [name for name in ("claude", "codex", "gemini")
+                  if machine.run([f"{CLIS}/bin/{name}", "--version"], check=False, timeout=120).returncode != 0]
+        if not broken:
+            break
+        if attempt == 2:
+            raise AssertionError(f"after two installs these CLIs do not start: {', '.join(broken)}")
     (prefix / ".complete").write_text(" ".join(PACKAGES) + "\n")
     machine.binds.pop()
 
