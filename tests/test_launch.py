@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, staged_logins, write, write_trusted
 
 
 def launch(project: Path, *args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
@@ -156,6 +156,7 @@ def test_env_reaches_agentbox_shell_interactive_and_not(project: Path, vm: FakeL
 
 
 def test_env_file_is_removed_when_env_becomes_empty(project: Path, vm: FakeLima, isolated_env) -> None:
+    staged_logins(isolated_env["home"])  # without the broker's proxy variables, nothing else is set
     write_trusted(project, "env:\n  A: b\n")
     assert subprocess.run([sys.executable, "-m", "agentbox", "shell", "--", "true"], cwd=project).returncode == 0
     env_file = isolated_env["state"] / "vms" / NAME / "staging" / "env"

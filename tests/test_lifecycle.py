@@ -103,11 +103,13 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
         "network": {"mode": "open", "enforcement": "advisory", "enforcementWhy": netpolicy.enforcement(netpolicy.NetworkSettings())[1],
                     "allowHost": False, "allowLan": False,
                     "proxy": {"running": False, "port": None, "pid": None, "url": None}},
-        "broker": {"enabled": False, "brokered": [], "staged": ["codex", "claude", "gemini", "kiro", "opencode",
-                                                                "copilot", "gh"],
+        "broker": {"enabled": True, "brokered": ["codex", "claude", "gemini", "gh"],
+                   "staged": ["kiro", "opencode", "copilot"],
                    "caFingerprint": None, "notes": [], "notesChecked": False,
-                   "vmHolds": "copies of the host's login files and API keys of every agent brought in "
-                              "(credentials.broker is off)"},
+                   "vmHolds": "no secret of codex, claude, gemini, gh: their login files and API keys in the VM hold "
+                              "placeholders; the real tokens stay on the host and agentbox's proxy puts them only "
+                              "into requests to their own hosts; copies of the real logins of kiro, opencode, "
+                              "copilot (staged: the broker does not support them)"},
     }
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n")
     assert run_cli("start", cwd=project).exit_code == 0

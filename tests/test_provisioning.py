@@ -192,15 +192,16 @@ def test_gemini_runs_in_a_trusted_folder_with_settings_it_accepts(project: Path,
 
 def test_every_staging_folder_and_file_is_private(project: Path, home: Path, limactl: FakeLima) -> None:
     needs_bwrap()
-    write(home / ".claude" / ".credentials.json", "{}", mode=0o644)
-    write(home / ".config" / "gh" / "hosts.yml", "github.com: {}\n", mode=0o644)
+    login = '{"claudeAiOauth": {"accessToken": "sk-ant-oat01-a", "refreshToken": "sk-ant-ort01-r"}}'
+    write(home / ".claude" / ".credentials.json", login, mode=0o644)
+    write(home / ".config" / "gh" / "hosts.yml", "github.com:\n    oauth_token: gho_t\n", mode=0o644)
     write(home / "onstart.sh", "true\n")
     write(home / ".config" / "agentbox" / "config.yml", "bootstrap:\n  onStartScript: ~/onstart.sh\nenv:\n  A: b\n")
     write(project / "agentbox.yml", "")
     assert agentbox(project, "claude", "-p", "x").returncode == 0
     staging = Path(os.environ["AGENTBOX_STATE_DIR"]) / "vms" / NAME / "staging"
     seen = {p.relative_to(staging).as_posix() for p in staging.rglob("*")}
-    assert {"creds/home/.claude", "creds/home/.config/gh", "guards", "bootstrap", "env"} <= seen
+    assert {"creds/home/.claude", "creds/home/.config/gh", "guards", "bootstrap", "env", "broker/ca.crt"} <= seen
     for path in [staging, *staging.rglob("*")]:
         mode = stat.S_IMODE(path.lstat().st_mode)
         if path.is_dir():

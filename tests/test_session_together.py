@@ -14,7 +14,17 @@ import jsonschema
 
 from agentbox import contract, paths
 from agentbox.session import context
-from tests.helpers import NAME, FakeLima, agentbox, install_agent, make_repository, needs_bwrap, run_cli, write
+from tests.helpers import (
+    NAME,
+    FakeLima,
+    agentbox,
+    install_agent,
+    make_repository,
+    needs_bwrap,
+    run_cli,
+    staged_logins,
+    write,
+)
 
 SCHEMA = json.loads(context.SCHEMA_FILE.read_text())
 CLAUDE_LOGIN = ".claude/.credentials.json"
@@ -37,6 +47,7 @@ def claude_login(refresh: str, expires_ms: int) -> str:
 def test_an_isolated_session_hands_back_its_changes_and_its_login(project: Path, limactl: FakeLima,
                                                                    home: Path) -> None:
     needs_bwrap()
+    staged_logins(home)  # the login handed back is a copied one (the broker's never leaves the host)
     host_login = write(home / CLAUDE_LOGIN, claude_login("r1", 1_750_000_000_000) + "\n", mode=0o600)
     make_repository(project)
     assert run_cli("start", cwd=project).exit_code == 0

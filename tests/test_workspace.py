@@ -146,7 +146,7 @@ def test_status_reports_a_name_clash(home: Path, limactl: FakeLima) -> None:
     shown = status_json(second)
     suggested = shown["conflict"]["suggestedName"]
     assert re.fullmatch(r"agentbox-app-[0-9a-f]{8}", suggested)
-    assert shown.pop("broker")["enabled"] is False  # tests/test_broker_report.py checks it
+    assert shown.pop("broker")["enabled"] is True  # on by default; tests/test_broker_report.py checks the rest
     assert shown == {
         "name": "agentbox-app", "status": "NotCreated", "workspace": str(second), "cpus": None, "memory": None,
         "disk": None, "vmType": None, "arch": None, "dir": None, "workspaceRule": CWD_RULE,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ from agentbox.credentials.placeholders import Placeholders, kind_of
 from agentbox.credentials.stage import guest_path_for
 from agentbox.credentials.tokens import TokenHandler, Upstream
 from agentbox.errors import StateError
-from agentbox.net.broker import Secret, TokenEndpoint
+from agentbox.net.broker import PLACEHOLDER_MARK, Secret, TokenEndpoint
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -49,6 +50,7 @@ SPECS: dict[str, AgentSpec] = {name: spec for name, spec in BUILTIN_AGENTS.items
 BROKERED = tuple(SPECS)
 GH_API_KEYS = (ApiKey("GH_TOKEN", "gho_", tuple(broker_gh.HOSTS)),
                ApiKey("GITHUB_TOKEN", "gho_", tuple(broker_gh.HOSTS)))
+_PLACEHOLDERS = re.compile(rb"[A-Za-z0-9._/-]*" + re.escape(PLACEHOLDER_MARK.encode()) + rb"[0-9a-f]{24}")
 MAX_COMPANION = 32 << 20  # ~/.claude.json keeps per-project history: several MB
 
 
@@ -275,14 +277,17 @@ def _dump(doc: object) -> bytes:
 
 
 def _scan(prepared: Prepared, reals: list[str]) -> None:
-    """No real value reaches the VM, whatever a host file holds where agentbox did not expect it."""
+    """No real value reaches the VM, whatever a host file holds where agentbox did not expect it. The placeholders
+    themselves are taken out first: a short real value may be the start of one (`sk-ant-oat01-a...`)."""
+    files = {path: _PLACEHOLDERS.sub(b"", data) for path, data in prepared.files.items()}
+    env = [_PLACEHOLDERS.sub(b"", value.encode()) for value in prepared.env.values()]
     for value in reals:
         if len(value) < 8:
             continue
         needle = value.encode()
-        for path, data in prepared.files.items():
+        for path, data in files.items():
             if needle in data:
                 raise StateError(f"the VM's ~/{path} would hold a real credential; agentbox stages nothing for it",
                                  "report this as a bug in agentbox")
-        if any(value in env_value for env_value in prepared.env.values()):
+        if any(needle in env_value for env_value in env):
             raise StateError("the VM's environment would hold a real credential", "report this as a bug in agentbox")

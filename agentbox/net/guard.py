@@ -117,8 +117,9 @@ class Lease:
     `port` waits for a proxy this lease started (begin() returns at once, so it starts while Lima is asked)."""
 
     def __init__(self, vm_name: str, fd: int, path: Path, child: subprocess.Popen[bytes] | None,
-                 port: int = 0) -> None:
+                 port: int = 0, program: str = __name__) -> None:
         self.vm_name = vm_name
+        self._program = program
         self._port = port
         self._child = child
         self._fd: int | None = fd
@@ -129,6 +130,17 @@ class Lease:
         if not self._port:
             self._port = _await(self.vm_name, self._child).port
         return self._port
+
+    def resume(self) -> None:
+        """Start the VM's proxy again when it is gone: the VM was restarted under this lease (`agentbox stop`'s
+        part of a restart ends the proxy with it)."""
+        with locked(_control_lock(self.vm_name)):
+            current = running(self.vm_name)
+            if current is not None:
+                self._port, self._child = current.port, None
+                return
+            self._child = _spawn(self.vm_name, self._program)
+            self._port = 0
 
     def release(self) -> None:
         if self._fd is None:
@@ -181,7 +193,7 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
             with contextlib.suppress(OSError):
                 lease_path.unlink()
             raise
-    return Lease(vm_name, fd, lease_path, child, current.port if current is not None else 0)
+    return Lease(vm_name, fd, lease_path, child, current.port if current is not None else 0, program)
 
 
 def stop(vm_name: str, locked_already: bool = False) -> bool:

@@ -112,6 +112,8 @@ def _run(
         instance = vm.settle_in_place(session, instance, state)  # cpus, memory, disk changed while it ran
         if instance is not running_before:  # restarted to apply them
             state = vmstate.read(name)
+            if lease is not None:
+                lease.resume()  # its proxy stopped with the VM
     with timing.phase("network proxy (ready)"):
         proxy_port = lease.port if lease else None  # waits for a proxy this launch started
     with timing.phase("staging (credentials, env, guards, sync)"):
