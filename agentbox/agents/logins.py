@@ -96,7 +96,7 @@ def _codex(data: bytes) -> Login:
     tokens = _object(doc, "tokens")
     access = _string(tokens, "access_token", "tokens.")
     _string(tokens, "refresh_token", "tokens.")
-    claims = _jwt_claims(tokens.get("id_token"))
+    claims = jwt_claims(tokens.get("id_token"))
     auth = claims.get("https://api.openai.com/auth")
     auth = auth if isinstance(auth, dict) else {}
     ids: dict[str, str] = {}
@@ -107,14 +107,14 @@ def _codex(data: bytes) -> Login:
         ids["sub"] = str(claims["sub"])
     fresh = _iso_time(doc.get("last_refresh"))
     if fresh is None:
-        fresh = _seconds(_jwt_claims(access).get("exp"))
+        fresh = _seconds(jwt_claims(access).get("exp"))
     return Login(ids, _email(claims), ("codex", "chatgpt"), fresh)
 
 
 def _gemini(data: bytes) -> Login:
     doc = _json(data)
     _string(doc, "refresh_token")
-    claims = _jwt_claims(doc.get("id_token"))
+    claims = jwt_claims(doc.get("id_token"))
     ids = {"sub": claims["sub"]} if _nonempty(claims.get("sub")) else {}
     token_type = doc.get("token_type")
     kind = token_type.lower() if isinstance(token_type, str) else ""
@@ -206,7 +206,7 @@ def _iso_time(value: Any) -> float | None:
     return moment.timestamp() if moment.tzinfo is not None else None
 
 
-def _jwt_claims(token: Any) -> dict[str, Any]:
+def jwt_claims(token: Any) -> dict[str, Any]:
     """A JWT's payload, decoded but not verified; {} for anything that is not one."""
     if not isinstance(token, str) or len(token) > 65536 or token.count(".") != 2:
         return {}

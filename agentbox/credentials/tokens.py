@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlencode
 
+from agentbox.agents.logins import jwt_claims
 from agentbox.errors import AgentboxError
 from agentbox.net.broker import Exchange, Reply
 
@@ -105,15 +106,6 @@ def unsigned_jwt(token: str | None) -> str | None:
                      _b64(json.dumps(claims, separators=(",", ":")).encode()), _b64(b"agentbox-unsigned")])
 
 
-def jwt_claims(token: Any) -> dict[str, Any]:
-    if not isinstance(token, str) or len(token) > 65536 or token.count(".") != 2:
-        return {}
-    payload = token.split(".")[1]
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
-    except (ValueError, RecursionError):
-        return {}
-    return claims if isinstance(claims, dict) else {}
 
 
 def _b64(data: bytes) -> str:

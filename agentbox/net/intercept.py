@@ -388,20 +388,27 @@ class Session:
             return None
         except asyncio.LimitOverrunError:
             raise Refusal(431, "request head over 64 KB") from None
-        lines = raw.decode("latin-1").split("\r\n")[:-2]
         try:
-            method, target, version = lines[0].split(" ")
-            if not version.startswith("HTTP/1.") or not method.isalpha():
-                raise ValueError
-            headers = []
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep or not name or name != name.strip():
-                    raise ValueError
-                headers.append((name, value.strip()))
+            method, target, version, headers = parse_head(raw)
         except ValueError:
             raise Refusal(400, "malformed request") from None
-        return _Request(method.upper(), target, version, headers)
+        return _Request(method, target, version, headers)
+
+
+def parse_head(raw: bytes) -> tuple[str, str, str, list[tuple[str, str]]]:
+    """An HTTP/1.x request head (up to its blank line): method (upper case), target, version, headers as sent;
+    ValueError when malformed."""
+    lines = raw.decode("latin-1").split("\r\n")[:-2]
+    method, target, version = lines[0].split(" ")
+    if not version.startswith("HTTP/1.") or not method.isalpha():
+        raise ValueError
+    headers = []
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise ValueError
+        headers.append((name, value.strip()))
+    return method.upper(), target, version, headers
 
 
 # -- HTTP/1.1 framing ----------------------------------------------------------------------------------------
@@ -427,12 +434,7 @@ def _request_framing(request: _Request) -> _Framing:
 async def _body_pieces(reader: asyncio.StreamReader, framing: _Framing) -> Any:
     """The body's bytes as they come, re-framed exactly as they were sent (chunk headers included)."""
     if not framing.chunked:
-        left = framing.length
-        while left:
-            piece = await reader.read(min(CHUNK, left))
-            if not piece:
-                raise asyncio.IncompleteReadError(b"", left)
-            left -= len(piece)
+        async for piece in _exactly(reader, framing.length):
             yield piece
         return
     while True:
@@ -448,13 +450,19 @@ async def _body_pieces(reader: asyncio.StreamReader, framing: _Framing) -> Any:
                 yield line
                 if line == b"\r\n":
                     return
-        left = size + 2
-        while left:
-            piece = await reader.read(min(CHUNK, left))
-            if not piece:
-                raise asyncio.IncompleteReadError(b"", left)
-            left -= len(piece)
+        async for piece in _exactly(reader, size + 2):  # the chunk and its CRLF
             yield piece
+
+
+async def _exactly(reader: asyncio.StreamReader, count: int) -> Any:
+    """`count` bytes as they come."""
+    left = count
+    while left:
+        piece = await reader.read(min(CHUNK, left))
+        if not piece:
+            raise asyncio.IncompleteReadError(b"", left)
+        left -= len(piece)
+        yield piece
 
 
 async def _read_whole(reader: asyncio.StreamReader, framing: _Framing, limit: int) -> bytes:

@@ -347,19 +347,10 @@ class _Proxy:
         if len(raw) > MAX_HEAD:
             raise _Refused(431, "request head over 64 KB")
         try:
-            lines = raw.decode("latin-1").split("\r\n")[:-2]
-            method, target, version = lines[0].split(" ")
-            if not version.startswith("HTTP/1.") or not method.isalpha():
-                raise ValueError
-            headers = []
-            for line in lines[1:]:
-                name, sep, value = line.partition(":")
-                if not sep or not name or name != name.strip():
-                    raise ValueError
-                headers.append((name, value.strip()))
+            method, target, _, headers = intercept.parse_head(raw)
         except ValueError:
             raise _Refused(400, "malformed request") from None
-        return method.upper(), target, headers
+        return method, target, headers
 
     def check_destination(self, host: str, port: int, default_port: int, entry: dict[str, Any]) -> str:
         host = host.lower().rstrip(".") if _ip(host) is None else host
