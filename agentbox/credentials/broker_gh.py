@@ -10,8 +10,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from agentbox.credentials import stage
 from agentbox.credentials.hostfile import HostFile
 from agentbox.errors import StateError
@@ -33,8 +31,8 @@ class GhLogin:
         if data is None:
             return None
         try:
-            doc = yaml.safe_load(data)
-        except yaml.YAMLError as exc:
+            doc = _yaml().safe_load(data)
+        except _yaml().YAMLError as exc:
             raise StateError(f"{self.file.path} is not valid YAML ({str(exc).splitlines()[0]})",
                              f"log in again on the host with `{LOGIN_COMMAND}`, or fix the file") from exc
         if doc is None:
@@ -51,8 +49,8 @@ class GhLogin:
     def others(self) -> list[str]:
         data = self.file.read()
         try:
-            doc = yaml.safe_load(data) if data else None
-        except yaml.YAMLError:
+            doc = _yaml().safe_load(data) if data else None
+        except _yaml().YAMLError:
             return []
         return sorted(str(host) for host in doc if host != HOST) if isinstance(doc, dict) else []
 
@@ -85,7 +83,8 @@ class GhLogin:
         if isinstance(user, str) and user:
             vm_entry["user"] = user
             vm_entry["users"] = {user: {"oauth_token": placeholder}}
-        return yaml.safe_dump({HOST: vm_entry}, default_flow_style=False, sort_keys=True).encode()
+        text: str = _yaml().safe_dump({HOST: vm_entry}, default_flow_style=False, sort_keys=True)
+        return text.encode()
 
 
 def _token_of(entry: dict[str, Any]) -> str | None:
@@ -99,3 +98,10 @@ def _token_of(entry: dict[str, Any]) -> str | None:
         if isinstance(token, str) and token:
             return token
     return None
+
+
+def _yaml() -> Any:
+    """PyYAML, loaded only when there is a hosts.yml to read (20 ms a launch without one would pay)."""
+    import yaml
+
+    return yaml

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import ssl
 import sys
 from pathlib import Path
 
@@ -18,15 +17,9 @@ from agentbox.net import ca
 from agentbox.net import guard as netguard
 from agentbox.net.broker import Brokering
 
-PROGRAM = __name__
 # Tests only: where the broker finds "the real hosts" ({"address": [host, port], "caFile": PEM}); the host's
 # environment is the user's, never the VM's.
 TEST_UPSTREAM = "AGENTBOX_TEST_BROKER_UPSTREAM"
-
-
-def request_json(request: brokered.Request, allow_push: bool) -> dict[str, object]:
-    """What the launch hands the broker process (guard.begin writes it 0600)."""
-    return {**request.to_json(), "allowPush": allow_push}
 
 
 def load(vm: str) -> Brokering | None:
@@ -58,6 +51,8 @@ def _test_upstream() -> Upstream | None:
         return None
     data = json.loads(text)
     address = (str(data["address"][0]), int(data["address"][1]))
+    import ssl
+
     return Upstream(ssl.create_default_context(cafile=str(Path(data["caFile"]))), lambda host, port: address)
 
 

@@ -17,19 +17,19 @@ agent's host file and token shapes:
 from __future__ import annotations
 
 import base64
-import http.client
 import json
-import socket
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlencode
 
 from agentbox.agents.logins import jwt_claims
 from agentbox.errors import AgentboxError
 from agentbox.net.broker import Exchange, Reply
+
+if TYPE_CHECKING:
+    import ssl  # the network modules load only where a refresh is made (the broker process), not on a launch
 
 MARGIN = 10 * 60  # seconds: an access token closer than this to its end is refreshed
 UPSTREAM_TIMEOUT = 30
@@ -76,6 +76,10 @@ class Upstream:
     address: Callable[[str, int], tuple[str, int]] | None = None
 
     def post(self, host: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        import http.client
+        import socket
+        import ssl
+
         context = self.context or ssl.create_default_context()
         where = self.address(host, 443) if self.address else (host, 443)
         raw = socket.create_connection(where, timeout=UPSTREAM_TIMEOUT)
@@ -184,7 +188,7 @@ class TokenHandler:
         self.upstream_calls += 1
         try:
             status, data = self.upstream.post(exchange.host, exchange.path, headers, body)
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, _http_exception()) as exc:
             return 502, {"error": "temporarily_unavailable", "reason": type(exc).__name__}
         try:
             return status, json.loads(data) if len(data) <= MAX_REPLY else None
@@ -219,3 +223,9 @@ def _ok(doc: dict[str, Any]) -> Reply:
 def _error(status: int, code: str, description: str) -> Reply:
     body = json.dumps({"error": code, "error_description": description}).encode()
     return Reply(status, (("Content-Type", "application/json"), ("Cache-Control", "no-store")), body)
+
+
+def _http_exception() -> type[Exception]:
+    import http.client
+
+    return http.client.HTTPException

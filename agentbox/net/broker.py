@@ -16,9 +16,12 @@ refused as an attempted leak. Everything else passes untouched (CONNECT tunnel, 
 
 from __future__ import annotations
 
-import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import ssl  # a launch imports this module; only the proxy process needs ssl
 
 PLACEHOLDER_MARK = "agentbox-ph-"  # in every placeholder agentbox makes, whatever VM it is for
 

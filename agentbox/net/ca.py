@@ -24,17 +24,20 @@ import os
 import re
 import secrets
 import shutil
-import ssl
 import subprocess
 import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentbox import hosttools, paths
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import atomic_write, locked, private_dir
+
+if TYPE_CHECKING:
+    import ssl
 
 FOLDER_NAME = "broker-ca"
 RECORD_NAME = "ca.json"
@@ -125,14 +128,19 @@ def remove(vm: str) -> None:
 
 def fingerprint(pem: str) -> str:
     """The SHA-256 fingerprint of a PEM certificate, as `openssl x509 -fingerprint -sha256` shows it."""
+    import base64
     import hashlib
 
-    digest = hashlib.sha256(ssl.PEM_cert_to_DER_cert(pem)).hexdigest().upper()
+    # the DER bytes between the PEM lines (ssl.PEM_cert_to_DER_cert's work, without loading ssl on a launch)
+    body = pem.split("-----BEGIN CERTIFICATE-----", 1)[1].split("-----END CERTIFICATE-----", 1)[0]
+    digest = hashlib.sha256(base64.b64decode("".join(body.split()), validate=True)).hexdigest().upper()
     return "SHA256:" + ":".join(digest[i:i + 2] for i in range(0, len(digest), 2))
 
 
 def server_context(leaf: Leaf) -> ssl.SSLContext:
     """A TLS server context presenting the leaf for one credential host (build it once, at the broker's start)."""
+    import ssl
+
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.load_cert_chain(str(leaf.cert), str(leaf.key))

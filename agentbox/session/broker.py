@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentbox.credentials import brokerd, brokered
+from agentbox.credentials import brokered
 from agentbox.credentials import report as brokerreport
 from agentbox.net import ca
 from agentbox.net import guard as netguard
@@ -14,6 +14,9 @@ from agentbox.progress import note
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
+
+
+BROKER_PROGRAM = "agentbox.credentials.brokerd"  # the VM's proxy process with the broker (`python -m` it)
 
 
 @dataclass(frozen=True)
@@ -48,5 +51,6 @@ def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]
     request = brokered.request_of(config) if wanted(config) else None
     if request is None:
         return netguard.begin(config.network, vm_name, agents)
-    return netguard.begin(config.network, vm_name, agents, broker=brokerd.request_json(request, config.remote_write),
-                          program=brokerd.PROGRAM)
+    # what the broker process serves (agentbox.credentials.brokerd reads it; guard.begin writes it 0600)
+    wanted_broker = {**request.to_json(), "allowPush": config.remote_write}
+    return netguard.begin(config.network, vm_name, agents, broker=wanted_broker, program=BROKER_PROGRAM)

@@ -69,9 +69,11 @@ def run_in_vm(
     config = session.config
     workspace = config.require_workspace()
     # A malformed host login stops the launch here, before anything starts.
-    brokering = broker.prepare(config, name, agent.name if agent else None)
+    with timing.phase("credential broker (host logins, CA)"):
+        brokering = broker.prepare(config, name, agent.name if agent else None)
     # In allowlist and offline mode (or with the broker) the VM's proxy starts now, while Lima is asked.
-    lease = broker.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
+    with timing.phase("network proxy (lease)"):
+        lease = broker.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
     points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
     try:
         points.start()
