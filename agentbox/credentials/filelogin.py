@@ -4,6 +4,7 @@ placeholders for them, the Secret the proxy substitutes, and the token endpoint'
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from agentbox.errors import AgentboxError, StateError
 from agentbox.net.broker import Secret
 
 
-class FileLogin:
+class FileLogin(ABC):
     """A login file's format: subclasses set the token kinds and parse/apply/reply/vm_file; whose login it is and
     where its tokens may go come from the agent's record (AgentSpec.broker)."""
 
@@ -34,30 +35,31 @@ class FileLogin:
 
     # -- what a subclass says -----------------------------------------------------------------------------------
 
+    @abstractmethod
     def parse(self, doc: dict[str, Any]) -> Tokens | None:
         """The tokens in the file (None: logged out); StateError (via self.bad) when the file is malformed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def apply(self, doc: dict[str, Any], response: dict[str, Any], now: float) -> dict[str, Any]:
         """The file's new contents with a token response's tokens."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reply(self, tokens: Tokens, ph: dict[str, str], upstream: dict[str, Any] | None, now: float
               ) -> dict[str, Any]:
         """The token endpoint's answer; ph holds "access", "refresh" and "id_token" (unsigned) for the VM."""
-        raise NotImplementedError
 
+    @abstractmethod
     def vm_file(self, doc: dict[str, Any], tokens: Tokens, ph: dict[str, str]) -> dict[str, Any]:
         """The file the VM gets: the real shape, every secret a placeholder."""
-        raise NotImplementedError
 
     def file_api_key(self, doc: dict[str, Any]) -> str | None:
         """An API key the login file itself holds (AgentSpec.broker.file_api_key_hosts); None: none."""
         return None
 
     def with_file_api_key(self, vm_doc: dict[str, Any], placeholder: str) -> dict[str, Any]:
-        """The VM's file (its tokens' placeholders, or {} without tokens) with the key's placeholder."""
-        raise NotImplementedError
+        """The VM's file (its tokens' placeholders, or {} without tokens) with the key's placeholder; a format
+        whose file holds no API key (file_api_key is None) leaves it as it is."""
+        return vm_doc
 
     # -- shared ---------------------------------------------------------------------------------------------------
 

@@ -439,10 +439,7 @@ async def _body_pieces(reader: asyncio.StreamReader, framing: _Framing) -> Any:
         return
     while True:
         size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise Refusal(400, "malformed chunk") from None
+        size = _chunk_size(size_line)
         yield size_line
         if size == 0:
             while True:  # trailers, then the empty line
@@ -452,6 +449,14 @@ async def _body_pieces(reader: asyncio.StreamReader, framing: _Framing) -> Any:
                     return
         async for piece in _exactly(reader, size + 2):  # the chunk and its CRLF
             yield piece
+
+
+def _chunk_size(line: bytes) -> int:
+    """The size a chunk's first line gives (hex, extensions after ';' ignored)."""
+    try:
+        return int(line.split(b";", 1)[0].strip(), 16)
+    except ValueError:
+        raise Refusal(400, "malformed chunk") from None
 
 
 async def _exactly(reader: asyncio.StreamReader, count: int) -> Any:
@@ -474,11 +479,7 @@ async def _read_whole(reader: asyncio.StreamReader, framing: _Framing, limit: in
     parts: list[bytes] = []
     total = 0
     while True:
-        size_line = await reader.readuntil(b"\r\n")
-        try:
-            size = int(size_line.split(b";", 1)[0].strip(), 16)
-        except ValueError:
-            raise Refusal(400, "malformed chunk") from None
+        size = _chunk_size(await reader.readuntil(b"\r\n"))
         if size == 0:
             while await reader.readuntil(b"\r\n") != b"\r\n":
                 pass
