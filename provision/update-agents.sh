@@ -4,12 +4,17 @@
 # no root), one after the other, and goes on after a failure.
 #   update-agents.sh [--named] NAME BINARY COMMAND [NAME BINARY COMMAND]...
 # --named: the agents were named on the command line, so one that is not installed is a failure.
+# stdin: the environment a launch gives (CA, the config's env, the proxy's variables), NAME=value records each
+# ended by a NUL, exported before anything runs (on stdin, so that no secret is on a command line).
 # stdout, one line per agent, tab-separated: NAME STATUS OLD NEW, STATUS one of updated, unchanged, missing,
 # failed; OLD and NEW are the first line of `BINARY --version`. stderr: the last lines a failed update printed,
 # each after `NAME: `.
 # Exit 0 when every agent was updated or was current, 1 otherwise.
 set -uo pipefail
 
+while IFS= read -r -d '' assignment; do
+  export "${assignment?}"
+done
 named=""
 if [ "${1:-}" = --named ]; then
   named=1

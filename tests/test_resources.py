@@ -11,7 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import NAME, FakeLima, needs_bwrap, run_agentbox, run_cli, without_once_notes, write, write_trusted
+from tests.helpers import (
+    NAME,
+    FakeLima,
+    needs_bwrap,
+    run_agentbox,
+    run_cli,
+    staged_logins,
+    without_once_notes,
+    write,
+    write_trusted,
+)
 
 GIB = 1 << 30
 
@@ -242,7 +252,7 @@ def test_update_agents_updates_each_installed_agent_and_names_the_one_that_faile
     result = run_agentbox("update-agents", cwd=project, timeout=120)
     assert result.returncode == 1
     assert result.stdout == "claude: 2.0.1 -> 2.0.14\n"
-    assert "agentbox: error: updating codex failed" in result.stderr
+    assert "agentbox: error: updating codex failed; updated: claude\n" in result.stderr
     assert "codex: npm ERR! 404 Not Found" in result.stderr
     assert "codex: `npm install -g @openai/codex@latest`" in result.stderr
     assert agents_in_vm.subcommands() == ["list", "shell"]
@@ -253,6 +263,82 @@ def test_update_agents_updates_each_installed_agent_and_names_the_one_that_faile
     assert all(call.endswith("/.local") for call in calls)  # npm's prefix in the user's home: no root needed
     assert (home / ".local" / "bin" / "claude").exists()
     assert "gemini" not in result.stdout + result.stderr  # agents that are not installed are left alone
+
+
+def test_update_agents_summary_names_the_updated_the_current_and_the_failed(
+    project: Path, agents_in_vm: FakeLima
+) -> None:
+    guest_program(agents_in_vm, "gemini", '#!/bin/sh\necho "0.9.0"\n')  # npm leaves it as it is: the latest
+    result = run_agentbox("update-agents", cwd=project, timeout=120)
+    assert result.returncode == 1
+    assert result.stdout == "claude: 2.0.1 -> 2.0.14\ngemini: 0.9.0 (already the latest)\n"
+    assert "agentbox: error: updating codex failed; updated: claude; already the latest: gemini\n" in result.stderr
+    assert "the other agents were updated" not in result.stderr
+
+    again = run_agentbox("update-agents", "claude", "gemini", cwd=project, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert again.stderr.splitlines()[-1] == "agentbox: already the latest: claude, gemini"
+
+
+# The guest's npm for the environment's tests: notes what an update sees of the launch's environment.
+NPM_ENV = r"""#!/bin/bash
+{
+  echo "NODE_EXTRA_CA_CERTS=${NODE_EXTRA_CA_CERTS-unset}"
+  echo "HTTPS_PROXY=${HTTPS_PROXY-unset}"
+  echo "NO_PROXY=${NO_PROXY-unset}"
+  echo "FROM_ENV=${FROM_ENV-unset}"
+} > "$HOME/npm-env"
+cat "$NODE_EXTRA_CA_CERTS" > "$HOME/npm-ca" 2>/dev/null || true
+"""
+PROXY_WITH_PASSWORD = "http://me:s3cret-pw@proxy.corp.example:3128"
+
+
+def corporate_vm(project: Path, limactl: FakeLima, extra: str = "") -> str:
+    """The project's VM made with a corporate CA (caCert) and a proxy in env; returns the CA's PEM."""
+    from tests.test_ca import make_pem
+
+    needs_bwrap()
+    pem = make_pem(project.parent / "corp-ca", "Corp Intercepting Root")
+    write(project / "corp-ca.pem", pem)
+    write_trusted(project, f"caCert: corp-ca.pem\nenv:\n  HTTPS_PROXY: '{PROXY_WITH_PASSWORD}'\n"
+                  f"  NO_PROXY: localhost,.corp.example\n  FROM_ENV: yes-it-is\n{extra}")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    guest_program(limactl, "npm", NPM_ENV)
+    guest_program(limactl, "claude", '#!/bin/sh\necho "2.0.1 (Claude Code)"\n')
+    limactl.clear()
+    return pem
+
+
+def npm_saw(limactl: FakeLima) -> dict[str, str]:
+    lines = (limactl.guest_home(NAME) / "npm-env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines)
+
+
+def test_update_agents_runs_with_the_launch_s_ca_and_env(project: Path, home: Path, limactl: FakeLima) -> None:
+    staged_logins(home)  # no broker, open mode: no proxy of agentbox's, so the config's proxy is the one
+    pem = corporate_vm(project, limactl)
+    result = run_agentbox("update-agents", "claude", cwd=project, timeout=120)
+    assert result.returncode == 0, result.stderr
+    seen = npm_saw(limactl)
+    assert seen == {"NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/ca-certificates.crt", "HTTPS_PROXY": PROXY_WITH_PASSWORD,
+                    "NO_PROXY": "localhost,.corp.example", "FROM_ENV": "yes-it-is"}
+    assert pem.strip() in (limactl.guest_home(NAME) / "npm-ca").read_text()  # the file holds the user's CA
+    assert limactl.subcommands() == ["list", "shell"]
+    assert not any("s3cret-pw" in arg for argv in limactl.calls() for arg in argv)  # never on a command line
+
+
+def test_update_agents_in_allowlist_mode_goes_through_the_vm_s_proxy(project: Path, limactl: FakeLima) -> None:
+    corporate_vm(project, limactl, "network:\n  mode: allowlist\n")
+    result = run_agentbox("update-agents", "claude", cwd=project, timeout=120)
+    assert result.returncode == 0, result.stderr
+    from agentbox.net import guard
+
+    proxy = guard.running(NAME)  # the broker's proxy serves the VM for its whole life
+    assert proxy is not None
+    seen = npm_saw(limactl)
+    assert seen["HTTPS_PROXY"] == f"http://host.lima.internal:{proxy.port}", seen  # the proxy's, over env's
+    assert seen["NODE_EXTRA_CA_CERTS"] == "/etc/ssl/certs/ca-certificates.crt" and seen["FROM_ENV"] == "yes-it-is"
 
 
 def test_update_agents_named_reports_an_agent_already_current(project: Path, agents_in_vm: FakeLima) -> None:

@@ -58,6 +58,11 @@ def script_argv(agents: list[AgentConfig], named: bool) -> list[str]:
     return argv
 
 
+def env_records(env: dict[str, str]) -> bytes:
+    """The environment the script exports (read on its stdin): NAME=value records, each ended by a NUL."""
+    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items())
+
+
 def parse(stdout: bytes, agents: list[AgentConfig]) -> list[Outcome]:
     """The script's result lines for these agents, in their order; an agent without a line did not finish."""
     found: dict[str, Outcome] = {}

@@ -21,7 +21,7 @@ import re
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -282,21 +282,27 @@ class Lima:
             raise LimaError(f"cannot read limactl's version from {stdout.strip()!r}")
         return match.group(1)
 
-    def shell_output(self, name: str, argv: list[str]) -> tuple[int, str]:
-        """Run argv in the VM with output captured (for checks, not sessions); any exit code is returned."""
+    def shell_output(self, name: str, argv: list[str], stdin_data: bytes | None = None) -> tuple[int, str]:
+        """Run argv in the VM with output captured (for checks, not sessions); any exit code is returned.
+        `stdin_data` is what the command reads on its stdin (a secret goes there, never on the command line)."""
         import subprocess
 
         full = [self._resolve(), "shell", name, "--", *argv]
         started = time.monotonic()
-        result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, env=hosttools.environ())
+        if stdin_data is None:
+            result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, env=hosttools.environ())
+        else:
+            result = subprocess.run(full, input=stdin_data, capture_output=True, env=hosttools.environ())
         calllog.record(full, time.monotonic() - started, result.returncode, echo=self.debug)
         return result.returncode, result.stdout.decode(errors="replace")
 
-    def shell_bytes(self, name: str, argv: list[str], limit: int) -> tuple[int, bytes, str]:
+    def shell_bytes(self, name: str, argv: list[str], limit: int,
+                    stdin_data: bytes | None = None) -> tuple[int, bytes, str]:
         """Run argv in the VM and return (exit code, stdout, stderr): stdout as bytes, read up to limit.
 
         What the VM prints is untrusted: more than `limit` bytes stops the command (LimaError) rather
-        than filling the host's memory.
+        than filling the host's memory. `stdin_data` (small: it is written before stdout is read) is what
+        the command reads on its stdin.
         """
         import subprocess
         import tempfile
@@ -306,9 +312,14 @@ class Lima:
         chunks: list[bytes] = []
         size = 0
         with tempfile.TemporaryFile() as errors:
-            process = subprocess.Popen(full, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
-                                       env=hosttools.environ())
+            process = subprocess.Popen(full, stdin=subprocess.DEVNULL if stdin_data is None else subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=errors, env=hosttools.environ())
             assert process.stdout is not None
+            if process.stdin is not None:
+                with suppress(BrokenPipeError):
+                    process.stdin.write(stdin_data or b"")
+                with suppress(BrokenPipeError):
+                    process.stdin.close()
             try:
                 while chunk := process.stdout.read(1 << 16):
                     size += len(chunk)
