@@ -339,3 +339,60 @@ def test_a_clone_boots_without_installing_anything(project: Path, limactl: FakeL
     state = fake_limactl.read_state(limactl.home, NAME)
     this_boot = [entry for entry in state["provisionLog"] if entry["boot"] == state["bootCount"]]
     assert this_boot and all(entry["exit"] == 0 for entry in this_boot)
+
+
+# An install command that notes what it sees of the environment, and leaves a `claude` on PATH.
+NOTING_INSTALL = r"""mkdir -p ~/.local/bin
+{ echo "NODE_EXTRA_CA_CERTS=${NODE_EXTRA_CA_CERTS-unset}"; echo "HTTPS_PROXY=${HTTPS_PROXY-unset}"
+  echo "no_proxy=${no_proxy-unset}"; echo "OPENAI_API_KEY=${OPENAI_API_KEY-unset}"; } > ~/install-env
+cat "$NODE_EXTRA_CA_CERTS" > ~/install-ca 2>/dev/null || true
+printf '#!/bin/sh\necho "9.9.9 (Claude Code)"\n' > ~/.local/bin/claude && chmod 755 ~/.local/bin/claude
+"""
+PROXY_WITH_PASSWORD = "http://me:s3cret-pw@proxy.corp.example:3128"
+
+
+def corporate_config(home: Path, pem: str) -> None:
+    """A global config as behind a TLS-intercepting proxy: its CA, the proxy in env, and an API key."""
+    write(home / "corp-ca.pem", pem)
+    write(home / ".config" / "agentbox" / "config.yml", yaml.safe_dump({
+        "caCert": str(home / "corp-ca.pem"),
+        "env": {"HTTPS_PROXY": PROXY_WITH_PASSWORD, "no_proxy": "localhost,.corp.example",
+                "OPENAI_API_KEY": "sk-not-for-the-base"},
+        "agents": {"claude": {"install": NOTING_INSTALL}},
+    }))
+
+
+def test_the_base_is_built_with_the_ca_and_the_proxy_a_launch_gives(
+    project: Path, home: Path, limactl: FakeLima, isolated_env: dict
+) -> None:
+    from tests.test_ca import make_pem
+
+    pem = make_pem(home / "made", "Corp Intercepting Root")
+    corporate_config(home, pem)
+    start(project)
+    (base,) = bases(limactl)
+    seen = dict(line.split("=", 1) for line in (limactl.guest_home(base) / "install-env").read_text().splitlines())
+    assert seen == {"NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/ca-certificates.crt", "HTTPS_PROXY": PROXY_WITH_PASSWORD,
+                    "no_proxy": "localhost,.corp.example", "OPENAI_API_KEY": "unset"}  # only what reaches the network
+    assert pem.strip() in (limactl.guest_home(base) / "install-ca").read_text()  # the file holds the user's CA
+    assert [cert.strip() for cert in yaml.safe_load(limactl.lima_yaml(base))["caCerts"]["certs"]] == [pem.strip()]
+    record = base_ls(project)[0]
+    assert record["agents"] == {"claude": "9.9.9 (Claude Code)"}
+    # The clone needs no edit for its CA: the base has it already.
+    (clone,) = calls_named(limactl, "clone")
+    assert not any("caCerts" in arg for arg in clone)
+    # The proxy's password is never on a command line, nor in a file agentbox wrote.
+    assert not any("s3cret-pw" in arg for argv in limactl.calls() for arg in argv)
+    assert not any("s3cret-pw" in path.read_text(errors="replace")
+                   for path in (isolated_env["state"] / "bases").iterdir() if path.is_file())
+
+    # A different CA makes another base (the key covers the certificates); a different proxy does not.
+    write(home / "corp-ca.pem", make_pem(home / "other", "Another Root"))
+    assert not base_ls(project)[0]["current"]
+    said = run_cli("doctor", cwd=project).stdout
+    assert "the CA certificates (caCert, NODE_EXTRA_CA_CERTS) changed since" in said
+    corporate_config(home, pem)
+    config = yaml.safe_load((home / ".config" / "agentbox" / "config.yml").read_text())
+    config["env"]["HTTPS_PROXY"] = "http://me:another-pw@proxy.corp.example:3128"
+    write(home / ".config" / "agentbox" / "config.yml", yaml.safe_dump(config))
+    assert base_ls(project)[0]["current"]

@@ -2,11 +2,15 @@
 project's VM is one `limactl clone` and one boot instead of a provisioning from scratch.
 
 A base holds nothing of a project's: no workspace, staging or outbox mount, empty workspace params,
-no CA certificates, no `vm.lima`, never `vm.template`; its VM type, arch and mount type come from the
-global config only. `key()` is a short hash over everything that goes into it (`inputs()`): the base
-render of the template, the bytes of every provisioning script and wrapper, the install commands of
-the agents it holds, the image, vmType, arch, mountType and FORMAT (bumped by hand when the way a base
-is made changes). The base is the Lima instance `agentbox-base-KEY`; its record is STATE/bases/KEY.json.
+no `vm.lima`, never `vm.template`; its VM type, arch and mount type come from the global config only.
+It has the CA certificates a VM made from this config gets (caCert, the host's NODE_EXTRA_CA_CERTS), and
+its agents are installed with the network environment a launch gives (`install_env`), so that a base
+builds behind a TLS-intercepting proxy. `key()` is a short hash over everything that goes into it
+(`inputs()`): the base render of the template, the bytes of every provisioning script and wrapper, the
+install commands of the agents it holds, the CA certificates (when there are any), the image, vmType,
+arch, mountType and FORMAT (bumped by hand when the way a base is made changes). The proxy variables are
+not part of it: they change how the base is fetched, not what it holds, and may carry a password.
+The base is the Lima instance `agentbox-base-KEY`; its record is STATE/bases/KEY.json.
 
 Building: create under a temporary name, start (the provisioning runs), install the agents, verify
 (provision/base-check.sh), seal (provision/base-seal.sh), stop, then rename it to the base's name, so
@@ -33,6 +37,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentbox import paths, resources
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config import keys
+from agentbox.contract import GUEST_CA_BUNDLE
 from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
 from agentbox.progress import Progress, note, warn
@@ -57,12 +62,22 @@ PART_NAMES = {
     "template": "agentbox's VM template",
     "provisioning": "provisioning scripts",
     "agents": "agent install commands",
+    "caCerts": "the CA certificates (caCert, NODE_EXTRA_CA_CERTS)",
     "image": "the image",
     "vmType": "vm.vmType",
     "arch": "vm.arch",
     "mountType": "vm.mountType",
     "format": "the base format",
 }
+# What an install needs from the config's env to reach the network as a launch's install does (agentbox.session.env
+# gives the whole env to a session; a base is shared by projects, so its installs get only these, and npm's own).
+NETWORK_VARIABLES = frozenset({
+    *(name for base in ("http_proxy", "https_proxy", "no_proxy", "all_proxy") for name in (base, base.upper())),
+    "NODE_EXTRA_CA_CERTS", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+})
+# Runs $1 in a login shell after exporting the NAME=value records (each ended by a NUL) read from stdin: a proxy's
+# password never appears on a command line or in a file.
+WITH_ENV = 'while IFS= read -r -d "" assignment; do export "${assignment?}"; done; exec bash -lc "$1" </dev/null'
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REJECTED = re.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.yaml"?: ?')
 
@@ -100,10 +115,33 @@ def agent_installs(config: Config) -> dict[str, str]:
     return installs
 
 
+def ca_certs(config: Config) -> tuple[str, ...]:
+    """The CA certificates the base gets: the ones a VM made from this config gets (agentbox.vm.provisioning)."""
+    from agentbox.vm import provisioning
+
+    return tuple(provisioning.ca_certificates(config, announce=False))
+
+
+def install_env(config: Config) -> dict[str, str]:
+    """The environment the base's agent installs run with: the config env's proxy and CA variables and npm's own
+    settings (npm_config_*), and NODE_EXTRA_CA_CERTS at the guest's trust store when CA certificates are configured,
+    as a launch sets it (agentbox.session.env)."""
+    env = {name: value for name, value in config.env.items()
+           if name in NETWORK_VARIABLES or name.lower().startswith("npm_config_")}
+    if config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS"):
+        env.setdefault("NODE_EXTRA_CA_CERTS", GUEST_CA_BUNDLE)
+    return env
+
+
+def env_records(env: dict[str, str]) -> bytes:
+    """NAME=value records, each ended by a NUL: what WITH_ENV reads on its stdin."""
+    return b"".join(f"{name}={value}".encode() + b"\0" for name, value in env.items())
+
+
 def inputs(config: Config) -> dict[str, Any]:
     """Everything the key covers, each part as a value or a digest (to say later what changed)."""
     base = settings(config)
-    return {
+    parts = {
         "format": FORMAT,
         "template": _digest(render.render_base(base, RENDER_NAME).encode()),
         "provisioning": _files_digest("provision", "wrappers"),
@@ -113,6 +151,10 @@ def inputs(config: Config) -> dict[str, Any]:
         "arch": base.arch,
         "mountType": base.mount_type,
     }
+    certs = ca_certs(config)
+    if certs:  # only then: a base without any keeps the key it had before bases had CA certificates
+        parts["caCerts"] = _digest("".join(certs).encode())
+    return parts
 
 
 def key_of(parts: dict[str, Any]) -> str:
@@ -235,7 +277,7 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
     base = settings(config)
     directory = private_dir(paths.bases_dir())
     template = directory / f"{base_key}.yaml"
-    atomic_write(template, render.render_base(base, RENDER_NAME), mode=0o600)
+    atomic_write(template, render.render_base(base, RENDER_NAME, ca_certs(config)), mode=0o600)
     if temporary in lima.instances():  # an earlier build that was cut short: start clean
         lima.delete(temporary, force=True)
     installs = agent_installs(config)
@@ -246,7 +288,7 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
         with _step(step, f"Building base VM {name}: starting (provisioning)", verbose) as progress:
             lima.start(temporary, max(MIN_START_TIMEOUT, config.startup_wait_sec), on_output=progress.feed)
         with _step(step, f"Building base VM {name}: installing agents", verbose):
-            missing = _install_agents(lima, temporary, installs)
+            missing = _install_agents(lima, temporary, installs, install_env(config))
         with _step(step, f"Building base VM {name}: verifying", verbose):
             verification = _verify(lima, temporary, installs)
         found = _agent_versions(verification)
@@ -310,12 +352,14 @@ def _discard(lima: Lima, temporary: str) -> None:
              f"remove it with `limactl delete --force {temporary}`")
 
 
-def _install_agents(lima: Lima, name: str, installs: dict[str, str]) -> dict[str, str]:
-    """Run each agent's install command as the VM's user. One that fails leaves that agent to its first
-    launch (as without a base), said once; returns them with the reason."""
+def _install_agents(lima: Lima, name: str, installs: dict[str, str], env: dict[str, str]) -> dict[str, str]:
+    """Run each agent's install command as the VM's user, with `env` (install_env, on its stdin). One that fails
+    leaves that agent to its first launch (as without a base), said once; returns them with the reason."""
     missing = {}
+    records = env_records(env)
     for agent, command in installs.items():
-        code, output = lima.shell_output(name, ["bash", "-lc", f"{command} 2>&1"])
+        code, output = lima.shell_output(name, ["bash", "-c", WITH_ENV, "agentbox-install", f"{command} 2>&1"],
+                                         stdin_data=records)
         if code != 0:
             last = next((line for line in reversed(output.splitlines()) if line.strip()), "")
             missing[agent] = f"exit {code}" + (f": {last[:200]}" if last else "")
@@ -384,7 +428,7 @@ def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
             return (f"this project's vm.{setting} ({value or 'not set'}) differs from the global config's "
                     f"({own or 'not set'}), which the base VM is built with")
     wanted = yaml.safe_load(rendered) or {}
-    have = yaml.safe_load(render.render_base(base, RENDER_NAME)) or {}
+    have = yaml.safe_load(render.render_base(base, RENDER_NAME, ca_certs(config))) or {}
     for fixed in FIXED_KEYS:
         if wanted.get(fixed) != have.get(fixed):
             return f"this project's lima.yaml changes `{fixed}`, which is fixed in the base (vm.lima?)"

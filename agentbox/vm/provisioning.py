@@ -85,9 +85,9 @@ def settings_text(values: dict[str, Any], syntax: str) -> str:
     return json.dumps(values, indent=2) + "\n"
 
 
-def ca_certificates(config: Config) -> list[str]:
+def ca_certificates(config: Config, announce: bool = True) -> list[str]:
     """PEM blocks from caCert and from the host's NODE_EXTRA_CA_CERTS, without duplicates and without
-    the public roots the guest trusts already (says so when it leaves any out)."""
+    the public roots the guest trusts already (says so when it leaves any out, if `announce`)."""
     from agentbox.config import cacerts
     from agentbox.progress import note
 
@@ -106,7 +106,7 @@ def ca_certificates(config: Config) -> list[str]:
             raise ConfigError(f"{origin}: {path} contains no PEM certificate (-----BEGIN CERTIFICATE-----)")
         public = cacerts.public_roots() if public is None else public
         embedded = cacerts.embedding(path, found, public)
-        if embedded.whole_store or len(embedded.kept) < len(found):
+        if announce and (embedded.whole_store or len(embedded.kept) < len(found)):
             note(f"{origin}: {path} {embedded.whole_store + ': ' if embedded.whole_store else 'holds '}"
                  f"{cacerts.embedding_summary(embedded)}")
         certs.extend(cert for cert in embedded.kept if cert not in certs)

@@ -147,12 +147,14 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
                    str(paths.staging_dir(vm_name)))
 
 
-def base_context(settings: BaseSettings, vm_name: str) -> dict[str, Any]:
-    """The template's values for the base VM: no mounts, no CA certificates, empty workspace params
-    (Lima requires every param to be used, and a clone sets them: agentbox.vm.base.clone_edits)."""
+def base_context(settings: BaseSettings, vm_name: str, ca_certs: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The template's values for the base VM: no mounts, empty workspace params (Lima requires every param
+    to be used, and a clone sets them: agentbox.vm.base.clone_edits), the CA certificates a project VM gets."""
     from agentbox.vm import provisioning
 
-    return _values(vm_name, settings, provisioning.plan(None), [], "", "")
+    plan = provisioning.plan(None)
+    plan.ca_certs = list(ca_certs)
+    return _values(vm_name, settings, plan, [], "", "")
 
 
 def _values(vm_name: str, settings: BaseSettings, prov: "Plan", mounts: list[RenderedMount], workspace: str,
@@ -181,9 +183,9 @@ def _values(vm_name: str, settings: BaseSettings, prov: "Plan", mounts: list[Ren
     }
 
 
-def render_base(settings: BaseSettings, vm_name: str) -> str:
+def render_base(settings: BaseSettings, vm_name: str, ca_certs: tuple[str, ...] = ()) -> str:
     """The base VM's lima.yaml: agentbox's own template (never vm.template), without vm.lima."""
-    return _render_bounded(_environment().get_template("lima.yaml.j2"), base_context(settings, vm_name),
+    return _render_bounded(_environment().get_template("lima.yaml.j2"), base_context(settings, vm_name, ca_certs),
                            "agentbox's template")
 
 
