@@ -539,3 +539,75 @@ def test_the_runners_state_and_output_are_read_only_as_small_regular_files(proje
     else:
         assert state == "Running" and logs.stdout == ""
         assert run_cli("cancel", str(task_id), cwd=project).exit_code == 0
+
+
+# -- a worktree agentbox made belongs to its project (issue 27, item 2) -----------------------------------
+
+
+def _shell_call(vm: FakeLima) -> list[str]:
+    return next(argv for argv in vm.calls() if "shell" in argv)
+
+
+def test_a_launch_inside_a_worktree_uses_the_projects_vm_in_that_folder(project: Path, tasks_vm: FakeLima) -> None:
+    made = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:made", cwd=project)
+    assert made.returncode == 0, made.stderr
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    assert (place / "agentbox.yml").is_file()  # the checked-out copy of the project's file is not read
+    (place / "sub").mkdir()
+    for where in (place, place / "sub"):
+        tasks_vm.clear()
+        inside = run_agentbox("claude", "--", "do:write:inside.txt:from inside", cwd=where)
+        assert inside.returncode == 0, inside.stderr
+        # A warm launch of the project's VM: no create or clone of agentbox-fix-it, no extra limactl call.
+        assert tasks_vm.subcommands() == ["list", "shell"]
+        shell = _shell_call(tasks_vm)
+        assert NAME in shell and not any("fix-it" in word for word in shell[:shell.index("--workdir")])
+        assert shell[shell.index("--workdir") + 1] == str(where)
+        assert json.loads(inside.stdout.splitlines()[0])["cwd"] == str(where)
+        assert (where / "inside.txt").read_text() == "from inside\n"
+    assert not (tasks_vm.home / "agentbox-fix-it").exists()
+    status = run_cli("status", cwd=place)
+    assert status.exit_code == 0, status.stderr
+    assert NAME in status.stdout + status.stderr and "agentbox-fix-it" not in status.stdout + status.stderr
+
+
+def test_diff_and_checkpoints_inside_a_worktree_answer_for_the_project(project: Path, tasks_vm: FakeLima) -> None:
+    made = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:made", cwd=project)
+    assert made.returncode == 0, made.stderr
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    from_project = run_cli("checkpoints", "--json", cwd=project)
+    from_worktree = run_cli("checkpoints", "--json", cwd=place)
+    assert from_project.exit_code == 0 and from_worktree.exit_code == 0, from_worktree.stderr
+    assert json.loads(from_project.stdout) and from_worktree.stdout == from_project.stdout
+    (project / "edited-on-the-host.txt").write_text("new\n")
+    diff_project = run_cli("diff", "--name-only", cwd=project)
+    diff_worktree = run_cli("diff", "--name-only", cwd=place)
+    assert diff_project.exit_code == 0, diff_project.stderr
+    assert "edited-on-the-host.txt" in diff_project.stdout
+    assert (diff_worktree.exit_code, diff_worktree.stdout) == (0, diff_project.stdout)
+
+
+def test_a_hand_made_worktree_lookalike_is_the_projects_folder_whatever_it_holds(project: Path, tasks_vm: FakeLima,
+                                                                             tmp_path: Path) -> None:
+    # Decided from the path: `.agentbox/worktrees/NAME` below the project. What the VM could have written
+    # inside it (an agentbox.yml naming another VM, a .git file pointing at another repository) is not read.
+    other = tmp_path / "other"
+    make_repository(other, config="vm:\n  name: agentbox-other\n")
+    lookalike = project / ".agentbox" / "worktrees" / "x"
+    write(lookalike / "agentbox.yml", "vm:\n  name: agentbox-planted\n")
+    launched = run_agentbox("claude", "--", "do:exit:0", cwd=lookalike)
+    assert launched.returncode == 0, launched.stderr
+    assert tasks_vm.subcommands() == ["list", "shell"]
+    shell = _shell_call(tasks_vm)
+    assert NAME in shell and shell[shell.index("--workdir") + 1] == str(lookalike)
+    write(lookalike / ".git", f"gitdir: {other}/.git\n")
+    decided = run_cli("config", "--json", cwd=lookalike)
+    assert decided.exit_code == 0, decided.stderr
+    assert (json.loads(decided.stdout)["vm"]["name"], json.loads(decided.stdout)["workspace"]) == (NAME, str(project))
+    # Control: the same shape below a folder that is no project (no agentbox.yml, no git work tree) is not
+    # taken for a worktree: the nearest agentbox.yml decides as anywhere else.
+    stray = tmp_path / "plain" / ".agentbox" / "worktrees" / "y"
+    write(stray / "agentbox.yml", "vm:\n  name: agentbox-stray\n")
+    shown = run_cli("config", "--json", cwd=stray)
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["vm"]["name"] == "agentbox-stray"
