@@ -30,7 +30,8 @@ pytestmark = pytest.mark.xdist_group("tasks")
 
 # A stand-in agent for tasks: prints its arguments as JSON, then does what a prompt starting with `do:` asks
 # (`;`-separated): sleep:S, exit:N, write:FILE:TEXT (in its folder), spam:MB (MiB on stdout), err:TEXT,
-# ignore-term (TERM does not stop it).
+# ignore-term (TERM does not stop it), say:TEXT (a line on stdout, not flushed: as a program that leaves its
+# buffering to stdio), await:PATH (until that file exists).
 TASK_AGENT = r"""#!/usr/bin/python3
 import json, os, signal, sys, time
 prompt = sys.argv[-1]
@@ -56,6 +57,11 @@ if prompt.startswith("do:"):
             print(arg, file=sys.stderr, flush=True)
         elif what == "ignore-term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif what == "say":
+            print(arg)
+        elif what == "await":
+            while not os.path.exists(arg):
+                time.sleep(0.05)
 sys.exit(code)
 """
 
@@ -149,7 +155,7 @@ def test_a_task_that_outlives_its_timeout_is_stopped_and_wait_exits_124(project:
 
 def test_cancel_stops_a_running_task_and_kills_one_that_ignores_term(project: Path, tasks_vm: FakeLima) -> None:
     polite = run_task(project, "do:sleep:60")
-    stubborn = run_task(project, "--worktree", "do:ignore-term;sleep:60;write:late.txt:too late")
+    stubborn = run_task(project, "--worktree", "--", "do:ignore-term;sleep:60;write:late.txt:too late")
     for task_id in (polite, stubborn):
         running(project, task_id, timeout=30)
     result = run_cli("cancel", str(polite), cwd=project)
@@ -168,11 +174,11 @@ def test_cancel_stops_a_running_task_and_kills_one_that_ignores_term(project: Pa
 
 def test_queued_tasks_start_in_order_as_slots_free(project: Path, tasks_vm: FakeLima) -> None:
     write(project / "agentbox.yml", "tasks:\n  maxConcurrent: 1\n")
-    ids = [run_task(project, "--worktree", f"do:sleep:{6 if n == 0 else 1};write:order.txt:{n}") for n in range(3)]
+    ids = [run_task(project, "--worktree", "--", f"do:sleep:{6 if n == 0 else 1};write:order.txt:{n}") for n in range(3)]
     states = {t["id"]: t["state"] for t in listing(project)}
     assert states[ids[0]] == "Running"
     assert states[ids[1]] == states[ids[2]] == "Queued"
-    dropped = run_task(project, "--worktree", "do:write:order.txt:never")
+    dropped = run_task(project, "--worktree", "--", "do:write:order.txt:never")
     assert run_cli("cancel", str(dropped), cwd=project).exit_code == 0
     for task_id in ids:
         assert wait(project, task_id).returncode == 0
@@ -232,7 +238,7 @@ def test_diff_since_a_live_task_shows_what_it_changed(project: Path, tasks_vm: F
 def test_a_replace_ref_in_the_workspace_cannot_hide_what_a_task_changed(project: Path, tasks_vm: FakeLima) -> None:
     """refs/replace/* in the workspace's .git (agent-written) is not honoured by agentbox's host side: the task's
     start commit is read as its real objects, so a replacement that looks like the task's result hides nothing."""
-    task_id = run_task(project, "--worktree", "do:write:tracked.txt:from the task")
+    task_id = run_task(project, "--worktree", "--", "do:write:tracked.txt:from the task")
     assert wait(project, task_id).returncode == 0
     record = task(project, task_id)
     start, worktree = git(project, "rev-parse", "HEAD").strip(), Path(record["worktree"])
@@ -264,8 +270,8 @@ def test_outputs_outlive_the_vm_and_agentbox_rm(project: Path, tasks_vm: FakeLim
 
 
 def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_vm: FakeLima) -> None:
-    through_agentbox = run_task(project, "--worktree", "do:sleep:120")
-    behind_its_back = run_task(project, "--worktree", "do:sleep:120")
+    through_agentbox = run_task(project, "--worktree", "--", "do:sleep:120")
+    behind_its_back = run_task(project, "--worktree", "--", "do:sleep:120")
     running(project, through_agentbox)
     stopped = run_cli("stop", cwd=project)
     assert stopped.exit_code == 0, stopped.stderr
@@ -275,7 +281,7 @@ def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_
     assert wait(project, behind_its_back).returncode == 1
     assert time.monotonic() - started < 20
     # Started again and stopped with limactl itself: agentbox notices when it next looks.
-    third = run_task(project, "--worktree", "do:sleep:120")
+    third = run_task(project, "--worktree", "--", "do:sleep:120")
     running(project, third)
     subprocess.run(["limactl", "stop", NAME], check=True, capture_output=True)
     record = task(project, third)
@@ -283,7 +289,7 @@ def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_
 
 
 def test_two_runs_at_once_lose_no_task(project: Path, tasks_vm: FakeLima) -> None:
-    procs = [subprocess.Popen([sys.executable, "-m", "agentbox", "run", "--worktree", f"do:write:n.txt:{n}"],
+    procs = [subprocess.Popen([sys.executable, "-m", "agentbox", "run", "--worktree", "--", f"do:write:n.txt:{n}"],
                               cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for n in range(2)]
     ids = []
@@ -357,7 +363,7 @@ def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tas
     write(decoy / "state", "state=completed\nexit=0\n")
     write(decoy / "stdout", "a host file\n")
     write(decoy / "precious", "keep me\n")
-    task_id = run_task(project, "--worktree", "do:sleep:60")
+    task_id = run_task(project, "--worktree", "--", "do:sleep:60")
     box = paths.vm_outbox(NAME) / "tasks" / str(task_id)
     running(project, task_id)
     aside = box.with_name("moved-away")
@@ -611,3 +617,74 @@ def test_a_hand_made_worktree_lookalike_is_the_projects_folder_whatever_it_holds
     shown = run_cli("config", "--json", cwd=stray)
     assert shown.exit_code == 0, shown.stderr
     assert json.loads(shown.stdout)["vm"]["name"] == "agentbox-stray"
+
+
+# -- run --worktree NAME, worktree tasks beside live ones, logs -f as it comes (issue 27, item 4) ---------
+
+
+def test_run_worktree_name_runs_the_task_in_that_worktree_and_not_in_the_prompt(project: Path,
+                                                                               tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "--worktree", "fix-it", "do:write:tracked.txt:from the task")
+    assert wait(project, task_id).returncode == 0
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    record = task(project, task_id)
+    assert (record["worktree"], record["branch"]) == (str(place), "agentbox/fix-it")
+    report = json.loads(run_agentbox("logs", str(task_id), cwd=project).stdout.splitlines()[0])
+    assert report["args"][-1] == "do:write:tracked.txt:from the task"  # NAME is not part of the prompt
+    assert report["cwd"] == str(place)
+    assert git(project, "show", "agentbox/fix-it:tracked.txt").endswith("from the task\n")
+    # The same name again: the same worktree and branch, used again (as `agentbox claude --worktree` does).
+    again = run_task(project, "--worktree", "fix-it", "do:write:tracked.txt:again")
+    assert wait(project, again).returncode == 0
+    assert (place / "tracked.txt").read_text().endswith("from the task\nagain\n")
+    assert git(project, "show", "agentbox/fix-it:tracked.txt").endswith("from the task\nagain\n")
+    # `--worktree` alone still gives the task a worktree of its own; a bad name is refused before anything runs.
+    own = run_task(project, "--worktree", "--", "do:exit:0")
+    assert task(project, own)["branch"] == f"agentbox/task-{own}"
+    tasks_vm.clear()
+    bad = run_cli("run", "--worktree", "../escape", "do:exit:0", cwd=project)
+    assert bad.exit_code == 2 and "is not a worktree name" in bad.stderr
+    assert tasks_vm.calls() == []
+
+
+def test_a_worktree_task_starts_beside_a_live_tree_task_while_a_slot_is_free(project: Path, tasks_vm: FakeLima,
+                                                                            tmp_path: Path) -> None:
+    release = project / "release"
+    live = run_task(project, f"do:await:{release}")
+    try:
+        running(project, live)
+        waiting = run_task(project, "do:exit:0")  # a second live-tree task waits for the first one's tree
+        side = run_task(project, "--worktree", "side", f"do:await:{release}")
+        running(project, side)  # slots: 2, one taken; the waiting live-tree task holds it back no longer
+        assert task(project, waiting)["state"] == "Queued"
+    finally:
+        release.write_text("")
+    for task_id in (live, waiting, side):
+        assert wait(project, task_id).returncode == 0
+    assert task(project, waiting)["started"] >= task(project, live)["ended"]
+
+
+def test_logs_follow_shows_a_running_tasks_output_as_it_is_written(project: Path, tasks_vm: FakeLima) -> None:
+    release = project / "release"
+    task_id = run_task(project, f"do:say:first line;await:{release}")
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", "logs", "-f", str(task_id)], cwd=project,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
+        seen = b""
+
+        def read() -> bytes:
+            nonlocal seen
+            seen += proc.stdout.read() or b""  # type: ignore[union-attr]
+            return seen
+
+        wait_for(read, 30, "the task's first line in `logs -f`", until=lambda out: b"first line\n" in out)
+        assert task(project, task_id)["state"] == "Running" and proc.poll() is None
+        release.write_text("")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        release.write_text("")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert task(project, task_id)["state"] == "Completed"
