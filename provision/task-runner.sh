@@ -14,10 +14,12 @@
 #            reason, one NAME=value a line
 #   stdout, stderr   the program's output;   heartbeat   the time, every second while it runs
 # and reads `cancel`, which the host creates to cancel the task.
-# Slots: tasks wait (queued) in the order of their ids until fewer than `max` run and, for a task in the
-# live tree (no worktree), no other live-tree task runs. The waiting runners coordinate through
-# ~/.agentbox/tasks (one file per task, under a flock); a finishing runner frees its slot and the oldest
-# waiting one starts.
+# Slots: a task waits (queued) until fewer than `max` run, no other task of its tree runs (the live tree,
+# or the same worktree), and no older waiting task could start instead: one whose tree is busy does not
+# hold back the others (a worktree task starts beside a live-tree task while a slot is free). The waiting
+# runners coordinate through ~/.agentbox/tasks (one file per task, under a flock: "STATE TREE BOOT PID",
+# TREE 1 for the live tree, w<checksum of its path> for a worktree); a finishing runner frees its slot
+# and the oldest waiting one that can start takes it.
 set -uo pipefail
 
 dir="$1"
@@ -79,8 +81,8 @@ tell_host() {
 
 queued_at="$(now_precise)" started_at="" ended_at="" exit_code="" reason="" state=""
 me="$(printf '%012d' "$id")"
-live=1
-[ -z "$worktree" ] || live=0
+tree=1
+[ -z "$worktree" ] || tree="w$(printf '%s' "$worktree" | cksum | cut -d' ' -f1)"
 
 put_state() {
   state="$1"
@@ -105,30 +107,35 @@ finish() {
 
 enter_registry() {
   mkdir -p "$registry"
-  printf 'queued %s %s %s\n' "$live" "$boot" "$$" > "$registry/$me"
+  printf 'queued %s %s %s\n' "$tree" "$boot" "$$" > "$registry/$me"
 }
 
 may_start() {
-  # Under the lock: the oldest waiting task, a slot free, and no clash in the live tree.
-  local entry name e_state e_live e_boot e_pid running=0 live_running=0
+  # Under the lock: a slot free, this task's tree free, and no older waiting task that could start now.
+  local entry name e_state e_tree e_boot e_pid running=0 busy=" " older=()
   for entry in "$registry"/*; do
     [ -f "$entry" ] || continue
     name="${entry##*/}"
     [ "$name" != "$me" ] || continue
-    read -r e_state e_live e_boot e_pid < "$entry" || continue
+    read -r e_state e_tree e_boot e_pid < "$entry" || continue
     if [ "$e_boot" != "$boot" ] || ! kill -0 "$e_pid" 2>/dev/null; then
       rm -f "$entry"  # a runner of an earlier boot, or one that died
       continue
     fi
     if [ "$e_state" = running ]; then
       running=$((running + 1))
-      [ "$e_live" = 0 ] || live_running=1
+      [ "$e_tree" = 0 ] || busy+="$e_tree "  # 0: a worktree task of an older runner, its tree its own
     elif [[ $name < $me ]]; then
-      return 1  # an older task waits: it goes first
+      older+=("$e_tree")
     fi
   done
   [ "$running" -lt "$max" ] || return 1
-  [ "$live" = 0 ] || [ "$live_running" = 0 ]
+  [[ $busy != *" $tree "* ]] || return 1
+  for e_tree in "${older[@]}"; do
+    # an older task whose tree is free goes first; one waiting for its tree holds back no one
+    [ "$e_tree" != 0 ] && [[ $busy == *" $e_tree "* ]] || return 1
+  done
+  return 0
 }
 
 wait_for_slot() {
@@ -139,7 +146,7 @@ wait_for_slot() {
     heartbeat
     flock "$lock"
     if may_start; then
-      printf 'running %s %s %s\n' "$live" "$boot" "$$" > "$registry/$me"
+      printf 'running %s %s %s\n' "$tree" "$boot" "$$" > "$registry/$me"
       flock -u "$lock"
       exec {lock}>&-
       return 0
@@ -150,14 +157,20 @@ wait_for_slot() {
 }
 
 make_worktree() {
-  # The task's own checkout, on its own branch, in a folder git ignores (the repository's info/exclude).
+  # The task's checkout on its branch, in a folder git ignores (the repository's info/exclude); a named
+  # worktree (`run --worktree NAME`) that exists already, or its branch, is used again.
   local common exclude
   common="$(git -C "$repo" rev-parse --path-format=absolute --git-common-dir 2>>"$dir/stderr")" || return 1
   exclude="$common/info/exclude"
   mkdir -p "$common/info"
   grep -qxF '/.agentbox/' "$exclude" 2>/dev/null || printf '/.agentbox/\n' >> "$exclude"
+  [ ! -e "$worktree/.git" ] || return 0
   mkdir -p "$(dirname "$worktree")"
-  git -C "$repo" worktree add -q -b "$branch" "$worktree" "$base" >/dev/null 2>>"$dir/stderr"
+  if git -C "$repo" show-ref --verify --quiet "refs/heads/$branch"; then
+    git -C "$repo" worktree add -q "$worktree" "$branch" >/dev/null 2>>"$dir/stderr"
+  else
+    git -C "$repo" worktree add -q -b "$branch" "$worktree" "$base" >/dev/null 2>>"$dir/stderr"
+  fi
 }
 
 commit_worktree() {
@@ -187,8 +200,12 @@ IFS= read -r -d '' prompt < "$dir/prompt" || true
 cd "$cwd" 2>>"$dir/stderr" || finish failed "cannot enter $cwd"
 started_at="$(now_precise)"
 put_state running
-# A session of its own: cancel and timeout signal its whole process group.
-setsid "$@" "$prompt" < /dev/null > "$dir/stdout" 2> "$dir/stderr" &
+# A session of its own: cancel and timeout signal its whole process group. Its output goes straight to
+# the files `agentbox logs -f` follows; a program that leaves buffering to stdio would hold it back until
+# it ends (a file is not a terminal), so stdio is line-buffered where stdbuf can (glibc) and Python's too.
+line_buffered=()
+! command -v stdbuf >/dev/null 2>&1 || line_buffered=(stdbuf -oL -eL)
+PYTHONUNBUFFERED=1 setsid "${line_buffered[@]}" "$@" "$prompt" < /dev/null > "$dir/stdout" 2> "$dir/stderr" &
 child=$!
 
 ending="" kill_at=0

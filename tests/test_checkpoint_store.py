@@ -64,7 +64,7 @@ def test_the_git_folder_is_byte_identical_around_every_command_of_an_isolated_se
 
 @pytest.mark.needs("bwrap")
 def test_host_commands_about_a_worktree_task_leave_the_git_folder_alone(project: Path, task_vm: FakeLima) -> None:
-    number = run_task(project, "--worktree", "do:write:tracked.txt:from the task")
+    number = run_task(project, "--worktree", "--", "do:write:tracked.txt:from the task")
     assert wait(project, number).returncode == 0
     before = git_folder_state(project)
     for args in (["tasks"], ["tasks", "--json", "--all"], ["logs", str(number)], ["diff", "--since", f"task:{number}"],
@@ -155,7 +155,7 @@ def test_an_altered_old_checkpoint_is_dropped_not_moved(project: Path) -> None:
 def test_worktrees_from_a_linked_worktree_are_refused_with_why(project: Path, task_vm: FakeLima) -> None:
     linked = project.parent / "linked"
     git(project, "worktree", "add", "-q", "-b", "side", str(linked))
-    refused = run_cli("run", "--worktree", "do:write:x.txt:x", cwd=linked)
+    refused = run_cli("run", "--worktree", "--", "do:write:x.txt:x", cwd=linked)
     assert refused.exit_code == 1
     assert f"--worktree cannot be used in {linked}: it is a linked worktree of {project / '.git'}" in refused.stderr
     assert not (project / ".git" / "worktrees" / "task-1").exists()

@@ -30,7 +30,8 @@ pytestmark = pytest.mark.xdist_group("tasks")
 
 # A stand-in agent for tasks: prints its arguments as JSON, then does what a prompt starting with `do:` asks
 # (`;`-separated): sleep:S, exit:N, write:FILE:TEXT (in its folder), spam:MB (MiB on stdout), err:TEXT,
-# ignore-term (TERM does not stop it).
+# ignore-term (TERM does not stop it), say:TEXT (a line on stdout, not flushed: as a program that leaves its
+# buffering to stdio), await:PATH (until that file exists).
 TASK_AGENT = r"""#!/usr/bin/python3
 import json, os, signal, sys, time
 prompt = sys.argv[-1]
@@ -56,6 +57,11 @@ if prompt.startswith("do:"):
             print(arg, file=sys.stderr, flush=True)
         elif what == "ignore-term":
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        elif what == "say":
+            print(arg)
+        elif what == "await":
+            while not os.path.exists(arg):
+                time.sleep(0.05)
 sys.exit(code)
 """
 
@@ -149,7 +155,7 @@ def test_a_task_that_outlives_its_timeout_is_stopped_and_wait_exits_124(project:
 
 def test_cancel_stops_a_running_task_and_kills_one_that_ignores_term(project: Path, tasks_vm: FakeLima) -> None:
     polite = run_task(project, "do:sleep:60")
-    stubborn = run_task(project, "--worktree", "do:ignore-term;sleep:60;write:late.txt:too late")
+    stubborn = run_task(project, "--worktree", "--", "do:ignore-term;sleep:60;write:late.txt:too late")
     for task_id in (polite, stubborn):
         running(project, task_id, timeout=30)
     result = run_cli("cancel", str(polite), cwd=project)
@@ -168,11 +174,11 @@ def test_cancel_stops_a_running_task_and_kills_one_that_ignores_term(project: Pa
 
 def test_queued_tasks_start_in_order_as_slots_free(project: Path, tasks_vm: FakeLima) -> None:
     write(project / "agentbox.yml", "tasks:\n  maxConcurrent: 1\n")
-    ids = [run_task(project, "--worktree", f"do:sleep:{6 if n == 0 else 1};write:order.txt:{n}") for n in range(3)]
+    ids = [run_task(project, "--worktree", "--", f"do:sleep:{6 if n == 0 else 1};write:order.txt:{n}") for n in range(3)]
     states = {t["id"]: t["state"] for t in listing(project)}
     assert states[ids[0]] == "Running"
     assert states[ids[1]] == states[ids[2]] == "Queued"
-    dropped = run_task(project, "--worktree", "do:write:order.txt:never")
+    dropped = run_task(project, "--worktree", "--", "do:write:order.txt:never")
     assert run_cli("cancel", str(dropped), cwd=project).exit_code == 0
     for task_id in ids:
         assert wait(project, task_id).returncode == 0
@@ -232,7 +238,7 @@ def test_diff_since_a_live_task_shows_what_it_changed(project: Path, tasks_vm: F
 def test_a_replace_ref_in_the_workspace_cannot_hide_what_a_task_changed(project: Path, tasks_vm: FakeLima) -> None:
     """refs/replace/* in the workspace's .git (agent-written) is not honoured by agentbox's host side: the task's
     start commit is read as its real objects, so a replacement that looks like the task's result hides nothing."""
-    task_id = run_task(project, "--worktree", "do:write:tracked.txt:from the task")
+    task_id = run_task(project, "--worktree", "--", "do:write:tracked.txt:from the task")
     assert wait(project, task_id).returncode == 0
     record = task(project, task_id)
     start, worktree = git(project, "rev-parse", "HEAD").strip(), Path(record["worktree"])
@@ -264,8 +270,8 @@ def test_outputs_outlive_the_vm_and_agentbox_rm(project: Path, tasks_vm: FakeLim
 
 
 def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_vm: FakeLima) -> None:
-    through_agentbox = run_task(project, "--worktree", "do:sleep:120")
-    behind_its_back = run_task(project, "--worktree", "do:sleep:120")
+    through_agentbox = run_task(project, "--worktree", "--", "do:sleep:120")
+    behind_its_back = run_task(project, "--worktree", "--", "do:sleep:120")
     running(project, through_agentbox)
     stopped = run_cli("stop", cwd=project)
     assert stopped.exit_code == 0, stopped.stderr
@@ -275,7 +281,7 @@ def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_
     assert wait(project, behind_its_back).returncode == 1
     assert time.monotonic() - started < 20
     # Started again and stopped with limactl itself: agentbox notices when it next looks.
-    third = run_task(project, "--worktree", "do:sleep:120")
+    third = run_task(project, "--worktree", "--", "do:sleep:120")
     running(project, third)
     subprocess.run(["limactl", "stop", NAME], check=True, capture_output=True)
     record = task(project, third)
@@ -283,7 +289,7 @@ def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_
 
 
 def test_two_runs_at_once_lose_no_task(project: Path, tasks_vm: FakeLima) -> None:
-    procs = [subprocess.Popen([sys.executable, "-m", "agentbox", "run", "--worktree", f"do:write:n.txt:{n}"],
+    procs = [subprocess.Popen([sys.executable, "-m", "agentbox", "run", "--worktree", "--", f"do:write:n.txt:{n}"],
                               cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for n in range(2)]
     ids = []
@@ -357,7 +363,7 @@ def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tas
     write(decoy / "state", "state=completed\nexit=0\n")
     write(decoy / "stdout", "a host file\n")
     write(decoy / "precious", "keep me\n")
-    task_id = run_task(project, "--worktree", "do:sleep:60")
+    task_id = run_task(project, "--worktree", "--", "do:sleep:60")
     box = paths.vm_outbox(NAME) / "tasks" / str(task_id)
     running(project, task_id)
     aside = box.with_name("moved-away")
@@ -539,3 +545,146 @@ def test_the_runners_state_and_output_are_read_only_as_small_regular_files(proje
     else:
         assert state == "Running" and logs.stdout == ""
         assert run_cli("cancel", str(task_id), cwd=project).exit_code == 0
+
+
+# -- a worktree agentbox made belongs to its project (issue 27, item 2) -----------------------------------
+
+
+def _shell_call(vm: FakeLima) -> list[str]:
+    return next(argv for argv in vm.calls() if "shell" in argv)
+
+
+def test_a_launch_inside_a_worktree_uses_the_projects_vm_in_that_folder(project: Path, tasks_vm: FakeLima) -> None:
+    made = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:made", cwd=project)
+    assert made.returncode == 0, made.stderr
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    assert (place / "agentbox.yml").is_file()  # the checked-out copy of the project's file is not read
+    (place / "sub").mkdir()
+    for where in (place, place / "sub"):
+        tasks_vm.clear()
+        inside = run_agentbox("claude", "--", "do:write:inside.txt:from inside", cwd=where)
+        assert inside.returncode == 0, inside.stderr
+        # A warm launch of the project's VM: no create or clone of agentbox-fix-it, no extra limactl call.
+        assert tasks_vm.subcommands() == ["list", "shell"]
+        shell = _shell_call(tasks_vm)
+        assert NAME in shell and not any("fix-it" in word for word in shell[:shell.index("--workdir")])
+        assert shell[shell.index("--workdir") + 1] == str(where)
+        assert json.loads(inside.stdout.splitlines()[0])["cwd"] == str(where)
+        assert (where / "inside.txt").read_text() == "from inside\n"
+    assert not (tasks_vm.home / "agentbox-fix-it").exists()
+    status = run_cli("status", cwd=place)
+    assert status.exit_code == 0, status.stderr
+    assert NAME in status.stdout + status.stderr and "agentbox-fix-it" not in status.stdout + status.stderr
+
+
+def test_diff_and_checkpoints_inside_a_worktree_answer_for_the_project(project: Path, tasks_vm: FakeLima) -> None:
+    made = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:made", cwd=project)
+    assert made.returncode == 0, made.stderr
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    from_project = run_cli("checkpoints", "--json", cwd=project)
+    from_worktree = run_cli("checkpoints", "--json", cwd=place)
+    assert from_project.exit_code == 0 and from_worktree.exit_code == 0, from_worktree.stderr
+    assert json.loads(from_project.stdout) and from_worktree.stdout == from_project.stdout
+    (project / "edited-on-the-host.txt").write_text("new\n")
+    diff_project = run_cli("diff", "--name-only", cwd=project)
+    diff_worktree = run_cli("diff", "--name-only", cwd=place)
+    assert diff_project.exit_code == 0, diff_project.stderr
+    assert "edited-on-the-host.txt" in diff_project.stdout
+    assert (diff_worktree.exit_code, diff_worktree.stdout) == (0, diff_project.stdout)
+
+
+def test_a_hand_made_worktree_lookalike_is_the_projects_folder_whatever_it_holds(project: Path, tasks_vm: FakeLima,
+                                                                             tmp_path: Path) -> None:
+    # Decided from the path: `.agentbox/worktrees/NAME` below the project. What the VM could have written
+    # inside it (an agentbox.yml naming another VM, a .git file pointing at another repository) is not read.
+    other = tmp_path / "other"
+    make_repository(other, config="vm:\n  name: agentbox-other\n")
+    lookalike = project / ".agentbox" / "worktrees" / "x"
+    write(lookalike / "agentbox.yml", "vm:\n  name: agentbox-planted\n")
+    launched = run_agentbox("claude", "--", "do:exit:0", cwd=lookalike)
+    assert launched.returncode == 0, launched.stderr
+    assert tasks_vm.subcommands() == ["list", "shell"]
+    shell = _shell_call(tasks_vm)
+    assert NAME in shell and shell[shell.index("--workdir") + 1] == str(lookalike)
+    write(lookalike / ".git", f"gitdir: {other}/.git\n")
+    decided = run_cli("config", "--json", cwd=lookalike)
+    assert decided.exit_code == 0, decided.stderr
+    assert (json.loads(decided.stdout)["vm"]["name"], json.loads(decided.stdout)["workspace"]) == (NAME, str(project))
+    # Control: the same shape below a folder that is no project (no agentbox.yml, no git work tree) is not
+    # taken for a worktree: the nearest agentbox.yml decides as anywhere else.
+    stray = tmp_path / "plain" / ".agentbox" / "worktrees" / "y"
+    write(stray / "agentbox.yml", "vm:\n  name: agentbox-stray\n")
+    shown = run_cli("config", "--json", cwd=stray)
+    assert shown.exit_code == 0, shown.stderr
+    assert json.loads(shown.stdout)["vm"]["name"] == "agentbox-stray"
+
+
+# -- run --worktree NAME, worktree tasks beside live ones, logs -f as it comes (issue 27, item 4) ---------
+
+
+def test_run_worktree_name_runs_the_task_in_that_worktree_and_not_in_the_prompt(project: Path,
+                                                                               tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "--worktree", "fix-it", "do:write:tracked.txt:from the task")
+    assert wait(project, task_id).returncode == 0
+    place = project / ".agentbox" / "worktrees" / "fix-it"
+    record = task(project, task_id)
+    assert (record["worktree"], record["branch"]) == (str(place), "agentbox/fix-it")
+    report = json.loads(run_agentbox("logs", str(task_id), cwd=project).stdout.splitlines()[0])
+    assert report["args"][-1] == "do:write:tracked.txt:from the task"  # NAME is not part of the prompt
+    assert report["cwd"] == str(place)
+    assert git(project, "show", "agentbox/fix-it:tracked.txt").endswith("from the task\n")
+    # The same name again: the same worktree and branch, used again (as `agentbox claude --worktree` does).
+    again = run_task(project, "--worktree", "fix-it", "do:write:tracked.txt:again")
+    assert wait(project, again).returncode == 0
+    assert (place / "tracked.txt").read_text().endswith("from the task\nagain\n")
+    assert git(project, "show", "agentbox/fix-it:tracked.txt").endswith("from the task\nagain\n")
+    # `--worktree` alone still gives the task a worktree of its own; a bad name is refused before anything runs.
+    own = run_task(project, "--worktree", "--", "do:exit:0")
+    assert task(project, own)["branch"] == f"agentbox/task-{own}"
+    tasks_vm.clear()
+    bad = run_cli("run", "--worktree", "../escape", "do:exit:0", cwd=project)
+    assert bad.exit_code == 2 and "is not a worktree name" in bad.stderr
+    assert tasks_vm.calls() == []
+
+
+def test_a_worktree_task_starts_beside_a_live_tree_task_while_a_slot_is_free(project: Path, tasks_vm: FakeLima,
+                                                                            tmp_path: Path) -> None:
+    release = project / "release"
+    live = run_task(project, f"do:await:{release}")
+    try:
+        running(project, live)
+        waiting = run_task(project, "do:exit:0")  # a second live-tree task waits for the first one's tree
+        side = run_task(project, "--worktree", "side", f"do:await:{release}")
+        running(project, side)  # slots: 2, one taken; the waiting live-tree task holds it back no longer
+        assert task(project, waiting)["state"] == "Queued"
+    finally:
+        release.write_text("")
+    for task_id in (live, waiting, side):
+        assert wait(project, task_id).returncode == 0
+    assert task(project, waiting)["started"] >= task(project, live)["ended"]
+
+
+def test_logs_follow_shows_a_running_tasks_output_as_it_is_written(project: Path, tasks_vm: FakeLima) -> None:
+    release = project / "release"
+    task_id = run_task(project, f"do:say:first line;await:{release}")
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", "logs", "-f", str(task_id)], cwd=project,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
+        seen = b""
+
+        def read() -> bytes:
+            nonlocal seen
+            seen += proc.stdout.read() or b""  # type: ignore[union-attr]
+            return seen
+
+        wait_for(read, 30, "the task's first line in `logs -f`", until=lambda out: b"first line\n" in out)
+        assert task(project, task_id)["state"] == "Running" and proc.poll() is None
+        release.write_text("")
+        assert proc.wait(timeout=60) == 0
+    finally:
+        release.write_text("")
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert task(project, task_id)["state"] == "Completed"

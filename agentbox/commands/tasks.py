@@ -47,13 +47,14 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--name", metavar="N", help="A name for the task (commands take it instead of the id).")
 @click.option("--timeout", metavar="DURATION", callback=_duration,
               help="Stop the task after this long (90, 90s, 10m, 1h30m): it ends as Timeout.")
-@click.option("--worktree", is_flag=True, help="Run in a git worktree of its own on the branch agentbox/task-ID "
-              "(for tasks that run side by side).")
+@click.option("--worktree", metavar="NAME", is_flag=False, flag_value="", default=None,
+              help="Run in the git worktree .agentbox/worktrees/NAME on the branch agentbox/NAME (made, or used "
+              "again); alone (before another option or --): a worktree of its own, task-ID.")
 @click.option("-d", "--detach", is_flag=True, hidden=True, help="Accepted for symmetry: a task always runs detached.")
 @click.argument("prompt", nargs=-1, required=False)
 @click.pass_context
 def run_command(ctx: click.Context, agent_name: str | None, name: str | None, timeout: int | None,
-                worktree: bool, detach: bool, prompt: tuple[str, ...]) -> None:
+                worktree: str | None, detach: bool, prompt: tuple[str, ...]) -> None:
     """Run an agent on PROMPT in the background, in the project's VM; print the task's id.
 
     The prompt is the arguments after the options (`--` first if it starts with a dash), or standard
@@ -69,9 +70,14 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     text = _prompt(prompt)
     if name is not None and (not name or name.isdigit() or any(ord(c) < 0x20 for c in name)):
         raise UsageError(f"--name {name!r} is not a task name: use letters, not only digits (ids are numbers)")
+    if worktree:
+        from agentbox.session.worktrees import check_name
+
+        check_name(worktree)
     session = session_for(ctx)
     agent = _agent(session.config, agent_name)
-    task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree)
+    task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree is not None,
+                          worktree_name=worktree or None)
     click.echo(task.id)
     where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
     note(f"{task.label}: {agent} is {task.state.lower()}{where}; `agentbox logs {task.id} -f` follows it, "

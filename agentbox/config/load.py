@@ -224,11 +224,21 @@ def load(cwd: Path | None = None, describe: bool = False) -> Config:
     display commands) it is left out instead, and recorded in `unusable` and the notices.
     """
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
+    project = worktree_project(cwd)
+    if project is not None:
+        config = _load_from(cwd, project, describe)
+        if config.workspace == project:
+            return config
+    return _load_from(cwd, cwd, describe)
+
+
+def _load_from(cwd: Path, start: Path, describe: bool) -> Config:
+    """The config found from `start` upward, for a command run in cwd."""
     notices: list[str] = []
     unusable: list[UnusableFile] = []
     layers = []
     global_path = paths.global_config_file()
-    local_path = find_local_config(cwd)
+    local_path = find_local_config(start)
     for path, name in ((global_path, "global"), (local_path, "local")):
         if path is None or not os.path.lexists(path):
             continue
@@ -242,7 +252,27 @@ def load(cwd: Path | None = None, describe: bool = False) -> Config:
         layers.append(_load_layer(path, name, read))
     for layer in layers:
         notices.extend(layer.notices)
-    return resolve(cwd, layers, notices)._replace(unusable=tuple(unusable))
+    return resolve(cwd, layers, notices, start)._replace(unusable=tuple(unusable))
+
+
+WORKTREES_PARENT = ".agentbox"  # agentbox.session.worktrees.FOLDER's first part
+
+
+def worktree_project(cwd: Path) -> Path | None:
+    """The project a worktree agentbox made belongs to, when cwd is in one: the folder P of
+    `P/.agentbox/worktrees/NAME[/...]` (cwd resolved), P holding an agentbox.yml or being the top of a git
+    work tree. Decided from the path alone: nothing inside the worktree (its `.git` file, the agentbox.yml
+    checked out there) is read, since the VM writes that folder. A folder of that shape made by hand is the
+    project's too, like any other folder below it: the project's VM mounts it already."""
+    real = Path(os.path.realpath(cwd))
+    parts = real.parts
+    for index in range(1, len(parts) - 2):  # the outermost first: a worktree inside a worktree is the project's
+        if parts[index] != WORKTREES_PARENT or parts[index + 1] != "worktrees":
+            continue
+        root = Path(*parts[:index])
+        if os.path.lexists(root / paths.LOCAL_CONFIG_NAME) or _work_tree_top(root) == root:
+            return root
+    return None
 
 
 def _load_layer(path: Path, name: str, read: Any) -> Layer:
@@ -291,7 +321,8 @@ def _store_layer(cache: Path, digest: str, layer: Layer) -> None:
 def may_define_agents(cwd: Path) -> bool:
     """A cheap look at the raw files: could any of them define an agent?"""
     candidates = [paths.global_config_file()]
-    for directory in (cwd, *cwd.parents):
+    start = worktree_project(cwd) or cwd
+    for directory in (start, *start.parents):
         candidate = directory / paths.LOCAL_CONFIG_NAME
         if os.path.lexists(candidate):
             candidates.append(candidate)
@@ -477,14 +508,18 @@ def _note_origins(origins: dict[str, str], data: dict[str, Any], label: str, pre
             origins[name] = label
 
 
-def resolve(cwd: Path, layers: list[Any], notices: list[str]) -> Config:
+def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None = None) -> Config:
+    """The Config of a command run in cwd; `start`: where the workspace is looked for (cwd unless cwd is in
+    a worktree agentbox made, see worktree_project)."""
     from agentbox.config import naming
 
     data, origins = merge(layers)
     local = next((layer for layer in layers if layer.name == "local"), None)
     global_layer = next((layer for layer in layers if layer.name == "global"), None)
 
-    workspace, workspace_rule, problem = _resolve_workspace(cwd, data, local)
+    workspace, workspace_rule, problem = _resolve_workspace(start or cwd, data, local)
+    if start is not None and start != cwd and not problem:
+        workspace_rule += f" (the current folder {cwd} is a worktree of it)"
     origins["workspace"] = workspace_rule
     lima_home = paths.lima_home()
     vm = data["vm"]

@@ -12,7 +12,9 @@ live-tree task), runs the agent in a session of its own with the prompt as its l
 timeout and `agentbox cancel` to TERM to its process group, then KILL after tasks.GRACE_SECONDS. A
 `--worktree` task runs in a git worktree of its own (`.agentbox/worktrees/task-ID` in the workspace, ignored
 through .git/info/exclude) on the branch `agentbox/task-ID`, made by the runner from the commit HEAD named
-when the task was submitted; what it leaves uncommitted is committed on that branch when it ends.
+when the task was submitted; what it leaves uncommitted is committed on that branch when it ends. With
+`--worktree NAME` it is `.agentbox/worktrees/NAME` on `agentbox/NAME`, used again when it exists (as
+`agentbox AGENT --worktree NAME` does); tasks of one worktree never run side by side.
 """
 
 from __future__ import annotations
@@ -47,8 +49,9 @@ def task_argv(agent: AgentConfig) -> list[str]:
 
 
 def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
-           worktree: bool) -> tasks.Task:
-    """Record the task and hand it to the VM. Returns the record (Queued or Running when the VM took it)."""
+           worktree: bool, worktree_name: str | None = None) -> tasks.Task:
+    """Record the task and hand it to the VM. Returns the record (Queued or Running when the VM took it).
+    `worktree_name`: the worktree `.agentbox/worktrees/NAME` (made, or used again), else `task-ID`."""
     config = session.config
     workspace = config.require_workspace()
     agent = config.agent(agent_name)
@@ -59,6 +62,8 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if worktree and repo is not None:
         from agentbox.session import worktrees
 
+        if worktree_name is not None:
+            worktrees.check_name(worktree_name)
         worktrees.refuse_in_linked_worktree(repo)
     base = hostgit.head(repo) if worktree and repo is not None else None
     if worktree and base is None:
@@ -71,7 +76,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
                          hint="Use a live VM; --worktree gives each task a checkout of its own.")
     cwd = workdir_for(config.cwd, workspace)
     task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
-                        timeout=timeout, worktree=base)
+                        timeout=timeout, worktree=base, worktree_name=worktree_name if worktree else None)
     try:
         _hand_over(session, agent, task, prompt, base, repo)
     except BaseException as exc:

@@ -36,14 +36,20 @@ def refuse_in_linked_worktree(repo: Any) -> None:
                          hint="Run the agent from the main checkout with --worktree, or without --worktree here.")
 
 
-def session_worktree(config: Config, name: str) -> Worktree:
-    """The worktree of `agentbox AGENT --worktree NAME`, checked."""
-    from agentbox.git import store as hostgit
+def check_name(name: str) -> None:
+    """Refuse what cannot be a worktree's name (a folder under FOLDER and a branch under BRANCH_PREFIX)."""
     from agentbox.safetext import visible
 
     if not _NAME.fullmatch(name) or name.endswith((".lock", ".")) or ".." in name or re.fullmatch(r"task-\d+", name):
         raise UsageError(f"--worktree {visible(name)!r} is not a worktree name",
                          hint="Letters, digits, dots, dashes and underscores (up to 64), not task-N (tasks' own).")
+
+
+def session_worktree(config: Config, name: str) -> Worktree:
+    """The worktree of `agentbox AGENT --worktree NAME`, checked."""
+    from agentbox.git import store as hostgit
+
+    check_name(name)
     workspace = config.require_workspace()
     repo = hostgit.find(workspace)
     if repo is None:

@@ -171,9 +171,10 @@ def locked() -> Iterator[None]:
 
 
 def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prompt: bytes, *,
-           name: str | None, timeout: int | None, worktree: str | None) -> Task:
+           name: str | None, timeout: int | None, worktree: str | None, worktree_name: str | None = None) -> Task:
     """A new Pending task with the next id, its prompt kept beside its record; `worktree`: the commit a
-    worktree task's branch starts from (None: the task runs in the live tree)."""
+    worktree task's branch starts from (None: the task runs in the live tree); `worktree_name`: the
+    worktree's name (`run --worktree NAME`), else `task-ID`."""
     root = private_dir(paths.tasks_dir())
     with locked():
         try:
@@ -189,8 +190,9 @@ def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prom
                     summary=_summary(prompt))
         if worktree:
             task.base = worktree
-            task.branch = f"agentbox/task-{number}"
-            task.worktree = str(workspace / WORKTREES / f"task-{number}")
+            label = worktree_name or f"task-{number}"
+            task.branch = f"agentbox/{label}"
+            task.worktree = str(workspace / WORKTREES / label)
         private_dir(folder(number))
         atomic_write(folder(number) / PROMPT, prompt, mode=0o600)
         save(task)
