@@ -412,9 +412,9 @@ def test_pushes_and_api_writes_to_github_are_refused(broker: Harness, method: st
 
 def test_other_hosts_are_tunnelled_untouched(broker: Harness) -> None:
     broker.upstream.route("GET", "/page", {"page": 1}, host=OTHER)
-    # A tunnel to the fake upstream's own address (a listed literal: a name resolving to loopback is refused).
+    # A tunnel to the fake upstream's own address (a listed literal; loopback allowed as in the tests of the proxy).
     target = f"127.0.0.1:{broker.upstream.port}"
-    broker.proxy.set_policy(netproxy.Policy(allow=[*CREDENTIAL_HOSTS, target]))
+    broker.proxy.set_policy(netproxy.Policy(allow=[*CREDENTIAL_HOSTS, target], allow_loopback=True))
     raw = socket.create_connection(("127.0.0.1", broker.proxy.port), timeout=10)
     raw.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
     assert raw.recv(100).startswith(b"HTTP/1.1 200")

@@ -128,8 +128,9 @@ def test_a_live_launch_on_an_isolated_vm_runs_isolated_and_says_so(project: Path
     result = agentbox(project, "shell", "--", "bash", "-c", "touch /mnt/agentbox/workspace/x || echo read-only")
     assert result.returncode == 0, result.stderr
     assert "read-only" in result.stdout
-    assert ("agentbox: agentbox-myproject was created isolated, so this session works on a copy of the workspace "
-            "too; `agentbox start --recreate` with session.mode: live makes it live\n") in result.stderr
+    assert ("agentbox: agentbox-myproject was created isolated, so its sessions work on a copy of the workspace "
+            "too; `agentbox start --recreate` with session.mode: live makes it live (`agentbox status` shows the "
+            "mode)\n") in result.stderr
     assert "mode changed since" not in result.stderr
     assert not (project / "x").exists()
 
@@ -280,3 +281,50 @@ def test_isolated_right_after_the_agent_is_agentboxs_and_a_later_one_the_agents(
     shell = agentbox(project, "claude", "--isolated", "shell", "--", "pwd")
     assert shell.returncode == 0, shell.stderr
     assert shell.stdout == f"{project}\n"
+
+
+# -- issue 27: the mode is said by status, once by a launch; a detached isolated session never starts ----------
+
+
+def test_status_shows_the_session_mode(project: Path, isolated_vm: FakeLima) -> None:
+    shown = run_cli("status", cwd=project)
+    assert shown.exit_code == 0, shown.stderr
+    assert "mode:      isolated (the agent works on a copy in the VM; `agentbox proposals` lists what it proposes)\n" \
+        in shown.stdout
+    assert json.loads(run_cli("status", "--json", cwd=project).stdout)["sessionMode"] == "isolated"
+    write(project / "agentbox.yml", "session:\n  mode: live\n")
+    git(project, "add", "agentbox.yml")
+    assert run_cli("trust", cwd=project).exit_code == 0
+    live_config = run_cli("status", cwd=project).stdout
+    assert "mode:      isolated (the agent works on a copy" in live_config
+    assert "session.mode says live, which `agentbox start --recreate` applies" in live_config
+
+
+def test_status_of_a_live_project_says_live(project: Path, limactl: FakeLima) -> None:
+    shown = run_cli("status", cwd=project)
+    assert "mode:      live (the agent edits the workspace)\n" in shown.stdout
+
+
+def test_the_created_isolated_note_is_said_once_per_vm(project: Path, isolated_vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "session:\n  mode: live\n")
+    git(project, "add", "agentbox.yml")
+    assert run_cli("trust", cwd=project).exit_code == 0
+    first = agentbox(project, "shell", "--", "true")
+    assert first.returncode == 0, first.stderr
+    assert f"{NAME} was created isolated, so its sessions work on a copy of the workspace too" in first.stderr
+    isolated_vm.clear()
+    second = agentbox(project, "shell", "--", "true")
+    assert second.returncode == 0, second.stderr
+    assert "was created isolated" not in second.stderr
+    assert isolated_vm.subcommands() == ["list", "shell"]  # the warm launch stays two calls
+
+
+def test_detach_of_an_isolated_vm_is_refused_before_anything_starts(project: Path, isolated_vm: FakeLima) -> None:
+    assert run_cli("stop", cwd=project).exit_code == 0
+    isolated_vm.clear()
+    refused = agentbox(project, "claude", "-d", "fix it")
+    assert refused.returncode == 2, refused.stderr
+    assert f"an isolated session cannot be detached ({NAME} is isolated)" in refused.stderr
+    assert "nothing was started" in refused.stderr and "without --detach" in refused.stderr
+    assert isolated_vm.subcommands() == []
+    assert isolated_vm.status(NAME) == "Stopped"

@@ -99,7 +99,7 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
         "name": NAME, "status": "NotCreated", "workspace": str(project), "cpus": None, "memory": None,
         "disk": None, "vmType": None, "arch": None, "dir": None,
         "workspaceRule": "the current folder: no agentbox.yml, not inside a git work tree", "conflict": None,
-        "ports": [],
+        "sessionMode": "live", "ports": [],
         "network": {"mode": "open", "enforcement": "advisory", "enforcementWhy": netpolicy.enforcement(netpolicy.NetworkSettings())[1],
                     "allowHost": False, "allowLan": False,
                     "proxy": {"running": False, "port": None, "pid": None, "url": None}},
@@ -115,7 +115,7 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
     assert run_cli("start", cwd=project).exit_code == 0
     after = json.loads(run_cli("status", "--json", cwd=project).stdout)
     assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir",
-                           "workspaceRule", "conflict", "ports", "network", "broker"]
+                           "workspaceRule", "conflict", "sessionMode", "ports", "network", "broker"]
     assert after["workspaceRule"] == f"the folder of {project / 'agentbox.yml'}"
     assert after["conflict"] is None
     assert after["status"] == "Running"

@@ -226,6 +226,27 @@ def test_ip_literal_connect_refused_unless_listed(echo: EchoServer, log_path: Pa
         assert status == 200
 
 
+@pytest.mark.parametrize(("target", "address"), [("127.0.0.1", "127.0.0.1"), ("0.0.0.0", "0.0.0.0"),
+                                                 ("[::ffff:127.0.0.1]", "::ffff:127.0.0.1"), ("[::1]", "::1")])
+@pytest.mark.parametrize("mode", ["allowlist", "open"])
+def test_a_listed_literal_of_the_host_itself_is_refused_at_connect_time(echo: EchoServer, log_path: Path,
+                                                                        target: str, address: str, mode: str) -> None:
+    """Issue 27: an allow pattern (or the broker's open mode) never reaches the host's own services."""
+    listed = Policy(open=True) if mode == "open" else Policy(allow=[f"{target}:{echo.port}"], allow_lan=True)
+    with netproxy.start(listed, log_path) as proxy:
+        sock, status, rest = connect(proxy.port, f"{target}:{echo.port}")
+        assert status == 403
+        body = refusal(sock, rest)
+        assert body["reason"] in (f"is a loopback address ({address})", f"is the host's own address ({address})")
+        assert "network.allowHost" in body["allow"]
+    # Control: with loopback allowed (the tests' own servers) the same listed literal connects.
+    if target == "127.0.0.1":
+        with netproxy.start(Policy(allow=[f"{target}:{echo.port}"], allow_loopback=True), log_path) as proxy:
+            sock, status, _ = connect(proxy.port, f"{target}:{echo.port}")
+            sock.close()
+            assert status == 200
+
+
 @pytest.mark.parametrize("lan", [False, True])
 def test_name_resolving_to_loopback_is_refused_even_with_allow_lan(echo: EchoServer, log_path: Path,
                                                                     lan: bool) -> None:

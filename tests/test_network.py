@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from agentbox.net import guard as netguard
+from agentbox.net import proxy as netproxy
 from tests import helpers
 from tests.helpers import NAME, FakeLima, agentbox, run_cli, staged_logins, write
 
@@ -57,8 +58,10 @@ def _staged_logins(home: Path) -> None:
 
 
 @pytest.fixture
-def echo_server() -> Iterator[int]:
-    """A TCP server on the host's 127.0.0.1 answering "echo:" + what it got."""
+def echo_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """A TCP server on the host's 127.0.0.1 answering "echo:" + what it got, which the proxy process knows as
+    echo.test (a loopback address is the host's own: the proxy reaches it only by this tests-only hook)."""
+    monkeypatch.setenv(netproxy.TEST_RESOLVE, "echo.test=127.0.0.1,rebind.test=0.0.0.0")
     server, port = helpers.echo_server()
     yield port
     server.close()
@@ -88,8 +91,8 @@ def wait_until(condition, seconds: float = 5.0) -> bool:
 
 def test_allowlist_lets_a_listed_host_through_and_refuses_others_with_403_json(project: Path, vm: FakeLima,
                                                                                echo_server: int) -> None:
-    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['127.0.0.1:{echo_server}']\n")
-    allowed = connect_from_guest(project, f"127.0.0.1:{echo_server}")
+    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['echo.test:{echo_server}']\n")
+    allowed = connect_from_guest(project, f"echo.test:{echo_server}")
     assert allowed == {"status": 200, "echo": "echo:ping"}
 
     other = connect_from_guest(project, "example.org:443")
@@ -104,20 +107,80 @@ def test_allowlist_lets_a_listed_host_through_and_refuses_others_with_403_json(p
     assert rebound["status"] == 403
 
     decisions = [(entry["host"], entry["decision"]) for entry in log_entries()]
-    assert decisions == [("127.0.0.1", "allow"), ("example.org", "deny"), ("127.0.0.2", "deny"),
+    assert decisions == [("echo.test", "allow"), ("example.org", "deny"), ("127.0.0.2", "deny"),
                          ("localhost", "deny")]
     assert os.stat(netguard.log_path(NAME)).st_mode & 0o077 == 0
 
 
-def test_a_listed_name_that_resolves_to_loopback_is_refused(project: Path, vm: FakeLima) -> None:
-    write(project / "agentbox.yml", "network:\n  mode: allowlist\n  allow: ['localhost:443']\n")
-    refused = connect_from_guest(project, "localhost:443")
+def test_a_listed_name_that_resolves_to_the_host_is_refused(project: Path, vm: FakeLima, echo_server: int) -> None:
+    # The check is on the address connected to: a listed name rebinding to 0.0.0.0 (the host's localhost) is refused.
+    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['rebind.test:{echo_server}', "
+                                    f"'echo.test:{echo_server}']\n")
+    refused = connect_from_guest(project, f"rebind.test:{echo_server}")
     assert refused["status"] == 403
-    assert refused["body"]["reason"].startswith("resolves to a loopback address")
+    assert refused["body"]["reason"] == "resolves to a loopback address (0.0.0.0)"
+    assert "network.allowHost" in refused["body"]["allow"]
+    assert connect_from_guest(project, f"echo.test:{echo_server}")["status"] == 200  # control: the hook's server
+
+
+@pytest.mark.parametrize("pattern", ["127.0.0.1:8080", "localhost", "localhost.", "[::1]", "127.1", "0.0.0.0",
+                                     "[::ffff:127.0.0.1]:8080", "2130706433", "0x7f000001", "0177.0.0.1",
+                                     "*.localhost", "LOCALHOST:3000", "[::]:80", "0"])
+def test_net_allow_refuses_the_hosts_own_loopback_and_names_allow_host(project: Path, limactl: FakeLima,
+                                                                       pattern: str) -> None:
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    result = run_cli("net", "allow", pattern, cwd=project)
+    assert result.exit_code == 2, result.stderr
+    assert "the proxy never connects to the host itself" in result.stderr
+    port = pattern.rsplit(":", 1)[1] if pattern.rsplit("]", 1)[-1].count(":") == 1 else None
+    assert f"`network.allowHost: [{port or 'PORT'}]` in agentbox.yml" in result.stderr
+    assert (project / "agentbox.yml").read_text() == "network:\n  mode: allowlist\n"
+    # The same pattern written into agentbox.yml is a config error naming the key, before anything starts.
+    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['{pattern}']\n")
+    launched = run_cli("shell", "--", "true", cwd=project)
+    assert launched.exit_code == 2 and "network.allow" in launched.stderr and "allowHost" in launched.stderr
+    assert limactl.subcommands() == []
+
+
+def test_net_allow_refuses_an_address_of_this_host(project: Path, limactl: FakeLima) -> None:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect(("192.0.2.1", 9))  # no packet: only picks the interface a route would use
+        own = probe.getsockname()[0]
+    except OSError:
+        pytest.skip("this machine has no IPv4 route out, so no non-loopback address to test with")
+    finally:
+        probe.close()
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    result = run_cli("net", "allow", f"{own}:8080", cwd=project)
+    assert result.exit_code == 2, result.stderr
+    assert f"is an address of this host ({own})" in result.stderr and "network.allowHost: [8080]" in result.stderr
+    control = run_cli("net", "allow", "203.0.113.7:8080", cwd=project)  # TEST-NET-3: no host's
+    assert control.exit_code == 0, control.stderr
+    assert "203.0.113.7:8080" in (project / "agentbox.yml").read_text()
+
+
+def test_offline_net_allow_and_net_test_say_what_offline_lets_through(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "network:\n  mode: offline\n")
+    refused = run_cli("net", "allow", "example.org", cwd=project)
+    assert refused.exit_code == 1, refused.stderr
+    assert "network.mode is offline" in refused.stderr and "network.allow has no effect" in refused.stderr
+    assert "the launched agent's API hosts" in refused.stderr
+    assert "set `network.mode: allowlist` in agentbox.yml" in refused.stderr
+    assert (project / "agentbox.yml").read_text() == "network:\n  mode: offline\n"
+    tested = agentbox(project, "net", "test", "https://example.org")
+    assert tested.returncode == 1, tested.stderr
+    assert "network.mode is offline, which lets through only the agents' API hosts" in tested.stdout
+    assert "`agentbox net allow` has no effect there" in tested.stdout
+    assert "to allow it: agentbox net allow" not in tested.stdout
+    # Control: in allowlist mode the same commands suggest and make the allow.
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    assert "to allow it: agentbox net allow example.org" in agentbox(project, "net", "test", "https://example.org").stdout
+    assert run_cli("net", "allow", "example.org", cwd=project).exit_code == 0
 
 
 def test_the_proxy_is_gone_when_the_session_ends(project: Path, vm: FakeLima, echo_server: int) -> None:
-    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['127.0.0.1:{echo_server}']\n")
+    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['echo.test:{echo_server}']\n")
     result = agentbox(project, "shell", "--", "sh", "-c", 'printf "%s" "$HTTPS_PROXY"')
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("http://host.lima.internal:")
@@ -336,17 +399,17 @@ def test_net_allow_edits_the_file_and_a_running_proxy_uses_it_at_once(project: P
     lease = netguard.begin(run_config(project).network, NAME, {})
     assert lease is not None and lease.port
     try:
-        assert proxy_connect(lease.port, f"127.0.0.1:{echo_server}") == 403
-        result = run_cli("net", "allow", f"127.0.0.1:{echo_server}", cwd=project)
+        assert proxy_connect(lease.port, f"echo.test:{echo_server}") == 403
+        result = run_cli("net", "allow", f"echo.test:{echo_server}", cwd=project)
         assert result.exit_code == 0, result.stderr
-        assert "lets 127.0.0.1" in result.stderr
-        assert wait_until(lambda: proxy_connect(lease.port, f"127.0.0.1:{echo_server}") == 200, 3)
+        assert "lets echo.test" in result.stderr
+        assert wait_until(lambda: proxy_connect(lease.port, f"echo.test:{echo_server}") == 200, 3)
     finally:
         lease.release()
     text = (project / "agentbox.yml").read_text()
     assert text.startswith(original.rstrip("\n"))  # the user's comments stay
-    assert run_config(project).network.allow == (f"127.0.0.1:{echo_server}",)
-    again = run_cli("net", "allow", f"127.0.0.1:{echo_server}", cwd=project)
+    assert run_config(project).network.allow == (f"echo.test:{echo_server}",)
+    again = run_cli("net", "allow", f"echo.test:{echo_server}", cwd=project)
     assert again.exit_code == 0 and "already" in again.stderr
     assert (project / "agentbox.yml").read_text() == text
 
@@ -391,9 +454,9 @@ def test_net_log_prints_decisions_with_control_characters_escaped(project: Path,
 
 def test_net_test_says_allowed_blocked_or_no_route_from_inside_the_vm(project: Path, vm: FakeLima,
                                                                       echo_server: int) -> None:
-    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['127.0.0.1:{echo_server}', "
+    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['echo.test:{echo_server}', "
                                     "'nowhere.invalid']\n")
-    allowed = agentbox(project, "net", "test", f"https://127.0.0.1:{echo_server}")
+    allowed = agentbox(project, "net", "test", f"https://echo.test:{echo_server}")
     assert allowed.returncode == 0, allowed.stderr
     assert "allowed through agentbox's proxy (allowlist)" in allowed.stdout
     blocked = agentbox(project, "net", "test", "https://example.org")

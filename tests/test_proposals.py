@@ -470,3 +470,57 @@ def test_ordinary_changes_apply_beside_host_links(
     else:
         assert (project / "linked2" / "new.txt").read_text() == "new\n"
     assert snapshot_tree(outside) == {"f.txt": ("file", b"outside\n")}
+
+
+# -- issue 27: a settled proposal stays settled; a new session starts from the workspace ------------------------
+
+
+def test_a_rejected_proposal_is_never_applied_and_an_applied_one_not_twice(
+        project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo agent > scratch.txt").returncode == 0
+    assert agentbox(project, "reject").returncode == 0
+    before = workspace_state(project)
+    for args in (("apply", "1"), ("apply", "1", "--check"), ("apply", "1", "--3way")):
+        refused = agentbox(project, *args)
+        assert refused.returncode == 1, refused.stderr
+        assert "agentbox: error: proposal 1 was rejected (at " in refused.stderr
+        assert "a rejected proposal is never applied; nothing was changed" in refused.stderr
+        assert "run an isolated session again" in refused.stderr
+        assert workspace_state(project) == before
+    assert [e["event"] for e in events(project)] == ["proposal_created", "proposal_rejected"]
+    # Control: a pending proposal of the same kind applies; applied, it is refused a second time, with its state.
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo agent2 > scratch.txt").returncode == 0
+    applied = agentbox(project, "apply", "2")
+    assert applied.returncode == 0, applied.stderr
+    assert (project / "scratch.txt").read_text() == "agent2\n"
+    again = agentbox(project, "apply", "2")
+    assert again.returncode == 1
+    checkpoint = proposal_list(project)[1]["checkpoint"]
+    assert "agentbox: error: proposal 2 was applied already (at " in again.stderr
+    assert f"`agentbox undo {checkpoint}` returns the workspace to how it was before it" in again.stderr
+    assert [p["status"] for p in proposal_list(project)] == ["rejected", "applied"]
+
+
+def test_a_rejected_proposals_changes_never_reach_the_next_proposal(project: Path, isolated_vm: FakeLima) -> None:
+    # Two sessions on one copy: the second proposal holds the first one's changes (and supersedes it).
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo a > a.txt").returncode == 0
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo b > b.txt").returncode == 0
+    rejected = agentbox(project, "reject", "1")
+    assert rejected.returncode == 0, rejected.stderr
+    assert ("agentbox: proposal 2 came from the same copy and still holds its changes (pending): "
+            "`agentbox reject 2` rejects it too") in rejected.stderr
+    third = agentbox(project, "shell", "--", "bash", "-c", "ls a.txt b.txt 2>&1; echo c > c.txt")
+    assert third.returncode == 0, third.stderr
+    assert "copying the workspace" in third.stderr
+    assert third.stdout.count("No such file") == 2
+    listed = {p["id"]: (p["status"], sorted(f["path"] for f in p["files"])) for p in proposal_list(project)}
+    assert listed[3] == ("pending", ["c.txt"])
+    assert listed[1][0] == "rejected" and listed[2] == ("pending", ["a.txt", "b.txt"])
+
+
+def test_after_an_apply_the_next_session_starts_from_the_workspace(project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "shell", "--", "bash", "-c", "echo a > a.txt").returncode == 0
+    assert agentbox(project, "apply").returncode == 0
+    nxt = agentbox(project, "shell", "--", "bash", "-c", "echo b > b.txt")
+    assert nxt.returncode == 0, nxt.stderr
+    assert [sorted(f["path"] for f in p["files"]) for p in proposal_list(project)] == [["a.txt"], ["b.txt"]]

@@ -20,6 +20,8 @@ from agentbox import paths
 if TYPE_CHECKING:
     from agentbox.config.load import Config
 
+OFFLINE_HINT = ("To reach other hosts, set `network.mode: allowlist` in agentbox.yml (then `agentbox net allow HOST`) "
+                "or `network.mode: open`; `agentbox start` takes the new mode.")
 # `net test` exit codes
 ALLOWED, BLOCKED, NO_ROUTE = 0, 1, 3
 OUTPUT_LIMIT = 64 * 1024
@@ -256,17 +258,27 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     from agentbox.config import edit as configedit
     from agentbox.config import load as config_module
     from agentbox.config import trust
-    from agentbox.errors import UsageError
+    from agentbox.errors import StateError, UsageError
     from agentbox.net import guard as netguard
     from agentbox.net import policy as netpolicy
+    from agentbox.net import proxy as netproxy
     from agentbox.progress import note, say
     from agentbox.safetext import visible
 
-    problem = netpolicy.check_host_pattern(host)
+    problem = netpolicy.check_host_pattern(host) or netproxy.own_address_problem(host)
     if problem:
-        raise UsageError(f"HOST: {visible(problem)}", hint="For example `agentbox net allow registry.example.com` "
-                         "or `agentbox net allow '*.example.com'`.")
+        local = "the host itself" in problem
+        raise UsageError(f"HOST: {visible(problem)}", hint=netproxy.local_hint(host) if local else
+                         "For example `agentbox net allow registry.example.com` or "
+                         "`agentbox net allow '*.example.com'`.")
     config = load_config(ctx, describe=True)
+    if config.network.mode == "offline":
+        raise StateError(
+            f"network.mode is offline ({config.origins.get('network.mode', 'default')}): the VM reaches only "
+            + ("the launched agent's API hosts" if config.network.agent_api else "nothing (network.agentApi: false)")
+            + f", so network.allow has no effect and {visible(host)} was not added",
+            hint=OFFLINE_HINT,
+        )
     if global_:
         target = paths.global_config_file()
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -281,9 +293,6 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     config = config_module.load(ctx.obj["cwd"], describe=True)  # as written now (its notices were said)
     if config.network.mode == "open":
         note("network.mode is open: the list applies in allowlist mode (`network.mode: allowlist`)")
-    elif config.network.mode == "offline":
-        note("network.mode is offline: it lets through the agent's API only; network.allow applies in allowlist "
-             "mode")
     if not global_ and trust.risky_keys(config) and not trust.is_trusted(config):
         note(f"{target} allows more than the global config now: `agentbox trust` reviews it; launches refuse it "
              "until then")
@@ -369,6 +378,12 @@ def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
         return NO_ROUTE, f"no route: agentbox's proxy could not be reached ({result['proxyError']})"
     status = int(result.get("status", 0))
     refusal: dict[str, Any] = result["refusal"] if isinstance(result.get("refusal"), dict) else {}
+    if status == 403 and config.network.mode == "offline" and str(refusal.get("allow", "")).startswith(
+            "agentbox net allow"):
+        what = "the agents' API hosts" if config.network.agent_api else "nothing (network.agentApi: false)"
+        return BLOCKED, (f"blocked by policy ({refusal.get('reason', 'refused by the proxy')}): network.mode is "
+                         f"offline, which lets through only {what}; `agentbox net allow` has no effect there. "
+                         f"{OFFLINE_HINT}")
     if status == 403:
         allow = f"; to allow it: {refusal['allow']}" if refusal.get("allow") else ""
         return BLOCKED, f"blocked by policy ({refusal.get('reason', 'refused by the proxy')}){allow}"

@@ -183,4 +183,11 @@ def reject_command(ctx: click.Context, proposal_id: str | None) -> None:
 
     _, workspace = _workspace(ctx, acts=True)
     proposal = proposals.reject(workspace, proposal_id)
-    say(f"rejected proposal {proposal['id']}; its files stay in {proposals.folder(workspace) / str(proposal['id'])}")
+    say(f"rejected proposal {proposal['id']}; its files stay in {proposals.folder(workspace) / str(proposal['id'])}; "
+        "the next isolated session starts from your workspace as it is")
+    later = [str(p["id"]) for p in proposals.all_proposals(workspace) if p["status"] == proposals.PENDING
+             and p.get("vm") == proposal.get("vm") and p["base"].get("commit") == proposal["base"].get("commit")]
+    if later:
+        which = f"proposal {later[0]}" if len(later) == 1 else f"proposals {', '.join(later)}"
+        note(f"{which} came from the same copy and still hold{'s' if len(later) == 1 else ''} its changes "
+             f"(pending): `agentbox reject {later[-1]}` rejects {'it' if len(later) == 1 else 'each'} too")

@@ -154,6 +154,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     info = vm.describe(None if conflict else instance, name, str(config.workspace))
     info["workspaceRule"] = config.workspace_rule
     info["conflict"] = conflict
+    info["sessionMode"] = _session_mode(config, name, instance is not None and not conflict)
     holders = ports.Holders(instances) if instance is not None and not conflict else None
     rows = holders.rows(instance) if holders is not None and instance is not None else []
     info["ports"] = [row.to_json() for row in rows]
@@ -177,12 +178,30 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
                      f"the Lima instance {name} exists but was not created by agentbox")
             click.echo(f"{'conflict:':11}{taken}")
             click.echo(f"{'fix:':11}{vm.clash_hint(config, name, foreign=owner is None)}")
+    click.echo(f"{'mode:':11}{_mode_words(config, info['sessionMode'])}")
     proxy = network["proxy"]
     click.echo(f"{'network:':11}{network['mode']} (enforcement: {network['enforcement']}"
                + (f"; proxy on 127.0.0.1:{proxy['port']}" if proxy["running"] else "") + "; `agentbox net status`)")
     click.echo(visible(f"{'broker:':11}{brokerreport.summary(info['broker'])}"))
     if holders is not None and info["status"] == "Running":
         _print_ports(rows, holders)
+
+
+def _session_mode(config: Any, name: str, exists: bool) -> str:
+    """live or isolated: the VM's (fixed when it was created), else what session.mode would create it as."""
+    from agentbox.review import isolation
+    from agentbox.vm import lifecycle as vm
+
+    found = isolation.mode_of_vm(vm.expected_config(name), config.workspace) if exists else None
+    return found or config.session_mode
+
+
+def _mode_words(config: Any, mode: str) -> str:
+    words = ("isolated (the agent works on a copy in the VM; `agentbox proposals` lists what it proposes)"
+             if mode == "isolated" else "live (the agent edits the workspace)")
+    if mode != config.session_mode:
+        words += (f"; session.mode says {config.session_mode}, which `agentbox start --recreate` applies")
+    return words
 
 
 def _print_ports(rows: list[Any], holders: Any) -> None:

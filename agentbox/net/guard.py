@@ -295,11 +295,21 @@ def _load_policy(vm_name: str) -> Any:
     from agentbox.net import proxy as netproxy
 
     data = policy(vm_name) or {}
+    testing = _test_resolver(os.environ.get(netproxy.TEST_RESOLVE, ""))
+    hooks: dict[str, Any] = {"resolver": testing, "allow_loopback": True} if testing is not None else {}
     if data.get("mode") == "open":
-        return netproxy.Policy(open=True)
+        return netproxy.Policy(open=True, **hooks)
     patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
     valid = [pattern for pattern in patterns if netproxy.check_pattern(pattern) is None]
-    return netproxy.Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)))
+    return netproxy.Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)), **hooks)
+
+
+def _test_resolver(text: str) -> Callable[[str, int], list[str]] | None:
+    """Tests only (proxy.TEST_RESOLVE): names the proxy process resolves to the test's own servers."""
+    table = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+    if not table:
+        return None
+    return lambda host, port: [table[host]] if host in table else []
 
 
 def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = None) -> int:

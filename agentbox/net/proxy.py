@@ -113,8 +113,84 @@ def _split_host_port(text: str) -> tuple[str, int | None] | str:
     return host, int(port_text)
 
 
+# Tests only: "name=address,..." the proxy process resolves itself, loopback allowed (the test's servers listen on
+# 127.0.0.1); the host's environment is the user's, never the VM's.
+TEST_RESOLVE = "AGENTBOX_TEST_PROXY_RESOLVE"
+LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
+_NUMERIC = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
+_TEST_NET = ipaddress.ip_address("192.0.2.1")  # TEST-NET-1: never an address of this host
+
+
+def _plain(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IPv4 address written as IPv6 (::ffff:a.b.c.d, ::a.b.c.d) as the IPv4 address it reaches."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return ip.ipv4_mapped
+        if int(ip) >> 32 == 0 and int(ip) > 1:
+            return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    return ip
+
+
+def _numeric_ipv4(host: str) -> ipaddress.IPv4Address | None:
+    """The address of a numeric name in the forms inet_aton (and so getaddrinfo) takes: 127.1, 2130706433,
+    0x7f000001, 0177.0.0.1."""
+    if not _NUMERIC.fullmatch(host):
+        return None
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def _local_problem(host: str) -> str | None:
+    """Why a pattern's host is the host itself (its loopback, or every address of it), or None."""
+    name = host.lower().rstrip(".")
+    name = name[2:] if name.startswith("*.") else name
+    ip = _ip(name) or _numeric_ipv4(name)
+    if ip is not None:
+        ip = _plain(ip)
+        if ip.is_loopback:
+            return f"is the host's own loopback ({ip})"
+        if ip.is_unspecified or ip in _RESERVED:
+            return f"is the host itself ({ip} reaches the host's own services)"
+        return None
+    if name in LOCAL_NAMES or name.endswith(".localhost"):
+        return "names the host's own loopback"
+    return None
+
+
+def local_hint(pattern: str) -> str:
+    """Where the host's own services are opened instead, with the pattern's port when it has one."""
+    split = _split_host_port(pattern)
+    port = split[1] if not isinstance(split, str) and split[1] is not None else None
+    ports = f"[{port}]" if port else "[PORT]"
+    return (f"The proxy never connects to the host itself; the host's own services are network.allowHost's: "
+            f"`network.allowHost: {ports}` in agentbox.yml, then host.lima.internal:{port or 'PORT'} in the VM.")
+
+
+def own_address_problem(pattern: str) -> str | None:
+    """Why an IP-literal pattern is one of the host's own interface addresses (its LAN or public address), or None."""
+    split = _split_host_port(pattern)
+    ip = None if isinstance(split, str) else _ip(split[0])
+    if ip is None or not Policy().host_own(str(ip)):
+        return None
+    return f"`{pattern}` is an address of this host ({_plain(ip)}); the proxy never connects to the host itself"
+
+
 def check_pattern(text: Any) -> str | None:
-    """Why `text` is not a valid allow pattern (`host`, `*.suffix`, IP literal, each with optional `:port`), or None."""
+    """Why `text` is not a valid allow pattern (`host`, `*.suffix`, IP literal, each with optional `:port`), or None.
+    A pattern naming the host itself (loopback, `localhost`, 0.0.0.0, in any spelling) is refused: see local_hint."""
+    problem = _syntax_problem(text)
+    if not isinstance(text, str) or not text or any(ch.isspace() or ch in "/@" for ch in text):
+        return problem
+    split = _split_host_port(text)
+    local = None if isinstance(split, str) else _local_problem(split[0])
+    if local is None:
+        return problem
+    return f"`{text}` {local}; the proxy never connects to the host itself (its own services are network.allowHost's)"
+
+
+def _syntax_problem(text: Any) -> str | None:
     if not isinstance(text, str) or not text:
         return "is empty; write a host name such as `api.example.com` or `*.example.com`"
     if any(ch.isspace() for ch in text):
@@ -190,7 +266,7 @@ class Policy:
     def __post_init__(self) -> None:
         self.rules = []
         for pattern in self.allow:
-            problem = check_pattern(pattern)
+            problem = _syntax_problem(pattern)  # a local pattern is refused at connect time (its address)
             if problem:
                 raise ValueError(f"network.allow: {problem}")
             split = _split_host_port(pattern)
@@ -224,12 +300,55 @@ class Policy:
         return not lan and any(ip in net for net in _BLOCKED_NETS if net.version == ip.version)
 
 
+    def host_own(self, address: str) -> bool:
+        """Whether `address` is the host itself: loopback (unless allow_loopback), unspecified, 0.0.0.0/8, or an
+        address of one of the host's interfaces, whatever the pattern that led to it."""
+        ip = _ip(address.split("%")[0])
+        if ip is None:
+            return True
+        ip = _plain(ip)
+        if ip.is_loopback:
+            return not self.allow_loopback
+        if ip.is_unspecified or ip in _RESERVED:
+            return True
+        if ip.is_multicast or (isinstance(ip, ipaddress.IPv6Address) and ip.is_link_local):
+            return False
+        return _bound_here(ip)
+
     @staticmethod
     def loopback(address: str) -> bool:
         ip = _ip(address.split("%")[0])
         if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
             ip = ip.ipv4_mapped
         return ip is not None and (ip.is_loopback or ip.is_unspecified)
+
+
+def _bindable(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.bind((str(ip), 0))
+    except OSError:
+        return False
+    return True
+
+
+_PROBE: list[bool] = []  # whether binding tells the host's own addresses (not with net.ipv4.ip_nonlocal_bind)
+
+
+def _bound_here(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether one of the host's interfaces has `ip`: a socket binds only to those (a syscall, no new dependency,
+    current whenever the interfaces change). Where any address binds, the host name's addresses stand in."""
+    if not _PROBE:
+        _PROBE.append(not _bindable(_TEST_NET))
+    if _PROBE[0]:
+        return _bindable(ip)
+    try:
+        names = {str(_plain(ipaddress.ip_address(str(info[4][0]).split("%")[0])))
+                 for info in socket.getaddrinfo(socket.gethostname(), None)}
+    except (OSError, ValueError):
+        return False
+    return str(ip) in names
 
 
 class _Refused(Exception):
@@ -317,7 +436,8 @@ class _Proxy:
 
     async def refuse(self, writer: asyncio.StreamWriter, refused: _Refused, entry: dict[str, Any]) -> None:
         body: dict[str, Any] = {"blocked": entry["host"], "port": entry["port"], "reason": refused.reason}
-        if refused.status == 403 and refused.reason.startswith("resolves to a loopback"):
+        if refused.status == 403 and refused.reason.startswith(
+                ("resolves to a loopback", "is a loopback", "resolves to the host's own", "is the host's own")):
             body["allow"] = ("nothing here: the host's own services are reached directly, not through the proxy "
                              "(network.allowHost: [PORT], then host.lima.internal:PORT)")
         elif refused.status == 403 and refused.reason.startswith("resolves to"):
@@ -378,6 +498,10 @@ class _Proxy:
                 raise _Refused(502, "name does not resolve") from None
             if not addresses:
                 raise _Refused(502, "name does not resolve")
+        own = [a for a in addresses if self.policy.host_own(a)]
+        if own:  # checked on the address connected to, whatever the pattern: a name rebinding to the host too
+            kind = "a loopback address" if self.policy.loopback(own[0]) else "the host's own address"
+            raise _Refused(403, f"{'resolves to' if _ip(host) is None else 'is'} {kind} ({own[0]})")
         bad = [a for a in addresses if self.policy.blocked_address(a)] if _ip(host) is None or self.policy.open else []
         if bad:
             kind = "a loopback" if self.policy.loopback(bad[0]) else "a private"

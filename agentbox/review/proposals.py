@@ -548,10 +548,7 @@ def apply(
     with locked(workspace):
         proposal = find(workspace, wanted)
         number = proposal["id"]
-        if proposal["status"] == APPLIED:
-            raise StateError(f"proposal {number} was applied already ({proposal.get('applied', 'earlier')})",
-                             hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
-                             "was before." if proposal.get("checkpoint") is not None else None)
+        _refuse_settled(workspace, proposal)
         patch = read_patch(workspace, proposal)
         found = refusals(workspace, proposal, patch, allow_host_exec)
         if found:
@@ -597,6 +594,26 @@ def apply(
         return Applied(proposal, checkpoint, moved)
 
 
+def _refuse_settled(workspace: Path, proposal: dict[str, Any]) -> None:
+    """An applied or rejected proposal is settled: apply (and apply --check) refuse it, saying which and what to do."""
+    number = proposal["id"]
+    if proposal["status"] == APPLIED:
+        checkpoint = proposal.get("checkpoint")
+        raise StateError(
+            f"proposal {number} was applied already (at {proposal.get('applied', 'an earlier time')}); applying it "
+            "again would change nothing",
+            hint=(f"`agentbox undo {checkpoint}` returns the workspace to how it was before it. " if checkpoint
+                  is not None else "") + "`agentbox proposals` lists the pending ones.",
+        )
+    if proposal["status"] == REJECTED:
+        raise StateError(
+            f"proposal {number} was rejected (at {proposal.get('rejected', 'an earlier time')}), and a rejected "
+            "proposal is never applied; nothing was changed",
+            hint=f"Its patch stays in {folder(workspace) / str(number)} to read. For these changes, run an "
+            "isolated session again (its copy starts from your workspace as it is now) and apply that proposal.",
+        )
+
+
 def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
     """Bring the workspace from the snapshot now to result_tree, writing only the files that differ."""
     from agentbox.review import restore, undo
@@ -628,12 +645,13 @@ def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:
             raise StateError(f"proposal {proposal['id']} was applied already; rejecting it changes nothing",
                              hint=f"`agentbox undo {proposal.get('checkpoint')}` returns to the workspace as it "
                              "was before it.")
-        proposal = _update(workspace, proposal, status=REJECTED, rejected=isolation.now())
-        append_event(workspace, "proposal_rejected", proposal=proposal["id"], patchSha256=proposal.get("patchSha256"))
-        same_copy = [p for p in _all(workspace) if p["status"] == PENDING and p.get("vm") == proposal.get("vm")
-                     and p["base"].get("commit") == proposal["base"]["commit"]]
-        if proposal.get("vm") and not same_copy:
-            # The copy holds what was just rejected: the next session starts from the workspace again.
+        if proposal["status"] != REJECTED:
+            proposal = _update(workspace, proposal, status=REJECTED, rejected=isolation.now())
+            append_event(workspace, "proposal_rejected", proposal=proposal["id"],
+                         patchSha256=proposal.get("patchSha256"))
+        if proposal.get("vm"):
+            # The copy holds what was just rejected (a later proposal of the same copy holds it too, so that one
+            # stays pending, and is kept on the host): the next session starts from the workspace again.
             isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
         return proposal
 

@@ -68,6 +68,10 @@ def run_in_vm(
     """
     config = session.config
     workspace = config.require_workspace()
+    # A detached isolated session is refused before anything starts (no limactl call, no proxy).
+    if keep == DETACHED and agent is not None and isolation.ISOLATED in (
+            config.session_mode, isolation.mode_of_vm(vm.expected_config(name), workspace)):
+        _kept_session(config, name, agent, keep, isolation.ISOLATED, {})
     # A malformed host login stops the launch here, before anything starts.
     with timing.phase("credential broker (host logins, CA)"):
         brokering = broker.prepare(config, name, agent.name if agent else None)
@@ -132,8 +136,10 @@ def _run(
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if mode == isolation.ISOLATED and config.session_mode != isolation.ISOLATED:
         changed = [setting for setting in changed if setting != "mode"]
-        note(f"{name} was created isolated, so this session works on a copy of the workspace too; "
-             "`agentbox start --recreate` with session.mode: live makes it live")
+        if not state.get("isolatedNoted"):  # once per VM: `agentbox status` says the mode every time
+            note(f"{name} was created isolated, so its sessions work on a copy of the workspace too; "
+                 "`agentbox start --recreate` with session.mode: live makes it live (`agentbox status` shows the mode)")
+            vmstate.update(name, {"isolatedNoted": True})
     if changed:
         note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
     reconnect = bool(state.get("reconnect"))
@@ -233,9 +239,10 @@ def _kept_session(
         if keep == ATTACHED:
             return None  # session.keepAlive leaves isolated sessions as they are
         raise UsageError(
-            "an isolated session cannot be detached: its changes are collected when the agent exits in the launch "
-            "that started it",
-            hint=f"Run `agentbox {agent.name}` without --detach, or detach a live session.",
+            f"an isolated session cannot be detached ({name} is isolated): its changes are collected when the agent "
+            "exits in the launch that started it; nothing was started",
+            hint=f"Run `agentbox {agent.name}` without --detach (a terminal multiplexer on the host keeps it), or "
+            "detach a live session (session.mode: live and `agentbox start --recreate`).",
         )
     if not writeback.has_outbox(vm.expected_config(name, state), name):
         raise StateError(
