@@ -288,27 +288,6 @@ def _store_layer(cache: Path, digest: str, layer: Layer) -> None:
         pass
 
 
-def may_define_agents(cwd: Path) -> bool:
-    """A cheap look at the raw files: could any of them define an agent?"""
-    candidates = [paths.global_config_file()]
-    for directory in (cwd, *cwd.parents):
-        candidate = directory / paths.LOCAL_CONFIG_NAME
-        if os.path.lexists(candidate):
-            candidates.append(candidate)
-            break
-    for candidate in candidates:
-        try:
-            if not os.path.isfile(candidate):
-                continue
-            fd = os.open(candidate, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-            with os.fdopen(fd, "rb") as handle:
-                if b"agents" in handle.read(1_000_001):
-                    return True
-        except OSError:
-            continue
-    return False
-
-
 def find_local_config(start: Path) -> Path | None:
     """The nearest agentbox.yml from start upward (whether it may be used is decided when it is read)."""
     for directory in (start, *start.parents):
