@@ -55,14 +55,69 @@ LAZY_COMMANDS = {
     "update-agents": ("agentbox.commands.update", "update_agents_command"),
     "net": ("agentbox.commands.net", "net_group"),
 }
+# `agentbox --help` lists the commands in these groups, each with this line: written here so that the
+# listing imports no command's module (tests/test_cli_help.py keeps the table whole).
+COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("The VM", (
+        ("start", "Create and start the project's VM."),
+        ("stop", "Stop the project's VM (or all agentbox VMs)."),
+        ("restart", "Stop the project's VM if it runs, then start it."),
+        ("rm", "Delete the project's VM and its disk."),
+        ("status", "Show the project's VM: status, workspace, resources."),
+        ("ls", "List agentbox's VMs."),
+        ("shell", "Open a login shell in the VM, or run `-- CMD ...` there."),
+        ("port", "Forward a VM port to the host's 127.0.0.1; print its URL."),
+        ("ports", "List the ports the running VMs forward to the host."),
+    )),
+    ("Review and undo", (
+        ("diff", "Show what changed in the workspace since a checkpoint."),
+        ("checkpoints", "List the workspace's checkpoints and what each changed."),
+        ("checkpoint", "Take a checkpoint of the workspace now."),
+        ("undo", "Put the workspace's files back to a checkpoint."),
+        ("proposals", "List the proposals of isolated sessions."),
+        ("review", "Show a proposal: summary, files, the patch."),
+        ("apply", "Apply a proposal to the workspace."),
+        ("reject", "Reject a proposal."),
+    )),
+    ("Background work", (
+        ("run", "Run an agent on PROMPT in the background; print the task's id."),
+        ("tasks", "List the background tasks (`tasks prune` forgets ended ones)."),
+        ("logs", "Print a task's output."),
+        ("wait", "Wait for a task to end; exit with its exit code."),
+        ("cancel", "Cancel a queued or running task."),
+        ("sessions", "List the detached sessions of the project's VM."),
+        ("attach", "Attach to a session started with `agentbox AGENT --detach`."),
+    )),
+    ("The agent's setup", (
+        ("config", "Show the merged config and where each value came from."),
+        ("init", "Write a commented config file to start from."),
+        ("trust", "Trust this project's agentbox.yml as it is now."),
+        ("sync", "Your agents' own setup in the VM: show it, bring back changes."),
+        ("update-agents", "Update the agent CLIs in the project's VM."),
+        ("base", "The base VM new project VMs are cloned from."),
+        ("describe", "Print what the agent is told about its sandbox."),
+        ("template", "Print the lima.yaml agentbox would create the VM from."),
+    )),
+    ("Network", (
+        ("net", "The VM's network policy: what it allows, what was decided."),
+        ("ca", "Show or add extra CA certificates for the VM."),
+    )),
+    ("Diagnostics", (
+        ("doctor", "Check Lima, config, VM, logins and guards; say what to fix."),
+        ("audit", "Show unacknowledged changes to files your host runs."),
+        ("help", "Show agentbox's help, or the help of COMMAND."),
+        ("completion", "Print the shell completion script."),
+    )),
+)
 
 
 class AgentboxGroup(click.Group):
     """Adds one command per agent (built-in and configured) and the single error boundary."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        """Agents first (what people run most), then the VM commands, then the rest: for --help and completion."""
-        names = [*VM_COMMANDS, *self.commands, *LAZY_COMMANDS]
+        """Agents first (what people run most), then the groups of --help in order: for --help and completion."""
+        grouped = [name for _, rows in COMMAND_GROUPS for name, _ in rows]
+        names = [*grouped, *self.commands, *LAZY_COMMANDS]
         agents = [name for name in _agent_names(ctx) if name not in names]
         return [*agents, *dict.fromkeys(names)]
 
@@ -97,25 +152,22 @@ class AgentboxGroup(click.Group):
         raise unknown_command(ctx, name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        names = self.list_commands(ctx)
-        agents = [n for n in names if n not in self.commands and n not in LAZY_COMMANDS]
-        sections = (
-            ("Agent commands (agentbox AGENT [ARGS]... runs it in the project's VM)", agents),
-            ("VM commands", list(VM_COMMANDS)),
-            ("Other commands", [n for n in names if n not in agents and n not in VM_COMMANDS]),
-        )
-        for title, section in sections:
-            rows = []
-            for name in section:
-                if name in agents:
-                    rows.append((name, _agent_summary(ctx, name)))
-                else:
-                    command = self.get_command(ctx, name)
-                    assert command is not None
-                    rows.append((name, command.get_short_help_str(limit=60)))
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
+        """The agents, then each group of COMMAND_GROUPS: from the table, so no command's module is imported."""
+        agents = [(name, _agent_summary(ctx, name)) for name in _agent_names(ctx)]
+        sections = [("Agents (agentbox AGENT [ARGS]... runs it in the project's VM)", agents),
+                    *((title, list(rows)) for title, rows in COMMAND_GROUPS)]
+        listed = {name for _, rows in sections for name, _ in rows}
+        rest = [name for name in self.list_commands(ctx) if name not in listed]  # a command added without a group
+        if rest:
+            sections.append(("Other commands", [(name, self._short_help(ctx, name)) for name in rest]))
+        width = max(len(name) for _, rows in sections for name, _ in rows)
+        for title, rows in sections:
+            with formatter.section(title):  # one width for every section: the summaries line up
+                formatter.write_dl([(name.ljust(width), summary) for name, summary in rows])
+
+    def _short_help(self, ctx: click.Context, name: str) -> str:
+        command = self.get_command(ctx, name)
+        return command.get_short_help_str(limit=60) if command is not None else ""
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
@@ -206,11 +258,13 @@ def _configured_agents(ctx: click.Context) -> dict[str, Any]:
     root = ctx.find_root()
     cache = root.meta.setdefault("agentbox.configured_agents", {})
     if "agents" not in cache:
-        from agentbox.config import load as config
+        from agentbox.config import peek
 
         cache["agents"] = {}
         # Only a config that mentions agents can define one: skip YAML (and its import) otherwise.
-        if config.may_define_agents(_start_dir(ctx)):
+        if peek.may_define_agents(_start_dir(ctx)):
+            from agentbox.config import load as config
+
             try:
                 cache["agents"] = config.load(_start_dir(ctx)).agents
             except AgentboxError:

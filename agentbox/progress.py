@@ -127,10 +127,15 @@ class Progress:
         self._frame = 0
         self._open_line = False  # plain mode: the step's line is started and not yet completed
         self._broken = False  # its stream failed (a closed pipe): nothing more is written to it
+        self._outer: Progress | None = None  # the step this one runs inside: paused until this one ends
 
     def __enter__(self) -> Progress:
         global _active
         self.started = time.monotonic()
+        with _output_lock:
+            self._outer = _active
+            if self._outer is not None and not self.verbose and not self.quiet:
+                self._outer._interrupt_line()  # its line is finished or cleared, never shared with this one
         if self.live:
             with _output_lock:
                 _active = self
@@ -161,7 +166,7 @@ class Progress:
         tail = f": {outcome} ({elapsed:.0f}s)"
         with _output_lock:
             if _active is self:
-                _active = None
+                _active = self._outer
             if self.live:
                 self._write(_CLEAR_LINE + fit(self.title, tail, terminal_width(self.stream) - 1) + "\n")
             elif self._open_line:
@@ -169,6 +174,8 @@ class Progress:
             elif not self.quiet or outcome != "done":
                 self._write(self.title + tail + "\n")
             self._open_line = False
+            if _active is not None and _active is self._outer:
+                _active._resume_line()
 
     def feed(self, line: str) -> None:
         """One line of limactl's output (called from the reader threads)."""
@@ -188,7 +195,7 @@ class Progress:
     def _spin(self) -> None:
         while not self._stop.wait(_TICK):
             with _output_lock:
-                if not self._stop.is_set():
+                if not self._stop.is_set() and _active is self:  # a step inside this one owns the line
                     self._draw()
 
     def _draw(self) -> None:

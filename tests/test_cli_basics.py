@@ -27,12 +27,12 @@ def test_help_lists_agent_and_vm_commands_one_line_each(project: Path) -> None:
     result = run_cli("--help", cwd=project)
     assert result.exit_code == 0
     out = result.stdout
-    assert "Agent commands" in out and "VM commands" in out
+    assert "\nAgents (" in out and "\nThe VM:\n" in out
     for name in ("claude", "codex", "gemini", "kiro", "opencode", "copilot",
                  "start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports"):
         rows = [line for line in out.splitlines() if line.strip().startswith(name + " ")]
         assert len(rows) == 1, (name, out)
-    commands = out[out.index("Agent commands"):]
+    commands = out[out.index("Agents ("):]
     continuation = [line for line in commands.splitlines() if line.startswith(" " * 6)]
     assert continuation == [], "every command's description fits on one line"
 
@@ -43,7 +43,7 @@ def test_help_still_works_with_a_broken_config(project: Path, broken: str) -> No
     result = run_cli("--help", cwd=project)
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:]
+    agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agents (")) + 1:]
     assert [line.split()[0] for line in agents[:6]] == ["codex", "claude", "gemini", "kiro", "opencode", "copilot"]
 
 

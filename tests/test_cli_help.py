@@ -42,7 +42,8 @@ def test_help_of_an_agent_describes_what_agentbox_runs(project: Path, limactl: F
     result = run_cli("help", "claude", cwd=project)
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert out.startswith("Usage: agentbox claude [ARGS]...\n   or: agentbox claude shell [-- CMD...]\n")
+    assert out.startswith("Usage: agentbox claude [--isolated] [--detach|-d] [--worktree NAME] [ARGS]...\n"
+                          "   or: agentbox claude shell [-- CMD...]\n")
     rows = {line.split()[0]: " ".join(line.split()[1:]) for line in out.split("What agentbox runs:\n")[1].splitlines()
             if line.startswith("  ") and not line.startswith("   ")}
     assert rows["runs"] == "claude --dangerously-skip-permissions [ARGS]..."
@@ -105,12 +106,48 @@ def test_help_of_an_unknown_command_suggests_one(project: Path) -> None:
     )
 
 
-def test_agent_and_vm_commands_lead_the_help_listing(project: Path) -> None:
+def listing(out: str) -> dict[str, list[str]]:
+    """--help's command sections: title -> the commands listed under it."""
+    sections: dict[str, list[str]] = {}
+    for block in out[out.index("\nAgents"):].strip("\n").split("\n\n"):
+        title, *lines = block.splitlines()
+        sections[title.rstrip(":")] = [line.split()[0] for line in lines if line.startswith("  ") and line[2] != " "]
+    return sections
+
+
+def test_group_help_lists_the_commands_in_groups(project: Path) -> None:
     out = run_cli("--help", cwd=project).stdout
-    listed = [line.split()[0] for line in out[out.index("Agent commands"):].splitlines() if line.startswith("  ")]
-    count = len(AGENTS + VM_COMMANDS)
-    assert listed[:count] == AGENTS + VM_COMMANDS
-    assert "help" in listed[count:]
+    sections = listing(out)
+    assert sections == {
+        "Agents (agentbox AGENT [ARGS]... runs it in the project's VM)": AGENTS,
+        "The VM": VM_COMMANDS,
+        "Review and undo": ["diff", "checkpoints", "checkpoint", "undo", "proposals", "review", "apply", "reject"],
+        "Background work": ["run", "tasks", "logs", "wait", "cancel", "sessions", "attach"],
+        "The agent's setup": ["config", "init", "trust", "sync", "update-agents", "base", "describe", "template"],
+        "Network": ["net", "ca"],
+        "Diagnostics": ["doctor", "audit", "help", "completion"],
+    }
+    # The summaries start in one column across the sections.
+    starts = {line.index(line.split()[1]) for line in out[out.index("\nAgents"):].splitlines()
+              if line.startswith("  ") and line[2] != " "}
+    assert starts == {len("  update-agents  ")}
+
+
+def test_every_command_is_in_a_group_of_the_help() -> None:
+    from agentbox.cli import COMMAND_GROUPS, LAZY_COMMANDS, cli
+
+    grouped = [name for _, rows in COMMAND_GROUPS for name, _ in rows]
+    assert sorted(grouped) == sorted({*LAZY_COMMANDS, *cli.commands})  # each once, none left out
+    for name, summary in (row for _, rows in COMMAND_GROUPS for row in rows):
+        assert summary.endswith(".") and len(summary) <= 65, name
+
+
+def test_a_command_without_a_group_is_still_listed(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbox import cli
+
+    monkeypatch.setitem(cli.LAZY_COMMANDS, "extra", ("agentbox.commands.vm", "ls_command"))
+    sections = listing(run_cli("--help", cwd=project).stdout)
+    assert sections["Other commands"] == ["extra"]
 
 
 # --- agentbox AGENT --help / --version: never a VM just to answer -------------------------------
@@ -122,7 +159,7 @@ def test_agent_help_without_a_vm_answers_from_the_host_and_creates_nothing(
 ) -> None:
     result = run_cli("claude", flag, cwd=project)
     assert result.exit_code == 0, result.stderr
-    assert result.stdout.startswith("Usage: agentbox claude [ARGS]...\n")
+    assert result.stdout.startswith("Usage: agentbox claude [--isolated] [--detach|-d] [--worktree NAME] [ARGS]...\n")
     assert "claude --dangerously-skip-permissions [ARGS]..." in result.stdout
     assert result.stdout.endswith(
         f"\nThis is agentbox's description; claude was not asked because the VM {NAME} does not exist yet "
@@ -130,6 +167,46 @@ def test_agent_help_without_a_vm_answers_from_the_host_and_creates_nothing(
     )
     assert limactl.subcommands() == ["list"]
     assert limactl.status(NAME) is None
+
+
+@pytest.mark.parametrize("flag", ["--help", "-h"])
+def test_agent_help_in_the_home_folder_answers_from_the_host(
+    home: Path, project: Path, limactl: FakeLima, flag: str
+) -> None:
+    result = run_cli("claude", flag, cwd=home)
+    assert result.exit_code == 0, result.stderr
+    assert result.stdout.startswith("Usage: agentbox claude [--isolated] [--detach|-d] [--worktree NAME] [ARGS]...\n")
+    assert "  VM       the project's VM (this folder is no project)\n" in result.stdout
+    text = " ".join(result.stdout.split())
+    assert text.endswith(
+        f"This is agentbox's description; claude was not asked: the workspace would be {home} (the current folder: "
+        "no agentbox.yml, not inside a git work tree), but it is or contains your home folder; agentbox never mounts "
+        f"it into a VM. For claude's own help run `agentbox claude {flag}` in a project folder (or "
+        f"`agentbox -C DIR claude {flag}`)."
+    )
+    assert limactl.calls() == []
+    # The control: in a project, the same question looks for the project's VM.
+    assert run_cli("claude", flag, cwd=project).exit_code == 0
+    assert limactl.subcommands() == ["list"]
+
+
+def test_agent_version_in_the_home_folder_says_where_to_ask(home: Path, limactl: FakeLima) -> None:
+    result = run_cli("codex", "--version", cwd=home)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("agentbox: error: codex's version is that of the codex in a project's VM; "
+                                    "codex was not asked: the workspace would be ")
+    assert "hint: Run `agentbox codex --version` in a project folder (or `agentbox -C DIR codex --version`)." \
+        in result.stderr
+    assert limactl.calls() == []
+
+
+def test_agent_help_names_agentboxs_own_options(project: Path) -> None:
+    out = run_cli("help", "gemini", cwd=project).stdout
+    section = out.split("agentbox's own options (right after `gemini`; every other argument is gemini's):\n")[1]
+    options = [line.split("  ")[1].strip() for line in section.split("\n\n")[0].splitlines() if line[2] == "-"]
+    assert options == ["--isolated", "--detach, -d", "--worktree NAME"]
+    text = " ".join(section.split())
+    assert "--worktree NAME Run gemini in the git worktree .agentbox/worktrees/NAME on the branch agentbox/NAME" in text
 
 
 def test_agent_version_without_a_vm_says_where_the_version_comes_from(project: Path, limactl: FakeLima) -> None:
@@ -158,7 +235,7 @@ def test_agent_help_without_limactl_still_answers(project: Path, monkeypatch) ->
     monkeypatch.setenv("PATH", "/nonexistent")
     result = run_cli("claude", "--help", cwd=project)
     assert result.exit_code == 0, result.stderr
-    assert "Usage: agentbox claude [ARGS]..." in result.stdout
+    assert "Usage: agentbox claude [--isolated] [--detach|-d] [--worktree NAME] [ARGS]..." in result.stdout
     assert f"because the VM {NAME} could not be checked (limactl was not found on PATH" in result.stdout
 
 
@@ -313,8 +390,10 @@ def test_group_help_imports_no_yaml_jinja_or_sh(project: Path) -> None:
         "from agentbox.cli import main\n"
         "sys.argv = ['agentbox', '--help']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in ('yaml', 'jinja2', 'sh') if m in sys.modules), file=sys.stderr)\n"
+        "heavy = ('yaml', 'jinja2', 'sh', 'secrets', 'agentbox.config.load', 'agentbox.progress')\n"
+        "print(sorted(m for m in sys.modules if m in heavy or m.startswith(('agentbox.session', 'agentbox.vm', "
+        "'agentbox.commands.'))), file=sys.stderr)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=30)
     assert result.stderr == "[]\n"
-    assert "Agent commands" in result.stdout
+    assert "\nBackground work:\n" in result.stdout

@@ -249,8 +249,8 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "endpoints": [],
     }
     lines = run_cli("--help", cwd=project).stdout.splitlines()
-    agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agent commands")) + 1:
-                   lines.index("VM commands:")]
+    agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agents (")) + 1:
+                   lines.index("The VM:")]
     assert [line.split()[0] for line in agents if line.strip()] == [
         "codex", "claude", "gemini", "kiro", "opencode", "copilot", "aider"]
 

@@ -94,6 +94,30 @@ def test_plain_output_is_one_line_per_step(clock: SimpleNamespace) -> None:
     assert stream.getvalue() == "Creating VM agentbox-x: done (42s)\n"
 
 
+def test_a_step_inside_another_ends_on_its_own_line_and_the_outer_one_last(clock: SimpleNamespace) -> None:
+    plain = io.StringIO()
+    with Progress("Starting VM agentbox-x", stream=plain):
+        clock.now += 1
+        with Progress("Applying cpus to VM agentbox-x", stream=plain):
+            clock.now += 2
+        clock.now += 3
+    assert plain.getvalue().splitlines() == [
+        "Starting VM agentbox-x:", "Applying cpus to VM agentbox-x: done (2s)", "Starting VM agentbox-x: done (6s)"]
+    stream = FakeTerminal()
+    with Progress("Starting VM agentbox-x", stream=stream):
+        stream.wait_for("Starting VM agentbox-x [0s] starting")
+        with Progress("Applying cpus to VM agentbox-x", stream=stream):
+            stream.wait_for("Applying cpus to VM agentbox-x [0s] starting")
+            mark = len(stream.getvalue())
+            stream.wait_for("\r\033[K⠙ Applying")  # the spinner turns: the outer step would have drawn by now
+            assert "Starting VM" not in stream.getvalue()[mark:]
+        stream.wait_for("Applying cpus to VM agentbox-x: done (0s)\n")
+        mark = len(stream.getvalue())
+        stream.wait_for("Starting VM agentbox-x [0s] starting")  # the outer step has the line again
+    lines = [line.rsplit("\r\033[K", 1)[-1] for line in stream.getvalue().split("\n")]
+    assert lines == ["Applying cpus to VM agentbox-x: done (0s)", "Starting VM agentbox-x: done (0s)", ""]
+
+
 def test_fit_keeps_the_end_and_marks_the_cut() -> None:
     assert fit("Starting VM agentbox-x", " [3s] booting", 80) == "Starting VM agentbox-x [3s] booting"
     assert fit("Starting VM agentbox-a-long-name", " [3s] booting", 30) == "Starting VM agen… [3s] booting"

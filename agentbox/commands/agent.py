@@ -55,10 +55,9 @@ class AgentCommand(PassthroughCommand):
         self.summary = summary
 
     def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        formatter.write_usage(ctx.command_path, "[ARGS]...")
+        formatter.write_usage(ctx.command_path, "[--isolated] [--detach|-d] [--worktree NAME] [ARGS]...")
         formatter.write_usage(ctx.command_path, "shell [-- CMD...]", prefix="   or: ")
         formatter.write_usage(ctx.command_path, "login [ARGS]...", prefix="   or: ")
-        formatter.write_usage(ctx.command_path, "--detach|-d [ARGS]...", prefix="   or: ")
 
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         name = self.name or ""
@@ -75,6 +74,8 @@ class AgentCommand(PassthroughCommand):
                 "on its own never creates or starts a VM: when the VM is not running, agentbox answers "
                 "from the host instead."
             )
+        with formatter.section(f"agentbox's own options (right after `{name}`; every other argument is {binary}'s)"):
+            formatter.write_dl(_own_options(name, binary))
         with formatter.section("What agentbox runs"):
             formatter.write_dl(_agent_rows(name, agent, config, problem))
         formatter.write_paragraph()
@@ -85,12 +86,6 @@ class AgentCommand(PassthroughCommand):
             )
             formatter.write_paragraph()
             formatter.write_text(_login_help(name, binary))
-            formatter.write_paragraph()
-            formatter.write_text(
-                f"`agentbox {name} --detach [ARGS]...` (or -d, right after the agent's name) starts {binary} in a "
-                "tmux session in the VM and returns; `agentbox attach` attaches to it, `agentbox sessions` lists "
-                "them."
-            )
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         """`shell` right after the agent's name, file names everywhere (the agent takes any argument)."""
@@ -180,6 +175,26 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     return launch_agent(session, name, args, detach=detach, worktree=worktree)
 
 
+def answer_without_vm(ctx: click.Context, name: str, query: str, reason: str) -> int:
+    """`agentbox AGENT --help` where no VM is meant (the home folder, say): agentbox's description, and why."""
+    from agentbox.errors import StateError
+
+    config, _ = _config_for_help(ctx)
+    agent = config.agents.get(name) if config is not None else None
+    binary = _shown(agent.binary if agent else _builtin_binary(name))
+    why = f"{binary} was not asked: {_shown(reason).rstrip('.')}"
+    if query == "--version":
+        from agentbox import __version__
+
+        raise StateError(f"{binary}'s version is that of the {binary} in a project's VM; {why}",
+                         hint=f"Run `agentbox {name} --version` in a project folder (or `agentbox -C DIR {name} "
+                         f"--version`). agentbox's own version is {__version__} (`agentbox --version`).")
+    click.echo(ctx.command.get_help(ctx))
+    click.echo(f"\nThis is agentbox's description; {why}. For {binary}'s own help run `agentbox {name} {query}` "
+               f"in a project folder (or `agentbox -C DIR {name} {query}`).")
+    return 0
+
+
 def isolation_config(config: Config) -> Config:
     from agentbox.review import isolation
 
@@ -243,16 +258,19 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
     from agentbox.commands.common import session as session_for
     from agentbox.commands.common import warn_if_untrusted
     from agentbox.config import trust
-    from agentbox.errors import LimaError, StateError
+    from agentbox.errors import AgentboxError, LimaError, StateError
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import RUNNING
 
-    session = session_for(ctx, acts=False)
-    if isolated:
-        session.config = isolation_config(session.config)
-    config = session.config
-    agent = config.agent(name)
-    config.require_workspace()
+    try:
+        session = session_for(ctx, acts=False)
+        if isolated:
+            session.config = isolation_config(session.config)
+        config = session.config
+        agent = config.agent(name)
+        config.require_workspace()
+    except AgentboxError as exc:  # no VM can be meant here (the home folder, a config that cannot be read)
+        return answer_without_vm(ctx, name, query, exc.message)
     problem = None
     try:
         instance = session.instance(agent.vm_name)
@@ -315,6 +333,17 @@ def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
     return loaded, None
 
 
+def _own_options(name: str, binary: str) -> list[tuple[str, str]]:
+    return [
+        ("--isolated", f"{binary} works on a copy of the workspace in the VM; its changes come back as a proposal "
+                       "(`agentbox proposals`, `review`, `apply`)."),
+        ("--detach, -d", f"Start {binary} in a tmux session in the VM and return; `agentbox attach` attaches to it, "
+                         "`agentbox sessions` lists them."),
+        ("--worktree NAME", f"Run {binary} in the git worktree .agentbox/worktrees/NAME on the branch "
+                            "agentbox/NAME (made from HEAD the first time), so parallel sessions do not share files."),
+    ]
+
+
 def _agent_rows(
     name: str, agent: AgentConfig | None, config: Config | None, problem: str | None
 ) -> list[tuple[str, str]]:
@@ -350,7 +379,8 @@ def _agent_rows(
     return [
         ("runs", runs),
         ("install", install),
-        ("VM", f"{agent.vm_name} (agents.{name}.vmName)" if own_vm else f"{agent.vm_name} (the project's VM)"),
+        ("VM", f"{agent.vm_name} (agents.{name}.vmName)" if own_vm else "the project's VM (this folder is no project)"
+         if config is not None and config.workspace_problem else f"{agent.vm_name} (the project's VM)"),
         ("logins", f"{logins} (copied into the VM at each launch)" if logins else "none copied into the VM"),
     ]
 

@@ -56,13 +56,16 @@ def ls_command(ctx: click.Context, as_json: bool) -> None:
     if not rows:
         say("no base VM yet; the next new project VM builds one (or `agentbox base build`)")
         return
-    click.echo(f"{'KEY':<14}{'STATE':<7}{'BUILT':<22}{'AGE':>8}  {'SIZE':>9}  USED BY")
+    from agentbox import tables
+
+    table = [("KEY", "STATE", "BUILT", "AGE", "SIZE", "USED BY")]
     for row in rows:
         age = "-" if row["ageDays"] is None else f"{row['ageDays']:.1f}d"
         size = "-" if row["size"] is None else _human(row["size"])
         used = ", ".join(row["usedBy"]) or "-"
         state = row["state"] + ("*" if row["current"] else "")
-        click.echo(f"{row['key']:<14}{state:<7}{row['built'] or '-':<22}{age:>8}  {size:>9}  {used}")
+        table.append((row["key"], state, tables.local_time(row["built"]), age, size, used))
+    tables.echo(table, flexible=(-1,), right=(3, 4))
     if any(row["current"] for row in rows):
         click.echo("* the current base: new VMs are cloned from it")
 

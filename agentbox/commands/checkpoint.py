@@ -160,7 +160,7 @@ def _names(skipped: list[tuple[str, int]]) -> str:
 
 def _print_table(found: list[Checkpoint], problems: dict[int, str | None], counts: dict[int, dict[str, int]]
                  ) -> None:
-    from agentbox.review import checkpoints
+    from agentbox import tables
     from agentbox.safetext import visible
 
     rows = [("ID", "TIME", "KIND", "AGENT", "CHANGES", "MESSAGE")]
@@ -172,12 +172,9 @@ def _print_table(found: list[Checkpoint], problems: dict[int, str | None], count
             changes = f"+{count.get('A', 0)} ~{count.get('M', 0) + count.get('T', 0)} -{count.get('D', 0)}"
         else:
             changes = ""
-        rows.append((c.label, checkpoints.local_time(c.time), c.kind, visible(c.agent or ""), changes,
+        rows.append((c.label, tables.local_time(c.time), c.kind, visible(c.agent or ""), changes,
                      visible(c.message)))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    for row in rows:
-        line = "  ".join(cell.ljust(width) for cell, width in zip(row[:5], widths, strict=True)) + "  " + row[5]
-        click.echo(line.rstrip())
+    tables.echo(rows, flexible=(-1,))
     broken = [c for c in found if problems[c.id]]
     for c in broken:
         click.echo(f"{c.label} cannot be used: {problems[c.id]}", err=True)

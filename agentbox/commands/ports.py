@@ -139,9 +139,11 @@ def ports_command(ctx: click.Context, as_json: bool) -> None:
         running = any(vm.is_agentbox_vm(instance) for instance in holders.running)
         say("the running agentbox VMs forward no ports" if running else "no agentbox VM is running")
         return
-    width = max(len(row.vm) for row in rows) + 2
-    click.echo(f"{'HOST':22}{'VM':{width}}{'GUEST':22}{'BY':15}STATE")
+    from agentbox import tables
+
+    table: list[tuple[str, ...]] = [("HOST", "VM", "GUEST", "BY", "STATE")]
     for row in rows:
         holder = row.held_by or ports.Holder("free")
         state = "forwarded" if row.forwarded else f"NOT forwarded: {holder.text(row.host_port, row.vm)}"
-        click.echo(visible(f"{row.host_addr:22}{row.vm:{width}}{row.guest_addr:22}{row.via:15}{state}"))
+        table.append(tuple(visible(cell) for cell in (row.host_addr, row.vm, row.guest_addr, row.via, state)))
+    tables.echo(table)

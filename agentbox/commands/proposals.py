@@ -45,6 +45,7 @@ def _workspace(ctx: click.Context, acts: bool) -> tuple[Config, Path]:
 @click.pass_context
 def proposals_command(ctx: click.Context, as_json: bool) -> None:
     """List the proposals of isolated sessions in this workspace."""
+    from agentbox import tables
     from agentbox.review import proposals
     from agentbox.safetext import visible
 
@@ -60,13 +61,11 @@ def proposals_command(ctx: click.Context, as_json: bool) -> None:
     for proposal in found:
         rows.append((
             str(proposal["id"]), proposal["status"], visible(str(proposal.get("agent") or "-")),
-            str(proposal.get("created", "-")).replace("T", " ").replace("+00:00", "Z"),
+            tables.local_time(proposal.get("created")),
             str(len(proposal["files"])), f"+{proposal['added']} -{proposal['removed']}",
             _headline(workspace, proposal),
         ))
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)) + "  " + row[-1])
+    tables.echo(rows, flexible=(-1,), right=(4,))
 
 
 def _headline(workspace: Path, proposal: dict[str, Any]) -> str:

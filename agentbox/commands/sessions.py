@@ -80,12 +80,28 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     ctx.exit(reply.code if reply.code is not None else 1)
 
 
-@click.command("sessions")
-@click.option("--json", "as_json", is_flag=True, help="One JSON array: name, agent, vm, started, attached, state, "
-              "exitCode, ended.")
+JSON_HELP = "One JSON array: name, agent, vm, started, attached, state, exitCode, ended."
+
+
+@click.group("sessions", invoke_without_command=True)
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
 def sessions_command(ctx: click.Context, as_json: bool) -> None:
     """List the detachable sessions of the project's VM: running ones, and the last ones that ended."""
+    if ctx.invoked_subcommand is None:
+        _list_sessions(ctx, as_json)
+
+
+@sessions_command.command("ls")
+@click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
+@click.pass_context
+def sessions_ls_command(ctx: click.Context, as_json: bool) -> None:
+    """List the sessions: the same as `agentbox sessions`."""
+    _list_sessions(ctx, as_json or bool(ctx.parent and ctx.parent.params.get("as_json")))
+
+
+def _list_sessions(ctx: click.Context, as_json: bool) -> None:
+    from agentbox import tables
     from agentbox.commands.common import session as session_for
     from agentbox.progress import note
 
@@ -108,11 +124,9 @@ def sessions_command(ctx: click.Context, as_json: bool) -> None:
     for vm_name, row in rows:
         state = row.state if row.state == sessions.RUNNING else (
             f"exited ({row.exit_code})" if row.exit_code is not None else "exited")
-        table.append((row.name, row.agent, sessions.local_time(row.started), state,
+        table.append((row.name, row.agent, tables.local_time(row.started), state,
                       "yes" if row.attached else "no", *((vm_name,) if several else ())))
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    for line in table:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip())
+    tables.echo(table, flexible=(0,))
 
 
 def _project_vms(session: Session) -> list[str]:

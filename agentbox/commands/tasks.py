@@ -127,8 +127,21 @@ def tasks_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     timeoutSec, created, started, ended (UTC, ISO 8601, or null), transitions ([{state, time}]),
     checkpoint, worktree, branch, base, stdout and stderr (where the outputs are).
     """
-    if ctx.invoked_subcommand is not None:
-        return
+    if ctx.invoked_subcommand is None:
+        _list_tasks(ctx, as_json, show_all)
+
+
+@tasks_command.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, as `agentbox tasks --json`.")
+@click.option("--all", "show_all", is_flag=True, help="Tasks of every workspace, not only this one's.")
+@click.pass_context
+def tasks_ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+    """List the background tasks: the same as `agentbox tasks`."""
+    parent = ctx.parent.params if ctx.parent else {}
+    _list_tasks(ctx, as_json or bool(parent.get("as_json")), show_all or bool(parent.get("show_all")))
+
+
+def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     from agentbox.tasks import records as tasks
 
     found = _selected(ctx, show_all)
@@ -154,21 +167,19 @@ def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
 
 
 def _table(found: list[Task]) -> None:
+    from agentbox import tables
     from agentbox.safetext import visible
 
     rows = [("ID", "NAME", "AGENT", "STATE", "EXIT", "STARTED", "TIME", "PROMPT")]
     now = time.time()
     for task in found:
-        started = time.strftime("%m-%d %H:%M", time.localtime(task.started)) if task.started else ""
         took = ""
         if task.started:
             took = _span((task.ended or now) - task.started)
         rows.append((str(task.id), visible(task.name or ""), task.agent, task.state,
-                     "" if task.exit_code is None else str(task.exit_code), started, took, visible(task.summary)))
-    widths = [max(len(row[i]) for row in rows) for i in range(7)]
-    for row in rows:
-        click.echo(("  ".join(cell.ljust(width) for cell, width in zip(row[:7], widths, strict=True))
-                    + "  " + row[7]).rstrip())
+                     "" if task.exit_code is None else str(task.exit_code),
+                     tables.local_time(task.started) if task.started else "", took, visible(task.summary)))
+    tables.echo(rows, flexible=(1, -1))
 
 
 def _span(seconds: float) -> str:

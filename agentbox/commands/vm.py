@@ -241,10 +241,11 @@ def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     if not rows:
         say("no agentbox VMs" + ("" if show_all else " (--all shows every Lima instance)"))
         return
-    width = max(len(row["name"]) for row in rows) + 2
-    click.echo(f"{'NAME':{width}}{'STATUS':10}WORKSPACE")
-    for row in rows:
-        click.echo(f"{row['name']:{width}}{row['status']:10}{row['workspace'] or '-'}")
+    from agentbox import tables
+    from agentbox.safetext import visible
+
+    tables.echo([("NAME", "STATUS", "WORKSPACE"),
+                 *((visible(row["name"]), row["status"], visible(row["workspace"] or "-")) for row in rows)])
 
 
 ISOLATED_HELP = ("Work on a copy of the workspace in the VM; its changes become a proposal "

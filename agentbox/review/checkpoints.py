@@ -306,11 +306,7 @@ def _damaged(path: Path, why: str) -> StateError:
 
 
 def local_time(stamp: str) -> str:
-    """A recorded UTC time in the user's time zone, to the minute."""
-    import calendar
+    """A recorded UTC time in the user's time zone, to the minute (agentbox.tables' one format)."""
+    from agentbox import tables
 
-    try:
-        seconds = calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))
-    except ValueError:
-        return stamp
-    return time.strftime("%Y-%m-%d %H:%M", time.localtime(seconds))
+    return tables.local_time(stamp)

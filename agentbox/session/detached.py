@@ -158,9 +158,9 @@ def iso_time(epoch: int | None) -> str | None:
 
 
 def local_time(epoch: int | None) -> str:
-    if epoch is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(epoch).strftime("%Y-%m-%d %H:%M")
+    from agentbox import tables
+
+    return tables.local_time(epoch)
 
 
 def shown(text: str) -> str:

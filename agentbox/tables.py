@@ -1,0 +1,149 @@
+"""The tables agentbox prints (tasks, sessions, checkpoints, proposals, base ls, ls, ports) and the one
+format of a time in them.
+
+Columns are as wide as their widest cell, measured in terminal columns (a CJK character takes two, a
+combining mark none). When the table is wider than the terminal (COLUMNS, else the terminal's width;
+no limit when stdout is no terminal, so scripts get whole cells), the flexible columns (the free text:
+a prompt, a message, a workspace) are cut, ending in "...". When even that cannot fit, each row is printed
+as a block of `HEADER  value` lines, so nothing wraps into the next column.
+
+Times are local, "YYYY-MM-DD HH:MM": absolute (the same on every run, comparable between tables and with
+`git log`), always 16 columns, and the time zone the user reads the clock in.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import unicodedata
+from collections.abc import Collection, Sequence
+
+ELLIPSIS = "..."
+GAP = "  "
+MIN_FLEXIBLE = 12  # a flexible column is not cut narrower than this (or its header)
+TIME_FORMAT = "%Y-%m-%d %H:%M"
+
+
+def local_time(moment: float | str | None) -> str:
+    """A time for a table: seconds since the epoch, or a recorded ISO 8601 time (UTC `Z` or with an offset)."""
+    if moment is None or moment == "":
+        return "-"
+    if isinstance(moment, str):
+        import datetime
+
+        try:
+            parsed = datetime.datetime.fromisoformat(moment.replace("Z", "+00:00").replace("z", "+00:00"))
+        except ValueError:
+            return moment
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=datetime.timezone.utc)
+        moment = parsed.timestamp()
+    return time.strftime(TIME_FORMAT, time.localtime(moment))
+
+
+def display_width(text: str) -> int:
+    """The terminal columns text takes."""
+    if text.isascii():
+        return len(text)
+    width = 0
+    for char in text:
+        if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue
+        width += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return width
+
+
+def cut(text: str, width: int) -> str:
+    """text in at most width columns; a cut one ends in "..."."""
+    if display_width(text) <= width:
+        return text
+    room = max(width - len(ELLIPSIS), 0)
+    kept, used = [], 0
+    for char in text:
+        size = display_width(char)
+        if used + size > room:
+            break
+        kept.append(char)
+        used += size
+    return "".join(kept) + ELLIPSIS[: max(width - used, 0)]
+
+
+def terminal_columns() -> int | None:
+    """The width to fit: COLUMNS when set, else stdout's terminal; None (no limit) for a pipe or a file."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        columns = 0
+    if columns > 0:
+        return columns
+    try:
+        if sys.stdout.isatty():
+            return os.get_terminal_size(sys.stdout.fileno()).columns or None
+    except (AttributeError, OSError, ValueError):
+        pass
+    return None
+
+
+def render(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), right: Collection[int] = (),
+           width: int | None = None) -> list[str]:
+    """The lines of a table; rows[0] is the header. `flexible`: the columns that may be cut (negative counts
+    from the end); `right`: the right-aligned ones (numbers). `width`: the room, by default terminal_columns()."""
+    count = len(rows[0])
+    flexible = {index % count for index in flexible}
+    right = {index % count for index in right}
+    natural = [max(display_width(row[i]) for row in rows) for i in range(count)]
+    limit = terminal_columns() if width is None else width
+    widths: list[int] | None = natural
+    if limit is not None:
+        widths = _fitted(rows[0], natural, flexible, limit)
+    if widths is None:
+        assert limit is not None
+        return _blocks(rows, limit)
+    lines = []
+    for row in rows:
+        cells = []
+        for index, cell in enumerate(row):
+            shown = cut(cell, widths[index])
+            pad = " " * (widths[index] - display_width(shown))
+            cells.append(pad + shown if index in right else shown + pad)
+        lines.append(GAP.join(cells).rstrip())
+    return lines
+
+
+def echo(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), right: Collection[int] = ()) -> None:
+    """Print a table on stdout (see render)."""
+    import click
+
+    for line in render(rows, flexible, right):
+        click.echo(line)
+
+
+def _fitted(header: Sequence[str], natural: list[int], flexible: set[int], limit: int) -> list[int] | None:
+    """Column widths within limit, the widest flexible column cut first; None when they cannot fit."""
+    widths = list(natural)
+    excess = sum(widths) + len(GAP) * (len(widths) - 1) - limit
+    floors = {i: min(natural[i], max(MIN_FLEXIBLE, display_width(header[i]))) for i in flexible}
+    while excess > 0:
+        shrinkable = [i for i in flexible if widths[i] > floors[i]]
+        if not shrinkable:
+            return None
+        widest = max(shrinkable, key=lambda i: widths[i])
+        widths[widest] -= 1
+        excess -= 1
+    return widths
+
+
+def _blocks(rows: Sequence[Sequence[str]], limit: int) -> list[str]:
+    """Each row as `HEADER  value` lines, a blank line between rows: for a terminal too narrow for columns."""
+    header = rows[0]
+    label = max(display_width(name) for name in header)
+    room = max(limit - label - len(GAP), len(ELLIPSIS) + 1)
+    lines: list[str] = []
+    for row in rows[1:]:
+        if lines:
+            lines.append("")
+        for name, cell in zip(header, row, strict=True):
+            pad = " " * (label - display_width(name))
+            lines.append(f"{name}{pad}{GAP}{cut(cell, room)}".rstrip())
+    return lines
