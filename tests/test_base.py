@@ -266,7 +266,49 @@ def test_an_old_base_is_rebuilt_before_the_next_clone(
     assert limactl.subcommands().count("create") == 1 and limactl.subcommands().count("delete") == 1
     assert bases(limactl) == [base]
     assert base_ls(project)[0]["state"] == "fresh"
-    assert "rebuilt since" in start(project)  # the older clone says a newer base exists
+    assert "rebuilt since" not in start(project)  # the same provisioning, the same agent versions: nothing to say
+
+
+def test_a_rebuilt_base_is_noted_once_naming_what_catches_up(
+    project: Path, other: Path, home: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
+) -> None:
+    from agentbox.vm import base
+
+    start(project)
+    (name,) = bases(limactl)
+    record_file = isolated_env["state"] / "bases" / f"{name.removeprefix('agentbox-base-')}.json"
+    record = json.loads(record_file.read_text())
+    record["built"] -= 8 * 86400
+    record_file.write_text(json.dumps(record))
+    start(other)  # rebuilds the base: same key, and (in the real world) newer agent CLIs
+    record = json.loads(record_file.read_text())
+    record["agents"]["claude"] = "9.9.9 (Claude Code)"
+    record_file.write_text(json.dumps(record))
+
+    said = start(project)
+    assert "the base VM was rebuilt since agentbox-myproject was cloned from it, with other agent CLI versions " \
+           "(claude claude (stand-in) --version -> 9.9.9 (Claude Code))" in said
+    assert "`agentbox update-agents` brings agentbox-myproject's agent CLIs up to date (no new VM)" in said
+    assert "--recreate" not in said
+    assert "rebuilt since" not in start(project)  # once per VM and base ...
+    assert run_cli("stop", cwd=project).exit_code == 0
+    assert "rebuilt since" not in start(project)  # ... a restart included
+
+    # Only the agents' install commands changed (a new key): still no new VM needed.
+    write(home / ".config" / "agentbox" / "config.yml", "agents:\n  claude:\n    install: npm install -g "
+          "@anthropic-ai/claude-code@2\n")
+    said = start(project)
+    assert "cloned from an older base VM (agent install commands changed since); `agentbox update-agents`" in said
+    assert "--recreate" not in said
+    assert "older base" not in start(project)
+
+    # Provisioning changed: only a new clone has it.
+    real = base._files_digest
+    monkeypatch.setattr(base, "_files_digest", lambda *folders: "changed-" + real(*folders))
+    said = start(project)
+    assert "(provisioning scripts, agent install commands changed since); `agentbox start --recreate`" in said
+    assert "update-agents" not in said
+    assert "older base" not in start(project)
 
 
 def test_a_smaller_disk_uses_the_bases(project: Path, limactl: FakeLima) -> None:

@@ -186,7 +186,8 @@ class Base(NamedTuple):
 
     def reference(self) -> dict[str, Any]:
         """What a cloned VM keeps about its base (its state's "base")."""
-        return {"key": self.key, "built": self.record.get("built"), "inputs": self.record.get("inputs", {})}
+        return {"key": self.key, "built": self.record.get("built"), "inputs": self.record.get("inputs", {}),
+                "agents": self.record.get("agents", {})}
 
 
 def ensure(lima: Lima, config: Config, verbose: bool = False, rebuild: bool = False, waited: bool = False) -> Base:
@@ -472,25 +473,54 @@ def clone(lima: Lima, base: Base, name: str, edits: list[str], verbose: bool = F
 
 
 def staleness(config: Config, recorded: Any) -> str | None:
-    """The one line a launch says when the VM was cloned from a base that is no longer current."""
+    """The one line that says the VM was cloned from a base that is no longer current (None: it is current)."""
+    found = stale_note(config, recorded)
+    return found[1] if found else None
+
+
+# The parts of the key a running VM can catch up with without a new VM: `agentbox update-agents`.
+AGENT_PARTS = {"agents"}
+
+
+def stale_note(config: Config, recorded: Any) -> tuple[str, str] | None:
+    """(which current base it is about, the line) when the VM was cloned from a base that is no longer current.
+
+    What differs decides the advice: provisioning, the template, the image (anything but the agents) needs a
+    new clone (`agentbox start --recreate`); agent CLIs alone are brought up to date in place
+    (`agentbox update-agents`). A base rebuilt with the same key differs only in what its agents' installs
+    fetched: the versions the VM's record keeps are compared with the new base's.
+    """
     if config.vm_base != "auto" or not isinstance(recorded, dict) or not recorded.get("key"):
         return None
     parts = inputs(config)
     current = key_of(parts)
     name = config.vm_name
+    update = f"`agentbox update-agents` brings {name}'s agent CLIs up to date (no new VM)"
     if recorded["key"] != current:
         before = recorded.get("inputs") or {}
-        changed = [PART_NAMES.get(part, part) for part, value in parts.items() if before.get(part) != value]
-        what = ", ".join(changed) if changed else "what goes into it"
-        return (f"{name} was cloned from an older base VM ({what} changed since); "
-                "`agentbox start --recreate` re-clones it from a new base")
+        changed = [part for part, value in parts.items() if before.get(part) != value]
+        what = ", ".join(PART_NAMES.get(part, part) for part in changed) if changed else "what goes into it"
+        if changed and set(changed) <= AGENT_PARTS:
+            return current, f"{name} was cloned from an older base VM ({what} changed since); {update}"
+        return current, (f"{name} was cloned from an older base VM ({what} changed since); "
+                         "`agentbox start --recreate` re-clones it from a new base")
     record = read_record(current)
     built = recorded.get("built")
-    if record and isinstance(built, (int, float)) and isinstance(record.get("built"), (int, float)) \
-            and record["built"] > built + 1:
-        return (f"the base VM was rebuilt since {name} was cloned from it (newer agent CLIs); "
-                "`agentbox start --recreate` re-clones it")
-    return None
+    if not (record and isinstance(built, (int, float)) and isinstance(record.get("built"), (int, float))
+            and record["built"] > built + 1):
+        return None
+    identity = f"{current}@{record['built']:.0f}"
+    had, has = recorded.get("agents"), record.get("agents")
+    if isinstance(had, dict) and isinstance(has, dict):
+        differ = [f"{binary} {had.get(binary) or 'none'} -> {has.get(binary) or 'none'}"
+                  for binary in sorted({*had, *has}) if had.get(binary) != has.get(binary)]
+        if not differ:
+            return None  # rebuilt with the same provisioning and the same agent versions: nothing to catch up
+        from agentbox.safetext import visible
+
+        return identity, visible(f"the base VM was rebuilt since {name} was cloned from it, with other agent CLI "
+                                 f"versions ({'; '.join(differ)[:300]}); {update}")
+    return identity, f"the base VM was rebuilt since {name} was cloned from it (newer agent CLIs); {update}"
 
 
 # -- listing and removing bases -------------------------------------------------------------------

@@ -147,15 +147,17 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
 
 
 def note_stale_base(config: Config, name: str) -> None:
-    """One line when the VM was cloned from a base that is no longer current (never on a warm launch:
-    the key costs a template render)."""
-    recorded = vmstate.read(name).get("base")
+    """One line when the VM was cloned from a base that is no longer current, said once per VM and base (the
+    VM's state keeps which base it was said about). Never on a warm launch: the key costs a template render."""
+    state = vmstate.read(name)
+    recorded = state.get("base")
     if recorded and config.vm_base == "auto":
         from agentbox.vm import base
 
-        line = base.staleness(config, recorded)
-        if line:
-            note(line)
+        found = base.stale_note(config, recorded)
+        if found and state.get("staleBaseNoted") != found[0]:
+            note(found[1])
+            vmstate.update(name, {"staleBaseNoted": found[0]})
 
 
 def verify_running(session: Session, instance: Instance) -> bool:
