@@ -381,3 +381,48 @@ def test_a_clone_boots_without_installing_anything(project: Path, limactl: FakeL
     state = fake_limactl.read_state(limactl.home, NAME)
     this_boot = [entry for entry in state["provisionLog"] if entry["boot"] == state["bootCount"]]
     assert this_boot and all(entry["exit"] == 0 for entry in this_boot)
+
+
+def test_a_failed_build_keeps_its_log_and_base_log_shows_it(
+    project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
+) -> None:
+    result = run_cli("base", "log", cwd=project)
+    assert result.exit_code == 1 and "no base build has been logged yet" in result.stderr
+    monkeypatch.setenv("FAKE_LIMACTL_START_DEGRADED", "1")  # provisioning ran, then Lima reports it degraded
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1 and "failed while starting (provisioning)" in result.stderr
+    assert "`agentbox base log` shows it" in result.stderr
+    assert bases(limactl) == [] and not any(p.name.startswith("agentbox-basebuild-") for p in limactl.home.iterdir())
+    assert (isolated_env["state"] / "bases" / "build.log").stat().st_mode & 0o777 == 0o600
+
+    shown = run_cli("base", "log", cwd=project)
+    assert shown.exit_code == 0, shown.stderr
+    assert "== starting (provisioning)" in shown.stdout and "DEGRADED." in shown.stdout
+    assert "== the VM's provisioning log (/var/log/cloud-init-output.log" in shown.stdout
+    assert "Executing provision" in shown.stdout and "newly installed" in shown.stdout  # the guest's own log
+    assert "== Lima's host-agent log" in shown.stdout
+
+
+def test_installs_in_the_base_say_the_real_error_and_leave_no_npm_logs(
+    project: Path, home: Path, limactl: FakeLima
+) -> None:
+    # An install that writes an escape sequence, then fails in npm; and Kiro's installer (curl | bash), whose
+    # download fails in the double's guest (no network): with pipefail that is a failure, not an empty install.
+    write(home / ".config" / "agentbox" / "config.yml",
+          "agents:\n  codex:\n    install: printf '\\033[31mred\\n'; npm install -g agentbox-no-such-package\n"
+          "  kiro: {}\n")
+    result = run_cli("base", "build", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert ("failed (exit 1: npm error 404 Not Found - GET https://registry.npmjs.org/agentbox-no-such-package - "
+            "Not found)") in result.stderr
+    assert "A complete log of this run" not in result.stderr
+    assert "the base VM will not hold kiro: `curl -fsSL https://cli.kiro.dev/install | bash` failed (exit 6: " \
+           "curl: (6) Could not resolve host: cli.kiro.dev)" in result.stderr
+
+    shown = run_cli("base", "log", cwd=project)
+    assert "== installing codex:" in shown.stdout and "\\x1b[31mred" in shown.stdout and "\x1b" not in shown.stdout
+    assert "npm error A complete log of this run can be found in: " in shown.stdout  # all of it is in the log
+    assert "== sealing" in shown.stdout and "== built" in shown.stdout
+    (base,) = bases(limactl)
+    guest_home = limactl.guest_home(base)
+    assert (guest_home / ".npmrc").is_file() and not (guest_home / ".npm" / "_logs").exists()  # sealed away

@@ -11,7 +11,9 @@ is made changes). The base is the Lima instance `agentbox-base-KEY`; its record 
 Building: create under a temporary name, start (the provisioning runs), install the agents, verify
 (provision/base-check.sh), seal (provision/base-seal.sh), stop, then rename it to the base's name, so
 nothing half-made ever has that name. A failing step deletes the temporary instance and says which
-step failed. One file lock covers building and cloning: two first launches build one base.
+step failed. What each step printed, and a failed build's provisioning log, is kept in STATE/bases/build.log
+(agentbox.vm.buildlog; `agentbox base log`). One file lock covers building and cloning: two first launches
+build one base.
 
 A project VM records the key it was cloned from (its state's "base"); `staleness()` says what changed
 since. A base older than vm.baseMaxAgeDays is rebuilt the next time a VM is cloned from it. This
@@ -25,7 +27,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -36,7 +38,7 @@ from agentbox.config import keys
 from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
 from agentbox.progress import Progress, note, warn
-from agentbox.vm import render
+from agentbox.vm import buildlog, render
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -63,6 +65,7 @@ PART_NAMES = {
     "mountType": "vm.mountType",
     "format": "the base format",
 }
+PROVISIONING_LOG_TAIL = 256 << 10  # what a failed build keeps of the guest's provisioning log
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REJECTED = re.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.yaml"?: ?')
 
@@ -220,10 +223,11 @@ def ensure(lima: Lima, config: Config, verbose: bool = False, rebuild: bool = Fa
 
 
 class _Step:
-    """The build's current step, for the error that names it."""
+    """The build's current step, for the error that names it, and the build's log."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: buildlog.BuildLog) -> None:
         self.name = ""
+        self.log = log
 
 
 def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verbose: bool = False) -> dict[str, Any]:
@@ -240,16 +244,16 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
     if temporary in lima.instances():  # an earlier build that was cut short: start clean
         lima.delete(temporary, force=True)
     installs = agent_installs(config)
-    step = _Step()
+    step = _Step(buildlog.BuildLog(f"building the base VM {name} (as {temporary})"))
     try:
-        with _step(step, f"Building base VM {name}: creating", verbose) as progress:
-            lima.create(temporary, template, on_output=progress.feed)
-        with _step(step, f"Building base VM {name}: starting (provisioning)", verbose) as progress:
-            lima.start(temporary, max(MIN_START_TIMEOUT, config.startup_wait_sec), on_output=progress.feed)
+        with _step(step, f"Building base VM {name}: creating", verbose) as feed:
+            lima.create(temporary, template, on_output=feed)
+        with _step(step, f"Building base VM {name}: starting (provisioning)", verbose) as feed:
+            lima.start(temporary, max(MIN_START_TIMEOUT, config.startup_wait_sec), on_output=feed)
         with _step(step, f"Building base VM {name}: installing agents", verbose):
-            missing = _install_agents(lima, temporary, installs)
+            missing = _install_agents(lima, temporary, installs, step.log)
         with _step(step, f"Building base VM {name}: verifying", verbose):
-            verification = _verify(lima, temporary, installs)
+            verification = _verify(lima, temporary, installs, step.log)
         found = _agent_versions(verification)
         for agent in installs:
             binary = BUILTIN_AGENTS[agent].binary
@@ -258,26 +262,36 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
                 warn(f"the base VM will not hold {agent}: {missing[agent]}; "
                      "it is installed at its first launch instead")
         with _step(step, f"Building base VM {name}: sealing", verbose):
-            _seal(lima, temporary)
-        with _step(step, f"Building base VM {name}: stopping", verbose) as progress:
-            lima.stop(temporary, on_output=progress.feed)
+            _seal(lima, temporary, step.log)
+        with _step(step, f"Building base VM {name}: stopping", verbose) as feed:
+            lima.stop(temporary, on_output=feed)
         if replace:
             step.name = "removing the old base"
             lima.delete(name, force=True)
         step.name = "renaming"
         lima.rename(temporary, name)
     except (LimaError, StateError) as error:
+        step.log.section(f"failed while {step.name}: {error.message}")
+        try:
+            _keep_provisioning_log(lima, temporary, step.log)
+        except (LimaError, OSError) as unread:
+            step.log.line(f"(the VM's provisioning log could not be kept: {getattr(unread, 'message', unread)})")
+        step.log.close()
         _discard(lima, temporary)
         message = f"building the base VM {name} failed while {step.name}: {error.message}"
-        hint = (f"The unfinished base ({temporary}) was removed; nothing else changed. The next launch (or "
-                "`agentbox base build`) starts over; `vm.base: off` creates VMs without a base.")
+        hint = (f"Its log, the VM's provisioning log included, is kept: `agentbox base log` shows it "
+                f"({buildlog.path()}). The unfinished base ({temporary}) was removed; nothing else changed. The "
+                "next launch (or `agentbox base build`) starts over; `vm.base: off` creates VMs without a base.")
         if isinstance(error, LimaError):
             raise LimaError(message, hint, stderr_lines=error.stderr_lines, tail=error.tail,
                             log_path=error.log_path) from None
         raise StateError(message, hint=hint) from None
     except BaseException:
+        step.log.close()
         _discard(lima, temporary)
         raise
+    step.log.section("built")
+    step.log.close()
     row = lima.instances().get(name)
     record = {
         "key": base_key,
@@ -297,10 +311,43 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
 
 
 @contextmanager
-def _step(step: _Step, title: str, verbose: bool) -> Iterator[Progress]:
+def _step(step: _Step, title: str, verbose: bool) -> Iterator[Callable[[str], None]]:
+    """The step's progress line; yields what feeds limactl's output to it and to the build's log."""
     step.name = title.rsplit(": ", 1)[-1]
+    step.log.section(step.name)
+
+    def feed(line: str) -> None:
+        progress.feed(line)
+        step.log.line(line)
+
     with Progress(title, verbose=verbose) as progress:
-        yield progress
+        yield feed
+
+
+def _keep_provisioning_log(lima: Lima, temporary: str, log: buildlog.BuildLog) -> None:
+    """Before the unfinished VM goes: the guest's provisioning log (while it runs) and Lima's host-agent log."""
+    from agentbox.vm.lima import RUNNING
+
+    instance = lima.instances().get(temporary)
+    if instance is None:
+        return
+    if instance.status == RUNNING:
+        code, output = lima.shell_output(
+            temporary, ["sudo", "-n", "tail", "-c", str(PROVISIONING_LOG_TAIL), "/var/log/cloud-init-output.log"])
+        log.section(f"the VM's provisioning log (/var/log/cloud-init-output.log, its last {PROVISIONING_LOG_TAIL} "
+                    "bytes)" + (f"; could not be read (exit {code})" if code else ""))
+        log.write(output)
+    if instance.dir:
+        try:
+            descriptor = os.open(os.path.join(instance.dir, "ha.stderr.log"), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return
+        with os.fdopen(descriptor, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            file.seek(max(0, size - PROVISIONING_LOG_TAIL))
+            text = file.read(PROVISIONING_LOG_TAIL).decode("utf-8", errors="replace")
+        log.section("Lima's host-agent log (ha.stderr.log, its end)")
+        log.write(text)
 
 
 def _discard(lima: Lima, temporary: str) -> None:
@@ -311,21 +358,28 @@ def _discard(lima: Lima, temporary: str) -> None:
              f"remove it with `limactl delete --force {temporary}`")
 
 
-def _install_agents(lima: Lima, name: str, installs: dict[str, str]) -> dict[str, str]:
-    """Run each agent's install command as the VM's user. One that fails leaves that agent to its first
-    launch (as without a base), said once; returns them with the reason."""
+def _install_agents(lima: Lima, name: str, installs: dict[str, str], log: buildlog.BuildLog) -> dict[str, str]:
+    """Run each agent's install command as the VM's user, as a launch does (`bash -euo pipefail`: a download piped
+    into a shell fails when the download does). One that fails leaves that agent to its first launch (as
+    without a base), said once; returns them with the reason."""
+    from agentbox.safetext import visible
+
     missing = {}
     for agent, command in installs.items():
-        code, output = lima.shell_output(name, ["bash", "-lc", f"{command} 2>&1"])
+        log.section(f"installing {agent}: {command}")
+        code, output = lima.shell_output(
+            name, ["bash", "-lc", 'bash -euo pipefail -c "$1" 2>&1 </dev/null', "agentbox-install", command])
+        log.write(output)
+        log.line(f"(exit {code})")
         if code != 0:
-            last = next((line for line in reversed(output.splitlines()) if line.strip()), "")
+            last = visible(buildlog.failure_line(output))
             missing[agent] = f"exit {code}" + (f": {last[:200]}" if last else "")
             warn(f"the base VM will not hold {agent}: `{command}` failed ({missing[agent]}); "
                  "it is installed at its first launch instead")
     return missing
 
 
-def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
+def _verify(lima: Lima, name: str, installs: dict[str, str], log: buildlog.BuildLog) -> str:
     from agentbox.safetext import visible
 
     arguments = [f"agent:{BUILTIN_AGENTS[agent].binary}" for agent in installs]
@@ -333,6 +387,7 @@ def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
     arguments += ["file:~/.netrc", "file:~/.git-credentials", "file:~/.config/gh/hosts.yml"]
     script = resources.text("provision", "base-check.sh")
     code, output = lima.shell_output(name, ["bash", "-c", script, "base-check", *arguments])
+    log.write(output[-20000:])
     output = "".join(visible(line) + "\n" for line in output[-20000:].splitlines())
     if code != 0:
         failures = [line[len("FAIL: "):] for line in output.splitlines() if line.startswith("FAIL: ")]
@@ -340,11 +395,12 @@ def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
     return output
 
 
-def _seal(lima: Lima, name: str) -> None:
+def _seal(lima: Lima, name: str, log: buildlog.BuildLog) -> None:
     script = resources.text("provision", "base-seal.sh")
     code, output = lima.shell_output(
         name, ["bash", "-c", 'exec sudo -n /bin/bash -c "$1" base-seal "$HOME" 2>&1', "base-seal", script]
     )
+    log.write(output[-20000:])
     if code != 0:
         from agentbox.safetext import visible
 
