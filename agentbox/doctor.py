@@ -53,6 +53,7 @@ class Probe(NamedTuple):
     hooks: bool
     reason: str | None = None
     firewall: tuple[bool, bool] | None = None  # nft installed, agentbox's firewall in place
+    provisioned: bool | None = None  # agentbox's provisioning finished at this boot (None: not known)
 
 
 def run(cwd: Path, lima: Lima) -> list[Check]:
@@ -75,6 +76,8 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
     if owned and instance is not None:
         check_ports(lima, instance, checks)
     probe = probe_vm(lima, config, instance, owned, lima_usable, checks)
+    if owned and instance is not None:
+        check_provisioning(instance, probe, checks)
     check_credentials(config, probe, checks)
     check_guards(config, probe, checks)
     check_network(config, probe, checks)
@@ -485,6 +488,7 @@ def parse_probe(output: str) -> Probe | None:
     wrappers: dict[str, str] = {}
     hooks: bool | None = None
     firewall: tuple[bool, bool] | None = None
+    provisioned: bool | None = None
     for line in output.splitlines():
         parts = line.rstrip("\r").split(" ", 3)
         if len(parts) < 3 or parts[0] != _PROBE_TAG:
@@ -498,9 +502,33 @@ def parse_probe(output: str) -> Probe | None:
             hooks = value == "yes"
         elif kind == "firewall" and len(parts) == 4:
             firewall = (value == "yes", parts[3] == "yes")
+        elif kind == "provisioned" and value in ("yes", "no"):
+            provisioned = value == "yes"
     if hooks is None:  # the last line: without it the script did not finish
         return None
-    return Probe(creds, wrappers, hooks, firewall=firewall)
+    return Probe(creds, wrappers, hooks, firewall=firewall, provisioned=provisioned)
+
+
+def check_provisioning(instance: Instance, probe: Probe, checks: list[Check]) -> None:
+    """A running VM whose provisioning did not finish at this boot, and a last start Lima reported degraded
+    (remembered in the VM's state by agentbox.vm.lifecycle.start)."""
+    from agentbox.vm import lifecycle
+    from agentbox.vm.lima import RUNNING
+
+    if instance.status != RUNNING:
+        return
+    name = instance.name
+    again = "`agentbox restart` runs the provisioning again."
+    if probe.provisioned is False:
+        checks.append(Check("vm.provisioning", FAIL,
+                            f"{name}'s provisioning did not finish at its last start, so tools it installs (node, "
+                            "npm, gh, docker) may be missing",
+                            f"See why: `agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log`; {again}"))
+    elif probe.provisioned:
+        checks.append(Check("vm.provisioning", OK, f"{name}'s provisioning finished at its last start"))
+    degraded = lifecycle.degraded_note(name, vmstate.read(name))
+    if degraded:
+        checks.append(Check("vm.degraded", WARN, degraded))
 
 
 def _no_probe(reason: str) -> Probe:

@@ -22,9 +22,9 @@ if [ -e /var/lib/dbus/machine-id ] && [ ! -L /var/lib/dbus/machine-id ]; then
   rm -f /var/lib/dbus/machine-id
 fi
 
-# Package caches (the provisioning checks what is installed, not the lists).
+# Package caches (the provisioning checks what is installed, not the lists), and npm's logs of the installs.
 rm -rf /var/cache/apt/archives/*.deb /var/cache/apt/*.bin /var/lib/apt/lists/* \
-  "$user_home/.npm/_cacache" /root/.npm/_cacache
+  "$user_home/.npm/_cacache" /root/.npm/_cacache "$user_home/.npm/_logs" /root/.npm/_logs
 
 # Shell history.
 rm -f /root/.bash_history /root/.zsh_history /root/.python_history \

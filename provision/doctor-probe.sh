@@ -7,6 +7,7 @@
 #   cred yes|no PATH                  PATH exists in the guest home
 #   wrapper guard|foreign|none NAME   ~/.local/bin/NAME (git, gh) is launch.sh's guard, someone else's, or absent
 #   firewall yes|no yes|no            nft is installed; launch.sh's firewall (network.*) is in place this boot
+#   provisioned yes|no|unknown        agentbox's provisioning marked this boot done (~/.agentbox/provisioned)
 #   hooks yes|no                      git's core.hooksPath is launch.sh's hooks folder, with its pre-push hook
 # The hooks line comes last: without it, the probe did not finish.
 
@@ -32,6 +33,17 @@ done
 if [ -x /usr/sbin/nft ] || command -v nft >/dev/null 2>&1; then nft_found=yes; else nft_found=no; fi
 if [ -e /run/agentbox/network.nft ]; then applied=yes; else applied=no; fi
 echo "$tag firewall $nft_found $applied"
+# launch.sh's check_provisioned: a VM whose provisioning marks its end (/etc/agentbox/provisioning) wrote
+# this boot's id when it finished.
+provisioned=unknown
+if [ -e /etc/agentbox/provisioning ]; then
+  if [ "$(cat "$HOME/.agentbox/provisioned" 2>/dev/null || true)" = "$(cat /proc/sys/kernel/random/boot_id)" ]; then
+    provisioned=yes
+  else
+    provisioned=no
+  fi
+fi
+echo "$tag provisioned $provisioned"
 hooks_path="$(git config --global --get core.hooksPath 2>/dev/null || true)"
 if [ "$hooks_path" = "$hooks_dir" ] && [ -e "$hooks_dir/pre-push" ]; then found=yes; else found=no; fi
 echo "$tag hooks $found"

@@ -266,7 +266,49 @@ def test_an_old_base_is_rebuilt_before_the_next_clone(
     assert limactl.subcommands().count("create") == 1 and limactl.subcommands().count("delete") == 1
     assert bases(limactl) == [base]
     assert base_ls(project)[0]["state"] == "fresh"
-    assert "rebuilt since" in start(project)  # the older clone says a newer base exists
+    assert "rebuilt since" not in start(project)  # the same provisioning, the same agent versions: nothing to say
+
+
+def test_a_rebuilt_base_is_noted_once_naming_what_catches_up(
+    project: Path, other: Path, home: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
+) -> None:
+    from agentbox.vm import base
+
+    start(project)
+    (name,) = bases(limactl)
+    record_file = isolated_env["state"] / "bases" / f"{name.removeprefix('agentbox-base-')}.json"
+    record = json.loads(record_file.read_text())
+    record["built"] -= 8 * 86400
+    record_file.write_text(json.dumps(record))
+    start(other)  # rebuilds the base: same key, and (in the real world) newer agent CLIs
+    record = json.loads(record_file.read_text())
+    record["agents"]["claude"] = "9.9.9 (Claude Code)"
+    record_file.write_text(json.dumps(record))
+
+    said = start(project)
+    assert "the base VM was rebuilt since agentbox-myproject was cloned from it, with other agent CLI versions " \
+           "(claude claude (stand-in) --version -> 9.9.9 (Claude Code))" in said
+    assert "`agentbox update-agents` brings agentbox-myproject's agent CLIs up to date (no new VM)" in said
+    assert "--recreate" not in said
+    assert "rebuilt since" not in start(project)  # once per VM and base ...
+    assert run_cli("stop", cwd=project).exit_code == 0
+    assert "rebuilt since" not in start(project)  # ... a restart included
+
+    # Only the agents' install commands changed (a new key): still no new VM needed.
+    write(home / ".config" / "agentbox" / "config.yml", "agents:\n  claude:\n    install: npm install -g "
+          "@anthropic-ai/claude-code@2\n")
+    said = start(project)
+    assert "cloned from an older base VM (agent install commands changed since); `agentbox update-agents`" in said
+    assert "--recreate" not in said
+    assert "older base" not in start(project)
+
+    # Provisioning changed: only a new clone has it.
+    real = base._files_digest
+    monkeypatch.setattr(base, "_files_digest", lambda *folders: "changed-" + real(*folders))
+    said = start(project)
+    assert "(provisioning scripts, agent install commands changed since); `agentbox start --recreate`" in said
+    assert "update-agents" not in said
+    assert "older base" not in start(project)
 
 
 def test_a_smaller_disk_uses_the_bases(project: Path, limactl: FakeLima) -> None:
@@ -396,3 +438,48 @@ def test_the_base_is_built_with_the_ca_and_the_proxy_a_launch_gives(
     config["env"]["HTTPS_PROXY"] = "http://me:another-pw@proxy.corp.example:3128"
     write(home / ".config" / "agentbox" / "config.yml", yaml.safe_dump(config))
     assert base_ls(project)[0]["current"]
+
+
+def test_a_failed_build_keeps_its_log_and_base_log_shows_it(
+    project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
+) -> None:
+    result = run_cli("base", "log", cwd=project)
+    assert result.exit_code == 1 and "no base build has been logged yet" in result.stderr
+    monkeypatch.setenv("FAKE_LIMACTL_START_DEGRADED", "1")  # provisioning ran, then Lima reports it degraded
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 1 and "failed while starting (provisioning)" in result.stderr
+    assert "`agentbox base log` shows it" in result.stderr
+    assert bases(limactl) == [] and not any(p.name.startswith("agentbox-basebuild-") for p in limactl.home.iterdir())
+    assert (isolated_env["state"] / "bases" / "build.log").stat().st_mode & 0o777 == 0o600
+
+    shown = run_cli("base", "log", cwd=project)
+    assert shown.exit_code == 0, shown.stderr
+    assert "== starting (provisioning)" in shown.stdout and "DEGRADED." in shown.stdout
+    assert "== the VM's provisioning log (/var/log/cloud-init-output.log" in shown.stdout
+    assert "Executing provision" in shown.stdout and "newly installed" in shown.stdout  # the guest's own log
+    assert "== Lima's host-agent log" in shown.stdout
+
+
+def test_installs_in_the_base_say_the_real_error_and_leave_no_npm_logs(
+    project: Path, home: Path, limactl: FakeLima
+) -> None:
+    # An install that writes an escape sequence, then fails in npm; and Kiro's installer (curl | bash), whose
+    # download fails in the double's guest (no network): with pipefail that is a failure, not an empty install.
+    write(home / ".config" / "agentbox" / "config.yml",
+          "agents:\n  codex:\n    install: printf '\\033[31mred\\n'; npm install -g agentbox-no-such-package\n"
+          "  kiro: {}\n")
+    result = run_cli("base", "build", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert ("failed (exit 1: npm error 404 Not Found - GET https://registry.npmjs.org/agentbox-no-such-package - "
+            "Not found)") in result.stderr
+    assert "A complete log of this run" not in result.stderr
+    assert "the base VM will not hold kiro: `curl -fsSL https://cli.kiro.dev/install | bash` failed (exit 6: " \
+           "curl: (6) Could not resolve host: cli.kiro.dev)" in result.stderr
+
+    shown = run_cli("base", "log", cwd=project)
+    assert "== installing codex:" in shown.stdout and "\\x1b[31mred" in shown.stdout and "\x1b" not in shown.stdout
+    assert "npm error A complete log of this run can be found in: " in shown.stdout  # all of it is in the log
+    assert "== sealing" in shown.stdout and "== built" in shown.stdout
+    (base,) = bases(limactl)
+    guest_home = limactl.guest_home(base)
+    assert (guest_home / ".npmrc").is_file() and not (guest_home / ".npm" / "_logs").exists()  # sealed away

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 @click.group("base")
 def base_group() -> None:
-    """The base VM new project VMs are cloned from: build, list, remove."""
+    """The base VM new project VMs are cloned from: build, list, remove, the last build's log."""
 
 
 def _lima(ctx: click.Context) -> Lima:
@@ -77,6 +77,19 @@ def _human(size: int) -> str:
             return f"{value:.0f}{unit}" if unit == "B" else f"{value:.1f}{unit}"
         value /= 1024
     return f"{value:.1f}GiB"
+
+
+@base_group.command("log")
+def log_command() -> None:
+    """Print the log of the last base build: each step's output, and a failed build's provisioning log."""
+    from agentbox.errors import AgentboxError
+    from agentbox.vm import buildlog
+
+    text = buildlog.shown()  # what came from the VM, made safe to print
+    if text is None:
+        raise AgentboxError(f"no base build has been logged yet ({buildlog.path()} does not exist)",
+                            hint="`agentbox base build` builds the base (a new project VM's first launch does too).")
+    click.echo(text, nl=not text.endswith("\n"))
 
 
 @base_group.command("rm")

@@ -27,6 +27,7 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     """Create and start the project's VM."""
     from agentbox.review import isolation
     from agentbox.vm import lifecycle as vm
+    from agentbox.vm import state as vmstate
 
     session = session_for(ctx)
     if isolated:
@@ -51,6 +52,9 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
         if instance is existing:
             say(f"{name} is already running")
             vm.note_stale_base(session.config, name)
+            degraded = vm.degraded_note(name, vmstate.read(name))
+            if degraded:
+                say(degraded)
             return
     say(f"{instance.name} is running (workspace {session.config.workspace})")
 

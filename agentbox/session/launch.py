@@ -120,6 +120,9 @@ def _run(
             state = vmstate.read(name)
             if lease is not None:
                 lease.resume()  # its proxy stopped with the VM
+    degraded = vm.degraded_note(name, state)  # remembered from its start: no limactl call
+    if degraded:
+        note(degraded)
     with timing.phase("network proxy (ready)"):
         proxy_port = lease.port if lease else None  # waits for a proxy this launch started
     with timing.phase("staging (credentials, env, guards, sync)"):

@@ -15,7 +15,9 @@ The base is the Lima instance `agentbox-base-KEY`; its record is STATE/bases/KEY
 Building: create under a temporary name, start (the provisioning runs), install the agents, verify
 (provision/base-check.sh), seal (provision/base-seal.sh), stop, then rename it to the base's name, so
 nothing half-made ever has that name. A failing step deletes the temporary instance and says which
-step failed. One file lock covers building and cloning: two first launches build one base.
+step failed. What each step printed, and a failed build's provisioning log, is kept in STATE/bases/build.log
+(agentbox.vm.buildlog; `agentbox base log`). One file lock covers building and cloning: two first launches
+build one base.
 
 A project VM records the key it was cloned from (its state's "base"); `staleness()` says what changed
 since. A base older than vm.baseMaxAgeDays is rebuilt the next time a VM is cloned from it. This
@@ -29,7 +31,7 @@ import json
 import os
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -41,7 +43,7 @@ from agentbox.contract import GUEST_CA_BUNDLE
 from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
 from agentbox.progress import Progress, note, warn
-from agentbox.vm import render
+from agentbox.vm import buildlog, render
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -78,6 +80,7 @@ NETWORK_VARIABLES = frozenset({
 # Runs $1 in a login shell after exporting the NAME=value records (each ended by a NUL) read from stdin: a proxy's
 # password never appears on a command line or in a file.
 WITH_ENV = 'while IFS= read -r -d "" assignment; do export "${assignment?}"; done; exec bash -lc "$1" </dev/null'
+PROVISIONING_LOG_TAIL = 256 << 10  # what a failed build keeps of the guest's provisioning log
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _REJECTED = re.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.yaml"?: ?')
 
@@ -228,7 +231,8 @@ class Base(NamedTuple):
 
     def reference(self) -> dict[str, Any]:
         """What a cloned VM keeps about its base (its state's "base")."""
-        return {"key": self.key, "built": self.record.get("built"), "inputs": self.record.get("inputs", {})}
+        return {"key": self.key, "built": self.record.get("built"), "inputs": self.record.get("inputs", {}),
+                "agents": self.record.get("agents", {})}
 
 
 def ensure(lima: Lima, config: Config, verbose: bool = False, rebuild: bool = False, waited: bool = False) -> Base:
@@ -261,10 +265,11 @@ def ensure(lima: Lima, config: Config, verbose: bool = False, rebuild: bool = Fa
 
 
 class _Step:
-    """The build's current step, for the error that names it."""
+    """The build's current step, for the error that names it, and the build's log."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: buildlog.BuildLog) -> None:
         self.name = ""
+        self.log = log
 
 
 def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verbose: bool = False) -> dict[str, Any]:
@@ -281,16 +286,16 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
     if temporary in lima.instances():  # an earlier build that was cut short: start clean
         lima.delete(temporary, force=True)
     installs = agent_installs(config)
-    step = _Step()
+    step = _Step(buildlog.BuildLog(f"building the base VM {name} (as {temporary})"))
     try:
-        with _step(step, f"Building base VM {name}: creating", verbose) as progress:
-            lima.create(temporary, template, on_output=progress.feed)
-        with _step(step, f"Building base VM {name}: starting (provisioning)", verbose) as progress:
-            lima.start(temporary, max(MIN_START_TIMEOUT, config.startup_wait_sec), on_output=progress.feed)
+        with _step(step, f"Building base VM {name}: creating", verbose) as feed:
+            lima.create(temporary, template, on_output=feed)
+        with _step(step, f"Building base VM {name}: starting (provisioning)", verbose) as feed:
+            lima.start(temporary, max(MIN_START_TIMEOUT, config.startup_wait_sec), on_output=feed)
         with _step(step, f"Building base VM {name}: installing agents", verbose):
-            missing = _install_agents(lima, temporary, installs, install_env(config))
+            missing = _install_agents(lima, temporary, installs, install_env(config), step.log)
         with _step(step, f"Building base VM {name}: verifying", verbose):
-            verification = _verify(lima, temporary, installs)
+            verification = _verify(lima, temporary, installs, step.log)
         found = _agent_versions(verification)
         for agent in installs:
             binary = BUILTIN_AGENTS[agent].binary
@@ -299,26 +304,36 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
                 warn(f"the base VM will not hold {agent}: {missing[agent]}; "
                      "it is installed at its first launch instead")
         with _step(step, f"Building base VM {name}: sealing", verbose):
-            _seal(lima, temporary)
-        with _step(step, f"Building base VM {name}: stopping", verbose) as progress:
-            lima.stop(temporary, on_output=progress.feed)
+            _seal(lima, temporary, step.log)
+        with _step(step, f"Building base VM {name}: stopping", verbose) as feed:
+            lima.stop(temporary, on_output=feed)
         if replace:
             step.name = "removing the old base"
             lima.delete(name, force=True)
         step.name = "renaming"
         lima.rename(temporary, name)
     except (LimaError, StateError) as error:
+        step.log.section(f"failed while {step.name}: {error.message}")
+        try:
+            _keep_provisioning_log(lima, temporary, step.log)
+        except (LimaError, OSError) as unread:
+            step.log.line(f"(the VM's provisioning log could not be kept: {getattr(unread, 'message', unread)})")
+        step.log.close()
         _discard(lima, temporary)
         message = f"building the base VM {name} failed while {step.name}: {error.message}"
-        hint = (f"The unfinished base ({temporary}) was removed; nothing else changed. The next launch (or "
-                "`agentbox base build`) starts over; `vm.base: off` creates VMs without a base.")
+        hint = (f"Its log, the VM's provisioning log included, is kept: `agentbox base log` shows it "
+                f"({buildlog.path()}). The unfinished base ({temporary}) was removed; nothing else changed. The "
+                "next launch (or `agentbox base build`) starts over; `vm.base: off` creates VMs without a base.")
         if isinstance(error, LimaError):
             raise LimaError(message, hint, stderr_lines=error.stderr_lines, tail=error.tail,
                             log_path=error.log_path) from None
         raise StateError(message, hint=hint) from None
     except BaseException:
+        step.log.close()
         _discard(lima, temporary)
         raise
+    step.log.section("built")
+    step.log.close()
     row = lima.instances().get(name)
     record = {
         "key": base_key,
@@ -338,10 +353,43 @@ def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verb
 
 
 @contextmanager
-def _step(step: _Step, title: str, verbose: bool) -> Iterator[Progress]:
+def _step(step: _Step, title: str, verbose: bool) -> Iterator[Callable[[str], None]]:
+    """The step's progress line; yields what feeds limactl's output to it and to the build's log."""
     step.name = title.rsplit(": ", 1)[-1]
+    step.log.section(step.name)
+
+    def feed(line: str) -> None:
+        progress.feed(line)
+        step.log.line(line)
+
     with Progress(title, verbose=verbose) as progress:
-        yield progress
+        yield feed
+
+
+def _keep_provisioning_log(lima: Lima, temporary: str, log: buildlog.BuildLog) -> None:
+    """Before the unfinished VM goes: the guest's provisioning log (while it runs) and Lima's host-agent log."""
+    from agentbox.vm.lima import RUNNING
+
+    instance = lima.instances().get(temporary)
+    if instance is None:
+        return
+    if instance.status == RUNNING:
+        code, output = lima.shell_output(
+            temporary, ["sudo", "-n", "tail", "-c", str(PROVISIONING_LOG_TAIL), "/var/log/cloud-init-output.log"])
+        log.section(f"the VM's provisioning log (/var/log/cloud-init-output.log, its last {PROVISIONING_LOG_TAIL} "
+                    "bytes)" + (f"; could not be read (exit {code})" if code else ""))
+        log.write(output)
+    if instance.dir:
+        try:
+            descriptor = os.open(os.path.join(instance.dir, "ha.stderr.log"), os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            return
+        with os.fdopen(descriptor, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            file.seek(max(0, size - PROVISIONING_LOG_TAIL))
+            text = file.read(PROVISIONING_LOG_TAIL).decode("utf-8", errors="replace")
+        log.section("Lima's host-agent log (ha.stderr.log, its end)")
+        log.write(text)
 
 
 def _discard(lima: Lima, temporary: str) -> None:
@@ -352,23 +400,33 @@ def _discard(lima: Lima, temporary: str) -> None:
              f"remove it with `limactl delete --force {temporary}`")
 
 
-def _install_agents(lima: Lima, name: str, installs: dict[str, str], env: dict[str, str]) -> dict[str, str]:
-    """Run each agent's install command as the VM's user, with `env` (install_env, on its stdin). One that fails
-    leaves that agent to its first launch (as without a base), said once; returns them with the reason."""
+def _install_agents(lima: Lima, name: str, installs: dict[str, str], env: dict[str, str],
+                    log: buildlog.BuildLog) -> dict[str, str]:
+    """Run each agent's install command as the VM's user, as a launch does (`bash -euo pipefail`: a download piped
+    into a shell fails when the download does), with `env` (install_env, on its stdin). One that fails leaves that
+    agent to its first launch (as without a base), said once; returns them with the reason."""
+    import shlex
+
+    from agentbox.safetext import visible
+
     missing = {}
     records = env_records(env)
     for agent, command in installs.items():
-        code, output = lima.shell_output(name, ["bash", "-c", WITH_ENV, "agentbox-install", f"{command} 2>&1"],
+        log.section(f"installing {agent}: {command}")
+        script = f"bash -euo pipefail -c {shlex.quote(command)} 2>&1"
+        code, output = lima.shell_output(name, ["bash", "-c", WITH_ENV, "agentbox-install", script],
                                          stdin_data=records)
+        log.write(output)
+        log.line(f"(exit {code})")
         if code != 0:
-            last = next((line for line in reversed(output.splitlines()) if line.strip()), "")
+            last = visible(buildlog.failure_line(output))
             missing[agent] = f"exit {code}" + (f": {last[:200]}" if last else "")
             warn(f"the base VM will not hold {agent}: `{command}` failed ({missing[agent]}); "
                  "it is installed at its first launch instead")
     return missing
 
 
-def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
+def _verify(lima: Lima, name: str, installs: dict[str, str], log: buildlog.BuildLog) -> str:
     from agentbox.safetext import visible
 
     arguments = [f"agent:{BUILTIN_AGENTS[agent].binary}" for agent in installs]
@@ -376,6 +434,7 @@ def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
     arguments += ["file:~/.netrc", "file:~/.git-credentials", "file:~/.config/gh/hosts.yml"]
     script = resources.text("provision", "base-check.sh")
     code, output = lima.shell_output(name, ["bash", "-c", script, "base-check", *arguments])
+    log.write(output[-20000:])
     output = "".join(visible(line) + "\n" for line in output[-20000:].splitlines())
     if code != 0:
         failures = [line[len("FAIL: "):] for line in output.splitlines() if line.startswith("FAIL: ")]
@@ -383,11 +442,12 @@ def _verify(lima: Lima, name: str, installs: dict[str, str]) -> str:
     return output
 
 
-def _seal(lima: Lima, name: str) -> None:
+def _seal(lima: Lima, name: str, log: buildlog.BuildLog) -> None:
     script = resources.text("provision", "base-seal.sh")
     code, output = lima.shell_output(
         name, ["bash", "-c", 'exec sudo -n /bin/bash -c "$1" base-seal "$HOME" 2>&1', "base-seal", script]
     )
+    log.write(output[-20000:])
     if code != 0:
         from agentbox.safetext import visible
 
@@ -516,25 +576,54 @@ def clone(lima: Lima, base: Base, name: str, edits: list[str], verbose: bool = F
 
 
 def staleness(config: Config, recorded: Any) -> str | None:
-    """The one line a launch says when the VM was cloned from a base that is no longer current."""
+    """The one line that says the VM was cloned from a base that is no longer current (None: it is current)."""
+    found = stale_note(config, recorded)
+    return found[1] if found else None
+
+
+# The parts of the key a running VM can catch up with without a new VM: `agentbox update-agents`.
+AGENT_PARTS = {"agents"}
+
+
+def stale_note(config: Config, recorded: Any) -> tuple[str, str] | None:
+    """(which current base it is about, the line) when the VM was cloned from a base that is no longer current.
+
+    What differs decides the advice: provisioning, the template, the image (anything but the agents) needs a
+    new clone (`agentbox start --recreate`); agent CLIs alone are brought up to date in place
+    (`agentbox update-agents`). A base rebuilt with the same key differs only in what its agents' installs
+    fetched: the versions the VM's record keeps are compared with the new base's.
+    """
     if config.vm_base != "auto" or not isinstance(recorded, dict) or not recorded.get("key"):
         return None
     parts = inputs(config)
     current = key_of(parts)
     name = config.vm_name
+    update = f"`agentbox update-agents` brings {name}'s agent CLIs up to date (no new VM)"
     if recorded["key"] != current:
         before = recorded.get("inputs") or {}
-        changed = [PART_NAMES.get(part, part) for part, value in parts.items() if before.get(part) != value]
-        what = ", ".join(changed) if changed else "what goes into it"
-        return (f"{name} was cloned from an older base VM ({what} changed since); "
-                "`agentbox start --recreate` re-clones it from a new base")
+        changed = [part for part, value in parts.items() if before.get(part) != value]
+        what = ", ".join(PART_NAMES.get(part, part) for part in changed) if changed else "what goes into it"
+        if changed and set(changed) <= AGENT_PARTS:
+            return current, f"{name} was cloned from an older base VM ({what} changed since); {update}"
+        return current, (f"{name} was cloned from an older base VM ({what} changed since); "
+                         "`agentbox start --recreate` re-clones it from a new base")
     record = read_record(current)
     built = recorded.get("built")
-    if record and isinstance(built, (int, float)) and isinstance(record.get("built"), (int, float)) \
-            and record["built"] > built + 1:
-        return (f"the base VM was rebuilt since {name} was cloned from it (newer agent CLIs); "
-                "`agentbox start --recreate` re-clones it")
-    return None
+    if not (record and isinstance(built, (int, float)) and isinstance(record.get("built"), (int, float))
+            and record["built"] > built + 1):
+        return None
+    identity = f"{current}@{record['built']:.0f}"
+    had, has = recorded.get("agents"), record.get("agents")
+    if isinstance(had, dict) and isinstance(has, dict):
+        differ = [f"{binary} {had.get(binary) or 'none'} -> {has.get(binary) or 'none'}"
+                  for binary in sorted({*had, *has}) if had.get(binary) != has.get(binary)]
+        if not differ:
+            return None  # rebuilt with the same provisioning and the same agent versions: nothing to catch up
+        from agentbox.safetext import visible
+
+        return identity, visible(f"the base VM was rebuilt since {name} was cloned from it, with other agent CLI "
+                                 f"versions ({'; '.join(differ)[:300]}); {update}")
+    return identity, f"the base VM was rebuilt since {name} was cloned from it (newer agent CLIs); {update}"
 
 
 # -- listing and removing bases -------------------------------------------------------------------

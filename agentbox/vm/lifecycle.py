@@ -147,15 +147,17 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
 
 
 def note_stale_base(config: Config, name: str) -> None:
-    """One line when the VM was cloned from a base that is no longer current (never on a warm launch:
-    the key costs a template render)."""
-    recorded = vmstate.read(name).get("base")
+    """One line when the VM was cloned from a base that is no longer current, said once per VM and base (the
+    VM's state keeps which base it was said about). Never on a warm launch: the key costs a template render."""
+    state = vmstate.read(name)
+    recorded = state.get("base")
     if recorded and config.vm_base == "auto":
         from agentbox.vm import base
 
-        line = base.staleness(config, recorded)
-        if line:
-            note(line)
+        found = base.stale_note(config, recorded)
+        if found and state.get("staleBaseNoted") != found[0]:
+            note(found[1])
+            vmstate.update(name, {"staleBaseNoted": found[0]})
 
 
 def verify_running(session: Session, instance: Instance) -> bool:
@@ -297,11 +299,13 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
         ) from None
     except LimaError as error:
         error.log_path = log_path
-        if any(line.startswith("degraded") for line in error.stderr_lines):
+        if is_degraded(error):
+            remember_degraded(name, error)
             error.hint = (
-                f"{name} is running, but its provisioning did not finish (a readiness probe failed). "
-                "See why with `agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log`; "
-                "`agentbox restart` runs the provisioning again."
+                f"{name} is running, but Lima reports it degraded: its provisioning did not finish (a readiness "
+                "probe failed), or a mount or port forward failed. See why with `agentbox doctor` and "
+                "`agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log`; `agentbox restart` starts it "
+                "again. Every launch says so until a start finishes cleanly."
             )
             raise
         error.hint = (
@@ -309,7 +313,9 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
             f"{log_path}, or start over with `agentbox start --recreate`."
         )
         raise
-    vmstate.update(name, {"booted": time.time()})
+    state = vmstate.read(name)
+    state.pop("degraded", None)  # this start finished cleanly
+    vmstate.write(name, {**state, "booted": time.time()})
     instance = require_running(session, name)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
@@ -317,6 +323,32 @@ def start(session: Session, name: str, instance_dir: str, row: Instance | None =
             refuse(session, name, found, running=True)
     vmstate.clear_refusal(name)
     return instance
+
+
+def is_degraded(error: LimaError) -> bool:
+    """Lima's start ended degraded (VM left running): its fatal `degraded, status={...}` or its DEGRADED line."""
+    return any(line.startswith(("degraded", "DEGRADED")) for line in error.stderr_lines)
+
+
+def remember_degraded(name: str, error: LimaError) -> None:
+    """Kept in the VM's state, so every launch says it (no limactl call) until a start finishes cleanly."""
+    errors = [line for line in error.stderr_lines if not line.startswith(("degraded", "DEGRADED"))]
+    vmstate.update(name, {"degraded": {"at": time.time(), "errors": errors[-3:]}})
+
+
+def degraded_note(name: str, state: dict[str, Any]) -> str | None:
+    """The line a launch says about a VM whose last start Lima reported degraded (read from its state)."""
+    degraded = state.get("degraded")
+    if not degraded:
+        return None
+    from agentbox.safetext import visible
+
+    errors = degraded.get("errors") if isinstance(degraded, dict) else None
+    found = "; ".join(str(line)[:200] for line in errors) if isinstance(errors, list) and errors else ""
+    return visible(
+        f"Lima reported the last start of {name} degraded{f' ({found})' if found else ''}: its provisioning, "
+        "mounts or port forwards may not work. `agentbox doctor` says more; `agentbox restart` starts it again."
+    )
 
 
 def apply_in_place(session: Session, name: str, row: Instance | None) -> None:

@@ -324,7 +324,18 @@ case "$1" in
         @anthropic-ai/claude-code*) bin=claude ;;
         @openai/codex*) bin=codex ;;
         @google/gemini-cli*) bin=gemini ;;
-        *) echo "npm error 404 Not Found - GET https://registry.npmjs.org/$pkg (stand-in)" >&2; exit 1 ;;
+        *) # npm 10's way: the error, then where its debug log is (written under ~/.npm/_logs)
+          logs="$HOME/.npm/_logs"; log="$logs/$(date -u +%Y-%m-%dT%H_%M_%S_%3NZ)-debug-0.log"
+          mkdir -p "$logs" && echo "0 verbose cli npm stand-in; 404 Not Found - GET $pkg" > "$log"
+          { echo "npm error code E404"
+            echo "npm error 404 Not Found - GET https://registry.npmjs.org/$pkg - Not found"
+            echo "npm error 404"
+            echo "npm error 404  '$pkg@*' is not in this registry."
+            echo "npm error 404"
+            echo "npm error 404 Note that you can also install from a"
+            echo "npm error 404 tarball, folder, http url, or git url."
+            echo "npm error A complete log of this run can be found in: $log"; } >&2
+          exit 1 ;;
       esac
       mkdir -p "$p/bin" || exit 1
       printf '#!/bin/sh\necho "%s (stand-in) $*"\n' "$bin" > "$p/bin/$bin" && chmod 755 "$p/bin/$bin" || exit 1
