@@ -77,12 +77,22 @@ def test_stop_start_rm_are_idempotent_for_scripts(project: Path, limactl: FakeLi
     assert rm_again.exit_code == 0 and "nothing to remove" in rm_again.stderr
 
 
-def test_rm_without_terminal_or_force_refuses(project: Path, limactl: FakeLima) -> None:
+def test_rm_without_terminal_or_yes_refuses(project: Path, limactl: FakeLima) -> None:
     assert run_cli("start", cwd=project).exit_code == 0
     result = run_cli("rm", cwd=project)
     assert result.exit_code == 1
-    assert "without confirmation" in result.stderr and "--force" in result.stderr
+    assert "without confirmation" in result.stderr and "Run `agentbox rm --yes`" in result.stderr
     assert limactl.status(NAME) == "Running"
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0  # the control
+    assert limactl.status(NAME) is None
+
+
+def test_rm_force_is_the_old_name_of_yes(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    result = run_cli("rm", "--force", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert limactl.status(NAME) is None
+    assert "--force" not in run_cli("rm", "--help").stdout.split("Options:")[1]  # hidden, said in the text
 
 
 def test_restart(project: Path, limactl: FakeLima) -> None:

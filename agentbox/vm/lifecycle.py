@@ -455,9 +455,10 @@ def require_running(session: Session, name: str) -> Instance:
     return instance
 
 
-def stop(session: Session, name: str, force: bool = False) -> str | None:
-    """Stop the VM. A step line reports a stop; the returned note says why nothing was done."""
-    instance = session.instance(name)
+def stop(session: Session, name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
+    """Stop the VM. A step line reports a stop; the returned note says why nothing was done. `known`: the
+    caller's `limactl list` row of it, so none is repeated."""
+    instance = session.instance(name) if known is _UNKNOWN else known
     if instance is None:
         return f"{name} does not exist; nothing to stop"
     check_workspace_matches(instance, session.config)
