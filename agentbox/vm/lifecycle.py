@@ -223,7 +223,7 @@ def create_and_start(session: Session, name: str) -> Instance:
     except Interrupted:
         raise Interrupted(
             f"interrupted while creating {name}",
-            hint=f"Run the same command again to finish, or `agentbox rm --force` to discard {name}.",
+            hint=f"Run the same command again to finish, or `agentbox rm --yes` to discard {name}.",
         ) from None
     except LimaError as error:
         if any("already exists" in line and name in line for line in error.stderr_lines):
@@ -411,7 +411,7 @@ def recover(session: Session, instance: Instance) -> Instance:
         message = f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}"
         hint = (
             f"Lima's instance folder: {instance.dir}; its log: {instance.log_path}. "
-            "To start over: `agentbox start --recreate`, or `agentbox rm --force` and run again "
+            "To start over: `agentbox start --recreate`, or `agentbox rm --yes` and run again "
             "(this deletes the VM's disk; your workspace on the host is not touched)."
         )
         if isinstance(error, LimaError):  # keeps limactl's last lines for the error boundary
