@@ -336,7 +336,7 @@ def test_prune_keeps_the_current_base_and_bases_in_use(
     assert f"kept {new}: it is the current base" in result.stderr
     assert sorted(bases(limactl)) == sorted([old, new])
 
-    assert run_cli("rm", "--force", cwd=project).exit_code == 0
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0
     result = run_cli("base", "prune", cwd=project)
     assert f"removed the base VM {old}" in result.stderr
     assert bases(limactl) == [new]

@@ -61,12 +61,17 @@ def test_init_writes_the_example_and_refuses_to_overwrite(project: Path) -> None
     target.write_text("vm: {cpus: 2}\n")
     again = run_cli("init", cwd=project)
     assert again.exit_code == 1
-    assert "already exists; nothing was written" in again.stderr
+    assert "already exists; nothing was written" in again.stderr and "Use --overwrite to replace it." in again.stderr
     assert target.read_text() == "vm: {cpus: 2}\n"
 
-    forced = run_cli("init", "--force", cwd=project)
+    replaced = run_cli("init", "--overwrite", cwd=project)
+    assert replaced.exit_code == 0
+    assert "onCreateScript" in target.read_text()
+    target.write_text("vm: {cpus: 2}\n")
+    forced = run_cli("init", "--force", cwd=project)  # the earlier name, kept for scripts
     assert forced.exit_code == 0
     assert "onCreateScript" in target.read_text()
+    assert "--force" not in run_cli("init", "--help").stdout.split("Options:")[1]
 
 
 def test_init_global_uses_the_xdg_path(project: Path, home: Path, monkeypatch) -> None:

@@ -70,19 +70,29 @@ def test_stop_start_rm_are_idempotent_for_scripts(project: Path, limactl: FakeLi
     assert run_cli("start", cwd=project).exit_code == 0
     assert limactl.status(NAME) == "Running"
     assert limactl.subcommands() == ["list", "start", "list"]
-    rm = run_cli("rm", "--force", cwd=project)
+    rm = run_cli("rm", "--yes", cwd=project)
     assert rm.exit_code == 0
     assert not (limactl.home / NAME).exists()
-    rm_again = run_cli("rm", "--force", cwd=project)
+    rm_again = run_cli("rm", "--yes", cwd=project)
     assert rm_again.exit_code == 0 and "nothing to remove" in rm_again.stderr
 
 
-def test_rm_without_terminal_or_force_refuses(project: Path, limactl: FakeLima) -> None:
+def test_rm_without_terminal_or_yes_refuses(project: Path, limactl: FakeLima) -> None:
     assert run_cli("start", cwd=project).exit_code == 0
     result = run_cli("rm", cwd=project)
     assert result.exit_code == 1
-    assert "without confirmation" in result.stderr and "--force" in result.stderr
+    assert "without confirmation" in result.stderr and "Run `agentbox rm --yes`" in result.stderr
     assert limactl.status(NAME) == "Running"
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0  # the control
+    assert limactl.status(NAME) is None
+
+
+def test_rm_force_is_the_old_name_of_yes(project: Path, limactl: FakeLima) -> None:
+    assert run_cli("start", cwd=project).exit_code == 0
+    result = run_cli("rm", "--force", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert limactl.status(NAME) is None
+    assert "--force" not in run_cli("rm", "--help").stdout.split("Options:")[1]  # hidden, said in the text
 
 
 def test_restart(project: Path, limactl: FakeLima) -> None:
@@ -179,7 +189,7 @@ def test_broken_vm_that_stays_broken_is_explained_not_deleted(project: Path, lim
     assert "still Broken" in result.stderr
     assert str(limactl.home / NAME) in result.stderr
     assert "ha.stderr.log" in result.stderr
-    assert "agentbox start --recreate" in result.stderr and "agentbox rm --force" in result.stderr
+    assert "agentbox start --recreate" in result.stderr and "agentbox rm --yes" in result.stderr
     assert (limactl.home / NAME / "lima.yaml").exists()
     assert "delete" not in limactl.subcommands()
 

@@ -291,7 +291,7 @@ def test_limactl_warning_does_not_break_the_live_line(project: Path, limactl: Fa
 
 
 def test_quiet_lifecycle_prints_nothing_on_success(project: Path, limactl: FakeLima) -> None:
-    for args in (("start",), ("start",), ("restart",), ("stop",), ("stop",), ("stop", "--all"), ("rm", "--force")):
+    for args in (("start",), ("start",), ("restart",), ("stop",), ("stop",), ("stop", "--all"), ("rm", "--yes")):
         result = run_cli("-q", *args, cwd=project)
         assert (result.exit_code, result.stdout, result.stderr) == (0, "", ""), (args, result.stderr)
     assert limactl.status(NAME) is None
@@ -311,7 +311,7 @@ def test_quiet_keeps_data_warnings_and_errors(
     assert run_cli("-q", "ls", cwd=project).stdout == run_cli("ls", cwd=project).stdout
     assert NAME in run_cli("-q", "ls", cwd=project).stdout
     assert run_cli("-q", "status", "--json", cwd=project).stdout == run_cli("status", "--json", cwd=project).stdout
-    assert run_cli("-q", "rm", "--force", cwd=project).exit_code == 0
+    assert run_cli("-q", "rm", "--yes", cwd=project).exit_code == 0
 
     monkeypatch.setenv("FAKE_LIMACTL_PROBE_FAIL", "npm missing")
     failed = run_cli("-q", "start", cwd=project)

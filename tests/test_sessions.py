@@ -356,3 +356,74 @@ def test_sessions_and_attach_reach_an_agent_that_has_a_vm_of_its_own(vm: FakeLim
     assert "several sessions run: claude (in agentbox-myproject), codex (in agentbox-codexvm)" in shown
     code, shown = on_terminal(project, ["attach", "codex"], [(b"session=codex", b"4\r")])
     assert code == 4, shown
+
+
+# -- what a stop ends: listed and asked on a terminal, said without one (issue 27, item 3) ----------------
+
+SLEEPING_TASK = "#!/bin/sh\nsleep 300\n"
+
+
+def _session_and_task(vm: FakeLima, project: Path) -> int:
+    """A detached session `claude` and a running task (codex, which sleeps) in the project's VM; the task's id."""
+    from tests.helpers import wait_for
+
+    install(vm)
+    install(vm, SLEEPING_TASK, "codex")
+    assert agentbox_run(project, "claude", "-d").stdout == "claude\n"
+    started = run_cli("run", "--agent", "codex", "--name", "nap", "sleep", cwd=project)
+    assert started.exit_code == 0, started.stderr
+    task_id = int(started.stdout)
+
+    def state() -> str:
+        tasks = json.loads(run_cli("tasks", "--json", "--all", cwd=project).stdout)
+        return str(next(task["state"] for task in tasks if task["id"] == task_id))
+
+    wait_for(state, 60, f"task {task_id} to be Running", until=lambda value: value == "Running")
+    return task_id
+
+
+def _task_state(project: Path, task_id: int) -> str:
+    tasks = json.loads(run_cli("tasks", "--json", "--all", cwd=project).stdout)
+    return str(next(task["state"] for task in tasks if task["id"] == task_id))
+
+
+def test_stop_without_a_terminal_goes_on_and_says_what_it_ended(vm: FakeLima, project: Path) -> None:
+    task_id = _session_and_task(vm, project)
+    stopped = agentbox_run(project, "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert f"agentbox: warning: task {task_id} (nap) ended as Failed: its VM {NAME} was stopped" in stopped.stderr
+    assert f"agentbox: warning: session claude (claude) ended: its VM {NAME} was stopped" in stopped.stderr
+    assert vm.status(NAME) == "Stopped"
+    assert _task_state(project, task_id) == "Failed"
+
+
+def test_on_a_terminal_stop_restart_and_rm_list_what_ends_and_no_leaves_it_running(
+    vm: FakeLima, project: Path
+) -> None:
+    task_id = _session_and_task(vm, project)
+    listing = [f"{NAME} runs what ends with it:", "  session claude (claude)", f"  task {task_id} (nap): Running"]
+    for args, question in ((["stop"], f"Stop {NAME}? [y/N]"), (["stop", "--force"], f"Stop {NAME} (killing it)?"),
+                           (["restart"], f"Stop {NAME}? [y/N]"), (["stop", "--all"], f"Stop {NAME}? [y/N]"),
+                           (["rm"], f"Delete VM {NAME} and its disk?")):
+        code, shown = on_terminal(project, args, [(question.encode(), b"n\r")])
+        lines = [line.rstrip() for line in shown.replace("\r", "").splitlines()]
+        assert all(line in lines for line in listing), shown
+        assert code == (0 if "--all" in args else 1), shown
+        if "--all" in args:
+            assert f"{NAME} left running" in lines
+        assert vm.status(NAME) == "Running"
+        assert [(row["name"], row["state"]) for row in listed(project)] == [("claude", "running")]
+        assert _task_state(project, task_id) == "Running"
+    code, shown = on_terminal(project, ["stop"], [(f"Stop {NAME}? [y/N]".encode(), b"y\r")])  # the control
+    assert code == 0, shown
+    assert vm.status(NAME) == "Stopped" and _task_state(project, task_id) == "Failed"
+    assert "session claude (claude) ended" in shown
+
+
+def test_yes_stops_on_a_terminal_without_asking(vm: FakeLima, project: Path) -> None:
+    install(vm)
+    assert agentbox_run(project, "claude", "-d").stdout == "claude\n"
+    code, shown = on_terminal(project, ["stop", "--yes"], [])
+    assert code == 0, shown
+    assert "[y/N]" not in shown and "session claude (claude) ended" in shown
+    assert vm.status(NAME) == "Stopped"

@@ -258,7 +258,7 @@ def test_a_replace_ref_in_the_workspace_cannot_hide_what_a_task_changed(project:
 def test_outputs_outlive_the_vm_and_agentbox_rm(project: Path, tasks_vm: FakeLima) -> None:
     task_id = run_task(project, "do:err:to stderr;exit:5")
     assert wait(project, task_id).returncode == 5
-    removed = run_cli("rm", "--force", cwd=project)
+    removed = run_cli("rm", "--yes", cwd=project)
     assert removed.exit_code == 0, removed.stderr
     assert tasks_vm.status(NAME) is None
     logs = run_agentbox("logs", str(task_id), cwd=project)

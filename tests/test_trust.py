@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import NAME, FakeLima, git, needs_bwrap, run_cli, write, write_trusted
 
 REPO_TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "lima.yaml.j2"
 
@@ -264,3 +264,120 @@ def test_trust_show_escapes_what_the_agent_wrote(project: Path) -> None:
     show = run_cli("trust", "--show", cwd=project)
     assert "\x1b" not in show.stdout and "\x07" not in show.stdout
     assert "\\x1b]0;title" in show.stdout
+
+
+# -- what needs trust: only what starts or configures a VM from the project's config (issue 27, item 1) ----------
+
+REFUSAL = "widens what the VM gets from your host or runs in it"
+TASK_STUB = "#!/bin/sh\necho \"task stub ran: $*\"\n"
+# Commands that never need trust, each with what it must still do with a pinned script the agent retargeted.
+NO_TRUST_NEEDED = [("stop",), ("rm", "--yes"), ("status",), ("ls",), ("doctor",), ("diff", "--since", "1"),
+                   ("checkpoints",), ("undo", "1", "--dry-run"), ("tasks",), ("logs", "TASK"), ("sessions",), ("audit",)]
+
+
+def _tampered_project(project: Path, home: Path, limactl: FakeLima, with_task: bool = False) -> tuple[Path, str]:
+    """A git project whose trusted agentbox.yml names a bootstrap script, its VM running (a checkpoint taken, and
+    with_task: a task that ended); then the agent turns the script into a link to a host secret."""
+    from tests.helpers import install_agent, make_repository
+
+    needs_bwrap()
+    secret = write(home / ".aws" / "credentials", "aws_secret_access_key = x\n")
+    make_repository(project, config="bootstrap:\n  onStartScript: setup.sh\n")
+    write(project / "setup.sh", "echo hi\n")
+    assert run_cli("trust", cwd=project).exit_code == 0
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert run_cli("checkpoint", cwd=project).exit_code == 0
+    task = ""
+    if with_task:
+        install_agent(limactl, TASK_STUB)
+        started = run_cli("run", "hello", cwd=project)
+        assert started.exit_code == 0, started.stderr
+        task = started.stdout.strip()
+        assert run_cli("wait", task, cwd=project).exit_code == 0
+    (project / "setup.sh").unlink()
+    (project / "setup.sh").symlink_to(secret)  # what the agent could do inside the VM
+    limactl.clear()
+    return secret, task
+
+
+def _staged_copies(project: Path, secret: Path) -> list[Path]:
+    state = project.parent.parent / "state"
+    return [path for path in state.rglob("*") if path.is_file() and not path.is_symlink()
+            and b"aws_secret_access_key" in path.read_bytes()]
+
+
+@pytest.mark.parametrize("args", NO_TRUST_NEEDED, ids=[args[0] for args in NO_TRUST_NEEDED])
+def test_commands_that_only_look_or_stop_need_no_trust(
+    project: Path, home: Path, limactl: FakeLima, args: tuple[str, ...]
+) -> None:
+    secret, task = _tampered_project(project, home, limactl, with_task="TASK" in args)
+    result = run_cli(*(task if arg == "TASK" else arg for arg in args), cwd=project)
+    assert result.exit_code != 2, result.stderr
+    assert REFUSAL not in result.stderr and "agentbox trust`" not in result.stderr.replace("--show", "")
+    if args[0] != "doctor":  # doctor's report names the changed trust, and so fails its check
+        assert result.exit_code == 0, result.stderr
+    assert _staged_copies(project, secret) == []  # the retargeted script was neither read nor staged
+    if args[0] not in ("sessions", "doctor"):  # which ask the VM (session.sh sent inline, doctor's probes)
+        assert "shell" not in limactl.subcommands()  # nothing ran in the VM
+    if args[0] == "stop":
+        assert limactl.status(NAME) == "Stopped"
+    if args[0] == "rm":
+        assert limactl.status(NAME) is None
+    if args[0] == "logs":
+        assert "task stub ran:" in result.stdout
+
+
+@pytest.mark.parametrize("args", [("start",), ("restart",), ("shell", "--", "true"), ("claude",)],
+                         ids=["start", "restart", "shell", "claude"])
+def test_what_starts_the_vm_from_the_config_still_refuses_it(
+    project: Path, home: Path, limactl: FakeLima, args: tuple[str, ...]
+) -> None:
+    secret, _ = _tampered_project(project, home, limactl)
+    result = run_cli(*args, cwd=project)
+    assert result.exit_code == 2 and REFUSAL in result.stderr
+    assert f"bootstrap.onStartScript[0]: {project / 'setup.sh'} now resolves to {secret}" in result.stderr
+    assert limactl.subcommands() == [] and limactl.status(NAME) == "Running"
+    assert _staged_copies(project, secret) == []
+
+
+def test_stop_and_rm_never_follow_an_untrusted_vm_name(project: Path, home: Path, limactl: FakeLima) -> None:
+    """The agent may rewrite agentbox.yml to name another VM: a command that needs no trust does not act on it."""
+    needs_bwrap()
+    other = home.parent / "work" / "other"
+    other.mkdir()
+    assert run_cli("start", cwd=other).exit_code == 0
+    write_trusted(project, "vm:\n  name: agentbox-mine\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    write(project / "agentbox.yml", "vm:\n  name: agentbox-other\nworkspace: ../other\n")  # not trusted
+    limactl.clear()
+    for args in (("stop",), ("rm", "--yes")):
+        refused = run_cli(*args, cwd=project)
+        assert refused.exit_code == 2, refused.stderr
+        assert (f"{project / 'agentbox.yml'} sets vm.name and workspace, which choose the VM this command acts on, "
+                "and the file changed since you trusted it") in refused.stderr
+    assert limactl.subcommands() == []
+    assert limactl.status("agentbox-other") == limactl.status("agentbox-mine") == "Running"
+    write(project / "agentbox.yml", "vm:\n  name: agentbox-mine\n")  # the control: the name as it was trusted
+    assert run_cli("stop", cwd=project).exit_code == 0
+    assert limactl.status("agentbox-mine") == "Stopped" and limactl.status("agentbox-other") == "Running"
+
+
+def test_undo_never_writes_a_folder_an_untrusted_edit_chose(project: Path, home: Path, limactl: FakeLima) -> None:
+    """undo needs no trust, but it writes files: an agent's `workspace: ../other` must not aim it at another folder."""
+    other = home.parent / "work" / "other"
+    write(other / "notes.txt", "v1\n")
+    git(other, "init", "-q")
+    write_trusted(project, "workspace: ../other\n")
+    taken = run_cli("checkpoint", cwd=project)
+    assert taken.exit_code == 0, taken.stderr
+    write(other / "notes.txt", "v2\n")
+    write(project / "agentbox.yml", "workspace: ../other\nvm:\n  cpus: 2\n")  # an edit nobody trusted
+    refused = run_cli("undo", "1", cwd=project)
+    assert refused.exit_code == 2, refused.stderr
+    assert "sets workspace, which choose the folder undo writes, and the file changed since you trusted it" \
+        in refused.stderr
+    assert (other / "notes.txt").read_text() == "v2\n"
+    write(project / "agentbox.yml", "workspace: ../other\n")  # the control: the file as it was trusted
+    done = run_cli("undo", "1", cwd=project)
+    assert done.exit_code == 0, done.stderr
+    assert (other / "notes.txt").read_text() == "v1\n"

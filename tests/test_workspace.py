@@ -234,13 +234,13 @@ def test_init_vm_name_writes_only_the_name_and_trusts_it(project: Path, limactl:
     assert limactl.status("1e3") == "Running"
 
 
-def test_init_vm_name_refuses_an_existing_file_unless_forced(project: Path) -> None:
+def test_init_vm_name_refuses_an_existing_file_unless_overwrite(project: Path) -> None:
     target = write(project / "agentbox.yml", "vm: {cpus: 2}\n")
     refused = run_cli("init", "--vm-name", "agentbox-mine", cwd=project)
     assert refused.exit_code == 1
     assert f"{target} already exists; nothing was written" in refused.stderr
     assert target.read_text() == "vm: {cpus: 2}\n"
-    forced = run_cli("init", "--vm-name", "agentbox-mine", "--force", cwd=project)
+    forced = run_cli("init", "--vm-name", "agentbox-mine", "--overwrite", cwd=project)
     assert forced.exit_code == 0
     assert yaml.safe_load(target.read_text()) == {"vm": {"name": "agentbox-mine"}}
     assert "is trusted as it is" in run_cli("trust", "--show", cwd=project).stdout

@@ -44,17 +44,38 @@ def warn_if_untrusted(loaded: Config) -> None:
         warn(f"{loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` ({keys})")
 
 
-def session(ctx: click.Context, needs_config: bool = True, acts: bool = True) -> Session:
-    """Config and limactl for a command; `acts` commands refuse an untrusted local config that needs trust."""
+def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True) -> Session:
+    """Config and limactl for a command. `acts` commands change a VM; those that start or configure it from the
+    project's config (`needs_trust`) refuse an untrusted local config that needs trust.
+    The others (stop, rm) need only the VM's name: they go on, but never where an untrusted file chose the VM."""
     from agentbox.config import trust
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import Lima
 
     config = load_config(ctx, describe=not acts) if needs_config else None
     if config is not None and acts:
-        trust.require_trust(config)
+        if needs_trust:
+            trust.require_trust(config)
+        else:
+            refuse_untrusted_identity(config)
     return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"],  # type: ignore[arg-type]
                       on_stopped=vm_stopped)
+
+
+def refuse_untrusted_identity(config: Config, chosen: str = "the VM this command acts on") -> None:
+    """Refuse (exit 2) to act on a VM (or a folder) that an untrusted edit of the local file chose."""
+    from agentbox.config import trust
+    from agentbox.errors import ConfigError
+
+    changed = trust.untrusted_identity(config)
+    if changed:
+        assert config.local_file is not None
+        raise ConfigError(
+            f"{config.local_file} sets {' and '.join(changed)}, which choose {chosen}, and the file changed "
+            "since you trusted it; agentbox does not act on what an unreviewed edit chose",
+            hint=f"Read the change (`agentbox trust --show`); if it is yours, run `agentbox -C "
+                 f"{config.local_file.parent} trust`, else undo it. `agentbox ls` lists the VMs.",
+        )
 
 
 def vm_stopped(name: str) -> None:

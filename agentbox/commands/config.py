@@ -45,12 +45,13 @@ def _width() -> int:
 
 @click.command("init")
 @click.option("--global", "is_global", is_flag=True, help="Write the global config instead of ./agentbox.yml.")
-@click.option("--force", is_flag=True, help="Overwrite an existing file.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing file.")
+@click.option("--force", "old_force", is_flag=True, hidden=True)  # the earlier name of --overwrite, kept for scripts
 @click.option("--vm-name", metavar="NAME",
               help="Write ./agentbox.yml with only `vm.name: NAME` enabled, and trust it (you typed the name).")
 @click.pass_context
-def init_command(ctx: click.Context, is_global: bool, force: bool, vm_name: str | None) -> None:
-    """Write a commented config file to start from."""
+def init_command(ctx: click.Context, is_global: bool, overwrite: bool, old_force: bool, vm_name: str | None) -> None:
+    """Write a commented config file to start from (--force, the earlier name of --overwrite, still works)."""
     import os
     from pathlib import Path
 
@@ -59,7 +60,7 @@ def init_command(ctx: click.Context, is_global: bool, force: bool, vm_name: str 
     from agentbox.git import dirs as gitdirs
 
     cwd = ctx.obj["cwd"]
-    target = initfile.write(cwd, is_global=is_global, force=force, vm_name=vm_name)
+    target = initfile.write(cwd, is_global=is_global, overwrite=overwrite or old_force, vm_name=vm_name)
     click.echo(f"Wrote {target}")
     if vm_name is not None:
         initfile.trust_written(cwd, target)

@@ -21,7 +21,7 @@ _VM_SECTION = "# vm:\n"
 _VM_NAME_LINE = "#   name: agentbox-myproject\n"
 
 
-def write(cwd: Path, is_global: bool, force: bool, vm_name: str | None = None) -> Path:
+def write(cwd: Path, is_global: bool, overwrite: bool, vm_name: str | None = None) -> Path:
     if is_global and vm_name is not None:
         raise ConfigError(
             "--vm-name names one project's VM; in the global config it would give every project the same VM",
@@ -34,15 +34,15 @@ def write(cwd: Path, is_global: bool, force: bool, vm_name: str | None = None) -
     target = paths.global_config_file() if is_global else cwd / paths.LOCAL_CONFIG_NAME
     if target.is_symlink() or (target.exists() and not target.is_file()):
         raise AgentboxError(f"{target} exists and is not a regular file; refusing to replace it")
-    if target.exists() and not force:
-        raise AgentboxError(f"{target} already exists; nothing was written", hint="Use --force to overwrite it.")
+    if target.exists() and not overwrite:
+        raise AgentboxError(f"{target} already exists; nothing was written", hint="Use --overwrite to replace it.")
     text = resources.text("agentbox.yml.example")
     if is_global:
         text = text.replace("# agentbox.yml", "# ~/.config/agentbox/config.yml", 1)
     if vm_name is not None:
         text = with_vm_name(text, vm_name)
     try:
-        atomic_write(target, text, mode=0o644, overwrite=force)
+        atomic_write(target, text, mode=0o644, overwrite=overwrite)
     except FileExistsError as exc:
         raise AgentboxError(f"{target} appeared while writing; nothing was overwritten") from exc
     except OSError as exc:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from agentbox.commands.common import load_config
+from agentbox.commands.common import load_config, refuse_untrusted_identity
 from agentbox.errors import AgentboxError
 
 
@@ -55,6 +55,7 @@ def undo_command(ctx: click.Context, checkpoint: str, paths: tuple[str, ...], dr
     from agentbox.review import checkpoints, restore, undo
 
     loaded = load_config(ctx)
+    refuse_untrusted_identity(loaded, "the folder undo writes")  # undo needs no trust, but writes where it points
     workspace = loaded.require_workspace()
     repo = checkpoints.repo_of(workspace)
     target = checkpoints.lookup(workspace, checkpoint)

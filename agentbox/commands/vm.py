@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from agentbox.commands import ending
 from agentbox.commands.common import session as session_for
 from agentbox.commands.common import settle_tasks, vm_name
 from agentbox.errors import AgentboxError
 from agentbox.progress import say
 
 if TYPE_CHECKING:
+    from agentbox.commands.ending import Ending
     from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lima import Instance
+
+
+YES_HELP = "Do not ask (for scripts): go on even when it ends running sessions or tasks."
 
 
 @click.command("start")
@@ -37,10 +42,12 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     if recreate and existing is not None:
         # A VM without agentbox's workspace marker may be replaced; one of another workspace may not.
         vm.check_workspace_matches(existing, session.config)
-        _confirm(f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not touched.",
-                 yes, f"refusing to delete {name} for --recreate without confirmation (no terminal to ask on)",
-                 "Run `agentbox start --recreate --yes` to recreate it from a script.")
-        _remove(session, name)
+        ends = _confirm(session, existing,
+                        f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not "
+                        "touched.", yes,
+                        f"refusing to delete {name} for --recreate without confirmation (no terminal to ask on)",
+                        "Run `agentbox start --recreate --yes` to recreate it from a script.")
+        _remove(session, name, ends)
         existing = None
     if existing is not None and isolated:
         # Refused before anything starts: the VM's mounts, fixed at creation, decide its mode.
@@ -59,13 +66,14 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     say(f"{instance.name} is running (workspace {session.config.workspace})")
 
 
-def _remove(session: Session, name: str) -> None:
+def _remove(session: Session, name: str, ends: Ending) -> None:
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import state as vmstate
 
     vm.delete(session, name)
     settle_tasks(name, f"its VM {name} was removed")  # before the outbox goes with vmstate.clear
     vmstate.clear(name)
+    ending.said(ends, f"its VM {name} was removed")
     say(vm.REMOVED.format(name=name))
 
 
@@ -74,67 +82,110 @@ def _say_if(message: str | None) -> None:
         say(message)
 
 
-def _confirm(question: str, yes: bool, refusal: str, hint: str) -> None:
-    """Ask on a terminal; without one, only an explicit flag (`yes`) lets a destructive command go on."""
-    if yes:
-        return
-    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+def _confirm(session: Session, instance: Instance, question: str, yes: bool, refusal: str, hint: str) -> Ending:
+    """Ask on a terminal, naming the sessions and tasks that would end; without one, only an explicit flag (`yes`)
+    lets a destructive command go on. Returns what ends."""
+    if not yes and not ending.on_terminal():
         raise AgentboxError(refusal, hint=hint)
-    click.confirm(question, abort=True, err=True)
+    ends = ending.of(session, instance)
+    if not yes:
+        click.confirm(ending.question(ends, question), abort=True, err=True)
+    return ends
+
+
+def _stop(session: Session, name: str, instance: Instance | None, force: bool, yes: bool) -> bool:
+    """Stop one VM, asking first on a terminal when it would end sessions or tasks; False when the answer was no."""
+    from agentbox.vm import lifecycle as vm
+
+    if instance is not None:
+        vm.check_workspace_matches(instance, session.config)
+    ends = ending.of(session, instance)
+    if not ending.ask(ends, f"Stop {name}" + (" (killing it)" if force else ""), yes):
+        return False
+    _say_if(vm.stop(session, name, force=force, known=instance))
+    ending.said(ends, f"its VM {name} was stopped")
+    return True
 
 
 @click.command("stop")
-@click.option("--all", "stop_all", is_flag=True, help="Stop every running agentbox VM.")
-@click.option("--force", is_flag=True, help="Kill the VM instead of shutting it down.")
+@click.option("--all", "stop_all", is_flag=True, help="Stop every running agentbox VM (on a terminal, each VM that "
+              "runs sessions or tasks is asked about).")
+@click.option("--force", is_flag=True, help="Kill the VM at once (Lima's `stop --force`) instead of shutting it "
+              "down cleanly. It does not skip the question: --yes does.")
+@click.option("--yes", is_flag=True, help=YES_HELP)
 @click.pass_context
-def stop_command(ctx: click.Context, stop_all: bool, force: bool) -> None:
-    """Stop the project's VM (or all agentbox VMs)."""
+def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> None:
+    """Stop the project's VM (or all agentbox VMs).
+
+    The VM's detached sessions and running tasks end with it: on a terminal they are listed and you are asked
+    first (--yes does not ask); without one it goes on and says what it ended.
+    """
     from agentbox.vm import lifecycle as vm
+    from agentbox.vm import lima
 
     if stop_all:
         session = session_for(ctx, needs_config=False)
-        running = vm.running_vms(session.lima)
-        for name in running:  # each stop has its own line
-            vm.stop_now(session.lima, name, force, session.verbose)
-            session.on_stopped(name)
+        running = [instance for instance in session.lima.instances().values()
+                   if vm.is_agentbox_vm(instance) and instance.status == lima.RUNNING]
+        for instance in running:  # each stop has its own line
+            ends = ending.of(session, instance)
+            if not ending.ask(ends, f"Stop {instance.name}" + (" (killing it)" if force else ""), yes):
+                say(f"{instance.name} left running")
+                continue
+            vm.stop_now(session.lima, instance.name, force, session.verbose)
+            session.on_stopped(instance.name)
+            ending.said(ends, f"its VM {instance.name} was stopped")
         if not running:
             say("no agentbox VM was running")
         return
-    session = session_for(ctx)
-    _say_if(vm.stop(session, vm_name(session), force=force))
+    session = session_for(ctx, needs_trust=False)
+    name = vm_name(session)
+    if not _stop(session, name, session.instance(name), force, yes):
+        raise click.Abort()
 
 
 @click.command("restart")
+@click.option("--yes", is_flag=True, help=YES_HELP)
 @click.pass_context
-def restart_command(ctx: click.Context) -> None:
-    """Stop the project's VM if it runs, then start it."""
+def restart_command(ctx: click.Context, yes: bool) -> None:
+    """Stop the project's VM if it runs, then start it with the current config.
+
+    Its detached sessions and running tasks end: on a terminal they are listed and you are asked first (--yes does
+    not ask); without one it goes on and says what it ended.
+    """
     from agentbox.vm import lifecycle as vm
 
     session = session_for(ctx)
     name = vm_name(session)
-    _say_if(vm.stop(session, name))
+    if not _stop(session, name, session.instance(name), False, yes):
+        raise click.Abort()
     instance = vm.ensure_running(session, name)
     say(f"{instance.name} is running")
 
 
 @click.command("rm")
-@click.option("--force", is_flag=True, help="Do not ask for confirmation.")
+@click.option("--yes", is_flag=True, help="Do not ask (for scripts).")
+@click.option("--force", "old_force", is_flag=True, hidden=True)  # the earlier name of --yes, kept for scripts
 @click.pass_context
-def rm_command(ctx: click.Context, force: bool) -> None:
-    """Delete the project's VM and its disk."""
+def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
+    """Delete the project's VM and its disk.
+
+    On a terminal it asks first, naming the sessions and tasks that would end; without one it needs --yes
+    (--force, its earlier name, still works).
+    """
     from agentbox.vm import lifecycle as vm
 
-    session = session_for(ctx)
+    session = session_for(ctx, needs_trust=False)
     name = vm_name(session)
     instance = session.instance(name)
     if instance is None:
         say(f"{name} does not exist; nothing to remove")
         return
     vm.check_workspace_matches(instance, session.config)
-    _confirm(f"Delete VM {name} and its disk? Your workspace on the host is not touched.", force,
-             f"refusing to delete {name} without confirmation (no terminal to ask on)",
-             "Run `agentbox rm --force` to delete it from a script.")
-    _remove(session, name)
+    ends = _confirm(session, instance, f"Delete VM {name} and its disk? Your workspace on the host is not touched.",
+                    yes or old_force, f"refusing to delete {name} without confirmation (no terminal to ask on)",
+                    "Run `agentbox rm --yes` to delete it from a script.")
+    _remove(session, name, ends)
 
 
 @click.command("status")

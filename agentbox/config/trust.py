@@ -396,6 +396,35 @@ def require_trust(config: Config) -> None:
     )
 
 
+# The keys that choose which VM, of which workspace, a command acts on.
+_IDENTITY_KEYS = (("vm", "name"), ("workspace",))
+
+
+def untrusted_identity(config: Config) -> list[str]:
+    """The keys of the local file that choose which VM a command acts on (vm.name, a `workspace` other than the
+    file's own folder) whose values are not the ones the user trusted. Commands that need no trust (stop, rm) act
+    only on the VM a trusted file names: a file the agent rewrote must not point them at another project's VM.
+
+    A file whose bytes are those trusted has its keys as trusted, even when a file it names changed since
+    (a bootstrap script); no pinned file is read."""
+    if config.local_file is None:
+        return []
+    found = [keys.dotted(concrete) for path in _IDENTITY_KEYS for concrete, _ in _set_in(config.local_data, path)
+             if path != ("workspace",) or _workspace_rule(config, path, None)]
+    if not found:
+        return []
+    trusted = (trusted_record(config.local_file) or {}).get("manifest") or {}
+    current = {"path": str(config.local_file), "real": os.path.realpath(config.local_file),
+               "sha256": config.local_sha256}
+    if trusted.get("config") != current:
+        return found
+    if "workspace" in found:
+        pinned = {pin.get("key"): pin for pin in trusted.get("pins", []) if isinstance(pin, dict)}
+        if pinned.get("workspace") != pins.pin_path("workspace", config.workspace).to_json():
+            return found
+    return []
+
+
 def _config_text(config: Config) -> str:
     """The local file's text, as long as it is still what agentbox parsed (else the trust would be of other bytes)."""
     from agentbox.config import yamlio

@@ -225,7 +225,7 @@ def create_and_start(session: Session, name: str) -> Instance:
     except Interrupted:
         raise Interrupted(
             f"interrupted while creating {name}",
-            hint=f"Run the same command again to finish, or `agentbox rm --force` to discard {name}.",
+            hint=f"Run the same command again to finish, or `agentbox rm --yes` to discard {name}.",
         ) from None
     except LimaError as error:
         if any("already exists" in line and name in line for line in error.stderr_lines):
@@ -443,7 +443,7 @@ def recover(session: Session, instance: Instance) -> Instance:
         message = f"{instance.name} is still Broken after `limactl stop --force` and start: {error.message}"
         hint = (
             f"Lima's instance folder: {instance.dir}; its log: {instance.log_path}. "
-            "To start over: `agentbox start --recreate`, or `agentbox rm --force` and run again "
+            "To start over: `agentbox start --recreate`, or `agentbox rm --yes` and run again "
             "(this deletes the VM's disk; your workspace on the host is not touched)."
         )
         if isinstance(error, LimaError):  # keeps limactl's last lines for the error boundary
@@ -487,9 +487,10 @@ def require_running(session: Session, name: str) -> Instance:
     return instance
 
 
-def stop(session: Session, name: str, force: bool = False) -> str | None:
-    """Stop the VM. A step line reports a stop; the returned note says why nothing was done."""
-    instance = session.instance(name)
+def stop(session: Session, name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
+    """Stop the VM. A step line reports a stop; the returned note says why nothing was done. `known`: the
+    caller's `limactl list` row of it, so none is repeated."""
+    instance = session.instance(name) if known is _UNKNOWN else known
     if instance is None:
         return f"{name} does not exist; nothing to stop"
     check_workspace_matches(instance, session.config)
