@@ -278,7 +278,7 @@ def test_an_edit_in_the_vm_survives_and_the_launch_names_the_waiting_host_versio
     result = launch(project)
     assert user_text(memory) == "edited in the VM\n"
     assert (guest(vm) / ".claude" / "agents" / "a.md").read_text() == "agent v2\n"  # unedited: updated
-    waiting = staged_sync(isolated_env) / "claude" / "home"
+    waiting = staged_sync(isolated_env) / "memory-files" / "home"
     assert (f"agentbox: kept ~/.claude/CLAUDE.md as changed in this VM; the host's newer version waits in {waiting} "
             "(delete the VM's copy to take it at the next launch)") in result.stderr.splitlines()
     assert (waiting / ".claude" / "CLAUDE.md").read_text() == "host v2\n"

@@ -96,6 +96,7 @@ def test_the_parts_read_the_staging_files_the_host_stages() -> None:
         *(f"{contract.GUARDS}/{name}" for name in contract.GUARD_FILES if name not in ("git", "gh")),
         contract.ENV_FILE, contract.NETWORK_RULES, contract.CREDS_HOME, contract.CREDS_MANIFEST, contract.GIT_IDENTITY,
         f"{sync}/*", f"{sync}/*/{agentsync.MANIFEST}", f"{sync}/{agentsync.DEFAULTS}", contract.OPEN_URL,
+        f"{sync}/{agentsync.MEMORY}/{agentsync.HOME}",
         contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
         contract.MEMORY_SCRIPT, contract.TASK_RUNNER, contract.SESSION_SCRIPT, contract.TMUX_CONF,
         contract.ATTENTION_SCRIPT, contract.CLAUDE_HOOKS, contract.BROKER_CA, contract.BROKER_CA_DIGEST,
