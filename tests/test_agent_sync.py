@@ -669,3 +669,40 @@ def test_sync_pull_keeps_every_spelling_of_hooks_and_mcp_servers_in_the_vm(proje
     assert len(lines) == len(files)
     pulled = [p.name for folder in ("agents", "skills") for p in (home / ".claude" / folder).rglob("*") if p.is_file()]
     assert pulled == ["control.md"]
+
+
+# -- ~/.claude.json: this workspace only, trusted, onboarding done (issue 27) ----------------------------
+
+
+def test_the_vms_claude_json_holds_only_this_workspace_trusted_and_onboarded(project: Path, vm: FakeLima,
+                                                                            home: Path) -> None:
+    other = {"allowedTools": ["Bash(rm -rf /srv/secret:*)"], "history": [{"display": "the other project's prompt"}]}
+    write(home / ".claude.json", json.dumps({
+        "oauthAccount": {"emailAddress": "ada@example.com"},
+        "projects": {str(project): {"allowedTools": ["Read"], "hasTrustDialogAccepted": False},
+                     f"{project}/.agentbox/worktrees/fix": {"allowedTools": ["Edit"]},
+                     f"{project}-other": other, "/home/ada/secret-client": other},
+    }))
+    write(home / ".claude" / ".credentials.json", json.dumps({"claudeAiOauth": {
+        "accessToken": "sk-ant-oat01-a", "refreshToken": "sk-ant-ort01-r", "expiresAt": 4_000_000_000_000}}), mode=0o600)
+    launch(project)
+    state = json.loads((guest(vm) / ".claude.json").read_text())
+    trusted = {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}
+    assert state["projects"] == {str(project): {"allowedTools": ["Read"], **trusted},
+                                 f"{project}/.agentbox/worktrees/fix": {"allowedTools": ["Edit"]}}
+    assert state["hasCompletedOnboarding"] is True
+    assert "secret" not in json.dumps(state) and "other project" not in json.dumps(state)
+
+    write(home / ".claude.json", json.dumps({"oauthAccount": {"emailAddress": "ada@example.com"}, "numStartups": 3}))
+    launch(project)  # the host's new file replaces the VM's: marked again
+    state = json.loads((guest(vm) / ".claude.json").read_text())
+    assert state["projects"] == {str(project): trusted} and state["hasCompletedOnboarding"] is True
+    assert state["numStartups"] == 3
+
+
+def test_a_vm_without_a_claude_login_keeps_claude_codes_onboarding_but_trusts_the_workspace(
+        project: Path, vm: FakeLima) -> None:
+    launch(project)
+    state = json.loads((guest(vm) / ".claude.json").read_text())
+    assert state == {"projects": {str(project): {"hasTrustDialogAccepted": True,
+                                                 "hasCompletedProjectOnboarding": True}}}

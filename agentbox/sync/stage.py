@@ -302,6 +302,7 @@ def context_for(config: Config, agent: AgentConfig, guest_home: str, staging_fol
         mounts=tuple(sorted(mounts, key=lambda mount: len(mount[0]), reverse=True)),
         synced=synced,
         mcp_secrets=agent.sync.mcp_secrets,
+        workspace=str(config.workspace),
     )
 
 
