@@ -706,3 +706,30 @@ def test_a_vm_without_a_claude_login_keeps_claude_codes_onboarding_but_trusts_th
     state = json.loads((guest(vm) / ".claude.json").read_text())
     assert state == {"projects": {str(project): {"hasTrustDialogAccepted": True,
                                                  "hasCompletedProjectOnboarding": True}}}
+
+
+# -- remote MCP servers in allowlist mode (issue 27) -----------------------------------------------------
+
+
+def test_allowlist_mode_names_the_remote_mcp_servers_it_blocks_and_how_to_allow_them(project: Path, vm: FakeLima,
+                                                                                      home: Path) -> None:
+    write(home / ".claude.json", json.dumps({"mcpServers": {
+        "docs": {"type": "http", "url": "https://mcp.docs.example/mcp"},
+        "wiki": {"type": "sse", "url": "http://wiki.example:8080/sse"},
+        "open": {"type": "http", "url": "https://api.allowed.example/mcp"},
+        "local": {"command": "sh", "args": ["-c", "true"]}},
+        "projects": {str(project): {"mcpServers": {"team": {"type": "http", "url": "https://team.example/mcp"}}},
+                     "/elsewhere": {"mcpServers": {"gone": {"type": "http", "url": "https://other.example/"}}}}}))
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n  allow: ['*.allowed.example']\n")
+    result = launch(project)
+    warned = [line for line in result.stderr.splitlines() if "MCP" in line]
+    assert warned == [
+        "agentbox: warning: network.mode is allowlist and it blocks these remote MCP servers: "
+        "~/.claude.json mcpServers.docs (mcp.docs.example), ~/.claude.json mcpServers.wiki (wiki.example), "
+        f"~/.claude.json projects[{project}].mcpServers.team (team.example); "
+        "allow them with `agentbox net allow mcp.docs.example` and `agentbox net allow team.example` and "
+        "`agentbox net allow wiki.example:8080`"]
+
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n  allow: ['*.allowed.example', mcp.docs.example, "
+          "team.example, 'wiki.example:8080']\n")
+    assert "MCP" not in launch(project).stderr  # the control: once allowed, nothing to say

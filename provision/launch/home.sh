@@ -60,7 +60,7 @@ mark_claude_onboarded() {
   # session works in) is marked trusted; onboarding done when a login is there (without one, its onboarding
   # is how the user logs in). Skipped without a process when done for the same folders since apply_credentials
   # last installed ~/.claude.json (it removes the stamp); Claude Code keeps the keys when it rewrites the file.
-  [ -z "$binary" ] || [ "$binary" = claude ] || return 0
+  [ -z "${binary:-}" ] || [ "$binary" = claude ] || return 0
   local file="$HOME/.claude.json" stamp="$state/claude-onboarded" login=false key marked=""
   if [ -n "${CLAUDE_CODE_OAUTH_TOKEN:-}${ANTHROPIC_API_KEY:-}" ] || [ -s "$HOME/.claude/.credentials.json" ]; then
     login=true
