@@ -690,7 +690,7 @@ def test_the_vms_claude_json_holds_only_this_workspace_trusted_and_onboarded(pro
     trusted = {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}
     assert state["projects"] == {str(project): {"allowedTools": ["Read"], **trusted},
                                  f"{project}/.agentbox/worktrees/fix": {"allowedTools": ["Edit"]}}
-    assert state["hasCompletedOnboarding"] is True
+    assert state["hasCompletedOnboarding"] is True and state["hasSeenAutoDefaultNudge"] is True
     assert "secret" not in json.dumps(state) and "other project" not in json.dumps(state)
 
     write(home / ".claude.json", json.dumps({"oauthAccount": {"emailAddress": "ada@example.com"}, "numStartups": 3}))
@@ -704,8 +704,8 @@ def test_a_vm_without_a_claude_login_keeps_claude_codes_onboarding_but_trusts_th
         project: Path, vm: FakeLima) -> None:
     launch(project)
     state = json.loads((guest(vm) / ".claude.json").read_text())
-    assert state == {"projects": {str(project): {"hasTrustDialogAccepted": True,
-                                                 "hasCompletedProjectOnboarding": True}}}
+    assert state == {"hasSeenAutoDefaultNudge": True, "projects": {str(project): {
+        "hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}
 
 
 # -- remote MCP servers in allowlist mode (issue 27) -----------------------------------------------------

@@ -211,7 +211,7 @@ def test_home_marks_claude_onboarded_and_includes_the_git_identity(guest: Guest)
     result = guest.run("home.sh", "mark_claude_onboarded; configure_git; trust_workspace_for_gemini",
                        env={"CLAUDE_CODE_OAUTH_TOKEN": "t"})
     assert result.returncode == 0, result.stderr
-    assert json.loads((guest.home / ".claude.json").read_text()) == {"hasCompletedOnboarding": True, "projects": {
+    assert json.loads((guest.home / ".claude.json").read_text()) == {"hasCompletedOnboarding": True, "hasSeenAutoDefaultNudge": True, "projects": {
         str(guest.workspace): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}
     included = subprocess.run(["git", "config", "--global", "--get-all", "include.path"], capture_output=True,
                               text=True, env={"HOME": str(guest.home), "PATH": os.environ["PATH"]})

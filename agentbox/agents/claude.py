@@ -41,7 +41,7 @@ RECORD = AgentSpec(
     one_time_prompts=(
         Prompt("the bypass-permissions confirmation before its first run",
                "settings: skipDangerousModePermissionPrompt", ".claude/settings.json"),
-        Prompt("the folder-trust question, and the onboarding when a login is there",
+        Prompt("the folder-trust question, the auto-mode nudge, and the onboarding when a login is there",
                "launch.sh: mark_claude_onboarded", ".claude.json"),
     ),
     memory_file="~/.claude/CLAUDE.md",

@@ -55,10 +55,11 @@ configure_git() {
 }
 
 mark_claude_onboarded() {
-  # Claude Code asks once per folder whether to trust it, and once per home for its onboarding (the theme,
-  # the login): a detached session or a task must never wait there. The workspace (and the worktree the
-  # session works in) is marked trusted; onboarding done when a login is there (without one, its onboarding
-  # is how the user logs in). Skipped without a process when done for the same folders since apply_credentials
+  # Claude Code asks once per folder whether to trust it, once per home for its onboarding (the theme, the
+  # login), and once whether auto mode should replace bypass permissions (hasSeenAutoDefaultNudge): a detached
+  # session or a task must never wait there. The workspace (and the worktree the session works in) is marked
+  # trusted, the nudge seen; onboarding done when a login is there (without one, its onboarding is how the
+  # user logs in). Skipped without a process when done for the same folders since apply_credentials
   # last installed ~/.claude.json (it removes the stamp); Claude Code keeps the keys when it rewrites the file.
   [ -z "${binary:-}" ] || [ "$binary" = claude ] || return 0
   local file="$HOME/.claude.json" stamp="$state/claude-onboarded" login=false key marked=""
@@ -71,7 +72,7 @@ mark_claude_onboarded() {
     [ "$marked" != "$key" ] || return 0
   fi
   # shellcheck disable=SC2016 # jq's variables
-  json_edit "$file" '(if $login then .hasCompletedOnboarding = true else . end)
+  json_edit "$file" '(if $login then .hasCompletedOnboarding = true else . end) | .hasSeenAutoDefaultNudge = true
     | reduce ([$workspace, $worktree] | map(select(. != "")) | .[]) as $folder (.;
         .projects[$folder] = ((.projects[$folder] // {}) + {hasTrustDialogAccepted: true, hasCompletedProjectOnboarding: true}))' \
     --argjson login "$login" --arg workspace "$workspace" --arg worktree "${worktree:-}"
