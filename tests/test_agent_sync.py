@@ -733,3 +733,10 @@ def test_allowlist_mode_names_the_remote_mcp_servers_it_blocks_and_how_to_allow_
     write(project / "agentbox.yml", "network:\n  mode: allowlist\n  allow: ['*.allowed.example', mcp.docs.example, "
           "team.example, 'wiki.example:8080']\n")
     assert "MCP" not in launch(project).stderr  # the control: once allowed, nothing to say
+
+    write(home / ".gemini" / "settings.json", json.dumps({"mcpServers": {
+        "search": {"httpUrl": "https://search.example/mcp"}, "docs": {"url": "https://mcp.docs.example/sse"}}}))
+    warned = [line for line in launch(project, "gemini").stderr.splitlines() if "MCP" in line]
+    assert warned == ["agentbox: warning: network.mode is allowlist and it blocks these remote MCP servers: "
+                      "~/.gemini/settings.json mcpServers.search (search.example); "
+                      "allow them with `agentbox net allow search.example`"]

@@ -90,11 +90,12 @@ def run_in_vm(
 
 def _note_blocked_mcp_servers(config: Config, folder: Path, agent: AgentConfig | None) -> None:
     """Name the remote MCP servers the VM gets whose hosts the network policy blocks, and how to allow them."""
+    from agentbox.agents.builtin import BUILTIN_AGENTS
     from agentbox.net import policy as netpolicy
     from agentbox.safetext import visible
     from agentbox.sync import mcphosts
 
-    agents = [agent.name] if agent is not None else list(mcphosts.SOURCES)
+    agents = [agent.name] if agent is not None else list(BUILTIN_AGENTS)
     endpoints = {agent.name: agent.endpoints} if agent is not None else {}
     allowed = [host for host, _ in netpolicy.allow_list(config.network, endpoints)]
     blocked = mcphosts.blocked(mcphosts.remote_servers(folder, agents), allowed)

@@ -16,20 +16,17 @@ from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
 from agentbox import contract
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.sync import stage as agentsync
 from agentbox.sync import transform as synctransform
 
 MAX_READ = 32 << 20
 
-# agent -> (staged file relative to the staging folder, what it is called, the key holding its servers)
-SOURCES: dict[str, tuple[str, str, str]] = {
-    "claude": (f"{contract.CREDS_HOME}/.claude.json", "~/.claude.json", "mcpServers"),
-    "gemini": (f"{agentsync.SYNC}/gemini/{agentsync.HOME}/.gemini/settings.json", "~/.gemini/settings.json",
-               "mcpServers"),
-    "codex": (f"{agentsync.SYNC}/codex/{agentsync.HOME}/.codex/config.toml", "~/.codex/config.toml", "mcp_servers"),
-    "kiro": (f"{agentsync.SYNC}/kiro/{agentsync.HOME}/.kiro/settings/mcp.json", "~/.kiro/settings/mcp.json",
-             "mcpServers"),
-}
+# The transforms (agents' records: login_transforms, sync_transforms) whose files hold MCP servers, and the key
+# holding them; claude_json also holds them per project.
+SERVERS_KEY = {"claude_json": "mcpServers", "codex_config": "mcp_servers", "gemini_settings": "mcpServers",
+               "mcp_file": "mcpServers"}
+PER_PROJECT = "claude_json"
 
 
 class Remote(NamedTuple):
@@ -39,22 +36,39 @@ class Remote(NamedTuple):
 
 
 def remote_servers(staging: Path, agents: Iterable[str]) -> list[Remote]:
-    """The remote MCP servers in the staged files of these agents."""
+    """The remote MCP servers in the staged files of these agents (their records name the files)."""
     found: list[Remote] = []
     for agent in agents:
-        if agent not in SOURCES:
-            continue
-        relative, shown, key = SOURCES[agent]
-        document = _read(staging / relative)
-        if document is None:
-            continue
-        found += _remotes(document.get(key), f"{shown} {key}")
-        projects = document.get("projects") if agent == "claude" else None
-        if isinstance(projects, dict):
-            for folder, project in projects.items():
-                if isinstance(project, dict):
-                    found += _remotes(project.get(key), f"{shown} projects[{folder}].{key}")
+        for path, shown, transform in _sources(staging, agent):
+            document = _read(path)
+            if document is None:
+                continue
+            key = SERVERS_KEY[transform]
+            found += _remotes(document.get(key), f"{shown} {key}")
+            projects = document.get("projects") if transform == PER_PROJECT else None
+            if isinstance(projects, dict):
+                for folder, project in projects.items():
+                    if isinstance(project, dict):
+                        found += _remotes(project.get(key), f"{shown} projects[{folder}].{key}")
     return found
+
+
+def _sources(staging: Path, agent: str) -> Iterator[tuple[Path, str, str]]:
+    """(staged file, its path as the user knows it, its transform) for each file of the agent that may hold
+    MCP servers: its login files in creds/home, its own setup in sync/AGENT/home (globs expanded there)."""
+    spec = BUILTIN_AGENTS.get(agent)
+    if spec is None:
+        return
+    for relative, transform in spec.login_transforms:
+        if transform in SERVERS_KEY:
+            yield staging / contract.CREDS_HOME / relative, f"~/{relative}", transform
+    if not spec.folder:
+        return
+    home = staging / agentsync.SYNC / agent / agentsync.HOME
+    for pattern, transform in spec.sync_transforms:
+        if transform in SERVERS_KEY:
+            for path in sorted(home.glob(f"{spec.folder}/{pattern}")):
+                yield path, f"~/{path.relative_to(home).as_posix()}", transform
 
 
 def blocked(remotes: Iterable[Remote], allowed: Iterable[str]) -> list[Remote]:
