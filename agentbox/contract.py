@@ -70,7 +70,8 @@ LAUNCH_OPTIONS = (
                  "copy's changes go when the program exits (agentbox.review.isolation)"),
     LaunchOption("--chdir", "DIR", "isolated mode: the folder the program starts in, inside the copy "
                  "(the workspace when the copy lacks it)"),
-    LaunchOption("--sync", "AGENT", "apply sync/AGENT: the agent's own setup (sync.agentConfig)", repeated=True),
+    LaunchOption("--sync", "AGENT", "apply sync/AGENT: the agent's own setup (sync.agentConfig); "
+                 "memory-files: every agent's memory file", repeated=True),
     LaunchOption("--creds-outbox", "DIR", "credential write-back: this session's folder in the writable outbox; "
                  "launch.sh then runs the program as its child and, when it exits, copies each --creds-return "
                  "file there"),

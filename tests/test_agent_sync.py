@@ -278,7 +278,7 @@ def test_an_edit_in_the_vm_survives_and_the_launch_names_the_waiting_host_versio
     result = launch(project)
     assert user_text(memory) == "edited in the VM\n"
     assert (guest(vm) / ".claude" / "agents" / "a.md").read_text() == "agent v2\n"  # unedited: updated
-    waiting = staged_sync(isolated_env) / "claude" / "home"
+    waiting = staged_sync(isolated_env) / "memory-files" / "home"
     assert (f"agentbox: kept ~/.claude/CLAUDE.md as changed in this VM; the host's newer version waits in {waiting} "
             "(delete the VM's copy to take it at the next launch)") in result.stderr.splitlines()
     assert (waiting / ".claude" / "CLAUDE.md").read_text() == "host v2\n"
@@ -669,3 +669,74 @@ def test_sync_pull_keeps_every_spelling_of_hooks_and_mcp_servers_in_the_vm(proje
     assert len(lines) == len(files)
     pulled = [p.name for folder in ("agents", "skills") for p in (home / ".claude" / folder).rglob("*") if p.is_file()]
     assert pulled == ["control.md"]
+
+
+# -- ~/.claude.json: this workspace only, trusted, onboarding done (issue 27) ----------------------------
+
+
+def test_the_vms_claude_json_holds_only_this_workspace_trusted_and_onboarded(project: Path, vm: FakeLima,
+                                                                            home: Path) -> None:
+    other = {"allowedTools": ["Bash(rm -rf /srv/secret:*)"], "history": [{"display": "the other project's prompt"}]}
+    write(home / ".claude.json", json.dumps({
+        "oauthAccount": {"emailAddress": "ada@example.com"},
+        "projects": {str(project): {"allowedTools": ["Read"], "hasTrustDialogAccepted": False},
+                     f"{project}/.agentbox/worktrees/fix": {"allowedTools": ["Edit"]},
+                     f"{project}-other": other, "/home/ada/secret-client": other},
+    }))
+    write(home / ".claude" / ".credentials.json", json.dumps({"claudeAiOauth": {
+        "accessToken": "sk-ant-oat01-a", "refreshToken": "sk-ant-ort01-r", "expiresAt": 4_000_000_000_000}}), mode=0o600)
+    launch(project)
+    state = json.loads((guest(vm) / ".claude.json").read_text())
+    trusted = {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}
+    assert state["projects"] == {str(project): {"allowedTools": ["Read"], **trusted},
+                                 f"{project}/.agentbox/worktrees/fix": {"allowedTools": ["Edit"]}}
+    assert state["hasCompletedOnboarding"] is True and state["hasSeenAutoDefaultNudge"] is True
+    assert "secret" not in json.dumps(state) and "other project" not in json.dumps(state)
+
+    write(home / ".claude.json", json.dumps({"oauthAccount": {"emailAddress": "ada@example.com"}, "numStartups": 3}))
+    launch(project)  # the host's new file replaces the VM's: marked again
+    state = json.loads((guest(vm) / ".claude.json").read_text())
+    assert state["projects"] == {str(project): trusted} and state["hasCompletedOnboarding"] is True
+    assert state["numStartups"] == 3
+
+
+def test_a_vm_without_a_claude_login_keeps_claude_codes_onboarding_but_trusts_the_workspace(
+        project: Path, vm: FakeLima) -> None:
+    launch(project)
+    state = json.loads((guest(vm) / ".claude.json").read_text())
+    assert state == {"hasSeenAutoDefaultNudge": True, "projects": {str(project): {
+        "hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}
+
+
+# -- remote MCP servers in allowlist mode (issue 27) -----------------------------------------------------
+
+
+def test_allowlist_mode_names_the_remote_mcp_servers_it_blocks_and_how_to_allow_them(project: Path, vm: FakeLima,
+                                                                                      home: Path) -> None:
+    write(home / ".claude.json", json.dumps({"mcpServers": {
+        "docs": {"type": "http", "url": "https://mcp.docs.example/mcp"},
+        "wiki": {"type": "sse", "url": "http://wiki.example:8080/sse"},
+        "open": {"type": "http", "url": "https://api.allowed.example/mcp"},
+        "local": {"command": "sh", "args": ["-c", "true"]}},
+        "projects": {str(project): {"mcpServers": {"team": {"type": "http", "url": "https://team.example/mcp"}}},
+                     "/elsewhere": {"mcpServers": {"gone": {"type": "http", "url": "https://other.example/"}}}}}))
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n  allow: ['*.allowed.example']\n")
+    result = launch(project)
+    warned = [line for line in result.stderr.splitlines() if "MCP" in line]
+    assert warned == [
+        "agentbox: warning: network.mode is allowlist and it blocks these remote MCP servers: "
+        "~/.claude.json mcpServers.docs (mcp.docs.example), ~/.claude.json mcpServers.wiki (wiki.example), "
+        f"~/.claude.json projects[{project}].mcpServers.team (team.example); "
+        "allow them with `agentbox net allow mcp.docs.example` and `agentbox net allow team.example` and "
+        "`agentbox net allow wiki.example:8080`"]
+
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n  allow: ['*.allowed.example', mcp.docs.example, "
+          "team.example, 'wiki.example:8080']\n")
+    assert "MCP" not in launch(project).stderr  # the control: once allowed, nothing to say
+
+    write(home / ".gemini" / "settings.json", json.dumps({"mcpServers": {
+        "search": {"httpUrl": "https://search.example/mcp"}, "docs": {"url": "https://mcp.docs.example/sse"}}}))
+    warned = [line for line in launch(project, "gemini").stderr.splitlines() if "MCP" in line]
+    assert warned == ["agentbox: warning: network.mode is allowlist and it blocks these remote MCP servers: "
+                      "~/.gemini/settings.json mcpServers.search (search.example); "
+                      "allow them with `agentbox net allow search.example`"]

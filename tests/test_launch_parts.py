@@ -96,6 +96,7 @@ def test_the_parts_read_the_staging_files_the_host_stages() -> None:
         *(f"{contract.GUARDS}/{name}" for name in contract.GUARD_FILES if name not in ("git", "gh")),
         contract.ENV_FILE, contract.NETWORK_RULES, contract.CREDS_HOME, contract.CREDS_MANIFEST, contract.GIT_IDENTITY,
         f"{sync}/*", f"{sync}/*/{agentsync.MANIFEST}", f"{sync}/{agentsync.DEFAULTS}", contract.OPEN_URL,
+        f"{sync}/{agentsync.MEMORY}/{agentsync.HOME}",
         contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
         contract.MEMORY_SCRIPT, contract.TASK_RUNNER, contract.SESSION_SCRIPT, contract.TMUX_CONF,
         contract.ATTENTION_SCRIPT, contract.CLAUDE_HOOKS, contract.BROKER_CA, contract.BROKER_CA_DIGEST,
@@ -210,7 +211,8 @@ def test_home_marks_claude_onboarded_and_includes_the_git_identity(guest: Guest)
     result = guest.run("home.sh", "mark_claude_onboarded; configure_git; trust_workspace_for_gemini",
                        env={"CLAUDE_CODE_OAUTH_TOKEN": "t"})
     assert result.returncode == 0, result.stderr
-    assert json.loads((guest.home / ".claude.json").read_text()) == {"hasCompletedOnboarding": True}
+    assert json.loads((guest.home / ".claude.json").read_text()) == {"hasCompletedOnboarding": True, "hasSeenAutoDefaultNudge": True, "projects": {
+        str(guest.workspace): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}
     included = subprocess.run(["git", "config", "--global", "--get-all", "include.path"], capture_output=True,
                               text=True, env={"HOME": str(guest.home), "PATH": os.environ["PATH"]})
     assert included.stdout == f"{guest.staging / contract.GIT_IDENTITY}\n"

@@ -103,3 +103,37 @@ def test_a_synced_memory_file_keeps_agentboxs_block_and_still_takes_the_hosts_ne
     result = agentbox(project, "claude", "-p", "hi")
     assert "kept ~/.claude/CLAUDE.md as changed in this VM" in result.stderr  # a real edit still wins
     assert memory.read_text().startswith("edited in the VM\n" + context.BEGIN_MARKER)
+
+
+MEMORY_FILES = (".claude/CLAUDE.md", ".codex/AGENTS.md", ".gemini/GEMINI.md")
+
+
+def test_memory_files_made_on_the_host_after_the_vm_ran_reach_it_at_any_agents_next_launch(
+        project: Path, vm: FakeLima, home: Path) -> None:
+    for binary in ("claude", "gemini"):
+        install_agent(vm, "#!/bin/sh\nexit 0\n", binary)
+    # The first launch (no memory file on the host) writes agentbox's block into every agent's memory file.
+    assert agentbox(project, "claude", "-p", "hi").returncode == 0
+    guest = vm.guest_home(NAME)
+    for relative in MEMORY_FILES:
+        assert (guest / relative).read_text().startswith(context.BEGIN_MARKER)
+
+    for relative in MEMORY_FILES:
+        write(home / relative, f"host's {relative}\n")
+    result = agentbox(project, "gemini", "-p", "hi")  # not Claude Code, not Codex: all three still travel
+    assert result.returncode == 0, result.stderr
+    assert "kept" not in result.stderr  # a file holding only agentbox's block is not an edit made in the VM
+    for relative in MEMORY_FILES:
+        text = (guest / relative).read_text()
+        assert text.startswith(f"host's {relative}\n" + context.BEGIN_MARKER), relative
+        assert text.count(context.BEGIN_MARKER) == 1
+
+    write(home / ".codex" / "AGENTS.md", "host's second AGENTS.md\n")  # changed again, during another agent's launch
+    (guest / ".claude" / "CLAUDE.md").write_text(  # the user's edit in the VM still wins over the host's
+        (guest / ".claude" / "CLAUDE.md").read_text().replace("host's", "the VM's"))
+    write(home / ".claude" / "CLAUDE.md", "host's newer CLAUDE.md\n")
+    result = agentbox(project, "claude", "-p", "hi")
+    assert result.returncode == 0, result.stderr
+    assert (guest / ".codex" / "AGENTS.md").read_text().startswith("host's second AGENTS.md\n" + context.BEGIN_MARKER)
+    assert "kept ~/.claude/CLAUDE.md as changed in this VM" in result.stderr
+    assert (guest / ".claude" / "CLAUDE.md").read_text().startswith("the VM's .claude/CLAUDE.md\n")

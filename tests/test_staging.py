@@ -135,14 +135,17 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     executable = {contract.LAUNCH_SCRIPT, contract.OPEN_URL, contract.MEMORY_SCRIPT, contract.TASK_RUNNER,
                   contract.SESSION_SCRIPT, contract.ATTENTION_SCRIPT,
                   *(f"{contract.GUARDS}/{name}" for name in contract.GUARD_FILES)}
-    synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/codex/home/.codex/AGENTS.md"}
+    memory = "sync/memory-files/home/.codex/AGENTS.md"  # every agent's memory file travels apart
+    synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/memory-files/manifest",
+              "sync/memory-files/stamps.json", memory}
     named = {contract.ENV_FILE, contract.CREDS_MANIFEST, contract.CREDS_STAMPS, contract.GIT_IDENTITY,
              contract.GIT_IDENTITY_STAMP, f"{contract.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
              contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
              contract.TMUX_CONF, contract.CLAUDE_HOOKS, contract.NETWORK_RULES, contract.BROKER_CA,
              contract.BROKER_CA_DIGEST, *executable}
     folders = {contract.GUARDS, contract.BOOTSTRAP, contract.CREDS, contract.CREDS_HOME, f"{contract.CREDS_HOME}/.codex",
-               "sync", "sync/codex", "sync/codex/home", "sync/codex/home/.codex", contract.CONTEXT, contract.BROKER}
+               "sync", "sync/codex", "sync/memory-files", "sync/memory-files/home", "sync/memory-files/home/.codex",
+               contract.CONTEXT, contract.BROKER}
     copies = {name for name in found if name.startswith(f"{contract.BOOTSTRAP}/")}
     parts = {f"{contract.LAUNCH_PARTS}/{part.name}" for part in LAUNCH_PARTS.glob("*.sh")}
     assert len(parts) > 5
@@ -158,8 +161,8 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     assert (folder / contract.ENV_FILE).read_bytes() == f"MY_VAR=hi\0{proxy}".encode()
     documented = staging.__doc__ or ""
     assert "    launch/PART.sh " in documented
-    for name in named - {f"{contract.CREDS_HOME}/.codex/auth.json", "sync/codex/home/.codex/AGENTS.md"}:
-        name = name.replace("sync/codex/", "sync/AGENT/")
+    for name in named - {f"{contract.CREDS_HOME}/.codex/auth.json", memory}:
+        name = name.replace("sync/codex/", "sync/AGENT/").replace("sync/memory-files/", "sync/AGENT/")
         assert re.search(rf"^    {re.escape(name)}\b|, {re.escape(name)}\b|^      {re.escape(name)}\b", documented, re.M), name
     assert "    creds/home/PATH " in documented and "    bootstrap/SHA-NAME " in documented
     assert "    sync/AGENT/home/PATH " in documented

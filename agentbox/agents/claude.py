@@ -41,7 +41,7 @@ RECORD = AgentSpec(
     one_time_prompts=(
         Prompt("the bypass-permissions confirmation before its first run",
                "settings: skipDangerousModePermissionPrompt", ".claude/settings.json"),
-        Prompt("the onboarding after a `claude setup-token` login (CLAUDE_CODE_OAUTH_TOKEN)",
+        Prompt("the folder-trust question, the auto-mode nudge, and the onboarding when a login is there",
                "launch.sh: mark_claude_onboarded", ".claude.json"),
     ),
     memory_file="~/.claude/CLAUDE.md",

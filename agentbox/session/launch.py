@@ -92,6 +92,21 @@ def run_in_vm(
                 lease.release()  # the proxy stops unless another session (or a kept one's marker) needs it
 
 
+def _note_blocked_mcp_servers(config: Config, folder: Path, agent: AgentConfig | None) -> None:
+    """Name the remote MCP servers the VM gets whose hosts the network policy blocks, and how to allow them."""
+    from agentbox.agents.builtin import BUILTIN_AGENTS
+    from agentbox.net import policy as netpolicy
+    from agentbox.safetext import visible
+    from agentbox.sync import mcphosts
+
+    agents = [agent.name] if agent is not None else list(BUILTIN_AGENTS)
+    endpoints = {agent.name: agent.endpoints} if agent is not None else {}
+    allowed = [host for host, _ in netpolicy.allow_list(config.network, endpoints)]
+    blocked = mcphosts.blocked(mcphosts.remote_servers(folder, agents), allowed)
+    if blocked:
+        warn(visible(mcphosts.message(config.network.mode, blocked)))
+
+
 def _run(
     session: vm.Session,
     name: str,
@@ -129,6 +144,8 @@ def _run(
         refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port,
                                     brokering.prepared if brokering is not None else None,
                                     brokering.authority if brokering is not None else None)
+    if config.network.mode != "open":
+        _note_blocked_mcp_servers(config, refreshed.folder, agent)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vmstate.update(name, {"seen": seen})

@@ -32,6 +32,8 @@ launch.sh finds the folder as the one it runs from.
     sync/AGENT/manifest    0600  "SHA256 MODE PATH" records, each ended by  launch.sh: which sync/AGENT/home files
                                  a NUL (MODE 600 or 700)                     to apply (never an absolute PATH or ..)
     sync/AGENT/stamps.json 0600  host only: each file's stat signature, digest, and why it was left out, if it was
+    sync/memory-files/     0700  as sync/AGENT/, for every agent's memory    launch.sh (--sync memory-files, first);
+                                 file (CLAUDE.md, AGENTS.md, GEMINI.md)      an agent's own sync leaves them alone
     sync/defaults          0600  "SHA256 PATH" records, NUL-ended: the       launch.sh: a VM copy with that digest is
                                  settings a new VM gets (provisioning)       agentbox's, not the user's edit
     open-url               0700  provision/open-url.sh: prints an address  launch.sh: install -m 755 as
@@ -185,7 +187,8 @@ def launch_command(
         "--timing": timing.enabled(),
         "--on-create": scripts.on_create,
         "--on-start": scripts.on_start,
-        "--sync": [a.name for a in synced_agents(config, agent)],
+        # The memory files first: an agent's own records may still name its memory file (launch/sync.sh).
+        "--sync": [agentsync.MEMORY] * config.sync_agent_config + [a.name for a in synced_agents(config, agent)],
         "--memory-file": [path[2:] for path in context.memory_files()],
         "--notify": "on" if config.notify else "off",
     }

@@ -22,7 +22,9 @@ since it was staged (the same rule as credentials.stage_files, racy-clean second
 what the transforms depend on changed (the VM's home, mounts, settings). An unchanged 50 MB plugin
 folder costs one stat per file. Guest side, provision/launch.sh applies sync/AGENT/manifest: a file
 is copied into the guest home only when the host's copy changed, and a file changed in the VM since
-the last sync is kept (the launch says, once, which host version waits).
+the last sync is kept (the launch says, once, which host version waits). The memory files (CLAUDE.md,
+AGENTS.md, GEMINI.md) travel apart, in sync/memory-files, at every launch whichever agent it is: every launch
+writes agentbox's block into each of them, and launch.sh does not count that block as an edit made in the VM.
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ DEFAULTS = "defaults"
 MANIFEST = "manifest"
 STAMPS = "stamps.json"
 HOME = "home"
+# The memory files of every agent, applied by launch.sh like an agent's own (`--sync memory-files`, after the
+# launched agent's). No agent is named so: spec_of names only built-in agents.
+MEMORY = "memory-files"
 
 
 class Item(NamedTuple):
@@ -101,8 +106,9 @@ def spec_of(agent: AgentConfig) -> AgentSpec | None:
     return spec if spec is not None and spec.folder else None
 
 
-def collect(agent: AgentConfig, spec: AgentSpec, home: Path) -> Collected:
-    """The files to bring for one agent (nothing read yet, only listed and stat'ed) and what was left out."""
+def collect(agent: AgentConfig, spec: AgentSpec, home: Path, only: tuple[str, ...] | None = None) -> Collected:
+    """The files to bring for one agent (nothing read yet, only listed and stat'ed) and what was left out;
+    `only`: these entries of its folder instead of all it brings."""
     assert spec.folder is not None
     shown_root = f"~/{spec.folder}"
     collected = Collected(agent.name, shown_root, [], [])
@@ -110,9 +116,20 @@ def collect(agent: AgentConfig, spec: AgentSpec, home: Path) -> Collected:
     if not os.path.isdir(root):
         return collected
     walker = _Walker(agent, spec, root, shown_root, collected)
-    for entry in _entries(agent, spec, root, collected):
+    for entry in _entries(agent, spec, root, collected) if only is None else only:
         walker.entry(entry)
     return collected
+
+
+def memory_entry(spec: AgentSpec) -> str | None:
+    """The agent's memory file (CLAUDE.md, AGENTS.md, GEMINI.md) relative to its folder, when it is one of the
+    entries it brings: it travels in the MEMORY group at every launch, whichever agent is launched, because
+    every launch writes agentbox's block into all of them (provision/launch/context.sh)."""
+    prefix = f"~/{spec.folder}/"
+    if spec.folder and spec.memory_file and spec.memory_file.startswith(prefix):
+        inner = spec.memory_file[len(prefix):]
+        return inner if inner in spec.sync_items else None
+    return None
 
 
 def _entries(agent: AgentConfig, spec: AgentSpec, root: str, collected: Collected) -> list[str]:
@@ -285,6 +302,7 @@ def context_for(config: Config, agent: AgentConfig, guest_home: str, staging_fol
         mounts=tuple(sorted(mounts, key=lambda mount: len(mount[0]), reverse=True)),
         synced=synced,
         mcp_secrets=agent.sync.mcp_secrets,
+        workspace=str(config.workspace),
     )
 
 
@@ -324,14 +342,25 @@ def stage(staging: Path, config: Config, agents: list[AgentConfig], guest_home: 
             shutil.rmtree(root)
         return []
     warnings: list[str] = []
+    private_dir(root)
+    write_if_changed(root / DEFAULTS, defaults_manifest())
     for agent in agents:
         spec = spec_of(agent)
         if spec is None:
             continue
-        private_dir(root)
-        write_if_changed(root / DEFAULTS, defaults_manifest())
         context = context_for(config, agent, guest_home, staging)
-        warnings += _stage_agent(root / agent.name, collect(agent, spec, paths.home()), context)
+        collected = collect(agent, spec, paths.home())
+        memory = memory_entry(spec)
+        collected.items[:] = [item for item in collected.items if item.inner != memory]
+        warnings += _stage_agent(root / agent.name, [(collected, context)])
+    memories = []
+    for agent in config.agents.values():
+        spec = spec_of(agent)
+        memory = memory_entry(spec) if spec is not None else None
+        if spec is not None and memory is not None:
+            memories.append((collect(agent, spec, paths.home(), (memory,)),
+                             context_for(config, agent, guest_home, staging)))
+    warnings += _stage_agent(root / MEMORY, memories)
     return warnings
 
 
@@ -344,21 +373,22 @@ def defaults_manifest() -> bytes:
     return "".join(f"{hashlib.sha256(text.encode()).hexdigest()} {path}\0" for path, text in files.items()).encode()
 
 
-def _stage_agent(agent_dir: Path, collected: Collected, context: synctransform.Context) -> list[str]:
+def _stage_agent(agent_dir: Path, parts: list[tuple[Collected, synctransform.Context]]) -> list[str]:
     private_dir(agent_dir)
     files = agent_dir / HOME
     previous = _load_stamps(agent_dir / STAMPS)
-    key = context.key()
     stamps: dict[str, Any] = {}
     records: list[str] = []
     warnings: list[str] = []
-    for item in collected.items:
-        stamp = _stage_file(item, files, previous.get(item.relative), key, context)
-        stamps[item.relative] = stamp
-        if stamp["problem"]:
-            warnings.append(f"{_shown(item)}: {visible(stamp['problem'])}; it was not brought into the VM")
-            continue
-        records.append(f"{stamp['digest']} {stamp['mode']:o} {item.relative}\0")
+    for collected, context in parts:
+        key = context.key()
+        for item in collected.items:
+            stamp = _stage_file(item, files, previous.get(item.relative), key, context)
+            stamps[item.relative] = stamp
+            if stamp["problem"]:
+                warnings.append(f"{_shown(item)}: {visible(stamp['problem'])}; it was not brought into the VM")
+                continue
+            records.append(f"{stamp['digest']} {stamp['mode']:o} {item.relative}\0")
     staged = {relative for relative, stamp in stamps.items() if not stamp["problem"]}
     before = {relative for relative, stamp in previous.items() if isinstance(stamp, dict) and not stamp.get("problem")}
     if staged != before:

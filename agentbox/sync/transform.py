@@ -74,6 +74,7 @@ class Context(NamedTuple):
     mounts: tuple[tuple[str, str], ...]  # (host folder, where the VM sees it)
     synced: tuple[str, ...]  # host folders brought into the VM (a command inside one exists there)
     mcp_secrets: bool
+    workspace: str = ""  # the project's folder (the same path in the VM): ~/.claude.json keeps only its entries
 
     def key(self) -> str:
         """What the transforms' output depends on besides the file: a change re-makes every staged copy."""
@@ -156,6 +157,11 @@ def claude_json(data: bytes, context: Context, notes: list[Note], bring_servers:
             notes.append(Note("mcpServers", "dropped", "sync.agentConfig is false"))
     projects = result.get("projects")
     if isinstance(projects, dict):
+        # Only this workspace's entries (its worktrees' too): the VM never sees the other projects' history,
+        # paths and allowed tools.
+        inside = context.workspace.rstrip("/") + "/"
+        projects = {folder: project for folder, project in projects.items()
+                    if context.workspace and (folder == context.workspace or folder.startswith(inside))}
         # Per-project servers: the workspace has the same path in the VM, so Claude Code would use them there.
         filtered = {}
         for folder, project in projects.items():

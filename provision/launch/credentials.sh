@@ -17,6 +17,7 @@ apply_credentials() {
       mkdir -p "$(dirname "$HOME/$relative")" "$(dirname "$applied")"
       install -m 600 "$staging/creds/home/$relative" "$HOME/$relative"
       printf '%s' "$digest" > "$applied"
+      [ "$relative" != .claude.json ] || rm -f "$state/claude-onboarded"  # mark_claude_onboarded again
     fi
   done < "$manifest"
 }

@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2154 # launch.sh sets what this part reads (tests/test_launch_parts.py checks the names)
 # agentbox-managed: a part of launch.sh, which sources it from the staging folder's launch/.
 # Settings in the guest home: the browser, git, Claude Code's and Gemini CLI's.
-# Reads launch.sh's staging, state, workspace.
+# Reads launch.sh's staging, state, workspace, binary, worktree.
 
 setup_browser() {
   # The VM has no browser: an agent that opens a login page gets the address printed for the user
@@ -55,16 +55,26 @@ configure_git() {
 }
 
 mark_claude_onboarded() {
-  # With a token from `claude setup-token` there is no interactive login to complete.
-  [ -n "${CLAUDE_CODE_OAUTH_TOKEN:-}" ] || return 0
-  local file="$HOME/.claude.json"
-  if [ ! -s "$file" ]; then
-    printf '{"hasCompletedOnboarding": true}\n' > "$file"
-  elif ! grep -q '"hasCompletedOnboarding": *true' "$file"; then
-    if command -v jq >/dev/null 2>&1; then
-      jq '.hasCompletedOnboarding = true' "$file" > "$file.agentbox-tmp.$$" && mv "$file.agentbox-tmp.$$" "$file"
-    elif command -v python3 >/dev/null 2>&1; then
-      python3 -c 'import json,sys; p=sys.argv[1]; d=json.load(open(p)); d["hasCompletedOnboarding"]=True; json.dump(d,open(p,"w"))' "$file"
-    fi
+  # Claude Code asks once per folder whether to trust it, once per home for its onboarding (the theme, the
+  # login), and once whether auto mode should replace bypass permissions (hasSeenAutoDefaultNudge): a detached
+  # session or a task must never wait there. The workspace (and the worktree the session works in) is marked
+  # trusted, the nudge seen; onboarding done when a login is there (without one, its onboarding is how the
+  # user logs in). Skipped without a process when done for the same folders since apply_credentials
+  # last installed ~/.claude.json (it removes the stamp); Claude Code keeps the keys when it rewrites the file.
+  [ -z "${binary:-}" ] || [ "$binary" = claude ] || return 0
+  local file="$HOME/.claude.json" stamp="$state/claude-onboarded" login=false key marked=""
+  if [ -n "${CLAUDE_CODE_OAUTH_TOKEN:-}${ANTHROPIC_API_KEY:-}" ] || [ -s "$HOME/.claude/.credentials.json" ]; then
+    login=true
   fi
+  key="$login $workspace ${worktree:-}"
+  if [ -s "$file" ] && [ -r "$stamp" ]; then
+    IFS= read -r marked < "$stamp" || true
+    [ "$marked" != "$key" ] || return 0
+  fi
+  # shellcheck disable=SC2016 # jq's variables
+  json_edit "$file" '(if $login then .hasCompletedOnboarding = true else . end) | .hasSeenAutoDefaultNudge = true
+    | reduce ([$workspace, $worktree] | map(select(. != "")) | .[]) as $folder (.;
+        .projects[$folder] = ((.projects[$folder] // {}) + {hasTrustDialogAccepted: true, hasCompletedProjectOnboarding: true}))' \
+    --argjson login "$login" --arg workspace "$workspace" --arg worktree "${worktree:-}"
+  [ ! -s "$file" ] || printf '%s\n' "$key" > "$stamp"
 }

@@ -9,13 +9,18 @@
 # manifest is the one last applied (the usual launch), nothing else is read.
 # A memory file's agentbox block (keep_memory_block) is not the user's edit: prints the digest of FILE
 # without it when that is one of WANTED (awk ends the last line with a newline the host's file may
-# lack: both are tried), else FALLBACK.
+# lack: both are tried), nothing when the block is all FILE holds (a launch wrote it before the host
+# had the file: the VM's copy counts as absent), else FALLBACK.
 #   digest_without_block FILE FALLBACK WANTED...
 digest_without_block() {
   local file="$1" fallback="$2" stripped found="" candidate wanted
   shift 2
   stripped="$(mktemp)" || { printf '%s' "$fallback"; return 0; }
   if bash "$staging/agent-memory.sh" strip "$file" > "$stripped" 2>/dev/null; then
+    if ! grep -q '[^[:space:]]' "$stripped"; then
+      rm -f "$stripped"
+      return 0
+    fi
     for candidate in "$(sha256sum < "$stripped")" "$(head -c -1 "$stripped" | sha256sum)"; do
       for wanted in "$@"; do
         [ -z "$found" ] && [ -n "$wanted" ] && [ "${candidate%% *}" = "$wanted" ] && found="$wanted"
@@ -40,7 +45,7 @@ apply_sync() {
 sync_agent() {
   local agent="$1"
   local dir="$staging/sync/$agent" records="$state/sync/$agent"
-  local -A applied=() announced=() defaults=() listed=() waiting=()
+  local -A applied=() inherited=() announced=() defaults=() listed=() waiting=()
   local -a copy=() announce=()
   local entry rest digest mode relative target last current fd
   mkdir -p "$records" || return 1
@@ -49,6 +54,16 @@ sync_agent() {
       rest="${entry#* }"
       applied["${rest#* }"]="${entry%% *} ${rest%% *}"
     done < "$records/applied"
+  fi
+  if [ "$agent" = memory-files ] && [ ! -e "$records/applied" ]; then
+    # A memory file was its agent's own setup before: what that agent's records say was applied last.
+    for last in "$state"/sync/*/applied; do
+      [ -r "$last" ] || continue
+      while IFS= read -r -d '' entry; do
+        rest="${entry#* }"
+        inherited["${rest#* }"]="${entry%% *} ${rest%% *}"
+      done < "$last"
+    done
   fi
   if [ -r "$records/announced" ]; then
     while IFS= read -r -d '' entry; do announced["${entry#* }"]="${entry%% *}"; done < "$records/announced"
@@ -65,7 +80,7 @@ sync_agent() {
     case "$mode" in 600 | 700) ;; *) continue ;; esac
     case "/$relative/" in //* | */../* | */./*) continue ;; esac
     listed["$relative"]=1
-    last="${applied[$relative]:-}"
+    last="${applied[$relative]:-${inherited[$relative]:-}}"
     if [ "$last" = "$digest $mode" ]; then
       printf '%s %s\0' "$last" "$relative" >&"$fd"  # the host's copy is the one last applied: the VM's stays
       continue
@@ -118,6 +133,7 @@ sync_agent() {
   for relative in "${!applied[@]}"; do
     # No longer brought from the host: removed, unless it was changed in the VM.
     [ -z "${listed[$relative]:-}" ] || continue
+    [ ! -e "$staging/sync/memory-files/home/$relative" ] || continue  # now brought as a memory file
     target="$HOME/$relative"
     if [ -f "$target" ] && [ ! -L "$target" ]; then
       current="$(sha256sum < "$target" 2>/dev/null)" || continue
