@@ -292,15 +292,46 @@ def _apply_lima_yaml(machine: Machine, lima_yaml: dict, log: list[tuple[str, int
         log.append(("readiness probe", result.returncode, result.stdout + result.stderr))
 
 
-@pytest.fixture(scope="module")
-def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisioned]:
+def require_tier(*tools: str) -> None:
+    """Skip (in CI: fail) unless this machine can run the tier: root, its tools, a Node.js build for it."""
     if os.geteuid() != 0:
         unavailable("it runs a chroot, so it needs root")
-    for tool in ("debootstrap", "unshare", "chroot", "curl", "tar", "xz"):
+    for tool in ("debootstrap", "unshare", "chroot", "curl", "tar", "xz", *tools):
         if shutil.which(tool) is None:
             unavailable(f"{tool} is not installed (.ci/run installs debootstrap)")
     if ARCH is None:
         unavailable(f"no Node.js build for {platform.machine()}")
+
+
+def unpack_userspace(base: Path, tarball: Path, dist: Path) -> Machine:
+    """The tier's userspace before provisioning, in base/root: the image, cloud-init's part (the user, its home and
+    passwordless sudo), the nft stand-in and the tier's nodejs.org (see the module docstring)."""
+    root = base / "root"
+    root.mkdir()
+    run(["tar", "-C", str(root), "--numeric-owner", "-a", "-xf", str(tarball)])
+    shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
+    with open(root / "etc" / "hosts", "a", encoding="utf-8") as hosts:
+        hosts.write(f"127.0.1.1 {HOSTNAME}\n")
+    machine = Machine(root)
+    machine.run(["useradd", "--create-home", "--home-dir", GUEST_HOME, "--uid", str(UID), "--user-group",
+                 "--shell", "/bin/bash", USER])
+    (root / "etc" / "sudoers.d" / "90-lima").write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")
+    stand_in = root / "usr" / "local" / "sbin" / "nft"
+    stand_in.write_text(NFT_STAND_IN)
+    stand_in.chmod(0o755)
+    shim = root / "var" / "lib" / "agentbox-test" / "bin" / "curl"
+    shim.parent.mkdir(parents=True)
+    shim.write_text('#!/bin/sh\n# the test tier\'s nodejs.org\nfor a; do shift; set -- "$@" '
+                    '"$(printf %s "$a" | sed "s#^https://nodejs.org/dist/#file:///var/lib/agentbox-test/node-dist/#")"; '
+                    'done\nexec /usr/bin/curl "$@"\n')
+    shim.chmod(0o755)
+    machine.binds.append((dist, Path("/var/lib/agentbox-test/node-dist"), False))
+    return machine
+
+
+@pytest.fixture(scope="module")
+def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisioned]:
+    require_tier()
     problem = network_problem()
     if problem:
         unavailable(problem)
@@ -310,33 +341,12 @@ def provisioned(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Provisione
     print(f"\nreal-distro cache ready after {time.monotonic() - started:.0f}s ({cache_dir()})")
 
     base = tmp_path_factory.mktemp("realdistro")
-    root = base / "root"
-    root.mkdir()
-    run(["tar", "-C", str(root), "--numeric-owner", "-a", "-xf", str(tarball)])
-    shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
-    with open(root / "etc" / "hosts", "a", encoding="utf-8") as hosts:
-        hosts.write(f"127.0.1.1 {HOSTNAME}\n")
-    machine = Machine(root)
-    # cloud-init's part: the user, its home and passwordless sudo.
-    machine.run(["useradd", "--create-home", "--home-dir", GUEST_HOME, "--uid", str(UID), "--user-group",
-                 "--shell", "/bin/bash", USER])
-    (root / "etc" / "sudoers.d" / "90-lima").write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")
-    stand_in = root / "usr" / "local" / "sbin" / "nft"
-    stand_in.write_text(NFT_STAND_IN)
-    stand_in.chmod(0o755)
-    # nodejs.org, as far as 30-nodejs.sh is concerned (see the module docstring)
-    shim = root / "var" / "lib" / "agentbox-test" / "bin" / "curl"
-    shim.parent.mkdir(parents=True)
-    shim.write_text('#!/bin/sh\n# the test tier\'s nodejs.org\nfor a; do shift; set -- "$@" '
-                    '"$(printf %s "$a" | sed "s#^https://nodejs.org/dist/#file:///var/lib/agentbox-test/node-dist/#")"; '
-                    'done\nexec /usr/bin/curl "$@"\n')
-    shim.chmod(0o755)
+    machine = unpack_userspace(base, tarball, dist)
     npm_cache = cache_dir() / "npm-cache"
     npm_cache.mkdir(parents=True, exist_ok=True)
     os.chown(npm_cache, UID, UID)
     for entry in npm_cache.rglob("*"):
         os.lchown(entry, UID, UID)
-    machine.binds.append((dist, Path("/var/lib/agentbox-test/node-dist"), False))
     machine.binds.append((npm_cache, Path(GUEST_HOME) / ".npm", True))
 
     # agentbox's host side, in a home of its own: config, rendered lima.yaml, staging.

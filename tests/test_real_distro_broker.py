@@ -53,6 +53,7 @@ from tests.test_real_distro import (
     cache_lock,
     network_problem,
     node_dist,
+    require_tier,
     rootfs_tarball,
     run,
     unavailable,
@@ -124,13 +125,7 @@ def _clis_cached() -> bool:
 
 @pytest.fixture(scope="module")
 def userspace(tmp_path_factory: pytest.TempPathFactory) -> Machine:
-    if os.geteuid() != 0:
-        unavailable("it runs a chroot, so it needs root")
-    for tool in ("debootstrap", "unshare", "chroot", "curl", "tar", "xz", "openssl", "setpriv"):
-        if shutil.which(tool) is None:
-            unavailable(f"{tool} is not installed")
-    if ARCH is None:
-        unavailable("no Node.js build for this architecture")
+    require_tier("openssl", "setpriv")
     with cache_lock():
         problem = None if _clis_cached() else network_problem()
         if problem:

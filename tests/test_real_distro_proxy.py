@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -39,8 +38,6 @@ from tests.mitm_proxy import InterceptingProxy
 from tests.test_real_distro import (
     ARCH,
     GUEST_HOME,
-    HOSTNAME,
-    NFT_STAND_IN,
     REPO,
     UID,
     USER,
@@ -49,9 +46,10 @@ from tests.test_real_distro import (
     cache_lock,
     network_problem,
     node_dist,
+    require_tier,
     rootfs_tarball,
-    run,
     unavailable,
+    unpack_userspace,
 )
 
 pytestmark = [pytest.mark.realdistro, pytest.mark.xdist_group("realdistro"), pytest.mark.timeout(1800)]
@@ -118,42 +116,15 @@ class BehindProxy:
 
 
 def _userspace(base: Path) -> Machine:
-    """The tier's userspace before provisioning: the image, cloud-init's user, the nft and nodejs.org stand-ins
-    (tests/test_real_distro.py says why), an empty npm cache."""
+    """The tier's userspace before provisioning, with an empty npm cache: every request goes through the proxy."""
     with cache_lock():
         tarball, dist = rootfs_tarball(), node_dist()
-    root = base / "root"
-    root.mkdir()
-    run(["tar", "-C", str(root), "--numeric-owner", "-a", "-xf", str(tarball)])
-    shutil.copyfile("/etc/resolv.conf", root / "etc" / "resolv.conf")
-    with open(root / "etc" / "hosts", "a", encoding="utf-8") as hosts:
-        hosts.write(f"127.0.1.1 {HOSTNAME}\n")
-    machine = Machine(root)
-    machine.run(["useradd", "--create-home", "--home-dir", GUEST_HOME, "--uid", str(UID), "--user-group",
-                 "--shell", "/bin/bash", USER])
-    (root / "etc" / "sudoers.d" / "90-lima").write_text(f"{USER} ALL=(ALL) NOPASSWD:ALL\n")
-    stand_in = root / "usr" / "local" / "sbin" / "nft"
-    stand_in.write_text(NFT_STAND_IN)
-    stand_in.chmod(0o755)
-    shim = root / "var" / "lib" / "agentbox-test" / "bin" / "curl"
-    shim.parent.mkdir(parents=True)
-    shim.write_text('#!/bin/sh\nfor a; do shift; set -- "$@" '
-                    '"$(printf %s "$a" | sed "s#^https://nodejs.org/dist/#file:///var/lib/agentbox-test/node-dist/#")"; '
-                    'done\nexec /usr/bin/curl "$@"\n')
-    shim.chmod(0o755)
-    machine.binds.append((dist, Path("/var/lib/agentbox-test/node-dist"), False))
-    return machine
+    return unpack_userspace(base, tarball, dist)
 
 
 @pytest.fixture(scope="module")
 def behind_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BehindProxy]:
-    if os.geteuid() != 0:
-        unavailable("it runs a chroot, so it needs root")
-    for tool in ("debootstrap", "unshare", "chroot", "curl", "tar", "xz", "openssl", "setpriv"):
-        if shutil.which(tool) is None:
-            unavailable(f"{tool} is not installed (.ci/run installs debootstrap)")
-    if ARCH is None:
-        unavailable("no Node.js build for this architecture")
+    require_tier("openssl", "setpriv")
     problem = network_problem()
     if problem:
         unavailable(problem)
