@@ -515,7 +515,13 @@ class _Proxy:
                 addresses = []
             if not addresses and proxy is None:
                 raise _Refused(502, "name does not resolve")
-            # With a company proxy a name need not resolve here (the proxy resolves it); one that does is checked.
+            # With a company proxy a name need not resolve here (the proxy resolves it); one that does is checked,
+            # and so is a name that is the host's loopback or an address whatever resolves it.
+            numeric = _numeric_ipv4(host)
+            if not addresses and numeric is not None:
+                addresses = [str(numeric)]
+            if proxy is not None and _local_problem(host) is not None and not self.policy.allow_loopback:
+                raise _Refused(403, f"is a loopback name ({host})")
         own = [a for a in addresses if self.policy.host_own(a)]
         if own:  # checked on the address connected to, whatever the pattern: a name rebinding to the host too
             kind = "a loopback address" if self.policy.loopback(own[0]) else "the host's own address"
