@@ -30,7 +30,14 @@ def load(vm: str) -> Brokering | None:
     except FileNotFoundError:
         return None
     upstream = _test_upstream()
-    prepared = brokered.prepare_request(vm, brokered.Request.from_json(data), upstream)
+    route = netguard.upstream_route(vm)
+    refreshes = upstream
+    if route is not None:  # OAuth refreshes through the company proxy, trusting the user's CA certificates too
+        from agentbox.net import upstream as companyproxy
+
+        refreshes = Upstream(upstream.context if upstream else companyproxy.trust(route),
+                             upstream.address if upstream else None, route)
+    prepared = brokered.prepare_request(vm, brokered.Request.from_json(data), refreshes)
     if not prepared.hosts:
         return None
     authority = ca.ensure(vm, prepared.hosts)

@@ -31,6 +31,8 @@ from agentbox.net.broker import Exchange, Reply
 if TYPE_CHECKING:
     import ssl  # the network modules load only where a refresh is made (the broker process), not on a launch
 
+    from agentbox.net.upstream import Route
+
 MARGIN = 10 * 60  # seconds: an access token closer than this to its end is refreshed
 UPSTREAM_TIMEOUT = 30
 MAX_REPLY = 1 << 20
@@ -70,10 +72,12 @@ class OAuthLogin(Protocol):
 @dataclass(frozen=True)
 class Upstream:
     """How the broker reaches the real endpoint: the system's trust store and the real address by default (tests
-    give the fake upstream's, as agentbox.net.broker.Brokering does)."""
+    give the fake upstream's, as agentbox.net.broker.Brokering does); through the company proxy when `route`
+    names one for the host (agentbox.net.upstream, as the VM's own requests go)."""
 
     context: ssl.SSLContext | None = None
     address: Callable[[str, int], tuple[str, int]] | None = None
+    route: Route | None = None
 
     def post(self, host: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
         import http.client
@@ -81,6 +85,18 @@ class Upstream:
         import ssl
 
         context = self.context or ssl.create_default_context()
+        proxy = self.route.via(host, 443, tls=True) if self.route is not None else None
+        if proxy is not None:
+            connection = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=UPSTREAM_TIMEOUT,
+                                                     context=context)
+            credentials = proxy.authorization()
+            connection.set_tunnel(host, 443, headers={"Proxy-Authorization": credentials} if credentials else None)
+            try:
+                connection.request("POST", path, body=body, headers={**headers, "Host": host})
+                response = connection.getresponse()
+                return response.status, response.read(MAX_REPLY + 1)
+            finally:
+                connection.close()
         where = self.address(host, 443) if self.address else (host, 443)
         raw = socket.create_connection(where, timeout=UPSTREAM_TIMEOUT)
         try:

@@ -12,6 +12,8 @@ Files in the VM's state folder, `network/`:
                 while it exists the proxy runs until `agentbox stop`, in every network mode
   policy.json   what the proxy allows (written by each launch: the mode, the patterns with their sources, the
                 agents launched since the proxy started, allowLan); the proxy reloads it when it changes
+  upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
+                (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
   proxy.json    the running proxy's pid and port (removed when it stops); proxy.lock is flock'ed by it
   port          the port it last had, asked for first next time (another is picked when it is taken)
   leases/       one file per agentbox process whose session uses the proxy
@@ -42,6 +44,7 @@ START_TIMEOUT_SEC = 10.0
 STOP_TIMEOUT_SEC = 5.0
 IDLE_GRACE_SEC = 1.0  # between a detached launch's end and its session's first marker
 BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
+UPSTREAM_FILE = "upstream.json"  # the company proxy to go through (0600: its URL may hold a password)
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
 
@@ -155,13 +158,15 @@ class Lease:
 
 
 def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, tuple[str, ...]],
-          broker: Mapping[str, Any] | None = None, program: str = __name__) -> Lease | None:
+          broker: Mapping[str, Any] | None = None, program: str = __name__,
+          upstream: Mapping[str, Any] | None = None) -> Lease | None:
     """Make sure the VM's proxy runs with the policy for `agents` (name: endpoints) and lease it; None in open mode
     without a broker.
 
     `broker`: what the credential broker must serve (agentbox.credentials.brokered.Request's JSON, real API keys
     included), written 0600 for the proxy process, which `program` (`python -m program VM`) must be able to read;
-    a brokered VM's proxy stays up until `stop()`, whatever the mode."""
+    a brokered VM's proxy stays up until `stop()`, whatever the mode. `upstream`: the company proxy and CA files
+    (agentbox.net.upstream.settings), written 0600 too; a running proxy reads it again when it changes."""
     if not settings.proxied and broker is None:
         return None
     base = folder(vm_name)
@@ -183,6 +188,7 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
         else:
             with contextlib.suppress(FileNotFoundError):
                 (base / BROKER_FILE).unlink()
+        _write_private(base / UPSTREAM_FILE, upstream)
         lease_path = base / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
         fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -210,6 +216,15 @@ def stop(vm_name: str, locked_already: bool = False) -> bool:
     while running(vm_name) is not None and time.monotonic() < deadline:
         time.sleep(0.02)
     return True
+
+
+def _write_private(path: Path, data: Mapping[str, Any] | None) -> None:
+    """A 0600 JSON file in the network folder (changed only when its content does), or none."""
+    if data is None:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+        return
+    write_if_changed(path, (json.dumps(data, sort_keys=True, indent=1) + "\n").encode())
 
 
 def _control_lock(vm_name: str) -> Path:
@@ -297,11 +312,23 @@ def _load_policy(vm_name: str) -> Any:
     data = policy(vm_name) or {}
     testing = _test_resolver(os.environ.get(netproxy.TEST_RESOLVE, ""))
     hooks: dict[str, Any] = {"resolver": testing, "allow_loopback": True} if testing is not None else {}
+    hooks["upstream"] = upstream_route(vm_name)
     if data.get("mode") == "open":
         return netproxy.Policy(open=True, **hooks)
     patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
     valid = [pattern for pattern in patterns if netproxy.check_pattern(pattern) is None]
     return netproxy.Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)), **hooks)
+
+
+def upstream_route(vm_name: str) -> Any:
+    """The company proxy route the launch wrote (agentbox.net.upstream.Route), None without one."""
+    from agentbox.net import upstream
+
+    try:
+        data = json.loads((folder(vm_name) / UPSTREAM_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return upstream.route_of(data)
 
 
 def _test_resolver(text: str) -> Callable[[str, int], list[str]] | None:
@@ -337,6 +364,8 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     seen = _mtime(policy_file)
     broker_file = base / BROKER_FILE
     broker_seen = _mtime(broker_file)
+    upstream_file = base / UPSTREAM_FILE
+    upstream_seen = _mtime(upstream_file)
     proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
                            broker=_broker(vm_name, load_broker, broker_seen))
     try:
@@ -346,9 +375,10 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                      mode=0o600, durable=False)
         idle_since: float | None = None
         while not stopping.wait(POLL_SEC):
-            if _mtime(policy_file) != seen:
-                seen = _mtime(policy_file)
+            if _mtime(policy_file) != seen or _mtime(upstream_file) != upstream_seen:
+                seen, upstream_seen = _mtime(policy_file), _mtime(upstream_file)
                 proxy.set_policy(_load_policy(vm_name))
+                broker_seen = -1  # the broker's own requests (OAuth refreshes) go by the new route too
             if _mtime(broker_file) != broker_seen:
                 broker_seen = _mtime(broker_file)
                 proxy.set_broker(_broker(vm_name, load_broker, broker_seen))

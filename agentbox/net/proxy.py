@@ -53,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.net import intercept
+from agentbox.net import upstream as companyproxy
 from agentbox.net.broker import PLACEHOLDER_MARK, Brokering
 
 MAX_HEAD = 64 * 1024
@@ -231,14 +232,16 @@ class _Rule:
         return host == self.host
 
 
-_SYSTEM_TLS: list[ssl.SSLContext] = []
+_SYSTEM_TLS: dict[tuple[str, ...], ssl.SSLContext] = {}
 
 
-def _system_tls() -> ssl.SSLContext:
-    """The host's trust store, as any client uses it (made once: loading it takes milliseconds)."""
-    if not _SYSTEM_TLS:
-        _SYSTEM_TLS.append(ssl.create_default_context())
-    return _SYSTEM_TLS[0]
+def _system_tls(route: companyproxy.Route | None = None) -> ssl.SSLContext:
+    """The host's trust store, as any client uses it, plus the user's CA certificates (caCert, the host's
+    NODE_EXTRA_CA_CERTS: a company proxy intercepting TLS signs with its own CA); made once per set of files."""
+    key = route.ca_files if route is not None else ()
+    if key not in _SYSTEM_TLS:
+        _SYSTEM_TLS[key] = companyproxy.trust(route)
+    return _SYSTEM_TLS[key]
 
 
 def _default_resolver(host: str, port: int) -> list[str]:
@@ -257,6 +260,9 @@ class Policy:
     # never the host's own loopback (closed to the VM in every mode), by name or by address.
     open: bool = False
     resolver: Resolver | None = None
+    # the company proxy the connections go on through, and the CA files trusted besides the system's
+    # (agentbox.net.upstream); None: directly, the system's store only
+    upstream: companyproxy.Route | None = None
     max_connections: int = 256
     queue_timeout: float = 10.0
     idle_timeout: float = 300.0
@@ -482,11 +488,22 @@ class _Proxy:
             raise _Refused(403, reason)
         return host
 
+    def company_proxy(self, host: str, port: int, plain: bool = False) -> companyproxy.ProxyURL | None:
+        """The company proxy a connection to host:port goes through (None: directly)."""
+        route = self.policy.upstream
+        if route is None:
+            return None
+        return route.via(host.lower().rstrip(".") if _ip(host) is None else host, port, tls=not plain)
+
     async def open_upstream(self, host: str, port: int, default_port: int, entry: dict[str, Any],
-                            tls: ssl.SSLContext | None = None) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+                            tls: ssl.SSLContext | None = None,
+                            plain: bool = False) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A checked connection to host:port (TLS with `tls`), directly or through the company proxy (`plain`: to
+        that proxy itself, for a plain-HTTP request in absolute form)."""
         host = self.check_destination(host, port, default_port, entry)
         wrap: dict[str, Any] = {"ssl": tls, "server_hostname": host} if tls is not None else {}
-        if tls is not None and self.broker is not None and self.broker.upstream_address is not None:
+        proxy = self.company_proxy(host, port, plain)
+        if proxy is None and tls is not None and self.broker is not None and self.broker.upstream_address is not None:
             return await self.connect([self.broker.upstream_address(host, port)], host, wrap)  # a test's upstream
         if _ip(host) is not None:
             addresses: Sequence[str] = [host]  # listed by the user, as written: no rebinding to fear
@@ -495,9 +512,16 @@ class _Proxy:
             try:
                 addresses = await asyncio.get_running_loop().run_in_executor(None, resolve, host, port)
             except OSError:
-                raise _Refused(502, "name does not resolve") from None
-            if not addresses:
+                addresses = []
+            if not addresses and proxy is None:
                 raise _Refused(502, "name does not resolve")
+            # With a company proxy a name need not resolve here (the proxy resolves it); one that does is checked,
+            # and so is a name that is the host's loopback or an address whatever resolves it.
+            numeric = _numeric_ipv4(host)
+            if not addresses and numeric is not None:
+                addresses = [str(numeric)]
+            if proxy is not None and _local_problem(host) is not None and not self.policy.allow_loopback:
+                raise _Refused(403, f"is a loopback name ({host})")
         own = [a for a in addresses if self.policy.host_own(a)]
         if own:  # checked on the address connected to, whatever the pattern: a name rebinding to the host too
             kind = "a loopback address" if self.policy.loopback(own[0]) else "the host's own address"
@@ -506,7 +530,34 @@ class _Proxy:
         if bad:
             kind = "a loopback" if self.policy.loopback(bad[0]) else "a private"
             raise _Refused(403, f"resolves to {kind} address ({bad[0]})")
+        if proxy is not None:
+            entry["via"] = proxy.where
+            return await self.through(proxy, host, port, tls, plain)
         return await self.connect([(address, port) for address in addresses], host, wrap)
+
+    async def through(self, proxy: companyproxy.ProxyURL, host: str, port: int, tls: ssl.SSLContext | None,
+                      plain: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """The company proxy's tunnel to host:port (TLS to the real host over it, verified for `host`, with `tls`);
+        with `plain`, a connection to the proxy itself."""
+        timeout = self.policy.connect_timeout
+        try:
+            if plain:
+                return await companyproxy.open_plain(proxy, timeout)
+            reader, writer = await companyproxy.open_tunnel(proxy, host, port, timeout)
+        except companyproxy.ProxyRefused as error:
+            raise _Refused(502, str(error)) from None
+        if tls is None:
+            return reader, writer
+        try:
+            return reader, await _client_tls(reader, writer, tls, host, timeout)
+        except ssl.SSLError as error:
+            writer.close()
+            raise _Refused(502, f"the upstream's TLS certificate is not valid for {host}: "
+                                f"{getattr(error, 'verify_message', None) or error.reason}") from None
+        except (OSError, asyncio.TimeoutError) as error:
+            writer.close()
+            raise _Refused(502, f"TLS to {host} through the company proxy {proxy.where} failed: "
+                                f"{type(error).__name__}") from None
 
     async def connect(self, addresses: Sequence[tuple[str, int]], host: str,
                       wrap: dict[str, Any]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -547,7 +598,9 @@ class _Proxy:
                 raise _Refused(400, "malformed host")
             entry["host"], entry["port"] = split[0].lower(), split[1] or HTTP_PORT
             self.no_placeholders(split[0], target, headers)
-            up_reader, up_writer = await self.open_upstream(split[0], split[1] or HTTP_PORT, HTTP_PORT, entry)
+            proxy = self.company_proxy(split[0], split[1] or HTTP_PORT, plain=True)
+            up_reader, up_writer = await self.open_upstream(split[0], split[1] or HTTP_PORT, HTTP_PORT, entry,
+                                                            plain=proxy is not None)
             path = match.group(2) or "/"
             if not path.startswith("/"):
                 path = "/" + path
@@ -555,7 +608,12 @@ class _Proxy:
             kept = [("Host", match.group(1))] + [
                 (n, v) for n, v in headers
                 if n.lower() not in ("host", "connection", "proxy-connection", "proxy-authorization", "keep-alive")]
-            first = (f"{method} {path} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in kept)
+            credentials = proxy.authorization() if proxy is not None else None
+            if credentials:
+                kept.append(("Proxy-Authorization", credentials))
+            # through the company proxy: the absolute form, with its credentials
+            line = f"http://{match.group(1)}{path}" if proxy is not None else path
+            first = (f"{method} {line} HTTP/1.1\r\n" + "".join(f"{n}: {v}\r\n" for n, v in kept)
                      + "Connection: close\r\n\r\n").encode("latin-1")
         entry["decision"], entry["reason"] = "allow", "listed"
         try:
@@ -576,7 +634,7 @@ class _Proxy:
         except (ssl.SSLError, ConnectionError, asyncio.TimeoutError) as error:
             entry["decision"], entry["reason"] = "deny", f"TLS with the client failed: {type(error).__name__}"
             return
-        context = broker.upstream_context or _system_tls()
+        context = broker.upstream_context or _system_tls(self.policy.upstream)
 
         async def opener(name: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
             try:
@@ -640,6 +698,19 @@ class _Proxy:
             for task in (up, down):
                 task.cancel()
             await asyncio.gather(up, down, return_exceptions=True)
+
+
+async def _client_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext,
+                      host: str, timeout: float) -> asyncio.StreamWriter:
+    """TLS as the client of `host` over an open connection (the company proxy's tunnel)."""
+    if hasattr(writer, "start_tls"):  # Python 3.11+
+        await writer.start_tls(context, server_hostname=host, ssl_handshake_timeout=timeout)
+        return writer
+    loop = asyncio.get_running_loop()
+    protocol = writer.transport.get_protocol()
+    transport = await loop.start_tls(writer.transport, protocol, context, server_hostname=host,
+                                     ssl_handshake_timeout=timeout)
+    return asyncio.StreamWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]
 
 
 class RunningProxy:

@@ -49,8 +49,24 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
 def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]) -> netguard.Lease | None:
     """netguard.begin, with the broker's request when the broker is on (then in every network mode)."""
     request = brokered.request_of(config) if wanted(config) else None
+    route = upstream_settings(config)
     if request is None:
-        return netguard.begin(config.network, vm_name, agents)
+        return netguard.begin(config.network, vm_name, agents, upstream=route)
     # what the broker process serves (agentbox.credentials.brokerd reads it; guard.begin writes it 0600)
     wanted_broker = {**request.to_json(), "allowPush": config.remote_write}
-    return netguard.begin(config.network, vm_name, agents, broker=wanted_broker, program=BROKER_PROGRAM)
+    return netguard.begin(config.network, vm_name, agents, broker=wanted_broker, program=BROKER_PROGRAM,
+                          upstream=route)
+
+
+def upstream_settings(config: Config) -> dict[str, object] | None:
+    """The company proxy agentbox's proxy goes on through and the CA files it trusts (agentbox.net.upstream); a
+    proxy URL it cannot use is said."""
+    import os
+
+    from agentbox.net import upstream
+
+    ca_files = tuple(str(path) for path in (config.ca_cert, os.environ.get("NODE_EXTRA_CA_CERTS")) if path)
+    settings, problems = upstream.settings(config.env, os.environ, ca_files)
+    for problem in problems:
+        note(f"{problem} (it goes directly)")
+    return settings

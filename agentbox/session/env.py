@@ -28,7 +28,7 @@ def of(config: Config, proxy_port: int | None = None, brokered: dict[str, str] |
     replaced = sorted(key for key in proxy if key in config.env)
     if replaced:
         note(f"network.mode {config.network.mode}: the session's {', '.join(replaced)} point to agentbox's proxy, "
-             "not to the values in env")
+             "which goes on through the proxy in env")
     return {**env, **proxy}
 
 
