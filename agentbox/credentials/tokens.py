@@ -86,26 +86,21 @@ class Upstream:
 
         context = self.context or ssl.create_default_context()
         proxy = self.route.via(host, 443, tls=True) if self.route is not None else None
-        if proxy is not None:
+        if proxy is not None:  # the company proxy's tunnel
             connection = http.client.HTTPSConnection(proxy.host, proxy.port, timeout=UPSTREAM_TIMEOUT,
                                                      context=context)
             credentials = proxy.authorization()
             connection.set_tunnel(host, 443, headers={"Proxy-Authorization": credentials} if credentials else None)
+        else:
+            where = self.address(host, 443) if self.address else (host, 443)
+            raw = socket.create_connection(where, timeout=UPSTREAM_TIMEOUT)
             try:
-                connection.request("POST", path, body=body, headers={**headers, "Host": host})
-                response = connection.getresponse()
-                return response.status, response.read(MAX_REPLY + 1)
-            finally:
-                connection.close()
-        where = self.address(host, 443) if self.address else (host, 443)
-        raw = socket.create_connection(where, timeout=UPSTREAM_TIMEOUT)
-        try:
-            sock = context.wrap_socket(raw, server_hostname=host)
-        except BaseException:
-            raw.close()
-            raise
-        connection = http.client.HTTPSConnection(host, 443, timeout=UPSTREAM_TIMEOUT, context=context)
-        connection.sock = sock
+                sock = context.wrap_socket(raw, server_hostname=host)
+            except BaseException:
+                raw.close()
+                raise
+            connection = http.client.HTTPSConnection(host, 443, timeout=UPSTREAM_TIMEOUT, context=context)
+            connection.sock = sock
         try:
             connection.request("POST", path, body=body, headers={**headers, "Host": host})
             response = connection.getresponse()

@@ -110,16 +110,17 @@ def sni_guard(host: str) -> Callable[[Any, str | None, ssl.SSLContext], int | No
     return check
 
 
-async def start_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    context: ssl.SSLContext) -> asyncio.StreamWriter:
-    """Upgrade the server side of a connection to TLS; the same reader goes on reading the decrypted bytes."""
-    if hasattr(writer, "start_tls"):  # Python 3.11+
-        await writer.start_tls(context, ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+async def start_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext,
+                    server_hostname: str | None = None, timeout: float = HANDSHAKE_TIMEOUT) -> asyncio.StreamWriter:
+    """Upgrade an open connection to TLS: its server side, or with `server_hostname` its client side (to the
+    company proxy's tunnel); the same reader goes on reading the decrypted bytes."""
+    if hasattr(writer, "start_tls"):  # Python 3.11+: the stream knows which side it is
+        await writer.start_tls(context, server_hostname=server_hostname, ssl_handshake_timeout=timeout)
         return writer
     loop = asyncio.get_running_loop()
     protocol = writer.transport.get_protocol()
-    transport = await loop.start_tls(writer.transport, protocol, context, server_side=True,
-                                     ssl_handshake_timeout=HANDSHAKE_TIMEOUT)
+    side: dict[str, Any] = {"server_hostname": server_hostname} if server_hostname else {"server_side": True}
+    transport = await loop.start_tls(writer.transport, protocol, context, ssl_handshake_timeout=timeout, **side)
     return asyncio.StreamWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]
 
 

@@ -549,7 +549,7 @@ class _Proxy:
         if tls is None:
             return reader, writer
         try:
-            return reader, await _client_tls(reader, writer, tls, host, timeout)
+            return reader, await intercept.start_tls(reader, writer, tls, host, timeout)
         except ssl.SSLError as error:
             writer.close()
             raise _Refused(502, f"the upstream's TLS certificate is not valid for {host}: "
@@ -698,19 +698,6 @@ class _Proxy:
             for task in (up, down):
                 task.cancel()
             await asyncio.gather(up, down, return_exceptions=True)
-
-
-async def _client_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, context: ssl.SSLContext,
-                      host: str, timeout: float) -> asyncio.StreamWriter:
-    """TLS as the client of `host` over an open connection (the company proxy's tunnel)."""
-    if hasattr(writer, "start_tls"):  # Python 3.11+
-        await writer.start_tls(context, server_hostname=host, ssl_handshake_timeout=timeout)
-        return writer
-    loop = asyncio.get_running_loop()
-    protocol = writer.transport.get_protocol()
-    transport = await loop.start_tls(writer.transport, protocol, context, server_hostname=host,
-                                     ssl_handshake_timeout=timeout)
-    return asyncio.StreamWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]
 
 
 class RunningProxy:
