@@ -61,7 +61,7 @@ def test_trust_then_edit_revokes(project: Path, limactl: FakeLima) -> None:
     write(project / "agentbox.yml", "sync:\n  remoteWrite: true\nmounts:\n  - location: /srv\n")
     diff = run_cli("trust", "--show", cwd=project)
     assert "+mounts:" in diff.stdout and "(last trusted)" in diff.stdout
-    refused = run_cli("stop", cwd=project)
+    refused = run_cli("restart", cwd=project)  # it starts the VM from the config again (stop needs no trust)
     assert refused.exit_code == 2
     assert "changed since you trusted it" in refused.stderr
     assert limactl.status("agentbox-myproject") == "Running"
@@ -204,7 +204,7 @@ def test_a_symlinked_config_needs_trust_where_it_was_found(project: Path, home: 
     write(home.parent / "work" / "copy" / "agentbox.yml", "vm:\n  cpus: 2\n")
     (project / "agentbox.yml").unlink()
     (project / "agentbox.yml").symlink_to(home.parent / "work" / "copy" / "agentbox.yml")
-    assert run_cli("stop", cwd=project).exit_code == 2
+    assert _start(project).exit_code == 2
 
 
 def test_relative_paths_of_a_symlinked_config_resolve_where_it_was_found(project: Path, home: Path) -> None:

@@ -149,7 +149,7 @@ def test_status_reports_a_name_clash(home: Path, limactl: FakeLima) -> None:
     assert shown.pop("broker")["enabled"] is True  # on by default; tests/test_broker_report.py checks the rest
     assert shown == {
         "name": "agentbox-app", "status": "NotCreated", "workspace": str(second), "cpus": None, "memory": None,
-        "disk": None, "vmType": None, "arch": None, "dir": None, "workspaceRule": CWD_RULE,
+        "disk": None, "vmType": None, "arch": None, "dir": None, "workspaceRule": CWD_RULE, "sessionMode": "live",
         "conflict": {"vm": "agentbox-app", "workspace": str(first), "suggestedName": suggested},
         "ports": [],
         "network": {"mode": "open", "enforcement": "advisory", "enforcementWhy": netpolicy.enforcement(netpolicy.NetworkSettings())[1],
