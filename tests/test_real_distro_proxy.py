@@ -192,13 +192,15 @@ def install_step(setup: BehindProxy, without: tuple[str, ...] = (), extra: dict[
     with setup.host_env():
         from agentbox.config import load as config_module
         from agentbox.vm import base as vmbase
+        from agentbox.vm import buildlog
         from agentbox.vm.lima import Lima
 
         config = config_module.load(setup.project)
         installs = vmbase.agent_installs(config)
         env = {name: value for name, value in vmbase.install_env(config).items() if name not in without}
         env.update(extra or {})
-        missing = vmbase._install_agents(Lima(executable=str(setup.limactl)), config.vm_name, installs, env)
+        log = buildlog.BuildLog("the install step of tests/test_real_distro_proxy.py")
+        missing = vmbase._install_agents(Lima(executable=str(setup.limactl)), config.vm_name, installs, env, log)
     return installs, env, missing
 
 
