@@ -237,8 +237,8 @@ _SYSTEM_TLS: dict[tuple[str, ...], ssl.SSLContext] = {}
 
 def _system_tls(route: companyproxy.Route | None = None) -> ssl.SSLContext:
     """The host's trust store, as any client uses it, plus the user's CA certificates (caCert, the host's
-    NODE_EXTRA_CA_CERTS: a company proxy intercepting TLS signs with its own CA); made once per set of files."""
-    key = route.ca_files if route is not None else ()
+    NODE_EXTRA_CA_CERTS: a company proxy intercepting TLS signs with its own CA); made once per set of them."""
+    key = route.ca_pems if route is not None else ()
     if key not in _SYSTEM_TLS:
         _SYSTEM_TLS[key] = companyproxy.trust(route)
     return _SYSTEM_TLS[key]

@@ -80,12 +80,12 @@ def _no_proxy_entries(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Route:
-    """The company proxy per kind of request, the hosts reached without it, the CA files to trust too."""
+    """The company proxy per kind of request, the hosts reached without it, the CA certificates to trust too."""
 
     https: ProxyURL | None = None
     http: ProxyURL | None = None
     no_proxy: tuple[str, ...] = ()
-    ca_files: tuple[str, ...] = ()
+    ca_pems: tuple[str, ...] = ()  # read by the launch, as pinned (the proxy process opens no file of the config)
 
     def via(self, host: str, port: int, tls: bool) -> ProxyURL | None:
         """The proxy a connection to host:port goes through (`tls`: a CONNECT), None: directly."""
@@ -140,7 +140,7 @@ def chosen(config_env: Mapping[str, str], host_env: Mapping[str, str]) -> dict[s
 
 
 def settings(config_env: Mapping[str, str], host_env: Mapping[str, str],
-             ca_files: tuple[str, ...]) -> tuple[dict[str, Any] | None, list[str]]:
+             ca_pems: tuple[str, ...]) -> tuple[dict[str, Any] | None, list[str]]:
     """What the launch writes for the proxy process (None: nothing to write) and problems to tell the user (a
     proxy URL agentbox cannot use; that kind of request then goes directly)."""
     variables = chosen(config_env, host_env)
@@ -152,9 +152,9 @@ def settings(config_env: Mapping[str, str], host_env: Mapping[str, str],
             except ValueError as error:
                 problems.append(f"{name} {error}: agentbox's proxy does not use it")
                 del variables[name]
-    if not variables and not ca_files:
+    if not variables and not ca_pems:
         return None, problems
-    return {"variables": variables, "caFiles": list(ca_files)}, problems
+    return {"variables": variables, "caPems": list(ca_pems)}, problems
 
 
 def route_of(data: Any) -> Route | None:
@@ -163,7 +163,7 @@ def route_of(data: Any) -> Route | None:
         return None
     found = data.get("variables")
     variables: dict[str, Any] = found if isinstance(found, dict) else {}
-    ca_files = tuple(str(path) for path in data.get("caFiles") or () if isinstance(path, str))
+    ca_pems = tuple(pem for pem in data.get("caPems") or () if isinstance(pem, str))
 
     def first(*names: str) -> ProxyURL | None:
         for name in names:
@@ -178,8 +178,8 @@ def route_of(data: Any) -> Route | None:
     no_proxy = variables.get("NO_PROXY") or variables.get("no_proxy") or ""
     route = Route(https=first("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"),
                   http=first("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"),
-                  no_proxy=_no_proxy_entries(no_proxy if isinstance(no_proxy, str) else ""), ca_files=ca_files)
-    return route if route.https or route.http or route.ca_files else None
+                  no_proxy=_no_proxy_entries(no_proxy if isinstance(no_proxy, str) else ""), ca_pems=ca_pems)
+    return route if route.https or route.http or route.ca_pems else None
 
 
 class ProxyRefused(Exception):
@@ -231,30 +231,13 @@ async def open_plain(proxy: ProxyURL, timeout: float) -> tuple[asyncio.StreamRea
         raise ProxyRefused(f"cannot connect to the company proxy {proxy.where}: {str(error) or 'timed out'}") from None
 
 
-def extra_ca_pems(route: Route | None) -> str:
-    """The PEM blocks of the route's CA files (a file that cannot be read is skipped: the system's store stays)."""
-    if route is None:
-        return ""
-    from agentbox.config import cacerts
-
-    blocks: list[str] = []
-    for path in route.ca_files:
-        try:
-            with open(path, encoding="utf-8", errors="replace") as handle:
-                text = handle.read(8 * 1024 * 1024)
-        except OSError:
-            continue
-        blocks.extend(block for block in cacerts.pem_blocks(text) if block not in blocks)
-    return "\n".join(blocks)
-
-
 def trust(route: Route | None) -> Any:
-    """The system's trust store plus the route's CA files: how the broker checks the real hosts (a company proxy
+    """The system's trust store plus the route's CA certificates: how the broker checks the real hosts (a company proxy
     that intercepts TLS presents its own CA's certificates; on macOS Python does not see the Keychain's)."""
     import ssl
 
     context = ssl.create_default_context()
-    pems = extra_ca_pems(route)
+    pems = "\n".join(route.ca_pems) if route is not None else ""
     if pems:
         try:
             context.load_verify_locations(cadata=pems)

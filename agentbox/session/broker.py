@@ -59,14 +59,20 @@ def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]
 
 
 def upstream_settings(config: Config) -> dict[str, object] | None:
-    """The company proxy agentbox's proxy goes on through and the CA files it trusts (agentbox.net.upstream); a
-    proxy URL it cannot use is said."""
+    """The company proxy agentbox's proxy goes on through and the CA certificates it trusts (agentbox.net.upstream),
+    read here as pinned (the proxy process reads no file a config names); a proxy URL it cannot use is said."""
     import os
 
     from agentbox.net import upstream
 
-    ca_files = tuple(str(path) for path in (config.ca_cert, os.environ.get("NODE_EXTRA_CA_CERTS")) if path)
-    settings, problems = upstream.settings(config.env, os.environ, ca_files)
+    pems: list[str] = []
+    for path, origin in ((config.ca_cert, "caCert"), (os.environ.get("NODE_EXTRA_CA_CERTS"), "NODE_EXTRA_CA_CERTS")):
+        if path:
+            from agentbox.config import cacerts, pins
+
+            text = pins.read(path, origin).decode("utf-8", errors="replace")
+            pems.extend(pem for pem in cacerts.pem_blocks(text) if pem not in pems)
+    settings, problems = upstream.settings(config.env, os.environ, tuple(pems))
     for problem in problems:
         note(f"{problem} (it goes directly)")
     return settings
