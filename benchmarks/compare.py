@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import pwd
 import shutil
 import statistics
 import subprocess
@@ -44,7 +45,8 @@ import run as bench  # noqa: E402  (benchmarks/run.py: the sandbox and the doubl
 
 TS_REPOSITORY = "sky1core/agentbox"
 TS_COMMIT = "90477b4a74439331d4b93d09fb02db992cd158c3"  # 2026-02-11, the TypeScript tool's last commit
-DEFAULT_TS_DIR = Path.home() / ".cache" / "agentbox-bench" / f"ts-{TS_COMMIT}"
+# the account's home, not $HOME (a test's HOME is a temporary folder)
+DEFAULT_TS_DIR = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "agentbox-bench" / f"ts-{TS_COMMIT}"
 # The latencies (list 30 ms, shell 150 ms, start 20 s, create 2 s, clone 1 s), and those of the
 # other calls a launch can make, as benchmarks/run.py has them.
 DEFAULT_LATENCY = "list=0.03,shell=0.15,start=20,create=2,clone=1,copy=0.25,stop=3,rename=0.1"
