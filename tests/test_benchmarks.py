@@ -1,0 +1,65 @@
+"""The benchmark scripts still run and print their tables (their figures are not checked here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import compare  # noqa: E402
+
+
+def table_rows(output: str) -> list[list[str]]:
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in output.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+
+
+def test_the_typescript_tool_is_skipped_with_the_reason_when_not_built(tmp_path: Path) -> None:
+    command, note = compare.ts_tool(tmp_path)
+    assert command is None
+    assert note == f"skipped: no build of sky1core/agentbox@90477b4 in {tmp_path} (dist/index.js)"
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "index.js").write_text("")
+    command, note = compare.ts_tool(tmp_path)  # the control: a build is used
+    assert command is not None and command[-1] == str(tmp_path / "dist" / "index.js")
+
+
+@pytest.mark.timeout(900)
+def test_compare_quick_prints_the_ratio_table_of_every_row() -> None:
+    """One quick run: the TypeScript tool's build is used when this machine has one, else its columns
+    say why it was skipped; either way every row is there, in order, each cell in its place."""
+    built = compare.ts_tool(compare.DEFAULT_TS_DIR)[0] is not None
+    assert not str(compare.DEFAULT_TS_DIR).startswith(os.environ["HOME"] + os.sep)  # the account's, not a test's
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "compare.py"), "--quick"], env=env,
+                            capture_output=True, text=True, timeout=850)
+    assert result.returncode == 0, result.stderr
+    assert f"agentbox: {REPO}" in result.stdout  # the checkout's agentbox was measured
+    header, *rows = table_rows(result.stdout)
+    assert tuple(header) == compare.COLUMNS
+    assert tuple(row[0] for row in rows) == compare.ROWS
+    by_row = {row[0]: row for row in rows}
+    for row in rows:
+        assert len(row) == len(compare.COLUMNS), row
+        for cell in row[2:5]:  # floor, agentbox's wall and own time
+            float(cell)
+    assert by_row["warm"][1].startswith(("1 / ", "2 / "))
+    assert by_row["warm"][8].startswith("1 limactl call: ")
+    assert by_row["--help"][1].startswith("0 / ")
+    for row in ("allowlist warm", "cold from a base"):
+        assert by_row[row][7] == "n/a"
+    if built:
+        assert by_row["allowlist warm"][5].startswith("n/a: the TypeScript tool has no network policy")
+        for row in ("warm", "warm, 50k-file repo", "stopped", "--help"):
+            float(by_row[row][5]), float(by_row[row][6])
+            assert by_row[row][7].endswith("x") and float(by_row[row][7][:-1]) > 0
+        assert by_row["warm"][1].endswith(" / 9")  # list + eight shells
+    else:
+        for row in rows:
+            assert by_row[row[0]][5].startswith("skipped: ") and row[7] == "n/a"
