@@ -56,6 +56,7 @@ def sync_rows(box: Sandbox, runs: int, files: int) -> list[tuple[str, str, str, 
     for _ in range(runs):
         nothing.append((own(box, ["--timings", "claude", "--version"], project), setup_step(box.last_stderr)))
     box.synced_files(files)
+    box.run(["claude", "--version"], project)  # so that each round forgets a sync that happened
     first = []
     for _ in range(runs):
         box.forget_sync(project)
