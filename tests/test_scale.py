@@ -131,3 +131,59 @@ def test_tasks_computes_the_state_folder_a_bounded_number_of_times(project: Path
     assert all(row[1:4] == ["claude", "Completed", "0"] and "1m15s" in row for row in rows)
     assert [" ".join(row[-3:]) for row in rows] == [f"task number {index}" for index in range(RECORDED)]
     assert len(computed) <= 10, f"the state folder was computed {len(computed)} times for {RECORDED} records"
+
+
+# -- diff and undo --dry-run: the lookup beside the snapshot, git diff-files started first ----------------
+
+
+@pytest.fixture
+def checkpointed(project: Path) -> Path:
+    from tests.gitrepo import commit_all, init
+
+    init(project)
+    for index in range(30):
+        write(project / "src" / f"f{index}.txt", f"{index}\n")
+    commit_all(project)
+    result = run_cli("checkpoint", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    return project
+
+
+def store_of(project: Path) -> Path:
+    from agentbox.review import checkpoints
+
+    return checkpoints.records_file(project).parent / "store"
+
+
+@pytest.mark.needs("git")
+def test_diff_and_undo_dry_run_name_a_missing_checkpoint_first_and_leave_the_git_folder_alone(
+        checkpointed: Path) -> None:
+    from tests.gitrepo import git_folder_state
+
+    write(checkpointed / "src" / "f3.txt", "changed\n")
+    git_folder = git_folder_state(checkpointed)
+    for args in (("diff", "--since", "7"), ("undo", "--dry-run", "7")):
+        result = run_cli(*args, cwd=checkpointed)
+        assert result.exit_code != 0
+        assert f"there is no checkpoint #7 of {checkpointed} (the newest is #1)" in result.stderr, result.stderr
+    diff = run_cli("diff", "--since", "1", "--name-only", cwd=checkpointed)  # the control
+    assert (diff.exit_code, diff.stdout) == (0, "src/f3.txt\n"), diff.stderr
+    undo = run_cli("undo", "--dry-run", "1", cwd=checkpointed)
+    assert undo.exit_code == 0 and "src/f3.txt" in undo.stdout, undo.stderr
+    assert (checkpointed / "src" / "f3.txt").read_text() == "changed\n"  # a dry run changes nothing
+    assert git_folder_state(checkpointed) == git_folder  # agentbox's git runs on its own store only
+
+
+@pytest.mark.needs("git")
+@pytest.mark.parametrize("damage", ["none", "walk cache gone", "stat index gone"])
+def test_diff_sees_a_change_whatever_state_the_stat_index_is_in(checkpointed: Path, damage: str) -> None:
+    store = store_of(checkpointed)
+    assert (store / "stat.index").exists() and (store / "walk.cache").exists()
+    write(checkpointed / "src" / "f5.txt", "changed, same size\n"[:3])  # "cha": as long as "5\n" + 1
+    os.utime(checkpointed / "src" / "f5.txt", ns=(1_000_000_000, 1_000_000_000))  # an old mtime: only stat tells
+    if damage == "walk cache gone":  # the stat index no longer matches what was recorded: its answer is dropped
+        (store / "walk.cache").unlink()
+    elif damage == "stat index gone":
+        (store / "stat.index").unlink()
+    result = run_cli("diff", "--since", "1", "--name-only", cwd=checkpointed)
+    assert (result.exit_code, result.stdout) == (0, "src/f5.txt\n"), result.stderr
