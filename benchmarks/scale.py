@@ -6,8 +6,9 @@
 
 Rows:
 - first sync of 2,000 skill files: a warm `claude --version` launch after the staged copies, the VM's copies and
-  its records were forgotten, minus the same launch with nothing to sync (host + VM, the double's simulated
-  latency left out: it is the same in both); the VM's part is launch.sh's own setup step (--timings).
+  its records were forgotten, minus the same launch with nothing to sync: the host's part is agentbox's own
+  time (limactl's calls left out), the VM's is launch.sh's setup step as it reports it (--timings); the
+  double's guests live on /dev/shm when there is one (as in the suite), the staging folder on this disk.
 - `agentbox tasks` with 1,000 records (two of them running, so it asks Lima once), with the state folder where
   users have it (platformdirs' default under HOME, not AGENTBOX_STATE_DIR).
 - `agentbox diff --since 1 --name-only` and `agentbox undo --dry-run 1` in a git repository of 50,000 files (50
@@ -84,9 +85,10 @@ def sync_rows(box: Sandbox, runs: int, files: int, trees: dict[str, str]) -> lis
     for name in trees:
         base_total = statistics.median(t for t, _ in nothing[name])
         base_vm = statistics.median(v for _, v in nothing[name])
-        added = [t - base_total for t, _ in first[name]]
+        # own time leaves out the limactl calls, launch.sh's setup step included: that is the VM's part.
+        added_host = [t - base_total for t, _ in first[name]]
         added_vm = [v - base_vm for _, v in first[name]]
-        added_host = [a - v for a, v in zip(added, added_vm, strict=True)]
+        added = [h + v for h, v in zip(added_host, added_vm, strict=True)]
         rows += [
             (named(f"first sync, {files} files: added", name), median_ms(added),
              f"<= {TARGETS['first sync'] * 1000:.0f} ms", verdict(statistics.median(added), TARGETS["first sync"])),
@@ -200,6 +202,20 @@ def review_rows(box: Sandbox, runs: int, count: int, trees: dict[str, str]) -> l
     return rows
 
 
+def guest_in_memory(box: Sandbox) -> None:
+    """LIMA_HOME (the double's guests, their homes) on /dev/shm when it is there, as the suite has it
+    (tests/helpers.py, scratch_root): a real VM's disk takes thousands of small files without a host disk's
+    contention. The staging folder stays in the state folder, on the host's disk."""
+    import shutil
+    import tempfile
+
+    if not os.path.isdir("/dev/shm") or not os.access("/dev/shm", os.W_OK):
+        return
+    shutil.rmtree(box.lima_home, ignore_errors=True)
+    box.lima_home = Path(tempfile.mkdtemp(prefix="lh", dir="/dev/shm"))
+    box.env["LIMA_HOME"] = str(box.lima_home)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5)
@@ -224,6 +240,7 @@ def main() -> int:
         if options.only not in (None, name):
             continue
         box = Sandbox(options.latency)
+        guest_in_memory(box)
         try:
             rows += make(box)
         finally:
