@@ -76,6 +76,10 @@ def sync_rows(box: Sandbox, runs: int, files: int, trees: dict[str, str]) -> lis
             nothing[name].append((own(box, launch, project, tree), setup_step(box.last_stderr)))
     box.synced_files(files)
     box.run(["claude", "--version"], project)  # so that each round forgets a sync that happened
+    shown: dict[str, list[float]] = {name: [] for name in trees}
+    for _ in range(runs):  # every file read and transformed, nothing written: the reader's own cost
+        for name, tree in trees.items():
+            shown[name].append(own(box, ["sync", "--show", "claude"], project, tree))
     first: dict[str, list[tuple[float, float]]] = {name: [] for name in trees}
     for _ in range(runs):  # alternating, so a busy moment costs each alike
         for name, tree in trees.items():
@@ -94,16 +98,18 @@ def sync_rows(box: Sandbox, runs: int, files: int, trees: dict[str, str]) -> lis
              f"<= {TARGETS['first sync'] * 1000:.0f} ms", verdict(statistics.median(added), TARGETS["first sync"])),
             ("  of which host", median_ms(added_host), "-", "-"),
             ("  of which VM (launch.sh)", median_ms(added_vm), "-", "-"),
+            (named(f"sync --show claude, {files} files", name), median_ms(shown[name]), "reads each file", "-"),
         ]
-    floor = [create_files(box.root / "floor", files) for _ in range(runs)]
-    rows.append((f"  floor: create {files} files, x2", median_ms([2 * seconds for seconds in floor]),
-                 "host copy + VM copy", "-"))
+    host_floor = [create_files(box.root / "floor", files) for _ in range(runs)]
+    guest_floor = [create_files(box.lima_home / "floor", files) for _ in range(runs)]
+    rows.append((f"  floor: create {files} files (host disk)", median_ms(host_floor), "the staged copies", "-"))
+    rows.append((f"  floor: create {files} files (guests' fs)", median_ms(guest_floor), "the VM's copies", "-"))
     return rows
 
 
 def create_files(root: Path, count: int) -> float:
-    """Creating count small files in ten-file folders on this file system (the staged copies, then the VM's
-    copies, are that many creations each: in the double both live here)."""
+    """Creating count small files in ten-file folders under root (the staged copies, then the VM's copies, are
+    that many creations each)."""
     import shutil
 
     shutil.rmtree(root, ignore_errors=True)
