@@ -96,6 +96,27 @@ def remove_unlisted(root: Path, keep: set[str]) -> None:
             path.rmdir()
 
 
+_GROWTH_READ = 64 * 1024  # below malloc's mmap threshold: the usual last read (at end of file) costs nothing
+
+
+def read_capped(fd: int, limit: int) -> bytes:
+    """An open regular file's bytes, at most limit + 1 of them (a caller refuses more than limit), read into a
+    buffer sized to the file (its fstat size + 1), not to limit: a first sync reads thousands of small files,
+    and a 64 MiB buffer for each costs more than reading it. A file that grew since the fstat is read on, up
+    to the cap."""
+    want = min(os.fstat(fd).st_size, limit) + 1
+    chunks = []
+    total = 0
+    while total <= limit:
+        chunk = os.read(fd, min(want, limit + 1 - total))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        total += len(chunk)
+        want = _GROWTH_READ
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
 def read_workspace_file(path: Path, limit: int = 1_000_000) -> bytes | None:
     """A file in the workspace, which the agent may have written: None when absent; refused (OSError)
     when it is a symlink, not a regular file or larger than limit. Never blocks on a FIFO."""
@@ -114,7 +135,7 @@ def read_workspace_file(path: Path, limit: int = 1_000_000) -> bytes | None:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise OSError(errno.EINVAL, "it is not a regular file")
-        data = handle.read(limit + 1)
+        data = read_capped(handle.fileno(), limit)
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"it is larger than {limit:,} bytes")
     return data

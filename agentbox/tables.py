@@ -92,7 +92,8 @@ def render(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), rig
     count = len(rows[0])
     flexible = {index % count for index in flexible}
     right = {index % count for index in right}
-    natural = [max(display_width(row[i]) for row in rows) for i in range(count)]
+    sizes = [[display_width(cell) for cell in row] for row in rows]  # once per cell: a listing may have 1,000 rows
+    natural = [max(row[i] for row in sizes) for i in range(count)]
     limit = terminal_columns() if width is None else width
     widths: list[int] | None = natural
     if limit is not None:
@@ -101,11 +102,12 @@ def render(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), rig
         assert limit is not None
         return _blocks(rows, limit)
     lines = []
-    for row in rows:
+    for row, row_sizes in zip(rows, sizes, strict=True):
         cells = []
         for index, cell in enumerate(row):
-            shown = cut(cell, widths[index])
-            pad = " " * (widths[index] - display_width(shown))
+            size = row_sizes[index]
+            shown = cell if size <= widths[index] else cut(cell, widths[index])
+            pad = " " * (widths[index] - (size if shown is cell else display_width(shown)))
             cells.append(pad + shown if index in right else shown + pad)
         lines.append(GAP.join(cells).rstrip())
     return lines
@@ -115,8 +117,9 @@ def echo(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), right
     """Print a table on stdout (see render)."""
     import click
 
-    for line in render(rows, flexible, right):
-        click.echo(line)
+    lines = render(rows, flexible, right)
+    if lines:
+        click.echo("\n".join(lines))  # one write, not one per row
 
 
 def _fitted(header: Sequence[str], natural: list[int], flexible: set[int], limit: int) -> list[int] | None:

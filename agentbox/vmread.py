@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
-from agentbox.fsutil import file_kind, private_dir
+from agentbox.fsutil import file_kind, private_dir, read_capped
 from agentbox.safetext import visible
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -148,7 +148,7 @@ def read_checked(parent: int, name: str, cap: int) -> tuple[bytes, os.stat_resul
     """The bytes (at most cap) and stat of parent/name, a regular file reached without a link; else Refused."""
     fd, st = open_regular(parent, name)
     with os.fdopen(fd, "rb") as handle:
-        data = handle.read(cap + 1)
+        data = read_capped(handle.fileno(), cap)
     if len(data) > cap:
         raise Refused(shown(name), f"is larger than {cap:,} bytes, the most agentbox reads", TOO_LARGE)
     return data, st

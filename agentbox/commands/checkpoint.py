@@ -118,9 +118,9 @@ def _range(config: Config, workspace: Path, repo: Repo, since: str) -> tuple[Che
             return start, end.tree, _union(start.skipped, end.skipped)
         note(f"the last session ({start.session}, started {checkpoints.local_time(start.time)}) has no end "
              "checkpoint (it is still running, or ended abnormally): showing its changes until now")
+        now = checkpoints.current(workspace, config.checkpoints)
     else:
-        start = checkpoints.lookup(workspace, since)
-    now = checkpoints.current(workspace, config.checkpoints)
+        start, now = checkpoints.lookup_and_current(workspace, since, config.checkpoints)
     return start, now.tree, _union(start.skipped, now.skipped)
 
 

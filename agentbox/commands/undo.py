@@ -58,12 +58,15 @@ def undo_command(ctx: click.Context, checkpoint: str, paths: tuple[str, ...], dr
     refuse_untrusted_identity(loaded, "the folder undo writes")  # undo needs no trust, but writes where it points
     workspace = loaded.require_workspace()
     repo = checkpoints.repo_of(workspace)
-    target = checkpoints.lookup(workspace, checkpoint)
+    now = None
+    if dry_run:
+        target, now = checkpoints.lookup_and_current(workspace, checkpoint, loaded.checkpoints)
+    else:
+        target = checkpoints.lookup(workspace, checkpoint)
     selected = undo.workspace_paths(repo.work_tree, ctx.obj["cwd"], paths) or None
     described = f"{target.label} ({target.kind}, {checkpoints.local_time(target.time)})"
     before = None
-    if dry_run:
-        now = checkpoints.current(workspace, loaded.checkpoints)
+    if now is not None:
         current_tree, current_skipped = now.tree, now.skipped
     else:
         taken = checkpoints.take(workspace, "undo", loaded.checkpoints, message=f"before undo to {target.label}",

@@ -43,6 +43,7 @@ MAX_RULES = 1 << 20  # a .gitignore, info/exclude or the global excludes file
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 REGULAR, EXECUTABLE, LINK, GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
+STAT_INDEX = "stat.index"
 
 
 def take(repo: hostgit.Repo, max_file_size: int) -> hostgit.Snapshot:
@@ -56,13 +57,24 @@ def _take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapsh
     """The snapshot (the store must be held locked by the caller)."""
     import gc
 
-    walk = _Walk(repo, store, max_file_size)
+    # git diff-files takes as long as the rest together: started before the caches are even loaded (run()
+    # drops it when the cache says the stat index does not match what was recorded).
+    stat_index = store / STAT_INDEX
+    early = hostgit.start_diff_files(repo, stat_index) if stat_index.exists() else None
+    walk = None
     collecting = gc.isenabled()
     gc.disable()  # tens of thousands of small objects: the collector would run over them again and again
     try:
-        return walk.run()
+        walk = _Walk(repo, store, max_file_size)
+        snap = walk.run(early)
+        early = None
+        return snap
     finally:
-        walk.close()
+        if early is not None and early.process.returncode is None:
+            early.process.kill()
+            early.process.wait()
+        if walk is not None:
+            walk.close()
         if collecting:
             gc.enable()
 
@@ -99,12 +111,16 @@ class _Walk:
 
     # -- the walk ----------------------------------------------------------------------------------
 
-    def run(self) -> hostgit.Snapshot:
+    def run(self, early: hostgit.Pending | None) -> hostgit.Snapshot:
+        """early: `git diff-files` on the stat index, already started (None when there is no stat index)."""
         from agentbox.git import ignore as ignorerules
 
         started = time.time_ns()
-        stat_index = self.store / "stat.index"
-        pending = hostgit.start_diff_files(self.repo, stat_index) if self.cache["index_written"] else None
+        written = self.cache["index_written"]
+        pending = early if written else None
+        if early is not None and pending is None:
+            early.process.kill()
+            early.process.wait()
         try:
             tracked_sig = self._index_signature()
             global_rules, global_sig = self._global_rules()
@@ -145,7 +161,8 @@ class _Walk:
                 for name, ignored in decided[1]:
                     sub_ctx = _digest(ctx + b"ignored") if ignored else ctx
                     stack.append((_join(folder, name), rules, sub_ctx, inside_ignored or ignored))
-            reported = self._reported(pending)
+            # A stat index recorded as written but gone: git would take it as empty and report nothing changed.
+            reported = self._unusable() if written and early is None else self._reported(pending)
             pending = None
         finally:
             if pending is not None:
@@ -165,9 +182,14 @@ class _Walk:
         except hostgit.GitTimeout:
             raise
         except hostgit.GitError:
-            self.cache["index_written"] = False
-            self._recorded = None
-            return None
+            return self._unusable()
+
+    def _unusable(self) -> list[bytes] | None:
+        """None: the stat index cannot say what changed, so every file is read again (and the index written
+        anew)."""
+        self.cache["index_written"] = False
+        self._recorded = None
+        return None
 
     def _decide(self, folder: bytes, names: dict[bytes, str], rules: Any, tracked: set[bytes],
                 gitlinks: dict[bytes, str], tracked_dirs: set[bytes], inside_ignored: bool) -> list[Any]:
@@ -289,7 +311,7 @@ class _Walk:
         except BaseException:
             writer.abandon()
             raise
-        _write_index(self.store / "stat.index", entries, self.fmt, started)
+        _write_index(self.store / STAT_INDEX, entries, self.fmt, started)
         _save(self.store / "entries.cache", self.recorded)
         self.cache["index_written"] = True
         self.cache["commit"] = commit

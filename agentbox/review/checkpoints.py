@@ -230,6 +230,32 @@ def lookup(workspace: Path, spec: str) -> Checkpoint:
                      hint="`agentbox checkpoints` lists them.")
 
 
+def lookup_and_current(workspace: Path, spec: str, settings: CheckpointSettings) -> tuple[Checkpoint, hostgit.Snapshot]:
+    """lookup(spec) and current(), side by side: the lookup's git calls (its ref and commit checked in the
+    store) run while the snapshot's `git diff-files` stats the tree. The lookup's error comes first, as when
+    they ran one after the other."""
+    import threading
+
+    found: list[Checkpoint] = []
+    failed: list[BaseException] = []
+
+    def look() -> None:
+        try:
+            found.append(lookup(workspace, spec))
+        except BaseException as exc:  # re-raised in the caller's thread
+            failed.append(exc)
+
+    beside = threading.Thread(target=look, name="checkpoint lookup", daemon=True)
+    beside.start()
+    try:
+        now = current(workspace, settings)
+    finally:
+        beside.join()
+    if failed:
+        raise failed[0]
+    return found[0], now
+
+
 def last_session(found: list[Checkpoint]) -> tuple[Checkpoint, Checkpoint | None]:
     """The most recent session's start checkpoint and its end checkpoint (None while it has none)."""
     uses = [(c, kind, session) for c in found for kind, session, _time in c.used_as()]

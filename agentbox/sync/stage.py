@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentbox import paths
 from agentbox.agents.builtin import BUILTIN_AGENTS, NEVER_SYNC, AgentSpec
 from agentbox.config.pins import RACY_NS
-from agentbox.fsutil import private_dir, private_parents, remove_unlisted, write_if_changed
+from agentbox.fsutil import private_dir, private_parents, read_capped, remove_unlisted, write_if_changed
 from agentbox.safetext import visible
 from agentbox.sync import transform as synctransform
 
@@ -380,10 +380,11 @@ def _stage_agent(agent_dir: Path, parts: list[tuple[Collected, synctransform.Con
     stamps: dict[str, Any] = {}
     records: list[str] = []
     warnings: list[str] = []
+    made: set[str] = set()
     for collected, context in parts:
         key = context.key()
         for item in collected.items:
-            stamp = _stage_file(item, files, previous.get(item.relative), key, context)
+            stamp = _stage_file(item, files, previous.get(item.relative), key, context, made)
             stamps[item.relative] = stamp
             if stamp["problem"]:
                 warnings.append(f"{_shown(item)}: {visible(stamp['problem'])}; it was not brought into the VM")
@@ -402,8 +403,10 @@ def _shown(item: Item) -> str:
     return visible(f"~/{item.relative}")
 
 
-def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synctransform.Context) -> dict[str, Any]:
-    """Stage one file unless its stamp shows it unchanged; its new stamp."""
+def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synctransform.Context,
+                made: set[str]) -> dict[str, Any]:
+    """Stage one file unless its stamp shows it unchanged; its new stamp. made: the staged folders known to
+    exist, private (a first sync of a skills folder checks each once, not once per file)."""
     st = item.st
     signature = [item.source, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
     target_path = f"{files}/{item.relative}"  # a string: this runs for every file at every launch
@@ -417,7 +420,6 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
         and (previous.get("problem") or _staged_size(target_path, previous.get("mode")) == previous.get("size"))
     ):
         return dict(previous)  # not opened at all
-    target = Path(target_path)
     stamp: dict[str, Any] = {"sig": signature, "key": key, "at": time.time_ns(), "mode": mode, "digest": None,
                              "size": None, "problem": None}
     old = previous if isinstance(previous, dict) else {}
@@ -426,13 +428,17 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
         fd = _open(item.source)
         with os.fdopen(fd, "rb") as handle:
             if transform is synctransform.text and st.st_size > synctransform.MAX_REWRITTEN:
-                digest, size = _copy_streamed(handle, target, files, mode, old.get("digest"))
+                digest, size = _copy_streamed(handle, Path(target_path), files, mode, old.get("digest"))
             else:
-                data = transform(handle.read(MAX_FILE + 1), context, [])
+                data = _read_small(fd)
+                data = transform(data, context, [])
                 digest, size = hashlib.sha256(data).hexdigest(), len(data)
-                if not (old.get("digest") == digest and _staged_size(target, mode) == size):
-                    private_parents(files, target.parent)
-                    _replace(target, data, mode)
+                if not (old.get("digest") == digest and _staged_size(target_path, mode) == size):
+                    parent, _, name = target_path.rpartition("/")
+                    if parent not in made:
+                        private_parents(files, Path(parent))
+                        made.add(parent)
+                    _replace(parent, name, data, mode)
     except synctransform.Unusable as exc:
         stamp["problem"] = str(exc)
         return stamp
@@ -443,10 +449,11 @@ def _stage_file(item: Item, files: Path, previous: Any, key: str, context: synct
     return stamp
 
 
-def _replace(target: Path, data: bytes, mode: int) -> None:
+def _replace(parent: str, name: str, data: bytes, mode: int) -> None:
     """atomic_write without its fsync: a staged copy is made anew whenever it is missing or wrong, and hundreds
     of fsyncs would make a first sync of a skills folder take seconds."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    target = f"{parent}/{name}"
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -456,6 +463,14 @@ def _replace(target: Path, data: bytes, mode: int) -> None:
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _read_small(fd: int) -> bytes:
+    """A file read whole (at most MAX_FILE bytes) into a buffer of its own size."""
+    data = read_capped(fd, MAX_FILE)
+    if len(data) > MAX_FILE:
+        raise OSError(0, f"it grew past {MAX_FILE // MiB} MiB while it was read")
+    return data
 
 
 def _open(source: str) -> int:
@@ -532,8 +547,10 @@ def view_of(item: Item, context: synctransform.Context) -> FileView:
         return FileView(item, item.st.st_size, notes, None)
     try:
         fd = _open(item.source)
-        with os.fdopen(fd, "rb") as handle:
-            data = transform(handle.read(MAX_FILE + 1), context, notes)
+        try:
+            data = transform(_read_small(fd), context, notes)
+        finally:
+            os.close(fd)
     except synctransform.Unusable as exc:
         return FileView(item, 0, notes, str(exc))
     except OSError as exc:

@@ -106,7 +106,7 @@ class Task:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Task:
-        known = set(cls.__dataclass_fields__)
+        known = cls.__dataclass_fields__
         return cls(**{key: value for key, value in data.items() if key in known})
 
 
@@ -210,8 +210,14 @@ def save(task: Task) -> None:
 
 
 def _load(task_id: int) -> Task | None:
+    return _load_record(f"{folder(task_id)}/{RECORD}")
+
+
+def _load_record(path: str) -> Task | None:
+    """One task.json (a string path: a listing reads a thousand of them, and Path objects cost)."""
     try:
-        data = json.loads((folder(task_id) / RECORD).read_text())
+        with open(path, "rb") as handle:
+            data = json.loads(handle.read())
         return Task.from_json(data)
     except (OSError, ValueError, TypeError):
         return None
@@ -224,11 +230,12 @@ def get(task_id: int) -> Task | None:
 
 def all_tasks() -> list[Task]:
     """Every recorded task, by id."""
+    root = paths.tasks_dir()  # once per listing, not once per record: it can cost a platformdirs lookup
     try:
-        names = [entry for entry in os.listdir(paths.tasks_dir()) if entry.isdigit()]
+        names = [entry for entry in os.listdir(root) if entry.isdigit()]
     except FileNotFoundError:
         return []
-    found = [_load(int(name)) for name in names]
+    found = [_load_record(f"{root}/{name}/{RECORD}") for name in names]
     return sorted((task for task in found if task is not None), key=lambda task: task.id)
 
 
