@@ -16,7 +16,8 @@ Files in the VM's state folder, `network/`:
                 agents launched since the proxy started, allowLan); the proxy reloads it when it changes
   upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
                 (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
-  proxy.json    the running proxy's pid and port (removed when it stops); proxy.lock is flock'ed by it
+  proxy.json    the running proxy's pid and port (written by the launch that starts it, removed when it stops);
+                proxy.lock is flock'ed by it (taken by that launch and handed to it)
   port          the port it last had, asked for first next time (another is picked when it is taken)
   leases/       one file per agentbox process whose session uses the proxy
   log.jsonl     every decision, one JSON line each (agentbox.net.proxy)
@@ -119,7 +120,8 @@ def refresh_policy(settings: netpolicy.NetworkSettings, vm_name: str) -> bool:
 class Lease:
     """One agentbox process's claim on the VM's proxy; `release()` (or the process's end) gives it up.
 
-    `port` waits for a proxy this lease started (begin() returns at once, so it starts while Lima is asked)."""
+    `port` is known at once: a proxy this lease started listens from begin() on (its process starts while Lima is
+    asked, and the VM's first connections wait in the port's backlog until it serves)."""
 
     def __init__(self, vm_name: str, fd: int, path: Path, child: subprocess.Popen[bytes] | None,
                  port: int = 0, program: str = __name__, brokers: bool = False) -> None:
@@ -441,6 +443,8 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     if handed:
         listener = socket.socket(fileno=int(handed[0]))
         lock_fd = int(handed[1])
+        listener.set_inheritable(False)  # nothing it might run gets them
+        os.set_inheritable(lock_fd, False)
     else:
         lock_fd = os.open(base / "proxy.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
