@@ -298,7 +298,8 @@ def _preferred_port(base: Path) -> int:
 
 def _listen(preferred: int) -> Any:
     """A listening socket on 127.0.0.1: the port the proxy had last, or any free one when that is taken."""
-    import socket
+    # The C module `socket` wraps: importing `socket` itself (its enums) costs a launch ~2 ms, for nothing here.
+    import _socket as socket
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -426,13 +427,9 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     """The proxy process: serve until no session needs it (or SIGTERM). `load_broker` makes the credential
     broker from the VM's broker file, again whenever that file changes (None: no broker). `handed`: the listening
     socket's and the held proxy.lock's descriptors, when the launch made them (`_start`); else it makes its own."""
-    # SIGTERM (`stop()`) and SIGINT write their number to this pipe, whichever thread they reach: the loop's
-    # select returns at once.
     wake_read, wake_write = os.pipe()
-    os.set_blocking(wake_write, False)
-    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
-    signal.signal(signal.SIGTERM, lambda *_: None)
-    signal.signal(signal.SIGINT, lambda *_: None)
+    if load_broker is not None:
+        _wake_on_signals(wake_write)  # the broker's start may refresh a login: a stop waits for it, never cuts it
     import select
     import socket
 
@@ -469,6 +466,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                                                           "started": time.time(),
                                                           "brokers": load_broker is not None}) + "\n",
                          mode=0o600, durable=False)
+        _wake_on_signals(wake_write)  # until now a stop ended the process at once: it had nothing to finish
         idle_since: float | None = None
         while True:
             if select.select([wake_read], [], [], POLL_SEC)[0]:
@@ -490,6 +488,15 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                 return 0
     finally:
         _end(base, proxy, lock)
+
+
+def _wake_on_signals(wake_write: int) -> None:
+    """SIGTERM (`stop()`) and SIGINT write their number to the pipe, whichever thread they reach: the serving
+    loop's select returns at once and the proxy ends in order."""
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
 
 
 def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int) -> Brokering | None:
