@@ -281,7 +281,7 @@ def _start(vm_name: str, program: str, brokers: bool) -> tuple[subprocess.Popen[
             child = _spawn(vm_name, program, (listener.fileno(), lock_fd))
         finally:
             listener.close()  # the process holds it now (and the lock: ours is released with the process's end)
-        atomic_write(base / "port", f"{port}\n", mode=0o600, durable=False)
+        write_if_changed(base / "port", f"{port}\n".encode())  # mostly the same port again
         atomic_write(base / "proxy.json", json.dumps({"pid": child.pid, "port": port, "started": started,
                                                       "brokers": brokers}) + "\n", mode=0o600, durable=False)
         return child, port
