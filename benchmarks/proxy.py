@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
 """Measure what the egress proxy adds to a connection's setup on loopback; print a table.
 
-    python3 benchmarks/proxy.py [--runs 200]
+    python3 benchmarks/proxy.py [--runs 200] [--lifecycle]
 
 Each sample opens a TCP connection to a local echo server and waits for one byte to come back:
 directly, or through `agentbox.net.proxy` (CONNECT handshake included). The name row resolves through
 the policy's resolver hook (no DNS: what DNS costs is the same with or without the proxy).
 Target (issue 17): the proxy adds under 5 ms at the median.
+
+--lifecycle: the VM's proxy process as a launch without the credential broker starts and stops it
+(agentbox.net.guard): what `begin` costs the launch, when `Lease.port` is known, when the first CONNECT is
+answered (the process serves), and what `release` (its stop) costs; medians over --runs (default 20 here).
 """
 
 from __future__ import annotations
@@ -63,10 +67,48 @@ def median_ms(run: Callable[[], None], runs: int) -> float:
     return statistics.median(samples) * 1000
 
 
+def refused(port: int) -> None:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(b"CONNECT blocked.example:443 HTTP/1.1\r\nHost: blocked.example:443\r\n\r\n")
+        assert sock.recv(12).startswith(b"HTTP/1.1 403")
+
+
+def lifecycle(runs: int) -> None:
+    import os
+
+    from agentbox.net import guard
+    from agentbox.net import policy as netpolicy
+
+    samples: dict[str, list[float]] = {"begin (launch pays)": [], "port known": [], "first CONNECT answered": [],
+                                       "release (stop)": []}
+    with tempfile.TemporaryDirectory() as scratch:
+        os.environ["AGENTBOX_STATE_DIR"] = scratch
+        for _ in range(runs):
+            started = time.perf_counter()
+            lease = guard.begin(netpolicy.NetworkSettings(mode="allowlist"), "bench", {})
+            assert lease is not None
+            samples["begin (launch pays)"].append(time.perf_counter() - started)
+            port = lease.port
+            samples["port known"].append(time.perf_counter() - started)
+            refused(port)
+            samples["first CONNECT answered"].append(time.perf_counter() - started)
+            stopping = time.perf_counter()
+            lease.release()
+            samples["release (stop)"].append(time.perf_counter() - stopping)
+    print(f"the VM's proxy process (no broker), median of {runs}, ms since begin() was called")
+    for name, values in samples.items():
+        print(f"{name:<26} {statistics.median(values) * 1000:>10.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--lifecycle", action="store_true", help="the proxy process's start and stop instead")
     args = parser.parse_args()
+    if args.lifecycle:
+        lifecycle(args.runs or 20)
+        return
+    args.runs = args.runs or 200
 
     server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Echo)
     server.daemon_threads = True

@@ -64,4 +64,4 @@ def _test_upstream() -> Upstream | None:
 
 
 if __name__ == "__main__":
-    sys.exit(netguard.serve(sys.argv[1], lambda: load(sys.argv[1])))
+    sys.exit(netguard.serve(sys.argv[1], lambda: load(sys.argv[1]), sys.argv[2:]))

@@ -1,7 +1,9 @@
 """The VM's egress proxy on the host (network.mode allowlist | offline): there while a session needs it, no longer.
 
 The first launch, task or shell of a VM whose mode needs the proxy starts it as a small background process
-(`python -m agentbox.net.guard VM`, agentbox.net.proxy serving on 127.0.0.1); each agentbox process whose session
+(`python -m agentbox.net.guard VM`, agentbox.net.proxy serving on 127.0.0.1). The launch itself binds the port and
+takes the proxy's lock, and hands both to the process: the port is known, and the VM's connections wait in its
+backlog, from the moment it is spawned, so nothing waits for the process to start. Each agentbox process whose session
 needs it holds a lease (a flock'ed file) for as long as it runs, and a kept session or a background task keeps
 its live marker in the outbox fresh (provision/session.sh, task-runner.sh; agentbox.session.attention reads the same
 markers). When the last lease is released and no marker is fresh, the proxy stops (at once when a launch ends;
@@ -14,7 +16,8 @@ Files in the VM's state folder, `network/`:
                 agents launched since the proxy started, allowLan); the proxy reloads it when it changes
   upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
                 (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
-  proxy.json    the running proxy's pid and port (removed when it stops); proxy.lock is flock'ed by it
+  proxy.json    the running proxy's pid and port (written by the launch that starts it, removed when it stops);
+                proxy.lock is flock'ed by it (taken by that launch and handed to it)
   port          the port it last had, asked for first next time (another is picked when it is taken)
   leases/       one file per agentbox process whose session uses the proxy
   log.jsonl     every decision, one JSON line each (agentbox.net.proxy)
@@ -30,9 +33,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
 from agentbox import paths
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
@@ -117,12 +120,14 @@ def refresh_policy(settings: netpolicy.NetworkSettings, vm_name: str) -> bool:
 class Lease:
     """One agentbox process's claim on the VM's proxy; `release()` (or the process's end) gives it up.
 
-    `port` waits for a proxy this lease started (begin() returns at once, so it starts while Lima is asked)."""
+    `port` is known at once: a proxy this lease started listens from begin() on (its process starts while Lima is
+    asked, and the VM's first connections wait in the port's backlog until it serves)."""
 
     def __init__(self, vm_name: str, fd: int, path: Path, child: subprocess.Popen[bytes] | None,
-                 port: int = 0, program: str = __name__) -> None:
+                 port: int = 0, program: str = __name__, brokers: bool = False) -> None:
         self.vm_name = vm_name
         self._program = program
+        self._brokers = brokers
         self._port = port
         self._child = child
         self._fd: int | None = fd
@@ -132,6 +137,8 @@ class Lease:
     def port(self) -> int:
         if not self._port:
             self._port = _await(self.vm_name, self._child).port
+        elif self._child is not None and self._child.poll() is not None and running(self.vm_name) is None:
+            _not_started(self.vm_name)  # it ended before it served (its messages say why)
         return self._port
 
     def resume(self) -> None:
@@ -142,8 +149,7 @@ class Lease:
             if current is not None:
                 self._port, self._child = current.port, None
                 return
-            self._child = _spawn(self.vm_name, self._program)
-            self._port = 0
+            self._child, self._port = _start(self.vm_name, self._program, self._brokers)
 
     def release(self) -> None:
         if self._fd is None:
@@ -193,13 +199,13 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
         fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            child = _spawn(vm_name, program) if current is None else None
+            child, port = _start(vm_name, program, broker is not None) if current is None else (None, current.port)
         except BaseException:
             os.close(fd)
             with contextlib.suppress(OSError):
                 lease_path.unlink()
             raise
-    return Lease(vm_name, fd, lease_path, child, current.port if current is not None else 0, program)
+    return Lease(vm_name, fd, lease_path, child, port, program, broker is not None)
 
 
 def stop(vm_name: str, locked_already: bool = False) -> bool:
@@ -212,10 +218,28 @@ def stop(vm_name: str, locked_already: bool = False) -> bool:
         return False
     with contextlib.suppress(ProcessLookupError):
         os.kill(current.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_TIMEOUT_SEC
-    while running(vm_name) is not None and time.monotonic() < deadline:
-        time.sleep(0.02)
+    _await_unlock(folder(vm_name) / "proxy.lock", STOP_TIMEOUT_SEC)
     return True
+
+
+def _await_unlock(lock: Path, timeout: float) -> None:
+    """Return once no process holds `lock` (the proxy lets it go after its port is closed), or after `timeout`:
+    a blocking flock, woken by the release itself (no polling)."""
+    import threading
+
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return
+
+    def wait() -> None:
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        os.close(fd)
+
+    waiter = threading.Thread(target=wait, name="agentbox-proxy-stop", daemon=True)
+    waiter.start()
+    waiter.join(timeout)  # a proxy that does not end in time is left to end on its own
 
 
 def _write_private(path: Path, data: Mapping[str, Any] | None) -> None:
@@ -239,12 +263,67 @@ def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dic
     atomic_write(folder(vm_name) / "policy.json", json.dumps(data, indent=1) + "\n", mode=0o600, durable=False)
 
 
-def _spawn(vm_name: str, program: str) -> subprocess.Popen[bytes]:
+def _start(vm_name: str, program: str, brokers: bool) -> tuple[subprocess.Popen[bytes], int]:
+    """Start the VM's proxy process (under the control lock): bind its port and take its lock here, hand both to
+    it, and record it in proxy.json at once. Returns the process and its port (0 when the lock was busy, a proxy
+    still ending: the process then finds its own port, which `Lease.port` waits for)."""
+    base = folder(vm_name)
+    lock_fd = os.open(base / "proxy.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return _spawn(vm_name, program), 0
+        listener = _listen(_preferred_port(base))
+        try:
+            port = int(listener.getsockname()[1])
+            started = time.time()
+            child = _spawn(vm_name, program, (listener.fileno(), lock_fd))
+        finally:
+            listener.close()  # the process holds it now (and the lock: ours is released with the process's end)
+        write_if_changed(base / "port", f"{port}\n".encode())  # mostly the same port again
+        atomic_write(base / "proxy.json", json.dumps({"pid": child.pid, "port": port, "started": started,
+                                                      "brokers": brokers}) + "\n", mode=0o600, durable=False)
+        return child, port
+    finally:
+        os.close(lock_fd)
+
+
+def _preferred_port(base: Path) -> int:
+    try:
+        return int((base / "port").read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def _listen(preferred: int) -> Any:
+    """A listening socket on 127.0.0.1: the port the proxy had last, or any free one when that is taken."""
+    # The C module `socket` wraps: importing `socket` itself (its enums) costs a launch ~2 ms, for nothing here.
+    import _socket as socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            listener.bind(("127.0.0.1", preferred))
+        except OSError:
+            if not preferred:
+                raise
+            listener.bind(("127.0.0.1", 0))
+        listener.listen(100)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
+def _spawn(vm_name: str, program: str, handed: tuple[int, int] | None = None) -> subprocess.Popen[bytes]:
+    """`python -m program VM [LISTENER_FD LOCK_FD]`."""
     with open(folder(vm_name) / "proxy.stderr.log", "ab") as errors:
         return subprocess.Popen(
-            [sys.executable, "-m", program, vm_name],
+            [sys.executable, "-m", program, vm_name, *(str(fd) for fd in handed or ())],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True,
-            close_fds=True,
+            close_fds=True, pass_fds=handed or (),
         )
 
 
@@ -261,6 +340,10 @@ def _await(vm_name: str, child: subprocess.Popen[bytes] | None) -> Running:
     if child is not None:
         with contextlib.suppress(ProcessLookupError):
             child.kill()
+    _not_started(vm_name)
+
+
+def _not_started(vm_name: str) -> NoReturn:
     from agentbox.errors import StateError
 
     raise StateError(
@@ -339,26 +422,33 @@ def _test_resolver(text: str) -> Callable[[str, int], list[str]] | None:
     return lambda host, port: [table[host]] if host in table else []
 
 
-def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = None) -> int:
+def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = None,
+          handed: Sequence[str] = ()) -> int:
     """The proxy process: serve until no session needs it (or SIGTERM). `load_broker` makes the credential
-    broker from the VM's broker file, again whenever that file changes (None: no broker)."""
+    broker from the VM's broker file, again whenever that file changes (None: no broker). `handed`: the listening
+    socket's and the held proxy.lock's descriptors, when the launch made them (`_start`); else it makes its own."""
+    wake_read, wake_write = os.pipe()
+    if load_broker is not None:
+        _wake_on_signals(wake_write)  # the broker's start may refresh a login: a stop waits for it, never cuts it
+    import select
+    import socket
+
     from agentbox.net import proxy as netproxy
 
     base = folder(vm_name)
-    lock_fd = os.open(base / "proxy.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return 0  # one runs
-    import threading
-
-    stopping = threading.Event()  # set by SIGTERM (`stop()`): its wait returns at once
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    signal.signal(signal.SIGINT, lambda *_: stopping.set())
-    try:
-        preferred = int((base / "port").read_text())
-    except (OSError, ValueError):
-        preferred = 0
+    listener = None
+    if handed:
+        listener = socket.socket(fileno=int(handed[0]))
+        lock_fd = int(handed[1])
+        listener.set_inheritable(False)  # nothing it might run gets them
+        os.set_inheritable(lock_fd, False)
+    else:
+        lock_fd = os.open(base / "proxy.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return 0  # one runs
+    preferred = _preferred_port(base)
     _rotate(log_path(vm_name))
     policy_file = base / "policy.json"
     seen = _mtime(policy_file)
@@ -367,14 +457,22 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     upstream_file = base / UPSTREAM_FILE
     upstream_seen = _mtime(upstream_file)
     proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
-                           broker=_broker(vm_name, load_broker, broker_seen))
+                           broker=_broker(vm_name, load_broker, broker_seen), listener=listener)
+    lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
     try:
-        atomic_write(base / "port", f"{proxy.port}\n", mode=0o600, durable=False)
-        atomic_write(base / "proxy.json", json.dumps({"pid": os.getpid(), "port": proxy.port, "started": time.time(),
-                                                      "brokers": load_broker is not None}) + "\n",
-                     mode=0o600, durable=False)
+        if listener is None:
+            atomic_write(base / "port", f"{proxy.port}\n", mode=0o600, durable=False)
+            atomic_write(base / "proxy.json", json.dumps({"pid": os.getpid(), "port": proxy.port,
+                                                          "started": time.time(),
+                                                          "brokers": load_broker is not None}) + "\n",
+                         mode=0o600, durable=False)
+        _wake_on_signals(wake_write)  # until now a stop ended the process at once: it had nothing to finish
         idle_since: float | None = None
-        while not stopping.wait(POLL_SEC):
+        while True:
+            if select.select([wake_read], [], [], POLL_SEC)[0]:
+                signals = os.read(wake_read, 64)
+                if signal.SIGTERM in signals or signal.SIGINT in signals:
+                    return 0
             if _mtime(policy_file) != seen or _mtime(upstream_file) != upstream_seen:
                 seen, upstream_seen = _mtime(policy_file), _mtime(upstream_file)
                 proxy.set_policy(_load_policy(vm_name))
@@ -386,12 +484,19 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > IDLE_GRACE_SEC and _end_if_idle(vm_name, proxy):
+            elif time.monotonic() - idle_since > IDLE_GRACE_SEC and _end_if_idle(vm_name, proxy, lock):
                 return 0
     finally:
-        _end(base, proxy)
-        os.close(lock_fd)
-    return 0
+        _end(base, proxy, lock)
+
+
+def _wake_on_signals(wake_write: int) -> None:
+    """SIGTERM (`stop()`) and SIGINT write their number to the pipe, whichever thread they reach: the serving
+    loop's select returns at once and the proxy ends in order."""
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
 
 
 def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int) -> Brokering | None:
@@ -414,7 +519,7 @@ def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int
                          down=reason)
 
 
-def _end_if_idle(vm_name: str, proxy: Any) -> bool:
+def _end_if_idle(vm_name: str, proxy: Any, lock: list[int]) -> bool:
     """Stop when still unused, under the lock a launch takes to lease the proxy (so none leases it meanwhile);
     False when that lock is busy (a launch or a release is deciding) or a session came."""
     fd = os.open(_control_lock(vm_name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -425,16 +530,19 @@ def _end_if_idle(vm_name: str, proxy: Any) -> bool:
             return False
         if _in_use(vm_name):
             return False
-        _end(folder(vm_name), proxy)
+        _end(folder(vm_name), proxy, lock)
         return True
     finally:
         os.close(fd)
 
 
-def _end(base: Path, proxy: Any) -> None:
-    proxy.stop()  # idempotent; the port closes before proxy.json goes, so `stop()` returns only once it is closed
+def _end(base: Path, proxy: Any, lock: list[int]) -> None:
+    """Close the port, then remove proxy.json, then let the lock go (`stop()` returns then); idempotent."""
+    proxy.stop()
     with contextlib.suppress(OSError):
         (base / "proxy.json").unlink()
+    while lock:
+        os.close(lock.pop())
 
 
 def _rotate(log: Path) -> None:
@@ -451,4 +559,4 @@ def _mtime(path: Path) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))
+    sys.exit(serve(sys.argv[1], handed=sys.argv[2:]))

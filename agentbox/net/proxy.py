@@ -703,7 +703,8 @@ class _Proxy:
 class RunningProxy:
     """A proxy serving on 127.0.0.1:`port` from its own thread until `stop()`."""
 
-    def __init__(self, policy: Policy, log_path: Path, port: int, broker: Brokering | None = None) -> None:
+    def __init__(self, policy: Policy, log_path: Path, port: int, broker: Brokering | None = None,
+                 listener: socket.socket | None = None) -> None:
         self.port = 0
         self._broker = broker
         self._log = _Log(log_path)
@@ -712,7 +713,8 @@ class RunningProxy:
         self._server: asyncio.base_events.Server | None = None
         self._ready = threading.Event()
         self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(policy, port), name="agentbox-netproxy", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(policy, port, listener), name="agentbox-netproxy",
+                                        daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
@@ -720,10 +722,10 @@ class RunningProxy:
             self._log.close()
             raise self._error
 
-    def _run(self, policy: Policy, port: int) -> None:
+    def _run(self, policy: Policy, port: int, listener: socket.socket | None) -> None:
         asyncio.set_event_loop(self._loop)
         try:
-            self._loop.run_until_complete(self._open(policy, port))
+            self._loop.run_until_complete(self._open(policy, port, listener))
         except BaseException as error:  # handed to the caller of start()
             self._error = error
             self._ready.set()
@@ -735,8 +737,12 @@ class RunningProxy:
         finally:
             self._loop.close()
 
-    async def _open(self, policy: Policy, port: int) -> None:
+    async def _open(self, policy: Policy, port: int, listener: socket.socket | None) -> None:
         self._proxy = _Proxy(policy, self._log, self._broker)
+        if listener is not None:  # bound and listening already: connections made meanwhile wait in its backlog
+            self._server = await asyncio.start_server(self._proxy.handle, sock=listener, limit=MAX_HEAD)
+            self.port = listener.getsockname()[1]
+            return
         try:
             self._server = await asyncio.start_server(self._proxy.handle, "127.0.0.1", port, limit=MAX_HEAD)
         except OSError:
@@ -786,7 +792,9 @@ class RunningProxy:
         self.stop()
 
 
-def start(policy: Policy, log_path: Path, port: int = 0, broker: Brokering | None = None) -> RunningProxy:
-    """Serve the proxy on 127.0.0.1:port (0, or a taken port: any free one) from a background thread; with a
-    broker, CONNECTs to its credential hosts are brokered (agentbox.net.intercept)."""
-    return RunningProxy(policy, Path(log_path), port, broker)
+def start(policy: Policy, log_path: Path, port: int = 0, broker: Brokering | None = None,
+          listener: socket.socket | None = None) -> RunningProxy:
+    """Serve the proxy on 127.0.0.1:port (0, or a taken port: any free one), or on `listener` (a listening socket
+    on 127.0.0.1), from a background thread; with a broker, CONNECTs to its credential hosts are brokered
+    (agentbox.net.intercept)."""
+    return RunningProxy(policy, Path(log_path), port, broker, listener)
