@@ -49,7 +49,7 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         raise UsageError(f"--detach starts the agent itself in a session; it does not go with `{args[0]}`",
                          hint=f"Run `agentbox {name} --detach [ARGS]...` for the agent.")
     if args[:1] == ["shell"]:
-        from agentbox.commands.agentcommand import agent_shell_command
+        from agentbox.commands.agentshell import agent_shell_command
 
         command = agent_shell_command(name)
         shell_args = [ISOLATED_FLAG, *args[1:]] if isolated else args[1:]

@@ -1,6 +1,7 @@
-"""The click commands of `agentbox <agent>`: their help (`agentbox help NAME`, from the host) and completion, and
-`agentbox <agent> shell`. What they run is agentbox.commands.agent, which imports no click: an agent launch
-reaches it without the click command line (agentbox.cli).
+"""The click command of `agentbox <agent>`: its help (`agentbox help NAME`, from the host) and its completion.
+
+What it runs is agentbox.commands.agent, which imports no click: an agent launch reaches that without the click
+command line (agentbox.cli). `agentbox <agent> shell` is agentbox.commands.agentshell.
 """
 
 from __future__ import annotations
@@ -91,31 +92,6 @@ def make_agent_command(name: str, summary: str) -> click.Command:
         ctx.exit(run_agent(ctx, name, list(ctx.args)))
 
     return AgentCommand(name, summary, callback=agent_command)
-
-
-def agent_shell_command(name: str) -> click.Command:
-    """`agentbox NAME shell`: the shell command of the VM this agent runs in (its own help, not bash's)."""
-
-    @click.command(
-        "shell",
-        help=f"Open a login shell in the VM `agentbox {name}` runs in, or run `-- CMD ...` there and exit "
-        f"with its code. That is the project's VM unless agents.{name}.vmName names another.",
-        context_settings={
-            "ignore_unknown_options": True,
-            "allow_interspersed_args": False,
-            "help_option_names": ["-h", "--help"],
-        },
-    )
-    @click.option("--isolated", is_flag=True, help="Work on a copy of the workspace in the VM (see `agentbox help "
-                  "review`); the VM must have been created isolated.")
-    @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
-    @click.pass_context
-    def shell(ctx: click.Context, isolated: bool, command: tuple[str, ...]) -> int:
-        from agentbox.commands.vm import run_shell
-
-        return run_shell(ctx, name, command, isolated)
-
-    return shell
 
 
 def _own_options(name: str, binary: str) -> list[tuple[str, str]]:

@@ -34,7 +34,8 @@ def help_command(ctx: click.Context, words: tuple[str, ...]) -> None:
 
 def resolve(ctx: click.Context, words: list[str]) -> tuple[click.Command, click.Context]:
     """The command that `agentbox WORDS...` names, with a context for its help (nothing is parsed or run)."""
-    from agentbox.commands.agentcommand import AgentCommand, agent_shell_command
+    from agentbox.commands.agentcommand import AgentCommand
+    from agentbox.commands.agentshell import agent_shell_command
 
     root = ctx.find_root()
     command: click.Command = root.command
