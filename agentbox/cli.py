@@ -1,7 +1,11 @@
-"""The command line: parses arguments and hands the work to the modules that do it.
+"""agentbox's entry point (the `agentbox` console script and `python -m agentbox`).
 
-Start-up speed matters (`agentbox --help` must stay well under 150 ms), so heavy modules are
-imported inside the commands that need them.
+An agent launch, `agentbox [-C DIR] [-v|-q] [--debug] [--timings] AGENT [ARGS]...` with a built-in AGENT, is
+what people run fifty times a day: it goes straight to the launch (agentbox.commands.agent), without importing
+click or building its command line, behind the same error boundary (agentbox.boundary). Everything else,
+and anything this module does not recognise exactly (a global option it does not know, a -C that click would
+refuse, `AGENT shell`, `AGENT --help`, completion), goes to the click command line (agentbox.commandline),
+which gives the same result for a launch, at click's cost.
 """
 
 from __future__ import annotations
@@ -9,327 +13,108 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import click
+if TYPE_CHECKING:
+    import click
 
-from agentbox import __version__, timing
-from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.errors import AgentboxError, LimaError
-
-CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
-
-VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports")
-# Imported only when used: an agent launch should not pay for every other command's module.
-LAZY_COMMANDS = {
-    **{name: ("agentbox.commands.vm", f"{name}_command") for name in VM_COMMANDS},
-    "port": ("agentbox.commands.ports", "port_command"),
-    "ports": ("agentbox.commands.ports", "ports_command"),
-    "doctor": ("agentbox.commands.doctor", "doctor_command"),
-    "ca": ("agentbox.commands.ca", "ca_group"),
-    "base": ("agentbox.commands.base", "base_group"),
-    "config": ("agentbox.commands.config", "config_command"),
-    "init": ("agentbox.commands.config", "init_command"),
-    "template": ("agentbox.commands.config", "template_command"),
-    "describe": ("agentbox.commands.describe", "describe_command"),
-    "trust": ("agentbox.commands.safety", "trust_command"),
-    "audit": ("agentbox.commands.safety", "audit_command"),
-    "checkpoint": ("agentbox.commands.checkpoint", "checkpoint_command"),
-    "checkpoints": ("agentbox.commands.checkpoint", "checkpoints_command"),
-    "diff": ("agentbox.commands.checkpoint", "diff_command"),
-    "proposals": ("agentbox.commands.proposals", "proposals_command"),
-    "review": ("agentbox.commands.proposals", "review_command"),
-    "apply": ("agentbox.commands.proposals", "apply_command"),
-    "reject": ("agentbox.commands.proposals", "reject_command"),
-    "sync": ("agentbox.commands.sync", "sync_group"),
-    "completion": ("agentbox.commands.completion", "completion_command"),
-    "help": ("agentbox.commands.help", "help_command"),
-    "undo": ("agentbox.commands.undo", "undo_command"),
-    "run": ("agentbox.commands.tasks", "run_command"),
-    "tasks": ("agentbox.commands.tasks", "tasks_command"),
-    "logs": ("agentbox.commands.tasks", "logs_command"),
-    "wait": ("agentbox.commands.tasks", "wait_command"),
-    "cancel": ("agentbox.commands.tasks", "cancel_command"),
-    "attach": ("agentbox.commands.sessions", "attach_command"),
-    "sessions": ("agentbox.commands.sessions", "sessions_command"),
-    "update-agents": ("agentbox.commands.update", "update_agents_command"),
-    "net": ("agentbox.commands.net", "net_group"),
-}
-# `agentbox --help` lists the commands in these groups, each with this line: written here so that the
-# listing imports no command's module (tests/test_cli_help.py keeps the table whole).
-COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("The VM", (
-        ("start", "Create and start the project's VM."),
-        ("stop", "Stop the project's VM (or all agentbox VMs)."),
-        ("restart", "Stop the project's VM if it runs, then start it."),
-        ("rm", "Delete the project's VM and its disk."),
-        ("status", "Show the project's VM: status, workspace, resources."),
-        ("ls", "List agentbox's VMs."),
-        ("shell", "Open a login shell in the VM, or run `-- CMD ...` there."),
-        ("port", "Forward a VM port to the host's 127.0.0.1; print its URL."),
-        ("ports", "List the ports the running VMs forward to the host."),
-    )),
-    ("Review and undo", (
-        ("diff", "Show what changed in the workspace since a checkpoint."),
-        ("checkpoints", "List the workspace's checkpoints and what each changed."),
-        ("checkpoint", "Take a checkpoint of the workspace now."),
-        ("undo", "Put the workspace's files back to a checkpoint."),
-        ("proposals", "List the proposals of isolated sessions."),
-        ("review", "Show a proposal: summary, files, the patch."),
-        ("apply", "Apply a proposal to the workspace."),
-        ("reject", "Reject a proposal."),
-    )),
-    ("Background work", (
-        ("run", "Run an agent on PROMPT in the background; print the task's id."),
-        ("tasks", "List the background tasks (`tasks prune` forgets ended ones)."),
-        ("logs", "Print a task's output."),
-        ("wait", "Wait for a task to end; exit with its exit code."),
-        ("cancel", "Cancel a queued or running task."),
-        ("sessions", "List the detached sessions of the project's VM."),
-        ("attach", "Attach to a session started with `agentbox AGENT --detach`."),
-    )),
-    ("The agent's setup", (
-        ("config", "Show the merged config and where each value came from."),
-        ("init", "Write a commented config file to start from."),
-        ("trust", "Trust this project's agentbox.yml as it is now."),
-        ("sync", "Your agents' own setup in the VM: show it, bring back changes."),
-        ("update-agents", "Update the agent CLIs in the project's VM."),
-        ("base", "The base VM new project VMs are cloned from."),
-        ("describe", "Print what the agent is told about its sandbox."),
-        ("template", "Print the lima.yaml agentbox would create the VM from."),
-    )),
-    ("Network", (
-        ("net", "The VM's network policy: what it allows, what was decided."),
-        ("ca", "Show or add extra CA certificates for the VM."),
-    )),
-    ("Diagnostics", (
-        ("doctor", "Check Lima, config, VM, logins and guards; say what to fix."),
-        ("audit", "Show unacknowledged changes to files your host runs."),
-        ("help", "Show agentbox's help, or the help of COMMAND."),
-        ("completion", "Print the shell completion script."),
-    )),
-)
+# agentbox's global flags (agentbox.commandline.cli), by the parameter each sets
+GLOBAL_FLAGS = {"-v": "verbose", "--verbose": "verbose", "-q": "quiet", "--quiet": "quiet", "--debug": "debug",
+                "--timings": "timings"}
+COMPLETION_VARIABLE = "_AGENTBOX_COMPLETE"  # set by the shell's completion script: click answers it
 
 
-class AgentboxGroup(click.Group):
-    """Adds one command per agent (built-in and configured) and the single error boundary."""
+class LaunchContext:
+    """What agentbox.commands.agent reads of click's context on a launch: the global options (obj, params) and
+    a place for what the command works out (meta)."""
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
-        """Agents first (what people run most), then the groups of --help in order: for --help and completion."""
-        grouped = [name for _, rows in COMMAND_GROUPS for name, _ in rows]
-        names = [*grouped, *self.commands, *LAZY_COMMANDS]
-        agents = [name for name in _agent_names(ctx) if name not in names]
-        return [*agents, *dict.fromkeys(names)]
+    def __init__(self, directory: str | None, verbose: bool, debug: bool) -> None:
+        self.params: dict[str, Any] = {"directory": directory}
+        self.obj: dict[str, Any] = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose,
+                                    "debug": debug}
+        self.meta: dict[str, Any] = {}
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        command = self.commands.get(cmd_name)
-        if command is not None:
-            return command
-        if cmd_name in LAZY_COMMANDS:
-            import importlib
+    def find_root(self) -> LaunchContext:
+        return self
 
-            module, attribute = LAZY_COMMANDS[cmd_name]
-            lazy: click.Command = getattr(importlib.import_module(module), attribute)
-            return lazy
-        if cmd_name in BUILTIN_AGENTS or cmd_name in _agent_names(ctx):
-            from agentbox.commands.agent import make_agent_command
 
-            return make_agent_command(cmd_name, _agent_summary(ctx, cmd_name))
+def launch_line(args: list[str]) -> tuple[dict[str, Any], str, list[str]] | None:
+    """(global options, agent, its arguments) when args are an agent launch the fast path runs exactly as
+    the click command line would; None for anything else."""
+    if COMPLETION_VARIABLE in os.environ:
         return None
+    options: dict[str, Any] = {"directory": None, "verbose": False, "quiet": False, "debug": False,
+                               "timings": False}
+    index = 0
+    while index < len(args) and args[index] in (*GLOBAL_FLAGS, "-C"):
+        if args[index] == "-C":
+            if index + 1 == len(args) or args[index + 1].startswith("-"):
+                return None
+            # click.Path(exists=True, file_okay=False, resolve_path=True): anything it might refuse is left to it
+            directory = os.path.realpath(args[index + 1])
+            if not (os.path.isdir(directory) and os.access(directory, os.R_OK)):
+                return None
+            options["directory"] = directory
+            index += 2
+        else:
+            options[GLOBAL_FLAGS[args[index]]] = True
+            index += 1
+    if index == len(args) or (options["quiet"] and options["verbose"]):  # click's usage errors
+        return None
+    from agentbox.agents.builtin import BUILTIN_AGENTS
 
-    def resolve_command(
-        self, ctx: click.Context, args: list[str]
-    ) -> tuple[str | None, click.Command | None, list[str]]:
-        """click's lookup, with agentbox's own error (and a did-you-mean) for a command that does not exist."""
-        name = args[0]
-        command = self.get_command(ctx, name)
-        if command is not None:
-            return name, command, args[1:]
-        if ctx.resilient_parsing or name.startswith("-"):  # completion; or an option, which click reports
-            return super().resolve_command(ctx, args)
-        from agentbox.commands.help import unknown_command
+    name, rest = args[index], args[index + 1:]
+    if name not in BUILTIN_AGENTS:  # a configured agent's name needs the config read: click's command line does
+        return None
+    from agentbox.commands.agent import DETACH_FLAGS, ISOLATED_FLAG
 
-        raise unknown_command(ctx, name)
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        """The agents, then each group of COMMAND_GROUPS: from the table, so no command's module is imported."""
-        agents = [(name, _agent_summary(ctx, name)) for name in _agent_names(ctx)]
-        sections = [("Agents (agentbox AGENT [ARGS]... runs it in the project's VM)", agents),
-                    *((title, list(rows)) for title, rows in COMMAND_GROUPS)]
-        listed = {name for _, rows in sections for name, _ in rows}
-        rest = [name for name in self.list_commands(ctx) if name not in listed]  # a command added without a group
-        if rest:
-            sections.append(("Other commands", [(name, self._short_help(ctx, name)) for name in rest]))
-        width = max(len(name) for _, rows in sections for name, _ in rows)
-        for title, rows in sections:
-            with formatter.section(title):  # one width for every section: the summaries line up
-                formatter.write_dl([(name.ljust(width), summary) for name, summary in rows])
-
-    def _short_help(self, ctx: click.Context, name: str) -> str:
-        command = self.get_command(ctx, name)
-        return command.get_short_help_str(limit=60) if command is not None else ""
-
-    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
-        try:
-            return super().make_context(*args, **kwargs)
-        except BrokenPipeError:  # `agentbox --help | head -1`
-            raise click.exceptions.Exit(closed_pipe()) from None
-
-    def invoke(self, ctx: click.Context) -> Any:
-        try:
-            try:
-                return super().invoke(ctx)
-            except AgentboxError as exc:
-                report_error(exc)
-                ctx.exit(exc.exit_code)
-            except KeyboardInterrupt:
-                click.echo("\nagentbox: interrupted", err=True)
-                ctx.exit(130)
-            except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, BrokenPipeError):
-                raise
-            except Exception as exc:
-                log = _write_crash_log()
-                click.echo(f"agentbox: internal error: {type(exc).__name__}: {exc}", err=True)
-                click.echo(f"The details are in {log}; please include them when you report this.", err=True)
-                ctx.exit(1)
-        except BrokenPipeError:  # raised by the command or while reporting its error
-            ctx.exit(closed_pipe())
+    after, isolated, detach = rest, False, False  # as run_agent reads agentbox's own options (each once)
+    while after and ((after[0] == ISOLATED_FLAG and not isolated) or (after[0] in DETACH_FLAGS and not detach)):
+        isolated, detach = isolated or after[0] == ISOLATED_FLAG, detach or after[0] in DETACH_FLAGS
+        after = after[1:]
+    if after[:1] == ["shell"] or after in (["--help"], ["-h"]):  # click commands and click's help
+        return None
+    return options, name, rest
 
 
-CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `yes | head -1`
+def launch(options: dict[str, Any], name: str, args: list[str]) -> int:
+    """Run the agent as the click command line would (agentbox.commandline.cli, then the agent's command)."""
+    from agentbox import boundary
+    from agentbox.commands.agent import run_agent
 
-
-def closed_pipe() -> int:
-    """The reader of stdout or stderr has gone (`agentbox ls | head -1`): end quietly, as with SIGPIPE.
-
-    Nothing more can reach that reader. Both streams are pointed at /dev/null, so Python's flush
-    at exit prints no "Exception ignored ... BrokenPipeError" either. Returns the exit status.
-    """
-    from agentbox.progress import silence
-
-    silence(sys.stdout)
-    silence(sys.stderr)
-    return CLOSED_PIPE_EXIT
-
-
-def _write_crash_log() -> str:
-    import traceback
-
-    from agentbox import paths
-
-    path = paths.state_dir() / "crash.log"
+    ctx = LaunchContext(options["directory"], options["verbose"], options["debug"])
+    boundary.begin(options["quiet"], options["timings"])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(traceback.format_exc())
-        return str(path)
-    except OSError:
-        return "(could not be written)"
+        # The launch reads only what LaunchContext has of click's context.
+        return boundary.guarded(lambda: run_agent(_as_click(ctx), name, args))
+    finally:
+        boundary.end()
 
 
-def report_error(exc: AgentboxError) -> None:
-    """The error on stderr: a failed limactl's last lines and log first, then the message and its hint."""
-    if isinstance(exc, LimaError):
-        from agentbox.safetext import visible
-
-        if exc.tail:
-            click.echo("Last lines from limactl:", err=True)
-            for line in exc.tail:
-                click.echo(f"  {visible(line)}", err=True)
-        if exc.log_path:
-            click.echo(f"Lima's logs: {exc.log_path}", err=True)
-    click.echo(f"agentbox: error: {exc.message}", err=True)
-    if exc.hint:
-        click.echo(f"hint: {exc.hint}", err=True)
-
-
-def _start_dir(ctx: click.Context) -> Path:
-    root = ctx.find_root()
-    directory = root.params.get("directory")
-    return Path(directory) if directory else Path(os.getcwd())
-
-
-def _agent_names(ctx: click.Context) -> list[str]:
-    """Built-in agents plus those defined in config; a broken config still lists the built-ins."""
-    configured = _configured_agents(ctx)
-    return [*BUILTIN_AGENTS, *sorted(n for n in configured if n not in BUILTIN_AGENTS)]
-
-
-def _configured_agents(ctx: click.Context) -> dict[str, Any]:
-    root = ctx.find_root()
-    cache = root.meta.setdefault("agentbox.configured_agents", {})
-    if "agents" not in cache:
-        from agentbox.config import peek
-
-        cache["agents"] = {}
-        # Only a config that mentions agents can define one: skip YAML (and its import) otherwise.
-        if peek.may_define_agents(_start_dir(ctx)):
-            from agentbox.config import load as config
-
-            try:
-                cache["agents"] = config.load(_start_dir(ctx)).agents
-            except AgentboxError:
-                pass
-    agents: dict[str, Any] = cache["agents"]
-    return agents
-
-
-def _agent_summary(ctx: click.Context, name: str) -> str:
-    builtin = BUILTIN_AGENTS.get(name)
-    if builtin:
-        return f"Run {builtin.summary} ({builtin.binary}) in the VM"
-    agent = _configured_agents(ctx).get(name)
-    binary = agent.binary if agent else name
-    return f"Run {binary} in the VM (defined in your config)"
-
-
-@click.group("agentbox", cls=AgentboxGroup, context_settings=CONTEXT_SETTINGS)
-@click.version_option(__version__, "-V", "--version", prog_name="agentbox", message="%(prog)s %(version)s")
-@click.option(
-    "-C",
-    "directory",
-    metavar="DIR",
-    type=click.Path(exists=True, file_okay=False, resolve_path=True),
-    is_eager=True,  # processed before --help, which lists the agents defined in DIR's config
-    help="Run as if agentbox was started in DIR.",
-)
-@click.option("-v", "--verbose", is_flag=True, help="Stream limactl's own output.")
-@click.option(
-    "-q", "--quiet", is_flag=True, help="Print only warnings and errors on stderr (no progress, no notes)."
-)
-@click.option("--debug", is_flag=True, help="Print every limactl call with its duration and exit code.")
-@click.option("--timings", is_flag=True, help="Print how long each phase took (same as AGENTBOX_TIMING=1).")
-@click.pass_context
-def cli(ctx: click.Context, directory: str | None, verbose: bool, quiet: bool, debug: bool, timings: bool) -> None:
-    """Run AI coding agents in a per-project Lima VM.
-
-    In a project folder, `agentbox claude` (or codex, gemini, kiro, opencode, copilot) finds or
-    creates the project's VM, mounts the project at the same path and starts the agent there with its
-    approval prompts off: the VM is the sandbox.
-
-    Every argument after the agent's name goes to the agent: `agentbox AGENT --help` shows the
-    agent's own help, run inside the VM (when the VM is not running, agentbox describes the agent
-    instead and creates nothing). `agentbox AGENT shell` opens a shell in the agent's VM.
-    `agentbox help COMMAND` shows agentbox's help for any command, agents included.
-    """
-    if quiet and verbose:
-        raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together.")
-    if timings:
-        timing.enable()
-    from agentbox import progress
-    from agentbox.config import pins
-
-    progress.set_quiet(quiet)
-    ctx.call_on_close(lambda: progress.set_quiet(False))  # tests run many invocations in one process
-
-    pins.forget()  # one invocation, one read of every pinned file (tests run many in one process)
-    ctx.obj = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose, "debug": debug}
+def _as_click(ctx: LaunchContext) -> click.Context:
+    return ctx  # type: ignore[return-value]
 
 
 def main() -> None:
+    line = launch_line(sys.argv[1:])
+    if line is not None:
+        sys.exit(launch(*line))
+    from agentbox.boundary import closed_pipe
+    from agentbox.commandline import cli
+
     try:
         cli.main(prog_name="agentbox")
     except BrokenPipeError:  # click printing a usage error to a closed stderr
         sys.exit(closed_pipe())
+
+
+def __getattr__(name: str) -> Any:
+    """The click command line's names (`from agentbox.cli import cli`), imported when asked for."""
+    if name.startswith("__"):  # the import system's questions (`__path__`: is this a package?)
+        raise AttributeError(name)
+    from agentbox import commandline
+
+    return getattr(commandline, name)
 
 
 if __name__ == "__main__":

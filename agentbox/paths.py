@@ -10,6 +10,14 @@ LOCAL_CONFIG_NAME = "agentbox.yml"
 
 
 def home() -> Path:
+    return _home(os.environ.get("HOME"))
+
+
+# The paths below are computed once per process for each value of the environment they come from: a command
+# asks for them hundreds of times (`agentbox tasks` once per record), and tests change that environment
+# between the invocations they run in one process, so the environment is the key.
+@functools.lru_cache(maxsize=8)
+def _home(_home_variable: str | None) -> Path:
     return Path(os.path.expanduser("~"))
 
 
@@ -26,7 +34,12 @@ def global_config_file() -> Path:
 
 def state_dir() -> Path:
     """Where agentbox keeps rendered templates, locks, logs, staging and trust records."""
-    override = os.environ.get("AGENTBOX_STATE_DIR")
+    environ = os.environ
+    return _state_dir(environ.get("AGENTBOX_STATE_DIR"), environ.get("XDG_STATE_HOME"), environ.get("HOME"))
+
+
+@functools.lru_cache(maxsize=8)
+def _state_dir(override: str | None, _xdg_state_home: str | None, _home_variable: str | None) -> Path:
     if override:
         return Path(override)
     import platformdirs
@@ -74,8 +87,15 @@ def tasks_dir() -> Path:
 def lima_home() -> Path:
     """Lima's instance root, resolved the way limactl resolves it (symlinks followed if it exists)."""
     raw = os.environ.get("LIMA_HOME") or str(home() / ".lima")
-    path = Path(raw)
-    return path.resolve() if path.exists() else path
+    resolved = _RESOLVED_LIMA_HOMES.get(raw)
+    if resolved is None:
+        if not os.path.exists(raw):  # asked again next time: limactl may make it meanwhile
+            return Path(raw)
+        resolved = _RESOLVED_LIMA_HOMES[raw] = Path(raw).resolve()
+    return resolved
+
+
+_RESOLVED_LIMA_HOMES: dict[str, Path] = {}  # resolved once it exists, per value of LIMA_HOME
 
 
 def mount_target_problem(path: Path) -> str | None:

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 # Top to bottom. A name is a subpackage of agentbox, or a top-level module. The entries of one layer are
 # independent of each other, except in the top one: the command line (cli, its commands, doctor's report).
 LAYERS: list[tuple[str, ...]] = [
-    ("cli", "__main__", "doctor", "commands"),
+    ("cli", "__main__", "doctor", "commands", "commandline", "boundary"),
     ("session",),
     ("tasks", "sync", "credentials"),
     ("vm",),

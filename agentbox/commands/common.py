@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import click
-
 from agentbox import hosttools, timing
 
 if TYPE_CHECKING:
+    import click
+
     from agentbox.config.load import Config
     from agentbox.vm.lifecycle import Session
 

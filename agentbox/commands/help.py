@@ -34,7 +34,8 @@ def help_command(ctx: click.Context, words: tuple[str, ...]) -> None:
 
 def resolve(ctx: click.Context, words: list[str]) -> tuple[click.Command, click.Context]:
     """The command that `agentbox WORDS...` names, with a context for its help (nothing is parsed or run)."""
-    from agentbox.commands.agent import AgentCommand, agent_shell_command
+    from agentbox.commands.agentcommand import AgentCommand
+    from agentbox.commands.agentshell import agent_shell_command
 
     root = ctx.find_root()
     command: click.Command = root.command
@@ -59,7 +60,7 @@ def resolve(ctx: click.Context, words: list[str]) -> tuple[click.Command, click.
 
 
 def subcommand_names(command: click.Command, ctx: click.Context) -> list[str]:
-    from agentbox.commands.agent import AgentCommand
+    from agentbox.commands.agentcommand import AgentCommand
 
     if isinstance(command, click.Group):
         return command.list_commands(ctx)

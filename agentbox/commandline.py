@@ -1,0 +1,269 @@
+"""The click command line: parses arguments and hands the work to the modules that do it.
+
+agentbox.cli is the entry point: it sends `agentbox AGENT [ARGS]...` straight to the launch, without click,
+and everything else here. Start-up speed matters (`agentbox --help` must stay well under 150 ms), so heavy
+modules are imported inside the commands that need them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import click
+
+from agentbox import __version__, boundary
+from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.boundary import closed_pipe, report_error
+from agentbox.errors import AgentboxError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+VM_COMMANDS = ("start", "stop", "restart", "rm", "status", "ls", "shell", "port", "ports")
+# Imported only when used: an agent launch should not pay for every other command's module.
+LAZY_COMMANDS = {
+    **{name: ("agentbox.commands.vm", f"{name}_command") for name in VM_COMMANDS},
+    "port": ("agentbox.commands.ports", "port_command"),
+    "ports": ("agentbox.commands.ports", "ports_command"),
+    "doctor": ("agentbox.commands.doctor", "doctor_command"),
+    "ca": ("agentbox.commands.ca", "ca_group"),
+    "base": ("agentbox.commands.base", "base_group"),
+    "config": ("agentbox.commands.config", "config_command"),
+    "init": ("agentbox.commands.config", "init_command"),
+    "template": ("agentbox.commands.config", "template_command"),
+    "describe": ("agentbox.commands.describe", "describe_command"),
+    "trust": ("agentbox.commands.safety", "trust_command"),
+    "audit": ("agentbox.commands.safety", "audit_command"),
+    "checkpoint": ("agentbox.commands.checkpoint", "checkpoint_command"),
+    "checkpoints": ("agentbox.commands.checkpoint", "checkpoints_command"),
+    "diff": ("agentbox.commands.checkpoint", "diff_command"),
+    "proposals": ("agentbox.commands.proposals", "proposals_command"),
+    "review": ("agentbox.commands.proposals", "review_command"),
+    "apply": ("agentbox.commands.proposals", "apply_command"),
+    "reject": ("agentbox.commands.proposals", "reject_command"),
+    "sync": ("agentbox.commands.sync", "sync_group"),
+    "completion": ("agentbox.commands.completion", "completion_command"),
+    "help": ("agentbox.commands.help", "help_command"),
+    "undo": ("agentbox.commands.undo", "undo_command"),
+    "run": ("agentbox.commands.tasks", "run_command"),
+    "tasks": ("agentbox.commands.tasks", "tasks_command"),
+    "logs": ("agentbox.commands.tasks", "logs_command"),
+    "wait": ("agentbox.commands.tasks", "wait_command"),
+    "cancel": ("agentbox.commands.tasks", "cancel_command"),
+    "attach": ("agentbox.commands.sessions", "attach_command"),
+    "sessions": ("agentbox.commands.sessions", "sessions_command"),
+    "update-agents": ("agentbox.commands.update", "update_agents_command"),
+    "net": ("agentbox.commands.net", "net_group"),
+}
+# `agentbox --help` lists the commands in these groups, each with this line: written here so that the
+# listing imports no command's module (tests/test_cli_help.py keeps the table whole).
+COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
+    ("The VM", (
+        ("start", "Create and start the project's VM."),
+        ("stop", "Stop the project's VM (or all agentbox VMs)."),
+        ("restart", "Stop the project's VM if it runs, then start it."),
+        ("rm", "Delete the project's VM and its disk."),
+        ("status", "Show the project's VM: status, workspace, resources."),
+        ("ls", "List agentbox's VMs."),
+        ("shell", "Open a login shell in the VM, or run `-- CMD ...` there."),
+        ("port", "Forward a VM port to the host's 127.0.0.1; print its URL."),
+        ("ports", "List the ports the running VMs forward to the host."),
+    )),
+    ("Review and undo", (
+        ("diff", "Show what changed in the workspace since a checkpoint."),
+        ("checkpoints", "List the workspace's checkpoints and what each changed."),
+        ("checkpoint", "Take a checkpoint of the workspace now."),
+        ("undo", "Put the workspace's files back to a checkpoint."),
+        ("proposals", "List the proposals of isolated sessions."),
+        ("review", "Show a proposal: summary, files, the patch."),
+        ("apply", "Apply a proposal to the workspace."),
+        ("reject", "Reject a proposal."),
+    )),
+    ("Background work", (
+        ("run", "Run an agent on PROMPT in the background; print the task's id."),
+        ("tasks", "List the background tasks (`tasks prune` forgets ended ones)."),
+        ("logs", "Print a task's output."),
+        ("wait", "Wait for a task to end; exit with its exit code."),
+        ("cancel", "Cancel a queued or running task."),
+        ("sessions", "List the detached sessions of the project's VM."),
+        ("attach", "Attach to a session started with `agentbox AGENT --detach`."),
+    )),
+    ("The agent's setup", (
+        ("config", "Show the merged config and where each value came from."),
+        ("init", "Write a commented config file to start from."),
+        ("trust", "Trust this project's agentbox.yml as it is now."),
+        ("sync", "Your agents' own setup in the VM: show it, bring back changes."),
+        ("update-agents", "Update the agent CLIs in the project's VM."),
+        ("base", "The base VM new project VMs are cloned from."),
+        ("describe", "Print what the agent is told about its sandbox."),
+        ("template", "Print the lima.yaml agentbox would create the VM from."),
+    )),
+    ("Network", (
+        ("net", "The VM's network policy: what it allows, what was decided."),
+        ("ca", "Show or add extra CA certificates for the VM."),
+    )),
+    ("Diagnostics", (
+        ("doctor", "Check Lima, config, VM, logins and guards; say what to fix."),
+        ("audit", "Show unacknowledged changes to files your host runs."),
+        ("help", "Show agentbox's help, or the help of COMMAND."),
+        ("completion", "Print the shell completion script."),
+    )),
+)
+
+
+class AgentboxGroup(click.Group):
+    """Adds one command per agent (built-in and configured) and the single error boundary."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        """Agents first (what people run most), then the groups of --help in order: for --help and completion."""
+        grouped = [name for _, rows in COMMAND_GROUPS for name, _ in rows]
+        names = [*grouped, *self.commands, *LAZY_COMMANDS]
+        agents = [name for name in _agent_names(ctx) if name not in names]
+        return [*agents, *dict.fromkeys(names)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = self.commands.get(cmd_name)
+        if command is not None:
+            return command
+        if cmd_name in LAZY_COMMANDS:
+            import importlib
+
+            module, attribute = LAZY_COMMANDS[cmd_name]
+            lazy: click.Command = getattr(importlib.import_module(module), attribute)
+            return lazy
+        if cmd_name in BUILTIN_AGENTS or cmd_name in _agent_names(ctx):
+            from agentbox.commands.agentcommand import make_agent_command
+
+            return make_agent_command(cmd_name, _agent_summary(ctx, cmd_name))
+        return None
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        """click's lookup, with agentbox's own error (and a did-you-mean) for a command that does not exist."""
+        name = args[0]
+        command = self.get_command(ctx, name)
+        if command is not None:
+            return name, command, args[1:]
+        if ctx.resilient_parsing or name.startswith("-"):  # completion; or an option, which click reports
+            return super().resolve_command(ctx, args)
+        from agentbox.commands.help import unknown_command
+
+        raise unknown_command(ctx, name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The agents, then each group of COMMAND_GROUPS: from the table, so no command's module is imported."""
+        agents = [(name, _agent_summary(ctx, name)) for name in _agent_names(ctx)]
+        sections = [("Agents (agentbox AGENT [ARGS]... runs it in the project's VM)", agents),
+                    *((title, list(rows)) for title, rows in COMMAND_GROUPS)]
+        listed = {name for _, rows in sections for name, _ in rows}
+        rest = [name for name in self.list_commands(ctx) if name not in listed]  # a command added without a group
+        if rest:
+            sections.append(("Other commands", [(name, self._short_help(ctx, name)) for name in rest]))
+        width = max(len(name) for _, rows in sections for name, _ in rows)
+        for title, rows in sections:
+            with formatter.section(title):  # one width for every section: the summaries line up
+                formatter.write_dl([(name.ljust(width), summary) for name, summary in rows])
+
+    def _short_help(self, ctx: click.Context, name: str) -> str:
+        command = self.get_command(ctx, name)
+        return command.get_short_help_str(limit=60) if command is not None else ""
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:  # `agentbox --help | head -1`
+            raise click.exceptions.Exit(closed_pipe()) from None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            try:
+                return super().invoke(ctx)
+            except AgentboxError as exc:
+                report_error(exc)
+                ctx.exit(exc.exit_code)
+            except KeyboardInterrupt:
+                ctx.exit(boundary.interrupted())
+            except (click.exceptions.Exit, click.ClickException, click.exceptions.Abort, BrokenPipeError):
+                raise
+            except Exception as exc:
+                ctx.exit(boundary.internal_error(exc))
+        except BrokenPipeError:  # raised by the command or while reporting its error
+            ctx.exit(closed_pipe())
+
+
+def _start_dir(ctx: click.Context) -> Path:
+    root = ctx.find_root()
+    directory = root.params.get("directory")
+    return Path(directory) if directory else Path(os.getcwd())
+
+
+def _agent_names(ctx: click.Context) -> list[str]:
+    """Built-in agents plus those defined in config; a broken config still lists the built-ins."""
+    configured = _configured_agents(ctx)
+    return [*BUILTIN_AGENTS, *sorted(n for n in configured if n not in BUILTIN_AGENTS)]
+
+
+def _configured_agents(ctx: click.Context) -> dict[str, Any]:
+    root = ctx.find_root()
+    cache = root.meta.setdefault("agentbox.configured_agents", {})
+    if "agents" not in cache:
+        from agentbox.config import peek
+
+        cache["agents"] = {}
+        # Only a config that mentions agents can define one: skip YAML (and its import) otherwise.
+        if peek.may_define_agents(_start_dir(ctx)):
+            from agentbox.config import load as config
+
+            try:
+                cache["agents"] = config.load(_start_dir(ctx)).agents
+            except AgentboxError:
+                pass
+    agents: dict[str, Any] = cache["agents"]
+    return agents
+
+
+def _agent_summary(ctx: click.Context, name: str) -> str:
+    builtin = BUILTIN_AGENTS.get(name)
+    if builtin:
+        return f"Run {builtin.summary} ({builtin.binary}) in the VM"
+    agent = _configured_agents(ctx).get(name)
+    binary = agent.binary if agent else name
+    return f"Run {binary} in the VM (defined in your config)"
+
+
+@click.group("agentbox", cls=AgentboxGroup, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "-V", "--version", prog_name="agentbox", message="%(prog)s %(version)s")
+@click.option(
+    "-C",
+    "directory",
+    metavar="DIR",
+    type=click.Path(exists=True, file_okay=False, resolve_path=True),
+    is_eager=True,  # processed before --help, which lists the agents defined in DIR's config
+    help="Run as if agentbox was started in DIR.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Stream limactl's own output.")
+@click.option(
+    "-q", "--quiet", is_flag=True, help="Print only warnings and errors on stderr (no progress, no notes)."
+)
+@click.option("--debug", is_flag=True, help="Print every limactl call with its duration and exit code.")
+@click.option("--timings", is_flag=True, help="Print how long each phase took (same as AGENTBOX_TIMING=1).")
+@click.pass_context
+def cli(ctx: click.Context, directory: str | None, verbose: bool, quiet: bool, debug: bool, timings: bool) -> None:
+    """Run AI coding agents in a per-project Lima VM.
+
+    In a project folder, `agentbox claude` (or codex, gemini, kiro, opencode, copilot) finds or
+    creates the project's VM, mounts the project at the same path and starts the agent there with its
+    approval prompts off: the VM is the sandbox.
+
+    Every argument after the agent's name goes to the agent: `agentbox AGENT --help` shows the
+    agent's own help, run inside the VM (when the VM is not running, agentbox describes the agent
+    instead and creates nothing). `agentbox AGENT shell` opens a shell in the agent's VM.
+    `agentbox help COMMAND` shows agentbox's help for any command, agents included.
+    """
+    if quiet and verbose:
+        raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together.")
+    boundary.begin(quiet, timings)
+    ctx.call_on_close(boundary.end)  # tests run many invocations in one process
+    ctx.obj = {"cwd": Path(directory) if directory else Path(os.getcwd()), "verbose": verbose, "debug": debug}

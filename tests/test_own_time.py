@@ -1,0 +1,150 @@
+"""agentbox's own time on an agent launch: it imports only what it runs (no click: agentbox.cli's launch line),
+the global options before the agent's name still work there, and the paths are computed once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FakeLima, run_cli, write_trusted
+
+REPO = Path(__file__).resolve().parent.parent
+# Measured on a warm launch of `codex --version` (91 in the benchmark's sandbox): the bound catches a module
+# tree pulled in again, not one module more.
+MAX_AGENTBOX_MODULES = 100
+NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.commandline",
+                     "agentbox.commands.agentcommand")
+# Python's own: inspect and ast come with dataclasses, urllib.parse with pathlib (3.11); absent unless they do.
+STDLIB_DEFERRED = ("inspect", "ast", "urllib.parse")
+
+TRACED = """
+import json, os, sys
+before = set(sys.modules)
+sys.argv = ["agentbox", *json.loads(os.environ["TRACE_ARGS"])]
+try:
+    from agentbox.cli import main
+    main()
+finally:
+    with open(os.environ["TRACE_OUT"], "w") as out:
+        json.dump(sorted(set(sys.modules) - before), out)
+"""
+
+
+def traced(cwd: Path, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], set[str]]:
+    """The real CLI in a child process without site's start-up imports (-S), and the modules it imported."""
+    out = tmp_path / "modules.json"
+    path = [str(REPO), *site.getsitepackages(), site.getusersitepackages()]
+    env = {**os.environ, "TRACE_ARGS": json.dumps(args), "TRACE_OUT": str(out), "PYTHONPATH": os.pathsep.join(path)}
+    result = subprocess.run([sys.executable, "-S", "-c", TRACED], cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                            capture_output=True, text=True, timeout=120)
+    return result, set(json.loads(out.read_text()))
+
+
+def stdlib_floor() -> set[str]:
+    code = "import sys; b = set(sys.modules); import dataclasses, pathlib; print(' '.join(set(sys.modules) - b))"
+    return set(subprocess.run([sys.executable, "-S", "-c", code], capture_output=True, text=True,
+                              check=True).stdout.split())
+
+
+@pytest.fixture
+def stub_out(project: Path, vm: FakeLima) -> Path:
+    """Where the stub agents write what they got; one launch made, so the next is warm (config cached)."""
+    out = project / ".stub-out.json"
+    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {out}\n")
+    result = run_cli("codex", "--version", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    out.unlink()
+    vm.clear()
+    return out
+
+
+def test_a_warm_launch_imports_no_click_and_only_what_it_runs(project: Path, stub_out: Path, vm: FakeLima,
+                                                              tmp_path: Path) -> None:
+    result, modules = traced(project, tmp_path, "codex", "--version")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(stub_out.read_text())["args"][-1] == "--version"
+    assert vm.subcommands() == ["list", "shell"]
+    assert [name for name in NEVER_ON_A_LAUNCH if name in modules] == []
+    floor = stdlib_floor()
+    assert [name for name in STDLIB_DEFERRED if name in modules and name not in floor] == []
+    assert len([name for name in modules if name.startswith("agentbox")]) <= MAX_AGENTBOX_MODULES
+
+
+def test_commands_that_are_no_launch_still_go_through_click(project: Path, stub_out: Path, tmp_path: Path) -> None:
+    """The control: `AGENT --help` (click's help), `AGENT shell` and other commands import click."""
+    for args in (("codex", "--help"), ("codex", "shell", "--", "true"), ("ls",)):
+        result, modules = traced(project, tmp_path, *args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert "click" in modules, args
+
+
+def test_global_options_before_the_agent_work_on_the_launch_line(project: Path, stub_out: Path, vm: FakeLima,
+                                                                 tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result, modules = traced(elsewhere, tmp_path, "-C", str(project), "--debug", "--timings", "codex", "exec", "hi")
+    assert result.returncode == 0, result.stderr
+    assert "click" not in modules
+    assert json.loads(stub_out.read_text())["args"][-2:] == ["exec", "hi"]
+    assert "limactl shell" in result.stderr  # --debug: every limactl call
+    assert "total" in result.stderr  # --timings: the phases
+    for flags in ((), ("-q",)):  # a stopped VM: agentbox says what it does, unless -q
+        assert run_cli("stop", cwd=project).exit_code == 0
+        result, modules = traced(project, tmp_path, *flags, "codex", "exec", "hi")
+        assert result.returncode == 0, result.stderr
+        assert "click" not in modules
+        assert ("Starting VM" in result.stderr) is not bool(flags), result.stderr
+    verbose, modules = traced(project, tmp_path, "-v", "codex", "--version")
+    assert verbose.returncode == 0, verbose.stderr
+    assert "click" not in modules
+
+
+@pytest.mark.parametrize("args", [("-q", "-v", "codex"), ("-C", "/nonexistent/folder", "codex"), ("--bogus", "codex"),
+                                  ("codex", "--detach", "shell")])
+def test_usage_errors_before_the_agent_are_clicks_as_before(project: Path, tmp_path: Path, args: tuple[str, ...]) -> None:
+    result, _ = traced(project, tmp_path, *args)
+    before = run_cli(*args)  # click's command line in-process
+    assert (result.returncode, result.stdout, result.stderr) == (before.exit_code, before.stdout, before.stderr)
+    assert result.returncode == 2
+
+
+def test_an_error_on_the_launch_line_is_reported_as_by_click(project: Path, limactl: FakeLima,
+                                                             tmp_path: Path) -> None:
+    """No VM and `codex --version`: agentbox's own error and exit code, the same through either path."""
+    result, modules = traced(project, tmp_path, "codex", "--version")
+    assert "click" not in modules
+    before = run_cli("codex", "--version", cwd=project)
+    assert (result.returncode, result.stderr) == (before.exit_code, before.stderr)
+    assert result.returncode != 0 and "agentbox: error: " in result.stderr
+
+
+def test_the_state_folder_is_computed_once_per_command(project: Path, vm: FakeLima,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    import platformdirs
+
+    from agentbox import paths
+
+    monkeypatch.delenv("AGENTBOX_STATE_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(project.parent / "xdg-state"))
+    computed = []
+    real = platformdirs.user_state_dir
+
+    def counted(*args: object, **kwargs: object) -> str:
+        computed.append(args)
+        return str(real(*args, **kwargs))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(platformdirs, "user_state_dir", counted)
+    run_cli("codex", "--version", cwd=project)  # the stub agent fails without AGENTBOX_TEST_OUT; it was run
+    assert vm.subcommands() == ["list", "shell"]
+    assert len(computed) == 1
+    assert paths.state_dir() == project.parent / "xdg-state" / "agentbox"
+    assert len(computed) == 1
+    monkeypatch.setenv("XDG_STATE_HOME", str(project.parent / "other"))  # a new environment: computed anew
+    assert paths.state_dir() == project.parent / "other" / "agentbox"
+    assert len(computed) == 2
