@@ -159,6 +159,7 @@ class Lease:
                 self._path.unlink()
             os.close(self._fd)
             self._fd = None
+            self._child = None  # its end is no longer this lease's failure: `port` stays what it was
             if not _in_use(self.vm_name):
                 stop(self.vm_name, locked_already=True)
 
