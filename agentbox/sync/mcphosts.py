@@ -89,9 +89,14 @@ def message(mode: str, servers: list[Remote]) -> str:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
+    import os
+
+    from agentbox.fsutil import read_capped
+
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_READ + 1)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(descriptor, "rb") as handle:
+            data = read_capped(handle.fileno(), MAX_READ)
     except OSError:
         return None
     if len(data) > MAX_READ:
