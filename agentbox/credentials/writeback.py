@@ -120,6 +120,11 @@ def has_outbox(expected: dict[str, Any] | None, vm_name: str) -> bool:
     return [outbox, outbox, True] in [list(mount) for mount in expected.get("mounts", [])]
 
 
+def discard(plan: Plan) -> None:
+    """The session did not run after all (a warm launch that fell back): its folder goes, nothing is read."""
+    _remove(plan.returns.folder)
+
+
 def finish(plan: Plan) -> None:
     """After the session: write back what the VM handed back and may be written, say why not otherwise."""
     folder = plan.returns.folder

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from agentbox import contract, paths, timing
 from agentbox.config.load import AgentConfig, Config
@@ -28,12 +29,12 @@ from agentbox.errors import StateError, UsageError
 from agentbox.net import guard as netguard
 from agentbox.progress import note, warn
 from agentbox.review import isolation, tripwire
-from agentbox.session import bootstrap, broker, context, staging
+from agentbox.session import bootstrap, broker, context, staging, warm
 from agentbox.session import detached as sessions
 from agentbox.session import isolated as isolatedsession
 from agentbox.session.checkpoints import SessionCheckpoints
 from agentbox.session.worktrees import Worktree
-from agentbox.vm import drift, ports
+from agentbox.vm import drift, ports, verified
 from agentbox.vm import lifecycle as vm
 from agentbox.vm import state as vmstate
 from agentbox.vm.lima import Instance
@@ -124,6 +125,20 @@ def _run(
     config = session.config
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
+    with timing.phase("tripwire fingerprint"):
+        tripwire_before, unacknowledged = tripwire.begin_session(workspace)
+    tripwire.remind(unacknowledged)
+    said = _Said(tripwire_before)
+    args = (session, name, argv, interactive_shell, agent, points, login, worktree, keep, lease, brokering, scripts,
+            said)
+    if running is None:
+        cached = _warm(config, name, workspace)
+        if cached is not None:  # no `limactl list`: the guest proves it is the VM agentbox checked
+            code = _session(*args, cached.instance, vmstate.read(name), warm.prove(name, cached.token))
+            if code is not None:
+                return code
+            if session.verbose:
+                note(f"{name} did not answer as the VM agentbox last checked (or is not running): checking it")
     with timing.phase("VM state (limactl list, start)"):
         instance = (
             vm.ensure_running(session, name, running) if running is not None else vm.ensure_running(session, name)
@@ -135,16 +150,80 @@ def _run(
             state = vmstate.read(name)
             if lease is not None:
                 lease.resume()  # its proxy stopped with the VM
+    token = verified.record(name, instance)  # the next launch needs no `list` while this one stands
+    warm.sweep(name)
+    code = _session(*args, instance, vmstate.read(name) if token else state, warm.record(name, token))
+    assert code is not None  # a recording attempt never falls back
+    return code
+
+
+class _Said:
+    """What a launch says or measures once, though a warm attempt that fell back prepares the session twice."""
+
+    def __init__(self, tripwire_before: dict[str, tripwire.Entry]) -> None:
+        self.tripwire_before = tripwire_before
+        self.unreachable: set[str] | None = None
+        self.notes: set[str] = set()
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.add(text)
+            note(text)
+
+
+def _warm(config: Config, name: str, workspace: Path) -> verified.Verified | None:
+    """The VM as the last launch checked it, when this launch may use it without a `list`: the same VM of
+    this workspace, live, with nothing agentbox would change or ask about before the session (the slow path
+    says and does those)."""
+    state = vmstate.read(name)
+    found = verified.cached(name, state)
+    if found is None or vm.workspace_of(found.instance) != str(workspace):
+        return None
+    expected = vm.expected_config(name, state)
+    if isolation.ISOLATED in (config.session_mode, isolation.mode_of_vm(expected, workspace)):
+        return None
+    recorded = state.get("fingerprint") or {}
+    if "deferred" in state or any(recorded.get(key, value) != value for key, value in
+                                  (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+        return None
+    if not writeback.has_outbox(expected, name):  # the stub's started mark goes there
+        return None
+    return found
+
+
+def _session(
+    session: vm.Session,
+    name: str,
+    argv: list[str],
+    interactive_shell: bool,
+    agent: AgentConfig | None,
+    points: SessionCheckpoints,
+    login: bool,
+    worktree: Worktree | None,
+    keep: str | None,
+    lease: netguard.Lease | None,
+    brokering: broker.Brokered | None,
+    scripts: bootstrap.Plan,
+    said: _Said,
+    instance: Instance,
+    state: dict[str, Any],
+    attempt: warm.Attempt,
+) -> int | None:
+    """Prepare the session on `instance`, run it, finish it; None when the warm attempt ran nothing (take the
+    slow path)."""
+    config = session.config
+    workspace = config.require_workspace()
     degraded = vm.degraded_note(name, state)  # remembered from its start: no limactl call
     if degraded:
-        note(degraded)
+        said.note(degraded)
     with timing.phase("network proxy (ready)"):
         proxy_port = lease.port if lease else None  # waits for a proxy this launch started
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port,
                                     brokering.prepared if brokering is not None else None,
                                     brokering.authority if brokering is not None else None)
-    if config.network.mode != "open":
+    if config.network.mode != "open" and "mcp" not in said.notes:
+        said.notes.add("mcp")
         _note_blocked_mcp_servers(config, refreshed.folder, agent)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
@@ -161,7 +240,7 @@ def _run(
                  "`agentbox start --recreate` with session.mode: live makes it live (`agentbox status` shows the mode)")
             vmstate.update(name, {"isolatedNoted": True})
     if changed:
-        note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
+        said.note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
     reconnect = bool(state.get("reconnect"))
     kept = _kept_session(config, name, agent, keep, mode, state)
     isolated = None
@@ -184,11 +263,9 @@ def _run(
         handback.returns if handback is not None else None, session=kept, worktree=worktree,
     )
     command += ["--", *argv] if not interactive_shell else []
-    with timing.phase("tripwire fingerprint"):
-        before, unacknowledged = tripwire.begin_session(workspace)
-    tripwire.remind(unacknowledged)
     with timing.phase("port clashes (Lima's logs)"):
-        unreachable = ports.warn_clashes(instance, session.lima.listed)
+        unreachable = ports.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable)
+        said.unreachable = (said.unreachable or set()) | unreachable
     points.wait_for_start()
     start = points.taken
     with timing.phase("sandbox description"):
@@ -198,25 +275,38 @@ def _run(
         from agentbox.session import attention
 
         attention.ensure_watcher(name)  # before the shell: a closed terminal ends agentbox with it
+    shell_argv = warm.argv(attempt, workspace, workdir, command)
+    fell_back = False
     try:
         with timing.phase("in-VM setup + agent (limactl shell)"):
-            code = session.lima.shell(name, command, workdir=workdir, reconnect=reconnect)
+            if attempt.mode == warm.PROVE:
+                code, lima_said = session.lima.shell_unlisted(name, shell_argv, reconnect=reconnect)
+                fell_back = warm.fell_back(attempt, code, lima_said)
+                if fell_back:
+                    return None
+            else:
+                code = session.lima.shell(name, shell_argv, reconnect=reconnect)
     finally:
-        if kept is not None and not kept.attach:
+        if fell_back:  # nothing ran in the VM: what was prepared for the session goes
+            if kept is not None:
+                sessions.take_reply(name, kept.reply)
+            if handback is not None:
+                writeback.discard(handback)
+        elif kept is not None and not kept.attach:
             points.wait_for_start()  # the session goes on: its end is not this launch's
         else:
             points.end()
-        if handback is not None:
+        if not fell_back and handback is not None:
             with timing.phase("credential write-back"):
                 try:
                     writeback.finish(handback)
                 except OSError as exc:
                     warn(f"the session's logins were not copied back to the host: {exc}")
     with timing.phase("tripwire check"):
-        changed_files = tripwire.end_session(workspace, before)
+        changed_files = tripwire.end_session(workspace, said.tripwire_before)
     try:
         with timing.phase("port clashes after the session"):
-            ports.warn_clashes(instance, session.lima.listed, known=unreachable, during=True)
+            ports.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable, during=True)
         if isolated is not None:
             with timing.phase("isolated mode (proposal)"):
                 isolatedsession.finish(config, name, isolated, code)

@@ -16,7 +16,7 @@ from agentbox.config.load import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import Progress, note, warn
-from agentbox.vm import drift, effective
+from agentbox.vm import drift, effective, verified
 from agentbox.vm import state as vmstate
 from agentbox.vm.lima import BROKEN, MIN_START_TIMEOUT, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
 
@@ -508,6 +508,7 @@ def running_vms(lima: Lima) -> list[str]:
 
 
 def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
+    verified.forget(name)
     with Progress(f"Stopping VM {name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
         lima.stop(name, force=force, on_output=progress.feed)
 
@@ -515,6 +516,7 @@ def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
 def delete(session: Session, name: str) -> None:
     """Delete the VM and its disk; agentbox's own state of it stays until vmstate.clear (the outbox is there)."""
     with vmstate.lock(name):
+        verified.forget(name)
         session.lima.delete(name, force=True)
 
 

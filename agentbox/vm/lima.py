@@ -101,6 +101,13 @@ class Instance(NamedTuple):
         return "lima-" + self.name.replace(".", "-").replace("_", "-")
 
 
+class LimaSaid(NamedTuple):
+    """Lima's own answer to a `shell` (agentbox.vm.shellwatch): STOPPED or MISSING, and the line it came in."""
+
+    verdict: str
+    line: bytes
+
+
 class PortForward(NamedTuple):
     """A guest TCP listener Lima's host agent forwards; `forwarded` is False when the host address was
     taken (Lima logged `failed to listen tcp: ADDR` and nothing else), `error` says why."""
@@ -214,7 +221,17 @@ class Lima:
         agentbox stays the parent (it checks the workspace after the session), so it ignores
         SIGINT/SIGQUIT meanwhile: Ctrl-C belongs to the program in the VM.
         """
-        args = ["shell"]
+        return self._attached(name, argv, workdir, reconnect, stdin_data)[0]
+
+    def shell_unlisted(self, name: str, argv: Sequence[str], reconnect: bool = False) -> tuple[int, LimaSaid | None]:
+        """`shell` without a `list` before it: (exit code, what Lima said instead of running argv: the VM is
+        stopped or missing, else None). With --tty=false Lima never asks whether to start a stopped VM; its answer
+        is kept from stderr (agentbox.vm.shellwatch), not shown."""
+        return self._attached(name, argv, None, reconnect, None, watch=True)
+
+    def _attached(self, name: str, argv: Sequence[str], workdir: str | None, reconnect: bool,
+                  stdin_data: bytes | None, watch: bool = False) -> tuple[int, LimaSaid | None]:
+        args = ["shell", "--tty=false"] if watch else ["shell"]
         if workdir:
             args += ["--workdir", workdir]
         if reconnect:
@@ -224,19 +241,34 @@ class Lima:
 
         started = time.monotonic()
         full = [self._resolve(), *args]
+        stderr = None
+        if watch:
+            from agentbox.vm.shellwatch import StderrWatch
+
+            stderr = StderrWatch(name)
+            stderr.start()
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
+        verdict = None
         try:
-            if stdin_data is None:
-                code = subprocess.call(full, env=hosttools.environ(), preexec_fn=_restore_signals)
-            else:
-                code = subprocess.run(full, input=stdin_data, env=hosttools.environ(),
-                                      preexec_fn=_restore_signals).returncode
+            try:
+                process = subprocess.Popen(full, env=hosttools.environ(), preexec_fn=_restore_signals,
+                                           stdin=subprocess.PIPE if stdin_data is not None else None,
+                                           stderr=stderr.write_end if stderr is not None else None)
+            finally:
+                if stderr is not None:
+                    stderr.close_write_end()
+            if stdin_data is not None:
+                process.communicate(stdin_data)
+            code = process.wait()
         finally:
+            if stderr is not None:
+                found = stderr.finish()
+                verdict = LimaSaid(found, stderr.held) if found is not None else None
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             terminal.restore()  # before agentbox prints anything after the session
         calllog.record(full, time.monotonic() - started, code, echo=self.debug)
-        return 128 - code if code < 0 else code  # a signal death reads like a shell's 128+N
+        return (128 - code if code < 0 else code), verdict  # a signal death reads like a shell's 128+N
 
     # -- plumbing ------------------------------------------------------------------------------
     def _resolve(self) -> str:

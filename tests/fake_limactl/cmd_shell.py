@@ -47,7 +47,10 @@ def cmd_shell(ctx: Ctx, p: Parsed) -> int:
     name, command = args[0], args[1:]
     if command and command[0] in ("create", "start", "delete", "shell"):
         ctx.log.warn(f"Perhaps you meant `limactl {' '.join(command)}`?")
-    inst = _running_instance(ctx, name, start=bool(p.get("start")))
+    start = bool(p.get("start"))
+    if ctx.tty and "start" not in p.changed:  # shell.go: askWhetherToStart, only when stdin is a terminal too
+        start = _ask_whether_to_start(ctx, name)
+    inst = _running_instance(ctx, name, start=start)
     fail = injected_failure(ctx, "shell")
     if fail:
         raise Fatal(fail)
@@ -74,6 +77,20 @@ def _running_instance(ctx: Ctx, name: str, *, start: bool) -> Instance:
         do_start(ctx, inst, launching_shell=True)
         inst = inspect(ctx, name)
     return inst
+
+
+def _ask_whether_to_start(ctx: Ctx, name: str) -> bool:
+    """uiutil.Confirm("Do you want to start the instance now? ", true) for a stopped instance: a caller that
+    leaves --tty at its default on a terminal gets this question instead of the `is stopped` error."""
+    try:
+        if inspect(ctx, name).status != "Stopped" or not sys.stdin.isatty():
+            return False
+    except NotExist:
+        return False
+    sys.stdout.write("? Do you want to start the instance now? (Y/n) ")
+    sys.stdout.flush()
+    answer = sys.stdin.readline().strip().lower()
+    return answer in ("", "y", "yes")
 
 
 _SHELL_UNSAFE = re.compile(r"[^\w@%+=:,./-]", re.ASCII)
