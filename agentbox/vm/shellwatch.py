@@ -6,7 +6,8 @@ msg="instance `N` is stopped, ..."`) and exits 1, which a program's own exit 1 c
 shell's stderr goes through a pipe of agentbox's: while what arrives could still be Lima's (lines starting
 `time="`), it is read a line at a time, Lima's fatal about the instance is kept (not shown: agentbox starts the
 VM and says so) and anything else is passed on; from the first byte that cannot be Lima's, everything is passed
-on as it arrives, byte for byte. With a terminal the program's own output goes to the terminal through ssh's
+on as it arrives, byte for byte. A line held back and followed by anything was the program's: it is passed on
+then, in order (agentbox.session.warm shows it too when it was the program's last). With a terminal the program's own output goes to the terminal through ssh's
 stdout; only ssh's and Lima's messages pass here.
 """
 
@@ -76,6 +77,7 @@ class StderrWatch:
             if not watching:
                 _write_all(chunk)
                 continue
+            self._release()
             pending += chunk
             pending, watching = self._lines(pending)
             if not watching:
@@ -86,6 +88,7 @@ class StderrWatch:
     def _lines(self, pending: bytes) -> tuple[bytes, bool]:
         """Take Lima's complete lines off `pending`; (what is left, whether it may still be Lima's)."""
         while pending:
+            self._release()
             if not (pending.startswith(_LIMA_LINE) or _LIMA_LINE.startswith(pending)):
                 return pending, False
             end = pending.find(b"\n")
@@ -100,6 +103,12 @@ class StderrWatch:
             else:
                 _write_all(line)
         return pending, True
+
+    def _release(self) -> None:
+        """Lima's fatal is its last word: anything after the held line shows it was the program's."""
+        if self.held:
+            _write_all(self.held)
+            self.held, self.verdict = b"", None
 
 
 def write_stderr(data: bytes) -> None:
