@@ -6,9 +6,10 @@ msg="instance `N` is stopped, ..."`) and exits 1, which a program's own exit 1 c
 shell's stderr goes through a pipe of agentbox's: while what arrives could still be Lima's (lines starting
 `time="`), it is read a line at a time, Lima's fatal about the instance is kept (not shown: agentbox starts the
 VM and says so) and anything else is passed on; from the first byte that cannot be Lima's, everything is passed
-on as it arrives, byte for byte. A line held back and followed by anything was the program's: it is passed on
-then, in order (agentbox.session.warm shows it too when it was the program's last). With a terminal the program's own output goes to the terminal through ssh's
-stdout; only ssh's and Lima's messages pass here.
+on as it arrives, byte for byte. A held line followed by anything was the program's (Lima's fatal is its last
+word): it is passed on then, in order (agentbox.session.warm shows it too when it was the program's last).
+With a terminal the program's own output goes to the terminal through ssh's stdout; only ssh's and Lima's
+messages pass here.
 """
 
 from __future__ import annotations
