@@ -1,6 +1,9 @@
 """One launch: make sure the VM runs, refresh the staging folder, then one `limactl shell` that does the rest.
 
-A warm launch therefore costs exactly two limactl calls: `list` and `shell`. Everything the session
+A warm launch costs exactly one limactl call: `shell`. The launch before it listed the VM and checked it, and
+agentbox kept that (agentbox.vm.verified); the guest proves it is still that VM before anything runs, or the
+launch takes the slow path: `list`, a start or create when needed, the checks, and the shell
+(agentbox.session.warm). Everything the session
 needs (env, credentials, guards, bootstrap, the agents' own setup, the sandbox's description) reaches the VM
 through the read-only staging mount (agentbox.session.staging describes it, and the command line of
 provision/launch.sh); what it hands back (logins refreshed in the VM, an isolated session's changes) comes

@@ -132,7 +132,7 @@ class Lima:
     Quick captured calls (list, delete, --version) and the attached `shell` use subprocess;
     the long streamed ones (create, start, stop) use `sh`, whose line callbacks feed the progress
     display. Importing `sh` costs about 45 ms, a third of a warm launch's budget, so the warm path
-    (list + shell) never imports it.
+    (one shell, or list + shell) never imports it.
     """
 
     def __init__(self, debug: bool = False, executable: str = "limactl") -> None:
