@@ -279,7 +279,7 @@ def test_not_a_git_repository_is_said_once(project: Path, vm: FakeLima) -> None:
     assert "checkpoints are off: " in first.stderr and "is not a git repository" in first.stderr
     second = session(project, "true")
     assert second.returncode == 0 and "checkpoints" not in second.stderr
-    assert vm.subcommands() == ["list", "shell", "list", "shell"]
+    assert vm.subcommands() == ["list", "shell", "shell"]  # the second launch is warm: one call
     diff = run_cli("diff", cwd=project)
     assert diff.exit_code == 1 and "is not a git repository" in diff.stderr
 
@@ -400,7 +400,7 @@ def test_a_host_without_git_launches_with_one_note(repo: Path, vm: FakeLima,
         assert "checkpoints are off: git is not installed on this computer (said once)" in first.stderr
         second = run_cli("shell", "--", "true", cwd=repo)
         assert second.exit_code == 0 and "checkpoints" not in second.stderr
-    assert vm.subcommands() == ["list", "shell", "list", "shell"]
+    assert vm.subcommands() == ["list", "shell", "shell"]  # the second launch is warm: one call
     assert records(repo) == []
 
 
