@@ -147,6 +147,11 @@ def returns_within(seconds: float, call: Callable[[], Any], unblock: Callable[[]
     return outcome[0]
 
 
+def launch_workdir(shell: list[str]) -> str:
+    """The folder a launch's `limactl shell` enters: agentbox.session.warm's stub takes it after its proof."""
+    return shell[shell.index("agentbox-launch") + 6]
+
+
 class FakeLima:
     """The limactl double of one test (the `limactl` fixture): its calls and its instances' state."""
 

@@ -348,7 +348,7 @@ def test_what_is_in_the_way_in_the_vm_does_not_stop_the_session(project: Path, v
 # -- speed ---------------------------------------------------------------------------------------------
 
 
-def test_an_unchanged_warm_launch_makes_two_calls_and_rewrites_nothing(project: Path, vm: FakeLima, home: Path,
+def test_an_unchanged_warm_launch_makes_one_call_and_rewrites_nothing(project: Path, vm: FakeLima, home: Path,
                                                                         isolated_env: dict[str, Path]) -> None:
     for index in range(200):
         write(home / ".claude" / "skills" / f"s{index // 10}" / f"f{index}.md", f"skill file {index}\n")
@@ -365,7 +365,7 @@ def test_an_unchanged_warm_launch_makes_two_calls_and_rewrites_nothing(project: 
     guest_files = {p: (p.stat().st_mtime_ns, p.stat().st_ino) for p in (guest(vm) / ".claude").rglob("*.md")}
     vm.clear()
     result = launch(project)
-    assert vm.subcommands() == ["list", "shell"]
+    assert vm.subcommands() == ["shell"]
     assert "agentbox: warning" not in result.stderr
     after = {p: p.stat().st_mtime_ns for root in (folder, creds, records) for p in [root, *root.rglob("*")]}
     assert after == before

@@ -195,7 +195,7 @@ def test_a_login_inside_the_vm_saves_the_real_tokens_on_the_host_and_the_vm_gets
     assert new_access not in result.stdout and new_refresh not in result.stdout
 
 
-def test_a_warm_brokered_launch_stays_at_two_limactl_calls_and_starts_nothing(
+def test_a_warm_brokered_launch_stays_at_one_limactl_call_and_starts_nothing(
         project: Path, vm: FakeLima, upstream: FakeUpstream, host_logins: None) -> None:
     write(project / "agentbox.yml", "")
     assert agentbox(project, "shell", "--", "true").returncode == 0
@@ -203,5 +203,5 @@ def test_a_warm_brokered_launch_stays_at_two_limactl_calls_and_starts_nothing(
     assert first is not None
     vm.clear()
     assert agentbox(project, "shell", "--", "true").returncode == 0
-    assert vm.subcommands() == ["list", "shell"]
+    assert vm.subcommands() == ["shell"]
     assert netguard.running(NAME) == first  # the same proxy process: nothing was started

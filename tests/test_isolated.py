@@ -20,6 +20,7 @@ from tests.helpers import (
     copy_in_guest,
     git,
     install_agent,
+    launch_workdir,
     make_repository,
     needs_bwrap,
     run_cli,
@@ -62,13 +63,14 @@ def test_an_isolated_session_works_on_a_copy_and_the_host_is_untouched(project: 
 
 
 def test_a_warm_isolated_launch_makes_two_limactl_calls(project: Path, isolated_vm: FakeLima) -> None:
+    # An isolated session lists its VM first (agentbox.session.launch._warm): its copy is prepared before the shell.
     assert agentbox(project, "shell", "--", "true").returncode == 0
     isolated_vm.clear()
     result = agentbox(project, "shell", "--", "true")
     assert result.returncode == 0, result.stderr
     assert isolated_vm.subcommands() == ["list", "shell"]
     shell = isolated_vm.calls()[-1]
-    assert shell[shell.index("--workdir") + 1] == str(paths.staging_dir(NAME))
+    assert launch_workdir(shell) == str(paths.staging_dir(NAME))
     start = shell.index("--isolated-from")
     sent = shell[start:shell.index("--", start)]
     assert sent[:2] == ["--isolated-from", "/mnt/agentbox/workspace"]

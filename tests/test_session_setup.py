@@ -386,7 +386,7 @@ def test_missing_bootstrap_script_is_a_config_error_before_create(project: Path,
     assert "create" not in limactl.subcommands()
 
 
-def test_warm_launch_with_everything_still_makes_two_calls(project: Path, vm: FakeLima, home: Path) -> None:
+def test_warm_launch_with_everything_still_makes_one_call(project: Path, vm: FakeLima, home: Path) -> None:
     write(home / ".claude" / ".credentials.json", "{}", mode=0o600)
     write(home / ".gitconfig", "[user]\n\tname = A\n")
     write(project / "s.sh", "true\n")
@@ -394,7 +394,7 @@ def test_warm_launch_with_everything_still_makes_two_calls(project: Path, vm: Fa
     assert shell(project, "true").returncode == 0
     vm.clear()
     assert shell(project, "true").returncode == 0
-    assert vm.subcommands() == ["list", "shell"]
+    assert vm.subcommands() == ["shell"]
     assert not any("secret-value" in " ".join(argv) for argv in vm.calls())
 
 

@@ -18,6 +18,7 @@ from tests.helpers import (
     NAME,
     FakeLima,
     git,
+    launch_workdir,
     make_repository,
     notify_send_stand_in,
     run_agentbox,
@@ -565,10 +566,10 @@ def test_a_launch_inside_a_worktree_uses_the_projects_vm_in_that_folder(project:
         inside = run_agentbox("claude", "--", "do:write:inside.txt:from inside", cwd=where)
         assert inside.returncode == 0, inside.stderr
         # A warm launch of the project's VM: no create or clone of agentbox-fix-it, no extra limactl call.
-        assert tasks_vm.subcommands() == ["list", "shell"]
+        assert tasks_vm.subcommands() == ["shell"]
         shell = _shell_call(tasks_vm)
-        assert NAME in shell and not any("fix-it" in word for word in shell[:shell.index("--workdir")])
-        assert shell[shell.index("--workdir") + 1] == str(where)
+        assert NAME in shell and not any("fix-it" in word for word in shell[:shell.index(NAME)])
+        assert launch_workdir(shell) == str(where)
         assert json.loads(inside.stdout.splitlines()[0])["cwd"] == str(where)
         assert (where / "inside.txt").read_text() == "from inside\n"
     assert not (tasks_vm.home / "agentbox-fix-it").exists()
@@ -605,7 +606,7 @@ def test_a_hand_made_worktree_lookalike_is_the_projects_folder_whatever_it_holds
     assert launched.returncode == 0, launched.stderr
     assert tasks_vm.subcommands() == ["list", "shell"]
     shell = _shell_call(tasks_vm)
-    assert NAME in shell and shell[shell.index("--workdir") + 1] == str(lookalike)
+    assert NAME in shell and launch_workdir(shell) == str(lookalike)
     write(lookalike / ".git", f"gitdir: {other}/.git\n")
     decided = run_cli("config", "--json", cwd=lookalike)
     assert decided.exit_code == 0, decided.stderr
