@@ -160,7 +160,7 @@ class SessionCheckpoints:
         number = self._start.checkpoint.id if self._start is not None else ""
         try:
             private_dir(self.go_folder)
-            atomic_write(self.go_folder / self.go, f"{number}\n{os.getpid()}\n", mode=0o644)
+            atomic_write(self.go_folder / self.go, f"{number}\n{os.getpid()}\n", mode=0o600)
         except OSError as exc:  # launch.sh then waits till its limit and says so
             warn(f"could not write {self.go_folder / self.go}, which tells the VM that the start checkpoint is "
                  f"recorded: {exc}; the session will not start")
