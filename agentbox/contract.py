@@ -42,6 +42,10 @@ GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 GUEST_BROKER_CA = "/usr/local/share/ca-certificates/agentbox-broker.crt"  # provision/launch/broker.sh installs it there
 # launch.sh's exit status when the broker's CA could not be installed in the guest's trust store (it says why first).
 BROKER_CA_FAILED = 122
+GO_MARKERS = "go"  # staging/go/TOKEN: the host recorded this launch's start checkpoint (launch.sh --go TOKEN)
+# launch.sh's exit status when the host did not say within GO_LIMIT seconds that the start checkpoint is recorded.
+GO_TIMED_OUT = 121
+GO_LIMIT = 60  # the host gives a checkpoint 30 s (agentbox.session.checkpoints.TIME_LIMIT); launch/checkpoint.sh
 
 
 class LaunchOption(NamedTuple):
@@ -96,6 +100,9 @@ LAUNCH_OPTIONS = (
     LaunchOption("--session-events", "DIR", "the outbox folder for the session's attention events (notify)"),
     LaunchOption("--session-live", "DIR", "the outbox folder where the session keeps a marker fresh while it runs "
                  "(the host's watcher and network proxy stay while one is)"),
+    LaunchOption("--go", "TOKEN", "start the program only once the staging folder has go/TOKEN, which the host "
+                 "writes when it recorded the start checkpoint (its first line: the checkpoint's id, exported as "
+                 "AGENTBOX_CHECKPOINT); after GO_LIMIT seconds without it, stop with GO_TIMED_OUT"),
 )
 
 OptionValue = str | bool | Sequence[str] | None

@@ -38,6 +38,7 @@ session_attach=""
 session_reply=""
 session_events=""
 session_live=""
+go=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -66,6 +67,7 @@ while [ $# -gt 0 ]; do
     --session-reply) session_reply="$2"; shift 2 ;;
     --session-events) session_events="$2"; shift 2 ;;
     --session-live) session_live="$2"; shift 2 ;;
+    --go) go="$2"; shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -102,6 +104,8 @@ source "$staging/launch/notify.sh"
 source "$staging/launch/context.sh"
 # shellcheck source=launch/session.sh
 source "$staging/launch/session.sh"
+# shellcheck source=launch/checkpoint.sh
+source "$staging/launch/checkpoint.sh"
 
 wait_for_boot
 check_provisioned
@@ -160,6 +164,7 @@ if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   printf 'agentbox timings (in the VM):\n  %-34s %8d.%d ms\n' "setup step (launch.sh)" $((setup_us / 1000)) $(((setup_us % 1000) / 100)) >&2
 fi
 
+wait_for_go
 [ $# -gt 0 ] || run_login_shell
 check_program "$1"
 [ -z "$session" ] || start_session "$@"

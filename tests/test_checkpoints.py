@@ -252,12 +252,15 @@ def test_large_files_are_left_out_and_named_escaped(repo: Path, vm: FakeLima) ->
     git(repo, "add", "agentbox.yml")
     result = session(repo, "head -c 4096 /dev/zero > \"$(printf 'big\\033[31m.bin')\" && echo small > small.txt")
     assert result.returncode == 0, result.stderr
+    assert "left out" not in result.stderr  # the end checkpoint is taken after the launch returned...
+    listed = run_cli("checkpoints", "--json", cwd=repo)  # ...and the next command that reads checkpoints says it
     assert "warning: checkpoint #2 (end) left out 1 file larger than 1 KiB (checkpoints.maxFileSize): " \
-           "big\\x1b[31m.bin (4 KiB)" in result.stderr
-    assert "\x1b[31m" not in result.stderr
-    assert [r["skipped"] for r in records(repo)] == [[], [["big\x1b[31m.bin", 4096]]]
+           "big\\x1b[31m.bin (4 KiB)" in listed.stderr
+    assert "\x1b[31m" not in listed.stderr
+    assert [r["skipped"] for r in json.loads(listed.stdout)] == [[], [["big\x1b[31m.bin", 4096]]]
     diff = run_cli("diff", "--name-only", cwd=repo)
     assert diff.stdout == "small.txt\n"
+    assert "checkpoint #2 (end) left out" not in diff.stderr  # said once
     assert "not compared, larger than checkpoints.maxFileSize: big\\x1b[31m.bin (4 KiB)" in diff.stderr
 
     again = session(repo, "true")  # still there: named by the start checkpoint, not again at the end
@@ -267,10 +270,11 @@ def test_large_files_are_left_out_and_named_escaped(repo: Path, vm: FakeLima) ->
 def test_verbose_shows_the_checkpoint_ids(repo: Path, vm: FakeLima) -> None:
     result = session(repo, "echo x > edit.txt", "-v")
     assert result.returncode == 0, result.stderr
-    assert "checkpoint #1 (start) of " in result.stderr and "checkpoint #2 (end) of " in result.stderr
-    unchanged = session(repo, "true", "-v")
+    assert "checkpoint #1 (start) of " in result.stderr
+    unchanged = session(repo, "true", "-v")  # the end checkpoint, taken after the launch, is said by the next command
+    assert "checkpoint #2 (end) of " in unchanged.stderr
     assert "checkpoint #2 (start, the workspace as in #2) of " in unchanged.stderr
-    assert "checkpoint #2 (end, the workspace as in #2) of " in unchanged.stderr
+    assert "checkpoint #2 (end, the workspace as in #2) of " in run_cli("checkpoints", cwd=repo).stderr
 
 
 def test_not_a_git_repository_is_said_once(project: Path, vm: FakeLima) -> None:

@@ -99,7 +99,7 @@ def test_the_parts_read_the_staging_files_the_host_stages() -> None:
         f"{sync}/{agentsync.MEMORY}/{agentsync.HOME}",
         contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
         contract.MEMORY_SCRIPT, contract.TASK_RUNNER, contract.SESSION_SCRIPT, contract.TMUX_CONF,
-        contract.ATTENTION_SCRIPT, contract.CLAUDE_HOOKS, contract.BROKER_CA, contract.BROKER_CA_DIGEST,
+        contract.ATTENTION_SCRIPT, contract.CLAUDE_HOOKS, contract.BROKER_CA, contract.BROKER_CA_DIGEST, contract.GO_MARKERS,
     }
     assert staging_reads() == host
 

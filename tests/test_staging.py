@@ -145,7 +145,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
              contract.BROKER_CA_DIGEST, *executable}
     folders = {contract.GUARDS, contract.BOOTSTRAP, contract.CREDS, contract.CREDS_HOME, f"{contract.CREDS_HOME}/.codex",
                "sync", "sync/codex", "sync/memory-files", "sync/memory-files/home", "sync/memory-files/home/.codex",
-               contract.CONTEXT, contract.BROKER}
+               contract.CONTEXT, contract.BROKER, contract.GO_MARKERS}
     copies = {name for name in found if name.startswith(f"{contract.BOOTSTRAP}/")}
     parts = {f"{contract.LAUNCH_PARTS}/{part.name}" for part in LAUNCH_PARTS.glob("*.sh")}
     assert len(parts) > 5

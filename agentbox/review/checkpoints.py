@@ -24,6 +24,11 @@ checkpoint of an unchanged workspace adds no entry, so ordinary launches do not 
 Records of version 1 named commits in the workspace's own repository (refs/agentbox/checkpoints
 there): they are moved into the store once (agentbox.review.migrate), said in one line.
 
+A live session's end checkpoint is taken after its launch returned, by a process of its own
+(agentbox.session.endcheckpoint) that holds `checkpoints-end.lock` meanwhile: take() and load() (so every
+command that reads checkpoints, and the next launch's start checkpoint) wait for it first (settle()), with a
+note when they do, then say what it had to say (`checkpoints-end.notes`: files it left out, its failure).
+
 API for the commands: take(), current(), load(), lookup() (verified), last_session(), statuses().
 """
 
@@ -93,6 +98,71 @@ class Taken(NamedTuple):
     notes: list[str]  # what the snapshot could not capture, besides skipped files
 
 
+END_LOCK = "checkpoints-end.lock"
+END_NOTES = "checkpoints-end.notes"
+WAITING = "waiting for the last session's end checkpoint (agentbox records it after the session)"
+_holding_end = False  # this process is the end checkpoint's (agentbox.session.endcheckpoint): it holds the lock
+_waited: set[str] = set()  # workspaces this process said it waited for (once each)
+
+
+def end_lock(workspace: Path) -> Path:
+    return paths.workspace_state_dir(Path(os.path.realpath(workspace))) / END_LOCK
+
+
+def end_notes(workspace: Path) -> Path:
+    return paths.workspace_state_dir(Path(os.path.realpath(workspace))) / END_NOTES
+
+
+def hold_end() -> None:
+    """This process takes a session's end checkpoint, under the end lock it inherited: it never waits for it."""
+    global _holding_end
+    _holding_end = True
+
+
+def settle(workspace: Path) -> None:
+    """Wait while a session's end checkpoint is still being taken (a note says so, once), then say what it had to
+    say, once (the first command to read checkpoints after it)."""
+    if _holding_end:
+        return
+    import fcntl
+    import sys
+    import threading
+
+    try:
+        fd = os.open(end_lock(workspace), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return  # no session's end checkpoint was ever handed on
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            key = os.path.realpath(workspace)
+            if key not in _waited:
+                _waited.add(key)
+                from agentbox.progress import note
+
+                note(WAITING)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        notes = end_notes(workspace)
+        claimed = notes.with_name(f"{notes.name}.{os.getpid()}.{threading.get_ident()}")
+        try:
+            os.rename(notes, claimed)  # one reader says them, even when several read at once
+        except OSError:
+            return
+        try:
+            text = claimed.read_text(errors="replace")  # agentbox's own words, escaped when it wrote them
+        finally:
+            claimed.unlink(missing_ok=True)
+        if text:
+            from agentbox.progress import emit
+
+            for line in text.splitlines():
+                emit(line)
+            sys.stderr.flush()
+    finally:
+        os.close(fd)
+
+
 def records_file(workspace: Path) -> Path:
     return paths.workspace_state_dir(Path(os.path.realpath(workspace))) / "checkpoints.json"
 
@@ -125,6 +195,7 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
     if kind not in KINDS:
         raise ValueError(f"unknown checkpoint kind {kind!r}")
     repo = repo_of(workspace)
+    settle(workspace)
     snap = snapshot.take(repo, settings.max_file_size)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     with _locked(workspace):
@@ -166,6 +237,7 @@ def current(workspace: Path, settings: CheckpointSettings) -> hostgit.Snapshot:
 def load(workspace: Path) -> list[Checkpoint]:
     """Every recorded checkpoint of the workspace, oldest first (none when there is no record)."""
     repo = hostgit.find(workspace)
+    settle(workspace)
     with _locked(workspace):
         return _parse_all(_read(workspace, repo), workspace)
 

@@ -8,8 +8,9 @@ needs (env, credentials, guards, bootstrap, the agents' own setup, the sandbox's
 through the read-only staging mount (agentbox.session.staging describes it, and the command line of
 provision/launch.sh); what it hands back (logins refreshed in the VM, an isolated session's changes) comes
 through the outbox, read after the shell returns (agentbox.credentials.writeback, agentbox.review.proposals).
-A git workspace gets a checkpoint before the session (taken on the host while `limactl list` runs) and after
-it (agentbox.session.checkpoints). In isolated mode the start checkpoint is also the base of the agent's copy
+A git workspace gets a checkpoint before the session (taken on the host while `limactl list` and the shell run;
+launch.sh starts the program once it is recorded) and after it (taken once the launch returned), see
+agentbox.session.checkpoints. In isolated mode the start checkpoint is also the base of the agent's copy
 (agentbox.review.isolation, agentbox.session.isolated), whose changes become a proposal after the
 session. Before and after the session, the VM's ports that Lima could not forward to the host are reported
 (agentbox.vm.ports, from the instance folders of that `list`). A kept session (`--detach`, session.keepAlive) runs
@@ -82,14 +83,15 @@ def run_in_vm(
     # In allowlist and offline mode (or with the broker) the VM's proxy starts now, while Lima is asked.
     with timing.phase("network proxy (lease)"):
         lease = broker.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
-    points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose)
+    points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose,
+                                paths.staging_dir(name) / contract.GO_MARKERS)
     try:
         points.start()
         try:
             return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree, keep,
                         lease, brokering)
         finally:
-            points.wait_for_start()  # a launch that failed early still leaves no thread behind
+            points.done()  # a launch that failed early still leaves no thread (nor go marker) behind
     finally:
         if lease is not None:
             with timing.phase("network proxy (released)"):
@@ -265,12 +267,13 @@ def _session(
         config, workspace, scripts, agent, refreshed.folder, isolated,
         handback.returns if handback is not None else None, session=kept, worktree=worktree,
     )
+    command += points.go_options()  # launch.sh starts the program once the start checkpoint is recorded
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("port clashes (Lima's logs)"):
         unreachable = ports.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable)
         said.unreachable = (said.unreachable or set()) | unreachable
-    points.wait_for_start()
-    start = points.taken
+    points.report_if_done()
+    start = points.taken if isolated is not None else None  # a live session's program gets it from the go marker
     with timing.phase("sandbox description"):
         staging.stage_context(config, name, agent, refreshed, instance, mode,
                               start.checkpoint.id if start is not None else None)
@@ -298,7 +301,7 @@ def _session(
         elif kept is not None and not kept.attach:
             points.wait_for_start()  # the session goes on: its end is not this launch's
         else:
-            points.end()
+            points.end(later=isolated is None)  # a live session's end checkpoint is taken after this returns
         if not fell_back and handback is not None:
             with timing.phase("credential write-back"):
                 try:
