@@ -96,6 +96,10 @@ LAUNCH_OPTIONS = (
     LaunchOption("--session-events", "DIR", "the outbox folder for the session's attention events (notify)"),
     LaunchOption("--session-live", "DIR", "the outbox folder where the session keeps a marker fresh while it runs "
                  "(the host's watcher and network proxy stay while one is)"),
+    LaunchOption("--setup-digest", "DIGEST", "the host's digest of everything the setup applies "
+                 "(agentbox.session.setupdigest): when it and the VM's boot are those of the last setup that "
+                 "finished (~/.agentbox/setup.applied), launch.sh skips the setup and runs no process before the "
+                 "program; absent (isolated mode): the setup runs"),
 )
 
 OptionValue = str | bool | Sequence[str] | None
