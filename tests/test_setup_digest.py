@@ -103,6 +103,8 @@ def test_each_change_makes_the_next_launch_apply_it(project: Path, vm: FakeLima,
     warm(project, vm)
     warm(project, vm)
     assert launch(project).returncode == 0 and calls(vm) == []  # nothing changed: nothing ran
+    record = guest / ".agentbox" / "setup.applied"
+    digest, boot = record.read_text().split()
 
     if change == "credential":
         write(home / ".codex" / "auth.json", '{"token": "v2"}', mode=0o600)
@@ -122,7 +124,7 @@ def test_each_change_makes_the_next_launch_apply_it(project: Path, vm: FakeLima,
     elif change == "agent removed":
         (vm.home / NAME / "guestfs" / "usr-local" / "bin" / "codex").unlink()
     elif change == "guard removed":
-        (guest / ".local" / "bin" / "git").unlink()
+        (guest / ".config" / "agentbox" / "hooks" / "pre-push").unlink()
 
     result = launch(project)
     assert result.returncode == 0, result.stderr
@@ -145,7 +147,11 @@ def test_each_change_makes_the_next_launch_apply_it(project: Path, vm: FakeLima,
     elif change == "agent removed":
         assert (project / ".stub-out.json").read_text() == "reinstalled\n"
     elif change == "guard removed":
-        assert (guest / ".local" / "bin" / "git").exists()
+        assert (guest / ".config" / "agentbox" / "hooks" / "pre-push").exists()
+    # what the record says: the host's digest changed, or the VM's boot, or (a change in the VM) neither
+    new_digest, new_boot = record.read_text().split()
+    assert (new_digest != digest) == (change not in ("boot id", "agent removed", "guard removed"))
+    assert (new_boot != boot) == (change == "boot id")
     # and then it is recorded: the launch after runs nothing again
     assert launch(project).returncode == 0
     assert calls(vm) == []

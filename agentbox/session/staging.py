@@ -157,9 +157,8 @@ from agentbox.credentials import stage as credentials
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
 from agentbox.progress import warn
-from agentbox.session import context
+from agentbox.session import context, setupdigest
 from agentbox.session import env as sessionenv
-from agentbox.session import setupdigest
 from agentbox.sync import stage as agentsync
 
 if TYPE_CHECKING:
