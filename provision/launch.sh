@@ -121,6 +121,15 @@ if setup_is_current; then
   check_provisioned
   apply_broker_ca
   browser_env
+  if ! launch_steps_current; then  # a new checkpoint in the description, a tool installed: only those steps
+    exec 7>>"$state/launch.lock"
+    flock 7
+    install_context
+    keep_memory_block
+    mark_claude_onboarded
+    flock -u 7
+    exec 7>&-
+  fi
   [ -z "$worktree" ] || enter_worktree
 else
   wait_for_boot

@@ -8,6 +8,7 @@ program.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -155,3 +156,21 @@ def test_each_change_makes_the_next_launch_apply_it(project: Path, vm: FakeLima,
     # and then it is recorded: the launch after runs nothing again
     assert launch(project).returncode == 0
     assert calls(vm) == []
+
+
+def test_a_tool_installed_in_the_vm_updates_the_description_alone(project: Path, vm: FakeLima) -> None:
+    """The sandbox's description changes between launches (a tool installed, a new start checkpoint) while the rest
+    of the setup stays: only its step runs, under the lock, not the whole setup."""
+    warm(project, vm)
+    assert launch(project).returncode == 0 and calls(vm) == []
+    record = (vm.guest_home(NAME) / ".agentbox" / "setup.applied").read_text()
+    write(vm.home / NAME / "guestfs" / "usr-local" / "bin" / "gemini", "#!/bin/sh\n", mode=0o755)  # absent before
+
+    assert launch(project).returncode == 0
+    ran = calls(vm)
+    assert {"flock", "jq", "sudo"} <= set(ran), ran
+    assert not {"git", "mkdir", "grep"} & set(ran), ran  # the full setup starts with mkdir, sets git, checks guards
+    described = json.loads((vm.home / NAME / "guestfs" / "run" / "agentbox" / "context.json").read_text())
+    assert {tool["name"]: tool["path"] for tool in described["tools"]["list"]}["gemini"] == "/usr/local/bin/gemini"
+    assert (vm.guest_home(NAME) / ".agentbox" / "setup.applied").read_text() == record
+    assert launch(project).returncode == 0 and calls(vm) == []

@@ -15,15 +15,18 @@ setup_is_current() {
   { read -r boot < /proc/sys/kernel/random/boot_id; } 2>/dev/null || return 1
   { read -r recorded < "$setup_record"; } 2>/dev/null || return 1
   [ "$recorded" = "$setup_digest $boot" ] || return 1
-  # What the VM may change while the digest stays: the agent removed, a tool installed, a file the setup installed
-  # changed or gone, a login removed, a memory file edited, a new worktree.
+  # What the VM may change while the digest stays: the agent removed, a file the setup installed changed or gone,
+  # a login removed, a new worktree (launch_steps_current: a tool installed, a memory file edited).
   [ -z "$binary" ] || command -v -- "$binary" >/dev/null 2>&1 || return 1
   [ -z "$worktree" ] || [ -e "$worktree/.git" ] || return 1
   installed_files_unchanged || return 1
   credentials_present || return 1
-  context_is_current || return 1
-  memory_block_is_current || return 1
-  claude_onboarded_is_current || return 1
+}
+
+# The steps that may change between launches while the rest of the setup stays: the sandbox's description (its
+# start checkpoint, the tools found), the memory files' block, Claude Code's trust of a new worktree.
+launch_steps_current() {
+  context_is_current && memory_block_is_current && claude_onboarded_is_current
 }
 
 # The files the setup installed are there and no newer than the record; the git settings it made (in the files
