@@ -103,6 +103,10 @@ LAUNCH_OPTIONS = (
     LaunchOption("--go", "TOKEN", "start the program only once the staging folder has go/TOKEN, which the host "
                  "writes when it recorded the start checkpoint (its first line: the checkpoint's id, exported as "
                  "AGENTBOX_CHECKPOINT); after GO_LIMIT seconds without it, stop with GO_TIMED_OUT"),
+    LaunchOption("--setup-digest", "DIGEST", "the host's digest of everything the setup applies "
+                 "(agentbox.session.setupdigest): when it and the VM's boot are those of the last setup that "
+                 "finished (~/.agentbox/setup.applied), launch.sh skips the setup and runs no process before the "
+                 "program; absent (isolated mode): the setup runs"),
 )
 
 OptionValue = str | bool | Sequence[str] | None

@@ -10,7 +10,10 @@
 # shellcheck source-path=SCRIPTDIR # the parts below, as staged beside this script
 set -euo pipefail
 
-staging="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+case "${BASH_SOURCE[0]}" in
+  /*/*) staging="${BASH_SOURCE[0]%/*}" ;;  # the absolute path the host runs: no process
+  *) staging="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)" ;;
+esac
 state="$HOME/.agentbox"
 wait_sec=30
 binary=""
@@ -39,6 +42,8 @@ session_reply=""
 session_events=""
 session_live=""
 go=""
+setup_digest=""
+setup_incomplete=""  # set by a step that tries again at the next launch: the setup is then not recorded
 while [ $# -gt 0 ]; do
   case "$1" in
     --wait) wait_sec="$2"; shift 2 ;;
@@ -68,6 +73,7 @@ while [ $# -gt 0 ]; do
     --session-events) session_events="$2"; shift 2 ;;
     --session-live) session_live="$2"; shift 2 ;;
     --go) go="$2"; shift 2 ;;
+    --setup-digest) setup_digest="$2"; shift 2 ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -106,58 +112,79 @@ source "$staging/launch/context.sh"
 source "$staging/launch/session.sh"
 # shellcheck source=launch/checkpoint.sh
 source "$staging/launch/checkpoint.sh"
+# shellcheck source=launch/current.sh
+source "$staging/launch/current.sh"
 
-wait_for_boot
-check_provisioned
-apply_network
 load_env
 case ":$PATH:" in
   *":$HOME/.local/bin:"*) ;;
   *) export PATH="$HOME/.local/bin:$PATH" ;;
 esac
-mkdir -p "$state"
-# Launches at once (several `agentbox run`, a session beside them) take turns for the setup: it installs
-# files in the home. The program itself runs after the lock is let go.
-exec 7>>"$state/launch.lock"
-flock 7
-apply_credentials
-apply_broker_ca
-apply_sync
-setup_browser
-configure_git
-mark_claude_onboarded
-repair_gemini_settings
-[ "$binary" != gemini ] || trust_workspace_for_gemini
-case "$guards" in
-  on) install_guards ;;
-  off) remove_guards ;;
-esac
-hash -r
-[ -z "$isolated_from" ] || prepare_copy
-bootstrap
-
-if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
-  if [ -z "$install" ]; then
-    say "$binary is not installed in the VM and no install command is configured."
-    exit 127
+if setup_is_current; then
+  # The setup last applied in this boot is this one (current.sh): what each launch needs, by bash alone.
+  check_provisioned
+  apply_broker_ca
+  browser_env
+  if ! launch_steps_current; then  # a new checkpoint in the description, a tool installed: only those steps
+    exec 7>>"$state/launch.lock"
+    flock 7
+    install_context
+    keep_memory_block
+    mark_claude_onboarded
+    flock -u 7
+    exec 7>&-
   fi
-  say "installing $binary in the VM: $install"
-  if ! bash -euo pipefail -c "$install" >&2 9>&-; then
-    say "installing $binary failed (command: $install)"
-    exit 127
-  fi
+  [ -z "$worktree" ] || enter_worktree
+else
+  wait_for_boot
+  check_provisioned
+  apply_network
+  mkdir -p "$state"
+  # Launches at once (several `agentbox run`, a session beside them) take turns for the setup: it installs
+  # files in the home. The program itself runs after the lock is let go.
+  exec 7>>"$state/launch.lock"
+  flock 7
+  forget_setup
+  apply_credentials
+  apply_broker_ca
+  apply_sync
+  setup_browser
+  configure_git
+  mark_claude_onboarded
+  repair_gemini_settings
+  [ "$binary" != gemini ] || trust_workspace_for_gemini
+  case "$guards" in
+    on) install_guards ;;
+    off) remove_guards ;;
+  esac
   hash -r
-fi
+  [ -z "$isolated_from" ] || prepare_copy
+  bootstrap
 
-install_context
-keep_memory_block
-case "$notify" in
-  on) install_attention ;;
-  off) remove_attention ;;
-esac
-[ -z "$worktree" ] || enter_worktree
-flock -u 7
-exec 7>&-
+  if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
+    if [ -z "$install" ]; then
+      say "$binary is not installed in the VM and no install command is configured."
+      exit 127
+    fi
+    say "installing $binary in the VM: $install"
+    if ! bash -euo pipefail -c "$install" >&2 9>&-; then
+      say "installing $binary failed (command: $install)"
+      exit 127
+    fi
+    hash -r
+  fi
+
+  install_context
+  keep_memory_block
+  case "$notify" in
+    on) install_attention ;;
+    off) remove_attention ;;
+  esac
+  record_setup
+  [ -z "$worktree" ] || enter_worktree
+  flock -u 7
+  exec 7>&-
+fi
 
 if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   setup_us=$(( ${EPOCHREALTIME/./} - ${timing_start/./} ))

@@ -41,14 +41,15 @@ def test_launch_sh_sources_every_part_once_from_its_own_folder() -> None:
     assert sorted(sourced) == PART_NAMES and len(sourced) == len(set(sourced))
     assert followed == sourced  # shellcheck -x checks launch.sh with each part
     assert sourced[0] == "common.sh"  # the others use its say
-    assert re.search(r'^staging="\$\(cd "\$\(dirname "\$\{BASH_SOURCE\[0\]\}"\)" && pwd\)"$', text, re.M)
+    assert re.search(r'^  \*\) staging="\$\(cd "\$\(dirname "\$\{BASH_SOURCE\[0\]\}"\)" && pwd\)" ;;$', text, re.M)
+    assert re.search(r'^  /\*/\*\) staging="\$\{BASH_SOURCE\[0\]%/\*\}" ;;', text, re.M)  # the host's path: no process
 
 
 def launch_sh_globals() -> set[str]:
     """The names launch.sh assigns before it sources its parts: its option parser's, staging, state."""
     text = LAUNCH_SH.read_text()
     head = text[:text.index('source "$staging/launch/')]
-    return set(re.findall(r"^([a-z_]+)=", head, re.M))
+    return set(re.findall(r"^(?:  \S+\) )?([a-z_]+)=", head, re.M))  # `  PATTERN) name=`: staging, in its case
 
 
 def unassigned_names(part: Path, tmp_path: Path) -> set[str]:

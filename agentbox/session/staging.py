@@ -103,6 +103,10 @@ agentbox.review.proposals).
     sessions/events/live/  session.sh: one empty file per session      the watcher: it ends when none is left
                            that runs
 
+launch.sh records what it applied in ~/.agentbox/setup.applied ("DIGEST BOOT-ID", --setup-digest's digest of
+every file above that the setup applies: agentbox.session.setupdigest), after a setup that finished; a launch with
+the same digest in the same boot runs no setup (provision/launch/current.sh).
+
 launch.sh's command line is LAUNCH_OPTIONS below, in that order, then `--` and the program with its
 arguments (none: a login shell). launch.sh refuses an option it does not know (exit 2), so a staged
 script and a host that disagree stop instead of running an option as the program. Its own state
@@ -153,7 +157,7 @@ from agentbox.credentials import stage as credentials
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
 from agentbox.progress import warn
-from agentbox.session import context
+from agentbox.session import context, setupdigest
 from agentbox.session import env as sessionenv
 from agentbox.sync import stage as agentsync
 
@@ -215,6 +219,8 @@ def launch_command(
         values["--session-reply"] = str(session.reply)
         values["--session-events"] = str(session.events) if session.events is not None else None
         values["--session-live"] = str(session.live) if session.live is not None else None
+    if isolated is None:  # isolated mode's copy is prepared at each launch, under the setup's lock
+        values["--setup-digest"] = setupdigest.setup_digest(staging, values)
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
 
 

@@ -80,6 +80,7 @@ remove_broker_ca() {
     rm -f "$stamp"
   else
     say "could not remove the credential broker's CA from the VM's trust store ($broker_ca_file): ${output##*$'\n'}"
+    retry_next_launch
   fi
 }
 

@@ -4,6 +4,11 @@
 
 say() { printf 'agentbox: %s\n' "$*" >&2; }
 
+# A step that did not finish its job, or says something at every launch: the setup is not recorded
+# (launch/current.sh), so the next launch runs it again.
+# shellcheck disable=SC2034 # launch.sh reads it
+retry_next_launch() { setup_incomplete=1; }
+
 # agentbox's own git settings go through the real git, never the readonly-remote wrapper in
 # ~/.local/bin: the wrapper refuses every git command while `env:` sets, say, GIT_SSH_COMMAND.
 path_without_local_bin() {
@@ -26,6 +31,7 @@ json_edit() {
   shift 2
   if ! command -v jq >/dev/null 2>&1; then
     say "cannot update $file: jq is not installed in the VM"
+    retry_next_launch  # tried again at the next launch
     return 0
   fi
   if { [ -s "$file" ] && jq "$@" "$program" "$file" > "$file.agentbox-tmp.$$"; } ||
@@ -35,5 +41,6 @@ json_edit() {
   else
     rm -f "$file.agentbox-tmp.$$"
     say "cannot update $file (is it valid JSON?)"
+    retry_next_launch
   fi
 }

@@ -7,11 +7,12 @@ context_file=/run/agentbox/context.json
 context_digest=""
 memory_digest=""
 
-install_context() {
-  # The host's description of the sandbox, with the path of each tool found here (bash's hash: no process),
-  # as root's read-only /run/agentbox/context.json (/run is emptied at every boot). When neither the
-  # document nor a tool's path changed since the last launch, nothing runs at all.
-  local staged="$staging/context/context.json" probed="$state/context.json" found="" name path key previous=""
+context_key=""
+
+# bash's read and hash only: the description staged and each tool's path are those of the last install.
+context_is_current() {
+  local staged="$staging/context/context.json" found="" name path previous=""
+  context_key=""
   [ -r "$staged" ] || return 0
   { read -r context_digest && read -r memory_digest; } 2>/dev/null < "$staging/context/digests" || true
   while IFS= read -r name; do
@@ -23,12 +24,20 @@ install_context() {
     fi
     found+="$name"$'\t'"$path"$'\n'
   done < "$staging/context/tools"
-  key="$context_digest"$'\n'"$found"
+  context_key="$context_digest"$'\n'"$found"
   IFS= read -r -d '' previous 2>/dev/null < "$state/context.key" || true
-  if [ "$key" = "$previous" ] && [ -e "$context_file" ]; then
-    export AGENTBOX_CONTEXT_FILE="$context_file"
-    return 0
-  fi
+  [ "$context_key" = "$previous" ] && [ -e "$context_file" ] || return 1
+  export AGENTBOX_CONTEXT_FILE="$context_file"
+}
+
+install_context() {
+  # The host's description of the sandbox, with the path of each tool found here (bash's hash: no process),
+  # as root's read-only /run/agentbox/context.json (/run is emptied at every boot). When neither the
+  # document nor a tool's path changed since the last launch, nothing runs at all.
+  local staged="$staging/context/context.json" probed="$state/context.json" key found
+  context_is_current && return 0
+  key="$context_key"
+  found="${key#*$'\n'}"
   # shellcheck disable=SC2016 # $found is jq's variable
   if command -v jq >/dev/null 2>&1 && jq --arg found "$found" '
       ([$found | split("\n")[] | select(length > 0) | split("\t") | {key: .[0], value: (.[1] // "")}]
@@ -55,28 +64,33 @@ install_context() {
   export AGENTBOX_CONTEXT_FILE="$context_file"
 }
 
+memory_targets=()
+
+# bash's read and test only: the block is the one kept last time and no memory file changed since.
+memory_block_is_current() {
+  local relative previous="" file
+  memory_targets=()
+  [ -r "$staging/context/memory.md" ] || return 0
+  for relative in "${memory_files[@]}"; do
+    case "$relative" in /* | *..*) continue ;; esac
+    memory_targets+=("$HOME/$relative")
+  done
+  [ ${#memory_targets[@]} -gt 0 ] || return 0
+  IFS= read -r previous 2>/dev/null < "$state/memory.key" || true
+  [ -n "$memory_digest" ] && [ "$memory_digest" = "$previous" ] && [ -e "$state/memory.stamp" ] || return 1
+  for file in "${memory_targets[@]}"; do
+    [ -e "$file" ] && [ ! "$file" -nt "$state/memory.stamp" ] || return 1
+  done
+}
+
 keep_memory_block() {
   # agentbox's short block in each agent's memory file (~/.claude/CLAUDE.md, ...), the user's text around it
   # kept. Skipped without starting a process when the block is the one kept last time and no file changed since.
-  local block="$staging/context/memory.md" stamp="$state/memory.stamp" relative previous="" file stale=""
-  local -a files=()
-  [ -r "$block" ] || return 0
-  for relative in "${memory_files[@]}"; do
-    case "$relative" in /* | *..*) continue ;; esac
-    files+=("$HOME/$relative")
-  done
-  [ ${#files[@]} -gt 0 ] || return 0
-  IFS= read -r previous 2>/dev/null < "$state/memory.key" || true
-  if [ -n "$memory_digest" ] && [ "$memory_digest" = "$previous" ] && [ -e "$stamp" ]; then
-    for file in "${files[@]}"; do
-      if [ ! -e "$file" ] || [ "$file" -nt "$stamp" ]; then
-        stale=1
-      fi
-    done
-    [ -n "$stale" ] || return 0
-  fi
+  local block="$staging/context/memory.md" stamp="$state/memory.stamp"
+  memory_block_is_current && return 0
+  [ ${#memory_targets[@]} -gt 0 ] || return 0
   local status=0
-  bash "$staging/agent-memory.sh" put "$block" "${files[@]}" || status=$?
+  bash "$staging/agent-memory.sh" put "$block" "${memory_targets[@]}" || status=$?
   if [ "$status" -eq 0 ]; then
     : > "$stamp"
     printf '%s\n' "$memory_digest" > "$state/memory.key"

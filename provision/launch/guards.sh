@@ -16,6 +16,7 @@ install_guards() {
     if ! cmp -s "$staging/guards/$name" "$HOME/.local/bin/$name"; then
       if [ -e "$HOME/.local/bin/$name" ] && ! grep -q "$readonly_marker" "$HOME/.local/bin/$name"; then
         say "not replacing $HOME/.local/bin/$name: it is not agentbox's"
+        retry_next_launch  # said again at the next launch
         continue
       fi
       install -m 755 "$staging/guards/$name" "$HOME/.local/bin/$name"
@@ -28,6 +29,14 @@ install_guards() {
   if command -v git >/dev/null 2>&1 && [ "$(git_config_global --get core.hooksPath 2>/dev/null || true)" != "$hooks_dir" ]; then
     git_config_global core.hooksPath "$hooks_dir"
   fi
+}
+
+# bash's test only: each guard is there, a file no newer than SINCE (the setup's record).
+guards_in_place() {
+  local since="$1" file
+  for file in "$HOME/.local/bin/git" "$HOME/.local/bin/gh" "$hooks_dir/pre-push" "${forwarded_hooks[@]/#/$hooks_dir/}"; do
+    [ -f "$file" ] && [ ! "$file" -nt "$since" ] || return 1
+  done
 }
 
 remove_guards() {

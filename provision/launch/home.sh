@@ -9,11 +9,29 @@ setup_browser() {
   local bin="$state/bin"
   mkdir -p "$bin"
   cmp -s "$staging/open-url" "$bin/open-url" || install -m 755 "$staging/open-url" "$bin/open-url"
-  [ -n "${BROWSER:-}" ] || export BROWSER="$bin/open-url"
-  if [ -t 2 ]; then
-    AGENTBOX_TTY="$(readlink "/proc/$$/fd/2" 2>/dev/null || true)"
-    export AGENTBOX_TTY
+  browser_env
+}
+
+browser_env() {
+  [ -n "${BROWSER:-}" ] || export BROWSER="$state/bin/open-url"
+  [ -t 2 ] || return 0
+  AGENTBOX_TTY=""
+  # The terminal on stderr by bash alone: the controlling terminal's number (/proc/$$/stat's tty_nr) names a
+  # /dev/pts/N; taken when that is the very file on fd 2 (-ef: the same device and inode). Else readlink.
+  local stat tty_nr major minor candidate
+  local -a fields=()
+  if { read -r stat < "/proc/$$/stat"; } 2>/dev/null; then
+    read -r -a fields <<< "${stat##*) }"
+    tty_nr="${fields[4]:-0}"
+    major=$(((tty_nr >> 8) & 0xfff))
+    minor=$(((tty_nr & 0xff) | ((tty_nr >> 12) & 0xfff00)))
+    candidate="/dev/pts/$(((major - 136) * 256 + minor))"
+    if [ "$major" -ge 136 ] && [ "$major" -le 143 ] && [ "/proc/$$/fd/2" -ef "$candidate" ]; then
+      AGENTBOX_TTY="$candidate"
+    fi
   fi
+  [ -n "$AGENTBOX_TTY" ] || AGENTBOX_TTY="$(readlink "/proc/$$/fd/2" 2>/dev/null || true)"
+  export AGENTBOX_TTY
 }
 
 trust_workspace_for_gemini() {
@@ -62,19 +80,28 @@ mark_claude_onboarded() {
   # user logs in). Skipped without a process when done for the same folders since apply_credentials
   # last installed ~/.claude.json (it removes the stamp); Claude Code keeps the keys when it rewrites the file.
   [ -z "${binary:-}" ] || [ "$binary" = claude ] || return 0
-  local file="$HOME/.claude.json" stamp="$state/claude-onboarded" login=false key marked=""
-  if [ -n "${CLAUDE_CODE_OAUTH_TOKEN:-}${ANTHROPIC_API_KEY:-}" ] || [ -s "$HOME/.claude/.credentials.json" ]; then
-    login=true
-  fi
-  key="$login $workspace ${worktree:-}"
-  if [ -s "$file" ] && [ -r "$stamp" ]; then
-    IFS= read -r marked < "$stamp" || true
-    [ "$marked" != "$key" ] || return 0
-  fi
+  claude_onboarded_is_current && return 0
   # shellcheck disable=SC2016 # jq's variables
-  json_edit "$file" '(if $login then .hasCompletedOnboarding = true else . end) | .hasSeenAutoDefaultNudge = true
+  json_edit "$HOME/.claude.json" '(if $login then .hasCompletedOnboarding = true else . end) | .hasSeenAutoDefaultNudge = true
     | reduce ([$workspace, $worktree] | map(select(. != "")) | .[]) as $folder (.;
         .projects[$folder] = ((.projects[$folder] // {}) + {hasTrustDialogAccepted: true, hasCompletedProjectOnboarding: true}))' \
-    --argjson login "$login" --arg workspace "$workspace" --arg worktree "${worktree:-}"
-  [ ! -s "$file" ] || printf '%s\n' "$key" > "$stamp"
+    --argjson login "$claude_login" --arg workspace "$workspace" --arg worktree "${worktree:-}"
+  [ ! -s "$HOME/.claude.json" ] || printf '%s\n' "$claude_key" > "$state/claude-onboarded"
+}
+
+claude_login=false
+claude_key=""
+
+# bash's read and test only: marked for the same login state and folders since ~/.claude.json was installed.
+claude_onboarded_is_current() {
+  [ -z "${binary:-}" ] || [ "$binary" = claude ] || return 0
+  local marked=""
+  claude_login=false
+  if [ -n "${CLAUDE_CODE_OAUTH_TOKEN:-}${ANTHROPIC_API_KEY:-}" ] || [ -s "$HOME/.claude/.credentials.json" ]; then
+    claude_login=true
+  fi
+  claude_key="$claude_login $workspace ${worktree:-}"
+  [ -s "$HOME/.claude.json" ] && [ -r "$state/claude-onboarded" ] || return 1
+  IFS= read -r marked < "$state/claude-onboarded" || true
+  [ "$marked" = "$claude_key" ]
 }

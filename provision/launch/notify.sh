@@ -16,6 +16,7 @@ install_attention() {
   cmp -s "$staging/claude-hooks.json" "$claude_managed" && return 0
   if [ -e "$claude_managed" ] && ! cmp -s "$claude_managed" "$hooks_copy"; then
     say "not installing agentbox's Claude Code hooks: $claude_managed is not agentbox's"
+    retry_next_launch  # said again at the next launch
     return 0
   fi
   # shellcheck disable=SC2016 # $1 belongs to the root shell
@@ -24,6 +25,7 @@ install_attention() {
     cp "$staging/claude-hooks.json" "$hooks_copy"
   else
     say "could not install agentbox's Claude Code hooks in $claude_managed (sudo failed)"
+    retry_next_launch
   fi
 }
 

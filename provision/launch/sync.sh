@@ -37,7 +37,7 @@ apply_sync() {
     case "$agent" in "" | */* | .*) continue ;; esac
     if [ -r "$staging/sync/$agent/manifest" ] && ! cmp -s "$staging/sync/$agent/manifest" "$state/sync/$agent/staged"; then
       # A problem here (a folder where a file goes, a full disk) must not stop the session: say so and go on.
-      sync_agent "$agent" || say "could not bring all of $agent's own setup into the VM (see above); the next launch tries again"
+      sync_agent "$agent" || { retry_next_launch; say "could not bring all of $agent's own setup into the VM (see above); the next launch tries again"; }
     fi
   done
 }
@@ -148,5 +148,6 @@ sync_agent() {
     cp "$dir/manifest" "$records/staged" || return 1
   else
     rm -f "$records/staged"  # look again next time: deleting the VM's copy takes the host's
+    retry_next_launch
   fi
 }

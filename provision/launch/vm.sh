@@ -23,7 +23,10 @@ check_provisioned() {
   # VMs whose provisioning marks its end (the marker note is a data file) say when it did not finish:
   # the start that ran it failed or was cut short, and the tools it installs may be missing.
   [ -e /etc/agentbox/provisioning ] || return 0
-  [ "$(cat "$state/provisioned" 2>/dev/null || true)" = "$(cat /proc/sys/kernel/random/boot_id)" ] && return 0
+  local finished="" boot=""
+  { read -r finished < "$state/provisioned"; } 2>/dev/null || true
+  { read -r boot < /proc/sys/kernel/random/boot_id; } 2>/dev/null || true
+  [ "$finished" = "$boot" ] && return 0
   say "the VM's provisioning did not finish at its last start, so tools it installs (node, npm, gh, docker) may be missing."
   say "its log: agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log"
   say "\`agentbox restart\` runs the provisioning again."
@@ -40,6 +43,7 @@ apply_network() {
     sudo -n /bin/sh -c 'install -d -m 755 /run/agentbox && install -m 644 "$1" "$2"' sh "$rules" "$applied"; then
     return 0
   fi
+  retry_next_launch  # tried again at the next launch
   # Said once per boot and ruleset (an older VM without nft would say it at every launch).
   local boot key
   boot="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || true)"

@@ -1,0 +1,176 @@
+"""A launch with nothing changed runs no setup in the VM (launch.sh --setup-digest, provision/launch/current.sh); each
+kind of change makes the next launch run the setup and apply it. Through the CLI and the double's real shell.
+
+Every program the guest user's PATH finds is wrapped (guest /usr/local/bin, first on PATH) by a shim that logs its name
+when launch.sh itself starts it, then runs the real one: a launch that logs nothing started no process before the
+program.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import NAME, STUB, FakeLima, needs_bwrap, run_cli, staged_logins, write, write_trusted
+
+LOG = ".agentbox-calls.log"  # in the guest home
+STARTED = 'open(os.path.expanduser("~/.agentbox-calls.log"), "a").write("(agent)\\n")'
+SHIM = r"""#!/bin/sh
+# logs its name when launch.sh started it (its parent's command line), then runs the real program
+name=${0##*/}
+case "$({ /usr/bin/tr '\0' ' ' < "/proc/$PPID/cmdline"; } 2>/dev/null)" in
+  "/bin/bash /"*"/launch.sh "*) printf '%s\n' "$name" >> "$HOME/.agentbox-calls.log" ;;
+esac
+exec REAL "$@"
+"""
+
+
+@pytest.fixture
+def vm(project: Path, limactl: FakeLima, home: Path) -> FakeLima:
+    """The project's VM, started, a stand-in codex and claude, and every program on the guest's PATH shimmed."""
+    needs_bwrap()
+    staged_logins(home)
+    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    bin_dir = limactl.home / NAME / "guestfs" / "usr-local" / "bin"
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    for binary in ("codex", "claude"):  # the stub agents say when they start
+        write(bin_dir / binary, STUB.replace("import json, os, sys\n", f"import json, os, sys\n{STARTED}\n", 1),
+              mode=0o755)
+    sudo = bin_dir / "sudo"
+    target = os.readlink(sudo)
+    sudo.unlink()
+    write(sudo, SHIM.replace("REAL", target), mode=0o755)
+    write(bin_dir.parent / "lib" / "agentbox-shim", SHIM.replace("REAL", '"/usr/bin/$name"'), mode=0o755)
+    for entry in os.scandir("/usr/bin"):
+        if not (bin_dir / entry.name).exists() and os.access(entry.path, os.X_OK) and entry.name.isprintable():
+            (bin_dir / entry.name).symlink_to("/usr/local/lib/agentbox-shim")  # the guest's path
+    limactl.clear()
+    return limactl
+
+
+def launch(project: Path, agent: str = "codex") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentbox", agent, "exec", "hi"], cwd=project,
+                          capture_output=True, input=b"", timeout=120)
+
+
+def calls(vm: FakeLima) -> list[str]:
+    """The programs launch.sh started before the agent since the last call (and forget them all)."""
+    log = vm.guest_home(NAME) / LOG
+    if not log.exists():
+        return []
+    names = log.read_text().split()
+    log.unlink()
+    return names[:names.index("(agent)")] if "(agent)" in names else names
+
+
+def warm(project: Path, vm: FakeLima, agent: str = "codex") -> None:
+    """Launch until the setup is recorded; the next launch then runs nothing."""
+    assert launch(project, agent).returncode == 0
+    calls(vm)
+
+
+def test_a_launch_with_nothing_changed_starts_no_process_before_the_agent(project: Path, vm: FakeLima) -> None:
+    for agent in ("codex", "claude"):
+        first = launch(project, agent)
+        assert first.returncode == 0, first.stderr
+        assert {"flock", "mkdir", "cmp"} <= set(calls(vm))  # the shims see the setup's programs
+        (project / ".stub-out.json").unlink()
+        second = launch(project, agent)
+        assert second.returncode == 0, second.stderr
+        assert calls(vm) == [], (first.stderr, second.stderr)
+        assert (project / ".stub-out.json").exists()  # the agent ran
+    assert (vm.guest_home(NAME) / ".agentbox" / "setup.applied").read_text().count(" ") == 1
+
+
+@pytest.mark.parametrize("change", ["credential", "synced file", "env", "network mode", "guards off", "bootstrap",
+                                    "boot id", "agent removed", "guard removed"])
+def test_each_change_makes_the_next_launch_apply_it(project: Path, vm: FakeLima, home: Path, isolated_env,
+                                                    change: str) -> None:
+    guest = vm.guest_home(NAME)
+    write(home / ".codex" / "auth.json", '{"token": "v1"}', mode=0o600)
+    write(home / ".codex" / "prompts" / "review.md", "v1\n")
+    write(project / "install-codex.sh", "mkdir -p ~/.local/bin && printf '%s\\n' '#!/bin/sh' "
+          "'echo \"(agent)\" >> ~/.agentbox-calls.log' 'echo reinstalled > \"$AGENTBOX_TEST_OUT\"' "
+          "> ~/.local/bin/codex && chmod +x ~/.local/bin/codex\n")
+    config = f"agents:\n  codex:\n    install: sh {project / 'install-codex.sh'}\n" + \
+        (project / "agentbox.yml").read_text()
+    write_trusted(project, config)
+    warm(project, vm)
+    warm(project, vm)
+    assert launch(project).returncode == 0 and calls(vm) == []  # nothing changed: nothing ran
+    record = guest / ".agentbox" / "setup.applied"
+    digest, boot = record.read_text().split()
+
+    if change == "credential":
+        write(home / ".codex" / "auth.json", '{"token": "v2"}', mode=0o600)
+    elif change == "synced file":
+        write(home / ".codex" / "prompts" / "review.md", "v2\n")
+    elif change == "env":
+        write_trusted(project, config + "  GH_TOKEN: t0ken\n")
+    elif change == "network mode":
+        write_trusted(project, config + "network:\n  mode: offline\n")
+    elif change == "guards off":
+        write_trusted(project, config + "sync:\n  remoteWrite: true\n")
+    elif change == "bootstrap":
+        write(project / "setup.sh", "echo ran > bootstrap-ran\n")
+        write_trusted(project, config + "bootstrap:\n  onStartScript: setup.sh\n")
+    elif change == "boot id":
+        write(vm.home / NAME / "boot-id", "0b0b0b0b-0000-4000-8000-000000000001\n")
+    elif change == "agent removed":
+        (vm.home / NAME / "guestfs" / "usr-local" / "bin" / "codex").unlink()
+    elif change == "guard removed":
+        (guest / ".config" / "agentbox" / "hooks" / "pre-push").unlink()
+
+    result = launch(project)
+    assert result.returncode == 0, result.stderr
+    ran = calls(vm)
+    assert "flock" in ran, ran  # the setup ran
+    if change == "credential":
+        assert (guest / ".codex" / "auth.json").read_text() == '{"token": "v2"}'
+    elif change == "synced file":
+        assert (guest / ".codex" / "prompts" / "review.md").read_text() == "v2\n"
+    elif change == "env":
+        assert "git" in ran  # configure_git: gh's credential helper, now that GH_TOKEN is set
+    elif change == "network mode":
+        staged = isolated_env["state"] / "vms" / NAME / "staging" / "network.nft"
+        assert "sudo" in ran and "network.mode offline" in staged.read_text()
+        assert (vm.home / NAME / "guestfs" / "run" / "agentbox" / "network.nft").read_text() == staged.read_text()
+    elif change == "guards off":
+        assert not (guest / ".local" / "bin" / "git").exists()
+    elif change == "bootstrap":
+        assert (project / "bootstrap-ran").read_text() == "ran\n"
+    elif change == "agent removed":
+        assert (project / ".stub-out.json").read_text() == "reinstalled\n"
+    elif change == "guard removed":
+        assert (guest / ".config" / "agentbox" / "hooks" / "pre-push").exists()
+    # what the record says: the host's digest changed, or the VM's boot, or (a change in the VM) neither
+    new_digest, new_boot = record.read_text().split()
+    assert (new_digest != digest) == (change not in ("boot id", "agent removed", "guard removed"))
+    assert (new_boot != boot) == (change == "boot id")
+    # and then it is recorded: the launch after runs nothing again
+    assert launch(project).returncode == 0
+    assert calls(vm) == []
+
+
+def test_a_tool_installed_in_the_vm_updates_the_description_alone(project: Path, vm: FakeLima) -> None:
+    """The sandbox's description changes between launches (a tool installed, a new start checkpoint) while the rest
+    of the setup stays: only its step runs, under the lock, not the whole setup."""
+    warm(project, vm)
+    assert launch(project).returncode == 0 and calls(vm) == []
+    record = (vm.guest_home(NAME) / ".agentbox" / "setup.applied").read_text()
+    write(vm.home / NAME / "guestfs" / "usr-local" / "bin" / "gemini", "#!/bin/sh\n", mode=0o755)  # absent before
+
+    assert launch(project).returncode == 0
+    ran = calls(vm)
+    assert {"flock", "jq", "sudo"} <= set(ran), ran
+    assert not {"git", "mkdir", "grep"} & set(ran), ran  # the full setup starts with mkdir, sets git, checks guards
+    described = json.loads((vm.home / NAME / "guestfs" / "run" / "agentbox" / "context.json").read_text())
+    assert {tool["name"]: tool["path"] for tool in described["tools"]["list"]}["gemini"] == "/usr/local/bin/gemini"
+    assert (vm.guest_home(NAME) / ".agentbox" / "setup.applied").read_text() == record
+    assert launch(project).returncode == 0 and calls(vm) == []
