@@ -19,7 +19,12 @@ REPO = Path(__file__).resolve().parent.parent
 # tree pulled in again, not one module more.
 MAX_AGENTBOX_MODULES = 100
 NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.commandline",
-                     "agentbox.commands.agentcommand")
+                     "agentbox.commands.agentcommand",
+                     # dataclasses' decorator costs inspect and ast: NamedTuples and plain classes instead
+                     "dataclasses", "inspect", "ast", "datetime", "agentbox.review.patchcheck")
+# What only the credential broker or agentbox's proxy runs: absent when neither is on (open mode, broker off).
+BROKER_OR_PROXY_ONLY = ("agentbox.net.guard", "agentbox.net.ca", "agentbox.net.upstream", "agentbox.credentials.brokered",
+                        "agentbox.net.broker")
 # Python's own: inspect and ast come with dataclasses, urllib.parse with pathlib (3.11); absent unless they do.
 STDLIB_DEFERRED = ("inspect", "ast", "urllib.parse")
 
@@ -74,6 +79,25 @@ def test_a_warm_launch_imports_no_click_and_only_what_it_runs(project: Path, stu
     floor = stdlib_floor()
     assert [name for name in STDLIB_DEFERRED if name in modules and name not in floor] == []
     assert len([name for name in modules if name.startswith("agentbox")]) <= MAX_AGENTBOX_MODULES
+
+
+@pytest.mark.parametrize("broker", [False, True])
+def test_a_launch_without_broker_or_proxy_imports_neither(project: Path, vm: FakeLima, tmp_path: Path,
+                                                          broker: bool) -> None:
+    """credentials.broker off in open mode: the broker's, the CA's and the proxy's modules stay out. The control,
+    the broker on (the default): the same launch imports them (its proxy serves the broker)."""
+    out = project / ".stub-out.json"
+    write_trusted(project, f"credentials:\n  broker: {str(broker).lower()}\nenv:\n  AGENTBOX_TEST_OUT: {out}\n")
+    assert run_cli("codex", "--version", cwd=project).exit_code == 0  # warm: the config is cached
+    vm.clear()
+    result, modules = traced(project, tmp_path, "codex", "--version")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["args"][-1] == "--version"
+    imported = [name for name in BROKER_OR_PROXY_ONLY if name in modules]
+    if broker:
+        assert {"agentbox.net.guard", "agentbox.credentials.brokered", "agentbox.net.broker"} <= set(imported)
+    else:
+        assert imported == []
 
 
 def test_commands_that_are_no_launch_still_go_through_click(project: Path, stub_out: Path, tmp_path: Path) -> None:
