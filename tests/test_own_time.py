@@ -172,3 +172,41 @@ def test_the_state_folder_is_computed_once_per_command(project: Path, vm: FakeLi
     monkeypatch.setenv("XDG_STATE_HOME", str(project.parent / "other"))  # a new environment: computed anew
     assert paths.state_dir() == project.parent / "other" / "agentbox"
     assert len(computed) == 2
+
+
+# `agentbox --help` prints click's text without click (agentbox.helpscreen): what it no longer imports.
+NEVER_ON_HELP = ("click", "agentbox.commandline", "inspect", "uuid", "dataclasses")
+
+
+@pytest.mark.parametrize("config", ["", "agents:\n  aider:\n    binary: aider\n  zed-agent-with-a-long-name:\n"
+                                        "    binary: zed\n", "agents: [not a mapping\n"])
+def test_help_is_clicks_text_without_click(project: Path, home: Path, tmp_path: Path, config: str) -> None:
+    """No config, agents defined in the global config, a broken config: the same bytes as click's command line
+    prints (`-C DIR --help` is click's), at the narrowest width, the usual one and a wide terminal (a child process
+    each: click's test runner forces 80 columns)."""
+    if config:
+        (home / ".config" / "agentbox").mkdir(parents=True, exist_ok=True)
+        (home / ".config" / "agentbox" / "config.yml").write_text(config)
+    for columns in ("40", "80", "250"):
+        os.environ["COLUMNS"] = columns
+        try:
+            result, modules = traced(project, tmp_path, "--help")
+            clicks, used = traced(project, tmp_path, "-C", str(project), "--help")
+        finally:
+            del os.environ["COLUMNS"]
+        assert "click" in used
+        assert (result.returncode, result.stdout, result.stderr) == (0, clicks.stdout, clicks.stderr), columns
+        assert [name for name in NEVER_ON_HELP if name in modules] == []
+    assert ("aider" in result.stdout) is bool("aider" in config)
+
+
+def test_help_that_helpscreen_cannot_render_goes_to_click(project: Path, home: Path, tmp_path: Path) -> None:
+    """An agent whose summary has a word longer than its line (click breaks it its own way) is click's: the same
+    text, click imported."""
+    (home / ".config" / "agentbox").mkdir(parents=True, exist_ok=True)
+    (home / ".config" / "agentbox" / "config.yml").write_text(f"agents:\n  aider:\n    binary: {'x-' * 40}\n")
+    result, modules = traced(project, tmp_path, "--help")
+    assert "click" in modules
+    clicks, _ = traced(project, tmp_path, "-C", str(project), "--help")
+    assert (result.returncode, result.stdout) == (0, clicks.stdout)
+    assert "x-x-x-" in result.stdout
