@@ -5,7 +5,8 @@ what people run fifty times a day: it goes straight to the launch (agentbox.comm
 click or building its command line, behind the same error boundary (agentbox.boundary). Everything else,
 and anything this module does not recognise exactly (a global option it does not know, a -C that click would
 refuse, `AGENT shell`, `AGENT --help`, completion), goes to the click command line (agentbox.commandline),
-which gives the same result for a launch, at click's cost.
+which gives the same result for a launch, at click's cost. `agentbox --help` alone is printed without click too
+(agentbox.helpscreen: the same text).
 """
 
 from __future__ import annotations
@@ -99,6 +100,17 @@ def main() -> None:
     line = launch_line(sys.argv[1:])
     if line is not None:
         sys.exit(launch(*line))
+    if sys.argv[1:] in (["--help"], ["-h"]) and COMPLETION_VARIABLE not in os.environ:
+        from agentbox import helpscreen
+
+        try:
+            code = helpscreen.show()
+        except BrokenPipeError:  # `agentbox --help | head -1`
+            from agentbox.boundary import closed_pipe
+
+            sys.exit(closed_pipe())
+        if code >= 0:
+            sys.exit(code)
     from agentbox.boundary import closed_pipe
     from agentbox.commandline import cli
 

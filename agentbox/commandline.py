@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from agentbox import __version__, boundary
+from agentbox import __version__, boundary, helpscreen
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.boundary import closed_pipe, report_error
 from agentbox.errors import AgentboxError
@@ -56,60 +56,9 @@ LAZY_COMMANDS = {
     "update-agents": ("agentbox.commands.update", "update_agents_command"),
     "net": ("agentbox.commands.net", "net_group"),
 }
-# `agentbox --help` lists the commands in these groups, each with this line: written here so that the
-# listing imports no command's module (tests/test_cli_help.py keeps the table whole).
-COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
-    ("The VM", (
-        ("start", "Create and start the project's VM."),
-        ("stop", "Stop the project's VM (or all agentbox VMs)."),
-        ("restart", "Stop the project's VM if it runs, then start it."),
-        ("rm", "Delete the project's VM and its disk."),
-        ("status", "Show the project's VM: status, workspace, resources."),
-        ("ls", "List agentbox's VMs."),
-        ("shell", "Open a login shell in the VM, or run `-- CMD ...` there."),
-        ("port", "Forward a VM port to the host's 127.0.0.1; print its URL."),
-        ("ports", "List the ports the running VMs forward to the host."),
-    )),
-    ("Review and undo", (
-        ("diff", "Show what changed in the workspace since a checkpoint."),
-        ("checkpoints", "List the workspace's checkpoints and what each changed."),
-        ("checkpoint", "Take a checkpoint of the workspace now."),
-        ("undo", "Put the workspace's files back to a checkpoint."),
-        ("proposals", "List the proposals of isolated sessions."),
-        ("review", "Show a proposal: summary, files, the patch."),
-        ("apply", "Apply a proposal to the workspace."),
-        ("reject", "Reject a proposal."),
-    )),
-    ("Background work", (
-        ("run", "Run an agent on PROMPT in the background; print the task's id."),
-        ("tasks", "List the background tasks (`tasks prune` forgets ended ones)."),
-        ("logs", "Print a task's output."),
-        ("wait", "Wait for a task to end; exit with its exit code."),
-        ("cancel", "Cancel a queued or running task."),
-        ("sessions", "List the detached sessions of the project's VM."),
-        ("attach", "Attach to a session started with `agentbox AGENT --detach`."),
-    )),
-    ("The agent's setup", (
-        ("config", "Show the merged config and where each value came from."),
-        ("init", "Write a commented config file to start from."),
-        ("trust", "Trust this project's agentbox.yml as it is now."),
-        ("sync", "Your agents' own setup in the VM: show it, bring back changes."),
-        ("update-agents", "Update the agent CLIs in the project's VM."),
-        ("base", "The base VM new project VMs are cloned from."),
-        ("describe", "Print what the agent is told about its sandbox."),
-        ("template", "Print the lima.yaml agentbox would create the VM from."),
-    )),
-    ("Network", (
-        ("net", "The VM's network policy: what it allows, what was decided."),
-        ("ca", "Show or add extra CA certificates for the VM."),
-    )),
-    ("Diagnostics", (
-        ("doctor", "Check Lima, config, VM, logins and guards; say what to fix."),
-        ("audit", "Show unacknowledged changes to files your host runs."),
-        ("help", "Show agentbox's help, or the help of COMMAND."),
-        ("completion", "Print the shell completion script."),
-    )),
-)
+# `agentbox --help` lists the commands in these groups (agentbox.helpscreen has the table: the help prints it
+# without click).
+COMMAND_GROUPS = helpscreen.COMMAND_GROUPS
 
 
 class AgentboxGroup(click.Group):
@@ -154,9 +103,7 @@ class AgentboxGroup(click.Group):
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         """The agents, then each group of COMMAND_GROUPS: from the table, so no command's module is imported."""
-        agents = [(name, _agent_summary(ctx, name)) for name in _agent_names(ctx)]
-        sections = [("Agents (agentbox AGENT [ARGS]... runs it in the project's VM)", agents),
-                    *((title, list(rows)) for title, rows in COMMAND_GROUPS)]
+        sections = helpscreen.sections(_configured_agents(ctx))
         listed = {name for _, rows in sections for name, _ in rows}
         rest = [name for name in self.list_commands(ctx) if name not in listed]  # a command added without a group
         if rest:
@@ -201,39 +148,22 @@ def _start_dir(ctx: click.Context) -> Path:
 
 def _agent_names(ctx: click.Context) -> list[str]:
     """Built-in agents plus those defined in config; a broken config still lists the built-ins."""
-    configured = _configured_agents(ctx)
-    return [*BUILTIN_AGENTS, *sorted(n for n in configured if n not in BUILTIN_AGENTS)]
+    return helpscreen.agent_names(_configured_agents(ctx))
 
 
 def _configured_agents(ctx: click.Context) -> dict[str, Any]:
-    root = ctx.find_root()
-    cache = root.meta.setdefault("agentbox.configured_agents", {})
+    cache = ctx.find_root().meta.setdefault("agentbox.configured_agents", {})
     if "agents" not in cache:
-        from agentbox.config import peek
-
-        cache["agents"] = {}
-        # Only a config that mentions agents can define one: skip YAML (and its import) otherwise.
-        if peek.may_define_agents(_start_dir(ctx)):
-            from agentbox.config import load as config
-
-            try:
-                cache["agents"] = config.load(_start_dir(ctx)).agents
-            except AgentboxError:
-                pass
+        cache["agents"] = helpscreen.configured_agents(_start_dir(ctx))
     agents: dict[str, Any] = cache["agents"]
     return agents
 
 
 def _agent_summary(ctx: click.Context, name: str) -> str:
-    builtin = BUILTIN_AGENTS.get(name)
-    if builtin:
-        return f"Run {builtin.summary} ({builtin.binary}) in the VM"
-    agent = _configured_agents(ctx).get(name)
-    binary = agent.binary if agent else name
-    return f"Run {binary} in the VM (defined in your config)"
+    return helpscreen.agent_summary(_configured_agents(ctx), name)
 
 
-@click.group("agentbox", cls=AgentboxGroup, context_settings=CONTEXT_SETTINGS)
+@click.group("agentbox", cls=AgentboxGroup, context_settings=CONTEXT_SETTINGS, help=helpscreen.ROOT_HELP)
 @click.version_option(__version__, "-V", "--version", prog_name="agentbox", message="%(prog)s %(version)s")
 @click.option(
     "-C",
@@ -241,27 +171,15 @@ def _agent_summary(ctx: click.Context, name: str) -> str:
     metavar="DIR",
     type=click.Path(exists=True, file_okay=False, resolve_path=True),
     is_eager=True,  # processed before --help, which lists the agents defined in DIR's config
-    help="Run as if agentbox was started in DIR.",
+    help=helpscreen.OPTION_HELP["-C"],
 )
-@click.option("-v", "--verbose", is_flag=True, help="Stream limactl's own output.")
-@click.option(
-    "-q", "--quiet", is_flag=True, help="Print only warnings and errors on stderr (no progress, no notes)."
-)
-@click.option("--debug", is_flag=True, help="Print every limactl call with its duration and exit code.")
-@click.option("--timings", is_flag=True, help="Print how long each phase took (same as AGENTBOX_TIMING=1).")
+@click.option("-v", "--verbose", is_flag=True, help=helpscreen.OPTION_HELP["-v"])
+@click.option("-q", "--quiet", is_flag=True, help=helpscreen.OPTION_HELP["-q"])
+@click.option("--debug", is_flag=True, help=helpscreen.OPTION_HELP["--debug"])
+@click.option("--timings", is_flag=True, help=helpscreen.OPTION_HELP["--timings"])
 @click.pass_context
 def cli(ctx: click.Context, directory: str | None, verbose: bool, quiet: bool, debug: bool, timings: bool) -> None:
-    """Run AI coding agents in a per-project Lima VM.
-
-    In a project folder, `agentbox claude` (or codex, gemini, kiro, opencode, copilot) finds or
-    creates the project's VM, mounts the project at the same path and starts the agent there with its
-    approval prompts off: the VM is the sandbox.
-
-    Every argument after the agent's name goes to the agent: `agentbox AGENT --help` shows the
-    agent's own help, run inside the VM (when the VM is not running, agentbox describes the agent
-    instead and creates nothing). `agentbox AGENT shell` opens a shell in the agent's VM.
-    `agentbox help COMMAND` shows agentbox's help for any command, agents included.
-    """
+    # its help: helpscreen.ROOT_HELP
     if quiet and verbose:
         raise click.UsageError("-q/--quiet and -v/--verbose cannot be used together.")
     boundary.begin(quiet, timings)

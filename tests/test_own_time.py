@@ -19,7 +19,12 @@ REPO = Path(__file__).resolve().parent.parent
 # tree pulled in again, not one module more.
 MAX_AGENTBOX_MODULES = 100
 NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.commandline",
-                     "agentbox.commands.agentcommand")
+                     "agentbox.commands.agentcommand",
+                     # dataclasses' decorator costs inspect and ast: NamedTuples and plain classes instead
+                     "dataclasses", "inspect", "ast", "datetime", "agentbox.review.patchcheck")
+# What only the credential broker or agentbox's proxy runs: absent when neither is on (open mode, broker off).
+BROKER_OR_PROXY_ONLY = ("agentbox.net.guard", "agentbox.net.ca", "agentbox.net.upstream", "agentbox.credentials.brokered",
+                        "agentbox.net.broker")
 # Python's own: inspect and ast come with dataclasses, urllib.parse with pathlib (3.11); absent unless they do.
 STDLIB_DEFERRED = ("inspect", "ast", "urllib.parse")
 
@@ -74,6 +79,25 @@ def test_a_warm_launch_imports_no_click_and_only_what_it_runs(project: Path, stu
     floor = stdlib_floor()
     assert [name for name in STDLIB_DEFERRED if name in modules and name not in floor] == []
     assert len([name for name in modules if name.startswith("agentbox")]) <= MAX_AGENTBOX_MODULES
+
+
+@pytest.mark.parametrize("broker", [False, True])
+def test_a_launch_without_broker_or_proxy_imports_neither(project: Path, vm: FakeLima, tmp_path: Path,
+                                                          broker: bool) -> None:
+    """credentials.broker off in open mode: the broker's, the CA's and the proxy's modules stay out. The control,
+    the broker on (the default): the same launch imports them (its proxy serves the broker)."""
+    out = project / ".stub-out.json"
+    write_trusted(project, f"credentials:\n  broker: {str(broker).lower()}\nenv:\n  AGENTBOX_TEST_OUT: {out}\n")
+    assert run_cli("codex", "--version", cwd=project).exit_code == 0  # warm: the config is cached
+    vm.clear()
+    result, modules = traced(project, tmp_path, "codex", "--version")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["args"][-1] == "--version"
+    imported = [name for name in BROKER_OR_PROXY_ONLY if name in modules]
+    if broker:
+        assert {"agentbox.net.guard", "agentbox.credentials.brokered", "agentbox.net.broker"} <= set(imported)
+    else:
+        assert imported == []
 
 
 def test_commands_that_are_no_launch_still_go_through_click(project: Path, stub_out: Path, tmp_path: Path) -> None:
@@ -148,3 +172,41 @@ def test_the_state_folder_is_computed_once_per_command(project: Path, vm: FakeLi
     monkeypatch.setenv("XDG_STATE_HOME", str(project.parent / "other"))  # a new environment: computed anew
     assert paths.state_dir() == project.parent / "other" / "agentbox"
     assert len(computed) == 2
+
+
+# `agentbox --help` prints click's text without click (agentbox.helpscreen): what it no longer imports.
+NEVER_ON_HELP = ("click", "agentbox.commandline", "inspect", "uuid", "dataclasses")
+
+
+@pytest.mark.parametrize("config", ["", "agents:\n  aider:\n    binary: aider\n  zed-agent-with-a-long-name:\n"
+                                        "    binary: zed\n", "agents: [not a mapping\n"])
+def test_help_is_clicks_text_without_click(project: Path, home: Path, tmp_path: Path, config: str) -> None:
+    """No config, agents defined in the global config, a broken config: the same bytes as click's command line
+    prints (`-C DIR --help` is click's), at the narrowest width, the usual one and a wide terminal (a child process
+    each: click's test runner forces 80 columns)."""
+    if config:
+        (home / ".config" / "agentbox").mkdir(parents=True, exist_ok=True)
+        (home / ".config" / "agentbox" / "config.yml").write_text(config)
+    for columns in ("40", "80", "250"):
+        os.environ["COLUMNS"] = columns
+        try:
+            result, modules = traced(project, tmp_path, "--help")
+            clicks, used = traced(project, tmp_path, "-C", str(project), "--help")
+        finally:
+            del os.environ["COLUMNS"]
+        assert "click" in used
+        assert (result.returncode, result.stdout, result.stderr) == (0, clicks.stdout, clicks.stderr), columns
+        assert [name for name in NEVER_ON_HELP if name in modules] == []
+    assert ("aider" in result.stdout) is bool("aider" in config)
+
+
+def test_help_that_helpscreen_cannot_render_goes_to_click(project: Path, home: Path, tmp_path: Path) -> None:
+    """An agent whose summary has a word longer than its line (click breaks it its own way) is click's: the same
+    text, click imported."""
+    (home / ".config" / "agentbox").mkdir(parents=True, exist_ok=True)
+    (home / ".config" / "agentbox" / "config.yml").write_text(f"agents:\n  aider:\n    binary: {'x-' * 40}\n")
+    result, modules = traced(project, tmp_path, "--help")
+    assert "click" in modules
+    clicks, _ = traced(project, tmp_path, "-C", str(project), "--help")
+    assert (result.returncode, result.stdout) == (0, clicks.stdout)
+    assert "x-x-x-" in result.stdout

@@ -24,7 +24,6 @@ import base64
 import json
 import re
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any, NamedTuple
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
@@ -198,6 +197,8 @@ def _iso_time(value: Any) -> float | None:
     if not isinstance(value, str) or len(value) > 64:
         return None
     # Python 3.10's fromisoformat takes neither "Z" nor other than 3 or 6 digits of a second's fraction.
+    from datetime import datetime  # only a login with an ISO expiry needs it (not on most launches)
+
     text = re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], value.strip())
     try:
         moment = datetime.fromisoformat(re.sub(r"[Zz]$", "+00:00", text))

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 from agentbox.credentials.filelogin import FileLogin, number, remaining, string
@@ -51,6 +50,8 @@ class CodexLogin(FileLogin):
         account = _account(tokens.get("id_token"))
         if account and not string(tokens, "account_id"):
             tokens["account_id"] = account
+        from datetime import datetime, timezone  # only a token refresh writes a date (not a launch)
+
         stamp = datetime.fromtimestamp(now, timezone.utc).isoformat().replace("+00:00", "Z")
         return {"OPENAI_API_KEY": doc.get("OPENAI_API_KEY"), **doc, "tokens": tokens, "last_refresh": stamp}
 

@@ -21,9 +21,8 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.agents.record import AgentSpec, ApiKey
@@ -54,15 +53,17 @@ _PLACEHOLDERS = re.compile(rb"[A-Za-z0-9._/-]*" + re.escape(PLACEHOLDER_MARK.enc
 MAX_COMPANION = 32 << 20  # ~/.claude.json keeps per-project history: several MB
 
 
-@dataclass
 class Prepared:
-    files: dict[str, bytes] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    secrets: list[Secret] = field(default_factory=list)
-    endpoints: dict[tuple[str, str], TokenEndpoint] = field(default_factory=dict)
-    replaced: set[str] = field(default_factory=set)
-    notes: list[str] = field(default_factory=list)
-    brokered: list[str] = field(default_factory=list)  # the agents (and "gh") whose logins are brokered
+    """What prepare_request gathers, filled in as it goes (a plain class: a launch does not import dataclasses)."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, bytes] = {}
+        self.env: dict[str, str] = {}
+        self.secrets: list[Secret] = []
+        self.endpoints: dict[tuple[str, str], TokenEndpoint] = {}
+        self.replaced: set[str] = set()
+        self.notes: list[str] = []
+        self.brokered: list[str] = []  # the agents (and "gh") whose logins are brokered
 
     def replaces(self, host_path: Path) -> bool:
         """Whether `host_path` (expanded) is one of the host login files the VM gets a placeholder version of."""
@@ -74,8 +75,7 @@ class Prepared:
             host for host, _ in self.endpoints)
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """What `prepare` reads from the config: the brokered agents' login files, the GitHub CLI, the API keys.
 
     The launch writes it (with its real API keys) to a 0600 file in the VM's state folder for the broker

@@ -15,12 +15,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentbox import paths
-from agentbox.credentials import brokered
 from agentbox.credentials.stage import guest_path_for
 from agentbox.fsutil import private_dir, write_if_changed
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
+    from agentbox.credentials import brokered
 
 RECORD_NAME = "broker-logins.json"  # in paths.vm_state_dir(VM): {"brokered": [...], "notes": [...]}
 MAX_RECORD = 64 << 10
@@ -71,6 +71,8 @@ def _recorded(vm: str) -> dict[str, Any] | None:
 def candidates(config: Config) -> list[str]:
     """The agents (and "gh") whose logins the broker holds when it is on (Claude Code, Codex, Gemini CLI, the
     GitHub CLI); every other agent's stay staged."""
+    from agentbox.credentials import brokered  # the broker's modules: only when it is on (of() asks only then)
+
     request = brokered.request_of(config)
     if request is None:
         return []

@@ -20,7 +20,6 @@ import base64
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import parse_qsl, urlencode
 
@@ -69,8 +68,7 @@ class OAuthLogin(Protocol):
         """This VM's placeholder for the refresh token."""
 
 
-@dataclass(frozen=True)
-class Upstream:
+class Upstream(NamedTuple):
     """How the broker reaches the real endpoint: the system's trust store and the real address by default (tests
     give the fake upstream's, as agentbox.net.broker.Brokering does); through the company proxy when `route`
     names one for the host (agentbox.net.upstream, as the VM's own requests go)."""

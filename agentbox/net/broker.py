@@ -17,8 +17,8 @@ refused as an attempted leak. Everything else passes untouched (CONNECT tunnel, 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import ssl  # a launch imports this module; only the proxy process needs ssl
@@ -26,8 +26,7 @@ if TYPE_CHECKING:
 PLACEHOLDER_MARK = "agentbox-ph-"  # in every placeholder agentbox makes, whatever VM it is for
 
 
-@dataclass(frozen=True)
-class Secret:
+class Secret(NamedTuple):
     """One credential as the VM sees it (`placeholder`) and as the host holds it (`real()`, read when used, so a
     refresh on the host is picked up; None when the host has no such login now)."""
 
@@ -37,8 +36,7 @@ class Secret:
     real: Callable[[], str | None]
 
 
-@dataclass(frozen=True)
-class Exchange:
+class Exchange(NamedTuple):
     """A request a token endpoint's handler answers on the host (body whole, at most MAX_EXCHANGE bytes)."""
 
     host: str
@@ -48,8 +46,7 @@ class Exchange:
     body: bytes
 
 
-@dataclass(frozen=True)
-class Reply:
+class Reply(NamedTuple):
     status: int
     headers: tuple[tuple[str, str], ...]  # Content-Length and Connection are the proxy's
     body: bytes
@@ -59,13 +56,12 @@ TokenEndpoint = Callable[[Exchange], Reply]  # called in a worker thread: it may
 MAX_EXCHANGE = 1 << 20
 
 
-@dataclass
-class Brokering:
+class Brokering(NamedTuple):
     """Everything the proxy needs to broker one VM's credentials."""
 
     leaves: Mapping[str, ssl.SSLContext]  # credential host -> server context (agentbox.net.ca.server_context)
     secrets: tuple[Secret, ...] = ()
-    endpoints: Mapping[tuple[str, str], TokenEndpoint] = field(default_factory=dict)  # (host, path w/o query)
+    endpoints: Mapping[tuple[str, str], TokenEndpoint] = MappingProxyType({})  # (host, path w/o query)
     allow_push: bool = False
     push_hint: str = "a push is allowed only by the project's trusted agentbox.yml"  # what allows it, for the 403
     # How the broker reaches and checks the real host: the system's trust store by default; tests point both

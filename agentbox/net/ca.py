@@ -28,9 +28,8 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import hosttools, paths
 from agentbox.errors import AgentboxError
@@ -49,15 +48,13 @@ _VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TIMEOUT = 60
 
 
-@dataclass(frozen=True)
-class Leaf:
+class Leaf(NamedTuple):
     host: str
     cert: Path  # PEM, public
     key: Path  # PEM, 0600
 
 
-@dataclass(frozen=True)
-class BrokerCA:
+class BrokerCA(NamedTuple):
     vm: str
     folder: Path
     cert: Path  # the CA certificate (PEM, public): what the guest installs into its trust stores

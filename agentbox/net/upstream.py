@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlsplit
 
 if TYPE_CHECKING:  # a launch imports this module to write the settings; only the proxy process connects
@@ -32,8 +31,7 @@ MAX_REPLY_HEAD = 16 * 1024
 GUEST_HOST_NAME = "host.lima.internal"  # the VM's name for the host; on the host, its loopback
 
 
-@dataclass(frozen=True)
-class ProxyURL:
+class ProxyURL(NamedTuple):
     host: str
     port: int
     user: str | None = None
@@ -78,8 +76,7 @@ def _no_proxy_entries(text: str) -> tuple[str, ...]:
     return tuple(entry.strip().lower() for entry in text.split(",") if entry.strip())
 
 
-@dataclass(frozen=True)
-class Route:
+class Route(NamedTuple):
     """The company proxy per kind of request, the hosts reached without it, the CA certificates to trust too."""
 
     https: ProxyURL | None = None

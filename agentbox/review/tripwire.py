@@ -39,7 +39,6 @@ from typing import NamedTuple, TextIO
 from agentbox import paths
 from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.git import dirs as gitdirs
-from agentbox.review import patchcheck
 from agentbox.safetext import visible
 
 WATCHED_FILES = (
@@ -125,6 +124,8 @@ def host_exec_matcher(workspace: Path) -> Callable[[str], bool]:
     """Whether a repository-relative path (as a patch names it) is one the tripwire watches, or lies
     in a folder whose every file it watches (.husky, .github/workflows, the hooks of a git folder
     kept in the workspace). Names are compared as a case-insensitive file system sees them."""
+    from agentbox.review import patchcheck  # a launch's tripwire never reads a patch: imported by those that do
+
     root = Path(os.path.realpath(workspace))
     watched, folders = _watched(workspace)
     names = {patchcheck.fold(label) for label in watched if not os.path.isabs(label)}

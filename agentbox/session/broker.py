@@ -1,26 +1,24 @@
 """A launch's part of the credential broker (`credentials.broker: true`): the placeholder logins it stages, the
-VM's CA, and the proxy that serves the broker for the VM's whole life (agentbox.credentials.brokerd)."""
+VM's CA, and the proxy that serves the broker for the VM's whole life (agentbox.credentials.brokerd).
+
+Every launch calls it, most without the broker or the proxy: what only they run (the logins, the CA, the proxy's
+lease, the company proxy's settings) is imported when they do (tests/test_own_time.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-from agentbox.credentials import brokered
-from agentbox.credentials import report as brokerreport
-from agentbox.net import ca
-from agentbox.net import guard as netguard
-from agentbox.progress import note
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
+    from agentbox.credentials import brokered
+    from agentbox.net import ca
+    from agentbox.net import guard as netguard
 
 
 BROKER_PROGRAM = "agentbox.credentials.brokerd"  # the VM's proxy process with the broker (`python -m` it)
 
 
-@dataclass(frozen=True)
-class Brokered:
+class Brokered(NamedTuple):
     prepared: brokered.Prepared
     authority: ca.BrokerCA | None  # None when no brokered login is on the host (nothing to vouch for)
 
@@ -35,6 +33,10 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
     the host lacks for `agent` (the others are `agentbox doctor`'s to report)."""
     if not wanted(config):
         return None
+    from agentbox.credentials import brokered
+    from agentbox.credentials import report as brokerreport
+    from agentbox.progress import note
+
     prepared = brokered.prepare(vm_name, config)
     title = brokered.title_of(agent) if agent is not None else None
     said = brokerreport.recorded_notes(vm_name)  # a note stays in `agentbox doctor`; a launch says it once
@@ -42,12 +44,21 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
         if title is not None and text.startswith(f"{title}:") and text not in said:
             note(f"{text} (said once)")
     brokerreport.record(vm_name, prepared)  # what status/describe/doctor report, without parsing the logins
-    authority = ca.ensure(vm_name, prepared.hosts) if prepared.hosts else None
-    return Brokered(prepared, authority)
+    if not prepared.hosts:  # no brokered login on the host: no CA to make or read
+        return Brokered(prepared, None)
+    from agentbox.net import ca
+
+    return Brokered(prepared, ca.ensure(vm_name, prepared.hosts))
 
 
 def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]) -> netguard.Lease | None:
-    """netguard.begin, with the broker's request when the broker is on (then in every network mode)."""
+    """netguard.begin, with the broker's request when the broker is on (then in every network mode); None, at no
+    cost, when neither the network mode nor the broker needs the proxy."""
+    if not (config.network.proxied or wanted(config)):
+        return None
+    from agentbox.credentials import brokered
+    from agentbox.net import guard as netguard
+
     request = brokered.request_of(config) if wanted(config) else None
     route = upstream_settings(config)
     if request is None:
@@ -64,6 +75,7 @@ def upstream_settings(config: Config) -> dict[str, object] | None:
     import os
 
     from agentbox.net import upstream
+    from agentbox.progress import note
 
     pems: list[str] = []
     for path, origin in ((config.ca_cert, "caCert"), (os.environ.get("NODE_EXTRA_CA_CERTS"), "NODE_EXTRA_CA_CERTS")):

@@ -11,9 +11,9 @@ against NAME_PATTERN and numbers parsed, anything else is dropped.
 
 from __future__ import annotations
 
-import datetime
 import re
 import shlex
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -154,7 +154,7 @@ def resume_command(config: Config | None, agent: str | None) -> str | None:
 def iso_time(epoch: int | None) -> str | None:
     if epoch is None:
         return None
-    return datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))  # UTC, as datetime would (not imported for it)
 
 
 def local_time(epoch: int | None) -> str:

@@ -24,13 +24,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentbox import contract, paths, timing
 from agentbox.config.load import AgentConfig, Config
 from agentbox.credentials import writeback
 from agentbox.errors import StateError, UsageError
-from agentbox.net import guard as netguard
 from agentbox.progress import note, warn
 from agentbox.review import isolation, tripwire
 from agentbox.session import bootstrap, broker, context, staging, warm
@@ -42,6 +41,9 @@ from agentbox.vm import drift, ports, verified
 from agentbox.vm import lifecycle as vm
 from agentbox.vm import state as vmstate
 from agentbox.vm.lima import Instance
+
+if TYPE_CHECKING:
+    from agentbox.net import guard as netguard  # a launch without the proxy never imports it
 
 SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
 DETACHED = "detached"  # the agent runs in a new session of the VM; the launch returns at once

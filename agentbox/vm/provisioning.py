@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from agentbox import resources
 from agentbox.agents.builtin import BUILTIN_AGENTS
@@ -35,8 +34,7 @@ READINESS_HINT = (
 )
 
 
-@dataclass(frozen=True)
-class DataFile:
+class DataFile(NamedTuple):
     path: str
     content: str
     owner: str = "{{.User}}"
@@ -44,14 +42,16 @@ class DataFile:
     overwrite: bool = False
 
 
-@dataclass
 class Plan:
-    system_scripts: list[str] = field(default_factory=list)
-    user_scripts: list[str] = field(default_factory=list)
-    data_files: list[DataFile] = field(default_factory=list)
-    ca_certs: list[str] = field(default_factory=list)
-    readiness_probe: str = READINESS_PROBE
-    readiness_hint: str = READINESS_HINT
+    """What every VM gets (plan() fills it in; a plain class: a launch does not import dataclasses)."""
+
+    def __init__(self) -> None:
+        self.system_scripts: list[str] = []
+        self.user_scripts: list[str] = []
+        self.data_files: list[DataFile] = []
+        self.ca_certs: list[str] = []
+        self.readiness_probe = READINESS_PROBE
+        self.readiness_hint = READINESS_HINT
 
 
 def plan(config: Config | None) -> Plan:
