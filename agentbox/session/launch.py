@@ -8,7 +8,7 @@ needs (env, credentials, guards, bootstrap, the agents' own setup, the sandbox's
 through the read-only staging mount (agentbox.session.staging describes it, and the command line of
 provision/launch.sh); what it hands back (logins refreshed in the VM, an isolated session's changes) comes
 through the outbox, read after the shell returns (agentbox.credentials.writeback, agentbox.review.proposals).
-A git workspace gets a checkpoint before the session (taken on the host while `limactl list` and the shell run;
+A git workspace gets a checkpoint before the session (taken on the host while the shell connects;
 launch.sh starts the program once it is recorded) and after it (taken once the launch returned), see
 agentbox.session.checkpoints. In isolated mode the start checkpoint is also the base of the agent's copy
 (agentbox.review.isolation, agentbox.session.isolated), whose changes become a proposal after the

@@ -72,7 +72,13 @@ launch.sh finds the folder as the one it runs from.
                                  the host's notification event             as ~/.agentbox/bin/attention
     claude-hooks.json      0600  provision/claude-hooks.json: Claude       launch.sh (--notify on): installed as
                                  Code's Notification and Stop hooks          /etc/claude-code/managed-settings.json
+    go/TOKEN               0600  per launch: the start checkpoint's id     launch.sh (--go TOKEN): runs the program
+                                 (agentbox.session.checkpoints), written     once it is there; exports the id as
+                                 when it is recorded                         AGENTBOX_CHECKPOINT
+    proof/NONCE            0600  per launch, empty: the nonce of a launch  the stub before launch.sh (agentbox.session
+                                 that made no `limactl list`                 .warm): this VM mounts this staging folder
 
+The per-launch files and the digests above are left out of the setup's digest (agentbox.session.setupdigest).
 The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:
 mounted writable at the same path, read by the host after the session, everything in it treated as
 written by an attacker (size caps, no symlinks followed, regular files only; agentbox.credentials.writeback,
