@@ -34,8 +34,8 @@ BUDGETS = {"--help": 0.150, "config --json": 0.150, "warm launch": 0.150, "trust
            "tripwire, 50k files": 0.050, "checkpoint, 50k unchanged": 0.150, "checkpoint, 100 changed": 0.500,
            "checkpoints add": 0.150, "warm, 200 synced": 0.150, "tasks, 100 recorded": 0.300}
 # also held to two limactl calls
-WARM_ROWS = ("warm launch", "warm, 200 synced", "warm, network allowlist", "warm, allowlist, no broker")
-ONE_CALL_ROWS = ("tasks, 100 recorded",)  # held to one limactl call
+WARM_ROWS = ("warm, 200 synced", "warm, network allowlist", "warm, allowlist, no broker")
+ONE_CALL_ROWS = ("warm launch", "tasks, 100 recorded")  # held to one limactl call (issue 28: a warm launch)
 
 
 def agentbox_command() -> list[str]:
@@ -387,6 +387,7 @@ def main() -> int:
 
         box.stub_agent()
         box.run(["start"], project)
+        box.run(["codex", "--version"], project)  # the first launch after a start checks the VM: list + shell
         warm = [box.run(["codex", "--version"], project) for _ in range(options.runs)]
         own = [wall - inside for wall, inside, _ in warm]
         counts = {len(calls) for _, _, calls in warm}
@@ -397,7 +398,7 @@ def main() -> int:
                 summarize([w for w, _, _ in warm]),
                 summarize(own),
                 "/".join(map(str, sorted(counts))),
-                verdict("warm launch", statistics.median(own), max(counts) <= 2),
+                verdict("warm launch", statistics.median(own), max(counts) <= 1),
             )
         )
 
@@ -573,7 +574,7 @@ def verdict(label: str, value: float, calls_ok: bool = True) -> str:
     if budget is None:
         return "-"
     ok = value <= budget and calls_ok
-    limit = ", <= 2 calls" if label in WARM_ROWS else ", <= 1 call" if label in ONE_CALL_ROWS else ""
+    limit = ", <= 1 call" if label in ONE_CALL_ROWS else ", <= 2 calls" if label in WARM_ROWS else ""
     return f"{'OK' if ok else 'MISSED'} (<= {budget * 1000:.0f} ms{limit})"
 
 

@@ -7,6 +7,7 @@ import getpass
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import tempfile
@@ -781,6 +782,40 @@ def test_shell_errors_for_missing_and_stopped(lima: Lima) -> None:
     stopped = lima.run("shell", "vm", "true")
     assert stopped.returncode == 1
     assert fatal(stopped.stderr) == "instance `vm` is stopped, run `limactl start vm` to start the instance"
+
+
+def _shell_on_a_terminal(lima: Lima, *args: str, answer: bytes) -> tuple[int, bytes]:
+    """limactl with stdin and stdout on a pty (as a user's terminal), `answer` typed once it asks."""
+    import pty
+
+    primary, secondary = pty.openpty()
+    process = subprocess.Popen(["limactl", *args], stdin=secondary, stdout=secondary, stderr=subprocess.DEVNULL,
+                               env=lima.env, cwd=lima.root)
+    os.close(secondary)
+    seen = b""
+    deadline = time.monotonic() + 30
+    while b"(Y/n)" not in seen and process.poll() is None and time.monotonic() < deadline:
+        ready, _, _ = select.select([primary], [], [], 0.2)
+        if ready:
+            try:
+                seen += os.read(primary, 4096)
+            except OSError:
+                break
+    if b"(Y/n)" in seen:
+        os.write(primary, answer)
+    code = process.wait(timeout=60)
+    os.close(primary)
+    return code, seen
+
+
+def test_shell_on_a_terminal_asks_to_start_a_stopped_instance_unless_tty_false(lima: Lima) -> None:
+    lima.create()
+    code, seen = _shell_on_a_terminal(lima, "shell", "vm", "true", answer=b"n\n")
+    assert b"? Do you want to start the instance now? (Y/n)" in seen  # shell.go's askWhetherToStart
+    assert code == 1 and lima.one()["status"] == "Stopped"
+    code, seen = _shell_on_a_terminal(lima, "shell", "--tty=false", "vm", "true", answer=b"y\n")
+    assert b"Do you want" not in seen and code == 1  # the fatal, as without a terminal
+    assert lima.one()["status"] == "Stopped"
 
 
 def test_shell_start_flag_starts_first(lima: Lima) -> None:
