@@ -3,9 +3,9 @@
 After a launch has listed the VM, checked that it is this workspace's and that it runs with what agentbox
 rendered, its state keeps that `list` row, a token for the guest (agentbox.session.warm: the guest keeps the
 token with its boot id, so a VM restarted since, or another VM of the same name, does not pass) and the
-signature of Lima's lima.yaml (an edit or a new instance changes it). The next launch of that workspace
-uses the row as it is when the signature still matches; anything agentbox does that stops or deletes the VM
-forgets the record, so the launch after it lists again.
+signature of what Lima reads the VM's config from (an edit, a new instance, another LIMA_HOME changes it).
+The next launch of that workspace uses the row as it is when the signature still matches; anything agentbox
+does that stops or deletes the VM forgets the record, so the launch after it lists again.
 """
 
 from __future__ import annotations
@@ -27,26 +27,21 @@ class Verified(NamedTuple):
     token: str
 
 
-def _signature(instance_dir: str) -> list[Any] | None:
-    """What Lima loads the VM's config from at every command, `shell` included: its lima.yaml, and the host-wide
-    _config/default.yaml and override.yaml merged into it (a forwardAgent there reaches the next shell). None
-    when the instance is not in the LIMA_HOME limactl uses now."""
+def _signature(name: str) -> list[Any]:
+    """What Lima loads the VM's config from at every command, `shell` included: LIMA_HOME (the instance `limactl
+    shell NAME` reaches), its NAME/lima.yaml, and the host-wide _config/default.yaml and override.yaml merged
+    into it (a forwardAgent there reaches the next shell). A file's signature is None while it is absent."""
     home = paths.lima_home()
-    if os.path.dirname(instance_dir) != str(home):
-        return None
-    files = [os.path.join(instance_dir, "lima.yaml"),
-             *(os.path.join(home, "_config", name) for name in effective.HOST_WIDE_FILES)]
-    signature: list[Any] = []
-    for number, path in enumerate(files):
+    signature: list[Any] = [str(home)]
+    for path in (home / name / "lima.yaml", *(home / "_config" / file for file in effective.HOST_WIDE_FILES)):
         try:
             found = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
-            if number == 0:
-                return None
             signature.append(None)
             continue
         except OSError:
-            return None
+            signature.append("unreadable")  # never equal to a recorded one: see record()
+            continue
         signature.append([found.st_ino, found.st_size, found.st_mtime_ns])
     return signature
 
@@ -63,20 +58,20 @@ def cached(name: str, state: dict[str, Any]) -> Verified | None:
     instance = Instance.from_json(row)
     if instance.name != name or instance.status != RUNNING or not instance.dir:
         return None
-    signature = _signature(instance.dir)
-    if signature is None or signature != record.get("limaYaml"):
+    signature = _signature(name)
+    if "unreadable" in signature or signature != record.get("signature"):
         return None
     return Verified(instance, token)
 
 
 def record(name: str, instance: Instance) -> str | None:
     """Keep the row of a VM this launch has just checked; the token the guest is to keep (None: not kept)."""
-    signature = _signature(instance.dir)
-    if signature is None or instance.status != RUNNING:
+    signature = _signature(name)
+    if "unreadable" in signature or instance.status != RUNNING:
         forget(name)
         return None
     token = secrets.token_hex(16)
-    vmstate.update(name, {KEY: {"token": token, "row": instance.raw, "limaYaml": signature}})
+    vmstate.update(name, {KEY: {"token": token, "row": instance.raw, "signature": signature}})
     return token
 
 
