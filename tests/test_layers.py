@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 # Top to bottom. A name is a subpackage of agentbox, or a top-level module. The entries of one layer are
 # independent of each other, except in the top one: the command line (cli, its commands, doctor's report).
 LAYERS: list[tuple[str, ...]] = [
-    ("cli", "__main__", "doctor", "commands", "commandline", "boundary"),
+    ("cli", "__main__", "doctor", "commands", "commandline", "boundary", "helpscreen"),
     ("session",),
     ("tasks", "sync", "credentials"),
     ("vm",),
@@ -181,6 +181,8 @@ PROCESS_STARTERS: dict[str, str] = {
     "net.guard": "starts the host proxy (agentbox.net.proxy) as a detached python process",
     "net.ca": "openssl to make the credential broker's per-VM CA and its leaves (keys through pipes, never argv)",
     "session.attention": "starts the host watcher that turns a session's events into notifications",
+    "session.checkpoints": "starts a live session's end checkpoint (agentbox.session.endcheckpoint) as a detached "
+                           "python process, once the launch returns (PATH without the workspace's folders)",
     "session.notify": "osascript (macOS) or notify-send (Linux) for a desktop notification",
 }
 PROGRAMS: dict[str, set[str]] = {
