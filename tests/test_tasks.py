@@ -122,6 +122,25 @@ def test_a_task_runs_the_agents_non_interactive_form_with_the_prompt_byte_for_by
     assert [t["state"] for t in record["transitions"]] == ["Pending", "Queued", "Running", "Completed"]
     assert record["argv"] == ["claude", "--dangerously-skip-permissions", "-p"]
     assert record["checkpoint"] is not None
+    # The next one, after that launch checked the VM: one shell, its guest proving it is that VM.
+    tasks_vm.clear()
+    again = run_task(project, "--", "second")
+    assert tasks_vm.subcommands() == ["shell"]
+    assert wait(project, again).returncode == 0
+    second = run_agentbox("logs", str(again), cwd=project)
+    assert json.loads(second.stdout.splitlines()[0])["args"][-1] == "second"
+
+
+def test_a_task_on_a_vm_stopped_outside_agentbox_starts_it_and_runs(project: Path, tasks_vm: FakeLima) -> None:
+    first = run_task(project, "--", "first")
+    assert wait(project, first).returncode == 0
+    subprocess.run(["limactl", "--tty=false", "stop", NAME], check=True, capture_output=True, timeout=120)
+    tasks_vm.clear()
+    task_id = run_task(project, "--", "after the stop")
+    assert tasks_vm.subcommands() == ["shell", "list", "start", "list", "shell"]
+    assert wait(project, task_id).returncode == 0
+    out = run_agentbox("logs", str(task_id), cwd=project)
+    assert json.loads(out.stdout.splitlines()[0])["args"][-1] == "after the stop"
 
 
 def test_the_prompt_can_come_from_stdin(project: Path, tasks_vm: FakeLima) -> None:

@@ -139,7 +139,7 @@ def _run(
     args = (session, name, argv, interactive_shell, agent, points, login, worktree, keep, lease, brokering, scripts,
             said)
     if running is None:
-        cached = _warm(config, name, workspace)
+        cached = warm.usable(config, name, workspace)
         if cached is not None:  # no `limactl list`: the guest proves it is the VM agentbox checked
             code = _session(*args, cached.instance, vmstate.read(name), warm.prove(name, cached.token))
             if code is not None:
@@ -176,26 +176,6 @@ class _Said:
         if text not in self.notes:
             self.notes.add(text)
             note(text)
-
-
-def _warm(config: Config, name: str, workspace: Path) -> verified.Verified | None:
-    """The VM as the last launch checked it, when this launch may use it without a `list`: the same VM of
-    this workspace, live, with nothing agentbox would change or ask about before the session (the slow path
-    says and does those)."""
-    state = vmstate.read(name)
-    found = verified.cached(name, state)
-    if found is None or vm.workspace_of(found.instance) != str(workspace):
-        return None
-    expected = vm.expected_config(name, state)
-    if isolation.ISOLATED in (config.session_mode, isolation.mode_of_vm(expected, workspace)):
-        return None
-    recorded = state.get("fingerprint") or {}
-    if "deferred" in state or any(recorded.get(key, value) != value for key, value in
-                                  (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
-        return None
-    if not writeback.has_outbox(expected, name):  # the stub's started mark goes there
-        return None
-    return found
 
 
 def _session(

@@ -4,8 +4,8 @@ The host records the task (Pending), takes its start checkpoint, writes its spec
 task's folder in the VM's outbox, refreshes the staging folder like any launch, then runs launch.sh with
 `--task DIR`: launch.sh prepares the session as usual and, instead of running the agent, starts
 provision/task-runner.sh detached with the agent's non-interactive form (agents.py task_args, or
-agents.NAME.taskArgs) and returns once the runner took the task. A warm VM costs `limactl list` and that
-one `limactl shell`.
+agents.NAME.taskArgs) and returns once the runner took the task. A warm VM costs that one `limactl shell` (no
+`list`: the guest proves it is the VM the last launch checked, agentbox.session.warm; else `list` first).
 
 The runner waits for a slot (tasks.maxConcurrent per VM; a task in the live tree also waits for any other
 live-tree task), runs the agent in a session of its own with the prompt as its last argument, and maps a
@@ -28,13 +28,14 @@ from agentbox.errors import AgentboxError, StateError
 from agentbox.git import store as hostgit
 from agentbox.progress import warn
 from agentbox.review import checkpoints, isolation
-from agentbox.session import attention, bootstrap, broker, staging
+from agentbox.session import attention, bootstrap, broker, staging, warm
 from agentbox.session import detached as sessions
 from agentbox.session.launch import workdir_for
 from agentbox.tasks import records as tasks
 from agentbox.tasks.state import CANCELLED, FAILED
 from agentbox.vm import lifecycle as vm
 from agentbox.vm import state as vmstate
+from agentbox.vm import verified
 from agentbox.vm.lima import Instance
 
 
@@ -108,13 +109,25 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                     tasks.save(latest)
     scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
     brokering = broker.prepare(config, agent.vm_name, agent.name)
+    cached = warm.usable(config, agent.vm_name, workspace)
+    if cached is not None:  # no `limactl list`: the guest proves it is the VM agentbox checked (agentbox.session.warm)
+        lease = broker.begin_proxy(config, agent.vm_name, {agent.name: agent.endpoints})
+        try:
+            if _stage_and_start(session, agent, task, prompt, base, workspace, scripts, cached.instance,
+                                lease.port if lease is not None else None, brokering,
+                                warm.prove(agent.vm_name, cached.token)):
+                return
+        finally:
+            if lease is not None:
+                lease.release()
     with timing.phase("VM state (limactl list, start)"):
         instance = vm.ensure_running(session, agent.vm_name)
+    token = verified.record(agent.vm_name, instance)
     # The task's marker keeps the VM's proxy (allowlist, offline) once this lease ends with the hand-over.
     lease = broker.begin_proxy(config, agent.vm_name, {agent.name: agent.endpoints})
     try:
         _stage_and_start(session, agent, task, prompt, base, workspace, scripts, instance,
-                         lease.port if lease is not None else None, brokering)
+                         lease.port if lease is not None else None, brokering, warm.record(agent.vm_name, token))
     finally:
         if lease is not None:
             lease.release()
@@ -122,7 +135,8 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
 
 def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
                      workspace: Path, scripts: bootstrap.Plan, instance: Instance, proxy_port: int | None,
-                     brokering: broker.Brokered | None = None) -> None:
+                     brokering: broker.Brokered | None, attempt: warm.Attempt) -> bool:
+    """Stage the task and hand it to the VM's runner; False when a warm attempt ran nothing (take the slow path)."""
     config = session.config
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance, proxy_port,
@@ -134,16 +148,23 @@ def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, 
                                    "spec": _spec(task, config.tasks_max_concurrent, base, workspace, events)})
     now = tasks.get(task.id)
     if now is not None and now.state == CANCELLED:
-        return  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
+        return True  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box)
     command += ["--", *task.argv]
+    shell = warm.argv(attempt, workspace, task.cwd, command)
     with timing.phase("in-VM setup + task runner (limactl shell)"):
-        code = session.lima.shell(agent.vm_name, command, workdir=task.cwd, stdin_data=b"")
+        if attempt.mode == warm.PROVE:
+            code, lima_said = session.lima.shell_unlisted(agent.vm_name, shell, stdin_data=b"")
+            if warm.fell_back(attempt, code, lima_said):
+                return False
+        else:
+            code = session.lima.shell(agent.vm_name, shell, stdin_data=b"")
     if code == 0 and events is not None:
         attention.ensure_watcher(agent.vm_name)  # it shows the task's end, and ends itself after
     if code != 0:
         raise StateError(f"the VM did not take {task.label}: the launch step exited {code}",
                          hint="Its messages are above. `agentbox tasks` shows the task as Failed.")
+    return True
 
 
 def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path, events: Path | None) -> bytes:

@@ -21,11 +21,15 @@ import contextlib
 import os
 import secrets
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import paths
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.vm import verified
 from agentbox.vm.lima import LimaSaid
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
 
 PROOF_FAILED = 86
 PROOF_DIR = "proof"  # in the staging folder: one empty file per launch, named by its nonce
@@ -70,6 +74,31 @@ class Attempt(NamedTuple):
     @property
     def started(self) -> Path:
         return paths.vm_outbox(self.name) / f"{STARTED_PREFIX}{self.nonce}"
+
+
+def usable(config: Config, name: str, workspace: Path) -> verified.Verified | None:
+    """The VM as the last launch checked it, when this launch may use it without a `list`: the same VM of this
+    workspace, live, with nothing agentbox would change or ask about before the session (the slow path says and
+    does those), and an outbox for the started mark."""
+    from agentbox.credentials import writeback
+    from agentbox.review import isolation
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm import state as vmstate
+
+    state = vmstate.read(name)
+    found = verified.cached(name, state)
+    if found is None or vm.workspace_of(found.instance) != str(workspace):
+        return None
+    expected = vm.expected_config(name, state)
+    if isolation.ISOLATED in (config.session_mode, isolation.mode_of_vm(expected, workspace)):
+        return None
+    recorded = state.get("fingerprint") or {}
+    if "deferred" in state or any(recorded.get(key, value) != value for key, value in
+                                  (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+        return None
+    if not writeback.has_outbox(expected, name):
+        return None
+    return found
 
 
 def prove(name: str, token: str) -> Attempt:

@@ -223,11 +223,12 @@ class Lima:
         """
         return self._attached(name, argv, workdir, reconnect, stdin_data)[0]
 
-    def shell_unlisted(self, name: str, argv: Sequence[str], reconnect: bool = False) -> tuple[int, LimaSaid | None]:
+    def shell_unlisted(self, name: str, argv: Sequence[str], reconnect: bool = False,
+                       stdin_data: bytes | None = None) -> tuple[int, LimaSaid | None]:
         """`shell` without a `list` before it: (exit code, what Lima said instead of running argv: the VM is
         stopped or missing, else None). With --tty=false Lima never asks whether to start a stopped VM; its answer
         is kept from stderr (agentbox.vm.shellwatch), not shown."""
-        return self._attached(name, argv, None, reconnect, None, watch=True)
+        return self._attached(name, argv, None, reconnect, stdin_data, watch=True)
 
     def _attached(self, name: str, argv: Sequence[str], workdir: str | None, reconnect: bool,
                   stdin_data: bytes | None, watch: bool = False) -> tuple[int, LimaSaid | None]:
