@@ -171,6 +171,7 @@ class _Said:
         self.tripwire_before = tripwire_before
         self.unreachable: set[str] | None = None
         self.notes: set[str] = set()
+        self.mcp_noted = False
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -209,8 +210,8 @@ def _session(
         refreshed = staging.refresh(config, name, agent, scripts, instance, proxy_port,
                                     brokering.prepared if brokering is not None else None,
                                     brokering.authority if brokering is not None else None)
-    if config.network.mode != "open" and "mcp" not in said.notes:
-        said.notes.add("mcp")
+    if config.network.mode != "open" and not said.mcp_noted:
+        said.mcp_noted = True
         _note_blocked_mcp_servers(config, refreshed.folder, agent)
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima

@@ -50,12 +50,9 @@ def setup_digest(staging: Path, values: Mapping[str, OptionValue]) -> str:
     """The sha256 (hex) of the staging folder's path, the setup's files as staged now and the setup's options."""
     digest = hashlib.sha256(f"{staging}\0".encode())
     for name in SETUP_OPTIONS:
-        value = values.get(name)
-        items = [value] if isinstance(value, str) else list(value) if isinstance(value, Sequence) else []
+        items = _items(values.get(name))
         digest.update(f"{name}\0{len(items)}\0".encode() + b"".join(f"{item}\0".encode() for item in items))
-    synced = values.get("--sync")
-    agents = [synced] if isinstance(synced, str) else list(synced) if isinstance(synced, Sequence) else []
-    for relative in setup_files(staging, agents):
+    for relative in setup_files(staging, _items(values.get("--sync"))):
         try:
             data = (staging / relative).read_bytes()  # agentbox's own files, each small (a manifest: 100 bytes a file)
         except FileNotFoundError:
@@ -63,3 +60,8 @@ def setup_digest(staging: Path, values: Mapping[str, OptionValue]) -> str:
             continue
         digest.update(f"{relative}\0{len(data)}\0".encode() + data)
     return digest.hexdigest()
+
+
+def _items(value: OptionValue) -> list[str]:
+    """An option's values as a list: a string is one, a sequence its items, a flag or nothing none."""
+    return [value] if isinstance(value, str) else [str(item) for item in value] if isinstance(value, Sequence) else []

@@ -92,9 +92,7 @@ def usable(config: Config, name: str, workspace: Path) -> verified.Verified | No
     expected = vm.expected_config(name, state)
     if isolation.ISOLATED in (config.session_mode, isolation.mode_of_vm(expected, workspace)):
         return None
-    recorded = state.get("fingerprint") or {}
-    if "deferred" in state or any(recorded.get(key, value) != value for key, value in
-                                  (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+    if "deferred" in state or not vm.resources_as_recorded(config, state):
         return None
     if not writeback.has_outbox(expected, name):
         return None

@@ -381,8 +381,7 @@ def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] 
     state = vmstate.read(name) if state is None else state
     recorded = state.get("fingerprint") or {}
     config = session.config
-    if all(recorded.get(key, value) == value for key, value in
-           (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk))):
+    if resources_as_recorded(config, state):
         if "deferred" in state:  # the config went back to what the VM has: nothing waits any more
             record_in_place(name, {}, applied=True)
         return instance  # the warm launch: nothing changed, nothing more to import
@@ -410,6 +409,13 @@ def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] 
              "(`agentbox restart` applies them now)")
     vmstate.update(name, {"deferred": found.applied})
     return instance
+
+
+def resources_as_recorded(config: Config, state: dict[str, Any]) -> bool:
+    """Whether the config's cpus, memory and disk are what the VM's record says it has."""
+    recorded = state.get("fingerprint") or {}
+    return all(recorded.get(key, value) == value for key, value in
+               (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk)))
 
 
 def restart_to_apply(session: Session, instance: Instance) -> Instance:
