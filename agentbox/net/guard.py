@@ -429,8 +429,9 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     broker from the VM's broker file, again whenever that file changes (None: no broker). `handed`: the listening
     socket's and the held proxy.lock's descriptors, when the launch made them (`_start`); else it makes its own."""
     wake_read, wake_write = os.pipe()
-    if load_broker is not None:
-        _wake_on_signals(wake_write)  # the broker's start may refresh a login: a stop waits for it, never cuts it
+    # Before anything serves: a stop that comes once the proxy answered ends it in order (a broker's start may
+    # refresh a login: a stop waits for it, never cuts it).
+    _wake_on_signals(wake_write)
     import select
     import socket
 
@@ -467,7 +468,6 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                                                           "started": time.time(),
                                                           "brokers": load_broker is not None}) + "\n",
                          mode=0o600, durable=False)
-        _wake_on_signals(wake_write)  # until now a stop ended the process at once: it had nothing to finish
         idle_since: float | None = None
         while True:
             if select.select([wake_read], [], [], POLL_SEC)[0]:
