@@ -55,6 +55,7 @@ LAZY_COMMANDS = {
     "sessions": ("agentbox.commands.sessions", "sessions_command"),
     "update-agents": ("agentbox.commands.update", "update_agents_command"),
     "net": ("agentbox.commands.net", "net_group"),
+    "hosts": ("agentbox.commands.hosts", "hosts_group"),
 }
 # `agentbox --help` lists the commands in these groups (agentbox.helpscreen has the table: the help prints it
 # without click).

@@ -78,6 +78,11 @@ def vm_outbox(vm_name: str) -> Path:
     return vm_state_dir(vm_name) / "outbox"
 
 
+def hosts_dir() -> Path:
+    """The hosts `agentbox hosts add` made: `<state>/hosts/NAME/host.json` (agentbox.remote.hosts)."""
+    return state_dir() / "hosts"
+
+
 def tasks_dir() -> Path:
     """Background tasks' records and outputs (agentbox.tasks.records): never inside a VM's folder, so `agentbox rm`
     leaves them."""

@@ -38,7 +38,7 @@ RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outs
 class Key(NamedTuple):
     # str, word (a str where a bare off/on stays a word), path, int, bool, size, bytes, strlist, args, env,
     # mapping, agents, mounts, freeform, credentials, hosts (a strlist of netproxy patterns), hostports (true,
-    # false or a list of ports)
+    # false or a list of ports), taskhosts (tasks.hosts: names or {name, maxConcurrent})
     kind: str
     help: str
     default: Any = UNSET
@@ -141,6 +141,18 @@ AGENT_KEYS: dict[str, Key] = {
                               "secrets into the VM"),
         },
     ),
+}
+
+def _check_host_name(value: str) -> str | None:
+    from agentbox.config.naming import host_name_problem
+
+    return host_name_problem(value, allow_local=True)
+
+
+TASK_HOST_KEYS: dict[str, Key] = {
+    "name": Key("str", "`local`, or a host added with `agentbox hosts add`.", check=_check_host_name),
+    "maxConcurrent": Key("int", "How many tasks run on that host at once (default: tasks.maxConcurrent).",
+                         minimum=1),
 }
 
 MOUNT_KEYS: dict[str, Key] = {
@@ -313,6 +325,10 @@ SCHEMA: dict[str, Key] = {
         children={
             "maxConcurrent": Key("int", "How many background tasks run at once in a VM; the others wait, Queued.",
                                  default=2, minimum=1),
+            "hosts": Key("taskhosts", "Where `agentbox run --on any` may send isolated tasks, in order: `local` "
+                         "and names from `agentbox hosts add`, each a name or `{name: NAME, maxConcurrent: N}`.",
+                         default=["local"], trust=SET,
+                         why="sends a copy of the workspace to another machine for `run --on any`"),
         },
     ),
     "checkpoints": Key(

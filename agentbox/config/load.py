@@ -33,6 +33,17 @@ class Mount(NamedTuple):
         return {"location": str(self.location), "mountPoint": self.mount_point, "writable": self.writable}
 
 
+class TaskHost(NamedTuple):
+    """One entry of tasks.hosts: `local` or a host's name, and its slots (None: tasks.maxConcurrent)."""
+
+    name: str
+    max_concurrent: int | None = None
+
+    def to_json(self) -> str | dict[str, Any]:
+        """As written in a config file: the name alone when it keeps the default slots."""
+        return self.name if self.max_concurrent is None else {"name": self.name, "maxConcurrent": self.max_concurrent}
+
+
 class Script(NamedTuple):
     path: Path
     origin: str  # "global" or "local"
@@ -160,6 +171,7 @@ class Config(NamedTuple):
     unusable: tuple[UnusableFile, ...] = ()  # files left out (display commands only; the others refuse)
     sync_agent_config: bool = True  # sync.agentConfig: bring the agents' own setup into the VM
     tasks_max_concurrent: int = 2  # tasks.maxConcurrent: background tasks running at once per VM
+    task_hosts: tuple[TaskHost, ...] = ()  # tasks.hosts: where `run --on any` may send tasks, in order
     keep_alive: bool = False  # session.keepAlive: an interactive launch on a terminal runs in a tmux session
     notify: bool = True  # notify: desktop notification, bell and title when a session needs the user
     vm_base: str = "auto"  # vm.base: new VMs are clones of the provisioned base (agentbox.vm.base), or "off"
@@ -211,7 +223,8 @@ class Config(NamedTuple):
             "credentials": self.credentials.to_json(),
             "checkpoints": self.checkpoints.to_json(),
             "session": {"mode": self.session_mode, "keepAlive": self.keep_alive},
-            "tasks": {"maxConcurrent": self.tasks_max_concurrent},
+            "tasks": {"maxConcurrent": self.tasks_max_concurrent,
+                      "hosts": [host.to_json() for host in self.task_hosts]},
             "notify": self.notify,
             "network": self.network.to_json(),
         }
@@ -545,6 +558,8 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         checkpoints=_checkpoint_settings(data["checkpoints"]),
         session_mode=data["session"]["mode"],
         tasks_max_concurrent=data["tasks"]["maxConcurrent"],
+        task_hosts=tuple(TaskHost(item["name"], item.get("maxConcurrent"))
+                         for item in (({"name": h} if isinstance(h, str) else h) for h in data["tasks"]["hosts"])),
         keep_alive=data["session"]["keepAlive"],
         notify=data["notify"],
         vm_base=_vm_base(vm["base"]),

@@ -75,3 +75,19 @@ def _sanitize(text: str) -> str:
     if collapsed.lower().endswith((".yml", ".yaml")):
         collapsed = collapsed.replace(".", "-")
     return collapsed
+
+
+HOST_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+RESERVED_HOST_NAMES = ("local", "any")
+
+
+def host_name_problem(name: str, allow_local: bool = False) -> str | None:
+    """What is wrong with a name for a host (`agentbox hosts add NAME`, tasks.hosts), or None."""
+    if allow_local and name == "local":
+        return None
+    if name in RESERVED_HOST_NAMES:
+        return f"{name!r} is reserved (`--on {name}` means {'this machine' if name == 'local' else 'any host'})"
+    if not HOST_NAME.fullmatch(name):
+        return (f"{name!r} is not a host name agentbox takes: 1 to 31 lowercase letters, digits and -, "
+                "starting with a letter or digit")
+    return None

@@ -19,6 +19,7 @@ from agentbox.config.keys import (
     CREDENTIAL_KEYS,
     DOCKER_ERA_AGENT_CREDENTIALS,
     MOUNT_KEYS,
+    TASK_HOST_KEYS,
     SCHEMA,
     Key,
     retired_reason,
@@ -131,6 +132,8 @@ class _Walker:
             return self.agents(node, keypath)
         if kind == "mounts":
             return self.mounts(node, keypath)
+        if kind == "taskhosts":
+            return self.task_hosts(node, keypath)
         if kind == "env":
             return self.env(node, keypath)
         if kind == "freeform":
@@ -308,6 +311,31 @@ class _Walker:
                 raise self.fail(item, item_path, "a mount needs `location` (the host folder)")
             mounts.append(mount)
         return mounts
+
+    def task_hosts(self, node: yaml.Node, keypath: tuple[str, ...]) -> list[dict[str, Any]]:
+        """tasks.hosts: a list of names, or of `{name, maxConcurrent}`; each name once."""
+        self.visit(node, keypath)
+        hint = "Write e.g. `hosts: [local, {name: server, maxConcurrent: 4}]` (add hosts with `agentbox hosts add`)."
+        if not isinstance(node, yaml.SequenceNode):
+            raise self.fail(node, keypath, f"expected a list of host names, found {_describe_node(node)}", hint=hint)
+        hosts: list[dict[str, Any]] = []
+        for index, item in enumerate(node.value):
+            item_path = keypath + (f"[{index}]",)
+            if isinstance(item, yaml.ScalarNode):
+                self.visit(item, item_path)
+                name = construct_scalar(item)
+                if not isinstance(name, str):
+                    raise self.fail(item, item_path, f"expected a host name, found {_describe_value(name)}", hint=hint)
+                self._check_item(item, item_path, name, TASK_HOST_KEYS["name"].check)  # type: ignore[arg-type]
+                entry: dict[str, Any] = {"name": name}
+            else:
+                entry = self.mapping(item, TASK_HOST_KEYS, item_path)
+                if "name" not in entry:
+                    raise self.fail(item, item_path, "a host needs `name`", hint=hint)
+            if any(known["name"] == entry["name"] for known in hosts):
+                raise self.fail(item, item_path, f"{entry['name']!r} is listed twice", hint=hint)
+            hosts.append(entry)
+        return hosts
 
     def agents(self, node: yaml.Node, keypath: tuple[str, ...]) -> dict[str, dict[str, Any]]:
         self.visit(node, keypath)

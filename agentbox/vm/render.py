@@ -189,6 +189,21 @@ def render_base(settings: BaseSettings, vm_name: str, ca_certs: tuple[str, ...] 
                            "agentbox's template")
 
 
+def render_remote(config: Config, vm_name: str, staging: RenderedMount, outbox: RenderedMount) -> str:
+    """The lima.yaml of the project's VM on a remote host (isolated tasks only): agentbox's own template with the
+    config's resources and provisioning, and no mount but the two shared folders there (staging read-only,
+    the outbox writable), each seen in the VM at this machine's path of its counterpart, so that the launch step
+    and its files name the same paths as here. vm.template and vm.lima are not used: they name this machine's
+    files and folders."""
+    from agentbox.vm import provisioning
+
+    prov = provisioning.plan(config)
+    settings = BaseSettings(config.vm_type, config.arch, config.mount_type, config.cpus, config.memory, config.disk)
+    values = _values(vm_name, settings, prov, [staging, outbox], str(config.require_workspace()),
+                     staging.mount_point)
+    return _render_bounded(_environment().get_template("lima.yaml.j2"), values, "agentbox's template")
+
+
 def _environment() -> Any:
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -1,0 +1,260 @@
+"""`agentbox hosts add|ls|doctor|rm`: the other machines isolated tasks may run on (docs/remote.md)."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from agentbox.progress import note, say, warn
+
+if TYPE_CHECKING:
+    from agentbox.doctor import Check
+    from agentbox.remote.hosts import Host
+
+MIN_DISK_FREE = 20 << 30  # a VM's disk grows to tens of GiB; less free space than this is a warning
+LS_TIMEOUT = 15.0
+
+
+@click.group("hosts", invoke_without_command=True)
+@click.pass_context
+def hosts_group(ctx: click.Context) -> None:
+    """Other machines that run isolated tasks over ssh (`run --on NAME`).
+
+    Each needs OpenSSH (your own keys or ssh agent: agentbox stores no secret), Lima 2 on the PATH of
+    non-interactive ssh commands, and python3. `agentbox hosts` alone is `agentbox hosts ls`.
+    """
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(ls_command)
+
+
+@hosts_group.command("add")
+@click.argument("name")
+@click.argument("url", metavar="ssh://[USER@]HOST[:PORT]")
+@click.option("--no-check", is_flag=True, help="Record it without contacting it.")
+def add_command(name: str, url: str, no_check: bool) -> None:
+    """Add a host: NAME for `run --on NAME`, reached as URL with your ssh config and keys."""
+    from agentbox.doctor import format_text
+    from agentbox.remote import hosts
+
+    host = hosts.add(name, url)
+    say(f"added host {name} ({url})")
+    if no_check:
+        return
+    checks = host_checks(host)
+    click.echo(format_text(checks), nl=False, err=True)
+    if any(check.status == "FAIL" for check in checks):
+        warn(f"{name} is added, but tasks cannot run there until the problems above are fixed "
+             f"(`agentbox hosts doctor {name}` checks again)")
+
+
+@hosts_group.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object per host.")
+@click.pass_context
+def ls_command(ctx: click.Context, as_json: bool = False) -> None:
+    """List the hosts: reachable, Lima, virtualisation, size, free slots, running work.
+
+    Every host is asked at once (one ssh connection each, reused by later commands); one that does not
+    answer within 15 s is shown as unreachable with when it was last reached.
+    """
+    from agentbox import tables
+    from agentbox.remote import hosts
+
+    found = hosts.all_hosts()
+    slots = _slots(ctx)
+    rows = _ask_all(found)
+    if as_json:
+        click.echo(json.dumps([_json_row(host, facts, error, slots) for host, facts, error in rows], indent=2))
+        return
+    if not found:
+        note("no hosts yet: `agentbox hosts add NAME ssh://[user@]host[:port]` adds one")
+        return
+    table = [["NAME", "ADDRESS", "REACHABLE", "LIMA", "VIRT", "CPUS", "MEMORY", "FREE SLOTS", "RUNNING"]]
+    for host, facts, error in rows:
+        if facts is None:
+            since = host.unreachable_since
+            table.append([host.name, host.url, f"no, since {tables.local_time(since)}" if since else "no",
+                          "-", "-", "-", "-", "-", "-"])
+            continue
+        limit = slots.get(host.name, slots.get("*", 2))
+        running = int(facts.get("running") or 0)
+        table.append([host.name, host.url, "yes", str(facts.get("limaVersion") or "missing"),
+                      str(facts.get("virt") or "-"), str(facts.get("cpus") or "-"), _gib(facts.get("memory")),
+                      str(max(limit - running, 0)), str(running)])
+    tables.echo(table, flexible=(1,))
+    for host, facts, error in rows:
+        if error:
+            warn(f"{host.name}: {error}")
+
+
+@hosts_group.command("doctor")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON array of {check, status, message, hint}.")
+@click.pass_context
+def doctor_command(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Check a host: ssh, python3, limactl and its version, virtualisation, disk.
+
+    Each line is OK, WARN or FAIL; the exit code is 1 when any check fails.
+    """
+    from agentbox.doctor import failed, format_text
+    from agentbox.remote import hosts
+
+    checks = host_checks(hosts.require(name))
+    if as_json:
+        click.echo(json.dumps([check.to_json() for check in checks], indent=2))
+    else:
+        click.echo(format_text(checks), nl=False)
+    if failed(checks):
+        ctx.exit(1)
+
+
+@hosts_group.command("rm")
+@click.argument("name")
+@click.option("--force", is_flag=True, help="Also when tasks on it are still active (they become Failed).")
+def rm_command(name: str, force: bool) -> None:
+    """Forget a host (nothing on it is touched: its VMs stay until you delete them there)."""
+    from agentbox.errors import StateError
+    from agentbox.remote import hosts
+    from agentbox.tasks import records
+
+    hosts.require(name)
+    active = [task for task in records.all_tasks() if task.active and task.host == name]
+    if active and not force:
+        shown = ", ".join(task.label for task in active[:5])
+        raise StateError(f"{len(active)} task{'s' if len(active) != 1 else ''} on {name} "
+                         f"{'are' if len(active) != 1 else 'is'} still active ({shown})",
+                         hint="`agentbox wait` or `agentbox cancel` them first, or `hosts rm --force` (they become "
+                              "Failed and their results are not collected).")
+    for task in active:
+        with records.locked():
+            fresh = records.get(task.id) or task
+            if fresh.active:
+                records.end(fresh, "Failed", f"its host {name} was removed with `agentbox hosts rm --force`")
+    _close(name)
+    hosts.remove(name)
+    say(f"removed host {name}")
+
+
+def host_checks(host: Host) -> list[Check]:
+    """Reach the host and judge what it says of itself."""
+    from agentbox.doctor import FAIL, OK, WARN, Check, version_tuple
+    from agentbox.remote import hosts
+    from agentbox.remote.farclient import Far, FarError
+    from agentbox.remote.ssh import Transport, Unreachable
+    from agentbox.vm.render import MINIMUM_LIMA_VERSION
+
+    where = _address(host)
+    transport = Transport(host)
+    try:
+        facts = Far(transport).call("facts", timeout=60)
+    except Unreachable as exc:
+        hosts.unreachable(host)
+        return [Check("ssh", FAIL, f"ssh to {where} failed: {exc.message}",
+                      f"`ssh {_ssh_words(host)} true` must work without a question: agentbox runs ssh in batch "
+                      "mode (your keys or ssh agent; a host key already known).")]
+    except FarError as exc:
+        hosts.reached(host)
+        return [Check("ssh", OK, f"ssh reaches {where}"),
+                Check("python3", FAIL, f"agentbox's helper does not run there: {exc.message}",
+                      "agentbox needs python3 (3.8 or later) on the PATH of non-interactive ssh commands.")]
+    hosts.reached(host, facts)
+    checks = [Check("ssh", OK, f"ssh reaches {where}"),
+              Check("python3", OK, f"agentbox's helper runs there ({facts.get('os', '?')} {facts.get('arch', '?')})")]
+    version = facts.get("limaVersion")
+    if not facts.get("limactl"):
+        checks.append(Check("lima", FAIL, "limactl is not on the PATH of non-interactive ssh commands there",
+                            "Install Lima 2 there (https://lima-vm.io/docs/installation/) and put it on the PATH "
+                            "that `ssh HOST limactl --version` sees (e.g. in ~/.bashrc before its interactive test)."))
+    elif (version_tuple(str(version or "")) or (0,)) < (version_tuple(MINIMUM_LIMA_VERSION) or (0,)):
+        checks.append(Check("lima", FAIL, f"Lima {version} there is older than {MINIMUM_LIMA_VERSION}",
+                            "Update Lima on that host."))
+    else:
+        checks.append(Check("lima", OK, f"Lima {version} ({facts.get('limactl')})"))
+    virt = facts.get("virt")
+    if virt in ("kvm", "vz"):
+        checks.append(Check("virtualisation", OK, f"{virt.upper()}: VMs run at native speed"))
+    else:
+        checks.append(Check("virtualisation", FAIL, "neither KVM (/dev/kvm) nor Apple's VZ is usable there",
+                            "On Linux, add the user to the kvm group (`sudo usermod -aG kvm USER`, then log in "
+                            "again); on macOS, Lima needs macOS 13 or later."))
+    free = facts.get("diskFree")
+    if isinstance(free, int) and free < MIN_DISK_FREE:
+        checks.append(Check("disk", WARN, f"{_gib(free)} free in the home folder there",
+                            "A VM's disk grows to tens of GiB: free some space there."))
+    elif isinstance(free, int):
+        checks.append(Check("disk", OK, f"{_gib(free)} free; {facts.get('cpus')} CPUs, {_gib(facts.get('memory'))} "
+                                        "memory"))
+    return checks
+
+
+def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str | None]]:
+    """Each host's facts, asked in parallel; (host, None, why) for one that did not answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentbox.remote import hosts
+    from agentbox.remote.farclient import Far, FarError
+    from agentbox.remote.ssh import Transport, Unreachable
+
+    def ask(host: Host) -> tuple[Host, dict[str, Any] | None, str | None]:
+        try:
+            facts = Far(Transport(host)).call("facts", timeout=LS_TIMEOUT)
+        except Unreachable as exc:
+            return hosts.unreachable(host), None, None if host.unreachable_since else exc.message
+        except FarError as exc:
+            return hosts.reached(host), None, exc.message
+        return hosts.reached(host, facts), facts, None
+
+    if not found:
+        return []
+    with ThreadPoolExecutor(max_workers=min(8, len(found))) as pool:
+        return list(pool.map(ask, found))
+
+
+def _slots(ctx: click.Context) -> dict[str, int]:
+    """Each host's slots from the config's tasks.hosts ("*": tasks.maxConcurrent), when a config loads here."""
+    from agentbox.commands.common import load_config
+    from agentbox.errors import AgentboxError
+
+    try:
+        config = load_config(ctx)
+    except AgentboxError:
+        return {"*": 2}
+    slots = {"*": config.tasks_max_concurrent}
+    for entry in config.task_hosts:
+        slots[entry.name] = entry.max_concurrent or config.tasks_max_concurrent
+    return slots
+
+
+def _json_row(host: Host, facts: dict[str, Any] | None, error: str | None, slots: dict[str, int]) -> dict[str, Any]:
+    limit = slots.get(host.name, slots.get("*", 2))
+    running = int((facts or {}).get("running") or 0)
+    return {"name": host.name, "url": host.url, "reachable": facts is not None, "error": error,
+            "lastSeen": host.seen, "unreachableSince": host.unreachable_since,
+            "limaVersion": (facts or {}).get("limaVersion"), "virt": (facts or {}).get("virt"),
+            "cpus": (facts or {}).get("cpus"), "memory": (facts or {}).get("memory"),
+            "diskFree": (facts or {}).get("diskFree"), "slots": limit,
+            "freeSlots": max(limit - running, 0) if facts is not None else None,
+            "running": running if facts is not None else None, "vms": (facts or {}).get("vms")}
+
+
+def _address(host: Host) -> str:
+    return f"{host.user + '@' if host.user else ''}{host.hostname}{':' + str(host.port) if host.port else ''}"
+
+
+def _ssh_words(host: Host) -> str:
+    return " ".join([*(["-p", str(host.port)] if host.port else []), *(["-l", host.user] if host.user else []),
+                     host.hostname])
+
+
+def _gib(value: Any) -> str:
+    return f"{value / (1 << 30):.1f} GiB" if isinstance(value, (int, float)) else "-"
+
+
+def _close(name: str) -> None:
+    from agentbox.remote import hosts
+    from agentbox.remote.ssh import Transport
+
+    host = hosts.get(name)
+    if host is not None:
+        Transport(host).close()

@@ -1,0 +1,22 @@
+"""The places that run VMs, behind one contract (agentbox.runtime.contract): this machine and remote hosts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentbox.runtime.contract import Runtime
+
+LOCAL = "local"
+
+
+def place(name: str) -> Runtime:
+    """The runtime of `local` or of a host added with `agentbox hosts add` (UnknownHost otherwise)."""
+    if name == LOCAL:
+        from agentbox.runtime.local import LocalRuntime
+
+        return LocalRuntime()
+    from agentbox.remote import hosts
+    from agentbox.runtime.remote import SshRuntime
+
+    return SshRuntime(hosts.require(name))

@@ -1,0 +1,168 @@
+"""This machine as a runtime (agentbox.runtime.contract): Lima through agentbox.vm.lima, the VM's staging folder
+and outbox in agentbox's state folder (paths.staging_dir, paths.vm_outbox), read as the VM wrote them (vmread)."""
+
+from __future__ import annotations
+
+import os
+import platform
+import stat
+from collections.abc import Sequence
+from typing import Any
+
+from agentbox import paths, vmread
+from agentbox.fsutil import private_dir
+from agentbox.runtime.contract import OUTBOX, STAGING, Handed, Job, NeedsTemplate, TaskSeen
+
+MAX_STATE = 4096
+
+
+class LocalRuntime:
+    name = "local"
+
+    def __init__(self) -> None:
+        from agentbox.vm.lima import Lima
+
+        self.lima = Lima()
+
+    def describe(self) -> dict[str, Any]:
+        from agentbox.errors import LimaError
+        from agentbox.tasks import records
+
+        try:
+            version: str | None = self.lima.version()
+        except (LimaError, OSError):
+            version = None
+        try:
+            disk = os.statvfs(paths.home())
+            free = disk.f_bavail * disk.f_frsize
+        except OSError:
+            free = None
+        running = sum(1 for task in records.all_tasks() if task.active and task.host == self.name)
+        return {"os": platform.system(), "arch": platform.machine(), "limactl": self.lima._resolve() if version else None,
+                "limaVersion": version, "virt": local_virtualisation(), "cpus": os.cpu_count(), "memory": _memory(),
+                "diskFree": free, "vms": [{"name": n, "status": s} for n, s in self.instances().items()] if version
+                else [], "running": running}
+
+    def instances(self) -> dict[str, str]:
+        return {name: row.status for name, row in self.lima.instances().items() if name.startswith("agentbox-")}
+
+    def stop(self, vm: str) -> None:
+        self.lima.stop(vm)
+
+    def delete(self, vm: str) -> None:
+        self.lima.delete(vm, force=True)
+
+    def submit(self, job: Job) -> Handed:
+        from agentbox.fsutil import atomic_write
+        from agentbox.vm.lima import RUNNING
+
+        instance = self.lima.get(job.vm)
+        created = started = False
+        if instance is None:
+            if job.lima_yaml is None:
+                raise NeedsTemplate(job.vm)
+            template = private_dir(paths.vm_state_dir(job.vm)) / "lima.yaml"
+            atomic_write(template, job.lima_yaml, mode=0o600)
+            self.lima.create(job.vm, template)
+            created = True
+        if instance is None or instance.status != RUNNING:
+            self.lima.start(job.vm, job.start_timeout)
+            started = True
+        for name, data in job.files.items():
+            _put(job.vm, name, data)
+        code, _, stderr = self.lima.shell_bytes(job.vm, list(job.argv), 1 << 20)
+        return Handed(code, stderr[-4096:], created, started)
+
+    def task(self, vm: str, key: str) -> TaskSeen:
+        status = self.lima.get(vm)
+        state = beat = None
+        sizes: dict[str, int] = {}
+        try:
+            with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+                state = vmread.read(box, "state", MAX_STATE)
+                for name in ("heartbeat", "stdout", "stderr"):
+                    try:
+                        st = os.stat(name, dir_fd=box, follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if stat.S_ISREG(st.st_mode):
+                        if name == "heartbeat":
+                            beat = st.st_mtime
+                        else:
+                            sizes[name] = st.st_size
+        except OSError:
+            pass
+        return TaskSeen(state, beat, sizes, status.status if status is not None else None)
+
+    def read(self, vm: str, key: str, name: str, offset: int, limit: int) -> bytes:
+        try:
+            with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+                fd, _ = vmread.open_regular(box, name)
+        except (OSError, vmread.Refused):
+            return b""
+        try:
+            return os.pread(fd, limit, offset)
+        finally:
+            os.close(fd)
+
+    def cancel(self, vm: str, key: str) -> None:
+        with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+            os.close(os.open("cancel", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=box))
+
+    def collect(self, vm: str, key: str, names: Sequence[str], limit: int) -> dict[str, bytes]:
+        found: dict[str, bytes] = {}
+        try:
+            with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+                for name in names:
+                    try:
+                        data = vmread.read(box, name, limit)
+                    except vmread.Refused:
+                        continue
+                    if data is not None:
+                        found[name] = data
+        except OSError:
+            pass
+        return found
+
+    def forget(self, vm: str, key: str) -> None:
+        outbox = paths.vm_outbox(vm)
+        vmread.remove_folder(outbox, outbox / "tasks" / key)
+
+
+def _put(vm: str, name: str, data: bytes) -> None:
+    """One file into the VM's staging folder or outbox, folder by folder without following a link."""
+    area, _, rel = name.partition("/")
+    parts = rel.split("/")
+    if area not in (STAGING, OUTBOX) or not rel or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"not a file agentbox puts in a VM's folders: {name!r}")
+    root = paths.staging_dir(vm) if area == STAGING else paths.vm_outbox(vm)
+    private_dir(root)
+    with vmread.folder(root, *parts[:-1], create=True) as parent:
+        temp = f".{parts[-1]}.partial"
+        vmread.remove(parent, temp)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(temp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
+
+
+def local_virtualisation() -> str:
+    """kvm (Linux with a usable /dev/kvm), vz (macOS 13 or later) or none."""
+    if platform.system() == "Darwin":
+        release = platform.mac_ver()[0]
+        return "vz" if release and int(release.split(".")[0]) >= 13 else "none"
+    return "kvm" if os.access("/dev/kvm", os.R_OK | os.W_OK) else "none"
+
+
+def _memory() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        return None
