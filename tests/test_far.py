@@ -10,6 +10,7 @@ import io
 import json
 import os
 import shlex
+import signal
 import subprocess
 import tarfile
 from pathlib import Path
@@ -44,9 +45,15 @@ class LocalTransport:
 
     def run(self, argv: list[str], stdin: bytes | None = None, timeout: float = 60) -> Completed:
         self.runs.append(list(argv))
-        done = subprocess.run(["sh", "-c", shlex.join(argv)], input=stdin or b"", capture_output=True,
-                              env=dict(os.environ, HOME=str(self.home)), timeout=timeout, check=False)
-        return Completed(done.returncode, done.stdout, done.stderr)
+        with subprocess.Popen(["sh", "-c", shlex.join(argv)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, env=dict(os.environ, HOME=str(self.home)),
+                              start_new_session=True) as process:
+            try:
+                stdout, stderr = process.communicate(stdin or b"", timeout=timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)  # the far end too, not only its shell
+                raise
+        return Completed(process.returncode, stdout, stderr)
 
 
 @pytest.fixture
@@ -202,6 +209,12 @@ def test_submit_creates_and_starts_the_vm_then_a_warm_submit_is_one_limactl_call
     answer = far.call("submit", stdin=tar_of([("job.json", job("t3", ["true"]), None)]))
     assert answer == {"code": 0, "created": False, "started": True, "stderr": ""}
     assert limactl.subcommands() == ["shell", "list", "start", "shell"]
+
+    assert far.call("stop", VM) == {"vm": VM, "status": "Stopped"}
+    assert far.call("vm-status", VM) == {"vm": VM, "status": "Stopped"}
+    assert far.call("delete", VM) == {"vm": VM, "deleted": True}
+    assert limactl.status(VM) is None and not staging.exists()
+    assert (box / "tasks" / "t1" / "stdout").exists()  # results not collected yet stay
 
 
 def test_a_missing_vm_without_a_template_asks_for_one(remote: Path, far: Far, limactl: FakeLima) -> None:
