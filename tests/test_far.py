@@ -13,6 +13,7 @@ import shlex
 import signal
 import subprocess
 import tarfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -215,6 +216,21 @@ def test_submit_creates_and_starts_the_vm_then_a_warm_submit_is_one_limactl_call
     assert far.call("delete", VM) == {"vm": VM, "deleted": True}
     assert limactl.status(VM) is None and not staging.exists()
     assert (box / "tasks" / "t1" / "stdout").exists()  # results not collected yet stay
+
+
+def test_two_submits_to_a_cold_vm_at_once_create_it_once(remote: Path, far: Far, limactl: FakeLima) -> None:
+    needs_bwrap()
+    far.install()
+    box = outbox(remote)
+    lima_yaml = f"images:\n- location: https://example.invalid/ubuntu.img\nmounts:\n- location: {box}\n  writable: true\n"
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda key: far.call("submit", stdin=tar_of([
+            ("job.json", job(key, ["sh", "-c", f"echo {key} > {box}/tasks/{key}/stdout"], lima_yaml), None)])),
+            ["t1", "t2"]))
+    assert sorted(answer["created"] for answer in answers) == [False, True]
+    assert [answer["code"] for answer in answers] == [0, 0]
+    assert limactl.subcommands().count("create") == 1
+    assert (box / "tasks" / "t2" / "stdout").read_text() == "t2\n"
 
 
 def test_a_missing_vm_without_a_template_asks_for_one(remote: Path, far: Far, limactl: FakeLima) -> None:

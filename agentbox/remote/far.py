@@ -21,7 +21,9 @@ is replaced, never written through.
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
+import fcntl
 import hashlib
 import io
 import json
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from typing import IO, Any
 
 ERROR_EXIT = 3
@@ -533,20 +536,30 @@ def launch(job: dict[str, Any]) -> dict[str, Any]:
         message = fatal_message(done.stderr)
         said = SHELL_MISSING.search(message) or SHELL_STOPPED.search(message)
         if said is not None and said.group(1) == vm:
-            status = vm_statuses().get(vm)
-            if status is None:
-                if job.get("limaYaml") is None:
-                    return {"need": "limaYaml"}
-                create(vm, job["limaYaml"])
-                created = True
-                status = "Stopped"
-            if status != "Running":
-                start(vm, job.get("startTimeout"))
-                started = True
-            if created or started:
-                done = limactl(*argv, timeout=None)
+            with vm_lock(vm):  # two submits to a cold VM: one creates and starts it, the other finds it running
+                status = vm_statuses().get(vm)
+                if status is None:
+                    if job.get("limaYaml") is None:
+                        return {"need": "limaYaml"}
+                    create(vm, job["limaYaml"])
+                    created = True
+                    status = "Stopped"
+                if status != "Running":
+                    start(vm, job.get("startTimeout"))
+                    started = True
+            done = limactl(*argv, timeout=None)
     return {"code": done.returncode, "stderr": done.stderr[-STDERR_TAIL:].decode("utf-8", "replace"),
             "created": created, "started": started}
+
+
+@contextlib.contextmanager
+def vm_lock(vm: str) -> Iterator[None]:
+    fd = os.open(os.path.join(private_dir(vm_dir(vm)), "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def create(vm: str, lima_yaml: str) -> None:
