@@ -167,7 +167,7 @@ def test_facts(far: Far, limactl: FakeLima) -> None:
     assert facts["cpus"] == os.cpu_count() and facts["memory"] > 0 and facts["diskFree"] > 0
     assert facts["virt"] in ("kvm", "none") and facts["os"] == "linux"
     assert set(facts) == {"far", "os", "arch", "limactl", "limaVersion", "virt", "cpus", "memory", "diskFree",
-                          "vms", "running"}
+                          "vms", "running", "root"}
     assert limactl.calls() == [["--version"], ["list", "--json"]]
 
 

@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 LAYERS: list[tuple[str, ...]] = [
     ("cli", "__main__", "doctor", "commands", "commandline", "boundary", "helpscreen"),
     ("session",),
+    ("runtime",),
     ("tasks", "sync", "credentials"),
     ("vm", "remote"),
     ("review",),

@@ -558,8 +558,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         checkpoints=_checkpoint_settings(data["checkpoints"]),
         session_mode=data["session"]["mode"],
         tasks_max_concurrent=data["tasks"]["maxConcurrent"],
-        task_hosts=tuple(TaskHost(item["name"], item.get("maxConcurrent"))
-                         for item in (({"name": h} if isinstance(h, str) else h) for h in data["tasks"]["hosts"])),
+        task_hosts=_task_hosts(data["tasks"]["hosts"]),
         keep_alive=data["session"]["keepAlive"],
         notify=data["notify"],
         vm_base=_vm_base(vm["base"]),
@@ -576,6 +575,11 @@ def _vm_base(configured: str) -> str:
     if override not in keys.BASE_MODES:
         raise ConfigError(f"AGENTBOX_VM_BASE: expected auto or off, found {override!r}")
     return override
+
+
+def _task_hosts(raw: list[Any]) -> tuple[TaskHost, ...]:
+    entries = [{"name": item} if isinstance(item, str) else item for item in raw]
+    return tuple(TaskHost(str(entry["name"]), entry.get("maxConcurrent")) for entry in entries)
 
 
 def _checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:

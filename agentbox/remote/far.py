@@ -413,7 +413,7 @@ def cmd_facts() -> dict[str, Any]:
     usage = os.statvfs(home)
     return {"far": own_digest(), "os": platform.system().lower(), "arch": platform.machine(), "limactl": program,
             "limaVersion": version, "virt": virtualisation(), "cpus": os.cpu_count(), "memory": memory_bytes(),
-            "diskFree": usage.f_bavail * usage.f_frsize, "vms": vms, "running": running_tasks()}
+            "diskFree": usage.f_bavail * usage.f_frsize, "vms": vms, "running": running_tasks(), "root": root()}
 
 
 def member_target(name: str) -> tuple[str, list[str]]:

@@ -37,11 +37,12 @@ class LocalRuntime:
             free = disk.f_bavail * disk.f_frsize
         except OSError:
             free = None
-        running = sum(1 for task in records.all_tasks() if task.active and task.host == self.name)
-        return {"os": platform.system(), "arch": platform.machine(), "limactl": self.lima._resolve() if version else None,
-                "limaVersion": version, "virt": local_virtualisation(), "cpus": os.cpu_count(), "memory": _memory(),
-                "diskFree": free, "vms": [{"name": n, "status": s} for n, s in self.instances().items()] if version
-                else [], "running": running}
+        running = len([task for task in records.all_tasks() if task.active and task.host == self.name])
+        vms = [{"name": n, "status": s} for n, s in self.instances().items()] if version else []
+        return {"os": platform.system().lower(), "arch": platform.machine(),
+                "limactl": self.lima._resolve() if version else None, "limaVersion": version,
+                "virt": local_virtualisation(), "cpus": os.cpu_count(), "memory": _memory(), "diskFree": free,
+                "vms": vms, "running": running, "root": str(paths.state_dir())}
 
     def instances(self) -> dict[str, str]:
         return {name: row.status for name, row in self.lima.instances().items() if name.startswith("agentbox-")}

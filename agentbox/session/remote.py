@@ -1,0 +1,249 @@
+"""`agentbox run --on HOST`: an isolated task on another machine, through the runtime contract.
+
+The task is an isolated task as on this machine (agentbox.session.run): its start checkpoint goes as a git bundle
+of agentbox's store (a delta when the host holds an earlier one), the agent works on a copy in the project's VM
+there, and its changes come back as a proposal. What differs is only where the files are:
+
+- This machine keeps a mirror of the remote VM's two shared folders, `<state>/vms/VM@HOST/{staging,outbox}`
+  (`shadow`): agentbox's staging code writes the launch step, the task's spec and the bundles there, and the job
+  sends them. The remote VM mounts the far end's folders at these same paths, so every path the launch step and
+  its files name is right there too.
+- The remote VM is made on first use from agentbox's own template (vm.render.render_remote): the config's
+  resources and provisioning, no mount of the workspace, nothing of this machine's.
+- Nothing secret goes: an agent whose login would have to be staged there is refused before anything is made
+  (the credential broker does not reach a remote host yet), and the git identity is the only host file staged.
+- The hand-over is one `submit` to the far end (one ssh round trip on a warm VM, over the host's multiplexed
+  connection). A host that does not answer leaves the task Pending ("waiting for HOST"); the keeper
+  (agentbox.session.remotekeeper, a detached process per task) hands it over when the host answers, follows it,
+  and brings the outputs and the proposal home.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agentbox import paths, timing
+from agentbox.errors import StateError
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.progress import note
+from agentbox.tasks import records as tasks
+
+if TYPE_CHECKING:
+    from agentbox.config.load import AgentConfig, Config
+    from agentbox.remote.hosts import Host
+    from agentbox.runtime.contract import Job
+    from agentbox.vm import lifecycle as vm
+
+JOB_FILE = "job.json"  # in the task's record folder until the host took the task
+
+
+def shadow(vm_name: str, host: str) -> str:
+    """The name of this machine's mirror of a remote VM's shared folders (paths.staging_dir(shadow) ...)."""
+    return f"{vm_name}@{host}"
+
+
+def task_key(task: tasks.Task) -> str:
+    """The task's name on the host: its id and this machine's, so two laptops sharing a host never collide."""
+    machine = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:24].strip("-") or "laptop"
+    digest = __import__("hashlib").sha256(str(paths.state_dir()).encode()).hexdigest()[:8]
+    return f"t{task.id}-{machine}-{digest}"
+
+
+def refused_logins(config: Config, agent: AgentConfig) -> list[str]:
+    """The host login files the agent's launch would stage (each would be written on the remote host)."""
+    from agentbox.credentials import stage as credentials
+
+    if not config.credentials.enabled:
+        return []
+    return list(credentials.launch_files(config, agent))
+
+
+def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
+           host_name: str) -> tasks.Task:
+    """Record the task, prepare its job and hand it to the host (or leave it waiting for the host); start its
+    keeper. Returns the record."""
+    from agentbox.git import store as hostgit
+    from agentbox.remote import hosts
+    from agentbox.review import isolation
+    from agentbox.session.launch import workdir_for
+    from agentbox.session.run import task_argv
+
+    config = session.config
+    workspace = config.require_workspace()
+    agent = config.agent(agent_name)
+    host = hosts.require(host_name)
+    repo = hostgit.find(workspace)
+    if repo is None:
+        raise isolation.not_a_git_work_tree(workspace)
+    logins = refused_logins(config, agent)
+    if logins:
+        shown = ", ".join(logins[:4]) + (f" and {len(logins) - 4} more" if len(logins) > 4 else "")
+        raise StateError(f"{agent.name}'s launch stages your login files ({shown}), and agentbox never writes a "
+                         f"login on another machine: the credential broker does not reach {host_name} yet",
+                         hint=f"Run it here (`--on local`), or give {agent.name} no host login for this project "
+                              "(`credentials: false` in agentbox.yml, with the agent's key in its own login in "
+                              "the VM).")
+    cwd = workdir_for(config.cwd, workspace)
+    task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
+                        timeout=timeout, worktree=None, host=host_name, isolated=True)
+    try:
+        job = _prepare(config, agent, task, prompt, repo, host)
+        _keep_job(task, job)
+        handed = hand_over(task, host)
+    except BaseException as exc:
+        with tasks.locked():
+            fresh = tasks.get(task.id) or task
+            if fresh.active:
+                tasks.end(fresh, "Failed", f"it could not be handed to {host_name}: "
+                          f"{getattr(exc, 'message', None) or exc}")
+        raise
+    if not handed:
+        note(f"{task.label} waits for {host_name}, which does not answer; it is handed over when it does "
+             "(`agentbox tasks` shows it, `agentbox cancel` drops it)")
+    from agentbox.session import remotekeeper
+
+    remotekeeper.start(task.id)
+    return tasks.get(task.id) or task
+
+
+def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes, repo: object, host: Host) -> Job:
+    """Everything the host needs for the task, as one job: the staging folder's files (the bundles the host
+    lacks among them), the task's folder, the launch command, and the VM's lima.yaml."""
+    from agentbox.runtime.contract import Job
+    from agentbox.session import bootstrap, staging
+    from agentbox.session.run import _spec, start_checkpoint, stage_copy
+    from agentbox.vm import render
+
+    mirror = shadow(agent.vm_name, host.name)
+    workspace = config.require_workspace()
+    start = start_checkpoint(config, agent, task, repo)
+    staged = stage_copy(config, task, repo, start, place=f"{host.name}-{agent.vm_name}"[:100],
+                        folder=paths.staging_dir(mirror) / "bundles")
+    scripts = bootstrap.plan(config, str(paths.staging_dir(mirror)))
+    with timing.phase("staging (for the host)"):
+        refreshed = staging.refresh(config, mirror, agent, scripts, None)
+        staging.stage_context(config, mirror, agent, refreshed, None, "isolated", task.checkpoint)
+    key = task_key(task)
+    box = paths.vm_outbox(mirror) / "tasks" / key
+    spec = _spec(task, _slots(config, host.name), None, workspace, None, staged)
+    command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
+                                     isolated_task=True)
+    files: dict[str, bytes] = {}
+    root = paths.staging_dir(mirror)
+    for folder, _, names in os.walk(root):
+        for file_name in names:
+            path = Path(folder) / file_name
+            relative = path.relative_to(root).as_posix()
+            if relative.startswith("bundles/") and file_name != (staged.written or ""):
+                continue  # the host holds the earlier bundles of the chain
+            if file_name.startswith("."):
+                continue
+            files[f"staging/{relative}"] = path.read_bytes()
+    files[f"outbox/tasks/{key}/prompt"] = prompt
+    files[f"outbox/tasks/{key}/spec"] = spec
+    root_there = _far_root(host)
+    lima_yaml = render.render_remote(
+        config, agent.vm_name,
+        render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/staging", str(paths.staging_dir(mirror)), False),
+        render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
+    with tasks.locked():
+        latest = tasks.get(task.id) or task
+        latest.remote_key = key
+        tasks.save(latest)
+    return Job(agent.vm_name, key, lima_yaml, files, ["/usr/bin/env", "-C", "/", *command, "--", *task.argv],
+               max(600, config.startup_wait_sec))
+
+
+def _far_root(host: Host) -> str:
+    """The far end's folder on the host (its `facts`; asked once, then kept in the host's record)."""
+    from agentbox.remote import hosts
+    from agentbox.runtime.remote import SshRuntime
+
+    root = (host.facts or {}).get("root")
+    if isinstance(root, str) and root.startswith("/"):
+        return root
+    facts = SshRuntime(host).describe()
+    hosts.reached(host, facts)
+    root = facts.get("root")
+    if not isinstance(root, str) or not root.startswith("/"):
+        raise StateError(f"host {host.name} did not say where agentbox's folder is there",
+                         hint=f"`agentbox hosts doctor {host.name}` checks it.")
+    return root
+
+
+def _slots(config: Config, host_name: str) -> int:
+    for entry in config.task_hosts:
+        if entry.name == host_name:
+            return entry.max_concurrent or config.tasks_max_concurrent
+    return config.tasks_max_concurrent
+
+
+def _keep_job(task: tasks.Task, job: Job) -> None:
+    """The job, kept beside the record until the host took it (the keeper hands it over later)."""
+    import base64
+
+    data = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "argv": list(job.argv),
+            "startTimeout": job.start_timeout,
+            "files": {name: base64.b64encode(content).decode("ascii") for name, content in job.files.items()}}
+    atomic_write(private_dir(tasks.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
+
+
+def kept_job(task: tasks.Task) -> Job | None:
+    import base64
+
+    from agentbox.runtime.contract import Job
+
+    try:
+        data = json.loads((tasks.folder(task.id) / JOB_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return Job(data["vm"], data["task"], data["limaYaml"],
+               {name: base64.b64decode(content) for name, content in data["files"].items()}, data["argv"],
+               int(data["startTimeout"]))
+
+
+def hand_over(task: tasks.Task, host: Host) -> bool:
+    """Submit the kept job; True when the host took it (the record is then Queued or Running, as its runner
+    says), False when the host did not answer (it stays Pending). StateError when the host refused it."""
+    from agentbox.remote import hosts
+    from agentbox.remote.ssh import Unreachable
+    from agentbox.runtime.contract import NeedsTemplate
+    from agentbox.runtime.remote import SshRuntime
+
+    job = kept_job(task)
+    if job is None:
+        raise StateError(f"{task.label} has no job to hand over (its file {tasks.folder(task.id) / JOB_FILE} is gone)")
+    runtime = SshRuntime(host)
+    try:
+        with timing.phase(f"hand-over to {host.name}"):
+            try:
+                handed = runtime.submit(job._replace(lima_yaml=None))
+            except NeedsTemplate:
+                note(f"making the project's VM {job.vm} on {host.name} (the first time takes minutes)")
+                handed = runtime.submit(job)
+    except Unreachable as exc:
+        hosts.unreachable(host)
+        with tasks.locked():
+            fresh = tasks.get(task.id) or task
+            if fresh.active and fresh.reason is None:
+                fresh.reason = f"waiting for {host.name}: {exc.message}"
+                tasks.save(fresh)
+        return False
+    hosts.reached(host)
+    if handed.code != 0:
+        from agentbox.safetext import visible
+
+        raise StateError(f"the VM on {host.name} did not take {task.label}: the launch step exited {handed.code}"
+                         + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
+    (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
+    with tasks.locked():
+        fresh = tasks.get(task.id) or task
+        fresh.reason = None
+        fresh.handed = True
+        tasks.save(fresh)
+    return True
