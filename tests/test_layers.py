@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("cli", "__main__", "doctor", "commands", "commandline", "boundary", "helpscreen"),
     ("session",),
     ("tasks", "sync", "credentials"),
-    ("vm",),
+    ("vm", "remote"),
     ("review",),
     ("config",),
     ("agents", "net", "git"),
@@ -184,9 +184,10 @@ PROCESS_STARTERS: dict[str, str] = {
     "session.checkpoints": "starts a live session's end checkpoint (agentbox.session.endcheckpoint) as a detached "
                            "python process, once the launch returns (PATH without the workspace's folders)",
     "session.notify": "osascript (macOS) or notify-send (Linux) for a desktop notification",
+    "remote.ssh": "the only module that runs ssh to a remote host (the user's own ssh, one multiplexed connection)",
 }
 PROGRAMS: dict[str, set[str]] = {
-    "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima"}, "ps": {"vm.lima"}, "gh": {"credentials.stage"},
+    "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima", "remote.ssh"}, "ps": {"vm.lima"}, "gh": {"credentials.stage"},
     "openssl": {"config.cacerts", "net.ca"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
     "notify-send": {"session.notify"},
 }

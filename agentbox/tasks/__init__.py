@@ -1,4 +1,4 @@
 """Background tasks (`agentbox run`): their states and records on the host.
 
-May import vm, review, config, agents, net, git and the ground floor.
+May import vm, remote, review, config, agents, net, git and the ground floor.
 """
