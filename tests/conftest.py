@@ -130,13 +130,11 @@ def isolated_vm(project: Path, limactl: FakeLima) -> FakeLima:
 
 
 @pytest.fixture(scope="session")
-def remote_double(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def remote_double() -> Iterator[Path]:
     """The limactl double's bin folder for remote users: a copy they can read, run by /usr/bin/python3."""
     from tests import remotehost
 
-    missing = remotehost.available()
-    if missing is not None:
-        pytest.skip(f"{MISSING}remote hosts ({missing})")  # the fixture below fails instead under CI
+    needs("sshd")
     folder = Path(tempfile.mkdtemp(prefix="abdouble", dir=scratch_root()))
     folder.chmod(0o755)  # the remote users run it
     yield remotehost.install_double(folder / "d")
@@ -146,17 +144,12 @@ def remote_double(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 def remote_hosts(home: Path, limactl: FakeLima, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A factory: `remote_hosts(N)` starts N remote hosts (tests/remotehost.py: a real sshd each, a local user
-    standing for the machine, the limactl double on its PATH) and returns them as a list of RemoteHost; the
+    standing for the machine, the limactl double on its PATH) and returns them, a list of RemoteHost; the
     test's ~/.ssh/config names them remote1, remote2, ... The limactl fixture's `ssh` passes agentbox's calls to
-    the real ssh with that config. Everything stops and is emptied at the end of the test."""
+    the real ssh with that config. Everything is stopped and emptied at the end of the test."""
     from tests import remotehost
 
-    missing = remotehost.available()
-    if missing is not None:
-        needs_remote = f"{MISSING}remote hosts ({missing})"
-        if os.environ.get("CI"):
-            pytest.fail(f"{needs_remote}: CI must run every test (.ci/run installs it)", pytrace=False)
-        pytest.skip(needs_remote)
+    needs("sshd")
     double = request.getfixturevalue("remote_double")
     with remotehost.hosts_factory(home, double, scratch_root()) as factory:
         yield factory

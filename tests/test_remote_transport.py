@@ -203,3 +203,23 @@ def test_hosts_are_emptied_and_stopped_at_the_end(remote_hosts: Hosts) -> None:
     assert sshd.poll() is not None
     assert list(host.home.iterdir()) == []
     assert processes(host.lease.uid) == []
+
+
+def test_a_user_the_host_does_not_let_in_is_unreachable_and_never_asked_a_password(host: RemoteHost) -> None:
+    stranger = Transport(Target(host.name, "root", host.hostname, host.port))
+    with pytest.raises(Unreachable) as caught:
+        stranger.run(["true"])
+    assert "Permission denied (publickey)" in caught.value.detail
+    assert host.accepted() == 0
+
+
+def test_a_command_that_does_not_answer_in_time_is_unreachable(transport: Transport) -> None:
+    with pytest.raises(Unreachable, match="no answer within 1 s"):
+        transport.run(["sleep", "30"], timeout=1)
+
+
+def test_attached_passes_this_processes_stdio_through(transport: Transport,
+                                                      capfd: pytest.CaptureFixture[str]) -> None:
+    assert transport.attached(["sh", "-c", "echo out; echo err >&2; exit 3"], tty=False) == 3
+    captured = capfd.readouterr()
+    assert (captured.out, captured.err) == ("out\n", "err\n")
