@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO
 
 from agentbox.remote.ssh import Target
+from tests.fake_limactl import BOOT_CACHE_VAR
 
 SSHD = "/usr/sbin/sshd"
 SYSTEM_PYTHON = "/usr/bin/python3"
@@ -71,7 +72,9 @@ def _lock(path: Path, blocking: bool) -> IO[bytes] | None:
 
 
 def _ensure_user(name: str) -> pwd.struct_passwd:
-    with contextlib.closing(_lock(LEASES / "useradd.lock", blocking=True)):
+    lock = _lock(LEASES / "useradd.lock", blocking=True)
+    assert lock is not None
+    with lock:
         try:
             return pwd.getpwnam(name)
         except KeyError:
@@ -212,7 +215,7 @@ class RemoteHost:
     lease: Lease
     folder: Path  # root's: sshd's configuration, host key, pid file, log
     port: int
-    path: str  # the remote user's PATH for commands over ssh (the double's bin first)
+    variables: dict[str, str]  # what sshd sets for the user's commands (SetEnv): PATH, the double's boot cache
     host_public_key: str
     _sshd: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     _connections: set[int] = field(default_factory=set, repr=False)
@@ -257,9 +260,9 @@ class RemoteHost:
         with open(self.log, "ab") as log:
             log.write(b"-- start\n")
         offset = self.log.stat().st_size
-        self._sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")],
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                      stderr=open(self.log, "ab"))  # noqa: SIM115 - the child holds it
+        with open(self.log, "ab") as log:
+            self._sshd = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.folder / "sshd_config")],
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             with open(self.log, "rb") as log:
@@ -303,9 +306,14 @@ class RemoteHost:
 
     # -- the remote user -----------------------------------------------------------------------------------
 
+    @property
+    def path(self) -> str:
+        """The remote user's PATH for commands over ssh (the double's bin first)."""
+        return self.variables["PATH"]
+
     def env(self) -> dict[str, str]:
-        return {"HOME": str(self.home), "USER": self.user, "LOGNAME": self.user, "PATH": self.path,
-                "SHELL": "/bin/bash", "LANG": "C.UTF-8"}
+        return {"HOME": str(self.home), "USER": self.user, "LOGNAME": self.user, "SHELL": "/bin/bash",
+                "LANG": "C.UTF-8", **self.variables}
 
     def run(self, command: str | list[str], input: bytes | None = None,
             timeout: float = 60) -> subprocess.CompletedProcess[bytes]:
@@ -338,8 +346,10 @@ class RemoteHost:
         return hits
 
 
-def make_host(name: str, double_bin: Path, client_public_key: str, scratch: str) -> RemoteHost:
-    """A started remote host called `name` (the ssh alias the caller writes), for a freshly leased user."""
+def make_host(name: str, double_bin: Path, client_public_key: str, scratch: str, boot_cache: bool) -> RemoteHost:
+    """A started remote host called `name` (the ssh alias the caller writes), for a freshly leased user. With
+    boot_cache, the double replays recorded provisioning (tests/fake_limactl/bootcache.py) from a folder of the
+    user's own, kept for the run (by this xdist worker) like the local tests' records."""
     lease = lease_user()
     try:
         folder = Path(tempfile.mkdtemp(prefix="sshd", dir=scratch))
@@ -349,10 +359,18 @@ def make_host(name: str, double_bin: Path, client_public_key: str, scratch: str)
         ssh_dir = lease.home / ".ssh"
         ssh_dir.mkdir(mode=0o700)
         (ssh_dir / "authorized_keys").write_text(client_public_key)
-        for path, mode in ((ssh_dir, 0o700), (ssh_dir / "authorized_keys", 0o600)):
-            os.chown(path, lease.uid, lease.gid)
-            path.chmod(mode)
+        for owned, mode in ((ssh_dir, 0o700), (ssh_dir / "authorized_keys", 0o600)):
+            os.chown(owned, lease.uid, lease.gid)
+            owned.chmod(mode)
         path = f"{double_bin}:/usr/local/bin:/usr/bin:/bin"
+        variables = {"PATH": path}
+        if boot_cache:
+            records = double_bin.parent / "boot" / lease.user
+            records.mkdir(parents=True, exist_ok=True)
+            records.parent.chmod(0o755)
+            os.chown(records, lease.uid, lease.gid)
+            records.chmod(0o700)
+            variables[BOOT_CACHE_VAR] = str(records)
         for attempt in range(5):
             port = free_port()
             (folder / "sshd_config").write_text("\n".join([
@@ -360,11 +378,11 @@ def make_host(name: str, double_bin: Path, client_public_key: str, scratch: str)
                 f"PidFile {folder / 'sshd.pid'}", f"AllowUsers {lease.user}", "AuthenticationMethods publickey",
                 "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
                 "PermitRootLogin no", "UsePAM no", "StrictModes yes", "AuthorizedKeysFile .ssh/authorized_keys",
-                f"SetEnv PATH={path}", "PermitUserEnvironment no", "AllowTcpForwarding yes", "X11Forwarding no",
+                "SetEnv " + " ".join(f"{k}={v}" for k, v in variables.items()), "PermitUserEnvironment no", "AllowTcpForwarding yes", "X11Forwarding no",
                 "AllowAgentForwarding no", "PrintMotd no", "PrintLastLog no", "LogLevel VERBOSE", "",
             ]))
             key_type, key_data = (folder / "host_key.pub").read_text().split()[:2]
-            host = RemoteHost(name, lease, folder, port, path, f"{key_type} {key_data}")
+            host = RemoteHost(name, lease, folder, port, variables, f"{key_type} {key_data}")
             try:
                 host.start()
                 return host
@@ -416,7 +434,8 @@ def hosts_factory(home: Path, double_bin: Path, scratch: str) -> Iterator[Remote
 
 
 class RemoteHostFactory:
-    """`remote_hosts(count)`: that many new hosts, named remote1, remote2, ... in the order made."""
+    """`remote_hosts(count, boot_cache=True)`: that many new hosts, named remote1, remote2, ... in the order
+    made; boot_cache=False makes their VMs run their provisioning scripts at every boot (`real_boot`)."""
 
     def __init__(self, home: Path, double_bin: Path, scratch: str) -> None:
         self.home = home
@@ -424,11 +443,11 @@ class RemoteHostFactory:
         self.scratch = scratch
         self.hosts: list[RemoteHost] = []
 
-    def __call__(self, count: int = 1) -> list[RemoteHost]:
+    def __call__(self, count: int = 1, *, boot_cache: bool = True) -> list[RemoteHost]:
         public = client_key(self.home)
         made = []
         for _ in range(count):
-            host = make_host(f"remote{len(self.hosts) + 1}", self.double_bin, public, self.scratch)
+            host = make_host(f"remote{len(self.hosts) + 1}", self.double_bin, public, self.scratch, boot_cache)
             self.hosts.append(host)
             made.append(host)
         client_config(self.home, self.hosts)

@@ -150,6 +150,18 @@ def test_the_double_runs_a_vm_for_the_remote_user(host: RemoteHost, transport: T
     assert shell.stdout == f"{host.user}\nin".encode()
 
 
+def test_the_doubles_boot_records_are_the_remote_users_own_unless_asked_otherwise(remote_hosts: Hosts) -> None:
+    (plain,) = remote_hosts(1, boot_cache=False)
+    (cached,) = remote_hosts(1)
+    records = Path(cached.variables["FAKE_LIMACTL_BOOT_CACHE"])
+    assert records.is_dir() and records.stat().st_uid == cached.lease.uid
+    for host, expected in ((plain, "none"), (cached, str(records))):
+        transport = Transport(host.target())
+        seen = transport.run(["sh", "-c", 'echo "${FAKE_LIMACTL_BOOT_CACHE-none}"']).stdout
+        transport.close()
+        assert seen.decode().strip() == expected
+
+
 def test_two_hosts_are_two_users_two_connections(remote_hosts: Hosts) -> None:
     first, second = remote_hosts(2)
     assert first.user != second.user and first.port != second.port
