@@ -85,6 +85,9 @@ def test_a_connection_cut_mid_command_is_unreachable(host: RemoteHost, transport
     assert running.stdout is not None and running.stdout.readline() == b"started\n"
     host.cut()
     assert running.wait(10) == 255
+    assert running.stderr is not None
+    with pytest.raises(Unreachable, match=host.name):
+        transport.raise_if_unreachable(255, running.stderr.read())
     assert transport.run(["true"]).code == 0  # sshd still listens: a new connection comes up
     assert host.accepted() == 2
 

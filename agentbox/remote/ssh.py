@@ -130,8 +130,9 @@ class Transport:
             return False
         return result.returncode == 0
 
-    def _checked(self, code: int, stderr: bytes) -> None:
-        """Raise Unreachable when ssh's 255 was ssh's own (no master connection left), not the command's."""
+    def raise_if_unreachable(self, code: int, stderr: bytes) -> None:
+        """Raise Unreachable when ssh's 255 was ssh's own (no master connection left), not the command's; for
+        the callers of `stream`, with the process's exit code and stderr."""
         if code == SSH_FAILED and not self._master_alive():
             raise Unreachable(self.host.name, _last_line(stderr))
 
@@ -144,11 +145,12 @@ class Transport:
                                     capture_output=True, timeout=timeout, env=hosttools.environ())
         except subprocess.TimeoutExpired as e:
             raise Unreachable(self.host.name, f"no answer within {timeout:g} s to `{shlex.join(argv)}`") from e
-        self._checked(result.returncode, result.stderr)
+        self.raise_if_unreachable(result.returncode, result.stderr)
         return Completed(result.returncode, result.stdout, result.stderr)
 
     def stream(self, argv: Sequence[str]) -> subprocess.Popen[bytes]:
-        """argv running on the host, its stdout piped (to follow output); stdin is empty, stderr piped."""
+        """argv running on the host, its stdout piped (to follow output); stdin is empty, stderr piped. When it
+        ends, `raise_if_unreachable(code, stderr)` tells a lost connection from the command's own end."""
         return subprocess.Popen(self._command(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=hosttools.environ())
 
