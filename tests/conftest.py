@@ -129,6 +129,32 @@ def isolated_vm(project: Path, limactl: FakeLima) -> FakeLima:
     return limactl
 
 
+@pytest.fixture(scope="session")
+def remote_double() -> Iterator[Path]:
+    """The limactl double's bin folder for remote users: a copy they can read, run by /usr/bin/python3."""
+    from tests import remotehost
+
+    needs("sshd")
+    folder = Path(tempfile.mkdtemp(prefix="abdouble", dir=scratch_root()))
+    folder.chmod(0o755)  # the remote users run it
+    yield remotehost.install_double(folder / "d")
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def remote_hosts(home: Path, limactl: FakeLima, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A factory: `remote_hosts(N)` starts N remote hosts (tests/remotehost.py: a real sshd each, a local user
+    standing for the machine, the limactl double on its PATH) and returns them, a list of RemoteHost; the
+    test's ~/.ssh/config names them remote1, remote2, ... The limactl fixture's `ssh` passes agentbox's calls to
+    the real ssh with that config. Everything is stopped and emptied at the end of the test."""
+    from tests import remotehost
+
+    needs("sshd")
+    double = request.getfixturevalue("remote_double")
+    with remotehost.hosts_factory(home, double, scratch_root()) as factory:
+        yield factory
+
+
 # -- capabilities: the `needs` mark and the banner of tests that did not run ---------------------
 
 def pytest_configure(config: pytest.Config) -> None:

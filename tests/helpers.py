@@ -316,6 +316,13 @@ def _on_path(name: str) -> Callable[[], bool]:
 
 
 @functools.cache
+def _remote_hosts() -> bool:
+    from tests import remotehost
+
+    return remotehost.available() is None
+
+
+@functools.cache
 def _can_be_root() -> bool:
     """Root already, or able to look like root in a user namespace of our own (`unshare -r`)."""
     if os.geteuid() == 0:
@@ -365,6 +372,9 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     "bash": (_bash_4_4, "bash 4.4 or newer first on PATH, as the guards in wrappers/ need (macOS: brew install bash)"),
     "openssl": (_on_path("openssl"), "apt-get install openssl"),
     "tmux": (_on_path("tmux"), "apt-get install tmux (the double's guest runs the host's, as a VM runs its own)"),
+    "sshd": (_remote_hosts, "run as root with OpenSSH's sshd and ssh, and /usr/bin/python3 with PyYAML and "
+                            "jsonschema (apt-get install openssh-server openssh-client python3-yaml "
+                            "python3-jsonschema): tests/remotehost.py"),
     "root": (_can_be_root, "run as root, or allow unprivileged user namespaces for `unshare -r`"),
     "netns": (_network_lab, "apt-get install nftables iproute2 util-linux, and run as root or allow unprivileged "
                             "user namespaces (`unshare -rn nft list ruleset` must work)"),

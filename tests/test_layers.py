@@ -186,9 +186,12 @@ PROCESS_STARTERS: dict[str, str] = {
                            "python process, once the launch returns (PATH without the workspace's folders)",
     "session.notify": "osascript (macOS) or notify-send (Linux) for a desktop notification",
     "remote.far": "limactl on a remote host (the far end runs there, never on this machine), sysctl for its memory",
+    "session.remotekeeper": "starts a remote task's keeper (itself, `python -m`) as a detached process",
+    "remote.ssh": "the only module that runs ssh to a remote host (the user's own ssh, one multiplexed connection)",
 }
 PROGRAMS: dict[str, set[str]] = {
-    "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima"}, "ps": {"vm.lima"}, "gh": {"credentials.stage"},
+    "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima", "remote.ssh"}, "ps": {"vm.lima"},
+    "gh": {"credentials.stage"},
     "openssl": {"config.cacerts", "net.ca"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
     "notify-send": {"session.notify"}, "limactl": {"remote.far"},
 }

@@ -145,7 +145,7 @@ def host_checks(host: Host) -> list[Check]:
     from agentbox.vm.render import MINIMUM_LIMA_VERSION
 
     where = _address(host)
-    transport = Transport(host)
+    transport = Transport(host.target())
     try:
         facts = Far(transport).call("facts", timeout=60)
     except Unreachable as exc:
@@ -198,7 +198,7 @@ def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str |
 
     def ask(host: Host) -> tuple[Host, dict[str, Any] | None, str | None]:
         try:
-            facts = Far(Transport(host)).call("facts", timeout=LS_TIMEOUT)
+            facts = Far(Transport(host.target())).call("facts", timeout=LS_TIMEOUT)
         except Unreachable as exc:
             return hosts.unreachable(host), None, None if host.unreachable_since else exc.message
         except FarError as exc:
@@ -257,4 +257,4 @@ def _close(name: str) -> None:
 
     host = hosts.get(name)
     if host is not None:
-        Transport(host).close()
+        Transport(host.target()).close()

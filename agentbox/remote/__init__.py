@@ -1,4 +1,5 @@
-"""Other machines: the far end run on a remote host (far.py, standalone) and its client.
+"""Other machines: the SSH transport (one multiplexed ssh connection per host), the far end run there
+(far.py, standalone) and its client, and the hosts agentbox knows.
 
 May import review, config, agents, net, git and the ground floor.
 """

@@ -14,12 +14,15 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from agentbox import paths
 from agentbox.errors import AgentboxError, ConfigError
 from agentbox.fsutil import atomic_write, private_dir
+
+if TYPE_CHECKING:
+    from agentbox.remote.ssh import Target
 
 RECORD = "host.json"
 MAX_RECORD = 256 * 1024
@@ -48,6 +51,12 @@ class Host(NamedTuple):
         return {"name": self.name, "url": self.url, "hostname": self.hostname, "user": self.user, "port": self.port,
                 "added": self.added, "facts": self.facts, "seen": self.seen,
                 "unreachableSince": self.unreachable_since}
+
+    def target(self) -> Target:
+        """What the transport is told (agentbox.remote.ssh)."""
+        from agentbox.remote.ssh import Target
+
+        return Target(self.name, self.user, self.hostname, self.port)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Host:

@@ -26,7 +26,7 @@ class SshRuntime:
 
         self.host = host
         self.name = host.name
-        self.transport = Transport(host)
+        self.transport = Transport(host.target())
         self.far = Far(self.transport)
 
     def describe(self) -> dict[str, Any]:

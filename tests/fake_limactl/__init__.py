@@ -41,6 +41,7 @@ __all__ = [
     "make_env",
     "read_calls",
     "read_ssh_calls",
+    "read_ssh_passthrough",
     "read_state",
     "set_guest_listeners",
     "set_status",
@@ -64,7 +65,8 @@ def install(bin_dir: Path, lima_home: Path | None = None) -> Path:
         f'exec {shlex.quote(sys.executable)} -S {shlex.quote(str(LIMACTL_PY))} "$@"\n'
     )
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    # The ssh that reaches the double's guests through their ssh.config (port forwards only; ssh.py).
+    # The ssh that reaches the double's guests through their ssh.config (port forwards only; ssh.py), and passes
+    # any other call to the real ssh with $HOME/.ssh/config (tests/remotehost.py's hosts).
     ssh = bin_dir / "ssh"
     ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S {shlex.quote(str(SSH_PY))} "$@"\n')
     ssh.chmod(ssh.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
@@ -118,6 +120,14 @@ def clear_calls(lima_home: Path) -> None:
 def read_ssh_calls(lima_home: Path) -> list[dict[str, Any]]:
     """Every run of the double's ssh: ``{"argv", "pid"}``."""
     path = Path(lima_home) / "_fake" / "ssh-calls.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def read_ssh_passthrough(lima_home: Path) -> list[dict[str, Any]]:
+    """Every call the double's ssh passed to the real ssh (not a guest's): ``{"argv", "pid"}``."""
+    path = Path(lima_home) / "_fake" / "ssh-passthrough.jsonl"
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

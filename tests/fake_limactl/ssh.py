@@ -21,6 +21,12 @@ What it follows (OpenSSH: ssh.c, readconf.c, channels.c, log.c):
   SIGTERM ends it quietly.
 
 Every call is appended to `$LIMA_HOME/_fake/ssh-calls.jsonl` as `{"argv", "pid"}`.
+
+Only a call through a Lima guest's ssh.config (`-F` naming a file under `$LIMA_HOME`) is the double's. Any
+other call is agentbox reaching a real host (tests/remotehost.py: a real sshd): it runs the real ssh, the next
+`ssh` on PATH that is not this double, told `-F $HOME/.ssh/config` when it was given no `-F` (ssh reads the
+home of the passwd entry, not $HOME; the tests' HOME is their own) or `-F /dev/null` when that file is missing.
+Those calls are appended to `$LIMA_HOME/_fake/ssh-passthrough.jsonl` as `{"argv", "pid"}`.
 """
 
 from __future__ import annotations
@@ -221,8 +227,58 @@ def with_shutdown(sock: socket.socket) -> None:
         pass
 
 
+def given_config(argv: list[str]) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == "--" or (not arg.startswith("-") and (i == 0 or argv[i - 1] not in OPTIONS_WITH_VALUE)):
+            break
+        if arg == "-F" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("-F") and len(arg) > 2:
+            return arg[2:]
+    return None
+
+
+# ssh's options that take a value (ssh.c's getopt string), so the destination is not mistaken for one.
+OPTIONS_WITH_VALUE = {f"-{c}" for c in "BbcDEeFIiJLlmOoPpQRSWw"}
+
+
+def is_guest_call(argv: list[str], lima_home: str) -> bool:
+    config = given_config(argv)
+    if config is None:
+        return False
+    root = os.path.realpath(lima_home) + os.sep
+    return os.path.realpath(config).startswith(root)
+
+
+def real_ssh() -> str:
+    """The first `ssh` on PATH that is not a shim of this double."""
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        candidate = os.path.join(folder or ".", "ssh")
+        if not os.access(candidate, os.X_OK) or os.path.isdir(candidate):
+            continue
+        try:
+            with open(candidate, "rb") as f:
+                head = f.read(512)
+        except OSError:
+            continue
+        if os.path.basename(__file__).encode() not in head:
+            return candidate
+    return "/usr/bin/ssh"
+
+
+def pass_through(argv: list[str], lima_home: str) -> None:
+    ssh = real_ssh()
+    if given_config(argv) is None:
+        config = os.path.join(os.environ.get("HOME") or os.path.expanduser("~"), ".ssh", "config")
+        argv = ["-F", config if os.path.isfile(config) else "/dev/null", *argv]
+    record(lima_home, argv, "ssh-passthrough.jsonl")
+    os.execv(ssh, [ssh, *argv])
+
+
 def main(argv: list[str]) -> int:
     lima_home = os.environ.get("LIMA_HOME") or os.path.join(os.path.expanduser("~"), ".lima")
+    if not is_guest_call(argv, lima_home):
+        pass_through(argv, lima_home)
     record(lima_home, argv)
     ssh = Ssh()
     try:
@@ -271,11 +327,11 @@ def serve(ssh: Ssh, lima_home: str, name: str, port: int, host: str,
             channel += 1
 
 
-def record(lima_home: str, argv: list[str]) -> None:
+def record(lima_home: str, argv: list[str], name: str = "ssh-calls.jsonl") -> None:
     try:
         folder = os.path.join(lima_home, "_fake")
         os.makedirs(folder, exist_ok=True)
-        with open(os.path.join(folder, "ssh-calls.jsonl"), "a", encoding="utf-8") as f:
+        with open(os.path.join(folder, name), "a", encoding="utf-8") as f:
             f.write(json.dumps({"argv": argv, "pid": os.getpid()}) + "\n")
     except OSError:
         pass
