@@ -1,0 +1,93 @@
+"""`agentbox hosts add|ls|doctor|rm` through the real CLI, against a real sshd on 127.0.0.1 with a second local user
+standing for the remote machine and the limactl double on its PATH (tests/remotehost.py)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_agentbox
+from tests.remotehost import RemoteHost
+
+Hosts = Callable[..., list[RemoteHost]]
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_add_checks_the_host_and_ls_and_doctor_say_what_it_is(remote_hosts: Hosts, project: Path) -> None:
+    host = remote_hosts(1)[0]
+    added = run_agentbox("hosts", "add", "big", host.url, cwd=project)
+    assert added.returncode == 0, added.stderr
+    assert "added host big (ssh://remote1)" in added.stderr
+    assert "OK    ssh reaches remote1" in added.stderr
+    assert "Lima 2.2.0" in added.stderr
+    # The remote user cannot use /dev/kvm here: the check says so and how to fix it.
+    assert "FAIL  neither KVM (/dev/kvm) nor Apple's VZ is usable there" in added.stderr
+    assert "usermod -aG kvm" in added.stderr
+
+    listed = run_agentbox("hosts", "ls", "--json", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    [row] = json.loads(listed.stdout)
+    assert row["name"] == "big" and row["url"] == "ssh://remote1" and row["reachable"] is True
+    assert row["limaVersion"] == "2.2.0" and row["virt"] == "none" and row["cpus"] >= 1
+    assert row["slots"] == 2 and row["freeSlots"] == 2 and row["running"] == 0
+    table = run_agentbox("hosts", "ls", cwd=project)
+    assert table.stdout.splitlines()[0].split() == ["NAME", "ADDRESS", "REACHABLE", "LIMA", "VIRT", "CPUS", "MEMORY",
+                                                    "FREE", "SLOTS", "RUNNING"]
+    assert table.stdout.splitlines()[1].split()[:5] == ["big", "ssh://remote1", "yes", "2.2.0", "none"]
+
+    doctor = run_agentbox("hosts", "doctor", "big", "--json", cwd=project)
+    assert doctor.returncode == 1  # the virtualisation check fails here
+    checks = {check["check"]: check["status"] for check in json.loads(doctor.stdout)}
+    assert checks == {"ssh": "OK", "python3": "OK", "lima": "OK", "virtualisation": "FAIL", "disk": checks["disk"]}
+    assert checks["disk"] in ("OK", "WARN")
+    # One connection served every command above (the master is reused across agentbox processes).
+    assert host.accepted() == 1
+
+
+def test_a_host_that_does_not_answer_is_listed_as_unreachable_with_since_when(remote_hosts: Hosts,
+                                                                                project: Path) -> None:
+    host = remote_hosts(1)[0]
+    assert run_agentbox("hosts", "add", "big", host.url, "--no-check", cwd=project).returncode == 0
+    host.close()
+    listed = run_agentbox("hosts", "ls", "--json", cwd=project)
+    [row] = json.loads(listed.stdout)
+    assert row["reachable"] is False and row["unreachableSince"] is not None
+    assert "host big is unreachable" in row["error"] and "Connection refused" in row["error"]
+    doctor = run_agentbox("hosts", "doctor", "big", cwd=project)
+    assert doctor.returncode == 1 and "FAIL  ssh to remote1 failed: host big is unreachable" in doctor.stdout
+    assert "batch mode" in doctor.stdout
+    table = run_agentbox("hosts", "ls", cwd=project)
+    assert "no, since 20" in table.stdout  # "no, since YYYY-MM-DD HH:MM"
+    host.start()
+    again = run_agentbox("hosts", "ls", "--json", cwd=project)
+    assert json.loads(again.stdout)[0]["reachable"] is True
+    assert json.loads(again.stdout)[0]["unreachableSince"] is None
+
+
+@pytest.mark.parametrize(("name", "url", "said"), [
+    ("any", "ssh://x", "'any' is reserved"),
+    ("local", "ssh://x", "'local' is reserved"),
+    ("Big", "ssh://x", "is not a host name agentbox takes"),
+    ("big", "http://x", "is not an ssh:// address"),
+    ("big", "ssh://-oProxyCommand=touch", "is not a host name agentbox passes to ssh"),
+    ("big", "ssh://me@host:99999", "port 99999 is out of range"),
+    ("big", "ssh://host/path", "with no path"),
+])
+def test_add_refuses_bad_names_and_addresses_before_anything_is_written(project: Path, name: str, url: str,
+                                                                         said: str) -> None:
+    result = run_agentbox("hosts", "add", name, url, "--no-check", cwd=project)
+    assert result.returncode == 2 and said in result.stderr
+    assert json.loads(run_agentbox("hosts", "ls", "--json", cwd=project).stdout) == []
+
+
+def test_add_twice_is_refused_and_rm_forgets_the_host(project: Path) -> None:
+    assert run_agentbox("hosts", "add", "big", "ssh://me@build.example:2222", "--no-check", cwd=project).returncode == 0
+    again = run_agentbox("hosts", "add", "big", "ssh://other", "--no-check", cwd=project)
+    assert again.returncode == 2 and "already added (ssh://me@build.example:2222)" in again.stderr
+    removed = run_agentbox("hosts", "rm", "big", cwd=project)
+    assert removed.returncode == 0 and "removed host big" in removed.stderr
+    missing = run_agentbox("hosts", "rm", "big", cwd=project)
+    assert missing.returncode == 2 and "no host named 'big'" in missing.stderr
