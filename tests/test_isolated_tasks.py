@@ -110,7 +110,8 @@ def test_the_agent_edits_a_copy_and_its_changes_come_back_as_a_proposal(project:
     assert "Completed, proposal 1" in listing.stdout
     review = run_cli("review", "1", cwd=project)
     assert review.exit_code == 0, review.stderr
-    for line in ("-uncommitted", "+by the agent", "+new file", "deleted file mode", "what I did"):
+    for line in (f"task {task_id}, collected", "-uncommitted", "+by the agent", "+new file", "deleted file mode",
+                 "what I did"):
         assert line in review.stdout, review.stdout
     applied = run_cli("apply", "1", cwd=project)
     assert applied.exit_code == 0, applied.stderr
