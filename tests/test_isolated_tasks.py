@@ -170,7 +170,7 @@ def test_cancel_stops_an_isolated_task_and_makes_no_proposal(project: Path, task
     assert list((tasks_vm.home / NAME).rglob(f".agentbox/tasks/{task_id}")) == []
 
 
-def test_a_task_is_refused_without_git_or_with_worktree(project: Path, tasks_vm: FakeLima) -> None:
+def test_on_refuses_worktree_and_an_unknown_host(project: Path, tasks_vm: FakeLima) -> None:
     result = run_cli("run", "--on", "local", "--worktree", "x", "do:sleep:0", cwd=project)
     assert result.exit_code == 2 and "do not go together" in result.stderr
     result = run_cli("run", "--on", "elsewhere", "do:sleep:0", cwd=project)

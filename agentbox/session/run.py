@@ -80,7 +80,8 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if isolation.ISOLATED in (vm_mode, config.session_mode):
         raise StateError(f"background tasks run in the live workspace, and {agent.vm_name} is isolated "
                          "(session.mode: isolated)",
-                         hint="Use a live VM; --worktree gives each task a checkout of its own.")
+                         hint="`agentbox run --on local` runs it on a copy of its own (isolated); or use a live "
+                         "VM, where --worktree gives each task a checkout of its own.")
     cwd = workdir_for(config.cwd, workspace)
     task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
                         timeout=timeout, worktree=base, worktree_name=worktree_name if worktree else None)
