@@ -89,6 +89,9 @@ LAUNCH_OPTIONS = (
     LaunchOption("--worktree-base", "COMMIT", "the commit a new worktree branch starts from"),
     LaunchOption("--task", "DIR", "a background task (agentbox.tasks.records): instead of running the program, start "
                  "task-runner.sh with it, detached, on this task's folder in the outbox; return once it runs"),
+    LaunchOption("--isolated-task", None, "with --task: an isolated task (`agentbox run --on`): the runner makes "
+                 "the task's copy from the staged bundles its spec names (agentbox.tasks.bundles), runs the program "
+                 "there, and leaves changes.patch (and summary.md) in the task's folder; the workspace is not used"),
     LaunchOption("--notify", "on|off", "install (on) or remove (off) the attention hooks: Claude Code's "
                  "Notification and Stop hooks, which ring the terminal and tell the host (notify)"),
     LaunchOption("--session", "NAME", "run the program in a tmux session named NAME (or NAME-2, ...) that "

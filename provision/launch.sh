@@ -32,6 +32,7 @@ chdir=""
 creds_outbox=""
 creds_return=()
 task=""
+isolated_task=""
 worktree=""
 worktree_branch=""
 worktree_base=""
@@ -66,6 +67,7 @@ while [ $# -gt 0 ]; do
     --worktree-branch) worktree_branch="$2"; shift 2 ;;
     --worktree-base) worktree_base="$2"; shift 2 ;;
     --task) task="$2"; shift 2 ;;
+    --isolated-task) isolated_task=1; shift ;;
     --notify) notify="$2"; shift 2 ;;
     --session) session="$2"; shift 2 ;;
     --session-attach) session_attach=1; shift ;;

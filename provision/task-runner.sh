@@ -1,18 +1,25 @@
 #!/bin/bash
 # agentbox-managed: runs one background task (`agentbox run`) in the VM, detached from the `limactl shell`
 # that started it (launch.sh --task starts it in a session of its own and returns).
-#   task-runner.sh DIR PROGRAM ARGS...
+#   task-runner.sh [--isolated] DIR PROGRAM ARGS...
 # DIR is the task's folder in agentbox's outbox (shared with the host). The host wrote there:
 #   spec     NAME=value records, each ended by a NUL: id, max (tasks.maxConcurrent), timeout and grace
 #            (seconds; timeout 0: none), cwd, agent, and for a worktree task worktree, branch, base, repo;
 #            events (the host's attention folder, when notify is on: the task's end is left there for the
 #            host's watcher), live (the outbox folder where a marker, kept fresh while the task waits or
 #            runs, keeps the host's watcher and network proxy)
+#            An isolated task (`agentbox run --on`, --isolated, which the spec must say too: isolated=1) has
+#            format (sha1|sha256), bundle (repeated: the files of this staging folder's bundles/ to fetch, in
+#            order), base (the commit its copy starts from), copy (the copy's folder name) and subdir (where in
+#            the copy the program starts): the program runs on a copy made under ~/.agentbox/tasks/ID/ from a
+#            cache repository of the guest's own, never in the workspace
 #   prompt   the prompt, byte for byte: the program's last argument
 # This script writes there, each file replaced whole (written aside, then renamed):
 #   state    state=queued|running|completed|failed|timeout|cancelled and its times (epoch seconds), exit,
 #            reason, one NAME=value a line
 #   stdout, stderr   the program's output;   heartbeat   the time, every second while it runs
+#   changes.patch, summary.md   an isolated task's changes against its base (and the agent's summary, when it
+#            left one at $AGENTBOX_SUMMARY), written before the final state; not after a cancel
 # and reads `cancel`, which the host creates to cancel the task.
 # Slots: a task waits (queued) until fewer than `max` run, no other task of its tree runs (the live tree,
 # or the same worktree), and no older waiting task could start instead: one whose tree is busy does not
@@ -22,12 +29,22 @@
 # and the oldest waiting one that can start takes it.
 set -uo pipefail
 
+isolated_flag=""
+if [ "${1:-}" = --isolated ]; then
+  isolated_flag=1
+  shift
+fi
 dir="$1"
 shift
 registry="$HOME/.agentbox/tasks"
+case "${BASH_SOURCE[0]}" in
+  */*) staging="${BASH_SOURCE[0]%/*}" ;;
+  *) staging="." ;;
+esac
 boot="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)"
 
 id="" max=2 timeout=0 grace=5 cwd="" agent="" events="" marker_dir="" worktree="" branch="" base="" repo=""
+isolated="" format=sha1 copy_name="" subdir="." bundles=()
 while IFS= read -r -d '' record; do
   case "$record" in
     id=*) id="${record#id=}" ;;
@@ -42,11 +59,20 @@ while IFS= read -r -d '' record; do
     branch=*) branch="${record#branch=}" ;;
     base=*) base="${record#base=}" ;;
     repo=*) repo="${record#repo=}" ;;
+    isolated=*) isolated="${record#isolated=}" ;;
+    format=*) format="${record#format=}" ;;
+    bundle=*) bundles+=("${record#bundle=}") ;;
+    copy=*) copy_name="${record#copy=}" ;;
+    subdir=*) subdir="${record#subdir=}" ;;
   esac
 done < "$dir/spec"
 for number in "$id" "$max" "$timeout" "$grace"; do
   case "$number" in '' | *[!0-9]*) echo "task-runner: bad spec in $dir" >&2; exit 2 ;; esac
 done
+if [ "$isolated" != "$isolated_flag" ]; then
+  echo "task-runner: the spec in $dir and launch.sh disagree about an isolated task (run the task again)" >&2
+  exit 2
+fi
 
 now_precise() {
   # EPOCHREALTIME with a dot, whatever the locale's decimal separator
@@ -83,6 +109,7 @@ queued_at="$(now_precise)" started_at="" ended_at="" exit_code="" reason="" stat
 me="$(printf '%012d' "$id")"
 tree=1
 [ -z "$worktree" ] || tree="w$(printf '%s' "$worktree" | cksum | cut -d' ' -f1)"
+[ -z "$isolated" ] || tree="i$id"  # a copy of its own: it waits for no other tree
 
 put_state() {
   state="$1"
@@ -184,6 +211,93 @@ commit_worktree() {
       commit -q --no-verify -m "$message" >/dev/null 2>&1 || true
 }
 
+# -- an isolated task's copy ------------------------------------------------------------------------
+cache="$HOME/.agentbox/tasks-repo.git"
+[ "$format" = sha1 ] || cache="$HOME/.agentbox/tasks-repo-$format.git"
+copy_root="$registry/$id"
+case "$copy_name" in '' | */* | . | ..) copy_name=workspace ;; esac
+copy="$copy_root/$copy_name"
+
+# git for the runner's own steps: no user, system or `env:` settings, no hooks, no pager, and not the
+# readonly-remote guard of ~/.local/bin (it refuses core.hooksPath).
+git_path=""
+IFS=: read -r -a path_dirs <<<"$PATH"
+for path_dir in "${path_dirs[@]}"; do
+  [ "$path_dir" = "$HOME/.local/bin" ] || git_path="${git_path:+$git_path:}$path_dir"
+done
+task_git() {
+  local -a assignments=()
+  while [ $# -gt 0 ] && [[ "$1" == GIT_*=* ]]; do
+    assignments+=("$1")
+    shift
+  done
+  env -i PATH="$git_path" HOME="$copy_root" LC_ALL=C GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null \
+    GIT_TERMINAL_PROMPT=0 GIT_PAGER=cat "${assignments[@]}" \
+    git --no-pager -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.autocrlf=false \
+    -c core.safecrlf=false -c safe.directory='*' -c user.name="agentbox task" -c user.email=agentbox@localhost "$@"
+}
+
+make_copy() {
+  # The bundles the host staged, fetched in order into the guest's cache (those it has already skipped), then
+  # the copy: a clone sharing the cache's objects, with the base checked out.
+  local name file lock
+  case "$base" in '' | *[!0-9a-f]*) echo "task-runner: no base commit in the spec" >&2; return 1 ;; esac
+  mkdir -p "$copy_root" || return 1
+  exec {lock}>>"$registry/.cache.lock"
+  flock "$lock"
+  [ -d "$cache/objects" ] || task_git init -q --bare --object-format="$format" "$cache" || { exec {lock}>&-; return 1; }
+  for name in "${bundles[@]}"; do
+    case "${name%.bundle}" in '' | *[!0-9a-f]* | "$name") echo "task-runner: bad bundle name $name" >&2; exec {lock}>&-; return 1 ;; esac
+    if task_git -C "$cache" cat-file -e "${name%.bundle}^{commit}" 2>/dev/null; then
+      continue
+    fi
+    file="$staging/bundles/$name"
+    if ! task_git -C "$cache" fetch -q --no-tags "$file" "+refs/agentbox/*:refs/fetched/*" ||
+      ! task_git -C "$cache" update-ref "refs/keep/${name%.bundle}" "${name%.bundle}"; then
+      echo "task-runner: could not fetch $file" >&2
+      exec {lock}>&-
+      return 1
+    fi
+  done
+  flock -u "$lock"
+  exec {lock}>&-
+  rm -rf "$copy"
+  task_git clone -q --shared --no-checkout "$cache" "$copy" &&
+    task_git -C "$copy" checkout -q --detach "$base"
+}
+
+write_changes() {
+  # What the agent changed in its copy against the base (its commits included), for the host's proposal; the
+  # agent's summary beside it, left out of the patch.
+  local index="$copy_root/index" summary="$copy/.agentbox-summary.md"
+  [ -d "$copy" ] || return 1
+  if [ -f "$summary" ] && [ ! -L "$summary" ]; then
+    cp -- "$summary" "$dir/.summary.partial" && mv -f "$dir/.summary.partial" "$dir/summary.md"
+  fi
+  rm -f "$summary"
+  rm -f "$index"
+  task_git GIT_INDEX_FILE="$index" -C "$copy" read-tree "$base" &&
+    task_git GIT_INDEX_FILE="$index" -C "$copy" add -A &&
+    task_git GIT_INDEX_FILE="$index" -C "$copy" diff --cached --binary --full-index --no-renames --no-ext-diff \
+      --no-textconv --no-color "$base" -- > "$dir/.changes.partial" &&
+    mv -f "$dir/.changes.partial" "$dir/changes.patch"
+}
+
+remove_copy() {
+  # The agent may have left root-owned files in it (it has sudo).
+  [ -d "$copy_root" ] || return 0
+  rm -rf --one-file-system "$copy_root" 2>/dev/null || sudo -n rm -rf --one-file-system "$copy_root" 2>/dev/null || true
+}
+
+beat_until() {
+  # beat_until PID: beat while that background step runs (a large tree takes a while); its status
+  while kill -0 "$1" 2>/dev/null; do
+    heartbeat
+    sleep 0.2
+  done
+  wait "$1"
+}
+
 : > "$dir/stdout"
 : > "$dir/stderr"
 enter_registry
@@ -197,6 +311,18 @@ wait_for_slot
 
 IFS= read -r -d '' prompt < "$dir/prompt" || true
 [ -z "$worktree" ] || cwd="$worktree"
+if [ -n "$isolated" ]; then
+  [ ! -e "$dir/cancel" ] || finish cancelled "cancelled while queued"
+  make_copy 2>>"$dir/stderr" &
+  if ! beat_until $!; then
+    remove_copy &
+    beat_until $!
+    finish failed "could not make the task's copy of the workspace (see the task's stderr)"
+  fi
+  cwd="$copy"
+  [ "$subdir" = . ] || [ ! -d "$copy/$subdir" ] || cwd="$copy/$subdir"
+  export AGENTBOX_SUMMARY="$copy/.agentbox-summary.md"
+fi
 cd "$cwd" 2>>"$dir/stderr" || finish failed "cannot enter $cwd"
 started_at="$(now_precise)"
 put_state running
@@ -237,6 +363,18 @@ while kill -0 "$committing" 2>/dev/null; do  # a large tree takes a while: keep 
   heartbeat
   sleep 0.2
 done
+if [ -n "$isolated" ]; then
+  cd / || true
+  if [ "$ending" != cancelled ]; then
+    write_changes 2>>"$dir/stderr" &
+    if ! beat_until $!; then
+      rm -f "$dir/.changes.partial"
+      printf 'task-runner: the copy'"'"'s changes could not be written\n' >> "$dir/stderr"
+    fi
+  fi
+  remove_copy &
+  beat_until $!
+fi
 case "$ending" in
   cancelled) finish cancelled "cancelled (agentbox cancel)" ;;
   timeout) finish timeout "stopped after its timeout of ${timeout}s" ;;

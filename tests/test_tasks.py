@@ -515,7 +515,7 @@ def test_tasks_json_is_as_documented(project: Path, tasks_vm: FakeLima) -> None:
     [record] = listing(project)
     assert set(record) == {"id", "name", "state", "exitCode", "reason", "agent", "vm", "workspace", "cwd", "argv",
                            "prompt", "timeoutSec", "created", "started", "ended", "transitions", "checkpoint",
-                           "worktree", "branch", "base", "stdout", "stderr"}
+                           "worktree", "branch", "base", "stdout", "stderr", "host", "isolated", "proposal"}
     assert (record["id"], record["name"], record["state"], record["exitCode"], record["reason"]) == (
         task_id, "doc", "Completed", 0, None)
     assert (record["agent"], record["vm"], record["workspace"]) == ("claude", NAME, str(project))
@@ -527,6 +527,7 @@ def test_tasks_json_is_as_documented(project: Path, tasks_vm: FakeLima) -> None:
     assert [step["state"] for step in record["transitions"]] == ["Pending", "Queued", "Running", "Completed"]
     assert Path(record["stdout"]).is_file() and Path(record["stderr"]).is_file()
     assert isinstance(record["checkpoint"], int)  # the id `agentbox checkpoints` shows
+    assert (record["host"], record["isolated"], record["proposal"]) == ("local", False, None)
 
 
 @pytest.mark.parametrize("kind", ["control", "symlink", "fifo", "oversize"])

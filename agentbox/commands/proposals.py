@@ -115,7 +115,8 @@ def _review_header(workspace: Path, proposal: dict[str, Any], flagged: set[str],
     head = base.get("head")
     lines = [
         f"proposal {proposal['id']} ({proposal['status']}) from {proposal.get('agent') or 'an agent'}, "
-        f"session {proposal.get('session')}, collected {proposal.get('created')}",
+        f"{'task ' + str(proposal['task']) if proposal.get('task') else 'session ' + str(proposal.get('session'))}, "
+        f"collected {proposal.get('created')}",
         f"base: {'HEAD ' + head[:12] if head else 'no commit yet'} and the uncommitted files then "
         f"(checkpoint commit {base['commit'][:12]})",
         f"patch: {proposals_patch(workspace, proposal)} (sha256 {proposal.get('patchSha256')})",

@@ -50,11 +50,16 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 @click.option("--worktree", metavar="NAME", is_flag=False, flag_value="", default=None,
               help="Run in the git worktree .agentbox/worktrees/NAME on the branch agentbox/NAME (made, or used "
               "again); alone (before another option or --): a worktree of its own, task-ID.")
+@click.option("--on", "place", metavar="PLACE", help="An isolated task: the agent works on a copy of the workspace "
+              "in the VM of PLACE (local: this machine's), and what it changed comes back as a proposal "
+              "(`agentbox review`, `apply`); the workspace is not touched.")
+@click.option("--isolated", is_flag=True, help="The same as --on local.")
 @click.option("-d", "--detach", is_flag=True, hidden=True, help="Accepted for symmetry: a task always runs detached.")
 @click.argument("prompt", nargs=-1, required=False)
 @click.pass_context
 def run_command(ctx: click.Context, agent_name: str | None, name: str | None, timeout: int | None,
-                worktree: str | None, detach: bool, prompt: tuple[str, ...]) -> None:
+                worktree: str | None, place: str | None, isolated: bool, detach: bool,
+                prompt: tuple[str, ...]) -> None:
     """Run an agent on PROMPT in the background, in the project's VM; print the task's id.
 
     The prompt is the arguments after the options (`--` first if it starts with a dash), or standard
@@ -67,6 +72,11 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     from agentbox.progress import note
     from agentbox.session import run as taskrun
 
+    if isolated and place is None:
+        place = "local"
+    if place is not None and worktree is not None:
+        raise UsageError("--on (an isolated task) and --worktree do not go together: an isolated task has a copy "
+                         "of its own", hint="Drop one of them.")
     text = _prompt(prompt)
     if name is not None and (not name or name.isdigit() or any(ord(c) < 0x20 for c in name)):
         raise UsageError(f"--name {name!r} is not a task name: use letters, not only digits (ids are numbers)")
@@ -77,9 +87,11 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     session = session_for(ctx)
     agent = _agent(session.config, agent_name)
     task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree is not None,
-                          worktree_name=worktree or None)
+                          worktree_name=worktree or None, place=place)
     click.echo(task.id)
     where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
+    if task.isolated:
+        where = " on a copy of the workspace (its changes come back as a proposal)"
     note(f"{task.label}: {agent} is {task.state.lower()}{where}; `agentbox logs {task.id} -f` follows it, "
          f"`agentbox wait {task.id}` waits for it")
 
@@ -125,7 +137,8 @@ def tasks_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     --json fields: id, name, state (Pending, Queued, Running, Completed, Failed, Timeout, Cancelled),
     exitCode, reason, agent, vm, workspace, cwd, argv (without the prompt), prompt (its first line),
     timeoutSec, created, started, ended (UTC, ISO 8601, or null), transitions ([{state, time}]),
-    checkpoint, worktree, branch, base, stdout and stderr (where the outputs are).
+    checkpoint, worktree, branch, base, stdout and stderr (where the outputs are), host (where it runs: local),
+    isolated (it works on a copy: `run --on`), proposal (the proposal its changes became, or null).
     """
     if ctx.invoked_subcommand is None:
         _list_tasks(ctx, as_json, show_all)
@@ -176,7 +189,12 @@ def _table(found: list[Task]) -> None:
         took = ""
         if task.started:
             took = _span((task.ended or now) - task.started)
-        rows.append((str(task.id), visible(task.name or ""), task.agent, task.state,
+        state = task.state
+        if task.isolated and task.proposal is not None:
+            state += f", proposal {task.proposal}"
+        elif task.isolated and task.outcome and not task.active:
+            state += f", {task.outcome if task.outcome == 'no changes' else 'no proposal'}"
+        rows.append((str(task.id), visible(task.name or ""), task.agent, state,
                      "" if task.exit_code is None else str(task.exit_code),
                      tables.local_time(task.started) if task.started else "", took, visible(task.summary)))
     tables.echo(rows, flexible=(1, -1))
@@ -312,6 +330,8 @@ def _report_end(task: Task) -> int:
 
     reason = f": {visible(task.reason)}" if task.reason else ""
     note(f"{task.label} {task.state}{reason}")
+    if task.isolated:
+        _report_changes(task)
     if task.state == taskstate.TIMEOUT:
         return taskstate.TIMEOUT_EXIT
     if task.state == taskstate.CANCELLED:
@@ -319,6 +339,17 @@ def _report_end(task: Task) -> int:
     if task.state == taskstate.COMPLETED:
         return 0
     return task.exit_code if task.exit_code not in (None, 0) else 1
+
+
+def _report_changes(task: Task) -> None:
+    from agentbox.progress import note
+    from agentbox.safetext import visible
+
+    if task.proposal is not None:
+        note(f"{task.label}: {visible(task.outcome or '')}; `agentbox review {task.proposal}` shows it, "
+             f"`agentbox apply {task.proposal}` applies it")
+    elif task.outcome:
+        note(f"{task.label}: {visible(task.outcome)}: no proposal")
 
 
 @click.command("cancel", context_settings={"help_option_names": ["-h", "--help"]})

@@ -406,6 +406,23 @@ def apply_to_tree(repo: Repo, tree: str, patch: bytes, *, three_way: bool) -> st
         return _store_git(repo, ["write-tree"], index=index).decode().strip()
 
 
+def chain_commit(repo: Repo, tree: str, parent: str | None, message: str) -> str:
+    """A commit of tree on parent in the store, its time fixed: the same tree on the same parent is the same
+    commit (an isolated task's base, agentbox.tasks.bundles)."""
+    store = init_store(repo)
+    return write_object(store, b"commit", commit_object(tree, parent, message, 0), _format(store))
+
+
+def bundle(repo: Repo, path: Path, ref: str, commit: str, prerequisite: str | None = None) -> None:
+    """`git bundle create PATH REF [^PREREQUISITE]` of the store, REF set to commit first: the commit and what it
+    holds, less what prerequisite (an ancestor the reader has already) holds. path: a new file agentbox owns."""
+    set_ref(repo, ref, commit)
+    if prerequisite is not None:
+        _check_oid(prerequisite)
+    _store_git(repo, ["bundle", "create", "-q", str(path), ref, *((f"^{prerequisite}",) if prerequisite else ())],
+               what="git bundle create")
+
+
 def _batch(repo: Repo, oids: list[str]) -> dict[str, tuple[bytes, bytes]]:
     """oid -> (type, content) of the store's objects that exist, read by one `cat-file --batch`."""
     if not oids:

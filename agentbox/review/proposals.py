@@ -223,9 +223,25 @@ def _remove_at(parent_fd: int, name: str) -> None:
 # -- the store ----------------------------------------------------------------------------------
 
 
+def store_task(workspace: Path, task: int, agent: str, vm_name: str, base: dict[str, Any], patch: bytes,
+               summary: bytes | None) -> Collected:
+    """An isolated task's changes (`agentbox run --on`), as a proposal: base is the task's {commit, tree, head} in
+    agentbox's store (what its copy started from). Unlike a session's, it supersedes no earlier proposal: each
+    task has a copy of its own."""
+    from agentbox.review import isolation
+
+    commit = str(base.get("commit") or "")
+    if not _OID.fullmatch(commit):
+        raise StateError(f"task {task} has no valid base commit ({visible(commit[:80])})")
+    with locked(workspace), isolation.locked_record(workspace) as record:
+        proposal = _store(workspace, vm_name, f"task-{task}", {"agent": agent}, commit, base, patch, summary,
+                          record, task=task)
+    return Collected(f"task-{task}", proposal["id"], len(proposal["files"]), proposal.get("problem"))
+
+
 def _store(
     workspace: Path, vm_name: str, session_id: str, session: dict[str, Any], base: str, known: dict[str, Any],
-    patch: bytes, summary: bytes | None, record: dict[str, Any],
+    patch: bytes, summary: bytes | None, record: dict[str, Any], task: int | None = None,
 ) -> dict[str, Any]:
     from agentbox.review import isolation, patchcheck
 
@@ -256,6 +272,7 @@ def _store(
         "patchSize": len(patch),
         "summary": "agent" if summary is not None else "generated",
         "problem": problem,
+        **({"task": task} if task is not None else {}),
     }
     # Written under a temporary name, renamed last: a proposal folder is whole or absent.
     staging = proposals_dir / f".{number}.partial"
@@ -268,12 +285,13 @@ def _store(
     atomic_write(staging / SUMMARY, summary if summary is not None else generated_summary(proposal), mode=0o600)
     atomic_write(staging / RECORD, json.dumps(proposal, indent=2), mode=0o600)
     os.rename(staging, proposals_dir / str(number))
-    for earlier in _all(workspace):
+    for earlier in [] if task is not None else _all(workspace):
         if earlier["id"] != number and earlier["status"] == PENDING and earlier.get("vm") == vm_name and \
                 earlier.get("base", {}).get("commit") == base:
             _update(workspace, earlier, status=SUPERSEDED, supersededBy=number)
     append_event(workspace, "proposal_created", proposal=number, agent=proposal["agent"], vm=vm_name,
-                 session=session_id, base=base, files=len(files), patchSha256=proposal["patchSha256"])
+                 session=session_id, base=base, files=len(files), patchSha256=proposal["patchSha256"],
+                 **({"task": task} if task is not None else {}))
     return proposal
 
 
@@ -287,8 +305,9 @@ def _file_entry(change: Any) -> dict[str, Any]:
 def generated_summary(proposal: dict[str, Any]) -> bytes:
     """What the proposal changes, when the agent wrote no summary: the files, like `git diff --stat` in words."""
     files = proposal["files"]
+    origin = f"isolated task {proposal['task']}" if proposal.get("task") else "an isolated session"
     lines = [
-        f"# Changes from an isolated session of {proposal.get('agent') or 'an agent'}",
+        f"# Changes from {origin} of {proposal.get('agent') or 'an agent'}",
         "",
         "(written by agentbox from the patch: the agent left no summary)",
         "",

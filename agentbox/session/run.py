@@ -19,11 +19,12 @@ when the task was submitted; what it leaves uncommitted is committed on that bra
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from agentbox import paths, timing
 from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
-from agentbox.config.load import AgentConfig
+from agentbox.config.load import AgentConfig, Config
 from agentbox.errors import AgentboxError, StateError
 from agentbox.git import store as hostgit
 from agentbox.progress import warn
@@ -31,6 +32,7 @@ from agentbox.review import checkpoints, isolation
 from agentbox.session import attention, bootstrap, broker, staging, warm
 from agentbox.session import detached as sessions
 from agentbox.session.launch import workdir_for
+from agentbox.tasks import bundles as taskbundles
 from agentbox.tasks import records as tasks
 from agentbox.tasks.state import CANCELLED, FAILED
 from agentbox.vm import lifecycle as vm
@@ -50,13 +52,17 @@ def task_argv(agent: AgentConfig) -> list[str]:
 
 
 def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
-           worktree: bool, worktree_name: str | None = None) -> tasks.Task:
+           worktree: bool, worktree_name: str | None = None, place: str | None = None) -> tasks.Task:
     """Record the task and hand it to the VM. Returns the record (Queued or Running when the VM took it).
-    `worktree_name`: the worktree `.agentbox/worktrees/NAME` (made, or used again), else `task-ID`."""
+    `worktree_name`: the worktree `.agentbox/worktrees/NAME` (made, or used again), else `task-ID`.
+    `place`: an isolated task (`run --on local`): the agent works on a copy of the workspace in the VM, and what
+    it changed comes back as a proposal; None: the task runs in the live workspace."""
     config = session.config
     workspace = config.require_workspace()
     agent = config.agent(agent_name)
     repo = hostgit.find(workspace)
+    if place is not None:
+        return _submit_isolated(session, agent, prompt, name=name, timeout=timeout, place=place, repo=repo)
     if worktree and repo is None:
         raise StateError(f"--worktree needs a git work tree, and {workspace} is not one",
                          hint="Run `git init` and commit, or drop --worktree.")
@@ -74,10 +80,31 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if isolation.ISOLATED in (vm_mode, config.session_mode):
         raise StateError(f"background tasks run in the live workspace, and {agent.vm_name} is isolated "
                          "(session.mode: isolated)",
-                         hint="Use a live VM; --worktree gives each task a checkout of its own.")
+                         hint="`agentbox run --on local` runs it on a copy of its own (isolated); or use a live "
+                         "VM, where --worktree gives each task a checkout of its own.")
     cwd = workdir_for(config.cwd, workspace)
     task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
                         timeout=timeout, worktree=base, worktree_name=worktree_name if worktree else None)
+    return _handed(session, agent, task, prompt, base, repo)
+
+
+def _submit_isolated(session: vm.Session, agent: AgentConfig, prompt: bytes, *, name: str | None,
+                     timeout: int | None, place: str, repo: hostgit.Repo | None) -> tasks.Task:
+    config = session.config
+    workspace = config.require_workspace()
+    if place != tasks.LOCAL:
+        raise StateError(f"there is no host {place!r} to run the task on",
+                         hint="`--on local` runs it isolated in this machine's VM.")
+    if repo is None:
+        raise isolation.not_a_git_work_tree(workspace)
+    cwd = workdir_for(config.cwd, workspace)
+    task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
+                        timeout=timeout, worktree=None, host=place, isolated=True)
+    return _handed(session, agent, task, prompt, None, repo)
+
+
+def _handed(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
+            repo: hostgit.Repo | None) -> tasks.Task:
     try:
         _hand_over(session, agent, task, prompt, base, repo)
     except BaseException as exc:
@@ -94,6 +121,7 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                repo: hostgit.Repo | None) -> None:
     config = session.config
     workspace = config.require_workspace()
+    start: tuple[str, str | None] | None = None  # the checkpoint's (tree, head)
     if repo is not None and config.checkpoints.enabled:
         with timing.phase("start checkpoint"):
             try:
@@ -103,10 +131,12 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                 warn(f"{task.label} has no start checkpoint: {exc.message}")
             else:
                 task.checkpoint = taken.checkpoint.id
+                start = (taken.checkpoint.tree, taken.checkpoint.head)
                 with tasks.locked():
                     latest = tasks.get(task.id) or task
                     latest.checkpoint = task.checkpoint
                     tasks.save(latest)
+    staged = _stage_copy(config, agent, task, repo, start) if task.isolated else None
     scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
     brokering = broker.prepare(config, agent.vm_name, agent.name)
     cached = warm.usable(config, agent.vm_name, workspace)
@@ -115,7 +145,7 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
         try:
             if _stage_and_start(session, agent, task, prompt, base, workspace, scripts, cached.instance,
                                 lease.port if lease is not None else None, brokering,
-                                warm.prove(agent.vm_name, cached.token)):
+                                warm.prove(agent.vm_name, cached.token), staged):
                 return
         finally:
             if lease is not None:
@@ -127,31 +157,65 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
     lease = broker.begin_proxy(config, agent.vm_name, {agent.name: agent.endpoints})
     try:
         _stage_and_start(session, agent, task, prompt, base, workspace, scripts, instance,
-                         lease.port if lease is not None else None, brokering, warm.record(agent.vm_name, token))
+                         lease.port if lease is not None else None, brokering, warm.record(agent.vm_name, token),
+                         staged)
     finally:
         if lease is not None:
             lease.release()
 
 
+def _stage_copy(config: Config, agent: AgentConfig, task: tasks.Task, repo: hostgit.Repo | None,
+                start: tuple[str, str | None] | None) -> taskbundles.Staged:
+    """An isolated task's base (its start checkpoint's tree, or the workspace's as it is when checkpoints are off)
+    as bundles in the VM's staging folder; recorded as the task's base."""
+    from agentbox.git import snapshot
+
+    if repo is None:
+        raise isolation.not_a_git_work_tree(config.require_workspace())
+    with timing.phase("the task's copy (git bundle)"):
+        if start is None:
+            snap = snapshot.take(repo, config.checkpoints.max_file_size)
+            start = (snap.tree, snap.head)
+        tree, head = start
+        others = [other for other in tasks.all_tasks()
+                  if other.vm == task.vm and other.isolated and other.active and other.id != task.id]
+        staged = taskbundles.stage(repo, place_key(task.vm), tree, paths.staging_dir(task.vm) / taskbundles.FOLDER,
+                                   tidy=not others)
+    with tasks.locked():
+        latest = tasks.get(task.id) or task
+        latest.copy_base = task.copy_base = {"commit": staged.base, "tree": tree, "head": head}
+        tasks.save(latest)
+    return staged
+
+
+def place_key(vm_name: str) -> str:
+    """The name of this machine's VM as a place of agentbox.tasks.bundles (a ref's last part)."""
+    return "local-" + "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in vm_name)
+
+
 def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
                      workspace: Path, scripts: bootstrap.Plan, instance: Instance, proxy_port: int | None,
-                     brokering: broker.Brokered | None, attempt: warm.Attempt) -> bool:
+                     brokering: broker.Brokered | None, attempt: warm.Attempt,
+                     staged: taskbundles.Staged | None = None) -> bool:
     """Stage the task and hand it to the VM's runner; False when a warm attempt ran nothing (take the slow path)."""
     config = session.config
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(config, agent.vm_name, agent, scripts, instance, proxy_port,
                                     brokering.prepared if brokering is not None else None,
                                     brokering.authority if brokering is not None else None)
-        staging.stage_context(config, agent.vm_name, agent, refreshed, instance, "live", task.checkpoint)
+        staging.stage_context(config, agent.vm_name, agent, refreshed, instance,
+                              "isolated" if task.isolated else "live", task.checkpoint)
     events = sessions.events_folder(agent.vm_name) if config.notify else None
-    box = tasks.prepare_box(task, {"prompt": prompt,
-                                   "spec": _spec(task, config.tasks_max_concurrent, base, workspace, events)})
+    spec = _spec(task, config.tasks_max_concurrent, base, workspace, events, staged)
+    box = tasks.prepare_box(task, {"prompt": prompt, "spec": spec})
     now = tasks.get(task.id)
     if now is not None and now.state == CANCELLED:
         return True  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
-    command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box)
+    command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
+                                     isolated_task=task.isolated)
     command += ["--", *task.argv]
-    shell = warm.argv(attempt, workspace, task.cwd, command)
+    # An isolated task never needs the workspace in the VM (an isolated VM may have no copy of it yet).
+    shell = warm.argv(attempt, workspace, "/" if task.isolated else task.cwd, command)
     with timing.phase("in-VM setup + task runner (limactl shell)"):
         if attempt.mode == warm.PROVE:
             code, lima_said = session.lima.shell_unlisted(agent.vm_name, shell, stdin_data=b"")
@@ -167,12 +231,24 @@ def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, 
     return True
 
 
-def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path, events: Path | None) -> bytes:
-    values = {"id": str(task.id), "max": str(max_concurrent), "timeout": str(task.timeout or 0),
+def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path, events: Path | None,
+          staged: taskbundles.Staged | None = None) -> bytes:
+    values: dict[str, str] = {"id": str(task.id), "max": str(max_concurrent), "timeout": str(task.timeout or 0),
               "grace": str(tasks.GRACE_SECONDS), "cwd": task.cwd, "agent": task.agent}
     if events is not None:
         values["events"] = str(events)
     values["live"] = str(sessions.live_folder(task.vm))
     if task.worktree and base:
         values.update(worktree=task.worktree, branch=task.branch or "", base=base, repo=str(workspace))
-    return b"".join(f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0" for key, value in values.items())
+    records = list(values.items())
+    if staged is not None:
+        records += isolated_spec(staged, "sha1" if len(staged.base) == 40 else "sha256", workspace, task.cwd)
+    return b"".join(f"{key}={value}".encode("utf-8", "surrogateescape") + b"\0" for key, value in records)
+
+
+def isolated_spec(staged: taskbundles.Staged, object_format: str, workspace: Path, cwd: str) -> list[tuple[str, str]]:
+    """An isolated task's records of its spec (task-runner.sh): the bundles to fetch in order, the commit its copy
+    starts from, the copy's folder name and the folder the agent starts in, inside it."""
+    relative = os.path.relpath(cwd, workspace) if cwd == str(workspace) or cwd.startswith(f"{workspace}/") else "."
+    return [("isolated", "1"), ("format", object_format), *(("bundle", name) for name in staged.bundles),
+            ("base", staged.base), ("copy", workspace.name or "workspace"), ("subdir", relative)]

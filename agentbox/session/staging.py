@@ -188,6 +188,7 @@ def launch_command(
     task: Path | None = None,
     worktree: Worktree | None = None,
     session: SessionLaunch | None = None,
+    isolated_task: bool = False,
 ) -> list[str]:
     """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
     values: dict[str, OptionValue] = {
@@ -219,6 +220,7 @@ def launch_command(
         values["--worktree-base"] = worktree.base
     if task is not None:
         values["--task"] = str(task)
+        values["--isolated-task"] = isolated_task
     if session is not None:
         values["--session"] = session.name
         values["--session-attach"] = session.attach

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 RECORD = "task.json"
 PROMPT = "prompt"
 OUTPUTS = ("stdout", "stderr")
+LOCAL = "local"
+CHANGES, SUMMARY = "changes.patch", "summary.md"  # an isolated task's, written by its runner before its end
 MAX_STATE_BYTES = 4096
 HEARTBEAT_STALE = 20.0  # seconds without a heartbeat before a Running task counts as lost
 PENDING_STALE = 300.0  # a Pending task its `agentbox run` never handed over (that process died)
@@ -83,6 +85,11 @@ class Task:
     branch: str | None = None
     summary: str = ""  # the prompt's start, for listings
     harvested: bool = False  # outputs moved into the record
+    host: str = LOCAL  # where it runs: "local" (this machine's VM) or a host's name (agentbox hosts)
+    isolated: bool = False  # it works on a copy of the workspace; its changes come back as a proposal
+    copy_base: dict[str, Any] | None = None  # an isolated task's base: {commit, tree, head} of agentbox's store
+    proposal: int | None = None  # the proposal its changes became
+    outcome: str | None = None  # an isolated task's changes: "proposal N: ...", "no changes", or why none was made
 
     @property
     def label(self) -> str:
@@ -102,6 +109,7 @@ class Task:
             "transitions": [{"state": t["state"], "time": iso(t["time"])} for t in self.transitions],
             "checkpoint": self.checkpoint, "worktree": self.worktree, "branch": self.branch, "base": self.base,
             "stdout": str(output_path(self, "stdout")), "stderr": str(output_path(self, "stderr")),
+            "host": self.host, "isolated": self.isolated, "proposal": self.proposal,
         }
 
     @classmethod
@@ -171,7 +179,8 @@ def locked() -> Iterator[None]:
 
 
 def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prompt: bytes, *,
-           name: str | None, timeout: int | None, worktree: str | None, worktree_name: str | None = None) -> Task:
+           name: str | None, timeout: int | None, worktree: str | None, worktree_name: str | None = None,
+           host: str = LOCAL, isolated: bool = False) -> Task:
     """A new Pending task with the next id, its prompt kept beside its record; `worktree`: the commit a
     worktree task's branch starts from (None: the task runs in the live tree); `worktree_name`: the
     worktree's name (`run --worktree NAME`), else `task-ID`."""
@@ -187,7 +196,7 @@ def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prom
         now = time.time()
         task = Task(id=number, vm=vm, workspace=str(workspace), agent=agent, argv=argv, cwd=cwd, name=name,
                     created=now, timeout=timeout, transitions=[{"state": PENDING, "time": now}],
-                    summary=_summary(prompt))
+                    summary=_summary(prompt), host=host, isolated=isolated)
         if worktree:
             task.base = worktree
             label = worktree_name or f"task-{number}"
@@ -402,6 +411,8 @@ def harvest(task: Task) -> None:
     """Move the outputs from the outbox into the record (a rename), then drop the outbox folder. Call locked."""
     target = folder(task.id)
     with _box(task) as box:
+        if task.isolated and task.outcome is None:
+            _take_changes_from(task, box)
         for name in OUTPUTS:
             moved = False
             if box is not None:
@@ -417,6 +428,54 @@ def harvest(task: Task) -> None:
     _drop_box(task)
     task.harvested = True
     save(task)
+
+
+def _take_changes_from(task: Task, box: int | None) -> None:
+    """An isolated task's changes.patch and summary.md, read from its outbox folder (vmread's rules: no link,
+    regular files, capped), made a proposal."""
+    from agentbox.review import proposals
+
+    patch = summary = None
+    problem = None
+    if box is not None:
+        try:
+            patch = vmread.read_at(box, CHANGES, proposals.MAX_PATCH)
+            summary = vmread.read_at(box, SUMMARY, proposals.MAX_SUMMARY)
+        except vmread.Refused as refused:
+            patch, problem = None, refused.message
+    take_changes(task, patch, summary, problem)
+
+
+def take_changes(task: Task, patch: bytes | None, summary: bytes | None, problem: str | None = None) -> None:
+    """An ended isolated task's changes, as bytes (from its local outbox folder, or fetched from a remote host):
+    a non-empty patch becomes a proposal whose base is the task's; the record notes which (or why there is
+    none). Call locked; the caller saves the record."""
+    from agentbox.errors import AgentboxError
+    from agentbox.review import proposals
+
+    if problem is not None:
+        task.outcome = f"its changes were not taken: {problem}"
+        return
+    if patch is None:
+        task.outcome = "no changes (the task left no patch)" if task.state != CANCELLED else "no changes (cancelled)"
+        return
+    if not patch:
+        task.outcome = "no changes"
+        return
+    if not task.copy_base:
+        task.outcome = "its changes were not taken: the task has no recorded base"
+        return
+    try:
+        made = proposals.store_task(Path(task.workspace), task.id, task.agent, task.vm, task.copy_base, patch,
+                                    summary)
+    except (AgentboxError, OSError) as exc:
+        kept = folder(task.id) / CHANGES
+        atomic_write(kept, patch, mode=0o600)
+        message = exc.message if isinstance(exc, AgentboxError) else str(exc)
+        task.outcome = f"its changes could not be made a proposal ({message}); the patch is kept at {kept}"
+        return
+    task.proposal = made.proposal
+    task.outcome = str(made)
 
 
 def output_path(task: Task, name: str) -> Path:

@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2154 # launch.sh sets what this part reads (tests/test_launch_parts.py checks the names)
 # agentbox-managed: a part of launch.sh, which sources it from the staging folder's launch/.
 # How the program runs: in a worktree, a kept session, a background task, or as a child whose results are handed back.
-# Reads launch.sh's staging, workspace, chdir, outbox, isolated_from, creds_outbox, task, worktree,
+# Reads launch.sh's staging, workspace, chdir, outbox, isolated_from, creds_outbox, task, isolated_task, worktree,
 # worktree_branch, worktree_base, session, session_attach, session_reply, session_events, session_live.
 
 enter_worktree() {
@@ -95,7 +95,10 @@ start_session() {
 start_task() {
   # A background task: its runner outlives this shell (a session of its own, no terminal), and says it
   # took the task by writing its state; then this step is done.
-  setsid bash "$staging/task-runner.sh" "$task" "$@" < /dev/null > /dev/null 2> "$task/runner.log" 9>&- &
+  # An isolated task (--isolated-task) runs on a copy the runner makes: the runner checks its spec says so too.
+  local mode=()
+  [ -z "$isolated_task" ] || mode=(--isolated)
+  setsid bash "$staging/task-runner.sh" "${mode[@]}" "$task" "$@" < /dev/null > /dev/null 2> "$task/runner.log" 9>&- &
   for _ in $(seq 1 200); do
     [ ! -e "$task/state" ] || exit 0
     sleep 0.05
