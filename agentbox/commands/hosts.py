@@ -71,7 +71,7 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
         note("no hosts yet: `agentbox hosts add NAME ssh://[user@]host[:port]` adds one")
         return
     table = [["NAME", "ADDRESS", "REACHABLE", "LIMA", "VIRT", "CPUS", "MEMORY", "FREE SLOTS", "RUNNING"]]
-    for host, facts, error in rows:
+    for host, facts, _error in rows:
         if facts is None:
             since = host.unreachable_since
             table.append([host.name, host.url, f"no, since {tables.local_time(since)}" if since else "no",
@@ -83,7 +83,7 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
                       str(facts.get("virt") or "-"), str(facts.get("cpus") or "-"), _gib(facts.get("memory")),
                       str(max(limit - running, 0)), str(running)])
     tables.echo(table, flexible=(1,))
-    for host, facts, error in rows:
+    for host, _facts, error in rows:
         if error:
             warn(f"{host.name}: {error}")
 

@@ -51,7 +51,8 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
               help="Run in the git worktree .agentbox/worktrees/NAME on the branch agentbox/NAME (made, or used "
               "again); alone (before another option or --): a worktree of its own, task-ID.")
 @click.option("--on", "place", metavar="PLACE", help="An isolated task: the agent works on a copy of the workspace "
-              "in the VM of PLACE (local: this machine's), and what it changed comes back as a proposal "
+              "in the VM of PLACE (local: this machine's; a host added with `agentbox hosts add`; any: the first "
+              "of tasks.hosts with a free slot), and what it changed comes back as a proposal "
               "(`agentbox review`, `apply`); the workspace is not touched.")
 @click.option("--isolated", is_flag=True, help="The same as --on local.")
 @click.option("-d", "--detach", is_flag=True, hidden=True, help="Accepted for symmetry: a task always runs detached.")
@@ -86,12 +87,24 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
         check_name(worktree)
     session = session_for(ctx)
     agent = _agent(session.config, agent_name)
-    task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree is not None,
-                          worktree_name=worktree or None, place=place)
+    if place == "any":
+        from agentbox.session import remote
+
+        place = remote.choose(session.config)
+        note(f"--on any: {place}")
+    if place is not None and place != "local":
+        from agentbox.session import remote
+
+        task = remote.submit(session, agent, text, name=name, timeout=timeout, host_name=place)
+    else:
+        task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree is not None,
+                              worktree_name=worktree or None, place=place)
     click.echo(task.id)
     where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
     if task.isolated:
         where = " on a copy of the workspace (its changes come back as a proposal)"
+    if task.remote:
+        where = f" on {task.host}" + where
     note(f"{task.label}: {agent} is {task.state.lower()}{where}; `agentbox logs {task.id} -f` follows it, "
          f"`agentbox wait {task.id}` waits for it")
 
@@ -130,8 +143,9 @@ def _agent(config: Config, wanted: str | None) -> str:
 @click.group("tasks", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, one object per task (fields below).")
 @click.option("--all", "show_all", is_flag=True, help="Tasks of every workspace, not only this one's.")
+@click.option("--refresh", is_flag=True, help="Ask the hosts of remote tasks now (else: their last known state).")
 @click.pass_context
-def tasks_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+def tasks_command(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool) -> None:
     """List the background tasks of this workspace (`--all`: of every workspace), oldest first.
 
     --json fields: id, name, state (Pending, Queued, Running, Completed, Failed, Timeout, Cancelled),
@@ -141,24 +155,28 @@ def tasks_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     isolated (it works on a copy: `run --on`), proposal (the proposal its changes became, or null).
     """
     if ctx.invoked_subcommand is None:
-        _list_tasks(ctx, as_json, show_all)
+        _list_tasks(ctx, as_json, show_all, refresh)
 
 
 @tasks_command.command("ls")
 @click.option("--json", "as_json", is_flag=True, help="One JSON array, as `agentbox tasks --json`.")
 @click.option("--all", "show_all", is_flag=True, help="Tasks of every workspace, not only this one's.")
+@click.option("--refresh", is_flag=True, help="Ask the hosts of remote tasks now.")
 @click.pass_context
-def tasks_ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+def tasks_ls_command(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool) -> None:
     """List the background tasks: the same as `agentbox tasks`."""
     parent = ctx.parent.params if ctx.parent else {}
-    _list_tasks(ctx, as_json or bool(parent.get("as_json")), show_all or bool(parent.get("show_all")))
+    _list_tasks(ctx, as_json or bool(parent.get("as_json")), show_all or bool(parent.get("show_all")),
+                refresh or bool(parent.get("refresh")))
 
 
-def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool) -> None:
+def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool = False) -> None:
     from agentbox.tasks import records as tasks
 
     found = _selected(ctx, show_all)
     found = tasks.refresh(found)
+    if refresh:
+        found = _asked(found)
     if as_json:
         click.echo(json.dumps([task.to_json() for task in found], indent=2))
         return
@@ -167,6 +185,21 @@ def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool) -> None:
                    err=True)
         return
     _table(found)
+
+
+def _asked(found: list[Task]) -> list[Task]:
+    """Each remote task that is active (or whose results are not home yet) asked of its host, in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentbox.session import remotekeeper
+
+    wanted = [task for task in found if task.remote and (task.active or not task.harvested)]
+    if not wanted:
+        return found
+    with ThreadPoolExecutor(max_workers=min(8, len(wanted))) as pool:
+        answers = list(pool.map(lambda task: remotekeeper.step(task.id), wanted))
+    asked = {task.id: fresh for task, fresh in zip(wanted, answers, strict=True)}
+    return [asked.get(task.id) or task for task in found]
 
 
 def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
@@ -194,6 +227,13 @@ def _table(found: list[Task]) -> None:
             state += f", proposal {task.proposal}"
         elif task.isolated and task.outcome and not task.active:
             state += f", {task.outcome if task.outcome == 'no changes' else 'no proposal'}"
+        if task.remote:
+            state += f" on {task.host}"
+            if task.active and task.unreachable_since is not None:
+                state += f" (unreachable since {tables.local_time(task.unreachable_since)}"
+                state += f"; seen {tables.local_time(task.seen)})" if task.seen else ")"
+            elif task.active and not task.handed:
+                state += " (waiting for the host)"
         rows.append((str(task.id), visible(task.name or ""), task.agent, state,
                      "" if task.exit_code is None else str(task.exit_code),
                      tables.local_time(task.started) if task.started else "", took, visible(task.summary)))
@@ -233,7 +273,18 @@ def _one(spec: str) -> Task:
     from agentbox.tasks import records as tasks
 
     task = tasks.lookup(spec)
+    if task.remote:
+        return _look(task)
     return tasks.refresh([task])[0] if task.active or not task.harvested else task
+
+
+def _look(task: Task) -> Task:
+    """A remote task, asked of its host now (its last known state when the host does not answer)."""
+    from agentbox.session import remotekeeper
+
+    if not task.active and task.harvested:
+        return task
+    return remotekeeper.step(task.id) or task
 
 
 @click.command("logs", context_settings={"help_option_names": ["-h", "--help"]})
@@ -246,6 +297,9 @@ def logs_command(follow: bool, task_id: str) -> None:
 
     task = _one(task_id)
     streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    if task.remote:
+        _remote_logs(task, follow, {name: _Escaper(stream) for name, stream in streams.items()})
+        return
     fds = {name: tasks.open_output(task, name) for name in streams}
     decoders = {name: _Escaper(stream) for name, stream in streams.items()}
     last_vm_check = time.monotonic()
@@ -271,6 +325,53 @@ def logs_command(follow: bool, task_id: str) -> None:
         for fd in fds.values():
             if fd is not None:
                 os.close(fd)
+        for decoder in decoders.values():
+            decoder.flush()
+
+
+def _remote_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> None:
+    """A remote task's output: read from its host while it runs (over the host's connection), from the record once
+    its keeper brought it home; each byte once."""
+    from agentbox.progress import note
+    from agentbox.remote import hosts
+    from agentbox.remote.ssh import Unreachable
+    from agentbox.runtime.remote import SshRuntime
+    from agentbox.tasks import records as tasks
+
+    offsets = dict.fromkeys(decoders, 0)
+    said_unreachable = False
+    try:
+        while True:
+            if task.harvested:
+                for name, decoder in decoders.items():
+                    fd = tasks.open_output(task, name)
+                    if fd is None:
+                        continue
+                    try:
+                        os.lseek(fd, offsets[name], os.SEEK_SET)
+                        while chunk := os.read(fd, CHUNK):
+                            decoder.write(chunk)
+                    finally:
+                        os.close(fd)
+                return
+            host = hosts.get(task.host)
+            if task.handed and host is not None and task.remote_key:
+                runtime = SshRuntime(host)
+                try:
+                    for name, decoder in decoders.items():
+                        while chunk := runtime.read(task.vm, task.remote_key, name, offsets[name], 1 << 20):
+                            decoder.write(chunk)
+                            offsets[name] += len(chunk)
+                    said_unreachable = False
+                except Unreachable as exc:
+                    if not said_unreachable:
+                        note(f"{task.label}: {exc.message}; {'waiting for it' if follow else 'its output so far'}")
+                        said_unreachable = True
+            if not follow or (not task.active and task.harvested):
+                return
+            time.sleep(POLL_SECONDS)
+            task = _look(task)
+    finally:
         for decoder in decoders.values():
             decoder.flush()
 
@@ -311,11 +412,18 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
     task = _one(task_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     last_vm_check = time.monotonic()
-    while task.active:
+    said = None
+    while task.active or (task.remote and not task.harvested):
         if deadline is not None and time.monotonic() >= deadline:
             note(f"{task.label} is still {task.state} after {timeout}s")
             ctx.exit(WAIT_TIMEOUT_EXIT)
         time.sleep(POLL_SECONDS)
+        if task.remote:
+            task = _look(task)
+            if task.unreachable_since is not None and said != task.unreachable_since:
+                said = task.unreachable_since
+                note(f"{task.host} does not answer; {task.label} goes on there, waiting for the host to answer")
+            continue
         check = time.monotonic() - last_vm_check > VM_CHECK_SECONDS
         if check:
             last_vm_check = time.monotonic()
@@ -364,12 +472,17 @@ def cancel_command(task_id: str) -> None:
     if not task.active:
         raise AgentboxError(f"{task.label} already ended: {task.state}",
                             hint="`agentbox tasks prune` forgets ended tasks.")
-    tasks.request_cancel(task)
+    if task.remote:
+        from agentbox.session import remote
+
+        remote.cancel(task)
+    else:
+        tasks.request_cancel(task)
     deadline = time.monotonic() + CANCEL_WAIT
-    task = tasks.refresh([task])[0]
+    task = _look(task) if task.remote else tasks.refresh([task])[0]
     while task.active and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
-        task = tasks.refresh([task], check_vms=False)[0]
+        task = _look(task) if task.remote else tasks.refresh([task], check_vms=False)[0]
     if task.active:
         note(f"{task.label} was asked to stop and is still {task.state}; `agentbox wait {task.id}` waits for it")
         return

@@ -578,8 +578,12 @@ def _vm_base(configured: str) -> str:
 
 
 def _task_hosts(raw: list[Any]) -> tuple[TaskHost, ...]:
-    entries = [{"name": item} if isinstance(item, str) else item for item in raw]
-    return tuple(TaskHost(str(entry["name"]), entry.get("maxConcurrent")) for entry in entries)
+    found = []
+    for item in raw:
+        entry: dict[str, Any] = {"name": item} if isinstance(item, str) else item
+        slots = entry.get("maxConcurrent")
+        found.append(TaskHost(str(entry["name"]), int(slots) if slots is not None else None))
+    return tuple(found)
 
 
 def _checkpoint_settings(raw: dict[str, Any]) -> CheckpointSettings:

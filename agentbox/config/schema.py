@@ -19,8 +19,8 @@ from agentbox.config.keys import (
     CREDENTIAL_KEYS,
     DOCKER_ERA_AGENT_CREDENTIALS,
     MOUNT_KEYS,
-    TASK_HOST_KEYS,
     SCHEMA,
+    TASK_HOST_KEYS,
     Key,
     retired_reason,
 )

@@ -31,10 +31,12 @@ from agentbox import paths, timing
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
+from agentbox.tasks import bundles as taskbundles
 from agentbox.tasks import records as tasks
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
+    from agentbox.git.store import Repo
     from agentbox.remote.hosts import Host
     from agentbox.runtime.contract import Job
     from agentbox.vm import lifecycle as vm
@@ -47,10 +49,17 @@ def shadow(vm_name: str, host: str) -> str:
     return f"{vm_name}@{host}"
 
 
+def place_key(host: str, vm_name: str) -> str:
+    """The remote VM as a place of agentbox.tasks.bundles (a ref's last part)."""
+    return (host + "-" + "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in vm_name))[:100]
+
+
 def task_key(task: tasks.Task) -> str:
     """The task's name on the host: its id and this machine's, so two laptops sharing a host never collide."""
     machine = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:24].strip("-") or "laptop"
-    digest = __import__("hashlib").sha256(str(paths.state_dir()).encode()).hexdigest()[:8]
+    import hashlib
+
+    digest = hashlib.sha256(str(paths.state_dir()).encode()).hexdigest()[:8]
     return f"t{task.id}-{machine}-{digest}"
 
 
@@ -111,26 +120,26 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     return tasks.get(task.id) or task
 
 
-def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes, repo: object, host: Host) -> Job:
+def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes, repo: Repo, host: Host) -> Job:
     """Everything the host needs for the task, as one job: the staging folder's files (the bundles the host
     lacks among them), the task's folder, the launch command, and the VM's lima.yaml."""
     from agentbox.runtime.contract import Job
     from agentbox.session import bootstrap, staging
-    from agentbox.session.run import _spec, start_checkpoint, stage_copy
+    from agentbox.session.run import spec, stage_copy, start_checkpoint
     from agentbox.vm import render
 
     mirror = shadow(agent.vm_name, host.name)
     workspace = config.require_workspace()
     start = start_checkpoint(config, agent, task, repo)
-    staged = stage_copy(config, task, repo, start, place=f"{host.name}-{agent.vm_name}"[:100],
-                        folder=paths.staging_dir(mirror) / "bundles")
+    staged = stage_copy(config, task, repo, start, place_key(host.name, agent.vm_name),
+                        paths.staging_dir(mirror) / taskbundles.FOLDER)
     scripts = bootstrap.plan(config, str(paths.staging_dir(mirror)))
     with timing.phase("staging (for the host)"):
         refreshed = staging.refresh(config, mirror, agent, scripts, None)
         staging.stage_context(config, mirror, agent, refreshed, None, "isolated", task.checkpoint)
     key = task_key(task)
     box = paths.vm_outbox(mirror) / "tasks" / key
-    spec = _spec(task, _slots(config, host.name), None, workspace, None, staged)
+    task_spec = spec(task, _slots(config, host.name), None, workspace, None, staged, folders_of=mirror)
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
                                      isolated_task=True)
     files: dict[str, bytes] = {}
@@ -145,7 +154,7 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
                 continue
             files[f"staging/{relative}"] = path.read_bytes()
     files[f"outbox/tasks/{key}/prompt"] = prompt
-    files[f"outbox/tasks/{key}/spec"] = spec
+    files[f"outbox/tasks/{key}/spec"] = task_spec
     root_there = _far_root(host)
     lima_yaml = render.render_remote(
         config, agent.vm_name,
@@ -247,3 +256,70 @@ def hand_over(task: tasks.Task, host: Host) -> bool:
         fresh.handed = True
         tasks.save(fresh)
     return True
+
+
+def choose(config: Config) -> str:
+    """Where `--on any` sends a task: the first host of tasks.hosts (in order; `local` is a host like the others)
+    with a free slot by this machine's own records, skipping a host that does not answer now; when every one is
+    full, the first that answers (the task waits there, Queued). Says why it passed over a host."""
+    from agentbox.remote import hosts
+    from agentbox.remote.ssh import Transport, Unreachable
+    from agentbox.runtime import LOCAL
+
+    entries = config.task_hosts or ()
+    active = [task for task in tasks.all_tasks() if task.active]
+    answering: list[str] = []
+    for entry in entries:
+        limit = entry.max_concurrent or config.tasks_max_concurrent
+        if entry.name == LOCAL:
+            used = sum(1 for task in active if task.host == LOCAL and task.workspace == str(config.workspace))
+            answering.append(LOCAL)
+        else:
+            host = hosts.get(entry.name)
+            if host is None:
+                note(f"tasks.hosts names {entry.name}, which `agentbox hosts add` did not add: passed over")
+                continue
+            try:
+                code = Transport(host.target()).run(["true"], timeout=15).code
+            except Unreachable as exc:
+                hosts.unreachable(host)
+                note(f"{entry.name} does not answer ({exc.message}): passed over")
+                continue
+            if code != 0:
+                note(f"{entry.name} answered `true` with exit {code}: passed over")
+                continue
+            hosts.reached(host)
+            answering.append(entry.name)
+            used = sum(1 for task in active if task.host == entry.name)
+        if used < limit:
+            return entry.name
+        note(f"{entry.name} has no free slot ({used} of {limit} in use)")
+    if not answering:
+        raise StateError("no host of tasks.hosts can take the task now (see above)",
+                         hint="`agentbox hosts ls` shows each host; `--on NAME` makes the task wait for one.")
+    note(f"every host is full: the task waits on {answering[0]}")
+    return answering[0]
+
+
+def cancel(task: tasks.Task) -> None:
+    """Cancel a remote task: one still waiting for its host is simply Cancelled; else its runner there is asked
+    (StateError when the host does not answer: nothing was delivered)."""
+    from agentbox.remote import hosts
+    from agentbox.remote.ssh import Unreachable
+    from agentbox.runtime.remote import SshRuntime
+
+    with tasks.locked():
+        fresh = tasks.get(task.id) or task
+        if fresh.active and not fresh.handed:
+            tasks.end(fresh, "Cancelled", f"cancelled before {fresh.host} took it")
+            fresh.harvested = True
+            tasks.save(fresh)
+            (tasks.folder(fresh.id) / JOB_FILE).unlink(missing_ok=True)
+            return
+    host = hosts.require(task.host)
+    try:
+        SshRuntime(host).cancel(task.vm, task.remote_key or "")
+    except Unreachable as exc:
+        raise StateError(f"{task.label} was not cancelled: {exc.message}",
+                         hint=f"It goes on on {task.host}; `agentbox cancel {task.id}` again when the host answers.")\
+            from None

@@ -20,6 +20,7 @@ when the task was submitted; what it leaves uncommitted is committed on that bra
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from agentbox import paths, timing
@@ -121,22 +122,9 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
                repo: hostgit.Repo | None) -> None:
     config = session.config
     workspace = config.require_workspace()
-    start: tuple[str, str | None] | None = None  # the checkpoint's (tree, head)
-    if repo is not None and config.checkpoints.enabled:
-        with timing.phase("start checkpoint"):
-            try:
-                taken = checkpoints.take(workspace, "task", config.checkpoints, agent=agent.name,
-                                         session=f"task-{task.id}", message=task.summary)
-            except AgentboxError as exc:
-                warn(f"{task.label} has no start checkpoint: {exc.message}")
-            else:
-                task.checkpoint = taken.checkpoint.id
-                start = (taken.checkpoint.tree, taken.checkpoint.head)
-                with tasks.locked():
-                    latest = tasks.get(task.id) or task
-                    latest.checkpoint = task.checkpoint
-                    tasks.save(latest)
-    staged = _stage_copy(config, agent, task, repo, start) if task.isolated else None
+    start = start_checkpoint(config, agent, task, repo)
+    staged = stage_copy(config, task, repo, start, place_key(task.vm),
+                        paths.staging_dir(task.vm) / taskbundles.FOLDER) if task.isolated else None
     scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
     brokering = broker.prepare(config, agent.vm_name, agent.name)
     cached = warm.usable(config, agent.vm_name, workspace)
@@ -164,10 +152,32 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
             lease.release()
 
 
-def _stage_copy(config: Config, agent: AgentConfig, task: tasks.Task, repo: hostgit.Repo | None,
-                start: tuple[str, str | None] | None) -> taskbundles.Staged:
+def start_checkpoint(config: Config, agent: AgentConfig, task: tasks.Task,
+                     repo: hostgit.Repo | None) -> tuple[str, str | None] | None:
+    """The task's start checkpoint, recorded in the task; its (tree, HEAD), or None (checkpoints off, not git, or
+    it failed: said)."""
+    if repo is None or not config.checkpoints.enabled:
+        return None
+    with timing.phase("start checkpoint"):
+        try:
+            taken = checkpoints.take(config.require_workspace(), "task", config.checkpoints, agent=agent.name,
+                                     session=f"task-{task.id}", message=task.summary)
+        except AgentboxError as exc:
+            warn(f"{task.label} has no start checkpoint: {exc.message}")
+            return None
+    task.checkpoint = taken.checkpoint.id
+    with tasks.locked():
+        latest = tasks.get(task.id) or task
+        latest.checkpoint = task.checkpoint
+        tasks.save(latest)
+    return taken.checkpoint.tree, taken.checkpoint.head
+
+
+def stage_copy(config: Config, task: tasks.Task, repo: hostgit.Repo | None, start: tuple[str, str | None] | None,
+               place: str, folder: Path, present: Callable[[str], bool] | None = None) -> taskbundles.Staged:
     """An isolated task's base (its start checkpoint's tree, or the workspace's as it is when checkpoints are off)
-    as bundles in the VM's staging folder; recorded as the task's base."""
+    as bundles in `folder` (the place's staging folder's bundles/, or this machine's mirror of a remote one);
+    recorded as the task's base."""
     from agentbox.git import snapshot
 
     if repo is None:
@@ -177,10 +187,9 @@ def _stage_copy(config: Config, agent: AgentConfig, task: tasks.Task, repo: host
             snap = snapshot.take(repo, config.checkpoints.max_file_size)
             start = (snap.tree, snap.head)
         tree, head = start
-        others = [other for other in tasks.all_tasks()
-                  if other.vm == task.vm and other.isolated and other.active and other.id != task.id]
-        staged = taskbundles.stage(repo, place_key(task.vm), tree, paths.staging_dir(task.vm) / taskbundles.FOLDER,
-                                   tidy=not others)
+        others = [other for other in tasks.all_tasks() if other.vm == task.vm and other.host == task.host
+                  and other.isolated and other.active and other.id != task.id]
+        staged = taskbundles.stage(repo, place, tree, folder, present=present, tidy=not others)
     with tasks.locked():
         latest = tasks.get(task.id) or task
         latest.copy_base = task.copy_base = {"commit": staged.base, "tree": tree, "head": head}
@@ -206,8 +215,8 @@ def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, 
         staging.stage_context(config, agent.vm_name, agent, refreshed, instance,
                               "isolated" if task.isolated else "live", task.checkpoint)
     events = sessions.events_folder(agent.vm_name) if config.notify else None
-    spec = _spec(task, config.tasks_max_concurrent, base, workspace, events, staged)
-    box = tasks.prepare_box(task, {"prompt": prompt, "spec": spec})
+    task_spec = spec(task, config.tasks_max_concurrent, base, workspace, events, staged)
+    box = tasks.prepare_box(task, {"prompt": prompt, "spec": task_spec})
     now = tasks.get(task.id)
     if now is not None and now.state == CANCELLED:
         return True  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
@@ -231,13 +240,15 @@ def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, 
     return True
 
 
-def _spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path, events: Path | None,
-          staged: taskbundles.Staged | None = None) -> bytes:
+def spec(task: tasks.Task, max_concurrent: int, base: str | None, workspace: Path, events: Path | None,
+         staged: taskbundles.Staged | None = None, folders_of: str | None = None) -> bytes:
+    """The task's spec for its runner (provision/task-runner.sh). `folders_of`: the VM whose outbox the runner
+    writes its live marker to, when not the task's (a remote task: this machine's mirror of the remote VM's)."""
     values: dict[str, str] = {"id": str(task.id), "max": str(max_concurrent), "timeout": str(task.timeout or 0),
               "grace": str(tasks.GRACE_SECONDS), "cwd": task.cwd, "agent": task.agent}
     if events is not None:
         values["events"] = str(events)
-    values["live"] = str(sessions.live_folder(task.vm))
+    values["live"] = str(sessions.live_folder(folders_of or task.vm))
     if task.worktree and base:
         values.update(worktree=task.worktree, branch=task.branch or "", base=base, repo=str(workspace))
     records = list(values.items())

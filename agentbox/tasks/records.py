@@ -90,6 +90,17 @@ class Task:
     copy_base: dict[str, Any] | None = None  # an isolated task's base: {commit, tree, head} of agentbox's store
     proposal: int | None = None  # the proposal its changes became
     outcome: str | None = None  # an isolated task's changes: "proposal N: ...", "no changes", or why none was made
+    # A task on a remote host (agentbox.session.remote; its keeper, agentbox.session.remotekeeper, updates these):
+    remote_key: str | None = None  # its name there (its folder `outbox/tasks/KEY` in the VM's outbox there)
+    handed: bool = False  # the host took it (else it waits for the host, Pending)
+    seen: float | None = None  # when its host last answered for it
+    unreachable_since: float | None = None  # the first failed look since its host last answered
+    heartbeat_seen: float | None = None  # the runner's heartbeat as last read there (the host's clock)
+    heartbeat_moved: float | None = None  # when (this machine's clock) that heartbeat was seen to move
+
+    @property
+    def remote(self) -> bool:
+        return self.host != LOCAL
 
     @property
     def label(self) -> str:
@@ -110,6 +121,7 @@ class Task:
             "checkpoint": self.checkpoint, "worktree": self.worktree, "branch": self.branch, "base": self.base,
             "stdout": str(output_path(self, "stdout")), "stderr": str(output_path(self, "stderr")),
             "host": self.host, "isolated": self.isolated, "proposal": self.proposal,
+            "seen": iso(self.seen), "unreachableSince": iso(self.unreachable_since),
         }
 
     @classmethod
@@ -297,7 +309,12 @@ def runner_state(task: Task) -> dict[str, Any] | None:
     """The runner's state file, checked: a known state, numbers as numbers, the reason as text."""
     with _box(task) as box:
         data = vmread.read(box, "state", MAX_STATE_BYTES) if box is not None else None
-    if data is None:
+    return parse_runner_state(data) if data is not None else None
+
+
+def parse_runner_state(data: bytes) -> dict[str, Any] | None:
+    """A runner's state file (what the VM wrote), checked: a known state, numbers as numbers, the reason as text."""
+    if len(data) > MAX_STATE_BYTES:
         return None
     fields: dict[str, Any] = {}
     for line in data.decode("utf-8", "replace").splitlines():
@@ -328,7 +345,12 @@ def heartbeat(task: Task) -> float | None:
 def apply_runner(task: Task) -> bool:
     """Bring an active record up to the runner's state. Returns whether it changed."""
     seen = runner_state(task)
-    if seen is None or seen["state"] == task.state:
+    return seen is not None and apply_seen(task, seen)
+
+
+def apply_seen(task: Task, seen: dict[str, Any]) -> bool:
+    """Bring an active record up to a runner's state (parse_runner_state's). Returns whether it changed."""
+    if seen["state"] == task.state:
         return False
     steps = taskstate.path_to(task.state, seen["state"])
     if not steps:
@@ -355,7 +377,9 @@ def refresh(tasks: list[Task], *, check_vms: bool = True) -> list[Task]:
     """Update every active task from its runner (and, when check_vms, its VM's status: at most one limactl
     call); ended tasks get their outputs moved into the record. Returns the tasks, updated."""
     updated = list(tasks)
-    pending = [index for index, task in enumerate(updated) if task.active or not task.harvested]
+    # A remote task's record is its keeper's to update (agentbox.session.remotekeeper): nothing here reads it.
+    pending = [index for index, task in enumerate(updated)
+               if not task.remote and (task.active or not task.harvested)]
     if not pending:
         return updated
     with locked():
@@ -500,7 +524,8 @@ def open_output(task: Task, name: str) -> int | None:
 def settle_vm(vm: str, reason: str) -> list[Task]:
     """The VM is going away (stop, rm): its tasks take their last state from their runners; those still
     active become Failed with `reason`, and every output is moved into its record."""
-    mine = [task for task in all_tasks() if task.vm == vm and (task.active or not task.harvested)]
+    mine = [task for task in all_tasks()
+            if task.vm == vm and not task.remote and (task.active or not task.harvested)]
     if not mine:
         return []
     updated = refresh(mine, check_vms=False)
