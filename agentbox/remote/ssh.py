@@ -165,31 +165,43 @@ class Transport:
         if not self._master_alive():
             self.run(["true"])
 
-    def forward_remote(self, local_port: int) -> int:
+    def master_pid(self) -> int | None:
+        """The master connection's process id (None: there is none). A new one means forwards made on the old
+        one are gone."""
+        try:
+            result = subprocess.run(self._control("check"), stdin=subprocess.DEVNULL, capture_output=True,
+                                    timeout=CONNECT_TIMEOUT, env=hosttools.environ())
+        except subprocess.TimeoutExpired:
+            return None
+        found = re.search(rb"pid=(\d+)", result.stderr)
+        return int(found.group(1)) if result.returncode == 0 and found else None
+
+    def forward_remote(self, local_port: int, remote_port: int = 0) -> int:
         """Make the host's 127.0.0.1:PORT reach this machine's 127.0.0.1:local_port for the master connection's
-        lifetime; return PORT (chosen by the host's sshd)."""
+        lifetime; return PORT (chosen by the host's sshd when remote_port is 0, else remote_port: the same port
+        again after the connection was remade)."""
         self._ensure_master()
-        spec = f"0:127.0.0.1:{int(local_port)}"
+        spec = f"{int(remote_port)}:127.0.0.1:{int(local_port)}"
         result = subprocess.run(self._control("forward", "-R", spec), stdin=subprocess.DEVNULL, capture_output=True,
                                 timeout=CONNECT_TIMEOUT * 3, env=hosttools.environ())
-        found = re.fullmatch(rb"\s*(\d+)\s*", result.stdout)
-        if result.returncode != 0 or found is None:
+        found = re.fullmatch(rb"\s*(\d+)\s*", result.stdout) if remote_port == 0 else None
+        if result.returncode != 0 or (remote_port == 0 and found is None):
             if not self._master_alive():
                 raise Unreachable(self.host.name, _last_line(result.stderr))
-            raise AgentboxError(f"host {self.host.name} refused to forward a port back to 127.0.0.1:{local_port}: "
-                                f"{_last_line(result.stderr)}",
+            raise AgentboxError(f"host {self.host.name} refused to forward its port {remote_port or '(any)'} back "
+                                f"to 127.0.0.1:{local_port}: {_last_line(result.stderr)}",
                                 hint="its sshd must allow TCP forwarding (AllowTcpForwarding yes or remote)")
-        return int(found.group(1))
+        return int(found.group(1)) if found is not None else remote_port
 
     def cancel_forward(self, local_port: int, remote_port: int) -> None:
         """End a forward_remote; nothing when the master connection is gone (and the forward with it).
 
-        The master knows a forward by the words it was asked with (`0:...`, not the port the host chose): those
-        are what cancel it. (ssh exits 0 even when nothing matched.)"""
-        del remote_port
-        subprocess.run(self._control("cancel", "-R", f"0:127.0.0.1:{int(local_port)}"),
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=CONNECT_TIMEOUT * 3,
-                       env=hosttools.environ())
+        The master knows a forward by the words it was asked with (`0:...` when the host chose the port, else
+        `PORT:...`): both are tried (ssh exits 0 even when nothing matched)."""
+        for asked in (0, remote_port):
+            subprocess.run(self._control("cancel", "-R", f"{int(asked)}:127.0.0.1:{int(local_port)}"),
+                           stdin=subprocess.DEVNULL, capture_output=True, timeout=CONNECT_TIMEOUT * 3,
+                           env=hosttools.environ())
 
     def close(self) -> None:
         """End the master connection (its forwards with it); nothing when there is none."""

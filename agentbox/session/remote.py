@@ -24,6 +24,7 @@ import json
 import os
 import re
 import socket
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from agentbox.git.store import Repo
     from agentbox.remote.hosts import Host
     from agentbox.runtime.contract import Job
+    from agentbox.session.broker import Brokered
     from agentbox.vm import lifecycle as vm
 
 JOB_FILE = "job.json"  # in the task's record folder until the host took the task
@@ -63,15 +65,6 @@ def task_key(task: tasks.Task) -> str:
     return f"t{task.id}-{machine}-{digest}"
 
 
-def refused_logins(config: Config, agent: AgentConfig) -> list[str]:
-    """The host login files the agent's launch would stage (each would be written on the remote host)."""
-    from agentbox.credentials import stage as credentials
-
-    if not config.credentials.enabled:
-        return []
-    return list(credentials.launch_files(config, agent))
-
-
 def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
            host_name: str) -> tasks.Task:
     """Record the task, prepare its job and hand it to the host (or leave it waiting for the host); start its
@@ -79,6 +72,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     from agentbox.git import store as hostgit
     from agentbox.remote import hosts
     from agentbox.review import isolation
+    from agentbox.session import broker, remotecreds
     from agentbox.session.launch import workdir_for
     from agentbox.session.run import task_argv
 
@@ -89,21 +83,21 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     repo = hostgit.find(workspace)
     if repo is None:
         raise isolation.not_a_git_work_tree(workspace)
-    logins = refused_logins(config, agent)
+    mirror = shadow(agent.vm_name, host.name)
+    brokering = broker.prepare(config, mirror, agent.name)
+    prepared = brokering.prepared if brokering is not None else None
+    logins = remotecreds.refused_logins(config, agent, prepared)
     if logins:
-        shown = ", ".join(logins[:4]) + (f" and {len(logins) - 4} more" if len(logins) > 4 else "")
-        raise StateError(f"{agent.name}'s launch stages your login files ({shown}), and agentbox never writes a "
-                         f"login on another machine: the credential broker does not reach {host_name} yet",
-                         hint=f"Run it here (`--on local`), or give {agent.name} no host login for this project "
-                              "(`credentials: false` in agentbox.yml, with the agent's key in its own login in "
-                              "the VM).")
+        raise remotecreds.refusal(agent, logins, host_name, broker.wanted(config))
     cwd = workdir_for(config.cwd, workspace)
     task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
                         timeout=timeout, worktree=None, host=host_name, isolated=True)
+    lease = None
     try:
-        job = _prepare(config, agent, task, prompt, repo, host)
+        job = _prepare(config, agent, task, prompt, repo, host, brokering)
         _keep_job(task, job)
-        handed = hand_over(task, host)
+        lease = broker.begin_proxy(config, mirror, {agent.name: agent.endpoints}) if task_forward(task) else None
+        handed = hand_over(task, host, lease.port if lease is not None else None)
     except BaseException as exc:
         with tasks.locked():
             fresh = tasks.get(task.id) or task
@@ -111,6 +105,9 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
                 tasks.end(fresh, "Failed", f"it could not be handed to {host_name}: "
                           f"{getattr(exc, 'message', None) or exc}")
         raise
+    finally:
+        if lease is not None:
+            lease.release()  # the keeper holds its own from now on
     if not handed:
         note(f"{task.label} waits for {host_name}, which does not answer; it is handed over when it does "
              "(`agentbox tasks` shows it, `agentbox cancel` drops it)")
@@ -120,24 +117,40 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     return tasks.get(task.id) or task
 
 
-def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes, repo: Repo, host: Host) -> Job:
+def task_forward(task: tasks.Task) -> int | None:
+    """The host's port on which the task's VM reaches this machine's proxy (None: it needs none)."""
+    return task.forward_port
+
+
+def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes, repo: Repo, host: Host,
+             brokering: Brokered | None) -> Job:
     """Everything the host needs for the task, as one job: the staging folder's files (the bundles the host
     lacks among them), the task's folder, the launch command, and the VM's lima.yaml."""
     from agentbox.runtime.contract import Job
-    from agentbox.session import bootstrap, staging
+    from agentbox.session import bootstrap, broker, remotecreds, staging
     from agentbox.session.run import spec, stage_copy, start_checkpoint
     from agentbox.vm import render
 
     mirror = shadow(agent.vm_name, host.name)
     workspace = config.require_workspace()
+    key = task_key(task)
+    port = remotecreds.remote_port(key) if (config.network.proxied or broker.wanted(config)) else None
+    with tasks.locked():
+        latest = tasks.get(task.id) or task
+        latest.remote_key = task.remote_key = key
+        latest.forward_port = task.forward_port = port
+        tasks.save(latest)
     start = start_checkpoint(config, agent, task, repo)
     staged = stage_copy(config, task, repo, start, place_key(host.name, agent.vm_name),
                         paths.staging_dir(mirror) / taskbundles.FOLDER)
     scripts = bootstrap.plan(config, str(paths.staging_dir(mirror)))
     with timing.phase("staging (for the host)"):
-        refreshed = staging.refresh(config, mirror, agent, scripts, None)
+        refreshed = staging.refresh(config, mirror, agent, scripts, None, port,
+                                    brokering.prepared if brokering is not None else None,
+                                    brokering.authority if brokering is not None else None)
+        remotecreds.check_staged(list(refreshed.credentials), brokering.prepared if brokering is not None else None,
+                                 host.name)
         staging.stage_context(config, mirror, agent, refreshed, None, "isolated", task.checkpoint)
-    key = task_key(task)
     box = paths.vm_outbox(mirror) / "tasks" / key
     task_spec = spec(task, _slots(config, host.name), None, workspace, None, staged, folders_of=mirror)
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
@@ -148,7 +161,7 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
         for file_name in names:
             path = Path(folder) / file_name
             relative = path.relative_to(root).as_posix()
-            if relative.startswith("bundles/") and file_name != (staged.written or ""):
+            if relative.startswith(f"{taskbundles.FOLDER}/") and file_name != (staged.written or ""):
                 continue  # the host holds the earlier bundles of the chain
             if file_name.startswith("."):
                 continue
@@ -160,10 +173,6 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
         config, agent.vm_name,
         render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/staging", str(paths.staging_dir(mirror)), False),
         render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
-    with tasks.locked():
-        latest = tasks.get(task.id) or task
-        latest.remote_key = key
-        tasks.save(latest)
     return Job(agent.vm_name, key, lima_yaml, files, ["/usr/bin/env", "-C", "/", *command, "--", *task.argv],
                max(600, config.startup_wait_sec))
 
@@ -216,9 +225,10 @@ def kept_job(task: tasks.Task) -> Job | None:
                int(data["startTimeout"]))
 
 
-def hand_over(task: tasks.Task, host: Host) -> bool:
-    """Submit the kept job; True when the host took it (the record is then Queued or Running, as its runner
-    says), False when the host did not answer (it stays Pending). StateError when the host refused it."""
+def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
+    """Make the task's forward (when it has one: this machine's proxy at `proxy_port`) and submit its kept job;
+    True when the host took it (the record is then Queued or Running, as its runner says), False when the host
+    did not answer (it stays Pending). StateError when the host refused it."""
     from agentbox.remote import hosts
     from agentbox.remote.ssh import Unreachable
     from agentbox.runtime.contract import NeedsTemplate
@@ -229,6 +239,14 @@ def hand_over(task: tasks.Task, host: Host) -> bool:
         raise StateError(f"{task.label} has no job to hand over (its file {tasks.folder(task.id) / JOB_FILE} is gone)")
     runtime = SshRuntime(host)
     try:
+        if task.forward_port is not None:
+            if proxy_port is None:
+                raise StateError(f"{task.label} needs this machine's proxy, and it is not running")
+            runtime.transport.forward_remote(proxy_port, task.forward_port)
+            with tasks.locked():
+                fresh = tasks.get(task.id) or task
+                fresh.forward_master = runtime.transport.master_pid()
+                tasks.save(fresh)
         with timing.phase(f"hand-over to {host.name}"):
             try:
                 handed = runtime.submit(job._replace(lima_yaml=None))
@@ -254,9 +272,10 @@ def hand_over(task: tasks.Task, host: Host) -> bool:
         fresh = tasks.get(task.id) or task
         fresh.reason = None
         fresh.handed = True
+        fresh.unreachable_since = None
+        fresh.seen = time.time()
         tasks.save(fresh)
     return True
-
 
 def choose(config: Config) -> str:
     """Where `--on any` sends a task: the first host of tasks.hosts (in order; `local` is a host like the others)

@@ -39,8 +39,108 @@ def start(task_id: int) -> None:
                      start_new_session=True, close_fds=True, env=env, cwd="/")
 
 
-def step(task_id: int) -> tasks.Task | None:
-    """One look at the host for an active task (or one whose results are not home yet); the record, updated."""
+class Keeping:
+    """What only the keeper process holds for its task: a lease on this machine's proxy for the remote VM (the
+    broker's way back), and the forward of the host's port to it, made again when the connection was remade."""
+
+    def __init__(self) -> None:
+        self.lease: Any = None
+        self.problem: str | None = None
+        self.closed = False
+
+    def proxy_port(self, task: tasks.Task) -> int | None:
+        if task.forward_port is None:
+            return None
+        if self.lease is None:
+            try:
+                self.lease = _proxy_lease(task)
+            except Exception as exc:  # the config changed (untrusted now), the proxy could not start: said
+                self.problem = getattr(exc, "message", None) or str(exc)
+                return None
+        return int(self.lease.port) if self.lease is not None else None
+
+    def keep_forward(self, task: tasks.Task, transport: Any) -> None:
+        """The forward, on the current master connection."""
+        if task.forward_port is None:
+            return
+        master = transport.master_pid()
+        if master is not None and master == task.forward_master:
+            return
+        port = self.proxy_port(task)
+        if port is None:
+            _note(task.id, reason=f"its VM cannot reach this machine's proxy: {self.problem}")
+            return
+        transport.forward_remote(port, task.forward_port)
+        _note(task.id, forward_master=transport.master_pid())
+
+    def close(self, task: tasks.Task, transport: Any) -> None:
+        """The task ended: its forward and, when no other task of that VM is active, the proxy end."""
+        from agentbox.net import guard as netguard
+        from agentbox.session import remote
+
+        if task.forward_port is None or self.closed:
+            return
+        self.closed = True
+        if self.lease is not None:
+            import contextlib
+
+            with contextlib.suppress(Exception):
+                transport.cancel_forward(self.lease.port, task.forward_port)
+            self.lease.release()
+            self.lease = None
+        others = [other for other in tasks.all_tasks() if other.active and other.id != task.id
+                  and other.host == task.host and other.vm == task.vm]
+        if not others:
+            netguard.stop(remote.shadow(task.vm, task.host))
+
+
+def _close(task: tasks.Task, keeping: Keeping) -> None:
+    from agentbox.remote import hosts
+    from agentbox.remote.ssh import Transport
+
+    host = hosts.get(task.host)
+    if host is not None:
+        try:
+            keeping.close(task, Transport(host.target()))
+        except Exception:  # the host is gone: its forward went with the connection
+            if keeping.lease is not None:
+                keeping.lease.release()
+
+
+def running(task_id: int) -> bool:
+    """Whether the task's keeper runs (it holds its lock)."""
+    import fcntl
+
+    try:
+        fd = os.open(tasks.folder(task_id) / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _proxy_lease(task: tasks.Task) -> Any:
+    """This machine's proxy for the task's remote VM, from the workspace's config as it is now (trusted)."""
+    from pathlib import Path
+
+    from agentbox.config import load as config_load
+    from agentbox.config import trust
+    from agentbox.session import broker, remote
+
+    config = config_load.load(Path(task.workspace))
+    trust.require_trust(config)
+    agent = config.agent(task.agent)
+    return broker.begin_proxy(config, remote.shadow(task.vm, task.host), {agent.name: agent.endpoints})
+
+
+def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
+    """One look at the host for an active task (or one whose results are not home yet); the record, updated.
+    Only the keeper (with `keeping`) hands a waiting task over and keeps the forward."""
     from agentbox.remote import hosts
     from agentbox.remote.farclient import FarError
     from agentbox.remote.ssh import Unreachable
@@ -59,9 +159,13 @@ def step(task_id: int) -> tasks.Task | None:
             fresh.harvested = True
             tasks.save(fresh)
         return tasks.get(task_id)
+    if keeping is None and task.active and not running(task_id):
+        start(task_id)  # its keeper stopped (this machine restarted): it goes on following the task
     if task.active and not task.handed:
+        if keeping is None:
+            return task  # its keeper hands it over
         try:
-            if not remote.hand_over(task, host):
+            if not remote.hand_over(task, host, keeping.proxy_port(task)):
                 return _unreachable(task_id)
         except Exception as exc:  # refused by the host: the task cannot run
             with tasks.locked():
@@ -73,12 +177,16 @@ def step(task_id: int) -> tasks.Task | None:
     runtime = SshRuntime(host)
     key = task.remote_key or ""
     try:
+        if task.active and keeping is not None:
+            keeping.keep_forward(task, runtime.transport)
         if task.active:
             seen = runtime.task(task.vm, key)
             _apply(task_id, seen, host.name)
             task = tasks.get(task_id) or task
         if not task.active and not task.harvested:
             _bring_home(task_id, runtime)
+        if not task.active and keeping is not None:
+            keeping.close(task, runtime.transport)
     except Unreachable:
         return _unreachable(task_id)
     except FarError as exc:
@@ -172,12 +280,15 @@ def main(argv: list[str]) -> int:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another keeper follows it
+    keeping = Keeping()
     while True:
         try:
-            task = step(task_id)
+            task = step(task_id, keeping)
         except Exception:  # a bad moment (the record being written): look again
             task = tasks.get(task_id)
         if task is None or (not task.active and task.harvested):
+            if task is not None:
+                _close(task, keeping)
             return 0
         time.sleep(UNREACHABLE_POLL_SEC if task.unreachable_since is not None else POLL_SEC)
 

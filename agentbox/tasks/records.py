@@ -97,6 +97,8 @@ class Task:
     unreachable_since: float | None = None  # the first failed look since its host last answered
     heartbeat_seen: float | None = None  # the runner's heartbeat as last read there (the host's clock)
     heartbeat_moved: float | None = None  # when (this machine's clock) that heartbeat was seen to move
+    forward_port: int | None = None  # the host's port on which its VM reaches this machine's proxy (or None)
+    forward_master: int | None = None  # the ssh master connection the forward was made on (a new one: make it again)
 
     @property
     def remote(self) -> bool:

@@ -1,0 +1,221 @@
+"""Isolated tasks on another machine (`agentbox run --on HOST`) through the real CLI: a real sshd on 127.0.0.1, a
+second local user standing for the remote machine with the limactl double on its PATH (tests/remotehost.py), and
+agentbox's far end there. The agent works on a copy made from git bundles, and its changes come home as a
+proposal; outputs and records live on this machine."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import FakeLima, make_repository, run_agentbox, run_cli, snapshot_tree, wait_for, write
+from tests.remotehost import RemoteHost
+
+Hosts = Callable[..., list[RemoteHost]]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("tasks")]
+
+# A stand-in agent the config defines (python3 is in every guest): prints the files it sees (JSON) and its folder,
+# then does what the prompt's `do:` steps ask: write:FILE:TEXT, rm:FILE, summary:TEXT, sleep:S, out:TEXT.
+AGENT = r"""
+import json, os, sys, time
+seen = []
+for folder, dirs, files in os.walk("."):
+    dirs[:] = [d for d in dirs if d != ".git"]
+    seen += [os.path.normpath(os.path.join(folder, name)) for name in files]
+print(json.dumps({"cwd": os.getcwd(), "files": sorted(seen)}), flush=True)
+prompt = sys.argv[-1]
+if prompt.startswith("do:"):
+    for step in prompt[3:].split(";"):
+        what, _, arg = step.partition(":")
+        if what == "write":
+            name, _, text = arg.partition(":")
+            os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
+            with open(name, "w") as f:
+                f.write(text + "\n")
+        elif what == "rm":
+            os.remove(arg)
+        elif what == "summary":
+            with open(os.environ["AGENTBOX_SUMMARY"], "w") as f:
+                f.write(arg + "\n")
+        elif what == "sleep":
+            time.sleep(float(arg))
+        elif what == "out":
+            print(arg, flush=True)
+"""
+EDITS = "do:write:modified.txt:by the agent;rm:deleted.txt;write:new/added.txt:new file;summary:what I did"
+CONFIG = ("notify: false\ntasks:\n  maxConcurrent: 2\nagents:\n  stub:\n    binary: python3\n"
+          f"    defaultArgs: [-c, {json.dumps(AGENT)}]\n")
+# What must never reach a remote host: the laptop's logins, keys and agentbox state.
+SECRETS = {".claude/.credentials.json": b'{"claudeAiOauth": {"accessToken": "sk-ant-oat01-LAPTOPSECRET"}}',
+           ".codex/auth.json": b'{"OPENAI_API_KEY": "sk-LAPTOPSECRET-codex"}',
+           ".ssh/id_laptop": b"-----BEGIN OPENSSH PRIVATE KEY-----\nLAPTOPSECRETKEY\n"}
+
+
+@pytest.fixture
+def remote_project(project: Path, home: Path, remote_hosts: Hosts) -> tuple[Path, RemoteHost]:
+    host = remote_hosts(1)[0]
+    make_repository(project, config=CONFIG)
+    for name, data in SECRETS.items():
+        write(home / name, data.decode(), mode=0o600)
+    added = run_agentbox("hosts", "add", "big", host.url, "--no-check", cwd=project)
+    assert added.returncode == 0, added.stderr
+    run_agentbox("trust", cwd=project)
+    return project, host
+
+
+def submit(project: Path, *args: str) -> int:
+    result = run_agentbox("run", "--agent", "stub", *args, cwd=project, timeout=240)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.strip())
+
+
+def record(project: Path, task_id: int) -> dict:
+    result = run_agentbox("tasks", "--json", cwd=project)
+    assert result.returncode == 0, result.stderr
+    return next(t for t in json.loads(result.stdout) if t["id"] == task_id)
+
+
+def remote_calls(host: RemoteHost) -> list[list[str]]:
+    return FakeLima(host.lima_home).calls()
+
+
+def test_a_task_on_a_host_works_on_a_copy_and_its_changes_come_home_as_a_proposal(
+        remote_project: tuple[Path, RemoteHost]) -> None:
+    project, host = remote_project
+    before = snapshot_tree(project)
+    task_id = submit(project, "--on", "big", EDITS)
+    done = run_agentbox("wait", str(task_id), cwd=project, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "proposal 1: 3 files changed" in done.stderr
+    assert snapshot_tree(project) == before  # the laptop's workspace is never touched
+    logs = run_agentbox("logs", str(task_id), cwd=project)
+    seen = json.loads(logs.stdout.splitlines()[0])
+    assert seen["cwd"].endswith(f"/.agentbox/tasks/{task_id}/{project.name}")
+    assert {"modified.txt", "untracked.txt", "tracked.txt", "deleted.txt", ".gitignore"} <= set(seen["files"])
+    assert "build/out.o" not in seen["files"]
+    task = record(project, task_id)
+    assert (task["host"], task["isolated"], task["state"], task["proposal"]) == ("big", True, "Completed", 1)
+    assert "Completed, proposal 1 on big" in run_agentbox("tasks", cwd=project).stdout
+    review = run_cli("review", "1", cwd=project)
+    assert review.exit_code == 0 and "+by the agent" in review.stdout and "what I did" in review.stdout
+    applied = run_cli("apply", "1", cwd=project)
+    assert applied.exit_code == 0, applied.stderr
+    assert (project / "modified.txt").read_text() == "by the agent\n"
+    assert not (project / "deleted.txt").exists()
+    # The task's folder there is gone once its results came home; the outputs outlive it here.
+    assert not list((host.home / ".agentbox-remote" / "vms").glob("*/outbox/tasks/*"))
+    # Nothing of the laptop's logins, keys or state went there.
+    assert host.containing(secret for data in SECRETS.values() for secret in [data.split(b"LAPTOPSECRET")[0][-6:]
+                                                                           + b"LAPTOPSECRET"]) == []
+    assert not [path for path in host.files() if "credentials" in path.name or path.name == "auth.json"]
+
+
+def test_a_second_task_on_the_warm_vm_is_one_limactl_call_and_a_delta(remote_project: tuple[Path, RemoteHost]
+                                                                      ) -> None:
+    project, host = remote_project
+    first = submit(project, "--on", "big", "do:out:first")
+    assert run_agentbox("wait", str(first), cwd=project, timeout=240).returncode == 0
+    calls_before = len(remote_calls(host))
+    bundles_dir = host.home / ".agentbox-remote" / "vms"
+    sent_before = {path.name: path.stat().st_size for path in bundles_dir.glob("*/staging/bundles/*.bundle")}
+    write(project / "untracked.txt", "changed for the second task\n")
+    second = submit(project, "--on", "big", "do:out:second")
+    assert run_agentbox("wait", str(second), cwd=project, timeout=240).returncode == 0
+    submitted = remote_calls(host)[calls_before:]
+    assert [call[0] for call in submitted if call[0] != "list"][:1] == ["shell"]
+    assert sum(1 for call in submitted if call[0] in ("create", "start")) == 0
+    sent_after = {path.name: path.stat().st_size for path in bundles_dir.glob("*/staging/bundles/*.bundle")}
+    new = set(sent_after) - set(sent_before)
+    assert len(new) == 1 and sent_after[new.pop()] < min(sent_before.values())  # only what changed
+    assert run_agentbox("logs", str(second), cwd=project).stdout.splitlines()[-1] == "second"
+    assert host.accepted() == 1  # every call over one connection
+
+
+def test_tasks_shows_the_last_known_state_without_asking_and_refresh_asks(
+        remote_project: tuple[Path, RemoteHost]) -> None:
+    project, host = remote_project
+    task_id = submit(project, "--on", "big", "do:out:started;sleep:30")
+    wait_for(lambda: record(project, task_id)["state"] == "Running", timeout=60)
+    accepted = host.accepted()
+    host.close()  # the host goes away mid-run: its runner goes on there
+    started = time.monotonic()
+    listing = run_agentbox("tasks", cwd=project)
+    assert time.monotonic() - started < 5  # no host is asked
+    assert "Running on big" in listing.stdout
+    refreshed = run_agentbox("tasks", "--refresh", cwd=project)
+    assert "Running on big (unreachable since" in refreshed.stdout
+    assert record(project, task_id)["unreachableSince"] is not None
+    host.start()
+    cancelled = run_agentbox("cancel", str(task_id), cwd=project, timeout=120)
+    assert cancelled.returncode == 0, cancelled.stderr
+    done = run_agentbox("wait", str(task_id), cwd=project, timeout=120)
+    assert done.returncode == 130 and "Cancelled" in done.stderr
+    assert record(project, task_id)["unreachableSince"] is None
+    assert host.accepted() > accepted
+
+
+def test_a_host_that_does_not_answer_at_submit_keeps_the_task_waiting_until_it_does(
+        remote_project: tuple[Path, RemoteHost]) -> None:
+    project, host = remote_project
+    host.close()
+    task_id = submit(project, "--on", "big", "do:write:late.txt:done")
+    task = record(project, task_id)
+    assert task["state"] == "Pending"
+    assert "waiting for the host" in run_agentbox("tasks", cwd=project).stdout
+    host.start()
+    done = run_agentbox("wait", str(task_id), cwd=project, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert "proposal" in done.stderr
+
+
+def test_a_remote_vm_deleted_under_a_task_fails_it_with_the_reason(remote_project: tuple[Path, RemoteHost]) -> None:
+    project, host = remote_project
+    task_id = submit(project, "--on", "big", "do:sleep:60")
+    wait_for(lambda: record(project, task_id)["state"] == "Running", timeout=60)
+    vm = record(project, task_id)["vm"]
+    deleted = host.run(["limactl", "delete", "--force", vm])
+    assert deleted.returncode == 0, deleted.stderr
+    done = run_agentbox("wait", str(task_id), cwd=project, timeout=120)
+    assert done.returncode == 1
+    assert f"its VM {vm} on big was deleted" in done.stderr
+
+
+def test_an_agent_whose_login_would_be_staged_there_is_refused_before_anything_is_made(
+        remote_project: tuple[Path, RemoteHost]) -> None:
+    project, host = remote_project
+    result = run_agentbox("run", "--agent", "claude", "--on", "big", "hello", cwd=project)
+    assert result.returncode != 0
+    assert "agentbox never writes a login on another machine" in result.stderr
+    assert json.loads(run_agentbox("tasks", "--json", cwd=project).stdout) == []
+    assert not (host.home / ".agentbox-remote").exists()
+
+
+def test_two_hosts_run_tasks_at_once_and_any_fills_local_first_then_the_next(
+        project: Path, home: Path, remote_hosts: Hosts) -> None:
+    one, two = remote_hosts(2)
+    make_repository(project, config=CONFIG.replace(
+        "tasks:\n  maxConcurrent: 2\n",
+        "tasks:\n  maxConcurrent: 2\n  hosts: [{name: one, maxConcurrent: 1}, {name: two, maxConcurrent: 1}]\n"))
+    for name, host in (("one", one), ("two", two)):
+        assert run_agentbox("hosts", "add", name, host.url, "--no-check", cwd=project).returncode == 0
+    assert run_agentbox("trust", cwd=project).returncode == 0
+    first = submit(project, "--on", "any", "do:sleep:5;write:a.txt:one")
+    second = submit(project, "--on", "any", "do:sleep:5;write:b.txt:two")
+    hosts = {record(project, first)["host"], record(project, second)["host"]}
+    assert hosts == {"one", "two"}
+    for task_id in (first, second):
+        assert run_agentbox("wait", str(task_id), cwd=project, timeout=240).returncode == 0
+    assert sorted(p["id"] for p in json.loads(run_agentbox("proposals", "--json", cwd=project).stdout)) == [1, 2]
+
+
+def test_follow_prints_a_remote_task_s_output_as_it_comes(remote_project: tuple[Path, RemoteHost]) -> None:
+    project, _ = remote_project
+    task_id = submit(project, "--on", "big", "do:out:one;sleep:3;out:two")
+    followed = run_agentbox("logs", "-f", str(task_id), cwd=project, timeout=120)
+    assert followed.returncode == 0, followed.stderr
+    assert followed.stdout.splitlines()[1:] == ["one", "two"]
+
