@@ -164,7 +164,8 @@ def install_double(folder: Path) -> Path:
     """Copy the limactl double where any user can read it, for /usr/bin/python3; return the bin folder."""
     folder.mkdir(parents=True, exist_ok=True)
     folder.chmod(0o755)
-    shutil.copytree(TESTS / "fake_limactl", folder / "fake_limactl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(TESTS / "fake_limactl", folder / "fake_limactl", ignore=shutil.ignore_patterns("__pycache__"),
+                    symlinks=True)  # the guest's stand-ins are links to tools.py, as in the repository
     shutil.copy(TESTS / "lima_schema.json", folder / "lima_schema.json")  # constants.SCHEMA_PATH: next to it
     subprocess.run([SYSTEM_PYTHON, "-m", "compileall", "-q", str(folder / "fake_limactl")], check=True)
     where = subprocess.run([SYSTEM_PYTHON, "-c", "import os, yaml, jsonschema\nfor m in (yaml, jsonschema): "
@@ -178,7 +179,10 @@ def install_double(folder: Path) -> Path:
                     f'exec {SYSTEM_PYTHON} -S {shlex.quote(str(folder / "fake_limactl" / "limactl.py"))} "$@"\n')
     shim.chmod(0o755)
     for path in folder.rglob("*"):
-        path.chmod(0o755 if path.is_dir() or path == shim else 0o644)
+        if path.is_symlink():
+            continue
+        executable = path.is_dir() or path == shim or os.access(TESTS / path.relative_to(folder), os.X_OK)
+        path.chmod(0o755 if executable else 0o644)  # readable by all; programs (the guest's tools.py) stay so
     return bin_dir
 
 

@@ -29,14 +29,18 @@ def test_add_checks_the_host_and_ls_and_doctor_say_what_it_is(remote_hosts: Host
 
     listed = run_agentbox("hosts", "ls", "--json", cwd=project)
     assert listed.returncode == 0, listed.stderr
-    [row] = json.loads(listed.stdout)
+    local, row = json.loads(listed.stdout)
+    # This machine is a host like the others, first (its limactl is this test's double).
+    assert (local["name"], local["reachable"], local["limaVersion"]) == ("local", True, "2.2.0")
     assert row["name"] == "big" and row["url"] == "ssh://remote1" and row["reachable"] is True
     assert row["limaVersion"] == "2.2.0" and row["virt"] == "none" and row["cpus"] >= 1
     assert row["slots"] == 2 and row["freeSlots"] == 2 and row["running"] == 0
     table = run_agentbox("hosts", "ls", cwd=project)
     assert table.stdout.splitlines()[0].split() == ["NAME", "ADDRESS", "REACHABLE", "LIMA", "VIRT", "CPUS", "MEMORY",
                                                     "FREE", "SLOTS", "RUNNING"]
-    assert table.stdout.splitlines()[1].split()[:5] == ["big", "ssh://remote1", "yes", "2.2.0", "none"]
+    local_line, big_line = table.stdout.splitlines()[1:3]
+    assert local_line.startswith("local ") and " yes " in local_line
+    assert big_line.startswith("big ") and big_line.split()[-7:-4] == ["yes", "2.2.0", "none"]
 
     doctor = run_agentbox("hosts", "doctor", "big", "--json", cwd=project)
     assert doctor.returncode == 1  # the virtualisation check fails here
@@ -53,7 +57,7 @@ def test_a_host_that_does_not_answer_is_listed_as_unreachable_with_since_when(re
     assert run_agentbox("hosts", "add", "big", host.url, "--no-check", cwd=project).returncode == 0
     host.close()
     listed = run_agentbox("hosts", "ls", "--json", cwd=project)
-    [row] = json.loads(listed.stdout)
+    _, row = json.loads(listed.stdout)
     assert row["reachable"] is False and row["unreachableSince"] is not None
     assert "host big is unreachable" in row["error"] and "Connection refused" in row["error"]
     doctor = run_agentbox("hosts", "doctor", "big", cwd=project)
@@ -63,8 +67,8 @@ def test_a_host_that_does_not_answer_is_listed_as_unreachable_with_since_when(re
     assert "no, since 20" in table.stdout  # "no, since YYYY-MM-DD HH:MM"
     host.start()
     again = run_agentbox("hosts", "ls", "--json", cwd=project)
-    assert json.loads(again.stdout)[0]["reachable"] is True
-    assert json.loads(again.stdout)[0]["unreachableSince"] is None
+    assert json.loads(again.stdout)[1]["reachable"] is True
+    assert json.loads(again.stdout)[1]["unreachableSince"] is None
 
 
 @pytest.mark.parametrize(("name", "url", "said"), [
@@ -80,7 +84,7 @@ def test_add_refuses_bad_names_and_addresses_before_anything_is_written(project:
                                                                          said: str) -> None:
     result = run_agentbox("hosts", "add", name, url, "--no-check", cwd=project)
     assert result.returncode == 2 and said in result.stderr
-    assert json.loads(run_agentbox("hosts", "ls", "--json", cwd=project).stdout) == []
+    assert [row["name"] for row in json.loads(run_agentbox("hosts", "ls", "--json", cwd=project).stdout)] == ["local"]
 
 
 def test_add_twice_is_refused_and_rm_forgets_the_host(project: Path) -> None:

@@ -109,9 +109,8 @@ def test_a_task_on_a_host_works_on_a_copy_and_its_changes_come_home_as_a_proposa
     # The task's folder there is gone once its results came home; the outputs outlive it here.
     assert not list((host.home / ".agentbox-remote" / "vms").glob("*/outbox/tasks/*"))
     # Nothing of the laptop's logins, keys or state went there.
-    assert host.containing(secret for data in SECRETS.values() for secret in [data.split(b"LAPTOPSECRET")[0][-6:]
-                                                                           + b"LAPTOPSECRET"]) == []
-    assert not [path for path in host.files() if "credentials" in path.name or path.name == "auth.json"]
+    assert host.containing([b"LAPTOPSECRET"]) == []
+    assert not [path for path in host.files() if path.name in (".credentials.json", "auth.json", "id_laptop")]
 
 
 def test_a_second_task_on_the_warm_vm_is_one_limactl_call_and_a_delta(remote_project: tuple[Path, RemoteHost]
@@ -139,7 +138,7 @@ def test_tasks_shows_the_last_known_state_without_asking_and_refresh_asks(
         remote_project: tuple[Path, RemoteHost]) -> None:
     project, host = remote_project
     task_id = submit(project, "--on", "big", "do:out:started;sleep:30")
-    wait_for(lambda: record(project, task_id)["state"] == "Running", timeout=60)
+    wait_for(lambda: record(project, task_id)["state"], 60, "the task running", until=lambda state: state == "Running")
     accepted = host.accepted()
     host.close()  # the host goes away mid-run: its runner goes on there
     started = time.monotonic()
@@ -175,7 +174,7 @@ def test_a_host_that_does_not_answer_at_submit_keeps_the_task_waiting_until_it_d
 def test_a_remote_vm_deleted_under_a_task_fails_it_with_the_reason(remote_project: tuple[Path, RemoteHost]) -> None:
     project, host = remote_project
     task_id = submit(project, "--on", "big", "do:sleep:60")
-    wait_for(lambda: record(project, task_id)["state"] == "Running", timeout=60)
+    wait_for(lambda: record(project, task_id)["state"], 60, "the task running", until=lambda state: state == "Running")
     vm = record(project, task_id)["vm"]
     deleted = host.run(["limactl", "delete", "--force", vm])
     assert deleted.returncode == 0, deleted.stderr
@@ -184,14 +183,27 @@ def test_a_remote_vm_deleted_under_a_task_fails_it_with_the_reason(remote_projec
     assert f"its VM {vm} on big was deleted" in done.stderr
 
 
+@pytest.mark.parametrize(("agent", "login", "extra", "why"), [
+    ("opencode", ".local/share/opencode/auth.json", "", "the credential broker keeps only"),
+    ("claude", ".claude/.credentials.json", "credentials:\n  broker: false\n", "the credential broker is off"),
+])
 def test_an_agent_whose_login_would_be_staged_there_is_refused_before_anything_is_made(
-        remote_project: tuple[Path, RemoteHost]) -> None:
+        remote_project: tuple[Path, RemoteHost], home: Path, agent: str, login: str, extra: str, why: str) -> None:
     project, host = remote_project
-    result = run_agentbox("run", "--agent", "claude", "--on", "big", "hello", cwd=project)
-    assert result.returncode != 0
-    assert "agentbox never writes a login on another machine" in result.stderr
+    write(home / login, '{"token": "LAPTOPSECRET-login"}', mode=0o600)
+    if extra:
+        write(project / "agentbox.yml", CONFIG + extra)
+        assert run_agentbox("trust", cwd=project).returncode == 0
+    result = run_agentbox("run", "--agent", agent, "--on", "big", "hello", cwd=project)
+    assert result.returncode == 1, result.stderr
+    assert f"would stage your login files (~/{login}) on big" in result.stderr
+    assert "agentbox never writes a login on another machine" in result.stderr and why in result.stderr
     assert json.loads(run_agentbox("tasks", "--json", cwd=project).stdout) == []
     assert not (host.home / ".agentbox-remote").exists()
+    # The control: an agent with no login of the host's goes there, the same login files present.
+    task_id = submit(project, "--on", "big", "do:out:fine")
+    assert run_agentbox("wait", str(task_id), cwd=project, timeout=240).returncode == 0
+    assert host.containing([b"LAPTOPSECRET"]) == []
 
 
 def test_two_hosts_run_tasks_at_once_and_any_fills_local_first_then_the_next(

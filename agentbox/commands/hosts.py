@@ -13,8 +13,15 @@ if TYPE_CHECKING:
     from agentbox.doctor import Check
     from agentbox.remote.hosts import Host
 
+def _local_host() -> Host:
+    from agentbox.remote.hosts import Host
+
+    return Host("local", "this machine", "localhost")
+
+
 MIN_DISK_FREE = 20 << 30  # a VM's disk grows to tens of GiB; less free space than this is a warning
 LS_TIMEOUT = 15.0
+LOCAL_HOST = _local_host()
 
 
 @click.group("hosts", invoke_without_command=True)
@@ -53,7 +60,8 @@ def add_command(name: str, url: str, no_check: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON array, one object per host.")
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool = False) -> None:
-    """List the hosts: reachable, Lima, virtualisation, size, free slots, running work.
+    """List the hosts, this machine (`local`) first: reachable, Lima, virtualisation, size, free slots, running
+    work.
 
     Every host is asked at once (one ssh connection each, reused by later commands); one that does not
     answer within 15 s is shown as unreachable with when it was last reached.
@@ -63,13 +71,12 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
 
     found = hosts.all_hosts()
     slots = _slots(ctx)
-    rows = _ask_all(found)
+    rows = _ask_all([LOCAL_HOST, *found])
     if as_json:
         click.echo(json.dumps([_json_row(host, facts, error, slots) for host, facts, error in rows], indent=2))
         return
     if not found:
-        note("no hosts yet: `agentbox hosts add NAME ssh://[user@]host[:port]` adds one")
-        return
+        note("no other hosts yet: `agentbox hosts add NAME ssh://[user@]host[:port]` adds one")
     table = [["NAME", "ADDRESS", "REACHABLE", "LIMA", "VIRT", "CPUS", "MEMORY", "FREE SLOTS", "RUNNING"]]
     for host, facts, _error in rows:
         if facts is None:
@@ -189,16 +196,24 @@ def host_checks(host: Host) -> list[Check]:
 
 
 def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str | None]]:
-    """Each host's facts, asked in parallel; (host, None, why) for one that did not answer."""
+    """Each host's facts (the runtime contract's `describe`), asked in parallel; (host, None, why) for one that
+    did not answer."""
     from concurrent.futures import ThreadPoolExecutor
 
+    from agentbox import runtime
+    from agentbox.errors import AgentboxError
     from agentbox.remote import hosts
-    from agentbox.remote.farclient import Far, FarError
-    from agentbox.remote.ssh import Transport, Unreachable
+    from agentbox.remote.farclient import FarError
+    from agentbox.remote.ssh import Unreachable
 
     def ask(host: Host) -> tuple[Host, dict[str, Any] | None, str | None]:
+        if host is LOCAL_HOST:
+            try:
+                return host, runtime.place(runtime.LOCAL).describe(), None
+            except AgentboxError as exc:
+                return host, None, exc.message
         try:
-            facts = Far(Transport(host.target())).call("facts", timeout=LS_TIMEOUT)
+            facts = runtime.place(host.name).describe()
         except Unreachable as exc:
             return hosts.unreachable(host), None, None if host.unreachable_since else exc.message
         except FarError as exc:

@@ -229,11 +229,13 @@ def _table(found: list[Task]) -> None:
             state += f", {task.outcome if task.outcome == 'no changes' else 'no proposal'}"
         if task.remote:
             state += f" on {task.host}"
-            if task.active and task.unreachable_since is not None:
-                state += f" (unreachable since {tables.local_time(task.unreachable_since)}"
+            since = task.unreachable_since
+            if task.active and not task.handed:
+                state += " (waiting for the host" + (f", unreachable since {tables.local_time(since)})" if since
+                                                     else ")")
+            elif task.active and since is not None:
+                state += f" (unreachable since {tables.local_time(since)}"
                 state += f"; seen {tables.local_time(task.seen)})" if task.seen else ")"
-            elif task.active and not task.handed:
-                state += " (waiting for the host)"
         rows.append((str(task.id), visible(task.name or ""), task.agent, state,
                      "" if task.exit_code is None else str(task.exit_code),
                      tables.local_time(task.started) if task.started else "", took, visible(task.summary)))

@@ -1,5 +1,4 @@
-"""Other machines: the SSH transport (one multiplexed ssh connection per host), the far end run there
-(far.py, standalone) and its client, and the hosts agentbox knows.
+"""Other machines: the ssh transport, the far end run there (far.py) and its client, the hosts agentbox knows.
 
 May import review, config, agents, net, git and the ground floor.
 """

@@ -18,6 +18,7 @@ from agentbox.errors import AgentboxError
 from agentbox.safetext import visible
 
 FAR_SCRIPT = Path(__file__).with_name("far.py")
+FAR_ROOT = "~/.agentbox-remote"  # the far end's folder on a host (far.py's ROOT_NAME in the remote home)
 REMOTE_BIN = ".agentbox-remote/bin"  # below the remote home
 MISSING = 127  # the far end is not installed (or python3 is missing: told apart by installing once)
 ERROR_EXIT = 3  # far.py's {"error": ...}
@@ -59,7 +60,8 @@ class Far:
 
     @property
     def host(self) -> str:
-        return str(getattr(self.transport, "name", None) or "the remote host")
+        host = getattr(self.transport, "host", None)
+        return str(getattr(self.transport, "name", None) or getattr(host, "name", None) or "the remote host")
 
     def call(self, command: str, *args: str, stdin: bytes | None = None, timeout: float = 60) -> dict[str, Any]:
         """The far end's JSON answer to COMMAND ARGS; FarError for its error or an answer that is not its JSON."""

@@ -158,6 +158,7 @@ def remove(name: str) -> bool:
 
 def reached(host: Host, facts: dict[str, Any] | None = None) -> Host:
     """Note that the host answered now (and what it said of itself)."""
+    host = get(host.name) or host  # as recorded now: another process may have noted something since
     updated = host._replace(seen=time.time(), unreachable_since=None,
                             facts=facts if facts is not None else host.facts)
     save(updated)
@@ -166,6 +167,7 @@ def reached(host: Host, facts: dict[str, Any] | None = None) -> Host:
 
 def unreachable(host: Host) -> Host:
     """Note a failed attempt; the first one since the host last answered starts `unreachable since`."""
+    host = get(host.name) or host
     if host.unreachable_since is not None:
         return host
     updated = host._replace(unreachable_since=time.time())

@@ -1,4 +1,7 @@
-"""The places that run VMs, behind one contract (agentbox.runtime.contract): this machine and remote hosts."""
+"""The places that run VMs, behind one contract (agentbox.runtime.contract): this machine and remote hosts.
+
+May import tasks, sync, credentials, vm, remote, review, config, agents, net, git and the ground floor.
+"""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 STAGING = "staging"  # read-only in the VM
-OUTBOX = "outbox"  # writable by the VM
+TASK = "task"  # the task's folder in the VM's outbox (writable by the VM)
 
 
 class Job(NamedTuple):
@@ -25,7 +25,7 @@ class Job(NamedTuple):
     vm: str
     task: str  # the task's key there: its folder `outbox/tasks/KEY`
     lima_yaml: str | None  # what to create the VM from when it does not exist (None: it must exist)
-    files: Mapping[str, bytes]  # "staging/REL" or "outbox/REL" -> content
+    files: Mapping[str, bytes]  # "staging/REL" (the VM's staging folder) or "task/NAME" (the task's folder) -> content
     argv: Sequence[str]
     start_timeout: int = 600
 

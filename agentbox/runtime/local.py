@@ -11,7 +11,7 @@ from typing import Any
 
 from agentbox import paths, vmread
 from agentbox.fsutil import private_dir
-from agentbox.runtime.contract import OUTBOX, STAGING, Handed, Job, NeedsTemplate, TaskSeen
+from agentbox.runtime.contract import STAGING, TASK, Handed, Job, NeedsTemplate, TaskSeen
 
 MAX_STATE = 4096
 
@@ -70,7 +70,7 @@ class LocalRuntime:
             self.lima.start(job.vm, job.start_timeout)
             started = True
         for name, data in job.files.items():
-            _put(job.vm, name, data)
+            _put(job.vm, job.task, name, data)
         code, _, stderr = self.lima.shell_bytes(job.vm, list(job.argv), 1 << 20)
         return Handed(code, stderr[-4096:], created, started)
 
@@ -130,11 +130,13 @@ class LocalRuntime:
         vmread.remove_folder(outbox, outbox / "tasks" / key)
 
 
-def _put(vm: str, name: str, data: bytes) -> None:
-    """One file into the VM's staging folder or outbox, folder by folder without following a link."""
+def _put(vm: str, key: str, name: str, data: bytes) -> None:
+    """One file into the VM's staging folder or the task's folder in its outbox, folder by folder without following
+    a link."""
     area, _, rel = name.partition("/")
-    parts = rel.split("/")
-    if area not in (STAGING, OUTBOX) or not rel or any(part in ("", ".", "..") for part in parts):
+    parts = rel.split("/") if area == STAGING else ["tasks", key, rel]
+    if area not in (STAGING, TASK) or not rel or any(part in ("", ".", "..") for part in parts) or (
+            area == TASK and "/" in rel):
         raise ValueError(f"not a file agentbox puts in a VM's folders: {name!r}")
     root = paths.staging_dir(vm) if area == STAGING else paths.vm_outbox(vm)
     private_dir(root)

@@ -4,7 +4,7 @@ The task is an isolated task as on this machine (agentbox.session.run): its star
 of agentbox's store (a delta when the host holds an earlier one), the agent works on a copy in the project's VM
 there, and its changes come back as a proposal. What differs is only where the files are:
 
-- This machine keeps a mirror of the remote VM's two shared folders, `<state>/vms/VM@HOST/{staging,outbox}`
+- This machine keeps a mirror of the remote VM's two shared folders, `<state>/vms/VM.on-HOST/{staging,outbox}`
   (`shadow`): agentbox's staging code writes the launch step, the task's spec and the bundles there, and the job
   sends them. The remote VM mounts the far end's folders at these same paths, so every path the launch step and
   its files name is right there too.
@@ -24,7 +24,6 @@ import json
 import os
 import re
 import socket
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,6 +31,7 @@ from agentbox import paths, timing
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
+from agentbox.session.remotekeeper import JOB_FILE, hand_over, shadow
 from agentbox.tasks import bundles as taskbundles
 from agentbox.tasks import records as tasks
 
@@ -43,12 +43,6 @@ if TYPE_CHECKING:
     from agentbox.session.broker import Brokered
     from agentbox.vm import lifecycle as vm
 
-JOB_FILE = "job.json"  # in the task's record folder until the host took the task
-
-
-def shadow(vm_name: str, host: str) -> str:
-    """The name of this machine's mirror of a remote VM's shared folders (paths.staging_dir(shadow) ...)."""
-    return f"{vm_name}@{host}"
 
 
 def place_key(host: str, vm_name: str) -> str:
@@ -166,32 +160,17 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
             if file_name.startswith("."):
                 continue
             files[f"staging/{relative}"] = path.read_bytes()
-    files[f"outbox/tasks/{key}/prompt"] = prompt
-    files[f"outbox/tasks/{key}/spec"] = task_spec
-    root_there = _far_root(host)
+    files["task/prompt"] = prompt
+    files["task/spec"] = task_spec
+    from agentbox.remote.farclient import FAR_ROOT
+
+    root_there = FAR_ROOT  # Lima expands `~` in a mount's location: no question to the host is needed
     lima_yaml = render.render_remote(
         config, agent.vm_name,
         render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/staging", str(paths.staging_dir(mirror)), False),
         render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
     return Job(agent.vm_name, key, lima_yaml, files, ["/usr/bin/env", "-C", "/", *command, "--", *task.argv],
                max(600, config.startup_wait_sec))
-
-
-def _far_root(host: Host) -> str:
-    """The far end's folder on the host (its `facts`; asked once, then kept in the host's record)."""
-    from agentbox.remote import hosts
-    from agentbox.runtime.remote import SshRuntime
-
-    root = (host.facts or {}).get("root")
-    if isinstance(root, str) and root.startswith("/"):
-        return root
-    facts = SshRuntime(host).describe()
-    hosts.reached(host, facts)
-    root = facts.get("root")
-    if not isinstance(root, str) or not root.startswith("/"):
-        raise StateError(f"host {host.name} did not say where agentbox's folder is there",
-                         hint=f"`agentbox hosts doctor {host.name}` checks it.")
-    return root
 
 
 def _slots(config: Config, host_name: str) -> int:
@@ -210,72 +189,6 @@ def _keep_job(task: tasks.Task, job: Job) -> None:
             "files": {name: base64.b64encode(content).decode("ascii") for name, content in job.files.items()}}
     atomic_write(private_dir(tasks.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
 
-
-def kept_job(task: tasks.Task) -> Job | None:
-    import base64
-
-    from agentbox.runtime.contract import Job
-
-    try:
-        data = json.loads((tasks.folder(task.id) / JOB_FILE).read_bytes())
-    except (OSError, ValueError):
-        return None
-    return Job(data["vm"], data["task"], data["limaYaml"],
-               {name: base64.b64decode(content) for name, content in data["files"].items()}, data["argv"],
-               int(data["startTimeout"]))
-
-
-def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
-    """Make the task's forward (when it has one: this machine's proxy at `proxy_port`) and submit its kept job;
-    True when the host took it (the record is then Queued or Running, as its runner says), False when the host
-    did not answer (it stays Pending). StateError when the host refused it."""
-    from agentbox.remote import hosts
-    from agentbox.remote.ssh import Unreachable
-    from agentbox.runtime.contract import NeedsTemplate
-    from agentbox.runtime.remote import SshRuntime
-
-    job = kept_job(task)
-    if job is None:
-        raise StateError(f"{task.label} has no job to hand over (its file {tasks.folder(task.id) / JOB_FILE} is gone)")
-    runtime = SshRuntime(host)
-    try:
-        if task.forward_port is not None:
-            if proxy_port is None:
-                raise StateError(f"{task.label} needs this machine's proxy, and it is not running")
-            runtime.transport.forward_remote(proxy_port, task.forward_port)
-            with tasks.locked():
-                fresh = tasks.get(task.id) or task
-                fresh.forward_master = runtime.transport.master_pid()
-                tasks.save(fresh)
-        with timing.phase(f"hand-over to {host.name}"):
-            try:
-                handed = runtime.submit(job._replace(lima_yaml=None))
-            except NeedsTemplate:
-                note(f"making the project's VM {job.vm} on {host.name} (the first time takes minutes)")
-                handed = runtime.submit(job)
-    except Unreachable as exc:
-        hosts.unreachable(host)
-        with tasks.locked():
-            fresh = tasks.get(task.id) or task
-            if fresh.active and fresh.reason is None:
-                fresh.reason = f"waiting for {host.name}: {exc.message}"
-                tasks.save(fresh)
-        return False
-    hosts.reached(host)
-    if handed.code != 0:
-        from agentbox.safetext import visible
-
-        raise StateError(f"the VM on {host.name} did not take {task.label}: the launch step exited {handed.code}"
-                         + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
-    (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
-    with tasks.locked():
-        fresh = tasks.get(task.id) or task
-        fresh.reason = None
-        fresh.handed = True
-        fresh.unreachable_since = None
-        fresh.seen = time.time()
-        tasks.save(fresh)
-    return True
 
 def choose(config: Config) -> str:
     """Where `--on any` sends a task: the first host of tasks.hosts (in order; `local` is a host like the others)

@@ -11,13 +11,21 @@ the changes (a proposal, agentbox.tasks.records.take_changes), removes the task'
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from agentbox import timing
+from agentbox.errors import StateError
+from agentbox.progress import note
 from agentbox.tasks import records as tasks
 from agentbox.tasks.state import FAILED
+
+if TYPE_CHECKING:
+    from agentbox.remote.hosts import Host
+    from agentbox.runtime.contract import Job
 
 POLL_SEC = 2.0
 UNREACHABLE_POLL_SEC = 10.0
@@ -25,6 +33,80 @@ SILENT_RUNNER_SEC = 60.0  # a Running task whose runner's heartbeat did not move
 OUTPUTS_LIMIT = 16 << 20
 COLLECTED = ("state", "stdout", "stderr", "changes.patch", "summary.md")
 LOCK = "keeper.lock"
+JOB_FILE = "job.json"  # in the task's record folder until the host took the task (agentbox.session.remote)
+
+
+def shadow(vm_name: str, host: str) -> str:
+    """The name of this machine's mirror of a remote VM's shared folders (paths.staging_dir(shadow) ...)."""
+    return f"{vm_name}.on-{host}"
+
+
+def kept_job(task: tasks.Task) -> Job | None:
+    import base64
+
+    from agentbox.runtime.contract import Job
+
+    try:
+        data = json.loads((tasks.folder(task.id) / JOB_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return Job(data["vm"], data["task"], data["limaYaml"],
+               {name: base64.b64decode(content) for name, content in data["files"].items()}, data["argv"],
+               int(data["startTimeout"]))
+
+
+def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
+    """Make the task's forward (when it has one: this machine's proxy at `proxy_port`) and submit its kept job;
+    True when the host took it (the record is then Queued or Running, as its runner says), False when the host
+    did not answer (it stays Pending). StateError when the host refused it."""
+    from agentbox.remote import hosts
+    from agentbox.remote.ssh import Unreachable
+    from agentbox.runtime.contract import NeedsTemplate
+    from agentbox.runtime.remote import SshRuntime
+
+    job = kept_job(task)
+    if job is None:
+        raise StateError(f"{task.label} has no job to hand over (its file {tasks.folder(task.id) / JOB_FILE} is gone)")
+    runtime = SshRuntime(host)
+    try:
+        if task.forward_port is not None:
+            if proxy_port is None:
+                raise StateError(f"{task.label} needs this machine's proxy, and it is not running")
+            runtime.transport.forward_remote(proxy_port, task.forward_port)
+            with tasks.locked():
+                fresh = tasks.get(task.id) or task
+                fresh.forward_master = runtime.transport.master_pid()
+                tasks.save(fresh)
+        with timing.phase(f"hand-over to {host.name}"):
+            try:
+                handed = runtime.submit(job._replace(lima_yaml=None))
+            except NeedsTemplate:
+                note(f"making the project's VM {job.vm} on {host.name} (the first time takes minutes)")
+                handed = runtime.submit(job)
+    except Unreachable as exc:
+        hosts.unreachable(host)
+        with tasks.locked():
+            fresh = tasks.get(task.id) or task
+            if fresh.active and fresh.reason is None:
+                fresh.reason = f"waiting for {host.name}: {exc.message}"
+                tasks.save(fresh)
+        return False
+    hosts.reached(host)
+    if handed.code != 0:
+        from agentbox.safetext import visible
+
+        raise StateError(f"the VM on {host.name} did not take {task.label}: the launch step exited {handed.code}"
+                         + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
+    (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
+    with tasks.locked():
+        fresh = tasks.get(task.id) or task
+        fresh.reason = None
+        fresh.handed = True
+        fresh.unreachable_since = None
+        fresh.seen = time.time()
+        tasks.save(fresh)
+    return True
+
 
 
 def start(task_id: int) -> None:
@@ -76,7 +158,6 @@ class Keeping:
     def close(self, task: tasks.Task, transport: Any) -> None:
         """The task ended: its forward and, when no other task of that VM is active, the proxy end."""
         from agentbox.net import guard as netguard
-        from agentbox.session import remote
 
         if task.forward_port is None or self.closed:
             return
@@ -91,7 +172,7 @@ class Keeping:
         others = [other for other in tasks.all_tasks() if other.active and other.id != task.id
                   and other.host == task.host and other.vm == task.vm]
         if not others:
-            netguard.stop(remote.shadow(task.vm, task.host))
+            netguard.stop(shadow(task.vm, task.host))
 
 
 def _close(task: tasks.Task, keeping: Keeping) -> None:
@@ -130,12 +211,12 @@ def _proxy_lease(task: tasks.Task) -> Any:
 
     from agentbox.config import load as config_load
     from agentbox.config import trust
-    from agentbox.session import broker, remote
+    from agentbox.session import broker
 
     config = config_load.load(Path(task.workspace))
     trust.require_trust(config)
     agent = config.agent(task.agent)
-    return broker.begin_proxy(config, remote.shadow(task.vm, task.host), {agent.name: agent.endpoints})
+    return broker.begin_proxy(config, shadow(task.vm, task.host), {agent.name: agent.endpoints})
 
 
 def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
@@ -145,7 +226,6 @@ def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
     from agentbox.remote.farclient import FarError
     from agentbox.remote.ssh import Unreachable
     from agentbox.runtime.remote import SshRuntime
-    from agentbox.session import remote
 
     task = tasks.get(task_id)
     if task is None or task.host == tasks.LOCAL or (not task.active and task.harvested):
@@ -165,7 +245,7 @@ def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
         if keeping is None:
             return task  # its keeper hands it over
         try:
-            if not remote.hand_over(task, host, keeping.proxy_port(task)):
+            if not hand_over(task, host, keeping.proxy_port(task)):
                 return _unreachable(task_id)
         except Exception as exc:  # refused by the host: the task cannot run
             with tasks.locked():
