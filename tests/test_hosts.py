@@ -40,7 +40,7 @@ def test_add_checks_the_host_and_ls_and_doctor_say_what_it_is(remote_hosts: Host
                                                     "FREE", "SLOTS", "RUNNING"]
     local_line, big_line = table.stdout.splitlines()[1:3]
     assert local_line.startswith("local ") and " yes " in local_line
-    assert big_line.startswith("big ") and big_line.split()[-7:-4] == ["yes", "2.2.0", "none"]
+    assert big_line.startswith("big ") and big_line.split()[-8:-5] == ["yes", "2.2.0", "none"]
 
     doctor = run_agentbox("hosts", "doctor", "big", "--json", cwd=project)
     assert doctor.returncode == 1  # the virtualisation check fails here
