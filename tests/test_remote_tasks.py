@@ -149,6 +149,10 @@ def test_tasks_shows_the_last_known_state_without_asking_and_refresh_asks(
     assert "Running on big (unreachable since" in refreshed.stdout
     assert record(project, task_id)["unreachableSince"] is not None
     host.start()
+    # The keeper makes the forward to this machine's proxy again, on the same port, over the new connection.
+    port = record(project, task_id)["forwardPort"]
+    wait_for(lambda: host.run(["sh", "-c", f"ss -ltn 'sport = :{port}' | tail -n +2"]).stdout.strip(), 60,
+             f"the host's port {port} forwarded again")
     cancelled = run_agentbox("cancel", str(task_id), cwd=project, timeout=120)
     assert cancelled.returncode == 0, cancelled.stderr
     done = run_agentbox("wait", str(task_id), cwd=project, timeout=120)
@@ -231,3 +235,61 @@ def test_follow_prints_a_remote_task_s_output_as_it_comes(remote_project: tuple[
     assert followed.returncode == 0, followed.stderr
     assert followed.stdout.splitlines()[1:] == ["one", "two"]
 
+
+
+REAL_ACCESS = "sk-ant-oat01-REAL-ACCESS-" + "x" * 40
+REAL_REFRESH = "sk-ant-ort01-REAL-REFRESH-" + "y" * 40
+# The agent in the remote VM: a request through $HTTPS_PROXY to api.anthropic.com with the login its VM holds,
+# trusting only the guest's bundle (where launch.sh put the broker's CA).
+REQUEST = r"""
+import http.client, json, os, ssl, sys, urllib.parse
+login = json.load(open(os.path.expanduser("~/.claude/.credentials.json")))["claudeAiOauth"]["accessToken"]
+proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
+context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
+connection.set_tunnel("api.anthropic.com", 443)
+connection.request("GET", "/api/oauth/profile", headers={"Authorization": "Bearer " + login})
+response = connection.getresponse()
+print(json.dumps({"status": response.status, "body": json.loads(response.read()), "proxy": proxy.port,
+                  "login": login}))
+"""
+
+
+def test_the_remote_vm_reaches_its_api_only_through_this_machine_s_broker_over_the_forward(
+        project: Path, home: Path, remote_hosts: Hosts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentbox.net import guard as netguard
+    from tests.fake_upstream import FakeUpstream
+
+    host = remote_hosts(1)[0]
+    expires = int((time.time() + 3600) * 1000)
+    write(home / ".claude" / ".credentials.json", json.dumps({"claudeAiOauth": {
+        "accessToken": REAL_ACCESS, "refreshToken": REAL_REFRESH, "expiresAt": expires,
+        "scopes": ["user:inference"], "subscriptionType": "max"}}), mode=0o600)
+    make_repository(project, config="notify: false\nagents:\n  claude:\n    binary: python3\n"
+                                     f"    defaultArgs: [-c, {json.dumps(REQUEST)}]\n")
+    assert run_agentbox("hosts", "add", "big", host.url, "--no-check", cwd=project).returncode == 0
+    assert run_agentbox("trust", cwd=project).returncode == 0
+    with FakeUpstream(tmp_path / "upstream", ["api.anthropic.com"]) as upstream:
+        upstream.route("GET", "/api/oauth/profile", {"account": "the host's"}, host="api.anthropic.com",
+                       authorization=f"Bearer {REAL_ACCESS}")
+        monkeypatch.setenv("AGENTBOX_TEST_BROKER_UPSTREAM",
+                           json.dumps({"address": list(upstream.address), "caFile": str(upstream.ca_file)}))
+        submitted = run_agentbox("run", "--agent", "claude", "--on", "big", "hello", cwd=project, timeout=240)
+        assert submitted.returncode == 0, submitted.stderr
+        task_id = int(submitted.stdout)
+        done = run_agentbox("wait", str(task_id), cwd=project, timeout=240)
+        assert done.returncode == 0, done.stderr + run_agentbox("logs", str(task_id), cwd=project).stderr
+        answer = json.loads(run_agentbox("logs", str(task_id), cwd=project).stdout.splitlines()[-1])
+        assert (answer["status"], answer["body"]) == (200, {"account": "the host's"})
+        assert "agentbox-ph-" in answer["login"]  # the VM held a placeholder; the broker put the real one in
+        assert [r.headers["authorization"] for r in upstream.requests_to("api.anthropic.com")] == \
+            [f"Bearer {REAL_ACCESS}"]
+    mirror = f"agentbox-myproject.on-big"
+    # The VM's proxy port was the host's end of the forward, not this machine's proxy port.
+    assert answer["proxy"] == record(project, task_id)["forwardPort"]
+    # No real token on the remote host; the forward and the proxy ended with the task.
+    assert host.containing([REAL_ACCESS.encode(), REAL_REFRESH.encode()]) == []
+    assert host.containing([b"agentbox-ph-"]) != []
+    wait_for(lambda: netguard.running(mirror), 30, "the proxy to end", until=lambda running: running is None)
+    listening = host.run(["sh", "-c", f"ss -ltn 'sport = :{answer['proxy']}' | tail -n +2"])
+    assert listening.stdout.strip() == b""

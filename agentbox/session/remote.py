@@ -157,8 +157,8 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
             relative = path.relative_to(root).as_posix()
             if relative.startswith(f"{taskbundles.FOLDER}/") and file_name != (staged.written or ""):
                 continue  # the host holds the earlier bundles of the chain
-            if file_name.startswith("."):
-                continue
+            if file_name.startswith(".") and file_name.endswith((".tmp", ".partial")):
+                continue  # a file being written (fsutil.atomic_write's, the bundles')
             files[f"staging/{relative}"] = path.read_bytes()
     files["task/prompt"] = prompt
     files["task/spec"] = task_spec

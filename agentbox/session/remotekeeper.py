@@ -75,7 +75,8 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
             runtime.transport.forward_remote(proxy_port, task.forward_port)
             with tasks.locked():
                 fresh = tasks.get(task.id) or task
-                fresh.forward_master = runtime.transport.master_pid()
+                fresh.forward_master = task.forward_master = runtime.transport.master_pid()
+                fresh.forward_local = task.forward_local = proxy_port
                 tasks.save(fresh)
         with timing.phase(f"hand-over to {host.name}"):
             try:
@@ -142,31 +143,34 @@ class Keeping:
         return int(self.lease.port) if self.lease is not None else None
 
     def keep_forward(self, task: tasks.Task, transport: Any) -> None:
-        """The forward, on the current master connection."""
+        """The forward, on the current master connection, to the proxy's current port."""
         if task.forward_port is None:
             return
-        master = transport.master_pid()
-        if master is not None and master == task.forward_master:
-            return
-        port = self.proxy_port(task)
+        port = self.proxy_port(task)  # the keeper holds the proxy for the task's life
         if port is None:
             _note(task.id, reason=f"its VM cannot reach this machine's proxy: {self.problem}")
             return
+        master = transport.master_pid()
+        if master is not None and master == task.forward_master and port == task.forward_local:
+            return
+        if task.forward_local is not None and task.forward_local != port:
+            transport.cancel_forward(task.forward_local, task.forward_port)
         transport.forward_remote(port, task.forward_port)
-        _note(task.id, forward_master=transport.master_pid())
+        _note(task.id, forward_master=transport.master_pid(), forward_local=port)
 
     def close(self, task: tasks.Task, transport: Any) -> None:
         """The task ended: its forward and, when no other task of that VM is active, the proxy end."""
+        import contextlib
+
         from agentbox.net import guard as netguard
 
         if task.forward_port is None or self.closed:
             return
         self.closed = True
-        if self.lease is not None:
-            import contextlib
-
+        if task.forward_local is not None:
             with contextlib.suppress(Exception):
-                transport.cancel_forward(self.lease.port, task.forward_port)
+                transport.cancel_forward(task.forward_local, task.forward_port)
+        if self.lease is not None:
             self.lease.release()
             self.lease = None
         others = [other for other in tasks.all_tasks() if other.active and other.id != task.id
