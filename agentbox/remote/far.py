@@ -445,6 +445,9 @@ def read_job(data: bytes) -> dict[str, Any]:
         raise Failure("job.json's launch is not a non-empty list of strings")
     if job.get("limaYaml") is not None and not isinstance(job["limaYaml"], str):
         raise Failure("job.json's limaYaml is neither text nor null")
+    keep = job.get("staging")
+    if keep is not None and (not isinstance(keep, list) or not all(isinstance(name, str) for name in keep)):
+        raise Failure("job.json's staging is not a list of file names")
     timeout = job.get("startTimeout")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
         raise Failure("job.json's startTimeout is not a positive number of seconds")
@@ -478,6 +481,36 @@ def unpack(archive: tarfile.TarFile, members: list[tuple[tarfile.TarInfo, str, l
     finally:
         os.close(staging)
         os.close(box)
+
+
+def prune_staging(vm: str, keep: set[str]) -> None:
+    """The VM's staging folder holds only the files the laptop's staging has now (it sends only what changed, and
+    names the whole set): a launch step part it no longer has is not left to be read. The VM cannot write there."""
+    staging = open_path(vm_dir(vm), ["staging"], create=True)
+    try:
+        _prune(staging, "", keep, 0)
+    finally:
+        os.close(staging)
+
+
+def _prune(fd: int, prefix: str, keep: set[str], depth: int) -> None:
+    for name in os.listdir(fd):
+        relative = prefix + name
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if depth < MAX_REMOVE_DEPTH and any(item.startswith(relative + "/") for item in keep):
+                child = os.open(name, DIR_FLAGS, dir_fd=fd)
+                try:
+                    _prune(child, relative + "/", keep, depth + 1)
+                finally:
+                    os.close(child)
+            else:
+                remove(fd, name)
+        elif relative not in keep:
+            os.unlink(name, dir_fd=fd)
 
 
 def cmd_submit(stream: IO[bytes]) -> tuple[dict[str, Any], int]:
@@ -517,6 +550,8 @@ def take(archive: tarfile.TarFile) -> dict[str, Any]:
     vm, key = job["vm"], job["task"]
     private_dir(vm_dir(vm))
     unpack(archive, members, vm, key)
+    if job.get("staging") is not None:
+        prune_staging(vm, set(job["staging"]))
     tasks = os.open(private_dir(os.path.join(root(), "tasks")), DIR_FLAGS)
     try:
         replace_file(tasks, key, vm.encode() + b"\n")
@@ -650,6 +685,10 @@ def cmd_cancel(key: str) -> dict[str, Any]:
 def cmd_collect(key: str, out: IO[bytes]) -> None:
     """The task's results as a tar on out: each a regular file reached without a link, read capped; collect.json says
     for each its size and what was kept, or why it was not taken."""
+    if task_vm(key) is None:  # never submitted here, or forgotten: nothing to collect
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as archive:
+            add_member(archive, COLLECT_REPORT, json.dumps({"files": {}, "unknown": True}).encode())
+        return
     box = task_box(key)
     files: dict[str, Any] = {}
     try:
@@ -751,7 +790,6 @@ def dispatch(command: str, args: list[str]) -> tuple[dict[str, Any] | None, int]
         return cmd_cancel(args[0]), 0
     if command == "collect":
         check_key(args[0])
-        known_task(args[0])
         cmd_collect(args[0], sys.stdout.buffer)
         return None, 0
     if command == "forget":

@@ -28,6 +28,8 @@ class Job(NamedTuple):
     files: Mapping[str, bytes]  # "staging/REL" (the VM's staging folder) or "task/NAME" (the task's folder) -> content
     argv: Sequence[str]
     start_timeout: int = 600
+    staging: Sequence[str] | None = None  # every file the staging folder holds now (None: only add, remove nothing)
+    executables: frozenset[str] = frozenset()  # the names of `files` that are programs
 
 
 class Handed(NamedTuple):

@@ -3,10 +3,12 @@ and outbox in agentbox's state folder (paths.staging_dir, paths.vm_outbox), read
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import stat
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from agentbox import paths, vmread
@@ -54,9 +56,18 @@ class LocalRuntime:
         self.lima.delete(vm, force=True)
 
     def submit(self, job: Job) -> Handed:
+        """Files first (the VM mounts their folders), then the shell; only when Lima says the VM is stopped or
+        missing: `list`, create from the job's template, start, and the shell again (one call on a warm VM)."""
         from agentbox.fsutil import atomic_write
         from agentbox.vm.lima import RUNNING
 
+        for name, data in job.files.items():
+            _put(job.vm, job.task, name, data, 0o700 if name in job.executables else 0o600)
+        if job.staging is not None:
+            _prune(paths.staging_dir(job.vm), set(job.staging))
+        code, stderr = self._shell(job)
+        if _lima_said(stderr, job.vm) is None:
+            return Handed(code, stderr[-4096:], False, False)
         instance = self.lima.get(job.vm)
         created = started = False
         if instance is None:
@@ -69,10 +80,12 @@ class LocalRuntime:
         if instance is None or instance.status != RUNNING:
             self.lima.start(job.vm, job.start_timeout)
             started = True
-        for name, data in job.files.items():
-            _put(job.vm, job.task, name, data)
-        code, _, stderr = self.lima.shell_bytes(job.vm, list(job.argv), 1 << 20)
+        code, stderr = self._shell(job)
         return Handed(code, stderr[-4096:], created, started)
+
+    def _shell(self, job: Job) -> tuple[int, str]:
+        code, _, stderr = self.lima.shell_bytes(job.vm, list(job.argv), 1 << 20)
+        return code, stderr
 
     def task(self, vm: str, key: str) -> TaskSeen:
         status = self.lima.get(vm)
@@ -130,7 +143,18 @@ class LocalRuntime:
         vmread.remove_folder(outbox, outbox / "tasks" / key)
 
 
-def _put(vm: str, key: str, name: str, data: bytes) -> None:
+def _lima_said(stderr: str, vm: str) -> str | None:
+    """Lima's fatal that the VM is stopped or missing (its last line), else None."""
+    from agentbox.logline import parse_log_line
+    from agentbox.vm.shellwatch import lima_verdict
+
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    if not lines:
+        return None
+    return lima_verdict(parse_log_line(lines[-1]).message, vm)
+
+
+def _put(vm: str, key: str, name: str, data: bytes, mode: int) -> None:
     """One file into the VM's staging folder or the task's folder in its outbox, folder by folder without following
     a link."""
     area, _, rel = name.partition("/")
@@ -143,10 +167,22 @@ def _put(vm: str, key: str, name: str, data: bytes) -> None:
     with vmread.folder(root, *parts[:-1], create=True) as parent:
         temp = f".{parts[-1]}.partial"
         vmread.remove(parent, temp)
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=parent)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=parent)
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(temp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
+
+
+def _prune(root: Path, keep: set[str]) -> None:
+    """The staging folder holds only `keep` (agentbox's own folder: the VM mounts it read-only)."""
+    for folder, dirs, names in os.walk(root, topdown=False):
+        for name in names:
+            path = Path(folder) / name
+            if path.relative_to(root).as_posix() not in keep:
+                path.unlink()
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                (Path(folder) / name).rmdir()  # only when it is empty now
 
 
 def local_virtualisation() -> str:

@@ -42,10 +42,11 @@ class SshRuntime:
         self.far.call("delete", vm, timeout=600)
 
     def submit(self, job: Job) -> Handed:
-        payload = _tar({"job.json": json.dumps({"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml,
-                                                "startTimeout": job.start_timeout,
-                                                "launch": list(job.argv)}).encode(),
-                        **dict(job.files)})
+        described = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "startTimeout": job.start_timeout,
+                     "launch": list(job.argv)}
+        if job.staging is not None:
+            described["staging"] = list(job.staging)
+        payload = _tar({"job.json": json.dumps(described).encode(), **dict(job.files)}, job.executables)
         answer = self.far.call("submit", stdin=payload, timeout=job.start_timeout + 900)
         if answer.get("need") == "limaYaml":
             raise NeedsTemplate(job.vm)
@@ -75,13 +76,13 @@ class SshRuntime:
         self.far.call("forget", key)
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
+def _tar(files: dict[str, bytes], executables: frozenset[str] = frozenset()) -> bytes:
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for name, data in files.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
-            info.mode = 0o600
+            info.mode = 0o700 if name in executables else 0o600
             archive.addfile(info, io.BytesIO(data))
     return buffer.getvalue()
 

@@ -150,16 +150,21 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
                                      isolated_task=True)
     files: dict[str, bytes] = {}
+    every: list[str] = []
+    executables: set[str] = set()
     root = paths.staging_dir(mirror)
     for folder, _, names in os.walk(root):
         for file_name in names:
             path = Path(folder) / file_name
             relative = path.relative_to(root).as_posix()
-            if relative.startswith(f"{taskbundles.FOLDER}/") and file_name != (staged.written or ""):
-                continue  # the host holds the earlier bundles of the chain
             if file_name.startswith(".") and file_name.endswith((".tmp", ".partial")):
                 continue  # a file being written (fsutil.atomic_write's, the bundles')
+            every.append(relative)
+            if relative.startswith(f"{taskbundles.FOLDER}/") and file_name != (staged.written or ""):
+                continue  # the host holds the earlier bundles of the chain
             files[f"staging/{relative}"] = path.read_bytes()
+            if path.stat().st_mode & 0o100:
+                executables.add(f"staging/{relative}")
     files["task/prompt"] = prompt
     files["task/spec"] = task_spec
     from agentbox.remote.farclient import FAR_ROOT
@@ -170,7 +175,7 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
         render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/staging", str(paths.staging_dir(mirror)), False),
         render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
     return Job(agent.vm_name, key, lima_yaml, files, ["/usr/bin/env", "-C", "/", *command, "--", *task.argv],
-               max(600, config.startup_wait_sec))
+               max(600, config.startup_wait_sec), sorted(every), frozenset(executables))
 
 
 def _slots(config: Config, host_name: str) -> int:
@@ -185,7 +190,8 @@ def _keep_job(task: tasks.Task, job: Job) -> None:
     import base64
 
     data = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "argv": list(job.argv),
-            "startTimeout": job.start_timeout,
+            "startTimeout": job.start_timeout, "staging": list(job.staging or []),
+            "executables": sorted(job.executables),
             "files": {name: base64.b64encode(content).decode("ascii") for name, content in job.files.items()}}
     atomic_write(private_dir(tasks.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
 

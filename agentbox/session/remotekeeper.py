@@ -52,7 +52,44 @@ def kept_job(task: tasks.Task) -> Job | None:
         return None
     return Job(data["vm"], data["task"], data["limaYaml"],
                {name: base64.b64decode(content) for name, content in data["files"].items()}, data["argv"],
-               int(data["startTimeout"]))
+               int(data["startTimeout"]), data.get("staging"), frozenset(data.get("executables") or ()))
+
+
+SENT = "sent.json"  # beside this machine's mirror of a remote VM's staging: what its staging there holds
+
+
+def _sent_file(task: tasks.Task) -> Any:
+    from agentbox import paths
+
+    return paths.vm_state_dir(shadow(task.vm, task.host)) / SENT
+
+
+def _sent(task: tasks.Task, host: Host) -> dict[str, str]:
+    """{staging file: sha256} of what the host's staging folder of the VM holds, as last sent (empty: unknown)."""
+    try:
+        data = json.loads(_sent_file(task).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _changed(job: Job, sent: dict[str, str]) -> dict[str, bytes]:
+    """The job's files the host does not hold as they are (the task's own files always)."""
+    import hashlib
+
+    return {name: data for name, data in job.files.items()
+            if not name.startswith("staging/") or sent.get(name) != hashlib.sha256(data).hexdigest()}
+
+
+def _remember_sent(task: tasks.Task, host: Host, job: Job, sent: dict[str, str]) -> None:
+    import hashlib
+
+    from agentbox.fsutil import atomic_write
+
+    now = {name: digest for name, digest in sent.items() if job.staging is None or name[8:] in set(job.staging)}
+    now.update({name: hashlib.sha256(data).hexdigest() for name, data in job.files.items()
+                if name.startswith("staging/")})
+    atomic_write(_sent_file(task), json.dumps(now, sort_keys=True), mode=0o600)
 
 
 def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
@@ -78,12 +115,13 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
                 fresh.forward_master = task.forward_master = runtime.transport.master_pid()
                 fresh.forward_local = task.forward_local = proxy_port
                 tasks.save(fresh)
+        sent = _sent(task, host)
         with timing.phase(f"hand-over to {host.name}"):
             try:
-                handed = runtime.submit(job._replace(lima_yaml=None))
+                handed = runtime.submit(job._replace(lima_yaml=None, files=_changed(job, sent)))
             except NeedsTemplate:
                 note(f"making the project's VM {job.vm} on {host.name} (the first time takes minutes)")
-                handed = runtime.submit(job)
+                handed = runtime.submit(job)  # everything: a new VM's folders there are empty
     except Unreachable as exc:
         hosts.unreachable(host)
         with tasks.locked():
@@ -98,6 +136,7 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
 
         raise StateError(f"the VM on {host.name} did not take {task.label}: the launch step exited {handed.code}"
                          + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
+    _remember_sent(task, host, job, sent)
     (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
     with tasks.locked():
         fresh = tasks.get(task.id) or task
