@@ -74,7 +74,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("cancel", "Cancel a queued or running task."),
         ("sessions", "List the detached sessions of the project's VM."),
         ("attach", "Attach to a session started with `agentbox AGENT --detach`."),
-        ("hosts", "Other machines that run isolated tasks over ssh (`run --on NAME`)."),
+        ("hosts", "Other machines that run isolated tasks (`run --on NAME`)."),
     )),
     ("The agent's setup", (
         ("config", "Show the merged config and where each value came from."),

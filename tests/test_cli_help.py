@@ -122,7 +122,7 @@ def test_group_help_lists_the_commands_in_groups(project: Path) -> None:
         "Agents (agentbox AGENT [ARGS]... runs it in the project's VM)": AGENTS,
         "The VM": VM_COMMANDS,
         "Review and undo": ["diff", "checkpoints", "checkpoint", "undo", "proposals", "review", "apply", "reject"],
-        "Background work": ["run", "tasks", "logs", "wait", "cancel", "sessions", "attach"],
+        "Background work": ["run", "tasks", "logs", "wait", "cancel", "sessions", "attach", "hosts"],
         "The agent's setup": ["config", "init", "trust", "sync", "update-agents", "base", "describe", "template"],
         "Network": ["net", "ca"],
         "Diagnostics": ["doctor", "audit", "help", "completion"],

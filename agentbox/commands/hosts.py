@@ -27,7 +27,7 @@ LOCAL_HOST = _local_host()
 @click.group("hosts", invoke_without_command=True)
 @click.pass_context
 def hosts_group(ctx: click.Context) -> None:
-    """Other machines that run isolated tasks over ssh (`run --on NAME`).
+    """Other machines that run isolated tasks (`run --on NAME`).
 
     Each needs OpenSSH (your own keys or ssh agent: agentbox stores no secret), Lima 2 on the PATH of
     non-interactive ssh commands, and python3. `agentbox hosts` alone is `agentbox hosts ls`.
