@@ -78,7 +78,8 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if repo is None:
         raise isolation.not_a_git_work_tree(workspace)
     mirror = shadow(agent.vm_name, host.name)
-    brokering = broker.prepare(config, mirror, agent.name)
+    with timing.phase("the broker's placeholder logins"):
+        brokering = broker.prepare(config, mirror, agent.name)
     prepared = brokering.prepared if brokering is not None else None
     logins = remotecreds.refused_logins(config, agent, prepared)
     if logins:
@@ -89,9 +90,12 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     lease = None
     try:
         job = _prepare(config, agent, task, prompt, repo, host, brokering)
-        _keep_job(task, job)
-        lease = broker.begin_proxy(config, mirror, {agent.name: agent.endpoints}) if task_forward(task) else None
-        handed = hand_over(task, host, lease.port if lease is not None else None)
+        with timing.phase("the job kept"):
+            _keep_job(task, job)
+        with timing.phase("this machine's proxy for the host's VM"):
+            lease = broker.begin_proxy(config, mirror, {agent.name: agent.endpoints}) if task_forward(task) else None
+            port = lease.port if lease is not None else None
+        handed = hand_over(task, host, port)
     except BaseException as exc:
         with tasks.locked():
             fresh = tasks.get(task.id) or task
@@ -107,7 +111,8 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
              "(`agentbox tasks` shows it, `agentbox cancel` drops it)")
     from agentbox.session import remotekeeper
 
-    remotekeeper.start(task.id)
+    with timing.phase("the task's keeper (started)"):
+        remotekeeper.start(task.id)
     return tasks.get(task.id) or task
 
 
@@ -170,10 +175,11 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
     from agentbox.remote.farclient import FAR_ROOT
 
     root_there = FAR_ROOT  # Lima expands `~` in a mount's location: no question to the host is needed
-    lima_yaml = render.render_remote(
-        config, agent.vm_name,
-        render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/staging", str(paths.staging_dir(mirror)), False),
-        render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
+    with timing.phase("the VM's lima.yaml for the host"):
+        lima_yaml = render.render_remote(
+            config, agent.vm_name,
+            render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/staging", str(paths.staging_dir(mirror)), False),
+            render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
     return Job(agent.vm_name, key, lima_yaml, files, ["/usr/bin/env", "-C", "/", *command, "--", *task.argv],
                max(600, config.startup_wait_sec), sorted(every), frozenset(executables))
 

@@ -109,14 +109,15 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
         if task.forward_port is not None:
             if proxy_port is None:
                 raise StateError(f"{task.label} needs this machine's proxy, and it is not running")
-            runtime.transport.forward_remote(proxy_port, task.forward_port)
+            with timing.phase("the broker's forward (ssh -O forward)"):
+                runtime.transport.forward_remote(proxy_port, task.forward_port)
             with tasks.locked():
                 fresh = tasks.get(task.id) or task
                 fresh.forward_master = task.forward_master = runtime.transport.master_pid()
                 fresh.forward_local = task.forward_local = proxy_port
                 tasks.save(fresh)
         sent = _sent(task, host)
-        with timing.phase(f"hand-over to {host.name}"):
+        with timing.phase(f"hand-over to {host.name} (far end's submit)"):
             try:
                 handed = runtime.submit(job._replace(lima_yaml=None, files=_changed(job, sent)))
             except NeedsTemplate:
