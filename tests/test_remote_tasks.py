@@ -293,3 +293,21 @@ def test_the_remote_vm_reaches_its_api_only_through_this_machine_s_broker_over_t
     wait_for(lambda: netguard.running(mirror), 30, "the proxy to end", until=lambda running: running is None)
     listening = host.run(["sh", "-c", f"ss -ltn 'sport = :{answer['proxy']}' | tail -n +2"])
     assert listening.stdout.strip() == b""
+
+
+def test_hosts_rm_refuses_while_a_task_there_is_active_and_force_fails_it(remote_project: tuple[Path, RemoteHost]
+                                                                          ) -> None:
+    project, host = remote_project
+    task_id = submit(project, "--on", "big", "do:sleep:60")
+    wait_for(lambda: record(project, task_id)["state"], 60, "the task running", until=lambda state: state == "Running")
+    refused = run_agentbox("hosts", "rm", "big", cwd=project)
+    assert refused.returncode == 1 and "1 task on big is still active (task 1)" in refused.stderr
+    assert "hosts rm --force" in refused.stderr
+    forced = run_agentbox("hosts", "rm", "big", "--force", cwd=project)
+    assert forced.returncode == 0, forced.stderr
+    task = record(project, task_id)
+    assert task["state"] == "Failed" and "was removed with `agentbox hosts rm --force`" in task["reason"]
+    listed = json.loads(run_agentbox("hosts", "ls", "--json", cwd=project).stdout)
+    assert [row["name"] for row in listed] == ["local"]
+    # Its runner there was asked to stop before the host was forgotten.
+    wait_for(lambda: host.containing([b"state=cancelled"]), 30, "the runner there to end the task as cancelled")

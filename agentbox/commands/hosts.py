@@ -134,6 +134,7 @@ def rm_command(name: str, force: bool) -> None:
                          hint="`agentbox wait` or `agentbox cancel` them first, or `hosts rm --force` (they become "
                               "Failed and their results are not collected).")
     for task in active:
+        _cancel_there(task)
         with records.locked():
             fresh = records.get(task.id) or task
             if fresh.active:
@@ -141,6 +142,22 @@ def rm_command(name: str, force: bool) -> None:
     _close(name)
     hosts.remove(name)
     say(f"removed host {name}")
+
+
+def _cancel_there(task: Any) -> None:
+    """Best effort, before its host is forgotten: the task's runner there is asked to stop (the host may not
+    answer; then it runs on there, and nothing of it is collected)."""
+    import contextlib
+
+    from agentbox.errors import AgentboxError
+    from agentbox.remote import hosts
+    from agentbox.runtime.remote import SshRuntime
+
+    host = hosts.get(task.host)
+    if host is None or not task.handed or not task.remote_key:
+        return
+    with contextlib.suppress(AgentboxError):
+        SshRuntime(host).cancel(task.vm, task.remote_key)
 
 
 def host_checks(host: Host) -> list[Check]:
