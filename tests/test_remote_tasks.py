@@ -6,6 +6,7 @@ proposal; outputs and records live on this machine."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -311,3 +312,24 @@ def test_hosts_rm_refuses_while_a_task_there_is_active_and_force_fails_it(remote
     assert [row["name"] for row in listed] == ["local"]
     # Its runner there was asked to stop before the host was forgotten.
     wait_for(lambda: host.containing([b"state=cancelled"]), 30, "the runner there to end the task as cancelled")
+
+
+def test_a_task_whose_keeper_is_gone_is_followed_again_after_tasks(remote_project: tuple[Path, RemoteHost]) -> None:
+    from agentbox.session import remotekeeper
+
+    project, _ = remote_project
+    task_id = submit(project, "--on", "big", "do:sleep:3;write:later.txt:done")
+    wait_for(lambda: remotekeeper.running(task_id), 30, "the keeper to run")
+    # This machine restarted: the keeper is gone (killed here), the task goes on there.
+    import signal
+    import subprocess as sp
+
+    pids = sp.run(["pgrep", "-f", f"agentbox.session.remotekeeper {task_id}$"], capture_output=True, text=True)
+    for pid in pids.stdout.split():
+        os.kill(int(pid), signal.SIGKILL)
+    wait_for(lambda: not remotekeeper.running(task_id), 30, "the keeper to be gone")
+    assert record(project, task_id)["state"] in ("Queued", "Running", "Pending")
+    assert run_agentbox("tasks", cwd=project).returncode == 0  # no host asked; a keeper started
+    task = wait_for(lambda: record(project, task_id), 120, "the task to end with its proposal",
+                    until=lambda task: task["proposal"] is not None)
+    assert task["state"] == "Completed"

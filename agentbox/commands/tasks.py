@@ -177,6 +177,8 @@ def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool
     found = tasks.refresh(found)
     if refresh:
         found = _asked(found)
+    else:
+        _keep_following(found)
     if as_json:
         click.echo(json.dumps([task.to_json() for task in found], indent=2))
         return
@@ -185,6 +187,19 @@ def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool
                    err=True)
         return
     _table(found)
+
+
+def _keep_following(found: list[Task]) -> None:
+    """A remote task whose keeper is gone (this machine restarted) gets one again: it asks the host in the
+    background, so that the listing itself never waits for a host."""
+    wanted = [task for task in found if task.remote and (task.active or not task.harvested)]
+    if not wanted:
+        return
+    from agentbox.session import remotekeeper
+
+    for task in wanted:
+        if not remotekeeper.running(task.id):
+            remotekeeper.start(task.id)
 
 
 def _asked(found: list[Task]) -> list[Task]:
