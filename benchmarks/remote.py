@@ -76,7 +76,7 @@ def main() -> int:
 
             assert agentbox("hosts", "add", "big", host.url, "--no-check").returncode == 0
             assert agentbox("trust").returncode == 0
-            mirror = root / "state" / "vms" / "agentbox-myproject.on-big" / "staging" / "bundles"
+            vms = root / "state" / "vms"
 
             def quiet() -> None:
                 """Every keeper ended (they poll the host): what follows counts only its own ssh calls."""
@@ -93,7 +93,7 @@ def main() -> int:
                 quiet()
                 ssh_before = len(read_ssh_passthrough(lima_home))
                 calls_before = len(read_calls(host.lima_home))
-                bundles_before = {p.name for p in mirror.glob("*.bundle")} if mirror.exists() else set()
+                bundles_before = {p.name for p in vms.glob("*.on-big/staging/bundles/*.bundle")}
                 started = time.monotonic()
                 result = agentbox("--timings", "run", "--agent", "stub", "--on", "big", prompt)
                 if os.environ.get("AGENTBOX_BENCH_SHOW_TIMINGS"):
@@ -107,7 +107,7 @@ def main() -> int:
                     kind = f"-O {argv[argv.index('-O') + 1]}" if "-O" in argv else "command"
                     kinds[kind] = kinds.get(kind, 0) + 1
                 calls = len(read_calls(host.lima_home)) - calls_before
-                new = [p for p in mirror.glob("*.bundle") if p.name not in bundles_before]
+                new = [p for p in vms.glob("*.on-big/staging/bundles/*.bundle") if p.name not in bundles_before]
                 waited = agentbox("wait", result.stdout.strip())
                 if waited.returncode != 0:
                     raise SystemExit(f"{label}: {waited.stderr}")

@@ -285,7 +285,8 @@ def test_the_remote_vm_reaches_its_api_only_through_this_machine_s_broker_over_t
         assert "agentbox-ph-" in answer["login"]  # the VM held a placeholder; the broker put the real one in
         assert [r.headers["authorization"] for r in upstream.requests_to("api.anthropic.com")] == \
             [f"Bearer {REAL_ACCESS}"]
-    mirror = "agentbox-myproject.on-big"
+    mirror = record(project, task_id)["vm"] + ".on-big"
+    assert mirror.startswith("agentbox-myproject-")  # the project's VM there carries the provisioning's key
     # The VM's proxy port was the host's end of the forward, not this machine's proxy port.
     assert answer["proxy"] == record(project, task_id)["forwardPort"]
     # No real token on the remote host; the forward and the proxy ended with the task.

@@ -45,6 +45,15 @@ if TYPE_CHECKING:
 
 
 
+def remote_vm_name(config: Config, vm_name: str) -> str:
+    """The project's VM on a host: its name here and the key of the provisioning it is built from (the base key,
+    agentbox.vm.base): a new agentbox or provisioning setting makes a new VM there on first use, never a VM
+    provisioned differently from what this machine's VMs get. (The older one stays until deleted there.)"""
+    from agentbox.vm import base
+
+    return f"{vm_name}-{base.key(config)[:8]}"
+
+
 def place_key(host: str, vm_name: str) -> str:
     """The remote VM as a place of agentbox.tasks.bundles (a ref's last part)."""
     return (host + "-" + "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in vm_name))[:100]
@@ -77,7 +86,8 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     repo = hostgit.find(workspace)
     if repo is None:
         raise isolation.not_a_git_work_tree(workspace)
-    mirror = shadow(agent.vm_name, host.name)
+    vm_name = remote_vm_name(config, agent.vm_name)
+    mirror = shadow(vm_name, host.name)
     with timing.phase("the broker's placeholder logins"):
         brokering = broker.prepare(config, mirror, agent.name)
     prepared = brokering.prepared if brokering is not None else None
@@ -85,7 +95,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if logins:
         raise remotecreds.refusal(agent, logins, host_name, broker.wanted(config))
     cwd = workdir_for(config.cwd, workspace)
-    task = tasks.create(agent.vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
+    task = tasks.create(vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
                         timeout=timeout, worktree=None, host=host_name, isolated=True)
     lease = None
     try:
@@ -130,7 +140,8 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
     from agentbox.session.run import spec, stage_copy, start_checkpoint
     from agentbox.vm import render
 
-    mirror = shadow(agent.vm_name, host.name)
+    vm_name = task.vm
+    mirror = shadow(vm_name, host.name)
     workspace = config.require_workspace()
     key = task_key(task)
     port = remotecreds.remote_port(key) if (config.network.proxied or broker.wanted(config)) else None
@@ -140,7 +151,7 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
         latest.forward_port = task.forward_port = port
         tasks.save(latest)
     start = start_checkpoint(config, agent, task, repo)
-    staged = stage_copy(config, task, repo, start, place_key(host.name, agent.vm_name),
+    staged = stage_copy(config, task, repo, start, place_key(host.name, vm_name),
                         paths.staging_dir(mirror) / taskbundles.FOLDER)
     scripts = bootstrap.plan(config, str(paths.staging_dir(mirror)))
     with timing.phase("staging (for the host)"):
@@ -177,10 +188,10 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
     root_there = FAR_ROOT  # Lima expands `~` in a mount's location: no question to the host is needed
     with timing.phase("the VM's lima.yaml for the host"):
         lima_yaml = render.render_remote(
-            config, agent.vm_name,
-            render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/staging", str(paths.staging_dir(mirror)), False),
-            render.RenderedMount(f"{root_there}/vms/{agent.vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
-    return Job(agent.vm_name, key, lima_yaml, files, ["/usr/bin/env", "-C", "/", *command, "--", *task.argv],
+            config, vm_name,
+            render.RenderedMount(f"{root_there}/vms/{vm_name}/staging", str(paths.staging_dir(mirror)), False),
+            render.RenderedMount(f"{root_there}/vms/{vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
+    return Job(vm_name, key, lima_yaml, files, ["/usr/bin/env", "-C", "/", *command, "--", *task.argv],
                max(600, config.startup_wait_sec), sorted(every), frozenset(executables))
 
 
