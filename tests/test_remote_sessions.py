@@ -127,7 +127,8 @@ def test_a_session_on_a_host_runs_in_tmux_there_attach_joins_it_and_its_changes_
     wait_for(lambda: record(project, task_id)["state"], 60, "the session running", until=lambda s: s == "Running")
     task = record(project, task_id)
     assert (task["host"], task["isolated"], task["session"]) == ("big", True, True)
-    assert f"(session: agentbox attach {task_id})" in run_agentbox("tasks", cwd=project).stdout
+    assert "Running on big" in run_agentbox("tasks", cwd=project).stdout.splitlines()[1]
+    assert run_agentbox("tasks", cwd=project).stdout.splitlines()[1].endswith("(session)")
     # The agent waits in tmux in the remote VM, its session named after the task.
     assert tmux_sessions(host, task).startswith(f"{remote_key(task_id)}:".encode())
     typed: list[str] = []

@@ -237,8 +237,7 @@ def _table(found: list[Task]) -> None:
             elif task.active and since is not None:
                 state += f" (unreachable since {tables.local_time(since)}"
                 state += f"; seen {tables.local_time(task.seen)})" if task.seen else ")"
-        summary = f"(session: agentbox attach {task.id})" if task.session and task.active else \
-            "(session)" if task.session else visible(task.summary)
+        summary = "(session)" if task.session else visible(task.summary)  # `agentbox attach ID` joins it
         rows.append((str(task.id), visible(task.name or ""), task.agent, state,
                      "" if task.exit_code is None else str(task.exit_code),
                      tables.local_time(task.started) if task.started else "", took, summary))
