@@ -192,6 +192,11 @@ def test_on_without_detach_is_refused_before_anything_is_made(remote_project: tu
     assert refused.returncode == 2, refused.stderr
     assert "--on big needs --detach: a session on another machine always runs detached" in refused.stderr
     assert "`agentbox stub --on big --detach [ARGS]...` starts it" in refused.stderr
+    for args, says in ((["--on", "local", "-d"], "--on takes a host added with `agentbox hosts add`, not local"),
+                       (["--on", "big", "-d", "--worktree", "w"], "--worktree do not go together"),
+                       (["--on"], "--on needs a host's name")):
+        other = run_agentbox("stub", *args, cwd=project)
+        assert other.returncode == 2 and says in other.stderr, other.stderr
     assert json.loads(run_agentbox("tasks", "--json", cwd=project).stdout) == []
     assert not (host.home / ".agentbox-remote").exists()
     # The control: with --detach the same command starts the session.

@@ -74,16 +74,15 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
 
         raise UsageError("--on (a session on a copy of the workspace) and --worktree do not go together",
                          hint="Drop one of them.")
-    session = session_for(ctx)
-    if place == "any":
-        from agentbox.progress import note
-        from agentbox.session import remote
+    if place in ("local", "any"):
+        from agentbox.errors import UsageError
 
-        place = remote.choose(session.config)
-        note(f"--on any: {place}")
-    if place is not None and place != "local":
+        raise UsageError(f"agentbox {name} --on takes a host added with `agentbox hosts add`, not {place}",
+                         hint=f"On this machine: `agentbox {name} --detach` (the live workspace) or `agentbox {name} "
+                         "--isolated` (on a copy, attached); `agentbox run --on local PROMPT` is a task on a copy.")
+    session = session_for(ctx)
+    if place is not None:
         return detach_on_host(session, name, args, place)
-    isolated = isolated or place == "local"
     if isolated:
         session.config = isolation_config(session.config)
     if args[:1] == ["login"]:
