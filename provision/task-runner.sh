@@ -303,12 +303,20 @@ remove_copy() {
 start_session() {
   # The program in a new tmux session of a server of its own, its exit status left in the copy's folder; child
   # is the pane's process (a session leader: cancel signals its group).
-  command -v tmux >/dev/null 2>&1 || finish failed "tmux is not installed in the VM (a session needs it)"
+  if ! command -v tmux >/dev/null 2>&1; then
+    remove_copy
+    finish failed "tmux is not installed in the VM (a session needs it)"
+  fi
   rm -f "$copy_root/exit"
   # shellcheck disable=SC2016 # expanded by the pane's bash
   child="$(PYTHONUNBUFFERED=1 tmux -L "$session" new-session -d -P -F '#{pane_pid}' -s "$session" -c "$cwd" \
     -x 200 -y 50 -- bash -c '"$@"; printf "%s\n" "$?" > "$0"' "$copy_root/exit" "$@" 2>>"$dir/stderr")"
-  case "$child" in '' | *[!0-9]*) finish failed "tmux could not start the session $session (see the task's stderr)" ;; esac
+  case "$child" in
+    '' | *[!0-9]*)
+      remove_copy
+      finish failed "tmux could not start the session $session (see the task's stderr)"
+      ;;
+  esac
 }
 
 session_exit() {
