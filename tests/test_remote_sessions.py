@@ -78,9 +78,10 @@ def tmux_sessions(host: RemoteHost, task: dict) -> bytes:
     return listed.stdout
 
 
-def on_terminal(cwd: Path, args: list[str], answer: Callable[[str], bytes | None], timeout: float = 120
+def on_terminal(cwd: Path, args: list[str], answer: Callable[[str, float], bytes | None], timeout: float = 120
                 ) -> tuple[int, str]:
-    """`agentbox ARGS` in a pseudo-terminal; answer(all output so far) returns bytes to type, or None."""
+    """`agentbox ARGS` in a pseudo-terminal; answer(all output so far, seconds since the last output) returns bytes
+    to type, or None. It is asked at least twice a second."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, b"\x18\x00\x50\x00\x00\x00\x00\x00")  # 24 rows, 80 columns
 
@@ -92,25 +93,31 @@ def on_terminal(cwd: Path, args: list[str], answer: Callable[[str], bytes | None
                             stderr=slave, env={**os.environ, "TERM": "xterm"}, preexec_fn=controlling_terminal)
     os.close(slave)
     output = b""
-    deadline = time.monotonic() + timeout
+    last = time.monotonic()
+    deadline = last + timeout
     try:
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.5)
+            ready, _, _ = select.select([master], [], [], 0.25)
             if not ready:
                 if proc.poll() is not None:
                     break
+                typed = answer(output.decode(errors="replace"), time.monotonic() - last)
+                if typed:
+                    os.write(master, typed)
                 continue
             try:
                 data = os.read(master, 65536)
             except OSError:  # every process that had the terminal open left
+                output += b"\n[EIO]"
                 break
             if not data:
                 break
             output += data
-            typed = answer(output.decode(errors="replace"))
-            if typed:
-                os.write(master, typed)
-        code = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            last = time.monotonic()
+        try:
+            code = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"`agentbox {' '.join(args)}` did not end: {output!r}") from None
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -133,8 +140,8 @@ def test_a_session_on_a_host_runs_in_tmux_there_attach_joins_it_and_its_changes_
     assert tmux_sessions(host, task).startswith(f"{remote_key(task_id)}:".encode())
     typed: list[str] = []
 
-    def answer(output: str) -> bytes | None:
-        if "ready for a line" in output and not typed:
+    def answer(output: str, quiet: float) -> bytes | None:
+        if "ready for a line" in output and quiet > 1 and not typed:  # tmux settled: no key is taken for its own
             typed.append("line")
             return b"typed on the laptop\r"
         return None
@@ -155,12 +162,13 @@ def test_detaching_leaves_the_session_running_there(remote_project: tuple[Path, 
     project, host = remote_project
     task_id = start_session(project)
     wait_for(lambda: record(project, task_id)["state"], 60, "the session running", until=lambda s: s == "Running")
-    sent: list[str] = []
+    sent: list[float] = []
 
-    def answer(output: str) -> bytes | None:
-        if "ready for a line" in output and not sent:
-            sent.append("detach")
-            return b"\x02d"  # tmux's prefix, then d: detach
+    def answer(output: str, quiet: float) -> bytes | None:
+        # tmux's prefix, then d: detach; once tmux settled, and again should a key have been lost in its start
+        if "ready for a line" in output and quiet > 1 and (not sent or time.monotonic() - sent[-1] > 5):
+            sent.append(time.monotonic())
+            return b"\x02d"
         return None
 
     code, output = on_terminal(project, ["attach", str(task_id)], answer)
