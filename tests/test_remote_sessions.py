@@ -1,7 +1,8 @@
 """Interactive sessions on another machine (`agentbox AGENT --on HOST --detach`, `agentbox attach ID`) through the
 real CLI against a real sshd on 127.0.0.1 and a second local user standing for the remote machine, the limactl
 double on its PATH (tests/remotehost.py). The agent runs in tmux in the remote VM on a copy of the workspace;
-`attach` joins it over ssh with a terminal, and when it ends its changes come home as a proposal."""
+`attach` joins it over ssh with a terminal, and when it ends its changes come home as a proposal. Each test makes
+the remote VM (the double's, over ssh): about 10 s to 15 s each."""
 
 from __future__ import annotations
 
