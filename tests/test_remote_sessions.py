@@ -214,3 +214,29 @@ def test_on_without_detach_is_refused_before_anything_is_made(remote_project: tu
     assert (host.home / ".agentbox-remote").exists()
     assert run_agentbox("cancel", str(task_id), cwd=project, timeout=120).returncode == 0
 
+
+
+def test_the_far_end_attaches_only_to_a_task_it_knows(home: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    from agentbox.remote import far
+
+    ran: list[list[str]] = []
+
+    def execv(program: str, argv: list[str]) -> None:
+        ran.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(far, "limactl_path", lambda: "/opt/limactl")
+    monkeypatch.setattr(far.os, "execv", execv)
+    for key, says in (("t9-laptop-0123abcd", "task t9-laptop-0123abcd is not known on this host"),
+                      ("../elsewhere", "is not a task key")):
+        assert far.main(["attach", key]) == 3
+        assert says in json.loads(capsys.readouterr().out)["error"]
+    assert ran == []
+    # The control: a task submitted here (its VM in the index) is attached, in that VM, to its own tmux session.
+    (home / ".agentbox-remote" / "tasks").mkdir(parents=True)
+    (home / ".agentbox-remote" / "tasks" / "t9-laptop-0123abcd").write_text("agentbox-myproject-0123abcd\n")
+    with pytest.raises(SystemExit):
+        far.main(["attach", "t9-laptop-0123abcd"])
+    assert ran == [["/opt/limactl", "shell", "agentbox-myproject-0123abcd", "--", "sh", "-c", far.ATTACH_SCRIPT, "sh",
+                    "t9-laptop-0123abcd"]]

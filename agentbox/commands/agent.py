@@ -51,10 +51,11 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         args = args[1:]
     if place is not None and not detach:
         from agentbox.errors import UsageError
+        from agentbox.safetext import visible
 
-        raise UsageError(f"--on {place} needs --detach: a session on another machine always runs detached",
-                         hint=f"`agentbox {name} --on {place} --detach [ARGS]...` starts it and prints its id; "
-                         "`agentbox attach ID` joins it.")
+        raise UsageError(f"--on {visible(place)} needs --detach: a session on another machine always runs detached",
+                         hint=f"`agentbox {name} --on {visible(place)} --detach [ARGS]...` starts it and prints its "
+                         "id; `agentbox attach ID` joins it.")
     if detach and (args[:1] in (["shell"], ["login"]) or (len(args) == 1 and args[0] in QUERIES)):
         from agentbox.errors import UsageError
 
