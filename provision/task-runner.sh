@@ -13,7 +13,11 @@
 #            order), base (the commit its copy starts from), copy (the copy's folder name) and subdir (where in
 #            the copy the program starts): the program runs on a copy made under ~/.agentbox/tasks/ID/ from a
 #            cache repository of the guest's own, never in the workspace
-#   prompt   the prompt, byte for byte: the program's last argument
+#            An isolated task may be a session (`agentbox AGENT --on HOST --detach`): session=NAME runs the
+#            program, without the prompt, in the tmux session NAME of a tmux server of its own (`tmux -L NAME`,
+#            so it gets this runner's environment), on a terminal `agentbox attach` joins; the task ends when
+#            that session does. Its output is on that terminal, not in stdout/stderr.
+#   prompt   the prompt, byte for byte: the program's last argument (not a session's)
 # This script writes there, each file replaced whole (written aside, then renamed):
 #   state    state=queued|running|completed|failed|timeout|cancelled and its times (epoch seconds), exit,
 #            reason, one NAME=value a line
@@ -44,7 +48,7 @@ esac
 boot="$(cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo unknown)"
 
 id="" max=2 timeout=0 grace=5 cwd="" agent="" events="" marker_dir="" worktree="" branch="" base="" repo=""
-isolated="" format=sha1 copy_name="" subdir="." bundles=()
+isolated="" format=sha1 copy_name="" subdir="." bundles=() session=""
 while IFS= read -r -d '' record; do
   case "$record" in
     id=*) id="${record#id=}" ;;
@@ -64,11 +68,17 @@ while IFS= read -r -d '' record; do
     bundle=*) bundles+=("${record#bundle=}") ;;
     copy=*) copy_name="${record#copy=}" ;;
     subdir=*) subdir="${record#subdir=}" ;;
+    session=*) session="${record#session=}" ;;
   esac
 done < "$dir/spec"
 for number in "$id" "$max" "$timeout" "$grace"; do
   case "$number" in '' | *[!0-9]*) echo "task-runner: bad spec in $dir" >&2; exit 2 ;; esac
 done
+case "$session" in
+  '') ;;
+  *[!A-Za-z0-9_-]* | -*) echo "task-runner: bad session name in $dir" >&2; exit 2 ;;
+  *) [ -n "$isolated" ] || { echo "task-runner: a session must be an isolated task ($dir)" >&2; exit 2; } ;;
+esac
 if [ "$isolated" != "$isolated_flag" ]; then
   echo "task-runner: the spec in $dir and launch.sh disagree about an isolated task (run the task again)" >&2
   exit 2
@@ -289,6 +299,34 @@ remove_copy() {
   rm -rf --one-file-system "$copy_root" 2>/dev/null || sudo -n rm -rf --one-file-system "$copy_root" 2>/dev/null || true
 }
 
+# -- a session: the program in tmux -----------------------------------------------------------------
+start_session() {
+  # The program in a new tmux session of a server of its own, its exit status left in the copy's folder; child
+  # is the pane's process (a session leader: cancel signals its group).
+  if ! command -v tmux >/dev/null 2>&1; then
+    remove_copy
+    finish failed "tmux is not installed in the VM (a session needs it)"
+  fi
+  rm -f "$copy_root/exit"
+  # shellcheck disable=SC2016 # expanded by the pane's bash
+  child="$(PYTHONUNBUFFERED=1 tmux -L "$session" new-session -d -P -F '#{pane_pid}' -s "$session" -c "$cwd" \
+    -x 200 -y 50 -- bash -c '"$@"; printf "%s\n" "$?" > "$0"' "$copy_root/exit" "$@" 2>>"$dir/stderr")"
+  case "$child" in
+    '' | *[!0-9]*)
+      remove_copy
+      finish failed "tmux could not start the session $session (see the task's stderr)"
+      ;;
+  esac
+}
+
+session_exit() {
+  local code=""
+  [ ! -f "$copy_root/exit" ] || read -r code < "$copy_root/exit"
+  case "$code" in '' | *[!0-9]*) code=129 ;; esac  # ended by a signal (the session killed)
+  tmux -L "$session" kill-server 2>/dev/null
+  printf '%s' "$code"
+}
+
 beat_until() {
   # beat_until PID: beat while that background step runs (a large tree takes a while); its status
   while kill -0 "$1" 2>/dev/null; do
@@ -331,8 +369,12 @@ put_state running
 # it ends (a file is not a terminal), so stdio is line-buffered where stdbuf can (glibc) and Python's too.
 line_buffered=()
 ! command -v stdbuf >/dev/null 2>&1 || line_buffered=(stdbuf -oL -eL)
-PYTHONUNBUFFERED=1 setsid "${line_buffered[@]}" "$@" "$prompt" < /dev/null > "$dir/stdout" 2> "$dir/stderr" &
-child=$!
+if [ -n "$session" ]; then
+  start_session "$@"
+else
+  PYTHONUNBUFFERED=1 setsid "${line_buffered[@]}" "$@" "$prompt" < /dev/null > "$dir/stdout" 2> "$dir/stderr" &
+  child=$!
+fi
 
 ending="" kill_at=0
 deadline=0
@@ -347,6 +389,7 @@ while kill -0 "$child" 2>/dev/null; do
       ending=timeout
     fi
     if [ -n "$ending" ]; then
+      [ -z "$session" ] || tmux -L "$session" kill-server 2>/dev/null
       kill -TERM -- "-$child" 2>/dev/null
       kill_at=$((now + grace))
     fi
@@ -355,8 +398,12 @@ while kill -0 "$child" 2>/dev/null; do
   fi
   sleep 0.2
 done
-wait "$child"
-exit_code=$?
+if [ -n "$session" ]; then
+  exit_code="$(session_exit)"
+else
+  wait "$child"
+  exit_code=$?
+fi
 commit_worktree &
 committing=$!
 while kill -0 "$committing" 2>/dev/null; do  # a large tree takes a while: keep beating meanwhile

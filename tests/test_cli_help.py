@@ -204,7 +204,7 @@ def test_agent_help_names_agentboxs_own_options(project: Path) -> None:
     out = run_cli("help", "gemini", cwd=project).stdout
     section = out.split("agentbox's own options (right after `gemini`; every other argument is gemini's):\n")[1]
     options = [line.split("  ")[1].strip() for line in section.split("\n\n")[0].splitlines() if line[2] == "-"]
-    assert options == ["--isolated", "--detach, -d", "--worktree NAME"]
+    assert options == ["--isolated", "--detach, -d", "--worktree NAME", "--on HOST"]
     text = " ".join(section.split())
     assert "--worktree NAME Run gemini in the git worktree .agentbox/worktrees/NAME on the branch agentbox/NAME" in text
 

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
 WORKTREE_FLAG = "--worktree"  # `--worktree NAME` right after the agent's name (or after --isolated): agentbox's
 DETACH_FLAGS = ("--detach", "-d")  # the same: start the agent in a tmux session in the VM and return
+ON_FLAG = "--on"  # `--on HOST` the same: with --detach, the session runs on that host (agentbox.session.remotesession)
 # Asked on their own, these are questions about the agent, not work for it.
 QUERIES = ("--help", "-h", "--version")
 CONFIG_META = "agentbox.config.load"  # ctx.meta key: a config already loaded, reused by the help text
@@ -35,14 +36,26 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
 
     # agentbox's own options come first (each once); anything after them (another --isolated too) is the agent's.
     isolated = detach = False
+    place: str | None = None
     while args:
         if args[0] == ISOLATED_FLAG and not isolated:
             isolated = True
         elif args[0] in DETACH_FLAGS and not detach:
             detach = True
+        elif args[0] == ON_FLAG and place is None:
+            place, args = _place(name, args[1:2]), args[1:]
+        elif args[0].startswith(f"{ON_FLAG}=") and place is None:
+            place = _place(name, [args[0].partition("=")[2]])
         else:
             break
         args = args[1:]
+    if place is not None and not detach:
+        from agentbox.errors import UsageError
+        from agentbox.safetext import visible
+
+        raise UsageError(f"--on {visible(place)} needs --detach: a session on another machine always runs detached",
+                         hint=f"`agentbox {name} --on {visible(place)} --detach [ARGS]...` starts it and prints its "
+                         "id; `agentbox attach ID` joins it.")
     if detach and (args[:1] in (["shell"], ["login"]) or (len(args) == 1 and args[0] in QUERIES)):
         from agentbox.errors import UsageError
 
@@ -57,7 +70,20 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
             return int(command.invoke(shell_ctx))
     if len(args) == 1 and args[0] in QUERIES:
         return answer_query(ctx, name, args[0], isolated)
+    if place is not None and args[:1] == [WORKTREE_FLAG]:
+        from agentbox.errors import UsageError
+
+        raise UsageError("--on (a session on a copy of the workspace) and --worktree do not go together",
+                         hint="Drop one of them.")
+    if place in ("local", "any"):
+        from agentbox.errors import UsageError
+
+        raise UsageError(f"agentbox {name} --on takes a host added with `agentbox hosts add`, not {place}",
+                         hint=f"On this machine: `agentbox {name} --detach` (the live workspace) or `agentbox {name} "
+                         "--isolated` (on a copy, attached); `agentbox run --on local PROMPT` is a task on a copy.")
     session = session_for(ctx)
+    if place is not None:
+        return detach_on_host(session, name, args, place)
     if isolated:
         session.config = isolation_config(session.config)
     if args[:1] == ["login"]:
@@ -73,6 +99,32 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         worktree = session_worktree(session.config, args[1])
         args = args[2:]
     return launch_agent(session, name, args, detach=detach, worktree=worktree)
+
+
+def _place(name: str, value: list[str]) -> str:
+    if not value or not value[0] or value[0].startswith("-"):
+        from agentbox.errors import UsageError
+
+        raise UsageError(f"agentbox {name} --on needs a host's name",
+                         hint=f"`agentbox {name} --on HOST --detach`; `agentbox hosts ls` lists the hosts.")
+    return value[0]
+
+
+def detach_on_host(session: Session, name: str, args: list[str], host: str) -> int:
+    """`agentbox NAME --on HOST --detach [ARGS]...`: the agent in a session on HOST (a remote isolated task);
+    prints its id."""
+    import click
+
+    from agentbox.progress import note
+    from agentbox.session import remotesession
+
+    task = remotesession.start(session, name, args, host)
+    click.echo(task.id)
+    waiting = f", waiting for {host}" if not task.handed else ""
+    note(f"{task.label}: {name} runs in a session on {host}{waiting}, on a copy of the workspace (its changes come "
+         f"back as a proposal when it ends); `agentbox attach {task.id}` joins it, `agentbox cancel {task.id}` "
+         "ends it")
+    return 0
 
 
 def answer_without_vm(ctx: click.Context, name: str, query: str, reason: str) -> int:

@@ -45,6 +45,7 @@ class AgentCommand(PassthroughCommand):
         formatter.write_usage(ctx.command_path, "[--isolated] [--detach|-d] [--worktree NAME] [ARGS]...")
         formatter.write_usage(ctx.command_path, "shell [-- CMD...]", prefix="   or: ")
         formatter.write_usage(ctx.command_path, "login [ARGS]...", prefix="   or: ")
+        formatter.write_usage(ctx.command_path, "--on HOST --detach|-d [ARGS]...", prefix="   or: ")
 
     def format_help_text(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         name = self.name or ""
@@ -102,6 +103,9 @@ def _own_options(name: str, binary: str) -> list[tuple[str, str]]:
                          "`agentbox sessions` lists them."),
         ("--worktree NAME", f"Run {binary} in the git worktree .agentbox/worktrees/NAME on the branch "
                             "agentbox/NAME (made from HEAD the first time), so parallel sessions do not share files."),
+        ("--on HOST", f"With --detach: start {binary} in a session on HOST (`agentbox hosts add`), on a copy of the "
+                      "workspace; it is a task (`agentbox tasks`, `cancel`), `agentbox attach ID` joins it over ssh, "
+                      "and its changes come back as a proposal when it ends."),
     ]
 
 

@@ -13,6 +13,7 @@ import click
 from agentbox.session import detached as sessions
 
 if TYPE_CHECKING:
+    from agentbox.tasks.records import Task
     from agentbox.vm.lifecycle import Session
     from agentbox.vm.lima import Instance
 
@@ -21,7 +22,8 @@ if TYPE_CHECKING:
 @click.argument("name", required=False)
 @click.pass_context
 def attach_command(ctx: click.Context, name: str | None) -> None:
-    """Attach to a session started with `agentbox AGENT --detach` (or kept by session.keepAlive).
+    """Attach to a session started with `agentbox AGENT --detach` (or kept by session.keepAlive), or, by its
+    task's id or name, to one on another machine (`agentbox AGENT --on HOST --detach`), over ssh.
 
     Without NAME: the session that runs, when only one does, else the one that ended last. Detach again
     with Ctrl-b d; the session goes on. When the agent ends while you are attached, agentbox exits with its
@@ -34,12 +36,18 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     from agentbox.safetext import visible, visible_text
     from agentbox.session import attention, launch
 
-    if name is not None and not sessions.NAME_PATTERN.match(name):
-        raise UsageError(f"{visible(name)!s} is not a session name",
-                         hint="`agentbox sessions` lists the sessions of this project's VM.")
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("`agentbox attach` needs a terminal (its stdin and stdout)",
                          hint="`agentbox sessions --json` tells a script what runs.")
+    if name is not None:
+        from agentbox.session import remotesession
+
+        remote = remotesession.find(name)
+        if remote is not None:
+            _attach_remote(ctx, remote)
+    if name is not None and not sessions.NAME_PATTERN.match(name):
+        raise UsageError(f"{visible(name)!s} is not a session name",
+                         hint="`agentbox sessions` lists the sessions of this project's VM.")
     session = session_for(ctx)
     vm_name = _vm_to_attach(session, name)
     reply_folder = sessions.new_reply(vm_name)
@@ -78,6 +86,28 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
              else f"`agentbox {reply.agent} --detach` starts it again" if reply.agent else "")
     note(f"the session {shown}: {agent} {how}{ended}" + (f"; {again}" if again else ""))
     ctx.exit(reply.code if reply.code is not None else 1)
+
+
+def _attach_remote(ctx: click.Context, task: Task) -> None:
+    """Join a session on another machine; say how it went (the user detached, or it ended and came home)."""
+    from agentbox.commands.tasks import _report_end
+    from agentbox.errors import StateError
+    from agentbox.progress import note
+    from agentbox.runtime.remote import SESSION_ENDED
+    from agentbox.session import remotesession
+
+    code, task = remotesession.attach(task)
+    if code == 0:
+        note(f"detached from {task.label}: {task.agent} goes on on {task.host}; `agentbox attach {task.id}` returns")
+        ctx.exit(0)
+    if code != SESSION_ENDED:
+        raise StateError(f"could not attach to {task.label} on {task.host} (exit status {code})",
+                         hint="`agentbox tasks --refresh` shows whether it still runs.")
+    if task.active or not task.harvested:
+        note(f"the session of {task.label} ended; its task is {task.state} on {task.host}: `agentbox wait "
+             f"{task.id}` reports how it ended")
+        ctx.exit(0)
+    ctx.exit(_report_end(task))
 
 
 JSON_HELP = "One JSON array: name, agent, vm, started, attached, state, exitCode, ended."

@@ -152,7 +152,8 @@ def tasks_command(ctx: click.Context, as_json: bool, show_all: bool, refresh: bo
     exitCode, reason, agent, vm, workspace, cwd, argv (without the prompt), prompt (its first line),
     timeoutSec, created, started, ended (UTC, ISO 8601, or null), transitions ([{state, time}]),
     checkpoint, worktree, branch, base, stdout and stderr (where the outputs are), host (where it runs: local),
-    isolated (it works on a copy: `run --on`), proposal (the proposal its changes became, or null).
+    isolated (it works on a copy: `run --on`), proposal (the proposal its changes became, or null),
+    session (an interactive session, `agentbox AGENT --on HOST --detach`: `agentbox attach ID` joins it).
     """
     if ctx.invoked_subcommand is None:
         _list_tasks(ctx, as_json, show_all, refresh)
@@ -251,9 +252,10 @@ def _table(found: list[Task]) -> None:
             elif task.active and since is not None:
                 state += f" (unreachable since {tables.local_time(since)}"
                 state += f"; seen {tables.local_time(task.seen)})" if task.seen else ")"
+        summary = "(session)" if task.session else visible(task.summary)  # `agentbox attach ID` joins it
         rows.append((str(task.id), visible(task.name or ""), task.agent, state,
                      "" if task.exit_code is None else str(task.exit_code),
-                     tables.local_time(task.started) if task.started else "", took, visible(task.summary)))
+                     tables.local_time(task.started) if task.started else "", took, summary))
     tables.echo(rows, flexible=(1, -1))
 
 

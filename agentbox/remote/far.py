@@ -2,8 +2,8 @@
 
 A standalone script (standard library only, Python 3.8 or newer; it never imports agentbox), copied to
 `~/.agentbox-remote/bin/` by agentbox.remote.farclient. Every command prints one JSON object on stdout (`collect`:
-a tar); an error is `{"error": TEXT}` with exit status 3. It runs `limactl` (the remote PATH) and owns the layout
-`~/.agentbox-remote/` (folders 0700):
+a tar; `attach` becomes the session's terminal); an error is `{"error": TEXT}` with exit status 3. It runs
+`limactl` (the remote PATH) and owns the layout `~/.agentbox-remote/` (folders 0700):
 
     bin/far-DIGEST.py          this script
     tasks/KEY                  the VM name of task KEY (written here at submit: the VM cannot reach it)
@@ -38,7 +38,7 @@ import sys
 import tarfile
 import tempfile
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 ERROR_EXIT = 3
 ROOT_NAME = ".agentbox-remote"
@@ -768,8 +768,25 @@ def cmd_delete(vm: str) -> dict[str, Any]:
     return {"vm": vm, "deleted": True}
 
 
+# A session's tmux session (task-runner.sh: `tmux -L KEY`, session KEY), attached; then the exit status of tmux's
+# attach while the session goes on (0: detached), or SESSION_ENDED once it is gone.
+ATTACH_SCRIPT = ('tmux -L "$1" attach-session -t "=$1"; code=$?; '
+                 'if tmux -L "$1" has-session -t "=$1" 2>/dev/null; then exit "$code"; fi; exit 100')
+SESSION_ENDED = 100
+
+
+def cmd_attach(key: str) -> NoReturn:
+    """Become `limactl shell VM -- tmux attach` for task KEY's session, on this command's terminal."""
+    vm = known_task(check_key(key))
+    program = limactl_path()
+    if program is None:
+        raise Failure("limactl is not on this host's PATH (install Lima, https://lima-vm.io, for this user)")
+    sys.stdout.flush()
+    os.execv(program, [program, "shell", vm, "--", "sh", "-c", ATTACH_SCRIPT, "sh", key])
+
+
 COMMANDS: dict[str, int] = {"facts": 0, "submit": 0, "status": -1, "read": 4, "cancel": 1, "collect": 1,
-                            "forget": 1, "vm-status": 1, "stop": 1, "delete": 1}
+                            "forget": 1, "vm-status": 1, "stop": 1, "delete": 1, "attach": 1}
 
 
 def dispatch(command: str, args: list[str]) -> tuple[dict[str, Any] | None, int]:
@@ -798,6 +815,8 @@ def dispatch(command: str, args: list[str]) -> tuple[dict[str, Any] | None, int]
         return cmd_vm_status(args[0]), 0
     if command == "stop":
         return cmd_stop(args[0]), 0
+    if command == "attach":
+        cmd_attach(args[0])
     return cmd_delete(args[0]), 0
 
 

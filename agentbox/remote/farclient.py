@@ -101,9 +101,13 @@ class Far:
                            hint="The far end needs `python3` (3.8 or newer) on the host's PATH for ssh commands.")
         return done
 
-    def _once(self, command: str, args: Sequence[str], stdin: bytes | None, timeout: float) -> Completed:
+    def argv(self, command: str, *args: str) -> list[str]:
+        """The remote command that runs the installed far end's COMMAND (exit 127 when it is not installed)."""
         script = f'test -f {self.path} || exit {MISSING}; exec python3 {self.path} "$@"'
-        done = self.transport.run(["sh", "-c", script, "far", command, *args], stdin=stdin, timeout=timeout)
+        return ["sh", "-c", script, "far", command, *args]
+
+    def _once(self, command: str, args: Sequence[str], stdin: bytes | None, timeout: float) -> Completed:
+        done = self.transport.run(self.argv(command, *args), stdin=stdin, timeout=timeout)
         return Completed(int(done.code), bytes(done.stdout), bytes(done.stderr))
 
     def install(self) -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from agentbox.remote.hosts import Host
 
 COLLECT_LIMIT = 64 << 20
+SESSION_ENDED = 100  # the far end's `attach` after the session ended (far.py's SESSION_ENDED)
 
 
 class SshRuntime:
@@ -74,6 +75,12 @@ class SshRuntime:
 
     def forget(self, vm: str, key: str) -> None:
         self.far.call("forget", key)
+
+    def attach(self, key: str) -> int:
+        """Join task KEY's session (a session task's tmux there) on this terminal; the far end's exit status:
+        0 detached, SESSION_ENDED the session is gone, else tmux's or limactl's failure. The far end is
+        installed already: the caller asked its status first."""
+        return self.transport.attached(self.far.argv("attach", key), tty=True)
 
 
 def _tar(files: dict[str, bytes], executables: frozenset[str] = frozenset()) -> bytes:

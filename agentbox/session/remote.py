@@ -69,9 +69,10 @@ def task_key(task: tasks.Task) -> str:
 
 
 def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
-           host_name: str) -> tasks.Task:
+           host_name: str, session_argv: list[str] | None = None) -> tasks.Task:
     """Record the task, prepare its job and hand it to the host (or leave it waiting for the host); start its
-    keeper. Returns the record."""
+    keeper. Returns the record. `session_argv`: a session (`agentbox AGENT --on HOST --detach`): the runner there
+    runs this program (the agent's interactive form, no prompt) in tmux, for `agentbox attach`."""
     from agentbox.git import store as hostgit
     from agentbox.remote import hosts
     from agentbox.review import isolation
@@ -95,8 +96,12 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     if logins:
         raise remotecreds.refusal(agent, logins, host_name, broker.wanted(config))
     cwd = workdir_for(config.cwd, workspace)
-    task = tasks.create(vm_name, workspace, agent.name, task_argv(agent), cwd, prompt, name=name,
+    argv = task_argv(agent) if session_argv is None else session_argv
+    task = tasks.create(vm_name, workspace, agent.name, argv, cwd, prompt, name=name,
                         timeout=timeout, worktree=None, host=host_name, isolated=True)
+    if session_argv is not None:
+        task.session = True
+        tasks.save(task)
     lease = None
     try:
         job = _prepare(config, agent, task, prompt, repo, host, brokering)
@@ -163,6 +168,8 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
         staging.stage_context(config, mirror, agent, refreshed, None, "isolated", task.checkpoint)
     box = paths.vm_outbox(mirror) / "tasks" / key
     task_spec = spec(task, _slots(config, host.name), None, workspace, None, staged, folders_of=mirror)
+    if task.session:
+        task_spec += f"session={key}\0".encode()  # task-runner.sh: the program in the tmux session KEY
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
                                      isolated_task=True)
     files: dict[str, bytes] = {}

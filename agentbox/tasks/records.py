@@ -100,6 +100,7 @@ class Task:
     forward_port: int | None = None  # the host's port on which its VM reaches this machine's proxy (or None)
     forward_master: int | None = None  # the ssh master connection the forward was made on (a new one: make it again)
     forward_local: int | None = None  # this machine's proxy port it was made to
+    session: bool = False  # an interactive session (`agentbox AGENT --on HOST --detach`): the agent in tmux there
 
     @property
     def remote(self) -> bool:
@@ -125,7 +126,7 @@ class Task:
             "stdout": str(output_path(self, "stdout")), "stderr": str(output_path(self, "stderr")),
             "host": self.host, "isolated": self.isolated, "proposal": self.proposal,
             "seen": iso(self.seen), "unreachableSince": iso(self.unreachable_since),
-            "forwardPort": self.forward_port,
+            "forwardPort": self.forward_port, "session": self.session,
         }
 
     @classmethod
