@@ -174,7 +174,7 @@ def test_on_refuses_worktree_and_an_unknown_host(project: Path, tasks_vm: FakeLi
     result = run_cli("run", "--on", "local", "--worktree", "x", "do:sleep:0", cwd=project)
     assert result.exit_code == 2 and "do not go together" in result.stderr
     result = run_cli("run", "--on", "elsewhere", "do:sleep:0", cwd=project)
-    assert result.exit_code != 0 and "no host 'elsewhere'" in result.stderr
+    assert result.exit_code != 0 and "no host named 'elsewhere'" in result.stderr
 
 
 @pytest.mark.parametrize("kind", ["control", "symlink"])

@@ -515,7 +515,8 @@ def test_tasks_json_is_as_documented(project: Path, tasks_vm: FakeLima) -> None:
     [record] = listing(project)
     assert set(record) == {"id", "name", "state", "exitCode", "reason", "agent", "vm", "workspace", "cwd", "argv",
                            "prompt", "timeoutSec", "created", "started", "ended", "transitions", "checkpoint",
-                           "worktree", "branch", "base", "stdout", "stderr", "host", "isolated", "proposal"}
+                           "worktree", "branch", "base", "stdout", "stderr", "host", "isolated", "proposal",
+                           "session", "seen", "unreachableSince", "forwardPort"}
     assert (record["id"], record["name"], record["state"], record["exitCode"], record["reason"]) == (
         task_id, "doc", "Completed", 0, None)
     assert (record["agent"], record["vm"], record["workspace"]) == ("claude", NAME, str(project))

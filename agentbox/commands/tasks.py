@@ -151,9 +151,11 @@ def tasks_command(ctx: click.Context, as_json: bool, show_all: bool, refresh: bo
     --json fields: id, name, state (Pending, Queued, Running, Completed, Failed, Timeout, Cancelled),
     exitCode, reason, agent, vm, workspace, cwd, argv (without the prompt), prompt (its first line),
     timeoutSec, created, started, ended (UTC, ISO 8601, or null), transitions ([{state, time}]),
-    checkpoint, worktree, branch, base, stdout and stderr (where the outputs are), host (where it runs: local),
-    isolated (it works on a copy: `run --on`), proposal (the proposal its changes became, or null),
-    session (an interactive session, `agentbox AGENT --on HOST --detach`: `agentbox attach ID` joins it).
+    checkpoint, worktree, branch, base, stdout and stderr (where the outputs are), host (where it runs: local
+    or a host's name), isolated (it works on a copy: `run --on`), proposal (the proposal its changes became, or
+    null), session (an interactive session, `agentbox AGENT --on HOST --detach`: `agentbox attach ID` joins it),
+    seen and unreachableSince (a remote task: when its host last answered; since when it has not), forwardPort
+    (the host's port on which its VM reaches this machine's proxy, or null).
     """
     if ctx.invoked_subcommand is None:
         _list_tasks(ctx, as_json, show_all, refresh)
