@@ -453,3 +453,34 @@ def staged_logins(home: Path) -> None:
     credentials = data.get("credentials") if isinstance(data.get("credentials"), dict) else {}
     data["credentials"] = {**credentials, "broker": False}
     write(path, yaml.safe_dump(data, sort_keys=False))
+
+
+# A stand-in agent for isolated tasks (tests/test_isolated_tasks.py, tests/test_remote_tasks.py): prints the files
+# it sees in its folder (JSON, .git left out) and its folder, then does what the prompt's `do:` steps ask
+# (`;`-separated): write:FILE:TEXT (replaced), rm:FILE, summary:TEXT (at $AGENTBOX_SUMMARY), sleep:S, out:TEXT.
+COPY_AGENT = r"""#!/usr/bin/python3
+import json, os, sys, time
+seen = []
+for folder, dirs, files in os.walk("."):
+    dirs[:] = [d for d in dirs if d != ".git"]
+    seen += [os.path.normpath(os.path.join(folder, name)) for name in files]
+print(json.dumps({"cwd": os.getcwd(), "files": sorted(seen)}), flush=True)
+prompt = sys.argv[-1]
+if prompt.startswith("do:"):
+    for step in prompt[3:].split(";"):
+        what, _, arg = step.partition(":")
+        if what == "write":
+            name, _, text = arg.partition(":")
+            os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
+            with open(name, "w") as f:
+                f.write(text + "\n")
+        elif what == "rm":
+            os.remove(arg)
+        elif what == "summary":
+            with open(os.environ["AGENTBOX_SUMMARY"], "w") as f:
+                f.write(arg + "\n")
+        elif what == "sleep":
+            time.sleep(float(arg))
+        elif what == "out":
+            print(arg, flush=True)
+"""

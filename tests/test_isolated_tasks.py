@@ -13,6 +13,7 @@ import pytest
 
 from agentbox import paths
 from tests.helpers import (
+    COPY_AGENT,
     NAME,
     FakeLima,
     git,
@@ -26,33 +27,7 @@ from tests.helpers import (
 
 pytestmark = pytest.mark.xdist_group("tasks")
 
-# A stand-in agent: prints the files it sees in its folder (JSON, .git left out) and its folder, then does what
-# the prompt's `do:` steps ask (`;`-separated): write:FILE:TEXT (replaced), rm:FILE, summary:TEXT (at
-# $AGENTBOX_SUMMARY), sleep:S.
-AGENT = r"""#!/usr/bin/python3
-import json, os, sys, time
-seen = []
-for folder, dirs, files in os.walk("."):
-    dirs[:] = [d for d in dirs if d != ".git"]
-    seen += [os.path.normpath(os.path.join(folder, name)) for name in files]
-print(json.dumps({"cwd": os.getcwd(), "files": sorted(seen)}), flush=True)
-prompt = sys.argv[-1]
-if prompt.startswith("do:"):
-    for step in prompt[3:].split(";"):
-        what, _, arg = step.partition(":")
-        if what == "write":
-            name, _, text = arg.partition(":")
-            os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
-            with open(name, "w") as f:
-                f.write(text + "\n")
-        elif what == "rm":
-            os.remove(arg)
-        elif what == "summary":
-            with open(os.environ["AGENTBOX_SUMMARY"], "w") as f:
-                f.write(arg + "\n")
-        elif what == "sleep":
-            time.sleep(float(arg))
-"""
+AGENT = COPY_AGENT  # the stand-in agent, in the guest as claude
 
 EDITS = "do:write:modified.txt:by the agent;rm:deleted.txt;write:new/added.txt:new file;summary:what I did"
 

@@ -13,40 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FakeLima, make_repository, run_agentbox, run_cli, snapshot_tree, wait_for, write
+from tests.helpers import COPY_AGENT, FakeLima, make_repository, run_agentbox, run_cli, snapshot_tree, wait_for, write
 from tests.remotehost import RemoteHost
 
 Hosts = Callable[..., list[RemoteHost]]
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("tasks")]
 
-# A stand-in agent the config defines (python3 is in every guest): prints the files it sees (JSON) and its folder,
-# then does what the prompt's `do:` steps ask: write:FILE:TEXT, rm:FILE, summary:TEXT, sleep:S, out:TEXT.
-AGENT = r"""
-import json, os, sys, time
-seen = []
-for folder, dirs, files in os.walk("."):
-    dirs[:] = [d for d in dirs if d != ".git"]
-    seen += [os.path.normpath(os.path.join(folder, name)) for name in files]
-print(json.dumps({"cwd": os.getcwd(), "files": sorted(seen)}), flush=True)
-prompt = sys.argv[-1]
-if prompt.startswith("do:"):
-    for step in prompt[3:].split(";"):
-        what, _, arg = step.partition(":")
-        if what == "write":
-            name, _, text = arg.partition(":")
-            os.makedirs(os.path.dirname(name) or ".", exist_ok=True)
-            with open(name, "w") as f:
-                f.write(text + "\n")
-        elif what == "rm":
-            os.remove(arg)
-        elif what == "summary":
-            with open(os.environ["AGENTBOX_SUMMARY"], "w") as f:
-                f.write(arg + "\n")
-        elif what == "sleep":
-            time.sleep(float(arg))
-        elif what == "out":
-            print(arg, flush=True)
-"""
+# The stand-in agent (tests/helpers.py), defined by the config: python3 is in every guest.
+AGENT = COPY_AGENT.split("\n", 1)[1]  # without its #! line: python3 -c runs it
 EDITS = "do:write:modified.txt:by the agent;rm:deleted.txt;write:new/added.txt:new file;summary:what I did"
 CONFIG = ("notify: false\ntasks:\n  maxConcurrent: 2\nagents:\n  stub:\n    binary: python3\n"
           f"    defaultArgs: [-c, {json.dumps(AGENT)}]\n")
