@@ -83,6 +83,23 @@ def private_parents(root: Path, directory: Path) -> None:
         current = private_dir(current / part)
 
 
+def held(lock: Path) -> bool:
+    """Whether a process holds a flock on `lock` (a probe: it takes nothing)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
 def remove_unlisted(root: Path, keep: set[str]) -> None:
     """Remove every file below root whose path relative to it is not in keep, every symlink (agentbox makes
     none there) and the folders that leaves empty."""

@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from agentbox import paths
+from agentbox import fsutil, paths
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
 from agentbox.net.broker import Brokering
@@ -74,7 +74,7 @@ def running(vm_name: str) -> Running | None:
         found = Running(int(info["pid"]), int(info["port"]), float(info["started"]), bool(info.get("brokers")))
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return found if _lock_held(base / "proxy.lock") else None
+    return found if fsutil.held(base / "proxy.lock") else None
 
 
 def policy(vm_name: str) -> dict[str, Any] | None:
@@ -353,20 +353,6 @@ def _not_started(vm_name: str) -> NoReturn:
     )
 
 
-def _lock_held(lock: Path) -> bool:
-    try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
-
-
 def _leases(vm_name: str) -> Iterator[Path]:
     with contextlib.suppress(OSError):
         for entry in os.scandir(folder(vm_name) / "leases"):
@@ -379,7 +365,7 @@ def _in_use(vm_name: str) -> bool:
 
     in_use = False
     for lease in _leases(vm_name):
-        if _lock_held(lease):
+        if fsutil.held(lease):
             in_use = True
         else:
             with contextlib.suppress(OSError):

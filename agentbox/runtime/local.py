@@ -3,16 +3,14 @@ and outbox in agentbox's state folder (paths.staging_dir, paths.vm_outbox), read
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import stat
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 from agentbox import paths, vmread
-from agentbox.fsutil import private_dir
+from agentbox.fsutil import private_dir, remove_unlisted
 from agentbox.runtime.contract import STAGING, TASK, Handed, Job, NeedsTemplate, TaskSeen
 
 MAX_STATE = 4096
@@ -64,7 +62,7 @@ class LocalRuntime:
         for name, data in job.files.items():
             _put(job.vm, job.task, name, data, 0o700 if name in job.executables else 0o600)
         if job.staging is not None:
-            _prune(paths.staging_dir(job.vm), set(job.staging))
+            remove_unlisted(paths.staging_dir(job.vm), set(job.staging))
         code, stderr = self._shell(job)
         if _lima_said(stderr, job.vm) is None:
             return Handed(code, stderr[-4096:], False, False)
@@ -171,18 +169,6 @@ def _put(vm: str, key: str, name: str, data: bytes, mode: int) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         os.replace(temp, parts[-1], src_dir_fd=parent, dst_dir_fd=parent)
-
-
-def _prune(root: Path, keep: set[str]) -> None:
-    """The staging folder holds only `keep` (agentbox's own folder: the VM mounts it read-only)."""
-    for folder, dirs, names in os.walk(root, topdown=False):
-        for name in names:
-            path = Path(folder) / name
-            if path.relative_to(root).as_posix() not in keep:
-                path.unlink()
-        for name in dirs:
-            with contextlib.suppress(OSError):
-                (Path(folder) / name).rmdir()  # only when it is empty now
 
 
 def local_virtualisation() -> str:

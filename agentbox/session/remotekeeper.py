@@ -234,19 +234,9 @@ def _close(task: tasks.Task, keeping: Keeping) -> None:
 
 def running(task_id: int) -> bool:
     """Whether the task's keeper runs (it holds its lock)."""
-    import fcntl
+    from agentbox.fsutil import held
 
-    try:
-        fd = os.open(tasks.folder(task_id) / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    return held(tasks.folder(task_id) / LOCK)
 
 
 def _proxy_lease(task: tasks.Task) -> Any:
