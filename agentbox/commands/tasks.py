@@ -180,29 +180,33 @@ def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool
     found = tasks.refresh(found)
     if refresh:
         found = _asked(found)
-    else:
-        _keep_following(found)
     if as_json:
         click.echo(json.dumps([task.to_json() for task in found], indent=2))
-        return
-    if not found:
+    elif not found:
         click.echo("No tasks" + ("" if show_all else " in this workspace") + ": `agentbox run PROMPT` starts one.",
                    err=True)
-        return
-    _table(found)
+    else:
+        _table(found)
+    if not refresh:
+        _keep_following(found)
+
+
+KEEPERS_PER_LISTING = 8  # keepers a listing starts again at most (the next listing starts the others)
 
 
 def _keep_following(found: list[Task]) -> None:
-    """A remote task whose keeper is gone (this machine restarted) gets one again: it asks the host in the
-    background, so that the listing itself never waits for a host."""
+    """A remote task whose keeper is gone (this machine restarted) gets one again, after the listing was printed:
+    it asks the host in the background, so that the listing itself never waits for a host."""
     wanted = [task for task in found if task.remote and (task.active or not task.harvested)]
     if not wanted:
         return
     from agentbox.session import remotekeeper
 
+    started = 0
     for task in wanted:
-        if not remotekeeper.running(task.id):
+        if started < KEEPERS_PER_LISTING and not remotekeeper.running(task.id):
             remotekeeper.start(task.id)
+            started += 1
 
 
 def _asked(found: list[Task]) -> list[Task]:
