@@ -86,8 +86,8 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
             continue
         limit = slots.get(host.name, slots.get("*", 2))
         running = int(facts.get("running") or 0)
-        table.append([host.name, host.url, "yes", str(facts.get("limaVersion") or "missing"),
-                      str(facts.get("virt") or "-"), str(facts.get("cpus") or "-"), _gib(facts.get("memory")),
+        table.append([host.name, host.url, "yes", _shown(facts.get("limaVersion") or "missing"),
+                      _shown(facts.get("virt") or "-"), _shown(facts.get("cpus") or "-"), _gib(facts.get("memory")),
                       str(max(limit - running, 0)), str(running)])
     tables.echo(table, flexible=(1,))
     for host, _facts, error in rows:
@@ -184,8 +184,9 @@ def host_checks(host: Host) -> list[Check]:
                       "agentbox needs python3 (3.8 or later) on the PATH of non-interactive ssh commands.")]
     hosts.reached(host, facts)
     checks = [Check("ssh", OK, f"ssh reaches {where}"),
-              Check("python3", OK, f"agentbox's helper runs there ({facts.get('os', '?')} {facts.get('arch', '?')})")]
-    version = facts.get("limaVersion")
+              Check("python3", OK, f"agentbox's helper runs there ({_shown(facts.get('os', '?'))} "
+                                   f"{_shown(facts.get('arch', '?'))})")]
+    version = _shown(facts.get("limaVersion") or "")
     if not facts.get("limactl"):
         checks.append(Check("lima", FAIL, "limactl is not on the PATH of non-interactive ssh commands there",
                             "Install Lima 2 there (https://lima-vm.io/docs/installation/) and put it on the PATH "
@@ -194,7 +195,7 @@ def host_checks(host: Host) -> list[Check]:
         checks.append(Check("lima", FAIL, f"Lima {version} there is older than {MINIMUM_LIMA_VERSION}",
                             "Update Lima on that host."))
     else:
-        checks.append(Check("lima", OK, f"Lima {version} ({facts.get('limactl')})"))
+        checks.append(Check("lima", OK, f"Lima {version} ({_shown(facts.get('limactl'))})"))
     virt = facts.get("virt")
     if virt in ("kvm", "vz"):
         checks.append(Check("virtualisation", OK, f"{virt.upper()}: VMs run at native speed"))
@@ -207,8 +208,8 @@ def host_checks(host: Host) -> list[Check]:
         checks.append(Check("disk", WARN, f"{_gib(free)} free in the home folder there",
                             "A VM's disk grows to tens of GiB: free some space there."))
     elif isinstance(free, int):
-        checks.append(Check("disk", OK, f"{_gib(free)} free; {facts.get('cpus')} CPUs, {_gib(facts.get('memory'))} "
-                                        "memory"))
+        checks.append(Check("disk", OK, f"{_gib(free)} free; {_shown(facts.get('cpus'))} CPUs, "
+                                        f"{_gib(facts.get('memory'))} memory"))
     return checks
 
 
@@ -277,6 +278,13 @@ def _address(host: Host) -> str:
 def _ssh_words(host: Host) -> str:
     return " ".join([*(["-p", str(host.port)] if host.port else []), *(["-l", host.user] if host.user else []),
                      host.hostname])
+
+
+def _shown(value: Any) -> str:
+    """A value the host said of itself, as text safe for a terminal (a host can answer anything)."""
+    from agentbox.safetext import visible
+
+    return visible(str(value))[:80]
 
 
 def _gib(value: Any) -> str:

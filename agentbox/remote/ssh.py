@@ -83,8 +83,11 @@ def control_dir() -> str:
 
 
 def _last_line(stderr: bytes) -> str:
+    """ssh's last word, escaped: a host (its banner, its shell) can put any bytes there."""
+    from agentbox.safetext import visible
+
     lines = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines() if line.strip()]
-    return lines[-1] if lines else "ssh ended without saying why"
+    return visible(lines[-1][:500]) if lines else "ssh ended without saying why"
 
 
 class Transport:
