@@ -95,3 +95,15 @@ def test_add_twice_is_refused_and_rm_forgets_the_host(project: Path) -> None:
     assert removed.returncode == 0 and "removed host big" in removed.stderr
     missing = run_agentbox("hosts", "rm", "big", cwd=project)
     assert missing.returncode == 2 and "no host named 'big'" in missing.stderr
+
+
+def test_doctor_local_checks_this_machine_like_a_host(project: Path, limactl: object) -> None:
+    import os
+
+    doctor = run_agentbox("hosts", "doctor", "local", "--json", cwd=project)
+    checks = {check["check"]: check for check in json.loads(doctor.stdout)}
+    assert set(checks) == {"lima", "virtualisation", "disk"}  # no ssh, no far end here
+    assert checks["lima"]["status"] == "OK" and "Lima 2.2.0" in checks["lima"]["message"]
+    kvm = os.access("/dev/kvm", os.R_OK | os.W_OK)
+    assert checks["virtualisation"]["status"] == ("OK" if kvm else "FAIL")
+    assert doctor.returncode == (0 if kvm and checks["disk"]["status"] != "FAIL" else 1)

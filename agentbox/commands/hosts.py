@@ -102,12 +102,13 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
 def doctor_command(ctx: click.Context, name: str, as_json: bool) -> None:
     """Check a host: ssh, python3, limactl and its version, virtualisation, disk.
 
-    Each line is OK, WARN or FAIL; the exit code is 1 when any check fails.
+    `local` checks this machine the same way (limactl, virtualisation, disk). Each line is OK, WARN or FAIL; the
+    exit code is 1 when any check fails.
     """
     from agentbox.doctor import failed, format_text
     from agentbox.remote import hosts
 
-    checks = host_checks(hosts.require(name))
+    checks = host_checks(LOCAL_HOST if name == "local" else hosts.require(name))
     if as_json:
         click.echo(json.dumps([check.to_json() for check in checks], indent=2))
     else:
@@ -162,12 +163,15 @@ def _cancel_there(task: Any) -> None:
 
 def host_checks(host: Host) -> list[Check]:
     """Reach the host and judge what it says of itself."""
-    from agentbox.doctor import FAIL, OK, WARN, Check, version_tuple
+    from agentbox.doctor import FAIL, OK, Check
     from agentbox.remote import hosts
     from agentbox.remote.farclient import Far, FarError
     from agentbox.remote.ssh import Transport, Unreachable
-    from agentbox.vm.render import MINIMUM_LIMA_VERSION
 
+    if host is LOCAL_HOST:
+        from agentbox import runtime
+
+        return _judged(runtime.place(runtime.LOCAL).describe())
     where = _address(host)
     transport = Transport(host.target())
     try:
@@ -183,9 +187,17 @@ def host_checks(host: Host) -> list[Check]:
                 Check("python3", FAIL, f"agentbox's helper does not run there: {exc.message}",
                       "agentbox needs python3 (3.8 or later) on the PATH of non-interactive ssh commands.")]
     hosts.reached(host, facts)
-    checks = [Check("ssh", OK, f"ssh reaches {where}"),
-              Check("python3", OK, f"agentbox's helper runs there ({_shown(facts.get('os', '?'))} "
-                                   f"{_shown(facts.get('arch', '?'))})")]
+    return [Check("ssh", OK, f"ssh reaches {where}"),
+            Check("python3", OK, f"agentbox's helper runs there ({_shown(facts.get('os', '?'))} "
+                                 f"{_shown(facts.get('arch', '?'))})"), *_judged(facts)]
+
+
+def _judged(facts: dict[str, Any]) -> list[Check]:
+    """What a place's facts (the runtime contract's `describe`) say of Lima, virtualisation and disk there."""
+    from agentbox.doctor import FAIL, OK, WARN, Check, version_tuple
+    from agentbox.vm.render import MINIMUM_LIMA_VERSION
+
+    checks: list[Check] = []
     version = _shown(facts.get("limaVersion") or "")
     if not facts.get("limactl"):
         checks.append(Check("lima", FAIL, "limactl is not on the PATH of non-interactive ssh commands there",
