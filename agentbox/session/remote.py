@@ -10,8 +10,9 @@ there, and its changes come back as a proposal. What differs is only where the f
   its files name is right there too.
 - The remote VM is made on first use from agentbox's own template (vm.render.render_remote): the config's
   resources and provisioning, no mount of the workspace, nothing of this machine's.
-- Nothing secret goes: an agent whose login would have to be staged there is refused before anything is made
-  (the credential broker does not reach a remote host yet), and the git identity is the only host file staged.
+- No login goes: the VM gets the credential broker's placeholders and reaches the broker on this machine over an
+  ssh reverse forward (agentbox.session.remotecreds); an agent whose login would have to be staged there is
+  refused before anything is made.
 - The hand-over is one `submit` to the far end (one ssh round trip on a warm VM, over the host's multiplexed
   connection). A host that does not answer leaves the task Pending ("waiting for HOST"); the keeper
   (agentbox.session.remotekeeper, a detached process per task) hands it over when the host answers, follows it,
@@ -20,6 +21,7 @@ there, and its changes come back as a proposal. What differs is only where the f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -44,7 +46,6 @@ if TYPE_CHECKING:
     from agentbox.vm import lifecycle as vm
 
 
-
 def remote_vm_name(config: Config, vm_name: str) -> str:
     """The project's VM on a host: its name here and the key of the provisioning it is built from (the base key,
     agentbox.vm.base): a new agentbox or provisioning setting makes a new VM there on first use, never a VM
@@ -62,8 +63,6 @@ def place_key(host: str, vm_name: str) -> str:
 def task_key(task: tasks.Task) -> str:
     """The task's name on the host: its id and this machine's, so two laptops sharing a host never collide."""
     machine = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:24].strip("-") or "laptop"
-    import hashlib
-
     digest = hashlib.sha256(str(paths.state_dir()).encode()).hexdigest()[:8]
     return f"t{task.id}-{machine}-{digest}"
 
@@ -108,7 +107,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
         with timing.phase("the job kept"):
             _keep_job(task, job)
         with timing.phase("this machine's proxy for the host's VM"):
-            lease = broker.begin_proxy(config, mirror, {agent.name: agent.endpoints}) if task_forward(task) else None
+            lease = broker.begin_proxy(config, mirror, {agent.name: agent.endpoints}) if task.forward_port else None
             port = lease.port if lease is not None else None
         handed = hand_over(task, host, port)
     except BaseException as exc:
@@ -131,15 +130,11 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     return tasks.get(task.id) or task
 
 
-def task_forward(task: tasks.Task) -> int | None:
-    """The host's port on which the task's VM reaches this machine's proxy (None: it needs none)."""
-    return task.forward_port
-
-
 def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes, repo: Repo, host: Host,
              brokering: Brokered | None) -> Job:
     """Everything the host needs for the task, as one job: the staging folder's files (the bundles the host
     lacks among them), the task's folder, the launch command, and the VM's lima.yaml."""
+    from agentbox.remote.farclient import FAR_ROOT
     from agentbox.runtime.contract import Job
     from agentbox.session import bootstrap, broker, remotecreds, staging
     from agentbox.session.run import spec, stage_copy, start_checkpoint
@@ -190,8 +185,6 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
                 executables.add(f"staging/{relative}")
     files["task/prompt"] = prompt
     files["task/spec"] = task_spec
-    from agentbox.remote.farclient import FAR_ROOT
-
     root_there = FAR_ROOT  # Lima expands `~` in a mount's location: no question to the host is needed
     with timing.phase("the VM's lima.yaml for the host"):
         lima_yaml = render.render_remote(
