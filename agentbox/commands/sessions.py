@@ -103,7 +103,7 @@ def _attach_remote(ctx: click.Context, task: Task) -> None:
     if code != SESSION_ENDED:
         raise StateError(f"could not attach to {task.label} on {task.host} (exit status {code})",
                          hint="`agentbox tasks --refresh` shows whether it still runs.")
-    if task.active or not task.harvested:
+    if not task.settled:
         note(f"the session of {task.label} ended; its task is {task.state} on {task.host}: `agentbox wait "
              f"{task.id}` reports how it ended")
         ctx.exit(0)

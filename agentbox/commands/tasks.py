@@ -191,13 +191,18 @@ def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool
         _keep_following(found)
 
 
+def _remote_unsettled(found: list[Task]) -> list[Task]:
+    """The remote tasks a keeper still follows: active, or their results not home yet."""
+    return [task for task in found if task.remote and not task.settled]
+
+
 KEEPERS_PER_LISTING = 8  # keepers a listing starts again at most (the next listing starts the others)
 
 
 def _keep_following(found: list[Task]) -> None:
     """A remote task whose keeper is gone (this machine restarted) gets one again, after the listing was printed:
     it asks the host in the background, so that the listing itself never waits for a host."""
-    wanted = [task for task in found if task.remote and (task.active or not task.harvested)]
+    wanted = _remote_unsettled(found)
     if not wanted:
         return
     from agentbox.session import remotekeeper
@@ -215,7 +220,7 @@ def _asked(found: list[Task]) -> list[Task]:
 
     from agentbox.session import remotekeeper
 
-    wanted = [task for task in found if task.remote and (task.active or not task.harvested)]
+    wanted = _remote_unsettled(found)
     if not wanted:
         return found
     with ThreadPoolExecutor(max_workers=min(8, len(wanted))) as pool:
@@ -300,14 +305,14 @@ def _one(spec: str) -> Task:
     task = tasks.lookup(spec)
     if task.remote:
         return _look(task)
-    return tasks.refresh([task])[0] if task.active or not task.harvested else task
+    return tasks.refresh([task])[0] if not task.settled else task
 
 
 def _look(task: Task) -> Task:
     """A remote task, asked of its host now (its last known state when the host does not answer)."""
     from agentbox.session import remotekeeper
 
-    if not task.active and task.harvested:
+    if task.settled:
         return task
     return remotekeeper.step(task.id) or task
 
@@ -392,7 +397,7 @@ def _remote_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> Non
                     if not said_unreachable:
                         note(f"{task.label}: {exc.message}; {'waiting for it' if follow else 'its output so far'}")
                         said_unreachable = True
-            if not follow or (not task.active and task.harvested):
+            if not follow or task.settled:
                 return
             time.sleep(POLL_SECONDS)
             task = _look(task)
@@ -438,7 +443,7 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     last_vm_check = time.monotonic()
     said = None
-    while task.active or (task.remote and not task.harvested):
+    while task.active or (task.remote and not task.settled):
         if deadline is not None and time.monotonic() >= deadline:
             note(f"{task.label} is still {task.state} after {timeout}s")
             ctx.exit(WAIT_TIMEOUT_EXIT)

@@ -126,12 +126,7 @@ class Transport:
         return [*self._base(command=False), "-O", operation, *extra, self.host.hostname]
 
     def _master_alive(self) -> bool:
-        try:
-            result = subprocess.run(self._control("check"), stdin=subprocess.DEVNULL, capture_output=True,
-                                    timeout=CONNECT_TIMEOUT, env=hosttools.environ())
-        except subprocess.TimeoutExpired:
-            return False
-        return result.returncode == 0
+        return self.master_pid() is not None
 
     def raise_if_unreachable(self, code: int, stderr: bytes) -> None:
         """Raise Unreachable when ssh's 255 was ssh's own (no master connection left), not the command's; for

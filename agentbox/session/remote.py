@@ -22,7 +22,6 @@ there, and its changes come back as a proposal. What differs is only where the f
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import socket
@@ -31,11 +30,11 @@ from typing import TYPE_CHECKING
 
 from agentbox import paths, timing
 from agentbox.errors import StateError
-from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
-from agentbox.session.remotekeeper import JOB_FILE, hand_over, shadow
+from agentbox.session.remotekeeper import JOB_FILE, hand_over, keep_job, shadow
 from agentbox.tasks import bundles as taskbundles
 from agentbox.tasks import records as tasks
+from agentbox.tasks.state import CANCELLED, FAILED
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -53,11 +52,6 @@ def remote_vm_name(config: Config, vm_name: str) -> str:
     from agentbox.vm import base
 
     return f"{vm_name}-{base.key(config)[:8]}"
-
-
-def place_key(host: str, vm_name: str) -> str:
-    """The remote VM as a place of agentbox.tasks.bundles (a ref's last part)."""
-    return (host + "-" + "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in vm_name))[:100]
 
 
 def task_key(task: tasks.Task) -> str:
@@ -105,7 +99,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     try:
         job = _prepare(config, agent, task, prompt, repo, host, brokering)
         with timing.phase("the job kept"):
-            _keep_job(task, job)
+            keep_job(task, job)
         with timing.phase("this machine's proxy for the host's VM"):
             lease = broker.begin_proxy(config, mirror, {agent.name: agent.endpoints}) if task.forward_port else None
             port = lease.port if lease is not None else None
@@ -114,7 +108,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
         with tasks.locked():
             fresh = tasks.get(task.id) or task
             if fresh.active:
-                tasks.end(fresh, "Failed", f"it could not be handed to {host_name}: "
+                tasks.end(fresh, FAILED, f"it could not be handed to {host_name}: "
                           f"{getattr(exc, 'message', None) or exc}")
         raise
     finally:
@@ -151,7 +145,7 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
         latest.forward_port = task.forward_port = port
         tasks.save(latest)
     start = start_checkpoint(config, agent, task, repo)
-    staged = stage_copy(config, task, repo, start, place_key(host.name, vm_name),
+    staged = stage_copy(config, task, repo, start, taskbundles.place_name(host.name, vm_name),
                         paths.staging_dir(mirror) / taskbundles.FOLDER)
     scripts = bootstrap.plan(config, str(paths.staging_dir(mirror)))
     with timing.phase("staging (for the host)"):
@@ -200,17 +194,6 @@ def _slots(config: Config, host_name: str) -> int:
         if entry.name == host_name:
             return entry.max_concurrent or config.tasks_max_concurrent
     return config.tasks_max_concurrent
-
-
-def _keep_job(task: tasks.Task, job: Job) -> None:
-    """The job, kept beside the record until the host took it (the keeper hands it over later)."""
-    import base64
-
-    data = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "argv": list(job.argv),
-            "startTimeout": job.start_timeout, "staging": list(job.staging or []),
-            "executables": sorted(job.executables),
-            "files": {name: base64.b64encode(content).decode("ascii") for name, content in job.files.items()}}
-    atomic_write(private_dir(tasks.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
 
 
 def choose(config: Config) -> str:
@@ -266,7 +249,7 @@ def cancel(task: tasks.Task) -> None:
     with tasks.locked():
         fresh = tasks.get(task.id) or task
         if fresh.active and not fresh.handed:
-            tasks.end(fresh, "Cancelled", f"cancelled before {fresh.host} took it")
+            tasks.end(fresh, CANCELLED, f"cancelled before {fresh.host} took it")
             fresh.harvested = True
             tasks.save(fresh)
             (tasks.folder(fresh.id) / JOB_FILE).unlink(missing_ok=True)

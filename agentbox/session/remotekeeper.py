@@ -11,6 +11,8 @@ the changes (a proposal, agentbox.tasks.records.take_changes), removes the task'
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import sys
@@ -21,7 +23,7 @@ from agentbox import timing
 from agentbox.errors import StateError
 from agentbox.progress import note
 from agentbox.tasks import records as tasks
-from agentbox.tasks.state import FAILED
+from agentbox.tasks.state import FAILED, RUNNING
 
 if TYPE_CHECKING:
     from agentbox.remote.hosts import Host
@@ -31,7 +33,7 @@ POLL_SEC = 2.0
 UNREACHABLE_POLL_SEC = 10.0
 SILENT_RUNNER_SEC = 60.0  # a Running task whose runner's heartbeat did not move for this long has lost its runner
 OUTPUTS_LIMIT = 16 << 20
-COLLECTED = ("state", "stdout", "stderr", "changes.patch", "summary.md")
+COLLECTED = ("state", *tasks.OUTPUTS, tasks.CHANGES, tasks.SUMMARY)
 LOCK = "keeper.lock"
 JOB_FILE = "job.json"  # in the task's record folder until the host took the task (agentbox.session.remote)
 
@@ -41,9 +43,18 @@ def shadow(vm_name: str, host: str) -> str:
     return f"{vm_name}.on-{host}"
 
 
-def kept_job(task: tasks.Task) -> Job | None:
-    import base64
+def keep_job(task: tasks.Task, job: Job) -> None:
+    """The job, kept beside the record until the host took it (hand_over reads it, now or later)."""
+    from agentbox.fsutil import atomic_write, private_dir
 
+    data = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "argv": list(job.argv),
+            "startTimeout": job.start_timeout, "staging": list(job.staging or []),
+            "executables": sorted(job.executables),
+            "files": {name: base64.b64encode(content).decode("ascii") for name, content in job.files.items()}}
+    atomic_write(private_dir(tasks.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
+
+
+def kept_job(task: tasks.Task) -> Job | None:
     from agentbox.runtime.contract import Job
 
     try:
@@ -64,7 +75,7 @@ def _sent_file(task: tasks.Task) -> Any:
     return paths.vm_state_dir(shadow(task.vm, task.host)) / SENT
 
 
-def _sent(task: tasks.Task, host: Host) -> dict[str, str]:
+def _sent(task: tasks.Task) -> dict[str, str]:
     """{staging file: sha256} of what the host's staging folder of the VM holds, as last sent (empty: unknown)."""
     try:
         data = json.loads(_sent_file(task).read_bytes())
@@ -75,15 +86,11 @@ def _sent(task: tasks.Task, host: Host) -> dict[str, str]:
 
 def _changed(job: Job, sent: dict[str, str]) -> dict[str, bytes]:
     """The job's files the host does not hold as they are (the task's own files always)."""
-    import hashlib
-
     return {name: data for name, data in job.files.items()
             if not name.startswith("staging/") or sent.get(name) != hashlib.sha256(data).hexdigest()}
 
 
-def _remember_sent(task: tasks.Task, host: Host, job: Job, sent: dict[str, str]) -> None:
-    import hashlib
-
+def _remember_sent(task: tasks.Task, job: Job, sent: dict[str, str]) -> None:
     from agentbox.fsutil import atomic_write
 
     now = {name: digest for name, digest in sent.items() if job.staging is None or name[8:] in set(job.staging)}
@@ -116,7 +123,7 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
                 fresh.forward_master = task.forward_master = runtime.transport.master_pid()
                 fresh.forward_local = task.forward_local = proxy_port
                 tasks.save(fresh)
-        sent = _sent(task, host)
+        sent = _sent(task)
         with timing.phase(f"hand-over to {host.name} (far end's submit)"):
             try:
                 handed = runtime.submit(job._replace(lima_yaml=None, files=_changed(job, sent)))
@@ -137,7 +144,7 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
 
         raise StateError(f"the VM on {host.name} did not take {task.label}: the launch step exited {handed.code}"
                          + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
-    _remember_sent(task, host, job, sent)
+    _remember_sent(task, job, sent)
     (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
     with tasks.locked():
         fresh = tasks.get(task.id) or task
@@ -147,7 +154,6 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
         fresh.seen = time.time()
         tasks.save(fresh)
     return True
-
 
 
 def start(task_id: int) -> None:
@@ -262,7 +268,7 @@ def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
     from agentbox.runtime.remote import SshRuntime
 
     task = tasks.get(task_id)
-    if task is None or task.host == tasks.LOCAL or (not task.active and task.harvested):
+    if task is None or task.host == tasks.LOCAL or task.settled:
         return task
     host = hosts.get(task.host)
     if host is None:
@@ -357,7 +363,7 @@ def _apply(task_id: int, seen: Any, host_name: str) -> None:
                 return
             if seen.heartbeat is not None and seen.heartbeat != task.heartbeat_seen:
                 task.heartbeat_seen, task.heartbeat_moved = seen.heartbeat, now
-            elif task.state == "Running" and task.heartbeat_moved and now - task.heartbeat_moved > SILENT_RUNNER_SEC:
+            elif task.state == RUNNING and task.heartbeat_moved and now - task.heartbeat_moved > SILENT_RUNNER_SEC:
                 tasks.end(task, FAILED, f"its runner on {host_name} stopped answering "
                                         f"{int(now - task.heartbeat_moved)} s ago (the VM restarted?)")
                 return
@@ -368,10 +374,10 @@ def _bring_home(task_id: int, runtime: Any) -> None:
     """The ended task's outputs and changes, from the host into the record; then its folder there goes."""
     from agentbox.fsutil import atomic_write
 
-    key = (tasks.get(task_id) or None)
-    if key is None:
+    ended = tasks.get(task_id)
+    if ended is None:
         return
-    found = runtime.collect(key.vm, key.remote_key or "", COLLECTED, OUTPUTS_LIMIT)
+    found = runtime.collect(ended.vm, ended.remote_key or "", COLLECTED, OUTPUTS_LIMIT)
     with tasks.locked():
         task = tasks.get(task_id)
         if task is None or task.harvested:
@@ -379,10 +385,10 @@ def _bring_home(task_id: int, runtime: Any) -> None:
         for name in tasks.OUTPUTS:
             atomic_write(tasks.folder(task.id) / name, found.get(name, b""), mode=0o600)
         if task.isolated:
-            tasks.take_changes(task, found.get("changes.patch"), found.get("summary.md"))
+            tasks.take_changes(task, found.get(tasks.CHANGES), found.get(tasks.SUMMARY))
         task.harvested = True
         tasks.save(task)
-    runtime.forget(key.vm, key.remote_key or "")
+    runtime.forget(ended.vm, ended.remote_key or "")
 
 
 def main(argv: list[str]) -> int:
@@ -400,7 +406,7 @@ def main(argv: list[str]) -> int:
             task = step(task_id, keeping)
         except Exception:  # a bad moment (the record being written): look again
             task = tasks.get(task_id)
-        if task is None or (not task.active and task.harvested):
+        if task is None or task.settled:
             if task is not None:
                 _close(task, keeping)
             return 0

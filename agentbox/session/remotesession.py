@@ -67,6 +67,6 @@ def attach(task: tasks.Task) -> tuple[int, tasks.Task]:
     deadline = time.monotonic() + ENDING_WAIT
     while True:
         task = remotekeeper.step(task.id) or task
-        if (not task.active and task.harvested) or time.monotonic() >= deadline:
+        if task.settled or time.monotonic() >= deadline:
             return code, task
         time.sleep(POLL)

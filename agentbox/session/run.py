@@ -20,7 +20,6 @@ when the task was submitted; what it leaves uncommitted is committed on that bra
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 from agentbox import paths, timing
@@ -123,7 +122,7 @@ def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt
     config = session.config
     workspace = config.require_workspace()
     start = start_checkpoint(config, agent, task, repo)
-    staged = stage_copy(config, task, repo, start, place_key(task.vm),
+    staged = stage_copy(config, task, repo, start, taskbundles.place_name("local", task.vm),
                         paths.staging_dir(task.vm) / taskbundles.FOLDER) if task.isolated else None
     scripts = bootstrap.plan(config, str(paths.staging_dir(agent.vm_name)))
     brokering = broker.prepare(config, agent.vm_name, agent.name)
@@ -174,7 +173,7 @@ def start_checkpoint(config: Config, agent: AgentConfig, task: tasks.Task,
 
 
 def stage_copy(config: Config, task: tasks.Task, repo: hostgit.Repo | None, start: tuple[str, str | None] | None,
-               place: str, folder: Path, present: Callable[[str], bool] | None = None) -> taskbundles.Staged:
+               place: str, folder: Path) -> taskbundles.Staged:
     """An isolated task's base (its start checkpoint's tree, or the workspace's as it is when checkpoints are off)
     as bundles in `folder` (the place's staging folder's bundles/, or this machine's mirror of a remote one);
     recorded as the task's base."""
@@ -189,17 +188,12 @@ def stage_copy(config: Config, task: tasks.Task, repo: hostgit.Repo | None, star
         tree, head = start
         others = [other for other in tasks.all_tasks() if other.vm == task.vm and other.host == task.host
                   and other.isolated and other.active and other.id != task.id]
-        staged = taskbundles.stage(repo, place, tree, folder, present=present, tidy=not others)
+        staged = taskbundles.stage(repo, place, tree, folder, tidy=not others)
     with tasks.locked():
         latest = tasks.get(task.id) or task
         latest.copy_base = task.copy_base = {"commit": staged.base, "tree": tree, "head": head}
         tasks.save(latest)
     return staged
-
-
-def place_key(vm_name: str) -> str:
-    """The name of this machine's VM as a place of agentbox.tasks.bundles (a ref's last part)."""
-    return "local-" + "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in vm_name)
 
 
 def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -41,15 +40,21 @@ class Staged(NamedTuple):
     prerequisite: str | None  # the commit the new bundle needs the reader to have (None: a whole bundle)
 
 
-def stage(repo: hostgit.Repo, place: str, tree: str, folder: Path,
-          present: Callable[[str], bool] | None = None, tidy: bool = False) -> Staged:
+def place_name(where: str, vm_name: str) -> str:
+    """A VM as a place (a ref's last part): `local-VM` for this machine's, `HOST-VM` for one on a host."""
+    return (where + "-" + "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in vm_name))[:100]
+
+
+def stage(repo: hostgit.Repo, place: str, tree: str, folder: Path, tidy: bool = False) -> Staged:
     """Make sure the place's bundles/ folder (`folder`, on this machine: written here, or sent on by the caller)
-    holds a commit of tree, adding a bundle when it does not. `present(name)`: whether the place still holds a
-    bundle agentbox sent (default: the file is in folder). `tidy`: remove the bundles of an earlier chain (only
-    when no task of the place may still fetch them)."""
+    holds a commit of tree, adding a bundle when it does not (a chain whose files are gone from folder starts
+    again). `tidy`: remove the bundles of an earlier chain (only when no task of the place may still fetch them)."""
     if not _PLACE.fullmatch(place):
         raise ValueError(f"not a place name for a ref: {place!r}")
-    has = present if present is not None else (lambda name: (folder / name).is_file())
+
+    def has(name: str) -> bool:
+        return (folder / name).is_file()
+
     workspace = repo.work_tree
     ref = f"refs/agentbox/sent/{place}"
     with fsutil.locked(private_dir(paths.workspace_state_dir(workspace)) / "task-bundles.lock"):

@@ -107,6 +107,11 @@ class Task:
         return self.host != LOCAL
 
     @property
+    def settled(self) -> bool:
+        """Ended, and its outputs (and changes) are home in the record: nothing more will happen to it."""
+        return not self.active and self.harvested
+
+    @property
     def label(self) -> str:
         return f"task {self.id}" + (f" ({self.name})" if self.name else "")
 
@@ -384,7 +389,7 @@ def refresh(tasks: list[Task], *, check_vms: bool = True) -> list[Task]:
     updated = list(tasks)
     # A remote task's record is its keeper's to update (agentbox.session.remotekeeper): nothing here reads it.
     pending = [index for index, task in enumerate(updated)
-               if not task.remote and (task.active or not task.harvested)]
+               if not task.remote and not task.settled]
     if not pending:
         return updated
     with locked():
@@ -530,7 +535,7 @@ def settle_vm(vm: str, reason: str) -> list[Task]:
     """The VM is going away (stop, rm): its tasks take their last state from their runners; those still
     active become Failed with `reason`, and every output is moved into its record."""
     mine = [task for task in all_tasks()
-            if task.vm == vm and not task.remote and (task.active or not task.harvested)]
+            if task.vm == vm and not task.remote and not task.settled]
     if not mine:
         return []
     updated = refresh(mine, check_vms=False)
