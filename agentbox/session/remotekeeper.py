@@ -35,6 +35,7 @@ SILENT_RUNNER_SEC = 60.0  # a Running task whose runner's heartbeat did not move
 OUTPUTS_LIMIT = 16 << 20
 COLLECTED = ("state", *tasks.OUTPUTS, tasks.CHANGES, tasks.SUMMARY)
 LOCK = "keeper.lock"
+LOCK_PATIENCE_SEC = 1.0
 JOB_FILE = "job.json"  # in the task's record folder until the host took the task (agentbox.session.remote)
 
 
@@ -212,7 +213,6 @@ class Keeping:
 
         if task.forward_port is None or self.closed:
             return
-        self.closed = True
         if task.forward_local is not None:
             with contextlib.suppress(Exception):
                 transport.cancel_forward(task.forward_local, task.forward_port)
@@ -223,6 +223,7 @@ class Keeping:
                   and other.host == task.host and other.vm == task.vm]
         if not others:
             netguard.stop(shadow(task.vm, task.host))
+        self.closed = True
 
 
 def _close(task: tasks.Task, keeping: Keeping) -> None:
@@ -397,9 +398,19 @@ def main(argv: list[str]) -> int:
     task_id = int(argv[0])
     try:
         fd = os.open(tasks.folder(task_id) / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
-        return 0  # another keeper follows it
+        return 0
+    # `running()` probes the lock for an instant (`wait` every quarter second): only a lock still held after a
+    # second is another keeper's, and this one leaves the task to it.
+    deadline = time.monotonic() + LOCK_PATIENCE_SEC
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                return 0  # another keeper follows it
+            time.sleep(0.05)
     keeping = Keeping()
     while True:
         try:
