@@ -1,29 +1,66 @@
-"""What the credential broker is given: the VM's placeholders, the real values behind them, the token endpoints
-the host answers itself. agentbox.net.proxy serves it; agentbox.credentials builds it from the host's logins.
+"""What the credential broker is given: the VM's placeholders, the real values behind them and where each service
+takes them, the token endpoints the host answers itself. agentbox.net.proxy serves it (agentbox.net.intercept
+judges each request); agentbox.credentials builds it from the host's logins.
 
-The VM holds only placeholders (`<the real value's prefix>agentbox-ph-<hex>`, unique to the VM). For a request
+The VM holds only placeholders (`<the real value's prefix>agentbox-ph-<24 hex>`, unique to the VM). For a request
 to a credential host (one the VM's CA may vouch for), the proxy terminates TLS and:
-- swaps each placeholder for its real value when the request goes to a host that secret belongs to;
-- refuses (403, logged) a request that carries any other credential: a foreign key or token, another VM's
-  placeholder, a placeholder of a secret that belongs to another host, or a second credential header;
+- swaps a placeholder for its real value only in a place its service takes that credential (`Place`: a header
+  with its scheme, a query parameter only where the service documents one), only on the secret's own hosts, and
+  there only for the requests its `Route`s allow where a host fronts more than the agent's API;
+- refuses (403 JSON, logged) a request that carries a placeholder anywhere else (another header, a cookie, the
+  query, the path, the body, another host), a foreign credential in a credential place, or a second credential;
 - hands the request to a token endpoint's handler when one is registered for its host and path (an OAuth
   refresh or code exchange is answered on the host: the real tokens stay there, the VM gets placeholders);
-- refuses pushes to GitHub (`git-receive-pack`, REST calls other than GET/HEAD, GraphQL mutations) unless
-  `allow_push`.
-A placeholder on its way to any host it does not belong to (in plain HTTP, or to another credential host) is
-refused as an attempted leak. Everything else passes untouched (CONNECT tunnel, no interception).
+- keeps GitHub read-only by allow-list (GET/HEAD, GraphQL queries, git's upload-pack) unless `allow_push`, or with
+  `push_namespace` lets git pushes through only to branches under it (agentbox.net.pushes records them);
+- scans every response head and body from a credential host for the real values it holds (`held`): a hit ends
+  the response, and is logged.
+Everything else passes untouched (CONNECT tunnel, no interception).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     import ssl  # a launch imports this module; only the proxy process needs ssl
 
 PLACEHOLDER_MARK = "agentbox-ph-"  # in every placeholder agentbox makes, whatever VM it is for
+
+
+class Place(NamedTuple):
+    """Where a service takes a credential: a header (its lower-case name) with its scheme, or a query parameter.
+
+    scheme: "" the header's whole value; "bearer" or "token" (`Scheme VALUE`, the scheme's case as sent);
+    "basic" Basic authorization's password, or its user name when the password is empty (git's
+    `https://TOKEN@host`)."""
+
+    header: str = ""
+    scheme: str = ""
+    query: str = ""
+
+    def __str__(self) -> str:
+        if self.query:
+            return f"the {self.query} query parameter"
+        return f"the {self.header} header" + (f" ({self.scheme.capitalize()})" if self.scheme else "")
+
+
+BEARER = Place("authorization", "bearer")
+
+
+class Route(NamedTuple):
+    """A request a credential may go with on a host that fronts more than the agent's API: one of `methods`, to
+    `path` exactly, or to any path under it when it ends in "/" (paths compared once normalised)."""
+
+    methods: frozenset[str]
+    path: str
+
+    def allows(self, method: str, path: str) -> bool:
+        if method not in self.methods:
+            return False
+        return path.startswith(self.path) if self.path.endswith("/") else path == self.path
 
 
 class Secret(NamedTuple):
@@ -34,6 +71,9 @@ class Secret(NamedTuple):
     placeholder: str
     hosts: frozenset[str]  # the only hosts the real value may be sent to
     real: Callable[[], str | None]
+    places: tuple[Place, ...] = (BEARER,)  # where its services take it
+    # host -> the only requests it goes with there (a host not named here: any request)
+    routes: Mapping[str, tuple[Route, ...]] = MappingProxyType({})
 
 
 class Exchange(NamedTuple):
@@ -50,6 +90,17 @@ class Reply(NamedTuple):
     status: int
     headers: tuple[tuple[str, str], ...]  # Content-Length and Connection are the proxy's
     body: bytes
+    refused: str | None = None  # the handler refused the request: why, for the log (logged as a denial)
+
+
+class PushLedger(Protocol):
+    """Where the broker keeps the refs a VM's pushes made (agentbox.net.pushes.Ledger)."""
+
+    def created(self) -> Mapping[str, str]:
+        """ref -> the last value this VM pushed to it (only refs a push of this VM created)."""
+
+    def record(self, updates: Sequence[tuple[str, str, str]], outcome: str) -> None:
+        """A push's (ref, old, new) updates and how it ended ("ok", "refused: ...", "failed: ...")."""
 
 
 TokenEndpoint = Callable[[Exchange], Reply]  # called in a worker thread: it may block on the network
@@ -64,6 +115,13 @@ class Brokering(NamedTuple):
     endpoints: Mapping[tuple[str, str], TokenEndpoint] = MappingProxyType({})  # (host, path w/o query)
     allow_push: bool = False
     push_hint: str = "a push is allowed only by the project's trusted agentbox.yml"  # what allows it, for the 403
+    # git.allowPush: session: git pushes only create or update branches under this ref prefix
+    # ("refs/heads/agentbox/VM/"), and `pushes` records them (agentbox.net.pushes.Ledger)
+    push_namespace: str | None = None
+    pushes: PushLedger | None = None
+    # Every real value the broker holds now (access and refresh tokens, API keys): no response carries one back to
+    # the VM. None: the secrets' real values.
+    held: Callable[[], Iterable[str]] | None = None
     # How the broker reaches and checks the real host: the system's trust store by default; tests point both
     # at a fake upstream.
     upstream_context: ssl.SSLContext | None = None
