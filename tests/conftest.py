@@ -129,6 +129,15 @@ def isolated_vm(project: Path, limactl: FakeLima) -> FakeLima:
     return limactl
 
 
+@pytest.fixture
+def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The credential broker in front of a fake upstream standing for the real hosts (tests/brokerharness.py)."""
+    from tests import brokerharness
+
+    with brokerharness.harness(tmp_path, monkeypatch) as harness:
+        yield harness
+
+
 @pytest.fixture(scope="session")
 def remote_double() -> Iterator[Path]:
     """The limactl double's bin folder for remote users: a copy they can read, run by /usr/bin/python3."""

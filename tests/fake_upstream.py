@@ -54,6 +54,9 @@ class Response:
     body: bytes = b""
     content_type: str = "application/json"
     headers: dict[str, str] = field(default_factory=dict)
+    # Writes what follows the head itself (a chunked or encoded body, WebSocket frames) from (rfile, wfile); the
+    # head then has only `headers` (no Content-Type or Content-Length of its own) and the connection ends after.
+    stream: Callable[[Any, Any], None] | None = None
 
 
 Handler = Callable[[Request], Response]
@@ -257,6 +260,15 @@ def _handler_class(upstream: FakeUpstream) -> type[BaseHTTPRequestHandler]:
                 headers[key] = f"{headers[key]}, {value}" if key in headers else value
             response = upstream._answer(Request(host, self.command, self.path, headers, raw, body))
             self.send_response(response.status)
+            if response.stream is not None:
+                for name, value in response.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.flush()
+                response.stream(self.rfile, self.wfile)
+                self.wfile.flush()
+                self.close_connection = True
+                return
             self.send_header("Content-Type", response.content_type)
             self.send_header("Content-Length", str(len(response.body)))
             for name, value in response.headers.items():

@@ -29,8 +29,8 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("agentbox/net/policy.py", "github.com"): "the `github` network preset, not Copilot's endpoints",
     ("agentbox/credentials/broker_gh.py", "github.com"): "the GitHub CLI's login (not an agent's record)",
     ("agentbox/credentials/broker_gh.py", "api.github.com"): "the GitHub CLI's login (not an agent's record)",
-    ("agentbox/net/intercept.py", "github.com"): "GitHub's own push rules (git-receive-pack), not an agent's",
-    ("agentbox/net/intercept.py", "api.github.com"): "GitHub's own API write rules, not an agent's",
+    ("agentbox/net/github.py", "github.com"): "GitHub's own read-only and push rules, not an agent's",
+    ("agentbox/net/github.py", "api.github.com"): "GitHub's own API write rules, not an agent's",
 }
 
 

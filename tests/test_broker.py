@@ -12,112 +12,36 @@ import shutil
 import socket
 import ssl
 import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agentbox.credentials import broker_gh
 from agentbox.net import ca
 from agentbox.net import proxy as netproxy
-from agentbox.net.broker import Brokering, Exchange, Reply, Secret
+from agentbox.net.broker import Brokering, Secret
+from tests.brokerharness import (
+    CLAUDE,
+    CLAUDE_KEY,
+    CLAUDE_KEY_PH,
+    CLAUDE_PH,
+    CLAUDE_REAL,
+    CREDENTIAL_HOSTS,
+    GEMINI_API,
+    GEMINI_KEY,
+    GEMINI_KEY_PH,
+    GH_PH,
+    GH_REAL,
+    GITHUB,
+    GITHUB_API,
+    OTHER,
+    TOKEN_HOST,
+    Harness,
+)
 from tests.fake_upstream import FakeUpstream, Response
 
 pytestmark = pytest.mark.timeout(60)
-
-CLAUDE = "api.anthropic.com"
-GITHUB = "github.com"
-GITHUB_API = "api.github.com"
-TOKEN_HOST = "platform.claude.com"
-OTHER = "example.org"  # not a credential host: tunnelled
-CREDENTIAL_HOSTS = [CLAUDE, GITHUB, GITHUB_API, TOKEN_HOST]
-CLAUDE_PH = "sk-ant-oat01-agentbox-ph-" + "a1" * 12
-CLAUDE_REAL = "sk-ant-oat01-REAL-host-token"
-GH_PH = "gho_agentbox-ph-" + "b2" * 12
-GH_REAL = "gho_REALhostGitHubToken"
-
-
-class Harness:
-    def __init__(self, upstream: FakeUpstream, proxy: netproxy.RunningProxy, authority: ca.BrokerCA,
-                 log: Path, tokens: dict[str, str | None], exchanges: list[Exchange]) -> None:
-        self.upstream = upstream
-        self.proxy = proxy
-        self.ca = authority
-        self.log = log
-        self.tokens = tokens
-        self.exchanges = exchanges
-
-    def client_context(self) -> ssl.SSLContext:
-        """What the guest trusts: the broker's CA, and the upstream's test CA standing for the public roots."""
-        context = ssl.create_default_context(cafile=str(self.ca.cert))
-        context.load_verify_locations(cafile=str(self.upstream.ca_file))
-        return context
-
-    def connection(self, host: str) -> http.client.HTTPSConnection:
-        connection = http.client.HTTPSConnection("127.0.0.1", self.proxy.port, context=self.client_context(),
-                                                 timeout=20)
-        connection.set_tunnel(host, 443)
-        return connection
-
-    def request(self, host: str, method: str, path: str, headers: dict[str, str] | None = None,
-                body: bytes | None = None) -> tuple[int, bytes]:
-        connection = self.connection(host)
-        try:
-            connection.request(method, path, body=body, headers=headers or {})
-            response = connection.getresponse()
-            return response.status, response.read()
-        finally:
-            connection.close()
-
-    def entries(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.log.read_text().splitlines()] if self.log.exists() else []
-
-    def logged(self, path: str, count: int = 1) -> list[dict[str, Any]]:
-        """The log's entries for requests to `path` once there are `count` (each is written as its request ends,
-        a moment after the client has its answer)."""
-        deadline = time.monotonic() + 10
-        while True:
-            found = [entry for entry in self.entries() if entry.get("path") == path]
-            if len(found) >= count or time.monotonic() > deadline:
-                return found
-            time.sleep(0.01)
-
-    def curl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        bundle = self.log.parent / "guest-bundle.pem"
-        bundle.write_text(self.ca.cert_pem() + self.upstream.ca_file.read_text())
-        return subprocess.run(["curl", "-sS", "--proxy", f"http://127.0.0.1:{self.proxy.port}", "--cacert",
-                               str(bundle), "--max-time", "20", *args], capture_output=True, text=True, timeout=30)
-
-
-@pytest.fixture
-def broker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    monkeypatch.setenv("AGENTBOX_STATE_DIR", str(tmp_path / "state"))
-    authority = ca.ensure("agentbox-broker-test", CREDENTIAL_HOSTS)
-    tokens: dict[str, str | None] = {"claude": CLAUDE_REAL, "gh": GH_REAL}
-    exchanges: list[Exchange] = []
-
-    def token_endpoint(exchange: Exchange) -> Reply:
-        exchanges.append(exchange)
-        return Reply(200, (("Content-Type", "application/json"),),
-                     json.dumps({"access_token": CLAUDE_PH, "expires_in": 3600}).encode())
-
-    with FakeUpstream(tmp_path / "upstream", [*CREDENTIAL_HOSTS, OTHER]) as upstream:
-        brokering = Brokering(
-            leaves={host: ca.server_context(authority.leaf(host)) for host in CREDENTIAL_HOSTS},
-            secrets=(Secret("claude", CLAUDE_PH, frozenset({CLAUDE}), lambda: tokens["claude"]),
-                     Secret("gh", GH_PH, frozenset({GITHUB, GITHUB_API}), lambda: tokens["gh"])),
-            endpoints={(TOKEN_HOST, "/v1/oauth/token"): token_endpoint},
-            push_hint="sync.remoteWrite: true in the project's agentbox.yml (then agentbox trust)",
-            upstream_context=upstream.client_context(),
-            upstream_address=lambda host, port: upstream.address,
-        )
-        policy = netproxy.Policy(allow=[*CREDENTIAL_HOSTS, OTHER], resolver=lambda host, port: [upstream.address[0]],
-                                 allow_lan=True)
-        # OTHER is tunnelled to whatever the resolver says: the fake upstream's port stands in for 443.
-        log = tmp_path / "log.jsonl"
-        with netproxy.start(policy, log, broker=brokering) as proxy:
-            yield Harness(upstream, proxy, authority, log, tokens, exchanges)
 
 
 def _sent(upstream: FakeUpstream, host: str, name: str) -> list[str]:
@@ -145,7 +69,7 @@ def test_the_vms_placeholder_reaches_its_host_as_the_real_token_and_the_answer_c
 def test_a_new_client_connection_reuses_the_upstream_connection_the_last_one_left(broker: Harness) -> None:
     broker.upstream.route("GET", "/v1/models", {"data": []}, host=CLAUDE)
     for _ in range(3):
-        status, _ = broker.request(CLAUDE, "GET", "/v1/models", {"x-api-key": CLAUDE_PH})
+        status, _ = broker.request(CLAUDE, "GET", "/v1/models", {"x-api-key": CLAUDE_KEY_PH})
         assert status == 200
     assert broker.upstream.handshakes == [CLAUDE]  # one TLS handshake with the upstream for three connections
     assert len(broker.upstream.requests_to(CLAUDE)) == 3
@@ -153,12 +77,15 @@ def test_a_new_client_connection_reuses_the_upstream_connection_the_last_one_lef
 
 def test_an_api_key_header_and_a_refreshed_host_token_are_used(broker: Harness) -> None:
     broker.upstream.route("POST", "/v1/messages", {"ok": True}, host=CLAUDE)
-    broker.tokens["claude"] = "sk-ant-oat01-REFRESHED"
-    status, _ = broker.request(CLAUDE, "POST", "/v1/messages?beta=true", {"x-api-key": CLAUDE_PH}, b'{"m": 1}')
+    status, _ = broker.request(CLAUDE, "POST", "/v1/messages?beta=true", {"x-api-key": CLAUDE_KEY_PH}, b'{"m": 1}')
     assert status == 200
     request = broker.upstream.requests_to(CLAUDE)[-1]
-    assert (request.headers["x-api-key"], request.body, request.path) == (
-        "sk-ant-oat01-REFRESHED", b'{"m": 1}', "/v1/messages?beta=true")
+    assert (request.headers["x-api-key"], request.body, request.path) == (CLAUDE_KEY, b'{"m": 1}',
+                                                                          "/v1/messages?beta=true")
+    broker.tokens["claude"] = "sk-ant-oat01-REFRESHED"
+    status, _ = broker.request(CLAUDE, "POST", "/v1/messages", {"Authorization": f"Bearer {CLAUDE_PH}"}, b"{}")
+    assert status == 200
+    assert broker.upstream.requests_to(CLAUDE)[-1].headers["authorization"] == "Bearer sk-ant-oat01-REFRESHED"
 
 
 def test_a_request_without_a_credential_passes_unchanged(broker: Harness) -> None:
@@ -259,11 +186,17 @@ def test_a_git_clone_and_fetch_over_https_go_through_with_the_host_s_token_and_a
     assert GH_PH not in "".join(str(r.headers) for r in broker.upstream.requests_to(GITHUB))
 
 
-def test_a_google_style_key_parameter_is_swapped(broker: Harness) -> None:
-    broker.upstream.route("GET", "/user", {"login": "me"}, host=GITHUB_API)
-    status, _ = broker.request(GITHUB_API, "GET", f"/user?key={GH_PH}&page=2")
+def test_a_query_parameter_carries_a_credential_only_where_its_service_documents_one(broker: Harness) -> None:
+    broker.upstream.route("GET", "/v1beta/models", {"models": []}, host=GEMINI_API)
+    status, _ = broker.request(GEMINI_API, "GET", f"/v1beta/models?pageSize=5&key={GEMINI_KEY_PH}&x=a%2Fb")
     assert status == 200
-    assert broker.upstream.requests_to(GITHUB_API)[-1].path == f"/user?key={GH_REAL}&page=2"
+    assert broker.upstream.requests_to(GEMINI_API)[-1].path == f"/v1beta/models?pageSize=5&key={GEMINI_KEY}&x=a%2Fb"
+    # GitHub takes no credential in a query (its Link headers echo the query: the real token would come back)
+    broker.upstream.route("GET", "/user", {"login": "me"}, host=GITHUB_API)
+    for query in (f"key={GH_PH}", f"access_token={GH_PH}", f"page={GH_PH}"):
+        status, body = broker.request(GITHUB_API, "GET", f"/user?{query}&page=2")
+        assert status == 403 and json.loads(body)["reason"].startswith("attempted leak: a placeholder in the "), body
+    assert broker.upstream.requests_to(GITHUB_API) == []
 
 
 # -- refusals ------------------------------------------------------------------------------------------------
@@ -271,9 +204,12 @@ def test_a_google_style_key_parameter_is_swapped(broker: Harness) -> None:
 @pytest.mark.parametrize("headers,reason", [
     ({"x-api-key": "sk-ant-api03-ATTACKERS-OWN-KEY"}, "a credential that is not this VM's"),
     ({"Authorization": "Bearer sk-ant-oat01-agentbox-ph-" + "ff" * 12}, "another VM's placeholder"),
-    ({"Authorization": f"Bearer {CLAUDE_PH}", "x-api-key": CLAUDE_PH}, "carries 2 credentials"),
+    ({"Authorization": f"Bearer {CLAUDE_PH}", "x-api-key": CLAUDE_KEY_PH}, "carries 2 credentials"),
     ({"Authorization": f"Bearer {GH_PH}"}, "attempted leak: gh's placeholder sent to api.anthropic.com"),
-    ({"X-Note": f"token {CLAUDE_PH}", "x-api-key": "sk-ant-api03-other"}, "not this VM's"),
+    ({"x-api-key": "sk-ant-api03-other", "X-Note": f"token {CLAUDE_PH}"}, "not this VM's"),
+    ({"X-Note": f"token {CLAUDE_PH}"}, "attempted leak: a placeholder in the X-Note header"),
+    ({"x-api-key": GH_PH}, "attempted leak: gh's placeholder sent to api.anthropic.com"),
+    ({"Authorization": f"Token {CLAUDE_PH}"}, "its service takes it only in the authorization header (Bearer)"),
 ])
 def test_foreign_credentials_and_misplaced_placeholders_are_refused_and_nothing_goes_out(
         broker: Harness, headers: dict[str, str], reason: str) -> None:
@@ -290,10 +226,10 @@ def test_foreign_credentials_and_misplaced_placeholders_are_refused_and_nothing_
 def test_a_placeholder_in_a_body_bound_for_another_host_ends_the_request_before_it_is_complete(
         broker: Harness) -> None:
     broker.upstream.route("POST", "/v1/messages", {"ok": True}, host=CLAUDE)
-    status, body = broker.request(CLAUDE, "POST", "/v1/messages", {"x-api-key": CLAUDE_PH},
+    status, body = broker.request(CLAUDE, "POST", "/v1/messages", {"Authorization": f"Bearer {CLAUDE_PH}"},
                                   b"x" * 200_000 + GH_PH.encode() + b"y" * 1000)
     assert status == 403
-    assert "gh's placeholder sent to api.anthropic.com" in json.loads(body)["reason"]
+    assert "gh's placeholder in the body of a request to api.anthropic.com" in json.loads(body)["reason"]
     # What went out before the placeholder was seen is a request cut short (the fake records even that).
     for request in broker.upstream.requests_to(CLAUDE):
         assert len(request.body) < int(request.headers["content-length"])
@@ -353,7 +289,8 @@ def test_an_upstream_with_another_hosts_certificate_gets_nothing(tmp_path: Path,
     authority = ca.ensure("agentbox-impostor", [GITHUB_API])
     with FakeUpstream(tmp_path / "up", [GITHUB_API], impostor={GITHUB_API: "evil.example.com"}) as upstream:
         brokering = Brokering(leaves={GITHUB_API: ca.server_context(authority.leaf(GITHUB_API))},
-                              secrets=(Secret("gh", GH_PH, frozenset({GITHUB_API}), lambda: GH_REAL),),
+                              secrets=(Secret("gh", GH_PH, frozenset({GITHUB_API}), lambda: GH_REAL,
+                                              broker_gh.PLACES),),
                               upstream_context=upstream.client_context(),
                               upstream_address=lambda host, port: upstream.address)
         with netproxy.start(netproxy.Policy(allow=[GITHUB_API]), tmp_path / "log.jsonl", broker=brokering) as proxy:
@@ -427,17 +364,3 @@ def test_other_hosts_are_tunnelled_untouched(broker: Harness) -> None:
         answer += piece
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"page": 1}'), answer
     assert broker.upstream.requests_to(OTHER)[-1].headers["authorization"] == "Bearer anything-goes"
-
-
-def test_a_websocket_upgrade_becomes_a_relay(broker: Harness) -> None:
-    def upgrade(request: Any) -> Response:
-        return Response(101, b"", "text/plain", {"Upgrade": "websocket", "Connection": "Upgrade"})
-
-    broker.upstream.route("GET", "/ws", handler=upgrade, host=CLAUDE)
-    connection = broker.connection(CLAUDE)
-    connection.request("GET", "/ws", headers={"Upgrade": "websocket", "Connection": "Upgrade",
-                                              "Authorization": f"Bearer {CLAUDE_PH}"})
-    response = connection.getresponse()
-    assert response.status == 101
-    assert broker.upstream.requests_to(CLAUDE)[-1].headers["authorization"] == f"Bearer {CLAUDE_REAL}"
-    connection.close()

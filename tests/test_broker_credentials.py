@@ -135,7 +135,8 @@ def test_prepare_gives_the_vm_claude_and_gh_logins_of_the_real_shape_without_a_r
     assert brokered.prepare(VM, config, ["claude"]).files == prepared.files
     by_agent = {secret.agent: secret for secret in prepared.secrets}
     assert by_agent["claude"].hosts == {"api.anthropic.com"} and by_agent["claude"].real() == CLAUDE_ACCESS
-    assert by_agent["gh"].hosts == {"github.com", "api.github.com"} and by_agent["gh"].real() == GH_TOKEN
+    assert by_agent["gh"].hosts == {"github.com", "gist.github.com", "api.github.com", "uploads.github.com"}
+    assert by_agent["gh"].real() == GH_TOKEN
     assert by_agent["claude"].placeholder == creds["accessToken"]
     assert ("platform.claude.com", "/v1/oauth/token") in prepared.endpoints
     assert {"platform.claude.com", "api.anthropic.com", "github.com"} <= prepared.hosts

@@ -33,7 +33,7 @@ RECORD = AgentSpec(
         access_hosts=("api.anthropic.com",),
         # console.anthropic.com's: older versions
         token_endpoints=(("platform.claude.com", "/v1/oauth/token"), ("console.anthropic.com", "/v1/oauth/token")),
-        api_keys=(ApiKey("ANTHROPIC_API_KEY", "sk-ant-api03-", ("api.anthropic.com",)),
+        api_keys=(ApiKey("ANTHROPIC_API_KEY", "sk-ant-api03-", ("api.anthropic.com",), ("x-api-key",)),
                   ApiKey("CLAUDE_CODE_OAUTH_TOKEN", "sk-ant-oat01-", ("api.anthropic.com",))),
         companion=(".claude.json", "claude_json"),
     ),

@@ -30,6 +30,12 @@ RECORD = AgentSpec(
         token_endpoints=(("auth.openai.com", "/oauth/token"),),
         api_keys=(ApiKey("OPENAI_API_KEY", "sk-", ("api.openai.com",)),),
         file_api_key_hosts=("api.openai.com",),  # auth.json's OPENAI_API_KEY
+        # chatgpt.com is all of ChatGPT (conversations, memories, the account): the token goes only to Codex's
+        # backend (codex-rs: model-provider-info, backend-client, the TUI's voice, account settings).
+        access_routes=(("chatgpt.com", "GET,POST /backend-api/codex/*"),
+                       ("chatgpt.com", "GET,POST /backend-api/wham/*"),
+                       ("chatgpt.com", "POST /backend-api/transcribe"),
+                       ("chatgpt.com", "GET /backend-api/accounts/*")),
     ),
     memory_file="~/.codex/AGENTS.md",
     task_args=("exec",),  # codex exec [OPTIONS] PROMPT

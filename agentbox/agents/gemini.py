@@ -45,8 +45,15 @@ RECORD = AgentSpec(
         # for the user.
         access_hosts=("cloudcode-pa.googleapis.com", "oauth2.googleapis.com", "www.googleapis.com"),
         token_endpoints=(("oauth2.googleapis.com", "/token"),),
-        api_keys=(ApiKey("GEMINI_API_KEY", "AIza", ("generativelanguage.googleapis.com",)),
-                  ApiKey("GOOGLE_API_KEY", "AIza", ("generativelanguage.googleapis.com",))),
+        # The Gemini API takes a key in x-goog-api-key (its SDK), in ?key= (documented; the voice WebSocket), and
+        # with GEMINI_API_KEY_AUTH_MECHANISM=bearer in Authorization too.
+        api_keys=(ApiKey("GEMINI_API_KEY", "AIza", ("generativelanguage.googleapis.com",),
+                         ("x-goog-api-key", "?key", "authorization bearer")),
+                  ApiKey("GOOGLE_API_KEY", "AIza", ("generativelanguage.googleapis.com",),
+                         ("x-goog-api-key", "?key", "authorization bearer"))),
+        # www.googleapis.com fronts Compute, Storage, BigQuery...; oauth2.googleapis.com revokes tokens: the token
+        # goes only where Gemini CLI sends it (google-auth-library's getTokenInfo, fetchAndCacheUserInfo).
+        access_routes=(("oauth2.googleapis.com", "POST /tokeninfo"), ("www.googleapis.com", "GET /oauth2/v2/userinfo")),
     ),
     one_time_prompts=(
         # It resets --approval-mode=yolo to "default" in a folder it does not trust.

@@ -29,6 +29,8 @@ class ApiKey(NamedTuple):
     variable: str
     kind: str  # the usual prefix of such a key, which the VM's placeholder carries
     hosts: tuple[str, ...]  # where its real value may go
+    # where its service takes it: "HEADER SCHEME" ("authorization bearer"), "HEADER" (the whole value), "?PARAM"
+    places: tuple[str, ...] = ("authorization bearer",)
 
 
 class BrokerSpec(NamedTuple):
@@ -42,6 +44,10 @@ class BrokerSpec(NamedTuple):
     token_endpoints: tuple[tuple[str, str], ...]  # (host, path) of its OAuth token requests, answered on the host
     api_keys: tuple[ApiKey, ...] = ()
     file_api_key_hosts: tuple[str, ...] = ()  # an API key kept in the login file itself may go there (Codex)
+    access_places: tuple[str, ...] = ("authorization bearer",)  # where its services take the access token (ApiKey)
+    # (host, "METHOD[,METHOD] PATH"): on a host that fronts more than the agent's API, the only requests its access
+    # token goes with ("PATH*": any path under it); a host not named here takes it for any request
+    access_routes: tuple[tuple[str, str], ...] = ()
     # Another file of its login the VM gets a version of without secrets (relative to the home), and that
     # version's maker: a name in credentials.brokered.COMPANIONS.
     companion: tuple[str, str] | None = None

@@ -1,7 +1,9 @@
 """The GitHub CLI's login as the broker keeps it: the token in ~/.config/gh/hosts.yml (or, on macOS, the
 Keychain through `gh auth token`) stays on the host; the VM's hosts.yml names the same user with a placeholder.
-The token may go to github.com (git over HTTPS) and api.github.com only. Other hosts in hosts.yml (GitHub
-Enterprise) are not brokered and do not reach the VM."""
+The token may go to github.com and gist.github.com (git over HTTPS: Basic, as `gh auth git-credential` hands it
+to git), api.github.com (`token`, as gh sends it, or Bearer) and uploads.github.com (release assets), and there
+only as agentbox.net.github allows. Other hosts in hosts.yml (GitHub Enterprise) are not brokered and do not reach
+the VM."""
 
 from __future__ import annotations
 
@@ -13,9 +15,13 @@ from typing import Any
 from agentbox.credentials import stage
 from agentbox.credentials.hostfile import HostFile
 from agentbox.errors import StateError
+from agentbox.net.broker import place
 
 HOST = "github.com"
-HOSTS = frozenset({"github.com", "api.github.com"})
+HOSTS = frozenset({"github.com", "gist.github.com", "api.github.com", "uploads.github.com"})
+# GitHub takes a token as `Authorization: token`, Bearer, or Basic's password (git; `https://TOKEN@github.com` puts it
+# in the user name), on each of its hosts.
+PLACES = tuple(place(text) for text in ("authorization token", "authorization bearer", "authorization basic"))
 LOGIN_COMMAND = "gh auth login"
 
 

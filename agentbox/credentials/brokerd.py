@@ -45,6 +45,7 @@ def load(vm: str) -> Brokering | None:
         leaves={host: ca.server_context(authority.leaf(host)) for host in authority.hosts},
         secrets=tuple(prepared.secrets),
         endpoints=dict(prepared.endpoints),
+        held=prepared.held_now,
         allow_push=bool(data.get("allowPush")),
         push_hint="sync.remoteWrite: true in the project's agentbox.yml (a setting `agentbox trust` must accept)",
         upstream_context=upstream.context if upstream else None,

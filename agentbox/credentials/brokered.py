@@ -33,7 +33,7 @@ from agentbox.credentials.placeholders import Placeholders, kind_of
 from agentbox.credentials.stage import guest_path_for
 from agentbox.credentials.tokens import TokenHandler, Upstream
 from agentbox.errors import StateError
-from agentbox.net.broker import PLACEHOLDER_MARK, Secret, TokenEndpoint
+from agentbox.net.broker import PLACEHOLDER_MARK, Secret, TokenEndpoint, place
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -47,8 +47,9 @@ COMPANIONS: dict[str, Callable[[bytes, str | None], bytes]] = {"claude_json": br
 # The agents whose logins the broker keeps (the GitHub CLI's is kept with them, with `credentials.gh`).
 SPECS: dict[str, AgentSpec] = {name: spec for name, spec in BUILTIN_AGENTS.items() if spec.broker is not None}
 BROKERED = tuple(SPECS)
-GH_API_KEYS = (ApiKey("GH_TOKEN", "gho_", tuple(broker_gh.HOSTS)),
-               ApiKey("GITHUB_TOKEN", "gho_", tuple(broker_gh.HOSTS)))
+GH_PLACES = ("authorization token", "authorization bearer", "authorization basic")
+GH_API_KEYS = (ApiKey("GH_TOKEN", "gho_", tuple(broker_gh.HOSTS), GH_PLACES),
+               ApiKey("GITHUB_TOKEN", "gho_", tuple(broker_gh.HOSTS), GH_PLACES))
 _PLACEHOLDERS = re.compile(rb"[A-Za-z0-9._/-]*" + re.escape(PLACEHOLDER_MARK.encode()) + rb"[0-9a-f]{24}")
 MAX_COMPANION = 32 << 20  # ~/.claude.json keeps per-project history: several MB
 
@@ -64,6 +65,11 @@ class Prepared:
         self.replaced: set[str] = set()
         self.notes: list[str] = []
         self.brokered: list[str] = []  # the agents (and "gh") whose logins are brokered
+        self.held: list[Callable[[], list[str]]] = []  # each login's real values now (the broker's answer scan)
+
+    def held_now(self) -> list[str]:
+        """Every real value the host's logins hold now: no answer from a credential host may carry one back."""
+        return [value for read in self.held for value in read()]
 
     def replaces(self, host_path: Path) -> bool:
         """Whether `host_path` (expanded) is one of the host login files the VM gets a placeholder version of."""
@@ -176,7 +182,8 @@ def _file_login(prepared: Prepared, placeholders: Placeholders, spec: AgentSpec,
         # No login on the host yet: one made inside the VM (`agentbox AGENT login`) reaches the host through the
         # token endpoint, and the VM then uses this placeholder, whose real value is read when it is used.
         placeholder = placeholders.get(f"{name}.access", login.access_kind)
-        prepared.secrets.append(Secret(name, placeholder, login.access_hosts, login.current_access))
+        prepared.secrets.append(login.access_secret(placeholder))
+    prepared.held.append(login.held)
     file_key = login.file_api_key(doc) if doc is not None and broker.file_api_key_hosts else None
     if file_key is not None:
         _file_api_key(prepared, placeholders, login, broker.login_file, file_key,
@@ -191,7 +198,9 @@ def _file_login(prepared: Prepared, placeholders: Placeholders, spec: AgentSpec,
 
 def _file_api_key(prepared: Prepared, placeholders: Placeholders, login: FileLogin, relative: str, key: str,
                   hosts: frozenset[str], reals: list[str]) -> None:
-    """An API key the login file holds (Codex's auth.json: an API-key login, or one beside the ChatGPT tokens)."""
+    """An API key the login file holds (Codex's auth.json: an API-key login, or one beside the ChatGPT tokens): its
+    service takes it where it takes the access token."""
+    login_places = login.access_places
     placeholder = placeholders.get(f"{login.agent}.file_api_key", kind_of(key, "sk-"))
 
     def real() -> str | None:
@@ -201,7 +210,7 @@ def _file_api_key(prepared: Prepared, placeholders: Placeholders, login: FileLog
             return None
         return login.file_api_key(doc) if doc is not None else None
 
-    prepared.secrets.append(Secret(login.agent, placeholder, hosts, real))
+    prepared.secrets.append(Secret(login.agent, placeholder, hosts, real, login_places))
     reals.append(key)
     current = json.loads(prepared.files[relative]) if relative in prepared.files else {}
     prepared.files[relative] = _dump(login.with_file_api_key(current, placeholder))
@@ -238,7 +247,9 @@ def _api_keys(prepared: Prepared, placeholders: Placeholders, name: str, env: di
             continue
         placeholder = placeholders.get(f"env.{key.variable}", kind_of(value, key.kind))
         prepared.env[key.variable] = placeholder
-        prepared.secrets.append(Secret(name, placeholder, frozenset(key.hosts), _constant(value)))
+        prepared.secrets.append(Secret(name, placeholder, frozenset(key.hosts), _constant(value),
+                                       tuple(place(text) for text in key.places)))
+        prepared.held.append(_constant_list(value))
         reals.append(value)
         if name not in prepared.brokered:
             prepared.brokered.append(name)
@@ -262,7 +273,8 @@ def _gh(prepared: Prepared, placeholders: Placeholders, env: dict[str, str], rea
     prepared.files[".config/gh/hosts.yml"] = login.vm_hosts_yml(placeholder)
     if login.entry() is None or not broker_gh._token_of(login.entry() or {}):
         prepared.env["GH_TOKEN"] = placeholder  # the Keychain's token: the VM's gh gets it as today, by GH_TOKEN
-    prepared.secrets.append(Secret("gh", placeholder, broker_gh.HOSTS, login.current))
+    prepared.secrets.append(Secret("gh", placeholder, broker_gh.HOSTS, login.current, broker_gh.PLACES))
+    prepared.held.append(lambda: [value for value in (login.current(),) if value])
     reals.append(token)
     if "gh" not in prepared.brokered:
         prepared.brokered.append("gh")
@@ -270,6 +282,10 @@ def _gh(prepared: Prepared, placeholders: Placeholders, env: dict[str, str], rea
 
 def _constant(value: str) -> Callable[[], str | None]:
     return lambda: value
+
+
+def _constant_list(value: str) -> Callable[[], list[str]]:
+    return lambda: [value]
 
 
 def _dump(doc: object) -> bytes:

@@ -5,8 +5,10 @@ placeholders for them, the Secret the proxy substitutes, and the token endpoint'
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from agentbox.agents.record import AgentSpec
@@ -14,7 +16,7 @@ from agentbox.credentials.hostfile import HostFile
 from agentbox.credentials.placeholders import Placeholders, kind_of
 from agentbox.credentials.tokens import Tokens
 from agentbox.errors import AgentboxError, StateError
-from agentbox.net.broker import Secret
+from agentbox.net.broker import Route, Secret, place, route
 
 
 class FileLogin(ABC):
@@ -32,6 +34,8 @@ class FileLogin(ABC):
         self.title = spec.title
         self.login_command = spec.broker.login_command
         self.access_hosts = frozenset(spec.broker.access_hosts)
+        self.access_places = tuple(place(text) for text in spec.broker.access_places)
+        self.access_routes = routes_of(spec.broker.access_routes)
 
     # -- what a subclass says -----------------------------------------------------------------------------------
 
@@ -105,7 +109,20 @@ class FileLogin(ABC):
         return tokens.access if tokens is not None else None
 
     def secret(self, tokens: Tokens) -> Secret:
-        return Secret(self.agent, self.access_placeholder(tokens), self.access_hosts, self.current_access)
+        return self.access_secret(self.access_placeholder(tokens))
+
+    def access_secret(self, placeholder: str) -> Secret:
+        """The access token's Secret with `placeholder`: its hosts, where they take it, and for which requests."""
+        return Secret(self.agent, placeholder, self.access_hosts, self.current_access, self.access_places,
+                      self.access_routes)
+
+    def held(self) -> list[str]:
+        """Every real value of the host's login now (none when logged out or unreadable): no answer may carry one."""
+        try:
+            tokens = self.tokens()
+        except AgentboxError:
+            return []
+        return self.reals(tokens) if tokens is not None else []
 
     def reals(self, tokens: Tokens) -> list[str]:
         """Every real value of this login, for the scan of what the VM gets."""
@@ -127,3 +144,11 @@ def expires_in(response: dict[str, Any]) -> float | None:
 
 def remaining(tokens: Tokens, now: float) -> int:
     return max(0, int((tokens.expires_at or now) - now))
+
+
+def routes_of(pairs: Iterable[tuple[str, str]]) -> Mapping[str, tuple[Route, ...]]:
+    """host -> its routes, from a record's (host, "METHODS PATH") pairs."""
+    found: dict[str, tuple[Route, ...]] = {}
+    for host, text in pairs:
+        found[host] = (*found.get(host, ()), route(text))
+    return MappingProxyType(found)

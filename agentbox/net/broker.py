@@ -52,7 +52,7 @@ BEARER = Place("authorization", "bearer")
 
 class Route(NamedTuple):
     """A request a credential may go with on a host that fronts more than the agent's API: one of `methods`, to
-    `path` exactly, or to any path under it when it ends in "/" (paths compared once normalised)."""
+    `path` exactly, or to any path that starts with it when it ends in "*" (paths compared once normalised)."""
 
     methods: frozenset[str]
     path: str
@@ -60,7 +60,24 @@ class Route(NamedTuple):
     def allows(self, method: str, path: str) -> bool:
         if method not in self.methods:
             return False
-        return path.startswith(self.path) if self.path.endswith("/") else path == self.path
+        return path.startswith(self.path[:-1]) if self.path.endswith("*") else path == self.path
+
+    def __str__(self) -> str:
+        return f"{'/'.join(sorted(self.methods))} {self.path}"
+
+
+def place(text: str) -> Place:
+    """A place as the agents' records write it: "authorization bearer", "x-api-key", "?key"."""
+    if text.startswith("?"):
+        return Place(query=text[1:])
+    header, _, scheme = text.partition(" ")
+    return Place(header.lower(), scheme.lower())
+
+
+def route(text: str) -> Route:
+    """A route as the agents' records write it: "GET /oauth2/v2/userinfo", "GET,POST /backend-api/codex/*"."""
+    methods, _, path = text.partition(" ")
+    return Route(frozenset(methods.split(",")), path)
 
 
 class Secret(NamedTuple):

@@ -1,41 +1,50 @@
-"""The broker's side of a CONNECT to a credential host: TLS as that host, every request checked, placeholders
-swapped for the real values, and the request sent on to the real host over TLS verified as usual.
+"""The broker's side of a CONNECT to a credential host: TLS as that host, every request judged, this VM's placeholder
+swapped for the real value where its service takes it, and the answer checked on its way back.
 
-One client connection gets one upstream connection, opened at its first forwarded request and reused while
-both sides keep it alive (HTTP/1.1). Request and response bodies stream through (a model's answer arrives as
-it is written); a request body is scanned for placeholders as it passes, with an overlap across chunks, and
-a leak found mid-body ends both connections before the request is complete. A 101 answer (a WebSocket)
-turns the connection into a plain relay. The rules are agentbox.net.broker's docstring.
+One client connection gets one upstream connection, opened at its first forwarded request and reused while both
+sides keep it alive (HTTP/1.1), and kept for the next connection to the same host (`Pool`). Per request:
+1. The head is read strictly (agentbox.net.httpwire); what the broker cannot read is refused (403 JSON, logged),
+   never forwarded. The target (origin- or absolute-form), the Host header and the TLS name must all be the host.
+2. A token endpoint's request goes to its handler, answered on the host (agentbox.credentials.tokens).
+3. Otherwise agentbox.net.placement puts the real value in its place (or refuses), agentbox.net.github keeps GitHub
+   read-only (or scoped), and the body streams through with every piece scanned for placeholders (de-chunked, so a
+   chunk boundary hides nothing); GraphQL, LFS and push bodies are read first where GitHub's rules need them.
+4. The answer's head and body are scanned for every real value the broker holds (and for what this request was
+   given): the broker asks for identity encoding, decodes gzip and deflate when it gets them anyway, and a hit ends
+   the answer where it stands (logged as an attempted leak) — a secret is never sent in part (agentbox.net.scan).
+5. A WebSocket upgrade (Codex streams over one) is relayed frame by frame, both ways checked
+   (agentbox.net.websocket).
+The rules are agentbox.net.broker's docstring.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import json
-import re
 import ssl
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+import zlib
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from urllib.parse import parse_qsl, quote, urlsplit
+from urllib.parse import urlsplit
 
-from agentbox.net.broker import MAX_EXCHANGE, PLACEHOLDER_MARK, Brokering, Exchange, Reply, Secret
+from agentbox.net import github, httpwire, placement, scan, websocket
+from agentbox.net.broker import MAX_EXCHANGE, Brokering, Exchange, Reply
+from agentbox.net.httpwire import Framing, Head, WireError
+from agentbox.net.placement import Refusal
+from agentbox.net.scan import Leak, Scanner
 
 MAX_HEAD = 64 * 1024
-CHUNK = 64 * 1024
+CHUNK = httpwire.CHUNK
 HANDSHAKE_TIMEOUT = 10.0
-# Headers that carry a credential; a request may carry one of them, once.
-CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-goog-api-key", "api-key")
-# Query parameters that carry one (Google's APIs take ?key=, OAuth ?access_token=).
-CREDENTIAL_PARAMS = ("key", "api_key", "access_token")
-_DROPPED = ("proxy-connection", "proxy-authorization", "expect")
-GITHUB_WEB = "github.com"
-GITHUB_API = frozenset({"api.github.com", "uploads.github.com"})
-_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+PREFETCH = 1 << 20  # a request body up to this size is read whole and judged before anything is sent
+# Never sent on: the proxy's own, and hop-by-hop headers the broker sets itself.
+_DROPPED = frozenset({"proxy-connection", "proxy-authorization", "connection", "keep-alive", "te", "trailer",
+                      "upgrade", "expect", "accept-encoding", "sec-websocket-extensions", "transfer-encoding",
+                      "content-length", "host"})
+_RESPONSE_DROPPED = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length", "trailer"})
+_DECODED = ("gzip", "x-gzip", "deflate")
 
 Log = Callable[[dict[str, Any]], None]
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
@@ -73,32 +82,6 @@ class Pool:
         self.idle.clear()
 
 
-class Refusal(Exception):
-    def __init__(self, status: int, reason: str, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.detail = detail or {}
-
-
-@dataclass
-class _Request:
-    method: str
-    target: str  # origin-form: path and query
-    version: str
-    headers: list[tuple[str, str]]
-
-    def header(self, name: str) -> str | None:
-        for key, value in self.headers:
-            if key.lower() == name:
-                return value
-        return None
-
-    @property
-    def path(self) -> str:
-        return self.target.split("?", 1)[0]
-
-
 def sni_guard(host: str) -> Callable[[Any, str | None, ssl.SSLContext], int | None]:
     """An sni_callback for `host`'s leaf: a client that asks for another name (or none) gets no certificate."""
 
@@ -124,6 +107,10 @@ async def start_tls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
     return asyncio.StreamWriter(transport, protocol, reader, loop)  # type: ignore[arg-type]
 
 
+class Cut(Exception):
+    """An answer ended where it stood (the client has part of it): why, for the log."""
+
+
 class Session:
     """One intercepted connection to `host`."""
 
@@ -137,29 +124,38 @@ class Session:
         self.log = log
         self.idle = idle_timeout
         self.pool = pool
+        self.view = placement.host_view(host, broker.secrets)
         self.up: Streams | None = None
         self.reusable = False  # the upstream connection ended its last answer cleanly and stays open
-        self.ours = {secret.placeholder: secret for secret in broker.secrets}
-        self.longest = max((len(p) for p in self.ours), default=0)
 
     async def run(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request = await self._read_request(reader)
-                if request is None:
-                    return
-                entry = {"client": self.client, "method": request.method, "host": self.host, "port": self.port,
-                         "path": request.path, "agent": None, "decision": "deny", "reason": ""}
+                entry: dict[str, Any] = {"client": self.client, "method": None, "host": self.host, "port": self.port,
+                                         "path": None, "agent": None, "decision": "deny", "reason": ""}
+                keep = False
                 try:
-                    keep = await self._one(request, reader, writer, entry)
-                except Refusal as refusal:
+                    head = await self._read_head(reader)
+                    if head is None:
+                        return
+                    entry["method"] = head.first[0]
+                    entry["path"] = _shown_path(head.first[1])
+                    keep = await self._one(head, reader, writer, entry)
+                except (Refusal, WireError) as error:
+                    refusal = error if isinstance(error, Refusal) else Refusal(
+                        403, f"a request the broker cannot read: {error}")
                     entry["decision"], entry["reason"] = "deny", refusal.reason
+                    self._drop_upstream()
                     await _send_refusal(writer, refusal, self.host, self.port)
-                    keep = False
+                except Cut as cut:
+                    entry["decision"], entry["reason"] = "deny", str(cut)
+                    self._drop_upstream()
+                    writer.transport.abort()
                 finally:
-                    entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-                    with contextlib.suppress(OSError):
-                        self.log(entry)
+                    if entry["method"] is not None or entry["reason"]:
+                        entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                        with contextlib.suppress(OSError):
+                            self.log(entry)
                 if not keep:
                     return
         finally:
@@ -168,117 +164,88 @@ class Session:
             elif self.up is not None:
                 self.up[1].close()
 
+    def _drop_upstream(self) -> None:
+        """The upstream connection is in an unknown state (a request cut short): it is closed, never reused."""
+        if self.up is not None:
+            self.up[1].close()
+            self.up = None
+        self.reusable = False
+
+    async def _read_head(self, reader: asyncio.StreamReader) -> Head | None:
+        try:
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle)
+        except asyncio.IncompleteReadError as error:
+            if error.partial.strip():
+                raise WireError("an incomplete request") from None
+            return None
+        except asyncio.LimitOverrunError:
+            raise WireError("a request head over 64 KB") from None
+        return httpwire.parse_request(raw)
+
     # -- one request -------------------------------------------------------------------------------------
 
-    async def _one(self, request: _Request, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    async def _one(self, head: Head, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                    entry: dict[str, Any]) -> bool:
         """Decide and serve one request; False when the client connection must end after it."""
         if self.broker.down is not None:
             raise Refusal(503, f"agentbox's credential broker is not serving: {self.broker.down}",
                           {"fix": "fix that on the host, then `agentbox stop` and launch again (the broker restarts "
                                   "with the VM's next launch)"})
-        self._check_target(request)
-        framing = _request_framing(request)
-        expects = (request.header("expect") or "").lower() == "100-continue"
-        endpoint = self.broker.endpoints.get((self.host, request.path))
-        # A token endpoint's handler judges the request's credentials itself (a refresh token is not a Secret).
-        headers, query, agent = ([], "", None) if endpoint is not None else self._credentials(request)
-        entry["agent"] = agent
-        small_body: bytes | None = None
-        graphql = self.host in GITHUB_API and request.method == "POST" and request.path == "/graphql"
-        if endpoint is not None or graphql:
-            if expects:
-                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                expects = False
-            small_body = await _read_whole(reader, framing, MAX_EXCHANGE)
-            if endpoint is None:
-                self._scan(small_body)
-        self._check_push(request, small_body)
+        method, target, _ = head.first
+        path, query = self._target(target, head)
+        normal = httpwire.normal_path(path)
+        framing = httpwire.request_framing(head)
+        upgrade = _websocket_upgrade(head, method, framing)
+        endpoint = self.broker.endpoints.get((self.host, normal))
         if endpoint is not None:
-            assert small_body is not None
-            exchange = Exchange(self.host, request.method, request.target, tuple(request.headers), small_body)
-            reply = await asyncio.get_running_loop().run_in_executor(None, endpoint, exchange)
-            entry["decision"], entry["reason"] = "answer", "token endpoint answered on the host"
-            await _send_reply(writer, reply, request.method)
-            return _keep_alive(request)
+            return await self._answer(endpoint, head, path, query, framing, reader, writer, entry)
+        placed = placement.place(self.view, method, path, normal, query, head.headers, self._real)
+        agent = placed.secret.agent if placed.secret is not None else None
+        entry["agent"] = agent
+        verdict = github.judge(self.host, method, normal, query, placed.secret is not None, self.broker.allow_push,
+                               self.broker.push_namespace)
+        if verdict.refused:
+            raise self._read_only(verdict.refused)
+        whole: bytes | None = None
+        source: Any = None
+        push: tuple[github.Update, ...] = ()
+        if verdict.body in (github.BODY_GRAPHQL, github.BODY_LFS):
+            self._identity_body(head)
+            _continue(writer, head)
+            whole = await httpwire.whole(reader, framing, MAX_EXCHANGE)
+            _scan_body(whole)
+            why = github.check_body(verdict.body, whole)
+            if why:
+                raise self._read_only(why)
+        elif verdict.body == github.BODY_PUSH:
+            self._identity_body(head)
+            _continue(writer, head)
+            source, push = await self._read_push(reader, framing)
+        elif framing.chunked or framing.length:
+            _continue(writer, head)
+            whole, source = await _prefetch(httpwire.body(reader, framing), PREFETCH)
+            self._scan_prefetched(whole if whole is not None else b"")
         entry["decision"] = "substitute" if agent else "pass"
         entry["reason"] = f"{agent}'s credential" if agent else "no credential"
-        return await self._forward(request, headers, query, framing, small_body, expects, reader, writer, entry)
+        if push:
+            entry["pushed"] = [{"ref": u.ref, "old": u.old, "new": u.new} for u in push]
+        return await self._forward(head, path, placed, framing, whole, source, upgrade, push, reader, writer, entry)
 
-    def _check_target(self, request: _Request) -> None:
-        if not request.target.startswith("/"):
-            parts = urlsplit(request.target)
-            if parts.scheme != "https" or (parts.hostname or "").lower() != self.host:
+    def _target(self, target: str, head: Head) -> tuple[str, str]:
+        """The request's path and raw query, the target and the Host header checked against the host."""
+        if not target.startswith("/"):
+            parts = urlsplit(target)
+            if parts.scheme != "https" or parts.username is not None or parts.password is not None or \
+                    (parts.hostname or "").rstrip(".") != self.host or parts.port not in (None, self.port):
                 raise Refusal(403, f"a request inside the tunnel to {self.host} names another host")
-            request.target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        names = [value for key, value in request.headers if key.lower() == "host"]
+            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        names = head.values("host")
         if len(names) != 1 or _authority_host(names[0], self.port) != self.host:
             raise Refusal(403, f"the Host header does not name {self.host}")
+        path, _, query = target.partition("?")
+        return path, query
 
-    def _credentials(self, request: _Request) -> tuple[list[tuple[str, str]], str, str | None]:
-        """The request's headers and query with our placeholder replaced by its real value, and its agent.
-
-        Refuses a foreign credential, a second one, and a placeholder that is not for this host."""
-        found: list[tuple[str, Secret]] = []
-        headers: list[tuple[str, str]] = []
-        for key, value in request.headers:
-            lower = key.lower()
-            if lower in _DROPPED:
-                continue
-            if lower in CREDENTIAL_HEADERS:
-                secret, value = self._swap_header(lower, value)
-                found.append((lower, secret))
-            else:
-                self._scan(value.encode("latin-1"))
-            headers.append((key, value))
-        _, sep, query = request.target.partition("?")
-        if sep:
-            pairs = parse_qsl(query, keep_blank_values=True)
-            changed = False
-            for index, (name, value) in enumerate(pairs):
-                if name.lower() in CREDENTIAL_PARAMS:
-                    secret = self._own(value, f"the {name} parameter")
-                    found.append((name, secret))
-                    pairs[index] = (name, self._real(secret))
-                    changed = True
-                else:
-                    self._scan(value.encode())
-            if changed:
-                query = "&".join(f"{quote(n, safe='')}={quote(v, safe='')}" for n, v in pairs)
-        if len(found) > 1:
-            raise Refusal(403, f"the request carries {len(found)} credentials ({', '.join(n for n, _ in found)}); "
-                          "only one is passed")
-        agent = found[0][1].agent if found else None
-        return headers, query if sep else "", agent
-
-    def _swap_header(self, name: str, value: str) -> tuple[Secret, str]:
-        scheme, space, token = value.strip().partition(" ")
-        if name == "authorization" and space and scheme.lower() == "basic":
-            try:
-                user, colon, password = base64.b64decode(token.strip(), validate=True).decode().partition(":")
-            except (binascii.Error, UnicodeDecodeError):
-                raise Refusal(403, "a malformed Basic authorization") from None
-            secret = self._own(password if colon else user, "Basic authorization")
-            real = self._real(secret)
-            pair = f"{user}:{real}" if password == secret.placeholder else f"{real}:{password}"
-            return secret, f"{scheme} {base64.b64encode(pair.encode()).decode()}"
-        if name == "authorization" and space:
-            secret = self._own(token.strip(), "the Authorization header")
-            return secret, f"{scheme} {self._real(secret)}"
-        secret = self._own(value.strip(), f"the {name} header")
-        return secret, self._real(secret)
-
-    def _own(self, value: str, where: str) -> Secret:
-        secret = self.ours.get(value)
-        if secret is None:
-            kind = "another VM's placeholder" if PLACEHOLDER_MARK in value else "a credential that is not this VM's"
-            raise Refusal(403, f"{where} carries {kind}: only the VM's own login is passed to {self.host}")
-        if self.host not in secret.hosts:
-            raise Refusal(403, f"attempted leak: {secret.agent}'s placeholder sent to {self.host}, "
-                          f"which is not one of its hosts")
-        return secret
-
-    def _real(self, secret: Secret) -> str:
+    def _real(self, secret: Any) -> str:
         try:
             real = secret.real()
         except Exception as error:  # a host login file that turned unreadable or malformed: nothing goes out
@@ -287,281 +254,358 @@ class Session:
                           {"fix": "fix or log in again on the host; the next request reads it again"}) from None
         if not real:
             raise Refusal(403, f"the host has no {secret.agent} login now: log in on the host, then try again")
-        return real
+        return str(real)
 
-    def _scan(self, data: bytes) -> None:
-        """Refuse a placeholder of ours in a place other than a credential header (or bound for a foreign host)."""
-        if PLACEHOLDER_MARK.encode() not in data:
-            return
-        for placeholder, secret in self.ours.items():
-            if placeholder.encode() in data and self.host not in secret.hosts:
-                raise Refusal(403, f"attempted leak: {secret.agent}'s placeholder sent to {self.host}, "
-                              f"which is not one of its hosts")
+    def _read_only(self, what: str) -> Refusal:
+        if self.broker.push_namespace is not None and what.startswith("a push"):
+            return Refusal(403, f"{what} is refused: the VM may push only to new branches under "
+                                f"{self.broker.push_namespace} (git.allowPush: session)",
+                           {"allow": self.broker.push_hint})
+        return Refusal(403, f"{what} is refused: the VM's GitHub access is read-only", {"allow": self.broker.push_hint})
 
-    def _check_push(self, request: _Request, body: bytes | None) -> None:
-        if self.broker.allow_push:
-            return
-        what = None
-        if self.host == GITHUB_WEB:
-            query = dict(parse_qsl(request.target.partition("?")[2]))
-            if request.path.endswith("/git-receive-pack") or (
-                    request.path.endswith("/info/refs") and query.get("service") == "git-receive-pack"):
-                what = "a git push"
-        elif self.host in GITHUB_API and request.method not in _SAFE_METHODS:
-            if request.path == "/graphql" and request.method == "POST" and body is not None:
-                if _graphql_writes(body):
-                    what = "a GraphQL mutation"
-            else:
-                what = f"a write through GitHub's API ({request.method} {request.path})"
-        if what:
-            raise Refusal(403, f"{what} is refused: the VM's GitHub access is read-only",
-                          {"allow": self.broker.push_hint})
+    async def _read_push(self, reader: asyncio.StreamReader, framing: Framing
+                         ) -> tuple[Any, tuple[github.Update, ...]]:
+        """A push's commands, read before anything is sent, and checked; the body to send (what was read first)."""
+        pieces = httpwire.body(reader, framing)
+        read = b""
+        commands = None
+        async for piece in pieces:
+            read += piece
+            try:
+                commands = github.read_commands(read)
+            except ValueError as error:
+                raise self._read_only(f"a push the broker cannot read ({error})") from None
+            if commands is not None or len(read) > github.MAX_COMMANDS:
+                break
+        if commands is None:
+            raise self._read_only("a push the broker cannot read (no command list)")
+        namespace = self.broker.push_namespace
+        assert namespace is not None
+        created = self.broker.pushes.created() if self.broker.pushes is not None else {}
+        why = github.check_push(commands.updates, namespace, created)
+        if why:
+            if self.broker.pushes is not None:
+                self.broker.pushes.record(commands.updates, f"refused: {why}")
+            raise self._read_only(why)
+
+        async def source() -> Any:
+            yield read
+            async for rest in pieces:
+                yield rest
+
+        return source(), commands.updates
+
+    async def _answer(self, endpoint: Any, head: Head, path: str, query: str, framing: Framing,
+                      reader: asyncio.StreamReader, writer: asyncio.StreamWriter, entry: dict[str, Any]) -> bool:
+        """A token endpoint's request, answered on the host by its handler (which judges the body's credentials)."""
+        for name, value in head.headers:
+            if scan.placeholders_in(value.encode("latin-1")):
+                raise placement.leak("a placeholder", f"the {name} header", self.host)
+        if scan.placeholders_in(f"{path}?{query}".encode()):
+            raise placement.leak("a placeholder", "the request's target", self.host)
+        _continue(writer, head)
+        body = await httpwire.whole(reader, framing, MAX_EXCHANGE)
+        target = path + (f"?{query}" if query else "")
+        exchange = Exchange(self.host, head.first[0], target, tuple(head.headers), body)
+        reply = await asyncio.get_running_loop().run_in_executor(None, endpoint, exchange)
+        if _carries(reply.body, self._needles(())):
+            raise Refusal(502, "attempted leak: the token endpoint's answer carried a real credential; it was not "
+                               "sent on")
+        if reply.refused:
+            entry["decision"], entry["reason"] = "deny", reply.refused
+        else:
+            entry["decision"], entry["reason"] = "answer", "token endpoint answered on the host"
+        entry["status"] = reply.status
+        await _send_reply(writer, reply, head.first[0])
+        return _keep_alive(head)
+
+    def _needles(self, sent: Iterable[str]) -> list[bytes]:
+        """What no answer may carry: every real value the broker holds now, and what this request was given."""
+        if self.broker.held is not None:
+            held = tuple(value for value in self.broker.held() if value)
+        else:
+            values = []
+            for secret in self.broker.secrets:
+                with contextlib.suppress(Exception):
+                    values.append(secret.real())
+            held = tuple(value for value in values if value)
+        return _variants(held + tuple(sent))
 
     # -- forwarding --------------------------------------------------------------------------------------
 
-    async def _forward(self, request: _Request, headers: list[tuple[str, str]], query: str, framing: _Framing,
-                       body: bytes | None, expects: bool, reader: asyncio.StreamReader,
-                       writer: asyncio.StreamWriter, entry: dict[str, Any]) -> bool:
-        target = request.path + (f"?{query}" if query else "")
-        head = (f"{request.method} {target} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
-                + "\r\n").encode("latin-1")
-        replayable = body is not None or (not framing.chunked and framing.length == 0)
+    async def _forward(self, head: Head, path: str, placed: placement.Placed, framing: Framing,
+                       whole: bytes | None, source: Any, upgrade: bool, push: tuple[github.Update, ...],
+                       reader: asyncio.StreamReader, writer: asyncio.StreamWriter, entry: dict[str, Any]) -> bool:
+        method = head.first[0]
+        headers = [("Host", self.host)] + [(k, v) for k, v in placed.headers if k.lower() not in _DROPPED]
+        if whole is not None:
+            headers.append(("Content-Length", str(len(whole))))
+        elif framing.chunked:
+            headers.append(("Transfer-Encoding", "chunked"))
+        elif framing.length:
+            headers.append(("Content-Length", str(framing.length)))
+        headers.append(("Accept-Encoding", "identity"))
+        if upgrade:
+            headers += [("Connection", "Upgrade"), ("Upgrade", "websocket")]
+        target = path + (f"?{placed.query}" if placed.query else "")
+        raw_head = httpwire.head_bytes(f"{method} {target} HTTP/1.1", headers)
+        replayable = source is None
         if self.up is not None and self.up[0].at_eof():
-            self.up[1].close()
-            self.up = None
+            self._drop_upstream()
         pooled = None
         if self.up is None and replayable and self.pool is not None:
             pooled = self.up = self.pool.take(self.host, self.port)
         self.reusable = False
-        if expects:
-            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        needles = self._needles(placed.sent)
         try:
-            status, response_head, response_headers = await self._send(head, body, framing, reader)
-        except (Refusal, ConnectionError, asyncio.IncompleteReadError):
+            status, raw, response = await self._send(raw_head, whole, framing, source, needles)
+        except (ConnectionError, asyncio.IncompleteReadError, _UpstreamClosed):
             if pooled is None or self.up is not pooled:
-                raise
-            pooled[1].close()  # the host closed the kept connection meanwhile: once more on a new one
-            self.up = None
-            status, response_head, response_headers = await self._send(head, body, framing, reader)
-        up_reader, up_writer = self.up  # type: ignore[misc]
+                self._drop_upstream()
+                raise Refusal(502, "the upstream closed the connection") from None
+            self._drop_upstream()  # the host closed the kept connection meanwhile: once more on a new one
+            status, raw, response = await self._send(raw_head, whole, framing, source, needles)
         while 100 <= status < 200 and status != 101:  # interim answers (100 Continue, 103) pass on
-            writer.write(response_head)
-            status, response_head, response_headers = await _read_response_head(up_reader, self.idle)
+            writer.write(raw)
+            status, raw, response = await self._response_head(needles)
         entry["status"] = status
-        writer.write(response_head)
         if status == 101:
+            if not upgrade or response.value("sec-websocket-extensions") is not None:
+                self._drop_upstream()
+                raise Refusal(502, "the upstream switched protocols in a way the broker cannot read")
+            writer.write(raw)
             await writer.drain()
-            await _relay(reader, writer, up_reader, up_writer, self.idle)
+            assert self.up is not None
+            why = await websocket.relay((reader, writer), self.up, Scanner(needles), self._placeholder_reason,
+                                        self.idle)
+            self._drop_upstream()
+            if why:
+                entry["decision"], entry["reason"] = "deny", why
             return False
-        ends = await _copy_response_body(up_reader, writer, request.method, status, response_headers)
-        await writer.drain()
-        self.reusable = not ends and _keep_alive(request) and _keep_alive_headers(response_headers)
-        return self.reusable
+        if push and self.broker.pushes is not None:
+            return await self._relay_push(head, status, response, push, writer, needles)
+        return await self._relay(head, status, response, writer, needles)
 
-    async def _send(self, head: bytes, body: bytes | None, framing: _Framing, reader: asyncio.StreamReader
-                    ) -> tuple[int, bytes, list[tuple[str, str]]]:
+    async def _send(self, raw_head: bytes, whole: bytes | None, framing: Framing, source: Any,
+                    needles: list[bytes]) -> tuple[int, bytes, Head]:
         if self.up is None:
             self.up = await self.open_upstream(self.host, self.port)
-        up_reader, up_writer = self.up
-        up_writer.write(head)
-        if body is not None:
-            up_writer.write(_reframe(body, framing))
-        else:
-            await self._stream_body(reader, up_writer, framing)
+        up_writer = self.up[1]
+        up_writer.write(raw_head)
+        if whole is not None:
+            up_writer.write(whole)
+        elif source is not None:
+            scanned = scan.PlaceholderScan()
+            async for piece in source:
+                found = scanned.feed(piece)
+                if found:
+                    raise Refusal(403, self._placeholder_reason(found))
+                up_writer.write(httpwire.chunk(piece) if framing.chunked else piece)
+                await up_writer.drain()
+            if framing.chunked:
+                up_writer.write(httpwire.LAST_CHUNK)
         await up_writer.drain()
-        return await _read_response_head(up_reader, self.idle)
+        return await self._response_head(needles)
 
-    async def _stream_body(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter,
-                           framing: _Framing) -> None:
-        tail = b""
-        async for piece in _body_pieces(reader, framing):
-            self._scan(tail + piece)
-            tail = (tail + piece)[-self.longest:] if self.longest else b""
-            up_writer.write(piece)
-            await up_writer.drain()
+    def _identity_body(self, head: Head) -> None:
+        encodings = [c.strip().lower() for v in head.values("content-encoding") for c in v.split(",") if c.strip()]
+        if encodings and encodings != ["identity"]:
+            raise self._read_only(f"a {'/'.join(encodings)}-encoded request body (the broker must read it)")
 
-    async def _read_request(self, reader: asyncio.StreamReader) -> _Request | None:
+    def _scan_prefetched(self, data: bytes) -> None:
+        found = scan.placeholders_in(data)
+        if found:
+            raise Refusal(403, self._placeholder_reason(found))
+
+    def _placeholder_reason(self, found: list[str]) -> str:
+        ours = [self.view.secrets[p].agent for p in found if p in self.view.secrets]
+        whose = f"{ours[0]}'s placeholder" if ours else "another VM's placeholder"
+        return (f"attempted leak: {whose} in the body of a request to {self.host}, where no service takes it (if "
+                "the conversation quoted a login file, start a new one)")
+
+    async def _response_head(self, needles: list[bytes]) -> tuple[int, bytes, Head]:
+        assert self.up is not None
         try:
-            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.idle)
+            raw = await asyncio.wait_for(self.up[0].readuntil(b"\r\n\r\n"), self.idle)
         except asyncio.IncompleteReadError as error:
-            if error.partial.strip():
-                raise Refusal(400, "incomplete request") from None
-            return None
+            if not error.partial:
+                raise _UpstreamClosed() from None
+            raise Refusal(502, "the upstream ended its answer early") from None
         except asyncio.LimitOverrunError:
-            raise Refusal(431, "request head over 64 KB") from None
+            raise Refusal(502, "the upstream sent an answer head over 64 KB") from None
         try:
-            method, target, version, headers = parse_head(raw)
-        except ValueError:
-            raise Refusal(400, "malformed request") from None
-        return _Request(method, target, version, headers)
+            status, head = httpwire.parse_response(raw)
+        except WireError as error:
+            raise Refusal(502, f"the upstream sent an answer the broker cannot read: {error}") from None
+        if _carries(raw, needles):
+            raise Refusal(502, "attempted leak: the answer's head carried a real credential; it was not sent on")
+        return status, raw, head
 
-
-def parse_head(raw: bytes) -> tuple[str, str, str, list[tuple[str, str]]]:
-    """An HTTP/1.x request head (up to its blank line): method (upper case), target, version, headers as sent;
-    ValueError when malformed."""
-    lines = raw.decode("latin-1").split("\r\n")[:-2]
-    method, target, version = lines[0].split(" ")
-    if not version.startswith("HTTP/1.") or not method.isalpha():
-        raise ValueError
-    headers = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise ValueError
-        headers.append((name, value.strip()))
-    return method.upper(), target, version, headers
-
-
-# -- HTTP/1.1 framing ----------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class _Framing:
-    chunked: bool
-    length: int
-
-
-def _request_framing(request: _Request) -> _Framing:
-    encodings = [v for k, v in request.headers if k.lower() == "transfer-encoding"]
-    lengths = [v for k, v in request.headers if k.lower() == "content-length"]
-    if encodings:
-        if lengths or len(encodings) > 1 or encodings[0].strip().lower() != "chunked":
-            raise Refusal(400, "unsupported request framing")
-        return _Framing(True, 0)
-    if len(lengths) > 1 or (lengths and not lengths[0].strip().isdigit()):
-        raise Refusal(400, "malformed Content-Length")
-    return _Framing(False, int(lengths[0]) if lengths else 0)
-
-
-async def _body_pieces(reader: asyncio.StreamReader, framing: _Framing) -> Any:
-    """The body's bytes as they come, re-framed exactly as they were sent (chunk headers included)."""
-    if not framing.chunked:
-        async for piece in _exactly(reader, framing.length):
-            yield piece
-        return
-    while True:
-        size_line = await reader.readuntil(b"\r\n")
-        size = _chunk_size(size_line)
-        yield size_line
-        if size == 0:
-            while True:  # trailers, then the empty line
-                line = await reader.readuntil(b"\r\n")
-                yield line
-                if line == b"\r\n":
-                    return
-        async for piece in _exactly(reader, size + 2):  # the chunk and its CRLF
-            yield piece
-
-
-def _chunk_size(line: bytes) -> int:
-    """The size a chunk's first line gives (hex, extensions after ';' ignored)."""
-    try:
-        return int(line.split(b";", 1)[0].strip(), 16)
-    except ValueError:
-        raise Refusal(400, "malformed chunk") from None
-
-
-async def _exactly(reader: asyncio.StreamReader, count: int) -> Any:
-    """`count` bytes as they come."""
-    left = count
-    while left:
-        piece = await reader.read(min(CHUNK, left))
-        if not piece:
-            raise asyncio.IncompleteReadError(b"", left)
-        left -= len(piece)
-        yield piece
-
-
-async def _read_whole(reader: asyncio.StreamReader, framing: _Framing, limit: int) -> bytes:
-    """The body, de-chunked (for a handler or a check that needs it whole)."""
-    if not framing.chunked:
-        if framing.length > limit:
-            raise Refusal(413, "request body too large for this endpoint")
-        return await reader.readexactly(framing.length)
-    parts: list[bytes] = []
-    total = 0
-    while True:
-        size = _chunk_size(await reader.readuntil(b"\r\n"))
-        if size == 0:
-            while await reader.readuntil(b"\r\n") != b"\r\n":
-                pass
-            return b"".join(parts)
-        total += size
-        if total > limit:
-            raise Refusal(413, "request body too large for this endpoint")
-        parts.append(await reader.readexactly(size))
-        await reader.readexactly(2)
-
-
-def _reframe(body: bytes, framing: _Framing) -> bytes:
-    if framing.chunked:
-        return (b"%x\r\n" % len(body) + body + b"\r\n" if body else b"") + b"0\r\n\r\n"
-    return body
-
-
-async def _read_response_head(reader: asyncio.StreamReader, idle: float) -> tuple[int, bytes, list[tuple[str, str]]]:
-    try:
-        raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), idle)
-    except (asyncio.IncompleteReadError, asyncio.LimitOverrunError):
-        raise Refusal(502, "the upstream ended or sent a malformed answer") from None
-    lines = raw.decode("latin-1").split("\r\n")[:-2]
-    try:
-        status = int(lines[0].split(" ", 2)[1])
-    except (IndexError, ValueError):
-        raise Refusal(502, "the upstream sent a malformed status line") from None
-    headers = []
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers.append((name.strip(), value.strip()))
-    return status, raw, headers
-
-
-async def _copy_response_body(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, method: str,
-                              status: int, headers: list[tuple[str, str]]) -> bool:
-    """Copy the body as it comes; True when its end is the connection's end."""
-    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
-        return False
-    encodings = [v.strip().lower() for k, v in headers if k.lower() == "transfer-encoding"]
-    lengths = [v.strip() for k, v in headers if k.lower() == "content-length"]
-    if encodings and encodings[-1] == "chunked":
-        framing = _Framing(True, 0)
-    elif lengths and lengths[0].isdigit():
-        framing = _Framing(False, int(lengths[0]))
-    else:
-        while piece := await reader.read(CHUNK):
-            writer.write(piece)
-            await writer.drain()
-        return True
-    async for piece in _body_pieces(reader, framing):
-        writer.write(piece)
+    async def _relay(self, head: Head, status: int, response: Head, writer: asyncio.StreamWriter,
+                     needles: list[bytes], collect: list[bytes] | None = None) -> bool:
+        """The answer's head and body, scanned (its first MB kept in `collect`); whether the client connection stays
+        open."""
+        method, _, version = head.first
+        try:
+            framing = httpwire.response_framing(method, status, response)
+        except WireError as error:
+            raise Refusal(502, f"the upstream sent an answer the broker cannot read: {error}") from None
+        decoder = _decoder(response) if framing != httpwire.NO_BODY else None
+        has_body = framing != httpwire.NO_BODY
+        same_length = has_body and decoder is None and not framing.chunked and framing.length is not None
+        chunked_out = has_body and not same_length and version == "HTTP/1.1"
+        keep = _keep_alive(head) and (not has_body or same_length or chunked_out)
+        dropped = _RESPONSE_DROPPED | ({"content-encoding"} if decoder is not None else set()) if has_body else {
+            "connection", "keep-alive"}
+        headers = [(k, v) for k, v in response.headers if k.lower() not in dropped]
+        if same_length:
+            headers.append(("Content-Length", str(framing.length)))
+        elif chunked_out:
+            headers.append(("Transfer-Encoding", "chunked"))
+        if not keep:
+            headers.append(("Connection", "close"))
+        _, code, reason = response.first
+        writer.write(httpwire.head_bytes(f"HTTP/1.1 {code} {reason}".rstrip(), headers))
+        if has_body:
+            await self._copy_body(framing, decoder, chunked_out, writer, needles, collect)
         await writer.drain()
-    return False
+        self.reusable = (framing.chunked or framing.length is not None) and _keep_alive_headers(response)
+        return keep
+
+    async def _copy_body(self, framing: Framing, decoder: Any, chunked_out: bool, writer: asyncio.StreamWriter,
+                         needles: list[bytes], collect: list[bytes] | None = None) -> None:
+        assert self.up is not None
+        scanner = Scanner(needles)
+
+        def send(data: bytes) -> None:
+            if data:
+                writer.write(httpwire.chunk(data) if chunked_out else data)
+
+        try:
+            async for piece in httpwire.body(self.up[0], framing, trailers_allowed=True):
+                data = decoder.decompress(piece) if decoder is not None else piece
+                if collect is not None and sum(map(len, collect)) < MAX_EXCHANGE:
+                    collect.append(data)
+                send(scanner.feed(data))
+                await writer.drain()
+            if decoder is not None:
+                send(scanner.feed(decoder.flush()))
+            send(scanner.flush())
+        except Leak:
+            raise Cut("attempted leak: the answer carried a real credential; it was cut off where it stood") from None
+        except (WireError, zlib.error, asyncio.IncompleteReadError) as error:
+            raise Cut(f"the upstream's answer broke off or could not be read ({type(error).__name__}); it was cut "
+                      "off") from None
+        if chunked_out:
+            writer.write(httpwire.LAST_CHUNK)
+
+    async def _relay_push(self, head: Head, status: int, response: Head, push: tuple[github.Update, ...],
+                          writer: asyncio.StreamWriter, needles: list[bytes]) -> bool:
+        """A scoped push's answer: relayed like any other, and what GitHub took recorded."""
+        ledger = self.broker.pushes
+        assert ledger is not None
+        collected: list[bytes] = []
+        keep = await self._relay(head, status, response, writer, needles, collected)
+        outcome = github.report_status(b"".join(collected)) if status == 200 else {}
+        taken = [u for u in push if outcome.get(u.ref) == "ok"]
+        failed = [u for u in push if outcome.get(u.ref) != "ok"]
+        if taken:
+            ledger.record(taken, "ok")
+        if failed:
+            why = next((outcome[u.ref] for u in push if u.ref in outcome and outcome[u.ref] != "ok"),
+                       f"GitHub answered {status}")
+            ledger.record(failed, f"failed: {why}")
+        return keep
 
 
-async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, up_reader: asyncio.StreamReader,
-                 up_writer: asyncio.StreamWriter, idle: float) -> None:
-    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        while piece := await asyncio.wait_for(src.read(CHUNK), idle):
-            dst.write(piece)
-            await dst.drain()
-
-    tasks = [asyncio.ensure_future(pipe(reader, up_writer)), asyncio.ensure_future(pipe(up_reader, writer))]
-    try:
-        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+class _UpstreamClosed(Exception):
+    """The upstream closed a kept connection before answering (the request may be sent again on a new one)."""
 
 
-def _keep_alive(request: _Request) -> bool:
-    connection = (request.header("connection") or "").lower()
-    if request.version == "HTTP/1.0":
-        return "keep-alive" in connection
-    return "close" not in connection
+def _variants(values: tuple[str, ...]) -> list[bytes]:
+    cached = _VARIANTS.get(values)
+    if cached is None:
+        if len(_VARIANTS) > 64:
+            _VARIANTS.clear()
+        cached = _VARIANTS[values] = scan.variants(values)
+    return cached
 
 
-def _keep_alive_headers(headers: list[tuple[str, str]]) -> bool:
-    return not any(k.lower() == "connection" and "close" in v.lower() for k, v in headers)
+_VARIANTS: dict[tuple[str, ...], list[bytes]] = {}
+
+
+def _carries(data: bytes, needles: list[bytes]) -> bool:
+    return any(needle in data for needle in needles)
+
+
+def _shown_path(target: str) -> str:
+    """The path for the log: without the query (it may hold anything), of an absolute-form target too."""
+    if not target.startswith("/"):
+        target = urlsplit(target).path or "/"
+    return target.split("?", 1)[0]
+
+
+def _scan_body(body: bytes) -> None:
+    found = scan.placeholders_in(body)
+    if found:
+        raise Refusal(403, "attempted leak: a placeholder in the body of a request, where no service takes it")
+
+
+async def _prefetch(pieces: Any, limit: int) -> tuple[bytes | None, Any]:
+    """A body read whole when it is at most `limit` bytes (then judged before anything is sent: (body, None)); else
+    (None, the pieces again, from the first), the first `limit` bytes read (and scanned by the caller's stream)."""
+    read: list[bytes] = []
+    total = 0
+    async for piece in pieces:
+        read.append(piece)
+        total += len(piece)
+        if total > limit:
+            async def again() -> Any:
+                for first in read:
+                    yield first
+                async for rest in pieces:
+                    yield rest
+
+            return None, again()
+    return b"".join(read), None
+
+
+def _continue(writer: asyncio.StreamWriter, head: Head) -> None:
+    """Answer `Expect: 100-continue` before the body is read (the broker reads it before the upstream sees it)."""
+    if (head.value("expect") or "").lower() == "100-continue":
+        writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+
+def _websocket_upgrade(head: Head, method: str, framing: Framing) -> bool:
+    upgrades = head.values("upgrade")
+    if not upgrades:
+        return False
+    tokens = {t.strip().lower() for v in head.values("connection") for t in v.split(",")}
+    if upgrades != [upgrades[0]] or upgrades[0].strip().lower() != "websocket" or "upgrade" not in tokens \
+            or method != "GET" or framing.chunked or framing.length or head.value("sec-websocket-key") is None:
+        raise Refusal(403, "an upgrade to a protocol other than a WebSocket, or a malformed WebSocket upgrade")
+    return True
+
+
+def _decoder(response: Head) -> Any:
+    """A decompressor for an answer that came encoded though identity was asked for; None for identity."""
+    encodings = [c.strip().lower() for v in response.values("content-encoding") for c in v.split(",") if c.strip()]
+    if not encodings or encodings == ["identity"]:
+        return None
+    if len(encodings) != 1 or encodings[0] not in _DECODED:
+        raise Refusal(502, f"an answer in the {'/'.join(encodings)} encoding, which the broker cannot scan")
+    return zlib.decompressobj(47 if encodings[0] != "deflate" else 15)
+
+
+def _keep_alive(head: Head) -> bool:
+    tokens = {t.strip().lower() for v in head.values("connection") for t in v.split(",")}
+    if head.first[2] == "HTTP/1.0":
+        return "keep-alive" in tokens
+    return "close" not in tokens
+
+
+def _keep_alive_headers(head: Head) -> bool:
+    return not any("close" in v.lower() for v in head.values("connection"))
 
 
 def _authority_host(authority: str, port: int) -> str:
@@ -570,33 +614,6 @@ def _authority_host(authority: str, port: int) -> str:
     if given and given != str(port):
         return ""
     return host.rstrip(".")
-
-
-_GRAPHQL_NOISE = re.compile(r'"""(?:[^"\\]|\\.|"(?!""))*"""|"(?:[^"\\\n]|\\.)*"|#[^\n]*')
-
-
-def _graphql_writes(body: bytes) -> bool:
-    """Whether a GraphQL request could write: any mutation or subscription in it, or a body it cannot read."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return True
-    documents = data if isinstance(data, list) else [data]
-    for document in documents:
-        query = document.get("query") if isinstance(document, dict) else None
-        if not isinstance(query, str):
-            return True
-        text = _GRAPHQL_NOISE.sub(" ", query)
-        depth = 0
-        for token in re.finditer(r"[{}()]|[A-Za-z_][A-Za-z0-9_]*", text):
-            word = token.group()
-            if word in "{(":
-                depth += 1
-            elif word in "})":
-                depth -= 1
-            elif depth == 0 and word in ("mutation", "subscription"):
-                return True
-    return False
 
 
 # -- answers of the broker's own -----------------------------------------------------------------------------

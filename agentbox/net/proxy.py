@@ -51,10 +51,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
-from agentbox.net import intercept
+from agentbox.net import httpwire, intercept, placement, scan
 from agentbox.net import upstream as companyproxy
-from agentbox.net.broker import PLACEHOLDER_MARK, Brokering
+from agentbox.net.broker import Brokering
 
 MAX_HEAD = 64 * 1024
 CHUNK = 64 * 1024
@@ -473,10 +474,10 @@ class _Proxy:
         if len(raw) > MAX_HEAD:
             raise _Refused(431, "request head over 64 KB")
         try:
-            method, target, _, headers = intercept.parse_head(raw)
-        except ValueError:
-            raise _Refused(400, "malformed request") from None
-        return method, target, headers
+            head = httpwire.parse_request(raw)
+        except httpwire.WireError as error:
+            raise _Refused(400, f"malformed request: {error}") from None
+        return head.first[0], head.first[1], head.headers
 
     def check_destination(self, host: str, port: int, default_port: int, entry: dict[str, Any]) -> str:
         host = host.lower().rstrip(".") if _ip(host) is None else host
@@ -618,7 +619,9 @@ class _Proxy:
         entry["decision"], entry["reason"] = "allow", "listed"
         try:
             up_writer.write(first)
-            await self.relay(reader, writer, up_reader, up_writer, entry)
+            # a plain-HTTP request's body (and whatever follows it on the connection) is scanned for placeholders
+            await self.relay(reader, writer, up_reader, up_writer, entry,
+                             scan_up=method != "CONNECT" and self.broker is not None)
         finally:
             up_writer.close()
 
@@ -650,20 +653,27 @@ class _Proxy:
             writer.close()
 
     def no_placeholders(self, host: str, target: str, headers: Sequence[tuple[str, str]]) -> None:
-        """A plain-HTTP request that carries one of the VM's placeholders is an attempted leak."""
+        """A plain-HTTP request that carries a placeholder (this VM's or another's) is an attempted leak."""
         if self.broker is None:
             return
-        text = target + "\n" + "\n".join(value for _, value in headers)
-        if PLACEHOLDER_MARK not in text:
-            return
-        for secret in self.broker.secrets:
-            if secret.placeholder in text:
-                raise _Refused(403, f"attempted leak: {secret.agent}'s placeholder sent to {host} over plain HTTP")
+        text = unquote(target) + "\n" + "\n".join(f"{name}: {value}" for name, value in headers)
+        found = scan.placeholders_in(text.encode("utf-8", "surrogateescape"))
+        if found:
+            raise _Refused(403, f"attempted leak: {self._whose(found)} sent to {host} over plain HTTP")
+
+    def _whose(self, found: list[str]) -> str:
+        secrets = {placement.core(secret.placeholder): secret for secret in (self.broker or Brokering({})).secrets}
+        ours = [secrets[core] for core in found if core in secrets]
+        return f"{ours[0].agent}'s placeholder" if ours else "another VM's placeholder"
 
     async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
+                    up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, entry: dict[str, Any],
+                    scan_up: bool = False) -> None:
+        """Pipe both ways until either side ends; with `scan_up`, what the client sends is scanned for placeholders
+        (found before the server answered: refused; after: the connection ends)."""
         last = [time.monotonic()]
         idle = self.policy.idle_timeout
+        scanned = scan.PlaceholderScan() if scan_up else None
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, counter: str) -> None:
             while True:
@@ -680,6 +690,11 @@ class _Proxy:
                             dst.write_eof()
                     return
                 last[0] = time.monotonic()
+                if scanned is not None and counter == "bytes_up":
+                    found = scanned.feed(data)
+                    if found:
+                        raise _Refused(403, f"attempted leak: {self._whose(found)} in a plain-HTTP request to "
+                                            f"{entry['host']}")
                 entry[counter] += len(data)
                 dst.write(data)
                 await dst.drain()
@@ -690,6 +705,12 @@ class _Proxy:
             # The client finishing its upload leaves the download running; the server finishing, an
             # error or the idle timeout on either side ends the tunnel.
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
+            leak = up.exception() if up in done else None
+            if isinstance(leak, _Refused):
+                if entry["bytes_down"]:
+                    entry["decision"], entry["reason"] = "deny", leak.reason
+                    return
+                raise leak
             if down not in done and up.exception() is None and entry["reason"] != "idle timeout":
                 await down
         except (ConnectionError, OSError):
