@@ -1,23 +1,32 @@
 #!/usr/bin/env python3
-"""Measure what the credential broker adds to an HTTPS request on loopback; print a table.
+"""Measure what the credential broker adds on loopback; print a table.
 
-    python3 benchmarks/broker.py [--runs 300]
+    python3 benchmarks/broker.py [--runs 300] [--download-mib 100] [--downloads 5]
 
-The upstream is tests/fake_upstream.py (one HTTPS server standing for api.anthropic.com and example.org). Each
-row is the median time of one `GET` with an Authorization header and its JSON answer:
-- "kept connection": on a connection already open (what an agent CLI does for its API calls); through the
-  broker the placeholder is checked and swapped and the request re-framed, on a TLS connection to the broker and
+The upstream is tests/fake_upstream.py (one HTTPS server standing for api.anthropic.com and example.org) and the
+proxy with its broker is agentbox.net.proxy; each runs in a process of its own, as in use (the broker is its own
+process, the real host another machine). Rows:
+- "kept connection": the median time of one `GET` with an Authorization header and its JSON answer, on a connection
+  already open (what an agent CLI does for its API calls); through the broker the request is read strictly, the
+  placeholder put in its place, the answer scanned for every real value, on a TLS connection to the broker and
   another from the broker to the upstream;
 - "new connection": TCP, TLS handshake(s) and the request; through the broker that is the CONNECT, the guest's
   TLS with the broker's leaf, and the broker's own TLS to the upstream;
-- "tunnel": a host that is not a credential host, through a plain CONNECT tunnel (no interception).
-Targets (issue 26): an intercepted request adds at most 5 ms at the median, a CONNECT tunnel at most 2 ms.
+- "tunnel": a host that is not a credential host, through a plain CONNECT tunnel (no interception);
+- "placement + answer scan": the broker's own judging of one request, in process: the head read, the credential
+  placed, and an 8 KB answer scanned for 8 real values (what the rows above include);
+- "download": a body of --download-mib MiB, direct and through the broker (its answer scanned as it streams), the
+  median of --downloads runs each; the row gives the ratio and the broker process's CPU time for one download.
+Targets: an intercepted request adds at most 5 ms at the median and a tunnel at most 2 ms (issue 26); placement and
+scan at most 1 ms, a download through the broker within 10% of a direct one (issue 36).
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
+import resource
 import socket
 import ssl
 import statistics
@@ -26,18 +35,23 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentbox.net import ca
+from agentbox.net import ca, httpwire, placement, scan
 from agentbox.net import proxy as netproxy
 from agentbox.net.broker import Brokering, Secret
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Response
 
 HOST = "api.anthropic.com"
 OTHER = "example.org"
 PLACEHOLDER = "sk-ant-oat01-agentbox-ph-" + "0" * 24
 REAL = "sk-ant-oat01-real-token-for-the-benchmark"
+HELD = [REAL, "sk-ant-ort01-refresh-token-for-the-benchmark", "gho_benchmarkGitHubToken0123456789",
+        "ya29.a0-benchmark-google-access-token", "1//0g-benchmark-google/refresh-token",
+        "sk-proj-benchmark-openai-api-key-0123", "AIzaSyBenchmarkGeminiKey0123456789ab",
+        "eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJiZW5jaCJ9.signature-of-the-benchmark"]
 Opener = Callable[[], ssl.SSLSocket]
 
 
@@ -66,6 +80,19 @@ def ask(tls: ssl.SSLSocket, host: str, token: str) -> None:
         body += tls.recv(65536)
 
 
+def download(tls: ssl.SSLSocket, host: str, token: str, size: int) -> None:
+    tls.sendall(f"GET /big HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n\r\n".encode())
+    got = 0
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += tls.recv(1 << 20)
+    got = len(head.partition(b"\r\n\r\n")[2])
+    while got < size:
+        piece = tls.recv(1 << 20)
+        assert piece, f"the download ended after {got} bytes"
+        got += len(piece)
+
+
 def tcp(address: tuple[str, int]) -> socket.socket:
     sock = socket.create_connection(address)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -82,57 +109,156 @@ def connect(proxy_port: int, target: str) -> socket.socket:
     return sock
 
 
+# -- the two other processes ---------------------------------------------------------------------------------
+
+def serve_upstream(folder: Path, size: int, ready: Any, stop: Any) -> None:
+    block = os.urandom(1 << 16)
+
+    def big(_rfile: Any, wfile: Any) -> None:
+        left = size
+        while left:
+            wfile.write(block[:min(left, len(block))])
+            left -= min(left, len(block))
+
+    with FakeUpstream(folder, [HOST, OTHER]) as upstream:
+        upstream.route("GET", "/v1/models", {"data": []})
+        upstream.route("GET", "/big", handler=lambda request: Response(
+            200, headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)}, stream=big))
+        ready.send(upstream.address)
+        stop.wait()
+
+
+def serve_proxy(folder: Path, address: tuple[str, int], ready: Any, stop: Any) -> None:
+    authority = ca.load("agentbox-broker-bench")
+    assert authority is not None
+    brokering = Brokering(leaves={HOST: ca.server_context(authority.leaf(HOST))},
+                          secrets=(Secret("claude", PLACEHOLDER, frozenset({HOST}), lambda: REAL),),
+                          held=lambda: HELD,
+                          upstream_context=ssl.create_default_context(cafile=str(folder / "upstream-ca.pem")),
+                          upstream_address=lambda host, port: address)
+    tunnel = f"127.0.0.1:{address[1]}"
+    with netproxy.start(netproxy.Policy(allow=[HOST, tunnel], allow_loopback=True), folder / "log.jsonl",
+                        broker=brokering) as proxy:
+        ready.send(proxy.port)
+        while not stop.wait(0.05):
+            if ready.poll():
+                ready.recv()
+                ready.send(resource.getrusage(resource.RUSAGE_SELF))
+
+
+# -- in process: the broker's own judging ----------------------------------------------------------------------
+
+def judging_ms(runs: int) -> float:
+    secrets = [Secret("claude", PLACEHOLDER, frozenset({HOST}), lambda: REAL)]
+    view = placement.host_view(HOST, secrets)
+    raw = (f"POST /v1/messages?beta=true HTTP/1.1\r\nHost: {HOST}\r\nAuthorization: Bearer {PLACEHOLDER}\r\n"
+           "Content-Type: application/json\r\nanthropic-version: 2023-06-01\r\nanthropic-beta: oauth-2025-04-20\r\n"
+           "User-Agent: claude-cli/2.0 (external, cli)\r\nAccept: application/json\r\nContent-Length: 512\r\n"
+           "X-Stainless-Lang: js\r\nX-Stainless-Package-Version: 0.60.0\r\nX-Stainless-OS: Linux\r\n\r\n").encode()
+    answer = (b'data: {"type":"content_block_delta","delta":{"type":"text_delta","text":"' + b"word " * 1500
+              + b'"}}\n\n')[:8192]
+    needles = scan.variants(HELD)
+
+    def judge() -> None:
+        head = httpwire.parse_request(raw)
+        path, _, query = head.first[1].partition("?")
+        placement.place(view, head.first[0], path, httpwire.normal_path(path), query, head.headers, lambda s: REAL)
+        scanner = scan.Scanner(needles)
+        scanner.feed(answer[:4096])
+        scanner.feed(answer[4096:])
+        scanner.flush()
+
+    return median_ms(judge, runs * 10)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=300)
+    parser.add_argument("--download-mib", type=int, default=100)
+    parser.add_argument("--downloads", type=int, default=5)
     args = parser.parse_args()
+    size = args.download_mib << 20
+    context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["AGENTBOX_STATE_DIR"] = str(Path(scratch) / "state")
         authority = ca.ensure("agentbox-broker-bench", [HOST])
-        with FakeUpstream(Path(scratch) / "upstream", [HOST, OTHER]) as upstream:
-            upstream.route("GET", "/v1/models", {"data": []})
-            brokering = Brokering(leaves={HOST: ca.server_context(authority.leaf(HOST))},
-                                  secrets=(Secret("claude", PLACEHOLDER, frozenset({HOST}), lambda: REAL),),
-                                  upstream_context=upstream.client_context(),
-                                  upstream_address=lambda host, port: upstream.address)
-            tunnel = f"127.0.0.1:{upstream.port}"
-            guest = ssl.create_default_context(cafile=str(authority.cert))  # what the VM trusts
-            guest.load_verify_locations(cafile=str(upstream.ca_file))  # the fake's CA stands for the public roots
-            with netproxy.start(netproxy.Policy(allow=[HOST, tunnel]), Path(scratch) / "log.jsonl",
-                                broker=brokering) as proxy:
-                openers: dict[str, tuple[Opener, str, str]] = {
-                    "direct": (lambda: guest.wrap_socket(tcp(upstream.address),
-                                                         server_hostname=HOST), HOST, REAL),
-                    "through the broker": (lambda: guest.wrap_socket(connect(proxy.port, f"{HOST}:443"),
-                                                                     server_hostname=HOST), HOST, PLACEHOLDER),
-                    "CONNECT tunnel": (lambda: guest.wrap_socket(connect(proxy.port, tunnel),
-                                                                 server_hostname=OTHER), OTHER, REAL),
-                }
-                rows: list[tuple[str, float, float | None]] = []
-                for kind in ("kept connection", "new connection"):
-                    base = 0.0
-                    for name, (opener, host, token) in openers.items():
-                        if kind == "kept connection":
-                            tls = opener()
-                            value = median_ms(lambda tls=tls, host=host, token=token: ask(tls, host, token), args.runs)
-                            tls.close()
-                        else:
-                            def fresh(opener: Opener = opener, host: str = host, token: str = token) -> None:
-                                with opener() as tls:
-                                    ask(tls, host, token)
-                            value = median_ms(fresh, max(args.runs // 3, 10))
-                        if name == "direct":
-                            base = value
-                        limit = None if name == "direct" else (5.0 if "broker" in name else 2.0)
-                        rows.append((f"{kind}, {name}", value, None if limit is None else (value - base, limit)))
-            brokered = [r.headers.get("authorization") for r in upstream.requests if r.host == HOST]
-            assert set(brokered) == {f"Bearer {REAL}"}, set(brokered)  # every placeholder was swapped
-    print(f"{'row':<38} {'median ms':>10} {'added ms':>9} {'target':>7}")
-    for name, value, added in rows:
-        if added is None:
-            print(f"{name:<38} {value:>10.2f} {'':>9} {'':>7}")
-        else:
-            print(f"{name:<38} {value:>10.2f} {added[0]:>9.2f} {'ok' if added[0] <= added[1] else 'OVER':>7}")
+        folder = Path(scratch) / "upstream"
+        stop = context.Event()
+        upstream_end, upstream_ready = context.Pipe()
+        proxy_end, proxy_ready = context.Pipe()
+        processes = [context.Process(target=serve_upstream, args=(folder, size, upstream_ready, stop))]
+        processes[0].start()
+        address = tuple(upstream_end.recv())
+        processes.append(context.Process(target=serve_proxy, args=(folder, address, proxy_ready, stop)))
+        processes[1].start()
+        port = proxy_end.recv()
+        try:
+            rows = measure(args, authority, folder, address, port, size, proxy_end)
+        finally:
+            stop.set()
+            for process in processes:
+                process.join(10)
+    print(f"{'row':<40} {'median':>10} {'added':>9} {'target':>7}")
+    for name, value, added, ok in rows:
+        print(f"{name:<40} {value:>10} {added:>9} {ok:>7}")
+
+
+def measure(args: argparse.Namespace, authority: ca.BrokerCA, folder: Path, address: tuple[str, int], port: int,
+            size: int, proxy: Any) -> list[tuple[str, str, str, str]]:
+    tunnel = f"127.0.0.1:{address[1]}"
+    guest = ssl.create_default_context(cafile=str(authority.cert))  # what the VM trusts
+    guest.load_verify_locations(cafile=str(folder / "upstream-ca.pem"))  # the fake's CA stands for the public roots
+    openers: dict[str, tuple[Opener, str, str]] = {
+        "direct": (lambda: guest.wrap_socket(tcp(address), server_hostname=HOST), HOST, REAL),
+        "through the broker": (lambda: guest.wrap_socket(connect(port, f"{HOST}:443"), server_hostname=HOST),
+                               HOST, PLACEHOLDER),
+        "CONNECT tunnel": (lambda: guest.wrap_socket(connect(port, tunnel), server_hostname=OTHER), OTHER, REAL),
+    }
+    rows: list[tuple[str, str, str, str]] = []
+    for kind in ("kept connection", "new connection"):
+        base = 0.0
+        for name, (opener, host, token) in openers.items():
+            if kind == "kept connection":
+                tls = opener()
+                value = median_ms(lambda tls=tls, host=host, token=token: ask(tls, host, token), args.runs)
+                tls.close()
+            else:
+                def fresh(opener: Opener = opener, host: str = host, token: str = token) -> None:
+                    with opener() as tls:
+                        ask(tls, host, token)
+                value = median_ms(fresh, max(args.runs // 3, 10))
+            if name == "direct":
+                base = value
+                rows.append((f"{kind}, {name}", f"{value:.2f} ms", "", ""))
+            else:
+                limit = 5.0 if "broker" in name else 2.0
+                rows.append((f"{kind}, {name}", f"{value:.2f} ms", f"{value - base:.2f}",
+                             "ok" if value - base <= limit else "OVER"))
+    judged = judging_ms(args.runs)
+    rows.append(("placement + answer scan (in process)", f"{judged:.3f} ms", f"{judged:.3f}",
+                 "ok" if judged <= 1.0 else "OVER"))
+    walls: dict[str, list[float]] = {"direct": [], "through the broker": []}
+    cpu: list[float] = []
+    for _ in range(args.downloads):
+        for name in walls:
+            opener, host, token = openers[name]
+            with opener() as tls:
+                proxy.send("usage")
+                before = proxy.recv()
+                started = time.perf_counter()
+                download(tls, host, token, size)
+                walls[name].append(time.perf_counter() - started)
+                proxy.send("usage")
+                after = proxy.recv()
+            if name != "direct":
+                cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    direct, brokered = statistics.median(walls["direct"]), statistics.median(walls["through the broker"])
+    mib = args.download_mib
+    rows.append((f"download {mib} MiB, direct", f"{direct:.3f} s", "", ""))
+    rows.append((f"download {mib} MiB, through the broker", f"{brokered:.3f} s", f"{brokered / direct:.2f}x",
+                 "ok" if brokered <= direct * 1.10 else "OVER"))
+    rows.append((f"  the broker's CPU per {mib} MiB", f"{statistics.median(cpu):.3f} s", "", ""))
+    return rows
 
 
 if __name__ == "__main__":

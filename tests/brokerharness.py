@@ -23,7 +23,7 @@ from agentbox.credentials.filelogin import routes_of
 from agentbox.net import ca
 from agentbox.net import proxy as netproxy
 from agentbox.net.broker import Brokering, Exchange, Reply, Secret, place
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Response
 
 CLAUDE = "api.anthropic.com"
 GITHUB = "github.com"
@@ -175,3 +175,24 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness
         log = tmp_path / "log.jsonl"
         with netproxy.start(policy, log, broker=brokering) as proxy:
             yield Harness(upstream, proxy, made, log, tokens, exchanges, brokering)
+
+
+def git_http_backend(root: Path, basic: str) -> Any:
+    """A route handler serving the repositories under `root` with git's own smart-HTTP server, for requests that
+    carry exactly the `basic` Authorization."""
+    def serve(request: Any) -> Response:
+        if request.headers.get("authorization") != basic:
+            return Response(401, b"Authentication failed\n", "text/plain", {"WWW-Authenticate": 'Basic realm="GitHub"'})
+        path, _, query = request.path.partition("?")
+        env = {"PATH": "/usr/bin:/bin", "GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1",
+               "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": request.method,
+               "CONTENT_TYPE": request.headers.get("content-type", ""), "CONTENT_LENGTH": str(len(request.body)),
+               "HTTP_CONTENT_ENCODING": request.headers.get("content-encoding", ""),
+               "GIT_PROTOCOL": request.headers.get("git-protocol", ""), "REMOTE_USER": "x-access-token"}
+        output = subprocess.run(["git", "http-backend"], input=request.body, env=env, capture_output=True,
+                                timeout=30).stdout
+        head, _, body = output.partition(b"\r\n\r\n")
+        fields = dict(line.split(": ", 1) for line in head.decode().split("\r\n") if ": " in line)
+        status = int(fields.pop("Status", "200").split()[0])
+        return Response(status, body, fields.pop("Content-Type", "application/octet-stream"), fields)
+    return serve

@@ -13,7 +13,6 @@ import socket
 import ssl
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -38,8 +37,9 @@ from tests.brokerharness import (
     OTHER,
     TOKEN_HOST,
     Harness,
+    git_http_backend,
 )
-from tests.fake_upstream import FakeUpstream, Response
+from tests.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -116,27 +116,6 @@ def test_curl_streams_a_chunked_upload_and_git_basic_auth_is_swapped(broker: Har
     assert git.stdout == f"{'ab' * 20}\trefs/heads/main\n", git.stderr
 
 
-def _git_http_backend(root: Path, basic: str) -> Any:
-    """A route handler serving the repositories under `root` with git's own smart-HTTP server, for requests that
-    carry exactly the `basic` Authorization."""
-    def serve(request: Any) -> Response:
-        if request.headers.get("authorization") != basic:
-            return Response(401, b"Authentication failed\n", "text/plain", {"WWW-Authenticate": 'Basic realm="GitHub"'})
-        path, _, query = request.path.partition("?")
-        env = {"PATH": "/usr/bin:/bin", "GIT_PROJECT_ROOT": str(root), "GIT_HTTP_EXPORT_ALL": "1",
-               "PATH_INFO": path, "QUERY_STRING": query, "REQUEST_METHOD": request.method,
-               "CONTENT_TYPE": request.headers.get("content-type", ""), "CONTENT_LENGTH": str(len(request.body)),
-               "HTTP_CONTENT_ENCODING": request.headers.get("content-encoding", ""),
-               "GIT_PROTOCOL": request.headers.get("git-protocol", "")}
-        output = subprocess.run(["git", "http-backend"], input=request.body, env=env, capture_output=True,
-                                timeout=30).stdout
-        head, _, body = output.partition(b"\r\n\r\n")
-        fields = dict(line.split(": ", 1) for line in head.decode().split("\r\n") if ": " in line)
-        status = int(fields.pop("Status", "200").split()[0])
-        return Response(status, body, fields.pop("Content-Type", "application/octet-stream"), fields)
-    return serve
-
-
 def test_a_git_clone_and_fetch_over_https_go_through_with_the_host_s_token_and_a_push_does_not(
         broker: Harness, tmp_path: Path) -> None:
     if shutil.which("git") is None:
@@ -158,11 +137,11 @@ def test_a_git_clone_and_fetch_over_https_go_through_with_the_host_s_token_and_a
     basic = "Basic " + base64.b64encode(f"x-access-token:{GH_REAL}".encode()).decode()
     for method in ("GET", "POST"):
         broker.upstream.route(method, "/owner/repo.git/info/refs", host=GITHUB,
-                              handler=_git_http_backend(origin.parent.parent, basic))
+                              handler=git_http_backend(origin.parent.parent, basic))
         broker.upstream.route(method, "/owner/repo.git/git-upload-pack", host=GITHUB,
-                              handler=_git_http_backend(origin.parent.parent, basic))
+                              handler=git_http_backend(origin.parent.parent, basic))
         broker.upstream.route(method, "/owner/repo.git/git-receive-pack", host=GITHUB,
-                              handler=_git_http_backend(origin.parent.parent, basic))
+                              handler=git_http_backend(origin.parent.parent, basic))
     bundle = broker.log.parent / "guest-bundle.pem"
     bundle.write_text(broker.ca.cert_pem())
     through = ["-c", f"http.proxy=http://127.0.0.1:{broker.proxy.port}", "-c", f"http.sslCAInfo={bundle}"]

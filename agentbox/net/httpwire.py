@@ -16,7 +16,7 @@ import re
 from collections.abc import AsyncIterator
 from typing import NamedTuple
 
-CHUNK = 64 * 1024
+CHUNK = 1 << 20  # a body is read in pieces of up to this size (fewer passes through asyncio per MB)
 MAX_TRAILERS = 8 * 1024
 
 _METHOD = re.compile(r"[A-Z]{1,20}")

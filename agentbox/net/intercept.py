@@ -433,6 +433,8 @@ class Session:
             raise Refusal(502, "the upstream ended its answer early") from None
         except asyncio.LimitOverrunError:
             raise Refusal(502, "the upstream sent an answer head over 64 KB") from None
+        if len(raw) > MAX_HEAD:
+            raise Refusal(502, "the upstream sent an answer head over 64 KB")
         try:
             status, head = httpwire.parse_response(raw)
         except WireError as error:

@@ -59,6 +59,7 @@ from agentbox.net.broker import Brokering
 
 MAX_HEAD = 64 * 1024
 CHUNK = 64 * 1024
+UPSTREAM_BUFFER = 512 * 1024  # what a connection to a host buffers: bodies come in larger pieces
 CONNECT_PORT = 443
 HTTP_PORT = 80
 
@@ -565,7 +566,7 @@ class _Proxy:
         last: Exception | None = None
         for address, port in addresses:
             try:
-                return await asyncio.wait_for(asyncio.open_connection(address, port, limit=CHUNK, **wrap),
+                return await asyncio.wait_for(asyncio.open_connection(address, port, limit=UPSTREAM_BUFFER, **wrap),
                                               self.policy.connect_timeout)
             except ssl.SSLError as error:
                 # the upstream's certificate is not the host's: nothing is sent to it

@@ -168,9 +168,12 @@ def _broker(config: Config, vm_name: str) -> dict[str, Any]:
     report["meaning"] = (
         "The credential broker (credentials.broker). Brokered: the login files and API keys of these agents in "
         "the VM hold placeholders, not secrets; requests to their own hosts go through agentbox's proxy, which "
-        "puts the real value in on the host; a placeholder sent anywhere else, or another credential sent to "
-        "their hosts, is refused (HTTP 403). Staged: real copies of the host's logins. A note says what the "
-        "user must do on the host (`log in on the host with ...`): ask them; do not log in inside the VM."
+        "puts the real value in on the host, only in the header (or documented query parameter) its service takes "
+        "it in and only for the requests its CLI makes; a placeholder anywhere else (another host, header, cookie, "
+        "query or a request body: do not paste a login file into a conversation), or another credential sent to "
+        "their hosts, is refused (HTTP 403). GitHub is read-only through it. Staged: real copies of the host's "
+        "logins. A note says what the user must do on the host (`log in on the host with ...`): ask them; do not "
+        "log in inside the VM (a login from the VM is accepted only while the user runs `agentbox AGENT login`)."
         if report["enabled"] else
         "The credential broker (credentials.broker) is off: every login brought in is a copy of the host's.")
     return report
