@@ -222,6 +222,7 @@ def test_an_answer_without_a_credential_in_the_request_is_scanned_too(broker: Ha
     (get(CLAUDE, "/v1/models?x=" + CLAUDE_PH.replace("a", "%61")), "the x query parameter"),
     (get(CLAUDE, f"/v1/models?{CLAUDE_PH}=1"), "a query parameter's name"),
     (get(CLAUDE, "/v1/models", f"X-Forwarded-Authorization: Bearer {CLAUDE_PH}\r\n"), "X-Forwarded-Authorization"),
+    (get(CLAUDE, "/v1/models", f"X-{CLAUDE_PH}: 1\r\n"), "a header's name"),
     (get(CLAUDE, "/v1/models", f"Authorization: Bearer {CLAUDE_PH}x\r\n"), "not as its whole value"),
     (get(CLAUDE, "/v1/models", f"Authorization: Bearer x{CLAUDE_PH}\r\n"), "not as its whole value"),
     (get(CLAUDE, "/v1/models", f"Authorization: Bearer {OTHER_VM_PH}\r\n"), "another VM's placeholder"),

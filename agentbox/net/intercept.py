@@ -322,7 +322,11 @@ class Session:
     def _needles(self, sent: Iterable[str]) -> list[bytes]:
         """What no answer may carry: every real value the broker holds now, and what this request was given."""
         if self.broker.held is not None:
-            held = tuple(value for value in self.broker.held() if value)
+            try:
+                held = tuple(value for value in self.broker.held() if value)
+            except Exception as error:  # without the real values no answer can be checked: nothing goes out
+                raise Refusal(503, f"the broker cannot read the host's logins to check answers: "
+                                   f"{type(error).__name__}: {error}") from None
         else:
             values = []
             for secret in self.broker.secrets:

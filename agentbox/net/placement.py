@@ -102,6 +102,8 @@ def place(host: Host, method: str, path: str, normal: str, query: str, headers: 
     seen: set[str] = set()
     for name, value in headers:
         lower = name.lower()
+        if PLACEHOLDER.search(name.lower().encode("latin-1")):
+            raise leak("a placeholder", "a header's name", host.name)
         found = placeholders_in(value.encode("latin-1"))
         if lower in host.headers:
             if lower in seen:
