@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentbox import contract, fsutil, paths, vmread
 from agentbox.agents.logins import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.credentials import stage as credentials
+from agentbox.credentials.hostfile import BACKUP_SUFFIX
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
 from agentbox.safetext import visible
@@ -46,7 +47,6 @@ from agentbox.vm import state as vmstate
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
 
-BACKUP_SUFFIX = ".agentbox-backup"
 LOCK_FILE = "credentials.lock"
 _SAID = "writeBackSaid"  # the VM state's record of what was said about which copy
 
@@ -153,7 +153,7 @@ def finish(plan: Plan) -> None:
         if verdict.reason:
             said[target.fmt.path] = hashlib.sha256(f"{guest_key}\0{verdict.reason}".encode()).hexdigest()
             if _newly_said(plan.vm_name, target.fmt.path, said[target.fmt.path]):
-                note(f"~/{target.fmt.path} from the VM was not copied back to {_shown(target.host_path)}: "
+                note(f"~/{target.fmt.path} from the VM was not copied back to {home_relative(target.host_path)}: "
                      f"{verdict.reason}")
         elif verdict.write:
             _report(plan, target, verdict)
@@ -181,7 +181,7 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
         host = with_companion(fmt, fmt.parse(staged_bytes), _host_companion(target, fmt))
     except Unusable:
         if plan.login:
-            return Verdict(True, switched=(_account(guest.shown), "a file agentbox could not read"))
+            return Verdict(True, switched=(account_in_words(guest.shown), "a file agentbox could not read"))
         return Verdict(False, f"the host's file is not a {fmt.agent} login agentbox can compare it with; "
                               f"`agentbox {fmt.command} login` replaces it")
     same = same_account(guest, host)
@@ -192,10 +192,10 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
                                   "one, and their tokens are of different kinds)")
     if not same:
         if not plan.login:
-            return Verdict(False, f"it is logged in as {_account(guest.shown)}, the host's file as "
-                                  f"{_account(host.shown)}; `agentbox {fmt.command} login` makes a VM login the "
-                                  "host's too, `credentials: {writeBack: false}` keeps them apart")
-        return Verdict(True, switched=(_account(guest.shown), _account(host.shown)))
+            return Verdict(False, f"it is logged in as {account_in_words(guest.shown)}, the host's file as "
+                                  f"{account_in_words(host.shown)}; `agentbox {fmt.command} login` makes a VM login "
+                                  "the host's too, `credentials: {writeBack: false}` keeps them apart")
+        return Verdict(True, switched=(account_in_words(guest.shown), account_in_words(host.shown)))
     if guest.fresh_until is not None and host.fresh_until is not None:
         newer = guest.fresh_until > host.fresh_until
     else:
@@ -235,27 +235,29 @@ def _write(target: Target, data: bytes, verdict: Verdict) -> Verdict:
 
 
 def _report(plan: Plan, target: Target, verdict: Verdict) -> None:
-    host = _shown(target.host_path)
+    host = home_relative(target.host_path)
     if verdict.switched is not None:
         new, old = verdict.switched
         note(f"{host}: the host is now logged in to {target.fmt.agent} as {new} (was {old}); the previous file is "
-             f"{_shown(_backup(target.host_path))}")
+             f"{home_relative(_backup(target.host_path))}")
     elif target.staged is None:
         note(f"{host}: the {target.fmt.agent} login made in the VM is now the host's too")
     else:
         note(f"{host}: the {target.fmt.agent} login refreshed in the VM is now the host's too (the previous file is "
-             f"{_shown(_backup(target.host_path))})")
+             f"{home_relative(_backup(target.host_path))})")
 
 
 def _backup(host: Path) -> Path:
     return host.with_name(host.name + BACKUP_SUFFIX)
 
 
-def _account(shown: str | None) -> str:
+def account_in_words(shown: str | None) -> str:
+    """A login's account as a message names it (escaped)."""
     return visible(shown) if shown else "an account the file does not name"
 
 
-def _shown(path: Path) -> str:
+def home_relative(path: Path) -> str:
+    """A host path as a message names it: `~/...` under the home (escaped)."""
     home = str(paths.home())
     text = str(path)
     return visible("~" + text[len(home):] if text.startswith(home + os.sep) else text)
