@@ -544,6 +544,7 @@ def test_a_login_inside_a_session_is_refused_and_agentbox_claude_login_makes_it_
     assert is_placeholder(guest["accessToken"]) and is_placeholder(guest["refreshToken"])
     assert ("agentbox: ~/.claude/.credentials.json: the Claude Code login made in the VM is now the host's (the "
             "credential broker keeps it there; the VM holds placeholders)\n") in result.stderr
+    assert "was not copied back" not in result.stderr
     assert not loginwindow.window_file(NAME, "claude").exists()  # closed when the command ended
     # The window is gone: the same exchange from a session is refused again.
     again = agentbox(project, "shell", "--", "claude")
@@ -592,3 +593,61 @@ def test_another_accounts_login_replaces_the_hosts_only_when_the_user_says_yes(
         assert host_file.read_bytes() == before and not backup.exists()
         assert ("agentbox: ~/.claude/.credentials.json: the host's Claude Code login (me@example.com) is kept and the "
                 "login made in the VM (other@example.com) discarded; the VM goes on with the host's login") in output
+
+
+# -- write-back under the broker (issue 36, item 10) ---------------------------------------------------------------
+
+# A stand-in `claude` that writes the given login file in the VM and exits.
+WRITES_LOGIN = """#!/bin/sh
+mkdir -p "$HOME/.claude"
+cat > "$HOME/.claude/.credentials.json" <<'END'
+{login}
+END
+"""
+NOT_THROUGH_THE_BROKER = (
+    "agentbox: ~/.claude/.credentials.json from the VM was not copied back to ~/.claude/.credentials.json: it holds "
+    "tokens that did not come through the credential broker, which keeps the host's Claude Code login on the host "
+    "and never copies the VM's file back; `agentbox claude login` logs the host in through the broker\n")
+
+
+def test_a_brokered_login_file_the_vm_rewrote_is_not_judged_by_the_write_back(
+        project: Path, vm: Any, claude_upstream: FakeUpstream) -> None:
+    """The VM's copy holds this VM's placeholders (Claude Code rewrote the file after a refresh through the
+    broker): there is nothing to copy back and nothing to say (it once said, falsely, that the host's file
+    changed during the session)."""
+    from tests.helpers import NAME, agentbox
+
+    host_file = _host_login("claude")
+    before = host_file.read_bytes()
+    assert agentbox(project, "shell", "--", "true").returncode == 0
+    staged = json.loads((vm.guest_home(NAME) / LOGIN_FILE["claude"]).read_text())["claudeAiOauth"]
+    rewritten = {"claudeAiOauth": {**staged, "expiresAt": int((time.time() + 28800) * 1000)}}
+    _guest_claude(vm, WRITES_LOGIN.format(login=json.dumps(rewritten)))
+    for args in (["claude"], ["claude", "login"]):
+        result = agentbox(project, *args)
+        assert result.returncode == 0, result.stderr
+        assert "was not copied back" not in result.stderr and "changed during the session" not in result.stderr
+        assert host_file.read_bytes() == before
+
+
+@pytest.mark.parametrize("host_has_login", [True, False])
+def test_a_login_the_vm_made_past_the_broker_is_never_copied_back_and_says_why(
+        project: Path, vm: Any, claude_upstream: FakeUpstream, host_has_login: bool) -> None:
+    """Tokens in the VM's file that are not placeholders did not come through the broker: they never reach the
+    host's file, even one that does not exist, and the note says so, not that the host's file changed."""
+    from tests.helpers import agentbox
+
+    host_file = paths.home() / LOGIN_FILE["claude"]
+    before = _host_login("claude").read_bytes() if host_has_login else None
+    foreign = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-ATTACKERSOWN0123456789",
+                                 "refreshToken": "sk-ant-ort01-ATTACKERSOWN0123456789",
+                                 "expiresAt": int((time.time() + 99999) * 1000), "scopes": ["user:inference"]}}
+    _guest_claude(vm, WRITES_LOGIN.format(login=json.dumps(foreign)))
+    result = agentbox(project, "claude")
+    assert result.returncode == 0, result.stderr
+    assert NOT_THROUGH_THE_BROKER in result.stderr
+    assert (host_file.read_bytes() if before is not None else host_file.exists()) == (before or False)
+    login = agentbox(project, "claude", "login")  # the same copy: not copied, and said once
+    assert login.returncode == 0, login.stderr
+    assert "was not copied back" not in login.stderr
+    assert (host_file.read_bytes() if before is not None else host_file.exists()) == (before or False)

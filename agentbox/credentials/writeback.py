@@ -22,6 +22,10 @@ logs the other out. With `credentials.writeBack` on (the default), each session 
    the previous file kept as FILE.agentbox-backup. Two sessions ending at once: the second finds the
    host file changed (by the first) and leaves it.
 
+With the credential broker, the logins it keeps (agentbox.credentials.brokered) are never written back: the
+broker saves a refresh or a login made through it on the host itself, and the VM's file holds placeholders. Such a
+file is still handed back, only to say so when it holds tokens that did not come through the broker.
+
 Why a file was not written back is said once per copy (the VM's state remembers what was said).
 """
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -55,6 +59,7 @@ class Target(NamedTuple):
     fmt: Format
     host_path: Path  # the host file a login is written back to
     staged: credentials.Staged | None  # what this launch staged from it; None: the host had none
+    brokered: bool = False  # the credential broker keeps this login: never written back, only told about
 
 
 class Plan(NamedTuple):
@@ -79,13 +84,11 @@ def begin(
     staged_now: Sequence[credentials.Staged],
     expected: dict[str, Any] | None,
     login: bool = False,
+    brokered: Callable[[Path], bool] | None = None,
 ) -> Plan | None:
-    """This session's write-back, or None when there is none (turned off, no known login file, an old VM)."""
+    """This session's write-back, or None when there is none (turned off, no known login file, an old VM).
+    `brokered` tells the host files whose logins the credential broker keeps (brokered.Prepared.replaces)."""
     settings = config.credentials
-    if not (settings.enabled and settings.write_back):
-        if login:
-            note("credentials.writeBack is off, so the login stays in the VM (the host's files are not changed)")
-        return None
     staged = {item.guest_path: item for item in staged_now}
     targets: dict[str, Target] = {}
     for spec in credentials.launch_files(config, agent):
@@ -94,10 +97,19 @@ def begin(
         if relative in FORMATS and relative not in targets:
             item = staged.get(relative)
             host = item.host_path if item is not None else Path(os.path.expanduser(spec))
-            targets[relative] = Target(FORMATS[relative], host, item)
+            if brokered is not None and brokered(host):
+                targets[relative] = Target(FORMATS[relative], host, None, brokered=True)
+            else:
+                targets[relative] = Target(FORMATS[relative], host, item)
+    if not (settings.enabled and settings.write_back):
+        if login and not all(target.brokered for target in targets.values()):
+            note("credentials.writeBack is off, so the login stays in the VM (the host's files are not changed)")
+        return None
     if not targets:
         return None
     if not has_outbox(expected, vm_name):
+        if all(target.brokered for target in targets.values()):
+            return None  # nothing would be written back anyway
         note(
             f"credential write-back is off for {vm_name}: it was created before agentbox gave VMs an outbox, "
             "so a login refreshed in it stays there; `agentbox start --recreate` applies it"
@@ -140,6 +152,9 @@ def finish(plan: Plan) -> None:
         if isinstance(copy, str):
             verdict = Verdict(False, f"the VM's copy {copy}")
             guest_key = copy
+        elif target.brokered:
+            guest_key = hashlib.sha256(copy[0]).hexdigest()
+            verdict = _brokered(plan, target, copy[0])
         else:
             guest_bytes, guest_mtime = copy
             guest_key = hashlib.sha256(guest_bytes).hexdigest()
@@ -201,6 +216,19 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
     else:
         newer = guest_mtime * 1e9 > target.staged.mtime_ns
     return Verdict(True) if newer else Verdict(False)
+
+
+def _brokered(plan: Plan, target: Target, guest_bytes: bytes) -> Verdict:
+    """A login the broker keeps is never written back; the VM's copy is worth a word only when it holds tokens that
+    did not come through the broker (placeholders are what the broker gave it)."""
+    from agentbox.credentials import brokered  # only a session whose brokered login file changed in the VM
+
+    if not brokered.foreign_tokens(plan.vm_name, target.fmt.command, target.host_path, guest_bytes):
+        return Verdict(False)
+    fmt = target.fmt
+    return Verdict(False, f"it holds tokens that did not come through the credential broker, which keeps the host's "
+                          f"{fmt.agent} login on the host and never copies the VM's file back; "
+                          f"`agentbox {fmt.command} login` logs the host in through the broker")
 
 
 _HOST_CHANGED = ("the host's file changed during the session (a login there, or another session's write-back), "
