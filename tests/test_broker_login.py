@@ -190,7 +190,7 @@ def test_a_login_window_accepts_one_exchange_then_refuses_the_next(config: Confi
     again = handler(_code_exchange("claude"))
     _assert_refused(again, "`agentbox claude login` runs on the host")
     assert len(seen) == 1
-    window.close()
+    assert window.close() == loginwindow.Used("me@example.com")  # what `agentbox claude login` then names
     assert not loginwindow.window_file(VM, "claude").exists()
 
 
@@ -240,9 +240,9 @@ def test_the_window_file_is_private_and_closing_removes_only_its_own(config: Con
     doc = json.loads(path.read_text())
     assert doc["agent"] == "claude" and 0 < doc["expires"] - time.time() <= loginwindow.WINDOW
     second = loginwindow.arm(VM, "claude")  # another `agentbox claude login` for the same VM
-    first.close()
+    assert first.close() is None
     assert path.exists()  # the second one's window stays
-    second.close()
+    assert second.close() is None  # closed unused
     assert not path.exists()
 
 
@@ -542,8 +542,9 @@ def test_a_login_inside_a_session_is_refused_and_agentbox_claude_login_makes_it_
     assert stat.S_IMODE(host_file.stat().st_mode) == 0o600
     guest = json.loads((vm.guest_home(NAME) / LOGIN_FILE["claude"]).read_text())["claudeAiOauth"]
     assert is_placeholder(guest["accessToken"]) and is_placeholder(guest["refreshToken"])
-    assert ("agentbox: ~/.claude/.credentials.json: the Claude Code login made in the VM is now the host's (the "
-            "credential broker keeps it there; the VM holds placeholders)\n") in result.stderr
+    assert ("agentbox: ~/.claude/.credentials.json: the host is now logged in to Claude Code as other@example.com "
+            "(the login made in the VM: the credential broker keeps it on the host, the VM holds placeholders)\n"
+            ) in result.stderr
     assert "was not copied back" not in result.stderr
     assert not loginwindow.window_file(NAME, "claude").exists()  # closed when the command ended
     # The window is gone: the same exchange from a session is refused again.

@@ -195,8 +195,7 @@ def login_agent(session: Session, name: str, args: list[str]) -> int:
             _drop_pending(agent.vm_name, name, "the command ended before agentbox could ask")
         raise
     if window is not None:
-        used = window.close()
-        _settle_login(session.config, agent.vm_name, name, used)
+        _settle_login(session.config, agent.vm_name, name, window.close())
     return code
 
 
@@ -212,9 +211,9 @@ def _open_login_window(config: Config, vm: str, name: str) -> loginwindow.Window
     return loginwindow.arm(vm, name)
 
 
-def _settle_login(config: Config, vm: str, name: str, used: bool) -> None:
-    """After the agent's login: say where it went; a login of another account than the host's waits for the
-    user's yes (on a terminal) before it replaces the host's."""
+def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | None) -> None:
+    """After the agent's login: say whose login the host now has; a login of another account than the host's
+    waits for the user's yes (on a terminal) before it replaces the host's."""
     import click
 
     from agentbox.commands.ending import on_terminal
@@ -227,9 +226,9 @@ def _settle_login(config: Config, vm: str, name: str, used: bool) -> None:
         return
     where = writeback.home_relative(login.file.path)
     if pending is None:
-        if used:
-            note(f"{where}: the {login.title} login made in the VM is now the host's (the credential broker keeps it "
-                 "there; the VM holds placeholders)")
+        if used is not None:
+            note(f"{where}: the host is now logged in to {login.title} as {_account(used.account)} (the login made "
+                 "in the VM: the credential broker keeps it on the host, the VM holds placeholders)")
         return
     new, old = _account(pending.new), _account(pending.old)
     try:

@@ -96,8 +96,12 @@ class FileLogin(ABC):
     def tokens_of(self, response: dict[str, Any], now: float) -> Tokens | None:
         return self.parse(self.apply({}, response, now))
 
+    def account_of(self, response: dict[str, Any], now: float) -> str | None:
+        new = self._new_account(response, now)
+        return new.shown if new is not None else None
+
     def replaces(self, response: dict[str, Any], now: float) -> Switch | None:
-        new = self._account(_dump(self.apply({}, response, now)), self.account_companion(response))
+        new = self._new_account(response, now)
         try:
             doc = self.file.json()
             held = self.parse(doc) if doc is not None else None
@@ -125,6 +129,9 @@ class FileLogin(ABC):
                 atomic_write(backup, current, mode=0o600)
             self.file.write_json(self.apply(self.without_login(doc), response, issued))
         return backup
+
+    def _new_account(self, response: dict[str, Any], now: float) -> logins.Login | None:
+        return self._account(_dump(self.apply({}, response, now)), self.account_companion(response))
 
     def _account(self, data: bytes | None, companion: bytes | None) -> logins.Login | None:
         """Whose login `data` is, as agentbox.agents.logins reads it; None when it is not one it can read."""

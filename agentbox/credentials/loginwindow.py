@@ -10,7 +10,8 @@ A login of another account than the host's (or one whose account cannot be told)
 its tokens wait here until `agentbox AGENT login` asks the user, after the agent's login ends.
 
     paths.vm_state_dir(VM)/broker/                    0700 (the host's state folder: the VM mounts none of it)
-    paths.vm_state_dir(VM)/broker/login-AGENT.json    0600 {"version", "agent", "expires", "id"}
+    paths.vm_state_dir(VM)/broker/login-AGENT.json    0600 {"version", "agent", "expires", "id"}; once used,
+                                                       {"version", "agent", "used": true, "account"}
     paths.vm_state_dir(VM)/broker/pending-AGENT.json  0600 {"version", "agent", "at", "response", "new", "old"}
 
 Both files are agentbox's own (written by the CLI and the broker process on the host); they are read with a size
@@ -46,6 +47,12 @@ def pending_file(vm: str, agent: str) -> Path:
     return broker_folder(vm) / f"pending-{agent}.json"
 
 
+class Used(NamedTuple):
+    """The broker used the window: the login it accepted, written to the host file or held pending."""
+
+    account: str | None  # in words (an e-mail address); None: the login names none
+
+
 class Window:
     """An armed window: `close()` removes it unless another `agentbox AGENT login` has armed its own since, and says
     whether the broker used it."""
@@ -55,14 +62,19 @@ class Window:
         self.agent = agent
         self.ident = ident
 
-    def close(self) -> bool:
-        """Whether the window was used (the broker consumed it with a login)."""
-        doc = _read(window_file(self.vm, self.agent))
-        if doc is None:
-            return True
+    def close(self) -> Used | None:
+        """Close the window; what the broker did with it (None: nothing)."""
+        path = window_file(self.vm, self.agent)
+        doc = _read(path)
+        if doc is None or doc.get("agent") != self.agent:
+            return None
+        if doc.get("used") is True:
+            _remove(path)
+            account = doc.get("account")
+            return Used(account if isinstance(account, str) else None)
         if doc.get("id") == self.ident:
-            _remove(window_file(self.vm, self.agent))
-        return False
+            _remove(path)
+        return None
 
 
 def arm(vm: str, agent: str, now: float | None = None) -> Window:
@@ -80,7 +92,7 @@ def arm(vm: str, agent: str, now: float | None = None) -> Window:
 def state(vm: str, agent: str, now: float) -> str:
     """OPEN, NONE or EXPIRED: whether a code exchange for `agent` may be accepted now."""
     doc = _read(window_file(vm, agent))
-    if doc is None or doc.get("agent") != agent or doc.get("version") != VERSION:
+    if doc is None or doc.get("agent") != agent or doc.get("version") != VERSION or doc.get("used") is not None:
         return NONE
     expires = doc.get("expires")
     if not isinstance(expires, (int, float)) or isinstance(expires, bool):
@@ -88,9 +100,11 @@ def state(vm: str, agent: str, now: float) -> str:
     return OPEN if now < expires <= now + WINDOW else EXPIRED
 
 
-def consume(vm: str, agent: str) -> None:
-    """The window's one use (the broker's first successful exchange in it)."""
-    _remove(window_file(vm, agent))
+def consume(vm: str, agent: str, account: str | None) -> None:
+    """The window's one use (the broker's first successful exchange in it, a login of `account`): no exchange is
+    accepted after it, and `agentbox AGENT login` names the account when it closes the window."""
+    doc = {"version": VERSION, "agent": agent, "used": True, "account": account}
+    atomic_write(window_file(vm, agent), json.dumps(doc) + "\n", mode=0o600)
 
 
 class Pending(NamedTuple):

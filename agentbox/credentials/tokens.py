@@ -88,6 +88,9 @@ class OAuthLogin(Protocol):
         """Whether storing a login's token response would replace the host's login of another account (or one
         whose account cannot be told); None when the host has no login, or one of the same account."""
 
+    def account_of(self, response: dict[str, Any], now: float) -> str | None:
+        """A login's token response's account in words (None: it names none)."""
+
     def locked(self) -> Any:
         """The host file's lock (a context manager)."""
 
@@ -235,8 +238,8 @@ class TokenHandler:
                               code if isinstance(code, str) and len(code) < 64 else "invalid_grant",
                               f"the {self.login.title} login was not accepted (the endpoint answered {status})")
             assert self.vm is not None
-            loginwindow.consume(self.vm, agent)
             now = self.clock()
+            loginwindow.consume(self.vm, agent, self.login.account_of(answer, now))
             switch = self.login.replaces(answer, now)
             if switch is None:
                 self.login.store(answer, now)
