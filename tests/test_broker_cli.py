@@ -173,6 +173,7 @@ print(json.dumps(dict(zip(("status", "body"), call("api.anthropic.com", "GET", "
 
 def test_a_login_inside_the_vm_saves_the_real_tokens_on_the_host_and_the_vm_gets_placeholders(
         project: Path, vm: FakeLima, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, home: Path) -> None:
+    """`agentbox claude login` (the same exchange from a plain session is refused: tests/test_broker_login.py)."""
     new_access, new_refresh = "sk-ant-oat01-LOGGED-IN-" + "q" * 30, "sk-ant-ort01-LOGGED-IN-" + "r" * 30
     with FakeUpstream(tmp_path / "up", [CLAUDE, "platform.claude.com"]) as fake:
         fake.route("POST", "/v1/oauth/token", {"access_token": new_access, "refresh_token": new_refresh,
@@ -182,7 +183,8 @@ def test_a_login_inside_the_vm_saves_the_real_tokens_on_the_host_and_the_vm_gets
         monkeypatch.setenv("AGENTBOX_TEST_BROKER_UPSTREAM",
                            json.dumps({"address": list(fake.address), "caFile": str(fake.ca_file)}))
         write(project / "agentbox.yml", "")  # the broker is on by default
-        result = agentbox(project, "shell", "--", "python3", "-c", LOGIN)
+        _guest_program(vm, "claude", "#!/usr/bin/python3" + LOGIN)  # what `claude auth login` does at its end
+        result = agentbox(project, "claude", "login")
         assert result.returncode == 0, result.stderr
         exchange, profile = (json.loads(line) for line in result.stdout.strip().splitlines()[-2:])
         assert exchange["status"] == 200 and "agentbox-ph-" in exchange["tokens"]["access_token"]

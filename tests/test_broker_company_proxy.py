@@ -115,7 +115,12 @@ def test_the_broker_and_a_tunnel_go_through_the_company_proxy_with_its_credentia
         project: Path, vm: FakeLima, upstream: FakeUpstream, company: CompanyProxy, home: Path) -> None:
     write(home / ".claude.json", json.dumps({"hasCompletedOnboarding": True}))
     _config(project, upstream, {"HTTPS_PROXY": company.url})
-    result = agentbox(project, "shell", "--", "python3", "-c", GUEST, "login", TUNNEL, "443")
+    # The login's code exchange is accepted only while `agentbox claude login` runs: the guest's claude does it.
+    guest_bin = vm.home / NAME / "guestfs" / "usr-local" / "bin"
+    write(guest_bin / "company-proxy-guest.py", GUEST)
+    write(guest_bin / "claude", f"#!/bin/sh\nexec python3 /usr/local/bin/company-proxy-guest.py login {TUNNEL} 443\n",
+          mode=0o755)
+    result = agentbox(project, "claude", "login")
     assert result.returncode == 0, result.stderr
     login, tunnel = _last_json(result.stdout, 2)
     assert login == [200, [200, {"account": "the host's"}]]

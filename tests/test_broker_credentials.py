@@ -17,7 +17,7 @@ import pytest
 
 from agentbox import paths
 from agentbox.config.load import Config, load
-from agentbox.credentials import brokered, stage
+from agentbox.credentials import brokered, loginwindow, stage
 from agentbox.credentials.placeholders import Placeholders, is_placeholder
 from agentbox.credentials.tokens import Upstream
 from agentbox.errors import StateError
@@ -320,12 +320,14 @@ def test_a_failed_upstream_refresh_says_to_log_in_on_the_host_and_keeps_the_file
 
 
 def test_a_login_inside_the_vm_saves_the_real_tokens_on_the_host(config: Config, upstream: FakeUpstream) -> None:
+    """Inside the window `agentbox claude login` arms (tests/test_broker_login.py: without one it is refused)."""
     seen: list[Request] = []
     _token_route(upstream, "platform.claude.com", "/v1/oauth/token", {
         "token_type": "Bearer", "access_token": "sk-ant-oat01-LOGGEDIN0123456789", "expires_in": 28800,
         "refresh_token": "sk-ant-ort01-LOGGEDIN0123456789", "scope": "user:inference"}, seen)
     prepared = brokered.prepare(VM, config, ["claude"], _upstream(upstream))  # no login on the host yet
     body = {"grant_type": "authorization_code", "code": "the-code", "code_verifier": "v", "state": "s"}
+    loginwindow.arm(VM, "claude")
     reply = prepared.endpoints[("platform.claude.com", "/v1/oauth/token")](
         _exchange("platform.claude.com", "/v1/oauth/token", body))
     assert reply.status == 200 and b"LOGGEDIN" not in reply.body

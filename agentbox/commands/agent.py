@@ -1,6 +1,7 @@
 """`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there,
-`agentbox <agent> login` runs the agent's own login there (and its login becomes the host's:
-agentbox.credentials.writeback).
+`agentbox <agent> login` runs the agent's own login there (and its login becomes the host's: through the
+credential broker, inside the login window this command opens, agentbox.credentials.loginwindow; without the
+broker, agentbox.credentials.writeback).
 
 Every argument reaches the agent untouched, `--help` and `--version` included, so the agent answers
 them from inside the VM. A `--help`, `-h` or `--version` on its own never creates or starts a VM,
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     import click
 
     from agentbox.config.load import Config
+    from agentbox.credentials import loginwindow
     from agentbox.session.worktrees import Worktree
     from agentbox.vm.lifecycle import Session
     from agentbox.vm.lima import Instance
@@ -184,7 +186,84 @@ def login_agent(session: Session, name: str, args: list[str]) -> int:
          "so the login page's redirect reaches it")
     if not any(guest_path_for(path)[2:] in FORMATS for path in agent.credentials):
         note(f"{spec.summary} keeps its login where agentbox does not copy it back, so the login stays in the VM")
-    return launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True)
+    window = _open_login_window(session.config, agent.vm_name, name)
+    try:
+        code = launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True)
+    except BaseException:  # Ctrl-C, an error: the window closes, and nobody is asked about a login made meanwhile
+        if window is not None:
+            window.close()
+            _drop_pending(agent.vm_name, name, "the command ended before agentbox could ask")
+        raise
+    if window is not None:
+        _settle_login(session.config, agent.vm_name, name, window.close())
+    return code
+
+
+def _open_login_window(config: Config, vm: str, name: str) -> loginwindow.Window | None:
+    """With the credential broker, a login from the VM reaches the host's file only through the broker, which
+    accepts one only inside this window (agentbox.credentials.loginwindow); None when the broker does not keep
+    this agent's login."""
+    from agentbox.credentials import brokered, loginwindow
+    from agentbox.session import broker
+
+    if not broker.wanted(config) or brokered.file_login(vm, config, name) is None:
+        return None
+    return loginwindow.arm(vm, name)
+
+
+def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | None) -> None:
+    """After the agent's login: say whose login the host now has; a login of another account than the host's
+    waits for the user's yes (on a terminal) before it replaces the host's."""
+    import click
+
+    from agentbox.commands.ending import on_terminal
+    from agentbox.credentials import brokered, loginwindow, writeback
+    from agentbox.progress import note
+
+    login = brokered.file_login(vm, config, name)
+    pending = loginwindow.pending(vm, name)
+    if login is None:
+        return
+    where = writeback.home_relative(login.file.path)
+    if pending is None:
+        if used is not None:
+            note(f"{where}: the host is now logged in to {login.title} as {_account(used.account)} (the login made "
+                 "in the VM: the credential broker keeps it on the host, the VM holds placeholders)")
+        return
+    new, old = _account(pending.new), _account(pending.old)
+    try:
+        if not on_terminal():
+            note(f"{where}: the {login.title} login made in the VM ({new}) was not saved: the host is logged in as "
+                 f"{old}, and agentbox replaces the host's login of another account only when you say yes on a "
+                 f"terminal. The host's login is kept (the VM goes on with it); run `agentbox {name} login` on a "
+                 "terminal to replace it")
+            return
+        if not click.confirm(f"Replace the host's {login.title} login ({old}) with {new}?", default=False, err=True):
+            note(f"{where}: the host's {login.title} login ({old}) is kept and the login made in the VM ({new}) "
+                 f"discarded; the VM goes on with the host's login")
+            return
+        backup = login.replace_with(pending.response, pending.at)
+        was = f"; the previous file is {writeback.home_relative(backup)}" if backup is not None else ""
+        note(f"{where}: the host is now logged in to {login.title} as {new} (was {old}){was}")
+    finally:
+        loginwindow.discard(vm, name)
+
+
+def _drop_pending(vm: str, name: str, why: str) -> None:
+    from agentbox.credentials import loginwindow
+    from agentbox.progress import note
+
+    pending = loginwindow.pending(vm, name)
+    loginwindow.discard(vm, name)
+    if pending is not None:
+        note(f"the login made in the VM ({_account(pending.new)}) was discarded: {why}; the host's login is kept "
+             f"(`agentbox {name} login` logs in again)")
+
+
+def _account(shown: str | None) -> str:
+    from agentbox.safetext import visible
+
+    return visible(shown) if shown else "an account agentbox cannot tell"
 
 
 def launch_agent(

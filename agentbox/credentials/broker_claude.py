@@ -54,6 +54,18 @@ class ClaudeLogin(FileLogin):
             oauth["scopes"] = response["scope"].split()
         return {**doc, "claudeAiOauth": oauth}
 
+    def without_login(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return {key: value for key, value in doc.items() if key != "claudeAiOauth"}  # an MCP server's tokens stay
+
+    def account_companion(self, response: dict[str, Any]) -> bytes | None:
+        """The token response's `account` ({"uuid", "email_address"}) as ~/.claude.json's oauthAccount names it."""
+        account = response.get("account")
+        if not isinstance(account, dict):
+            return None
+        named = {key: account[field] for key, field in (("accountUuid", "uuid"), ("emailAddress", "email_address"))
+                 if isinstance(account.get(field), str)}
+        return json.dumps({"oauthAccount": named}).encode()
+
     def reply(self, tokens: Tokens, ph: dict[str, str], upstream: dict[str, Any] | None, now: float
               ) -> dict[str, Any]:
         base = {k: v for k, v in (upstream or {}).items() if k in ("token_type", "scope", "account", "organization")}

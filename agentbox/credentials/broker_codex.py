@@ -41,6 +41,12 @@ class CodexLogin(FileLogin):
     def with_file_api_key(self, vm_doc: dict[str, Any], placeholder: str) -> dict[str, Any]:
         return {**vm_doc, "OPENAI_API_KEY": placeholder}
 
+    def without_login(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """Its ChatGPT tokens and its API key go (the key is the previous login's: Codex's own login replaces it
+        too, with the key it exchanges the new id token for, or none)."""
+        kept = {key: value for key, value in doc.items() if key not in ("tokens", "last_refresh")}
+        return {**kept, "OPENAI_API_KEY": None}
+
     def apply(self, doc: dict[str, Any], response: dict[str, Any], now: float) -> dict[str, Any]:
         tokens = doc.get("tokens")
         tokens = dict(tokens) if isinstance(tokens, dict) else {}

@@ -28,8 +28,8 @@ from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.agents.record import AgentSpec, ApiKey
 from agentbox.credentials import broker_claude, broker_codex, broker_gemini, broker_gh
 from agentbox.credentials.filelogin import FileLogin
-from agentbox.credentials.hostfile import HostFile
-from agentbox.credentials.placeholders import Placeholders, kind_of
+from agentbox.credentials.hostfile import HostFile, parse_json
+from agentbox.credentials.placeholders import Placeholders, is_placeholder, kind_of
 from agentbox.credentials.stage import guest_path_for
 from agentbox.credentials.tokens import TokenHandler, Upstream
 from agentbox.errors import StateError
@@ -158,19 +158,57 @@ def prepare_request(vm: str, request: Request, upstream: Upstream | None = None)
     return prepared
 
 
+def file_login(vm: str, config: Config, agent: str) -> FileLogin | None:
+    """The agent's brokered login file on the host (None: the agent is not brokered, or its credentials do not
+    name its login file), as the broker process for `vm` keeps it."""
+    spec = SPECS.get(agent)
+    if spec is None or agent not in config.agents:
+        return None
+    host_path = _login_file(spec, config.agents[agent].credentials)
+    return _format_login(spec, host_path, Placeholders(vm)) if host_path is not None else None
+
+
+def _login_file(spec: AgentSpec, credentials: Iterable[str]) -> str | None:
+    """Which of the agent's credentials (`~/...`) is its login file."""
+    assert spec.broker is not None
+    return next((c for c in credentials if guest_path_for(c) == f"~/{spec.broker.login_file}"), None)
+
+
+def _format_login(spec: AgentSpec, host_path: str, placeholders: Placeholders) -> FileLogin:
+    assert spec.broker is not None
+    return FORMATS[spec.broker.format](Path(os.path.expanduser(host_path)), placeholders, spec)
+
+
+def foreign_tokens(vm: str, agent: str, host_path: Path, data: bytes) -> bool:
+    """Whether the VM's copy of the agent's brokered login file (for the host file `host_path`) holds a credential
+    that is not a placeholder: a login that did not come through the broker. A copy that is not such a login
+    file holds none."""
+    spec = SPECS.get(agent)
+    if spec is None or spec.broker is None:
+        return False
+    login = FORMATS[spec.broker.format](host_path, Placeholders(vm), spec)
+    try:
+        doc = parse_json(host_path, data)
+        tokens = login.parse(doc)
+    except StateError:
+        return False
+    values = [tokens.access, tokens.refresh] if tokens is not None else []
+    return any(value and not is_placeholder(value) for value in [*values, login.file_api_key(doc)])
+
+
 def _file_login(prepared: Prepared, placeholders: Placeholders, spec: AgentSpec, credentials: Iterable[str],
                 upstream: Upstream | None, reals: list[str]) -> None:
     broker = spec.broker
     assert broker is not None
     name = spec.name
-    host_path = next((c for c in credentials if guest_path_for(c) == f"~/{broker.login_file}"), None)
+    host_path = _login_file(spec, credentials)
     if host_path is None:
         return
     prepared.replaced.add(host_path)
-    login = FORMATS[broker.format](Path(os.path.expanduser(host_path)), placeholders, spec)
+    login = _format_login(spec, host_path, placeholders)
     doc = login.file.json()
     tokens = login.parse(doc) if doc is not None else None
-    handler = TokenHandler(login, upstream)
+    handler = TokenHandler(login, upstream, vm=placeholders.vm)
     for key in broker.token_endpoints:
         prepared.endpoints[key] = handler
     if tokens is not None and doc is not None:

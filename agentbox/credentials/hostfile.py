@@ -18,6 +18,7 @@ from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir
 
 MAX_LOGIN_FILE = 1 << 20  # a login file; real ones are a few KB (~/.claude.json is read elsewhere)
+BACKUP_SUFFIX = ".agentbox-backup"  # the previous login file, kept beside it when another replaces it
 
 
 class HostFile:

@@ -22,6 +22,10 @@ logs the other out. With `credentials.writeBack` on (the default), each session 
    the previous file kept as FILE.agentbox-backup. Two sessions ending at once: the second finds the
    host file changed (by the first) and leaves it.
 
+With the credential broker, the logins it keeps (agentbox.credentials.brokered) are never written back: the
+broker saves a refresh or a login made through it on the host itself, and the VM's file holds placeholders. Such a
+file is still handed back, only to say so when it holds tokens that did not come through the broker.
+
 Why a file was not written back is said once per copy (the VM's state remembers what was said).
 """
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -38,6 +42,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from agentbox import contract, fsutil, paths, vmread
 from agentbox.agents.logins import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.credentials import stage as credentials
+from agentbox.credentials.hostfile import BACKUP_SUFFIX
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
 from agentbox.safetext import visible
@@ -46,7 +51,6 @@ from agentbox.vm import state as vmstate
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
 
-BACKUP_SUFFIX = ".agentbox-backup"
 LOCK_FILE = "credentials.lock"
 _SAID = "writeBackSaid"  # the VM state's record of what was said about which copy
 
@@ -55,6 +59,7 @@ class Target(NamedTuple):
     fmt: Format
     host_path: Path  # the host file a login is written back to
     staged: credentials.Staged | None  # what this launch staged from it; None: the host had none
+    brokered: bool = False  # the credential broker keeps this login: never written back, only told about
 
 
 class Plan(NamedTuple):
@@ -79,13 +84,11 @@ def begin(
     staged_now: Sequence[credentials.Staged],
     expected: dict[str, Any] | None,
     login: bool = False,
+    brokered: Callable[[Path], bool] | None = None,
 ) -> Plan | None:
-    """This session's write-back, or None when there is none (turned off, no known login file, an old VM)."""
+    """This session's write-back, or None when there is none (turned off, no known login file, an old VM).
+    `brokered` tells the host files whose logins the credential broker keeps (brokered.Prepared.replaces)."""
     settings = config.credentials
-    if not (settings.enabled and settings.write_back):
-        if login:
-            note("credentials.writeBack is off, so the login stays in the VM (the host's files are not changed)")
-        return None
     staged = {item.guest_path: item for item in staged_now}
     targets: dict[str, Target] = {}
     for spec in credentials.launch_files(config, agent):
@@ -94,10 +97,19 @@ def begin(
         if relative in FORMATS and relative not in targets:
             item = staged.get(relative)
             host = item.host_path if item is not None else Path(os.path.expanduser(spec))
-            targets[relative] = Target(FORMATS[relative], host, item)
+            if brokered is not None and brokered(host):
+                targets[relative] = Target(FORMATS[relative], host, None, brokered=True)
+            else:
+                targets[relative] = Target(FORMATS[relative], host, item)
+    if not (settings.enabled and settings.write_back):
+        if login and not all(target.brokered for target in targets.values()):
+            note("credentials.writeBack is off, so the login stays in the VM (the host's files are not changed)")
+        return None
     if not targets:
         return None
     if not has_outbox(expected, vm_name):
+        if all(target.brokered for target in targets.values()):
+            return None  # nothing would be written back anyway
         note(
             f"credential write-back is off for {vm_name}: it was created before agentbox gave VMs an outbox, "
             "so a login refreshed in it stays there; `agentbox start --recreate` applies it"
@@ -140,6 +152,9 @@ def finish(plan: Plan) -> None:
         if isinstance(copy, str):
             verdict = Verdict(False, f"the VM's copy {copy}")
             guest_key = copy
+        elif target.brokered:
+            guest_key = hashlib.sha256(copy[0]).hexdigest()
+            verdict = _brokered(plan, target, copy[0])
         else:
             guest_bytes, guest_mtime = copy
             guest_key = hashlib.sha256(guest_bytes).hexdigest()
@@ -153,7 +168,7 @@ def finish(plan: Plan) -> None:
         if verdict.reason:
             said[target.fmt.path] = hashlib.sha256(f"{guest_key}\0{verdict.reason}".encode()).hexdigest()
             if _newly_said(plan.vm_name, target.fmt.path, said[target.fmt.path]):
-                note(f"~/{target.fmt.path} from the VM was not copied back to {_shown(target.host_path)}: "
+                note(f"~/{target.fmt.path} from the VM was not copied back to {home_relative(target.host_path)}: "
                      f"{verdict.reason}")
         elif verdict.write:
             _report(plan, target, verdict)
@@ -181,7 +196,7 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
         host = with_companion(fmt, fmt.parse(staged_bytes), _host_companion(target, fmt))
     except Unusable:
         if plan.login:
-            return Verdict(True, switched=(_account(guest.shown), "a file agentbox could not read"))
+            return Verdict(True, switched=(account_in_words(guest.shown), "a file agentbox could not read"))
         return Verdict(False, f"the host's file is not a {fmt.agent} login agentbox can compare it with; "
                               f"`agentbox {fmt.command} login` replaces it")
     same = same_account(guest, host)
@@ -192,15 +207,28 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
                                   "one, and their tokens are of different kinds)")
     if not same:
         if not plan.login:
-            return Verdict(False, f"it is logged in as {_account(guest.shown)}, the host's file as "
-                                  f"{_account(host.shown)}; `agentbox {fmt.command} login` makes a VM login the "
-                                  "host's too, `credentials: {writeBack: false}` keeps them apart")
-        return Verdict(True, switched=(_account(guest.shown), _account(host.shown)))
+            return Verdict(False, f"it is logged in as {account_in_words(guest.shown)}, the host's file as "
+                                  f"{account_in_words(host.shown)}; `agentbox {fmt.command} login` makes a VM login "
+                                  "the host's too, `credentials: {writeBack: false}` keeps them apart")
+        return Verdict(True, switched=(account_in_words(guest.shown), account_in_words(host.shown)))
     if guest.fresh_until is not None and host.fresh_until is not None:
         newer = guest.fresh_until > host.fresh_until
     else:
         newer = guest_mtime * 1e9 > target.staged.mtime_ns
     return Verdict(True) if newer else Verdict(False)
+
+
+def _brokered(plan: Plan, target: Target, guest_bytes: bytes) -> Verdict:
+    """A login the broker keeps is never written back; the VM's copy is worth a word only when it holds tokens that
+    did not come through the broker (placeholders are what the broker gave it)."""
+    from agentbox.credentials import brokered  # only a session whose brokered login file changed in the VM
+
+    if not brokered.foreign_tokens(plan.vm_name, target.fmt.command, target.host_path, guest_bytes):
+        return Verdict(False)
+    fmt = target.fmt
+    return Verdict(False, f"it holds tokens that did not come through the credential broker, which keeps the host's "
+                          f"{fmt.agent} login on the host and never copies the VM's file back; "
+                          f"`agentbox {fmt.command} login` logs the host in through the broker")
 
 
 _HOST_CHANGED = ("the host's file changed during the session (a login there, or another session's write-back), "
@@ -235,27 +263,29 @@ def _write(target: Target, data: bytes, verdict: Verdict) -> Verdict:
 
 
 def _report(plan: Plan, target: Target, verdict: Verdict) -> None:
-    host = _shown(target.host_path)
+    host = home_relative(target.host_path)
     if verdict.switched is not None:
         new, old = verdict.switched
         note(f"{host}: the host is now logged in to {target.fmt.agent} as {new} (was {old}); the previous file is "
-             f"{_shown(_backup(target.host_path))}")
+             f"{home_relative(_backup(target.host_path))}")
     elif target.staged is None:
         note(f"{host}: the {target.fmt.agent} login made in the VM is now the host's too")
     else:
         note(f"{host}: the {target.fmt.agent} login refreshed in the VM is now the host's too (the previous file is "
-             f"{_shown(_backup(target.host_path))})")
+             f"{home_relative(_backup(target.host_path))})")
 
 
 def _backup(host: Path) -> Path:
     return host.with_name(host.name + BACKUP_SUFFIX)
 
 
-def _account(shown: str | None) -> str:
+def account_in_words(shown: str | None) -> str:
+    """A login's account as a message names it (escaped)."""
     return visible(shown) if shown else "an account the file does not name"
 
 
-def _shown(path: Path) -> str:
+def home_relative(path: Path) -> str:
+    """A host path as a message names it: `~/...` under the home (escaped)."""
     home = str(paths.home())
     text = str(path)
     return visible("~" + text[len(home):] if text.startswith(home + os.sep) else text)

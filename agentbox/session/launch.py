@@ -240,12 +240,14 @@ def _session(
         workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
     # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
     # logins it refreshed (launch.sh keeps what it last installed).
-    # With the broker, a brokered login never comes back from the VM (its real tokens are refreshed and saved on the
-    # host), and a staged one only after `agentbox AGENT login`: a plain session cannot make the host's login.
+    # With the broker, a brokered login never comes back from the VM (its real tokens are refreshed, and a login
+    # made through it saved, on the host: `brokered` tells the write-back which those are), and a staged one only
+    # after `agentbox AGENT login`: a plain session cannot make the host's login.
     returned = [item for item in refreshed.credentials if brokering is None
                 or (login and not brokering.prepared.replaces(item.host_path))]
-    handback = None if kept else writeback.begin(config, name, agent, returned,
-                                                 vm.expected_config(name, state), login=login)
+    handback = None if kept else writeback.begin(config, name, agent, returned, vm.expected_config(name, state),
+                                                 login=login,
+                                                 brokered=brokering.prepared.replaces if brokering else None)
     command = staging.launch_command(
         config, workspace, scripts, agent, refreshed.folder, isolated,
         handback.returns if handback is not None else None, session=kept, worktree=worktree,
