@@ -26,9 +26,10 @@ HOSTS = ["api.github.com", "github.com"]
 REAL_OPENSSL = subprocess.run(["sh", "-c", "command -v openssl"], capture_output=True, text=True).stdout.strip()
 
 
-def _handshake(authority: Path, context: ssl.SSLContext, server_hostname: str) -> Any:
-    """A TLS handshake on 127.0.0.1 between a server using `context` and a client trusting only `authority`;
-    the peer certificate the client saw. Raises ssl.SSLError when the client refuses it."""
+def _handshake(authority: Path, context: ssl.SSLContext, server_hostname: str, strict: bool = False) -> Any:
+    """A TLS handshake on 127.0.0.1 between a server using `context` and a client trusting only `authority` (and
+    verifying as RFC 5280 asks when `strict`, as Python 3.13's default context does); the peer certificate the
+    client saw. Raises ssl.SSLError when the client refuses it."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     seen: dict[str, str | None] = {}
@@ -50,6 +51,8 @@ def _handshake(authority: Path, context: ssl.SSLContext, server_hostname: str) -
     thread.start()
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     client.load_verify_locations(cafile=str(authority))  # only this CA: no system roots
+    if strict:
+        client.verify_flags |= ssl.VERIFY_X509_STRICT
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
                 client.wrap_socket(raw, server_hostname=server_hostname) as tls:
@@ -61,19 +64,47 @@ def _handshake(authority: Path, context: ssl.SSLContext, server_hostname: str) -
         listener.close()
 
 
-def _sign_with_the_ca(authority: ca.BrokerCA, tmp_path: Path, san: str) -> tuple[Path, Path]:
-    """A leaf for `san` ("DNS:x" or "IP:x") signed by the CA's own key, made here by hand with openssl."""
-    key, cert = tmp_path / f"{san}.key", tmp_path / f"{san}.pem"
-    ext = tmp_path / f"{san}.cnf"
-    ext.write_text(f"[leaf]\nsubjectAltName = {san}\nbasicConstraints = critical, CA:FALSE\n"
-                   "extendedKeyUsage = serverAuth\n")
+def _sign(issuer: Path, issuer_key: Path, tmp_path: Path, name: str, extensions: str) -> tuple[Path, Path]:
+    """A certificate (CN=x, a new key) with these extensions, signed by issuer's key, made here by hand with openssl."""
+    key, cert = tmp_path / f"{name}.key", tmp_path / f"{name}.pem"
+    ext = tmp_path / f"{name}.cnf"
+    ext.write_text(f"[ext]\n{extensions}")
     subprocess.run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", str(key)], check=True)
     request = subprocess.run(["openssl", "req", "-new", "-key", str(key), "-subj", "/CN=x"], check=True,
                              capture_output=True).stdout
-    subprocess.run(["openssl", "x509", "-req", "-CA", str(authority.cert), "-CAkey", str(authority.key),
-                    "-set_serial", "7", "-days", "2", "-extfile", str(ext), "-extensions", "leaf", "-out", str(cert)],
+    subprocess.run(["openssl", "x509", "-req", "-CA", str(issuer), "-CAkey", str(issuer_key), "-set_serial", "7",
+                    "-days", "2", "-extfile", str(ext), "-extensions", "ext", "-out", str(cert)],
                    input=request, check=True, capture_output=True)
     return cert, key
+
+
+def _leaf_extensions(san: str) -> str:
+    return f"subjectAltName = {san}\nbasicConstraints = critical, CA:FALSE\nextendedKeyUsage = serverAuth\n"
+
+
+def _sign_with_the_ca(authority: ca.BrokerCA, tmp_path: Path, san: str) -> tuple[Path, Path]:
+    """A leaf for `san` ("DNS:x" or "IP:x") signed by the CA's own key, made here by hand with openssl."""
+    return _sign(authority.cert, authority.key, tmp_path, san, _leaf_extensions(san))
+
+
+def _extensions(cert: Path) -> dict[str, tuple[bool, list[str]]]:
+    """The certificate's X.509v3 extensions as `openssl x509 -text` shows them: name -> (critical, value lines)."""
+    text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", str(cert)], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+    start = next(number for number, line in enumerate(text) if line.strip() == "X509v3 extensions:")
+    found: dict[str, tuple[bool, list[str]]] = {}
+    indent = len(text[start + 1]) - len(text[start + 1].lstrip())
+    for line in text[start + 1:]:
+        depth = len(line) - len(line.lstrip())
+        if depth < indent:
+            break
+        if depth == indent:
+            name, _, flag = line.strip().partition(":")
+            current: list[str] = []
+            found[name] = (flag.strip() == "critical", current)
+        else:
+            current.append(line.strip())
+    return found
 
 
 def _context(cert: Path, key: Path) -> ssl.SSLContext:
@@ -82,9 +113,9 @@ def _context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-def _verify(authority: ca.BrokerCA, cert: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["openssl", "verify", "-CAfile", str(authority.cert), str(cert)], capture_output=True,
-                          text=True)
+def _verify(authority: ca.BrokerCA, cert: Path, *options: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["openssl", "verify", *options, "-CAfile", str(authority.cert), str(cert)],
+                          capture_output=True, text=True)
 
 
 @pytest.fixture
@@ -142,6 +173,55 @@ def test_a_leaf_outside_the_name_constraints_is_rejected_even_when_the_ca_signed
     assert checked.returncode != 0 and "excluded subtree violation" in checked.stdout + checked.stderr
     with pytest.raises(ssl.SSLCertVerificationError, match="excluded subtree violation"):
         _handshake(authority.cert, _context(cert, key), "127.0.0.1")
+
+
+@pytest.mark.parametrize("address", ["::1", "2001:db8::1"])
+def test_a_leaf_for_an_ipv6_literal_is_rejected_even_when_the_ca_signed_it(tmp_path: Path, address: str) -> None:
+    authority = ca.ensure("vm-one", HOSTS)
+    # Excluding IPv4 alone would leave every IPv6 address unconstrained (no IP subtree is permitted or excluded).
+    cert, key = _sign_with_the_ca(authority, tmp_path, f"IP:{address}")
+    checked = _verify(authority, cert)
+    assert checked.returncode != 0 and "excluded subtree violation" in checked.stdout + checked.stderr, \
+        checked.stdout + checked.stderr
+    with pytest.raises(ssl.SSLCertVerificationError, match="excluded subtree violation"):
+        _handshake(authority.cert, _context(cert, key), address)
+
+
+def test_the_ca_says_critically_that_it_is_a_ca_limited_to_its_names_that_signs_no_other_ca() -> None:
+    authority = ca.ensure("vm-one", HOSTS)
+    # A strict verifier (RFC 5280's rules; Python 3.13's default context) refuses a CA whose basic constraints are
+    # not marked critical: the CA's own leaves pass it.
+    leaf = authority.leaf("github.com")
+    checked = _verify(authority, leaf.cert, "-x509_strict")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    peer = _handshake(authority.cert, ca.server_context(leaf), "github.com", strict=True)
+    assert peer["subjectAltName"] == (("DNS", "github.com"),)
+    extensions = _extensions(authority.cert)
+    # Each limit is critical, so a verifier that does not know it must refuse the CA rather than ignore the limit.
+    assert extensions["X509v3 Basic Constraints"] == (True, ["CA:TRUE, pathlen:0"])
+    assert extensions["X509v3 Key Usage"] == (True, ["Certificate Sign, CRL Sign"])
+    assert extensions["X509v3 Name Constraints"] == (True, [
+        "Permitted:", "DNS:api.github.com", "DNS:github.com",
+        "Excluded:", "IP:0.0.0.0/0.0.0.0", "IP:0:0:0:0:0:0:0:0/0:0:0:0:0:0:0:0"])
+
+
+def test_a_ca_the_ca_signed_cannot_vouch_for_anything(tmp_path: Path) -> None:
+    authority = ca.ensure("vm-one", HOSTS)
+    middle, middle_key = _sign(authority.cert, authority.key, tmp_path, "middle",
+                               "basicConstraints = critical, CA:TRUE\nkeyUsage = critical, keyCertSign\n")
+    cert, key = _sign(middle, middle_key, tmp_path, "leaf", _leaf_extensions("DNS:github.com"))
+    # Control: the leaf is good in itself (for a permitted host; a client trusting the intermediate takes it).
+    alone = subprocess.run(["openssl", "verify", "-partial_chain", "-CAfile", str(middle), str(cert)],
+                           capture_output=True, text=True)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    # pathlen:0: with the CA as the only root, the chain through an intermediate it signed is refused.
+    checked = _verify(authority, cert, "-untrusted", str(middle))
+    assert checked.returncode != 0 and "path length constraint exceeded" in checked.stdout + checked.stderr, \
+        checked.stdout + checked.stderr
+    chain = tmp_path / "chain.pem"
+    chain.write_text(cert.read_text() + middle.read_text())
+    with pytest.raises(ssl.SSLCertVerificationError, match="path length constraint exceeded"):
+        _handshake(authority.cert, _context(chain, key), "github.com")
 
 
 def test_the_keys_are_private_and_the_certificates_readable() -> None:

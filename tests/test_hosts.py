@@ -4,6 +4,8 @@ standing for the remote machine and the limactl double on its PATH (tests/remote
 from __future__ import annotations
 
 import json
+import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -85,6 +87,52 @@ def test_add_refuses_bad_names_and_addresses_before_anything_is_written(project:
     result = run_agentbox("hosts", "add", name, url, "--no-check", cwd=project)
     assert result.returncode == 2 and said in result.stderr
     assert [row["name"] for row in json.loads(run_agentbox("hosts", "ls", "--json", cwd=project).stdout)] == ["local"]
+
+
+@pytest.fixture
+def ssh_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A stand-in ssh first on PATH: records each argv (one JSON line), then fails as ssh does for a host that
+    does not answer."""
+    log = tmp_path / "ssh-argv.jsonl"
+    bin_dir = tmp_path / "ssh-bin"
+    bin_dir.mkdir()
+    stand_in = bin_dir / "ssh"
+    stand_in.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                        f"with open({str(log)!r}, 'a') as log:\n"
+                        "    log.write(json.dumps(sys.argv[1:]) + '\\n')\n"
+                        "sys.stderr.write('ssh: connect to host port 22: Connection refused\\n')\n"
+                        "sys.exit(255)\n")
+    stand_in.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+@pytest.mark.parametrize(("args", "said"), [
+    (["ssh://-Jevil.example.com"], "'ssh://-Jevil.example.com': '-Jevil.example.com' is not a host name agentbox"
+     " passes to ssh"),
+    (["ssh://-oProxyCommand=touch"], "'ssh://-oProxyCommand=touch': '-oProxyCommand=touch' is not a host name"
+     " agentbox passes to ssh"),
+    (["ssh://-Jevil.example.com:22"], "'ssh://-Jevil.example.com:22': '-Jevil.example.com' is not a host name"
+     " agentbox passes to ssh"),
+    (["ssh://-Jevil@build.example.com"], "'ssh://-Jevil@build.example.com': '-Jevil' is not a user name agentbox"
+     " passes to ssh"),
+    (["--", "-Jevil.example.com"], "'-Jevil.example.com' is not an ssh:// address"),
+    (["--", "-oProxyCommand=touch /tmp/x"], "'-oProxyCommand=touch /tmp/x' is not an ssh:// address"),
+    (["-Jevil.example.com"], "No such option"),  # click's own refusal (its wording varies by version)
+], ids=["ssh-J", "ssh-oProxyCommand", "ssh-J-port", "ssh-user-J", "bare-J", "bare-oProxyCommand", "option-J"])
+def test_an_address_ssh_would_read_as_an_option_is_refused_and_ssh_never_runs(project: Path, ssh_log: Path,
+                                                                              args: list[str], said: str) -> None:
+    """ssh reads a destination that starts with `-` as its options (`-J` a jump host, `-o ProxyCommand=` a
+    command run on this machine): such an address is refused before anything is written or run."""
+    result = run_agentbox("hosts", "add", "big", *args, cwd=project)  # no --no-check: an added host is contacted
+    assert (result.returncode, said in result.stderr) == (2, True), result.stderr
+    assert not ssh_log.exists()
+    assert [row["name"] for row in json.loads(run_agentbox("hosts", "ls", "--json", cwd=project).stdout)] == ["local"]
+    # The control: an address agentbox takes is added and contacted, its host name after ssh's options.
+    added = run_agentbox("hosts", "add", "big", "ssh://me@build.example.com:2222", cwd=project)
+    assert added.returncode == 0, added.stderr
+    first = json.loads(ssh_log.read_text().splitlines()[0])
+    assert first[first.index("-p"):first.index("--")] == ["-p", "2222", "-l", "me", "-T", "build.example.com"]
 
 
 def test_add_twice_is_refused_and_rm_forgets_the_host(project: Path) -> None:

@@ -7,11 +7,13 @@ the rendered lima.yaml (the double's instance for the one `start` that goes thro
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from agentbox import paths
 from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 
@@ -146,6 +148,33 @@ def test_home_state_and_lima_home_are_never_mounted(project: Path, home: Path, i
         path = write(project / "agentbox.yml", text) if where == "local" else global_config(home, text)
         refused(project, limactl, f"{path}:2:15: mounts[0].location: {location}: {said}",
                 "agentbox never mounts it into a VM")
+
+
+@pytest.mark.parametrize("where", ["local", "global"])
+def test_a_folder_that_contains_the_state_folder_but_not_the_home_is_never_mounted(
+        project: Path, home: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    """~/.local holds agentbox's state folder where XDG puts it (the trust records, the VMs' broker CAs and
+    staging), yet it is neither the home folder nor one of the private folders."""
+    state = home / ".local" / "state" / "agentbox"
+    if sys.platform == "darwin":  # platformdirs' default there is in ~/Library, a private folder already
+        monkeypatch.setenv("AGENTBOX_STATE_DIR", str(state))
+    else:
+        monkeypatch.delenv("AGENTBOX_STATE_DIR")  # XDG's default
+    assert paths.state_dir() == state
+    (home / ".local" / "share").mkdir(parents=True)
+    text = "mounts:\n  - location: ~/.local\n"
+    path = write(project / "agentbox.yml", text) if where == "local" else global_config(home, text)
+    said = (f"{path}:2:15: mounts[0].location: ~/.local ({home / '.local'}): it contains agentbox's state folder"
+            f" ({state}); agentbox never mounts it into a VM")
+    if where == "local":  # the project's file cannot even be trusted with it
+        trusting = run_cli("trust", cwd=project)
+        assert trusting.exit_code == 2 and said in " ".join(trusting.stderr.split()), trusting.stderr
+        assert not (state / "trust").exists()
+    refused(project, limactl, said)
+    # The control: a folder beside the state folder in ~/.local is mounted.
+    text = "mounts:\n  - location: ~/.local/share\n"
+    write_trusted(project, text) if where == "local" else global_config(home, text)
+    assert [m["location"] for m in extra_mounts(project)] == [str(home / ".local" / "share")]
 
 
 def test_a_folder_beside_them_is_mounted(project: Path, home: Path, tmp_path: Path) -> None:

@@ -93,6 +93,8 @@ def test_a_project_may_only_tighten_the_global_checkpoint_settings(
         project: Path, home: Path, limactl: FakeLima, global_text: str, local_text: str, listed: str | None) -> None:
     write(home / ".config" / "agentbox" / "config.yml", global_text)
     write(project / "agentbox.yml", local_text)
+    if listed is None:
+        needs_bwrap()
     result = run_cli("start", cwd=project)
     if listed is None:
         assert result.exit_code == 0, result.stderr
@@ -381,3 +383,60 @@ def test_undo_never_writes_a_folder_an_untrusted_edit_chose(project: Path, home:
     done = run_cli("undo", "1", cwd=project)
     assert done.exit_code == 0, done.stderr
     assert (other / "notes.txt").read_text() == "v1\n"
+
+
+REAL_CLAUDE_TOKEN = "sk-ant-oat01-REAL-HOST-LOGIN-" + "x" * 32
+
+
+def _refusal(project: Path, listed: str) -> str:
+    return (f"agentbox: error: {project / 'agentbox.yml'} widens what the VM gets from your host or runs in it, and"
+            f" it is not trusted:\n  - {listed}\n"
+            f"hint: Read it (`agentbox trust --show` shows it), then run `agentbox -C {project} trust` to use it."
+            " Anyone who can write the repository, the agent included, can write this file and the files it names.\n")
+
+
+def test_a_project_file_that_turns_the_broker_off_needs_trust(project: Path, home: Path, vm: FakeLima) -> None:
+    """`credentials.broker: false` puts the host's real logins into the VM: the agent must not be able to ask for
+    that by writing the project's file."""
+    write(home / ".claude" / ".credentials.json", json.dumps({"claudeAiOauth": {
+        "accessToken": REAL_CLAUDE_TOKEN, "refreshToken": "sk-ant-ort01-REAL", "expiresAt": 4102444800000}}))
+    guest_login = vm.guest_home(NAME) / ".claude" / ".credentials.json"
+    write(project / "agentbox.yml", "credentials:\n  broker: false\n")
+    refused = run_cli("shell", "--", "true", cwd=project)
+    assert (refused.exit_code, refused.stderr) == (2, _refusal(project, (
+        "credentials.broker: false (puts the real logins of Claude Code, Codex, Gemini CLI and the GitHub CLI into"
+        " the VM)")))
+    assert vm.subcommands() == [] and not guest_login.exists()  # nothing ran in the VM, no login was staged
+    # The control: trusted, the same file copies the real login into the VM.
+    assert run_cli("trust", cwd=project).exit_code == 0
+    done = run_cli("shell", "--", "true", cwd=project)
+    assert done.exit_code == 0, done.stderr
+    assert json.loads(guest_login.read_text())["claudeAiOauth"]["accessToken"] == REAL_CLAUDE_TOKEN
+
+
+@pytest.mark.parametrize(("global_text", "endpoints", "listed"), [
+    ("network:\n  mode: allowlist\n", "[api.anthropic.com, exfil.example.com]",
+     "agents.claude.endpoints: exfil.example.com (more hosts the VM may reach)"),
+    ("network:\n  mode: offline\n", "['*.example.net']", "agents.claude.endpoints: *.example.net (more hosts the VM"
+     " may reach)"),
+    # The controls: the built-in hosts again, or open mode (where endpoints open nothing), need no trust.
+    ("network:\n  mode: allowlist\n", None, None),
+    ("", "[exfil.example.com]", None),
+], ids=["allowlist-added", "offline-added", "allowlist-builtin", "open-added"])
+def test_a_project_file_that_adds_agent_endpoints_needs_trust(project: Path, home: Path, limactl: FakeLima,
+                                                              global_text: str, endpoints: str | None,
+                                                              listed: str | None) -> None:
+    from agentbox.agents.builtin import BUILTIN_AGENTS
+
+    write(home / ".config" / "agentbox" / "config.yml", global_text)
+    hosts = endpoints or json.dumps(list(BUILTIN_AGENTS["claude"].endpoints))
+    write(project / "agentbox.yml", f"agents:\n  claude:\n    endpoints: {hosts}\n")
+    if listed is None:
+        needs_bwrap()
+    result = run_cli("start", cwd=project)
+    if listed is None:
+        assert result.exit_code == 0, result.stderr
+        assert limactl.status(NAME) == "Running"
+        return
+    assert (result.exit_code, result.stderr) == (2, _refusal(project, listed))
+    assert limactl.calls() == []  # nothing listed, created or started
