@@ -1,0 +1,106 @@
+"""git.allowPush: session (scoped pushes): the key and its trust, what a launch hands the broker and the VM's guards,
+the broker the proxy process builds from it, what the agent is told, and what `status` and `net log` show.
+
+The broker's own judgement of a push (receive-pack's commands read on the host) is tested with the proxy
+(tests/test_broker.py); the guards' refusals with the real git against a local bare repository in
+tests/test_wrappers.py and, here, inside the double's guest.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentbox.config import load as config
+from agentbox.config import trust
+from tests.helpers import NAME, FakeLima, run_cli, write
+
+pytestmark = pytest.mark.timeout(180)
+
+BRANCHES = f"agentbox/{NAME}/"
+NAMESPACE = f"refs/heads/{BRANCHES}"
+ZERO = "0" * 40
+SHA_A = "1a2b3c4d" + "a" * 32
+SHA_B = "5e6f7a8b" + "b" * 32
+REAL_GH = "gho_REALGITHUBTOKEN" + "z" * 20
+
+
+def global_config(home: Path, text: str) -> Path:
+    return write(home / ".config" / "agentbox" / "config.yml", text)
+
+
+# -- the key -----------------------------------------------------------------------------------------------
+
+
+def test_true_is_refused_naming_the_file_the_key_and_what_to_use_instead(project: Path, limactl: FakeLima,
+                                                                          isolated_env: dict[str, Path]) -> None:
+    path = write(project / "agentbox.yml", "git:\n  allowPush: true\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert (f"agentbox: error: {path}:2:14: git.allowPush: true is refused: it would allow pushes anywhere, which is "
+            "sync.remoteWrite's to allow") in result.stderr
+    assert ("Write `allowPush: session` to let the agent push branches under agentbox/<vm>/ only, or "
+            "`sync: {remoteWrite: true}` to allow every push.") in result.stderr
+    assert limactl.calls() == [] and not isolated_env["state"].exists()  # nothing created
+
+
+def test_the_global_file_is_checked_the_same_way(project: Path, home: Path) -> None:
+    path = global_config(home, "git:\n  allowPush: yes\n")
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    assert f"{path}:2:14: git.allowPush: yes is refused" in result.stderr
+
+
+@pytest.mark.parametrize(("value", "found"), [
+    ("'session please'", "'session please' (a string)"),
+    ("'false'", "'false' (a string)"),
+    ("[session]", "expected a single value, found a list"),
+    ("1", "1 (a number)"),
+])
+def test_anything_but_false_or_session_is_refused(project: Path, value: str, found: str) -> None:
+    write(project / "agentbox.yml", f"git:\n  allowPush: {value}\n")
+    result = run_cli("config", "--json", cwd=project)
+    assert result.exit_code == 2 and result.stdout == ""
+    assert "git.allowPush: " in result.stderr and found in result.stderr
+
+
+def test_the_default_is_false_and_config_shows_the_value(project: Path) -> None:
+    write(project / "agentbox.yml", "")
+    assert json.loads(run_cli("config", "--json", cwd=project).stdout)["git"] == {"allowPush": False}
+    write(project / "agentbox.yml", "git:\n  allowPush: session\n")
+    assert json.loads(run_cli("config", "--json", cwd=project).stdout)["git"] == {"allowPush": "session"}
+
+
+def test_a_project_file_needs_trust_for_session_and_not_for_false(project: Path, limactl: FakeLima) -> None:
+    write(project / "agentbox.yml", "git:\n  allowPush: session\n")
+    refused = run_cli("start", cwd=project)
+    assert refused.exit_code == 2
+    assert ("  - git.allowPush: session (the agent pushes branches under agentbox/<vm>/ with your GitHub login)"
+            in refused.stderr)
+    assert " trust`" in refused.stderr
+    assert limactl.calls() == []
+    show = run_cli("trust", "--show", cwd=project)
+    assert "allowPush: session" in show.stdout
+    assert run_cli("trust", cwd=project).exit_code == 0
+    loaded = config.load(project)
+    assert trust.is_trusted(loaded) and loaded.scoped_pushes
+
+    write(project / "agentbox.yml", "git:\n  allowPush: false\n")
+    assert trust.risky_keys(config.load(project)) == []
+
+
+def test_the_global_config_sets_it_without_trust(project: Path, home: Path) -> None:
+    global_config(home, "git:\n  allowPush: session\n")
+    write(project / "agentbox.yml", "")
+    loaded = config.load(project)
+    assert loaded.scoped_pushes and trust.risky_keys(loaded) == []
+    write(project / "agentbox.yml", "git:\n  allowPush: false\n")  # a project may narrow it
+    assert not config.load(project).scoped_pushes
+
+
+def test_remote_write_is_wider_and_wins(project: Path, home: Path) -> None:
+    global_config(home, "git:\n  allowPush: session\nsync:\n  remoteWrite: true\n")
+    loaded = config.load(project)
+    assert loaded.push_scope == "session" and not loaded.scoped_pushes
