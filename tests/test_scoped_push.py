@@ -15,6 +15,9 @@ import pytest
 
 from agentbox.config import load as config
 from agentbox.config import trust
+from agentbox.credentials import brokerd, brokered
+from agentbox.net import guard as netguard
+from agentbox.net import pushes
 from tests.helpers import NAME, FakeLima, run_cli, write
 
 pytestmark = pytest.mark.timeout(180)
@@ -104,3 +107,40 @@ def test_remote_write_is_wider_and_wins(project: Path, home: Path) -> None:
     global_config(home, "git:\n  allowPush: session\nsync:\n  remoteWrite: true\n")
     loaded = config.load(project)
     assert loaded.push_scope == "session" and not loaded.scoped_pushes
+
+
+# -- the broker's process ---------------------------------------------------------------------------------
+
+
+def _broker_file(project: Path, home: Path, **modes: object) -> None:
+    write(home / ".config" / "gh" / "hosts.yml", f"github.com:\n    user: me\n    oauth_token: {REAL_GH}\n")
+    request = brokered.request_of(config.load(project))
+    assert request is not None
+    path = netguard.folder(NAME) / netguard.BROKER_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**request.to_json(), **modes}))
+
+
+def test_brokerd_builds_a_broker_that_keeps_pushes_to_the_vms_branches(project: Path, home: Path) -> None:
+    _broker_file(project, home, allowPush=False, pushMode="session")
+    broker = brokerd.load(NAME)
+    assert broker is not None
+    assert broker.push_namespace == NAMESPACE and not broker.allow_push
+    assert isinstance(broker.pushes, pushes.Ledger) and broker.pushes.path == pushes.ledger_path(NAME)
+    assert broker.push_hint.startswith(f"git.allowPush: session allows only pushes that create a branch under "
+                                       f"{BRANCHES} or update one this VM created")
+    assert "sync.remoteWrite: true" in broker.push_hint
+
+
+@pytest.mark.parametrize(("modes", "allow_push"), [
+    ({"allowPush": False, "pushMode": "off"}, False),
+    ({"allowPush": False}, False),  # a file from before git.allowPush
+    ({"allowPush": True, "pushMode": "session"}, True),  # sync.remoteWrite wins
+])
+def test_brokerd_scopes_no_push_otherwise(project: Path, home: Path, modes: dict[str, object],
+                                          allow_push: bool) -> None:
+    _broker_file(project, home, **modes)
+    broker = brokerd.load(NAME)
+    assert broker is not None
+    assert broker.push_namespace is None and broker.pushes is None and broker.allow_push is allow_push
+    assert broker.push_hint.startswith("sync.remoteWrite: true") and "git.allowPush: session" in broker.push_hint
