@@ -18,7 +18,8 @@ from agentbox.config import trust
 from agentbox.credentials import brokerd, brokered
 from agentbox.net import guard as netguard
 from agentbox.net import pushes
-from tests.helpers import NAME, FakeLima, run_cli, write
+from agentbox.session import staging
+from tests.helpers import NAME, FakeLima, agentbox, run_cli, write, write_trusted
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -144,3 +145,62 @@ def test_brokerd_scopes_no_push_otherwise(project: Path, home: Path, modes: dict
     assert broker is not None
     assert broker.push_namespace is None and broker.pushes is None and broker.allow_push is allow_push
     assert broker.push_hint.startswith("sync.remoteWrite: true") and "git.allowPush: session" in broker.push_hint
+
+
+# -- a launch ---------------------------------------------------------------------------------------------
+
+# In the guest: a bare repository in the workspace stands for GitHub; pushes from a clone, through the guards.
+PUSHES = r"""
+set -u
+cd "$1"
+git init -q --bare -b main remote.git
+git clone -q remote.git work 2>/dev/null
+cd work
+git -c user.name=a -c user.email=a@b commit -q --allow-empty -m one
+git push -q origin HEAD:main 2>&1; echo "outside: rc=$?"
+git push -q origin "HEAD:$2x" 2>&1; echo "inside: rc=$?"
+echo "remote has: $(git --git-dir=../remote.git for-each-ref --format='%(refname)')"
+"""
+
+
+def test_a_launch_hands_the_mode_to_the_broker_and_the_guards_keep_pushes_to_the_vms_branches(
+        project: Path, vm: FakeLima, home: Path) -> None:
+    write(home / ".config" / "gh" / "hosts.yml", f"github.com:\n    user: me\n    oauth_token: {REAL_GH}\n")
+    write_trusted(project, "git:\n  allowPush: session\n")
+    try:
+        result = agentbox(project, "shell", "--", "bash", "-c", PUSHES, "push", str(project), BRANCHES)
+        served = json.loads((netguard.folder(NAME) / netguard.BROKER_FILE).read_text())
+    finally:
+        agentbox(project, "stop")
+    assert result.returncode == 0, result.stderr
+    assert served["pushMode"] == "session" and served["allowPush"] is False
+    shell = next(argv for argv in vm.calls() if "shell" in argv)
+    at = shell.index("--guards")
+    assert shell[at:at + 4] == ["--guards", "push-scoped", "--push-namespace", NAMESPACE]
+    assert (vm.guest_home(NAME) / ".config" / "agentbox" / "push-namespace").read_text() == NAMESPACE + "\n"
+    assert f"agentbox:   refs/heads/main: outside {NAMESPACE}\n" in result.stdout
+    assert f"push to a branch there instead: `git push origin HEAD:{BRANCHES}NAME`." in result.stdout
+    assert "outside: rc=1\ninside: rc=0\n" in result.stdout
+    assert result.stdout.endswith(f"remote has: {NAMESPACE}x\n")  # main was never pushed
+
+
+@pytest.mark.parametrize(("text", "mode"), [
+    ("", "on"),
+    ("git:\n  allowPush: session\n", "push-scoped"),
+    ("git:\n  allowPush: session\nsync:\n  remoteWrite: true\n", "off"),  # remoteWrite is wider and wins
+])
+def test_the_guards_mode_follows_the_settings(project: Path, home: Path, text: str, mode: str) -> None:
+    global_config(home, text)
+    assert staging.guards_mode(config.load(project)) == mode
+
+
+def test_without_the_setting_the_launch_refuses_every_push(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "")
+    result = agentbox(project, "shell", "--", "bash", "-c", PUSHES, "push", str(project), BRANCHES)
+    assert result.returncode == 0, result.stderr
+    shell = next(argv for argv in vm.calls() if "shell" in argv)
+    assert shell[shell.index("--guards") + 1] == "on" and "--push-namespace" not in shell
+    assert not (vm.guest_home(NAME) / ".config" / "agentbox" / "push-namespace").exists()
+    assert "readonly-remote guard" in result.stdout
+    assert "outside: rc=1\n" in result.stdout and "inside: rc=1\n" in result.stdout
+    assert result.stdout.endswith("remote has: \n")

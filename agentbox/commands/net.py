@@ -344,7 +344,7 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
         refreshed = staging.refresh(config, name, None, scripts, instance, lease.port if lease else None,
                                     brokering.prepared if brokering else None,
                                     brokering.authority if brokering else None)
-        command = staging.launch_command(config, workspace, scripts, None, refreshed.folder)
+        command = staging.launch_command(config, workspace, scripts, None, refreshed.folder, vm_name=name)
         command += ["--", "python3", "-c", GUEST_CHECK, parsed.geturl()]
         code, stdout, stderr = session.lima.shell_bytes(name, command, OUTPUT_LIMIT)
     finally:
