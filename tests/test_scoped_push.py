@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from agentbox.config import load as config
@@ -18,7 +19,7 @@ from agentbox.config import trust
 from agentbox.credentials import brokerd, brokered
 from agentbox.net import guard as netguard
 from agentbox.net import pushes
-from agentbox.session import staging
+from agentbox.session import context, staging
 from tests.helpers import NAME, FakeLima, agentbox, run_cli, write, write_trusted
 
 pytestmark = pytest.mark.timeout(180)
@@ -204,3 +205,37 @@ def test_without_the_setting_the_launch_refuses_every_push(project: Path, vm: Fa
     assert "readonly-remote guard" in result.stdout
     assert "outside: rc=1\n" in result.stdout and "inside: rc=1\n" in result.stdout
     assert result.stdout.endswith("remote has: \n")
+
+
+# -- what the agent is told -------------------------------------------------------------------------------
+
+
+def test_the_agent_is_told_where_it_may_push(project: Path, limactl: FakeLima, home: Path) -> None:
+    global_config(home, "git:\n  allowPush: session\n")
+    result = run_cli("describe", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    document = json.loads(result.stdout)
+    jsonschema.validate(document, json.loads(context.SCHEMA_FILE.read_text()))
+    remote = document["remoteWrite"]
+    assert remote["pushes"] == {"scope": "session", "branches": BRANCHES}
+    assert remote["allowed"] is False and remote["setting"].startswith("git.allowPush is session")
+    assert any(item.startswith(f"git push of any ref outside {BRANCHES}") for item in remote["blocked"])
+    assert any("GitHub API writes" in item for item in remote["blocked"])
+    assert remote["allowedCommands"][0].startswith(f"git push to a new branch under {BRANCHES}")
+    assert "the credential broker reads every push's ref updates" in remote["enforcedBy"]
+    block = context.memory_block(document)
+    assert f"- Pushes go only to branches under `{BRANCHES}`: create one (`git push origin HEAD:{BRANCHES}NAME`)" \
+        in block and "no GitHub API writes" in block
+    text = run_cli("describe", cwd=project).stdout
+    assert f"only to {BRANCHES}: git.allowPush is session" in text
+
+    global_config(home, "git:\n  allowPush: session\ncredentials:\n  broker: false\n")
+    off = json.loads(run_cli("describe", "--json", cwd=project).stdout)["remoteWrite"]
+    assert "Nothing on the host checks pushes: the credential broker is off" in off["enforcedBy"]
+
+
+def test_ask_for_more_names_the_key(project: Path, limactl: FakeLima) -> None:
+    document = json.loads(run_cli("describe", "--json", cwd=project).stdout)
+    assert document["remoteWrite"]["pushes"] == {"scope": "none", "branches": None}
+    change = next(c for c in document["askForMore"]["changes"] if c["key"] == "git.allowPush")
+    assert change["projectFileNeedsTrust"].startswith("when `session`")
