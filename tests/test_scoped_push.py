@@ -9,6 +9,7 @@ tests/test_wrappers.py and, here, inside the double's guest.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import jsonschema
@@ -239,3 +240,62 @@ def test_ask_for_more_names_the_key(project: Path, limactl: FakeLima) -> None:
     assert document["remoteWrite"]["pushes"] == {"scope": "none", "branches": None}
     change = next(c for c in document["askForMore"]["changes"] if c["key"] == "git.allowPush")
     assert change["projectFileNeedsTrust"].startswith("when `session`")
+
+
+# -- what the user sees -----------------------------------------------------------------------------------
+
+
+def _ledger() -> None:
+    ledger = pushes.Ledger(NAME)
+    ledger.record([(f"{NAMESPACE}fix", ZERO, SHA_A)], "ok")
+    ledger.record([("refs/heads/main", SHA_A, SHA_B)], f"refused: refs/heads/main is outside {NAMESPACE}")
+    ledger.record([(f"{NAMESPACE}fix", SHA_A, SHA_B), (f"{NAMESPACE}docs", ZERO, SHA_B)], "ok")
+
+
+def test_status_shows_the_mode_and_what_was_pushed(project: Path, limactl: FakeLima, home: Path) -> None:
+    global_config(home, "git:\n  allowPush: session\n")
+    _ledger()
+    data = json.loads(run_cli("status", "--json", cwd=project).stdout)["pushes"]
+    assert {key: data[key] for key in ("mode", "setting", "branches", "checkedOnHost", "pushed", "refused")} == {
+        "mode": "session", "setting": "git.allowPush: session", "branches": BRANCHES, "checkedOnHost": True,
+        "pushed": 2, "refused": 1}
+    assert [entry["outcome"] for entry in data["recent"]] == ["ok", f"refused: refs/heads/main is outside {NAMESPACE}",
+                                                              "ok"]
+    assert data["recent"][2]["updates"] == [{"ref": f"{NAMESPACE}fix", "old": SHA_A, "new": SHA_B},
+                                            {"ref": f"{NAMESPACE}docs", "old": ZERO, "new": SHA_B}]
+    text = run_cli("status", cwd=project).stdout.splitlines()
+    first = text.index(next(line for line in text if line.startswith("pushes:")))
+    when = time.strftime("%Y-%m-%d %H:", time.localtime())  # the ledger's UTC times, shown in local time
+    assert text[first] == (f"pushes:    only to branches under {BRANCHES} (git.allowPush: session; checked on the "
+                           "host by the credential broker); 2 pushed, 1 refused")
+    shown = [line[11:] for line in text[first + 1:first + 5]]
+    assert all(line.startswith(when) for line in shown)
+    assert [line[18:] for line in shown] == [
+        f"{BRANCHES}fix new 1a2b3c4  ok",
+        f"main 1a2b3c4..5e6f7a8  refused: refs/heads/main is outside {NAMESPACE}",
+        f"{BRANCHES}fix 1a2b3c4..5e6f7a8  ok",
+        f"{BRANCHES}docs new 5e6f7a8  ok",
+    ]
+
+
+def test_status_says_pushes_are_refused_by_default(project: Path, limactl: FakeLima) -> None:
+    data = json.loads(run_cli("status", "--json", cwd=project).stdout)["pushes"]
+    assert data == {"mode": "none", "setting": "sync.remoteWrite: false, git.allowPush: false", "branches": None,
+                    "checkedOnHost": False, "pushed": 0, "refused": 0, "recent": []}
+    assert "pushes:    refused (sync.remoteWrite: false, git.allowPush: false)" in run_cli("status", cwd=project).stdout
+
+
+def test_net_log_shows_a_pushs_refs(project: Path, limactl: FakeLima) -> None:
+    log = netguard.log_path(NAME)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    entry = {"time": "2026-11-29T07:40:00Z", "decision": "substitute", "host": "github.com", "port": 443,
+             "method": "POST", "path": "/me/repo.git/git-receive-pack", "agent": "gh", "status": 200,
+             "pushed": [{"ref": f"{NAMESPACE}fix", "old": ZERO, "new": SHA_A},
+                        {"ref": f"{NAMESPACE}docs", "old": SHA_A, "new": SHA_B}]}
+    log.write_text(json.dumps(entry) + "\n")
+    for args in ((), ("--broker",)):
+        result = run_cli("net", "log", *args, cwd=project)
+        assert result.exit_code == 0, result.stderr
+        assert result.stdout.rstrip("\n").endswith(
+            f"github.com:443/me/repo.git/git-receive-pack  gh -> 200  push: {BRANCHES}fix new 1a2b3c4, "
+            f"{BRANCHES}docs 1a2b3c4..5e6f7a8")

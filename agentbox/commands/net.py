@@ -213,6 +213,7 @@ def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only:
 
 
 def _print_entry(raw: bytes, as_json: bool) -> None:
+    from agentbox.credentials import pushreport
     from agentbox.safetext import visible
 
     text = raw.decode(errors="replace").rstrip("\n")
@@ -229,6 +230,10 @@ def _print_entry(raw: bytes, as_json: bool) -> None:
         target += str(entry["path"])
         status = f" -> {entry['status']}" if entry.get("status") else ""
         reason = f"  {entry.get('agent') or '-'}{status}{reason}"
+        pushed = entry.get("pushed")  # a git push's ref updates (git.allowPush: session)
+        if isinstance(pushed, list) and pushed:
+            reason += "  push: " + ", ".join(pushreport.update_words(update) for update in pushed
+                                             if isinstance(update, dict))
     click.echo(visible(f"{entry.get('time', '?')}  {entry.get('decision', '?')!s:5}  "
                        f"{entry.get('method', '?')!s:7} {target}{reason}"))
 
