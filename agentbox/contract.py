@@ -19,6 +19,9 @@ CLAUDE_HOOKS = "claude-hooks.json"
 OUTBOX_SESSIONS = "sessions"
 GUARDS = "guards"
 GUARD_FILES = ("git", "gh", "pre-push", "hook-dispatch")
+# In the guest home: the ref prefix scoped pushes may go to (--guards push-scoped), read by the git wrapper and the
+# pre-push hook; absent otherwise (provision/launch/guards.sh).
+PUSH_SCOPE_FILE = ".config/agentbox/push-namespace"
 BOOTSTRAP = "bootstrap"
 ENV_FILE = "env"
 CREDS = "creds"
@@ -61,7 +64,11 @@ LAUNCH_OPTIONS = (
                  "(vm.startupWaitSec; launch.sh's default 30)"),
     LaunchOption("--workspace", "DIR", "the workspace: bootstrap scripts run there and Gemini CLI trusts it "
                  "(launch.sh's default: its working folder)"),
-    LaunchOption("--guards", "on|off", "install (on) or remove (off) the readonly-remote guards (sync.remoteWrite)"),
+    LaunchOption("--guards", "on|off|push-scoped", "install (on) or remove (off) the readonly-remote guards "
+                 "(sync.remoteWrite); push-scoped: install them letting `git push` through to the pre-push hook, which "
+                 "refuses every ref outside --push-namespace and every delete (git.allowPush: session)"),
+    LaunchOption("--push-namespace", "REF", "with --guards push-scoped: the only refs pushes may go to "
+                 "(refs/heads/agentbox/VM/, agentbox.net.pushes.namespace), written to PUSH_SCOPE_FILE"),
     LaunchOption("--timing", None, "print how long launch.sh's setup took (agentbox --timings)"),
     LaunchOption("--binary", "NAME", "the agent's program, installed with --install when it is missing"),
     LaunchOption("--install", "COMMAND", "the bash command that installs --binary ('' for none)"),

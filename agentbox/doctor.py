@@ -783,12 +783,16 @@ def check_guards(config: Config, probe: Probe, checks: list[Check]) -> None:
         )
         return
     launch = "the next launch (`agentbox shell` or an agent command)"
+    # git.allowPush: session: the guards let `git push` through to the pre-push hook, which keeps it to the VM's
+    # own branches (the credential broker decides on the host)
+    setting = ("git.allowPush: session, pushes only to agentbox/<vm>/ branches" if config.scoped_pushes
+               else "sync.remoteWrite: false")
     if probe.reason == VM_MISSING:
         checks.append(
             Check(
                 "guards",
                 WARN,
-                "guards (sync.remoteWrite: false) are not installed yet: the VM does not exist",
+                f"guards ({setting}) are not installed yet: the VM does not exist",
                 f"They are installed at {launch}, before anything runs.",
             )
         )
@@ -798,7 +802,7 @@ def check_guards(config: Config, probe: Probe, checks: list[Check]) -> None:
             Check(
                 "guards",
                 OK,
-                "guards are on (sync.remoteWrite: false) and installed at every launch "
+                f"guards are on ({setting}) and installed at every launch "
                 f"(not checked in the VM: {probe.reason})",
             )
         )
@@ -824,14 +828,14 @@ def check_guards(config: Config, probe: Probe, checks: list[Check]) -> None:
             Check(
                 "guards",
                 WARN,
-                f"guards (sync.remoteWrite: false) are not installed in the VM yet (missing: {', '.join(missing)})",
+                f"guards ({setting}) are not installed in the VM yet (missing: {', '.join(missing)})",
                 f"They are installed at {launch}.",
             )
         )
         return
     checks.append(
         Check(
-            "guards", OK, "guards are installed in the VM: git and gh wrappers, pre-push hook (sync.remoteWrite: false)"
+            "guards", OK, f"guards are installed in the VM: git and gh wrappers, pre-push hook ({setting})"
         )
     )
 

@@ -84,7 +84,7 @@ def stage(base: Path) -> tuple[Path, Path, list[str]]:
                                    "disk": 100 << 30, "config": {"user": {"home": GUEST_HOME}}})
     refreshed = staging.refresh(config, config.vm_name, None, scripts, instance)
     staging.stage_context(config, config.vm_name, None, refreshed, instance, "live", None)
-    command = staging.launch_command(config, project, scripts, None, refreshed.folder)
+    command = staging.launch_command(config, project, scripts, None, refreshed.folder, vm_name=config.vm_name)
     return project, refreshed.folder, command
 
 

@@ -19,6 +19,7 @@ wait_sec=30
 binary=""
 install=""
 guards=""
+push_namespace=""
 workspace="$PWD"
 on_create=()
 on_start=()
@@ -51,6 +52,7 @@ while [ $# -gt 0 ]; do
     --binary) binary="$2"; shift 2 ;;
     --install) install="$2"; shift 2 ;;
     --guards) guards="$2"; shift 2 ;;
+    --push-namespace) push_namespace="$2"; shift 2 ;;
     --workspace) workspace="$2"; shift 2 ;;
     --on-create) on_create+=("$2"); shift 2 ;;
     --on-start) on_start+=("$2"); shift 2 ;;
@@ -156,7 +158,8 @@ else
   repair_gemini_settings
   [ "$binary" != gemini ] || trust_workspace_for_gemini
   case "$guards" in
-    on) install_guards ;;
+    on) install_guards "" ;;
+    push-scoped) install_guards "$push_namespace" ;;
     off) remove_guards ;;
   esac
   hash -r

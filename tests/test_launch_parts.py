@@ -236,6 +236,22 @@ def test_guards_install_leave_a_foreign_program_and_go_again(guest: Guest) -> No
     assert list(hooks.iterdir()) == []
 
 
+def test_guards_push_scoped_writes_the_namespace_and_the_others_remove_it(guest: Guest) -> None:
+    for name in contract.GUARD_FILES:
+        write(guest.staging / contract.GUARDS / name, f"#!/bin/sh\n# agentbox-managed: readonly-remote\n# {name}\n")
+    scope = guest.home / contract.PUSH_SCOPE_FILE
+    result = guest.run("guards.sh", "install_guards refs/heads/agentbox/vm1/")
+    assert result.returncode == 0, result.stderr
+    assert scope.read_text() == "refs/heads/agentbox/vm1/\n"
+    stamp = scope.stat().st_mtime_ns
+    assert guest.run("guards.sh", "install_guards refs/heads/agentbox/vm1/").returncode == 0
+    assert scope.stat().st_mtime_ns == stamp  # unchanged: not written again
+    assert guest.run("guards.sh", 'install_guards ""').returncode == 0
+    assert not scope.exists()
+    assert guest.run("guards.sh", "install_guards refs/heads/agentbox/vm1/; remove_guards").returncode == 0
+    assert not scope.exists()
+
+
 def test_bootstrap_runs_on_create_once_and_stops_at_a_failing_script(guest: Guest) -> None:
     create = write(guest.home / "create.sh", "echo created >> log\n")
     prelude = f"on_create=({create})\non_start=()"

@@ -415,7 +415,7 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
         broker_ca = ca.load(config.vm_name) if brokered else None
         refreshed = staging.refresh(config, config.vm_name, agent_config, scripts, instance, broker_ca=broker_ca)
         staging.stage_context(config, config.vm_name, agent_config, refreshed, instance, "live", None)
-        command = staging.launch_command(config, p.project, scripts, agent_config, p.staging)
+        command = staging.launch_command(config, p.project, scripts, agent_config, p.staging, vm_name=config.vm_name)
     own_by_guest_user(p.staging)
     if agent_config is not None:
         command += ["--", agent_config.binary, *agent_config.default_args, *argv]

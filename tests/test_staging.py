@@ -25,6 +25,7 @@ ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
 # A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
 TASK_OPTIONS = ("--task", "--isolated-task", "--worktree", "--worktree-branch", "--worktree-base")
 SESSION_OPTIONS = ("--session", "--session-attach", "--session-reply", "--session-events", "--session-live")
+PUSH_OPTIONS = ("--push-namespace",)  # git.allowPush: session's only (tests/test_scoped_push.py sends it)
 PROBE_SH = REPO / "provision" / "doctor-probe.sh"
 
 
@@ -125,8 +126,9 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     shell = next(argv for argv in vm.calls() if "shell" in argv)
     sent = {arg for arg in shell if arg.startswith("--")}
     # Isolated mode's options go with an isolated launch only (tests/test_isolated.py sends them), a kept
-    # session's with a kept launch (tests/test_sessions.py), a task's with a task (tests/test_tasks.py).
-    others = {*ISOLATED_OPTIONS, *SESSION_OPTIONS, *TASK_OPTIONS}
+    # session's with a kept launch (tests/test_sessions.py), a task's with a task (tests/test_tasks.py), scoped
+    # pushes' with git.allowPush: session (tests/test_scoped_push.py).
+    others = {*ISOLATED_OPTIONS, *SESSION_OPTIONS, *TASK_OPTIONS, *PUSH_OPTIONS}
     assert {option.name for option in contract.LAUNCH_OPTIONS} - others <= sent
     assert not sent & others
 

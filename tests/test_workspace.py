@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from agentbox.net import policy as netpolicy
+from agentbox.net import pushes
 from tests.helpers import FakeLima, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
@@ -143,10 +144,13 @@ def two_apps(home: Path, limactl: FakeLima) -> tuple[Path, Path]:
 
 def test_status_reports_a_name_clash(home: Path, limactl: FakeLima) -> None:
     first, second = two_apps(home, limactl)
+    pushes.Ledger("agentbox-app").record([("refs/heads/agentbox/agentbox-app/x", "0" * 40, "1" * 40)], "ok")
     shown = status_json(second)
     suggested = shown["conflict"]["suggestedName"]
     assert re.fullmatch(r"agentbox-app-[0-9a-f]{8}", suggested)
     assert shown.pop("broker")["enabled"] is True  # on by default; tests/test_broker_report.py checks the rest
+    # the other workspace's VM's pushes are not this one's (tests/test_scoped_push.py checks the rest)
+    assert shown.pop("pushes")["recent"] == []
     assert shown == {
         "name": "agentbox-app", "status": "NotCreated", "workspace": str(second), "cpus": None, "memory": None,
         "disk": None, "vmType": None, "arch": None, "dir": None, "workspaceRule": CWD_RULE, "sessionMode": "live",

@@ -1117,6 +1117,95 @@ def test_pre_push_hook_is_skipped_by_no_verify_known_gap(sandbox: Sandbox) -> No
 
 
 # ---------------------------------------------------------------------------------------------
+# git.allowPush: session: `git push` goes through, and the pre-push hook keeps it to the VM's branches
+
+SCOPE = "refs/heads/agentbox/vm1/"
+
+
+@pytest.fixture
+def scoped(sandbox: Sandbox) -> Sandbox:
+    """The sandbox as launch.sh's --guards push-scoped leaves a guest: the namespace file, the global hooks."""
+    home = Path(sandbox.env["HOME"])
+    (home / ".config" / "agentbox").mkdir(parents=True)
+    (home / ".config" / "agentbox" / "push-namespace").write_text(SCOPE + "\n")
+    sandbox.real("config", "--global", "core.hooksPath", str(sandbox.hooks))
+    return sandbox
+
+
+def assert_scoped_refusal(result: subprocess.CompletedProcess, *refs: str) -> None:
+    assert result.returncode != 0, result
+    assert ("git.allowPush: session lets this VM push only to branches under agentbox/vm1/ (create one, or update "
+            "one it created), never delete one or push another ref (pre-push hook):") in result.stderr
+    for line in refs:
+        assert f"agentbox:   {line}\n" in result.stderr, result.stderr
+    assert "agentbox: push to a branch there instead: `git push origin HEAD:agentbox/vm1/NAME`." in result.stderr
+
+
+def test_scoped_push_creates_and_updates_the_vms_branches(scoped: Sandbox) -> None:
+    head = scoped.commit_ahead()
+    result = scoped.git("push", "-q", "origin", f"HEAD:{SCOPE}work")
+    assert result.returncode == 0, result.stderr
+    assert scoped.remote_refs()[f"{SCOPE}work"] == head
+    again = scoped.commit_ahead()
+    result = scoped.git("push", "-q", "origin", f"HEAD:{SCOPE}work")
+    assert result.returncode == 0, result.stderr
+    assert scoped.remote_refs()[f"{SCOPE}work"] == again
+    assert any(call[:1] == ["push"] for call in scoped.calls())  # through the wrapper to the real git
+
+
+def test_scoped_push_anywhere_else_is_refused_whole_with_the_reason(scoped: Sandbox) -> None:
+    scoped.commit_ahead()
+    before = scoped.remote_refs()
+    assert_scoped_refusal(scoped.git("push", "origin", "main"), f"refs/heads/main: outside {SCOPE}")
+    tag = scoped.git("push", "origin", "HEAD:refs/tags/v1")
+    assert_scoped_refusal(tag, f"refs/tags/v1: outside {SCOPE}")
+    # one ref inside, one outside: nothing is pushed
+    mixed = scoped.git("push", "origin", f"HEAD:{SCOPE}a", "HEAD:refs/heads/agentbox/vm2/b")
+    assert_scoped_refusal(mixed, f"refs/heads/agentbox/vm2/b: outside {SCOPE}")
+    assert f"{SCOPE}a" not in mixed.stderr.split("pre-push hook):")[1].split("push to a branch")[0]
+    # the real binary (a shell alias, a script) meets the same hook
+    assert_scoped_refusal(scoped.real_git("push", "origin", "main"), f"refs/heads/main: outside {SCOPE}")
+    assert scoped.remote_refs() == before
+
+
+def test_scoped_push_never_deletes(scoped: Sandbox) -> None:
+    scoped.real("push", "-q", "--no-verify", "origin", f"HEAD:{SCOPE}old")
+    before = scoped.remote_refs()
+    for args in ((f":{SCOPE}old",), ("--delete", f"{SCOPE}old")):
+        assert_scoped_refusal(scoped.git("push", "origin", *args), f"{SCOPE}old: a delete")
+    assert scoped.remote_refs() == before
+
+
+@pytest.mark.parametrize("content", ["refs/heads/\n", "refs/tags/agentbox/vm1/\n", "refs/heads/agentbox/vm1\n",
+                                     "refs/heads/a b/\n", ""])
+def test_a_namespace_file_that_names_no_branches_refuses_every_push(sandbox: Sandbox, content: str) -> None:
+    home = Path(sandbox.env["HOME"])
+    write_exe(home / ".config" / "agentbox" / "push-namespace", content)
+    sandbox.real("config", "--global", "core.hooksPath", str(sandbox.hooks))
+    sandbox.commit_ahead()
+    before = sandbox.remote_refs()
+    assert_refused(sandbox.git("push", "origin", "HEAD:refs/heads/agentbox/vm1/x"), "`git push`")
+    assert_refused(sandbox.real_git("push", "origin", "HEAD:refs/heads/agentbox/vm1/x"), "pre-push hook")
+    assert sandbox.remote_refs() == before
+
+
+def test_scoped_mode_still_refuses_send_pack_and_says_what_is_allowed(scoped: Sandbox) -> None:
+    before = scoped.remote_refs()
+    result = scoped.git("send-pack", str(scoped.remote), "main")
+    assert_refused(result, "`git send-pack`")
+    assert "agentbox: `git push` to branches under agentbox/vm1/ is allowed (git.allowPush: session)." in result.stderr
+    assert scoped.remote_refs() == before
+
+
+def test_scoped_mode_lets_an_alias_push_reach_the_hook(scoped: Sandbox) -> None:
+    scoped.real("config", "alias.up", "push origin HEAD:main")
+    scoped.commit_ahead()
+    before = scoped.remote_refs()
+    assert_scoped_refusal(scoped.git("up"), f"refs/heads/main: outside {SCOPE}")
+    assert scoped.remote_refs() == before
+
+
+# ---------------------------------------------------------------------------------------------
 # gh
 
 

@@ -213,6 +213,7 @@ def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only:
 
 
 def _print_entry(raw: bytes, as_json: bool) -> None:
+    from agentbox.credentials import pushreport
     from agentbox.safetext import visible
 
     text = raw.decode(errors="replace").rstrip("\n")
@@ -229,6 +230,10 @@ def _print_entry(raw: bytes, as_json: bool) -> None:
         target += str(entry["path"])
         status = f" -> {entry['status']}" if entry.get("status") else ""
         reason = f"  {entry.get('agent') or '-'}{status}{reason}"
+        pushed = entry.get("pushed")  # a git push's ref updates (git.allowPush: session)
+        if isinstance(pushed, list) and pushed:
+            reason += "  push: " + ", ".join(pushreport.update_words(update) for update in pushed
+                                             if isinstance(update, dict))
     click.echo(visible(f"{entry.get('time', '?')}  {entry.get('decision', '?')!s:5}  "
                        f"{entry.get('method', '?')!s:7} {target}{reason}"))
 
@@ -344,7 +349,7 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
         refreshed = staging.refresh(config, name, None, scripts, instance, lease.port if lease else None,
                                     brokering.prepared if brokering else None,
                                     brokering.authority if brokering else None)
-        command = staging.launch_command(config, workspace, scripts, None, refreshed.folder)
+        command = staging.launch_command(config, workspace, scripts, None, refreshed.folder, vm_name=name)
         command += ["--", "python3", "-c", GUEST_CHECK, parsed.geturl()]
         code, stdout, stderr = session.lima.shell_bytes(name, command, OUTPUT_LIMIT)
     finally:

@@ -193,6 +193,7 @@ def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
+    from agentbox.credentials import pushreport
     from agentbox.credentials import report as brokerreport
     from agentbox.net import guard as netguard
     from agentbox.safetext import visible
@@ -217,6 +218,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     info["network"] = {key: network[key] for key in ("mode", "enforcement", "enforcementWhy", "allowHost",
                                                       "allowLan", "proxy")}
     info["broker"] = brokerreport.of(config, name)
+    info["pushes"] = pushreport.of(config, name, history=not conflict)
     if as_json:
         click.echo(json.dumps(info))
         return
@@ -238,6 +240,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{'network:':11}{network['mode']} (enforcement: {network['enforcement']}"
                + (f"; proxy on 127.0.0.1:{proxy['port']}" if proxy["running"] else "") + "; `agentbox net status`)")
     click.echo(visible(f"{'broker:':11}{brokerreport.summary(info['broker'])}"))
+    for index, line in enumerate(pushreport.lines(info["pushes"])):
+        click.echo(visible(f"{'pushes:' if index == 0 else '':11}{line}"))
     if holders is not None and info["status"] == "Running":
         _print_ports(rows, holders)
 

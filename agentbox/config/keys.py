@@ -38,7 +38,8 @@ RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outs
 class Key(NamedTuple):
     # str, word (a str where a bare off/on stays a word), path, int, bool, size, bytes, strlist, args, env,
     # mapping, agents, mounts, freeform, credentials, hosts (a strlist of netproxy patterns), hostports (true,
-    # false or a list of ports), taskhosts (tasks.hosts: names or {name, maxConcurrent})
+    # false or a list of ports), taskhosts (tasks.hosts: names or {name, maxConcurrent}), pushmode (git.allowPush:
+    # false or `session`)
     kind: str
     help: str
     default: Any = UNSET
@@ -87,6 +88,7 @@ def _check_arch(value: str) -> str | None:
 
 
 SESSION_MODES = ("live", "isolated")
+PUSH_SESSION = "session"  # git.allowPush: pushes only to the VM's own branches (agentbox.net.pushes.namespace)
 
 
 def _check_session_mode(value: str) -> str | None:
@@ -239,6 +241,22 @@ SCHEMA: dict[str, Key] = {
                                "...) into the VM, filtered (docs/agent-setup.md).", default=True,
                                trust=RULE, why="when true and the global config turns it off: it brings host "
                                "files into the VM"),
+        },
+    ),
+    "git": Key(
+        "mapping",
+        "What git in the VM may do with your remotes.",
+        documented=False,
+        children={
+            # A project's file that sets `session` needs trust (trust.py's rule); `true` is refused (schema.py):
+            # unrestricted pushes are sync.remoteWrite's.
+            "allowPush": Key("pushmode", "`session`: the agent may push only to branches under `agentbox/<vm>/` "
+                             "(create them, then update those it created; no deletes, no other refs), through "
+                             "the credential broker, which refuses any other push on the host "
+                             "(docs/security.md, \"Scoped pushes\"); `false`: no pushes. `sync.remoteWrite: true` "
+                             "allows every push and wins over it.", default=False, trust=RULE,
+                             why="when `session`: the agent pushes branches under agentbox/<vm>/ with your GitHub "
+                             "login"),
         },
     ),
     "session": Key(

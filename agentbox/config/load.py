@@ -177,6 +177,13 @@ class Config(NamedTuple):
     vm_base: str = "auto"  # vm.base: new VMs are clones of the provisioned base (agentbox.vm.base), or "off"
     base_max_age_days: int = 7  # vm.baseMaxAgeDays: an older base is rebuilt before the next clone
     network: NetworkSettings = NetworkSettings()  # network.*: what the VM may reach (agentbox.net.policy)
+    push_scope: str | None = None  # git.allowPush: "session" (keys.PUSH_SESSION), or None for false
+
+    @property
+    def scoped_pushes(self) -> bool:
+        """git.allowPush: session in effect: pushes only to the VM's own branches. sync.remoteWrite: true allows every
+        push, so it wins."""
+        return self.push_scope == keys.PUSH_SESSION and not self.remote_write
 
     def require_workspace(self) -> Path:
         """The workspace, or a config error when it cannot be one (home, /, missing)."""
@@ -213,6 +220,7 @@ class Config(NamedTuple):
             "mounts": [m.to_json() for m in self.mounts],
             "env": dict(self.env),
             "sync": {"remoteWrite": self.remote_write, "agentConfig": self.sync_agent_config},
+            "git": {"allowPush": self.push_scope or False},
             "startupWaitSec": self.startup_wait_sec,
             "bootstrap": {
                 "onCreateScript": [str(s.path) for s in self.on_create],
@@ -428,7 +436,7 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = {**previous, **value}
                 data["credentials"] = value
                 origins["credentials"] = label
-            elif key in ("vm", "sync", "agents", "checkpoints", "session", "tasks", "network"):
+            elif key in ("vm", "sync", "git", "agents", "checkpoints", "session", "tasks", "network"):
                 if key == "agents":
                     value = _with_excludes_added(data.get("agents", {}), value)
                 if key == "network":
@@ -564,6 +572,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         vm_base=_vm_base(vm["base"]),
         base_max_age_days=vm["baseMaxAgeDays"],
         network=netpolicy.from_data(data["network"]),
+        push_scope=data["git"]["allowPush"] or None,
     )
 
 

@@ -19,6 +19,7 @@ from agentbox.config.keys import (
     CREDENTIAL_KEYS,
     DOCKER_ERA_AGENT_CREDENTIALS,
     MOUNT_KEYS,
+    PUSH_SESSION,
     SCHEMA,
     TASK_HOST_KEYS,
     Key,
@@ -145,6 +146,8 @@ class _Walker:
             return self.string_list(node, keypath, split=kind == "args", check=check)
         if kind == "hostports":
             return self.host_ports(node, keypath)
+        if kind == "pushmode":
+            return self.push_mode(node, keypath)
         self.visit(node, keypath)
         value = self.scalar(node, keypath)
         if kind == "word" and isinstance(value, bool):
@@ -188,6 +191,22 @@ class _Walker:
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, keypath, f"expected a single value, found {_describe_node(node)}")
         return construct_scalar(node)
+
+    def push_mode(self, node: yaml.Node, keypath: tuple[str, ...]) -> bool | str:
+        """git.allowPush: false, or `session` (pushes only to the VM's own branches). `true` is refused: pushes
+        anywhere are sync.remoteWrite's, and a word that reads like a yes must not widen more than it says."""
+        self.visit(node, keypath)
+        value = self.scalar(node, keypath)
+        if value is False:
+            return False
+        if value == PUSH_SESSION:
+            return PUSH_SESSION
+        hint = ("Write `allowPush: session` to let the agent push branches under agentbox/<vm>/ only, or "
+                "`sync: {remoteWrite: true}` to allow every push.")
+        if value is True:
+            raise self.fail(node, keypath, f"{node.value} is refused: it would allow pushes anywhere, which is "
+                            "sync.remoteWrite's to allow", hint=hint)
+        raise self.fail(node, keypath, f"expected false or session, found {_describe_value(value)}", hint=hint)
 
     def host_ports(self, node: yaml.Node, keypath: tuple[str, ...]) -> bool | list[int]:
         """true, false, one port or a list of ports (network.allowHost)."""

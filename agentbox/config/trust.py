@@ -185,8 +185,17 @@ def _broker_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]
             "into the VM)"]
 
 
+def _allow_push_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """`session` lets the agent push (its own branches) with the user's GitHub login, as sync.remoteWrite: true lets
+    it push anywhere: a project's file needs trust for it whatever the global config says. false only narrows."""
+    if value != keys.PUSH_SESSION:
+        return []
+    return ["git.allowPush: session (the agent pushes branches under agentbox/<vm>/ with your GitHub login)"]
+
+
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
 _RULES = {
+    "git.allowPush": _allow_push_rule,
     "credentials.broker": _broker_rule,
     "workspace": _workspace_rule,
     "mounts": _mounts_rule,

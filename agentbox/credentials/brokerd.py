@@ -11,9 +11,10 @@ import os
 import sys
 from pathlib import Path
 
+from agentbox.config import keys
 from agentbox.credentials import brokered
 from agentbox.credentials.tokens import Upstream
-from agentbox.net import ca
+from agentbox.net import ca, pushes
 from agentbox.net import guard as netguard
 from agentbox.net.broker import Brokering
 
@@ -41,16 +42,31 @@ def load(vm: str) -> Brokering | None:
     if not prepared.hosts:
         return None
     authority = ca.ensure(vm, prepared.hosts)
+    scoped = data.get("pushMode") == keys.PUSH_SESSION and not data.get("allowPush")
     return Brokering(
         leaves={host: ca.server_context(authority.leaf(host)) for host in authority.hosts},
         secrets=tuple(prepared.secrets),
         endpoints=dict(prepared.endpoints),
         held=prepared.held_now,
         allow_push=bool(data.get("allowPush")),
-        push_hint="sync.remoteWrite: true in the project's agentbox.yml (a setting `agentbox trust` must accept)",
+        push_hint=push_hint(vm) if scoped else REMOTE_WRITE_HINT,
+        push_namespace=pushes.namespace(vm) if scoped else None,
+        pushes=pushes.Ledger(vm) if scoped else None,
         upstream_context=upstream.context if upstream else None,
         upstream_address=upstream.address if upstream else None,
     )
+
+
+REMOTE_WRITE_HINT = ("sync.remoteWrite: true in the project's agentbox.yml (a setting `agentbox trust` must accept) "
+                     "allows every push; git.allowPush: session only pushes to branches under agentbox/<vm>/")
+
+
+def push_hint(vm: str) -> str:
+    """What a refused push's 403 says under git.allowPush: session: where pushes may go, and what allows more."""
+    branch = pushes.namespace(vm).removeprefix("refs/heads/")
+    return (f"git.allowPush: session allows only pushes that create a branch under {branch} or update one this VM "
+            "created (no deletes, no other refs, no GitHub API writes); sync.remoteWrite: true in agentbox.yml "
+            "(a setting `agentbox trust` must accept) allows every push")
 
 
 def _test_upstream() -> Upstream | None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
+from agentbox.config import keys
+
 if TYPE_CHECKING:
     from agentbox.config.load import Config
     from agentbox.credentials import brokered
@@ -64,7 +66,10 @@ def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]
     if request is None:
         return netguard.begin(config.network, vm_name, agents, upstream=route)
     # what the broker process serves (agentbox.credentials.brokerd reads it; guard.begin writes it 0600)
-    wanted_broker = {**request.to_json(), "allowPush": config.remote_write}
+    # allowPush: every push (sync.remoteWrite); pushMode "session": pushes only to the VM's own branches
+    # (git.allowPush, agentbox.net.pushes), judged and recorded by the broker
+    wanted_broker = {**request.to_json(), "allowPush": config.remote_write,
+                     "pushMode": keys.PUSH_SESSION if config.scoped_pushes else "off"}
     return netguard.begin(config.network, vm_name, agents, broker=wanted_broker, program=BROKER_PROGRAM,
                           upstream=route)
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agentbox import __version__, contract, paths
 from agentbox.config import keys
 from agentbox.credentials import stage as credentials
+from agentbox.net import pushes
 from agentbox.session import env as sessionenv
 from agentbox.vm import state as vmstate
 
@@ -51,7 +52,8 @@ GH_ALLOWED = (
 # What the agent may want, and the key that gives it (keys.py says whether a project file needs trust for it).
 ASK_FOR = (
     ("another host folder in the VM (read-only, or writable)", ("mounts",)),
-    ("git push and other remote writes", ("sync", "remoteWrite")),
+    ("git push to branches of your own only (agentbox/<vm>/...), checked on the host", ("git", "allowPush")),
+    ("git push and other remote writes anywhere", ("sync", "remoteWrite")),
     ("an environment variable (an API key, a proxy)", ("env",)),
     ("a login file of an agent", ("agents", "<name>", "credentials")),
     ("~/.netrc", ("credentials", "netrc")),
@@ -134,7 +136,7 @@ def build(
                      "launch; agentbox rewrites it on the host before each launch",
         },
         "network": _network(config),
-        "remoteWrite": _remote_write(config.remote_write),
+        "remoteWrite": _remote_write(config, vm_name),
         "credentials": {
             "stagedFor": agent.name if agent is not None else None,
             "files": [{"path": f"~/{path}", "for": owner} for path, owner in _owners(config, staged_credentials)],
@@ -363,37 +365,76 @@ def _network(config: Config) -> dict[str, Any]:
     }
 
 
-def _remote_write(allowed: bool) -> dict[str, Any]:
+def _remote_write(config: Config, vm_name: str) -> dict[str, Any]:
     instead = (
         "Commit in the workspace and tell the user what to push: it is their folder, so they push from the host "
         "(where their own keys are). `gh pr create` works for a branch they have pushed."
     )
-    if allowed:
+    if config.remote_write:
+        ignored = "; git.allowPush: session has no effect beside it" if config.push_scope else ""
         return {
             "allowed": True,
-            "setting": "sync.remoteWrite is true",
+            "setting": f"sync.remoteWrite is true{ignored}",
+            "pushes": {"scope": "all", "branches": None},
             "blocked": [],
             "allowedCommands": ["every git and gh command, with the logins the VM has"],
             "instead": None,
             "enforcedBy": "nothing: the user turned the readonly-remote guards off",
         }
+    guarded = [
+        "one-off git settings and environment variables that make git run a program (-c core.sshCommand=..., "
+        "-c alias.*, GIT_SSH_COMMAND, GIT_EXEC_PATH and the like)",
+        "every gh command but those in allowedCommands (gh api only with GET)",
+    ]
+    guards = "git and gh wrappers in ~/.local/bin and a global pre-push hook; they stop mistakes"
+    if config.scoped_pushes:
+        branches = pushes.namespace(vm_name).removeprefix("refs/heads/")
+        brokered = config.credentials.enabled and config.credentials.broker
+        host = ("On the host, the credential broker reads every push's ref updates and refuses the whole push when "
+                f"one is outside {branches}, a delete, or an update of a branch this VM did not create; it refuses "
+                "GitHub API writes too, and records what was pushed (the user sees it in `agentbox status`)"
+                if brokered else
+                "Nothing on the host checks pushes: the credential broker is off (credentials.broker), so the VM "
+                "holds the user's GitHub login; the rules above are kept by the guards in the VM only")
+        return {
+            "allowed": False,
+            "setting": "git.allowPush is session: pushes only to this VM's own branches",
+            "pushes": {"scope": "session", "branches": branches},
+            "blocked": [
+                f"git push of any ref outside {branches} (other branches, tags), of a delete, or of an update to a "
+                f"branch under {branches} this VM did not create: the whole push is refused",
+                "GitHub API writes (REST calls other than GET and HEAD, GraphQL mutations): `gh pr create` too",
+                "send-pack, receive-pack, http-push and the remote-* helpers, however they are reached, and git "
+                "submodule foreach",
+                *guarded,
+            ],
+            "allowedCommands": [
+                f"git push to a new branch under {branches} (`git push origin HEAD:{branches}NAME`), and later pushes "
+                "that update a branch this VM created there",
+                "every other git command: fetch, pull, clone, commit, branch, rebase, log, diff, ...",
+                GH_ALLOWED + (" (the gh guard lets these through; those that write, such as gh pr create, are then "
+                              "refused on the host)" if brokered else ""),
+            ],
+            "instead": (f"Push your work to a branch under {branches} and tell the user its name: they review it and "
+                        "open the pull request or merge it themselves."),
+            "enforcedBy": f"{guards} early. {host}",
+        }
     return {
         "allowed": False,
         "setting": "sync.remoteWrite is false (the default)",
+        "pushes": {"scope": "none", "branches": None},
         "blocked": [
             "git push, send-pack, receive-pack, http-push and the remote-* helpers, however they are reached "
             "(-C, -c, --git-dir, aliases), and git submodule foreach",
-            "one-off git settings and environment variables that make git run a program (-c core.sshCommand=..., "
-            "-c alias.*, GIT_SSH_COMMAND, GIT_EXEC_PATH and the like)",
-            "every gh command but those in allowedCommands (gh api only with GET)",
+            *guarded,
         ],
         "allowedCommands": [
             "every other git command: fetch, pull, clone, commit, branch, rebase, log, diff, ...",
             GH_ALLOWED,
         ],
         "instead": instead,
-        "enforcedBy": "git and gh wrappers in ~/.local/bin and a global pre-push hook; they stop mistakes. What "
-                      "the VM can reach at all (mounts, logins, config) is decided and enforced on the host",
+        "enforcedBy": f"{guards}. What the VM can reach at all (mounts, logins, config) is decided and enforced on "
+                      "the host",
     }
 
 
@@ -440,18 +481,25 @@ def memory_block(document: dict[str, Any]) -> str:
     remote = document["remoteWrite"]
     live = ("live: it is the user's own folder, so every edit is on the host at once"
             if workspace["mode"] == "live" else "isolated: your changes reach the user as a proposal they review")
+    scope = remote.get("pushes") or {}
+    branches = scope.get("branches")
     if remote["allowed"]:
-        pushes = "- Remote writes are allowed (sync.remoteWrite is on): git push and gh use the logins the VM has."
+        push_line = "- Remote writes are allowed (sync.remoteWrite is on): git push and gh use the logins the VM has."
+    elif scope.get("scope") == "session":
+        push_line = (f"- Pushes go only to branches under `{branches}`: create one "
+                     f"(`git push origin HEAD:{branches}NAME`), then update the ones you created. No deletes, no "
+                     "other branches or tags, no GitHub API writes (`gh pr create` is refused): tell the user which "
+                     "branch to review.")
     else:
-        pushes = ("- Remote writes are blocked: `git push` and gh commands that write are refused. Do not try to get "
-                  "around it: commit in the workspace and tell the user what to push from the host.")
+        push_line = ("- Remote writes are blocked: `git push` and gh commands that write are refused. Do not try to "
+                     "get around it: commit in the workspace and tell the user what to push from the host.")
     lines = [
         BEGIN_MARKER,
         "## Sandbox (agentbox)",
         "",
         f"You run inside `{document['vm']['name']}`, a Lima VM on the user's machine, not on the machine itself.",
         f"- Workspace: `{workspace['path']}`, {live}.",
-        pushes,
+        push_line,
         "- You have sudo in the VM and may install what you need; only the workspace and the mounts listed in the "
         "context file reach the host.",
         f"- Mounts, network, logins, tools and how to ask for more: `{document['contextFile']}` "

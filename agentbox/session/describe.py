@@ -42,7 +42,7 @@ def as_text(document: dict[str, Any], block: str) -> str:
                             *(f"changed by {key}: the lines above may not hold"
                               for key in document["network"]["changedByConfig"])]),
         *_group("Remote writes", [
-            f"{'allowed' if remote['allowed'] else 'blocked'}: {remote['setting']}",
+            f"{_push_words(remote)}: {remote['setting']}",
             *(f"blocked: {item}" for item in remote["blocked"]),
             *(f"allowed: {item}" for item in remote["allowedCommands"]),
             *([f"instead: {remote['instead']}"] if remote["instead"] else []),
@@ -72,6 +72,12 @@ def as_text(document: dict[str, Any], block: str) -> str:
         *("  " + line if line else "" for line in block.rstrip("\n").split("\n")),
     ]
     return visible_text("\n".join(lines)) + "\n"
+
+
+def _push_words(remote: dict[str, Any]) -> str:
+    if remote["allowed"]:
+        return "allowed"
+    return f"only to {remote['pushes']['branches']}" if remote["pushes"]["scope"] == "session" else "blocked"
 
 
 def _broker_lines(report: dict[str, Any]) -> list[str]:

@@ -250,7 +250,7 @@ def _session(
                                                  brokered=brokering.prepared.replaces if brokering else None)
     command = staging.launch_command(
         config, workspace, scripts, agent, refreshed.folder, isolated,
-        handback.returns if handback is not None else None, session=kept, worktree=worktree,
+        handback.returns if handback is not None else None, session=kept, worktree=worktree, vm_name=name,
     )
     command += points.go_options()  # launch.sh starts the program once the start checkpoint is recorded
     command += ["--", *argv] if not interactive_shell else []

@@ -160,7 +160,7 @@ def _prepare(config: Config, agent: AgentConfig, task: tasks.Task, prompt: bytes
     if task.session:
         task_spec += f"session={key}\0".encode()  # task-runner.sh: the program in the tmux session KEY
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
-                                     isolated_task=True)
+                                     isolated_task=True, vm_name=mirror)
     files: dict[str, bytes] = {}
     every: list[str] = []
     executables: set[str] = set()

@@ -215,7 +215,7 @@ def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, 
     if now is not None and now.state == CANCELLED:
         return True  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
     command = staging.launch_command(config, workspace, scripts, agent, refreshed.folder, task=box,
-                                     isolated_task=task.isolated)
+                                     isolated_task=task.isolated, vm_name=agent.vm_name)
     command += ["--", *task.argv]
     # An isolated task never needs the workspace in the VM (an isolated VM may have no copy of it yet).
     shell = warm.argv(attempt, workspace, "/" if task.isolated else task.cwd, command)

@@ -162,6 +162,7 @@ from agentbox.contract import (
 from agentbox.credentials import stage as credentials
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
+from agentbox.net import pushes
 from agentbox.progress import warn
 from agentbox.session import context, setupdigest
 from agentbox.session import env as sessionenv
@@ -189,12 +190,16 @@ def launch_command(
     worktree: Worktree | None = None,
     session: SessionLaunch | None = None,
     isolated_task: bool = False,
+    *,
+    vm_name: str,
 ) -> list[str]:
-    """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options."""
+    """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options. `vm_name`: the VM
+    (as the broker knows it) whose own branches scoped pushes may go to (git.allowPush: session)."""
     values: dict[str, OptionValue] = {
         "--wait": str(config.startup_wait_sec),
         "--workspace": str(workspace),
-        "--guards": "off" if config.remote_write else "on",
+        "--guards": guards_mode(config),
+        "--push-namespace": pushes.namespace(vm_name) if config.scoped_pushes else None,
         "--timing": timing.enabled(),
         "--on-create": scripts.on_create,
         "--on-start": scripts.on_start,
@@ -230,6 +235,13 @@ def launch_command(
     if isolated is None:  # isolated mode's copy is prepared at each launch, under the setup's lock
         values["--setup-digest"] = setupdigest.setup_digest(staging, values)
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]
+
+
+def guards_mode(config: Config) -> str:
+    """launch.sh's --guards: off with sync.remoteWrite, push-scoped with git.allowPush: session, else on."""
+    if config.remote_write:
+        return "off"
+    return "push-scoped" if config.scoped_pushes else "on"
 
 
 def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig]:

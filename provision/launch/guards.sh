@@ -1,17 +1,27 @@
 # shellcheck shell=bash disable=SC2154 # launch.sh sets what this part reads (tests/test_launch_parts.py checks the names)
 # agentbox-managed: a part of launch.sh, which sources it from the staging folder's launch/.
-# The readonly-remote guards (--guards on|off): the git and gh wrappers, the hooks folder.
+# The readonly-remote guards (--guards on|off|push-scoped): the git and gh wrappers, the hooks folder, and
+# under git.allowPush: session the ref prefix pushes may go to (push_scope_file: the git wrapper then lets
+# `git push` through, and the pre-push hook refuses every ref outside it and every delete).
 # Reads launch.sh's staging.
 
 readonly_marker="agentbox-managed: readonly-remote"
 hooks_dir="$HOME/.config/agentbox/hooks"
+push_scope_file="$HOME/.config/agentbox/push-namespace"  # agentbox.contract.PUSH_SCOPE_FILE
 # The repository's own hooks keep running through the dispatcher (core.hooksPath replaces .git/hooks).
 forwarded_hooks=(applypatch-msg pre-applypatch post-applypatch pre-commit pre-merge-commit prepare-commit-msg
   commit-msg post-commit pre-rebase post-checkout post-merge post-rewrite reference-transaction push-to-checkout)
 
+# install_guards NAMESPACE: the guards; NAMESPACE (refs/heads/agentbox/VM/) lets pushes go there, "" none.
 install_guards() {
-  local name
+  local name namespace="${1:-}" current=""
   mkdir -p "$HOME/.local/bin" "$hooks_dir"
+  if [ -n "$namespace" ]; then
+    [ ! -f "$push_scope_file" ] || IFS= read -r current <"$push_scope_file" || true
+    [ "$current" = "$namespace" ] || printf '%s\n' "$namespace" >"$push_scope_file"
+  elif [ -e "$push_scope_file" ] || [ -L "$push_scope_file" ]; then
+    rm -f "$push_scope_file"
+  fi
   for name in git gh; do
     if ! cmp -s "$staging/guards/$name" "$HOME/.local/bin/$name"; then
       if [ -e "$HOME/.local/bin/$name" ] && ! grep -q "$readonly_marker" "$HOME/.local/bin/$name"; then
@@ -46,7 +56,7 @@ remove_guards() {
       rm -f "$HOME/.local/bin/$name"
     fi
   done
-  rm -f "$hooks_dir/pre-push"
+  rm -f "$hooks_dir/pre-push" "$push_scope_file"
   for name in "${forwarded_hooks[@]}"; do
     rm -f "$hooks_dir/$name"
   done
