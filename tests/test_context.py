@@ -448,3 +448,16 @@ def test_every_field_of_the_schema_is_required_and_described() -> None:
         if isinstance(node.get("items"), dict):
             walk(node["items"], f"{where}[]")
     walk(SCHEMA, "$")
+
+
+@pytest.mark.parametrize("broker", [True, False])
+def test_the_agent_is_told_whether_gh_pr_create_reaches_github(project: Path, limactl: FakeLima,
+                                                                broker: bool) -> None:
+    """With the broker, GitHub writes are refused on the host, `gh pr create` among them: the context must not
+    promise it works (without the broker it does, for a branch the user pushed)."""
+    write_trusted(project, "" if broker else "credentials:\n  broker: false\n")
+    result = run_cli("describe", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    remote = json.loads(result.stdout)["remoteWrite"]
+    assert ("`gh pr create` works" in remote["instead"]) is not broker
+    assert ("refused on the host" in " ".join(remote["allowedCommands"])) is broker

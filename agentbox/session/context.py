@@ -366,9 +366,13 @@ def _network(config: Config) -> dict[str, Any]:
 
 
 def _remote_write(config: Config, vm_name: str) -> dict[str, Any]:
+    brokered = config.credentials.enabled and config.credentials.broker
     instead = (
         "Commit in the workspace and tell the user what to push: it is their folder, so they push from the host "
-        "(where their own keys are). `gh pr create` works for a branch they have pushed."
+        "(where their own keys are). " + (
+            "The VM's GitHub access is read-only on the host (the credential broker): `gh pr create` and other "
+            "GitHub writes are refused, so the user opens the pull request too." if brokered else
+            "`gh pr create` works for a branch they have pushed.")
     )
     if config.remote_write:
         ignored = "; git.allowPush: session has no effect beside it" if config.push_scope else ""
@@ -389,7 +393,6 @@ def _remote_write(config: Config, vm_name: str) -> dict[str, Any]:
     guards = "git and gh wrappers in ~/.local/bin and a global pre-push hook; they stop mistakes"
     if config.scoped_pushes:
         branches = pushes.namespace(vm_name).removeprefix("refs/heads/")
-        brokered = config.credentials.enabled and config.credentials.broker
         host = ("On the host, the credential broker reads every push's ref updates and refuses the whole push when "
                 f"one is outside {branches}, a delete, or an update of a branch this VM did not create; it refuses "
                 "GitHub API writes too, and records what was pushed (the user sees it in `agentbox status`)"
@@ -430,7 +433,8 @@ def _remote_write(config: Config, vm_name: str) -> dict[str, Any]:
         ],
         "allowedCommands": [
             "every other git command: fetch, pull, clone, commit, branch, rebase, log, diff, ...",
-            GH_ALLOWED,
+            GH_ALLOWED + (" (the gh guard lets these through; those that write, such as gh pr create, are then "
+                          "refused on the host)" if brokered else ""),
         ],
         "instead": instead,
         "enforcedBy": f"{guards}. What the VM can reach at all (mounts, logins, config) is decided and enforced on "
