@@ -15,7 +15,7 @@ import pytest
 from agentbox import paths
 from agentbox.net import guard as netguard
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import NAME, FakeLima, agentbox, staged_logins, write
+from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, staged_logins, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,13 +26,12 @@ CLAUDE = "api.anthropic.com"
 
 # In the guest: a request through $HTTPS_PROXY to api.anthropic.com, trusting only the guest's system bundle,
 # with the login the VM's file holds.
-REQUEST = r"""
+REQUEST = GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, urllib.parse
 login = json.load(open(os.path.expanduser("~/.claude/.credentials.json")))["claudeAiOauth"]["accessToken"]
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-connection.set_tunnel(sys.argv[1], 443)
+connection.set_tunnel(sys.argv[1], 443, headers=proxy_auth)
 connection.request("GET", "/api/oauth/profile", headers={"Authorization": sys.argv[2].replace("LOGIN", login)})
 response = connection.getresponse()
 print(json.dumps({"status": response.status, "body": json.loads(response.read())}))
@@ -152,13 +151,12 @@ def test_a_malformed_host_login_stops_the_launch_before_the_vm_starts(project: P
 
 # In the guest: what a login inside the VM does at its end (the OAuth code exchange), then an API call with
 # the access token it got back.
-LOGIN = r"""
+LOGIN = GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, urllib.parse
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 def call(host, method, path, body=None, headers={}):
     connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-    connection.set_tunnel(host, 443)
+    connection.set_tunnel(host, 443, headers=proxy_auth)
     connection.request(method, path, body=body, headers=headers)
     response = connection.getresponse()
     return response.status, json.loads(response.read())

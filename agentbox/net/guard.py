@@ -16,6 +16,10 @@ Files in the VM's state folder, `network/`:
                 agents launched since the proxy started, allowLan); the proxy reloads it when it changes
   upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
                 (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
+  secret        the VM's proxy secret (0600): every request to the proxy carries it (`Proxy-Authorization: Basic`,
+                user agentbox; the VM's proxy URL holds it, agentbox.net.policy.ProxyAccess); made once, the first
+                time the VM needs its proxy, kept for the VM's life (sessions and tasks have it in their
+                environment), gone with its state; the proxy reads it again when it changes
   proxy.json    the running proxy's pid and port (written by the launch that starts it, removed when it stops);
                 proxy.lock is flock'ed by it (taken by that launch and handed to it)
   port          the port it last had, asked for first next time (another is picked when it is taken)
@@ -29,6 +33,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,8 +51,11 @@ POLL_SEC = 0.25
 START_TIMEOUT_SEC = 10.0
 STOP_TIMEOUT_SEC = 5.0
 IDLE_GRACE_SEC = 1.0  # between a detached launch's end and its session's first marker
+SECRET_FILE = "secret"  # the VM's proxy secret (0600): the password of the proxy credentials in its proxy URL
+SECRET_BYTES = 16
 BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
 UPSTREAM_FILE = "upstream.json"  # the company proxy to go through (0600: its URL may hold a password)
+_SECRET = re.compile(f"[0-9a-f]{{{SECRET_BYTES * 2}}}")
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
 
@@ -57,6 +65,41 @@ def folder(vm_name: str) -> Path:
 
 def log_path(vm_name: str) -> Path:
     return folder(vm_name) / "log.jsonl"
+
+
+def secret(vm_name: str) -> str:
+    """The VM's proxy secret, made (random, 0600) the first time it is asked for and the same for the VM's life.
+    StateError when the file is there but is not one."""
+    path = folder(vm_name) / SECRET_FILE
+    found = _read_secret(path)
+    if found is None:
+        import secrets
+
+        private_dir(path.parent)
+        with contextlib.suppress(FileExistsError):  # another launch made it first: its secret is the VM's
+            atomic_write(path, secrets.token_hex(SECRET_BYTES) + "\n", mode=0o600, overwrite=False)
+        found = _read_secret(path)
+    if found is None or not _SECRET.fullmatch(found):
+        from agentbox.errors import StateError
+
+        raise StateError(f"{path} is not agentbox's proxy secret for {vm_name} ({SECRET_BYTES * 2} hex digits)",
+                         hint="Remove it: the VM's next session makes a new one (sessions and tasks already "
+                              "running in the VM keep the old one and are refused by the proxy: `agentbox restart`).")
+    return found
+
+
+def _read_secret(path: Path) -> str | None:
+    """The secret file's text (stripped), None when there is none; the file is agentbox's own, never followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 class Running(NamedTuple):
@@ -101,7 +144,7 @@ def describe(settings: netpolicy.NetworkSettings, vm_name: str,
         "agentApi": settings.agent_api,
         "allow": [{"host": host, "from": source} for host, source in netpolicy.allow_list(settings, shown_agents)],
         "proxy": ({"running": True, "port": current.port, "pid": current.pid,
-                   "url": f"http://{netpolicy.HOST_NAME}:{current.port}"} if current is not None
+                   "url": netpolicy.shown_url(current.port)} if current is not None
                   else {"running": False, "port": None, "pid": None, "url": None}),
         "log": str(log_path(vm_name)),
     }
@@ -141,6 +184,11 @@ class Lease:
             _not_started(self.vm_name)  # it ended before it served (its messages say why)
         return self._port
 
+    @property
+    def access(self) -> netpolicy.ProxyAccess:
+        """How the VM reaches this proxy: its port and the VM's proxy secret (for the VM's proxy variables)."""
+        return netpolicy.ProxyAccess(self.port, secret(self.vm_name))
+
     def resume(self) -> None:
         """Start the VM's proxy again when it is gone: the VM was restarted under this lease (`agentbox stop`'s
         part of a restart ends the proxy with it)."""
@@ -179,6 +227,7 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
     base = folder(vm_name)
     private_dir(base)
     private_dir(base / "leases")
+    secret(vm_name)  # before the proxy process starts: it serves no one without it
     with locked(_control_lock(vm_name)):
         current = running(vm_name)
         if current is not None and broker is not None and not current.brokers:
@@ -444,8 +493,11 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     broker_seen = _mtime(broker_file)
     upstream_file = base / UPSTREAM_FILE
     upstream_seen = _mtime(upstream_file)
+    secret_file = base / SECRET_FILE
+    secret_seen = _mtime(secret_file)
     proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
-                           broker=_broker(vm_name, load_broker, broker_seen), listener=listener)
+                           broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
+                           secret=secret(vm_name))  # always: only the VM has it
     lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
     try:
         if listener is None:
@@ -464,6 +516,9 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                 seen, upstream_seen = _mtime(policy_file), _mtime(upstream_file)
                 proxy.set_policy(_load_policy(vm_name))
                 broker_seen = -1  # the broker's own requests (OAuth refreshes) go by the new route too
+            if _mtime(secret_file) != secret_seen:
+                secret_seen = _mtime(secret_file)
+                _reload_secret(vm_name, proxy)
             if _mtime(broker_file) != broker_seen:
                 broker_seen = _mtime(broker_file)
                 proxy.set_broker(_broker(vm_name, load_broker, broker_seen))
@@ -475,6 +530,17 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                 return 0
     finally:
         _end(base, proxy, lock)
+
+
+def _reload_secret(vm_name: str, proxy: Any) -> None:
+    """The secret file changed: ask the next requests for the new secret. A file that is gone or not a secret
+    leaves the one in use (said in proxy.stderr.log): the proxy never serves without one."""
+    found = _read_secret(folder(vm_name) / SECRET_FILE)
+    if found is not None and _SECRET.fullmatch(found):
+        proxy.set_secret(found)
+    elif found is not None:
+        print(f"agentbox: {folder(vm_name) / SECRET_FILE} is not a proxy secret; the proxy keeps the one it had",
+              file=sys.stderr, flush=True)
 
 
 def _wake_on_signals(wake_write: int) -> None:
