@@ -1,6 +1,7 @@
 """credentials.broker through the real CLI and the limactl double: the VM gets placeholder logins, its requests
 to a credential host reach the (fake) real host with the host's token, nothing real is anywhere the VM reads,
-and the VM's proxy lives until `agentbox stop`, in open mode too."""
+and the VM's proxy lives while the VM runs (until `agentbox stop` here; tests/test_broker_lifetime.py: whatever
+stops it), in open mode too."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_the_vm_holds_placeholders_and_its_requests_reach_the_host_with_the_real
     assert "agentbox-ph-" in guest_login["claudeAiOauth"]["accessToken"]
     assert "agentbox-ph-" in (vm.guest_home(NAME) / ".config" / "gh" / "hosts.yml").read_text()
 
-    # The proxy serves in open mode and stays after the session, until `agentbox stop`.
+    # The proxy serves in open mode and stays after the session, while the VM runs: `agentbox stop` ends it.
     running = netguard.running(NAME)
     assert running is not None and running.brokers
     assert agentbox(project, "stop").returncode == 0

@@ -54,7 +54,7 @@ else:
 @pytest.fixture(autouse=True)
 def _staged_logins(home: Path) -> None:
     """The proxy's own lifecycle, per network mode: without the credential broker, which keeps it for the VM's
-    whole life in every mode (tests/test_broker_cli.py)."""
+    life in every mode (tests/test_broker_cli.py, tests/test_broker_lifetime.py)."""
     staged_logins(home)
 
 
@@ -188,7 +188,7 @@ def test_the_proxy_is_gone_when_the_session_ends(project: Path, vm: FakeLima, ec
     assert result.stdout.startswith(f"http://agentbox:{secret}@host.lima.internal:")
     port = int(result.stdout.rsplit(":", 1)[1])
     rules = vm.nft_ruleset(NAME)  # the VM's firewall: the proxy's port the only way to the host
-    assert f"ip daddr 192.168.5.2 tcp dport {{ {port} }} accept" in rules
+    assert f"ip daddr 192.168.5.2 tcp dport {port} accept" in rules
     assert "ip daddr 192.168.5.2 reject" in rules and "meta l4proto tcp reject with tcp reset" in rules
     assert netguard.running(NAME) is None
     with pytest.raises(OSError):

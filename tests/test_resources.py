@@ -334,7 +334,7 @@ def test_update_agents_in_allowlist_mode_goes_through_the_vm_s_proxy(project: Pa
     assert result.returncode == 0, result.stderr
     from agentbox.net import guard
 
-    proxy = guard.running(NAME)  # the broker's proxy serves the VM for its whole life
+    proxy = guard.running(NAME)  # the broker's proxy serves the VM while it runs
     assert proxy is not None
     seen = npm_saw(limactl)
     # the proxy's, over env's, with the VM's proxy credentials

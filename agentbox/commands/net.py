@@ -145,8 +145,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
         if broker["enabled"]:
             lines.append("proxy:           " + (
                 f"running on 127.0.0.1:{proxy['port']} (pid {proxy['pid']}) for the credential broker only"
-                if proxy["running"] else "not running (the next launch starts it for the broker; `agentbox stop` "
-                                         "ends it)"))
+                if proxy["running"] else "not running (the next launch starts it for the broker; it ends with "
+                                         "the VM)"))
             lines.append(f"log:             {report['log']} (`agentbox net log`)")
     lines += [f"{'broker:' if index == 0 else '':17}{line}" for index, line in enumerate(brokerreport.lines(broker))]
     click.echo("\n".join(visible(line) for line in lines))
