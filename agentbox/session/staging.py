@@ -161,7 +161,6 @@ from agentbox.contract import (
 )
 from agentbox.credentials import stage as credentials
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
-from agentbox.net import guard as netguard
 from agentbox.net import policy as netpolicy
 from agentbox.progress import warn
 from agentbox.session import context, setupdigest
@@ -282,7 +281,12 @@ def refresh(
     for warning in warnings:
         warn(warning)
     write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
-    proxy = netpolicy.ProxyAccess(proxy_port, netguard.secret(name)) if proxy_port is not None else None
+    proxy = None
+    if proxy_port is not None:
+        # Here, not at the top: a launch with neither proxy nor broker imports none of theirs (tests/test_own_time.py).
+        from agentbox.net import guard as netguard
+
+        proxy = netpolicy.ProxyAccess(proxy_port, netguard.secret(name))
     env = sessionenv.of(config, proxy, prepared.env if prepared is not None else None)
     write_env(staging, env)
     stage_broker_ca(staging, broker_ca)
