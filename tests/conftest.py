@@ -1,5 +1,6 @@
 """Fixtures and hooks: every test runs against a home, config, state and LIMA_HOME of its own, never
-the real ones; skips for a missing capability are summed up in a banner at the end of the run.
+the real ones; skips for a missing capability are summed up in a banner at the end of the run; a proxy or broker
+process still running after the run fails it (tests/leftovers.py).
 (Shared helpers that are not fixtures live in tests/helpers.py.)"""
 
 from __future__ import annotations
@@ -167,6 +168,10 @@ def remote_hosts(home: Path, limactl: FakeLima, request: pytest.FixtureRequest) 
 # -- capabilities: the `needs` mark and the banner of tests that did not run ---------------------
 
 def pytest_configure(config: pytest.Config) -> None:
+    from tests import leftovers
+
+    if not config.pluginmanager.is_registered(leftovers):  # no proxy outlives the run (it fails the run)
+        config.pluginmanager.register(leftovers, "agentbox-leftovers")
     config.addinivalue_line("markers", "needs(*capabilities): the test needs these tools on this machine")
     config.addinivalue_line("markers", "real_boot: the limactl double runs every boot's provisioning scripts for "
                                        "real (no recorded results: tests/fake_limactl/bootcache.py)")

@@ -27,6 +27,15 @@ REAL_HOME = os.path.expanduser("~")
 NAME = "agentbox-myproject"
 
 # A stand-in agent installed in the VM's /usr/local/bin: it records what reached it in the workspace.
+# The start of a Python program in the guest that goes through agentbox's proxy: `proxy`, $HTTPS_PROXY split, and
+# `proxy_auth`, the header a CONNECT carries (the VM's proxy credentials from that URL, as curl, git and npm send
+# them; http.client's set_tunnel takes it as `headers=`).
+GUEST_PROXY = r"""
+import base64 as _base64, os as _os, urllib.parse as _parse
+proxy = _parse.urlsplit(_os.environ["HTTPS_PROXY"])
+proxy_auth = {"Proxy-Authorization": "Basic " + _base64.b64encode(
+    (_parse.unquote(proxy.username or "") + ":" + _parse.unquote(proxy.password or "")).encode()).decode()}
+"""
 STUB = r"""#!/usr/bin/python3
 import json, os, sys
 data = {"args": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),

@@ -1,6 +1,7 @@
 """credentials.broker through the real CLI and the limactl double: the VM gets placeholder logins, its requests
 to a credential host reach the (fake) real host with the host's token, nothing real is anywhere the VM reads,
-and the VM's proxy lives until `agentbox stop`, in open mode too."""
+and the VM's proxy lives while the VM runs (until `agentbox stop` here; tests/test_broker_lifetime.py: whatever
+stops it), in open mode too."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from agentbox import paths
 from agentbox.net import guard as netguard
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import NAME, FakeLima, agentbox, staged_logins, write
+from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, staged_logins, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -26,13 +27,12 @@ CLAUDE = "api.anthropic.com"
 
 # In the guest: a request through $HTTPS_PROXY to api.anthropic.com, trusting only the guest's system bundle,
 # with the login the VM's file holds.
-REQUEST = r"""
+REQUEST = GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, urllib.parse
 login = json.load(open(os.path.expanduser("~/.claude/.credentials.json")))["claudeAiOauth"]["accessToken"]
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-connection.set_tunnel(sys.argv[1], 443)
+connection.set_tunnel(sys.argv[1], 443, headers=proxy_auth)
 connection.request("GET", "/api/oauth/profile", headers={"Authorization": sys.argv[2].replace("LOGIN", login)})
 response = connection.getresponse()
 print(json.dumps({"status": response.status, "body": json.loads(response.read())}))
@@ -86,7 +86,7 @@ def test_the_vm_holds_placeholders_and_its_requests_reach_the_host_with_the_real
     assert "agentbox-ph-" in guest_login["claudeAiOauth"]["accessToken"]
     assert "agentbox-ph-" in (vm.guest_home(NAME) / ".config" / "gh" / "hosts.yml").read_text()
 
-    # The proxy serves in open mode and stays after the session, until `agentbox stop`.
+    # The proxy serves in open mode and stays after the session, while the VM runs: `agentbox stop` ends it.
     running = netguard.running(NAME)
     assert running is not None and running.brokers
     assert agentbox(project, "stop").returncode == 0
@@ -152,13 +152,12 @@ def test_a_malformed_host_login_stops_the_launch_before_the_vm_starts(project: P
 
 # In the guest: what a login inside the VM does at its end (the OAuth code exchange), then an API call with
 # the access token it got back.
-LOGIN = r"""
+LOGIN = GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, urllib.parse
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 def call(host, method, path, body=None, headers={}):
     connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-    connection.set_tunnel(host, 443)
+    connection.set_tunnel(host, 443, headers=proxy_auth)
     connection.request(method, path, body=body, headers=headers)
     response = connection.getresponse()
     return response.status, json.loads(response.read())

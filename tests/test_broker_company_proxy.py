@@ -19,7 +19,7 @@ from agentbox.net import proxy as netproxy
 from agentbox.net import upstream as companyproxy
 from tests.company_proxy import CompanyProxy
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import NAME, FakeLima, agentbox, write
+from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -32,14 +32,13 @@ NEW_ACCESS = "sk-ant-oat01-LOGGED-IN-" + "q" * 30
 
 # In the guest: a login's code exchange (answered on the host, which asks the real endpoint), an API call with
 # the access token it got (brokered), and a plain tunnel to argv[1]:argv[2]; each through $HTTPS_PROXY.
-GUEST = r"""
+GUEST = GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, urllib.parse
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 unchecked = ssl._create_unverified_context()  # the tunnel's TLS is end to end: the VM's own business
 def call(host, method, path, body=None, headers={}, port=443, context=context):
     connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-    connection.set_tunnel(host, port)
+    connection.set_tunnel(host, port, headers=proxy_auth)
     connection.request(method, path, body=body, headers=headers)
     response = connection.getresponse()
     return response.status, json.loads(response.read())

@@ -15,7 +15,7 @@ from agentbox import contract, paths
 from agentbox.net import ca
 from agentbox.net import guard as netguard
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import NAME, FakeLima, agentbox, run_cli, staged_logins, write
+from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, run_cli, staged_logins, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -30,14 +30,13 @@ AIDER = "agents:\n  aider:\n    binary: aider\n    credentials: ['~/.aider.conf.
 
 # In the guest: one request per Authorization header given, each on its own connection through $HTTPS_PROXY to
 # api.anthropic.com; LOGIN stands for the VM's placeholder.
-REQUESTS = r"""
+REQUESTS = GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, urllib.parse
 login = json.load(open(os.path.expanduser("~/.claude/.credentials.json")))["claudeAiOauth"]["accessToken"]
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 for authorization in sys.argv[1:]:
     connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-    connection.set_tunnel("api.anthropic.com", 443)
+    connection.set_tunnel("api.anthropic.com", 443, headers=proxy_auth)
     connection.request("GET", "/api/oauth/profile?secret=in-the-query",
                        headers={"Authorization": authorization.replace("LOGIN", login)})
     print(connection.getresponse().status)

@@ -8,6 +8,7 @@ its own); here the double's `nft` records the ruleset the VM would enforce.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import socket
@@ -20,15 +21,15 @@ import pytest
 from agentbox.net import guard as netguard
 from agentbox.net import proxy as netproxy
 from tests import helpers
-from tests.helpers import NAME, FakeLima, agentbox, run_cli, staged_logins, write
+from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, run_cli, staged_logins, write
 
 # A program in the guest: CONNECT through $HTTPS_PROXY to argv[1] (host:port), print the status line, and
 # for a 200 send "ping" and print what came back; for a refusal, print the JSON body.
-CONNECT = r"""
+CONNECT = GUEST_PROXY + r"""
 import json, os, socket, sys, urllib.parse
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 s = socket.create_connection((proxy.hostname, proxy.port), timeout=10)
-s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (sys.argv[1], sys.argv[1])).encode())
+s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: %s\r\n\r\n"
+           % (sys.argv[1], sys.argv[1], proxy_auth["Proxy-Authorization"])).encode())
 data = b""
 while b"\r\n\r\n" not in data:
     chunk = s.recv(65536)
@@ -53,7 +54,7 @@ else:
 @pytest.fixture(autouse=True)
 def _staged_logins(home: Path) -> None:
     """The proxy's own lifecycle, per network mode: without the credential broker, which keeps it for the VM's
-    whole life in every mode (tests/test_broker_cli.py)."""
+    life in every mode (tests/test_broker_cli.py, tests/test_broker_lifetime.py)."""
     staged_logins(home)
 
 
@@ -183,7 +184,8 @@ def test_the_proxy_is_gone_when_the_session_ends(project: Path, vm: FakeLima, ec
     write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['echo.test:{echo_server}']\n")
     result = agentbox(project, "shell", "--", "sh", "-c", 'printf "%s" "$HTTPS_PROXY"')
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("http://host.lima.internal:")
+    secret = netguard.secret(NAME)  # the VM's proxy credentials are in its proxy URL
+    assert result.stdout.startswith(f"http://agentbox:{secret}@host.lima.internal:")
     port = int(result.stdout.rsplit(":", 1)[1])
     rules = vm.nft_ruleset(NAME)  # the VM's firewall: the proxy's port the only way to the host
     assert f"ip daddr 192.168.5.2 tcp dport {port} accept" in rules
@@ -319,7 +321,8 @@ def test_a_task_keeps_the_proxy_until_it_ends(project: Path, vm: FakeLima) -> No
     running = netguard.running(NAME)
     assert running is not None, "the task's marker keeps the proxy after `agentbox run` returned"
     assert wait_until(lambda: (project / ".agent-proxy").exists())
-    assert (project / ".agent-proxy").read_text() == f"http://host.lima.internal:{running.port}\n"
+    secret = netguard.secret(NAME)
+    assert (project / ".agent-proxy").read_text() == f"http://agentbox:{secret}@host.lima.internal:{running.port}\n"
     done = agentbox(project, "wait", task_id, timeout=60)
     assert done.returncode == 0, done.stderr
     assert wait_until(lambda: netguard.running(NAME) is None, 5), "the proxy stops once the task has ended"
@@ -334,7 +337,8 @@ def test_a_detached_session_keeps_the_proxy_and_its_end_stops_it(project: Path, 
     running = netguard.running(NAME)
     assert running is not None, "the session's marker keeps the proxy after the detached launch returned"
     assert wait_until(lambda: (project / ".agent-proxy").exists())
-    assert (project / ".agent-proxy").read_text() == f"http://host.lima.internal:{running.port}\n"
+    secret = netguard.secret(NAME)
+    assert (project / ".agent-proxy").read_text() == f"http://agentbox:{secret}@host.lima.internal:{running.port}\n"
     assert wait_until(lambda: netguard.running(NAME) is None, 15), "the proxy stops once the session has ended"
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", running.port), timeout=2).close()
@@ -374,10 +378,17 @@ def test_net_status_json_reports_the_policy_and_the_running_proxy(project: Path,
         status = json.loads(run_cli("status", "--json", cwd=project).stdout)
     finally:
         lease.release()
-    assert busy["proxy"]["running"] and busy["proxy"]["url"] == f"http://host.lima.internal:{lease.port}"
+    # the URL as the VM has it, its secret masked (it is the VM's own)
+    assert busy["proxy"]["running"] and busy["proxy"]["url"] == f"http://agentbox:***@host.lima.internal:{lease.port}"
     assert [entry["from"] for entry in busy["allow"]].count("agent claude") == 0  # only the launched agent's
     assert status["network"]["mode"] == "allowlist" and status["network"]["proxy"]["port"] == lease.port
     assert netguard.running(NAME) is None
+
+
+def proxy_authorization(vm_name: str = NAME) -> str:
+    """The header line that carries the VM's proxy credentials."""
+    token = base64.b64encode(f"agentbox:{netguard.secret(vm_name)}".encode()).decode()
+    return f"Proxy-Authorization: Basic {token}\r\n"
 
 
 def run_config(project: Path):
@@ -387,8 +398,9 @@ def run_config(project: Path):
 
 
 def proxy_connect(port: int, target: str) -> int:
+    """A CONNECT as the VM makes it (with its proxy credentials): the answer's status."""
     with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+        sock.sendall(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n{proxy_authorization()}\r\n".encode())
         return int(sock.recv(100).split(b" ")[1])
 
 

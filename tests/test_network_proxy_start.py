@@ -5,6 +5,7 @@ serves."""
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import socket
@@ -25,9 +26,12 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def refused_by_the_proxy(port: int) -> bytes:
-    """A CONNECT the allowlist refuses: the answer shows the proxy process serves (not only its backlog)."""
+    """A CONNECT the allowlist refuses, with the VM's proxy credentials: the answer shows the proxy process serves
+    (not only its backlog)."""
+    token = base64.b64encode(f"agentbox:{netguard.secret(NAME)}".encode()).decode()
     with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(b"CONNECT blocked.example:443 HTTP/1.1\r\nHost: blocked.example:443\r\n\r\n")
+        sock.sendall(b"CONNECT blocked.example:443 HTTP/1.1\r\nHost: blocked.example:443\r\n"
+                     + f"Proxy-Authorization: Basic {token}\r\n\r\n".encode())
         return sock.recv(100)
 
 

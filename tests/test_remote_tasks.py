@@ -5,15 +5,27 @@ proposal; outputs and records live on this machine."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import COPY_AGENT, FakeLima, make_repository, run_agentbox, run_cli, snapshot_tree, wait_for, write
+from tests.helpers import (
+    COPY_AGENT,
+    GUEST_PROXY,
+    FakeLima,
+    make_repository,
+    run_agentbox,
+    run_cli,
+    snapshot_tree,
+    wait_for,
+    write,
+)
 from tests.remotehost import RemoteHost
 
 Hosts = Callable[..., list[RemoteHost]]
@@ -216,17 +228,16 @@ REAL_ACCESS = "sk-ant-oat01-REAL-ACCESS-" + "x" * 40
 REAL_REFRESH = "sk-ant-ort01-REAL-REFRESH-" + "y" * 40
 # The agent in the remote VM: a request through $HTTPS_PROXY to api.anthropic.com with the login its VM holds,
 # trusting only the guest's bundle (where launch.sh put the broker's CA).
-REQUEST = r"""
+REQUEST = GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, urllib.parse
 login = json.load(open(os.path.expanduser("~/.claude/.credentials.json")))["claudeAiOauth"]["accessToken"]
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-connection.set_tunnel("api.anthropic.com", 443)
+connection.set_tunnel("api.anthropic.com", 443, headers=proxy_auth)
 connection.request("GET", "/api/oauth/profile", headers={"Authorization": "Bearer " + login})
 response = connection.getresponse()
 print(json.dumps({"status": response.status, "body": json.loads(response.read()), "proxy": proxy.port,
-                  "login": login}))
+                  "login": login, "secret": proxy.password}))
 """
 
 
@@ -261,14 +272,50 @@ def test_the_remote_vm_reaches_its_api_only_through_this_machine_s_broker_over_t
             [f"Bearer {REAL_ACCESS}"]
     mirror = record(project, task_id)["vm"] + ".on-big"
     assert mirror.startswith("agentbox-myproject-")  # the project's VM there carries the provisioning's key
-    # The VM's proxy port was the host's end of the forward, not this machine's proxy port.
+    # The VM's proxy port was the host's end of the forward, not this machine's proxy port; its proxy password the
+    # secret of this machine's mirror of that VM, in files only the remote user can read.
     assert answer["proxy"] == record(project, task_id)["forwardPort"]
+    assert answer["secret"] == netguard.secret(mirror)
+    staged = [path for path, _ in host.containing([answer["secret"].encode()])
+              if path.is_relative_to(host.home / ".agentbox-remote")]
+    assert staged, "the remote VM's staged env"
+    for path in staged:
+        assert path.stat().st_mode & 0o777 == 0o600, path
+        for folder in path.relative_to(host.home).parents:
+            if folder != Path("."):
+                assert (host.home / folder).stat().st_mode & 0o777 == 0o700, folder
     # No real token on the remote host; the forward and the proxy ended with the task.
     assert host.containing([REAL_ACCESS.encode(), REAL_REFRESH.encode()]) == []
     assert host.containing([b"agentbox-ph-"]) != []
     wait_for(lambda: netguard.running(mirror), 30, "the proxy to end", until=lambda running: running is None)
     listening = host.run(["sh", "-c", f"ss -ltn 'sport = :{answer['proxy']}' | tail -n +2"])
     assert listening.stdout.strip() == b""
+
+
+def test_another_user_of_the_host_reaches_the_forward_but_not_the_proxy(remote_project: tuple[Path, RemoteHost]
+                                                                        ) -> None:
+    """The forward listens on the host's 127.0.0.1, where any of its users can connect: the proxy asks each of
+    them for the remote VM's proxy credentials, which only that VM (and the remote user's own files) holds."""
+    from agentbox.net import guard as netguard
+    from agentbox.session.remotekeeper import shadow
+
+    project, _ = remote_project
+    task_id = submit(project, "--on", "big", "do:sleep:30")
+    wait_for(lambda: record(project, task_id)["state"], 120, "the task running", until=lambda state: state == "Running")
+    task = record(project, task_id)
+    forward = task["forwardPort"]
+    secret = netguard.secret(shadow(task["vm"], "big"))
+
+    def through_forward(auth: str) -> bytes:  # this test's user is not the remote user: another user of the host
+        with socket.create_connection(("127.0.0.1", forward), timeout=10) as sock:
+            sock.sendall(f"CONNECT 127.0.0.1:1 HTTP/1.1\r\n{auth}\r\n".encode())
+            return sock.recv(100)
+
+    assert through_forward("").startswith(b"HTTP/1.1 407 ")
+    token = base64.b64encode(f"agentbox:{secret}".encode()).decode()
+    # The control: with the VM's credentials the proxy decides (and refuses the host's own loopback).
+    assert through_forward(f"Proxy-Authorization: Basic {token}\r\n").startswith(b"HTTP/1.1 403 ")
+    assert run_agentbox("cancel", str(task_id), cwd=project).returncode == 0
 
 
 def test_hosts_rm_refuses_while_a_task_there_is_active_and_force_fails_it(remote_project: tuple[Path, RemoteHost]

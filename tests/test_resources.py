@@ -334,10 +334,11 @@ def test_update_agents_in_allowlist_mode_goes_through_the_vm_s_proxy(project: Pa
     assert result.returncode == 0, result.stderr
     from agentbox.net import guard
 
-    proxy = guard.running(NAME)  # the broker's proxy serves the VM for its whole life
+    proxy = guard.running(NAME)  # the broker's proxy serves the VM while it runs
     assert proxy is not None
     seen = npm_saw(limactl)
-    assert seen["HTTPS_PROXY"] == f"http://host.lima.internal:{proxy.port}", seen  # the proxy's, over env's
+    # the proxy's, over env's, with the VM's proxy credentials
+    assert seen["HTTPS_PROXY"] == f"http://agentbox:{guard.secret(NAME)}@host.lima.internal:{proxy.port}", seen
     assert seen["NODE_EXTRA_CA_CERTS"] == "/etc/ssl/certs/ca-certificates.crt" and seen["FROM_ENV"] == "yes-it-is"
 
 

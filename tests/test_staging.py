@@ -159,7 +159,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
         **dict.fromkeys(executable, 0o700), **dict.fromkeys(folders, 0o700)}
     # the config's env, then the proxy's variables (the credential broker serves the VM in every mode)
     port = netguard.running(NAME).port  # type: ignore[union-attr]
-    proxy = "".join(f"{key}={value}\0" for key, value in netpolicy.proxy_env(port).items())
+    proxy = "".join(f"{key}={value}\0" for key, value in netpolicy.proxy_env(port, netguard.secret(NAME)).items())
     assert (folder / contract.ENV_FILE).read_bytes() == f"MY_VAR=hi\0{proxy}".encode()
     documented = staging.__doc__ or ""
     assert "    launch/PART.sh " in documented

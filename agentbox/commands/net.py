@@ -30,7 +30,7 @@ LOG_TAIL = 50
 # Runs in the VM (python3 is there: cloud-init needs it). Prints one JSON line: how the request went through the
 # proxy the session gets (or directly, in open mode), and whether a direct connection would leave the VM.
 GUEST_CHECK = r"""
-import json, os, socket, sys, urllib.parse
+import base64, json, os, socket, sys, urllib.parse
 url = urllib.parse.urlsplit(sys.argv[1])
 scheme = url.scheme or "https"
 host = url.hostname or ""
@@ -53,13 +53,18 @@ if not proxy:
 else:
     p = urllib.parse.urlsplit(proxy)
     out["via"] = "proxy"
+    auth = ""
+    if p.username is not None:  # the VM's proxy credentials, as every client sends them from the URL
+        pair = urllib.parse.unquote(p.username) + ":" + urllib.parse.unquote(p.password or "")
+        auth = "Proxy-Authorization: Basic %s\r\n" % base64.b64encode(pair.encode()).decode()
     try:
         s = socket.create_connection((p.hostname, p.port), timeout=10)
         target = "%s:%d" % ("[%s]" % host if ":" in host else host, port)
         if scheme == "https":
-            s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n" % (target, target)).encode())
+            s.sendall(("CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s\r\n" % (target, target, auth)).encode())
         else:
-            s.sendall(("HEAD http://%s/ HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n" % (target, target)).encode())
+            s.sendall(("HEAD http://%s/ HTTP/1.1\r\nHost: %s\r\n%sConnection: close\r\n\r\n"
+                       % (target, target, auth)).encode())
         data = b""
         while b"\r\n\r\n" not in data and len(data) < 65536:
             chunk = s.recv(65536)
@@ -68,7 +73,7 @@ else:
             data += chunk
         head, _, rest = data.partition(b"\r\n\r\n")
         out["status"] = int(head.split(b" ")[1]) if head.startswith(b"HTTP/") else 0
-        if out["status"] in (400, 403, 431, 502, 503) and head.find(b"application/json") >= 0:
+        if out["status"] in (400, 403, 407, 431, 502, 503) and head.find(b"application/json") >= 0:
             while len(rest) < 65536:
                 chunk = s.recv(65536)
                 if not chunk:
@@ -140,8 +145,8 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
         if broker["enabled"]:
             lines.append("proxy:           " + (
                 f"running on 127.0.0.1:{proxy['port']} (pid {proxy['pid']}) for the credential broker only"
-                if proxy["running"] else "not running (the next launch starts it for the broker; `agentbox stop` "
-                                         "ends it)"))
+                if proxy["running"] else "not running (the next launch starts it for the broker; it ends with "
+                                         "the VM)"))
             lines.append(f"log:             {report['log']} (`agentbox net log`)")
     lines += [f"{'broker:' if index == 0 else '':17}{line}" for index, line in enumerate(brokerreport.lines(broker))]
     click.echo("\n".join(visible(line) for line in lines))
@@ -392,7 +397,10 @@ def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
     if status == 403:
         allow = f"; to allow it: {refusal['allow']}" if refusal.get("allow") else ""
         return BLOCKED, f"blocked by policy ({refusal.get('reason', 'refused by the proxy')}){allow}"
-    if status == 200 or (status and status not in (400, 431, 502, 503, 504)):
+    if status == 407:  # the session's proxy URL is not the VM's (its secret file was replaced meanwhile)
+        return NO_ROUTE, (f"no route: agentbox's proxy refused the session's proxy credentials "
+                          f"({refusal.get('reason', 'proxy authentication required')})")
+    if status == 200 or (status and status not in (400, 407, 431, 502, 503, 504)):
         return ALLOWED, f"allowed through agentbox's proxy ({config.network.mode}){bypass}"
     return NO_ROUTE, f"no route ({refusal.get('reason') or f'the proxy answered {status}'})"
 

@@ -119,7 +119,7 @@ def _launch_env(session: Session, vm_name: str, instance: Instance,
     lease = broker.begin_proxy(config, vm_name, {agent.name: agent.endpoints for agent in group})
     try:
         vm.ensure_running(session, vm_name, instance)
-        env = sessionenv.of(config, lease.port if lease is not None else None,
+        env = sessionenv.of(config, lease.access if lease is not None else None,
                             brokering.prepared.env if brokering is not None else None)
         if brokering is not None and brokering.authority is not None:
             env.setdefault("NODE_EXTRA_CA_CERTS", GUEST_CA_BUNDLE)  # the broker's CA is in the guest's trust store

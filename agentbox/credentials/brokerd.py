@@ -1,7 +1,9 @@
 """The VM's proxy process with the credential broker: `python -m agentbox.credentials.brokerd VM`.
 
 agentbox.net.guard's process, given a broker made from the request the launch wrote (guard's broker.json):
-the host's logins read again (agentbox.credentials.brokered), the VM's CA and its leaves (agentbox.net.ca).
+the host's logins read again (agentbox.credentials.brokered), the VM's CA and its leaves (agentbox.net.ca). It
+serves while a session holds it and, between sessions, while its VM runs: it asks Lima now and then (`vm_running`)
+and ends once the VM stopped or is gone, whatever stopped it.
 """
 
 from __future__ import annotations
@@ -80,5 +82,14 @@ def _test_upstream() -> Upstream | None:
     return Upstream(ssl.create_default_context(cafile=str(Path(data["caFile"]))), lambda host, port: address)
 
 
+def vm_running(vm: str) -> bool:
+    """Whether the VM still runs, as Lima says (agentbox.vm.lima, the one module that runs limactl): the broker's
+    process ends with its VM once no session holds it (agentbox.net.guard.serve asks, seldom)."""
+    from agentbox.vm import lima
+
+    return lima.is_running(vm)
+
+
 if __name__ == "__main__":
-    sys.exit(netguard.serve(sys.argv[1], lambda: load(sys.argv[1]), sys.argv[2:]))
+    sys.exit(netguard.serve(sys.argv[1], lambda: load(sys.argv[1]), sys.argv[2:],
+                            vm_running=lambda: vm_running(sys.argv[1])))

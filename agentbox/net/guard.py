@@ -7,15 +7,24 @@ backlog, from the moment it is spawned, so nothing waits for the process to star
 needs it holds a lease (a flock'ed file) for as long as it runs, and a kept session or a background task keeps
 its live marker in the outbox fresh (provision/session.sh, task-runner.sh; agentbox.session.attention reads the same
 markers). When the last lease is released and no marker is fresh, the proxy stops (at once when a launch ends;
-within a second otherwise): the VM reaching its port after that is refused. No daemon stays behind.
+within a second otherwise): the VM reaching its port after that is refused. With the credential broker it stays
+until its VM is no longer running (below). It also ends when the VM's state folder is gone. No daemon stays behind:
+after a reboot proxy.json may remain, but nothing holds proxy.lock, so `running()` says none runs and the next
+launch starts one.
 
 Files in the VM's state folder, `network/`:
   broker.json   what the credential broker serves (agentbox.credentials.brokerd; 0600, real API keys in it);
-                while it exists the proxy runs until `agentbox stop`, in every network mode
+                while it exists the proxy stays between sessions, in every network mode, for as long as its VM
+                runs: it asks Lima (seldom, only while no session holds it) and ends once the VM stopped or is
+                gone, however that happened; `agentbox stop` ends it at once
   policy.json   what the proxy allows (written by each launch: the mode, the patterns with their sources, the
                 agents launched since the proxy started, allowLan); the proxy reloads it when it changes
   upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
                 (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
+  secret        the VM's proxy secret (0600): every request to the proxy carries it (`Proxy-Authorization: Basic`,
+                user agentbox; the VM's proxy URL holds it, agentbox.net.policy.ProxyAccess); made once, the first
+                time the VM needs its proxy, kept for the VM's life (sessions and tasks have it in their
+                environment), gone with its state; the proxy reads it again when it changes
   proxy.json    the running proxy's pid and port (written by the launch that starts it, removed when it stops);
                 proxy.lock is flock'ed by it (taken by that launch and handed to it)
   port          the port it last had, asked for first next time (another is picked when it is taken)
@@ -29,6 +38,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -46,8 +56,13 @@ POLL_SEC = 0.25
 START_TIMEOUT_SEC = 10.0
 STOP_TIMEOUT_SEC = 5.0
 IDLE_GRACE_SEC = 1.0  # between a detached launch's end and its session's first marker
+VM_CHECK_SEC = 3.0  # a brokered proxy no session holds asks whether its VM runs this long after the last one ...
+VM_CHECK_MAX_SEC = 30.0  # ... then twice as long each time, up to this
+SECRET_FILE = "secret"  # the VM's proxy secret (0600): the password of the proxy credentials in its proxy URL
+SECRET_BYTES = 16
 BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
 UPSTREAM_FILE = "upstream.json"  # the company proxy to go through (0600: its URL may hold a password)
+_SECRET = re.compile(f"[0-9a-f]{{{SECRET_BYTES * 2}}}")
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
 
@@ -57,6 +72,41 @@ def folder(vm_name: str) -> Path:
 
 def log_path(vm_name: str) -> Path:
     return folder(vm_name) / "log.jsonl"
+
+
+def secret(vm_name: str) -> str:
+    """The VM's proxy secret, made (random, 0600) the first time it is asked for and the same for the VM's life.
+    StateError when the file is there but is not one."""
+    path = folder(vm_name) / SECRET_FILE
+    found = _read_secret(path)
+    if found is None:
+        import secrets
+
+        private_dir(path.parent)
+        with contextlib.suppress(FileExistsError):  # another launch made it first: its secret is the VM's
+            atomic_write(path, secrets.token_hex(SECRET_BYTES) + "\n", mode=0o600, overwrite=False)
+        found = _read_secret(path)
+    if found is None or not _SECRET.fullmatch(found):
+        from agentbox.errors import StateError
+
+        raise StateError(f"{path} is not agentbox's proxy secret for {vm_name} ({SECRET_BYTES * 2} hex digits)",
+                         hint="Remove it: the VM's next session makes a new one (sessions and tasks already "
+                              "running in the VM keep the old one and are refused by the proxy: `agentbox restart`).")
+    return found
+
+
+def _read_secret(path: Path) -> str | None:
+    """The secret file's text (stripped), None when there is none; the file is agentbox's own, never followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return ""
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
 
 
 class Running(NamedTuple):
@@ -101,7 +151,7 @@ def describe(settings: netpolicy.NetworkSettings, vm_name: str,
         "agentApi": settings.agent_api,
         "allow": [{"host": host, "from": source} for host, source in netpolicy.allow_list(settings, shown_agents)],
         "proxy": ({"running": True, "port": current.port, "pid": current.pid,
-                   "url": f"http://{netpolicy.HOST_NAME}:{current.port}"} if current is not None
+                   "url": netpolicy.shown_url(current.port)} if current is not None
                   else {"running": False, "port": None, "pid": None, "url": None}),
         "log": str(log_path(vm_name)),
     }
@@ -141,6 +191,11 @@ class Lease:
             _not_started(self.vm_name)  # it ended before it served (its messages say why)
         return self._port
 
+    @property
+    def access(self) -> netpolicy.ProxyAccess:
+        """How the VM reaches this proxy: its port and the VM's proxy secret (for the VM's proxy variables)."""
+        return netpolicy.ProxyAccess(self.port, secret(self.vm_name))
+
     def resume(self) -> None:
         """Start the VM's proxy again when it is gone: the VM was restarted under this lease (`agentbox stop`'s
         part of a restart ends the proxy with it)."""
@@ -179,6 +234,7 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
     base = folder(vm_name)
     private_dir(base)
     private_dir(base / "leases")
+    secret(vm_name)  # before the proxy process starts: it serves no one without it
     with locked(_control_lock(vm_name)):
         current = running(vm_name)
         if current is not None and broker is not None and not current.brokers:
@@ -359,19 +415,24 @@ def _leases(vm_name: str) -> Iterator[Path]:
             yield Path(entry.path)
 
 
-def _in_use(vm_name: str) -> bool:
+def _claimed(vm_name: str) -> bool:
     """A lease whose holder runs, or a kept session's or task's fresh marker; stale leases are removed."""
     from agentbox import livemarkers
 
-    in_use = False
+    claimed = False
     for lease in _leases(vm_name):
         if fsutil.held(lease):
-            in_use = True
+            claimed = True
         else:
             with contextlib.suppress(OSError):
                 lease.unlink()
-    # A brokered VM keeps its proxy for its whole life: `agentbox stop` ends it.
-    return in_use or (folder(vm_name) / BROKER_FILE).exists() or livemarkers.any_fresh(vm_name)
+    return claimed or livemarkers.any_fresh(vm_name)
+
+
+def _in_use(vm_name: str) -> bool:
+    """Claimed, or a brokered VM's: that proxy stays between sessions, while its VM runs (its process asks Lima,
+    `serve`), so a release never ends it."""
+    return _claimed(vm_name) or (folder(vm_name) / BROKER_FILE).exists()
 
 
 # -- the proxy process ---------------------------------------------------------------------------------------
@@ -410,10 +471,15 @@ def _test_resolver(text: str) -> Callable[[str, int], list[str]] | None:
 
 
 def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = None,
-          handed: Sequence[str] = ()) -> int:
-    """The proxy process: serve until no session needs it (or SIGTERM). `load_broker` makes the credential
-    broker from the VM's broker file, again whenever that file changes (None: no broker). `handed`: the listening
-    socket's and the held proxy.lock's descriptors, when the launch made them (`_start`); else it makes its own."""
+          handed: Sequence[str] = (), vm_running: Callable[[], bool] | None = None) -> int:
+    """The proxy process: serve until no session needs it (or SIGTERM), or its state folder is gone.
+    `load_broker` makes the credential broker from the VM's broker file, again whenever that file changes (None: no
+    broker). `handed`: the listening socket's and the held proxy.lock's descriptors, when the launch made them
+    (`_start`); else it makes its own. `vm_running` says whether the VM still runs (asked through the one module
+    that runs limactl, by agentbox.credentials.brokerd): a brokered VM's proxy, which stays between sessions, ends
+    once none holds it and its VM is not running, whatever stopped the VM (`limactl stop` or `delete` outside
+    agentbox, a crash); it asks only while no session holds it, VM_CHECK_SEC after the last one and less often
+    after that."""
     wake_read, wake_write = os.pipe()
     # Before anything serves: a stop that comes once the proxy answered ends it in order (a broker's start may
     # refresh a login: a stop waits for it, never cuts it).
@@ -444,8 +510,11 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     broker_seen = _mtime(broker_file)
     upstream_file = base / UPSTREAM_FILE
     upstream_seen = _mtime(upstream_file)
+    secret_file = base / SECRET_FILE
+    secret_seen = _mtime(secret_file)
     proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
-                           broker=_broker(vm_name, load_broker, broker_seen), listener=listener)
+                           broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
+                           secret=secret(vm_name))  # always: only the VM has it
     lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
     try:
         if listener is None:
@@ -455,26 +524,81 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                                                           "brokers": load_broker is not None}) + "\n",
                          mode=0o600, durable=False)
         idle_since: float | None = None
+        vm_check = _VmCheck(vm_running)
         while True:
             if select.select([wake_read], [], [], POLL_SEC)[0]:
                 signals = os.read(wake_read, 64)
                 if signal.SIGTERM in signals or signal.SIGINT in signals:
                     return 0
+            if not base.is_dir():  # the VM's state is gone (`agentbox rm`): nothing here is its to serve
+                return 0
             if _mtime(policy_file) != seen or _mtime(upstream_file) != upstream_seen:
                 seen, upstream_seen = _mtime(policy_file), _mtime(upstream_file)
                 proxy.set_policy(_load_policy(vm_name))
                 broker_seen = -1  # the broker's own requests (OAuth refreshes) go by the new route too
+            if _mtime(secret_file) != secret_seen:
+                secret_seen = _mtime(secret_file)
+                _reload_secret(vm_name, proxy)
             if _mtime(broker_file) != broker_seen:
                 broker_seen = _mtime(broker_file)
                 proxy.set_broker(_broker(vm_name, load_broker, broker_seen))
-            if _in_use(vm_name):
+            if _claimed(vm_name):
                 idle_since = None
             elif idle_since is None:
                 idle_since = time.monotonic()
-            elif time.monotonic() - idle_since > IDLE_GRACE_SEC and _end_if_idle(vm_name, proxy, lock):
-                return 0
+                vm_check.reset(idle_since)
+            elif time.monotonic() - idle_since > IDLE_GRACE_SEC:
+                if not (base / BROKER_FILE).exists():
+                    if _end_if_idle(vm_name, proxy, lock):
+                        return 0
+                elif vm_check.due(time.monotonic()) and not vm_check.runs() and \
+                        _end_if_idle(vm_name, proxy, lock, vm_gone=True):
+                    return 0
     finally:
         _end(base, proxy, lock)
+
+
+class _VmCheck:
+    """When a brokered proxy with no session asks whether its VM runs: VM_CHECK_SEC after it was last held, then
+    twice as long each time up to VM_CHECK_MAX_SEC (each is one limactl call)."""
+
+    def __init__(self, vm_running: Callable[[], bool] | None) -> None:
+        self.vm_running = vm_running
+        self.next = 0.0
+        self.every = VM_CHECK_SEC
+
+    def reset(self, now: float) -> None:
+        self.every = VM_CHECK_SEC
+        self.next = now + VM_CHECK_SEC
+
+    def due(self, now: float) -> bool:
+        if self.vm_running is None or now < self.next:
+            return False
+        self.next = now + self.every
+        self.every = min(self.every * 2, VM_CHECK_MAX_SEC)
+        return True
+
+    def runs(self) -> bool:
+        """Whether the VM runs; True when Lima cannot say (the reason goes to proxy.stderr.log): never end on a
+        guess."""
+        assert self.vm_running is not None
+        try:
+            return self.vm_running()
+        except Exception as error:
+            reason = getattr(error, "message", None) or str(error) or type(error).__name__
+            print(f"agentbox: cannot tell whether the VM runs: {reason}", file=sys.stderr, flush=True)
+            return True
+
+
+def _reload_secret(vm_name: str, proxy: Any) -> None:
+    """The secret file changed: ask the next requests for the new secret. A file that is gone or not a secret
+    leaves the one in use (said in proxy.stderr.log): the proxy never serves without one."""
+    found = _read_secret(folder(vm_name) / SECRET_FILE)
+    if found is not None and _SECRET.fullmatch(found):
+        proxy.set_secret(found)
+    elif found is not None:
+        print(f"agentbox: {folder(vm_name) / SECRET_FILE} is not a proxy secret; the proxy keeps the one it had",
+              file=sys.stderr, flush=True)
 
 
 def _wake_on_signals(wake_write: int) -> None:
@@ -506,16 +630,17 @@ def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int
                          down=reason)
 
 
-def _end_if_idle(vm_name: str, proxy: Any, lock: list[int]) -> bool:
-    """Stop when still unused, under the lock a launch takes to lease the proxy (so none leases it meanwhile);
-    False when that lock is busy (a launch or a release is deciding) or a session came."""
+def _end_if_idle(vm_name: str, proxy: Any, lock: list[int], vm_gone: bool = False) -> bool:
+    """Stop when still unused (`vm_gone`: unclaimed, a brokered VM's proxy whose VM does not run), under the lock a
+    launch takes to lease the proxy (so none leases it meanwhile); False when that lock is busy (a launch or a
+    release is deciding) or a session came."""
     fd = os.open(_control_lock(vm_name), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             return False
-        if _in_use(vm_name):
+        if _claimed(vm_name) if vm_gone else _in_use(vm_name):
             return False
         _end(folder(vm_name), proxy, lock)
         return True

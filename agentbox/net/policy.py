@@ -210,9 +210,34 @@ def ruleset(settings: NetworkSettings, proxy_port: int | None) -> str:
     return "\n".join(lines)
 
 
-def proxy_env(port: int) -> dict[str, str]:
-    """The guest's proxy variables, both spellings (tools read one or the other)."""
-    url = f"http://{HOST_NAME}:{port}"
-    no_proxy = "localhost,127.0.0.1,::1"
-    return {"HTTP_PROXY": url, "HTTPS_PROXY": url, "http_proxy": url, "https_proxy": url,
-            "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+# The user name in the VM's proxy URL; the password is the VM's proxy secret (agentbox.net.guard.secret), which the
+# proxy asks of every connection (Proxy-Authorization: Basic): only this VM has it.
+PROXY_USER = "agentbox"
+MASKED = "***"
+
+
+class ProxyAccess(NamedTuple):
+    """How the VM reaches its proxy: the port (on the host, or a remote host's forward of it) and the VM's secret."""
+
+    port: int
+    secret: str
+
+    @property
+    def url(self) -> str:
+        return f"http://{PROXY_USER}:{self.secret}@{HOST_NAME}:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The guest's proxy variables, both spellings (tools read one or the other), with the VM's credentials."""
+        no_proxy = "localhost,127.0.0.1,::1"
+        return {"HTTP_PROXY": self.url, "HTTPS_PROXY": self.url, "http_proxy": self.url, "https_proxy": self.url,
+                "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+
+
+def proxy_env(port: int, secret: str) -> dict[str, str]:
+    """The guest's proxy variables for the proxy at `port` with the VM's `secret`."""
+    return ProxyAccess(port, secret).env()
+
+
+def shown_url(port: int) -> str:
+    """The VM's proxy URL as agentbox shows it on the host: the secret masked (it is the VM's own)."""
+    return ProxyAccess(port, MASKED).url

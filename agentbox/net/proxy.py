@@ -2,6 +2,13 @@
 
 The VM's HTTP(S)_PROXY points here; the proxy decides, per request, whether traffic may leave.
 
+Who may use it: the VM whose proxy it is. With a secret (`start(..., secret=...)`, which agentbox.net.guard always
+passes: the VM's), every CONNECT and every plain-HTTP request must carry `Proxy-Authorization: Basic
+base64(agentbox:SECRET)` (the credentials in the VM's proxy URL), checked first, before any policy decision, lookup
+or connection, by digest in constant time. Missing or wrong: 407 with `Proxy-Authenticate: Basic realm="agentbox"`
+(clients that try without credentials first, libcurl's anyauth, then send them), a JSON body, `Connection: close`,
+and a log line (deny) saying what was wrong, never what was offered. The header is never forwarded.
+
 Policy (a `Policy` object, built from `network.allow`-style patterns):
 - A pattern is `host`, `*.suffix` (subdomains of suffix only, not suffix itself), an IP literal
   (`203.0.113.7`, `[2001:db8::1]`), each optionally with `:port`. `check_pattern` says what is wrong
@@ -20,24 +27,29 @@ Policy (a `Policy` object, built from `network.allow`-style patterns):
   command that would allow the host (for a name resolving to a private address: `network.allowLan`).
   A request head over 64 KB gets 431, a malformed one 400, and both close the connection.
 - Plain HTTP is one request per connection (forwarded with `Connection: close`, the Host header set to
-  the URL's authority); hop-by-hop proxy headers are dropped.
+  the URL's authority, then its body as its framing says and nothing after it: a second request on the
+  connection is never read); hop-by-hop proxy headers are dropped. A body framing a server could read
+  otherwise (Transfer-Encoding other than chunked, or with Content-Length; several lengths) gets 400.
 - At most `max_connections` requests are served at once; as many again may wait `queue_timeout`
   seconds for a slot, the rest get 503 at once. A tunnel silent in both directions for `idle_timeout`
   seconds is closed.
-- Every decision is one JSON line (time, client, method, host, port, decision: allow | deny (403) |
+- Every decision is one JSON line (time, client, method, host, port, decision: allow | deny (403, 407) |
   error (400, 431, 502, 503), reason, bytes_up, bytes_down) appended to the log file (O_APPEND,
   mode 0600), written when the request ends.
 
 What it cannot do: see inside TLS (a tunnel to an allowed name may carry anything, domain fronting
 included) or stop a program that ignores the proxy variables; that is the guest firewall's job.
 
-`start(policy, log_path, port=0)` runs the proxy on 127.0.0.1 in a thread for synchronous callers.
+`start(policy, log_path, port=0, secret=None)` runs the proxy on 127.0.0.1 in a thread for synchronous callers.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import hmac
 import ipaddress
 import json
 import os
@@ -366,7 +378,8 @@ class _Refused(Exception):
         self.reason = reason
 
 
-_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 431: "Request Header Fields Too Large",
+_STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
+                431: "Request Header Fields Too Large",
                 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
@@ -388,10 +401,26 @@ class _Log:
         os.close(self.fd)
 
 
+PROXY_USER = "agentbox"  # the user name of the proxy credentials (agentbox.net.policy.ProxyAccess)
+REALM = "agentbox"
+
+
+def _credentials_digest(token: str) -> bytes:
+    """What a Basic token is compared by: its digest, so the comparison takes the same time whatever its length."""
+    return hashlib.sha256(token.encode("latin-1", "replace")).digest()
+
+
+def _expected(secret: str | None) -> bytes | None:
+    if secret is None:
+        return None
+    return _credentials_digest(base64.b64encode(f"{PROXY_USER}:{secret}".encode()).decode("ascii"))
+
+
 class _Proxy:
-    def __init__(self, policy: Policy, log: _Log, broker: Brokering | None = None) -> None:
+    def __init__(self, policy: Policy, log: _Log, broker: Brokering | None = None, secret: str | None = None) -> None:
         self.policy = policy
         self.log = log
+        self.credentials = _expected(secret)  # None: every client is served (tests and benchmarks only)
         self.broker: Brokering | None = None
         self.pool = intercept.Pool()
         self.set_broker(broker)
@@ -422,7 +451,7 @@ class _Proxy:
                 self.slots.release()
         except _Refused as refused:
             entry["reason"] = refused.reason
-            entry["decision"] = "deny" if refused.status == 403 else "error"
+            entry["decision"] = "deny" if refused.status in (403, 407) else "error"
             await self.refuse(writer, refused, entry)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as error:
             entry["reason"] = entry["reason"] or type(error).__name__
@@ -452,13 +481,19 @@ class _Proxy:
             body["allow"] = "network.allowLan: true (in agentbox.yml)"
         elif refused.status == 403 and refused.reason.startswith("attempted leak"):
             body["by"] = "agentbox credential broker"
+        elif refused.status == 407:
+            body["by"] = "agentbox proxy"
+            body["use"] = ("the proxy URL in the session's HTTPS_PROXY / HTTP_PROXY as it is: it carries this VM's "
+                           "proxy credentials")
         elif refused.status == 403:
             host = f"[{entry['host']}]" if ":" in entry["host"] else entry["host"]
             body["allow"] = f"agentbox net allow {host}" + (
                 "" if entry["port"] in (CONNECT_PORT, HTTP_PORT) else f":{entry['port']}")
         data = json.dumps(body).encode() + b"\n"
-        head = (f"HTTP/1.1 {refused.status} {_STATUS_TEXT[refused.status]}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+        challenge = f'Proxy-Authenticate: Basic realm="{REALM}"\r\n' if refused.status == 407 else ""
+        head = (f"HTTP/1.1 {refused.status} {_STATUS_TEXT[refused.status]}\r\n{challenge}"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+                ).encode()
         with contextlib.suppress(ConnectionError, asyncio.TimeoutError):
             writer.write(head + data)
             await asyncio.wait_for(writer.drain(), 5)
@@ -580,6 +615,8 @@ class _Proxy:
                     entry: dict[str, Any]) -> None:
         method, target, headers = await self.read_head(reader)
         entry["method"] = method
+        self.authenticate(headers)  # before anything is decided, looked up or connected to
+        body: _Body | None = None
         if method == "CONNECT":
             split = _split_host_port(target)
             if isinstance(split, str) or split[1] is None:
@@ -599,6 +636,7 @@ class _Proxy:
             if isinstance(split, str):
                 raise _Refused(400, "malformed host")
             entry["host"], entry["port"] = split[0].lower(), split[1] or HTTP_PORT
+            body = _Body(reader, *_framing(headers), leak=self._leak_reason(split[0]) if self.broker else None)
             self.no_placeholders(split[0], target, headers)
             proxy = self.company_proxy(split[0], split[1] or HTTP_PORT, plain=True)
             up_reader, up_writer = await self.open_upstream(split[0], split[1] or HTTP_PORT, HTTP_PORT, entry,
@@ -620,11 +658,25 @@ class _Proxy:
         entry["decision"], entry["reason"] = "allow", "listed"
         try:
             up_writer.write(first)
-            # a plain-HTTP request's body (and whatever follows it on the connection) is scanned for placeholders
-            await self.relay(reader, writer, up_reader, up_writer, entry,
-                             scan_up=method != "CONNECT" and self.broker is not None)
+            await self.relay(body or reader, writer, up_reader, up_writer, entry)
         finally:
             up_writer.close()
+
+    def authenticate(self, headers: Sequence[tuple[str, str]]) -> None:
+        """The VM's proxy credentials (`Proxy-Authorization: Basic base64(agentbox:SECRET)`), compared by digest in
+        constant time; 407 when they are missing or wrong (never saying what was offered)."""
+        if self.credentials is None:
+            return
+        offered = [value for name, value in headers if name.lower() == "proxy-authorization"]
+        if not offered:
+            raise _Refused(407, "no proxy credentials (Proxy-Authorization)")
+        if len(offered) > 1:
+            raise _Refused(407, "more than one Proxy-Authorization header")
+        scheme, _, token = offered[0].strip().partition(" ")
+        if scheme.lower() != "basic":
+            raise _Refused(407, "proxy credentials that are not Basic")
+        if not hmac.compare_digest(_credentials_digest(token.strip()), self.credentials):
+            raise _Refused(407, "wrong proxy credentials (not this VM's)")
 
     async def intercept(self, broker: Brokering, host: str, reader: asyncio.StreamReader,
                         writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
@@ -662,21 +714,22 @@ class _Proxy:
         if found:
             raise _Refused(403, f"attempted leak: {self._whose(found)} sent to {host} over plain HTTP")
 
+    def _leak_reason(self, host: str) -> Callable[[list[str]], str]:
+        return lambda found: f"attempted leak: {self._whose(found)} in the body of a plain-HTTP request to {host}"
+
     def _whose(self, found: list[str]) -> str:
         secrets = {placement.core(secret.placeholder): secret for secret in (self.broker or Brokering({})).secrets}
         ours = [secrets[core] for core in found if core in secrets]
         return f"{ours[0].agent}'s placeholder" if ours else "another VM's placeholder"
 
-    async def relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, entry: dict[str, Any],
-                    scan_up: bool = False) -> None:
-        """Pipe both ways until either side ends; with `scan_up`, what the client sends is scanned for placeholders
-        (found before the server answered: refused; after: the connection ends)."""
+    async def relay(self, reader: asyncio.StreamReader | _Body, writer: asyncio.StreamWriter,
+                    up_reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
+        """Both ways until either side ends; `reader` a plain-HTTP request's body (_Body): its end is not the
+        client's (the upstream's answer still comes), and nothing after it is forwarded."""
         last = [time.monotonic()]
         idle = self.policy.idle_timeout
-        scanned = scan.PlaceholderScan() if scan_up else None
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, counter: str) -> None:
+        async def pipe(src: asyncio.StreamReader | _Body, dst: asyncio.StreamWriter, counter: str) -> None:
             while True:
                 try:
                     data = await asyncio.wait_for(src.read(CHUNK), idle)
@@ -685,17 +738,17 @@ class _Proxy:
                         entry["reason"] = "idle timeout"
                         return
                     continue
+                except _Malformed as error:
+                    entry["decision"], entry["reason"] = "error", str(error)
+                    raise
                 if not data:
+                    if isinstance(src, _Body):
+                        return  # the request is whole: the client may still read the answer
                     if dst.can_write_eof():
                         with contextlib.suppress(OSError):
                             dst.write_eof()
                     return
                 last[0] = time.monotonic()
-                if scanned is not None and counter == "bytes_up":
-                    found = scanned.feed(data)
-                    if found:
-                        raise _Refused(403, f"attempted leak: {self._whose(found)} in a plain-HTTP request to "
-                                            f"{entry['host']}")
                 entry[counter] += len(data)
                 dst.write(data)
                 await dst.drain()
@@ -722,13 +775,91 @@ class _Proxy:
             await asyncio.gather(up, down, return_exceptions=True)
 
 
+class _Malformed(Exception):
+    """A plain-HTTP request body whose framing breaks the rules (its head was forwarded already: the relay ends)."""
+
+
+_HEX = re.compile(r"[0-9A-Fa-f]{1,16}")
+
+
+def _framing(headers: Sequence[tuple[str, str]]) -> tuple[int, bool]:
+    """A plain-HTTP request's body framing (RFC 9112 section 6): (Content-Length, chunked). 400 for what a server and
+    the proxy could read differently (both headers, another transfer coding, several or odd lengths)."""
+    encodings = [value for name, value in headers if name.lower() == "transfer-encoding"]
+    lengths = [value.strip() for name, value in headers if name.lower() == "content-length"]
+    if encodings:
+        if lengths or len(encodings) > 1 or encodings[0].strip().lower() != "chunked":
+            raise _Refused(400, "request body framing the proxy does not forward (Transfer-Encoding)")
+        return 0, True
+    if len(lengths) > 1 or (lengths and not (lengths[0].isdigit() and len(lengths[0]) <= 18)):
+        raise _Refused(400, "malformed Content-Length")
+    return int(lengths[0]) if lengths else 0, False
+
+
+class _Body:
+    """A plain-HTTP request's body read from the client as its framing says, bytes as sent (chunk framing included):
+    one request per connection, so nothing the client sends after it is read (a second request's head, never
+    checked, never reaches the upstream)."""
+
+    def __init__(self, reader: asyncio.StreamReader, length: int, chunked: bool,
+                 leak: Callable[[list[str]], str] | None = None) -> None:
+        self.reader = reader
+        self.chunked = chunked
+        self.left = length  # of the body, or of the current chunk
+        self.state = "size" if chunked else ("data" if length else "done")
+        # with a broker: the body's content (de-chunked) and its trailers are scanned for placeholders, and one
+        # found is refused with leak(found) before it is forwarded
+        self.leak = leak
+        self.scanned = scan.PlaceholderScan()
+
+    def _check(self, content: bytes, whole: bool = False) -> None:
+        if self.leak is None:
+            return
+        found = scan.placeholders_in(content) if whole else self.scanned.feed(content)
+        if found:
+            raise _Refused(403, self.leak(found))
+
+    async def read(self, limit: int) -> bytes:
+        while self.state == "data" and not self.left:
+            self.state = "crlf" if self.chunked else "done"
+        if self.state == "done":
+            return b""
+        if self.state == "data":
+            data = await self.reader.read(min(limit, self.left))
+            if not data:
+                raise asyncio.IncompleteReadError(b"", self.left)
+            self.left -= len(data)
+            self._check(data)
+            return data
+        try:
+            line = await self.reader.readuntil(b"\r\n")
+        except asyncio.LimitOverrunError:
+            raise _Malformed("a chunked body's line over 64 KB") from None
+        if self.state == "size":
+            size = line[:-2].split(b";", 1)[0].rstrip(b" \t")
+            if not _HEX.fullmatch(size.decode("latin-1")):
+                raise _Malformed("malformed chunk size")
+            self.left = int(size, 16)
+            self.state = "data" if self.left else "trailer"
+        elif self.state == "crlf":
+            if line != b"\r\n":
+                raise _Malformed("a chunk longer than its size")
+            self.state = "size"
+        elif line == b"\r\n":  # the trailer section's end
+            self.state = "done"
+        else:
+            self._check(line, whole=True)  # a trailer field: a header the server may read
+        return line
+
+
 class RunningProxy:
     """A proxy serving on 127.0.0.1:`port` from its own thread until `stop()`."""
 
     def __init__(self, policy: Policy, log_path: Path, port: int, broker: Brokering | None = None,
-                 listener: socket.socket | None = None) -> None:
+                 listener: socket.socket | None = None, secret: str | None = None) -> None:
         self.port = 0
         self._broker = broker
+        self._secret = secret
         self._log = _Log(log_path)
         self._loop = asyncio.new_event_loop()
         self._proxy: _Proxy | None = None
@@ -760,7 +891,7 @@ class RunningProxy:
             self._loop.close()
 
     async def _open(self, policy: Policy, port: int, listener: socket.socket | None) -> None:
-        self._proxy = _Proxy(policy, self._log, self._broker)
+        self._proxy = _Proxy(policy, self._log, self._broker, self._secret)
         if listener is not None:  # bound and listening already: connections made meanwhile wait in its backlog
             self._server = await asyncio.start_server(self._proxy.handle, sock=listener, limit=MAX_HEAD)
             self.port = listener.getsockname()[1]
@@ -789,6 +920,11 @@ class RunningProxy:
         if self._proxy is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(setattr, self._proxy, "policy", policy)
 
+    def set_secret(self, secret: str | None) -> None:
+        """Ask the next connections for the proxy credentials with `secret` (open connections stay as they are)."""
+        if self._proxy is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(setattr, self._proxy, "credentials", _expected(secret))
+
     def set_broker(self, broker: Brokering | None) -> None:
         """Broker the next connections with `broker` (None: tunnel everything; open connections stay as they are)."""
         if self._proxy is not None and self._thread.is_alive():
@@ -815,8 +951,9 @@ class RunningProxy:
 
 
 def start(policy: Policy, log_path: Path, port: int = 0, broker: Brokering | None = None,
-          listener: socket.socket | None = None) -> RunningProxy:
+          listener: socket.socket | None = None, secret: str | None = None) -> RunningProxy:
     """Serve the proxy on 127.0.0.1:port (0, or a taken port: any free one), or on `listener` (a listening socket
     on 127.0.0.1), from a background thread; with a broker, CONNECTs to its credential hosts are brokered
-    (agentbox.net.intercept)."""
-    return RunningProxy(policy, Path(log_path), port, broker, listener)
+    (agentbox.net.intercept). `secret`: every request must carry the proxy credentials `agentbox:SECRET` (the VM's
+    proxy process always passes its VM's, agentbox.net.guard); None asks for none (tests and benchmarks)."""
+    return RunningProxy(policy, Path(log_path), port, broker, listener, secret)

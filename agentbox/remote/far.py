@@ -78,13 +78,21 @@ def root() -> str:
 
 
 def private_dir(path: str) -> str:
-    """path as a folder of this user's only (0700), made with its parents when missing."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode):
-        raise Failure(f"{path} is not a folder; move it away")
-    if stat.S_IMODE(st.st_mode) != 0o700:
-        os.chmod(path, 0o700)
+    """path (under the layout's root) as a folder of this user's only (0700), made when missing; and so is every
+    folder from the root down to it (os.makedirs gives the parents it makes the umask's mode: an older far end left
+    `vms/` readable by all, and the staging below holds the VM's proxy credentials)."""
+    top = root()
+    chain = [path]
+    while chain[-1].startswith(top + os.sep):
+        chain.append(os.path.dirname(chain[-1]))
+    for folder in reversed(chain):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, 0o700)
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode):
+            raise Failure(f"{folder} is not a folder; move it away")
+        if stat.S_IMODE(st.st_mode) != 0o700:
+            os.chmod(folder, 0o700)
     return path
 
 

@@ -1,5 +1,5 @@
 """A launch's part of the credential broker (`credentials.broker: true`): the placeholder logins it stages, the
-VM's CA, and the proxy that serves the broker for the VM's whole life (agentbox.credentials.brokerd).
+VM's CA, and the proxy that serves the broker while the VM runs (agentbox.credentials.brokerd).
 
 Every launch calls it, most without the broker or the proxy: what only they run (the logins, the CA, the proxy's
 lease, the company proxy's settings) is imported when they do (tests/test_own_time.py)."""

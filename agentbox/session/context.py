@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from agentbox import __version__, contract, paths
 from agentbox.config import keys
 from agentbox.credentials import stage as credentials
+from agentbox.net import policy as netpolicy
 from agentbox.net import pushes
 from agentbox.session import env as sessionenv
 from agentbox.vm import state as vmstate
@@ -101,7 +102,8 @@ def build(
             staged_credentials = brokerreport.staged_for_vm(vm_name, staged_credentials)
     if env_keys is None:
         # the proxy's variables when a proxy serves the VM (its port does not matter here: names only)
-        env_keys = sessionenv.of(config, 1 if brokered or config.network.proxied else None)
+        proxied = brokered or config.network.proxied
+        env_keys = sessionenv.of(config, netpolicy.ProxyAccess(1, "") if proxied else None)
     if git_identity is None:
         settings = config.credentials
         git_identity = settings.enabled and settings.git and (Path(os.path.expanduser("~")) / ".gitconfig").is_file()
@@ -169,9 +171,10 @@ def _broker(config: Config, vm_name: str) -> dict[str, Any]:
     report = brokerreport.of(config, vm_name)
     report["meaning"] = (
         "The credential broker (credentials.broker). Brokered: the login files and API keys of these agents in "
-        "the VM hold placeholders, not secrets; requests to their own hosts go through agentbox's proxy, which "
-        "puts the real value in on the host, only in the header (or documented query parameter) its service takes "
-        "it in and only for the requests its CLI makes; a placeholder anywhere else (another host, header, cookie, "
+        "the VM hold placeholders, not secrets; requests to their own hosts go through agentbox's proxy "
+        "(HTTPS_PROXY, with this VM's proxy credentials in its URL), which puts the real value in on the host, "
+        "only in the header (or documented query parameter) its service takes it in and only for the requests "
+        "its CLI makes; a placeholder anywhere else (another host, header, cookie, "
         "query or a request body: do not paste a login file into a conversation), or another credential sent to "
         "their hosts, is refused (HTTP 403). GitHub is read-only through it. Staged: real copies of the host's "
         "logins. A note says what the user must do on the host (`log in on the host with ...`): ask them; do not "
@@ -318,8 +321,6 @@ _NETWORK_SETTINGS = ("networks", "portForwards", "hostResolver", "dns")
 
 
 def _network(config: Config) -> dict[str, Any]:
-    from agentbox.net import policy as netpolicy
-
     lima = config.lima
     settings = config.network
     ssh: dict[str, Any] = lima["ssh"] if isinstance(lima.get("ssh"), dict) else {}
@@ -337,7 +338,8 @@ def _network(config: Config) -> dict[str, Any]:
     else:
         reach = ("only the agent's API" if settings.mode == "offline" else
                  "only the agent's API and the hosts the user allowed (presets, network.allow)")
-        internet = (f"{settings.mode}: HTTP and HTTPS leave only through agentbox's proxy (HTTPS_PROXY, HTTP_PROXY), "
+        internet = (f"{settings.mode}: HTTP and HTTPS leave only through agentbox's proxy (HTTPS_PROXY, HTTP_PROXY; "
+                    "their URL carries this VM's proxy credentials, and a request without them gets HTTP 407), "
                     f"which lets through {reach}; a refused request gets HTTP 403 with a JSON body naming the host "
                     "and the command the user can run to allow it (`agentbox net allow HOST`, on the host). "
                     "Programs that ignore the proxy variables cannot reach the network: ask the user instead of "

@@ -14,22 +14,24 @@ if TYPE_CHECKING:
     from agentbox.config.load import Config
 
 
-def of(config: Config, proxy_port: int | None = None, brokered: dict[str, str] | None = None) -> dict[str, str]:
+def of(config: Config, proxy: netpolicy.ProxyAccess | None = None,
+       brokered: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the session gets: agentbox's additions, then the config's env over them; in allowlist and
-    offline mode (or with the credential broker) the proxy's variables over both (said when the config's env had
-    its own). `brokered`: the broker's placeholders for API keys, over the config's real values."""
+    offline mode (or with the credential broker) the proxy's variables over both, with the VM's proxy credentials
+    (said when the config's env had its own). `brokered`: the broker's placeholders for API keys, over the config's
+    real values."""
     added = _added_env(config)
     if brokered is not None:
         added.pop("GH_TOKEN", None)  # the Keychain's real token: the broker's placeholder stands for it
     env = {**added, **config.env, **(brokered or {})}
-    if proxy_port is None:
+    if proxy is None:
         return env
-    proxy = netpolicy.proxy_env(proxy_port)
-    replaced = sorted(key for key in proxy if key in config.env)
+    variables = proxy.env()
+    replaced = sorted(key for key in variables if key in config.env)
     if replaced:
         note(f"network.mode {config.network.mode}: the session's {', '.join(replaced)} point to agentbox's proxy, "
              "which goes on through the proxy in env")
-    return {**env, **proxy}
+    return {**env, **variables}
 
 
 def _added_env(config: Config) -> dict[str, str]:

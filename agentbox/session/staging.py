@@ -260,7 +260,9 @@ def refresh(
 
     `instance` is the VM's row of the launch's `limactl list`: host paths in the agents' settings are
     rewritten to its user's home. `prepared`: the credential broker's placeholder logins, staged instead of the
-    host's (agentbox.credentials.brokered). `broker_ca`: the VM's credential broker CA (agentbox.net.ca), which
+    host's (agentbox.credentials.brokered). `proxy_port`: where the VM reaches its proxy (this machine's port, or
+    a remote host's forward of it); the proxy variables carry the proxy secret of `name` (agentbox.net.guard).
+    `broker_ca`: the VM's credential broker CA (agentbox.net.ca), which
     launch.sh installs in the guest's trust store; None removes one a launch installed before. The sandbox's
     description is staged later (stage_context), once the session's mode and start checkpoint are known.
     """
@@ -291,7 +293,13 @@ def refresh(
     for warning in warnings:
         warn(warning)
     write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
-    env = sessionenv.of(config, proxy_port, prepared.env if prepared is not None else None)
+    proxy = None
+    if proxy_port is not None:
+        # Here, not at the top: a launch with neither proxy nor broker imports none of theirs (tests/test_own_time.py).
+        from agentbox.net import guard as netguard
+
+        proxy = netpolicy.ProxyAccess(proxy_port, netguard.secret(name))
+    env = sessionenv.of(config, proxy, prepared.env if prepared is not None else None)
     write_env(staging, env)
     stage_broker_ca(staging, broker_ca)
     return Refreshed(staging, staged, tuple(env))

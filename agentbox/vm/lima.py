@@ -465,6 +465,13 @@ class Lima:
 FORWARD_TIMEOUT = 20
 
 
+def is_running(name: str) -> bool:
+    """Whether Lima says the instance `name` is Running (one `limactl list --json`): False when it is stopped,
+    broken, deleted or was never a local instance (a remote task's mirror). LimaError when limactl cannot say."""
+    instance = Lima().get(name)
+    return instance is not None and instance.status == RUNNING
+
+
 def forward_spec(guest_port: int, host_port: int) -> str:
     return f"127.0.0.1:{host_port}:127.0.0.1:{guest_port}"
 

@@ -105,12 +105,15 @@ def _calls_path(lima_home: Path) -> Path:
     return Path(lima_home) / "_fake" / "calls.jsonl"
 
 
-def read_calls(lima_home: Path) -> list[dict[str, Any]]:
-    """All recorded invocations: ``{"argv", "cwd", "start", "duration", "exit"}`` per call."""
+def read_calls(lima_home: Path, proxy: bool = False) -> list[dict[str, Any]]:
+    """The recorded invocations: ``{"argv", "cwd", "start", "duration", "exit"}`` per call. Those agentbox's proxy
+    process made (``"proxy": true``: a brokered proxy's check that its VM still runs, at moments no test chose) only
+    with `proxy`."""
     path = _calls_path(lima_home)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    calls = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [call for call in calls if proxy or not call.get("proxy")]
 
 
 def clear_calls(lima_home: Path) -> None:

@@ -27,8 +27,10 @@ Instance layout (``$LIMA_HOME/NAME/``):
                                          start) and /home
   ha.stdout.log, ha.stderr.log           the host agent's events and log lines, recreated at every start;
                                          port forwarding writes to them (hostagent.py)
-Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl
-(the background boot process, `limactl __boot`, the running guest's agent, `limactl __machine`, and `limactl __listeners NAME tcp:IP:PORT...`, which
+Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl, with
+"proxy": true when agentbox's proxy process made it (its parent runs agentbox.credentials.brokerd or
+agentbox.net.guard: a brokered proxy asks now and then whether its VM runs, at no moment a test chose; read_calls
+leaves those out unless asked) (the background boot process, `limactl __boot`, the running guest's agent, `limactl __machine`, and `limactl __listeners NAME tcp:IP:PORT...`, which
 stands for the guest agent reporting the guest's listening sockets, are the double's own and not logged).
 
 Environment knobs (all optional):
@@ -244,6 +246,19 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
     return run(ctx, merged)
 
 
+PROXY_PROGRAMS = (b"agentbox.credentials.brokerd", b"agentbox.net.guard")
+
+
+def by_agentbox_proxy() -> bool:
+    """Whether the caller is agentbox's proxy process (its command line runs one of PROXY_PROGRAMS)."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            words = f.read().split(b"\0")
+    except OSError:
+        return False
+    return any(word in PROXY_PROGRAMS for word in words)
+
+
 def append_call(lima_home: str, entry: dict[str, Any]) -> None:
     try:
         log_dir = os.path.join(lima_home, "_fake")
@@ -292,8 +307,10 @@ def main(argv: list[str]) -> int:
         # the double's own, not limactl's
         own = argv[:1] in ([BOOT_SUBCOMMAND], [LISTENERS_SUBCOMMAND], [MACHINE_SUBCOMMAND])
         if lima_home and (os.environ.get("LIMA_HOME") or os.path.isdir(lima_home)) and not own:
-            append_call(lima_home, {"argv": argv, "cwd": cwd, "start": started,
-                                    "duration": time.time() - started, "exit": code})
+            entry = {"argv": argv, "cwd": cwd, "start": started, "duration": time.time() - started, "exit": code}
+            if by_agentbox_proxy():
+                entry["proxy"] = True
+            append_call(lima_home, entry)
     return code
 
 
