@@ -345,3 +345,22 @@ def test_the_only_proxy_agentbox_starts_is_the_vms_and_it_always_asks_for_the_se
                 secret = next((keyword.value for keyword in node.keywords if keyword.arg == "secret"), None)
                 starts.append((path.relative_to(package).as_posix(), ast.unparse(secret) if secret else None))
     assert starts == [("net/guard.py", "secret(vm_name)")]
+
+
+def test_clients_without_the_credentials_cannot_hold_the_vms_connection_slots(tmp_path: Path) -> None:
+    """Another user of the machine opening connections that send nothing (or no credentials) takes none of the
+    VM's slots: the VM's own CONNECT is served at once, and a silent connection is dropped after HEAD_TIMEOUT."""
+    with socket.create_server(("127.0.0.1", 0)) as target:
+        address = f"127.0.0.1:{target.getsockname()[1]}"
+        policy = netproxy.Policy(allow=[address], allow_loopback=True, max_connections=2, queue_timeout=1.0)
+        with netproxy.start(policy, tmp_path / "log.jsonl", secret=SECRET) as proxy:
+            silent = [socket.create_connection(("127.0.0.1", proxy.port), timeout=5) for _ in range(4)]
+            vm = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+            vm.sendall(f"CONNECT {address} HTTP/1.1\r\nHost: {address}\r\nProxy-Authorization: {RIGHT}\r\n\r\n"
+                       .encode())
+            assert vm.recv(100).startswith(b"HTTP/1.1 200"), "the VM's CONNECT waited for slots others held"
+            vm.close()
+            for sock in silent:
+                sock.settimeout(netproxy.HEAD_TIMEOUT + 5)
+                assert sock.recv(100) == b""  # dropped, no answer
+                sock.close()

@@ -73,6 +73,7 @@ MAX_HEAD = 64 * 1024
 CHUNK = 64 * 1024
 UPSTREAM_BUFFER = 512 * 1024  # what a connection to a host buffers: bodies come in larger pieces
 CONNECT_PORT = 443
+HEAD_TIMEOUT = 10.0  # seconds a new connection has to send its request head
 HTTP_PORT = 80
 
 Resolver = Callable[[str, int], Sequence[str]]
@@ -436,6 +437,12 @@ class _Proxy:
         entry: dict[str, Any] = {"client": f"{peer[0]}:{peer[1]}", "method": None, "host": None, "port": None,
                                  "decision": "deny", "reason": "", "bytes_up": 0, "bytes_down": 0}
         try:
+            # Who may use the proxy is decided before the connection takes a slot: a client without the VM's
+            # credentials (another user of the machine) cannot hold the VM's slots, and one that sends no head
+            # within HEAD_TIMEOUT is dropped.
+            head = await self.read_head(reader, min(HEAD_TIMEOUT, self.policy.idle_timeout))
+            entry["method"] = head[0]
+            self.authenticate(head[2])
             if self.waiting >= self.policy.max_connections and self.slots.locked():
                 raise _Refused(503, "too many connections")
             self.waiting += 1
@@ -446,7 +453,7 @@ class _Proxy:
             finally:
                 self.waiting -= 1
             try:
-                await self.serve(reader, writer, entry)
+                await self.serve(head, reader, writer, entry)
             finally:
                 self.slots.release()
         except _Refused as refused:
@@ -498,9 +505,10 @@ class _Proxy:
             writer.write(head + data)
             await asyncio.wait_for(writer.drain(), 5)
 
-    async def read_head(self, reader: asyncio.StreamReader) -> tuple[str, str, list[tuple[str, str]]]:
+    async def read_head(self, reader: asyncio.StreamReader, timeout: float
+                        ) -> tuple[str, str, list[tuple[str, str]]]:
         try:
-            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.policy.idle_timeout)
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout)
         except asyncio.LimitOverrunError:
             raise _Refused(431, "request head over 64 KB") from None
         except asyncio.IncompleteReadError as error:
@@ -611,11 +619,10 @@ class _Proxy:
                 last = error
         raise _Refused(502, f"cannot connect: {last}")
 
-    async def serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    entry: dict[str, Any]) -> None:
-        method, target, headers = await self.read_head(reader)
-        entry["method"] = method
-        self.authenticate(headers)  # before anything is decided, looked up or connected to
+    async def serve(self, head: tuple[str, str, list[tuple[str, str]]], reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
+        """One authenticated request (its head read): a CONNECT tunnel, a brokered session, or plain HTTP."""
+        method, target, headers = head
         body: _Body | None = None
         if method == "CONNECT":
             split = _split_host_port(target)
