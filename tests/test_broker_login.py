@@ -24,6 +24,7 @@ from agentbox.credentials.placeholders import is_placeholder
 from agentbox.credentials.tokens import Upstream
 from agentbox.net.broker import Exchange, Reply
 from tests.fake_upstream import FakeUpstream, Request, Response, json_response
+from tests.helpers import GUEST_PROXY
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -439,12 +440,11 @@ def test_a_login_of_unknown_expiry_is_refreshed_on_the_host_and_stored(config: C
 
 # The stand-in `claude` in the VM: what Claude Code's login does at its end (the code exchange, through the VM's
 # proxy), then it writes the tokens it got to its login file, as Claude Code does.
-CLAUDE_LOGIN = r"""#!/usr/bin/python3
+CLAUDE_LOGIN = "#!/usr/bin/python3\n" + GUEST_PROXY + r"""
 import http.client, json, os, ssl, sys, time, urllib.parse
-proxy = urllib.parse.urlsplit(os.environ["HTTPS_PROXY"])
 context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
-connection.set_tunnel("platform.claude.com", 443)
+connection.set_tunnel("platform.claude.com", 443, headers=proxy_auth)
 connection.request("POST", "/v1/oauth/token", body=json.dumps(
     {"grant_type": "authorization_code", "code": "the-code", "code_verifier": "v", "client_id": "c",
      "redirect_uri": "http://localhost:1/callback", "state": "s"}), headers={"Content-Type": "application/json"})
