@@ -118,14 +118,16 @@ def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
                    "caFingerprint": None, "notes": [], "notesChecked": False,
                    "vmHolds": "no secret of codex, claude, gemini, gh: their login files and API keys in the VM hold "
                               "placeholders; the real tokens stay on the host and agentbox's proxy puts them only "
-                              "into requests to their own hosts; copies of the real logins of kiro, opencode, "
+                              "where their own services take them; copies of the real logins of kiro, opencode, "
                               "copilot (staged: the broker does not support them)"},
+        "pushes": {"mode": "none", "setting": "sync.remoteWrite: false, git.allowPush: false", "branches": None,
+                   "checkedOnHost": False, "pushed": 0, "refused": 0, "recent": []},
     }
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n  memory: 4GiB\n  disk: 30GiB\n")
     assert run_cli("start", cwd=project).exit_code == 0
     after = json.loads(run_cli("status", "--json", cwd=project).stdout)
     assert list(after) == ["name", "status", "workspace", "cpus", "memory", "disk", "vmType", "arch", "dir",
-                           "workspaceRule", "conflict", "sessionMode", "ports", "network", "broker"]
+                           "workspaceRule", "conflict", "sessionMode", "ports", "network", "broker", "pushes"]
     assert after["workspaceRule"] == f"the folder of {project / 'agentbox.yml'}"
     assert after["conflict"] is None
     assert after["status"] == "Running"

@@ -484,13 +484,14 @@ def test_beyond_the_queue_gets_503_at_once(echo: EchoServer, log_path: Path) -> 
     with netproxy.start(policy(f"echo.test:{echo.port}", max_connections=2, queue_timeout=30), log_path) as proxy:
         held = [connect(proxy.port, f"echo.test:{echo.port}")[0] for _ in range(2)]
         waiting = [socket.create_connection(("127.0.0.1", proxy.port), timeout=10) for _ in range(2)]
+        for sock in waiting:  # a connection takes its place in the queue once its head is read
+            sock.sendall(f"CONNECT echo.test:{echo.port} HTTP/1.1\r\n\r\n".encode())
         time.sleep(0.2)  # both are queued for a slot now
         started = time.monotonic()
         sock, status, rest = connect(proxy.port, f"echo.test:{echo.port}")
         assert status == 503 and time.monotonic() - started < 5
         assert refusal(sock, rest)["reason"] == "too many connections"
         held[0].close()  # a slot frees: a queued connection is served
-        waiting[0].sendall(f"CONNECT echo.test:{echo.port} HTTP/1.1\r\n\r\n".encode())
         assert read_head(waiting[0])[0] == 200
         for s in held[1:] + waiting:
             s.close()

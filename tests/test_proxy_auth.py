@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from agentbox.credentials import broker_gh
 from agentbox.net import ca
 from agentbox.net import guard as netguard
 from agentbox.net import proxy as netproxy
@@ -146,7 +147,7 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness
         brokering = Brokering(
             leaves={host: ca.server_context(authority.leaf(host)) for host in (CLAUDE, GITHUB)},
             secrets=(Secret("claude", CLAUDE_PH, frozenset({CLAUDE}), lambda: CLAUDE_REAL),
-                     Secret("gh", GH_PH, frozenset({GITHUB}), lambda: GH_REAL)),
+                     Secret("gh", GH_PH, frozenset({GITHUB}), lambda: GH_REAL, broker_gh.PLACES)),
             upstream_context=upstream.client_context(),
             upstream_address=lambda host, port: upstream.address,
         )

@@ -171,7 +171,7 @@ CREDENTIAL_KEYS: dict[str, Key] = {
     "git": Key("bool", "Bring the safe part of ~/.gitconfig: name, email, ...", default=True),
     "broker": Key(
         "bool", "Keep the real logins of Claude Code, Codex, Gemini CLI and the GitHub CLI on the host: the VM gets "
-        "placeholders, and agentbox's proxy puts the real value into requests to their own hosts only "
+        "placeholders, and agentbox's proxy puts the real value only where their own services take it "
         "(docs/credentials.md, \"The credential broker\"); false copies them into the VM as before.",
         default=True, trust=RULE, why="when false: the real logins go into the VM",
     ),

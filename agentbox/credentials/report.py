@@ -101,7 +101,7 @@ def of(config: Config, vm: str) -> dict[str, Any]:
     seen = _recorded(vm)
     notes = [str(note) for note in seen["notes"]] if seen is not None else []
     holds = (f"no secret of {', '.join(chosen)}: their login files and API keys in the VM hold placeholders; the "
-             "real tokens stay on the host and agentbox's proxy puts them only into requests to their own hosts"
+             "real tokens stay on the host and agentbox's proxy puts them only where their own services take them"
              if chosen else "no brokered login (no agent the broker supports is configured)")
     if staged:
         holds += f"; copies of the real logins of {', '.join(staged)} (staged: the broker does not support them)"
