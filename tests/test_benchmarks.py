@@ -69,10 +69,13 @@ def test_compare_quick_prints_the_ratio_table_of_every_row() -> None:
 def test_the_broker_benchmark_prints_every_row() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "broker.py"), "--runs", "5", "--download-mib",
-                             "2", "--downloads", "1"], env=env, capture_output=True, text=True, timeout=280)
+                             "2", "--downloads", "1", "--link-mbit", "100", "--held", "3"], env=env,
+                            capture_output=True, text=True, timeout=280)
     assert result.returncode == 0, result.stderr
-    names = [line[:40].strip() for line in result.stdout.splitlines()[1:]]
+    names = [line[:46].strip() for line in result.stdout.splitlines()[1:]]
+    downloads = [f"download 2 MiB ({label}), {who}" for label in ("loopback", "100 Mbit/s upstream")
+                 for who in ("direct", "broker", "")]
     assert names == ["kept connection, direct", "kept connection, through the broker",
                      "kept connection, CONNECT tunnel", "new connection, direct", "new connection, through the broker",
                      "new connection, CONNECT tunnel", "placement + answer scan (in process)",
-                     "download 2 MiB, direct", "download 2 MiB, through the broker", "the broker's CPU per 2 MiB"]
+                     *[name if not name.endswith(", ") else "the broker's CPU per 2 MiB (3 held)" for name in downloads]]
