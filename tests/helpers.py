@@ -493,3 +493,40 @@ if prompt.startswith("do:"):
         elif what == "out":
             print(arg, flush=True)
 """
+
+
+def on_terminal(cwd: Path, args: list[str], answer: bytes) -> tuple[int, str]:
+    """Run agentbox with its stdin, stdout and stderr on a pseudo-terminal, `answer` typed at its first [y/N]
+    question; (exit code, what it wrote, without the terminal's CRs)."""
+    import pty
+    import select
+
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=slave, stdout=slave,
+                            stderr=slave)
+    os.close(slave)
+    output = b""
+    answered = False
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([master], [], [], 0.2)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            if not answered and b"[y/N]" in output:
+                os.write(master, answer)
+                answered = True
+            if proc.poll() is not None and not ready:
+                break
+        code = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        os.close(master)
+    return code, output.decode(errors="replace").replace("\r", "")

@@ -24,7 +24,7 @@ from agentbox.credentials.placeholders import is_placeholder
 from agentbox.credentials.tokens import Upstream
 from agentbox.net.broker import Exchange, Reply
 from tests.fake_upstream import FakeUpstream, Request, Response, json_response
-from tests.helpers import GUEST_PROXY
+from tests.helpers import GUEST_PROXY, on_terminal
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -480,44 +480,6 @@ def _guest_claude(lima: Any, text: str = CLAUDE_LOGIN) -> None:
     path.chmod(0o755)
 
 
-def _on_terminal(cwd: Path, args: list[str], answer: bytes) -> tuple[int, str]:
-    """agentbox with stdin and stderr on a pseudo-terminal, `answer` typed at its [y/N] question."""
-    import pty
-    import select
-    import subprocess
-    import sys
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=slave, stdout=slave,
-                            stderr=slave)
-    os.close(slave)
-    output = b""
-    answered = False
-    deadline = time.monotonic() + 120
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([master], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(master, 65536)
-                except OSError:  # the child closed the terminal
-                    break
-                if not chunk:
-                    break
-                output += chunk
-            if not answered and b"[y/N]" in output:
-                os.write(master, answer)
-                answered = True
-            if proc.poll() is not None and not ready:
-                break
-        code = proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        os.close(master)
-    return code, output.decode(errors="replace").replace("\r", "")
-
-
 def test_a_login_inside_a_session_is_refused_and_agentbox_claude_login_makes_it_the_hosts(
         project: Path, vm: Any, claude_upstream: FakeUpstream) -> None:
     """With the broker on, the agent's own login in a normal session (Claude Code's /login) is refused; the same
@@ -578,7 +540,7 @@ def test_another_accounts_login_replaces_the_hosts_only_when_the_user_says_yes(
     _guest_claude(vm)
     host_file = _host_login("claude")
     before = host_file.read_bytes()
-    code, output = _on_terminal(project, ["claude", "login"], answer)
+    code, output = on_terminal(project, ["claude", "login"], answer)
     assert code == 0, output
     assert "Replace the host's Claude Code login (me@example.com) with other@example.com? [y/N]" in output
     assert not loginwindow.pending_file(NAME, "claude").exists()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentbox.net import policy as netpolicy
-from tests.helpers import FakeLima, as_root, run_agentbox, run_cli, write
+from tests.helpers import FakeLima, as_root, on_terminal, run_agentbox, run_cli, write
 
 NAME = "agentbox-myproject"
 
@@ -498,44 +498,13 @@ def test_recreate_with_yes_deletes_and_creates_anew(project: Path, limactl: Fake
 def test_recreate_asks_on_a_terminal(project: Path, limactl: FakeLima) -> None:
     assert run_cli("start", cwd=project).exit_code == 0
     limactl.clear()
-    code, output = _on_terminal(project, ["start", "--recreate"], answer=b"n\n")
+    code, output = on_terminal(project, ["start", "--recreate"], answer=b"n\n")
     assert code == 1
     assert "Delete VM agentbox-myproject and its disk, then create it anew?" in output
     assert "delete" not in limactl.subcommands() and limactl.status(NAME) == "Running"
-    code, output = _on_terminal(project, ["start", "--recreate"], answer=b"y\n")
+    code, output = on_terminal(project, ["start", "--recreate"], answer=b"y\n")
     assert code == 0, output
     assert "delete" in limactl.subcommands() and limactl.status(NAME) == "Running"
-
-
-def _on_terminal(cwd: Path, args: list[str], answer: bytes) -> tuple[int, str]:
-    """Run agentbox with stdin and stderr on a pseudo-terminal; answer its first question."""
-    import pty
-    import select
-
-    master, slave = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "agentbox", *args], cwd=cwd, stdin=slave,
-                            stdout=subprocess.DEVNULL, stderr=slave)
-    os.close(slave)
-    output = b""
-    answered = False
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([master], [], [], 0.2)
-        if ready:
-            try:
-                chunk = os.read(master, 4096)
-            except OSError:  # the child closed the terminal
-                break
-            if not chunk:
-                break
-            output += chunk
-        if not answered and b"[y/N]" in output:
-            os.write(master, answer)
-            answered = True
-        if proc.poll() is not None and not ready:
-            break
-    os.close(master)
-    return proc.wait(timeout=60), output.decode(errors="replace")
 
 
 def test_recreate_replaces_a_same_named_vm_agentbox_did_not_create(project: Path, limactl: FakeLima, home: Path) -> None:

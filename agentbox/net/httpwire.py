@@ -140,12 +140,7 @@ async def body(reader: asyncio.StreamReader, framing: Framing, trailers_allowed:
             while piece := await reader.read(CHUNK):
                 yield piece
             return
-        left = framing.length
-        while left:
-            piece = await reader.read(min(CHUNK, left))
-            if not piece:
-                raise asyncio.IncompleteReadError(b"", left)
-            left -= len(piece)
+        async for piece in _exactly(reader, framing.length):
             yield piece
         return
     while True:
@@ -153,15 +148,21 @@ async def body(reader: asyncio.StreamReader, framing: Framing, trailers_allowed:
         if size == 0:
             await _trailers(reader, trailers_allowed)
             return
-        left = size
-        while left:
-            piece = await reader.read(min(CHUNK, left))
-            if not piece:
-                raise asyncio.IncompleteReadError(b"", left)
-            left -= len(piece)
+        async for piece in _exactly(reader, size):
             yield piece
         if await reader.readexactly(2) != b"\r\n":
             raise WireError("a chunk not followed by CRLF")
+
+
+async def _exactly(reader: asyncio.StreamReader, count: int) -> AsyncIterator[bytes]:
+    """`count` bytes, in the pieces they come in."""
+    left = count
+    while left:
+        piece = await reader.read(min(CHUNK, left))
+        if not piece:
+            raise asyncio.IncompleteReadError(b"", left)
+        left -= len(piece)
+        yield piece
 
 
 async def _trailers(reader: asyncio.StreamReader, allowed: bool) -> None:
