@@ -182,6 +182,19 @@ def test_a_compressed_echo_is_read_and_not_sent_on(broker: Harness, encoding: st
     assert broker.upstream.requests_to(CLAUDE)[-1].headers["accept-encoding"] == "identity"
 
 
+@pytest.mark.parametrize("second", [b'"second": "member"}', b'"echo": "' + CLAUDE_REAL.encode() + b'"}'])
+def test_every_member_of_a_gzip_answer_is_read(broker: Harness, second: bytes) -> None:
+    body = gzip.compress(b'{"first": "member", ') + gzip.compress(second)
+    broker.upstream.route("GET", "/members", host=CLAUDE, handler=lambda request: Response(
+        200, body, "application/json", {"Content-Encoding": "gzip"}))
+    answer = exchange(broker, CLAUDE, get(CLAUDE, "/members", f"Authorization: Bearer {CLAUDE_PH}\r\n"))
+    never_real(answer)
+    if b"echo" in second:
+        assert "attempted leak" in broker.logged("/members")[-1]["reason"]
+    else:  # decoded whole, both members, and sent on as identity
+        assert answer.endswith(b'{"first": "member", "second": "member"}\r\n0\r\n\r\n'), answer
+
+
 def _inflated(answer: bytes) -> list[bytes]:
     body = answer.partition(b"\r\n\r\n")[2]
     found = []
@@ -429,6 +442,8 @@ def test_graphql_over_get_is_read_too(broker: Harness, query: str, reads: bool) 
     ("POST", "/owner/repo.git%2Fgit-receive-pack"),
     ("GET", "/owner/repo.git/info/refs?service=git-upload-pack&service=git-receive-pack"),
     ("GET", "/owner/repo.git/info/refs?service=git%2Dreceive%2Dpack"),
+    ("POST", "/owner/repo.git/git-receive-pack;x=1"),
+    ("POST", "/owner/repo.git;x/git-receive-pack"),
     ("POST", "/owner/repo/issues"),
     ("GET", "/settings/tokens"),
     ("POST", "/owner/repo.git/info/lfs/objects/batch"),
@@ -461,6 +476,7 @@ def test_git_lfs_downloads_pass_with_the_login(broker: Harness) -> None:
     (GITHUB_API, "OPTIONS", "/repos/o/r"),
     (GITHUB_API, "PUT", "/user/starred/o/r"),
     (GITHUB_API, "GET", "/copilot_internal/v2/token"),
+    (GITHUB_API, "GET", "/copilot_internal/v2/token;x"),
 ])
 def test_github_writes_and_the_copilot_token_exchange_are_refused(broker: Harness, host: str, method: str,
                                                                    path: str) -> None:

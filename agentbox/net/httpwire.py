@@ -214,9 +214,10 @@ _ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
 
 def normal_path(path: str) -> str:
     """The path as the broker decides by it: percent-escapes decoded once (an escaped slash or dot counts as one),
-    dot segments resolved, repeated and trailing slashes dropped. A server may route a path in any of these
-    spellings; the broker's rules are allow-lists, so the widest reading is the safe one. WireError for a path
-    that is not absolute, a malformed escape, a backslash or a control character."""
+    a segment's `;parameters` dropped, dot segments resolved, repeated and trailing slashes dropped. A server may
+    route a path in any of these spellings; the broker's rules are allow-lists, and what it refuses by name (a
+    push, GraphQL, Copilot's token exchange) it must see however spelled, so the widest reading is the safe one.
+    WireError for a path that is not absolute, a malformed escape, a backslash or a control character."""
     if not path.startswith("/"):
         raise WireError("a request path that does not start with /")
     if "%" in _ESCAPE.sub("", path):
@@ -226,6 +227,7 @@ def normal_path(path: str) -> str:
         raise WireError("a backslash or a control character in the path")
     segments: list[str] = []
     for segment in decoded.split("/"):
+        segment = segment.partition(";")[0]
         if segment in ("", "."):
             continue
         if segment == "..":

@@ -490,6 +490,9 @@ class Session:
         try:
             async for piece in httpwire.body(self.up[0], framing, trailers_allowed=True):
                 data = decoder.decompress(piece) if decoder is not None else piece
+                while decoder is not None and decoder.eof and decoder.unused_data:  # gzip members one after another
+                    rest, decoder = decoder.unused_data, _fresh(decoder)
+                    data += decoder.decompress(rest)
                 if collect is not None and sum(map(len, collect)) < MAX_EXCHANGE:
                     collect.append(data)
                 send(scanner.feed(data))
@@ -600,7 +603,34 @@ def _decoder(response: Head) -> Any:
         return None
     if len(encodings) != 1 or encodings[0] not in _DECODED:
         raise Refusal(502, f"an answer in the {'/'.join(encodings)} encoding, which the broker cannot scan")
-    return zlib.decompressobj(47 if encodings[0] != "deflate" else 15)
+    return _Decoder(47 if encodings[0] != "deflate" else 15)
+
+
+class _Decoder:
+    """zlib's decompressor, remembering the window bits it was made with (a gzip body may hold several members)."""
+
+    def __init__(self, wbits: int) -> None:
+        self.wbits = wbits
+        self.inner = zlib.decompressobj(wbits)
+
+    def decompress(self, data: bytes) -> bytes:
+        return self.inner.decompress(data)
+
+    def flush(self) -> bytes:
+        return self.inner.flush()
+
+    @property
+    def eof(self) -> bool:
+        return self.inner.eof
+
+    @property
+    def unused_data(self) -> bytes:
+        return self.inner.unused_data
+
+
+def _fresh(decoder: Any) -> Any:
+    """A decompressor like `decoder` for what follows its stream's end (the next member of a gzip body)."""
+    return _Decoder(decoder.wbits)
 
 
 def _keep_alive(head: Head) -> bool:
