@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import ssl
 import time
@@ -461,8 +462,10 @@ class Session:
         same_length = has_body and decoder is None and not framing.chunked and framing.length is not None
         chunked_out = has_body and not same_length and version == "HTTP/1.1"
         keep = _keep_alive(head) and (not has_body or same_length or chunked_out)
-        dropped = _RESPONSE_DROPPED | ({"content-encoding"} if decoder is not None else set()) if has_body else {
-            "connection", "keep-alive"}
+        if has_body:  # framed again by the broker (and decoded when it came encoded)
+            dropped = _RESPONSE_DROPPED | ({"content-encoding"} if decoder is not None else set())
+        else:  # its framing headers describe a body it does not carry (HEAD, 304): passed on as they are
+            dropped = frozenset({"connection", "keep-alive"})
         headers = [(k, v) for k, v in response.headers if k.lower() not in dropped]
         if same_length:
             headers.append(("Content-Length", str(framing.length)))
@@ -491,7 +494,7 @@ class Session:
             async for piece in httpwire.body(self.up[0], framing, trailers_allowed=True):
                 data = decoder.decompress(piece) if decoder is not None else piece
                 while decoder is not None and decoder.eof and decoder.unused_data:  # gzip members one after another
-                    rest, decoder = decoder.unused_data, _fresh(decoder)
+                    rest, decoder = decoder.unused_data, _Decoder(decoder.wbits)
                     data += decoder.decompress(rest)
                 if collect is not None and sum(map(len, collect)) < MAX_EXCHANGE:
                     collect.append(data)
@@ -531,16 +534,10 @@ class _UpstreamClosed(Exception):
     """The upstream closed a kept connection before answering (the request may be sent again on a new one)."""
 
 
+@functools.lru_cache(maxsize=64)
 def _variants(values: tuple[str, ...]) -> list[bytes]:
-    cached = _VARIANTS.get(values)
-    if cached is None:
-        if len(_VARIANTS) > 64:
-            _VARIANTS.clear()
-        cached = _VARIANTS[values] = scan.variants(values)
-    return cached
-
-
-_VARIANTS: dict[tuple[str, ...], list[bytes]] = {}
+    """The spellings of these real values an answer is scanned for (the same values each request, mostly)."""
+    return scan.variants(values)
 
 
 def _carries(data: bytes, needles: list[bytes]) -> bool:
@@ -626,11 +623,6 @@ class _Decoder:
     @property
     def unused_data(self) -> bytes:
         return self.inner.unused_data
-
-
-def _fresh(decoder: Any) -> Any:
-    """A decompressor like `decoder` for what follows its stream's end (the next member of a gzip body)."""
-    return _Decoder(decoder.wbits)
 
 
 def _keep_alive(head: Head) -> bool:

@@ -183,6 +183,6 @@ def _swap_query(query: str, host: Host, own: Any, real: Any, sent: list[str]) ->
             value_real = real(secret)
             sent.append(value_real)
             pairs[index] = f"{raw_name}{eq}{quote(value_real, safe='')}"
-        elif found or PLACEHOLDER.search(raw_value.encode("utf-8", "surrogateescape")):
+        elif found:
             raise leak("a placeholder", f"the {name or 'unnamed'} query parameter", host.name)
     return "&".join(pairs)

@@ -92,7 +92,7 @@ class Scanner:
                     keep = at
                     break
                 at = data.find(anchor, at + 1)
-            for length in range(1, min(ANCHOR, size) + 1):  # an end shorter than the anchor
+            for length in range(1, min(ANCHOR - 1, size) + 1):  # an end shorter than the anchor
                 if size - length < keep and data.endswith(needle[:length]):
                     keep = size - length
         return keep
