@@ -15,6 +15,7 @@ from tests.helpers import (
     NAME,
     FakeLima,
     needs_bwrap,
+    on_terminal,
     run_agentbox,
     run_cli,
     staged_logins,
@@ -198,10 +199,8 @@ def _raw_calls(limactl: FakeLima) -> list[dict]:
 
 @pytest.mark.parametrize("answer", [b"y\n", b"n\n"])
 def test_on_a_terminal_a_launch_asks_to_restart_the_vm(project: Path, started: FakeLima, answer: bytes) -> None:
-    from tests.test_lifecycle import _on_terminal
-
     write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
-    code, output = _on_terminal(project, ["shell", "--", "true"], answer=answer)
+    code, output = on_terminal(project, ["shell", "--", "true"], answer=answer)
     assert code == 0, output
     assert f"cpus 4 -> 2 in the config: restart VM {NAME} now to apply?" in output
     if answer == b"y\n":
