@@ -498,7 +498,7 @@ BAD_CONFIGS = [
     ("mounts:\n  - mountPoint: /x\n", "mounts.[0]: a mount needs `location`", None),
     ("mounts:\n  - location: /x\n    writeable: true\n", "mounts.[0].writeable: unknown key", "Did you mean `mounts.[0].writable`?"),
     ("mounts: /opt\n", "mounts: expected a list of mounts", None),
-    ("mounts:\n  - location: /opt\n", "mountPoint /opt would hide the VM's own /opt", "/mnt/opt"),
+    ("mounts:\n  - location: /opt\n", "2:15: mounts[0].mountPoint: /opt would hide the VM's own /opt", "/mnt/opt"),
     ("mounts:\n  - location: /srv\n    mountPoint: data\n", "must be an absolute path inside the VM", None),
     ("bootstrap:\n  onCreateScript: 5\n", "bootstrap.onCreateScript: expected a string or a list of strings", None),
     ("agents:\n  cladue:\n    model: x\n", "agents.cladue: `cladue` is not a built-in agent", "Did you mean `agents.claude`?"),
@@ -545,6 +545,48 @@ def test_bad_config_starts_nothing(project: Path, isolated_env: dict[str, Path],
     assert limactl.calls() == []
     assert [p.name for p in isolated_env["lima_home"].iterdir()] == []
     assert not isolated_env["state"].exists()
+
+
+def test_every_error_of_a_file_is_reported_at_once_in_file_order(
+        project: Path, isolated_env: dict[str, Path], limactl: FakeLima) -> None:
+    path = write(project / "agentbox.yml", "env:\n  1BAD: x\nvm:\n  cpus: 0\n  memry: 4GiB\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"agentbox: error: 3 problems in {path}:",
+        f"  {path}:2:3: env.1BAD: is not a valid environment variable name",
+        "    hint: Use letters, digits and _, not starting with a digit.",
+        f"  {path}:4:9: vm.cpus: must be at least 1, found 0",
+        f"  {path}:5:3: vm.memry: unknown key",
+        "    hint: Did you mean `vm.memory`?",
+        "hint: Nothing was created or started. Fix them, then run the command again.",
+    ]
+    assert limactl.calls() == []
+    assert [p.name for p in isolated_env["lima_home"].iterdir()] == []
+
+
+def test_agent_and_mount_errors_are_reported_together(project: Path) -> None:
+    path = write(project / "agentbox.yml", "mounts:\n  - location: /srv\n    mountPoint: data\n"
+                 "agents:\n  cladue:\n    model: x\n")
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"agentbox: error: 2 problems in {path}:"
+    assert lines[1] == f"  {path}:3:17: mounts[0].mountPoint: 'data' must be an absolute path inside the VM"
+    assert lines[2].startswith(f"  {path}:6:5: agents.cladue: `cladue` is not a built-in agent")
+    assert lines[3] == "    hint: Did you mean `agents.claude`?"
+
+
+@pytest.mark.parametrize("indent", ["\t", "  \t"])
+def test_a_tab_in_the_indentation_is_named(project: Path, limactl: FakeLima, indent: str) -> None:
+    path = write(project / "agentbox.yml", f"vm:\n  cpus: 2\n{indent}memory: 4GiB\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"agentbox: error: {path}:3:{len(indent)}: a tab in the indentation: YAML allows no tabs there",
+        "hint: Replace the tab with spaces (YAML indents with spaces only), then run the command again.",
+    ]
+    assert limactl.calls() == []
 
 
 def test_local_only_keys_in_global_config_are_ignored_with_a_warning(project: Path, home: Path) -> None:
