@@ -688,6 +688,11 @@ def test_config_masks_env_values_with_sources_too(project: Path, home: Path) -> 
     assert shown["config"]["env"] == {"ANTHROPIC_API_KEY": "sk-ant-api03-secret"}
 
 
+def joined(lines: list[str]) -> str:
+    """Lines of `agentbox config` cut to fit, without the indents, the `#`s and the spaces where they were cut."""
+    return "".join("".join(line.split()).removeprefix("#") for line in lines)
+
+
 def test_config_text_is_readable_in_100_columns(project: Path, home: Path) -> None:
     long_dir = "data-" + "x" * 70
     (project / long_dir).mkdir()
@@ -696,8 +701,9 @@ def test_config_text_is_readable_in_100_columns(project: Path, home: Path) -> No
     result = run_cli("config", "--show-secrets", cwd=project, env={"COLUMNS": "100"})
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[:2] == [f"# global config: {gpath}", f"# local config: {lpath}"]
-    for index, line in enumerate(lines[2:], start=2):
+    header = [line for line in lines if line.startswith("#")]
+    assert joined(header) == joined([f"# global config: {gpath}", f"# local config: {lpath}"])
+    for index, line in enumerate(lines[len(header):], start=len(header)):
         if line.startswith("    "):  # a value (or a long origin) on its own line, below its key
             assert lines[index - 1].startswith(" ") or re.fullmatch(r"[\w.\[\]-]+:(  # .+)?", lines[index - 1]), line
             continue
@@ -705,15 +711,38 @@ def test_config_text_is_readable_in_100_columns(project: Path, home: Path) -> No
         # unpadded `key: value  # origin`, or `key:  # origin` above the value, or `key:` above value and origin
         assert re.fullmatch(r"[\w.\[\]-]+(: \S(.*\S)?  # \S.*|:  # \S.*|:)", line), line
     at = lines.index("workspace:")  # its origin names the config file's long path: below the value
-    assert lines[at + 1:at + 3] == [f'    "{project}"', f"    # the folder of {lpath}"]
-    at = lines.index("env.LONG_TOKEN:  # global")
-    assert lines[at + 1] == '    "' + "t" * 120 + '"'
+    assert lines[at + 1] == f'    "{project}"'
+    assert joined(lines[at + 2:at + 4]) == joined([f"# the folder of {lpath}"])
+    at = lines.index("env.LONG_TOKEN:  # global")  # a word longer than the line: cut, the rest indented deeper
+    assert lines[at + 1:at + 3] == ['    "' + "t" * 95, "      " + "t" * 25 + '"']
     assert "env.SHORT: \"s\"  # global" in lines
     assert "vm.cpus: 2  # local" in lines
     at = lines.index("mounts[0].location:  # local")
-    assert lines[at + 1] == f'    "{project / long_dir}"'
+    assert joined(lines[at + 1:at + 3]) == joined([f'"{project / long_dir}"'])
     at = lines.index("agents.gemini.credentials:  # default")  # a list too long for one line: one item per line
     assert lines[at + 1:at + 3] == ['    - "~/.gemini/oauth_creds.json"', '    - "~/.gemini/google_accounts.json"']
+
+
+@pytest.mark.parametrize("install", [None, "curl -fsSL https://example.com/very/long/path/to/an/installer/script.sh"
+                                           " | bash -s -- --prefix ~/.local --channel stable && "
+                                           + "x" * 130 + " --version"])
+def test_config_text_fits_100_columns(project: Path, install: str | None) -> None:
+    if install:
+        write(project / "agentbox.yml", f"agents:\n  mytool:\n    binary: mytool\n    install: '{install}'\n")
+    result = run_cli("config", cwd=project, env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if len(line) > 100] == []
+    at = lines.index("agents.copilot.install:  # default")  # the built-in one is long too: cut between words
+    assert lines[at + 1:at + 3] == ['    "npm install -g @github/copilot && { copilot --version >/dev/null 2>&1 || '
+                                    'npm install -g', '      @github/copilot; }"']
+    if install:
+        at = lines.index("agents.mytool.install:  # local")
+        below = [line for line in lines[at + 1:] if line.startswith("      ")]
+        # the pieces, joined again, are the whole command (the cuts are at spaces, or inside the long word)
+        pieces = [lines[at + 1].strip(), *(line.strip() for line in lines[at + 2:at + 1 + len(below) + 1]
+                                          if line.startswith("      "))]
+        assert "".join(pieces).replace(" ", "") == json.dumps(install).replace(" ", "")
 
 
 def test_config_json_sources(project: Path, home: Path) -> None:

@@ -34,9 +34,10 @@ def masked(value: str) -> str:
 def as_text(config: Config, show_secrets: bool = False, width: int = 100) -> str:
     """One `key: value  # origin` line per value, unpadded. When that is wider than width, the value goes
     on its own line below `key:  # origin` (a list: one item per line), and an origin too long for the
-    key's line goes below the value. Origins name the layer; the header names the files."""
-    lines = [f"# global config: {_file_state(config, config.global_file, 'global')}",
-             f"# local config: {_file_state(config, config.local_file, 'local')}"]
+    key's line goes below the value, and a value or origin still wider is cut between words onto further lines,
+    indented deeper. Origins name the layer; the header names the files."""
+    lines = [*_fitted(f"# global config: {_file_state(config, config.global_file, 'global')}", width, "#   "),
+             *_fitted(f"# local config: {_file_state(config, config.local_file, 'local')}", width, "#   ")]
     for key, value in flatten(shown(config, show_secrets)):
         origin = f"# {_short_origin(config, origin_of(config, key))}"
         text = _show(value)
@@ -47,12 +48,25 @@ def as_text(config: Config, show_secrets: bool = False, width: int = 100) -> str
         origin_fits = len(f"{key}:  {origin}") <= width
         lines.append(f"{key}:  {origin}" if origin_fits else f"{key}:")
         if isinstance(value, list) and len(INDENT) + len(text) > width:
-            lines.extend(f"{INDENT}- {_show(item)}" for item in value)
+            for item in value:
+                lines.extend(_fitted(f"{INDENT}- {_show(item)}", width, INDENT + "    "))
         else:
-            lines.append(INDENT + text)
+            lines.extend(_fitted(INDENT + text, width, INDENT + "  "))
         if not origin_fits:
-            lines.append(INDENT + origin)
+            lines.extend(_fitted(INDENT + origin, width, INDENT + "  "))
     return "\n".join(lines) + "\n"
+
+
+def _fitted(line: str, width: int, continuation: str) -> list[str]:
+    """The line as it is when it fits; else cut between words (inside a word longer than a line), each further
+    piece indented below the first: a long install command stays readable at the terminal's width."""
+    if len(line) <= width:
+        return [line]
+    import textwrap
+
+    first = line[:len(line) - len(line.lstrip())]
+    return textwrap.wrap(line.lstrip(), max(width, len(continuation) + 20), initial_indent=first,
+                         subsequent_indent=continuation, break_on_hyphens=False, drop_whitespace=True)
 
 
 def _file_state(config: Config, path: Any, layer: str) -> str:
