@@ -745,6 +745,61 @@ def test_config_text_fits_100_columns(project: Path, install: str | None) -> Non
         assert "".join(pieces).replace(" ", "") == json.dumps(install).replace(" ", "")
 
 
+def test_config_changed_shows_only_what_differs_from_the_defaults(project: Path, home: Path) -> None:
+    gpath = global_config(home, "vm:\n  memory: 6GiB\n")
+    default_disk = config_json(project)["vm"]["disk"]
+    write(project / "agentbox.yml", f"vm:\n  cpus: 7\n  disk: {default_disk}\nagents:\n  claude:\n    model: opus\n")
+    result = run_cli("config", "--changed", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if not line.startswith("#")] == [
+        "vm.cpus: 7  # local", 'vm.memory: "6GiB"  # global', 'agents.claude.model: "opus"  # local',
+    ]  # the disk is set, but to the default: not a change
+    header = [line for line in result.stdout.splitlines() if line.startswith("#")]
+    assert joined(header) == joined([f"# global config: {gpath}", f"# local config: {project / 'agentbox.yml'}"])
+    as_json = run_cli("config", "--changed", "--json", cwd=project)
+    assert json.loads(as_json.stdout) == {"vm.cpus": 7, "vm.memory": "6GiB", "agents.claude.model": "opus"}
+
+
+def test_config_changed_without_config_files_is_empty(project: Path) -> None:
+    assert json.loads(run_cli("config", "--changed", "--json", cwd=project).stdout) == {}
+
+
+def test_config_get_prints_one_keys_effective_value(project: Path, home: Path) -> None:
+    global_config(home, "vm:\n  memory: 6GiB\nenv:\n  TOKEN: sekrit\n")
+    write(project / "agentbox.yml", "vm:\n  cpus: 3\nmounts:\n  - location: /srv\n    mountPoint: /mnt/srv\n")
+    data = config_json(project)
+
+    def get(*args: str) -> str:
+        result = run_cli("config", "get", *args, cwd=project)
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+    assert get("vm.cpus") == "3\n"
+    assert get("vm.memory") == "6GiB\n"  # a string as it is, for $(agentbox config get ...)
+    assert get("vm.name") == f"{data['vm']['name']}\n"
+    assert get("mounts[0].mountPoint") == "/mnt/srv\n"
+    assert get("sync.remoteWrite") == "false\n"
+    assert get("agents.claude.model") == "null\n"
+    assert json.loads(get("vm")) == data["vm"]  # a section: one JSON object
+    assert json.loads(get("agents.claude.defaultArgs")) == data["agents"]["claude"]["defaultArgs"]
+    assert get("env.TOKEN") == "<set, 6 chars>\n"
+    assert get("env.TOKEN", "--show-secrets") == "sekrit\n"
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    ("vm.cpu", "no config key `vm.cpu`: did you mean vm.cpus?"),
+    ("agents.claude.modle", "no config key `agents.claude.modle`: did you mean agents.claude.model?"),
+    ("nothing.like.it", "no config key `nothing.like.it`"),
+    ("mounts[0]", "no config key `mounts[0]`: did you mean mounts?"),
+])
+def test_config_get_of_an_unknown_key_exits_2_with_the_nearest(project: Path, key: str, message: str) -> None:
+    result = run_cli("config", "get", key, cwd=project)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"agentbox: error: {message}", "hint: `agentbox config` lists every key with its value and where it came from."]
+
+
 def test_config_json_sources(project: Path, home: Path) -> None:
     gpath = global_config(home, "vm:\n  memory: 6GiB\n")
     lpath = write(project / "agentbox.yml", "vm:\n  cpus: 2\n")
