@@ -77,7 +77,7 @@ def _source_record(source: Source, config: Config) -> dict[str, Any]:
         subject, not_after = described
         expires = cacerts.iso_time(not_after) if not_after else None
         certificates.append({"subject": subject, "expires": expires,
-                             "expired": bool(not_after) and cacerts.expired(not_after)})
+                             "expired": cacerts.expired(not_after) if not_after else False})
     return {
         "origin": source.origin,
         "configFile": str(source.config_file) if source.config_file is not None else None,
