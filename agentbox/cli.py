@@ -5,8 +5,8 @@ what people run fifty times a day: it goes straight to the launch (agentbox.comm
 click or building its command line, behind the same error boundary (agentbox.boundary). Everything else,
 and anything this module does not recognise exactly (a global option it does not know, a -C that click would
 refuse, `AGENT shell`, `AGENT --help`, completion), goes to the click command line (agentbox.commandline),
-which gives the same result for a launch, at click's cost. `agentbox --help` alone is printed without click too
-(agentbox.helpscreen: the same text).
+which gives the same result for a launch, at click's cost. `agentbox --help` alone (or bare `agentbox`) is printed
+without click too (agentbox.helpscreen: the same text).
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def main() -> None:
     line = launch_line(sys.argv[1:])
     if line is not None:
         sys.exit(launch(*line))
-    if sys.argv[1:] in (["--help"], ["-h"]) and COMPLETION_VARIABLE not in os.environ:
+    if sys.argv[1:] in (["--help"], ["-h"], []) and COMPLETION_VARIABLE not in os.environ:  # bare: the help too
         from agentbox import helpscreen
 
         try:

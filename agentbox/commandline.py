@@ -118,6 +118,13 @@ class AgentboxGroup(click.Group):
         command = self.get_command(ctx, name)
         return command.get_short_help_str(limit=60) if command is not None else ""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Bare `agentbox` prints the grouped help on stdout and exits 0, as gh does (not click's usage error)."""
+        if not args and not ctx.resilient_parsing:
+            click.echo(ctx.get_help())
+            ctx.exit(0)
+        return super().parse_args(ctx, args)
+
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         try:
             return super().make_context(*args, **kwargs)

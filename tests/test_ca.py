@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -98,6 +100,34 @@ def test_ls_shows_local_global_and_env(project: Path, home: Path, tmp_path: Path
     assert local + "  2 certificates" in out
     assert f"NODE_EXTRA_CA_CERTS on the host (the VM gets these too): {env_pem}\n  1 certificate\n" in out
     assert "agentbox start --recreate" in out
+
+
+@pytest.mark.needs("openssl")
+def test_ls_json_carries_what_the_text_shows(project: Path, home: Path, tmp_path: Path) -> None:
+    corp, proxy = make_pem(tmp_path / "c", "Corp Root CA"), make_pem(tmp_path / "p", "Proxy CA")
+    write(project / "certs" / "corp.pem", corp + proxy)
+    write(project / "agentbox.yml", "caCert: certs/corp.pem\n")
+    global_file = write(home / ".config" / "agentbox" / "config.yml", "caCert: ~/missing.pem\n")
+    result = run_cli("ca", "ls", "--json", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    sources = json.loads(result.stdout)["sources"]
+    expires = [cert["expires"] for cert in sources[1]["certificates"]]
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", when) for when in expires), expires
+    assert sources == [
+        {"origin": "global", "configFile": str(global_file), "path": str(home / "missing.pem"), "used": False,
+         "trusted": None, "exists": False, "error": None, "count": 0, "certificates": []},
+        {"origin": "local", "configFile": str(project / "agentbox.yml"), "path": str(project / "certs" / "corp.pem"),
+         "used": True, "trusted": False, "exists": True, "error": None, "count": 2,
+         "certificates": [{"subject": "CN = Corp Root CA", "expires": expires[0], "expired": False},
+                          {"subject": "CN = Proxy CA", "expires": expires[1], "expired": False}]},
+    ]
+    text = run_cli("ca", "ls", cwd=project).stdout  # the same facts as the text
+    assert "not used here" in text and "the file does not exist" in text and "  2 certificates" in text
+    assert "1. CN = Corp Root CA; expires " in text and "is not trusted" in text
+    assert run_cli("trust", cwd=project).exit_code == 0
+    assert json.loads(run_cli("ca", "ls", "--json", cwd=project).stdout)["sources"][1]["trusted"] is True
+    empty = run_cli("ca", "ls", "--json", cwd=home)
+    assert json.loads(empty.stdout) == {"sources": [{**sources[0], "used": True}]}
 
 
 @pytest.mark.needs("openssl")

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from agentbox import __version__
-from tests.helpers import FakeLima, needs_bwrap, run_cli, write
+from tests.helpers import FakeLima, needs_bwrap, run_agentbox, run_cli, write
 from tests.test_launch import NAME, configure, launch
 
 AGENTS = ["codex", "claude", "gemini", "kiro", "opencode", "copilot"]
@@ -32,6 +32,15 @@ def test_group_help_explains_agent_help_shell_and_help_command(project: Path) ->
     assert "`agentbox AGENT --help` shows the agent's own help, run inside the VM" in text
     assert "`agentbox AGENT shell` opens a shell in the agent's VM" in text
     assert "`agentbox help COMMAND` shows agentbox's help for any command" in text
+
+
+def test_bare_agentbox_prints_the_grouped_help_and_exits_0(project: Path) -> None:
+    helped = run_agentbox("--help", cwd=project)
+    bare = run_agentbox(cwd=project)  # the console script, as a user types it
+    assert (bare.returncode, bare.stdout, bare.stderr) == (0, helped.stdout, "")
+    assert "\nThe VM:\n" in bare.stdout and "\nDiagnostics:\n" in bare.stdout
+    in_process = run_cli()  # click's command line gives the same
+    assert (in_process.exit_code, in_process.stdout, in_process.stderr) == (0, run_cli("--help").stdout, "")
 
 
 def test_help_command_is_the_group_help(project: Path) -> None:

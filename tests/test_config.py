@@ -498,7 +498,7 @@ BAD_CONFIGS = [
     ("mounts:\n  - mountPoint: /x\n", "mounts.[0]: a mount needs `location`", None),
     ("mounts:\n  - location: /x\n    writeable: true\n", "mounts.[0].writeable: unknown key", "Did you mean `mounts.[0].writable`?"),
     ("mounts: /opt\n", "mounts: expected a list of mounts", None),
-    ("mounts:\n  - location: /opt\n", "mountPoint /opt would hide the VM's own /opt", "/mnt/opt"),
+    ("mounts:\n  - location: /opt\n", "2:15: mounts[0].mountPoint: /opt would hide the VM's own /opt", "/mnt/opt"),
     ("mounts:\n  - location: /srv\n    mountPoint: data\n", "must be an absolute path inside the VM", None),
     ("bootstrap:\n  onCreateScript: 5\n", "bootstrap.onCreateScript: expected a string or a list of strings", None),
     ("agents:\n  cladue:\n    model: x\n", "agents.cladue: `cladue` is not a built-in agent", "Did you mean `agents.claude`?"),
@@ -545,6 +545,48 @@ def test_bad_config_starts_nothing(project: Path, isolated_env: dict[str, Path],
     assert limactl.calls() == []
     assert [p.name for p in isolated_env["lima_home"].iterdir()] == []
     assert not isolated_env["state"].exists()
+
+
+def test_every_error_of_a_file_is_reported_at_once_in_file_order(
+        project: Path, isolated_env: dict[str, Path], limactl: FakeLima) -> None:
+    path = write(project / "agentbox.yml", "env:\n  1BAD: x\nvm:\n  cpus: 0\n  memry: 4GiB\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"agentbox: error: 3 problems in {path}:",
+        f"  {path}:2:3: env.1BAD: is not a valid environment variable name",
+        "    hint: Use letters, digits and _, not starting with a digit.",
+        f"  {path}:4:9: vm.cpus: must be at least 1, found 0",
+        f"  {path}:5:3: vm.memry: unknown key",
+        "    hint: Did you mean `vm.memory`?",
+        "hint: Nothing was created or started. Fix them, then run the command again.",
+    ]
+    assert limactl.calls() == []
+    assert [p.name for p in isolated_env["lima_home"].iterdir()] == []
+
+
+def test_agent_and_mount_errors_are_reported_together(project: Path) -> None:
+    path = write(project / "agentbox.yml", "mounts:\n  - location: /srv\n    mountPoint: data\n"
+                 "agents:\n  cladue:\n    model: x\n")
+    result = run_cli("config", cwd=project)
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines()
+    assert lines[0] == f"agentbox: error: 2 problems in {path}:"
+    assert lines[1] == f"  {path}:3:17: mounts[0].mountPoint: 'data' must be an absolute path inside the VM"
+    assert lines[2].startswith(f"  {path}:6:5: agents.cladue: `cladue` is not a built-in agent")
+    assert lines[3] == "    hint: Did you mean `agents.claude`?"
+
+
+@pytest.mark.parametrize("indent", ["\t", "  \t"])
+def test_a_tab_in_the_indentation_is_named(project: Path, limactl: FakeLima, indent: str) -> None:
+    path = write(project / "agentbox.yml", f"vm:\n  cpus: 2\n{indent}memory: 4GiB\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        f"agentbox: error: {path}:3:{len(indent)}: a tab in the indentation: YAML allows no tabs there",
+        "hint: Replace the tab with spaces (YAML indents with spaces only), then run the command again.",
+    ]
+    assert limactl.calls() == []
 
 
 def test_local_only_keys_in_global_config_are_ignored_with_a_warning(project: Path, home: Path) -> None:
@@ -646,6 +688,11 @@ def test_config_masks_env_values_with_sources_too(project: Path, home: Path) -> 
     assert shown["config"]["env"] == {"ANTHROPIC_API_KEY": "sk-ant-api03-secret"}
 
 
+def joined(lines: list[str]) -> str:
+    """Lines of `agentbox config` cut to fit, without the indents, the `#`s and the spaces where they were cut."""
+    return "".join("".join(line.split()).removeprefix("#") for line in lines)
+
+
 def test_config_text_is_readable_in_100_columns(project: Path, home: Path) -> None:
     long_dir = "data-" + "x" * 70
     (project / long_dir).mkdir()
@@ -654,8 +701,9 @@ def test_config_text_is_readable_in_100_columns(project: Path, home: Path) -> No
     result = run_cli("config", "--show-secrets", cwd=project, env={"COLUMNS": "100"})
     assert result.exit_code == 0
     lines = result.stdout.splitlines()
-    assert lines[:2] == [f"# global config: {gpath}", f"# local config: {lpath}"]
-    for index, line in enumerate(lines[2:], start=2):
+    header = [line for line in lines if line.startswith("#")]
+    assert joined(header) == joined([f"# global config: {gpath}", f"# local config: {lpath}"])
+    for index, line in enumerate(lines[len(header):], start=len(header)):
         if line.startswith("    "):  # a value (or a long origin) on its own line, below its key
             assert lines[index - 1].startswith(" ") or re.fullmatch(r"[\w.\[\]-]+:(  # .+)?", lines[index - 1]), line
             continue
@@ -663,15 +711,93 @@ def test_config_text_is_readable_in_100_columns(project: Path, home: Path) -> No
         # unpadded `key: value  # origin`, or `key:  # origin` above the value, or `key:` above value and origin
         assert re.fullmatch(r"[\w.\[\]-]+(: \S(.*\S)?  # \S.*|:  # \S.*|:)", line), line
     at = lines.index("workspace:")  # its origin names the config file's long path: below the value
-    assert lines[at + 1:at + 3] == [f'    "{project}"', f"    # the folder of {lpath}"]
-    at = lines.index("env.LONG_TOKEN:  # global")
-    assert lines[at + 1] == '    "' + "t" * 120 + '"'
+    assert lines[at + 1] == f'    "{project}"'
+    assert joined(lines[at + 2:at + 4]) == joined([f"# the folder of {lpath}"])
+    at = lines.index("env.LONG_TOKEN:  # global")  # a word longer than the line: cut, the rest indented deeper
+    assert lines[at + 1:at + 3] == ['    "' + "t" * 95, "      " + "t" * 25 + '"']
     assert "env.SHORT: \"s\"  # global" in lines
     assert "vm.cpus: 2  # local" in lines
     at = lines.index("mounts[0].location:  # local")
-    assert lines[at + 1] == f'    "{project / long_dir}"'
+    assert joined(lines[at + 1:at + 3]) == joined([f'"{project / long_dir}"'])
     at = lines.index("agents.gemini.credentials:  # default")  # a list too long for one line: one item per line
     assert lines[at + 1:at + 3] == ['    - "~/.gemini/oauth_creds.json"', '    - "~/.gemini/google_accounts.json"']
+
+
+@pytest.mark.parametrize("install", [None, "curl -fsSL https://example.com/very/long/path/to/an/installer/script.sh"
+                                           " | bash -s -- --prefix ~/.local --channel stable && "
+                                           + "x" * 130 + " --version"])
+def test_config_text_fits_100_columns(project: Path, install: str | None) -> None:
+    if install:
+        write(project / "agentbox.yml", f"agents:\n  mytool:\n    binary: mytool\n    install: '{install}'\n")
+    result = run_cli("config", cwd=project, env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert [line for line in lines if len(line) > 100] == []
+    at = lines.index("agents.copilot.install:  # default")  # the built-in one is long too: cut between words
+    assert lines[at + 1:at + 3] == ['    "npm install -g @github/copilot && { copilot --version >/dev/null 2>&1 || '
+                                    'npm install -g', '      @github/copilot; }"']
+    if install:
+        at = lines.index("agents.mytool.install:  # local")
+        below = [line for line in lines[at + 1:] if line.startswith("      ")]
+        # the pieces, joined again, are the whole command (the cuts are at spaces, or inside the long word)
+        pieces = [lines[at + 1].strip(), *(line.strip() for line in lines[at + 2:at + 1 + len(below) + 1]
+                                          if line.startswith("      "))]
+        assert "".join(pieces).replace(" ", "") == json.dumps(install).replace(" ", "")
+
+
+def test_config_changed_shows_only_what_differs_from_the_defaults(project: Path, home: Path) -> None:
+    gpath = global_config(home, "vm:\n  memory: 6GiB\n")
+    default_disk = config_json(project)["vm"]["disk"]
+    write(project / "agentbox.yml", f"vm:\n  cpus: 7\n  disk: {default_disk}\nagents:\n  claude:\n    model: opus\n")
+    result = run_cli("config", "--changed", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    assert [line for line in result.stdout.splitlines() if not line.startswith("#")] == [
+        "vm.cpus: 7  # local", 'vm.memory: "6GiB"  # global', 'agents.claude.model: "opus"  # local',
+    ]  # the disk is set, but to the default: not a change
+    header = [line for line in result.stdout.splitlines() if line.startswith("#")]
+    assert joined(header) == joined([f"# global config: {gpath}", f"# local config: {project / 'agentbox.yml'}"])
+    as_json = run_cli("config", "--changed", "--json", cwd=project)
+    assert json.loads(as_json.stdout) == {"vm.cpus": 7, "vm.memory": "6GiB", "agents.claude.model": "opus"}
+
+
+def test_config_changed_without_config_files_is_empty(project: Path) -> None:
+    assert json.loads(run_cli("config", "--changed", "--json", cwd=project).stdout) == {}
+
+
+def test_config_get_prints_one_keys_effective_value(project: Path, home: Path) -> None:
+    global_config(home, "vm:\n  memory: 6GiB\nenv:\n  TOKEN: sekrit\n")
+    write(project / "agentbox.yml", "vm:\n  cpus: 3\nmounts:\n  - location: /srv\n    mountPoint: /mnt/srv\n")
+    data = config_json(project)
+
+    def get(*args: str) -> str:
+        result = run_cli("config", "get", *args, cwd=project)
+        assert result.exit_code == 0, result.stderr
+        return result.stdout
+
+    assert get("vm.cpus") == "3\n"
+    assert get("vm.memory") == "6GiB\n"  # a string as it is, for $(agentbox config get ...)
+    assert get("vm.name") == f"{data['vm']['name']}\n"
+    assert get("mounts[0].mountPoint") == "/mnt/srv\n"
+    assert get("sync.remoteWrite") == "false\n"
+    assert get("agents.claude.model") == "null\n"
+    assert json.loads(get("vm")) == data["vm"]  # a section: one JSON object
+    assert json.loads(get("agents.claude.defaultArgs")) == data["agents"]["claude"]["defaultArgs"]
+    assert get("env.TOKEN") == "<set, 6 chars>\n"
+    assert get("env.TOKEN", "--show-secrets") == "sekrit\n"
+
+
+@pytest.mark.parametrize(("key", "message"), [
+    ("vm.cpu", "no config key `vm.cpu`: did you mean vm.cpus?"),
+    ("agents.claude.modle", "no config key `agents.claude.modle`: did you mean agents.claude.model?"),
+    ("nothing.like.it", "no config key `nothing.like.it`"),
+    ("mounts[0]", "no config key `mounts[0]`: did you mean mounts?"),
+])
+def test_config_get_of_an_unknown_key_exits_2_with_the_nearest(project: Path, key: str, message: str) -> None:
+    result = run_cli("config", "get", key, cwd=project)
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"agentbox: error: {message}", "hint: `agentbox config` lists every key with its value and where it came from."]
 
 
 def test_config_json_sources(project: Path, home: Path) -> None:

@@ -370,6 +370,16 @@ def test_update_agents_refuses_an_unknown_agent(project: Path, limactl: FakeLima
     assert limactl.calls() == []
 
 
+def test_update_agents_suggests_the_agent_you_meant(project: Path, limactl: FakeLima) -> None:
+    result = run_cli("update-agents", "claud", cwd=project)
+    assert result.exit_code == 2
+    assert result.stderr.splitlines() == [
+        "agentbox: error: no agent `claud`: did you mean claude?",
+        "hint: Run `agentbox update-agents claude`. Agents: codex, claude, gemini, kiro, opencode, copilot.",
+    ]
+    assert limactl.calls() == []
+
+
 def test_update_agents_without_a_vm_creates_nothing(project: Path, limactl: FakeLima) -> None:
     result = run_cli("update-agents", cwd=project)
     assert result.exit_code == 0, result.stderr

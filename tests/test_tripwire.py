@@ -157,6 +157,31 @@ def test_a_change_after_the_session_is_shown_by_audit(repo: Path) -> None:
     assert run_cli("audit", cwd=repo).exit_code == 0
 
 
+def test_audit_json_carries_what_the_text_shows(repo: Path) -> None:
+    assert session(repo, "echo one > Makefile").returncode == 0
+    write(repo / "Makefile", "two\n")  # and again on the host, after the session
+    text = run_cli("audit", cwd=repo)
+    result = run_cli("audit", "--json", cwd=repo)
+    assert (result.exit_code, text.exit_code) == (1, 1)
+    data = json.loads(result.stdout)
+    assert data == {"workspace": str(repo), "recorded": True, "changes": [{
+        "file": "Makefile", "change": "added", "note": "changed again after agentbox last looked",
+        "before": "absent", "now": "text",
+        "diff": ["--- Makefile (before)", "+++ Makefile (now)", "@@ -0,0 +1 @@", "+two"]}]}
+    for change in data["changes"]:  # the same facts as the text report
+        assert f"{change['change']:9} {change['file']}  ({change['note']})" in text.stderr
+        assert all(f"      {line}" in text.stderr for line in change["diff"])
+    assert run_cli("audit", "--ack", cwd=repo).exit_code == 0
+    clean = run_cli("audit", "--json", cwd=repo)
+    assert (clean.exit_code, json.loads(clean.stdout)["changes"]) == (0, [])
+
+
+def test_audit_json_before_any_session(project: Path) -> None:
+    result = run_cli("audit", "--json", cwd=project)
+    assert result.exit_code == 0
+    assert json.loads(result.stdout) == {"workspace": str(project), "recorded": False, "changes": []}
+
+
 def test_an_agentbox_yml_changed_between_sessions_is_reported(repo: Path) -> None:
     assert session(repo, "true").returncode == 0
     write(repo / "agentbox.yml", "checkpoints: {keep: 60}\n")  # needs no trust, so only the tripwire says it

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -30,8 +31,11 @@ def ca_group() -> None:
 
 
 @ca_group.command("ls")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"sources": [{"origin", "configFile", "path", "used", "trusted", "exists", "error", '
+                   '"count", "certificates": [{"subject", "expires", "expired"}]}]}.')
 @click.pass_context
-def ls_command(ctx: click.Context) -> None:
+def ls_command(ctx: click.Context, as_json: bool) -> None:
     """Show the configured CA certificate files and what they hold."""
     from agentbox import paths
     from agentbox.commands.common import load_config
@@ -39,6 +43,10 @@ def ls_command(ctx: click.Context) -> None:
 
     config = load_config(ctx)
     sources = cacerts.sources(config)
+    if as_json:
+        click.echo(json.dumps({"sources": [_source_record(source, config) for source in sources]}, indent=2,
+                              ensure_ascii=False))
+        return
     if not sources:
         click.echo("No CA certificates are configured: the VM trusts only the Ubuntu defaults.")
         click.echo(HOW_TO_ADD.format(global_file=paths.global_config_file()))
@@ -52,6 +60,35 @@ def _untrusted(config_file: Path, config: Config) -> bool:
     from agentbox.config import trust
 
     return bool(trust.risky_keys(config)) and not trust.is_trusted(config)
+
+
+def _source_record(source: Source, config: Config) -> dict[str, Any]:
+    """One source as `ca ls` shows it; `trusted` is null for a file whose trust does not matter (not the local
+    config's), `certificates` empty when openssl cannot describe them (`count` still says how many)."""
+    from agentbox.config import cacerts
+
+    found = cacerts.inspect_file(source.path)
+    local = source.origin == "local" and source.config_file is not None
+    certificates = []
+    for pem in found.pems[:MAX_LISTED]:
+        described = cacerts.details(pem)
+        if described is None:
+            continue
+        subject, not_after = described
+        expires = cacerts.iso_time(not_after) if not_after else None
+        certificates.append({"subject": subject, "expires": expires,
+                             "expired": cacerts.expired(not_after) if not_after else False})
+    return {
+        "origin": source.origin,
+        "configFile": str(source.config_file) if source.config_file is not None else None,
+        "path": str(source.path),
+        "used": source.used,
+        "trusted": (not _untrusted(source.config_file, config)) if local and source.config_file else None,
+        "exists": found.exists,
+        "error": found.error or (None if not found.exists or found.pems else "it holds no PEM certificate"),
+        "count": len(found.pems),
+        "certificates": certificates,
+    }
 
 
 def _show_source(source: Source, config: Config) -> None:

@@ -8,28 +8,59 @@ from agentbox.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
 
 
-@click.command("config")
+class ConfigGroup(click.Group):
+    def format_usage(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        formatter.write_usage(ctx.command_path, "[--json [--sources]] [--changed] [--show-secrets]")
+        formatter.write_usage(ctx.command_path, "get KEY [--show-secrets]", prefix="   or: ")
+
+
+@click.group("config", cls=ConfigGroup, invoke_without_command=True)
 @click.option("--json", "as_json", is_flag=True, help="Print the merged config as one JSON object.")
 @click.option("--sources", is_flag=True,
               help='With --json: print {"config": ..., "sources": {KEY: where its value came from}}.')
+@click.option("--changed", is_flag=True,
+              help="Only the keys your config files set to something other than the default (with --json: "
+                   '{KEY: value}).')
 @click.option("--show-secrets", is_flag=True, help="Print env values instead of masking them.")
 @click.pass_context
-def config_command(ctx: click.Context, as_json: bool, sources: bool, show_secrets: bool) -> None:
-    """Show the merged config and where each value came from."""
+def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bool, show_secrets: bool) -> None:
+    """Show the merged config and where each value came from; `config get KEY` prints one key's value."""
     from agentbox.config import view as configview
 
+    if ctx.invoked_subcommand is not None:
+        if as_json or sources or changed or show_secrets:
+            raise click.UsageError(f"the options of `config` go before nothing else: `agentbox config "
+                                   f"{ctx.invoked_subcommand}` takes its own")
+        return
     if sources and not as_json:
         raise click.UsageError("--sources goes with --json (the text view always shows where values came from)")
+    if sources and changed:
+        raise click.UsageError("--sources and --changed do not go together (--changed --json gives {KEY: value})")
     loaded = load_config(ctx, describe=True)
     warn_if_untrusted(loaded)
-    if as_json:
+    if as_json and changed:
+        click.echo(configview.changed_json(loaded, show_secrets))
+    elif as_json:
         click.echo(configview.as_json(loaded, show_secrets, with_sources=sources))
     else:
-        click.echo(configview.as_text(loaded, show_secrets, width=_width()), nl=False)
+        click.echo(configview.as_text(loaded, show_secrets, width=_width(), only_changed=changed), nl=False)
     if loaded.workspace_problem:
         from agentbox.progress import warn
 
         warn(loaded.workspace_problem)
+
+
+@config_command.command("get")
+@click.argument("key")
+@click.option("--show-secrets", is_flag=True, help="Print an env value instead of masking it.")
+@click.pass_context
+def get_command(ctx: click.Context, key: str, show_secrets: bool) -> None:
+    """Print one key's effective value (`vm.cpus`, `agents.claude.model`, `mounts[0].location`): a string as it
+    is, anything else as JSON; a section (`vm`, `agents.claude`) as one JSON object."""
+    from agentbox.config import view as configview
+
+    loaded = load_config(ctx, describe=True)
+    click.echo(configview.value_of(loaded, key, show_secrets))
 
 
 def _width() -> int:

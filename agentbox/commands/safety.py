@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 
 from agentbox.commands.common import load_config
@@ -36,12 +38,21 @@ def trust_command(ctx: click.Context, show: bool) -> None:
 
 @click.command("audit")
 @click.option("--ack", is_flag=True, help="Accept the changes: the files as they are now become the reference.")
+@click.option("--json", "as_json", is_flag=True,
+              help='Print {"workspace", "recorded", "changes": [{"file", "change", "note", "before", "now", "diff"}]}.')
 @click.pass_context
-def audit_command(ctx: click.Context, ack: bool) -> None:
+def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
     """Show unacknowledged changes to files your host runs (git hooks, .envrc); exit 1 while there are any."""
     from agentbox.review import tripwire
 
+    if ack and as_json:
+        raise click.UsageError("--ack and --json do not go together")
     workspace = load_config(ctx).require_workspace()
+    if as_json:
+        found = tripwire.audit(workspace)
+        click.echo(json.dumps({"workspace": str(workspace), "recorded": found is not None,
+                               "changes": tripwire.audit_records(found or [])}, indent=2, ensure_ascii=False))
+        ctx.exit(1 if found else 0)
     if ack:
         count = tripwire.acknowledge(workspace)
         files = f"{count} changed watched file{'s' if count != 1 else ''}"

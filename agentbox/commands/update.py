@@ -7,6 +7,7 @@ update runs with the environment a launch stages (agentbox.session.env), sent on
 from __future__ import annotations
 
 import contextlib
+import difflib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -141,7 +142,10 @@ def _chosen(config: Config, names: tuple[str, ...]) -> list[AgentConfig]:
     chosen = []
     for name in dict.fromkeys(names):
         if name not in config.agents:
-            raise UsageError(visible(f"no agent `{name}`"), hint=f"Agents: {', '.join(config.agents)}.")
+            close = difflib.get_close_matches(name, list(config.agents), n=1, cutoff=0.6)
+            agents = f"Agents: {', '.join(config.agents)}."
+            raise UsageError(visible(f"no agent `{name}`" + (f": did you mean {close[0]}?" if close else "")),
+                             hint=visible(f"Run `agentbox update-agents {close[0]}`. {agents}" if close else agents))
         agent = config.agent(name)
         if not agentupdate.update_command(agent):
             raise UsageError(visible(f"`{name}` has no install command, so agentbox cannot update it"),

@@ -212,6 +212,17 @@ def _key(pem: str) -> str:
 
 def describe(pem: str) -> str | None:
     """The certificate's subject and expiry via openssl ("CN = Corp Root, O = Corp; expires ..."), or None."""
+    found = details(pem)
+    if found is None:
+        return None
+    subject, expiry = found
+    if not expiry:
+        return subject
+    return f"{subject}; {'EXPIRED on' if expired(expiry) else 'expires'} {' '.join(expiry.split())}"
+
+
+def details(pem: str) -> tuple[str, str | None] | None:
+    """(subject, notAfter as openssl writes it) via openssl, or None when openssl cannot say."""
     openssl = hosttools.which("openssl")
     if openssl is None:
         return None
@@ -232,13 +243,21 @@ def describe(pem: str) -> str | None:
     subject = fields.get("subject")
     if not subject:
         return None
-    expiry = fields.get("notAfter")
-    if not expiry:
-        return subject
-    return f"{subject}; {'EXPIRED on' if _expired(expiry) else 'expires'} {' '.join(expiry.split())}"
+    return subject, fields.get("notAfter")
 
 
-def _expired(not_after: str) -> bool:
+def iso_time(not_after: str) -> str | None:
+    """openssl's "Jan  1 00:00:00 2030 GMT" as "2030-01-01T00:00:00Z" (None when it reads otherwise)."""
+    import datetime
+
+    try:
+        moment = datetime.datetime.strptime(" ".join(not_after.split()), "%b %d %H:%M:%S %Y %Z")
+    except ValueError:
+        return None
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def expired(not_after: str) -> bool:
     import datetime
 
     try:

@@ -12,6 +12,7 @@ from agentbox.agents.builtin import BUILTIN_AGENTS, endpoints
 from agentbox.config import keys
 from agentbox.config.layers import Layer
 from agentbox.config.peek import worktree_project
+from agentbox.config.problems import Problems
 from agentbox.errors import ConfigError
 from agentbox.net import policy as netpolicy
 from agentbox.net.policy import NetworkSettings
@@ -513,10 +514,15 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
 
     agents = {}
     configured = data.get("agents", {})
+    problems = Problems()  # the agents' and mounts' errors together, in file order
     for name in [*BUILTIN_AGENTS, *sorted(set(configured) - set(BUILTIN_AGENTS))]:
-        agents[name] = _resolve_agent(name, configured.get(name, {}), vm_name, layers, lima_home)
-
-    mounts = tuple(_resolve_mount(raw, layer, index, workspace) for index, (raw, layer) in enumerate(data["mounts"]))
+        with problems.gathering():
+            agents[name] = _resolve_agent(name, configured.get(name, {}), vm_name, layers, lima_home)
+    mounts = []
+    for index, (raw, layer) in enumerate(data["mounts"]):
+        with problems.gathering():
+            mounts.append(_resolve_mount(raw, layer, index, workspace))
+    problems.raise_any(" and ".join(str(layer.path) for layer in layers))
     ca_cert = None
     if "caCert" in data:
         value, layer = data["caCert"]
@@ -547,7 +553,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         mount_type=vm.get("mountType"),
         template=template,
         lima=vm.get("lima", {}),
-        mounts=mounts,
+        mounts=tuple(mounts),
         env=data["env"],
         remote_write=data["sync"].get("remoteWrite", False),
         sync_agent_config=data["sync"].get("agentConfig", True),
@@ -772,20 +778,22 @@ def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path)
             hint=f"Nothing was created or started. {hint}",
         )
     mount_point = raw.get("mountPoint")
+    at = layer.positions.get(("mounts", f"[{index}]", "mountPoint")) or layer.positions.get(
+        ("mounts", f"[{index}]", "location"), str(layer.path))
     if mount_point is None:
         mount_point = str(location)
     elif mount_point.startswith("~"):
         raise ConfigError(
-            f"{layer.path}: mounts: mountPoint {mount_point!r} starts with ~, which Lima does not allow",
+            f"{at}: mounts[{index}].mountPoint: {mount_point!r} starts with ~, which Lima does not allow",
             hint="Give the path inside the VM as an absolute path.",
         )
     if not mount_point.startswith("/"):
         raise ConfigError(
-            f"{layer.path}: mounts: mountPoint {mount_point!r} must be an absolute path inside the VM",
+            f"{at}: mounts[{index}].mountPoint: {mount_point!r} must be an absolute path inside the VM",
         )
     if os.path.normpath(mount_point) in RESERVED_MOUNT_POINTS:
         raise ConfigError(
-            f"{layer.path}: mounts: mountPoint {mount_point} would hide the VM's own {mount_point}; Lima refuses it",
+            f"{at}: mounts[{index}].mountPoint: {mount_point} would hide the VM's own {mount_point}; Lima refuses it",
             hint="Mount it below, for example at /mnt" + mount_point.rstrip("/") + ".",
         )
     return Mount(location=location, mount_point=mount_point, writable=raw.get("writable", False), real=real)

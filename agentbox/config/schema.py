@@ -26,6 +26,7 @@ from agentbox.config.keys import (
     retired_reason,
 )
 from agentbox.config.layers import Layer
+from agentbox.config.problems import Gathered, Problems
 from agentbox.config.yamlio import construct_scalar, flatten_merge_keys
 from agentbox.errors import ConfigError
 
@@ -47,6 +48,7 @@ def validate(node: yaml.Node | None, path: Path, layer: str) -> Layer:
             f"found {_describe_node(node)}"
         )
     data = walker.mapping(node, SCHEMA, ())
+    walker.problems.raise_any(str(path))
     return Layer(layer, path, data, walker.positions, walker.notices)
 
 
@@ -57,6 +59,7 @@ class _Walker:
         self.positions: dict[tuple[str, ...], str] = {}
         self.notices: list[str] = []
         self.visited = 0
+        self.problems = Problems()  # every error of the file, reported together at the end
 
     def where(self, node: yaml.Node) -> str:
         mark = node.start_mark
@@ -69,7 +72,7 @@ class _Walker:
     def visit(self, node: yaml.Node, keypath: tuple[str, ...]) -> None:
         self.visited += 1
         if self.visited > MAX_NODES:
-            raise ConfigError(
+            raise Gathered(
                 f"{self.where(node)}: the config expands to more than {MAX_NODES:,} values "
                 "(a YAML alias bomb?); refusing to read it"
             )
@@ -84,14 +87,16 @@ class _Walker:
         items: list[tuple[str, yaml.Node, yaml.Node]] = []
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
-                raise self.fail(key_node, keypath, "keys must be plain names")
+                self.problems.errors.append(self.fail(key_node, keypath, "keys must be plain names"))
+                continue
             key = key_node.value  # as written: YAML 1.1 would read keys like `yes` or `on` as booleans
             if key in seen:
-                raise self.fail(
+                self.problems.errors.append(self.fail(
                     key_node,
                     keypath + (key,),
                     f"the key appears twice (first at line {seen[key].start_mark.line + 1})",
-                )
+                ))
+                continue
             seen[key] = key_node
             items.append((key, key_node, value_node))
         return items
@@ -104,26 +109,32 @@ class _Walker:
             raise self.fail(node, keypath, f"expected a mapping, found {_describe_node(node)}")
         result: dict[str, Any] = {}
         for key, key_node, value_node in self.mapping_items(node, keypath):
-            child_path = keypath + (key,)
-            spec = keys.get(key)
-            retired = retired_reason(child_path)
-            if spec is None and retired:
-                self.notices.append(f"{self.where(key_node)}: {'.'.join(child_path)} is ignored: {retired}")
-                continue
-            if spec is None:
-                raise self.fail(key_node, child_path, "unknown key", hint=_suggest(key, keys, keypath))
-            if self.layer not in spec.files:
-                # The previous agentbox silently ignored these here; keep accepting them, but say so.
-                self.notices.append(
-                    f"{self.where(key_node)}: {'.'.join(child_path)} is ignored: it only has a meaning in a "
-                    "project's agentbox.yml"
-                )
-                continue
-            self.positions[child_path] = self.where(value_node)
-            if _is_null(value_node) and spec.kind not in ("mapping", "agents", "env", "freeform"):
-                continue  # `key:` with no value means "not set", as in the previous agentbox
-            result[key] = self.value(value_node, spec, child_path)
+            with self.problems.gathering():
+                self.mapping_key(result, keys, keypath, key, key_node, value_node)
         return result
+
+    def mapping_key(self, result: dict[str, Any], keys: Mapping[str, Key], keypath: tuple[str, ...], key: str,
+                    key_node: yaml.Node, value_node: yaml.Node) -> None:
+        """One key of a mapping, its value checked into result (or a notice, or an error raised)."""
+        child_path = keypath + (key,)
+        spec = keys.get(key)
+        retired = retired_reason(child_path)
+        if spec is None and retired:
+            self.notices.append(f"{self.where(key_node)}: {'.'.join(child_path)} is ignored: {retired}")
+            return
+        if spec is None:
+            raise self.fail(key_node, child_path, "unknown key", hint=_suggest(key, keys, keypath))
+        if self.layer not in spec.files:
+            # The previous agentbox silently ignored these here; keep accepting them, but say so.
+            self.notices.append(
+                f"{self.where(key_node)}: {'.'.join(child_path)} is ignored: it only has a meaning in a "
+                "project's agentbox.yml"
+            )
+            return
+        self.positions[child_path] = self.where(value_node)
+        if _is_null(value_node) and spec.kind not in ("mapping", "agents", "env", "freeform"):
+            return  # `key:` with no value means "not set", as in the previous agentbox
+        result[key] = self.value(value_node, spec, child_path)
 
     def value(self, node: yaml.Node, spec: Key, keypath: tuple[str, ...]) -> Any:
         kind = spec.kind
@@ -293,23 +304,26 @@ class _Walker:
             raise self.fail(node, keypath, f"expected a mapping of NAME: value, found {_describe_node(node)}")
         result = {}
         for key, key_node, value_node in self.mapping_items(node, keypath):
-            item_path = keypath + (key,)
-            self.visit(value_node, item_path)
-            if not ENV_NAME.match(key):
-                raise self.fail(
-                    key_node,
-                    item_path,
-                    "is not a valid environment variable name",
-                    hint="Use letters, digits and _, not starting with a digit.",
-                )
-            if not isinstance(value_node, yaml.ScalarNode) or _is_null(value_node):
-                raise self.fail(value_node, item_path, f"expected a string value, found {_describe_node(value_node)}")
-            # The text as written: `yes`, `0755` and `1.10` stay what the user typed, not YAML 1.1's reading.
-            value = value_node.value
-            if "\x00" in value:
-                raise self.fail(value_node, item_path, "contains a NUL byte, which no environment can carry")
-            result[key] = value
+            with self.problems.gathering():
+                result[key] = self.env_value(keypath + (key,), key, key_node, value_node)
         return result
+
+    def env_value(self, item_path: tuple[str, ...], key: str, key_node: yaml.Node, value_node: yaml.Node) -> str:
+        self.visit(value_node, item_path)
+        if not ENV_NAME.match(key):
+            raise self.fail(
+                key_node,
+                item_path,
+                "is not a valid environment variable name",
+                hint="Use letters, digits and _, not starting with a digit.",
+            )
+        if not isinstance(value_node, yaml.ScalarNode) or _is_null(value_node):
+            raise self.fail(value_node, item_path, f"expected a string value, found {_describe_node(value_node)}")
+        # The text as written: `yes`, `0755` and `1.10` stay what the user typed, not YAML 1.1's reading.
+        value: str = value_node.value
+        if "\x00" in value:
+            raise self.fail(value_node, item_path, "contains a NUL byte, which no environment can carry")
+        return value
 
     def mounts(self, node: yaml.Node, keypath: tuple[str, ...]) -> list[dict[str, Any]]:
         self.visit(node, keypath)
@@ -325,10 +339,11 @@ class _Walker:
                 self.check_path_text(item, item_path, construct_scalar(item))
                 mounts.append({"location": construct_scalar(item)})
                 continue
-            mount = self.mapping(item, MOUNT_KEYS, item_path)
-            if "location" not in mount:
-                raise self.fail(item, item_path, "a mount needs `location` (the host folder)")
-            mounts.append(mount)
+            with self.problems.gathering():
+                mount = self.mapping(item, MOUNT_KEYS, item_path)
+                if "location" not in mount and item_path + ("location",) not in self.positions:
+                    raise self.fail(item, item_path, "a mount needs `location` (the host folder)")
+                mounts.append(mount)
         return mounts
 
     def task_hosts(self, node: yaml.Node, keypath: tuple[str, ...]) -> list[dict[str, Any]]:
@@ -365,14 +380,16 @@ class _Walker:
         result = {}
         for name, key_node, value_node in self.mapping_items(node, keypath):
             if not AGENT_NAME.match(name):
-                raise self.fail(
+                self.problems.errors.append(self.fail(
                     key_node,
                     keypath + (name,),
                     "is not a valid agent name",
                     hint="Agent names become commands: use lowercase letters, digits and -, starting with a letter.",
-                )
+                ))
+                continue
             self.positions[keypath + (name,)] = self.where(value_node)
-            result[name] = self.mapping(value_node, AGENT_KEYS, keypath + (name,))
+            with self.problems.gathering():
+                result[name] = self.mapping(value_node, AGENT_KEYS, keypath + (name,))
         return result
 
     def credentials(self, node: yaml.Node, keypath: tuple[str, ...], per_agent: bool) -> Any:

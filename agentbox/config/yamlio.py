@@ -90,6 +90,12 @@ def compose(text: str, path: Path) -> yaml.Node | None:
         return yaml.compose(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
+        tab = _indenting_tab(text, mark.line) if mark else None
+        if mark and tab is not None:
+            raise ConfigError(
+                f"{path}:{mark.line + 1}:{tab + 1}: a tab in the indentation: YAML allows no tabs there",
+                hint="Replace the tab with spaces (YAML indents with spaces only), then run the command again.",
+            ) from exc
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
         problem = exc.problem or exc.context or "invalid YAML"
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from exc
@@ -97,6 +103,16 @@ def compose(text: str, path: Path) -> yaml.Node | None:
         raise ConfigError(f"{path}: YAML syntax error: {exc}") from exc
     except RecursionError as exc:
         raise ConfigError(f"{path}: the YAML is nested too deeply") from exc
+
+
+def _indenting_tab(text: str, line: int) -> int | None:
+    """The column (from 0) of the first tab in the leading whitespace of that line, if it has one."""
+    lines = text.splitlines()
+    if line >= len(lines):
+        return None
+    content = lines[line]
+    indent = content[:len(content) - len(content.lstrip(" \t"))]
+    return indent.index("\t") if "\t" in indent else None
 
 
 def construct_scalar(node: yaml.Node) -> Any:

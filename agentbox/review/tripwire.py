@@ -528,3 +528,22 @@ def _label(workspace: Path, path: Path) -> str:
         return str(path.relative_to(workspace))
     except ValueError:
         return str(path)
+
+
+def audit_records(found: list[Change]) -> list[dict[str, object]]:
+    """`agentbox audit --json`: each change as the text report shows it (file, kind, note, the unified diff)."""
+    import difflib
+
+    records: list[dict[str, object]] = []
+    for change in found:
+        diff = list(difflib.unified_diff(_lines(change.before), _lines(change.after),
+                                         fromfile=f"{change.label} (before)", tofile=f"{change.label} (now)",
+                                         lineterm=""))
+        records.append({"file": change.label, "change": change.kind, "note": change.note or None,
+                        "before": _kind_of(change.before), "now": _kind_of(change.after), "diff": diff})
+    return records
+
+
+def _kind_of(entry: Entry | None) -> str:
+    """absent, text, or what _describe says it is (a symbolic link, a binary or large file, ...)."""
+    return "text" if entry is not None and entry.text is not None else _describe(entry)
