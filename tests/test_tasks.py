@@ -17,6 +17,7 @@ from agentbox import paths
 from tests.helpers import (
     NAME,
     FakeLima,
+    Live,
     git,
     launch_workdir,
     make_repository,
@@ -686,27 +687,18 @@ def test_a_worktree_task_starts_beside_a_live_tree_task_while_a_slot_is_free(pro
     assert task(project, waiting)["started"] >= task(project, live)["ended"]
 
 
-def test_logs_follow_shows_a_running_tasks_output_as_it_is_written(project: Path, tasks_vm: FakeLima) -> None:
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "terminal"])
+def test_logs_follow_shows_a_running_tasks_output_as_it_is_written(project: Path, tasks_vm: FakeLima,
+                                                                    terminal: bool) -> None:
     release = project / "release"
-    task_id = run_task(project, f"do:say:first line;await:{release}")
-    proc = subprocess.Popen([sys.executable, "-m", "agentbox", "logs", "-f", str(task_id)], cwd=project,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    task_id = run_task(project, f"do:say:first line;err:on stderr;await:{release}")
     try:
-        os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
-        seen = b""
-
-        def read() -> bytes:
-            nonlocal seen
-            seen += proc.stdout.read() or b""  # type: ignore[union-attr]
-            return seen
-
-        wait_for(read, 30, "the task's first line in `logs -f`", until=lambda out: b"first line\n" in out)
-        assert task(project, task_id)["state"] == "Running" and proc.poll() is None
-        release.write_text("")
-        assert proc.wait(timeout=60) == 0
+        with Live(project, ["logs", "-f", str(task_id)], terminal=terminal) as follow:
+            wait_for(follow.read, 30, "the task's lines in `logs -f`",
+                     until=lambda out: b"first line\n" in out and b"on stderr\n" in out)
+            assert task(project, task_id)["state"] == "Running" and follow.proc.poll() is None
+            release.write_text("")
+            assert follow.wait() == 0
     finally:
         release.write_text("")
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert task(project, task_id)["state"] == "Completed"

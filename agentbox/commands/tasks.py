@@ -408,7 +408,8 @@ def _remote_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> Non
 
 class _Escaper:
     """Writes a task's output: as is when the stream is not a terminal, else with control characters
-    escaped (the agent wrote it: it must not drive the user's terminal)."""
+    escaped (the agent wrote it: it must not drive the user's terminal). Each write reaches the stream at once:
+    sys.stdout.buffer holds bytes until it is full, on a terminal as in a pipe, and `logs -f` is read live."""
 
     def __init__(self, stream: object) -> None:
         import codecs
@@ -423,6 +424,7 @@ class _Escaper:
 
             chunk = visible_text(self.decoder.decode(chunk)).encode("utf-8", "surrogateescape")
         self.stream.write(chunk)  # type: ignore[attr-defined]
+        self.stream.flush()  # type: ignore[attr-defined]
 
     def flush(self) -> None:
         self.stream.flush()  # type: ignore[attr-defined]
