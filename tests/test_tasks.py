@@ -22,6 +22,7 @@ from tests.helpers import (
     launch_workdir,
     make_repository,
     notify_send_stand_in,
+    on_terminal,
     run_agentbox,
     run_cli,
     wait_for,
@@ -702,3 +703,38 @@ def test_logs_follow_shows_a_running_tasks_output_as_it_is_written(project: Path
     finally:
         release.write_text("")
     assert task(project, task_id)["state"] == "Completed"
+
+
+def test_prune_removes_completed_tasks_and_asks_before_failed_ones(project: Path, tasks_vm: FakeLima) -> None:
+    done = run_task(project, "--name", "fine", "do:exit:0")
+    failed = run_task(project, "--name", "broke", "do:err:why it broke;exit:3")
+    assert wait(project, done).returncode == 0 and wait(project, failed).returncode == 3
+
+    scripted = run_cli("tasks", "prune", cwd=project)  # no terminal, no --yes: the failed task stays, and why
+    assert scripted.exit_code == 0, scripted.stderr
+    assert [t["id"] for t in listing(project)] == [failed]
+    assert scripted.stderr == (
+        f"agentbox: warning: kept task {failed} (broke): it ended without success, and there is no terminal to ask "
+        "whether to remove it; `agentbox tasks prune --yes` removes it too\n"
+        f"agentbox: removed task {done} (fine) (Completed)\n")
+
+    code, said = on_terminal(project, ["tasks", "prune"], b"n\n")
+    assert code == 0, said
+    assert f"  task {failed} (broke): Failed (exit 3)" in said and "[y/N]" in said
+    assert "agentbox: kept the failed task" in said and "Aborted" not in said
+    assert [t["id"] for t in listing(project)] == [failed]
+    assert run_agentbox("logs", str(failed), cwd=project).stderr == "why it broke\n"
+
+    code, said = on_terminal(project, ["tasks", "prune"], b"y\n")
+    assert code == 0, said
+    assert f"agentbox: removed task {failed} (broke) (Failed)" in said
+    assert listing(project) == []
+
+
+def test_prune_yes_removes_failed_tasks_from_a_script(project: Path, tasks_vm: FakeLima) -> None:
+    failed = run_task(project, "--timeout", "1s", "do:sleep:30")
+    assert wait(project, failed).returncode == 124
+    pruned = run_cli("tasks", "prune", "--yes", cwd=project)
+    assert pruned.exit_code == 0, pruned.stderr
+    assert pruned.stderr == f"agentbox: removed task {failed} (Timeout)\n"
+    assert listing(project) == []
