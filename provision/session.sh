@@ -12,7 +12,8 @@
 # What the host needs back goes to DIR/result (in the outbox) as key=value lines, written last:
 #   outcome=started|ended|detached|exited|unknown|ambiguous|none, name=, agent=, code=, names=
 # Record files: agent, started and ended (epoch seconds), argv and env (NUL-separated, removed once read),
-# dir, exit (the program's exit code), last-output (the end of its screen and history).
+# dir, exit (the program's exit code), last-output (the end of its screen and history), stopped (the session was
+# stopped with its VM: no exit code, no last screen).
 set -euo pipefail
 
 records="$HOME/.agentbox/sessions"
@@ -39,9 +40,22 @@ ensure_term() {
   case "${TERM:-}" in "" | dumb | unknown) export TERM=xterm-256color ;; esac
 }
 
-# The records of exited sessions beyond the newest 20 go: they only keep a last screen.
+# Whether the session of record DIR was stopped with its VM (marked so once seen): its program started (run took
+# its env) and nothing recorded its end, yet its tmux session is gone, as the whole tmux server goes with the VM.
+stopped_with_vm() {
+  local dir="$1"
+  [ -e "$dir/stopped" ] && return 0
+  [ ! -e "$dir/exit" ] && [ ! -e "$dir/env" ] && ! alive "$(basename "$dir")" || return 1
+  : > "$dir/stopped" 2>/dev/null || true
+}
+
+# The records of sessions stopped with their VM go (they have no last screen), and those of exited sessions
+# beyond the newest 20: they only keep a last screen.
 prune() {
   local dir
+  for dir in "$records"/*/; do
+    if valid_name "$(basename "$dir")" && stopped_with_vm "$dir"; then rm -rf -- "${dir:?}"; fi
+  done
   # shellcheck disable=SC2012 # names are checked, and ls sorts by time
   ls -1t "$records" 2>/dev/null | while IFS= read -r dir; do
     if valid_name "$dir" && [ -e "$records/$dir/exit" ]; then printf '%s\n' "$dir"; fi
@@ -183,8 +197,10 @@ list() {
       ended="$(cat "$dir/ended" 2>/dev/null || true)"
     elif [ -n "${clients[$name]:-}" ]; then
       state=running
+    elif stopped_with_vm "$dir"; then
+      state=stopped
     else
-      state=exited  # the tmux server is gone (the VM restarted): no exit code
+      state=exited  # not started yet, or its start failed: no exit code
     fi
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$name" "$(head -c 100 "$dir/agent" 2>/dev/null | head -n 1)" \
       "$(cat "$dir/started" 2>/dev/null || true)" "${clients[$name]:-0}" "$state" "$code" "$ended"

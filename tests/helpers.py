@@ -530,3 +530,53 @@ def on_terminal(cwd: Path, args: list[str], answer: bytes) -> tuple[int, str]:
             proc.kill()
         os.close(master)
     return code, output.decode(errors="replace").replace("\r", "")
+
+
+class Live:
+    """agentbox running in the background, its stdout and stderr on one pipe or (terminal=True) on a pseudo-terminal,
+    read as it writes them. It runs as users run it: without PYTHONUNBUFFERED, which a developer's or CI's environment
+    may set and which would hide output that agentbox holds in a buffer."""
+
+    def __init__(self, cwd: Path, args: list[str], terminal: bool = False) -> None:
+        env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}
+        argv = [sys.executable, "-m", "agentbox", *args]
+        if terminal:
+            import pty
+
+            self.fd, child_end = pty.openpty()
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=child_end, stdout=child_end, stderr=child_end)
+        else:
+            self.fd, child_end = os.pipe()
+            self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=child_end,
+                                         stderr=child_end)
+        os.close(child_end)
+        os.set_blocking(self.fd, False)
+        self.seen = b""
+
+    def read(self) -> bytes:
+        """Everything it wrote so far (a terminal's CRs dropped)."""
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                break
+            except OSError:  # EIO: the child closed its terminal
+                break
+            if not chunk:
+                break
+            self.seen += chunk.replace(b"\r", b"")
+        return self.seen
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self.read()
+        return code
+
+    def __enter__(self) -> Live:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.fd)

@@ -19,6 +19,7 @@ from tests.helpers import (
     COPY_AGENT,
     GUEST_PROXY,
     FakeLima,
+    Live,
     make_repository,
     run_agentbox,
     run_cli,
@@ -221,6 +222,16 @@ def test_follow_prints_a_remote_task_s_output_as_it_comes(remote_project: tuple[
     followed = run_agentbox("logs", "-f", str(task_id), cwd=project, timeout=120)
     assert followed.returncode == 0, followed.stderr
     assert followed.stdout.splitlines()[1:] == ["one", "two"]
+
+
+def test_follow_shows_a_remote_task_s_first_line_while_it_still_runs(remote_project: tuple[Path, RemoteHost]) -> None:
+    project, _ = remote_project
+    task_id = submit(project, "--on", "big", "do:out:one;sleep:120;out:two")
+    with Live(project, ["logs", "-f", str(task_id)]) as follow:
+        wait_for(follow.read, 60, "the remote task's first line in `logs -f`", until=lambda out: b"one\n" in out)
+        assert follow.proc.poll() is None and b"two" not in follow.seen
+        assert run_agentbox("cancel", str(task_id), cwd=project, timeout=120).returncode == 0
+        assert follow.wait(timeout=120) == 0
 
 
 

@@ -427,3 +427,20 @@ def test_yes_stops_on_a_terminal_without_asking(vm: FakeLima, project: Path) -> 
     assert code == 0, shown
     assert "[y/N]" not in shown and "session claude (claude) ended" in shown
     assert vm.status(NAME) == "Stopped"
+
+
+def test_a_session_stopped_with_its_vm_says_so_and_goes_at_the_next_sessions_start(vm: FakeLima,
+                                                                                   project: Path) -> None:
+    install(vm)
+    assert agentbox_run(project, "claude", "-d").stdout == "claude\n"
+    assert agentbox_run(project, "stop", "--yes").returncode == 0
+    assert agentbox_run(project, "start").returncode == 0
+    listed = json.loads(agentbox_run(project, "sessions", "--json").stdout)
+    assert [(row["name"], row["state"], row["exitCode"]) for row in listed] == [("claude", "stopped", None)]
+    shown = agentbox_run(project, "sessions")
+    assert shown.returncode == 0, shown.stderr
+    assert "stopped with its VM" in shown.stdout.splitlines()[1]
+    install(vm, binary="codex")
+    assert agentbox_run(project, "codex", "-d").stdout == "codex\n"  # its start drops the stopped one's record
+    listed = json.loads(agentbox_run(project, "sessions", "--json").stdout)
+    assert [(row["name"], row["state"]) for row in listed] == [("codex", "running")]

@@ -17,10 +17,12 @@ from agentbox import paths
 from tests.helpers import (
     NAME,
     FakeLima,
+    Live,
     git,
     launch_workdir,
     make_repository,
     notify_send_stand_in,
+    on_terminal,
     run_agentbox,
     run_cli,
     wait_for,
@@ -686,27 +688,53 @@ def test_a_worktree_task_starts_beside_a_live_tree_task_while_a_slot_is_free(pro
     assert task(project, waiting)["started"] >= task(project, live)["ended"]
 
 
-def test_logs_follow_shows_a_running_tasks_output_as_it_is_written(project: Path, tasks_vm: FakeLima) -> None:
+@pytest.mark.parametrize("terminal", [False, True], ids=["pipe", "terminal"])
+def test_logs_follow_shows_a_running_tasks_output_as_it_is_written(project: Path, tasks_vm: FakeLima,
+                                                                    terminal: bool) -> None:
     release = project / "release"
-    task_id = run_task(project, f"do:say:first line;await:{release}")
-    proc = subprocess.Popen([sys.executable, "-m", "agentbox", "logs", "-f", str(task_id)], cwd=project,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    task_id = run_task(project, f"do:say:first line;err:on stderr;await:{release}")
     try:
-        os.set_blocking(proc.stdout.fileno(), False)  # type: ignore[union-attr]
-        seen = b""
-
-        def read() -> bytes:
-            nonlocal seen
-            seen += proc.stdout.read() or b""  # type: ignore[union-attr]
-            return seen
-
-        wait_for(read, 30, "the task's first line in `logs -f`", until=lambda out: b"first line\n" in out)
-        assert task(project, task_id)["state"] == "Running" and proc.poll() is None
-        release.write_text("")
-        assert proc.wait(timeout=60) == 0
+        with Live(project, ["logs", "-f", str(task_id)], terminal=terminal) as follow:
+            wait_for(follow.read, 30, "the task's lines in `logs -f`",
+                     until=lambda out: b"first line\n" in out and b"on stderr\n" in out)
+            assert task(project, task_id)["state"] == "Running" and follow.proc.poll() is None
+            release.write_text("")
+            assert follow.wait() == 0
     finally:
         release.write_text("")
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
     assert task(project, task_id)["state"] == "Completed"
+
+
+def test_prune_removes_completed_tasks_and_asks_before_failed_ones(project: Path, tasks_vm: FakeLima) -> None:
+    done = run_task(project, "--name", "fine", "do:exit:0")
+    failed = run_task(project, "--name", "broke", "do:err:why it broke;exit:3")
+    assert wait(project, done).returncode == 0 and wait(project, failed).returncode == 3
+
+    scripted = run_cli("tasks", "prune", cwd=project)  # no terminal, no --yes: the failed task stays, and why
+    assert scripted.exit_code == 0, scripted.stderr
+    assert [t["id"] for t in listing(project)] == [failed]
+    assert scripted.stderr == (
+        f"agentbox: warning: kept task {failed} (broke): it ended without success, and there is no terminal to ask "
+        "whether to remove it; `agentbox tasks prune --yes` removes it too\n"
+        f"agentbox: removed task {done} (fine) (Completed)\n")
+
+    code, said = on_terminal(project, ["tasks", "prune"], b"n\n")
+    assert code == 0, said
+    assert f"  task {failed} (broke): Failed (exit 3)" in said and "[y/N]" in said
+    assert "agentbox: kept the failed task" in said and "Aborted" not in said
+    assert [t["id"] for t in listing(project)] == [failed]
+    assert run_agentbox("logs", str(failed), cwd=project).stderr == "why it broke\n"
+
+    code, said = on_terminal(project, ["tasks", "prune"], b"y\n")
+    assert code == 0, said
+    assert f"agentbox: removed task {failed} (broke) (Failed)" in said
+    assert listing(project) == []
+
+
+def test_prune_yes_removes_failed_tasks_from_a_script(project: Path, tasks_vm: FakeLima) -> None:
+    failed = run_task(project, "--timeout", "1s", "do:sleep:30")
+    assert wait(project, failed).returncode == 124
+    pruned = run_cli("tasks", "prune", "--yes", cwd=project)
+    assert pruned.exit_code == 0, pruned.stderr
+    assert pruned.stderr == f"agentbox: removed task {failed} (Timeout)\n"
+    assert listing(project) == []

@@ -110,7 +110,8 @@ def _attach_remote(ctx: click.Context, task: Task) -> None:
     ctx.exit(_report_end(task))
 
 
-JSON_HELP = "One JSON array: name, agent, vm, started, attached, state, exitCode, ended."
+JSON_HELP = ("One JSON array: name, agent, vm, started, attached, state (running, exited, or stopped: with its VM, "
+             "its record goes when the next session starts), exitCode, ended.")
 
 
 @click.group("sessions", invoke_without_command=True)
@@ -152,8 +153,8 @@ def _list_sessions(ctx: click.Context, as_json: bool) -> None:
     several = len(running) > 1
     table = [("NAME", "AGENT", "STARTED", "STATE", "ATTACHED", *(("VM",) if several else ()))]
     for vm_name, row in rows:
-        state = row.state if row.state == sessions.RUNNING else (
-            f"exited ({row.exit_code})" if row.exit_code is not None else "exited")
+        state = row.state if row.state == sessions.RUNNING else "stopped with its VM" if (
+            row.state == sessions.STOPPED) else f"exited ({row.exit_code})" if row.exit_code is not None else "exited"
         table.append((row.name, row.agent, tables.local_time(row.started), state,
                       "yes" if row.attached else "no", *((vm_name,) if several else ())))
     tables.echo(table, flexible=(0,))

@@ -18,6 +18,7 @@ import click
 
 from agentbox.commands.common import load_config
 from agentbox.errors import AgentboxError, UsageError
+from agentbox.tasks import state as taskstate
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -28,6 +29,7 @@ POLL_SECONDS = 0.25
 VM_CHECK_SECONDS = 2.0  # while waiting or following, how often the VM's status is asked (one limactl list)
 CHUNK = 1 << 16
 CANCEL_WAIT = 15.0  # seconds `cancel` waits for the runner to confirm (grace period included)
+FAILED_STATES = frozenset({taskstate.FAILED, taskstate.TIMEOUT})  # their outputs say why: pruned only when asked
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -281,19 +283,55 @@ def _span(seconds: float) -> str:
 
 @tasks_command.command("prune")
 @click.option("--all", "show_all", is_flag=True, help="Ended tasks of every workspace.")
+@click.option("--yes", is_flag=True, help="Remove failed and timed-out tasks too without asking (for scripts).")
 @click.pass_context
-def prune_command(ctx: click.Context, show_all: bool) -> None:
-    """Forget ended tasks: their records, outputs and worktrees (their branches stay)."""
-    from agentbox.progress import note
+def prune_command(ctx: click.Context, show_all: bool, yes: bool) -> None:
+    """Forget ended tasks: their records, outputs and worktrees (their branches stay).
+
+    Completed and cancelled tasks go without a question. Failed and timed-out ones keep what tells why: on a
+    terminal they are listed and you are asked first; without one they stay unless --yes is given.
+    """
+    from agentbox.commands import ending
+    from agentbox.progress import note, warn
+    from agentbox.safetext import visible
     from agentbox.tasks import records as tasks
 
-    found = tasks.refresh(_selected(ctx, show_all))
-    gone = tasks.prune([task for task in found if not task.active])
+    ended = [task for task in tasks.refresh(_selected(ctx, show_all)) if not task.active]
+    failed = [task for task in ended if task.state in FAILED_STATES]
+    chosen = [task for task in ended if task.state not in FAILED_STATES]
+    if failed and yes:
+        chosen += failed
+    elif failed and ending.on_terminal():
+        click.echo("Ended without success (their outputs say why):", err=True)
+        for task in failed:
+            click.echo(f"  {visible(task.label)}: {_ended_how(task)}", err=True)
+        if click.confirm(f"Remove {_count(failed, 'this task', 'these tasks')} and their outputs?", default=False,
+                         err=True):
+            chosen += failed
+        else:
+            note(f"kept {_count(failed, 'the failed task', 'the failed tasks')}")
+    elif failed:
+        them = _count(failed, "it", "them")
+        warn(f"kept {', '.join(visible(task.label) for task in failed)}: {_count(failed, 'it', 'they')} ended "
+             f"without success, and there is no terminal to ask whether to remove {them}; `agentbox tasks prune "
+             f"--yes` removes {them} too")
+    gone = tasks.prune(sorted(chosen, key=lambda task: task.id))
     for task in gone:
         extra = f"; its branch {task.branch} stays" if task.branch else ""
-        note(f"removed {task.label} ({task.state}){extra}")
-    if not gone:
+        note(f"removed {visible(task.label)} ({task.state}){extra}")
+    if not gone and not failed:
         note("no ended task to remove")
+
+
+def _count(found: list[Task], one: str, several: str) -> str:
+    return one if len(found) == 1 else several
+
+
+def _ended_how(task: Task) -> str:
+    from agentbox.safetext import visible
+
+    how = task.state + (f" (exit {task.exit_code})" if task.exit_code not in (None, 0) else "")
+    return how + (f": {visible(task.reason)}" if task.reason else "")
 
 
 # -- logs, wait, cancel -----------------------------------------------------------------------------
@@ -408,7 +446,8 @@ def _remote_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> Non
 
 class _Escaper:
     """Writes a task's output: as is when the stream is not a terminal, else with control characters
-    escaped (the agent wrote it: it must not drive the user's terminal)."""
+    escaped (the agent wrote it: it must not drive the user's terminal). Each write reaches the stream at once:
+    sys.stdout.buffer holds bytes until it is full, on a terminal as in a pipe, and `logs -f` is read live."""
 
     def __init__(self, stream: object) -> None:
         import codecs
@@ -423,6 +462,7 @@ class _Escaper:
 
             chunk = visible_text(self.decoder.decode(chunk)).encode("utf-8", "surrogateescape")
         self.stream.write(chunk)  # type: ignore[attr-defined]
+        self.stream.flush()  # type: ignore[attr-defined]
 
     def flush(self) -> None:
         self.stream.flush()  # type: ignore[attr-defined]
@@ -464,7 +504,6 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
 def _report_end(task: Task) -> int:
     from agentbox.progress import note
     from agentbox.safetext import visible
-    from agentbox.tasks import state as taskstate
 
     reason = f": {visible(task.reason)}" if task.reason else ""
     note(f"{task.label} {task.state}{reason}")

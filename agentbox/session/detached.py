@@ -31,6 +31,7 @@ LAST_OUTPUT_LIMIT = 256 * 1024
 LIST_LIMIT = 1 << 20  # what `sessions` reads of the VM's answer
 RUNNING = "running"
 EXITED = "exited"
+STOPPED = "stopped"  # stopped with its VM: no exit code, and session.sh drops its record at the next session's start
 
 
 class Reply(NamedTuple):
@@ -52,7 +53,7 @@ class Row(NamedTuple):
     agent: str
     started: int | None
     attached: bool
-    state: str  # RUNNING or EXITED
+    state: str  # RUNNING, EXITED or STOPPED
     exit_code: int | None
     ended: int | None
 
@@ -131,7 +132,7 @@ def parse_list(output: bytes) -> list[Row]:
         if len(fields) != 7:
             continue
         name, agent, started, attached, state, code, ended = fields
-        if not NAME_PATTERN.match(name) or state not in (RUNNING, EXITED):
+        if not NAME_PATTERN.match(name) or state not in (RUNNING, EXITED, STOPPED):
             continue
         rows.append(Row(name, _agent(agent) or "", _int(started), (_int(attached) or 0) > 0, state, _int(code),
                         _int(ended)))
