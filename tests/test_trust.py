@@ -342,6 +342,72 @@ def test_what_starts_the_vm_from_the_config_still_refuses_it(
     assert _staged_copies(project, secret) == []
 
 
+LINKED_AWAY = "is a symlink inside the workspace"
+
+
+def _break_the_mount(project: Path, elsewhere: Path) -> None:
+    """What the agent can do from inside the VM: replace the mounted workspace folder with a link."""
+    (project / "data").rmdir()
+    (project / "data").symlink_to(elsewhere)
+
+
+def test_the_agent_cannot_make_its_vm_unstoppable_through_a_mount(project: Path, home: Path, limactl: FakeLima) -> None:
+    """Issue 37, item 17: status, stop, stop --force and rm need the VM's name and state, not the mounts: a mount
+    folder the agent turned into a link leaves them working (with a notice), while whatever starts still refuses."""
+    needs_bwrap()
+    elsewhere = home.parent / "elsewhere"
+    elsewhere.mkdir()
+    (project / "data").mkdir()
+    write_trusted(project, "mounts:\n  - location: ./data\n    writable: true\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    _break_the_mount(project, elsewhere)
+
+    status = run_cli("status", cwd=project)
+    assert status.exit_code == 0, status.stderr
+    assert "status:    Running" in status.stdout
+    assert LINKED_AWAY in status.stderr and "`start`, `restart` and launches refuse until it is fixed" in status.stderr
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert limactl.status(NAME) == "Stopped"
+    for args in (("start",), ("restart",)):  # the control: what starts the VM still refuses the mount
+        refused = run_cli(*args, cwd=project)
+        assert refused.exit_code == 2 and LINKED_AWAY in refused.stderr, refused.stderr
+        assert "goes on without that mount" not in refused.stderr
+        assert limactl.status(NAME) == "Stopped"
+
+    (project / "data").unlink()
+    (project / "data").mkdir()
+    assert run_cli("start", cwd=project).exit_code == 0
+    _break_the_mount(project, elsewhere)
+    killed = run_cli("stop", "--force", cwd=project)
+    assert killed.exit_code == 0, killed.stderr
+    assert limactl.status(NAME) == "Stopped"
+    removed = run_cli("rm", "--yes", cwd=project)
+    assert removed.exit_code == 0, removed.stderr
+    assert limactl.status(NAME) is None
+
+
+def test_a_retargeted_outside_link_of_a_trusted_mount_does_not_block_status_or_stop(
+    project: Path, home: Path, limactl: FakeLima
+) -> None:
+    needs_bwrap()
+    data = home.parent / "datasets"
+    data.mkdir()
+    link = home.parent / "current"
+    link.symlink_to(data)
+    write_trusted(project, f"mounts:\n  - location: {link}\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    link.unlink()
+    link.symlink_to(home)  # now it would mount the home folder
+    status = run_cli("status", cwd=project)
+    assert status.exit_code == 0 and "status:    Running" in status.stdout, status.stderr
+    assert "it is or contains your home folder" in status.stderr
+    assert run_cli("start", cwd=project).exit_code == 2  # the control: starting from it is refused
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert limactl.status(NAME) == "Stopped"
+
+
 def test_stop_and_rm_never_follow_an_untrusted_vm_name(project: Path, home: Path, limactl: FakeLima) -> None:
     """The agent may rewrite agentbox.yml to name another VM: a command that needs no trust does not act on it."""
     needs_bwrap()

@@ -16,16 +16,17 @@ if TYPE_CHECKING:
     from agentbox.vm.lifecycle import Session
 
 
-def load_config(ctx: click.Context, describe: bool = False) -> Config:
+def load_config(ctx: click.Context, describe: bool = False, vm_only: bool = False) -> Config:
     """The merged config for the folder agentbox runs in; its notices go to stderr.
 
     A config file agentbox will not use (see config.load) stops every command but the display ones
-    (`describe`), which leave it out and say why.
+    (`describe`), which leave it out and say why. `vm_only` (config.load): a mount in error is left out, with a
+    notice.
     """
     from agentbox.config import load as config
 
     with timing.phase("config (find, parse, validate, merge)"):
-        loaded = config.load(ctx.obj["cwd"], describe=describe)
+        loaded = config.load(ctx.obj["cwd"], describe=describe, vm_only=vm_only)
     config.print_notices(loaded)
     hosttools.distrust_all(loaded.agent_writable())  # before any host tool is looked up
     return loaded
@@ -44,15 +45,18 @@ def warn_if_untrusted(loaded: Config) -> None:
         warn(f"{loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` ({keys})")
 
 
-def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True) -> Session:
+def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True,
+            vm_only: bool = False) -> Session:
     """Config and limactl for a command. `acts` commands change a VM; those that start or configure it from the
     project's config (`needs_trust`) refuse an untrusted local config that needs trust.
-    The others (stop, rm) need only the VM's name: they go on, but never where an untrusted file chose the VM."""
+    The others (stop, rm) need only the VM's name: they go on, but never where an untrusted file chose the VM.
+    `vm_only` commands (stop, rm, status) need the VM's name and state, never the mounts: a mount the agent made
+    unusable does not stop them (config.load)."""
     from agentbox.config import trust
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import Lima
 
-    config = load_config(ctx, describe=not acts) if needs_config else None
+    config = load_config(ctx, describe=not acts, vm_only=vm_only) if needs_config else None
     if config is not None and acts:
         if needs_trust:
             trust.require_trust(config)

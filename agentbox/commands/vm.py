@@ -138,7 +138,7 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
         if not running:
             say("no agentbox VM was running")
         return
-    session = session_for(ctx, needs_trust=False)
+    session = session_for(ctx, needs_trust=False, vm_only=True)
     name = vm_name(session)
     if not _stop(session, name, session.instance(name), force, yes):
         raise click.Abort()
@@ -175,7 +175,7 @@ def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
     """
     from agentbox.vm import lifecycle as vm
 
-    session = session_for(ctx, needs_trust=False)
+    session = session_for(ctx, needs_trust=False, vm_only=True)
     name = vm_name(session)
     instance = session.instance(name)
     if instance is None:
@@ -200,7 +200,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import ports
 
-    session = session_for(ctx, acts=False)
+    session = session_for(ctx, acts=False, vm_only=True)
     config = session.config
     name = vm_name(session)
     instances = session.lima.instances()  # all of them, for who holds which host port

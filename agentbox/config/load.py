@@ -238,23 +238,28 @@ class Config(NamedTuple):
         }
 
 
-def load(cwd: Path | None = None, describe: bool = False) -> Config:
+def load(cwd: Path | None = None, describe: bool = False, vm_only: bool = False) -> Config:
     """Load and validate every layer, then merge and resolve. Raises ConfigError (exit 2).
 
     A config file agentbox will not use (someone else's, or writable by others) is an error: going on
     with defaults would build a different VM than the one the file describes. With `describe` (the
     display commands) it is left out instead, and recorded in `unusable` and the notices.
+
+    `vm_only`: the command needs only which VM and its state (stop, rm, status). A mount it cannot use (a
+    location the agent turned into a symlink) is then left out with a notice instead of stopping it: what the agent
+    did to the workspace must never keep the user from stopping or removing its VM. Whatever starts or mounts
+    loads without it and refuses.
     """
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
     project = worktree_project(cwd)
     if project is not None:
-        config = _load_from(cwd, project, describe)
+        config = _load_from(cwd, project, describe, vm_only)
         if config.workspace == project:
             return config
-    return _load_from(cwd, cwd, describe)
+    return _load_from(cwd, cwd, describe, vm_only)
 
 
-def _load_from(cwd: Path, start: Path, describe: bool) -> Config:
+def _load_from(cwd: Path, start: Path, describe: bool, vm_only: bool = False) -> Config:
     """The config found from `start` upward, for a command run in cwd."""
     notices: list[str] = []
     unusable: list[UnusableFile] = []
@@ -274,7 +279,7 @@ def _load_from(cwd: Path, start: Path, describe: bool) -> Config:
         layers.append(_load_layer(path, name, read))
     for layer in layers:
         notices.extend(layer.notices)
-    return resolve(cwd, layers, notices, start)._replace(unusable=tuple(unusable))
+    return resolve(cwd, layers, notices, start, vm_only)._replace(unusable=tuple(unusable))
 
 
 def _load_layer(path: Path, name: str, read: Any) -> Layer:
@@ -488,9 +493,10 @@ def _note_origins(origins: dict[str, str], data: dict[str, Any], label: str, pre
             origins[name] = label
 
 
-def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None = None) -> Config:
+def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None = None,
+            vm_only: bool = False) -> Config:
     """The Config of a command run in cwd; `start`: where the workspace is looked for (cwd unless cwd is in
-    a worktree agentbox made, see worktree_project)."""
+    a worktree agentbox made, see worktree_project); `vm_only`: see load."""
     from agentbox.config import naming
 
     data, origins = merge(layers)
@@ -516,7 +522,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
     for name in [*BUILTIN_AGENTS, *sorted(set(configured) - set(BUILTIN_AGENTS))]:
         agents[name] = _resolve_agent(name, configured.get(name, {}), vm_name, layers, lima_home)
 
-    mounts = tuple(_resolve_mount(raw, layer, index, workspace) for index, (raw, layer) in enumerate(data["mounts"]))
+    mounts = _resolve_mounts(data["mounts"], workspace, notices if vm_only else None)
     ca_cert = None
     if "caCert" in data:
         value, layer = data["caCert"]
@@ -747,6 +753,21 @@ def _agent_credentials(raw: Any, builtin: tuple[str, ...]) -> tuple[str, ...]:
     if raw is True:
         return builtin
     return tuple(raw)
+
+
+def _resolve_mounts(raw: list[Any], workspace: Path, left_out: list[str] | None) -> tuple[Mount, ...]:
+    """Every mount, or the first one's error; with `left_out` (load's vm_only) a mount in error is left out and
+    its error becomes a notice there."""
+    mounts = []
+    for index, (entry, layer) in enumerate(raw):
+        try:
+            mounts.append(_resolve_mount(entry, layer, index, workspace))
+        except ConfigError as exc:
+            if left_out is None:
+                raise
+            left_out.append(f"{exc.message}. This command needs only the VM and goes on without that mount; "
+                            "`start`, `restart` and launches refuse until it is fixed")
+    return tuple(mounts)
 
 
 def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path) -> Mount:
