@@ -409,7 +409,9 @@ def test_a_retargeted_outside_link_of_a_trusted_mount_does_not_block_status_or_s
 
 
 def test_stop_and_rm_never_follow_an_untrusted_vm_name(project: Path, home: Path, limactl: FakeLima) -> None:
-    """The agent may rewrite agentbox.yml to name another VM: a command that needs no trust does not act on it."""
+    """The agent may rewrite agentbox.yml to name another VM: a command that needs no trust does not act on it. It
+    acts on the VM the file named when the user trusted it (issue 37, item 17: the agent cannot make its VM
+    unstoppable by renaming it), and refuses when no trusted content is kept."""
     needs_bwrap()
     other = home.parent / "work" / "other"
     other.mkdir()
@@ -418,16 +420,45 @@ def test_stop_and_rm_never_follow_an_untrusted_vm_name(project: Path, home: Path
     assert run_cli("start", cwd=project).exit_code == 0
     write(project / "agentbox.yml", "vm:\n  name: agentbox-other\nworkspace: ../other\n")  # not trusted
     limactl.clear()
+    changed = (f"{project / 'agentbox.yml'} sets vm.name and workspace, which choose the VM this command acts on, "
+               "and the file changed since you trusted it")
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert f"agentbox: warning: {changed}" in stopped.stderr
+    assert (f"agentbox: warning: this command needs only the VM: it goes on with {project / 'agentbox.yml'} as you "
+            "last trusted it") in stopped.stderr
+    assert limactl.status("agentbox-mine") == "Stopped" and limactl.status("agentbox-other") == "Running"
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0
+    assert limactl.status("agentbox-mine") is None and limactl.status("agentbox-other") == "Running"
+    assert all("agentbox-other" not in call for call in limactl.calls())
+
+    for record in (home.parent / "state" / "trust").iterdir():  # no trusted content to go on with: refused
+        record.unlink()
     for args in (("stop",), ("rm", "--yes")):
         refused = run_cli(*args, cwd=project)
-        assert refused.exit_code == 2, refused.stderr
-        assert (f"{project / 'agentbox.yml'} sets vm.name and workspace, which choose the VM this command acts on, "
-                "and the file changed since you trusted it") in refused.stderr
-    assert limactl.subcommands() == []
-    assert limactl.status("agentbox-other") == limactl.status("agentbox-mine") == "Running"
-    write(project / "agentbox.yml", "vm:\n  name: agentbox-mine\n")  # the control: the name as it was trusted
-    assert run_cli("stop", cwd=project).exit_code == 0
-    assert limactl.status("agentbox-mine") == "Stopped" and limactl.status("agentbox-other") == "Running"
+        assert refused.exit_code == 2 and changed in refused.stderr, refused.stderr
+    assert limactl.status("agentbox-other") == "Running"
+
+
+def test_stop_rm_and_status_go_on_with_the_trusted_file_when_the_agent_broke_it(
+    project: Path, limactl: FakeLima
+) -> None:
+    """Issue 37, item 17: an agentbox.yml the agent made invalid does not keep the user from stopping the VM."""
+    needs_bwrap()
+    write_trusted(project, "vm:\n  name: agentbox-mine\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    write(project / "agentbox.yml", "vm: [\n")
+    status = run_cli("status", cwd=project)
+    assert status.exit_code == 0, status.stderr
+    assert "name:      agentbox-mine" in status.stdout and "status:    Running" in status.stdout
+    assert "YAML syntax error" in status.stderr and "as you last trusted it" in status.stderr
+    refused = run_cli("start", cwd=project)  # the control: what starts from the file refuses it
+    assert refused.exit_code == 2 and "YAML syntax error" in refused.stderr, refused.stderr
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert limactl.status("agentbox-mine") == "Stopped"
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0
+    assert limactl.status("agentbox-mine") is None
 
 
 def test_undo_never_writes_a_folder_an_untrusted_edit_chose(project: Path, home: Path, limactl: FakeLima) -> None:

@@ -238,7 +238,22 @@ class Config(NamedTuple):
         }
 
 
-def load(cwd: Path | None = None, describe: bool = False, vm_only: bool = False) -> Config:
+class TrustedText(NamedTuple):
+    """The local file's content as it was last trusted (agentbox.config.trust keeps it), standing in for the file."""
+
+    path: Path  # the local file it stands for
+    text: str
+    sha256: str
+
+
+def local_file_for(cwd: Path) -> Path | None:
+    """The local file a command run in cwd reads (the project's, from one of its worktrees)."""
+    cwd = Path(os.path.abspath(cwd))
+    return find_local_config(worktree_project(cwd) or cwd)
+
+
+def load(cwd: Path | None = None, describe: bool = False, vm_only: bool = False,
+         trusted: TrustedText | None = None) -> Config:
     """Load and validate every layer, then merge and resolve. Raises ConfigError (exit 2).
 
     A config file agentbox will not use (someone else's, or writable by others) is an error: going on
@@ -248,18 +263,19 @@ def load(cwd: Path | None = None, describe: bool = False, vm_only: bool = False)
     `vm_only`: the command needs only which VM and its state (stop, rm, status). A mount it cannot use (a
     location the agent turned into a symlink) is then left out with a notice instead of stopping it: what the agent
     did to the workspace must never keep the user from stopping or removing its VM. Whatever starts or mounts
-    loads without it and refuses.
+    loads without it and refuses. `trusted`: that content is read in place of its file (see TrustedText).
     """
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
     project = worktree_project(cwd)
     if project is not None:
-        config = _load_from(cwd, project, describe, vm_only)
+        config = _load_from(cwd, project, describe, vm_only, trusted)
         if config.workspace == project:
             return config
-    return _load_from(cwd, cwd, describe, vm_only)
+    return _load_from(cwd, cwd, describe, vm_only, trusted)
 
 
-def _load_from(cwd: Path, start: Path, describe: bool, vm_only: bool = False) -> Config:
+def _load_from(cwd: Path, start: Path, describe: bool, vm_only: bool = False,
+               trusted: TrustedText | None = None) -> Config:
     """The config found from `start` upward, for a command run in cwd."""
     notices: list[str] = []
     unusable: list[UnusableFile] = []
@@ -269,7 +285,7 @@ def _load_from(cwd: Path, start: Path, describe: bool, vm_only: bool = False) ->
     for path, name in ((global_path, "global"), (local_path, "local")):
         if path is None or not os.path.lexists(path):
             continue
-        read = _read_usable(path, name)
+        read = trusted if trusted is not None and name == "local" and path == trusted.path else _read_usable(path, name)
         if isinstance(read, UnusableFile):
             if not describe:
                 raise read.error()
