@@ -103,6 +103,19 @@ def test_restart(project: Path, limactl: FakeLima) -> None:
     assert limactl.status(NAME) == "Running"
 
 
+def test_restart_of_a_stopped_vm_starts_it(project: Path, limactl: FakeLima) -> None:
+    """Issue 37, item 14: nothing to stop is not news in a restart; the VM is started as it is."""
+    assert run_cli("start", cwd=project).exit_code == 0
+    assert run_cli("stop", cwd=project).exit_code == 0
+    limactl.clear()
+    restarted = run_cli("restart", cwd=project)
+    assert restarted.exit_code == 0, restarted.stderr
+    assert restarted.stderr.splitlines()[-1] == f"{NAME} is running"
+    assert "already stopped" not in restarted.stderr and f"Starting VM {NAME}" in restarted.stderr
+    assert limactl.subcommands() == ["list", "start", "list"]
+    assert limactl.status(NAME) == "Running"
+
+
 def test_status_json_exact_shape(project: Path, limactl: FakeLima) -> None:
     before = json.loads(run_cli("status", "--json", cwd=project).stdout)
     assert before == {

@@ -387,14 +387,41 @@ def _task_state(project: Path, task_id: int) -> str:
     return str(next(task["state"] for task in tasks if task["id"] == task_id))
 
 
-def test_stop_without_a_terminal_goes_on_and_says_what_it_ended(vm: FakeLima, project: Path) -> None:
+def test_in_a_script_stop_restart_and_rm_change_nothing_without_yes(vm: FakeLima, project: Path) -> None:
+    """Issue 37, item 12: one rule for stop, restart and rm: without a terminal to ask on and without --yes, what
+    would end running sessions or tasks changes nothing, says why and names the flag (exit 1)."""
     task_id = _session_and_task(vm, project)
-    stopped = agentbox_run(project, "stop")
+    listing = f"{NAME} runs what would end with it:\n  session claude (claude)\n  task {task_id} (nap): Running"
+    for args, refusal, flag in (
+        (["stop"], f"refusing to stop {NAME}", "agentbox stop --yes"),
+        (["stop", "--force"], f"refusing to stop {NAME}", "agentbox stop --force --yes"),
+        (["restart"], f"refusing to restart {NAME}", "agentbox restart --yes"),
+        (["rm"], f"refusing to delete {NAME}", "agentbox rm --yes"),
+        (["stop", "--all"], "refusing to stop every agentbox VM", "agentbox stop --all --yes"),
+    ):
+        refused = agentbox_run(project, *args)
+        assert refused.returncode == 1, refused.stderr
+        assert (f"agentbox: error: {refusal} without confirmation (no terminal to ask on); nothing was changed:\n"
+                f"{listing}\n") in refused.stderr
+        assert f"hint: Run `{flag}` to go on from a script (what is listed ends)" in refused.stderr
+        assert vm.status(NAME) == "Running"
+        assert [(row["name"], row["state"]) for row in listed(project)] == [("claude", "running")]
+        assert _task_state(project, task_id) == "Running"
+    stopped = agentbox_run(project, "stop", "--yes")  # the control: --yes goes on, and says what it ended
     assert stopped.returncode == 0, stopped.stderr
     assert f"agentbox: warning: task {task_id} (nap) ended as Failed: its VM {NAME} was stopped" in stopped.stderr
     assert f"agentbox: warning: session claude (claude) ended: its VM {NAME} was stopped" in stopped.stderr
     assert vm.status(NAME) == "Stopped"
     assert _task_state(project, task_id) == "Failed"
+
+
+def test_in_a_script_stop_and_restart_go_on_when_nothing_runs(vm: FakeLima, project: Path) -> None:
+    restarted = agentbox_run(project, "restart")
+    assert restarted.returncode == 0, restarted.stderr
+    assert f"{NAME} is running" in restarted.stderr and "refusing" not in restarted.stderr
+    stopped = agentbox_run(project, "stop")
+    assert stopped.returncode == 0, stopped.stderr
+    assert vm.status(NAME) == "Stopped"
 
 
 def test_on_a_terminal_stop_restart_and_rm_list_what_ends_and_no_leaves_it_running(
@@ -403,14 +430,17 @@ def test_on_a_terminal_stop_restart_and_rm_list_what_ends_and_no_leaves_it_runni
     task_id = _session_and_task(vm, project)
     listing = [f"{NAME} runs what ends with it:", "  session claude (claude)", f"  task {task_id} (nap): Running"]
     for args, question in ((["stop"], f"Stop {NAME}? [y/N]"), (["stop", "--force"], f"Stop {NAME} (killing it)?"),
-                           (["restart"], f"Stop {NAME}? [y/N]"), (["stop", "--all"], f"Stop {NAME}? [y/N]"),
+                           (["restart"], f"Restart {NAME}? [y/N]"), (["stop", "--all"], f"Stop {NAME}? [y/N]"),
                            (["rm"], f"Delete VM {NAME} and its disk?")):
         code, shown = on_terminal(project, args, [(question.encode(), b"n\r")])
         lines = [line.rstrip() for line in shown.replace("\r", "").splitlines()]
         assert all(line in lines for line in listing), shown
         assert code == (0 if "--all" in args else 1), shown
+        assert "Aborted!" not in shown
         if "--all" in args:
             assert f"{NAME} left running" in lines
+        else:
+            assert f"{NAME} {'kept' if args == ['rm'] else 'left running'}; nothing was changed" in lines, shown
         assert vm.status(NAME) == "Running"
         assert [(row["name"], row["state"]) for row in listed(project)] == [("claude", "running")]
         assert _task_state(project, task_id) == "Running"

@@ -342,8 +342,76 @@ def test_what_starts_the_vm_from_the_config_still_refuses_it(
     assert _staged_copies(project, secret) == []
 
 
+LINKED_AWAY = "is a symlink inside the workspace"
+
+
+def _break_the_mount(project: Path, elsewhere: Path) -> None:
+    """What the agent can do from inside the VM: replace the mounted workspace folder with a link."""
+    (project / "data").rmdir()
+    (project / "data").symlink_to(elsewhere)
+
+
+def test_the_agent_cannot_make_its_vm_unstoppable_through_a_mount(project: Path, home: Path, limactl: FakeLima) -> None:
+    """Issue 37, item 17: status, stop, stop --force and rm need the VM's name and state, not the mounts: a mount
+    folder the agent turned into a link leaves them working (with a notice), while whatever starts still refuses."""
+    needs_bwrap()
+    elsewhere = home.parent / "elsewhere"
+    elsewhere.mkdir()
+    (project / "data").mkdir()
+    write_trusted(project, "mounts:\n  - location: ./data\n    writable: true\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    _break_the_mount(project, elsewhere)
+
+    status = run_cli("status", cwd=project)
+    assert status.exit_code == 0, status.stderr
+    assert "status:    Running" in status.stdout
+    assert LINKED_AWAY in status.stderr and "`start`, `restart` and launches refuse until it is fixed" in status.stderr
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert limactl.status(NAME) == "Stopped"
+    for args in (("start",), ("restart",)):  # the control: what starts the VM still refuses the mount
+        refused = run_cli(*args, cwd=project)
+        assert refused.exit_code == 2 and LINKED_AWAY in refused.stderr, refused.stderr
+        assert "goes on without that mount" not in refused.stderr
+        assert limactl.status(NAME) == "Stopped"
+
+    (project / "data").unlink()
+    (project / "data").mkdir()
+    assert run_cli("start", cwd=project).exit_code == 0
+    _break_the_mount(project, elsewhere)
+    killed = run_cli("stop", "--force", cwd=project)
+    assert killed.exit_code == 0, killed.stderr
+    assert limactl.status(NAME) == "Stopped"
+    removed = run_cli("rm", "--yes", cwd=project)
+    assert removed.exit_code == 0, removed.stderr
+    assert limactl.status(NAME) is None
+
+
+def test_a_retargeted_outside_link_of_a_trusted_mount_does_not_block_status_or_stop(
+    project: Path, home: Path, limactl: FakeLima
+) -> None:
+    needs_bwrap()
+    data = home.parent / "datasets"
+    data.mkdir()
+    link = home.parent / "current"
+    link.symlink_to(data)
+    write_trusted(project, f"mounts:\n  - location: {link}\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    link.unlink()
+    link.symlink_to(home)  # now it would mount the home folder
+    status = run_cli("status", cwd=project)
+    assert status.exit_code == 0 and "status:    Running" in status.stdout, status.stderr
+    assert "it is or contains your home folder" in status.stderr
+    assert run_cli("start", cwd=project).exit_code == 2  # the control: starting from it is refused
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert limactl.status(NAME) == "Stopped"
+
+
 def test_stop_and_rm_never_follow_an_untrusted_vm_name(project: Path, home: Path, limactl: FakeLima) -> None:
-    """The agent may rewrite agentbox.yml to name another VM: a command that needs no trust does not act on it."""
+    """The agent may rewrite agentbox.yml to name another VM: a command that needs no trust does not act on it. It
+    acts on the VM the file named when the user trusted it (issue 37, item 17: the agent cannot make its VM
+    unstoppable by renaming it), and refuses when no trusted content is kept."""
     needs_bwrap()
     other = home.parent / "work" / "other"
     other.mkdir()
@@ -352,16 +420,45 @@ def test_stop_and_rm_never_follow_an_untrusted_vm_name(project: Path, home: Path
     assert run_cli("start", cwd=project).exit_code == 0
     write(project / "agentbox.yml", "vm:\n  name: agentbox-other\nworkspace: ../other\n")  # not trusted
     limactl.clear()
+    changed = (f"{project / 'agentbox.yml'} sets vm.name and workspace, which choose the VM this command acts on, "
+               "and the file changed since you trusted it")
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert f"agentbox: warning: {changed}" in stopped.stderr
+    assert (f"agentbox: warning: this command needs only the VM: it goes on with {project / 'agentbox.yml'} as you "
+            "last trusted it") in stopped.stderr
+    assert limactl.status("agentbox-mine") == "Stopped" and limactl.status("agentbox-other") == "Running"
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0
+    assert limactl.status("agentbox-mine") is None and limactl.status("agentbox-other") == "Running"
+    assert all("agentbox-other" not in call for call in limactl.calls())
+
+    for record in (home.parent / "state" / "trust").iterdir():  # no trusted content to go on with: refused
+        record.unlink()
     for args in (("stop",), ("rm", "--yes")):
         refused = run_cli(*args, cwd=project)
-        assert refused.exit_code == 2, refused.stderr
-        assert (f"{project / 'agentbox.yml'} sets vm.name and workspace, which choose the VM this command acts on, "
-                "and the file changed since you trusted it") in refused.stderr
-    assert limactl.subcommands() == []
-    assert limactl.status("agentbox-other") == limactl.status("agentbox-mine") == "Running"
-    write(project / "agentbox.yml", "vm:\n  name: agentbox-mine\n")  # the control: the name as it was trusted
-    assert run_cli("stop", cwd=project).exit_code == 0
-    assert limactl.status("agentbox-mine") == "Stopped" and limactl.status("agentbox-other") == "Running"
+        assert refused.exit_code == 2 and changed in refused.stderr, refused.stderr
+    assert limactl.status("agentbox-other") == "Running"
+
+
+def test_stop_rm_and_status_go_on_with_the_trusted_file_when_the_agent_broke_it(
+    project: Path, limactl: FakeLima
+) -> None:
+    """Issue 37, item 17: an agentbox.yml the agent made invalid does not keep the user from stopping the VM."""
+    needs_bwrap()
+    write_trusted(project, "vm:\n  name: agentbox-mine\n")
+    assert run_cli("start", cwd=project).exit_code == 0
+    write(project / "agentbox.yml", "vm: [\n")
+    status = run_cli("status", cwd=project)
+    assert status.exit_code == 0, status.stderr
+    assert "name:      agentbox-mine" in status.stdout and "status:    Running" in status.stdout
+    assert "YAML syntax error" in status.stderr and "as you last trusted it" in status.stderr
+    refused = run_cli("start", cwd=project)  # the control: what starts from the file refuses it
+    assert refused.exit_code == 2 and "YAML syntax error" in refused.stderr, refused.stderr
+    stopped = run_cli("stop", cwd=project)
+    assert stopped.exit_code == 0, stopped.stderr
+    assert limactl.status("agentbox-mine") == "Stopped"
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0
+    assert limactl.status("agentbox-mine") is None
 
 
 def test_undo_never_writes_a_folder_an_untrusted_edit_chose(project: Path, home: Path, limactl: FakeLima) -> None:

@@ -12,20 +12,22 @@ from agentbox import hosttools, timing
 if TYPE_CHECKING:
     import click
 
-    from agentbox.config.load import Config
+    from agentbox.config.load import Config, TrustedText
     from agentbox.vm.lifecycle import Session
 
 
-def load_config(ctx: click.Context, describe: bool = False) -> Config:
+def load_config(ctx: click.Context, describe: bool = False, vm_only: bool = False,
+                trusted: TrustedText | None = None) -> Config:
     """The merged config for the folder agentbox runs in; its notices go to stderr.
 
     A config file agentbox will not use (see config.load) stops every command but the display ones
-    (`describe`), which leave it out and say why.
+    (`describe`), which leave it out and say why. `vm_only` (config.load): a mount in error is left out, with a
+    notice.
     """
     from agentbox.config import load as config
 
     with timing.phase("config (find, parse, validate, merge)"):
-        loaded = config.load(ctx.obj["cwd"], describe=describe)
+        loaded = config.load(ctx.obj["cwd"], describe=describe, vm_only=vm_only, trusted=trusted)
     config.print_notices(loaded)
     hosttools.distrust_all(loaded.agent_writable())  # before any host tool is looked up
     return loaded
@@ -44,22 +46,56 @@ def warn_if_untrusted(loaded: Config) -> None:
         warn(f"{loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` ({keys})")
 
 
-def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True) -> Session:
+def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True,
+            vm_only: bool = False) -> Session:
     """Config and limactl for a command. `acts` commands change a VM; those that start or configure it from the
     project's config (`needs_trust`) refuse an untrusted local config that needs trust.
-    The others (stop, rm) need only the VM's name: they go on, but never where an untrusted file chose the VM."""
+    The others (stop, rm) need only the VM's name: they go on, but never where an untrusted file chose the VM.
+    `vm_only` commands (stop, rm, status) need the VM's name and state, never the mounts: a mount the agent made
+    unusable does not stop them (config.load)."""
     from agentbox.config import trust
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import Lima
 
-    config = load_config(ctx, describe=not acts) if needs_config else None
-    if config is not None and acts:
+    if vm_only:
+        config: Config | None = _vm_only_config(ctx, acts)
+    else:
+        config = load_config(ctx, describe=not acts) if needs_config else None
+    if config is not None and acts and not vm_only:
         if needs_trust:
             trust.require_trust(config)
         else:
             refuse_untrusted_identity(config)
     return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"],  # type: ignore[arg-type]
                       on_stopped=vm_stopped)
+
+
+def _vm_only_config(ctx: click.Context, acts: bool) -> Config:
+    """The config of a command that needs only the VM's name and state (stop, rm, status). When the local file
+    cannot be used now (the agent can rewrite or break it, or change the keys that choose the VM), its content as
+    the user last trusted it stands in, with a warning: the agent cannot keep the user from stopping its VM."""
+    from agentbox.config import load as config
+    from agentbox.config import trust
+    from agentbox.errors import ConfigError
+    from agentbox.progress import warn
+
+    try:
+        loaded = load_config(ctx, describe=not acts, vm_only=True)
+        if acts:
+            refuse_untrusted_identity(loaded)
+        return loaded
+    except ConfigError as error:
+        path = config.local_file_for(ctx.obj["cwd"])
+        stand_in = trust.as_last_trusted(path) if path is not None else None
+        if stand_in is None:
+            raise
+        warn(error.message)
+        warn(f"this command needs only the VM: it goes on with {path} as you last trusted it "
+             "(`agentbox trust --show` shows what changed since)")
+    loaded = load_config(ctx, describe=not acts, vm_only=True, trusted=stand_in)
+    if acts:
+        refuse_untrusted_identity(loaded)
+    return loaded
 
 
 def refuse_untrusted_identity(config: Config, chosen: str = "the VM this command acts on") -> None:

@@ -1,6 +1,9 @@
 """What stopping or removing a VM ends: its detached sessions (agentbox.session.detached) and the tasks that wait or
-run in it (agentbox.tasks). On a terminal the command lists them and asks first (`--yes` does not ask); without one it
-goes on; either way it says what ended.
+run in it (agentbox.tasks), and the one rule stop, restart, rm and start --recreate follow before ending them.
+
+The rule: `--yes` goes on without asking. Otherwise, when running work would end (and always for what deletes a
+disk), a terminal lists it and asks, and a script (no terminal to ask on) is refused with nothing changed, naming
+the flag; both a refusal and a "no" exit 1. Either way the command says what ended.
 
 The sessions are asked of the VM (one `limactl shell`, only when it runs and a session or task keeps its marker fresh
 in the outbox: agentbox.livemarkers); the tasks come from the host's records.
@@ -9,11 +12,12 @@ in the outbox: agentbox.livemarkers); the tasks come from the host's records.
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import click
 
-from agentbox.progress import warn
+from agentbox.errors import AgentboxError
+from agentbox.progress import say, warn
 
 if TYPE_CHECKING:
     from agentbox.vm.lifecycle import Session
@@ -71,18 +75,54 @@ def _tasks(name: str) -> tuple[str, ...]:
                  if task.active)
 
 
-def ask(ending: Ending, action: str, yes: bool) -> bool:
-    """On a terminal, list what `action` (`Stop agentbox-x`) ends and ask; without one, or with `yes`, go on."""
-    if yes or not ending.lines() or not on_terminal():
+DECLINED_EXIT = 1  # a "no" on a terminal, and a script refused for want of --yes: nothing was changed
+
+
+class Asked(NamedTuple):
+    """How one command asks before it ends what runs in a VM."""
+
+    question: str  # on a terminal: "Restart agentbox-x?"
+    refusal: str  # in a script without --yes: "refusing to restart agentbox-x"
+    command: str  # the command with the flag that goes on: "agentbox restart --yes"
+    kept: str  # after a "no": "agentbox-x left running"
+    always: bool = False  # ask even when nothing runs (what deletes a disk)
+
+
+def go_ahead(ending: Ending, asked: Asked, yes: bool) -> bool:
+    """Whether to go on: at once with `yes`, or when nothing would end (unless `asked.always`); else on a terminal
+    the answer to the question, and in a script a refusal (raised: nothing was changed)."""
+    if yes or not (ending.lines() or asked.always):
         return True
-    click.echo(f"{ending.vm} runs what ends with it:", err=True)
-    for line in ending.lines():
-        click.echo(f"  {line}", err=True)
-    return click.confirm(f"{action}?", default=False, err=True)
+    if not on_terminal():
+        raise refused([ending], asked)
+    try:
+        return click.confirm(question(ending, asked.question), default=False, err=True)
+    except click.exceptions.Abort:  # ^D or ^C at the question: a no
+        click.echo("", err=True)
+        return False
+
+
+def refused(endings: list[Ending], asked: Asked) -> AgentboxError:
+    """The error of a script without --yes: why nothing was changed, what would have ended, the flag to add."""
+    busy = [ending for ending in endings if ending.lines()]
+    listed = "".join(f"\n{ending.vm} runs what would end with it:" + "".join(f"\n  {line}" for line in ending.lines())
+                     for ending in busy)
+    hint = f"Run `{asked.command}` to go on from a script"
+    if busy:
+        hint += " (what is listed ends), or let the sessions and tasks finish first (`agentbox sessions`, " \
+                "`agentbox tasks`)"
+    return AgentboxError(f"{asked.refusal} without confirmation (no terminal to ask on); nothing was changed"
+                         + (":" if busy else "") + listed, hint=hint + ".")
+
+
+def declined(asked: Asked) -> NoReturn:
+    """After a "no": agentbox's own last line, and exit 1."""
+    say(f"{asked.kept}; nothing was changed")
+    raise click.exceptions.Exit(DECLINED_EXIT)
 
 
 def question(ending: Ending, asked: str) -> str:
-    """A question that already asks (rm, start --recreate), with what it would end in front."""
+    """The question, with what it would end in front."""
     if not ending.lines():
         return asked
     listed = "\n".join(f"  {line}" for line in ending.lines())

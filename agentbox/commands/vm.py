@@ -10,7 +10,6 @@ import click
 from agentbox.commands import ending
 from agentbox.commands.common import session as session_for
 from agentbox.commands.common import settle_tasks, vm_name
-from agentbox.errors import AgentboxError
 from agentbox.progress import say
 
 if TYPE_CHECKING:
@@ -19,7 +18,8 @@ if TYPE_CHECKING:
     from agentbox.vm.lima import Instance
 
 
-YES_HELP = "Do not ask (for scripts): go on even when it ends running sessions or tasks."
+YES_HELP = ("Do not ask: go on even when it ends running sessions or tasks (a script needs it then: without a "
+            "terminal to ask on, nothing is changed).")
 
 
 @click.command("start")
@@ -42,11 +42,12 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     if recreate and existing is not None:
         # A VM without agentbox's workspace marker may be replaced; one of another workspace may not.
         vm.check_workspace_matches(existing, session.config)
-        ends = _confirm(session, existing,
-                        f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not "
-                        "touched.", yes,
-                        f"refusing to delete {name} for --recreate without confirmation (no terminal to ask on)",
-                        "Run `agentbox start --recreate --yes` to recreate it from a script.")
+        ends = ending.of(session, existing)
+        asked = ending.Asked(f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not "
+                             "touched.", f"refusing to delete {name} for --recreate",
+                             "agentbox start --recreate --yes", f"{name} kept", always=True)
+        if not ending.go_ahead(ends, asked, yes):
+            ending.declined(asked)
         _remove(session, name, ends)
         existing = None
     if existing is not None and isolated:
@@ -82,28 +83,25 @@ def _say_if(message: str | None) -> None:
         say(message)
 
 
-def _confirm(session: Session, instance: Instance, question: str, yes: bool, refusal: str, hint: str) -> Ending:
-    """Ask on a terminal, naming the sessions and tasks that would end; without one, only an explicit flag (`yes`)
-    lets a destructive command go on. Returns what ends."""
-    if not yes and not ending.on_terminal():
-        raise AgentboxError(refusal, hint=hint)
-    ends = ending.of(session, instance)
-    if not yes:
-        click.confirm(ending.question(ends, question), abort=True, err=True)
-    return ends
-
-
-def _stop(session: Session, name: str, instance: Instance | None, force: bool, yes: bool) -> bool:
-    """Stop one VM, asking first on a terminal when it would end sessions or tasks; False when the answer was no."""
+def _stop(session: Session, name: str, instance: Instance | None, force: bool, yes: bool, verb: str = "stop") -> bool:
+    """Stop one VM, by the rule of agentbox.commands.ending when it would end sessions or tasks (`verb`: the command
+    the user typed, stop or restart, which the question and a refusal name). False when a restart found nothing to
+    stop (`instance` is still what is known of it)."""
     from agentbox.vm import lifecycle as vm
+    from agentbox.vm import lima
 
     if instance is not None:
         vm.check_workspace_matches(instance, session.config)
     ends = ending.of(session, instance)
-    if not ending.ask(ends, f"Stop {name}" + (" (killing it)" if force else ""), yes):
-        return False
+    killing = " (killing it)" if force else ""
+    asked = ending.Asked(f"{verb.capitalize()} {name}{killing}?", f"refusing to {verb} {name}",
+                         f"agentbox {verb}{' --force' if force else ''} --yes", f"{name} left running")
+    if not ending.go_ahead(ends, asked, yes):
+        ending.declined(asked)
+    if verb == "restart" and (instance is None or instance.status == lima.STOPPED):
+        return False  # nothing to stop: the start says what happens
     _say_if(vm.stop(session, name, force=force, known=instance))
-    ending.said(ends, f"its VM {name} was stopped")
+    ending.said(ends, f"its VM {name} was {'restarted' if verb == 'restart' else 'stopped'}")
     return True
 
 
@@ -118,7 +116,7 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
     """Stop the project's VM (or all agentbox VMs).
 
     The VM's detached sessions and running tasks end with it: on a terminal they are listed and you are asked
-    first (--yes does not ask); without one it goes on and says what it ended.
+    first; in a script it changes nothing unless --yes says to go on. Either way it says what it ended.
     """
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import lima
@@ -127,10 +125,15 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
         session = session_for(ctx, needs_config=False)
         running = [instance for instance in session.lima.instances().values()
                    if vm.is_agentbox_vm(instance) and instance.status == lima.RUNNING]
-        for instance in running:  # each stop has its own line
-            ends = ending.of(session, instance)
-            if not ending.ask(ends, f"Stop {instance.name}" + (" (killing it)" if force else ""), yes):
-                say(f"{instance.name} left running")
+        endings = [ending.of(session, instance) for instance in running]
+        killing = " (killing it)" if force else ""
+        if not yes and not ending.on_terminal() and any(ends.lines() for ends in endings):
+            raise ending.refused(endings, ending.Asked("", "refusing to stop every agentbox VM",
+                                                       f"agentbox stop --all{' --force' if force else ''} --yes", ""))
+        for instance, ends in zip(running, endings, strict=True):  # each stop has its own line
+            asked = ending.Asked(f"Stop {instance.name}{killing}?", "", "", f"{instance.name} left running")
+            if not ending.go_ahead(ends, asked, yes):
+                say(asked.kept)
                 continue
             vm.stop_now(session.lima, instance.name, force, session.verbose)
             session.on_stopped(instance.name)
@@ -138,10 +141,9 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
         if not running:
             say("no agentbox VM was running")
         return
-    session = session_for(ctx, needs_trust=False)
+    session = session_for(ctx, needs_trust=False, vm_only=True)
     name = vm_name(session)
-    if not _stop(session, name, session.instance(name), force, yes):
-        raise click.Abort()
+    _stop(session, name, session.instance(name), force, yes)
 
 
 @click.command("restart")
@@ -150,16 +152,18 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
 def restart_command(ctx: click.Context, yes: bool) -> None:
     """Stop the project's VM if it runs, then start it with the current config.
 
-    Its detached sessions and running tasks end: on a terminal they are listed and you are asked first (--yes does
-    not ask); without one it goes on and says what it ended.
+    A stopped VM is started. Its detached sessions and running tasks end: on a terminal they are listed and you are
+    asked first; in a script it changes nothing unless --yes says to go on. Either way it says what it ended.
     """
     from agentbox.vm import lifecycle as vm
 
     session = session_for(ctx)
     name = vm_name(session)
-    if not _stop(session, name, session.instance(name), False, yes):
-        raise click.Abort()
-    instance = vm.ensure_running(session, name)
+    known = session.instance(name)
+    if _stop(session, name, known, False, yes, verb="restart"):
+        instance = vm.ensure_running(session, name)
+    else:  # stopped (or not created): started as it is known, without a second `limactl list`
+        instance = vm.ensure_running(session, name, known)
     say(f"{instance.name} is running")
 
 
@@ -175,16 +179,18 @@ def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
     """
     from agentbox.vm import lifecycle as vm
 
-    session = session_for(ctx, needs_trust=False)
+    session = session_for(ctx, needs_trust=False, vm_only=True)
     name = vm_name(session)
     instance = session.instance(name)
     if instance is None:
         say(f"{name} does not exist; nothing to remove")
         return
     vm.check_workspace_matches(instance, session.config)
-    ends = _confirm(session, instance, f"Delete VM {name} and its disk? Your workspace on the host is not touched.",
-                    yes or old_force, f"refusing to delete {name} without confirmation (no terminal to ask on)",
-                    "Run `agentbox rm --yes` to delete it from a script.")
+    ends = ending.of(session, instance)
+    asked = ending.Asked(f"Delete VM {name} and its disk? Your workspace on the host is not touched.",
+                         f"refusing to delete {name}", "agentbox rm --yes", f"{name} kept", always=True)
+    if not ending.go_ahead(ends, asked, yes or old_force):
+        ending.declined(asked)
     _remove(session, name, ends)
 
 
@@ -200,7 +206,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import ports
 
-    session = session_for(ctx, acts=False)
+    session = session_for(ctx, acts=False, vm_only=True)
     config = session.config
     name = vm_name(session)
     instances = session.lima.instances()  # all of them, for who holds which host port

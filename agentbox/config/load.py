@@ -239,23 +239,44 @@ class Config(NamedTuple):
         }
 
 
-def load(cwd: Path | None = None, describe: bool = False) -> Config:
+class TrustedText(NamedTuple):
+    """The local file's content as it was last trusted (agentbox.config.trust keeps it), standing in for the file."""
+
+    path: Path  # the local file it stands for
+    text: str
+    sha256: str
+
+
+def local_file_for(cwd: Path) -> Path | None:
+    """The local file a command run in cwd reads (the project's, from one of its worktrees)."""
+    cwd = Path(os.path.abspath(cwd))
+    return find_local_config(worktree_project(cwd) or cwd)
+
+
+def load(cwd: Path | None = None, describe: bool = False, vm_only: bool = False,
+         trusted: TrustedText | None = None) -> Config:
     """Load and validate every layer, then merge and resolve. Raises ConfigError (exit 2).
 
     A config file agentbox will not use (someone else's, or writable by others) is an error: going on
     with defaults would build a different VM than the one the file describes. With `describe` (the
     display commands) it is left out instead, and recorded in `unusable` and the notices.
+
+    `vm_only`: the command needs only which VM and its state (stop, rm, status). A mount it cannot use (a
+    location the agent turned into a symlink) is then left out with a notice instead of stopping it: what the agent
+    did to the workspace must never keep the user from stopping or removing its VM. Whatever starts or mounts
+    loads without it and refuses. `trusted`: that content is read in place of its file (see TrustedText).
     """
     cwd = Path(os.path.abspath(cwd or os.getcwd()))
     project = worktree_project(cwd)
     if project is not None:
-        config = _load_from(cwd, project, describe)
+        config = _load_from(cwd, project, describe, vm_only, trusted)
         if config.workspace == project:
             return config
-    return _load_from(cwd, cwd, describe)
+    return _load_from(cwd, cwd, describe, vm_only, trusted)
 
 
-def _load_from(cwd: Path, start: Path, describe: bool) -> Config:
+def _load_from(cwd: Path, start: Path, describe: bool, vm_only: bool = False,
+               trusted: TrustedText | None = None) -> Config:
     """The config found from `start` upward, for a command run in cwd."""
     notices: list[str] = []
     unusable: list[UnusableFile] = []
@@ -265,7 +286,7 @@ def _load_from(cwd: Path, start: Path, describe: bool) -> Config:
     for path, name in ((global_path, "global"), (local_path, "local")):
         if path is None or not os.path.lexists(path):
             continue
-        read = _read_usable(path, name)
+        read = trusted if trusted is not None and name == "local" and path == trusted.path else _read_usable(path, name)
         if isinstance(read, UnusableFile):
             if not describe:
                 raise read.error()
@@ -275,7 +296,7 @@ def _load_from(cwd: Path, start: Path, describe: bool) -> Config:
         layers.append(_load_layer(path, name, read))
     for layer in layers:
         notices.extend(layer.notices)
-    return resolve(cwd, layers, notices, start)._replace(unusable=tuple(unusable))
+    return resolve(cwd, layers, notices, start, vm_only)._replace(unusable=tuple(unusable))
 
 
 def _load_layer(path: Path, name: str, read: Any) -> Layer:
@@ -489,9 +510,10 @@ def _note_origins(origins: dict[str, str], data: dict[str, Any], label: str, pre
             origins[name] = label
 
 
-def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None = None) -> Config:
+def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None = None,
+            vm_only: bool = False) -> Config:
     """The Config of a command run in cwd; `start`: where the workspace is looked for (cwd unless cwd is in
-    a worktree agentbox made, see worktree_project)."""
+    a worktree agentbox made, see worktree_project); `vm_only`: see load."""
     from agentbox.config import naming
 
     data, origins = merge(layers)
@@ -518,10 +540,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
     for name in [*BUILTIN_AGENTS, *sorted(set(configured) - set(BUILTIN_AGENTS))]:
         with problems.gathering():
             agents[name] = _resolve_agent(name, configured.get(name, {}), vm_name, layers, lima_home)
-    mounts = []
-    for index, (raw, layer) in enumerate(data["mounts"]):
-        with problems.gathering():
-            mounts.append(_resolve_mount(raw, layer, index, workspace))
+    mounts = _resolve_mounts(data["mounts"], workspace, problems, notices if vm_only else None)
     problems.raise_any(" and ".join(str(layer.path) for layer in layers))
     ca_cert = None
     if "caCert" in data:
@@ -753,6 +772,24 @@ def _agent_credentials(raw: Any, builtin: tuple[str, ...]) -> tuple[str, ...]:
     if raw is True:
         return builtin
     return tuple(raw)
+
+
+def _resolve_mounts(raw: list[Any], workspace: Path, problems: Problems,
+                    left_out: list[str] | None) -> tuple[Mount, ...]:
+    """Every mount, each one's error kept in `problems`; with `left_out` (load's vm_only) a mount in error is left
+    out instead and its error becomes a notice there."""
+    mounts = []
+    for index, (entry, layer) in enumerate(raw):
+        if left_out is None:
+            with problems.gathering():
+                mounts.append(_resolve_mount(entry, layer, index, workspace))
+            continue
+        try:
+            mounts.append(_resolve_mount(entry, layer, index, workspace))
+        except ConfigError as exc:
+            left_out.append(f"{exc.message}. This command needs only the VM and goes on without that mount; "
+                            "`start`, `restart` and launches refuse until it is fixed")
+    return tuple(mounts)
 
 
 def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path) -> Mount:

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentbox import paths
 from agentbox.config import keys, pins
-from agentbox.config.load import Config
+from agentbox.config.load import Config, TrustedText
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.safetext import visible, visible_text
@@ -266,6 +266,20 @@ def trusted_record(config_file: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def as_last_trusted(config_file: Path) -> TrustedText | None:
+    """The file's content as the user last trusted it, when the record keeps it whole (its digest is the trusted
+    one); None otherwise."""
+    record = trusted_record(config_file) or {}
+    content = record.get("content")
+    trusted = (record.get("manifest") or {}).get("config") or {}
+    if not isinstance(content, str) or trusted.get("path") != str(config_file):
+        return None
+    digest = hashlib.sha256(content.encode()).hexdigest()
+    if digest != trusted.get("sha256"):
+        return None
+    return TrustedText(config_file, content, digest)
 
 
 def is_trusted(config: Config) -> bool:
