@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from agentbox.commands.common import load_config
+from agentbox.config.load import Config
 from agentbox.errors import AgentboxError
 
 
@@ -27,6 +28,7 @@ def trust_command(ctx: click.Context, show: bool) -> None:
             click.echo("# nothing in it needs trust: agentbox uses it as it is.")
         return
     trust.trust(loaded)
+    acknowledge_trusted(loaded)
     click.echo(
         f"Trusted {loaded.local_file} as it is now, with the files and folders it names; an edit of any of them, "
         "or a path that comes to point elsewhere, revokes the trust.",
@@ -41,14 +43,19 @@ def audit_command(ctx: click.Context, ack: bool) -> None:
     """Show unacknowledged changes to files your host runs (git hooks, .envrc); exit 1 while there are any."""
     from agentbox.review import tripwire
 
-    workspace = load_config(ctx).require_workspace()
+    loaded = load_config(ctx)
+    workspace = loaded.require_workspace()
     if ack:
         count = tripwire.acknowledge(workspace)
         files = f"{count} changed watched file{'s' if count != 1 else ''}"
         click.echo(f"Accepted {files} of {workspace}; later changes are compared with the files as they are now.",
                    err=True)
         return
-    found = tripwire.audit(workspace)
+    from agentbox.session.activity import ProjectActivity
+
+    activity = ProjectActivity(loaded)
+    found = tripwire.audit(workspace, activity)
+    tripwire.report_yours(tripwire.yours(workspace, activity))
     if found is None:
         click.echo(f"No session has been recorded for {workspace} yet; nothing to compare.", err=True)
         return
@@ -56,3 +63,11 @@ def audit_command(ctx: click.Context, ack: bool) -> None:
         tripwire.report_audit(found, workspace)
         ctx.exit(1)
     click.echo(f"No unacknowledged changes to the watched files of {workspace}.", err=True)
+
+
+def acknowledge_trusted(loaded: Config) -> None:
+    """`agentbox trust` is the user's word on the file it trusts: the tripwire takes it as it is now."""
+    from agentbox.review import tripwire
+
+    if loaded.local_file is not None and not loaded.workspace_problem:
+        tripwire.acknowledge_file(loaded.workspace, loaded.local_file)

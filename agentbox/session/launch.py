@@ -35,6 +35,7 @@ from agentbox.review import isolation, tripwire
 from agentbox.session import bootstrap, broker, context, staging, warm
 from agentbox.session import detached as sessions
 from agentbox.session import isolated as isolatedsession
+from agentbox.session.activity import ProjectActivity
 from agentbox.session.checkpoints import SessionCheckpoints
 from agentbox.session.worktrees import Worktree
 from agentbox.vm import drift, ports, verified
@@ -133,9 +134,11 @@ def _run(
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
     with timing.phase("tripwire fingerprint"):
-        tripwire_before, unacknowledged = tripwire.begin_session(workspace)
+        tripwire_before, unacknowledged, yours = tripwire.begin_session(workspace, ProjectActivity(config),
+                                                                        points.session)
+    tripwire.report_yours(yours)
     tripwire.remind(unacknowledged)
-    said = _Said(tripwire_before)
+    said = _Said(tripwire_before, points.session)
     args = (session, name, argv, interactive_shell, agent, points, login, worktree, keep, lease, brokering, scripts,
             said)
     if running is None:
@@ -167,8 +170,9 @@ def _run(
 class _Said:
     """What a launch says or measures once, though a warm attempt that fell back prepares the session twice."""
 
-    def __init__(self, tripwire_before: dict[str, tripwire.Entry]) -> None:
+    def __init__(self, tripwire_before: dict[str, tripwire.Entry], session: str) -> None:
         self.tripwire_before = tripwire_before
+        self.session = session
         self.unreachable: set[str] | None = None
         self.notes: set[str] = set()
         self.mcp_noted = False
@@ -294,7 +298,8 @@ def _session(
                 except OSError as exc:
                     warn(f"the session's logins were not copied back to the host: {exc}")
     with timing.phase("tripwire check"):
-        changed_files = tripwire.end_session(workspace, said.tripwire_before)
+        changed_files = tripwire.end_session(workspace, said.tripwire_before, said.session,
+                                             name if kept is not None else None)
     try:
         with timing.phase("port clashes after the session"):
             ports.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable, during=True)
