@@ -38,7 +38,7 @@ from types import MappingProxyType
 from typing import NamedTuple, Protocol, TextIO
 
 from agentbox import livemarkers, paths
-from agentbox.fsutil import atomic_write, locked, private_dir
+from agentbox.fsutil import atomic_write, locked, pid_alive, private_dir
 from agentbox.git import dirs as gitdirs
 from agentbox.safetext import visible
 
@@ -392,22 +392,12 @@ def _nothing_else_ran(record: Record, busy: Busy | None) -> tuple[bool, dict[str
     counts until its VM shows no live one and it is older than the markers' staleness."""
     import time
 
-    live = {key: pid for key, pid in record.live.items() if _alive(pid)}
+    live = {key: pid for key, pid in record.live.items() if pid_alive(pid)}
     kept = {vm: when for vm, when in record.kept.items()
             if busy is None or time.time() - when < livemarkers.STALE_SEC or busy.vm_busy(vm)}
     quiet = (busy is not None and record.looked is not None and not record.live and not record.kept
              and not busy(record.looked))
     return quiet, live, kept
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _agentbox_own(workspace: Path, change: Change) -> bool:

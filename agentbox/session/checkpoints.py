@@ -27,6 +27,7 @@ from typing import Any
 from agentbox import contract, hosttools, paths, timing
 from agentbox.config.load import CheckpointSettings, Config
 from agentbox.errors import AgentboxError
+from agentbox.fsutil import pid_alive
 from agentbox.git import store as hostgit
 from agentbox.progress import note, warn
 from agentbox.review import checkpoints, scope
@@ -234,18 +235,8 @@ def sweep_go_markers(folder: Path) -> None:
             pid = int(path.read_text().split("\n")[1])
         except (OSError, ValueError, IndexError):
             pid = 0
-        if pid <= 0 or not _alive(pid):
+        if pid <= 0 or not pid_alive(pid):
             path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _spawned: list[Any] = []  # the end checkpoints' processes, kept so no warning says one still runs
