@@ -261,8 +261,9 @@ def check_git(config: Config, checks: list[Check]) -> None:
 def check_tripwire(config: Config, checks: list[Check]) -> None:
     """Changes to files the host runs, made in or after a session, that nobody has accepted yet."""
     from agentbox.review import tripwire
+    from agentbox.session.activity import ProjectActivity
 
-    found = tripwire.audit(config.require_workspace())
+    found = tripwire.audit(config.require_workspace(), ProjectActivity(config))
     if found:
         checks.append(
             Check(

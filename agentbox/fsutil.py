@@ -1,4 +1,4 @@
-"""Small file-system helpers: atomic writes that never leave half-written files behind."""
+"""Small file-system and process helpers: atomic writes that never leave half-written files behind, locks."""
 
 from __future__ import annotations
 
@@ -201,3 +201,14 @@ def locked_or_waiting(lock_file: Path, waiting: str) -> Iterator[bool]:
         yield waited
     finally:
         os.close(fd)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process of that id exists (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

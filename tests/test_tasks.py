@@ -601,20 +601,44 @@ def test_a_launch_inside_a_worktree_uses_the_projects_vm_in_that_folder(project:
     assert NAME in status.stdout + status.stderr and "agentbox-fix-it" not in status.stdout + status.stderr
 
 
-def test_diff_and_checkpoints_inside_a_worktree_answer_for_the_project(project: Path, tasks_vm: FakeLima) -> None:
+def test_a_worktree_session_has_checkpoints_of_its_own_for_diff_and_undo(project: Path, tasks_vm: FakeLima) -> None:
     made = run_agentbox("claude", "--worktree", "fix-it", "--", "do:write:tracked.txt:made", cwd=project)
     assert made.returncode == 0, made.stderr
     place = project / ".agentbox" / "worktrees" / "fix-it"
-    from_project = run_cli("checkpoints", "--json", cwd=project)
-    from_worktree = run_cli("checkpoints", "--json", cwd=place)
-    assert from_project.exit_code == 0 and from_worktree.exit_code == 0, from_worktree.stderr
-    assert json.loads(from_project.stdout) and from_worktree.stdout == from_project.stdout
+    in_worktree = run_cli("checkpoints", "--json", cwd=place)
+    assert in_worktree.exit_code == 0, in_worktree.stderr
+    assert [c["kind"] for c in json.loads(in_worktree.stdout)] == ["start", "end"]
+    # The session made the worktree: its start checkpoint holds the fresh checkout, so diff shows the agent's work.
+    diff = run_cli("diff", "--name-only", cwd=place)
+    assert (diff.exit_code, diff.stdout) == (0, "tracked.txt\n"), diff.stderr
+    assert json.loads(run_cli("checkpoints", "--json", cwd=project).stdout) == []  # the project's stay its own
+    # A session launched inside the worktree checkpoints it too; undo there puts back the worktree only.
     (project / "edited-on-the-host.txt").write_text("new\n")
-    diff_project = run_cli("diff", "--name-only", cwd=project)
-    diff_worktree = run_cli("diff", "--name-only", cwd=place)
-    assert diff_project.exit_code == 0, diff_project.stderr
-    assert "edited-on-the-host.txt" in diff_project.stdout
-    assert (diff_worktree.exit_code, diff_worktree.stdout) == (0, diff_project.stdout)
+    inside = run_agentbox("claude", "--", "do:write:tracked.txt:again;write:added.txt:x", cwd=place)
+    assert inside.returncode == 0, inside.stderr
+    diff = run_cli("diff", "--name-only", cwd=place)
+    assert (diff.exit_code, diff.stdout) == (0, "added.txt\ntracked.txt\n"), diff.stderr
+    undone = run_cli("undo", "--clean", cwd=place)
+    assert undone.exit_code == 0, undone.stderr
+    assert (place / "tracked.txt").read_text().endswith("made\n") and not (place / "added.txt").exists()
+    assert (project / "edited-on-the-host.txt").read_text() == "new\n"
+    assert run_cli("diff", "--name-only", cwd=place).stdout == ""
+
+
+def test_the_worktrees_agentbox_makes_raise_no_tripwire_alarm(project: Path, tasks_vm: FakeLima) -> None:
+    made = run_agentbox("claude", "--worktree", "fix-it", "--", "do:exit:0", cwd=project)
+    assert made.returncode == 0, made.stderr
+    assert "WARNING" not in made.stderr and ".git/worktrees" not in made.stderr
+    task_id = run_task(project, "--worktree", "--", "do:write:tracked.txt:from the task")
+    assert wait(project, task_id).returncode == 0
+    later = run_agentbox("claude", "--", "do:exit:0", cwd=project)
+    assert later.returncode == 0, later.stderr
+    assert ".git/worktrees" not in later.stderr and "not acknowledged" not in later.stderr
+    assert run_cli("audit", cwd=project).exit_code == 0
+    # Control: the agent pointing a worktree's note elsewhere is the full warning.
+    moved = run_agentbox("claude", "--", "do:write:.git/worktrees/fix-it/gitdir:/elsewhere/.git", cwd=project)
+    assert "agentbox: WARNING: the session changed 1 watched file that your host runs without asking: " \
+           ".git/worktrees/fix-it/gitdir." in moved.stderr
 
 
 def test_a_hand_made_worktree_lookalike_is_the_projects_folder_whatever_it_holds(project: Path, tasks_vm: FakeLima,

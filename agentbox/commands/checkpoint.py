@@ -16,6 +16,7 @@ import click
 
 from agentbox.commands.common import load_config
 from agentbox.errors import AgentboxError
+from agentbox.review.scope import checkpoint_root
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -35,7 +36,7 @@ def checkpoint_command(ctx: click.Context, message: str) -> None:
     from agentbox.safetext import visible
 
     config = load_config(ctx)
-    workspace = config.require_workspace()
+    workspace = checkpoint_root(ctx.obj["cwd"], config.require_workspace())
     taken = checkpoints.take(workspace, "manual", config.checkpoints, message=message)
     checkpoint = taken.checkpoint
     if checkpoint.skipped:
@@ -53,7 +54,7 @@ def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
     from agentbox.git import store as hostgit
     from agentbox.review import checkpoints
 
-    workspace = load_config(ctx).require_workspace()
+    workspace = checkpoint_root(ctx.obj["cwd"], load_config(ctx).require_workspace())
     repo = checkpoints.repo_of(workspace)
     found = checkpoints.load(workspace)
     problems = checkpoints.statuses(repo, found)
@@ -88,7 +89,7 @@ def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, pa
     from agentbox.review import checkpoints, patchview
 
     config = load_config(ctx)
-    workspace = config.require_workspace()
+    workspace = checkpoint_root(ctx.obj["cwd"], config.require_workspace())
     pathspec = _pathspec(ctx.obj["cwd"], workspace, paths)
     if since.startswith("task:"):
         from agentbox.tasks import records as tasks

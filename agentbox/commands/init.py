@@ -60,6 +60,7 @@ def with_vm_name(example: str, vm_name: str) -> str:
 
 def trust_written(cwd: Path, target: Path) -> None:
     """Trust the file just written: it enables nothing but the name the user typed."""
+    from agentbox.commands.safety import acknowledge_trusted
     from agentbox.config import load as config
     from agentbox.config import trust
 
@@ -71,6 +72,7 @@ def trust_written(cwd: Path, target: Path) -> None:
         raise AgentboxError(f"{target} changed while agentbox was writing it; nothing was trusted",
                             hint="Read it, then run `agentbox trust` if it is what you want.")
     trust.trust(loaded)
+    acknowledge_trusted(loaded)
 
 
 def _require_project_folder(cwd: Path) -> None:

@@ -53,10 +53,11 @@ def undo_command(ctx: click.Context, checkpoint: str, paths: tuple[str, ...], dr
     """
     from agentbox.progress import note
     from agentbox.review import checkpoints, restore, undo
+    from agentbox.review.scope import checkpoint_root
 
     loaded = load_config(ctx)
     refuse_untrusted_identity(loaded, "the folder undo writes")  # undo needs no trust, but writes where it points
-    workspace = loaded.require_workspace()
+    workspace = checkpoint_root(ctx.obj["cwd"], loaded.require_workspace())
     repo = checkpoints.repo_of(workspace)
     now = None
     if dry_run:

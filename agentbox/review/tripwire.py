@@ -31,13 +31,14 @@ import json
 import os
 import stat
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NamedTuple, TextIO
+from types import MappingProxyType
+from typing import NamedTuple, Protocol, TextIO
 
-from agentbox import paths
-from agentbox.fsutil import atomic_write, locked, private_dir
+from agentbox import livemarkers, paths
+from agentbox.fsutil import atomic_write, locked, pid_alive, private_dir
 from agentbox.git import dirs as gitdirs
 from agentbox.safetext import visible
 
@@ -77,7 +78,18 @@ MAX_NAMES = 10
 BAR = "!" * 78
 AFTER_SESSION = "changed after the last session started"
 CHANGED_AGAIN = "changed again after agentbox last looked"
+AGENTBOX_WORKTREES = ".agentbox/worktrees"  # agentbox.session.worktrees.FOLDER
 ACK_HINT = "run `agentbox audit` to see the diffs, `agentbox audit --ack` to accept them"
+
+
+class Busy(Protocol):
+    """What else of the project ran: given by the session layer, which knows tasks and the VMs."""
+
+    def __call__(self, since: float) -> bool:
+        """Whether a task or a session of the project ran at any time since `since` (or runs now)."""
+
+    def vm_busy(self, vm: str) -> bool:
+        """Whether a session or task runs in that VM now."""
 
 
 class Entry(NamedTuple):
@@ -106,6 +118,9 @@ class Record(NamedTuple):
     reference: dict[str, Entry]
     pending: Pending
     watching: int = WATCH_LIST
+    looked: float | None = None  # when a session's end (or an acknowledgement) last compared the files
+    live: Mapping[str, int] = MappingProxyType({})  # session -> pid, between its start and end check
+    kept: Mapping[str, float] = MappingProxyType({})  # VM a kept session went on in -> when
 
 
 # -- what is watched ---------------------------------------------------------------------------
@@ -238,60 +253,173 @@ def load(workspace: Path) -> Record | None:
             {label: Entry(*value) for label, value in data["reference"].items()},
             {label: (_entry_or_none(pair[0]), _entry_or_none(pair[1])) for label, pair in data["pending"].items()},
             int(data.get("watching", 1)),
+            float(data["looked"]) if data.get("looked") is not None else None,
+            {str(key): int(value) for key, value in data.get("live", {}).items()},
+            {str(key): float(value) for key, value in data.get("kept", {}).items()},
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
-def begin_session(workspace: Path) -> tuple[dict[str, Entry], list[Change]]:
-    """At a launch, before the agent starts: the fingerprint to compare with afterwards, and every
-    unacknowledged change (what changed since the reference is added to them)."""
+def begin_session(workspace: Path, busy: Busy | None = None,
+                  session: str | None = None) -> tuple[dict[str, Entry], list[Change], list[Change]]:
+    """At a launch, before the agent starts: the fingerprint to compare with afterwards, every unacknowledged
+    change (what changed since the reference is added to them), and the changes taken as the user's own.
+
+    A change since the last session's end is the user's when nothing of the project could have made it: no
+    other launch between its checks, no kept session, and `busy(since)` (a task, a session in the VM) says no.
+    `session` names this launch until end_session: a launch beside it cannot take a change for the user's."""
     with _locked(workspace):
         record = _load_for(workspace)
         current = fingerprint(workspace)
         pending: Pending = {}
+        yours: list[Change] = []
+        live: dict[str, int] = {}
+        kept: dict[str, float] = {}
+        looked = None
         if record is not None:
             pending, reference = _settle(record, current)
-            for change in _compare(reference, current):
-                pending.setdefault(change.label, (change.before, change.after))
+            since = [change for change in _compare(reference, current) if change.label not in pending]
+            since = [change for change in since if not _agentbox_own(workspace, change)]
+            quiet, live, kept = _nothing_else_ran(record, busy) if since else (False, dict(record.live),
+                                                                              dict(record.kept))
+            if quiet:
+                yours = since
+            for change in since if not quiet else []:
+                pending[change.label] = (change.before, change.after)
+            looked = record.looked
+        if session is not None:
+            live[session] = os.getpid()
         # Every file not pending is as the user accepted it: the reference is the files as they are now.
-        _save_if_changed(record, Record(workspace, current, pending))
-    return current, _pending_changes(pending, current)
+        _save_if_changed(record, Record(workspace, current, pending, WATCH_LIST, looked, live, kept))
+    return current, _pending_changes(pending, current), yours
 
 
-def end_session(workspace: Path, before: dict[str, Entry]) -> tuple[list[Change], int]:
-    """After the session: what it changed, and how many other changes are still unacknowledged."""
+def end_session(workspace: Path, before: dict[str, Entry], session: str | None = None,
+                kept_in: str | None = None) -> tuple[list[Change], int]:
+    """After the session: what it changed, and how many other changes are still unacknowledged.
+
+    `kept_in`: the session goes on in that VM after this launch (detached): until it is seen ended, no change
+    is taken for the user's own."""
+    import time
+
     with _locked(workspace):
         record = _load_for(workspace) or Record(workspace, before, {})
         after = fingerprint(workspace)
         found = _compare(before, after)
+        own = [change for change in found if _agentbox_own(workspace, change)]
+        found = [change for change in found if change not in own]
         pending = dict(record.pending)
         for change in found:
             earliest = pending[change.label][0] if change.label in pending else change.before
             pending[change.label] = (earliest, change.after)
         pending, reference = _settle(record._replace(pending=pending), after)
-        _save_if_changed(record, Record(workspace, reference, pending))
+        for change in own:  # agentbox's own write (a worktree it made): the reference takes it
+            if change.after is None:
+                reference.pop(change.label, None)
+            else:
+                reference[change.label] = change.after
+        live = {key: pid for key, pid in record.live.items() if key != session}
+        kept = {**record.kept, **({kept_in: time.time()} if kept_in else {})}
+        _save_if_changed(record, Record(workspace, reference, pending, WATCH_LIST, time.time(), live, kept))
     session_labels = {change.label for change in found}
     return found, len([label for label in pending if label not in session_labels])
 
 
-def audit(workspace: Path) -> list[Change] | None:
-    """Every unacknowledged change, as the files are now; None when no session was ever recorded."""
+def audit(workspace: Path, busy: Busy | None = None) -> list[Change] | None:
+    """Every unacknowledged change, as the files are now; None when no session was ever recorded. With `busy`,
+    the changes since the last session's end that nothing of the project could have made are left out
+    (yours() lists them)."""
+    found = _audit(workspace, busy)
+    return None if found is None else found[0]
+
+
+def yours(workspace: Path, busy: Busy) -> list[Change]:
+    """The changes since the last session's end that nothing of the project could have made: the user's."""
+    found = _audit(workspace, busy)
+    return [] if found is None else found[1]
+
+
+def _audit(workspace: Path, busy: Busy | None) -> tuple[list[Change], list[Change]] | None:
     record = _load_for(workspace)
     if record is None:
         return None
     current = fingerprint(workspace)
     pending, reference = _settle(record, current)
-    later = [c._replace(note=AFTER_SESSION) for c in _compare(reference, current) if c.label not in pending]
-    return sorted(_pending_changes(pending, current) + later, key=lambda change: change.label)
+    later = [c._replace(note=AFTER_SESSION) for c in _compare(reference, current)
+             if c.label not in pending and not _agentbox_own(workspace, c)]
+    if later and busy is not None and _nothing_else_ran(record, busy)[0]:
+        return _pending_changes(pending, current), [change._replace(note="") for change in later]
+    return sorted(_pending_changes(pending, current) + later, key=lambda change: change.label), []
 
 
 def acknowledge(workspace: Path) -> int:
     """Accept every change: the files as they are now become the reference. Returns how many there were."""
+    import time
+
     with _locked(workspace):
+        record = _load_for(workspace)
         found = audit(workspace) or []
-        _save(Record(workspace, fingerprint(workspace), {}))
+        live = dict(record.live) if record is not None else {}
+        kept = dict(record.kept) if record is not None else {}
+        _save(Record(workspace, fingerprint(workspace), {}, WATCH_LIST, time.time(), live, kept))
     return len(found)
+
+
+def acknowledge_file(workspace: Path, path: Path) -> bool:
+    """Accept one watched file as it is now (`agentbox trust` of the agentbox.yml it trusts); whether it was
+    pending or changed since the reference. Nothing is recorded for a workspace no session has looked at."""
+    label = _label(Path(os.path.realpath(workspace)), Path(os.path.realpath(path.parent)) / path.name)
+    if label not in watched_paths(workspace):
+        return False
+    with _locked(workspace):
+        record = _load_for(workspace)
+        if record is None:
+            return False
+        entry = fingerprint(workspace).get(label)
+        changed = label in record.pending or _digest(record.reference.get(label)) != _digest(entry)
+        reference = {key: value for key, value in record.reference.items() if key != label}
+        if entry is not None:
+            reference[label] = entry
+        pending = {key: value for key, value in record.pending.items() if key != label}
+        _save_if_changed(record, record._replace(reference=reference, pending=pending))
+    return changed
+
+
+def _nothing_else_ran(record: Record, busy: Busy | None) -> tuple[bool, dict[str, int], dict[str, float]]:
+    """(whether nothing of the project could have changed the files since record.looked, the launches still
+    live, the kept sessions still to watch). A launch whose process is gone ended unchecked; a kept session
+    counts until its VM shows no live one and it is older than the markers' staleness."""
+    import time
+
+    live = {key: pid for key, pid in record.live.items() if pid_alive(pid)}
+    kept = {vm: when for vm, when in record.kept.items()
+            if busy is None or time.time() - when < livemarkers.STALE_SEC or busy.vm_busy(vm)}
+    quiet = (busy is not None and record.looked is not None and not record.live and not record.kept
+             and not busy(record.looked))
+    return quiet, live, kept
+
+
+def _agentbox_own(workspace: Path, change: Change) -> bool:
+    """A change that is exactly what `git worktree add` writes for a worktree agentbox makes
+    (`.agentbox/worktrees/NAME`): its note in the common dir's worktrees/, whoever ran it."""
+    return all(entry is None or _own_worktree_entry(workspace, change.label, entry)
+               for entry in (change.before, change.after)) and (change.before or change.after) is not None
+
+
+def _own_worktree_entry(workspace: Path, label: str, entry: Entry) -> bool:
+    parts = label.split("/")
+    if len(parts) != 4 or parts[:2] != [".git", "worktrees"] or not entry.digest.startswith("file:-:"):
+        return False
+    text = (entry.text or "").rstrip("\n")
+    if parts[3] == "commondir":
+        return text == "../.."
+    if parts[3] != "gitdir":
+        return False
+    note = Path(os.path.realpath(workspace)) / ".git" / "worktrees" / parts[2]
+    target = Path(os.path.normpath(note / text))  # absolute, or relative to the note (worktree.useRelativePaths)
+    folder = Path(os.path.realpath(workspace)) / AGENTBOX_WORKTREES
+    return target.name == ".git" and target.parent.parent == folder and "\n" not in text
 
 
 def _load_for(workspace: Path) -> Record | None:
@@ -332,7 +460,7 @@ def _pending_changes(pending: Pending, current: dict[str, Entry]) -> list[Change
 
 
 def _save_if_changed(old: Record | None, new: Record) -> None:
-    if old is None or old.reference != new.reference or old.pending != new.pending or old.watching != new.watching:
+    if old is None or old != new:
         _save(new)
 
 
@@ -343,6 +471,9 @@ def _save(record: Record) -> None:
         "watching": WATCH_LIST,
         "reference": {label: list(entry) for label, entry in record.reference.items()},
         "pending": {label: [_as_list(before), _as_list(after)] for label, (before, after) in record.pending.items()},
+        "looked": record.looked,
+        "live": dict(record.live),
+        "kept": dict(record.kept),
     }
     atomic_write(record_file(record.workspace), json.dumps(data), mode=0o600)
 
@@ -385,6 +516,13 @@ def remind(found: list[Change], stream: TextIO | None = None) -> None:
     """The compact reminder at a launch, before the agent starts."""
     if found:
         print(f"agentbox: {summary(found)}; {ACK_HINT}", file=stream or sys.stderr, flush=True)
+
+
+def report_yours(found: list[Change], stream: TextIO | None = None) -> None:
+    """One plain line at a launch: watched files changed while nothing of the project ran, taken as the user's."""
+    if found:
+        print(f"agentbox: {_count(len(found))} changed while no session or task of this project ran, taken as "
+              f"your own edits: {_names(found)}", file=stream or sys.stderr, flush=True)
 
 
 def summary(found: list[Change]) -> str:

@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from agentbox import hosttools, paths, timing
+from agentbox import contract, hosttools, paths, timing
 from agentbox.config.load import CheckpointSettings, Config
 from agentbox.errors import AgentboxError
+from agentbox.fsutil import pid_alive
 from agentbox.git import store as hostgit
 from agentbox.progress import note, warn
-from agentbox.review import checkpoints
+from agentbox.review import checkpoints, scope
 from agentbox.safetext import visible
 
 MAX_NAMED = 5
@@ -45,9 +47,11 @@ class SessionCheckpoints:
     """
 
     def __init__(self, config: Config, workspace: Path, agent: str, verbose: bool,
-                 go_folder: Path | None = None) -> None:
+                 go_folder: Path | None = None, made_in: Path | None = None) -> None:
         self.settings = config.checkpoints
         self.workspace = workspace
+        self.made_in = made_in  # workspace is a worktree launch.sh makes in this workspace: wait for it first
+        self._shell_ended = threading.Event()
         self.agent = agent
         self.verbose = verbose
         self.session = checkpoints.new_session()
@@ -72,8 +76,13 @@ class SessionCheckpoints:
         """launch.sh's --go, when launch.sh must wait for the start checkpoint before the program."""
         return ["--go", self.go] if self.go is not None else []
 
+    def shell_ended(self) -> None:
+        """The shell returned: a worktree not made by now will not be (launch.sh stopped before it)."""
+        self._shell_ended.set()
+
     def done(self) -> None:
         """After the session (or a launch that failed): the go marker goes; no thread is left behind."""
+        self.shell_ended()
         self.wait_for_start()
         if self.go is not None and self.go_folder is not None:
             (self.go_folder / self.go).unlink(missing_ok=True)
@@ -142,6 +151,8 @@ class SessionCheckpoints:
 
     # -- in the thread ------------------------------------------------------------------------------
     def _take_start(self) -> None:
+        if self.made_in is not None and not self._worktree_made(self.made_in):
+            return  # no go marker: launch.sh, if it still waits, says the start checkpoint was not recorded
         try:
             with hostgit.time_limit(TIME_LIMIT):
                 self._start = checkpoints.take(self.workspace, "start", self.settings, agent=self.agent,
@@ -150,6 +161,16 @@ class SessionCheckpoints:
             self._error = exc
         finally:
             self._write_go()
+
+    def _worktree_made(self, workspace: Path) -> bool:
+        """Wait until launch.sh has made the session's worktree (its checkout complete), within the time launch.sh
+        waits for the go marker, or until the shell returned."""
+        deadline = time.monotonic() + contract.GO_LIMIT
+        while not scope.ready(self.workspace, workspace):
+            if self._shell_ended.is_set() or time.monotonic() > deadline:
+                return False
+            self._shell_ended.wait(0.05)
+        return True
 
     def _write_go(self) -> None:
         """The go marker, written whole (atomically): the checkpoint's id, then this process's id (for the sweep)."""
@@ -214,18 +235,8 @@ def sweep_go_markers(folder: Path) -> None:
             pid = int(path.read_text().split("\n")[1])
         except (OSError, ValueError, IndexError):
             pid = 0
-        if pid <= 0 or not _alive(pid):
+        if pid <= 0 or not pid_alive(pid):
             path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _spawned: list[Any] = []  # the end checkpoints' processes, kept so no warning says one still runs

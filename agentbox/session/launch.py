@@ -31,10 +31,11 @@ from agentbox.config.load import AgentConfig, Config
 from agentbox.credentials import writeback
 from agentbox.errors import StateError, UsageError
 from agentbox.progress import note, warn
-from agentbox.review import isolation, tripwire
+from agentbox.review import isolation, scope, tripwire
 from agentbox.session import bootstrap, broker, context, staging, warm
 from agentbox.session import detached as sessions
 from agentbox.session import isolated as isolatedsession
+from agentbox.session.activity import ProjectActivity
 from agentbox.session.checkpoints import SessionCheckpoints
 from agentbox.session.worktrees import Worktree
 from agentbox.vm import drift, ports, verified
@@ -85,8 +86,9 @@ def run_in_vm(
     # In allowlist and offline mode (or with the broker) the VM's proxy starts now, while Lima is asked.
     with timing.phase("network proxy (lease)"):
         lease = broker.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
-    points = SessionCheckpoints(config, workspace, agent.name if agent else "shell", session.verbose,
-                                paths.staging_dir(name) / contract.GO_MARKERS)
+    tree, made_in = checkpoint_tree(config, name, workspace, worktree)
+    points = SessionCheckpoints(config, tree, agent.name if agent else "shell", session.verbose,
+                                paths.staging_dir(name) / contract.GO_MARKERS, made_in)
     try:
         points.start()
         try:
@@ -98,6 +100,18 @@ def run_in_vm(
         if lease is not None:
             with timing.phase("network proxy (released)"):
                 lease.release()  # the proxy stops unless another session (or a kept one's marker) needs it
+
+
+def checkpoint_tree(config: Config, name: str, workspace: Path, worktree: Worktree | None) -> tuple[Path, Path | None]:
+    """(what the session's checkpoints are of, the workspace launch.sh makes it in when it is a worktree not made
+    yet). A live session in an agentbox worktree checkpoints that worktree (agentbox.review.scope); an isolated
+    one the workspace, whose copy it works on."""
+    if isolation.ISOLATED in (config.session_mode, isolation.mode_of_vm(vm.expected_config(name), workspace)):
+        return workspace, None
+    if worktree is not None:
+        tree = Path(worktree.path)
+        return tree, None if scope.ready(tree, workspace) else workspace
+    return scope.checkpoint_root(config.cwd, workspace), None
 
 
 def _note_blocked_mcp_servers(config: Config, folder: Path, agent: AgentConfig | None) -> None:
@@ -133,9 +147,11 @@ def _run(
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
     with timing.phase("tripwire fingerprint"):
-        tripwire_before, unacknowledged = tripwire.begin_session(workspace)
+        tripwire_before, unacknowledged, yours = tripwire.begin_session(workspace, ProjectActivity(config),
+                                                                        points.session)
+    tripwire.report_yours(yours)
     tripwire.remind(unacknowledged)
-    said = _Said(tripwire_before)
+    said = _Said(tripwire_before, points.session)
     args = (session, name, argv, interactive_shell, agent, points, login, worktree, keep, lease, brokering, scripts,
             said)
     if running is None:
@@ -167,8 +183,9 @@ def _run(
 class _Said:
     """What a launch says or measures once, though a warm attempt that fell back prepares the session twice."""
 
-    def __init__(self, tripwire_before: dict[str, tripwire.Entry]) -> None:
+    def __init__(self, tripwire_before: dict[str, tripwire.Entry], session: str) -> None:
         self.tripwire_before = tripwire_before
+        self.session = session
         self.unreachable: set[str] | None = None
         self.notes: set[str] = set()
         self.mcp_noted = False
@@ -278,6 +295,8 @@ def _session(
             else:
                 code = session.lima.shell(name, shell_argv, reconnect=reconnect)
     finally:
+        if not fell_back:  # a fallback's shell runs again: launch.sh may still make the worktree
+            points.shell_ended()
         if fell_back:  # nothing ran in the VM: what was prepared for the session goes
             if kept is not None:
                 sessions.take_reply(name, kept.reply)
@@ -294,7 +313,8 @@ def _session(
                 except OSError as exc:
                     warn(f"the session's logins were not copied back to the host: {exc}")
     with timing.phase("tripwire check"):
-        changed_files = tripwire.end_session(workspace, said.tripwire_before)
+        changed_files = tripwire.end_session(workspace, said.tripwire_before, said.session,
+                                             name if kept is not None else None)
     try:
         with timing.phase("port clashes after the session"):
             ports.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable, during=True)
