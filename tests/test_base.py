@@ -417,6 +417,10 @@ def test_base_build_command(project: Path, limactl: FakeLima) -> None:
     limactl.clear()
     result = run_cli("base", "build", cwd=project)
     assert limactl.subcommands() == ["list"]
+    (base,) = bases(limactl)
+    assert result.exit_code == 0 and result.stderr.splitlines() == [
+        f"base VM {base} was already built, just now, and is current: nothing to do "
+        "(`agentbox base build --rebuild` builds it again)"]
     result = run_cli("base", "build", "--rebuild", cwd=project)
     assert limactl.subcommands().count("create") == 1
 
