@@ -332,7 +332,10 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
     if recorded == workspace:
         checks.append(Check("vm.workspace", OK, f"VM {name} belongs to this workspace"))
         return instance, True
-    if recorded is None:
+    if vm.half_made(instance, config):
+        checks.append(Check("vm.workspace", WARN, vm.HALF_MADE.format(name=name),
+                            "`agentbox start` makes it again; `agentbox rm --yes` discards it."))
+    elif recorded is None:
         checks.append(
             Check(
                 "vm.workspace",

@@ -279,6 +279,17 @@ class RemoteHost:
             time.sleep(0.02)
         raise RuntimeError(f"sshd of {self.name} did not listen on port {self.port} within 15 s: {self.log}")
 
+    def set_variables(self, **extra: str) -> None:
+        """Give the user's commands these variables too (the double's FAKE_LIMACTL_* knobs): sshd's SetEnv, with
+        sshd restarted and every connection cut, so that the next command sees them."""
+        self.variables.update(extra)
+        config = self.folder / "sshd_config"
+        lines = [line for line in config.read_text().splitlines() if not line.startswith("SetEnv ")]
+        lines.append("SetEnv " + " ".join(f'"{k}={v}"' for k, v in self.variables.items()))
+        config.write_text("\n".join(lines) + "\n")
+        self.close()
+        self.start()
+
     def stop(self) -> None:
         """Stop sshd's listener: new connections are refused. Established ones go on (see `cut`)."""
         if self._sshd is None or self._sshd.poll() is not None:

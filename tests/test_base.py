@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +17,7 @@ import yaml
 
 from agentbox import sizes
 from tests import fake_limactl
-from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
+from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, wait_for, write, write_trusted
 
 # A base VM is what provisioning leaves: its tests run the provisioning for real at every boot, never from
 # recorded results (tests/fake_limactl/bootcache.py).
@@ -239,6 +240,59 @@ def test_a_rejected_clone_shows_lima_message_and_leaves_no_file(
     assert len(bases(limactl)) == 1  # the base stays for the next attempt
 
 
+def test_a_first_launch_interrupted_mid_clone_is_finished_by_the_rerun(
+    project: Path, home: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # About 25 s: a real base build, so that the interrupt falls in a clone, then two clones that boot.
+    assert run_cli("base", "build", cwd=project).exit_code == 0
+    marker = tmp_path / "marker"
+    monkeypatch.setenv("FAKE_LIMACTL_CLONE_COPIED_DELAY", "120")
+    monkeypatch.setenv("FAKE_LIMACTL_LATENCY_MARKER", str(marker))
+    # SIGINT to agentbox alone (as `kill -INT`): agentbox ends its limactl child itself.
+    proc = subprocess.Popen([sys.executable, "-m", "agentbox", "start"], cwd=project, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: marker.is_file() and "clone-copied" in marker.read_text(), 60, "the clone's copy")
+        os.kill(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 130, stderr
+    assert stderr.splitlines()[-2:] == [
+        f"agentbox: error: interrupted while creating {NAME}",
+        f"hint: Run the same command again to finish, or `agentbox rm --yes` to discard {NAME}.",
+    ]
+    # What the interrupt left: the copy of the base, without this project's settings.
+    assert yaml.safe_load(limactl.lima_yaml(NAME))["param"]["agentboxWorkspace"] == ""
+    doctor = run_cli("doctor", cwd=project)
+    assert f"{NAME} was left half-made by an interrupted first launch" in doctor.stdout + doctor.stderr
+    assert "not created by agentbox" not in doctor.stdout + doctor.stderr
+
+    monkeypatch.delenv("FAKE_LIMACTL_CLONE_COPIED_DELAY")
+    limactl.clear()
+    again = run_cli("start", cwd=project)
+    assert again.exit_code == 0, again.stderr
+    assert f"{NAME} was left half-made by an interrupted first launch; making it again" in again.stderr
+    assert limactl.subcommands().count("delete") == 1 and limactl.subcommands().count("clone") == 1
+    assert limactl.status(NAME) == "Running"
+    assert yaml.safe_load(limactl.lima_yaml(NAME))["param"]["agentboxWorkspace"] == str(project)
+    assert run_cli("start", cwd=project).exit_code == 0
+
+    # A Lima instance of that name that agentbox did not make is refused, even where a first launch of this
+    # project was cut short before it made anything.
+    assert run_cli("rm", "--yes", cwd=project).exit_code == 0
+    monkeypatch.setenv("FAKE_LIMACTL_FAIL_CLONE", "interrupted by the test")
+    assert run_cli("start", cwd=project).exit_code != 0  # leaves agentbox's record of a creation begun
+    monkeypatch.delenv("FAKE_LIMACTL_FAIL_CLONE")
+    foreign = home.parent / "foreign.yaml"
+    foreign.write_text("images:\n- location: https://example.invalid/x.img\n")
+    subprocess.run(["limactl", "--tty=false", "create", "--name", NAME, str(foreign)], check=True, capture_output=True)
+    refused = run_cli("start", cwd=project)
+    assert refused.exit_code == 1 and "was not created by this agentbox" in refused.stderr
+    assert limactl.status(NAME) == "Stopped"  # still there, untouched
+
+
 def test_a_base_deleted_by_hand_is_rebuilt(project: Path, other: Path, limactl: FakeLima) -> None:
     start(project)
     (base,) = bases(limactl)
@@ -363,6 +417,10 @@ def test_base_build_command(project: Path, limactl: FakeLima) -> None:
     limactl.clear()
     result = run_cli("base", "build", cwd=project)
     assert limactl.subcommands() == ["list"]
+    (base,) = bases(limactl)
+    assert result.exit_code == 0 and result.stderr.splitlines() == [
+        f"base VM {base} was already built, just now, and is current: nothing to do "
+        "(`agentbox base build --rebuild` builds it again)"]
     result = run_cli("base", "build", "--rebuild", cwd=project)
     assert limactl.subcommands().count("create") == 1
 

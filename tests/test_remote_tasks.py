@@ -175,6 +175,41 @@ def test_a_remote_vm_deleted_under_a_task_fails_it_with_the_reason(remote_projec
     assert f"its VM {vm} on big was deleted" in done.stderr
 
 
+def test_a_first_create_that_fails_halfway_there_is_cleaned_up_and_the_next_task_runs(
+        remote_project: tuple[Path, RemoteHost]) -> None:
+    project, host = remote_project
+    # The first `limactl create` there dies with the disk full, leaving the instance folder with an empty lima.yaml.
+    host.set_variables(FAKE_LIMACTL_FAIL_CREATE="no space left on device", FAKE_LIMACTL_FAIL_CREATE_STAGE="write",
+                       FAKE_LIMACTL_FAIL_CREATE_TIMES="1")
+    first = run_agentbox("run", "--agent", "stub", "--on", "big", "do:out:first", cwd=project, timeout=240)
+    if first.returncode == 0:
+        run_agentbox("wait", first.stdout.strip(), cwd=project, timeout=240)
+    said = run_agentbox("tasks", "--json", cwd=project).stdout + first.stderr
+    assert "no space left on device" in said
+    assert "the half-created VM was removed" in said
+    vms = [path.name for path in host.lima_home.iterdir() if path.name.startswith("agentbox-")]
+    assert vms == []  # nothing half-made is left there
+
+    second = submit(project, "--on", "big", "do:out:second")
+    done = run_agentbox("wait", str(second), cwd=project, timeout=240)
+    assert done.returncode == 0, done.stderr
+    assert run_agentbox("logs", str(second), cwd=project).stdout.splitlines()[-1] == "second"
+
+    # One left by an earlier agentbox (or a far end cut off mid-create) is not deleted unasked (its disk may
+    # be worth keeping): the refusal says how to go on.
+    vm = record(project, second)["vm"]
+    assert host.run(["limactl", "delete", "--force", vm]).returncode == 0
+    template = host.home / ".agentbox-remote" / "vms" / vm / "lima.yaml"
+    made = host.run(["env", "FAKE_LIMACTL_FAIL_CREATE=cut short", "FAKE_LIMACTL_FAIL_CREATE_STAGE=write",
+                     "FAKE_LIMACTL_FAIL_CREATE_TIMES=99",
+                     "limactl", "--tty=false", "create", f"--name={vm}", str(template)])
+    assert made.returncode == 1 and (host.lima_home / vm / "lima.yaml").stat().st_size == 0
+    third = run_agentbox("run", "--agent", "stub", "--on", "big", "do:out:third", cwd=project, timeout=240)
+    assert third.returncode == 1
+    assert f"Remove it there with `limactl delete --force {vm}`, then run the task again" in third.stderr
+    assert made.returncode == 1 and (host.lima_home / vm / "lima.yaml").stat().st_size == 0  # left alone
+
+
 @pytest.mark.parametrize(("agent", "login", "extra", "why"), [
     ("opencode", ".local/share/opencode/auth.json", "", "the credential broker keeps only"),
     ("claude", ".claude/.credentials.json", "credentials:\n  broker: false\n", "the credential broker is off"),

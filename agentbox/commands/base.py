@@ -36,9 +36,23 @@ def build_command(ctx: click.Context, rebuild: bool) -> None:
     lima = _lima(ctx)
     with base.lock() as waited:
         built = base.ensure(lima, config, verbose=ctx.obj["verbose"], rebuild=rebuild, waited=waited)
-    age = base.age_days(built.record)
-    state = "built now" if age < 1 / 24 else f"built {age:.1f} days ago"
-    say(f"base VM {built.name} is ready ({state}); new project VMs are cloned from it")
+    if built.built_now:
+        say(f"base VM {built.name} is ready (built now); new project VMs are cloned from it")
+        return
+    say(f"base VM {built.name} was already built, {_ago(base.age_days(built.record))}, and is current: nothing to "
+        "do (`agentbox base build --rebuild` builds it again)")
+
+
+def _ago(days: float) -> str:
+    if days == float("inf"):
+        return "at an unknown time"
+    if days < 1 / 24:
+        minutes = round(days * 24 * 60)
+        return "just now" if minutes < 1 else f"{minutes} minute{'s' if minutes != 1 else ''} ago"
+    if days < 1:
+        hours = round(days * 24)
+        return f"{hours} hour{'s' if hours != 1 else ''} ago"
+    return f"{days:.1f} days ago"
 
 
 @base_group.command("ls")

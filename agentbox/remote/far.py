@@ -64,6 +64,8 @@ MAX_REMOVE_DEPTH = 32
 
 SHELL_MISSING = re.compile(r"instance `([^`]+)` does not exist")
 SHELL_STOPPED = re.compile(r"instance `([^`]+)` is stopped")
+# Lima cannot read the instance's lima.yaml: what a `limactl create` cut short leaves (an empty or partial file)
+UNREADABLE = re.compile(r"errors inspecting instance|has configuration errors|has no configuration")
 
 
 class Failure(Exception):
@@ -578,6 +580,8 @@ def launch(job: dict[str, Any]) -> dict[str, Any]:
     if done.returncode == 1:
         message = fatal_message(done.stderr)
         said = SHELL_MISSING.search(message) or SHELL_STOPPED.search(message)
+        if said is None and UNREADABLE.search(done.stderr.decode("utf-8", "replace")):
+            raise unusable(vm, message)
         if said is not None and said.group(1) == vm:
             with vm_lock(vm):  # two submits to a cold VM: one creates and starts it, the other finds it running
                 status = vm_statuses().get(vm)
@@ -615,7 +619,17 @@ def create(vm: str, lima_yaml: str) -> None:
         os.close(fd)
     done = limactl("create", f"--name={vm}", "--tty=false", path, timeout=1800)
     if done.returncode != 0:
-        raise Failure(f"`limactl create` of {vm} failed: {fatal_message(done.stderr)}")
+        message = f"`limactl create` of {vm} failed: {fatal_message(done.stderr)}"
+        # Under vm_lock nothing else makes this VM, so what the failure left is ours: removed as on the laptop
+        # (agentbox.vm.lifecycle), or every later task would meet a half-made instance Lima cannot start.
+        if vm in vm_statuses():
+            removed = limactl("delete", "--force", "--tty=false", vm, timeout=600)
+            if removed.returncode != 0:
+                raise Failure(f"{message}; the half-created VM could not be removed either "
+                              f"({fatal_message(removed.stderr)}): remove it on this host with "
+                              f"`limactl delete --force {vm}`, then run the task again")
+            message += "; the half-created VM was removed, nothing else changed"
+        raise Failure(message)
 
 
 def start(vm: str, timeout: float | None) -> None:
@@ -624,7 +638,17 @@ def start(vm: str, timeout: float | None) -> None:
         args.append(f"--timeout={int(timeout)}s")
     done = limactl(*args, vm, timeout=(timeout + 120) if timeout else 1800)
     if done.returncode != 0:
-        raise Failure(f"`limactl start` of {vm} failed: {fatal_message(done.stderr)}")
+        message = fatal_message(done.stderr)
+        if UNREADABLE.search(done.stderr.decode("utf-8", "replace")):
+            raise unusable(vm, message)
+        raise Failure(f"`limactl start` of {vm} failed: {message}")
+
+
+def unusable(vm: str, message: str) -> Failure:
+    """An instance Lima cannot read is left alone (it may hold a disk worth keeping); the answer says how to go on."""
+    return Failure(f"{vm} on this host cannot be used ({message}); it looks half-made, by a `limactl create` that "
+                   f"was cut short. Remove it there with `limactl delete --force {vm}`, then run the task again: "
+                   "agentbox makes it anew")
 
 
 def cmd_status(keys: list[str]) -> dict[str, Any]:

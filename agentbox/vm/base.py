@@ -228,6 +228,7 @@ class Base(NamedTuple):
     key: str
     name: str
     record: dict[str, Any]
+    built_now: bool = False  # ensure() built it (False: it was there, current and fresh)
 
     def reference(self) -> dict[str, Any]:
         """What a cloned VM keeps about its base (its state's "base")."""
@@ -261,7 +262,7 @@ def ensure(lima: Lima, config: Config, verbose: bool = False, rebuild: bool = Fa
         return Base(base_key, name, record)
     note(reason)
     record = build(lima, config, parts, replace=instance is not None, verbose=verbose)
-    return Base(base_key, name, record)
+    return Base(base_key, name, record, built_now=True)
 
 
 class _Step:

@@ -48,10 +48,30 @@ def is_agentbox_vm(instance: Instance) -> bool:
     return workspace_of(instance) is not None
 
 
+def half_made(instance: Instance, config: Config) -> bool:
+    """Whether the instance is one a first launch of this workspace began and did not finish (interrupted in
+    `limactl clone` or `create`): agentbox's record says it was making it for this workspace and never finished,
+    and the instance carries agentbox's workspace param, empty (the base's copy before its edits) or this
+    workspace's. A Lima instance made by hand has no such param, so it stays foreign whatever the record says."""
+    workspace = str(config.workspace)
+    if instance.param.get(WORKSPACE_PARAM, None) not in ("", workspace):
+        return False
+    state = vmstate.read(instance.name)
+    return bool(state.get("creating")) and "created" not in state and state.get("workspace") == workspace
+
+
+HALF_MADE = "{name} was left half-made by an interrupted first launch"
+
+
 def check_ownership(instance: Instance, config: Config) -> None:
     """Refuse a VM recorded for another workspace, or one agentbox did not create."""
     recorded = workspace_of(instance)
     workspace = str(config.require_workspace())
+    if half_made(instance, config):
+        raise StateError(
+            HALF_MADE.format(name=instance.name),
+            hint=f"Run `agentbox start` to make it again, or `agentbox rm --yes` to discard {instance.name}.",
+        )
     if recorded is None:
         raise StateError(
             f"the Lima instance {instance.name} exists but was not created by this agentbox "
@@ -112,13 +132,18 @@ def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOW
     already runs costs that one `limactl list`, whose row also carries the config it is checked against.
     """
     instance = session.instance(name) if known is _UNKNOWN else known
-    if instance is not None:
+    if instance is not None and not half_made(instance, session.config):
         check_ownership(instance, session.config)
         if instance.status == RUNNING and verify_running(session, instance):
             return instance
     with vmstate.lock(name) as waited:
         if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
             instance = session.instance(name)
+        if instance is not None and half_made(instance, session.config):
+            # Holding the lock, nobody else is making it: what an interrupt left is discarded and made anew.
+            note(HALF_MADE.format(name=name) + "; making it again")
+            session.lima.delete(name, force=True)
+            instance = None
         if instance is None:
             try:
                 return create_and_start(session, name)
@@ -215,6 +240,9 @@ def create_and_start(session: Session, name: str) -> Instance:
     private_dir(paths.vm_outbox(name))
     template_path = state / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
+    # Before Lima makes anything: an interrupt can leave a clone that still has the base's (empty) workspace
+    # param, and this record is what lets the next run know it as its own (half_made) rather than foreign.
+    vmstate.write(name, {"workspace": str(config.require_workspace()), "creating": time.time()})
     cloned_from = None
     try:
         if config.vm_base == "auto":
@@ -534,7 +562,7 @@ def conflict(instance: Instance | None, config: Config) -> dict[str, Any] | None
     not create it) and a name this workspace could use instead."""
     from agentbox.config import naming
 
-    if instance is None or workspace_of(instance) == str(config.workspace):
+    if instance is None or workspace_of(instance) == str(config.workspace) or half_made(instance, config):
         return None
     return {
         "vm": instance.name,

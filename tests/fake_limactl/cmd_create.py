@@ -156,6 +156,13 @@ def create_instance(ctx: Ctx, name: str, data: bytes) -> str:
         fail = injected_failure(ctx, "create")
         if fail:
             raise Fatal(fail)
+    if os.environ.get("FAKE_LIMACTL_FAIL_CREATE_STAGE") == "write":
+        fail = injected_failure(ctx, "create")
+        if fail:  # create.go makes the instance folder, then writes lima.yaml into it: a full disk leaves it empty
+            os.makedirs(inst_dir, mode=0o700)
+            with open(yaml_path, "wb"):
+                pass
+            raise Fatal(fail)
     os.makedirs(ctx.fake_dir, exist_ok=True)
     staging = os.path.join(ctx.fake_dir, f"staging-{name}-{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import machine
 from cmd_create import check_socket_path
@@ -267,11 +268,26 @@ def cmd_rename(ctx: Ctx, p: Parsed) -> int:
     return 0
 
 
+def _copied_delay() -> None:
+    """FAKE_LIMACTL_CLONE_COPIED_DELAY: the pause a slow disk copy makes, here after the copy and before the edit
+    flags, so that a test can interrupt a clone that exists with the source's lima.yaml (the marker line says
+    when)."""
+    delay = float(os.environ.get("FAKE_LIMACTL_CLONE_COPIED_DELAY") or 0)
+    if delay <= 0:
+        return
+    marker = os.environ.get("FAKE_LIMACTL_LATENCY_MARKER")
+    if marker:
+        with open(marker, "a", encoding="utf-8") as f:
+            f.write("clone-copied\n")
+    time.sleep(delay)
+
+
 def cmd_clone(ctx: Ctx, p: Parsed) -> int:
     not_implemented_flags(ctx, p, CLONE_FLAGS)
     new = _copy_or_move(ctx, p, "clone")
     # From here on the clone exists: Lima applies the edit flags to it afterwards and leaves it
     # behind, with the source's lima.yaml, when a flag or the edited YAML is rejected.
+    _copied_delay()
     inst = inspect(ctx, new)
     exprs = yq_expressions(ctx, p, new_instance=False, params=(inst.config or {}).get("param", {}))
     if exprs:

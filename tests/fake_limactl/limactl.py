@@ -40,8 +40,10 @@ Environment knobs (all optional):
                                        RESTART, CLONE, EDIT, ...) fatal with msg, after realistic
                                        progress lines (CLONE and EDIT up front: nothing changes)
   FAKE_LIMACTL_FAIL_<SUBCMD>_TIMES=N   ... only for the first N invocations (counted in $LIMA_HOME/_fake)
-  FAKE_LIMACTL_FAIL_CREATE_STAGE=validate|prepare  default prepare: the Stopped instance is left
-                                       behind, like a failed image download
+  FAKE_LIMACTL_FAIL_CREATE_STAGE=validate|write|prepare  default prepare: the Stopped instance is left
+                                       behind, like a failed image download; write: the instance folder is left
+                                       with an empty lima.yaml (a full disk: "has configuration errors"
+                                       at start and shell)
   FAKE_LIMACTL_START_LEAVE_RUNNING=1   an injected start failure leaves the instance Running and
                                        booting (timeout-like); without it the instance keeps its
                                        previous status
@@ -49,6 +51,9 @@ Environment knobs (all optional):
   FAKE_LIMACTL_PROBE_FAIL="stderr"     every readiness probe (`probes:`) fails with this stderr: Lima's
                                        error line, DEGRADED and a fatal `degraded`, instance Running
   FAKE_LIMACTL_START_STEPS_DELAY=S     seconds between start progress lines
+  FAKE_LIMACTL_CLONE_COPIED_DELAY=S    clone sleeps S seconds after copying the folder, before its edit flags
+                                       (an interrupt then leaves the clone with the source's lima.yaml);
+                                       "clone-copied" goes to FAKE_LIMACTL_LATENCY_MARKER as the sleep begins
   FAKE_LIMACTL_PROVISION_DELAY=S       the guest's boot scripts take S seconds longer (before `system`)
   FAKE_LIMACTL_PROVISION_HANG=1        ... never finish: /run/lima-boot-done is never written
   FAKE_LIMACTL_GUEST_OFFLINE=1         the stand-ins' downloads (apt-get update, curl) fail
