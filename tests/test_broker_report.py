@@ -101,7 +101,11 @@ def test_status_net_status_describe_doctor_and_the_context_file_say_who_is_broke
                for note in status["notes"])
     assert not any("Gemini CLI" in note for note in status["notes"])  # not in use: nothing to say
     assert not any("Claude Code" in note for note in status["notes"])
-    assert f"CA {authority.fingerprint}" in run_cli("status", cwd=project).stdout
+    # status: the CA's SHA-256, its first 16 hex digits, on a line of its own that fits 80 columns
+    digits = authority.fingerprint.removeprefix("SHA256:").replace(":", "")
+    ca_lines = [line for line in run_cli("status", cwd=project).stdout.splitlines() if line.startswith("ca:")]
+    assert ca_lines == [f"ca:        SHA256:{digits[:16]}... (`agentbox net status` shows it whole)"]
+    assert len(ca_lines[0]) <= 80
 
     net = run_cli("net", "status", "--json", cwd=project)
     assert net.exit_code == 0, net.stderr

@@ -12,10 +12,13 @@ import pytest
 
 from agentbox.net import guard as netguard
 from agentbox.session.remotekeeper import shadow
+from tests import test_remote_tasks
+from tests.helpers import run_agentbox, wait_for
 from tests.remotehost import RemoteHost
 from tests.test_broker_lifetime import alive
-from tests.test_remote_tasks import record, remote_project, submit  # noqa: F401 (the fixture)
-from tests.helpers import run_agentbox, wait_for
+from tests.test_remote_tasks import record, submit
+
+remote_project = test_remote_tasks.remote_project  # the fixture: a project with a remote host `big`
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("tasks")]
 
@@ -77,4 +80,5 @@ def test_a_remote_vm_stopped_or_deleted_there_takes_the_broker_with_it(remote_pr
     wait_for(lambda: alive(broker.pid), 60, "the broker to end with the remote VM",
              until=lambda is_alive: not is_alive)
     assert time.monotonic() - started < 30
+    assert netguard.running(mirror) is None
     assert record(project, task_id)["state"] == "Failed"

@@ -163,4 +163,23 @@ def summary(report: dict[str, Any]) -> str:
                 else "off: no login goes into the VM (credentials: false)")
     notes = f"; {len(report['notes'])} note(s)" if report["notes"] else ""
     return (f"on: brokered {', '.join(report['brokered']) or 'none'}; staged {', '.join(report['staged']) or 'none'}"
-            f"; CA {report['caFingerprint'] or 'not made yet'}{notes} (`agentbox net status`)")
+            f"{notes} (`agentbox net status`)")
+
+
+SHORT_DIGITS = 16
+
+
+def short_fingerprint(fingerprint: str) -> str:
+    """"SHA256:D31C7E45CE69E9BB..." of "SHA256:D3:1C:7E:...": enough to tell the VM's CA from another at a glance
+    (`net status` and `doctor` show it whole)."""
+    algorithm, _, digits = fingerprint.partition(":")
+    return f"{algorithm}:{digits.replace(':', '')[:SHORT_DIGITS]}..."
+
+
+def ca_line(report: dict[str, Any]) -> str | None:
+    """The VM's agentbox CA (the broker's) in one short line (`agentbox status`), None with the broker off."""
+    if not report["enabled"]:
+        return None
+    if not report["caFingerprint"]:
+        return "not made yet (the next launch makes it)"
+    return f"{short_fingerprint(report['caFingerprint'])} (`agentbox net status` shows it whole)"
