@@ -612,7 +612,11 @@ def check_broker(config: Config) -> list[Check]:
 def agents_in_use(
     config: Config, groups: list[tuple[AgentConfig | None, dict[str, list[Path]]]], probe: Probe
 ) -> dict[str, str]:
-    """The agents worth checking, each with why: named in a config file, or logged in on the host or in the VM."""
+    """The agents worth checking, each with why: named in a config file, logged in on the host or in the VM, or
+    launched in the VM before."""
+    from agentbox.credentials import report as brokerreport
+
+    launched = set(brokerreport.launched_in(config.vm_name))
     configured: dict[str, set[str]] = {}
     for key, origin in config.origins.items():
         parts = key.split(".")
@@ -632,6 +636,8 @@ def agents_in_use(
             probe.creds.get(guest[2:]) for guest in login_files(agent, guests)
         ):
             used[agent.name] = "logged in in the VM"
+        elif agent.name in launched:
+            used[agent.name] = "launched in the VM before"
     return used
 
 

@@ -16,7 +16,7 @@ import pytest
 from agentbox import paths
 from agentbox.net import guard as netguard
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, staged_logins, write
+from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, run_cli, staged_logins, write
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -132,11 +132,19 @@ def test_a_missing_host_login_says_how_to_log_in_and_stages_nothing(project: Pat
     _guest_program(vm, "claude", "#!/bin/sh\necho 2.1.0\n")
     result = agentbox(project, "claude", "--version")
     assert result.returncode == 0, result.stderr
-    assert "Claude Code: no login on the host" in result.stderr and "log in on the host with `claude" in result.stderr
+    # Both ways to log in, agentbox's own first (it needs no agent on the host).
+    assert "Claude Code: no login on the host" in result.stderr
+    assert ("; log in with `agentbox claude login` (in the VM; the login is kept on this machine), or, if you also "
+            "run claude outside agentbox, on the host with `claude auth login` (said once)") in result.stderr
     assert "Codex" not in result.stderr  # only the launched agent's
     assert not (vm.guest_home(NAME) / ".claude" / ".credentials.json").exists()
     again = agentbox(project, "claude", "--version")
     assert again.returncode == 0 and "no login on the host" not in again.stderr  # said once; doctor keeps it
+    # doctor keeps it for Claude Code, launched before; not for the agents never used here
+    warnings = [line for line in run_cli("doctor", cwd=project).stdout.splitlines() if line.startswith("  WARN")]
+    assert [line for line in warnings if "no login on the host" in line] == [
+        line for line in warnings if line.startswith("  WARN  Claude Code: no login on the host")]
+    assert len(warnings) >= 1
 
 
 def test_a_malformed_host_login_stops_the_launch_before_the_vm_starts(project: Path, vm: FakeLima,

@@ -109,3 +109,35 @@ def test_after_a_reboot_the_next_launch_starts_a_new_broker(project: Path, vm: F
     assert agentbox(project, "shell", "--", "true").returncode == 0
     again = netguard.running(NAME)
     assert again is not None and again.pid != running.pid and alive(again.pid)
+
+
+def test_a_throwaway_projects_broker_ends_with_stop_all(project: Path, vm: FakeLima, tmp_path: Path) -> None:
+    """The project's folder was deleted (a throwaway project); its VM still runs, and `stop --all` run anywhere
+    stops it: the broker goes with it before the command returns."""
+    running = brokered_proxy(project)
+    shutil.rmtree(project)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    stopped = agentbox(elsewhere, "stop", "--all", "--yes")
+    assert stopped.returncode == 0, stopped.stderr
+    # `stop` waits STOP_TIMEOUT_SEC for the proxy's end; a loaded machine may take a moment longer
+    wait_for(lambda: alive(running.pid), 5, "the broker's process to end", until=lambda is_alive: not is_alive)
+    assert netguard.running(NAME) is None
+
+
+def test_a_throwaway_projects_broker_ends_when_its_vm_is_deleted_outside_agentbox(project: Path,
+                                                                                  vm: FakeLima) -> None:
+    running = brokered_proxy(project)
+    shutil.rmtree(project)
+    limactl("delete", "--force", NAME)
+    wait_for(lambda: alive(running.pid), netguard.VM_CHECK_SEC + 15, "the broker's process to end",
+             until=lambda is_alive: not is_alive)
+
+
+def test_a_broker_whose_lima_home_is_gone_ends(project: Path, vm: FakeLima) -> None:
+    """A throwaway Lima home (LIMA_HOME in a temporary folder) removed with its VMs: Lima lists none there."""
+    running = brokered_proxy(project)
+    limactl("stop", NAME)
+    shutil.rmtree(vm.home)
+    wait_for(lambda: alive(running.pid), netguard.VM_CHECK_SEC + 15, "the broker's process to end",
+             until=lambda is_alive: not is_alive)

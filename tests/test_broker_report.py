@@ -81,6 +81,8 @@ def _secrets_in(text: str) -> list[str]:
 def test_status_net_status_describe_doctor_and_the_context_file_say_who_is_brokered(
         project: Path, vm: FakeLima, upstream: FakeUpstream, host_logins: None) -> None:
     write(project / "agentbox.yml", BROKER_ON)
+    # Codex is in use (set in the user's config), Gemini CLI is not: only Codex's missing login is said.
+    write(paths.global_config_file(), AIDER + "  codex:\n    model: gpt-5\n")
     launched = agentbox(project, "shell", "--", "true")
     assert launched.returncode == 0, launched.stderr
     authority = ca.load(NAME)
@@ -95,10 +97,15 @@ def test_status_net_status_describe_doctor_and_the_context_file_say_who_is_broke
     assert status["vmHolds"].startswith("no secret of ")
     # The hosts' logins as the launch found them: Codex and Gemini CLI are not logged in on the host.
     assert status["notesChecked"] is True
-    assert any("log in on the host with `codex login`" in note for note in status["notes"])
-    assert any(note.startswith("Gemini CLI: no login on the host") for note in status["notes"])
+    assert any("log in with `agentbox codex login`" in note and "on the host with `codex login`" in note
+               for note in status["notes"])
+    assert not any("Gemini CLI" in note for note in status["notes"])  # not in use: nothing to say
     assert not any("Claude Code" in note for note in status["notes"])
-    assert f"CA {authority.fingerprint}" in run_cli("status", cwd=project).stdout
+    # status: the CA's SHA-256, its first 16 hex digits, on a line of its own that fits 80 columns
+    digits = authority.fingerprint.removeprefix("SHA256:").replace(":", "")
+    ca_lines = [line for line in run_cli("status", cwd=project).stdout.splitlines() if line.startswith("ca:")]
+    assert ca_lines == [f"ca:        SHA256:{digits[:16]}... (`agentbox net status` shows it whole)"]
+    assert len(ca_lines[0]) <= 80
 
     net = run_cli("net", "status", "--json", cwd=project)
     assert net.exit_code == 0, net.stderr
@@ -106,7 +113,8 @@ def test_status_net_status_describe_doctor_and_the_context_file_say_who_is_broke
     text = run_cli("net", "status", cwd=project).stdout
     assert "broker:          on (credentials.broker)" in text
     assert f"brokered: {', '.join(status['brokered'])}" in text and "aider" in text
-    assert f"CA: {authority.fingerprint}" in text and "log in on the host with `codex login`" in text
+    assert f"CA: {authority.fingerprint}" in text and "on the host with `codex login`" in text
+    assert "Gemini" not in text
     assert "for the credential broker only" in text  # open mode: the proxy runs for the broker
 
     doctor = json.loads(run_cli("doctor", "--json", cwd=project).stdout)

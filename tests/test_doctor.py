@@ -44,6 +44,17 @@ def launch(project: Path) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def claude_logged_in_and_launched(project: Path, home: Path) -> None:
+    """A healthy setup: Claude Code logged in on the host, the VM started and one launch made."""
+    needs_bwrap()
+    login = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-t", "refreshToken": "sk-ant-ort01-r",
+                               "expiresAt": int((time.time() + 3600) * 1000)}}
+    write(home / ".claude" / ".credentials.json", json.dumps(login), mode=0o600)
+    write(project / "agentbox.yml", "")
+    assert run_cli("start", cwd=project).exit_code == 0
+    launch(project)
+
+
 def test_no_limactl_is_a_failure_not_a_crash(project: Path, isolated_env, monkeypatch) -> None:
     write(project / "agentbox.yml", "")
     monkeypatch.setenv("PATH", str(project / "no-such-bin"))
@@ -59,13 +70,7 @@ def test_no_limactl_is_a_failure_not_a_crash(project: Path, isolated_env, monkey
 
 
 def test_healthy_running_vm_after_a_launch(project: Path, limactl: FakeLima, home: Path, isolated_env) -> None:
-    needs_bwrap()
-    login = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-t", "refreshToken": "sk-ant-ort01-r",
-                               "expiresAt": int((time.time() + 3600) * 1000)}}
-    write(home / ".claude" / ".credentials.json", json.dumps(login), mode=0o600)
-    write(project / "agentbox.yml", "")
-    assert run_cli("start", cwd=project).exit_code == 0
-    launch(project)
+    claude_logged_in_and_launched(project, home)
     limactl.clear()
 
     result = doctor(project)
@@ -420,3 +425,16 @@ def test_this_hosts_own_trust_store_is_recognised(project: Path, limactl: FakeLi
     template = run_cli("template", cwd=project)
     assert template.exit_code == 0
     assert template.stdout.count("BEGIN CERTIFICATE") < 10  # the local additions at most, not ~140 public roots
+
+
+def test_a_healthy_setup_has_no_warning_about_agents_not_in_use(project: Path, limactl: FakeLima, home: Path) -> None:
+    """One agent logged in on the host and launched: doctor says nothing of the others' missing logins (a
+    broker's note of a missing login is for the agents in use only)."""
+    claude_logged_in_and_launched(project, home)
+    result = doctor(project)
+    assert result.exit_code == 0, result.stdout
+    warnings = [text for text in result.stdout.splitlines() if text.startswith("  WARN")]
+    assert warnings == [], result.stdout
+    assert "Codex" not in result.stdout and "GitHub CLI" not in result.stdout and "Gemini" not in result.stdout
+    net = run_cli("net", "status", cwd=project)
+    assert net.exit_code == 0 and "no login on the host" not in net.stdout, net.stdout

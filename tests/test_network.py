@@ -480,6 +480,45 @@ def test_net_test_says_allowed_blocked_or_no_route_from_inside_the_vm(project: P
     assert netguard.running(NAME) is None
 
 
+@pytest.mark.parametrize(("mode", "url", "port"), [("allowlist", "http://127.0.0.1:8080", 8080),
+                                                  ("allowlist", "http://localhost:3000", 3000),
+                                                  ("open", "https://127.0.0.1:9443", 9443)])
+def test_net_test_of_a_loopback_address_names_network_allow_host(project: Path, vm: FakeLima, mode: str, url: str,
+                                                                 port: int) -> None:
+    """`agentbox net allow` refuses a loopback host (the proxy never connects to the host itself), and straight out
+    of the VM 127.0.0.1 is the VM itself: the hint names the key that opens this machine's service, with its port."""
+    write(project / "agentbox.yml", f"network:\n  mode: {mode}\n")
+    tested = agentbox(project, "net", "test", url)
+    hint = (f"network.allowHost: [{port}] in agentbox.yml, then host.lima.internal:{port} in the VM (the proxy never "
+            "connects to the host itself)\n")
+    if mode == "allowlist":  # through the proxy, which refuses it
+        assert tested.returncode == 1 and tested.stdout.endswith(f"; to allow it: {hint}"), tested.stdout
+    else:
+        assert tested.returncode == 3, tested.stderr
+        assert tested.stdout == (f"{url}: no route (Connection refused): 127.0.0.1 in the VM is the VM itself; to "
+                                 f"reach this machine's service: {hint}")
+    assert "agentbox net allow" not in tested.stdout
+
+
+def test_a_name_the_vm_cannot_resolve_is_said_as_such(project: Path, vm: FakeLima) -> None:
+    """A DNS failure in the guest: a name that resolves nowhere, straight out of the VM (open mode); the proxy's own
+    name (host.lima.internal) gone from the VM's /etc/hosts. Never `Unknown error -2`."""
+    write(project / "agentbox.yml", "")
+    direct = agentbox(project, "net", "test", "https://nowhere.invalid")
+    assert direct.returncode == 3, direct.stderr
+    assert direct.stdout.startswith("https://nowhere.invalid: no route (cannot resolve nowhere.invalid in the VM (")
+    write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+    assert agentbox(project, "restart", "--yes").returncode == 0
+    hosts = vm.home / NAME / "guestfs" / "etc" / "hosts"
+    hosts.write_text("".join(line for line in hosts.read_text().splitlines(keepends=True)
+                             if "host.lima.internal" not in line))
+    through_proxy = agentbox(project, "net", "test", "https://example.org")
+    assert through_proxy.returncode == 3, through_proxy.stderr
+    assert through_proxy.stdout.startswith("https://example.org: no route: agentbox's proxy could not be reached "
+                                           "(cannot resolve host.lima.internal in the VM ("), through_proxy.stdout
+    assert "Unknown error" not in through_proxy.stdout
+
+
 def test_the_agents_context_file_reports_the_mode_and_its_enforcement(project: Path, vm: FakeLima) -> None:
     write(project / "agentbox.yml", "network:\n  mode: offline\n")
     result = run_cli("describe", "--json", cwd=project)

@@ -124,6 +124,7 @@ def rm_command(name: str, force: bool) -> None:
     """Forget a host (nothing on it is touched: its VMs stay until you delete them there)."""
     from agentbox.errors import StateError
     from agentbox.remote import hosts
+    from agentbox.session import remotekeeper
     from agentbox.tasks import records
 
     hosts.require(name)
@@ -142,6 +143,7 @@ def rm_command(name: str, force: bool) -> None:
                 records.end(fresh, "Failed", f"its host {name} was removed with `agentbox hosts rm --force`")
     _close(name)
     hosts.remove(name)
+    remotekeeper.end_brokers(name)  # after the keepers can no longer find it: none leases its proxy again
     say(f"removed host {name}")
 
 

@@ -36,12 +36,15 @@ scheme = url.scheme or "https"
 host = url.hostname or ""
 port = url.port or (443 if scheme == "https" else 80)
 out = {"host": host, "port": port}
+def unresolved(name, error):
+    # a gaierror's errno is an EAI_ code (negative): os.strerror would say "Unknown error -2"
+    return "cannot resolve %s in the VM (%s)" % (name, error.strerror or "no address")
 def direct():
     try:
         socket.create_connection((host, port), timeout=3).close()
         return "connected"
     except socket.gaierror as error:
-        return "no name resolution: %s" % error.strerror
+        return unresolved(host, error)
     except socket.timeout:
         return "timed out"
     except OSError as error:
@@ -84,6 +87,8 @@ else:
             except ValueError:
                 pass
         s.close()
+    except socket.gaierror as error:
+        out["proxyError"] = unresolved(p.hostname, error)
     except OSError as error:
         out["proxyError"] = os.strerror(error.errno) if error.errno else str(error)
     out["direct"] = direct()
@@ -374,6 +379,8 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
 
 def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
     """The exit status and the sentence for what the guest's check saw."""
+    from agentbox.net import proxy as netproxy
+
     direct = str(result.get("direct", ""))
     if result.get("via") == "direct":
         if direct == "connected":
@@ -381,6 +388,9 @@ def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
         refused = direct in ("Connection refused", "No route to host") or "prohibited" in direct
         if refused and result.get("host") in ("host.lima.internal", "192.168.5.2"):
             return BLOCKED, f"blocked by policy: the host's localhost is closed (network.allowHost) ({direct})"
+        if netproxy.is_loopback_name(str(result.get("host", ""))):
+            return NO_ROUTE, (f"no route ({direct}): {result.get('host')} in the VM is the VM itself; to reach this "
+                              f"machine's service: {netproxy.allow_host_hint(result.get('port'))}")
         return NO_ROUTE, f"no route ({direct})"
     bypass = ("; going around the proxy is blocked by the VM's firewall" if direct != "connected"
               else "; WARNING: a direct connection also got out (the VM's firewall is not in place)")

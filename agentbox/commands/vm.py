@@ -246,6 +246,9 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     click.echo(f"{'network:':11}{network['mode']} (enforcement: {network['enforcement']}"
                + (f"; proxy on 127.0.0.1:{proxy['port']}" if proxy["running"] else "") + "; `agentbox net status`)")
     click.echo(visible(f"{'broker:':11}{brokerreport.summary(info['broker'])}"))
+    authority = brokerreport.ca_line(info["broker"])
+    if authority is not None:
+        click.echo(f"{'ca:':11}{authority}")
     for index, line in enumerate(pushreport.lines(info["pushes"])):
         click.echo(visible(f"{'pushes:' if index == 0 else '':11}{line}"))
     if holders is not None and info["status"] == "Running":

@@ -65,6 +65,7 @@ class Prepared:
         self.replaced: set[str] = set()
         self.notes: list[str] = []
         self.brokered: list[str] = []  # the agents (and "gh") whose logins are brokered
+        self.missing: dict[str, str] = {}  # {agent (or "gh"): its note} for a login the host lacks
         self.held: list[Callable[[], list[str]]] = []  # each login's real values now (the broker's answer scan)
 
     def held_now(self) -> list[str]:
@@ -230,8 +231,11 @@ def _file_login(prepared: Prepared, placeholders: Placeholders, spec: AgentSpec,
         prepared.brokered.append(name)
     else:
         missing = "is missing" if doc is None else "holds no login"
-        prepared.notes.append(f"{login.title}: no login on the host ({login.file.path} {missing}); log in on the "
-                              f"host with `{login.login_command}`")
+        text = (f"{login.title}: no login on the host ({login.file.path} {missing}); log in with `agentbox {name} "
+                f"login` (in the VM; the login is kept on this machine), or, if you also run {name} outside agentbox, "
+                f"on the host with `{login.login_command}`")
+        prepared.notes.append(text)
+        prepared.missing[name] = text
 
 
 def _file_api_key(prepared: Prepared, placeholders: Placeholders, login: FileLogin, relative: str, key: str,
@@ -304,8 +308,10 @@ def _gh(prepared: Prepared, placeholders: Placeholders, env: dict[str, str], rea
                               "host (only github.com is brokered)")
     if token is None:
         if "GH_TOKEN" not in env and "GITHUB_TOKEN" not in env:
-            prepared.notes.append(f"GitHub CLI: no login on the host ({login.file.path}); log in on the host with "
-                                  f"`{broker_gh.LOGIN_COMMAND}`")
+            text = (f"GitHub CLI: no login on the host ({login.file.path}); log in on the host with "
+                    f"`{broker_gh.LOGIN_COMMAND}`")
+            prepared.notes.append(text)
+            prepared.missing["gh"] = text
         return
     placeholder = placeholders.get("gh.token", kind_of(token, "gho_"))
     prepared.files[".config/gh/hosts.yml"] = login.vm_hosts_yml(placeholder)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentbox import paths
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.credentials.stage import guest_path_for
 from agentbox.fsutil import private_dir, write_if_changed
 
@@ -30,11 +31,14 @@ def record_path(vm: str) -> Path:
     return paths.vm_state_dir(vm) / RECORD_NAME
 
 
-def record(vm: str, prepared: brokered.Prepared) -> None:
-    """What the launch found on the host: the logins it brokered and its notes (no secret: names and sentences).
-    Written only when it changed (the warm path reads it and writes nothing)."""
+def record(vm: str, prepared: brokered.Prepared, agent: str | None = None) -> None:
+    """What the launch of `agent` (None: a shell) found on the host: the logins it brokered and its notes (no
+    secret: names and sentences), and every agent launched in the VM so far. Written only when it changed (the
+    warm path reads it and writes nothing)."""
     private_dir(paths.vm_state_dir(vm))
+    launched = set(launched_in(vm)) | ({agent} if agent is not None else set())
     data = {"brokered": list(prepared.brokered), "notes": list(prepared.notes),
+            "missing": dict(prepared.missing), "launched": sorted(launched),
             # guest paths (relative to the home): the placeholder versions staged, and every login file the
             # broker stands in for (one it lacks a login for is not staged at all)
             "files": sorted(prepared.files),
@@ -55,6 +59,26 @@ def recorded_notes(vm: str) -> list[str]:
     """The notes the last brokered launch recorded (none before the first)."""
     data = _recorded(vm)
     return [str(note) for note in data["notes"]] if data is not None else []
+
+
+def launched_in(vm: str) -> list[str]:
+    """The agents launched in the VM since the broker's record began (`agentbox AGENT`, `run`): agents in use."""
+    data = _recorded(vm) or {}
+    found = data.get("launched")
+    return [str(name) for name in found] if isinstance(found, list) else []
+
+
+def in_use(config: Config, vm: str) -> set[str]:
+    """The agents (and "gh") a missing login is worth a warning for: set in a config file (the user's or the
+    project's), or launched in the VM before; gh when credentials.gh is set, or an agent that logs in through it
+    is in use. (An agent logged in on the host has no missing login to warn about.)"""
+    used = {key.split(".")[1] for key, origin in config.origins.items()
+            if key.startswith("agents.") and origin != "default"}
+    used |= set(launched_in(vm))
+    if config.origins.get("credentials.gh", "default") != "default" or any(
+            BUILTIN_AGENTS[name].login_via_gh for name in used if name in BUILTIN_AGENTS):
+        used.add("gh")
+    return used
 
 
 def _recorded(vm: str) -> dict[str, Any] | None:
@@ -100,6 +124,11 @@ def of(config: Config, vm: str) -> dict[str, Any]:
     authority = ca.load(vm)
     seen = _recorded(vm)
     notes = [str(note) for note in seen["notes"]] if seen is not None else []
+    missing = seen.get("missing") if seen is not None else None
+    if isinstance(missing, dict) and missing:  # a missing login is said only for an agent in use
+        used = in_use(config, vm)
+        unused = {str(text) for name, text in missing.items() if name not in used}
+        notes = [note for note in notes if note not in unused]
     holds = (f"no secret of {', '.join(chosen)}: their login files and API keys in the VM hold placeholders; the "
              "real tokens stay on the host and agentbox's proxy puts them only where their own services take them"
              if chosen else "no brokered login (no agent the broker supports is configured)")
@@ -134,4 +163,23 @@ def summary(report: dict[str, Any]) -> str:
                 else "off: no login goes into the VM (credentials: false)")
     notes = f"; {len(report['notes'])} note(s)" if report["notes"] else ""
     return (f"on: brokered {', '.join(report['brokered']) or 'none'}; staged {', '.join(report['staged']) or 'none'}"
-            f"; CA {report['caFingerprint'] or 'not made yet'}{notes} (`agentbox net status`)")
+            f"{notes} (`agentbox net status`)")
+
+
+SHORT_DIGITS = 16
+
+
+def short_fingerprint(fingerprint: str) -> str:
+    """"SHA256:D31C7E45CE69E9BB..." of "SHA256:D3:1C:7E:...": enough to tell the VM's CA from another at a glance
+    (`net status` and `doctor` show it whole)."""
+    algorithm, _, digits = fingerprint.partition(":")
+    return f"{algorithm}:{digits.replace(':', '')[:SHORT_DIGITS]}..."
+
+
+def ca_line(report: dict[str, Any]) -> str | None:
+    """The VM's agentbox CA (the broker's) in one short line (`agentbox status`), None with the broker off."""
+    if not report["enabled"]:
+        return None
+    if not report["caFingerprint"]:
+        return "not made yet (the next launch makes it)"
+    return f"{short_fingerprint(report['caFingerprint'])} (`agentbox net status` shows it whole)"

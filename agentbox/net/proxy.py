@@ -175,6 +175,23 @@ def _local_problem(host: str) -> str | None:
     return None
 
 
+def is_loopback_name(host: str) -> bool:
+    """Whether `host` (an address in any spelling, or a name such as `localhost`) is the loopback of wherever it is
+    used."""
+    name = host.lower().rstrip(".")
+    ip = _ip(name) or _numeric_ipv4(name)
+    if ip is not None:
+        return _plain(ip).is_loopback
+    return name in LOCAL_NAMES or name.endswith(".localhost")
+
+
+def allow_host_hint(port: Any) -> str:
+    """What opens the host's own service at `port` to the VM (never the proxy: it does not connect to the host)."""
+    known = port if isinstance(port, int) and port > 0 else None
+    return (f"network.allowHost: [{known or 'PORT'}] in agentbox.yml, then host.lima.internal:{known or 'PORT'} in "
+            "the VM (the proxy never connects to the host itself)")
+
+
 def local_hint(pattern: str) -> str:
     """Where the host's own services are opened instead, with the pattern's port when it has one."""
     split = _split_host_port(pattern)
@@ -480,10 +497,10 @@ class _Proxy:
 
     async def refuse(self, writer: asyncio.StreamWriter, refused: _Refused, entry: dict[str, Any]) -> None:
         body: dict[str, Any] = {"blocked": entry["host"], "port": entry["port"], "reason": refused.reason}
-        if refused.status == 403 and refused.reason.startswith(
-                ("resolves to a loopback", "is a loopback", "resolves to the host's own", "is the host's own")):
-            body["allow"] = ("nothing here: the host's own services are reached directly, not through the proxy "
-                             "(network.allowHost: [PORT], then host.lima.internal:PORT)")
+        if refused.status == 403 and (refused.reason.startswith(
+                ("resolves to a loopback", "is a loopback", "resolves to the host's own", "is the host's own"))
+                or _local_problem(str(entry["host"])) is not None):  # `net allow` refuses these: allowHost opens them
+            body["allow"] = allow_host_hint(entry["port"])
         elif refused.status == 403 and refused.reason.startswith("resolves to"):
             body["allow"] = "network.allowLan: true (in agentbox.yml)"
         elif refused.status == 403 and refused.reason.startswith("attempted leak"):

@@ -45,7 +45,7 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
     for text in prepared.notes:
         if title is not None and text.startswith(f"{title}:") and text not in said:
             note(f"{text} (said once)")
-    brokerreport.record(vm_name, prepared)  # what status/describe/doctor report, without parsing the logins
+    brokerreport.record(vm_name, prepared, agent)  # what status/describe/doctor report, without parsing the logins
     if not prepared.hosts:  # no brokered login on the host: no CA to make or read
         return Brokered(prepared, None)
     from agentbox.net import ca

@@ -44,6 +44,22 @@ def shadow(vm_name: str, host: str) -> str:
     return f"{vm_name}.on-{host}"
 
 
+def end_brokers(host: str) -> list[str]:
+    """Stop this machine's proxy (the broker's way back) of every mirror of `host`'s VMs: the host is being
+    forgotten (`hosts rm`), so nothing here serves it any more, whatever its keepers still hold. The mirrors
+    whose proxy was stopped."""
+    from agentbox import paths
+    from agentbox.net import guard as netguard
+
+    suffix = shadow("", host)
+    try:
+        names = sorted(entry.name for entry in os.scandir(paths.state_dir() / "vms")
+                       if entry.name.endswith(suffix) and len(entry.name) > len(suffix))
+    except OSError:
+        return []
+    return [name for name in names if netguard.stop(name)]
+
+
 def keep_job(task: tasks.Task, job: Job) -> None:
     """The job, kept beside the record until the host took it (hand_over reads it, now or later)."""
     from agentbox.fsutil import atomic_write, private_dir
@@ -231,12 +247,16 @@ def _close(task: tasks.Task, keeping: Keeping) -> None:
     from agentbox.remote.ssh import Transport
 
     host = hosts.get(task.host)
-    if host is not None:
-        try:
-            keeping.close(task, Transport(host.target()))
-        except Exception:  # the host is gone: its forward went with the connection
-            if keeping.lease is not None:
-                keeping.lease.release()
+    if host is None:  # forgotten (`hosts rm`): its forwards went with its connection; the proxy goes too
+        if keeping.lease is not None:
+            keeping.lease.release()
+        end_brokers(task.host)
+        return
+    try:
+        keeping.close(task, Transport(host.target()))
+    except Exception:  # the host is gone: its forward went with the connection
+        if keeping.lease is not None:
+            keeping.lease.release()
 
 
 def running(task_id: int) -> bool:
