@@ -4,6 +4,7 @@ VM, the warm launch's cost, bad input on the host, the config keys, and `agentbo
 
 from __future__ import annotations
 
+import getpass
 import io
 import json
 import os
@@ -255,6 +256,66 @@ def test_gemini_and_kiro_settings_are_filtered(project: Path, vm: FakeLima, home
     assert json.loads((g / ".kiro" / "agents" / "dev.json").read_text()) == {"name": "dev", "mcpServers": {},
                                                                              "tools": ["*"]}
     assert (g / ".kiro" / "steering" / "style.md").read_text() == "Short names.\n"
+
+
+def test_sync_show_json_carries_every_line_the_text_shows(project: Path, limactl: FakeLima, home: Path) -> None:
+    """`sync --show --json` is the text's facts as data: one record per agent, one entry per line, in its order."""
+    claude_home(home)
+    write(home / ".claude" / "skills" / "red\x1b[31m" / "SKILL.md", "x\n")  # shown escaped, as in the text
+    write(home / ".codex" / "prompts" / "fix.md", "Fix it.\n")
+    write(home / ".codex" / "prompts" / "test.md", "Test it.\n")
+    text = run_cli("sync", "--show", cwd=project)
+    shown = run_cli("sync", "--show", "--json", cwd=project)
+    assert text.exit_code == 0 and shown.exit_code == 0, shown.output
+    data = json.loads(shown.stdout)
+    assert data["agentConfig"] is True and data["loginFiles"] == []
+    agents = {record["agent"]: record for record in data["agents"]}
+    assert {"claude", "codex", "gemini"} <= set(agents)
+    gh = f"/home/{getpass.getuser()}.guest"
+    claude, codex = agents["claude"], agents["codex"]
+    assert {key: claude[key] for key in ("vm", "folder", "guestFolder", "onHost")} == {
+        "vm": NAME, "folder": "~/.claude", "guestFolder": f"{gh}/.claude", "onHost": True}
+    entries = claude["entries"]
+    assert entries[0] == {"action": "copy", "path": "~/.claude/CLAUDE.md", "where": None, "why": None,
+                          "files": 1, "bytes": 10, "names": None}
+    skills = next(entry for entry in entries if entry["path"] == "~/.claude/skills/")
+    assert (skills["action"], skills["files"], skills["names"]) == ("copy", 3, ["deploy", "review"])
+    assert {"action": "drop", "path": "~/.claude/skills/red\\x1b[31m", "where": None,
+            "why": "its name has control characters or is not UTF-8", "files": None, "bytes": None,
+            "names": None} in entries
+    assert {"action": "drop", "path": "~/.claude/settings.json", "where": "statusLine",
+            "why": "it runs a program to draw the status line", "files": None, "bytes": None, "names": None} in entries
+    assert {"action": "edit", "path": "~/.claude.json", "where": "mcpServers.fetcher.env",
+            "why": "values left out, names kept (ACME_API_KEY); agents.claude.sync.mcpSecrets: true brings them",
+            "files": None, "bytes": None, "names": None} in entries
+    assert codex["entries"] == [{"action": "copy", "path": "~/.codex/prompts/", "where": None, "why": None,
+                                 "files": 2, "bytes": 17, "names": ["fix.md", "test.md"]}]
+    assert agents["gemini"]["onHost"] is False and agents["gemini"]["entries"] == []
+    # Every line of the text is one fact of the JSON, in the same order.
+    lines = iter(text.stdout.splitlines())
+    for record in data["agents"]:
+        assert next(lines) == f"{record['agent']}: {record['folder']} -> {record['guestFolder']} in the VM {NAME}"
+        if not record["onHost"]:
+            assert next(lines) == f"  (no {record['folder']} on this host: nothing to bring)"
+        for entry in record["entries"]:
+            line = next(lines)
+            assert line.startswith(f"  {entry['action']}  {entry['path']}"), line
+            if entry["action"] == "copy":
+                assert f"{entry['bytes']:,} bytes" in line and (entry["names"] is None or f"{entry['files']} file" in line)
+            else:
+                assert line.endswith(f"{' ' + entry['where'] if entry['where'] else ''}: {entry['why']}"), line
+    assert next(lines, None) is None
+
+
+def test_sync_show_json_with_agent_config_off_and_beside_a_sub_command(project: Path, limactl: FakeLima,
+                                                                      home: Path) -> None:
+    claude_home(home)
+    write(project / "agentbox.yml", "sync:\n  agentConfig: false\n")
+    shown = run_cli("sync", "--json", cwd=project)
+    assert shown.exit_code == 0, shown.output
+    assert json.loads(shown.stdout) == {"agentConfig": False, "loginFiles": ["~/.claude.json"], "agents": []}
+    refused = run_cli("sync", "--json", "pull", "claude", cwd=project)
+    assert refused.exit_code == 2 and "--json and a sub-command do not go together" in refused.stderr
 
 
 # -- edits in the VM ---------------------------------------------------------------------------------
