@@ -41,8 +41,9 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[di
     monkeypatch.setenv("HOME", str(home))
     monkeypatch.setenv("AGENTBOX_STATE_DIR", str(state))
     monkeypatch.setenv("LIMA_HOME", str(lima_home))
-    # the host's proxy variables: agentbox's proxy would go through them (agentbox.net.upstream)
-    for name in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "AGENTBOX_TIMING", "NODE_EXTRA_CA_CERTS", "HTTPS_PROXY",
+    # the host's proxy variables: agentbox's proxy would go through them (agentbox.net.upstream); and
+    # PYTHONUNBUFFERED, which users do not set and which would hide output agentbox holds in a buffer
+    for name in ("PYTHONUNBUFFERED", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "AGENTBOX_TIMING", "NODE_EXTRA_CA_CERTS", "HTTPS_PROXY",
                  "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY", "no_proxy"):
         monkeypatch.delenv(name, raising=False)
     # A new VM is created from scratch unless a test asks for the base VM (tests/test_base.py): building a
