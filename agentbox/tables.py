@@ -4,8 +4,9 @@ format of a time in them.
 Columns are as wide as their widest cell, measured in terminal columns (a CJK character takes two, a
 combining mark none). When the table is wider than the terminal (COLUMNS, else the terminal's width;
 no limit when stdout is no terminal, so scripts get whole cells), the flexible columns (the free text:
-a prompt, a message, a workspace) are cut, ending in "...". When even that cannot fit, each row is printed
-as a block of `HEADER  value` lines, so nothing wraps into the next column.
+a prompt, a state, a message, a workspace) are cut, ending in "…" (as gh does): first down to 12 columns each,
+then, from 60 columns up, as far as their headers. Only when even that cannot fit (a terminal narrower than about
+60 columns) is each row printed as a block of `HEADER  value` lines, so nothing wraps into the next column.
 
 Times are local, "YYYY-MM-DD HH:MM": absolute (the same on every run, comparable between tables and with
 `git log`), always 16 columns, and the time zone the user reads the clock in.
@@ -19,9 +20,10 @@ import time
 import unicodedata
 from collections.abc import Collection, Sequence
 
-ELLIPSIS = "..."
+ELLIPSIS = "…"
 GAP = "  "
-MIN_FLEXIBLE = 12  # a flexible column is not cut narrower than this (or its header)
+MIN_FLEXIBLE = 12  # a flexible column is first cut no narrower than this (or its header)
+BLOCKS_BELOW = 60  # from this width up a table stays a table: flexible columns may be cut to their header's width
 TIME_FORMAT = "%Y-%m-%d %H:%M"
 
 
@@ -55,7 +57,7 @@ def display_width(text: str) -> int:
 
 
 def cut(text: str, width: int) -> str:
-    """text in at most width columns; a cut one ends in "..."."""
+    """text in at most width columns; a cut one ends in "…"."""
     if display_width(text) <= width:
         return text
     room = max(width - len(ELLIPSIS), 0)
@@ -126,15 +128,21 @@ def _fitted(header: Sequence[str], natural: list[int], flexible: set[int], limit
     """Column widths within limit, the widest flexible column cut first; None when they cannot fit."""
     widths = list(natural)
     excess = sum(widths) + len(GAP) * (len(widths) - 1) - limit
-    floors = {i: min(natural[i], max(MIN_FLEXIBLE, display_width(header[i]))) for i in flexible}
-    while excess > 0:
-        shrinkable = [i for i in flexible if widths[i] > floors[i]]
-        if not shrinkable:
-            return None
-        widest = max(shrinkable, key=lambda i: widths[i])
-        widths[widest] -= 1
-        excess -= 1
-    return widths
+    if excess <= 0:
+        return widths
+    rounds = [MIN_FLEXIBLE, len(ELLIPSIS) + 1] if limit >= BLOCKS_BELOW else [MIN_FLEXIBLE]
+    for least in rounds:
+        floors = {i: min(natural[i], max(least, display_width(header[i]))) for i in flexible}
+        while excess > 0:
+            shrinkable = [i for i in flexible if widths[i] > floors[i]]
+            if not shrinkable:
+                break
+            widest = max(shrinkable, key=lambda i: widths[i])
+            widths[widest] -= 1
+            excess -= 1
+        if excess <= 0:
+            return widths
+    return None
 
 
 def _blocks(rows: Sequence[Sequence[str]], limit: int) -> list[str]:
