@@ -53,7 +53,7 @@ def _report() -> None:
         return
     total = time.perf_counter() - _STARTED
     rows = [*_phases, ("total (since agentbox was loaded)", total)]
-    # At least NAME_WIDTH, the width launch.sh's own block in the VM uses, so both blocks line up.
+    # At least NAME_WIDTH (launch.sh's block in the VM uses it too), wider when a name needs it.
     width = max(NAME_WIDTH, *(len(name) for name, _ in rows))
     lines = ["agentbox timings:"]
     for name, seconds in rows:
