@@ -174,7 +174,7 @@ def test_add_takes_the_address_as_ssh_users_type_it_and_ssh_logs_in_as_that_user
     assert [row["url"] for row in listed] == ["this machine", "ssh://me@build.example.com"]
     # A host alone (an alias of the ssh config) is taken too; then ssh's configuration says who logs in.
     assert run_agentbox("hosts", "add", "mini", "mini", cwd=project).returncode == 0
-    mini = [argv for argv in map(json.loads, ssh_log.read_text().splitlines()) if "mini" in argv and "--" in argv][0]
+    mini = next(argv for argv in map(json.loads, ssh_log.read_text().splitlines()) if "mini" in argv and "--" in argv)
     assert "-l" not in mini and mini[mini.index("--") - 1] == "mini"
 
 
