@@ -86,7 +86,7 @@ def test_a_task_on_a_host_works_on_a_copy_and_its_changes_come_home_as_a_proposa
     assert "build/out.o" not in seen["files"]
     task = record(project, task_id)
     assert (task["host"], task["isolated"], task["state"], task["proposal"]) == ("big", True, "Completed", 1)
-    assert "Completed, proposal 1 on big" in run_agentbox("tasks", cwd=project).stdout
+    assert "Completed, proposal 1 on big" in run_agentbox("tasks", cwd=project, env={**os.environ, "COLUMNS": ""}).stdout
     review = run_cli("review", "1", cwd=project)
     assert review.exit_code == 0 and "+by the agent" in review.stdout and "what I did" in review.stdout
     applied = run_cli("apply", "1", cwd=project)

@@ -90,7 +90,7 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
         table.append([host.name, host.url, "yes", _shown(facts.get("limaVersion") or "missing"),
                       _shown(facts.get("virt") or "-"), _shown(facts.get("cpus") or "-"), _gib(facts.get("memory")),
                       str(max(limit - running, 0)), str(running)])
-    tables.echo(table, flexible=(1, 2))  # ADDRESS, REACHABLE ("no, since ..."; the reason follows the table)
+    tables.echo(table, flexible=(1, 2))  # cut first ADDRESS, then REACHABLE ("no, since ..."; the reason follows it)
     for before, (host, _facts, error) in zip(asked, rows, strict=True):
         if error and before.unreachable_since is None:  # the table says "no, since": the reason is said once
             warn(f"{host.name}: {error}")
