@@ -4,8 +4,8 @@ format of a time in them.
 Columns are as wide as their widest cell, measured in terminal columns (a CJK character takes two, a
 combining mark none). When the table is wider than the terminal (COLUMNS, else the terminal's width;
 no limit when stdout is no terminal, so scripts get whole cells), the flexible columns (the free text:
-a prompt, a state, a message, a workspace) are cut, ending in "…" (as gh does), in the order the table
-gives: first down to 12 columns each, then, from 60 columns up, as far as their headers. Only when even that
+a prompt, a state, a message, a workspace) are cut, ending in "…" (as gh does), one after the other in the
+order the table gives: each down to 12 columns, or from 60 columns up as far as its header. Only when even that
 cannot fit (a terminal narrower than about 60 columns) is each row printed as a block of `HEADER  value`
 lines, so nothing wraps into the next column.
 
@@ -127,21 +127,20 @@ def echo(rows: Sequence[Sequence[str]], flexible: Sequence[int] = (-1,), right: 
 
 
 def _fitted(header: Sequence[str], natural: list[int], flexible: list[int], limit: int) -> list[int] | None:
-    """Column widths within limit, the flexible columns cut in their order, each as far as the round's floor before
-    the next; None when they cannot fit."""
+    """Column widths within limit, the flexible columns cut in their order, each as far as it may go (12 columns,
+    then from BLOCKS_BELOW up its header's width) before the next; None when they cannot fit."""
     widths = list(natural)
     excess = sum(widths) + len(GAP) * (len(widths) - 1) - limit
     if excess <= 0:
         return widths
-    rounds = [MIN_FLEXIBLE, len(ELLIPSIS) + 1] if limit >= BLOCKS_BELOW else [MIN_FLEXIBLE]
-    for least in rounds:
-        floors = {i: min(natural[i], max(least, display_width(header[i]))) for i in flexible}
-        for i in flexible:
-            given = min(excess, max(widths[i] - floors[i], 0))
+    floors = [MIN_FLEXIBLE, len(ELLIPSIS) + 1] if limit >= BLOCKS_BELOW else [MIN_FLEXIBLE]
+    for i in flexible:  # a column is cut as far as it may go before the next one is touched
+        for least in floors:
+            given = min(excess, max(widths[i] - min(natural[i], max(least, display_width(header[i]))), 0))
             widths[i] -= given
             excess -= given
-        if excess <= 0:
-            return widths
+            if excess <= 0:
+                return widths
     return None
 
 
