@@ -4,8 +4,10 @@ format of a time in them.
 Columns are as wide as their widest cell, measured in terminal columns (a CJK character takes two, a
 combining mark none). When the table is wider than the terminal (COLUMNS, else the terminal's width;
 no limit when stdout is no terminal, so scripts get whole cells), the flexible columns (the free text:
-a prompt, a message, a workspace) are cut, ending in "...". When even that cannot fit, each row is printed
-as a block of `HEADER  value` lines, so nothing wraps into the next column.
+a prompt, a state, a message, a workspace) are cut, ending in "…" (as gh does), one after the other in the
+order the table gives: each down to 12 columns, or from 60 columns up as far as its header. Only when even that
+cannot fit (a terminal narrower than about 60 columns) is each row printed as a block of `HEADER  value`
+lines, so nothing wraps into the next column.
 
 Times are local, "YYYY-MM-DD HH:MM": absolute (the same on every run, comparable between tables and with
 `git log`), always 16 columns, and the time zone the user reads the clock in.
@@ -19,9 +21,10 @@ import time
 import unicodedata
 from collections.abc import Collection, Sequence
 
-ELLIPSIS = "..."
+ELLIPSIS = "…"
 GAP = "  "
-MIN_FLEXIBLE = 12  # a flexible column is not cut narrower than this (or its header)
+MIN_FLEXIBLE = 12  # a flexible column is first cut no narrower than this (or its header)
+BLOCKS_BELOW = 60  # from this width up a table stays a table: flexible columns may be cut to their header's width
 TIME_FORMAT = "%Y-%m-%d %H:%M"
 
 
@@ -55,7 +58,7 @@ def display_width(text: str) -> int:
 
 
 def cut(text: str, width: int) -> str:
-    """text in at most width columns; a cut one ends in "..."."""
+    """text in at most width columns; a cut one ends in "…"."""
     if display_width(text) <= width:
         return text
     room = max(width - len(ELLIPSIS), 0)
@@ -85,19 +88,20 @@ def terminal_columns() -> int | None:
     return None
 
 
-def render(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), right: Collection[int] = (),
+def render(rows: Sequence[Sequence[str]], flexible: Sequence[int] = (-1,), right: Collection[int] = (),
            width: int | None = None) -> list[str]:
-    """The lines of a table; rows[0] is the header. `flexible`: the columns that may be cut (negative counts
-    from the end); `right`: the right-aligned ones (numbers). `width`: the room, by default terminal_columns()."""
+    """The lines of a table; rows[0] is the header. `flexible`: the columns that may be cut, the first given up
+    first (negative counts from the end); `right`: the right-aligned ones (numbers). `width`: the room, by default
+    terminal_columns()."""
     count = len(rows[0])
-    flexible = {index % count for index in flexible}
+    order = list(dict.fromkeys(index % count for index in flexible))
     right = {index % count for index in right}
     sizes = [[display_width(cell) for cell in row] for row in rows]  # once per cell: a listing may have 1,000 rows
     natural = [max(row[i] for row in sizes) for i in range(count)]
     limit = terminal_columns() if width is None else width
     widths: list[int] | None = natural
     if limit is not None:
-        widths = _fitted(rows[0], natural, flexible, limit)
+        widths = _fitted(rows[0], natural, order, limit)
     if widths is None:
         assert limit is not None
         return _blocks(rows, limit)
@@ -113,7 +117,7 @@ def render(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), rig
     return lines
 
 
-def echo(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), right: Collection[int] = ()) -> None:
+def echo(rows: Sequence[Sequence[str]], flexible: Sequence[int] = (-1,), right: Collection[int] = ()) -> None:
     """Print a table on stdout (see render)."""
     import click
 
@@ -122,19 +126,22 @@ def echo(rows: Sequence[Sequence[str]], flexible: Collection[int] = (-1,), right
         click.echo("\n".join(lines))  # one write, not one per row
 
 
-def _fitted(header: Sequence[str], natural: list[int], flexible: set[int], limit: int) -> list[int] | None:
-    """Column widths within limit, the widest flexible column cut first; None when they cannot fit."""
+def _fitted(header: Sequence[str], natural: list[int], flexible: list[int], limit: int) -> list[int] | None:
+    """Column widths within limit, the flexible columns cut in their order, each as far as it may go (12 columns,
+    then from BLOCKS_BELOW up its header's width) before the next; None when they cannot fit."""
     widths = list(natural)
     excess = sum(widths) + len(GAP) * (len(widths) - 1) - limit
-    floors = {i: min(natural[i], max(MIN_FLEXIBLE, display_width(header[i]))) for i in flexible}
-    while excess > 0:
-        shrinkable = [i for i in flexible if widths[i] > floors[i]]
-        if not shrinkable:
-            return None
-        widest = max(shrinkable, key=lambda i: widths[i])
-        widths[widest] -= 1
-        excess -= 1
-    return widths
+    if excess <= 0:
+        return widths
+    floors = [MIN_FLEXIBLE, len(ELLIPSIS) + 1] if limit >= BLOCKS_BELOW else [MIN_FLEXIBLE]
+    for i in flexible:  # a column is cut as far as it may go before the next one is touched
+        for least in floors:
+            given = min(excess, max(widths[i] - min(natural[i], max(least, display_width(header[i]))), 0))
+            widths[i] -= given
+            excess -= given
+            if excess <= 0:
+                return widths
+    return None
 
 
 def _blocks(rows: Sequence[Sequence[str]], limit: int) -> list[str]:

@@ -4,7 +4,12 @@ Whatever ran in the VM wrote straight to the user's terminal, and may have left 
 garbles what agentbox prints next: concealed or same-colour text, the alternate screen, a scroll region, a
 hidden cursor, the line-drawing charset, insert or origin mode. `restore` undoes those modes one by one,
 and nothing else: unlike `reset` it neither clears the screen nor moves the cursor, so the program's last
-output stays where it was. Only a terminal gets the bytes; a pipe or file never does.
+output stays where it was and what agentbox prints next goes below it. Only a terminal gets the bytes; a pipe or
+file never does.
+
+Origin mode is the one mode that may survive: DECRC brings back the origin mode DECSC saved with the cursor, and
+turning it off homes the cursor. When a program left it on, it stays on, but over the whole screen (the scroll
+region is reset), where it addresses the same cells as off; keeping the cursor in place matters more.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ RESTORE = "".join((
     "\x0f",  # shift in: G0 in use (after SO, G1 was)
     CSI + "4l",  # insert mode off
     CSI + "20l",  # line feed is a line feed (newline mode off)
-    CSI + "?6l",  # origin mode off, before the scroll region is saved with the cursor
     CSI + "?7h",  # autowrap on
-    ESC + "7" + CSI + "r" + ESC + "8",  # the whole screen scrolls; DECSTBM homes the cursor, so save and restore it
+    # Origin mode off and the whole screen as the scroll region: each of the two homes the cursor, so they go
+    # between a save and a restore of it (after SGR 0 and the charsets, which the save keeps too).
+    ESC + "7" + CSI + "?6l" + CSI + "r" + ESC + "8",
     CSI + "?25h",  # cursor visible
     CSI + "?1l",  # cursor keys in normal mode
     ESC + ">",  # keypad in numeric mode

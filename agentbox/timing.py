@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _STARTED = time.perf_counter()
+NAME_WIDTH = 34  # the phase names' column (wider when a name is longer); the numbers follow, right-aligned
 _phases: list[tuple[str, float]] = []
 _enabled = os.environ.get("AGENTBOX_TIMING", "") not in ("", "0")
 _registered = False
@@ -51,8 +52,10 @@ def _report() -> None:
     if not _phases:
         return
     total = time.perf_counter() - _STARTED
+    rows = [*_phases, ("total (since agentbox was loaded)", total)]
+    # At least NAME_WIDTH (launch.sh's block in the VM uses it too), wider when a name needs it.
+    width = max(NAME_WIDTH, *(len(name) for name, _ in rows))
     lines = ["agentbox timings:"]
-    for name, seconds in _phases:
-        lines.append(f"  {name:34} {seconds * 1000:8.1f} ms")
-    lines.append(f"  {'total (since agentbox was loaded)':34} {total * 1000:8.1f} ms")
+    for name, seconds in rows:
+        lines.append(f"  {name:{width}} {seconds * 1000:8.1f} ms")
     print("\n".join(lines), file=sys.stderr, flush=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_a_host_that_does_not_answer_is_listed_as_unreachable_with_since_when(re
     doctor = run_agentbox("hosts", "doctor", "big", cwd=project)
     assert doctor.returncode == 1 and "FAIL  ssh to remote1 failed: host big is unreachable" in doctor.stdout
     assert "batch mode" in doctor.stdout
-    table = run_agentbox("hosts", "ls", cwd=project)
+    table = run_agentbox("hosts", "ls", cwd=project, env={**os.environ, "COLUMNS": "250"})
     assert "no, since 20" in table.stdout  # "no, since YYYY-MM-DD HH:MM"
     host.start()
     again = run_agentbox("hosts", "ls", "--json", cwd=project)
@@ -116,10 +117,15 @@ def ssh_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
      " agentbox passes to ssh"),
     (["ssh://-Jevil@build.example.com"], "'ssh://-Jevil@build.example.com': '-Jevil' is not a user name agentbox"
      " passes to ssh"),
-    (["--", "-Jevil.example.com"], "'-Jevil.example.com' is not an ssh:// address"),
-    (["--", "-oProxyCommand=touch /tmp/x"], "'-oProxyCommand=touch /tmp/x' is not an ssh:// address"),
+    (["--", "-Jevil.example.com"], "'-Jevil.example.com' is not an address: ssh would read it as an option"),
+    (["--", "-oProxyCommand=touch /tmp/x"], "'-oProxyCommand=touch /tmp/x' is not an address: ssh would read it as"
+     " an option"),
+    (["--", "me@-Jevil.example.com"], "'me@-Jevil.example.com': '-Jevil.example.com' is not a host name"),
+    (["--", "-Jevil@build.example.com"], "'-Jevil@build.example.com' is not an address: ssh would read it as an"
+     " option"),
     (["-Jevil.example.com"], "No such option"),  # click's own refusal (its wording varies by version)
-], ids=["ssh-J", "ssh-oProxyCommand", "ssh-J-port", "ssh-user-J", "bare-J", "bare-oProxyCommand", "option-J"])
+], ids=["ssh-J", "ssh-oProxyCommand", "ssh-J-port", "ssh-user-J", "bare-J", "bare-oProxyCommand", "bare-host-J",
+        "bare-user-J", "option-J"])
 def test_an_address_ssh_would_read_as_an_option_is_refused_and_ssh_never_runs(project: Path, ssh_log: Path,
                                                                               args: list[str], said: str) -> None:
     """ssh reads a destination that starts with `-` as its options (`-J` a jump host, `-o ProxyCommand=` a
@@ -155,3 +161,51 @@ def test_doctor_local_checks_this_machine_like_a_host(project: Path, limactl: ob
     kvm = os.access("/dev/kvm", os.R_OK | os.W_OK)
     assert checks["virtualisation"]["status"] == ("OK" if kvm else "FAIL")
     assert doctor.returncode == (0 if kvm and checks["disk"]["status"] != "FAIL" else 1)
+
+
+def test_add_takes_the_address_as_ssh_users_type_it_and_ssh_logs_in_as_that_user(project: Path,
+                                                                                 ssh_log: Path) -> None:
+    added = run_agentbox("hosts", "add", "big", "me@build.example.com", cwd=project)
+    assert added.returncode == 0, added.stderr
+    assert "added host big (ssh://me@build.example.com)" in added.stderr
+    first = json.loads(ssh_log.read_text().splitlines()[0])
+    assert first[first.index("-l"):first.index("--")] == ["-l", "me", "-T", "build.example.com"]
+    listed = json.loads(run_agentbox("hosts", "ls", "--json", cwd=project).stdout)
+    assert [row["url"] for row in listed] == ["this machine", "ssh://me@build.example.com"]
+    # A host alone (an alias of the ssh config) is taken too; then ssh's configuration says who logs in.
+    assert run_agentbox("hosts", "add", "mini", "mini", cwd=project).returncode == 0
+    mini = next(argv for argv in map(json.loads, ssh_log.read_text().splitlines()) if "mini" in argv and "--" in argv)
+    assert "-l" not in mini and mini[mini.index("--") - 1] == "mini"
+
+
+ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ")
+
+
+def test_ls_json_says_why_a_host_is_unreachable_each_time_with_iso_times(project: Path, ssh_log: Path) -> None:
+    assert run_agentbox("hosts", "add", "big", "ssh://me@build.example.com", "--no-check", cwd=project).returncode == 0
+    for attempt in ("first", "again"):
+        listed = run_agentbox("hosts", "ls", "--json", cwd=project)
+        assert listed.returncode == 0, listed.stderr
+        row = json.loads(listed.stdout)[1]
+        assert row["reachable"] is False, attempt
+        assert "host big is unreachable" in row["error"] and "Connection refused" in row["error"], (attempt, row)
+        assert ISO.fullmatch(row["unreachableSince"]), (attempt, row)
+        assert row["lastSeen"] is None
+    # The table says the reason once, then "no, since ...".
+    table = run_agentbox("hosts", "ls", cwd=project, env={**os.environ, "COLUMNS": "250"})
+    assert "no, since 20" in table.stdout and "Connection refused" not in table.stderr
+
+
+def test_ls_at_80_columns_cuts_the_free_text_and_stays_a_table(project: Path, ssh_log: Path,
+                                                               limactl: object) -> None:
+    address = "ssh://someone-with-a-long-name@build-server-east.example.com:2222"
+    assert run_agentbox("hosts", "add", "big", address, "--no-check", cwd=project).returncode == 0
+    for width, rows in ((80, 3), (250, 3)):
+        table = run_agentbox("hosts", "ls", cwd=project, env={**os.environ, "COLUMNS": str(width)})
+        assert table.returncode == 0, table.stderr
+        lines = table.stdout.splitlines()
+        assert len(lines) == rows, lines  # the header and one line a host
+        assert lines[0].split()[:3] == ["NAME", "ADDRESS", "REACHABLE"]
+        assert all(len(line) <= width for line in lines), lines
+        assert lines[2].startswith("big ")
+        assert (address in lines[2]) == (width == 250) and ("…" in lines[2]) == (width == 80)

@@ -87,7 +87,7 @@ def test_a_task_on_a_host_works_on_a_copy_and_its_changes_come_home_as_a_proposa
     assert "build/out.o" not in seen["files"]
     task = record(project, task_id)
     assert (task["host"], task["isolated"], task["state"], task["proposal"]) == ("big", True, "Completed", 1)
-    assert "Completed, proposal 1 on big" in run_agentbox("tasks", cwd=project).stdout
+    assert "Completed, proposal 1 on big" in run_agentbox("tasks", cwd=project, env={**os.environ, "COLUMNS": ""}).stdout
     review = run_cli("review", "1", cwd=project)
     assert review.exit_code == 0 and "+by the agent" in review.stdout and "what I did" in review.stdout
     applied = run_cli("apply", "1", cwd=project)
@@ -133,7 +133,8 @@ def test_tasks_shows_the_last_known_state_without_asking_and_refresh_asks(
     listing = run_agentbox("tasks", cwd=project)
     assert time.monotonic() - started < 5  # no host is asked
     assert "Running on big" in listing.stdout
-    refreshed = run_agentbox("tasks", "--refresh", cwd=project)
+    # Whole cells, as in a pipe (the worker may have a COLUMNS in its environment, which would cut the state).
+    refreshed = run_agentbox("tasks", "--refresh", cwd=project, env={**os.environ, "COLUMNS": ""})
     assert "Running on big (unreachable since" in refreshed.stdout
     assert record(project, task_id)["unreachableSince"] is not None
     host.start()
@@ -156,7 +157,7 @@ def test_a_host_that_does_not_answer_at_submit_keeps_the_task_waiting_until_it_d
     task_id = submit(project, "--on", "big", "do:write:late.txt:done")
     task = record(project, task_id)
     assert task["state"] == "Pending"
-    assert "waiting for the host" in run_agentbox("tasks", cwd=project).stdout
+    assert "waiting for the host" in run_agentbox("tasks", cwd=project, env={**os.environ, "COLUMNS": ""}).stdout
     host.start()
     done = run_agentbox("wait", str(task_id), cwd=project, timeout=240)
     assert done.returncode == 0, done.stderr

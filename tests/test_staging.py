@@ -16,7 +16,7 @@ from agentbox import contract, paths
 from agentbox.net import guard as netguard
 from agentbox.net import policy as netpolicy
 from agentbox.session import staging
-from tests.helpers import NAME, FakeLima, write, write_trusted
+from tests.helpers import NAME, FakeLima, run_agentbox, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
@@ -180,3 +180,18 @@ def test_doctor_probe_and_launch_sh_agree_on_the_guards() -> None:
     assert re.search(rf'^hooks_dir="{re.escape(hooks.group(1))}"', probe, re.M)
     for wrapper in ("git", "gh"):
         assert f"# {marker.group(1)}\n" in (REPO / "wrappers" / wrapper).read_text()
+
+
+def test_timings_are_a_table_names_in_one_column_numbers_right_aligned_in_another(vm: FakeLima,
+                                                                                     project: Path) -> None:
+    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n")
+    result = run_agentbox("--timings", "claude", "-p", "hi", cwd=project, timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    block = lines[lines.index("agentbox timings:") + 1:]
+    block = block[: next((i for i, line in enumerate(block) if not line.startswith("  ")), len(block))]
+    assert len(block) >= 5 and block[-1].startswith("  total (since agentbox was loaded) "), block
+    assert max(len(line.split("  ")[1]) for line in block) > 34  # a name longer than the column once was
+    for line in block:
+        assert re.fullmatch(r"  \S.*?\s+\d+\.\d ms", line), line
+    assert len({len(line) for line in block}) == 1, "\n".join(block)  # the numbers end in one column

@@ -76,7 +76,7 @@ def test_tasks_table_fits_the_terminal_and_cuts_only_the_free_text(two_tasks: Pa
         {start_of(lines[0], "PROMPT")}
     assert SHOWN in lines[1] and SHOWN in lines[2]  # times are never cut
     if width == 80:
-        assert lines[1].endswith("...") and LONG_PROMPT not in lines[1]
+        assert lines[1].endswith("…") and LONG_PROMPT not in lines[1]
     else:
         assert lines[1].endswith(LONG_PROMPT)
 
@@ -89,7 +89,7 @@ def test_a_terminal_too_narrow_for_columns_gets_one_block_per_row(two_tasks: Pat
                                                    "PROMPT"]
     assert {start_of(line, line.split(None, 1)[1]) for line in first} == {len("STARTED  ")}
     assert f"STARTED  {SHOWN}" in first
-    assert first[-1].startswith("PROMPT   Make the failing") and first[-1].endswith("...")
+    assert first[-1].startswith("PROMPT   Make the failing") and first[-1].endswith("…")
 
 
 def test_tasks_ls_is_the_tasks_listing(two_tasks: Path) -> None:
@@ -132,3 +132,33 @@ def test_checkpoints_show_times_in_the_tables_format(project: Path, limactl: Fak
 def test_every_recorded_time_reads_the_same(recorded: str | int, epoch: int) -> None:
     assert tables.local_time(recorded) == time.strftime("%Y-%m-%d %H:%M", time.localtime(epoch))
     assert tables.local_time(None) == "-"
+
+
+def away_task(project: Path) -> records.Task:
+    """A task running on a host that stopped answering: its STATE is the longest a task shows."""
+    task = records.create("agentbox-x", project, "claude", ["claude"], str(project), LONG_PROMPT.encode(),
+                          name="tests", timeout=None, worktree=None, host="build-server-east", isolated=True)
+    records.advance(task, taskstate.QUEUED, at=STARTED)
+    records.advance(task, taskstate.RUNNING, at=STARTED, handed=True, seen=STARTED + 60,
+                    unreachable_since=STARTED + 90)
+    records.save(task)
+    return task
+
+
+@pytest.mark.parametrize("width", [70, 80])
+def test_a_long_state_is_cut_and_the_tasks_table_stays_one_line_a_row(two_tasks: Path, width: int) -> None:
+    away_task(two_tasks)
+    lines = listing(two_tasks, "tasks", width=width)
+    assert len(lines) == 4, lines  # the header and one line a task: no blocks
+    assert all(columns_of(line) <= width for line in lines), lines
+    assert lines[0].split()[:4] == ["ID", "NAME", "AGENT", "STATE"]
+    away = lines[3]
+    state = away[len(lines[0][: lines[0].index("STATE")]):].split("  ")[0]
+    assert state.startswith("Run") and state.endswith("…"), lines  # the state's start, cut
+    assert SHOWN in away  # the time it started is never cut
+    starts = {start_of(lines[0], "STARTED"), *(start_of(line, SHOWN) for line in lines[1:])}
+    assert len(starts) == 1, lines
+    # The control: with room for it, the whole state is shown.
+    wide = listing(two_tasks, "tasks", width=250)
+    assert f"(unreachable since {tables.local_time(STARTED + 90)}; seen {tables.local_time(STARTED + 60)})" \
+        in wide[3]

@@ -6,6 +6,7 @@ import fcntl
 import os
 import pty
 import select
+import shlex
 import subprocess
 import sys
 import termios
@@ -16,7 +17,7 @@ import pytest
 
 from agentbox import terminal
 from agentbox.review import tripwire
-from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write
+from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, wait_for, write, write_trusted
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-c", "init.defaultBranch=main"]
 # Concealed text, the alternate screen, a scroll region, no cursor, the line-drawing charset: then a change the
@@ -98,10 +99,45 @@ def test_without_a_terminal_no_restore_bytes_are_written(repo: Path) -> None:
 
 
 def test_the_restore_leaves_the_screen_and_the_cursor_where_they_are() -> None:
-    # No full reset (ESC c), no erase (ESC [ J / K), no cursor move other than around DECSTBM, no 1049 (moves it).
+    # No full reset (ESC c), no erase (ESC [ J / K), no 1049 (moves it), no cursor move other than by origin mode
+    # off and DECSTBM, which both home it: they come only between a save and a restore of the cursor.
     sequence = terminal.RESTORE
     for forbidden in ("\x1bc", "[J", "[2J", "[K", "[H", "?1049"):
         assert forbidden not in sequence
-    assert "\x1b7\x1b[r\x1b8" in sequence
-    for wanted in ("\x1b[0m", "\x1b[?1047l", "\x1b[?25h", "\x1b(B", "\x0f", "\x1b[4l", "\x1b[?6l", "\x1b[?7h"):
+    saved = "\x1b7\x1b[?6l\x1b[r\x1b8"
+    assert sequence.count(saved) == 1
+    assert "?6l" not in sequence.replace(saved, "") and "[r" not in sequence.replace(saved, "")
+    for wanted in ("\x1b[0m", "\x1b[?1047l", "\x1b[?25h", "\x1b(B", "\x0f", "\x1b[4l", "\x1b[?7h"):
         assert wanted in sequence
+
+
+def tmux(socket: Path, *args: str) -> str:
+    return subprocess.run(["tmux", "-S", str(socket), *args], capture_output=True, text=True, check=True,
+                          timeout=30).stdout
+
+
+# A real terminal (tmux at 80x24): lines printed before a VM command stay where they are, and what follows the
+# command is written below them. Origin mode off and the scroll-region reset each home the cursor, which put the
+# next output and the prompt over row 1 after every session.
+@pytest.mark.needs("tmux")
+@pytest.mark.parametrize("command", [("shell", "--", "true"), ("claude", "-p", "hello")])
+def test_after_a_vm_command_the_cursor_stays_below_what_was_printed(vm: FakeLima, project: Path, tmp_path: Path,
+                                                                    command: tuple[str, ...]) -> None:
+    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n")
+    finished = tmp_path / "finished"
+    script = write(tmp_path / "day.sh", "printf 'first line\\nsecond line\\nthird line\\n'\n"
+                   + shlex.join([sys.executable, "-m", "agentbox", *command]) + "\n"
+                   + f"echo \"after: $?\"\ntouch {shlex.quote(str(finished))}\nexec sleep 600\n")
+    socket = tmp_path / "tmux"
+    env = {name: value for name, value in os.environ.items() if name not in ("TMUX", "TMUX_PANE")}
+    subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-x", "80", "-y", "24",
+                    "-c", str(project), "sh", str(script)], env=env, check=True, timeout=30)
+    try:
+        wait_for(finished.exists, 120, "the command to end in tmux")
+        cursor = int(tmux(socket, "display", "-p", "#{cursor_y}"))
+        screen = tmux(socket, "capture-pane", "-p").splitlines()
+    finally:
+        subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True, timeout=30)
+    assert screen[:3] == ["first line", "second line", "third line"], screen
+    after = screen.index("after: 0")
+    assert cursor == after + 1, (cursor, screen)

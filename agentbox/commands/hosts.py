@@ -38,15 +38,15 @@ def hosts_group(ctx: click.Context) -> None:
 
 @hosts_group.command("add")
 @click.argument("name")
-@click.argument("url", metavar="ssh://[USER@]HOST[:PORT]")
+@click.argument("url", metavar="[ssh://][USER@]HOST[:PORT]")
 @click.option("--no-check", is_flag=True, help="Record it without contacting it.")
 def add_command(name: str, url: str, no_check: bool) -> None:
-    """Add a host: NAME for `run --on NAME`, reached as URL with your ssh config and keys."""
+    """Add a host: NAME for `run --on NAME`, reached with your ssh config and keys as `ssh [USER@]HOST` would."""
     from agentbox.doctor import format_text
     from agentbox.remote import hosts
 
     host = hosts.add(name, url)
-    say(f"added host {name} ({url})")
+    say(f"added host {name} ({host.url})")
     if no_check:
         return
     checks = host_checks(host)
@@ -71,12 +71,13 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
 
     found = hosts.all_hosts()
     slots = _slots(ctx)
-    rows = _ask_all([LOCAL_HOST, *found])
+    asked = [LOCAL_HOST, *found]
+    rows = _ask_all(asked)
     if as_json:
         click.echo(json.dumps([_json_row(host, facts, error, slots) for host, facts, error in rows], indent=2))
         return
     if not found:
-        note("no other hosts yet: `agentbox hosts add NAME ssh://[user@]host[:port]` adds one")
+        note("no other hosts yet: `agentbox hosts add NAME [user@]host` adds one")
     table = [["NAME", "ADDRESS", "REACHABLE", "LIMA", "VIRT", "CPUS", "MEMORY", "FREE SLOTS", "RUNNING"]]
     for host, facts, _error in rows:
         if facts is None:
@@ -89,9 +90,9 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
         table.append([host.name, host.url, "yes", _shown(facts.get("limaVersion") or "missing"),
                       _shown(facts.get("virt") or "-"), _shown(facts.get("cpus") or "-"), _gib(facts.get("memory")),
                       str(max(limit - running, 0)), str(running)])
-    tables.echo(table, flexible=(1,))
-    for host, _facts, error in rows:
-        if error:
+    tables.echo(table, flexible=(1, 2))  # cut first ADDRESS, then REACHABLE ("no, since ..."; the reason follows it)
+    for before, (host, _facts, error) in zip(asked, rows, strict=True):
+        if error and before.unreachable_since is None:  # the table says "no, since": the reason is said once
             warn(f"{host.name}: {error}")
 
 
@@ -228,8 +229,8 @@ def _judged(facts: dict[str, Any]) -> list[Check]:
 
 
 def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str | None]]:
-    """Each host's facts (the runtime contract's `describe`), asked in parallel; (host, None, why) for one that
-    did not answer."""
+    """Each host's facts (the runtime contract's `describe`), asked in parallel; (host as recorded now, None, why)
+    for one that did not answer."""
     from concurrent.futures import ThreadPoolExecutor
 
     from agentbox import runtime
@@ -247,7 +248,7 @@ def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str |
         try:
             facts = runtime.place(host.name).describe()
         except Unreachable as exc:
-            return hosts.unreachable(host), None, None if host.unreachable_since else exc.message
+            return hosts.unreachable(host), None, exc.message
         except FarError as exc:
             return hosts.reached(host), None, exc.message
         return hosts.reached(host, facts), facts, None
@@ -274,10 +275,13 @@ def _slots(ctx: click.Context) -> dict[str, int]:
 
 
 def _json_row(host: Host, facts: dict[str, Any] | None, error: str | None, slots: dict[str, int]) -> dict[str, Any]:
+    """A host for `hosts ls --json`: times in ISO 8601 (UTC), and why it did not answer each time it did not."""
+    from agentbox.tasks import records
+
     limit = slots.get(host.name, slots.get("*", 2))
     running = int((facts or {}).get("running") or 0)
     return {"name": host.name, "url": host.url, "reachable": facts is not None, "error": error,
-            "lastSeen": host.seen, "unreachableSince": host.unreachable_since,
+            "lastSeen": records.iso(host.seen), "unreachableSince": records.iso(host.unreachable_since),
             "limaVersion": (facts or {}).get("limaVersion"), "virt": (facts or {}).get("virt"),
             "cpus": (facts or {}).get("cpus"), "memory": (facts or {}).get("memory"),
             "diskFree": (facts or {}).get("diskFree"), "slots": limit,

@@ -269,7 +269,7 @@ def _table(found: list[Task]) -> None:
         rows.append((str(task.id), visible(task.name or ""), task.agent, state,
                      "" if task.exit_code is None else str(task.exit_code),
                      tables.local_time(task.started) if task.started else "", took, summary))
-    tables.echo(rows, flexible=(1, -1))
+    tables.echo(rows, flexible=(-1, 1, 3))  # cut first PROMPT, then NAME, last STATE (a proposal, a host away)
 
 
 def _span(seconds: float) -> str:

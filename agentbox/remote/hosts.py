@@ -1,4 +1,4 @@
-"""The machines agentbox may send isolated tasks to (`agentbox hosts add NAME ssh://[user@]host[:port]`).
+"""The machines agentbox may send isolated tasks to (`agentbox hosts add NAME [ssh://][user@]host[:port]`).
 
 Each is `<state>/hosts/NAME/host.json` (paths.hosts_dir): the address, when it was added, and what agentbox last
 learnt of it (the far end's facts, when it was last reached, since when it has been unreachable). Nothing secret:
@@ -29,7 +29,8 @@ MAX_RECORD = 256 * 1024
 # A DNS name, an IPv4 address or a bracketed IPv6 address; and an ssh config alias (letters, digits, . _ -).
 _HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})|\[[0-9A-Fa-f:.%a-z]{2,60}\]")
 _USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
-ADD_HINT = "Add it with `agentbox hosts add NAME ssh://[user@]host[:port]`; `agentbox hosts ls` lists the hosts."
+ADD_HINT = ("Add it with `agentbox hosts add NAME [user@]host` (or ssh://[user@]host[:port]); `agentbox hosts ls` "
+            "lists the hosts.")
 
 
 class UnknownHost(AgentboxError):
@@ -66,12 +67,20 @@ class Host(NamedTuple):
                    seen=data.get("seen"), unreachable_since=data.get("unreachableSince"))
 
 
+def normal_url(url: str) -> str:
+    """The address as agentbox records it: `user@host` as ssh users type it is `ssh://user@host`."""
+    return url if "://" in url else "ssh://" + url
+
+
 def parse_url(url: str) -> tuple[str | None, str, int | None]:
-    """(user, host, port) of `ssh://[user@]host[:port]`; ConfigError says what is wrong."""
-    hint = "Write it as ssh://[user@]host[:port], e.g. ssh://me@build.example.com or ssh://mini:2222."
-    if not url.startswith("ssh://"):
+    """(user, host, port) of `[ssh://][user@]host[:port]`; ConfigError says what is wrong."""
+    hint = ("Write it as ssh://[user@]host[:port] or as you would after `ssh`, e.g. me@build.example.com, "
+            "ssh://mini:2222.")
+    if url.startswith("-"):
+        raise ConfigError(f"{url!r} is not an address: ssh would read it as an option", hint=hint)
+    if "://" in url and not url.startswith("ssh://"):
         raise ConfigError(f"{url!r} is not an ssh:// address", hint=hint)
-    rest = url[len("ssh://"):].rstrip("/")
+    rest = url.removeprefix("ssh://").rstrip("/")
     if not rest or "/" in rest or "?" in rest or "#" in rest:
         raise ConfigError(f"{url!r}: agentbox takes only ssh://[user@]host[:port], with no path", hint=hint)
     user = None
@@ -105,6 +114,7 @@ def add(name: str, url: str) -> Host:
     if problem:
         raise ConfigError(f"host name {problem}", hint="Pick another name, e.g. `server` or `mini`.")
     user, hostname, port = parse_url(url)
+    url = normal_url(url)
     if get(name) is not None:
         raise ConfigError(f"a host named {name} is already added ({get(name).url})",  # type: ignore[union-attr]
                           hint=f"`agentbox hosts rm {name}` first, or pick another name.")
