@@ -2,10 +2,10 @@
 
 A step (`with Progress("Starting VM agentbox-x"):`) ends with exactly one line, `Starting VM
 agentbox-x: done (3s)` (or `failed`, `interrupted`). Meanwhile, on a terminal, one live line shows a
-spinner, the elapsed seconds and the phase read from limactl's output; it is cut to the terminal's
-width, read again at every tick, so it never wraps, even after a resize (a wrapped line could not
-be rewritten in place). Elsewhere (a pipe, a log, TERM=dumb) the step's line is started at once
-and completed when the step ends, with no cursor movement at all.
+spinner, the elapsed seconds and the last phase limactl's output named (none before it names one);
+it is cut to the terminal's width, read again at every tick, so it never wraps, even after a resize
+(a wrapped line could not be rewritten in place). Elsewhere (a pipe, a log, TERM=dumb) the step's
+line is started at once and completed when the step ends, with no cursor movement at all.
 
 limactl's warnings and errors are always shown, as `agentbox: limactl warning: ...`; its info
 chatter only with -v, which streams every line. -q silences steps that succeed and notes, never
@@ -44,7 +44,7 @@ _PHASES = (
     ("has shut down", "stopped"),
 )
 PHASE_ORDER = (
-    "starting",
+    "",  # nothing said yet: the title names what the step does, so no word of its own (never "starting" on a stop)
     "downloading the image",
     "creating the VM",
     "VM created",
@@ -204,7 +204,8 @@ class Progress:
         spinner = _SPINNER[self._frame % len(_SPINNER)]
         self._frame += 1
         # One column is kept free: writing the last column leaves some terminals waiting to wrap.
-        text = fit(f"{spinner} {self.title}", f" [{elapsed:.0f}s] {self.phase}", terminal_width(self.stream) - 1)
+        tail = f" [{elapsed:.0f}s] {self.phase}" if self.phase else f" [{elapsed:.0f}s]"
+        text = fit(f"{spinner} {self.title}", tail, terminal_width(self.stream) - 1)
         self._write(_CLEAR_LINE + text)
 
     def _interrupt_line(self) -> None:

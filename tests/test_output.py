@@ -244,6 +244,17 @@ def test_one_line_per_step_without_a_terminal(project: Path, limactl: FakeLima) 
     assert re.fullmatch(rf"Stopping VM {NAME} \(forced\): done \(\d+s\)\n", forced.stderr), forced.stderr
 
 
+def test_the_live_line_names_no_phase_limactl_has_not_reached(project: Path, limactl: FakeLima) -> None:
+    """A stop's (or a create's) line never says `starting`: until limactl names a phase, the title says it all."""
+    assert run_cli("start", cwd=project).exit_code == 0
+    session = in_terminal(project, "stop", columns=80, env={"FAKE_LIMACTL_LATENCY": "stop=0.6"})
+    assert session.code == 0, session.output
+    frames = [frame.split("\r")[0].split("\n")[0] for frame in session.output.split("\r\x1b[K") if frame]
+    live = [frame for frame in frames if frame.startswith(tuple("⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"))]
+    assert live, session.output
+    assert all(re.fullmatch(rf". Stopping VM {NAME} \[\d+s\]( shutting down| stopped)?", frame) for frame in live), live
+
+
 # -- item 4: limactl's warnings and errors ------------------------------------------------------------
 
 PROBE_STDERR = "agentbox provisioning did not install npm \x1b[2J\x1b[31mred\n"

@@ -54,7 +54,7 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
 def test_terminal_gets_one_live_line_with_spinner_elapsed_and_phase(clock: SimpleNamespace) -> None:
     stream = FakeTerminal()
     with Progress("Starting VM agentbox-x", stream=stream) as live:
-        stream.wait_for("Starting VM agentbox-x [0s] starting")
+        stream.wait_for("Starting VM agentbox-x [0s]\r")  # no phase word before limactl names one
         live.feed('time="x" level=info msg="[hostagent] Waiting for the essential requirement 1 of 2: `ssh`"')
         stream.wait_for("Starting VM agentbox-x [0s] waiting for ssh")
         clock.now += 7.2
@@ -105,15 +105,15 @@ def test_a_step_inside_another_ends_on_its_own_line_and_the_outer_one_last(clock
         "Starting VM agentbox-x:", "Applying cpus to VM agentbox-x: done (2s)", "Starting VM agentbox-x: done (6s)"]
     stream = FakeTerminal()
     with Progress("Starting VM agentbox-x", stream=stream):
-        stream.wait_for("Starting VM agentbox-x [0s] starting")
+        stream.wait_for("Starting VM agentbox-x [0s]")
         with Progress("Applying cpus to VM agentbox-x", stream=stream):
-            stream.wait_for("Applying cpus to VM agentbox-x [0s] starting")
+            stream.wait_for("Applying cpus to VM agentbox-x [0s]")
             mark = len(stream.getvalue())
             stream.wait_for("\r\033[K⠙ Applying")  # the spinner turns: the outer step would have drawn by now
             assert "Starting VM" not in stream.getvalue()[mark:]
         stream.wait_for("Applying cpus to VM agentbox-x: done (0s)\n")
         mark = len(stream.getvalue())
-        stream.wait_for("Starting VM agentbox-x [0s] starting")  # the outer step has the line again
+        stream.wait_for("Starting VM agentbox-x [0s]")  # the outer step has the line again
     lines = [line.rsplit("\r\033[K", 1)[-1] for line in stream.getvalue().split("\n")]
     assert lines == ["Applying cpus to VM agentbox-x: done (0s)", "Starting VM agentbox-x: done (0s)", ""]
 
