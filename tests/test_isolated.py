@@ -264,10 +264,10 @@ def test_a_second_session_joins_the_copy_in_use(project: Path, isolated_vm: Fake
         gate.touch()
         _, stderr = first.communicate(timeout=120)
     assert first.returncode == 0, stderr
-    # Both sessions proposed the copy's state; the later one holds the earlier one's changes.
+    # The second session to end proposed the copy's state; the first, ending on the same changes, filed nothing new.
     listed = json.loads(agentbox(project, "proposals", "--json").stdout)
-    assert [(p["status"], [f["path"] for f in p["files"]]) for p in listed] == [
-        ("superseded", ["first.txt"]), ("pending", ["first.txt"])]
+    assert [(p["status"], [f["path"] for f in p["files"]]) for p in listed] == [("pending", ["first.txt"])]
+    assert "the session changed nothing in the workspace copy since proposal 1: no new proposal" in stderr
     # With no session left on it, the next one gets a copy of the workspace as it is now.
     third = agentbox(project, "shell", "--", "cat", "tracked.txt")
     assert third.stdout == "changed on the host\n"

@@ -185,7 +185,10 @@ def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> N
     own = [item for item in made if item.session == session]
     for item in own:
         if item.proposal is None:
-            if item.problem is None:
+            if item.filed_as is not None:
+                note(f"the session changed nothing in the workspace copy since proposal {item.filed_as}: no new "
+                     "proposal")
+            elif item.problem is None:
                 note("the session changed nothing in the workspace copy: no proposal")
             continue
         note(f"{item}; `agentbox review` shows it, `agentbox apply` applies it to {workspace}")
