@@ -330,3 +330,16 @@ def test_detach_of_an_isolated_vm_is_refused_before_anything_starts(project: Pat
     assert "nothing was started" in refused.stderr and "without --detach" in refused.stderr
     assert isolated_vm.subcommands() == []
     assert isolated_vm.status(NAME) == "Stopped"
+
+
+# -- issue 37: the first shell after a start enters the copy without an error ------------------------------------
+
+
+def test_the_first_shell_after_a_start_prints_the_project_path_and_no_error(
+        project: Path, isolated_vm: FakeLima) -> None:
+    # Lima enters the host's folder before the command runs; the copy there is made by the launch step, later.
+    first = agentbox(project, "shell", "--", "pwd")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == f"{project}\n"
+    assert "isolated mode: copying the workspace into the VM" in first.stderr  # the copy was made by this launch
+    assert "No such file" not in first.stderr and "cd:" not in first.stderr, first.stderr

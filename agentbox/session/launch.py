@@ -276,7 +276,10 @@ def _session(
                 if fell_back:
                     return None
             else:
-                code = session.lima.shell(name, shell_argv, reconnect=reconnect)
+                # Lima enters the host's folder first (`cd` to it, or the host home, before the command): in an
+                # isolated VM the copy there may not exist yet, so it enters the staging folder, which always does.
+                code = session.lima.shell(name, shell_argv, workdir=workdir if isolated is not None else None,
+                                          reconnect=reconnect)
     finally:
         if fell_back:  # nothing ran in the VM: what was prepared for the session goes
             if kept is not None:
