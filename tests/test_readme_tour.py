@@ -37,6 +37,7 @@ def tour_commands(tour: str, step: int) -> list[str]:
 
 
 def test_the_readme_tour_works_in_order(project: Path, limactl: FakeLima) -> None:
+    """One test, about a minute against the double: the tour's steps build on one another, which is its point."""
     needs_bwrap()
     tour = readme_tour()
     # The commands the test runs are the README's (ids and names as a fresh project gets them).
