@@ -81,6 +81,8 @@ LAUNCH_OPTIONS = (
                  "copy's changes go when the program exits (agentbox.review.isolation)"),
     LaunchOption("--chdir", "DIR", "isolated mode: the folder the program starts in, inside the copy "
                  "(the workspace when the copy lacks it)"),
+    LaunchOption("--copy-aside", None, "isolated mode in a VM created live: the copy goes under the guest's "
+                 "~/.agentbox/copies/, not at --workspace (the user's files, mounted there)"),
     LaunchOption("--sync", "AGENT", "apply sync/AGENT: the agent's own setup (sync.agentConfig); "
                  "memory-files: every agent's memory file", repeated=True),
     LaunchOption("--creds-outbox", "DIR", "credential write-back: this session's folder in the writable outbox; "
@@ -129,6 +131,7 @@ class IsolatedLaunch(NamedTuple):
     base: str  # --base
     outbox: Path  # --outbox
     chdir: str  # --chdir
+    aside: bool = False  # --copy-aside: a VM created live, whose workspace path is the user's files
 
 
 class SessionLaunch(NamedTuple):

@@ -30,6 +30,7 @@ isolated_from=""
 base=""
 outbox=""
 chdir=""
+copy_aside=""
 creds_outbox=""
 creds_return=()
 task=""
@@ -63,6 +64,7 @@ while [ $# -gt 0 ]; do
     --base) base="$2"; shift 2 ;;
     --outbox) outbox="$2"; shift 2 ;;
     --chdir) chdir="$2"; shift 2 ;;
+    --copy-aside) copy_aside=1; shift ;;
     --creds-outbox) creds_outbox="$2"; shift 2 ;;
     --creds-return) creds_return+=("$2"); shift 2 ;;
     --worktree) worktree="$2"; shift 2 ;;

@@ -96,23 +96,31 @@ def test_the_copy_carries_over_while_the_workspace_is_unchanged(project: Path, i
     assert "copying the workspace" in fresh.stderr
 
 
-def test_isolated_asked_of_a_live_vm_is_refused_before_anything_runs(project: Path, limactl: FakeLima) -> None:
+def test_isolated_on_a_live_vm_runs_on_a_copy_aside_and_session_mode_is_refused(
+        project: Path, limactl: FakeLima) -> None:
     needs_bwrap()
     make_repository(project, config="")
     assert run_cli("start", cwd=project).exit_code == 0
     install_agent(limactl)
+    before = snapshot_tree(project)
+    # The session's own --isolated (issue 37): on a copy aside in the live VM, its changes a proposal.
+    result = agentbox(project, "claude", "--isolated", "x")
+    assert result.returncode == 0, result.stderr
+    assert ("agentbox: agentbox-myproject was created live: this session works on a copy of the workspace in the VM, "
+            "and its changes come back as a proposal; the VM still mounts your workspace writable") in result.stderr
+    assert "created isolated" not in result.stderr and "changed since" not in result.stderr
+    report = dict(line.split("=", 1) for line in (limactl.home / NAME / "guestfs" / "tmp" / "agent-report")
+                  .read_text().splitlines())
+    assert report["cwd"] != str(project) and report["cwd"].endswith("/.agentbox/copies/myproject")
+    assert report["status"] == " M modified.txt;?? untracked.txt;"
+    assert snapshot_tree(project) == before
+    assert "agentbox: proposal 1: 9 files changed;" in result.stderr
     limactl.clear()
-    result = agentbox(project, "claude", "--isolated")
-    assert result.returncode == 1
-    assert ("agentbox: error: isolation was asked for (the command line (--isolated)), but the VM agentbox-myproject "
-            "was created live: the agent would edit your workspace directly, so agentbox does not start it\n"
-            ) in result.stderr
-    assert "agentbox start --recreate --isolated" in result.stderr
-    assert "shell" not in limactl.subcommands()
-    write(project / "agentbox.yml", "session:\n  mode: isolated\n")  # the same from the config: no trust needed
+    write(project / "agentbox.yml", "session:\n  mode: isolated\n")  # session.mode asks for an isolated VM
     result = agentbox(project, "shell", "--", "true")
     assert result.returncode == 1
     assert f"(session.mode: isolated in local ({project / 'agentbox.yml'}))" in result.stderr
+    assert "shell" not in limactl.subcommands()
     refused = agentbox(project, "start", "--isolated")
     assert refused.returncode == 1 and "was created live" in refused.stderr
     # Recreated isolated, the same launch runs, on a copy.
@@ -264,10 +272,10 @@ def test_a_second_session_joins_the_copy_in_use(project: Path, isolated_vm: Fake
         gate.touch()
         _, stderr = first.communicate(timeout=120)
     assert first.returncode == 0, stderr
-    # Both sessions proposed the copy's state; the later one holds the earlier one's changes.
+    # The second session to end proposed the copy's state; the first, ending on the same changes, filed nothing new.
     listed = json.loads(agentbox(project, "proposals", "--json").stdout)
-    assert [(p["status"], [f["path"] for f in p["files"]]) for p in listed] == [
-        ("superseded", ["first.txt"]), ("pending", ["first.txt"])]
+    assert [(p["status"], [f["path"] for f in p["files"]]) for p in listed] == [("pending", ["first.txt"])]
+    assert "the session changed nothing in the workspace copy since proposal 1: no new proposal" in stderr
     # With no session left on it, the next one gets a copy of the workspace as it is now.
     third = agentbox(project, "shell", "--", "cat", "tracked.txt")
     assert third.stdout == "changed on the host\n"
@@ -330,3 +338,16 @@ def test_detach_of_an_isolated_vm_is_refused_before_anything_starts(project: Pat
     assert "nothing was started" in refused.stderr and "without --detach" in refused.stderr
     assert isolated_vm.subcommands() == []
     assert isolated_vm.status(NAME) == "Stopped"
+
+
+# -- issue 37: the first shell after a start enters the copy without an error ------------------------------------
+
+
+def test_the_first_shell_after_a_start_prints_the_project_path_and_no_error(
+        project: Path, isolated_vm: FakeLima) -> None:
+    # Lima enters the host's folder before the command runs; the copy there is made by the launch step, later.
+    first = agentbox(project, "shell", "--", "pwd")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout == f"{project}\n"
+    assert "isolated mode: copying the workspace into the VM" in first.stderr  # the copy was made by this launch
+    assert "No such file" not in first.stderr and "cd:" not in first.stderr, first.stderr

@@ -157,10 +157,9 @@ def test_an_agent_summary_is_optional_and_a_session_without_changes_leaves_nothi
     assert summary.startswith("# Changes from an isolated session of shell\n")
     assert "- modified: tracked.txt\n" in summary
     assert proposal_list(project)[0]["summary"] == "generated"
-    nothing = agentbox(project, "shell", "--", "true")
-    assert "the session changed nothing in the workspace copy: no proposal" not in nothing.stderr  # carried over
-    assert len(proposal_list(project)) == 2
-    assert proposal_list(project)[0]["status"] == "superseded"
+    nothing = agentbox(project, "shell", "--", "true")  # the copy carries over, as proposal 1 filed it
+    assert "the session changed nothing in the workspace copy since proposal 1: no new proposal" in nothing.stderr
+    assert [p["status"] for p in proposal_list(project)] == ["pending"]
 
 
 def test_the_exit_code_and_the_proposal_survive_a_failing_agent(project: Path, isolated_vm: FakeLima) -> None:
@@ -524,3 +523,59 @@ def test_after_an_apply_the_next_session_starts_from_the_workspace(project: Path
     nxt = agentbox(project, "shell", "--", "bash", "-c", "echo b > b.txt")
     assert nxt.returncode == 0, nxt.stderr
     assert [sorted(f["path"] for f in p["files"]) for p in proposal_list(project)] == [["a.txt"], ["b.txt"]]
+
+
+# -- issue 37: rejected changes never come back ------------------------------------------------------------
+
+
+def test_a_session_that_changed_nothing_since_the_last_proposal_files_nothing(
+        project: Path, isolated_vm: FakeLima) -> None:
+    # The day of use: `claude -p` files proposal 1; a plain `shell -- true` on the same copy filed the same changes
+    # again (crediting `shell`), superseding 1; `reject` rejected that one and `apply 1` applied the changes.
+    made = agentbox(project, "claude", "-p", "tidy up")
+    assert made.returncode == 0, made.stderr
+    assert "agentbox: proposal 1: 9 files changed;" in made.stderr
+    idle = agentbox(project, "shell", "--", "true")
+    assert idle.returncode == 0, idle.stderr
+    assert ("agentbox: the session changed nothing in the workspace copy since proposal 1: no new proposal\n"
+            in idle.stderr)
+    assert [(p["id"], p["status"], p["agent"]) for p in proposal_list(project)] == [(1, "pending", "claude")]
+    rejected = agentbox(project, "reject")
+    assert rejected.returncode == 0, rejected.stderr
+    assert "rejected proposal 1;" in rejected.stderr
+    before = workspace_state(project)
+    refused = agentbox(project, "apply", "1")
+    assert refused.returncode == 1
+    assert "agentbox: error: proposal 1 was rejected (at " in refused.stderr
+    assert workspace_state(project) == before
+
+
+def test_a_superseded_proposal_is_never_applied_and_is_rejected_with_the_one_that_superseded_it(
+        project: Path, isolated_vm: FakeLima) -> None:
+    assert agentbox(project, "claude", "-p", "tidy up").returncode == 0
+    more = agentbox(project, "shell", "--", "bash", "-c", "echo more > more.txt")
+    assert more.returncode == 0, more.stderr
+    assert "agentbox: proposal 2: 10 files changed;" in more.stderr
+    assert [(p["id"], p["status"]) for p in proposal_list(project)] == [(1, "superseded"), (2, "pending")]
+    before = workspace_state(project)
+    for args in (("apply", "1"), ("apply", "1", "--check"), ("apply", "1", "--3way")):
+        refused = agentbox(project, *args)
+        assert refused.returncode == 1, refused.stderr
+        assert ("agentbox: error: proposal 1 was superseded by proposal 2 (pending), a later session of the same copy "
+                "whose proposal holds these changes too; a superseded proposal is never applied; nothing was "
+                "changed\n") in refused.stderr
+        assert "`agentbox review 2` shows proposal 2; `agentbox apply 2` applies it." in refused.stderr
+        assert workspace_state(project) == before
+    rejected = agentbox(project, "reject")
+    assert rejected.returncode == 0, rejected.stderr
+    assert ("rejected proposal 2 and with it proposal 1, which it superseded (it held their changes); "
+            f"its files stay in {proposals.folder(project) / '2'}") in rejected.stderr
+    assert [(p["id"], p["status"]) for p in proposal_list(project)] == [(1, "rejected"), (2, "rejected")]
+    assert [(e["event"], e["proposal"], e.get("rejectedWith")) for e in events(project)][-2:] == [
+        ("proposal_rejected", 2, None), ("proposal_rejected", 1, 2)]
+    for number, said in (("1", "proposal 1 was rejected with proposal 2, which superseded it (at "),
+                         ("2", "proposal 2 was rejected (at ")):
+        refused = agentbox(project, "apply", number)
+        assert refused.returncode == 1
+        assert f"agentbox: error: {said}" in refused.stderr
+        assert workspace_state(project) == before

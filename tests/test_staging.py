@@ -21,7 +21,7 @@ from tests.helpers import NAME, FakeLima, run_agentbox, write, write_trusted
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
 LAUNCH_PARTS = REPO / "provision" / contract.LAUNCH_PARTS  # launch.sh's sourced parts (tests/test_launch_parts.py)
-ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir")
+ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir", "--copy-aside")
 # A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
 TASK_OPTIONS = ("--task", "--isolated-task", "--worktree", "--worktree-branch", "--worktree-base")
 SESSION_OPTIONS = ("--session", "--session-attach", "--session-reply", "--session-events", "--session-live")

@@ -19,7 +19,7 @@ def agent_shell_command(name: str) -> click.Command:
         },
     )
     @click.option("--isolated", is_flag=True, help="Work on a copy of the workspace in the VM (see `agentbox help "
-                  "review`); the VM must have been created isolated.")
+                  "review`); in a VM created live the copy is made aside there.")
     @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
     @click.pass_context
     def shell(ctx: click.Context, isolated: bool, command: tuple[str, ...]) -> int:

@@ -182,9 +182,15 @@ def reject_command(ctx: click.Context, proposal_id: str | None) -> None:
     from agentbox.review import proposals
 
     _, workspace = _workspace(ctx, acts=True)
-    proposal = proposals.reject(workspace, proposal_id)
-    say(f"rejected proposal {proposal['id']}; its files stay in {proposals.folder(workspace) / str(proposal['id'])}; "
-        "the next isolated session starts from your workspace as it is")
+    proposal, superseded = proposals.reject(workspace, proposal_id)
+    with_it = ""
+    if superseded:
+        listed = ", ".join(str(number) for number in superseded)
+        with_it = (f" and with it proposal{'s' if len(superseded) > 1 else ''} {listed}, which it superseded (it "
+                   "held their changes)")
+    say(f"rejected proposal {proposal['id']}{with_it}; its files stay in "
+        f"{proposals.folder(workspace) / str(proposal['id'])}; the next isolated session starts from your workspace "
+        "as it is")
     later = [str(p["id"]) for p in proposals.all_proposals(workspace) if p["status"] == proposals.PENDING
              and p.get("vm") == proposal.get("vm") and p["base"].get("commit") == proposal["base"].get("commit")]
     if later:

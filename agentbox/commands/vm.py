@@ -317,7 +317,7 @@ def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
 
 
 ISOLATED_HELP = ("Work on a copy of the workspace in the VM; its changes become a proposal "
-                 "(`agentbox review`, `agentbox apply`). The VM must have been created isolated.")
+                 "(`agentbox review`, `agentbox apply`). In a VM created live the copy is made aside there.")
 
 
 @click.command("shell", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

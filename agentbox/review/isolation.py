@@ -63,10 +63,13 @@ def mode_of_vm(expected: dict[str, Any] | None, workspace: Path) -> str | None:
     return None
 
 
-def session_mode(requested: str, vm_mode: str | None, vm_name: str, asked_by: str) -> str:
-    """The mode this launch runs in. An isolated VM only runs isolated (it is the stricter); a VM that is not
-    isolated refuses a launch that asked for isolation rather than run it live."""
+def session_mode(requested: str, vm_mode: str | None, vm_name: str, asked_by: str, aside: bool = False) -> str:
+    """The mode this launch runs in. An isolated VM only runs isolated (it is the stricter). A VM created live
+    refuses a launch that asked for isolation rather than run it live, unless `aside` (the session's own
+    `--isolated`): then it runs on a copy aside in that VM (launch.sh --copy-aside), as `run --on local` does."""
     if vm_mode == ISOLATED:
+        return ISOLATED
+    if requested == ISOLATED and aside and vm_mode == LIVE:
         return ISOLATED
     if requested == ISOLATED:
         raise StateError(
@@ -104,6 +107,12 @@ def with_isolation(config: Config) -> Config:
     return config._replace(
         session_mode=ISOLATED, origins={**config.origins, "session.mode": "the command line (--isolated)"}
     )
+
+
+def asked_on_command_line(config: Config) -> bool:
+    """Whether this launch's isolation is its own `--isolated` (a session on a copy), not session.mode (a VM
+    that cannot write the workspace)."""
+    return config.session_mode == ISOLATED and config.origins.get("session.mode", "").startswith("the command line")
 
 
 def asked_by(config: Config) -> str:

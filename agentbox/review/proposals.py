@@ -17,7 +17,9 @@ folder into a proposal and removes the folder:
 
 Ids are small integers per workspace. A proposal is `pending` until it is `applied` or `rejected`; a
 later proposal from the same copy (same base) marks the earlier pending ones `superseded` (it holds their
-changes too, unless the agent undid them).
+changes too, unless the agent undid them). A superseded proposal is never applied (the one that superseded it
+is), and rejecting a proposal rejects the ones it superseded. A session that leaves the copy's changes exactly as
+the last proposal of that copy has them files nothing: those changes were filed (and maybe settled) already.
 
 Nothing from the VM is trusted: outbox files are opened relative to the folder's descriptor, never
 through a link, regular files only, with size caps (a FIFO or a device never blocks or feeds
@@ -61,10 +63,11 @@ class Collected(NamedTuple):
     proposal: int | None
     files: int
     problem: str | None = None
+    filed_as: int | None = None  # the copy's changes are exactly those of this earlier proposal: nothing new
 
     def __str__(self) -> str:
         if self.proposal is None:
-            return "no changes"
+            return f"no changes since proposal {self.filed_as}" if self.filed_as is not None else "no changes"
         what = f"proposal {self.proposal}: {self.files} file{'s' if self.files != 1 else ''} changed"
         return f"{what} (apply will refuse it: {self.problem})" if self.problem else what
 
@@ -201,8 +204,18 @@ def _collect_one(
         os.close(session_fd)
     if not patch:
         return Collected(name, None, 0)
+    earlier = _last_of_copy(workspace, vm_name, base)
+    if earlier is not None and earlier.get("patchSha256") == hashlib.sha256(patch).hexdigest():
+        return Collected(name, None, 0, filed_as=earlier["id"])
     proposal = _store(workspace, vm_name, name, session, base, known, patch, summary, record)
     return Collected(name, proposal["id"], len(proposal["files"]), proposal.get("problem"))
+
+
+def _last_of_copy(workspace: Path, vm_name: str, base: str) -> dict[str, Any] | None:
+    """The newest proposal a session of this copy (the VM's copy from this base) filed, whatever became of it."""
+    same = [p for p in _all(workspace) if p.get("vm") == vm_name and p.get("task") is None
+            and (p.get("base") or {}).get("commit") == base]
+    return same[-1] if same else None
 
 
 def read_at(dir_fd: int, name: str, limit: int) -> bytes | None:
@@ -624,13 +637,55 @@ def _refuse_settled(workspace: Path, proposal: dict[str, Any]) -> None:
             hint=(f"`agentbox undo {checkpoint}` returns the workspace to how it was before it. " if checkpoint
                   is not None else "") + "`agentbox proposals` lists the pending ones.",
         )
+    if proposal["status"] == SUPERSEDED:
+        _refuse_superseded(workspace, proposal)
     if proposal["status"] == REJECTED:
+        with_later = (f" with proposal {proposal['rejectedWith']}, which superseded it"
+                      if proposal.get("rejectedWith") is not None else "")
         raise StateError(
-            f"proposal {number} was rejected (at {proposal.get('rejected', 'an earlier time')}), and a rejected "
-            "proposal is never applied; nothing was changed",
+            f"proposal {number} was rejected{with_later} (at {proposal.get('rejected', 'an earlier time')}), and a "
+            "rejected proposal is never applied; nothing was changed",
             hint=f"Its patch stays in {folder(workspace) / str(number)} to read. For these changes, run an "
             "isolated session again (its copy starts from your workspace as it is now) and apply that proposal.",
         )
+
+
+def _refuse_superseded(workspace: Path, proposal: dict[str, Any]) -> None:
+    """A superseded proposal's changes are in the one that superseded it: that one is applied (or rejected), never
+    the earlier one, whose patch would bring back what the later one's fate settled."""
+    number = proposal["id"]
+    later = holder(workspace, proposal)
+    if later is None:
+        raise StateError(f"proposal {number} was superseded by a later proposal of the same copy, which is gone; a "
+                         "superseded proposal is never applied; nothing was changed",
+                         hint="Run an isolated session again for a proposal of your workspace as it is now.")
+    other = later["id"]
+    hint = {
+        PENDING: f"`agentbox review {other}` shows proposal {other}; `agentbox apply {other}` applies it.",
+        APPLIED: f"Proposal {other} was applied: its changes are in your workspace already.",
+        REJECTED: f"Proposal {other} was rejected, and these changes with it. For them, run an isolated session "
+                  "again and apply that proposal.",
+    }.get(later["status"], "`agentbox proposals` lists the proposals.")
+    raise StateError(
+        f"proposal {number} was superseded by proposal {other} ({later['status']}), a later session of the same copy "
+        "whose proposal holds these changes too; a superseded proposal is never applied; nothing was changed",
+        hint=hint,
+    )
+
+
+def holder(workspace: Path, proposal: dict[str, Any], known: list[dict[str, Any]] | None = None
+           ) -> dict[str, Any] | None:
+    """The proposal that holds a superseded one's changes: the last of its chain of supersededBy (None: gone).
+    `known`: the workspace's proposals, when the caller has read them."""
+    by_id = {p["id"]: p for p in (known if known is not None else _all(workspace))}
+    current, seen = proposal, {proposal["id"]}
+    while current["status"] == SUPERSEDED:
+        later = by_id.get(current.get("supersededBy"))
+        if later is None or later["id"] in seen:
+            return None
+        current = later
+        seen.add(current["id"])
+    return current
 
 
 def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
@@ -654,8 +709,14 @@ def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSetting
     return taken.checkpoint.id, taken.checkpoint.tree
 
 
-def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:
-    """Mark a proposal rejected (its files are kept); the VM's copy is made anew at its next isolated session."""
+class Rejected(NamedTuple):
+    proposal: dict[str, Any]
+    superseded: list[int]  # the proposals it superseded, rejected with it
+
+
+def reject(workspace: Path, wanted: str | None) -> Rejected:
+    """Mark a proposal rejected (its files are kept), and with it the proposals it superseded (it holds their
+    changes); the VM's copy is made anew at its next isolated session."""
     from agentbox.review import isolation
 
     with locked(workspace):
@@ -668,11 +729,18 @@ def reject(workspace: Path, wanted: str | None) -> dict[str, Any]:
             proposal = _update(workspace, proposal, status=REJECTED, rejected=isolation.now())
             append_event(workspace, "proposal_rejected", proposal=proposal["id"],
                          patchSha256=proposal.get("patchSha256"))
+        known = _all(workspace)
+        held = [earlier for earlier in known if earlier["status"] == SUPERSEDED
+                and (holder(workspace, earlier, known) or {}).get("id") == proposal["id"]]
+        for earlier in held:
+            _update(workspace, earlier, status=REJECTED, rejected=isolation.now(), rejectedWith=proposal["id"])
+            append_event(workspace, "proposal_rejected", proposal=earlier["id"],
+                         patchSha256=earlier.get("patchSha256"), rejectedWith=proposal["id"])
         if proposal.get("vm"):
             # The copy holds what was just rejected (a later proposal of the same copy holds it too, so that one
             # stays pending, and is kept on the host): the next session starts from the workspace again.
             isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
-        return proposal
+        return Rejected(proposal, [earlier["id"] for earlier in held])
 
 
 def _short(commit: str | None) -> str:

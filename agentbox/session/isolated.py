@@ -27,8 +27,10 @@ KEEP_SESSIONS = 50
 BASE_MESSAGE = "agentbox: the base of an isolated session (the workspace as it was at launch)\n"
 
 
-def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionCheckpoints) -> IsolatedLaunch:
+def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionCheckpoints,
+          aside: bool = False) -> IsolatedLaunch:
     """Before the session: collect what earlier sessions left, choose the base, make this session's outbox folder.
+    `aside`: the VM was created live; it mounts the workspace at its own path, and the copy goes elsewhere.
 
     The base is the launch's start checkpoint (or, with checkpoints off or failed, a commit made the same way),
     unless the VM's copy already has a base with the same content: then that one is sent again and the copy,
@@ -67,7 +69,8 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
                                        "checkpointSession": points.session}
         _prune(record)
     _write_stream(repo, outbox_dir / session / "base.fi", candidate)
-    return IsolatedLaunch(isolation.GUEST_SOURCE, base, outbox_dir / session, chdir)
+    source = str(workspace) if aside else isolation.GUEST_SOURCE
+    return IsolatedLaunch(source, base, outbox_dir / session, chdir, aside)
 
 
 class Base(NamedTuple):
@@ -185,7 +188,10 @@ def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> N
     own = [item for item in made if item.session == session]
     for item in own:
         if item.proposal is None:
-            if item.problem is None:
+            if item.filed_as is not None:
+                note(f"the session changed nothing in the workspace copy since proposal {item.filed_as}: no new "
+                     "proposal")
+            elif item.problem is None:
                 note("the session changed nothing in the workspace copy: no proposal")
             continue
         note(f"{item}; `agentbox review` shows it, `agentbox apply` applies it to {workspace}")

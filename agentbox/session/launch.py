@@ -233,11 +233,17 @@ def _session(
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vmstate.update(name, {"seen": seen})
-    mode = isolation.session_mode(
-        config.session_mode, isolation.mode_of_vm(vm.expected_config(name, state), workspace), name,
-        isolation.asked_by(config),
-    )
+    vm_mode = isolation.mode_of_vm(vm.expected_config(name, state), workspace)
+    mode = isolation.session_mode(config.session_mode, vm_mode, name, isolation.asked_by(config),
+                                  aside=isolation.asked_on_command_line(config))
+    aside = mode == isolation.ISOLATED and vm_mode == isolation.LIVE  # `--isolated` in a VM created live
     changed = drift.changed_settings(state.get("fingerprint"), config)
+    if aside:
+        changed = [setting for setting in changed if setting != "mode"]
+        said.note(f"{name} was created live: this session works on a copy of the workspace in the VM, and its "
+                  "changes come back as a proposal; the VM still mounts your workspace writable, so this keeps "
+                  "the agent's edits off your files, not a hostile agent (`agentbox start --recreate --isolated` "
+                  "makes a VM that cannot write them)")
     if mode == isolation.ISOLATED and config.session_mode != isolation.ISOLATED:
         changed = [setting for setting in changed if setting != "mode"]
         if not state.get("isolatedNoted"):  # once per VM: `agentbox status` says the mode every time
@@ -253,7 +259,8 @@ def _session(
     if mode == isolation.ISOLATED:
         points.wait_for_start()  # the start checkpoint is the copy's base
         with timing.phase("isolated mode (base, outbox)"):
-            isolated = isolatedsession.begin(config, name, agent.name if agent else "shell", workdir, points)
+            isolated = isolatedsession.begin(config, name, agent.name if agent else "shell", workdir, points,
+                                             aside=aside)
         workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
     # A kept session outlives the shell, so nothing is handed back when it ends; the next launch returns the
     # logins it refreshed (launch.sh keeps what it last installed).
@@ -293,7 +300,10 @@ def _session(
                 if fell_back:
                     return None
             else:
-                code = session.lima.shell(name, shell_argv, reconnect=reconnect)
+                # Lima enters the host's folder first (`cd` to it, or the host home, before the command): in an
+                # isolated VM the copy there may not exist yet, so it enters the staging folder, which always does.
+                code = session.lima.shell(name, shell_argv, workdir=workdir if isolated is not None else None,
+                                          reconnect=reconnect)
     finally:
         if not fell_back:  # a fallback's shell runs again: launch.sh may still make the worktree
             points.shell_ended()

@@ -225,7 +225,7 @@ def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, 
             if warm.fell_back(attempt, code, lima_said):
                 return False
         else:
-            code = session.lima.shell(agent.vm_name, shell, stdin_data=b"")
+            code = session.lima.shell(agent.vm_name, shell, workdir="/" if task.isolated else None, stdin_data=b"")
     if code == 0 and events is not None:
         attention.ensure_watcher(agent.vm_name)  # it shows the task's end, and ends itself after
     if code != 0:

@@ -216,6 +216,7 @@ def launch_command(
         values["--base"] = isolated.base
         values["--outbox"] = str(isolated.outbox)
         values["--chdir"] = isolated.chdir
+        values["--copy-aside"] = isolated.aside
     if returns is not None:
         values["--creds-outbox"] = str(returns.folder)
         values["--creds-return"] = list(returns.files)

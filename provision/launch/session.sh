@@ -1,7 +1,7 @@
 # shellcheck shell=bash disable=SC2154 # launch.sh sets what this part reads (tests/test_launch_parts.py checks the names)
 # agentbox-managed: a part of launch.sh, which sources it from the staging folder's launch/.
 # How the program runs: in a worktree, a kept session, a background task, or as a child whose results are handed back.
-# Reads launch.sh's staging, workspace, chdir, outbox, isolated_from, creds_outbox, task, isolated_task, worktree,
+# Reads launch.sh's staging, workspace, outbox, isolated_from, creds_outbox, task, isolated_task, worktree,
 # worktree_branch, worktree_base, session, session_attach, session_reply, session_events, session_live.
 
 enter_worktree() {
@@ -33,7 +33,7 @@ enter_worktree() {
 run_then_hand_back() {
   local code
   if [ -n "$isolated_from" ]; then
-    cd "$chdir" 2>/dev/null || cd "$workspace"
+    enter_copy
     export AGENTBOX_SUMMARY="$outbox/summary.md"
   fi
   # A trap that runs a command (not '') is reset in the program: Ctrl-C still reaches it (and it may
@@ -45,7 +45,7 @@ run_then_hand_back() {
   set -e
   trap - INT TERM HUP QUIT
   if [ -n "$isolated_from" ]; then
-    write_outbox || say "isolated mode: the session's changes could not be collected; they stay in the copy at $workspace"
+    collect_changes
   fi
   if [ -n "$creds_outbox" ]; then
     return_credentials || say "could not hand the session's login files back to the host"
