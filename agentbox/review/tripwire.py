@@ -284,9 +284,10 @@ def begin_session(workspace: Path, busy: Busy | None = None,
             quiet, live, kept = _nothing_else_ran(record, busy) if since else (False, dict(record.live),
                                                                               dict(record.kept))
             if quiet:
-                yours = since
-            for change in since if not quiet else []:
-                pending[change.label] = (change.before, change.after)
+                yours = [change for change in since if _in_workspace(change)]
+            for change in since:
+                if change not in yours:
+                    pending[change.label] = (change.before, change.after)
             looked = record.looked
         if session is not None:
             live[session] = os.getpid()
@@ -349,7 +350,9 @@ def _audit(workspace: Path, busy: Busy | None) -> tuple[list[Change], list[Chang
     later = [c._replace(note=AFTER_SESSION) for c in _compare(reference, current)
              if c.label not in pending and not _agentbox_own(workspace, c)]
     if later and busy is not None and _nothing_else_ran(record, busy)[0]:
-        return _pending_changes(pending, current), [change._replace(note="") for change in later]
+        outside = [change for change in later if not _in_workspace(change)]
+        return (sorted(_pending_changes(pending, current) + outside, key=lambda change: change.label),
+                [change._replace(note="") for change in later if _in_workspace(change)])
     return sorted(_pending_changes(pending, current) + later, key=lambda change: change.label), []
 
 
@@ -398,6 +401,12 @@ def _nothing_else_ran(record: Record, busy: Busy | None) -> tuple[bool, dict[str
     quiet = (busy is not None and record.looked is not None and not record.live and not record.kept
              and not busy(record.looked))
     return quiet, live, kept
+
+
+def _in_workspace(change: Change) -> bool:
+    """A watched file inside the workspace (its label is relative). One outside it (the common git folder of a
+    worktree) is shared with other checkouts' VMs: what this project did or did not run says nothing of it."""
+    return not os.path.isabs(change.label)
 
 
 def _agentbox_own(workspace: Path, change: Change) -> bool:
