@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -51,6 +52,21 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[di
     monkeypatch.setenv("AGENTBOX_VM_BASE", "off")
     yield {"home": home, "state": state, "lima_home": lima_home}
     shutil.rmtree(lima_home, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def signals_left_as_found() -> Iterator[None]:
+    """A test that leaves SIGINT's or SIGQUIT's handler changed fails; the handler is put back, so that the
+    children later tests start (agentbox, which must end on Ctrl-C) do not inherit an ignored signal."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGQUIT)}
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    yield
+    changed = {sig: now for sig in before if (now := signal.getsignal(sig)) is not before[sig]}
+    now_blocked = signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    for sig in changed:
+        signal.signal(sig, before[sig])
+    assert not changed and now_blocked == blocked, f"the test left signal handlers changed: {changed}, " \
+        f"blocked {sorted(now_blocked)} (was {sorted(blocked)})"
 
 
 @pytest.fixture(autouse=True, scope="session")
