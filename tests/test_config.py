@@ -786,6 +786,15 @@ def test_config_get_prints_one_keys_effective_value(project: Path, home: Path) -
     assert get("env.TOKEN", "--show-secrets") == "sekrit\n"
 
 
+def test_config_get_never_prints_the_files_control_characters_raw(project: Path) -> None:
+    # agentbox.yml is the agent's to write: what `config get` prints of it must not act on the terminal.
+    write(project / "agentbox.yml", 'env:\n  NOTE: "a\\e[2J\\u202eb"\nagents:\n  claude:\n    defaultArgs: ["\\x9b31m"]\n')
+    text = run_cli("config", "get", "env.NOTE", "--show-secrets", cwd=project)
+    assert (text.exit_code, text.stdout) == (0, "a\\x1b[2J\\u202eb\n")
+    listed = run_cli("config", "get", "agents.claude.defaultArgs", cwd=project)
+    assert listed.exit_code == 0 and "\x9b" not in listed.stdout and json.loads(listed.stdout) == ["\x9b31m"]
+
+
 @pytest.mark.parametrize(("key", "message"), [
     ("vm.cpu", "no config key `vm.cpu`: did you mean vm.cpus?"),
     ("agents.claude.modle", "no config key `agents.claude.modle`: did you mean agents.claude.model?"),

@@ -73,7 +73,7 @@ def changed(config: Config, show_secrets: bool = False) -> list[tuple[str, Any]]
 
 def changed_json(config: Config, show_secrets: bool = False) -> str:
     """{"vm.cpus": 4, ...}: the changed keys, named as `agentbox config` names them."""
-    return json.dumps(dict(changed(config, show_secrets)), indent=2, ensure_ascii=False)
+    return json.dumps(dict(changed(config, show_secrets)), indent=2)  # ASCII: see value_of
 
 
 def value_of(config: Config, key: str, show_secrets: bool = False) -> str:
@@ -88,9 +88,13 @@ def value_of(config: Config, key: str, show_secrets: bool = False) -> str:
 
         raise UsageError(visible(f"no config key `{key}`" + (f": did you mean {close[0]}?" if close else "")),
                          hint="`agentbox config` lists every key with its value and where it came from.")
+    # What the workspace's file says reaches the terminal: a string with its control characters escaped, JSON as
+    # ASCII (its escapes keep bidi and C1 characters from acting on the terminal and stay valid JSON).
     if isinstance(found, str):
-        return found
-    return json.dumps(found, indent=2 if isinstance(found, (dict, list)) and found else None, ensure_ascii=False)
+        from agentbox.safetext import visible
+
+        return visible(found)
+    return json.dumps(found, indent=2 if isinstance(found, (dict, list)) and found else None)
 
 
 _MISSING = object()
