@@ -11,7 +11,7 @@ from agentbox.errors import ConfigError
 _POSITION = re.compile(r"^.*?:(\d+):(\d+): ")
 
 
-class Gathered(ConfigError):
+class StopsReading(ConfigError):
     """A problem found while reading that stops the reading (an alias bomb): never gathered with the others."""
 
 
@@ -26,7 +26,7 @@ class Problems:
         """Run the block; a ConfigError it raises is kept, and the code after the block goes on."""
         try:
             yield
-        except Gathered:
+        except StopsReading:
             raise
         except ConfigError as exc:
             self.errors.append(exc)

@@ -26,7 +26,7 @@ from agentbox.config.keys import (
     retired_reason,
 )
 from agentbox.config.layers import Layer
-from agentbox.config.problems import Gathered, Problems
+from agentbox.config.problems import Problems, StopsReading
 from agentbox.config.yamlio import construct_scalar, flatten_merge_keys
 from agentbox.errors import ConfigError
 
@@ -72,7 +72,7 @@ class _Walker:
     def visit(self, node: yaml.Node, keypath: tuple[str, ...]) -> None:
         self.visited += 1
         if self.visited > MAX_NODES:
-            raise Gathered(
+            raise StopsReading(
                 f"{self.where(node)}: the config expands to more than {MAX_NODES:,} values "
                 "(a YAML alias bomb?); refusing to read it"
             )
