@@ -10,7 +10,7 @@ test:  ## the whole suite on every core, as CI runs it (pyproject.toml: -n auto 
 	$(PYTHON) -m pytest
 
 test-fast:  ## everything but the real-distribution tier
-	$(PYTHON) -m pytest -m 'not realdistro'
+	$(PYTHON) -m pytest -m 'not realdistro and not reallima'
 
 lint:  ## ruff, mypy, the layer rules (tests/test_layers.py) and shellcheck with the project's configuration
 	$(PYTHON) -m ruff check .

@@ -213,6 +213,14 @@ def _missing_capabilities(reporter: Any) -> dict[str, list[str]]:
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    from tests import reallima
+    from tests.test_real_distro import cache_dir
+
+    tier = reallima.report(terminalreporter.stats, cache_dir())
+    if tier:
+        terminalreporter.write_sep("=", f"the real-Lima tier's report ({cache_dir() / reallima.REPORT_NAME})")
+        for line in tier:
+            terminalreporter.write_line(line)
     missing = _missing_capabilities(terminalreporter)
     if not missing:
         return

@@ -1,0 +1,530 @@
+"""The real-Lima tier: agentbox's main flows against limactl built from Lima's own Go module and a real Debian guest
+under QEMU (tests/reallima.py builds and caches both).
+
+Each test is one step a user takes, asserting what the user would see; they run in file order on one machine
+(one xdist worker) and share the VMs they make. QEMU runs under software emulation (TCG): /dev/kvm exists on the
+project's machines but is nested and a guest hangs under it, and Lima picks TCG only when /dev/kvm is absent
+(pkg/driver/qemu/qemu.go `Accel`), so every agentbox command runs in a bubblewrap sandbox whose /dev is its own
+(`--dev /dev`: null, zero, full, random, urandom, tty, ptmx; no kvm) with the rest of the file system as it is.
+Lima refuses to run as root, so as root the tier runs agentbox as its own user, TIER_USER, with a fresh home.
+
+The guest's image is set through agentbox's documented `vm.image` (with `vm.lima.firmware.legacyBIOS`, as
+Debian's QEMU ships SeaBIOS and the image has no bootloader), in the tier user's global config.
+
+Each step's time, with Lima's and QEMU's versions, goes to the tier's report (printed at the end of the run and
+written to reallima-report.md in the tests' cache folder). TCG times are slow: they are recorded, not budgeted.
+
+Run it alone: `python3 -m pytest -m reallima` (not part of the default run; .ci/run runs it after the suite).
+Outside CI a missing requirement skips it with the reason; in CI it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import json
+import os
+import pwd
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests import helpers, reallima
+from tests.fake_upstream import FakeUpstream
+from tests.helpers import STUB
+from tests.test_broker_cli import CLAUDE, REAL_ACCESS, REAL_REFRESH
+from tests.test_broker_cli import REQUEST as BROKER_REQUEST
+from tests.test_network import CONNECT
+from tests.test_real_distro import NODE_VERSION, cache_dir, cache_lock, node_dist
+
+pytestmark = [pytest.mark.reallima, pytest.mark.xdist_group("reallima"), pytest.mark.timeout(1800)]
+
+REPO = Path(__file__).resolve().parent.parent
+TIER_USER = "agentbox-tier"
+LEGACY_BIOS = {"firmware": {"legacyBIOS": True}}
+# A stand-in agent for a detached session: says hello, waits for the test's word, exits 7.
+SESSION_AGENT = """#!/bin/bash
+echo "session agent says hello"
+while [ ! -e /tmp/session-may-end ]; do sleep 1; done
+sleep 2
+exit 7
+"""
+
+
+def unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"the real-Lima tier cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@dataclass
+class Tier:
+    """agentbox and limactl as the tier's user, where /dev/kvm is not visible."""
+
+    user: str
+    home: Path
+    lima: Path  # Lima's prefix: bin/limactl, share/lima
+    venv: Path
+    extra_env: dict[str, str] = field(default_factory=dict)
+    upstream: FakeUpstream | None = None  # the credential hosts, as the broker reaches them
+    echo_port: int = 0  # echo.test, as the VM's proxy resolves it
+    agent_config: str = ""  # alpha's agentbox.yml for the stand-in agent
+
+    def env(self) -> dict[str, str]:
+        path = f"{self.lima / 'bin'}:{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+        return {"HOME": str(self.home), "USER": self.user, "LOGNAME": self.user, "PATH": path, "LANG": "C.UTF-8",
+                "TERM": "dumb", **self.extra_env}
+
+    def command(self, argv: list[str], cwd: Path | None = None) -> list[str]:
+        inner = ["bwrap", "--dev-bind", "/", "/", "--dev", "/dev", "--chdir", str(cwd or self.home), "--", *argv]
+        env = [f"{k}={v}" for k, v in self.env().items()]
+        if os.geteuid() == 0:
+            return ["runuser", "-u", self.user, "--", "env", "-i", *env, *inner]
+        return ["env", "-i", *env, *inner]
+
+    def run(self, argv: list[str], cwd: Path | None = None, check: bool = True, timeout: float = 1500,
+            input: str | None = None) -> subprocess.CompletedProcess:
+        result = subprocess.run(self.command(argv, cwd), capture_output=True, text=True, timeout=timeout,
+                                input=input, stdin=None if input is not None else subprocess.DEVNULL)
+        if check and result.returncode != 0:
+            raise AssertionError(f"{shlex.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def agentbox(self, *args: str, cwd: Path, check: bool = True, timeout: float = 1500,
+                 input: str | None = None) -> subprocess.CompletedProcess:
+        return self.run([str(self.venv / "bin" / "agentbox"), *args], cwd, check, timeout, input)
+
+    def limactl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.run([str(self.lima / "bin" / "limactl"), *args], check=check, timeout=600)
+
+    def instances(self) -> dict[str, dict]:
+        listed = self.limactl("list", "--json").stdout
+        return {row["name"]: row for row in map(json.loads, listed.splitlines()) if row}
+
+    def write(self, path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        self.own(path.parent)
+
+    def own(self, path: Path) -> None:
+        if os.geteuid() == 0:
+            subprocess.run(["chown", "-R", f"{self.user}:{self.user}", str(path)], check=True)
+
+    def project(self, name: str, config: str = "") -> Path:
+        folder = self.home / "work" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "README.md").write_text(f"# {name}\n")
+        (folder / "app.py").write_text("print('hello')\n")
+        self.own(self.home / "work")
+        git = ["git", "-c", "user.name=Tier", "-c", "user.email=tier@example.com"]
+        self.run(["git", "init", "-q", "-b", "main"], cwd=folder)
+        self.run([*git, "add", "-A"], cwd=folder)
+        self.run([*git, "commit", "-q", "-m", "start"], cwd=folder)
+        self.configure(folder, config)
+        return folder
+
+    def configure(self, folder: Path, config: str) -> None:
+        self.write(folder / "agentbox.yml", config)
+        self.agentbox("trust", cwd=folder)
+
+    def guest(self, folder: Path, script: str, check: bool = True) -> subprocess.CompletedProcess:
+        return self.agentbox("shell", "--", "bash", "-c", script, cwd=folder, check=check)
+
+
+# -- the machine's side: the user, Lima, the image, the Node.js folder --------------------------------------------
+
+
+def _fresh_user_home() -> tuple[str, Path]:
+    if os.geteuid() != 0:
+        home = Path(tempfile.mkdtemp(prefix="abtier-", dir="/tmp"))
+        return pwd.getpwuid(os.geteuid()).pw_name, home
+    try:
+        pwd.getpwnam(TIER_USER)
+    except KeyError:
+        subprocess.run(["useradd", "-m", "-s", "/bin/bash", TIER_USER], check=True)
+    _end_user_processes()
+    home = Path(pwd.getpwnam(TIER_USER).pw_dir)
+    shutil.rmtree(home, ignore_errors=True)
+    home.mkdir(mode=0o755)
+    shutil.chown(home, TIER_USER, TIER_USER)
+    return TIER_USER, home
+
+
+def _end_user_processes() -> None:
+    """What an earlier run left (a VM's QEMU and host agent, agentbox's proxy): gone before and after."""
+    if os.geteuid() == 0:
+        subprocess.run(["pkill", "-KILL", "-u", TIER_USER], capture_output=True)
+        time.sleep(0.5)
+
+
+def _install(tier_home: Path, lima_prefix: Path, image: reallima.GuestImage) -> tuple[Path, reallima.GuestImage]:
+    """Lima and the image where the tier's user reads them (the cache may be in root's home)."""
+    lima = tier_home / ".tier" / "lima"
+    shutil.copytree(lima_prefix, lima, symlinks=True)
+    images = tier_home / ".tier" / "image"
+    images.mkdir(parents=True)
+    placed = []
+    for source in (image.disk, image.kernel, image.initrd):
+        target = images / source.name
+        try:
+            os.link(source, target)
+        except OSError:
+            shutil.copyfile(source, target)
+        placed.append(target)
+    return lima, reallima.GuestImage(*placed)
+
+
+def _venv(tier: Tier, scratch: Path) -> None:
+    """agentbox installed as a user installs it: a wheel of this checkout, non-editable, in a fresh venv."""
+    wheels = scratch / "wheel"
+    reallima.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(wheels), str(REPO)],
+                 timeout=600)
+    wheel = tier.home / ".tier" / next(wheels.glob("*.whl")).name
+    shutil.copyfile(next(wheels.glob("*.whl")), wheel)
+    tier.own(tier.home / ".tier")
+    tier.run(["/usr/bin/python3", "-m", "venv", str(tier.venv)])
+    tier.run([str(tier.venv / "bin" / "pip"), "install", "-q", str(wheel)], timeout=600)
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serving(folder: Path, port: int) -> Iterator[None]:
+    handler = lambda *a: _Quiet(*a, directory=str(folder))  # noqa: E731
+    try:
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as exc:
+        unavailable(f"the tier serves nodejs.org's folder on 127.0.0.1:{port}, which is taken ({exc})")
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
+    for tool in ("bwrap", "ssh", "git", "npm", "curl"):
+        if shutil.which(tool) is None:
+            unavailable(f"{tool} is not installed (.ci/run installs it)")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        unavailable("runuser is not installed (util-linux)")
+    problem = reallima.qemu_problem()
+    if problem:
+        unavailable(problem)
+    cache = cache_dir()
+    try:
+        with cache_lock():
+            lima_prefix = reallima.lima_tools(cache)
+            image = reallima.guest_image(cache)
+            dist = node_dist()
+    except reallima.Missing as missing:
+        unavailable(str(missing))
+    user, home = _fresh_user_home()
+    lima, placed = _install(home, lima_prefix, image)
+    tier = Tier(user, home, lima, home / ".tier" / "venv")
+    tier.own(home / ".tier")
+    _venv(tier, tmp_path_factory.mktemp("wheel"))
+    settings = {"vm": {"image": placed.setting(), "lima": LEGACY_BIOS, "cpus": 2, "memory": "2GiB", "disk": "10GiB"}}
+    tier.write(home / ".config" / "agentbox" / "config.yml", yaml.safe_dump(settings))
+    _host_logins(tier)
+    version = tier.limactl("--version").stdout.strip()
+    (cache / reallima.META_NAME).write_text(json.dumps({"lima": version, "qemu": reallima.qemu_version(),
+                                                        "image": placed.disk.parent.name}))
+    echo, tier.echo_port = helpers.echo_server()
+    upstream_dir = Path(tempfile.mkdtemp(prefix="abtier-upstream-"))
+    try:
+        with serving(dist, reallima.NODE_PORT), FakeUpstream(upstream_dir, [CLAUDE]) as upstream:
+            upstream_dir.chmod(0o755)
+            os.chmod(upstream.ca_file, 0o644)
+            upstream.route("GET", "/api/oauth/profile", {"account": "the host's"}, host=CLAUDE,
+                           authorization=f"Bearer {REAL_ACCESS}")
+            tier.upstream = upstream
+            tier.extra_env = {
+                "AGENTBOX_TEST_BROKER_UPSTREAM": json.dumps({"address": list(upstream.address),
+                                                             "caFile": str(upstream.ca_file)}),
+                "AGENTBOX_TEST_PROXY_RESOLVE": "echo.test=127.0.0.1"}
+            yield tier
+    finally:
+        for name in tier.instances() if (lima / "bin" / "limactl").exists() else []:
+            tier.limactl("delete", "-f", name, check=False)
+        _end_user_processes()
+        echo.close()
+        shutil.rmtree(upstream_dir, ignore_errors=True)
+        if os.geteuid() != 0:
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _host_logins(tier: Tier) -> None:
+    """The user's Claude login on the host, which the broker holds and the VM gets a placeholder of."""
+    expires = int((time.time() + 3600) * 1000)
+    tier.write(tier.home / ".claude" / ".credentials.json", json.dumps({"claudeAiOauth": {
+        "accessToken": REAL_ACCESS, "refreshToken": REAL_REFRESH, "expiresAt": expires,
+        "scopes": ["user:inference"], "subscriptionType": "max"}}))
+    tier.write(tier.home / ".claude.json", json.dumps({"hasCompletedOnboarding": True,
+                                                       "oauthAccount": {"emailAddress": "me@example.com"}}))
+
+
+def debug_calls(stderr: str) -> list[str]:
+    """The limactl subcommands of a `--debug` run, in order."""
+    return [m[1] for m in re.finditer(r"^\[debug\] limactl (?:--\S+ )*(\S+)", stderr, re.M)]
+
+
+# -- the steps ------------------------------------------------------------------------------------------------------
+
+
+def test_lima_is_built_from_its_module_and_qemu_runs_without_kvm(tier: Tier) -> None:
+    assert tier.limactl("--version").stdout.strip() == f"limactl version {reallima.LIMA_VERSION}"
+    visible = tier.run(["sh", "-c", "test -e /dev/kvm && echo kvm || echo no-kvm"]).stdout
+    assert visible == "no-kvm\n"
+
+
+def test_the_rendered_lima_yaml_is_accepted_by_real_lima(tier: Tier) -> None:
+    project = tier.project("alpha")
+    rendered = tier.agentbox("template", cwd=project).stdout
+    data = yaml.safe_load(rendered)
+    assert "base" not in data
+    assert data["images"][0]["location"].endswith("disk.qcow2")
+    target = tier.home / ".tier" / "alpha.yaml"
+    tier.write(target, rendered)
+    validated = tier.limactl("validate", str(target), check=False)
+    assert validated.returncode == 0, validated.stderr
+
+
+def test_the_golden_base_is_built_provisioned_sealed_and_stopped(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    built = tier.agentbox("base", "build", cwd=project)
+    bases = [row for name, row in tier.instances().items() if name.startswith("agentbox-base")]
+    assert len(bases) == 1, (tier.instances().keys(), built.stderr)
+    assert bases[0]["status"] == "Stopped"
+    log = tier.agentbox("base", "log", cwd=project).stdout
+    assert NODE_VERSION in log, log[-3000:]
+
+
+def test_the_first_launch_clones_the_base_and_the_vm_runs_provisioned(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    started = tier.agentbox("--debug", "start", cwd=project)
+    assert "clone" in debug_calls(started.stderr), started.stderr
+    assert "create" not in debug_calls(started.stderr), started.stderr
+    assert tier.instances()["agentbox-alpha"]["status"] == "Running"
+    node = tier.guest(project, "node --version; npm --version >/dev/null && echo npm-ok")
+    assert node.stdout == f"{NODE_VERSION}\nnpm-ok\n", node.stderr
+
+
+def test_the_workspace_is_mounted_writable_and_nothing_else_of_the_host_is_writable(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    tier.project("beta")
+    probe = tier.guest(project, f"""
+        pwd
+        echo from-guest > made-in-guest.txt && echo workspace-writable
+        ls -A {tier.home}; ls -A {tier.home}/work
+        staging=$(ls -d {tier.home}/.local/state/agentbox/vms/*/staging 2>/dev/null | head -1)
+        [ -n "$staging" ] || staging=$(findmnt -rno TARGET | grep -m1 staging)
+        touch "$staging/x" 2>&1 && echo STAGING-WRITABLE
+        true""")
+    lines = probe.stdout.splitlines()
+    assert lines[0] == str(project)
+    assert "workspace-writable" in lines
+    assert (project / "made-in-guest.txt").read_text() == "from-guest\n"
+    assert "STAGING-WRITABLE" not in probe.stdout, probe.stdout
+    assert "Read-only file system" in probe.stdout, probe.stdout
+    # Of the host's home only the workspace's own path is there: no beta, no .config, no .ssh.
+    assert lines[2:4] == ["work", "alpha"], probe.stdout
+
+
+def test_a_stand_in_agent_gets_its_arguments_environment_and_exit_code(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    tier.guest(project, f"sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n{STUB}EOF")
+    out = project / ".stub-out.json"
+    tier.agent_config = f"env:\n  AGENTBOX_TEST_OUT: {out}\n  STUB_EXIT: '3'\n  TIER_VALUE: a b'c\"d\n"
+    tier.configure(project, tier.agent_config)
+    launched = tier.agentbox("--debug", "claude", "-p", "fix the tests; echo $HOME", cwd=project, check=False)
+    assert launched.returncode == 3, launched.stderr
+    seen = json.loads(out.read_text())
+    assert seen["args"][-2:] == ["-p", "fix the tests; echo $HOME"]
+    assert "--dangerously-skip-permissions" in seen["args"]
+    assert seen["cwd"] == str(project)
+    assert seen["env"]["TIER_VALUE"] == "a b'c\"d"
+    assert debug_calls(launched.stderr) == ["list", "shell"], launched.stderr
+
+
+def test_launch_paths_against_real_limas_answers(tier: Tier) -> None:
+    """Running: list + shell. Stopped: started, then the agent runs. Missing (beta): cloned from the base."""
+    project = tier.home / "work" / "alpha"
+    tier.agentbox("stop", cwd=project)
+    assert tier.instances()["agentbox-alpha"]["status"] == "Stopped"
+    relaunched = tier.agentbox("--debug", "claude", "-p", "again", cwd=project, check=False)
+    assert relaunched.returncode == 3, relaunched.stderr
+    assert debug_calls(relaunched.stderr)[0] == "list"
+    assert "start" in debug_calls(relaunched.stderr)
+    assert debug_calls(relaunched.stderr)[-1] == "shell"
+    assert tier.instances()["agentbox-alpha"]["status"] == "Running"
+    # Another workspace's VM of the same name is refused, not entered.
+    twin = tier.home / "elsewhere" / "alpha"
+    twin.mkdir(parents=True)
+    tier.own(tier.home / "elsewhere")
+    tier.write(twin / "agentbox.yml", "")
+    tier.agentbox("trust", cwd=twin)
+    other = tier.agentbox("--debug", "shell", "--", "pwd", cwd=twin, check=False)
+    assert str(project) not in other.stdout
+    assert other.returncode == 0 and other.stdout.strip() == str(twin), other.stderr
+    assert tier.instances()["agentbox-alpha"]["config"]["mounts"][0]["location"] == str(project)
+    tier.agentbox("rm", "--force", cwd=twin, check=False)
+
+
+def test_restart_gives_a_new_boot_and_rm_deletes_the_vm(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    before = tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout
+    tier.agentbox("restart", cwd=project)
+    after = tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout
+    assert before != after
+    assert tier.instances()["agentbox-alpha"]["status"] == "Running"
+
+
+def test_the_broker_swaps_the_placeholder_for_the_real_token_and_its_ca_is_trusted_in_the_guest(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    answer = tier.agentbox("shell", "--", "python3", "-c", BROKER_REQUEST, CLAUDE, "Bearer LOGIN", cwd=project)
+    assert json.loads(answer.stdout.strip().splitlines()[-1]) == {"status": 200, "body": {"account": "the host's"}}
+    assert [r.headers["authorization"] for r in tier.upstream.requests_to(CLAUDE)] == [f"Bearer {REAL_ACCESS}"]
+    # The guest trusts the broker's CA through its system store (curl, not only Python), and holds no real value.
+    seen = tier.guest(project, "grep -rl 'agentbox' /etc/ssl/certs/ca-certificates.crt >/dev/null && echo ca-in-store;"
+                               " cat ~/.claude/.credentials.json")
+    assert "ca-in-store" in seen.stdout
+    assert "agentbox-ph-" in seen.stdout and REAL_ACCESS not in seen.stdout
+    found = tier.guest(project, f"sudo grep -rsl -- {shlex.quote(REAL_ACCESS)} /home /etc /tmp /root || true")
+    assert found.stdout.strip() == "", found.stdout
+
+
+def test_allowlist_mode_with_the_guests_kernel_and_nftables(tier: Tier) -> None:
+    """A listed host is reached through the proxy, an unlisted one gets the proxy's 403, a direct connection out of
+    the VM is rejected by the guest's nftables. Guest root can flush those rules (measured here, as the docs say):
+    the proxy still refuses the unlisted host, but a direct connection then gets out."""
+    project = tier.home / "work" / "alpha"
+    tier.configure(project, tier.agent_config + f"network:\n  mode: allowlist\n  allow: ['echo.test:{tier.echo_port}']\n")
+    allowed = _connect(tier, project, f"echo.test:{tier.echo_port}")
+    assert allowed == {"status": 200, "echo": "echo:ping"}
+    refused = _connect(tier, project, "example.org:443")
+    assert refused["status"] == 403 and refused["body"]["blocked"] == "example.org"
+    direct = tier.guest(project, f"curl -sS -m 10 -o /dev/null http://192.168.5.2:{tier.echo_port}/ 2>&1; echo rc=$?",
+                        check=False)
+    assert "rc=0" not in direct.stdout, direct.stdout
+    rules = tier.guest(project, "sudo nft list ruleset").stdout
+    assert "192.168.5.2" in rules
+    undone = tier.guest(project, "sudo nft flush ruleset && timeout 10 bash -c "
+                                 f"'exec 3<>/dev/tcp/192.168.5.2/{tier.echo_port} && echo out >&3 && head -c 9 <&3'",
+                        check=False)
+    assert undone.stdout.startswith("echo:out"), undone.stdout + undone.stderr
+    still = _connect(tier, project, "example.org:443")
+    assert still["status"] == 403
+    tier.configure(project, tier.agent_config)
+    tier.guest(project, "true")  # open mode again: the launch puts the VM's firewall back as the policy says
+
+
+def _connect(tier: Tier, project: Path, target: str) -> dict:
+    result = tier.agentbox("shell", "--", "python3", "-c", CONNECT, target, cwd=project)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_a_port_the_guest_listens_on_is_forwarded(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    tier.guest(project, "mkdir -p /tmp/site && echo served-from-guest > /tmp/site/index.html && "
+                        "(cd /tmp/site && nohup python3 -m http.server 18123 >/dev/null 2>&1 &) ; sleep 2")
+    port = _free_port()
+    forwarded = tier.agentbox("port", "18123", str(port), cwd=project)
+    assert f"http://127.0.0.1:{port}" in forwarded.stdout
+    assert _get(f"http://127.0.0.1:{port}/") == "served-from-guest\n"
+    listed = tier.agentbox("ports", cwd=project).stdout
+    assert str(port) in listed
+    tier.agentbox("port", "--stop", str(port), cwd=project)
+    with pytest.raises(OSError):
+        _get(f"http://127.0.0.1:{port}/")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, attempts: int = 20) -> str:
+    import urllib.request
+
+    for attempt in range(attempts):
+        try:
+            with urllib.request.urlopen(url, timeout=10) as response:
+                return response.read().decode()
+        except OSError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+    raise AssertionError("unreachable")
+
+
+def test_a_detached_session_runs_on_and_attach_ends_with_its_exit_code(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    tier.guest(project, "sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n" + SESSION_AGENT + "EOF")
+    started = tier.agentbox("claude", "--detach", cwd=project)
+    assert started.returncode == 0, started.stderr
+    sessions = json.loads(tier.agentbox("sessions", "--json", cwd=project).stdout)
+    assert [s["state"] for s in sessions] == ["running"], sessions
+    tier.guest(project, "touch /tmp/session-may-end")
+    code, screen = _on_terminal(tier, ["attach"], project)
+    assert code == 7, screen
+    assert "session agent says hello" in screen
+    ended = json.loads(tier.agentbox("sessions", "--json", cwd=project).stdout)
+    assert ended[0]["state"] == "exited" and ended[0]["exitCode"] == 7, ended
+    tier.guest(project, f"sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n{STUB}EOF")
+
+
+def _on_terminal(tier: Tier, args: list[str], cwd: Path, seconds: float = 120) -> tuple[int, str]:
+    """agentbox on a pseudo-terminal (`script` makes one), as the tier's user."""
+    command = shlex.join(tier.command([str(tier.venv / "bin" / "agentbox"), *args], cwd))
+    result = subprocess.run(["script", "-qefc", command, "/dev/null"], capture_output=True, text=True,
+                            timeout=seconds, stdin=subprocess.DEVNULL, env={**os.environ, "TERM": "xterm"})
+    return result.returncode, result.stdout.replace("\r", "")
+
+
+def test_doctor_checks_the_real_vm(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    doctor = tier.agentbox("doctor", "--json", cwd=project, check=False)
+    checks = {c["check"]: c for c in json.loads(doctor.stdout)}
+    failed = {name: c["message"] for name, c in checks.items() if c["status"] == "FAIL"}
+    assert failed == {}, failed
+    vm_checks = [c for name, c in checks.items() if "vm" in name.lower()]
+    assert vm_checks and all(c["status"] == "OK" for c in vm_checks), vm_checks
+
+
+def test_checkpoint_diff_and_undo_of_an_agents_edits(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    tier.agentbox("checkpoint", "-m", "before the agent", cwd=project)
+    tier.guest(project, "echo 'print(\"changed in the VM\")' > app.py && echo new > added-in-vm.txt")
+    diff = tier.agentbox("diff", "--since", "last", cwd=project, check=False).stdout
+    diff = tier.agentbox("diff", cwd=project).stdout if not diff else diff
+    assert "changed in the VM" in diff and "added-in-vm.txt" in diff, diff
+    tier.agentbox("undo", "--clean", "--yes", cwd=project, check=False)
+    assert (project / "app.py").read_text() == "print('hello')\n"
+    assert not (project / "added-in-vm.txt").exists()
+
+
+def test_a_command_killed_by_a_signal_in_the_guest_exits_255_and_the_vm_runs_on(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    killed = tier.agentbox("shell", "--", "sh", "-c", "kill -9 $$", cwd=project, check=False)
+    assert killed.returncode == 255, killed.stderr
+    assert tier.instances()["agentbox-alpha"]["status"] == "Running"
