@@ -170,20 +170,22 @@ _LOCATION_HELP = "An https:// (or http://) URL, or a host path (`~` and paths re
 _DIGEST_HELP = "Its digest, `sha256:<64 hex digits>` (Lima's form; `sha512:` works too): Lima checks the download."
 
 IMAGE_KEYS: dict[str, Key] = {
-    "location": Key("str", f"{_LOCATION_HELP} of the disk image (qcow2, raw, ...).", check=image.location_problem,
+    "location": Key("str", f"{_LOCATION_HELP} of the disk image (qcow2, raw, ...).", default_text="required",
+                    check=image.location_problem,
                     creation=True),
     "digest": Key("str", _DIGEST_HELP, default_text="none", check=image.digest_problem, creation=True),
     "kernel": Key("mapping", "A kernel to boot the image with (an image without a bootloader).",
                   default_text="the image's own", creation=True, children={
-                      "location": Key("str", f"{_LOCATION_HELP} of the kernel.", check=image.location_problem,
-                                      creation=True),
+                      "location": Key("str", f"{_LOCATION_HELP} of the kernel.", default_text="required",
+                                      check=image.location_problem, creation=True),
                       "cmdline": Key("str", 'The kernel command line (for example "root=/dev/vda console=ttyS0").',
                                      default_text="none", creation=True),
                       "digest": Key("str", _DIGEST_HELP, default_text="none", check=image.digest_problem,
                                     creation=True),
                   }),
     "initrd": Key("mapping", "The initrd for `kernel`.", default_text="none", creation=True, children={
-        "location": Key("str", f"{_LOCATION_HELP} of the initrd.", check=image.location_problem, creation=True),
+        "location": Key("str", f"{_LOCATION_HELP} of the initrd.", default_text="required",
+                          check=image.location_problem, creation=True),
         "digest": Key("str", _DIGEST_HELP, default_text="none", check=image.digest_problem, creation=True),
     }),
 }
