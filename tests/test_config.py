@@ -36,6 +36,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "arch": None,
         "mountType": None,
         "template": None,
+        "image": None,
         "lima": {},
         "protectGitHooks": False,
         "base": "off",  # AGENTBOX_VM_BASE: the suite creates VMs from scratch (tests/conftest.py)
