@@ -541,3 +541,36 @@ def test_installs_in_the_base_say_the_real_error_and_leave_no_npm_logs(
     (base,) = bases(limactl)
     guest_home = limactl.guest_home(base)
     assert (guest_home / ".npmrc").is_file() and not (guest_home / ".npm" / "_logs").exists()  # sealed away
+
+
+def test_the_base_is_built_from_the_global_image_and_a_new_image_makes_it_stale(
+    project: Path, home: Path, limactl: FakeLima
+) -> None:
+    config = home / ".config" / "agentbox" / "config.yml"
+    write(home / "images" / "debian.qcow2", "QFI")
+    write(home / "images" / "vmlinuz", "kernel")
+    write(config, "vm:\n  image: {location: ~/images/debian.qcow2, kernel: {location: ~/images/vmlinuz}}\n")
+    start(project)
+    (built,) = bases(limactl)
+    base_yaml = yaml.safe_load(limactl.lima_yaml(built))
+    assert "base" not in base_yaml
+    assert base_yaml["images"][0]["location"] == str(home / "images" / "debian.qcow2")
+    assert base_yaml["images"][0]["kernel"]["location"] == str(home / "images" / "vmlinuz")
+    assert "clone" in limactl.subcommands()  # the project's render has the same image: a clone
+    assert "older base" not in start(project)
+
+    write(home / "images" / "noble.img", "QFI")
+    write(config, "vm:\n  image: ~/images/noble.img\n")
+    said = start(project)
+    assert "cloned from an older base VM (the image changed since); `agentbox start --recreate` re-clones" in said
+    assert not base_ls(project)[0]["current"]
+
+
+def test_a_project_with_its_own_image_is_created_from_scratch(project: Path, limactl: FakeLima) -> None:
+    write(project / "debian.qcow2", "QFI")
+    write_trusted(project, "vm:\n  image: debian.qcow2\n")
+    said = start(project)
+    assert "this project's vm.image (" + str(project / "debian.qcow2") + ") differs from the global config's " \
+           "(not set), which the base VM is built with" in said
+    assert "clone" not in limactl.subcommands() and bases(limactl) == []
+    assert yaml.safe_load(limactl.lima_yaml(NAME))["images"][0]["location"] == str(project / "debian.qcow2")

@@ -36,6 +36,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "arch": None,
         "mountType": None,
         "template": None,
+        "image": None,
         "lima": {},
         "protectGitHooks": False,
         "base": "off",  # AGENTBOX_VM_BASE: the suite creates VMs from scratch (tests/conftest.py)
@@ -513,6 +514,24 @@ BAD_CONFIGS = [
     ("startupWaitSec: 0\n", "startupWaitSec: must be at least 1", None),
     ("vm:\n  cpus: 2\nvm:\n  cpus: 3\n", "3:1: vm: the key appears twice (first at line 1)", None),
     ("workspace: ''\n", "workspace: must not be empty", None),
+    ("vm:\n  image: ftp://mirror.example.com/u.img\n",
+     "2:10: vm.image: 'ftp://mirror.example.com/u.img' is not an http(s) URL; write an https:// (or http://) URL, or "
+     "a host path to the file (`~` and relative paths allowed)", None),
+    ("vm:\n  image: [https://a.example/x86.img, https://a.example/arm.img]\n",
+     "2:10: vm.image: expected the image's location or a mapping, found a list",
+     "One image, for the VM's arch: `image: https://mirror.example.com/disk.qcow2`"),
+    ("vm:\n  image: {location: u.img, digest: 'sha256:ABC'}\n",
+     "vm.image.digest: 'sha256:ABC' is not a digest as Lima reads it: write `sha256:` and the 64 lowercase hex digits "
+     "of the file's sha256sum (or `sha512:` and 128)", None),
+    ("vm:\n  image: {digest: 'sha256:" + "a" * 64 + "'}\n",
+     "vm.image: needs `location`: an https:// URL or a host path", None),
+    ("vm:\n  image: {location: u.img, kernel: {cmdline: quiet}}\n",
+     "vm.image.kernel: needs `location`: an https:// URL or a host path", None),
+    ("vm:\n  image: {location: u.img, initrd: {location: i.img}}\n",
+     "vm.image.initrd: an initrd is only used with a kernel", "Add `kernel: {location: ...}` beside it"),
+    ("vm:\n  image: {location: u.img, arch: x86_64}\n", "vm.image.arch: unknown key", None),
+    ("vm:\n  image: '~bob/u.img'\n", "vm.image: '~bob/u.img': only your own home can be written with ~", None),
+    ("vm:\n  image: 'https:///u.img'\n", "vm.image: 'https:///u.img' names no host", None),
 ]
 
 
@@ -850,3 +869,24 @@ def test_a_workspace_path_with_a_newline_is_refused(home: Path, limactl) -> None
     assert result.exit_code == 2
     assert "control character" in result.stderr
     assert limactl.calls() == []
+
+
+def test_a_bad_image_stops_start_before_limactl_runs(project: Path, limactl) -> None:
+    write(project / "agentbox.yml", "vm:\n  image: {location: u.img, digest: sha256:abc}\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert f"{project / 'agentbox.yml'}:2:36: vm.image.digest: 'sha256:abc' is not a digest" in result.stderr
+    assert limactl.calls() == []
+
+
+def test_config_shows_the_image_and_a_project_replaces_the_global_one_whole(project: Path, home: Path) -> None:
+    global_config(home, "vm:\n  image:\n    location: ~/images/debian.qcow2\n    kernel: {location: ~/images/vmlinuz}\n")
+    shown = json.loads(run_cli("config", "--json", cwd=project).stdout)["vm"]["image"]
+    assert shown == {"location": str(home / "images" / "debian.qcow2"),
+                     "kernel": {"location": str(home / "images" / "vmlinuz")}}
+    write(project / "agentbox.yml", "vm:\n  image: https://mirror.example.com/noble.img\n")
+    result = run_cli("config", "--json", cwd=project)
+    assert json.loads(result.stdout)["vm"]["image"] == {"location": "https://mirror.example.com/noble.img"}
+    text = run_cli("config", cwd=project).stdout
+    assert 'vm.image.location: "https://mirror.example.com/noble.img"  # local' in text
+    assert "vm.image.kernel" not in text

@@ -295,6 +295,38 @@ def test_create_validation_errors(lima: Lima, body: str, message: str) -> None:
     assert not lima.inst_dir().exists()
 
 
+_KERNEL_IMAGE = ("images:\n- location: /nonexistent/debian.qcow2\n  arch: x86_64\n  digest: sha256:" + "a" * 64 + "\n"
+                 "  kernel:\n    location: /nonexistent/vmlinuz\n    arch: x86_64\n    cmdline: root=/dev/vda\n"
+                 "  initrd:\n    location: /nonexistent/initrd.img\n    arch: x86_64\n")
+
+
+def test_local_image_with_kernel_and_initrd_need_not_exist(lima: Lima, tmp_path: Path) -> None:
+    """validate.go validateFileObject: "f.Location does NOT need to be accessible"; arch pinned so the test is the
+    same on any host."""
+    template = tmp_path / "debian.yaml"
+    template.write_text(_KERNEL_IMAGE + "arch: x86_64\n")
+    assert log_lines(lima.ok("validate", str(template)).stderr) == [("info", f"`{template}`: OK")]
+    lima.ok("--tty=false", "create", "--name", "vm", str(template))
+    assert lima.one("vm")["config"]["images"][0]["kernel"]["cmdline"] == "root=/dev/vda"
+
+
+@pytest.mark.parametrize("image,message", [
+    ("- location: /i.qcow2\n  digest: sha256:abc\n",  # the double's schema check, stricter than Lima here
+     "field `images[0].digest` is invalid: 'sha256:abc' does not match "
+     "'^$|^(sha256:[a-f0-9]{64}|sha384:[a-f0-9]{96}|sha512:[a-f0-9]{128})$'"),
+    ("- location: ~other/i.qcow2\n",
+     "field `images[0].location` refers to an invalid local file path: `~other/i.qcow2`: unexpandable path "
+     "`~other/i.qcow2`"),
+    ("- location: /i.qcow2\n  arch: x86_64\n  kernel:\n    location: /k\n    arch: aarch64\n",
+     "images[0].kernel has unexpected architecture `aarch64`, must be `x86_64`"),
+])
+def test_image_entries_are_validated_as_lima_does(lima: Lima, image: str, message: str) -> None:
+    result = lima.run("--tty=false", "create", "--name", "vm", "-", input="arch: x86_64\nimages:\n" + image)
+    assert result.returncode == 1
+    assert fatal(result.stderr) == message, result.stderr
+    assert not lima.inst_dir().exists()
+
+
 def test_mount_location_must_be_a_directory(lima: Lima, tmp_path: Path) -> None:
     afile = tmp_path / "file.txt"
     afile.write_text("x")

@@ -64,6 +64,7 @@ CHANGES = {
     "arch": "vm:\n  arch: aarch64\n",
     "mountType": "vm:\n  mountType: 9p\n",
     "template": "vm:\n  template: t.j2\n",
+    "image": "vm:\n  image: disk.qcow2\n",
     "lima": "vm:\n  lima:\n    timezone: UTC\n",
     "protectGitHooks": "vm:\n  protectGitHooks: true\n",
     "mounts": "mounts:\n  - location: ./docs\n",
@@ -90,6 +91,7 @@ def test_a_changed_creation_setting_asks_for_recreate(project: Path, limactl: Fa
     (project / "docs").mkdir()
     (project / ".git" / "hooks").mkdir(parents=True)
     write(project / "t.j2", (REPO / "templates" / "lima.yaml.j2").read_text())
+    write(project / "disk.qcow2", "QFI")
     write(project / "ca.pem", "-----BEGIN CERTIFICATE-----\nMIIBszCCAVmgAwIBAgIUTEST\n-----END CERTIFICATE-----\n")
     write(project / "agentbox.yml", "")
     assert run_cli("start", cwd=project).exit_code == 0

@@ -219,3 +219,54 @@ def test_mounts_of_agentbox_state_or_lima_home_are_refused(project: Path, isolat
         result = run_cli("template", cwd=project)
         assert result.exit_code == 2, bad
         assert "never mounts it" in result.stderr, result.stderr
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def test_vm_image_renders_one_images_entry_for_the_vm_arch_and_no_base(project: Path) -> None:
+    for name in ("debian.qcow2", "boot/vmlinuz", "boot/initrd.img"):
+        write(project / name, "x")
+    write_trusted(project, "vm:\n  arch: aarch64\n  image:\n    location: debian.qcow2\n"
+                  f"    digest: {DIGEST}\n    kernel:\n      location: boot/vmlinuz\n"
+                  "      cmdline: root=/dev/vda console=ttyS0\n    initrd: {location: ./boot/../boot/initrd.img}\n")
+    data = rendered(project)
+    assert "base" not in data
+    assert data["images"] == [{
+        "location": str(project / "debian.qcow2"), "arch": "aarch64", "digest": DIGEST,
+        "kernel": {"location": str(project / "boot" / "vmlinuz"), "arch": "aarch64",
+                   "cmdline": "root=/dev/vda console=ttyS0"},
+        "initrd": {"location": str(project / "boot" / "initrd.img"), "arch": "aarch64"},
+    }]
+
+
+def test_vm_image_url_from_the_global_config_is_rendered_for_the_hosts_arch(project: Path, home: Path) -> None:
+    import platform
+
+    url = "https://mirror.example.com/ubuntu/noble-server-cloudimg.img"
+    write(home / ".config" / "agentbox" / "config.yml", f"vm:\n  image: {url}\n")
+    data = rendered(project)
+    arch = {"arm64": "aarch64", "amd64": "x86_64"}.get(platform.machine().lower(), platform.machine().lower())
+    assert data["images"] == [{"location": url, "arch": arch}] and "base" not in data
+    write(home / ".config" / "agentbox" / "config.yml", "vm:\n  cpus: 2\n")  # the control: Ubuntu's template
+    assert rendered(project)["base"] == ["template:_images/ubuntu-24.04"]
+
+
+def test_a_missing_image_file_is_refused_before_lima_is_asked(project: Path, limactl) -> None:
+    write_trusted(project, "vm:\n  image: {location: debian.qcow2, kernel: {location: vmlinuz}}\n")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith(
+        f"agentbox: error: vm.image: {project / 'debian.qcow2'} is not a file on this machine (missing)\n")
+    assert "create" not in limactl.subcommands()
+    write(project / "debian.qcow2", "x")
+    assert run_cli("trust", cwd=project).exit_code == 0  # the pin was of a missing file
+    result = run_cli("start", cwd=project)
+    assert f"vm.image.kernel: {project / 'vmlinuz'} is not a file on this machine (missing)" in result.stderr
+    assert "create" not in limactl.subcommands()
+    write(project / "vmlinuz", "x")
+    assert run_cli("trust", cwd=project).exit_code == 0
+    result = run_cli("start", cwd=project)  # the control: with both files there, Lima (the double) creates it
+    assert result.exit_code == 0, result.stderr
+    created = yaml.safe_load(limactl.lima_yaml("agentbox-myproject"))
+    assert created["images"][0]["kernel"]["location"] == str(project / "vmlinuz") and "base" not in created

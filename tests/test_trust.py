@@ -30,6 +30,10 @@ RISKY = [
     ("env:\n  NODE_OPTIONS: --require /tmp/x.js\n", "env: NODE_OPTIONS"),
     ("agents:\n  claude:\n    defaultArgs: [--settings, /tmp/evil.json]\n", "agents.claude.defaultArgs"),
     ("bootstrap:\n  onStartScript: setup.sh\n", "bootstrap.onStartScript"),
+    ("vm:\n  image: https://mirror.example.com/u.qcow2\n",
+     "vm.image: https://mirror.example.com/u.qcow2 (downloaded: the system the VM runs)"),
+    ("vm:\n  image: {location: disk.qcow2, kernel: {location: ~/vmlinuz}}\n",
+     "/disk.qcow2 (a host file: the system the VM runs)"),
     ("checkpoints:\n  keep: 49\n", "checkpoints.keep: 49 (fewer than the default 50"),
     ("checkpoints:\n  enabled: false\n", "checkpoints.enabled: false"),
     ("checkpoints:\n  maxFileSize: 4MiB\n", "checkpoints.maxFileSize: 4MiB (less than the default 5MiB"),
@@ -158,7 +162,7 @@ def test_retargeting_a_trusted_script_to_a_host_file_revokes_trust(project: Path
     assert staged == []
 
 
-@pytest.mark.parametrize("key", ["mount", "caCert", "template", "credentials"])
+@pytest.mark.parametrize("key", ["mount", "caCert", "template", "credentials", "image"])
 def test_retargeting_any_pinned_path_revokes_trust(project: Path, home: Path, limactl: FakeLima, key: str) -> None:
     ssh = home / ".ssh"
     write(ssh / "id_ed25519", "PRIVATE KEY\n")
@@ -175,6 +179,7 @@ def test_retargeting_any_pinned_path_revokes_trust(project: Path, home: Path, li
         "template": ("vm:\n  template: t.j2\n", project / "t.j2", ssh / "id_ed25519"),
         "credentials": ("agents:\n  codex:\n    credentials: [~/.codex/auth.json]\n", home / ".codex" / "auth.json",
                         ssh / "id_ed25519"),
+        "image": ("vm:\n  image: disk.qcow2\n", write(project / "disk.qcow2", "QFI"), ssh / "id_ed25519"),
     }
     text, path, target = texts[key]
     write_trusted(project, text)
@@ -537,3 +542,18 @@ def test_a_project_file_that_adds_agent_endpoints_needs_trust(project: Path, hom
         return
     assert (result.exit_code, result.stderr) == (2, _refusal(project, listed))
     assert limactl.calls() == []  # nothing listed, created or started
+
+
+def test_a_trusted_image_path_changed_in_the_file_is_refused(project: Path, home: Path, limactl: FakeLima) -> None:
+    write(project / "disk.qcow2", "QFI")
+    write(home / "other.qcow2", "QFI")
+    write_trusted(project, "vm:\n  image: disk.qcow2\n")
+    show = run_cli("trust", "--show", cwd=project).stdout
+    assert "is trusted as it is.\n" in show
+    write(project / "agentbox.yml", f"vm:\n  image: {home / 'other.qcow2'}\n")  # as the agent could
+    result = _start(project)
+    assert result.exit_code == 2, result.stderr
+    assert "changed since you trusted it" in result.stderr
+    assert limactl.calls() == []
+    assert f"vm.image: {home / 'other.qcow2'} (a host file: the system the VM runs)" in \
+        run_cli("trust", "--show", cwd=project).stdout

@@ -127,6 +127,7 @@ def template_command(ctx: click.Context, agent: str | None) -> None:
     present = (
         ("vm.template", "template" in loaded.local_data.get("vm", {})),
         ("caCert", "caCert" in loaded.local_data),
+        ("vm.image", "image" in loaded.local_data.get("vm", {}) and bool(loaded.image and loaded.image.host_paths())),
     )
     named = [key for key, found in present if found]
     if named and loaded.local_file is not None and not trust.is_trusted(loaded):

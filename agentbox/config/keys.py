@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from agentbox.config import image
+
 BOTH = frozenset({"global", "local"})
 LOCAL = frozenset({"local"})
 
@@ -39,7 +41,7 @@ class Key(NamedTuple):
     # str, word (a str where a bare off/on stays a word), path, int, bool, size, bytes, strlist, args, env,
     # mapping, agents, mounts, freeform, credentials, hosts (a strlist of netproxy patterns), hostports (true,
     # false or a list of ports), taskhosts (tasks.hosts: names or {name, maxConcurrent}), pushmode (git.allowPush:
-    # false or `session`)
+    # false or `session`), image (vm.image: a location, or a mapping of IMAGE_KEYS)
     kind: str
     help: str
     default: Any = UNSET
@@ -164,6 +166,30 @@ MOUNT_KEYS: dict[str, Key] = {
     "writable": Key("bool", "Whether the VM may write to it.", default=False, creation=True),
 }
 
+_LOCATION_HELP = "An https:// (or http://) URL, or a host path (`~` and paths relative to the file's folder)"
+_DIGEST_HELP = "Its digest, `sha256:<64 hex digits>` (Lima's form; `sha512:` works too): Lima checks the download."
+
+IMAGE_KEYS: dict[str, Key] = {
+    "location": Key("str", f"{_LOCATION_HELP} of the disk image (qcow2, raw, ...).", default_text="required",
+                    check=image.location_problem,
+                    creation=True),
+    "digest": Key("str", _DIGEST_HELP, default_text="none", check=image.digest_problem, creation=True),
+    "kernel": Key("mapping", "A kernel to boot the image with (an image without a bootloader).",
+                  default_text="the image's own", creation=True, children={
+                      "location": Key("str", f"{_LOCATION_HELP} of the kernel.", default_text="required",
+                                      check=image.location_problem, creation=True),
+                      "cmdline": Key("str", 'The kernel command line (for example "root=/dev/vda console=ttyS0").',
+                                     default_text="none", creation=True),
+                      "digest": Key("str", _DIGEST_HELP, default_text="none", check=image.digest_problem,
+                                    creation=True),
+                  }),
+    "initrd": Key("mapping", "The initrd for `kernel`.", default_text="none", creation=True, children={
+        "location": Key("str", f"{_LOCATION_HELP} of the initrd.", default_text="required",
+                          check=image.location_problem, creation=True),
+        "digest": Key("str", _DIGEST_HELP, default_text="none", check=image.digest_problem, creation=True),
+    }),
+}
+
 CREDENTIAL_KEYS: dict[str, Key] = {
     "netrc": Key("bool", "Also bring ~/.netrc into the VM.", default=False, trust=TRUE,
                  why="brings ~/.netrc, which can hold many passwords, into the VM"),
@@ -216,6 +242,12 @@ SCHEMA: dict[str, Key] = {
             "template": Key("path", "Your own Jinja2 template for lima.yaml, rendered with agentbox's context.",
                             default_text="agentbox's", creation=True, trust=SET,
                             why="replaces agentbox's Lima template"),
+            "image": Key("image", "The disk image a new VM boots (a company mirror, an air-gapped machine): its "
+                         "location (an https:// URL or a host path), or a mapping with `location` and optionally "
+                         "`digest`, `kernel` and `initrd` (docs/vm.md, \"Another image\").",
+                         default_text="Ubuntu 24.04 (Lima's `template:_images/ubuntu-24.04`)",
+                         children=IMAGE_KEYS, creation=True, trust=RULE,
+                         why="decides the system the VM runs (a host path: that host file is read)"),
             "lima": Key("freeform", "Lima settings deep-merged into the rendered lima.yaml.", default_text="none",
                         creation=True, trust=SET, why="changes Lima settings directly"),
             "protectGitHooks": Key("bool", "Mount the workspace's .git/hooks read-only in the VM.", default=False,

@@ -9,7 +9,8 @@ from typing import Any, NamedTuple
 
 from agentbox import paths, sizes
 from agentbox.agents.builtin import BUILTIN_AGENTS, endpoints
-from agentbox.config import keys
+from agentbox.config import image, keys
+from agentbox.config.image import Image
 from agentbox.config.layers import Layer
 from agentbox.config.peek import worktree_project
 from agentbox.config.problems import Problems
@@ -179,6 +180,7 @@ class Config(NamedTuple):
     base_max_age_days: int = 7  # vm.baseMaxAgeDays: an older base is rebuilt before the next clone
     network: NetworkSettings = NetworkSettings()  # network.*: what the VM may reach (agentbox.net.policy)
     push_scope: str | None = None  # git.allowPush: "session" (keys.PUSH_SESSION), or None for false
+    image: Image | None = None  # vm.image: the disk image a new VM boots (None: agentbox's Ubuntu)
 
     @property
     def scoped_pushes(self) -> bool:
@@ -210,6 +212,7 @@ class Config(NamedTuple):
             "arch": self.arch,
             "mountType": self.mount_type,
             "template": str(self.template) if self.template else None,
+            "image": self.image.to_json() if self.image else None,
             "lima": self.lima,
             "protectGitHooks": self.protect_git_hooks,
             "base": self.vm_base,
@@ -463,6 +466,11 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = _with_excludes_added(data.get("agents", {}), value)
                 if key == "network":
                     value = _with_lists_added(data.get("network", {}), value, ("presets", "allow"))
+                if key == "vm" and "image" in value:
+                    # One image, whole: a project's location never boots with the global file's kernel.
+                    data.get("vm", {}).pop("image", None)
+                    for name in [k for k in origins if k == "vm.image" or k.startswith("vm.image.")]:
+                        del origins[name]
                 deep_merge(data.setdefault(key, {}), value)
                 _note_origins(origins, {key: value}, label)
             else:
@@ -546,6 +554,10 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
     if "caCert" in data:
         value, layer = data["caCert"]
         ca_cert = _expand(value, _base_dir(layer, workspace))
+    vm_image = None
+    if "image" in vm:
+        owner = local if local and "image" in local.data.get("vm", {}) else global_layer
+        vm_image = image.resolve(vm["image"], _base_dir(owner, workspace))
     template = None
     if "template" in vm:
         owner = local if local and "template" in local.data.get("vm", {}) else global_layer
@@ -571,6 +583,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         arch=vm.get("arch"),
         mount_type=vm.get("mountType"),
         template=template,
+        image=vm_image,
         lima=vm.get("lima", {}),
         mounts=tuple(mounts),
         env=data["env"],

@@ -159,6 +159,8 @@ class _Walker:
             return self.host_ports(node, keypath)
         if kind == "pushmode":
             return self.push_mode(node, keypath)
+        if kind == "image":
+            return self.image(node, spec, keypath)
         self.visit(node, keypath)
         value = self.scalar(node, keypath)
         if kind == "word" and isinstance(value, bool):
@@ -345,6 +347,31 @@ class _Walker:
                     raise self.fail(item, item_path, "a mount needs `location` (the host folder)")
                 mounts.append(mount)
         return mounts
+
+    def image(self, node: yaml.Node, spec: Key, keypath: tuple[str, ...]) -> dict[str, Any]:
+        """vm.image: a location, or a mapping of Lima's `images` fields; always returned as a mapping."""
+        if isinstance(node, yaml.ScalarNode):
+            location = self.value(node, spec.children["location"], keypath)
+            self.check_path_text(node, keypath, location)
+            return {"location": location}
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(
+                node, keypath, f"expected the image's location or a mapping, found {_describe_node(node)}",
+                hint="One image, for the VM's arch: `image: https://mirror.example.com/disk.qcow2`, or "
+                "`image: {location: ..., digest: sha256:..., kernel: {location: ..., cmdline: ...}, "
+                "initrd: {location: ...}}`.",
+            )
+        value = self.mapping(node, spec.children, keypath)
+        for part, where in ((value, keypath), (value.get("kernel"), keypath + ("kernel",)),
+                            (value.get("initrd"), keypath + ("initrd",))):
+            if isinstance(part, dict) and "location" in part:
+                self.check_path_text(node, where + ("location",), part["location"])
+            elif part is not None and where + ("location",) not in self.positions:
+                raise self.fail(node, where, "needs `location`: an https:// URL or a host path")
+        if "initrd" in value and "kernel" not in value:
+            raise self.fail(node, keypath + ("initrd",), "an initrd is only used with a kernel",
+                            hint="Add `kernel: {location: ...}` beside it, or remove `initrd`.")
+        return value
 
     def task_hosts(self, node: yaml.Node, keypath: tuple[str, ...]) -> list[dict[str, Any]]:
         """tasks.hosts: a list of names, or of `{name, maxConcurrent}`; each name once."""

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox import paths
-from agentbox.config import keys, pins
+from agentbox.config import image, keys, pins
 from agentbox.config.load import Config, TrustedText
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
@@ -193,10 +193,27 @@ def _allow_push_rule(config: Config, path: tuple[str, ...], value: Any) -> list[
     return ["git.allowPush: session (the agent pushes branches under agentbox/<vm>/ with your GitHub login)"]
 
 
+def _image_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """Always: the image is the whole system the VM runs, with your logins present. Each file is named, a URL as it
+    is, a host path with where it resolves to (trust pins it)."""
+    if config.image is None:
+        return []
+    found = []
+    for key, location in config.image.files():
+        if image.is_url(location):
+            found.append(f"{key}: {visible(location)} (downloaded: the system the VM runs)")
+            continue
+        real = os.path.realpath(location)
+        target = f", a symlink to {visible(real)}" if real != location else ""
+        found.append(f"{key}: {visible(location)} (a host file{target}: the system the VM runs)")
+    return found
+
+
 # The keys whose need for trust depends on what their value resolves to (keys.RULE).
 _RULES = {
     "git.allowPush": _allow_push_rule,
     "credentials.broker": _broker_rule,
+    "vm.image": _image_rule,
     "workspace": _workspace_rule,
     "mounts": _mounts_rule,
     "bootstrap.onCreateScript": _scripts_rule,
@@ -236,6 +253,9 @@ def manifest(config: Config) -> dict[str, Any]:
         found.append(pins.pin_file("caCert", config.ca_cert))
     if config.template is not None and "template" in data.get("vm", {}):
         found.append(pins.pin_file("vm.template", config.template))
+    if config.image is not None and "image" in data.get("vm", {}):
+        # Where each host file resolves to, not its content: an image is gigabytes (pins.MAX_FILE_BYTES).
+        found.extend(pins.pin_path(key, path) for key, path in config.image.host_paths())
     for name, agent in data.get("agents", {}).items():
         if isinstance(agent.get("credentials"), list):
             for index, spec in enumerate(agent["credentials"]):

@@ -19,6 +19,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
 
 from agentbox import __version__, contract, paths
 from agentbox.config import keys
@@ -199,10 +200,20 @@ _MODE_MEANING = {
 }
 
 
+def shown_location(location: str) -> str:
+    """An image's location without what may hold a password (a URL's user part, its query)."""
+    parts = urlsplit(location)
+    if not parts.netloc:
+        return location
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], parts.path, "", ""))
+
+
 def _vm(config: Config, vm_name: str, facts: dict[str, Any]) -> dict[str, Any]:
     from agentbox.vm import render
 
-    image = render.IMAGE_BASE if config.template is None and "base" not in config.lima else None
+    image = None
+    if config.template is None and not {"base", "images"} & set(config.lima):
+        image = render.IMAGE_BASE if config.image is None else shown_location(config.image.location)
     return {
         "name": vm_name,
         "cpus": facts.get("cpus"),

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import paths, resources
 from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.config import keys
+from agentbox.config import image, keys
 from agentbox.contract import GUEST_CA_BUNDLE
 from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
@@ -89,10 +89,11 @@ _REJECTED = re.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.ya
 
 
 def settings(config: Config) -> render.BaseSettings:
-    """The base's VM settings: vmType, arch and mountType from the global config, resources built-in."""
+    """The base's VM settings: vmType, arch, mountType and image from the global config, resources built-in."""
     vm = config.global_data.get("vm") or {}
     vm = vm if isinstance(vm, dict) else {}
     built_in = keys.SCHEMA["vm"].children
+    folder = config.global_file.parent if config.global_file is not None else paths.home()
     return render.BaseSettings(
         vm_type=vm.get("vmType"),
         arch=vm.get("arch"),
@@ -100,6 +101,7 @@ def settings(config: Config) -> render.BaseSettings:
         cpus=built_in["cpus"].default,
         memory=built_in["memory"].default,
         disk=built_in["disk"].default,
+        image=image.resolve(vm.get("image"), folder),
     )
 
 
@@ -146,10 +148,11 @@ def inputs(config: Config) -> dict[str, Any]:
     base = settings(config)
     parts = {
         "format": FORMAT,
-        "template": _digest(render.render_base(base, RENDER_NAME).encode()),
+        # Without the image, which is its own part: a new image says "the image", not "the template".
+        "template": _digest(render.render_base(base._replace(image=None), RENDER_NAME).encode()),
         "provisioning": _files_digest("provision", "wrappers"),
         "agents": _digest(json.dumps(agent_installs(config), sort_keys=True).encode()),
-        "image": render.IMAGE_BASE,
+        "image": render.IMAGE_BASE if base.image is None else base.image.identity(),
         "vmType": base.vm_type,
         "arch": base.arch,
         "mountType": base.mount_type,
@@ -469,6 +472,12 @@ def _agent_versions(verification: str) -> dict[str, str]:
 # -- a project VM as a clone of the base ----------------------------------------------------------
 
 
+def _image_text(chosen: image.Image | None) -> str | None:
+    if chosen is None:
+        return None
+    return chosen.location if chosen == image.Image(chosen.location) else json.dumps(chosen.to_json())
+
+
 class ClonePlan(NamedTuple):
     edits: list[str]  # limactl edit flags that turn the base's lima.yaml into the project's render
     disk_note: str | None  # the project asks for a smaller disk than the base's (Lima cannot shrink)
@@ -484,7 +493,8 @@ def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
     if config.template is not None:
         return "vm.template is set (a base is made from agentbox's own template)"
     base = settings(config)
-    for setting, value, own in (("vmType", config.vm_type, base.vm_type), ("arch", config.arch, base.arch)):
+    for setting, value, own in (("vmType", config.vm_type, base.vm_type), ("arch", config.arch, base.arch),
+                                ("image", _image_text(config.image), _image_text(base.image))):
         if value != own:
             return (f"this project's vm.{setting} ({value or 'not set'}) differs from the global config's "
                     f"({own or 'not set'}), which the base VM is built with")

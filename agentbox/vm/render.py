@@ -1,10 +1,12 @@
 """Render the instance's lima.yaml from the merged config. Logic lives here; the template is layout."""
 
 import os
+import platform
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import paths, resources
+from agentbox.config.image import Image
 from agentbox.config.load import Config, deep_merge
 from agentbox.errors import ConfigError
 from agentbox.git import dirs as gitdirs
@@ -136,14 +138,46 @@ class BaseSettings(NamedTuple):
     cpus: int
     memory: str
     disk: str
+    image: Image | None = None  # vm.image (None: IMAGE_BASE)
+
+
+# Python's names for the host's machine where they differ from Lima's (macOS says arm64).
+_LIMA_ARCH = {"amd64": "x86_64", "arm64": "aarch64"}
+
+
+def vm_arch(arch: str | None) -> str:
+    """The VM's arch as Lima names it: vm.arch, else the host's (Lima's default)."""
+    machine = platform.machine().lower()
+    return arch or _LIMA_ARCH.get(machine, machine)
+
+
+def images(settings: BaseSettings) -> list[dict[str, Any]]:
+    """lima.yaml's `images`: vm.image for the VM's arch, or none (then the template's `base:` gives Ubuntu's).
+
+    A host file that is not there is refused now: Lima accepts the lima.yaml and fails only when the VM starts."""
+    if settings.image is None:
+        return []
+    for key, path in settings.image.host_paths():
+        if not os.path.isfile(path):
+            what = "not a file" if os.path.lexists(path) else "missing"
+            raise ConfigError(
+                f"{key}: {path} is not a file on this machine ({what})",
+                hint="Point it at the image file (`agentbox config` shows which config file sets it), or remove "
+                "vm.image to use agentbox's Ubuntu image. Nothing was created.",
+            )
+    return [settings.image.lima_entry(vm_arch(settings.arch))]
+
+
+def settings_of(config: Config) -> BaseSettings:
+    return BaseSettings(config.vm_type, config.arch, config.mount_type, config.cpus, config.memory, config.disk,
+                        config.image)
 
 
 def context(config: Config, vm_name: str) -> dict[str, Any]:
     from agentbox.vm import provisioning
 
     prov = provisioning.plan(config)
-    settings = BaseSettings(config.vm_type, config.arch, config.mount_type, config.cpus, config.memory, config.disk)
-    return _values(vm_name, settings, prov, mounts_for(config, vm_name), str(config.require_workspace()),
+    return _values(vm_name, settings_of(config), prov, mounts_for(config, vm_name), str(config.require_workspace()),
                    str(paths.staging_dir(vm_name)))
 
 
@@ -163,6 +197,7 @@ def _values(vm_name: str, settings: BaseSettings, prov: "Plan", mounts: list[Ren
         "name": vm_name,
         "minimum_lima_version": MINIMUM_LIMA_VERSION,
         "image_base": IMAGE_BASE,
+        "images": images(settings),
         "vm_type": settings.vm_type,
         "arch": settings.arch,
         "cpus": settings.cpus,
@@ -193,12 +228,14 @@ def render_remote(config: Config, vm_name: str, staging: RenderedMount, outbox: 
     """The lima.yaml of the project's VM on a remote host (isolated tasks only): agentbox's own template with the
     config's resources and provisioning, and no mount but the two shared folders there (staging read-only,
     the outbox writable), each seen in the VM at this machine's path of its counterpart, so that the launch step
-    and its files name the same paths as here. vm.template and vm.lima are not used: they name this machine's
-    files and folders."""
+    and its files name the same paths as here. vm.template and vm.lima are not used, nor a vm.image that names a
+    host path: they name this machine's files and folders (an image's URL is used)."""
     from agentbox.vm import provisioning
 
     prov = provisioning.plan(config)
-    settings = BaseSettings(config.vm_type, config.arch, config.mount_type, config.cpus, config.memory, config.disk)
+    settings = settings_of(config)
+    if settings.image is not None and settings.image.host_paths():
+        settings = settings._replace(image=None)  # a host path names this machine's file
     values = _values(vm_name, settings, prov, [staging, outbox], str(config.require_workspace()),
                      staging.mount_point)
     return _render_bounded(_environment().get_template("lima.yaml.j2"), values, "agentbox's template")

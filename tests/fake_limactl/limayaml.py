@@ -583,6 +583,17 @@ def validate_config(cfg: dict[str, Any], raw: dict[str, Any], log: Logger | None
         errs.append(f"field `user.shell` must be an absolute path, got {bq(shell)}")
     if not cfg.get("images") and raw.get("base") is None:
         errs.append("field `images` must be set")
+    for i, img in enumerate(cfg.get("images", [])):
+        if not isinstance(img, dict):
+            continue
+        errs += _validate_file_object(img, f"images[{i}]")
+        for sub in ("kernel", "initrd"):
+            part = img.get(sub)
+            if isinstance(part, dict):
+                errs += _validate_file_object(part, f"images[{i}].{sub}")
+                if part.get("arch") != img.get("arch"):
+                    errs.append(f"images[{i}].{sub} has unexpected architecture {bq(go_str(part.get('arch')))}, "
+                                f"must be {bq(go_str(img.get('arch')))}")
     for key in ("memory", "disk"):
         try:
             ram_in_bytes(cfg[key])
@@ -613,6 +624,22 @@ def validate_config(cfg: dict[str, Any], raw: dict[str, Any], log: Logger | None
             errs.append(f"param {bq(key)} value contains unprintable character {bq(bad)}")
     if not cfg["user"].get("passwordlessSudo", True) and not cfg.get("plain"):
         errs.append("`user.passwordlessSudo: false` requires `plain: true`")
+    return errs
+
+
+def _validate_file_object(f: dict[str, Any], field: str) -> list[str]:
+    """pkg/limayaml/validate.go validateFileObject: a local location must expand, but need not exist."""
+    errs: list[str] = []
+    loc = go_str(f.get("location"))
+    if "://" not in loc:
+        problem = "empty path" if loc == "" else (
+            f"unexpandable path {bq(loc)}" if loc.startswith("~") and not (loc == "~" or loc.startswith("~/"))
+            else None)
+        if problem:
+            errs.append(f"field `{field}.location` refers to an invalid local file path: {bq(loc)}: {problem}")
+    if f.get("arch") not in ARCH_TYPES:
+        errs.append(f"field `arch` must be one of [{' '.join(ARCH_TYPES)}]; got {bq(go_str(f.get('arch')))}")
+    # The digest check (go-digest's Validate) is not here: the schema check before it refuses any digest it would.
     return errs
 
 
