@@ -198,6 +198,12 @@ class FakeLima:
 
         fake_limactl.set_status(self.home, name, status)
 
+    def crash(self, name: str) -> None:
+        """The VM crashes under everything (as `kill -9` of its QEMU): Lima reports it Stopped from then on."""
+        from tests import fake_limactl
+
+        fake_limactl.crash(self.home, name)
+
     def lima_yaml(self, name: str) -> str:
         return (self.home / name / "lima.yaml").read_text()
 

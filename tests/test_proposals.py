@@ -198,7 +198,7 @@ def test_a_hostile_patch_is_refused_and_the_workspace_stays_as_it_was(
     make_patch, reason = CORPUS[case]
     plant(isolated_vm, make_patch(tmp_path))
     session = agentbox(project, "claude")
-    assert session.returncode == 137, session.stderr  # the agent killed launch.sh
+    assert session.returncode == 255, session.stderr  # the agent killed launch.sh: ssh gives no status
     assert "agentbox: warning: apply will refuse proposal 1 as it is: " in session.stderr
     assert [p["status"] for p in proposal_list(project)] == ["pending"]
     before = workspace_state(project)
@@ -250,10 +250,12 @@ def test_a_base_agentbox_did_not_give_is_not_believed(project: Path, isolated_vm
 def test_an_unfinished_outbox_is_dropped_and_said(project: Path, isolated_vm: FakeLima) -> None:
     install_agent(isolated_vm, '#!/bin/bash\necho partial > "$AGENTBOX_SUMMARY"\nkill -KILL "$PPID"\n')
     result = agentbox(project, "claude")
-    assert result.returncode == 137
+    assert result.returncode == 255
     assert (f"agentbox: the session's changes were not collected (the launch step ended early); they stay in the "
             f"VM's copy at {project}\n") in result.stderr
-    assert session_folders() == []
+    # ssh's 255 cannot tell a killed launch step from a lost connection, behind which it may still write: the
+    # folder is kept (not collected), and said.
+    assert len(session_folders()) == 1
     assert proposal_list(project) == []
 
 
@@ -415,7 +417,7 @@ def test_a_host_link_is_typed_by_the_host_whatever_the_patch_says(
     make_patch, reason = LINK_CASES[case]
     plant(isolated_vm, make_patch(tmp_path))
     session = agentbox(project, "claude")
-    assert session.returncode == 137, session.stderr
+    assert session.returncode == 255, session.stderr
     assert f"agentbox: warning: apply will refuse proposal 1 as it is: {reason}" in session.stderr
     before = workspace_state(project)
     outside_before = snapshot_tree(outside)
@@ -436,7 +438,7 @@ def test_a_link_only_in_the_base_is_a_link_too(project: Path, isolated_vm: FakeL
     os.symlink("tracked.txt", project / "link")
     plant(isolated_vm, git_change(tmp_path, "ln -s tracked.txt link", "ln -sfn /etc/passwd link")
           .replace(b" 120000\n", b" 100644\n"))
-    assert agentbox(project, "claude").returncode == 137
+    assert agentbox(project, "claude").returncode == 255
     (project / "link").unlink()
     write(project / "link", "tracked.txt")
     refused = agentbox(project, "apply")

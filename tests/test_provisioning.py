@@ -137,7 +137,8 @@ def test_an_unreachable_vm_gets_a_hint(project: Path, started: FakeLima) -> None
     result = agentbox(project, "shell", "--", "true", env={"FAKE_LIMACTL_SHELL_SSH_FAIL": "1"})
     assert result.returncode == 255
     stderr = result.stderr.decode()
-    assert "ssh reports that it could not reach agentbox-myproject" in stderr
+    assert "ssh reports that when the program in the VM was killed by a signal" in stderr
+    assert "when it could not reach agentbox-myproject or lost its connection" in stderr
     assert "`agentbox restart`" in stderr and f"{started.home}/{NAME}/ha.stderr.log" in stderr
 
 

@@ -147,10 +147,11 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
 
 def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: bool) -> bool:
     """A session that ended without a finished outbox folder: drop the folder (only an empty one, when its
-    launch step may still run) and agentbox's record of it. True when something the VM wrote was dropped."""
+    launch step may still run) and agentbox's record of it. True when the folder held something the VM wrote,
+    dropped or kept."""
     from agentbox.review import isolation
 
-    dropped = False
+    written = False
     with locked(workspace):
         try:
             outbox_fd = os.open(isolation.outbox(vm_name), vmread.DIR_FLAGS)
@@ -162,17 +163,17 @@ def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: b
             except OSError:
                 return False
             try:
-                dropped = bool(os.listdir(session_fd))
+                written = bool(os.listdir(session_fd))
             finally:
                 os.close(session_fd)
-            if dropped and only_if_empty:
-                return False
+            if written and only_if_empty:
+                return True
             _remove_at(outbox_fd, session)
             with isolation.locked_record(workspace) as record:
                 record["sessions"].pop(session, None)
         finally:
             os.close(outbox_fd)
-    return dropped
+    return written
 
 
 def _collect_one(

@@ -200,7 +200,8 @@ def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> N
             shown = "; ".join(refused[:3]) + (f"; and {len(refused) - 3} more" if len(refused) > 3 else "")
             warn(f"apply will refuse proposal {item.proposal} as it is: {shown}")
     # No finished outbox: launch.sh ended before writing one (the program never ran, or launch.sh was
-    # stopped). After a lost connection (ssh's 255) it may still be running: its folder is left for later.
+    # stopped). After ssh's 255 (a signal ended launch.sh, or the connection went) it may still be running: its
+    # folder is left for later, and said all the same.
     if not own and proposals.forget_session(workspace, vm_name, session, only_if_empty=code == SSH_FAILED):
         note("the session's changes were not collected (the launch step ended early); they stay in the "
              f"VM's copy at {workspace}")

@@ -46,7 +46,7 @@ from agentbox.vm.lima import Instance
 if TYPE_CHECKING:
     from agentbox.net import guard as netguard  # a launch without the proxy never imports it
 
-SSH_FAILED = 255  # limactl shell passes ssh's own exit code on: 255 when the connection failed
+SSH_FAILED = 255  # limactl shell passes ssh's 255 on: the connection failed, or a signal ended the program
 DETACHED = "detached"  # the agent runs in a new session of the VM; the launch returns at once
 ATTACHED = "attached"  # the same, attached to it: the launch returns when the agent ends or the user detaches
 
@@ -351,13 +351,19 @@ def _session(
 
 
 def _ssh_failed(name: str, instance: Instance, after: Instance) -> str:
-    """What an exit 255 of `limactl shell` means: ssh could not reach the VM, or lost it when it stopped."""
+    """What an exit 255 of `limactl shell` means: the VM stopped under the session (Lima reports a crashed VM Stopped
+    too), or, while it runs, a signal ended the program or ssh failed."""
     logs = f"Lima's logs are in {instance.dir} ({os.path.join(instance.dir, 'ha.stderr.log')})"
     if after.status != "Running":
         return (f"{name} stopped during the session (its status is now {after.status or 'unknown'}), so ssh lost "
                 f"its connection (exit {SSH_FAILED}); the next launch starts it again. {logs}.")
-    return (f"exit {SSH_FAILED} is how ssh reports that it could not reach {name} or lost its connection (unless "
-            f"the program itself exited {SSH_FAILED}). `agentbox restart` restarts the VM; {logs}.")
+    # ssh gives 255 for a program a signal ended in the VM too (sshd's `exit-signal` carries no status): an agent the
+    # kernel killed for memory, or `kill -9`, reads exactly like a lost connection, so neither is claimed.
+    return (f"{name} is still running, but the session ended without an exit status (exit {SSH_FAILED}): ssh reports "
+            f"that when the program in the VM was killed by a signal (the kernel's out-of-memory killer, `kill -9`), "
+            f"when it could not reach {name} or lost its connection, or when the program exited {SSH_FAILED} itself. "
+            f"`agentbox shell -- sudo dmesg` shows whether the kernel killed it for memory; `agentbox restart` "
+            f"restarts the VM; {logs}.")
 
 
 def _kept_session(

@@ -14,6 +14,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import stat
 import sys
 import time
@@ -192,6 +193,24 @@ def set_status(lima_home: Path, name: str, status: str, *, errors: list[str] | N
         write_state(lima_home, name, state)
     finally:
         os.close(lock)
+
+
+def crash(lima_home: Path, name: str, timeout: float = 10.0) -> None:
+    """The VM crashes (as `kill -9` of its QEMU): the guest's agent is killed, its sandbox dies with it, and from
+    then on Lima reports the instance Stopped (README, "A crashed guest"). Returns once the guest is gone."""
+    machine = read_state(lima_home, name).get("machine") or {}
+    if not machine:
+        raise RuntimeError(f"fake limactl: {name} has no running guest to crash")
+    os.kill(int(machine["agent"]), signal.SIGKILL)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if os.readlink(f"/proc/{int(machine['init'])}/ns/pid") != machine["pidns"]:
+                return
+        except OSError:
+            return
+        time.sleep(0.02)
+    raise RuntimeError(f"fake limactl: the guest of {name} outlived its agent for {timeout} s")
 
 
 def guest_dir(lima_home: Path, name: str, which: str) -> Path:

@@ -9,7 +9,6 @@ import posixpath
 import re
 import shlex
 import shutil
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -26,8 +25,7 @@ from limayaml import expand_tilde
 from logrus import ChildExit, Fatal, NotExist, bq
 from pflag import Flag, Parsed, not_implemented_flags, wrap_args_error
 
-KILLED_WITH_THE_GUEST = 128 + signal.SIGKILL  # what the guest's end does to its processes
-SSH_CONNECTION_LOST = 255
+SSH_NO_STATUS = 255  # ssh's status when the remote command gave none: a signal ended it, or the connection went
 
 SHELL_FLAGS = {"shell": Flag("str", default=""), "workdir": Flag("str", default=""), "reconnect": Flag("bool"),
                "preserve-env": Flag("bool"), "start": Flag("bool"), "instance": Flag("str", default=""),
@@ -191,21 +189,19 @@ def run_in_guest(ctx: Ctx, inst: Instance, script: str) -> int:
     guest.ensure_guestfs(inst)
     argv = [argv0, "-c", script]
     if guest.bwrap_path():
-        m = machine.ensure(inst)  # an instance marked Running by hand, or whose guest died, gets one now
+        machine.ensure(inst)  # an instance marked Running by hand gets its guest now
         if sys.stdout.isatty() and sys.stdin.isatty():
             # ssh -t: the command gets a terminal of the guest's own (its stdout and stderr merged on it, the
             # caller's terminal in raw mode so that Ctrl-C reaches the guest's foreground job). util-linux's
             # script(1) relays it as sshd would.
             argv = ["script", "-qfec", shlex.join(argv), "/dev/null"]
-        code = guest.run(inst, argv, as_root=False, env=env)
-        if code == KILLED_WITH_THE_GUEST and m is not None and not machine.powered_on(m):
-            # The guest powered off under the command (stop, stop -f, delete -f, restart, its machine ending):
-            # ssh lost its connection. limactl's ssh is a client of the instance's ControlMaster
-            # (ControlMaster=auto, pkg/sshutil/sshutil.go) run with LogLevel=ERROR (cmd/limactl/shell.go): when
-            # the master goes away it exits 255 and prints nothing (OpenSSH mux.c mux_client_request_session),
-            # and limactl passes the status on (osutil.HandleExitError).
-            return SSH_CONNECTION_LOST
-        return code
+        # A command a signal ended exits 255, whether the guest goes on or powered off under it (stop, stop -f,
+        # delete -f, restart, a crash): sshd reports a signal death as `exit-signal`, which ssh turns into no
+        # status (OpenSSH session.c session_exit_message, clientloop.c client_input_channel_req), and when the
+        # guest is gone, limactl's ssh, a ControlMaster client (pkg/sshutil/sshutil.go) at LogLevel=ERROR
+        # (cmd/limactl/shell.go), loses its master and exits 255 saying nothing (OpenSSH mux.c); limactl passes
+        # either on (osutil.HandleExitError).
+        return guest.run(inst, argv, as_root=False, env=env, signal_status=SSH_NO_STATUS)
     _warn_no_bwrap(ctx)
     home_host = guest.guest_home_host_path(inst.dir, inst.config["user"]["home"])
     env["HOME"] = home_host

@@ -612,14 +612,16 @@ def wait(pid: int, *, forward_signals: bool = True) -> int:
 
 
 def run(inst: Any, argv: list[str], *, as_root: bool, env: dict[str, str], chdir: str | None = None,
-        stdio: tuple[int, int, int] | None = None, sudo: bool = True) -> int:
+        stdio: tuple[int, int, int] | None = None, sudo: bool = True, signal_status: int | None = None) -> int:
     """Run argv in the guest and wait; the user's processes get sudo (see SudoBridge; the running
-    guest's agent serves it for the whole boot)."""
+    guest's agent serves it for the whole boot). signal_status: the status of a command a signal ended, in the
+    running guest (None: 128+N)."""
     import machine
     m = machine.running(inst)
     if m is not None and not as_root and sudo:
         env = dict(env, FAKE_LIMACTL_SUDO=m.sudo_path)
-        return wait(machine.spawn(inst, m, argv, as_root=False, env=env, chdir=chdir, stdio=stdio))
+        return wait(machine.spawn(inst, m, argv, as_root=False, env=env, chdir=chdir, stdio=stdio,
+                                  signal_status=signal_status))
     if as_root or not sudo:
         return wait(spawn(inst, argv, as_root=as_root, env=env, chdir=chdir, stdio=stdio))
     with SudoBridge(inst) as bridge:

@@ -42,6 +42,7 @@ import os
 import socket
 from typing import Any
 
+import machine
 from context import Ctx, lima_lock, read_state, write_state
 from instances import Instance, inspect
 from logrus import Fatal, NotExist, bq, go_json, json_line
@@ -159,7 +160,7 @@ def _held_elsewhere(ctx: Ctx, inst: Instance, host_addr: str) -> bool:
         if entry.startswith((".", "_")) or entry == inst.name:
             continue
         state = read_state(os.path.join(ctx.lima_home, entry))
-        if state.get("status") != "Running":
+        if state.get("status") != "Running" or machine.crashed(state):  # a crashed one's host agent is gone
             continue
         if any(f.get("held") and _overlaps(f["hostAddr"], host_addr) for f in state.get("forwards", [])):
             return True

@@ -77,6 +77,11 @@ def inspect(ctx: Ctx, name: str) -> Instance:
     inst.config = cfg
     inst.state = read_state(inst.dir)
     inst.status = inst.state.get("status") or "Stopped"
+    if inst.status == "Running" and inst.state.get("machine"):
+        import machine  # only for a running guest: `list` of stopped instances stays light
+
+        if machine.crashed(inst.state):
+            inst.status = "Stopped"
     if inst.status == "Broken":
         errors = inst.state.get("errors") or ["host agent is running but driver is not"]
         inst.errors += errors

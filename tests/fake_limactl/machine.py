@@ -10,8 +10,8 @@ same processes (`ps`, `kill`), mounts, /tmp and /run; what a command leaves runn
 CMD &`, `setsid`, a tmux server) is re-parented to the guest's pid 1 and outlives its shell.
 
 Lifetime. `start` launches the agent after the instant part of the boot (before the boot
-scripts); a `shell` of an instance that is Running without one (a state written by hand, an agent
-that died) launches it too. `stop`, `stop -f`, `delete` and the next `start` kill the guest's
+scripts); a `shell` of an instance that is Running without one (a state written by hand) launches it
+too. An agent that died (the double's QEMU killed) is a crash: the instance then reads as Stopped (crashed()). `stop`, `stop -f`, `delete` and the next `start` kill the guest's
 pid 1, and the kernel kills everything else in its pid namespace before they return. The agent
 also ends the guest when the instance's state no longer names this boot as Running or its folder
 is gone (a test's LIMA_HOME removed), and the sandbox dies with the agent (--die-with-parent).
@@ -84,6 +84,14 @@ def _from_state(state: dict[str, Any]) -> Machine | None:
         return Machine(int(m["agent"]), int(m["init"]), str(m["pidns"]), str(m["iid"]))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def crashed(state: dict[str, Any]) -> bool:
+    """Whether this boot's guest was started and is gone without a stop (its agent, the double's QEMU, was killed):
+    Lima's host agent then exits (pkg/hostagent/hostagent.go startRoutinesAndWait, "Driver stopped due to error")
+    and both pid files read as dead, so the instance is Stopped (pkg/store/instance.go inspectStatusWithPIDFiles)."""
+    m = _from_state(state)
+    return state.get("status") == "Running" and m is not None and m.iid == state.get("iid") and not powered_on(m)
 
 
 def running(inst: Any) -> Machine | None:
@@ -229,11 +237,12 @@ def enter_argv(inst: Any, m: Machine, argv: list[str], *, as_root: bool, chdir: 
 
 
 def spawn(inst: Any, m: Machine, argv: list[str], *, as_root: bool, env: dict[str, str],
-          chdir: str | None = None, stdio: tuple[int, int, int] | None = None, new_session: bool = False) -> int:
+          chdir: str | None = None, stdio: tuple[int, int, int] | None = None, new_session: bool = False,
+          signal_status: int | None = None) -> int:
     """Start argv inside the running guest; return the host pid to wait() for.
 
     The pid is a proxy (what ssh and sshd are to a VM's command): it enters the guest's namespaces, starts
-    the command there and exits with its status (128+N when a signal N ended it). It dies with this limactl
+    the command there and exits with its status (when a signal N ended it: signal_status, else 128+N). It dies with this limactl
     process and the command with it; TERM and HUP it passes on; SIGINT and SIGQUIT it ignores, so that a
     Ctrl-C (or `kill -INT 0`) reaches the command, which shares its process group, and not the proxy."""
     cmd = enter_argv(inst, m, argv, as_root=as_root, chdir=chdir)
@@ -243,7 +252,7 @@ def spawn(inst: Any, m: Machine, argv: list[str], *, as_root: bool, env: dict[st
     pid = os.fork()
     if pid == 0:
         try:
-            _proxy(fds, root, cmd, env, stdio, new_session, separated)
+            _proxy(fds, root, cmd, env, stdio, new_session, separated, signal_status)
         except BaseException as e:
             with contextlib.suppress(Exception):
                 os.write(2, f"fake limactl: cannot enter the guest: {e}\n".encode())
@@ -254,7 +263,7 @@ def spawn(inst: Any, m: Machine, argv: list[str], *, as_root: bool, env: dict[st
 
 
 def _proxy(fds: list[int], root: int, cmd: list[str], env: dict[str, str], stdio: tuple[int, int, int] | None,
-           new_session: bool, separated: bool) -> None:
+           new_session: bool, separated: bool, signal_status: int | None) -> None:
     """The forked child: into the guest, then the command as its own child, waited for."""
     if stdio:
         for target, fd in enumerate(stdio):
@@ -302,7 +311,9 @@ def _proxy(fds: list[int], root: int, cmd: list[str], env: dict[str, str], stdio
         except InterruptedError:
             continue
     code = os.waitstatus_to_exitcode(status)
-    os._exit(128 - code if code < 0 else code)
+    if code < 0:
+        os._exit(128 - code if signal_status is None else signal_status)
+    os._exit(code)
 
 
 # --------------------------------------------------------------------------------------------

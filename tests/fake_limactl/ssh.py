@@ -166,9 +166,21 @@ def instance_on_port(lima_home: str, port: int) -> str | None:
                 state = json.load(f)
         except (OSError, ValueError):
             continue
-        if state.get("status") == "Running" and int(state.get("sshLocalPort") or 0) == port:
+        if state.get("status") == "Running" and int(state.get("sshLocalPort") or 0) == port and guest_alive(state):
             return name
     return None
+
+
+def guest_alive(state: dict) -> bool:
+    """False when this boot's guest was started and is gone (a crash: Lima's host agent, and its sshd's port
+    forward, go with it); machine.crashed, without importing the double's modules."""
+    m = state.get("machine") or {}
+    if not m or m.get("iid") != state.get("iid"):
+        return True
+    try:
+        return os.readlink(f"/proc/{int(m['init'])}/ns/pid") == m.get("pidns")
+    except (OSError, KeyError, TypeError, ValueError):
+        return False
 
 
 def listen(ssh: Ssh, bind: str, port: int) -> list[socket.socket]:
