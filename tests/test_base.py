@@ -574,3 +574,25 @@ def test_a_project_with_its_own_image_is_created_from_scratch(project: Path, lim
            "(not set), which the base VM is built with" in said
     assert "clone" not in limactl.subcommands() and bases(limactl) == []
     assert yaml.safe_load(limactl.lima_yaml(NAME))["images"][0]["location"] == str(project / "debian.qcow2")
+
+
+def test_the_base_takes_the_global_vm_limas_machine_settings_and_a_change_makes_it_stale(
+    project: Path, home: Path, limactl: FakeLima
+) -> None:
+    """A host whose QEMU has no UEFI firmware boots every VM with firmware.legacyBIOS (the real-Lima tier's Debian
+    QEMU): set globally, the base is built with it and projects are still clones of it."""
+    config = home / ".config" / "agentbox" / "config.yml"
+    write(config, "vm:\n  lima:\n    firmware: {legacyBIOS: true}\n    ssh: {localPort: 0}\n")
+    said = start(project)
+    (built,) = bases(limactl)
+    base_yaml = yaml.safe_load(limactl.lima_yaml(built))
+    assert base_yaml["firmware"] == {"legacyBIOS": True}
+    assert "localPort" not in (base_yaml.get("ssh") or {})  # not a machine setting: the project's edit sets it
+    assert "clone" in limactl.subcommands(), said
+    assert "created from scratch" not in said and "differs" not in said
+    assert yaml.safe_load(limactl.lima_yaml(NAME))["firmware"] == {"legacyBIOS": True}
+
+    write(config, "vm:\n  lima:\n    firmware: {legacyBIOS: false}\n")
+    said = start(project)
+    assert "cloned from an older base VM (the global vm.lima's machine settings" in said, said
+    assert not base_ls(project)[0]["current"]

@@ -58,7 +58,6 @@ pytestmark = [pytest.mark.realdistro, pytest.mark.xdist_group("realdistro"), pyt
 
 REPO = Path(__file__).resolve().parent.parent
 SUITE = "bookworm"
-MIRROR = "http://deb.debian.org/debian"
 # The image: what a cloud image brings before agentbox provisions it (gh: see the module docstring);
 # openssh-server as in every cloud image (Lima reaches the VM over ssh), so the seal has host keys to remove;
 # python3 as in every cloud image (cloud-init is Python), so the broker CA's trust is checked from Python too.
@@ -140,7 +139,7 @@ def rootfs_tarball() -> Path:
     tarball.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=tarball.parent) as tmp:
         root = Path(tmp) / "root"
-        run(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}", SUITE, str(root), MIRROR])
+        run(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}", SUITE, str(root)])  # debootstrap's default mirror
         run(["chroot", str(root), "apt-get", "clean"])
         partial = Path(tmp) / tarball.name
         run(["tar", "-C", str(root), "--numeric-owner", "-a", "-cf", str(partial), "."])
@@ -186,12 +185,16 @@ def node_dist() -> Path:
 
 
 def network_problem() -> str | None:
-    for url in (f"{MIRROR}/dists/{SUITE}/Release", "https://registry.npmjs.org/npm"):
+    """Whether Debian's packages and the npm registry answer, asked through their own clients' defaults."""
+    checks = (["apt-get", "download", "-q", "hostname"], ["npm", "view", "npm", "version"])
+    for check in checks:
+        if shutil.which(check[0]) is None:
+            continue
         try:
-            subprocess.run(["curl", "-fsS", "-o", "/dev/null", "--max-time", "20", url], check=True,
-                           capture_output=True, timeout=30)
+            with tempfile.TemporaryDirectory() as scratch:
+                subprocess.run(check, check=True, capture_output=True, timeout=60, cwd=scratch)
         except (subprocess.SubprocessError, OSError) as exc:
-            return f"{url} is not reachable ({exc})"
+            return f"`{' '.join(check)}` failed ({exc}): the network or the package index is not reachable"
     return None
 
 

@@ -54,7 +54,15 @@ pytestmark = [pytest.mark.reallima, pytest.mark.xdist_group("reallima"), pytest.
 REPO = Path(__file__).resolve().parent.parent
 TIER_USER = "agentbox-tier"
 LEGACY_BIOS = {"firmware": {"legacyBIOS": True}}
+RESOURCES = {"cpus": 2, "memory": "2GiB", "disk": "10GiB"}
+SYSTEM = bool(os.environ.get("AGENTBOX_REALLIMA_SYSTEM"))  # the machine's own Lima (docs/development.md)
 # A stand-in agent for a detached session: says hello, waits for the test's word, exits 7.
+# A stand-in agent for an isolated session: edits its copy of the workspace and says what it did.
+ISOLATED_AGENT = """#!/bin/bash
+printf 'changed in isolation\\n' >> README.md
+printf 'new\\n' > isolated-new.txt
+printf '# Isolated edit\\n\\nEdited the README.\\n' > "$AGENTBOX_SUMMARY"
+"""
 SESSION_AGENT = """#!/bin/bash
 echo "session agent says hello"
 while [ ! -e /tmp/session-may-end ]; do sleep 1; done
@@ -81,6 +89,7 @@ class Tier:
     upstream: FakeUpstream | None = None  # the credential hosts, as the broker reaches them
     echo_port: int = 0  # echo.test, as the VM's proxy resolves it
     agent_config: str = ""  # alpha's agentbox.yml for the stand-in agent
+    sandbox: bool = True  # in bubblewrap, without /dev/kvm (the built Lima, under TCG)
 
     def env(self) -> dict[str, str]:
         path = f"{self.lima / 'bin'}:{self.venv / 'bin'}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
@@ -88,7 +97,10 @@ class Tier:
                 "TERM": "dumb", **self.extra_env}
 
     def command(self, argv: list[str], cwd: Path | None = None) -> list[str]:
-        inner = ["bwrap", "--dev-bind", "/", "/", "--dev", "/dev", "--chdir", str(cwd or self.home), "--", *argv]
+        if self.sandbox:
+            inner = ["bwrap", "--dev-bind", "/", "/", "--dev", "/dev", "--chdir", str(cwd or self.home), "--", *argv]
+        else:
+            inner = ["sh", "-c", 'cd "$0" && exec "$@"', str(cwd or self.home), *argv]
         env = [f"{k}={v}" for k, v in self.env().items()]
         if os.geteuid() == 0:
             return ["runuser", "-u", self.user, "--", "env", "-i", *env, *inner]
@@ -221,55 +233,78 @@ def serving(folder: Path, port: int) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def tier(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tier]:
-    for tool in ("bwrap", "ssh", "git", "npm", "curl"):
+    for tool in ("ssh", "git", "curl", *(() if SYSTEM else ("bwrap", "npm"))):
         if shutil.which(tool) is None:
             unavailable(f"{tool} is not installed (.ci/run installs it)")
+    cache = cache_dir()
+    with contextlib.ExitStack() as stack:
+        if SYSTEM:
+            tier, settings, meta = _system_lima()
+        else:
+            tier, settings, meta = _built_lima(cache, tmp_path_factory.mktemp("wheel"))
+            stack.enter_context(serving(node_dist(), reallima.NODE_PORT))
+        tier.write(tier.home / ".config" / "agentbox" / "config.yml", yaml.safe_dump(settings))
+        _host_logins(tier)
+        (cache / reallima.META_NAME).write_text(json.dumps({"lima": tier.limactl("--version").stdout.strip(),
+                                                            **meta}))
+        echo, tier.echo_port = helpers.echo_server()
+        stack.callback(echo.close)
+        upstream_dir = Path(tempfile.mkdtemp(prefix="abtier-upstream-"))
+        stack.callback(shutil.rmtree, upstream_dir, ignore_errors=True)
+        upstream = stack.enter_context(FakeUpstream(upstream_dir, [CLAUDE]))
+        upstream_dir.chmod(0o755)  # the tier's user reads its CA
+        os.chmod(upstream.ca_file, 0o644)
+        upstream.route("GET", "/api/oauth/profile", {"account": "the host's"}, host=CLAUDE,
+                       authorization=f"Bearer {REAL_ACCESS}")
+        tier.upstream = upstream
+        tier.extra_env = {
+            "AGENTBOX_TEST_BROKER_UPSTREAM": json.dumps({"address": list(upstream.address),
+                                                         "caFile": str(upstream.ca_file)}),
+            "AGENTBOX_TEST_PROXY_RESOLVE": "echo.test=127.0.0.1"}
+        try:
+            yield tier
+        finally:
+            for name in tier.instances():
+                tier.limactl("delete", "-f", name, check=False)
+            _end_user_processes()
+            if os.geteuid() != 0:
+                shutil.rmtree(tier.home, ignore_errors=True)
+
+
+def _built_lima(cache: Path, scratch: Path) -> tuple[Tier, dict, dict]:
+    """Lima built from its module, the Debian image, QEMU under TCG, as TIER_USER when root."""
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         unavailable("runuser is not installed (util-linux)")
     problem = reallima.qemu_problem()
     if problem:
         unavailable(problem)
-    cache = cache_dir()
     try:
         with cache_lock():
             lima_prefix = reallima.lima_tools(cache)
             image = reallima.guest_image(cache)
-            dist = node_dist()
     except reallima.Missing as missing:
         unavailable(str(missing))
     user, home = _fresh_user_home()
     lima, placed = _install(home, lima_prefix, image)
     tier = Tier(user, home, lima, home / ".tier" / "venv")
     tier.own(home / ".tier")
-    _venv(tier, tmp_path_factory.mktemp("wheel"))
-    settings = {"vm": {"image": placed.setting(), "lima": LEGACY_BIOS, "cpus": 2, "memory": "2GiB", "disk": "10GiB"}}
-    tier.write(home / ".config" / "agentbox" / "config.yml", yaml.safe_dump(settings))
-    _host_logins(tier)
-    version = tier.limactl("--version").stdout.strip()
-    (cache / reallima.META_NAME).write_text(json.dumps({"lima": version, "qemu": reallima.qemu_version(),
-                                                        "image": placed.disk.parent.name}))
-    echo, tier.echo_port = helpers.echo_server()
-    upstream_dir = Path(tempfile.mkdtemp(prefix="abtier-upstream-"))
-    try:
-        with serving(dist, reallima.NODE_PORT), FakeUpstream(upstream_dir, [CLAUDE]) as upstream:
-            upstream_dir.chmod(0o755)
-            os.chmod(upstream.ca_file, 0o644)
-            upstream.route("GET", "/api/oauth/profile", {"account": "the host's"}, host=CLAUDE,
-                           authorization=f"Bearer {REAL_ACCESS}")
-            tier.upstream = upstream
-            tier.extra_env = {
-                "AGENTBOX_TEST_BROKER_UPSTREAM": json.dumps({"address": list(upstream.address),
-                                                             "caFile": str(upstream.ca_file)}),
-                "AGENTBOX_TEST_PROXY_RESOLVE": "echo.test=127.0.0.1"}
-            yield tier
-    finally:
-        for name in tier.instances() if (lima / "bin" / "limactl").exists() else []:
-            tier.limactl("delete", "-f", name, check=False)
-        _end_user_processes()
-        echo.close()
-        shutil.rmtree(upstream_dir, ignore_errors=True)
-        if os.geteuid() != 0:
-            shutil.rmtree(home, ignore_errors=True)
+    _venv(tier, scratch)
+    settings = {"vm": {"image": placed.setting(), "lima": LEGACY_BIOS, **RESOURCES}}
+    return tier, settings, {"qemu": reallima.qemu_version() + " (TCG)", "image": placed.disk.parent.name}
+
+
+def _system_lima() -> tuple[Tier, dict, dict]:
+    """AGENTBOX_REALLIMA_SYSTEM=1 (a Mac): the limactl on PATH, its default VM type and agentbox's default image,
+    as the current user in a scratch home; agentbox from this checkout's environment."""
+    found = shutil.which("limactl")
+    if found is None:
+        unavailable("limactl is not on PATH (on a Mac: brew install lima)")
+    if os.geteuid() == 0:
+        unavailable("Lima refuses to run as root: run the tier as yourself")
+    user, home = _fresh_user_home()
+    venv = Path(sys.executable).parent.parent
+    tier = Tier(user, home, Path(str(found)).resolve().parent.parent, venv, sandbox=False)
+    return tier, {"vm": RESOURCES}, {"qemu": "not used (the system's VM type)", "image": "agentbox's default"}
 
 
 def _host_logins(tier: Tier) -> None:
@@ -284,7 +319,7 @@ def _host_logins(tier: Tier) -> None:
 
 def debug_calls(stderr: str) -> list[str]:
     """The limactl subcommands of a `--debug` run, in order."""
-    return [m[1] for m in re.finditer(r"^\[debug\] limactl (?:--\S+ )*(\S+)", stderr, re.M)]
+    return [m[1] for m in re.finditer(r"^\[debug\] \S*limactl (?:--\S+ )*(\S+)", stderr, re.M)]
 
 
 # -- the steps ------------------------------------------------------------------------------------------------------
@@ -331,22 +366,27 @@ def test_the_first_launch_clones_the_base_and_the_vm_runs_provisioned(tier: Tier
 def test_the_workspace_is_mounted_writable_and_nothing_else_of_the_host_is_writable(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
     tier.project("beta")
+    staging = tier.home / ".local" / "state" / "agentbox" / "vms" / "agentbox-alpha" / "staging"
     probe = tier.guest(project, f"""
         pwd
         echo from-guest > made-in-guest.txt && echo workspace-writable
-        ls -A {tier.home}; ls -A {tier.home}/work
-        staging=$(ls -d {tier.home}/.local/state/agentbox/vms/*/staging 2>/dev/null | head -1)
-        [ -n "$staging" ] || staging=$(findmnt -rno TARGET | grep -m1 staging)
-        touch "$staging/x" 2>&1 && echo STAGING-WRITABLE
+        echo "home: $(ls -A {tier.home} | tr '\\n' ' ')"
+        echo "work: $(ls -A {tier.home}/work | tr '\\n' ' ')"
+        echo "state: $(ls -A {tier.home}/.local/state/agentbox/vms/agentbox-alpha | tr '\\n' ' ')"
+        touch {staging}/x 2>&1 && echo STAGING-WRITABLE
         true""")
     lines = probe.stdout.splitlines()
     assert lines[0] == str(project)
     assert "workspace-writable" in lines
     assert (project / "made-in-guest.txt").read_text() == "from-guest\n"
+    (project / "made-in-guest.txt").unlink()
     assert "STAGING-WRITABLE" not in probe.stdout, probe.stdout
     assert "Read-only file system" in probe.stdout, probe.stdout
-    # Of the host's home only the workspace's own path is there: no beta, no .config, no .ssh.
-    assert lines[2:4] == ["work", "alpha"], probe.stdout
+    # Of the host's home only the mount points' own paths are there: no beta, no .claude, no .config, no .ssh;
+    # of agentbox's state only the VM's staging (read-only) and outbox folders.
+    assert "home: .local work " in lines, probe.stdout
+    assert "work: alpha " in lines, probe.stdout
+    assert "state: outbox staging " in lines, probe.stdout
 
 
 def test_a_stand_in_agent_gets_its_arguments_environment_and_exit_code(tier: Tier) -> None:
@@ -383,10 +423,10 @@ def test_launch_paths_against_real_limas_answers(tier: Tier) -> None:
     tier.write(twin / "agentbox.yml", "")
     tier.agentbox("trust", cwd=twin)
     other = tier.agentbox("--debug", "shell", "--", "pwd", cwd=twin, check=False)
-    assert str(project) not in other.stdout
-    assert other.returncode == 0 and other.stdout.strip() == str(twin), other.stderr
+    assert f"belongs to {project}" in other.stderr, other.stderr
+    assert "shell" not in debug_calls(other.stderr)
     assert tier.instances()["agentbox-alpha"]["config"]["mounts"][0]["location"] == str(project)
-    tier.agentbox("rm", "--force", cwd=twin, check=False)
+    assert other.returncode != 0
 
 
 def test_restart_gives_a_new_boot_and_rm_deletes_the_vm(tier: Tier) -> None:
@@ -515,8 +555,7 @@ def test_checkpoint_diff_and_undo_of_an_agents_edits(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
     tier.agentbox("checkpoint", "-m", "before the agent", cwd=project)
     tier.guest(project, "echo 'print(\"changed in the VM\")' > app.py && echo new > added-in-vm.txt")
-    diff = tier.agentbox("diff", "--since", "last", cwd=project, check=False).stdout
-    diff = tier.agentbox("diff", cwd=project).stdout if not diff else diff
+    diff = tier.agentbox("diff", cwd=project).stdout
     assert "changed in the VM" in diff and "added-in-vm.txt" in diff, diff
     tier.agentbox("undo", "--clean", "--yes", cwd=project, check=False)
     assert (project / "app.py").read_text() == "print('hello')\n"
@@ -528,3 +567,45 @@ def test_a_command_killed_by_a_signal_in_the_guest_exits_255_and_the_vm_runs_on(
     killed = tier.agentbox("shell", "--", "sh", "-c", "kill -9 $$", cwd=project, check=False)
     assert killed.returncode == 255, killed.stderr
     assert tier.instances()["agentbox-alpha"]["status"] == "Running"
+
+
+def test_an_isolated_run_in_a_new_vm_files_a_proposal_that_applies(tier: Tier) -> None:
+    """beta has no VM yet: its first launch clones the base (the missing VM's launch path), the agent edits a copy
+    in the VM, the host's files stay as they were until `agentbox apply`."""
+    project = tier.home / "work" / "beta"
+    tier.configure(project, "session:\n  mode: isolated\n")
+    assert "agentbox-beta" not in tier.instances()
+    tier.agentbox("start", cwd=project)
+    tier.guest(project, "sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n" + ISOLATED_AGENT + "EOF")
+    launched = tier.agentbox("--debug", "claude", "-p", "tidy up", cwd=project)
+    assert debug_calls(launched.stderr) == ["list", "shell"], launched.stderr
+    assert (project / "README.md").read_text() == "# beta\n"
+    assert not (project / "isolated-new.txt").exists()
+    proposals = json.loads(tier.agentbox("proposals", "--json", cwd=project).stdout)
+    assert [p["status"] for p in proposals] == ["pending"], proposals
+    tier.agentbox("apply", cwd=project)
+    assert (project / "README.md").read_text() == "# beta\nchanged in isolation\n"
+    assert (project / "isolated-new.txt").read_text() == "new\n"
+
+
+def test_a_crashed_guest_is_reported_stopped_and_the_next_launch_boots_it_afresh(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    before = tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout
+    qemu = int((tier.home / ".lima" / "agentbox-alpha" / "qemu.pid").read_text())
+    os.kill(qemu, 9)
+    deadline = time.monotonic() + 120
+    while tier.instances()["agentbox-alpha"]["status"] != "Stopped" and time.monotonic() < deadline:
+        time.sleep(1)
+    assert tier.instances()["agentbox-alpha"]["status"] == "Stopped"
+    status = json.loads(tier.agentbox("status", "--json", cwd=project, check=False).stdout)
+    assert status["status"] == "Stopped", status
+    after = tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout
+    assert after != before
+
+
+def test_rm_deletes_the_vms_and_the_base_stays(tier: Tier) -> None:
+    for name in ("alpha", "beta"):
+        tier.agentbox("rm", "--yes", cwd=tier.home / "work" / name)
+    left = tier.instances()
+    assert "agentbox-alpha" not in left and "agentbox-beta" not in left
+    assert [name for name in left if name.startswith("agentbox-base")], left

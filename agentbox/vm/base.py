@@ -58,6 +58,9 @@ DAY = 86400
 # Top-level lima.yaml keys a clone cannot take from the project's render: they decide what is on the
 # disk (image, provisioning) or the machine itself. A project that differs in one is created from scratch.
 FIXED_KEYS = ("base", "images", "vmType", "arch", "os", "provision", "probes", "user", "firmware", "vmOpts")
+# Of those, what the base takes from the global config's vm.lima, as every project VM gets it: how the machine
+# boots (a host whose QEMU has no UEFI firmware needs `firmware.legacyBIOS` for every VM, its base included).
+GLOBAL_LIMA_KEYS = ("images", "vmType", "arch", "os", "firmware", "vmOpts")
 RESOURCE_KEYS = ("cpus", "memory", "disk")
 # What each part of the key is, for the line that says what changed.
 PART_NAMES = {
@@ -66,6 +69,7 @@ PART_NAMES = {
     "agents": "agent install commands",
     "caCerts": "the CA certificates (caCert, NODE_EXTRA_CA_CERTS)",
     "image": "the image",
+    "lima": "the global vm.lima's machine settings (" + ", ".join(GLOBAL_LIMA_KEYS) + ")",
     "vmType": "vm.vmType",
     "arch": "vm.arch",
     "mountType": "vm.mountType",
@@ -89,11 +93,13 @@ _REJECTED = re.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.ya
 
 
 def settings(config: Config) -> render.BaseSettings:
-    """The base's VM settings: vmType, arch, mountType and image from the global config, resources built-in."""
+    """The base's VM settings: vmType, arch, mountType, image and vm.lima's machine keys (GLOBAL_LIMA_KEYS) from the
+    global config, resources built-in."""
     vm = config.global_data.get("vm") or {}
     vm = vm if isinstance(vm, dict) else {}
     built_in = keys.SCHEMA["vm"].children
     folder = config.global_file.parent if config.global_file is not None else paths.home()
+    lima = vm.get("lima") if isinstance(vm.get("lima"), dict) else {}
     return render.BaseSettings(
         vm_type=vm.get("vmType"),
         arch=vm.get("arch"),
@@ -102,6 +108,7 @@ def settings(config: Config) -> render.BaseSettings:
         memory=built_in["memory"].default,
         disk=built_in["disk"].default,
         image=image.resolve(vm.get("image"), folder),
+        lima={key: value for key, value in lima.items() if key in GLOBAL_LIMA_KEYS} or None,
     )
 
 
@@ -148,8 +155,8 @@ def inputs(config: Config) -> dict[str, Any]:
     base = settings(config)
     parts = {
         "format": FORMAT,
-        # Without the image, which is its own part: a new image says "the image", not "the template".
-        "template": _digest(render.render_base(base._replace(image=None), RENDER_NAME).encode()),
+        # Without the image and vm.lima, parts of their own: a new image says "the image", not "the template".
+        "template": _digest(render.render_base(base._replace(image=None, lima=None), RENDER_NAME).encode()),
         "provisioning": _files_digest("provision", "wrappers"),
         "agents": _digest(json.dumps(agent_installs(config), sort_keys=True).encode()),
         "image": render.IMAGE_BASE if base.image is None else base.image.identity(),
@@ -157,6 +164,8 @@ def inputs(config: Config) -> dict[str, Any]:
         "arch": base.arch,
         "mountType": base.mount_type,
     }
+    if base.lima:  # only then, as caCerts: a base without them keeps its key
+        parts["lima"] = _digest(json.dumps(base.lima, sort_keys=True).encode())
     certs = ca_certs(config)
     if certs:  # only then: a base without any keeps the key it had before bases had CA certificates
         parts["caCerts"] = _digest("".join(certs).encode())

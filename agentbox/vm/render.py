@@ -139,6 +139,7 @@ class BaseSettings(NamedTuple):
     memory: str
     disk: str
     image: Image | None = None  # vm.image (None: IMAGE_BASE)
+    lima: dict[str, Any] | None = None  # what the base takes of the global vm.lima (agentbox.vm.base)
 
 
 # Python's names for the host's machine where they differ from Lima's (macOS says arm64).
@@ -219,9 +220,11 @@ def _values(vm_name: str, settings: BaseSettings, prov: "Plan", mounts: list[Ren
 
 
 def render_base(settings: BaseSettings, vm_name: str, ca_certs: tuple[str, ...] = ()) -> str:
-    """The base VM's lima.yaml: agentbox's own template (never vm.template), without vm.lima."""
-    return _render_bounded(_environment().get_template("lima.yaml.j2"), base_context(settings, vm_name, ca_certs),
+    """The base VM's lima.yaml: agentbox's own template (never vm.template), with only the global vm.lima's
+    machine settings merged in (settings.lima)."""
+    text = _render_bounded(_environment().get_template("lima.yaml.j2"), base_context(settings, vm_name, ca_certs),
                            "agentbox's template")
+    return _merge_lima(text, settings.lima) if settings.lima else text
 
 
 def render_remote(config: Config, vm_name: str, staging: RenderedMount, outbox: RenderedMount) -> str:
@@ -282,12 +285,14 @@ def render(config: Config, vm_name: str) -> str:
     else:
         template = env.get_template("lima.yaml.j2")
     text = _render_bounded(template, context(config, vm_name), where)
-    if not config.lima:
-        return text
+    return _merge_lima(text, config.lima) if config.lima else text
+
+
+def _merge_lima(text: str, lima: dict[str, Any]) -> str:
     import yaml
 
     data = yaml.safe_load(text) or {}
-    deep_merge(data, config.lima)
+    deep_merge(data, lima)
     return "# Rendered by agentbox, with vm.lima merged in.\n" + yaml.safe_dump(
         data, sort_keys=False, allow_unicode=True, width=float("inf")
     )
