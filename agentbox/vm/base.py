@@ -99,7 +99,8 @@ def settings(config: Config) -> render.BaseSettings:
     vm = vm if isinstance(vm, dict) else {}
     built_in = keys.SCHEMA["vm"].children
     folder = config.global_file.parent if config.global_file is not None else paths.home()
-    lima = vm.get("lima") if isinstance(vm.get("lima"), dict) else {}
+    lima = vm.get("lima")
+    lima = lima if isinstance(lima, dict) else {}
     return render.BaseSettings(
         vm_type=vm.get("vmType"),
         arch=vm.get("arch"),
