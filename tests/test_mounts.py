@@ -16,6 +16,10 @@ import yaml
 from agentbox import paths
 from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
+# What agentbox renders on every read-only mount (templates/lima.yaml.j2): Lima's default caches keep showing
+# the guest what it first read of a folder the host changes (real Lima 2.2, 9p's fscache: tests/test_real_lima.py).
+READ_ONLY_CACHE = {"9p": {"cache": "mmap"}, "sshfs": {"cache": False}}
+
 
 def global_config(home: Path, text: str) -> Path:
     return write(home / ".config" / "agentbox" / "config.yml", text)
@@ -61,7 +65,8 @@ def test_a_global_relative_location_is_relative_to_the_global_configs_folder(pro
     (home / "datasets").mkdir()
     (project / "datasets").symlink_to(home / ".ssh")  # never looked at
     global_config(home, "mounts:\n  - location: ../../datasets\n    mountPoint: /data\n")
-    assert extra_mounts(project) == [{"location": str(home / "datasets"), "mountPoint": "/data", "writable": False}]
+    assert extra_mounts(project) == [{"location": str(home / "datasets"), "mountPoint": "/data", "writable": False,
+                                     **READ_ONLY_CACHE}]
 
 
 def test_a_global_relative_location_under_xdg_config_home(project: Path, home: Path, tmp_path: Path,
@@ -113,7 +118,8 @@ def test_the_global_config_may_name_a_private_folder_exactly(project: Path, home
                                                              folder: str) -> None:
     (home / folder).mkdir(exist_ok=True)
     global_config(home, f"mounts:\n  - location: {location.format(home=home)}\n    mountPoint: /mnt/it\n")
-    assert extra_mounts(project) == [{"location": str(home / folder), "mountPoint": "/mnt/it", "writable": False}]
+    assert extra_mounts(project) == [{"location": str(home / folder), "mountPoint": "/mnt/it", "writable": False,
+                                     **READ_ONLY_CACHE}]
 
 
 def test_the_exactly_named_folder_reaches_the_vm(project: Path, home: Path, limactl: FakeLima) -> None:
@@ -124,7 +130,8 @@ def test_the_exactly_named_folder_reaches_the_vm(project: Path, home: Path, lima
     result = run_cli("start", cwd=project)
     assert result.exit_code == 0, result.stderr
     instance = yaml.safe_load((limactl.home / NAME / "lima.yaml").read_text())
-    assert {"location": str(home / ".aws"), "mountPoint": "/mnt/aws", "writable": False} in instance["mounts"]
+    assert {"location": str(home / ".aws"), "mountPoint": "/mnt/aws", "writable": False, **READ_ONLY_CACHE} \
+        in instance["mounts"]
 
 
 # -- the home folder, agentbox's state folder and LIMA_HOME: never, whatever file names them ------------------
@@ -221,3 +228,16 @@ def test_real_folders_inside_the_workspace_and_links_outside_it_are_mounted(proj
                            f"  - location: {home.parent / 'alias'}\n")
     assert [m["location"] for m in extra_mounts(project)] == [str(project / "sub" / "real" / "x"),
                                                              str(home.parent / "datasets")]
+
+
+def test_every_read_only_mount_asks_lima_for_no_stale_cache(project: Path, limactl: FakeLima) -> None:
+    """The staging folder changes at every launch (logins, env, the launch step): over real Lima's 9p with its
+    default read-only cache (fscache) the guest kept reading the first launch's env. Writable mounts keep Lima's
+    defaults (9p: mmap)."""
+    needs_bwrap()
+    assert run_cli("start", cwd=project).exit_code == 0
+    mounts = yaml.safe_load((limactl.home / NAME / "lima.yaml").read_text())["mounts"]
+    read_only = [m for m in mounts if not m["writable"]]
+    assert [m["mountPoint"] for m in read_only] == [str(paths.staging_dir(NAME))]
+    assert all({k: m.get(k) for k in READ_ONLY_CACHE} == READ_ONLY_CACHE for m in read_only), read_only
+    assert all("9p" not in m and "sshfs" not in m for m in mounts if m["writable"]), mounts

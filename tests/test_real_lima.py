@@ -28,6 +28,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -106,15 +107,24 @@ class Tier:
             return ["runuser", "-u", self.user, "--", "env", "-i", *env, *inner]
         return ["env", "-i", *env, *inner]
 
-    def run(self, argv: list[str], cwd: Path | None = None, check: bool = True, timeout: float = 1500,
+    def run(self, argv: list[str], cwd: Path | None = None, check: bool = True, timeout: float = 900,
             input: str | None = None) -> subprocess.CompletedProcess:
-        result = subprocess.run(self.command(argv, cwd), capture_output=True, text=True, timeout=timeout,
-                                input=input, stdin=None if input is not None else subprocess.DEVNULL)
+        # Its own process group, ended whole on a timeout: an ssh of Lima's left behind would hold the pipes open.
+        process = subprocess.Popen(self.command(argv, cwd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   stdin=subprocess.PIPE if input is not None else subprocess.DEVNULL, text=True,
+                                   start_new_session=True)
+        try:
+            stdout, stderr = process.communicate(input, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+            raise AssertionError(f"{shlex.join(argv)} did not end in {timeout:.0f} s") from None
+        result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
         if check and result.returncode != 0:
             raise AssertionError(f"{shlex.join(argv)} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
-    def agentbox(self, *args: str, cwd: Path, check: bool = True, timeout: float = 1500,
+    def agentbox(self, *args: str, cwd: Path, check: bool = True, timeout: float = 900,
                  input: str | None = None) -> subprocess.CompletedProcess:
         return self.run([str(self.venv / "bin" / "agentbox"), *args], cwd, check, timeout, input)
 
@@ -290,7 +300,7 @@ def _built_lima(cache: Path, scratch: Path) -> tuple[Tier, dict, dict]:
     tier.own(home / ".tier")
     _venv(tier, scratch)
     settings = {"vm": {"image": placed.setting(), "lima": LEGACY_BIOS, **RESOURCES}}
-    return tier, settings, {"qemu": reallima.qemu_version() + " (TCG)", "image": placed.disk.parent.name}
+    return tier, settings, {"qemu": reallima.qemu_version(), "image": image.disk.parent.name}
 
 
 def _system_lima() -> tuple[Tier, dict, dict]:
@@ -315,6 +325,13 @@ def _host_logins(tier: Tier) -> None:
         "scopes": ["user:inference"], "subscriptionType": "max"}}))
     tier.write(tier.home / ".claude.json", json.dumps({"hasCompletedOnboarding": True,
                                                        "oauthAccount": {"emailAddress": "me@example.com"}}))
+
+
+def assert_warm(stderr: str) -> None:
+    """A warm launch against a running VM: one `shell` that runs the agent, at most one `list` besides (before it, or
+    after it to explain an exit status); nothing made or started."""
+    calls = debug_calls(stderr)
+    assert calls.count("shell") == 1 and len(calls) <= 2 and set(calls) <= {"list", "shell"}, stderr
 
 
 def debug_calls(stderr: str) -> list[str]:
@@ -402,7 +419,7 @@ def test_a_stand_in_agent_gets_its_arguments_environment_and_exit_code(tier: Tie
     assert "--dangerously-skip-permissions" in seen["args"]
     assert seen["cwd"] == str(project)
     assert seen["env"]["TIER_VALUE"] == "a b'c\"d"
-    assert debug_calls(launched.stderr) == ["list", "shell"], launched.stderr
+    assert_warm(launched.stderr)
 
 
 def test_launch_paths_against_real_limas_answers(tier: Tier) -> None:
@@ -429,7 +446,7 @@ def test_launch_paths_against_real_limas_answers(tier: Tier) -> None:
     assert other.returncode != 0
 
 
-def test_restart_gives_a_new_boot_and_rm_deletes_the_vm(tier: Tier) -> None:
+def test_restart_gives_a_new_boot(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
     before = tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout
     tier.agentbox("restart", cwd=project)
@@ -443,11 +460,16 @@ def test_the_broker_swaps_the_placeholder_for_the_real_token_and_its_ca_is_trust
     answer = tier.agentbox("shell", "--", "python3", "-c", BROKER_REQUEST, CLAUDE, "Bearer LOGIN", cwd=project)
     assert json.loads(answer.stdout.strip().splitlines()[-1]) == {"status": 200, "body": {"account": "the host's"}}
     assert [r.headers["authorization"] for r in tier.upstream.requests_to(CLAUDE)] == [f"Bearer {REAL_ACCESS}"]
-    # The guest trusts the broker's CA through its system store (curl, not only Python), and holds no real value.
-    seen = tier.guest(project, "grep -rl 'agentbox' /etc/ssl/certs/ca-certificates.crt >/dev/null && echo ca-in-store;"
-                               " cat ~/.claude/.credentials.json")
-    assert "ca-in-store" in seen.stdout
-    assert "agentbox-ph-" in seen.stdout and REAL_ACCESS not in seen.stdout
+    # curl, with the guest's system store and nothing else, trusts the broker's CA: the same request through it.
+    curl = tier.guest(project, f"""
+        token=$(python3 -c 'import json,os; print(json.load(open(os.path.expanduser("~/.claude/.credentials.json")))'\
+'["claudeAiOauth"]["accessToken"])')
+        case "$token" in *agentbox-ph-*) echo placeholder-in-guest ;; esac
+        curl -sS --fail --cacert /etc/ssl/certs/ca-certificates.crt -H "Authorization: Bearer $token" \
+          https://{CLAUDE}/api/oauth/profile""")
+    assert "placeholder-in-guest" in curl.stdout
+    assert json.loads(curl.stdout.splitlines()[-1]) == {"account": "the host's"}, curl.stdout + curl.stderr
+    assert [r.headers["authorization"] for r in tier.upstream.requests_to(CLAUDE)][-1] == f"Bearer {REAL_ACCESS}"
     found = tier.guest(project, f"sudo grep -rsl -- {shlex.quote(REAL_ACCESS)} /home /etc /tmp /root || true")
     assert found.stdout.strip() == "", found.stdout
 
@@ -462,14 +484,12 @@ def test_allowlist_mode_with_the_guests_kernel_and_nftables(tier: Tier) -> None:
     assert allowed == {"status": 200, "echo": "echo:ping"}
     refused = _connect(tier, project, "example.org:443")
     assert refused["status"] == 403 and refused["body"]["blocked"] == "example.org"
-    direct = tier.guest(project, f"curl -sS -m 10 -o /dev/null http://192.168.5.2:{tier.echo_port}/ 2>&1; echo rc=$?",
-                        check=False)
-    assert "rc=0" not in direct.stdout, direct.stdout
+    direct = f"timeout 10 bash -c 'exec 3<>/dev/tcp/192.168.5.2/{tier.echo_port} && echo out >&3 && head -c 8 <&3'"
+    blocked = tier.guest(project, direct + " 2>&1; echo rc=$?", check=False)
+    assert "echo:out" not in blocked.stdout and "rc=0" not in blocked.stdout, blocked.stdout
     rules = tier.guest(project, "sudo nft list ruleset").stdout
-    assert "192.168.5.2" in rules
-    undone = tier.guest(project, "sudo nft flush ruleset && timeout 10 bash -c "
-                                 f"'exec 3<>/dev/tcp/192.168.5.2/{tier.echo_port} && echo out >&3 && head -c 9 <&3'",
-                        check=False)
+    assert "192.168.5.2" in rules, rules
+    undone = tier.guest(project, "sudo nft flush ruleset && " + direct, check=False)
     assert undone.stdout.startswith("echo:out"), undone.stdout + undone.stderr
     still = _connect(tier, project, "example.org:443")
     assert still["status"] == 403
@@ -485,7 +505,7 @@ def _connect(tier: Tier, project: Path, target: str) -> dict:
 def test_a_port_the_guest_listens_on_is_forwarded(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
     tier.guest(project, "mkdir -p /tmp/site && echo served-from-guest > /tmp/site/index.html && "
-                        "(cd /tmp/site && nohup python3 -m http.server 18123 >/dev/null 2>&1 &) ; sleep 2")
+                        "(cd /tmp/site && setsid nohup python3 -m http.server 18123 </dev/null >/dev/null 2>&1 &) ; sleep 2")
     port = _free_port()
     forwarded = tier.agentbox("port", "18123", str(port), cwd=project)
     assert f"http://127.0.0.1:{port}" in forwarded.stdout
@@ -553,19 +573,26 @@ def test_doctor_checks_the_real_vm(tier: Tier) -> None:
 
 def test_checkpoint_diff_and_undo_of_an_agents_edits(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
-    tier.agentbox("checkpoint", "-m", "before the agent", cwd=project)
+    taken = tier.agentbox("checkpoint", "-m", "before the agent", cwd=project).stdout
+    checkpoint = re.search(r"checkpoint #(\d+)", taken)
+    assert checkpoint, taken
     tier.guest(project, "echo 'print(\"changed in the VM\")' > app.py && echo new > added-in-vm.txt")
-    diff = tier.agentbox("diff", cwd=project).stdout
+    diff = tier.agentbox("diff", "--since", checkpoint[1], cwd=project).stdout
     assert "changed in the VM" in diff and "added-in-vm.txt" in diff, diff
-    tier.agentbox("undo", "--clean", "--yes", cwd=project, check=False)
+    undone = tier.agentbox("undo", checkpoint[1], "--clean", cwd=project)
+    assert "removed   added-in-vm.txt" in undone.stdout and "restored  app.py" in undone.stdout, undone.stdout
     assert (project / "app.py").read_text() == "print('hello')\n"
     assert not (project / "added-in-vm.txt").exists()
 
 
-def test_a_command_killed_by_a_signal_in_the_guest_exits_255_and_the_vm_runs_on(tier: Tier) -> None:
+def test_a_command_killed_by_a_signal_in_the_guest(tier: Tier) -> None:
+    """Through Lima's ssh a signal death has no exit status: limactl shell exits 255 (sshd sends exit-signal). agentbox
+    runs its command under the launch step, which waits for it: 128+9, and the VM runs on."""
     project = tier.home / "work" / "alpha"
+    raw = tier.limactl("shell", "agentbox-alpha", "sh", "-c", "kill -9 $$", check=False)
+    assert raw.returncode == 255, raw.stderr
     killed = tier.agentbox("shell", "--", "sh", "-c", "kill -9 $$", cwd=project, check=False)
-    assert killed.returncode == 255, killed.stderr
+    assert killed.returncode == 137, killed.stderr
     assert tier.instances()["agentbox-alpha"]["status"] == "Running"
 
 
@@ -578,7 +605,7 @@ def test_an_isolated_run_in_a_new_vm_files_a_proposal_that_applies(tier: Tier) -
     tier.agentbox("start", cwd=project)
     tier.guest(project, "sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n" + ISOLATED_AGENT + "EOF")
     launched = tier.agentbox("--debug", "claude", "-p", "tidy up", cwd=project)
-    assert debug_calls(launched.stderr) == ["list", "shell"], launched.stderr
+    assert_warm(launched.stderr)
     assert (project / "README.md").read_text() == "# beta\n"
     assert not (project / "isolated-new.txt").exists()
     proposals = json.loads(tier.agentbox("proposals", "--json", cwd=project).stdout)
@@ -591,7 +618,10 @@ def test_an_isolated_run_in_a_new_vm_files_a_proposal_that_applies(tier: Tier) -
 def test_a_crashed_guest_is_reported_stopped_and_the_next_launch_boots_it_afresh(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
     before = tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout
-    qemu = int((tier.home / ".lima" / "agentbox-alpha" / "qemu.pid").read_text())
+    pid_file = tier.home / ".lima" / "agentbox-alpha" / "qemu.pid"
+    if not pid_file.exists():
+        pytest.skip("the guest runs in no QEMU process of its own (vz): nothing to kill")
+    qemu = int(pid_file.read_text())
     os.kill(qemu, 9)
     deadline = time.monotonic() + 120
     while tier.instances()["agentbox-alpha"]["status"] != "Stopped" and time.monotonic() < deadline:

@@ -188,6 +188,8 @@ def set_status(lima_home: Path, name: str, status: str, *, errors: list[str] | N
         if status == "Running":
             state["sshLocalPort"] = ssh_port or state.get("sshLocalPort") or 60022
             state.setdefault("lastStartedAt", time.time())
+            if state.get("machine") and not _guest_alive(state["machine"]):
+                del state["machine"]  # forced by hand, not a crash: the next shell gives it a guest
         elif ssh_port is not None:
             state["sshLocalPort"] = ssh_port
         write_state(lima_home, name, state)
@@ -204,13 +206,17 @@ def crash(lima_home: Path, name: str, timeout: float = 10.0) -> None:
     os.kill(int(machine["agent"]), signal.SIGKILL)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            if os.readlink(f"/proc/{int(machine['init'])}/ns/pid") != machine["pidns"]:
-                return
-        except OSError:
+        if not _guest_alive(machine):
             return
         time.sleep(0.02)
     raise RuntimeError(f"fake limactl: the guest of {name} outlived its agent for {timeout} s")
+
+
+def _guest_alive(machine: Mapping[str, Any]) -> bool:
+    try:
+        return os.readlink(f"/proc/{int(machine['init'])}/ns/pid") == machine["pidns"]
+    except (OSError, KeyError, ValueError):
+        return False
 
 
 def guest_dir(lima_home: Path, name: str, which: str) -> Path:
