@@ -128,6 +128,7 @@ class Progress:
         self._open_line = False  # plain mode: the step's line is started and not yet completed
         self._broken = False  # its stream failed (a closed pipe): nothing more is written to it
         self._outer: Progress | None = None  # the step this one runs inside: paused until this one ends
+        self._shown: set[tuple[str, str]] = set()  # limactl's warnings and errors said so far (Lima repeats some)
 
     def __enter__(self) -> Progress:
         global _active
@@ -185,7 +186,8 @@ class Progress:
                 self._write(f"  {visible(line)}\n")
         else:
             label = _SHOWN_LEVELS.get(entry.level)
-            if label:
+            if label and (label, entry.message) not in self._shown:
+                self._shown.add((label, entry.message))
                 emit(f"agentbox: limactl {label}: {visible(entry.message)}")
         phase = phase_of(entry.message)
         if phase and PHASE_ORDER.index(phase) > PHASE_ORDER.index(self.phase):

@@ -393,3 +393,14 @@ def test_real_pipelines_never_report_an_internal_error(project: Path, limactl: F
     assert lines[1] == f"name:      {NAME}"
     assert re.fullmatch(r"status=(0|141)", lines[2]) and re.fullmatch(r"config=(0|141)", lines[3]), lines
     assert lines[4] == "closed=141", lines
+
+
+def test_a_warning_lima_repeats_is_shown_once(project: Path, limactl: FakeLima,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lima 2.2 without /dev/kvm logs its TCG warning twice in a row (tests/fake_limactl/README.md)."""
+    monkeypatch.setenv("FAKE_LIMACTL_NO_KVM", "1")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 0, result.stderr
+    kvm = [line for line in result.stderr.splitlines() if "/dev/kvm is not available" in line]
+    assert kvm == ["agentbox: limactl warning: [hostagent] /dev/kvm is not available. Disabling KVM. Expect very poor "
+                   "performance."], result.stderr

@@ -199,6 +199,9 @@ def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progres
         _boot(ctx, inst)
     port = inst.state["sshLocalPort"]
     _progress(ctx, f"hostagent socket created at {os.path.join(inst.dir, 'ha.sock')}")
+    if cfg["vmType"] == "qemu" and os.environ.get("FAKE_LIMACTL_NO_KVM"):
+        for _ in range(2):  # Lima 2.2 logs it twice (README, "limactl start")
+            _progress(ctx, "/dev/kvm is not available. Disabling KVM. Expect very poor performance.", level="warning")
     driver = {"qemu": "QEMU", "vz": "VZ"}.get(cfg["vmType"], cfg["vmType"])
     serial = os.path.join(inst.dir, "serial*.log")
     _progress(ctx, f"Starting {driver} (hint: to watch the boot progress, see {bq(serial)})")
