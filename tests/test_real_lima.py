@@ -44,7 +44,6 @@ import yaml
 
 from tests import helpers, reallima
 from tests.fake_upstream import FakeUpstream
-from tests.helpers import STUB
 from tests.test_broker_cli import CLAUDE, REAL_ACCESS, REAL_REFRESH
 from tests.test_broker_cli import REQUEST as BROKER_REQUEST
 from tests.test_network import CONNECT
@@ -58,6 +57,21 @@ LEGACY_BIOS = {"firmware": {"legacyBIOS": True}}
 RESOURCES = {"cpus": 2, "memory": "2GiB", "disk": "10GiB"}
 SYSTEM = bool(os.environ.get("AGENTBOX_REALLIMA_SYSTEM"))  # the machine's own Lima (docs/development.md)
 # A stand-in agent for a detached session: says hello, waits for the test's word, exits 7.
+# The stand-in for claude, installed in the base by the global config's agents.claude.install (so the base build
+# installs no real agent from the npm registry under emulation): it records what reached it where the test's
+# AGENTBOX_TEST_OUT says; without it (the base's version check) it says its version.
+STUB = r"""#!/usr/bin/python3
+import json, os, sys
+if "AGENTBOX_TEST_OUT" not in os.environ:
+    print("0.0.0 (the real-Lima tier's stand-in)")
+    sys.exit(0)
+data = {"args": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
+        "stdin": "" if sys.stdin.isatty() else sys.stdin.read()}
+with open(os.environ["AGENTBOX_TEST_OUT"], "w") as f:
+    json.dump(data, f)
+sys.exit(int(os.environ.get("STUB_EXIT", "0")))
+"""
+STUB_INSTALL = f"sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n{STUB}EOF"
 # A stand-in agent for an isolated session: edits its copy of the workspace and says what it did.
 ISOLATED_AGENT = """#!/bin/bash
 printf 'changed in isolation\\n' >> README.md
@@ -299,7 +313,8 @@ def _built_lima(cache: Path, scratch: Path) -> tuple[Tier, dict, dict]:
     tier = Tier(user, home, lima, home / ".tier" / "venv")
     tier.own(home / ".tier")
     _venv(tier, scratch)
-    settings = {"vm": {"image": placed.setting(), "lima": LEGACY_BIOS, **RESOURCES}}
+    settings = {"vm": {"image": placed.setting(), "lima": LEGACY_BIOS, **RESOURCES},
+                "agents": {"claude": {"install": STUB_INSTALL}}}
     return tier, settings, {"qemu": reallima.qemu_version(), "image": image.disk.parent.name}
 
 
@@ -314,7 +329,8 @@ def _system_lima() -> tuple[Tier, dict, dict]:
     user, home = _fresh_user_home()
     venv = Path(sys.executable).parent.parent
     tier = Tier(user, home, Path(str(found)).resolve().parent.parent, venv, sandbox=False)
-    return tier, {"vm": RESOURCES}, {"qemu": "not used (the system's VM type)", "image": "agentbox's default"}
+    settings = {"vm": RESOURCES, "agents": {"claude": {"install": STUB_INSTALL}}}
+    return tier, settings, {"qemu": "not used (the system's VM type)", "image": "agentbox's default"}
 
 
 def _host_logins(tier: Tier) -> None:
@@ -408,7 +424,7 @@ def test_the_workspace_is_mounted_writable_and_nothing_else_of_the_host_is_writa
 
 def test_a_stand_in_agent_gets_its_arguments_environment_and_exit_code(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
-    tier.guest(project, f"sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n{STUB}EOF")
+    assert tier.guest(project, "claude --version").stdout.startswith("0.0.0"), "the base's stand-in claude"
     out = project / ".stub-out.json"
     tier.agent_config = f"env:\n  AGENTBOX_TEST_OUT: {out}\n  STUB_EXIT: '3'\n  TIER_VALUE: a b'c\"d\n"
     tier.configure(project, tier.agent_config)
@@ -550,7 +566,7 @@ def test_a_detached_session_runs_on_and_attach_ends_with_its_exit_code(tier: Tie
     assert "session agent says hello" in screen
     ended = json.loads(tier.agentbox("sessions", "--json", cwd=project).stdout)
     assert ended[0]["state"] == "exited" and ended[0]["exitCode"] == 7, ended
-    tier.guest(project, f"sudo install -m 755 /dev/stdin /usr/local/bin/claude <<'EOF'\n{STUB}EOF")
+    tier.guest(project, STUB_INSTALL)
 
 
 def _on_terminal(tier: Tier, args: list[str], cwd: Path, seconds: float = 120) -> tuple[int, str]:
