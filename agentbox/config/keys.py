@@ -163,7 +163,8 @@ MOUNT_KEYS: dict[str, Key] = {
     "location": Key("path", "Host folder; a relative path is relative to the file's folder (docs/security.md, \"Mount "
                     "targets\").", creation=True),
     "mountPoint": Key("path", "Path inside the VM.", default_text="same as location", creation=True),
-    "writable": Key("bool", "Whether the VM may write to it.", default=False, creation=True),
+    "writable": Key("bool", "Whether the VM may write to it. A read-only mount shows the host's changes at once "
+                    "(agentbox turns off Lima's caching for it).", default=False, creation=True),
 }
 
 _LOCATION_HELP = "An https:// (or http://) URL, or a host path (`~` and paths relative to the file's folder)"
