@@ -54,7 +54,7 @@ pytestmark = [pytest.mark.reallima, pytest.mark.xdist_group("reallima"), pytest.
 REPO = Path(__file__).resolve().parent.parent
 TIER_USER = "agentbox-tier"
 LEGACY_BIOS = {"firmware": {"legacyBIOS": True}}
-RESOURCES = {"cpus": 2, "memory": "2GiB", "disk": "10GiB"}
+RESOURCES = {"cpus": 2, "memory": "2GiB", "disk": "20GiB"}  # the base's disk: a clone cannot shrink it
 SYSTEM = bool(os.environ.get("AGENTBOX_REALLIMA_SYSTEM"))  # the machine's own Lima (docs/development.md)
 # A stand-in agent for a detached session: says hello, waits for the test's word, exits 7.
 # The stand-in for claude, installed in the base by the global config's agents.claude.install (so the base build
@@ -352,7 +352,7 @@ def assert_warm(stderr: str) -> None:
 
 def debug_calls(stderr: str) -> list[str]:
     """The limactl subcommands of a `--debug` run, in order."""
-    return [m[1] for m in re.finditer(r"^\[debug\] \S*limactl (?:--\S+ )*(\S+)", stderr, re.M)]
+    return [m[1] for m in re.finditer(r"\[debug\] \S*limactl (?:--\S+ )*(\S+)", stderr)]
 
 
 # -- the steps ------------------------------------------------------------------------------------------------------
@@ -520,8 +520,9 @@ def _connect(tier: Tier, project: Path, target: str) -> dict:
 
 def test_a_port_the_guest_listens_on_is_forwarded(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
+    # A service of the guest's own (systemd), not a child of the session: the session's end cannot take it along.
     tier.guest(project, "mkdir -p /tmp/site && echo served-from-guest > /tmp/site/index.html && "
-                        "(cd /tmp/site && setsid nohup python3 -m http.server 18123 </dev/null >/dev/null 2>&1 &) ; sleep 2")
+                        "sudo systemd-run --unit=tier-site python3 -m http.server 18123 --directory /tmp/site")
     port = _free_port()
     forwarded = tier.agentbox("port", "18123", str(port), cwd=project)
     assert f"http://127.0.0.1:{port}" in forwarded.stdout
