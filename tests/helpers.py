@@ -26,6 +26,10 @@ REAL_HOME = os.path.expanduser("~")
 # The VM of the `project` fixture's folder (work/myproject).
 NAME = "agentbox-myproject"
 
+# What agentbox renders on every read-only mount (templates/lima.yaml.j2): Lima's default caches keep showing
+# the guest what it first read of a folder the host changes (real Lima 2.2, 9p's fscache: tests/test_real_lima.py).
+READ_ONLY_CACHE = {"9p": {"cache": "mmap"}, "sshfs": {"cache": False}}
+
 # A stand-in agent installed in the VM's /usr/local/bin: it records what reached it in the workspace.
 # The start of a Python program in the guest that goes through agentbox's proxy: `proxy`, $HTTPS_PROXY split, and
 # `proxy_auth`, the header a CONNECT carries (the VM's proxy credentials from that URL, as curl, git and npm send

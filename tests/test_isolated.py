@@ -15,6 +15,7 @@ from agentbox import contract, paths
 from agentbox.review import isolation
 from tests.helpers import (
     NAME,
+    READ_ONLY_CACHE,
     FakeLima,
     agentbox,
     copy_in_guest,
@@ -35,7 +36,8 @@ def test_the_vm_sees_the_workspace_read_only_elsewhere_and_gets_an_outbox(projec
 
     mounts = yaml.safe_load(isolated_vm.lima_yaml(NAME))["mounts"]
     outbox = str(isolation.outbox(NAME))
-    assert {"location": str(project), "mountPoint": "/mnt/agentbox/workspace", "writable": False} in mounts
+    assert {"location": str(project), "mountPoint": "/mnt/agentbox/workspace", "writable": False,
+            **READ_ONLY_CACHE} in mounts
     assert {"location": outbox, "mountPoint": outbox, "writable": True} in mounts
     assert not [m for m in mounts if m["mountPoint"] == str(project)]
     assert stat.S_IMODE(os.stat(outbox).st_mode) == 0o700
@@ -229,7 +231,7 @@ def test_a_worktree_checkout_can_be_isolated(project: Path, limactl: FakeLima) -
     assert run_cli("start", cwd=project).exit_code == 0
     mounts = yaml.safe_load(limactl.lima_yaml(NAME))["mounts"]
     common = str(main / ".git")
-    assert {"location": common, "mountPoint": common, "writable": False} in mounts
+    assert {"location": common, "mountPoint": common, "writable": False, **READ_ONLY_CACHE} in mounts
     result = agentbox(project, "shell", "--", "bash", "-c", "git status --short --branch | head -1; "
                       "echo agent >> tracked.txt")
     assert result.returncode == 0, result.stderr

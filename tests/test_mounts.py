@@ -14,11 +14,7 @@ import pytest
 import yaml
 
 from agentbox import paths
-from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, write, write_trusted
-
-# What agentbox renders on every read-only mount (templates/lima.yaml.j2): Lima's default caches keep showing
-# the guest what it first read of a folder the host changes (real Lima 2.2, 9p's fscache: tests/test_real_lima.py).
-READ_ONLY_CACHE = {"9p": {"cache": "mmap"}, "sshfs": {"cache": False}}
+from tests.helpers import NAME, READ_ONLY_CACHE, FakeLima, needs_bwrap, run_cli, write, write_trusted
 
 
 def global_config(home: Path, text: str) -> Path:

@@ -374,6 +374,11 @@ def test_the_rendered_lima_yaml_is_accepted_by_real_lima(tier: Tier) -> None:
     tier.write(target, rendered)
     validated = tier.limactl("validate", str(target), check=False)
     assert validated.returncode == 0, validated.stderr
+    # And created from (the base and the clones are made from agentbox's base render): no boot, then gone.
+    created = tier.limactl("--tty=false", "create", "--name", "agentbox-render-check", str(target), check=False)
+    assert created.returncode == 0, created.stderr
+    assert tier.instances()["agentbox-render-check"]["status"] == "Stopped"
+    tier.limactl("delete", "agentbox-render-check")
 
 
 def test_the_golden_base_is_built_provisioned_sealed_and_stopped(tier: Tier) -> None:

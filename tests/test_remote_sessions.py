@@ -192,7 +192,9 @@ def test_cancel_ends_the_session_s_tmux_there(remote_project: tuple[Path, Remote
     done = run_agentbox("wait", str(task_id), cwd=project, timeout=120)
     assert done.returncode == 130 and "Cancelled" in done.stderr
     assert tmux_sessions(host, task) == b""
-    assert "(session)" in run_agentbox("tasks", cwd=project).stdout
+    # Wide enough for the whole row: at 80 columns the PROMPT column, cut first, may lose it to a long STATE.
+    wide = {**os.environ, "COLUMNS": "200"}
+    assert "(session)" in run_agentbox("tasks", cwd=project, env=wide).stdout
 
 
 def test_on_without_detach_is_refused_before_anything_is_made(remote_project: tuple[Path, RemoteHost]) -> None:

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 import yaml
 
-from tests.helpers import run_cli, write, write_trusted
+from tests.helpers import READ_ONLY_CACHE, run_cli, write, write_trusted
 
 SCHEMA = json.loads((Path(__file__).parent / "lima_schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -72,7 +72,7 @@ mounts:
     assert (data["cpus"], data["memory"], data["disk"]) == (6, "12GiB", "50GiB")
     assert (data["vmType"], data["arch"], data["mountType"]) == ("vz", "aarch64", "virtiofs")
     assert data["mounts"][3:] == [
-        {"location": str(data_dir), "mountPoint": "/data", "writable": False},
+        {"location": str(data_dir), "mountPoint": "/data", "writable": False, **READ_ONLY_CACHE},
         {"location": "/srv/tools", "mountPoint": "/srv/tools", "writable": True},
     ]
     staging = data["mounts"][1]
