@@ -302,6 +302,9 @@ def _built_lima(cache: Path, scratch: Path) -> tuple[Tier, dict, dict]:
     problem = reallima.qemu_problem()
     if problem:
         unavailable(problem)
+    if subprocess.run(["/usr/bin/python3", "-c", "import ensurepip"], capture_output=True).returncode != 0:
+        unavailable("the system's python3 has no venv (it installs agentbox for the tier's user): "
+                    "apt-get install python3-venv")
     try:
         with cache_lock():
             lima_prefix = reallima.lima_tools(cache)
