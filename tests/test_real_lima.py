@@ -528,7 +528,7 @@ def _connect(tier: Tier, project: Path, target: str) -> dict:
 
 def test_a_port_the_guest_listens_on_is_forwarded(tier: Tier) -> None:
     project = tier.home / "work" / "alpha"
-    # A service of the guest's own (systemd), not a child of the session: the session's end cannot take it along.
+    # A service of the guest's own (systemd): nothing of it holds the session's output open.
     tier.guest(project, "mkdir -p /tmp/site && echo served-from-guest > /tmp/site/index.html && "
                         "sudo systemd-run --unit=tier-site python3 -m http.server 18123 --directory /tmp/site")
     port = _free_port()
