@@ -447,7 +447,8 @@ def test_a_stand_in_agent_gets_its_arguments_environment_and_exit_code(tier: Tie
 
 
 def test_launch_paths_against_real_limas_answers(tier: Tier) -> None:
-    """Running: list + shell. Stopped: started, then the agent runs. Missing (beta): cloned from the base."""
+    """Stopped: the launch lists, starts, then runs the agent. Another workspace's VM of the same name: refused before
+    any shell. (Running: the stand-in's test; missing: the isolated run's, in a new VM.)"""
     project = tier.home / "work" / "alpha"
     tier.agentbox("stop", cwd=project)
     assert tier.instances()["agentbox-alpha"]["status"] == "Stopped"
