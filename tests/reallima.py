@@ -69,6 +69,16 @@ def run(cmd: list[str], timeout: float = 1800, **kwargs: object) -> subprocess.C
     return result
 
 
+def build(cmd: list[str], what: str, timeout: float = 1800, **kwargs: object) -> None:
+    """One step of building the tier's tools: a failure stops the tier with one line (Missing) saying what failed,
+    the command and its last words."""
+    try:
+        run(cmd, timeout, **kwargs)
+    except (AssertionError, OSError, subprocess.TimeoutExpired) as exc:
+        last = [line.strip() for line in str(exc).splitlines() if line.strip()][-1:]
+        raise Missing(f"{what} failed: `{' '.join(cmd[:3])} …`: {last[0] if last else exc}") from exc
+
+
 def go_toolchain() -> str:
     found = shutil.which("go") or next((p for p in ("/usr/local/go/bin/go",) if os.access(p, os.X_OK)), None)
     if found is None:
@@ -106,9 +116,10 @@ def lima_tools(cache: Path) -> Path:
         flags = ["-trimpath", "-ldflags", f"-s -w -X {LIMA_MODULE}/pkg/version.Version={LIMA_VERSION}"]
         (staging / "bin").mkdir()
         (staging / "share" / "lima").mkdir(parents=True)
-        run([go, "build", *flags, "-o", str(staging / "bin" / "limactl"), "./cmd/limactl"], cwd=source, env=env)
-        run([go, "build", *flags, "-o", str(staging / agent.relative_to(prefix)), "./cmd/lima-guestagent"],
-            cwd=source, env={**env, "GOOS": "linux"})
+        build([go, "build", *flags, "-o", str(staging / "bin" / "limactl"), "./cmd/limactl"], "building limactl",
+              cwd=source, env=env)
+        build([go, "build", *flags, "-o", str(staging / agent.relative_to(prefix)), "./cmd/lima-guestagent"],
+              "building lima-guestagent", cwd=source, env={**env, "GOOS": "linux"})
         # Lima's own templates (`template:` names), as its release archive carries them.
         shutil.copytree(Path(source) / "templates", staging / "share" / "lima" / "templates")
         for path in staging.rglob("*"):
@@ -152,15 +163,15 @@ def guest_image(cache: Path) -> GuestImage:
     staging = Path(tempfile.mkdtemp(dir=cache, prefix=".image-build-"))
     try:
         root = staging / "rootfs"
-        run(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}", SUITE, str(root)],
-            timeout=3600)
+        build(["debootstrap", "--variant=minbase", f"--include={','.join(IMAGE_PACKAGES)}", SUITE, str(root)],
+              "building the guest image (debootstrap; Debian's packages must be reachable)", timeout=3600)
         (root / "etc" / "hostname").write_text("lima-guest\n")
         (root / "etc" / "fstab").write_text("/dev/vda / ext4 defaults,discard 0 1\n")
         (root / "etc" / "hosts").write_text("127.0.0.1 localhost\n::1 localhost ip6-localhost ip6-loopback\n")
         # cloud-init adds the VM's own name to /etc/hosts (sudo looks it up), as a cloud image's config does.
         (root / "etc" / "cloud" / "cloud.cfg.d" / "90-datasource.cfg").write_text(
             "datasource_list: [ NoCloud ]\nmanage_etc_hosts: localhost\n")
-        run(["chroot", str(root), "apt-get", "clean"])
+        build(["chroot", str(root), "apt-get", "clean"], "building the guest image")
         curl = root / "usr" / "local" / "bin" / "curl"
         curl.write_text(NODE_CURL)
         curl.chmod(0o755)
@@ -169,8 +180,9 @@ def guest_image(cache: Path) -> GuestImage:
         shutil.copyfile(next((root / "boot").glob("vmlinuz-*")), staging / "vmlinuz")
         shutil.copyfile(next((root / "boot").glob("initrd.img-*")), staging / "initrd.img")
         raw = staging / "disk.raw"
-        run(["mkfs.ext4", "-q", "-F", "-L", "root", "-d", str(root), str(raw), ROOT_SIZE], timeout=1800)
-        run(["qemu-img", "convert", "-O", "qcow2", str(raw), str(staging / "disk.qcow2")], timeout=1800)
+        build(["mkfs.ext4", "-q", "-F", "-L", "root", "-d", str(root), str(raw), ROOT_SIZE],
+              "making the guest's file system (mkfs.ext4 -d needs e2fsprogs 1.43 or newer)")
+        build(["qemu-img", "convert", "-O", "qcow2", str(raw), str(staging / "disk.qcow2")], "converting the image")
         raw.unlink()
         shutil.rmtree(root)
         for path in (staging, *staging.iterdir()):
