@@ -1,3 +1,3 @@
-from agentbox.cli import main
+from agentbox.cli.main import main
 
 main()

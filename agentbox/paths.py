@@ -52,7 +52,7 @@ def vm_state_dir(vm_name: str) -> Path:
 
 
 def bases_dir() -> Path:
-    """The base VMs' records (agentbox.vm.base): what each was built from, when, and its verification."""
+    """The base VMs' records (agentbox.vm.golden): what each was built from, when, and its verification."""
     return state_dir() / "bases"
 
 
@@ -79,7 +79,7 @@ def vm_outbox(vm_name: str) -> Path:
 
 
 def hosts_dir() -> Path:
-    """The hosts `agentbox hosts add` made: `<state>/hosts/NAME/host.json` (agentbox.remote.hosts)."""
+    """The hosts `agentbox hosts add` made: `<state>/hosts/NAME/host.json` (agentbox.remote.registry)."""
     return state_dir() / "hosts"
 
 

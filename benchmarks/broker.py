@@ -41,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentbox.net import ca, httpwire, placement, scan
+from agentbox.net import certauthority, httpwire, placement, scan
 from agentbox.net import proxy as netproxy
 from agentbox.net.broker import Brokering, Secret
 from tests.fake_upstream import FakeUpstream, Response
@@ -138,9 +138,9 @@ def serve_upstream(folder: Path, size: int, ready: Any, stop: Any) -> None:
 
 
 def serve_proxy(folder: Path, address: tuple[str, int], held: list[str], ready: Any, stop: Any) -> None:
-    authority = ca.load("agentbox-broker-bench")
+    authority = certauthority.load("agentbox-broker-bench")
     assert authority is not None
-    brokering = Brokering(leaves={HOST: ca.server_context(authority.leaf(HOST))},
+    brokering = Brokering(leaves={HOST: certauthority.server_context(authority.leaf(HOST))},
                           secrets=(Secret("claude", PLACEHOLDER, frozenset({HOST}), lambda: REAL),),
                           held=lambda: held,
                           upstream_context=ssl.create_default_context(cafile=str(folder / "upstream-ca.pem")),
@@ -194,7 +194,7 @@ def main() -> None:
     context = multiprocessing.get_context("fork")
     with tempfile.TemporaryDirectory() as scratch:
         os.environ["AGENTBOX_STATE_DIR"] = str(Path(scratch) / "state")
-        authority = ca.ensure("agentbox-broker-bench", [HOST])
+        authority = certauthority.ensure("agentbox-broker-bench", [HOST])
         folder = Path(scratch) / "upstream"
         stop = context.Event()
         upstream_end, upstream_ready = context.Pipe()
@@ -217,8 +217,8 @@ def main() -> None:
         print(f"{name:<46} {value:>10} {added:>9} {ok:>7}")
 
 
-def measure(args: argparse.Namespace, authority: ca.BrokerCA, folder: Path, address: tuple[str, int], port: int,
-            size: int, proxy: Any) -> list[tuple[str, str, str, str]]:
+def measure(args: argparse.Namespace, authority: certauthority.BrokerCA, folder: Path, address: tuple[str, int],
+            port: int, size: int, proxy: Any) -> list[tuple[str, str, str, str]]:
     tunnel = f"127.0.0.1:{address[1]}"
     guest = ssl.create_default_context(cafile=str(authority.cert))  # what the VM trusts
     guest.load_verify_locations(cafile=str(folder / "upstream-ca.pem"))  # the fake's CA stands for the public roots

@@ -80,13 +80,13 @@ def main() -> int:
 
             def quiet() -> None:
                 """Every keeper ended (they poll the host): what follows counts only its own ssh calls."""
-                from agentbox.session import remotekeeper
+                from agentbox.tasks import keeper
 
                 os.environ["AGENTBOX_STATE_DIR"] = env["AGENTBOX_STATE_DIR"]
                 deadline = time.monotonic() + 60
                 tasks_dir = root / "state" / "tasks"
                 while time.monotonic() < deadline and tasks_dir.exists() and any(
-                        remotekeeper.running(int(p.name)) for p in tasks_dir.iterdir() if p.name.isdigit()):
+                        keeper.running(int(p.name)) for p in tasks_dir.iterdir() if p.name.isdigit()):
                     time.sleep(0.2)
 
             def submit(label: str, prompt: str) -> tuple[float, dict[str, int], int, int]:

@@ -1,5 +1,5 @@
 #!/bin/bash
-# agentbox-managed: checks a freshly provisioned base VM before it is sealed (agentbox.vm.base).
+# agentbox-managed: checks a freshly provisioned base VM before it is sealed (agentbox.vm.golden).
 # Runs as the VM's user. Arguments: `agent:BINARY` for each agent the base should hold, `file:PATH`
 # (~ for the home) for each login file that must not be there. Prints `tool NAME: VERSION`,
 # `agent NAME: VERSION` and one `FAIL: ...` line per problem; exits 1 when there is one.

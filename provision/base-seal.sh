@@ -1,5 +1,5 @@
 #!/bin/bash
-# agentbox-managed: seals the base VM before it is stopped and cloned (agentbox.vm.base). Runs as root;
+# agentbox-managed: seals the base VM before it is stopped and cloned (agentbox.vm.golden). Runs as root;
 # argument: the VM user's home. Every clone then makes its own SSH host keys and machine-id at its
 # first boot, and carries no package caches or shell history of the build.
 set -euo pipefail

@@ -3,7 +3,7 @@
 # `limactl shell` call, as `bash -c TEXT agentbox-doctor GUEST_PATH...`: doctor writes nothing, so it
 # works for a VM whose staging folder is stale, and nothing here changes the VM.
 # Each GUEST_PATH is a credential file relative to the guest home. Each output line is
-# "agentbox-doctor KIND VALUE [NAME]" (agentbox/doctor.py parse_probe reads them):
+# "agentbox-doctor KIND VALUE [NAME]" (agentbox/cli/diagnosis.py parse_probe reads them):
 #   cred yes|no PATH                  PATH exists in the guest home
 #   wrapper guard|foreign|none NAME   ~/.local/bin/NAME (git, gh) is launch.sh's guard, someone else's, or absent
 #   firewall yes|no yes|no            nft is installed; launch.sh's firewall (network.*) is in place this boot

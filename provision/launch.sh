@@ -4,7 +4,7 @@
 # (or, with --creds-outbox, runs it as a child and hands changed login files back when it exits).
 #   launch.sh [OPTION VALUE | --timing]... [-- PROGRAM ARGS...]
 # The options, what each means and the staging folder's files this script reads are listed once,
-# on the host side: agentbox/contract.py (LAUNCH_OPTIONS; tests check this parser against it).
+# on the host side: agentbox/staginglayout.py (LAUNCH_OPTIONS; tests check this parser against it).
 # An option this script does not know is an error (exit 2), never the program to run.
 # The steps themselves live in its parts, launch/*.sh, sourced below from this script's own folder.
 # shellcheck source-path=SCRIPTDIR # the parts below, as staged beside this script

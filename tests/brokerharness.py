@@ -18,9 +18,9 @@ from typing import Any
 import pytest
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.credentials import broker_gh
+from agentbox.credentials.broker import ghcli
 from agentbox.credentials.filelogin import routes_of
-from agentbox.net import ca
+from agentbox.net import certauthority
 from agentbox.net import proxy as netproxy
 from agentbox.net.broker import Brokering, Exchange, Reply, Secret, place
 from tests.fake_upstream import FakeUpstream, Response
@@ -73,12 +73,12 @@ def shared_folder() -> Path:
     return _SHARED[0]
 
 
-def authority() -> ca.BrokerCA:
+def authority() -> certauthority.BrokerCA:
     folder = shared_folder()
     before = os.environ.get("AGENTBOX_STATE_DIR")
     os.environ["AGENTBOX_STATE_DIR"] = str(folder / "state")
     try:
-        return ca.ensure("agentbox-broker-test", CREDENTIAL_HOSTS)
+        return certauthority.ensure("agentbox-broker-test", CREDENTIAL_HOSTS)
     finally:
         if before is None:
             del os.environ["AGENTBOX_STATE_DIR"]
@@ -87,7 +87,7 @@ def authority() -> ca.BrokerCA:
 
 
 class Harness:
-    def __init__(self, upstream: FakeUpstream, proxy: netproxy.RunningProxy, authority: ca.BrokerCA,
+    def __init__(self, upstream: FakeUpstream, proxy: netproxy.RunningProxy, authority: certauthority.BrokerCA,
                  log: Path, tokens: dict[str, str | None], exchanges: list[Exchange], brokering: Brokering) -> None:
         self.brokering = brokering  # what the proxy was started with (a test may start it again with a change)
         self.upstream = upstream
@@ -155,9 +155,9 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness
 
     with FakeUpstream(shared_folder() / "upstream", [*CREDENTIAL_HOSTS, OTHER]) as upstream:
         brokering = Brokering(
-            leaves={host: ca.server_context(made.leaf(host)) for host in CREDENTIAL_HOSTS},
+            leaves={host: certauthority.server_context(made.leaf(host)) for host in CREDENTIAL_HOSTS},
             secrets=(Secret("claude", CLAUDE_PH, frozenset({CLAUDE}), lambda: tokens["claude"], CLAUDE_PLACES),
-                     Secret("gh", GH_PH, broker_gh.HOSTS, lambda: tokens["gh"], broker_gh.PLACES),
+                     Secret("gh", GH_PH, ghcli.HOSTS, lambda: tokens["gh"], ghcli.PLACES),
                      record_secret("gemini", GEMINI_PH, GEMINI_REAL), record_secret("codex", CODEX_PH, CODEX_REAL),
                      Secret("claude", CLAUDE_KEY_PH, frozenset({CLAUDE}), lambda: CLAUDE_KEY, (place("x-api-key"),)),
                      Secret("gemini", GEMINI_KEY_PH, frozenset({GEMINI_API}), lambda: GEMINI_KEY,

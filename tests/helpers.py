@@ -83,7 +83,7 @@ def write_trusted(project: Path, text: str) -> Path:
 
 def run_cli(*args: str, cwd: Path | None = None, input: str | None = None, **kwargs: Any) -> Result:
     """Run the real CLI in-process; errors surface as exit codes and stderr, as for users."""
-    from agentbox.cli import cli
+    from agentbox.cli.main import cli
 
     runner = CliRunner()
     argv = (["-C", str(cwd)] if cwd else []) + list(args)

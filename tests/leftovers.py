@@ -3,7 +3,7 @@
 At configure time the run's controller (the xdist controller, or the only process without xdist) puts a mark of
 its own in the environment, `AGENTBOX_TEST_RUN`, which its workers and every process they start inherit. When the
 whole run ends (in the controller, after every worker finished), it looks through /proc for processes carrying
-that mark whose command line runs the VM's proxy (`agentbox.credentials.brokerd`, `agentbox.net.guard`), gives
+that mark whose command line runs the VM's proxy (`agentbox.credentials.broker.process`, `agentbox.net.guard`), gives
 them GRACE_SEC to end (a proxy ends when its state folder goes, a broker when its VM is gone: both take a moment),
 then kills those still there and fails the run, naming each. Processes of other runs (other marks) are left alone.
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 RUN_MARK = "AGENTBOX_TEST_RUN"
-PROGRAMS = (b"agentbox.credentials.brokerd", b"agentbox.net.guard")
+PROGRAMS = (b"agentbox.credentials.broker.process", b"agentbox.net.guard")
 GRACE_SEC = float(os.environ.get("AGENTBOX_TEST_LEFTOVER_GRACE", "10"))
 _REPORT = pytest.StashKey[list[str]]()
 

@@ -27,8 +27,8 @@ PROVISION = ROOT / "provision"
 # String constants outside agentbox/agents/ that name an agent's fact and are no per-agent table, each with why.
 ALLOWED: dict[tuple[str, str], str] = {
     ("agentbox/net/policy.py", "github.com"): "the `github` network preset, not Copilot's endpoints",
-    ("agentbox/credentials/broker_gh.py", "github.com"): "the GitHub CLI's login (not an agent's record)",
-    ("agentbox/credentials/broker_gh.py", "api.github.com"): "the GitHub CLI's login (not an agent's record)",
+    ("agentbox/credentials/broker/ghcli.py", "github.com"): "the GitHub CLI's login (not an agent's record)",
+    ("agentbox/credentials/broker/ghcli.py", "api.github.com"): "the GitHub CLI's login (not an agent's record)",
     ("agentbox/net/github.py", "github.com"): "GitHub's own read-only and push rules, not an agent's",
     ("agentbox/net/github.py", "api.github.com"): "GitHub's own API write rules, not an agent's",
 }

@@ -1,4 +1,4 @@
-"""The base VM (agentbox.vm.base): built once, cloned per project with edit flags, through the CLI against
+"""The base VM (agentbox.vm.golden): built once, cloned per project with edit flags, through the CLI against
 the limactl double. The suite runs with AGENTBOX_VM_BASE=off (conftest); these tests turn it back on."""
 
 from __future__ import annotations
@@ -120,13 +120,13 @@ def test_the_clone_carries_exactly_this_projects_render(project: Path, isolated_
 def test_a_provisioning_change_is_noted_and_recreate_clones_a_new_base(
     project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
 ) -> None:
-    from agentbox.vm import base
+    from agentbox.vm import golden
 
     start(project)
     (old,) = bases(limactl)
     assert "older base" not in start(project)
-    real = base._files_digest
-    monkeypatch.setattr(base, "_files_digest", lambda *folders: "changed-" + real(*folders))
+    real = golden._files_digest
+    monkeypatch.setattr(golden, "_files_digest", lambda *folders: "changed-" + real(*folders))
     limactl.clear()
     said = start(project)
     assert "cloned from an older base VM (provisioning scripts changed since)" in said
@@ -140,7 +140,7 @@ def test_a_provisioning_change_is_noted_and_recreate_clones_a_new_base(
     (clone,) = calls_named(limactl, "clone")
     assert new[0] in clone
     state = json.loads((isolated_env["state"] / "vms" / NAME / "state.json").read_text())
-    assert base.instance_name(state["base"]["key"]) == new[0]
+    assert golden.instance_name(state["base"]["key"]) == new[0]
     assert "older base" not in start(project)
 
 
@@ -326,7 +326,7 @@ def test_an_old_base_is_rebuilt_before_the_next_clone(
 def test_a_rebuilt_base_is_noted_once_naming_what_catches_up(
     project: Path, other: Path, home: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch, isolated_env: dict
 ) -> None:
-    from agentbox.vm import base
+    from agentbox.vm import golden
 
     start(project)
     (name,) = bases(limactl)
@@ -357,8 +357,8 @@ def test_a_rebuilt_base_is_noted_once_naming_what_catches_up(
     assert "older base" not in start(project)
 
     # Provisioning changed: only a new clone has it.
-    real = base._files_digest
-    monkeypatch.setattr(base, "_files_digest", lambda *folders: "changed-" + real(*folders))
+    real = golden._files_digest
+    monkeypatch.setattr(golden, "_files_digest", lambda *folders: "changed-" + real(*folders))
     said = start(project)
     assert "(provisioning scripts, agent install commands changed since); `agentbox start --recreate`" in said
     assert "update-agents" not in said
@@ -377,12 +377,12 @@ def test_a_smaller_disk_uses_the_bases(project: Path, limactl: FakeLima) -> None
 def test_prune_keeps_the_current_base_and_bases_in_use(
     project: Path, other: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from agentbox.vm import base
+    from agentbox.vm import golden
 
     start(project)
     (old,) = bases(limactl)
-    real = base._files_digest
-    monkeypatch.setattr(base, "_files_digest", lambda *folders: "changed-" + real(*folders))
+    real = golden._files_digest
+    monkeypatch.setattr(golden, "_files_digest", lambda *folders: "changed-" + real(*folders))
     start(other)
     (new,) = [name for name in bases(limactl) if name != old]
     result = run_cli("base", "prune", cwd=project)

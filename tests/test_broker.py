@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.credentials import broker_gh
-from agentbox.net import ca
+from agentbox.credentials.broker import ghcli
+from agentbox.net import certauthority
 from agentbox.net import proxy as netproxy
 from agentbox.net.broker import Brokering, Secret
 from tests.brokerharness import (
@@ -235,7 +235,7 @@ def test_a_host_login_that_cannot_be_read_answers_503_and_sends_nothing(broker: 
         raise ValueError("~/.claude/.credentials.json is not JSON")
 
     broker.proxy.set_broker(Brokering(
-        leaves={CLAUDE: ca.server_context(broker.ca.leaf(CLAUDE))},
+        leaves={CLAUDE: certauthority.server_context(broker.ca.leaf(CLAUDE))},
         secrets=(Secret("claude", CLAUDE_PH, frozenset({CLAUDE}), unreadable),),
         upstream_context=broker.upstream.client_context(), upstream_address=lambda host, port: broker.upstream.address))
     status, body = broker.request(CLAUDE, "GET", "/api/oauth/profile", {"Authorization": f"Bearer {CLAUDE_PH}"})
@@ -244,7 +244,7 @@ def test_a_host_login_that_cannot_be_read_answers_503_and_sends_nothing(broker: 
 
 
 def test_a_broker_that_could_not_be_made_answers_503_with_the_reason(broker: Harness) -> None:
-    broker.proxy.set_broker(Brokering(leaves={CLAUDE: ca.server_context(broker.ca.leaf(CLAUDE))},
+    broker.proxy.set_broker(Brokering(leaves={CLAUDE: certauthority.server_context(broker.ca.leaf(CLAUDE))},
                                       down="~/.codex/auth.json: its tokens.id_token is not a JWT"))
     status, body = broker.request(CLAUDE, "GET", "/v1/models", {"x-api-key": CLAUDE_PH})
     answer = json.loads(body)
@@ -265,11 +265,11 @@ def test_the_host_header_and_the_sni_name_must_be_the_connected_host(broker: Har
 
 def test_an_upstream_with_another_hosts_certificate_gets_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGENTBOX_STATE_DIR", str(tmp_path / "state"))
-    authority = ca.ensure("agentbox-impostor", [GITHUB_API])
+    authority = certauthority.ensure("agentbox-impostor", [GITHUB_API])
     with FakeUpstream(tmp_path / "up", [GITHUB_API], impostor={GITHUB_API: "evil.example.com"}) as upstream:
-        brokering = Brokering(leaves={GITHUB_API: ca.server_context(authority.leaf(GITHUB_API))},
+        brokering = Brokering(leaves={GITHUB_API: certauthority.server_context(authority.leaf(GITHUB_API))},
                               secrets=(Secret("gh", GH_PH, frozenset({GITHUB_API}), lambda: GH_REAL,
-                                              broker_gh.PLACES),),
+                                              ghcli.PLACES),),
                               upstream_context=upstream.client_context(),
                               upstream_address=lambda host, port: upstream.address)
         with netproxy.start(netproxy.Policy(allow=[GITHUB_API]), tmp_path / "log.jsonl", broker=brokering) as proxy:

@@ -1,4 +1,4 @@
-"""The credential broker's per-VM CA (agentbox/net/ca.py): trusted for its credential hosts and nothing else,
+"""The credential broker's per-VM CA (agentbox/net/certauthority.py): trusted for its credential hosts and nothing else,
 its key private and never on a command line, one per VM, re-made when the hosts change."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 
 from agentbox import paths
 from agentbox.errors import AgentboxError
-from agentbox.net import ca
+from agentbox.net import certauthority
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,7 +82,7 @@ def _leaf_extensions(san: str) -> str:
     return f"subjectAltName = {san}\nbasicConstraints = critical, CA:FALSE\nextendedKeyUsage = serverAuth\n"
 
 
-def _sign_with_the_ca(authority: ca.BrokerCA, tmp_path: Path, san: str) -> tuple[Path, Path]:
+def _sign_with_the_ca(authority: certauthority.BrokerCA, tmp_path: Path, san: str) -> tuple[Path, Path]:
     """A leaf for `san` ("DNS:x" or "IP:x") signed by the CA's own key, made here by hand with openssl."""
     return _sign(authority.cert, authority.key, tmp_path, san, _leaf_extensions(san))
 
@@ -113,7 +113,7 @@ def _context(cert: Path, key: Path) -> ssl.SSLContext:
     return context
 
 
-def _verify(authority: ca.BrokerCA, cert: Path, *options: str) -> subprocess.CompletedProcess[str]:
+def _verify(authority: certauthority.BrokerCA, cert: Path, *options: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["openssl", "verify", *options, "-CAfile", str(authority.cert), str(cert)],
                           capture_output=True, text=True)
 
@@ -144,18 +144,18 @@ def _calls(log: Path) -> list[dict[str, object]]:
 
 
 def test_a_client_trusting_only_the_ca_completes_a_handshake_with_each_leaf() -> None:
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     assert authority.hosts == ("api.github.com", "github.com")
     for host in HOSTS:
-        peer = _handshake(authority.cert, ca.server_context(authority.leaf(host)), host)
+        peer = _handshake(authority.cert, certauthority.server_context(authority.leaf(host)), host)
         assert peer["subjectAltName"] == (("DNS", host),)
     # The leaf is for its host alone: the client refuses github.com's leaf when it asked for api.github.com.
     with pytest.raises(ssl.SSLCertVerificationError, match="Hostname mismatch"):
-        _handshake(authority.cert, ca.server_context(authority.leaf("github.com")), "api.github.com")
+        _handshake(authority.cert, certauthority.server_context(authority.leaf("github.com")), "api.github.com")
 
 
 def test_a_leaf_outside_the_name_constraints_is_rejected_even_when_the_ca_signed_it(tmp_path: Path) -> None:
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     # Control: a leaf made the same way by hand for a permitted host passes both verifiers.
     cert, key = _sign_with_the_ca(authority, tmp_path, "DNS:github.com")
     assert _verify(authority, cert).returncode == 0
@@ -177,7 +177,7 @@ def test_a_leaf_outside_the_name_constraints_is_rejected_even_when_the_ca_signed
 
 @pytest.mark.parametrize("address", ["::1", "2001:db8::1"])
 def test_a_leaf_for_an_ipv6_literal_is_rejected_even_when_the_ca_signed_it(tmp_path: Path, address: str) -> None:
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     # Excluding IPv4 alone would leave every IPv6 address unconstrained (no IP subtree is permitted or excluded).
     cert, key = _sign_with_the_ca(authority, tmp_path, f"IP:{address}")
     checked = _verify(authority, cert)
@@ -188,13 +188,13 @@ def test_a_leaf_for_an_ipv6_literal_is_rejected_even_when_the_ca_signed_it(tmp_p
 
 
 def test_the_ca_says_critically_that_it_is_a_ca_limited_to_its_names_that_signs_no_other_ca() -> None:
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     # A strict verifier (RFC 5280's rules; Python 3.13's default context) refuses a CA whose basic constraints are
     # not marked critical: the CA's own leaves pass it.
     leaf = authority.leaf("github.com")
     checked = _verify(authority, leaf.cert, "-x509_strict")
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    peer = _handshake(authority.cert, ca.server_context(leaf), "github.com", strict=True)
+    peer = _handshake(authority.cert, certauthority.server_context(leaf), "github.com", strict=True)
     assert peer["subjectAltName"] == (("DNS", "github.com"),)
     extensions = _extensions(authority.cert)
     # Each limit is critical, so a verifier that does not know it must refuse the CA rather than ignore the limit.
@@ -206,7 +206,7 @@ def test_the_ca_says_critically_that_it_is_a_ca_limited_to_its_names_that_signs_
 
 
 def test_a_ca_the_ca_signed_cannot_vouch_for_anything(tmp_path: Path) -> None:
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     middle, middle_key = _sign(authority.cert, authority.key, tmp_path, "middle",
                                "basicConstraints = critical, CA:TRUE\nkeyUsage = critical, keyCertSign\n")
     cert, key = _sign(middle, middle_key, tmp_path, "leaf", _leaf_extensions("DNS:github.com"))
@@ -225,7 +225,7 @@ def test_a_ca_the_ca_signed_cannot_vouch_for_anything(tmp_path: Path) -> None:
 
 
 def test_the_keys_are_private_and_the_certificates_readable() -> None:
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     assert authority.folder == paths.vm_state_dir("vm-one") / "broker-ca"
 
     def mode(path: Path) -> int:
@@ -242,7 +242,7 @@ def test_the_keys_are_private_and_the_certificates_readable() -> None:
 
 
 def test_no_key_is_ever_on_a_command_line_or_in_the_environment(argv_log: Path) -> None:
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     calls = _calls(argv_log)
     # Control: every openssl run went through the stand-in (a key and a certificate for the CA, then a key,
     # a request and a certificate per leaf).
@@ -257,33 +257,33 @@ def test_no_key_is_ever_on_a_command_line_or_in_the_environment(argv_log: Path) 
 
 
 def test_two_vms_get_different_cas() -> None:
-    first, second = ca.ensure("vm-one", HOSTS), ca.ensure("vm-two", HOSTS)
+    first, second = certauthority.ensure("vm-one", HOSTS), certauthority.ensure("vm-two", HOSTS)
     assert first.fingerprint != second.fingerprint
     assert first.key.read_bytes() != second.key.read_bytes()
     assert first.leaf("github.com").key.read_bytes() != second.leaf("github.com").key.read_bytes()
     # Each VM's client refuses the other VM's leaf.
     with pytest.raises(ssl.SSLCertVerificationError):
-        _handshake(first.cert, ca.server_context(second.leaf("github.com")), "github.com")
+        _handshake(first.cert, certauthority.server_context(second.leaf("github.com")), "github.com")
     fingerprint = subprocess.run(["openssl", "x509", "-noout", "-fingerprint", "-sha256", "-in", str(first.cert)],
                                  capture_output=True, text=True, check=True).stdout
     assert fingerprint.strip().split("=", 1)[1] == first.fingerprint.removeprefix("SHA256:")
-    ca.remove("vm-one")  # the VM is deleted: its CA and key are gone, the other VM's stay
-    assert not first.folder.exists() and ca.load("vm-one") is None and ca.load("vm-two") == second
+    certauthority.remove("vm-one")  # the VM is deleted: its CA and key are gone, the other VM's stay
+    assert not first.folder.exists() and certauthority.load("vm-one") is None and certauthority.load("vm-two") == second
 
 
 def test_the_same_hosts_keep_the_ca_without_running_openssl_and_new_hosts_remake_it(argv_log: Path) -> None:
-    first = ca.ensure("vm-one", HOSTS)
+    first = certauthority.ensure("vm-one", HOSTS)
     first_key = first.key.read_bytes()
     made = len(_calls(argv_log))
-    again = ca.ensure("vm-one", ["GitHub.com.", "api.github.com", "github.com"])  # the same set, written otherwise
+    again = certauthority.ensure("vm-one", ["GitHub.com.", "api.github.com", "github.com"])  # the same set, written otherwise
     assert again == first and len(_calls(argv_log)) == made
 
-    changed = ca.ensure("vm-one", ["api.anthropic.com", "github.com"])
+    changed = certauthority.ensure("vm-one", ["api.anthropic.com", "github.com"])
     assert len(_calls(argv_log)) > made
     assert changed.fingerprint != first.fingerprint and changed.key.read_bytes() != first_key
     assert sorted(p.name for p in (changed.folder / "leaves").iterdir()) == [
         "api.anthropic.com.key", "api.anthropic.com.pem", "github.com.key", "github.com.pem"]
-    assert ca.load("vm-one") == changed
+    assert certauthority.load("vm-one") == changed
     # The new CA may no longer vouch for the host that left the set.
     text = subprocess.run(["openssl", "x509", "-noout", "-text", "-in", str(changed.cert)], capture_output=True,
                           text=True, check=True).stdout
@@ -291,38 +291,38 @@ def test_the_same_hosts_keep_the_ca_without_running_openssl_and_new_hosts_remake
 
 
 def test_a_ca_near_its_end_or_not_whole_is_made_again() -> None:
-    first = ca.ensure("vm-one", HOSTS)
+    first = certauthority.ensure("vm-one", HOSTS)
     record = json.loads((first.folder / "ca.json").read_text())
     record["expires"] = record["made"] + 86400
     (first.folder / "ca.json").write_text(json.dumps(record))
-    renewed = ca.ensure("vm-one", HOSTS)
+    renewed = certauthority.ensure("vm-one", HOSTS)
     assert renewed.fingerprint != first.fingerprint
     renewed.leaf("github.com").key.unlink()
-    assert ca.load("vm-one") is None
-    assert ca.ensure("vm-one", HOSTS).fingerprint not in (first.fingerprint, renewed.fingerprint)
+    assert certauthority.load("vm-one") is None
+    assert certauthority.ensure("vm-one", HOSTS).fingerprint not in (first.fingerprint, renewed.fingerprint)
 
 
 def test_openssl_failing_names_its_message_and_keeps_the_old_ca(argv_log: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    first = ca.ensure("vm-one", HOSTS)
+    first = certauthority.ensure("vm-one", HOSTS)
     monkeypatch.setenv("FAKE_OPENSSL_FAIL", "x509")
     with pytest.raises(AgentboxError) as error:
-        ca.ensure("vm-one", ["api.anthropic.com"])
+        certauthority.ensure("vm-one", ["api.anthropic.com"])
     assert error.value.message == (
         "openssl failed making the certificate for api.anthropic.com for VM vm-one's broker CA (`openssl x509`,"
         " exit 1):\n  unable to load CA private key")
-    assert ca.load("vm-one") == first
+    assert certauthority.load("vm-one") == first
     assert [p.name for p in paths.vm_state_dir("vm-one").iterdir() if p.name.startswith(".broker-ca.new")] == []
 
 
 def test_openssl_missing_says_what_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(AgentboxError) as error:
-        ca.ensure("vm-one", HOSTS)
+        certauthority.ensure("vm-one", HOSTS)
     assert error.value.message == ("agentbox needs openssl to make the credential broker's certificate authority for"
                                    " VM vm-one, and finds none on PATH")
     assert error.value.hint is not None and "apt-get install openssl" in error.value.hint
-    assert not ca.folder("vm-one").exists()
+    assert not certauthority.folder("vm-one").exists()
 
 
 @pytest.mark.parametrize(("hosts", "problem"), [
@@ -332,5 +332,5 @@ def test_openssl_missing_says_what_to_install(tmp_path: Path, monkeypatch: pytes
 ])
 def test_a_host_set_that_would_not_constrain_is_refused(hosts: list[str], problem: str) -> None:
     with pytest.raises(AgentboxError, match=problem):
-        ca.ensure("vm-one", hosts)
-    assert ca.ensure("vm-one", ["github.com"]).hosts == ("github.com",)  # control
+        certauthority.ensure("vm-one", hosts)
+    assert certauthority.ensure("vm-one", ["github.com"]).hosts == ("github.com",)  # control

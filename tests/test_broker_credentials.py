@@ -1,4 +1,4 @@
-"""The broker's credentials side (agentbox.credentials.brokered): what the VM gets instead of the host's logins
+"""The broker's credentials side (agentbox.credentials.broker.brokered): what the VM gets instead of the host's logins
 (placeholders only), and the token endpoints that refresh on the host against a fake upstream."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 
 from agentbox import paths
 from agentbox.config.load import Config, load
-from agentbox.credentials import brokered, loginwindow, stage
+from agentbox.credentials import loginwindow, stage
+from agentbox.credentials.broker import brokered
 from agentbox.credentials.placeholders import Placeholders, is_placeholder
 from agentbox.credentials.tokens import Upstream
 from agentbox.errors import StateError

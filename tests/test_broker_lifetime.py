@@ -64,12 +64,12 @@ def test_a_vm_stopped_or_deleted_outside_agentbox_takes_its_broker_with_it(proje
 
 
 def test_while_a_session_holds_it_the_broker_stays_and_asks_nothing(project: Path, vm: FakeLima) -> None:
-    from agentbox.session import broker
+    from agentbox.session import brokersetup
 
     running = brokered_proxy(project)
     from agentbox.config import load
 
-    lease = broker.begin_proxy(load.load(project), NAME, {})  # what a session holds while it runs
+    lease = brokersetup.begin_proxy(load.load(project), NAME, {})  # what a session holds while it runs
     assert lease is not None
     try:
         vm.clear()

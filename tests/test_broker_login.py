@@ -19,7 +19,8 @@ import pytest
 
 from agentbox import paths
 from agentbox.config.load import Config, load
-from agentbox.credentials import brokered, loginwindow
+from agentbox.credentials import loginwindow
+from agentbox.credentials.broker import brokered
 from agentbox.credentials.placeholders import is_placeholder
 from agentbox.credentials.tokens import Upstream
 from agentbox.net.broker import Exchange, Reply

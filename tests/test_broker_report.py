@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract, paths
-from agentbox.net import ca
+from agentbox import paths, staginglayout
+from agentbox.net import certauthority
 from agentbox.net import guard as netguard
 from tests.fake_upstream import FakeUpstream
 from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, run_cli, staged_logins, write
@@ -69,7 +69,7 @@ def host_logins(home: Path) -> None:
 
 def _staged_context() -> dict[str, object]:
     """The context file the last launch staged for the VM (launch.sh installs it as /run/agentbox/context.json)."""
-    document = json.loads((paths.staging_dir(NAME) / contract.CONTEXT_FILE).read_text())
+    document = json.loads((paths.staging_dir(NAME) / staginglayout.CONTEXT_FILE).read_text())
     assert isinstance(document, dict)
     return document
 
@@ -85,7 +85,7 @@ def test_status_net_status_describe_doctor_and_the_context_file_say_who_is_broke
     write(paths.global_config_file(), AIDER + "  codex:\n    model: gpt-5\n")
     launched = agentbox(project, "shell", "--", "true")
     assert launched.returncode == 0, launched.stderr
-    authority = ca.load(NAME)
+    authority = certauthority.load(NAME)
     assert authority is not None and authority.fingerprint.startswith("SHA256:")
     brokered = ["codex", "claude", "gemini", "gh"]
     staged = ["kiro", "opencode", "copilot", "aider"]
@@ -155,7 +155,7 @@ def test_without_the_broker_everything_is_reported_staged(project: Path, vm: Fak
     assert {check["check"]: check["message"] for check in doctor}["credentials.claude"] == (
         "claude: logged in on the host, staged, in the VM")
     assert _staged_context()["credentials"]["broker"]["enabled"] is False  # type: ignore[index]
-    assert ca.load(NAME) is None
+    assert certauthority.load(NAME) is None
 
 
 def test_describe_reads_no_host_login_and_reports_notes_only_after_a_launch(

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from agentbox import contract, paths
-from agentbox.net import ca
+from agentbox import paths, staginglayout
+from agentbox.net import certauthority
 from agentbox.session import staging
 from tests.helpers import NAME, FakeLima, needs, staged_logins, write_trusted
 
@@ -67,23 +67,23 @@ def test_the_ca_lands_in_the_trust_store_and_the_agent_gets_the_variables(projec
     staged_logins(home)
     plain, seen = launch(project, "claude")  # the control: no broker, no CA, nothing installed, no variable
     assert plain.returncode == 0, plain.stderr
-    installed = guest_path(brokered, contract.GUEST_BROKER_CA)
-    assert not installed.exists() and not (paths.staging_dir(NAME) / contract.BROKER).exists()
+    installed = guest_path(brokered, staginglayout.GUEST_BROKER_CA)
+    assert not installed.exists() and not (paths.staging_dir(NAME) / staginglayout.BROKER).exists()
     assert not set(VARIABLES) & set(seen["env"])
 
     broker_on(home)
     result, seen = launch(project, "claude")
     assert result.returncode == 0, result.stderr
-    authority = ca.load(NAME)
+    authority = certauthority.load(NAME)
     assert authority is not None
     pem = authority.cert_pem()
     assert installed.read_text() == pem and installed.stat().st_mode & 0o777 == 0o644
-    assert pem in guest_path(brokered, contract.GUEST_CA_BUNDLE).read_text()
-    assert os.readlink(guest_path(brokered, "/etc/ssl/certs/agentbox-broker.pem")) == contract.GUEST_BROKER_CA
-    assert {name: seen["env"].get(name) for name in VARIABLES} == dict.fromkeys(VARIABLES, contract.GUEST_CA_BUNDLE)
+    assert pem in guest_path(brokered, staginglayout.GUEST_CA_BUNDLE).read_text()
+    assert os.readlink(guest_path(brokered, "/etc/ssl/certs/agentbox-broker.pem")) == staginglayout.GUEST_BROKER_CA
+    assert {name: seen["env"].get(name) for name in VARIABLES} == dict.fromkeys(VARIABLES, staginglayout.GUEST_CA_BUNDLE)
     assert "update-ca-certificates" not in result.stdout + result.stderr and "Updating certificates" not in result.stdout
     # The certificate is staged, the key is not: no file of the staging folder holds any of the CA's private keys.
-    staged = paths.staging_dir(NAME) / contract.BROKER_CA
+    staged = paths.staging_dir(NAME) / staginglayout.BROKER_CA
     assert staged.read_text() == pem and staged.stat().st_mode & 0o777 == 0o600
     keys = [authority.key.read_text(), *(leaf.key.read_text() for leaf in authority.leaves.values())]
     for path in paths.staging_dir(NAME).rglob("*"):
@@ -100,15 +100,15 @@ def test_an_unchanged_ca_costs_the_next_launch_no_sudo(project: Path, brokered: 
     result, seen = launch(project, "claude")
     assert result.returncode == 0, result.stderr
     assert "broker's CA" not in result.stderr and "trust store" not in result.stderr
-    assert seen["env"]["SSL_CERT_FILE"] == contract.GUEST_CA_BUNDLE
+    assert seen["env"]["SSL_CERT_FILE"] == staginglayout.GUEST_CA_BUNDLE
 
     # A new CA (the old one gone: new key, new certificate) must be trusted, and sudo fails: the VM trusts it
     # through the variables, from a bundle in the guest's state folder, and says so.
-    old = guest_path(brokered, contract.GUEST_BROKER_CA).read_text()
-    ca.remove(NAME)
+    old = guest_path(brokered, staginglayout.GUEST_BROKER_CA).read_text()
+    certauthority.remove(NAME)
     result, seen = launch(project, "claude")
     assert result.returncode == 0, result.stderr
-    renewed = ca.load(NAME)
+    renewed = certauthority.load(NAME)
     assert renewed is not None and renewed.cert_pem() != old
     bundle = "/home/lima.guest/.agentbox/broker-ca-bundle.crt"  # the double's guest home, as the VM sees it
     assert {name: seen["env"].get(name) for name in (*VARIABLES, "GIT_SSL_CAINFO")} == dict.fromkeys(
@@ -124,7 +124,7 @@ def test_a_ca_the_guest_cannot_install_stops_the_launch_with_the_reason(project:
     shutil.rmtree(share, ignore_errors=True)
     share.write_text("not a folder\n")
     result, seen = launch(project, "claude")
-    assert result.returncode == contract.BROKER_CA_FAILED and seen == {}, result.stderr
+    assert result.returncode == staginglayout.BROKER_CA_FAILED and seen == {}, result.stderr
     reason = r"could not be installed in the VM's trust store \(\S+\): mkdir: cannot create directory .+: File exists"
     assert re.search(reason, result.stderr), result.stderr
     assert "so the launch stops" in result.stderr and "agentbox start --recreate" in result.stderr
@@ -133,31 +133,31 @@ def test_a_ca_the_guest_cannot_install_stops_the_launch_with_the_reason(project:
     share.mkdir()
     fixed, seen = launch(project, "claude")  # the control: the same launch once the folder is there
     assert fixed.returncode == 0, fixed.stderr
-    assert seen["env"]["NODE_EXTRA_CA_CERTS"] == contract.GUEST_CA_BUNDLE and stamp(brokered).exists()
+    assert seen["env"]["NODE_EXTRA_CA_CERTS"] == staginglayout.GUEST_CA_BUNDLE and stamp(brokered).exists()
 
 
 def test_a_launch_without_the_broker_removes_the_ca_installed(project: Path, brokered: FakeLima, home: Path) -> None:
     assert launch(project, "claude")[0].returncode == 0
-    authority = ca.load(NAME)
+    authority = certauthority.load(NAME)
     assert authority is not None
     pem = authority.cert_pem()
-    bundle = guest_path(brokered, contract.GUEST_CA_BUNDLE)
+    bundle = guest_path(brokered, staginglayout.GUEST_CA_BUNDLE)
     assert pem in bundle.read_text() and stamp(brokered).exists()
     staged_logins(home)
     result, seen = launch(project, "claude")
     assert result.returncode == 0, result.stderr
-    assert not guest_path(brokered, contract.GUEST_BROKER_CA).exists() and not stamp(brokered).exists()
+    assert not guest_path(brokered, staginglayout.GUEST_BROKER_CA).exists() and not stamp(brokered).exists()
     assert pem not in bundle.read_text() and "BEGIN CERTIFICATE" in bundle.read_text()  # the others stay
     assert not os.path.lexists(guest_path(brokered, "/etc/ssl/certs/agentbox-broker.pem"))
     assert not set(VARIABLES) & set(seen["env"])
-    assert not (paths.staging_dir(NAME) / contract.BROKER).exists()
+    assert not (paths.staging_dir(NAME) / staginglayout.BROKER).exists()
 
 
 def test_staging_writes_the_certificate_only_when_it_changed_and_removes_it(tmp_path: Path) -> None:
     needs("openssl")
-    authority = ca.ensure("vm-one", HOSTS)
+    authority = certauthority.ensure("vm-one", HOSTS)
     staging.stage_broker_ca(tmp_path, authority)
-    staged, digest = tmp_path / contract.BROKER_CA, tmp_path / contract.BROKER_CA_DIGEST
+    staged, digest = tmp_path / staginglayout.BROKER_CA, tmp_path / staginglayout.BROKER_CA_DIGEST
     import hashlib
 
     assert digest.read_text() == hashlib.sha256(staged.read_bytes()).hexdigest() + "\n"
@@ -165,7 +165,7 @@ def test_staging_writes_the_certificate_only_when_it_changed_and_removes_it(tmp_
     staging.stage_broker_ca(tmp_path, authority)
     assert staged.stat().st_ino == before  # unchanged: not rewritten
     staging.stage_broker_ca(tmp_path, None)
-    assert not (tmp_path / contract.BROKER).exists()
+    assert not (tmp_path / staginglayout.BROKER).exists()
 
 
 # -- the part on its own ---------------------------------------------------------------------------------------
@@ -173,9 +173,9 @@ def test_staging_writes_the_certificate_only_when_it_changed_and_removes_it(tmp_
 
 def test_the_part_names_the_contract_s_paths_and_exit_code() -> None:
     text = BROKER_SH.read_text()
-    assert f"broker_ca_file={contract.GUEST_BROKER_CA} " in text
-    assert f"broker_ca_bundle={contract.GUEST_CA_BUNDLE} " in text
-    assert f"broker_ca_failed={contract.BROKER_CA_FAILED} " in text
+    assert f"broker_ca_file={staginglayout.GUEST_BROKER_CA} " in text
+    assert f"broker_ca_bundle={staginglayout.GUEST_CA_BUNDLE} " in text
+    assert f"broker_ca_failed={staginglayout.BROKER_CA_FAILED} " in text
 
 
 def test_the_warm_path_runs_no_program(tmp_path: Path) -> None:
@@ -199,7 +199,7 @@ def test_the_warm_path_runs_no_program(tmp_path: Path) -> None:
     bash = shutil.which("bash") or "/bin/bash"
     warm = subprocess.run([bash, "-c", program], capture_output=True, text=True, timeout=30)
     assert warm.returncode == 0, warm.stderr
-    assert warm.stdout == f"{contract.GUEST_CA_BUNDLE}\n" * 3 and warm.stderr == ""
+    assert warm.stdout == f"{staginglayout.GUEST_CA_BUNDLE}\n" * 3 and warm.stderr == ""
     (stage / "broker" / "ca.sha256").write_text("def\n")
     changed = subprocess.run([bash, "-c", program], capture_output=True, text=True, timeout=30)
     assert changed.returncode == 0, changed.stderr

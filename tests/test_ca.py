@@ -224,7 +224,7 @@ def test_add_without_a_terminal_lists_and_asks_for_a_choice(project: Path, keych
 
 
 def test_add_asks_on_a_terminal(project: Path, keychain: dict[str, str], monkeypatch) -> None:
-    from agentbox.commands import ca
+    from agentbox.cli.commands import ca
 
     monkeypatch.setattr(ca, "_interactive", lambda: True)
     result = run_cli("ca", "add", cwd=project, input="7\n2\n")
@@ -238,7 +238,7 @@ def test_add_asks_on_a_terminal(project: Path, keychain: dict[str, str], monkeyp
 
 
 def test_add_cancel_writes_nothing(project: Path, keychain: dict[str, str], monkeypatch) -> None:
-    from agentbox.commands import ca
+    from agentbox.cli.commands import ca
 
     monkeypatch.setattr(ca, "_interactive", lambda: True)
     result = run_cli("ca", "add", cwd=project, input="q\n")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract, paths
+from agentbox import paths, staginglayout
 from agentbox.git import store as hostgit
 from tests.gitrepo import commit_all, init
 from tests.helpers import NAME, FakeLima, run_agentbox, run_cli, write
@@ -74,7 +74,7 @@ def tree_of(repo: Path, commit: str) -> list[str]:
 
 
 def go_folder() -> Path:
-    return paths.staging_dir(NAME) / contract.GO_MARKERS
+    return paths.staging_dir(NAME) / staginglayout.GO_MARKERS
 
 
 AGENT = 'python3 -c "import time; print(repr(time.time()))" > ran-at && echo "${AGENTBOX_CHECKPOINT-unset}" > got'
@@ -149,8 +149,8 @@ def test_launch_sh_runs_no_process_when_the_marker_is_there_and_stops_when_it_ne
     assert there.returncode == 0 and there.stdout == "12" and there.stderr == ""
 
     missing = wait_for_go(stage, "other", os.environ["PATH"])
-    assert missing.returncode == contract.GO_TIMED_OUT
+    assert missing.returncode == staginglayout.GO_TIMED_OUT
     assert "did not record the workspace's start checkpoint within 1s, so the program was not started" \
            in missing.stderr
-    assert f"go_limit={contract.GO_LIMIT} " in PART.read_text()
-    assert f"go_timed_out={contract.GO_TIMED_OUT} " in PART.read_text()
+    assert f"go_limit={staginglayout.GO_LIMIT} " in PART.read_text()
+    assert f"go_timed_out={staginglayout.GO_TIMED_OUT} " in PART.read_text()

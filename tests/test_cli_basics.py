@@ -97,7 +97,7 @@ def test_every_documented_key_is_in_the_example() -> None:
 def test_every_command_is_in_the_readme() -> None:
     import click
 
-    from agentbox.cli import cli
+    from agentbox.cli.main import cli
 
     readme = (Path(__file__).parent.parent / "README.md").read_text()
     names = cli.list_commands(click.Context(cli))

@@ -143,7 +143,7 @@ def test_group_help_lists_the_commands_in_groups(project: Path) -> None:
 
 
 def test_every_command_is_in_a_group_of_the_help() -> None:
-    from agentbox.cli import COMMAND_GROUPS, LAZY_COMMANDS, cli
+    from agentbox.cli.main import COMMAND_GROUPS, LAZY_COMMANDS, cli
 
     grouped = [name for _, rows in COMMAND_GROUPS for name, _ in rows]
     assert sorted(grouped) == sorted({*LAZY_COMMANDS, *cli.commands})  # each once, none left out
@@ -152,9 +152,9 @@ def test_every_command_is_in_a_group_of_the_help() -> None:
 
 
 def test_a_command_without_a_group_is_still_listed(project: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentbox import cli
+    from agentbox.cli import main
 
-    monkeypatch.setitem(cli.LAZY_COMMANDS, "extra", ("agentbox.commands.vm", "ls_command"))
+    monkeypatch.setitem(main.LAZY_COMMANDS, "extra", ("agentbox.cli.commands.vm", "ls_command"))
     sections = listing(run_cli("--help", cwd=project).stdout)
     assert sections["Other commands"] == ["extra"]
 
@@ -343,7 +343,7 @@ def test_unknown_command_is_shown_escaped(project: Path) -> None:
 
 def complete(project: Path, words: str, env: dict[str, str] | None = None) -> list[tuple[str, str]]:
     """What bash would get for `words` (the last word is the one being completed; "" for a new word)."""
-    from agentbox.cli import cli
+    from agentbox.cli.main import cli
 
     parts = words.split(" ")
     result = CliRunner().invoke(
@@ -396,12 +396,12 @@ def test_completion_in_a_real_process(project: Path) -> None:
 def test_group_help_imports_no_yaml_jinja_or_sh(project: Path) -> None:
     code = (
         "import sys\n"
-        "from agentbox.cli import main\n"
+        "from agentbox.cli.main import main\n"
         "sys.argv = ['agentbox', '--help']\n"
         "try:\n    main()\nexcept SystemExit:\n    pass\n"
         "heavy = ('yaml', 'jinja2', 'sh', 'secrets', 'agentbox.config.load', 'agentbox.progress')\n"
         "print(sorted(m for m in sys.modules if m in heavy or m.startswith(('agentbox.session', 'agentbox.vm', "
-        "'agentbox.commands.'))), file=sys.stderr)\n"
+        "'agentbox.cli.commands.'))), file=sys.stderr)\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=project, capture_output=True, text=True, timeout=30)
     assert result.stderr == "[]\n"

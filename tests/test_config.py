@@ -658,7 +658,7 @@ def test_dash_c_targets_another_project(project: Path, tmp_path: Path) -> None:
     assert config_json(project)["vm"]["cpus"] == 3
     from click.testing import CliRunner
 
-    from agentbox.cli import cli
+    from agentbox.cli.main import cli
 
     result = CliRunner().invoke(cli, ["-C", str(project / "nope"), "config"])
     assert result.exit_code == 2

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract, hosttools, paths
+from agentbox import hosttools, paths, staginglayout
 from tests.helpers import NAME, FakeLima, run_agentbox, write
 
 IMPOSTOR = '#!/bin/sh\necho "$0" >> "{marker}"\nexec {real} "$@"\n'
@@ -47,7 +47,7 @@ def test_tools_in_the_workspace_never_run_on_the_host(project: Path, setup: Path
     assert code == 0, stderr
     assert not setup.exists(), setup.read_text()
     assert vm.subcommands()[-1] == "shell"  # the double itself ran the launch
-    assert (paths.staging_dir(NAME) / contract.GIT_IDENTITY).read_text() == "[user]\n\tname = \"Ada\"\n"  # real git answered
+    assert (paths.staging_dir(NAME) / staginglayout.GIT_IDENTITY).read_text() == "[user]\n\tname = \"Ada\"\n"  # real git answered
 
 
 def test_control_the_same_tools_at_an_absolute_entry_outside_are_used(project: Path, setup: Path, tmp_path: Path,

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentbox import contract, paths
+from agentbox import paths, staginglayout
 from agentbox.review import isolation
 from tests.helpers import (
     NAME,
@@ -180,7 +180,7 @@ def test_launch_sh_never_puts_the_copy_on_a_mount(project: Path, limactl: FakeLi
     before = snapshot_tree(project, skip=())
     outbox = isolation.outbox(NAME)
     outbox.mkdir(parents=True, exist_ok=True)
-    script = paths.staging_dir(NAME) / contract.LAUNCH_SCRIPT
+    script = paths.staging_dir(NAME) / staginglayout.LAUNCH_SCRIPT
     result = subprocess.run(
         ["limactl", "shell", "--workdir", str(paths.staging_dir(NAME)), NAME, "--", "/bin/bash", str(script),
          "--workspace", str(project), "--isolated-from", str(project), "--base", git(project, "rev-parse", "HEAD")

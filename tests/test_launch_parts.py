@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract
-from agentbox.sync import stage as agentsync
+from agentbox import staginglayout
+from agentbox.sync import agentsetup as agentsync
 from tests.helpers import write
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
-PARTS = REPO / "provision" / contract.LAUNCH_PARTS
+PARTS = REPO / "provision" / staginglayout.LAUNCH_PARTS
 PART_NAMES = sorted(path.name for path in PARTS.glob("*.sh"))
 BASH = shutil.which("bash") or "/bin/bash"
 
@@ -93,14 +93,14 @@ def test_the_parts_read_the_staging_files_the_host_stages() -> None:
     documents as read in the VM is read (a part that stops reading one, or a new read without its constant, fails)."""
     sync = agentsync.SYNC
     host = {
-        *(f"{contract.LAUNCH_PARTS}/{part}" for part in PART_NAMES), contract.GUARDS,
-        *(f"{contract.GUARDS}/{name}" for name in contract.GUARD_FILES if name not in ("git", "gh")),
-        contract.ENV_FILE, contract.NETWORK_RULES, contract.CREDS_HOME, contract.CREDS_MANIFEST, contract.GIT_IDENTITY,
-        f"{sync}/*", f"{sync}/*/{agentsync.MANIFEST}", f"{sync}/{agentsync.DEFAULTS}", contract.OPEN_URL,
+        *(f"{staginglayout.LAUNCH_PARTS}/{part}" for part in PART_NAMES), staginglayout.GUARDS,
+        *(f"{staginglayout.GUARDS}/{name}" for name in staginglayout.GUARD_FILES if name not in ("git", "gh")),
+        staginglayout.ENV_FILE, staginglayout.NETWORK_RULES, staginglayout.CREDS_HOME, staginglayout.CREDS_MANIFEST, staginglayout.GIT_IDENTITY,
+        f"{sync}/*", f"{sync}/*/{agentsync.MANIFEST}", f"{sync}/{agentsync.DEFAULTS}", staginglayout.OPEN_URL,
         f"{sync}/{agentsync.MEMORY}/{agentsync.HOME}",
-        contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
-        contract.MEMORY_SCRIPT, contract.TASK_RUNNER, contract.SESSION_SCRIPT, contract.TMUX_CONF,
-        contract.ATTENTION_SCRIPT, contract.CLAUDE_HOOKS, contract.BROKER_CA, contract.BROKER_CA_DIGEST, contract.GO_MARKERS,
+        staginglayout.CONTEXT_FILE, staginglayout.MEMORY_BLOCK, staginglayout.CONTEXT_TOOLS, staginglayout.CONTEXT_DIGESTS,
+        staginglayout.MEMORY_SCRIPT, staginglayout.TASK_RUNNER, staginglayout.SESSION_SCRIPT, staginglayout.TMUX_CONF,
+        staginglayout.ATTENTION_SCRIPT, staginglayout.CLAUDE_HOOKS, staginglayout.BROKER_CA, staginglayout.BROKER_CA_DIGEST, staginglayout.GO_MARKERS,
     }
     assert staging_reads() == host
 
@@ -158,19 +158,19 @@ def test_common_leaves_local_bin_out_of_agentboxs_own_git(guest: Guest) -> None:
 
 def test_vm_exports_each_env_record_intact(guest: Guest) -> None:
     """(wait_for_boot's give-up: tests/test_staging.py::test_launch_sh_accepts_every_option_the_host_sends.)"""
-    write(guest.staging / contract.ENV_FILE, "ONE=a=b\0TWO=line\nnext\0")
+    write(guest.staging / staginglayout.ENV_FILE, "ONE=a=b\0TWO=line\nnext\0")
     result = guest.run("vm.sh", 'load_env; printf "%s|%s" "$ONE" "$TWO"')
     assert (result.returncode, result.stdout) == (0, "a=b|line\nnext"), result.stderr
-    (guest.staging / contract.ENV_FILE).unlink()
+    (guest.staging / staginglayout.ENV_FILE).unlink()
     assert guest.run("vm.sh", 'load_env; printf "%s" "${ONE-unset}"').stdout == "unset"
 
 
 def test_credentials_apply_what_the_host_changed_and_hand_back_what_the_session_changed(guest: Guest) -> None:
     token = b'{"t": 1}'
-    write(guest.staging / contract.CREDS_HOME / ".tool" / "auth.json", token.decode())
-    write(guest.staging / contract.CREDS_HOME / "outside", "x")
+    write(guest.staging / staginglayout.CREDS_HOME / ".tool" / "auth.json", token.decode())
+    write(guest.staging / staginglayout.CREDS_HOME / "outside", "x")
     manifest = f"{sha256(token)} .tool/auth.json\0{sha256(b'x')} ../outside\0"
-    write(guest.staging / contract.CREDS_MANIFEST, manifest)
+    write(guest.staging / staginglayout.CREDS_MANIFEST, manifest)
     installed = guest.home / ".tool" / "auth.json"
     assert guest.run("credentials.sh", "apply_credentials").returncode == 0
     assert (installed.read_bytes(), installed.stat().st_mode & 0o777) == (token, 0o600)
@@ -208,7 +208,7 @@ def test_sync_copies_the_hosts_setup_and_keeps_a_file_changed_in_the_vm(guest: G
 
 
 def test_home_marks_claude_onboarded_and_includes_the_git_identity(guest: Guest) -> None:
-    write(guest.staging / contract.GIT_IDENTITY, "[user]\n\tname = Someone\n")
+    write(guest.staging / staginglayout.GIT_IDENTITY, "[user]\n\tname = Someone\n")
     result = guest.run("home.sh", "mark_claude_onboarded; configure_git; trust_workspace_for_gemini",
                        env={"CLAUDE_CODE_OAUTH_TOKEN": "t"})
     assert result.returncode == 0, result.stderr
@@ -216,14 +216,14 @@ def test_home_marks_claude_onboarded_and_includes_the_git_identity(guest: Guest)
         str(guest.workspace): {"hasTrustDialogAccepted": True, "hasCompletedProjectOnboarding": True}}}
     included = subprocess.run(["git", "config", "--global", "--get-all", "include.path"], capture_output=True,
                               text=True, env={"HOME": str(guest.home), "PATH": os.environ["PATH"]})
-    assert included.stdout == f"{guest.staging / contract.GIT_IDENTITY}\n"
+    assert included.stdout == f"{guest.staging / staginglayout.GIT_IDENTITY}\n"
     trusted = json.loads((guest.home / ".gemini" / "trustedFolders.json").read_text())
     assert trusted == {str(guest.workspace): "TRUST_FOLDER"}
 
 
 def test_guards_install_leave_a_foreign_program_and_go_again(guest: Guest) -> None:
-    for name in contract.GUARD_FILES:
-        write(guest.staging / contract.GUARDS / name, f"#!/bin/sh\n# agentbox-managed: readonly-remote\n# {name}\n")
+    for name in staginglayout.GUARD_FILES:
+        write(guest.staging / staginglayout.GUARDS / name, f"#!/bin/sh\n# agentbox-managed: readonly-remote\n# {name}\n")
     write(guest.home / ".local" / "bin" / "gh", "#!/bin/sh\n# the user's own\n", mode=0o755)
     result = guest.run("guards.sh", "install_guards")
     assert result.returncode == 0, result.stderr
@@ -237,9 +237,9 @@ def test_guards_install_leave_a_foreign_program_and_go_again(guest: Guest) -> No
 
 
 def test_guards_push_scoped_writes_the_namespace_and_the_others_remove_it(guest: Guest) -> None:
-    for name in contract.GUARD_FILES:
-        write(guest.staging / contract.GUARDS / name, f"#!/bin/sh\n# agentbox-managed: readonly-remote\n# {name}\n")
-    scope = guest.home / contract.PUSH_SCOPE_FILE
+    for name in staginglayout.GUARD_FILES:
+        write(guest.staging / staginglayout.GUARDS / name, f"#!/bin/sh\n# agentbox-managed: readonly-remote\n# {name}\n")
+    scope = guest.home / staginglayout.PUSH_SCOPE_FILE
     result = guest.run("guards.sh", "install_guards refs/heads/agentbox/vm1/")
     assert result.returncode == 0, result.stderr
     assert scope.read_text() == "refs/heads/agentbox/vm1/\n"
@@ -281,8 +281,8 @@ def test_isolated_never_replaces_a_folder_it_did_not_make(guest: Guest) -> None:
 
 
 def test_notify_installs_the_bell_and_leaves_a_managed_settings_file_not_its_own(guest: Guest) -> None:
-    write(guest.staging / contract.ATTENTION_SCRIPT, "#!/bin/sh\nprintf '\\a'\n")
-    write(guest.staging / contract.CLAUDE_HOOKS, '{"hooks": {}}\n')
+    write(guest.staging / staginglayout.ATTENTION_SCRIPT, "#!/bin/sh\nprintf '\\a'\n")
+    write(guest.staging / staginglayout.CLAUDE_HOOKS, '{"hooks": {}}\n')
     foreign = write(guest.home / "managed-settings.json", '{"theirs": true}\n')
     result = guest.run("notify.sh", f"claude_managed={foreign}\ninstall_attention")
     assert result.returncode == 0
@@ -296,12 +296,12 @@ def test_notify_installs_the_bell_and_leaves_a_managed_settings_file_not_its_own
 def test_context_records_the_tools_found_and_keeps_the_memory_block(guest: Guest) -> None:
     """(A launch with nothing changed running nothing: tests/test_context.py.)"""
     document = {"tools": {"list": [{"name": "bash"}, {"name": "no-such-tool"}]}}
-    write(guest.staging / contract.CONTEXT_FILE, json.dumps(document))
-    write(guest.staging / contract.CONTEXT_TOOLS, "bash\nno-such-tool\n")
+    write(guest.staging / staginglayout.CONTEXT_FILE, json.dumps(document))
+    write(guest.staging / staginglayout.CONTEXT_TOOLS, "bash\nno-such-tool\n")
     block = "<!-- BEGIN AGENTBOX -->\nthe sandbox\n<!-- END AGENTBOX -->\n"
-    write(guest.staging / contract.MEMORY_BLOCK, block)
-    write(guest.staging / contract.CONTEXT_DIGESTS, "c1\nm1\n")
-    write(guest.staging / contract.MEMORY_SCRIPT, (REPO / "provision" / "agent-memory.sh").read_text())
+    write(guest.staging / staginglayout.MEMORY_BLOCK, block)
+    write(guest.staging / staginglayout.CONTEXT_DIGESTS, "c1\nm1\n")
+    write(guest.staging / staginglayout.MEMORY_SCRIPT, (REPO / "provision" / "agent-memory.sh").read_text())
     write(guest.home / ".codex" / "AGENTS.md", "Mine.\n")
     result = guest.run("context.sh", 'install_context; keep_memory_block; printf "%s" "$AGENTBOX_CONTEXT_FILE"',
                        "memory_files=(.codex/AGENTS.md)")
@@ -344,11 +344,11 @@ def test_staging_removes_a_part_no_longer_shipped_but_not_another_launchs_write_
     from agentbox.session.staging import stage_launch_parts
 
     folder = tmp_path / "staging"
-    stale = folder / contract.LAUNCH_PARTS / "retired.sh"
-    under_way = folder / contract.LAUNCH_PARTS / ".context.sh.abc123.tmp"  # fsutil's temporary name
+    stale = folder / staginglayout.LAUNCH_PARTS / "retired.sh"
+    under_way = folder / staginglayout.LAUNCH_PARTS / ".context.sh.abc123.tmp"  # fsutil's temporary name
     write(stale, "old part\n")
     write(under_way, "a concurrent launch is writing this\n")
     stage_launch_parts(folder)
     assert not stale.exists()
     assert under_way.read_text() == "a concurrent launch is writing this\n"
-    assert sorted(p.name for p in (folder / contract.LAUNCH_PARTS).glob("[!.]*")) == sorted(p.name for p in PARTS.glob("*.sh"))
+    assert sorted(p.name for p in (folder / staginglayout.LAUNCH_PARTS).glob("[!.]*")) == sorted(p.name for p in PARTS.glob("*.sh"))

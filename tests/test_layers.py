@@ -18,18 +18,17 @@ pytestmark = pytest.mark.timeout(60)
 PACKAGE = Path(__file__).resolve().parent.parent / "agentbox"
 
 # Top to bottom. A name is a subpackage of agentbox, or a top-level module. The entries of one layer are
-# independent of each other, except in the top one: the command line (cli, its commands, doctor's report).
+# independent of each other, except in the top one: the command line (the cli package and `python -m agentbox`).
 LAYERS: list[tuple[str, ...]] = [
-    ("cli", "__main__", "doctor", "commands", "commandline", "boundary", "helpscreen"),
+    ("cli", "__main__"),
+    ("tasks",),
     ("session",),
-    ("runtime",),
-    ("tasks", "sync", "credentials"),
+    ("review", "sync", "credentials", "runtime"),
     ("vm", "remote"),
-    ("review",),
     ("config",),
     ("agents", "net", "git"),
     ("errors", "paths", "fsutil", "progress", "safetext", "sizes", "resources", "timing", "terminal", "logline",
-     "hosttools", "vmread", "livemarkers", "contract", "tables", "__init__"),
+     "hosttools", "vmread", "livemarkers", "staginglayout", "tables", "__init__"),
 ]
 # The layers whose entries may import each other (still without a circle): the command line, the ground floor.
 CONNECTED = {0, len(LAYERS) - 1}
@@ -180,19 +179,19 @@ PROCESS_STARTERS: dict[str, str] = {
     "credentials.stage": "`git config --file ~/.gitconfig` on the user's own file, `gh auth token` for the keychain",
     "config.cacerts": "openssl to describe a CA file, `security` to list the macOS System keychain",
     "net.guard": "starts the host proxy (agentbox.net.proxy) as a detached python process",
-    "net.ca": "openssl to make the credential broker's per-VM CA and its leaves (keys through pipes, never argv)",
-    "session.attention": "starts the host watcher that turns a session's events into notifications",
-    "session.checkpoints": "starts a live session's end checkpoint (agentbox.session.endcheckpoint) as a detached "
+    "net.certauthority": "openssl to make the credential broker's per-VM CA and its leaves (keys through pipes, never argv)",
+    "session.attention": "starts the host watcher (agentbox.tasks.watcher) that turns a session's events into notifications",
+    "session.checkpointing": "starts a live session's end checkpoint (agentbox.session.endcheckpoint) as a detached "
                            "python process, once the launch returns (PATH without the workspace's folders)",
     "session.notify": "osascript (macOS) or notify-send (Linux) for a desktop notification",
     "remote.far": "limactl on a remote host (the far end runs there, never on this machine), sysctl for its memory",
-    "session.remotekeeper": "starts a remote task's keeper (itself, `python -m`) as a detached process",
+    "tasks.keeper": "starts a remote task's keeper (itself, `python -m`) as a detached process",
     "remote.ssh": "the only module that runs ssh to a remote host (the user's own ssh, one multiplexed connection)",
 }
 PROGRAMS: dict[str, set[str]] = {
     "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima", "remote.ssh"}, "ps": {"vm.lima"},
     "gh": {"credentials.stage"},
-    "openssl": {"config.cacerts", "net.ca"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
+    "openssl": {"config.cacerts", "net.certauthority"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
     "notify-send": {"session.notify"}, "limactl": {"remote.far"},
 }
 _STARTS = ("subprocess", "sh", "pty")

@@ -103,4 +103,4 @@ def test_the_proxy_process_ends_at_its_signal_and_imports_only_what_it_serves(ho
     modules = {line.rsplit("|", 1)[1].strip() for line in imports.read_text().splitlines()
                if line.startswith("import time:") and "|" in line}
     assert "agentbox.net.proxy" in modules  # the control: the set was read
-    assert not modules & {"yaml", "click", "jinja2", "agentbox.config.load", "agentbox.credentials.brokered"}
+    assert not modules & {"yaml", "click", "jinja2", "agentbox.config.load", "agentbox.credentials.broker.brokered"}

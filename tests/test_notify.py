@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract, livemarkers, paths
+from agentbox import livemarkers, paths, staginglayout
 from agentbox.session import attention, notify
 from agentbox.session import detached as sessions
 from tests.helpers import write
@@ -173,7 +173,7 @@ def test_the_outbox_folder_is_never_reached_through_a_link(tmp_path: Path) -> No
     elsewhere = tmp_path / "elsewhere"
     (elsewhere / "events").mkdir(parents=True)
     (elsewhere / "events" / "1.event").write_text("notification\nclaude\nclaude\nhi\n")
-    (outbox / contract.OUTBOX_SESSIONS).symlink_to(elsewhere)
+    (outbox / staginglayout.OUTBOX_SESSIONS).symlink_to(elsewhere)
     assert attention.poll("agentbox-w") == (False, False)
     assert (elsewhere / "events" / "1.event").exists()
 
@@ -183,9 +183,9 @@ def test_reply_folders_are_made_inside_the_outbox_and_old_ones_go(tmp_path: Path
     outbox.mkdir(parents=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    (outbox / contract.OUTBOX_SESSIONS).symlink_to(elsewhere)  # the VM put a link where the folder goes
+    (outbox / staginglayout.OUTBOX_SESSIONS).symlink_to(elsewhere)  # the VM put a link where the folder goes
     first = sessions.new_reply("agentbox-w")
-    assert first.parent == outbox / contract.OUTBOX_SESSIONS and first.is_dir() and not first.parent.is_symlink()
+    assert first.parent == outbox / staginglayout.OUTBOX_SESSIONS and first.is_dir() and not first.parent.is_symlink()
     assert list(elsewhere.iterdir()) == []
     old = time.time() - 2 * 24 * 3600
     os.utime(first, (old, old))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract
+from agentbox import staginglayout
 from agentbox.review import isolation, proposals
 from tests.helpers import (
     NAME,
@@ -40,7 +40,7 @@ kill -KILL "$PPID"
 
 def session_folders() -> list[str]:
     """The isolated sessions' folders left in the VM's outbox (write-back's creds/ lives there too)."""
-    return [name for name in os.listdir(isolation.outbox(NAME)) if name != contract.OUTBOX_CREDS]
+    return [name for name in os.listdir(isolation.outbox(NAME)) if name != staginglayout.OUTBOX_CREDS]
 
 
 def workspace_state(project: Path) -> dict[str, object]:

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from agentbox.credentials import broker_gh
-from agentbox.net import ca
+from agentbox.credentials.broker import ghcli
+from agentbox.net import certauthority
 from agentbox.net import guard as netguard
 from agentbox.net import proxy as netproxy
 from agentbox.net import upstream as companyproxy
@@ -65,7 +65,7 @@ REASONS = {
 
 
 class Harness:
-    def __init__(self, upstream: FakeUpstream, proxy: netproxy.RunningProxy, authority: ca.BrokerCA, log: Path,
+    def __init__(self, upstream: FakeUpstream, proxy: netproxy.RunningProxy, authority: certauthority.BrokerCA, log: Path,
                  lookups: list[str], web: RecordingServer) -> None:
         self.upstream = upstream
         self.proxy = proxy
@@ -135,7 +135,7 @@ class RecordingServer:
 @pytest.fixture
 def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     monkeypatch.setenv("AGENTBOX_STATE_DIR", str(tmp_path / "state"))
-    authority = ca.ensure("agentbox-auth-test", [CLAUDE, GITHUB])
+    authority = certauthority.ensure("agentbox-auth-test", [CLAUDE, GITHUB])
     lookups: list[str] = []
 
     def resolve(host: str, port: int) -> list[str]:
@@ -145,9 +145,9 @@ def harness(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness
     web = RecordingServer()
     with FakeUpstream(tmp_path / "upstream", [CLAUDE, GITHUB]) as upstream:
         brokering = Brokering(
-            leaves={host: ca.server_context(authority.leaf(host)) for host in (CLAUDE, GITHUB)},
+            leaves={host: certauthority.server_context(authority.leaf(host)) for host in (CLAUDE, GITHUB)},
             secrets=(Secret("claude", CLAUDE_PH, frozenset({CLAUDE}), lambda: CLAUDE_REAL),
-                     Secret("gh", GH_PH, frozenset({GITHUB}), lambda: GH_REAL, broker_gh.PLACES)),
+                     Secret("gh", GH_PH, frozenset({GITHUB}), lambda: GH_REAL, ghcli.PLACES)),
             upstream_context=upstream.client_context(),
             upstream_address=lambda host, port: upstream.address,
         )

@@ -399,7 +399,7 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
            timeout: float = 1200, brokered: bool = False) -> subprocess.CompletedProcess:
     """One launch as agentbox makes it: staging refreshed by agentbox's host code, then what
     `limactl shell --workdir WORKSPACE` runs (a login shell running launch.sh) as the user. `brokered`: the VM's
-    broker CA (agentbox.net.ca, made beforehand) is staged; otherwise none is, and launch.sh removes one."""
+    broker CA (agentbox.net.certauthority, made beforehand) is staged; otherwise none is, and launch.sh removes one."""
     with pytest.MonkeyPatch.context() as patch:
         for key, value in p.env.items():
             patch.setenv(key, value)
@@ -413,9 +413,9 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
         # The VM's row of `limactl list` as a launch has it (the user's home is what the sync rewrites to).
         instance = Instance.from_json({"name": config.vm_name, "status": "Running", "cpus": 4, "memory": 8 << 30,
                                        "disk": 100 << 30, "config": {"user": {"home": GUEST_HOME}}})
-        from agentbox.net import ca
+        from agentbox.net import certauthority
 
-        broker_ca = ca.load(config.vm_name) if brokered else None
+        broker_ca = certauthority.load(config.vm_name) if brokered else None
         refreshed = staging.refresh(config, config.vm_name, agent_config, scripts, instance, broker_ca=broker_ca)
         staging.stage_context(config, config.vm_name, agent_config, refreshed, instance, "live", None)
         command = staging.launch_command(config, p.project, scripts, agent_config, p.staging, vm_name=config.vm_name)
@@ -601,19 +601,19 @@ def _tls_server(root: Path, cert: Path, key: Path) -> tuple[object, int]:
 
 def test_the_broker_ca_is_installed_and_trusted_by_the_guest_s_tools_within_its_names(provisioned: Provisioned,
                                                                                       tmp_path: Path) -> None:
-    """The real update-ca-certificates installs a CA made by agentbox.net.ca; curl, Python's default context and
+    """The real update-ca-certificates installs a CA made by agentbox.net.certauthority; curl, Python's default context and
     git then trust a server presenting its leaf with no CA option of their own, and Node through the variable
     launch.sh exports; a leaf the same key signed for a name outside the CA's constraints is refused by every one.
     A second launch installs nothing; one without the CA removes it, with the real tool again."""
     from agentbox.config import load as config_module
-    from agentbox.net import ca
+    from agentbox.net import certauthority
 
     machine = provisioned.machine
     with pytest.MonkeyPatch.context() as patch:
         for key, value in provisioned.env.items():
             patch.setenv(key, value)
         vm = config_module.load(provisioned.project).vm_name
-        authority = ca.ensure(vm, [BROKER_HOST])
+        authority = certauthority.ensure(vm, [BROKER_HOST])
     # The outside leaf: signed by the CA's own key, for a name its constraints do not permit.
     outside_key, outside_cert, ext = tmp_path / "outside.key", tmp_path / "outside.pem", tmp_path / "ext.cnf"
     ext.write_text(f"subjectAltName = DNS:{OUTSIDE_HOST}\nextendedKeyUsage = serverAuth\n")

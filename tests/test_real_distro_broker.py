@@ -2,8 +2,8 @@
 
 Each CLI runs in the real-distribution tier's Debian userspace (tests/test_real_distro.py: its cached debootstrap
 tarball and nodejs.org-shaped Node) as an unprivileged user. The test writes host login files holding
-real-looking values into the test's own home, asks `agentbox.credentials.brokered.prepare_request` for what the
-VM gets (placeholder files and variables, Secrets, token endpoints), makes the VM's CA (`agentbox.net.ca`),
+real-looking values into the test's own home, asks `agentbox.credentials.broker.brokered.prepare_request` for what the
+VM gets (placeholder files and variables, Secrets, token endpoints), makes the VM's CA (`agentbox.net.certauthority`),
 installs it in the userspace's system store as provision/launch/broker.sh does (update-ca-certificates, and
 NODE_EXTRA_CA_CERTS / SSL_CERT_FILE / REQUESTS_CA_BUNDLE at the bundle), and starts agentbox's proxy with that
 Brokering. The CLI's HTTPS_PROXY is the proxy; the broker's upstream is tests/fake_upstream.py standing for every
@@ -38,9 +38,9 @@ from typing import Any
 import pytest
 
 from agentbox import paths
-from agentbox.credentials import brokered
+from agentbox.credentials.broker import brokered
 from agentbox.credentials.tokens import Upstream
-from agentbox.net import ca
+from agentbox.net import certauthority
 from agentbox.net import proxy as netproxy
 from agentbox.net.broker import PLACEHOLDER_MARK, Brokering
 from tests.fake_upstream import FakeUpstream, Request, Response, json_response
@@ -66,7 +66,7 @@ PACKAGES = ("@anthropic-ai/claude-code@2.1.332", "@openai/codex@0.171.0", "@goog
 CLIS = "/opt/agentbox-clis"  # the npm prefix inside the userspace
 USER, UID = "agent", 1000
 GUEST_HOME = f"/home/{USER}"
-GUEST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # agentbox.contract.GUEST_CA_BUNDLE
+GUEST_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"  # agentbox.staginglayout.GUEST_CA_BUNDLE
 GUEST_CA = "/usr/local/share/ca-certificates/agentbox-broker.crt"
 VM = "agentbox-realclis"
 RUN_SECONDS = 60
@@ -154,7 +154,7 @@ class Broker:
     upstream: FakeUpstream
     prepared: brokered.Prepared
     proxy: netproxy.RunningProxy
-    authority: ca.BrokerCA
+    authority: certauthority.BrokerCA
     log: Path
 
     def entries(self) -> list[dict[str, Any]]:
@@ -174,9 +174,9 @@ def broker(tmp_path: Path, request: brokered.Request, routes: Callable[[FakeUpst
         routes(upstream)
         address: Callable[[str, int], tuple[str, int]] = lambda host, port: upstream.address  # noqa: E731
         prepared = brokered.prepare_request(VM, request, Upstream(upstream.client_context(), address))
-        authority = ca.ensure(VM, sorted(prepared.hosts))
+        authority = certauthority.ensure(VM, sorted(prepared.hosts))
         brokering = Brokering(
-            leaves={host: ca.server_context(authority.leaf(host)) for host in prepared.hosts},
+            leaves={host: certauthority.server_context(authority.leaf(host)) for host in prepared.hosts},
             secrets=tuple(prepared.secrets), endpoints=dict(prepared.endpoints), allow_push=allow_push,
             push_hint=PUSH_HINT,
             upstream_context=upstream.client_context(), upstream_address=address)

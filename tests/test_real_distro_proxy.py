@@ -8,7 +8,7 @@ certificate that CA signed, and forwards to the real host) and whose `env` sends
 guest's npm reaches the registry only through the proxy, so it must trust the proxy's CA:
 - without the variable that makes Node trust it (NODE_EXTRA_CA_CERTS), an install fails at once on the certificate
   (the control: the proxy really intercepts, and the CA is not trusted by some other way);
-- the base build's install step, as agentbox runs it (agentbox.vm.base: its WITH_ENV command with the records of
+- the base build's install step, as agentbox runs it (agentbox.vm.golden: its WITH_ENV command with the records of
   `install_env` on stdin), installs Gemini CLI, which then starts;
 - the real `agentbox update-agents gemini` CLI, its `limactl` a stand-in that runs `shell` in the userspace (as
   Lima's does: the user's login shell, stdin passed on), updates it through the proxy.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox.contract import GUEST_CA_BUNDLE
+from agentbox.staginglayout import GUEST_CA_BUNDLE
 from tests.mitm_proxy import InterceptingProxy
 from tests.test_real_distro import (
     ARCH,
@@ -149,7 +149,7 @@ def behind_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BehindPro
             import yaml
 
             from agentbox.config import load as config_module
-            from agentbox.vm import base as vmbase
+            from agentbox.vm import golden as vmbase
             from agentbox.vm import render
 
             config = config_module.load(project)
@@ -187,12 +187,12 @@ def as_user(setup: BehindProxy, script: str, check: bool = False, timeout: float
 
 def install_step(setup: BehindProxy, without: tuple[str, ...] = (), extra: dict[str, str] | None = None
                  ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """The base build's install step as agentbox.vm.base.build runs it, through the stand-in limactl: (the
+    """The base build's install step as agentbox.vm.golden.build runs it, through the stand-in limactl: (the
     installs, the environment sent, what failed). `without`/`extra`: the control's changes to that environment."""
     with setup.host_env():
         from agentbox.config import load as config_module
-        from agentbox.vm import base as vmbase
         from agentbox.vm import buildlog
+        from agentbox.vm import golden as vmbase
         from agentbox.vm.lima import Lima
 
         config = config_module.load(setup.project)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentbox.net import guard as netguard
-from agentbox.session.remotekeeper import shadow
+from agentbox.tasks.keeper import shadow
 from tests import test_remote_tasks
 from tests.helpers import run_agentbox, wait_for
 from tests.remotehost import RemoteHost
@@ -54,14 +54,14 @@ def test_hosts_rm_ends_a_broker_whose_keeper_is_gone(remote_project: tuple[Path,
     import os
     import signal
 
-    from agentbox.session import remotekeeper
+    from agentbox.tasks import keeper
 
     project, _ = remote_project
     task_id, mirror, broker = running_broker(project)
-    for pid in subprocess.run(["pgrep", "-f", f"agentbox.session.remotekeeper {task_id}$"], capture_output=True,
+    for pid in subprocess.run(["pgrep", "-f", f"agentbox.tasks.keeper {task_id}$"], capture_output=True,
                               text=True).stdout.split():
         os.kill(int(pid), signal.SIGKILL)
-    wait_for(lambda: remotekeeper.running(task_id), 30, "the keeper to be gone", until=lambda runs: not runs)
+    wait_for(lambda: keeper.running(task_id), 30, "the keeper to be gone", until=lambda runs: not runs)
     forced = run_agentbox("hosts", "rm", "big", "--force", cwd=project)
     assert forced.returncode == 0, forced.stderr
     ended_by_the_command(mirror, broker)

@@ -344,7 +344,7 @@ def test_another_user_of_the_host_reaches_the_forward_but_not_the_proxy(remote_p
     """The forward listens on the host's 127.0.0.1, where any of its users can connect: the proxy asks each of
     them for the remote VM's proxy credentials, which only that VM (and the remote user's own files) holds."""
     from agentbox.net import guard as netguard
-    from agentbox.session.remotekeeper import shadow
+    from agentbox.tasks.keeper import shadow
 
     project, _ = remote_project
     task_id = submit(project, "--on", "big", "do:sleep:30")
@@ -384,19 +384,19 @@ def test_hosts_rm_refuses_while_a_task_there_is_active_and_force_fails_it(remote
 
 
 def test_a_task_whose_keeper_is_gone_is_followed_again_after_tasks(remote_project: tuple[Path, RemoteHost]) -> None:
-    from agentbox.session import remotekeeper
+    from agentbox.tasks import keeper
 
     project, _ = remote_project
     task_id = submit(project, "--on", "big", "do:sleep:3;write:later.txt:done")
-    wait_for(lambda: remotekeeper.running(task_id), 30, "the keeper to run")
+    wait_for(lambda: keeper.running(task_id), 30, "the keeper to run")
     # This machine restarted: the keeper is gone (killed here), the task goes on there.
     import signal
     import subprocess as sp
 
-    pids = sp.run(["pgrep", "-f", f"agentbox.session.remotekeeper {task_id}$"], capture_output=True, text=True)
+    pids = sp.run(["pgrep", "-f", f"agentbox.tasks.keeper {task_id}$"], capture_output=True, text=True)
     for pid in pids.stdout.split():
         os.kill(int(pid), signal.SIGKILL)
-    wait_for(lambda: not remotekeeper.running(task_id), 30, "the keeper to be gone")
+    wait_for(lambda: not keeper.running(task_id), 30, "the keeper to be gone")
     assert record(project, task_id)["state"] in ("Queued", "Running", "Pending")
     assert run_agentbox("tasks", cwd=project).returncode == 0  # no host asked; a keeper started
     task = wait_for(lambda: record(project, task_id), 120, "the task to end with its proposal",

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from agentbox import paths
-from agentbox.remote import hosts
+from agentbox.remote import registry
 from agentbox.runtime.contract import Job, NeedsTemplate, Runtime
 from agentbox.runtime.local import LocalRuntime
-from agentbox.runtime.remote import SshRuntime
+from agentbox.runtime.sshhost import SshRuntime
 from tests.helpers import FakeLima
 from tests.remotehost import RemoteHost
 
@@ -36,7 +36,7 @@ def place(request: pytest.FixtureRequest, limactl: FakeLima, home: Path) -> Plac
         return Place(LocalRuntime(), str(paths.staging_dir(VM)), str(paths.vm_outbox(VM)), limactl.calls,
                      lambda path: Path(path).read_bytes())
     host: RemoteHost = request.getfixturevalue("remote_hosts")(1)[0]
-    added = hosts.add("big", host.url)
+    added = registry.add("big", host.url)
     root = f"{host.home}/.agentbox-remote/vms/{VM}"
     return Place(SshRuntime(added), f"{root}/staging", f"{root}/outbox", FakeLima(host.lima_home).calls,
                  lambda path: host.run(["cat", path]).stdout)

@@ -12,7 +12,7 @@ import pytest
 
 from agentbox import fsutil, paths
 from agentbox.tasks import records
-from agentbox.tasks import state as taskstate
+from agentbox.tasks import transitions as taskstate
 from tests.helpers import FakeLima, run_cli, write
 
 pytestmark = pytest.mark.timeout(120)

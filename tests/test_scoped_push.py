@@ -17,7 +17,7 @@ import pytest
 
 from agentbox.config import load as config
 from agentbox.config import trust
-from agentbox.credentials import brokerd, brokered
+from agentbox.credentials.broker import brokered, process
 from agentbox.net import guard as netguard
 from agentbox.net import pushes
 from agentbox.session import context, staging
@@ -126,7 +126,7 @@ def _broker_file(project: Path, home: Path, **modes: object) -> None:
 
 def test_brokerd_builds_a_broker_that_keeps_pushes_to_the_vms_branches(project: Path, home: Path) -> None:
     _broker_file(project, home, allowPush=False, pushMode="session")
-    broker = brokerd.load(NAME)
+    broker = process.load(NAME)
     assert broker is not None
     assert broker.push_namespace == NAMESPACE and not broker.allow_push
     assert isinstance(broker.pushes, pushes.Ledger) and broker.pushes.path == pushes.ledger_path(NAME)
@@ -143,7 +143,7 @@ def test_brokerd_builds_a_broker_that_keeps_pushes_to_the_vms_branches(project: 
 def test_brokerd_scopes_no_push_otherwise(project: Path, home: Path, modes: dict[str, object],
                                           allow_push: bool) -> None:
     _broker_file(project, home, **modes)
-    broker = brokerd.load(NAME)
+    broker = process.load(NAME)
     assert broker is not None
     assert broker.push_namespace is None and broker.pushes is None and broker.allow_push is allow_push
     assert broker.push_hint.startswith("sync.remoteWrite: true") and "git.allowPush: session" in broker.push_hint

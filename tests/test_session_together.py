@@ -12,7 +12,7 @@ from pathlib import Path
 
 import jsonschema
 
-from agentbox import contract, paths
+from agentbox import paths, staginglayout
 from agentbox.session import context
 from tests.helpers import (
     NAME,
@@ -62,8 +62,8 @@ def test_an_isolated_session_hands_back_its_changes_and_its_login(project: Path,
     assert json.loads(host_login.read_text())["claudeAiOauth"]["refreshToken"] == "sk-ant-ort01-r2"
     assert "login refreshed in the VM is now the host's too" in result.stderr
     outbox = paths.vm_outbox(NAME)
-    assert [p.name for p in outbox.iterdir()] == [contract.OUTBOX_CREDS]  # both session folders taken and removed
-    assert list((outbox / contract.OUTBOX_CREDS).iterdir()) == []
+    assert [p.name for p in outbox.iterdir()] == [staginglayout.OUTBOX_CREDS]  # both session folders taken and removed
+    assert list((outbox / staginglayout.OUTBOX_CREDS).iterdir()) == []
 
     seen = json.loads((limactl.home / NAME / "guestfs" / "tmp" / "context-seen.json").read_text())
     jsonschema.validate(seen, SCHEMA)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agentbox import contract, paths
+from agentbox import paths, staginglayout
 from agentbox.net import guard as netguard
 from agentbox.net import policy as netpolicy
 from agentbox.session import staging
@@ -20,7 +20,7 @@ from tests.helpers import NAME, FakeLima, run_agentbox, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 LAUNCH_SH = REPO / "provision" / "launch.sh"
-LAUNCH_PARTS = REPO / "provision" / contract.LAUNCH_PARTS  # launch.sh's sourced parts (tests/test_launch_parts.py)
+LAUNCH_PARTS = REPO / "provision" / staginglayout.LAUNCH_PARTS  # launch.sh's sourced parts (tests/test_launch_parts.py)
 ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir", "--copy-aside")
 # A background task's launch only, and `agentbox AGENT --worktree NAME`'s (tests/test_tasks.py sends them).
 TASK_OPTIONS = ("--task", "--isolated-task", "--worktree", "--worktree-branch", "--worktree-base")
@@ -39,22 +39,22 @@ def launch_sh_options() -> dict[str, bool]:
 
 
 def test_launch_sh_knows_exactly_the_host_options() -> None:
-    table = {option.name: option.value is not None for option in contract.LAUNCH_OPTIONS}
+    table = {option.name: option.value is not None for option in staginglayout.LAUNCH_OPTIONS}
     assert launch_sh_options() == table
 
 
 def test_launch_options_follow_the_table_and_refuse_an_option_launch_sh_lacks() -> None:
-    argv = contract.launch_options({
+    argv = staginglayout.launch_options({
         "--on-start": ["s"], "--install": "", "--binary": "claude", "--timing": True, "--guards": "on",
         "--workspace": "/w", "--wait": "30", "--on-create": ["a", "b"],
     })
     assert argv == ["--wait", "30", "--workspace", "/w", "--guards", "on", "--timing", "--binary", "claude",
                     "--install", "", "--on-create", "a", "--on-create", "b", "--on-start", "s"]
-    assert contract.launch_options({"--timing": False, "--on-create": []}) == []
+    assert staginglayout.launch_options({"--timing": False, "--on-create": []}) == []
     with pytest.raises(ValueError, match="--from-a-newer-host"):
-        contract.launch_options({"--from-a-newer-host": "x"})
+        staginglayout.launch_options({"--from-a-newer-host": "x"})
     with pytest.raises(ValueError, match="--wait"):
-        contract.launch_options({"--wait": ["1", "2"]})
+        staginglayout.launch_options({"--wait": ["1", "2"]})
 
 
 def run_launch_sh(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
@@ -80,12 +80,12 @@ def test_launch_sh_refuses_an_unknown_option(tmp_path: Path, args: list[str]) ->
 
 @pytest.mark.skipif(os.path.exists("/run/lima-boot-done"), reason="in a Lima VM launch.sh would go on and set it up")
 def test_launch_sh_accepts_every_option_the_host_sends(tmp_path: Path) -> None:
-    values: dict[str, contract.OptionValue] = {
+    values: dict[str, staginglayout.OptionValue] = {
         option.name: True if option.value is None else [str(tmp_path / "x.sh")] if option.repeated else "1"
-        for option in contract.LAUNCH_OPTIONS
+        for option in staginglayout.LAUNCH_OPTIONS
     }
     values["--wait"] = "0"  # this host is no VM that finished booting: launch.sh gives up on it at once
-    result = run_launch_sh(tmp_path, *contract.launch_options(values), "--", "touch", "ran")
+    result = run_launch_sh(tmp_path, *staginglayout.launch_options(values), "--", "touch", "ran")
     assert result.returncode == 125, result.stderr  # past the options, at its first step
     assert "has not finished provisioning after 0s" in result.stderr
 
@@ -95,7 +95,7 @@ def test_unknown_option_is_refused_in_the_vm(project: Path, vm: FakeLima) -> Non
     launched = subprocess.run([sys.executable, "-m", "agentbox", "shell", "--", "true"], cwd=project,
                               capture_output=True, timeout=120)
     assert launched.returncode == 0, launched.stderr
-    script = paths.staging_dir(NAME) / contract.LAUNCH_SCRIPT
+    script = paths.staging_dir(NAME) / staginglayout.LAUNCH_SCRIPT
     marker = project / "ran"
     result = subprocess.run(["limactl", "shell", NAME, "--", "/bin/bash", str(script), "--from-a-newer-host",
                              "--", "touch", str(marker)], capture_output=True, text=True, timeout=60)
@@ -129,29 +129,29 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     # session's with a kept launch (tests/test_sessions.py), a task's with a task (tests/test_tasks.py), scoped
     # pushes' with git.allowPush: session (tests/test_scoped_push.py).
     others = {*ISOLATED_OPTIONS, *SESSION_OPTIONS, *TASK_OPTIONS, *PUSH_OPTIONS}
-    assert {option.name for option in contract.LAUNCH_OPTIONS} - others <= sent
+    assert {option.name for option in staginglayout.LAUNCH_OPTIONS} - others <= sent
     assert not sent & others
 
     folder = paths.staging_dir(NAME)
     found = {path.relative_to(folder).as_posix(): stat.S_IMODE(path.lstat().st_mode) for path in folder.rglob("*")}
-    executable = {contract.LAUNCH_SCRIPT, contract.OPEN_URL, contract.MEMORY_SCRIPT, contract.TASK_RUNNER,
-                  contract.SESSION_SCRIPT, contract.ATTENTION_SCRIPT,
-                  *(f"{contract.GUARDS}/{name}" for name in contract.GUARD_FILES)}
+    executable = {staginglayout.LAUNCH_SCRIPT, staginglayout.OPEN_URL, staginglayout.MEMORY_SCRIPT, staginglayout.TASK_RUNNER,
+                  staginglayout.SESSION_SCRIPT, staginglayout.ATTENTION_SCRIPT,
+                  *(f"{staginglayout.GUARDS}/{name}" for name in staginglayout.GUARD_FILES)}
     memory = "sync/memory-files/home/.codex/AGENTS.md"  # every agent's memory file travels apart
     synced = {"sync/codex/manifest", "sync/codex/stamps.json", "sync/memory-files/manifest",
               "sync/memory-files/stamps.json", memory}
-    named = {contract.ENV_FILE, contract.CREDS_MANIFEST, contract.CREDS_STAMPS, contract.GIT_IDENTITY,
-             contract.GIT_IDENTITY_STAMP, f"{contract.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
-             contract.CONTEXT_FILE, contract.MEMORY_BLOCK, contract.CONTEXT_TOOLS, contract.CONTEXT_DIGESTS,
-             contract.TMUX_CONF, contract.CLAUDE_HOOKS, contract.NETWORK_RULES, contract.BROKER_CA,
-             contract.BROKER_CA_DIGEST, *executable}
-    folders = {contract.GUARDS, contract.BOOTSTRAP, contract.CREDS, contract.CREDS_HOME, f"{contract.CREDS_HOME}/.codex",
+    named = {staginglayout.ENV_FILE, staginglayout.CREDS_MANIFEST, staginglayout.CREDS_STAMPS, staginglayout.GIT_IDENTITY,
+             staginglayout.GIT_IDENTITY_STAMP, f"{staginglayout.CREDS_HOME}/.codex/auth.json", "sync/defaults", *synced,
+             staginglayout.CONTEXT_FILE, staginglayout.MEMORY_BLOCK, staginglayout.CONTEXT_TOOLS, staginglayout.CONTEXT_DIGESTS,
+             staginglayout.TMUX_CONF, staginglayout.CLAUDE_HOOKS, staginglayout.NETWORK_RULES, staginglayout.BROKER_CA,
+             staginglayout.BROKER_CA_DIGEST, *executable}
+    folders = {staginglayout.GUARDS, staginglayout.BOOTSTRAP, staginglayout.CREDS, staginglayout.CREDS_HOME, f"{staginglayout.CREDS_HOME}/.codex",
                "sync", "sync/codex", "sync/memory-files", "sync/memory-files/home", "sync/memory-files/home/.codex",
-               contract.CONTEXT, contract.BROKER, contract.GO_MARKERS}
-    copies = {name for name in found if name.startswith(f"{contract.BOOTSTRAP}/")}
-    parts = {f"{contract.LAUNCH_PARTS}/{part.name}" for part in LAUNCH_PARTS.glob("*.sh")}
+               staginglayout.CONTEXT, staginglayout.BROKER, staginglayout.GO_MARKERS}
+    copies = {name for name in found if name.startswith(f"{staginglayout.BOOTSTRAP}/")}
+    parts = {f"{staginglayout.LAUNCH_PARTS}/{part.name}" for part in LAUNCH_PARTS.glob("*.sh")}
     assert len(parts) > 5
-    folders.add(contract.LAUNCH_PARTS)
+    folders.add(staginglayout.LAUNCH_PARTS)
     assert set(found) == named | folders | copies | parts
     assert all((folder / part).read_bytes() == (REPO / "provision" / part).read_bytes() for part in parts)
     assert [re.fullmatch(r"bootstrap/[0-9a-f]{16}-(create|start)\.sh", name) is not None for name in copies] == [True] * 2
@@ -160,10 +160,10 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     # the config's env, then the proxy's variables (the credential broker serves the VM in every mode)
     port = netguard.running(NAME).port  # type: ignore[union-attr]
     proxy = "".join(f"{key}={value}\0" for key, value in netpolicy.proxy_env(port, netguard.secret(NAME)).items())
-    assert (folder / contract.ENV_FILE).read_bytes() == f"MY_VAR=hi\0{proxy}".encode()
+    assert (folder / staginglayout.ENV_FILE).read_bytes() == f"MY_VAR=hi\0{proxy}".encode()
     documented = staging.__doc__ or ""
     assert "    launch/PART.sh " in documented
-    for name in named - {f"{contract.CREDS_HOME}/.codex/auth.json", memory}:
+    for name in named - {f"{staginglayout.CREDS_HOME}/.codex/auth.json", memory}:
         name = name.replace("sync/codex/", "sync/AGENT/").replace("sync/memory-files/", "sync/AGENT/")
         assert re.search(rf"^    {re.escape(name)}\b|, {re.escape(name)}\b|^      {re.escape(name)}\b", documented, re.M), name
     assert "    creds/home/PATH " in documented and "    bootstrap/SHA-NAME " in documented

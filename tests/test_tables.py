@@ -12,7 +12,7 @@ import pytest
 
 from agentbox import tables
 from agentbox.tasks import records
-from agentbox.tasks import state as taskstate
+from agentbox.tasks import transitions as taskstate
 from tests.gitrepo import commit_all, init
 from tests.helpers import FakeLima, run_cli, write
 

@@ -426,7 +426,7 @@ def test_an_interactive_session_runs_in_a_worktree_of_its_own(project: Path, tas
 
 
 def test_the_state_machine_refuses_every_move_it_does_not_have() -> None:
-    from agentbox.tasks import state as taskstate
+    from agentbox.tasks import transitions as taskstate
 
     allowed = {("Pending", "Queued"), ("Pending", "Failed"), ("Pending", "Cancelled"), ("Queued", "Running"),
                ("Queued", "Failed"), ("Queued", "Cancelled"), ("Running", "Completed"), ("Running", "Failed"),

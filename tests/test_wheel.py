@@ -110,7 +110,7 @@ def test_wheel_contains_every_runtime_file_as_in_the_checkout(wheel: Path) -> No
         schema = "agentbox/schemas/context.schema.json"  # context.SCHEMA_FILE, beside the modules
         assert archive.read(schema) == (REPO / schema).read_bytes()
         entry_points = next(name for name in names if name.endswith(".dist-info/entry_points.txt"))
-        assert "agentbox = agentbox.cli:main" in archive.read(entry_points).decode()
+        assert "agentbox = agentbox.cli.main:main" in archive.read(entry_points).decode()
 
 
 def test_every_imported_package_is_a_declared_dependency(venv: Path, outside: Path) -> None:

@@ -34,7 +34,7 @@ class ApiKey(NamedTuple):
 
 
 class BrokerSpec(NamedTuple):
-    """How the credential broker keeps the agent's login on the host (agentbox.credentials.brokered): the VM gets
+    """How the credential broker keeps the agent's login on the host (agentbox.credentials.broker.brokered): the VM gets
     a placeholder version of its login file and API keys, and the real values go only to these hosts."""
 
     format: str  # the login file's shape: a name in credentials.brokered.FORMATS
@@ -86,7 +86,7 @@ class AgentSpec(NamedTuple):
     # The hosts it needs for its model API and its login (network.mode allowlist/offline; agents.NAME.endpoints
     # replaces them).
     endpoints: tuple[str, ...] = ()
-    # The agent's own setup (agentbox.sync.stage): its folder in the home, relative to it; what in it is
+    # The agent's own setup (agentbox.sync.agentsetup): its folder in the home, relative to it; what in it is
     # brought into the VM (a trailing / marks a folder); what `agentbox sync pull` may bring back; and
     # what no `sync.include` can bring (credentials, history, sessions, caches, logs, databases).
     folder: str | None = None

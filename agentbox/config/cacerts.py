@@ -5,7 +5,7 @@ roots, so a new VM gets only the certificates that are not among the public root
 ships; a source that is the host's whole trust store (NODE_EXTRA_CA_CERTS at the OS bundle, which
 is common) then adds just what was installed locally, such as a corporate CA.
 
-The click layer is agentbox/commands/ca.py; this module does the work and never prompts.
+The click layer is agentbox/cli/commands/ca.py; this module does the work and never prompts.
 """
 
 from __future__ import annotations

@@ -176,7 +176,7 @@ class Config(NamedTuple):
     task_hosts: tuple[TaskHost, ...] = ()  # tasks.hosts: where `run --on any` may send tasks, in order
     keep_alive: bool = False  # session.keepAlive: an interactive launch on a terminal runs in a tmux session
     notify: bool = True  # notify: desktop notification, bell and title when a session needs the user
-    vm_base: str = "auto"  # vm.base: new VMs are clones of the provisioned base (agentbox.vm.base), or "off"
+    vm_base: str = "auto"  # vm.base: new VMs are clones of the provisioned base (agentbox.vm.golden), or "off"
     base_max_age_days: int = 7  # vm.baseMaxAgeDays: an older base is rebuilt before the next clone
     network: NetworkSettings = NetworkSettings()  # network.*: what the VM may reach (agentbox.net.policy)
     push_scope: str | None = None  # git.allowPush: "session" (keys.PUSH_SESSION), or None for false

@@ -4,8 +4,8 @@
                              fingerprint, what the VM holds, and the notes of the last launch
 
 Cheap by design (these run on the launch path and in `describe`): the config, one small record the launch wrote
-(`record`, in the VM's state folder) and the CA's record (agentbox.net.ca.load: small files, no program). The
-host's login files are never parsed here; the launch did that (agentbox.credentials.brokered.prepare).
+(`record`, in the VM's state folder) and the CA's record (agentbox.net.certauthority.load: small files, no program). The
+host's login files are never parsed here; the launch did that (agentbox.credentials.broker.brokered.prepare).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from agentbox.fsutil import private_dir, write_if_changed
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
-    from agentbox.credentials import brokered
+    from agentbox.credentials.broker import brokered
 
 RECORD_NAME = "broker-logins.json"  # in paths.vm_state_dir(VM): {"brokered": [...], "notes": [...]}
 MAX_RECORD = 64 << 10
@@ -95,7 +95,7 @@ def _recorded(vm: str) -> dict[str, Any] | None:
 def candidates(config: Config) -> list[str]:
     """The agents (and "gh") whose logins the broker holds when it is on (Claude Code, Codex, Gemini CLI, the
     GitHub CLI); every other agent's stay staged."""
-    from agentbox.credentials import brokered  # the broker's modules: only when it is on (of() asks only then)
+    from agentbox.credentials.broker import brokered
 
     request = brokered.request_of(config)
     if request is None:
@@ -119,9 +119,9 @@ def of(config: Config, vm: str) -> dict[str, Any]:
                 "notesChecked": False,
                 "vmHolds": "copies of the host's login files and API keys of every agent brought in "
                            "(credentials.broker is off)"}
-    from agentbox.net import ca
+    from agentbox.net import certauthority
 
-    authority = ca.load(vm)
+    authority = certauthority.load(vm)
     seen = _recorded(vm)
     notes = [str(note) for note in seen["notes"]] if seen is not None else []
     missing = seen.get("missing") if seen is not None else None

@@ -22,7 +22,7 @@ logs the other out. With `credentials.writeBack` on (the default), each session 
    the previous file kept as FILE.agentbox-backup. Two sessions ending at once: the second finds the
    host file changed (by the first) and leaves it.
 
-With the credential broker, the logins it keeps (agentbox.credentials.brokered) are never written back: the
+With the credential broker, the logins it keeps (agentbox.credentials.broker.brokered) are never written back: the
 broker saves a refresh or a login made through it on the host itself, and the VM's file holds placeholders. Such a
 file is still handed back, only to say so when it holds tokens that did not come through the broker.
 
@@ -39,7 +39,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import contract, fsutil, paths, vmread
+from agentbox import fsutil, paths, staginglayout, vmread
 from agentbox.agents.logins import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
 from agentbox.credentials import stage as credentials
 from agentbox.credentials.hostfile import BACKUP_SUFFIX
@@ -64,7 +64,7 @@ class Target(NamedTuple):
 
 class Plan(NamedTuple):
     vm_name: str
-    returns: contract.CredentialReturn
+    returns: staginglayout.CredentialReturn
     targets: tuple[Target, ...]
     staged: dict[str, credentials.Staged]  # every file this launch staged, by guest path
     staging_folder: Path
@@ -120,7 +120,7 @@ def begin(
         if target.fmt.companion and target.fmt.companion not in files:
             files.append(target.fmt.companion)
     folder = _new_session_folder(vm_name)
-    return Plan(vm_name, contract.CredentialReturn(folder, tuple(files)), tuple(targets.values()), staged,
+    return Plan(vm_name, staginglayout.CredentialReturn(folder, tuple(files)), tuple(targets.values()), staged,
                 paths.staging_dir(vm_name), login)
 
 
@@ -221,7 +221,7 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
 def _brokered(plan: Plan, target: Target, guest_bytes: bytes) -> Verdict:
     """A login the broker keeps is never written back; the VM's copy is worth a word only when it holds tokens that
     did not come through the broker (placeholders are what the broker gave it)."""
-    from agentbox.credentials import brokered  # only a session whose brokered login file changed in the VM
+    from agentbox.credentials.broker import brokered
 
     if not brokered.foreign_tokens(plan.vm_name, target.fmt.command, target.host_path, guest_bytes):
         return Verdict(False)
@@ -313,7 +313,7 @@ def _host_companion(target: Target, fmt: Format) -> bytes | None:
 
 def _staged_copy(plan: Plan, item: credentials.Staged) -> bytes | None:
     """The staged copy of a file, if it still holds what this launch staged."""
-    data = _read_host(plan.staging_folder / contract.CREDS_HOME / item.guest_path, MAX_COMPANION)
+    data = _read_host(plan.staging_folder / staginglayout.CREDS_HOME / item.guest_path, MAX_COMPANION)
     return data if data is not None and hashlib.sha256(data).hexdigest() == item.digest else None
 
 
@@ -346,14 +346,14 @@ def _private_parents(folder: Path) -> None:
 
 def _new_session_folder(vm_name: str) -> Path:
     """outbox/creds/s-RANDOM, a fresh name, made without following anything the VM put there."""
-    return vmread.fresh_folder(paths.vm_outbox(vm_name), contract.OUTBOX_CREDS, prefix="s")
+    return vmread.fresh_folder(paths.vm_outbox(vm_name), staginglayout.OUTBOX_CREDS, prefix="s")
 
 
 def _read_returned(folder: Path, files: Sequence[str]) -> dict[str, tuple[bytes, float] | str]:
     """What launch.sh handed back, by guest path: (bytes, mtime), or why a copy was not read."""
     found: dict[str, tuple[bytes, float] | str] = {}
     try:
-        with vmread.folder(folder.parent.parent, contract.OUTBOX_CREDS, folder.name) as session:
+        with vmread.folder(folder.parent.parent, staginglayout.OUTBOX_CREDS, folder.name) as session:
             for index, relative in enumerate(files):
                 limit = MAX_FILE if relative in FORMATS else MAX_COMPANION
                 try:

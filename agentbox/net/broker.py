@@ -127,7 +127,7 @@ MAX_EXCHANGE = 1 << 20
 class Brokering(NamedTuple):
     """Everything the proxy needs to broker one VM's credentials."""
 
-    leaves: Mapping[str, ssl.SSLContext]  # credential host -> server context (agentbox.net.ca.server_context)
+    leaves: Mapping[str, ssl.SSLContext]  # credential host -> server context (certauthority.server_context)
     secrets: tuple[Secret, ...] = ()
     endpoints: Mapping[tuple[str, str], TokenEndpoint] = MappingProxyType({})  # (host, path w/o query)
     allow_push: bool = False

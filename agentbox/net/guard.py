@@ -13,7 +13,7 @@ after a reboot proxy.json may remain, but nothing holds proxy.lock, so `running(
 launch starts one.
 
 Files in the VM's state folder, `network/`:
-  broker.json   what the credential broker serves (agentbox.credentials.brokerd; 0600, real API keys in it);
+  broker.json   what the credential broker serves (agentbox.credentials.broker.process; 0600, real API keys in it);
                 while it exists the proxy stays between sessions, in every network mode, for as long as its VM
                 runs: it asks Lima (seldom, only while no session holds it) and ends once the VM stopped or is
                 gone, however that happened; `agentbox stop` ends it at once
@@ -113,7 +113,7 @@ class Running(NamedTuple):
     pid: int
     port: int
     started: float
-    brokers: bool = False  # started as the broker's process (agentbox.credentials.brokerd)
+    brokers: bool = False  # started as the broker's process (agentbox.credentials.broker.process)
 
 
 def running(vm_name: str) -> Running | None:
@@ -225,7 +225,7 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
     """Make sure the VM's proxy runs with the policy for `agents` (name: endpoints) and lease it; None in open mode
     without a broker.
 
-    `broker`: what the credential broker must serve (agentbox.credentials.brokered.Request's JSON, real API keys
+    `broker`: what the credential broker must serve (agentbox.credentials.broker.brokered.Request's JSON, real API keys
     included), written 0600 for the proxy process, which `program` (`python -m program VM`) must be able to read;
     a brokered VM's proxy stays up until `stop()`, whatever the mode. `upstream`: the company proxy and CA files
     (agentbox.net.upstream.settings), written 0600 too; a running proxy reads it again when it changes."""
@@ -476,7 +476,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     `load_broker` makes the credential broker from the VM's broker file, again whenever that file changes (None: no
     broker). `handed`: the listening socket's and the held proxy.lock's descriptors, when the launch made them
     (`_start`); else it makes its own. `vm_running` says whether the VM still runs (asked through the one module
-    that runs limactl, by agentbox.credentials.brokerd): a brokered VM's proxy, which stays between sessions, ends
+    that runs limactl, by credentials.broker.process): a brokered VM's proxy, which stays between sessions, ends
     once none holds it and its VM is not running, whatever stopped the VM (`limactl stop` or `delete` outside
     agentbox, a crash); it asks only while no session holds it, VM_CHECK_SEC after the last one and less often
     after that."""
@@ -621,12 +621,12 @@ def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int
     except Exception as error:  # any failure leaves the proxy serving, never sending a real value
         reason = getattr(error, "message", None) or str(error) or type(error).__name__
         print(f"agentbox: the credential broker is not serving: {reason}", file=sys.stderr, flush=True)
-        from agentbox.net import ca
+        from agentbox.net import certauthority
 
-        authority = ca.load(vm_name)
+        authority = certauthority.load(vm_name)
         if authority is None:
             return None
-        return Brokering(leaves={host: ca.server_context(authority.leaf(host)) for host in authority.hosts},
+        return Brokering(leaves={host: certauthority.server_context(authority.leaf(host)) for host in authority.hosts},
                          down=reason)
 
 

@@ -577,6 +577,7 @@ def apply(
     from agentbox.git import snapshot
     from agentbox.git import store as hostgit
     from agentbox.review import isolation
+    from agentbox.vm import workmode
 
     with locked(workspace):
         proposal = find(workspace, wanted)
@@ -597,7 +598,7 @@ def apply(
         repo = hostgit.find(workspace)
         if repo is None:
             raise StateError(f"{workspace} is no longer a git work tree; a proposal is applied with git",
-                             hint=isolation.NOT_GIT_HINT)
+                             hint=workmode.NOT_GIT_HINT)
         base_head = proposal["base"].get("head")
         now = hostgit.head(repo)
         moved = now != base_head
@@ -691,9 +692,9 @@ def holder(workspace: Path, proposal: dict[str, Any], known: list[dict[str, Any]
 
 def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
     """Bring the workspace from the snapshot now to result_tree, writing only the files that differ."""
-    from agentbox.review import restore, undo
+    from agentbox.review import restore, rewind
 
-    todo = undo.plan(repo, result_tree, now.tree, now.skipped, None, clean=True)
+    todo = rewind.plan(repo, result_tree, now.tree, now.skipped, None, clean=True)
     result = restore.apply(repo.work_tree, todo.operations)
     if result.failures:
         shown = "; ".join(f"{visible(failure.path)}: {failure.reason}" for failure in result.failures[:5])

@@ -1,6 +1,6 @@
 """The places that run VMs, behind one contract (agentbox.runtime.contract): this machine and remote hosts.
 
-May import tasks, sync, credentials, vm, remote, review, config, agents, net, git and the ground floor.
+May import vm, remote, config, agents, net, git and the ground floor.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def place(name: str) -> Runtime:
         from agentbox.runtime.local import LocalRuntime
 
         return LocalRuntime()
-    from agentbox.remote import hosts
-    from agentbox.runtime.remote import SshRuntime
+    from agentbox.remote import registry
+    from agentbox.runtime.sshhost import SshRuntime
 
-    return SshRuntime(hosts.require(name))
+    return SshRuntime(registry.require(name))

@@ -2,7 +2,7 @@
 in and out of the folders it shares with the VM, and read the state a task's runner left there.
 
 `agentbox.runtime.local.LocalRuntime` is this machine (agentbox.vm.lima, the only module that runs limactl
-here); `agentbox.runtime.remote.SshRuntime` is a host reached over one multiplexed ssh connection, where
+here); `agentbox.runtime.sshhost.SshRuntime` is a host reached over one multiplexed ssh connection, where
 agentbox's far end (agentbox/remote/far.py) runs limactl. Another engine (a cloud VM API, Kubernetes with Kata
 Containers) is one more class with these methods.
 

@@ -26,7 +26,6 @@ class LocalRuntime:
 
     def describe(self) -> dict[str, Any]:
         from agentbox.errors import LimaError
-        from agentbox.tasks import records
 
         try:
             version: str | None = self.lima.version()
@@ -37,7 +36,7 @@ class LocalRuntime:
             free = disk.f_bavail * disk.f_frsize
         except OSError:
             free = None
-        running = len([task for task in records.all_tasks() if task.active and task.host == self.name])
+        running = running_tasks()
         vms = [{"name": n, "status": s} for n, s in self.instances().items()] if version else []
         return {"os": platform.system().lower(), "arch": platform.machine(),
                 "limactl": self.lima._resolve() if version else None, "limaVersion": version,
@@ -139,6 +138,31 @@ class LocalRuntime:
     def forget(self, vm: str, key: str) -> None:
         outbox = paths.vm_outbox(vm)
         vmread.remove_folder(outbox, outbox / "tasks" / key)
+
+
+def running_tasks() -> int:
+    """How many tasks a runner in one of this machine's VMs says are running (their state files in the VMs'
+    outboxes, read as the VM wrote them), as the far end counts a host's."""
+    count = 0
+    try:
+        vms = [entry.name for entry in os.scandir(paths.state_dir() / "vms") if entry.is_dir(follow_symlinks=False)]
+    except OSError:
+        return 0
+    for vm in vms:
+        try:
+            with vmread.folder(paths.vm_outbox(vm), "tasks") as tasks:
+                keys = os.listdir(tasks)
+                for key in keys:
+                    try:
+                        with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+                            state = vmread.read(box, "state", MAX_STATE)
+                    except (OSError, vmread.Refused):
+                        continue
+                    if state is not None and "state=running" in state.decode(errors="replace").splitlines():
+                        count += 1
+        except OSError:
+            continue
+    return count
 
 
 def _lima_said(stderr: str, vm: str) -> str | None:

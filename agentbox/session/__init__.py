@@ -1,4 +1,4 @@
-"""One launch: staging, the sandbox description, the launch itself, detached sessions, `agentbox run`.
+"""One launch: decided once (session.prepare), staged, run in one `limactl shell`; kept sessions.
 
-May import every package but commands (and cli, doctor).
+May import review, sync, credentials, runtime, vm, remote, config, agents, net, git and the ground floor.
 """

@@ -7,7 +7,8 @@ background task's end may leave one too: kind `task`, the task's id in the sessi
 terminal's bell and title say it instead. This watcher, one per VM, started in the background by a launch that
 leaves a session in the VM (`--detach`, session.keepAlive), by `agentbox attach` or by `agentbox run`, reads
 those events every second, shows each with agentbox.session.notify and removes it (a task's end also moves its outputs
-to the host's record at once). It ends on its own once no session of the VM has been
+to the host's record at once: the watcher's process is agentbox.tasks.watcher, which knows the records). It ends
+on its own once no session of the VM has been
 alive for IDLE_EXIT_SEC: each running session and each waiting or running task keeps a marker in events/live
 fresh (session.sh, task-runner.sh), which stops when the VM does. No daemon stays behind.
 
@@ -22,9 +23,10 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from agentbox import contract, livemarkers, paths, vmread
+from agentbox import livemarkers, paths, staginglayout, vmread
 from agentbox.session import detached as sessions
 from agentbox.session import notify
 
@@ -32,6 +34,10 @@ POLL_SEC = 1.0
 IDLE_EXIT_SEC = 30
 EVENT_LIMIT = 4096
 PER_POLL = 5  # notifications shown per poll at most; the rest of a burst is dropped
+# The watcher's program, started by name (a process, not an import): the tasks package's, so that a task's end moves
+# its outputs into its record at once (session's modules cannot read the records, a layer above them).
+WATCHER = "agentbox.tasks.watcher"
+TaskEnded = Callable[[str, str], None]  # (VM, task id)
 KINDS = ("notification", "stop", "exit", "task")  # task: a background task ended (its id in the session line)
 
 
@@ -52,7 +58,7 @@ def ensure_watcher(vm_name: str) -> None:
     log = paths.vm_state_dir(vm_name) / "attention.log"
     with open(log, "ab") as errors:
         subprocess.Popen(
-            [sys.executable, "-m", "agentbox.session.attention", vm_name],
+            [sys.executable, "-m", WATCHER, vm_name],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors, start_new_session=True,
             close_fds=True,
         )
@@ -79,38 +85,26 @@ def parse_event(data: bytes) -> tuple[str, str, str, str] | None:
     return lines[0], lines[1], agent, lines[3][:300]
 
 
-def poll(vm_name: str) -> tuple[bool, bool]:
-    """Show and remove the waiting events. Returns (the events folder could be read, a session is alive)."""
+def poll(vm_name: str, on_task_end: TaskEnded | None = None) -> tuple[bool, bool]:
+    """Show and remove the waiting events, telling `on_task_end` of each task that ended. Returns (the events
+    folder could be read, a session is alive)."""
     outbox = paths.vm_outbox(vm_name)
     try:
-        with vmread.folder(outbox, contract.OUTBOX_SESSIONS, sessions.EVENTS) as events:
+        with vmread.folder(outbox, staginglayout.OUTBOX_SESSIONS, sessions.EVENTS) as events:
             names = sorted(name for name in os.listdir(events) if name.endswith(".event"))
             shown = 0
             for name in names:
                 data = vmread.read(events, name, EVENT_LIMIT)
                 vmread.remove(events, name)
                 event = parse_event(data) if data is not None else None
-                if event is not None and event[0] == "task":
-                    _harvest(vm_name, event[1])
+                if event is not None and event[0] == "task" and on_task_end is not None:
+                    on_task_end(vm_name, event[1])
                 if event is not None and shown < PER_POLL:
                     notify.notify(*message(*event, vm_name))
                     shown += 1
             return True, _alive(events)
     except OSError:
         return False, False
-
-
-def _harvest(vm_name: str, task_id: str) -> None:
-    """Bring the ended task's record up to date now, its outputs moved to the host (not at the next command)."""
-    from agentbox.errors import AgentboxError
-    from agentbox.tasks import records as tasks
-
-    task = tasks.get(int(task_id)) if task_id.isdigit() else None
-    if task is not None and task.vm == vm_name:
-        try:
-            tasks.refresh([task], check_vms=False)
-        except (OSError, ValueError, AgentboxError):
-            pass  # the next agentbox command that looks does it
 
 
 def _alive(events: int) -> bool:
@@ -124,7 +118,7 @@ def _alive(events: int) -> bool:
         os.close(live)
 
 
-def watch(vm_name: str) -> int:
+def watch(vm_name: str, on_task_end: TaskEnded | None = None) -> int:
     """The watcher's loop; returns when no session has been alive for IDLE_EXIT_SEC, or the VM's folder is gone."""
     lock = lock_path(vm_name)
     with open(lock, "a") as handle:
@@ -134,7 +128,7 @@ def watch(vm_name: str) -> int:
             return 0
         idle_since = time.monotonic()
         while True:
-            _, alive = poll(vm_name)
+            _, alive = poll(vm_name, on_task_end)
             if not paths.vm_outbox(vm_name).is_dir():
                 return 0
             if alive:
@@ -143,5 +137,3 @@ def watch(vm_name: str) -> int:
                 return 0
             time.sleep(POLL_SEC)
 
-if __name__ == "__main__":
-    sys.exit(watch(sys.argv[1]))

@@ -11,7 +11,7 @@ callers gate on it.
 import hashlib
 from typing import NamedTuple
 
-from agentbox import contract
+from agentbox import staginglayout
 from agentbox.config import pins
 from agentbox.config.load import Config, Script
 from agentbox.errors import ConfigError
@@ -38,7 +38,7 @@ def plan(config: Config, staging_mount: str) -> Plan:
         data = pins.read(path, f"bootstrap.{key}")
         name = f"{hashlib.sha256(data).hexdigest()[:16]}-{path.name}"
         staged[name] = data
-        return f"{staging_mount}/{contract.BOOTSTRAP}/{name}"
+        return f"{staging_mount}/{staginglayout.BOOTSTRAP}/{name}"
 
     on_create = [place(s, "onCreateScript") for s in config.on_create]
     on_start = [place(s, "onStartScript") for s in config.on_start]

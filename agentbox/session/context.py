@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from agentbox import __version__, contract, paths
+from agentbox import __version__, paths, staginglayout
 from agentbox.config import keys
 from agentbox.credentials import stage as credentials
 from agentbox.net import policy as netpolicy
@@ -275,12 +275,12 @@ def mounts_for(config: Config, vm_name: str) -> list[tuple[str, str, bool]]:
 def _mount(
     location: str, point: str, writable: bool, config: Config, workspace: str, vm_name: str
 ) -> dict[str, Any]:
-    from agentbox.review import isolation
+    from agentbox.vm import workmode
 
     configured = {m.mount_point for m in config.mounts}
     if point == workspace:
         role = "workspace"
-    elif point == isolation.GUEST_SOURCE:
+    elif point == workmode.GUEST_SOURCE:
         role = "workspaceSource"
     elif point == str(paths.staging_dir(vm_name)):
         role = "staging"
@@ -543,16 +543,16 @@ def stage(folder: Path, document: dict[str, Any]) -> None:
     block = memory_block(document).encode()
     digests = f"{hashlib.sha256(text).hexdigest()}\n{hashlib.sha256(block).hexdigest()}\n".encode()
     try:
-        if (folder / contract.CONTEXT_DIGESTS).read_bytes() == digests:
+        if (folder / staginglayout.CONTEXT_DIGESTS).read_bytes() == digests:
             return
     except OSError:
         pass
-    private_dir(folder / contract.CONTEXT)
-    write_if_changed(folder / contract.CONTEXT_FILE, text)
-    write_if_changed(folder / contract.MEMORY_BLOCK, block)
+    private_dir(folder / staginglayout.CONTEXT)
+    write_if_changed(folder / staginglayout.CONTEXT_FILE, text)
+    write_if_changed(folder / staginglayout.MEMORY_BLOCK, block)
     tools = "".join(f"{tool['name']}\n" for tool in document["tools"]["list"])
-    write_if_changed(folder / contract.CONTEXT_TOOLS, tools.encode())
-    write_if_changed(folder / contract.CONTEXT_DIGESTS, digests)
+    write_if_changed(folder / staginglayout.CONTEXT_TOOLS, tools.encode())
+    write_if_changed(folder / staginglayout.CONTEXT_DIGESTS, digests)
 
 
 def dump(document: dict[str, Any]) -> str:

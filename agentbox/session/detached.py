@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import contract, paths, resources, vmread
+from agentbox import paths, resources, staginglayout, vmread
 from agentbox.safetext import visible
 
 if TYPE_CHECKING:
@@ -71,11 +71,12 @@ def base_name(agent: str) -> str:
 
 def script(command: str, *args: str) -> list[str]:
     """The argv that runs session.sh's COMMAND in the VM, the script sent inline."""
-    return ["bash", "-c", resources.text("provision", contract.SESSION_SCRIPT), contract.SESSION_SCRIPT, command, *args]
+    script = staginglayout.SESSION_SCRIPT
+    return ["bash", "-c", resources.text("provision", script), script, command, *args]
 
 
 def outbox_folder(vm_name: str) -> Path:
-    return paths.vm_outbox(vm_name) / contract.OUTBOX_SESSIONS
+    return paths.vm_outbox(vm_name) / staginglayout.OUTBOX_SESSIONS
 
 
 def events_folder(vm_name: str) -> Path:
@@ -91,14 +92,14 @@ def live_folder(vm_name: str) -> Path:
 
 def new_reply(vm_name: str) -> Path:
     """A fresh folder for one start's or attach's answer (the host removes it once read)."""
-    return vmread.fresh_folder(paths.vm_outbox(vm_name), contract.OUTBOX_SESSIONS, prefix=REPLY_PREFIX)
+    return vmread.fresh_folder(paths.vm_outbox(vm_name), staginglayout.OUTBOX_SESSIONS, prefix=REPLY_PREFIX)
 
 
 def take_reply(vm_name: str, folder: Path) -> Reply | None:
     """Read and remove the answer in `folder`; None when there is none (the VM did not get that far)."""
     outbox = paths.vm_outbox(vm_name)
     try:
-        with vmread.folder(outbox, contract.OUTBOX_SESSIONS, folder.name) as fd:
+        with vmread.folder(outbox, staginglayout.OUTBOX_SESSIONS, folder.name) as fd:
             result = vmread.read(fd, "result", RESULT_LIMIT)
             last = vmread.read_tail(fd, "last-output", LAST_OUTPUT_LIMIT)
     except OSError:

@@ -1,4 +1,4 @@
-"""A live session's end checkpoint, taken after its launch returned (agentbox.session.checkpoints.end_later).
+"""A live session's end checkpoint, taken after its launch returned (agentbox.session.checkpointing.end_later).
 
 Run as `python -m agentbox.session.endcheckpoint SPEC` with no terminal and no pipe of the launch's: SPEC (JSON)
 names the workspace, the session, the settings, the files the start checkpoint already named, and the file
@@ -22,7 +22,7 @@ def main(argv: list[str]) -> int:
     from agentbox.config.load import CheckpointSettings
     from agentbox.fsutil import atomic_write
     from agentbox.review import checkpoints
-    from agentbox.session.checkpoints import SessionCheckpoints
+    from agentbox.session.checkpointing import SessionCheckpoints
 
     checkpoints.hold_end()
     workspace = Path(spec["workspace"])

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from agentbox.contract import GUEST_CA_BUNDLE
 from agentbox.credentials import stage as credentials
 from agentbox.net import policy as netpolicy
 from agentbox.progress import note
+from agentbox.staginglayout import GUEST_CA_BUNDLE
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config

@@ -10,15 +10,16 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox.contract import IsolatedLaunch
 from agentbox.fsutil import private_dir
 from agentbox.progress import note, warn
 from agentbox.review import isolation
 from agentbox.safetext import visible
+from agentbox.staginglayout import IsolatedLaunch
+from agentbox.vm import workmode
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
-    from agentbox.session.checkpoints import SessionCheckpoints
+    from agentbox.session.checkpointing import SessionCheckpoints
 
 
 SSH_FAILED = 255
@@ -42,7 +43,7 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
     workspace = config.require_workspace()
     repo = hostgit.find(workspace)
     if repo is None:
-        raise isolation.not_a_git_work_tree(workspace)
+        raise workmode.not_a_git_work_tree(workspace)
     for made in proposals.collect(workspace, vm_name):
         if made.proposal is not None:
             note(f"an earlier isolated session left changes: {made}")
@@ -69,7 +70,7 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
                                        "checkpointSession": points.session}
         _prune(record)
     _write_stream(repo, outbox_dir / session / "base.fi", candidate)
-    source = str(workspace) if aside else isolation.GUEST_SOURCE
+    source = str(workspace) if aside else workmode.GUEST_SOURCE
     return IsolatedLaunch(source, base, outbox_dir / session, chdir, aside)
 
 

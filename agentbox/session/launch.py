@@ -10,10 +10,10 @@ provision/launch.sh); what it hands back (logins refreshed in the VM, an isolate
 through the outbox, read after the shell returns (agentbox.credentials.writeback, agentbox.review.proposals).
 A git workspace gets a checkpoint before the session (taken on the host while the shell connects;
 launch.sh starts the program once it is recorded) and after it (taken once the launch returned), see
-agentbox.session.checkpoints. In isolated mode the start checkpoint is also the base of the agent's copy
+agentbox.session.checkpointing. In isolated mode the start checkpoint is also the base of the agent's copy
 (agentbox.review.isolation, agentbox.session.isolated), whose changes become a proposal after the
 session. Before and after the session, the VM's ports that Lima could not forward to the host are reported
-(agentbox.vm.ports, from the instance folders of that `list`). A kept session (`--detach`, session.keepAlive) runs
+(agentbox.vm.forwards, from the instance folders of that `list`). A kept session (`--detach`, session.keepAlive) runs
 the agent in a tmux session of the VM that outlives the shell (agentbox.session.detached): launch.sh starts it and
 leaves it (DETACHED) or attaches to it (ATTACHED); its name, and how an attach ended, come back through the
 outbox.
@@ -26,19 +26,18 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox import contract, paths, timing
+from agentbox import paths, staginglayout, timing
 from agentbox.config.load import AgentConfig, Config
 from agentbox.credentials import writeback
 from agentbox.errors import StateError, UsageError
 from agentbox.progress import note, warn
-from agentbox.review import isolation, scope, tripwire
-from agentbox.session import bootstrap, broker, context, staging, warm
+from agentbox.review import scope, tripwire
+from agentbox.session import bootstrap, brokersetup, context, staging, warm
 from agentbox.session import detached as sessions
 from agentbox.session import isolated as isolatedsession
-from agentbox.session.activity import ProjectActivity
-from agentbox.session.checkpoints import SessionCheckpoints
+from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.session.worktrees import Worktree
-from agentbox.vm import drift, ports, verified
+from agentbox.vm import drift, forwards, verified, workmode
 from agentbox.vm import lifecycle as vm
 from agentbox.vm import state as vmstate
 from agentbox.vm.lima import Instance
@@ -66,6 +65,7 @@ def run_in_vm(
     login: bool = False,
     worktree: Worktree | None = None,
     keep: str | None = None,
+    busy: tripwire.Busy | None = None,
 ) -> int:
     """Run argv (or a login shell) in the VM `name`, creating or starting it as needed.
 
@@ -73,27 +73,29 @@ def run_in_vm(
     `login`: argv is the agent's login (`agentbox AGENT login`), whose login may replace the host's.
     `worktree`: the session runs in that git worktree of the workspace (made by launch.sh when missing).
     `keep`: DETACHED or ATTACHED runs the agent in a session that outlives the shell (agentbox.session.detached).
+    `busy`: whether anything else of the project ran since a time (agentbox.tasks.activity): the tripwire asks it
+    before it takes a changed file for the user's own edit (None: the tripwire assumes something did).
     """
     config = session.config
     workspace = config.require_workspace()
     # A detached isolated session is refused before anything starts (no limactl call, no proxy).
-    if keep == DETACHED and agent is not None and isolation.ISOLATED in (
-            config.session_mode, isolation.mode_of_vm(vm.expected_config(name), workspace)):
-        _kept_session(config, name, agent, keep, isolation.ISOLATED, {})
+    if keep == DETACHED and agent is not None and workmode.ISOLATED in (
+            config.session_mode, workmode.mode_of_vm(vm.expected_config(name), workspace)):
+        _kept_session(config, name, agent, keep, workmode.ISOLATED, {})
     # A malformed host login stops the launch here, before anything starts.
     with timing.phase("credential broker (host logins, CA)"):
-        brokering = broker.prepare(config, name, agent.name if agent else None)
+        brokering = brokersetup.prepare(config, name, agent.name if agent else None)
     # In allowlist and offline mode (or with the broker) the VM's proxy starts now, while Lima is asked.
     with timing.phase("network proxy (lease)"):
-        lease = broker.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
+        lease = brokersetup.begin_proxy(config, name, {agent.name: agent.endpoints} if agent is not None else {})
     tree, made_in = checkpoint_tree(config, name, workspace, worktree)
     points = SessionCheckpoints(config, tree, agent.name if agent else "shell", session.verbose,
-                                paths.staging_dir(name) / contract.GO_MARKERS, made_in)
+                                paths.staging_dir(name) / staginglayout.GO_MARKERS, made_in)
     try:
         points.start()
         try:
             return _run(session, name, argv, interactive_shell, agent, running, points, login, worktree, keep,
-                        lease, brokering)
+                        lease, brokering, busy)
         finally:
             points.done()  # a launch that failed early still leaves no thread (nor go marker) behind
     finally:
@@ -106,7 +108,7 @@ def checkpoint_tree(config: Config, name: str, workspace: Path, worktree: Worktr
     """(what the session's checkpoints are of, the workspace launch.sh makes it in when it is a worktree not made
     yet). A live session in an agentbox worktree checkpoints that worktree (agentbox.review.scope); an isolated
     one the workspace, whose copy it works on."""
-    if isolation.ISOLATED in (config.session_mode, isolation.mode_of_vm(vm.expected_config(name), workspace)):
+    if workmode.ISOLATED in (config.session_mode, workmode.mode_of_vm(vm.expected_config(name), workspace)):
         return workspace, None
     if worktree is not None:
         tree = Path(worktree.path)
@@ -141,13 +143,14 @@ def _run(
     worktree: Worktree | None = None,
     keep: str | None = None,
     lease: netguard.Lease | None = None,
-    brokering: broker.Brokered | None = None,
+    brokering: brokersetup.Brokered | None = None,
+    busy: tripwire.Busy | None = None,
 ) -> int:
     config = session.config
     workspace = config.require_workspace()
     scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
     with timing.phase("tripwire fingerprint"):
-        tripwire_before, unacknowledged, yours = tripwire.begin_session(workspace, ProjectActivity(config),
+        tripwire_before, unacknowledged, yours = tripwire.begin_session(workspace, busy,
                                                                         points.session)
     tripwire.report_yours(yours)
     tripwire.remind(unacknowledged)
@@ -207,7 +210,7 @@ def _session(
     worktree: Worktree | None,
     keep: str | None,
     lease: netguard.Lease | None,
-    brokering: broker.Brokered | None,
+    brokering: brokersetup.Brokered | None,
     scripts: bootstrap.Plan,
     said: _Said,
     instance: Instance,
@@ -233,10 +236,10 @@ def _session(
     seen = context.vm_facts(instance)
     if state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
         vmstate.update(name, {"seen": seen})
-    vm_mode = isolation.mode_of_vm(vm.expected_config(name, state), workspace)
-    mode = isolation.session_mode(config.session_mode, vm_mode, name, isolation.asked_by(config),
-                                  aside=isolation.asked_on_command_line(config))
-    aside = mode == isolation.ISOLATED and vm_mode == isolation.LIVE  # `--isolated` in a VM created live
+    vm_mode = workmode.mode_of_vm(vm.expected_config(name, state), workspace)
+    mode = workmode.session_mode(config.session_mode, vm_mode, name, workmode.asked_by(config),
+                                  aside=workmode.asked_on_command_line(config))
+    aside = mode == workmode.ISOLATED and vm_mode == workmode.LIVE  # `--isolated` in a VM created live
     changed = drift.changed_settings(state.get("fingerprint"), config)
     if aside:
         changed = [setting for setting in changed if setting != "mode"]
@@ -244,7 +247,7 @@ def _session(
                   "changes come back as a proposal; the VM still mounts your workspace writable, so this keeps "
                   "the agent's edits off your files, not a hostile agent (`agentbox start --recreate --isolated` "
                   "makes a VM that cannot write them)")
-    if mode == isolation.ISOLATED and config.session_mode != isolation.ISOLATED:
+    if mode == workmode.ISOLATED and config.session_mode != workmode.ISOLATED:
         changed = [setting for setting in changed if setting != "mode"]
         if not state.get("isolatedNoted"):  # once per VM: `agentbox status` says the mode every time
             note(f"{name} was created isolated, so its sessions work on a copy of the workspace too; "
@@ -256,7 +259,7 @@ def _session(
     kept = _kept_session(config, name, agent, keep, mode, state)
     isolated = None
     workdir = workdir_for(config.cwd, workspace)
-    if mode == isolation.ISOLATED:
+    if mode == workmode.ISOLATED:
         points.wait_for_start()  # the start checkpoint is the copy's base
         with timing.phase("isolated mode (base, outbox)"):
             isolated = isolatedsession.begin(config, name, agent.name if agent else "shell", workdir, points,
@@ -279,7 +282,7 @@ def _session(
     command += points.go_options()  # launch.sh starts the program once the start checkpoint is recorded
     command += ["--", *argv] if not interactive_shell else []
     with timing.phase("port clashes (Lima's logs)"):
-        unreachable = ports.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable)
+        unreachable = forwards.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable)
         said.unreachable = (said.unreachable or set()) | unreachable
     points.report_if_done()
     start = points.taken if isolated is not None else None  # a live session's program gets it from the go marker
@@ -327,7 +330,8 @@ def _session(
                                              name if kept is not None else None)
     try:
         with timing.phase("port clashes after the session"):
-            ports.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable, during=True)
+            forwards.warn_clashes(instance, session.lima.listed or {name: instance}, known=said.unreachable,
+                                  during=True)
         if isolated is not None:
             with timing.phase("isolated mode (proposal)"):
                 isolatedsession.finish(config, name, isolated, code)
@@ -368,11 +372,11 @@ def _ssh_failed(name: str, instance: Instance, after: Instance) -> str:
 
 def _kept_session(
     config: Config, name: str, agent: AgentConfig | None, keep: str | None, mode: str, state: dict[str, object]
-) -> contract.SessionLaunch | None:
+) -> staginglayout.SessionLaunch | None:
     """launch.sh's session options for a kept launch; None for a plain one."""
     if keep is None or agent is None:
         return None
-    if mode == isolation.ISOLATED:
+    if mode == workmode.ISOLATED:
         if keep == ATTACHED:
             return None  # session.keepAlive leaves isolated sessions as they are
         raise UsageError(
@@ -387,11 +391,11 @@ def _kept_session(
             hint="`agentbox start --recreate` applies it.",
         )
     events = sessions.events_folder(name) if config.notify else None
-    return contract.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name), events,
-                                 sessions.live_folder(name))
+    return staginglayout.SessionLaunch(sessions.base_name(agent.name), keep == ATTACHED, sessions.new_reply(name),
+                                       events, sessions.live_folder(name))
 
 
-def _session_outcome(name: str, kept: contract.SessionLaunch, code: int) -> int:
+def _session_outcome(name: str, kept: staginglayout.SessionLaunch, code: int) -> int:
     """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
     import click
 

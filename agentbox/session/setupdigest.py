@@ -14,7 +14,7 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from agentbox.contract import (
+from agentbox.staginglayout import (
     ATTENTION_SCRIPT,
     BROKER_CA_DIGEST,
     CLAUDE_HOOKS,

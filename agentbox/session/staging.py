@@ -27,7 +27,7 @@ launch.sh finds the folder as the one it runs from.
     creds/stamps.json      0600  host only: each staged file's stat signature and digest (credentials.stage_files)
     creds/gitconfig.stamp  0600  host only: ~/.gitconfig's stat when creds/gitconfig was last made
     sync/AGENT/home/PATH   0600  a file of the agent's own setup as the VM   launch.sh (--sync AGENT): copied to ~/PATH
-                          (0700 gets it (agentbox.sync.stage), PATH        when the host's copy changed since the last
+                          (0700 gets it (sync.agentsetup), PATH            when the host's copy changed since the last
                            if exec) relative to the guest home              sync, unless changed in the VM since then
     sync/AGENT/manifest    0600  "SHA256 MODE PATH" records, each ended by  launch.sh: which sync/AGENT/home files
                                  a NUL (MODE 600 or 700)                     to apply (never an absolute PATH or ..)
@@ -51,7 +51,7 @@ launch.sh finds the folder as the one it runs from.
                                  memory.md, one a line                       launch (~/.agentbox/context.key,
                                                                              memory.key): installs and edits nothing
     broker/ca.crt          0600  the credential broker's CA certificate    launch.sh: installs it as root's 0644
-                                 (agentbox.net.ca; never its key); absent    /usr/local/share/ca-certificates/
+                                 (net.certauthority; never its key); absent  /usr/local/share/ca-certificates/
                                  when the VM's credentials are not           agentbox-broker.crt, runs
                                  brokered                                    update-ca-certificates, exports
                                                                              NODE_EXTRA_CA_CERTS, SSL_CERT_FILE,
@@ -73,7 +73,7 @@ launch.sh finds the folder as the one it runs from.
     claude-hooks.json      0600  provision/claude-hooks.json: Claude       launch.sh (--notify on): installed as
                                  Code's Notification and Stop hooks          /etc/claude-code/managed-settings.json
     go/TOKEN               0600  per launch: the start checkpoint's id     launch.sh (--go TOKEN): runs the program
-                                 (agentbox.session.checkpoints), written     once it is there; exports the id as
+                                 (session.checkpointing), written            once it is there; exports the id as
                                  when it is recorded                         AGENTBOX_CHECKPOINT
     proof/NONCE            0600  per launch, empty: the nonce of a launch  the stub before launch.sh (agentbox.session
                                  that made no `limactl list`                 .warm): this VM mounts this staging folder
@@ -129,7 +129,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import paths, resources, timing
-from agentbox.contract import (
+from agentbox.credentials import stage as credentials
+from agentbox.fsutil import atomic_write, private_dir, write_if_changed
+from agentbox.net import policy as netpolicy
+from agentbox.net import pushes
+from agentbox.progress import warn
+from agentbox.session import context, setupdigest
+from agentbox.session import env as sessionenv
+from agentbox.staginglayout import (
     ATTENTION_SCRIPT,
     BOOTSTRAP,
     BROKER,
@@ -159,19 +166,12 @@ from agentbox.contract import (
     SessionLaunch,
     launch_options,
 )
-from agentbox.credentials import stage as credentials
-from agentbox.fsutil import atomic_write, private_dir, write_if_changed
-from agentbox.net import policy as netpolicy
-from agentbox.net import pushes
-from agentbox.progress import warn
-from agentbox.session import context, setupdigest
-from agentbox.session import env as sessionenv
-from agentbox.sync import stage as agentsync
+from agentbox.sync import agentsetup as agentsync
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
-    from agentbox.credentials.brokered import Prepared
-    from agentbox.net.ca import BrokerCA
+    from agentbox.credentials.broker.brokered import Prepared
+    from agentbox.net.certauthority import BrokerCA
     from agentbox.session.bootstrap import Plan
     from agentbox.session.worktrees import Worktree
     from agentbox.vm.lima import Instance
@@ -261,9 +261,9 @@ def refresh(
 
     `instance` is the VM's row of the launch's `limactl list`: host paths in the agents' settings are
     rewritten to its user's home. `prepared`: the credential broker's placeholder logins, staged instead of the
-    host's (agentbox.credentials.brokered). `proxy_port`: where the VM reaches its proxy (this machine's port, or
+    host's (agentbox.credentials.broker.brokered). `proxy_port`: where the VM reaches its proxy (this machine's port, or
     a remote host's forward of it); the proxy variables carry the proxy secret of `name` (agentbox.net.guard).
-    `broker_ca`: the VM's credential broker CA (agentbox.net.ca), which
+    `broker_ca`: the VM's credential broker CA (agentbox.net.certauthority), which
     launch.sh installs in the guest's trust store; None removes one a launch installed before. The sandbox's
     description is staged later (stage_context), once the session's mode and start checkpoint are known.
     """

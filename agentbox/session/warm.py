@@ -81,16 +81,16 @@ def usable(config: Config, name: str, workspace: Path) -> verified.Verified | No
     workspace, live, with nothing agentbox would change or ask about before the session (the slow path says and
     does those), and an outbox for the started mark."""
     from agentbox.credentials import writeback
-    from agentbox.review import isolation
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import state as vmstate
+    from agentbox.vm import workmode
 
     state = vmstate.read(name)
     found = verified.cached(name, state)
     if found is None or vm.workspace_of(found.instance) != str(workspace):
         return None
     expected = vm.expected_config(name, state)
-    if isolation.ISOLATED in (config.session_mode, isolation.mode_of_vm(expected, workspace)):
+    if workmode.ISOLATED in (config.session_mode, workmode.mode_of_vm(expected, workspace)):
         return None
     if "deferred" in state or not vm.resources_as_recorded(config, state):
         return None

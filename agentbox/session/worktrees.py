@@ -1,7 +1,7 @@
 """Git worktrees of the workspace for sessions and tasks that run side by side.
 
 `agentbox AGENT --worktree NAME` runs the session in `.agentbox/worktrees/NAME` inside the workspace, on
-the branch `agentbox/NAME`; a `--worktree` background task uses `task-ID` (agentbox.session.run). The folder
+the branch `agentbox/NAME`; a `--worktree` background task uses `task-ID` (agentbox.tasks.submit). The folder
 is made in the VM (launch.sh or the task runner run `git worktree add` there: nothing of the project's git
 runs on the host), from the commit HEAD names when agentbox is asked, and git ignores it through the
 repository's `.git/info/exclude` (`/.agentbox/`). An existing worktree or branch of that name is used again.

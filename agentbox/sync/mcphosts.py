@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
-from agentbox import contract
+from agentbox import staginglayout
 from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.sync import stage as agentsync
+from agentbox.sync import agentsetup as agentsync
 from agentbox.sync import transform as synctransform
 
 MAX_READ = 32 << 20
@@ -61,7 +61,7 @@ def _sources(staging: Path, agent: str) -> Iterator[tuple[Path, str, str]]:
         return
     for relative, transform in spec.login_transforms:
         if transform in SERVERS_KEY:
-            yield staging / contract.CREDS_HOME / relative, f"~/{relative}", transform
+            yield staging / staginglayout.CREDS_HOME / relative, f"~/{relative}", transform
     if not spec.folder:
         return
     home = staging / agentsync.SYNC / agent / agentsync.HOME

@@ -1,6 +1,6 @@
 """What `agentbox sync --show` reports, as plain data: one record per agent, one entry per line of the text.
 
-The text and `--json` are both printed from these records (agentbox.commands.sync), so they cannot disagree.
+The text and `--json` are both printed from these records (agentbox.cli.commands.sync), so they cannot disagree.
 Every string is as the text shows it (through agentbox.safetext.visible): file names come from the host's
 home and may hold anything.
 """
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from agentbox import paths
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.safetext import visible
-from agentbox.sync import stage as agentsync
+from agentbox.sync import agentsetup as agentsync
 from agentbox.sync import transform as synctransform
 
 if TYPE_CHECKING:

@@ -1,4 +1,4 @@
-"""Background tasks (`agentbox run`): their states and records on the host.
+"""Background work handed to a place (`agentbox run`, `--on HOST` sessions): submission, records, the keeper.
 
-May import vm, remote, review, config, agents, net, git and the ground floor.
+May import session, review, sync, credentials, runtime, vm, remote, config, agents, net, git and the ground floor.
 """

@@ -13,7 +13,7 @@ regular files only, the state file read up to a few KiB). No limactl call is nee
 When agentbox sees a task ended, it moves the outputs into the record (a rename: a gigabyte of output
 costs nothing) and removes the outbox folder.
 
-The state machine is agentbox.tasks.state's. agentbox updates a record whenever a command looks at it
+The state machine is agentbox.tasks.transitions's. agentbox updates a record whenever a command looks at it
 (`tasks`, `logs`, `wait`, `cancel`, `run`, `stop`, `rm`): the runner's state becomes the record's, and a
 task whose VM is no longer running (one `limactl list` for all of them), or whose runner stopped beating,
 becomes Failed with the reason.
@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from agentbox import fsutil, paths, vmread
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.tasks import state as taskstate
-from agentbox.tasks.state import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
+from agentbox.tasks import transitions as taskstate
+from agentbox.tasks.transitions import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -90,7 +90,7 @@ class Task:
     copy_base: dict[str, Any] | None = None  # an isolated task's base: {commit, tree, head} of agentbox's store
     proposal: int | None = None  # the proposal its changes became
     outcome: str | None = None  # an isolated task's changes: "proposal N: ...", "no changes", or why none was made
-    # A task on a remote host (agentbox.session.remote; its keeper, agentbox.session.remotekeeper, updates these):
+    # A task on a remote host (agentbox.tasks.remote; its keeper, agentbox.tasks.keeper, updates these):
     remote_key: str | None = None  # its name there (its folder `outbox/tasks/KEY` in the VM's outbox there)
     handed: bool = False  # the host took it (else it waits for the host, Pending)
     seen: float | None = None  # when its host last answered for it
@@ -387,7 +387,7 @@ def refresh(tasks: list[Task], *, check_vms: bool = True) -> list[Task]:
     """Update every active task from its runner (and, when check_vms, its VM's status: at most one limactl
     call); ended tasks get their outputs moved into the record. Returns the tasks, updated."""
     updated = list(tasks)
-    # A remote task's record is its keeper's to update (agentbox.session.remotekeeper): nothing here reads it.
+    # A remote task's record is its keeper's to update (agentbox.tasks.keeper): nothing here reads it.
     pending = [index for index, task in enumerate(updated)
                if not task.remote and not task.settled]
     if not pending:

@@ -1,4 +1,4 @@
-"""The project VM: limactl (vm.lima, the only module that runs it), rendering, the base, the lifecycle.
+"""The project VM: limactl (vm.lima, the only module that runs it), rendering, the base, the lifecycle, its mode.
 
-May import review, config, agents, net, git and the ground floor.
+May import config, agents, net, git and the ground floor.
 """

@@ -177,9 +177,9 @@ def note_stale_base(config: Config, name: str) -> None:
     state = vmstate.read(name)
     recorded = state.get("base")
     if recorded and config.vm_base == "auto":
-        from agentbox.vm import base
+        from agentbox.vm import golden
 
-        found = base.stale_note(config, recorded)
+        found = golden.stale_note(config, recorded)
         if found and state.get("staleBaseNoted") != found[0]:
             note(found[1])
             vmstate.update(name, {"staleBaseNoted": found[0]})
@@ -285,19 +285,19 @@ def create_and_start(session: Session, name: str) -> Instance:
 def _clone_from_base(session: Session, name: str, template_text: str) -> dict[str, Any] | None:
     """Make the VM a clone of the base (built first when needed): returns what the VM keeps about its base,
     or None when this project's VM cannot be a clone (said once; the caller creates it from scratch)."""
-    from agentbox.vm import base
+    from agentbox.vm import golden
 
-    plan = base.clone_plan(session.config, template_text)
+    plan = golden.clone_plan(session.config, template_text)
     if isinstance(plan, str):
         note(f"creating {name} from scratch, not as a clone of the base VM: {plan}")
         return None
-    with base.lock() as waited:
-        current = base.ensure(session.lima, session.config, session.verbose, waited=waited)
+    with golden.lock() as waited:
+        current = golden.ensure(session.lima, session.config, session.verbose, waited=waited)
         if plan.disk_note:
             note(plan.disk_note)
         try:
-            base.clone(session.lima, current, name, plan.edits, session.verbose)
-        except base.CloneUnsupported as error:
+            golden.clone(session.lima, current, name, plan.edits, session.verbose)
+        except golden.CloneUnsupported as error:
             note(f"this Lima cannot clone a VM with edit flags ({error}); creating {name} from scratch")
             return None
     return current.reference()

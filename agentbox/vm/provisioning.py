@@ -55,7 +55,7 @@ class Plan:
 
 
 def plan(config: Config | None) -> Plan:
-    """What every VM gets; the CA certificates only with a config (the base VM has none: agentbox.vm.base)."""
+    """What every VM gets; the CA certificates only with a config (the base VM has none: agentbox.vm.golden)."""
     result = Plan()
     result.system_scripts = [resources.text("provision", name) for name in SYSTEM_SCRIPTS]
     result.user_scripts = [resources.text("provision", name) for name in USER_SCRIPTS]
@@ -71,7 +71,7 @@ def plan(config: Config | None) -> Plan:
 def home_files() -> dict[str, str]:
     """The agents' settings a new VM gets in its user's home (path relative to it -> content), written once.
 
-    The launch's sync of the agents' own setup (agentbox.sync.stage) may replace them: they are agentbox's,
+    The launch's sync of the agents' own setup (agentbox.sync.agentsetup) may replace them: they are agentbox's,
     not the user's edits.
     """
     return {spec.settings.path: settings_text(spec.settings.values, spec.settings.syntax)

@@ -11,7 +11,7 @@ from agentbox.config.load import Config, deep_merge
 from agentbox.errors import ConfigError
 from agentbox.git import dirs as gitdirs
 from agentbox.progress import warn
-from agentbox.review import isolation
+from agentbox.vm import workmode
 
 if TYPE_CHECKING:
     from agentbox.vm.provisioning import Plan
@@ -54,13 +54,13 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
 
 def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     workspace = config.require_workspace()
-    isolated = config.session_mode == isolation.ISOLATED
+    isolated = config.session_mode == workmode.ISOLATED
     git = gitdirs.locate(workspace)
     if isolated:
         # The VM sees the workspace read-only, elsewhere; launch.sh puts the agent's copy at its path.
         if git.git_dir is None:
-            raise isolation.not_a_git_work_tree(workspace)
-        mounts = [RenderedMount(str(workspace), isolation.GUEST_SOURCE, False)]
+            raise workmode.not_a_git_work_tree(workspace)
+        mounts = [RenderedMount(str(workspace), workmode.GUEST_SOURCE, False)]
     else:
         mounts = [RenderedMount(str(workspace), str(workspace), True)]
     if git.problem:
@@ -79,7 +79,7 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     # an isolated session's changes: agentbox.review.isolation).
     mounts.append(RenderedMount(str(paths.vm_outbox(vm_name)), str(paths.vm_outbox(vm_name)), True))
     for mount in config.mounts:
-        problem = isolation.mount_point_problem(mount.mount_point, workspace) if isolated else None
+        problem = workmode.mount_point_problem(mount.mount_point, workspace) if isolated else None
         if problem:
             raise ConfigError(
                 f"mounts: {mount.location}: {problem}; isolated mode cannot have it",
@@ -130,7 +130,7 @@ def _hooks_dir(common: Path | None) -> Path | None:
 
 
 class BaseSettings(NamedTuple):
-    """What the base VM (agentbox.vm.base) is rendered with: nothing of a project's."""
+    """What the base VM (agentbox.vm.golden) is rendered with: nothing of a project's."""
 
     vm_type: str | None
     arch: str | None
@@ -139,7 +139,7 @@ class BaseSettings(NamedTuple):
     memory: str
     disk: str
     image: Image | None = None  # vm.image (None: IMAGE_BASE)
-    lima: dict[str, Any] | None = None  # what the base takes of the global vm.lima (agentbox.vm.base)
+    lima: dict[str, Any] | None = None  # what the base takes of the global vm.lima (agentbox.vm.golden)
 
 
 # Python's names for the host's machine where they differ from Lima's (macOS says arm64).
@@ -184,7 +184,7 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
 
 def base_context(settings: BaseSettings, vm_name: str, ca_certs: tuple[str, ...] = ()) -> dict[str, Any]:
     """The template's values for the base VM: no mounts, empty workspace params (Lima requires every param
-    to be used, and a clone sets them: agentbox.vm.base.clone_edits), the CA certificates a project VM gets."""
+    to be used, and a clone sets them: agentbox.vm.golden.clone_edits), the CA certificates a project VM gets."""
     from agentbox.vm import provisioning
 
     plan = provisioning.plan(None)

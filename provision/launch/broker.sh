@@ -1,6 +1,6 @@
 # shellcheck shell=bash disable=SC2154 # launch.sh sets what this part reads (tests/test_launch_parts.py checks the names)
 # agentbox-managed: a part of launch.sh, which sources it from the staging folder's launch/.
-# The credential broker's CA (agentbox.net.ca; staged by agentbox.session.staging as broker/): in the guest's trust
+# The credential broker's CA (agentbox.net.certauthority; staged by agentbox.session.staging as broker/): in the guest's trust
 # store while the host brokers this VM's credentials, with the variables Node, Python and OpenSSL read pointed at
 # that store; removed when the host no longer brokers them.
 # Reads launch.sh's staging, state.

@@ -4,8 +4,8 @@
 # has recorded it (or given up on it), so it holds the workspace as it was before the program could write.
 # Reads launch.sh's staging, go.
 
-go_limit=60  # seconds (agentbox.contract.GO_LIMIT): the host gives a checkpoint 30
-go_timed_out=121  # agentbox.contract.GO_TIMED_OUT
+go_limit=60  # seconds (agentbox.staginglayout.GO_LIMIT): the host gives a checkpoint 30
+go_timed_out=121  # agentbox.staginglayout.GO_TIMED_OUT
 
 wait_for_go() {
   # --go TOKEN: the host writes staging/go/TOKEN (whole, at once) when the start checkpoint is recorded; its first

@@ -7,7 +7,7 @@
 
 readonly_marker="agentbox-managed: readonly-remote"
 hooks_dir="$HOME/.config/agentbox/hooks"
-push_scope_file="$HOME/.config/agentbox/push-namespace"  # agentbox.contract.PUSH_SCOPE_FILE
+push_scope_file="$HOME/.config/agentbox/push-namespace"  # agentbox.staginglayout.PUSH_SCOPE_FILE
 # The repository's own hooks keep running through the dispatcher (core.hooksPath replaces .git/hooks).
 forwarded_hooks=(applypatch-msg pre-applypatch post-applypatch pre-commit pre-merge-commit prepare-commit-msg
   commit-msg post-commit pre-rebase post-checkout post-merge post-rewrite reference-transaction push-to-checkout)

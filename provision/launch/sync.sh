@@ -3,7 +3,7 @@
 # The agents' own setup (--sync AGENT).
 # Reads launch.sh's staging, state, sync_agents.
 
-# The agents' own setup (skills, settings, MCP servers; staging/sync/AGENT, made by agentbox.sync.stage).
+# The agents' own setup (skills, settings, MCP servers; staging/sync/AGENT, made by agentbox.sync.agentsetup).
 # A file is copied into the home only when the host's copy changed since the last sync; one changed in
 # the VM since then is kept, and the launch says once which host version waits. When the staged
 # manifest is the one last applied (the usual launch), nothing else is read.

@@ -28,7 +28,7 @@ Instance layout (``$LIMA_HOME/NAME/``):
   ha.stdout.log, ha.stderr.log           the host agent's events and log lines, recreated at every start;
                                          port forwarding writes to them (hostagent.py)
 Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl, with
-"proxy": true when agentbox's proxy process made it (its parent runs agentbox.credentials.brokerd or
+"proxy": true when agentbox's proxy process made it (its parent runs agentbox.credentials.broker.process or
 agentbox.net.guard: a brokered proxy asks now and then whether its VM runs, at no moment a test chose; read_calls
 leaves those out unless asked) (the background boot process, `limactl __boot`, the running guest's agent, `limactl __machine`, and `limactl __listeners NAME tcp:IP:PORT...`, which
 stands for the guest agent reporting the guest's listening sockets, are the double's own and not logged).
@@ -251,7 +251,7 @@ def dispatch(ctx: Ctx, argv: list[str]) -> int:
     return run(ctx, merged)
 
 
-PROXY_PROGRAMS = (b"agentbox.credentials.brokerd", b"agentbox.net.guard")
+PROXY_PROGRAMS = (b"agentbox.credentials.broker.process", b"agentbox.net.guard")
 
 
 def by_agentbox_proxy() -> bool:

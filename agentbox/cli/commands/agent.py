@@ -1,0 +1,386 @@
+"""`agentbox <agent> [ARGS]...`: run an agent in the project's VM. `agentbox <agent> shell` opens a shell there,
+`agentbox <agent> login` runs the agent's own login there (and its login becomes the host's: through the
+credential broker, inside the login window this command opens, agentbox.credentials.loginwindow; without the
+broker, agentbox.credentials.writeback).
+
+Every argument reaches the agent untouched, `--help` and `--version` included, so the agent answers
+them from inside the VM. A `--help`, `-h` or `--version` on its own never creates or starts a VM,
+though: when the agent's VM is not running, agentbox answers from the host with what it knows (the
+agent's registry entry and config) and says how to get the agent's own answer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
+from agentbox.tasks.activity import ProjectActivity
+
+if TYPE_CHECKING:
+    import click
+
+    from agentbox.config.load import Config
+    from agentbox.credentials import loginwindow
+    from agentbox.session.worktrees import Worktree
+    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lima import Instance
+
+ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
+WORKTREE_FLAG = "--worktree"  # `--worktree NAME` right after the agent's name (or after --isolated): agentbox's
+DETACH_FLAGS = ("--detach", "-d")  # the same: start the agent in a tmux session in the VM and return
+ON_FLAG = "--on"  # `--on HOST` the same: with --detach, the session runs on that host (agentbox.tasks.hostsession)
+# Asked on their own, these are questions about the agent, not work for it.
+QUERIES = ("--help", "-h", "--version")
+CONFIG_META = "agentbox.config.load"  # ctx.meta key: a config already loaded, reused by the help text
+
+
+def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
+    from agentbox.cli.commands.common import session as session_for
+
+    # agentbox's own options come first (each once); anything after them (another --isolated too) is the agent's.
+    isolated = detach = False
+    place: str | None = None
+    while args:
+        if args[0] == ISOLATED_FLAG and not isolated:
+            isolated = True
+        elif args[0] in DETACH_FLAGS and not detach:
+            detach = True
+        elif args[0] == ON_FLAG and place is None:
+            place, args = _place(name, args[1:2]), args[1:]
+        elif args[0].startswith(f"{ON_FLAG}=") and place is None:
+            place = _place(name, [args[0].partition("=")[2]])
+        else:
+            break
+        args = args[1:]
+    if place is not None and not detach:
+        from agentbox.errors import UsageError
+        from agentbox.safetext import visible
+
+        raise UsageError(f"--on {visible(place)} needs --detach: a session on another machine always runs detached",
+                         hint=f"`agentbox {name} --on {visible(place)} --detach [ARGS]...` starts it and prints its "
+                         "id; `agentbox attach ID` joins it.")
+    if detach and (args[:1] in (["shell"], ["login"]) or (len(args) == 1 and args[0] in QUERIES)):
+        from agentbox.errors import UsageError
+
+        raise UsageError(f"--detach starts the agent itself in a session; it does not go with `{args[0]}`",
+                         hint=f"Run `agentbox {name} --detach [ARGS]...` for the agent.")
+    if args[:1] == ["shell"]:
+        from agentbox.cli.commands.agentshell import agent_shell_command
+
+        command = agent_shell_command(name)
+        shell_args = [ISOLATED_FLAG, *args[1:]] if isolated else args[1:]
+        with command.make_context("shell", shell_args, parent=ctx) as shell_ctx:
+            return int(command.invoke(shell_ctx))
+    if len(args) == 1 and args[0] in QUERIES:
+        return answer_query(ctx, name, args[0], isolated)
+    if place is not None and args[:1] == [WORKTREE_FLAG]:
+        from agentbox.errors import UsageError
+
+        raise UsageError("--on (a session on a copy of the workspace) and --worktree do not go together",
+                         hint="Drop one of them.")
+    if place in ("local", "any"):
+        from agentbox.errors import UsageError
+
+        raise UsageError(f"agentbox {name} --on takes a host added with `agentbox hosts add`, not {place}",
+                         hint=f"On this machine: `agentbox {name} --detach` (the live workspace) or `agentbox {name} "
+                         "--isolated` (on a copy, attached); `agentbox run --on local PROMPT` is a task on a copy.")
+    session = session_for(ctx)
+    if place is not None:
+        return detach_on_host(session, name, args, place)
+    if isolated:
+        session.config = isolation_config(session.config)
+    if args[:1] == ["login"]:
+        return login_agent(session, name, args[1:])
+    worktree = None
+    if args[:1] == [WORKTREE_FLAG]:
+        from agentbox.session.worktrees import session_worktree
+
+        if len(args) < 2:
+            from agentbox.errors import UsageError
+
+            raise UsageError(f"agentbox {name} --worktree needs a NAME", hint=f"agentbox {name} --worktree fix-tests")
+        worktree = session_worktree(session.config, args[1])
+        args = args[2:]
+    return launch_agent(session, name, args, detach=detach, worktree=worktree)
+
+
+def _place(name: str, value: list[str]) -> str:
+    if not value or not value[0] or value[0].startswith("-"):
+        from agentbox.errors import UsageError
+
+        raise UsageError(f"agentbox {name} --on needs a host's name",
+                         hint=f"`agentbox {name} --on HOST --detach`; `agentbox hosts ls` lists the hosts.")
+    return value[0]
+
+
+def detach_on_host(session: Session, name: str, args: list[str], host: str) -> int:
+    """`agentbox NAME --on HOST --detach [ARGS]...`: the agent in a session on HOST (a remote isolated task);
+    prints its id."""
+    import click
+
+    from agentbox.progress import note
+    from agentbox.tasks import hostsession
+
+    task = hostsession.start(session, name, args, host)
+    click.echo(task.id)
+    waiting = f", waiting for {host}" if not task.handed else ""
+    note(f"{task.label}: {name} runs in a session on {host}{waiting}, on a copy of the workspace (its changes come "
+         f"back as a proposal when it ends); `agentbox attach {task.id}` joins it, `agentbox cancel {task.id}` "
+         "ends it")
+    return 0
+
+
+def answer_without_vm(ctx: click.Context, name: str, query: str, reason: str) -> int:
+    """`agentbox AGENT --help` where no VM is meant (the home folder, say): agentbox's description, and why."""
+    import click
+
+    from agentbox.errors import StateError
+
+    config, _ = _config_for_help(ctx)
+    agent = config.agents.get(name) if config is not None else None
+    binary = _shown(agent.binary if agent else _builtin_binary(name))
+    why = f"{binary} was not asked: {_shown(reason).rstrip('.')}"
+    if query == "--version":
+        from agentbox import __version__
+
+        raise StateError(f"{binary}'s version is that of the {binary} in a project's VM; {why}",
+                         hint=f"Run `agentbox {name} --version` in a project folder (or `agentbox -C DIR {name} "
+                         f"--version`). agentbox's own version is {__version__} (`agentbox --version`).")
+    click.echo(ctx.command.get_help(ctx))
+    click.echo(f"\nThis is agentbox's description; {why}. For {binary}'s own help run `agentbox {name} {query}` "
+               f"in a project folder (or `agentbox -C DIR {name} {query}`).")
+    return 0
+
+
+def isolation_config(config: Config) -> Config:
+    from agentbox.vm import workmode
+
+    return workmode.with_isolation(config)
+
+
+def login_agent(session: Session, name: str, args: list[str]) -> int:
+    """`agentbox NAME login [ARGS]`: the agent's own login command in its VM; afterwards the login is the host's too.
+
+    The agent's OAuth callback listens on the VM's localhost, which Lima forwards to the same port of the
+    host's; the VM has no browser, so the page's address is printed (launch.sh's BROWSER) for the user to open.
+    """
+    from agentbox.agents.builtin import BUILTIN_AGENTS
+    from agentbox.agents.logins import FORMATS
+    from agentbox.credentials.stage import guest_path_for
+    from agentbox.errors import StateError
+    from agentbox.progress import note
+    from agentbox.session import launch
+
+    agent = session.config.agent(name)
+    session.config.require_workspace()
+    spec = BUILTIN_AGENTS.get(name)
+    binary = _shown(agent.binary)
+    if spec is None or spec.login is None:
+        raise StateError(
+            f"agentbox does not know how {name} logs in",
+            hint=f"Run `agentbox {name} shell` and log in with {binary}'s own command there; the login stays in "
+            "the VM.",
+        )
+    hint = f": {spec.login_hint}" if spec.login_hint else ""
+    note(f"logging in to {spec.summary} in the VM {agent.vm_name}{hint}")
+    note("open the address it shows in a browser on this computer: Lima forwards the VM's localhost ports here, "
+         "so the login page's redirect reaches it")
+    if not any(guest_path_for(path)[2:] in FORMATS for path in agent.credentials):
+        note(f"{spec.summary} keeps its login where agentbox does not copy it back, so the login stays in the VM")
+    window = _open_login_window(session.config, agent.vm_name, name)
+    try:
+        code = launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True,
+                                   busy=ProjectActivity(session.config))
+    except BaseException:  # Ctrl-C, an error: the window closes, and nobody is asked about a login made meanwhile
+        if window is not None:
+            window.close()
+            _drop_pending(agent.vm_name, name, "the command ended before agentbox could ask")
+        raise
+    if window is not None:
+        _settle_login(session.config, agent.vm_name, name, window.close())
+    return code
+
+
+def _open_login_window(config: Config, vm: str, name: str) -> loginwindow.Window | None:
+    """With the credential broker, a login from the VM reaches the host's file only through the broker, which
+    accepts one only inside this window (agentbox.credentials.loginwindow); None when the broker does not keep
+    this agent's login."""
+    from agentbox.credentials import loginwindow
+    from agentbox.credentials.broker import brokered
+    from agentbox.session import brokersetup
+
+    if not brokersetup.wanted(config) or brokered.file_login(vm, config, name) is None:
+        return None
+    return loginwindow.arm(vm, name)
+
+
+def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | None) -> None:
+    """After the agent's login: say whose login the host now has; a login of another account than the host's
+    waits for the user's yes (on a terminal) before it replaces the host's."""
+    import click
+
+    from agentbox.cli.commands.ending import on_terminal
+    from agentbox.credentials import loginwindow, writeback
+    from agentbox.credentials.broker import brokered
+    from agentbox.progress import note
+
+    login = brokered.file_login(vm, config, name)
+    pending = loginwindow.pending(vm, name)
+    if login is None:
+        return
+    where = writeback.home_relative(login.file.path)
+    if pending is None:
+        if used is not None:
+            note(f"{where}: the host is now logged in to {login.title} as {_account(used.account)} (the login made "
+                 "in the VM: the credential broker keeps it on the host, the VM holds placeholders)")
+        return
+    new, old = _account(pending.new), _account(pending.old)
+    try:
+        if not on_terminal():
+            note(f"{where}: the {login.title} login made in the VM ({new}) was not saved: the host is logged in as "
+                 f"{old}, and agentbox replaces the host's login of another account only when you say yes on a "
+                 f"terminal. The host's login is kept (the VM goes on with it); run `agentbox {name} login` on a "
+                 "terminal to replace it")
+            return
+        if not click.confirm(f"Replace the host's {login.title} login ({old}) with {new}?", default=False, err=True):
+            note(f"{where}: the host's {login.title} login ({old}) is kept and the login made in the VM ({new}) "
+                 f"discarded; the VM goes on with the host's login")
+            return
+        backup = login.replace_with(pending.response, pending.at)
+        was = f"; the previous file is {writeback.home_relative(backup)}" if backup is not None else ""
+        note(f"{where}: the host is now logged in to {login.title} as {new} (was {old}){was}")
+    finally:
+        loginwindow.discard(vm, name)
+
+
+def _drop_pending(vm: str, name: str, why: str) -> None:
+    from agentbox.credentials import loginwindow
+    from agentbox.progress import note
+
+    pending = loginwindow.pending(vm, name)
+    loginwindow.discard(vm, name)
+    if pending is not None:
+        note(f"the login made in the VM ({_account(pending.new)}) was discarded: {why}; the host's login is kept "
+             f"(`agentbox {name} login` logs in again)")
+
+
+def _account(shown: str | None) -> str:
+    from agentbox.safetext import visible
+
+    return visible(shown) if shown else "an account agentbox cannot tell"
+
+
+def launch_agent(
+    session: Session, name: str, args: list[str], running: Instance | None = None, detach: bool = False,
+    keep_alive: bool = True, worktree: Worktree | None = None,
+) -> int:
+    """Run the agent in its VM. `detach`: in a new tmux session, and return at once (agentbox.session.detached); with
+    session.keepAlive (unless keep_alive is False: a --help or --version) a launch on a terminal runs in such
+    a session too, attached. `worktree`: in that git worktree of the workspace."""
+    from agentbox.session import launch
+
+    agent = session.config.agent(name)
+    session.config.require_workspace()
+    argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
+                      flag_subcommands(name))
+    kept = launch.DETACHED if detach else launch.ATTACHED if keep_alive and launch.keeps_alive(session.config) else None
+    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running, keep=kept, worktree=worktree,
+                            busy=ProjectActivity(session.config))
+
+
+def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = False) -> int:
+    """`--help`/`-h`/`--version` alone: the agent answers when its VM runs; otherwise agentbox does, from the host.
+
+    Costs the `limactl list` a launch makes anyway; a running VM then gets exactly the warm launch's calls.
+    """
+    from agentbox.cli.commands.common import session as session_for
+    from agentbox.cli.commands.common import warn_if_untrusted
+    from agentbox.config import trust
+    from agentbox.errors import AgentboxError, LimaError, StateError
+    from agentbox.vm import lifecycle as vm
+    from agentbox.vm.lima import RUNNING
+
+    try:
+        session = session_for(ctx, acts=False)
+        if isolated:
+            session.config = isolation_config(session.config)
+        config = session.config
+        agent = config.agent(name)
+        config.require_workspace()
+    except AgentboxError as exc:  # no VM can be meant here (the home folder, a config that cannot be read)
+        return answer_without_vm(ctx, name, query, exc.message)
+    problem = None
+    try:
+        instance = session.instance(agent.vm_name)
+    except LimaError as exc:
+        instance, problem = None, exc.message
+    if instance is not None:
+        vm.check_ownership(instance, config)
+        if instance.status == RUNNING:
+            trust.require_trust(config)
+            return launch_agent(session, name, [query], running=instance, keep_alive=False)
+    warn_if_untrusted(config)
+    binary = _shown(agent.binary)
+    vm_name = agent.vm_name
+    if problem is not None:
+        state = f"could not be checked ({problem.rstrip('.')})"
+    elif instance is None:
+        state = "does not exist yet (creating it takes minutes)"
+    else:
+        state = f"is {instance.status.lower()}"
+    how = "agentbox start" if vm_name == config.vm_name else f"agentbox {name} shell -- true"
+    if query == "--version":
+        from agentbox import __version__
+
+        installed = ""
+        if agent.install:
+            installed = f"; agentbox installs it at the first launch with `{_shown(agent.install)}`"
+        raise StateError(
+            f"{binary}'s version is that of the {binary} in the VM {vm_name}, which {state}; "
+            "agentbox does not create or start a VM to ask it",
+            hint=f"Run `{how}`, then `agentbox {name} --version` asks {binary}{installed}. "
+            f"agentbox's own version is {__version__} (`agentbox --version`).",
+        )
+    import click
+
+    ctx.meta[CONFIG_META] = config
+    command = ctx.command
+    click.echo(command.get_help(ctx))
+    click.echo(
+        f"\nThis is agentbox's description; {binary} was not asked because the VM {vm_name} {state}. "
+        f"For {binary}'s own help run `{how}`, then `agentbox {name} {query}`."
+    )
+    return 0
+
+
+def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
+    """The config the help describes (never printed notices: help must not nag); None and why when unreadable."""
+    from pathlib import Path
+
+    from agentbox.config import load as config
+    from agentbox.errors import AgentboxError
+
+    loaded = ctx.meta.get(CONFIG_META)
+    if loaded is not None:
+        return loaded, None
+    root = ctx.find_root()
+    cwd = (root.obj or {}).get("cwd") or Path(root.params.get("directory") or ".").resolve()
+    try:
+        loaded = config.load(cwd)
+    except AgentboxError as exc:
+        return None, exc.message
+    ctx.meta[CONFIG_META] = loaded
+    return loaded, None
+
+
+def _builtin_binary(name: str) -> str:
+    from agentbox.agents.builtin import BUILTIN_AGENTS
+
+    spec = BUILTIN_AGENTS.get(name)
+    return spec.binary if spec else name
+
+
+def _shown(text: str) -> str:
+    from agentbox.safetext import visible
+
+    return visible(text)

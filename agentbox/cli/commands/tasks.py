@@ -1,0 +1,558 @@
+"""Background tasks: `run` hands a prompt to an agent in the VM and returns; `tasks`, `logs`, `wait`,
+`cancel` and `tasks prune` follow and tidy them (agentbox.tasks.records, agentbox.tasks.submit).
+
+Only `run` needs the VM. The others read the records on the host and the runners' files in the outbox,
+and make at most one `limactl list` (to tell whether the VMs of active tasks still run), so they answer
+for a task whose VM was stopped or removed too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+from agentbox.cli.commands.common import load_config
+from agentbox.errors import AgentboxError, UsageError
+from agentbox.tasks import transitions as taskstate
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
+    from agentbox.tasks.records import Task
+
+WAIT_TIMEOUT_EXIT = 75  # `agentbox wait --timeout` ran out before the task ended (the task goes on)
+POLL_SECONDS = 0.25
+VM_CHECK_SECONDS = 2.0  # while waiting or following, how often the VM's status is asked (one limactl list)
+CHUNK = 1 << 16
+CANCEL_WAIT = 15.0  # seconds `cancel` waits for the runner to confirm (grace period included)
+FAILED_STATES = frozenset({taskstate.FAILED, taskstate.TIMEOUT})  # their outputs say why: pruned only when asked
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from agentbox.tasks.records import parse_duration
+
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+@click.command("run", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--agent", "agent_name", metavar="NAME", help="The agent (default: claude, or the only one you "
+              "defined).")
+@click.option("--name", metavar="N", help="A name for the task (commands take it instead of the id).")
+@click.option("--timeout", metavar="DURATION", callback=_duration,
+              help="Stop the task after this long (90, 90s, 10m, 1h30m): it ends as Timeout.")
+@click.option("--worktree", metavar="NAME", is_flag=False, flag_value="", default=None,
+              help="Run in the git worktree .agentbox/worktrees/NAME on the branch agentbox/NAME (made, or used "
+              "again); alone (before another option or --): a worktree of its own, task-ID.")
+@click.option("--on", "place", metavar="PLACE", help="An isolated task: the agent works on a copy of the workspace "
+              "in the VM of PLACE (local: this machine's; a host added with `agentbox hosts add`; any: the first "
+              "of tasks.hosts with a free slot), and what it changed comes back as a proposal "
+              "(`agentbox review`, `apply`); the workspace is not touched.")
+@click.option("--isolated", is_flag=True, help="The same as --on local.")
+@click.option("-d", "--detach", is_flag=True, hidden=True, help="Accepted for symmetry: a task always runs detached.")
+@click.argument("prompt", nargs=-1, required=False)
+@click.pass_context
+def run_command(ctx: click.Context, agent_name: str | None, name: str | None, timeout: int | None,
+                worktree: str | None, place: str | None, isolated: bool, detach: bool,
+                prompt: tuple[str, ...]) -> None:
+    """Run an agent on PROMPT in the background, in the project's VM; print the task's id.
+
+    The prompt is the arguments after the options (`--` first if it starts with a dash), or standard
+    input when there are none; it reaches the agent byte for byte as one argument of its non-interactive
+    form (`claude -p`, `codex exec`, `gemini -p`, `kiro-cli chat --no-interactive`, ...; agents.NAME.taskArgs).
+    At most tasks.maxConcurrent tasks run at once in a VM: the others wait, Queued, and start in order as
+    slots free. Follow them with `agentbox tasks`, `logs ID -f`, `wait ID`; `cancel ID` stops one.
+    """
+    from agentbox.cli.commands.common import session as session_for
+    from agentbox.progress import note
+    from agentbox.tasks import submit as taskrun
+
+    if isolated and place is None:
+        place = "local"
+    if place is not None and worktree is not None:
+        raise UsageError("--on (an isolated task) and --worktree do not go together: an isolated task has a copy "
+                         "of its own", hint="Drop one of them.")
+    text = _prompt(prompt)
+    if name is not None and (not name or name.isdigit() or any(ord(c) < 0x20 for c in name)):
+        raise UsageError(f"--name {name!r} is not a task name: use letters, not only digits (ids are numbers)")
+    if worktree:
+        from agentbox.session.worktrees import check_name
+
+        check_name(worktree)
+    session = session_for(ctx)
+    agent = _agent(session.config, agent_name)
+    if place == "any":
+        from agentbox.tasks import remote
+
+        place = remote.choose(session.config)
+        note(f"--on any: {place}")
+    if place is not None and place != "local":
+        from agentbox.tasks import remote
+
+        task = remote.submit(session, agent, text, name=name, timeout=timeout, host_name=place)
+    else:
+        task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree is not None,
+                              worktree_name=worktree or None, place=place)
+    click.echo(task.id)
+    where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
+    if task.isolated:
+        where = " on a copy of the workspace (its changes come back as a proposal)"
+    if task.remote:
+        where = f" on {task.host}" + where
+    note(f"{task.label}: {agent} is {task.state.lower()}{where}; `agentbox logs {task.id} -f` follows it, "
+         f"`agentbox wait {task.id}` waits for it")
+
+
+def _prompt(words: tuple[str, ...]) -> bytes:
+    if words:
+        text = " ".join(words).encode("utf-8", "surrogateescape")
+    else:
+        if sys.stdin is None or sys.stdin.isatty():
+            raise UsageError("no prompt: give it after the options, or on standard input",
+                             hint="agentbox run -- 'fix the failing test'   or   agentbox run < prompt.txt")
+        text = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
+    if not text.strip():
+        raise UsageError("the prompt is empty")
+    if b"\0" in text:
+        raise UsageError("the prompt contains a NUL byte, which no program argument can carry")
+    return text
+
+
+def _agent(config: Config, wanted: str | None) -> str:
+    from agentbox.agents.builtin import BUILTIN_AGENTS, DEFAULT_AGENT
+
+    agents = config.agents
+    if wanted is None:
+        custom = [name for name in agents if name not in BUILTIN_AGENTS]
+        return custom[0] if len(custom) == 1 else DEFAULT_AGENT
+    if wanted not in agents:
+        raise UsageError(f"--agent {wanted!r} is not an agent agentbox knows",
+                         hint=f"One of: {', '.join(agents)} (or define it under agents: in agentbox.yml).")
+    return wanted
+
+
+# -- tasks ----------------------------------------------------------------------------------------
+
+
+@click.group("tasks", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, one object per task (fields below).")
+@click.option("--all", "show_all", is_flag=True, help="Tasks of every workspace, not only this one's.")
+@click.option("--refresh", is_flag=True, help="Ask the hosts of remote tasks now (else: their last known state).")
+@click.pass_context
+def tasks_command(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool) -> None:
+    """List the background tasks of this workspace (`--all`: of every workspace), oldest first.
+
+    --json fields: id, name, state (Pending, Queued, Running, Completed, Failed, Timeout, Cancelled),
+    exitCode, reason, agent, vm, workspace, cwd, argv (without the prompt), prompt (its first line),
+    timeoutSec, created, started, ended (UTC, ISO 8601, or null), transitions ([{state, time}]),
+    checkpoint, worktree, branch, base, stdout and stderr (where the outputs are), host (where it runs: local
+    or a host's name), isolated (it works on a copy: `run --on`), proposal (the proposal its changes became, or
+    null), session (an interactive session, `agentbox AGENT --on HOST --detach`: `agentbox attach ID` joins it),
+    seen and unreachableSince (a remote task: when its host last answered; since when it has not), forwardPort
+    (the host's port on which its VM reaches this machine's proxy, or null).
+    """
+    if ctx.invoked_subcommand is None:
+        _list_tasks(ctx, as_json, show_all, refresh)
+
+
+@tasks_command.command("ls")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array, as `agentbox tasks --json`.")
+@click.option("--all", "show_all", is_flag=True, help="Tasks of every workspace, not only this one's.")
+@click.option("--refresh", is_flag=True, help="Ask the hosts of remote tasks now.")
+@click.pass_context
+def tasks_ls_command(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool) -> None:
+    """List the background tasks: the same as `agentbox tasks`."""
+    parent = ctx.parent.params if ctx.parent else {}
+    _list_tasks(ctx, as_json or bool(parent.get("as_json")), show_all or bool(parent.get("show_all")),
+                refresh or bool(parent.get("refresh")))
+
+
+def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool = False) -> None:
+    from agentbox.tasks import records as tasks
+
+    found = _selected(ctx, show_all)
+    found = tasks.refresh(found)
+    if refresh:
+        found = _asked(found)
+    if as_json:
+        click.echo(json.dumps([task.to_json() for task in found], indent=2))
+    elif not found:
+        click.echo("No tasks" + ("" if show_all else " in this workspace") + ": `agentbox run PROMPT` starts one.",
+                   err=True)
+    else:
+        _table(found)
+    if not refresh:
+        _keep_following(found)
+
+
+def _remote_unsettled(found: list[Task]) -> list[Task]:
+    """The remote tasks a keeper still follows: active, or their results not home yet."""
+    return [task for task in found if task.remote and not task.settled]
+
+
+KEEPERS_PER_LISTING = 8  # keepers a listing starts again at most (the next listing starts the others)
+
+
+def _keep_following(found: list[Task]) -> None:
+    """A remote task whose keeper is gone (this machine restarted) gets one again, after the listing was printed:
+    it asks the host in the background, so that the listing itself never waits for a host."""
+    wanted = _remote_unsettled(found)
+    if not wanted:
+        return
+    from agentbox.tasks import keeper
+
+    started = 0
+    for task in wanted:
+        if started < KEEPERS_PER_LISTING and not keeper.running(task.id):
+            keeper.start(task.id)
+            started += 1
+
+
+def _asked(found: list[Task]) -> list[Task]:
+    """Each remote task that is active (or whose results are not home yet) asked of its host, in parallel."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentbox.tasks import keeper
+
+    wanted = _remote_unsettled(found)
+    if not wanted:
+        return found
+    with ThreadPoolExecutor(max_workers=min(8, len(wanted))) as pool:
+        answers = list(pool.map(lambda task: keeper.step(task.id), wanted))
+    asked = {task.id: fresh for task, fresh in zip(wanted, answers, strict=True)}
+    return [asked.get(task.id) or task for task in found]
+
+
+def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
+    from agentbox.tasks import records as tasks
+
+    everything = tasks.all_tasks()
+    if show_all:
+        return everything
+    workspace = load_config(ctx, describe=True).require_workspace()
+    return tasks.of_workspace(everything, workspace)
+
+
+def _table(found: list[Task]) -> None:
+    from agentbox import tables
+    from agentbox.safetext import visible
+
+    rows = [("ID", "NAME", "AGENT", "STATE", "EXIT", "STARTED", "TIME", "PROMPT")]
+    now = time.time()
+    for task in found:
+        took = ""
+        if task.started:
+            took = _span((task.ended or now) - task.started)
+        state = task.state
+        if task.isolated and task.proposal is not None:
+            state += f", proposal {task.proposal}"
+        elif task.isolated and task.outcome and not task.active:
+            state += f", {task.outcome if task.outcome == 'no changes' else 'no proposal'}"
+        if task.remote:
+            state += f" on {task.host}"
+            since = task.unreachable_since
+            if task.active and not task.handed:
+                state += " (waiting for the host" + (f", unreachable since {tables.local_time(since)})" if since
+                                                     else ")")
+            elif task.active and since is not None:
+                state += f" (unreachable since {tables.local_time(since)}"
+                state += f"; seen {tables.local_time(task.seen)})" if task.seen else ")"
+        summary = "(session)" if task.session else visible(task.summary)  # `agentbox attach ID` joins it
+        rows.append((str(task.id), visible(task.name or ""), task.agent, state,
+                     "" if task.exit_code is None else str(task.exit_code),
+                     tables.local_time(task.started) if task.started else "", took, summary))
+    tables.echo(rows, flexible=(-1, 1, 3))  # cut first PROMPT, then NAME, last STATE (a proposal, a host away)
+
+
+def _span(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+@tasks_command.command("prune")
+@click.option("--all", "show_all", is_flag=True, help="Ended tasks of every workspace.")
+@click.option("--yes", is_flag=True, help="Remove failed and timed-out tasks too without asking (for scripts).")
+@click.pass_context
+def prune_command(ctx: click.Context, show_all: bool, yes: bool) -> None:
+    """Forget ended tasks: their records, outputs and worktrees (their branches stay).
+
+    Completed and cancelled tasks go without a question. Failed and timed-out ones keep what tells why: on a
+    terminal they are listed and you are asked first; without one they stay unless --yes is given.
+    """
+    from agentbox.cli.commands import ending
+    from agentbox.progress import note, warn
+    from agentbox.safetext import visible
+    from agentbox.tasks import records as tasks
+
+    ended = [task for task in tasks.refresh(_selected(ctx, show_all)) if not task.active]
+    failed = [task for task in ended if task.state in FAILED_STATES]
+    chosen = [task for task in ended if task.state not in FAILED_STATES]
+    if failed and yes:
+        chosen += failed
+    elif failed and ending.on_terminal():
+        click.echo("Ended without success (their outputs say why):", err=True)
+        for task in failed:
+            click.echo(f"  {visible(task.label)}: {_ended_how(task)}", err=True)
+        if click.confirm(f"Remove {_count(failed, 'this task', 'these tasks')} and their outputs?", default=False,
+                         err=True):
+            chosen += failed
+        else:
+            note(f"kept {_count(failed, 'the failed task', 'the failed tasks')}")
+    elif failed:
+        them = _count(failed, "it", "them")
+        warn(f"kept {', '.join(visible(task.label) for task in failed)}: {_count(failed, 'it', 'they')} ended "
+             f"without success, and there is no terminal to ask whether to remove {them}; `agentbox tasks prune "
+             f"--yes` removes {them} too")
+    gone = tasks.prune(sorted(chosen, key=lambda task: task.id))
+    for task in gone:
+        extra = f"; its branch {task.branch} stays" if task.branch else ""
+        note(f"removed {visible(task.label)} ({task.state}){extra}")
+    if not gone and not failed:
+        note("no ended task to remove")
+
+
+def _count(found: list[Task], one: str, several: str) -> str:
+    return one if len(found) == 1 else several
+
+
+def _ended_how(task: Task) -> str:
+    from agentbox.safetext import visible
+
+    how = task.state + (f" (exit {task.exit_code})" if task.exit_code not in (None, 0) else "")
+    return how + (f": {visible(task.reason)}" if task.reason else "")
+
+
+# -- logs, wait, cancel -----------------------------------------------------------------------------
+
+
+def _one(spec: str) -> Task:
+    from agentbox.tasks import records as tasks
+
+    task = tasks.lookup(spec)
+    if task.remote:
+        return _look(task)
+    return tasks.refresh([task])[0] if not task.settled else task
+
+
+def _look(task: Task) -> Task:
+    """A remote task, asked of its host now (its last known state when the host does not answer)."""
+    from agentbox.tasks import keeper
+
+    if task.settled:
+        return task
+    return keeper.step(task.id) or task
+
+
+@click.command("logs", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-f", "--follow", is_flag=True, help="Keep printing what the task writes until it ends.")
+@click.argument("task_id", metavar="ID")
+def logs_command(follow: bool, task_id: str) -> None:
+    """Print a task's output: its stdout on stdout, its stderr on stderr (control characters escaped on a
+    terminal, the exact bytes otherwise)."""
+    from agentbox.tasks import records as tasks
+
+    task = _one(task_id)
+    streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
+    if task.remote:
+        _remote_logs(task, follow, {name: _Escaper(stream) for name, stream in streams.items()})
+        return
+    fds = {name: tasks.open_output(task, name) for name in streams}
+    decoders = {name: _Escaper(stream) for name, stream in streams.items()}
+    last_vm_check = time.monotonic()
+    try:
+        while True:
+            for name in streams:
+                fd = fds[name]
+                if fd is None:
+                    fds[name] = fd = tasks.open_output(task, name)
+                if fd is not None:
+                    while chunk := os.read(fd, CHUNK):
+                        decoders[name].write(chunk)
+            if not follow or not task.active:
+                break
+            time.sleep(POLL_SECONDS)
+            check = time.monotonic() - last_vm_check > VM_CHECK_SECONDS
+            if check:
+                last_vm_check = time.monotonic()
+            task = tasks.refresh([task], check_vms=check)[0]
+            if not task.active:
+                continue  # one more read: what it wrote last
+    finally:
+        for fd in fds.values():
+            if fd is not None:
+                os.close(fd)
+        for decoder in decoders.values():
+            decoder.flush()
+
+
+def _remote_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> None:
+    """A remote task's output: read from its host while it runs (over the host's connection), from the record once
+    its keeper brought it home; each byte once."""
+    from agentbox.progress import note
+    from agentbox.remote import registry
+    from agentbox.remote.ssh import Unreachable
+    from agentbox.runtime.sshhost import SshRuntime
+    from agentbox.tasks import records as tasks
+
+    offsets = dict.fromkeys(decoders, 0)
+    said_unreachable = False
+    try:
+        while True:
+            if task.harvested:
+                for name, decoder in decoders.items():
+                    fd = tasks.open_output(task, name)
+                    if fd is None:
+                        continue
+                    try:
+                        os.lseek(fd, offsets[name], os.SEEK_SET)
+                        while chunk := os.read(fd, CHUNK):
+                            decoder.write(chunk)
+                    finally:
+                        os.close(fd)
+                return
+            host = registry.get(task.host)
+            if task.handed and host is not None and task.remote_key:
+                runtime = SshRuntime(host)
+                try:
+                    for name, decoder in decoders.items():
+                        while chunk := runtime.read(task.vm, task.remote_key, name, offsets[name], 1 << 20):
+                            decoder.write(chunk)
+                            offsets[name] += len(chunk)
+                    said_unreachable = False
+                except Unreachable as exc:
+                    if not said_unreachable:
+                        note(f"{task.label}: {exc.message}; {'waiting for it' if follow else 'its output so far'}")
+                        said_unreachable = True
+            if not follow or task.settled:
+                return
+            time.sleep(POLL_SECONDS)
+            task = _look(task)
+    finally:
+        for decoder in decoders.values():
+            decoder.flush()
+
+
+class _Escaper:
+    """Writes a task's output: as is when the stream is not a terminal, else with control characters
+    escaped (the agent wrote it: it must not drive the user's terminal). Each write reaches the stream at once:
+    sys.stdout.buffer holds bytes until it is full, on a terminal as in a pipe, and `logs -f` is read live."""
+
+    def __init__(self, stream: object) -> None:
+        import codecs
+
+        self.stream = stream
+        self.terminal = bool(getattr(stream, "isatty", lambda: False)())
+        self.decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+
+    def write(self, chunk: bytes) -> None:
+        if self.terminal:
+            from agentbox.safetext import visible_text
+
+            chunk = visible_text(self.decoder.decode(chunk)).encode("utf-8", "surrogateescape")
+        self.stream.write(chunk)  # type: ignore[attr-defined]
+        self.stream.flush()  # type: ignore[attr-defined]
+
+    def flush(self) -> None:
+        self.stream.flush()  # type: ignore[attr-defined]
+
+
+@click.command("wait", context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--timeout", metavar="DURATION", callback=_duration,
+              help=f"Give up after this long (90s, 10m, ...), exiting {WAIT_TIMEOUT_EXIT}; the task goes on.")
+@click.argument("task_id", metavar="ID")
+@click.pass_context
+def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
+    """Wait for a task to end; exit with its exit code (124 when it timed out, 130 when it was cancelled,
+    1 when it failed without one)."""
+    from agentbox.progress import note
+    from agentbox.tasks import records as tasks
+
+    task = _one(task_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last_vm_check = time.monotonic()
+    said = None
+    while task.active or (task.remote and not task.settled):
+        if deadline is not None and time.monotonic() >= deadline:
+            note(f"{task.label} is still {task.state} after {timeout}s")
+            ctx.exit(WAIT_TIMEOUT_EXIT)
+        time.sleep(POLL_SECONDS)
+        if task.remote:
+            task = _look(task)
+            if task.unreachable_since is not None and said != task.unreachable_since:
+                said = task.unreachable_since
+                note(f"{task.host} does not answer; {task.label} goes on there, waiting for the host to answer")
+            continue
+        check = time.monotonic() - last_vm_check > VM_CHECK_SECONDS
+        if check:
+            last_vm_check = time.monotonic()
+        task = tasks.refresh([task], check_vms=check)[0]
+    ctx.exit(_report_end(task))
+
+
+def _report_end(task: Task) -> int:
+    from agentbox.progress import note
+    from agentbox.safetext import visible
+
+    reason = f": {visible(task.reason)}" if task.reason else ""
+    note(f"{task.label} {task.state}{reason}")
+    if task.isolated:
+        _report_changes(task)
+    if task.state == taskstate.TIMEOUT:
+        return taskstate.TIMEOUT_EXIT
+    if task.state == taskstate.CANCELLED:
+        return taskstate.CANCELLED_EXIT
+    if task.state == taskstate.COMPLETED:
+        return 0
+    return task.exit_code if task.exit_code not in (None, 0) else 1
+
+
+def _report_changes(task: Task) -> None:
+    from agentbox.progress import note
+    from agentbox.safetext import visible
+
+    if task.proposal is not None:
+        note(f"{task.label}: {visible(task.outcome or '')}; `agentbox review {task.proposal}` shows it, "
+             f"`agentbox apply {task.proposal}` applies it")
+    elif task.outcome:
+        note(f"{task.label}: {visible(task.outcome)}: no proposal")
+
+
+@click.command("cancel", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("task_id", metavar="ID")
+def cancel_command(task_id: str) -> None:
+    """Cancel a task: a queued one is dequeued; a running one gets TERM (its process group), then KILL
+    after a grace period."""
+    from agentbox.progress import note
+    from agentbox.tasks import records as tasks
+
+    task = _one(task_id)
+    if not task.active:
+        raise AgentboxError(f"{task.label} already ended: {task.state}",
+                            hint="`agentbox tasks prune` forgets ended tasks.")
+    if task.remote:
+        from agentbox.tasks import remote
+
+        remote.cancel(task)
+    else:
+        tasks.request_cancel(task)
+    deadline = time.monotonic() + CANCEL_WAIT
+    task = _look(task) if task.remote else tasks.refresh([task])[0]
+    while task.active and time.monotonic() < deadline:
+        time.sleep(POLL_SECONDS)
+        task = _look(task) if task.remote else tasks.refresh([task], check_vms=False)[0]
+    if task.active:
+        note(f"{task.label} was asked to stop and is still {task.state}; `agentbox wait {task.id}` waits for it")
+        return
+    note(f"{task.label} {task.state}")

@@ -1,0 +1,161 @@
+"""`agentbox update-agents [AGENT]...`: update the agent CLIs inside the project's VM (agentbox.sync.update).
+
+It costs `limactl list` and one `limactl shell` per VM (an agent with agents.NAME.vmName has its own VM). The
+update runs with the environment a launch stages (agentbox.session.env), sent on the shell's stdin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from agentbox.config.load import AgentConfig, Config
+    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lima import Instance
+
+
+@click.command("update-agents")
+@click.argument("agents", nargs=-1, metavar="[AGENT]...")
+@click.pass_context
+def update_agents_command(ctx: click.Context, agents: tuple[str, ...]) -> None:
+    """Update the agent CLIs in the project's VM to their latest release, without a new VM.
+
+    Each agent is updated its own way: `npm install -g PACKAGE@latest` for the npm ones (in the VM user's
+    ~/.local), its install command again for the others, with the environment a launch gives (CA certificates,
+    the config's env, the network mode's proxy). Without AGENT: every agent installed in the VM.
+    Prints each one's old and new version, then which were updated, already current and failed; exits 1
+    naming any agent whose update failed.
+    """
+    from agentbox.cli.commands.common import session as session_for
+    from agentbox.errors import AgentboxError
+    from agentbox.progress import Progress, emit, say
+    from agentbox.safetext import visible
+    from agentbox.sync import update as agentupdate
+
+    session = session_for(ctx)
+    config = session.config
+    config.require_workspace()
+    chosen = _chosen(config, agents)
+    summary = _Summary()
+    unreachable: list[str] = []
+    for vm_name, group in _by_vm(chosen).items():
+        instance = session.instance(vm_name)
+        if instance is None:
+            say(f"{vm_name} does not exist yet; its agents are installed, at their latest, by their first launch")
+            continue
+        argv = agentupdate.script_argv(group, named=bool(agents))
+        with _launch_env(session, vm_name, instance, group) as env, \
+                Progress(f"Updating agents in VM {vm_name}", verbose=session.verbose):
+            code, stdout, stderr = session.lima.shell_bytes(vm_name, argv, agentupdate.OUTPUT_LIMIT,
+                                                            stdin_data=agentupdate.env_records(env))
+        if code == 255 and not stdout:
+            unreachable.append(vm_name)
+            summary.failed += [agent.name for agent in group]
+            emit(f"agentbox: could not reach {vm_name} to update its agents (ssh exit 255)")
+            continue
+        outcomes = agentupdate.parse(stdout, group)
+        for outcome in outcomes:
+            if outcome.status in (agentupdate.UPDATED, agentupdate.UNCHANGED):
+                click.echo(outcome.describe())
+                (summary.updated if outcome.status == agentupdate.UPDATED else summary.current).append(outcome.agent)
+            elif outcome.status == agentupdate.MISSING and agents:
+                summary.failed.append(outcome.agent)
+                emit(visible(f"agentbox: {outcome.agent} is not installed in {vm_name} (`agentbox {outcome.agent}` "
+                             "installs it)"))
+            elif outcome.status == agentupdate.FAILED:
+                summary.failed.append(outcome.agent)
+        if any(outcome.status == agentupdate.FAILED for outcome in outcomes):
+            for line in stderr.splitlines()[-40:]:
+                emit(visible(f"  {line}"))
+        if not any(outcome.status != agentupdate.MISSING for outcome in outcomes) and not agents:
+            say(f"no agent is installed in {vm_name} yet; each installs at its first launch")
+    if summary.failed:
+        commands = "; ".join(f"{name}: `{agentupdate.update_command(config.agent(name))}`" for name in summary.failed
+                             if name not in {agent.name for agent in chosen if agent.vm_name in unreachable})
+        reach = (f"`agentbox restart` restarts {', '.join(unreachable)}; then run the command again. "
+                 if unreachable else "")
+        by_hand = (f"What it printed last is above. The update commands ({commands}) can be run by hand in "
+                   "`agentbox shell`." if commands else "")
+        raise AgentboxError(
+            visible(f"updating {', '.join(summary.failed)} failed" + summary.others()),
+            hint=visible((reach + by_hand).strip()),
+        )
+    if summary.updated or summary.current:
+        say(visible(f"agentbox: {summary.others().removeprefix('; ')}"))
+
+
+class _Summary:
+    """Which agents were updated, were already current, failed: what the last line names."""
+
+    def __init__(self) -> None:
+        self.updated: list[str] = []
+        self.current: list[str] = []
+        self.failed: list[str] = []
+
+    def others(self) -> str:
+        """"; updated: claude; already the latest: codex" (empty when neither)."""
+        parts = [f"{label}: {', '.join(names)}" for label, names in
+                 (("updated", self.updated), ("already the latest", self.current)) if names]
+        return "".join(f"; {part}" for part in parts)
+
+
+@contextlib.contextmanager
+def _launch_env(session: Session, vm_name: str, instance: Instance,
+                group: list[AgentConfig]) -> Iterator[dict[str, str]]:
+    """The VM running, and the environment a launch stages for it (agentbox.session.env): the CA, the config's env
+    (with the broker's placeholders for the logins it brokers), and in allowlist and offline mode the proxy's
+    variables, the proxy running (started while Lima is asked, as for a launch) until the update ends."""
+    from agentbox.session import brokersetup
+    from agentbox.session import env as sessionenv
+    from agentbox.staginglayout import GUEST_CA_BUNDLE
+    from agentbox.vm import lifecycle as vm
+
+    config = session.config
+    brokering = brokersetup.prepare(config, vm_name)
+    lease = brokersetup.begin_proxy(config, vm_name, {agent.name: agent.endpoints for agent in group})
+    try:
+        vm.ensure_running(session, vm_name, instance)
+        env = sessionenv.of(config, lease.access if lease is not None else None,
+                            brokering.prepared.env if brokering is not None else None)
+        if brokering is not None and brokering.authority is not None:
+            env.setdefault("NODE_EXTRA_CA_CERTS", GUEST_CA_BUNDLE)  # the broker's CA is in the guest's trust store
+        yield env
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def _chosen(config: Config, names: tuple[str, ...]) -> list[AgentConfig]:
+    """The agents named (each must exist and have an update command), or the project VM's agents that have one."""
+    from agentbox.errors import UsageError
+    from agentbox.safetext import visible
+    from agentbox.sync import update as agentupdate
+
+    if not names:
+        return [agent for agent in config.agents.values()
+                if agent.vm_name == config.vm_name and agentupdate.update_command(agent)]
+    chosen = []
+    for name in dict.fromkeys(names):
+        if name not in config.agents:
+            close = difflib.get_close_matches(name, list(config.agents), n=1, cutoff=0.6)
+            agents = f"Agents: {', '.join(config.agents)}."
+            raise UsageError(visible(f"no agent `{name}`" + (f": did you mean {close[0]}?" if close else "")),
+                             hint=visible(f"Run `agentbox update-agents {close[0]}`. {agents}" if close else agents))
+        agent = config.agent(name)
+        if not agentupdate.update_command(agent):
+            raise UsageError(visible(f"`{name}` has no install command, so agentbox cannot update it"),
+                             hint=f"Set agents.{name}.install to the command that installs its latest release.")
+        chosen.append(agent)
+    return chosen
+
+
+def _by_vm(agents: list[AgentConfig]) -> dict[str, list[AgentConfig]]:
+    groups: dict[str, list[AgentConfig]] = {}
+    for agent in agents:
+        groups.setdefault(agent.vm_name, []).append(agent)
+    return groups

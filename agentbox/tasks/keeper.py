@@ -1,0 +1,448 @@
+"""The keeper of a task on a remote host: a detached process on this machine, one per task, while it is active.
+
+It hands the task over when its host answers (a host that was unreachable at submit), then asks the host for the
+runner's state every POLL_SEC over the host's multiplexed ssh connection, and writes it into the record, so that
+`agentbox tasks` shows the last known state without contacting any host. While the host does not answer, the
+record says since when (the runner there goes on by itself). When the task ended, it brings home the outputs and
+the changes (a proposal, agentbox.tasks.records.take_changes), removes the task's folder there and ends.
+
+`step` is also what `tasks --refresh`, `wait` and `logs -f` call: one look at the host, under the records' lock.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+from agentbox import timing
+from agentbox.errors import StateError
+from agentbox.progress import note
+from agentbox.tasks import records as tasks
+from agentbox.tasks.transitions import FAILED, RUNNING
+
+if TYPE_CHECKING:
+    from agentbox.remote.registry import Host
+    from agentbox.runtime.contract import Job
+
+POLL_SEC = 2.0
+UNREACHABLE_POLL_SEC = 10.0
+SILENT_RUNNER_SEC = 60.0  # a Running task whose runner's heartbeat did not move for this long has lost its runner
+OUTPUTS_LIMIT = 16 << 20
+COLLECTED = ("state", *tasks.OUTPUTS, tasks.CHANGES, tasks.SUMMARY)
+LOCK = "keeper.lock"
+LOCK_PATIENCE_SEC = 1.0
+JOB_FILE = "job.json"  # in the task's record folder until the host took the task (agentbox.tasks.remote)
+
+
+def shadow(vm_name: str, host: str) -> str:
+    """The name of this machine's mirror of a remote VM's shared folders (paths.staging_dir(shadow) ...)."""
+    return f"{vm_name}.on-{host}"
+
+
+def end_brokers(host: str) -> list[str]:
+    """Stop this machine's proxy (the broker's way back) of every mirror of `host`'s VMs: the host is being
+    forgotten (`hosts rm`), so nothing here serves it any more, whatever its keepers still hold. The mirrors
+    whose proxy was stopped."""
+    from agentbox import paths
+    from agentbox.net import guard as netguard
+
+    suffix = shadow("", host)
+    try:
+        names = sorted(entry.name for entry in os.scandir(paths.state_dir() / "vms")
+                       if entry.name.endswith(suffix) and len(entry.name) > len(suffix))
+    except OSError:
+        return []
+    return [name for name in names if netguard.stop(name)]
+
+
+def keep_job(task: tasks.Task, job: Job) -> None:
+    """The job, kept beside the record until the host took it (hand_over reads it, now or later)."""
+    from agentbox.fsutil import atomic_write, private_dir
+
+    data = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "argv": list(job.argv),
+            "startTimeout": job.start_timeout, "staging": list(job.staging or []),
+            "executables": sorted(job.executables),
+            "files": {name: base64.b64encode(content).decode("ascii") for name, content in job.files.items()}}
+    atomic_write(private_dir(tasks.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
+
+
+def kept_job(task: tasks.Task) -> Job | None:
+    from agentbox.runtime.contract import Job
+
+    try:
+        data = json.loads((tasks.folder(task.id) / JOB_FILE).read_bytes())
+    except (OSError, ValueError):
+        return None
+    return Job(data["vm"], data["task"], data["limaYaml"],
+               {name: base64.b64decode(content) for name, content in data["files"].items()}, data["argv"],
+               int(data["startTimeout"]), data.get("staging"), frozenset(data.get("executables") or ()))
+
+
+SENT = "sent.json"  # beside this machine's mirror of a remote VM's staging: what its staging there holds
+
+
+def _sent_file(task: tasks.Task) -> Any:
+    from agentbox import paths
+
+    return paths.vm_state_dir(shadow(task.vm, task.host)) / SENT
+
+
+def _sent(task: tasks.Task) -> dict[str, str]:
+    """{staging file: sha256} of what the host's staging folder of the VM holds, as last sent (empty: unknown)."""
+    try:
+        data = json.loads(_sent_file(task).read_bytes())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _changed(job: Job, sent: dict[str, str]) -> dict[str, bytes]:
+    """The job's files the host does not hold as they are (the task's own files always)."""
+    return {name: data for name, data in job.files.items()
+            if not name.startswith("staging/") or sent.get(name) != hashlib.sha256(data).hexdigest()}
+
+
+def _remember_sent(task: tasks.Task, job: Job, sent: dict[str, str]) -> None:
+    from agentbox.fsutil import atomic_write
+
+    now = {name: digest for name, digest in sent.items() if job.staging is None or name[8:] in set(job.staging)}
+    now.update({name: hashlib.sha256(data).hexdigest() for name, data in job.files.items()
+                if name.startswith("staging/")})
+    atomic_write(_sent_file(task), json.dumps(now, sort_keys=True), mode=0o600)
+
+
+def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
+    """Make the task's forward (when it has one: this machine's proxy at `proxy_port`) and submit its kept job;
+    True when the host took it (the record is then Queued or Running, as its runner says), False when the host
+    did not answer (it stays Pending). StateError when the host refused it."""
+    from agentbox.remote import registry
+    from agentbox.remote.ssh import Unreachable
+    from agentbox.runtime.contract import NeedsTemplate
+    from agentbox.runtime.sshhost import SshRuntime
+
+    job = kept_job(task)
+    if job is None:
+        raise StateError(f"{task.label} has no job to hand over (its file {tasks.folder(task.id) / JOB_FILE} is gone)")
+    runtime = SshRuntime(host)
+    try:
+        if task.forward_port is not None:
+            if proxy_port is None:
+                raise StateError(f"{task.label} needs this machine's proxy, and it is not running")
+            with timing.phase("the broker's forward (ssh -O forward)"):
+                runtime.transport.forward_remote(proxy_port, task.forward_port)
+            with tasks.locked():
+                fresh = tasks.get(task.id) or task
+                fresh.forward_master = task.forward_master = runtime.transport.master_pid()
+                fresh.forward_local = task.forward_local = proxy_port
+                tasks.save(fresh)
+        sent = _sent(task)
+        with timing.phase(f"hand-over to {host.name} (far end's submit)"):
+            try:
+                handed = runtime.submit(job._replace(lima_yaml=None, files=_changed(job, sent)))
+            except NeedsTemplate:
+                note(f"making the project's VM {job.vm} on {host.name} (the first time takes minutes)")
+                handed = runtime.submit(job)  # everything: a new VM's folders there are empty
+    except Unreachable as exc:
+        registry.unreachable(host)
+        with tasks.locked():
+            fresh = tasks.get(task.id) or task
+            if fresh.active and fresh.reason is None:
+                fresh.reason = f"waiting for {host.name}: {exc.message}"
+                tasks.save(fresh)
+        return False
+    registry.reached(host)
+    if handed.code != 0:
+        from agentbox.safetext import visible
+
+        raise StateError(f"the VM on {host.name} did not take {task.label}: the launch step exited {handed.code}"
+                         + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
+    _remember_sent(task, job, sent)
+    (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
+    with tasks.locked():
+        fresh = tasks.get(task.id) or task
+        fresh.reason = None
+        fresh.handed = True
+        fresh.unreachable_since = None
+        fresh.seen = time.time()
+        tasks.save(fresh)
+    return True
+
+
+def start(task_id: int) -> None:
+    """Start the task's keeper, detached (it ends by itself with the task)."""
+    import subprocess
+
+    from agentbox import hosttools
+
+    env = hosttools.environ()
+    subprocess.Popen([sys.executable, "-m", "agentbox.tasks.keeper", str(task_id)],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                     start_new_session=True, close_fds=True, env=env, cwd="/")
+
+
+class Keeping:
+    """What only the keeper process holds for its task: a lease on this machine's proxy for the remote VM (the
+    broker's way back), and the forward of the host's port to it, made again when the connection was remade."""
+
+    def __init__(self) -> None:
+        self.lease: Any = None
+        self.problem: str | None = None
+        self.closed = False
+
+    def proxy_port(self, task: tasks.Task) -> int | None:
+        if task.forward_port is None:
+            return None
+        if self.lease is None:
+            try:
+                self.lease = _proxy_lease(task)
+            except Exception as exc:  # the config changed (untrusted now), the proxy could not start: said
+                self.problem = getattr(exc, "message", None) or str(exc)
+                return None
+        return int(self.lease.port) if self.lease is not None else None
+
+    def keep_forward(self, task: tasks.Task, transport: Any) -> None:
+        """The forward, on the current master connection, to the proxy's current port."""
+        if task.forward_port is None:
+            return
+        port = self.proxy_port(task)  # the keeper holds the proxy for the task's life
+        if port is None:
+            _note(task.id, reason=f"its VM cannot reach this machine's proxy: {self.problem}")
+            return
+        master = transport.master_pid()
+        if master is not None and master == task.forward_master and port == task.forward_local:
+            return
+        if task.forward_local is not None and task.forward_local != port:
+            transport.cancel_forward(task.forward_local, task.forward_port)
+        transport.forward_remote(port, task.forward_port)
+        _note(task.id, forward_master=transport.master_pid(), forward_local=port)
+
+    def close(self, task: tasks.Task, transport: Any) -> None:
+        """The task ended: its forward and, when no other task of that VM is active, the proxy end."""
+        import contextlib
+
+        from agentbox.net import guard as netguard
+
+        if task.forward_port is None or self.closed:
+            return
+        if task.forward_local is not None:
+            with contextlib.suppress(Exception):
+                transport.cancel_forward(task.forward_local, task.forward_port)
+        if self.lease is not None:
+            self.lease.release()
+            self.lease = None
+        others = [other for other in tasks.all_tasks() if other.active and other.id != task.id
+                  and other.host == task.host and other.vm == task.vm]
+        if not others:
+            netguard.stop(shadow(task.vm, task.host))
+        self.closed = True
+
+
+def _close(task: tasks.Task, keeping: Keeping) -> None:
+    from agentbox.remote import registry
+    from agentbox.remote.ssh import Transport
+
+    host = registry.get(task.host)
+    if host is None:  # forgotten (`hosts rm`): its forwards went with its connection; the proxy goes too
+        if keeping.lease is not None:
+            keeping.lease.release()
+        end_brokers(task.host)
+        return
+    try:
+        keeping.close(task, Transport(host.target()))
+    except Exception:  # the host is gone: its forward went with the connection
+        if keeping.lease is not None:
+            keeping.lease.release()
+
+
+def running(task_id: int) -> bool:
+    """Whether the task's keeper runs (it holds its lock)."""
+    from agentbox.fsutil import held
+
+    return held(tasks.folder(task_id) / LOCK)
+
+
+def _proxy_lease(task: tasks.Task) -> Any:
+    """This machine's proxy for the task's remote VM, from the workspace's config as it is now (trusted)."""
+    from pathlib import Path
+
+    from agentbox.config import load as config_load
+    from agentbox.config import trust
+    from agentbox.session import brokersetup
+
+    config = config_load.load(Path(task.workspace))
+    trust.require_trust(config)
+    agent = config.agent(task.agent)
+    return brokersetup.begin_proxy(config, shadow(task.vm, task.host), {agent.name: agent.endpoints})
+
+
+def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
+    """One look at the host for an active task (or one whose results are not home yet); the record, updated.
+    Only the keeper (with `keeping`) hands a waiting task over and keeps the forward."""
+    from agentbox.remote import registry
+    from agentbox.remote.farclient import FarError
+    from agentbox.remote.ssh import Unreachable
+    from agentbox.runtime.sshhost import SshRuntime
+
+    task = tasks.get(task_id)
+    if task is None or task.host == tasks.LOCAL or task.settled:
+        return task
+    host = registry.get(task.host)
+    if host is None:
+        with tasks.locked():
+            fresh = tasks.get(task_id) or task
+            if fresh.active:
+                tasks.end(fresh, FAILED, f"its host {task.host} is no longer known (`agentbox hosts rm`)")
+            fresh.harvested = True
+            tasks.save(fresh)
+        return tasks.get(task_id)
+    if keeping is None and task.active and not running(task_id):
+        start(task_id)  # its keeper stopped (this machine restarted): it goes on following the task
+    if task.active and not task.handed:
+        if keeping is None:
+            return task  # its keeper hands it over
+        try:
+            if not hand_over(task, host, keeping.proxy_port(task)):
+                return _unreachable(task_id)
+        except Exception as exc:  # refused by the host: the task cannot run
+            with tasks.locked():
+                fresh = tasks.get(task_id) or task
+                if fresh.active:
+                    tasks.end(fresh, FAILED, getattr(exc, "message", None) or str(exc))
+            return tasks.get(task_id)
+        task = tasks.get(task_id) or task
+    runtime = SshRuntime(host)
+    key = task.remote_key or ""
+    try:
+        if task.active and keeping is not None:
+            keeping.keep_forward(task, runtime.transport)
+        if task.active:
+            seen = runtime.task(task.vm, key)
+            _apply(task_id, seen, host.name)
+            task = tasks.get(task_id) or task
+        if not task.active and not task.harvested:
+            _bring_home(task_id, runtime)
+        if not task.active and keeping is not None:
+            keeping.close(task, runtime.transport)
+    except Unreachable:
+        return _unreachable(task_id)
+    except FarError as exc:
+        _note(task_id, reason=f"{host.name} answered with an error: {exc.message}")
+    registry.reached(host)
+    return tasks.get(task_id)
+
+
+def _unreachable(task_id: int) -> tasks.Task | None:
+    from agentbox.remote import registry
+
+    with tasks.locked():
+        task = tasks.get(task_id)
+        if task is None:
+            return None
+        if task.unreachable_since is None:
+            task.unreachable_since = time.time()
+            tasks.save(task)
+    host = registry.get(task.host)
+    if host is not None:
+        registry.unreachable(host)
+    return task
+
+
+def _note(task_id: int, **fields: Any) -> None:
+    with tasks.locked():
+        task = tasks.get(task_id)
+        if task is not None:
+            for name, value in fields.items():
+                setattr(task, name, value)
+            tasks.save(task)
+
+
+def _apply(task_id: int, seen: Any, host_name: str) -> None:
+    """The runner's state (and the VM's) into the record."""
+    now = time.time()
+    with tasks.locked():
+        task = tasks.get(task_id)
+        if task is None or not task.active:
+            return
+        task.seen = now
+        task.unreachable_since = None
+        runner = tasks.parse_runner_state(seen.state) if seen.state is not None else None
+        if runner is not None:
+            tasks.apply_seen(task, runner)
+        if task.active:
+            if seen.vm_status is None:
+                tasks.end(task, FAILED, f"its VM {task.vm} on {host_name} was deleted while the task was "
+                                        f"{task.state.lower()}")
+                return
+            if seen.vm_status != "Running":
+                tasks.end(task, FAILED, f"its VM {task.vm} on {host_name} stopped ({seen.vm_status}) while the "
+                                        f"task was {task.state.lower()}")
+                return
+            if seen.heartbeat is not None and seen.heartbeat != task.heartbeat_seen:
+                task.heartbeat_seen, task.heartbeat_moved = seen.heartbeat, now
+            elif task.state == RUNNING and task.heartbeat_moved and now - task.heartbeat_moved > SILENT_RUNNER_SEC:
+                tasks.end(task, FAILED, f"its runner on {host_name} stopped answering "
+                                        f"{int(now - task.heartbeat_moved)} s ago (the VM restarted?)")
+                return
+        tasks.save(task)
+
+
+def _bring_home(task_id: int, runtime: Any) -> None:
+    """The ended task's outputs and changes, from the host into the record; then its folder there goes."""
+    from agentbox.fsutil import atomic_write
+
+    ended = tasks.get(task_id)
+    if ended is None:
+        return
+    found = runtime.collect(ended.vm, ended.remote_key or "", COLLECTED, OUTPUTS_LIMIT)
+    with tasks.locked():
+        task = tasks.get(task_id)
+        if task is None or task.harvested:
+            return
+        for name in tasks.OUTPUTS:
+            atomic_write(tasks.folder(task.id) / name, found.get(name, b""), mode=0o600)
+        if task.isolated:
+            tasks.take_changes(task, found.get(tasks.CHANGES), found.get(tasks.SUMMARY))
+        task.harvested = True
+        tasks.save(task)
+    runtime.forget(ended.vm, ended.remote_key or "")
+
+
+def main(argv: list[str]) -> int:
+    import fcntl
+
+    task_id = int(argv[0])
+    try:
+        fd = os.open(tasks.folder(task_id) / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return 0
+    # `running()` probes the lock for an instant (`wait` every quarter second): only a lock still held after a
+    # second is another keeper's, and this one leaves the task to it.
+    deadline = time.monotonic() + LOCK_PATIENCE_SEC
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError:
+            if time.monotonic() >= deadline:
+                return 0  # another keeper follows it
+            time.sleep(0.05)
+    keeping = Keeping()
+    while True:
+        try:
+            task = step(task_id, keeping)
+        except Exception:  # a bad moment (the record being written): look again
+            task = tasks.get(task_id)
+        if task is None or task.settled:
+            if task is not None:
+                _close(task, keeping)
+            return 0
+        time.sleep(UNREACHABLE_POLL_SEC if task.unreachable_since is not None else POLL_SEC)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
