@@ -56,7 +56,7 @@ def keeps_alive(config: Config) -> bool:
 
 
 def run_in_vm(
-    session: vm.Session,
+    session: vm.VmControl,
     name: str,
     argv: list[str],
     interactive_shell: bool = False,
@@ -132,7 +132,7 @@ def _note_blocked_mcp_servers(config: Config, folder: Path, agent: AgentConfig |
 
 
 def _run(
-    session: vm.Session,
+    session: vm.VmControl,
     name: str,
     argv: list[str],
     interactive_shell: bool,
@@ -200,7 +200,7 @@ class _Said:
 
 
 def _session(
-    session: vm.Session,
+    session: vm.VmControl,
     name: str,
     argv: list[str],
     interactive_shell: bool,

@@ -33,7 +33,7 @@ from agentbox.sync import filter as syncfilter
 if TYPE_CHECKING:
     from agentbox.agents.builtin import AgentSpec
     from agentbox.config.load import AgentConfig
-    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lifecycle import VmControl
 
 MiB = 1024 * 1024
 PULL_LIMIT = 256 * MiB
@@ -61,7 +61,7 @@ class PullPlan(NamedTuple):
     skipped: list[Skipped]
 
 
-def fetch(session: Session, agent: AgentConfig, spec: AgentSpec) -> bytes:
+def fetch(session: VmControl, agent: AgentConfig, spec: AgentSpec) -> bytes:
     """The pull folders of the agent in its VM, as a tar stream (one limactl shell)."""
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import RUNNING

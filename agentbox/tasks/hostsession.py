@@ -22,7 +22,7 @@ ENDING_WAIT = 60.0  # seconds `attach` waits, once the session ended, for its ta
 POLL = 0.3
 
 
-def start(session: vm.Session, agent_name: str, args: list[str], host_name: str) -> tasks.Task:
+def start(session: vm.VmControl, agent_name: str, args: list[str], host_name: str) -> tasks.Task:
     """Submit the session to host_name (the agent's interactive form with its default args and ARGS)."""
     from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
     from agentbox.tasks import remote

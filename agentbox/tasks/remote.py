@@ -61,7 +61,7 @@ def task_key(task: tasks.Task) -> str:
     return f"t{task.id}-{machine}-{digest}"
 
 
-def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
+def submit(session: vm.VmControl, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
            host_name: str, session_argv: list[str] | None = None) -> tasks.Task:
     """Record the task, prepare its job and hand it to the host (or leave it waiting for the host); start its
     keeper. Returns the record. `session_argv`: a session (`agentbox AGENT --on HOST --detach`): the runner there

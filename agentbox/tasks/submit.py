@@ -51,7 +51,7 @@ def task_argv(agent: AgentConfig) -> list[str]:
                       model_after(agent.name, agent.default_args), subcommands)
 
 
-def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
+def submit(session: vm.VmControl, agent_name: str, prompt: bytes, *, name: str | None, timeout: int | None,
            worktree: bool, worktree_name: str | None = None, place: str | None = None) -> tasks.Task:
     """Record the task and hand it to the VM. Returns the record (Queued or Running when the VM took it).
     `worktree_name`: the worktree `.agentbox/worktrees/NAME` (made, or used again), else `task-ID`.
@@ -88,7 +88,7 @@ def submit(session: vm.Session, agent_name: str, prompt: bytes, *, name: str | N
     return _handed(session, agent, task, prompt, base, repo)
 
 
-def _submit_isolated(session: vm.Session, agent: AgentConfig, prompt: bytes, *, name: str | None,
+def _submit_isolated(session: vm.VmControl, agent: AgentConfig, prompt: bytes, *, name: str | None,
                      timeout: int | None, place: str, repo: hostgit.Repo | None) -> tasks.Task:
     config = session.config
     workspace = config.require_workspace()
@@ -103,7 +103,7 @@ def _submit_isolated(session: vm.Session, agent: AgentConfig, prompt: bytes, *, 
     return _handed(session, agent, task, prompt, None, repo)
 
 
-def _handed(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
+def _handed(session: vm.VmControl, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
             repo: hostgit.Repo | None) -> tasks.Task:
     try:
         _hand_over(session, agent, task, prompt, base, repo)
@@ -117,7 +117,7 @@ def _handed(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: b
     return tasks.refresh([task], check_vms=False)[0]
 
 
-def _hand_over(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
+def _hand_over(session: vm.VmControl, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
                repo: hostgit.Repo | None) -> None:
     config = session.config
     workspace = config.require_workspace()
@@ -196,7 +196,7 @@ def stage_copy(config: Config, task: tasks.Task, repo: hostgit.Repo | None, star
     return staged
 
 
-def _stage_and_start(session: vm.Session, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
+def _stage_and_start(session: vm.VmControl, agent: AgentConfig, task: tasks.Task, prompt: bytes, base: str | None,
                      workspace: Path, scripts: bootstrap.Plan, instance: Instance, proxy_port: int | None,
                      brokering: brokersetup.Brokered | None, attempt: warm.Attempt,
                      staged: taskbundles.Staged | None = None) -> bool:

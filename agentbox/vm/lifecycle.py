@@ -24,7 +24,7 @@ WORKSPACE_PARAM = "agentboxWorkspace"
 POLL_INTERVAL = 2.0
 
 
-class Session:
+class VmControl:
     """What one agentbox invocation needs to manage its VM."""
 
     def __init__(self, config: Config, lima: Lima, verbose: bool = False,
@@ -125,7 +125,7 @@ def check_workspace_matches(instance: Instance, config: Config) -> None:
         check_ownership(instance, config)
 
 
-def ensure_running(session: Session, name: str, known: Instance | None = _UNKNOWN) -> Instance:
+def ensure_running(session: VmControl, name: str, known: Instance | None = _UNKNOWN) -> Instance:
     """Make sure the project's VM exists, runs and runs with what agentbox rendered.
 
     `known` is the result of a `list` the caller already made, so no call is repeated: a VM that
@@ -185,7 +185,7 @@ def note_stale_base(config: Config, name: str) -> None:
             vmstate.update(name, {"staleBaseNoted": found[0]})
 
 
-def verify_running(session: Session, instance: Instance) -> bool:
+def verify_running(session: VmControl, instance: Instance) -> bool:
     """Check a Running VM's effective config from its `list` row (no limactl call).
 
     A difference marks the VM refused, stops it and raises. False: the row is clean but the VM was
@@ -215,7 +215,7 @@ def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str,
     return expected
 
 
-def refuse(session: Session, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
+def refuse(session: VmControl, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
     """Record the VM as refused (so the next command does not use it either), stop it, raise."""
     vmstate.update(name, {"refused": [difference.text for difference in found]})
     if running:
@@ -230,7 +230,7 @@ class _AlreadyExists(Exception):
     pass
 
 
-def create_and_start(session: Session, name: str) -> Instance:
+def create_and_start(session: VmControl, name: str) -> Instance:
     from agentbox.vm import render
 
     config = session.config
@@ -282,7 +282,7 @@ def create_and_start(session: Session, name: str) -> Instance:
     return start(session, name, str(paths.lima_home() / name))
 
 
-def _clone_from_base(session: Session, name: str, template_text: str) -> dict[str, Any] | None:
+def _clone_from_base(session: VmControl, name: str, template_text: str) -> dict[str, Any] | None:
     """Make the VM a clone of the base (built first when needed): returns what the VM keeps about its base,
     or None when this project's VM cannot be a clone (said once; the caller creates it from scratch)."""
     from agentbox.vm import golden
@@ -303,7 +303,7 @@ def _clone_from_base(session: Session, name: str, template_text: str) -> dict[st
     return current.reference()
 
 
-def start(session: Session, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
+def start(session: VmControl, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
     """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
 
     expected = expected_config(name)
@@ -379,7 +379,7 @@ def degraded_note(name: str, state: dict[str, Any]) -> str | None:
     )
 
 
-def apply_in_place(session: Session, name: str, row: Instance | None) -> None:
+def apply_in_place(session: VmControl, name: str, row: Instance | None) -> None:
     """The stopped VM gets the cpus, memory and larger disk the config asks for (`limactl edit`, vm.inplace)."""
     from agentbox.vm import inplace
 
@@ -401,7 +401,7 @@ def apply_in_place(session: Session, name: str, row: Instance | None) -> None:
         record_in_place(name, {**found.settled, **found.applied}, applied=found.pending)
 
 
-def settle_in_place(session: Session, instance: Instance, state: dict[str, Any] | None = None) -> Instance:
+def settle_in_place(session: VmControl, instance: Instance, state: dict[str, Any] | None = None) -> Instance:
     """A running VM whose cpus, memory or disk changed in the config (agentbox.vm.inplace): Lima changes them
     only while it is stopped. On a terminal, ask whether to restart it now; elsewhere say once that they apply
     at its next start. Returns the VM as it runs now. Costs no limactl call unless it restarts the VM."""
@@ -446,7 +446,7 @@ def resources_as_recorded(config: Config, state: dict[str, Any]) -> bool:
                (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk)))
 
 
-def restart_to_apply(session: Session, instance: Instance) -> Instance:
+def restart_to_apply(session: VmControl, instance: Instance) -> Instance:
     """Stop the running VM, apply what changed with `limactl edit`, start it (start does the edit)."""
     name = instance.name
     with vmstate.lock(name):
@@ -465,7 +465,7 @@ def record_in_place(name: str, values: dict[str, Any], applied: bool = False) ->
     vmstate.write(name, state)
 
 
-def recover(session: Session, instance: Instance) -> Instance:
+def recover(session: VmControl, instance: Instance) -> Instance:
     """Lima's own recovery for a Broken VM: force-stop (clears stale pid/socket files), then start."""
     note(f"{instance.name} is Broken; trying Lima's recovery (limactl stop --force, then start)")
     try:
@@ -487,7 +487,7 @@ def recover(session: Session, instance: Instance) -> Instance:
         raise StateError(message, hint=hint) from None
 
 
-def wait_for_settled(session: Session, instance: Instance) -> Instance:
+def wait_for_settled(session: VmControl, instance: Instance) -> Instance:
     """Installing, Uninitialized or a status agentbox does not know: wait a bounded time, then explain."""
     deadline = time.monotonic() + session.config.startup_wait_sec
     status = instance.status
@@ -509,7 +509,7 @@ def wait_for_settled(session: Session, instance: Instance) -> Instance:
     )
 
 
-def require_running(session: Session, name: str) -> Instance:
+def require_running(session: VmControl, name: str) -> Instance:
     instance = session.instance(name)
     if instance is None:
         raise StateError(f"{name} disappeared right after it was started", hint="Run the command again.")
@@ -521,7 +521,7 @@ def require_running(session: Session, name: str) -> Instance:
     return instance
 
 
-def stop(session: Session, name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
+def stop(session: VmControl, name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
     """Stop the VM. A step line reports a stop; the returned note says why nothing was done. `known`: the
     caller's `limactl list` row of it, so none is repeated."""
     instance = session.instance(name) if known is _UNKNOWN else known
@@ -547,7 +547,7 @@ def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
         lima.stop(name, force=force, on_output=progress.feed)
 
 
-def delete(session: Session, name: str) -> None:
+def delete(session: VmControl, name: str) -> None:
     """Delete the VM and its disk; agentbox's own state of it stays until vmstate.clear (the outbox is there)."""
     with vmstate.lock(name):
         verified.forget(name)

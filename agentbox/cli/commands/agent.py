@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from agentbox.config.load import Config
     from agentbox.credentials import loginwindow
     from agentbox.session.worktrees import Worktree
-    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lifecycle import VmControl
     from agentbox.vm.lima import Instance
 
 ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
@@ -113,7 +113,7 @@ def _place(name: str, value: list[str]) -> str:
     return value[0]
 
 
-def detach_on_host(session: Session, name: str, args: list[str], host: str) -> int:
+def detach_on_host(session: VmControl, name: str, args: list[str], host: str) -> int:
     """`agentbox NAME --on HOST --detach [ARGS]...`: the agent in a session on HOST (a remote isolated task);
     prints its id."""
     import click
@@ -158,7 +158,7 @@ def isolation_config(config: Config) -> Config:
     return workmode.with_isolation(config)
 
 
-def login_agent(session: Session, name: str, args: list[str]) -> int:
+def login_agent(session: VmControl, name: str, args: list[str]) -> int:
     """`agentbox NAME login [ARGS]`: the agent's own login command in its VM; afterwards the login is the host's too.
 
     The agent's OAuth callback listens on the VM's localhost, which Lima forwards to the same port of the
@@ -271,7 +271,7 @@ def _account(shown: str | None) -> str:
 
 
 def launch_agent(
-    session: Session, name: str, args: list[str], running: Instance | None = None, detach: bool = False,
+    session: VmControl, name: str, args: list[str], running: Instance | None = None, detach: bool = False,
     keep_alive: bool = True, worktree: Worktree | None = None,
 ) -> int:
     """Run the agent in its VM. `detach`: in a new tmux session, and return at once (agentbox.session.detached); with

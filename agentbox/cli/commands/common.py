@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     import click
 
     from agentbox.config.load import Config, TrustedText
-    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lifecycle import VmControl
 
 
 def load_config(ctx: click.Context, describe: bool = False, vm_only: bool = False,
@@ -47,7 +47,7 @@ def warn_if_untrusted(loaded: Config) -> None:
 
 
 def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True,
-            vm_only: bool = False) -> Session:
+            vm_only: bool = False) -> VmControl:
     """Config and limactl for a command. `acts` commands change a VM; those that start or configure it from the
     project's config (`needs_trust`) refuse an untrusted local config that needs trust.
     The others (stop, rm) need only the VM's name: they go on, but never where an untrusted file chose the VM.
@@ -66,7 +66,7 @@ def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, ne
             trust.require_trust(config)
         else:
             refuse_untrusted_identity(config)
-    return vm.Session(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"],  # type: ignore[arg-type]
+    return vm.VmControl(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"],  # type: ignore[arg-type]
                       on_stopped=vm_stopped)
 
 
@@ -135,7 +135,7 @@ def settle_tasks(name: str, reason: str) -> None:
         warn(f"{task.label} ended as {task.state}: {reason}")
 
 
-def vm_name(session: Session, agent: str | None = None) -> str:
+def vm_name(session: VmControl, agent: str | None = None) -> str:
     """The project's VM, or the VM of one agent (agents.NAME.vmName)."""
     session.config.require_workspace()
     return session.config.agent(agent).vm_name if agent else session.config.vm_name

@@ -20,7 +20,7 @@ from agentbox.errors import AgentboxError
 from agentbox.progress import say, warn
 
 if TYPE_CHECKING:
-    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lifecycle import VmControl
     from agentbox.vm.lima import Instance
 
 
@@ -38,7 +38,7 @@ def on_terminal() -> bool:
     return sys.stdin.isatty() and sys.stderr.isatty()
 
 
-def of(session: Session, instance: Instance | None) -> Ending:
+def of(session: VmControl, instance: Instance | None) -> Ending:
     """What runs in the VM now; nothing when it does not run (its sessions and tasks ended with it)."""
     from agentbox.vm.lima import RUNNING
 
@@ -47,7 +47,7 @@ def of(session: Session, instance: Instance | None) -> Ending:
     return Ending(instance.name, _sessions(session, instance.name), _tasks(instance.name))
 
 
-def _sessions(session: Session, name: str) -> tuple[str, ...]:
+def _sessions(session: VmControl, name: str) -> tuple[str, ...]:
     from agentbox import livemarkers
     from agentbox.safetext import visible
     from agentbox.session import detached as sessions

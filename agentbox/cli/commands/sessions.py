@@ -14,7 +14,7 @@ from agentbox.session import detached as sessions
 
 if TYPE_CHECKING:
     from agentbox.tasks.records import Task
-    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lifecycle import VmControl
     from agentbox.vm.lima import Instance
 
 
@@ -160,7 +160,7 @@ def _list_sessions(ctx: click.Context, as_json: bool) -> None:
     tables.echo(table, flexible=(0,))
 
 
-def _project_vms(session: Session) -> list[str]:
+def _project_vms(session: VmControl) -> list[str]:
     """The project's VM, then the VMs of agents that have their own (agents.NAME.vmName)."""
     names = [session.config.vm_name]
     for agent in session.config.agents.values():
@@ -169,7 +169,7 @@ def _project_vms(session: Session) -> list[str]:
     return names
 
 
-def _running_vms(session: Session) -> list[str]:
+def _running_vms(session: VmControl) -> list[str]:
     """Which of the project's VMs run (one `limactl list`); each is checked to be this workspace's."""
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import RUNNING
@@ -185,7 +185,7 @@ def _running_vms(session: Session) -> list[str]:
     return running
 
 
-def _list(session: Session, vm_name: str) -> list[sessions.Row]:
+def _list(session: VmControl, vm_name: str) -> list[sessions.Row]:
     from agentbox.errors import LimaError
 
     code, output, stderr = session.lima.shell_bytes(vm_name, sessions.script("list"), sessions.LIST_LIMIT)
@@ -195,7 +195,7 @@ def _list(session: Session, vm_name: str) -> list[sessions.Row]:
     return sessions.parse_list(output)
 
 
-def _vm_to_attach(session: Session, name: str | None) -> str:
+def _vm_to_attach(session: VmControl, name: str | None) -> str:
     """The VM whose session `attach` takes: the project's VM, unless agents of the project have VMs of their
     own, then the one that has the session (asked of each running VM; one shell each)."""
     from agentbox.errors import UsageError
@@ -223,7 +223,7 @@ def _vm_to_attach(session: Session, name: str | None) -> str:
     return max(ended)[1] if ended else running[0]
 
 
-def _running(session: Session, vm_name: str) -> Instance:
+def _running(session: VmControl, vm_name: str) -> Instance:
     from agentbox.errors import StateError
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import RUNNING

@@ -15,7 +15,7 @@ import click
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
-    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lifecycle import VmControl
     from agentbox.vm.lima import Instance
 
 
@@ -105,7 +105,7 @@ class _Summary:
 
 
 @contextlib.contextmanager
-def _launch_env(session: Session, vm_name: str, instance: Instance,
+def _launch_env(session: VmControl, vm_name: str, instance: Instance,
                 group: list[AgentConfig]) -> Iterator[dict[str, str]]:
     """The VM running, and the environment a launch stages for it (agentbox.session.env): the CA, the config's env
     (with the broker's placeholders for the logins it brokers), and in allowlist and offline mode the proxy's

@@ -15,7 +15,7 @@ from agentbox.tasks.activity import ProjectActivity
 
 if TYPE_CHECKING:
     from agentbox.cli.commands.ending import Ending
-    from agentbox.vm.lifecycle import Session
+    from agentbox.vm.lifecycle import VmControl
     from agentbox.vm.lima import Instance
 
 
@@ -68,7 +68,7 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     say(f"{instance.name} is running (workspace {session.config.workspace})")
 
 
-def _remove(session: Session, name: str, ends: Ending) -> None:
+def _remove(session: VmControl, name: str, ends: Ending) -> None:
     from agentbox.vm import lifecycle as vm
     from agentbox.vm import state as vmstate
 
@@ -84,7 +84,7 @@ def _say_if(message: str | None) -> None:
         say(message)
 
 
-def _stop(session: Session, name: str, instance: Instance | None, force: bool, yes: bool, verb: str = "stop") -> bool:
+def _stop(session: VmControl, name: str, instance: Instance | None, force: bool, yes: bool, verb: str = "stop") -> bool:
     """Stop one VM, by the rule of agentbox.cli.commands.ending when it would end sessions or tasks (`verb`: the command
     the user typed, stop or restart, which the question and a refusal name). False when a restart found nothing to
     stop (`instance` is still what is known of it)."""
