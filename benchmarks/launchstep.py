@@ -73,18 +73,18 @@ def stage(base: Path) -> tuple[Path, Path, list[str]]:
     os.environ.update(env)
     for key in ("XDG_CONFIG_HOME", "XDG_STATE_HOME", "AGENTBOX_CONFIG"):
         os.environ.pop(key, None)
-    from agentbox import paths
     from agentbox.config import load as config_module
-    from agentbox.session import bootstrap, staging
-    from agentbox.vm.lima import Instance
+    from agentbox.session import prepare, staging
+    from agentbox.vm.lifecycle import VmControl
+    from agentbox.vm.lima import Instance, Lima
 
     config = config_module.load(project)
-    scripts = bootstrap.plan(config, str(paths.staging_dir(config.vm_name)))
     instance = Instance.from_json({"name": config.vm_name, "status": "Running", "cpus": 4, "memory": 8 << 30,
                                    "disk": 100 << 30, "config": {"user": {"home": GUEST_HOME}}})
-    refreshed = staging.refresh(config, config.vm_name, None, scripts, instance)
-    staging.stage_context(config, config.vm_name, None, refreshed, instance, "live", None)
-    command = staging.launch_command(config, project, scripts, None, refreshed.folder, vm_name=config.vm_name)
+    launch = prepare.prepare(VmControl(config, Lima()), prepare.Ask(None, steps=prepare.TASK))
+    refreshed = staging.refresh(launch, instance)
+    staging.stage_context(launch, refreshed, instance, None)
+    command = staging.launch_command(launch, refreshed.folder, staging.LaunchOptions())
     return project, refreshed.folder, command
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -52,6 +53,22 @@ def record(project: Path, task_id: int) -> dict:
     result = run_cli("tasks", "--json", cwd=project)
     assert result.exit_code == 0, result.stderr
     return next(t for t in json.loads(result.stdout) if t["id"] == task_id)
+
+
+def stop_keeper(task_id: int) -> None:
+    """Kill the task's keeper, as a restart of this machine would: nothing collects the task until a command looks."""
+    wanted = [b"-m", b"agentbox.tasks.keeper", str(task_id).encode()]
+    state = f"AGENTBOX_STATE_DIR={paths.state_dir()}".encode()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if cmdline[1:4] == wanted and state in environ:
+            os.kill(int(pid), signal.SIGKILL)
+            return
+    raise AssertionError(f"no keeper runs for task {task_id}")
 
 
 def wait(project: Path, task_id: int):  # type: ignore[no-untyped-def]
@@ -156,9 +173,9 @@ def test_on_refuses_worktree_and_an_unknown_host(project: Path, tasks_vm: FakeLi
 def test_a_changes_patch_the_vm_turned_into_a_link_is_not_read(project: Path, tasks_vm: FakeLima, tmp_path: Path,
                                                               kind: str) -> None:
     secret = write(tmp_path / "secret", "diff --git a/x b/x\nSECRET-BYTES-7f3a\n")
-    task_id = run_task(project, "--on", "local", "do:write:modified.txt:by the agent")
+    task_id = run_task(project, "--on", "local", "do:sleep:3;write:modified.txt:by the agent")
     box = paths.vm_outbox(NAME) / "tasks" / str(task_id)
-    # notify is off: nothing collects the task until an agentbox command looks at it.
+    stop_keeper(task_id)  # nothing collects the task until an agentbox command looks at it
     deadline = time.monotonic() + 60
     while b"state=completed" not in ((box / "state").read_bytes() if (box / "state").exists() else b""):
         assert time.monotonic() < deadline, "the runner never ended"

@@ -404,21 +404,19 @@ def launch(p: Provisioned, agent: str | None, argv: list[str], interactive_input
         for key, value in p.env.items():
             patch.setenv(key, value)
         from agentbox.config import load as config_module
-        from agentbox.session import bootstrap, staging
-        from agentbox.vm.lima import Instance
+        from agentbox.session import prepare, staging
+        from agentbox.vm.lifecycle import VmControl
+        from agentbox.vm.lima import Instance, Lima
 
         config = config_module.load(p.project)
         agent_config = config.agent(agent) if agent else None
-        scripts = bootstrap.plan(config, str(paths.staging_dir(config.vm_name)))
         # The VM's row of `limactl list` as a launch has it (the user's home is what the sync rewrites to).
         instance = Instance.from_json({"name": config.vm_name, "status": "Running", "cpus": 4, "memory": 8 << 30,
                                        "disk": 100 << 30, "config": {"user": {"home": GUEST_HOME}}})
-        from agentbox.net import certauthority
-
-        broker_ca = certauthority.load(config.vm_name) if brokered else None
-        refreshed = staging.refresh(config, config.vm_name, agent_config, scripts, instance, broker_ca=broker_ca)
-        staging.stage_context(config, config.vm_name, agent_config, refreshed, instance, "live", None)
-        command = staging.launch_command(config, p.project, scripts, agent_config, p.staging, vm_name=config.vm_name)
+        launch = prepare.prepare(VmControl(config, Lima()), prepare.Ask(agent_config, steps=prepare.TASK))
+        refreshed = staging.refresh(launch, instance)
+        staging.stage_context(launch, refreshed, instance, None)
+        command = staging.launch_command(launch, p.staging, staging.LaunchOptions())
     own_by_guest_user(p.staging)
     if agent_config is not None:
         command += ["--", agent_config.binary, *agent_config.default_args, *argv]

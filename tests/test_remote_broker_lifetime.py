@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agentbox.net import guard as netguard
-from agentbox.tasks.keeper import shadow
+from agentbox.runtime.sshhost import mirror_name
 from tests import test_remote_tasks
 from tests.helpers import run_agentbox, wait_for
 from tests.remotehost import RemoteHost
@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.timeout(300), pytest.mark.xdist_group("tasks")]
 def running_broker(project: Path) -> tuple[int, str, netguard.Running]:
     task_id = submit(project, "--on", "big", "do:sleep:120")
     wait_for(lambda: record(project, task_id)["state"], 120, "the task running", until=lambda state: state == "Running")
-    mirror = shadow(record(project, task_id)["vm"], "big")
+    mirror = mirror_name(record(project, task_id)["vm"], "big")
     found = wait_for(lambda: netguard.running(mirror), 30, "the task's broker")
     assert found.brokers
     return task_id, mirror, found

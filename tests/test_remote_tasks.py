@@ -344,14 +344,14 @@ def test_another_user_of_the_host_reaches_the_forward_but_not_the_proxy(remote_p
     """The forward listens on the host's 127.0.0.1, where any of its users can connect: the proxy asks each of
     them for the remote VM's proxy credentials, which only that VM (and the remote user's own files) holds."""
     from agentbox.net import guard as netguard
-    from agentbox.tasks.keeper import shadow
+    from agentbox.runtime.sshhost import mirror_name
 
     project, _ = remote_project
     task_id = submit(project, "--on", "big", "do:sleep:30")
     wait_for(lambda: record(project, task_id)["state"], 120, "the task running", until=lambda state: state == "Running")
     task = record(project, task_id)
     forward = task["forwardPort"]
-    secret = netguard.secret(shadow(task["vm"], "big"))
+    secret = netguard.secret(mirror_name(task["vm"], "big"))
 
     def through_forward(auth: str) -> bytes:  # this test's user is not the remote user: another user of the host
         with socket.create_connection(("127.0.0.1", forward), timeout=10) as sock:

@@ -13,7 +13,10 @@ only, up to a cap, and never blocks on a FIFO.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
 
 STAGING = "staging"  # read-only in the VM
 TASK = "task"  # the task's folder in the VM's outbox (writable by the VM)
@@ -54,6 +57,23 @@ class NeedsTemplate(Exception):
 
 class Runtime(Protocol):
     name: str
+    takes_logins: bool  # whether a VM there may be given the host's own login files (else only the broker's)
+
+    def vm_for(self, config: Config, vm_name: str) -> str:
+        """The project's VM there, for the VM `vm_name` this machine knows."""
+
+    def mirror(self, vm: str) -> str:
+        """The name of the folders on this machine (paths.staging_dir, paths.vm_outbox) that stand for the VM's
+        shared folders there: the job's files are written there first. The VM itself when they are the same."""
+
+    def key(self, task_id: int) -> str:
+        """A task's name there (its folder `outbox/tasks/KEY` in the VM's outbox there)."""
+
+    def template(self, config: Config, vm: str) -> str | None:
+        """The lima.yaml a job makes the VM from when it is missing there; None: the place makes it otherwise."""
+
+    def answered(self, ok: bool) -> None:
+        """Record that the place answered (or did not) just now."""
 
     def describe(self) -> dict[str, Any]:
         """What the place says of itself: Lima's version, virtualisation, CPUs, memory, free disk, VMs, work."""

@@ -7,17 +7,36 @@ import os
 import platform
 import stat
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentbox import paths, vmread
 from agentbox.fsutil import private_dir, remove_unlisted
 from agentbox.runtime.contract import STAGING, TASK, Handed, Job, NeedsTemplate, TaskSeen
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
 
 MAX_STATE = 4096
 
 
 class LocalRuntime:
     name = "local"
+    takes_logins = True
+
+    def vm_for(self, config: Config, vm_name: str) -> str:
+        return vm_name
+
+    def mirror(self, vm: str) -> str:
+        return vm  # the VM mounts these very folders
+
+    def key(self, task_id: int) -> str:
+        return str(task_id)  # as a task in the live workspace's (agentbox.tasks.records.outbox_dir)
+
+    def template(self, config: Config, vm: str) -> str | None:
+        return None  # this machine's project VM is made by agentbox.vm.lifecycle (from the base, recorded)
+
+    def answered(self, ok: bool) -> None:
+        pass
 
     def __init__(self) -> None:
         from agentbox.vm.lima import Lima

@@ -14,13 +14,21 @@ from typing import TYPE_CHECKING, Any
 from agentbox.runtime.contract import Handed, Job, NeedsTemplate, TaskSeen
 
 if TYPE_CHECKING:
+    from agentbox.config.load import Config
     from agentbox.remote.registry import Host
 
 COLLECT_LIMIT = 64 << 20
 SESSION_ENDED = 100  # the far end's `attach` after the session ended (far.py's SESSION_ENDED)
 
 
+def mirror_name(vm: str, host: str) -> str:
+    """This machine's mirror of a host's VM's shared folders (paths.staging_dir(mirror), paths.vm_outbox(mirror))."""
+    return f"{vm}.on-{host}"
+
+
 class SshRuntime:
+    takes_logins = False  # a login reaches the VM there only as the broker's placeholder (agentbox.tasks.hostlogins)
+
     def __init__(self, host: Host) -> None:
         from agentbox.remote.farclient import Far
         from agentbox.remote.ssh import Transport
@@ -29,6 +37,48 @@ class SshRuntime:
         self.name = host.name
         self.transport = Transport(host.target())
         self.far = Far(self.transport)
+
+    def vm_for(self, config: Config, vm_name: str) -> str:
+        """The project's VM on the host: its name here and the key of the provisioning it is built from (the base
+        key, agentbox.vm.golden): a new agentbox or provisioning setting makes a new VM there on first use, never a
+        VM provisioned differently from what this machine's VMs get. (The older one stays until deleted there.)"""
+        from agentbox.vm import golden
+
+        return f"{vm_name}-{golden.key(config)[:8]}"
+
+    def mirror(self, vm: str) -> str:
+        return mirror_name(vm, self.name)
+
+    def key(self, task_id: int) -> str:
+        """Its id and this machine's, so two laptops sharing a host never collide."""
+        import hashlib
+        import re
+        import socket
+
+        from agentbox import paths
+
+        machine = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:24].strip("-") or "laptop"
+        digest = hashlib.sha256(str(paths.state_dir()).encode()).hexdigest()[:8]
+        return f"t{task_id}-{machine}-{digest}"
+
+    def template(self, config: Config, vm: str) -> str | None:
+        """agentbox's own template for the VM there (vm.render.render_remote): the config's resources and
+        provisioning, no mount of the workspace, nothing of this machine's. Its two shared folders are the far
+        end's, mounted at this machine's mirror paths, so every path the launch step names is right there too."""
+        from agentbox import paths
+        from agentbox.remote.farclient import FAR_ROOT
+        from agentbox.vm import render
+
+        mirror = self.mirror(vm)
+        return render.render_remote(
+            config, vm,
+            render.RenderedMount(f"{FAR_ROOT}/vms/{vm}/staging", str(paths.staging_dir(mirror)), False),
+            render.RenderedMount(f"{FAR_ROOT}/vms/{vm}/outbox", str(paths.vm_outbox(mirror)), True))
+
+    def answered(self, ok: bool) -> None:
+        from agentbox.remote import registry
+
+        (registry.reached if ok else registry.unreachable)(self.host)
 
     def describe(self) -> dict[str, Any]:
         return self.far.call("facts")

@@ -173,6 +173,7 @@ if TYPE_CHECKING:
     from agentbox.credentials.broker.brokered import Prepared
     from agentbox.net.certauthority import BrokerCA
     from agentbox.session.bootstrap import Plan
+    from agentbox.session.prepare import Launch
     from agentbox.session.worktrees import Worktree
     from agentbox.vm.lima import Instance
 
@@ -182,22 +183,26 @@ class Refreshed(NamedTuple):
     env_keys: tuple[str, ...] = ()  # the names of the session's env (staging/env)
 
 
-def launch_command(
-    config: Config, workspace: Path, scripts: Plan, agent: AgentConfig | None, staging: Path,
-    isolated: IsolatedLaunch | None = None,
-    returns: CredentialReturn | None = None,
-    task: Path | None = None,
-    worktree: Worktree | None = None,
-    session: SessionLaunch | None = None,
-    isolated_task: bool = False,
-    *,
-    vm_name: str,
-) -> list[str]:
-    """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options. `vm_name`: the VM
-    (as the broker knows it) whose own branches scoped pushes may go to (git.allowPush: session)."""
+class LaunchOptions(NamedTuple):
+    """What one launch adds to launch.sh's command line beyond the launch record (agentbox.session.prepare)."""
+
+    isolated: IsolatedLaunch | None = None  # an isolated session's copy
+    returns: CredentialReturn | None = None  # where the VM hands the session's logins back
+    task: Path | None = None  # a background task's folder in the outbox: launch.sh starts its runner
+    isolated_task: bool = False  # that task works on a copy made from the staged bundles
+    session: SessionLaunch | None = None  # a kept session
+    worktree: Worktree | None = None
+
+
+def launch_command(launch: Launch, staging: Path, options: LaunchOptions) -> list[str]:
+    """The argv `limactl shell` runs: launch.sh from the staging folder with this launch's options. Scoped pushes
+    (git.allowPush: session) may go to the own branches of the VM as the broker knows it (launch.folders)."""
+    config, scripts, agent, vm_name = launch.config, launch.scripts, launch.agent, launch.folders
+    isolated, returns, task, worktree, session = (options.isolated, options.returns, options.task, options.worktree,
+                                                  options.session)
     values: dict[str, OptionValue] = {
         "--wait": str(config.startup_wait_sec),
-        "--workspace": str(workspace),
+        "--workspace": str(launch.workspace),
         "--guards": guards_mode(config),
         "--push-namespace": pushes.namespace(vm_name) if config.scoped_pushes else None,
         "--timing": timing.enabled(),
@@ -226,7 +231,7 @@ def launch_command(
         values["--worktree-base"] = worktree.base
     if task is not None:
         values["--task"] = str(task)
-        values["--isolated-task"] = isolated_task
+        values["--isolated-task"] = options.isolated_task
     if session is not None:
         values["--session"] = session.name
         values["--session-attach"] = session.attach
@@ -253,20 +258,20 @@ def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig
     return [a for a in candidates if agentsync.spec_of(a) is not None]
 
 
-def refresh(
-    config: Config, name: str, agent: AgentConfig | None, scripts: Plan, instance: Instance | None = None,
-    proxy_port: int | None = None, prepared: Prepared | None = None, broker_ca: BrokerCA | None = None,
-) -> Refreshed:
-    """Bring the VM's staging folder up to date for one launch (of `agent`, or a shell when None).
+def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | None = None) -> Refreshed:
+    """Bring the VM's staging folder (launch.folders') up to date for one launch (of its agent, or a shell).
 
     `instance` is the VM's row of the launch's `limactl list`: host paths in the agents' settings are
-    rewritten to its user's home. `prepared`: the credential broker's placeholder logins, staged instead of the
-    host's (agentbox.credentials.broker.brokered). `proxy_port`: where the VM reaches its proxy (this machine's port, or
-    a remote host's forward of it); the proxy variables carry the proxy secret of `name` (agentbox.net.guard).
-    `broker_ca`: the VM's credential broker CA (agentbox.net.certauthority), which
-    launch.sh installs in the guest's trust store; None removes one a launch installed before. The sandbox's
-    description is staged later (stage_context), once the session's mode and start checkpoint are known.
+    rewritten to its user's home. The credential broker's placeholder logins (launch.brokering) are staged instead
+    of the host's (agentbox.credentials.broker.brokered), with its CA, which launch.sh installs in the guest's trust
+    store (no CA removes one a launch installed before). `proxy_port`: where the VM reaches its proxy (this
+    machine's port, or a remote host's forward of it); the proxy variables carry the proxy secret of `name`
+    (agentbox.net.guard). The sandbox's description is staged later (stage_context), once the session's mode and
+    start checkpoint are known.
     """
+    config, name, agent, scripts = launch.config, launch.folders, launch.agent, launch.scripts
+    prepared = launch.brokering.prepared if launch.brokering is not None else None
+    broker_ca = launch.brokering.authority if launch.brokering is not None else None
     staging = private_dir(paths.staging_dir(name))
     guest_home = agentsync.guest_home_of(instance)
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
@@ -341,20 +346,17 @@ def stage_broker_ca(staging: Path, broker_ca: BrokerCA | None) -> None:
     write_if_changed(staging / BROKER_CA_DIGEST, f"{hashlib.sha256(pem).hexdigest()}\n".encode(), 0o600)
 
 
-def stage_context(
-    config: Config, name: str, agent: AgentConfig | None, refreshed: Refreshed, instance: Instance | None,
-    mode: str, checkpoint: int | None,
-) -> None:
+def stage_context(launch: Launch, refreshed: Refreshed, instance: Instance | None, checkpoint: int | None) -> None:
     """Stage the sandbox's description for this launch (agentbox.session.context): what refresh staged, what Lima
     reported of the VM, the session's mode and its start checkpoint."""
     document = context.build(
-        config, name, agent,
+        launch.config, launch.folders, launch.agent,
         staged_credentials=[item.guest_path for item in refreshed.credentials],
         env_keys=refreshed.env_keys,
         git_identity=(refreshed.folder / GIT_IDENTITY).exists(),
         vm_facts=context.vm_facts(instance) if instance is not None else None,
         mounts=context.effective_mounts(instance) if instance is not None else None,
-        mode=mode,
+        mode=launch.mode,
         checkpoint=checkpoint,
     )
     context.stage(refreshed.folder, document)

@@ -1,6 +1,6 @@
 """`agentbox AGENT --on HOST --detach`: an interactive session on another machine, and `agentbox attach` to it.
 
-Such a session is a remote isolated task (agentbox.tasks.remote) whose program is the agent's interactive form:
+Such a session is an isolated task on a host (agentbox.tasks.jobs) whose program is the agent's interactive form:
 its runner there (provision/task-runner.sh, `session=KEY` in its spec) starts it in the tmux session KEY of a
 tmux server of its own in the remote VM, on the task's copy of the workspace, and the task ends when that session
 does; the changes come home as a proposal like any isolated task's. `attach` joins the tmux session over the
@@ -25,13 +25,14 @@ POLL = 0.3
 def start(session: vm.VmControl, agent_name: str, args: list[str], host_name: str) -> tasks.Task:
     """Submit the session to host_name (the agent's interactive form with its default args and ARGS)."""
     from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
-    from agentbox.tasks import remote
+    from agentbox.tasks import jobs
+    from agentbox.tasks.submit import TaskAsk
 
     agent = session.config.agent(agent_name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model,
                       model_after(agent_name, agent.default_args), flag_subcommands(agent_name))
-    return remote.submit(session, agent_name, b"", name=None, timeout=None, host_name=host_name, session_argv=argv)
+    return jobs.submit(session, TaskAsk(agent_name, b"", session_argv=argv), host_name)
 
 
 def find(spec: str) -> tasks.Task | None:

@@ -1,10 +1,12 @@
-"""The keeper of a task on a remote host: a detached process on this machine, one per task, while it is active.
+"""The keeper of a Job (an isolated task, agentbox.tasks.jobs): a detached process on this machine, one per task,
+while it is active, whatever the place: it talks to the task's runtime (agentbox.runtime.place) only.
 
-It hands the task over when its host answers (a host that was unreachable at submit), then asks the host for the
-runner's state every POLL_SEC over the host's multiplexed ssh connection, and writes it into the record, so that
-`agentbox tasks` shows the last known state without contacting any host. While the host does not answer, the
-record says since when (the runner there goes on by itself). When the task ended, it brings home the outputs and
-the changes (a proposal, agentbox.tasks.records.take_changes), removes the task's folder there and ends.
+It hands the task over when its host answers (a host that was unreachable at submit), then asks the place for the
+runner's state every POLL_SEC (a host over its multiplexed ssh connection; this machine's VM by reading its
+outbox), and writes it into the record, so that `agentbox tasks` shows the last known state without contacting
+any host. While a host does not answer, the record says since when (the runner there goes on by itself). When the
+task ended, it brings home the outputs and the changes (a proposal, agentbox.tasks.records.take_changes), removes
+the task's folder there and ends.
 
 `step` is also what `tasks --refresh`, `wait` and `logs -f` call: one look at the host, under the records' lock.
 """
@@ -17,17 +19,15 @@ import json
 import os
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from agentbox import timing
 from agentbox.errors import StateError
 from agentbox.progress import note
+from agentbox.runtime.contract import Handed, Job, NeedsTemplate, Runtime
+from agentbox.runtime.sshhost import SshRuntime, mirror_name
 from agentbox.tasks import records as tasks
-from agentbox.tasks.transitions import FAILED, RUNNING
-
-if TYPE_CHECKING:
-    from agentbox.remote.registry import Host
-    from agentbox.runtime.contract import Job
+from agentbox.tasks.transitions import CANCELLED, FAILED, RUNNING
 
 POLL_SEC = 2.0
 UNREACHABLE_POLL_SEC = 10.0
@@ -39,11 +39,6 @@ LOCK_PATIENCE_SEC = 1.0
 JOB_FILE = "job.json"  # in the task's record folder until the host took the task (agentbox.tasks.remote)
 
 
-def shadow(vm_name: str, host: str) -> str:
-    """The name of this machine's mirror of a remote VM's shared folders (paths.staging_dir(shadow) ...)."""
-    return f"{vm_name}.on-{host}"
-
-
 def end_brokers(host: str) -> list[str]:
     """Stop this machine's proxy (the broker's way back) of every mirror of `host`'s VMs: the host is being
     forgotten (`hosts rm`), so nothing here serves it any more, whatever its keepers still hold. The mirrors
@@ -51,7 +46,7 @@ def end_brokers(host: str) -> list[str]:
     from agentbox import paths
     from agentbox.net import guard as netguard
 
-    suffix = shadow("", host)
+    suffix = mirror_name("", host)
     try:
         names = sorted(entry.name for entry in os.scandir(paths.state_dir() / "vms")
                        if entry.name.endswith(suffix) and len(entry.name) > len(suffix))
@@ -72,8 +67,6 @@ def keep_job(task: tasks.Task, job: Job) -> None:
 
 
 def kept_job(task: tasks.Task) -> Job | None:
-    from agentbox.runtime.contract import Job
-
     try:
         data = json.loads((tasks.folder(task.id) / JOB_FILE).read_bytes())
     except (OSError, ValueError):
@@ -89,11 +82,13 @@ SENT = "sent.json"  # beside this machine's mirror of a remote VM's staging: wha
 def _sent_file(task: tasks.Task) -> Any:
     from agentbox import paths
 
-    return paths.vm_state_dir(shadow(task.vm, task.host)) / SENT
+    return paths.vm_state_dir(mirror_name(task.vm, task.host)) / SENT
 
 
 def _sent(task: tasks.Task) -> dict[str, str]:
     """{staging file: sha256} of what the host's staging folder of the VM holds, as last sent (empty: unknown)."""
+    if task.host == tasks.LOCAL:
+        return {}
     try:
         data = json.loads(_sent_file(task).read_bytes())
     except (OSError, ValueError):
@@ -116,52 +111,60 @@ def _remember_sent(task: tasks.Task, job: Job, sent: dict[str, str]) -> None:
     atomic_write(_sent_file(task), json.dumps(now, sort_keys=True), mode=0o600)
 
 
-def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
+def hand_over(task: tasks.Task, place: Runtime, proxy_port: int | None) -> bool:
     """Make the task's forward (when it has one: this machine's proxy at `proxy_port`) and submit its kept job;
-    True when the host took it (the record is then Queued or Running, as its runner says), False when the host
-    did not answer (it stays Pending). StateError when the host refused it."""
-    from agentbox.remote import registry
+    True when the place took it (the record is then Queued or Running, as its runner says), False when a host
+    did not answer (it stays Pending). StateError when the place refused it."""
     from agentbox.remote.ssh import Unreachable
-    from agentbox.runtime.contract import NeedsTemplate
-    from agentbox.runtime.sshhost import SshRuntime
 
     job = kept_job(task)
     if job is None:
         raise StateError(f"{task.label} has no job to hand over (its file {tasks.folder(task.id) / JOB_FILE} is gone)")
-    runtime = SshRuntime(host)
     try:
-        if task.forward_port is not None:
+        if task.forward_port is not None and isinstance(place, SshRuntime):
             if proxy_port is None:
                 raise StateError(f"{task.label} needs this machine's proxy, and it is not running")
             with timing.phase("the broker's forward (ssh -O forward)"):
-                runtime.transport.forward_remote(proxy_port, task.forward_port)
-            with tasks.locked():
-                fresh = tasks.get(task.id) or task
-                fresh.forward_master = task.forward_master = runtime.transport.master_pid()
-                fresh.forward_local = task.forward_local = proxy_port
-                tasks.save(fresh)
-        sent = _sent(task)
-        with timing.phase(f"hand-over to {host.name} (far end's submit)"):
-            try:
-                handed = runtime.submit(job._replace(lima_yaml=None, files=_changed(job, sent)))
-            except NeedsTemplate:
-                note(f"making the project's VM {job.vm} on {host.name} (the first time takes minutes)")
-                handed = runtime.submit(job)  # everything: a new VM's folders there are empty
+                place.transport.forward_remote(proxy_port, task.forward_port)
+            _note(task.id, forward_master=place.transport.master_pid(), forward_local=proxy_port)
+            task = tasks.get(task.id) or task
+        handed = deliver(task, place, job)
     except Unreachable as exc:
-        registry.unreachable(host)
+        place.answered(False)
         with tasks.locked():
             fresh = tasks.get(task.id) or task
             if fresh.active and fresh.reason is None:
-                fresh.reason = f"waiting for {host.name}: {exc.message}"
+                fresh.reason = f"waiting for {place.name}: {exc.message}"
                 tasks.save(fresh)
         return False
-    registry.reached(host)
+    place.answered(True)
+    took(task, job, handed, place.name)
+    return True
+
+
+def deliver(task: tasks.Task, place: Runtime, job: Job) -> Handed:
+    """Submit the job: only the staging files the place does not hold as they are, and everything when the VM is
+    missing there (its folders are empty)."""
+    sent = _sent(task)
+    with timing.phase(f"hand-over to {place.name} (submit)"):
+        try:
+            return place.submit(job._replace(lima_yaml=None, files=_changed(job, sent)))
+        except NeedsTemplate:
+            if job.lima_yaml is None:
+                raise
+            note(f"making the project's VM {job.vm} on {place.name} (the first time takes minutes)")
+            return place.submit(job)
+
+
+def took(task: tasks.Task, job: Job, handed: Handed, where: str) -> None:
+    """The place ran the job's launch step: the task is handed over (StateError when the step failed)."""
     if handed.code != 0:
         from agentbox.safetext import visible
 
-        raise StateError(f"the VM on {host.name} did not take {task.label}: the launch step exited {handed.code}"
+        raise StateError(f"the VM on {where} did not take {task.label}: the launch step exited {handed.code}"
                          + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
-    _remember_sent(task, job, sent)
+    if job.staging is not None:
+        _remember_sent(task, job, _sent(task))
     (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
     with tasks.locked():
         fresh = tasks.get(task.id) or task
@@ -170,7 +173,28 @@ def hand_over(task: tasks.Task, host: Host, proxy_port: int | None) -> bool:
         fresh.unreachable_since = None
         fresh.seen = time.time()
         tasks.save(fresh)
-    return True
+
+
+def cancel(task: tasks.Task) -> None:
+    """Cancel a Job: one still waiting for its host is simply Cancelled; else its runner there is asked
+    (StateError when the host does not answer: nothing was delivered)."""
+    from agentbox import runtime
+    from agentbox.remote.ssh import Unreachable
+
+    with tasks.locked():
+        fresh = tasks.get(task.id) or task
+        if fresh.active and not fresh.handed:
+            tasks.end(fresh, CANCELLED, f"cancelled before {fresh.host} took it")
+            fresh.harvested = True
+            tasks.save(fresh)
+            (tasks.folder(fresh.id) / JOB_FILE).unlink(missing_ok=True)
+            return
+    try:
+        runtime.place(task.host).cancel(task.vm, task.remote_key or "")
+    except Unreachable as exc:
+        raise StateError(f"{task.label} was not cancelled: {exc.message}",
+                         hint=f"It goes on on {task.host}; `agentbox cancel {task.id}` again when the host answers.")\
+            from None
 
 
 def start(task_id: int) -> None:
@@ -238,7 +262,7 @@ class Keeping:
         others = [other for other in tasks.all_tasks() if other.active and other.id != task.id
                   and other.host == task.host and other.vm == task.vm]
         if not others:
-            netguard.stop(shadow(task.vm, task.host))
+            netguard.stop(mirror_name(task.vm, task.host))
         self.closed = True
 
 
@@ -246,11 +270,12 @@ def _close(task: tasks.Task, keeping: Keeping) -> None:
     from agentbox.remote import registry
     from agentbox.remote.ssh import Transport
 
-    host = registry.get(task.host)
-    if host is None:  # forgotten (`hosts rm`): its forwards went with its connection; the proxy goes too
+    host = registry.get(task.host) if task.forward_port is not None else None
+    if host is None:  # no forward, or a forgotten host (`hosts rm`): its forwards went with its connection
         if keeping.lease is not None:
             keeping.lease.release()
-        end_brokers(task.host)
+        if task.forward_port is not None:
+            end_brokers(task.host)  # the proxy goes too
         return
     try:
         keeping.close(task, Transport(host.target()))
@@ -277,22 +302,23 @@ def _proxy_lease(task: tasks.Task) -> Any:
     config = config_load.load(Path(task.workspace))
     trust.require_trust(config)
     agent = config.agent(task.agent)
-    return brokersetup.begin_proxy(config, shadow(task.vm, task.host), {agent.name: agent.endpoints})
+    return brokersetup.begin_proxy(config, mirror_name(task.vm, task.host), {agent.name: agent.endpoints})
 
 
 def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
-    """One look at the host for an active task (or one whose results are not home yet); the record, updated.
+    """One look at the place for an active Job (or one whose results are not home yet); the record, updated.
     Only the keeper (with `keeping`) hands a waiting task over and keeps the forward."""
-    from agentbox.remote import registry
+    from agentbox import runtime
     from agentbox.remote.farclient import FarError
+    from agentbox.remote.registry import UnknownHost
     from agentbox.remote.ssh import Unreachable
-    from agentbox.runtime.sshhost import SshRuntime
 
     task = tasks.get(task_id)
-    if task is None or task.host == tasks.LOCAL or task.settled:
+    if task is None or not task.job or task.settled:
         return task
-    host = registry.get(task.host)
-    if host is None:
+    try:
+        place = runtime.place(task.host)
+    except UnknownHost:
         with tasks.locked():
             fresh = tasks.get(task_id) or task
             if fresh.active:
@@ -306,39 +332,35 @@ def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
         if keeping is None:
             return task  # its keeper hands it over
         try:
-            if not hand_over(task, host, keeping.proxy_port(task)):
-                return _unreachable(task_id)
-        except Exception as exc:  # refused by the host: the task cannot run
+            if not hand_over(task, place, keeping.proxy_port(task)):
+                return _unreachable(task_id, place)
+        except Exception as exc:  # refused by the place: the task cannot run
             with tasks.locked():
                 fresh = tasks.get(task_id) or task
                 if fresh.active:
                     tasks.end(fresh, FAILED, getattr(exc, "message", None) or str(exc))
             return tasks.get(task_id)
         task = tasks.get(task_id) or task
-    runtime = SshRuntime(host)
     key = task.remote_key or ""
     try:
-        if task.active and keeping is not None:
-            keeping.keep_forward(task, runtime.transport)
+        if task.active and keeping is not None and isinstance(place, SshRuntime):
+            keeping.keep_forward(task, place.transport)
         if task.active:
-            seen = runtime.task(task.vm, key)
-            _apply(task_id, seen, host.name)
+            _apply(task_id, place.task(task.vm, key), place.name)
             task = tasks.get(task_id) or task
         if not task.active and not task.harvested:
-            _bring_home(task_id, runtime)
-        if not task.active and keeping is not None:
-            keeping.close(task, runtime.transport)
+            _bring_home(task_id, place)
+        if not task.active and keeping is not None and isinstance(place, SshRuntime):
+            keeping.close(task, place.transport)
     except Unreachable:
-        return _unreachable(task_id)
+        return _unreachable(task_id, place)
     except FarError as exc:
-        _note(task_id, reason=f"{host.name} answered with an error: {exc.message}")
-    registry.reached(host)
+        _note(task_id, reason=f"{place.name} answered with an error: {exc.message}")
+    place.answered(True)
     return tasks.get(task_id)
 
 
-def _unreachable(task_id: int) -> tasks.Task | None:
-    from agentbox.remote import registry
-
+def _unreachable(task_id: int, place: Runtime) -> tasks.Task | None:
     with tasks.locked():
         task = tasks.get(task_id)
         if task is None:
@@ -346,9 +368,7 @@ def _unreachable(task_id: int) -> tasks.Task | None:
         if task.unreachable_since is None:
             task.unreachable_since = time.time()
             tasks.save(task)
-    host = registry.get(task.host)
-    if host is not None:
-        registry.unreachable(host)
+    place.answered(False)
     return task
 
 
@@ -361,8 +381,9 @@ def _note(task_id: int, **fields: Any) -> None:
             tasks.save(task)
 
 
-def _apply(task_id: int, seen: Any, host_name: str) -> None:
+def _apply(task_id: int, seen: Any, place: str) -> None:
     """The runner's state (and the VM's) into the record."""
+    on = "" if place == tasks.LOCAL else f" on {place}"
     now = time.time()
     with tasks.locked():
         task = tasks.get(task_id)
@@ -375,28 +396,36 @@ def _apply(task_id: int, seen: Any, host_name: str) -> None:
             tasks.apply_seen(task, runner)
         if task.active:
             if seen.vm_status is None:
-                tasks.end(task, FAILED, f"its VM {task.vm} on {host_name} was deleted while the task was "
+                tasks.end(task, FAILED, f"its VM {task.vm}{on} was deleted while the task was "
                                         f"{task.state.lower()}")
                 return
             if seen.vm_status != "Running":
-                tasks.end(task, FAILED, f"its VM {task.vm} on {host_name} stopped ({seen.vm_status}) while the "
+                tasks.end(task, FAILED, f"its VM {task.vm}{on} stopped ({seen.vm_status}) while the "
                                         f"task was {task.state.lower()}")
                 return
             if seen.heartbeat is not None and seen.heartbeat != task.heartbeat_seen:
                 task.heartbeat_seen, task.heartbeat_moved = seen.heartbeat, now
             elif task.state == RUNNING and task.heartbeat_moved and now - task.heartbeat_moved > SILENT_RUNNER_SEC:
-                tasks.end(task, FAILED, f"its runner on {host_name} stopped answering "
+                tasks.end(task, FAILED, f"its runner{on} stopped answering "
                                         f"{int(now - task.heartbeat_moved)} s ago (the VM restarted?)")
                 return
         tasks.save(task)
 
 
-def _bring_home(task_id: int, runtime: Any) -> None:
-    """The ended task's outputs and changes, from the host into the record; then its folder there goes."""
+def _bring_home(task_id: int, runtime: Runtime) -> None:
+    """The ended task's outputs and changes, from the place into the record; then its folder there goes. This
+    machine's task folder is its id's (LocalRuntime.key): its outputs are moved whole by a rename, and a file the VM
+    made a link is named as not taken (agentbox.tasks.records.harvest)."""
     from agentbox.fsutil import atomic_write
 
     ended = tasks.get(task_id)
     if ended is None:
+        return
+    if ended.host == tasks.LOCAL:
+        with tasks.locked():
+            task = tasks.get(task_id)
+            if task is not None and not task.harvested:
+                tasks.harvest(task)
         return
     found = runtime.collect(ended.vm, ended.remote_key or "", COLLECTED, OUTPUTS_LIMIT)
     with tasks.locked():

@@ -107,6 +107,12 @@ class Task:
         return self.host != LOCAL
 
     @property
+    def job(self) -> bool:
+        """Handed to its place as a runtime Job (an isolated task, here or on a host): its keeper follows it
+        (agentbox.tasks.keeper) through the place's runtime; otherwise this machine reads its runner's folder."""
+        return self.remote or self.remote_key is not None
+
+    @property
     def settled(self) -> bool:
         """Ended, and its outputs (and changes) are home in the record: nothing more will happen to it."""
         return not self.active and self.harvested
@@ -387,9 +393,9 @@ def refresh(tasks: list[Task], *, check_vms: bool = True) -> list[Task]:
     """Update every active task from its runner (and, when check_vms, its VM's status: at most one limactl
     call); ended tasks get their outputs moved into the record. Returns the tasks, updated."""
     updated = list(tasks)
-    # A remote task's record is its keeper's to update (agentbox.tasks.keeper): nothing here reads it.
+    # A Job's record is its keeper's to update (agentbox.tasks.keeper): nothing here reads it.
     pending = [index for index, task in enumerate(updated)
-               if not task.remote and not task.settled]
+               if not task.job and not task.settled]
     if not pending:
         return updated
     with locked():
@@ -535,7 +541,7 @@ def settle_vm(vm: str, reason: str) -> list[Task]:
     """The VM is going away (stop, rm): its tasks take their last state from their runners; those still
     active become Failed with `reason`, and every output is moved into its record."""
     mine = [task for task in all_tasks()
-            if task.vm == vm and not task.remote and not task.settled]
+            if task.vm == vm and not task.remote and not task.settled]  # a local Job's key is its id
     if not mine:
         return []
     updated = refresh(mine, check_vms=False)

@@ -101,7 +101,10 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
             raise UsageError(f"agentbox {name} --worktree needs a NAME", hint=f"agentbox {name} --worktree fix-tests")
         worktree = session_worktree(session.config, args[1])
         args = args[2:]
-    return launch_agent(session, name, args, detach=detach, worktree=worktree)
+    from agentbox.session import prepare
+
+    keep = prepare.DETACHED if detach else prepare.ATTACHED if prepare.keeps_alive(session.config) else None
+    return launch_agent(session, name, args, keep, worktree=worktree)
 
 
 def _place(name: str, value: list[str]) -> str:
@@ -170,6 +173,7 @@ def login_agent(session: VmControl, name: str, args: list[str]) -> int:
     from agentbox.errors import StateError
     from agentbox.progress import note
     from agentbox.session import launch
+    from agentbox.session.prepare import Ask
 
     agent = session.config.agent(name)
     session.config.require_workspace()
@@ -189,8 +193,8 @@ def login_agent(session: VmControl, name: str, args: list[str]) -> int:
         note(f"{spec.summary} keeps its login where agentbox does not copy it back, so the login stays in the VM")
     window = _open_login_window(session.config, agent.vm_name, name)
     try:
-        code = launch.run_in_vm(session, agent.vm_name, [agent.binary, *spec.login, *args], agent=agent, login=True,
-                                   busy=ProjectActivity(session.config))
+        ask = Ask(agent, login=True, busy=ProjectActivity(session.config))
+        code = launch.run(session, ask, launch.Command([agent.binary, *spec.login, *args]))
     except BaseException:  # Ctrl-C, an error: the window closes, and nobody is asked about a login made meanwhile
         if window is not None:
             window.close()
@@ -270,22 +274,20 @@ def _account(shown: str | None) -> str:
     return visible(shown) if shown else "an account agentbox cannot tell"
 
 
-def launch_agent(
-    session: VmControl, name: str, args: list[str], running: Instance | None = None, detach: bool = False,
-    keep_alive: bool = True, worktree: Worktree | None = None,
-) -> int:
-    """Run the agent in its VM. `detach`: in a new tmux session, and return at once (agentbox.session.detached); with
-    session.keepAlive (unless keep_alive is False: a --help or --version) a launch on a terminal runs in such
-    a session too, attached. `worktree`: in that git worktree of the workspace."""
+def launch_agent(session: VmControl, name: str, args: list[str], keep: str | None, running: Instance | None = None,
+                 worktree: Worktree | None = None) -> int:
+    """Run the agent in its VM. `keep`: DETACHED runs it in a new tmux session and returns at once
+    (agentbox.session.detached); ATTACHED (session.keepAlive, on a terminal) runs it in such a session, attached.
+    `worktree`: in that git worktree of the workspace."""
     from agentbox.session import launch
+    from agentbox.session.prepare import Ask
 
     agent = session.config.agent(name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
                       flag_subcommands(name))
-    kept = launch.DETACHED if detach else launch.ATTACHED if keep_alive and launch.keeps_alive(session.config) else None
-    return launch.run_in_vm(session, agent.vm_name, argv, agent=agent, running=running, keep=kept, worktree=worktree,
-                            busy=ProjectActivity(session.config))
+    ask = Ask(agent, keep=keep, worktree=worktree, busy=ProjectActivity(session.config))
+    return launch.run(session, ask, launch.Command(argv), running)
 
 
 def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = False) -> int:
@@ -318,7 +320,7 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
         vm.check_ownership(instance, config)
         if instance.status == RUNNING:
             trust.require_trust(config)
-            return launch_agent(session, name, [query], running=instance, keep_alive=False)
+            return launch_agent(session, name, [query], None, running=instance)
     warn_if_untrusted(config)
     binary = _shown(agent.binary)
     vm_name = agent.vm_name

@@ -268,7 +268,6 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     A project's file that allows more than the global config needs `agentbox trust` again after this. With
     --global: the global config. A running proxy uses the new list at once.
     """
-    from agentbox import paths
     from agentbox.cli.commands.common import load_config
     from agentbox.config import edit as configedit
     from agentbox.config import load as config_module
@@ -333,7 +332,7 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
     from agentbox.errors import StateError, UsageError
     from agentbox.progress import emit
     from agentbox.safetext import visible
-    from agentbox.session import bootstrap, brokersetup, staging
+    from agentbox.session import prepare, staging, warm
     from agentbox.vm import lifecycle as vm
 
     parsed = urlsplit(url if "://" in url else f"https://{url}")
@@ -346,25 +345,17 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
         raise UsageError(f"{visible(url)}: {error}") from None
     session = session_for(ctx)
     config = session.config
-    workspace = config.require_workspace()
     name = config.vm_name
     if agent_name is not None and agent_name not in config.agents:
         raise UsageError(f"there is no agent {visible(agent_name)}", hint=f"The agents: {', '.join(config.agents)}.")
     agents = {agent_name: config.agents[agent_name].endpoints} if agent_name else {}
-    brokering = brokersetup.prepare(config, name)
-    lease = brokersetup.begin_proxy(config, name, agents)
-    try:
-        instance = vm.ensure_running(session, name)
-        scripts = bootstrap.plan(config, str(paths.staging_dir(name)))
-        refreshed = staging.refresh(config, name, None, scripts, instance, lease.port if lease else None,
-                                    brokering.prepared if brokering else None,
-                                    brokering.authority if brokering else None)
-        command = staging.launch_command(config, workspace, scripts, None, refreshed.folder, vm_name=name)
+    launch = prepare.prepare(session, prepare.Ask(None, steps=prepare.TASK, vm_name=name))
+    with prepare.proxied(launch, agents) as launch:
+        reached = prepare.reached(launch, vm.ensure_running(session, name), warm.record(name, None))
+        refreshed = staging.refresh(reached, reached.instance, launch.lease.port if launch.lease else None)
+        command = staging.launch_command(reached, refreshed.folder, staging.LaunchOptions())
         command += ["--", "python3", "-c", GUEST_CHECK, parsed.geturl()]
         code, stdout, stderr = session.lima.shell_bytes(name, command, OUTPUT_LIMIT)
-    finally:
-        if lease is not None:
-            lease.release()
     for line in stderr.splitlines():
         emit(visible(line))
     try:

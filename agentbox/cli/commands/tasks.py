@@ -90,17 +90,18 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     session = session_for(ctx)
     agent = _agent(session.config, agent_name)
     if place == "any":
-        from agentbox.tasks import remote
+        from agentbox.tasks import places
 
-        place = remote.choose(session.config)
+        place = places.choose(session.config)
         note(f"--on any: {place}")
-    if place is not None and place != "local":
-        from agentbox.tasks import remote
+    ask = taskrun.TaskAsk(agent, text, name=name, timeout=timeout, worktree=worktree is not None,
+                          worktree_name=worktree or None)
+    if place is not None:
+        from agentbox.tasks import jobs
 
-        task = remote.submit(session, agent, text, name=name, timeout=timeout, host_name=place)
+        task = jobs.submit(session, ask, place)
     else:
-        task = taskrun.submit(session, agent, text, name=name, timeout=timeout, worktree=worktree is not None,
-                              worktree_name=worktree or None, place=place)
+        task = taskrun.submit(session, ask)
     click.echo(task.id)
     where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
     if task.isolated:
@@ -179,9 +180,7 @@ def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool
     from agentbox.tasks import records as tasks
 
     found = _selected(ctx, show_all)
-    found = tasks.refresh(found)
-    if refresh:
-        found = _asked(found)
+    found = _asked(tasks.refresh(found), hosts=refresh)  # this machine's Jobs are always asked: no host to wait for
     if as_json:
         click.echo(json.dumps([task.to_json() for task in found], indent=2))
     elif not found:
@@ -193,9 +192,9 @@ def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool
         _keep_following(found)
 
 
-def _remote_unsettled(found: list[Task]) -> list[Task]:
-    """The remote tasks a keeper still follows: active, or their results not home yet."""
-    return [task for task in found if task.remote and not task.settled]
+def _unsettled_jobs(found: list[Task]) -> list[Task]:
+    """The Jobs a keeper still follows: active, or their results not home yet."""
+    return [task for task in found if task.job and not task.settled]
 
 
 KEEPERS_PER_LISTING = 8  # keepers a listing starts again at most (the next listing starts the others)
@@ -204,7 +203,7 @@ KEEPERS_PER_LISTING = 8  # keepers a listing starts again at most (the next list
 def _keep_following(found: list[Task]) -> None:
     """A remote task whose keeper is gone (this machine restarted) gets one again, after the listing was printed:
     it asks the host in the background, so that the listing itself never waits for a host."""
-    wanted = _remote_unsettled(found)
+    wanted = _unsettled_jobs(found)
     if not wanted:
         return
     from agentbox.tasks import keeper
@@ -216,13 +215,14 @@ def _keep_following(found: list[Task]) -> None:
             started += 1
 
 
-def _asked(found: list[Task]) -> list[Task]:
-    """Each remote task that is active (or whose results are not home yet) asked of its host, in parallel."""
+def _asked(found: list[Task], hosts: bool) -> list[Task]:
+    """Each Job that is active (or whose results are not home yet) asked of its place, in parallel: this
+    machine's always, a host's only when `hosts`."""
     from concurrent.futures import ThreadPoolExecutor
 
     from agentbox.tasks import keeper
 
-    wanted = _remote_unsettled(found)
+    wanted = [task for task in _unsettled_jobs(found) if hosts or not task.remote]
     if not wanted:
         return found
     with ThreadPoolExecutor(max_workers=min(8, len(wanted))) as pool:
@@ -341,7 +341,7 @@ def _one(spec: str) -> Task:
     from agentbox.tasks import records as tasks
 
     task = tasks.lookup(spec)
-    if task.remote:
+    if task.job:
         return _look(task)
     return tasks.refresh([task])[0] if not task.settled else task
 
@@ -365,8 +365,8 @@ def logs_command(follow: bool, task_id: str) -> None:
 
     task = _one(task_id)
     streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
-    if task.remote:
-        _remote_logs(task, follow, {name: _Escaper(stream) for name, stream in streams.items()})
+    if task.job:
+        _job_logs(task, follow, {name: _Escaper(stream) for name, stream in streams.items()})
         return
     fds = {name: tasks.open_output(task, name) for name in streams}
     decoders = {name: _Escaper(stream) for name, stream in streams.items()}
@@ -397,13 +397,13 @@ def logs_command(follow: bool, task_id: str) -> None:
             decoder.flush()
 
 
-def _remote_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> None:
-    """A remote task's output: read from its host while it runs (over the host's connection), from the record once
-    its keeper brought it home; each byte once."""
+def _job_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> None:
+    """A Job's output: read from its place while it runs (a host over its connection), from the record once its
+    keeper brought it home; each byte once."""
+    from agentbox import runtime
     from agentbox.progress import note
-    from agentbox.remote import registry
+    from agentbox.remote.registry import UnknownHost
     from agentbox.remote.ssh import Unreachable
-    from agentbox.runtime.sshhost import SshRuntime
     from agentbox.tasks import records as tasks
 
     offsets = dict.fromkeys(decoders, 0)
@@ -422,12 +422,14 @@ def _remote_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> Non
                     finally:
                         os.close(fd)
                 return
-            host = registry.get(task.host)
-            if task.handed and host is not None and task.remote_key:
-                runtime = SshRuntime(host)
+            try:
+                place = runtime.place(task.host) if task.handed and task.remote_key else None
+            except UnknownHost:
+                place = None
+            if place is not None and task.remote_key:
                 try:
                     for name, decoder in decoders.items():
-                        while chunk := runtime.read(task.vm, task.remote_key, name, offsets[name], 1 << 20):
+                        while chunk := place.read(task.vm, task.remote_key, name, offsets[name], 1 << 20):
                             decoder.write(chunk)
                             offsets[name] += len(chunk)
                     said_unreachable = False
@@ -483,12 +485,12 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     last_vm_check = time.monotonic()
     said = None
-    while task.active or (task.remote and not task.settled):
+    while task.active or (task.job and not task.settled):
         if deadline is not None and time.monotonic() >= deadline:
             note(f"{task.label} is still {task.state} after {timeout}s")
             ctx.exit(WAIT_TIMEOUT_EXIT)
         time.sleep(POLL_SECONDS)
-        if task.remote:
+        if task.job:
             task = _look(task)
             if task.unreachable_since is not None and said != task.unreachable_since:
                 said = task.unreachable_since
@@ -541,17 +543,17 @@ def cancel_command(task_id: str) -> None:
     if not task.active:
         raise AgentboxError(f"{task.label} already ended: {task.state}",
                             hint="`agentbox tasks prune` forgets ended tasks.")
-    if task.remote:
-        from agentbox.tasks import remote
+    if task.job:
+        from agentbox.tasks import keeper
 
-        remote.cancel(task)
+        keeper.cancel(task)
     else:
         tasks.request_cancel(task)
     deadline = time.monotonic() + CANCEL_WAIT
-    task = _look(task) if task.remote else tasks.refresh([task])[0]
+    task = _look(task) if task.job else tasks.refresh([task])[0]
     while task.active and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
-        task = _look(task) if task.remote else tasks.refresh([task], check_vms=False)[0]
+        task = _look(task) if task.job else tasks.refresh([task], check_vms=False)[0]
     if task.active:
         note(f"{task.label} was asked to stop and is still {task.state}; `agentbox wait {task.id}` waits for it")
         return

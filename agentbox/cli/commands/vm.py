@@ -332,6 +332,7 @@ def shell_command(ctx: click.Context, isolated: bool, command: tuple[str, ...]) 
 
 def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...], isolated: bool = False) -> int:
     from agentbox.session import launch
+    from agentbox.session.prepare import Ask
     from agentbox.vm import workmode
 
     session = session_for(ctx)
@@ -339,6 +340,7 @@ def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...], i
         session.config = workmode.with_isolation(session.config)
     name = vm_name(session, agent)
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    return launch.run_in_vm(session, name, argv, interactive_shell=not argv, busy=ProjectActivity(session.config))
+    ask = Ask(None, busy=ProjectActivity(session.config), vm_name=name)
+    return launch.run(session, ask, launch.Command(argv, interactive_shell=not argv))
 
 
