@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -87,16 +86,17 @@ def _run(launch: Launch, command: Command, points: SessionCheckpoints, running: 
     return code
 
 
-@dataclass
 class _Said:
     """What a launch says or measures once, though a warm attempt that fell back prepares the session twice."""
 
-    command: Command
-    points: SessionCheckpoints
-    tripwire_before: dict[str, tripwire.Entry]
-    unreachable: set[str] | None = None
-    notes: set[str] = field(default_factory=set)
-    mcp_noted: bool = False
+    def __init__(self, command: Command, points: SessionCheckpoints, tripwire_before: dict[str, tripwire.Entry]
+                 ) -> None:
+        self.command = command
+        self.points = points
+        self.tripwire_before = tripwire_before
+        self.unreachable: set[str] | None = None
+        self.notes: set[str] = set()
+        self.mcp_noted = False
 
     def note(self, text: str) -> None:
         if text not in self.notes:

@@ -14,12 +14,10 @@ lease joins the record where each flow wants it (`proxied`): a launch at once, a
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -71,8 +69,9 @@ class Ask(NamedTuple):
     folders: str | None = None  # whose staging folder and outbox here, when not the VM's (a remote VM's mirror)
 
 
-@dataclass(frozen=True)
-class Launch:
+class Launch(NamedTuple):
+    """What one launch decided (a NamedTuple: frozen, and no dataclasses module on a launch's path)."""
+
     control: lifecycle.VmControl
     config: Config
     vm_name: str
@@ -147,7 +146,7 @@ def reached(launch: Launch, instance: Instance, attempt: warm.Attempt) -> Launch
     """The launch on `instance`: its state, mode and kept session decided again from the VM as it is now."""
     state = vmstate.read(launch.vm_name)
     expected, mode, aside, kept = _mode(launch.config, launch.vm_name, state, launch.ask)
-    return dataclasses.replace(launch, state=state, expected=expected, mode=mode, aside=aside, kept=kept,
+    return launch._replace(state=state, expected=expected, mode=mode, aside=aside, kept=kept,
                                instance=instance, attempt=attempt)
 
 
@@ -187,7 +186,7 @@ def proxied(launch: Launch, agents: dict[str, tuple[str, ...]] | None = None) ->
     with timing.phase("network proxy (lease)"):
         lease = brokersetup.begin_proxy(launch.config, launch.folders, agents)
     try:
-        yield dataclasses.replace(launch, lease=lease)
+        yield launch._replace(lease=lease)
     finally:
         if lease is not None:
             with timing.phase("network proxy (released)"):
