@@ -69,8 +69,15 @@ def folder(root: Path, *parts: str, create: bool = False) -> Iterator[int]:
         os.close(fd)
 
 
+def single(name: str) -> bool:
+    """Whether name is one entry of its folder: no "/" (its folders would be followed were they links), not ".."."""
+    return "/" not in name and name not in (".", "..")
+
+
 def open_dir(parent: int, name: str, create: bool = False) -> int:
     """A folder under parent, never through a symlink; with create, whatever else is there is replaced."""
+    if not single(name):
+        raise OSError(errno.EINVAL, f"{shown(name)} is not a single folder name")
     try:
         return os.open(name, DIR_FLAGS, dir_fd=parent)
     except FileNotFoundError:
@@ -119,6 +126,8 @@ def open_regular(parent: int, name: str) -> tuple[int, os.stat_result]:
     """A read descriptor on parent/name and its stat, when it is a regular file reached without a link. Looked
     at before opening (a FIFO or a device is never opened) and again on what was opened (not swapped meanwhile).
     Raises Refused naming the file and why."""
+    if not single(name):
+        raise Refused(shown(name), "is not a single file name", SPECIAL)
     try:
         before = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
@@ -291,6 +300,8 @@ def walk(parent: int, max_depth: int = MAX_DEPTH, max_entries: int = MAX_ENTRIES
 def remove(parent: int, name: str, depth: int = 0) -> bool:
     """Remove parent/name and whatever the VM put in it, never following a link out of it. False when
     something stays (nested more than MAX_DEPTH deep, or not removable)."""
+    if not single(name):
+        return False
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         if not stat.S_ISDIR(st.st_mode):

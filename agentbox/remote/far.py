@@ -142,9 +142,16 @@ class Missing(Refused):
     """A file that is not there."""
 
 
+def single(name: str) -> bool:
+    """Whether name is one entry of its folder: no "/" (its folders would be followed were they links), not ".."."""
+    return "/" not in name and name not in (".", "..")
+
+
 def open_dir(parent: int, name: str, create: bool = False) -> int:
     """parent/name as a folder descriptor, never through a link. With create, a missing folder is made and whatever
     else stands there (a link, a file) is replaced."""
+    if not single(name):
+        raise OSError(errno.EINVAL, f"{name!r} is not a single folder name")
     try:
         return os.open(name, DIR_FLAGS, dir_fd=parent)
     except FileNotFoundError:
@@ -189,6 +196,8 @@ def task_box(key: str, create: bool = False) -> int:
 def open_regular(parent: int, name: str) -> tuple[int, os.stat_result]:
     """A read descriptor on parent/name when it is a regular file reached without a link, and its stat; looked at
     before opening (a FIFO or device is never opened) and again after (not swapped meanwhile)."""
+    if not single(name):
+        raise Refused("is not a single file name")
     try:
         before = os.stat(name, dir_fd=parent, follow_symlinks=False)
     except FileNotFoundError:
@@ -279,6 +288,8 @@ def replace_file(parent: int, name: str, data: bytes, mode: int = 0o600) -> None
 
 def remove(parent: int, name: str, depth: int = 0) -> bool:
     """Remove parent/name and whatever is in it, never following a link out of it."""
+    if not single(name):
+        return False
     try:
         st = os.stat(name, dir_fd=parent, follow_symlinks=False)
         if not stat.S_ISDIR(st.st_mode):
