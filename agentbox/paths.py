@@ -58,6 +58,7 @@ def bases_dir() -> Path:
 
 def workspace_key(workspace: Path) -> str:
     """A short stable name for a workspace folder, used to file host records about it."""
+    # deferred: start-up (hashlib, ~3 ms: `agentbox --help` imports this module and never hashes)
     import hashlib
 
     return hashlib.sha256(str(workspace).encode("utf-8", "surrogateescape")).hexdigest()[:24]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 from pathlib import Path
@@ -31,8 +32,6 @@ def read_config(path: Path) -> ConfigText:
     blocks; what is read is checked again on the open descriptor, so a file swapped in between is
     refused rather than read. The digest is of the very bytes that are parsed.
     """
-    import hashlib
-
     try:
         before = os.stat(path)
     except OSError as exc:

@@ -384,14 +384,12 @@ def _locked() -> Iterator[None]:
 
 
 def _newly_said(vm_name: str, path: str, key: str) -> bool:
-
     said = vmstate.read(vm_name).get(_SAID)
     return not isinstance(said, dict) or said.get(path) != key
 
 
 def _remember_said(vm_name: str, said: dict[str, str], considered: list[str]) -> None:
     """Record what was said for each copy considered; a copy with nothing to say clears its entry."""
-
     with _locked():
         state = vmstate.read(vm_name)
         before = state.get(_SAID, {}) if isinstance(state.get(_SAID), dict) else {}

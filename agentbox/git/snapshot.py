@@ -23,6 +23,7 @@ Fast when little changed, with a cache in the store (`stat.cache`, agentbox's ow
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import marshal
 import os
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentbox import paths
+from agentbox import paths, vmread
 from agentbox.git import store as hostgit
 from agentbox.safetext import visible
 
@@ -55,8 +56,6 @@ def take(repo: hostgit.Repo, max_file_size: int) -> hostgit.Snapshot:
 
 def _take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapshot:
     """The snapshot (the store must be held locked by the caller)."""
-    import gc
-
     # git diff-files takes as long as the rest together: started before the caches are even loaded (run()
     # drops it when the cache says the stat index does not match what was recorded).
     stat_index = store / STAT_INDEX
@@ -594,8 +593,6 @@ def _read_at(parent: int, name: bytes, limit: int) -> tuple[bytes | None, Any]:
     (agentbox.vmread: never through a link, never blocking, at most limit bytes); (None, None) when it is
     absent or not such a file (a larger one counts as absent too: git would not read rules from it either
     way we could trust)."""
-    from agentbox import vmread
-
     try:
         data, st = vmread.read_checked(parent, os.fsdecode(name), limit)
     except vmread.Refused:

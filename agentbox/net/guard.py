@@ -39,17 +39,22 @@ import fcntl
 import json
 import os
 import re
+import secrets
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from agentbox import fsutil, paths
+from agentbox import fsutil, livemarkers, paths
+from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
+from agentbox.net import upstream
 from agentbox.net.broker import Brokering
 
 POLL_SEC = 0.25
@@ -80,14 +85,12 @@ def secret(vm_name: str) -> str:
     path = folder(vm_name) / SECRET_FILE
     found = _read_secret(path)
     if found is None:
-        import secrets
 
         private_dir(path.parent)
         with contextlib.suppress(FileExistsError):  # another launch made it first: its secret is the VM's
             atomic_write(path, secrets.token_hex(SECRET_BYTES) + "\n", mode=0o600, overwrite=False)
         found = _read_secret(path)
     if found is None or not _SECRET.fullmatch(found):
-        from agentbox.errors import StateError
 
         raise StateError(f"{path} is not agentbox's proxy secret for {vm_name} ({SECRET_BYTES * 2} hex digits)",
                          hint="Remove it: the VM's next session makes a new one (sessions and tasks already "
@@ -282,8 +285,6 @@ def stop(vm_name: str, locked_already: bool = False) -> bool:
 def _await_unlock(lock: Path, timeout: float) -> None:
     """Return once no process holds `lock` (the proxy lets it go after its port is closed), or after `timeout`:
     a blocking flock, woken by the release itself (no polling)."""
-    import threading
-
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -401,8 +402,6 @@ def _await(vm_name: str, child: subprocess.Popen[bytes] | None) -> Running:
 
 
 def _not_started(vm_name: str) -> NoReturn:
-    from agentbox.errors import StateError
-
     raise StateError(
         f"agentbox's network proxy for {vm_name} did not start",
         hint=f"Its messages are in {folder(vm_name) / 'proxy.stderr.log'}. The session was not started.",
@@ -417,8 +416,6 @@ def _leases(vm_name: str) -> Iterator[Path]:
 
 def _claimed(vm_name: str) -> bool:
     """A lease whose holder runs, or a kept session's or task's fresh marker; stale leases are removed."""
-    from agentbox import livemarkers
-
     claimed = False
     for lease in _leases(vm_name):
         if fsutil.held(lease):
@@ -453,8 +450,6 @@ def _load_policy(vm_name: str) -> Any:
 
 def upstream_route(vm_name: str) -> Any:
     """The company proxy route the launch wrote (agentbox.net.upstream.Route), None without one."""
-    from agentbox.net import upstream
-
     try:
         data = json.loads((folder(vm_name) / UPSTREAM_FILE).read_text())
     except (OSError, ValueError):
@@ -484,7 +479,6 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     # Before anything serves: a stop that comes once the proxy answered ends it in order (a broker's start may
     # refresh a login: a stop waits for it, never cuts it).
     _wake_on_signals(wake_write)
-    import select
     import socket
 
     from agentbox.net import proxy as netproxy

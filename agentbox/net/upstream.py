@@ -16,6 +16,7 @@ messages name the proxy as host:port only.
 from __future__ import annotations
 
 import base64
+import ipaddress
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote, urlsplit
@@ -107,7 +108,6 @@ class Route(NamedTuple):
                 continue
             pattern = pattern.strip("[]")
             if address is not None:
-                import ipaddress
 
                 try:
                     if address in ipaddress.ip_network(pattern, strict=False):
@@ -122,8 +122,6 @@ class Route(NamedTuple):
 
 
 def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    import ipaddress
-
     try:
         return ipaddress.ip_address(text)
     except ValueError:

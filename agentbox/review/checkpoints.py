@@ -34,9 +34,12 @@ API for the commands: take(), current(), load(), lookup() (verified), last_sessi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,8 +50,10 @@ from agentbox import paths
 from agentbox.config.load import CheckpointSettings
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir
+from agentbox.git import dirs as gitdirs
 from agentbox.git import snapshot
 from agentbox.git import store as hostgit
+from agentbox.progress import emit, note
 from agentbox.safetext import visible
 
 KINDS = ("start", "end", "manual", "undo", "apply", "task")
@@ -124,9 +129,6 @@ def settle(workspace: Path) -> None:
     say, once (the first command to read checkpoints after it)."""
     if _holding_end:
         return
-    import fcntl
-    import sys
-    import threading
 
     try:
         fd = os.open(end_lock(workspace), os.O_RDONLY | os.O_CLOEXEC)
@@ -139,7 +141,6 @@ def settle(workspace: Path) -> None:
             key = os.path.realpath(workspace)
             if key not in _waited:
                 _waited.add(key)
-                from agentbox.progress import note
 
                 note(WAITING)
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -154,7 +155,6 @@ def settle(workspace: Path) -> None:
         finally:
             claimed.unlink(missing_ok=True)
         if text:
-            from agentbox.progress import emit
 
             for line in text.splitlines():
                 emit(line)
@@ -171,7 +171,6 @@ def repo_of(workspace: Path) -> hostgit.Repo:
     """The workspace's repository, or NotARepository (checkpoints are off)."""
     repo = hostgit.find(workspace)
     if repo is None:
-        from agentbox.git import dirs as gitdirs
 
         refused = gitdirs.locate(workspace).problem
         if refused:
@@ -306,8 +305,6 @@ def lookup_and_current(workspace: Path, spec: str, settings: CheckpointSettings)
     """lookup(spec) and current(), side by side: the lookup's git calls (its ref and commit checked in the
     store) run while the snapshot's `git diff-files` stats the tree. The lookup's error comes first, as when
     they ran one after the other."""
-    import threading
-
     found: list[Checkpoint] = []
     failed: list[BaseException] = []
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentbox.git import read as gitread
 from agentbox.git import store as hostgit
 from agentbox.progress import note
 
@@ -21,8 +22,6 @@ MAX_OBJECT = 1 << 30
 
 def move(repo: hostgit.Repo, data: dict[str, Any]) -> dict[str, Any]:
     """The record of version 1 `data` as a version-2 record whose checkpoints live in the store."""
-    from agentbox.git import read as gitread
-
     store = hostgit.init_store(repo)
     fmt = hostgit.store_format(repo)
     reader = gitread.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
@@ -56,8 +55,6 @@ def move(repo: hostgit.Repo, data: dict[str, Any]) -> dict[str, Any]:
 def import_commit(repo: hostgit.Repo, commit: str) -> str:
     """The tree of a commit of the workspace's repository, copied into the store without its files' contents
     (import_blobs brings those that are needed); read by agentbox, every object checked against its id."""
-    from agentbox.git import read as gitread
-
     fmt = hostgit.store_format(repo)
     reader = gitread.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
     kind, content = reader.read(commit)
@@ -70,8 +67,6 @@ def import_commit(repo: hostgit.Repo, commit: str) -> str:
 
 def import_blobs(repo: hostgit.Repo, oids: list[str]) -> None:
     """Files' contents from the workspace's repository into the store (read by agentbox, checked)."""
-    from agentbox.git import read as gitread
-
     fmt = hostgit.store_format(repo)
     reader = gitread.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
     store = hostgit.init_store(repo)
@@ -85,8 +80,6 @@ def import_blobs(repo: hostgit.Repo, oids: list[str]) -> None:
 def _copy_tree(reader: Any, store: Any, tree: str, fmt: str, copied: set[str], blobs: bool = True) -> None:
     """tree and everything under it into the store (objects already copied are skipped; gitlinks name commits
     of other repositories and are not copied; without blobs, only the trees)."""
-    from agentbox.git import read as gitread
-
     stack = [tree]
     while stack:
         oid = stack.pop()

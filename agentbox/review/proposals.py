@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,7 +45,12 @@ from agentbox import fsutil, paths, vmread
 from agentbox.config.load import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.git import snapshot
+from agentbox.git import store as hostgit
+from agentbox.progress import warn
+from agentbox.review import checkpoints, isolation, patchcheck, restore, rewind, tripwire
 from agentbox.safetext import visible
+from agentbox.vm import workmode
 
 VERSION = 1
 PENDING, APPLIED, REJECTED, SUPERSEDED = "pending", "applied", "rejected", "superseded"
@@ -93,8 +99,6 @@ def locked(workspace: Path) -> Iterator[None]:
 
 def append_event(workspace: Path, event: str, **fields: Any) -> None:
     """One line of events.jsonl, written with a single append (lines of concurrent writers never mix)."""
-    from agentbox.review import isolation
-
     line = json.dumps({"time": isolation.now(), "event": event, **fields}, sort_keys=False) + "\n"
     private_dir(paths.workspace_state_dir(workspace))
     fd = os.open(events_file(workspace), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -113,8 +117,6 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
     Folders still being written (no `base` yet: their session may still run) are left alone; so are names
     agentbox did not make.
     """
-    from agentbox.review import isolation
-
     made: list[Collected] = []
     with locked(workspace):
         try:
@@ -149,8 +151,6 @@ def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: b
     """A session that ended without a finished outbox folder: drop the folder (only an empty one, when its
     launch step may still run) and agentbox's record of it. True when the folder held something the VM wrote,
     dropped or kept."""
-    from agentbox.review import isolation
-
     written = False
     with locked(workspace):
         try:
@@ -179,8 +179,6 @@ def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: b
 def _collect_one(
     workspace: Path, vm_name: str, outbox_fd: int, name: str, session: dict[str, Any], record: dict[str, Any]
 ) -> Collected | None:
-    from agentbox.progress import warn
-
     try:
         session_fd = vmread.open_dir(outbox_fd, name)
     except OSError:
@@ -242,8 +240,6 @@ def store_task(workspace: Path, task: int, agent: str, vm_name: str, base: dict[
     """An isolated task's changes (`agentbox run --on`), as a proposal: base is the task's {commit, tree, head} in
     agentbox's store (what its copy started from). Unlike a session's, it supersedes no earlier proposal: each
     task has a copy of its own."""
-    from agentbox.review import isolation
-
     commit = str(base.get("commit") or "")
     if not _OID.fullmatch(commit):
         raise StateError(f"task {task} has no valid base commit ({visible(commit[:80])})")
@@ -257,8 +253,6 @@ def _store(
     workspace: Path, vm_name: str, session_id: str, session: dict[str, Any], base: str, known: dict[str, Any],
     patch: bytes, summary: bytes | None, record: dict[str, Any], task: int | None = None,
 ) -> dict[str, Any]:
-    from agentbox.review import isolation, patchcheck
-
     problem = None
     try:
         changes = patchcheck.parse(patch, limit=MAX_PATCH)
@@ -291,7 +285,6 @@ def _store(
     # Written under a temporary name, renamed last: a proposal folder is whole or absent.
     staging = proposals_dir / f".{number}.partial"
     if os.path.lexists(staging):
-        import shutil
 
         shutil.rmtree(staging)  # left by an agentbox that was killed here; agentbox's own folder
     private_dir(staging)
@@ -442,8 +435,6 @@ def host_exec_paths(workspace: Path, proposal: dict[str, Any]) -> list[str]:
 
 def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host_exec: bool) -> list[str]:
     """Why apply refuses this patch, one line per change (empty: it may be applied)."""
-    from agentbox.review import patchcheck
-
     if proposal.get("problem"):
         return [str(proposal["problem"])]
     try:
@@ -469,15 +460,11 @@ def refusals_of(workspace: Path, number: int) -> list[str]:
 
 
 def _host_exec_matcher(workspace: Path) -> Any:
-    from agentbox.review import tripwire
-
     return tripwire.host_exec_matcher(workspace)
 
 
 def _on_host(workspace: Path, proposal: dict[str, Any], changes: list[Any]) -> Callable[[str], Any]:
     """What each path the patch names is on the host: the workspace's entry (never followed) and the base's mode."""
-    from agentbox.review import patchcheck
-
     named = {path for change in changes for path in (change.old_path, change.new_path)
              if path is not None and patchcheck.path_problem(path) is None}
     if not named:
@@ -498,8 +485,6 @@ def base_modes(workspace: Path, proposal: dict[str, Any], paths: list[str]) -> d
 
     The only use of hostgit for proposals' checks: where the base tree is read from may change, not what it says.
     """
-    from agentbox.git import store as hostgit
-
     tree = (proposal.get("base") or {}).get("tree")
     repo = hostgit.find(workspace)
     if not isinstance(tree, str) or repo is None:
@@ -519,8 +504,6 @@ _EMPTY_TREE = {"sha1": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
 def _workspace_entry(workspace: Path, path: str) -> tuple[str | None, str | None, str | None]:
     """(mode, link target, a folder on the way that is a link) of path in the workspace, walked one name at a time
     from the workspace's descriptor, never through a link."""
-    from agentbox.review import patchcheck
-
     parts = path.split("/")
     try:
         fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -574,11 +557,6 @@ def apply(
     """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
     exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
     refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses."""
-    from agentbox.git import snapshot
-    from agentbox.git import store as hostgit
-    from agentbox.review import isolation
-    from agentbox.vm import workmode
-
     with locked(workspace):
         proposal = find(workspace, wanted)
         number = proposal["id"]
@@ -692,8 +670,6 @@ def holder(workspace: Path, proposal: dict[str, Any], known: list[dict[str, Any]
 
 def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
     """Bring the workspace from the snapshot now to result_tree, writing only the files that differ."""
-    from agentbox.review import restore, rewind
-
     todo = rewind.plan(repo, result_tree, now.tree, now.skipped, None, clean=True)
     result = restore.apply(repo.work_tree, todo.operations)
     if result.failures:
@@ -705,8 +681,6 @@ def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
 def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSettings) -> tuple[int, str]:
     """Taken whatever checkpoints.enabled says (that is about launches): `agentbox undo` can take the apply back.
     Returns its id and tree."""
-    from agentbox.review import checkpoints
-
     taken = checkpoints.take(workspace, "apply", settings, message=f"before applying proposal {number}")
     return taken.checkpoint.id, taken.checkpoint.tree
 
@@ -719,8 +693,6 @@ class Rejected(NamedTuple):
 def reject(workspace: Path, wanted: str | None) -> Rejected:
     """Mark a proposal rejected (its files are kept), and with it the proposals it superseded (it holds their
     changes); the VM's copy is made anew at its next isolated session."""
-    from agentbox.review import isolation
-
     with locked(workspace):
         proposal = find(workspace, wanted)
         if proposal["status"] == APPLIED:

@@ -10,6 +10,7 @@ filtered, ~/.claude.json already cut to this workspace), and only in allowlist a
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 
 from agentbox import staginglayout
 from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.fsutil import read_capped
 from agentbox.sync import agentsetup as agentsync
 from agentbox.sync import transform as synctransform
 
@@ -89,9 +91,7 @@ def message(mode: str, servers: list[Remote]) -> str:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    import os
 
-    from agentbox.fsutil import read_capped
 
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)

@@ -29,6 +29,8 @@ from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write
 from agentbox.safetext import visible
 from agentbox.sync import filter as syncfilter
+from agentbox.vm import lifecycle as vm
+from agentbox.vm.lima import RUNNING
 
 if TYPE_CHECKING:
     from agentbox.agents.builtin import AgentSpec
@@ -63,9 +65,6 @@ class PullPlan(NamedTuple):
 
 def fetch(session: VmControl, agent: AgentConfig, spec: AgentSpec) -> bytes:
     """The pull folders of the agent in its VM, as a tar stream (one limactl shell)."""
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm.lima import RUNNING
-
     name = agent.vm_name
     instance = session.instance(name)
     if instance is None or instance.status != RUNNING:

@@ -17,6 +17,7 @@ VM sees at its mount point.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -78,8 +79,6 @@ class Context(NamedTuple):
 
     def key(self) -> str:
         """What the transforms' output depends on besides the file: a change re-makes every staged copy."""
-        import hashlib
-
         forced = [spec.settings.values for spec in BUILTIN_AGENTS.values() if spec.settings is not None]
         text = json.dumps([FORMAT, list(self), forced, GUEST_COMMANDS], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]

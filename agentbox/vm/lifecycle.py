@@ -6,17 +6,20 @@ Only this module asks lima.py to change a VM.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from agentbox import paths
+from agentbox.config import naming
 from agentbox.config.load import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import Progress, note, warn
-from agentbox.vm import drift, effective, verified
+from agentbox.safetext import visible
+from agentbox.vm import drift, effective, render, verified
 from agentbox.vm import state as vmstate
 from agentbox.vm.lima import BROKEN, MIN_START_TIMEOUT, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
 
@@ -97,10 +100,7 @@ def clash_hint(config: Config, name: str, foreign: bool = False) -> str:
 
 def own_vm_instruction(config: Config, name: str) -> str:
     """One copy-pasteable instruction that moves this workspace off the VM name `name`."""
-    import shlex
 
-    from agentbox.config import naming
-    from agentbox.safetext import visible
 
     free = naming.distinct_vm_name(config.workspace, paths.lima_home(), name)
     if config.local_file is None:
@@ -231,8 +231,6 @@ class _AlreadyExists(Exception):
 
 
 def create_and_start(session: VmControl, name: str) -> Instance:
-    from agentbox.vm import render
-
     config = session.config
     template_text = render.render(config, name)
     state = private_dir(paths.vm_state_dir(name))
@@ -305,7 +303,6 @@ def _clone_from_base(session: VmControl, name: str, template_text: str) -> dict[
 
 def start(session: VmControl, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
     """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
-
     expected = expected_config(name)
     private_dir(paths.vm_outbox(name))  # a mount location Lima needs to find
     if expected is not None:
@@ -369,7 +366,6 @@ def degraded_note(name: str, state: dict[str, Any]) -> str | None:
     degraded = state.get("degraded")
     if not degraded:
         return None
-    from agentbox.safetext import visible
 
     errors = degraded.get("errors") if isinstance(degraded, dict) else None
     found = "; ".join(str(line)[:200] for line in errors) if isinstance(errors, list) and errors else ""
@@ -560,8 +556,6 @@ REMOVED = "{name} removed (its disk is gone; the workspace on the host is untouc
 def conflict(instance: Instance | None, config: Config) -> dict[str, Any] | None:
     """When the VM of this name is not this workspace's: its name, its workspace (None when agentbox did
     not create it) and a name this workspace could use instead."""
-    from agentbox.config import naming
-
     if instance is None or workspace_of(instance) == str(config.workspace) or half_made(instance, config):
         return None
     return {

@@ -2,16 +2,18 @@
 
 import os
 import platform
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import paths, resources
+from agentbox.config import pins
 from agentbox.config.image import Image
 from agentbox.config.load import Config, deep_merge
 from agentbox.errors import ConfigError
 from agentbox.git import dirs as gitdirs
 from agentbox.progress import warn
-from agentbox.vm import workmode
+from agentbox.vm import provisioning, workmode
 
 if TYPE_CHECKING:
     from agentbox.vm.provisioning import Plan
@@ -118,9 +120,6 @@ def _inside(path: Path, parent: Path) -> bool:
 
 def _hooks_dir(common: Path | None) -> Path | None:
     """The hooks folder of a validated git folder, when it is a real folder (a link could point anywhere)."""
-    import os
-    import stat
-
     if common is None:
         return None
     try:
@@ -175,8 +174,6 @@ def settings_of(config: Config) -> BaseSettings:
 
 
 def context(config: Config, vm_name: str) -> dict[str, Any]:
-    from agentbox.vm import provisioning
-
     prov = provisioning.plan(config)
     return _values(vm_name, settings_of(config), prov, mounts_for(config, vm_name), str(config.require_workspace()),
                    str(paths.staging_dir(vm_name)))
@@ -185,8 +182,6 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
 def base_context(settings: BaseSettings, vm_name: str, ca_certs: tuple[str, ...] = ()) -> dict[str, Any]:
     """The template's values for the base VM: no mounts, empty workspace params (Lima requires every param
     to be used, and a clone sets them: agentbox.vm.golden.clone_edits), the CA certificates a project VM gets."""
-    from agentbox.vm import provisioning
-
     plan = provisioning.plan(None)
     plan.ca_certs = list(ca_certs)
     return _values(vm_name, settings, plan, [], "", "")
@@ -233,8 +228,6 @@ def render_remote(config: Config, vm_name: str, staging: RenderedMount, outbox: 
     the outbox writable), each seen in the VM at this machine's path of its counterpart, so that the launch step
     and its files name the same paths as here. vm.template and vm.lima are not used, nor a vm.image that names a
     host path: they name this machine's files and folders (an image's URL is used)."""
-    from agentbox.vm import provisioning
-
     prov = provisioning.plan(config)
     settings = settings_of(config)
     if settings.image is not None and settings.image.host_paths():
@@ -270,7 +263,6 @@ def render(config: Config, vm_name: str) -> str:
     env = _environment()
     where = "agentbox's template"
     if config.template is not None:
-        from agentbox.config import pins
 
         where = str(config.template)
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 from pathlib import Path
 
@@ -19,7 +20,9 @@ from agentbox.credentials.broker import brokered
 from agentbox.credentials.tokens import Upstream
 from agentbox.net import certauthority, pushes
 from agentbox.net import guard as netguard
+from agentbox.net import upstream as companyproxy
 from agentbox.net.broker import Brokering
+from agentbox.vm import lima
 
 # Tests only: where the broker finds "the real hosts" ({"address": [host, port], "caFile": PEM}); the host's
 # environment is the user's, never the VM's.
@@ -37,7 +40,6 @@ def load(vm: str) -> Brokering | None:
     route = netguard.upstream_route(vm)
     refreshes = upstream
     if route is not None:  # OAuth refreshes through the company proxy, trusting the user's CA certificates too
-        from agentbox.net import upstream as companyproxy
 
         refreshes = Upstream(upstream.context if upstream else companyproxy.trust(route),
                              upstream.address if upstream else None, route)
@@ -78,7 +80,6 @@ def _test_upstream() -> Upstream | None:
         return None
     data = json.loads(text)
     address = (str(data["address"][0]), int(data["address"][1]))
-    import ssl
 
     return Upstream(ssl.create_default_context(cafile=str(Path(data["caFile"]))), lambda host, port: address)
 
@@ -86,8 +87,6 @@ def _test_upstream() -> Upstream | None:
 def vm_running(vm: str) -> bool:
     """Whether the VM still runs, as Lima says (agentbox.vm.lima, the one module that runs limactl): the broker's
     process ends with its VM once no session holds it (agentbox.net.guard.serve asks, seldom)."""
-    from agentbox.vm import lima
-
     return lima.is_running(vm)
 
 
