@@ -22,8 +22,8 @@ from agentbox.config.peek import worktree_project
 from agentbox.config.problems import Problems
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.git import dirs as gitdirs
-from agentbox.net import policy as netpolicy
+from agentbox.git import dirs
+from agentbox.net import policy
 from agentbox.net.policy import NetworkSettings
 from agentbox.progress import warn
 from agentbox.safetext import visible
@@ -604,7 +604,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         notify=data["notify"],
         vm_base=_vm_base(vm["base"]),
         base_max_age_days=vm["baseMaxAgeDays"],
-        network=netpolicy.from_data(data["network"]),
+        network=policy.from_data(data["network"]),
         push_scope=data["git"]["allowPush"] or None,
     )
 
@@ -700,7 +700,7 @@ def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Pat
 
 
 def _work_tree_top(folder: Path) -> Path | None:
-    return gitdirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))
+    return dirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))
 
 
 def _workspace_hint(config: Config) -> str:

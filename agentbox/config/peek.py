@@ -55,6 +55,6 @@ def worktree_project(cwd: Path) -> Path | None:
 
 
 def _work_tree_top(folder: Path) -> Path | None:
-    from agentbox.git import dirs as gitdirs
+    from agentbox.git import dirs
 
-    return gitdirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))
+    return dirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))

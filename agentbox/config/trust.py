@@ -24,7 +24,7 @@ from agentbox.config import image, keys, pins, yamlio
 from agentbox.config.load import Config, TrustedText
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.net import policy as netpolicy
+from agentbox.net import policy
 from agentbox.safetext import visible, visible_text
 
 MAX_KEPT_TEXT = 256 * 1024  # pinned file contents kept in the record, for `trust --show` diffs
@@ -137,7 +137,7 @@ def _sync_include_rule(config: Config, path: tuple[str, ...], value: Any) -> lis
 def _network_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
     """A project's file may tighten the network policy; what it loosens against the global config needs trust."""
     global_raw = {**keys.defaults()["network"], **(_global_value(config, ("network",)) or {})}
-    return netpolicy.loosened(netpolicy.from_data(global_raw), config.network)
+    return policy.loosened(policy.from_data(global_raw), config.network)
 
 
 def _endpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:

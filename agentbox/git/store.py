@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 from agentbox import hosttools, paths
 from agentbox.errors import StateError
 from agentbox.fsutil import locked, private_dir
-from agentbox.git import dirs as gitdirs
+from agentbox.git.dirs import locate
 from agentbox.safetext import visible
 
 TIMEOUT = 300  # seconds a git call may take (time_limit() lowers it)
@@ -97,7 +97,7 @@ def tool() -> str | None:
 def find(workspace: Path) -> Repo | None:
     """The workspace as a git work tree (it has its own `.git`), or None. Runs no git."""
     work_tree = Path(os.path.realpath(workspace))
-    dirs = gitdirs.locate(work_tree)
+    dirs = locate(work_tree)
     if dirs.git_dir is None or dirs.common_dir is None:
         return None
     return Repo(work_tree, dirs.git_dir, dirs.common_dir)
@@ -111,15 +111,15 @@ def store_dir(repo: Repo | Path) -> Path:
 
 def head(repo: Repo) -> str | None:
     """HEAD's commit id as the workspace's git folder names it (read by agentbox); None when unborn."""
-    from agentbox.git import read as gitread
+    from agentbox.git import read
 
-    return gitread.head(repo.git_dir, repo.common_dir)
+    return read.head(repo.git_dir, repo.common_dir)
 
 
 def object_format(repo: Repo) -> str:
-    from agentbox.git import read as gitread
+    from agentbox.git import read
 
-    return gitread.object_format(repo.common_dir)
+    return read.object_format(repo.common_dir)
 
 
 # -- objects ----------------------------------------------------------------------------------------

@@ -435,17 +435,17 @@ def _in_use(vm_name: str) -> bool:
 # -- the proxy process ---------------------------------------------------------------------------------------
 
 def _load_policy(vm_name: str) -> Any:
-    from agentbox.net import proxy as netproxy
+    from agentbox.net.proxy import TEST_RESOLVE, Policy, check_pattern
 
     data = policy(vm_name) or {}
-    testing = _test_resolver(os.environ.get(netproxy.TEST_RESOLVE, ""))
+    testing = _test_resolver(os.environ.get(TEST_RESOLVE, ""))
     hooks: dict[str, Any] = {"resolver": testing, "allow_loopback": True} if testing is not None else {}
     hooks["upstream"] = upstream_route(vm_name)
     if data.get("mode") == "open":
-        return netproxy.Policy(open=True, **hooks)
+        return Policy(open=True, **hooks)
     patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
-    valid = [pattern for pattern in patterns if netproxy.check_pattern(pattern) is None]
-    return netproxy.Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)), **hooks)
+    valid = [pattern for pattern in patterns if check_pattern(pattern) is None]
+    return Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)), **hooks)
 
 
 def upstream_route(vm_name: str) -> Any:
@@ -481,7 +481,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     _wake_on_signals(wake_write)
     import socket
 
-    from agentbox.net import proxy as netproxy
+    from agentbox.net.proxy import start
 
     base = folder(vm_name)
     listener = None
@@ -506,9 +506,9 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     upstream_seen = _mtime(upstream_file)
     secret_file = base / SECRET_FILE
     secret_seen = _mtime(secret_file)
-    proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
-                           broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
-                           secret=secret(vm_name))  # always: only the VM has it
+    proxy = start(_load_policy(vm_name), log_path(vm_name), port=preferred,
+                  broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
+                  secret=secret(vm_name))  # always: only the VM has it
     lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
     try:
         if listener is None:

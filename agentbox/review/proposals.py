@@ -45,8 +45,7 @@ from agentbox import fsutil, paths, vmread
 from agentbox.config.load import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.git import snapshot
-from agentbox.git import store as hostgit
+from agentbox.git import snapshot, store
 from agentbox.progress import warn
 from agentbox.review import checkpoints, isolation, patchcheck, restore, rewind, tripwire
 from agentbox.safetext import visible
@@ -486,14 +485,14 @@ def base_modes(workspace: Path, proposal: dict[str, Any], paths: list[str]) -> d
     The only use of hostgit for proposals' checks: where the base tree is read from may change, not what it says.
     """
     tree = (proposal.get("base") or {}).get("tree")
-    repo = hostgit.find(workspace)
+    repo = store.find(workspace)
     if not isinstance(tree, str) or repo is None:
         raise StateError(f"proposal {proposal['id']}: its base tree cannot be read, so agentbox cannot tell what "
                          "the files it changes are on your host")
-    empty = _EMPTY_TREE[hostgit.object_format(repo)]
+    empty = _EMPTY_TREE[store.object_format(repo)]
     wanted = set(paths)
     # Named on the command line while few (a long list would pass the argument limit), else the whole tree.
-    listed = hostgit.changes(repo, empty, tree, sorted(wanted) if len(wanted) <= 1000 else None)
+    listed = store.changes(repo, empty, tree, sorted(wanted) if len(wanted) <= 1000 else None)
     return {change.path: change.new_mode for change in listed if change.path in wanted}
 
 
@@ -573,12 +572,12 @@ def apply(
                     "after you have read them." if host_exec else "Ask the agent for a patch without these changes."
                 ),
             )
-        repo = hostgit.find(workspace)
+        repo = store.find(workspace)
         if repo is None:
             raise StateError(f"{workspace} is no longer a git work tree; a proposal is applied with git",
                              hint=workmode.NOT_GIT_HINT)
         base_head = proposal["base"].get("head")
-        now = hostgit.head(repo)
+        now = store.head(repo)
         moved = now != base_head
         if moved and not three_way:
             raise StateError(
@@ -590,7 +589,7 @@ def apply(
         # The patch is applied to a tree of agentbox's store (the workspace as it is now); agentbox then
         # writes the files that changed itself (agentbox.review.restore): git never opens a path of the workspace.
         now_snap = snapshot.take(repo, settings.max_file_size)
-        result_tree = hostgit.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
+        result_tree = store.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
         if check_only:
             return Applied(proposal, None, moved)
         checkpoint, before_tree = _checkpoint_before(workspace, number, settings)

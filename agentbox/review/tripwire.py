@@ -41,7 +41,7 @@ from typing import NamedTuple, Protocol, TextIO
 
 from agentbox import livemarkers, paths
 from agentbox.fsutil import atomic_write, locked, pid_alive, private_dir
-from agentbox.git import dirs as gitdirs
+from agentbox.git import dirs
 from agentbox.safetext import visible
 
 WATCHED_FILES = (
@@ -169,7 +169,7 @@ def _watched(workspace: Path, version: int = WATCH_LIST) -> tuple[dict[str, Path
         for parent in reversed(Path(folder).parents[:-1]):
             found[str(parent)] = workspace / parent
         folders.append(workspace / folder)
-    git = gitdirs.locate(workspace)
+    git = dirs.locate(workspace)
     if git.common_dir is not None:
         _watch_git_folder(workspace, git.common_dir, found, folders)
     if git.common_dir is not None and version >= 2:

@@ -11,7 +11,7 @@ from agentbox.config import pins
 from agentbox.config.image import Image
 from agentbox.config.load import Config, deep_merge
 from agentbox.errors import ConfigError
-from agentbox.git import dirs as gitdirs
+from agentbox.git import dirs
 from agentbox.progress import warn
 from agentbox.vm import provisioning, workmode
 
@@ -57,7 +57,7 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
 def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     workspace = config.require_workspace()
     isolated = config.session_mode == workmode.ISOLATED
-    git = gitdirs.locate(workspace)
+    git = dirs.locate(workspace)
     if isolated:
         # The VM sees the workspace read-only, elsewhere; launch.sh puts the agent's copy at its path.
         if git.git_dir is None:
@@ -92,7 +92,7 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     return mounts
 
 
-def _common_dir_mounts(git: gitdirs.GitDirs, workspace: Path, isolated: bool) -> list[RenderedMount]:
+def _common_dir_mounts(git: dirs.GitDirs, workspace: Path, isolated: bool) -> list[RenderedMount]:
     """A validated `git worktree add` layout: the main repository's .git, which git in the VM needs.
 
     Read-only as a whole (its config, hooks, info and the other worktrees' folders configure and
@@ -107,7 +107,7 @@ def _common_dir_mounts(git: gitdirs.GitDirs, workspace: Path, isolated: bool) ->
     mounts = [RenderedMount(str(common), str(common), False)]
     if isolated:
         return mounts
-    parts = gitdirs.vm_writable_parts(git)
+    parts = dirs.vm_writable_parts(git)
     for problem in parts.skipped:
         warn(f"not mounting it writable: {problem}; git in the VM cannot write there")
     mounts += [RenderedMount(str(folder), str(folder), True) for folder in parts.folders]
