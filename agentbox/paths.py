@@ -42,6 +42,7 @@ def state_dir() -> Path:
 def _state_dir(override: str | None, _xdg_state_home: str | None, _home_variable: str | None) -> Path:
     if override:
         return Path(override)
+    # deferred: start-up (platformdirs, ~4 ms: AGENTBOX_STATE_DIR skips it, and --help imports this module)
     import platformdirs
 
     return Path(platformdirs.user_state_dir("agentbox", appauthor=False))

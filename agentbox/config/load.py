@@ -325,6 +325,7 @@ def _load_layer(path: Path, name: str, read: Any) -> Layer:
             return Layer(name, path, data["data"], positions, data["notices"], read.sha256)
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    # deferred: start-up (config.schema: only an uncached config layer is checked)
     from agentbox.config import schema
 
     layer = schema.validate(yamlio.compose(read.text, path), path, name)._replace(sha256=read.sha256)
@@ -798,6 +799,7 @@ def _resolve_mounts(raw: list[Any], workspace: Path, problems: Problems,
 
 
 def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path) -> Mount:
+    # deferred: start-up (config.mountpaths: only a configured mount needs it)
     from agentbox.config import mountpaths
 
     written = raw["location"]

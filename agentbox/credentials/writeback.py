@@ -221,6 +221,7 @@ def judge(plan: Plan, target: Target, guest_bytes: bytes, guest_mtime: float,
 def _brokered(plan: Plan, target: Target, guest_bytes: bytes) -> Verdict:
     """A login the broker keeps is never written back; the VM's copy is worth a word only when it holds tokens that
     did not come through the broker (placeholders are what the broker gave it)."""
+    # deferred: start-up (credentials.broker.brokered: a launch with the broker off never loads it)
     from agentbox.credentials.broker import brokered
 
     if not brokered.foreign_tokens(plan.vm_name, target.fmt.command, target.host_path, guest_bytes):

@@ -124,6 +124,7 @@ class _Walk:
 
     def run(self, early: Pending | None) -> Snapshot:
         """early: `git diff-files` on the stat index, already started (None when there is no stat index)."""
+        # deferred: start-up (git.ignore: only taking a snapshot reads ignore rules; a launch takes none)
         from agentbox.git import ignore
 
         started = time.time_ns()
@@ -418,6 +419,7 @@ class _Walk:
     def _tracked(self, sig: Any) -> tuple[set[bytes], dict[bytes, str], set[bytes]]:
         """The paths the workspace's index tracks, its gitlinks, and every folder on the way to a tracked path
         (read by agentbox.git.read when the index changed, else from the cache)."""
+        # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
         from agentbox.git import read
 
         if self._tracked_sets is not None:
@@ -448,6 +450,7 @@ class _Walk:
         return self._tracked_sets
 
     def _global_rules(self) -> tuple[list[Any], Any]:
+        # deferred: start-up (git.ignore: only taking a snapshot reads ignore rules; a launch takes none)
         from agentbox.git import ignore
 
         found = []
@@ -462,6 +465,7 @@ class _Walk:
         return found, signatures
 
     def _folder_rules(self, folder: bytes, rules: Any) -> tuple[Any, Any]:
+        # deferred: start-up (git.ignore: only taking a snapshot reads ignore rules; a launch takes none)
         from agentbox.git import ignore
 
         parent = self._folder_fd(folder)
@@ -471,6 +475,7 @@ class _Walk:
         return sig, rules.with_dir(base, ignore.parse_capped(data, base, source, MAX_RULES))
 
     def _ignore_case(self) -> bool:
+        # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
         from agentbox.git import read
 
         try:
@@ -480,6 +485,7 @@ class _Walk:
         return (value or "").lower() in ("true", "yes", "on", "1")
 
     def _head(self) -> str | None:
+        # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
         from agentbox.git import read
 
         try:
@@ -628,6 +634,7 @@ def _read_rules(path: Path) -> tuple[bytes | None, Any]:
 def _global_excludes() -> Path | None:
     """The host user's own global excludes file (host-controlled): core.excludesFile of ~/.gitconfig when it
     names one plainly, else $XDG_CONFIG_HOME/git/ignore."""
+    # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
     from agentbox.git import read
 
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(paths.home() / ".config")

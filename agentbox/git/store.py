@@ -111,12 +111,14 @@ def store_dir(repo: Repo | Path) -> Path:
 
 def head(repo: Repo) -> str | None:
     """HEAD's commit id as the workspace's git folder names it (read by agentbox); None when unborn."""
+    # deferred: start-up (git.read: the warm launch reads no repository)
     from agentbox.git import read
 
     return read.head(repo.git_dir, repo.common_dir)
 
 
 def object_format(repo: Repo) -> str:
+    # deferred: start-up (git.read: the warm launch reads no repository)
     from agentbox.git import read
 
     return read.object_format(repo.common_dir)

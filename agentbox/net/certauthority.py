@@ -135,6 +135,7 @@ def fingerprint(pem: str) -> str:
 
 def server_context(leaf: Leaf) -> ssl.SSLContext:
     """A TLS server context presenting the leaf for one credential host (build it once, at the broker's start)."""
+    # deferred: start-up (ssl, ~10 ms: only serving TLS needs it; the launch only reads the CA's files)
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

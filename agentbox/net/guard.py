@@ -357,6 +357,7 @@ def _preferred_port(base: Path) -> int:
 def _listen(preferred: int) -> Any:
     """A listening socket on 127.0.0.1: the port the proxy had last, or any free one when that is taken."""
     # The C module `socket` wraps: importing `socket` itself (its enums) costs a launch ~2 ms, for nothing here.
+    # deferred: start-up (socket's Python layer, ~4 ms, on the launch that only starts the proxy)
     import _socket as socket
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -435,6 +436,7 @@ def _in_use(vm_name: str) -> bool:
 # -- the proxy process ---------------------------------------------------------------------------------------
 
 def _load_policy(vm_name: str) -> Any:
+    # deferred: start-up (net.proxy: only the proxy process runs it, not the launch that starts it)
     from agentbox.net.proxy import TEST_RESOLVE, Policy, check_pattern
 
     data = policy(vm_name) or {}
@@ -479,6 +481,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     # Before anything serves: a stop that comes once the proxy answered ends it in order (a broker's start may
     # refresh a login: a stop waits for it, never cuts it).
     _wake_on_signals(wake_write)
+    # deferred: start-up (socket, ~4 ms, and net.proxy: only the proxy process serves, not the launch)
     import socket
 
     from agentbox.net.proxy import start
@@ -615,6 +618,7 @@ def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int
     except Exception as error:  # any failure leaves the proxy serving, never sending a real value
         reason = getattr(error, "message", None) or str(error) or type(error).__name__
         print(f"agentbox: the credential broker is not serving: {reason}", file=sys.stderr, flush=True)
+        # deferred: start-up (net.certauthority: only the proxy process with a broker needs it)
         from agentbox.net import certauthority
 
         authority = certauthority.load(vm_name)

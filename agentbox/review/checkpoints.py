@@ -365,6 +365,7 @@ def _read(workspace: Path, repo: store.Repo | None = None) -> dict[str, Any]:
             data.get("checkpoints"), list):
         raise _damaged(path, "it does not have the expected fields")
     if data.get("version") == 1 and repo is not None:
+        # deferred: start-up (review.migrate and git.read: only an old checkpoint store is moved)
         from agentbox.review import migrate
 
         data = migrate.move(repo, data)
@@ -400,6 +401,7 @@ def _damaged(path: Path, why: str) -> StateError:
 
 def local_time(stamp: str) -> str:
     """A recorded UTC time in the user's time zone, to the minute (agentbox.tables' one format)."""
+    # deferred: start-up (tables imports click, which the launch never imports)
     from agentbox import tables
 
     return tables.local_time(stamp)

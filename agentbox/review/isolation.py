@@ -88,6 +88,7 @@ def mark_fresh(workspace: Path, vm_name: str, base: str) -> None:
 
 
 def now() -> str:
+    # deferred: start-up (datetime: tests/test_own_time.py keeps it off the launch)
     import datetime
 
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

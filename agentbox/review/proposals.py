@@ -137,8 +137,6 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
                         try:
                             _remove_at(outbox_fd, name)
                         except (OSError, StateError) as exc:  # it is no longer a session's: never read again
-                            from agentbox.progress import warn
-
                             warn(f"could not remove the outbox folder {name} of {vm_name}: "
                                  f"{getattr(exc, 'message', None) or exc}")
         finally:

@@ -141,6 +141,7 @@ def host_exec_matcher(workspace: Path) -> Callable[[str], bool]:
     """Whether a repository-relative path (as a patch names it) is one the tripwire watches, or lies
     in a folder whose every file it watches (.husky, .github/workflows, the hooks of a git folder
     kept in the workspace). Names are compared as a case-insensitive file system sees them."""
+    # deferred: start-up (review.patchcheck: tests/test_own_time.py keeps it off the launch)
     from agentbox.review import patchcheck  # a launch's tripwire never reads a patch: imported by those that do
 
     root = Path(os.path.realpath(workspace))

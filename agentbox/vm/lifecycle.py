@@ -176,6 +176,7 @@ def note_stale_base(config: Config, name: str) -> None:
     vm_record = state.read(name)
     recorded = vm_record.get("base")
     if recorded and config.vm_base == "auto":
+        # deferred: start-up (vm.golden: only a VM cloned from a base needs it, never the warm launch)
         from agentbox.vm import golden
 
         found = golden.stale_note(config, recorded)
@@ -282,6 +283,7 @@ def create_and_start(control: VmControl, name: str) -> Instance:
 def _clone_from_base(control: VmControl, name: str, template_text: str) -> dict[str, Any] | None:
     """Make the VM a clone of the base (built first when needed): returns what the VM keeps about its base,
     or None when this project's VM cannot be a clone (said once; the caller creates it from scratch)."""
+    # deferred: start-up (vm.golden: only a VM cloned from a base needs it, never the warm launch)
     from agentbox.vm import golden
 
     plan = golden.clone_plan(control.config, template_text)
@@ -376,6 +378,7 @@ def degraded_note(name: str, vm_record: dict[str, Any]) -> str | None:
 
 def apply_in_place(control: VmControl, name: str, row: Instance | None) -> None:
     """The stopped VM gets the cpus, memory and larger disk the config asks for (`limactl edit`, vm.inplace)."""
+    # deferred: start-up (vm.inplace: only when cpus/memory/disk changed, never the warm launch)
     from agentbox.vm import inplace
 
     found = inplace.plan(state.read(name).get("fingerprint"), control.config, row.disk if row is not None else 0)
@@ -408,6 +411,7 @@ def settle_in_place(control: VmControl, instance: Instance, vm_record: dict[str,
         if "deferred" in vm_record:  # the config went back to what the VM has: nothing waits any more
             record_in_place(name, {}, applied=True)
         return instance  # the warm launch: nothing changed, nothing more to import
+    # deferred: start-up (vm.inplace: only when cpus/memory/disk changed, never the warm launch)
     from agentbox.vm import inplace
 
     found = inplace.plan(recorded, config, instance.disk)
@@ -421,6 +425,7 @@ def settle_in_place(control: VmControl, instance: Instance, vm_record: dict[str,
         return instance  # nothing to apply, or asked and said already
     what = ", ".join(found.changes)
     if sys.stdin.isatty() and sys.stderr.isatty():
+        # deferred: start-up (click: the launch never imports it; only this terminal question does)
         import click
 
         if click.confirm(f"agentbox: {what} in the config: restart VM {name} now to apply? Sessions and background "

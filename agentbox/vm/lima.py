@@ -247,6 +247,7 @@ class Lima:
         full = [self._resolve(), *args]
         stderr = None
         if watch:
+            # deferred: start-up (vm.shellwatch: only an attached shell watches stderr, not the launch's own calls)
             from agentbox.vm.shellwatch import StderrWatch
 
             stderr = StderrWatch(name)
@@ -286,6 +287,7 @@ class Lima:
 
     def _sh(self) -> Any:
         if self._command is None:
+            # deferred: start-up (sh, ~70 ms: only streamed/long calls use it; the warm launch runs subprocess)
             import sh
 
             self._command = sh.Command(self._resolve())
@@ -369,6 +371,7 @@ class Lima:
 
     def _streamed(self, args: list[str], on_output: Callable[[str], None] | None, cwd: str | None = None) -> None:
         """Run a long operation, feeding each output line to on_output as it arrives."""
+        # deferred: start-up (sh, ~70 ms: only streamed/long calls use it; the warm launch runs subprocess)
         import sh
 
         command = self._sh()
@@ -505,6 +508,7 @@ def stop_port_forward(pid: int, guest_port: int, host_port: int) -> bool:
 
 def host_port_in_use(port: int, ip: str = "127.0.0.1") -> bool:
     """Something listens on ip:port (binding it fails with EADDRINUSE)."""
+    # deferred: start-up (socket, ~4 ms: only a port check needs it, never the warm launch)
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:

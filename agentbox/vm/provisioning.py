@@ -89,6 +89,7 @@ def settings_text(values: dict[str, Any], syntax: str) -> str:
 def ca_certificates(config: Config, announce: bool = True) -> list[str]:
     """PEM blocks from caCert and from the host's NODE_EXTRA_CA_CERTS, without duplicates and without
     the public roots the guest trusts already (says so when it leaves any out, if `announce`)."""
+    # deferred: start-up (config.cacerts: only rendering a new VM's CA certificates needs it)
     from agentbox.config import cacerts
 
     sources: list[tuple[Path, str]] = []

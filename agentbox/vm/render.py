@@ -34,6 +34,7 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
     Multi-line strings become literal blocks where YAML allows it; their lines are indented by
     `indent` more than PyYAML's own two spaces, to sit under a key at that column.
     """
+    # deferred: start-up (yaml, ~22 ms: only rendering a template writes YAML; the warm launch renders none)
     import yaml
 
     multiline = isinstance(value, str) and "\n" in value.rstrip("\n")
@@ -238,6 +239,7 @@ def render_remote(config: Config, vm_name: str, staging: RenderedMount, outbox: 
 
 
 def _environment() -> Any:
+    # deferred: start-up (jinja2, ~44 ms: only rendering a template needs it; the warm launch renders none)
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -258,6 +260,7 @@ TEMPLATE_NAME = "<template>"  # what Jinja2 calls a template made from a string,
 def render(config: Config, vm_name: str) -> str:
     """The instance's lima.yaml. Templates run in Jinja2's immutable sandbox: a template is data, never
     a way to reach Python objects or run commands on the host."""
+    # deferred: start-up (jinja2, ~44 ms: only rendering a template needs it; the warm launch renders none)
     import jinja2
 
     env = _environment()
@@ -281,6 +284,7 @@ def render(config: Config, vm_name: str) -> str:
 
 
 def _merge_lima(text: str, lima: dict[str, Any]) -> str:
+    # deferred: start-up (yaml, ~22 ms: only rendering a template writes YAML; the warm launch renders none)
     import yaml
 
     data = yaml.safe_load(text) or {}
@@ -292,6 +296,7 @@ def _merge_lima(text: str, lima: dict[str, Any]) -> str:
 
 def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
     """Render, turning anything the template does wrong into a config error with its line."""
+    # deferred: start-up (jinja2, ~44 ms: only rendering a template needs it; the warm launch renders none)
     from jinja2.exceptions import SecurityError, TemplateError
 
     parts: list[str] = []
@@ -320,6 +325,7 @@ def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
 
 def _template_line(exc: BaseException) -> str:
     """ ":LINE" of the template line that raised, from the frames Jinja2 maps back to the template."""
+    # deferred: start-up (traceback, ~4 ms: only a template error's line needs it)
     import traceback
 
     line = None
