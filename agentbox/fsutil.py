@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from agentbox.progress import note
 
 
 def atomic_write(path: Path, content: str | bytes, mode: int = 0o644, overwrite: bool = True,
@@ -16,8 +21,6 @@ def atomic_write(path: Path, content: str | bytes, mode: int = 0o644, overwrite:
     With overwrite=False an existing file is never replaced (FileExistsError), even in a race. durable=False
     skips the fsync, for files that describe a running process and mean nothing after a crash.
     """
-    import tempfile
-
     data = content.encode() if isinstance(content, str) else content
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -85,8 +88,6 @@ def private_parents(root: Path, directory: Path) -> None:
 
 def held(lock: Path) -> bool:
     """Whether a process holds a flock on `lock` (a probe: it takes nothing)."""
-    import fcntl
-
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -137,9 +138,6 @@ def read_capped(fd: int, limit: int) -> bytes:
 def read_workspace_file(path: Path, limit: int = 1_000_000) -> bytes | None:
     """A file in the workspace, which the agent may have written: None when absent; refused (OSError)
     when it is a symlink, not a regular file or larger than limit. Never blocks on a FIFO."""
-    import errno
-    import stat
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -161,7 +159,6 @@ def read_workspace_file(path: Path, limit: int = 1_000_000) -> bytes | None:
 def refuse_symlink(path: Path) -> None:
     """Files agentbox writes into the workspace are never written through a symlink."""
     if os.path.islink(path):
-        import errno
 
         raise OSError(
             errno.ELOOP, f"{path} is a symlink (to {os.path.realpath(path)}); agentbox does not write through it"
@@ -171,8 +168,6 @@ def refuse_symlink(path: Path) -> None:
 @contextlib.contextmanager
 def locked(lock_file: Path) -> Iterator[None]:
     """Hold an exclusive flock on lock_file (made private, 0600, when missing) for the block."""
-    import fcntl
-
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
@@ -185,9 +180,7 @@ def locked(lock_file: Path) -> Iterator[None]:
 def locked_or_waiting(lock_file: Path, waiting: str) -> Iterator[bool]:
     """As locked(); when another process holds the lock, says `waiting` (a note) and waits. Yields whether it
     waited."""
-    import fcntl
 
-    from agentbox.progress import note
 
     fd = os.open(lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     waited = False

@@ -42,6 +42,7 @@ def state_dir() -> Path:
 def _state_dir(override: str | None, _xdg_state_home: str | None, _home_variable: str | None) -> Path:
     if override:
         return Path(override)
+    # deferred: start-up (platformdirs, ~4 ms: AGENTBOX_STATE_DIR skips it, and --help imports this module)
     import platformdirs
 
     return Path(platformdirs.user_state_dir("agentbox", appauthor=False))
@@ -58,6 +59,7 @@ def bases_dir() -> Path:
 
 def workspace_key(workspace: Path) -> str:
     """A short stable name for a workspace folder, used to file host records about it."""
+    # deferred: start-up (hashlib, ~3 ms: `agentbox --help` imports this module and never hashes)
     import hashlib
 
     return hashlib.sha256(str(workspace).encode("utf-8", "surrogateescape")).hexdigest()[:24]

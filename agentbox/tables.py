@@ -15,11 +15,14 @@ Times are local, "YYYY-MM-DD HH:MM": absolute (the same on every run, comparable
 
 from __future__ import annotations
 
+import datetime
 import os
 import sys
 import time
 import unicodedata
 from collections.abc import Collection, Sequence
+
+import click
 
 ELLIPSIS = "…"
 GAP = "  "
@@ -33,7 +36,6 @@ def local_time(moment: float | str | None) -> str:
     if moment is None or moment == "":
         return "-"
     if isinstance(moment, str):
-        import datetime
 
         try:
             parsed = datetime.datetime.fromisoformat(moment.replace("Z", "+00:00").replace("z", "+00:00"))
@@ -119,8 +121,6 @@ def render(rows: Sequence[Sequence[str]], flexible: Sequence[int] = (-1,), right
 
 def echo(rows: Sequence[Sequence[str]], flexible: Sequence[int] = (-1,), right: Collection[int] = ()) -> None:
     """Print a table on stdout (see render)."""
-    import click
-
     lines = render(rows, flexible, right)
     if lines:
         click.echo("\n".join(lines))  # one write, not one per row

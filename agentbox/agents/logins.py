@@ -197,6 +197,7 @@ def _iso_time(value: Any) -> float | None:
     if not isinstance(value, str) or len(value) > 64:
         return None
     # Python 3.10's fromisoformat takes neither "Z" nor other than 3 or 6 digits of a second's fraction.
+    # deferred: start-up (datetime: tests/test_own_time.py keeps it off the launch)
     from datetime import datetime  # only a login with an ISO expiry needs it (not on most launches)
 
     text = re.sub(r"\.(\d+)", lambda m: "." + (m.group(1) + "000000")[:6], value.strip())

@@ -10,16 +10,20 @@ The click layer is agentbox/cli/commands/ca.py; this module does the work and ne
 
 from __future__ import annotations
 
+import datetime
+import glob
 import json
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import hosttools
+from agentbox import fsutil, hosttools
+from agentbox.config import pins, schema, yamlio
 from agentbox.errors import AgentboxError
-from agentbox.fsutil import atomic_write
+from agentbox.fsutil import atomic_write, read_workspace_file
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -116,8 +120,6 @@ def sources(config: Config) -> list[Source]:
 
 
 def _configured_value(config_file: Path, layer: str) -> str | None:
-    from agentbox.config import yamlio
-
     value = _layer_data(yamlio.read_config_text(config_file), config_file, layer).get("caCert")
     return value if isinstance(value, str) else None
 
@@ -141,8 +143,6 @@ def pem_blocks(text: str) -> list[str]:
 
 
 def inspect_file(path: Path) -> CertFile:
-    from agentbox.config import pins
-
     if not path.exists():
         return CertFile(path, False, (), None)
     try:
@@ -187,9 +187,6 @@ def embedding_summary(embedded: Embedding) -> str:
 
 def public_roots() -> frozenset[str]:
     """The public roots the host's OS ships (normalized PEM), empty when this host has no copy."""
-    import glob
-    import sys
-
     patterns = PUBLIC_ROOTS + (PUBLIC_ROOTS_MACOS if sys.platform == "darwin" else ())
     found: set[str] = set()
     for pattern in patterns:
@@ -248,8 +245,6 @@ def details(pem: str) -> tuple[str, str | None] | None:
 
 def iso_time(not_after: str) -> str | None:
     """openssl's "Jan  1 00:00:00 2030 GMT" as "2030-01-01T00:00:00Z" (None when it reads otherwise)."""
-    import datetime
-
     try:
         moment = datetime.datetime.strptime(" ".join(not_after.split()), "%b %d %H:%M:%S %Y %Z")
     except ValueError:
@@ -258,8 +253,6 @@ def iso_time(not_after: str) -> str | None:
 
 
 def expired(not_after: str) -> bool:
-    import datetime
-
     try:
         moment = datetime.datetime.strptime(not_after, "%b %d %H:%M:%S %Y %Z")
     except ValueError:
@@ -371,8 +364,6 @@ def ensure_gitignored(workspace: Path, name: str = LOCAL_PEM_NAME) -> bool:
 
     The workspace is agent-writable: a .gitignore that is a symlink, a FIFO or huge is refused, not followed.
     """
-    from agentbox.fsutil import read_workspace_file
-
     gitignore = workspace / ".gitignore"
     try:
         data = read_workspace_file(gitignore)
@@ -404,7 +395,6 @@ def set_ca_cert(config_file: Path, pem_path: Path, layer: str) -> str | None:
         target = config_file
     else:
         target = Path(os.path.realpath(config_file))  # a global config symlinked from dotfiles is edited in place
-    from agentbox.config import yamlio
 
     text = yamlio.read_config(target).text if target.exists() else ""
     previous = _layer_data(text, config_file, layer).get("caCert")
@@ -444,15 +434,11 @@ def replace_ca_cert_line(text: str, new_line: str) -> str:
 
 def _layer_data(text: str, config_file: Path, layer: str) -> dict:
     """The validated content of a config file's text (ConfigError when it is not valid)."""
-    from agentbox.config import schema, yamlio
-
     return schema.validate(yamlio.compose(text, config_file), config_file, layer).data
 
 
 def refuse_symlink(path: Path) -> None:
     """The workspace is agent-writable: agentbox never writes through a link there."""
-    from agentbox import fsutil
-
     try:
         fsutil.refuse_symlink(path)
     except OSError as exc:

@@ -14,11 +14,14 @@ list needs to learn about it. Pure data, no YAML import: the warm launch path re
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 from agentbox.config import image
+from agentbox.config.naming import host_name_problem
+from agentbox.net.policy import check_mode, check_preset
 
 BOTH = frozenset({"global", "local"})
 LOCAL = frozenset({"local"})
@@ -70,14 +73,10 @@ def _check_base_mode(value: str) -> str | None:
 
 
 def _check_network_mode(value: str) -> str | None:
-    from agentbox.net.policy import check_mode
-
     return check_mode(value)
 
 
 def _check_network_preset(value: str) -> str | None:
-    from agentbox.net.policy import check_preset
-
     return check_preset(value)
 
 
@@ -148,8 +147,6 @@ AGENT_KEYS: dict[str, Key] = {
 }
 
 def _check_host_name(value: str) -> str | None:
-    from agentbox.config.naming import host_name_problem
-
     return host_name_problem(value, allow_local=True)
 
 
@@ -442,8 +439,6 @@ def dotted(path: tuple[str, ...]) -> str:
 
 def defaults() -> dict[str, Any]:
     """The built-in values, nested as in a config file (a fresh copy: callers may change it)."""
-    import copy
-
     result: dict[str, Any] = {}
     for path, key in walk():
         if key.default is UNSET or "<name>" in path or "[]" in path or path[0] == "credentials":

@@ -1,7 +1,13 @@
 """Find, load, merge and resolve agentbox's config: built-in defaults < global file < local agentbox.yml."""
 
 import copy
+import difflib
+import grp
+import hashlib
+import json
 import os
+import pwd
+import shlex
 from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
@@ -9,14 +15,18 @@ from typing import Any, NamedTuple
 
 from agentbox import paths, sizes
 from agentbox.agents.builtin import BUILTIN_AGENTS, endpoints
-from agentbox.config import image, keys
+from agentbox.config import image, keys, naming, yamlio
 from agentbox.config.image import Image
 from agentbox.config.layers import Layer
 from agentbox.config.peek import worktree_project
 from agentbox.config.problems import Problems
 from agentbox.errors import ConfigError
-from agentbox.net import policy as netpolicy
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.git import dirs
+from agentbox.net import policy
 from agentbox.net.policy import NetworkSettings
+from agentbox.progress import warn
+from agentbox.safetext import visible
 
 DEFAULTS: dict[str, Any] = keys.defaults()
 
@@ -304,10 +314,7 @@ def _load_from(cwd: Path, start: Path, describe: bool, vm_only: bool = False,
 
 def _load_layer(path: Path, name: str, read: Any) -> Layer:
     """Validate one file's text, or reuse the result for exactly this content (no YAML import on a hit)."""
-    import hashlib
-    import json
 
-    from agentbox.config import yamlio
 
     digest = hashlib.sha256(f"{name}\0{path}\0{read.sha256}".encode()).hexdigest()
     cache = paths.state_dir() / "config-cache" / f"{digest[:32]}.json"
@@ -318,6 +325,7 @@ def _load_layer(path: Path, name: str, read: Any) -> Layer:
             return Layer(name, path, data["data"], positions, data["notices"], read.sha256)
     except (OSError, ValueError, KeyError, TypeError):
         pass
+    # deferred: start-up (config.schema: only an uncached config layer is checked)
     from agentbox.config import schema
 
     layer = schema.validate(yamlio.compose(read.text, path), path, name)._replace(sha256=read.sha256)
@@ -326,9 +334,7 @@ def _load_layer(path: Path, name: str, read: Any) -> Layer:
 
 
 def _store_layer(cache: Path, digest: str, layer: Layer) -> None:
-    import json
 
-    from agentbox.fsutil import atomic_write, private_dir
 
     try:
         payload = json.dumps(
@@ -361,10 +367,7 @@ def _read_usable(path: Path, layer: str) -> Any:
     group-writable is accepted when the group is the user's private group (Ubuntu's and Fedora's umask 002
     makes every clone's files 0664, with the user's own group).
     """
-    import shlex
 
-    from agentbox.config import yamlio
-    from agentbox.safetext import visible
 
     real = os.path.realpath(path)
     shown = visible(f"{path} (-> {real})" if os.path.islink(path) else str(path))
@@ -395,9 +398,6 @@ def _read_usable(path: Path, layer: str) -> Any:
 
 def shared_group_problem(gid: int, uid: int) -> str | None:
     """Why the group gid is not the private group of uid, as "the group NAME, which ...", or None when it is."""
-    import grp
-    import pwd
-
     try:
         group = grp.getgrgid(gid)
     except KeyError:
@@ -422,8 +422,6 @@ def private_group_problem(group: Any, user: Any) -> str | None:
 
 
 def _user_name(uid: int) -> str:
-    import pwd
-
     try:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
@@ -522,8 +520,6 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
             vm_only: bool = False) -> Config:
     """The Config of a command run in cwd; `start`: where the workspace is looked for (cwd unless cwd is in
     a worktree agentbox made, see worktree_project); `vm_only`: see load."""
-    from agentbox.config import naming
-
     data, origins = merge(layers)
     local = next((layer for layer in layers if layer.name == "local"), None)
     global_layer = next((layer for layer in layers if layer.name == "global"), None)
@@ -609,7 +605,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         notify=data["notify"],
         vm_base=_vm_base(vm["base"]),
         base_max_age_days=vm["baseMaxAgeDays"],
-        network=netpolicy.from_data(data["network"]),
+        network=policy.from_data(data["network"]),
         push_scope=data["git"]["allowPush"] or None,
     )
 
@@ -705,9 +701,7 @@ def _resolve_workspace(cwd: Path, data: dict[str, Any], local: Any) -> tuple[Pat
 
 
 def _work_tree_top(folder: Path) -> Path | None:
-    from agentbox.git import dirs as gitdirs
-
-    return gitdirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))
+    return dirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))
 
 
 def _workspace_hint(config: Config) -> str:
@@ -728,7 +722,6 @@ def _workspace_hint(config: Config) -> str:
 def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[Any], lima_home: Path) -> AgentConfig:
     builtin = BUILTIN_AGENTS.get(name)
     if builtin is None and "binary" not in raw:
-        import difflib
 
         position = _position(layers, ("agents", name))
         close = difflib.get_close_matches(name, list(BUILTIN_AGENTS), n=1, cutoff=0.6)
@@ -806,6 +799,7 @@ def _resolve_mounts(raw: list[Any], workspace: Path, problems: Problems,
 
 
 def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path) -> Mount:
+    # deferred: start-up (config.mountpaths: only a configured mount needs it)
     from agentbox.config import mountpaths
 
     written = raw["location"]
@@ -814,7 +808,6 @@ def _resolve_mount(raw: dict[str, Any], layer: Any, index: int, workspace: Path)
     if refused:
         where = layer.positions.get(("mounts", f"[{index}]", "location")) or layer.positions.get(
             ("mounts", f"[{index}]"), str(layer.path))
-        from agentbox.safetext import visible
 
         shown, hint = written, refused.hint
         relative = not os.path.isabs(os.path.expanduser(written))
@@ -871,8 +864,6 @@ def _position(layers: list[Layer], keypath: tuple[str, ...]) -> str:
 
 
 def _check_socket_length(name: str, lima_home: Path, where: str | None) -> None:
-    from agentbox.config import naming
-
     limit = naming.socket_limit(lima_home)
     if len(name) <= limit:
         return
@@ -885,7 +876,5 @@ def _check_socket_length(name: str, lima_home: Path, where: str | None) -> None:
 
 
 def print_notices(config: Config) -> None:
-    from agentbox.progress import warn
-
     for notice in config.notices:
         warn(notice)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
+import unicodedata
 from pathlib import Path
 
 _IDENTIFIER = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
@@ -41,7 +43,6 @@ def default_vm_name(workspace: Path, lima_home: Path) -> str:
     name = PREFIX + cleaned if cleaned else PREFIX.rstrip("-")
     if cleaned == base and not instance_name_problem(name) and len(name) <= limit:
         return name
-    import hashlib
 
     digest = hashlib.sha256(str(workspace).encode()).hexdigest()[:8]
     room = limit - len(PREFIX) - len(digest) - 1
@@ -52,8 +53,6 @@ def default_vm_name(workspace: Path, lima_home: Path) -> str:
 def distinct_vm_name(workspace: Path, lima_home: Path, taken: str) -> str:
     """agentbox-<basename>-<short hash of the path>: a name no other folder gets, suggested when `taken`
     (this workspace's name) already belongs to another workspace's VM."""
-    import hashlib
-
     limit = min(MAX_NAME, socket_limit(lima_home))
     digest = hashlib.sha256(str(workspace).encode()).hexdigest()
     for start in range(0, len(digest) - 8, 8):
@@ -67,8 +66,6 @@ def distinct_vm_name(workspace: Path, lima_home: Path, taken: str) -> str:
 
 
 def _sanitize(text: str) -> str:
-    import unicodedata
-
     ascii_text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode()
     dashed = re.sub(r"[^A-Za-z0-9._-]+", "-", ascii_text)
     collapsed = re.sub(r"[._-]{2,}", lambda m: m.group(0)[0], dashed).strip("._-")

@@ -55,6 +55,7 @@ def worktree_project(cwd: Path) -> Path | None:
 
 
 def _work_tree_top(folder: Path) -> Path | None:
-    from agentbox.git import dirs as gitdirs
+    # deferred: start-up (git.dirs: `agentbox --help` imports this module and never looks for a work tree)
+    from agentbox.git import dirs
 
-    return gitdirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))
+    return dirs.work_tree_top(folder, Path(os.path.realpath(paths.home())))

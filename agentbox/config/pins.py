@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, TypeGuard
 
 from agentbox import paths
 from agentbox.errors import ConfigError
+from agentbox.fsutil import atomic_write, private_dir
 
 MAX_FILE_BYTES = 4 * 1024 * 1024  # a CA bundle is a few hundred KB; a bootstrap script far less
 RACY_NS = 1_000_000_000
@@ -101,7 +102,6 @@ def save_stat_cache() -> None:
     global _stat_cache_dirty
     if not _stat_cache_dirty or _stat_cache is None:
         return
-    from agentbox.fsutil import atomic_write, private_dir
 
     try:
         private_dir(paths.state_dir())

@@ -6,7 +6,9 @@ Python data (lists normalized, strings checked) plus the position of each value.
 
 from __future__ import annotations
 
+import difflib
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,9 +28,12 @@ from agentbox.config.keys import (
     retired_reason,
 )
 from agentbox.config.layers import Layer
+from agentbox.config.naming import instance_name_problem
 from agentbox.config.problems import Problems, StopsReading
 from agentbox.config.yamlio import construct_scalar, flatten_merge_keys
 from agentbox.errors import ConfigError
+from agentbox.net.policy import check_host_pattern, check_port
+from agentbox.paths import control_character_problem
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
@@ -173,7 +178,6 @@ class _Walker:
             if kind == "path":
                 self.check_path_text(node, keypath, value)
             if kind == "vmname":
-                from agentbox.config.naming import instance_name_problem
 
                 problem = instance_name_problem(value)
                 if problem:
@@ -223,8 +227,6 @@ class _Walker:
 
     def host_ports(self, node: yaml.Node, keypath: tuple[str, ...]) -> bool | list[int]:
         """true, false, one port or a list of ports (network.allowHost)."""
-        from agentbox.net.policy import check_port
-
         self.visit(node, keypath)
         hint = "Write true, false, or the ports as a list, e.g. `allowHost: [5432, 8080]`."
         items = [(node, keypath)] if isinstance(node, yaml.ScalarNode) else None
@@ -257,7 +259,6 @@ class _Walker:
                     node, keypath, f"expected a string or a list of strings, found {_describe_value(value)}"
                 )
             if split:
-                import shlex
 
                 try:
                     return shlex.split(value)
@@ -292,8 +293,6 @@ class _Walker:
             raise self.fail(node, keypath, problem)
 
     def check_path_text(self, node: yaml.Node, keypath: tuple[str, ...], value: str) -> None:
-        from agentbox.paths import control_character_problem
-
         problem = control_character_problem(value)
         if problem:
             raise self.fail(node, keypath, problem)
@@ -456,8 +455,6 @@ class _Walker:
 
 
 def _check_host_pattern(value: Any) -> str | None:
-    from agentbox.net.policy import check_host_pattern
-
     return check_host_pattern(value)
 
 
@@ -500,8 +497,6 @@ def _all_key_paths(keys: Mapping[str, Key], prefix: tuple[str, ...] = ()) -> lis
 
 
 def _suggest(key: str, siblings: Mapping[str, Key], keypath: tuple[str, ...]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(key, list(siblings), n=1, cutoff=0.6)
     if not close:
         lowered = {name.lower(): name for name in siblings}

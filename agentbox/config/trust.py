@@ -11,17 +11,20 @@ retargeted symlink revokes the trust. The global config is always trusted.
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from agentbox import paths
-from agentbox.config import image, keys, pins
+from agentbox import paths, sizes
+from agentbox.agents.builtin import endpoints
+from agentbox.config import image, keys, pins, yamlio
 from agentbox.config.load import Config, TrustedText
 from agentbox.errors import ConfigError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.net import policy
 from agentbox.safetext import visible, visible_text
 
 MAX_KEPT_TEXT = 256 * 1024  # pinned file contents kept in the record, for `trust --show` diffs
@@ -133,17 +136,14 @@ def _sync_include_rule(config: Config, path: tuple[str, ...], value: Any) -> lis
 
 def _network_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
     """A project's file may tighten the network policy; what it loosens against the global config needs trust."""
-    from agentbox.net import policy as netpolicy
-
     global_raw = {**keys.defaults()["network"], **(_global_value(config, ("network",)) or {})}
-    return netpolicy.loosened(netpolicy.from_data(global_raw), config.network)
+    return policy.loosened(policy.from_data(global_raw), config.network)
 
 
 def _endpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
     """An agent's endpoints matter only where a proxy decides; hosts beyond the global config's need trust."""
     if config.network.mode == "open" or not config.network.agent_api or not isinstance(value, list):
         return []
-    from agentbox.agents.builtin import endpoints
 
     allowed = _global_value(config, path)  # the global file's list, else the built-in one
     listed = endpoints(path[1], allowed if isinstance(allowed, list) else None)
@@ -157,8 +157,6 @@ def _endpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[s
 def _checkpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
     """A project's file may keep more checkpoints, of more files; what weakens review and undo against the global
     config (or the default) needs trust: the agent can write this file and erase its own history."""
-    from agentbox import sizes
-
     default = keys.defaults()["checkpoints"][path[-1]]
     allowed = _global_value(config, path)
     source = "the default" if allowed is None else "the global config's"
@@ -349,7 +347,6 @@ def show(config: Config) -> str:
         return visible_text("".join(lines))
     if record.get("manifest") == current:
         return f"# {config.local_file} is trusted as it is.\n"
-    import difflib
 
     lines = []
     if "manifest" not in record:
@@ -470,8 +467,6 @@ def untrusted_identity(config: Config) -> list[str]:
 
 def _config_text(config: Config) -> str:
     """The local file's text, as long as it is still what agentbox parsed (else the trust would be of other bytes)."""
-    from agentbox.config import yamlio
-
     assert config.local_file is not None
     read = yamlio.read_config(config.local_file)
     if read.sha256 != config.local_sha256:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import difflib
 import json
 import re
+import textwrap
 from typing import Any
 
 from agentbox.config import load
 from agentbox.config.load import Config
 from agentbox.errors import UsageError
+from agentbox.safetext import visible
 
 INDENT = "    "
 
@@ -84,14 +86,12 @@ def value_of(config: Config, key: str, show_secrets: bool = False) -> str:
     if found is _MISSING:
         known = _known_keys(data)
         close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-        from agentbox.safetext import visible
 
         raise UsageError(visible(f"no config key `{key}`" + (f": did you mean {close[0]}?" if close else "")),
                          hint="`agentbox config` lists every key with its value and where it came from.")
     # What the workspace's file says reaches the terminal: a string with its control characters escaped, JSON as
     # ASCII (its escapes keep bidi and C1 characters from acting on the terminal and stay valid JSON).
     if isinstance(found, str):
-        from agentbox.safetext import visible
 
         return visible(found)
     return json.dumps(found, indent=2 if isinstance(found, (dict, list)) and found else None)
@@ -131,7 +131,6 @@ def _fitted(line: str, width: int, continuation: str) -> list[str]:
     piece indented below the first: a long install command stays readable at the terminal's width."""
     if len(line) <= width:
         return [line]
-    import textwrap
 
     first = line[:len(line) - len(line.lstrip())]
     return textwrap.wrap(line.lstrip(), max(width, len(continuation) + 20), initial_indent=first,
@@ -140,8 +139,6 @@ def _fitted(line: str, width: int, continuation: str) -> list[str]:
 
 def _file_state(config: Config, path: Any, layer: str) -> str:
     """The file a layer came from, or why there is none (a file agentbox will not use says why)."""
-    from agentbox.safetext import visible
-
     if path is not None:
         return visible(str(path))
     for unusable in config.unusable:
@@ -186,6 +183,5 @@ def origin_of(config: Config, key: str) -> str:
 def _show(value: Any) -> str:
     if value is None:
         return "(not set)"
-    from agentbox.safetext import visible
 
     return visible(json.dumps(value, ensure_ascii=False))

@@ -18,7 +18,7 @@ from agentbox.agents import logins
 from agentbox.agents.record import AgentSpec
 from agentbox.credentials.hostfile import BACKUP_SUFFIX, HostFile
 from agentbox.credentials.placeholders import Placeholders, kind_of
-from agentbox.credentials.tokens import Switch, Tokens
+from agentbox.credentials.tokens import Switch, Tokens, unsigned_jwt
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write
 from agentbox.net.broker import Route, Secret, place, route
@@ -165,8 +165,6 @@ class FileLogin(ABC):
         return self.placeholders.get(f"{self.agent}.refresh", kind_of(tokens.refresh, self.refresh_kind))
 
     def placeholders_for(self, tokens: Tokens) -> dict[str, str]:
-        from agentbox.credentials.tokens import unsigned_jwt
-
         ph = {"access": self.access_placeholder(tokens), "refresh": self.refresh_placeholder(tokens)}
         unsigned = unsigned_jwt(tokens.id_token)
         if unsigned is not None:

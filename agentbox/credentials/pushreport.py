@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agentbox.net import pushes
+from agentbox.tables import local_time
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -61,8 +62,6 @@ def _entry(entry: dict[str, Any]) -> dict[str, Any]:
 
 def lines(report: dict[str, Any]) -> list[str]:
     """The report for people (control characters are the caller's to escape)."""
-    from agentbox.tables import local_time
-
     if report["mode"] == "all":
         head = f"every push allowed ({report['setting']})"
     elif report["mode"] == "session":

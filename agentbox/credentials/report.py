@@ -95,6 +95,7 @@ def _recorded(vm: str) -> dict[str, Any] | None:
 def candidates(config: Config) -> list[str]:
     """The agents (and "gh") whose logins the broker holds when it is on (Claude Code, Codex, Gemini CLI, the
     GitHub CLI); every other agent's stay staged."""
+    # deferred: start-up (credentials.broker.brokered: a launch with the broker off never loads it)
     from agentbox.credentials.broker import brokered
 
     request = brokered.request_of(config)
@@ -119,6 +120,7 @@ def of(config: Config, vm: str) -> dict[str, Any]:
                 "notesChecked": False,
                 "vmHolds": "copies of the host's login files and API keys of every agent brought in "
                            "(credentials.broker is off)"}
+    # deferred: start-up (net.certauthority: a launch with the broker off never loads it)
     from agentbox.net import certauthority
 
     authority = certauthority.load(vm)

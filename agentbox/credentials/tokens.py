@@ -111,6 +111,7 @@ class Upstream(NamedTuple):
     route: Route | None = None
 
     def post(self, host: str, path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes]:
+        # deferred: start-up (http.client and ssl, ~35 ms: only a token refresh posts)
         import http.client
         import socket
         import ssl
@@ -300,6 +301,7 @@ def _refused(description: str) -> Reply:
 
 
 def _http_exception() -> type[Exception]:
+    # deferred: start-up (http.client and ssl, ~35 ms: only a token refresh posts)
     import http.client
 
     return http.client.HTTPException

@@ -35,7 +35,7 @@ import stat
 from pathlib import Path
 from typing import NamedTuple
 
-from agentbox import paths
+from agentbox import paths, vmread
 from agentbox.fsutil import file_kind
 from agentbox.safetext import visible
 
@@ -158,8 +158,6 @@ def _read_pointer(path: Path) -> str:
 
     Raises _Refused naming the file and what is wrong with it.
     """
-    from agentbox import vmread
-
     try:
         data = vmread.read_path(path, MAX_POINTER)
     except vmread.Refused as refused:

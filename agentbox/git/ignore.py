@@ -356,7 +356,6 @@ def _regex(tokens: Sequence[Token]) -> str:
 
 def _automaton(tokens: Sequence[Token]) -> Callable[[str], bool]:
     """A matcher that follows every way through the pattern at once: linear in the text per token."""
-
     def match(text: str) -> bool:
         n = len(text)
         here = {0}

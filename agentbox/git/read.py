@@ -32,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
+from agentbox import vmread
 from agentbox.errors import StateError
 from agentbox.fsutil import file_kind
 from agentbox.safetext import visible
@@ -127,8 +128,6 @@ def _open_file(base: Path, rel: str, limit: int) -> tuple[int, int] | None:
 def _open_last(parent: int, base: Path, rel: str, name: str) -> int | None:
     """The file itself, opened by agentbox's one reader of what the VM writes (agentbox.vmread): regular,
     no link, never blocking; None when it does not exist."""
-    from agentbox import vmread
-
     try:
         return vmread.open_regular(parent, name)[0]
     except vmread.Refused as refused:

@@ -23,6 +23,7 @@ Fast when little changed, with a cache in the store (`stat.cache`, agentbox's ow
 from __future__ import annotations
 
 import errno
+import gc
 import hashlib
 import marshal
 import os
@@ -32,8 +33,20 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agentbox import paths
-from agentbox.git import store as hostgit
+from agentbox import paths, vmread
+from agentbox.git.store import (
+    GitError,
+    GitTimeout,
+    ObjectWriter,
+    Pending,
+    Repo,
+    Snapshot,
+    require_git,
+    start_diff_files,
+    store_format,
+    store_locked,
+    tree_of,
+)
 from agentbox.safetext import visible
 
 CACHE_VERSION = 3
@@ -46,21 +59,19 @@ REGULAR, EXECUTABLE, LINK, GITLINK = 0o100644, 0o100755, 0o120000, 0o160000
 STAT_INDEX = "stat.index"
 
 
-def take(repo: hostgit.Repo, max_file_size: int) -> hostgit.Snapshot:
+def take(repo: Repo, max_file_size: int) -> Snapshot:
     """The working tree (tracked files and untracked files that are not ignored) as a tree in the store."""
-    hostgit.require_git()
-    with hostgit.store_locked(repo) as store:
+    require_git()
+    with store_locked(repo) as store:
         return _take(repo, store, max_file_size)
 
 
-def _take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapshot:
+def _take(repo: Repo, store: Path, max_file_size: int) -> Snapshot:
     """The snapshot (the store must be held locked by the caller)."""
-    import gc
-
     # git diff-files takes as long as the rest together: started before the caches are even loaded (run()
     # drops it when the cache says the stat index does not match what was recorded).
     stat_index = store / STAT_INDEX
-    early = hostgit.start_diff_files(repo, stat_index) if stat_index.exists() else None
+    early = start_diff_files(repo, stat_index) if stat_index.exists() else None
     walk = None
     collecting = gc.isenabled()
     gc.disable()  # tens of thousands of small objects: the collector would run over them again and again
@@ -80,11 +91,11 @@ def _take(repo: hostgit.Repo, store: Path, max_file_size: int) -> hostgit.Snapsh
 
 
 class _Walk:
-    def __init__(self, repo: hostgit.Repo, store: Path, max_file_size: int) -> None:
+    def __init__(self, repo: Repo, store: Path, max_file_size: int) -> None:
         self.repo = repo
         self.store = store
         self.limit = max_file_size
-        self.fmt = hostgit.store_format(repo)
+        self.fmt = store_format(repo)
         self.cache = _load(store / "walk.cache", self.fmt)
         self._recorded: dict[str, Any] | None = None  # entries.cache, read only when something changed
         self._tracked_sets: tuple[set[bytes], dict[bytes, str], set[bytes]] | None = None
@@ -111,9 +122,10 @@ class _Walk:
 
     # -- the walk ----------------------------------------------------------------------------------
 
-    def run(self, early: hostgit.Pending | None) -> hostgit.Snapshot:
+    def run(self, early: Pending | None) -> Snapshot:
         """early: `git diff-files` on the stat index, already started (None when there is no stat index)."""
-        from agentbox.git import ignore as ignorerules
+        # deferred: start-up (git.ignore: only taking a snapshot reads ignore rules; a launch takes none)
+        from agentbox.git import ignore
 
         started = time.time_ns()
         written = self.cache["index_written"]
@@ -125,7 +137,7 @@ class _Walk:
             tracked_sig = self._index_signature()
             global_rules, global_sig = self._global_rules()
             context = _digest(repr((global_sig, tracked_sig)).encode())
-            matcher = ignorerules.Matcher(global_rules, ignore_case=self._ignore_case())
+            matcher = ignore.Matcher(global_rules, ignore_case=self._ignore_case())
             old_dirs: dict[bytes, Any] = self.cache["dirs"]
             new_dirs: dict[bytes, Any] = {}  # folder -> [ino, mtime, context, has .gitignore, decided]
             unchanged = tracked_sig == self.cache["tracked_sig"]
@@ -172,16 +184,16 @@ class _Walk:
         unchanged = unchanged and reported is not None and len(new_dirs) == len(old_dirs) and not changed
         return self._record(new_dirs, changed, unchanged, started, tracked_sig)
 
-    def _reported(self, pending: hostgit.Pending | None) -> list[bytes] | None:
+    def _reported(self, pending: Pending | None) -> list[bytes] | None:
         """The recorded paths whose stat changed; None when the stat index is unusable (damaged or gone):
         then every file is read again."""
         if pending is None:
             return []
         try:
             return pending.result().split(b"\0")
-        except hostgit.GitTimeout:
+        except GitTimeout:
             raise
-        except hostgit.GitError:
+        except GitError:
             return self._unusable()
 
     def _unusable(self) -> list[bytes] | None:
@@ -257,7 +269,7 @@ class _Walk:
     # -- recording -----------------------------------------------------------------------------------
 
     def _record(self, dirs: dict[bytes, Any], reported: list[bytes], unchanged: bool, started: int,
-                tracked_sig: Any) -> hostgit.Snapshot:
+                tracked_sig: Any) -> Snapshot:
         """The snapshot from what the walk found: the cached tree while nothing changed (no folder, no
         recorded file's stat, no file left out for its size), else the files that changed read into the
         store and the tree made anew from the last one."""
@@ -279,7 +291,7 @@ class _Walk:
                 or entries[path][3] > self.limit]
         todo += [path for path in reported if path in entries]
         todo += [path for path in (skipped or {}) if path in files]
-        writer = hostgit.ObjectWriter(self.repo, self.store, self.fmt)
+        writer = ObjectWriter(self.repo, self.store, self.fmt)
         left_out: dict[bytes, int] = {}
         try:
             for path in dict.fromkeys(todo):
@@ -318,7 +330,7 @@ class _Walk:
         return self._finish(tree, left_out, dirs, tracked_sig)
 
     def _finish(self, tree: str, skipped: dict[bytes, int], dirs: dict[bytes, Any], tracked_sig: Any,
-                save: bool = True) -> hostgit.Snapshot:
+                save: bool = True) -> Snapshot:
         """The snapshot; the walk's cache written when something in it changed."""
         if save:
             self.cache["tree"] = tree
@@ -330,10 +342,10 @@ class _Walk:
         if any(entry[4][3] for entry in dirs.values()):
             notes.append("submodules are captured as the commit the index records for them, not their own changes")
         shown_skipped = sorted((os.fsdecode(path), size) for path, size in skipped.items())
-        return hostgit.Snapshot(tree, self._head(), shown_skipped, notes)
+        return Snapshot(tree, self._head(), shown_skipped, notes)
 
     def _missing(self, commit: str | None) -> bool:
-        return not commit or hostgit.tree_of(self.repo, commit) is None
+        return not commit or tree_of(self.repo, commit) is None
 
     def _still_skipped(self, files: dict[bytes, int] | None) -> dict[bytes, int] | None:
         """Files left out for their size last time, when all are still there (in files, when given) and still
@@ -346,7 +358,7 @@ class _Walk:
             found[path] = st.st_size
         return found
 
-    def _read(self, path: bytes, started: int, writer: hostgit.ObjectWriter) -> list[Any] | int | None:
+    def _read(self, path: bytes, started: int, writer: ObjectWriter) -> list[Any] | int | None:
         """The stat entry of a file after writing its content to the store; its size when it is larger than
         the limit; None when it is no longer a regular file or link where it was listed."""
         folder, _, name = path.rpartition(b"/")
@@ -407,7 +419,8 @@ class _Walk:
     def _tracked(self, sig: Any) -> tuple[set[bytes], dict[bytes, str], set[bytes]]:
         """The paths the workspace's index tracks, its gitlinks, and every folder on the way to a tracked path
         (read by agentbox.git.read when the index changed, else from the cache)."""
-        from agentbox.git import read as gitread
+        # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
+        from agentbox.git import read
 
         if self._tracked_sets is not None:
             return self._tracked_sets
@@ -418,12 +431,12 @@ class _Walk:
             tracked, gitlinks = set(), {}
             if sig is not None:
                 try:
-                    for entry in gitread.read_index(self.repo.git_dir / "index", MAX_INDEX, fmt=self.fmt):
+                    for entry in read.read_index(self.repo.git_dir / "index", MAX_INDEX, fmt=self.fmt):
                         path = os.fsencode(entry.path)
                         tracked.add(path)
                         if entry.mode == GITLINK:
                             gitlinks[path] = entry.oid
-                except gitread.GitReadError as exc:
+                except read.GitReadError as exc:
                     self.notes.append(f"the workspace's index could not be read ({exc.message}); tracked files that "
                                       "the ignore rules match are not captured")
             self.recorded["tracked"] = [sig, sorted(tracked), gitlinks]
@@ -437,7 +450,8 @@ class _Walk:
         return self._tracked_sets
 
     def _global_rules(self) -> tuple[list[Any], Any]:
-        from agentbox.git import ignore as ignorerules
+        # deferred: start-up (git.ignore: only taking a snapshot reads ignore rules; a launch takes none)
+        from agentbox.git import ignore
 
         found = []
         signatures = []
@@ -447,33 +461,36 @@ class _Walk:
                 continue
             data, sig = _read_rules(path)
             signatures.append(sig)
-            found.append(ignorerules.parse_capped(data, "", source, MAX_RULES))
+            found.append(ignore.parse_capped(data, "", source, MAX_RULES))
         return found, signatures
 
     def _folder_rules(self, folder: bytes, rules: Any) -> tuple[Any, Any]:
-        from agentbox.git import ignore as ignorerules
+        # deferred: start-up (git.ignore: only taking a snapshot reads ignore rules; a launch takes none)
+        from agentbox.git import ignore
 
         parent = self._folder_fd(folder)
         data, sig = (None, None) if parent is None else _read_at(parent, b".gitignore", MAX_RULES)
         base = os.fsdecode(folder)
         source = f"{base}/.gitignore" if base else ".gitignore"
-        return sig, rules.with_dir(base, ignorerules.parse_capped(data, base, source, MAX_RULES))
+        return sig, rules.with_dir(base, ignore.parse_capped(data, base, source, MAX_RULES))
 
     def _ignore_case(self) -> bool:
-        from agentbox.git import read as gitread
+        # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
+        from agentbox.git import read
 
         try:
-            value = gitread.config_value(self.repo.common_dir, "core", "ignorecase")
-        except gitread.GitReadError:
+            value = read.config_value(self.repo.common_dir, "core", "ignorecase")
+        except read.GitReadError:
             return False
         return (value or "").lower() in ("true", "yes", "on", "1")
 
     def _head(self) -> str | None:
-        from agentbox.git import read as gitread
+        # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
+        from agentbox.git import read
 
         try:
-            return gitread.head(self.repo.git_dir, self.repo.common_dir)
-        except gitread.GitReadError as exc:
+            return read.head(self.repo.git_dir, self.repo.common_dir)
+        except read.GitReadError as exc:
             self.notes.append(f"HEAD could not be read ({exc.message}); the checkpoint names no HEAD")
             return None
 
@@ -594,8 +611,6 @@ def _read_at(parent: int, name: bytes, limit: int) -> tuple[bytes | None, Any]:
     (agentbox.vmread: never through a link, never blocking, at most limit bytes); (None, None) when it is
     absent or not such a file (a larger one counts as absent too: git would not read rules from it either
     way we could trust)."""
-    from agentbox import vmread
-
     try:
         data, st = vmread.read_checked(parent, os.fsdecode(name), limit)
     except vmread.Refused:
@@ -619,13 +634,14 @@ def _read_rules(path: Path) -> tuple[bytes | None, Any]:
 def _global_excludes() -> Path | None:
     """The host user's own global excludes file (host-controlled): core.excludesFile of ~/.gitconfig when it
     names one plainly, else $XDG_CONFIG_HOME/git/ignore."""
-    from agentbox.git import read as gitread
+    # deferred: start-up (git.read: only taking a snapshot reads the repository; a launch takes none)
+    from agentbox.git import read
 
     xdg = os.environ.get("XDG_CONFIG_HOME") or str(paths.home() / ".config")
     for config in (paths.home() / ".gitconfig", Path(xdg) / "git" / "config"):
         try:
-            value = gitread.config_file_value(config, "core", "excludesfile")
-        except gitread.GitReadError:
+            value = read.config_file_value(config, "core", "excludesfile")
+        except read.GitReadError:
             value = None
         if value:
             return Path(os.path.expanduser(value))

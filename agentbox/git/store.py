@@ -25,17 +25,19 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import tempfile
 import threading
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import paths
+from agentbox import hosttools, paths
 from agentbox.errors import StateError
 from agentbox.fsutil import locked, private_dir
-from agentbox.git import dirs as gitdirs
+from agentbox.git.dirs import locate
 from agentbox.safetext import visible
 
 TIMEOUT = 300  # seconds a git call may take (time_limit() lowers it)
@@ -89,15 +91,13 @@ def available() -> bool:
 
 def tool() -> str | None:
     """The host's git: found on PATH without empty or relative entries (a workspace's `git` never runs)."""
-    from agentbox import hosttools
-
     return hosttools.which("git")
 
 
 def find(workspace: Path) -> Repo | None:
     """The workspace as a git work tree (it has its own `.git`), or None. Runs no git."""
     work_tree = Path(os.path.realpath(workspace))
-    dirs = gitdirs.locate(work_tree)
+    dirs = locate(work_tree)
     if dirs.git_dir is None or dirs.common_dir is None:
         return None
     return Repo(work_tree, dirs.git_dir, dirs.common_dir)
@@ -111,15 +111,17 @@ def store_dir(repo: Repo | Path) -> Path:
 
 def head(repo: Repo) -> str | None:
     """HEAD's commit id as the workspace's git folder names it (read by agentbox); None when unborn."""
-    from agentbox.git import read as gitread
+    # deferred: start-up (git.read: the warm launch reads no repository)
+    from agentbox.git import read
 
-    return gitread.head(repo.git_dir, repo.common_dir)
+    return read.head(repo.git_dir, repo.common_dir)
 
 
 def object_format(repo: Repo) -> str:
-    from agentbox.git import read as gitread
+    # deferred: start-up (git.read: the warm launch reads no repository)
+    from agentbox.git import read
 
-    return gitread.object_format(repo.common_dir)
+    return read.object_format(repo.common_dir)
 
 
 # -- objects ----------------------------------------------------------------------------------------
@@ -207,7 +209,6 @@ class ObjectWriter:
 
     def _write(self, data: bytes) -> None:
         if self.process is None:
-            import tempfile
 
             self.stderr = tempfile.TemporaryFile()  # noqa: SIM115 (kept across calls: what git says when it fails)
             self.process = _store_popen(self.repo, ["-c", "fastimport.unpackLimit=0", "fast-import", "--quiet",
@@ -256,8 +257,6 @@ def commit_object(tree: str, parent: str | None, message: str, when: int) -> byt
 
 def commit(repo: Repo, tree: str, parent: str | None, message: str) -> str:
     """A commit object of tree in the store (parent: an earlier commit of the store, or None); no ref."""
-    import time
-
     store = init_store(repo)
     return write_object(store, b"commit", commit_object(tree, parent, message, int(time.time())), _format(store))
 
@@ -395,8 +394,6 @@ def apply_to_tree(repo: Repo, tree: str, patch: bytes, *, three_way: bool) -> st
     """The tree patch makes of tree, computed in the store alone (`git apply --cached` on a scratch index
     read from tree; with three_way, git's three-way merge, which refuses rather than leave conflicts).
     Raises GitError with git's message when the patch does not apply."""
-    import tempfile
-
     store = init_store(repo)
     with tempfile.TemporaryDirectory(dir=store, prefix="apply-") as scratch:
         index = str(Path(scratch) / "index")
@@ -574,8 +571,6 @@ _limits = threading.local()
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
     """Every git call of this thread inside the block ends within seconds in all."""
-    import time
-
     previous = getattr(_limits, "deadline", None)
     _limits.deadline = time.monotonic() + seconds
     try:
@@ -586,8 +581,6 @@ def time_limit(seconds: float) -> Iterator[None]:
 
 def remaining() -> float:
     """Seconds left of this thread's time_limit (TIMEOUT without one)."""
-    import time
-
     deadline = getattr(_limits, "deadline", None)
     return TIMEOUT if deadline is None else max(0.1, min(TIMEOUT, deadline - time.monotonic()))
 
@@ -632,8 +625,6 @@ def _base_env(home: Path) -> dict[str, str]:
 
 
 def _search_path() -> str:
-    from agentbox import hosttools
-
     return hosttools.search_path()
 
 

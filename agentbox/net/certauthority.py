@@ -19,6 +19,8 @@ LibreSSL or OpenSSL): every option used here is old enough for both.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -125,9 +127,6 @@ def remove(vm: str) -> None:
 
 def fingerprint(pem: str) -> str:
     """The SHA-256 fingerprint of a PEM certificate, as `openssl x509 -fingerprint -sha256` shows it."""
-    import base64
-    import hashlib
-
     # the DER bytes between the PEM lines (ssl.PEM_cert_to_DER_cert's work, without loading ssl on a launch)
     body = pem.split("-----BEGIN CERTIFICATE-----", 1)[1].split("-----END CERTIFICATE-----", 1)[0]
     digest = hashlib.sha256(base64.b64decode("".join(body.split()), validate=True)).hexdigest().upper()
@@ -136,6 +135,7 @@ def fingerprint(pem: str) -> str:
 
 def server_context(leaf: Leaf) -> ssl.SSLContext:
     """A TLS server context presenting the leaf for one credential host (build it once, at the broker's start)."""
+    # deferred: start-up (ssl, ~10 ms: only serving TLS needs it; the launch only reads the CA's files)
     import ssl
 
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)

@@ -39,17 +39,22 @@ import fcntl
 import json
 import os
 import re
+import secrets
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from agentbox import fsutil, paths
+from agentbox import fsutil, livemarkers, paths
+from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
+from agentbox.net import upstream
 from agentbox.net.broker import Brokering
 
 POLL_SEC = 0.25
@@ -80,14 +85,12 @@ def secret(vm_name: str) -> str:
     path = folder(vm_name) / SECRET_FILE
     found = _read_secret(path)
     if found is None:
-        import secrets
 
         private_dir(path.parent)
         with contextlib.suppress(FileExistsError):  # another launch made it first: its secret is the VM's
             atomic_write(path, secrets.token_hex(SECRET_BYTES) + "\n", mode=0o600, overwrite=False)
         found = _read_secret(path)
     if found is None or not _SECRET.fullmatch(found):
-        from agentbox.errors import StateError
 
         raise StateError(f"{path} is not agentbox's proxy secret for {vm_name} ({SECRET_BYTES * 2} hex digits)",
                          hint="Remove it: the VM's next session makes a new one (sessions and tasks already "
@@ -282,8 +285,6 @@ def stop(vm_name: str, locked_already: bool = False) -> bool:
 def _await_unlock(lock: Path, timeout: float) -> None:
     """Return once no process holds `lock` (the proxy lets it go after its port is closed), or after `timeout`:
     a blocking flock, woken by the release itself (no polling)."""
-    import threading
-
     try:
         fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
@@ -356,6 +357,7 @@ def _preferred_port(base: Path) -> int:
 def _listen(preferred: int) -> Any:
     """A listening socket on 127.0.0.1: the port the proxy had last, or any free one when that is taken."""
     # The C module `socket` wraps: importing `socket` itself (its enums) costs a launch ~2 ms, for nothing here.
+    # deferred: start-up (socket's Python layer, ~4 ms, on the launch that only starts the proxy)
     import _socket as socket
 
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -401,8 +403,6 @@ def _await(vm_name: str, child: subprocess.Popen[bytes] | None) -> Running:
 
 
 def _not_started(vm_name: str) -> NoReturn:
-    from agentbox.errors import StateError
-
     raise StateError(
         f"agentbox's network proxy for {vm_name} did not start",
         hint=f"Its messages are in {folder(vm_name) / 'proxy.stderr.log'}. The session was not started.",
@@ -417,8 +417,6 @@ def _leases(vm_name: str) -> Iterator[Path]:
 
 def _claimed(vm_name: str) -> bool:
     """A lease whose holder runs, or a kept session's or task's fresh marker; stale leases are removed."""
-    from agentbox import livemarkers
-
     claimed = False
     for lease in _leases(vm_name):
         if fsutil.held(lease):
@@ -438,23 +436,22 @@ def _in_use(vm_name: str) -> bool:
 # -- the proxy process ---------------------------------------------------------------------------------------
 
 def _load_policy(vm_name: str) -> Any:
-    from agentbox.net import proxy as netproxy
+    # deferred: start-up (net.proxy: only the proxy process runs it, not the launch that starts it)
+    from agentbox.net.proxy import TEST_RESOLVE, Policy, check_pattern
 
     data = policy(vm_name) or {}
-    testing = _test_resolver(os.environ.get(netproxy.TEST_RESOLVE, ""))
+    testing = _test_resolver(os.environ.get(TEST_RESOLVE, ""))
     hooks: dict[str, Any] = {"resolver": testing, "allow_loopback": True} if testing is not None else {}
     hooks["upstream"] = upstream_route(vm_name)
     if data.get("mode") == "open":
-        return netproxy.Policy(open=True, **hooks)
+        return Policy(open=True, **hooks)
     patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
-    valid = [pattern for pattern in patterns if netproxy.check_pattern(pattern) is None]
-    return netproxy.Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)), **hooks)
+    valid = [pattern for pattern in patterns if check_pattern(pattern) is None]
+    return Policy(allow=valid, allow_lan=bool(data.get("allowLan", False)), **hooks)
 
 
 def upstream_route(vm_name: str) -> Any:
     """The company proxy route the launch wrote (agentbox.net.upstream.Route), None without one."""
-    from agentbox.net import upstream
-
     try:
         data = json.loads((folder(vm_name) / UPSTREAM_FILE).read_text())
     except (OSError, ValueError):
@@ -484,10 +481,10 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     # Before anything serves: a stop that comes once the proxy answered ends it in order (a broker's start may
     # refresh a login: a stop waits for it, never cuts it).
     _wake_on_signals(wake_write)
-    import select
+    # deferred: start-up (socket, ~4 ms, and net.proxy: only the proxy process serves, not the launch)
     import socket
 
-    from agentbox.net import proxy as netproxy
+    from agentbox.net.proxy import start
 
     base = folder(vm_name)
     listener = None
@@ -512,9 +509,9 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     upstream_seen = _mtime(upstream_file)
     secret_file = base / SECRET_FILE
     secret_seen = _mtime(secret_file)
-    proxy = netproxy.start(_load_policy(vm_name), log_path(vm_name), port=preferred,
-                           broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
-                           secret=secret(vm_name))  # always: only the VM has it
+    proxy = start(_load_policy(vm_name), log_path(vm_name), port=preferred,
+                  broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
+                  secret=secret(vm_name))  # always: only the VM has it
     lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
     try:
         if listener is None:
@@ -621,6 +618,7 @@ def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int
     except Exception as error:  # any failure leaves the proxy serving, never sending a real value
         reason = getattr(error, "message", None) or str(error) or type(error).__name__
         print(f"agentbox: the credential broker is not serving: {reason}", file=sys.stderr, flush=True)
+        # deferred: start-up (net.certauthority: only the proxy process with a broker needs it)
         from agentbox.net import certauthority
 
         authority = certauthority.load(vm_name)

@@ -85,7 +85,6 @@ class Pool:
 
 def sni_guard(host: str) -> Callable[[Any, str | None, ssl.SSLContext], int | None]:
     """An sni_callback for `host`'s leaf: a client that asks for another name (or none) gets no certificate."""
-
     def check(_obj: Any, name: str | None, _context: ssl.SSLContext) -> int | None:
         if name is None or name.lower().rstrip(".") != host:
             return ssl.ALERT_DESCRIPTION_UNRECOGNIZED_NAME

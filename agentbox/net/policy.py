@@ -83,6 +83,7 @@ def check_preset(value: str) -> str | None:
 
 
 def check_host_pattern(value: str) -> str | None:
+    # deferred: start-up (net.proxy: only a configured allow pattern is checked; the launch reads the cache)
     from agentbox.net.proxy import check_pattern
 
     return check_pattern(value)

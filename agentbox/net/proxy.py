@@ -66,8 +66,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from agentbox.net import httpwire, intercept, placement, scan
-from agentbox.net import upstream as companyproxy
 from agentbox.net.broker import Brokering
+from agentbox.net.upstream import ProxyRefused, ProxyURL, Route, open_plain, open_tunnel, trust
 
 MAX_HEAD = 64 * 1024
 CHUNK = 64 * 1024
@@ -267,12 +267,12 @@ class _Rule:
 _SYSTEM_TLS: dict[tuple[str, ...], ssl.SSLContext] = {}
 
 
-def _system_tls(route: companyproxy.Route | None = None) -> ssl.SSLContext:
+def _system_tls(route: Route | None = None) -> ssl.SSLContext:
     """The host's trust store, as any client uses it, plus the user's CA certificates (caCert, the host's
     NODE_EXTRA_CA_CERTS: a company proxy intercepting TLS signs with its own CA); made once per set of them."""
     key = route.ca_pems if route is not None else ()
     if key not in _SYSTEM_TLS:
-        _SYSTEM_TLS[key] = companyproxy.trust(route)
+        _SYSTEM_TLS[key] = trust(route)
     return _SYSTEM_TLS[key]
 
 
@@ -294,7 +294,7 @@ class Policy:
     resolver: Resolver | None = None
     # the company proxy the connections go on through, and the CA files trusted besides the system's
     # (agentbox.net.upstream); None: directly, the system's store only
-    upstream: companyproxy.Route | None = None
+    upstream: Route | None = None
     max_connections: int = 256
     queue_timeout: float = 10.0
     idle_timeout: float = 300.0
@@ -550,7 +550,7 @@ class _Proxy:
             raise _Refused(403, reason)
         return host
 
-    def company_proxy(self, host: str, port: int, plain: bool = False) -> companyproxy.ProxyURL | None:
+    def company_proxy(self, host: str, port: int, plain: bool = False) -> ProxyURL | None:
         """The company proxy a connection to host:port goes through (None: directly)."""
         route = self.policy.upstream
         if route is None:
@@ -597,16 +597,16 @@ class _Proxy:
             return await self.through(proxy, host, port, tls, plain)
         return await self.connect([(address, port) for address in addresses], host, wrap)
 
-    async def through(self, proxy: companyproxy.ProxyURL, host: str, port: int, tls: ssl.SSLContext | None,
+    async def through(self, proxy: ProxyURL, host: str, port: int, tls: ssl.SSLContext | None,
                       plain: bool) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """The company proxy's tunnel to host:port (TLS to the real host over it, verified for `host`, with `tls`);
         with `plain`, a connection to the proxy itself."""
         timeout = self.policy.connect_timeout
         try:
             if plain:
-                return await companyproxy.open_plain(proxy, timeout)
-            reader, writer = await companyproxy.open_tunnel(proxy, host, port, timeout)
-        except companyproxy.ProxyRefused as error:
+                return await open_plain(proxy, timeout)
+            reader, writer = await open_tunnel(proxy, host, port, timeout)
+        except ProxyRefused as error:
             raise _Refused(502, str(error)) from None
         if tls is None:
             return reader, writer

@@ -63,7 +63,6 @@ async def relay(client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                 placeholder_found: Callable[[list[str]], str], idle: float) -> str:
     """Relay until either side ends; returns why it ended ("" for an ordinary end). `placeholder_found` says why
     placeholders in a client's message end the relay."""
-
     async def upward() -> None:
         scan = PlaceholderScan()
         while True:

@@ -18,8 +18,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from agentbox import paths
+from agentbox.config.naming import host_name_problem
 from agentbox.errors import AgentboxError, ConfigError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.remote.ssh import Target
 
 if TYPE_CHECKING:
     from agentbox.remote.ssh import Target
@@ -55,8 +57,6 @@ class Host(NamedTuple):
 
     def target(self) -> Target:
         """What the transport is told (agentbox.remote.ssh)."""
-        from agentbox.remote.ssh import Target
-
         return Target(self.name, self.user, self.hostname, self.port)
 
     @classmethod
@@ -108,8 +108,6 @@ def folder(name: str) -> Path:
 
 def add(name: str, url: str) -> Host:
     """Record a new host (nothing is contacted). ConfigError for a bad name or address, or a name in use."""
-    from agentbox.config.naming import host_name_problem
-
     problem = host_name_problem(name)
     if problem:
         raise ConfigError(f"host name {problem}", hint="Pick another name, e.g. `server` or `mini`.")
@@ -130,8 +128,6 @@ def save(host: Host) -> None:
 
 def get(name: str) -> Host | None:
     """The host's record, or None (also for a name no host could have)."""
-    from agentbox.config.naming import host_name_problem
-
     if host_name_problem(name):
         return None
     try:

@@ -30,6 +30,7 @@ from typing import NamedTuple
 
 from agentbox import hosttools, paths
 from agentbox.errors import AgentboxError
+from agentbox.safetext import visible
 
 CONTROL_PERSIST = 300  # seconds an idle master connection stays
 CONNECT_TIMEOUT = 10
@@ -84,8 +85,6 @@ def control_dir() -> str:
 
 def _last_line(stderr: bytes) -> str:
     """ssh's last word, escaped: a host (its banner, its shell) can put any bytes there."""
-    from agentbox.safetext import visible
-
     lines = [line.strip() for line in stderr.decode("utf-8", "replace").splitlines() if line.strip()]
     return visible(lines[-1][:500]) if lines else "ssh ended without saying why"
 

@@ -34,9 +34,12 @@ API for the commands: take(), current(), load(), lookup() (verified), last_sessi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,8 +50,8 @@ from agentbox import paths
 from agentbox.config.load import CheckpointSettings
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir
-from agentbox.git import snapshot
-from agentbox.git import store as hostgit
+from agentbox.git import dirs, snapshot, store
+from agentbox.progress import emit, note
 from agentbox.safetext import visible
 
 KINDS = ("start", "end", "manual", "undo", "apply", "task")
@@ -124,9 +127,6 @@ def settle(workspace: Path) -> None:
     say, once (the first command to read checkpoints after it)."""
     if _holding_end:
         return
-    import fcntl
-    import sys
-    import threading
 
     try:
         fd = os.open(end_lock(workspace), os.O_RDONLY | os.O_CLOEXEC)
@@ -139,7 +139,6 @@ def settle(workspace: Path) -> None:
             key = os.path.realpath(workspace)
             if key not in _waited:
                 _waited.add(key)
-                from agentbox.progress import note
 
                 note(WAITING)
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -154,7 +153,6 @@ def settle(workspace: Path) -> None:
         finally:
             claimed.unlink(missing_ok=True)
         if text:
-            from agentbox.progress import emit
 
             for line in text.splitlines():
                 emit(line)
@@ -167,13 +165,12 @@ def records_file(workspace: Path) -> Path:
     return paths.workspace_state_dir(Path(os.path.realpath(workspace))) / "checkpoints.json"
 
 
-def repo_of(workspace: Path) -> hostgit.Repo:
+def repo_of(workspace: Path) -> store.Repo:
     """The workspace's repository, or NotARepository (checkpoints are off)."""
-    repo = hostgit.find(workspace)
+    repo = store.find(workspace)
     if repo is None:
-        from agentbox.git import dirs as gitdirs
 
-        refused = gitdirs.locate(workspace).problem
+        refused = dirs.locate(workspace).problem
         if refused:
             raise NotARepository(
                 f"checkpoints are off: the .git of {visible(str(workspace))} is not followed: {refused}",
@@ -203,7 +200,7 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
         found = _parse_all(data, workspace)
         last = found[-1] if found else None
         if last is not None and last.tree == snap.tree and last.head == snap.head and not last.skipped \
-                and not snap.skipped and hostgit.resolve(repo, last.ref) == last.commit:
+                and not snap.skipped and store.resolve(repo, last.ref) == last.commit:
             # Nothing changed since the last checkpoint: this one is that one (no entry pushes history out).
             same = last._replace(uses=(*last.uses, (kind, session, agent, stamp)))
             _write(workspace, data["next"], [*found[:-1], same])
@@ -212,45 +209,45 @@ def take(workspace: Path, kind: str, settings: CheckpointSettings, *, agent: str
                *(f"head: {snap.head}",) * bool(snap.head)]
     subject = f"agentbox checkpoint ({kind}{', ' + agent if agent else ''})"
     text = "\n\n".join(part for part in (subject, message, "\n".join(details)) if part) + "\n"
-    commit = hostgit.commit(repo, snap.tree, None, text)
+    commit = store.commit(repo, snap.tree, None, text)
     with _locked(workspace):
         data = _read(workspace, repo)
         number = data["next"]
         checkpoint = Checkpoint(number, commit, snap.tree, snap.head, stamp, kind, agent, session, message,
                                 snap.skipped, _ref(number))
-        hostgit.set_ref(repo, checkpoint.ref, commit)
+        store.set_ref(repo, checkpoint.ref, commit)
         kept = [*_parse_all(data, workspace), checkpoint]
         excess = len(kept) - settings.keep
         prunable = [old for old in kept[:-1] if old.id not in protect]
         dropped = prunable[:max(excess, 0)]
         kept = [old for old in kept if old not in dropped]
-        hostgit.delete_refs(repo, [old.ref for old in dropped])
+        store.delete_refs(repo, [old.ref for old in dropped])
         _write(workspace, number + 1, kept)
     return Taken(checkpoint, snap.notes)
 
 
-def current(workspace: Path, settings: CheckpointSettings) -> hostgit.Snapshot:
+def current(workspace: Path, settings: CheckpointSettings) -> store.Snapshot:
     """The workspace as it is now, as a tree (nothing recorded, no ref written)."""
     return snapshot.take(repo_of(workspace), settings.max_file_size)
 
 
 def load(workspace: Path) -> list[Checkpoint]:
     """Every recorded checkpoint of the workspace, oldest first (none when there is no record)."""
-    repo = hostgit.find(workspace)
+    repo = store.find(workspace)
     settle(workspace)
     with _locked(workspace):
         return _parse_all(_read(workspace, repo), workspace)
 
 
-def problem(repo: hostgit.Repo, checkpoint: Checkpoint) -> str | None:
+def problem(repo: store.Repo, checkpoint: Checkpoint) -> str | None:
     """What happened to a checkpoint's ref or commit since it was taken, or None when it still verifies."""
     return statuses(repo, [checkpoint])[checkpoint.id]
 
 
-def statuses(repo: hostgit.Repo, checkpoints: list[Checkpoint]) -> dict[int, str | None]:
+def statuses(repo: store.Repo, checkpoints: list[Checkpoint]) -> dict[int, str | None]:
     """id -> what is wrong with each checkpoint (None: it verifies), with two git calls for all of them."""
-    current_refs = hostgit.refs(repo, REF_PREFIX) if checkpoints else {}
-    trees = hostgit.commit_trees(repo, [c.commit for c in checkpoints])
+    current_refs = store.refs(repo, REF_PREFIX) if checkpoints else {}
+    trees = store.commit_trees(repo, [c.commit for c in checkpoints])
     found: dict[int, str | None] = {}
     for checkpoint in checkpoints:
         target = current_refs.get(checkpoint.ref)
@@ -268,7 +265,7 @@ def statuses(repo: hostgit.Repo, checkpoints: list[Checkpoint]) -> dict[int, str
     return found
 
 
-def require(repo: hostgit.Repo, checkpoint: Checkpoint) -> Checkpoint:
+def require(repo: store.Repo, checkpoint: Checkpoint) -> Checkpoint:
     """checkpoint, when it still verifies; else a loud StateError saying what happened to it."""
     wrong = problem(repo, checkpoint)
     if wrong:
@@ -302,12 +299,10 @@ def lookup(workspace: Path, spec: str) -> Checkpoint:
                      hint="`agentbox checkpoints` lists them.")
 
 
-def lookup_and_current(workspace: Path, spec: str, settings: CheckpointSettings) -> tuple[Checkpoint, hostgit.Snapshot]:
+def lookup_and_current(workspace: Path, spec: str, settings: CheckpointSettings) -> tuple[Checkpoint, store.Snapshot]:
     """lookup(spec) and current(), side by side: the lookup's git calls (its ref and commit checked in the
     store) run while the snapshot's `git diff-files` stats the tree. The lookup's error comes first, as when
     they ran one after the other."""
-    import threading
-
     found: list[Checkpoint] = []
     failed: list[BaseException] = []
 
@@ -356,7 +351,7 @@ def _locked(workspace: Path) -> Iterator[None]:
         yield
 
 
-def _read(workspace: Path, repo: hostgit.Repo | None = None) -> dict[str, Any]:
+def _read(workspace: Path, repo: store.Repo | None = None) -> dict[str, Any]:
     """The record (held under its lock); one of version 1, whose checkpoints were in the workspace's own
     repository, is moved into the store first."""
     path = records_file(workspace)
@@ -370,9 +365,10 @@ def _read(workspace: Path, repo: hostgit.Repo | None = None) -> dict[str, Any]:
             data.get("checkpoints"), list):
         raise _damaged(path, "it does not have the expected fields")
     if data.get("version") == 1 and repo is not None:
-        from agentbox.review import migrate as checkpointmove
+        # deferred: start-up (review.migrate and git.read: only an old checkpoint store is moved)
+        from agentbox.review import migrate
 
-        data = checkpointmove.move(repo, data)
+        data = migrate.move(repo, data)
         atomic_write(path, json.dumps(data, indent=1) + "\n", mode=0o600)
     if data.get("version") != VERSION:
         raise _damaged(path, f"it is version {data.get('version')!r}; this agentbox reads version {VERSION}")
@@ -405,6 +401,7 @@ def _damaged(path: Path, why: str) -> StateError:
 
 def local_time(stamp: str) -> str:
     """A recorded UTC time in the user's time zone, to the minute (agentbox.tables' one format)."""
+    # deferred: start-up (tables imports click, which the launch never imports)
     from agentbox import tables
 
     return tables.local_time(stamp)

@@ -17,7 +17,9 @@ into a proposal (agentbox.review.proposals) after `limactl shell` returns: no ex
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import json
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -51,9 +53,6 @@ RECORD = "isolated.json"
 @contextmanager
 def locked_record(workspace: Path) -> Iterator[dict[str, Any]]:
     """isolated.json for reading and changing; written back when the block ends without an error."""
-    import fcntl
-    import json
-
     folder = private_dir(paths.workspace_state_dir(workspace))
     fd = os.open(folder / "isolated.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -89,6 +88,7 @@ def mark_fresh(workspace: Path, vm_name: str, base: str) -> None:
 
 
 def now() -> str:
+    # deferred: start-up (datetime: tests/test_own_time.py keeps it off the launch)
     import datetime
 
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

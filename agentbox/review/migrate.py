@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentbox.git import read
 from agentbox.git import store as hostgit
 from agentbox.progress import note
 
@@ -21,22 +22,20 @@ MAX_OBJECT = 1 << 30
 
 def move(repo: hostgit.Repo, data: dict[str, Any]) -> dict[str, Any]:
     """The record of version 1 `data` as a version-2 record whose checkpoints live in the store."""
-    from agentbox.git import read as gitread
-
     store = hostgit.init_store(repo)
     fmt = hostgit.store_format(repo)
-    reader = gitread.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
+    reader = read.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
     copied: set[str] = set()
     moved = []
     lost = 0
     for entry in data.get("checkpoints", []):
         try:
             kind, content = reader.read(str(entry["commit"]))
-            tree = gitread.commit_tree(content) if kind == "commit" else None
+            tree = read.commit_tree(content) if kind == "commit" else None
             if tree is None or tree != entry.get("tree"):
-                raise gitread.GitReadError("the commit does not hold the recorded tree")
+                raise read.GitReadError("the commit does not hold the recorded tree")
             _copy_tree(reader, store, tree, fmt, copied)
-        except (gitread.GitReadError, KeyError, TypeError, ValueError):
+        except (read.GitReadError, KeyError, TypeError, ValueError):
             lost += 1
             continue
         number = int(entry["id"])
@@ -56,37 +55,31 @@ def move(repo: hostgit.Repo, data: dict[str, Any]) -> dict[str, Any]:
 def import_commit(repo: hostgit.Repo, commit: str) -> str:
     """The tree of a commit of the workspace's repository, copied into the store without its files' contents
     (import_blobs brings those that are needed); read by agentbox, every object checked against its id."""
-    from agentbox.git import read as gitread
-
     fmt = hostgit.store_format(repo)
-    reader = gitread.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
+    reader = read.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
     kind, content = reader.read(commit)
     if kind != "commit":
-        raise gitread.GitReadError(f"{commit} is not a commit")
-    tree = gitread.commit_tree(content)
+        raise read.GitReadError(f"{commit} is not a commit")
+    tree = read.commit_tree(content)
     _copy_tree(reader, hostgit.init_store(repo), tree, fmt, set(), blobs=False)
     return tree
 
 
 def import_blobs(repo: hostgit.Repo, oids: list[str]) -> None:
     """Files' contents from the workspace's repository into the store (read by agentbox, checked)."""
-    from agentbox.git import read as gitread
-
     fmt = hostgit.store_format(repo)
-    reader = gitread.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
+    reader = read.ObjectReader(repo.common_dir, fmt, max_size=MAX_OBJECT)
     store = hostgit.init_store(repo)
     for oid in dict.fromkeys(oids):
         kind, content = reader.read(oid)
         if kind != "blob":
-            raise gitread.GitReadError(f"{oid} is not a file's content")
+            raise read.GitReadError(f"{oid} is not a file's content")
         hostgit.write_object(store, b"blob", content, fmt)
 
 
 def _copy_tree(reader: Any, store: Any, tree: str, fmt: str, copied: set[str], blobs: bool = True) -> None:
     """tree and everything under it into the store (objects already copied are skipped; gitlinks name commits
     of other repositories and are not copied; without blobs, only the trees)."""
-    from agentbox.git import read as gitread
-
     stack = [tree]
     while stack:
         oid = stack.pop()
@@ -94,14 +87,14 @@ def _copy_tree(reader: Any, store: Any, tree: str, fmt: str, copied: set[str], b
             continue
         kind, content = reader.read(oid)
         if kind != "tree":
-            raise gitread.GitReadError(f"{oid} is not a tree")
-        for mode, _name, child in gitread.tree_entries(content, fmt):
+            raise read.GitReadError(f"{oid} is not a tree")
+        for mode, _name, child in read.tree_entries(content, fmt):
             if mode == "40000":
                 stack.append(child)
             elif blobs and mode != "160000" and child not in copied:
                 blob_kind, blob = reader.read(child)
                 if blob_kind != "blob":
-                    raise gitread.GitReadError(f"{child} is not a file's content")
+                    raise read.GitReadError(f"{child} is not a file's content")
                 hostgit.write_object(store, b"blob", blob, fmt)
                 copied.add(child)
         hostgit.write_object(store, b"tree", content, fmt)

@@ -34,6 +34,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -44,7 +45,11 @@ from agentbox import fsutil, paths, vmread
 from agentbox.config.load import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.git import snapshot, store
+from agentbox.progress import warn
+from agentbox.review import checkpoints, isolation, patchcheck, restore, rewind, tripwire
 from agentbox.safetext import visible
+from agentbox.vm import workmode
 
 VERSION = 1
 PENDING, APPLIED, REJECTED, SUPERSEDED = "pending", "applied", "rejected", "superseded"
@@ -93,8 +98,6 @@ def locked(workspace: Path) -> Iterator[None]:
 
 def append_event(workspace: Path, event: str, **fields: Any) -> None:
     """One line of events.jsonl, written with a single append (lines of concurrent writers never mix)."""
-    from agentbox.review import isolation
-
     line = json.dumps({"time": isolation.now(), "event": event, **fields}, sort_keys=False) + "\n"
     private_dir(paths.workspace_state_dir(workspace))
     fd = os.open(events_file(workspace), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -113,8 +116,6 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
     Folders still being written (no `base` yet: their session may still run) are left alone; so are names
     agentbox did not make.
     """
-    from agentbox.review import isolation
-
     made: list[Collected] = []
     with locked(workspace):
         try:
@@ -136,8 +137,6 @@ def collect(workspace: Path, vm_name: str) -> list[Collected]:
                         try:
                             _remove_at(outbox_fd, name)
                         except (OSError, StateError) as exc:  # it is no longer a session's: never read again
-                            from agentbox.progress import warn
-
                             warn(f"could not remove the outbox folder {name} of {vm_name}: "
                                  f"{getattr(exc, 'message', None) or exc}")
         finally:
@@ -149,8 +148,6 @@ def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: b
     """A session that ended without a finished outbox folder: drop the folder (only an empty one, when its
     launch step may still run) and agentbox's record of it. True when the folder held something the VM wrote,
     dropped or kept."""
-    from agentbox.review import isolation
-
     written = False
     with locked(workspace):
         try:
@@ -179,8 +176,6 @@ def forget_session(workspace: Path, vm_name: str, session: str, only_if_empty: b
 def _collect_one(
     workspace: Path, vm_name: str, outbox_fd: int, name: str, session: dict[str, Any], record: dict[str, Any]
 ) -> Collected | None:
-    from agentbox.progress import warn
-
     try:
         session_fd = vmread.open_dir(outbox_fd, name)
     except OSError:
@@ -242,8 +237,6 @@ def store_task(workspace: Path, task: int, agent: str, vm_name: str, base: dict[
     """An isolated task's changes (`agentbox run --on`), as a proposal: base is the task's {commit, tree, head} in
     agentbox's store (what its copy started from). Unlike a session's, it supersedes no earlier proposal: each
     task has a copy of its own."""
-    from agentbox.review import isolation
-
     commit = str(base.get("commit") or "")
     if not _OID.fullmatch(commit):
         raise StateError(f"task {task} has no valid base commit ({visible(commit[:80])})")
@@ -257,8 +250,6 @@ def _store(
     workspace: Path, vm_name: str, session_id: str, session: dict[str, Any], base: str, known: dict[str, Any],
     patch: bytes, summary: bytes | None, record: dict[str, Any], task: int | None = None,
 ) -> dict[str, Any]:
-    from agentbox.review import isolation, patchcheck
-
     problem = None
     try:
         changes = patchcheck.parse(patch, limit=MAX_PATCH)
@@ -291,7 +282,6 @@ def _store(
     # Written under a temporary name, renamed last: a proposal folder is whole or absent.
     staging = proposals_dir / f".{number}.partial"
     if os.path.lexists(staging):
-        import shutil
 
         shutil.rmtree(staging)  # left by an agentbox that was killed here; agentbox's own folder
     private_dir(staging)
@@ -442,8 +432,6 @@ def host_exec_paths(workspace: Path, proposal: dict[str, Any]) -> list[str]:
 
 def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host_exec: bool) -> list[str]:
     """Why apply refuses this patch, one line per change (empty: it may be applied)."""
-    from agentbox.review import patchcheck
-
     if proposal.get("problem"):
         return [str(proposal["problem"])]
     try:
@@ -469,15 +457,11 @@ def refusals_of(workspace: Path, number: int) -> list[str]:
 
 
 def _host_exec_matcher(workspace: Path) -> Any:
-    from agentbox.review import tripwire
-
     return tripwire.host_exec_matcher(workspace)
 
 
 def _on_host(workspace: Path, proposal: dict[str, Any], changes: list[Any]) -> Callable[[str], Any]:
     """What each path the patch names is on the host: the workspace's entry (never followed) and the base's mode."""
-    from agentbox.review import patchcheck
-
     named = {path for change in changes for path in (change.old_path, change.new_path)
              if path is not None and patchcheck.path_problem(path) is None}
     if not named:
@@ -498,17 +482,15 @@ def base_modes(workspace: Path, proposal: dict[str, Any], paths: list[str]) -> d
 
     The only use of hostgit for proposals' checks: where the base tree is read from may change, not what it says.
     """
-    from agentbox.git import store as hostgit
-
     tree = (proposal.get("base") or {}).get("tree")
-    repo = hostgit.find(workspace)
+    repo = store.find(workspace)
     if not isinstance(tree, str) or repo is None:
         raise StateError(f"proposal {proposal['id']}: its base tree cannot be read, so agentbox cannot tell what "
                          "the files it changes are on your host")
-    empty = _EMPTY_TREE[hostgit.object_format(repo)]
+    empty = _EMPTY_TREE[store.object_format(repo)]
     wanted = set(paths)
     # Named on the command line while few (a long list would pass the argument limit), else the whole tree.
-    listed = hostgit.changes(repo, empty, tree, sorted(wanted) if len(wanted) <= 1000 else None)
+    listed = store.changes(repo, empty, tree, sorted(wanted) if len(wanted) <= 1000 else None)
     return {change.path: change.new_mode for change in listed if change.path in wanted}
 
 
@@ -519,8 +501,6 @@ _EMPTY_TREE = {"sha1": "4b825dc642cb6eb9a060e54bf8d69288fbee4904",
 def _workspace_entry(workspace: Path, path: str) -> tuple[str | None, str | None, str | None]:
     """(mode, link target, a folder on the way that is a link) of path in the workspace, walked one name at a time
     from the workspace's descriptor, never through a link."""
-    from agentbox.review import patchcheck
-
     parts = path.split("/")
     try:
         fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -574,11 +554,6 @@ def apply(
     """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
     exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
     refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses."""
-    from agentbox.git import snapshot
-    from agentbox.git import store as hostgit
-    from agentbox.review import isolation
-    from agentbox.vm import workmode
-
     with locked(workspace):
         proposal = find(workspace, wanted)
         number = proposal["id"]
@@ -595,12 +570,12 @@ def apply(
                     "after you have read them." if host_exec else "Ask the agent for a patch without these changes."
                 ),
             )
-        repo = hostgit.find(workspace)
+        repo = store.find(workspace)
         if repo is None:
             raise StateError(f"{workspace} is no longer a git work tree; a proposal is applied with git",
                              hint=workmode.NOT_GIT_HINT)
         base_head = proposal["base"].get("head")
-        now = hostgit.head(repo)
+        now = store.head(repo)
         moved = now != base_head
         if moved and not three_way:
             raise StateError(
@@ -612,7 +587,7 @@ def apply(
         # The patch is applied to a tree of agentbox's store (the workspace as it is now); agentbox then
         # writes the files that changed itself (agentbox.review.restore): git never opens a path of the workspace.
         now_snap = snapshot.take(repo, settings.max_file_size)
-        result_tree = hostgit.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
+        result_tree = store.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
         if check_only:
             return Applied(proposal, None, moved)
         checkpoint, before_tree = _checkpoint_before(workspace, number, settings)
@@ -692,8 +667,6 @@ def holder(workspace: Path, proposal: dict[str, Any], known: list[dict[str, Any]
 
 def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
     """Bring the workspace from the snapshot now to result_tree, writing only the files that differ."""
-    from agentbox.review import restore, rewind
-
     todo = rewind.plan(repo, result_tree, now.tree, now.skipped, None, clean=True)
     result = restore.apply(repo.work_tree, todo.operations)
     if result.failures:
@@ -705,8 +678,6 @@ def _write_tree(repo: Any, now: Any, result_tree: str) -> None:
 def _checkpoint_before(workspace: Path, number: int, settings: CheckpointSettings) -> tuple[int, str]:
     """Taken whatever checkpoints.enabled says (that is about launches): `agentbox undo` can take the apply back.
     Returns its id and tree."""
-    from agentbox.review import checkpoints
-
     taken = checkpoints.take(workspace, "apply", settings, message=f"before applying proposal {number}")
     return taken.checkpoint.id, taken.checkpoint.tree
 
@@ -719,8 +690,6 @@ class Rejected(NamedTuple):
 def reject(workspace: Path, wanted: str | None) -> Rejected:
     """Mark a proposal rejected (its files are kept), and with it the proposals it superseded (it holds their
     changes); the VM's copy is made anew at its next isolated session."""
-    from agentbox.review import isolation
-
     with locked(workspace):
         proposal = find(workspace, wanted)
         if proposal["status"] == APPLIED:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentbox.errors import UsageError
-from agentbox.git import store as hostgit
+from agentbox.git import store
 from agentbox.review import restore
 from agentbox.safetext import visible
 
@@ -51,7 +51,7 @@ def workspace_paths(workspace: Path, cwd: Path, given: Iterable[str]) -> list[st
     return result
 
 
-def plan(repo: hostgit.Repo, checkpoint_tree: str, current_tree: str, skipped: Iterable[tuple[str, int]],
+def plan(repo: store.Repo, checkpoint_tree: str, current_tree: str, skipped: Iterable[tuple[str, int]],
          paths: list[str] | None, clean: bool) -> Plan:
     """What undo does to bring the workspace from current_tree back to checkpoint_tree.
 
@@ -63,7 +63,7 @@ def plan(repo: hostgit.Repo, checkpoint_tree: str, current_tree: str, skipped: I
     created: list[str] = []
     submodules: list[str] = []
     to_read = []
-    for change in hostgit.changes(repo, checkpoint_tree, current_tree, paths):
+    for change in store.changes(repo, checkpoint_tree, current_tree, paths):
         if change.path in left_alone:
             continue
         if GITLINK in (change.old_mode, change.new_mode):
@@ -75,7 +75,7 @@ def plan(repo: hostgit.Repo, checkpoint_tree: str, current_tree: str, skipped: I
                 created.append(change.path)
         else:
             to_read.append(change)
-    blobs = hostgit.read_blobs(repo, [change.old_oid for change in to_read]) if to_read else {}
+    blobs = store.read_blobs(repo, [change.old_oid for change in to_read]) if to_read else {}
     for change in to_read:
         # Deleted since: anything there now was not captured (an ignored file), so it stays.
         operations.append(restore.Operation(_KINDS[change.old_mode], change.path, blobs[change.old_oid],

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from agentbox.config.peek import WORKTREES_PARENT
-from agentbox.git import store as hostgit
+from agentbox.git import store
 
 WORKTREES = Path(WORKTREES_PARENT) / "worktrees"  # agentbox.session.worktrees.FOLDER
 
@@ -33,7 +33,7 @@ def checkpoint_root(cwd: Path, workspace: Path) -> Path:
 
 def is_worktree_of(tree: Path, workspace: Path) -> bool:
     """Whether tree is a linked worktree of the workspace's repository, checked out at tree itself."""
-    repo, main = hostgit.find(tree), hostgit.find(workspace)
+    repo, main = store.find(tree), store.find(workspace)
     return (repo is not None and main is not None and repo.work_tree == Path(os.path.realpath(tree))
             and repo.git_dir != repo.common_dir and repo.common_dir == main.common_dir)
 
@@ -43,5 +43,5 @@ def ready(tree: Path, workspace: Path) -> bool:
     away once the checkout is done."""
     if not is_worktree_of(tree, workspace):
         return False
-    repo = hostgit.find(tree)
+    repo = store.find(tree)
     return repo is not None and not os.path.lexists(repo.git_dir / "locked")

@@ -26,11 +26,13 @@ pending change has nothing left to accept. Everything agent-written is escaped b
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
 import stat
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,7 +41,7 @@ from typing import NamedTuple, Protocol, TextIO
 
 from agentbox import livemarkers, paths
 from agentbox.fsutil import atomic_write, locked, pid_alive, private_dir
-from agentbox.git import dirs as gitdirs
+from agentbox.git import dirs
 from agentbox.safetext import visible
 
 WATCHED_FILES = (
@@ -139,6 +141,7 @@ def host_exec_matcher(workspace: Path) -> Callable[[str], bool]:
     """Whether a repository-relative path (as a patch names it) is one the tripwire watches, or lies
     in a folder whose every file it watches (.husky, .github/workflows, the hooks of a git folder
     kept in the workspace). Names are compared as a case-insensitive file system sees them."""
+    # deferred: start-up (review.patchcheck: tests/test_own_time.py keeps it off the launch)
     from agentbox.review import patchcheck  # a launch's tripwire never reads a patch: imported by those that do
 
     root = Path(os.path.realpath(workspace))
@@ -167,7 +170,7 @@ def _watched(workspace: Path, version: int = WATCH_LIST) -> tuple[dict[str, Path
         for parent in reversed(Path(folder).parents[:-1]):
             found[str(parent)] = workspace / parent
         folders.append(workspace / folder)
-    git = gitdirs.locate(workspace)
+    git = dirs.locate(workspace)
     if git.common_dir is not None:
         _watch_git_folder(workspace, git.common_dir, found, folders)
     if git.common_dir is not None and version >= 2:
@@ -302,8 +305,6 @@ def end_session(workspace: Path, before: dict[str, Entry], session: str | None =
 
     `kept_in`: the session goes on in that VM after this launch (detached): until it is seen ended, no change
     is taken for the user's own."""
-    import time
-
     with _locked(workspace):
         record = _load_for(workspace) or Record(workspace, before, {})
         after = fingerprint(workspace)
@@ -358,8 +359,6 @@ def _audit(workspace: Path, busy: Busy | None) -> tuple[list[Change], list[Chang
 
 def acknowledge(workspace: Path) -> int:
     """Accept every change: the files as they are now become the reference. Returns how many there were."""
-    import time
-
     with _locked(workspace):
         record = _load_for(workspace)
         found = audit(workspace) or []
@@ -393,8 +392,6 @@ def _nothing_else_ran(record: Record, busy: Busy | None) -> tuple[bool, dict[str
     """(whether nothing of the project could have changed the files since record.looked, the launches still
     live, the kept sessions still to watch). A launch whose process is gone ended unchecked; a kept session
     counts until its VM shows no live one and it is older than the markers' staleness."""
-    import time
-
     live = {key: pid for key, pid in record.live.items() if pid_alive(pid)}
     kept = {vm: when for vm, when in record.kept.items()
             if busy is None or time.time() - when < livemarkers.STALE_SEC or busy.vm_busy(vm)}
@@ -541,8 +538,6 @@ def summary(found: list[Change]) -> str:
 
 
 def _print_report(title: str, found: list[Change], summary: list[str], stream: TextIO | None) -> None:
-    import difflib
-
     lines = [BAR, title]
     for change in found:
         note = f"  ({change.note})" if change.note else ""
@@ -679,8 +674,6 @@ def _label(workspace: Path, path: Path) -> str:
 
 def audit_records(found: list[Change]) -> list[dict[str, object]]:
     """`agentbox audit --json`: each change as the text report shows it (file, kind, note, the unified diff)."""
-    import difflib
-
     records: list[dict[str, object]] = []
     for change in found:
         diff = list(difflib.unified_diff(_lines(change.before), _lines(change.after),

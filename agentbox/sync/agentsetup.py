@@ -30,6 +30,8 @@ writes agentbox's block into each of them, and launch.sh does not count that blo
 from __future__ import annotations
 
 import fnmatch
+import getpass
+import glob
 import hashlib
 import json
 import os
@@ -47,6 +49,7 @@ from agentbox.config.pins import RACY_NS
 from agentbox.fsutil import private_dir, private_parents, read_capped, remove_unlisted, write_if_changed
 from agentbox.safetext import visible
 from agentbox.sync import transform as synctransform
+from agentbox.vm import provisioning
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -134,8 +137,6 @@ def memory_entry(spec: AgentSpec) -> str | None:
 
 def _entries(agent: AgentConfig, spec: AgentSpec, root: str, collected: Collected) -> list[str]:
     """Built-in entries, then sync.include (globs expanded in the agent's folder), without duplicates."""
-    import glob
-
     entries = [item.rstrip("/") for item in spec.sync_items]
     never = (*NEVER_SYNC, *spec.never_sync)
     credentials = {os.path.normpath(os.path.expanduser(path)) for path in agent.credentials}
@@ -284,7 +285,6 @@ def guest_home_of(instance: Instance | None) -> str:
     home = ((instance.config if instance else {}).get("user") or {}).get("home")
     if isinstance(home, str) and home.startswith("/"):
         return home
-    import getpass
 
     return f"/home/{getpass.getuser()}.guest"
 
@@ -367,8 +367,6 @@ def stage(staging: Path, config: Config, agents: list[AgentConfig], guest_home: 
 def defaults_manifest() -> bytes:
     """"SHA256 PATH" records of the settings a new VM gets (provisioning.home_files): the VM's copy is
     agentbox's, not the user's edit, while it still has that digest."""
-    from agentbox.vm import provisioning
-
     files = provisioning.home_files()
     return "".join(f"{hashlib.sha256(text.encode()).hexdigest()} {path}\0" for path, text in files.items()).encode()
 

@@ -18,6 +18,9 @@ from typing import Any
 
 import yaml
 
+from agentbox.safetext import visible
+from agentbox.sync.transform import toml_parser
+
 FRONT_MATTER_LIMIT = 64 * 1024
 MAX_DEPTH = 64
 MAX_NODES = 100_000
@@ -102,7 +105,6 @@ def _yaml_all(text: str | None) -> Any:
 def _toml(text: str | None) -> Any:
     if text is None:
         raise _Unreadable("not UTF-8 text, so not valid TOML")
-    from agentbox.sync.transform import toml_parser
 
     tomllib = toml_parser()
     try:
@@ -139,6 +141,4 @@ def _defines(document: Any) -> str | None:
 
 
 def _short(key: str) -> str:
-    from agentbox.safetext import visible
-
     return visible(key[:60])

@@ -10,6 +10,7 @@ filtered, ~/.claude.json already cut to this workspace), and only in allowlist a
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -17,8 +18,9 @@ from urllib.parse import urlsplit
 
 from agentbox import staginglayout
 from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.sync import agentsetup as agentsync
-from agentbox.sync import transform as synctransform
+from agentbox.fsutil import read_capped
+from agentbox.sync import agentsetup
+from agentbox.sync.transform import URL_KEYS, toml_parser
 
 MAX_READ = 32 << 20
 
@@ -64,7 +66,7 @@ def _sources(staging: Path, agent: str) -> Iterator[tuple[Path, str, str]]:
             yield staging / staginglayout.CREDS_HOME / relative, f"~/{relative}", transform
     if not spec.folder:
         return
-    home = staging / agentsync.SYNC / agent / agentsync.HOME
+    home = staging / agentsetup.SYNC / agent / agentsetup.HOME
     for pattern, transform in spec.sync_transforms:
         if transform in SERVERS_KEY:
             for path in sorted(home.glob(f"{spec.folder}/{pattern}")):
@@ -89,9 +91,7 @@ def message(mode: str, servers: list[Remote]) -> str:
 
 
 def _read(path: Path) -> dict[str, Any] | None:
-    import os
 
-    from agentbox.fsutil import read_capped
 
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -103,7 +103,7 @@ def _read(path: Path) -> dict[str, Any] | None:
         return None
     try:
         if path.suffix == ".toml":
-            parsed: Any = synctransform.toml_parser().loads(data.decode("utf-8"))
+            parsed: Any = toml_parser().loads(data.decode("utf-8"))
         else:
             parsed = json.loads(data)
     except ValueError:  # UnicodeDecodeError, JSONDecodeError and TOMLDecodeError are ValueErrors
@@ -117,7 +117,7 @@ def _remotes(servers: Any, where: str) -> Iterator[Remote]:
     for name, server in servers.items():
         if not isinstance(server, dict) or server.get("command") is not None:
             continue
-        url = next((server[key] for key in synctransform.URL_KEYS if isinstance(server.get(key), str)), None)
+        url = next((server[key] for key in URL_KEYS if isinstance(server.get(key), str)), None)
         if url is None:
             continue
         try:

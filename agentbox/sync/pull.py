@@ -28,7 +28,9 @@ from agentbox import vmread
 from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write
 from agentbox.safetext import visible
-from agentbox.sync import filter as syncfilter
+from agentbox.sync.filter import runs_programs
+from agentbox.vm import lifecycle
+from agentbox.vm.lima import RUNNING
 
 if TYPE_CHECKING:
     from agentbox.agents.builtin import AgentSpec
@@ -61,20 +63,17 @@ class PullPlan(NamedTuple):
     skipped: list[Skipped]
 
 
-def fetch(session: VmControl, agent: AgentConfig, spec: AgentSpec) -> bytes:
+def fetch(control: VmControl, agent: AgentConfig, spec: AgentSpec) -> bytes:
     """The pull folders of the agent in its VM, as a tar stream (one limactl shell)."""
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm.lima import RUNNING
-
     name = agent.vm_name
-    instance = session.instance(name)
+    instance = control.instance(name)
     if instance is None or instance.status != RUNNING:
         state = "does not exist" if instance is None else f"is {instance.status.lower()}"
         raise StateError(f"the VM {name} {state}, so there is nothing to pull from it",
                          hint="Start it with `agentbox start` (its files are kept while it is stopped), then pull.")
-    vm.check_ownership(instance, session.config)
+    lifecycle.check_ownership(instance, control.config)
     folders = [f"{spec.folder}/{folder}" for folder in spec.pull_folders]
-    code, data, stderr = session.lima.shell_bytes(
+    code, data, stderr = control.lima.shell_bytes(
         name, ["/bin/bash", "-c", TAR_SCRIPT, "agentbox-sync-pull", *folders], PULL_LIMIT
     )
     if code != 0:
@@ -130,7 +129,7 @@ def _consider(archive: tarfile.TarFile, member: tarfile.TarInfo, folders: tuple[
         return
     handle = archive.extractfile(member)
     data = handle.read(MAX_MEMBER + 1) if handle is not None else b""
-    problem = syncfilter.runs_programs(relative, data)
+    problem = runs_programs(relative, data)
     if problem:
         result.skipped.append(Skipped(shown, problem))
         return

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from agentbox import paths
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.safetext import visible
-from agentbox.sync import agentsetup as agentsync
-from agentbox.sync import transform as synctransform
+from agentbox.sync import agentsetup
+from agentbox.sync.transform import LOGIN_TRANSFORMS, Context, Note, Unusable
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -43,18 +43,18 @@ def agent_record(config: Config, agent: AgentConfig, guest_home: str, staging_fo
     `where` (the key inside the file, or null), `why` (null for a copy), and for a copy `files`, `bytes` (what
     the VM gets) and `names` (a folder's top-level names; null for a file).
     """
-    spec = agentsync.spec_of(agent)
+    spec = agentsetup.spec_of(agent)
     assert spec is not None and spec.folder is not None
     home = paths.home()
-    collected = agentsync.collect(agent, spec, home)
-    context = agentsync.context_for(config, agent, guest_home, staging_folder)
+    collected = agentsetup.collect(agent, spec, home)
+    context = agentsetup.context_for(config, agent, guest_home, staging_folder)
     entries: list[dict[str, Any]] = []
     builtin = [entry.rstrip("/") for entry in spec.sync_items]
-    groups: dict[str, list[agentsync.FileView]] = {}
+    groups: dict[str, list[agentsetup.FileView]] = {}
     for item in collected.items:
         entry = next((e for e in builtin if item.inner == e or item.inner.startswith(e + "/")),
                      item.inner.split("/")[0])
-        groups.setdefault(entry, []).append(agentsync.view_of(item, context))
+        groups.setdefault(entry, []).append(agentsetup.view_of(item, context))
     for entry, group in groups.items():
         good = [view for view in group if view.problem is None]
         path = visible(f"~/{spec.folder}/{entry}")
@@ -87,7 +87,7 @@ def _note(action: str, path: str, where: str, why: str) -> dict[str, Any]:
 
 
 def _login_file(config: Config, agent: AgentConfig, title: str, relative: str, transform: str,
-                context: synctransform.Context) -> list[dict[str, Any]]:
+                context: Context) -> list[dict[str, Any]]:
     """A login file that also holds the agent's setup (AgentSpec.login_transforms: ~/.claude.json)."""
     path = paths.home() / relative
     shown = f"~/{relative}"
@@ -96,12 +96,12 @@ def _login_file(config: Config, agent: AgentConfig, title: str, relative: str, t
     if not config.credentials.enabled or shown not in agent.credentials:
         return [_note("drop", shown, "", f"it is one of {title}'s login files, which this config does not bring "
                                          "(credentials), so its MCP servers stay on the host too")]
-    notes: list[synctransform.Note] = []
+    notes: list[Note] = []
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as handle:
-            synctransform.LOGIN_TRANSFORMS[transform](handle.read(agentsync.MAX_FILE), context, notes, True)
-    except synctransform.Unusable as exc:
+            LOGIN_TRANSFORMS[transform](handle.read(agentsetup.MAX_FILE), context, notes, True)
+    except Unusable as exc:
         return [_note("drop", shown, "", str(exc) + GOES_ON)]
     except OSError as exc:
         return [_note("drop", shown, "", f"cannot read it ({exc.strerror})")]

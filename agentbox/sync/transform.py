@@ -17,6 +17,7 @@ VM sees at its mount point.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -78,8 +79,6 @@ class Context(NamedTuple):
 
     def key(self) -> str:
         """What the transforms' output depends on besides the file: a change re-makes every staged copy."""
-        import hashlib
-
         forced = [spec.settings.values for spec in BUILTIN_AGENTS.values() if spec.settings is not None]
         text = json.dumps([FORMAT, list(self), forced, GUEST_COMMANDS], sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:32]
@@ -186,6 +185,7 @@ def codex_config(data: bytes, context: Context, notes: list[Note]) -> bytes:
     result = Rewriter(context).tree(result)
     if result == config:
         return data
+    # deferred: start-up (tomli_w, ~2.5 ms: only writing codex's config needs it)
     import tomli_w  # (imported here: only a launch that rewrites the file needs it)
 
     # Comments and layout are not kept (the VM gets a filtered copy; the host's file is never rewritten).
@@ -195,8 +195,10 @@ def codex_config(data: bytes, context: Context, notes: list[Note]) -> bytes:
 def toml_parser() -> Any:
     """The TOML reader: tomllib, which is tomli 2.0 taken into the standard library in 3.11; tomli before."""
     if sys.version_info >= (3, 11):
+        # deferred: start-up (tomllib, ~8 ms: only reading a TOML file needs it)
         import tomllib
     else:
+        # deferred: start-up (tomli, the tomllib of Python 3.10, ~8 ms: only reading a TOML file needs it)
         import tomli as tomllib
     return tomllib
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 from agentbox import resources
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config.load import AgentConfig
+from agentbox.safetext import visible
 
 SCRIPT = "update-agents.sh"
 OUTPUT_LIMIT = 1 << 20
@@ -32,8 +33,6 @@ class Outcome(NamedTuple):
 
     def describe(self) -> str:
         """`claude: 2.0.1 -> 2.0.14`, `codex: 0.46.0 (already the latest)`."""
-        from agentbox.safetext import visible
-
         old, new = version_of(self.old), version_of(self.new)
         if self.status == UNCHANGED:
             return visible(f"{self.agent}: {old} (already the latest)")

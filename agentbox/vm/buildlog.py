@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agentbox import paths
 from agentbox.fsutil import private_dir
+from agentbox.safetext import visible_text
 
 LIMIT = 4 << 20  # the file stops growing here; `base log` reads at most this much
 NAME = "build.log"
@@ -58,8 +59,6 @@ class BuildLog:
 
 def shown() -> str | None:
     """The last build's log, every line made safe to print; None when there is none."""
-    from agentbox.safetext import visible_text
-
     try:
         descriptor = os.open(path(), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:

@@ -12,8 +12,9 @@ import hashlib
 import json
 from typing import Any
 
-from agentbox.config import keys
+from agentbox.config import keys, pins
 from agentbox.config.load import Config
+from agentbox.errors import ConfigError
 
 
 def creation_fingerprint(config: Config) -> dict[str, Any]:
@@ -65,8 +66,6 @@ def _value_at(data: Any, path: tuple[str, ...]) -> Any:
 def _digest(path: str | None) -> str | None:
     if path is None:
         return None
-    from agentbox.config import pins
-    from agentbox.errors import ConfigError
 
     try:
         return hashlib.sha256(pins.read(path, "creation fingerprint")).hexdigest()

@@ -21,7 +21,10 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentbox import paths
-from agentbox.fsutil import atomic_write
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.progress import warn
+from agentbox.safetext import visible
+from agentbox.vm.lifecycle import workspace_of
 from agentbox.vm.lima import RUNNING, Instance, PortForward, host_port_in_use, port_forward_alive, port_forwards
 
 RECORD = "ports.json"
@@ -129,8 +132,6 @@ def save_on_demand(vm: str, items: Iterable[OnDemand]) -> None:
 
 def log_path(vm: str, host_port: int) -> Path:
     """Where the ssh of an agentbox port forward writes (its folder is created)."""
-    from agentbox.fsutil import private_dir
-
     return private_dir(paths.vm_state_dir(vm)) / f"port-{host_port}.log"
 
 
@@ -138,8 +139,6 @@ def log_path(vm: str, host_port: int) -> Path:
 
 
 def _workspace(instance: Instance) -> str | None:
-    from agentbox.vm.lifecycle import workspace_of
-
     return workspace_of(instance)
 
 
@@ -220,9 +219,6 @@ def warn_clashes(instance: Instance, instances: Mapping[str, Instance], known: s
                  during: bool = False) -> set[str]:
     """Warn about each of the VM's guest ports Lima could not forward that is not in `known`; return
     the keys of all of them. No limactl call: Lima's logs in the instance folders only."""
-    from agentbox.progress import warn
-    from agentbox.safetext import visible
-
     holders = Holders(instances, instance)
     keys = set()
     for row in holders.rows(instance):

@@ -30,20 +30,27 @@ import hashlib
 import json
 import os
 import re
+import shlex
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import paths, resources
+import yaml
+
+from agentbox import paths, resources, sizes
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config import image, keys
 from agentbox.errors import AgentboxError, LimaError, StateError
 from agentbox.fsutil import atomic_write, locked_or_waiting, private_dir
 from agentbox.progress import Progress, note, warn
+from agentbox.safetext import visible
 from agentbox.staginglayout import GUEST_CA_BUNDLE
-from agentbox.vm import buildlog, render
+from agentbox.vm import buildlog, provisioning, render
+from agentbox.vm.lima import MIN_START_TIMEOUT, RUNNING
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -130,8 +137,6 @@ def agent_installs(config: Config) -> dict[str, str]:
 
 def ca_certs(config: Config) -> tuple[str, ...]:
     """The CA certificates the base gets: the ones a VM made from this config gets (agentbox.vm.provisioning)."""
-    from agentbox.vm import provisioning
-
     return tuple(provisioning.ca_certificates(config, announce=False))
 
 
@@ -288,8 +293,6 @@ class _Step:
 
 def build(lima: Lima, config: Config, parts: dict[str, Any], replace: bool, verbose: bool = False) -> dict[str, Any]:
     """Build the base for these inputs under a temporary name, then give it the base's name."""
-    from agentbox.vm.lima import MIN_START_TIMEOUT
-
     base_key = key_of(parts)
     name = instance_name(base_key)
     temporary = BUILD_PREFIX + base_key
@@ -382,8 +385,6 @@ def _step(step: _Step, title: str, verbose: bool) -> Iterator[Callable[[str], No
 
 def _keep_provisioning_log(lima: Lima, temporary: str, log: buildlog.BuildLog) -> None:
     """Before the unfinished VM goes: the guest's provisioning log (while it runs) and Lima's host-agent log."""
-    from agentbox.vm.lima import RUNNING
-
     instance = lima.instances().get(temporary)
     if instance is None:
         return
@@ -419,9 +420,7 @@ def _install_agents(lima: Lima, name: str, installs: dict[str, str], env: dict[s
     """Run each agent's install command as the VM's user, as a launch does (`bash -euo pipefail`: a download piped
     into a shell fails when the download does), with `env` (install_env, on its stdin). One that fails leaves that
     agent to its first launch (as without a base), said once; returns them with the reason."""
-    import shlex
 
-    from agentbox.safetext import visible
 
     missing = {}
     records = env_records(env)
@@ -441,8 +440,6 @@ def _install_agents(lima: Lima, name: str, installs: dict[str, str], env: dict[s
 
 
 def _verify(lima: Lima, name: str, installs: dict[str, str], log: buildlog.BuildLog) -> str:
-    from agentbox.safetext import visible
-
     arguments = [f"agent:{BUILTIN_AGENTS[agent].binary}" for agent in installs]
     arguments += [f"file:{path}" for spec in BUILTIN_AGENTS.values() for path in spec.credentials]
     arguments += ["file:~/.netrc", "file:~/.git-credentials", "file:~/.config/gh/hosts.yml"]
@@ -463,7 +460,6 @@ def _seal(lima: Lima, name: str, log: buildlog.BuildLog) -> None:
     )
     log.write(output[-20000:])
     if code != 0:
-        from agentbox.safetext import visible
 
         raise StateError(f"the seal script exited {code}: {visible(output.strip()[-300:])}")
 
@@ -496,9 +492,7 @@ class ClonePlan(NamedTuple):
 def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
     """The edit flags for a clone of the base that carries exactly this project's render, or why the
     project's VM cannot be a clone (then it is created from scratch)."""
-    import yaml
 
-    from agentbox import sizes
 
     if config.template is not None:
         return "vm.template is set (a base is made from agentbox's own template)"
@@ -571,9 +565,6 @@ def clone(lima: Lima, base: Base, name: str, edits: list[str], verbose: bool = F
     """`limactl clone` of the base into `name`, run in a private temporary folder: Lima writes an edit it
     rejects to ./lima.REJECTED.yaml, which must never land in the user's folder. A rejected one is kept
     in the VM's state folder and its message shown."""
-    import shutil
-    import tempfile
-
     folder = tempfile.mkdtemp(prefix="agentbox-clone-")
     try:
         try:
@@ -640,7 +631,6 @@ def stale_note(config: Config, recorded: Any) -> tuple[str, str] | None:
                   for binary in sorted({*had, *has}) if had.get(binary) != has.get(binary)]
         if not differ:
             return None  # rebuilt with the same provisioning and the same agent versions: nothing to catch up
-        from agentbox.safetext import visible
 
         return identity, visible(f"the base VM was rebuilt since {name} was cloned from it, with other agent CLI "
                                  f"versions ({'; '.join(differ)[:300]}); {update}")

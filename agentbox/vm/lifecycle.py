@@ -6,18 +6,20 @@ Only this module asks lima.py to change a VM.
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable
 from typing import Any, NoReturn
 
 from agentbox import paths
+from agentbox.config import naming
 from agentbox.config.load import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import Progress, note, warn
-from agentbox.vm import drift, effective, verified
-from agentbox.vm import state as vmstate
+from agentbox.safetext import visible
+from agentbox.vm import drift, effective, render, state, verified
 from agentbox.vm.lima import BROKEN, MIN_START_TIMEOUT, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
 
 WORKSPACE_PARAM = "agentboxWorkspace"
@@ -56,8 +58,8 @@ def half_made(instance: Instance, config: Config) -> bool:
     workspace = str(config.workspace)
     if instance.param.get(WORKSPACE_PARAM, None) not in ("", workspace):
         return False
-    state = vmstate.read(instance.name)
-    return bool(state.get("creating")) and "created" not in state and state.get("workspace") == workspace
+    vm_record = state.read(instance.name)
+    return bool(vm_record.get("creating")) and "created" not in vm_record and vm_record.get("workspace") == workspace
 
 
 HALF_MADE = "{name} was left half-made by an interrupted first launch"
@@ -97,10 +99,7 @@ def clash_hint(config: Config, name: str, foreign: bool = False) -> str:
 
 def own_vm_instruction(config: Config, name: str) -> str:
     """One copy-pasteable instruction that moves this workspace off the VM name `name`."""
-    import shlex
 
-    from agentbox.config import naming
-    from agentbox.safetext import visible
 
     free = naming.distinct_vm_name(config.workspace, paths.lima_home(), name)
     if config.local_file is None:
@@ -125,85 +124,86 @@ def check_workspace_matches(instance: Instance, config: Config) -> None:
         check_ownership(instance, config)
 
 
-def ensure_running(session: VmControl, name: str, known: Instance | None = _UNKNOWN) -> Instance:
+def ensure_running(control: VmControl, name: str, known: Instance | None = _UNKNOWN) -> Instance:
     """Make sure the project's VM exists, runs and runs with what agentbox rendered.
 
     `known` is the result of a `list` the caller already made, so no call is repeated: a VM that
     already runs costs that one `limactl list`, whose row also carries the config it is checked against.
     """
-    instance = session.instance(name) if known is _UNKNOWN else known
-    if instance is not None and not half_made(instance, session.config):
-        check_ownership(instance, session.config)
-        if instance.status == RUNNING and verify_running(session, instance):
+    instance = control.instance(name) if known is _UNKNOWN else known
+    if instance is not None and not half_made(instance, control.config):
+        check_ownership(instance, control.config)
+        if instance.status == RUNNING and verify_running(control, instance):
             return instance
-    with vmstate.lock(name) as waited:
+    with state.lock(name) as waited:
         if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
-            instance = session.instance(name)
-        if instance is not None and half_made(instance, session.config):
+            instance = control.instance(name)
+        if instance is not None and half_made(instance, control.config):
             # Holding the lock, nobody else is making it: what an interrupt left is discarded and made anew.
             note(HALF_MADE.format(name=name) + "; making it again")
-            session.lima.delete(name, force=True)
+            control.lima.delete(name, force=True)
             instance = None
         if instance is None:
             try:
-                return create_and_start(session, name)
+                return create_and_start(control, name)
             except _AlreadyExists:
-                instance = session.instance(name)  # created by an agentbox that did not hold our lock yet
+                instance = control.instance(name)  # created by an agentbox that did not hold our lock yet
                 if instance is None:
                     raise StateError(
                         f"limactl says {name} already exists, but `limactl list` does not show it"
                     ) from None
-        check_ownership(instance, session.config)
+        check_ownership(instance, control.config)
         if instance.status == RUNNING:
-            if verify_running(session, instance):
+            if verify_running(control, instance):
                 return instance
             # Refused earlier and started again outside agentbox: what it booted with is unknown.
             note(f"{name} was refused earlier and has been started since; restarting it to check what it runs with")
-            session.lima.stop(name, force=True)
-            return start(session, name, instance.dir, instance)
+            control.lima.stop(name, force=True)
+            return start(control, name, instance.dir, instance)
         if instance.status == STOPPED:
-            started = start(session, instance.name, instance.dir, instance)
+            started = start(control, instance.name, instance.dir, instance)
         elif instance.status == BROKEN:
-            started = recover(session, instance)
+            started = recover(control, instance)
         else:
-            return wait_for_settled(session, instance)
-        note_stale_base(session.config, name)
+            return wait_for_settled(control, instance)
+        note_stale_base(control.config, name)
         return started
 
 
 def note_stale_base(config: Config, name: str) -> None:
     """One line when the VM was cloned from a base that is no longer current, said once per VM and base (the
     VM's state keeps which base it was said about). Never on a warm launch: the key costs a template render."""
-    state = vmstate.read(name)
-    recorded = state.get("base")
+    vm_record = state.read(name)
+    recorded = vm_record.get("base")
     if recorded and config.vm_base == "auto":
+        # deferred: start-up (vm.golden: only a VM cloned from a base needs it, never the warm launch)
         from agentbox.vm import golden
 
         found = golden.stale_note(config, recorded)
-        if found and state.get("staleBaseNoted") != found[0]:
+        if found and vm_record.get("staleBaseNoted") != found[0]:
             note(found[1])
-            vmstate.update(name, {"staleBaseNoted": found[0]})
+            state.update(name, {"staleBaseNoted": found[0]})
 
 
-def verify_running(session: VmControl, instance: Instance) -> bool:
+def verify_running(control: VmControl, instance: Instance) -> bool:
     """Check a Running VM's effective config from its `list` row (no limactl call).
 
     A difference marks the VM refused, stops it and raises. False: the row is clean but the VM was
     refused before, so it may still run with what was refused and has to be restarted first.
     """
-    state = vmstate.read(instance.name)
-    expected = expected_config(instance.name, state)
+    vm_record = state.read(instance.name)
+    expected = expected_config(instance.name, vm_record)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
         if found:
-            refuse(session, instance.name, found, running=True)
-    return not state.get("refused")
+            refuse(control, instance.name, found, running=True)
+    return not vm_record.get("refused")
 
 
-def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def expected_config(name: str, vm_record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What agentbox rendered for the VM, from its state; rebuilt once from the kept lima.yaml for older VMs."""
-    state = vmstate.read(name) if state is None else state
-    expected = state.get("expected")
+    vm_record = state.read(name) if vm_record is None else vm_record
+    expected = vm_record.get("expected")
     if effective.is_current(expected):
         return expected
     try:
@@ -211,16 +211,16 @@ def expected_config(name: str, state: dict[str, Any] | None = None) -> dict[str,
     except OSError:
         return None  # created before agentbox kept its template: nothing to compare with
     expected = effective.expected_from_rendered(rendered)
-    vmstate.update(name, {"expected": expected})
+    state.update(name, {"expected": expected})
     return expected
 
 
-def refuse(session: VmControl, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
+def refuse(control: VmControl, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
     """Record the VM as refused (so the next command does not use it either), stop it, raise."""
-    vmstate.update(name, {"refused": [difference.text for difference in found]})
+    state.update(name, {"refused": [difference.text for difference in found]})
     if running:
         try:
-            session.lima.stop(name, force=True)
+            control.lima.stop(name, force=True)
         except LimaError as error:
             warn(f"could not stop {name}: {error.message}; agentbox still refuses to use it")
     raise effective.refusal(name, found, paths.lima_home(), stopped=running)
@@ -230,26 +230,24 @@ class _AlreadyExists(Exception):
     pass
 
 
-def create_and_start(session: VmControl, name: str) -> Instance:
-    from agentbox.vm import render
-
-    config = session.config
+def create_and_start(control: VmControl, name: str) -> Instance:
+    config = control.config
     template_text = render.render(config, name)
-    state = private_dir(paths.vm_state_dir(name))
+    vm_record = private_dir(paths.vm_state_dir(name))
     private_dir(paths.staging_dir(name))
     private_dir(paths.vm_outbox(name))
-    template_path = state / "lima.yaml"
+    template_path = vm_record / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
     # Before Lima makes anything: an interrupt can leave a clone that still has the base's (empty) workspace
     # param, and this record is what lets the next run know it as its own (half_made) rather than foreign.
-    vmstate.write(name, {"workspace": str(config.require_workspace()), "creating": time.time()})
+    state.write(name, {"workspace": str(config.require_workspace()), "creating": time.time()})
     cloned_from = None
     try:
         if config.vm_base == "auto":
-            cloned_from = _clone_from_base(session, name, template_text)
+            cloned_from = _clone_from_base(control, name, template_text)
         if cloned_from is None:
-            with Progress(f"Creating VM {name}", verbose=session.verbose) as progress:
-                session.lima.create(name, template_path, on_output=progress.feed)
+            with Progress(f"Creating VM {name}", verbose=control.verbose) as progress:
+                control.lima.create(name, template_path, on_output=progress.feed)
     except Interrupted:
         raise Interrupted(
             f"interrupted while creating {name}",
@@ -259,16 +257,16 @@ def create_and_start(session: VmControl, name: str) -> Instance:
         if any("already exists" in line and name in line for line in error.stderr_lines):
             raise _AlreadyExists() from None
         # We hold the VM's lock, so anything left under this name is our own half-made VM.
-        leftover = session.instance(name)
+        leftover = control.instance(name)
         error.log_path = leftover.log_path if leftover is not None else None
         if leftover is not None:
-            session.lima.delete(name, force=True)
+            control.lima.delete(name, force=True)
             error.hint = " ".join(filter(None, [error.hint, f"The half-created VM {name} was removed; nothing else "
                                                              "changed."]))
         elif not error.hint:
             error.hint = "No VM was created; nothing changed."
         raise
-    vmstate.write(
+    state.write(
         name,
         {
             "workspace": str(config.require_workspace()),
@@ -279,33 +277,33 @@ def create_and_start(session: VmControl, name: str) -> Instance:
             **({"base": cloned_from} if cloned_from else {}),
         },
     )
-    return start(session, name, str(paths.lima_home() / name))
+    return start(control, name, str(paths.lima_home() / name))
 
 
-def _clone_from_base(session: VmControl, name: str, template_text: str) -> dict[str, Any] | None:
+def _clone_from_base(control: VmControl, name: str, template_text: str) -> dict[str, Any] | None:
     """Make the VM a clone of the base (built first when needed): returns what the VM keeps about its base,
     or None when this project's VM cannot be a clone (said once; the caller creates it from scratch)."""
+    # deferred: start-up (vm.golden: only a VM cloned from a base needs it, never the warm launch)
     from agentbox.vm import golden
 
-    plan = golden.clone_plan(session.config, template_text)
+    plan = golden.clone_plan(control.config, template_text)
     if isinstance(plan, str):
         note(f"creating {name} from scratch, not as a clone of the base VM: {plan}")
         return None
     with golden.lock() as waited:
-        current = golden.ensure(session.lima, session.config, session.verbose, waited=waited)
+        current = golden.ensure(control.lima, control.config, control.verbose, waited=waited)
         if plan.disk_note:
             note(plan.disk_note)
         try:
-            golden.clone(session.lima, current, name, plan.edits, session.verbose)
+            golden.clone(control.lima, current, name, plan.edits, control.verbose)
         except golden.CloneUnsupported as error:
             note(f"this Lima cannot clone a VM with edit flags ({error}); creating {name} from scratch")
             return None
     return current.reference()
 
 
-def start(session: VmControl, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
+def start(control: VmControl, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
     """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
-
     expected = expected_config(name)
     private_dir(paths.vm_outbox(name))  # a mount location Lima needs to find
     if expected is not None:
@@ -313,13 +311,13 @@ def start(session: VmControl, name: str, instance_dir: str, row: Instance | None
         if row is not None and row.config:
             found = effective.differences(row.config, expected, row.dir or instance_dir)
             if found:
-                refuse(session, name, found, running=False)
-    apply_in_place(session, name, row)
-    timeout = max(MIN_START_TIMEOUT, session.config.startup_wait_sec)
+                refuse(control, name, found, running=False)
+    apply_in_place(control, name, row)
+    timeout = max(MIN_START_TIMEOUT, control.config.startup_wait_sec)
     log_path = os.path.join(instance_dir, "ha.stderr.log")
     try:
-        with Progress(f"Starting VM {name}", verbose=session.verbose) as progress:
-            session.lima.start(name, timeout, on_output=progress.feed)
+        with Progress(f"Starting VM {name}", verbose=control.verbose) as progress:
+            control.lima.start(name, timeout, on_output=progress.feed)
     except Interrupted:
         raise Interrupted(
             f"interrupted while starting {name}; Lima may keep booting it in the background",
@@ -341,15 +339,15 @@ def start(session: VmControl, name: str, instance_dir: str, row: Instance | None
             f"{log_path}, or start over with `agentbox start --recreate`."
         )
         raise
-    state = vmstate.read(name)
-    state.pop("degraded", None)  # this start finished cleanly
-    vmstate.write(name, {**state, "booted": time.time()})
-    instance = require_running(session, name)
+    vm_record = state.read(name)
+    vm_record.pop("degraded", None)  # this start finished cleanly
+    state.write(name, {**vm_record, "booted": time.time()})
+    instance = require_running(control, name)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
         if found:
-            refuse(session, name, found, running=True)
-    vmstate.clear_refusal(name)
+            refuse(control, name, found, running=True)
+    state.clear_refusal(name)
     return instance
 
 
@@ -361,15 +359,14 @@ def is_degraded(error: LimaError) -> bool:
 def remember_degraded(name: str, error: LimaError) -> None:
     """Kept in the VM's state, so every launch says it (no limactl call) until a start finishes cleanly."""
     errors = [line for line in error.stderr_lines if not line.startswith(("degraded", "DEGRADED"))]
-    vmstate.update(name, {"degraded": {"at": time.time(), "errors": errors[-3:]}})
+    state.update(name, {"degraded": {"at": time.time(), "errors": errors[-3:]}})
 
 
-def degraded_note(name: str, state: dict[str, Any]) -> str | None:
+def degraded_note(name: str, vm_record: dict[str, Any]) -> str | None:
     """The line a launch says about a VM whose last start Lima reported degraded (read from its state)."""
-    degraded = state.get("degraded")
+    degraded = vm_record.get("degraded")
     if not degraded:
         return None
-    from agentbox.safetext import visible
 
     errors = degraded.get("errors") if isinstance(degraded, dict) else None
     found = "; ".join(str(line)[:200] for line in errors) if isinstance(errors, list) and errors else ""
@@ -379,17 +376,18 @@ def degraded_note(name: str, state: dict[str, Any]) -> str | None:
     )
 
 
-def apply_in_place(session: VmControl, name: str, row: Instance | None) -> None:
+def apply_in_place(control: VmControl, name: str, row: Instance | None) -> None:
     """The stopped VM gets the cpus, memory and larger disk the config asks for (`limactl edit`, vm.inplace)."""
+    # deferred: start-up (vm.inplace: only when cpus/memory/disk changed, never the warm launch)
     from agentbox.vm import inplace
 
-    found = inplace.plan(vmstate.read(name).get("fingerprint"), session.config, row.disk if row is not None else 0)
+    found = inplace.plan(state.read(name).get("fingerprint"), control.config, row.disk if row is not None else 0)
     if found.kept:
         note(found.kept)
     if found.pending:
         try:
-            with Progress(f"Applying {', '.join(found.changes)} to VM {name}", verbose=session.verbose):
-                session.lima.edit(name, found.edits)
+            with Progress(f"Applying {', '.join(found.changes)} to VM {name}", verbose=control.verbose):
+                control.lima.edit(name, found.edits)
         except LimaError as error:
             error.hint = (
                 f"{name} was not changed and not started. Lima checks the VM's whole config with the change "
@@ -401,18 +399,19 @@ def apply_in_place(session: VmControl, name: str, row: Instance | None) -> None:
         record_in_place(name, {**found.settled, **found.applied}, applied=found.pending)
 
 
-def settle_in_place(session: VmControl, instance: Instance, state: dict[str, Any] | None = None) -> Instance:
+def settle_in_place(control: VmControl, instance: Instance, vm_record: dict[str, Any] | None = None) -> Instance:
     """A running VM whose cpus, memory or disk changed in the config (agentbox.vm.inplace): Lima changes them
     only while it is stopped. On a terminal, ask whether to restart it now; elsewhere say once that they apply
     at its next start. Returns the VM as it runs now. Costs no limactl call unless it restarts the VM."""
     name = instance.name
-    state = vmstate.read(name) if state is None else state
-    recorded = state.get("fingerprint") or {}
-    config = session.config
-    if resources_as_recorded(config, state):
-        if "deferred" in state:  # the config went back to what the VM has: nothing waits any more
+    vm_record = state.read(name) if vm_record is None else vm_record
+    recorded = vm_record.get("fingerprint") or {}
+    config = control.config
+    if resources_as_recorded(config, vm_record):
+        if "deferred" in vm_record:  # the config went back to what the VM has: nothing waits any more
             record_in_place(name, {}, applied=True)
         return instance  # the warm launch: nothing changed, nothing more to import
+    # deferred: start-up (vm.inplace: only when cpus/memory/disk changed, never the warm launch)
     from agentbox.vm import inplace
 
     found = inplace.plan(recorded, config, instance.disk)
@@ -422,55 +421,56 @@ def settle_in_place(session: VmControl, instance: Instance, state: dict[str, Any
         note(found.kept)
     if found.settled:
         record_in_place(name, found.settled)
-    if not found.pending or state.get("deferred") == found.applied:
+    if not found.pending or vm_record.get("deferred") == found.applied:
         return instance  # nothing to apply, or asked and said already
     what = ", ".join(found.changes)
     if sys.stdin.isatty() and sys.stderr.isatty():
+        # deferred: start-up (click: the launch never imports it; only this terminal question does)
         import click
 
         if click.confirm(f"agentbox: {what} in the config: restart VM {name} now to apply? Sessions and background "
                          "tasks running in it end", default=False, err=True):
-            return restart_to_apply(session, instance)
+            return restart_to_apply(control, instance)
         note(f"{what} apply when {name} next starts (`agentbox restart`)")
     else:
         note(f"{what} in the config apply at the next `agentbox stop`/start of {name} "
              "(`agentbox restart` applies them now)")
-    vmstate.update(name, {"deferred": found.applied})
+    state.update(name, {"deferred": found.applied})
     return instance
 
 
-def resources_as_recorded(config: Config, state: dict[str, Any]) -> bool:
+def resources_as_recorded(config: Config, vm_record: dict[str, Any]) -> bool:
     """Whether the config's cpus, memory and disk are what the VM's record says it has."""
-    recorded = state.get("fingerprint") or {}
+    recorded = vm_record.get("fingerprint") or {}
     return all(recorded.get(key, value) == value for key, value in
                (("cpus", config.cpus), ("memory", config.memory), ("disk", config.disk)))
 
 
-def restart_to_apply(session: VmControl, instance: Instance) -> Instance:
+def restart_to_apply(control: VmControl, instance: Instance) -> Instance:
     """Stop the running VM, apply what changed with `limactl edit`, start it (start does the edit)."""
     name = instance.name
-    with vmstate.lock(name):
-        stop_now(session.lima, name, False, session.verbose)
-        session.on_stopped(name)
-        return start(session, name, instance.dir, instance)
+    with state.lock(name):
+        stop_now(control.lima, name, False, control.verbose)
+        control.on_stopped(name)
+        return start(control, name, instance.dir, instance)
 
 
 def record_in_place(name: str, values: dict[str, Any], applied: bool = False) -> None:
     """The VM now has these cpus, memory, disk (or keeps a larger disk): its record says so. `applied`: the
     edit waiting for the VM's next start was made, so nothing is deferred any more."""
-    state = vmstate.read(name)
-    state["fingerprint"] = {**(state.get("fingerprint") or {}), **values}
+    vm_record = state.read(name)
+    vm_record["fingerprint"] = {**(vm_record.get("fingerprint") or {}), **values}
     if applied:
-        state.pop("deferred", None)
-    vmstate.write(name, state)
+        vm_record.pop("deferred", None)
+    state.write(name, vm_record)
 
 
-def recover(session: VmControl, instance: Instance) -> Instance:
+def recover(control: VmControl, instance: Instance) -> Instance:
     """Lima's own recovery for a Broken VM: force-stop (clears stale pid/socket files), then start."""
     note(f"{instance.name} is Broken; trying Lima's recovery (limactl stop --force, then start)")
     try:
-        session.lima.stop(instance.name, force=True)
-        return start(session, instance.name, instance.dir, instance)
+        control.lima.stop(instance.name, force=True)
+        return start(control, instance.name, instance.dir, instance)
     except RefusedError:
         raise
     except (LimaError, StateError) as error:
@@ -487,30 +487,30 @@ def recover(session: VmControl, instance: Instance) -> Instance:
         raise StateError(message, hint=hint) from None
 
 
-def wait_for_settled(session: VmControl, instance: Instance) -> Instance:
+def wait_for_settled(control: VmControl, instance: Instance) -> Instance:
     """Installing, Uninitialized or a status agentbox does not know: wait a bounded time, then explain."""
-    deadline = time.monotonic() + session.config.startup_wait_sec
+    deadline = time.monotonic() + control.config.startup_wait_sec
     status = instance.status
-    note(f"{instance.name} is {status or 'in an unknown state'}; waiting up to {session.config.startup_wait_sec}s")
+    note(f"{instance.name} is {status or 'in an unknown state'}; waiting up to {control.config.startup_wait_sec}s")
     while time.monotonic() < deadline:
         time.sleep(POLL_INTERVAL)
-        current = session.instance(instance.name)
+        current = control.instance(instance.name)
         if current is None:
             raise StateError(f"{instance.name} disappeared while agentbox was waiting for it")
         if current.status == RUNNING:
             return current
         if current.status == STOPPED:
-            return start(session, current.name, current.dir, current)
+            return start(control, current.name, current.dir, current)
         status = current.status
     detail = "its lima.yaml could not be loaded" if status == "" else f"status {status!r}"
     raise StateError(
-        f"{instance.name} did not become usable ({detail}) within {session.config.startup_wait_sec}s",
+        f"{instance.name} did not become usable ({detail}) within {control.config.startup_wait_sec}s",
         hint=f"Check `limactl list` and Lima's log {instance.log_path}; `agentbox start --recreate` starts over.",
     )
 
 
-def require_running(session: VmControl, name: str) -> Instance:
-    instance = session.instance(name)
+def require_running(control: VmControl, name: str) -> Instance:
+    instance = control.instance(name)
     if instance is None:
         raise StateError(f"{name} disappeared right after it was started", hint="Run the command again.")
     if instance.status != RUNNING:
@@ -521,18 +521,18 @@ def require_running(session: VmControl, name: str) -> Instance:
     return instance
 
 
-def stop(session: VmControl, name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
+def stop(control: VmControl, name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
     """Stop the VM. A step line reports a stop; the returned note says why nothing was done. `known`: the
     caller's `limactl list` row of it, so none is repeated."""
-    instance = session.instance(name) if known is _UNKNOWN else known
+    instance = control.instance(name) if known is _UNKNOWN else known
     if instance is None:
         return f"{name} does not exist; nothing to stop"
-    check_workspace_matches(instance, session.config)
+    check_workspace_matches(instance, control.config)
     if instance.status == STOPPED and not force:
         return f"{name} is already stopped"
-    with vmstate.lock(name):
-        stop_now(session.lima, name, force or instance.status != RUNNING, session.verbose)
-    session.on_stopped(name)
+    with state.lock(name):
+        stop_now(control.lima, name, force or instance.status != RUNNING, control.verbose)
+    control.on_stopped(name)
     return None
 
 
@@ -547,11 +547,11 @@ def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
         lima.stop(name, force=force, on_output=progress.feed)
 
 
-def delete(session: VmControl, name: str) -> None:
+def delete(control: VmControl, name: str) -> None:
     """Delete the VM and its disk; agentbox's own state of it stays until vmstate.clear (the outbox is there)."""
-    with vmstate.lock(name):
+    with state.lock(name):
         verified.forget(name)
-        session.lima.delete(name, force=True)
+        control.lima.delete(name, force=True)
 
 
 REMOVED = "{name} removed (its disk is gone; the workspace on the host is untouched)"
@@ -560,8 +560,6 @@ REMOVED = "{name} removed (its disk is gone; the workspace on the host is untouc
 def conflict(instance: Instance | None, config: Config) -> dict[str, Any] | None:
     """When the VM of this name is not this workspace's: its name, its workspace (None when agentbox did
     not create it) and a name this workspace could use instead."""
-    from agentbox.config import naming
-
     if instance is None or workspace_of(instance) == str(config.workspace) or half_made(instance, config):
         return None
     return {

@@ -15,10 +15,15 @@ ssh.config Lima writes in the instance folder (`limactl tunnel` only offers a SO
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import signal
+import stat
+import subprocess
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -28,6 +33,7 @@ from typing import Any, NamedTuple
 from agentbox import hosttools, terminal
 from agentbox.errors import Interrupted, LimaError
 from agentbox.logline import parse_log_line
+from agentbox.safetext import visible
 from agentbox.vm import calllog
 
 RUNNING = "Running"
@@ -193,8 +199,6 @@ class Lima:
         Lima saves a rejected edit as ./lima.REJECTED.yaml in its current folder, so it runs in a temporary
         folder of its own (gone afterwards); the error keeps Lima's reason without that file's name.
         """
-        import tempfile
-
         args = ["--tty=false", "edit", name]
         for flag in EDIT_FLAGS:
             if flag in flags:
@@ -238,12 +242,12 @@ class Lima:
         if reconnect:
             args.append("--reconnect")
         args += [name, "--", *argv] if argv else [name]
-        import subprocess
 
         started = time.monotonic()
         full = [self._resolve(), *args]
         stderr = None
         if watch:
+            # deferred: start-up (vm.shellwatch: only an attached shell watches stderr, not the launch's own calls)
             from agentbox.vm.shellwatch import StderrWatch
 
             stderr = StderrWatch(name)
@@ -283,14 +287,13 @@ class Lima:
 
     def _sh(self) -> Any:
         if self._command is None:
+            # deferred: start-up (sh, ~70 ms: only streamed/long calls use it; the warm launch runs subprocess)
             import sh
 
             self._command = sh.Command(self._resolve())
         return self._command
 
     def _captured(self, args: list[str], cwd: str | None = None) -> tuple[str, str]:
-        import subprocess
-
         full = [self._resolve(), *args]
         started = time.monotonic()
         try:
@@ -318,8 +321,6 @@ class Lima:
     def shell_output(self, name: str, argv: list[str], stdin_data: bytes | None = None) -> tuple[int, str]:
         """Run argv in the VM with output captured (for checks, not sessions); any exit code is returned.
         `stdin_data` is what the command reads on its stdin (a secret goes there, never on the command line)."""
-        import subprocess
-
         full = [self._resolve(), "shell", name, "--", *argv]
         started = time.monotonic()
         if stdin_data is None:
@@ -337,9 +338,6 @@ class Lima:
         than filling the host's memory. `stdin_data` (small: it is written before stdout is read) is what
         the command reads on its stdin.
         """
-        import subprocess
-        import tempfile
-
         full = [self._resolve(), "shell", name, "--", *argv]
         started = time.monotonic()
         chunks: list[bytes] = []
@@ -373,6 +371,7 @@ class Lima:
 
     def _streamed(self, args: list[str], on_output: Callable[[str], None] | None, cwd: str | None = None) -> None:
         """Run a long operation, feeding each output line to on_output as it arrives."""
+        # deferred: start-up (sh, ~70 ms: only streamed/long calls use it; the warm launch runs subprocess)
         import sh
 
         command = self._sh()
@@ -428,8 +427,6 @@ class Lima:
         The ssh runs detached (its own session, output to `log`) and is waited for until it listens,
         or fails: a taken host port is fatal to it (ExitOnForwardFailure).
         """
-        import subprocess
-
         ssh = hosttools.which("ssh")
         if ssh is None:
             raise LimaError("ssh was not found on PATH, so agentbox cannot forward a port",
@@ -487,7 +484,6 @@ def port_forward_alive(pid: int, guest_port: int, host_port: int) -> bool:
             return False
     except OSError:
         return False
-    import subprocess
 
     ps = hosttools.which("ps")
     if ps is None:
@@ -512,7 +508,7 @@ def stop_port_forward(pid: int, guest_port: int, host_port: int) -> bool:
 
 def host_port_in_use(port: int, ip: str = "127.0.0.1") -> bool:
     """Something listens on ip:port (binding it fails with EADDRINUSE)."""
-    import errno
+    # deferred: start-up (socket, ~4 ms: only a port check needs it, never the warm launch)
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -525,8 +521,6 @@ def host_port_in_use(port: int, ip: str = "127.0.0.1") -> bool:
 
 
 def _tail(path: Path, limit: int = 8192) -> list[str]:
-    from agentbox.safetext import visible
-
     try:
         with open(path, "rb") as handle:
             handle.seek(max(0, os.path.getsize(path) - limit))
@@ -587,8 +581,6 @@ def port_forwards(instance_dir: str) -> list[PortForward]:
 
 def _json_lines(path: str, marker: str) -> Iterator[dict[str, Any]]:
     """JSON objects of the lines that contain marker, from the last LOG_READ_LIMIT bytes of a regular file."""
-    import stat
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -619,8 +611,6 @@ def meaningful_lines(stderr: str) -> list[str]:
     Debug and trace lines are left out. Messages can carry text from the guest (a probe's output),
     so control characters come back escaped (safetext.visible).
     """
-    from agentbox.safetext import visible
-
     result = []
     for raw in stderr.splitlines():
         if not raw.strip():
@@ -637,8 +627,6 @@ def _sigint_held() -> Iterator[list[int]]:
     """SIGINT is only noted (in the yielded list) until the block has ended: a Ctrl-C while a child
     is being started would otherwise come before its handle is assigned, leaving a running limactl
     that nothing stops. The caller raises KeyboardInterrupt afterwards if one came."""
-    import threading
-
     held: list[int] = []
     if threading.current_thread() is not threading.main_thread():  # only the main thread gets signals
         yield held

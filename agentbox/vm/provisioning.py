@@ -12,6 +12,7 @@ from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config import pins
 from agentbox.config.load import Config
 from agentbox.errors import ConfigError
+from agentbox.progress import note
 
 SYSTEM_SCRIPTS = ("10-base-packages.sh", "20-docker.sh", "30-nodejs.sh", "40-github-cli.sh")
 USER_SCRIPTS = ("50-user-setup.sh",)
@@ -88,8 +89,8 @@ def settings_text(values: dict[str, Any], syntax: str) -> str:
 def ca_certificates(config: Config, announce: bool = True) -> list[str]:
     """PEM blocks from caCert and from the host's NODE_EXTRA_CA_CERTS, without duplicates and without
     the public roots the guest trusts already (says so when it leaves any out, if `announce`)."""
+    # deferred: start-up (config.cacerts: only rendering a new VM's CA certificates needs it)
     from agentbox.config import cacerts
-    from agentbox.progress import note
 
     sources: list[tuple[Path, str]] = []
     if config.ca_cert is not None:

@@ -2,16 +2,18 @@
 
 import os
 import platform
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import paths, resources
+from agentbox.config import pins
 from agentbox.config.image import Image
 from agentbox.config.load import Config, deep_merge
 from agentbox.errors import ConfigError
-from agentbox.git import dirs as gitdirs
+from agentbox.git import dirs
 from agentbox.progress import warn
-from agentbox.vm import workmode
+from agentbox.vm import provisioning, workmode
 
 if TYPE_CHECKING:
     from agentbox.vm.provisioning import Plan
@@ -32,6 +34,7 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
     Multi-line strings become literal blocks where YAML allows it; their lines are indented by
     `indent` more than PyYAML's own two spaces, to sit under a key at that column.
     """
+    # deferred: start-up (yaml, ~22 ms: only rendering a template writes YAML; the warm launch renders none)
     import yaml
 
     multiline = isinstance(value, str) and "\n" in value.rstrip("\n")
@@ -55,7 +58,7 @@ def to_yaml_scalar(value: Any, indent: int = 0) -> str:
 def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     workspace = config.require_workspace()
     isolated = config.session_mode == workmode.ISOLATED
-    git = gitdirs.locate(workspace)
+    git = dirs.locate(workspace)
     if isolated:
         # The VM sees the workspace read-only, elsewhere; launch.sh puts the agent's copy at its path.
         if git.git_dir is None:
@@ -90,7 +93,7 @@ def mounts_for(config: Config, vm_name: str) -> list[RenderedMount]:
     return mounts
 
 
-def _common_dir_mounts(git: gitdirs.GitDirs, workspace: Path, isolated: bool) -> list[RenderedMount]:
+def _common_dir_mounts(git: dirs.GitDirs, workspace: Path, isolated: bool) -> list[RenderedMount]:
     """A validated `git worktree add` layout: the main repository's .git, which git in the VM needs.
 
     Read-only as a whole (its config, hooks, info and the other worktrees' folders configure and
@@ -105,7 +108,7 @@ def _common_dir_mounts(git: gitdirs.GitDirs, workspace: Path, isolated: bool) ->
     mounts = [RenderedMount(str(common), str(common), False)]
     if isolated:
         return mounts
-    parts = gitdirs.vm_writable_parts(git)
+    parts = dirs.vm_writable_parts(git)
     for problem in parts.skipped:
         warn(f"not mounting it writable: {problem}; git in the VM cannot write there")
     mounts += [RenderedMount(str(folder), str(folder), True) for folder in parts.folders]
@@ -118,9 +121,6 @@ def _inside(path: Path, parent: Path) -> bool:
 
 def _hooks_dir(common: Path | None) -> Path | None:
     """The hooks folder of a validated git folder, when it is a real folder (a link could point anywhere)."""
-    import os
-    import stat
-
     if common is None:
         return None
     try:
@@ -175,8 +175,6 @@ def settings_of(config: Config) -> BaseSettings:
 
 
 def context(config: Config, vm_name: str) -> dict[str, Any]:
-    from agentbox.vm import provisioning
-
     prov = provisioning.plan(config)
     return _values(vm_name, settings_of(config), prov, mounts_for(config, vm_name), str(config.require_workspace()),
                    str(paths.staging_dir(vm_name)))
@@ -185,8 +183,6 @@ def context(config: Config, vm_name: str) -> dict[str, Any]:
 def base_context(settings: BaseSettings, vm_name: str, ca_certs: tuple[str, ...] = ()) -> dict[str, Any]:
     """The template's values for the base VM: no mounts, empty workspace params (Lima requires every param
     to be used, and a clone sets them: agentbox.vm.golden.clone_edits), the CA certificates a project VM gets."""
-    from agentbox.vm import provisioning
-
     plan = provisioning.plan(None)
     plan.ca_certs = list(ca_certs)
     return _values(vm_name, settings, plan, [], "", "")
@@ -233,8 +229,6 @@ def render_remote(config: Config, vm_name: str, staging: RenderedMount, outbox: 
     the outbox writable), each seen in the VM at this machine's path of its counterpart, so that the launch step
     and its files name the same paths as here. vm.template and vm.lima are not used, nor a vm.image that names a
     host path: they name this machine's files and folders (an image's URL is used)."""
-    from agentbox.vm import provisioning
-
     prov = provisioning.plan(config)
     settings = settings_of(config)
     if settings.image is not None and settings.image.host_paths():
@@ -245,6 +239,7 @@ def render_remote(config: Config, vm_name: str, staging: RenderedMount, outbox: 
 
 
 def _environment() -> Any:
+    # deferred: start-up (jinja2, ~44 ms: only rendering a template needs it; the warm launch renders none)
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -265,12 +260,12 @@ TEMPLATE_NAME = "<template>"  # what Jinja2 calls a template made from a string,
 def render(config: Config, vm_name: str) -> str:
     """The instance's lima.yaml. Templates run in Jinja2's immutable sandbox: a template is data, never
     a way to reach Python objects or run commands on the host."""
+    # deferred: start-up (jinja2, ~44 ms: only rendering a template needs it; the warm launch renders none)
     import jinja2
 
     env = _environment()
     where = "agentbox's template"
     if config.template is not None:
-        from agentbox.config import pins
 
         where = str(config.template)
         try:
@@ -289,6 +284,7 @@ def render(config: Config, vm_name: str) -> str:
 
 
 def _merge_lima(text: str, lima: dict[str, Any]) -> str:
+    # deferred: start-up (yaml, ~22 ms: only rendering a template writes YAML; the warm launch renders none)
     import yaml
 
     data = yaml.safe_load(text) or {}
@@ -300,6 +296,7 @@ def _merge_lima(text: str, lima: dict[str, Any]) -> str:
 
 def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
     """Render, turning anything the template does wrong into a config error with its line."""
+    # deferred: start-up (jinja2, ~44 ms: only rendering a template needs it; the warm launch renders none)
     from jinja2.exceptions import SecurityError, TemplateError
 
     parts: list[str] = []
@@ -328,6 +325,7 @@ def _render_bounded(template: Any, values: dict[str, Any], where: str) -> str:
 
 def _template_line(exc: BaseException) -> str:
     """ ":LINE" of the template line that raised, from the frames Jinja2 maps back to the template."""
+    # deferred: start-up (traceback, ~4 ms: only a template error's line needs it)
     import traceback
 
     line = None

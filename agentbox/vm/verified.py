@@ -15,8 +15,7 @@ import secrets
 from typing import Any, NamedTuple
 
 from agentbox import paths
-from agentbox.vm import effective
-from agentbox.vm import state as vmstate
+from agentbox.vm import effective, state
 from agentbox.vm.lima import RUNNING, Instance
 
 KEY = "verified"
@@ -46,11 +45,11 @@ def _signature(name: str) -> list[Any]:
     return signature
 
 
-def cached(name: str, state: dict[str, Any]) -> Verified | None:
+def cached(name: str, recorded: dict[str, Any]) -> Verified | None:
     """The record, when it still describes the VM `name` as agentbox left it; else None. (Whose VM it is, the
     caller checks on the row as on any `list` row.)"""
-    record = state.get(KEY)
-    if not isinstance(record, dict) or state.get("refused"):
+    record = recorded.get(KEY)
+    if not isinstance(record, dict) or recorded.get("refused"):
         return None
     row, token = record.get("row"), record.get("token")
     if not isinstance(row, dict) or not isinstance(token, str) or not token:
@@ -71,13 +70,13 @@ def record(name: str, instance: Instance) -> str | None:
         forget(name)
         return None
     token = secrets.token_hex(16)
-    vmstate.update(name, {KEY: {"token": token, "row": instance.raw, "signature": signature}})
+    state.update(name, {KEY: {"token": token, "row": instance.raw, "signature": signature}})
     return token
 
 
 def forget(name: str) -> None:
     """The VM was stopped, restarted or deleted by agentbox: the next launch lists it."""
-    state = vmstate.read(name)
-    if KEY in state:
-        del state[KEY]
-        vmstate.write(name, state)
+    recorded = state.read(name)
+    if KEY in recorded:
+        del recorded[KEY]
+        state.write(name, recorded)

@@ -108,6 +108,7 @@ def _token_of(entry: dict[str, Any]) -> str | None:
 
 def _yaml() -> Any:
     """PyYAML, loaded only when there is a hosts.yml to read (20 ms a launch without one would pay)."""
+    # deferred: start-up (yaml, ~22 ms: only a gh login file is parsed)
     import yaml
 
     return yaml

@@ -56,6 +56,7 @@ class CodexLogin(FileLogin):
         account = _account(tokens.get("id_token"))
         if account and not string(tokens, "account_id"):
             tokens["account_id"] = account
+        # deferred: start-up (datetime: tests/test_own_time.py keeps it off the launch)
         from datetime import datetime, timezone  # only a token refresh writes a date (not a launch)
 
         stamp = datetime.fromtimestamp(now, timezone.utc).isoformat().replace("+00:00", "Z")

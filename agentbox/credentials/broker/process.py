@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 import sys
 from pathlib import Path
 
 from agentbox.config import keys
 from agentbox.credentials.broker import brokered
 from agentbox.credentials.tokens import Upstream
-from agentbox.net import certauthority, pushes
-from agentbox.net import guard as netguard
+from agentbox.net import certauthority, guard, pushes
 from agentbox.net.broker import Brokering
+from agentbox.net.upstream import trust
+from agentbox.vm import lima
 
 # Tests only: where the broker finds "the real hosts" ({"address": [host, port], "caFile": PEM}); the host's
 # environment is the user's, never the VM's.
@@ -28,18 +30,17 @@ TEST_UPSTREAM = "AGENTBOX_TEST_BROKER_UPSTREAM"
 
 def load(vm: str) -> Brokering | None:
     """The broker for `vm` from its request file; None when there is none."""
-    path = netguard.folder(vm) / netguard.BROKER_FILE
+    path = guard.folder(vm) / guard.BROKER_FILE
     try:
         data = json.loads(path.read_bytes())  # agentbox's own file, in the host's state folder
     except FileNotFoundError:
         return None
     upstream = _test_upstream()
-    route = netguard.upstream_route(vm)
+    route = guard.upstream_route(vm)
     refreshes = upstream
     if route is not None:  # OAuth refreshes through the company proxy, trusting the user's CA certificates too
-        from agentbox.net import upstream as companyproxy
 
-        refreshes = Upstream(upstream.context if upstream else companyproxy.trust(route),
+        refreshes = Upstream(upstream.context if upstream else trust(route),
                              upstream.address if upstream else None, route)
     prepared = brokered.prepare_request(vm, brokered.Request.from_json(data), refreshes)
     if not prepared.hosts:
@@ -78,7 +79,6 @@ def _test_upstream() -> Upstream | None:
         return None
     data = json.loads(text)
     address = (str(data["address"][0]), int(data["address"][1]))
-    import ssl
 
     return Upstream(ssl.create_default_context(cafile=str(Path(data["caFile"]))), lambda host, port: address)
 
@@ -86,11 +86,9 @@ def _test_upstream() -> Upstream | None:
 def vm_running(vm: str) -> bool:
     """Whether the VM still runs, as Lima says (agentbox.vm.lima, the one module that runs limactl): the broker's
     process ends with its VM once no session holds it (agentbox.net.guard.serve asks, seldom)."""
-    from agentbox.vm import lima
-
     return lima.is_running(vm)
 
 
 if __name__ == "__main__":
-    sys.exit(netguard.serve(sys.argv[1], lambda: load(sys.argv[1]), sys.argv[2:],
+    sys.exit(guard.serve(sys.argv[1], lambda: load(sys.argv[1]), sys.argv[2:],
                             vm_running=lambda: vm_running(sys.argv[1])))
