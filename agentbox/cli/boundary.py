@@ -9,8 +9,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from agentbox import timing
+from agentbox import paths, progress, timing
+from agentbox.config import pins
 from agentbox.errors import AgentboxError, LimaError
+from agentbox.progress import silence
+from agentbox.safetext import visible
 
 CLOSED_PIPE_EXIT = 141  # 128 + SIGPIPE: what a shell reports for `yes | head -1`
 INTERRUPTED_EXIT = 130
@@ -20,16 +23,11 @@ def begin(quiet: bool, timings: bool) -> None:
     """The global options' effects, at the start of one invocation (tests run many in one process)."""
     if timings:
         timing.enable()
-    from agentbox import progress
-    from agentbox.config import pins
-
     progress.set_quiet(quiet)
     pins.forget()  # one invocation, one read of every pinned file
 
 
 def end() -> None:
-    from agentbox import progress
-
     progress.set_quiet(False)
 
 
@@ -39,8 +37,6 @@ def closed_pipe() -> int:
     Nothing more can reach that reader. Both streams are pointed at /dev/null, so Python's flush
     at exit prints no "Exception ignored ... BrokenPipeError" either. Returns the exit status.
     """
-    from agentbox.progress import silence
-
     silence(sys.stdout)
     silence(sys.stderr)
     return CLOSED_PIPE_EXIT
@@ -55,8 +51,6 @@ def say(line: str) -> None:
 def report_error(exc: AgentboxError) -> None:
     """The error on stderr: a failed limactl's last lines and log first, then the message and its hint."""
     if isinstance(exc, LimaError):
-        from agentbox.safetext import visible
-
         if exc.tail:
             say("Last lines from limactl:")
             for line in exc.tail:
@@ -82,9 +76,8 @@ def internal_error(exc: Exception) -> int:
 
 
 def write_crash_log() -> str:
+    # deferred: start-up (traceback: only on that path, not on a launch)
     import traceback
-
-    from agentbox import paths
 
     path = paths.state_dir() / "crash.log"
     try:
@@ -122,6 +115,7 @@ def _click_exit(exc: Exception) -> int | None:
     """The exit code click's main gives its own exceptions (after printing what it prints); None for others."""
     if "click" not in sys.modules:  # only a command that imported click can raise its exceptions
         return None
+    # deferred: start-up (click: click is never imported on a launch)
     import click
 
     if isinstance(exc, click.exceptions.Exit):

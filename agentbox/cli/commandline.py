@@ -7,6 +7,7 @@ modules are imported inside the commands that need them.
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from agentbox import __version__
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.cli import boundary, helpscreen
 from agentbox.cli.boundary import closed_pipe, report_error
+from agentbox.cli.commands.help import unknown_command
 from agentbox.errors import AgentboxError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -78,12 +80,11 @@ class AgentboxGroup(click.Group):
         if command is not None:
             return command
         if cmd_name in LAZY_COMMANDS:
-            import importlib
-
             module, attribute = LAZY_COMMANDS[cmd_name]
             lazy: click.Command = getattr(importlib.import_module(module), attribute)
             return lazy
         if cmd_name in BUILTIN_AGENTS or cmd_name in _agent_names(ctx):
+            # deferred: start-up (cli.commands.agentcommand: only the command that needs it)
             from agentbox.cli.commands.agentcommand import make_agent_command
 
             return make_agent_command(cmd_name, _agent_summary(ctx, cmd_name))
@@ -99,8 +100,6 @@ class AgentboxGroup(click.Group):
             return name, command, args[1:]
         if ctx.resilient_parsing or name.startswith("-"):  # completion; or an option, which click reports
             return super().resolve_command(ctx, args)
-        from agentbox.cli.commands.help import unknown_command
-
         raise unknown_command(ctx, name)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

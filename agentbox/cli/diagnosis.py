@@ -17,9 +17,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import hosttools, paths, staginglayout
+from agentbox import hosttools, paths, resources, staginglayout
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.errors import AgentboxError, ConfigError, LimaError
+from agentbox.safetext import visible
 from agentbox.vm import state as vmstate
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
 
 def check_lima(lima: Lima, checks: list[Check]) -> bool:
     """limactl on PATH and recent enough; whether VM checks can go on."""
-    from agentbox import hosttools
+    # deferred: start-up (vm.lima, vm.render: only the checks that use it)
     from agentbox.vm.lima import INSTALL_HINT, not_found_hint
     from agentbox.vm.render import MINIMUM_LIMA_VERSION
 
@@ -128,6 +129,7 @@ def version_tuple(version: str) -> tuple[int, ...] | None:
 
 def check_config(cwd: Path, checks: list[Check]) -> Config | None:
     """Load the config; None when it is invalid or names no usable workspace (later checks need both)."""
+    # deferred: start-up (load: only the checks that use it)
     from agentbox.config import load as configmod
 
     try:
@@ -165,6 +167,7 @@ def check_config(cwd: Path, checks: list[Check]) -> Config | None:
 
 def check_trust(config: Config, checks: list[Check]) -> None:
     """A local config that widens what the VM gets must be trusted, or every launch refuses it (exit 2)."""
+    # deferred: start-up (trust: only the checks that use it)
     from agentbox.config import trust
 
     risky = trust.risky_keys(config) if config.local_file is not None else []
@@ -187,6 +190,7 @@ def check_trust(config: Config, checks: list[Check]) -> None:
 
 def check_ca_certificates(config: Config, checks: list[Check]) -> None:
     """caCert and NODE_EXTRA_CA_CERTS must be readable PEM files, or creating the VM fails."""
+    # deferred: start-up (cacerts: only the checks that use it)
     from agentbox.config import cacerts
 
     try:
@@ -219,6 +223,7 @@ def check_ca_certificates(config: Config, checks: list[Check]) -> None:
 
 def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
     """A readable CA file: fine, unless it is a whole system trust store (the VM has the public roots)."""
+    # deferred: start-up (cacerts: only the checks that use it)
     from agentbox.config import cacerts
 
     embedded = cacerts.embedding(path, pems)
@@ -239,6 +244,7 @@ def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
 
 def check_git(config: Config, checks: list[Check]) -> None:
     """A worktree's main git folder is mounted only when gitdirs validates it; say which way it went."""
+    # deferred: start-up (dirs: only the checks that use it)
     from agentbox.git import dirs as gitdirs
 
     workspace = config.require_workspace()
@@ -260,6 +266,7 @@ def check_git(config: Config, checks: list[Check]) -> None:
 
 def check_tripwire(config: Config, checks: list[Check]) -> None:
     """Changes to files the host runs, made in or after a session, that nobody has accepted yet."""
+    # deferred: start-up (tripwire, tasks.activity: only the checks that use it)
     from agentbox.review import tripwire
     from agentbox.tasks.activity import ProjectActivity
 
@@ -280,6 +287,7 @@ def check_tripwire(config: Config, checks: list[Check]) -> None:
 
 def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance | None, bool]:
     """The VM's state and whether it belongs to this workspace."""
+    # deferred: start-up (lifecycle, vm.lima: only the checks that use it)
     from agentbox.vm import lifecycle as vm
     from agentbox.vm.lima import BROKEN, RUNNING, STOPPED
 
@@ -359,6 +367,7 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
 def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
     """The base VM new project VMs are cloned from (agentbox.vm.golden): fresh, stale or absent; and whether
     this project's VM was cloned from an older one. Uses the `list` check_vm made."""
+    # deferred: start-up (golden: only the checks that use it)
     from agentbox.vm import golden
 
     if config.vm_base != "auto":
@@ -388,7 +397,7 @@ def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
 
 def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
     """The running VM's guest ports Lima could not forward to the host, with who has each host port."""
-    from agentbox.safetext import visible
+    # deferred: start-up (forwards, vm.lima: only the checks that use it)
     from agentbox.vm import forwards
     from agentbox.vm.lima import RUNNING
 
@@ -407,6 +416,7 @@ def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
 
 def check_drift(config: Config, checks: list[Check]) -> None:
     """Settings that only a new VM gets (cpus, memory, mounts, ...) changed since this VM was created."""
+    # deferred: start-up (drift: only the checks that use it)
     from agentbox.vm import drift
 
     recorded = vmstate.read(config.vm_name).get("fingerprint")
@@ -432,6 +442,7 @@ def check_drift(config: Config, checks: list[Check]) -> None:
 
 def check_in_place(config: Config, recorded: dict[str, object], checks: list[Check]) -> None:
     """cpus, memory or a larger disk changed in the config: Lima applies them when the VM next starts."""
+    # deferred: start-up (inplace: only the checks that use it)
     from agentbox.vm import inplace
 
     found = inplace.plan(recorded, config)
@@ -457,7 +468,7 @@ def probe_vm(
     lima: Lima, config: Config, instance: Instance | None, owned: bool, lima_usable: bool, checks: list[Check]
 ) -> Probe:
     """Look inside the VM once (only when it runs and is this workspace's)."""
-    from agentbox import resources
+    # deferred: start-up (vm.lima: only the checks that use it)
     from agentbox.vm.lima import RUNNING
 
     if not lima_usable:
@@ -517,6 +528,7 @@ def parse_probe(output: str) -> Probe | None:
 def check_provisioning(instance: Instance, probe: Probe, checks: list[Check]) -> None:
     """A running VM whose provisioning did not finish at this boot, and a last start Lima reported degraded
     (remembered in the VM's state by agentbox.vm.lifecycle.start)."""
+    # deferred: start-up (lifecycle, vm.lima: only the checks that use it)
     from agentbox.vm import lifecycle
     from agentbox.vm.lima import RUNNING
 
@@ -545,6 +557,7 @@ def _no_probe(reason: str) -> Probe:
 
 def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str, list[Path]]]]:
     """Per agent (None for gh and netrc): guest path ("~/...") -> the host files that land there."""
+    # deferred: start-up (stage: only the checks that use it)
     from agentbox.credentials import stage as credentials
 
     if not config.credentials.enabled:
@@ -562,6 +575,7 @@ def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str
 
 
 def _guest_map(specs: Iterable[str]) -> dict[str, list[Path]]:
+    # deferred: start-up (stage: only the checks that use it)
     from agentbox.credentials import stage as credentials
 
     mapping: dict[str, list[Path]] = {}
@@ -594,6 +608,7 @@ def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None
 def check_broker(config: Config) -> list[Check]:
     """The credential broker: whose logins stay on the host (brokered) and whose are copied in (staged), the
     VM's CA, and a WARN for each note of the last launch (a host login missing: how to log in on the host)."""
+    # deferred: start-up (report: only the checks that use it)
     from agentbox.credentials import report as brokerreport
 
     report = brokerreport.of(config, config.vm_name)
@@ -615,6 +630,7 @@ def agents_in_use(
 ) -> dict[str, str]:
     """The agents worth checking, each with why: named in a config file, logged in on the host or in the VM, or
     launched in the VM before."""
+    # deferred: start-up (report: only the checks that use it)
     from agentbox.credentials import report as brokerreport
 
     launched = set(brokerreport.launched_in(config.vm_name))
@@ -705,12 +721,14 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
 
 
 def _brokered(config: Config) -> list[str]:
+    # deferred: start-up (report: only the checks that use it)
     from agentbox.credentials import report as brokerreport
 
     return brokerreport.candidates(config) if config.credentials.broker else []
 
 
 def _gh_login_on_host(config: Config) -> bool:
+    # deferred: start-up (stage: only the checks that use it)
     from agentbox.credentials import stage as credentials
 
     return config.credentials.gh and Path(os.path.expanduser(credentials.GH_FILES[0])).is_file()
@@ -718,6 +736,7 @@ def _gh_login_on_host(config: Config) -> bool:
 
 def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:
     """gh and netrc: shown only when the host has them (neither is needed)."""
+    # deferred: start-up (stage: only the checks that use it)
     from agentbox.credentials import stage as credentials
 
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
@@ -762,6 +781,7 @@ def _login_state(
 
 def check_network(config: Config, probe: Probe, checks: list[Check]) -> None:
     """network.mode, what enforces it, and whether the VM's firewall is in place (agentbox.net.policy)."""
+    # deferred: start-up (guard, policy: only the checks that use it)
     from agentbox.net import guard as netguard
     from agentbox.net import policy as netpolicy
 

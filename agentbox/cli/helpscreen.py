@@ -10,11 +10,14 @@ without agents defined in a config and at several widths. agentbox.cli.main send
 from __future__ import annotations
 
 import os
+import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.errors import AgentboxError
 
 USAGE = "Usage: agentbox [OPTIONS] COMMAND [ARGS]..."
 ROOT_HELP = """Run AI coding agents in a per-project Lima VM.
@@ -102,13 +105,13 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
 def configured_agents(start: Path) -> dict[str, Any]:
     """The agents the config found from `start` defines; none when no config file can define one (no YAML read) or
     the config is broken (its error is for the commands that use it)."""
+    # deferred: start-up (peek: not on `agentbox --help`)
     from agentbox.config import peek
 
     if not peek.may_define_agents(start):
         return {}
+    # deferred: start-up (load: not on `agentbox --help`)
     from agentbox.config import load as config
-    from agentbox.errors import AgentboxError
-
     try:
         return config.load(start).agents
     except AgentboxError:
@@ -137,6 +140,7 @@ def sections(configured: dict[str, Any]) -> list[tuple[str, list[tuple[str, str]
 
 def width() -> int:
     """click's HelpFormatter's width for agentbox's max_content_width."""
+    # deferred: start-up (shutil: not on `agentbox --help`)
     import shutil
 
     return max(min(shutil.get_terminal_size().columns, MAX_WIDTH) - 2, 50)
@@ -150,8 +154,6 @@ class _NotPlain(Exception):
 def wrap(text: str, columns: int, indent: str = "") -> str:
     """click.formatting.wrap_text(text, columns, indent, indent, preserve_paragraphs=True) for plain text: each
     paragraph (lines between empty ones) joined and filled. Raises _NotPlain for any other text."""
-    import textwrap
-
     if any(len(word) + len(indent) >= columns for word in text.split()) or not text.replace("\n", "").isprintable():
         raise _NotPlain(text)
 
@@ -215,8 +217,6 @@ def show(start: Path | None = None, write: Callable[[str], Any] | None = None) -
     text = render(configured_agents(start or Path(os.getcwd())), width())
     if text is None:
         return -1
-    import sys
-
     (write or sys.stdout.write)(text + "\n")
     sys.stdout.flush()
     return 0

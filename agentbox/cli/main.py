@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from agentbox.agents.builtin import BUILTIN_AGENTS
+
 if TYPE_CHECKING:
     import click
 
@@ -62,11 +64,10 @@ def launch_line(args: list[str]) -> tuple[dict[str, Any], str, list[str]] | None
             index += 1
     if index == len(args) or (options["quiet"] and options["verbose"]):  # click's usage errors
         return None
-    from agentbox.agents.builtin import BUILTIN_AGENTS
-
     name, rest = args[index], args[index + 1:]
     if name not in BUILTIN_AGENTS:  # a configured agent's name needs the config read: click's command line does
         return None
+    # deferred: start-up (cli.commands.agent: not on a launch or `agentbox --help`)
     from agentbox.cli.commands.agent import DETACH_FLAGS, ISOLATED_FLAG
 
     after, isolated, detach = rest, False, False  # as run_agent reads agentbox's own options (each once)
@@ -80,6 +81,7 @@ def launch_line(args: list[str]) -> tuple[dict[str, Any], str, list[str]] | None
 
 def launch(options: dict[str, Any], name: str, args: list[str]) -> int:
     """Run the agent as the click command line would (agentbox.cli.commandline.cli, then the agent's command)."""
+    # deferred: start-up (boundary, cli.commands.agent: not on a launch or `agentbox --help`)
     from agentbox.cli import boundary
     from agentbox.cli.commands.agent import run_agent
 
@@ -101,16 +103,19 @@ def main() -> None:
     if line is not None:
         sys.exit(launch(*line))
     if sys.argv[1:] in (["--help"], ["-h"], []) and COMPLETION_VARIABLE not in os.environ:  # bare: the help too
+        # deferred: start-up (helpscreen: not on a launch or `agentbox --help`)
         from agentbox.cli import helpscreen
 
         try:
             code = helpscreen.show()
         except BrokenPipeError:  # `agentbox --help | head -1`
+            # deferred: start-up (cli.boundary: not on a launch or `agentbox --help`)
             from agentbox.cli.boundary import closed_pipe
 
             sys.exit(closed_pipe())
         if code >= 0:
             sys.exit(code)
+    # deferred: start-up (cli.boundary, cli.commandline: not on a launch or `agentbox --help`)
     from agentbox.cli.boundary import closed_pipe
     from agentbox.cli.commandline import cli
 
@@ -124,6 +129,7 @@ def __getattr__(name: str) -> Any:
     """The click command line's names (`from agentbox.cli.main import cli`), imported when asked for."""
     if name.startswith("__"):  # the import system's questions (`__path__`: is this a package?)
         raise AttributeError(name)
+    # deferred: start-up (commandline: not on a launch or `agentbox --help`)
     from agentbox.cli import commandline
 
     return getattr(commandline, name)

@@ -11,10 +11,27 @@ agent's registry entry and config) and says how to get the agent's own answer.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
+from agentbox import __version__
+from agentbox.agents.builtin import BUILTIN_AGENTS, agent_argv, flag_subcommands, model_after
+from agentbox.agents.logins import FORMATS
+from agentbox.cli.commands.common import session as session_for
+from agentbox.cli.commands.common import warn_if_untrusted
+from agentbox.config import load as config
+from agentbox.config import trust
+from agentbox.credentials.stage import guest_path_for
+from agentbox.errors import AgentboxError, LimaError, StateError, UsageError
+from agentbox.progress import note
+from agentbox.safetext import visible
+from agentbox.session import brokersetup, launch, prepare
+from agentbox.session.prepare import Ask
+from agentbox.session.worktrees import session_worktree
 from agentbox.tasks.activity import ProjectActivity
+from agentbox.vm import lifecycle as vm
+from agentbox.vm import workmode
+from agentbox.vm.lima import RUNNING
 
 if TYPE_CHECKING:
     import click
@@ -35,8 +52,6 @@ CONFIG_META = "agentbox.config.load"  # ctx.meta key: a config already loaded, r
 
 
 def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
-    from agentbox.cli.commands.common import session as session_for
-
     # agentbox's own options come first (each once); anything after them (another --isolated too) is the agent's.
     isolated = detach = False
     place: str | None = None
@@ -53,18 +68,14 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
             break
         args = args[1:]
     if place is not None and not detach:
-        from agentbox.errors import UsageError
-        from agentbox.safetext import visible
-
         raise UsageError(f"--on {visible(place)} needs --detach: a session on another machine always runs detached",
                          hint=f"`agentbox {name} --on {visible(place)} --detach [ARGS]...` starts it and prints its "
                          "id; `agentbox attach ID` joins it.")
     if detach and (args[:1] in (["shell"], ["login"]) or (len(args) == 1 and args[0] in QUERIES)):
-        from agentbox.errors import UsageError
-
         raise UsageError(f"--detach starts the agent itself in a session; it does not go with `{args[0]}`",
                          hint=f"Run `agentbox {name} --detach [ARGS]...` for the agent.")
     if args[:1] == ["shell"]:
+        # deferred: start-up (cli.commands.agentshell: not on a warm launch)
         from agentbox.cli.commands.agentshell import agent_shell_command
 
         command = agent_shell_command(name)
@@ -74,13 +85,9 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
     if len(args) == 1 and args[0] in QUERIES:
         return answer_query(ctx, name, args[0], isolated)
     if place is not None and args[:1] == [WORKTREE_FLAG]:
-        from agentbox.errors import UsageError
-
         raise UsageError("--on (a session on a copy of the workspace) and --worktree do not go together",
                          hint="Drop one of them.")
     if place in ("local", "any"):
-        from agentbox.errors import UsageError
-
         raise UsageError(f"agentbox {name} --on takes a host added with `agentbox hosts add`, not {place}",
                          hint=f"On this machine: `agentbox {name} --detach` (the live workspace) or `agentbox {name} "
                          "--isolated` (on a copy, attached); `agentbox run --on local PROMPT` is a task on a copy.")
@@ -93,24 +100,16 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         return login_agent(session, name, args[1:])
     worktree = None
     if args[:1] == [WORKTREE_FLAG]:
-        from agentbox.session.worktrees import session_worktree
-
         if len(args) < 2:
-            from agentbox.errors import UsageError
-
             raise UsageError(f"agentbox {name} --worktree needs a NAME", hint=f"agentbox {name} --worktree fix-tests")
         worktree = session_worktree(session.config, args[1])
         args = args[2:]
-    from agentbox.session import prepare
-
     keep = prepare.DETACHED if detach else prepare.ATTACHED if prepare.keeps_alive(session.config) else None
     return launch_agent(session, name, args, keep, worktree=worktree)
 
 
 def _place(name: str, value: list[str]) -> str:
     if not value or not value[0] or value[0].startswith("-"):
-        from agentbox.errors import UsageError
-
         raise UsageError(f"agentbox {name} --on needs a host's name",
                          hint=f"`agentbox {name} --on HOST --detach`; `agentbox hosts ls` lists the hosts.")
     return value[0]
@@ -119,9 +118,9 @@ def _place(name: str, value: list[str]) -> str:
 def detach_on_host(session: VmControl, name: str, args: list[str], host: str) -> int:
     """`agentbox NAME --on HOST --detach [ARGS]...`: the agent in a session on HOST (a remote isolated task);
     prints its id."""
+    # deferred: start-up (click, hostsession: click is never imported on a launch)
     import click
 
-    from agentbox.progress import note
     from agentbox.tasks import hostsession
 
     task = hostsession.start(session, name, args, host)
@@ -135,17 +134,14 @@ def detach_on_host(session: VmControl, name: str, args: list[str], host: str) ->
 
 def answer_without_vm(ctx: click.Context, name: str, query: str, reason: str) -> int:
     """`agentbox AGENT --help` where no VM is meant (the home folder, say): agentbox's description, and why."""
+    # deferred: start-up (click: click is never imported on a launch)
     import click
-
-    from agentbox.errors import StateError
 
     config, _ = _config_for_help(ctx)
     agent = config.agents.get(name) if config is not None else None
     binary = _shown(agent.binary if agent else _builtin_binary(name))
     why = f"{binary} was not asked: {_shown(reason).rstrip('.')}"
     if query == "--version":
-        from agentbox import __version__
-
         raise StateError(f"{binary}'s version is that of the {binary} in a project's VM; {why}",
                          hint=f"Run `agentbox {name} --version` in a project folder (or `agentbox -C DIR {name} "
                          f"--version`). agentbox's own version is {__version__} (`agentbox --version`).")
@@ -156,8 +152,6 @@ def answer_without_vm(ctx: click.Context, name: str, query: str, reason: str) ->
 
 
 def isolation_config(config: Config) -> Config:
-    from agentbox.vm import workmode
-
     return workmode.with_isolation(config)
 
 
@@ -167,14 +161,6 @@ def login_agent(session: VmControl, name: str, args: list[str]) -> int:
     The agent's OAuth callback listens on the VM's localhost, which Lima forwards to the same port of the
     host's; the VM has no browser, so the page's address is printed (launch.sh's BROWSER) for the user to open.
     """
-    from agentbox.agents.builtin import BUILTIN_AGENTS
-    from agentbox.agents.logins import FORMATS
-    from agentbox.credentials.stage import guest_path_for
-    from agentbox.errors import StateError
-    from agentbox.progress import note
-    from agentbox.session import launch
-    from agentbox.session.prepare import Ask
-
     agent = session.config.agent(name)
     session.config.require_workspace()
     spec = BUILTIN_AGENTS.get(name)
@@ -209,10 +195,9 @@ def _open_login_window(config: Config, vm: str, name: str) -> loginwindow.Window
     """With the credential broker, a login from the VM reaches the host's file only through the broker, which
     accepts one only inside this window (agentbox.credentials.loginwindow); None when the broker does not keep
     this agent's login."""
+    # deferred: start-up (loginwindow, brokered: not on a warm launch)
     from agentbox.credentials import loginwindow
     from agentbox.credentials.broker import brokered
-    from agentbox.session import brokersetup
-
     if not brokersetup.wanted(config) or brokered.file_login(vm, config, name) is None:
         return None
     return loginwindow.arm(vm, name)
@@ -221,13 +206,12 @@ def _open_login_window(config: Config, vm: str, name: str) -> loginwindow.Window
 def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | None) -> None:
     """After the agent's login: say whose login the host now has; a login of another account than the host's
     waits for the user's yes (on a terminal) before it replaces the host's."""
+    # deferred: start-up (click, cli.commands.ending, loginwindow, writeback, ...: click is never imported on a launch)
     import click
 
     from agentbox.cli.commands.ending import on_terminal
     from agentbox.credentials import loginwindow, writeback
     from agentbox.credentials.broker import brokered
-    from agentbox.progress import note
-
     login = brokered.file_login(vm, config, name)
     pending = loginwindow.pending(vm, name)
     if login is None:
@@ -258,9 +242,8 @@ def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | N
 
 
 def _drop_pending(vm: str, name: str, why: str) -> None:
+    # deferred: start-up (loginwindow: not on a warm launch)
     from agentbox.credentials import loginwindow
-    from agentbox.progress import note
-
     pending = loginwindow.pending(vm, name)
     loginwindow.discard(vm, name)
     if pending is not None:
@@ -269,8 +252,6 @@ def _drop_pending(vm: str, name: str, why: str) -> None:
 
 
 def _account(shown: str | None) -> str:
-    from agentbox.safetext import visible
-
     return visible(shown) if shown else "an account agentbox cannot tell"
 
 
@@ -279,9 +260,6 @@ def launch_agent(session: VmControl, name: str, args: list[str], keep: str | Non
     """Run the agent in its VM. `keep`: DETACHED runs it in a new tmux session and returns at once
     (agentbox.session.detached); ATTACHED (session.keepAlive, on a terminal) runs it in such a session, attached.
     `worktree`: in that git worktree of the workspace."""
-    from agentbox.session import launch
-    from agentbox.session.prepare import Ask
-
     agent = session.config.agent(name)
     session.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
@@ -295,13 +273,6 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
 
     Costs the `limactl list` a launch makes anyway; a running VM then gets exactly the warm launch's calls.
     """
-    from agentbox.cli.commands.common import session as session_for
-    from agentbox.cli.commands.common import warn_if_untrusted
-    from agentbox.config import trust
-    from agentbox.errors import AgentboxError, LimaError, StateError
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm.lima import RUNNING
-
     try:
         session = session_for(ctx, acts=False)
         if isolated:
@@ -332,8 +303,6 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
         state = f"is {instance.status.lower()}"
     how = "agentbox start" if vm_name == config.vm_name else f"agentbox {name} shell -- true"
     if query == "--version":
-        from agentbox import __version__
-
         installed = ""
         if agent.install:
             installed = f"; agentbox installs it at the first launch with `{_shown(agent.install)}`"
@@ -343,6 +312,7 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
             hint=f"Run `{how}`, then `agentbox {name} --version` asks {binary}{installed}. "
             f"agentbox's own version is {__version__} (`agentbox --version`).",
         )
+    # deferred: start-up (click: click is never imported on a launch)
     import click
 
     ctx.meta[CONFIG_META] = config
@@ -357,11 +327,6 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
 
 def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
     """The config the help describes (never printed notices: help must not nag); None and why when unreadable."""
-    from pathlib import Path
-
-    from agentbox.config import load as config
-    from agentbox.errors import AgentboxError
-
     loaded = ctx.meta.get(CONFIG_META)
     if loaded is not None:
         return loaded, None
@@ -376,13 +341,9 @@ def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
 
 
 def _builtin_binary(name: str) -> str:
-    from agentbox.agents.builtin import BUILTIN_AGENTS
-
     spec = BUILTIN_AGENTS.get(name)
     return spec.binary if spec else name
 
 
 def _shown(text: str) -> str:
-    from agentbox.safetext import visible
-
     return visible(text)

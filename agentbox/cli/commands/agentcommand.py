@@ -10,8 +10,9 @@ import shlex
 from typing import TYPE_CHECKING, Any
 
 import click
+from click.shell_completion import CompletionItem
 
-from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
+from agentbox.agents.builtin import BUILTIN_AGENTS, agent_argv, flag_subcommands, model_after
 from agentbox.cli.commands.agent import _builtin_binary, _config_for_help, _shown, run_agent
 
 if TYPE_CHECKING:
@@ -77,8 +78,6 @@ class AgentCommand(PassthroughCommand):
 
     def shell_complete(self, ctx: click.Context, incomplete: str) -> list[CompletionItem]:
         """`shell` right after the agent's name, file names everywhere (the agent takes any argument)."""
-        from click.shell_completion import CompletionItem
-
         items = []
         if not ctx.args and "shell".startswith(incomplete):
             items.append(CompletionItem("shell", help=f"a shell in {self.name}'s VM"))
@@ -112,8 +111,6 @@ def _own_options(name: str, binary: str) -> list[tuple[str, str]]:
 def _agent_rows(
     name: str, agent: AgentConfig | None, config: Config | None, problem: str | None
 ) -> list[tuple[str, str]]:
-    from agentbox.agents.builtin import BUILTIN_AGENTS
-
     if agent is None:  # the config could not be read: the built-in entry is all there is to show
         spec = BUILTIN_AGENTS[name]
         rows = [("runs", _shown(shlex.join([spec.binary, *spec.default_args])) + " [ARGS]...")]
@@ -151,8 +148,6 @@ def _agent_rows(
 
 
 def _login_help(name: str, binary: str) -> str:
-    from agentbox.agents.builtin import BUILTIN_AGENTS
-
     spec = BUILTIN_AGENTS.get(name)
     if spec is None or spec.login is None:
         return f"`agentbox {name} login` is not available: agentbox does not know how {binary} logs in."

@@ -23,6 +23,7 @@ def agent_shell_command(name: str) -> click.Command:
     @click.argument("command", nargs=-1, type=click.UNPROCESSED, metavar="[-- CMD...]")
     @click.pass_context
     def shell(ctx: click.Context, isolated: bool, command: tuple[str, ...]) -> int:
+        # deferred: start-up (cli.commands.vm: only the commands here that use it)
         from agentbox.cli.commands.vm import run_shell
 
         return run_shell(ctx, name, command, isolated)

@@ -7,8 +7,11 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agentbox import tables
 from agentbox.cli.commands.common import load_config
+from agentbox.errors import AgentboxError
 from agentbox.progress import say
+from agentbox.vm.lima import Lima
 
 if TYPE_CHECKING:
     from agentbox.vm.lima import Lima
@@ -20,8 +23,6 @@ def base_group() -> None:
 
 
 def _lima(ctx: click.Context) -> Lima:
-    from agentbox.vm.lima import Lima
-
     return Lima(debug=ctx.obj["debug"])
 
 
@@ -30,6 +31,7 @@ def _lima(ctx: click.Context) -> Lima:
 @click.pass_context
 def build_command(ctx: click.Context, rebuild: bool) -> None:
     """Build the current base VM now (a launch builds it when needed)."""
+    # deferred: start-up (golden: only the commands here that use it)
     from agentbox.vm import golden
 
     config = load_config(ctx)
@@ -60,6 +62,7 @@ def _ago(days: float) -> str:
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool) -> None:
     """List the base VMs: key, when built, age, size, the VMs cloned from it, fresh or stale."""
+    # deferred: start-up (golden: only the commands here that use it)
     from agentbox.vm import golden
 
     config = load_config(ctx)
@@ -70,8 +73,6 @@ def ls_command(ctx: click.Context, as_json: bool) -> None:
     if not rows:
         say("no base VM yet; the next new project VM builds one (or `agentbox base build`)")
         return
-    from agentbox import tables
-
     table = [("KEY", "STATE", "BUILT", "AGE", "SIZE", "USED BY")]
     for row in rows:
         age = "-" if row["ageDays"] is None else f"{row['ageDays']:.1f}d"
@@ -96,7 +97,7 @@ def _human(size: int) -> str:
 @base_group.command("log")
 def log_command() -> None:
     """Print the log of the last base build: each step's output, and a failed build's provisioning log."""
-    from agentbox.errors import AgentboxError
+    # deferred: start-up (buildlog: only the commands here that use it)
     from agentbox.vm import buildlog
 
     text = buildlog.shown()  # what came from the VM, made safe to print
@@ -111,6 +112,7 @@ def log_command() -> None:
 @click.pass_context
 def rm_command(ctx: click.Context, key: str) -> None:
     """Remove a base VM (VMs cloned from it are independent copies and keep working)."""
+    # deferred: start-up (golden: only the commands here that use it)
     from agentbox.vm import golden
 
     say(golden.remove(_lima(ctx), key))
@@ -120,6 +122,7 @@ def rm_command(ctx: click.Context, key: str) -> None:
 @click.pass_context
 def prune_command(ctx: click.Context) -> None:
     """Remove the base VMs that no VM was cloned from and that are not the current base."""
+    # deferred: start-up (golden: only the commands here that use it)
     from agentbox.vm import golden
 
     config = load_config(ctx)

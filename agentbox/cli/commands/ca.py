@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from agentbox import paths
+from agentbox.cli.commands.common import load_config
+from agentbox.config import cacerts, trust
+from agentbox.config import load as configmod
 from agentbox.errors import AgentboxError
 
 if TYPE_CHECKING:
@@ -37,10 +42,6 @@ def ca_group() -> None:
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool) -> None:
     """Show the configured CA certificate files and what they hold."""
-    from agentbox import paths
-    from agentbox.cli.commands.common import load_config
-    from agentbox.config import cacerts
-
     config = load_config(ctx)
     sources = cacerts.sources(config)
     if as_json:
@@ -57,16 +58,12 @@ def ls_command(ctx: click.Context, as_json: bool) -> None:
 
 
 def _untrusted(config_file: Path, config: Config) -> bool:
-    from agentbox.config import trust
-
     return bool(trust.risky_keys(config)) and not trust.is_trusted(config)
 
 
 def _source_record(source: Source, config: Config) -> dict[str, Any]:
     """One source as `ca ls` shows it; `trusted` is null for a file whose trust does not matter (not the local
     config's), `certificates` empty when openssl cannot describe them (`count` still says how many)."""
-    from agentbox.config import cacerts
-
     found = cacerts.inspect_file(source.path)
     local = source.origin == "local" and source.config_file is not None
     certificates = []
@@ -92,8 +89,6 @@ def _source_record(source: Source, config: Config) -> dict[str, Any]:
 
 
 def _show_source(source: Source, config: Config) -> None:
-    from agentbox.config import cacerts
-
     if source.config_file is None:
         title = f"NODE_EXTRA_CA_CERTS on the host (the VM gets these too): {source.path}"
     else:
@@ -138,9 +133,6 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
     Writes the chosen certificates to agentbox-ca.pem in the workspace (with --global:
     ~/.config/agentbox/ca-certificates.pem) and points `caCert` at that file.
     """
-    from agentbox.cli.commands.common import load_config
-    from agentbox.config import cacerts
-
     if sys.platform != "darwin":
         raise AgentboxError(
             "agentbox ca add reads the macOS System keychain; on Linux put your PEM file's path in `caCert:`",
@@ -186,9 +178,6 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
 
 def _note_trust(ctx: click.Context) -> None:
     """A local caCert needs `agentbox trust`; agentbox never trusts a project file on its own."""
-    from agentbox.config import load as configmod
-    from agentbox.config import trust
-
     edited = configmod.load(ctx.obj["cwd"])
     if edited.local_file is not None and trust.risky_keys(edited) and not trust.is_trusted(edited):
         click.echo(
@@ -199,9 +188,6 @@ def _note_trust(ctx: click.Context) -> None:
 
 def _targets(config: Config, is_global: bool) -> tuple[Path, Path]:
     """Where the PEM file and the config file to edit are."""
-    from agentbox import paths
-    from agentbox.config import cacerts
-
     if is_global:
         config_file = paths.global_config_file()
         if config.global_file is None:
@@ -216,8 +202,6 @@ def _targets(config: Config, is_global: bool) -> tuple[Path, Path]:
 
 def _refuse_unused(config_file: Path, config: Config) -> None:
     """A config file that exists but that agentbox ignores (wrong owner, writable by others) is not edited."""
-    import os
-
     if os.path.lexists(config_file):
         reason = next((notice for notice in config.notices if str(config_file) in notice), "agentbox does not use it")
         raise AgentboxError(
@@ -226,8 +210,6 @@ def _refuse_unused(config_file: Path, config: Config) -> None:
 
 
 def _choose(candidates: list[Certificate], take_all: bool, selection: str | None) -> list[Certificate]:
-    from agentbox.config import cacerts
-
     if take_all:
         return candidates
     if selection is not None:
@@ -248,8 +230,6 @@ def _choose(candidates: list[Certificate], take_all: bool, selection: str | None
 
 
 def _ask(candidates: list[Certificate]) -> list[Certificate]:
-    from agentbox.config import cacerts
-
     while True:
         answer = click.prompt(
             "Add which? Numbers like 1,3; Enter = all; q = cancel", default="", show_default=False, err=True
@@ -263,8 +243,6 @@ def _ask(candidates: list[Certificate]) -> list[Certificate]:
 
 
 def _show_list(candidates: list[Certificate]) -> None:
-    from agentbox.config import cacerts
-
     click.echo("Certificates in the System keychain (Apple's own left out):", err=True)
     width = len(str(len(candidates)))
     for number, certificate in enumerate(candidates, 1):

@@ -14,9 +14,13 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agentbox import tables
 from agentbox.cli.commands.common import load_config
 from agentbox.errors import AgentboxError
+from agentbox.git import store as hostgit
+from agentbox.progress import note, warn
 from agentbox.review.scope import checkpoint_root
+from agentbox.safetext import visible
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -31,10 +35,8 @@ MAX_NAMED = 10
 @click.pass_context
 def checkpoint_command(ctx: click.Context, message: str) -> None:
     """Take a checkpoint of the workspace now (a git work tree): tracked and untracked, not ignored, files."""
-    from agentbox.progress import note, warn
+    # deferred: start-up (checkpoints: only the commands here that use it)
     from agentbox.review import checkpoints
-    from agentbox.safetext import visible
-
     config = load_config(ctx)
     workspace = checkpoint_root(ctx.obj["cwd"], config.require_workspace())
     taken = checkpoints.take(workspace, "manual", config.checkpoints, message=message)
@@ -51,7 +53,7 @@ def checkpoint_command(ctx: click.Context, message: str) -> None:
 @click.pass_context
 def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
     """List the workspace's checkpoints, oldest first, with what changed since the one before."""
-    from agentbox.git import store as hostgit
+    # deferred: start-up (checkpoints: only the commands here that use it)
     from agentbox.review import checkpoints
 
     workspace = checkpoint_root(ctx.obj["cwd"], load_config(ctx).require_workspace())
@@ -84,14 +86,14 @@ def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, paths: tuple[str, ...]) -> None:
     """Show what changed in the workspace since a checkpoint, untracked files included (ignored ones not)."""
-    from agentbox.git import store as hostgit
-    from agentbox.progress import note
+    # deferred: start-up (checkpoints, patchview: only the commands here that use it)
     from agentbox.review import checkpoints, patchview
 
     config = load_config(ctx)
     workspace = checkpoint_root(ctx.obj["cwd"], config.require_workspace())
     pathspec = _pathspec(ctx.obj["cwd"], workspace, paths)
     if since.startswith("task:"):
+        # deferred: start-up (records: only the commands here that use it)
         from agentbox.tasks import records as tasks
 
         repo, old_tree, new_tree, skipped = tasks.diff_range(config, since[len("task:"):])
@@ -108,7 +110,7 @@ def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, pa
 
 def _range(config: Config, workspace: Path, repo: Repo, since: str) -> tuple[Checkpoint, str, list[tuple[str, int]]]:
     """The checkpoint to compare from, the tree to compare to, and the files neither side holds for their size."""
-    from agentbox.progress import note
+    # deferred: start-up (checkpoints: only the commands here that use it)
     from agentbox.review import checkpoints
 
     if since == "session":
@@ -150,7 +152,7 @@ def _pathspec(cwd: Path, workspace: Path, paths: tuple[str, ...]) -> list[str] |
 
 
 def _names(skipped: list[tuple[str, int]]) -> str:
-    from agentbox.safetext import visible
+    # deferred: start-up (session.checkpointing: only the commands here that use it)
     from agentbox.session.checkpointing import size_text
 
     shown = [f"{visible(path)} ({size_text(size)})" for path, size in skipped[:MAX_NAMED]]
@@ -161,9 +163,6 @@ def _names(skipped: list[tuple[str, int]]) -> str:
 
 def _print_table(found: list[Checkpoint], problems: dict[int, str | None], counts: dict[int, dict[str, int]]
                  ) -> None:
-    from agentbox import tables
-    from agentbox.safetext import visible
-
     rows = [("ID", "TIME", "KIND", "AGENT", "CHANGES", "MESSAGE")]
     for c in found:
         if problems[c.id]:

@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from agentbox import hosttools, timing
+from agentbox import hosttools, paths, timing
+from agentbox.config import load as config
+from agentbox.config import trust
+from agentbox.errors import ConfigError
+from agentbox.progress import warn
+from agentbox.vm import lifecycle as vm
+from agentbox.vm.lima import Lima
 
 if TYPE_CHECKING:
     import click
@@ -24,8 +30,6 @@ def load_config(ctx: click.Context, describe: bool = False, vm_only: bool = Fals
     (`describe`), which leave it out and say why. `vm_only` (config.load): a mount in error is left out, with a
     notice.
     """
-    from agentbox.config import load as config
-
     with timing.phase("config (find, parse, validate, merge)"):
         loaded = config.load(ctx.obj["cwd"], describe=describe, vm_only=vm_only, trusted=trusted)
     config.print_notices(loaded)
@@ -35,9 +39,6 @@ def load_config(ctx: click.Context, describe: bool = False, vm_only: bool = Fals
 
 def warn_if_untrusted(loaded: Config) -> None:
     """Display commands describe an untrusted config; they say so, once, on stderr."""
-    from agentbox.config import trust
-    from agentbox.progress import warn
-
     if loaded.local_file is None:
         return
     risky = trust.risky_keys(loaded)
@@ -53,10 +54,6 @@ def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, ne
     The others (stop, rm) need only the VM's name: they go on, but never where an untrusted file chose the VM.
     `vm_only` commands (stop, rm, status) need the VM's name and state, never the mounts: a mount the agent made
     unusable does not stop them (config.load)."""
-    from agentbox.config import trust
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm.lima import Lima
-
     if vm_only:
         config: Config | None = _vm_only_config(ctx, acts)
     else:
@@ -74,11 +71,6 @@ def _vm_only_config(ctx: click.Context, acts: bool) -> Config:
     """The config of a command that needs only the VM's name and state (stop, rm, status). When the local file
     cannot be used now (the agent can rewrite or break it, or change the keys that choose the VM), its content as
     the user last trusted it stands in, with a warning: the agent cannot keep the user from stopping its VM."""
-    from agentbox.config import load as config
-    from agentbox.config import trust
-    from agentbox.errors import ConfigError
-    from agentbox.progress import warn
-
     try:
         loaded = load_config(ctx, describe=not acts, vm_only=True)
         if acts:
@@ -100,9 +92,6 @@ def _vm_only_config(ctx: click.Context, acts: bool) -> Config:
 
 def refuse_untrusted_identity(config: Config, chosen: str = "the VM this command acts on") -> None:
     """Refuse (exit 2) to act on a VM (or a folder) that an untrusted edit of the local file chose."""
-    from agentbox.config import trust
-    from agentbox.errors import ConfigError
-
     changed = trust.untrusted_identity(config)
     if changed:
         assert config.local_file is not None
@@ -116,6 +105,7 @@ def refuse_untrusted_identity(config: Config, chosen: str = "the VM this command
 
 def vm_stopped(name: str) -> None:
     """What ends with a VM agentbox stopped: its background tasks and its network proxy."""
+    # deferred: start-up (guard: not on a warm launch)
     from agentbox.net import guard as netguard
 
     settle_tasks(name, f"its VM {name} was stopped")
@@ -124,11 +114,9 @@ def vm_stopped(name: str) -> None:
 
 def settle_tasks(name: str, reason: str) -> None:
     """The VM's background tasks end with it; their outputs move into their records (agentbox.tasks.records)."""
-    from agentbox import paths
-
     if not paths.tasks_dir().is_dir():
         return
-    from agentbox.progress import warn
+    # deferred: start-up (records: not on a warm launch)
     from agentbox.tasks import records as tasks
 
     for task in tasks.settle_vm(name, reason):

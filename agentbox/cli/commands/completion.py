@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+from click.shell_completion import get_completion_class
 
 
 @click.command("completion")
@@ -10,8 +11,6 @@ import click
 @click.pass_context
 def completion_command(ctx: click.Context, shell: str) -> None:
     """Print the shell completion script."""
-    from click.shell_completion import get_completion_class
-
     completion_class = get_completion_class(shell)
     assert completion_class is not None
     click.echo(completion_class(ctx.find_root().command, {}, "agentbox", "_AGENTBOX_COMPLETE").source())

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
+from pathlib import Path
+
 import click
 
+from agentbox import paths
+from agentbox.cli.commands import init as initfile
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
+from agentbox.git import dirs as gitdirs
+from agentbox.progress import warn
+from agentbox.safetext import visible
 
 
 class ConfigGroup(click.Group):
@@ -25,6 +35,7 @@ class ConfigGroup(click.Group):
 @click.pass_context
 def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bool, show_secrets: bool) -> None:
     """Show the merged config and where each value came from; `config get KEY` prints one key's value."""
+    # deferred: start-up (view: only the commands here that use it)
     from agentbox.config import view as configview
 
     if ctx.invoked_subcommand is not None:
@@ -45,8 +56,6 @@ def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bo
     else:
         click.echo(configview.as_text(loaded, show_secrets, width=_width(), only_changed=changed), nl=False)
     if loaded.workspace_problem:
-        from agentbox.progress import warn
-
         warn(loaded.workspace_problem)
 
 
@@ -57,6 +66,7 @@ def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bo
 def get_command(ctx: click.Context, key: str, show_secrets: bool) -> None:
     """Print one key's effective value (`vm.cpus`, `agents.claude.model`, `mounts[0].location`): a string as it
     is, anything else as JSON; a section (`vm`, `agents.claude`) as one JSON object."""
+    # deferred: start-up (view: only the commands here that use it)
     from agentbox.config import view as configview
 
     loaded = load_config(ctx, describe=True)
@@ -65,10 +75,6 @@ def get_command(ctx: click.Context, key: str, show_secrets: bool) -> None:
 
 def _width() -> int:
     """The terminal's width (or $COLUMNS); 100 when the output goes to a pipe or file."""
-    import os
-    import shutil
-    import sys
-
     if os.environ.get("COLUMNS") or sys.stdout.isatty():
         return shutil.get_terminal_size((100, 24)).columns
     return 100
@@ -83,13 +89,6 @@ def _width() -> int:
 @click.pass_context
 def init_command(ctx: click.Context, is_global: bool, overwrite: bool, old_force: bool, vm_name: str | None) -> None:
     """Write a commented config file to start from (--force, the earlier name of --overwrite, still works)."""
-    import os
-    from pathlib import Path
-
-    from agentbox import paths
-    from agentbox.cli.commands import init as initfile
-    from agentbox.git import dirs as gitdirs
-
     cwd = ctx.obj["cwd"]
     target = initfile.write(cwd, is_global=is_global, overwrite=overwrite or old_force, vm_name=vm_name)
     click.echo(f"Wrote {target}")
@@ -101,8 +100,6 @@ def init_command(ctx: click.Context, is_global: bool, overwrite: bool, old_force
     here = Path(os.path.realpath(cwd))
     top = gitdirs.work_tree_top(here, Path(os.path.realpath(paths.home())))
     if top is not None and top != here:
-        from agentbox.safetext import visible
-
         click.echo(
             visible(f"agentbox: note: the workspace is now {here}, the folder of this file, not the git work tree "
                     f"{top}: the VM does not see the rest of the repository or its .git. For the whole repository, "
@@ -116,6 +113,7 @@ def init_command(ctx: click.Context, is_global: bool, overwrite: bool, old_force
 @click.pass_context
 def template_command(ctx: click.Context, agent: str | None) -> None:
     """Print the lima.yaml agentbox would create the VM from."""
+    # deferred: start-up (trust, render: only the commands here that use it)
     from agentbox.config import trust
     from agentbox.vm import render
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import click
 
+from agentbox.cli import describetext as contextview
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
+from agentbox.vm import lifecycle as vm
 from agentbox.vm import state as vmstate
+from agentbox.vm import workmode
 
 
 @click.command("describe")
@@ -23,7 +26,7 @@ def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) 
     are those the last launch saw (before any launch: what the config asks for); the tools are looked up
     in the VM only at a launch.
     """
-    from agentbox.cli import describetext as contextview
+    # deferred: start-up (context: only the commands here that use it)
     from agentbox.session import context
 
     loaded = load_config(ctx, describe=True)
@@ -35,9 +38,6 @@ def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) 
                               hint=f"Agents: {', '.join(sorted(loaded.agents))}.")
         agent = loaded.agent(agent_name)
     name = agent.vm_name if agent is not None else loaded.vm_name
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm import workmode
-
     # The VM decides: one created isolated stays so until it is recreated (agentbox.review.isolation).
     made = workmode.mode_of_vm(vm.expected_config(name, vmstate.read(name)), loaded.require_workspace())
     document = context.build(loaded, name, agent, mode=made or loaded.session_mode)

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+
 import click
+
+from agentbox.cli import diagnosis
+from agentbox.vm.lima import Lima
 
 
 @click.command("doctor")
@@ -13,11 +18,6 @@ def doctor_command(ctx: click.Context, as_json: bool) -> None:
 
     Each line is OK, WARN or FAIL; the exit code is 1 when any check fails.
     """
-    import json
-
-    from agentbox.cli import diagnosis
-    from agentbox.vm.lima import Lima
-
     checks = diagnosis.run(ctx.obj["cwd"], Lima(debug=ctx.obj["debug"]))
     if as_json:
         click.echo(json.dumps([check.to_json() for check in checks], indent=2, ensure_ascii=False))

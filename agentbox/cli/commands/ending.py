@@ -16,8 +16,11 @@ from typing import TYPE_CHECKING, NamedTuple, NoReturn
 
 import click
 
+from agentbox import livemarkers, paths
 from agentbox.errors import AgentboxError
 from agentbox.progress import say, warn
+from agentbox.safetext import visible
+from agentbox.vm.lima import RUNNING
 
 if TYPE_CHECKING:
     from agentbox.vm.lifecycle import VmControl
@@ -40,16 +43,13 @@ def on_terminal() -> bool:
 
 def of(session: VmControl, instance: Instance | None) -> Ending:
     """What runs in the VM now; nothing when it does not run (its sessions and tasks ended with it)."""
-    from agentbox.vm.lima import RUNNING
-
     if instance is None or instance.status != RUNNING:
         return Ending(instance.name if instance else "", (), ())
     return Ending(instance.name, _sessions(session, instance.name), _tasks(instance.name))
 
 
 def _sessions(session: VmControl, name: str) -> tuple[str, ...]:
-    from agentbox import livemarkers
-    from agentbox.safetext import visible
+    # deferred: start-up (detached: only the commands here that use it)
     from agentbox.session import detached as sessions
 
     if not livemarkers.any_fresh(name):
@@ -63,11 +63,9 @@ def _sessions(session: VmControl, name: str) -> tuple[str, ...]:
 
 
 def _tasks(name: str) -> tuple[str, ...]:
-    from agentbox import paths
-
     if not paths.tasks_dir().is_dir():
         return ()
-    from agentbox.safetext import visible
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     mine = [task for task in tasks.all_tasks() if task.vm == name and task.active]

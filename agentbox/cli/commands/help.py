@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import difflib
+import shlex
 from typing import TYPE_CHECKING
 
 import click
+from click.shell_completion import CompletionItem
 
+from agentbox.cli.commands.agentshell import agent_shell_command
 from agentbox.errors import UsageError
+from agentbox.safetext import visible
 
 if TYPE_CHECKING:
     from click.shell_completion import CompletionItem
 
 
 def _complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
-    from click.shell_completion import CompletionItem
-
     words = list(ctx.params.get("words") or ())
     try:
         command, command_ctx = resolve(ctx, words)
@@ -34,9 +37,8 @@ def help_command(ctx: click.Context, words: tuple[str, ...]) -> None:
 
 def resolve(ctx: click.Context, words: list[str]) -> tuple[click.Command, click.Context]:
     """The command that `agentbox WORDS...` names, with a context for its help (nothing is parsed or run)."""
+    # deferred: start-up (cli.commands.agentcommand: only the commands here that use it)
     from agentbox.cli.commands.agentcommand import AgentCommand
-    from agentbox.cli.commands.agentshell import agent_shell_command
-
     root = ctx.find_root()
     command: click.Command = root.command
     command_ctx = root
@@ -60,6 +62,7 @@ def resolve(ctx: click.Context, words: list[str]) -> tuple[click.Command, click.
 
 
 def subcommand_names(command: click.Command, ctx: click.Context) -> list[str]:
+    # deferred: start-up (cli.commands.agentcommand: only the commands here that use it)
     from agentbox.cli.commands.agentcommand import AgentCommand
 
     if isinstance(command, click.Group):
@@ -69,8 +72,6 @@ def subcommand_names(command: click.Command, ctx: click.Context) -> list[str]:
 
 def unknown_command(ctx: click.Context, name: str) -> UsageError:
     """`agentbox NAME` where NAME is no command: the closest command, or how to run a program of that name."""
-    import difflib
-
     group = ctx.find_root().command
     assert isinstance(group, click.Group)
     names = group.list_commands(ctx)
@@ -92,12 +93,8 @@ def unknown_command(ctx: click.Context, name: str) -> UsageError:
 
 
 def _quoted(word: str) -> str:
-    import shlex
-
     return _visible(shlex.quote(word))
 
 
 def _visible(word: str) -> str:
-    from agentbox.safetext import visible
-
     return visible(word)

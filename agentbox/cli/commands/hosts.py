@@ -2,20 +2,27 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any
 
 import click
 
+from agentbox import runtime, tables
+from agentbox.cli.commands.common import load_config
+from agentbox.cli.diagnosis import FAIL, OK, WARN, Check, failed, format_text, version_tuple
+from agentbox.errors import AgentboxError, StateError
 from agentbox.progress import note, say, warn
+from agentbox.remote import registry
+from agentbox.remote.farclient import Far, FarError
+from agentbox.remote.registry import Host
+from agentbox.safetext import visible
 
 if TYPE_CHECKING:
     from agentbox.cli.diagnosis import Check
     from agentbox.remote.registry import Host
 
 def _local_host() -> Host:
-    from agentbox.remote.registry import Host
-
     return Host("local", "this machine", "localhost")
 
 
@@ -42,9 +49,6 @@ def hosts_group(ctx: click.Context) -> None:
 @click.option("--no-check", is_flag=True, help="Record it without contacting it.")
 def add_command(name: str, url: str, no_check: bool) -> None:
     """Add a host: NAME for `run --on NAME`, reached with your ssh config and keys as `ssh [USER@]HOST` would."""
-    from agentbox.cli.diagnosis import format_text
-    from agentbox.remote import registry
-
     host = registry.add(name, url)
     say(f"added host {name} ({host.url})")
     if no_check:
@@ -66,9 +70,6 @@ def ls_command(ctx: click.Context, as_json: bool = False) -> None:
     Every host is asked at once (one ssh connection each, reused by later commands); one that does not
     answer within 15 s is shown as unreachable with when it was last reached.
     """
-    from agentbox import tables
-    from agentbox.remote import registry
-
     found = registry.all_hosts()
     slots = _slots(ctx)
     asked = [LOCAL_HOST, *found]
@@ -106,9 +107,6 @@ def doctor_command(ctx: click.Context, name: str, as_json: bool) -> None:
     `local` checks this machine the same way (limactl, virtualisation, disk). Each line is OK, WARN or FAIL; the
     exit code is 1 when any check fails.
     """
-    from agentbox.cli.diagnosis import failed, format_text
-    from agentbox.remote import registry
-
     checks = host_checks(LOCAL_HOST if name == "local" else registry.require(name))
     if as_json:
         click.echo(json.dumps([check.to_json() for check in checks], indent=2))
@@ -123,8 +121,7 @@ def doctor_command(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Also when tasks on it are still active (they become Failed).")
 def rm_command(name: str, force: bool) -> None:
     """Forget a host (nothing on it is touched: its VMs stay until you delete them there)."""
-    from agentbox.errors import StateError
-    from agentbox.remote import registry
+    # deferred: start-up (keeper, records: only the commands here that use it)
     from agentbox.tasks import keeper, records
 
     registry.require(name)
@@ -150,10 +147,7 @@ def rm_command(name: str, force: bool) -> None:
 def _cancel_there(task: Any) -> None:
     """Best effort, before its host is forgotten: the task's runner there is asked to stop (the host may not
     answer; then it runs on there, and nothing of it is collected)."""
-    import contextlib
-
-    from agentbox.errors import AgentboxError
-    from agentbox.remote import registry
+    # deferred: start-up (runtime.sshhost: only the commands here that use it)
     from agentbox.runtime.sshhost import SshRuntime
 
     host = registry.get(task.host)
@@ -165,14 +159,10 @@ def _cancel_there(task: Any) -> None:
 
 def host_checks(host: Host) -> list[Check]:
     """Reach the host and judge what it says of itself."""
-    from agentbox.cli.diagnosis import FAIL, OK, Check
-    from agentbox.remote import registry
-    from agentbox.remote.farclient import Far, FarError
+    # deferred: start-up (remote.ssh: only the commands here that use it)
     from agentbox.remote.ssh import Transport, Unreachable
 
     if host is LOCAL_HOST:
-        from agentbox import runtime
-
         return _judged(runtime.place(runtime.LOCAL).describe())
     where = _address(host)
     transport = Transport(host.target())
@@ -196,7 +186,7 @@ def host_checks(host: Host) -> list[Check]:
 
 def _judged(facts: dict[str, Any]) -> list[Check]:
     """What a place's facts (the runtime contract's `describe`) say of Lima, virtualisation and disk there."""
-    from agentbox.cli.diagnosis import FAIL, OK, WARN, Check, version_tuple
+    # deferred: start-up (vm.render: only the commands here that use it)
     from agentbox.vm.render import MINIMUM_LIMA_VERSION
 
     checks: list[Check] = []
@@ -230,12 +220,9 @@ def _judged(facts: dict[str, Any]) -> list[Check]:
 def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str | None]]:
     """Each host's facts (the runtime contract's `describe`), asked in parallel; (host as recorded now, None, why)
     for one that did not answer."""
+    # deferred: start-up (concurrent.futures, remote.ssh: only the commands here that use it)
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentbox import runtime
-    from agentbox.errors import AgentboxError
-    from agentbox.remote import registry
-    from agentbox.remote.farclient import FarError
     from agentbox.remote.ssh import Unreachable
 
     def ask(host: Host) -> tuple[Host, dict[str, Any] | None, str | None]:
@@ -260,9 +247,6 @@ def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str |
 
 def _slots(ctx: click.Context) -> dict[str, int]:
     """Each host's slots from the config's tasks.hosts ("*": tasks.maxConcurrent), when a config loads here."""
-    from agentbox.cli.commands.common import load_config
-    from agentbox.errors import AgentboxError
-
     try:
         config = load_config(ctx)
     except AgentboxError:
@@ -275,6 +259,7 @@ def _slots(ctx: click.Context) -> dict[str, int]:
 
 def _json_row(host: Host, facts: dict[str, Any] | None, error: str | None, slots: dict[str, int]) -> dict[str, Any]:
     """A host for `hosts ls --json`: times in ISO 8601 (UTC), and why it did not answer each time it did not."""
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records
 
     limit = slots.get(host.name, slots.get("*", 2))
@@ -299,8 +284,6 @@ def _ssh_words(host: Host) -> str:
 
 def _shown(value: Any) -> str:
     """A value the host said of itself, as text safe for a terminal (a host can answer anything)."""
-    from agentbox.safetext import visible
-
     return visible(str(value))[:80]
 
 
@@ -309,7 +292,7 @@ def _gib(value: Any) -> str:
 
 
 def _close(name: str) -> None:
-    from agentbox.remote import registry
+    # deferred: start-up (remote.ssh: only the commands here that use it)
     from agentbox.remote.ssh import Transport
 
     host = registry.get(name)

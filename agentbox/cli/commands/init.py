@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 
 from agentbox import paths, resources
+from agentbox.config import load as config
+from agentbox.config import naming, trust
 from agentbox.errors import AgentboxError, ConfigError
 from agentbox.fsutil import atomic_write
 from agentbox.vm import state as vmstate
@@ -60,10 +62,8 @@ def with_vm_name(example: str, vm_name: str) -> str:
 
 def trust_written(cwd: Path, target: Path) -> None:
     """Trust the file just written: it enables nothing but the name the user typed."""
+    # deferred: start-up (cli.commands.safety: only the commands here that use it)
     from agentbox.cli.commands.safety import acknowledge_trusted
-    from agentbox.config import load as config
-    from agentbox.config import trust
-
     loaded = config.load(cwd)
     if loaded.local_file is None or os.path.realpath(loaded.local_file) != os.path.realpath(target):
         raise AgentboxError(f"wrote {target}, but agentbox now finds {loaded.local_file}; nothing was trusted")
@@ -90,8 +90,6 @@ def _require_project_folder(cwd: Path) -> None:
 
 def _require_free_name(vm_name: str, workspace: Path) -> None:
     """A valid Lima name that agentbox has not already given to another workspace's VM."""
-    from agentbox.config import naming
-
     problem = naming.instance_name_problem(vm_name)
     if problem is None:
         limit = naming.socket_limit(paths.lima_home())

@@ -7,15 +7,24 @@ session's): `limactl list` and one `limactl shell`.
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import click
 
 from agentbox import paths
+from agentbox.cli.commands.common import load_config
+from agentbox.cli.commands.common import session as session_for
+from agentbox.errors import StateError, UsageError
+from agentbox.progress import emit, note, say
+from agentbox.safetext import visible
+from agentbox.vm import lifecycle as vm
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -112,11 +121,9 @@ def net_group() -> None:
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the mode, what enforces it, what the proxy lets through and whether it runs, and the credential
     broker: which agents' logins it keeps on the host, which are staged, its CA."""
-    from agentbox.cli.commands.common import load_config
+    # deferred: start-up (report, guard: only the commands here that use it)
     from agentbox.credentials import report as brokerreport
     from agentbox.net import guard as netguard
-    from agentbox.safetext import visible
-
     config = load_config(ctx, describe=True)
     report = netguard.describe(config.network, config.vm_name, _agents(config))
     broker = brokerreport.of(config, config.vm_name)
@@ -173,10 +180,8 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, bro
     the agent whose credential it carried: substitute (the real value put in on the host), answer (a token
     request answered on the host), pass (no credential) or deny. Never a secret.
     """
-    from agentbox.cli.commands.common import load_config
+    # deferred: start-up (guard: only the commands here that use it)
     from agentbox.net import guard as netguard
-    from agentbox.progress import say
-
     config = load_config(ctx, describe=True)
     path = netguard.log_path(config.vm_name)
     if not path.exists() and not follow:
@@ -190,9 +195,6 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, bro
 
 
 def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only: bool = False) -> None:
-    import collections
-    import os
-
     position = 0
     if path.exists():
         with open(path, "rb") as handle:
@@ -223,9 +225,8 @@ def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only:
 
 
 def _print_entry(raw: bytes, as_json: bool) -> None:
+    # deferred: start-up (pushreport: only the commands here that use it)
     from agentbox.credentials import pushreport
-    from agentbox.safetext import visible
-
     text = raw.decode(errors="replace").rstrip("\n")
     if as_json:
         click.echo(visible(text))
@@ -272,13 +273,9 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     from agentbox.config import edit as configedit
     from agentbox.config import load as config_module
     from agentbox.config import trust
-    from agentbox.errors import StateError, UsageError
     from agentbox.net import guard as netguard
     from agentbox.net import policy as netpolicy
     from agentbox.net import proxy as netproxy
-    from agentbox.progress import note, say
-    from agentbox.safetext import visible
-
     problem = netpolicy.check_host_pattern(host) or netproxy.own_address_problem(host)
     if problem:
         local = "the host itself" in problem
@@ -326,14 +323,9 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
     Runs as a session would (the VM's firewall and proxy variables in place). Exit status: 0 allowed,
     1 blocked by policy, 3 no route.
     """
-    from urllib.parse import urlsplit
-
-    from agentbox.cli.commands.common import session as session_for
     from agentbox.errors import StateError, UsageError
-    from agentbox.progress import emit
     from agentbox.safetext import visible
     from agentbox.session import prepare, staging, warm
-    from agentbox.vm import lifecycle as vm
 
     parsed = urlsplit(url if "://" in url else f"https://{url}")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
@@ -370,6 +362,7 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
 
 def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
     """The exit status and the sentence for what the guest's check saw."""
+    # deferred: start-up (proxy: only the commands here that use it)
     from agentbox.net import proxy as netproxy
 
     direct = str(result.get("direct", ""))

@@ -7,10 +7,15 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agentbox import tables
 from agentbox.cli.commands.common import session as session_for
 from agentbox.cli.commands.common import vm_name
 from agentbox.errors import AgentboxError, StateError
 from agentbox.progress import note, say
+from agentbox.safetext import visible
+from agentbox.vm import forwards
+from agentbox.vm import lifecycle as vm
+from agentbox.vm.lima import RUNNING, host_port_in_use, stop_port_forward
 
 if TYPE_CHECKING:
     from agentbox.vm.forwards import Holders
@@ -31,10 +36,6 @@ def port_command(ctx: click.Context, guest_port: int | None, host_port: int | No
     elsewhere: `agentbox port 3000 3001` makes the VM's port 3000 http://127.0.0.1:3001/. The forward
     lasts until the VM stops or `agentbox port --stop 3001`.
     """
-    from agentbox.vm import forwards
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm.lima import RUNNING
-
     if (guest_port is None) == (stop_port is None) or (stop_port is not None and host_port is not None):
         raise click.UsageError("give GUEST_PORT [HOST_PORT], or --stop HOST_PORT")
     session = session_for(ctx, acts=False)
@@ -77,9 +78,6 @@ def port_command(ctx: click.Context, guest_port: int | None, host_port: int | No
 
 def _check_free(holders: Holders, name: str, guest_port: int, host_port: int) -> None:
     """Refuse a host port another VM, agentbox port, this VM's Lima forward or a host program has."""
-    from agentbox.vm import forwards
-    from agentbox.vm.lima import host_port_in_use
-
     taken = None
     holder = holders.vm_holder(host_port, name)
     if holder is not None:
@@ -99,9 +97,6 @@ def _check_free(holders: Holders, name: str, guest_port: int, host_port: int) ->
 
 
 def _stop(name: str, host_port: int) -> None:
-    from agentbox.vm import forwards
-    from agentbox.vm.lima import stop_port_forward
-
     own = forwards.on_demand(name)
     ending = [item for item in own if item.host_port == host_port]
     if not ending:
@@ -123,10 +118,6 @@ def ports_command(ctx: click.Context, as_json: bool) -> None:
     Every running agentbox VM's forwarded ports (Lima's and `agentbox port`'s), and the ones Lima
     could not forward, with who has that host port.
     """
-    from agentbox.safetext import visible
-    from agentbox.vm import forwards
-    from agentbox.vm import lifecycle as vm
-
     session = session_for(ctx, needs_config=False)
     instances = session.lima.instances()
     holders = forwards.Holders(instances)
@@ -139,8 +130,6 @@ def ports_command(ctx: click.Context, as_json: bool) -> None:
         running = any(vm.is_agentbox_vm(instance) for instance in holders.running)
         say("the running agentbox VMs forward no ports" if running else "no agentbox VM is running")
         return
-    from agentbox import tables
-
     table: list[tuple[str, ...]] = [("HOST", "VM", "GUEST", "BY", "STATE")]
     for row in rows:
         holder = row.held_by or forwards.Holder("free")

@@ -7,6 +7,7 @@ import json
 import click
 
 from agentbox.cli.commands.common import load_config
+from agentbox.config import trust
 from agentbox.config.load import Config
 from agentbox.errors import AgentboxError
 
@@ -16,8 +17,6 @@ from agentbox.errors import AgentboxError
 @click.pass_context
 def trust_command(ctx: click.Context, show: bool) -> None:
     """Trust this project's agentbox.yml as it is now."""
-    from agentbox.config import trust
-
     loaded = load_config(ctx)
     if loaded.local_file is None:
         raise AgentboxError("there is no agentbox.yml here to trust", hint="The global config is always trusted.")
@@ -46,6 +45,7 @@ def trust_command(ctx: click.Context, show: bool) -> None:
 @click.pass_context
 def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
     """Show unacknowledged changes to files your host runs (git hooks, .envrc); exit 1 while there are any."""
+    # deferred: start-up (tripwire: only the commands here that use it)
     from agentbox.review import tripwire
 
     if ack and as_json:
@@ -58,6 +58,7 @@ def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
         click.echo(f"Accepted {files} of {workspace}; later changes are compared with the files as they are now.",
                    err=True)
         return
+    # deferred: start-up (tasks.activity: only the commands here that use it)
     from agentbox.tasks.activity import ProjectActivity
 
     activity = ProjectActivity(loaded)
@@ -80,6 +81,7 @@ def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
 
 def acknowledge_trusted(loaded: Config) -> None:
     """`agentbox trust` is the user's word on the file it trusts: the tripwire takes it as it is now."""
+    # deferred: start-up (tripwire: only the commands here that use it)
     from agentbox.review import tripwire
 
     if loaded.local_file is not None and not loaded.workspace_problem:

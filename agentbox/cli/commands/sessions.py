@@ -10,7 +10,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agentbox import tables
+from agentbox.cli.commands.common import session as session_for
+from agentbox.errors import LimaError, StateError, UsageError
+from agentbox.progress import note
+from agentbox.safetext import visible, visible_text
 from agentbox.session import detached as sessions
+from agentbox.vm import lifecycle as vm
+from agentbox.vm.lima import RUNNING
 
 if TYPE_CHECKING:
     from agentbox.tasks.records import Task
@@ -30,16 +37,14 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     exit code. A session whose agent has exited shows its last screen and how to resume the conversation
     (exit status: the agent's).
     """
-    from agentbox.cli.commands.common import session as session_for
-    from agentbox.errors import StateError, UsageError
-    from agentbox.progress import note
-    from agentbox.safetext import visible, visible_text
+    # deferred: start-up (attention, launch: only the commands here that use it)
     from agentbox.session import attention, launch
 
     if not (sys.stdin.isatty() and sys.stdout.isatty()):
         raise UsageError("`agentbox attach` needs a terminal (its stdin and stdout)",
                          hint="`agentbox sessions --json` tells a script what runs.")
     if name is not None:
+        # deferred: start-up (hostsession: only the commands here that use it)
         from agentbox.tasks import hostsession
 
         remote = hostsession.find(name)
@@ -90,9 +95,8 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
 
 def _attach_remote(ctx: click.Context, task: Task) -> None:
     """Join a session on another machine; say how it went (the user detached, or it ended and came home)."""
+    # deferred: start-up (cli.commands.tasks, runtime.sshhost, hostsession: only the commands here that use it)
     from agentbox.cli.commands.tasks import _report_end
-    from agentbox.errors import StateError
-    from agentbox.progress import note
     from agentbox.runtime.sshhost import SESSION_ENDED
     from agentbox.tasks import hostsession
 
@@ -132,10 +136,6 @@ def sessions_ls_command(ctx: click.Context, as_json: bool) -> None:
 
 
 def _list_sessions(ctx: click.Context, as_json: bool) -> None:
-    from agentbox import tables
-    from agentbox.cli.commands.common import session as session_for
-    from agentbox.progress import note
-
     session = session_for(ctx, acts=False)
     session.config.require_workspace()
     running = _running_vms(session)
@@ -171,9 +171,6 @@ def _project_vms(session: VmControl) -> list[str]:
 
 def _running_vms(session: VmControl) -> list[str]:
     """Which of the project's VMs run (one `limactl list`); each is checked to be this workspace's."""
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm.lima import RUNNING
-
     listed = session.lima.instances()
     running = []
     for vm_name in _project_vms(session):
@@ -186,8 +183,6 @@ def _running_vms(session: VmControl) -> list[str]:
 
 
 def _list(session: VmControl, vm_name: str) -> list[sessions.Row]:
-    from agentbox.errors import LimaError
-
     code, output, stderr = session.lima.shell_bytes(vm_name, sessions.script("list"), sessions.LIST_LIMIT)
     if code != 0:
         raise LimaError(f"could not list the sessions of {vm_name} (exit {code})",
@@ -198,8 +193,6 @@ def _list(session: VmControl, vm_name: str) -> list[sessions.Row]:
 def _vm_to_attach(session: VmControl, name: str | None) -> str:
     """The VM whose session `attach` takes: the project's VM, unless agents of the project have VMs of their
     own, then the one that has the session (asked of each running VM; one shell each)."""
-    from agentbox.errors import UsageError
-
     if len(_project_vms(session)) == 1:
         vm_name = session.config.vm_name
         _running(session, vm_name)
@@ -224,10 +217,6 @@ def _vm_to_attach(session: VmControl, name: str | None) -> str:
 
 
 def _running(session: VmControl, vm_name: str) -> Instance:
-    from agentbox.errors import StateError
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm.lima import RUNNING
-
     session.config.require_workspace()
     instance = session.instance(vm_name)
     if instance is None:

@@ -8,6 +8,7 @@ for a task whose VM was stopped or removed too.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import sys
@@ -16,8 +17,15 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agentbox import tables
+from agentbox.agents.builtin import BUILTIN_AGENTS, DEFAULT_AGENT
+from agentbox.cli.commands import ending
 from agentbox.cli.commands.common import load_config
+from agentbox.cli.commands.common import session as session_for
 from agentbox.errors import AgentboxError, UsageError
+from agentbox.progress import note, warn
+from agentbox.safetext import visible, visible_text
+from agentbox.session.worktrees import check_name
 from agentbox.tasks import transitions as taskstate
 
 if TYPE_CHECKING:
@@ -33,6 +41,7 @@ FAILED_STATES = frozenset({taskstate.FAILED, taskstate.TIMEOUT})  # their output
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    # deferred: start-up (tasks.records: only the commands here that use it)
     from agentbox.tasks.records import parse_duration
 
     if value is None:
@@ -71,8 +80,7 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     At most tasks.maxConcurrent tasks run at once in a VM: the others wait, Queued, and start in order as
     slots free. Follow them with `agentbox tasks`, `logs ID -f`, `wait ID`; `cancel ID` stops one.
     """
-    from agentbox.cli.commands.common import session as session_for
-    from agentbox.progress import note
+    # deferred: start-up (submit: only the commands here that use it)
     from agentbox.tasks import submit as taskrun
 
     if isolated and place is None:
@@ -84,8 +92,6 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     if name is not None and (not name or name.isdigit() or any(ord(c) < 0x20 for c in name)):
         raise UsageError(f"--name {name!r} is not a task name: use letters, not only digits (ids are numbers)")
     if worktree:
-        from agentbox.session.worktrees import check_name
-
         check_name(worktree)
     session = session_for(ctx)
     agent = _agent(session.config, agent_name)
@@ -128,8 +134,6 @@ def _prompt(words: tuple[str, ...]) -> bytes:
 
 
 def _agent(config: Config, wanted: str | None) -> str:
-    from agentbox.agents.builtin import BUILTIN_AGENTS, DEFAULT_AGENT
-
     agents = config.agents
     if wanted is None:
         custom = [name for name in agents if name not in BUILTIN_AGENTS]
@@ -177,6 +181,7 @@ def tasks_ls_command(ctx: click.Context, as_json: bool, show_all: bool, refresh:
 
 
 def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool = False) -> None:
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     found = _selected(ctx, show_all)
@@ -206,6 +211,7 @@ def _keep_following(found: list[Task]) -> None:
     wanted = _unsettled_jobs(found)
     if not wanted:
         return
+    # deferred: start-up (keeper: only the commands here that use it)
     from agentbox.tasks import keeper
 
     started = 0
@@ -232,6 +238,7 @@ def _asked(found: list[Task], hosts: bool) -> list[Task]:
 
 
 def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     everything = tasks.all_tasks()
@@ -242,9 +249,6 @@ def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
 
 
 def _table(found: list[Task]) -> None:
-    from agentbox import tables
-    from agentbox.safetext import visible
-
     rows = [("ID", "NAME", "AGENT", "STATE", "EXIT", "STARTED", "TIME", "PROMPT")]
     now = time.time()
     for task in found:
@@ -291,9 +295,7 @@ def prune_command(ctx: click.Context, show_all: bool, yes: bool) -> None:
     Completed and cancelled tasks go without a question. Failed and timed-out ones keep what tells why: on a
     terminal they are listed and you are asked first; without one they stay unless --yes is given.
     """
-    from agentbox.cli.commands import ending
-    from agentbox.progress import note, warn
-    from agentbox.safetext import visible
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     ended = [task for task in tasks.refresh(_selected(ctx, show_all)) if not task.active]
@@ -328,8 +330,6 @@ def _count(found: list[Task], one: str, several: str) -> str:
 
 
 def _ended_how(task: Task) -> str:
-    from agentbox.safetext import visible
-
     how = task.state + (f" (exit {task.exit_code})" if task.exit_code not in (None, 0) else "")
     return how + (f": {visible(task.reason)}" if task.reason else "")
 
@@ -338,6 +338,7 @@ def _ended_how(task: Task) -> str:
 
 
 def _one(spec: str) -> Task:
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     task = tasks.lookup(spec)
@@ -348,6 +349,7 @@ def _one(spec: str) -> Task:
 
 def _look(task: Task) -> Task:
     """A remote task, asked of its host now (its last known state when the host does not answer)."""
+    # deferred: start-up (keeper: only the commands here that use it)
     from agentbox.tasks import keeper
 
     if task.settled:
@@ -361,6 +363,7 @@ def _look(task: Task) -> Task:
 def logs_command(follow: bool, task_id: str) -> None:
     """Print a task's output: its stdout on stdout, its stderr on stderr (control characters escaped on a
     terminal, the exact bytes otherwise)."""
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     task = _one(task_id)
@@ -452,16 +455,12 @@ class _Escaper:
     sys.stdout.buffer holds bytes until it is full, on a terminal as in a pipe, and `logs -f` is read live."""
 
     def __init__(self, stream: object) -> None:
-        import codecs
-
         self.stream = stream
         self.terminal = bool(getattr(stream, "isatty", lambda: False)())
         self.decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
 
     def write(self, chunk: bytes) -> None:
         if self.terminal:
-            from agentbox.safetext import visible_text
-
             chunk = visible_text(self.decoder.decode(chunk)).encode("utf-8", "surrogateescape")
         self.stream.write(chunk)  # type: ignore[attr-defined]
         self.stream.flush()  # type: ignore[attr-defined]
@@ -478,7 +477,7 @@ class _Escaper:
 def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
     """Wait for a task to end; exit with its exit code (124 when it timed out, 130 when it was cancelled,
     1 when it failed without one)."""
-    from agentbox.progress import note
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     task = _one(task_id)
@@ -504,9 +503,6 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
 
 
 def _report_end(task: Task) -> int:
-    from agentbox.progress import note
-    from agentbox.safetext import visible
-
     reason = f": {visible(task.reason)}" if task.reason else ""
     note(f"{task.label} {task.state}{reason}")
     if task.isolated:
@@ -521,9 +517,6 @@ def _report_end(task: Task) -> int:
 
 
 def _report_changes(task: Task) -> None:
-    from agentbox.progress import note
-    from agentbox.safetext import visible
-
     if task.proposal is not None:
         note(f"{task.label}: {visible(task.outcome or '')}; `agentbox review {task.proposal}` shows it, "
              f"`agentbox apply {task.proposal}` applies it")
@@ -536,7 +529,7 @@ def _report_changes(task: Task) -> None:
 def cancel_command(task_id: str) -> None:
     """Cancel a task: a queued one is dequeued; a running one gets TERM (its process group), then KILL
     after a grace period."""
-    from agentbox.progress import note
+    # deferred: start-up (records: only the commands here that use it)
     from agentbox.tasks import records as tasks
 
     task = _one(task_id)

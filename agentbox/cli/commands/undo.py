@@ -9,6 +9,7 @@ import click
 
 from agentbox.cli.commands.common import load_config, refuse_untrusted_identity
 from agentbox.errors import AgentboxError
+from agentbox.progress import note
 
 
 class _UndoCommand(click.Command):
@@ -51,7 +52,7 @@ def undo_command(ctx: click.Context, checkpoint: str, paths: tuple[str, ...], dr
     id takes the undo back. Files created since the checkpoint stay unless --clean (implied when
     CHECKPOINT was taken before an undo); files git ignores are never touched.
     """
-    from agentbox.progress import note
+    # deferred: start-up (checkpoints, restore, rewind, review.scope: only the commands here that use it)
     from agentbox.review import checkpoints, restore, rewind
     from agentbox.review.scope import checkpoint_root
 

@@ -13,6 +13,13 @@ from typing import TYPE_CHECKING
 
 import click
 
+from agentbox.cli.commands.common import session as session_for
+from agentbox.errors import AgentboxError, UsageError
+from agentbox.progress import Progress, emit, say
+from agentbox.safetext import visible
+from agentbox.staginglayout import GUEST_CA_BUNDLE
+from agentbox.vm import lifecycle as vm
+
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
     from agentbox.vm.lifecycle import VmControl
@@ -31,10 +38,7 @@ def update_agents_command(ctx: click.Context, agents: tuple[str, ...]) -> None:
     Prints each one's old and new version, then which were updated, already current and failed; exits 1
     naming any agent whose update failed.
     """
-    from agentbox.cli.commands.common import session as session_for
-    from agentbox.errors import AgentboxError
-    from agentbox.progress import Progress, emit, say
-    from agentbox.safetext import visible
+    # deferred: start-up (update: only the commands here that use it)
     from agentbox.sync import update as agentupdate
 
     session = session_for(ctx)
@@ -110,11 +114,9 @@ def _launch_env(session: VmControl, vm_name: str, instance: Instance,
     """The VM running, and the environment a launch stages for it (agentbox.session.env): the CA, the config's env
     (with the broker's placeholders for the logins it brokers), and in allowlist and offline mode the proxy's
     variables, the proxy running (started while Lima is asked, as for a launch) until the update ends."""
+    # deferred: start-up (brokersetup, env: only the commands here that use it)
     from agentbox.session import brokersetup
     from agentbox.session import env as sessionenv
-    from agentbox.staginglayout import GUEST_CA_BUNDLE
-    from agentbox.vm import lifecycle as vm
-
     config = session.config
     brokering = brokersetup.prepare(config, vm_name)
     lease = brokersetup.begin_proxy(config, vm_name, {agent.name: agent.endpoints for agent in group})
@@ -132,8 +134,7 @@ def _launch_env(session: VmControl, vm_name: str, instance: Instance,
 
 def _chosen(config: Config, names: tuple[str, ...]) -> list[AgentConfig]:
     """The agents named (each must exist and have an update command), or the project VM's agents that have one."""
-    from agentbox.errors import UsageError
-    from agentbox.safetext import visible
+    # deferred: start-up (update: only the commands here that use it)
     from agentbox.sync import update as agentupdate
 
     if not names:

@@ -7,11 +7,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from agentbox import tables
 from agentbox.cli.commands import ending
 from agentbox.cli.commands.common import session as session_for
 from agentbox.cli.commands.common import settle_tasks, vm_name
+from agentbox.net import guard as netguard
 from agentbox.progress import say
+from agentbox.safetext import visible
 from agentbox.tasks.activity import ProjectActivity
+from agentbox.vm import forwards, lima, workmode
+from agentbox.vm import lifecycle as vm
+from agentbox.vm import state as vmstate
 
 if TYPE_CHECKING:
     from agentbox.cli.commands.ending import Ending
@@ -31,10 +37,6 @@ YES_HELP = ("Do not ask: go on even when it ends running sessions or tasks (a sc
 @click.pass_context
 def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool) -> None:
     """Create and start the project's VM."""
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm import state as vmstate
-    from agentbox.vm import workmode
-
     session = session_for(ctx)
     if isolated:
         session.config = workmode.with_isolation(session.config)
@@ -69,9 +71,6 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
 
 
 def _remove(session: VmControl, name: str, ends: Ending) -> None:
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm import state as vmstate
-
     vm.delete(session, name)
     settle_tasks(name, f"its VM {name} was removed")  # before the outbox goes with vmstate.clear
     vmstate.clear(name)
@@ -88,9 +87,6 @@ def _stop(session: VmControl, name: str, instance: Instance | None, force: bool,
     """Stop one VM, by the rule of agentbox.cli.commands.ending when it would end sessions or tasks (`verb`: the command
     the user typed, stop or restart, which the question and a refusal name). False when a restart found nothing to
     stop (`instance` is still what is known of it)."""
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm import lima
-
     if instance is not None:
         vm.check_workspace_matches(instance, session.config)
     ends = ending.of(session, instance)
@@ -119,9 +115,6 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
     The VM's detached sessions and running tasks end with it: on a terminal they are listed and you are asked
     first; in a script it changes nothing unless --yes says to go on. Either way it says what it ended.
     """
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm import lima
-
     if stop_all:
         session = session_for(ctx, needs_config=False)
         running = [instance for instance in session.lima.instances().values()
@@ -156,8 +149,6 @@ def restart_command(ctx: click.Context, yes: bool) -> None:
     A stopped VM is started. Its detached sessions and running tasks end: on a terminal they are listed and you are
     asked first; in a script it changes nothing unless --yes says to go on. Either way it says what it ended.
     """
-    from agentbox.vm import lifecycle as vm
-
     session = session_for(ctx)
     name = vm_name(session)
     known = session.instance(name)
@@ -178,8 +169,6 @@ def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
     On a terminal it asks first, naming the sessions and tasks that would end; without one it needs --yes
     (--force, its earlier name, still works).
     """
-    from agentbox.vm import lifecycle as vm
-
     session = session_for(ctx, needs_trust=False, vm_only=True)
     name = vm_name(session)
     instance = session.instance(name)
@@ -200,13 +189,9 @@ def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
 @click.pass_context
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
+    # deferred: start-up (pushreport, report: only the commands here that use it)
     from agentbox.credentials import pushreport
     from agentbox.credentials import report as brokerreport
-    from agentbox.net import guard as netguard
-    from agentbox.safetext import visible
-    from agentbox.vm import forwards
-    from agentbox.vm import lifecycle as vm
-
     session = session_for(ctx, acts=False, vm_only=True)
     config = session.config
     name = vm_name(session)
@@ -258,9 +243,6 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 
 def _session_mode(config: Any, name: str, exists: bool) -> str:
     """live or isolated: the VM's (fixed when it was created), else what session.mode would create it as."""
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm import workmode
-
     found = workmode.mode_of_vm(vm.expected_config(name), config.workspace) if exists else None
     return found or config.session_mode
 
@@ -275,9 +257,6 @@ def _mode_words(config: Any, mode: str) -> str:
 
 def _print_ports(rows: list[Any], holders: Any) -> None:
     """One line per forwarded port; a port Lima could not forward says who has its host port, and the fix."""
-    from agentbox.safetext import visible
-    from agentbox.vm import forwards
-
     if not rows:
         click.echo(f"{'ports:':11}none forwarded")
     for index, row in enumerate(rows):
@@ -296,8 +275,6 @@ def _print_ports(rows: list[Any], holders: Any) -> None:
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """List agentbox's VMs."""
-    from agentbox.vm import lifecycle as vm
-
     session = session_for(ctx, needs_config=False)
     rows = [
         vm.describe(instance, instance.name, vm.workspace_of(instance))
@@ -310,9 +287,6 @@ def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     if not rows:
         say("no agentbox VMs" + ("" if show_all else " (--all shows every Lima instance)"))
         return
-    from agentbox import tables
-    from agentbox.safetext import visible
-
     tables.echo([("NAME", "STATUS", "WORKSPACE"),
                  *((visible(row["name"]), row["status"], visible(row["workspace"] or "-")) for row in rows)])
 
@@ -331,9 +305,9 @@ def shell_command(ctx: click.Context, isolated: bool, command: tuple[str, ...]) 
 
 
 def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...], isolated: bool = False) -> int:
+    # deferred: start-up (launch: only the commands here that use it)
     from agentbox.session import launch
     from agentbox.session.prepare import Ask
-    from agentbox.vm import workmode
 
     session = session_for(ctx)
     if isolated:
