@@ -17,7 +17,7 @@ import pytest
 
 from agentbox import paths
 from agentbox.config.load import Config, load
-from agentbox.credentials import loginwindow, stage
+from agentbox.credentials import loginfiles, loginwindow
 from agentbox.credentials.broker import brokered
 from agentbox.credentials.placeholders import Placeholders, is_placeholder
 from agentbox.credentials.tokens import Upstream
@@ -170,7 +170,7 @@ def test_api_keys_in_the_configs_env_become_placeholders(config: Config) -> None
 def test_the_keychains_gh_token_goes_to_the_vm_as_a_placeholder(config: Config, monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
     _write(".config/gh/hosts.yml", "github.com:\n    user: octo\n    git_protocol: https\n")
-    monkeypatch.setattr(stage, "gh_token_from_keychain", lambda: "ghp_KEYCHAINTOKEN123456789")
+    monkeypatch.setattr(loginfiles, "gh_token_from_keychain", lambda: "ghp_KEYCHAINTOKEN123456789")
     prepared = brokered.prepare(VM, config, [])
     assert prepared.env["GH_TOKEN"].startswith("ghp_agentbox-ph-")
     assert b"KEYCHAINTOKEN" not in _vm_bytes(prepared)

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from agentbox import progress
-from agentbox.credentials import stage as credentials
+from agentbox.credentials import loginfiles as credentials
 from agentbox.progress import Progress, fit, phase_of
 from agentbox.session.staging import stage_credentials
 from tests.helpers import write

@@ -82,7 +82,7 @@ def _push_words(remote: dict[str, Any]) -> str:
 
 def _broker_lines(report: dict[str, Any]) -> list[str]:
     # deferred: start-up (report: only describe's broker section)
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport
 
     return brokerreport.lines(report)
 

@@ -21,7 +21,7 @@ from agentbox import hosttools, paths, resources, staginglayout
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.errors import AgentboxError, ConfigError, LimaError
 from agentbox.safetext import visible
-from agentbox.vm import state as vmstate
+from agentbox.vm import statefile as vmstate
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -558,7 +558,7 @@ def _no_probe(reason: str) -> Probe:
 def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str, list[Path]]]]:
     """Per agent (None for gh and netrc): guest path ("~/...") -> the host files that land there."""
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import stage as credentials
+    from agentbox.credentials import loginfiles as credentials
 
     if not config.credentials.enabled:
         return []
@@ -576,7 +576,7 @@ def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str
 
 def _guest_map(specs: Iterable[str]) -> dict[str, list[Path]]:
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import stage as credentials
+    from agentbox.credentials import loginfiles as credentials
 
     mapping: dict[str, list[Path]] = {}
     for spec in specs:
@@ -609,7 +609,7 @@ def check_broker(config: Config) -> list[Check]:
     """The credential broker: whose logins stay on the host (brokered) and whose are copied in (staged), the
     VM's CA, and a WARN for each note of the last launch (a host login missing: how to log in on the host)."""
     # deferred: start-up (report: only the checks that use it)
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport
 
     report = brokerreport.of(config, config.vm_name)
     if not report["enabled"]:
@@ -631,7 +631,7 @@ def agents_in_use(
     """The agents worth checking, each with why: named in a config file, logged in on the host or in the VM, or
     launched in the VM before."""
     # deferred: start-up (report: only the checks that use it)
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport
 
     launched = set(brokerreport.launched_in(config.vm_name))
     configured: dict[str, set[str]] = {}
@@ -722,14 +722,14 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
 
 def _brokered(config: Config) -> list[str]:
     # deferred: start-up (report: only the checks that use it)
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport
 
     return brokerreport.candidates(config) if config.credentials.broker else []
 
 
 def _gh_login_on_host(config: Config) -> bool:
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import stage as credentials
+    from agentbox.credentials import loginfiles as credentials
 
     return config.credentials.gh and Path(os.path.expanduser(credentials.GH_FILES[0])).is_file()
 
@@ -737,7 +737,7 @@ def _gh_login_on_host(config: Config) -> bool:
 def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:
     """gh and netrc: shown only when the host has them (neither is needed)."""
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import stage as credentials
+    from agentbox.credentials import loginfiles as credentials
 
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
     if not on_host:

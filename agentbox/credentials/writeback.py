@@ -41,12 +41,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import fsutil, paths, staginglayout, vmread
 from agentbox.agents.logins import FORMATS, MAX_COMPANION, MAX_FILE, Format, Unusable, same_account, with_companion
-from agentbox.credentials import stage
+from agentbox.credentials import loginfiles
 from agentbox.credentials.hostfile import BACKUP_SUFFIX
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import note
 from agentbox.safetext import visible
-from agentbox.vm import state
+from agentbox.vm import statefile
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -58,7 +58,7 @@ _SAID = "writeBackSaid"  # the VM state's record of what was said about which co
 class Target(NamedTuple):
     fmt: Format
     host_path: Path  # the host file a login is written back to
-    staged: stage.Staged | None  # what this launch staged from it; None: the host had none
+    staged: loginfiles.Staged | None  # what this launch staged from it; None: the host had none
     brokered: bool = False  # the credential broker keeps this login: never written back, only told about
 
 
@@ -66,7 +66,7 @@ class Plan(NamedTuple):
     vm_name: str
     returns: staginglayout.CredentialReturn
     targets: tuple[Target, ...]
-    staged: dict[str, stage.Staged]  # every file this launch staged, by guest path
+    staged: dict[str, loginfiles.Staged]  # every file this launch staged, by guest path
     staging_folder: Path
     login: bool  # `agentbox AGENT login`: the user asked for this login, another account included
 
@@ -81,7 +81,7 @@ def begin(
     config: Config,
     vm_name: str,
     agent: AgentConfig | None,
-    staged_now: Sequence[stage.Staged],
+    staged_now: Sequence[loginfiles.Staged],
     expected: dict[str, Any] | None,
     login: bool = False,
     brokered: Callable[[Path], bool] | None = None,
@@ -91,8 +91,8 @@ def begin(
     settings = config.credentials
     staged = {item.guest_path: item for item in staged_now}
     targets: dict[str, Target] = {}
-    for spec in stage.launch_files(config, agent):
-        guest = stage.guest_path_for(spec)
+    for spec in loginfiles.launch_files(config, agent):
+        guest = loginfiles.guest_path_for(spec)
         relative = guest[2:] if guest.startswith("~/") else ""
         if relative in FORMATS and relative not in targets:
             item = staged.get(relative)
@@ -312,7 +312,7 @@ def _host_companion(target: Target, fmt: Format) -> bytes | None:
     return _read_host(paths.home() / fmt.companion, MAX_COMPANION)
 
 
-def _staged_copy(plan: Plan, item: stage.Staged) -> bytes | None:
+def _staged_copy(plan: Plan, item: loginfiles.Staged) -> bytes | None:
     """The staged copy of a file, if it still holds what this launch staged."""
     data = _read_host(plan.staging_folder / staginglayout.CREDS_HOME / item.guest_path, MAX_COMPANION)
     return data if data is not None and hashlib.sha256(data).hexdigest() == item.digest else None
@@ -385,16 +385,16 @@ def _locked() -> Iterator[None]:
 
 
 def _newly_said(vm_name: str, path: str, key: str) -> bool:
-    said = state.read(vm_name).get(_SAID)
+    said = statefile.read(vm_name).get(_SAID)
     return not isinstance(said, dict) or said.get(path) != key
 
 
 def _remember_said(vm_name: str, said: dict[str, str], considered: list[str]) -> None:
     """Record what was said for each copy considered; a copy with nothing to say clears its entry."""
     with _locked():
-        recorded = state.read(vm_name)
+        recorded = statefile.read(vm_name)
         before = recorded.get(_SAID, {}) if isinstance(recorded.get(_SAID), dict) else {}
         after = {path: key for path, key in before.items() if path not in considered}
         after.update(said)
         if after != before:
-            state.update(vm_name, {_SAID: after})
+            statefile.update(vm_name, {_SAID: after})

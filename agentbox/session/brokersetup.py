@@ -35,7 +35,7 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
     the host lacks for `agent` (the others are `agentbox doctor`'s to report)."""
     if not wanted(config):
         return None
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport
     from agentbox.credentials.broker import brokered
     from agentbox.progress import note
 

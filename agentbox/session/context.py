@@ -23,11 +23,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 from agentbox import __version__, paths, staginglayout
 from agentbox.config import keys
-from agentbox.credentials import stage as credentials
+from agentbox.credentials import loginfiles as credentials
 from agentbox.net import policy as netpolicy
 from agentbox.net import pushes
-from agentbox.session import env as sessionenv
-from agentbox.vm import state as vmstate
+from agentbox.session import guestenv as sessionenv
+from agentbox.vm import statefile as vmstate
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -98,7 +98,7 @@ def build(
     if staged_credentials is None:
         staged_credentials = present_credentials(credentials.launch_files(config, agent))
         if brokered:
-            from agentbox.credentials import report as brokerreport
+            from agentbox.credentials import brokerreport
 
             staged_credentials = brokerreport.staged_for_vm(vm_name, staged_credentials)
     if env_keys is None:
@@ -167,7 +167,7 @@ def build(
 
 
 def _broker(config: Config, vm_name: str) -> dict[str, Any]:
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport
 
     report = brokerreport.of(config, vm_name)
     report["meaning"] = (
@@ -298,7 +298,7 @@ def _mount(
 def present_credentials(host_files: list[str]) -> list[str]:
     """The guest paths (relative to the guest home) a launch would stage from host_files: the regular files
     that exist, the first one for each guest path (stat only: no file is read)."""
-    from agentbox.credentials import stage as credentials
+    from agentbox.credentials import loginfiles as credentials
 
     found: list[str] = []
     for spec in host_files:
@@ -315,7 +315,7 @@ def present_credentials(host_files: list[str]) -> list[str]:
 
 def _owners(config: Config, staged: list[str]) -> list[tuple[str, str]]:
     """Each staged file with whose login it is (an agent's name, gh or netrc)."""
-    from agentbox.credentials import stage as credentials
+    from agentbox.credentials import loginfiles as credentials
 
     owners: dict[str, str] = {}
     for spec in credentials.GH_FILES:

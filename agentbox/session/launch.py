@@ -39,7 +39,7 @@ from agentbox.session import context, detached, isolated, staging, warm
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.session.prepare import Ask, Launch, checkpoint_tree, listed_reached, prepare, proxied, warm_reached
 from agentbox.vm import drift, forwards, lifecycle, workmode
-from agentbox.vm import state as vmstate
+from agentbox.vm import statefile as vmstate
 from agentbox.vm.lima import Instance
 
 SSH_FAILED = 255  # limactl shell passes ssh's 255 on: the connection failed, or a signal ended the program

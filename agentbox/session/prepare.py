@@ -29,7 +29,7 @@ from agentbox.review import scope, tripwire
 from agentbox.session import bootstrap, brokersetup, detached, warm
 from agentbox.session.worktrees import Worktree
 from agentbox.vm import lifecycle, verified, workmode
-from agentbox.vm import state as vmstate
+from agentbox.vm import statefile as vmstate
 from agentbox.vm.lima import Instance
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class Launch(NamedTuple):
     scripts: bootstrap.Plan
     brokering: brokersetup.Brokered | None
     ask: Ask
-    state: dict[str, Any]  # the VM's recorded state (agentbox.vm.state)
+    state: dict[str, Any]  # the VM's recorded state (agentbox.vm.statefile)
     expected: dict[str, Any] | None  # what agentbox rendered for the VM, from that state
     mode: str  # this launch's mode: workmode.LIVE or workmode.ISOLATED
     aside: bool  # an isolated session in a VM created live (`--isolated`): the copy goes aside

@@ -129,13 +129,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import paths, resources, timing
-from agentbox.credentials import stage as credentials
+from agentbox.credentials import loginfiles as credentials
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
 from agentbox.net import pushes
 from agentbox.progress import warn
 from agentbox.session import context, setupdigest
-from agentbox.session import env as sessionenv
+from agentbox.session import guestenv as sessionenv
 from agentbox.staginglayout import (
     ATTENTION_SCRIPT,
     BOOTSTRAP,

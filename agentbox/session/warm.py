@@ -82,7 +82,7 @@ def usable(config: Config, name: str, workspace: Path) -> verified.Verified | No
     does those), and an outbox for the started mark."""
     from agentbox.credentials import writeback
     from agentbox.vm import lifecycle as vm
-    from agentbox.vm import state as vmstate
+    from agentbox.vm import statefile as vmstate
     from agentbox.vm import workmode
 
     state = vmstate.read(name)

@@ -42,7 +42,7 @@ def remote_port(key: str) -> int:
 
 def refused_logins(config: Config, agent: AgentConfig, prepared: Prepared | None) -> list[str]:
     """The host login files this launch would stage as they are (each would be written on the remote host)."""
-    from agentbox.credentials import stage as credentials
+    from agentbox.credentials import loginfiles as credentials
 
     if not config.credentials.enabled:
         return []

@@ -82,7 +82,7 @@ PART_NAMES = {
     "mountType": "vm.mountType",
     "format": "the base format",
 }
-# What an install needs from the config's env to reach the network as a launch's install does (agentbox.session.env
+# What an install needs from the config's env to reach the network as a launch's install does (agentbox.session.guestenv
 # gives the whole env to a session; a base is shared by projects, so its installs get only these, and npm's own).
 NETWORK_VARIABLES = frozenset({
     *(name for base in ("http_proxy", "https_proxy", "no_proxy", "all_proxy") for name in (base, base.upper())),
@@ -143,7 +143,7 @@ def ca_certs(config: Config) -> tuple[str, ...]:
 def install_env(config: Config) -> dict[str, str]:
     """The environment the base's agent installs run with: the config env's proxy and CA variables and npm's own
     settings (npm_config_*), and NODE_EXTRA_CA_CERTS at the guest's trust store when CA certificates are configured,
-    as a launch sets it (agentbox.session.env)."""
+    as a launch sets it (agentbox.session.guestenv)."""
     env = {name: value for name, value in config.env.items()
            if name in NETWORK_VARIABLES or name.lower().startswith("npm_config_")}
     if config.ca_cert is not None or os.environ.get("NODE_EXTRA_CA_CERTS"):

@@ -19,7 +19,7 @@ from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.progress import Progress, note, warn
 from agentbox.safetext import visible
-from agentbox.vm import drift, effective, render, state, verified
+from agentbox.vm import drift, effective, render, statefile, verified
 from agentbox.vm.lima import BROKEN, MIN_START_TIMEOUT, NOT_CREATED, RUNNING, STOPPED, Instance, Lima
 
 WORKSPACE_PARAM = "agentboxWorkspace"
@@ -58,7 +58,7 @@ def half_made(instance: Instance, config: Config) -> bool:
     workspace = str(config.workspace)
     if instance.param.get(WORKSPACE_PARAM, None) not in ("", workspace):
         return False
-    vm_record = state.read(instance.name)
+    vm_record = statefile.read(instance.name)
     return bool(vm_record.get("creating")) and "created" not in vm_record and vm_record.get("workspace") == workspace
 
 
@@ -135,7 +135,7 @@ def ensure_running(control: VmControl, name: str, known: Instance | None = _UNKN
         check_ownership(instance, control.config)
         if instance.status == RUNNING and verify_running(control, instance):
             return instance
-    with state.lock(name) as waited:
+    with statefile.lock(name) as waited:
         if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
             instance = control.instance(name)
         if instance is not None and half_made(instance, control.config):
@@ -173,7 +173,7 @@ def ensure_running(control: VmControl, name: str, known: Instance | None = _UNKN
 def note_stale_base(config: Config, name: str) -> None:
     """One line when the VM was cloned from a base that is no longer current, said once per VM and base (the
     VM's state keeps which base it was said about). Never on a warm launch: the key costs a template render."""
-    vm_record = state.read(name)
+    vm_record = statefile.read(name)
     recorded = vm_record.get("base")
     if recorded and config.vm_base == "auto":
         # deferred: start-up (vm.golden: only a VM cloned from a base needs it, never the warm launch)
@@ -182,7 +182,7 @@ def note_stale_base(config: Config, name: str) -> None:
         found = golden.stale_note(config, recorded)
         if found and vm_record.get("staleBaseNoted") != found[0]:
             note(found[1])
-            state.update(name, {"staleBaseNoted": found[0]})
+            statefile.update(name, {"staleBaseNoted": found[0]})
 
 
 def verify_running(control: VmControl, instance: Instance) -> bool:
@@ -191,7 +191,7 @@ def verify_running(control: VmControl, instance: Instance) -> bool:
     A difference marks the VM refused, stops it and raises. False: the row is clean but the VM was
     refused before, so it may still run with what was refused and has to be restarted first.
     """
-    vm_record = state.read(instance.name)
+    vm_record = statefile.read(instance.name)
     expected = expected_config(instance.name, vm_record)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
@@ -202,7 +202,7 @@ def verify_running(control: VmControl, instance: Instance) -> bool:
 
 def expected_config(name: str, vm_record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What agentbox rendered for the VM, from its state; rebuilt once from the kept lima.yaml for older VMs."""
-    vm_record = state.read(name) if vm_record is None else vm_record
+    vm_record = statefile.read(name) if vm_record is None else vm_record
     expected = vm_record.get("expected")
     if effective.is_current(expected):
         return expected
@@ -211,13 +211,13 @@ def expected_config(name: str, vm_record: dict[str, Any] | None = None) -> dict[
     except OSError:
         return None  # created before agentbox kept its template: nothing to compare with
     expected = effective.expected_from_rendered(rendered)
-    state.update(name, {"expected": expected})
+    statefile.update(name, {"expected": expected})
     return expected
 
 
 def refuse(control: VmControl, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
     """Record the VM as refused (so the next command does not use it either), stop it, raise."""
-    state.update(name, {"refused": [difference.text for difference in found]})
+    statefile.update(name, {"refused": [difference.text for difference in found]})
     if running:
         try:
             control.lima.stop(name, force=True)
@@ -240,7 +240,7 @@ def create_and_start(control: VmControl, name: str) -> Instance:
     atomic_write(template_path, template_text, mode=0o600)
     # Before Lima makes anything: an interrupt can leave a clone that still has the base's (empty) workspace
     # param, and this record is what lets the next run know it as its own (half_made) rather than foreign.
-    state.write(name, {"workspace": str(config.require_workspace()), "creating": time.time()})
+    statefile.write(name, {"workspace": str(config.require_workspace()), "creating": time.time()})
     cloned_from = None
     try:
         if config.vm_base == "auto":
@@ -266,7 +266,7 @@ def create_and_start(control: VmControl, name: str) -> Instance:
         elif not error.hint:
             error.hint = "No VM was created; nothing changed."
         raise
-    state.write(
+    statefile.write(
         name,
         {
             "workspace": str(config.require_workspace()),
@@ -339,15 +339,15 @@ def start(control: VmControl, name: str, instance_dir: str, row: Instance | None
             f"{log_path}, or start over with `agentbox start --recreate`."
         )
         raise
-    vm_record = state.read(name)
+    vm_record = statefile.read(name)
     vm_record.pop("degraded", None)  # this start finished cleanly
-    state.write(name, {**vm_record, "booted": time.time()})
+    statefile.write(name, {**vm_record, "booted": time.time()})
     instance = require_running(control, name)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
         if found:
             refuse(control, name, found, running=True)
-    state.clear_refusal(name)
+    statefile.clear_refusal(name)
     return instance
 
 
@@ -359,7 +359,7 @@ def is_degraded(error: LimaError) -> bool:
 def remember_degraded(name: str, error: LimaError) -> None:
     """Kept in the VM's state, so every launch says it (no limactl call) until a start finishes cleanly."""
     errors = [line for line in error.stderr_lines if not line.startswith(("degraded", "DEGRADED"))]
-    state.update(name, {"degraded": {"at": time.time(), "errors": errors[-3:]}})
+    statefile.update(name, {"degraded": {"at": time.time(), "errors": errors[-3:]}})
 
 
 def degraded_note(name: str, vm_record: dict[str, Any]) -> str | None:
@@ -381,7 +381,7 @@ def apply_in_place(control: VmControl, name: str, row: Instance | None) -> None:
     # deferred: start-up (vm.inplace: only when cpus/memory/disk changed, never the warm launch)
     from agentbox.vm import inplace
 
-    found = inplace.plan(state.read(name).get("fingerprint"), control.config, row.disk if row is not None else 0)
+    found = inplace.plan(statefile.read(name).get("fingerprint"), control.config, row.disk if row is not None else 0)
     if found.kept:
         note(found.kept)
     if found.pending:
@@ -404,7 +404,7 @@ def settle_in_place(control: VmControl, instance: Instance, vm_record: dict[str,
     only while it is stopped. On a terminal, ask whether to restart it now; elsewhere say once that they apply
     at its next start. Returns the VM as it runs now. Costs no limactl call unless it restarts the VM."""
     name = instance.name
-    vm_record = state.read(name) if vm_record is None else vm_record
+    vm_record = statefile.read(name) if vm_record is None else vm_record
     recorded = vm_record.get("fingerprint") or {}
     config = control.config
     if resources_as_recorded(config, vm_record):
@@ -435,7 +435,7 @@ def settle_in_place(control: VmControl, instance: Instance, vm_record: dict[str,
     else:
         note(f"{what} in the config apply at the next `agentbox stop`/start of {name} "
              "(`agentbox restart` applies them now)")
-    state.update(name, {"deferred": found.applied})
+    statefile.update(name, {"deferred": found.applied})
     return instance
 
 
@@ -449,7 +449,7 @@ def resources_as_recorded(config: Config, vm_record: dict[str, Any]) -> bool:
 def restart_to_apply(control: VmControl, instance: Instance) -> Instance:
     """Stop the running VM, apply what changed with `limactl edit`, start it (start does the edit)."""
     name = instance.name
-    with state.lock(name):
+    with statefile.lock(name):
         stop_now(control.lima, name, False, control.verbose)
         control.on_stopped(name)
         return start(control, name, instance.dir, instance)
@@ -458,11 +458,11 @@ def restart_to_apply(control: VmControl, instance: Instance) -> Instance:
 def record_in_place(name: str, values: dict[str, Any], applied: bool = False) -> None:
     """The VM now has these cpus, memory, disk (or keeps a larger disk): its record says so. `applied`: the
     edit waiting for the VM's next start was made, so nothing is deferred any more."""
-    vm_record = state.read(name)
+    vm_record = statefile.read(name)
     vm_record["fingerprint"] = {**(vm_record.get("fingerprint") or {}), **values}
     if applied:
         vm_record.pop("deferred", None)
-    state.write(name, vm_record)
+    statefile.write(name, vm_record)
 
 
 def recover(control: VmControl, instance: Instance) -> Instance:
@@ -530,7 +530,7 @@ def stop(control: VmControl, name: str, force: bool = False, known: Instance | N
     check_workspace_matches(instance, control.config)
     if instance.status == STOPPED and not force:
         return f"{name} is already stopped"
-    with state.lock(name):
+    with statefile.lock(name):
         stop_now(control.lima, name, force or instance.status != RUNNING, control.verbose)
     control.on_stopped(name)
     return None
@@ -549,7 +549,7 @@ def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
 
 def delete(control: VmControl, name: str) -> None:
     """Delete the VM and its disk; agentbox's own state of it stays until vmstate.clear (the outbox is there)."""
-    with state.lock(name):
+    with statefile.lock(name):
         verified.forget(name)
         control.lima.delete(name, force=True)
 

@@ -15,7 +15,7 @@ import secrets
 from typing import Any, NamedTuple
 
 from agentbox import paths
-from agentbox.vm import effective, state
+from agentbox.vm import effective, statefile
 from agentbox.vm.lima import RUNNING, Instance
 
 KEY = "verified"
@@ -70,13 +70,13 @@ def record(name: str, instance: Instance) -> str | None:
         forget(name)
         return None
     token = secrets.token_hex(16)
-    state.update(name, {KEY: {"token": token, "row": instance.raw, "signature": signature}})
+    statefile.update(name, {KEY: {"token": token, "row": instance.raw, "signature": signature}})
     return token
 
 
 def forget(name: str) -> None:
     """The VM was stopped, restarted or deleted by agentbox: the next launch lists it."""
-    recorded = state.read(name)
+    recorded = statefile.read(name)
     if KEY in recorded:
         del recorded[KEY]
-        state.write(name, recorded)
+        statefile.write(name, recorded)

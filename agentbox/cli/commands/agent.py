@@ -21,7 +21,7 @@ from agentbox.cli.commands.common import session as session_for
 from agentbox.cli.commands.common import warn_if_untrusted
 from agentbox.config import load as config
 from agentbox.config import trust
-from agentbox.credentials.stage import guest_path_for
+from agentbox.credentials.loginfiles import guest_path_for
 from agentbox.errors import AgentboxError, LimaError, StateError, UsageError
 from agentbox.progress import note
 from agentbox.safetext import visible

@@ -8,7 +8,7 @@ from agentbox.cli import describetext as contextview
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
 from agentbox.vm import lifecycle as vm
-from agentbox.vm import state as vmstate
+from agentbox.vm import statefile as vmstate
 from agentbox.vm import workmode
 
 

@@ -16,7 +16,7 @@ from agentbox.config import load as config
 from agentbox.config import naming, trust
 from agentbox.errors import AgentboxError, ConfigError
 from agentbox.fsutil import atomic_write
-from agentbox.vm import state as vmstate
+from agentbox.vm import statefile as vmstate
 
 # The lines of agentbox.yml.example that --vm-name enables.
 _VM_SECTION = "# vm:\n"

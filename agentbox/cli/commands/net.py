@@ -122,7 +122,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the mode, what enforces it, what the proxy lets through and whether it runs, and the credential
     broker: which agents' logins it keeps on the host, which are staged, its CA."""
     # deferred: start-up (report, guard: only the commands here that use it)
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport
     from agentbox.net import guard as netguard
     config = load_config(ctx, describe=True)
     report = netguard.describe(config.network, config.vm_name, _agents(config))

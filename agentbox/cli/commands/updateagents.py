@@ -1,7 +1,7 @@
 """`agentbox update-agents [AGENT]...`: update the agent CLIs inside the project's VM (agentbox.sync.update).
 
 It costs `limactl list` and one `limactl shell` per VM (an agent with agents.NAME.vmName has its own VM). The
-update runs with the environment a launch stages (agentbox.session.env), sent on the shell's stdin.
+update runs with the environment a launch stages (agentbox.session.guestenv), sent on the shell's stdin.
 """
 
 from __future__ import annotations
@@ -111,12 +111,12 @@ class _Summary:
 @contextlib.contextmanager
 def _launch_env(session: VmControl, vm_name: str, instance: Instance,
                 group: list[AgentConfig]) -> Iterator[dict[str, str]]:
-    """The VM running, and the environment a launch stages for it (agentbox.session.env): the CA, the config's env
+    """The VM running, and the environment a launch stages for it (agentbox.session.guestenv): the CA, the config's env
     (with the broker's placeholders for the logins it brokers), and in allowlist and offline mode the proxy's
     variables, the proxy running (started while Lima is asked, as for a launch) until the update ends."""
     # deferred: start-up (brokersetup, env: only the commands here that use it)
     from agentbox.session import brokersetup
-    from agentbox.session import env as sessionenv
+    from agentbox.session import guestenv as sessionenv
     config = session.config
     brokering = brokersetup.prepare(config, vm_name)
     lease = brokersetup.begin_proxy(config, vm_name, {agent.name: agent.endpoints for agent in group})

@@ -17,7 +17,7 @@ from agentbox.safetext import visible
 from agentbox.tasks.activity import ProjectActivity
 from agentbox.vm import forwards, lima, workmode
 from agentbox.vm import lifecycle as vm
-from agentbox.vm import state as vmstate
+from agentbox.vm import statefile as vmstate
 
 if TYPE_CHECKING:
     from agentbox.cli.commands.ending import Ending
@@ -190,8 +190,7 @@ def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
     # deferred: start-up (pushreport, report: only the commands here that use it)
-    from agentbox.credentials import pushreport
-    from agentbox.credentials import report as brokerreport
+    from agentbox.credentials import brokerreport, pushreport
     session = session_for(ctx, acts=False, vm_only=True)
     config = session.config
     name = vm_name(session)

@@ -29,8 +29,8 @@ from agentbox.agents.record import AgentSpec, ApiKey
 from agentbox.credentials.broker import anthropic, ghcli, google, openai
 from agentbox.credentials.filelogin import FileLogin
 from agentbox.credentials.hostfile import HostFile, parse_json
+from agentbox.credentials.loginfiles import guest_path_for
 from agentbox.credentials.placeholders import Placeholders, is_placeholder, kind_of
-from agentbox.credentials.stage import guest_path_for
 from agentbox.credentials.tokens import TokenHandler, Upstream
 from agentbox.errors import StateError
 from agentbox.net.broker import PLACEHOLDER_MARK, Secret, TokenEndpoint, place
@@ -300,7 +300,7 @@ def _api_keys(prepared: Prepared, placeholders: Placeholders, name: str, env: di
 def _gh(prepared: Prepared, placeholders: Placeholders, env: dict[str, str], reals: list[str]) -> None:
     _api_keys(prepared, placeholders, "gh", env, reals)
     login = ghcli.GhLogin()
-    prepared.replaced.add(ghcli.stage.GH_FILES[0])
+    prepared.replaced.add(ghcli.loginfiles.GH_FILES[0])
     token = login.token() if "GH_TOKEN" not in env else None
     others = login.others()
     if others:

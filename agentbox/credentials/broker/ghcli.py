@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from agentbox.credentials import stage
+from agentbox.credentials import loginfiles
 from agentbox.credentials.hostfile import HostFile
 from agentbox.errors import StateError
 from agentbox.net.broker import place
@@ -27,7 +27,7 @@ LOGIN_COMMAND = "gh auth login"
 
 class GhLogin:
     def __init__(self, path: Path | None = None) -> None:
-        self.file = HostFile(path or Path(os.path.expanduser(stage.GH_FILES[0])))
+        self.file = HostFile(path or Path(os.path.expanduser(loginfiles.GH_FILES[0])))
         self._keychain: tuple[bytes | None, str | None] | None = None
         self._guard = threading.Lock()
 
@@ -71,7 +71,7 @@ class GhLogin:
         with self._guard:
             if self._keychain is not None and self._keychain[0] == data:
                 return self._keychain[1]
-        token = stage.gh_token_from_keychain()
+        token = loginfiles.gh_token_from_keychain()
         with self._guard:
             self._keychain = (data, token)
         return token

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentbox import paths
 from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.credentials.stage import guest_path_for
+from agentbox.credentials.loginfiles import guest_path_for
 from agentbox.fsutil import private_dir, write_if_changed
 
 if TYPE_CHECKING:

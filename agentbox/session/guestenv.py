@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from agentbox.credentials import stage as credentials
+from agentbox.credentials import loginfiles as credentials
 from agentbox.net import policy as netpolicy
 from agentbox.progress import note
 from agentbox.staginglayout import GUEST_CA_BUNDLE
