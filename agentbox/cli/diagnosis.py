@@ -21,7 +21,7 @@ from agentbox import hosttools, paths, resources, staginglayout
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.errors import AgentboxError, ConfigError, LimaError
 from agentbox.safetext import visible
-from agentbox.vm import statefile as vmstate
+from agentbox.vm import statefile
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -130,10 +130,10 @@ def version_tuple(version: str) -> tuple[int, ...] | None:
 def check_config(cwd: Path, checks: list[Check]) -> Config | None:
     """Load the config; None when it is invalid or names no usable workspace (later checks need both)."""
     # deferred: start-up (load: only the checks that use it)
-    from agentbox.config import load as configmod
+    from agentbox.config import load
 
     try:
-        config = configmod.load(cwd, describe=True)
+        config = load.load(cwd, describe=True)
     except ConfigError as error:
         checks.append(Check("config", FAIL, f"the config is not valid: {error.message}",
                             error.hint or "Fix it, then run `agentbox config` to see the result."))
@@ -245,10 +245,10 @@ def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
 def check_git(config: Config, checks: list[Check]) -> None:
     """A worktree's main git folder is mounted only when gitdirs validates it; say which way it went."""
     # deferred: start-up (dirs: only the checks that use it)
-    from agentbox.git import dirs as gitdirs
+    from agentbox.git import dirs
 
     workspace = config.require_workspace()
-    git = gitdirs.locate(workspace)
+    git = dirs.locate(workspace)
     if git.problem:
         checks.append(
             Check(
@@ -288,7 +288,7 @@ def check_tripwire(config: Config, checks: list[Check]) -> None:
 def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance | None, bool]:
     """The VM's state and whether it belongs to this workspace."""
     # deferred: start-up (lifecycle, vm.lima: only the checks that use it)
-    from agentbox.vm import lifecycle as vm
+    from agentbox.vm import lifecycle
     from agentbox.vm.lima import BROKEN, RUNNING, STOPPED
 
     name = config.vm_name
@@ -335,13 +335,13 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
                 f"or see `limactl list` and Lima's log {instance.log_path}.",
             )
         )
-    recorded = vm.workspace_of(instance)
+    recorded = lifecycle.workspace_of(instance)
     workspace = str(config.workspace)
     if recorded == workspace:
         checks.append(Check("vm.workspace", OK, f"VM {name} belongs to this workspace"))
         return instance, True
-    if vm.half_made(instance, config):
-        checks.append(Check("vm.workspace", WARN, vm.HALF_MADE.format(name=name),
+    if lifecycle.half_made(instance, config):
+        checks.append(Check("vm.workspace", WARN, lifecycle.HALF_MADE.format(name=name),
                             "`agentbox start` makes it again; `agentbox rm --yes` discards it."))
     elif recorded is None:
         checks.append(
@@ -349,7 +349,7 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
                 "vm.workspace",
                 FAIL,
                 f"the Lima instance {name} was not created by agentbox (it records no workspace)",
-                vm.clash_hint(config, name, foreign=True),
+                lifecycle.clash_hint(config, name, foreign=True),
             )
         )
     else:
@@ -358,7 +358,7 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
                 "vm.workspace",
                 FAIL,
                 f"VM {name} belongs to {recorded}, not to this workspace {workspace}",
-                vm.clash_hint(config, name),
+                lifecycle.clash_hint(config, name),
             )
         )
     return instance, False
@@ -390,7 +390,7 @@ def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
                             "`agentbox base build --rebuild` rebuilds it now."))
     else:
         checks.append(Check("base", OK, f"base VM {name} is fresh (built {golden.age_days(record):.1f} days ago)"))
-    line = golden.staleness(config, vmstate.read(config.vm_name).get("base"))
+    line = golden.staleness(config, statefile.read(config.vm_name).get("base"))
     if line:
         checks.append(Check("base.vm", WARN, line))
 
@@ -419,7 +419,7 @@ def check_drift(config: Config, checks: list[Check]) -> None:
     # deferred: start-up (drift: only the checks that use it)
     from agentbox.vm import drift
 
-    recorded = vmstate.read(config.vm_name).get("fingerprint")
+    recorded = statefile.read(config.vm_name).get("fingerprint")
     if not recorded:
         return  # created before agentbox recorded them: nothing to compare with
     check_in_place(config, recorded, checks)
@@ -543,7 +543,7 @@ def check_provisioning(instance: Instance, probe: Probe, checks: list[Check]) ->
                             f"See why: `agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log`; {again}"))
     elif probe.provisioned:
         checks.append(Check("vm.provisioning", OK, f"{name}'s provisioning finished at its last start"))
-    degraded = lifecycle.degraded_note(name, vmstate.read(name))
+    degraded = lifecycle.degraded_note(name, statefile.read(name))
     if degraded:
         checks.append(Check("vm.degraded", WARN, degraded))
 
@@ -558,7 +558,7 @@ def _no_probe(reason: str) -> Probe:
 def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str, list[Path]]]]:
     """Per agent (None for gh and netrc): guest path ("~/...") -> the host files that land there."""
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles as credentials
+    from agentbox.credentials import loginfiles
 
     if not config.credentials.enabled:
         return []
@@ -566,8 +566,8 @@ def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str
     for agent in config.agents.values():
         groups.append((agent, _guest_map(agent.credentials)))
     extra = [
-        *(credentials.GH_FILES if config.credentials.gh else ()),
-        *((credentials.NETRC,) if config.credentials.netrc else ()),
+        *(loginfiles.GH_FILES if config.credentials.gh else ()),
+        *((loginfiles.NETRC,) if config.credentials.netrc else ()),
     ]
     if extra:
         groups.append((None, _guest_map(extra)))
@@ -576,11 +576,11 @@ def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str
 
 def _guest_map(specs: Iterable[str]) -> dict[str, list[Path]]:
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles as credentials
+    from agentbox.credentials import loginfiles
 
     mapping: dict[str, list[Path]] = {}
     for spec in specs:
-        guest = credentials.guest_path_for(spec)
+        guest = loginfiles.guest_path_for(spec)
         if guest.startswith("~/"):  # the only paths launch stages
             mapping.setdefault(guest, []).append(Path(os.path.expanduser(spec)))
     return mapping
@@ -729,20 +729,20 @@ def _brokered(config: Config) -> list[str]:
 
 def _gh_login_on_host(config: Config) -> bool:
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles as credentials
+    from agentbox.credentials import loginfiles
 
-    return config.credentials.gh and Path(os.path.expanduser(credentials.GH_FILES[0])).is_file()
+    return config.credentials.gh and Path(os.path.expanduser(loginfiles.GH_FILES[0])).is_file()
 
 
 def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:
     """gh and netrc: shown only when the host has them (neither is needed)."""
     # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles as credentials
+    from agentbox.credentials import loginfiles
 
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
     if not on_host:
         return None
-    names = sorted({"gh" if guest in credentials.GH_FILES else "netrc" for guest in on_host})
+    names = sorted({"gh" if guest in loginfiles.GH_FILES else "netrc" for guest in on_host})
     return _login_state(
         f"credentials.{'+'.join(names)}",
         " and ".join(names),
@@ -782,12 +782,11 @@ def _login_state(
 def check_network(config: Config, probe: Probe, checks: list[Check]) -> None:
     """network.mode, what enforces it, and whether the VM's firewall is in place (agentbox.net.policy)."""
     # deferred: start-up (guard, policy: only the checks that use it)
-    from agentbox.net import guard as netguard
-    from agentbox.net import policy as netpolicy
+    from agentbox.net import guard, policy
 
     settings = config.network
-    enforcement, why = netpolicy.enforcement(settings)
-    proxy = netguard.running(config.vm_name)
+    enforcement, why = policy.enforcement(settings)
+    proxy = guard.running(config.vm_name)
     proxy_words = "" if not settings.proxied else (
         f"; its proxy runs on 127.0.0.1:{proxy.port}" if proxy else "; its proxy starts with the next session")
     checks.append(Check("network", OK, f"network.mode {settings.mode} (enforcement: {enforcement}: {why})"

@@ -111,9 +111,9 @@ def configured_agents(start: Path) -> dict[str, Any]:
     if not peek.may_define_agents(start):
         return {}
     # deferred: start-up (load: not on `agentbox --help`)
-    from agentbox.config import load as config
+    from agentbox.config import load
     try:
-        return config.load(start).agents
+        return load.load(start).agents
     except AgentboxError:
         return {}
 

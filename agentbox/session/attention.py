@@ -27,8 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentbox import livemarkers, paths, staginglayout, vmread
-from agentbox.session import detached as sessions
-from agentbox.session import notify
+from agentbox.session import detached, notify
 
 POLL_SEC = 1.0
 IDLE_EXIT_SEC = 30
@@ -79,9 +78,9 @@ def message(kind: str, session: str, agent: str, text: str, vm_name: str) -> tup
 
 def parse_event(data: bytes) -> tuple[str, str, str, str] | None:
     lines = data.decode(errors="replace").split("\n")
-    if len(lines) < 4 or lines[0] not in KINDS or not sessions.NAME_PATTERN.match(lines[1]):
+    if len(lines) < 4 or lines[0] not in KINDS or not detached.NAME_PATTERN.match(lines[1]):
         return None
-    agent = lines[2] if sessions.NAME_PATTERN.match(lines[2]) else ""
+    agent = lines[2] if detached.NAME_PATTERN.match(lines[2]) else ""
     return lines[0], lines[1], agent, lines[3][:300]
 
 
@@ -90,7 +89,7 @@ def poll(vm_name: str, on_task_end: TaskEnded | None = None) -> tuple[bool, bool
     folder could be read, a session is alive)."""
     outbox = paths.vm_outbox(vm_name)
     try:
-        with vmread.folder(outbox, staginglayout.OUTBOX_SESSIONS, sessions.EVENTS) as events:
+        with vmread.folder(outbox, staginglayout.OUTBOX_SESSIONS, detached.EVENTS) as events:
             names = sorted(name for name in os.listdir(events) if name.endswith(".event"))
             shown = 0
             for name in names:

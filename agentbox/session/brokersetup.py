@@ -13,8 +13,7 @@ from agentbox.config import keys
 if TYPE_CHECKING:
     from agentbox.config.load import Config
     from agentbox.credentials.broker import brokered
-    from agentbox.net import certauthority
-    from agentbox.net import guard as netguard
+    from agentbox.net import certauthority, guard
 
 
 BROKER_PROGRAM = "agentbox.credentials.broker.process"  # the VM's proxy process with the broker (`python -m` it)
@@ -53,24 +52,24 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
     return Brokered(prepared, certauthority.ensure(vm_name, prepared.hosts))
 
 
-def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]) -> netguard.Lease | None:
+def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]) -> guard.Lease | None:
     """netguard.begin, with the broker's request when the broker is on (then in every network mode); None, at no
     cost, when neither the network mode nor the broker needs the proxy."""
     if not (config.network.proxied or wanted(config)):
         return None
     from agentbox.credentials.broker import brokered
-    from agentbox.net import guard as netguard
+    from agentbox.net import guard
 
     request = brokered.request_of(config) if wanted(config) else None
     route = upstream_settings(config)
     if request is None:
-        return netguard.begin(config.network, vm_name, agents, upstream=route)
+        return guard.begin(config.network, vm_name, agents, upstream=route)
     # what the broker process serves (agentbox.credentials.broker.process reads it; guard.begin writes it 0600)
     # allowPush: every push (sync.remoteWrite); pushMode "session": pushes only to the VM's own branches
     # (git.allowPush, agentbox.net.pushes), judged and recorded by the broker
     wanted_broker = {**request.to_json(), "allowPush": config.remote_write,
                      "pushMode": keys.PUSH_SESSION if config.scoped_pushes else "off"}
-    return netguard.begin(config.network, vm_name, agents, broker=wanted_broker, program=BROKER_PROGRAM,
+    return guard.begin(config.network, vm_name, agents, broker=wanted_broker, program=BROKER_PROGRAM,
                           upstream=route)
 
 

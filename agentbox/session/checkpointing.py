@@ -28,7 +28,7 @@ from agentbox import hosttools, paths, staginglayout, timing
 from agentbox.config.load import CheckpointSettings, Config
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import pid_alive
-from agentbox.git import store as hostgit
+from agentbox.git import store
 from agentbox.progress import note, warn
 from agentbox.review import checkpoints, scope
 from agentbox.safetext import visible
@@ -141,7 +141,7 @@ class SessionCheckpoints:
         """Take the end checkpoint and say what there is to say about it."""
         with timing.phase("end checkpoint"):
             try:
-                with hostgit.time_limit(TIME_LIMIT):
+                with store.time_limit(TIME_LIMIT):
                     taken = checkpoints.take(self.workspace, "end", self.settings, agent=self.agent,
                                              session=self.session)
             except AgentboxError as exc:
@@ -154,7 +154,7 @@ class SessionCheckpoints:
         if self.made_in is not None and not self._worktree_made(self.made_in):
             return  # no go marker: launch.sh, if it still waits, says the start checkpoint was not recorded
         try:
-            with hostgit.time_limit(TIME_LIMIT):
+            with store.time_limit(TIME_LIMIT):
                 self._start = checkpoints.take(self.workspace, "start", self.settings, agent=self.agent,
                                                session=self.session)
         except BaseException as exc:  # reported by the main thread, which decides what it means
@@ -210,7 +210,7 @@ class SessionCheckpoints:
             if _first_time(self.workspace, NOT_A_REPOSITORY_MARK):
                 note(f"{error.message} (said once)")
             return
-        if isinstance(error, hostgit.GitMissing):
+        if isinstance(error, store.GitMissing):
             if _first_time(self.workspace, NO_GIT_MARK):
                 note("checkpoints are off: git is not installed on this computer (said once)")
             return

@@ -23,11 +23,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from agentbox import __version__, paths, staginglayout
 from agentbox.config import keys
-from agentbox.credentials import loginfiles as credentials
-from agentbox.net import policy as netpolicy
-from agentbox.net import pushes
-from agentbox.session import guestenv as sessionenv
-from agentbox.vm import statefile as vmstate
+from agentbox.credentials import loginfiles
+from agentbox.net import policy, pushes
+from agentbox.session import guestenv
+from agentbox.vm import statefile
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -96,7 +95,7 @@ def build(
         mounts = mounts_for(config, vm_name)
     brokered = config.credentials.enabled and config.credentials.broker
     if staged_credentials is None:
-        staged_credentials = present_credentials(credentials.launch_files(config, agent))
+        staged_credentials = present_credentials(loginfiles.launch_files(config, agent))
         if brokered:
             from agentbox.credentials import brokerreport
 
@@ -104,7 +103,7 @@ def build(
     if env_keys is None:
         # the proxy's variables when a proxy serves the VM (its port does not matter here: names only)
         proxied = brokered or config.network.proxied
-        env_keys = sessionenv.of(config, netpolicy.ProxyAccess(1, "") if proxied else None)
+        env_keys = guestenv.of(config, policy.ProxyAccess(1, "") if proxied else None)
     if git_identity is None:
         settings = config.credentials
         git_identity = settings.enabled and settings.git and (Path(os.path.expanduser("~")) / ".gitconfig").is_file()
@@ -241,7 +240,7 @@ def vm_facts_for(config: Config, vm_name: str) -> dict[str, Any]:
     """Without asking Lima: what the last launch saw (the VM's record), else what the config asks for."""
     from agentbox import sizes
 
-    seen = vmstate.read(vm_name).get("seen")
+    seen = statefile.read(vm_name).get("seen")
     if isinstance(seen, dict):
         return seen
     return {
@@ -264,7 +263,7 @@ def effective_mounts(instance: Instance) -> list[tuple[str, str, bool]] | None:
 def mounts_for(config: Config, vm_name: str) -> list[tuple[str, str, bool]]:
     """Without asking Lima: the mounts the VM was created with (its record), else those the config renders."""
 
-    expected = vmstate.read(vm_name).get("expected")
+    expected = statefile.read(vm_name).get("expected")
     if isinstance(expected, dict) and isinstance(expected.get("mounts"), list):
         return [(str(m[0]), str(m[1]), bool(m[2])) for m in expected["mounts"]]
     from agentbox.vm import render
@@ -298,11 +297,11 @@ def _mount(
 def present_credentials(host_files: list[str]) -> list[str]:
     """The guest paths (relative to the guest home) a launch would stage from host_files: the regular files
     that exist, the first one for each guest path (stat only: no file is read)."""
-    from agentbox.credentials import loginfiles as credentials
+    from agentbox.credentials import loginfiles
 
     found: list[str] = []
     for spec in host_files:
-        guest = credentials.guest_path_for(spec)
+        guest = loginfiles.guest_path_for(spec)
         if not guest.startswith("~/") or guest[2:] in found:
             continue
         try:
@@ -315,15 +314,15 @@ def present_credentials(host_files: list[str]) -> list[str]:
 
 def _owners(config: Config, staged: list[str]) -> list[tuple[str, str]]:
     """Each staged file with whose login it is (an agent's name, gh or netrc)."""
-    from agentbox.credentials import loginfiles as credentials
+    from agentbox.credentials import loginfiles
 
     owners: dict[str, str] = {}
-    for spec in credentials.GH_FILES:
-        owners[credentials.guest_path_for(spec)[2:]] = "gh"
-    owners[credentials.NETRC[2:]] = "netrc"
+    for spec in loginfiles.GH_FILES:
+        owners[loginfiles.guest_path_for(spec)[2:]] = "gh"
+    owners[loginfiles.NETRC[2:]] = "netrc"
     for agent in config.agents.values():
         for spec in agent.credentials:
-            owners.setdefault(credentials.guest_path_for(spec)[2:], agent.name)
+            owners.setdefault(loginfiles.guest_path_for(spec)[2:], agent.name)
     return [(path, owners.get(path, "unknown")) for path in staged]
 
 
@@ -343,7 +342,7 @@ def _network(config: Config) -> dict[str, Any]:
         agent = "forwarded (vm.lima.ssh.forwardAgent): the host's SSH keys can be used through it"
     else:
         agent = "not forwarded: the host's SSH keys are not usable in the VM"
-    enforcement, why = netpolicy.enforcement(settings)
+    enforcement, why = policy.enforcement(settings)
     if settings.mode == "open":
         internet = f"open: the VM reaches the internet directly; agentbox filters nothing and {proxy}"
     else:

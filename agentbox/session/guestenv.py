@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from agentbox.credentials import loginfiles as credentials
-from agentbox.net import policy as netpolicy
+from agentbox.credentials import loginfiles
+from agentbox.net import policy
 from agentbox.progress import note
 from agentbox.staginglayout import GUEST_CA_BUNDLE
 
@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from agentbox.config.load import Config
 
 
-def of(config: Config, proxy: netpolicy.ProxyAccess | None = None,
+def of(config: Config, proxy: policy.ProxyAccess | None = None,
        brokered: dict[str, str] | None = None) -> dict[str, str]:
     """The environment the session gets: agentbox's additions, then the config's env over them; in allowlist and
     offline mode (or with the credential broker) the proxy's variables over both, with the VM's proxy credentials
@@ -39,7 +39,7 @@ def _added_env(config: Config) -> dict[str, str]:
     added: dict[str, str] = {}
     settings = config.credentials
     if settings.enabled and settings.gh and "GH_TOKEN" not in config.env:
-        token = credentials.gh_token_from_keychain()
+        token = loginfiles.gh_token_from_keychain()
         if token:
             added["GH_TOKEN"] = token
     if (

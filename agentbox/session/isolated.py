@@ -37,11 +37,11 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
     unless the VM's copy already has a base with the same content: then that one is sent again and the copy,
     with the agent's earlier work in it, carries over.
     """
-    from agentbox.git import store as hostgit
+    from agentbox.git import store
     from agentbox.review import proposals
 
     workspace = config.require_workspace()
-    repo = hostgit.find(workspace)
+    repo = store.find(workspace)
     if repo is None:
         raise workmode.not_a_git_work_tree(workspace)
     for made in proposals.collect(workspace, vm_name):
@@ -89,16 +89,15 @@ class Base(NamedTuple):
 def vm_commit(tree: str, head: str | None, message: str) -> str:
     """The id of the commit base.fi makes in the VM: its fields are fixed, so it follows from tree, head and
     message."""
-    from agentbox.git import store as hostgit
+    from agentbox.git import store
 
     fmt = "sha1" if len(tree) == 40 else "sha256"
-    return hostgit.object_id(b"commit", hostgit.commit_object(tree, head, message, 0), fmt)
+    return store.object_id(b"commit", store.commit_object(tree, head, message, 0), fmt)
 
 
 def _own_base(repo: Any, max_file_size: int) -> Base:
     """A commit of the workspace as it is, when no start checkpoint was taken (checkpoints off, or it failed)."""
-    from agentbox.git import snapshot
-    from agentbox.git import store as hostgit
+    from agentbox.git import snapshot, store
 
     snap = snapshot.take(repo, max_file_size)
     if snap.skipped:
@@ -106,7 +105,7 @@ def _own_base(repo: Any, max_file_size: int) -> Base:
         more = f" and {len(snap.skipped) - 5} more" if len(snap.skipped) > 5 else ""
         warn(f"files larger than {max_file_size:,} bytes (checkpoints.maxFileSize) are not in the agent's copy: "
              f"{shown}{more}")
-    stored = hostgit.commit(repo, snap.tree, None, BASE_MESSAGE)
+    stored = store.commit(repo, snap.tree, None, BASE_MESSAGE)
     return Base("", snap.tree, snap.head, stored)
 
 
@@ -114,14 +113,14 @@ def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, reco
     """The candidate with its commit id, recorded as a base agentbox gave the VM. The id follows from the tree,
     HEAD and how many times the copy was remade: the VM keeps its copy while it gets the same id, and a copy
     marked fresh (its proposal applied or rejected) gets a new one, so launch.sh makes it anew."""
-    from agentbox.git import store as hostgit
+    from agentbox.git import store
 
     copies = record.setdefault("copies", {})
     if vm_name in record["fresh"]:
         copies[vm_name] = int(copies.get(vm_name, 0)) + 1
     chosen = candidate._replace(copy=int(copies.get(vm_name, 0)))
     chosen = chosen._replace(commit=vm_commit(chosen.tree, chosen.head, chosen.message))
-    hostgit.set_ref(repo, isolation.base_ref(workspace, vm_name), chosen.stored)
+    store.set_ref(repo, isolation.base_ref(workspace, vm_name), chosen.stored)
     if record["current"].get(vm_name) != chosen.commit or chosen.commit not in record["bases"]:
         record["bases"][chosen.commit] = {"tree": chosen.tree, "head": chosen.head, "vm": vm_name,
                                           "time": isolation.now()}
@@ -132,18 +131,17 @@ def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, reco
 
 def _write_stream(repo: Any, path: Path, base: Base) -> None:
     """base.fi: the fast-import stream from which the VM makes the base commit (see the module's docstring)."""
-    from agentbox.git import read as gitread
-    from agentbox.git import store as hostgit
+    from agentbox.git import read, store
 
-    entries = hostgit.tree_entries(repo, base.tree)
+    entries = store.tree_entries(repo, base.tree)
     known: set[str] = set()
     try:
-        known = {entry.oid for entry in gitread.read_index(repo.git_dir / "index", 1 << 30,
-                                                           fmt=hostgit.store_format(repo))}
-    except (gitread.GitReadError, OSError):
+        known = {entry.oid for entry in read.read_index(repo.git_dir / "index", 1 << 30,
+                                                           fmt=store.store_format(repo))}
+    except (read.GitReadError, OSError):
         pass  # every file inline
     inline = [oid for mode, oid, _ in entries if mode != "160000" and oid not in known]
-    blobs = hostgit.read_blobs(repo, inline)
+    blobs = store.read_blobs(repo, inline)
     stamp = b"agentbox <agentbox@localhost> 0 +0000"
     message = base.message.encode()
     parts = [b"commit refs/agentbox/base\n", b"author " + stamp + b"\n", b"committer " + stamp + b"\n",
@@ -152,7 +150,7 @@ def _write_stream(repo: Any, path: Path, base: Base) -> None:
         parts.append(b"from " + base.head.encode() + b"\n")
     parts.append(b"deleteall\n")
     for mode, oid, name in entries:
-        quoted = hostgit.fast_import_path(name)
+        quoted = store.fast_import_path(name)
         if oid in blobs:
             data = blobs[oid]
             parts += [b"M " + mode.encode() + b" inline " + quoted + b"\n", b"data %d\n" % len(data), data, b"\n"]

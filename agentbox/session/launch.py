@@ -38,8 +38,7 @@ from agentbox.safetext import visible, visible_text
 from agentbox.session import context, detached, isolated, staging, warm
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.session.prepare import Ask, Launch, checkpoint_tree, listed_reached, prepare, proxied, warm_reached
-from agentbox.vm import drift, forwards, lifecycle, workmode
-from agentbox.vm import statefile as vmstate
+from agentbox.vm import drift, forwards, lifecycle, statefile, workmode
 from agentbox.vm.lima import Instance
 
 SSH_FAILED = 255  # limactl shell passes ssh's 255 on: the connection failed, or a signal ended the program
@@ -142,7 +141,7 @@ def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
     _notes(launch, said, refreshed)
     seen = context.vm_facts(instance)
     if launch.state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
-        vmstate.update(name, {"seen": seen})
+        statefile.update(name, {"seen": seen})
     points, workdir, copy = said.points, launch.workdir, None
     if launch.isolated:
         points.wait_for_start()  # the start checkpoint is the copy's base
@@ -207,7 +206,7 @@ def _notes(launch: Launch, said: _Said, refreshed: staging.Refreshed) -> None:
         # once per VM: `agentbox status` says the mode every time
         note(f"{name} was created isolated, so its sessions work on a copy of the workspace too; "
              "`agentbox start --recreate` with session.mode: live makes it live (`agentbox status` shows the mode)")
-        vmstate.update(name, {"isolatedNoted": True})
+        statefile.update(name, {"isolatedNoted": True})
     if changed:
         said.note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
 
@@ -283,7 +282,7 @@ def _finish(launch: Launch, said: _Said, ready: _Prepared, code: int) -> int:
         with timing.phase("isolated mode (proposal)"):
             isolated.finish(launch.config, name, ready.isolated, code)
     if launch.state.get("reconnect"):
-        vmstate.update(name, {"reconnect": False})
+        statefile.update(name, {"reconnect": False})
     after = launch.control.instance(name) if code in (1, SSH_FAILED) else instance
     if after is None:
         raise StateError(

@@ -28,8 +28,7 @@ from agentbox.errors import StateError, UsageError
 from agentbox.review import scope, tripwire
 from agentbox.session import bootstrap, brokersetup, detached, warm
 from agentbox.session.worktrees import Worktree
-from agentbox.vm import lifecycle, verified, workmode
-from agentbox.vm import statefile as vmstate
+from agentbox.vm import lifecycle, statefile, verified, workmode
 from agentbox.vm.lima import Instance
 
 if TYPE_CHECKING:
@@ -112,7 +111,7 @@ def prepare(control: lifecycle.VmControl, ask: Ask) -> Launch:
     agent = ask.agent
     vm_name = ask.vm_name or (agent.vm_name if agent is not None else config.vm_name)
     folders = ask.folders or vm_name
-    state = vmstate.read(vm_name) if ask.steps.reaches_vm else {}
+    state = statefile.read(vm_name) if ask.steps.reaches_vm else {}
     decided = _mode(config, vm_name, state, ask)
     with timing.phase("credential broker (host logins, CA)"):
         brokering = brokersetup.prepare(config, folders, agent.name if agent is not None else None)
@@ -144,7 +143,7 @@ def _mode(config: Config, vm_name: str, state: dict[str, Any], ask: Ask
 
 def reached(launch: Launch, instance: Instance, attempt: warm.Attempt) -> Launch:
     """The launch on `instance`: its state, mode and kept session decided again from the VM as it is now."""
-    state = vmstate.read(launch.vm_name)
+    state = statefile.read(launch.vm_name)
     expected, mode, aside, kept = _mode(launch.config, launch.vm_name, state, launch.ask)
     return launch._replace(state=state, expected=expected, mode=mode, aside=aside, kept=kept,
                                instance=instance, attempt=attempt)
@@ -168,7 +167,7 @@ def listed_reached(launch: Launch, running: Instance | None = None) -> Launch:
             lifecycle.ensure_running(control, name)
         if launch.steps.settle_in_place:
             before = instance
-            instance = lifecycle.settle_in_place(control, instance, vmstate.read(name))
+            instance = lifecycle.settle_in_place(control, instance, statefile.read(name))
             if instance is not before and launch.lease is not None:
                 launch.lease.resume()  # restarted to apply them: its proxy stopped with the VM
     token = verified.record(name, instance)

@@ -129,13 +129,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import paths, resources, timing
-from agentbox.credentials import loginfiles as credentials
+from agentbox.credentials import loginfiles
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
-from agentbox.net import policy as netpolicy
-from agentbox.net import pushes
+from agentbox.net import policy, pushes
 from agentbox.progress import warn
-from agentbox.session import context, setupdigest
-from agentbox.session import guestenv as sessionenv
+from agentbox.session import context, guestenv, setupdigest
 from agentbox.staginglayout import (
     ATTENTION_SCRIPT,
     BOOTSTRAP,
@@ -166,7 +164,7 @@ from agentbox.staginglayout import (
     SessionLaunch,
     launch_options,
 )
-from agentbox.sync import agentsetup as agentsync
+from agentbox.sync import agentsetup
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -179,7 +177,7 @@ if TYPE_CHECKING:
 
 class Refreshed(NamedTuple):
     folder: Path
-    credentials: list[credentials.Staged]  # the login files this launch staged
+    credentials: list[loginfiles.Staged]  # the login files this launch staged
     env_keys: tuple[str, ...] = ()  # the names of the session's env (staging/env)
 
 
@@ -209,7 +207,7 @@ def launch_command(launch: Launch, staging: Path, options: LaunchOptions) -> lis
         "--on-create": scripts.on_create,
         "--on-start": scripts.on_start,
         # The memory files first: an agent's own records may still name its memory file (launch/sync.sh).
-        "--sync": [agentsync.MEMORY] * config.sync_agent_config + [a.name for a in synced_agents(config, agent)],
+        "--sync": [agentsetup.MEMORY] * config.sync_agent_config + [a.name for a in synced_agents(config, agent)],
         "--memory-file": [path[2:] for path in context.memory_files()],
         "--notify": "on" if config.notify else "off",
     }
@@ -255,7 +253,7 @@ def synced_agents(config: Config, agent: AgentConfig | None) -> list[AgentConfig
     if not config.sync_agent_config:
         return []
     candidates = [agent] if agent is not None else list(config.agents.values())
-    return [a for a in candidates if agentsync.spec_of(a) is not None]
+    return [a for a in candidates if agentsetup.spec_of(a) is not None]
 
 
 def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | None = None) -> Refreshed:
@@ -273,7 +271,7 @@ def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | 
     prepared = launch.brokering.prepared if launch.brokering is not None else None
     broker_ca = launch.brokering.authority if launch.brokering is not None else None
     staging = private_dir(paths.staging_dir(name))
-    guest_home = agentsync.guest_home_of(instance)
+    guest_home = agentsetup.guest_home_of(instance)
     write_if_changed(staging / LAUNCH_SCRIPT, resources.text("provision", "launch.sh").encode(), 0o700)
     stage_launch_parts(staging)
     write_if_changed(staging / OPEN_URL, resources.path("provision", "open-url.sh").read_bytes(), 0o700)
@@ -284,39 +282,39 @@ def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | 
     write_if_changed(staging / ATTENTION_SCRIPT, resources.text("provision", ATTENTION_SCRIPT).encode(), 0o700)
     write_if_changed(staging / CLAUDE_HOOKS, resources.text("provision", CLAUDE_HOOKS).encode(), 0o600)
     guards = private_dir(staging / GUARDS)
-    for guard in GUARD_FILES:
-        write_if_changed(guards / guard, resources.path("wrappers", guard).read_bytes(), 0o700)
+    for wrapper in GUARD_FILES:
+        write_if_changed(guards / wrapper, resources.path("wrappers", wrapper).read_bytes(), 0o700)
     stage_bootstrap(scripts, staging)
     settings = config.credentials
-    transforms = agentsync.login_transforms(config, guest_home, staging)
-    host_files = credentials.launch_files(config, agent)
+    transforms = agentsetup.login_transforms(config, guest_home, staging)
+    host_files = loginfiles.launch_files(config, agent)
     if prepared is not None:
         host_files, transforms = brokered_logins(host_files, transforms, prepared)
     staged, warnings = stage_credentials(
         staging, host_files, include_git_identity=settings.enabled and settings.git, transforms=transforms,
     )
-    warnings += agentsync.stage(staging, config, synced_agents(config, agent), guest_home)
+    warnings += agentsetup.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
-    write_if_changed(staging / NETWORK_RULES, netpolicy.ruleset(config.network, proxy_port).encode(), 0o600)
+    write_if_changed(staging / NETWORK_RULES, policy.ruleset(config.network, proxy_port).encode(), 0o600)
     proxy = None
     if proxy_port is not None:
         # Here, not at the top: a launch with neither proxy nor broker imports none of theirs (tests/test_own_time.py).
-        from agentbox.net import guard as netguard
+        from agentbox.net import guard
 
-        proxy = netpolicy.ProxyAccess(proxy_port, netguard.secret(name))
-    env = sessionenv.of(config, proxy, prepared.env if prepared is not None else None)
+        proxy = policy.ProxyAccess(proxy_port, guard.secret(name))
+    env = guestenv.of(config, proxy, prepared.env if prepared is not None else None)
     write_env(staging, env)
     stage_broker_ca(staging, broker_ca)
     return Refreshed(staging, staged, tuple(env))
 
 
-def brokered_logins(host_files: list[str], transforms: credentials.Transforms, prepared: Prepared
+def brokered_logins(host_files: list[str], transforms: loginfiles.Transforms, prepared: Prepared
                     ) -> tuple[list[str], dict[str, tuple[str, Callable[[bytes], bytes]]]]:
     """The login files a brokered launch stages: the placeholder versions the broker made (through the file's own
     transform, ~/.claude.json's MCP filter), never the host's; a brokered login the host lacks, not at all."""
     kept = [spec for spec in host_files
-            if spec not in prepared.replaced or credentials.guest_path_for(spec)[2:] in prepared.files]
+            if spec not in prepared.replaced or loginfiles.guest_path_for(spec)[2:] in prepared.files]
     changed = dict(transforms)
     for relative, data in prepared.files.items():
         inner = transforms.get(relative)
@@ -398,15 +396,15 @@ def stage_bootstrap(plan: Plan, staging: Path) -> None:
 
 
 def stage_credentials(
-    staging: Path, host_files: list[str], include_git_identity: bool, transforms: credentials.Transforms | None = None
-) -> tuple[list[credentials.Staged], list[str]]:
+    staging: Path, host_files: list[str], include_git_identity: bool, transforms: loginfiles.Transforms | None = None
+) -> tuple[list[loginfiles.Staged], list[str]]:
     """staging/creds: host_files under creds/home, their manifest, the git identity. Returns (staged, warnings)."""
     private_dir(staging / CREDS)
-    staged, warnings = credentials.stage_files(staging / CREDS_HOME, staging / CREDS_STAMPS, host_files, transforms)
+    staged, warnings = loginfiles.stage_files(staging / CREDS_HOME, staging / CREDS_STAMPS, host_files, transforms)
     write_if_changed(staging / CREDS_MANIFEST, manifest(staged))
-    credentials.refresh_git_identity(staging / GIT_IDENTITY, staging / GIT_IDENTITY_STAMP, include_git_identity)
+    loginfiles.refresh_git_identity(staging / GIT_IDENTITY, staging / GIT_IDENTITY_STAMP, include_git_identity)
     return staged, warnings
 
 
-def manifest(staged: list[credentials.Staged]) -> bytes:
+def manifest(staged: list[loginfiles.Staged]) -> bytes:
     return "".join(f"{item.digest} {item.guest_path}\0" for item in staged).encode()

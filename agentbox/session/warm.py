@@ -81,18 +81,16 @@ def usable(config: Config, name: str, workspace: Path) -> verified.Verified | No
     workspace, live, with nothing agentbox would change or ask about before the session (the slow path says and
     does those), and an outbox for the started mark."""
     from agentbox.credentials import writeback
-    from agentbox.vm import lifecycle as vm
-    from agentbox.vm import statefile as vmstate
-    from agentbox.vm import workmode
+    from agentbox.vm import lifecycle, statefile, workmode
 
-    state = vmstate.read(name)
+    state = statefile.read(name)
     found = verified.cached(name, state)
-    if found is None or vm.workspace_of(found.instance) != str(workspace):
+    if found is None or lifecycle.workspace_of(found.instance) != str(workspace):
         return None
-    expected = vm.expected_config(name, state)
+    expected = lifecycle.expected_config(name, state)
     if workmode.ISOLATED in (config.session_mode, workmode.mode_of_vm(expected, workspace)):
         return None
-    if "deferred" in state or not vm.resources_as_recorded(config, state):
+    if "deferred" in state or not lifecycle.resources_as_recorded(config, state):
         return None
     if not writeback.has_outbox(expected, name):
         return None

@@ -47,16 +47,16 @@ def check_name(name: str) -> None:
 
 def session_worktree(config: Config, name: str) -> Worktree:
     """The worktree of `agentbox AGENT --worktree NAME`, checked."""
-    from agentbox.git import store as hostgit
+    from agentbox.git import store
 
     check_name(name)
     workspace = config.require_workspace()
-    repo = hostgit.find(workspace)
+    repo = store.find(workspace)
     if repo is None:
         raise StateError(f"--worktree needs a git work tree, and {workspace} is not one",
                          hint="Run `git init` and commit, or drop --worktree.")
     refuse_in_linked_worktree(repo)
-    base = hostgit.head(repo)
+    base = store.head(repo)
     if base is None:
         raise StateError("--worktree starts its branch at HEAD, and this repository has no commit yet",
                          hint="Commit once, then try again.")

@@ -28,7 +28,7 @@ class ProjectActivity:
     def __call__(self, since: float) -> bool:
         # Asked only when a watched file changed: the task records' modules stay out of every other launch
         # (tests/test_own_time.py counts what a warm launch imports).
-        from agentbox.tasks import records as tasks
+        from agentbox.tasks import records
         from agentbox.tasks.transitions import ACTIVE
 
         # Every VM and every task of this machine, not only the project's: another project's VM may mount this
@@ -36,7 +36,7 @@ class ProjectActivity:
         if any(self.vm_busy(vm) for vm in sorted(self.vms | _every_vm())):
             return True
         return any(task.state in ACTIVE or (task.ended or 0) >= since or (task.started or 0) >= since
-                   for task in tasks.all_tasks())
+                   for task in records.all_tasks())
 
     def vm_busy(self, vm: str) -> bool:
         return livemarkers.any_fresh(vm)

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 from agentbox import fsutil, paths
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.git import store as hostgit
+from agentbox.git import store
 
 RECORD = "task-bundles.json"
 FOLDER = "bundles"  # in the staging folder
@@ -45,7 +45,7 @@ def place_name(where: str, vm_name: str) -> str:
     return (where + "-" + "".join(ch if ch.isalnum() or ch in "_-" else "-" for ch in vm_name))[:100]
 
 
-def stage(repo: hostgit.Repo, place: str, tree: str, folder: Path, tidy: bool = False) -> Staged:
+def stage(repo: store.Repo, place: str, tree: str, folder: Path, tidy: bool = False) -> Staged:
     """Make sure the place's bundles/ folder (`folder`, on this machine: written here, or sent on by the caller)
     holds a commit of tree, adding a bundle when it does not (a chain whose files are gone from folder starts
     again). `tidy`: remove the bundles of an earlier chain (only when no task of the place may still fetch them)."""
@@ -61,19 +61,19 @@ def stage(repo: hostgit.Repo, place: str, tree: str, folder: Path, tidy: bool = 
         record = _read(workspace)
         chain: list[dict[str, str]] = list(record.get(place, {}).get("chain", []))
         retired: list[str] = list(record.get(place, {}).get("retired", []))
-        if chain and (not all(has(link["file"]) for link in chain) or hostgit.resolve(repo, ref) != chain[-1]["commit"]
+        if chain and (not all(has(link["file"]) for link in chain) or store.resolve(repo, ref) != chain[-1]["commit"]
                       or len(chain) >= MAX_CHAIN):
             retired += [link["file"] for link in chain]
             chain = []
-        if chain and hostgit.tree_of(repo, chain[-1]["commit"]) == tree:
+        if chain and store.tree_of(repo, chain[-1]["commit"]) == tree:
             return Staged(chain[-1]["commit"], [link["file"] for link in chain], None, None)
         parent = chain[-1]["commit"] if chain else None
-        commit = hostgit.chain_commit(repo, tree, parent, MESSAGE)
+        commit = store.chain_commit(repo, tree, parent, MESSAGE)
         name = f"{commit}.bundle"
         private_dir(folder)
         partial = folder / f".{name}.partial"
         partial.unlink(missing_ok=True)
-        hostgit.bundle(repo, partial, ref, commit, parent)
+        store.bundle(repo, partial, ref, commit, parent)
         os.replace(partial, folder / name)
         chain.append({"commit": commit, "file": name})
         keep = {link["file"] for link in chain}

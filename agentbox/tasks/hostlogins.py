@@ -42,12 +42,12 @@ def remote_port(key: str) -> int:
 
 def refused_logins(config: Config, agent: AgentConfig, prepared: Prepared | None) -> list[str]:
     """The host login files this launch would stage as they are (each would be written on the remote host)."""
-    from agentbox.credentials import loginfiles as credentials
+    from agentbox.credentials import loginfiles
 
     if not config.credentials.enabled:
         return []
     found = []
-    for spec in credentials.launch_files(config, agent):
+    for spec in loginfiles.launch_files(config, agent):
         path = Path(os.path.expanduser(spec))
         if spec in NOT_SECRET or not os.path.lexists(path):
             continue

@@ -13,38 +13,38 @@ import time
 from typing import TYPE_CHECKING
 
 from agentbox.errors import StateError
-from agentbox.tasks import records as tasks
+from agentbox.tasks import records
 
 if TYPE_CHECKING:
-    from agentbox.vm import lifecycle as vm
+    from agentbox.vm import lifecycle
 
 ENDING_WAIT = 60.0  # seconds `attach` waits, once the session ended, for its task to end and come home
 POLL = 0.3
 
 
-def start(session: vm.VmControl, agent_name: str, args: list[str], host_name: str) -> tasks.Task:
+def start(control: lifecycle.VmControl, agent_name: str, args: list[str], host_name: str) -> records.Task:
     """Submit the session to host_name (the agent's interactive form with its default args and ARGS)."""
     from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
     from agentbox.tasks import jobs
     from agentbox.tasks.submit import TaskAsk
 
-    agent = session.config.agent(agent_name)
-    session.config.require_workspace()
+    agent = control.config.agent(agent_name)
+    control.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model,
                       model_after(agent_name, agent.default_args), flag_subcommands(agent_name))
-    return jobs.submit(session, TaskAsk(agent_name, b"", session_argv=argv), host_name)
+    return jobs.submit(control, TaskAsk(agent_name, b"", session_argv=argv), host_name)
 
 
-def find(spec: str) -> tasks.Task | None:
+def find(spec: str) -> records.Task | None:
     """The remote session task named by id or name (None: no such task is a remote session)."""
-    candidates = [task for task in tasks.all_tasks() if task.session and task.remote]
+    candidates = [task for task in records.all_tasks() if task.session and task.remote]
     try:
-        return tasks.lookup(spec, candidates)
-    except tasks.UnknownTask:
+        return records.lookup(spec, candidates)
+    except records.UnknownTask:
         return None
 
 
-def attach(task: tasks.Task) -> tuple[int, tasks.Task]:
+def attach(task: records.Task) -> tuple[int, records.Task]:
     """Join the session on this terminal until the user detaches or it ends. Returns the far end's exit status
     (0: detached, SESSION_ENDED: it ended) and the record as it is then (after an end: once it came home,
     or ENDING_WAIT passed)."""
@@ -59,7 +59,7 @@ def attach(task: tasks.Task) -> tuple[int, tasks.Task]:
     if not task.handed:
         raise StateError(f"{task.label} waits for {task.host}, which has not taken it yet",
                          hint=f"`agentbox attach {task.id}` again once `agentbox tasks` shows it Running.")
-    if task.state != tasks.RUNNING:
+    if task.state != records.RUNNING:
         raise StateError(f"{task.label} is {task.state} on {task.host}: its session has not started yet",
                          hint=f"`agentbox attach {task.id}` again once `agentbox tasks` shows it Running.")
     code = SshRuntime(registry.require(task.host)).attach(task.remote_key or "")

@@ -26,14 +26,14 @@ from agentbox.errors import StateError
 from agentbox.progress import note
 from agentbox.runtime.contract import Handed, Job, NeedsTemplate, Runtime
 from agentbox.runtime.sshhost import SshRuntime, mirror_name
-from agentbox.tasks import records as tasks
+from agentbox.tasks import records
 from agentbox.tasks.transitions import CANCELLED, FAILED, RUNNING
 
 POLL_SEC = 2.0
 UNREACHABLE_POLL_SEC = 10.0
 SILENT_RUNNER_SEC = 60.0  # a Running task whose runner's heartbeat did not move for this long has lost its runner
 OUTPUTS_LIMIT = 16 << 20
-COLLECTED = ("state", *tasks.OUTPUTS, tasks.CHANGES, tasks.SUMMARY)
+COLLECTED = ("state", *records.OUTPUTS, records.CHANGES, records.SUMMARY)
 LOCK = "keeper.lock"
 LOCK_PATIENCE_SEC = 1.0
 JOB_FILE = "job.json"  # in the task's record folder until the host took the task (agentbox.tasks.remote)
@@ -44,7 +44,7 @@ def end_brokers(host: str) -> list[str]:
     forgotten (`hosts rm`), so nothing here serves it any more, whatever its keepers still hold. The mirrors
     whose proxy was stopped."""
     from agentbox import paths
-    from agentbox.net import guard as netguard
+    from agentbox.net import guard
 
     suffix = mirror_name("", host)
     try:
@@ -52,10 +52,10 @@ def end_brokers(host: str) -> list[str]:
                        if entry.name.endswith(suffix) and len(entry.name) > len(suffix))
     except OSError:
         return []
-    return [name for name in names if netguard.stop(name)]
+    return [name for name in names if guard.stop(name)]
 
 
-def keep_job(task: tasks.Task, job: Job) -> None:
+def keep_job(task: records.Task, job: Job) -> None:
     """The job, kept beside the record until the host took it (hand_over reads it, now or later)."""
     from agentbox.fsutil import atomic_write, private_dir
 
@@ -63,12 +63,12 @@ def keep_job(task: tasks.Task, job: Job) -> None:
             "startTimeout": job.start_timeout, "staging": list(job.staging or []),
             "executables": sorted(job.executables),
             "files": {name: base64.b64encode(content).decode("ascii") for name, content in job.files.items()}}
-    atomic_write(private_dir(tasks.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
+    atomic_write(private_dir(records.folder(task.id)) / JOB_FILE, json.dumps(data), mode=0o600)
 
 
-def kept_job(task: tasks.Task) -> Job | None:
+def kept_job(task: records.Task) -> Job | None:
     try:
-        data = json.loads((tasks.folder(task.id) / JOB_FILE).read_bytes())
+        data = json.loads((records.folder(task.id) / JOB_FILE).read_bytes())
     except (OSError, ValueError):
         return None
     return Job(data["vm"], data["task"], data["limaYaml"],
@@ -79,15 +79,15 @@ def kept_job(task: tasks.Task) -> Job | None:
 SENT = "sent.json"  # beside this machine's mirror of a remote VM's staging: what its staging there holds
 
 
-def _sent_file(task: tasks.Task) -> Any:
+def _sent_file(task: records.Task) -> Any:
     from agentbox import paths
 
     return paths.vm_state_dir(mirror_name(task.vm, task.host)) / SENT
 
 
-def _sent(task: tasks.Task) -> dict[str, str]:
+def _sent(task: records.Task) -> dict[str, str]:
     """{staging file: sha256} of what the host's staging folder of the VM holds, as last sent (empty: unknown)."""
-    if task.host == tasks.LOCAL:
+    if task.host == records.LOCAL:
         return {}
     try:
         data = json.loads(_sent_file(task).read_bytes())
@@ -102,7 +102,7 @@ def _changed(job: Job, sent: dict[str, str]) -> dict[str, bytes]:
             if not name.startswith("staging/") or sent.get(name) != hashlib.sha256(data).hexdigest()}
 
 
-def _remember_sent(task: tasks.Task, job: Job, sent: dict[str, str]) -> None:
+def _remember_sent(task: records.Task, job: Job, sent: dict[str, str]) -> None:
     from agentbox.fsutil import atomic_write
 
     now = {name: digest for name, digest in sent.items() if job.staging is None or name[8:] in set(job.staging)}
@@ -111,7 +111,7 @@ def _remember_sent(task: tasks.Task, job: Job, sent: dict[str, str]) -> None:
     atomic_write(_sent_file(task), json.dumps(now, sort_keys=True), mode=0o600)
 
 
-def hand_over(task: tasks.Task, place: Runtime, proxy_port: int | None) -> bool:
+def hand_over(task: records.Task, place: Runtime, proxy_port: int | None) -> bool:
     """Make the task's forward (when it has one: this machine's proxy at `proxy_port`) and submit its kept job;
     True when the place took it (the record is then Queued or Running, as its runner says), False when a host
     did not answer (it stays Pending). StateError when the place refused it."""
@@ -119,7 +119,8 @@ def hand_over(task: tasks.Task, place: Runtime, proxy_port: int | None) -> bool:
 
     job = kept_job(task)
     if job is None:
-        raise StateError(f"{task.label} has no job to hand over (its file {tasks.folder(task.id) / JOB_FILE} is gone)")
+        raise StateError(f"{task.label} has no job to hand over (its file {records.folder(task.id) / JOB_FILE} is "
+                         "gone)")
     try:
         if task.forward_port is not None and isinstance(place, SshRuntime):
             if proxy_port is None:
@@ -127,22 +128,22 @@ def hand_over(task: tasks.Task, place: Runtime, proxy_port: int | None) -> bool:
             with timing.phase("the broker's forward (ssh -O forward)"):
                 place.transport.forward_remote(proxy_port, task.forward_port)
             _note(task.id, forward_master=place.transport.master_pid(), forward_local=proxy_port)
-            task = tasks.get(task.id) or task
+            task = records.get(task.id) or task
         handed = deliver(task, place, job)
     except Unreachable as exc:
         place.answered(False)
-        with tasks.locked():
-            fresh = tasks.get(task.id) or task
+        with records.locked():
+            fresh = records.get(task.id) or task
             if fresh.active and fresh.reason is None:
                 fresh.reason = f"waiting for {place.name}: {exc.message}"
-                tasks.save(fresh)
+                records.save(fresh)
         return False
     place.answered(True)
     took(task, job, handed, place.name)
     return True
 
 
-def deliver(task: tasks.Task, place: Runtime, job: Job) -> Handed:
+def deliver(task: records.Task, place: Runtime, job: Job) -> Handed:
     """Submit the job: only the staging files the place does not hold as they are, and everything when the VM is
     missing there (its folders are empty)."""
     sent = _sent(task)
@@ -156,7 +157,7 @@ def deliver(task: tasks.Task, place: Runtime, job: Job) -> Handed:
             return place.submit(job)
 
 
-def took(task: tasks.Task, job: Job, handed: Handed, where: str) -> None:
+def took(task: records.Task, job: Job, handed: Handed, where: str) -> None:
     """The place ran the job's launch step: the task is handed over (StateError when the step failed)."""
     if handed.code != 0:
         from agentbox.safetext import visible
@@ -165,29 +166,29 @@ def took(task: tasks.Task, job: Job, handed: Handed, where: str) -> None:
                          + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
     if job.staging is not None:
         _remember_sent(task, job, _sent(task))
-    (tasks.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
-    with tasks.locked():
-        fresh = tasks.get(task.id) or task
+    (records.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
+    with records.locked():
+        fresh = records.get(task.id) or task
         fresh.reason = None
         fresh.handed = True
         fresh.unreachable_since = None
         fresh.seen = time.time()
-        tasks.save(fresh)
+        records.save(fresh)
 
 
-def cancel(task: tasks.Task) -> None:
+def cancel(task: records.Task) -> None:
     """Cancel a Job: one still waiting for its host is simply Cancelled; else its runner there is asked
     (StateError when the host does not answer: nothing was delivered)."""
     from agentbox import runtime
     from agentbox.remote.ssh import Unreachable
 
-    with tasks.locked():
-        fresh = tasks.get(task.id) or task
+    with records.locked():
+        fresh = records.get(task.id) or task
         if fresh.active and not fresh.handed:
-            tasks.end(fresh, CANCELLED, f"cancelled before {fresh.host} took it")
+            records.end(fresh, CANCELLED, f"cancelled before {fresh.host} took it")
             fresh.harvested = True
-            tasks.save(fresh)
-            (tasks.folder(fresh.id) / JOB_FILE).unlink(missing_ok=True)
+            records.save(fresh)
+            (records.folder(fresh.id) / JOB_FILE).unlink(missing_ok=True)
             return
     try:
         runtime.place(task.host).cancel(task.vm, task.remote_key or "")
@@ -218,7 +219,7 @@ class Keeping:
         self.problem: str | None = None
         self.closed = False
 
-    def proxy_port(self, task: tasks.Task) -> int | None:
+    def proxy_port(self, task: records.Task) -> int | None:
         if task.forward_port is None:
             return None
         if self.lease is None:
@@ -229,7 +230,7 @@ class Keeping:
                 return None
         return int(self.lease.port) if self.lease is not None else None
 
-    def keep_forward(self, task: tasks.Task, transport: Any) -> None:
+    def keep_forward(self, task: records.Task, transport: Any) -> None:
         """The forward, on the current master connection, to the proxy's current port."""
         if task.forward_port is None:
             return
@@ -245,11 +246,11 @@ class Keeping:
         transport.forward_remote(port, task.forward_port)
         _note(task.id, forward_master=transport.master_pid(), forward_local=port)
 
-    def close(self, task: tasks.Task, transport: Any) -> None:
+    def close(self, task: records.Task, transport: Any) -> None:
         """The task ended: its forward and, when no other task of that VM is active, the proxy end."""
         import contextlib
 
-        from agentbox.net import guard as netguard
+        from agentbox.net import guard
 
         if task.forward_port is None or self.closed:
             return
@@ -259,14 +260,14 @@ class Keeping:
         if self.lease is not None:
             self.lease.release()
             self.lease = None
-        others = [other for other in tasks.all_tasks() if other.active and other.id != task.id
+        others = [other for other in records.all_tasks() if other.active and other.id != task.id
                   and other.host == task.host and other.vm == task.vm]
         if not others:
-            netguard.stop(mirror_name(task.vm, task.host))
+            guard.stop(mirror_name(task.vm, task.host))
         self.closed = True
 
 
-def _close(task: tasks.Task, keeping: Keeping) -> None:
+def _close(task: records.Task, keeping: Keeping) -> None:
     from agentbox.remote import registry
     from agentbox.remote.ssh import Transport
 
@@ -288,24 +289,23 @@ def running(task_id: int) -> bool:
     """Whether the task's keeper runs (it holds its lock)."""
     from agentbox.fsutil import held
 
-    return held(tasks.folder(task_id) / LOCK)
+    return held(records.folder(task_id) / LOCK)
 
 
-def _proxy_lease(task: tasks.Task) -> Any:
+def _proxy_lease(task: records.Task) -> Any:
     """This machine's proxy for the task's remote VM, from the workspace's config as it is now (trusted)."""
     from pathlib import Path
 
-    from agentbox.config import load as config_load
-    from agentbox.config import trust
+    from agentbox.config import load, trust
     from agentbox.session import brokersetup
 
-    config = config_load.load(Path(task.workspace))
+    config = load.load(Path(task.workspace))
     trust.require_trust(config)
     agent = config.agent(task.agent)
     return brokersetup.begin_proxy(config, mirror_name(task.vm, task.host), {agent.name: agent.endpoints})
 
 
-def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
+def step(task_id: int, keeping: Keeping | None = None) -> records.Task | None:
     """One look at the place for an active Job (or one whose results are not home yet); the record, updated.
     Only the keeper (with `keeping`) hands a waiting task over and keeps the forward."""
     from agentbox import runtime
@@ -313,19 +313,19 @@ def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
     from agentbox.remote.registry import UnknownHost
     from agentbox.remote.ssh import Unreachable
 
-    task = tasks.get(task_id)
+    task = records.get(task_id)
     if task is None or not task.job or task.settled:
         return task
     try:
         place = runtime.place(task.host)
     except UnknownHost:
-        with tasks.locked():
-            fresh = tasks.get(task_id) or task
+        with records.locked():
+            fresh = records.get(task_id) or task
             if fresh.active:
-                tasks.end(fresh, FAILED, f"its host {task.host} is no longer known (`agentbox hosts rm`)")
+                records.end(fresh, FAILED, f"its host {task.host} is no longer known (`agentbox hosts rm`)")
             fresh.harvested = True
-            tasks.save(fresh)
-        return tasks.get(task_id)
+            records.save(fresh)
+        return records.get(task_id)
     if keeping is None and task.active and not running(task_id):
         start(task_id)  # its keeper stopped (this machine restarted): it goes on following the task
     if task.active and not task.handed:
@@ -335,19 +335,19 @@ def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
             if not hand_over(task, place, keeping.proxy_port(task)):
                 return _unreachable(task_id, place)
         except Exception as exc:  # refused by the place: the task cannot run
-            with tasks.locked():
-                fresh = tasks.get(task_id) or task
+            with records.locked():
+                fresh = records.get(task_id) or task
                 if fresh.active:
-                    tasks.end(fresh, FAILED, getattr(exc, "message", None) or str(exc))
-            return tasks.get(task_id)
-        task = tasks.get(task_id) or task
+                    records.end(fresh, FAILED, getattr(exc, "message", None) or str(exc))
+            return records.get(task_id)
+        task = records.get(task_id) or task
     key = task.remote_key or ""
     try:
         if task.active and keeping is not None and isinstance(place, SshRuntime):
             keeping.keep_forward(task, place.transport)
         if task.active:
             _apply(task_id, place.task(task.vm, key), place.name)
-            task = tasks.get(task_id) or task
+            task = records.get(task_id) or task
         if not task.active and not task.harvested:
             _bring_home(task_id, place)
         if not task.active and keeping is not None and isinstance(place, SshRuntime):
@@ -357,59 +357,59 @@ def step(task_id: int, keeping: Keeping | None = None) -> tasks.Task | None:
     except FarError as exc:
         _note(task_id, reason=f"{place.name} answered with an error: {exc.message}")
     place.answered(True)
-    return tasks.get(task_id)
+    return records.get(task_id)
 
 
-def _unreachable(task_id: int, place: Runtime) -> tasks.Task | None:
-    with tasks.locked():
-        task = tasks.get(task_id)
+def _unreachable(task_id: int, place: Runtime) -> records.Task | None:
+    with records.locked():
+        task = records.get(task_id)
         if task is None:
             return None
         if task.unreachable_since is None:
             task.unreachable_since = time.time()
-            tasks.save(task)
+            records.save(task)
     place.answered(False)
     return task
 
 
 def _note(task_id: int, **fields: Any) -> None:
-    with tasks.locked():
-        task = tasks.get(task_id)
+    with records.locked():
+        task = records.get(task_id)
         if task is not None:
             for name, value in fields.items():
                 setattr(task, name, value)
-            tasks.save(task)
+            records.save(task)
 
 
 def _apply(task_id: int, seen: Any, place: str) -> None:
     """The runner's state (and the VM's) into the record."""
-    on = "" if place == tasks.LOCAL else f" on {place}"
+    on = "" if place == records.LOCAL else f" on {place}"
     now = time.time()
-    with tasks.locked():
-        task = tasks.get(task_id)
+    with records.locked():
+        task = records.get(task_id)
         if task is None or not task.active:
             return
         task.seen = now
         task.unreachable_since = None
-        runner = tasks.parse_runner_state(seen.state) if seen.state is not None else None
+        runner = records.parse_runner_state(seen.state) if seen.state is not None else None
         if runner is not None:
-            tasks.apply_seen(task, runner)
+            records.apply_seen(task, runner)
         if task.active:
             if seen.vm_status is None:
-                tasks.end(task, FAILED, f"its VM {task.vm}{on} was deleted while the task was "
+                records.end(task, FAILED, f"its VM {task.vm}{on} was deleted while the task was "
                                         f"{task.state.lower()}")
                 return
             if seen.vm_status != "Running":
-                tasks.end(task, FAILED, f"its VM {task.vm}{on} stopped ({seen.vm_status}) while the "
+                records.end(task, FAILED, f"its VM {task.vm}{on} stopped ({seen.vm_status}) while the "
                                         f"task was {task.state.lower()}")
                 return
             if seen.heartbeat is not None and seen.heartbeat != task.heartbeat_seen:
                 task.heartbeat_seen, task.heartbeat_moved = seen.heartbeat, now
             elif task.state == RUNNING and task.heartbeat_moved and now - task.heartbeat_moved > SILENT_RUNNER_SEC:
-                tasks.end(task, FAILED, f"its runner{on} stopped answering "
+                records.end(task, FAILED, f"its runner{on} stopped answering "
                                         f"{int(now - task.heartbeat_moved)} s ago (the VM restarted?)")
                 return
-        tasks.save(task)
+        records.save(task)
 
 
 def _bring_home(task_id: int, runtime: Runtime) -> None:
@@ -418,26 +418,26 @@ def _bring_home(task_id: int, runtime: Runtime) -> None:
     made a link is named as not taken (agentbox.tasks.records.harvest)."""
     from agentbox.fsutil import atomic_write
 
-    ended = tasks.get(task_id)
+    ended = records.get(task_id)
     if ended is None:
         return
-    if ended.host == tasks.LOCAL:
-        with tasks.locked():
-            task = tasks.get(task_id)
+    if ended.host == records.LOCAL:
+        with records.locked():
+            task = records.get(task_id)
             if task is not None and not task.harvested:
-                tasks.harvest(task)
+                records.harvest(task)
         return
     found = runtime.collect(ended.vm, ended.remote_key or "", COLLECTED, OUTPUTS_LIMIT)
-    with tasks.locked():
-        task = tasks.get(task_id)
+    with records.locked():
+        task = records.get(task_id)
         if task is None or task.harvested:
             return
-        for name in tasks.OUTPUTS:
-            atomic_write(tasks.folder(task.id) / name, found.get(name, b""), mode=0o600)
+        for name in records.OUTPUTS:
+            atomic_write(records.folder(task.id) / name, found.get(name, b""), mode=0o600)
         if task.isolated:
-            tasks.take_changes(task, found.get(tasks.CHANGES), found.get(tasks.SUMMARY))
+            records.take_changes(task, found.get(records.CHANGES), found.get(records.SUMMARY))
         task.harvested = True
-        tasks.save(task)
+        records.save(task)
     runtime.forget(ended.vm, ended.remote_key or "")
 
 
@@ -446,7 +446,7 @@ def main(argv: list[str]) -> int:
 
     task_id = int(argv[0])
     try:
-        fd = os.open(tasks.folder(task_id) / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(records.folder(task_id) / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         return 0
     # `running()` probes the lock for an instant (`wait` every quarter second): only a lock still held after a
@@ -465,7 +465,7 @@ def main(argv: list[str]) -> int:
         try:
             task = step(task_id, keeping)
         except Exception:  # a bad moment (the record being written): look again
-            task = tasks.get(task_id)
+            task = records.get(task_id)
         if task is None or task.settled:
             if task is not None:
                 _close(task, keeping)

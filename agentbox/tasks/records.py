@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from agentbox import fsutil, paths, vmread
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.tasks import transitions as taskstate
+from agentbox.tasks import transitions
 from agentbox.tasks.transitions import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
 
 if TYPE_CHECKING:
@@ -54,8 +54,8 @@ PENDING_STALE = 300.0  # a Pending task its `agentbox run` never handed over (th
 GRACE_SECONDS = 5  # between TERM and KILL when a task is cancelled or times out
 WORKTREES = ".agentbox/worktrees"  # agentbox.session.worktrees.FOLDER; the runner adds /.agentbox/ to .git/info/exclude
 _TIME = re.compile(r"\d{1,12}(\.\d{1,9})?")
-RUNNER_STATES = {"queued": QUEUED, "running": RUNNING, "completed": taskstate.COMPLETED, "failed": FAILED,
-                 "timeout": taskstate.TIMEOUT, "cancelled": CANCELLED}
+RUNNER_STATES = {"queued": QUEUED, "running": RUNNING, "completed": transitions.COMPLETED, "failed": FAILED,
+                 "timeout": transitions.TIMEOUT, "cancelled": CANCELLED}
 
 
 class UnknownTask(AgentboxError):
@@ -123,7 +123,7 @@ class Task:
 
     @property
     def active(self) -> bool:
-        return self.state in taskstate.ACTIVE
+        return self.state in transitions.ACTIVE
 
     def to_json(self) -> dict[str, Any]:
         """The documented form (`agentbox tasks --json`)."""
@@ -298,7 +298,7 @@ def lookup(spec: str, candidates: list[Task] | None = None) -> Task:
 
 def advance(task: Task, new: str, at: float | None = None, **fields: Any) -> None:
     """Move the record to `new` (refused unless taskstate allows it), noting when."""
-    taskstate.check(task.state, new, task.label)
+    transitions.check(task.state, new, task.label)
     stamp = time.time() if at is None else at
     task.state = new
     task.transitions.append({"state": new, "time": stamp})
@@ -368,7 +368,7 @@ def apply_seen(task: Task, seen: dict[str, Any]) -> bool:
     """Bring an active record up to a runner's state (parse_runner_state's). Returns whether it changed."""
     if seen["state"] == task.state:
         return False
-    steps = taskstate.path_to(task.state, seen["state"])
+    steps = transitions.path_to(task.state, seen["state"])
     if not steps:
         return False  # the runner says something the record cannot become (an ended task stays ended)
     times = {QUEUED: seen.get("queued_at"), RUNNING: seen.get("started_at")}
@@ -440,7 +440,7 @@ def _lost(task: Task, vm_status: str | None, now: float) -> str | None:
 
 def end(task: Task, state: str, reason: str) -> None:
     """End an active task from the host (the runner cannot say it any more), and save it."""
-    steps = taskstate.path_to(task.state, state)
+    steps = transitions.path_to(task.state, state)
     for step in steps[:-1]:
         advance(task, step)
     advance(task, state, reason=reason)
@@ -629,29 +629,26 @@ def parse_duration(text: str) -> int:
 def diff_range(config: Config, spec: str) -> tuple[Repo, str, str, list[tuple[str, int]]]:
     """What `agentbox diff --since task:ID` compares: (repository, the task's start tree, the tree now, files
     left out for their size). A worktree task: its branch's start commit against its worktree as it is."""
-    from agentbox.git import read as gitread
-    from agentbox.git import snapshot
-    from agentbox.git import store as hostgit
-    from agentbox.review import checkpoints
-    from agentbox.review import migrate as checkpointmove
+    from agentbox.git import read, snapshot, store
+    from agentbox.review import checkpoints, migrate
 
     task = lookup(spec)
     if task.worktree:
-        repo = hostgit.find(Path(task.worktree))
+        repo = store.find(Path(task.worktree))
         if repo is None or not task.base:
             raise StateError(f"{task.label}'s worktree {task.worktree} is gone",
                              hint=f"Its work is on the branch {task.branch}: `git diff {task.base} {task.branch}`.")
         try:
-            base_tree = checkpointmove.import_commit(repo, task.base)
-        except gitread.GitReadError as exc:
+            base_tree = migrate.import_commit(repo, task.base)
+        except read.GitReadError as exc:
             raise StateError(f"{task.label}'s start commit {task.base} cannot be read from the repository: "
                              f"{exc.message}") from None
         now = snapshot.take(repo, config.checkpoints.max_file_size)
-        old_side = [change.old_oid for change in hostgit.changes(repo, base_tree, now.tree)
+        old_side = [change.old_oid for change in store.changes(repo, base_tree, now.tree)
                     if change.status != "A" and change.old_mode != "160000"]
         try:
-            checkpointmove.import_blobs(repo, old_side)
-        except gitread.GitReadError as exc:
+            migrate.import_blobs(repo, old_side)
+        except read.GitReadError as exc:
             raise StateError(f"{task.label}'s start commit {task.base} cannot be read from the repository: "
                              f"{exc.message}") from None
         return repo, base_tree, now.tree, now.skipped

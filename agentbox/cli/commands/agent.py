@@ -17,10 +17,8 @@ from typing import TYPE_CHECKING
 from agentbox import __version__
 from agentbox.agents.builtin import BUILTIN_AGENTS, agent_argv, flag_subcommands, model_after
 from agentbox.agents.logins import FORMATS
-from agentbox.cli.commands.common import session as session_for
-from agentbox.cli.commands.common import warn_if_untrusted
-from agentbox.config import load as config
-from agentbox.config import trust
+from agentbox.cli.commands.common import vm_control, warn_if_untrusted
+from agentbox.config import load, trust
 from agentbox.credentials.loginfiles import guest_path_for
 from agentbox.errors import AgentboxError, LimaError, StateError, UsageError
 from agentbox.progress import note
@@ -29,8 +27,7 @@ from agentbox.session import brokersetup, launch, prepare
 from agentbox.session.prepare import Ask
 from agentbox.session.worktrees import session_worktree
 from agentbox.tasks.activity import ProjectActivity
-from agentbox.vm import lifecycle as vm
-from agentbox.vm import workmode
+from agentbox.vm import lifecycle, workmode
 from agentbox.vm.lima import RUNNING
 
 if TYPE_CHECKING:
@@ -91,21 +88,21 @@ def run_agent(ctx: click.Context, name: str, args: list[str]) -> int:
         raise UsageError(f"agentbox {name} --on takes a host added with `agentbox hosts add`, not {place}",
                          hint=f"On this machine: `agentbox {name} --detach` (the live workspace) or `agentbox {name} "
                          "--isolated` (on a copy, attached); `agentbox run --on local PROMPT` is a task on a copy.")
-    session = session_for(ctx)
+    control = vm_control(ctx)
     if place is not None:
-        return detach_on_host(session, name, args, place)
+        return detach_on_host(control, name, args, place)
     if isolated:
-        session.config = isolation_config(session.config)
+        control.config = isolation_config(control.config)
     if args[:1] == ["login"]:
-        return login_agent(session, name, args[1:])
+        return login_agent(control, name, args[1:])
     worktree = None
     if args[:1] == [WORKTREE_FLAG]:
         if len(args) < 2:
             raise UsageError(f"agentbox {name} --worktree needs a NAME", hint=f"agentbox {name} --worktree fix-tests")
-        worktree = session_worktree(session.config, args[1])
+        worktree = session_worktree(control.config, args[1])
         args = args[2:]
-    keep = prepare.DETACHED if detach else prepare.ATTACHED if prepare.keeps_alive(session.config) else None
-    return launch_agent(session, name, args, keep, worktree=worktree)
+    keep = prepare.DETACHED if detach else prepare.ATTACHED if prepare.keeps_alive(control.config) else None
+    return launch_agent(control, name, args, keep, worktree=worktree)
 
 
 def _place(name: str, value: list[str]) -> str:
@@ -115,7 +112,7 @@ def _place(name: str, value: list[str]) -> str:
     return value[0]
 
 
-def detach_on_host(session: VmControl, name: str, args: list[str], host: str) -> int:
+def detach_on_host(control: VmControl, name: str, args: list[str], host: str) -> int:
     """`agentbox NAME --on HOST --detach [ARGS]...`: the agent in a session on HOST (a remote isolated task);
     prints its id."""
     # deferred: start-up (click, hostsession: click is never imported on a launch)
@@ -123,7 +120,7 @@ def detach_on_host(session: VmControl, name: str, args: list[str], host: str) ->
 
     from agentbox.tasks import hostsession
 
-    task = hostsession.start(session, name, args, host)
+    task = hostsession.start(control, name, args, host)
     click.echo(task.id)
     waiting = f", waiting for {host}" if not task.handed else ""
     note(f"{task.label}: {name} runs in a session on {host}{waiting}, on a copy of the workspace (its changes come "
@@ -155,14 +152,14 @@ def isolation_config(config: Config) -> Config:
     return workmode.with_isolation(config)
 
 
-def login_agent(session: VmControl, name: str, args: list[str]) -> int:
+def login_agent(control: VmControl, name: str, args: list[str]) -> int:
     """`agentbox NAME login [ARGS]`: the agent's own login command in its VM; afterwards the login is the host's too.
 
     The agent's OAuth callback listens on the VM's localhost, which Lima forwards to the same port of the
     host's; the VM has no browser, so the page's address is printed (launch.sh's BROWSER) for the user to open.
     """
-    agent = session.config.agent(name)
-    session.config.require_workspace()
+    agent = control.config.agent(name)
+    control.config.require_workspace()
     spec = BUILTIN_AGENTS.get(name)
     binary = _shown(agent.binary)
     if spec is None or spec.login is None:
@@ -177,17 +174,17 @@ def login_agent(session: VmControl, name: str, args: list[str]) -> int:
          "so the login page's redirect reaches it")
     if not any(guest_path_for(path)[2:] in FORMATS for path in agent.credentials):
         note(f"{spec.summary} keeps its login where agentbox does not copy it back, so the login stays in the VM")
-    window = _open_login_window(session.config, agent.vm_name, name)
+    window = _open_login_window(control.config, agent.vm_name, name)
     try:
-        ask = Ask(agent, login=True, busy=ProjectActivity(session.config))
-        code = launch.run(session, ask, launch.Command([agent.binary, *spec.login, *args]))
+        ask = Ask(agent, login=True, busy=ProjectActivity(control.config))
+        code = launch.run(control, ask, launch.Command([agent.binary, *spec.login, *args]))
     except BaseException:  # Ctrl-C, an error: the window closes, and nobody is asked about a login made meanwhile
         if window is not None:
             window.close()
             _drop_pending(agent.vm_name, name, "the command ended before agentbox could ask")
         raise
     if window is not None:
-        _settle_login(session.config, agent.vm_name, name, window.close())
+        _settle_login(control.config, agent.vm_name, name, window.close())
     return code
 
 
@@ -255,17 +252,17 @@ def _account(shown: str | None) -> str:
     return visible(shown) if shown else "an account agentbox cannot tell"
 
 
-def launch_agent(session: VmControl, name: str, args: list[str], keep: str | None, running: Instance | None = None,
+def launch_agent(control: VmControl, name: str, args: list[str], keep: str | None, running: Instance | None = None,
                  worktree: Worktree | None = None) -> int:
     """Run the agent in its VM. `keep`: DETACHED runs it in a new tmux session and returns at once
     (agentbox.session.detached); ATTACHED (session.keepAlive, on a terminal) runs it in such a session, attached.
     `worktree`: in that git worktree of the workspace."""
-    agent = session.config.agent(name)
-    session.config.require_workspace()
+    agent = control.config.agent(name)
+    control.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
                       flag_subcommands(name))
-    ask = Ask(agent, keep=keep, worktree=worktree, busy=ProjectActivity(session.config))
-    return launch.run(session, ask, launch.Command(argv), running)
+    ask = Ask(agent, keep=keep, worktree=worktree, busy=ProjectActivity(control.config))
+    return launch.run(control, ask, launch.Command(argv), running)
 
 
 def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = False) -> int:
@@ -274,24 +271,24 @@ def answer_query(ctx: click.Context, name: str, query: str, isolated: bool = Fal
     Costs the `limactl list` a launch makes anyway; a running VM then gets exactly the warm launch's calls.
     """
     try:
-        session = session_for(ctx, acts=False)
+        control = vm_control(ctx, acts=False)
         if isolated:
-            session.config = isolation_config(session.config)
-        config = session.config
+            control.config = isolation_config(control.config)
+        config = control.config
         agent = config.agent(name)
         config.require_workspace()
     except AgentboxError as exc:  # no VM can be meant here (the home folder, a config that cannot be read)
         return answer_without_vm(ctx, name, query, exc.message)
     problem = None
     try:
-        instance = session.instance(agent.vm_name)
+        instance = control.instance(agent.vm_name)
     except LimaError as exc:
         instance, problem = None, exc.message
     if instance is not None:
-        vm.check_ownership(instance, config)
+        lifecycle.check_ownership(instance, config)
         if instance.status == RUNNING:
             trust.require_trust(config)
-            return launch_agent(session, name, [query], None, running=instance)
+            return launch_agent(control, name, [query], None, running=instance)
     warn_if_untrusted(config)
     binary = _shown(agent.binary)
     vm_name = agent.vm_name
@@ -333,7 +330,7 @@ def _config_for_help(ctx: click.Context) -> tuple[Config | None, str | None]:
     root = ctx.find_root()
     cwd = (root.obj or {}).get("cwd") or Path(root.params.get("directory") or ".").resolve()
     try:
-        loaded = config.load(cwd)
+        loaded = load.load(cwd)
     except AgentboxError as exc:
         return None, exc.message
     ctx.meta[CONFIG_META] = loaded

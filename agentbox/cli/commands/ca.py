@@ -12,8 +12,7 @@ import click
 
 from agentbox import paths
 from agentbox.cli.commands.common import load_config
-from agentbox.config import cacerts, trust
-from agentbox.config import load as configmod
+from agentbox.config import cacerts, load, trust
 from agentbox.errors import AgentboxError
 
 if TYPE_CHECKING:
@@ -178,7 +177,7 @@ def add_command(ctx: click.Context, is_global: bool, take_all: bool, selection: 
 
 def _note_trust(ctx: click.Context) -> None:
     """A local caCert needs `agentbox trust`; agentbox never trusts a project file on its own."""
-    edited = configmod.load(ctx.obj["cwd"])
+    edited = load.load(ctx.obj["cwd"])
     if edited.local_file is not None and trust.risky_keys(edited) and not trust.is_trusted(edited):
         click.echo(
             f"{edited.local_file} now needs your trust before launches use it (a local caCert adds certificate "

@@ -17,7 +17,7 @@ import click
 from agentbox import tables
 from agentbox.cli.commands.common import load_config
 from agentbox.errors import AgentboxError
-from agentbox.git import store as hostgit
+from agentbox.git import store
 from agentbox.progress import note, warn
 from agentbox.review.scope import checkpoint_root
 from agentbox.safetext import visible
@@ -71,7 +71,7 @@ def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
     healthy = [c for c in found if problems[c.id] is None]
     pairs = list(itertools.pairwise(healthy))
     counts = dict(zip([new.id for _, new in pairs],
-                      hostgit.change_counts(repo, [(old.tree, new.tree) for old, new in pairs]), strict=True))
+                      store.change_counts(repo, [(old.tree, new.tree) for old, new in pairs]), strict=True))
     _print_table(found, problems, counts)
 
 
@@ -94,14 +94,14 @@ def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, pa
     pathspec = _pathspec(ctx.obj["cwd"], workspace, paths)
     if since.startswith("task:"):
         # deferred: start-up (records: only the commands here that use it)
-        from agentbox.tasks import records as tasks
+        from agentbox.tasks import records
 
-        repo, old_tree, new_tree, skipped = tasks.diff_range(config, since[len("task:"):])
+        repo, old_tree, new_tree, skipped = records.diff_range(config, since[len("task:"):])
     else:
         repo = checkpoints.repo_of(workspace)
         old, new_tree, skipped = _range(config, workspace, repo, since)
         old_tree = old.tree
-    output = hostgit.diff(repo, old_tree, new_tree, stat=stat, name_only=name_only,
+    output = store.diff(repo, old_tree, new_tree, stat=stat, name_only=name_only,
                           binary=not patchview.is_terminal(), paths=pathspec)
     patchview.write(output)
     if skipped:

@@ -8,11 +8,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentbox import hosttools, paths, timing
-from agentbox.config import load as config
-from agentbox.config import trust
+from agentbox.config import load, trust
 from agentbox.errors import ConfigError
 from agentbox.progress import warn
-from agentbox.vm import lifecycle as vm
+from agentbox.vm import lifecycle
 from agentbox.vm.lima import Lima
 
 if TYPE_CHECKING:
@@ -31,8 +30,8 @@ def load_config(ctx: click.Context, describe: bool = False, vm_only: bool = Fals
     notice.
     """
     with timing.phase("config (find, parse, validate, merge)"):
-        loaded = config.load(ctx.obj["cwd"], describe=describe, vm_only=vm_only, trusted=trusted)
-    config.print_notices(loaded)
+        loaded = load.load(ctx.obj["cwd"], describe=describe, vm_only=vm_only, trusted=trusted)
+    load.print_notices(loaded)
     hosttools.distrust_all(loaded.agent_writable())  # before any host tool is looked up
     return loaded
 
@@ -47,7 +46,7 @@ def warn_if_untrusted(loaded: Config) -> None:
         warn(f"{loaded.local_file} is UNTRUSTED; launches refuse it until `agentbox trust` ({keys})")
 
 
-def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True,
+def vm_control(ctx: click.Context, needs_config: bool = True, acts: bool = True, needs_trust: bool = True,
             vm_only: bool = False) -> VmControl:
     """Config and limactl for a command. `acts` commands change a VM; those that start or configure it from the
     project's config (`needs_trust`) refuse an untrusted local config that needs trust.
@@ -63,7 +62,7 @@ def session(ctx: click.Context, needs_config: bool = True, acts: bool = True, ne
             trust.require_trust(config)
         else:
             refuse_untrusted_identity(config)
-    return vm.VmControl(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"],  # type: ignore[arg-type]
+    return lifecycle.VmControl(config=config, lima=Lima(debug=ctx.obj["debug"]), verbose=ctx.obj["verbose"],  # type: ignore[arg-type]
                       on_stopped=vm_stopped)
 
 
@@ -77,7 +76,7 @@ def _vm_only_config(ctx: click.Context, acts: bool) -> Config:
             refuse_untrusted_identity(loaded)
         return loaded
     except ConfigError as error:
-        path = config.local_file_for(ctx.obj["cwd"])
+        path = load.local_file_for(ctx.obj["cwd"])
         stand_in = trust.as_last_trusted(path) if path is not None else None
         if stand_in is None:
             raise
@@ -106,10 +105,10 @@ def refuse_untrusted_identity(config: Config, chosen: str = "the VM this command
 def vm_stopped(name: str) -> None:
     """What ends with a VM agentbox stopped: its background tasks and its network proxy."""
     # deferred: start-up (guard: not on a warm launch)
-    from agentbox.net import guard as netguard
+    from agentbox.net import guard
 
     settle_tasks(name, f"its VM {name} was stopped")
-    netguard.stop(name)  # its sessions ended with it
+    guard.stop(name)  # its sessions ended with it
 
 
 def settle_tasks(name: str, reason: str) -> None:
@@ -117,13 +116,13 @@ def settle_tasks(name: str, reason: str) -> None:
     if not paths.tasks_dir().is_dir():
         return
     # deferred: start-up (records: not on a warm launch)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
-    for task in tasks.settle_vm(name, reason):
+    for task in records.settle_vm(name, reason):
         warn(f"{task.label} ended as {task.state}: {reason}")
 
 
-def vm_name(session: VmControl, agent: str | None = None) -> str:
+def vm_name(control: VmControl, agent: str | None = None) -> str:
     """The project's VM, or the VM of one agent (agents.NAME.vmName)."""
-    session.config.require_workspace()
-    return session.config.agent(agent).vm_name if agent else session.config.vm_name
+    control.config.require_workspace()
+    return control.config.agent(agent).vm_name if agent else control.config.vm_name

@@ -10,10 +10,10 @@ from pathlib import Path
 import click
 
 from agentbox import paths
-from agentbox.cli.commands import init as initfile
+from agentbox.cli.commands import init
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
-from agentbox.git import dirs as gitdirs
+from agentbox.git import dirs
 from agentbox.progress import warn
 from agentbox.safetext import visible
 
@@ -36,7 +36,7 @@ class ConfigGroup(click.Group):
 def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bool, show_secrets: bool) -> None:
     """Show the merged config and where each value came from; `config get KEY` prints one key's value."""
     # deferred: start-up (view: only the commands here that use it)
-    from agentbox.config import view as configview
+    from agentbox.config import view
 
     if ctx.invoked_subcommand is not None:
         if as_json or sources or changed or show_secrets:
@@ -50,11 +50,11 @@ def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bo
     loaded = load_config(ctx, describe=True)
     warn_if_untrusted(loaded)
     if as_json and changed:
-        click.echo(configview.changed_json(loaded, show_secrets))
+        click.echo(view.changed_json(loaded, show_secrets))
     elif as_json:
-        click.echo(configview.as_json(loaded, show_secrets, with_sources=sources))
+        click.echo(view.as_json(loaded, show_secrets, with_sources=sources))
     else:
-        click.echo(configview.as_text(loaded, show_secrets, width=_width(), only_changed=changed), nl=False)
+        click.echo(view.as_text(loaded, show_secrets, width=_width(), only_changed=changed), nl=False)
     if loaded.workspace_problem:
         warn(loaded.workspace_problem)
 
@@ -67,10 +67,10 @@ def get_command(ctx: click.Context, key: str, show_secrets: bool) -> None:
     """Print one key's effective value (`vm.cpus`, `agents.claude.model`, `mounts[0].location`): a string as it
     is, anything else as JSON; a section (`vm`, `agents.claude`) as one JSON object."""
     # deferred: start-up (view: only the commands here that use it)
-    from agentbox.config import view as configview
+    from agentbox.config import view
 
     loaded = load_config(ctx, describe=True)
-    click.echo(configview.value_of(loaded, key, show_secrets))
+    click.echo(view.value_of(loaded, key, show_secrets))
 
 
 def _width() -> int:
@@ -90,15 +90,15 @@ def _width() -> int:
 def init_command(ctx: click.Context, is_global: bool, overwrite: bool, old_force: bool, vm_name: str | None) -> None:
     """Write a commented config file to start from (--force, the earlier name of --overwrite, still works)."""
     cwd = ctx.obj["cwd"]
-    target = initfile.write(cwd, is_global=is_global, overwrite=overwrite or old_force, vm_name=vm_name)
+    target = init.write(cwd, is_global=is_global, overwrite=overwrite or old_force, vm_name=vm_name)
     click.echo(f"Wrote {target}")
     if vm_name is not None:
-        initfile.trust_written(cwd, target)
+        init.trust_written(cwd, target)
         click.echo(f"Trusted it: the VM of {target.parent} is {vm_name}.", err=True)
     if is_global:
         return
     here = Path(os.path.realpath(cwd))
-    top = gitdirs.work_tree_top(here, Path(os.path.realpath(paths.home())))
+    top = dirs.work_tree_top(here, Path(os.path.realpath(paths.home())))
     if top is not None and top != here:
         click.echo(
             visible(f"agentbox: note: the workspace is now {here}, the folder of this file, not the git work tree "

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import click
 
-from agentbox.cli import describetext as contextview
+from agentbox.cli import describetext
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
 from agentbox.errors import ConfigError
-from agentbox.vm import lifecycle as vm
-from agentbox.vm import statefile as vmstate
-from agentbox.vm import workmode
+from agentbox.vm import lifecycle, statefile, workmode
 
 
 @click.command("describe")
@@ -39,9 +37,9 @@ def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) 
         agent = loaded.agent(agent_name)
     name = agent.vm_name if agent is not None else loaded.vm_name
     # The VM decides: one created isolated stays so until it is recreated (agentbox.review.isolation).
-    made = workmode.mode_of_vm(vm.expected_config(name, vmstate.read(name)), loaded.require_workspace())
+    made = workmode.mode_of_vm(lifecycle.expected_config(name, statefile.read(name)), loaded.require_workspace())
     document = context.build(loaded, name, agent, mode=made or loaded.session_mode)
     if as_json:
         click.echo(context.dump(document), nl=False)
     else:
-        click.echo(contextview.as_text(document, context.memory_block(document)), nl=False)
+        click.echo(describetext.as_text(document, context.memory_block(document)), nl=False)

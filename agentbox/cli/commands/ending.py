@@ -41,35 +41,35 @@ def on_terminal() -> bool:
     return sys.stdin.isatty() and sys.stderr.isatty()
 
 
-def of(session: VmControl, instance: Instance | None) -> Ending:
+def of(control: VmControl, instance: Instance | None) -> Ending:
     """What runs in the VM now; nothing when it does not run (its sessions and tasks ended with it)."""
     if instance is None or instance.status != RUNNING:
         return Ending(instance.name if instance else "", (), ())
-    return Ending(instance.name, _sessions(session, instance.name), _tasks(instance.name))
+    return Ending(instance.name, _sessions(control, instance.name), _tasks(instance.name))
 
 
-def _sessions(session: VmControl, name: str) -> tuple[str, ...]:
+def _sessions(control: VmControl, name: str) -> tuple[str, ...]:
     # deferred: start-up (detached: only the commands here that use it)
-    from agentbox.session import detached as sessions
+    from agentbox.session import detached
 
     if not livemarkers.any_fresh(name):
         return ()  # no session keeps its marker fresh: none runs, and the VM is not asked
-    code, output, _ = session.lima.shell_bytes(name, sessions.script("list"), sessions.LIST_LIMIT)
+    code, output, _ = control.lima.shell_bytes(name, detached.script("list"), detached.LIST_LIMIT)
     if code != 0:  # a VM that cannot answer is stopped all the same
         warn(f"could not list the sessions of {name} (exit {code}); any that run end with it")
         return ()
-    return tuple(visible(f"session {row.name} ({row.agent})") for row in sessions.parse_list(output)
-                 if row.state == sessions.RUNNING)
+    return tuple(visible(f"session {row.name} ({row.agent})") for row in detached.parse_list(output)
+                 if row.state == detached.RUNNING)
 
 
 def _tasks(name: str) -> tuple[str, ...]:
     if not paths.tasks_dir().is_dir():
         return ()
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
-    mine = [task for task in tasks.all_tasks() if task.vm == name and task.active]
-    return tuple(visible(f"{task.label}: {task.state}") for task in tasks.refresh(mine, check_vms=False)
+    mine = [task for task in records.all_tasks() if task.vm == name and task.active]
+    return tuple(visible(f"{task.label}: {task.state}") for task in records.refresh(mine, check_vms=False)
                  if task.active)
 
 

@@ -12,11 +12,10 @@ import os
 from pathlib import Path
 
 from agentbox import paths, resources
-from agentbox.config import load as config
-from agentbox.config import naming, trust
+from agentbox.config import load, naming, trust
 from agentbox.errors import AgentboxError, ConfigError
 from agentbox.fsutil import atomic_write
-from agentbox.vm import statefile as vmstate
+from agentbox.vm import statefile
 
 # The lines of agentbox.yml.example that --vm-name enables.
 _VM_SECTION = "# vm:\n"
@@ -64,7 +63,7 @@ def trust_written(cwd: Path, target: Path) -> None:
     """Trust the file just written: it enables nothing but the name the user typed."""
     # deferred: start-up (cli.commands.safety: only the commands here that use it)
     from agentbox.cli.commands.safety import acknowledge_trusted
-    loaded = config.load(cwd)
+    loaded = load.load(cwd)
     if loaded.local_file is None or os.path.realpath(loaded.local_file) != os.path.realpath(target):
         raise AgentboxError(f"wrote {target}, but agentbox now finds {loaded.local_file}; nothing was trusted")
     enabled = set(loaded.local_data) | {f"vm.{key}" for key in loaded.local_data.get("vm", {})}
@@ -98,7 +97,7 @@ def _require_free_name(vm_name: str, workspace: Path) -> None:
                        f"socket paths allow at most {limit}")
     if problem:
         raise ConfigError(f"--vm-name: {problem}", hint="Choose another name, such as agentbox-myproject-2.")
-    owner = vmstate.read(vm_name).get("workspace")
+    owner = statefile.read(vm_name).get("workspace")
     if owner is not None and owner != str(workspace):
         raise ConfigError(f"--vm-name: {vm_name} is already the VM of {owner}",
                           hint="Choose a name no other workspace uses.")

@@ -19,12 +19,11 @@ from urllib.parse import urlsplit
 import click
 
 from agentbox import paths
-from agentbox.cli.commands.common import load_config
-from agentbox.cli.commands.common import session as session_for
+from agentbox.cli.commands.common import load_config, vm_control
 from agentbox.errors import StateError, UsageError
 from agentbox.progress import emit, note, say
 from agentbox.safetext import visible
-from agentbox.vm import lifecycle as vm
+from agentbox.vm import lifecycle
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -123,9 +122,9 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     broker: which agents' logins it keeps on the host, which are staged, its CA."""
     # deferred: start-up (report, guard: only the commands here that use it)
     from agentbox.credentials import brokerreport
-    from agentbox.net import guard as netguard
+    from agentbox.net import guard
     config = load_config(ctx, describe=True)
-    report = netguard.describe(config.network, config.vm_name, _agents(config))
+    report = guard.describe(config.network, config.vm_name, _agents(config))
     broker = brokerreport.of(config, config.vm_name)
     if as_json:
         click.echo(json.dumps({"vm": config.vm_name, **report, "broker": broker}, indent=2))
@@ -181,9 +180,9 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, bro
     request answered on the host), pass (no credential) or deny. Never a secret.
     """
     # deferred: start-up (guard: only the commands here that use it)
-    from agentbox.net import guard as netguard
+    from agentbox.net import guard
     config = load_config(ctx, describe=True)
-    path = netguard.log_path(config.vm_name)
+    path = guard.log_path(config.vm_name)
     if not path.exists() and not follow:
         say(f"no decisions logged for {config.vm_name} yet ({path}); the proxy runs in network.mode allowlist and "
             "offline, and in every mode with credentials.broker")
@@ -270,16 +269,12 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     --global: the global config. A running proxy uses the new list at once.
     """
     from agentbox.cli.commands.common import load_config
-    from agentbox.config import edit as configedit
-    from agentbox.config import load as config_module
-    from agentbox.config import trust
-    from agentbox.net import guard as netguard
-    from agentbox.net import policy as netpolicy
-    from agentbox.net import proxy as netproxy
-    problem = netpolicy.check_host_pattern(host) or netproxy.own_address_problem(host)
+    from agentbox.config import edit, load, trust
+    from agentbox.net import guard, policy, proxy
+    problem = policy.check_host_pattern(host) or proxy.own_address_problem(host)
     if problem:
         local = "the host itself" in problem
-        raise UsageError(f"HOST: {visible(problem)}", hint=netproxy.local_hint(host) if local else
+        raise UsageError(f"HOST: {visible(problem)}", hint=proxy.local_hint(host) if local else
                          "For example `agentbox net allow registry.example.com` or "
                          "`agentbox net allow '*.example.com'`.")
     config = load_config(ctx, describe=True)
@@ -296,19 +291,19 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     else:
         workspace = config.require_workspace()
         target = config.local_file or workspace / paths.LOCAL_CONFIG_NAME
-    added = configedit.add_to_list(target, ("network", "allow"), host)
+    added = edit.add_to_list(target, ("network", "allow"), host)
     if not added:
         say(f"{visible(host)} is already in network.allow in {target}")
     else:
         say(f"added {visible(host)} to network.allow in {target}")
-    config = config_module.load(ctx.obj["cwd"], describe=True)  # as written now (its notices were said)
+    config = load.load(ctx.obj["cwd"], describe=True)  # as written now (its notices were said)
     if config.network.mode == "open":
         note("network.mode is open: the list applies in allowlist mode (`network.mode: allowlist`)")
     if not global_ and trust.risky_keys(config) and not trust.is_trusted(config):
         note(f"{target} allows more than the global config now: `agentbox trust` reviews it; launches refuse it "
              "until then")
         return
-    if netguard.refresh_policy(config.network, config.vm_name):
+    if guard.refresh_policy(config.network, config.vm_name):
         say(f"the running proxy of {config.vm_name} lets {visible(host)} through now")
 
 
@@ -335,19 +330,19 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
         _ = parsed.port
     except ValueError as error:
         raise UsageError(f"{visible(url)}: {error}") from None
-    session = session_for(ctx)
-    config = session.config
+    control = vm_control(ctx)
+    config = control.config
     name = config.vm_name
     if agent_name is not None and agent_name not in config.agents:
         raise UsageError(f"there is no agent {visible(agent_name)}", hint=f"The agents: {', '.join(config.agents)}.")
     agents = {agent_name: config.agents[agent_name].endpoints} if agent_name else {}
-    launch = prepare.prepare(session, prepare.Ask(None, steps=prepare.TASK, vm_name=name))
+    launch = prepare.prepare(control, prepare.Ask(None, steps=prepare.TASK, vm_name=name))
     with prepare.proxied(launch, agents) as launch:
-        reached = prepare.reached(launch, vm.ensure_running(session, name), warm.record(name, None))
+        reached = prepare.reached(launch, lifecycle.ensure_running(control, name), warm.record(name, None))
         refreshed = staging.refresh(reached, reached.instance, launch.lease.port if launch.lease else None)
         command = staging.launch_command(reached, refreshed.folder, staging.LaunchOptions())
         command += ["--", "python3", "-c", GUEST_CHECK, parsed.geturl()]
-        code, stdout, stderr = session.lima.shell_bytes(name, command, OUTPUT_LIMIT)
+        code, stdout, stderr = control.lima.shell_bytes(name, command, OUTPUT_LIMIT)
     for line in stderr.splitlines():
         emit(visible(line))
     try:
@@ -363,7 +358,7 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
 def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
     """The exit status and the sentence for what the guest's check saw."""
     # deferred: start-up (proxy: only the commands here that use it)
-    from agentbox.net import proxy as netproxy
+    from agentbox.net import proxy
 
     direct = str(result.get("direct", ""))
     if result.get("via") == "direct":
@@ -372,9 +367,9 @@ def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
         refused = direct in ("Connection refused", "No route to host") or "prohibited" in direct
         if refused and result.get("host") in ("host.lima.internal", "192.168.5.2"):
             return BLOCKED, f"blocked by policy: the host's localhost is closed (network.allowHost) ({direct})"
-        if netproxy.is_loopback_name(str(result.get("host", ""))):
+        if proxy.is_loopback_name(str(result.get("host", ""))):
             return NO_ROUTE, (f"no route ({direct}): {result.get('host')} in the VM is the VM itself; to reach this "
-                              f"machine's service: {netproxy.allow_host_hint(result.get('port'))}")
+                              f"machine's service: {proxy.allow_host_hint(result.get('port'))}")
         return NO_ROUTE, f"no route ({direct})"
     bypass = ("; going around the proxy is blocked by the VM's firewall" if direct != "connected"
               else "; WARNING: a direct connection also got out (the VM's firewall is not in place)")

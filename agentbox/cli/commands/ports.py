@@ -8,13 +8,11 @@ from typing import TYPE_CHECKING
 import click
 
 from agentbox import tables
-from agentbox.cli.commands.common import session as session_for
-from agentbox.cli.commands.common import vm_name
+from agentbox.cli.commands.common import vm_control, vm_name
 from agentbox.errors import AgentboxError, StateError
 from agentbox.progress import note, say
 from agentbox.safetext import visible
-from agentbox.vm import forwards
-from agentbox.vm import lifecycle as vm
+from agentbox.vm import forwards, lifecycle
 from agentbox.vm.lima import RUNNING, host_port_in_use, stop_port_forward
 
 if TYPE_CHECKING:
@@ -38,14 +36,14 @@ def port_command(ctx: click.Context, guest_port: int | None, host_port: int | No
     """
     if (guest_port is None) == (stop_port is None) or (stop_port is not None and host_port is not None):
         raise click.UsageError("give GUEST_PORT [HOST_PORT], or --stop HOST_PORT")
-    session = session_for(ctx, acts=False)
-    name = vm_name(session)
-    instances = session.lima.instances()
+    control = vm_control(ctx, acts=False)
+    name = vm_name(control)
+    instances = control.lima.instances()
     instance = instances.get(name)
     if instance is None:
         raise StateError(f"the VM {name} does not exist, so it has no port to forward",
                          hint="`agentbox start` creates and starts it.")
-    vm.check_ownership(instance, session.config)
+    lifecycle.check_ownership(instance, control.config)
     if stop_port is not None:
         _stop(name, stop_port)
         return
@@ -69,7 +67,7 @@ def port_command(ctx: click.Context, guest_port: int | None, host_port: int | No
     _check_free(holders, name, guest_port, host_port)
     if not any(f.guest_port == guest_port for f in lima_forwards):
         note(f"Lima has not seen a program listen on port {guest_port} in {name} yet; the URL works once one does")
-    pid = session.lima.forward_port(instance, guest_port, host_port, forwards.log_path(name, host_port))
+    pid = control.lima.forward_port(instance, guest_port, host_port, forwards.log_path(name, host_port))
     forwards.save_on_demand(name, [*own, forwards.OnDemand(name, pid, guest_port, host_port)])
     say(f"forwarding 127.0.0.1:{host_port} to port {guest_port} of {name} until it stops "
         f"(`agentbox port --stop {host_port}` ends it sooner)")
@@ -118,16 +116,16 @@ def ports_command(ctx: click.Context, as_json: bool) -> None:
     Every running agentbox VM's forwarded ports (Lima's and `agentbox port`'s), and the ones Lima
     could not forward, with who has that host port.
     """
-    session = session_for(ctx, needs_config=False)
-    instances = session.lima.instances()
+    control = vm_control(ctx, needs_config=False)
+    instances = control.lima.instances()
     holders = forwards.Holders(instances)
-    rows = [row for instance in sorted(holders.running, key=lambda i: i.name) if vm.is_agentbox_vm(instance)
+    rows = [row for instance in sorted(holders.running, key=lambda i: i.name) if lifecycle.is_agentbox_vm(instance)
             for row in holders.rows(instance)]
     if as_json:
         click.echo(json.dumps([row.to_json() for row in rows]))
         return
     if not rows:
-        running = any(vm.is_agentbox_vm(instance) for instance in holders.running)
+        running = any(lifecycle.is_agentbox_vm(instance) for instance in holders.running)
         say("the running agentbox VMs forward no ports" if running else "no agentbox VM is running")
         return
     table: list[tuple[str, ...]] = [("HOST", "VM", "GUEST", "BY", "STATE")]

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 import click
 
 from agentbox import tables
-from agentbox.cli.commands.common import session as session_for
+from agentbox.cli.commands.common import vm_control
 from agentbox.errors import LimaError, StateError, UsageError
 from agentbox.progress import note
 from agentbox.safetext import visible, visible_text
-from agentbox.session import detached as sessions
-from agentbox.vm import lifecycle as vm
+from agentbox.session import detached
+from agentbox.vm import lifecycle
 from agentbox.vm.lima import RUNNING
 
 if TYPE_CHECKING:
@@ -50,15 +50,15 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
         remote = hostsession.find(name)
         if remote is not None:
             _attach_remote(ctx, remote)
-    if name is not None and not sessions.NAME_PATTERN.match(name):
+    if name is not None and not detached.NAME_PATTERN.match(name):
         raise UsageError(f"{visible(name)!s} is not a session name",
                          hint="`agentbox sessions` lists the sessions of this project's VM.")
-    session = session_for(ctx)
-    vm_name = _vm_to_attach(session, name)
-    reply_folder = sessions.new_reply(vm_name)
-    argv = sessions.script("attach", "--reply", str(reply_folder), *([name] if name else []))
-    code = session.lima.shell(vm_name, argv)
-    reply = sessions.take_reply(vm_name, reply_folder)
+    control = vm_control(ctx)
+    vm_name = _vm_to_attach(control, name)
+    reply_folder = detached.new_reply(vm_name)
+    argv = detached.script("attach", "--reply", str(reply_folder), *([name] if name else []))
+    code = control.lima.shell(vm_name, argv)
+    reply = detached.take_reply(vm_name, reply_folder)
     if reply is None:
         ctx.exit(code)
     assert reply is not None
@@ -73,7 +73,7 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     shown = reply.name or "?"
     agent = reply.agent or "the agent"
     if reply.outcome == "detached":
-        if session.config.notify:
+        if control.config.notify:
             attention.ensure_watcher(vm_name)
         note(f"detached from the session {shown}: {agent} goes on in {vm_name}; `agentbox attach {shown}` returns")
         ctx.exit(0)
@@ -84,9 +84,9 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
     # exited before this attach: its last screen, and how to go on
     if reply.last_output:
         click.echo(visible_text(launch.screen_tail(reply.last_output)))
-    ended = f" at {sessions.local_time(reply.ended)}" if reply.ended else ""
+    ended = f" at {detached.local_time(reply.ended)}" if reply.ended else ""
     how = f"exited with code {reply.code}" if reply.code is not None else "ended (its VM restarted)"
-    resume = sessions.resume_command(session.config, reply.agent)
+    resume = detached.resume_command(control.config, reply.agent)
     again = (f"`{resume}` resumes its conversation" if resume
              else f"`agentbox {reply.agent} --detach` starts it again" if reply.agent else "")
     note(f"the session {shown}: {agent} {how}{ended}" + (f"; {again}" if again else ""))
@@ -136,14 +136,14 @@ def sessions_ls_command(ctx: click.Context, as_json: bool) -> None:
 
 
 def _list_sessions(ctx: click.Context, as_json: bool) -> None:
-    session = session_for(ctx, acts=False)
-    session.config.require_workspace()
-    running = _running_vms(session)
-    rows = [(vm_name, row) for vm_name in running for row in _list(session, vm_name)]
+    control = vm_control(ctx, acts=False)
+    control.config.require_workspace()
+    running = _running_vms(control)
+    rows = [(vm_name, row) for vm_name in running for row in _list(control, vm_name)]
     if as_json:
         click.echo(json.dumps([row.to_json(vm_name) for vm_name, row in rows], indent=2))
         return
-    vm_name = session.config.vm_name
+    vm_name = control.config.vm_name
     if not running:
         note(f"{vm_name} is not running, so no session is: they end when their VM stops")
         return
@@ -153,60 +153,60 @@ def _list_sessions(ctx: click.Context, as_json: bool) -> None:
     several = len(running) > 1
     table = [("NAME", "AGENT", "STARTED", "STATE", "ATTACHED", *(("VM",) if several else ()))]
     for vm_name, row in rows:
-        state = row.state if row.state == sessions.RUNNING else "stopped with its VM" if (
-            row.state == sessions.STOPPED) else f"exited ({row.exit_code})" if row.exit_code is not None else "exited"
+        state = row.state if row.state == detached.RUNNING else "stopped with its VM" if (
+            row.state == detached.STOPPED) else f"exited ({row.exit_code})" if row.exit_code is not None else "exited"
         table.append((row.name, row.agent, tables.local_time(row.started), state,
                       "yes" if row.attached else "no", *((vm_name,) if several else ())))
     tables.echo(table, flexible=(0,))
 
 
-def _project_vms(session: VmControl) -> list[str]:
+def _project_vms(control: VmControl) -> list[str]:
     """The project's VM, then the VMs of agents that have their own (agents.NAME.vmName)."""
-    names = [session.config.vm_name]
-    for agent in session.config.agents.values():
+    names = [control.config.vm_name]
+    for agent in control.config.agents.values():
         if agent.vm_name not in names:
             names.append(agent.vm_name)
     return names
 
 
-def _running_vms(session: VmControl) -> list[str]:
+def _running_vms(control: VmControl) -> list[str]:
     """Which of the project's VMs run (one `limactl list`); each is checked to be this workspace's."""
-    listed = session.lima.instances()
+    listed = control.lima.instances()
     running = []
-    for vm_name in _project_vms(session):
+    for vm_name in _project_vms(control):
         instance = listed.get(vm_name)
         if instance is not None:
-            vm.check_ownership(instance, session.config)
+            lifecycle.check_ownership(instance, control.config)
             if instance.status == RUNNING:
                 running.append(vm_name)
     return running
 
 
-def _list(session: VmControl, vm_name: str) -> list[sessions.Row]:
-    code, output, stderr = session.lima.shell_bytes(vm_name, sessions.script("list"), sessions.LIST_LIMIT)
+def _list(control: VmControl, vm_name: str) -> list[detached.Row]:
+    code, output, stderr = control.lima.shell_bytes(vm_name, detached.script("list"), detached.LIST_LIMIT)
     if code != 0:
         raise LimaError(f"could not list the sessions of {vm_name} (exit {code})",
-                        hint=sessions.shown(stderr.strip()[-300:]) or None)
-    return sessions.parse_list(output)
+                        hint=detached.shown(stderr.strip()[-300:]) or None)
+    return detached.parse_list(output)
 
 
-def _vm_to_attach(session: VmControl, name: str | None) -> str:
+def _vm_to_attach(control: VmControl, name: str | None) -> str:
     """The VM whose session `attach` takes: the project's VM, unless agents of the project have VMs of their
     own, then the one that has the session (asked of each running VM; one shell each)."""
-    if len(_project_vms(session)) == 1:
-        vm_name = session.config.vm_name
-        _running(session, vm_name)
+    if len(_project_vms(control)) == 1:
+        vm_name = control.config.vm_name
+        _running(control, vm_name)
         return vm_name
-    running = _running_vms(session)
+    running = _running_vms(control)
     if len(running) <= 1:
-        vm_name = running[0] if running else session.config.vm_name
-        _running(session, vm_name)
+        vm_name = running[0] if running else control.config.vm_name
+        _running(control, vm_name)
         return vm_name
-    found = {vm_name: _list(session, vm_name) for vm_name in running}
+    found = {vm_name: _list(control, vm_name) for vm_name in running}
     if name is not None:
         return next((vm_name for vm_name, rows in found.items() if any(row.name == name for row in rows)),
                     running[0])  # none has it: the project's VM answers that it has no such session
-    live = [(vm_name, row.name) for vm_name, rows in found.items() for row in rows if row.state == sessions.RUNNING]
+    live = [(vm_name, row.name) for vm_name, rows in found.items() for row in rows if row.state == detached.RUNNING]
     if len(live) > 1:
         raise UsageError(f"several sessions run: {', '.join(f'{row} (in {vm_name})' for vm_name, row in live)}",
                          hint=f"Name one: `agentbox attach {live[0][1]}`.")
@@ -216,13 +216,13 @@ def _vm_to_attach(session: VmControl, name: str | None) -> str:
     return max(ended)[1] if ended else running[0]
 
 
-def _running(session: VmControl, vm_name: str) -> Instance:
-    session.config.require_workspace()
-    instance = session.instance(vm_name)
+def _running(control: VmControl, vm_name: str) -> Instance:
+    control.config.require_workspace()
+    instance = control.instance(vm_name)
     if instance is None:
         raise StateError(f"{vm_name} does not exist, so it has no sessions",
                          hint="`agentbox AGENT --detach` creates it and starts one.")
-    vm.check_ownership(instance, session.config)
+    lifecycle.check_ownership(instance, control.config)
     if instance.status != RUNNING:
         raise StateError(f"{vm_name} is {instance.status.lower() or 'not running'}: its sessions ended when it stopped",
                          hint="`agentbox AGENT --detach` starts a new one.")

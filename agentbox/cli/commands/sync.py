@@ -12,14 +12,11 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from agentbox import paths
-from agentbox.cli.commands.common import session as session_for
-from agentbox.cli.commands.common import warn_if_untrusted
+from agentbox.cli.commands.common import vm_control, warn_if_untrusted
 from agentbox.errors import LimaError
 from agentbox.progress import say
 from agentbox.safetext import visible
-from agentbox.sync import agentsetup as agentsync
-from agentbox.sync import pull as syncpull
-from agentbox.sync import show as syncshow
+from agentbox.sync import agentsetup, pull, show
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -61,26 +58,26 @@ def sync_group(ctx: click.Context, show: str | None, as_json: bool) -> None:
 @click.pass_context
 def pull_command(ctx: click.Context, agent: str, dry_run: bool) -> None:
     """Copy skills, subagents and commands made in the VM back to your home: new files only, after listing them."""
-    session = session_for(ctx)
-    agent_config = _agent(session.config, agent)
-    spec = agentsync.spec_of(agent_config)
+    control = vm_control(ctx)
+    agent_config = _agent(control.config, agent)
+    spec = agentsetup.spec_of(agent_config)
     if spec is None or not spec.pull_folders:
         raise click.UsageError(f"`{agent}` has no folders `agentbox sync pull` brings back")
     home = paths.home()
-    pull = syncpull.plan(syncpull.fetch(session, agent_config, spec), spec, home)
+    planned = pull.plan(pull.fetch(control, agent_config, spec), spec, home)
     verb = "would copy" if dry_run else "copy"
-    for incoming in pull.copy:
+    for incoming in planned.copy:
         click.echo(f"{verb}  ~/{_shown(incoming.relative)} ({len(incoming.data):,} bytes)")
-    for skipped in pull.skipped:
+    for skipped in planned.skipped:
         click.echo(f"skip  {skipped.shown}: {skipped.why}")
     folders = ", ".join(f"~/{spec.folder}/{folder}/" for folder in spec.pull_folders)
-    if not pull.copy:
+    if not planned.copy:
         say(f"nothing new in {folders} of the VM {agent_config.vm_name}")
         return
     if dry_run:
-        say(f"{len(pull.copy)} new file(s) in the VM {agent_config.vm_name}; nothing copied (--dry-run)")
+        say(f"{len(planned.copy)} new file(s) in the VM {agent_config.vm_name}; nothing copied (--dry-run)")
         return
-    copied, failed = syncpull.copy(pull, spec, home)
+    copied, failed = pull.copy(planned, spec, home)
     for skipped in failed:
         click.echo(f"skip  {skipped.shown}: {skipped.why}")
     say(f"copied {len(copied)} file(s) from the VM {agent_config.vm_name} into {folders} (without executable "
@@ -88,24 +85,24 @@ def pull_command(ctx: click.Context, agent: str, dry_run: bool) -> None:
 
 
 def show_sync(ctx: click.Context, name: str | None, as_json: bool) -> None:
-    session = session_for(ctx, acts=False)
-    config = session.config
+    control = vm_control(ctx, acts=False)
+    config = control.config
     warn_if_untrusted(config)
     agents = [_agent(config, name)] if name else list(config.agents.values())
     records = []
     if config.sync_agent_config:
         for agent in agents:
-            if agentsync.spec_of(agent) is None:
+            if agentsetup.spec_of(agent) is None:
                 if name:
-                    records.append(syncshow.unknown_agent(agent))
+                    records.append(show.unknown_agent(agent))
                 continue
             try:
-                instance = session.instance(agent.vm_name)
+                instance = control.instance(agent.vm_name)
             except LimaError:
                 instance = None
-            records.append(syncshow.agent_record(config, agent, agentsync.guest_home_of(instance),
+            records.append(show.agent_record(config, agent, agentsetup.guest_home_of(instance),
                                                  paths.staging_dir(agent.vm_name)))
-    logins = [] if config.sync_agent_config else syncshow.login_files()
+    logins = [] if config.sync_agent_config else show.login_files()
     if as_json:
         click.echo(json.dumps({"agentConfig": config.sync_agent_config, "loginFiles": logins, "agents": records},
                               indent=2, ensure_ascii=False))

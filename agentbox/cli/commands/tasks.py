@@ -20,13 +20,12 @@ import click
 from agentbox import tables
 from agentbox.agents.builtin import BUILTIN_AGENTS, DEFAULT_AGENT
 from agentbox.cli.commands import ending
-from agentbox.cli.commands.common import load_config
-from agentbox.cli.commands.common import session as session_for
+from agentbox.cli.commands.common import load_config, vm_control
 from agentbox.errors import AgentboxError, UsageError
 from agentbox.progress import note, warn
 from agentbox.safetext import visible, visible_text
 from agentbox.session.worktrees import check_name
-from agentbox.tasks import transitions as taskstate
+from agentbox.tasks import transitions
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -37,7 +36,7 @@ POLL_SECONDS = 0.25
 VM_CHECK_SECONDS = 2.0  # while waiting or following, how often the VM's status is asked (one limactl list)
 CHUNK = 1 << 16
 CANCEL_WAIT = 15.0  # seconds `cancel` waits for the runner to confirm (grace period included)
-FAILED_STATES = frozenset({taskstate.FAILED, taskstate.TIMEOUT})  # their outputs say why: pruned only when asked
+FAILED_STATES = frozenset({transitions.FAILED, transitions.TIMEOUT})  # their outputs say why: pruned only when asked
 
 
 def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
@@ -81,7 +80,7 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     slots free. Follow them with `agentbox tasks`, `logs ID -f`, `wait ID`; `cancel ID` stops one.
     """
     # deferred: start-up (submit: only the commands here that use it)
-    from agentbox.tasks import submit as taskrun
+    from agentbox.tasks import submit
 
     if isolated and place is None:
         place = "local"
@@ -93,21 +92,21 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
         raise UsageError(f"--name {name!r} is not a task name: use letters, not only digits (ids are numbers)")
     if worktree:
         check_name(worktree)
-    session = session_for(ctx)
-    agent = _agent(session.config, agent_name)
+    control = vm_control(ctx)
+    agent = _agent(control.config, agent_name)
     if place == "any":
         from agentbox.tasks import places
 
-        place = places.choose(session.config)
+        place = places.choose(control.config)
         note(f"--on any: {place}")
-    ask = taskrun.TaskAsk(agent, text, name=name, timeout=timeout, worktree=worktree is not None,
+    ask = submit.TaskAsk(agent, text, name=name, timeout=timeout, worktree=worktree is not None,
                           worktree_name=worktree or None)
     if place is not None:
         from agentbox.tasks import jobs
 
-        task = jobs.submit(session, ask, place)
+        task = jobs.submit(control, ask, place)
     else:
-        task = taskrun.submit(session, ask)
+        task = submit.submit(control, ask)
     click.echo(task.id)
     where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
     if task.isolated:
@@ -182,10 +181,10 @@ def tasks_ls_command(ctx: click.Context, as_json: bool, show_all: bool, refresh:
 
 def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool = False) -> None:
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
     found = _selected(ctx, show_all)
-    found = _asked(tasks.refresh(found), hosts=refresh)  # this machine's Jobs are always asked: no host to wait for
+    found = _asked(records.refresh(found), hosts=refresh)  # this machine's Jobs are always asked: no host to wait for
     if as_json:
         click.echo(json.dumps([task.to_json() for task in found], indent=2))
     elif not found:
@@ -239,13 +238,13 @@ def _asked(found: list[Task], hosts: bool) -> list[Task]:
 
 def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
-    everything = tasks.all_tasks()
+    everything = records.all_tasks()
     if show_all:
         return everything
     workspace = load_config(ctx, describe=True).require_workspace()
-    return tasks.of_workspace(everything, workspace)
+    return records.of_workspace(everything, workspace)
 
 
 def _table(found: list[Task]) -> None:
@@ -296,9 +295,9 @@ def prune_command(ctx: click.Context, show_all: bool, yes: bool) -> None:
     terminal they are listed and you are asked first; without one they stay unless --yes is given.
     """
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
-    ended = [task for task in tasks.refresh(_selected(ctx, show_all)) if not task.active]
+    ended = [task for task in records.refresh(_selected(ctx, show_all)) if not task.active]
     failed = [task for task in ended if task.state in FAILED_STATES]
     chosen = [task for task in ended if task.state not in FAILED_STATES]
     if failed and yes:
@@ -317,7 +316,7 @@ def prune_command(ctx: click.Context, show_all: bool, yes: bool) -> None:
         warn(f"kept {', '.join(visible(task.label) for task in failed)}: {_count(failed, 'it', 'they')} ended "
              f"without success, and there is no terminal to ask whether to remove {them}; `agentbox tasks prune "
              f"--yes` removes {them} too")
-    gone = tasks.prune(sorted(chosen, key=lambda task: task.id))
+    gone = records.prune(sorted(chosen, key=lambda task: task.id))
     for task in gone:
         extra = f"; its branch {task.branch} stays" if task.branch else ""
         note(f"removed {visible(task.label)} ({task.state}){extra}")
@@ -339,12 +338,12 @@ def _ended_how(task: Task) -> str:
 
 def _one(spec: str) -> Task:
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
-    task = tasks.lookup(spec)
+    task = records.lookup(spec)
     if task.job:
         return _look(task)
-    return tasks.refresh([task])[0] if not task.settled else task
+    return records.refresh([task])[0] if not task.settled else task
 
 
 def _look(task: Task) -> Task:
@@ -364,14 +363,14 @@ def logs_command(follow: bool, task_id: str) -> None:
     """Print a task's output: its stdout on stdout, its stderr on stderr (control characters escaped on a
     terminal, the exact bytes otherwise)."""
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
     task = _one(task_id)
     streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
     if task.job:
         _job_logs(task, follow, {name: _Escaper(stream) for name, stream in streams.items()})
         return
-    fds = {name: tasks.open_output(task, name) for name in streams}
+    fds = {name: records.open_output(task, name) for name in streams}
     decoders = {name: _Escaper(stream) for name, stream in streams.items()}
     last_vm_check = time.monotonic()
     try:
@@ -379,7 +378,7 @@ def logs_command(follow: bool, task_id: str) -> None:
             for name in streams:
                 fd = fds[name]
                 if fd is None:
-                    fds[name] = fd = tasks.open_output(task, name)
+                    fds[name] = fd = records.open_output(task, name)
                 if fd is not None:
                     while chunk := os.read(fd, CHUNK):
                         decoders[name].write(chunk)
@@ -389,7 +388,7 @@ def logs_command(follow: bool, task_id: str) -> None:
             check = time.monotonic() - last_vm_check > VM_CHECK_SECONDS
             if check:
                 last_vm_check = time.monotonic()
-            task = tasks.refresh([task], check_vms=check)[0]
+            task = records.refresh([task], check_vms=check)[0]
             if not task.active:
                 continue  # one more read: what it wrote last
     finally:
@@ -407,7 +406,7 @@ def _job_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> None:
     from agentbox.progress import note
     from agentbox.remote.registry import UnknownHost
     from agentbox.remote.ssh import Unreachable
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
     offsets = dict.fromkeys(decoders, 0)
     said_unreachable = False
@@ -415,7 +414,7 @@ def _job_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> None:
         while True:
             if task.harvested:
                 for name, decoder in decoders.items():
-                    fd = tasks.open_output(task, name)
+                    fd = records.open_output(task, name)
                     if fd is None:
                         continue
                     try:
@@ -478,7 +477,7 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
     """Wait for a task to end; exit with its exit code (124 when it timed out, 130 when it was cancelled,
     1 when it failed without one)."""
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
     task = _one(task_id)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -498,7 +497,7 @@ def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
         check = time.monotonic() - last_vm_check > VM_CHECK_SECONDS
         if check:
             last_vm_check = time.monotonic()
-        task = tasks.refresh([task], check_vms=check)[0]
+        task = records.refresh([task], check_vms=check)[0]
     ctx.exit(_report_end(task))
 
 
@@ -507,11 +506,11 @@ def _report_end(task: Task) -> int:
     note(f"{task.label} {task.state}{reason}")
     if task.isolated:
         _report_changes(task)
-    if task.state == taskstate.TIMEOUT:
-        return taskstate.TIMEOUT_EXIT
-    if task.state == taskstate.CANCELLED:
-        return taskstate.CANCELLED_EXIT
-    if task.state == taskstate.COMPLETED:
+    if task.state == transitions.TIMEOUT:
+        return transitions.TIMEOUT_EXIT
+    if task.state == transitions.CANCELLED:
+        return transitions.CANCELLED_EXIT
+    if task.state == transitions.COMPLETED:
         return 0
     return task.exit_code if task.exit_code not in (None, 0) else 1
 
@@ -530,7 +529,7 @@ def cancel_command(task_id: str) -> None:
     """Cancel a task: a queued one is dequeued; a running one gets TERM (its process group), then KILL
     after a grace period."""
     # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records as tasks
+    from agentbox.tasks import records
 
     task = _one(task_id)
     if not task.active:
@@ -541,12 +540,12 @@ def cancel_command(task_id: str) -> None:
 
         keeper.cancel(task)
     else:
-        tasks.request_cancel(task)
+        records.request_cancel(task)
     deadline = time.monotonic() + CANCEL_WAIT
-    task = _look(task) if task.job else tasks.refresh([task])[0]
+    task = _look(task) if task.job else records.refresh([task])[0]
     while task.active and time.monotonic() < deadline:
         time.sleep(POLL_SECONDS)
-        task = _look(task) if task.job else tasks.refresh([task], check_vms=False)[0]
+        task = _look(task) if task.job else records.refresh([task], check_vms=False)[0]
     if task.active:
         note(f"{task.label} was asked to stop and is still {task.state}; `agentbox wait {task.id}` waits for it")
         return

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING
 
 import click
 
-from agentbox.cli.commands.common import session as session_for
+from agentbox.cli.commands.common import vm_control
 from agentbox.errors import AgentboxError, UsageError
 from agentbox.progress import Progress, emit, say
 from agentbox.safetext import visible
 from agentbox.staginglayout import GUEST_CA_BUNDLE
-from agentbox.vm import lifecycle as vm
+from agentbox.vm import lifecycle
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -39,47 +39,47 @@ def update_agents_command(ctx: click.Context, agents: tuple[str, ...]) -> None:
     naming any agent whose update failed.
     """
     # deferred: start-up (update: only the commands here that use it)
-    from agentbox.sync import update as agentupdate
+    from agentbox.sync import update
 
-    session = session_for(ctx)
-    config = session.config
+    control = vm_control(ctx)
+    config = control.config
     config.require_workspace()
     chosen = _chosen(config, agents)
     summary = _Summary()
     unreachable: list[str] = []
     for vm_name, group in _by_vm(chosen).items():
-        instance = session.instance(vm_name)
+        instance = control.instance(vm_name)
         if instance is None:
             say(f"{vm_name} does not exist yet; its agents are installed, at their latest, by their first launch")
             continue
-        argv = agentupdate.script_argv(group, named=bool(agents))
-        with _launch_env(session, vm_name, instance, group) as env, \
-                Progress(f"Updating agents in VM {vm_name}", verbose=session.verbose):
-            code, stdout, stderr = session.lima.shell_bytes(vm_name, argv, agentupdate.OUTPUT_LIMIT,
-                                                            stdin_data=agentupdate.env_records(env))
+        argv = update.script_argv(group, named=bool(agents))
+        with _launch_env(control, vm_name, instance, group) as env, \
+                Progress(f"Updating agents in VM {vm_name}", verbose=control.verbose):
+            code, stdout, stderr = control.lima.shell_bytes(vm_name, argv, update.OUTPUT_LIMIT,
+                                                            stdin_data=update.env_records(env))
         if code == 255 and not stdout:
             unreachable.append(vm_name)
             summary.failed += [agent.name for agent in group]
             emit(f"agentbox: could not reach {vm_name} to update its agents (ssh exit 255)")
             continue
-        outcomes = agentupdate.parse(stdout, group)
+        outcomes = update.parse(stdout, group)
         for outcome in outcomes:
-            if outcome.status in (agentupdate.UPDATED, agentupdate.UNCHANGED):
+            if outcome.status in (update.UPDATED, update.UNCHANGED):
                 click.echo(outcome.describe())
-                (summary.updated if outcome.status == agentupdate.UPDATED else summary.current).append(outcome.agent)
-            elif outcome.status == agentupdate.MISSING and agents:
+                (summary.updated if outcome.status == update.UPDATED else summary.current).append(outcome.agent)
+            elif outcome.status == update.MISSING and agents:
                 summary.failed.append(outcome.agent)
                 emit(visible(f"agentbox: {outcome.agent} is not installed in {vm_name} (`agentbox {outcome.agent}` "
                              "installs it)"))
-            elif outcome.status == agentupdate.FAILED:
+            elif outcome.status == update.FAILED:
                 summary.failed.append(outcome.agent)
-        if any(outcome.status == agentupdate.FAILED for outcome in outcomes):
+        if any(outcome.status == update.FAILED for outcome in outcomes):
             for line in stderr.splitlines()[-40:]:
                 emit(visible(f"  {line}"))
-        if not any(outcome.status != agentupdate.MISSING for outcome in outcomes) and not agents:
+        if not any(outcome.status != update.MISSING for outcome in outcomes) and not agents:
             say(f"no agent is installed in {vm_name} yet; each installs at its first launch")
     if summary.failed:
-        commands = "; ".join(f"{name}: `{agentupdate.update_command(config.agent(name))}`" for name in summary.failed
+        commands = "; ".join(f"{name}: `{update.update_command(config.agent(name))}`" for name in summary.failed
                              if name not in {agent.name for agent in chosen if agent.vm_name in unreachable})
         reach = (f"`agentbox restart` restarts {', '.join(unreachable)}; then run the command again. "
                  if unreachable else "")
@@ -109,20 +109,19 @@ class _Summary:
 
 
 @contextlib.contextmanager
-def _launch_env(session: VmControl, vm_name: str, instance: Instance,
+def _launch_env(control: VmControl, vm_name: str, instance: Instance,
                 group: list[AgentConfig]) -> Iterator[dict[str, str]]:
     """The VM running, and the environment a launch stages for it (agentbox.session.guestenv): the CA, the config's env
     (with the broker's placeholders for the logins it brokers), and in allowlist and offline mode the proxy's
     variables, the proxy running (started while Lima is asked, as for a launch) until the update ends."""
     # deferred: start-up (brokersetup, env: only the commands here that use it)
-    from agentbox.session import brokersetup
-    from agentbox.session import guestenv as sessionenv
-    config = session.config
+    from agentbox.session import brokersetup, guestenv
+    config = control.config
     brokering = brokersetup.prepare(config, vm_name)
     lease = brokersetup.begin_proxy(config, vm_name, {agent.name: agent.endpoints for agent in group})
     try:
-        vm.ensure_running(session, vm_name, instance)
-        env = sessionenv.of(config, lease.access if lease is not None else None,
+        lifecycle.ensure_running(control, vm_name, instance)
+        env = guestenv.of(config, lease.access if lease is not None else None,
                             brokering.prepared.env if brokering is not None else None)
         if brokering is not None and brokering.authority is not None:
             env.setdefault("NODE_EXTRA_CA_CERTS", GUEST_CA_BUNDLE)  # the broker's CA is in the guest's trust store
@@ -135,11 +134,11 @@ def _launch_env(session: VmControl, vm_name: str, instance: Instance,
 def _chosen(config: Config, names: tuple[str, ...]) -> list[AgentConfig]:
     """The agents named (each must exist and have an update command), or the project VM's agents that have one."""
     # deferred: start-up (update: only the commands here that use it)
-    from agentbox.sync import update as agentupdate
+    from agentbox.sync import update
 
     if not names:
         return [agent for agent in config.agents.values()
-                if agent.vm_name == config.vm_name and agentupdate.update_command(agent)]
+                if agent.vm_name == config.vm_name and update.update_command(agent)]
     chosen = []
     for name in dict.fromkeys(names):
         if name not in config.agents:
@@ -148,7 +147,7 @@ def _chosen(config: Config, names: tuple[str, ...]) -> list[AgentConfig]:
             raise UsageError(visible(f"no agent `{name}`" + (f": did you mean {close[0]}?" if close else "")),
                              hint=visible(f"Run `agentbox update-agents {close[0]}`. {agents}" if close else agents))
         agent = config.agent(name)
-        if not agentupdate.update_command(agent):
+        if not update.update_command(agent):
             raise UsageError(visible(f"`{name}` has no install command, so agentbox cannot update it"),
                              hint=f"Set agents.{name}.install to the command that installs its latest release.")
         chosen.append(agent)

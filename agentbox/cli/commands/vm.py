@@ -9,15 +9,12 @@ import click
 
 from agentbox import tables
 from agentbox.cli.commands import ending
-from agentbox.cli.commands.common import session as session_for
-from agentbox.cli.commands.common import settle_tasks, vm_name
-from agentbox.net import guard as netguard
+from agentbox.cli.commands.common import settle_tasks, vm_control, vm_name
+from agentbox.net import guard
 from agentbox.progress import say
 from agentbox.safetext import visible
 from agentbox.tasks.activity import ProjectActivity
-from agentbox.vm import forwards, lima, workmode
-from agentbox.vm import lifecycle as vm
-from agentbox.vm import statefile as vmstate
+from agentbox.vm import forwards, lifecycle, lima, statefile, workmode
 
 if TYPE_CHECKING:
     from agentbox.cli.commands.ending import Ending
@@ -37,45 +34,45 @@ YES_HELP = ("Do not ask: go on even when it ends running sessions or tasks (a sc
 @click.pass_context
 def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool) -> None:
     """Create and start the project's VM."""
-    session = session_for(ctx)
+    control = vm_control(ctx)
     if isolated:
-        session.config = workmode.with_isolation(session.config)
-    name = vm_name(session)
-    existing = session.instance(name)
+        control.config = workmode.with_isolation(control.config)
+    name = vm_name(control)
+    existing = control.instance(name)
     if recreate and existing is not None:
         # A VM without agentbox's workspace marker may be replaced; one of another workspace may not.
-        vm.check_workspace_matches(existing, session.config)
-        ends = ending.of(session, existing)
+        lifecycle.check_workspace_matches(existing, control.config)
+        ends = ending.of(control, existing)
         asked = ending.Asked(f"Delete VM {name} and its disk, then create it anew? Your workspace on the host is not "
                              "touched.", f"refusing to delete {name} for --recreate",
                              "agentbox start --recreate --yes", f"{name} kept", always=True)
         if not ending.go_ahead(ends, asked, yes):
             ending.declined(asked)
-        _remove(session, name, ends)
+        _remove(control, name, ends)
         existing = None
     if existing is not None and isolated:
         # Refused before anything starts: the VM's mounts, fixed at creation, decide its mode.
-        recorded = workmode.mode_of_vm(vm.expected_config(name), session.config.workspace)
-        workmode.session_mode(workmode.ISOLATED, recorded, name, workmode.asked_by(session.config))
-    instance = vm.ensure_running(session, name, existing)
+        recorded = workmode.mode_of_vm(lifecycle.expected_config(name), control.config.workspace)
+        workmode.session_mode(workmode.ISOLATED, recorded, name, workmode.asked_by(control.config))
+    instance = lifecycle.ensure_running(control, name, existing)
     if instance is existing:  # it was running and passed the checks: nothing was started
-        instance = vm.settle_in_place(session, instance)
+        instance = lifecycle.settle_in_place(control, instance)
         if instance is existing:
             say(f"{name} is already running")
-            vm.note_stale_base(session.config, name)
-            degraded = vm.degraded_note(name, vmstate.read(name))
+            lifecycle.note_stale_base(control.config, name)
+            degraded = lifecycle.degraded_note(name, statefile.read(name))
             if degraded:
                 say(degraded)
             return
-    say(f"{instance.name} is running (workspace {session.config.workspace})")
+    say(f"{instance.name} is running (workspace {control.config.workspace})")
 
 
-def _remove(session: VmControl, name: str, ends: Ending) -> None:
-    vm.delete(session, name)
+def _remove(control: VmControl, name: str, ends: Ending) -> None:
+    lifecycle.delete(control, name)
     settle_tasks(name, f"its VM {name} was removed")  # before the outbox goes with vmstate.clear
-    vmstate.clear(name)
+    statefile.clear(name)
     ending.said(ends, f"its VM {name} was removed")
-    say(vm.REMOVED.format(name=name))
+    say(lifecycle.REMOVED.format(name=name))
 
 
 def _say_if(message: str | None) -> None:
@@ -83,13 +80,13 @@ def _say_if(message: str | None) -> None:
         say(message)
 
 
-def _stop(session: VmControl, name: str, instance: Instance | None, force: bool, yes: bool, verb: str = "stop") -> bool:
+def _stop(control: VmControl, name: str, instance: Instance | None, force: bool, yes: bool, verb: str = "stop") -> bool:
     """Stop one VM, by the rule of agentbox.cli.commands.ending when it would end sessions or tasks (`verb`: the command
     the user typed, stop or restart, which the question and a refusal name). False when a restart found nothing to
     stop (`instance` is still what is known of it)."""
     if instance is not None:
-        vm.check_workspace_matches(instance, session.config)
-    ends = ending.of(session, instance)
+        lifecycle.check_workspace_matches(instance, control.config)
+    ends = ending.of(control, instance)
     killing = " (killing it)" if force else ""
     asked = ending.Asked(f"{verb.capitalize()} {name}{killing}?", f"refusing to {verb} {name}",
                          f"agentbox {verb}{' --force' if force else ''} --yes", f"{name} left running")
@@ -97,7 +94,7 @@ def _stop(session: VmControl, name: str, instance: Instance | None, force: bool,
         ending.declined(asked)
     if verb == "restart" and (instance is None or instance.status == lima.STOPPED):
         return False  # nothing to stop: the start says what happens
-    _say_if(vm.stop(session, name, force=force, known=instance))
+    _say_if(lifecycle.stop(control, name, force=force, known=instance))
     ending.said(ends, f"its VM {name} was {'restarted' if verb == 'restart' else 'stopped'}")
     return True
 
@@ -116,10 +113,10 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
     first; in a script it changes nothing unless --yes says to go on. Either way it says what it ended.
     """
     if stop_all:
-        session = session_for(ctx, needs_config=False)
-        running = [instance for instance in session.lima.instances().values()
-                   if vm.is_agentbox_vm(instance) and instance.status == lima.RUNNING]
-        endings = [ending.of(session, instance) for instance in running]
+        control = vm_control(ctx, needs_config=False)
+        running = [instance for instance in control.lima.instances().values()
+                   if lifecycle.is_agentbox_vm(instance) and instance.status == lima.RUNNING]
+        endings = [ending.of(control, instance) for instance in running]
         killing = " (killing it)" if force else ""
         if not yes and not ending.on_terminal() and any(ends.lines() for ends in endings):
             raise ending.refused(endings, ending.Asked("", "refusing to stop every agentbox VM",
@@ -129,15 +126,15 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
             if not ending.go_ahead(ends, asked, yes):
                 say(asked.kept)
                 continue
-            vm.stop_now(session.lima, instance.name, force, session.verbose)
-            session.on_stopped(instance.name)
+            lifecycle.stop_now(control.lima, instance.name, force, control.verbose)
+            control.on_stopped(instance.name)
             ending.said(ends, f"its VM {instance.name} was stopped")
         if not running:
             say("no agentbox VM was running")
         return
-    session = session_for(ctx, needs_trust=False, vm_only=True)
-    name = vm_name(session)
-    _stop(session, name, session.instance(name), force, yes)
+    control = vm_control(ctx, needs_trust=False, vm_only=True)
+    name = vm_name(control)
+    _stop(control, name, control.instance(name), force, yes)
 
 
 @click.command("restart")
@@ -149,13 +146,13 @@ def restart_command(ctx: click.Context, yes: bool) -> None:
     A stopped VM is started. Its detached sessions and running tasks end: on a terminal they are listed and you are
     asked first; in a script it changes nothing unless --yes says to go on. Either way it says what it ended.
     """
-    session = session_for(ctx)
-    name = vm_name(session)
-    known = session.instance(name)
-    if _stop(session, name, known, False, yes, verb="restart"):
-        instance = vm.ensure_running(session, name)
+    control = vm_control(ctx)
+    name = vm_name(control)
+    known = control.instance(name)
+    if _stop(control, name, known, False, yes, verb="restart"):
+        instance = lifecycle.ensure_running(control, name)
     else:  # stopped (or not created): started as it is known, without a second `limactl list`
-        instance = vm.ensure_running(session, name, known)
+        instance = lifecycle.ensure_running(control, name, known)
     say(f"{instance.name} is running")
 
 
@@ -169,19 +166,19 @@ def rm_command(ctx: click.Context, yes: bool, old_force: bool) -> None:
     On a terminal it asks first, naming the sessions and tasks that would end; without one it needs --yes
     (--force, its earlier name, still works).
     """
-    session = session_for(ctx, needs_trust=False, vm_only=True)
-    name = vm_name(session)
-    instance = session.instance(name)
+    control = vm_control(ctx, needs_trust=False, vm_only=True)
+    name = vm_name(control)
+    instance = control.instance(name)
     if instance is None:
         say(f"{name} does not exist; nothing to remove")
         return
-    vm.check_workspace_matches(instance, session.config)
-    ends = ending.of(session, instance)
+    lifecycle.check_workspace_matches(instance, control.config)
+    ends = ending.of(control, instance)
     asked = ending.Asked(f"Delete VM {name} and its disk? Your workspace on the host is not touched.",
                          f"refusing to delete {name}", "agentbox rm --yes", f"{name} kept", always=True)
     if not ending.go_ahead(ends, asked, yes or old_force):
         ending.declined(asked)
-    _remove(session, name, ends)
+    _remove(control, name, ends)
 
 
 @click.command("status")
@@ -191,21 +188,21 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the project's VM: status, workspace, resources."""
     # deferred: start-up (pushreport, report: only the commands here that use it)
     from agentbox.credentials import brokerreport, pushreport
-    session = session_for(ctx, acts=False, vm_only=True)
-    config = session.config
-    name = vm_name(session)
-    instances = session.lima.instances()  # all of them, for who holds which host port
+    control = vm_control(ctx, acts=False, vm_only=True)
+    config = control.config
+    name = vm_name(control)
+    instances = control.lima.instances()  # all of them, for who holds which host port
     instance = instances.get(name)
-    conflict = vm.conflict(instance, config)
+    conflict = lifecycle.conflict(instance, config)
     # A VM of this name that is not this workspace's is not this workspace's VM: it has none yet.
-    info = vm.describe(None if conflict else instance, name, str(config.workspace))
+    info = lifecycle.describe(None if conflict else instance, name, str(config.workspace))
     info["workspaceRule"] = config.workspace_rule
     info["conflict"] = conflict
     info["sessionMode"] = _session_mode(config, name, instance is not None and not conflict)
     holders = forwards.Holders(instances) if instance is not None and not conflict else None
     rows = holders.rows(instance) if holders is not None and instance is not None else []
     info["ports"] = [row.to_json() for row in rows]
-    network = netguard.describe(config.network, name, {})
+    network = guard.describe(config.network, name, {})
     info["network"] = {key: network[key] for key in ("mode", "enforcement", "enforcementWhy", "allowHost",
                                                       "allowLan", "proxy")}
     info["broker"] = brokerreport.of(config, name)
@@ -225,7 +222,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
             taken = (f"the VM {name} belongs to another workspace, {owner}" if owner else
                      f"the Lima instance {name} exists but was not created by agentbox")
             click.echo(f"{'conflict:':11}{taken}")
-            click.echo(f"{'fix:':11}{vm.clash_hint(config, name, foreign=owner is None)}")
+            click.echo(f"{'fix:':11}{lifecycle.clash_hint(config, name, foreign=owner is None)}")
     click.echo(f"{'mode:':11}{_mode_words(config, info['sessionMode'])}")
     proxy = network["proxy"]
     click.echo(f"{'network:':11}{network['mode']} (enforcement: {network['enforcement']}"
@@ -242,7 +239,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 
 def _session_mode(config: Any, name: str, exists: bool) -> str:
     """live or isolated: the VM's (fixed when it was created), else what session.mode would create it as."""
-    found = workmode.mode_of_vm(vm.expected_config(name), config.workspace) if exists else None
+    found = workmode.mode_of_vm(lifecycle.expected_config(name), config.workspace) if exists else None
     return found or config.session_mode
 
 
@@ -274,11 +271,11 @@ def _print_ports(rows: list[Any], holders: Any) -> None:
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool, show_all: bool) -> None:
     """List agentbox's VMs."""
-    session = session_for(ctx, needs_config=False)
+    control = vm_control(ctx, needs_config=False)
     rows = [
-        vm.describe(instance, instance.name, vm.workspace_of(instance))
-        for instance in session.lima.instances().values()
-        if show_all or vm.is_agentbox_vm(instance)
+        lifecycle.describe(instance, instance.name, lifecycle.workspace_of(instance))
+        for instance in control.lima.instances().values()
+        if show_all or lifecycle.is_agentbox_vm(instance)
     ]
     if as_json:
         click.echo(json.dumps(rows))
@@ -308,12 +305,12 @@ def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...], i
     from agentbox.session import launch
     from agentbox.session.prepare import Ask
 
-    session = session_for(ctx)
+    control = vm_control(ctx)
     if isolated:
-        session.config = workmode.with_isolation(session.config)
-    name = vm_name(session, agent)
+        control.config = workmode.with_isolation(control.config)
+    name = vm_name(control, agent)
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    ask = Ask(None, busy=ProjectActivity(session.config), vm_name=name)
-    return launch.run(session, ask, launch.Command(argv, interactive_shell=not argv))
+    ask = Ask(None, busy=ProjectActivity(control.config), vm_name=name)
+    return launch.run(control, ask, launch.Command(argv, interactive_shell=not argv))
 
 
