@@ -326,7 +326,7 @@ def test_a_launch_leaves_the_users_git_state_alone(repo: Path, vm: FakeLima) -> 
 
 def test_nothing_the_repository_configures_runs_during_checkpoints_and_diff(repo: Path, vm: FakeLima,
                                                                            tmp_path: Path) -> None:
-    """The same hostile repository runs every marker under plain git: see test_hostgit's control test."""
+    """The same hostile repository runs every marker under plain git: see test_git_store's control test."""
     markers = tmp_path / "markers"
     hostile(repo, markers)
     write(repo / "edit.txt", "edited\n")

@@ -270,7 +270,7 @@ def test_old_lima_fails(project: Path, tmp_path: Path, monkeypatch: pytest.Monke
 
 
 def test_version_tuple() -> None:
-    from agentbox.cli.diagnosis import version_tuple
+    from agentbox.cli.verdicts import version_tuple
 
     assert version_tuple("2.0.0") == (2, 0, 0)
     assert version_tuple("v2.1") == (2, 1, 0)

@@ -176,7 +176,7 @@ def test_the_ground_floor_stays_small() -> None:
 PROCESS_STARTERS: dict[str, str] = {
     "vm.lima": "the only module that runs limactl (and ssh into a Lima VM, and ps to find its own tunnels)",
     "git.store": "the only git runner on agentbox's own store; never on a workspace's git folder",
-    "credentials.stage": "`git config --file ~/.gitconfig` on the user's own file, `gh auth token` for the keychain",
+    "credentials.loginfiles": "`git config --file ~/.gitconfig` on the user's own file, `gh auth token` for the keychain",
     "config.cacerts": "openssl to describe a CA file, `security` to list the macOS System keychain",
     "net.guard": "starts the host proxy (agentbox.net.proxy) as a detached python process",
     "net.certauthority": "openssl to make the credential broker's per-VM CA and its leaves (keys through pipes, never argv)",
@@ -189,8 +189,8 @@ PROCESS_STARTERS: dict[str, str] = {
     "remote.ssh": "the only module that runs ssh to a remote host (the user's own ssh, one multiplexed connection)",
 }
 PROGRAMS: dict[str, set[str]] = {
-    "git": {"git.store", "credentials.stage"}, "ssh": {"vm.lima", "remote.ssh"}, "ps": {"vm.lima"},
-    "gh": {"credentials.stage"},
+    "git": {"git.store", "credentials.loginfiles"}, "ssh": {"vm.lima", "remote.ssh"}, "ps": {"vm.lima"},
+    "gh": {"credentials.loginfiles"},
     "openssl": {"config.cacerts", "net.certauthority"}, "security": {"config.cacerts"}, "osascript": {"session.notify"},
     "notify-send": {"session.notify"}, "limactl": {"remote.far"},
 }
@@ -286,3 +286,111 @@ def test_a_process_start_and_a_program_lookup_are_seen(tmp_path: Path) -> None:
                                "finder.py": "from agentbox import hosttools\nhosttools.which('git')\n"})
     assert [p.stem for p in sorted(root.glob("*.py")) if starts_processes(p)] == ["loud", "piped"]
     assert looked_up_programs(root / "finder.py") == {"git"}
+
+
+# -- the names and the hallways ------------------------------------------------------------------------------
+
+MAX_DEFERRED_IMPORTS = 150  # imports inside functions, each under a `# deferred: <reason>` line (CONTRIBUTING)
+MAX_ALIASES = 20
+# The launch, decided once (agentbox.session.prepare) and run by the session and task modules: every function there
+# takes at most MAX_LAUNCH_PARAMETERS parameters and is at most MAX_LAUNCH_LINES lines long.
+LAUNCH_PATH = ("session.prepare", "session.launch", "session.staging", "session.warm", "tasks.submit", "tasks.jobs",
+               "tasks.keeper", "runtime.local", "runtime.sshhost", "cli.commands.agent", "cli.commands.run")
+MAX_LAUNCH_PARAMETERS = 6
+MAX_LAUNCH_LINES = 60
+
+
+def deferred_imports(path: Path) -> tuple[int, list[str]]:
+    """(how many import statements sit inside a function, those without their reason): a `# deferred: ...` line
+    right above the import, or above the first of a run of imports it belongs to."""
+    lines = path.read_text().splitlines()
+    tree = ast.parse("\n".join(lines))
+    count, unexplained = 0, []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for body in (getattr(node, field, None) for node in ast.walk(function)
+                     for field in ("body", "orelse", "finalbody")):
+            if not isinstance(body, list):
+                continue
+            reason = False
+            for statement in body:
+                if not isinstance(statement, (ast.Import, ast.ImportFrom)):
+                    reason = False
+                    continue
+                if any(isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)) and inner is not function
+                       and statement in ast.walk(inner) for inner in ast.walk(function)):
+                    continue  # counted with the innermost function
+                count += 1
+                above = lines[statement.lineno - 2].strip() if statement.lineno > 1 else ""
+                reason = reason or above.startswith("# deferred:")
+                if not reason:
+                    unexplained.append(f"{path}:{statement.lineno}")
+    return count, unexplained
+
+
+def aliases(path: Path) -> list[str]:
+    """`import X as Y` and `from P import X as Y` of agentbox's own modules and names, Y other than X."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agentbox")) or (
+                isinstance(node, ast.Import) and any(alias.name.startswith("agentbox") for alias in node.names)):
+            found += [f"{alias.name} as {alias.asname}" for alias in node.names
+                      if alias.asname and alias.asname != alias.name.rpartition(".")[2]]
+    return found
+
+
+def test_every_import_inside_a_function_says_why_and_they_stay_few() -> None:
+    total, unexplained = 0, []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        count, missing = deferred_imports(path)
+        total += count
+        unexplained += missing
+    assert unexplained == [], "an import inside a function needs a `# deferred: <reason>` line above it"
+    assert total <= MAX_DEFERRED_IMPORTS
+
+
+def test_a_module_is_imported_under_its_own_name() -> None:
+    used: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for alias in aliases(path):
+            used.setdefault(alias, set()).add(path.name)
+    assert {alias: files for alias, files in used.items() if len(files) >= 3} == {}
+    assert sum(len(files) for files in used.values()) <= MAX_ALIASES
+
+
+def test_no_file_name_is_used_twice() -> None:
+    seen: dict[str, list[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name != "__init__.py":
+            seen.setdefault(path.name, []).append(str(path.relative_to(PACKAGE)))
+    assert {name: places for name, places in seen.items() if len(places) > 1} == {}
+
+
+def test_the_launch_path_has_no_long_walks() -> None:
+    modules = module_files(PACKAGE)
+    too_many, too_long = [], []
+    for name in LAUNCH_PATH:
+        for node in ast.walk(ast.parse(modules[name].read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if any("click" in ast.unparse(decorator) for decorator in node.decorator_list):
+                continue  # a click command's parameters are its command line's options
+            arguments = [a.arg for a in (*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs)
+                         if a.arg not in ("self", "cls")]
+            if len(arguments) > MAX_LAUNCH_PARAMETERS:
+                too_many.append(f"{name}.{node.name}: {len(arguments)}")
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_LAUNCH_LINES:
+                too_long.append(f"{name}.{node.name}: {length} lines")
+    assert too_many == [] and too_long == []
+
+
+def test_the_hallway_checks_see_what_they_check(tmp_path: Path) -> None:
+    root = _package(tmp_path, {
+        "a.py": "def f():\n    # deferred: start-up (b is slow)\n    import os\n    import sys\n\n\ndef g():\n"
+                "    import json\n",
+        "b.py": "from agentbox.vm import lifecycle as vm\nfrom agentbox.git import store\n",
+    })
+    assert deferred_imports(root / "a.py") == (3, [f"{root / 'a.py'}:8"])
+    assert aliases(root / "b.py") == ["lifecycle as vm"]

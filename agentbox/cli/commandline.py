@@ -49,7 +49,7 @@ LAZY_COMMANDS = {
     "completion": ("agentbox.cli.commands.completion", "completion_command"),
     "help": ("agentbox.cli.commands.help", "help_command"),
     "undo": ("agentbox.cli.commands.undo", "undo_command"),
-    "run": ("agentbox.cli.commands.tasks", "run_command"),
+    "run": ("agentbox.cli.commands.run", "run_command"),
     "tasks": ("agentbox.cli.commands.tasks", "tasks_command"),
     "logs": ("agentbox.cli.commands.tasks", "logs_command"),
     "wait": ("agentbox.cli.commands.tasks", "wait_command"),

@@ -12,39 +12,34 @@ provision/doctor-probe.sh.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import hosttools, paths, resources, staginglayout
 from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.cli.verdicts import FAIL, OK, WARN, Check, version_tuple
+from agentbox.config import cacerts, load, trust
+from agentbox.credentials import brokerreport, loginfiles
 from agentbox.errors import AgentboxError, ConfigError, LimaError
+from agentbox.git import dirs
+from agentbox.net import guard, policy
+from agentbox.review import tripwire
 from agentbox.safetext import visible
-from agentbox.vm import statefile
+from agentbox.tasks.activity import ProjectActivity
+from agentbox.vm import drift, forwards, golden, inplace, lifecycle, statefile
+from agentbox.vm.lima import BROKEN, INSTALL_HINT, RUNNING, STOPPED, not_found_hint
+from agentbox.vm.render import MINIMUM_LIMA_VERSION
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
     from agentbox.vm.lima import Instance, Lima
 
-OK = "OK"
-WARN = "WARN"
-FAIL = "FAIL"
 VM_MISSING = "the VM does not exist yet"
 # One `limactl shell` answers every in-VM question: provision/doctor-probe.sh, whose every line is
 # "agentbox-doctor KIND VALUE [PATH]".
 PROBE = "doctor-probe.sh"
 _PROBE_TAG = "agentbox-doctor"
-
-class Check(NamedTuple):
-    check: str  # a stable id: "lima", "config", "vm", "credentials.claude", ...
-    status: str  # OK, WARN or FAIL
-    message: str
-    hint: str | None = None
-
-    def to_json(self) -> dict[str, str | None]:
-        return {"check": self.check, "status": self.status, "message": self.message, "hint": self.hint}
-
 
 class Probe(NamedTuple):
     """What the one in-VM call found; `reason` says why there is none when it could not run."""
@@ -90,10 +85,6 @@ def run(cwd: Path, lima: Lima) -> list[Check]:
 
 def check_lima(lima: Lima, checks: list[Check]) -> bool:
     """limactl on PATH and recent enough; whether VM checks can go on."""
-    # deferred: start-up (vm.lima, vm.render: only the checks that use it)
-    from agentbox.vm.lima import INSTALL_HINT, not_found_hint
-    from agentbox.vm.render import MINIMUM_LIMA_VERSION
-
     found = hosttools.which(lima.executable)
     if found is None:
         checks.append(Check("lima", FAIL, "limactl was not found on PATH, so agentbox cannot run any VM",
@@ -116,22 +107,11 @@ def check_lima(lima: Lima, checks: list[Check]) -> bool:
     return True
 
 
-def version_tuple(version: str) -> tuple[int, ...] | None:
-    """"2.0.1" -> (2, 0, 1); "2.1.0-beta.1" -> (2, 1, 0); None when it does not start with numbers."""
-    match = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version)
-    if match is None:
-        return None
-    return tuple(int(part or 0) for part in match.groups())
-
-
 # -- config ------------------------------------------------------------------------------------
 
 
 def check_config(cwd: Path, checks: list[Check]) -> Config | None:
     """Load the config; None when it is invalid or names no usable workspace (later checks need both)."""
-    # deferred: start-up (load: only the checks that use it)
-    from agentbox.config import load
-
     try:
         config = load.load(cwd, describe=True)
     except ConfigError as error:
@@ -167,9 +147,6 @@ def check_config(cwd: Path, checks: list[Check]) -> Config | None:
 
 def check_trust(config: Config, checks: list[Check]) -> None:
     """A local config that widens what the VM gets must be trusted, or every launch refuses it (exit 2)."""
-    # deferred: start-up (trust: only the checks that use it)
-    from agentbox.config import trust
-
     risky = trust.risky_keys(config) if config.local_file is not None else []
     if config.local_file is None or not risky:
         return
@@ -190,9 +167,6 @@ def check_trust(config: Config, checks: list[Check]) -> None:
 
 def check_ca_certificates(config: Config, checks: list[Check]) -> None:
     """caCert and NODE_EXTRA_CA_CERTS must be readable PEM files, or creating the VM fails."""
-    # deferred: start-up (cacerts: only the checks that use it)
-    from agentbox.config import cacerts
-
     try:
         sources = [source for source in cacerts.sources(config) if source.used]
     except AgentboxError as error:
@@ -223,9 +197,6 @@ def check_ca_certificates(config: Config, checks: list[Check]) -> None:
 
 def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
     """A readable CA file: fine, unless it is a whole system trust store (the VM has the public roots)."""
-    # deferred: start-up (cacerts: only the checks that use it)
-    from agentbox.config import cacerts
-
     embedded = cacerts.embedding(path, pems)
     if embedded.whole_store is None:
         count = len(pems)
@@ -244,9 +215,6 @@ def _ca_content_check(name: str, path: Path, pems: tuple[str, ...]) -> Check:
 
 def check_git(config: Config, checks: list[Check]) -> None:
     """A worktree's main git folder is mounted only when gitdirs validates it; say which way it went."""
-    # deferred: start-up (dirs: only the checks that use it)
-    from agentbox.git import dirs
-
     workspace = config.require_workspace()
     git = dirs.locate(workspace)
     if git.problem:
@@ -266,10 +234,6 @@ def check_git(config: Config, checks: list[Check]) -> None:
 
 def check_tripwire(config: Config, checks: list[Check]) -> None:
     """Changes to files the host runs, made in or after a session, that nobody has accepted yet."""
-    # deferred: start-up (tripwire, tasks.activity: only the checks that use it)
-    from agentbox.review import tripwire
-    from agentbox.tasks.activity import ProjectActivity
-
     found = tripwire.audit(config.require_workspace(), ProjectActivity(config))
     if found:
         checks.append(
@@ -287,10 +251,6 @@ def check_tripwire(config: Config, checks: list[Check]) -> None:
 
 def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance | None, bool]:
     """The VM's state and whether it belongs to this workspace."""
-    # deferred: start-up (lifecycle, vm.lima: only the checks that use it)
-    from agentbox.vm import lifecycle
-    from agentbox.vm.lima import BROKEN, RUNNING, STOPPED
-
     name = config.vm_name
     try:
         instance = lima.get(name)
@@ -367,9 +327,6 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
 def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
     """The base VM new project VMs are cloned from (agentbox.vm.golden): fresh, stale or absent; and whether
     this project's VM was cloned from an older one. Uses the `list` check_vm made."""
-    # deferred: start-up (golden: only the checks that use it)
-    from agentbox.vm import golden
-
     if config.vm_base != "auto":
         checks.append(Check("base", OK, "vm.base is off: new VMs are created and provisioned from scratch"))
         return
@@ -397,10 +354,6 @@ def check_base(lima: Lima, config: Config, checks: list[Check]) -> None:
 
 def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
     """The running VM's guest ports Lima could not forward to the host, with who has each host port."""
-    # deferred: start-up (forwards, vm.lima: only the checks that use it)
-    from agentbox.vm import forwards
-    from agentbox.vm.lima import RUNNING
-
     if instance.status != RUNNING:
         return
     holders = forwards.Holders(lima.listed, instance)
@@ -416,9 +369,6 @@ def check_ports(lima: Lima, instance: Instance, checks: list[Check]) -> None:
 
 def check_drift(config: Config, checks: list[Check]) -> None:
     """Settings that only a new VM gets (cpus, memory, mounts, ...) changed since this VM was created."""
-    # deferred: start-up (drift: only the checks that use it)
-    from agentbox.vm import drift
-
     recorded = statefile.read(config.vm_name).get("fingerprint")
     if not recorded:
         return  # created before agentbox recorded them: nothing to compare with
@@ -442,9 +392,6 @@ def check_drift(config: Config, checks: list[Check]) -> None:
 
 def check_in_place(config: Config, recorded: dict[str, object], checks: list[Check]) -> None:
     """cpus, memory or a larger disk changed in the config: Lima applies them when the VM next starts."""
-    # deferred: start-up (inplace: only the checks that use it)
-    from agentbox.vm import inplace
-
     found = inplace.plan(recorded, config)
     if found.pending:
         checks.append(Check(
@@ -468,9 +415,6 @@ def probe_vm(
     lima: Lima, config: Config, instance: Instance | None, owned: bool, lima_usable: bool, checks: list[Check]
 ) -> Probe:
     """Look inside the VM once (only when it runs and is this workspace's)."""
-    # deferred: start-up (vm.lima: only the checks that use it)
-    from agentbox.vm.lima import RUNNING
-
     if not lima_usable:
         return _no_probe("Lima is not usable")
     if instance is None:
@@ -528,10 +472,6 @@ def parse_probe(output: str) -> Probe | None:
 def check_provisioning(instance: Instance, probe: Probe, checks: list[Check]) -> None:
     """A running VM whose provisioning did not finish at this boot, and a last start Lima reported degraded
     (remembered in the VM's state by agentbox.vm.lifecycle.start)."""
-    # deferred: start-up (lifecycle, vm.lima: only the checks that use it)
-    from agentbox.vm import lifecycle
-    from agentbox.vm.lima import RUNNING
-
     if instance.status != RUNNING:
         return
     name = instance.name
@@ -557,9 +497,6 @@ def _no_probe(reason: str) -> Probe:
 
 def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str, list[Path]]]]:
     """Per agent (None for gh and netrc): guest path ("~/...") -> the host files that land there."""
-    # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles
-
     if not config.credentials.enabled:
         return []
     groups: list[tuple[AgentConfig | None, dict[str, list[Path]]]] = []
@@ -575,9 +512,6 @@ def credential_groups(config: Config) -> list[tuple[AgentConfig | None, dict[str
 
 
 def _guest_map(specs: Iterable[str]) -> dict[str, list[Path]]:
-    # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles
-
     mapping: dict[str, list[Path]] = {}
     for spec in specs:
         guest = loginfiles.guest_path_for(spec)
@@ -608,9 +542,6 @@ def check_credentials(config: Config, probe: Probe, checks: list[Check]) -> None
 def check_broker(config: Config) -> list[Check]:
     """The credential broker: whose logins stay on the host (brokered) and whose are copied in (staged), the
     VM's CA, and a WARN for each note of the last launch (a host login missing: how to log in on the host)."""
-    # deferred: start-up (report: only the checks that use it)
-    from agentbox.credentials import brokerreport
-
     report = brokerreport.of(config, config.vm_name)
     if not report["enabled"]:
         return [Check("broker", OK, f"credential broker off: every agent's login is staged (copied "
@@ -630,9 +561,6 @@ def agents_in_use(
 ) -> dict[str, str]:
     """The agents worth checking, each with why: named in a config file, logged in on the host or in the VM, or
     launched in the VM before."""
-    # deferred: start-up (report: only the checks that use it)
-    from agentbox.credentials import brokerreport
-
     launched = set(brokerreport.launched_in(config.vm_name))
     configured: dict[str, set[str]] = {}
     for key, origin in config.origins.items():
@@ -721,24 +649,15 @@ def _check_agent_login(config: Config, agent: AgentConfig, guests: dict[str, lis
 
 
 def _brokered(config: Config) -> list[str]:
-    # deferred: start-up (report: only the checks that use it)
-    from agentbox.credentials import brokerreport
-
     return brokerreport.candidates(config) if config.credentials.broker else []
 
 
 def _gh_login_on_host(config: Config) -> bool:
-    # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles
-
     return config.credentials.gh and Path(os.path.expanduser(loginfiles.GH_FILES[0])).is_file()
 
 
 def _check_other_logins(config: Config, guests: dict[str, list[Path]], probe: Probe) -> Check | None:
     """gh and netrc: shown only when the host has them (neither is needed)."""
-    # deferred: start-up (stage: only the checks that use it)
-    from agentbox.credentials import loginfiles
-
     on_host = [guest for guest, hosts in guests.items() if any(host.is_file() for host in hosts)]
     if not on_host:
         return None
@@ -781,9 +700,6 @@ def _login_state(
 
 def check_network(config: Config, probe: Probe, checks: list[Check]) -> None:
     """network.mode, what enforces it, and whether the VM's firewall is in place (agentbox.net.policy)."""
-    # deferred: start-up (guard, policy: only the checks that use it)
-    from agentbox.net import guard, policy
-
     settings = config.network
     enforcement, why = policy.enforcement(settings)
     proxy = guard.running(config.vm_name)
@@ -871,22 +787,3 @@ def check_guards(config: Config, probe: Probe, checks: list[Check]) -> None:
 
 
 # -- output ------------------------------------------------------------------------------------
-
-
-def format_text(checks: list[Check]) -> str:
-    lines = []
-    for check in checks:
-        lines.append(f"  {check.status:<6}{check.message}")
-        if check.hint and check.status != OK:
-            lines.append(f"{'':8}hint: {check.hint}")
-    fails = sum(check.status == FAIL for check in checks)
-    warns = sum(check.status == WARN for check in checks)
-    if fails or warns:
-        lines.append(f"{fails} problem{'s' if fails != 1 else ''}, {warns} warning{'s' if warns != 1 else ''}")
-    else:
-        lines.append("Everything looks fine.")
-    return "\n".join(lines) + "\n"
-
-
-def failed(checks: list[Check]) -> bool:
-    return any(check.status == FAIL for check in checks)

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from agentbox.remote import registry
+from agentbox.runtime.local import LocalRuntime
+from agentbox.runtime.sshhost import SshRuntime
+
 if TYPE_CHECKING:
     from agentbox.runtime.contract import Runtime
 
@@ -16,10 +20,5 @@ LOCAL = "local"
 def place(name: str) -> Runtime:
     """The runtime of `local` or of a host added with `agentbox hosts add` (UnknownHost otherwise)."""
     if name == LOCAL:
-        from agentbox.runtime.local import LocalRuntime
-
         return LocalRuntime()
-    from agentbox.remote import registry
-    from agentbox.runtime.sshhost import SshRuntime
-
     return SshRuntime(registry.require(name))

@@ -10,8 +10,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentbox import paths, vmread
-from agentbox.fsutil import private_dir, remove_unlisted
+from agentbox.errors import LimaError
+from agentbox.fsutil import atomic_write, private_dir, remove_unlisted
+from agentbox.logline import parse_log_line
 from agentbox.runtime.contract import STAGING, TASK, Handed, Job, NeedsTemplate, TaskSeen
+from agentbox.vm.lima import RUNNING, Lima
+from agentbox.vm.shellwatch import lima_verdict
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -39,13 +43,9 @@ class LocalRuntime:
         pass
 
     def __init__(self) -> None:
-        from agentbox.vm.lima import Lima
-
         self.lima = Lima()
 
     def describe(self) -> dict[str, Any]:
-        from agentbox.errors import LimaError
-
         try:
             version: str | None = self.lima.version()
         except (LimaError, OSError):
@@ -74,9 +74,6 @@ class LocalRuntime:
     def submit(self, job: Job) -> Handed:
         """Files first (the VM mounts their folders), then the shell; only when Lima says the VM is stopped or
         missing: `list`, create from the job's template, start, and the shell again (one call on a warm VM)."""
-        from agentbox.fsutil import atomic_write
-        from agentbox.vm.lima import RUNNING
-
         for name, data in job.files.items():
             _put(job.vm, job.task, name, data, 0o700 if name in job.executables else 0o600)
         if job.staging is not None:
@@ -186,9 +183,6 @@ def running_tasks() -> int:
 
 def _lima_said(stderr: str, vm: str) -> str | None:
     """Lima's fatal that the VM is stopped or missing (its last line), else None."""
-    from agentbox.logline import parse_log_line
-    from agentbox.vm.shellwatch import lima_verdict
-
     lines = [line for line in stderr.splitlines() if line.strip()]
     if not lines:
         return None

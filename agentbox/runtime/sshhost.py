@@ -5,13 +5,21 @@ reads what its VMs wrote, as the local runtime does here."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import io
 import json
+import re
+import socket
 import tarfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from agentbox import paths
+from agentbox.remote import registry
+from agentbox.remote.farclient import FAR_ROOT, Far
+from agentbox.remote.ssh import Transport
 from agentbox.runtime.contract import Handed, Job, NeedsTemplate, TaskSeen
+from agentbox.vm import golden, render
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -30,9 +38,6 @@ class SshRuntime:
     takes_logins = False  # a login reaches the VM there only as the broker's placeholder (agentbox.tasks.hostlogins)
 
     def __init__(self, host: Host) -> None:
-        from agentbox.remote.farclient import Far
-        from agentbox.remote.ssh import Transport
-
         self.host = host
         self.name = host.name
         self.transport = Transport(host.target())
@@ -42,8 +47,6 @@ class SshRuntime:
         """The project's VM on the host: its name here and the key of the provisioning it is built from (the base
         key, agentbox.vm.golden): a new agentbox or provisioning setting makes a new VM there on first use, never a
         VM provisioned differently from what this machine's VMs get. (The older one stays until deleted there.)"""
-        from agentbox.vm import golden
-
         return f"{vm_name}-{golden.key(config)[:8]}"
 
     def mirror(self, vm: str) -> str:
@@ -51,12 +54,6 @@ class SshRuntime:
 
     def key(self, task_id: int) -> str:
         """Its id and this machine's, so two laptops sharing a host never collide."""
-        import hashlib
-        import re
-        import socket
-
-        from agentbox import paths
-
         machine = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:24].strip("-") or "laptop"
         digest = hashlib.sha256(str(paths.state_dir()).encode()).hexdigest()[:8]
         return f"t{task_id}-{machine}-{digest}"
@@ -65,10 +62,6 @@ class SshRuntime:
         """agentbox's own template for the VM there (vm.render.render_remote): the config's resources and
         provisioning, no mount of the workspace, nothing of this machine's. Its two shared folders are the far
         end's, mounted at this machine's mirror paths, so every path the launch step names is right there too."""
-        from agentbox import paths
-        from agentbox.remote.farclient import FAR_ROOT
-        from agentbox.vm import render
-
         mirror = self.mirror(vm)
         return render.render_remote(
             config, vm,
@@ -76,8 +69,6 @@ class SshRuntime:
             render.RenderedMount(f"{FAR_ROOT}/vms/{vm}/outbox", str(paths.vm_outbox(mirror)), True))
 
     def answered(self, ok: bool) -> None:
-        from agentbox.remote import registry
-
         (registry.reached if ok else registry.unreachable)(self.host)
 
     def describe(self) -> dict[str, Any]:

@@ -6,9 +6,11 @@ lease, the company proxy's settings) is imported when they do (tests/test_own_ti
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox.config import keys
+from agentbox.progress import note
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -34,10 +36,9 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
     the host lacks for `agent` (the others are `agentbox doctor`'s to report)."""
     if not wanted(config):
         return None
+    # deferred: start-up (the broker's modules: a launch without the credential broker never loads them)
     from agentbox.credentials import brokerreport
     from agentbox.credentials.broker import brokered
-    from agentbox.progress import note
-
     prepared = brokered.prepare(vm_name, config)
     title = brokered.title_of(agent) if agent is not None else None
     said = brokerreport.recorded_notes(vm_name)  # a note stays in `agentbox doctor`; a launch says it once
@@ -47,6 +48,7 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
     brokerreport.record(vm_name, prepared, agent)  # what status/describe/doctor report, without parsing the logins
     if not prepared.hosts:  # no brokered login on the host: no CA to make or read
         return Brokered(prepared, None)
+    # deferred: start-up (net.certauthority: only when a brokered login is on the host)
     from agentbox.net import certauthority
 
     return Brokered(prepared, certauthority.ensure(vm_name, prepared.hosts))
@@ -57,6 +59,7 @@ def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]
     cost, when neither the network mode nor the broker needs the proxy."""
     if not (config.network.proxied or wanted(config)):
         return None
+    # deferred: start-up (the broker's and the proxy's modules: a launch in open mode without the broker)
     from agentbox.credentials.broker import brokered
     from agentbox.net import guard
 
@@ -76,14 +79,12 @@ def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]
 def upstream_settings(config: Config) -> dict[str, object] | None:
     """The company proxy agentbox's proxy goes on through and the CA certificates it trusts (agentbox.net.upstream),
     read here as pinned (the proxy process reads no file a config names); a proxy URL it cannot use is said."""
-    import os
-
+    # deferred: start-up (net.upstream and ssl: only a proxied launch)
     from agentbox.net import upstream
-    from agentbox.progress import note
-
     pems: list[str] = []
     for path, origin in ((config.ca_cert, "caCert"), (os.environ.get("NODE_EXTRA_CA_CERTS"), "NODE_EXTRA_CA_CERTS")):
         if path:
+            # deferred: start-up (only with caCert or NODE_EXTRA_CA_CERTS set)
             from agentbox.config import cacerts, pins
 
             text = pins.read(path, origin).decode("utf-8", errors="replace")

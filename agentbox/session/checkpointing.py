@@ -18,7 +18,12 @@ not a git repository gets one note, the first time only (remembered in its state
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
+import secrets
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -27,7 +32,7 @@ from typing import Any
 from agentbox import hosttools, paths, staginglayout, timing
 from agentbox.config.load import CheckpointSettings, Config
 from agentbox.errors import AgentboxError
-from agentbox.fsutil import pid_alive
+from agentbox.fsutil import atomic_write, pid_alive, private_dir
 from agentbox.git import store
 from agentbox.progress import note, warn
 from agentbox.review import checkpoints, scope
@@ -65,8 +70,6 @@ class SessionCheckpoints:
         if not self.settings.enabled:
             return
         if self.go_folder is not None:
-            import secrets
-
             sweep_go_markers(self.go_folder)
             self.go = secrets.token_hex(8)
         self._thread = threading.Thread(target=self._take_start, name="agentbox-checkpoint", daemon=True)
@@ -176,8 +179,6 @@ class SessionCheckpoints:
         """The go marker, written whole (atomically): the checkpoint's id, then this process's id (for the sweep)."""
         if self.go is None or self.go_folder is None:
             return
-        from agentbox.fsutil import atomic_write, private_dir
-
         number = self._start.checkpoint.id if self._start is not None else ""
         try:
             private_dir(self.go_folder)
@@ -246,14 +247,7 @@ def end_later(workspace: Path, spec: dict[str, Any]) -> None:
     """Start the end checkpoint in a process of its own (agentbox.session.endcheckpoint), detached from this one's
     terminal and pipes, holding the checkpoints' end lock (taken here first, so a reader that comes right after
     this process returns already finds it held)."""
-    import fcntl
-    import json
-    import subprocess
-    import sys
-
     lock = checkpoints.end_lock(workspace)
-    from agentbox.fsutil import private_dir
-
     private_dir(lock.parent)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
@@ -279,8 +273,6 @@ def _first_time(workspace: Path, mark: str) -> bool:
     if path.exists():
         return False
     try:
-        from agentbox.fsutil import private_dir
-
         private_dir(path.parent)
         path.touch()
     except OSError:

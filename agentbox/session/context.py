@@ -13,6 +13,7 @@ limactl call. Its fields are described in agentbox/schemas/context.schema.json (
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -21,12 +22,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from agentbox import __version__, paths, staginglayout
+from agentbox import __version__, paths, sizes, staginglayout
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config import keys
-from agentbox.credentials import loginfiles
+from agentbox.credentials import brokerreport, loginfiles
+from agentbox.fsutil import private_dir, write_if_changed
 from agentbox.net import policy, pushes
 from agentbox.session import guestenv
-from agentbox.vm import statefile
+from agentbox.vm import effective, render, statefile, workmode
 
 if TYPE_CHECKING:
     from agentbox.config.load import AgentConfig, Config
@@ -97,8 +100,6 @@ def build(
     if staged_credentials is None:
         staged_credentials = present_credentials(loginfiles.launch_files(config, agent))
         if brokered:
-            from agentbox.credentials import brokerreport
-
             staged_credentials = brokerreport.staged_for_vm(vm_name, staged_credentials)
     if env_keys is None:
         # the proxy's variables when a proxy serves the VM (its port does not matter here: names only)
@@ -166,8 +167,6 @@ def build(
 
 
 def _broker(config: Config, vm_name: str) -> dict[str, Any]:
-    from agentbox.credentials import brokerreport
-
     report = brokerreport.of(config, vm_name)
     report["meaning"] = (
         "The credential broker (credentials.broker). Brokered: the login files and API keys of these agents in "
@@ -186,8 +185,6 @@ def _broker(config: Config, vm_name: str) -> dict[str, Any]:
 
 def memory_files() -> list[str]:
     """The agents' user-level memory files in the guest that carry agentbox's block (the agents' records)."""
-    from agentbox.agents.builtin import BUILTIN_AGENTS
-
     return [spec.memory_file for spec in BUILTIN_AGENTS.values() if spec.memory_file]
 
 
@@ -208,8 +205,6 @@ def shown_location(location: str) -> str:
 
 
 def _vm(config: Config, vm_name: str, facts: dict[str, Any]) -> dict[str, Any]:
-    from agentbox.vm import render
-
     image = None
     if config.template is None and not {"base", "images"} & set(config.lima):
         image = render.IMAGE_BASE if config.image is None else shown_location(config.image.location)
@@ -238,8 +233,6 @@ def vm_facts(instance: Instance) -> dict[str, Any]:
 
 def vm_facts_for(config: Config, vm_name: str) -> dict[str, Any]:
     """Without asking Lima: what the last launch saw (the VM's record), else what the config asks for."""
-    from agentbox import sizes
-
     seen = statefile.read(vm_name).get("seen")
     if isinstance(seen, dict):
         return seen
@@ -254,8 +247,6 @@ def vm_facts_for(config: Config, vm_name: str) -> dict[str, Any]:
 
 def effective_mounts(instance: Instance) -> list[tuple[str, str, bool]] | None:
     """The mounts Lima reports the VM runs with (merged by mount point, as Lima merges them)."""
-    from agentbox.vm import effective
-
     mounts = instance.config.get("mounts")
     return effective.merged_mounts(mounts) if isinstance(mounts, list) else None
 
@@ -266,16 +257,12 @@ def mounts_for(config: Config, vm_name: str) -> list[tuple[str, str, bool]]:
     expected = statefile.read(vm_name).get("expected")
     if isinstance(expected, dict) and isinstance(expected.get("mounts"), list):
         return [(str(m[0]), str(m[1]), bool(m[2])) for m in expected["mounts"]]
-    from agentbox.vm import render
-
     return [(m.location, m.mount_point, m.writable) for m in render.mounts_for(config, vm_name)]
 
 
 def _mount(
     location: str, point: str, writable: bool, config: Config, workspace: str, vm_name: str
 ) -> dict[str, Any]:
-    from agentbox.vm import workmode
-
     configured = {m.mount_point for m in config.mounts}
     if point == workspace:
         role = "workspace"
@@ -297,8 +284,6 @@ def _mount(
 def present_credentials(host_files: list[str]) -> list[str]:
     """The guest paths (relative to the guest home) a launch would stage from host_files: the regular files
     that exist, the first one for each guest path (stat only: no file is read)."""
-    from agentbox.credentials import loginfiles
-
     found: list[str] = []
     for spec in host_files:
         guest = loginfiles.guest_path_for(spec)
@@ -314,8 +299,6 @@ def present_credentials(host_files: list[str]) -> list[str]:
 
 def _owners(config: Config, staged: list[str]) -> list[tuple[str, str]]:
     """Each staged file with whose login it is (an agent's name, gh or netrc)."""
-    from agentbox.credentials import loginfiles
-
     owners: dict[str, str] = {}
     for spec in loginfiles.GH_FILES:
         owners[loginfiles.guest_path_for(spec)[2:]] = "gh"
@@ -466,8 +449,6 @@ def _tools(config: Config) -> list[dict[str, Any]]:
 
 
 def _ask_for_more(config: Config) -> dict[str, Any]:
-    from agentbox import paths
-
     described = dict(keys.walk())
     changes = []
     for want, path in ASK_FOR:
@@ -534,10 +515,6 @@ def stage(folder: Path, document: dict[str, Any]) -> None:
     It also lets launch.sh skip all of it, without starting a process, when nothing changed since the last
     launch. The staged document is compact JSON: launch.sh's jq prints it indented.
     """
-    import hashlib
-
-    from agentbox.fsutil import private_dir, write_if_changed
-
     text = json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode()
     block = memory_block(document).encode()
     digests = f"{hashlib.sha256(text).hexdigest()}\n{hashlib.sha256(block).hexdigest()}\n".encode()

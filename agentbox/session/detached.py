@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import paths, resources, staginglayout, vmread
+from agentbox import livemarkers, paths, resources, staginglayout, vmread
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.safetext import visible
 
 if TYPE_CHECKING:
@@ -85,8 +86,6 @@ def events_folder(vm_name: str) -> Path:
 
 def live_folder(vm_name: str) -> Path:
     """Where running sessions and waiting or running tasks keep a marker fresh (agentbox.livemarkers)."""
-    from agentbox import livemarkers
-
     return livemarkers.folder(vm_name)
 
 
@@ -142,8 +141,6 @@ def parse_list(output: bytes) -> list[Row]:
 
 def resume_command(config: Config | None, agent: str | None) -> str | None:
     """`agentbox AGENT <resume flag>` from the agent registry, when the agent has one."""
-    from agentbox.agents.builtin import BUILTIN_AGENTS
-
     if not agent:
         return None
     known = config.agents if config is not None else {}
@@ -160,6 +157,7 @@ def iso_time(epoch: int | None) -> str | None:
 
 
 def local_time(epoch: int | None) -> str:
+    # deferred: start-up (tables imports click, which a launch never loads)
     from agentbox import tables
 
     return tables.local_time(epoch)

@@ -16,14 +16,15 @@ import os
 import sys
 from pathlib import Path
 
+from agentbox.config.load import CheckpointSettings
+from agentbox.fsutil import atomic_write
+from agentbox.review import checkpoints
+from agentbox.safetext import visible
+from agentbox.session.checkpointing import SessionCheckpoints
+
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
-    from agentbox.config.load import CheckpointSettings
-    from agentbox.fsutil import atomic_write
-    from agentbox.review import checkpoints
-    from agentbox.session.checkpointing import SessionCheckpoints
-
     checkpoints.hold_end()
     workspace = Path(spec["workspace"])
     said = io.StringIO()
@@ -34,8 +35,6 @@ def main(argv: list[str]) -> int:
                                             bool(spec["verbose"]))
         points.end_now(already_named=set(spec["named"]))
     except BaseException as exc:  # said like any failure of the end checkpoint, never lost
-        from agentbox.safetext import visible
-
         said.write(f"agentbox: warning: the end checkpoint was not taken: {type(exc).__name__}: "
                    f"{visible(str(exc))}\n")
     finally:

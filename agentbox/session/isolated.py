@@ -7,10 +7,13 @@ two host steps around the one `limactl shell` (agentbox.session.launch).
 from __future__ import annotations
 
 import os
+import secrets
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox.fsutil import private_dir
+from agentbox.git import snapshot, store
 from agentbox.progress import note, warn
 from agentbox.review import isolation
 from agentbox.safetext import visible
@@ -37,7 +40,7 @@ def begin(config: Config, vm_name: str, agent: str, chdir: str, points: SessionC
     unless the VM's copy already has a base with the same content: then that one is sent again and the copy,
     with the agent's earlier work in it, carries over.
     """
-    from agentbox.git import store
+    # deferred: start-up (review.proposals and its patch checks: an isolated session only, never a live launch)
     from agentbox.review import proposals
 
     workspace = config.require_workspace()
@@ -89,16 +92,12 @@ class Base(NamedTuple):
 def vm_commit(tree: str, head: str | None, message: str) -> str:
     """The id of the commit base.fi makes in the VM: its fields are fixed, so it follows from tree, head and
     message."""
-    from agentbox.git import store
-
     fmt = "sha1" if len(tree) == 40 else "sha256"
     return store.object_id(b"commit", store.commit_object(tree, head, message, 0), fmt)
 
 
 def _own_base(repo: Any, max_file_size: int) -> Base:
     """A commit of the workspace as it is, when no start checkpoint was taken (checkpoints off, or it failed)."""
-    from agentbox.git import snapshot, store
-
     snap = snapshot.take(repo, max_file_size)
     if snap.skipped:
         shown = ", ".join(f"{visible(path)} ({size:,} bytes)" for path, size in snap.skipped[:5])
@@ -113,8 +112,6 @@ def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, reco
     """The candidate with its commit id, recorded as a base agentbox gave the VM. The id follows from the tree,
     HEAD and how many times the copy was remade: the VM keeps its copy while it gets the same id, and a copy
     marked fresh (its proposal applied or rejected) gets a new one, so launch.sh makes it anew."""
-    from agentbox.git import store
-
     copies = record.setdefault("copies", {})
     if vm_name in record["fresh"]:
         copies[vm_name] = int(copies.get(vm_name, 0)) + 1
@@ -131,7 +128,8 @@ def _choose_base(repo: Any, workspace: Path, vm_name: str, candidate: Base, reco
 
 def _write_stream(repo: Any, path: Path, base: Base) -> None:
     """base.fi: the fast-import stream from which the VM makes the base commit (see the module's docstring)."""
-    from agentbox.git import read, store
+    # deferred: start-up (git.read: an isolated session only, never a live launch)
+    from agentbox.git import read
 
     entries = store.tree_entries(repo, base.tree)
     known: set[str] = set()
@@ -176,6 +174,7 @@ def _prune(record: dict[str, Any]) -> None:
 
 def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> None:
     """After the session: its changes (and any other finished session's) become proposals."""
+    # deferred: start-up (review.proposals and its patch checks: an isolated session only, never a live launch)
     from agentbox.review import proposals
 
     workspace = config.require_workspace()
@@ -207,7 +206,4 @@ def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> N
 
 
 def _session_id() -> str:
-    import secrets
-    import time
-
     return time.strftime("s-%Y%m%dT%H%M%SZ-", time.gmtime()) + secrets.token_hex(4)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentbox import paths, staginglayout, timing
+from agentbox.agents.builtin import BUILTIN_AGENTS  # deferred: start-up (only in allowlist or offline mode)
 from agentbox.credentials import writeback
 from agentbox.errors import StateError
 from agentbox.progress import note, warn
@@ -163,7 +164,8 @@ def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
     with timing.phase("sandbox description"):
         staging.stage_context(launch, refreshed, instance, start.checkpoint.id if start is not None else None)
     if launch.kept is not None and launch.kept.events is not None:
-        from agentbox.session import attention  # deferred: start-up (only a kept session watches for events)
+        # deferred: start-up (session.attention: only a kept session watches for events)
+        from agentbox.session import attention
 
         attention.ensure_watcher(name)  # before the shell: a closed terminal ends agentbox with it
     return _Prepared(refreshed, copy, handback, argv, workdir)
@@ -213,7 +215,7 @@ def _notes(launch: Launch, said: _Said, refreshed: staging.Refreshed) -> None:
 
 def _note_blocked_mcp_servers(launch: Launch, folder: Path) -> None:
     """Name the remote MCP servers the VM gets whose hosts the network policy blocks, and how to allow them."""
-    from agentbox.agents.builtin import BUILTIN_AGENTS  # deferred: start-up (only in allowlist or offline mode)
+    # deferred: start-up (net.policy, sync.mcphosts: only in allowlist or offline mode)
     from agentbox.net import policy
     from agentbox.sync import mcphosts
 
@@ -315,7 +317,8 @@ def _ssh_failed(name: str, instance: Instance, after: Instance) -> str:
 
 def _session_outcome(name: str, kept: staginglayout.SessionLaunch, code: int) -> int:
     """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
-    import click  # deferred: start-up (a launch never imports click; only a kept session's outcome echoes)
+    # deferred: start-up (click: a launch never loads it; only a kept session's outcome echoes)
+    import click
 
     reply = detached.take_reply(name, kept.reply)
     if reply is None or reply.name is None:

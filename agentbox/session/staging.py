@@ -299,7 +299,7 @@ def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | 
     write_if_changed(staging / NETWORK_RULES, policy.ruleset(config.network, proxy_port).encode(), 0o600)
     proxy = None
     if proxy_port is not None:
-        # Here, not at the top: a launch with neither proxy nor broker imports none of theirs (tests/test_own_time.py).
+        # deferred: start-up (net.guard: a launch with neither proxy nor broker never loads it)
         from agentbox.net import guard
 
         proxy = policy.ProxyAccess(proxy_port, guard.secret(name))

@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import paths
+from agentbox.credentials import writeback
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.vm import verified
+from agentbox.vm import lifecycle, statefile, verified, workmode
 from agentbox.vm.lima import LimaSaid
 
 if TYPE_CHECKING:
@@ -80,9 +82,6 @@ def usable(config: Config, name: str, workspace: Path) -> verified.Verified | No
     """The VM as the last launch checked it, when this launch may use it without a `list`: the same VM of this
     workspace, live, with nothing agentbox would change or ask about before the session (the slow path says and
     does those), and an outbox for the started mark."""
-    from agentbox.credentials import writeback
-    from agentbox.vm import lifecycle, statefile, workmode
-
     state = statefile.read(name)
     found = verified.cached(name, state)
     if found is None or lifecycle.workspace_of(found.instance) != str(workspace):
@@ -124,6 +123,7 @@ def fell_back(attempt: Attempt, code: int, lima_said: LimaSaid | None) -> bool:
     _take(attempt.proof)
     if started:
         if lima_said is not None:  # the program's own line after all
+            # deferred: start-up (vm.shellwatch: only when the program's line looked like Lima's)
             from agentbox.vm.shellwatch import write_stderr
 
             write_stderr(lima_said.line)
@@ -145,8 +145,6 @@ def _take(path: Path) -> bool:
 def sweep(name: str, older_than: float = STALE_SECONDS) -> None:
     """Marks and nonces left by launches that ended without their cleanup (a crash, a kill); a launch in flight
     is younger than that."""
-    import time
-
     limit = time.time() - older_than
     for folder, prefix in ((paths.staging_dir(name) / PROOF_DIR, ""), (paths.vm_outbox(name), STARTED_PREFIX)):
         with contextlib.suppress(OSError), os.scandir(folder) as entries:

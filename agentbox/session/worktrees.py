@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 from agentbox.config.load import Config
 from agentbox.errors import StateError, UsageError
+from agentbox.git import store
+from agentbox.safetext import visible
 
 FOLDER = ".agentbox/worktrees"
 BRANCH_PREFIX = "agentbox/"
@@ -38,8 +40,6 @@ def refuse_in_linked_worktree(repo: Any) -> None:
 
 def check_name(name: str) -> None:
     """Refuse what cannot be a worktree's name (a folder under FOLDER and a branch under BRANCH_PREFIX)."""
-    from agentbox.safetext import visible
-
     if not _NAME.fullmatch(name) or name.endswith((".lock", ".")) or ".." in name or re.fullmatch(r"task-\d+", name):
         raise UsageError(f"--worktree {visible(name)!r} is not a worktree name",
                          hint="Letters, digits, dots, dashes and underscores (up to 64), not task-N (tasks' own).")
@@ -47,8 +47,6 @@ def check_name(name: str) -> None:
 
 def session_worktree(config: Config, name: str) -> Worktree:
     """The worktree of `agentbox AGENT --worktree NAME`, checked."""
-    from agentbox.git import store
-
     check_name(name)
     workspace = config.require_workspace()
     repo = store.find(workspace)

@@ -26,8 +26,7 @@ class ProjectActivity:
         self.vms = {config.vm_name, *(agent.vm_name for agent in config.agents.values())}
 
     def __call__(self, since: float) -> bool:
-        # Asked only when a watched file changed: the task records' modules stay out of every other launch
-        # (tests/test_own_time.py counts what a warm launch imports).
+        # deferred: start-up (the task records: asked only when a watched file changed, tests/test_own_time.py)
         from agentbox.tasks import records
         from agentbox.tasks.transitions import ACTIVE
 

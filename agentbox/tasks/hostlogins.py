@@ -14,10 +14,12 @@ same remote port, when the connection to the host was remade; it ends both when 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentbox.credentials import loginfiles
 from agentbox.errors import StateError
 
 if TYPE_CHECKING:
@@ -34,16 +36,12 @@ PORTS = (20000, 60000)  # where a task's remote port is chosen (its key's digest
 def remote_port(key: str) -> int:
     """The host's 127.0.0.1 port a task's forward listens on: fixed for the task (the VM's proxy variables name
     it, and the forward is made again on it after a lost connection), spread by the task's key."""
-    import hashlib
-
     low, high = PORTS
     return low + int.from_bytes(hashlib.sha256(key.encode()).digest()[:4], "big") % (high - low)
 
 
 def refused_logins(config: Config, agent: AgentConfig, prepared: Prepared | None) -> list[str]:
     """The host login files this launch would stage as they are (each would be written on the remote host)."""
-    from agentbox.credentials import loginfiles
-
     if not config.credentials.enabled:
         return []
     found = []

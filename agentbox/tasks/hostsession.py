@@ -12,8 +12,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
 from agentbox.errors import StateError
-from agentbox.tasks import records
+from agentbox.remote import registry
+from agentbox.runtime.sshhost import SESSION_ENDED, SshRuntime
+from agentbox.tasks import jobs, keeper, records
+from agentbox.tasks.submit import TaskAsk
 
 if TYPE_CHECKING:
     from agentbox.vm import lifecycle
@@ -24,10 +28,6 @@ POLL = 0.3
 
 def start(control: lifecycle.VmControl, agent_name: str, args: list[str], host_name: str) -> records.Task:
     """Submit the session to host_name (the agent's interactive form with its default args and ARGS)."""
-    from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
-    from agentbox.tasks import jobs
-    from agentbox.tasks.submit import TaskAsk
-
     agent = control.config.agent(agent_name)
     control.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model,
@@ -48,10 +48,6 @@ def attach(task: records.Task) -> tuple[int, records.Task]:
     """Join the session on this terminal until the user detaches or it ends. Returns the far end's exit status
     (0: detached, SESSION_ENDED: it ended) and the record as it is then (after an end: once it came home,
     or ENDING_WAIT passed)."""
-    from agentbox.remote import registry
-    from agentbox.runtime.sshhost import SESSION_ENDED, SshRuntime
-    from agentbox.tasks import keeper
-
     task = keeper.step(task.id) or task  # installs the far end when it is missing, too
     if not task.active:
         raise StateError(f"{task.label}, a session on {task.host}, already ended: {task.state}",

@@ -14,18 +14,31 @@ the task's folder there and ends.
 from __future__ import annotations
 
 import base64
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from agentbox import timing
+from agentbox import hosttools, paths, runtime, timing
+from agentbox.config import load, trust
 from agentbox.errors import StateError
+from agentbox.fsutil import atomic_write, held, private_dir
+from agentbox.net import guard
 from agentbox.progress import note
+from agentbox.remote import registry
+from agentbox.remote.farclient import FarError
+from agentbox.remote.registry import UnknownHost
+from agentbox.remote.ssh import Transport, Unreachable
 from agentbox.runtime.contract import Handed, Job, NeedsTemplate, Runtime
 from agentbox.runtime.sshhost import SshRuntime, mirror_name
+from agentbox.safetext import visible
+from agentbox.session import brokersetup
 from agentbox.tasks import records
 from agentbox.tasks.transitions import CANCELLED, FAILED, RUNNING
 
@@ -43,9 +56,6 @@ def end_brokers(host: str) -> list[str]:
     """Stop this machine's proxy (the broker's way back) of every mirror of `host`'s VMs: the host is being
     forgotten (`hosts rm`), so nothing here serves it any more, whatever its keepers still hold. The mirrors
     whose proxy was stopped."""
-    from agentbox import paths
-    from agentbox.net import guard
-
     suffix = mirror_name("", host)
     try:
         names = sorted(entry.name for entry in os.scandir(paths.state_dir() / "vms")
@@ -57,8 +67,6 @@ def end_brokers(host: str) -> list[str]:
 
 def keep_job(task: records.Task, job: Job) -> None:
     """The job, kept beside the record until the host took it (hand_over reads it, now or later)."""
-    from agentbox.fsutil import atomic_write, private_dir
-
     data = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "argv": list(job.argv),
             "startTimeout": job.start_timeout, "staging": list(job.staging or []),
             "executables": sorted(job.executables),
@@ -80,8 +88,6 @@ SENT = "sent.json"  # beside this machine's mirror of a remote VM's staging: wha
 
 
 def _sent_file(task: records.Task) -> Any:
-    from agentbox import paths
-
     return paths.vm_state_dir(mirror_name(task.vm, task.host)) / SENT
 
 
@@ -103,8 +109,6 @@ def _changed(job: Job, sent: dict[str, str]) -> dict[str, bytes]:
 
 
 def _remember_sent(task: records.Task, job: Job, sent: dict[str, str]) -> None:
-    from agentbox.fsutil import atomic_write
-
     now = {name: digest for name, digest in sent.items() if job.staging is None or name[8:] in set(job.staging)}
     now.update({name: hashlib.sha256(data).hexdigest() for name, data in job.files.items()
                 if name.startswith("staging/")})
@@ -115,8 +119,6 @@ def hand_over(task: records.Task, place: Runtime, proxy_port: int | None) -> boo
     """Make the task's forward (when it has one: this machine's proxy at `proxy_port`) and submit its kept job;
     True when the place took it (the record is then Queued or Running, as its runner says), False when a host
     did not answer (it stays Pending). StateError when the place refused it."""
-    from agentbox.remote.ssh import Unreachable
-
     job = kept_job(task)
     if job is None:
         raise StateError(f"{task.label} has no job to hand over (its file {records.folder(task.id) / JOB_FILE} is "
@@ -160,8 +162,6 @@ def deliver(task: records.Task, place: Runtime, job: Job) -> Handed:
 def took(task: records.Task, job: Job, handed: Handed, where: str) -> None:
     """The place ran the job's launch step: the task is handed over (StateError when the step failed)."""
     if handed.code != 0:
-        from agentbox.safetext import visible
-
         raise StateError(f"the VM on {where} did not take {task.label}: the launch step exited {handed.code}"
                          + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
     if job.staging is not None:
@@ -179,9 +179,6 @@ def took(task: records.Task, job: Job, handed: Handed, where: str) -> None:
 def cancel(task: records.Task) -> None:
     """Cancel a Job: one still waiting for its host is simply Cancelled; else its runner there is asked
     (StateError when the host does not answer: nothing was delivered)."""
-    from agentbox import runtime
-    from agentbox.remote.ssh import Unreachable
-
     with records.locked():
         fresh = records.get(task.id) or task
         if fresh.active and not fresh.handed:
@@ -200,10 +197,6 @@ def cancel(task: records.Task) -> None:
 
 def start(task_id: int) -> None:
     """Start the task's keeper, detached (it ends by itself with the task)."""
-    import subprocess
-
-    from agentbox import hosttools
-
     env = hosttools.environ()
     subprocess.Popen([sys.executable, "-m", "agentbox.tasks.keeper", str(task_id)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -248,10 +241,6 @@ class Keeping:
 
     def close(self, task: records.Task, transport: Any) -> None:
         """The task ended: its forward and, when no other task of that VM is active, the proxy end."""
-        import contextlib
-
-        from agentbox.net import guard
-
         if task.forward_port is None or self.closed:
             return
         if task.forward_local is not None:
@@ -268,9 +257,6 @@ class Keeping:
 
 
 def _close(task: records.Task, keeping: Keeping) -> None:
-    from agentbox.remote import registry
-    from agentbox.remote.ssh import Transport
-
     host = registry.get(task.host) if task.forward_port is not None else None
     if host is None:  # no forward, or a forgotten host (`hosts rm`): its forwards went with its connection
         if keeping.lease is not None:
@@ -287,18 +273,11 @@ def _close(task: records.Task, keeping: Keeping) -> None:
 
 def running(task_id: int) -> bool:
     """Whether the task's keeper runs (it holds its lock)."""
-    from agentbox.fsutil import held
-
     return held(records.folder(task_id) / LOCK)
 
 
 def _proxy_lease(task: records.Task) -> Any:
     """This machine's proxy for the task's remote VM, from the workspace's config as it is now (trusted)."""
-    from pathlib import Path
-
-    from agentbox.config import load, trust
-    from agentbox.session import brokersetup
-
     config = load.load(Path(task.workspace))
     trust.require_trust(config)
     agent = config.agent(task.agent)
@@ -308,11 +287,6 @@ def _proxy_lease(task: records.Task) -> Any:
 def step(task_id: int, keeping: Keeping | None = None) -> records.Task | None:
     """One look at the place for an active Job (or one whose results are not home yet); the record, updated.
     Only the keeper (with `keeping`) hands a waiting task over and keeps the forward."""
-    from agentbox import runtime
-    from agentbox.remote.farclient import FarError
-    from agentbox.remote.registry import UnknownHost
-    from agentbox.remote.ssh import Unreachable
-
     task = records.get(task_id)
     if task is None or not task.job or task.settled:
         return task
@@ -416,8 +390,6 @@ def _bring_home(task_id: int, runtime: Runtime) -> None:
     """The ended task's outputs and changes, from the place into the record; then its folder there goes. This
     machine's task folder is its id's (LocalRuntime.key): its outputs are moved whole by a rename, and a file the VM
     made a link is named as not taken (agentbox.tasks.records.harvest)."""
-    from agentbox.fsutil import atomic_write
-
     ended = records.get(task_id)
     if ended is None:
         return
@@ -442,8 +414,6 @@ def _bring_home(task_id: int, runtime: Runtime) -> None:
 
 
 def main(argv: list[str]) -> int:
-    import fcntl
-
     task_id = int(argv[0])
     try:
         fd = os.open(records.folder(task_id) / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)

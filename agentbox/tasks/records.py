@@ -36,8 +36,12 @@ from typing import TYPE_CHECKING, Any
 from agentbox import fsutil, paths, vmread
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.git import read, snapshot, store
+from agentbox.review import checkpoints, migrate, proposals
+from agentbox.safetext import visible
 from agentbox.tasks import transitions
 from agentbox.tasks.transitions import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
+from agentbox.vm.lima import Lima
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -290,8 +294,6 @@ def lookup(spec: str, candidates: list[Task] | None = None) -> Task:
         if len(named) > 1:
             raise UnknownTask(f"{len(named)} tasks are named {spec!r} (ids {', '.join(str(t.id) for t in named)})",
                               hint="Name the task by its id.")
-    from agentbox.safetext import visible
-
     raise UnknownTask(f"there is no task {visible(spec)!r}",
                       hint="`agentbox tasks --all` lists the recorded tasks (ids and names).")
 
@@ -383,8 +385,6 @@ def apply_seen(task: Task, seen: dict[str, Any]) -> bool:
 
 def vm_statuses(names: Iterable[str]) -> dict[str, str | None]:
     """The Lima status of each VM (None: it does not exist), from one `limactl list`."""
-    from agentbox.vm.lima import Lima
-
     listed = Lima().instances()
     return {name: (listed[name].status if name in listed else None) for name in names}
 
@@ -473,8 +473,6 @@ def harvest(task: Task) -> None:
 def _take_changes_from(task: Task, box: int | None) -> None:
     """An isolated task's changes.patch and summary.md, read from its outbox folder (vmread's rules: no link,
     regular files, capped), made a proposal."""
-    from agentbox.review import proposals
-
     patch = summary = None
     problem = None
     if box is not None:
@@ -490,9 +488,6 @@ def take_changes(task: Task, patch: bytes | None, summary: bytes | None, problem
     """An ended isolated task's changes, as bytes (from its local outbox folder, or fetched from a remote host):
     a non-empty patch becomes a proposal whose base is the task's; the record notes which (or why there is
     none). Call locked; the caller saves the record."""
-    from agentbox.errors import AgentboxError
-    from agentbox.review import proposals
-
     if problem is not None:
         task.outcome = f"its changes were not taken: {problem}"
         return
@@ -629,9 +624,6 @@ def parse_duration(text: str) -> int:
 def diff_range(config: Config, spec: str) -> tuple[Repo, str, str, list[tuple[str, int]]]:
     """What `agentbox diff --since task:ID` compares: (repository, the task's start tree, the tree now, files
     left out for their size). A worktree task: its branch's start commit against its worktree as it is."""
-    from agentbox.git import read, snapshot, store
-    from agentbox.review import checkpoints, migrate
-
     task = lookup(spec)
     if task.worktree:
         repo = store.find(Path(task.worktree))

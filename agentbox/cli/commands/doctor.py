@@ -6,7 +6,7 @@ import json
 
 import click
 
-from agentbox.cli import diagnosis
+from agentbox.cli import diagnosis, verdicts
 from agentbox.vm.lima import Lima
 
 
@@ -22,6 +22,6 @@ def doctor_command(ctx: click.Context, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([check.to_json() for check in checks], indent=2, ensure_ascii=False))
     else:
-        click.echo(diagnosis.format_text(checks), nl=False)
-    if diagnosis.failed(checks):
+        click.echo(verdicts.format_text(checks), nl=False)
+    if verdicts.failed(checks):
         ctx.exit(1)

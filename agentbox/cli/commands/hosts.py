@@ -4,22 +4,27 @@ from __future__ import annotations
 
 import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from agentbox import runtime, tables
 from agentbox.cli.commands.common import load_config
-from agentbox.cli.diagnosis import FAIL, OK, WARN, Check, failed, format_text, version_tuple
+from agentbox.cli.verdicts import FAIL, OK, WARN, Check, failed, format_text, version_tuple
 from agentbox.errors import AgentboxError, StateError
 from agentbox.progress import note, say, warn
 from agentbox.remote import registry
 from agentbox.remote.farclient import Far, FarError
 from agentbox.remote.registry import Host
+from agentbox.remote.ssh import Transport, Unreachable
+from agentbox.runtime.sshhost import SshRuntime
 from agentbox.safetext import visible
+from agentbox.tasks import keeper, records
+from agentbox.vm.render import MINIMUM_LIMA_VERSION
 
 if TYPE_CHECKING:
-    from agentbox.cli.diagnosis import Check
+    from agentbox.cli.verdicts import Check
     from agentbox.remote.registry import Host
 
 def _local_host() -> Host:
@@ -121,9 +126,6 @@ def doctor_command(ctx: click.Context, name: str, as_json: bool) -> None:
 @click.option("--force", is_flag=True, help="Also when tasks on it are still active (they become Failed).")
 def rm_command(name: str, force: bool) -> None:
     """Forget a host (nothing on it is touched: its VMs stay until you delete them there)."""
-    # deferred: start-up (keeper, records: only the commands here that use it)
-    from agentbox.tasks import keeper, records
-
     registry.require(name)
     active = [task for task in records.all_tasks() if task.active and task.host == name]
     if active and not force:
@@ -147,9 +149,6 @@ def rm_command(name: str, force: bool) -> None:
 def _cancel_there(task: Any) -> None:
     """Best effort, before its host is forgotten: the task's runner there is asked to stop (the host may not
     answer; then it runs on there, and nothing of it is collected)."""
-    # deferred: start-up (runtime.sshhost: only the commands here that use it)
-    from agentbox.runtime.sshhost import SshRuntime
-
     host = registry.get(task.host)
     if host is None or not task.handed or not task.remote_key:
         return
@@ -159,9 +158,6 @@ def _cancel_there(task: Any) -> None:
 
 def host_checks(host: Host) -> list[Check]:
     """Reach the host and judge what it says of itself."""
-    # deferred: start-up (remote.ssh: only the commands here that use it)
-    from agentbox.remote.ssh import Transport, Unreachable
-
     if host is LOCAL_HOST:
         return _judged(runtime.place(runtime.LOCAL).describe())
     where = _address(host)
@@ -186,9 +182,6 @@ def host_checks(host: Host) -> list[Check]:
 
 def _judged(facts: dict[str, Any]) -> list[Check]:
     """What a place's facts (the runtime contract's `describe`) say of Lima, virtualisation and disk there."""
-    # deferred: start-up (vm.render: only the commands here that use it)
-    from agentbox.vm.render import MINIMUM_LIMA_VERSION
-
     checks: list[Check] = []
     version = _shown(facts.get("limaVersion") or "")
     if not facts.get("limactl"):
@@ -220,11 +213,6 @@ def _judged(facts: dict[str, Any]) -> list[Check]:
 def _ask_all(found: list[Host]) -> list[tuple[Host, dict[str, Any] | None, str | None]]:
     """Each host's facts (the runtime contract's `describe`), asked in parallel; (host as recorded now, None, why)
     for one that did not answer."""
-    # deferred: start-up (concurrent.futures, remote.ssh: only the commands here that use it)
-    from concurrent.futures import ThreadPoolExecutor
-
-    from agentbox.remote.ssh import Unreachable
-
     def ask(host: Host) -> tuple[Host, dict[str, Any] | None, str | None]:
         if host is LOCAL_HOST:
             try:
@@ -259,9 +247,6 @@ def _slots(ctx: click.Context) -> dict[str, int]:
 
 def _json_row(host: Host, facts: dict[str, Any] | None, error: str | None, slots: dict[str, int]) -> dict[str, Any]:
     """A host for `hosts ls --json`: times in ISO 8601 (UTC), and why it did not answer each time it did not."""
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     limit = slots.get(host.name, slots.get("*", 2))
     running = int((facts or {}).get("running") or 0)
     return {"name": host.name, "url": host.url, "reachable": facts is not None, "error": error,
@@ -292,9 +277,6 @@ def _gib(value: Any) -> str:
 
 
 def _close(name: str) -> None:
-    # deferred: start-up (remote.ssh: only the commands here that use it)
-    from agentbox.remote.ssh import Transport
-
     host = registry.get(name)
     if host is not None:
         Transport(host.target()).close()

@@ -20,9 +20,13 @@ import click
 
 from agentbox import paths
 from agentbox.cli.commands.common import load_config, vm_control
+from agentbox.config import edit, load, trust
+from agentbox.credentials import brokerreport, pushreport
 from agentbox.errors import StateError, UsageError
+from agentbox.net import guard, policy, proxy
 from agentbox.progress import emit, note, say
 from agentbox.safetext import visible
+from agentbox.session import prepare, staging, warm
 from agentbox.vm import lifecycle
 
 if TYPE_CHECKING:
@@ -120,9 +124,6 @@ def net_group() -> None:
 def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the mode, what enforces it, what the proxy lets through and whether it runs, and the credential
     broker: which agents' logins it keeps on the host, which are staged, its CA."""
-    # deferred: start-up (report, guard: only the commands here that use it)
-    from agentbox.credentials import brokerreport
-    from agentbox.net import guard
     config = load_config(ctx, describe=True)
     report = guard.describe(config.network, config.vm_name, _agents(config))
     broker = brokerreport.of(config, config.vm_name)
@@ -179,8 +180,6 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, bro
     the agent whose credential it carried: substitute (the real value put in on the host), answer (a token
     request answered on the host), pass (no credential) or deny. Never a secret.
     """
-    # deferred: start-up (guard: only the commands here that use it)
-    from agentbox.net import guard
     config = load_config(ctx, describe=True)
     path = guard.log_path(config.vm_name)
     if not path.exists() and not follow:
@@ -224,8 +223,6 @@ def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only:
 
 
 def _print_entry(raw: bytes, as_json: bool) -> None:
-    # deferred: start-up (pushreport: only the commands here that use it)
-    from agentbox.credentials import pushreport
     text = raw.decode(errors="replace").rstrip("\n")
     if as_json:
         click.echo(visible(text))
@@ -268,9 +265,6 @@ def allow_command(ctx: click.Context, host: str, global_: bool) -> None:
     A project's file that allows more than the global config needs `agentbox trust` again after this. With
     --global: the global config. A running proxy uses the new list at once.
     """
-    from agentbox.cli.commands.common import load_config
-    from agentbox.config import edit, load, trust
-    from agentbox.net import guard, policy, proxy
     problem = policy.check_host_pattern(host) or proxy.own_address_problem(host)
     if problem:
         local = "the host itself" in problem
@@ -318,10 +312,6 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
     Runs as a session would (the VM's firewall and proxy variables in place). Exit status: 0 allowed,
     1 blocked by policy, 3 no route.
     """
-    from agentbox.errors import StateError, UsageError
-    from agentbox.safetext import visible
-    from agentbox.session import prepare, staging, warm
-
     parsed = urlsplit(url if "://" in url else f"https://{url}")
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         raise UsageError(f"{visible(url)} is not an http:// or https:// address",
@@ -357,9 +347,6 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
 
 def _verdict(result: dict[str, Any], config: Config) -> tuple[int, str]:
     """The exit status and the sentence for what the guest's check saw."""
-    # deferred: start-up (proxy: only the commands here that use it)
-    from agentbox.net import proxy
-
     direct = str(result.get("direct", ""))
     if result.get("via") == "direct":
         if direct == "connected":

@@ -17,6 +17,7 @@ from agentbox import tables
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
 from agentbox.config import trust
 from agentbox.progress import note, say
+from agentbox.review import patchview, proposals
 from agentbox.safetext import visible, visible_text
 
 if TYPE_CHECKING:
@@ -27,9 +28,6 @@ ID = click.argument("proposal_id", metavar="[ID]", required=False)
 
 def _workspace(ctx: click.Context, acts: bool) -> tuple[Config, Path]:
     """The config and workspace, with finished sessions collected. Commands that change something need trust."""
-    # deferred: start-up (proposals: only the commands here that use it)
-    from agentbox.review import proposals
-
     config = load_config(ctx, describe=not acts)
     if acts:
         trust.require_trust(config)
@@ -48,8 +46,6 @@ def _workspace(ctx: click.Context, acts: bool) -> tuple[Config, Path]:
 @click.pass_context
 def proposals_command(ctx: click.Context, as_json: bool) -> None:
     """List the proposals of isolated sessions in this workspace."""
-    # deferred: start-up (proposals: only the commands here that use it)
-    from agentbox.review import proposals
     _, workspace = _workspace(ctx, acts=False)
     found = proposals.all_proposals(workspace)
     if as_json:
@@ -71,8 +67,6 @@ def proposals_command(ctx: click.Context, as_json: bool) -> None:
 
 def _headline(workspace: Path, proposal: dict[str, Any]) -> str:
     """The first line of the agent's summary, shown safely (a generated summary has none worth showing)."""
-    # deferred: start-up (proposals: only the commands here that use it)
-    from agentbox.review import proposals
     if proposal.get("problem"):
         return "(apply refuses it: the patch cannot be read)"
     if proposal.get("summary") != "agent":
@@ -91,8 +85,6 @@ def review_command(ctx: click.Context, proposal_id: str | None) -> None:
     Without ID, the newest pending proposal. On a terminal every control character is shown escaped;
     piped, the summary and patch are written as they are.
     """
-    # deferred: start-up (patchview, proposals: only the commands here that use it)
-    from agentbox.review import patchview, proposals
     _, workspace = _workspace(ctx, acts=False)
     proposal = proposals.find(workspace, proposal_id)
     patch = proposals.read_patch(workspace, proposal)
@@ -135,9 +127,6 @@ def _review_header(workspace: Path, proposal: dict[str, Any], flagged: set[str],
 
 
 def proposals_patch(workspace: Path, proposal: dict[str, Any]) -> Path:
-    # deferred: start-up (proposals: only the commands here that use it)
-    from agentbox.review import proposals
-
     return proposals.patch_path(workspace, proposal)
 
 
@@ -157,9 +146,6 @@ def apply_command(ctx: click.Context, proposal_id: str | None, check: bool, thre
     submodules, files the host runs) and refuses it whole; it takes a checkpoint, so `agentbox undo`
     returns to the workspace as it was. A failure leaves the workspace exactly as it was.
     """
-    # deferred: start-up (proposals: only the commands here that use it)
-    from agentbox.review import proposals
-
     config, workspace = _workspace(ctx, acts=True)
     result = proposals.apply(workspace, proposal_id, check_only=check, three_way=three_way,
                              allow_host_exec=allow_host_exec, settings=config.checkpoints)
@@ -180,9 +166,6 @@ def apply_command(ctx: click.Context, proposal_id: str | None, check: bool, thre
 def reject_command(ctx: click.Context, proposal_id: str | None) -> None:
     """Reject a proposal (without ID: the newest pending one). Its files are kept; the VM's copy of the workspace
     is made anew at the next isolated session."""
-    # deferred: start-up (proposals: only the commands here that use it)
-    from agentbox.review import proposals
-
     _, workspace = _workspace(ctx, acts=True)
     proposal, superseded = proposals.reject(workspace, proposal_id)
     with_it = ""

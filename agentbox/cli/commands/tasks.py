@@ -13,22 +13,23 @@ import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import click
 
-from agentbox import tables
-from agentbox.agents.builtin import BUILTIN_AGENTS, DEFAULT_AGENT
+from agentbox import runtime, tables
 from agentbox.cli.commands import ending
-from agentbox.cli.commands.common import load_config, vm_control
-from agentbox.errors import AgentboxError, UsageError
+from agentbox.cli.commands.common import load_config
+from agentbox.errors import AgentboxError
 from agentbox.progress import note, warn
+from agentbox.remote.registry import UnknownHost
+from agentbox.remote.ssh import Unreachable
 from agentbox.safetext import visible, visible_text
-from agentbox.session.worktrees import check_name
-from agentbox.tasks import transitions
+from agentbox.tasks import keeper, records, transitions
+from agentbox.tasks.records import parse_duration
 
 if TYPE_CHECKING:
-    from agentbox.config.load import Config
     from agentbox.tasks.records import Task
 
 WAIT_TIMEOUT_EXIT = 75  # `agentbox wait --timeout` ran out before the task ended (the task goes on)
@@ -39,111 +40,13 @@ CANCEL_WAIT = 15.0  # seconds `cancel` waits for the runner to confirm (grace pe
 FAILED_STATES = frozenset({transitions.FAILED, transitions.TIMEOUT})  # their outputs say why: pruned only when asked
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    # deferred: start-up (tasks.records: only the commands here that use it)
-    from agentbox.tasks.records import parse_duration
-
+def duration(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
     if value is None:
         return None
     try:
         return parse_duration(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
-
-
-@click.command("run", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--agent", "agent_name", metavar="NAME", help="The agent (default: claude, or the only one you "
-              "defined).")
-@click.option("--name", metavar="N", help="A name for the task (commands take it instead of the id).")
-@click.option("--timeout", metavar="DURATION", callback=_duration,
-              help="Stop the task after this long (90, 90s, 10m, 1h30m): it ends as Timeout.")
-@click.option("--worktree", metavar="NAME", is_flag=False, flag_value="", default=None,
-              help="Run in the git worktree .agentbox/worktrees/NAME on the branch agentbox/NAME (made, or used "
-              "again); alone (before another option or --): a worktree of its own, task-ID.")
-@click.option("--on", "place", metavar="PLACE", help="An isolated task: the agent works on a copy of the workspace "
-              "in the VM of PLACE (local: this machine's; a host added with `agentbox hosts add`; any: the first "
-              "of tasks.hosts with a free slot), and what it changed comes back as a proposal "
-              "(`agentbox review`, `apply`); the workspace is not touched.")
-@click.option("--isolated", is_flag=True, help="The same as --on local.")
-@click.option("-d", "--detach", is_flag=True, hidden=True, help="Accepted for symmetry: a task always runs detached.")
-@click.argument("prompt", nargs=-1, required=False)
-@click.pass_context
-def run_command(ctx: click.Context, agent_name: str | None, name: str | None, timeout: int | None,
-                worktree: str | None, place: str | None, isolated: bool, detach: bool,
-                prompt: tuple[str, ...]) -> None:
-    """Run an agent on PROMPT in the background, in the project's VM; print the task's id.
-
-    The prompt is the arguments after the options (`--` first if it starts with a dash), or standard
-    input when there are none; it reaches the agent byte for byte as one argument of its non-interactive
-    form (`claude -p`, `codex exec`, `gemini -p`, `kiro-cli chat --no-interactive`, ...; agents.NAME.taskArgs).
-    At most tasks.maxConcurrent tasks run at once in a VM: the others wait, Queued, and start in order as
-    slots free. Follow them with `agentbox tasks`, `logs ID -f`, `wait ID`; `cancel ID` stops one.
-    """
-    # deferred: start-up (submit: only the commands here that use it)
-    from agentbox.tasks import submit
-
-    if isolated and place is None:
-        place = "local"
-    if place is not None and worktree is not None:
-        raise UsageError("--on (an isolated task) and --worktree do not go together: an isolated task has a copy "
-                         "of its own", hint="Drop one of them.")
-    text = _prompt(prompt)
-    if name is not None and (not name or name.isdigit() or any(ord(c) < 0x20 for c in name)):
-        raise UsageError(f"--name {name!r} is not a task name: use letters, not only digits (ids are numbers)")
-    if worktree:
-        check_name(worktree)
-    control = vm_control(ctx)
-    agent = _agent(control.config, agent_name)
-    if place == "any":
-        from agentbox.tasks import places
-
-        place = places.choose(control.config)
-        note(f"--on any: {place}")
-    ask = submit.TaskAsk(agent, text, name=name, timeout=timeout, worktree=worktree is not None,
-                          worktree_name=worktree or None)
-    if place is not None:
-        from agentbox.tasks import jobs
-
-        task = jobs.submit(control, ask, place)
-    else:
-        task = submit.submit(control, ask)
-    click.echo(task.id)
-    where = f" in {task.worktree} (branch {task.branch})" if task.worktree else ""
-    if task.isolated:
-        where = " on a copy of the workspace (its changes come back as a proposal)"
-    if task.remote:
-        where = f" on {task.host}" + where
-    note(f"{task.label}: {agent} is {task.state.lower()}{where}; `agentbox logs {task.id} -f` follows it, "
-         f"`agentbox wait {task.id}` waits for it")
-
-
-def _prompt(words: tuple[str, ...]) -> bytes:
-    if words:
-        text = " ".join(words).encode("utf-8", "surrogateescape")
-    else:
-        if sys.stdin is None or sys.stdin.isatty():
-            raise UsageError("no prompt: give it after the options, or on standard input",
-                             hint="agentbox run -- 'fix the failing test'   or   agentbox run < prompt.txt")
-        text = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read().encode()
-    if not text.strip():
-        raise UsageError("the prompt is empty")
-    if b"\0" in text:
-        raise UsageError("the prompt contains a NUL byte, which no program argument can carry")
-    return text
-
-
-def _agent(config: Config, wanted: str | None) -> str:
-    agents = config.agents
-    if wanted is None:
-        custom = [name for name in agents if name not in BUILTIN_AGENTS]
-        return custom[0] if len(custom) == 1 else DEFAULT_AGENT
-    if wanted not in agents:
-        raise UsageError(f"--agent {wanted!r} is not an agent agentbox knows",
-                         hint=f"One of: {', '.join(agents)} (or define it under agents: in agentbox.yml).")
-    return wanted
-
-
-# -- tasks ----------------------------------------------------------------------------------------
 
 
 @click.group("tasks", invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
@@ -180,9 +83,6 @@ def tasks_ls_command(ctx: click.Context, as_json: bool, show_all: bool, refresh:
 
 
 def _list_tasks(ctx: click.Context, as_json: bool, show_all: bool, refresh: bool = False) -> None:
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     found = _selected(ctx, show_all)
     found = _asked(records.refresh(found), hosts=refresh)  # this machine's Jobs are always asked: no host to wait for
     if as_json:
@@ -210,9 +110,6 @@ def _keep_following(found: list[Task]) -> None:
     wanted = _unsettled_jobs(found)
     if not wanted:
         return
-    # deferred: start-up (keeper: only the commands here that use it)
-    from agentbox.tasks import keeper
-
     started = 0
     for task in wanted:
         if started < KEEPERS_PER_LISTING and not keeper.running(task.id):
@@ -223,10 +120,6 @@ def _keep_following(found: list[Task]) -> None:
 def _asked(found: list[Task], hosts: bool) -> list[Task]:
     """Each Job that is active (or whose results are not home yet) asked of its place, in parallel: this
     machine's always, a host's only when `hosts`."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from agentbox.tasks import keeper
-
     wanted = [task for task in _unsettled_jobs(found) if hosts or not task.remote]
     if not wanted:
         return found
@@ -237,9 +130,6 @@ def _asked(found: list[Task], hosts: bool) -> list[Task]:
 
 
 def _selected(ctx: click.Context, show_all: bool) -> list[Task]:
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     everything = records.all_tasks()
     if show_all:
         return everything
@@ -294,9 +184,6 @@ def prune_command(ctx: click.Context, show_all: bool, yes: bool) -> None:
     Completed and cancelled tasks go without a question. Failed and timed-out ones keep what tells why: on a
     terminal they are listed and you are asked first; without one they stay unless --yes is given.
     """
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     ended = [task for task in records.refresh(_selected(ctx, show_all)) if not task.active]
     failed = [task for task in ended if task.state in FAILED_STATES]
     chosen = [task for task in ended if task.state not in FAILED_STATES]
@@ -337,9 +224,6 @@ def _ended_how(task: Task) -> str:
 
 
 def _one(spec: str) -> Task:
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     task = records.lookup(spec)
     if task.job:
         return _look(task)
@@ -348,9 +232,6 @@ def _one(spec: str) -> Task:
 
 def _look(task: Task) -> Task:
     """A remote task, asked of its host now (its last known state when the host does not answer)."""
-    # deferred: start-up (keeper: only the commands here that use it)
-    from agentbox.tasks import keeper
-
     if task.settled:
         return task
     return keeper.step(task.id) or task
@@ -362,9 +243,6 @@ def _look(task: Task) -> Task:
 def logs_command(follow: bool, task_id: str) -> None:
     """Print a task's output: its stdout on stdout, its stderr on stderr (control characters escaped on a
     terminal, the exact bytes otherwise)."""
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     task = _one(task_id)
     streams = {"stdout": sys.stdout.buffer, "stderr": sys.stderr.buffer}
     if task.job:
@@ -402,12 +280,6 @@ def logs_command(follow: bool, task_id: str) -> None:
 def _job_logs(task: Task, follow: bool, decoders: dict[str, _Escaper]) -> None:
     """A Job's output: read from its place while it runs (a host over its connection), from the record once its
     keeper brought it home; each byte once."""
-    from agentbox import runtime
-    from agentbox.progress import note
-    from agentbox.remote.registry import UnknownHost
-    from agentbox.remote.ssh import Unreachable
-    from agentbox.tasks import records
-
     offsets = dict.fromkeys(decoders, 0)
     said_unreachable = False
     try:
@@ -469,16 +341,13 @@ class _Escaper:
 
 
 @click.command("wait", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--timeout", metavar="DURATION", callback=_duration,
+@click.option("--timeout", metavar="DURATION", callback=duration,
               help=f"Give up after this long (90s, 10m, ...), exiting {WAIT_TIMEOUT_EXIT}; the task goes on.")
 @click.argument("task_id", metavar="ID")
 @click.pass_context
 def wait_command(ctx: click.Context, timeout: int | None, task_id: str) -> None:
     """Wait for a task to end; exit with its exit code (124 when it timed out, 130 when it was cancelled,
     1 when it failed without one)."""
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     task = _one(task_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     last_vm_check = time.monotonic()
@@ -528,16 +397,11 @@ def _report_changes(task: Task) -> None:
 def cancel_command(task_id: str) -> None:
     """Cancel a task: a queued one is dequeued; a running one gets TERM (its process group), then KILL
     after a grace period."""
-    # deferred: start-up (records: only the commands here that use it)
-    from agentbox.tasks import records
-
     task = _one(task_id)
     if not task.active:
         raise AgentboxError(f"{task.label} already ended: {task.state}",
                             hint="`agentbox tasks prune` forgets ended tasks.")
     if task.job:
-        from agentbox.tasks import keeper
-
         keeper.cancel(task)
     else:
         records.request_cancel(task)
