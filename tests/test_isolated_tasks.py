@@ -209,3 +209,18 @@ def test_an_isolated_task_runs_on_an_isolated_vm(project: Path, isolated_vm: Fak
     assert record(project, task_id)["proposal"] is not None
     assert snapshot_tree(project) == before
     assert git(project, "status", "--porcelain")  # the user's uncommitted work is still there
+
+
+def test_its_keeper_brings_a_local_task_home_without_a_command(project: Path, tasks_vm: FakeLima) -> None:
+    """`--on local` is a runtime Job like `--on HOST`: its keeper follows it through this machine's runtime, so the
+    proposal is made though no agentbox command looks at the task."""
+    task_id = run_task(project, "--on", "local", EDITS)
+    record_file = paths.tasks_dir() / str(task_id) / "task.json"
+
+    def record_now() -> dict:
+        return json.loads(record_file.read_text())
+
+    done = wait_for(record_now, 60, "the keeper bringing the task home", until=lambda task: task["harvested"])
+    assert done["state"] == "Completed" and done["proposal"] == 1
+    assert done["remote_key"] == str(task_id)  # a Job's key here is its id
+    assert (paths.tasks_dir() / str(task_id) / "stdout").read_bytes()  # the output, moved into the record

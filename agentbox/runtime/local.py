@@ -12,10 +12,8 @@ from typing import TYPE_CHECKING, Any
 from agentbox import paths, vmread
 from agentbox.errors import LimaError
 from agentbox.fsutil import atomic_write, private_dir, remove_unlisted
-from agentbox.logline import parse_log_line
 from agentbox.runtime.contract import STAGING, TASK, Handed, Job, NeedsTemplate, TaskSeen
-from agentbox.vm.lima import RUNNING, Lima
-from agentbox.vm.shellwatch import lima_verdict
+from agentbox.vm.lima import RUNNING, Lima, LimaSaid
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -73,14 +71,15 @@ class LocalRuntime:
 
     def submit(self, job: Job) -> Handed:
         """Files first (the VM mounts their folders), then the shell; only when Lima says the VM is stopped or
-        missing: `list`, create from the job's template, start, and the shell again (one call on a warm VM)."""
+        missing: `list`, create from the job's template, start, and the shell again (one call on a warm VM). The
+        launch step's messages go to this terminal as it runs, so `stderr` is empty."""
         for name, data in job.files.items():
             _put(job.vm, job.task, name, data, 0o700 if name in job.executables else 0o600)
         if job.staging is not None:
             remove_unlisted(paths.staging_dir(job.vm), set(job.staging))
-        code, stderr = self._shell(job)
-        if _lima_said(stderr, job.vm) is None:
-            return Handed(code, stderr[-4096:], False, False)
+        code, lima_said = self._shell(job)
+        if lima_said is None:
+            return Handed(code, "", False, False)
         instance = self.lima.get(job.vm)
         created = started = False
         if instance is None:
@@ -93,12 +92,13 @@ class LocalRuntime:
         if instance is None or instance.status != RUNNING:
             self.lima.start(job.vm, job.start_timeout)
             started = True
-        code, stderr = self._shell(job)
-        return Handed(code, stderr[-4096:], created, started)
+        code, _ = self._shell(job)
+        return Handed(code, "", created, started)
 
-    def _shell(self, job: Job) -> tuple[int, str]:
-        code, _, stderr = self.lima.shell_bytes(job.vm, list(job.argv), 1 << 20)
-        return code, stderr
+    def _shell(self, job: Job) -> tuple[int, LimaSaid | None]:
+        """The launch step, its messages on this terminal as it runs (live progress of the VM's setup), and what
+        Lima said instead of running it (the VM is stopped or missing)."""
+        return self.lima.shell_unlisted(job.vm, list(job.argv), stdin_data=b"")
 
     def task(self, vm: str, key: str) -> TaskSeen:
         status = self.lima.get(vm)
@@ -179,14 +179,6 @@ def running_tasks() -> int:
         except OSError:
             continue
     return count
-
-
-def _lima_said(stderr: str, vm: str) -> str | None:
-    """Lima's fatal that the VM is stopped or missing (its last line), else None."""
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    if not lines:
-        return None
-    return lima_verdict(parse_log_line(lines[-1]).message, vm)
 
 
 def _put(vm: str, key: str, name: str, data: bytes, mode: int) -> None:

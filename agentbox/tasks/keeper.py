@@ -141,7 +141,7 @@ def hand_over(task: records.Task, place: Runtime, proxy_port: int | None) -> boo
                 records.save(fresh)
         return False
     place.answered(True)
-    took(task, job, handed, place.name)
+    took(task, job, handed, f"the VM on {place.name}")
     return True
 
 
@@ -160,10 +160,13 @@ def deliver(task: records.Task, place: Runtime, job: Job) -> Handed:
 
 
 def took(task: records.Task, job: Job, handed: Handed, where: str) -> None:
-    """The place ran the job's launch step: the task is handed over (StateError when the step failed)."""
+    """The place ran the job's launch step: the task is handed over (StateError when the step failed). `where`:
+    the VM as the message names it ("the VM", "the VM on big")."""
     if handed.code != 0:
-        raise StateError(f"the VM on {where} did not take {task.label}: the launch step exited {handed.code}"
-                         + (f": {visible(handed.stderr.strip()[-600:])}" if handed.stderr.strip() else ""))
+        said = handed.stderr.strip()
+        shown = f": {visible(said[-600:])}" if said else ""
+        raise StateError(f"{where} did not take {task.label}: the launch step exited {handed.code}{shown}",
+                         hint=None if said else "Its messages are above. `agentbox tasks` shows the task as Failed.")
     if job.staging is not None:
         _remember_sent(task, job, _sent(task))
     (records.folder(task.id) / JOB_FILE).unlink(missing_ok=True)
