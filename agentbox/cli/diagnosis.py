@@ -251,12 +251,13 @@ def check_tripwire(config: Config, checks: list[Check]) -> None:
 
 def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance | None, bool]:
     """The VM's state and whether it belongs to this workspace."""
-    name = config.vm_name
+    vm_name = config.vm_name
     try:
-        instance = lima.get(name)
+        instance = lima.get(vm_name)
     except LimaError as error:
         checks.append(
-            Check("vm", FAIL, f"cannot ask Lima about {name}: {error.message}", error.hint or "Check `limactl list`.")
+            Check("vm", FAIL, f"cannot ask Lima about {vm_name}: {error.message}",
+                  error.hint or "Check `limactl list`.")
         )
         return None, False
     if instance is None:
@@ -264,15 +265,15 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
             Check(
                 "vm",
                 WARN,
-                f"VM {name} does not exist yet: it is created on first launch",
+                f"VM {vm_name} does not exist yet: it is created on first launch",
                 "Run `agentbox start` (or an agent command such as `agentbox claude`) to create it.",
             )
         )
         return None, False
     if instance.status == RUNNING:
-        checks.append(Check("vm", OK, f"VM {name} is running"))
+        checks.append(Check("vm", OK, f"VM {vm_name} is running"))
     elif instance.status == STOPPED:
-        checks.append(Check("vm", OK, f"VM {name} is stopped; it starts on next launch"))
+        checks.append(Check("vm", OK, f"VM {vm_name} is stopped; it starts on next launch"))
     elif instance.status == BROKEN:
         errors = instance.raw.get("errors") or []
         detail = f" ({errors[0]})" if errors and isinstance(errors[0], str) else ""
@@ -280,7 +281,7 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
             Check(
                 "vm",
                 FAIL,
-                f"VM {name} is Broken{detail}",
+                f"VM {vm_name} is Broken{detail}",
                 "`agentbox start` tries Lima's recovery; if that fails, `agentbox start --recreate` "
                 f"creates it anew (its disk is lost, your workspace is not). Lima's log: {instance.log_path}",
             )
@@ -290,7 +291,7 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
             Check(
                 "vm",
                 WARN,
-                f"VM {name} is {instance.status or 'in an unknown state'}",
+                f"VM {vm_name} is {instance.status or 'in an unknown state'}",
                 f"It may be starting or stopping: run `agentbox doctor` again in a moment, "
                 f"or see `limactl list` and Lima's log {instance.log_path}.",
             )
@@ -298,18 +299,18 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
     recorded = lifecycle.workspace_of(instance)
     workspace = str(config.workspace)
     if recorded == workspace:
-        checks.append(Check("vm.workspace", OK, f"VM {name} belongs to this workspace"))
+        checks.append(Check("vm.workspace", OK, f"VM {vm_name} belongs to this workspace"))
         return instance, True
     if lifecycle.half_made(instance, config):
-        checks.append(Check("vm.workspace", WARN, lifecycle.HALF_MADE.format(name=name),
+        checks.append(Check("vm.workspace", WARN, lifecycle.HALF_MADE.format(name=vm_name),
                             "`agentbox start` makes it again; `agentbox rm --yes` discards it."))
     elif recorded is None:
         checks.append(
             Check(
                 "vm.workspace",
                 FAIL,
-                f"the Lima instance {name} was not created by agentbox (it records no workspace)",
-                lifecycle.clash_hint(config, name, foreign=True),
+                f"the Lima instance {vm_name} was not created by agentbox (it records no workspace)",
+                lifecycle.clash_hint(config, vm_name, foreign=True),
             )
         )
     else:
@@ -317,8 +318,8 @@ def check_vm(lima: Lima, config: Config, checks: list[Check]) -> tuple[Instance 
             Check(
                 "vm.workspace",
                 FAIL,
-                f"VM {name} belongs to {recorded}, not to this workspace {workspace}",
-                lifecycle.clash_hint(config, name),
+                f"VM {vm_name} belongs to {recorded}, not to this workspace {workspace}",
+                lifecycle.clash_hint(config, vm_name),
             )
         )
     return instance, False

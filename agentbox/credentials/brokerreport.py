@@ -27,63 +27,63 @@ RECORD_NAME = "broker-logins.json"  # in paths.vm_state_dir(VM): {"brokered": [.
 MAX_RECORD = 64 << 10
 
 
-def record_path(vm: str) -> Path:
-    return paths.vm_state_dir(vm) / RECORD_NAME
+def record_path(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / RECORD_NAME
 
 
-def record(vm: str, prepared: brokered.Prepared, agent: str | None = None) -> None:
+def record(vm_name: str, prepared: brokered.Prepared, agent: str | None = None) -> None:
     """What the launch of `agent` (None: a shell) found on the host: the logins it brokered and its notes (no
     secret: names and sentences), and every agent launched in the VM so far. Written only when it changed (the
     warm path reads it and writes nothing)."""
-    private_dir(paths.vm_state_dir(vm))
-    launched = set(launched_in(vm)) | ({agent} if agent is not None else set())
+    private_dir(paths.vm_state_dir(vm_name))
+    launched = set(launched_in(vm_name)) | ({agent} if agent is not None else set())
     data = {"brokered": list(prepared.brokered), "notes": list(prepared.notes),
             "missing": dict(prepared.missing), "launched": sorted(launched),
             # guest paths (relative to the home): the placeholder versions staged, and every login file the
             # broker stands in for (one it lacks a login for is not staged at all)
             "files": sorted(prepared.files),
             "replaced": sorted(guest_path_for(spec)[2:] for spec in prepared.replaced)}
-    write_if_changed(record_path(vm), (json.dumps(data, indent=1) + "\n").encode())
+    write_if_changed(record_path(vm_name), (json.dumps(data, indent=1) + "\n").encode())
 
 
-def staged_for_vm(vm: str, present: list[str]) -> list[str]:
+def staged_for_vm(vm_name: str, present: list[str]) -> list[str]:
     """Of the login files a launch would stage (guest paths), those it stages with the broker: the ones the broker
     stands in for only when the last launch had a login to make a placeholder version of."""
-    data = _recorded(vm) or {}
+    data = _recorded(vm_name) or {}
     replaced = set(data.get("replaced") or [])
     files = set(data.get("files") or [])
     return [path for path in present if path not in replaced or path in files]
 
 
-def recorded_notes(vm: str) -> list[str]:
+def recorded_notes(vm_name: str) -> list[str]:
     """The notes the last brokered launch recorded (none before the first)."""
-    data = _recorded(vm)
+    data = _recorded(vm_name)
     return [str(note) for note in data["notes"]] if data is not None else []
 
 
-def launched_in(vm: str) -> list[str]:
+def launched_in(vm_name: str) -> list[str]:
     """The agents launched in the VM since the broker's record began (`agentbox AGENT`, `run`): agents in use."""
-    data = _recorded(vm) or {}
+    data = _recorded(vm_name) or {}
     found = data.get("launched")
     return [str(name) for name in found] if isinstance(found, list) else []
 
 
-def in_use(config: Config, vm: str) -> set[str]:
+def in_use(config: Config, vm_name: str) -> set[str]:
     """The agents (and "gh") a missing login is worth a warning for: set in a config file (the user's or the
     project's), or launched in the VM before; gh when credentials.gh is set, or an agent that logs in through it
     is in use. (An agent logged in on the host has no missing login to warn about.)"""
     used = {key.split(".")[1] for key, origin in config.origins.items()
             if key.startswith("agents.") and origin != "default"}
-    used |= set(launched_in(vm))
+    used |= set(launched_in(vm_name))
     if config.origins.get("credentials.gh", "default") != "default" or any(
             BUILTIN_AGENTS[name].login_via_gh for name in used if name in BUILTIN_AGENTS):
         used.add("gh")
     return used
 
 
-def _recorded(vm: str) -> dict[str, Any] | None:
+def _recorded(vm_name: str) -> dict[str, Any] | None:
     try:
-        with open(record_path(vm), "rb") as handle:
+        with open(record_path(vm_name), "rb") as handle:
             data = json.loads(handle.read(MAX_RECORD))
     except (OSError, ValueError):
         return None
@@ -104,7 +104,7 @@ def candidates(config: Config) -> list[str]:
     return [*request.agents, *(["gh"] if request.gh else [])]
 
 
-def of(config: Config, vm: str) -> dict[str, Any]:
+def of(config: Config, vm_name: str) -> dict[str, Any]:
     """The broker's part of the reports (JSON-ready; never a secret)."""
     settings = config.credentials
     on = settings.enabled and settings.broker
@@ -123,12 +123,12 @@ def of(config: Config, vm: str) -> dict[str, Any]:
     # deferred: start-up (net.certauthority: a launch with the broker off never loads it)
     from agentbox.net import certauthority
 
-    authority = certauthority.load(vm)
-    seen = _recorded(vm)
+    authority = certauthority.load(vm_name)
+    seen = _recorded(vm_name)
     notes = [str(note) for note in seen["notes"]] if seen is not None else []
     missing = seen.get("missing") if seen is not None else None
     if isinstance(missing, dict) and missing:  # a missing login is said only for an agent in use
-        used = in_use(config, vm)
+        used = in_use(config, vm_name)
         unused = {str(text) for name, text in missing.items() if name not in used}
         notes = [note for note in notes if note not in unused]
     holds = (f"no secret of {', '.join(chosen)}: their login files and API keys in the VM hold placeholders; the "

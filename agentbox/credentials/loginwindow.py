@@ -39,12 +39,12 @@ NONE = "none"  # never armed, closed, or already used
 EXPIRED = "expired"
 
 
-def window_file(vm: str, agent: str) -> Path:
-    return broker_folder(vm) / f"login-{agent}.json"
+def window_file(vm_name: str, agent: str) -> Path:
+    return broker_folder(vm_name) / f"login-{agent}.json"
 
 
-def pending_file(vm: str, agent: str) -> Path:
-    return broker_folder(vm) / f"pending-{agent}.json"
+def pending_file(vm_name: str, agent: str) -> Path:
+    return broker_folder(vm_name) / f"pending-{agent}.json"
 
 
 class Used(NamedTuple):
@@ -57,8 +57,8 @@ class Window:
     """An armed window: `close()` removes it unless another `agentbox AGENT login` has armed its own since, and says
     whether the broker used it."""
 
-    def __init__(self, vm: str, agent: str, ident: str) -> None:
-        self.vm = vm
+    def __init__(self, vm_name: str, agent: str, ident: str) -> None:
+        self.vm = vm_name
         self.agent = agent
         self.ident = ident
 
@@ -77,21 +77,21 @@ class Window:
         return None
 
 
-def arm(vm: str, agent: str, now: float | None = None) -> Window:
+def arm(vm_name: str, agent: str, now: float | None = None) -> Window:
     """Open the window for `agent`'s login in `vm` for WINDOW seconds from `now`. A login still pending from an
     earlier run (one that was killed before it asked) is dropped: this run makes its own."""
     start = time.time() if now is None else now
     ident = secrets.token_hex(12)
-    private_dir(broker_folder(vm))
-    discard(vm, agent)
+    private_dir(broker_folder(vm_name))
+    discard(vm_name, agent)
     doc = {"version": VERSION, "agent": agent, "expires": start + WINDOW, "id": ident}
-    atomic_write(window_file(vm, agent), json.dumps(doc) + "\n", mode=0o600)
-    return Window(vm, agent, ident)
+    atomic_write(window_file(vm_name, agent), json.dumps(doc) + "\n", mode=0o600)
+    return Window(vm_name, agent, ident)
 
 
-def state(vm: str, agent: str, now: float) -> str:
+def state(vm_name: str, agent: str, now: float) -> str:
     """OPEN, NONE or EXPIRED: whether a code exchange for `agent` may be accepted now."""
-    doc = _read(window_file(vm, agent))
+    doc = _read(window_file(vm_name, agent))
     if doc is None or doc.get("agent") != agent or doc.get("version") != VERSION or doc.get("used") is not None:
         return NONE
     expires = doc.get("expires")
@@ -100,11 +100,11 @@ def state(vm: str, agent: str, now: float) -> str:
     return OPEN if now < expires <= now + WINDOW else EXPIRED
 
 
-def consume(vm: str, agent: str, account: str | None) -> None:
+def consume(vm_name: str, agent: str, account: str | None) -> None:
     """The window's one use (the broker's first successful exchange in it, a login of `account`): no exchange is
     accepted after it, and `agentbox AGENT login` names the account when it closes the window."""
     doc = {"version": VERSION, "agent": agent, "used": True, "account": account}
-    atomic_write(window_file(vm, agent), json.dumps(doc) + "\n", mode=0o600)
+    atomic_write(window_file(vm_name, agent), json.dumps(doc) + "\n", mode=0o600)
 
 
 class Pending(NamedTuple):
@@ -117,14 +117,14 @@ class Pending(NamedTuple):
     old: str | None  # the host's
 
 
-def hold(vm: str, pending: Pending) -> None:
-    private_dir(broker_folder(vm))
+def hold(vm_name: str, pending: Pending) -> None:
+    private_dir(broker_folder(vm_name))
     doc = {"version": VERSION, **pending._asdict()}
-    atomic_write(pending_file(vm, pending.agent), json.dumps(doc) + "\n", mode=0o600)
+    atomic_write(pending_file(vm_name, pending.agent), json.dumps(doc) + "\n", mode=0o600)
 
 
-def pending(vm: str, agent: str) -> Pending | None:
-    doc = _read(pending_file(vm, agent))
+def pending(vm_name: str, agent: str) -> Pending | None:
+    doc = _read(pending_file(vm_name, agent))
     if doc is None or doc.get("version") != VERSION or doc.get("agent") != agent:
         return None
     at, response, new, old = doc.get("at"), doc.get("response"), doc.get("new"), doc.get("old")
@@ -135,8 +135,8 @@ def pending(vm: str, agent: str) -> Pending | None:
     return Pending(agent, float(at), response, new, old)
 
 
-def discard(vm: str, agent: str) -> None:
-    _remove(pending_file(vm, agent))
+def discard(vm_name: str, agent: str) -> None:
+    _remove(pending_file(vm_name, agent))
 
 
 def _read(path: Path) -> dict[str, Any] | None:

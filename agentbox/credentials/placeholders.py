@@ -46,16 +46,16 @@ def is_placeholder(value: str) -> bool:
     return _PLACEHOLDER.search(value) is not None
 
 
-def folder(vm: str) -> Path:
-    return paths.vm_state_dir(vm) / "broker"
+def folder(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / "broker"
 
 
 class Placeholders:
     """The VM's placeholder slots. `get` makes a slot's random part once, then returns it for the VM's life."""
 
-    def __init__(self, vm: str) -> None:
-        self.vm = vm
-        self.file = folder(vm) / "placeholders.json"
+    def __init__(self, vm_name: str) -> None:
+        self.vm = vm_name
+        self.file = folder(vm_name) / "placeholders.json"
         self._slots: dict[str, str] | None = None
 
     def get(self, slot: str, kind: str) -> str:

@@ -25,7 +25,7 @@ RECENT = 5
 SHORT = 7  # a sha as `git log --oneline` shows it
 
 
-def of(config: Config, vm: str, history: bool = True) -> dict[str, Any]:
+def of(config: Config, vm_name: str, history: bool = True) -> dict[str, Any]:
     """`history`: read what the VM's broker recorded (False when the VM of that name is another workspace's)."""
     if config.remote_write:
         mode = "all"
@@ -35,12 +35,12 @@ def of(config: Config, vm: str, history: bool = True) -> dict[str, Any]:
         mode, setting = "session", "git.allowPush: session"
     else:
         mode, setting = "none", "sync.remoteWrite: false, git.allowPush: false"
-    entries = pushes.Ledger(vm).read() if history else []
+    entries = pushes.Ledger(vm_name).read() if history else []
     accepted = sum(1 for entry in entries if entry.get("outcome") == "ok")
     return {
         "mode": mode,
         "setting": setting,
-        "branches": pushes.namespace(vm).removeprefix("refs/heads/") if mode == "session" else None,
+        "branches": pushes.namespace(vm_name).removeprefix("refs/heads/") if mode == "session" else None,
         # the broker checks scoped pushes only when it holds the GitHub login (else the VM's guards alone do)
         "checkedOnHost": mode == "session" and config.credentials.enabled and config.credentials.broker,
         "pushed": accepted,

@@ -75,42 +75,42 @@ class BrokerCA(NamedTuple):
         return self.leaves[normal_host(host)]
 
 
-def folder(vm: str) -> Path:
-    return paths.vm_state_dir(vm) / FOLDER_NAME
+def folder(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / FOLDER_NAME
 
 
 def normal_host(host: str) -> str:
     return host.strip().rstrip(".").lower()
 
 
-def ensure(vm: str, hosts: Iterable[str]) -> BrokerCA:
+def ensure(vm_name: str, hosts: Iterable[str]) -> BrokerCA:
     """The VM's CA for exactly these credential hosts: the one on disk when it is whole, for the same hosts and
     not near its end (no openssl run); otherwise a new one (new key, new leaves) replacing it."""
-    wanted = _checked_hosts(vm, hosts)
-    current = load(vm)
+    wanted = _checked_hosts(vm_name, hosts)
+    current = load(vm_name)
     if current is not None and current.hosts == wanted and current.expires - time.time() > RENEW_BEFORE:
         return current
-    base = paths.vm_state_dir(vm)
+    base = paths.vm_state_dir(vm_name)
     base.mkdir(parents=True, exist_ok=True)
     with locked(base / f".{FOLDER_NAME}.lock"):
-        current = load(vm)  # another process may have made it while this one waited
+        current = load(vm_name)  # another process may have made it while this one waited
         if current is not None and current.hosts == wanted and current.expires - time.time() > RENEW_BEFORE:
             return current
-        return _make(vm, wanted)
+        return _make(vm_name, wanted)
 
 
-def load(vm: str) -> BrokerCA | None:
+def load(vm_name: str) -> BrokerCA | None:
     """The VM's CA as last made, or None when there is none or it is not whole (a crash mid-way, a file
     removed): ensure() then makes a new one. Runs no program."""
-    where = folder(vm)
+    where = folder(vm_name)
     try:
         record = json.loads((where / RECORD_NAME).read_text())
-        if record.get("version") != RECORD_VERSION or record.get("vm") != vm:
+        if record.get("version") != RECORD_VERSION or record.get("vm") != vm_name:
             return None
         hosts = tuple(record["hosts"])
         leaves = {host: Leaf(host, where / "leaves" / f"{host}.pem", where / "leaves" / f"{host}.key")
                   for host in hosts}
-        ca = BrokerCA(vm, where, where / "ca.pem", where / "ca.key", hosts, str(record["fingerprint"]),
+        ca = BrokerCA(vm_name, where, where / "ca.pem", where / "ca.key", hosts, str(record["fingerprint"]),
                       int(record["made"]), int(record["expires"]), leaves)
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -120,9 +120,9 @@ def load(vm: str) -> BrokerCA | None:
     return ca
 
 
-def remove(vm: str) -> None:
+def remove(vm_name: str) -> None:
     """Forget the VM's CA (the VM is deleted): its key is gone for good."""
-    shutil.rmtree(folder(vm), ignore_errors=True)
+    shutil.rmtree(folder(vm_name), ignore_errors=True)
 
 
 def fingerprint(pem: str) -> str:
@@ -147,56 +147,56 @@ def server_context(leaf: Leaf) -> ssl.SSLContext:
 # -- making --------------------------------------------------------------------------------------------------
 
 
-def _checked_hosts(vm: str, hosts: Iterable[str]) -> tuple[str, ...]:
-    if not _VM_NAME.match(vm):
-        raise AgentboxError(f"cannot make a broker CA for VM {vm!r}: the name is not a Lima instance name")
+def _checked_hosts(vm_name: str, hosts: Iterable[str]) -> tuple[str, ...]:
+    if not _VM_NAME.match(vm_name):
+        raise AgentboxError(f"cannot make a broker CA for VM {vm_name!r}: the name is not a Lima instance name")
     wanted = sorted({normal_host(host) for host in hosts})
     if not wanted:
         # A CA with no permitted subtree is not constrained at all: never make one.
-        raise AgentboxError(f"cannot make a broker CA for VM {vm}: no credential host was given")
+        raise AgentboxError(f"cannot make a broker CA for VM {vm_name}: no credential host was given")
     bad = [host for host in wanted if not _HOST.match(host)]
     if bad:
-        raise AgentboxError(f"cannot make a broker CA for VM {vm}: {', '.join(map(repr, bad))} is not a host name"
+        raise AgentboxError(f"cannot make a broker CA for VM {vm_name}: {', '.join(map(repr, bad))} is not a host name"
                             " (letters, digits, hyphens and dots, at least two labels, no wildcard)")
     return tuple(wanted)
 
 
-def _make(vm: str, hosts: tuple[str, ...]) -> BrokerCA:
+def _make(vm_name: str, hosts: tuple[str, ...]) -> BrokerCA:
     """Make the whole set in a fresh private folder beside the old one, then swap folders: a reader sees the old
     set or the new one, and a crash leaves at worst no set (load() says None, the next ensure() makes one)."""
-    openssl = _openssl(vm)
-    base = paths.vm_state_dir(vm)
+    openssl = _openssl(vm_name)
+    base = paths.vm_state_dir(vm_name)
     work = Path(tempfile.mkdtemp(prefix=f".{FOLDER_NAME}.new-", dir=base))  # 0700
     try:
         private_dir(work / "leaves")
         config = work / "openssl.cnf"
-        atomic_write(config, _config(vm, hosts), mode=0o600)
+        atomic_write(config, _config(vm_name, hosts), mode=0o600)
         made = int(time.time())
-        _write_key(openssl, vm, work / "ca.key")
-        ca_pem = _run(openssl, vm, ["req", "-new", "-x509", "-sha256", "-config", str(config), "-extensions", "v3_ca",
-                                    "-key", str(work / "ca.key"), "-days", str(LIFETIME_DAYS), "-set_serial",
-                                    _serial()], what="the CA certificate")
+        _write_key(openssl, vm_name, work / "ca.key")
+        ca_pem = _run(openssl, vm_name, ["req", "-new", "-x509", "-sha256", "-config", str(config), "-extensions",
+                                         "v3_ca", "-key", str(work / "ca.key"), "-days", str(LIFETIME_DAYS),
+                                         "-set_serial", _serial()], what="the CA certificate")
         atomic_write(work / "ca.pem", ca_pem, mode=0o644)
         for number, host in enumerate(hosts):
             key, cert = work / "leaves" / f"{host}.key", work / "leaves" / f"{host}.pem"
-            _write_key(openssl, vm, key)
-            request = _run(openssl, vm, ["req", "-new", "-sha256", "-config", str(config), "-subj", f"/CN={host}",
+            _write_key(openssl, vm_name, key)
+            request = _run(openssl, vm_name, ["req", "-new", "-sha256", "-config", str(config), "-subj", f"/CN={host}",
                                          "-key", str(key)], what=f"the certificate request for {host}")
-            leaf_pem = _run(openssl, vm, ["x509", "-req", "-sha256", "-CA", str(work / "ca.pem"), "-CAkey",
+            leaf_pem = _run(openssl, vm_name, ["x509", "-req", "-sha256", "-CA", str(work / "ca.pem"), "-CAkey",
                                           str(work / "ca.key"), "-set_serial", _serial(), "-days", str(LIFETIME_DAYS),
                                           "-extfile", str(config), "-extensions", f"leaf_{number}"],
                             what=f"the certificate for {host}", stdin=request)
             atomic_write(cert, leaf_pem, mode=0o644)
         config.unlink()
-        record = {"version": RECORD_VERSION, "vm": vm, "hosts": list(hosts), "fingerprint": fingerprint(
+        record = {"version": RECORD_VERSION, "vm": vm_name, "hosts": list(hosts), "fingerprint": fingerprint(
             ca_pem.decode()), "made": made, "expires": made + LIFETIME_DAYS * 86400}
         atomic_write(work / RECORD_NAME, json.dumps(record, indent=2) + "\n", mode=0o600)
-        _swap_in(work, folder(vm))
+        _swap_in(work, folder(vm_name))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    made_ca = load(vm)
+    made_ca = load(vm_name)
     if made_ca is None:
-        raise AgentboxError(f"the broker CA made for VM {vm} in {folder(vm)} could not be read back")
+        raise AgentboxError(f"the broker CA made for VM {vm_name} in {folder(vm_name)} could not be read back")
     return made_ca
 
 
@@ -211,10 +211,10 @@ def _swap_in(work: Path, target: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _write_key(openssl: str, vm: str, path: Path) -> None:
+def _write_key(openssl: str, vm_name: str, path: Path) -> None:
     # The key comes back through a pipe and is written 0600 at once: it never sits in a file of the umask's mode,
     # and it is never an argument.
-    atomic_write(path, _run(openssl, vm, ["ecparam", "-name", "prime256v1", "-genkey", "-noout"],
+    atomic_write(path, _run(openssl, vm_name, ["ecparam", "-name", "prime256v1", "-genkey", "-noout"],
                             what="a private key"), mode=0o600)
 
 
@@ -222,10 +222,10 @@ def _serial() -> str:
     return str(secrets.randbits(126) | 1 << 125)  # positive, 16 bytes at most, as RFC 5280 asks
 
 
-def _config(vm: str, hosts: tuple[str, ...]) -> str:
+def _config(vm_name: str, hosts: tuple[str, ...]) -> str:
     constraints = [f"permitted;DNS.{number} = {host}" for number, host in enumerate(hosts)]
     constraints += ["excluded;IP.0 = 0.0.0.0/0.0.0.0", "excluded;IP.1 = 0:0:0:0:0:0:0:0/0:0:0:0:0:0:0:0"]
-    lines = ["[req]", "distinguished_name = dn", "prompt = no", "", "[dn]", f"CN = agentbox broker CA for {vm}",
+    lines = ["[req]", "distinguished_name = dn", "prompt = no", "", "[dn]", f"CN = agentbox broker CA for {vm_name}",
              "O = agentbox", "", "[v3_ca]", "basicConstraints = critical, CA:TRUE, pathlen:0",
              "keyUsage = critical, keyCertSign, cRLSign", "subjectKeyIdentifier = hash",
              "nameConstraints = critical, @constraints", "", "[constraints]", *constraints, ""]
@@ -236,29 +236,30 @@ def _config(vm: str, hosts: tuple[str, ...]) -> str:
     return "\n".join(lines)
 
 
-def _openssl(vm: str) -> str:
+def _openssl(vm_name: str) -> str:
     found = hosttools.which("openssl")
     if found is None:
         skipped = hosttools.ignored("openssl")
         where = f" (PATH has one only at {skipped}, in a folder agentbox does not run programs from)" if skipped else ""
         raise AgentboxError(
-            f"agentbox needs openssl to make the credential broker's certificate authority for VM {vm}, and finds"
+            f"agentbox needs openssl to make the credential broker's certificate authority for VM {vm_name}, and finds"
             f" none on PATH{where}",
             hint="install it: `sudo apt-get install openssl` (Debian, Ubuntu), `sudo dnf install openssl` (Fedora),"
                  " `brew install openssl` (macOS, which also ships /usr/bin/openssl)")
     return found
 
 
-def _run(openssl: str, vm: str, args: list[str], what: str, stdin: bytes | None = None) -> bytes:
+def _run(openssl: str, vm_name: str, args: list[str], what: str, stdin: bytes | None = None) -> bytes:
     try:
         result = subprocess.run([openssl, *args], input=stdin, capture_output=True, timeout=_TIMEOUT,
                                 env=hosttools.environ())
     except (OSError, subprocess.SubprocessError) as exc:
-        raise AgentboxError(f"could not run {openssl} to make {what} for VM {vm}'s broker CA: {exc}") from exc
+        raise AgentboxError(f"could not run {openssl} to make {what} for VM {vm_name}'s broker CA: {exc}") from exc
     if result.returncode != 0 or not result.stdout:
         lines = result.stderr.decode(errors="replace").strip().splitlines()[-8:]
         detail = ("\n  " + "\n  ".join(lines)) if lines else " (it printed nothing)"
         raise AgentboxError(
-            f"openssl failed making {what} for VM {vm}'s broker CA (`openssl {args[0]}`, exit {result.returncode}):"
+            f"openssl failed making {what} for VM {vm_name}'s broker CA (`openssl {args[0]}`, "
+            f"exit {result.returncode}):"
             f"{detail}", hint=f"check that {openssl} works (`{openssl} version`); a LibreSSL or OpenSSL 1.1+ will do")
     return result.stdout

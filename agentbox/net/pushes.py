@@ -25,20 +25,20 @@ ZERO = "0" * 40
 MAX_READ = 4 << 20
 
 
-def ledger_path(vm: str) -> Path:
-    return paths.vm_state_dir(vm) / "broker" / FILE_NAME
+def ledger_path(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / "broker" / FILE_NAME
 
 
-def namespace(vm: str) -> str:
+def namespace(vm_name: str) -> str:
     """The branches a VM's scoped pushes may create: refs/heads/agentbox/VM/."""
-    return f"refs/heads/agentbox/{vm}/"
+    return f"refs/heads/agentbox/{vm_name}/"
 
 
 class Ledger:
     """One VM's record of its pushes (agentbox.net.broker.PushLedger)."""
 
-    def __init__(self, vm: str) -> None:
-        self.path = ledger_path(vm)
+    def __init__(self, vm_name: str) -> None:
+        self.path = ledger_path(vm_name)
 
     def created(self) -> Mapping[str, str]:
         """ref -> the value this VM last pushed to it, for the refs a push of this VM created (and did not end)."""

@@ -90,7 +90,7 @@ class Busy(Protocol):
     def __call__(self, since: float) -> bool:
         """Whether a task or a session of the project ran at any time since `since` (or runs now)."""
 
-    def vm_busy(self, vm: str) -> bool:
+    def vm_busy(self, vm_name: str) -> bool:
         """Whether a session or task runs in that VM now."""
 
 

@@ -62,14 +62,14 @@ class Runtime(Protocol):
     def vm_for(self, config: Config, vm_name: str) -> str:
         """The project's VM there, for the VM `vm_name` this machine knows."""
 
-    def mirror(self, vm: str) -> str:
+    def mirror(self, vm_name: str) -> str:
         """The name of the folders on this machine (paths.staging_dir, paths.vm_outbox) that stand for the VM's
         shared folders there: the job's files are written there first. The VM itself when they are the same."""
 
     def key(self, task_id: int) -> str:
         """A task's name there (its folder `outbox/tasks/KEY` in the VM's outbox there)."""
 
-    def template(self, config: Config, vm: str) -> str | None:
+    def template(self, config: Config, vm_name: str) -> str | None:
         """The lima.yaml a job makes the VM from when it is missing there; None: the place makes it otherwise."""
 
     def answered(self, ok: bool) -> None:
@@ -81,23 +81,23 @@ class Runtime(Protocol):
     def instances(self) -> dict[str, str]:
         """agentbox's VMs there: name -> Lima status."""
 
-    def stop(self, vm: str) -> None: ...
+    def stop(self, vm_name: str) -> None: ...
 
-    def delete(self, vm: str) -> None: ...
+    def delete(self, vm_name: str) -> None: ...
 
     def submit(self, job: Job) -> Handed:
         """Create the VM when missing (NeedsTemplate without a template), start it when stopped, put the files,
         run the command and return its exit code. On a warm VM this is one round trip."""
 
-    def task(self, vm: str, key: str) -> TaskSeen: ...
+    def task(self, vm_name: str, key: str) -> TaskSeen: ...
 
-    def read(self, vm: str, key: str, name: str, offset: int, limit: int) -> bytes:
+    def read(self, vm_name: str, key: str, name: str, offset: int, limit: int) -> bytes:
         """Bytes of one of the task's files from offset (stdout, stderr): b"" when there are no more."""
 
-    def cancel(self, vm: str, key: str) -> None: ...
+    def cancel(self, vm_name: str, key: str) -> None: ...
 
-    def collect(self, vm: str, key: str, names: Sequence[str], limit: int) -> dict[str, bytes]:
+    def collect(self, vm_name: str, key: str, names: Sequence[str], limit: int) -> dict[str, bytes]:
         """The task's named files that are regular files (absent ones left out), each capped at limit."""
 
-    def forget(self, vm: str, key: str) -> None:
+    def forget(self, vm_name: str, key: str) -> None:
         """Remove the task's folder there (after collect)."""

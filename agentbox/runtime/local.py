@@ -28,13 +28,13 @@ class LocalRuntime:
     def vm_for(self, config: Config, vm_name: str) -> str:
         return vm_name
 
-    def mirror(self, vm: str) -> str:
-        return vm  # the VM mounts these very folders
+    def mirror(self, vm_name: str) -> str:
+        return vm_name  # the VM mounts these very folders
 
     def key(self, task_id: int) -> str:
         return str(task_id)  # as a task in the live workspace's (agentbox.tasks.records.outbox_dir)
 
-    def template(self, config: Config, vm: str) -> str | None:
+    def template(self, config: Config, vm_name: str) -> str | None:
         return None  # this machine's project VM is made by agentbox.vm.lifecycle (from the base, recorded)
 
     def answered(self, ok: bool) -> None:
@@ -63,11 +63,11 @@ class LocalRuntime:
     def instances(self) -> dict[str, str]:
         return {name: row.status for name, row in self.lima.instances().items() if name.startswith("agentbox-")}
 
-    def stop(self, vm: str) -> None:
-        self.lima.stop(vm)
+    def stop(self, vm_name: str) -> None:
+        self.lima.stop(vm_name)
 
-    def delete(self, vm: str) -> None:
-        self.lima.delete(vm, force=True)
+    def delete(self, vm_name: str) -> None:
+        self.lima.delete(vm_name, force=True)
 
     def submit(self, job: Job) -> Handed:
         """Files first (the VM mounts their folders), then the shell; only when Lima says the VM is stopped or
@@ -100,12 +100,12 @@ class LocalRuntime:
         Lima said instead of running it (the VM is stopped or missing)."""
         return self.lima.shell_unlisted(job.vm, list(job.argv), stdin_data=b"")
 
-    def task(self, vm: str, key: str) -> TaskSeen:
-        status = self.lima.get(vm)
+    def task(self, vm_name: str, key: str) -> TaskSeen:
+        status = self.lima.get(vm_name)
         state = beat = None
         sizes: dict[str, int] = {}
         try:
-            with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+            with vmread.folder(paths.vm_outbox(vm_name), "tasks", key) as box:
                 state = vmread.read(box, "state", MAX_STATE)
                 for name in ("heartbeat", "stdout", "stderr"):
                     try:
@@ -121,9 +121,9 @@ class LocalRuntime:
             pass
         return TaskSeen(state, beat, sizes, status.status if status is not None else None)
 
-    def read(self, vm: str, key: str, name: str, offset: int, limit: int) -> bytes:
+    def read(self, vm_name: str, key: str, name: str, offset: int, limit: int) -> bytes:
         try:
-            with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+            with vmread.folder(paths.vm_outbox(vm_name), "tasks", key) as box:
                 fd, _ = vmread.open_regular(box, name)
         except (OSError, vmread.Refused):
             return b""
@@ -132,14 +132,14 @@ class LocalRuntime:
         finally:
             os.close(fd)
 
-    def cancel(self, vm: str, key: str) -> None:
-        with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+    def cancel(self, vm_name: str, key: str) -> None:
+        with vmread.folder(paths.vm_outbox(vm_name), "tasks", key) as box:
             os.close(os.open("cancel", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=box))
 
-    def collect(self, vm: str, key: str, names: Sequence[str], limit: int) -> dict[str, bytes]:
+    def collect(self, vm_name: str, key: str, names: Sequence[str], limit: int) -> dict[str, bytes]:
         found: dict[str, bytes] = {}
         try:
-            with vmread.folder(paths.vm_outbox(vm), "tasks", key) as box:
+            with vmread.folder(paths.vm_outbox(vm_name), "tasks", key) as box:
                 for name in names:
                     try:
                         data = vmread.read(box, name, limit)
@@ -151,8 +151,8 @@ class LocalRuntime:
             pass
         return found
 
-    def forget(self, vm: str, key: str) -> None:
-        outbox = paths.vm_outbox(vm)
+    def forget(self, vm_name: str, key: str) -> None:
+        outbox = paths.vm_outbox(vm_name)
         vmread.remove_folder(outbox, outbox / "tasks" / key)
 
 
@@ -181,7 +181,7 @@ def running_tasks() -> int:
     return count
 
 
-def _put(vm: str, key: str, name: str, data: bytes, mode: int) -> None:
+def _put(vm_name: str, key: str, name: str, data: bytes, mode: int) -> None:
     """One file into the VM's staging folder or the task's folder in its outbox, folder by folder without following
     a link."""
     area, _, rel = name.partition("/")
@@ -189,7 +189,7 @@ def _put(vm: str, key: str, name: str, data: bytes, mode: int) -> None:
     if area not in (STAGING, TASK) or not rel or any(part in ("", ".", "..") for part in parts) or (
             area == TASK and "/" in rel):
         raise ValueError(f"not a file agentbox puts in a VM's folders: {name!r}")
-    root = paths.staging_dir(vm) if area == STAGING else paths.vm_outbox(vm)
+    root = paths.staging_dir(vm_name) if area == STAGING else paths.vm_outbox(vm_name)
     private_dir(root)
     with vmread.folder(root, *parts[:-1], create=True) as parent:
         temp = f".{parts[-1]}.partial"

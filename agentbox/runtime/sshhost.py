@@ -29,9 +29,9 @@ COLLECT_LIMIT = 64 << 20
 SESSION_ENDED = 100  # the far end's `attach` after the session ended (far.py's SESSION_ENDED)
 
 
-def mirror_name(vm: str, host: str) -> str:
+def mirror_name(vm_name: str, host: str) -> str:
     """This machine's mirror of a host's VM's shared folders (paths.staging_dir(mirror), paths.vm_outbox(mirror))."""
-    return f"{vm}.on-{host}"
+    return f"{vm_name}.on-{host}"
 
 
 class SshRuntime:
@@ -49,8 +49,8 @@ class SshRuntime:
         VM provisioned differently from what this machine's VMs get. (The older one stays until deleted there.)"""
         return f"{vm_name}-{golden.key(config)[:8]}"
 
-    def mirror(self, vm: str) -> str:
-        return mirror_name(vm, self.name)
+    def mirror(self, vm_name: str) -> str:
+        return mirror_name(vm_name, self.name)
 
     def key(self, task_id: int) -> str:
         """Its id and this machine's, so two laptops sharing a host never collide."""
@@ -58,15 +58,15 @@ class SshRuntime:
         digest = hashlib.sha256(str(paths.state_dir()).encode()).hexdigest()[:8]
         return f"t{task_id}-{machine}-{digest}"
 
-    def template(self, config: Config, vm: str) -> str | None:
+    def template(self, config: Config, vm_name: str) -> str | None:
         """agentbox's own template for the VM there (vm.render.render_remote): the config's resources and
         provisioning, no mount of the workspace, nothing of this machine's. Its two shared folders are the far
         end's, mounted at this machine's mirror paths, so every path the launch step names is right there too."""
-        mirror = self.mirror(vm)
+        mirror = self.mirror(vm_name)
         return render.render_remote(
-            config, vm,
-            render.RenderedMount(f"{FAR_ROOT}/vms/{vm}/staging", str(paths.staging_dir(mirror)), False),
-            render.RenderedMount(f"{FAR_ROOT}/vms/{vm}/outbox", str(paths.vm_outbox(mirror)), True))
+            config, vm_name,
+            render.RenderedMount(f"{FAR_ROOT}/vms/{vm_name}/staging", str(paths.staging_dir(mirror)), False),
+            render.RenderedMount(f"{FAR_ROOT}/vms/{vm_name}/outbox", str(paths.vm_outbox(mirror)), True))
 
     def answered(self, ok: bool) -> None:
         (registry.reached if ok else registry.unreachable)(self.host)
@@ -77,11 +77,11 @@ class SshRuntime:
     def instances(self) -> dict[str, str]:
         return {str(row.get("name")): str(row.get("status")) for row in self.describe().get("vms") or []}
 
-    def stop(self, vm: str) -> None:
-        self.far.call("stop", vm, timeout=600)
+    def stop(self, vm_name: str) -> None:
+        self.far.call("stop", vm_name, timeout=600)
 
-    def delete(self, vm: str) -> None:
-        self.far.call("delete", vm, timeout=600)
+    def delete(self, vm_name: str) -> None:
+        self.far.call("delete", vm_name, timeout=600)
 
     def submit(self, job: Job) -> Handed:
         described = {"vm": job.vm, "task": job.task, "limaYaml": job.lima_yaml, "startTimeout": job.start_timeout,
@@ -95,7 +95,7 @@ class SshRuntime:
         return Handed(int(answer.get("code", 1)), str(answer.get("stderr") or ""), bool(answer.get("created")),
                       bool(answer.get("started")))
 
-    def task(self, vm: str, key: str) -> TaskSeen:
+    def task(self, vm_name: str, key: str) -> TaskSeen:
         answer = self.far.call("status", key)
         seen = (answer.get("tasks") or {}).get(key) or {}
         state = seen.get("state")
@@ -103,18 +103,18 @@ class SshRuntime:
                         {name: int(seen[name]) for name in ("stdout", "stderr") if seen.get(name) is not None},
                         seen.get("vmStatus"))
 
-    def read(self, vm: str, key: str, name: str, offset: int, limit: int) -> bytes:
+    def read(self, vm_name: str, key: str, name: str, offset: int, limit: int) -> bytes:
         answer = self.far.call("read", key, name, str(offset), str(limit))
         return base64.b64decode(answer.get("data") or "")
 
-    def cancel(self, vm: str, key: str) -> None:
+    def cancel(self, vm_name: str, key: str) -> None:
         self.far.call("cancel", key)
 
-    def collect(self, vm: str, key: str, names: Sequence[str], limit: int) -> dict[str, bytes]:
+    def collect(self, vm_name: str, key: str, names: Sequence[str], limit: int) -> dict[str, bytes]:
         raw = self.far.call_bytes("collect", key, timeout=600, limit=COLLECT_LIMIT)
         return _untar(raw, set(names), limit)
 
-    def forget(self, vm: str, key: str) -> None:
+    def forget(self, vm_name: str, key: str) -> None:
         self.far.call("forget", key)
 
     def attach(self, key: str) -> int:

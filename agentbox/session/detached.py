@@ -58,8 +58,8 @@ class Row(NamedTuple):
     exit_code: int | None
     ended: int | None
 
-    def to_json(self, vm: str) -> dict[str, Any]:
-        return {"name": self.name, "agent": self.agent, "vm": vm, "started": iso_time(self.started),
+    def to_json(self, vm_name: str) -> dict[str, Any]:
+        return {"name": self.name, "agent": self.agent, "vm": vm_name, "started": iso_time(self.started),
                 "attached": self.attached, "state": self.state, "exitCode": self.exit_code,
                 "ended": iso_time(self.ended)}
 

@@ -133,7 +133,7 @@ def _session(launch: Launch, said: _Said) -> int | None:
 
 def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
     """Staging, the notes, the isolated copy's base, the logins' way back and launch.sh's command line."""
-    config, name, instance = launch.config, launch.vm_name, launch.instance
+    config, vm_name, instance = launch.config, launch.vm_name, launch.instance
     assert instance is not None and launch.attempt is not None
     with timing.phase("network proxy (ready)"):
         proxy_port = launch.lease.port if launch.lease else None  # waits for a proxy this launch started
@@ -142,13 +142,13 @@ def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
     _notes(launch, said, refreshed)
     seen = context.vm_facts(instance)
     if launch.state.get("seen") != seen:  # what `agentbox describe` reports without asking Lima
-        statefile.update(name, {"seen": seen})
+        statefile.update(vm_name, {"seen": seen})
     points, workdir, copy = said.points, launch.workdir, None
     if launch.isolated:
         points.wait_for_start()  # the start checkpoint is the copy's base
         with timing.phase("isolated mode (base, outbox)"):
-            copy = isolated.begin(config, name, launch.agent_name, workdir, points, aside=launch.aside)
-        workdir = str(paths.staging_dir(name))  # the copy may not exist yet: launch.sh makes it, then enters it
+            copy = isolated.begin(config, vm_name, launch.agent_name, workdir, points, aside=launch.aside)
+        workdir = str(paths.staging_dir(vm_name))  # the copy may not exist yet: launch.sh makes it, then enters it
     handback = _handback(launch, refreshed)
     options = staging.LaunchOptions(isolated=copy, returns=handback.returns if handback is not None else None,
                                     session=launch.kept, worktree=launch.ask.worktree)
@@ -156,7 +156,7 @@ def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
     argv += points.go_options()  # launch.sh starts the program once the start checkpoint is recorded
     argv += ["--", *said.command.argv] if not said.command.interactive_shell else []
     with timing.phase("port clashes (Lima's logs)"):
-        unreachable = forwards.warn_clashes(instance, launch.control.lima.listed or {name: instance},
+        unreachable = forwards.warn_clashes(instance, launch.control.lima.listed or {vm_name: instance},
                                             known=said.unreachable)
         said.unreachable = (said.unreachable or set()) | unreachable
     points.report_if_done()
@@ -167,7 +167,7 @@ def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
         # deferred: start-up (session.attention: only a kept session watches for events)
         from agentbox.session import attention
 
-        attention.ensure_watcher(name)  # before the shell: a closed terminal ends agentbox with it
+        attention.ensure_watcher(vm_name)  # before the shell: a closed terminal ends agentbox with it
     return _Prepared(refreshed, copy, handback, argv, workdir)
 
 
@@ -189,8 +189,8 @@ def _handback(launch: Launch, refreshed: staging.Refreshed) -> writeback.Plan | 
 def _notes(launch: Launch, said: _Said, refreshed: staging.Refreshed) -> None:
     """What the launch says of the VM before the session: a degraded start, MCP servers the policy blocks, what
     changed since it was made, and its mode when that is not what the config asks for."""
-    config, name = launch.config, launch.vm_name
-    degraded = lifecycle.degraded_note(name, launch.state)  # remembered from its start: no limactl call
+    config, vm_name = launch.config, launch.vm_name
+    degraded = lifecycle.degraded_note(vm_name, launch.state)  # remembered from its start: no limactl call
     if degraded:
         said.note(degraded)
     if config.network.mode != "open" and not said.mcp_noted:
@@ -200,17 +200,17 @@ def _notes(launch: Launch, said: _Said, refreshed: staging.Refreshed) -> None:
     if launch.aside or (launch.isolated and config.session_mode != workmode.ISOLATED):
         changed = [setting for setting in changed if setting != "mode"]
     if launch.aside:
-        said.note(f"{name} was created live: this session works on a copy of the workspace in the VM, and its "
+        said.note(f"{vm_name} was created live: this session works on a copy of the workspace in the VM, and its "
                   "changes come back as a proposal; the VM still mounts your workspace writable, so this keeps "
                   "the agent's edits off your files, not a hostile agent (`agentbox start --recreate --isolated` "
                   "makes a VM that cannot write them)")
     if launch.isolated and config.session_mode != workmode.ISOLATED and not launch.state.get("isolatedNoted"):
         # once per VM: `agentbox status` says the mode every time
-        note(f"{name} was created isolated, so its sessions work on a copy of the workspace too; "
+        note(f"{vm_name} was created isolated, so its sessions work on a copy of the workspace too; "
              "`agentbox start --recreate` with session.mode: live makes it live (`agentbox status` shows the mode)")
-        statefile.update(name, {"isolatedNoted": True})
+        statefile.update(vm_name, {"isolatedNoted": True})
     if changed:
-        said.note(f"{', '.join(changed)} changed since {name} was created; `agentbox start --recreate` applies it")
+        said.note(f"{', '.join(changed)} changed since {vm_name} was created; `agentbox start --recreate` applies it")
 
 
 def _note_blocked_mcp_servers(launch: Launch, folder: Path) -> None:
@@ -231,21 +231,21 @@ def _note_blocked_mcp_servers(launch: Launch, folder: Path) -> None:
 def _shell(launch: Launch, said: _Said, ready: _Prepared) -> int | None:
     """The one `limactl shell`; None when a warm attempt ran nothing (what was prepared for it is dropped)."""
     assert launch.attempt is not None
-    name, lima, points = launch.vm_name, launch.control.lima, said.points
+    vm_name, lima, points = launch.vm_name, launch.control.lima, said.points
     shell_argv = warm.argv(launch.attempt, launch.workspace, ready.workdir, ready.argv)
     reconnect = bool(launch.state.get("reconnect"))
     fell_back = False
     try:
         with timing.phase("in-VM setup + agent (limactl shell)"):
             if launch.attempt.mode == warm.PROVE:
-                code, lima_said = lima.shell_unlisted(name, shell_argv, reconnect=reconnect)
+                code, lima_said = lima.shell_unlisted(vm_name, shell_argv, reconnect=reconnect)
                 fell_back = warm.fell_back(launch.attempt, code, lima_said)
                 if fell_back:
                     return None
             else:
                 # Lima enters the host's folder first (`cd` to it, or the host home, before the command): in an
                 # isolated VM the copy there may not exist yet, so it enters the staging folder, which always does.
-                code = lima.shell(name, shell_argv, workdir=ready.workdir if ready.isolated is not None else None,
+                code = lima.shell(vm_name, shell_argv, workdir=ready.workdir if ready.isolated is not None else None,
                                   reconnect=reconnect)
     finally:
         _after_shell(launch, points, ready, fell_back)
@@ -275,68 +275,69 @@ def _after_shell(launch: Launch, points: SessionCheckpoints, ready: _Prepared, f
 def _finish(launch: Launch, said: _Said, ready: _Prepared, code: int) -> int:
     """After the session: ports, the isolated session's proposal, whether the VM is still there, the kept
     session's outcome."""
-    name, instance = launch.vm_name, launch.instance
+    vm_name, instance = launch.vm_name, launch.instance
     assert instance is not None
     with timing.phase("port clashes after the session"):
-        forwards.warn_clashes(instance, launch.control.lima.listed or {name: instance}, known=said.unreachable,
+        forwards.warn_clashes(instance, launch.control.lima.listed or {vm_name: instance}, known=said.unreachable,
                               during=True)
     if ready.isolated is not None:
         with timing.phase("isolated mode (proposal)"):
-            isolated.finish(launch.config, name, ready.isolated, code)
+            isolated.finish(launch.config, vm_name, ready.isolated, code)
     if launch.state.get("reconnect"):
-        statefile.update(name, {"reconnect": False})
-    after = launch.control.instance(name) if code in (1, SSH_FAILED) else instance
+        statefile.update(vm_name, {"reconnect": False})
+    after = launch.control.instance(vm_name) if code in (1, SSH_FAILED) else instance
     if after is None:
         raise StateError(
-            f"the VM {name} disappeared " + ("during the session" if code == SSH_FAILED
+            f"the VM {vm_name} disappeared " + ("during the session" if code == SSH_FAILED
                                              else "while agentbox was starting the session"),
             hint="Another process deleted it. Run the command again to create it anew.",
         )
     if launch.kept is not None:
-        code = _session_outcome(name, launch.kept, code)
+        code = _session_outcome(vm_name, launch.kept, code)
     if code == SSH_FAILED:
-        note(_ssh_failed(name, instance, after))
+        note(_ssh_failed(vm_name, instance, after))
     return code
 
 
-def _ssh_failed(name: str, instance: Instance, after: Instance) -> str:
+def _ssh_failed(vm_name: str, instance: Instance, after: Instance) -> str:
     """What an exit 255 of `limactl shell` means: the VM stopped under the session (Lima reports a crashed VM Stopped
     too), or, while it runs, a signal ended the program or ssh failed."""
     logs = f"Lima's logs are in {instance.dir} ({os.path.join(instance.dir, 'ha.stderr.log')})"
     if after.status != "Running":
-        return (f"{name} stopped during the session (its status is now {after.status or 'unknown'}), so ssh lost "
+        return (f"{vm_name} stopped during the session (its status is now {after.status or 'unknown'}), so ssh lost "
                 f"its connection (exit {SSH_FAILED}); the next launch starts it again. {logs}.")
     # ssh gives 255 for a program a signal ended in the VM too (sshd's `exit-signal` carries no status): an agent the
     # kernel killed for memory, or `kill -9`, reads exactly like a lost connection, so neither is claimed.
-    return (f"{name} is still running, but the session ended without an exit status (exit {SSH_FAILED}): ssh reports "
-            f"that when the program in the VM was killed by a signal (the kernel's out-of-memory killer, `kill -9`), "
-            f"when it could not reach {name} or lost its connection, or when the program exited {SSH_FAILED} itself. "
+    return (f"{vm_name} is still running, but the session ended without an exit status (exit {SSH_FAILED}): ssh "
+            f"reports that when the program in the VM was killed by a signal (the kernel's out-of-memory killer, "
+            f"`kill -9`), when it could not reach {vm_name} or lost its connection, or when the program exited "
+            f"{SSH_FAILED} itself. "
             f"`agentbox shell -- sudo dmesg` shows whether the kernel killed it for memory; `agentbox restart` "
             f"restarts the VM; {logs}.")
 
 
-def _session_outcome(name: str, kept: staginglayout.SessionLaunch, code: int) -> int:
+def _session_outcome(vm_name: str, kept: staginglayout.SessionLaunch, code: int) -> int:
     """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
     # deferred: start-up (click: a launch never loads it; only a kept session's outcome echoes)
     import click
 
-    reply = detached.take_reply(name, kept.reply)
+    reply = detached.take_reply(vm_name, kept.reply)
     if reply is None or reply.name is None:
         if code == 0:
-            warn(f"{name} did not say which session it started; `agentbox sessions` lists them")
+            warn(f"{vm_name} did not say which session it started; `agentbox sessions` lists them")
             return 1
         return code  # launch.sh stopped before the session (it said why)
     agent = reply.agent or "the agent"
     if reply.outcome == "started":
         click.echo(reply.name)
-        note(f"{agent} runs in the session {reply.name} in {name}: `agentbox attach {reply.name}` to see it, "
+        note(f"{agent} runs in the session {reply.name} in {vm_name}: `agentbox attach {reply.name}` to see it, "
              "`agentbox sessions` lists them")
         return 0
     if reply.outcome == "ended":
         if reply.last_output:
             click.echo(visible_text(screen_tail(reply.last_output)))
         return reply.code if reply.code is not None else code
-    note(f"detached from the session {reply.name}: {agent} goes on in {name}; `agentbox attach {reply.name}` "
+    note(f"detached from the session {reply.name}: {agent} goes on in {vm_name}; `agentbox attach {reply.name}` "
          "returns to it")
     return 0
 

@@ -161,18 +161,18 @@ def warm_reached(launch: Launch) -> Launch | None:
 def listed_reached(launch: Launch, running: Instance | None = None) -> Launch:
     """The slow path: `list` (unless `running` is the Running row the caller just listed), a start or create as
     needed, and the checks; the VM recorded as checked, so that the next launch needs no `list`."""
-    control, name = launch.control, launch.vm_name
+    control, vm_name = launch.control, launch.vm_name
     with timing.phase("VM state (limactl list, start)"):
-        instance = lifecycle.ensure_running(control, name, running) if running is not None else \
-            lifecycle.ensure_running(control, name)
+        instance = lifecycle.ensure_running(control, vm_name, running) if running is not None else \
+            lifecycle.ensure_running(control, vm_name)
         if launch.steps.settle_in_place:
             before = instance
-            instance = lifecycle.settle_in_place(control, instance, statefile.read(name))
+            instance = lifecycle.settle_in_place(control, instance, statefile.read(vm_name))
             if instance is not before and launch.lease is not None:
                 launch.lease.resume()  # restarted to apply them: its proxy stopped with the VM
-    token = verified.record(name, instance)
-    warm.sweep(name)
-    return reached(launch, instance, warm.record(name, token))
+    token = verified.record(vm_name, instance)
+    warm.sweep(vm_name)
+    return reached(launch, instance, warm.record(vm_name, token))
 
 
 @contextmanager

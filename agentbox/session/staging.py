@@ -263,7 +263,7 @@ def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | 
     rewritten to its user's home. The credential broker's placeholder logins (launch.brokering) are staged instead
     of the host's (agentbox.credentials.broker.brokered), with its CA, which launch.sh installs in the guest's trust
     store (no CA removes one a launch installed before). `proxy_port`: where the VM reaches its proxy (this
-    machine's port, or a remote host's forward of it); the proxy variables carry the proxy secret of `name`
+    machine's port, or a remote host's forward of it); the proxy variables carry the proxy secret of `launch.folders`
     (agentbox.net.guard). The sandbox's description is staged later (stage_context), once the session's mode and
     start checkpoint are known.
     """

@@ -78,35 +78,35 @@ class Attempt(NamedTuple):
         return paths.vm_outbox(self.name) / f"{STARTED_PREFIX}{self.nonce}"
 
 
-def usable(config: Config, name: str, workspace: Path) -> verified.Verified | None:
+def usable(config: Config, vm_name: str, workspace: Path) -> verified.Verified | None:
     """The VM as the last launch checked it, when this launch may use it without a `list`: the same VM of this
     workspace, live, with nothing agentbox would change or ask about before the session (the slow path says and
     does those), and an outbox for the started mark."""
-    state = statefile.read(name)
-    found = verified.cached(name, state)
+    state = statefile.read(vm_name)
+    found = verified.cached(vm_name, state)
     if found is None or lifecycle.workspace_of(found.instance) != str(workspace):
         return None
-    expected = lifecycle.expected_config(name, state)
+    expected = lifecycle.expected_config(vm_name, state)
     if workmode.ISOLATED in (config.session_mode, workmode.mode_of_vm(expected, workspace)):
         return None
     if "deferred" in state or not lifecycle.resources_as_recorded(config, state):
         return None
-    if not writeback.has_outbox(expected, name):
+    if not writeback.has_outbox(expected, vm_name):
         return None
     return found
 
 
-def prove(name: str, token: str) -> Attempt:
+def prove(vm_name: str, token: str) -> Attempt:
     """A launch that has not listed the VM: its nonce is in the staging folder before the shell."""
-    attempt = Attempt(PROVE, name, secrets.token_hex(16), token)
+    attempt = Attempt(PROVE, vm_name, secrets.token_hex(16), token)
     private_dir(attempt.proof.parent)
     atomic_write(attempt.proof, "", mode=0o600)
     return attempt
 
 
-def record(name: str, token: str | None) -> Attempt:
+def record(vm_name: str, token: str | None) -> Attempt:
     """A launch that has just listed and checked the VM; token None: nothing is kept for the next launch."""
-    return Attempt(RECORD, name, "", token or "")
+    return Attempt(RECORD, vm_name, "", token or "")
 
 
 def argv(attempt: Attempt, workspace: Path, workdir: str, command: list[str]) -> list[str]:
@@ -142,11 +142,11 @@ def _take(path: Path) -> bool:
     return True
 
 
-def sweep(name: str, older_than: float = STALE_SECONDS) -> None:
+def sweep(vm_name: str, older_than: float = STALE_SECONDS) -> None:
     """Marks and nonces left by launches that ended without their cleanup (a crash, a kill); a launch in flight
     is younger than that."""
     limit = time.time() - older_than
-    for folder, prefix in ((paths.staging_dir(name) / PROOF_DIR, ""), (paths.vm_outbox(name), STARTED_PREFIX)):
+    for folder, prefix in ((paths.staging_dir(vm_name) / PROOF_DIR, ""), (paths.vm_outbox(vm_name), STARTED_PREFIX)):
         with contextlib.suppress(OSError), os.scandir(folder) as entries:
             for entry in entries:
                 with contextlib.suppress(OSError):

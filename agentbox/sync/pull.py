@@ -65,20 +65,21 @@ class PullPlan(NamedTuple):
 
 def fetch(control: VmControl, agent: AgentConfig, spec: AgentSpec) -> bytes:
     """The pull folders of the agent in its VM, as a tar stream (one limactl shell)."""
-    name = agent.vm_name
-    instance = control.instance(name)
+    vm_name = agent.vm_name
+    instance = control.instance(vm_name)
     if instance is None or instance.status != RUNNING:
         state = "does not exist" if instance is None else f"is {instance.status.lower()}"
-        raise StateError(f"the VM {name} {state}, so there is nothing to pull from it",
+        raise StateError(f"the VM {vm_name} {state}, so there is nothing to pull from it",
                          hint="Start it with `agentbox start` (its files are kept while it is stopped), then pull.")
     lifecycle.check_ownership(instance, control.config)
     folders = [f"{spec.folder}/{folder}" for folder in spec.pull_folders]
     code, data, stderr = control.lima.shell_bytes(
-        name, ["/bin/bash", "-c", TAR_SCRIPT, "agentbox-sync-pull", *folders], PULL_LIMIT
+        vm_name, ["/bin/bash", "-c", TAR_SCRIPT, "agentbox-sync-pull", *folders], PULL_LIMIT
     )
     if code != 0:
         last = [line for line in stderr.splitlines() if line.strip()][-1:] or [f"exit code {code}"]
-        raise LimaError(f"reading {', '.join('~/' + f for f in folders)} in the VM {name} failed: {visible(last[0])}")
+        raise LimaError(f"reading {', '.join('~/' + f for f in folders)} in the VM {vm_name} failed: "
+                        f"{visible(last[0])}")
     return data
 
 

@@ -37,8 +37,8 @@ class ProjectActivity:
         return any(task.state in ACTIVE or (task.ended or 0) >= since or (task.started or 0) >= since
                    for task in records.all_tasks())
 
-    def vm_busy(self, vm: str) -> bool:
-        return livemarkers.any_fresh(vm)
+    def vm_busy(self, vm_name: str) -> bool:
+        return livemarkers.any_fresh(vm_name)
 
 
 def _every_vm() -> set[str]:

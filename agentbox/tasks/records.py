@@ -210,7 +210,7 @@ def locked() -> Iterator[None]:
         yield
 
 
-def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prompt: bytes, *,
+def create(vm_name: str, workspace: Path, agent: str, argv: list[str], cwd: str, prompt: bytes, *,
            name: str | None, timeout: int | None, worktree: str | None, worktree_name: str | None = None,
            host: str = LOCAL, isolated: bool = False) -> Task:
     """A new Pending task with the next id, its prompt kept beside its record; `worktree`: the commit a
@@ -226,7 +226,7 @@ def create(vm: str, workspace: Path, agent: str, argv: list[str], cwd: str, prom
             number += 1
         atomic_write(root / "next", f"{number + 1}\n", mode=0o600)
         now = time.time()
-        task = Task(id=number, vm=vm, workspace=str(workspace), agent=agent, argv=argv, cwd=cwd, name=name,
+        task = Task(id=number, vm=vm_name, workspace=str(workspace), agent=agent, argv=argv, cwd=cwd, name=name,
                     created=now, timeout=timeout, transitions=[{"state": PENDING, "time": now}],
                     summary=_summary(prompt), host=host, isolated=isolated)
         if worktree:
@@ -532,11 +532,11 @@ def open_output(task: Task, name: str) -> int | None:
         return _open_file(box, name) if box is not None else None
 
 
-def settle_vm(vm: str, reason: str) -> list[Task]:
+def settle_vm(vm_name: str, reason: str) -> list[Task]:
     """The VM is going away (stop, rm): its tasks take their last state from their runners; those still
     active become Failed with `reason`, and every output is moved into its record."""
     mine = [task for task in all_tasks()
-            if task.vm == vm and not task.remote and not task.settled]  # a local Job's key is its id
+            if task.vm == vm_name and not task.remote and not task.settled]  # a local Job's key is its id
     if not mine:
         return []
     updated = refresh(mine, check_vms=False)

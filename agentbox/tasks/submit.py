@@ -127,12 +127,12 @@ def _hand_over(launch: prepare.Launch, task: records.Task, prompt: bytes, base: 
 
 def _stage_and_start(launch: prepare.Launch, task: records.Task, prompt: bytes, base: str | None) -> bool:
     """Stage the task and hand it to the VM's runner; False when a warm attempt ran nothing (take the slow path)."""
-    config, name, attempt = launch.config, launch.vm_name, launch.attempt
+    config, vm_name, attempt = launch.config, launch.vm_name, launch.attempt
     assert attempt is not None
     with timing.phase("staging (credentials, env, guards, sync)"):
         refreshed = staging.refresh(launch, launch.instance, launch.lease.port if launch.lease else None)
         staging.stage_context(launch, refreshed, launch.instance, task.checkpoint)
-    events = detached.events_folder(name) if config.notify else None
+    events = detached.events_folder(vm_name) if config.notify else None
     task_spec = spec(task, Runner(config.tasks_max_concurrent, launch.workspace, base, events))
     box = records.prepare_box(task, {"prompt": prompt, "spec": task_spec})
     now = records.get(task.id)
@@ -142,13 +142,13 @@ def _stage_and_start(launch: prepare.Launch, task: records.Task, prompt: bytes, 
     shell = warm.argv(attempt, launch.workspace, task.cwd, [*command, "--", *task.argv])
     with timing.phase("in-VM setup + task runner (limactl shell)"):
         if attempt.mode == warm.PROVE:
-            code, lima_said = launch.control.lima.shell_unlisted(name, shell, stdin_data=b"")
+            code, lima_said = launch.control.lima.shell_unlisted(vm_name, shell, stdin_data=b"")
             if warm.fell_back(attempt, code, lima_said):
                 return False
         else:
-            code = launch.control.lima.shell(name, shell, stdin_data=b"")
+            code = launch.control.lima.shell(vm_name, shell, stdin_data=b"")
     if code == 0 and events is not None:
-        attention.ensure_watcher(name)  # it shows the task's end, and ends itself after
+        attention.ensure_watcher(vm_name)  # it shows the task's end, and ends itself after
     if code != 0:
         raise StateError(f"the VM did not take {task.label}: the launch step exited {code}",
                          hint="Its messages are above. `agentbox tasks` shows the task as Failed.")

@@ -104,20 +104,20 @@ class PortRow(NamedTuple):
 # -- agentbox port's records ---------------------------------------------------------------------
 
 
-def _record_path(vm: str) -> Path:
-    return paths.vm_state_dir(vm) / RECORD
+def _record_path(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / RECORD
 
 
-def on_demand(vm: str) -> list[OnDemand]:
+def on_demand(vm_name: str) -> list[OnDemand]:
     """This VM's `agentbox port` forwards whose ssh still runs."""
     try:
-        entries = json.loads(_record_path(vm).read_text())
+        entries = json.loads(_record_path(vm_name).read_text())
     except (OSError, ValueError):
         return []
     found = []
     for entry in entries if isinstance(entries, list) else []:
         try:
-            item = OnDemand(vm, int(entry["pid"]), int(entry["guestPort"]), int(entry["hostPort"]))
+            item = OnDemand(vm_name, int(entry["pid"]), int(entry["guestPort"]), int(entry["hostPort"]))
         except (KeyError, TypeError, ValueError):
             continue
         if port_forward_alive(item.pid, item.guest_port, item.host_port):
@@ -125,14 +125,14 @@ def on_demand(vm: str) -> list[OnDemand]:
     return found
 
 
-def save_on_demand(vm: str, items: Iterable[OnDemand]) -> None:
+def save_on_demand(vm_name: str, items: Iterable[OnDemand]) -> None:
     data = [{"pid": i.pid, "guestPort": i.guest_port, "hostPort": i.host_port, "started": time.time()} for i in items]
-    atomic_write(_record_path(vm), json.dumps(data, indent=1) + "\n", mode=0o600)
+    atomic_write(_record_path(vm_name), json.dumps(data, indent=1) + "\n", mode=0o600)
 
 
-def log_path(vm: str, host_port: int) -> Path:
+def log_path(vm_name: str, host_port: int) -> Path:
     """Where the ssh of an agentbox port forward writes (its folder is created)."""
-    return private_dir(paths.vm_state_dir(vm)) / f"port-{host_port}.log"
+    return private_dir(paths.vm_state_dir(vm_name)) / f"port-{host_port}.log"
 
 
 # -- who holds what ------------------------------------------------------------------------------

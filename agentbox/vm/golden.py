@@ -561,25 +561,25 @@ class CloneUnsupported(Exception):
     """This Lima's clone takes no edit flags (or has no clone): create the VM from scratch."""
 
 
-def clone(lima: Lima, base: Base, name: str, edits: list[str], verbose: bool = False) -> None:
-    """`limactl clone` of the base into `name`, run in a private temporary folder: Lima writes an edit it
+def clone(lima: Lima, base: Base, vm_name: str, edits: list[str], verbose: bool = False) -> None:
+    """`limactl clone` of the base into `vm_name`, run in a private temporary folder: Lima writes an edit it
     rejects to ./lima.REJECTED.yaml, which must never land in the user's folder. A rejected one is kept
     in the VM's state folder and its message shown."""
     folder = tempfile.mkdtemp(prefix="agentbox-clone-")
     try:
         try:
-            with Progress(f"Cloning VM {name} from the base VM {base.name}", verbose=verbose) as progress:
-                lima.clone(base.name, name, edits, cwd=folder, on_output=progress.feed)
+            with Progress(f"Cloning VM {vm_name} from the base VM {base.name}", verbose=verbose) as progress:
+                lima.clone(base.name, vm_name, edits, cwd=folder, on_output=progress.feed)
         except LimaError as error:
             text = " ".join(error.stderr_lines)
             if "unknown flag" in text or "unknown command" in text or "unknown shorthand flag" in text:
                 raise CloneUnsupported(error.message) from None
             rejected = Path(folder) / "lima.REJECTED.yaml"
             if rejected.is_file() and not rejected.is_symlink():
-                kept = private_dir(paths.vm_state_dir(name)) / "lima.REJECTED.yaml"
+                kept = private_dir(paths.vm_state_dir(vm_name)) / "lima.REJECTED.yaml"
                 atomic_write(kept, rejected.read_bytes()[: 4 << 20], mode=0o600)
                 reason = _REJECTED.sub("", error.stderr_lines[-1] if error.stderr_lines else error.message)
-                error.message = f"Lima rejected {name}'s settings applied to the base VM {base.name}: {reason}"
+                error.message = f"Lima rejected {vm_name}'s settings applied to the base VM {base.name}: {reason}"
                 error.hint = (f"The rejected lima.yaml is kept in {kept}. Fix what it names in your config, or set "
                               "`vm.base: off` to create the VM from scratch.")
             raise
@@ -609,15 +609,15 @@ def stale_note(config: Config, recorded: Any) -> tuple[str, str] | None:
         return None
     parts = inputs(config)
     current = key_of(parts)
-    name = config.vm_name
-    update = f"`agentbox update-agents` brings {name}'s agent CLIs up to date (no new VM)"
+    vm_name = config.vm_name
+    update = f"`agentbox update-agents` brings {vm_name}'s agent CLIs up to date (no new VM)"
     if recorded["key"] != current:
         before = recorded.get("inputs") or {}
         changed = [part for part, value in parts.items() if before.get(part) != value]
         what = ", ".join(PART_NAMES.get(part, part) for part in changed) if changed else "what goes into it"
         if changed and set(changed) <= AGENT_PARTS:
-            return current, f"{name} was cloned from an older base VM ({what} changed since); {update}"
-        return current, (f"{name} was cloned from an older base VM ({what} changed since); "
+            return current, f"{vm_name} was cloned from an older base VM ({what} changed since); {update}"
+        return current, (f"{vm_name} was cloned from an older base VM ({what} changed since); "
                          "`agentbox start --recreate` re-clones it from a new base")
     record = read_record(current)
     built = recorded.get("built")
@@ -632,9 +632,9 @@ def stale_note(config: Config, recorded: Any) -> tuple[str, str] | None:
         if not differ:
             return None  # rebuilt with the same provisioning and the same agent versions: nothing to catch up
 
-        return identity, visible(f"the base VM was rebuilt since {name} was cloned from it, with other agent CLI "
+        return identity, visible(f"the base VM was rebuilt since {vm_name} was cloned from it, with other agent CLI "
                                  f"versions ({'; '.join(differ)[:300]}); {update}")
-    return identity, f"the base VM was rebuilt since {name} was cloned from it (newer agent CLIs); {update}"
+    return identity, f"the base VM was rebuilt since {vm_name} was cloned from it (newer agent CLIs); {update}"
 
 
 # -- listing and removing bases -------------------------------------------------------------------

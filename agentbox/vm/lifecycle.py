@@ -37,8 +37,8 @@ class VmControl:
         # What ends with a VM agentbox stopped (its tasks, its network proxy) is settled by the command layer.
         self.on_stopped = on_stopped or (lambda name: None)
 
-    def instance(self, name: str) -> Instance | None:
-        return self.lima.get(name)
+    def instance(self, vm_name: str) -> Instance | None:
+        return self.lima.get(vm_name)
 
 
 def workspace_of(instance: Instance) -> str | None:
@@ -88,26 +88,26 @@ def check_ownership(instance: Instance, config: Config) -> None:
         )
 
 
-def clash_hint(config: Config, name: str, foreign: bool = False) -> str:
+def clash_hint(config: Config, vm_name: str, foreign: bool = False) -> str:
     """The fix for a VM name that is taken, wherever the clash is reported: by another workspace's VM, or
     (foreign) by a Lima instance agentbox did not create."""
-    own = f"give this workspace its own VM: {own_vm_instruction(config, name)}"
+    own = f"give this workspace its own VM: {own_vm_instruction(config, vm_name)}"
     if foreign:
-        return f"Recreate it with `agentbox start --recreate` (this deletes {name}), or {own}"
+        return f"Recreate it with `agentbox start --recreate` (this deletes {vm_name}), or {own}"
     return own[0].upper() + own[1:]
 
 
-def own_vm_instruction(config: Config, name: str) -> str:
-    """One copy-pasteable instruction that moves this workspace off the VM name `name`."""
+def own_vm_instruction(config: Config, vm_name: str) -> str:
+    """One copy-pasteable instruction that moves this workspace off the VM name `vm_name`."""
 
 
-    free = naming.distinct_vm_name(config.workspace, paths.lima_home(), name)
+    free = naming.distinct_vm_name(config.workspace, paths.lima_home(), vm_name)
     if config.local_file is None:
         return visible(
             f"`agentbox -C {shlex.quote(str(config.workspace))} init --vm-name {free}` (it writes "
             f"{config.workspace / paths.LOCAL_CONFIG_NAME} with that name and trusts it)."
         )
-    agent = next((a.name for a in config.agents.values() if a.vm_name == name and name != config.vm_name), None)
+    agent = next((a.name for a in config.agents.values() if a.vm_name == vm_name and vm_name != config.vm_name), None)
     where = f"`vmName: {free}` under `agents: {agent}:`" if agent else f"`name: {free}` under `vm:`"
     return visible(
         f"set {where} in {config.local_file}, "
@@ -124,56 +124,56 @@ def check_workspace_matches(instance: Instance, config: Config) -> None:
         check_ownership(instance, config)
 
 
-def ensure_running(control: VmControl, name: str, known: Instance | None = _UNKNOWN) -> Instance:
+def ensure_running(control: VmControl, vm_name: str, known: Instance | None = _UNKNOWN) -> Instance:
     """Make sure the project's VM exists, runs and runs with what agentbox rendered.
 
     `known` is the result of a `list` the caller already made, so no call is repeated: a VM that
     already runs costs that one `limactl list`, whose row also carries the config it is checked against.
     """
-    instance = control.instance(name) if known is _UNKNOWN else known
+    instance = control.instance(vm_name) if known is _UNKNOWN else known
     if instance is not None and not half_made(instance, control.config):
         check_ownership(instance, control.config)
         if instance.status == RUNNING and verify_running(control, instance):
             return instance
-    with statefile.lock(name) as waited:
+    with statefile.lock(vm_name) as waited:
         if waited:  # another agentbox held the lock: it may have created or started the VM meanwhile
-            instance = control.instance(name)
+            instance = control.instance(vm_name)
         if instance is not None and half_made(instance, control.config):
             # Holding the lock, nobody else is making it: what an interrupt left is discarded and made anew.
-            note(HALF_MADE.format(name=name) + "; making it again")
-            control.lima.delete(name, force=True)
+            note(HALF_MADE.format(name=vm_name) + "; making it again")
+            control.lima.delete(vm_name, force=True)
             instance = None
         if instance is None:
             try:
-                return create_and_start(control, name)
+                return create_and_start(control, vm_name)
             except _AlreadyExists:
-                instance = control.instance(name)  # created by an agentbox that did not hold our lock yet
+                instance = control.instance(vm_name)  # created by an agentbox that did not hold our lock yet
                 if instance is None:
                     raise StateError(
-                        f"limactl says {name} already exists, but `limactl list` does not show it"
+                        f"limactl says {vm_name} already exists, but `limactl list` does not show it"
                     ) from None
         check_ownership(instance, control.config)
         if instance.status == RUNNING:
             if verify_running(control, instance):
                 return instance
             # Refused earlier and started again outside agentbox: what it booted with is unknown.
-            note(f"{name} was refused earlier and has been started since; restarting it to check what it runs with")
-            control.lima.stop(name, force=True)
-            return start(control, name, instance.dir, instance)
+            note(f"{vm_name} was refused earlier and has been started since; restarting it to check what it runs with")
+            control.lima.stop(vm_name, force=True)
+            return start(control, vm_name, instance.dir, instance)
         if instance.status == STOPPED:
             started = start(control, instance.name, instance.dir, instance)
         elif instance.status == BROKEN:
             started = recover(control, instance)
         else:
             return wait_for_settled(control, instance)
-        note_stale_base(control.config, name)
+        note_stale_base(control.config, vm_name)
         return started
 
 
-def note_stale_base(config: Config, name: str) -> None:
+def note_stale_base(config: Config, vm_name: str) -> None:
     """One line when the VM was cloned from a base that is no longer current, said once per VM and base (the
     VM's state keeps which base it was said about). Never on a warm launch: the key costs a template render."""
-    vm_record = statefile.read(name)
+    vm_record = statefile.read(vm_name)
     recorded = vm_record.get("base")
     if recorded and config.vm_base == "auto":
         # deferred: start-up (vm.golden: only a VM cloned from a base needs it, never the warm launch)
@@ -182,7 +182,7 @@ def note_stale_base(config: Config, name: str) -> None:
         found = golden.stale_note(config, recorded)
         if found and vm_record.get("staleBaseNoted") != found[0]:
             note(found[1])
-            statefile.update(name, {"staleBaseNoted": found[0]})
+            statefile.update(vm_name, {"staleBaseNoted": found[0]})
 
 
 def verify_running(control: VmControl, instance: Instance) -> bool:
@@ -200,74 +200,74 @@ def verify_running(control: VmControl, instance: Instance) -> bool:
     return not vm_record.get("refused")
 
 
-def expected_config(name: str, vm_record: dict[str, Any] | None = None) -> dict[str, Any] | None:
+def expected_config(vm_name: str, vm_record: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """What agentbox rendered for the VM, from its state; rebuilt once from the kept lima.yaml for older VMs."""
-    vm_record = statefile.read(name) if vm_record is None else vm_record
+    vm_record = statefile.read(vm_name) if vm_record is None else vm_record
     expected = vm_record.get("expected")
     if effective.is_current(expected):
         return expected
     try:
-        rendered = (paths.vm_state_dir(name) / "lima.yaml").read_text()
+        rendered = (paths.vm_state_dir(vm_name) / "lima.yaml").read_text()
     except OSError:
         return None  # created before agentbox kept its template: nothing to compare with
     expected = effective.expected_from_rendered(rendered)
-    statefile.update(name, {"expected": expected})
+    statefile.update(vm_name, {"expected": expected})
     return expected
 
 
-def refuse(control: VmControl, name: str, found: list[effective.Difference], running: bool) -> NoReturn:
+def refuse(control: VmControl, vm_name: str, found: list[effective.Difference], running: bool) -> NoReturn:
     """Record the VM as refused (so the next command does not use it either), stop it, raise."""
-    statefile.update(name, {"refused": [difference.text for difference in found]})
+    statefile.update(vm_name, {"refused": [difference.text for difference in found]})
     if running:
         try:
-            control.lima.stop(name, force=True)
+            control.lima.stop(vm_name, force=True)
         except LimaError as error:
-            warn(f"could not stop {name}: {error.message}; agentbox still refuses to use it")
-    raise effective.refusal(name, found, paths.lima_home(), stopped=running)
+            warn(f"could not stop {vm_name}: {error.message}; agentbox still refuses to use it")
+    raise effective.refusal(vm_name, found, paths.lima_home(), stopped=running)
 
 
 class _AlreadyExists(Exception):
     pass
 
 
-def create_and_start(control: VmControl, name: str) -> Instance:
+def create_and_start(control: VmControl, vm_name: str) -> Instance:
     config = control.config
-    template_text = render.render(config, name)
-    vm_record = private_dir(paths.vm_state_dir(name))
-    private_dir(paths.staging_dir(name))
-    private_dir(paths.vm_outbox(name))
+    template_text = render.render(config, vm_name)
+    vm_record = private_dir(paths.vm_state_dir(vm_name))
+    private_dir(paths.staging_dir(vm_name))
+    private_dir(paths.vm_outbox(vm_name))
     template_path = vm_record / "lima.yaml"
     atomic_write(template_path, template_text, mode=0o600)
     # Before Lima makes anything: an interrupt can leave a clone that still has the base's (empty) workspace
     # param, and this record is what lets the next run know it as its own (half_made) rather than foreign.
-    statefile.write(name, {"workspace": str(config.require_workspace()), "creating": time.time()})
+    statefile.write(vm_name, {"workspace": str(config.require_workspace()), "creating": time.time()})
     cloned_from = None
     try:
         if config.vm_base == "auto":
-            cloned_from = _clone_from_base(control, name, template_text)
+            cloned_from = _clone_from_base(control, vm_name, template_text)
         if cloned_from is None:
-            with Progress(f"Creating VM {name}", verbose=control.verbose) as progress:
-                control.lima.create(name, template_path, on_output=progress.feed)
+            with Progress(f"Creating VM {vm_name}", verbose=control.verbose) as progress:
+                control.lima.create(vm_name, template_path, on_output=progress.feed)
     except Interrupted:
         raise Interrupted(
-            f"interrupted while creating {name}",
-            hint=f"Run the same command again to finish, or `agentbox rm --yes` to discard {name}.",
+            f"interrupted while creating {vm_name}",
+            hint=f"Run the same command again to finish, or `agentbox rm --yes` to discard {vm_name}.",
         ) from None
     except LimaError as error:
-        if any("already exists" in line and name in line for line in error.stderr_lines):
+        if any("already exists" in line and vm_name in line for line in error.stderr_lines):
             raise _AlreadyExists() from None
         # We hold the VM's lock, so anything left under this name is our own half-made VM.
-        leftover = control.instance(name)
+        leftover = control.instance(vm_name)
         error.log_path = leftover.log_path if leftover is not None else None
         if leftover is not None:
-            control.lima.delete(name, force=True)
-            error.hint = " ".join(filter(None, [error.hint, f"The half-created VM {name} was removed; nothing else "
+            control.lima.delete(vm_name, force=True)
+            error.hint = " ".join(filter(None, [error.hint, f"The half-created VM {vm_name} was removed; nothing else "
                                                              "changed."]))
         elif not error.hint:
             error.hint = "No VM was created; nothing changed."
         raise
     statefile.write(
-        name,
+        vm_name,
         {
             "workspace": str(config.require_workspace()),
             "created": time.time(),
@@ -277,10 +277,10 @@ def create_and_start(control: VmControl, name: str) -> Instance:
             **({"base": cloned_from} if cloned_from else {}),
         },
     )
-    return start(control, name, str(paths.lima_home() / name))
+    return start(control, vm_name, str(paths.lima_home() / vm_name))
 
 
-def _clone_from_base(control: VmControl, name: str, template_text: str) -> dict[str, Any] | None:
+def _clone_from_base(control: VmControl, vm_name: str, template_text: str) -> dict[str, Any] | None:
     """Make the VM a clone of the base (built first when needed): returns what the VM keeps about its base,
     or None when this project's VM cannot be a clone (said once; the caller creates it from scratch)."""
     # deferred: start-up (vm.golden: only a VM cloned from a base needs it, never the warm launch)
@@ -288,66 +288,66 @@ def _clone_from_base(control: VmControl, name: str, template_text: str) -> dict[
 
     plan = golden.clone_plan(control.config, template_text)
     if isinstance(plan, str):
-        note(f"creating {name} from scratch, not as a clone of the base VM: {plan}")
+        note(f"creating {vm_name} from scratch, not as a clone of the base VM: {plan}")
         return None
     with golden.lock() as waited:
         current = golden.ensure(control.lima, control.config, control.verbose, waited=waited)
         if plan.disk_note:
             note(plan.disk_note)
         try:
-            golden.clone(control.lima, current, name, plan.edits, control.verbose)
+            golden.clone(control.lima, current, vm_name, plan.edits, control.verbose)
         except golden.CloneUnsupported as error:
-            note(f"this Lima cannot clone a VM with edit flags ({error}); creating {name} from scratch")
+            note(f"this Lima cannot clone a VM with edit flags ({error}); creating {vm_name} from scratch")
             return None
     return current.reference()
 
 
-def start(control: VmControl, name: str, instance_dir: str, row: Instance | None = None) -> Instance:
+def start(control: VmControl, vm_name: str, instance_dir: str, row: Instance | None = None) -> Instance:
     """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
-    expected = expected_config(name)
-    private_dir(paths.vm_outbox(name))  # a mount location Lima needs to find
+    expected = expected_config(vm_name)
+    private_dir(paths.vm_outbox(vm_name))  # a mount location Lima needs to find
     if expected is not None:
-        effective.check_mount_locations(name, expected)
+        effective.check_mount_locations(vm_name, expected)
         if row is not None and row.config:
             found = effective.differences(row.config, expected, row.dir or instance_dir)
             if found:
-                refuse(control, name, found, running=False)
-    apply_in_place(control, name, row)
+                refuse(control, vm_name, found, running=False)
+    apply_in_place(control, vm_name, row)
     timeout = max(MIN_START_TIMEOUT, control.config.startup_wait_sec)
     log_path = os.path.join(instance_dir, "ha.stderr.log")
     try:
-        with Progress(f"Starting VM {name}", verbose=control.verbose) as progress:
-            control.lima.start(name, timeout, on_output=progress.feed)
+        with Progress(f"Starting VM {vm_name}", verbose=control.verbose) as progress:
+            control.lima.start(vm_name, timeout, on_output=progress.feed)
     except Interrupted:
         raise Interrupted(
-            f"interrupted while starting {name}; Lima may keep booting it in the background",
+            f"interrupted while starting {vm_name}; Lima may keep booting it in the background",
             hint="Run the same command again: agentbox waits for the VM to finish starting.",
         ) from None
     except LimaError as error:
         error.log_path = log_path
         if is_degraded(error):
-            remember_degraded(name, error)
+            remember_degraded(vm_name, error)
             error.hint = (
-                f"{name} is running, but Lima reports it degraded: its provisioning did not finish (a readiness "
+                f"{vm_name} is running, but Lima reports it degraded: its provisioning did not finish (a readiness "
                 "probe failed), or a mount or port forward failed. See why with `agentbox doctor` and "
                 "`agentbox shell -- sudo tail -n 50 /var/log/cloud-init-output.log`; `agentbox restart` starts it "
                 "again. Every launch says so until a start finishes cleanly."
             )
             raise
         error.hint = (
-            f"{name} was not deleted. Run the command again to retry, see Lima's log "
+            f"{vm_name} was not deleted. Run the command again to retry, see Lima's log "
             f"{log_path}, or start over with `agentbox start --recreate`."
         )
         raise
-    vm_record = statefile.read(name)
+    vm_record = statefile.read(vm_name)
     vm_record.pop("degraded", None)  # this start finished cleanly
-    statefile.write(name, {**vm_record, "booted": time.time()})
-    instance = require_running(control, name)
+    statefile.write(vm_name, {**vm_record, "booted": time.time()})
+    instance = require_running(control, vm_name)
     if expected is not None and instance.config:
         found = effective.differences(instance.config, expected, instance.dir)
         if found:
-            refuse(control, name, found, running=True)
-    statefile.clear_refusal(name)
+            refuse(control, vm_name, found, running=True)
+    statefile.clear_refusal(vm_name)
     return instance
 
 
@@ -356,13 +356,13 @@ def is_degraded(error: LimaError) -> bool:
     return any(line.startswith(("degraded", "DEGRADED")) for line in error.stderr_lines)
 
 
-def remember_degraded(name: str, error: LimaError) -> None:
+def remember_degraded(vm_name: str, error: LimaError) -> None:
     """Kept in the VM's state, so every launch says it (no limactl call) until a start finishes cleanly."""
     errors = [line for line in error.stderr_lines if not line.startswith(("degraded", "DEGRADED"))]
-    statefile.update(name, {"degraded": {"at": time.time(), "errors": errors[-3:]}})
+    statefile.update(vm_name, {"degraded": {"at": time.time(), "errors": errors[-3:]}})
 
 
-def degraded_note(name: str, vm_record: dict[str, Any]) -> str | None:
+def degraded_note(vm_name: str, vm_record: dict[str, Any]) -> str | None:
     """The line a launch says about a VM whose last start Lima reported degraded (read from its state)."""
     degraded = vm_record.get("degraded")
     if not degraded:
@@ -371,32 +371,32 @@ def degraded_note(name: str, vm_record: dict[str, Any]) -> str | None:
     errors = degraded.get("errors") if isinstance(degraded, dict) else None
     found = "; ".join(str(line)[:200] for line in errors) if isinstance(errors, list) and errors else ""
     return visible(
-        f"Lima reported the last start of {name} degraded{f' ({found})' if found else ''}: its provisioning, "
+        f"Lima reported the last start of {vm_name} degraded{f' ({found})' if found else ''}: its provisioning, "
         "mounts or port forwards may not work. `agentbox doctor` says more; `agentbox restart` starts it again."
     )
 
 
-def apply_in_place(control: VmControl, name: str, row: Instance | None) -> None:
+def apply_in_place(control: VmControl, vm_name: str, row: Instance | None) -> None:
     """The stopped VM gets the cpus, memory and larger disk the config asks for (`limactl edit`, vm.inplace)."""
     # deferred: start-up (vm.inplace: only when cpus/memory/disk changed, never the warm launch)
     from agentbox.vm import inplace
 
-    found = inplace.plan(statefile.read(name).get("fingerprint"), control.config, row.disk if row is not None else 0)
+    found = inplace.plan(statefile.read(vm_name).get("fingerprint"), control.config, row.disk if row is not None else 0)
     if found.kept:
         note(found.kept)
     if found.pending:
         try:
-            with Progress(f"Applying {', '.join(found.changes)} to VM {name}", verbose=control.verbose):
-                control.lima.edit(name, found.edits)
+            with Progress(f"Applying {', '.join(found.changes)} to VM {vm_name}", verbose=control.verbose):
+                control.lima.edit(vm_name, found.edits)
         except LimaError as error:
             error.hint = (
-                f"{name} was not changed and not started. Lima checks the VM's whole config with the change "
-                f"({paths.lima_home() / name / 'lima.yaml'}): fix what it names, or set vm.cpus, vm.memory and "
+                f"{vm_name} was not changed and not started. Lima checks the VM's whole config with the change "
+                f"({paths.lima_home() / vm_name / 'lima.yaml'}): fix what it names, or set vm.cpus, vm.memory and "
                 "vm.disk back (`agentbox config --sources` shows where each is set), then run the command again."
             )
             raise
     if found.applied or found.settled:
-        record_in_place(name, {**found.settled, **found.applied}, applied=found.pending)
+        record_in_place(vm_name, {**found.settled, **found.applied}, applied=found.pending)
 
 
 def settle_in_place(control: VmControl, instance: Instance, vm_record: dict[str, Any] | None = None) -> Instance:
@@ -455,14 +455,14 @@ def restart_to_apply(control: VmControl, instance: Instance) -> Instance:
         return start(control, name, instance.dir, instance)
 
 
-def record_in_place(name: str, values: dict[str, Any], applied: bool = False) -> None:
+def record_in_place(vm_name: str, values: dict[str, Any], applied: bool = False) -> None:
     """The VM now has these cpus, memory, disk (or keeps a larger disk): its record says so. `applied`: the
     edit waiting for the VM's next start was made, so nothing is deferred any more."""
-    vm_record = statefile.read(name)
+    vm_record = statefile.read(vm_name)
     vm_record["fingerprint"] = {**(vm_record.get("fingerprint") or {}), **values}
     if applied:
         vm_record.pop("deferred", None)
-    statefile.write(name, vm_record)
+    statefile.write(vm_name, vm_record)
 
 
 def recover(control: VmControl, instance: Instance) -> Instance:
@@ -509,30 +509,30 @@ def wait_for_settled(control: VmControl, instance: Instance) -> Instance:
     )
 
 
-def require_running(control: VmControl, name: str) -> Instance:
-    instance = control.instance(name)
+def require_running(control: VmControl, vm_name: str) -> Instance:
+    instance = control.instance(vm_name)
     if instance is None:
-        raise StateError(f"{name} disappeared right after it was started", hint="Run the command again.")
+        raise StateError(f"{vm_name} disappeared right after it was started", hint="Run the command again.")
     if instance.status != RUNNING:
         raise StateError(
-            f"{name} is {instance.status or 'unknown'} after `limactl start` succeeded",
+            f"{vm_name} is {instance.status or 'unknown'} after `limactl start` succeeded",
             hint=f"See Lima's log {instance.log_path}.",
         )
     return instance
 
 
-def stop(control: VmControl, name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
+def stop(control: VmControl, vm_name: str, force: bool = False, known: Instance | None = _UNKNOWN) -> str | None:
     """Stop the VM. A step line reports a stop; the returned note says why nothing was done. `known`: the
     caller's `limactl list` row of it, so none is repeated."""
-    instance = control.instance(name) if known is _UNKNOWN else known
+    instance = control.instance(vm_name) if known is _UNKNOWN else known
     if instance is None:
-        return f"{name} does not exist; nothing to stop"
+        return f"{vm_name} does not exist; nothing to stop"
     check_workspace_matches(instance, control.config)
     if instance.status == STOPPED and not force:
-        return f"{name} is already stopped"
-    with statefile.lock(name):
-        stop_now(control.lima, name, force or instance.status != RUNNING, control.verbose)
-    control.on_stopped(name)
+        return f"{vm_name} is already stopped"
+    with statefile.lock(vm_name):
+        stop_now(control.lima, vm_name, force or instance.status != RUNNING, control.verbose)
+    control.on_stopped(vm_name)
     return None
 
 
@@ -541,17 +541,17 @@ def running_vms(lima: Lima) -> list[str]:
     return [i.name for i in lima.instances().values() if is_agentbox_vm(i) and i.status == RUNNING]
 
 
-def stop_now(lima: Lima, name: str, force: bool, verbose: bool) -> None:
-    verified.forget(name)
-    with Progress(f"Stopping VM {name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
-        lima.stop(name, force=force, on_output=progress.feed)
+def stop_now(lima: Lima, vm_name: str, force: bool, verbose: bool) -> None:
+    verified.forget(vm_name)
+    with Progress(f"Stopping VM {vm_name}" + (" (forced)" if force else ""), verbose=verbose) as progress:
+        lima.stop(vm_name, force=force, on_output=progress.feed)
 
 
-def delete(control: VmControl, name: str) -> None:
+def delete(control: VmControl, vm_name: str) -> None:
     """Delete the VM and its disk; agentbox's own state of it stays until vmstate.clear (the outbox is there)."""
-    with statefile.lock(name):
-        verified.forget(name)
-        control.lima.delete(name, force=True)
+    with statefile.lock(vm_name):
+        verified.forget(vm_name)
+        control.lima.delete(vm_name, force=True)
 
 
 REMOVED = "{name} removed (its disk is gone; the workspace on the host is untouched)"
@@ -569,10 +569,10 @@ def conflict(instance: Instance | None, config: Config) -> dict[str, Any] | None
     }
 
 
-def describe(instance: Instance | None, name: str, workspace: str | None) -> dict[str, Any]:
+def describe(instance: Instance | None, vm_name: str, workspace: str | None) -> dict[str, Any]:
     if instance is None:
         return {
-            "name": name,
+            "name": vm_name,
             "status": NOT_CREATED,
             "workspace": workspace,
             "cpus": None,

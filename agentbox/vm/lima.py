@@ -169,37 +169,37 @@ class Lima:
         self.listed = instances
         return instances
 
-    def get(self, name: str) -> Instance | None:
-        return self.instances().get(name)
+    def get(self, vm_name: str) -> Instance | None:
+        return self.instances().get(vm_name)
 
-    def create(self, name: str, template: Path, on_output: Callable[[str], None] | None = None) -> None:
-        self._streamed(["--tty=false", "create", "--name", name, str(template)], on_output)
+    def create(self, vm_name: str, template: Path, on_output: Callable[[str], None] | None = None) -> None:
+        self._streamed(["--tty=false", "create", "--name", vm_name, str(template)], on_output)
 
-    def start(self, name: str, timeout_sec: int, on_output: Callable[[str], None] | None = None) -> None:
-        self._streamed(["--tty=false", "start", "--timeout", f"{timeout_sec}s", name], on_output)
+    def start(self, vm_name: str, timeout_sec: int, on_output: Callable[[str], None] | None = None) -> None:
+        self._streamed(["--tty=false", "start", "--timeout", f"{timeout_sec}s", vm_name], on_output)
 
-    def stop(self, name: str, force: bool = False, on_output: Callable[[str], None] | None = None) -> None:
-        self._streamed(["--tty=false", "stop", *(["--force"] if force else []), name], on_output)
+    def stop(self, vm_name: str, force: bool = False, on_output: Callable[[str], None] | None = None) -> None:
+        self._streamed(["--tty=false", "stop", *(["--force"] if force else []), vm_name], on_output)
 
-    def delete(self, name: str, force: bool = False) -> None:
-        self._captured(["--tty=false", "delete", *(["--force"] if force else []), name])
+    def delete(self, vm_name: str, force: bool = False) -> None:
+        self._captured(["--tty=false", "delete", *(["--force"] if force else []), vm_name])
 
-    def clone(self, source: str, name: str, edits: Sequence[str], cwd: str,
+    def clone(self, source: str, vm_name: str, edits: Sequence[str], cwd: str,
               on_output: Callable[[str], None] | None = None) -> None:
         """`limactl clone SOURCE NAME` with edit flags (--set, --cpus, ...), run in `cwd`: Lima writes an
         edit it rejects to ./lima.REJECTED.yaml there. Copying the disk can take a while without CoW."""
-        self._streamed(["--tty=false", "clone", source, name, *edits], on_output, cwd=cwd)
+        self._streamed(["--tty=false", "clone", source, vm_name, *edits], on_output, cwd=cwd)
 
     def rename(self, old: str, new: str) -> None:
         self._captured(["--tty=false", "rename", old, new])
 
-    def edit(self, name: str, flags: dict[str, str]) -> None:
+    def edit(self, vm_name: str, flags: dict[str, str]) -> None:
         """`limactl edit NAME --cpus N --memory GiB --disk GiB` (the flags given, in that order) on a stopped VM.
 
         Lima saves a rejected edit as ./lima.REJECTED.yaml in its current folder, so it runs in a temporary
         folder of its own (gone afterwards); the error keeps Lima's reason without that file's name.
         """
-        args = ["--tty=false", "edit", name]
+        args = ["--tty=false", "edit", vm_name]
         for flag in EDIT_FLAGS:
             if flag in flags:
                 args += [f"--{flag}", flags[flag]]
@@ -208,12 +208,12 @@ class Lima:
                 self._captured(args, cwd=folder)
             except LimaError as error:
                 reasons = [_REJECTED_FILE.sub("", line) for line in error.stderr_lines] or [error.message]
-                raise LimaError(f"Lima refused to change {name}: {reasons[-1]}", stderr_lines=reasons) from None
+                raise LimaError(f"Lima refused to change {vm_name}: {reasons[-1]}", stderr_lines=reasons) from None
 
     # -- attached ------------------------------------------------------------------------------
     def shell(
         self,
-        name: str,
+        vm_name: str,
         argv: Sequence[str],
         workdir: str | None = None,
         reconnect: bool = False,
@@ -225,23 +225,23 @@ class Lima:
         agentbox stays the parent (it checks the workspace after the session), so it ignores
         SIGINT/SIGQUIT meanwhile: Ctrl-C belongs to the program in the VM.
         """
-        return self._attached(name, argv, workdir, reconnect, stdin_data)[0]
+        return self._attached(vm_name, argv, workdir, reconnect, stdin_data)[0]
 
-    def shell_unlisted(self, name: str, argv: Sequence[str], reconnect: bool = False,
+    def shell_unlisted(self, vm_name: str, argv: Sequence[str], reconnect: bool = False,
                        stdin_data: bytes | None = None) -> tuple[int, LimaSaid | None]:
         """`shell` without a `list` before it: (exit code, what Lima said instead of running argv: the VM is
         stopped or missing, else None). With --tty=false Lima never asks whether to start a stopped VM; its answer
         is kept from stderr (agentbox.vm.shellwatch), not shown."""
-        return self._attached(name, argv, None, reconnect, stdin_data, watch=True)
+        return self._attached(vm_name, argv, None, reconnect, stdin_data, watch=True)
 
-    def _attached(self, name: str, argv: Sequence[str], workdir: str | None, reconnect: bool,
+    def _attached(self, vm_name: str, argv: Sequence[str], workdir: str | None, reconnect: bool,
                   stdin_data: bytes | None, watch: bool = False) -> tuple[int, LimaSaid | None]:
         args = ["shell", "--tty=false"] if watch else ["shell"]
         if workdir:
             args += ["--workdir", workdir]
         if reconnect:
             args.append("--reconnect")
-        args += [name, "--", *argv] if argv else [name]
+        args += [vm_name, "--", *argv] if argv else [vm_name]
 
         started = time.monotonic()
         full = [self._resolve(), *args]
@@ -250,7 +250,7 @@ class Lima:
             # deferred: start-up (vm.shellwatch: only an attached shell watches stderr, not the launch's own calls)
             from agentbox.vm.shellwatch import StderrWatch
 
-            stderr = StderrWatch(name)
+            stderr = StderrWatch(vm_name)
             stderr.start()
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGQUIT)}
         verdict = None
@@ -318,10 +318,10 @@ class Lima:
             raise LimaError(f"cannot read limactl's version from {stdout.strip()!r}")
         return match.group(1)
 
-    def shell_output(self, name: str, argv: list[str], stdin_data: bytes | None = None) -> tuple[int, str]:
+    def shell_output(self, vm_name: str, argv: list[str], stdin_data: bytes | None = None) -> tuple[int, str]:
         """Run argv in the VM with output captured (for checks, not sessions); any exit code is returned.
         `stdin_data` is what the command reads on its stdin (a secret goes there, never on the command line)."""
-        full = [self._resolve(), "shell", name, "--", *argv]
+        full = [self._resolve(), "shell", vm_name, "--", *argv]
         started = time.monotonic()
         if stdin_data is None:
             result = subprocess.run(full, stdin=subprocess.DEVNULL, capture_output=True, env=hosttools.environ())
@@ -330,7 +330,7 @@ class Lima:
         calllog.record(full, time.monotonic() - started, result.returncode, echo=self.debug)
         return result.returncode, result.stdout.decode(errors="replace")
 
-    def shell_bytes(self, name: str, argv: list[str], limit: int,
+    def shell_bytes(self, vm_name: str, argv: list[str], limit: int,
                     stdin_data: bytes | None = None) -> tuple[int, bytes, str]:
         """Run argv in the VM and return (exit code, stdout, stderr): stdout as bytes, read up to limit.
 
@@ -338,7 +338,7 @@ class Lima:
         than filling the host's memory. `stdin_data` (small: it is written before stdout is read) is what
         the command reads on its stdin.
         """
-        full = [self._resolve(), "shell", name, "--", *argv]
+        full = [self._resolve(), "shell", vm_name, "--", *argv]
         started = time.monotonic()
         chunks: list[bytes] = []
         size = 0
@@ -358,7 +358,7 @@ class Lima:
                         process.kill()
                         process.wait()
                         calllog.record(full, time.monotonic() - started, -9, echo=self.debug)
-                        raise LimaError(f"the VM {name} sent more than {limit:,} bytes; agentbox stopped reading",
+                        raise LimaError(f"the VM {vm_name} sent more than {limit:,} bytes; agentbox stopped reading",
                                         hint="Nothing was copied. Make the folders smaller in the VM and try again.")
                     chunks.append(chunk)
             finally:
@@ -462,10 +462,10 @@ class Lima:
 FORWARD_TIMEOUT = 20
 
 
-def is_running(name: str) -> bool:
-    """Whether Lima says the instance `name` is Running (one `limactl list --json`): False when it is stopped,
+def is_running(vm_name: str) -> bool:
+    """Whether Lima says the instance `vm_name` is Running (one `limactl list --json`): False when it is stopped,
     broken, deleted or was never a local instance (a remote task's mirror). LimaError when limactl cannot say."""
-    instance = Lima().get(name)
+    instance = Lima().get(vm_name)
     return instance is not None and instance.status == RUNNING
 
 

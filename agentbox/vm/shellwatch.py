@@ -28,11 +28,11 @@ _LINE_LIMIT = 64 * 1024  # a longer "line" is no logrus line of Lima's
 _DRAIN_SECONDS = 0.2  # after the child ended: what it wrote is in the pipe already; a process it left may hold it
 
 
-def lima_verdict(message: str, name: str) -> str | None:
-    """STOPPED or MISSING when `message` is Lima's fatal about `name` (cmd/limactl/shell.go), else None."""
-    if message == f"instance `{name}` is stopped, run `limactl start {name}` to start the instance":
+def lima_verdict(message: str, vm_name: str) -> str | None:
+    """STOPPED or MISSING when `message` is Lima's fatal about `vm_name` (cmd/limactl/shell.go), else None."""
+    if message == f"instance `{vm_name}` is stopped, run `limactl start {vm_name}` to start the instance":
         return STOPPED
-    if message == f"instance `{name}` does not exist, run `limactl create {name}` to create a new instance":
+    if message == f"instance `{vm_name}` does not exist, run `limactl create {vm_name}` to create a new instance":
         return MISSING
     return None
 
@@ -40,8 +40,8 @@ def lima_verdict(message: str, name: str) -> str | None:
 class StderrWatch:
     """The reading end of the pipe given to limactl as stderr, relayed to fd 2 in a thread."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, vm_name: str) -> None:
+        self.name = vm_name
         self.verdict: str | None = None
         self.held = b""  # the line Lima's verdict came in: the program's own, should the program have run
         self._read, self.write_end = os.pipe()

@@ -26,13 +26,13 @@ class Verified(NamedTuple):
     token: str
 
 
-def _signature(name: str) -> list[Any]:
+def _signature(vm_name: str) -> list[Any]:
     """What Lima loads the VM's config from at every command, `shell` included: LIMA_HOME (the instance `limactl
     shell NAME` reaches), its NAME/lima.yaml, and the host-wide _config/default.yaml and override.yaml merged
     into it (a forwardAgent there reaches the next shell). A file's signature is None while it is absent."""
     home = paths.lima_home()
     signature: list[Any] = [str(home)]
-    for path in (home / name / "lima.yaml", *(home / "_config" / file for file in effective.HOST_WIDE_FILES)):
+    for path in (home / vm_name / "lima.yaml", *(home / "_config" / file for file in effective.HOST_WIDE_FILES)):
         try:
             found = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
@@ -45,8 +45,8 @@ def _signature(name: str) -> list[Any]:
     return signature
 
 
-def cached(name: str, recorded: dict[str, Any]) -> Verified | None:
-    """The record, when it still describes the VM `name` as agentbox left it; else None. (Whose VM it is, the
+def cached(vm_name: str, recorded: dict[str, Any]) -> Verified | None:
+    """The record, when it still describes the VM `vm_name` as agentbox left it; else None. (Whose VM it is, the
     caller checks on the row as on any `list` row.)"""
     record = recorded.get(KEY)
     if not isinstance(record, dict) or recorded.get("refused"):
@@ -55,28 +55,28 @@ def cached(name: str, recorded: dict[str, Any]) -> Verified | None:
     if not isinstance(row, dict) or not isinstance(token, str) or not token:
         return None
     instance = Instance.from_json(row)
-    if instance.name != name or instance.status != RUNNING or not instance.dir:
+    if instance.name != vm_name or instance.status != RUNNING or not instance.dir:
         return None
-    signature = _signature(name)
+    signature = _signature(vm_name)
     if "unreadable" in signature or signature != record.get("signature"):
         return None
     return Verified(instance, token)
 
 
-def record(name: str, instance: Instance) -> str | None:
+def record(vm_name: str, instance: Instance) -> str | None:
     """Keep the row of a VM this launch has just checked; the token the guest is to keep (None: not kept)."""
-    signature = _signature(name)
+    signature = _signature(vm_name)
     if "unreadable" in signature or instance.status != RUNNING:
-        forget(name)
+        forget(vm_name)
         return None
     token = secrets.token_hex(16)
-    statefile.update(name, {KEY: {"token": token, "row": instance.raw, "signature": signature}})
+    statefile.update(vm_name, {KEY: {"token": token, "row": instance.raw, "signature": signature}})
     return token
 
 
-def forget(name: str) -> None:
+def forget(vm_name: str) -> None:
     """The VM was stopped, restarted or deleted by agentbox: the next launch lists it."""
-    recorded = statefile.read(name)
+    recorded = statefile.read(vm_name)
     if KEY in recorded:
         del recorded[KEY]
-        statefile.write(name, recorded)
+        statefile.write(vm_name, recorded)

@@ -188,19 +188,19 @@ def login_agent(control: VmControl, name: str, args: list[str]) -> int:
     return code
 
 
-def _open_login_window(config: Config, vm: str, name: str) -> loginwindow.Window | None:
+def _open_login_window(config: Config, vm_name: str, name: str) -> loginwindow.Window | None:
     """With the credential broker, a login from the VM reaches the host's file only through the broker, which
     accepts one only inside this window (agentbox.credentials.loginwindow); None when the broker does not keep
     this agent's login."""
     # deferred: start-up (loginwindow, brokered: not on a warm launch)
     from agentbox.credentials import loginwindow
     from agentbox.credentials.broker import brokered
-    if not brokersetup.wanted(config) or brokered.file_login(vm, config, name) is None:
+    if not brokersetup.wanted(config) or brokered.file_login(vm_name, config, name) is None:
         return None
-    return loginwindow.arm(vm, name)
+    return loginwindow.arm(vm_name, name)
 
 
-def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | None) -> None:
+def _settle_login(config: Config, vm_name: str, name: str, used: loginwindow.Used | None) -> None:
     """After the agent's login: say whose login the host now has; a login of another account than the host's
     waits for the user's yes (on a terminal) before it replaces the host's."""
     # deferred: start-up (click, cli.commands.ending, loginwindow, writeback, ...: click is never imported on a launch)
@@ -209,8 +209,8 @@ def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | N
     from agentbox.cli.commands.ending import on_terminal
     from agentbox.credentials import loginwindow, writeback
     from agentbox.credentials.broker import brokered
-    login = brokered.file_login(vm, config, name)
-    pending = loginwindow.pending(vm, name)
+    login = brokered.file_login(vm_name, config, name)
+    pending = loginwindow.pending(vm_name, name)
     if login is None:
         return
     where = writeback.home_relative(login.file.path)
@@ -235,14 +235,14 @@ def _settle_login(config: Config, vm: str, name: str, used: loginwindow.Used | N
         was = f"; the previous file is {writeback.home_relative(backup)}" if backup is not None else ""
         note(f"{where}: the host is now logged in to {login.title} as {new} (was {old}){was}")
     finally:
-        loginwindow.discard(vm, name)
+        loginwindow.discard(vm_name, name)
 
 
-def _drop_pending(vm: str, name: str, why: str) -> None:
+def _drop_pending(vm_name: str, name: str, why: str) -> None:
     # deferred: start-up (loginwindow: not on a warm launch)
     from agentbox.credentials import loginwindow
-    pending = loginwindow.pending(vm, name)
-    loginwindow.discard(vm, name)
+    pending = loginwindow.pending(vm_name, name)
+    loginwindow.discard(vm_name, name)
     if pending is not None:
         note(f"the login made in the VM ({_account(pending.new)}) was discarded: {why}; the host's login is kept "
              f"(`agentbox {name} login` logs in again)")

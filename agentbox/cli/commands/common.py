@@ -102,23 +102,23 @@ def refuse_untrusted_identity(config: Config, chosen: str = "the VM this command
         )
 
 
-def vm_stopped(name: str) -> None:
+def vm_stopped(vm_name: str) -> None:
     """What ends with a VM agentbox stopped: its background tasks and its network proxy."""
     # deferred: start-up (guard: not on a warm launch)
     from agentbox.net import guard
 
-    settle_tasks(name, f"its VM {name} was stopped")
-    guard.stop(name)  # its sessions ended with it
+    settle_tasks(vm_name, f"its VM {vm_name} was stopped")
+    guard.stop(vm_name)  # its sessions ended with it
 
 
-def settle_tasks(name: str, reason: str) -> None:
+def settle_tasks(vm_name: str, reason: str) -> None:
     """The VM's background tasks end with it; their outputs move into their records (agentbox.tasks.records)."""
     if not paths.tasks_dir().is_dir():
         return
     # deferred: start-up (records: not on a warm launch)
     from agentbox.tasks import records
 
-    for task in records.settle_vm(name, reason):
+    for task in records.settle_vm(vm_name, reason):
         warn(f"{task.label} ended as {task.state}: {reason}")
 
 

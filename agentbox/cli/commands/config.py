@@ -120,7 +120,7 @@ def template_command(ctx: click.Context, agent: str | None) -> None:
     loaded = load_config(ctx)
     if agent is not None and agent not in loaded.agents:
         raise click.BadParameter(f"unknown agent {agent!r} (known: {', '.join(loaded.agents)})", param_hint="--agent")
-    name = loaded.agent(agent).vm_name if agent else loaded.vm_name
+    vm_name = loaded.agent(agent).vm_name if agent else loaded.vm_name
     warn_if_untrusted(loaded)
     present = (
         ("vm.template", "template" in loaded.local_data.get("vm", {})),
@@ -134,4 +134,4 @@ def template_command(ctx: click.Context, agent: str | None) -> None:
             "into the rendered lima.yaml; agentbox renders nothing from an untrusted config that names files",
             hint=f"Read it with `agentbox trust --show`, then `agentbox -C {loaded.local_file.parent} trust`.",
         )
-    click.echo(render.render(loaded, name), nl=False)
+    click.echo(render.render(loaded, vm_name), nl=False)

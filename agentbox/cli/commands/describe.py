@@ -35,10 +35,10 @@ def describe_command(ctx: click.Context, as_json: bool, agent_name: str | None) 
             raise ConfigError(f"--agent: there is no agent {agent_name!r}",
                               hint=f"Agents: {', '.join(sorted(loaded.agents))}.")
         agent = loaded.agent(agent_name)
-    name = agent.vm_name if agent is not None else loaded.vm_name
+    vm_name = agent.vm_name if agent is not None else loaded.vm_name
     # The VM decides: one created isolated stays so until it is recreated (agentbox.review.isolation).
-    made = workmode.mode_of_vm(lifecycle.expected_config(name, statefile.read(name)), loaded.require_workspace())
-    document = context.build(loaded, name, agent, mode=made or loaded.session_mode)
+    made = workmode.mode_of_vm(lifecycle.expected_config(vm_name, statefile.read(vm_name)), loaded.require_workspace())
+    document = context.build(loaded, vm_name, agent, mode=made or loaded.session_mode)
     if as_json:
         click.echo(context.dump(document), nl=False)
     else:

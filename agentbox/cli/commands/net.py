@@ -322,23 +322,23 @@ def test_command(ctx: click.Context, url: str, agent_name: str | None) -> None:
         raise UsageError(f"{visible(url)}: {error}") from None
     control = vm_control(ctx)
     config = control.config
-    name = config.vm_name
+    vm_name = config.vm_name
     if agent_name is not None and agent_name not in config.agents:
         raise UsageError(f"there is no agent {visible(agent_name)}", hint=f"The agents: {', '.join(config.agents)}.")
     agents = {agent_name: config.agents[agent_name].endpoints} if agent_name else {}
-    launch = prepare.prepare(control, prepare.Ask(None, steps=prepare.TASK, vm_name=name))
+    launch = prepare.prepare(control, prepare.Ask(None, steps=prepare.TASK, vm_name=vm_name))
     with prepare.proxied(launch, agents) as launch:
-        reached = prepare.reached(launch, lifecycle.ensure_running(control, name), warm.record(name, None))
+        reached = prepare.reached(launch, lifecycle.ensure_running(control, vm_name), warm.record(vm_name, None))
         refreshed = staging.refresh(reached, reached.instance, launch.lease.port if launch.lease else None)
         command = staging.launch_command(reached, refreshed.folder, staging.LaunchOptions())
         command += ["--", "python3", "-c", GUEST_CHECK, parsed.geturl()]
-        code, stdout, stderr = control.lima.shell_bytes(name, command, OUTPUT_LIMIT)
+        code, stdout, stderr = control.lima.shell_bytes(vm_name, command, OUTPUT_LIMIT)
     for line in stderr.splitlines():
         emit(visible(line))
     try:
         result = json.loads(stdout.decode(errors="replace").strip().splitlines()[-1])
     except (ValueError, IndexError):
-        raise StateError(f"the check in {name} gave no answer (exit {code})",
+        raise StateError(f"the check in {vm_name} gave no answer (exit {code})",
                          hint="Its messages, if any, are above; `agentbox shell` looks inside.") from None
     verdict, words = _verdict(result, config)
     click.echo(visible(f"{parsed.geturl()}: {words}"))

@@ -67,12 +67,12 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
     say(f"{instance.name} is running (workspace {control.config.workspace})")
 
 
-def _remove(control: VmControl, name: str, ends: Ending) -> None:
-    lifecycle.delete(control, name)
-    settle_tasks(name, f"its VM {name} was removed")  # before the outbox goes with vmstate.clear
-    statefile.clear(name)
-    ending.said(ends, f"its VM {name} was removed")
-    say(lifecycle.REMOVED.format(name=name))
+def _remove(control: VmControl, vm_name: str, ends: Ending) -> None:
+    lifecycle.delete(control, vm_name)
+    settle_tasks(vm_name, f"its VM {vm_name} was removed")  # before the outbox goes with vmstate.clear
+    statefile.clear(vm_name)
+    ending.said(ends, f"its VM {vm_name} was removed")
+    say(lifecycle.REMOVED.format(name=vm_name))
 
 
 def _say_if(message: str | None) -> None:
@@ -80,7 +80,8 @@ def _say_if(message: str | None) -> None:
         say(message)
 
 
-def _stop(control: VmControl, name: str, instance: Instance | None, force: bool, yes: bool, verb: str = "stop") -> bool:
+def _stop(control: VmControl, vm_name: str, instance: Instance | None, force: bool, yes: bool,
+          verb: str = "stop") -> bool:
     """Stop one VM, by the rule of agentbox.cli.commands.ending when it would end sessions or tasks (`verb`: the command
     the user typed, stop or restart, which the question and a refusal name). False when a restart found nothing to
     stop (`instance` is still what is known of it)."""
@@ -88,14 +89,14 @@ def _stop(control: VmControl, name: str, instance: Instance | None, force: bool,
         lifecycle.check_workspace_matches(instance, control.config)
     ends = ending.of(control, instance)
     killing = " (killing it)" if force else ""
-    asked = ending.Asked(f"{verb.capitalize()} {name}{killing}?", f"refusing to {verb} {name}",
-                         f"agentbox {verb}{' --force' if force else ''} --yes", f"{name} left running")
+    asked = ending.Asked(f"{verb.capitalize()} {vm_name}{killing}?", f"refusing to {verb} {vm_name}",
+                         f"agentbox {verb}{' --force' if force else ''} --yes", f"{vm_name} left running")
     if not ending.go_ahead(ends, asked, yes):
         ending.declined(asked)
     if verb == "restart" and (instance is None or instance.status == lima.STOPPED):
         return False  # nothing to stop: the start says what happens
-    _say_if(lifecycle.stop(control, name, force=force, known=instance))
-    ending.said(ends, f"its VM {name} was {'restarted' if verb == 'restart' else 'stopped'}")
+    _say_if(lifecycle.stop(control, vm_name, force=force, known=instance))
+    ending.said(ends, f"its VM {vm_name} was {'restarted' if verb == 'restart' else 'stopped'}")
     return True
 
 
@@ -237,9 +238,9 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
         _print_ports(rows, holders)
 
 
-def _session_mode(config: Any, name: str, exists: bool) -> str:
+def _session_mode(config: Any, vm_name: str, exists: bool) -> str:
     """live or isolated: the VM's (fixed when it was created), else what session.mode would create it as."""
-    found = workmode.mode_of_vm(lifecycle.expected_config(name), config.workspace) if exists else None
+    found = workmode.mode_of_vm(lifecycle.expected_config(vm_name), config.workspace) if exists else None
     return found or config.session_mode
 
 

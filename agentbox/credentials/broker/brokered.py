@@ -133,16 +133,16 @@ def request_of(config: Config, agents: Iterable[str] | None = None) -> Request |
     return Request(chosen, settings.gh, {k: v for k, v in config.env.items() if k in variables})
 
 
-def prepare(vm: str, config: Config, agents: Iterable[str] | None = None, upstream: Upstream | None = None
+def prepare(vm_name: str, config: Config, agents: Iterable[str] | None = None, upstream: Upstream | None = None
             ) -> Prepared:
     """What the VM gets for the brokered agents among `agents` (None: every configured one) and the GitHub CLI."""
     request = request_of(config, agents)
-    return Prepared() if request is None else prepare_request(vm, request, upstream)
+    return Prepared() if request is None else prepare_request(vm_name, request, upstream)
 
 
-def prepare_request(vm: str, request: Request, upstream: Upstream | None = None) -> Prepared:
+def prepare_request(vm_name: str, request: Request, upstream: Upstream | None = None) -> Prepared:
     prepared = Prepared()
-    placeholders = Placeholders(vm)
+    placeholders = Placeholders(vm_name)
     reals: list[str] = []
     for name, credentials in request.agents.items():
         spec = SPECS.get(name)
@@ -159,14 +159,14 @@ def prepare_request(vm: str, request: Request, upstream: Upstream | None = None)
     return prepared
 
 
-def file_login(vm: str, config: Config, agent: str) -> FileLogin | None:
+def file_login(vm_name: str, config: Config, agent: str) -> FileLogin | None:
     """The agent's brokered login file on the host (None: the agent is not brokered, or its credentials do not
     name its login file), as the broker process for `vm` keeps it."""
     spec = SPECS.get(agent)
     if spec is None or agent not in config.agents:
         return None
     host_path = _login_file(spec, config.agents[agent].credentials)
-    return _format_login(spec, host_path, Placeholders(vm)) if host_path is not None else None
+    return _format_login(spec, host_path, Placeholders(vm_name)) if host_path is not None else None
 
 
 def _login_file(spec: AgentSpec, credentials: Iterable[str]) -> str | None:
@@ -180,14 +180,14 @@ def _format_login(spec: AgentSpec, host_path: str, placeholders: Placeholders) -
     return FORMATS[spec.broker.format](Path(os.path.expanduser(host_path)), placeholders, spec)
 
 
-def foreign_tokens(vm: str, agent: str, host_path: Path, data: bytes) -> bool:
+def foreign_tokens(vm_name: str, agent: str, host_path: Path, data: bytes) -> bool:
     """Whether the VM's copy of the agent's brokered login file (for the host file `host_path`) holds a credential
     that is not a placeholder: a login that did not come through the broker. A copy that is not such a login
     file holds none."""
     spec = SPECS.get(agent)
     if spec is None or spec.broker is None:
         return False
-    login = FORMATS[spec.broker.format](host_path, Placeholders(vm), spec)
+    login = FORMATS[spec.broker.format](host_path, Placeholders(vm_name), spec)
     try:
         doc = parse_json(host_path, data)
         tokens = login.parse(doc)

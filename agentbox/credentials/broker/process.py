@@ -28,24 +28,24 @@ from agentbox.vm import lima
 TEST_UPSTREAM = "AGENTBOX_TEST_BROKER_UPSTREAM"
 
 
-def load(vm: str) -> Brokering | None:
+def load(vm_name: str) -> Brokering | None:
     """The broker for `vm` from its request file; None when there is none."""
-    path = guard.folder(vm) / guard.BROKER_FILE
+    path = guard.folder(vm_name) / guard.BROKER_FILE
     try:
         data = json.loads(path.read_bytes())  # agentbox's own file, in the host's state folder
     except FileNotFoundError:
         return None
     upstream = _test_upstream()
-    route = guard.upstream_route(vm)
+    route = guard.upstream_route(vm_name)
     refreshes = upstream
     if route is not None:  # OAuth refreshes through the company proxy, trusting the user's CA certificates too
 
         refreshes = Upstream(upstream.context if upstream else trust(route),
                              upstream.address if upstream else None, route)
-    prepared = brokered.prepare_request(vm, brokered.Request.from_json(data), refreshes)
+    prepared = brokered.prepare_request(vm_name, brokered.Request.from_json(data), refreshes)
     if not prepared.hosts:
         return None
-    authority = certauthority.ensure(vm, prepared.hosts)
+    authority = certauthority.ensure(vm_name, prepared.hosts)
     scoped = data.get("pushMode") == keys.PUSH_SESSION and not data.get("allowPush")
     return Brokering(
         leaves={host: certauthority.server_context(authority.leaf(host)) for host in authority.hosts},
@@ -53,9 +53,9 @@ def load(vm: str) -> Brokering | None:
         endpoints=dict(prepared.endpoints),
         held=prepared.held_now,
         allow_push=bool(data.get("allowPush")),
-        push_hint=push_hint(vm) if scoped else REMOTE_WRITE_HINT,
-        push_namespace=pushes.namespace(vm) if scoped else None,
-        pushes=pushes.Ledger(vm) if scoped else None,
+        push_hint=push_hint(vm_name) if scoped else REMOTE_WRITE_HINT,
+        push_namespace=pushes.namespace(vm_name) if scoped else None,
+        pushes=pushes.Ledger(vm_name) if scoped else None,
         upstream_context=upstream.context if upstream else None,
         upstream_address=upstream.address if upstream else None,
     )
@@ -65,9 +65,9 @@ REMOTE_WRITE_HINT = ("sync.remoteWrite: true in the project's agentbox.yml (a se
                      "allows every push; git.allowPush: session only pushes to branches under agentbox/<vm>/")
 
 
-def push_hint(vm: str) -> str:
+def push_hint(vm_name: str) -> str:
     """What a refused push's 403 says under git.allowPush: session: where pushes may go, and what allows more."""
-    branch = pushes.namespace(vm).removeprefix("refs/heads/")
+    branch = pushes.namespace(vm_name).removeprefix("refs/heads/")
     return (f"git.allowPush: session allows only pushes that create a branch under {branch} or update one this VM "
             "created (no deletes, no other refs, no GitHub API writes); sync.remoteWrite: true in agentbox.yml "
             "(a setting `agentbox trust` must accept) allows every push")
@@ -83,10 +83,10 @@ def _test_upstream() -> Upstream | None:
     return Upstream(ssl.create_default_context(cafile=str(Path(data["caFile"]))), lambda host, port: address)
 
 
-def vm_running(vm: str) -> bool:
+def vm_running(vm_name: str) -> bool:
     """Whether the VM still runs, as Lima says (agentbox.vm.lima, the one module that runs limactl): the broker's
     process ends with its VM once no session holds it (agentbox.net.guard.serve asks, seldom)."""
-    return lima.is_running(vm)
+    return lima.is_running(vm_name)
 
 
 if __name__ == "__main__":
