@@ -1,7 +1,6 @@
 """Find, load, merge and resolve agentbox's config: built-in defaults < global file < local agentbox.yml."""
 
 import copy
-import difflib
 import grp
 import hashlib
 import json
@@ -722,6 +721,8 @@ def _workspace_hint(config: Config) -> str:
 def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[Any], lima_home: Path) -> AgentConfig:
     builtin = BUILTIN_AGENTS.get(name)
     if builtin is None and "binary" not in raw:
+        # deferred: start-up (difflib: only a misspelt agent's suggestion, never a launch)
+        import difflib
 
         position = _position(layers, ("agents", name))
         close = difflib.get_close_matches(name, list(BUILTIN_AGENTS), n=1, cutoff=0.6)

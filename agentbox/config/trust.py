@@ -11,7 +11,6 @@ retargeted symlink revokes the trust. The global config is always trusted.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -332,6 +331,9 @@ def trust(config: Config) -> Path:
 
 def show(config: Config) -> str:
     """What `agentbox trust` would record: the changes since the last trust, or everything."""
+    # deferred: start-up (difflib: only the trust prompt's diff, never a launch)
+    import difflib
+
     assert config.local_file is not None
     current = manifest(config)
     text = _config_text(config)

@@ -26,7 +26,6 @@ pending change has nothing left to accept. Everything agent-written is escaped b
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -538,6 +537,9 @@ def summary(found: list[Change]) -> str:
 
 
 def _print_report(title: str, found: list[Change], summary: list[str], stream: TextIO | None) -> None:
+    # deferred: start-up (difflib: only a change's diff, never a quiet launch)
+    import difflib
+
     lines = [BAR, title]
     for change in found:
         note = f"  ({change.note})" if change.note else ""
@@ -674,6 +676,9 @@ def _label(workspace: Path, path: Path) -> str:
 
 def audit_records(found: list[Change]) -> list[dict[str, object]]:
     """`agentbox audit --json`: each change as the text report shows it (file, kind, note, the unified diff)."""
+    # deferred: start-up (difflib: only a change's diff, never a quiet launch)
+    import difflib
+
     records: list[dict[str, object]] = []
     for change in found:
         diff = list(difflib.unified_diff(_lines(change.before), _lines(change.after),

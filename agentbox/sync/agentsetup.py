@@ -30,8 +30,6 @@ writes agentbox's block into each of them, and launch.sh does not count that blo
 from __future__ import annotations
 
 import fnmatch
-import getpass
-import glob
 import hashlib
 import json
 import os
@@ -142,7 +140,7 @@ def _entries(agent: AgentConfig, spec: AgentSpec, root: str, collected: Collecte
     credentials = {os.path.normpath(os.path.expanduser(path)) for path in agent.credentials}
     for pattern in agent.sync.include:
         pattern = pattern.strip("/")
-        found = sorted(glob.glob(pattern, root_dir=root, recursive=True)) if glob.has_magic(pattern) else [pattern]
+        found = _expanded(pattern, root)
         for inner in found:
             shown = visible(f"{collected.folder}/{inner}")
             if any(fnmatch.fnmatchcase(part, rule) for part in inner.split("/") for rule in never) or (
@@ -280,11 +278,21 @@ class _Walker:
 # -- what the transforms need -----------------------------------------------------------------------
 
 
+def _expanded(pattern: str, root: str) -> list[str]:
+    """A sync.include entry in the agent's folder: what it matches when it has wildcards, else itself."""
+    # deferred: start-up (glob: only a sync.include entry, which few configs have)
+    import glob
+
+    return sorted(glob.glob(pattern, root_dir=root, recursive=True)) if glob.has_magic(pattern) else [pattern]
+
+
 def guest_home_of(instance: Instance | None) -> str:
     """The VM user's home as Lima reports it; before the VM exists, Lima's default (/home/USER.guest)."""
     home = ((instance.config if instance else {}).get("user") or {}).get("home")
     if isinstance(home, str) and home.startswith("/"):
         return home
+    # deferred: start-up (getpass and termios: only before the VM exists)
+    import getpass
 
     return f"/home/{getpass.getuser()}.guest"
 

@@ -14,7 +14,6 @@ sets the key.
 from __future__ import annotations
 
 import functools
-import getpass
 import os
 import posixpath
 import re
@@ -234,6 +233,9 @@ class _TemplateVars:
 
     @functools.cached_property
     def host(self) -> dict[str, Any]:
+        # deferred: start-up (getpass and termios: only when Lima's own user is needed)
+        import getpass
+
         name = os.path.basename(self._dir)
         return {
             "Name": name,

@@ -11,6 +11,7 @@ from agentbox import tables
 from agentbox.cli.commands.common import load_config
 from agentbox.errors import AgentboxError
 from agentbox.progress import say
+from agentbox.vm import buildlog, golden
 from agentbox.vm.lima import Lima
 
 if TYPE_CHECKING:
@@ -31,9 +32,6 @@ def _lima(ctx: click.Context) -> Lima:
 @click.pass_context
 def build_command(ctx: click.Context, rebuild: bool) -> None:
     """Build the current base VM now (a launch builds it when needed)."""
-    # deferred: start-up (golden: only the commands here that use it)
-    from agentbox.vm import golden
-
     config = load_config(ctx)
     lima = _lima(ctx)
     with golden.lock() as waited:
@@ -62,9 +60,6 @@ def _ago(days: float) -> str:
 @click.pass_context
 def ls_command(ctx: click.Context, as_json: bool) -> None:
     """List the base VMs: key, when built, age, size, the VMs cloned from it, fresh or stale."""
-    # deferred: start-up (golden: only the commands here that use it)
-    from agentbox.vm import golden
-
     config = load_config(ctx)
     rows = golden.listing(_lima(ctx), config)
     if as_json:
@@ -97,9 +92,6 @@ def _human(size: int) -> str:
 @base_group.command("log")
 def log_command() -> None:
     """Print the log of the last base build: each step's output, and a failed build's provisioning log."""
-    # deferred: start-up (buildlog: only the commands here that use it)
-    from agentbox.vm import buildlog
-
     text = buildlog.shown()  # what came from the VM, made safe to print
     if text is None:
         raise AgentboxError(f"no base build has been logged yet ({buildlog.path()} does not exist)",
@@ -112,9 +104,6 @@ def log_command() -> None:
 @click.pass_context
 def rm_command(ctx: click.Context, key: str) -> None:
     """Remove a base VM (VMs cloned from it are independent copies and keep working)."""
-    # deferred: start-up (golden: only the commands here that use it)
-    from agentbox.vm import golden
-
     say(golden.remove(_lima(ctx), key))
 
 
@@ -122,9 +111,6 @@ def rm_command(ctx: click.Context, key: str) -> None:
 @click.pass_context
 def prune_command(ctx: click.Context) -> None:
     """Remove the base VMs that no VM was cloned from and that are not the current base."""
-    # deferred: start-up (golden: only the commands here that use it)
-    from agentbox.vm import golden
-
     config = load_config(ctx)
     lima = _lima(ctx)
     removed = 0

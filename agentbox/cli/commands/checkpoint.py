@@ -19,8 +19,11 @@ from agentbox.cli.commands.common import load_config
 from agentbox.errors import AgentboxError
 from agentbox.git import store
 from agentbox.progress import note, warn
+from agentbox.review import checkpoints, patchview
 from agentbox.review.scope import checkpoint_root
 from agentbox.safetext import visible
+from agentbox.session.checkpointing import size_text
+from agentbox.tasks import records
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -35,8 +38,6 @@ MAX_NAMED = 10
 @click.pass_context
 def checkpoint_command(ctx: click.Context, message: str) -> None:
     """Take a checkpoint of the workspace now (a git work tree): tracked and untracked, not ignored, files."""
-    # deferred: start-up (checkpoints: only the commands here that use it)
-    from agentbox.review import checkpoints
     config = load_config(ctx)
     workspace = checkpoint_root(ctx.obj["cwd"], config.require_workspace())
     taken = checkpoints.take(workspace, "manual", config.checkpoints, message=message)
@@ -53,9 +54,6 @@ def checkpoint_command(ctx: click.Context, message: str) -> None:
 @click.pass_context
 def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
     """List the workspace's checkpoints, oldest first, with what changed since the one before."""
-    # deferred: start-up (checkpoints: only the commands here that use it)
-    from agentbox.review import checkpoints
-
     workspace = checkpoint_root(ctx.obj["cwd"], load_config(ctx).require_workspace())
     repo = checkpoints.repo_of(workspace)
     found = checkpoints.load(workspace)
@@ -86,16 +84,10 @@ def checkpoints_command(ctx: click.Context, as_json: bool) -> None:
 @click.pass_context
 def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, paths: tuple[str, ...]) -> None:
     """Show what changed in the workspace since a checkpoint, untracked files included (ignored ones not)."""
-    # deferred: start-up (checkpoints, patchview: only the commands here that use it)
-    from agentbox.review import checkpoints, patchview
-
     config = load_config(ctx)
     workspace = checkpoint_root(ctx.obj["cwd"], config.require_workspace())
     pathspec = _pathspec(ctx.obj["cwd"], workspace, paths)
     if since.startswith("task:"):
-        # deferred: start-up (records: only the commands here that use it)
-        from agentbox.tasks import records
-
         repo, old_tree, new_tree, skipped = records.diff_range(config, since[len("task:"):])
     else:
         repo = checkpoints.repo_of(workspace)
@@ -110,9 +102,6 @@ def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, pa
 
 def _range(config: Config, workspace: Path, repo: Repo, since: str) -> tuple[Checkpoint, str, list[tuple[str, int]]]:
     """The checkpoint to compare from, the tree to compare to, and the files neither side holds for their size."""
-    # deferred: start-up (checkpoints: only the commands here that use it)
-    from agentbox.review import checkpoints
-
     if since == "session":
         start, end = checkpoints.last_session(checkpoints.load(workspace))
         checkpoints.require(repo, start)
@@ -152,9 +141,6 @@ def _pathspec(cwd: Path, workspace: Path, paths: tuple[str, ...]) -> list[str] |
 
 
 def _names(skipped: list[tuple[str, int]]) -> str:
-    # deferred: start-up (session.checkpointing: only the commands here that use it)
-    from agentbox.session.checkpointing import size_text
-
     shown = [f"{visible(path)} ({size_text(size)})" for path, size in skipped[:MAX_NAMED]]
     if len(skipped) > MAX_NAMED:
         shown.append(f"and {len(skipped) - MAX_NAMED} more")

@@ -12,6 +12,7 @@ import click
 from agentbox import paths
 from agentbox.cli.commands import init
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
+from agentbox.config import view
 from agentbox.errors import ConfigError
 from agentbox.git import dirs
 from agentbox.progress import warn
@@ -35,9 +36,6 @@ class ConfigGroup(click.Group):
 @click.pass_context
 def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bool, show_secrets: bool) -> None:
     """Show the merged config and where each value came from; `config get KEY` prints one key's value."""
-    # deferred: start-up (view: only the commands here that use it)
-    from agentbox.config import view
-
     if ctx.invoked_subcommand is not None:
         if as_json or sources or changed or show_secrets:
             raise click.UsageError(f"the options of `config` go before nothing else: `agentbox config "
@@ -66,9 +64,6 @@ def config_command(ctx: click.Context, as_json: bool, sources: bool, changed: bo
 def get_command(ctx: click.Context, key: str, show_secrets: bool) -> None:
     """Print one key's effective value (`vm.cpus`, `agents.claude.model`, `mounts[0].location`): a string as it
     is, anything else as JSON; a section (`vm`, `agents.claude`) as one JSON object."""
-    # deferred: start-up (view: only the commands here that use it)
-    from agentbox.config import view
-
     loaded = load_config(ctx, describe=True)
     click.echo(view.value_of(loaded, key, show_secrets))
 

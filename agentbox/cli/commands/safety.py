@@ -10,6 +10,8 @@ from agentbox.cli.commands.common import load_config
 from agentbox.config import trust
 from agentbox.config.load import Config
 from agentbox.errors import AgentboxError
+from agentbox.review import tripwire
+from agentbox.tasks.activity import ProjectActivity
 
 
 @click.command("trust")
@@ -45,9 +47,6 @@ def trust_command(ctx: click.Context, show: bool) -> None:
 @click.pass_context
 def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
     """Show unacknowledged changes to files your host runs (git hooks, .envrc); exit 1 while there are any."""
-    # deferred: start-up (tripwire: only the commands here that use it)
-    from agentbox.review import tripwire
-
     if ack and as_json:
         raise click.UsageError("--ack and --json do not go together")
     loaded = load_config(ctx)
@@ -58,9 +57,6 @@ def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
         click.echo(f"Accepted {files} of {workspace}; later changes are compared with the files as they are now.",
                    err=True)
         return
-    # deferred: start-up (tasks.activity: only the commands here that use it)
-    from agentbox.tasks.activity import ProjectActivity
-
     activity = ProjectActivity(loaded)
     found = tripwire.audit(workspace, activity)
     if as_json:
@@ -81,8 +77,5 @@ def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
 
 def acknowledge_trusted(loaded: Config) -> None:
     """`agentbox trust` is the user's word on the file it trusts: the tripwire takes it as it is now."""
-    # deferred: start-up (tripwire: only the commands here that use it)
-    from agentbox.review import tripwire
-
     if loaded.local_file is not None and not loaded.workspace_problem:
         tripwire.acknowledge_file(loaded.workspace, loaded.local_file)

@@ -17,7 +17,9 @@ from agentbox.cli.commands.common import vm_control
 from agentbox.errors import AgentboxError, UsageError
 from agentbox.progress import Progress, emit, say
 from agentbox.safetext import visible
+from agentbox.session import brokersetup, guestenv
 from agentbox.staginglayout import GUEST_CA_BUNDLE
+from agentbox.sync import update
 from agentbox.vm import lifecycle
 
 if TYPE_CHECKING:
@@ -38,9 +40,6 @@ def update_agents_command(ctx: click.Context, agents: tuple[str, ...]) -> None:
     Prints each one's old and new version, then which were updated, already current and failed; exits 1
     naming any agent whose update failed.
     """
-    # deferred: start-up (update: only the commands here that use it)
-    from agentbox.sync import update
-
     control = vm_control(ctx)
     config = control.config
     config.require_workspace()
@@ -114,8 +113,6 @@ def _launch_env(control: VmControl, vm_name: str, instance: Instance,
     """The VM running, and the environment a launch stages for it (agentbox.session.guestenv): the CA, the config's env
     (with the broker's placeholders for the logins it brokers), and in allowlist and offline mode the proxy's
     variables, the proxy running (started while Lima is asked, as for a launch) until the update ends."""
-    # deferred: start-up (brokersetup, env: only the commands here that use it)
-    from agentbox.session import brokersetup, guestenv
     config = control.config
     brokering = brokersetup.prepare(config, vm_name)
     lease = brokersetup.begin_proxy(config, vm_name, {agent.name: agent.endpoints for agent in group})
@@ -133,9 +130,6 @@ def _launch_env(control: VmControl, vm_name: str, instance: Instance,
 
 def _chosen(config: Config, names: tuple[str, ...]) -> list[AgentConfig]:
     """The agents named (each must exist and have an update command), or the project VM's agents that have one."""
-    # deferred: start-up (update: only the commands here that use it)
-    from agentbox.sync import update
-
     if not names:
         return [agent for agent in config.agents.values()
                 if agent.vm_name == config.vm_name and update.update_command(agent)]
