@@ -338,11 +338,15 @@ def test_the_only_proxy_agentbox_starts_is_the_vms_and_it_always_asks_for_the_se
     package = Path(netproxy.__file__).resolve().parent.parent
     starts = []
     for path in sorted(set(package.rglob("*.py")) - {Path(netproxy.__file__).resolve()}):
-        for node in ast.walk(ast.parse(path.read_text())):
+        tree = ast.parse(path.read_text())
+        direct = {"RunningProxy", "_Proxy"} | {alias.asname or alias.name for node in ast.walk(tree)
+                                                if isinstance(node, ast.ImportFrom) and node.module == "agentbox.net.proxy"
+                                                for alias in node.names if alias.name == "start"}
+        for node in ast.walk(tree):
             if isinstance(node, ast.Call) and (
                     (isinstance(node.func, ast.Attribute) and node.func.attr in ("start", "RunningProxy")
-                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "netproxy")
-                    or (isinstance(node.func, ast.Name) and node.func.id in ("RunningProxy", "_Proxy"))):
+                     and isinstance(node.func.value, ast.Name) and node.func.value.id in ("netproxy", "proxy"))
+                    or (isinstance(node.func, ast.Name) and node.func.id in direct)):
                 secret = next((keyword.value for keyword in node.keywords if keyword.arg == "secret"), None)
                 starts.append((path.relative_to(package).as_posix(), ast.unparse(secret) if secret else None))
     assert starts == [("net/guard.py", "secret(vm_name)")]
