@@ -160,9 +160,9 @@ def record_tasks(box: Sandbox, project: Path, count: int) -> None:
 
         loaded = config.load(project)
         for index in range(count):
-            task = tasks.create(loaded.vm_name, loaded.workspace, "claude", ["claude", "-p"], str(project),
-                                f"benchmark task {index}\nwith a second line".encode(), name=None, timeout=None,
-                                worktree=None)
+            prompt = f"benchmark task {index}\nwith a second line".encode()
+            task = tasks.create(tasks.NewTask(loaded.vm_name, loaded.workspace, "claude", ["claude", "-p"],
+                                              str(project), prompt))
             if index < count - 2:
                 tasks.advance(task, tasks.QUEUED)
                 tasks.advance(task, tasks.RUNNING)

@@ -294,8 +294,11 @@ MAX_DEFERRED_IMPORTS = 150  # imports inside functions, each under a `# deferred
 MAX_ALIASES = 20
 # The launch, decided once (agentbox.session.prepare) and run by the session and task modules: every function there
 # takes at most MAX_LAUNCH_PARAMETERS parameters and is at most MAX_LAUNCH_LINES lines long.
-LAUNCH_PATH = ("session.prepare", "session.launch", "session.staging", "session.warm", "tasks.submit", "tasks.jobs",
-               "tasks.keeper", "runtime.local", "runtime.sshhost", "cli.commands.agent", "cli.commands.run")
+LAUNCH_PATH = ("cli.main", "cli.commands.agent", "cli.commands.run", "session.prepare", "session.launch",
+               "session.staging", "session.context", "session.warm", "session.brokersetup", "session.checkpointing",
+               "session.isolated", "session.detached", "session.bootstrap", "session.setupdigest", "session.guestenv",
+               "tasks.submit", "tasks.jobs", "tasks.keeper", "tasks.records", "tasks.hostlogins", "runtime.local",
+               "runtime.sshhost", "vm.lifecycle", "credentials.writeback")
 MAX_LAUNCH_PARAMETERS = 6
 MAX_LAUNCH_LINES = 60
 

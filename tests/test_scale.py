@@ -102,8 +102,8 @@ RECORDED = 150
 def many_tasks(project: Path) -> list[records.Task]:
     made = []
     for index in range(RECORDED):
-        task = records.create("agentbox-x", project, "claude", ["claude", "-p"], str(project),
-                              f"task number {index}".encode(), name=None, timeout=None, worktree=None)
+        task = records.create(records.NewTask("agentbox-x", project, "claude", ["claude", "-p"], str(project),
+                              f"task number {index}".encode(), name=None, timeout=None, worktree=None))
         records.advance(task, taskstate.QUEUED, at=1_790_000_000.0)
         records.advance(task, taskstate.RUNNING, at=1_790_000_000.0)
         records.advance(task, taskstate.COMPLETED, at=1_790_000_075.0, exit_code=0, harvested=True)

@@ -24,8 +24,8 @@ LONG_PROMPT = "Make the failing tests in tests/ pass, then tidy the module they 
 
 
 def ended_task(project: Path, name: str | None, prompt: str) -> records.Task:
-    task = records.create("agentbox-x", project, "claude", ["claude"], str(project), prompt.encode(), name=name,
-                          timeout=None, worktree=None)
+    task = records.create(records.NewTask("agentbox-x", project, "claude", ["claude"], str(project), prompt.encode(), name=name,
+                          timeout=None, worktree=None))
     records.advance(task, taskstate.QUEUED, at=STARTED)
     records.advance(task, taskstate.RUNNING, at=STARTED)
     records.advance(task, taskstate.COMPLETED, at=STARTED + 75, exit_code=0, harvested=True)
@@ -136,8 +136,8 @@ def test_every_recorded_time_reads_the_same(recorded: str | int, epoch: int) -> 
 
 def away_task(project: Path) -> records.Task:
     """A task running on a host that stopped answering: its STATE is the longest a task shows."""
-    task = records.create("agentbox-x", project, "claude", ["claude"], str(project), LONG_PROMPT.encode(),
-                          name="tests", timeout=None, worktree=None, host="build-server-east", isolated=True)
+    task = records.create(records.NewTask("agentbox-x", project, "claude", ["claude"], str(project), LONG_PROMPT.encode(),
+                          name="tests", timeout=None, worktree=None, host="build-server-east", isolated=True))
     records.advance(task, taskstate.QUEUED, at=STARTED)
     records.advance(task, taskstate.RUNNING, at=STARTED, handed=True, seen=STARTED + 60,
                     unreachable_since=STARTED + 90)

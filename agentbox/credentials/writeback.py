@@ -77,17 +77,19 @@ class Verdict(NamedTuple):
     switched: tuple[str, str] | None = None  # (new, old) account when a login replaces another's
 
 
-def begin(
-    config: Config,
-    vm_name: str,
-    agent: AgentConfig | None,
-    staged_now: Sequence[loginfiles.Staged],
-    expected: dict[str, Any] | None,
-    login: bool = False,
-    brokered: Callable[[Path], bool] | None = None,
-) -> Plan | None:
-    """This session's write-back, or None when there is none (turned off, no known login file, an old VM).
-    `brokered` tells the host files whose logins the credential broker keeps (brokered.Prepared.replaces)."""
+class Returned(NamedTuple):
+    """What a session may hand back: the login files it staged, whether it is the agent's own login (`agentbox AGENT
+    login`), and which host files' logins the credential broker keeps instead (brokered.Prepared.replaces)."""
+
+    staged: Sequence[loginfiles.Staged]
+    login: bool = False
+    brokered: Callable[[Path], bool] | None = None
+
+
+def begin(config: Config, vm_name: str, agent: AgentConfig | None, returned: Returned,
+          expected: dict[str, Any] | None) -> Plan | None:
+    """This session's write-back, or None when there is none (turned off, no known login file, an old VM)."""
+    staged_now, login, brokered = returned
     settings = config.credentials
     staged = {item.guest_path: item for item in staged_now}
     targets: dict[str, Target] = {}

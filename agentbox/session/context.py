@@ -19,7 +19,7 @@ import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit, urlunsplit
 
 from agentbox import __version__, paths, sizes, staginglayout
@@ -70,44 +70,28 @@ ASK_FOR = (
 )
 
 
-def build(
-    config: Config,
-    vm_name: str,
-    agent: AgentConfig | None,
-    *,
-    staged_credentials: list[str] | None = None,
-    env_keys: Iterable[str] | None = None,
-    git_identity: bool | None = None,
-    vm_facts: dict[str, Any] | None = None,
-    mounts: list[tuple[str, str, bool]] | None = None,
-    mode: str = "live",
-    checkpoint: int | None = None,
-) -> dict[str, Any]:
+class Seen(NamedTuple):
+    """What a launch staged (credential files relative to the guest home, env keys, whether the git identity went
+    in) and what Lima reported of the VM (its facts, its mounts)."""
+
+    staged_credentials: list[str]
+    env_keys: Iterable[str]
+    git_identity: bool
+    vm_facts: dict[str, Any] | None
+    mounts: list[tuple[str, str, bool]] | None
+
+
+def build(config: Config, vm_name: str, agent: AgentConfig | None, seen: Seen | None = None, mode: str = "live",
+          checkpoint: int | None = None) -> dict[str, Any]:
     """The document for a launch of `agent` (None: `agentbox shell`) in the VM `vm_name`.
 
-    A launch passes what it staged (credential files relative to the guest home, env keys, whether the git
-    identity went in) and what Lima reported (vm_facts, mounts); `describe` leaves them out and gets what a
-    launch would stage now and what the VM was last seen with (`vm_facts_for`, `mounts_for`).
-    `mode` and `checkpoint` are the workspace's session mode (live, or isolated) and the checkpoint taken
-    when the session started, where those features run.
+    A launch passes what it staged and what Lima reported (`seen`); `describe` leaves it out and gets what a launch
+    would stage now and what the VM was last seen with (`seen_now`). `mode` and `checkpoint` are the workspace's
+    session mode (live, or isolated) and the checkpoint taken when the session started, where those features run.
     """
-
+    seen = seen if seen is not None else seen_now(config, vm_name, agent)
     workspace = config.require_workspace()
-    staging_folder = str(paths.staging_dir(vm_name))
-    if mounts is None:
-        mounts = mounts_for(config, vm_name)
-    brokered = config.credentials.enabled and config.credentials.broker
-    if staged_credentials is None:
-        staged_credentials = present_credentials(loginfiles.launch_files(config, agent))
-        if brokered:
-            staged_credentials = brokerreport.staged_for_vm(vm_name, staged_credentials)
-    if env_keys is None:
-        # the proxy's variables when a proxy serves the VM (its port does not matter here: names only)
-        proxied = brokered or config.network.proxied
-        env_keys = guestenv.of(config, policy.ProxyAccess(1, "") if proxied else None)
-    if git_identity is None:
-        settings = config.credentials
-        git_identity = settings.enabled and settings.git and (Path(os.path.expanduser("~")) / ".gitconfig").is_file()
+    mounts = seen.mounts if seen.mounts is not None else mounts_for(config, vm_name)
     mount_list = [_mount(location, point, writable, config, str(workspace), vm_name)
                   for location, point, writable in mounts]
     # Isolated: the agent's copy in the VM, which it may change (its changes reach the host as a proposal).
@@ -123,34 +107,21 @@ def build(
         ),
         "agentbox": {"version": __version__},
         "contextFile": GUEST_FILE,
-        "vm": _vm(config, vm_name, vm_facts if vm_facts is not None else vm_facts_for(config, vm_name)),
-        "workspace": {
-            "path": str(workspace),
-            "writable": workspace_writable,
-            "mode": mode,
-            "meaning": _MODE_MEANING[mode],
-            "checkpoint": checkpoint,
-        },
+        "vm": _vm(config, vm_name, seen.vm_facts if seen.vm_facts is not None else vm_facts_for(config, vm_name)),
+        "workspace": {"path": str(workspace), "writable": workspace_writable, "mode": mode,
+                      "meaning": _MODE_MEANING[mode], "checkpoint": checkpoint},
         "mounts": mount_list,
         "staging": {
-            "path": staging_folder,
+            "path": str(paths.staging_dir(vm_name)),
             "writable": False,
             "holds": "launch.sh, the git/gh guards, bootstrap scripts, the env file and the login files of this "
                      "launch; agentbox rewrites it on the host before each launch",
         },
         "network": _network(config),
         "remoteWrite": _remote_write(config, vm_name),
-        "credentials": {
-            "stagedFor": agent.name if agent is not None else None,
-            "files": [{"path": f"~/{path}", "for": owner} for path, owner in _owners(config, staged_credentials)],
-            "gitIdentity": bool(git_identity),
-            "broker": _broker(config, vm_name),
-            "note": "Names only. A launch of one agent brings that agent's login files (plus gh's and the safe part "
-                    "of ~/.gitconfig); `agentbox shell` brings every agent's. They are copies: a file changed "
-                    "here does not change the host's.",
-        },
+        "credentials": _credentials(config, vm_name, agent, seen),
         "env": {
-            "keys": sorted(set(env_keys) | {ENV_NAME}),
+            "keys": sorted(set(seen.env_keys) | {ENV_NAME}),
             "note": "Names of the variables agentbox sets for the session (from the user's config); values are "
                     "never written here.",
         },
@@ -163,6 +134,32 @@ def build(
         },
         "memoryFiles": memory_files(),
         "askForMore": _ask_for_more(config),
+    }
+
+
+def seen_now(config: Config, vm_name: str, agent: AgentConfig | None) -> Seen:
+    """What a launch of `agent` would stage now, for `describe` (the VM's facts and mounts: as last seen)."""
+    brokered = config.credentials.enabled and config.credentials.broker
+    staged = present_credentials(loginfiles.launch_files(config, agent))
+    if brokered:
+        staged = brokerreport.staged_for_vm(vm_name, staged)
+    # the proxy's variables when a proxy serves the VM (its port does not matter here: names only)
+    proxied = brokered or config.network.proxied
+    env_keys = guestenv.of(config, policy.ProxyAccess(1, "") if proxied else None)
+    settings = config.credentials
+    git_identity = settings.enabled and settings.git and (Path(os.path.expanduser("~")) / ".gitconfig").is_file()
+    return Seen(staged, env_keys, git_identity, None, None)
+
+
+def _credentials(config: Config, vm_name: str, agent: AgentConfig | None, seen: Seen) -> dict[str, Any]:
+    return {
+        "stagedFor": agent.name if agent is not None else None,
+        "files": [{"path": f"~/{path}", "for": owner} for path, owner in _owners(config, seen.staged_credentials)],
+        "gitIdentity": bool(seen.git_identity),
+        "broker": _broker(config, vm_name),
+        "note": "Names only. A launch of one agent brings that agent's login files (plus gh's and the safe part "
+                "of ~/.gitconfig); `agentbox shell` brings every agent's. They are copies: a file changed "
+                "here does not change the host's.",
     }
 
 
@@ -361,14 +358,7 @@ def _network(config: Config) -> dict[str, Any]:
 
 
 def _remote_write(config: Config, vm_name: str) -> dict[str, Any]:
-    brokered = config.credentials.enabled and config.credentials.broker
-    instead = (
-        "Commit in the workspace and tell the user what to push: it is their folder, so they push from the host "
-        "(where their own keys are). " + (
-            "The VM's GitHub access is read-only on the host (the credential broker): `gh pr create` and other "
-            "GitHub writes are refused, so the user opens the pull request too." if brokered else
-            "`gh pr create` works for a branch they have pushed.")
-    )
+    """What the VM may write to remotes, by sync.remoteWrite and git.allowPush, and what keeps it to that."""
     if config.remote_write:
         ignored = "; git.allowPush: session has no effect beside it" if config.push_scope else ""
         return {
@@ -380,43 +370,62 @@ def _remote_write(config: Config, vm_name: str) -> dict[str, Any]:
             "instead": None,
             "enforcedBy": "nothing: the user turned the readonly-remote guards off",
         }
-    guarded = [
-        "one-off git settings and environment variables that make git run a program (-c core.sshCommand=..., "
-        "-c alias.*, GIT_SSH_COMMAND, GIT_EXEC_PATH and the like)",
-        "every gh command but those in allowedCommands (gh api only with GET)",
-    ]
-    guards = "git and gh wrappers in ~/.local/bin and a global pre-push hook; they stop mistakes"
-    if config.scoped_pushes:
-        branches = pushes.namespace(vm_name).removeprefix("refs/heads/")
-        host = ("On the host, the credential broker reads every push's ref updates and refuses the whole push when "
-                f"one is outside {branches}, a delete, or an update of a branch this VM did not create; it refuses "
-                "GitHub API writes too, and records what was pushed (the user sees it in `agentbox status`)"
-                if brokered else
-                "Nothing on the host checks pushes: the credential broker is off (credentials.broker), so the VM "
-                "holds the user's GitHub login; the rules above are kept by the guards in the VM only")
-        return {
-            "allowed": False,
-            "setting": "git.allowPush is session: pushes only to this VM's own branches",
-            "pushes": {"scope": "session", "branches": branches},
-            "blocked": [
-                f"git push of any ref outside {branches} (other branches, tags), of a delete, or of an update to a "
-                f"branch under {branches} this VM did not create: the whole push is refused",
-                "GitHub API writes (REST calls other than GET and HEAD, GraphQL mutations): `gh pr create` too",
-                "send-pack, receive-pack, http-push and the remote-* helpers, however they are reached, and git "
-                "submodule foreach",
-                *guarded,
-            ],
-            "allowedCommands": [
-                f"git push to a new branch under {branches} (`git push origin HEAD:{branches}NAME`), and later pushes "
-                "that update a branch this VM created there",
-                "every other git command: fetch, pull, clone, commit, branch, rebase, log, diff, ...",
-                GH_ALLOWED + (" (the gh guard lets these through; those that write, such as gh pr create, are then "
-                              "refused on the host)" if brokered else ""),
-            ],
-            "instead": (f"Push your work to a branch under {branches} and tell the user its name: they review it and "
-                        "open the pull request or merge it themselves."),
-            "enforcedBy": f"{guards} early. {host}",
-        }
+    brokered = config.credentials.enabled and config.credentials.broker
+    gh_allowed = GH_ALLOWED + (" (the gh guard lets these through; those that write, such as gh pr create, are then "
+                               "refused on the host)" if brokered else "")
+    return _session_pushes(vm_name, brokered, gh_allowed) if config.scoped_pushes else _no_pushes(brokered, gh_allowed)
+
+
+_GUARDED = [
+    "one-off git settings and environment variables that make git run a program (-c core.sshCommand=..., "
+    "-c alias.*, GIT_SSH_COMMAND, GIT_EXEC_PATH and the like)",
+    "every gh command but those in allowedCommands (gh api only with GET)",
+]
+_GUARDS = "git and gh wrappers in ~/.local/bin and a global pre-push hook; they stop mistakes"
+
+
+def _session_pushes(vm_name: str, brokered: bool, gh_allowed: str) -> dict[str, Any]:
+    """git.allowPush: session: pushes only to the VM's own branches."""
+    branches = pushes.namespace(vm_name).removeprefix("refs/heads/")
+    host = ("On the host, the credential broker reads every push's ref updates and refuses the whole push when "
+            f"one is outside {branches}, a delete, or an update of a branch this VM did not create; it refuses "
+            "GitHub API writes too, and records what was pushed (the user sees it in `agentbox status`)"
+            if brokered else
+            "Nothing on the host checks pushes: the credential broker is off (credentials.broker), so the VM "
+            "holds the user's GitHub login; the rules above are kept by the guards in the VM only")
+    return {
+        "allowed": False,
+        "setting": "git.allowPush is session: pushes only to this VM's own branches",
+        "pushes": {"scope": "session", "branches": branches},
+        "blocked": [
+            f"git push of any ref outside {branches} (other branches, tags), of a delete, or of an update to a "
+            f"branch under {branches} this VM did not create: the whole push is refused",
+            "GitHub API writes (REST calls other than GET and HEAD, GraphQL mutations): `gh pr create` too",
+            "send-pack, receive-pack, http-push and the remote-* helpers, however they are reached, and git "
+            "submodule foreach",
+            *_GUARDED,
+        ],
+        "allowedCommands": [
+            f"git push to a new branch under {branches} (`git push origin HEAD:{branches}NAME`), and later pushes "
+            "that update a branch this VM created there",
+            "every other git command: fetch, pull, clone, commit, branch, rebase, log, diff, ...",
+            gh_allowed,
+        ],
+        "instead": (f"Push your work to a branch under {branches} and tell the user its name: they review it and "
+                    "open the pull request or merge it themselves."),
+        "enforcedBy": f"{_GUARDS} early. {host}",
+    }
+
+
+def _no_pushes(brokered: bool, gh_allowed: str) -> dict[str, Any]:
+    """sync.remoteWrite false, the default: no push at all."""
+    instead = (
+        "Commit in the workspace and tell the user what to push: it is their folder, so they push from the host "
+        "(where their own keys are). " + (
+            "The VM's GitHub access is read-only on the host (the credential broker): `gh pr create` and other "
+            "GitHub writes are refused, so the user opens the pull request too." if brokered else
+            "`gh pr create` works for a branch they have pushed.")
+    )
     return {
         "allowed": False,
         "setting": "sync.remoteWrite is false (the default)",
@@ -424,15 +433,14 @@ def _remote_write(config: Config, vm_name: str) -> dict[str, Any]:
         "blocked": [
             "git push, send-pack, receive-pack, http-push and the remote-* helpers, however they are reached "
             "(-C, -c, --git-dir, aliases), and git submodule foreach",
-            *guarded,
+            *_GUARDED,
         ],
         "allowedCommands": [
             "every other git command: fetch, pull, clone, commit, branch, rebase, log, diff, ...",
-            GH_ALLOWED + (" (the gh guard lets these through; those that write, such as gh pr create, are then "
-                          "refused on the host)" if brokered else ""),
+            gh_allowed,
         ],
         "instead": instead,
-        "enforcedBy": f"{guards}. What the VM can reach at all (mounts, logins, config) is decided and enforced on "
+        "enforcedBy": f"{_GUARDS}. What the VM can reach at all (mounts, logins, config) is decided and enforced on "
                       "the host",
     }
 

@@ -182,8 +182,8 @@ def _handback(launch: Launch, refreshed: staging.Refreshed) -> writeback.Plan | 
     brokering, login = launch.brokering, launch.ask.login
     returned = [item for item in refreshed.credentials if brokering is None
                 or (login and not brokering.prepared.replaces(item.host_path))]
-    return writeback.begin(launch.config, launch.vm_name, launch.agent, returned, launch.expected, login=login,
-                           brokered=brokering.prepared.replaces if brokering else None)
+    handed = writeback.Returned(returned, login, brokering.prepared.replaces if brokering else None)
+    return writeback.begin(launch.config, launch.vm_name, launch.agent, handed, launch.expected)
 
 
 def _notes(launch: Launch, said: _Said, refreshed: staging.Refreshed) -> None:

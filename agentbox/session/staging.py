@@ -347,16 +347,11 @@ def stage_broker_ca(staging: Path, broker_ca: BrokerCA | None) -> None:
 def stage_context(launch: Launch, refreshed: Refreshed, instance: Instance | None, checkpoint: int | None) -> None:
     """Stage the sandbox's description for this launch (agentbox.session.context): what refresh staged, what Lima
     reported of the VM, the session's mode and its start checkpoint."""
-    document = context.build(
-        launch.config, launch.folders, launch.agent,
-        staged_credentials=[item.guest_path for item in refreshed.credentials],
-        env_keys=refreshed.env_keys,
-        git_identity=(refreshed.folder / GIT_IDENTITY).exists(),
-        vm_facts=context.vm_facts(instance) if instance is not None else None,
-        mounts=context.effective_mounts(instance) if instance is not None else None,
-        mode=launch.mode,
-        checkpoint=checkpoint,
-    )
+    seen = context.Seen([item.guest_path for item in refreshed.credentials], refreshed.env_keys,
+                        (refreshed.folder / GIT_IDENTITY).exists(),
+                        context.vm_facts(instance) if instance is not None else None,
+                        context.effective_mounts(instance) if instance is not None else None)
+    document = context.build(launch.config, launch.folders, launch.agent, seen, launch.mode, checkpoint)
     context.stage(refreshed.folder, document)
 
 

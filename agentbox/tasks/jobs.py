@@ -53,9 +53,9 @@ def submit(control: lifecycle.VmControl, ask: TaskAsk, place: str) -> records.Ta
     logins = [] if where.takes_logins else hostlogins.refused_logins(config, agent, prepared)
     if logins:
         raise hostlogins.refusal(agent, logins, where.name, brokersetup.wanted(config))
-    task = records.create(vm_name, launch.workspace, agent.name, ask.session_argv or task_argv(agent),
-                          launch.workdir, ask.prompt, name=ask.name, timeout=ask.timeout, worktree=None,
-                          host=where.name, isolated=True)
+    new = records.NewTask(vm_name, launch.workspace, agent.name, ask.session_argv or task_argv(agent), launch.workdir,
+                          ask.prompt, name=ask.name, timeout=ask.timeout, host=where.name, isolated=True)
+    task = records.create(new)
     if ask.session_argv is not None:
         task.session = True
         records.save(task)

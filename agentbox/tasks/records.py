@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from agentbox import fsutil, paths, vmread
 from agentbox.errors import AgentboxError, StateError
@@ -210,12 +210,26 @@ def locked() -> Iterator[None]:
         yield
 
 
-def create(vm_name: str, workspace: Path, agent: str, argv: list[str], cwd: str, prompt: bytes, *,
-           name: str | None, timeout: int | None, worktree: str | None, worktree_name: str | None = None,
-           host: str = LOCAL, isolated: bool = False) -> Task:
-    """A new Pending task with the next id, its prompt kept beside its record; `worktree`: the commit a
-    worktree task's branch starts from (None: the task runs in the live tree); `worktree_name`: the
-    worktree's name (`run --worktree NAME`), else `task-ID`."""
+class NewTask(NamedTuple):
+    """What a new task is made of."""
+
+    vm_name: str
+    workspace: Path
+    agent: str
+    argv: list[str]
+    cwd: str
+    prompt: bytes
+    name: str | None = None
+    timeout: int | None = None
+    worktree: str | None = None  # the commit a worktree task's branch starts from (None: the live tree)
+    worktree_name: str | None = None  # the worktree's name (`run --worktree NAME`), else `task-ID`
+    host: str = LOCAL
+    isolated: bool = False
+
+
+def create(new: NewTask) -> Task:
+    """A new Pending task with the next id, its prompt kept beside its record."""
+    vm_name, workspace, agent, argv, cwd, prompt, name, timeout, worktree, worktree_name, host, isolated = new
     root = private_dir(paths.tasks_dir())
     with locked():
         try:

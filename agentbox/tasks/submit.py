@@ -77,9 +77,10 @@ def submit(control: lifecycle.VmControl, ask: TaskAsk) -> records.Task:
                          "(session.mode: isolated)",
                          hint="`agentbox run --on local` runs it on a copy of its own (isolated); or use a live "
                          "VM, where --worktree gives each task a checkout of its own.")
-    task = records.create(launch.vm_name, launch.workspace, agent.name, task_argv(agent), launch.workdir,
-                          ask.prompt, name=ask.name, timeout=ask.timeout, worktree=base,
+    new = records.NewTask(launch.vm_name, launch.workspace, agent.name, task_argv(agent), launch.workdir, ask.prompt,
+                          name=ask.name, timeout=ask.timeout, worktree=base,
                           worktree_name=ask.worktree_name if ask.worktree else None)
+    task = records.create(new)
     handed(task, "the VM", lambda: _hand_over(launch, task, ask.prompt, base, repo))
     return records.refresh([task], check_vms=False)[0]
 
