@@ -180,7 +180,7 @@ def test_a_vm_rebooted_behind_agentboxs_back_is_checked_again(project: Path, vm:
 
 
 @pytest.mark.parametrize("damage", ["corrupt", "other version", "readable by others", "a link", "truncated",
-                                    "another owner"])
+                                    "another owner", "an hour old", "from the future"])
 def test_a_damaged_plan_is_ignored_and_rewritten(project: Path, vm: FakeLima, damage: str) -> None:
     configure(project)
     planned_launch(project, vm)
@@ -198,6 +198,10 @@ def test_a_damaged_plan_is_ignored_and_rewritten(project: Path, vm: FakeLima, da
         copy.chmod(0o600)
         plan.unlink()
         plan.symlink_to(copy)
+    elif damage in ("an hour old", "from the future"):
+        data = json.loads(good)
+        data["saved"] += (1 if damage == "from the future" else -1) * 3601 * 10**9
+        plan.write_text(json.dumps(data))
     elif damage == "another owner":
         if os.getuid() != 0:
             pytest.skip("only root can give a file to another user")

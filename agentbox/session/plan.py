@@ -5,7 +5,8 @@ to say and nothing it could not prove, saves what it decided: the `limactl shell
 values as slots), the proxy's port, the checkpoint settings, the logins' way back and who counts as busy for the
 tripwire. Beside it goes the signature (device, inode, size, mtime_ns, ctime_ns, mode) of every file and folder
 the launch read, stat'ed or listed before the shell (agentbox.session.planrecorder records them), a digest of the
-environment, the terminal's shape, agentbox's version and the interpreter. The next identical launch
+environment, the terminal's shape, agentbox's version and the interpreter; and it is used for an hour at most,
+since what a launch decides by the clock (the broker's CA renewed ahead of its end, say) no stat can prove. The next identical launch
 (same folder, agent and global options) re-stats every input; when all match it runs from the plan
 (agentbox.session.planned) without loading the config, trust, staging or broker layers. The VM still proves in
 the guest that it is the VM agentbox checked, on the same boot (agentbox.session.warm's stub); any mismatch there,
@@ -37,6 +38,9 @@ DECLINED = -1  # what a launch from a plan answers when it did not run (no exit 
 FOLDER = "plans"
 MAX_BYTES = 4 << 20
 KEPT = 64  # plans kept (one per folder, agent and options): the least recently saved go first
+# What a launch decides by the clock cannot be proved by a stat: the broker's CA renewed 30 days before its end, a
+# company CA certificate found expired, the age of a note said once. A plan is used this long after it was saved.
+MAX_AGE_NS = 3600 * 1_000_000_000
 SETTLED_NS = 2_000_000_000  # an input changed this recently may change again within its timestamp's granularity
 # Set by the shell itself around every command, or by the terminal: never something agentbox decides by.
 VOLATILE_ENV = frozenset({"_", "OLDPWD", "PWD", "SHLVL", "COLUMNS", "LINES"})
@@ -89,6 +93,9 @@ def load(key: str) -> dict[str, Any] | None:
         return None
     if data.get("python") != sys.version or data.get("env") != environment_digest():
         return None
+    saved = data.get("saved")
+    if not isinstance(saved, int) or not 0 <= time.time_ns() - saved <= MAX_AGE_NS:
+        return None
     try:
         for path, kind, follow, expected in data["inputs"]:
             if signature(path, kind, follow) != expected:
@@ -130,7 +137,7 @@ def save(key: str, decided: Mapping[str, Any], inputs: Iterable[tuple[str, str, 
             return False
         signed.append([path, kind, follow, found])
     data = {"format": FORMAT, "version": __version__, "python": sys.version, "env": environment_digest(),
-            **decided, "inputs": signed}
+            "saved": time.time_ns(), **decided, "inputs": signed}
     target = plan_path(key)
     folder = target.parent
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -103,7 +103,7 @@ def prove(vm_name: str, token: str) -> Attempt:
     """A launch that has not listed the VM: its nonce is in the staging folder before the shell."""
     attempt = Attempt(PROVE, vm_name, secrets.token_hex(16), token)
     private_dir(attempt.proof.parent)
-    atomic_write(attempt.proof, "", mode=0o600)
+    atomic_write(attempt.proof, "", mode=0o600, durable=False)  # this launch's only: nothing to keep over a crash
     return attempt
 
 
