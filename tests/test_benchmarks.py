@@ -41,28 +41,40 @@ def test_compare_quick_prints_the_ratio_table_of_every_row() -> None:
                             capture_output=True, text=True, timeout=850)
     assert result.returncode == 0, result.stderr
     assert f"agentbox: {REPO}" in result.stdout  # the checkout's agentbox was measured
+    assert ("host logins in both: .claude/.credentials.json, .claude.json, .codex/auth.json, .config/gh/hosts.yml"
+            in result.stdout)
     header, *rows = table_rows(result.stdout)
     assert tuple(header) == compare.COLUMNS
+    assert header[3:8] == ["agentbox wall / own ms", "TS wall / own ms", "agentbox own CPU ms", "TS own CPU ms",
+                           "own CPU ratio"]
     assert tuple(row[0] for row in rows) == compare.ROWS
     by_row = {row[0]: row for row in rows}
     for row in rows:
         assert len(row) == len(compare.COLUMNS), row
-        for cell in row[2:5]:  # floor, agentbox's wall and own time
-            float(cell)
+        float(row[2])  # the floor
+        wall, own = (float(cell) for cell in row[3].split(" / "))
+        assert 0 < own <= wall, row
+        assert float(row[5]) > 0, row  # agentbox's own CPU: its tree's minus the double's
     assert by_row["warm"][1].startswith(("1 / ", "2 / "))
-    assert by_row["warm"][8].startswith("1 limactl call: ")
+    assert by_row["warm"][8].startswith("1 limactl call: ") and "; own CPU <= 0.6x TS: " in by_row["warm"][8]
     assert by_row["--help"][1].startswith("0 / ")
     for row in ("allowlist warm", "cold from a base"):
         assert by_row[row][7] == "n/a"
     if built:
-        assert by_row["allowlist warm"][5].startswith("n/a: the TypeScript tool has no network policy")
+        assert by_row["allowlist warm"][4].startswith("n/a: the TypeScript tool has no network policy")
         for row in ("warm", "warm, 50k-file repo", "stopped", "--help"):
-            float(by_row[row][5]), float(by_row[row][6])
-            assert by_row[row][7].endswith("x") and float(by_row[row][7][:-1]) > 0
-        assert by_row["warm"][1].endswith(" / 9")  # list + eight shells
+            wall, own = (float(cell) for cell in by_row[row][4].split(" / "))
+            assert 0 < own <= wall and float(by_row[row][6]) > 0, by_row[row]
+            ratio = float(by_row[row][5]) / float(by_row[row][6])
+            assert abs(float(by_row[row][7].removesuffix("x")) - ratio) < 0.02, by_row[row]  # of own CPU
+        # with the logins present it copies each in: list, four shells and a copy per file, the agent
+        assert by_row["warm"][1].endswith(" / 17")
+        assert by_row["stopped"][1].endswith(" / 19")  # and start, and its readiness poll
     else:
         for row in rows:
-            assert by_row[row[0]][5].startswith("skipped: ") and row[7] == "n/a"
+            assert by_row[row[0]][4].startswith("skipped: ") and row[7] == "n/a"
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("load (1, 5, 15-minute averages, ") and " before, " in last, last
 
 
 @pytest.mark.timeout(300)
