@@ -77,6 +77,41 @@ def test_compare_quick_prints_the_ratio_table_of_every_row() -> None:
     assert last.startswith("load (1, 5, 15-minute averages, ") and " before, " in last, last
 
 
+@pytest.mark.timeout(120)
+def test_importtime_prints_the_warm_launchs_figure_and_writes_it_unless_checking(tmp_path: Path) -> None:
+    """Two runs of benchmarks/importtime.py (each starts a VM in the double and launches three times, ~10 s)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    script = [sys.executable, str(REPO / "benchmarks" / "importtime.py"), "--output", str(tmp_path / "figures")]
+    checked = subprocess.run([*script, "--check"], env=env, capture_output=True, text=True, timeout=100)
+    assert checked.returncode == 0, checked.stderr
+    assert not (tmp_path / "figures").exists()  # --check writes nothing
+    lines = checked.stdout.splitlines()
+    version = subprocess.run([sys.executable, "-c", "import agentbox; print(agentbox.__version__)"], env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert lines[0] == (f"agentbox {version}: the imports of a warm `agentbox codex exec true` "
+                        "(limactl calls: 1, shell), python -X importtime")
+    assert lines[2].startswith("load ") and f"agentbox: {REPO}" in lines[2]
+    assert lines[3] == "" and lines[7] == ""
+    counts = dict(line.split(": ", 1) for line in lines[4:7])
+    modules, ours = int(counts["modules imported"]), int(counts["agentbox modules"])
+    assert 0 < ours < modules
+    total = int(counts["total import time"].removesuffix(" µs (cumulative, top-level imports)").replace(",", ""))
+    assert lines[9].split() == ["cumulative", "µs", "self", "µs", "module"]
+    rows = [line.split() for line in lines[10:]]
+    assert 0 < len(rows) <= 25 and lines[8] == f"the {len(rows)} slowest top-level imports:"
+    cumulative = [int(row[0].replace(",", "")) for row in rows]
+    assert cumulative == sorted(cumulative, reverse=True) and sum(cumulative) <= total
+    assert any(row[2].startswith("agentbox.") for row in rows)
+    assert max(len(line) for line in lines[3:]) <= 80
+
+    written = subprocess.run(script, env=env, capture_output=True, text=True, timeout=100)
+    assert written.returncode == 0, written.stderr
+    figure = tmp_path / "figures" / f"{version}.txt"
+    text, note = written.stdout.rsplit("\n\n", 1)
+    assert note == f"written to {figure}\n"
+    assert figure.read_text() == text + "\n" and os.listdir(figure.parent) == [figure.name]
+
+
 @pytest.mark.timeout(300)
 def test_the_broker_benchmark_prints_every_row() -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
