@@ -6,7 +6,7 @@
 Both tools run against the same limactl double (tests/fake_limactl) at macOS-like latencies, each in a
 sandbox of its own (HOME, LIMA_HOME, state folder: both name a project's VM `agentbox-FOLDER`), in the
 same project folders, alternating run by run (agentbox first on even runs, the TypeScript tool first on
-odd ones), so a busy moment costs both alike. Both sandboxes hold the same fake host logins (LOGINS: Claude
+odd ones), so a busy moment costs both alike. Both sandboxes hold the same fake host logins (logins(): Claude
 Code's two files, Codex's auth.json, the GitHub CLI's hosts.yml, fake tokens of the real shapes), so each
 tool does what it does for a user who is logged in: the TypeScript tool copies them in with `limactl copy`
 at every launch (17 calls for a warm one), agentbox brokers them.
@@ -146,7 +146,8 @@ def jwt(claims: dict[str, Any]) -> str:
 def logins(now: float) -> dict[str, str]:
     """The host login files both sandboxes hold (path under HOME: text): those of the TypeScript tool's list
     (src/sync/presets.ts, injectCredentials) that a user of Claude Code, Codex and the GitHub CLI has, in their
-    real shapes with fake tokens. It copies each in with its own `limactl copy`: 9 + 4 + 4 = 17 calls warm."""
+    real shapes with fake tokens. It copies each in with a `limactl copy` of its own and four shells more: the 9
+    calls of a warm launch without logins become 17."""
     expires = int(now) + LOGIN_LIFETIME
     account = {"chatgpt_account_id": "00000000-bench-0000-0000-000000000000"}
     codex = {"OPENAI_API_KEY": None, "tokens": {
