@@ -7,6 +7,7 @@ import getpass
 import json
 import os
 import re
+import resource
 import select
 import shutil
 import subprocess
@@ -1063,6 +1064,19 @@ def test_call_log_counts_the_cpu_of_a_shells_guest_command(running: Lima) -> Non
     running.ok("shell", "vm", "true")  # the control: the double's own CPU alone is well under it
     burned, idle = fake_limactl.read_calls(running.lima_home)
     assert burned["cpu"] >= 0.6 and burned["cpu"] - idle["cpu"] >= 0.5, (burned, idle)
+
+
+def test_call_log_cpu_is_what_the_caller_waited_for(lima: Lima) -> None:
+    """The caller's view of its children's CPU (getrusage) exceeds the logged "cpu" only by the process's start
+    and exit, a few ms: clock-tick counts (os.times) would lose 10-20 ms a call, counted as the caller's own."""
+    fake_limactl.clear_calls(lima.lima_home)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(10):
+        lima.ok("list")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seen = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    logged = sum(call["cpu"] for call in fake_limactl.read_calls(lima.lima_home))
+    assert 0 <= seen - logged < 0.06, (seen, logged)
 
 
 def test_call_log_records_shell_exit_codes(running: Lima) -> None:
