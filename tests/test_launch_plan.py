@@ -277,3 +277,43 @@ def test_the_plan_path_takes_the_sessions_checkpoints(project: Path, scripted: F
     assert len(json.loads(after.stdout)) == len(json.loads(before.stdout)) + 2
     diff = run_cli("diff", "--name-only", cwd=project)
     assert "notes.txt" in diff.stdout
+
+
+# -- what the recorder sees ----------------------------------------------------------------------------------
+
+
+def test_the_recorder_takes_reads_stats_and_listings_and_refuses_what_no_stat_proves(tmp_path: Path) -> None:
+    import threading
+
+    from agentbox.session import planrecorder
+    from agentbox.session.plan import FILE, LISTED, PLACE
+
+    (tmp_path / "read.txt").write_text("x")
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "folder" / "inside").write_text("y")
+    recorder = planrecorder.start("test")
+    try:
+        (tmp_path / "read.txt").read_text()
+        (tmp_path / "written.txt").write_text("out")
+        assert not (tmp_path / "absent").exists()
+        os.listdir(tmp_path / "folder")
+        with planrecorder.unrecorded():
+            (tmp_path / "tripwire.txt").exists()
+        assert recorder.unprovable == []
+        subprocess.run(["true"], check=True)
+        assert recorder.unprovable == ["a process was started"]
+        seen = threading.Thread(target=lambda: (tmp_path / "read.txt").exists(), name="elsewhere")
+        seen.start()
+        seen.join()
+        assert "a file was read in the thread elsewhere" in recorder.unprovable
+    finally:
+        planrecorder.stop()
+    (tmp_path / "after.txt").exists()
+    inputs = {path: kind for path, kind, _ in recorder.entries()}
+    assert inputs[str(tmp_path / "read.txt")] == FILE
+    assert inputs[str(tmp_path / "absent")] == PLACE
+    assert inputs[str(tmp_path / "folder")] == LISTED
+    assert inputs[str(tmp_path / "folder" / "inside")] == PLACE
+    for left_out in ("written.txt", "tripwire.txt", "after.txt"):
+        assert str(tmp_path / left_out) not in inputs
+    assert os.stat is planrecorder._originals.get("stat", os.stat)

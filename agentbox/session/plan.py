@@ -6,8 +6,9 @@ values as slots), the proxy's port, the checkpoint settings, the logins' way bac
 tripwire. Beside it goes the signature (device, inode, size, mtime_ns, ctime_ns, mode) of every file and folder
 the launch read, stat'ed or listed before the shell (agentbox.session.planrecorder records them), a digest of the
 environment, the terminal's shape, agentbox's version and the interpreter; and it is used for an hour at most,
-since what a launch decides by the clock (the broker's CA renewed ahead of its end, say) no stat can prove. The next identical launch
-(same folder, agent and global options) re-stats every input; when all match it runs from the plan
+since what a launch decides by the clock (the broker's CA renewed ahead of its end, say) no stat can prove. The
+next identical launch (same folder, agent and global options) re-stats every input; when all match it runs from
+the plan
 (agentbox.session.planned) without loading the config, trust, staging or broker layers. The VM still proves in
 the guest that it is the VM agentbox checked, on the same boot (agentbox.session.warm's stub); any mismatch there,
 or here, takes the full path, which writes the plan anew.

@@ -118,6 +118,7 @@ class Recorder:
                     yield entry, PLACE, False
 
 
+_SUPPORTS = (os.supports_dir_fd, os.supports_fd, os.supports_follow_symlinks, os.supports_effective_ids)
 _current: Recorder | None = None
 _installed = False
 _originals: dict[str, Any] = {}
@@ -134,7 +135,11 @@ def start(key: str) -> Recorder:
     if not _originals:
         for name, kind, follow in (("stat", PLACE, True), ("lstat", PLACE, False), ("access", PLACE, True)):
             _originals[name] = original = getattr(os, name)
-            setattr(os, name, _watched(original, kind, follow))
+            watched = _watched(original, kind, follow)
+            for supports in _SUPPORTS:  # `os.stat in os.supports_dir_fd` (shutil.rmtree asks) answers as before
+                if original in supports:
+                    supports.add(watched)
+            setattr(os, name, watched)
     recorder.active = True
     return recorder
 
@@ -160,6 +165,9 @@ def stop() -> None:
         _current.active = False
     _current = None
     for name, original in _originals.items():
+        watched = getattr(os, name)
+        for supports in _SUPPORTS:
+            supports.discard(watched)
         setattr(os, name, original)
     _originals.clear()
 
