@@ -8,7 +8,7 @@ marker's first line is the checkpoint's id (empty when none was taken), which th
 AGENTBOX_CHECKPOINT: a per-launch value kept out of the staged description. An isolated session still
 waits for it on the host (it is the base of the agent's copy). The end checkpoint of a live session is
 taken after the launch returned, by a process of its own (agentbox.session.endcheckpoint), while every
-reader of checkpoints waits for it (agentbox.review.checkpoints.settle). A checkpoint never stops a
+reader of checkpoints waits for it (agentbox.review.checkpoints.settle); so is an isolated session's. A checkpoint never stops a
 launch: when one fails, agentbox warns once with the reason and the session goes on.
 
 What the user sees: nothing, normally. `-v` shows the checkpoint's id in one line; files left out
@@ -113,22 +113,20 @@ class SessionCheckpoints:
         """The start checkpoint, once wait_for_start() has returned (None: none was taken)."""
         return self._start
 
-    def end(self, later: bool = False) -> None:
-        """The end checkpoint, when the start one was taken. `later`: taken by a process of its own, after this one
-        returned (a live session: nothing of the launch needs it), which holds the checkpoints' end lock till
-        it is recorded; what it has to say is said by the next command that reads checkpoints."""
+    def end(self, later: bool = True) -> None:
+        """The end checkpoint, when the start one was taken: always by a process of its own, after this one returned
+        (nothing of a launch needs it: an isolated session's proposal is made from the agent's copy), which holds
+        the checkpoints' end lock till it is recorded; what it has to say is said by the next command that reads
+        checkpoints. `later` is no longer consulted (an isolated session's launch still passes False)."""
         self.wait_for_start()
         if self._start is None:
             return
         named = [path for path, _ in self._start.checkpoint.skipped]
-        if later:
-            with timing.phase("end checkpoint (handed to a process of its own)"):
-                end_later(self.workspace, {
-                    "workspace": str(self.workspace), "agent": self.agent, "session": self.session,
-                    "verbose": self.verbose, "maxFileSize": self.settings.max_file_size, "keep": self.settings.keep,
-                    "named": named})
-            return
-        self.end_now(set(named))
+        with timing.phase("end checkpoint (handed to a process of its own)"):
+            end_later(self.workspace, {
+                "workspace": str(self.workspace), "agent": self.agent, "session": self.session,
+                "verbose": self.verbose, "maxFileSize": self.settings.max_file_size, "keep": self.settings.keep,
+                "named": named})
 
     @classmethod
     def resumed(cls, settings: CheckpointSettings, workspace: Path, agent: str, session: str,
