@@ -278,8 +278,22 @@ def delete_refs(repo: Repo, refs: list[str]) -> None:
 def resolve(repo: Repo, ref: str) -> str | None:
     """The object a ref of the store names; None when it does not exist."""
     _check_ref(ref)
+    loose = _loose_ref(init_store(repo) / ref)
+    if loose is not None:
+        return loose
     out = _store_git(repo, ["rev-parse", "-q", "--verify", "--end-of-options", ref], ok=(0, 1))
     return out.decode().strip() or None
+
+
+def _loose_ref(path: Path) -> str | None:
+    """The object id a loose ref file of the store holds, read without a git process (an unchanged checkpoint asks
+    once per launch); None when it is not plainly one (absent, packed, symbolic): git is asked then."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    oid = data.decode("ascii", "replace").strip()
+    return oid if data.endswith(b"\n") and len(oid) in (40, 64) and all(c in "0123456789abcdef" for c in oid) else None
 
 
 def refs(repo: Repo, prefix: str) -> dict[str, str]:
