@@ -331,7 +331,8 @@ def checkpoint_rows(box: Sandbox, runs: int) -> list[tuple[str, str, str, str, s
 
     box.run(["start"], big_repo)
     ckpt_launches: dict[str, list[tuple[float, float, list[dict]]]] = {"off": [], "on": []}
-    phases: dict[str, list[float]] = {"start checkpoint (not overlapped)": [], "end checkpoint": []}
+    phases: dict[str, list[float]] = {"start checkpoint (not overlapped)": [],
+                                      "end checkpoint (handed to a process of its own)": []}
     for index in range(runs * 2):  # interleaved, so a busy moment costs both alike
         state = "off" if index % 2 == 0 else "on"
         enabled = "false" if state == "off" else "true"
