@@ -1,4 +1,5 @@
-"""Memory and disk sizes as Lima reads them (go-units RAMInBytes: binary multiples, bare number = bytes)."""
+"""Memory and disk sizes as Lima reads them (go-units RAMInBytes: binary multiples, bare number = bytes), and a
+file's size as people read it."""
 
 from __future__ import annotations
 
@@ -45,3 +46,11 @@ def size_problem(value: Any) -> str | None:
     if size < _SMALLEST_PLAUSIBLE:
         return f"{text} is {size} bytes, which cannot run a VM (Lima reads a bare number as bytes)"
     return None
+
+
+def shown(size: int) -> str:
+    """A file's size for people: "5 MiB", "1.5 KiB", "12 bytes"."""
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor:
+            return f"{size / factor:.1f} {unit}".replace(".0 ", " ")
+    return f"{size} bytes"

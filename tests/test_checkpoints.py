@@ -421,3 +421,18 @@ def test_a_fifo_where_git_used_to_read_never_stalls_a_launch(repo: Path, vm: Fak
     assert run_cli("diff", "--name-only", cwd=repo).stdout == "edit.txt\n"
 
 
+
+
+def test_checkpoints_whose_refs_and_commits_were_packed_in_the_store_still_verify(repo: Path, limactl: FakeLima) -> None:
+    # agentbox reads its loose refs and commits itself; once they are packed (a `git gc` of the store) git says.
+    for number in range(2):
+        write(repo / "edit.txt", f"round {number}\n")
+        assert run_cli("checkpoint", cwd=repo).exit_code == 0
+    store_git(repo, "pack-refs", "--all")
+    store_git(repo, "repack", "-a", "-d", "-q")
+    assert not list((hostgit.store_dir(repo) / "refs").rglob("checkpoints/*"))  # no loose ref is left
+    assert all(r["ok"] for r in records(repo))
+    assert run_cli("diff", "--since", "1", "--name-only", cwd=repo).stdout == "edit.txt\n"
+    store_git(repo, "update-ref", "-d", "refs/agentbox/checkpoints/1")
+    deleted = run_cli("diff", "--since", "1", cwd=repo)
+    assert deleted.exit_code == 1 and "its ref refs/agentbox/checkpoints/1 was deleted" in deleted.stderr

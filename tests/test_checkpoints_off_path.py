@@ -154,3 +154,26 @@ def test_launch_sh_runs_no_process_when_the_marker_is_there_and_stops_when_it_ne
            in missing.stderr
     assert f"go_limit={staginglayout.GO_LIMIT} " in PART.read_text()
     assert f"go_timed_out={staginglayout.GO_TIMED_OUT} " in PART.read_text()
+
+
+def test_an_isolated_session_returns_before_its_slow_end_checkpoint_too(
+        repo: Path, vm: FakeLima, slow_git: Path) -> None:
+    # The end checkpoint of the workspace is not what the proposal is made from (the agent's copy is): an isolated
+    # session hands it to a process of its own like a live one, and readers wait for it the same way.
+    slow_git.touch()
+    # The VM was created live: it still mounts the workspace, where the host's side changes during the session.
+    during = f"echo copy > made.txt && echo host > '{repo}/keep.txt'"
+    result = run_agentbox("shell", "--isolated", "--", "sh", "-c", during, cwd=repo, timeout=120)
+    returned = time.time()
+    assert result.returncode == 0, result.stderr
+    assert "agentbox: proposal 1: 1 file changed;" in result.stderr
+    before = recorded_at(slow_git)  # the start checkpoint's and the copy's base's refs; the end one is still to come
+    listed = run_agentbox("checkpoints", "--json", cwd=repo)
+    assert listed.returncode == 0, listed.stderr
+    assert "waiting for the last session's end checkpoint" in listed.stderr
+    assert len(recorded_at(slow_git)) == len(before) + 1 and recorded_at(slow_git)[-1] > returned
+    found = json.loads(listed.stdout)
+    assert [(r["id"], r["kind"]) for r in found] == [(1, "start"), (2, "end")]
+    assert "made.txt" not in tree_of(repo, found[1]["commit"])  # the workspace's end, not the agent's copy
+    shown = run_agentbox("diff", "--since", "session", "--name-only", cwd=repo)
+    assert (shown.returncode, shown.stdout) == (0, "keep.txt\n")

@@ -175,15 +175,23 @@ def test_diff_and_undo_dry_run_name_a_missing_checkpoint_first_and_leave_the_git
 
 
 @pytest.mark.needs("git")
-@pytest.mark.parametrize("damage", ["none", "walk cache gone", "stat index gone"])
+@pytest.mark.parametrize("damage", ["none", "walk cache gone", "stat index gone", "files cache gone",
+                                    "files cache damaged"])
 def test_diff_sees_a_change_whatever_state_the_stat_index_is_in(checkpointed: Path, damage: str) -> None:
     store = store_of(checkpointed)
     assert (store / "stat.index").exists() and (store / "walk.cache").exists()
+    files_caches = list(store.glob("files.*.cache"))  # the folders' recorded files, read only when something changed
+    assert len(files_caches) == 1
     write(checkpointed / "src" / "f5.txt", "changed, same size\n"[:3])  # "cha": as long as "5\n" + 1
     os.utime(checkpointed / "src" / "f5.txt", ns=(1_000_000_000, 1_000_000_000))  # an old mtime: only stat tells
     if damage == "walk cache gone":  # the stat index no longer matches what was recorded: its answer is dropped
         (store / "walk.cache").unlink()
     elif damage == "stat index gone":
         (store / "stat.index").unlink()
+    elif damage == "files cache gone":  # the walk starts over: every file is read again
+        files_caches[0].unlink()
+    elif damage == "files cache damaged":
+        files_caches[0].write_bytes(b"\0not marshal")
     result = run_cli("diff", "--since", "1", "--name-only", cwd=checkpointed)
     assert (result.exit_code, result.stdout) == (0, "src/f5.txt\n"), result.stderr
+    assert len(list(store.glob("files.*.cache"))) == 1  # the new one; none left behind

@@ -12,7 +12,9 @@ agentbox.git.ignore; the tracked paths come from the workspace's index as agentb
 
 Fast when little changed, with a cache in the store (`stat.cache`, agentbox's own):
 - every folder's listing and what was decided about its entries, kept while the folder's stat (inode,
-  mtime), its .gitignore's and the rules above it are unchanged: an unchanged folder is one lstat();
+  mtime), its .gitignore's and the rules above it are unchanged: an unchanged folder is one lstat(); the
+  files it records are kept apart (`files.<generation>.cache`, named by `walk.cache`) and read only when
+  something changed, so an unchanged tree loads a few kilobytes, not a megabyte per 50,000 files;
 - every recorded file's stat data and object id, also written as a git index (`stat.index`) for one
   `git diff-files`, which lstat()s those paths in C and names the ones that changed. It opens nothing:
   git reads a file only for an entry that is "racily clean" (modified no earlier than the index file),
@@ -49,7 +51,9 @@ from agentbox.git.store import (
 )
 from agentbox.safetext import visible
 
-CACHE_VERSION = 3
+CACHE_VERSION = 3  # entries.cache
+WALK_VERSION = 4  # walk.cache: its folders' recorded files apart, in the files cache it names
+WALK_VERSIONS = (3, WALK_VERSION)  # a version 3 walk.cache holds them inline: still read, written as 4
 RACY_NS = 2_000_000_000
 MAX_INDEX = 1 << 30  # the workspace's index is read up to this size
 MAX_RULES = 1 << 20  # a .gitignore, info/exclude or the global excludes file
@@ -68,6 +72,18 @@ def take(repo: Repo, max_file_size: int) -> Snapshot:
 
 def _take(repo: Repo, store: Path, max_file_size: int) -> Snapshot:
     """The snapshot (the store must be held locked by the caller)."""
+    try:
+        return _walked(repo, store, max_file_size)
+    except _StaleCache:  # the walk cache named a files cache that is gone or damaged: start over without them
+        (store / "walk.cache").unlink(missing_ok=True)
+        return _walked(repo, store, max_file_size)
+
+
+class _StaleCache(Exception):
+    pass
+
+
+def _walked(repo: Repo, store: Path, max_file_size: int) -> Snapshot:
     # git diff-files takes as long as the rest together: started before the caches are even loaded (run()
     # drops it when the cache says the stat index does not match what was recorded).
     stat_index = store / STAT_INDEX
@@ -96,7 +112,7 @@ class _Walk:
         self.store = store
         self.limit = max_file_size
         self.fmt = store_format(repo)
-        self.cache = _load(store / "walk.cache", self.fmt)
+        self.cache = _load(store / "walk.cache", self.fmt, WALK_VERSIONS)
         self._recorded: dict[str, Any] | None = None  # entries.cache, read only when something changed
         self._tracked_sets: tuple[set[bytes], dict[bytes, str], set[bytes]] | None = None
         self.fds: dict[bytes, int | None] = {}
@@ -278,6 +294,7 @@ class _Walk:
             skipped = self._still_skipped(None)
             if skipped is not None:
                 return self._finish(tree, skipped, dirs, tracked_sig, save=skipped != self.cache["skipped"])
+        self._fill_files(dirs)
         files = {_join(folder, name): kind for folder, entry in dirs.items() for name, kind in entry[4][0]}
         skipped = self._still_skipped(files)
         entries: dict[bytes, list[Any]] = self.recorded["entries"]
@@ -334,15 +351,47 @@ class _Walk:
         """The snapshot; the walk's cache written when something in it changed."""
         if save:
             self.cache["tree"] = tree
-            self.cache["dirs"] = dirs
             self.cache["skipped"] = skipped
             self.cache["tracked_sig"] = tracked_sig
-            _save(self.store / "walk.cache", self.cache)
+            self._save_walk(dirs)
         notes = list(dict.fromkeys(self.notes))
         if any(entry[4][3] for entry in dirs.values()):
             notes.append("submodules are captured as the commit the index records for them, not their own changes")
         shown_skipped = sorted((os.fsdecode(path), size) for path, size in skipped.items())
         return Snapshot(tree, self._head(), shown_skipped, notes)
+
+    def _fill_files(self, dirs: dict[bytes, Any]) -> None:
+        """Each folder's recorded files (decided[0]) where the walk cache left them in its files cache."""
+        wanted = [entry[4] for entry in dirs.values() if entry[4][0] is None]
+        if not wanted:
+            return
+        name = self.cache.get("files")
+        kept = _load(self.store / name, self.fmt, (WALK_VERSION,)) if isinstance(name, str) else {}
+        found = kept.get("files")
+        by_folder: dict[bytes, Any] = found if isinstance(found, dict) else {}
+        for folder, entry in dirs.items():
+            if entry[4][0] is None:
+                if folder not in by_folder:
+                    raise _StaleCache
+                entry[4][0] = by_folder[folder]
+
+    def _save_walk(self, dirs: dict[bytes, Any]) -> None:
+        """walk.cache, its folders' recorded files in a files cache of a new generation (written first, so
+        walk.cache never names one that is not whole); unchanged folders keep the one named already."""
+        old = self.cache.get("files")
+        if any(entry[4][0] is not None for entry in dirs.values()):
+            self._fill_files(dirs)
+            name = f"files.{time.time_ns():x}.{os.getpid()}.cache"
+            _save(self.store / name, {"version": WALK_VERSION, "fmt": self.fmt,
+                                      "files": {folder: entry[4][0] for folder, entry in dirs.items()}})
+            self.cache["files"] = name
+        self.cache["dirs"] = {folder: [*entry[:4], [None, *entry[4][1:]]] for folder, entry in dirs.items()}
+        self.cache["version"] = WALK_VERSION
+        _save(self.store / "walk.cache", self.cache)
+        if old != self.cache.get("files"):  # the one it replaced, and any a crash left between the two writes
+            for stale in self.store.glob("files.*.cache"):
+                if stale.name != self.cache["files"]:
+                    stale.unlink(missing_ok=True)
 
     def _missing(self, commit: str | None) -> bool:
         return not commit or tree_of(self.repo, commit) is None
@@ -584,15 +633,15 @@ def _write_index(path: Path, entries: dict[bytes, list[Any]], fmt: str, started:
 
 def _empty(fmt: str) -> dict[str, Any]:
     return {"version": CACHE_VERSION, "fmt": fmt, "dirs": {}, "tree": None, "commit": None, "skipped": {},
-            "index_written": False, "tracked_sig": "unknown"}
+            "index_written": False, "tracked_sig": "unknown", "files": None}
 
 
-def _load(path: Path, fmt: str) -> dict[str, Any]:
+def _load(path: Path, fmt: str, versions: tuple[int, ...] = (CACHE_VERSION,)) -> dict[str, Any]:
     try:
         data = marshal.loads(path.read_bytes())  # marshal.load on a file reads it in tiny pieces
     except (OSError, EOFError, ValueError, TypeError):
         return _empty(fmt)
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or data.get("fmt") != fmt:
+    if not isinstance(data, dict) or data.get("version") not in versions or data.get("fmt") != fmt:
         return _empty(fmt)
     return data
 

@@ -278,13 +278,31 @@ def delete_refs(repo: Repo, refs: list[str]) -> None:
 def resolve(repo: Repo, ref: str) -> str | None:
     """The object a ref of the store names; None when it does not exist."""
     _check_ref(ref)
+    loose = _loose_ref(init_store(repo) / ref)
+    if loose is not None:
+        return loose
     out = _store_git(repo, ["rev-parse", "-q", "--verify", "--end-of-options", ref], ok=(0, 1))
     return out.decode().strip() or None
 
 
+def _loose_ref(path: Path) -> str | None:
+    """The object id a loose ref file of the store holds, read without a git process (an unchanged checkpoint asks
+    once per launch); None when it is not plainly one (absent, packed, symbolic): git is asked then."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    oid = data.decode("ascii", "replace").strip()
+    return oid if data.endswith(b"\n") and len(oid) in (40, 64) and all(c in "0123456789abcdef" for c in oid) else None
+
+
 def refs(repo: Repo, prefix: str) -> dict[str, str]:
-    """Every ref under prefix in the store, with the object it names (one `for-each-ref`)."""
+    """Every ref under prefix in the store, with the object it names (read from the loose ref files, or one
+    `for-each-ref` when the store has packed refs or an odd file there)."""
     _check_ref(prefix)
+    loose = _loose_refs(init_store(repo), prefix.rstrip("/"))
+    if loose is not None:
+        return loose
     out = _store_git(repo, ["for-each-ref", "--format=%(refname) %(objectname)", prefix])
     found = {}
     for line in out.decode(errors="replace").splitlines():
@@ -298,7 +316,9 @@ def commit_trees(repo: Repo, commits: list[str]) -> dict[str, str | None]:
     wanted = list(dict.fromkeys(commits))
     for oid in wanted:
         _check_oid(oid)
-    objects = _batch(repo, wanted)
+    store = init_store(repo)
+    objects = {oid: loose for oid in wanted if (loose := _loose_object(store, oid)) is not None}
+    objects.update(_batch(repo, [oid for oid in wanted if oid not in objects]))
     found: dict[str, str | None] = {}
     for oid in wanted:
         kind, content = objects.get(oid, (b"", b""))
@@ -418,6 +438,35 @@ def bundle(repo: Repo, path: Path, ref: str, commit: str, prerequisite: str | No
         _check_oid(prerequisite)
     _store_git(repo, ["bundle", "create", "-q", str(path), ref, *((f"^{prerequisite}",) if prerequisite else ())],
                what="git bundle create")
+
+
+def _loose_refs(store: Path, prefix: str) -> dict[str, str] | None:
+    """The refs under prefix as loose files of the store (agentbox writes each checkpoint's ref so, with
+    update-ref); None when git must say: packed refs, or a file that is not plainly an object id."""
+    if (store / "packed-refs").exists():
+        return None
+    found: dict[str, str] = {}
+    for folder, dirs, names in os.walk(store / prefix):
+        dirs.sort()
+        for name in names:
+            path = Path(folder) / name
+            oid = _loose_ref(path)
+            if oid is None:
+                return None
+            found[path.relative_to(store).as_posix()] = oid
+    return found
+
+
+def _loose_object(store: Path, oid: str) -> tuple[bytes, bytes] | None:
+    """(type, content) of a loose object of the store (checkpoint commits are written so: write_object), read
+    without a git process; None when it is not there loose (or not whole): `cat-file` is asked then."""
+    try:
+        data = zlib.decompress((store / "objects" / oid[:2] / oid[2:]).read_bytes())
+    except (OSError, zlib.error):
+        return None
+    header, nul, content = data.partition(b"\0")
+    kind, _, size = header.partition(b" ")
+    return (kind, content) if nul and size == str(len(content)).encode() else None
 
 
 def _batch(repo: Repo, oids: list[str]) -> dict[str, tuple[bytes, bytes]]:

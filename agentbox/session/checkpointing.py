@@ -6,9 +6,9 @@ program only once the host has recorded it (or given up on it), which it learns 
 marker in the staging folder, `go/TOKEN` (launch.sh --go TOKEN; provision/launch/checkpoint.sh). The
 marker's first line is the checkpoint's id (empty when none was taken), which the program gets as
 AGENTBOX_CHECKPOINT: a per-launch value kept out of the staged description. An isolated session still
-waits for it on the host (it is the base of the agent's copy). The end checkpoint of a live session is
-taken after the launch returned, by a process of its own (agentbox.session.endcheckpoint), while every
-reader of checkpoints waits for it (agentbox.review.checkpoints.settle). A checkpoint never stops a
+waits for it on the host (it is the base of the agent's copy). The end checkpoint of a session, live or
+isolated, is taken after the launch returned, by a process of its own (agentbox.session.endcheckpoint), while
+every reader of checkpoints waits for it (agentbox.review.checkpoints.settle). A checkpoint never stops a
 launch: when one fails, agentbox warns once with the reason and the session goes on.
 
 What the user sees: nothing, normally. `-v` shows the checkpoint's id in one line; files left out
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox import hosttools, paths, staginglayout, timing
+from agentbox import hosttools, paths, sizes, staginglayout, timing
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import atomic_write, pid_alive, private_dir
 from agentbox.git import store
@@ -116,22 +116,20 @@ class SessionCheckpoints:
         """The start checkpoint, once wait_for_start() has returned (None: none was taken)."""
         return self._start
 
-    def end(self, later: bool = False) -> None:
-        """The end checkpoint, when the start one was taken. `later`: taken by a process of its own, after this one
-        returned (a live session: nothing of the launch needs it), which holds the checkpoints' end lock till
-        it is recorded; what it has to say is said by the next command that reads checkpoints."""
+    def end(self) -> None:
+        """The end checkpoint, when the start one was taken: always by a process of its own, after this one returned
+        (nothing of a launch needs it: an isolated session's proposal is made from the agent's copy), which holds
+        the checkpoints' end lock till it is recorded; what it has to say is said by the next command that reads
+        checkpoints."""
         self.wait_for_start()
         if self._start is None:
             return
         named = [path for path, _ in self._start.checkpoint.skipped]
-        if later:
-            with timing.phase("end checkpoint (handed to a process of its own)"):
-                end_later(self.workspace, {
-                    "workspace": str(self.workspace), "agent": self.agent, "session": self.session,
-                    "verbose": self.verbose, "maxFileSize": self.settings.max_file_size, "keep": self.settings.keep,
-                    "named": named})
-            return
-        self.end_now(set(named))
+        with timing.phase("end checkpoint (handed to a process of its own)"):
+            end_later(self.workspace, {
+                "workspace": str(self.workspace), "agent": self.agent, "session": self.session,
+                "verbose": self.verbose, "maxFileSize": self.settings.max_file_size, "keep": self.settings.keep,
+                "named": named})
 
     @classmethod
     def resumed(cls, settings: CheckpointSettings, workspace: Path, agent: str, session: str,
@@ -198,10 +196,10 @@ class SessionCheckpoints:
         _forget(self.workspace, NO_GIT_MARK)
         fresh = [(path, size) for path, size in checkpoint.skipped if path not in already_named]
         if fresh:
-            names = ", ".join(f"{visible(path)} ({size_text(size)})" for path, size in fresh[:MAX_NAMED])
+            names = ", ".join(f"{visible(path)} ({sizes.shown(size)})" for path, size in fresh[:MAX_NAMED])
             more = f" and {len(fresh) - MAX_NAMED} more" if len(fresh) > MAX_NAMED else ""
             warn(f"checkpoint {checkpoint.label} ({kind}{same}) left out {len(fresh)} file"
-                 f"{'s' if len(fresh) != 1 else ''} larger than {size_text(self.settings.max_file_size)} "
+                 f"{'s' if len(fresh) != 1 else ''} larger than {sizes.shown(self.settings.max_file_size)} "
                  f"(checkpoints.maxFileSize): {names}{more}; `agentbox undo` cannot bring back their content")
         elif self.verbose:
             note(f"checkpoint {checkpoint.label} ({kind}{same}) of {self.workspace}: {checkpoint.commit[:12]}")
@@ -287,10 +285,3 @@ def _forget(workspace: Path, mark: str) -> None:
     path = paths.workspace_state_dir(Path(os.path.realpath(workspace))) / mark
     if os.path.lexists(path):
         os.unlink(path)
-
-
-def size_text(size: int) -> str:
-    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= factor:
-            return f"{size / factor:.1f} {unit}".replace(".0 ", " ")
-    return f"{size} bytes"

@@ -16,7 +16,7 @@ import os
 import sys
 from pathlib import Path
 
-from agentbox.config.load import CheckpointSettings
+from agentbox.config.checkpointkeys import CheckpointSettings
 from agentbox.fsutil import atomic_write
 from agentbox.review import checkpoints
 from agentbox.safetext import visible

@@ -275,7 +275,7 @@ def _after_shell(launch: Launch, points: SessionCheckpoints, ready: _Prepared, f
     if launch.kept is not None and not launch.kept.attach:
         points.wait_for_start()  # the session goes on: its end is not this launch's
     else:
-        points.end(later=ready.isolated is None)  # a live session's end checkpoint is taken after this returns
+        points.end()  # taken after this returns, by a process of its own
     if ready.handback is not None:
         with timing.phase("credential write-back"):
             try:

@@ -78,7 +78,7 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: Busy)
                 vmread.remove_folder(returns.parent.parent, returns)  # as writeback.discard does
             return None
         points.shell_ended()
-        points.end(later=True)
+        points.end()
         if returns is not None:
             _write_back(data, returns)
         changed = tripwire.end_session(workspace, before, points.session, None)

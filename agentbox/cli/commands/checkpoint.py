@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from agentbox import tables
+from agentbox import sizes, tables
 from agentbox.cli.commands.common import load_config
 from agentbox.errors import AgentboxError
 from agentbox.git import store
@@ -22,8 +22,6 @@ from agentbox.progress import note, warn
 from agentbox.review import checkpoints, patchview
 from agentbox.review.scope import checkpoint_root
 from agentbox.safetext import visible
-from agentbox.session.checkpointing import size_text
-from agentbox.tasks import records
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -88,6 +86,9 @@ def diff_command(ctx: click.Context, since: str, stat: bool, name_only: bool, pa
     workspace = checkpoint_root(ctx.obj["cwd"], config.require_workspace())
     pathspec = _pathspec(ctx.obj["cwd"], workspace, paths)
     if since.startswith("task:"):
+        # deferred: start-up (tasks.records and what it imports, ~15 ms of `diff`: only a task's range needs it)
+        from agentbox.tasks import records
+
         repo, old_tree, new_tree, skipped = records.diff_range(config, since[len("task:"):])
     else:
         repo = checkpoints.repo_of(workspace)
@@ -141,7 +142,7 @@ def _pathspec(cwd: Path, workspace: Path, paths: tuple[str, ...]) -> list[str] |
 
 
 def _names(skipped: list[tuple[str, int]]) -> str:
-    shown = [f"{visible(path)} ({size_text(size)})" for path, size in skipped[:MAX_NAMED]]
+    shown = [f"{visible(path)} ({sizes.shown(size)})" for path, size in skipped[:MAX_NAMED]]
     if len(skipped) > MAX_NAMED:
         shown.append(f"and {len(skipped) - MAX_NAMED} more")
     return ", ".join(shown)
