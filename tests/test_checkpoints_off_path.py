@@ -177,3 +177,34 @@ def test_an_isolated_session_returns_before_its_slow_end_checkpoint_too(
     assert "made.txt" not in tree_of(repo, found[1]["commit"])  # the workspace's end, not the agent's copy
     shown = run_agentbox("diff", "--since", "session", "--name-only", cwd=repo)
     assert (shown.returncode, shown.stdout) == (0, "keep.txt\n")
+
+
+def test_a_session_ending_while_anothers_end_checkpoint_is_taken_returns_at_once(
+        repo: Path, vm: FakeLima, slow_git: Path) -> None:
+    """Two sessions in one workspace: the first ends, its end checkpoint takes SLOW seconds more; the second ends
+    meanwhile and returns without waiting for it. Both end checkpoints are recorded, the first session's first."""
+    import sys
+
+    def session(seconds: float, name: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "agentbox", "shell", "--", "sh", "-c",
+                                 f"sleep {seconds}; echo {name} > {name}.txt"], cwd=repo,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    first = session(3, "first")
+    time.sleep(0.5)
+    second = session(4, "second")
+    time.sleep(2)  # both start checkpoints are recorded (git not slowed yet); from here each ref takes SLOW more
+    slow_git.touch()
+    assert first.wait(timeout=120) == 0, first.communicate()[1]
+    _, second_err = second.communicate(timeout=120)
+    second_returned = time.time()
+    assert second.returncode == 0, second_err
+    listed = run_agentbox("checkpoints", "--json", cwd=repo)  # waits for both end checkpoints
+    assert listed.returncode == 0, listed.stderr
+    first_end, second_end = recorded_at(slow_git)
+    assert second_returned < first_end, "the second session waited for the first's end checkpoint"
+    assert first_end < second_end
+    ends = [r["commit"] for r in json.loads(listed.stdout) if r["kind"] == "end"]
+    assert len(ends) == 2
+    assert "first.txt" in tree_of(repo, ends[0]) and "second.txt" not in tree_of(repo, ends[0])  # the first's
+    assert "second.txt" in tree_of(repo, ends[1])  # then the second's

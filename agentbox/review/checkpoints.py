@@ -24,10 +24,13 @@ checkpoint of an unchanged workspace adds no entry, so ordinary launches do not 
 Records of version 1 named commits in the workspace's own repository (refs/agentbox/checkpoints
 there): they are moved into the store once (agentbox.review.migrate), said in one line.
 
-A live session's end checkpoint is taken after its launch returned, by a process of its own
-(agentbox.session.endcheckpoint) that holds `checkpoints-end.lock` meanwhile: take() and load() (so every
-command that reads checkpoints, and the next launch's start checkpoint) wait for it first (settle()), with a
-note when they do, then say what it had to say (`checkpoints-end.notes`: files it left out, its failure).
+A session's end checkpoint is taken after its launch returned, by a process of its own
+(agentbox.session.endcheckpoint) that holds a lock of that session's meanwhile (`checkpoints-end/TIME-SESSION`,
+made and locked by the launch before it is put in place, so a launch never waits for an earlier session's end
+checkpoint to hand its own on): take() and load() (so every command that reads checkpoints, and the next
+launch's start checkpoint) wait for every such lock first (settle()), an end checkpoint for those of earlier
+sessions only, with a note when they do, then say what it had to say (`checkpoints-end.notes`: files it left
+out, its failure).
 
 API for the commands: take(), current(), load(), lookup() (verified), last_session(), statuses().
 """
@@ -101,10 +104,11 @@ class Taken(NamedTuple):
     notes: list[str]  # what the snapshot could not capture, besides skipped files
 
 
-END_LOCK = "checkpoints-end.lock"
+END_LOCK = "checkpoints-end.lock"  # the one end lock of agentbox before per-session locks: still waited for
+END_LOCKS = "checkpoints-end"  # a folder of one lock per session whose end checkpoint is being taken
 END_NOTES = "checkpoints-end.notes"
 WAITING = "waiting for the last session's end checkpoint (agentbox records it after the session)"
-_holding_end = False  # this process is the end checkpoint's (agentbox.session.endcheckpoint): it holds the lock
+_holding_end: str | None = None  # the end lock of the session whose end checkpoint this process takes
 _waited: set[str] = set()  # workspaces this process said it waited for (once each)
 
 
@@ -112,53 +116,103 @@ def end_lock(workspace: Path) -> Path:
     return paths.workspace_state_dir(Path(os.path.realpath(workspace))) / END_LOCK
 
 
+def new_end_lock(workspace: Path, session: str) -> tuple[int, str]:
+    """A lock for this session's end checkpoint, held (LOCK_EX) on the returned descriptor: (fd, its name). It
+    appears in the folder only once held, so a reader never finds it free before its checkpoint is taken."""
+    folder = end_lock(workspace).with_name(END_LOCKS)
+    private_dir(folder)
+    name = f"{time.time_ns():020d}-{session}"
+    temporary = folder / f".{name}"
+    fd = os.open(temporary, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.rename(temporary, folder / name)
+    except BaseException:
+        os.close(fd)
+        temporary.unlink(missing_ok=True)
+        raise
+    return fd, name
+
+
+def release_end_lock(workspace: Path, name: str, fd: int) -> None:
+    """The end checkpoint is recorded: its lock goes (removed while still held, then let go)."""
+    try:
+        os.unlink(end_lock(workspace).with_name(END_LOCKS) / name)
+    except OSError:
+        pass
+    os.close(fd)
+
+
 def end_notes(workspace: Path) -> Path:
     return paths.workspace_state_dir(Path(os.path.realpath(workspace))) / END_NOTES
 
 
-def hold_end() -> None:
-    """This process takes a session's end checkpoint, under the end lock it inherited: it never waits for it."""
+def hold_end(name: str) -> None:
+    """This process takes the end checkpoint of the session whose lock is `name` (it inherited it held): it waits
+    for earlier sessions' end checkpoints only."""
     global _holding_end
-    _holding_end = True
+    _holding_end = name
 
 
 def settle(workspace: Path) -> None:
     """Wait while a session's end checkpoint is still being taken (a note says so, once), then say what it had to
     say, once (the first command to read checkpoints after it)."""
-    if _holding_end:
-        return
-
+    _wait_for(end_lock(workspace), workspace)
+    folder = end_lock(workspace).with_name(END_LOCKS)
     try:
-        fd = os.open(end_lock(workspace), os.O_RDONLY | os.O_CLOEXEC)
+        names = sorted(name for name in os.listdir(folder) if not name.startswith("."))
     except OSError:
-        return  # no session's end checkpoint was ever handed on
+        names = []
+    for name in names:
+        if _holding_end is not None and name >= _holding_end:
+            break  # this session's own lock, and later sessions' (their end checkpoints wait for this one)
+        if _wait_for(folder / name, workspace):
+            try:
+                os.unlink(folder / name)  # free: its process ended without removing it
+            except OSError:
+                pass
+    if _holding_end is not None:
+        return  # what earlier end checkpoints had to say is the next command's to say
+    _say_end_notes(workspace)
+
+
+def _wait_for(lock: Path, workspace: Path) -> bool:
+    """Wait until nobody holds `lock`; True when it was free at once (False too when it is not there)."""
+    try:
+        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return True
         except BlockingIOError:
             key = os.path.realpath(workspace)
             if key not in _waited:
                 _waited.add(key)
-
                 note(WAITING)
             fcntl.flock(fd, fcntl.LOCK_SH)
-        notes = end_notes(workspace)
-        claimed = notes.with_name(f"{notes.name}.{os.getpid()}.{threading.get_ident()}")
-        try:
-            os.rename(notes, claimed)  # one reader says them, even when several read at once
-        except OSError:
-            return
-        try:
-            text = claimed.read_text(errors="replace")  # agentbox's own words, escaped when it wrote them
-        finally:
-            claimed.unlink(missing_ok=True)
-        if text:
-
-            for line in text.splitlines():
-                emit(line)
-            sys.stderr.flush()
+            return False
     finally:
         os.close(fd)
+
+
+def _say_end_notes(workspace: Path) -> None:
+    """What the end checkpoints had to say, once (the first command to read checkpoints after them)."""
+    notes = end_notes(workspace)
+    claimed = notes.with_name(f"{notes.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        os.rename(notes, claimed)  # one reader says them, even when several read at once
+    except OSError:
+        return
+    try:
+        text = claimed.read_text(errors="replace")  # agentbox's own words, escaped when it wrote them
+    finally:
+        claimed.unlink(missing_ok=True)
+    for line in text.splitlines():
+        emit(line)
+    if text:
+        sys.stderr.flush()
 
 
 def records_file(workspace: Path) -> Path:

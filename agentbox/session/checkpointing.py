@@ -18,7 +18,6 @@ not a git repository gets one note, the first time only (remembered in its state
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import secrets
@@ -246,26 +245,25 @@ _spawned: list[Any] = []  # the end checkpoints' processes, kept so no warning s
 
 def end_later(workspace: Path, spec: dict[str, Any]) -> None:
     """Start the end checkpoint in a process of its own (agentbox.session.endcheckpoint), detached from this one's
-    terminal and pipes, holding the checkpoints' end lock (taken here first, so a reader that comes right after
-    this process returns already finds it held)."""
-    lock = checkpoints.end_lock(workspace)
-    private_dir(lock.parent)
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    terminal and pipes, holding this session's end lock (taken here first, so a reader that comes right after this
+    process returns already finds it held). An earlier session's end checkpoint still being taken is that
+    process's to wait for, not this launch's."""
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            note(checkpoints.WAITING)  # the previous session's end checkpoint is still being taken
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        spec = {**spec, "lock": fd}
+        fd, name = checkpoints.new_end_lock(workspace, str(spec["session"]))
+    except OSError as exc:
+        warn(f"the end checkpoint was not taken: its lock could not be made: {exc}")
+        return
+    try:
+        spec = {**spec, "lock": fd, "lockName": name}
         _spawned.append(subprocess.Popen(
             [sys.executable, "-m", "agentbox.session.endcheckpoint", json.dumps(spec)],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(fd,),
             start_new_session=True, cwd="/", env=hosttools.environ()))  # PATH without the workspace's folders
     except OSError as exc:
         warn(f"the end checkpoint was not taken: it could not be started: {exc}")
-    finally:
-        os.close(fd)  # the child holds the lock from here
+        checkpoints.release_end_lock(workspace, name, fd)
+        return
+    os.close(fd)  # the child holds the lock from here
 
 
 def _first_time(workspace: Path, mark: str) -> bool:

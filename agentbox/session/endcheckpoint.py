@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from agentbox.session.checkpointing import SessionCheckpoints
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[1])
-    checkpoints.hold_end()
+    checkpoints.hold_end(str(spec["lockName"]))
     workspace = Path(spec["workspace"])
     said = io.StringIO()
     sys.stderr = said  # agentbox.progress prints on sys.stderr: what it says is kept for the next command
@@ -47,7 +46,7 @@ def main(argv: list[str]) -> int:
             except OSError:
                 earlier = ""
             atomic_write(notes, earlier + text, mode=0o600)
-        os.close(int(spec["lock"]))  # readers go on
+        checkpoints.release_end_lock(workspace, str(spec["lockName"]), int(spec["lock"]))  # readers go on
     return 0
 
 
