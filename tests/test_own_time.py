@@ -211,3 +211,57 @@ def test_help_that_helpscreen_cannot_render_goes_to_click(project: Path, home: P
     clicks, _ = traced(project, tmp_path, "-C", str(project), "--help")
     assert (result.returncode, result.stdout) == (0, clicks.stdout)
     assert "x-x-x-" in result.stdout
+
+
+COMPILES = """
+import importlib, json, os, re, sys
+package = os.path.join(os.environ["REPO"], "agentbox") + os.sep
+seen = set()
+
+def counted(real):
+    def wrapper(*args, **kwargs):
+        frame = sys._getframe(1)
+        # The first frame outside re that is agentbox's own code, unless an import of another package comes first
+        # (yaml's or click's patterns are theirs).
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(package):
+                seen.add(f"{name[len(package):]}:{frame.f_lineno}")
+                break
+            if name.startswith("<frozen importlib"):
+                break
+            frame = frame.f_back
+        return real(*args, **kwargs)
+    return wrapper
+
+re.compile, re._compile = counted(re.compile), counted(re._compile)
+for name in json.loads(os.environ["MODULES"]):
+    importlib.import_module(name)
+print(json.dumps(sorted(seen)))
+"""
+
+
+def test_importing_agentbox_compiles_no_regular_expression(tmp_path: Path) -> None:
+    """Every module of agentbox imported in one process compiles no pattern: each is compiled on first use
+    (agentbox.lazyre). The control: a pattern compiled at import by a module of agentbox's is seen."""
+    package = REPO / "agentbox"
+    modules = sorted(".".join(("agentbox", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+                     for path in package.rglob("*.py") if path.name != "__main__.py")
+    assert len(modules) > 150
+
+    def compiles(names: list[str], root: Path = REPO) -> list[str]:
+        env = {**os.environ, "MODULES": json.dumps(names), "REPO": str(root), "PYTHONPATH": str(root)}
+        # the control in its own folder, -S: the editable install's finder would answer `agentbox` first
+        flags = [] if root == REPO else ["-S"]
+        result = subprocess.run([sys.executable, *flags, "-c", COMPILES], cwd=root, env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return list(json.loads(result.stdout.splitlines()[-1]))
+
+    assert compiles(modules) == []
+    control = tmp_path / "control"
+    (control / "agentbox").mkdir(parents=True)
+    (control / "agentbox" / "__init__.py").write_text("")
+    (control / "agentbox" / "eager.py").write_text("import re, string\nNAME = re.compile('[a-z]+')\n"
+                                                   "class Shape(string.Template):\n    delimiter = '%'\n")
+    assert compiles(["agentbox.eager"], control) == ["eager.py:2", "eager.py:3"]
