@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FakeLima, run_cli, write_trusted
+from tests.helpers import NAME, FakeLima, run_cli, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 # Measured on a warm launch of `codex --version` (91 in the benchmark's sandbox): the bound catches a module
@@ -265,3 +265,29 @@ def test_importing_agentbox_compiles_no_regular_expression(tmp_path: Path) -> No
     (control / "agentbox" / "eager.py").write_text("import re, string\nNAME = re.compile('[a-z]+')\n"
                                                    "class Shape(string.Template):\n    delimiter = '%'\n")
     assert compiles(["agentbox.eager"], control) == ["eager.py:2", "eager.py:3"]
+
+
+GH_LOGIN = ("# what gh writes\ngithub.com:\n    users:\n        octo:\n            oauth_token: gho_REAL123\n"
+            "    git_protocol: https\n    user: octo\n    oauth_token: gho_REAL123\n")
+
+
+@pytest.mark.parametrize("login", [GH_LOGIN, GH_LOGIN.replace("    users:", "    extra: &shared ssh\n    users:")])
+def test_a_warm_launch_reads_the_gh_login_without_yaml(project: Path, home: Path, vm: FakeLima, tmp_path: Path,
+                                                       login: str) -> None:
+    """The broker's handshake reads ~/.config/gh/hosts.yml as gh writes it without PyYAML; the VM gets the same
+    hosts.yml either way. The control: a file the small reader does not take (an anchor) is PyYAML's, as before."""
+    write(home / ".config" / "gh" / "hosts.yml", login, mode=0o600)
+    out = project / ".stub-out.json"
+    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {out}\n")
+    assert run_cli("codex", "--version", cwd=project).exit_code == 0  # warm: the config is cached
+    vm.clear()
+    result, modules = traced(project, tmp_path, "codex", "--version")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["args"][-1] == "--version"
+    assert "agentbox.credentials.broker.ghcli" in modules  # the handshake read the login
+    assert ("yaml" in modules) is ("&shared" in login)
+    vm_login = (vm.guest_home(NAME) / ".config" / "gh" / "hosts.yml").read_text()
+    placeholder = vm_login.split("oauth_token: ")[1].split("\n")[0]
+    assert placeholder.startswith("gho_agentbox-ph-")
+    assert vm_login == (f"github.com:\n  git_protocol: https\n  oauth_token: {placeholder}\n  user: octo\n  users:\n"
+                        f"    octo:\n      oauth_token: {placeholder}\n")
