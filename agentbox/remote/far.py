@@ -40,15 +40,13 @@ import tempfile
 from collections.abc import Iterator
 from typing import IO, Any, NoReturn
 
-from agentbox import lazyre
-
 ERROR_EXIT = 3
 ROOT_NAME = ".agentbox-remote"
 VM_PREFIX = "agentbox-"
 # Lima's instance name rule (pkg/identifiers/validate.go), at most 76 characters
-VM_NAME = lazyre.compile(r"agentbox-[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
-KEY = lazyre.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-FILE_NAME = lazyre.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
+VM_NAME = re.compile(r"agentbox-[A-Za-z0-9]+(?:[._-][A-Za-z0-9]+)*")
+KEY = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,99}")
 
 DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -64,10 +62,10 @@ COLLECTED = (("state", STATE_CAP, False), ("stdout", 16 * 1024 * 1024, True), ("
 COLLECT_REPORT = "collect.json"
 MAX_REMOVE_DEPTH = 32
 
-SHELL_MISSING = lazyre.compile(r"instance `([^`]+)` does not exist")
-SHELL_STOPPED = lazyre.compile(r"instance `([^`]+)` is stopped")
+SHELL_MISSING = re.compile(r"instance `([^`]+)` does not exist")
+SHELL_STOPPED = re.compile(r"instance `([^`]+)` is stopped")
 # Lima cannot read the instance's lima.yaml: what a `limactl create` cut short leaves (an empty or partial file)
-UNREADABLE = lazyre.compile(r"errors inspecting instance|has configuration errors|has no configuration")
+UNREADABLE = re.compile(r"errors inspecting instance|has configuration errors|has no configuration")
 
 
 class Failure(Exception):
