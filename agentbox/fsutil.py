@@ -72,7 +72,8 @@ def file_kind(mode: int) -> str:
 def private_dir(path: Path) -> Path:
     """A folder only the user can enter (0700), created if needed."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(path, 0o700)
+    if stat.S_IMODE(os.stat(path).st_mode) != 0o700:  # a chmod that changes nothing still changes its ctime
+        os.chmod(path, 0o700)
     return path
 
 

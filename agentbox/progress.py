@@ -60,6 +60,7 @@ _CLEAR_LINE = "\r\033[K"
 _TICK = 0.1
 _SHOWN_LEVELS = {"warning": "warning", "warn": "warning", "error": "error"}
 
+emitted = 0  # lines emit() was asked to print
 _quiet = False
 _active: Progress | None = None  # the step whose live line other messages must not break
 _output_lock = threading.RLock()
@@ -235,6 +236,8 @@ class Progress:
 
 def emit(line: str, always: bool = True) -> None:
     """Print one whole line on stderr without breaking a live step line; `always=False` obeys -q."""
+    global emitted
+    emitted += 1  # said or not (-q): a launch that had something to say saves no plan (agentbox.session.plan)
     if _quiet and not always:
         return
     with _output_lock:

@@ -6,14 +6,27 @@
 Both tools run against the same limactl double (tests/fake_limactl) at macOS-like latencies, each in a
 sandbox of its own (HOME, LIMA_HOME, state folder: both name a project's VM `agentbox-FOLDER`), in the
 same project folders, alternating run by run (agentbox first on even runs, the TypeScript tool first on
-odd ones), so a busy moment costs both alike. "floor" is the time agentbox's limactl calls took, as the
-double reports it (its own start-up and the simulated latency): what no tool making those calls can go
-below. "own" is wall time minus the time inside limactl. The ratio is agentbox's own time over the
-TypeScript tool's (medians).
+odd ones), so a busy moment costs both alike. Both sandboxes hold the same fake host logins (logins(): Claude
+Code's two files, Codex's auth.json, the GitHub CLI's hosts.yml, fake tokens of the real shapes), so each
+tool does what it does for a user who is logged in: the TypeScript tool copies them in with `limactl copy`
+at every launch (17 calls for a warm one), agentbox brokers them.
+
+"floor" is the time agentbox's limactl calls took, as the double reports it (its own start-up and the
+simulated latency): what no tool making those calls can go below. "wall / own ms" is wall time and wall
+time minus the time inside limactl. "own CPU" is the CPU time (user + system) of the tool's process tree,
+everything it waited for, measured with getrusage(RUSAGE_CHILDREN) around each run, minus the CPU the
+double says its calls used: unlike wall time it hardly moves when the machine is busy. The ratio is
+agentbox's own CPU over the TypeScript tool's (medians), and the warm row's target is on it. The machine's
+load is printed before the table and under it: compare figures from runs at a similar load.
 
 The TypeScript tool is sky1core/agentbox at TS_COMMIT, run with `node DIR/dist/index.js`; DIR defaults to
 ~/.cache/agentbox-bench/ts-TS_COMMIT and must hold a build of that commit. This script does not build it
-(nor fetch it); without a build, or without node, its columns say "skipped" and why.
+(nor fetch it); without a build, or without node, its columns say "skipped" and why. To build it:
+
+    git clone <sky1core/agentbox on GitHub> ts-src
+    mkdir -p ~/.cache/agentbox-bench/ts-TS_COMMIT
+    git -C ts-src archive TS_COMMIT | tar -x -C ~/.cache/agentbox-bench/ts-TS_COMMIT
+    cd ~/.cache/agentbox-bench/ts-TS_COMMIT && npm install && npm run build
 
 The agentbox measured is the one `import agentbox` finds in the benchmark's environment (the header
 names it): to measure a checkout, run with PYTHONPATH=<the checkout>.
@@ -25,9 +38,12 @@ no simulated latency.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import platform
 import pwd
+import resource
 import shutil
 import statistics
 import subprocess
@@ -61,10 +77,26 @@ NOT_IN_TS = {
     "allowlist warm": "n/a: the TypeScript tool has no network policy",
     "cold from a base": "n/a: the TypeScript tool has no base VM (it creates each VM from an image)",
 }
-COLUMNS = ("row", "limactl calls (agentbox / TS)", "floor ms", "agentbox wall ms", "agentbox own ms",
-           "TS wall ms", "TS own ms", "own ratio", "target")
+COLUMNS = ("row", "limactl calls (agentbox / TS)", "floor ms", "agentbox wall / own ms", "TS wall / own ms",
+           "agentbox own CPU ms", "TS own CPU ms", "own CPU ratio", "target")
+LOGIN_LIFETIME = 30 * 86400  # the fake logins expire in 30 days: neither tool refreshes them during a run
 
-Sample = tuple[float, float, list[dict[str, Any]]]  # wall, inside limactl, the calls
+
+@dataclass(frozen=True)
+class Sample:
+    """One run of a tool: its wall time and its process tree's CPU, and what the limactl calls in it took."""
+
+    wall: float
+    tree_cpu: float
+    calls: list[dict[str, Any]]
+
+    @property
+    def inside(self) -> float:
+        return sum(call.get("duration") or 0 for call in self.calls)
+
+    @property
+    def own_cpu(self) -> float:
+        return self.tree_cpu - sum(call.get("cpu") or 0 for call in self.calls)
 
 
 @dataclass
@@ -80,19 +112,68 @@ class Tool:
             command: list[str] | None = None) -> Sample:
         before = len(bench.read_calls(self.box.lima_home))
         argv = [*(command if command is not None else self.command), *args]
+        cpu_before = tree_cpu()
         started = time.perf_counter()
         result = subprocess.run(argv, cwd=cwd, env={**self.box.env, **(env or {})}, capture_output=True,
                                 stdin=subprocess.DEVNULL)
         wall = time.perf_counter() - started
+        cpu = tree_cpu() - cpu_before
         if result.returncode != 0:
             raise SystemExit(f"{self.name}: `{' '.join(argv)}` in {cwd} failed ({result.returncode}):\n"
                              f"{result.stdout.decode(errors='replace')}{result.stderr.decode(errors='replace')}")
-        calls = bench.read_calls(self.box.lima_home)[before:]
-        return wall, sum(call.get("duration") or 0 for call in calls), calls
+        return Sample(wall, cpu, bench.read_calls(self.box.lima_home)[before:])
 
     def limactl(self, *args: str, input: str | None = None) -> None:
         subprocess.run(["limactl", *args], env=self.box.env, input=input, text=True, capture_output=True,
                        check=True)
+
+
+def tree_cpu() -> float:
+    """User + system CPU seconds of every child this process has waited for (and of theirs, recursively)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def jwt(claims: dict[str, Any]) -> str:
+    """A token of a JWT's shape (header, claims, signature) with a fake signature."""
+
+    def part(data: bytes) -> str:
+        return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+    return ".".join([part(b'{"alg":"RS256","typ":"JWT"}'), part(json.dumps(claims).encode()), part(b"benchsig")])
+
+
+def logins(now: float) -> dict[str, str]:
+    """The host login files both sandboxes hold (path under HOME: text): those of the TypeScript tool's list
+    (src/sync/presets.ts, injectCredentials) that a user of Claude Code, Codex and the GitHub CLI has, in their
+    real shapes with fake tokens. It copies each in with a `limactl copy` of its own and four shells more: the 9
+    calls of a warm launch without logins become 17."""
+    expires = int(now) + LOGIN_LIFETIME
+    account = {"chatgpt_account_id": "00000000-bench-0000-0000-000000000000"}
+    codex = {"OPENAI_API_KEY": None, "tokens": {
+        "id_token": jwt({"email": "bench@example.com", "https://api.openai.com/auth": account, "exp": expires}),
+        "access_token": jwt({"exp": expires, "https://api.openai.com/auth": account}),
+        "refresh_token": "rt_BENCHFAKEREFRESHTOKEN0123456789", "account_id": account["chatgpt_account_id"]},
+        "last_refresh": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))}
+    claude = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-BENCHFAKEACCESS0123456789abcdef",
+                                "refreshToken": "sk-ant-ort01-BENCHFAKEREFRESH0123456789abcdef",
+                                "expiresAt": expires * 1000, "scopes": ["user:inference", "user:profile"],
+                                "subscriptionType": "max"}}
+    claude_state = {"numStartups": 12, "hasCompletedOnboarding": True, "userID": "0" * 64,
+                    "oauthAccount": {"accountUuid": "00000000-bench-0000-0000-000000000001",
+                                     "emailAddress": "bench@example.com"}, "projects": {}}
+    gh = ("github.com:\n    users:\n        bench:\n            oauth_token: gho_BENCHFAKETOKEN0123456789abcdefghij\n"
+          "    git_protocol: https\n    oauth_token: gho_BENCHFAKETOKEN0123456789abcdefghij\n    user: bench\n")
+    return {".claude/.credentials.json": json.dumps(claude), ".claude.json": json.dumps(claude_state, indent=2),
+            ".codex/auth.json": json.dumps(codex, indent=2), ".config/gh/hosts.yml": gh}
+
+
+def write_logins(home: Path, files: dict[str, str]) -> None:
+    for relative, text in files.items():
+        path = home / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o600)
 
 
 def ts_tool(directory: Path) -> tuple[list[str] | None, str]:
@@ -145,11 +226,19 @@ def median_ms(values: list[float]) -> float:
 
 
 def own_ms(samples: list[Sample]) -> float:
-    return median_ms([wall - inside for wall, inside, _ in samples])
+    return median_ms([sample.wall - sample.inside for sample in samples])
+
+
+def own_cpu_ms(samples: list[Sample]) -> float:
+    return median_ms([sample.own_cpu for sample in samples])
+
+
+def wall_own(samples: list[Sample]) -> str:
+    return f"{median_ms([sample.wall for sample in samples]):.1f} / {own_ms(samples):.1f}"
 
 
 def calls_of(samples: list[Sample]) -> str:
-    return "/".join(str(count) for count in sorted({len(calls) for _, _, calls in samples}))
+    return "/".join(str(count) for count in sorted({len(sample.calls) for sample in samples}))
 
 
 def table(agentbox: Tool, ts: Tool | None, ts_note: str) -> list[tuple[str, ...]]:
@@ -160,15 +249,15 @@ def table(agentbox: Tool, ts: Tool | None, ts_note: str) -> list[tuple[str, ...]
         ours = agentbox.samples[row]
         theirs = ts.samples.get(row) if ts is not None else None
         reason = NOT_IN_TS.get(row) if ts is not None else ts_note
-        ratio = own_ms(ours) / own_ms(theirs) if theirs else None
+        ratio = own_cpu_ms(ours) / own_cpu_ms(theirs) if theirs else None
         rows.append((
             row,
             f"{calls_of(ours)} / {calls_of(theirs) if theirs else '-'}",
-            f"{median_ms([inside for _, inside, _ in ours]):.1f}",
-            f"{median_ms([wall for wall, _, _ in ours]):.1f}",
-            f"{own_ms(ours):.1f}",
-            f"{median_ms([wall for wall, _, _ in theirs]):.1f}" if theirs else str(reason),
-            f"{own_ms(theirs):.1f}" if theirs else "n/a",
+            f"{median_ms([sample.inside for sample in ours]):.1f}",
+            wall_own(ours),
+            wall_own(theirs) if theirs else str(reason),
+            f"{own_cpu_ms(ours):.1f}",
+            f"{own_cpu_ms(theirs):.1f}" if theirs else "n/a",
             f"{ratio:.2f}x" if ratio is not None else "n/a",
             target(row, ours, ratio, warm_own),
         ))
@@ -187,8 +276,8 @@ def target(row: str, ours: list[Sample], ratio: float | None, warm_own: float) -
         return f"<= {limit}x TS: {verdict(ratio <= limit)}"
 
     if row == "warm":
-        calls = max(len(calls) for _, _, calls in ours)
-        return f"1 limactl call: {verdict(calls <= 1)} ({calls}); own {ratio_target(0.6)}"
+        calls = max(len(sample.calls) for sample in ours)
+        return f"1 limactl call: {verdict(calls <= 1)} ({calls}); own CPU {ratio_target(0.6)}"
     if row in ("warm, 50k-file repo", "allowlist warm"):
         limit = 30 if row == "warm, 50k-file repo" else 20
         extra = own_ms(ours) - warm_own
@@ -210,6 +299,11 @@ def machine() -> str:
 
 def load() -> str:
     return " ".join(f"{value:.2f}" for value in os.getloadavg())
+
+
+def load_line(before: str, after: str) -> str:
+    return (f"load (1, 5, 15-minute averages, {os.cpu_count()} cores): {before} before, {after} after; "
+            "own CPU compares across loads, wall time does not")
 
 
 def measured_agentbox(box: bench.Sandbox) -> str:
@@ -235,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     if options.quick:
         options.runs = options.slow_runs = 1
     latency = options.latency or (QUICK_LATENCY if options.quick else DEFAULT_LATENCY)
-    files = QUICK_FILES if options.quick else LARGE_FILES
+    repository_files = QUICK_FILES if options.quick else LARGE_FILES
     ts_command, ts_note = ts_tool(options.ts_tool)
 
     started_at, load_before = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load()
@@ -251,11 +345,13 @@ def main(argv: list[str] | None = None) -> int:
             boxes.append(ts.box)
             tools.append(ts)
         which = measured_agentbox(ours)
+        files = logins(time.time())
         for tool in tools:
             tool.box.stub_agent()  # both read agents.codex.binary from ~/.config/agentbox/config.yml
+            write_logins(tool.box.home, files)
 
         plain = ours.project("bench")
-        large = git_repository(ours.root / "work" / "large", files)
+        large = git_repository(ours.root / "work" / "large", repository_files)
         time.sleep(1.1)  # files written in the second of the index are hashed again (racy-clean)
         agentbox.run(["start"], plain)
         agentbox.run(["start"], large)
@@ -301,11 +397,13 @@ def main(argv: list[str] | None = None) -> int:
           f"load {load_before} before, {load()} after")
     print(f"agentbox: {which}; TypeScript tool: {ts_note}")
     print(f"runs per tool: {options.runs} (stopped, cold: {options.slow_runs}), alternating; double latency "
-          f"{latency}; 50k row: {files} files; launch: `agentbox {' '.join(LAUNCH)}`\n")
+          f"{latency}; 50k row: {repository_files} files; launch: `agentbox {' '.join(LAUNCH)}`; "
+          f"host logins in both: {', '.join(files)}\n")
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS))
     for cells in rows:
         print("| " + " | ".join(cells) + " |")
+    print(f"\n{load_line(load_before, load())}")
     return 0
 
 

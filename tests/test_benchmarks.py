@@ -41,28 +41,75 @@ def test_compare_quick_prints_the_ratio_table_of_every_row() -> None:
                             capture_output=True, text=True, timeout=850)
     assert result.returncode == 0, result.stderr
     assert f"agentbox: {REPO}" in result.stdout  # the checkout's agentbox was measured
+    assert ("host logins in both: .claude/.credentials.json, .claude.json, .codex/auth.json, .config/gh/hosts.yml"
+            in result.stdout)
     header, *rows = table_rows(result.stdout)
     assert tuple(header) == compare.COLUMNS
+    assert header[3:8] == ["agentbox wall / own ms", "TS wall / own ms", "agentbox own CPU ms", "TS own CPU ms",
+                           "own CPU ratio"]
     assert tuple(row[0] for row in rows) == compare.ROWS
     by_row = {row[0]: row for row in rows}
     for row in rows:
         assert len(row) == len(compare.COLUMNS), row
-        for cell in row[2:5]:  # floor, agentbox's wall and own time
-            float(cell)
+        float(row[2])  # the floor
+        wall, own = (float(cell) for cell in row[3].split(" / "))
+        assert 0 < own <= wall, row
+        assert float(row[5]) > 0, row  # agentbox's own CPU: its tree's minus the double's
     assert by_row["warm"][1].startswith(("1 / ", "2 / "))
-    assert by_row["warm"][8].startswith("1 limactl call: ")
+    assert by_row["warm"][8].startswith("1 limactl call: ") and "; own CPU <= 0.6x TS: " in by_row["warm"][8]
     assert by_row["--help"][1].startswith("0 / ")
     for row in ("allowlist warm", "cold from a base"):
         assert by_row[row][7] == "n/a"
     if built:
-        assert by_row["allowlist warm"][5].startswith("n/a: the TypeScript tool has no network policy")
+        assert by_row["allowlist warm"][4].startswith("n/a: the TypeScript tool has no network policy")
         for row in ("warm", "warm, 50k-file repo", "stopped", "--help"):
-            float(by_row[row][5]), float(by_row[row][6])
-            assert by_row[row][7].endswith("x") and float(by_row[row][7][:-1]) > 0
-        assert by_row["warm"][1].endswith(" / 9")  # list + eight shells
+            wall, own = (float(cell) for cell in by_row[row][4].split(" / "))
+            assert 0 < own <= wall and float(by_row[row][6]) > 0, by_row[row]
+            ratio = float(by_row[row][5]) / float(by_row[row][6])
+            assert abs(float(by_row[row][7].removesuffix("x")) - ratio) < 0.02, by_row[row]  # of own CPU
+        # with the logins present it copies each in: list, four shells and a copy per file, the agent
+        assert by_row["warm"][1].endswith(" / 17")
+        assert by_row["stopped"][1].endswith(" / 19")  # and start, and its readiness poll
     else:
         for row in rows:
-            assert by_row[row[0]][5].startswith("skipped: ") and row[7] == "n/a"
+            assert by_row[row[0]][4].startswith("skipped: ") and row[7] == "n/a"
+    last = result.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("load (1, 5, 15-minute averages, ") and " before, " in last, last
+
+
+@pytest.mark.timeout(120)
+def test_importtime_prints_the_warm_launchs_figure_and_writes_it_unless_checking(tmp_path: Path) -> None:
+    """Two runs of benchmarks/importtime.py (each starts a VM in the double and launches three times, ~10 s)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    script = [sys.executable, str(REPO / "benchmarks" / "importtime.py"), "--output", str(tmp_path / "figures")]
+    checked = subprocess.run([*script, "--check"], env=env, capture_output=True, text=True, timeout=100)
+    assert checked.returncode == 0, checked.stderr
+    assert not (tmp_path / "figures").exists()  # --check writes nothing
+    lines = checked.stdout.splitlines()
+    version = subprocess.run([sys.executable, "-c", "import agentbox; print(agentbox.__version__)"], env=env,
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert lines[0] == (f"agentbox {version}: the imports of a warm `agentbox codex exec true` "
+                        "(limactl calls: 1, shell), python -X importtime")
+    assert lines[2].startswith("load ") and f"agentbox: {REPO}" in lines[2]
+    assert lines[3] == "" and lines[7] == ""
+    counts = dict(line.split(": ", 1) for line in lines[4:7])
+    modules, ours = int(counts["modules imported"]), int(counts["agentbox modules"])
+    assert 0 < ours < modules
+    total = int(counts["total import time"].removesuffix(" µs (cumulative, top-level imports)").replace(",", ""))
+    assert lines[9].split() == ["cumulative", "µs", "self", "µs", "module"]
+    rows = [line.split() for line in lines[10:]]
+    assert 0 < len(rows) <= 25 and lines[8] == f"the {len(rows)} slowest top-level imports:"
+    cumulative = [int(row[0].replace(",", "")) for row in rows]
+    assert cumulative == sorted(cumulative, reverse=True) and sum(cumulative) <= total
+    assert any(row[2].startswith("agentbox.") for row in rows)
+    assert max(len(line) for line in lines[3:]) <= 80
+
+    written = subprocess.run(script, env=env, capture_output=True, text=True, timeout=100)
+    assert written.returncode == 0, written.stderr
+    figure = tmp_path / "figures" / f"{version}.txt"
+    text, note = written.stdout.rsplit("\n\n", 1)
+    assert note == f"written to {figure}\n"
+    assert figure.read_text() == text + "\n" and os.listdir(figure.parent) == [figure.name]
 
 
 @pytest.mark.timeout(300)

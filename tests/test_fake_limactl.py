@@ -7,6 +7,7 @@ import getpass
 import json
 import os
 import re
+import resource
 import select
 import shutil
 import subprocess
@@ -1049,8 +1050,33 @@ def test_call_log_records_every_invocation(lima: Lima) -> None:
                                           ["--tty=false", "create", "--name", "vm", "-"]]
     assert [c["exit"] for c in calls] == [0, 1, 0]
     for c in calls:
-        assert set(c) == {"argv", "cwd", "start", "duration", "exit"}
+        assert set(c) == {"argv", "cwd", "start", "duration", "exit", "cpu"}
         assert c["cwd"] == str(lima.root) and c["duration"] >= 0 and abs(c["start"] - time.time()) < 120
+        assert 0 < c["cpu"] < 5
+
+
+def test_call_log_counts_the_cpu_of_a_shells_guest_command(running: Lima) -> None:
+    """benchmarks/compare.py takes each call's "cpu" out of the caller's CPU: a shell's must include the command
+    it waited for (the guest burns 0.6 s of CPU time, not of wall time, so a busy machine does not matter)."""
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.6: pass"
+    fake_limactl.clear_calls(running.lima_home)
+    running.ok("shell", "vm", "python3", "-c", burn, timeout=120)
+    running.ok("shell", "vm", "true")  # the control: the double's own CPU alone is well under it
+    burned, idle = fake_limactl.read_calls(running.lima_home)
+    assert burned["cpu"] >= 0.6 and burned["cpu"] - idle["cpu"] >= 0.5, (burned, idle)
+
+
+def test_call_log_cpu_is_what_the_caller_waited_for(lima: Lima) -> None:
+    """The caller's view of its children's CPU (getrusage) exceeds the logged "cpu" only by the process's start
+    and exit, a few ms: clock-tick counts (os.times) would lose 10-20 ms a call, counted as the caller's own."""
+    fake_limactl.clear_calls(lima.lima_home)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    for _ in range(10):
+        lima.ok("list")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seen = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    logged = sum(call["cpu"] for call in fake_limactl.read_calls(lima.lima_home))
+    assert 0 <= seen - logged < 0.06, (seen, logged)
 
 
 def test_call_log_records_shell_exit_codes(running: Lima) -> None:

@@ -298,7 +298,8 @@ LAUNCH_PATH = ("cli.main", "cli.commands.agent", "cli.commands.run", "session.pr
                "session.staging", "session.context", "session.warm", "session.brokersetup", "session.checkpointing",
                "session.isolated", "session.detached", "session.bootstrap", "session.setupdigest", "session.guestenv",
                "tasks.submit", "tasks.jobs", "tasks.keeper", "tasks.records", "tasks.hostlogins", "runtime.local",
-               "runtime.sshhost", "vm.lifecycle", "credentials.writeback")
+               "runtime.sshhost", "vm.lifecycle", "credentials.writeback", "session.plan", "session.planned",
+               "session.planrecorder", "session.planwrite")
 MAX_LAUNCH_PARAMETERS = 6
 MAX_LAUNCH_LINES = 60
 

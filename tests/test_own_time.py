@@ -17,9 +17,12 @@ from tests.helpers import NAME, FakeLima, run_cli, write, write_trusted
 REPO = Path(__file__).resolve().parent.parent
 # Measured on a warm launch of `codex --version` (91 in the benchmark's sandbox): the bound catches a module
 # tree pulled in again, not one module more. (Issue 39 gave the launch four package __init__s: cli, tasks,
-# credentials.broker and vm.workmode's split from review.isolation; issue 40 two small ones that save ~70 ms:
-# lazyre, and the broker's gh reader ghhosts in place of PyYAML.)
-MAX_AGENTBOX_MODULES = 106
+# credentials.broker and vm.workmode's split from review.isolation. Issue 40's plan added four small ones the entry
+# point loads first (cli.launchflags, agents.argv, session.plan, config.checkpointkeys) and two that record and save
+# a full launch's plan (session.planrecorder, session.planwrite); and two a full launch costs less with: lazyre (no
+# pattern compiled at import) and the broker's gh reader ghhosts (no PyYAML).) A launch from its verified plan loads
+# far fewer (tests/test_launch_plan.py).
+MAX_AGENTBOX_MODULES = 112
 NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.cli.commandline",
                      "agentbox.cli.commands.agentcommand",
                      # dataclasses' decorator costs inspect and ast: NamedTuples and plain classes instead

@@ -446,6 +446,35 @@ def test_a_stand_in_agent_gets_its_arguments_environment_and_exit_code(tier: Tie
     assert_warm(launched.stderr)
 
 
+def _importtime_launch(tier: Tier, project: Path, *args: str) -> tuple[subprocess.CompletedProcess, bool]:
+    """A launch under `python -X importtime`: (its result, whether it ran from its verified plan)."""
+    launched = tier.run([str(tier.venv / "bin" / "python"), "-X", "importtime", "-m", "agentbox", *args], project,
+                        check=False)
+    return launched, "agentbox.cli.commands.agent" not in launched.stderr
+
+
+def test_a_warm_launch_runs_from_its_verified_plan_and_a_reboot_behind_its_back_is_caught(tier: Tier) -> None:
+    project = tier.home / "work" / "alpha"
+    out = project / ".stub-out.json"
+    planned = False
+    for _ in range(4):
+        time.sleep(2.1)  # a plan is saved once its inputs have settled (agentbox.session.plan.SETTLED_NS)
+        launched, planned = _importtime_launch(tier, project, "claude", "-p", "from the plan")
+        assert launched.returncode == 3, launched.stderr[-3000:]
+        if planned:
+            break
+    assert planned, "no launch ran from its plan"
+    assert json.loads(out.read_text())["args"][-2:] == ["-p", "from the plan"]
+    boot = tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout
+    for step in ("stop", "start"):  # Lima's own commands: agentbox's records still describe the old boot
+        tier.limactl("--tty=false", step, "agentbox-alpha")
+    launched, planned = _importtime_launch(tier, project, "claude", "-p", "after the reboot")
+    assert launched.returncode == 3, launched.stderr[-3000:]
+    assert not planned, "a launch ran from a plan made before the VM rebooted"
+    assert json.loads(out.read_text())["args"][-2:] == ["-p", "after the reboot"]
+    assert tier.guest(project, "cat /proc/sys/kernel/random/boot_id").stdout != boot
+
+
 def test_launch_paths_against_real_limas_answers(tier: Tier) -> None:
     """Stopped: the launch lists, starts, then runs the agent. Another workspace's VM of the same name: refused before
     any shell. (Running: the stand-in's test; missing: the isolated run's, in a new VM.)"""

@@ -28,9 +28,6 @@ def guest_paths() -> dict[str, str]:
     return {host: guest for spec in BUILTIN_AGENTS.values() for host, guest in spec.guest_paths}
 
 
-MODEL_FLAGS = ("--model", "-m")
-
-
 def model_after(name: str, default_args: tuple[str, ...]) -> int | None:
     """Where --model goes: first, or right after the agent's anchor argument (kiro's `chat`).
 
@@ -47,26 +44,3 @@ def model_after(name: str, default_args: tuple[str, ...]) -> int | None:
 def flag_subcommands(name: str) -> tuple[str, ...] | None:
     spec = BUILTIN_AGENTS.get(name)
     return spec.flag_subcommands if spec else None
-
-
-def agent_argv(
-    binary: str,
-    default_args: list[str],
-    user_args: list[str],
-    model: str | None,
-    after: int | None,
-    subcommands: tuple[str, ...] | None = None,
-) -> list[str]:
-    """binary, default args (with --model at `after`), user args. With `subcommands` (see
-    AgentSpec.flag_subcommands) a leading bare word is a sub-command: the default args and the model
-    follow it when it is one of them, and are left out for any other."""
-    lead: list[str] = []
-    rest = list(user_args)
-    if subcommands is not None and rest and not rest[0].startswith("-"):
-        if rest[0] not in subcommands:
-            return [binary, *rest]
-        lead, rest = rest[:1], rest[1:]
-    args = [*default_args, *rest]
-    if model and after is not None and not any(a in MODEL_FLAGS or a.startswith("--model=") for a in rest):
-        args[after:after] = ["--model", model]
-    return [binary, *lead, *args]

@@ -234,7 +234,7 @@ def check_git(config: Config, checks: list[Check]) -> None:
 
 def check_tripwire(config: Config, checks: list[Check]) -> None:
     """Changes to files the host runs, made in or after a session, that nobody has accepted yet."""
-    found = tripwire.audit(config.require_workspace(), ProjectActivity(config))
+    found = tripwire.audit(config.require_workspace(), ProjectActivity.of(config))
     if found:
         checks.append(
             Check(

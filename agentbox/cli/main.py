@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.agents.argv import BUILTIN_NAMES
+from agentbox.cli.launchflags import DETACH_FLAGS, ISOLATED_FLAG, plain_launch
+from agentbox.session import plan
 
 if TYPE_CHECKING:
     import click
@@ -65,11 +67,8 @@ def launch_line(args: list[str]) -> tuple[dict[str, Any], str, list[str]] | None
     if index == len(args) or (options["quiet"] and options["verbose"]):  # click's usage errors
         return None
     name, rest = args[index], args[index + 1:]
-    if name not in BUILTIN_AGENTS:  # a configured agent's name needs the config read: click's command line does
+    if name not in BUILTIN_NAMES:  # a configured agent's name needs the config read: click's command line does
         return None
-    # deferred: start-up (cli.commands.agent: not on a launch or `agentbox --help`)
-    from agentbox.cli.commands.agent import DETACH_FLAGS, ISOLATED_FLAG
-
     after, isolated, detach = rest, False, False  # as run_agent reads agentbox's own options (each once)
     while after and ((after[0] == ISOLATED_FLAG and not isolated) or (after[0] in DETACH_FLAGS and not detach)):
         isolated, detach = isolated or after[0] == ISOLATED_FLAG, detach or after[0] in DETACH_FLAGS
@@ -80,18 +79,55 @@ def launch_line(args: list[str]) -> tuple[dict[str, Any], str, list[str]] | None
 
 
 def launch(options: dict[str, Any], name: str, args: list[str]) -> int:
-    """Run the agent as the click command line would (agentbox.cli.commandline.cli, then the agent's command)."""
-    # deferred: start-up (boundary, cli.commands.agent: not on a launch or `agentbox --help`)
+    """Run the agent as the click command line would (agentbox.cli.commandline.cli, then the agent's command):
+    from its verified plan when it has one that still holds (agentbox.session.plan), else in full, saving one."""
+    # deferred: start-up (boundary: not on `agentbox --help`)
     from agentbox.cli import boundary
-    from agentbox.cli.commands.agent import run_agent
 
     ctx = LaunchContext(options["directory"], options["verbose"], options["debug"])
     boundary.begin(options["quiet"], options["timings"])
     try:
-        # The launch reads only what LaunchContext has of click's context.
-        return boundary.guarded(lambda: run_agent(_as_click(ctx), name, args))
+        key = planned_key(ctx, options, name, args)
+        if key is not None:
+            code = boundary.guarded(lambda: from_plan(key, args))
+            if code != plan.DECLINED:
+                return code
+        return boundary.guarded(lambda: full_launch(ctx, key, name, args))
     finally:
         boundary.end()
+
+
+def planned_key(ctx: LaunchContext, options: dict[str, Any], name: str, args: list[str]) -> str | None:
+    """The plan this launch may run from and save, or None: --debug and --timings show the full launch."""
+    if options["debug"] or options["timings"] or not plain_launch(args):
+        return None
+    return plan.key_of(str(ctx.obj["cwd"]), name, options)
+
+
+def from_plan(key: str, args: list[str]) -> int:
+    """The agent's exit code, or plan.DECLINED: no plan holds, or the VM did not prove itself (nothing ran)."""
+    data = plan.load(key)
+    if data is None:
+        return plan.DECLINED
+    # deferred: start-up (session.planned, tasks.activity: only a launch with a verified plan)
+    from agentbox.session import planned
+    from agentbox.tasks.activity import ProjectActivity
+
+    code = planned.run(data, args, ProjectActivity(Path(data["workspace"]), set(data["busy"])))
+    return plan.DECLINED if code is None else code
+
+
+def full_launch(ctx: LaunchContext, key: str | None, name: str, args: list[str]) -> int:
+    if key is not None:
+        # deferred: start-up (session.planrecorder: a launch from a plan records nothing)
+        from agentbox.session import planrecorder
+
+        planrecorder.start(key)
+    # deferred: start-up (cli.commands.agent: not on a launch from a plan or `agentbox --help`)
+    from agentbox.cli.commands.agent import run_agent
+
+    # The launch reads only what LaunchContext has of click's context.
+    return run_agent(_as_click(ctx), name, args)
 
 
 def _as_click(ctx: LaunchContext) -> click.Context:

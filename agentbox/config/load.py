@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from agentbox import paths, sizes
 from agentbox.agents.builtin import BUILTIN_AGENTS, endpoints
 from agentbox.config import image, keys, naming, yamlio
+from agentbox.config.checkpointkeys import CheckpointSettings
 from agentbox.config.image import Image
 from agentbox.config.layers import Layer
 from agentbox.config.peek import worktree_project
@@ -113,16 +114,6 @@ class CredentialSettings(NamedTuple):
             return False
         return {"netrc": self.netrc, "gh": self.gh, "git": self.git, "writeBack": self.write_back,
                 "broker": self.broker}
-
-
-class CheckpointSettings(NamedTuple):
-    enabled: bool = True
-    max_file_size: int = 5 << 20  # bytes
-    keep: int = 50
-    max_file_size_text: str = "5MiB"  # as the config wrote it
-
-    def to_json(self) -> dict[str, Any]:
-        return {"enabled": self.enabled, "maxFileSize": self.max_file_size_text, "keep": self.keep}
 
 
 class UnusableFile(NamedTuple):

@@ -126,6 +126,29 @@ def begin(config: Config, vm_name: str, agent: AgentConfig | None, returned: Ret
                 paths.staging_dir(vm_name), login)
 
 
+def plan_to_json(plan: Plan) -> dict[str, Any]:
+    """What a verified launch plan keeps of this write-back (agentbox.session.plan); the folder is each session's."""
+    def staged(item: loginfiles.Staged | None) -> list[Any] | None:
+        return None if item is None else [item.guest_path, str(item.host_path), item.digest, item.mtime_ns]
+
+    return {"vm": plan.vm_name, "files": list(plan.returns.files), "stagingFolder": str(plan.staging_folder),
+            "targets": [[target.fmt.path, str(target.host_path), staged(target.staged), target.brokered]
+                        for target in plan.targets],
+            "staged": [staged(item) for item in plan.staged.values()], "login": plan.login}
+
+
+def plan_from_json(data: dict[str, Any], folder: Path) -> Plan:
+    """plan_to_json's write-back again, handed back in `folder` (this session's)."""
+    def staged(item: list[Any] | None) -> loginfiles.Staged | None:
+        return None if item is None else loginfiles.Staged(item[0], Path(item[1]), item[2], item[3])
+
+    items = [found for found in map(staged, data["staged"]) if found is not None]
+    targets = tuple(Target(FORMATS[fmt], Path(host), staged(item), brokered)
+                    for fmt, host, item, brokered in data["targets"])
+    return Plan(data["vm"], staginglayout.CredentialReturn(folder, tuple(data["files"])), targets,
+                {item.guest_path: item for item in items}, Path(data["stagingFolder"]), data["login"])
+
+
 def has_outbox(expected: dict[str, Any] | None, vm_name: str) -> bool:
     """Whether the VM was created with the outbox mount (from what agentbox rendered for it)."""
     if not expected:

@@ -194,6 +194,14 @@ class Lease:
         return self._port
 
     @property
+    def brokers(self) -> bool:
+        return self._brokers
+
+    @property
+    def program(self) -> str:
+        return self._program
+
+    @property
     def access(self) -> netpolicy.ProxyAccess:
         """How the VM reaches this proxy: its port and the VM's proxy secret (for the VM's proxy variables)."""
         return netpolicy.ProxyAccess(self.port, secret(self.vm_name))
@@ -267,6 +275,20 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
     return Lease(vm_name, fd, lease_path, child, port, program, broker is not None)
 
 
+def lease_running(vm_name: str, port: int, brokers: bool, program: str) -> Lease | None:
+    """A lease on the VM's proxy as a verified plan found it (agentbox.session.planned): running, on `port`, with
+    the broker or without it as then; None otherwise (the full launch starts or reconfigures it)."""
+    base = folder(vm_name)
+    with locked(_control_lock(vm_name)):
+        current = running(vm_name)
+        if current is None or current.port != port or current.brokers != brokers:
+            return None
+        lease_path = base / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
+        fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return Lease(vm_name, fd, lease_path, None, port, program, brokers)
+
+
 def stop(vm_name: str, locked_already: bool = False) -> bool:
     """Stop the VM's proxy if one runs (`agentbox stop`, the last session's end); True when one was stopped."""
     if not locked_already:
@@ -317,7 +339,7 @@ def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dic
     entries = netpolicy.allow_list(settings, agents)
     data = {"mode": settings.mode, "allow": [[host, source] for host, source in entries],
             "allowLan": settings.allow_lan, "agents": {name: list(hosts) for name, hosts in agents.items()}}
-    atomic_write(folder(vm_name) / "policy.json", json.dumps(data, indent=1) + "\n", mode=0o600, durable=False)
+    write_if_changed(folder(vm_name) / "policy.json", (json.dumps(data, indent=1) + "\n").encode())
 
 
 def _start(vm_name: str, program: str, brokers: bool) -> tuple[subprocess.Popen[bytes], int]:

@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentbox import paths
-from agentbox.config.load import CheckpointSettings
+from agentbox.config.checkpointkeys import CheckpointSettings
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.git import dirs, snapshot, store

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from agentbox import fsutil, lazyre, paths, vmread
-from agentbox.config.load import CheckpointSettings
+from agentbox.config.checkpointkeys import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.git import snapshot, store

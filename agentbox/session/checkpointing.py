@@ -27,16 +27,19 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agentbox import hosttools, paths, staginglayout, timing
-from agentbox.config.load import CheckpointSettings, Config
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import atomic_write, pid_alive, private_dir
 from agentbox.git import store
 from agentbox.progress import note, warn
 from agentbox.review import checkpoints, scope
 from agentbox.safetext import visible
+
+if TYPE_CHECKING:
+    from agentbox.config.checkpointkeys import CheckpointSettings
+    from agentbox.config.load import Config
 
 MAX_NAMED = 5
 TIME_LIMIT = 30  # seconds a launch gives each checkpoint (a FIFO the agent plants can make git wait forever)

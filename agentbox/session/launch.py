@@ -36,7 +36,7 @@ from agentbox.errors import StateError
 from agentbox.progress import note, warn
 from agentbox.review import tripwire
 from agentbox.safetext import visible, visible_text
-from agentbox.session import context, detached, isolated, staging, warm
+from agentbox.session import context, detached, isolated, plan, planrecorder, staging, warm
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.session.prepare import Ask, Launch, checkpoint_tree, listed_reached, prepare, proxied, warm_reached
 from agentbox.vm import drift, forwards, lifecycle, statefile, workmode
@@ -60,14 +60,15 @@ def run(control: lifecycle.VmControl, ask: Ask, command: Command, running: Insta
         points = SessionCheckpoints(launch.config, tree, launch.agent_name, control.verbose,
                                     paths.staging_dir(launch.vm_name) / staginglayout.GO_MARKERS, made_in)
         try:
-            points.start()
+            with planrecorder.unrecorded():  # a launch from a plan starts its own (agentbox.session.planned)
+                points.start()
             return _run(launch, command, points, running)
         finally:
             points.done()  # a launch that failed early still leaves no thread (nor go marker) behind
 
 
 def _run(launch: Launch, command: Command, points: SessionCheckpoints, running: Instance | None) -> int:
-    with timing.phase("tripwire fingerprint"):
+    with timing.phase("tripwire fingerprint"), planrecorder.unrecorded():
         before, unacknowledged, yours = tripwire.begin_session(launch.workspace, launch.ask.busy, points.session)
     tripwire.report_yours(yours)
     tripwire.remind(unacknowledged)
@@ -183,7 +184,9 @@ def _handback(launch: Launch, refreshed: staging.Refreshed) -> writeback.Plan | 
     returned = [item for item in refreshed.credentials if brokering is None
                 or (login and not brokering.prepared.replaces(item.host_path))]
     handed = writeback.Returned(returned, login, brokering.prepared.replaces if brokering else None)
-    return writeback.begin(launch.config, launch.vm_name, launch.agent, handed, launch.expected)
+    # Its only read is the outbox's housekeeping as it makes this session's folder: a launch from a plan makes its own.
+    with planrecorder.unrecorded():
+        return writeback.begin(launch.config, launch.vm_name, launch.agent, handed, launch.expected)
 
 
 def _notes(launch: Launch, said: _Said, refreshed: staging.Refreshed) -> None:
@@ -235,12 +238,21 @@ def _shell(launch: Launch, said: _Said, ready: _Prepared) -> int | None:
     shell_argv = warm.argv(launch.attempt, launch.workspace, ready.workdir, ready.argv)
     reconnect = bool(launch.state.get("reconnect"))
     fell_back = False
+    recorder = planrecorder.current()
+    if recorder is not None:  # what this launch read ends here: the rest is the session's
+        planrecorder.stop()
+        # deferred: start-up (session.planwrite: only a launch that recorded what it read)
+        from agentbox.session import planwrite
+
+        planwrite.offer(recorder, launch, points, shell_argv, said.command.argv, ready.handback)
     try:
         with timing.phase("in-VM setup + agent (limactl shell)"):
             if launch.attempt.mode == warm.PROVE:
                 code, lima_said = lima.shell_unlisted(vm_name, shell_argv, reconnect=reconnect)
                 fell_back = warm.fell_back(launch.attempt, code, lima_said)
                 if fell_back:
+                    if recorder is not None:  # the plan's VM did not prove itself: no plan stands for it
+                        plan.forget(recorder.key)
                     return None
             else:
                 # Lima enters the host's folder first (`cd` to it, or the host home, before the command): in an
@@ -287,19 +299,24 @@ def _finish(launch: Launch, said: _Said, ready: _Prepared, code: int) -> int:
         statefile.update(vm_name, {"reconnect": False})
     after = launch.control.instance(vm_name) if code in (1, SSH_FAILED) else instance
     if after is None:
-        raise StateError(
-            f"the VM {vm_name} disappeared " + ("during the session" if code == SSH_FAILED
-                                             else "while agentbox was starting the session"),
-            hint="Another process deleted it. Run the command again to create it anew.",
-        )
+        raise vanished(vm_name, code)
     if launch.kept is not None:
         code = _session_outcome(vm_name, launch.kept, code)
     if code == SSH_FAILED:
-        note(_ssh_failed(vm_name, instance, after))
+        note(ssh_failed_note(vm_name, instance, after))
     return code
 
 
-def _ssh_failed(vm_name: str, instance: Instance, after: Instance) -> str:
+def vanished(vm_name: str, code: int) -> StateError:
+    """The VM is gone after a session that ended in exit 1 or 255."""
+    return StateError(
+        f"the VM {vm_name} disappeared " + ("during the session" if code == SSH_FAILED
+                                         else "while agentbox was starting the session"),
+        hint="Another process deleted it. Run the command again to create it anew.",
+    )
+
+
+def ssh_failed_note(vm_name: str, instance: Instance, after: Instance) -> str:
     """What an exit 255 of `limactl shell` means: the VM stopped under the session (Lima reports a crashed VM Stopped
     too), or, while it runs, a signal ended the program or ssh failed."""
     logs = f"Lima's logs are in {instance.dir} ({os.path.join(instance.dir, 'ha.stderr.log')})"

@@ -25,13 +25,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox import paths
-from agentbox.credentials import writeback
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.vm import lifecycle, statefile, verified, workmode
-from agentbox.vm.lima import LimaSaid
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
+    from agentbox.vm import verified
+    from agentbox.vm.lima import LimaSaid
 
 PROOF_FAILED = 86
 PROOF_DIR = "proof"  # in the staging folder: one empty file per launch, named by its nonce
@@ -82,6 +81,10 @@ def usable(config: Config, vm_name: str, workspace: Path) -> verified.Verified |
     """The VM as the last launch checked it, when this launch may use it without a `list`: the same VM of this
     workspace, live, with nothing agentbox would change or ask about before the session (the slow path says and
     does those), and an outbox for the started mark."""
+    # deferred: start-up (the VM's records: a launch from a verified plan proves the VM without them)
+    from agentbox.credentials import writeback
+    from agentbox.vm import lifecycle, statefile, verified, workmode
+
     state = statefile.read(vm_name)
     found = verified.cached(vm_name, state)
     if found is None or lifecycle.workspace_of(found.instance) != str(workspace):
@@ -100,7 +103,7 @@ def prove(vm_name: str, token: str) -> Attempt:
     """A launch that has not listed the VM: its nonce is in the staging folder before the shell."""
     attempt = Attempt(PROVE, vm_name, secrets.token_hex(16), token)
     private_dir(attempt.proof.parent)
-    atomic_write(attempt.proof, "", mode=0o600)
+    atomic_write(attempt.proof, "", mode=0o600, durable=False)  # this launch's only: nothing to keep over a crash
     return attempt
 
 

@@ -10,6 +10,7 @@ sessions (agentbox.review.tripwire).
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentbox import livemarkers, paths
@@ -21,9 +22,13 @@ if TYPE_CHECKING:
 class ProjectActivity:
     """tripwire.Busy for one project's config."""
 
-    def __init__(self, config: Config) -> None:
-        self.workspace = config.require_workspace()
-        self.vms = {config.vm_name, *(agent.vm_name for agent in config.agents.values())}
+    def __init__(self, workspace: Path, vms: set[str]) -> None:
+        self.workspace = workspace
+        self.vms = vms
+
+    @classmethod
+    def of(cls, config: Config) -> ProjectActivity:
+        return cls(config.require_workspace(), {config.vm_name, *(agent.vm_name for agent in config.agents.values())})
 
     def __call__(self, since: float) -> bool:
         # deferred: start-up (the task records: asked only when a watched file changed, tests/test_own_time.py)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
+from agentbox.agents.argv import agent_argv
+from agentbox.agents.builtin import flag_subcommands, model_after
 from agentbox.errors import StateError
 from agentbox.remote import registry
 from agentbox.runtime.sshhost import SESSION_ENDED, SshRuntime

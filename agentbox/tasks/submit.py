@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentbox import timing
-from agentbox.agents.builtin import agent_argv, flag_subcommands, model_after
+from agentbox.agents.argv import agent_argv
+from agentbox.agents.builtin import flag_subcommands, model_after
 from agentbox.config.load import AgentConfig, Config
 from agentbox.errors import AgentboxError, StateError
 from agentbox.git import store

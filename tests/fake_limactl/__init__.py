@@ -107,7 +107,7 @@ def _calls_path(lima_home: Path) -> Path:
 
 
 def read_calls(lima_home: Path, proxy: bool = False) -> list[dict[str, Any]]:
-    """The recorded invocations: ``{"argv", "cwd", "start", "duration", "exit"}`` per call. Those agentbox's proxy
+    """The recorded invocations: ``{"argv", "cwd", "start", "duration", "exit", "cpu"}`` per call. Those agentbox's proxy
     process made (``"proxy": true``: a brokered proxy's check that its VM still runs, at moments no test chose) only
     with `proxy`."""
     path = _calls_path(lima_home)

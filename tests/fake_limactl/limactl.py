@@ -27,7 +27,8 @@ Instance layout (``$LIMA_HOME/NAME/``):
                                          start) and /home
   ha.stdout.log, ha.stderr.log           the host agent's events and log lines, recreated at every start;
                                          port forwarding writes to them (hostagent.py)
-Every invocation appends {"argv", "cwd", "start", "duration", "exit"} to $LIMA_HOME/_fake/calls.jsonl, with
+Every invocation appends {"argv", "cwd", "start", "duration", "exit", "cpu"} to $LIMA_HOME/_fake/calls.jsonl
+("cpu": the call's user + system CPU seconds, its waited-for children's included), with
 "proxy": true when agentbox's proxy process made it (its parent runs agentbox.credentials.broker.process or
 agentbox.net.guard: a brokered proxy asks now and then whether its VM runs, at no moment a test chose; read_calls
 leaves those out unless asked) (the background boot process, `limactl __boot`, the running guest's agent, `limactl __machine`, and `limactl __listeners NAME tcp:IP:PORT...`, which
@@ -98,6 +99,7 @@ import fcntl
 import importlib
 import json
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -278,6 +280,14 @@ def append_call(lima_home: str, entry: dict[str, Any]) -> None:
         pass
 
 
+def cpu_seconds() -> float:
+    """User and system CPU of this call so far: its own (the shim's bash included: it exec'd this interpreter)
+    and its waited-for children's (a `shell`'s guest command). Benchmarks subtract it from the caller's tree.
+    getrusage, not os.times: times() counts in clock ticks (10 ms), which lost 10-20 ms a call."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def main(argv: list[str]) -> int:
     # The shim stamps the moment it started, so the reported duration includes this interpreter's
     # own start-up: benchmarks subtract it from agentbox's wall time.
@@ -312,7 +322,8 @@ def main(argv: list[str]) -> int:
         # the double's own, not limactl's
         own = argv[:1] in ([BOOT_SUBCOMMAND], [LISTENERS_SUBCOMMAND], [MACHINE_SUBCOMMAND])
         if lima_home and (os.environ.get("LIMA_HOME") or os.path.isdir(lima_home)) and not own:
-            entry = {"argv": argv, "cwd": cwd, "start": started, "duration": time.time() - started, "exit": code}
+            entry = {"argv": argv, "cwd": cwd, "start": started, "duration": time.time() - started, "exit": code,
+                     "cpu": cpu_seconds()}
             if by_agentbox_proxy():
                 entry["proxy"] = True
             append_call(lima_home, entry)

@@ -15,8 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentbox import __version__
-from agentbox.agents.builtin import BUILTIN_AGENTS, agent_argv, flag_subcommands, model_after
+from agentbox.agents.argv import agent_argv
+from agentbox.agents.builtin import BUILTIN_AGENTS, flag_subcommands, model_after
 from agentbox.cli.commands.common import vm_control, warn_if_untrusted
+from agentbox.cli.launchflags import DETACH_FLAGS, ISOLATED_FLAG, ON_FLAG, QUERIES, WORKTREE_FLAG
 from agentbox.config import load, trust
 from agentbox.errors import AgentboxError, LimaError, StateError, UsageError
 from agentbox.progress import note
@@ -36,12 +38,6 @@ if TYPE_CHECKING:
     from agentbox.vm.lifecycle import VmControl
     from agentbox.vm.lima import Instance
 
-ISOLATED_FLAG = "--isolated"  # right after the agent's name: agentbox's, not the agent's
-WORKTREE_FLAG = "--worktree"  # `--worktree NAME` right after the agent's name (or after --isolated): agentbox's
-DETACH_FLAGS = ("--detach", "-d")  # the same: start the agent in a tmux session in the VM and return
-ON_FLAG = "--on"  # `--on HOST` the same: with --detach, the session runs on that host (agentbox.tasks.hostsession)
-# Asked on their own, these are questions about the agent, not work for it.
-QUERIES = ("--help", "-h", "--version")
 CONFIG_META = "agentbox.config.load"  # ctx.meta key: a config already loaded, reused by the help text
 
 
@@ -161,7 +157,7 @@ def launch_agent(control: VmControl, name: str, args: list[str], keep: str | Non
     control.config.require_workspace()
     argv = agent_argv(agent.binary, list(agent.default_args), args, agent.model, model_after(name, agent.default_args),
                       flag_subcommands(name))
-    ask = Ask(agent, keep=keep, worktree=worktree, busy=ProjectActivity(control.config))
+    ask = Ask(agent, keep=keep, worktree=worktree, busy=ProjectActivity.of(control.config))
     return launch.run(control, ask, launch.Command(argv), running)
 
 

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.shell_completion import CompletionItem
 
-from agentbox.agents.builtin import BUILTIN_AGENTS, agent_argv, flag_subcommands, model_after
+from agentbox.agents.argv import agent_argv
+from agentbox.agents.builtin import BUILTIN_AGENTS, flag_subcommands, model_after
 from agentbox.cli.commands.agent import _builtin_binary, _config_for_help, _shown, run_agent
 
 if TYPE_CHECKING:

@@ -47,7 +47,7 @@ def login_agent(control: VmControl, name: str, args: list[str]) -> int:
         note(f"{spec.summary} keeps its login where agentbox does not copy it back, so the login stays in the VM")
     window = _open_login_window(control.config, agent.vm_name, name)
     try:
-        ask = Ask(agent, login=True, busy=ProjectActivity(control.config))
+        ask = Ask(agent, login=True, busy=ProjectActivity.of(control.config))
         code = launch.run(control, ask, launch.Command([agent.binary, *spec.login, *args]))
     except BaseException:  # Ctrl-C, an error: the window closes, and nobody is asked about a login made meanwhile
         if window is not None:

@@ -57,7 +57,7 @@ def audit_command(ctx: click.Context, ack: bool, as_json: bool) -> None:
         click.echo(f"Accepted {files} of {workspace}; later changes are compared with the files as they are now.",
                    err=True)
         return
-    activity = ProjectActivity(loaded)
+    activity = ProjectActivity.of(loaded)
     found = tripwire.audit(workspace, activity)
     if as_json:
         click.echo(json.dumps({"workspace": str(workspace), "recorded": found is not None,

@@ -311,7 +311,7 @@ def run_shell(ctx: click.Context, agent: str | None, command: tuple[str, ...], i
         control.config = workmode.with_isolation(control.config)
     name = vm_name(control, agent)
     argv = list(command[1:] if command[:1] == ("--",) else command)
-    ask = Ask(None, busy=ProjectActivity(control.config), vm_name=name)
+    ask = Ask(None, busy=ProjectActivity.of(control.config), vm_name=name)
     return launch.run(control, ask, launch.Command(argv, interactive_shell=not argv))
 
 
