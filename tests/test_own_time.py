@@ -86,18 +86,24 @@ def test_a_warm_launch_imports_no_click_and_only_what_it_runs(project: Path, stu
     assert len([name for name in modules if name.startswith("agentbox")]) <= MAX_AGENTBOX_MODULES
 
 
-@pytest.mark.parametrize("broker", [False, True])
-def test_a_launch_without_broker_or_proxy_imports_neither(project: Path, vm: FakeLima, tmp_path: Path,
-                                                          broker: bool) -> None:
-    """credentials.broker off in open mode: the broker's, the CA's and the proxy's modules stay out. The control,
-    the broker on (the default): the same launch imports them (its proxy serves the broker)."""
+def warm_launch_modules(project: Path, vm: FakeLima, tmp_path: Path, config: str) -> set[str]:
+    """The modules a warm `codex --version` imported in the project with this config (one launch made first)."""
     out = project / ".stub-out.json"
-    write_trusted(project, f"credentials:\n  broker: {str(broker).lower()}\nenv:\n  AGENTBOX_TEST_OUT: {out}\n")
+    write_trusted(project, f"{config}env:\n  AGENTBOX_TEST_OUT: {out}\n")
     assert run_cli("codex", "--version", cwd=project).exit_code == 0  # warm: the config is cached
     vm.clear()
     result, modules = traced(project, tmp_path, "codex", "--version")
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text())["args"][-1] == "--version"
+    return modules
+
+
+@pytest.mark.parametrize("broker", [False, True])
+def test_a_launch_without_broker_or_proxy_imports_neither(project: Path, vm: FakeLima, tmp_path: Path,
+                                                          broker: bool) -> None:
+    """credentials.broker off in open mode: the broker's, the CA's and the proxy's modules stay out. The control,
+    the broker on (the default): the same launch imports them (its proxy serves the broker)."""
+    modules = warm_launch_modules(project, vm, tmp_path, f"credentials:\n  broker: {str(broker).lower()}\n")
     imported = [name for name in BROKER_OR_PROXY_ONLY if name in modules]
     if broker:
         assert {"agentbox.net.guard", "agentbox.credentials.broker.brokered", "agentbox.net.broker"} <= set(imported)
@@ -284,13 +290,7 @@ def test_a_warm_launch_reads_the_gh_login_without_yaml(project: Path, home: Path
     """The broker's handshake reads ~/.config/gh/hosts.yml as gh writes it without PyYAML; the VM gets the same
     hosts.yml either way. The control: a file the small reader does not take (an anchor) is PyYAML's, as before."""
     write(home / ".config" / "gh" / "hosts.yml", login, mode=0o600)
-    out = project / ".stub-out.json"
-    write_trusted(project, f"env:\n  AGENTBOX_TEST_OUT: {out}\n")
-    assert run_cli("codex", "--version", cwd=project).exit_code == 0  # warm: the config is cached
-    vm.clear()
-    result, modules = traced(project, tmp_path, "codex", "--version")
-    assert result.returncode == 0, result.stderr
-    assert json.loads(out.read_text())["args"][-1] == "--version"
+    modules = warm_launch_modules(project, vm, tmp_path, "")
     assert "agentbox.credentials.broker.ghcli" in modules  # the handshake read the login
     assert ("yaml" in modules) is ("&shared" in login)
     vm_login = (vm.guest_home(NAME) / ".config" / "gh" / "hosts.yml").read_text()
