@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import NamedTuple
 
-_LOGRUS = re.compile(r'level=(\w+)\s+msg=("(?:[^"\\]|\\.)*"|\S+)')
-_JSON_LEVEL = re.compile(r'^\{.*"level"')
+from agentbox import lazyre
+
+_LOGRUS = lazyre.compile(r'level=(\w+)\s+msg=("(?:[^"\\]|\\.)*"|\S+)')
+_JSON_LEVEL = lazyre.compile(r'^\{.*"level"')
 
 
 class LogLine(NamedTuple):

@@ -3,10 +3,11 @@ file's size as people read it."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-_SIZE = re.compile(r"^(\d+(?:\.\d+)*) ?([kKmMgGtTpP])?[iI]?[bB]?$")
+from agentbox import lazyre
+
+_SIZE = lazyre.compile(r"^(\d+(?:\.\d+)*) ?([kKmMgGtTpP])?[iI]?[bB]?$")
 _MULTIPLIER = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 
 # A bare number is bytes to Lima; below this it was almost certainly meant as GiB.

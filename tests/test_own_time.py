@@ -12,16 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import FakeLima, run_cli, write_trusted
+from tests.helpers import NAME, FakeLima, run_cli, write, write_trusted
 
 REPO = Path(__file__).resolve().parent.parent
 # Measured on a warm launch of `codex --version` (91 in the benchmark's sandbox): the bound catches a module
 # tree pulled in again, not one module more. (Issue 39 gave the launch four package __init__s: cli, tasks,
 # credentials.broker and vm.workmode's split from review.isolation. Issue 40's plan added four small ones the entry
 # point loads first (cli.launchflags, agents.argv, session.plan, config.checkpointkeys) and two that record and save
-# a full launch's plan (session.planrecorder, session.planwrite).) A launch from its verified plan loads far fewer
-# (tests/test_launch_plan.py).
-MAX_AGENTBOX_MODULES = 110
+# a full launch's plan (session.planrecorder, session.planwrite); and two a full launch costs less with: lazyre (no
+# pattern compiled at import) and the broker's gh reader ghhosts (no PyYAML).) A launch from its verified plan loads
+# far fewer (tests/test_launch_plan.py).
+MAX_AGENTBOX_MODULES = 112
 NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.cli.commandline",
                      "agentbox.cli.commands.agentcommand",
                      # dataclasses' decorator costs inspect and ast: NamedTuples and plain classes instead
@@ -85,18 +86,24 @@ def test_a_warm_launch_imports_no_click_and_only_what_it_runs(project: Path, stu
     assert len([name for name in modules if name.startswith("agentbox")]) <= MAX_AGENTBOX_MODULES
 
 
-@pytest.mark.parametrize("broker", [False, True])
-def test_a_launch_without_broker_or_proxy_imports_neither(project: Path, vm: FakeLima, tmp_path: Path,
-                                                          broker: bool) -> None:
-    """credentials.broker off in open mode: the broker's, the CA's and the proxy's modules stay out. The control,
-    the broker on (the default): the same launch imports them (its proxy serves the broker)."""
+def warm_launch_modules(project: Path, vm: FakeLima, tmp_path: Path, config: str) -> set[str]:
+    """The modules a warm `codex --version` imported in the project with this config (one launch made first)."""
     out = project / ".stub-out.json"
-    write_trusted(project, f"credentials:\n  broker: {str(broker).lower()}\nenv:\n  AGENTBOX_TEST_OUT: {out}\n")
+    write_trusted(project, f"{config}env:\n  AGENTBOX_TEST_OUT: {out}\n")
     assert run_cli("codex", "--version", cwd=project).exit_code == 0  # warm: the config is cached
     vm.clear()
     result, modules = traced(project, tmp_path, "codex", "--version")
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text())["args"][-1] == "--version"
+    return modules
+
+
+@pytest.mark.parametrize("broker", [False, True])
+def test_a_launch_without_broker_or_proxy_imports_neither(project: Path, vm: FakeLima, tmp_path: Path,
+                                                          broker: bool) -> None:
+    """credentials.broker off in open mode: the broker's, the CA's and the proxy's modules stay out. The control,
+    the broker on (the default): the same launch imports them (its proxy serves the broker)."""
+    modules = warm_launch_modules(project, vm, tmp_path, f"credentials:\n  broker: {str(broker).lower()}\n")
     imported = [name for name in BROKER_OR_PROXY_ONLY if name in modules]
     if broker:
         assert {"agentbox.net.guard", "agentbox.credentials.broker.brokered", "agentbox.net.broker"} <= set(imported)
@@ -214,3 +221,80 @@ def test_help_that_helpscreen_cannot_render_goes_to_click(project: Path, home: P
     clicks, _ = traced(project, tmp_path, "-C", str(project), "--help")
     assert (result.returncode, result.stdout) == (0, clicks.stdout)
     assert "x-x-x-" in result.stdout
+
+
+COMPILES = """
+import importlib, json, os, re, sys
+package = os.path.join(os.environ["REPO"], "agentbox") + os.sep
+seen = set()
+
+def counted(real):
+    def wrapper(*args, **kwargs):
+        frame = sys._getframe(1)
+        # The first frame outside re that is agentbox's own code, unless an import of another package comes first
+        # (yaml's or click's patterns are theirs).
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if name.startswith(package):
+                seen.add(f"{name[len(package):]}:{frame.f_lineno}")
+                break
+            if name.startswith("<frozen importlib"):
+                break
+            frame = frame.f_back
+        return real(*args, **kwargs)
+    return wrapper
+
+re.compile, re._compile = counted(re.compile), counted(re._compile)
+for name in json.loads(os.environ["MODULES"]):
+    importlib.import_module(name)
+print(json.dumps(sorted(seen)))
+"""
+
+
+def test_importing_agentbox_compiles_no_regular_expression(tmp_path: Path) -> None:
+    """Every module of agentbox imported in one process compiles no pattern: each is compiled on first use
+    (agentbox.lazyre). The control: a pattern compiled at import by a module of agentbox's is seen."""
+    package = REPO / "agentbox"
+    # __main__ runs the command line; remote/far.py is a standalone script (standard library only) that runs on a
+    # remote host and is never imported here.
+    skipped = {package / "__main__.py", package / "remote" / "far.py"}
+    modules = sorted(".".join(("agentbox", *path.relative_to(package).with_suffix("").parts)).removesuffix(".__init__")
+                     for path in package.rglob("*.py") if path not in skipped)
+    assert len(modules) > 150
+
+    def compiles(names: list[str], root: Path = REPO) -> list[str]:
+        env = {**os.environ, "MODULES": json.dumps(names), "REPO": str(root), "PYTHONPATH": str(root)}
+        # the control in its own folder, -S: the editable install's finder would answer `agentbox` first
+        flags = [] if root == REPO else ["-S"]
+        result = subprocess.run([sys.executable, *flags, "-c", COMPILES], cwd=root, env=env, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        return list(json.loads(result.stdout.splitlines()[-1]))
+
+    assert compiles(modules) == []
+    control = tmp_path / "control"
+    (control / "agentbox").mkdir(parents=True)
+    (control / "agentbox" / "__init__.py").write_text("")
+    (control / "agentbox" / "eager.py").write_text("import re, string\nNAME = re.compile('[a-z]+')\n"
+                                                   "class Shape(string.Template):\n    delimiter = '%'\n")
+    assert compiles(["agentbox.eager"], control) == ["eager.py:2", "eager.py:3"]
+
+
+GH_LOGIN = ("# what gh writes\ngithub.com:\n    users:\n        octo:\n            oauth_token: gho_REAL123\n"
+            "    git_protocol: https\n    user: octo\n    oauth_token: gho_REAL123\n")
+
+
+@pytest.mark.parametrize("login", [GH_LOGIN, GH_LOGIN.replace("    users:", "    extra: &shared ssh\n    users:")])
+def test_a_warm_launch_reads_the_gh_login_without_yaml(project: Path, home: Path, vm: FakeLima, tmp_path: Path,
+                                                       login: str) -> None:
+    """The broker's handshake reads ~/.config/gh/hosts.yml as gh writes it without PyYAML; the VM gets the same
+    hosts.yml either way. The control: a file the small reader does not take (an anchor) is PyYAML's, as before."""
+    write(home / ".config" / "gh" / "hosts.yml", login, mode=0o600)
+    modules = warm_launch_modules(project, vm, tmp_path, "")
+    assert "agentbox.credentials.broker.ghcli" in modules  # the handshake read the login
+    assert ("yaml" in modules) is ("&shared" in login)
+    vm_login = (vm.guest_home(NAME) / ".config" / "gh" / "hosts.yml").read_text()
+    placeholder = vm_login.split("oauth_token: ")[1].split("\n")[0]
+    assert placeholder.startswith("gho_agentbox-ph-")
+    assert vm_login == (f"github.com:\n  git_protocol: https\n  oauth_token: {placeholder}\n  user: octo\n  users:\n"
+                        f"    octo:\n      oauth_token: {placeholder}\n")

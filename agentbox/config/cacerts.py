@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import fsutil, hosttools
+from agentbox import fsutil, hosttools, lazyre
 from agentbox.config import pins, schema, yamlio
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import atomic_write, read_workspace_file
@@ -32,9 +32,9 @@ SYSTEM_KEYCHAIN = "/Library/Keychains/System.keychain"
 LOCAL_PEM_NAME = "agentbox-ca.pem"
 GLOBAL_PEM_NAME = "ca-certificates.pem"
 APPLE_PREFIXES = ("com.apple.", "Apple ")
-PEM_BLOCK = re.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
-_LABEL = re.compile(r'^\s*"labl"<blob>=(.*)$')
-_TOP_LEVEL_CA_CERT = re.compile(r"^caCert\s*:")
+PEM_BLOCK = lazyre.compile(r"-----BEGIN CERTIFICATE-----\s.*?-----END CERTIFICATE-----", re.DOTALL)
+_LABEL = lazyre.compile(r'^\s*"labl"<blob>=(.*)$')
+_TOP_LEVEL_CA_CERT = lazyre.compile(r"^caCert\s*:")
 # The OS's whole trust store, where NODE_EXTRA_CA_CERTS often points (Debian/Ubuntu/Alpine, Fedora/RHEL,
 # openSUSE, Arch, macOS and BSDs, Homebrew's).
 SYSTEM_BUNDLES = (

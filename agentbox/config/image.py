@@ -9,15 +9,16 @@ but `os.stat` of a host path for the base's key.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
 
+from agentbox import lazyre
+
 URL_SCHEMES = ("http", "https")
 # What Lima accepts (go-digest's Validate: an algorithm it links in, then lowercase hex of its length).
 DIGEST_LENGTHS = {"sha256": 64, "sha384": 96, "sha512": 128}
-_HEX = re.compile(r"^[a-f0-9]+$")
+_HEX = lazyre.compile(r"^[a-f0-9]+$")
 LOCATION_HELP = "an https:// (or http://) URL, or a host path to the file (`~` and relative paths allowed)"
 
 

@@ -7,7 +7,9 @@ import re
 import unicodedata
 from pathlib import Path
 
-_IDENTIFIER = re.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
+from agentbox import lazyre
+
+_IDENTIFIER = lazyre.compile(r"^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$")
 MAX_NAME = 76
 PREFIX = "agentbox-"
 # limactl refuses a name when LIMA_HOME/NAME/ssh.sock.1234567890123456 reaches UNIX_PATH_MAX:
@@ -74,7 +76,7 @@ def _sanitize(text: str) -> str:
     return collapsed
 
 
-HOST_NAME = re.compile(r"[a-z0-9][a-z0-9-]{0,30}")
+HOST_NAME = lazyre.compile(r"[a-z0-9][a-z0-9-]{0,30}")
 RESERVED_HOST_NAMES = ("local", "any")
 
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from agentbox import lazyre
 from agentbox.errors import ConfigError
 
-_POSITION = re.compile(r"^.*?:(\d+):(\d+): ")
+_POSITION = lazyre.compile(r"^.*?:(\d+):(\d+): ")
 
 
 class StopsReading(ConfigError):

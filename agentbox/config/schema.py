@@ -7,7 +7,6 @@ Python data (lists normalized, strings checked) plus the position of each value.
 from __future__ import annotations
 
 import difflib
-import re
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from agentbox import sizes
+from agentbox import lazyre, sizes
 from agentbox.config.keys import (
     AGENT_KEYS,
     CREDENTIAL_KEYS,
@@ -35,8 +34,8 @@ from agentbox.errors import ConfigError
 from agentbox.net.policy import check_host_pattern, check_port
 from agentbox.paths import control_character_problem
 
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-AGENT_NAME = re.compile(r"^[a-z][a-z0-9-]*$")
+ENV_NAME = lazyre.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+AGENT_NAME = lazyre.compile(r"^[a-z][a-z0-9-]*$")
 
 # How many YAML nodes one file may expand to. Aliases share nodes, so a "billion laughs" file is
 # small to compose but huge to walk; the budget stops the walk long before time or memory runs out.

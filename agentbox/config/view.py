@@ -8,6 +8,7 @@ import re
 import textwrap
 from typing import Any
 
+from agentbox import lazyre
 from agentbox.config import load
 from agentbox.config.load import Config
 from agentbox.errors import UsageError
@@ -98,7 +99,7 @@ def value_of(config: Config, key: str, show_secrets: bool = False) -> str:
 
 
 _MISSING = object()
-_PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")
+_PART = lazyre.compile(r"([^.\[\]]+)|\[(\d+)\]")
 
 
 def _lookup(data: Any, key: str) -> Any:

@@ -15,7 +15,7 @@ import re
 import secrets
 from pathlib import Path
 
-from agentbox import paths
+from agentbox import lazyre, paths
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.net.broker import PLACEHOLDER_MARK
@@ -29,8 +29,8 @@ KINDS = (
     "sk-proj-", "sk-svcacct-", "sk-",
     "rt_", "AIza",
 )
-_RANDOM = re.compile(r"[0-9a-f]{24}")
-_PLACEHOLDER = re.compile(re.escape(PLACEHOLDER_MARK) + r"[0-9a-f]{24}")
+_RANDOM = lazyre.compile(r"[0-9a-f]{24}")
+_PLACEHOLDER = lazyre.compile(re.escape(PLACEHOLDER_MARK) + r"[0-9a-f]{24}")
 
 
 def kind_of(real: str | None, default: str) -> str:

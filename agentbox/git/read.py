@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from agentbox import vmread
+from agentbox import lazyre, vmread
 from agentbox.errors import StateError
 from agentbox.fsutil import file_kind
 from agentbox.safetext import visible
@@ -54,7 +54,7 @@ OBJECT_TYPES = ("commit", "tree", "blob", "tag")
 _PACK_TYPES = {1: "commit", 2: "tree", 3: "blob", 4: "tag"}
 _OFS_DELTA = 6
 _REF_DELTA = 7
-_HEX = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_HEX = lazyre.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -376,7 +376,7 @@ _NAME_MASK = 0xFFF
 
 # A path git refuses (verify_path), among paths each between NULs: empty, absolute, ending in "/", with "//",
 # or with a component ".", ".." or ".git" (any case). Every match starts at a NUL or "/": re scans for those fast.
-_BAD_PATHS = re.compile(rb"[\0/](?:\.(?:\.|[gG][iI][tT])?[/\0]|[/\0])")
+_BAD_PATHS = lazyre.compile(rb"[\0/](?:\.(?:\.|[gG][iI][tT])?[/\0]|[/\0])")
 _BAD_MARKS = (b"\0\0", b"\0/", b"/\0", b"//", b"/.", b"\0.")  # one of them is in every match
 
 
@@ -923,7 +923,7 @@ _MODES = {b"100644", b"100755", b"120000", b"40000", b"160000", b"100664", b"100
 
 
 _TREE_ENTRY = {
-    fmt: re.compile(rb"([0-7]{5,6}) ([^\0/]+)\0(.{%d})" % length, re.DOTALL) for fmt, length in HASH_LEN.items()
+    fmt: lazyre.compile(rb"([0-7]{5,6}) ([^\0/]+)\0(.{%d})" % length, re.DOTALL) for fmt, length in HASH_LEN.items()
 }
 
 

@@ -23,7 +23,6 @@ import base64
 import hashlib
 import json
 import os
-import re
 import secrets
 import shutil
 import subprocess
@@ -33,7 +32,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from agentbox import hosttools, paths
+from agentbox import hosttools, lazyre, paths
 from agentbox.errors import AgentboxError
 from agentbox.fsutil import atomic_write, locked, private_dir
 
@@ -45,8 +44,8 @@ RECORD_NAME = "ca.json"
 RECORD_VERSION = 1
 LIFETIME_DAYS = 397  # the longest any TLS client accepts for a leaf; the CA lives as long as its leaves
 RENEW_BEFORE = 30 * 86400  # re-made when fewer than 30 days remain, so a running broker never serves an expired leaf
-_HOST = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+$")
-_VM_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_HOST = lazyre.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)+$")
+_VM_NAME = lazyre.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TIMEOUT = 60
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import NamedTuple
 from urllib.parse import parse_qsl
 
+from agentbox import lazyre
 from agentbox.net import graphql
 
 API = "api.github.com"
@@ -33,13 +34,13 @@ BODY_GRAPHQL = "graphql"
 BODY_LFS = "lfs"
 BODY_PUSH = "push"
 _REPO = r"(?:/[^/]+){1,2}"  # owner/repo, or a gist's id
-_ADVERTISE = re.compile(_REPO + r"/info/refs")
-_UPLOAD_PACK = re.compile(_REPO + r"/git-upload-pack")
-_RECEIVE_PACK = re.compile(_REPO + r"/git-receive-pack")
-_LFS_BATCH = re.compile(_REPO + r"/info/lfs/objects/batch")
-_ZERO = re.compile(r"0{40}|0{64}")
-_OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_BAD_REF = re.compile(r"\.\.|//|/\.|@\{|[\x00-\x20\x7f~^:?*\[\\]|\.lock(?:/|$)|[/.]$")
+_ADVERTISE = lazyre.compile(_REPO + r"/info/refs")
+_UPLOAD_PACK = lazyre.compile(_REPO + r"/git-upload-pack")
+_RECEIVE_PACK = lazyre.compile(_REPO + r"/git-receive-pack")
+_LFS_BATCH = lazyre.compile(_REPO + r"/info/lfs/objects/batch")
+_ZERO = lazyre.compile(r"0{40}|0{64}")
+_OID = lazyre.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_BAD_REF = lazyre.compile(r"\.\.|//|/\.|@\{|[\x00-\x20\x7f~^:?*\[\\]|\.lock(?:/|$)|[/.]$")
 MAX_COMMANDS = 1 << 20
 
 

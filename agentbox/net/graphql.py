@@ -15,15 +15,16 @@ The request: a JSON object {"query": ..., "variables", "operationName", "extensi
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
-_NAME = re.compile(r"[_A-Za-z][_0-9A-Za-z]*")
-_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+from agentbox import lazyre
+
+_NAME = lazyre.compile(r"[_A-Za-z][_0-9A-Za-z]*")
+_NUMBER = lazyre.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _PUNCTUATORS = set("!$&()|:=@[]{}")
 _ESCAPED = set('"\\/bfnrt')
-_HEX = re.compile(r"[0-9A-Fa-f]{4}")
-_HEX_BRACED = re.compile(r"\{[0-9A-Fa-f]{1,6}\}")
+_HEX = lazyre.compile(r"[0-9A-Fa-f]{4}")
+_HEX_BRACED = lazyre.compile(r"\{[0-9A-Fa-f]{1,6}\}")
 _OPEN = {"(": ")", "[": "]", "{": "}"}
 BOM = "\ufeff"
 

@@ -38,7 +38,6 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import secrets
 import select
 import signal
@@ -50,7 +49,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from agentbox import fsutil, livemarkers, paths
+from agentbox import fsutil, lazyre, livemarkers, paths
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
 from agentbox.net import policy as netpolicy
@@ -67,7 +66,7 @@ SECRET_FILE = "secret"  # the VM's proxy secret (0600): the password of the prox
 SECRET_BYTES = 16
 BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
 UPSTREAM_FILE = "upstream.json"  # the company proxy to go through (0600: its URL may hold a password)
-_SECRET = re.compile(f"[0-9a-f]{{{SECRET_BYTES * 2}}}")
+_SECRET = lazyre.compile(f"[0-9a-f]{{{SECRET_BYTES * 2}}}")
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
 

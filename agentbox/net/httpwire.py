@@ -12,18 +12,19 @@ Bodies are framed by a single `Content-Length` of digits or by `Transfer-Encodin
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator
 from typing import NamedTuple
+
+from agentbox import lazyre
 
 CHUNK = 1 << 20  # a body is read in pieces of up to this size (fewer passes through asyncio per MB)
 MAX_TRAILERS = 8 * 1024
 
-_METHOD = re.compile(r"[A-Z]{1,20}")
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_TARGET = re.compile(r"[\x21-\x7e]+")
-_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value: visible characters, space and tab
-_CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[^\r\n]*)?\r\n")
+_METHOD = lazyre.compile(r"[A-Z]{1,20}")
+_TOKEN = lazyre.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_TARGET = lazyre.compile(r"[\x21-\x7e]+")
+_VALUE_BAD = lazyre.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # a header value: visible characters, space and tab
+_CHUNK_SIZE = lazyre.compile(rb"([0-9A-Fa-f]{1,16})(?:[ \t]*;[^\r\n]*)?\r\n")
 
 
 class WireError(Exception):
@@ -209,7 +210,7 @@ def head_bytes(first: str, headers: list[tuple[str, str]]) -> bytes:
     return (first + "\r\n" + "".join(f"{name}: {value}\r\n" for name, value in headers) + "\r\n").encode("latin-1")
 
 
-_ESCAPE = re.compile(r"%([0-9A-Fa-f]{2})")
+_ESCAPE = lazyre.compile(r"%([0-9A-Fa-f]{2})")
 
 
 def normal_path(path: str) -> str:

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
+from agentbox import lazyre
 from agentbox.net import httpwire, intercept, placement, scan
 from agentbox.net.broker import Brokering
 from agentbox.net.upstream import ProxyRefused, ProxyURL, Route, open_plain, open_tunnel, trust
@@ -78,7 +79,7 @@ HTTP_PORT = 80
 
 Resolver = Callable[[str, int], Sequence[str]]
 
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
+_LABEL = lazyre.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 _BLOCKED_NETS = [
     ipaddress.ip_network(n)
     for n in (
@@ -133,7 +134,7 @@ def _split_host_port(text: str) -> tuple[str, int | None] | str:
 # 127.0.0.1); the host's environment is the user's, never the VM's.
 TEST_RESOLVE = "AGENTBOX_TEST_PROXY_RESOLVE"
 LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
-_NUMERIC = re.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
+_NUMERIC = lazyre.compile(r"(0x[0-9a-f]*|[0-9]+)(\.(0x[0-9a-f]*|[0-9]+)){0,3}")
 _TEST_NET = ipaddress.ip_address("192.0.2.1")  # TEST-NET-1: never an address of this host
 
 
@@ -803,7 +804,7 @@ class _Malformed(Exception):
     """A plain-HTTP request body whose framing breaks the rules (its head was forwarded already: the relay ends)."""
 
 
-_HEX = re.compile(r"[0-9A-Fa-f]{1,16}")
+_HEX = lazyre.compile(r"[0-9A-Fa-f]{1,16}")
 
 
 def _framing(headers: Sequence[tuple[str, str]]) -> tuple[int, bool]:

@@ -15,9 +15,10 @@ import re
 from collections.abc import Iterable
 from urllib.parse import quote
 
+from agentbox import lazyre
 from agentbox.net.broker import PLACEHOLDER_MARK
 
-PLACEHOLDER = re.compile(re.escape(PLACEHOLDER_MARK).encode() + rb"[0-9a-f]{24}")
+PLACEHOLDER = lazyre.compile(re.escape(PLACEHOLDER_MARK).encode() + rb"[0-9a-f]{24}")
 PLACEHOLDER_LENGTH = len(PLACEHOLDER_MARK) + 24
 ANCHOR = 8  # the bytes a value's start is looked for by before it is compared whole
 MIN_SECRET = 8  # a shorter value is not scanned for (it would match ordinary text)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
-from agentbox import paths
+from agentbox import lazyre, paths
 from agentbox.config.naming import host_name_problem
 from agentbox.errors import AgentboxError, ConfigError
 from agentbox.fsutil import atomic_write, private_dir
@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 RECORD = "host.json"
 MAX_RECORD = 256 * 1024
 # A DNS name, an IPv4 address or a bracketed IPv6 address; and an ssh config alias (letters, digits, . _ -).
-_HOSTNAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})|\[[0-9A-Fa-f:.%a-z]{2,60}\]")
-_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
+_HOSTNAME = lazyre.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,252})|\[[0-9A-Fa-f:.%a-z]{2,60}\]")
+_USER = lazyre.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,63}")
 ADD_HINT = ("Add it with `agentbox hosts add NAME [user@]host` (or ssh://[user@]host[:port]); `agentbox hosts ls` "
             "lists the hosts.")
 

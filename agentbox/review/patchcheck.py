@@ -26,6 +26,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import NamedTuple
 
+from agentbox import lazyre
 from agentbox.safetext import visible
 
 MAX_FILES = 100_000
@@ -45,9 +46,9 @@ _AGENTBOX_FILES = frozenset(("agentbox.yml", "agentbox-ca.pem"))
 _GIT_DOTFILES = frozenset((".gitmodules", ".gitattributes", ".gitignore", ".mailmap"))
 
 _HEX = rb"(?:[0-9a-f]{40}|[0-9a-f]{64})"
-_INDEX = re.compile(rb"(" + _HEX + rb")\.\.(" + _HEX + rb")(?: ([0-9]{6}))?")
-_HUNK = re.compile(rb"@@ -([0-9]{1,10})(?:,([0-9]{1,10}))? \+([0-9]{1,10})(?:,([0-9]{1,10}))? @@(?: .*)?", re.S)
-_BINARY_HUNK = re.compile(rb"(literal|delta) ([0-9]{1,12})")
+_INDEX = lazyre.compile(rb"(" + _HEX + rb")\.\.(" + _HEX + rb")(?: ([0-9]{6}))?")
+_HUNK = lazyre.compile(rb"@@ -([0-9]{1,10})(?:,([0-9]{1,10}))? \+([0-9]{1,10})(?:,([0-9]{1,10}))? @@(?: .*)?", re.S)
+_BINARY_HUNK = lazyre.compile(rb"(literal|delta) ([0-9]{1,12})")
 _BASE85 = frozenset(b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~")
 _UNESCAPE = {ord("a"): 7, ord("b"): 8, ord("t"): 9, ord("n"): 10, ord("v"): 11, ord("f"): 12, ord("r"): 13,
              ord('"'): ord('"'), ord("\\"): ord("\\")}

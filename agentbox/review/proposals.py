@@ -33,7 +33,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import stat
 from collections.abc import Callable, Iterator
@@ -41,7 +40,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import fsutil, paths, vmread
+from agentbox import fsutil, lazyre, paths, vmread
 from agentbox.config.checkpointkeys import CheckpointSettings
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
@@ -57,8 +56,8 @@ PATCH, SUMMARY, BASE, RECORD = "changes.patch", "summary.md", "base", "proposal.
 MAX_PATCH = 64 * 1024 * 1024
 MAX_SUMMARY = 256 * 1024
 MAX_BASE = 256
-_OID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
-_SESSION = re.compile(r"s-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
+_OID = lazyre.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+_SESSION = lazyre.compile(r"s-[0-9]{8}T[0-9]{6}Z-[0-9a-f]{8}")
 
 
 class Collected(NamedTuple):

@@ -17,14 +17,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import livemarkers, paths, resources, staginglayout, vmread
+from agentbox import lazyre, livemarkers, paths, resources, staginglayout, vmread
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.safetext import visible
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
 
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
+NAME_PATTERN = lazyre.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$")
 REPLY_PREFIX = "reply"
 EVENTS = "events"
 RESULT_LIMIT = 16 * 1024

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, NamedTuple
 
+from agentbox import lazyre
 from agentbox.config.load import Config
 from agentbox.errors import StateError, UsageError
 from agentbox.git import store
@@ -19,7 +20,7 @@ from agentbox.safetext import visible
 
 FOLDER = ".agentbox/worktrees"
 BRANCH_PREFIX = "agentbox/"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+_NAME = lazyre.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
 class Worktree(NamedTuple):

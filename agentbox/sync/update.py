@@ -9,10 +9,9 @@ read with a size cap and shown through agentbox.safetext.
 
 from __future__ import annotations
 
-import re
 from typing import NamedTuple
 
-from agentbox import resources
+from agentbox import lazyre, resources
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config.load import AgentConfig
 from agentbox.safetext import visible
@@ -20,7 +19,7 @@ from agentbox.safetext import visible
 SCRIPT = "update-agents.sh"
 OUTPUT_LIMIT = 1 << 20
 UPDATED, UNCHANGED, MISSING, FAILED = "updated", "unchanged", "missing", "failed"
-_VERSION = re.compile(r"\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.+-]*)?")
+_VERSION = lazyre.compile(r"\d+(?:\.\d+)+(?:[-+][0-9A-Za-z.+-]*)?")
 
 
 class Outcome(NamedTuple):

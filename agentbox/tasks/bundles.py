@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import fsutil, paths
+from agentbox import fsutil, lazyre, paths
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.git import store
 
@@ -27,8 +26,8 @@ RECORD = "task-bundles.json"
 FOLDER = "bundles"  # in the staging folder
 MAX_CHAIN = 20
 MESSAGE = "agentbox: the workspace for an isolated task\n"
-_PLACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
-_NAME = re.compile(r"(?:[0-9a-f]{40}|[0-9a-f]{64})\.bundle")
+_PLACE = lazyre.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,99}")
+_NAME = lazyre.compile(r"(?:[0-9a-f]{40}|[0-9a-f]{64})\.bundle")
 
 
 class Staged(NamedTuple):

@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from agentbox import fsutil, paths, vmread
+from agentbox import fsutil, lazyre, paths, vmread
 from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.git import read, snapshot, store
@@ -57,7 +57,7 @@ HEARTBEAT_STALE = 20.0  # seconds without a heartbeat before a Running task coun
 PENDING_STALE = 300.0  # a Pending task its `agentbox run` never handed over (that process died)
 GRACE_SECONDS = 5  # between TERM and KILL when a task is cancelled or times out
 WORKTREES = ".agentbox/worktrees"  # agentbox.session.worktrees.FOLDER; the runner adds /.agentbox/ to .git/info/exclude
-_TIME = re.compile(r"\d{1,12}(\.\d{1,9})?")
+_TIME = lazyre.compile(r"\d{1,12}(\.\d{1,9})?")
 RUNNER_STATES = {"queued": QUEUED, "running": RUNNING, "completed": transitions.COMPLETED, "failed": FAILED,
                  "timeout": transitions.TIMEOUT, "cancelled": CANCELLED}
 

@@ -7,19 +7,18 @@ came from the VM, so it is only ever printed through agentbox.safetext.
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 
-from agentbox import paths
+from agentbox import lazyre, paths
 from agentbox.fsutil import private_dir
 from agentbox.safetext import visible_text
 
 LIMIT = 4 << 20  # the file stops growing here; `base log` reads at most this much
 NAME = "build.log"
 # npm's last line only says where its own log is: the error is above it.
-_NPM_ERROR = re.compile(r"^npm (?:error|ERR!)\s*(.*)$")
-_NPM_NOISE = re.compile(r"^(?:A complete log of this run can be found in|Log files were not written|code |errno |"
+_NPM_ERROR = lazyre.compile(r"^npm (?:error|ERR!)\s*(.*)$")
+_NPM_NOISE = lazyre.compile(r"^(?:A complete log of this run can be found in|Log files were not written|code |errno |"
                         r"syscall |\d{3}\s*$|$)")
 
 

@@ -9,11 +9,11 @@ import sys
 import time
 from collections.abc import Sequence
 
-from agentbox import paths
+from agentbox import lazyre, paths
 
 MAX_BYTES = 1_000_000
-_SECRET_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.+)$")
-_SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
+_SECRET_ASSIGNMENT = lazyre.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.+)$")
+_SECRET_NAME = lazyre.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|KEY|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
 def mask(argv: Sequence[str]) -> list[str]:

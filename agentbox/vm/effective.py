@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import paths
+from agentbox import lazyre, paths
 from agentbox.errors import RefusedError
 
 # Bump when the record's shape changes: an older record is rebuilt from the kept lima.yaml.
@@ -29,7 +29,7 @@ EXPECTED_VERSION = 1
 SSH_FLAGS = ("forwardAgent", "forwardX11", "forwardX11Trusted")
 HOST_WIDE_FILES = ("override.yaml", "default.yaml")
 MAX_HOST_FILE = 1 << 20
-_TEMPLATE_VAR = re.compile(r"\{\{\s*\.([A-Za-z]+)(?:\.([A-Za-z0-9_]+))?\s*\}\}")
+_TEMPLATE_VAR = lazyre.compile(r"\{\{\s*\.([A-Za-z]+)(?:\.([A-Za-z0-9_]+))?\s*\}\}")
 
 
 class Difference(NamedTuple):

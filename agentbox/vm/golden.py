@@ -29,7 +29,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shlex
 import shutil
 import tempfile
@@ -41,7 +40,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
-from agentbox import paths, resources, sizes
+from agentbox import lazyre, paths, resources, sizes
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config import image, keys
 from agentbox.errors import AgentboxError, LimaError, StateError
@@ -92,8 +91,8 @@ NETWORK_VARIABLES = frozenset({
 # password never appears on a command line or in a file.
 WITH_ENV = 'while IFS= read -r -d "" assignment; do export "${assignment?}"; done; exec bash -lc "$1" </dev/null'
 PROVISIONING_LOG_TAIL = 256 << 10  # what a failed build keeps of the guest's provisioning log
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_REJECTED = re.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.yaml"?: ?')
+_IDENTIFIER = lazyre.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_REJECTED = lazyre.compile(r'the YAML was rejected and saved as "?lima\.REJECTED\.yaml"?: ?')
 
 
 # -- what goes into a base --------------------------------------------------------------------------
@@ -535,7 +534,7 @@ def clone_plan(config: Config, rendered: str) -> ClonePlan | str:
 # Lima's --set is a yq expression: a JSON value is a yq literal, except that yq reads backslashes in
 # strings its own way (`\\` twice, `\(` as interpolation, no `\u`). Values without a backslash or a
 # control character JSON would write as \u00XX read the same in both.
-_UNSAFE_IN_YQ = re.compile(r"[\\\x00-\x07\x0b\x0e-\x1f]")
+_UNSAFE_IN_YQ = lazyre.compile(r"[\\\x00-\x07\x0b\x0e-\x1f]")
 
 
 def _literal_problem(value: Any) -> str | None:

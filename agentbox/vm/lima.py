@@ -30,7 +30,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import hosttools, terminal
+from agentbox import hosttools, lazyre, terminal
 from agentbox.errors import Interrupted, LimaError
 from agentbox.logline import parse_log_line
 from agentbox.safetext import visible
@@ -61,7 +61,7 @@ def not_found_hint(executable: str) -> str:
 MIN_START_TIMEOUT = 600
 EDIT_FLAGS = ("cpus", "memory", "disk")  # what agentbox changes with `limactl edit`, in Lima's order
 # Lima's `the YAML is invalid, saved the buffer as "lima.REJECTED.yaml": REASON`: the file is in a folder that is gone.
-_REJECTED_FILE = re.compile(
+_REJECTED_FILE = lazyre.compile(
     r',? *(?:attempted to )?saved? the buffer as [`"]?[^`"]*lima\.REJECTED\.yaml[`"]?(?: but failed)?'
 )
 
@@ -532,10 +532,10 @@ def _tail(path: Path, limit: int = 8192) -> list[str]:
 # -- what the host agent forwards (read from the instance folder) ------------------------------
 
 LOG_READ_LIMIT = 4 << 20
-_FORWARDING = re.compile(r"^Forwarding TCP from (\S+) to (\S+)$")
-_LISTEN_FAILED = re.compile(r"^failed to listen tcp: (\S+)$")
-_NOT_FORWARDING = re.compile(r"^Not forwarding TCP (\S+)$")
-_ADDRESS = re.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$")  # Go's net.JoinHostPort of an IP
+_FORWARDING = lazyre.compile(r"^Forwarding TCP from (\S+) to (\S+)$")
+_LISTEN_FAILED = lazyre.compile(r"^failed to listen tcp: (\S+)$")
+_NOT_FORWARDING = lazyre.compile(r"^Not forwarding TCP (\S+)$")
+_ADDRESS = lazyre.compile(r"^(?:\[[0-9A-Fa-f:.]+\]|[0-9.]+):[0-9]{1,5}$")  # Go's net.JoinHostPort of an IP
 
 
 def port_forwards(instance_dir: str) -> list[PortForward]:

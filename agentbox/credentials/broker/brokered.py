@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from agentbox import lazyre
 from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.agents.record import AgentSpec, ApiKey
 from agentbox.credentials.broker import anthropic, ghcli, google, openai
@@ -50,7 +51,7 @@ BROKERED = tuple(SPECS)
 GH_PLACES = ("authorization token", "authorization bearer", "authorization basic")
 GH_API_KEYS = (ApiKey("GH_TOKEN", "gho_", tuple(ghcli.HOSTS), GH_PLACES),
                ApiKey("GITHUB_TOKEN", "gho_", tuple(ghcli.HOSTS), GH_PLACES))
-_PLACEHOLDERS = re.compile(rb"[A-Za-z0-9._/-]*" + re.escape(PLACEHOLDER_MARK.encode()) + rb"[0-9a-f]{24}")
+_PLACEHOLDERS = lazyre.compile(rb"[A-Za-z0-9._/-]*" + re.escape(PLACEHOLDER_MARK.encode()) + rb"[0-9a-f]{24}")
 MAX_COMPANION = 32 << 20  # ~/.claude.json keeps per-project history: several MB
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from agentbox.credentials import loginfiles
+from agentbox.credentials.broker import ghhosts
 from agentbox.credentials.hostfile import HostFile
 from agentbox.errors import StateError
 from agentbox.net.broker import place
@@ -37,7 +38,7 @@ class GhLogin:
         if data is None:
             return None
         try:
-            doc = _yaml().safe_load(data)
+            doc = _load(data)
         except _yaml().YAMLError as exc:
             raise StateError(f"{self.file.path} is not valid YAML ({str(exc).splitlines()[0]})",
                              f"log in again on the host with `{LOGIN_COMMAND}`, or fix the file") from exc
@@ -55,7 +56,7 @@ class GhLogin:
     def others(self) -> list[str]:
         data = self.file.read()
         try:
-            doc = _yaml().safe_load(data) if data else None
+            doc = _load(data) if data else None
         except _yaml().YAMLError:
             return []
         return sorted(str(host) for host in doc if host != HOST) if isinstance(doc, dict) else []
@@ -89,7 +90,9 @@ class GhLogin:
         if isinstance(user, str) and user:
             vm_entry["user"] = user
             vm_entry["users"] = {user: {"oauth_token": placeholder}}
-        text: str = _yaml().safe_dump({HOST: vm_entry}, default_flow_style=False, sort_keys=True)
+        text = ghhosts.dump({HOST: vm_entry})
+        if text is None:
+            text = _yaml().safe_dump({HOST: vm_entry}, default_flow_style=False, sort_keys=True)
         return text.encode()
 
 
@@ -106,9 +109,15 @@ def _token_of(entry: dict[str, Any]) -> str | None:
     return None
 
 
+def _load(data: bytes) -> Any:
+    """The file as PyYAML reads it: gh's own shape without PyYAML, anything else with it."""
+    small = ghhosts.load(data)
+    return small[0] if small is not None else _yaml().safe_load(data)
+
+
 def _yaml() -> Any:
-    """PyYAML, loaded only when there is a hosts.yml to read (20 ms a launch without one would pay)."""
-    # deferred: start-up (yaml, ~22 ms: only a gh login file is parsed)
+    """PyYAML, loaded only for a hosts.yml that is not in gh's own shape (ghhosts)."""
+    # deferred: start-up (yaml, ~22 ms: only a gh login file ghhosts declines is parsed)
     import yaml
 
     return yaml
