@@ -90,19 +90,21 @@ def test_importtime_prints_the_warm_launchs_figure_and_writes_it_unless_checking
                              capture_output=True, text=True, check=True).stdout.strip()
     assert lines[0] == (f"agentbox {version}: the imports of a warm `agentbox codex exec true` "
                         "(limactl calls: 1, shell), python -X importtime")
-    assert lines[2].startswith("load ") and f"agentbox: {REPO}" in lines[2]
-    assert lines[3] == "" and lines[7] == ""
-    counts = dict(line.split(": ", 1) for line in lines[4:7])
+    assert lines[1] == "the launch ran from its verified plan"  # as a user's warm launches do
+    head, lines = lines[:2], lines[2:]
+    assert lines[1].startswith("load ") and f"agentbox: {REPO}" in lines[1]
+    assert lines[2] == "" and lines[6] == ""
+    counts = dict(line.split(": ", 1) for line in lines[3:6])
     modules, ours = int(counts["modules imported"]), int(counts["agentbox modules"])
     assert 0 < ours < modules
     total = int(counts["total import time"].removesuffix(" µs (cumulative, top-level imports)").replace(",", ""))
-    assert lines[9].split() == ["cumulative", "µs", "self", "µs", "module"]
-    rows = [line.split() for line in lines[10:]]
-    assert 0 < len(rows) <= 25 and lines[8] == f"the {len(rows)} slowest top-level imports:"
+    assert lines[8].split() == ["cumulative", "µs", "self", "µs", "module"]
+    rows = [line.split() for line in lines[9:]]
+    assert 0 < len(rows) <= 25 and lines[7] == f"the {len(rows)} slowest top-level imports:"
     cumulative = [int(row[0].replace(",", "")) for row in rows]
     assert cumulative == sorted(cumulative, reverse=True) and sum(cumulative) <= total
     assert any(row[2].startswith("agentbox.") for row in rows)
-    assert max(len(line) for line in lines[3:]) <= 80
+    assert head and max(len(line) for line in lines[2:]) <= 80
 
     written = subprocess.run(script, env=env, capture_output=True, text=True, timeout=100)
     assert written.returncode == 0, written.stderr

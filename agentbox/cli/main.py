@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 from agentbox.agents.argv import BUILTIN_NAMES
 from agentbox.cli.launchflags import DETACH_FLAGS, ISOLATED_FLAG, plain_launch
-from agentbox.session import plan
 
 if TYPE_CHECKING:
     import click
@@ -81,13 +80,16 @@ def launch_line(args: list[str]) -> tuple[dict[str, Any], str, list[str]] | None
 def launch(options: dict[str, Any], name: str, args: list[str]) -> int:
     """Run the agent as the click command line would (agentbox.cli.commandline.cli, then the agent's command):
     from its verified plan when it has one that still holds (agentbox.session.plan), else in full, saving one."""
-    # deferred: start-up (boundary: not on `agentbox --help`)
+    # deferred: start-up (boundary, session.plan: not on `agentbox --help`)
     from agentbox.cli import boundary
+    from agentbox.session import plan
 
     ctx = LaunchContext(options["directory"], options["verbose"], options["debug"])
     boundary.begin(options["quiet"], options["timings"])
     try:
-        key = planned_key(ctx, options, name, args)
+        # --debug and --timings show the full launch
+        plannable = not (options["debug"] or options["timings"]) and plain_launch(args)
+        key = plan.key_of(str(ctx.obj["cwd"]), name, options) if plannable else None
         if key is not None:
             code = boundary.guarded(lambda: from_plan(key, args))
             if code != plan.DECLINED:
@@ -97,15 +99,11 @@ def launch(options: dict[str, Any], name: str, args: list[str]) -> int:
         boundary.end()
 
 
-def planned_key(ctx: LaunchContext, options: dict[str, Any], name: str, args: list[str]) -> str | None:
-    """The plan this launch may run from and save, or None: --debug and --timings show the full launch."""
-    if options["debug"] or options["timings"] or not plain_launch(args):
-        return None
-    return plan.key_of(str(ctx.obj["cwd"]), name, options)
-
-
 def from_plan(key: str, args: list[str]) -> int:
     """The agent's exit code, or plan.DECLINED: no plan holds, or the VM did not prove itself (nothing ran)."""
+    # deferred: start-up (session.plan: not on `agentbox --help`)
+    from agentbox.session import plan
+
     data = plan.load(key)
     if data is None:
         return plan.DECLINED
