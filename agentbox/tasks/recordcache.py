@@ -17,7 +17,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from agentbox.fsutil import atomic_write
+from agentbox.fsutil import atomic_write, read_capped
 
 NAME = ".records-cache.json"
 VERSION = 1
@@ -39,10 +39,9 @@ def read(root: Path) -> Entries:
         return {}
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_size > MAX_BYTES:
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
             return {}
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = json.loads(handle.read())
+        data = json.loads(read_capped(fd, MAX_BYTES))  # more than the cap is no JSON document: refused
     except (OSError, ValueError):
         return {}
     finally:
