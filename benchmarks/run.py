@@ -166,7 +166,7 @@ def record_tasks(box: Sandbox, project: Path, count: int) -> None:
             if index < count - 2:
                 tasks.advance(task, tasks.QUEUED)
                 tasks.advance(task, tasks.RUNNING)
-                tasks.advance(task, tasks.taskstate.COMPLETED, exit_code=0)
+                tasks.advance(task, tasks.transitions.COMPLETED, exit_code=0)
                 task.harvested = True
                 tasks.save(task)
                 continue

@@ -533,6 +533,64 @@ def test_tasks_json_is_as_documented(project: Path, tasks_vm: FakeLima) -> None:
     assert (record["host"], record["isolated"], record["proposal"]) == ("local", False, None)
 
 
+def _rewrite_in_place(path: Path, old: str, new: str) -> None:
+    """Change a record as an editor writing over it would: the same file, the same size, its mtime put back (only
+    its inode's change time tells)."""
+    before = path.stat()
+    text = path.read_text()
+    assert old in text and len(old) == len(new)
+    with open(path, "r+") as handle:
+        handle.write(text.replace(old, new))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = path.stat()
+    assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+
+
+def test_a_record_changed_behind_the_listings_back_is_listed_as_it_is_now(project: Path, tasks_vm: FakeLima) -> None:
+    """A listing keeps what it read in the tasks folder's cache; a record changed since, however quietly, is read
+    again."""
+    first = run_task(project, "--name", "first", "do:exit:0")
+    second = run_task(project, "--name", "other", "do:exit:0")
+    assert wait(project, first).returncode == 0 and wait(project, second).returncode == 0
+    assert [t["name"] for t in listing(project)] == ["first", "other"]
+    cache = paths.tasks_dir() / ".records-cache.json"
+    assert cache.is_file() and cache.stat().st_mode & 0o777 == 0o600
+    record = paths.tasks_dir() / str(first) / "task.json"
+    _rewrite_in_place(record, '"name": "first"', '"name": "final"')
+    assert [t["name"] for t in listing(project)] == ["final", "other"]
+    # Replaced, as agentbox writes records (a new file), the same size and mtime again.
+    before = record.stat()
+    replaced = record.with_name("task.json.new")
+    replaced.write_text(record.read_text().replace('"name": "final"', '"name": "fixed"'))
+    os.utime(replaced, ns=(before.st_atime_ns, before.st_mtime_ns))
+    os.replace(replaced, record)
+    shown = run_cli("tasks", cwd=project)
+    assert shown.exit_code == 0, shown.stderr
+    assert [line.split()[1] for line in shown.stdout.splitlines()[1:]] == ["fixed", "other"]
+    # A cache that is not one (cut short, another version) is ignored and made anew.
+    for broken in ('{"version": 1, "records": {', '{"version": 99, "records": {}}'):
+        cache.write_text(broken)
+        assert [t["name"] for t in listing(project)] == ["fixed", "other"]
+        assert json.loads(cache.read_text())["version"] == 1
+
+
+def test_a_record_that_cannot_be_read_is_named_and_the_others_listed(project: Path, tasks_vm: FakeLima) -> None:
+    broken = run_task(project, "do:exit:0")
+    fine = run_task(project, "do:exit:0")
+    assert wait(project, broken).returncode == 0 and wait(project, fine).returncode == 0
+    assert [t["id"] for t in listing(project)] == [broken, fine]  # both read, and kept in the cache
+    record = paths.tasks_dir() / str(broken) / "task.json"
+    for text, why in (('{"id": 1, "vm": ', "it is not valid JSON"),
+                      ('{"id": 1}', "it is not a task record (a field is missing or of the wrong kind)")):
+        record.write_text(text)
+        for _ in range(2):  # the second time with the cache this listing wrote
+            shown = run_cli("tasks", cwd=project)
+            assert shown.exit_code == 0, shown.stderr
+            assert [line.split()[0] for line in shown.stdout.splitlines()[1:]] == [str(fine)]
+            assert shown.stderr == (f"agentbox: warning: task {broken}'s record {record} cannot be read: {why}; it is "
+                                    f"left out of the tasks (remove the folder {record.parent} to forget it)\n")
+
+
 @pytest.mark.parametrize("kind", ["control", "symlink", "fifo", "oversize"])
 def test_the_runners_state_and_output_are_read_only_as_small_regular_files(project: Path, tasks_vm: FakeLima,
                                                                          tmp_path: Path, kind: str) -> None:

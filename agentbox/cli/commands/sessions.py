@@ -95,8 +95,8 @@ def attach_command(ctx: click.Context, name: str | None) -> None:
 
 def _attach_remote(ctx: click.Context, task: Task) -> None:
     """Join a session on another machine; say how it went (the user detached, or it ended and came home)."""
-    # deferred: start-up (cli.commands.tasks, runtime.sshhost, hostsession: only the commands here that use it)
-    from agentbox.cli.commands.tasks import _report_end
+    # deferred: start-up (cli.commands.taskfollow, runtime.sshhost, hostsession: only the commands here that use it)
+    from agentbox.cli.commands.taskfollow import _report_end
     from agentbox.runtime.sshhost import SESSION_ENDED
     from agentbox.tasks import hostsession
 
