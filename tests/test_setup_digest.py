@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from tests.gitrepo import git
 from tests.helpers import NAME, STUB, FakeLima, needs_bwrap, run_cli, staged_logins, write, write_trusted
 
 LOG = ".agentbox-calls.log"  # in the guest home
@@ -174,3 +177,81 @@ def test_a_tool_installed_in_the_vm_updates_the_description_alone(project: Path,
     assert {tool["name"]: tool["path"] for tool in described["tools"]["list"]}["gemini"] == "/usr/local/bin/gemini"
     assert (vm.guest_home(NAME) / ".agentbox" / "setup.applied").read_text() == record
     assert launch(project).returncode == 0 and calls(vm) == []
+
+
+# -- what launch.sh itself does when nothing changed, seen by strace ------------------------------------------------
+
+SETUP_PARTS = {"sync.sh", "bootstrap.sh", "isolated.sh", "notify.sh"}  # launch.sh's parts only its setup runs
+CLONE = re.compile(r"^(\d+) +.*\b(?:clone3?|v?fork)\(.*= (\d+)(?: /\* (\d+) in strace's PID NS \*/)?$")
+EXECVE = re.compile(r'^(\d+) +execve\("([^"]+)", \[(.*?)\], .* = 0$')
+OPENED = re.compile(r'^(\d+) +openat\(AT_FDCWD, "[^"]*/launch/([a-z]+\.sh)", .* = \d+$')
+
+
+class Traced(NamedTuple):
+    parts: set[str]  # the parts launch.sh read
+    before_agent: list[str]  # what each process launch.sh started before the agent ran ("(subshell)": no exec)
+
+
+def whole_calls(trace: str) -> list[str]:
+    """strace -f's lines, a call another process interrupted ("<unfinished ...>", "<... NAME resumed>") put together."""
+    lines, pending = [], {}
+    for line in trace.splitlines():
+        pid, _, rest = line.partition(" ")
+        rest = rest.lstrip()
+        if line.endswith(" <unfinished ...>"):
+            pending[pid] = line.removesuffix(" <unfinished ...>")
+        elif rest.startswith("<... ") and pid in pending:
+            lines.append(pending.pop(pid) + rest.partition(" resumed>")[2])
+        else:
+            lines.append(line)
+    return lines
+
+
+def traced_launch(project: Path, tmp_path: Path, *args: str) -> Traced:
+    """`agentbox codex ARGS exec hi` under strace -f: the processes launch.sh started, in order, and the parts it read.
+    A child's pid is the one strace names it by (--decode-pids=pidns: the guest's pid namespace is the double's)."""
+    trace = tmp_path / "strace.out"
+    result = subprocess.run(["strace", "-f", "-qq", "-s", "4096", "--decode-pids=pidns", "-e", "signal=none",
+                             "-e", "trace=execve,clone,clone3,fork,vfork,openat", "-o", str(trace),
+                             sys.executable, "-m", "agentbox", "codex", *args, "exec", "hi"],
+                            cwd=project, capture_output=True, input=b"", timeout=120)
+    assert result.returncode == 0, result.stderr
+    lines = whole_calls(trace.read_text())
+    start = next(index for index, line in enumerate(lines)
+                 if (match := EXECVE.match(line)) and re.match(r'"[^"]*bash", "[^"]*/launch\.sh"', match[3]))
+    launch = int(lines[start].split()[0])
+    lines = lines[start:]  # the same process ran the login shell before it was launch.sh
+    children: list[int] = []
+    parts: set[str] = set()
+    for line in lines:
+        if (clone := CLONE.match(line)) and int(clone[1]) == launch:
+            children.append(int(clone[3] or clone[2]))
+        elif (opened := OPENED.match(line)) and int(opened[1]) == launch:
+            parts.add(opened[2])
+    ran = {}
+    for line in lines:
+        if (execve := EXECVE.match(line)) and int(execve[1]) in children:
+            ran.setdefault(int(execve[1]), execve[2])
+    started = [ran.get(child, "(subshell)") for child in children]
+    agent = next((index for index, program in enumerate(started) if program.endswith("/codex")), len(started))
+    return Traced(parts, started[:agent])
+
+
+@pytest.mark.needs("strace", "git")
+def test_a_launch_with_nothing_changed_forks_nothing_and_reads_only_the_parts_it_runs(
+        project: Path, vm: FakeLima, tmp_path: Path) -> None:
+    """Not even a subshell or a fork without exec (the shims above see only programs found on PATH): bash's builtins
+    alone, from the digest compare to the agent, in a worktree too; and of launch.sh's parts only those it runs."""
+    git(project, "init", "-q")
+    git(project, "commit", "-q", "--allow-empty", "-m", "start")
+    every_part = {path.name for path in (Path(__file__).parent.parent / "provision" / "launch").glob("*.sh")}
+    for args in ((), ("--worktree", "w1")):
+        setup = traced_launch(project, tmp_path, *args)
+        assert setup.parts == every_part  # the control: the setup reads them all, and starts programs
+        assert "(subshell)" in setup.before_agent and len(setup.before_agent) > 5, setup.before_agent
+        calls(vm)
+        unchanged = traced_launch(project, tmp_path, *args)
+        assert calls(vm) == []
+        assert unchanged.before_agent == [], unchanged.before_agent
+        assert unchanged.parts == every_part - SETUP_PARTS
+
