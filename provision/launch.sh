@@ -46,6 +46,7 @@ session_events=""
 session_live=""
 go=""
 setup_digest=""
+setup_only=""
 setup_incomplete=""  # set by a step that tries again at the next launch: the setup is then not recorded
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -80,6 +81,7 @@ while [ $# -gt 0 ]; do
     --session-live) session_live="$2"; shift 2 ;;
     --go) go="$2"; shift 2 ;;
     --setup-digest) setup_digest="$2"; shift 2 ;;
+    --setup-only) setup_only=1; shift ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -175,7 +177,8 @@ else
   [ -z "$isolated_from" ] || prepare_copy
   bootstrap
 
-  if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
+  # agentbox start (--setup-only) installs no agent: the one a launch runs is installed at its first launch.
+  if [ -n "$binary" ] && [ -z "$setup_only" ] && ! command -v "$binary" >/dev/null 2>&1; then
     if [ -z "$install" ]; then
       say "$binary is not installed in the VM and no install command is configured."
       exit 127
@@ -205,6 +208,7 @@ if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   printf 'agentbox timings (in the VM):\n  %-34s %8d.%d ms\n' "setup step (launch.sh)" $((setup_us / 1000)) $(((setup_us % 1000) / 100)) >&2
 fi
 
+[ -z "$setup_only" ] || exit 0  # agentbox start: the setup done ahead of the first launch, which then skips it
 wait_for_go
 [ $# -gt 0 ] || run_login_shell
 check_program "$1"

@@ -255,3 +255,71 @@ def test_a_launch_with_nothing_changed_forks_nothing_and_reads_only_the_parts_it
         assert unchanged.before_agent == [], unchanged.before_agent
         assert unchanged.parts == every_part - SETUP_PARTS
 
+
+# -- agentbox start does the first launch's setup -------------------------------------------------------------------
+
+
+def test_start_sets_up_the_first_launch_so_it_runs_no_setup(project: Path, limactl: FakeLima, home: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`agentbox start` runs launch.sh's setup for the default agent (claude here), without running it: the first
+    launch after it, a session or a task, finds the setup recorded and skips it, in one limactl call."""
+    needs_bwrap()
+    monkeypatch.delenv("AGENTBOX_START_SETUP")  # the suite's VMs skip it (tests/conftest.py)
+    staged_logins(home)
+    write_trusted(project, "agents:\n  claude:\n    binary: /bin/true\n")
+    started = run_cli("start", cwd=project)
+    assert started.exit_code == 0, started.stderr
+    assert re.search(f"^Setting up VM {NAME} for the first launch of claude: done \\(\\d+s\\)$", started.stderr, re.M)
+    record = limactl.guest_home(NAME) / ".agentbox" / "setup.applied"
+    applied = (record.read_text(), record.stat().st_mtime_ns)
+    assert applied[0].count(" ") == 1  # DIGEST BOOT-ID: a setup that finished
+
+    limactl.clear()
+    session = subprocess.run([sys.executable, "-m", "agentbox", "claude", "-p", "hi"], cwd=project,
+                             capture_output=True, input=b"", timeout=120)
+    assert session.returncode == 0, session.stderr
+    assert (record.read_text(), record.stat().st_mtime_ns) == applied  # launch.sh rewrites it after a setup
+    assert limactl.subcommands() == ["shell"]  # start checked the VM: the first launch is warm
+    task = run_cli("run", "--", "hi", cwd=project)
+    assert task.exit_code == 0, task.stderr
+    assert (record.read_text(), record.stat().st_mtime_ns) == applied
+
+    # the control: another agent's first launch does set up (its binary, its own setup)
+    write_trusted(project, "agents:\n  claude:\n    binary: /bin/true\n  kiro:\n    binary: /bin/true\n")
+    other = subprocess.run([sys.executable, "-m", "agentbox", "kiro", "hi"], cwd=project, capture_output=True,
+                           input=b"", timeout=120)
+    assert other.returncode == 0, other.stderr
+    assert record.stat().st_mtime_ns != applied[1] and record.read_text() != applied[0]
+
+
+def test_a_setup_that_fails_at_start_is_a_warning_and_the_first_launch_runs_it(
+        project: Path, limactl: FakeLima, monkeypatch: pytest.MonkeyPatch) -> None:
+    needs_bwrap()
+    monkeypatch.delenv("AGENTBOX_START_SETUP")
+    write(project / "once.sh", "[ -e ran-once ] && exit 0; touch ran-once; exit 3\n")  # fails the first time only
+    write_trusted(project, "agents:\n  claude:\n    binary: /bin/true\nbootstrap:\n  onStartScript: once.sh\n")
+    started = run_cli("start", cwd=project)
+    assert started.exit_code == 0, started.stderr
+    assert re.search(f"^Setting up VM {NAME} for the first launch of claude: failed \\(\\d+s\\)\n"
+                     r"agentbox: running onStartScript /\S+-once\.sh\n"
+                     r"agentbox: onStartScript /\S+-once\.sh failed with exit code 3; the agent was not started\.\n",
+                     started.stderr, re.M), started.stderr
+    assert (f"agentbox: warning: {NAME} runs, but setting it up for the first launch of claude did not finish "
+            "(launch.sh exited 3; its messages are above); that launch tries the setup again\n") in started.stderr
+    record = limactl.guest_home(NAME) / ".agentbox" / "setup.applied"
+    assert not record.exists() or record.read_text() == ""  # nothing recorded: the first launch sets up
+    launched = subprocess.run([sys.executable, "-m", "agentbox", "claude", "-p", "hi"], cwd=project,
+                              capture_output=True, input=b"", timeout=120)
+    assert launched.returncode == 0, launched.stderr
+    assert record.read_text().count(" ") == 1
+
+
+def test_a_bad_start_setup_switch_is_refused_before_anything_starts(project: Path, limactl: FakeLima,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    write_trusted(project, "")
+    monkeypatch.setenv("AGENTBOX_START_SETUP", "no")
+    result = run_cli("start", cwd=project)
+    assert result.exit_code == 2
+    assert result.stderr == ("agentbox: error: AGENTBOX_START_SETUP: expected on or off, found 'no'\n"
+                             "hint: Unset it, or AGENTBOX_START_SETUP=off to start the VM without setting it up.\n")
+    assert limactl.calls() == []
