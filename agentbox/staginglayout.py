@@ -119,6 +119,8 @@ LAUNCH_OPTIONS = (
                  "(agentbox.session.setupdigest): when it and the VM's boot are those of the last setup that "
                  "finished (~/.agentbox/setup.applied), launch.sh skips the setup and runs no process before the "
                  "program; absent (isolated mode): the setup runs"),
+    LaunchOption("--setup-only", None, "stop after the setup, running no program and installing no missing "
+                 "--binary (`agentbox start`: the first launch then finds its setup done)"),
 )
 
 OptionValue = str | bool | Sequence[str] | None

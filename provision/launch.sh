@@ -46,6 +46,7 @@ session_events=""
 session_live=""
 go=""
 setup_digest=""
+setup_only=""
 setup_incomplete=""  # set by a step that tries again at the next launch: the setup is then not recorded
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -80,6 +81,7 @@ while [ $# -gt 0 ]; do
     --session-live) session_live="$2"; shift 2 ;;
     --go) go="$2"; shift 2 ;;
     --setup-digest) setup_digest="$2"; shift 2 ;;
+    --setup-only) setup_only=1; shift ;;
     --) shift; break ;;
     -*)
       # A host newer than this staged copy: stop rather than run the option as the program.
@@ -91,7 +93,9 @@ while [ $# -gt 0 ]; do
 done
 
 # The parts, staged read-only beside this script in launch/ (agentbox.session.staging stages every provision/launch/*.sh;
-# tests/test_launch_parts.py checks that this list names each once). They define functions and a few names.
+# tests/test_launch_parts.py checks that this script names each once). They define functions and a few names.
+# A launch with nothing changed reads only the parts it runs: bash parses a part as it sources it (about 2 ms for them
+# all on a quiet host, five times that under load), and the staging mount may make each read a round trip.
 # shellcheck source=launch/common.sh
 source "$staging/launch/common.sh"
 # shellcheck source=launch/vm.sh
@@ -100,18 +104,10 @@ source "$staging/launch/vm.sh"
 source "$staging/launch/credentials.sh"
 # shellcheck source=launch/broker.sh
 source "$staging/launch/broker.sh"
-# shellcheck source=launch/sync.sh
-source "$staging/launch/sync.sh"
 # shellcheck source=launch/home.sh
 source "$staging/launch/home.sh"
 # shellcheck source=launch/guards.sh
 source "$staging/launch/guards.sh"
-# shellcheck source=launch/bootstrap.sh
-source "$staging/launch/bootstrap.sh"
-# shellcheck source=launch/isolated.sh
-source "$staging/launch/isolated.sh"
-# shellcheck source=launch/notify.sh
-source "$staging/launch/notify.sh"
 # shellcheck source=launch/context.sh
 source "$staging/launch/context.sh"
 # shellcheck source=launch/session.sh
@@ -120,6 +116,18 @@ source "$staging/launch/session.sh"
 source "$staging/launch/checkpoint.sh"
 # shellcheck source=launch/current.sh
 source "$staging/launch/current.sh"
+
+# The parts only the setup runs (and an isolated launch, which always sets up).
+source_setup_parts() {
+  # shellcheck source=launch/sync.sh
+  source "$staging/launch/sync.sh"
+  # shellcheck source=launch/bootstrap.sh
+  source "$staging/launch/bootstrap.sh"
+  # shellcheck source=launch/isolated.sh
+  source "$staging/launch/isolated.sh"
+  # shellcheck source=launch/notify.sh
+  source "$staging/launch/notify.sh"
+}
 
 load_env
 case ":$PATH:" in
@@ -140,8 +148,9 @@ if setup_is_current; then
     flock -u 7
     exec 7>&-
   fi
-  [ -z "$worktree" ] || enter_worktree
+  [ -z "$worktree" ] || cd "$worktree"  # setup_is_current saw its .git: an earlier enter_worktree made it (and the exclude)
 else
+  source_setup_parts
   wait_for_boot
   check_provisioned
   apply_network
@@ -168,7 +177,8 @@ else
   [ -z "$isolated_from" ] || prepare_copy
   bootstrap
 
-  if [ -n "$binary" ] && ! command -v "$binary" >/dev/null 2>&1; then
+  # agentbox start (--setup-only) installs no agent: the one a launch runs is installed at its first launch.
+  if [ -n "$binary" ] && [ -z "$setup_only" ] && ! command -v "$binary" >/dev/null 2>&1; then
     if [ -z "$install" ]; then
       say "$binary is not installed in the VM and no install command is configured."
       exit 127
@@ -198,6 +208,7 @@ if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
   printf 'agentbox timings (in the VM):\n  %-34s %8d.%d ms\n' "setup step (launch.sh)" $((setup_us / 1000)) $(((setup_us % 1000) / 100)) >&2
 fi
 
+[ -z "$setup_only" ] || exit 0  # agentbox start: the setup done ahead of the first launch, which then skips it
 wait_for_go
 [ $# -gt 0 ] || run_login_shell
 check_program "$1"

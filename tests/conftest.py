@@ -50,6 +50,8 @@ def isolated_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[di
     # A new VM is created from scratch unless a test asks for the base VM (tests/test_base.py): building a
     # base costs the double a second provisioning per test, and most tests are about something else.
     monkeypatch.setenv("AGENTBOX_VM_BASE", "off")
+    # A start leaves the first launch's setup to it (each start would pay for it); tests/test_setup_digest.py turns it on.
+    monkeypatch.setenv("AGENTBOX_START_SETUP", "off")
     yield {"home": home, "state": state, "lima_home": lima_home}
     shutil.rmtree(lima_home, ignore_errors=True)
 

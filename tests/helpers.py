@@ -390,6 +390,7 @@ CAPABILITIES: dict[str, tuple[Callable[[], bool], str]] = {
     "git": (_on_path("git"), "apt-get install git"),
     "bash": (_bash_4_4, "bash 4.4 or newer first on PATH, as the guards in wrappers/ need (macOS: brew install bash)"),
     "openssl": (_on_path("openssl"), "apt-get install openssl"),
+    "strace": (_on_path("strace"), "apt-get install strace (tests/test_setup_digest.py counts launch.sh's processes)"),
     "tmux": (_on_path("tmux"), "apt-get install tmux (the double's guest runs the host's, as a VM runs its own)"),
     "sshd": (_remote_hosts, "run as root with OpenSSH's sshd and ssh, and /usr/bin/python3 with PyYAML and "
                             "jsonschema (apt-get install openssh-server openssh-client python3-yaml "

@@ -36,8 +36,8 @@ BASH = shutil.which("bash") or "/bin/bash"
 
 def test_launch_sh_sources_every_part_once_from_its_own_folder() -> None:
     text = LAUNCH_SH.read_text()
-    sourced = re.findall(r'^source "\$staging/launch/([a-z-]+\.sh)"$', text, re.M)
-    followed = re.findall(r"^# shellcheck source=launch/([a-z-]+\.sh)$", text, re.M)
+    sourced = re.findall(r'^ *source "\$staging/launch/([a-z-]+\.sh)"$', text, re.M)  # indented: only the setup's
+    followed = re.findall(r"^ *# shellcheck source=launch/([a-z-]+\.sh)$", text, re.M)
     assert sorted(sourced) == PART_NAMES and len(sourced) == len(set(sourced))
     assert followed == sourced  # shellcheck -x checks launch.sh with each part
     assert sourced[0] == "common.sh"  # the others use its say

@@ -26,6 +26,7 @@ ISOLATED_OPTIONS = ("--isolated-from", "--base", "--outbox", "--chdir", "--copy-
 TASK_OPTIONS = ("--task", "--isolated-task", "--worktree", "--worktree-branch", "--worktree-base")
 SESSION_OPTIONS = ("--session", "--session-attach", "--session-reply", "--session-events", "--session-live")
 PUSH_OPTIONS = ("--push-namespace",)  # git.allowPush: session's only (tests/test_scoped_push.py sends it)
+START_OPTIONS = ("--setup-only",)  # agentbox start's only (tests/test_setup_digest.py)
 PROBE_SH = REPO / "provision" / "doctor-probe.sh"
 
 
@@ -127,8 +128,8 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
     sent = {arg for arg in shell if arg.startswith("--")}
     # Isolated mode's options go with an isolated launch only (tests/test_isolated.py sends them), a kept
     # session's with a kept launch (tests/test_sessions.py), a task's with a task (tests/test_tasks.py), scoped
-    # pushes' with git.allowPush: session (tests/test_scoped_push.py).
-    others = {*ISOLATED_OPTIONS, *SESSION_OPTIONS, *TASK_OPTIONS, *PUSH_OPTIONS}
+    # pushes' with git.allowPush: session (tests/test_scoped_push.py), the setup alone with agentbox start.
+    others = {*ISOLATED_OPTIONS, *SESSION_OPTIONS, *TASK_OPTIONS, *PUSH_OPTIONS, *START_OPTIONS}
     assert {option.name for option in staginglayout.LAUNCH_OPTIONS} - others <= sent
     assert not sent & others
 

@@ -15,6 +15,13 @@ BUILTIN_AGENTS: dict[str, AgentSpec] = {
 DEFAULT_AGENT = "claude"  # `agentbox run`'s agent when the config defines no single agent of its own
 
 
+def default_agent(names: Iterable[str]) -> str:
+    """The agent when none is named (`agentbox run`, and the one `agentbox start` sets up for): the config's only
+    agent of its own, else DEFAULT_AGENT."""
+    custom = [name for name in names if name not in BUILTIN_AGENTS]
+    return custom[0] if len(custom) == 1 else DEFAULT_AGENT
+
+
 def endpoints(agent_name: str, configured: Iterable[str] | None) -> tuple[str, ...]:
     """An agent's API endpoints: `agents.<name>.endpoints` when set, else the built-in ones."""
     if configured is not None:

@@ -190,6 +190,7 @@ class LaunchOptions(NamedTuple):
     isolated_task: bool = False  # that task works on a copy made from the staged bundles
     session: SessionLaunch | None = None  # a kept session
     worktree: Worktree | None = None
+    setup_only: bool = False  # the setup alone, no program (agentbox.session.presetup)
 
 
 def launch_command(launch: Launch, staging: Path, options: LaunchOptions) -> list[str]:
@@ -236,6 +237,7 @@ def launch_command(launch: Launch, staging: Path, options: LaunchOptions) -> lis
         values["--session-reply"] = str(session.reply)
         values["--session-events"] = str(session.events) if session.events is not None else None
         values["--session-live"] = str(session.live) if session.live is not None else None
+    values["--setup-only"] = options.setup_only
     if isolated is None:  # isolated mode's copy is prepared at each launch, under the setup's lock
         values["--setup-digest"] = setupdigest.setup_digest(staging, values)
     return ["/bin/bash", str(staging / LAUNCH_SCRIPT), *launch_options(values)]

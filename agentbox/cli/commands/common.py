@@ -8,8 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from agentbox import hosttools, paths, timing
+from agentbox.agents.builtin import default_agent
 from agentbox.config import load, trust
-from agentbox.errors import ConfigError
+from agentbox.errors import ConfigError, UsageError
 from agentbox.progress import warn
 from agentbox.vm import lifecycle
 from agentbox.vm.lima import Lima
@@ -34,6 +35,17 @@ def load_config(ctx: click.Context, describe: bool = False, vm_only: bool = Fals
     load.print_notices(loaded)
     hosttools.distrust_all(loaded.agent_writable())  # before any host tool is looked up
     return loaded
+
+
+def agent_named(config: Config, wanted: str | None) -> str:
+    """--agent NAME (run, start, restart): the name, when the config knows it; the default agent without one."""
+    agents = config.agents
+    if wanted is None:
+        return default_agent(agents)
+    if wanted not in agents:
+        raise UsageError(f"--agent {wanted!r} is not an agent agentbox knows",
+                         hint=f"One of: {', '.join(agents)} (or define it under agents: in agentbox.yml).")
+    return wanted
 
 
 def warn_if_untrusted(loaded: Config) -> None:

@@ -6,20 +6,16 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
 
 import click
 
-from agentbox.agents.builtin import BUILTIN_AGENTS, DEFAULT_AGENT
-from agentbox.cli.commands.common import vm_control
+from agentbox.cli.commands.common import agent_named, vm_control
 from agentbox.cli.commands.tasks import duration
 from agentbox.errors import UsageError
 from agentbox.progress import note
 from agentbox.session.worktrees import check_name
 from agentbox.tasks import jobs, places, submit
 
-if TYPE_CHECKING:
-    from agentbox.config.load import Config
 
 @click.command("run", context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--agent", "agent_name", metavar="NAME", help="The agent (default: claude, or the only one you "
@@ -60,7 +56,7 @@ def run_command(ctx: click.Context, agent_name: str | None, name: str | None, ti
     if worktree:
         check_name(worktree)
     control = vm_control(ctx)
-    agent = _agent(control.config, agent_name)
+    agent = agent_named(control.config, agent_name)
     if place == "any":
         place = places.choose(control.config)
         note(f"--on any: {place}")
@@ -93,17 +89,6 @@ def _prompt(words: tuple[str, ...]) -> bytes:
     if b"\0" in text:
         raise UsageError("the prompt contains a NUL byte, which no program argument can carry")
     return text
-
-
-def _agent(config: Config, wanted: str | None) -> str:
-    agents = config.agents
-    if wanted is None:
-        custom = [name for name in agents if name not in BUILTIN_AGENTS]
-        return custom[0] if len(custom) == 1 else DEFAULT_AGENT
-    if wanted not in agents:
-        raise UsageError(f"--agent {wanted!r} is not an agent agentbox knows",
-                         hint=f"One of: {', '.join(agents)} (or define it under agents: in agentbox.yml).")
-    return wanted
 
 
 # -- tasks ----------------------------------------------------------------------------------------

@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import json
+import os
 from typing import TYPE_CHECKING, Any
 
 import click
 
 from agentbox import tables
 from agentbox.cli.commands import ending
-from agentbox.cli.commands.common import settle_tasks, vm_control, vm_name
+from agentbox.cli.commands.common import agent_named, settle_tasks, vm_control, vm_name
+from agentbox.errors import AgentboxError, ConfigError
 from agentbox.net import guard
-from agentbox.progress import say
+from agentbox.progress import say, warn
 from agentbox.safetext import visible
 from agentbox.tasks.activity import ProjectActivity
 from agentbox.vm import forwards, lifecycle, lima, statefile, workmode
 
 if TYPE_CHECKING:
     from agentbox.cli.commands.ending import Ending
+    from agentbox.config.load import AgentConfig
     from agentbox.vm.lifecycle import VmControl
     from agentbox.vm.lima import Instance
 
 
+AGENT_HELP = ("The agent whose first launch the start sets up for (default: claude, or the only one you defined): "
+              "its launch then skips the setup in the VM.")
+START_SETUP = "AGENTBOX_START_SETUP"  # off: start and restart leave the first launch's setup to it
 YES_HELP = ("Do not ask: go on even when it ends running sessions or tasks (a script needs it then: without a "
             "terminal to ask on, nothing is changed).")
 
@@ -31,10 +37,12 @@ YES_HELP = ("Do not ask: go on even when it ends running sessions or tasks (a sc
 @click.option("--yes", is_flag=True, help="With --recreate: delete without asking (for scripts).")
 @click.option("--isolated", is_flag=True, help="Create the VM isolated, whatever session.mode says: agents work on "
               "a copy of the workspace and propose their changes.")
+@click.option("--agent", "agent_name", metavar="NAME", help=AGENT_HELP)
 @click.pass_context
-def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool) -> None:
-    """Create and start the project's VM."""
+def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool, agent_name: str | None) -> None:
+    """Create and start the project's VM, and set it up for the first launch."""
     control = vm_control(ctx)
+    agent = _first_launch_agent(control, agent_name)  # an unknown one, or a bad AGENTBOX_START_SETUP: refused first
     if isolated:
         control.config = workmode.with_isolation(control.config)
     name = vm_name(control)
@@ -65,6 +73,38 @@ def start_command(ctx: click.Context, recreate: bool, yes: bool, isolated: bool)
                 say(degraded)
             return
     say(f"{instance.name} is running (workspace {control.config.workspace})")
+    _set_up_first_launch(control, agent, instance)
+
+
+def _first_launch_agent(control: VmControl, wanted: str | None) -> AgentConfig | None:
+    """The agent whose first launch start and restart set up (--agent, else the default one); None when
+    AGENTBOX_START_SETUP=off says not to, for this run (the test suite's VMs skip it: each start would pay for it)."""
+    switch = os.environ.get(START_SETUP, "on")
+    if switch not in ("on", "off"):
+        raise ConfigError(f"{START_SETUP}: expected on or off, found {switch!r}",
+                          hint=f"Unset it, or {START_SETUP}=off to start the VM without setting it up.")
+    agent = control.config.agent(agent_named(control.config, wanted))
+    return agent if switch == "on" else None
+
+
+def _set_up_first_launch(control: VmControl, agent: AgentConfig | None, instance: Instance) -> None:
+    """The setup the first launch of `agent` would run in the VM, done now (agentbox.session.presetup). The VM runs
+    whatever happens here: a setup that fails is the first launch's to run again."""
+    if agent is None:
+        return
+    # deferred: start-up (session.presetup and the launch's modules: only a start that started the VM runs it)
+    from agentbox.session import presetup
+
+    said: str | None = None
+    try:
+        code = presetup.set_up(control, agent, instance)
+        if code not in (0, None):
+            said = f"launch.sh exited {code}; its messages are above"
+    except AgentboxError as exc:
+        said = exc.message
+    if said is not None:
+        warn(f"{instance.name} runs, but setting it up for the first launch of {agent.name} did not finish "
+             f"({said}); that launch tries the setup again")
 
 
 def _remove(control: VmControl, vm_name: str, ends: Ending) -> None:
@@ -140,14 +180,16 @@ def stop_command(ctx: click.Context, stop_all: bool, force: bool, yes: bool) -> 
 
 @click.command("restart")
 @click.option("--yes", is_flag=True, help=YES_HELP)
+@click.option("--agent", "agent_name", metavar="NAME", help=AGENT_HELP)
 @click.pass_context
-def restart_command(ctx: click.Context, yes: bool) -> None:
-    """Stop the project's VM if it runs, then start it with the current config.
+def restart_command(ctx: click.Context, yes: bool, agent_name: str | None) -> None:
+    """Stop the project's VM if it runs, then start it with the current config, and set it up for the first launch.
 
     A stopped VM is started. Its detached sessions and running tasks end: on a terminal they are listed and you are
     asked first; in a script it changes nothing unless --yes says to go on. Either way it says what it ended.
     """
     control = vm_control(ctx)
+    agent = _first_launch_agent(control, agent_name)
     name = vm_name(control)
     known = control.instance(name)
     if _stop(control, name, known, False, yes, verb="restart"):
@@ -155,6 +197,7 @@ def restart_command(ctx: click.Context, yes: bool) -> None:
     else:  # stopped (or not created): started as it is known, without a second `limactl list`
         instance = lifecycle.ensure_running(control, name, known)
     say(f"{instance.name} is running")
+    _set_up_first_launch(control, agent, instance)
 
 
 @click.command("rm")
