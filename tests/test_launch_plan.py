@@ -291,12 +291,14 @@ def test_the_recorder_takes_reads_stats_and_listings_and_refuses_what_no_stat_pr
     (tmp_path / "read.txt").write_text("x")
     (tmp_path / "folder").mkdir()
     (tmp_path / "folder" / "inside").write_text("y")
+    (tmp_path / "link").symlink_to("read.txt")
     recorder = planrecorder.start("test")
     try:
         (tmp_path / "read.txt").read_text()
         (tmp_path / "written.txt").write_text("out")
         assert not (tmp_path / "absent").exists()
         os.listdir(tmp_path / "folder")
+        os.readlink(tmp_path / "link")
         with planrecorder.unrecorded():
             (tmp_path / "tripwire.txt").exists()
         assert recorder.unprovable == []
@@ -314,6 +316,20 @@ def test_the_recorder_takes_reads_stats_and_listings_and_refuses_what_no_stat_pr
     assert inputs[str(tmp_path / "absent")] == PLACE
     assert inputs[str(tmp_path / "folder")] == LISTED
     assert inputs[str(tmp_path / "folder" / "inside")] == PLACE
+    assert inputs[str(tmp_path / "link")] == PLACE
     for left_out in ("written.txt", "tripwire.txt", "after.txt"):
         assert str(tmp_path / left_out) not in inputs
     assert os.stat is planrecorder._originals.get("stat", os.stat)
+
+
+def test_a_config_file_appearing_in_a_parent_folder_is_noticed(project: Path, vm: FakeLima, home: Path) -> None:
+    """No agentbox.yml in the project: the launch looked for one up to the root, and each absent file is an input.
+    The parent's file makes the parent folder the workspace, with a VM of its own."""
+    write(home / ".config" / "agentbox" / "config.yml", f"env:\n  AGENTBOX_TEST_OUT: {project / '.stub-out.json'}\n")
+    planned_launch(project, vm)
+    write(project.parent / "agentbox.yml", "env:\n  CHANGED: parent\n")
+    assert run_cli("trust", cwd=project).exit_code == 0
+    after = launch(project, "codex")
+    assert not after.planned, "an agentbox.yml in the parent folder was not noticed"
+    assert after.result.returncode == 0, after.stderr
+    assert vm.status(f"agentbox-{project.parent.name}") == "Running"

@@ -3,7 +3,8 @@
 Recording starts before the config is looked for and ends at the shell. It sees, in the launch's own thread:
   - every file opened for reading (Python's `open` audit event: builtins.open, os.open, io.open_code), every folder
     listed (os.listdir, os.scandir: the folder and each entry), every path stat'ed (os.stat, os.lstat, os.access:
-    os.path.exists, isfile, Path.is_dir and the like go through them), present or absent;
+    os.path.exists, isfile, Path.is_dir and the like go through them) and every link read (os.readlink: the link
+    itself is signed), present or absent;
   - what no stat can prove: a process started (subprocess, os.system, exec, spawn, fork), a socket connected, a file
     opened by a relative name (its folder is not known). Any of them, and the launch saves no plan.
 Files the launch writes (opened to write or create) are its output, not its input. The start checkpoint's threads
@@ -133,7 +134,8 @@ def start(key: str) -> Recorder:
         _installed = True
         sys.addaudithook(_hook)
     if not _originals:
-        for name, kind, follow in (("stat", PLACE, True), ("lstat", PLACE, False), ("access", PLACE, True)):
+        for name, kind, follow in (("stat", PLACE, True), ("lstat", PLACE, False), ("access", PLACE, True),
+                                   ("readlink", PLACE, False)):
             _originals[name] = original = getattr(os, name)
             watched = _watched(original, kind, follow)
             for supports in _SUPPORTS:  # `os.stat in os.supports_dir_fd` (shutil.rmtree asks) answers as before
