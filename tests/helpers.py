@@ -591,3 +591,26 @@ class Live:
             self.proc.kill()
             self.proc.wait()
         os.close(self.fd)
+
+
+def process_report(pid: int) -> str:
+    """What a process that did not end is doing: its signal masks and state, and its children's (for a test's
+    failure message, when a Ctrl-C was not acted on)."""
+    lines = []
+    for each in [pid, *(int(child) for child in _children(pid))]:
+        try:
+            status = Path(f"/proc/{each}/status").read_text()
+            command = Path(f"/proc/{each}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = [line for line in status.splitlines() if line.split(":")[0] in ("State", "SigBlk", "SigIgn", "SigCgt")]
+        lines.append(f"{each} {command[:200]}: " + "; ".join(fields))
+    return "\n".join(lines)
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        found = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+    return [grand for child in found for grand in (child, *_children(int(child)))]

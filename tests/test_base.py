@@ -17,7 +17,7 @@ import yaml
 
 from agentbox import sizes
 from tests import fake_limactl
-from tests.helpers import NAME, FakeLima, needs_bwrap, run_cli, wait_for, write, write_trusted
+from tests.helpers import NAME, FakeLima, needs_bwrap, process_report, run_cli, wait_for, write, write_trusted
 
 # A base VM is what provisioning leaves: its tests run the provisioning for real at every boot, never from
 # recorded results (tests/fake_limactl/bootcache.py).
@@ -254,7 +254,10 @@ def test_a_first_launch_interrupted_mid_clone_is_finished_by_the_rerun(
     try:
         wait_for(lambda: marker.is_file() and "clone-copied" in marker.read_text(), 60, "the clone's copy")
         os.kill(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"agentbox did not end on SIGINT:\n{process_report(proc.pid)}") from None
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

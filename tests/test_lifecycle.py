@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from agentbox.net import policy as netpolicy
-from tests.helpers import FakeLima, as_root, on_terminal, run_agentbox, run_cli, write
+from tests.helpers import FakeLima, as_root, on_terminal, process_report, run_agentbox, run_cli, write
 
 NAME = "agentbox-myproject"
 
@@ -308,7 +308,10 @@ def test_interrupt_during_start_exits_130_and_leaves_no_limactl_child(project: P
     try:
         child = _wait_for(lambda: _running_limactl("start"), proc)
         os.kill(proc.pid, signal.SIGINT)
-        _, stderr = proc.communicate(timeout=30)
+        try:
+            _, stderr = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"agentbox did not end on SIGINT:\n{process_report(proc.pid)}") from None
         assert proc.returncode == 130, stderr
         assert "Traceback" not in stderr
         assert stderr.splitlines()[-2:] == [

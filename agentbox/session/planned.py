@@ -12,15 +12,16 @@ ran and None sends the launch down the full path.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from agentbox import paths, staginglayout, vmread
 from agentbox.agents.argv import agent_argv
+from agentbox.config.checkpointkeys import CheckpointSettings
+from agentbox.progress import note, warn
+from agentbox.review import tripwire
 from agentbox.session import plan, warm
+from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.vm.lima import Lima
-
-if TYPE_CHECKING:
-    from agentbox.review.tripwire import Busy
 
 
 class _Settings(NamedTuple):
@@ -29,7 +30,7 @@ class _Settings(NamedTuple):
     checkpoints: Any
 
 
-def run(data: dict[str, Any], args: list[str], busy: Busy) -> int | None:
+def run(data: dict[str, Any], args: list[str], busy: tripwire.Busy) -> int | None:
     """Run the session the plan describes with the agent's `args`; None when it could not run (nothing did).
     `busy`: what else of the project ran, for the tripwire (agentbox.tasks.activity, for the plan's VMs)."""
     vm_name = data["vm"]
@@ -53,12 +54,7 @@ def _lease(data: dict[str, Any]) -> Any:
     return guard.lease_running(data["vm"], proxy["port"], proxy["brokers"], proxy["program"])
 
 
-def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: Busy) -> int | None:
-    # deferred: start-up (session.checkpointing: loaded once the plan is known good)
-    from agentbox.config.checkpointkeys import CheckpointSettings
-    from agentbox.review import tripwire
-    from agentbox.session.checkpointing import SessionCheckpoints
-
+def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripwire.Busy) -> int | None:
     workspace = Path(data["workspace"])
     marks = data["checkpoints"]
     points = SessionCheckpoints(_Settings(CheckpointSettings(*marks["settings"])), Path(marks["tree"]),  # type: ignore[arg-type]
@@ -104,7 +100,6 @@ def _argv(data: dict[str, Any], attempt: warm.Attempt, go: str | None, returns: 
 def _write_back(data: dict[str, Any], folder: Path) -> None:
     # deferred: start-up (credentials.writeback: after the session)
     from agentbox.credentials import writeback
-    from agentbox.progress import warn
 
     try:
         writeback.finish(writeback.plan_from_json(data["returns"], folder))
@@ -129,7 +124,6 @@ def _late_ports(data: dict[str, Any]) -> None:
 def _after_failure(data: dict[str, Any], code: int) -> int:
     """Exit 1 or 255: whether the VM is still there, and what a 255 means, as the full launch says it."""
     # deferred: start-up (session.launch, vm.statefile: only after a session that ended in a failure)
-    from agentbox.progress import note
     from agentbox.session.launch import SSH_FAILED, ssh_failed_note, vanished
     from agentbox.vm import statefile, verified
 
