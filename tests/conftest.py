@@ -189,6 +189,13 @@ def remote_hosts(home: Path, limactl: FakeLima, request: pytest.FixtureRequest) 
 def pytest_configure(config: pytest.Config) -> None:
     from tests import leftovers
 
+    # A suite started as a background job (`cmd &` in a script, nohup) inherits Ctrl-C and Ctrl-\ ignored, and so
+    # would every agentbox it starts: the tests of what agentbox does on them need the terminal's defaults.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
     if not config.pluginmanager.is_registered(leftovers):  # no proxy outlives the run (it fails the run)
         config.pluginmanager.register(leftovers, "agentbox-leftovers")
     config.addinivalue_line("markers", "needs(*capabilities): the test needs these tools on this machine")
