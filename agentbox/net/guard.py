@@ -262,9 +262,7 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
             with contextlib.suppress(FileNotFoundError):
                 (base / BROKER_FILE).unlink()
         _write_private(base / UPSTREAM_FILE, upstream)
-        lease_path = base / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
-        fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd, lease_path = _held_lease(base)
         try:
             child, port = _start(vm_name, program, broker is not None) if current is None else (None, current.port)
         except BaseException:
@@ -283,10 +281,16 @@ def lease_running(vm_name: str, port: int, brokers: bool, program: str) -> Lease
         current = running(vm_name)
         if current is None or current.port != port or current.brokers != brokers:
             return None
-        lease_path = base / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
-        fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd, lease_path = _held_lease(base)
     return Lease(vm_name, fd, lease_path, None, port, program, brokers)
+
+
+def _held_lease(base: Path) -> tuple[int, Path]:
+    """A new lease file of this process, held (its lock is what says the holder still runs)."""
+    lease_path = base / "leases" / f"{os.getpid()}-{time.monotonic_ns()}"
+    fd = os.open(lease_path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd, lease_path
 
 
 def stop(vm_name: str, locked_already: bool = False) -> bool:

@@ -117,8 +117,8 @@ def _late_ports(data: dict[str, Any]) -> None:
 
     found = verified.cached(data["vm"], statefile.read(data["vm"]))
     if found is not None:
-        forwards.warn_clashes(found.instance, {data["vm"]: found.instance}, known=set(data.get("unreachable", [])),
-                              during=True)
+        # known: none. A plan is saved only by a launch that said nothing before its shell, no clash included.
+        forwards.warn_clashes(found.instance, {data["vm"]: found.instance}, known=set(), during=True)
 
 
 def _after_failure(data: dict[str, Any], code: int) -> int:
