@@ -551,6 +551,97 @@ def test_allowlist_mode_with_the_guests_kernel_and_nftables(tier: Tier) -> None:
     tier.guest(project, "true")  # open mode again: the launch puts the VM's firewall back as the policy says
 
 
+# What a root agent tries to get out of a held VM; each prints OUT when it got something back.
+ESCAPES = {
+    "direct to the host's loopback": "timeout 8 bash -c 'exec 3<>/dev/tcp/192.168.5.2/{echo} && echo x >&3 && "
+                                     "head -c 8 <&3' && echo OUT",
+    "direct to the host's own address": "timeout 8 bash -c 'exec 3<>/dev/tcp/{outside}/{wide} && echo x >&3 && "
+                                        "head -c 8 <&3' && echo OUT",
+    "UDP DNS to Lima's resolver": "timeout 8 python3 -c \"import socket; s=socket.socket(2,2); s.settimeout(6); "
+                                  "s.sendto(bytes.fromhex('123401000001000000000000076578616d706c65036f72670000010001'),"
+                                  " ('192.168.5.3', 53)); s.recv(512)\" && echo OUT",
+    "UDP to the host's own address": "timeout 8 python3 -c \"import socket; s=socket.socket(2,2); s.settimeout(6); "
+                                     "s.sendto(b'x', ('{outside}', {wide})); s.recv(64)\" && echo OUT",
+    "a raw ICMP echo": "timeout 8 python3 -c \"import socket,struct; s=socket.socket(2,3,1); s.settimeout(6); "
+                       "s.sendto(struct.pack('!BBHHH',8,0,0xf7fe,1,0), ('{outside}', 0)); "
+                       "[s.recv(64) for _ in range(2)]\" && echo OUT",
+    "IPv6 to the host": "timeout 8 bash -c 'exec 3<>/dev/tcp/fec0::2/{echo}' && echo OUT",
+}
+TAKE_OVER = ("sudo nft flush ruleset; sudo iptables -t nat -F 2>/dev/null; sudo ip route replace default via "
+             "192.168.5.2 dev eth0 2>/dev/null; sudo ip -6 route replace default via fe80::2 dev eth0 2>/dev/null; ")
+
+
+def _outside_address() -> str:
+    """An address of this machine that is not loopback: what the internet stands for here."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect(("192.0.2.1", 9))  # no packet is sent: the route's source address is read
+        return probe.getsockname()[0]
+
+
+def test_allowlist_held_on_the_host_gets_nothing_out_whatever_root_does(tier: Tier) -> None:
+    """Restarted in allowlist mode, the VM's QEMU runs with its user network restricted to agentbox's proxy:
+    the proxy still answers (listed host allowed, unlisted refused), and a root agent that flushes the firewall,
+    adds default routes and tries TCP, UDP, DNS, raw ICMP and IPv6 gets nothing out. Unheld (before the restart)
+    the same TCP probe to the host's own address gets out: the probes can tell."""
+    project = tier.home / "work" / "alpha"
+    wide = socket.socket()
+    wide.bind(("0.0.0.0", 0))
+    wide.listen(8)
+    wide_udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    wide_udp.bind(("0.0.0.0", wide.getsockname()[1]))
+
+    def answer() -> None:
+        while True:
+            try:
+                conn, _ = wide.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"wide:" + conn.recv(16))
+
+    def answer_udp() -> None:
+        while True:
+            try:
+                data, peer = wide_udp.recvfrom(64)
+                wide_udp.sendto(b"wide:" + data, peer)
+            except OSError:
+                return
+
+    threading.Thread(target=answer, daemon=True).start()
+    threading.Thread(target=answer_udp, daemon=True).start()
+    fill = {"echo": tier.echo_port, "outside": _outside_address(), "wide": wide.getsockname()[1]}
+    try:
+        tier.configure(project, tier.agent_config + f"network:\n  mode: allowlist\n  allow: ['echo.test:{tier.echo_port}']\n")
+        unheld = json.loads(tier.agentbox("net", "status", "--json", cwd=project).stdout)
+        assert unheld["enforcement"] == "advisory" and "agentbox restart" in unheld["enforcementWhy"], unheld
+        probe = ESCAPES["direct to the host's own address"].format(**fill)
+        got_out = tier.guest(project, TAKE_OVER + probe + " 2>&1; true", check=False).stdout
+        assert "OUT" in got_out and "wide:" in got_out, got_out
+
+        tier.agentbox("restart", cwd=project)
+        status = json.loads(tier.agentbox("net", "status", "--json", cwd=project).stdout)
+        assert status["enforcement"] == "host", status
+        assert _connect(tier, project, f"echo.test:{tier.echo_port}") == {"status": 200, "echo": "echo:ping"}
+        refused = _connect(tier, project, "example.org:443")
+        assert refused["status"] == 403 and refused["body"]["blocked"] == "example.org"
+        log = tier.agentbox("net", "log", cwd=project).stdout
+        assert "guest (held)" in log, log
+        for what, probe in ESCAPES.items():
+            result = tier.guest(project, TAKE_OVER + probe.format(**fill) + " 2>&1; true", check=False)
+            assert "OUT" not in result.stdout, f"{what} got out of the held VM: {result.stdout}"
+        # Root undid the guest's own rules: the proxy is still there at its forward, and only there.
+        after = tier.guest(project, "curl -s -m 10 -o /dev/null -w '%{http_code}' -x http://192.168.5.4:3128 "
+                           "http://example.org/", check=False)
+        assert after.stdout.strip() == "407", after.stdout + after.stderr
+    finally:
+        wide.close()
+        wide_udp.close()
+        tier.configure(project, tier.agent_config)
+        tier.agentbox("restart", cwd=project)  # open mode again, unheld
+    reopened = json.loads(tier.agentbox("net", "status", "--json", cwd=project).stdout)
+    assert reopened["enforcement"] == "advisory"
+
+
 def _connect(tier: Tier, project: Path, target: str) -> dict:
     result = tier.agentbox("shell", "--", "python3", "-c", CONNECT, target, cwd=project)
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -23,7 +23,7 @@ from agentbox.config import cacerts, load, trust
 from agentbox.credentials import brokerreport, loginfiles
 from agentbox.errors import AgentboxError, ConfigError, LimaError
 from agentbox.git import dirs
-from agentbox.net import guard, policy
+from agentbox.net import guard, hold
 from agentbox.review import tripwire
 from agentbox.safetext import visible
 from agentbox.tasks.activity import ProjectActivity
@@ -702,7 +702,7 @@ def _login_state(
 def check_network(config: Config, probe: Probe, checks: list[Check]) -> None:
     """network.mode, what enforces it, and whether the VM's firewall is in place (agentbox.net.policy)."""
     settings = config.network
-    enforcement, why = policy.enforcement(settings)
+    enforcement, why = hold.enforcement(config.vm_name, settings, config.vm_type)
     proxy = guard.running(config.vm_name)
     proxy_words = "" if not settings.proxied else (
         f"; its proxy runs on 127.0.0.1:{proxy.port}" if proxy else "; its proxy starts with the next session")

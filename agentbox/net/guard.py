@@ -52,8 +52,8 @@ from typing import Any, NamedTuple, NoReturn
 from agentbox import fsutil, lazyre, livemarkers, paths
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
+from agentbox.net import hold, upstream
 from agentbox.net import policy as netpolicy
-from agentbox.net import upstream
 from agentbox.net.broker import Brokering
 
 POLL_SEC = 0.25
@@ -138,9 +138,9 @@ def policy(vm_name: str) -> dict[str, Any] | None:
 
 
 def describe(settings: netpolicy.NetworkSettings, vm_name: str,
-             agents: Mapping[str, tuple[str, ...]]) -> dict[str, Any]:
+             agents: Mapping[str, tuple[str, ...]], vm_type: str | None = None) -> dict[str, Any]:
     """The VM's network policy as `agentbox net status --json` and `status --json` report it."""
-    enforcement, why = netpolicy.enforcement(settings)
+    enforcement, why = hold.enforcement(vm_name, settings, vm_type)
     current = running(vm_name)
     launched = (policy(vm_name) or {}).get("agents", {}) if current is not None else {}
     shown_agents = {name: tuple(hosts) for name, hosts in launched.items()} or dict(agents)
@@ -536,7 +536,8 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     secret_seen = _mtime(secret_file)
     proxy = start(_load_policy(vm_name), log_path(vm_name), port=preferred,
                   broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
-                  secret=secret(vm_name))  # always: only the VM has it
+                  secret=secret(vm_name),  # always: only the VM has it
+                  guest_socket=base / hold.GUEST_SOCKET)  # a held VM's connections (agentbox.net.hold)
     lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
     try:
         if listener is None:

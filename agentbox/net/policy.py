@@ -5,11 +5,11 @@ traffic leaves only through agentbox's host-side proxy (agentbox.net.proxy, run 
 lets through the launched agents' API endpoints, the presets the user picked and `network.allow`. `offline`:
 the same proxy with the agents' API endpoints only (`agentApi: false`: nothing).
 
-Enforcement is said honestly (`enforcement()`): the proxy decides on the host, but what stops a program from
-going around it, and what closes the host's loopback, is a firewall inside the guest (nftables, the ruleset
-below), which the agent, root in the VM, can undo. Lima gives no host-side hook to do better on any driver
-(CONTRACT §17: QEMU's user network has no `restrict=` in Lima, VZ's netstack no filter), so every mode reports
-`advisory`. Pure data and text: the warm launch reads it.
+Enforcement is said honestly: the proxy decides on the host, but inside the guest what stops a program from going
+around it, and what closes the host's loopback, is a firewall (nftables, the ruleset below), which the agent, root
+in the VM, can undo (`enforcement()`: `advisory`). With Lima's QEMU driver agentbox holds an allowlist or offline VM
+on the host instead (agentbox.net.hold: QEMU's user network restricted to the proxy): `host`. Pure data and text:
+the warm launch reads it.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ HOST_ADDRESS = "192.168.5.2"
 HOST_ADDRESS6 = "fec0::2"  # QEMU's slirp gives the guest IPv6 too, with the host at ::2 of its prefix
 HOST_NAME = "host.lima.internal"
 DNS_ADDRESS = "192.168.5.3"
+# A held VM's forwards (agentbox.net.hold): QEMU's default guestfwd address in Lima's network, the proxy's port there.
+HOLD_ADDRESS = "192.168.5.4"
+HOLD_PROXY_PORT = 3128
 PRIVATE_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10")
 PRIVATE_NETS6 = ("fc00::/7", "fe80::/10")
 
@@ -162,26 +165,36 @@ def _ports_words(ports: bool | tuple[int, ...]) -> str:
 # -- what is enforced --------------------------------------------------------------------------------------
 
 def enforcement(settings: NetworkSettings) -> tuple[str, str]:
-    """(`host` | `advisory`, why) for what the rendered config can guarantee."""
+    """(`advisory`, why) for a VM the host does not hold (agentbox.net.hold.enforcement says which are)."""
     if settings.mode == "open":
         return ADVISORY, ("the host's localhost is closed by a firewall inside the VM, which the agent (root "
                           "there) can undo; the internet is open")
     return ADVISORY, ("the host-side proxy decides what it forwards, but the VM is kept from going around it "
-                      "only by a firewall inside the VM, which the agent (root there) can undo; Lima offers no "
-                      "host-side filter (its QEMU user network takes no restrict option, VZ's network stack has no "
-                      "filter)")
+                      "only by a firewall inside the VM, which the agent (root there) can undo")
 
 
-def ruleset(settings: NetworkSettings, proxy_port: int | None) -> str:
-    """The guest's nftables ruleset (`nft -f`): replaces agentbox's own table, touches no other."""
+def ruleset(settings: NetworkSettings, proxy_port: int | None, held: tuple[int, ...] | None = None) -> str:
+    """The guest's nftables ruleset (`nft -f`): replaces agentbox's own table, touches no other. `held`: the VM's
+    network is held on the host (agentbox.net.hold), with these allowHost ports forwarded: the host's proxy port and
+    those ports are sent to the hold's forwards, so the guest's addresses stay the same."""
     host_ports: list[int] = [] if settings.allow_host is True else list(settings.allow_host or ())
     if proxy_port is not None:
         host_ports.append(proxy_port)
     lines = [
-        "# agentbox-managed: network." + f"mode {settings.mode}",
+        "# agentbox-managed: network." + f"mode {settings.mode}" + (" (held)" if held is not None else ""),
         "table inet agentbox",
         "delete table inet agentbox",
         "table inet agentbox {",
+    ]
+    forwards: list[tuple[int, int]] = []
+    if held is not None:
+        forwards = ([(proxy_port, HOLD_PROXY_PORT)] if proxy_port is not None else []) + [
+            (port, port) for port in held if port != HOLD_PROXY_PORT]
+        lines += ["  chain held {", "    type nat hook output priority -100; policy accept;"]
+        lines += [f"    ip daddr {HOST_ADDRESS} tcp dport {port} dnat ip to {HOLD_ADDRESS}:{to}"
+                  for port, to in forwards]
+        lines += ["  }"]
+    lines += [
         "  chain output {",
         "    type filter hook output priority 0; policy accept;",
         '    oif "lo" accept',
@@ -192,6 +205,9 @@ def ruleset(settings: NetworkSettings, proxy_port: int | None) -> str:
         # The DHCP server is the host address: a lease renewal is a unicast from a UDP socket.
         f"    ip daddr {HOST_ADDRESS} udp sport 68 udp dport 67 accept",
     ]
+    if held is not None and forwards:
+        ports = ", ".join(str(to) for to in sorted({to for _, to in forwards}))
+        lines.append(f"    ip daddr {HOLD_ADDRESS} tcp dport {{ {ports} }} accept")
     if settings.allow_host is True:
         lines += [f"    ip daddr {HOST_ADDRESS} accept", f"    ip6 daddr {HOST_ADDRESS6} accept"]
     else:

@@ -57,6 +57,7 @@ import re
 import socket
 import ssl
 import stat
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -75,6 +76,8 @@ CHUNK = 64 * 1024
 UPSTREAM_BUFFER = 512 * 1024  # what a connection to a host buffers: bodies come in larger pieces
 CONNECT_PORT = 443
 HEAD_TIMEOUT = 10.0  # seconds a new connection has to send its request head
+HANDED_TIMEOUT = 1.0  # seconds agentbox.net.holdconnector has to hand a held connection over
+UNIX_PATH_MAX = 100  # a longer socket path is bound through its folder (sockaddr_un holds 104 to 108 bytes)
 HTTP_PORT = 80
 
 Resolver = Callable[[str, int], Sequence[str]]
@@ -447,12 +450,12 @@ class _Proxy:
         self.waiting = 0
         self.tasks: set[asyncio.Task[None]] = set()
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, client: str = "") -> None:
         task = asyncio.current_task()
         assert task is not None
         self.tasks.add(task)
         peer = writer.get_extra_info("peername") or ("?", 0)
-        entry: dict[str, Any] = {"client": f"{peer[0]}:{peer[1]}", "method": None, "host": None, "port": None,
+        entry: dict[str, Any] = {"client": client or f"{peer[0]}:{peer[1]}", "method": None, "host": None, "port": None,
                                  "decision": "deny", "reason": "", "bytes_up": 0, "bytes_down": 0}
         try:
             # Who may use the proxy is decided before the connection takes a slot: a client without the VM's
@@ -881,8 +884,11 @@ class RunningProxy:
     """A proxy serving on 127.0.0.1:`port` from its own thread until `stop()`."""
 
     def __init__(self, policy: Policy, log_path: Path, port: int, broker: Brokering | None = None,
-                 listener: socket.socket | None = None, secret: str | None = None) -> None:
+                 listener: socket.socket | None = None, secret: str | None = None,
+                 guest_socket: Path | None = None) -> None:
         self.port = 0
+        self._guest_socket = guest_socket
+        self._handed: socket.socket | None = None
         self._broker = broker
         self._secret = secret
         self._log = _Log(log_path)
@@ -917,6 +923,9 @@ class RunningProxy:
 
     async def _open(self, policy: Policy, port: int, listener: socket.socket | None) -> None:
         self._proxy = _Proxy(policy, self._log, self._broker, self._secret)
+        if self._guest_socket is not None:
+            self._handed = _listen_unix(self._guest_socket)
+            self._loop.add_reader(self._handed.fileno(), self._take_handed)
         if listener is not None:  # bound and listening already: connections made meanwhile wait in its backlog
             self._server = await asyncio.start_server(self._proxy.handle, sock=listener, limit=MAX_HEAD)
             self.port = listener.getsockname()[1]
@@ -929,8 +938,38 @@ class RunningProxy:
             self._server = await asyncio.start_server(self._proxy.handle, "127.0.0.1", 0, limit=MAX_HEAD)
         self.port = self._server.sockets[0].getsockname()[1]
 
+    def _take_handed(self) -> None:
+        """A held VM's connection, handed over by agentbox.net.holdconnector: served as any client."""
+        assert self._handed is not None and self._proxy is not None
+        try:
+            connection, _ = self._handed.accept()
+        except OSError:
+            return
+        with connection:
+            connection.settimeout(HANDED_TIMEOUT)
+            try:
+                _, descriptors, _, _ = socket.recv_fds(connection, 1, 4)
+            except OSError:
+                return
+        for descriptor in descriptors:
+            guest = socket.socket(fileno=descriptor)
+            guest.setblocking(False)
+            self._loop.create_task(self._serve_handed(guest))
+
+    async def _serve_handed(self, guest: socket.socket) -> None:
+        assert self._proxy is not None
+        try:
+            reader, writer = await asyncio.open_connection(sock=guest, limit=MAX_HEAD)
+        except OSError:
+            guest.close()
+            return
+        await self._proxy.handle(reader, writer, client="guest (held)")
+
     async def _shutdown(self) -> None:
         assert self._server is not None and self._proxy is not None
+        if self._handed is not None:
+            self._loop.remove_reader(self._handed.fileno())
+            self._handed.close()
         self._server.close()
         tasks = list(self._proxy.tasks)
         for task in tasks:
@@ -975,10 +1014,31 @@ class RunningProxy:
         self.stop()
 
 
+def _listen_unix(path: Path) -> socket.socket:
+    """A listening Unix socket at `path` (in a 0700 folder: only this user reaches it), made anew."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    address = str(path)
+    if len(os.fsencode(address)) > UNIX_PATH_MAX and sys.platform.startswith("linux"):
+        # Longer than a socket address takes: bound through the folder's descriptor.
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            listener.bind(f"/proc/self/fd/{folder}/{path.name}")
+        finally:
+            os.close(folder)
+    else:
+        listener.bind(address)
+    listener.listen(64)
+    listener.setblocking(False)
+    return listener
+
+
 def start(policy: Policy, log_path: Path, port: int = 0, broker: Brokering | None = None,
-          listener: socket.socket | None = None, secret: str | None = None) -> RunningProxy:
+          listener: socket.socket | None = None, secret: str | None = None,
+          guest_socket: Path | None = None) -> RunningProxy:
     """Serve the proxy on 127.0.0.1:port (0, or a taken port: any free one), or on `listener` (a listening socket
     on 127.0.0.1), from a background thread; with a broker, CONNECTs to its credential hosts are brokered
     (agentbox.net.intercept). `secret`: every request must carry the proxy credentials `agentbox:SECRET` (the VM's
     proxy process always passes its VM's, agentbox.net.guard); None asks for none (tests and benchmarks)."""
-    return RunningProxy(policy, Path(log_path), port, broker, listener, secret)
+    return RunningProxy(policy, Path(log_path), port, broker, listener, secret, guest_socket)

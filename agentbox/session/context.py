@@ -27,7 +27,7 @@ from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.config import keys
 from agentbox.credentials import brokerreport, loginfiles
 from agentbox.fsutil import private_dir, write_if_changed
-from agentbox.net import policy, pushes
+from agentbox.net import hold, policy, pushes
 from agentbox.session import guestenv
 from agentbox.vm import effective, render, statefile, workmode
 
@@ -117,7 +117,7 @@ def build(config: Config, vm_name: str, agent: AgentConfig | None, seen: Seen | 
             "holds": "launch.sh, the git/gh guards, bootstrap scripts, the env file and the login files of this "
                      "launch; agentbox rewrites it on the host before each launch",
         },
-        "network": _network(config),
+        "network": _network(config, vm_name),
         "remoteWrite": _remote_write(config, vm_name),
         "credentials": _credentials(config, vm_name, agent, seen),
         "env": {
@@ -310,7 +310,7 @@ def _owners(config: Config, staged: list[str]) -> list[tuple[str, str]]:
 _NETWORK_SETTINGS = ("networks", "portForwards", "hostResolver", "dns")
 
 
-def _network(config: Config) -> dict[str, Any]:
+def _network(config: Config, vm_name: str) -> dict[str, Any]:
     lima = config.lima
     settings = config.network
     ssh: dict[str, Any] = lima["ssh"] if isinstance(lima.get("ssh"), dict) else {}
@@ -322,7 +322,7 @@ def _network(config: Config) -> dict[str, Any]:
         agent = "forwarded (vm.lima.ssh.forwardAgent): the host's SSH keys can be used through it"
     else:
         agent = "not forwarded: the host's SSH keys are not usable in the VM"
-    enforcement, why = policy.enforcement(settings)
+    enforcement, why = hold.enforcement(vm_name, settings, config.vm_type, thorough=False)
     if settings.mode == "open":
         internet = f"open: the VM reaches the internet directly; agentbox filters nothing and {proxy}"
     else:

@@ -298,7 +298,14 @@ def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | 
     warnings += agentsetup.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
-    write_if_changed(staging / NETWORK_RULES, policy.ruleset(config.network, proxy_port).encode(), 0o600)
+    held = None
+    if config.network.proxied:
+        # deferred: start-up (net.hold: an open VM is never held)
+        from agentbox.net import hold
+
+        found = hold.current(name, thorough=False)
+        held = found.ports if found is not None else None
+    write_if_changed(staging / NETWORK_RULES, policy.ruleset(config.network, proxy_port, held).encode(), 0o600)
     proxy = None
     if proxy_port is not None:
         # deferred: start-up (net.guard: a launch with neither proxy nor broker never loads it)

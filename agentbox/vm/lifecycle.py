@@ -17,6 +17,7 @@ from agentbox.config import naming
 from agentbox.config.load import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
+from agentbox.net import hold
 from agentbox.progress import Progress, note, warn
 from agentbox.safetext import visible
 from agentbox.vm import drift, effective, render, statefile, verified
@@ -277,7 +278,8 @@ def create_and_start(control: VmControl, vm_name: str) -> Instance:
             **({"base": cloned_from} if cloned_from else {}),
         },
     )
-    return start(control, vm_name, str(paths.lima_home() / vm_name))
+    # A VM made from scratch installs its packages from the internet on its first boot: that boot is not held.
+    return start(control, vm_name, str(paths.lima_home() / vm_name), hold_network=cloned_from is not None)
 
 
 def _clone_from_base(control: VmControl, vm_name: str, template_text: str) -> dict[str, Any] | None:
@@ -302,8 +304,10 @@ def _clone_from_base(control: VmControl, vm_name: str, template_text: str) -> di
     return current.reference()
 
 
-def start(control: VmControl, vm_name: str, instance_dir: str, row: Instance | None = None) -> Instance:
-    """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after."""
+def start(control: VmControl, vm_name: str, instance_dir: str, row: Instance | None = None,
+          hold_network: bool = True) -> Instance:
+    """`limactl start`, checked before (mount locations; the `list` row of a stopped VM) and after. The VM's network
+    is held on the host when its mode asks for it and its driver allows (agentbox.net.hold)."""
     expected = expected_config(vm_name)
     private_dir(paths.vm_outbox(vm_name))  # a mount location Lima needs to find
     if expected is not None:
@@ -315,9 +319,12 @@ def start(control: VmControl, vm_name: str, instance_dir: str, row: Instance | N
     apply_in_place(control, vm_name, row)
     timeout = max(MIN_START_TIMEOUT, control.config.startup_wait_sec)
     log_path = os.path.join(instance_dir, "ha.stderr.log")
+    config = control.config
+    held_env = hold.start_env(vm_name, config.network if hold_network else config.network._replace(mode="open"),
+                              config.vm_type, config.arch)
     try:
         with Progress(f"Starting VM {vm_name}", verbose=control.verbose) as progress:
-            control.lima.start(vm_name, timeout, on_output=progress.feed)
+            control.lima.start(vm_name, timeout, on_output=progress.feed, env=held_env)
     except Interrupted:
         raise Interrupted(
             f"interrupted while starting {vm_name}; Lima may keep booting it in the background",

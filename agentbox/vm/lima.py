@@ -25,7 +25,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -175,8 +175,11 @@ class Lima:
     def create(self, vm_name: str, template: Path, on_output: Callable[[str], None] | None = None) -> None:
         self._streamed(["--tty=false", "create", "--name", vm_name, str(template)], on_output)
 
-    def start(self, vm_name: str, timeout_sec: int, on_output: Callable[[str], None] | None = None) -> None:
-        self._streamed(["--tty=false", "start", "--timeout", f"{timeout_sec}s", vm_name], on_output)
+    def start(self, vm_name: str, timeout_sec: int, on_output: Callable[[str], None] | None = None,
+              env: Mapping[str, str] | None = None) -> None:
+        """`limactl start`; `env`: added to its environment (a held start's QEMU_SYSTEM_<ARCH>, agentbox.net.hold:
+        Lima's host agent, which starts QEMU, inherits it)."""
+        self._streamed(["--tty=false", "start", "--timeout", f"{timeout_sec}s", vm_name], on_output, env=env)
 
     def stop(self, vm_name: str, force: bool = False, on_output: Callable[[str], None] | None = None) -> None:
         self._streamed(["--tty=false", "stop", *(["--force"] if force else []), vm_name], on_output)
@@ -369,7 +372,8 @@ class Lima:
         calllog.record(full, time.monotonic() - started, code, echo=self.debug)
         return code, b"".join(chunks), stderr
 
-    def _streamed(self, args: list[str], on_output: Callable[[str], None] | None, cwd: str | None = None) -> None:
+    def _streamed(self, args: list[str], on_output: Callable[[str], None] | None, cwd: str | None = None,
+                  env: Mapping[str, str] | None = None) -> None:
         """Run a long operation, feeding each output line to on_output as it arrives."""
         # deferred: start-up (sh, ~70 ms: only streamed/long calls use it; the warm launch runs subprocess)
         import sh
@@ -392,7 +396,8 @@ class Lima:
             with open(os.devnull, "rb") as devnull:
                 with _sigint_held() as held:
                     process = command(*args, _in=devnull, _tty_out=False, _tty_in=False, _bg=True, _bg_exc=False,
-                                      _out=feed, _err=feed, _env=hosttools.environ(), **({"_cwd": cwd} if cwd else {}))
+                                      _out=feed, _err=feed, _env={**hosttools.environ(), **(env or {})},
+                                      **({"_cwd": cwd} if cwd else {}))
                 if held:
                     raise KeyboardInterrupt
                 process.wait()

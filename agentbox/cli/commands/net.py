@@ -125,7 +125,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     """Show the mode, what enforces it, what the proxy lets through and whether it runs, and the credential
     broker: which agents' logins it keeps on the host, which are staged, its CA."""
     config = load_config(ctx, describe=True)
-    report = guard.describe(config.network, config.vm_name, _agents(config))
+    report = guard.describe(config.network, config.vm_name, _agents(config), config.vm_type)
     broker = brokerreport.of(config, config.vm_name)
     if as_json:
         click.echo(json.dumps({"vm": config.vm_name, **report, "broker": broker}, indent=2))

@@ -246,7 +246,7 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
     holders = forwards.Holders(instances) if instance is not None and not conflict else None
     rows = holders.rows(instance) if holders is not None and instance is not None else []
     info["ports"] = [row.to_json() for row in rows]
-    network = guard.describe(config.network, name, {})
+    network = guard.describe(config.network, name, {}, config.vm_type)
     info["network"] = {key: network[key] for key in ("mode", "enforcement", "enforcementWhy", "allowHost",
                                                       "allowLan", "proxy")}
     info["broker"] = brokerreport.of(config, name)

@@ -1,0 +1,164 @@
+"""The VM's network held on the host: with Lima's QEMU driver, the guest reaches nothing but agentbox's proxy.
+
+In `allowlist` and `offline` mode a VM started by agentbox runs QEMU with its user-mode network restricted
+(`restrict=on`: no packet of the guest's is routed out, TCP, UDP, ICMP or DNS; `ipv6=off`) except for `guestfwd`
+forwards agentbox chose: GUEST_ADDRESS:PROXY_GUEST_PORT, whose connections are handed to the VM's proxy process
+(agentbox.net.holdconnector, over the proxy's Unix socket), and GUEST_ADDRESS:PORT for each `network.allowHost` port
+(to the host's loopback). Lima's SSH forward (its `hostfwd`) is not affected, so Lima works as before. What root in
+the guest does (flush the firewall, add routes, raw sockets, IPv6, any DNS server) reaches nothing else: QEMU drops
+it on the host.
+
+How: Lima runs QEMU through `QEMU_SYSTEM_<ARCH>` when set (CONTRACT §17); `start_env` writes a launcher for this VM
+(its network folder, 0700) that runs agentbox.net.qemuhold with a spec, and hands its path to `limactl start` (the
+one module that runs it, agentbox.vm.lima). qemuhold adds the options to the first NIC and records QEMU's pid and the
+value it gave (`hold.json`) before QEMU replaces it. `current()` trusts the record only while that pid runs and (on
+Linux) its command line still holds the value: a VM started by `limactl start` outside agentbox, or rebooted, is
+reported unheld. In the guest, agentbox's ruleset (agentbox.net.policy.ruleset) sends `host.lima.internal`'s proxy
+and allowHost ports to GUEST_ADDRESS, so the guest's proxy URL and addresses are the same held or not.
+
+Not held, said with why (`unheld_reason`): `open` mode, `network.allowHost: true` (every port cannot be forwarded),
+drivers other than QEMU (vz, krunkit, wsl2: docs/design/egress.md), a VM made from scratch on its first boot (its
+provisioning installs from the internet), a VM running since before the mode needed a hold (until `agentbox
+restart`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from agentbox import paths
+from agentbox.fsutil import atomic_write, private_dir
+from agentbox.net.policy import ADVISORY, HOLD_ADDRESS, HOLD_PROXY_PORT, HOST, NetworkSettings
+from agentbox.net.policy import enforcement as advisory_why
+
+GUEST_ADDRESS = HOLD_ADDRESS  # QEMU's default guestfwd address in Lima's 192.168.5.0/24 (the host's .2 is refused)
+PROXY_GUEST_PORT = HOLD_PROXY_PORT
+RECORD = "hold.json"
+SPEC = "hold-spec.json"
+LAUNCHER = "qemu-hold"
+GUEST_SOCKET = "guest.sock"  # the VM's proxy process takes held connections here (agentbox.net.proxy)
+RESTART_HINT = "`agentbox restart` starts it held"
+
+
+class Held(NamedTuple):
+    """A running VM's hold: the allowHost ports forwarded to the host (fixed when it started)."""
+
+    ports: tuple[int, ...]
+
+
+def folder(vm_name: str) -> Path:
+    return paths.vm_state_dir(vm_name) / "network"
+
+
+def driver(vm_type: str | None) -> str:
+    """The Lima driver a VM of `vm.vmType` runs on (Lima's choice: QEMU on Linux, vz on macOS)."""
+    return vm_type or ("qemu" if sys.platform.startswith("linux") else "vz")
+
+
+def unheld_reason(settings: NetworkSettings, vm_type: str | None) -> str | None:
+    """Why a VM with these settings is not started held (None: it is)."""
+    if settings.mode == "open":
+        return "network.mode is open"
+    if settings.allow_host is True:
+        return ("network.allowHost is true: every port of the host's localhost cannot be forwarded into a held VM "
+                "(list the ports to hold it)")
+    name = driver(vm_type)
+    if name != "qemu":
+        return (f"Lima's {name} driver gives no host-side hold of the guest's network (docs/design/egress.md); "
+                "only its QEMU driver does")
+    return None
+
+
+def _arch(arch: str | None) -> str:
+    machine = arch or platform.machine().lower()
+    return {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)
+
+
+def start_env(vm_name: str, settings: NetworkSettings, vm_type: str | None, arch: str | None) -> dict[str, str]:
+    """The environment `limactl start` gets to start the VM held ({} when it is not held: the record goes)."""
+    base = private_dir(folder(vm_name))
+    with_record = base / RECORD
+    with_record.unlink(missing_ok=True)  # whatever ran before: only this start's QEMU may record a hold
+    if unheld_reason(settings, vm_type) is not None:
+        return {}
+    machine = _arch(arch)
+    variable = "QEMU_SYSTEM_" + machine.upper()
+    # Lima's own rule: the variable (which may carry arguments) else qemu-system-ARCH on PATH.
+    qemu = shlex.split(os.environ.get(variable, "")) or [shutil.which(f"qemu-system-{machine}") or
+                                                         f"qemu-system-{machine}"]
+    python = sys.executable
+    here = Path(__file__).resolve().parent
+    ports = tuple(sorted(set(settings.allow_host or ()))) if not isinstance(settings.allow_host, bool) else ()
+    forwards = [(PROXY_GUEST_PORT, f"proxy:{base / GUEST_SOCKET}")]
+    forwards += [(port, f"port:{port}") for port in ports if port != PROXY_GUEST_PORT]
+    connector = [python, "-I", "-S", str(here / "holdconnector.py")]
+    options = ["restrict=on", "ipv6=off"]
+    for port, target in forwards:
+        command = shlex.join([*connector, target]).replace(",", ",,")  # QEMU's option syntax doubles a comma
+        options.append(f"guestfwd=tcp:{GUEST_ADDRESS}:{port}-cmd:{command}")
+    spec: dict[str, Any] = {"qemu": qemu, "append": ",".join(options), "record": str(with_record),
+                            "ports": list(ports)}
+    spec["digest"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+    atomic_write(base / SPEC, json.dumps(spec, indent=1) + "\n", mode=0o600)
+    launcher = base / LAUNCHER
+    script = f"#!/bin/sh\nexec {shlex.join([python, '-I', str(here / 'qemuhold.py'), str(base / SPEC)])} \"$@\"\n"
+    atomic_write(launcher, script, mode=0o700)
+    if any(char.isspace() for char in str(launcher)):
+        return {}  # Lima splits the variable at spaces: such a path cannot be handed over (said by current())
+    return {variable: str(launcher)}
+
+
+def current(vm_name: str, thorough: bool = True) -> Held | None:
+    """The running VM's hold, when the QEMU that recorded it still runs with it (None: not held). `thorough`: also
+    its command line (a launch's ruleset only needs the pid: a reboot behind its back is caught by the guest's proof,
+    agentbox.session.warm)."""
+    try:
+        record = json.loads((folder(vm_name) / RECORD).read_text(encoding="utf-8"))
+        spec = json.loads((folder(vm_name) / SPEC).read_text(encoding="utf-8"))
+        pid, value = int(record["pid"]), str(record["netdev"])
+        ports = tuple(int(port) for port in spec["ports"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if record.get("spec") != spec.get("digest") or not _runs(pid, value if thorough else None):
+        return None
+    return Held(ports)
+
+
+def _runs(pid: int, value: str | None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return False  # another user's process has this pid now
+    if value is None:
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as file:
+            return value.encode() in file.read().split(b"\0")
+    except FileNotFoundError:
+        return not sys.platform.startswith("linux")  # no /proc (macOS): the pid is what there is
+    except OSError:
+        return False
+
+
+def enforcement(vm_name: str | None, settings: NetworkSettings, vm_type: str | None,
+                thorough: bool = True) -> tuple[str, str]:
+    """(`host` | `advisory`, why) for the VM as it runs now (vm_name None: the config alone)."""
+    why_not = unheld_reason(settings, vm_type)
+    if why_not is None and vm_name is not None and current(vm_name, thorough) is not None:
+        return HOST, ("the VM's QEMU lets its network reach nothing but agentbox's proxy on the host (restrict=on, "
+                      "no IPv6, no DNS): guest root cannot go around it")
+    _, why = advisory_why(settings)
+    if why_not is None:
+        started = "not running" if vm_name is None else "running since before it was held, or started outside agentbox"
+        why_not = f"the VM is {started}; {RESTART_HINT}"
+    return ADVISORY, f"{why}; not held on the host: {why_not}" if settings.mode != "open" else why

@@ -1,0 +1,72 @@
+"""One guest connection of a held VM, handed on: run by QEMU for each connection to a `guestfwd` address.
+
+QEMU's user-mode network starts `cmd:` forwards once per connection, with the connection as this program's standard
+input and output (a socket). Standard library only, run as `python3 -I holdconnector.py TARGET`:
+- `proxy:PATH`: the connection is handed to the VM's proxy process over its Unix socket at PATH (SCM_RIGHTS), which
+  serves it as any other client (asking the VM's proxy credentials first); this program ends at once;
+- `port:N`: a port of the host's loopback the config allows (`network.allowHost`): the bytes are copied both ways
+  until both sides end.
+Nothing else is reached: what the guest sends never chooses the target.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import socket
+import sys
+
+CHUNK = 65536
+
+
+def hand_to_proxy(path: str) -> int:
+    guest = socket.socket(fileno=os.dup(0))
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as proxy:
+        directory, name = os.path.split(path)
+        # The path may be longer than a socket address takes: connect relative to its folder.
+        os.chdir(directory)
+        proxy.connect(name)
+        socket.send_fds(proxy, [b"g"], [guest.fileno()])
+    guest.close()
+    return 0
+
+
+def copy_to_port(port: int) -> int:
+    guest = socket.socket(fileno=os.dup(0))
+    host = socket.create_connection(("127.0.0.1", port), timeout=10)
+    host.settimeout(None)
+    open_ends = {guest: host, host: guest}
+    with selectors.DefaultSelector() as selector:
+        for end in open_ends:
+            selector.register(end, selectors.EVENT_READ)
+        while open_ends:
+            for key, _ in selector.select():
+                source = key.fileobj
+                assert isinstance(source, socket.socket)
+                data = source.recv(CHUNK)
+                if data:
+                    open_ends[source].sendall(data)
+                    continue
+                selector.unregister(source)
+                target = open_ends.pop(source)
+                try:
+                    target.shutdown(socket.SHUT_WR)
+                except OSError:
+                    open_ends.clear()
+    return 0
+
+
+def main(target: str) -> int:
+    kind, _, value = target.partition(":")
+    try:
+        if kind == "proxy":
+            return hand_to_proxy(value)
+        if kind == "port" and value.isdigit():
+            return copy_to_port(int(value))
+    except OSError:
+        return 1  # the guest's connection is reset: nothing listens there
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1] if len(sys.argv) == 2 else ""))
