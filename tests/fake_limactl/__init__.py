@@ -24,6 +24,7 @@ from typing import Any
 
 LIMACTL_PY = Path(__file__).resolve().with_name("limactl.py")
 SSH_PY = Path(__file__).resolve().with_name("ssh.py")
+FAKE_QEMU_PY = Path(__file__).resolve().with_name("fakeqemu.py")
 STATE_FILE = "fake-state.json"
 VERSION = "v2.2.0"
 BOOT_CACHE_VAR = "FAKE_LIMACTL_BOOT_CACHE"  # bootcache.py: recorded provisioning results
@@ -71,6 +72,11 @@ def install(bin_dir: Path, lima_home: Path | None = None) -> Path:
     ssh = bin_dir / "ssh"
     ssh.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S {shlex.quote(str(SSH_PY))} "$@"\n')
     ssh.chmod(ssh.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    # Lima's QEMU, which `start` runs when $QEMU_SYSTEM_<ARCH> names one (a held start, agentbox.net.hold).
+    for arch in ("x86_64", "aarch64"):
+        qemu = bin_dir / f"qemu-system-{arch}"
+        qemu.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -S {shlex.quote(str(FAKE_QEMU_PY))} "$@"\n')
+        qemu.chmod(qemu.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     return shim
 
 

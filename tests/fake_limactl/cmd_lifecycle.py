@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import fakeqemu
 import machine
 from cmd_create import check_socket_path
 from cmd_start import do_start, kill_boot, require_config
@@ -71,6 +72,7 @@ def _set_stopped(inst: Instance) -> None:
     state = read_state(inst.dir)
     kill_boot(state)
     machine.stop(state)  # the VM powers off: every guest process ends
+    fakeqemu.end(inst.dir)
     # The host agent exits: its listeners close, so the forwarded host ports are free again.
     state.update(status="Stopped", errors=[], hostAgentPID=0, driverPID=0, bootPID=0, forwards=[], guestListeners=[])
     write_state(inst.dir, state)

@@ -16,11 +16,12 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import fakeqemu
 import guest
 import hostagent
 import machine
 from constants import BOOT_SUBCOMMAND, PROXY_VARS, own_process
-from context import Ctx, injected_failure, lima_lock, read_state, validate_inst_name, write_state
+from context import Ctx, host_arch, injected_failure, lima_lock, read_state, validate_inst_name, write_state
 from guest import hostname_of
 from instances import Instance, format_data, inspect
 from logrus import Fatal, NotExist, bq, go_quote
@@ -136,6 +137,7 @@ def _boot(ctx: Ctx, inst: Instance) -> None:
     state = read_state(inst.dir)
     kill_boot(state)
     machine.stop(state)
+    fakeqemu.end(inst.dir)
     port = cfg["ssh"].get("localPort") or free_port()
     state.update(status="Running", sshLocalPort=port, bootCount=int(state.get("bootCount", 0)) + 1,
                  forwards=[], guestListeners=[],
@@ -199,6 +201,11 @@ def do_start(ctx: Ctx, inst: Instance, *, launching_shell: bool = False, progres
         _boot(ctx, inst)
     port = inst.state["sshLocalPort"]
     _progress(ctx, f"hostagent socket created at {os.path.join(inst.dir, 'ha.sock')}")
+    if cfg["vmType"] == "qemu":
+        failed = fakeqemu.run(inst.dir, cfg.get("arch") or host_arch(), port)
+        if failed:
+            _abort_start(ctx, inst, previous)
+            raise Fatal(f"fake limactl: {failed}")
     if cfg["vmType"] == "qemu" and os.environ.get("FAKE_LIMACTL_NO_KVM"):
         for _ in range(2):  # Lima 2.2 logs it twice (README, "limactl start")
             _progress(ctx, "/dev/kvm is not available. Disabling KVM. Expect very poor performance.", level="warning")
