@@ -44,6 +44,8 @@ def test_an_allowlist_vm_starts_held_and_a_start_outside_agentbox_is_reported_un
     assert not (limactl.home / NAME / "qemu.pid").exists()
     first = _enforcement(project)
     assert first["enforcement"] == "advisory" and "agentbox restart" in first["enforcementWhy"], first
+    unheld = run_agentbox("shell", "--", "true", cwd=project, timeout=120)
+    assert "kept by the VM's own firewall only" in unheld.stderr, unheld.stderr
     restarted = run_agentbox("restart", cwd=project, timeout=120)
     assert restarted.returncode == 0, restarted.stderr
     netdev = next(arg for arg in _qemu_cmdline(limactl) if arg.startswith("user,id=net0,"))
@@ -71,6 +73,13 @@ def test_an_allowlist_vm_starts_held_and_a_start_outside_agentbox_is_reported_un
     restarted = run_agentbox("restart", cwd=project, timeout=120)
     assert restarted.returncode == 0, restarted.stderr
     assert _enforcement(project)["enforcement"] == "host"
+    quiet = run_agentbox("shell", "--", "true", cwd=project, timeout=120)
+    assert "held" not in quiet.stderr and "firewall" not in quiet.stderr, quiet.stderr
+
+    # Back to open mode: the running VM still reaches nothing but the proxy, and the launch says so.
+    write_trusted(project, "network:\n  mode: open\n")
+    opened = run_agentbox("shell", "--", "true", cwd=project, timeout=120)
+    assert "still runs with its network held" in opened.stderr, opened.stderr
 
 
 def _qemu_cmdline_or_none(limactl: FakeLima) -> list[str]:

@@ -8,13 +8,14 @@ forwards agentbox chose: GUEST_ADDRESS:PROXY_GUEST_PORT, whose connections are h
 the guest does (flush the firewall, add routes, raw sockets, IPv6, any DNS server) reaches nothing else: QEMU drops
 it on the host.
 
-How: Lima runs QEMU through `QEMU_SYSTEM_<ARCH>` when set (CONTRACT §17); `start_env` writes a launcher for this VM
-(its network folder, 0700) that runs agentbox.net.qemuhold with a spec, and hands its path to `limactl start` (the
-one module that runs it, agentbox.vm.lima). qemuhold adds the options to the first NIC and records QEMU's pid and the
-value it gave (`hold.json`) before QEMU replaces it. `current()` trusts the record only while that pid runs and (on
-Linux) its command line still holds the value: a VM started by `limactl start` outside agentbox, or rebooted, is
-reported unheld. In the guest, agentbox's ruleset (agentbox.net.policy.ruleset) sends `host.lima.internal`'s proxy
-and allowHost ports to GUEST_ADDRESS, so the guest's proxy URL and addresses are the same held or not.
+How: Lima runs QEMU through `QEMU_SYSTEM_<ARCH>` when set (CONTRACT §17); agentbox.net.holdstart writes a launcher
+for this VM (its network folder, 0700) that runs agentbox.net.qemuhold with a spec, and hands its path to `limactl
+start` (the one module that runs it, agentbox.vm.lima). qemuhold adds the options to the first NIC and records
+QEMU's pid and the value it gave (`hold.json`) before QEMU replaces it. `current()` trusts the record only while
+that pid runs and (on Linux) its command line still holds the value: a VM started by `limactl start` outside
+agentbox, or rebooted, is reported unheld. In the guest, agentbox's ruleset (agentbox.net.policy.ruleset) sends
+`host.lima.internal`'s proxy and allowHost ports to GUEST_ADDRESS, so the guest's proxy URL and addresses are the
+same held or not.
 
 Not held, said with why (`unheld_reason`): `open` mode, `network.allowHost: true` (every port cannot be forwarded),
 drivers other than QEMU (vz, krunkit, wsl2: docs/design/egress.md), a VM made from scratch on its first boot (its
@@ -24,18 +25,13 @@ restart`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import platform
-import shlex
-import shutil
 import sys
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from agentbox import paths
-from agentbox.fsutil import atomic_write, private_dir
 from agentbox.net.policy import ADVISORY, HOLD_ADDRESS, HOLD_PROXY_PORT, HOST, NetworkSettings
 from agentbox.net.policy import enforcement as advisory_why
 
@@ -77,45 +73,6 @@ def unheld_reason(settings: NetworkSettings, vm_type: str | None) -> str | None:
     return None
 
 
-def _arch(arch: str | None) -> str:
-    machine = arch or platform.machine().lower()
-    return {"arm64": "aarch64", "amd64": "x86_64"}.get(machine, machine)
-
-
-def start_env(vm_name: str, settings: NetworkSettings, vm_type: str | None, arch: str | None) -> dict[str, str]:
-    """The environment `limactl start` gets to start the VM held ({} when it is not held: the record goes)."""
-    base = private_dir(folder(vm_name))
-    with_record = base / RECORD
-    with_record.unlink(missing_ok=True)  # whatever ran before: only this start's QEMU may record a hold
-    if unheld_reason(settings, vm_type) is not None:
-        return {}
-    machine = _arch(arch)
-    variable = "QEMU_SYSTEM_" + machine.upper()
-    # Lima's own rule: the variable (which may carry arguments) else qemu-system-ARCH on PATH.
-    qemu = shlex.split(os.environ.get(variable, "")) or [shutil.which(f"qemu-system-{machine}") or
-                                                         f"qemu-system-{machine}"]
-    python = sys.executable
-    here = Path(__file__).resolve().parent
-    ports = tuple(sorted(set(settings.allow_host or ()))) if not isinstance(settings.allow_host, bool) else ()
-    forwards = [(PROXY_GUEST_PORT, f"proxy:{base / GUEST_SOCKET}")]
-    forwards += [(port, f"port:{port}") for port in ports if port != PROXY_GUEST_PORT]
-    connector = [python, "-I", "-S", str(here / "holdconnector.py")]
-    options = ["restrict=on", "ipv6=off"]
-    for port, target in forwards:
-        command = shlex.join([*connector, target]).replace(",", ",,")  # QEMU's option syntax doubles a comma
-        options.append(f"guestfwd=tcp:{GUEST_ADDRESS}:{port}-cmd:{command}")
-    spec: dict[str, Any] = {"qemu": qemu, "append": ",".join(options), "record": str(with_record),
-                            "ports": list(ports)}
-    spec["digest"] = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
-    atomic_write(base / SPEC, json.dumps(spec, indent=1) + "\n", mode=0o600)
-    launcher = base / LAUNCHER
-    script = f"#!/bin/sh\nexec {shlex.join([python, '-I', str(here / 'qemuhold.py'), str(base / SPEC)])} \"$@\"\n"
-    atomic_write(launcher, script, mode=0o700)
-    if any(char.isspace() for char in str(launcher)):
-        return {}  # Lima splits the variable at spaces: such a path cannot be handed over (said by current())
-    return {variable: str(launcher)}
-
-
 def current(vm_name: str, thorough: bool = True) -> Held | None:
     """The running VM's hold, when the QEMU that recorded it still runs with it (None: not held). `thorough`: also
     its command line (a launch's ruleset only needs the pid: a reboot behind its back is caught by the guest's proof,
@@ -148,6 +105,24 @@ def _runs(pid: int, value: str | None) -> bool:
         return not sys.platform.startswith("linux")  # no /proc (macOS): the pid is what there is
     except OSError:
         return False
+
+
+def launch_note(vm_name: str, settings: NetworkSettings,
+                vm_type: str | None) -> tuple[tuple[int, ...] | None, str | None]:
+    """For a launch: (the held VM's forwarded allowHost ports, None when it is not held; what to tell the user, if
+    anything): a VM that could be held and is not, or one still held though its mode is now open."""
+    found = current(vm_name, thorough=False)
+    if settings.mode == "open":
+        if found is None:
+            return None, None
+        return None, (f"{vm_name} still runs with its network held on the host (it started in allowlist or offline "
+                      "mode): it reaches nothing but agentbox's proxy until `agentbox restart`")
+    if found is not None:
+        return found.ports, None
+    if unheld_reason(settings, vm_type) is not None:
+        return None, None
+    return None, (f"network.mode {settings.mode} is kept by the VM's own firewall only (enforcement: advisory): "
+                  f"{vm_name} started before its network was held; {RESTART_HINT} on the host")
 
 
 def enforcement(vm_name: str | None, settings: NetworkSettings, vm_type: str | None,

@@ -131,7 +131,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from agentbox import paths, resources, timing
 from agentbox.credentials import loginfiles
 from agentbox.fsutil import atomic_write, private_dir, write_if_changed
-from agentbox.net import policy, pushes
+from agentbox.net import hold, policy, pushes
 from agentbox.progress import warn
 from agentbox.session import context, guestenv, setupdigest
 from agentbox.staginglayout import (
@@ -298,13 +298,9 @@ def refresh(launch: Launch, instance: Instance | None = None, proxy_port: int | 
     warnings += agentsetup.stage(staging, config, synced_agents(config, agent), guest_home)
     for warning in warnings:
         warn(warning)
-    held = None
-    if config.network.proxied:
-        # deferred: start-up (net.hold: an open VM is never held)
-        from agentbox.net import hold
-
-        found = hold.current(name, thorough=False)
-        held = found.ports if found is not None else None
+    held, said = hold.launch_note(name, config.network, config.vm_type)
+    if said:
+        warn(said)
     write_if_changed(staging / NETWORK_RULES, policy.ruleset(config.network, proxy_port, held).encode(), 0o600)
     proxy = None
     if proxy_port is not None:
