@@ -889,6 +889,7 @@ class RunningProxy:
         self.port = 0
         self._guest_socket = guest_socket
         self._handed: socket.socket | None = None
+        self._handing: set[asyncio.Task[None]] = set()
         self._broker = broker
         self._secret = secret
         self._log = _Log(log_path)
@@ -952,9 +953,15 @@ class RunningProxy:
             except OSError:
                 return
         for descriptor in descriptors:
-            guest = socket.socket(fileno=descriptor)
+            try:
+                guest = socket.socket(fileno=descriptor)
+            except OSError:  # not a socket: nothing to serve
+                os.close(descriptor)
+                continue
             guest.setblocking(False)
-            self._loop.create_task(self._serve_handed(guest))
+            task = self._loop.create_task(self._serve_handed(guest))
+            self._handing.add(task)  # held until done: the loop keeps only a weak reference
+            task.add_done_callback(self._handing.discard)
 
     async def _serve_handed(self, guest: socket.socket) -> None:
         assert self._proxy is not None
