@@ -17,7 +17,7 @@ from agentbox import paths
 from agentbox.net import hold as nethold
 from agentbox.net import proxy as netproxy
 from agentbox.net import qemuhold
-from agentbox.staginglayout import NETWORK_RULES
+from agentbox.staginglayout import CONTEXT_FILE, NETWORK_RULES
 from tests import helpers
 from tests.helpers import NAME, FakeLima, needs_bwrap, run_agentbox, run_cli, write_trusted
 
@@ -61,6 +61,8 @@ def test_an_allowlist_vm_starts_held_and_a_start_outside_agentbox_is_reported_un
     launched = run_agentbox("shell", "--", "true", cwd=project, timeout=120)
     assert launched.returncode == 0, launched.stderr
     staged = (paths.staging_dir(NAME) / NETWORK_RULES).read_text()
+    context = json.loads((paths.staging_dir(NAME) / CONTEXT_FILE).read_text())
+    assert context["network"]["enforcement"] == "host", context["network"]
     assert "dnat ip to 192.168.5.4:3128" in staged and "dnat ip to 192.168.5.4:5432" in staged, staged
 
     # Lima started again by hand, without agentbox: QEMU runs unheld, and agentbox says so.
