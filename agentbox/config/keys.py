@@ -42,7 +42,8 @@ RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outs
 
 class Key(NamedTuple):
     # str, word (a str where a bare off/on stays a word), path, int, bool, size, bytes, strlist, args, env,
-    # mapping, agents, mounts, freeform, credentials, hosts (a strlist of netproxy patterns), hostports (true,
+    # cap (a bytes size or false: network.uploadLimit), mapping, agents, mounts, freeform, credentials, hosts (a
+    # strlist of netproxy patterns), hostports (true,
     # false or a list of ports), taskhosts (tasks.hosts: names or {name, maxConcurrent}), pushmode (git.allowPush:
     # false or `session`), image (vm.image: a location, or a mapping of IMAGE_KEYS)
     kind: str
@@ -333,6 +334,11 @@ SCHEMA: dict[str, Key] = {
             "agentApi": Key("bool", "Let the launched agent reach its API (and login) in allowlist and offline "
                             "mode.", default=True, trust=RULE,
                             why="when true and the global config turns it off"),
+            "uploadLimit": Key("cap", "Bytes the VM may send to one host in a session through agentbox's proxy "
+                               "(`50MiB`; a bare number is bytes), or false for no cap; past it the host's uploads "
+                               "are refused and the session's end says so (docs/network.md).", default="50MiB",
+                               trust=RULE,
+                               why="when larger than the global config's (or false): more may be uploaded"),
         },
     ),
     "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "

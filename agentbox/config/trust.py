@@ -230,6 +230,7 @@ _RULES = {
     "network.presets": _network_rule,
     "network.allow": _network_rule,
     "network.agentApi": _network_rule,
+    "network.uploadLimit": _network_rule,
 }
 
 

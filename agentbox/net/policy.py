@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from agentbox import sizes
+from agentbox.net import uploads
+
 MODES = ("open", "allowlist", "offline")
 ADVISORY = "advisory"
 HOST = "host"
@@ -46,6 +49,7 @@ class NetworkSettings(NamedTuple):
     presets: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
     agent_api: bool = True
+    upload_limit: int | None = uploads.DEFAULT_LIMIT  # bytes per host and session (agentbox.net.uploads); None: none
 
     @property
     def proxied(self) -> bool:
@@ -54,7 +58,8 @@ class NetworkSettings(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "allowHost": self.allow_host if isinstance(self.allow_host, bool)
                 else list(self.allow_host), "allowLan": self.allow_lan, "presets": list(self.presets),
-                "allow": list(self.allow), "agentApi": self.agent_api}
+                "allow": list(self.allow), "agentApi": self.agent_api,
+                "uploadLimit": False if self.upload_limit is None else self.upload_limit}
 
 
 def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
@@ -67,7 +72,15 @@ def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
         presets=tuple(dict.fromkeys(raw.get("presets", ()))),
         allow=tuple(dict.fromkeys(raw.get("allow", ()))),
         agent_api=raw.get("agentApi", True),
+        upload_limit=upload_limit(raw.get("uploadLimit", uploads.DEFAULT_LIMIT)),
     )
+
+
+def upload_limit(value: Any) -> int | None:
+    """network.uploadLimit as bytes (validated by schema.py: a size, or false for no cap); None: no cap."""
+    if value is False or value is None:
+        return None
+    return sizes.to_bytes(str(value)) or uploads.DEFAULT_LIMIT
 
 
 # -- config checks (schema.py calls these for each value) --------------------------------------------------
@@ -132,6 +145,11 @@ def loosened(global_only: NetworkSettings, effective: NetworkSettings) -> list[s
         found.append(f"network.allowHost: {_ports_words(effective.allow_host)} (opens the host's localhost to the VM)")
     if effective.mode == "open" or global_only.mode == "open":
         return found  # open lets everything but the host through: any list is narrower
+    if _cap_above(effective.upload_limit, global_only.upload_limit):
+        cap = "false" if effective.upload_limit is None else sizes.shown(effective.upload_limit)
+        allowed = "no cap" if global_only.upload_limit is None else sizes.shown(global_only.upload_limit)
+        found.append(f"network.uploadLimit: {cap} (more than the global config's {allowed} may be uploaded to a "
+                     "host)")
     if effective.allow_lan and not global_only.allow_lan:
         found.append("network.allowLan: true (opens your local network to the VM)")
     if effective.agent_api and not global_only.agent_api:
@@ -143,6 +161,10 @@ def loosened(global_only: NetworkSettings, effective: NetworkSettings) -> list[s
             shown = ", ".join(added) if added else "the global config's list"
             found.append(f"network.allow/presets: {shown} (more hosts the VM may reach)")
     return found
+
+
+def _cap_above(cap: int | None, allowed: int | None) -> bool:
+    return allowed is not None and (cap is None or cap > allowed)
 
 
 def _ports_within(ports: bool | tuple[int, ...], allowed: bool | tuple[int, ...]) -> bool:
