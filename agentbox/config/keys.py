@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from agentbox.config import image
 from agentbox.config.naming import host_name_problem
+from agentbox.net import uploads
 from agentbox.net.policy import check_mode, check_preset
 
 BOTH = frozenset({"global", "local"})
@@ -336,8 +337,8 @@ SCHEMA: dict[str, Key] = {
                             why="when true and the global config turns it off"),
             "uploadLimit": Key("cap", "Bytes the VM may send to one host in a session through agentbox's proxy "
                                "(`50MiB`; a bare number is bytes), or false for no cap; past it the host's uploads "
-                               "are refused and the session's end says so (docs/network.md).", default="50MiB",
-                               trust=RULE,
+                               "are refused and the session's end says so (docs/network.md).",
+                               default=uploads.DEFAULT_TEXT, trust=RULE,
                                why="when larger than the global config's (or false): more may be uploaded"),
         },
     ),

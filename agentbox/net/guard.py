@@ -18,7 +18,8 @@ Files in the VM's state folder, `network/`:
                 runs: it asks Lima (seldom, only while no session holds it) and ends once the VM stopped or is
                 gone, however that happened; `agentbox stop` ends it at once
   policy.json   what the proxy allows (written by each launch: the mode, the patterns with their sources, the
-                agents launched since the proxy started, allowLan); the proxy reloads it when it changes
+                agents launched since the proxy started, allowLan, uploadLimit, and uploadWindow: when the
+                current upload window began, agentbox.net.uploads); the proxy reloads it when it changes
   upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
                 (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
   secret        the VM's proxy secret (0600): every request to the proxy carries it (`Proxy-Authorization: Basic`,
@@ -30,6 +31,7 @@ Files in the VM's state folder, `network/`:
   port          the port it last had, asked for first next time (another is picked when it is taken)
   leases/       one file per agentbox process whose session uses the proxy
   log.jsonl     every decision, one JSON line each (agentbox.net.proxy)
+  caps.jsonl    each host that reached network.uploadLimit, once per upload window (what a session's end says)
 """
 
 from __future__ import annotations
@@ -544,6 +546,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
             return 0  # one runs
     preferred = _preferred_port(base)
     _rotate(log_path(vm_name))
+    _rotate(base / uploads.CAPS_FILE)
     policy_file = base / "policy.json"
     seen = _mtime(policy_file)
     broker_file = base / BROKER_FILE

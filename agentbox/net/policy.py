@@ -50,6 +50,7 @@ class NetworkSettings(NamedTuple):
     allow: tuple[str, ...] = ()
     agent_api: bool = True
     upload_limit: int | None = uploads.DEFAULT_LIMIT  # bytes per host and session (agentbox.net.uploads); None: none
+    upload_limit_text: str | bool = uploads.DEFAULT_TEXT  # as the config wrote it (false: no cap)
 
     @property
     def proxied(self) -> bool:
@@ -59,7 +60,7 @@ class NetworkSettings(NamedTuple):
         return {"mode": self.mode, "allowHost": self.allow_host if isinstance(self.allow_host, bool)
                 else list(self.allow_host), "allowLan": self.allow_lan, "presets": list(self.presets),
                 "allow": list(self.allow), "agentApi": self.agent_api,
-                "uploadLimit": False if self.upload_limit is None else self.upload_limit}
+                "uploadLimit": self.upload_limit_text}
 
 
 def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
@@ -72,7 +73,9 @@ def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
         presets=tuple(dict.fromkeys(raw.get("presets", ()))),
         allow=tuple(dict.fromkeys(raw.get("allow", ()))),
         agent_api=raw.get("agentApi", True),
-        upload_limit=upload_limit(raw.get("uploadLimit", uploads.DEFAULT_LIMIT)),
+        upload_limit=upload_limit(raw.get("uploadLimit", uploads.DEFAULT_TEXT)),
+        upload_limit_text=False if raw.get("uploadLimit") is False else str(raw.get("uploadLimit",
+                                                                                    uploads.DEFAULT_TEXT)),
     )
 
 

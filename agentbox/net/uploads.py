@@ -26,6 +26,7 @@ from typing import Any
 from agentbox import sizes
 
 DEFAULT_LIMIT = 50 << 20
+DEFAULT_TEXT = "50MiB"  # network.uploadLimit's default as the config writes it
 CAPS_FILE = "caps.jsonl"
 DECISION = "cap"
 
