@@ -22,7 +22,7 @@ from typing import Any, NamedTuple
 from agentbox.config import image
 from agentbox.config.naming import host_name_problem
 from agentbox.net import uploads
-from agentbox.net.policy import check_mode, check_preset
+from agentbox.net.policy import check_inspect, check_mode, check_preset
 
 BOTH = frozenset({"global", "local"})
 LOCAL = frozenset({"local"})
@@ -335,6 +335,11 @@ SCHEMA: dict[str, Key] = {
             "agentApi": Key("bool", "Let the launched agent reach its API (and login) in allowlist and offline "
                             "mode.", default=True, trust=RULE,
                             why="when true and the global config turns it off"),
+            "inspect": Key("word", "`credentials`: the credential broker terminates TLS only for the credential "
+                           "hosts; `all`: in allowlist and offline mode for every allowed host too (with the VM's own "
+                           "CA; needs credentials.broker), so upload caps and leak checks see what each request "
+                           "sends (docs/network.md).", default="credentials", check=check_inspect, trust=RULE,
+                           why="when `credentials` while the global config says `all`: uploads go unread"),
             "uploadLimit": Key("cap", "Bytes the VM may send to one host in a session through agentbox's proxy "
                                "(`50MiB`; a bare number is bytes), or false for no cap; past it the host's uploads "
                                "are refused and the session's end says so (docs/network.md).",

@@ -231,6 +231,7 @@ _RULES = {
     "network.allow": _network_rule,
     "network.agentApi": _network_rule,
     "network.uploadLimit": _network_rule,
+    "network.inspect": _network_rule,
 }
 
 

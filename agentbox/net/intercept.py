@@ -214,7 +214,8 @@ class Session:
         placed = placement.place(self.view, method, path, normal, query, head.headers, self._real)
         agent = placed.secret.agent if placed.secret is not None else None
         entry["agent"] = agent
-        verdict = github.judge(self.host, method, normal, query, placed.secret is not None, self.broker.allow_push,
+        verdict = github.judge(self.host, method, normal, query, placed.secret is not None,
+                               self.broker.allow_push or self.host in self.broker.inspected,
                                self.broker.push_namespace)
         if verdict.refused:
             raise self._read_only(verdict.refused)

@@ -21,6 +21,7 @@ from agentbox import sizes
 from agentbox.net import uploads
 
 MODES = ("open", "allowlist", "offline")
+INSPECT_CREDENTIALS, INSPECT_ALL = "credentials", "all"
 ADVISORY = "advisory"
 HOST = "host"
 
@@ -51,6 +52,7 @@ class NetworkSettings(NamedTuple):
     agent_api: bool = True
     upload_limit: int | None = uploads.DEFAULT_LIMIT  # bytes per host and session (agentbox.net.uploads); None: none
     upload_limit_text: str | bool = uploads.DEFAULT_TEXT  # as the config wrote it (false: no cap)
+    inspect: str = INSPECT_CREDENTIALS  # network.inspect: which allowed hosts the broker terminates TLS for
 
     @property
     def proxied(self) -> bool:
@@ -60,7 +62,7 @@ class NetworkSettings(NamedTuple):
         return {"mode": self.mode, "allowHost": self.allow_host if isinstance(self.allow_host, bool)
                 else list(self.allow_host), "allowLan": self.allow_lan, "presets": list(self.presets),
                 "allow": list(self.allow), "agentApi": self.agent_api,
-                "uploadLimit": self.upload_limit_text}
+                "uploadLimit": self.upload_limit_text, "inspect": self.inspect}
 
 
 def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
@@ -74,6 +76,7 @@ def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
         allow=tuple(dict.fromkeys(raw.get("allow", ()))),
         agent_api=raw.get("agentApi", True),
         upload_limit=upload_limit(raw.get("uploadLimit", uploads.DEFAULT_TEXT)),
+        inspect=raw.get("inspect", INSPECT_CREDENTIALS),
         upload_limit_text=False if raw.get("uploadLimit") is False else str(raw.get("uploadLimit",
                                                                                     uploads.DEFAULT_TEXT)),
     )
@@ -90,6 +93,10 @@ def upload_limit(value: Any) -> int | None:
 
 def check_mode(value: str) -> str | None:
     return None if value in MODES else f"expected open, allowlist or offline, found {value!r}"
+
+
+def check_inspect(value: str) -> str | None:
+    return None if value in (INSPECT_CREDENTIALS, INSPECT_ALL) else f"expected credentials or all, found {value!r}"
 
 
 def check_preset(value: str) -> str | None:
@@ -134,6 +141,20 @@ def allow_list(settings: NetworkSettings, agent_endpoints: Mapping[str, Iterable
     return unique
 
 
+def inspected_hosts(settings: NetworkSettings) -> tuple[str, ...]:
+    """The allowed hosts the broker terminates TLS for besides the credential hosts (network.inspect: all, in
+    allowlist and offline mode): every listed name on 443. A `*.suffix` pattern, an IP literal and another port are
+    tunnelled as before (a leaf is made ahead for a name, never on a request's path)."""
+    if settings.inspect != INSPECT_ALL or settings.mode == "open":
+        return ()
+    names = []
+    for pattern, _ in allow_list(settings, {}):
+        host, _, port = pattern.lower().partition(":")
+        if port in ("", "443") and not host.startswith(("*", "[")) and not host.replace(".", "").isdigit():
+            names.append(host.rstrip("."))
+    return tuple(dict.fromkeys(names))
+
+
 # -- trust: a project's file may tighten the policy, never loosen it -----------------------------------------
 
 _RANK = {mode: rank for rank, mode in enumerate(MODES)}
@@ -153,6 +174,9 @@ def loosened(global_only: NetworkSettings, effective: NetworkSettings) -> list[s
         allowed = "no cap" if global_only.upload_limit is None else sizes.shown(global_only.upload_limit)
         found.append(f"network.uploadLimit: {cap} (more than the global config's {allowed} may be uploaded to a "
                      "host)")
+    if effective.inspect == INSPECT_CREDENTIALS and global_only.inspect == INSPECT_ALL:
+        found.append("network.inspect: credentials (the global config has the broker read what goes to every "
+                     "allowed host)")
     if effective.allow_lan and not global_only.allow_lan:
         found.append("network.allowLan: true (opens your local network to the VM)")
     if effective.agent_api and not global_only.agent_api:

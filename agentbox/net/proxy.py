@@ -738,7 +738,9 @@ class _Proxy:
                         writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
         """A CONNECT to a credential host: TLS as that host, each request judged (agentbox.net.intercept)."""
         host = self.check_destination(host, CONNECT_PORT, CONNECT_PORT, entry)
-        entry["decision"], entry["reason"] = "allow", "credential host: brokered"
+        entry["decision"] = "allow"
+        entry["reason"] = ("inspected (network.inspect: all)" if host in broker.inspected
+                           else "credential host: brokered")
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         await writer.drain()
         try:
