@@ -423,6 +423,8 @@ class Session:
         if whole is not None:
             up_writer.write(whole)
         elif source is not None:
+            # a long body streams: room for a few of its pieces in flight, so a drain waits less often
+            up_writer.transport.set_write_buffer_limits(high=4 * CHUNK)
             scanned = scan.PlaceholderScan()
             async for piece in source:
                 found = scanned.feed(piece)
