@@ -605,10 +605,12 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
 
 def _check_inspect(network: NetworkSettings, credentials: CredentialSettings, layer: Any, notices: list[str]) -> None:
     """network.inspect: all needs the VM's CA, which only the credential broker makes and installs; in open mode it
-    has nothing to inspect."""
+    has nothing to inspect (said when the project's file asks for it)."""
     if network.inspect != policy.INSPECT_ALL:
         return
     if network.mode == "open":
+        if layer is None or layer.name != "local":
+            return  # the global config's standing choice, for the projects that use allowlist or offline mode
         notices.append("network.inspect: all has no effect in network.mode open (traffic leaves directly, not "
                        "through the broker); it applies in allowlist and offline mode")
         return
