@@ -374,6 +374,7 @@ class Session:
             pooled = self.up = self.pool.take(self.host, self.port)
         self.reusable = False
         needles = self._needles(placed.sent)
+        self._count(len(raw_head) + len(whole or b""))  # once: a retry on a new connection sends the same bytes
         try:
             status, raw, response = await self._send(raw_head, whole, framing, source, needles)
         except (ConnectionError, asyncio.IncompleteReadError, _UpstreamClosed):
@@ -415,7 +416,6 @@ class Session:
 
     async def _send(self, raw_head: bytes, whole: bytes | None, framing: Framing, source: Any,
                     needles: list[bytes]) -> tuple[int, bytes, Head]:
-        self._count(len(raw_head) + len(whole or b""))
         if self.up is None:
             self.up = await self.open_upstream(self.host, self.port)
         up_writer = self.up[1]
