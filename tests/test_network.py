@@ -285,6 +285,14 @@ def test_the_docker_era_network_keys_still_load(project: Path, vm: FakeLima) -> 
     ("network:\n  allowHost: true\n", "network:\n  allowHost: [5432]\n", False),
     ("network:\n  mode: offline\n", "network:\n  allowLan: true\n", True),
     ("network:\n  mode: offline\n  agentApi: false\n", "network:\n  agentApi: true\n", True),
+    ("network:\n  mode: allowlist\n", "network:\n  uploadLimit: 10MiB\n", False),  # below the default 50MiB
+    ("network:\n  mode: allowlist\n", "network:\n  uploadLimit: 100MiB\n", True),
+    ("network:\n  mode: allowlist\n", "network:\n  uploadLimit: false\n", True),
+    ("network:\n  mode: allowlist\n  uploadLimit: 1GiB\n", "network:\n  uploadLimit: 100MiB\n", False),
+    ("network:\n  mode: allowlist\n  uploadLimit: false\n", "network:\n  uploadLimit: 2GiB\n", False),
+    ("network:\n  mode: allowlist\n", "network:\n  inspect: all\n", False),  # stricter
+    ("network:\n  mode: allowlist\n  inspect: all\n", "network:\n  inspect: credentials\n", True),
+    ("network:\n  mode: allowlist\n  inspect: all\n", "network:\n  inspect: all\n", False),
 ])
 def test_a_project_file_may_tighten_the_network_but_loosening_needs_trust(
         project: Path, home: Path, limactl: FakeLima, global_text: str, local_text: str, needs_trust: bool) -> None:

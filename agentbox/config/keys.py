@@ -21,7 +21,8 @@ from typing import Any, NamedTuple
 
 from agentbox.config import image
 from agentbox.config.naming import host_name_problem
-from agentbox.net.policy import check_mode, check_preset
+from agentbox.net import uploads
+from agentbox.net.policy import check_inspect, check_mode, check_preset
 
 BOTH = frozenset({"global", "local"})
 LOCAL = frozenset({"local"})
@@ -42,7 +43,8 @@ RULE = "rule"  # a rule in trust.py decides from the resolved value (a path outs
 
 class Key(NamedTuple):
     # str, word (a str where a bare off/on stays a word), path, int, bool, size, bytes, strlist, args, env,
-    # mapping, agents, mounts, freeform, credentials, hosts (a strlist of netproxy patterns), hostports (true,
+    # cap (a bytes size or false: network.uploadLimit), mapping, agents, mounts, freeform, credentials, hosts (a
+    # strlist of netproxy patterns), hostports (true,
     # false or a list of ports), taskhosts (tasks.hosts: names or {name, maxConcurrent}), pushmode (git.allowPush:
     # false or `session`), image (vm.image: a location, or a mapping of IMAGE_KEYS)
     kind: str
@@ -333,6 +335,16 @@ SCHEMA: dict[str, Key] = {
             "agentApi": Key("bool", "Let the launched agent reach its API (and login) in allowlist and offline "
                             "mode.", default=True, trust=RULE,
                             why="when true and the global config turns it off"),
+            "inspect": Key("word", "`credentials`: the credential broker terminates TLS only for the credential "
+                           "hosts; `all`: in allowlist and offline mode for every allowed host too (with the VM's own "
+                           "CA; needs credentials.broker), so upload caps and leak checks see what each request "
+                           "sends (docs/network.md).", default="credentials", check=check_inspect, trust=RULE,
+                           why="when `credentials` while the global config says `all`: uploads go unread"),
+            "uploadLimit": Key("cap", "Bytes the VM may send to one host in a session through agentbox's proxy "
+                               "(`50MiB`; a bare number is bytes), or false for no cap; past it the host's uploads "
+                               "are refused and the session's end says so (docs/network.md).",
+                               default=uploads.DEFAULT_TEXT, trust=RULE,
+                               why="when larger than the global config's (or false): more may be uploaded"),
         },
     ),
     "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "

@@ -553,6 +553,9 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         return tuple(Script(_expand(path, workspace), layer.name) for path, layer in data["bootstrap"][hook])
 
     credentials = _credential_settings(data.get("credentials", True), global_layer, local, notices)
+    network = policy.from_data(data["network"])
+    _check_inspect(network, credentials, local if local and "inspect" in local.data.get("network", {})
+                   else global_layer, notices)
 
     return Config(
         cwd=cwd,
@@ -595,9 +598,32 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         notify=data["notify"],
         vm_base=_vm_base(vm["base"]),
         base_max_age_days=vm["baseMaxAgeDays"],
-        network=policy.from_data(data["network"]),
+        network=network,
         push_scope=data["git"]["allowPush"] or None,
     )
+
+
+def _check_inspect(network: NetworkSettings, credentials: CredentialSettings, layer: Any, notices: list[str]) -> None:
+    """network.inspect: all needs the VM's CA, which only the credential broker makes and installs; in open mode it
+    has nothing to inspect (said when the project's file asks for it)."""
+    if network.inspect != policy.INSPECT_ALL:
+        return
+    if network.mode == "open":
+        if layer is None or layer.name != "local":
+            return  # the global config's standing choice, for the projects that use allowlist or offline mode
+        notices.append("network.inspect: all has no effect in network.mode open (traffic leaves directly, not "
+                       "through the broker); it applies in allowlist and offline mode")
+        return
+    if credentials.enabled and credentials.broker:
+        return
+    where = (layer.positions.get(("network", "inspect")) if layer is not None else None) or (
+        str(layer.path) if layer is not None else "network.inspect")
+    setting = "credentials: false" if not credentials.enabled else "credentials.broker: false"
+    raise ConfigError(
+        f"{where}: network.inspect: all needs the VM's own certificate authority, which the credential broker "
+        f"makes and installs in the VM, and the config says {setting}",
+        hint="Nothing was created or started. Turn the broker on (`credentials: {broker: true}`, the default) or "
+             "write `network.inspect: credentials`.")
 
 
 def _vm_base(configured: str) -> str:

@@ -191,11 +191,15 @@ class _Walker:
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise self.fail(node, keypath, f"expected true or false, found {_describe_value(value)}")
-        elif kind in ("size", "bytes"):
+        elif kind == "cap" and value is False:
+            return False
+        elif kind in ("size", "bytes", "cap"):
             problem = sizes.size_problem(value) if kind == "size" else sizes.bytes_problem(value)
             if problem:
                 example = '"8GiB" or "512MiB"' if kind == "size" else '"5MiB" or "512KiB"'
-                raise self.fail(node, keypath, problem, hint=f"Write sizes as Lima does, for example {example}.")
+                hint = f"Write sizes as Lima does, for example {example}" + (
+                    ", or false for no cap." if kind == "cap" else ".")
+                raise self.fail(node, keypath, problem, hint=hint)
             value = str(value)  # a bare YAML number is bytes, as Lima reads it
         if spec.check is not None and isinstance(value, str):
             problem = spec.check(value)

@@ -230,6 +230,8 @@ _RULES = {
     "network.presets": _network_rule,
     "network.allow": _network_rule,
     "network.agentApi": _network_rule,
+    "network.uploadLimit": _network_rule,
+    "network.inspect": _network_rule,
 }
 
 

@@ -146,6 +146,9 @@ class Brokering(NamedTuple):
     # Set when the broker could not be made (a host login file it cannot read, ...): every request to a
     # credential host is then answered 503 with this reason, and nothing goes out.
     down: str | None = None
+    # network.inspect: all: allowed hosts that are no credential host, TLS-terminated so that what is sent to them is
+    # counted and checked (no placeholder goes in, GitHub's rules are the credential hosts' only)
+    inspected: frozenset[str] = frozenset()
 
     @property
     def hosts(self) -> frozenset[str]:

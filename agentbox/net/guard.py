@@ -18,7 +18,8 @@ Files in the VM's state folder, `network/`:
                 runs: it asks Lima (seldom, only while no session holds it) and ends once the VM stopped or is
                 gone, however that happened; `agentbox stop` ends it at once
   policy.json   what the proxy allows (written by each launch: the mode, the patterns with their sources, the
-                agents launched since the proxy started, allowLan); the proxy reloads it when it changes
+                agents launched since the proxy started, allowLan, uploadLimit, and uploadWindow: when the
+                current upload window began, agentbox.net.uploads); the proxy reloads it when it changes
   upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
                 (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
   secret        the VM's proxy secret (0600): every request to the proxy carries it (`Proxy-Authorization: Basic`,
@@ -30,6 +31,7 @@ Files in the VM's state folder, `network/`:
   port          the port it last had, asked for first next time (another is picked when it is taken)
   leases/       one file per agentbox process whose session uses the proxy
   log.jsonl     every decision, one JSON line each (agentbox.net.proxy)
+  caps.jsonl    each host that reached network.uploadLimit, once per upload window (what a session's end says)
 """
 
 from __future__ import annotations
@@ -49,10 +51,10 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple, NoReturn
 
-from agentbox import fsutil, lazyre, livemarkers, paths
+from agentbox import fsutil, lazyre, livemarkers, paths, progress
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
-from agentbox.net import hold, upstream
+from agentbox.net import hold, uploads, upstream
 from agentbox.net import policy as netpolicy
 from agentbox.net.broker import Brokering
 
@@ -184,6 +186,7 @@ class Lease:
         self._child = child
         self._fd: int | None = fd
         self._path = path
+        self._started = time.time()
 
     @property
     def port(self) -> int:
@@ -227,6 +230,8 @@ class Lease:
             self._child = None  # its end is no longer this lease's failure: `port` stays what it was
             if not _in_use(self.vm_name):
                 stop(self.vm_name, locked_already=True)
+        for capped in uploads.capped_since(folder(self.vm_name), self._started):  # the session's one notice
+            progress.warn(uploads.notice(capped))
 
 
 def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, tuple[str, ...]],
@@ -255,7 +260,9 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
         if current is not None:
             for name, hosts in (policy(vm_name) or {}).get("agents", {}).items():
                 launched.setdefault(name, tuple(hosts))
-        _write_policy(vm_name, settings, launched)
+        # a session that starts while no other holds the proxy begins a new upload window (agentbox.net.uploads)
+        window = None if current is not None and _claimed(vm_name) else _new_window()
+        _write_policy(vm_name, settings, launched, window)
         if broker is not None:
             write_if_changed(base / BROKER_FILE, (json.dumps(broker, sort_keys=True, indent=1) + "\n").encode())
         else:
@@ -339,11 +346,21 @@ def _control_lock(vm_name: str) -> Path:
     return folder(vm_name) / "control.lock"
 
 
-def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dict[str, tuple[str, ...]]) -> None:
+def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dict[str, tuple[str, ...]],
+                  window: str | None = None) -> None:
+    """`window`: a new upload window's start (None: the one policy.json has)."""
     entries = netpolicy.allow_list(settings, agents)
     data = {"mode": settings.mode, "allow": [[host, source] for host, source in entries],
-            "allowLan": settings.allow_lan, "agents": {name: list(hosts) for name, hosts in agents.items()}}
+            "allowLan": settings.allow_lan, "agents": {name: list(hosts) for name, hosts in agents.items()},
+            "uploadLimit": settings.upload_limit,
+            "uploadWindow": window or str((policy(vm_name) or {}).get("uploadWindow") or _new_window())}
     write_if_changed(folder(vm_name) / "policy.json", (json.dumps(data, indent=1) + "\n").encode())
+
+
+def _new_window() -> str:
+    """An upload window's name: when it began (UTC, as the proxy's log writes times), unique to the microsecond."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now % 1 * 1e6):06d}Z"
 
 
 def _start(vm_name: str, program: str, brokers: bool) -> tuple[subprocess.Popen[bytes], int]:
@@ -468,6 +485,9 @@ def _load_policy(vm_name: str) -> Any:
     testing = _test_resolver(os.environ.get(TEST_RESOLVE, ""))
     hooks: dict[str, Any] = {"resolver": testing, "allow_loopback": True} if testing is not None else {}
     hooks["upstream"] = upstream_route(vm_name)
+    limit = data.get("uploadLimit", uploads.DEFAULT_LIMIT)
+    hooks["upload_limit"] = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
+    hooks["upload_window"] = str(data.get("uploadWindow", ""))
     if data.get("mode") == "open":
         return Policy(open=True, **hooks)
     patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
@@ -526,6 +546,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
             return 0  # one runs
     preferred = _preferred_port(base)
     _rotate(log_path(vm_name))
+    _rotate(base / uploads.CAPS_FILE)
     policy_file = base / "policy.json"
     seen = _mtime(policy_file)
     broker_file = base / BROKER_FILE

@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
-from agentbox.net import github, httpwire, placement, scan, websocket
+from agentbox.net import github, httpwire, placement, scan, uploads, websocket
 from agentbox.net.broker import MAX_EXCHANGE, Brokering, Exchange, Reply
 from agentbox.net.httpwire import Framing, Head, WireError
 from agentbox.net.placement import Refusal
@@ -111,11 +111,15 @@ class Cut(Exception):
     """An answer ended where it stood (the client has part of it): why, for the log."""
 
 
+class Capped(Refusal):
+    """A request to a host past its upload cap (agentbox.net.uploads): logged as decision `cap`."""
+
+
 class Session:
     """One intercepted connection to `host`."""
 
     def __init__(self, broker: Brokering, host: str, port: int, client: str, open_upstream: Opener, log: Log,
-                 idle_timeout: float, pool: Pool | None = None) -> None:
+                 idle_timeout: float, pool: Pool | None = None, counter: uploads.Counter | None = None) -> None:
         self.broker = broker
         self.host = host
         self.port = port
@@ -124,6 +128,8 @@ class Session:
         self.log = log
         self.idle = idle_timeout
         self.pool = pool
+        self.counter = counter or uploads.Counter(None)
+        self.sent = [0, 0]  # the current request's bytes up (head and body as forwarded) and down (its answer)
         self.view = placement.host_view(host, broker.secrets)
         self.up: Streams | None = None
         self.reusable = False  # the upstream connection ended its last answer cleanly and stays open
@@ -134,6 +140,7 @@ class Session:
                 entry: dict[str, Any] = {"client": self.client, "method": None, "host": self.host, "port": self.port,
                                          "path": None, "agent": None, "decision": "deny", "reason": ""}
                 keep = False
+                self.sent = [0, 0]
                 try:
                     head = await self._read_head(reader)
                     if head is None:
@@ -145,6 +152,8 @@ class Session:
                     refusal = error if isinstance(error, Refusal) else Refusal(
                         403, f"a request the broker cannot read: {error}")
                     entry["decision"], entry["reason"] = "deny", refusal.reason
+                    if isinstance(refusal, Capped):
+                        entry["decision"] = uploads.DECISION
                     self._drop_upstream()
                     await _send_refusal(writer, refusal, self.host, self.port)
                 except Cut as cut:
@@ -153,6 +162,7 @@ class Session:
                     writer.transport.abort()
                 finally:
                     if entry["method"] is not None or entry["reason"]:
+                        entry["bytes_up"], entry["bytes_down"] = self.sent
                         entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
                         with contextlib.suppress(OSError):
                             self.log(entry)
@@ -195,6 +205,8 @@ class Session:
         path, query = self._target(target, head)
         normal = httpwire.normal_path(path)
         framing = httpwire.request_framing(head)
+        if self.counter.full(self.host):
+            raise self._capped(bool(framing.chunked or framing.length))
         upgrade = _websocket_upgrade(head, method, framing)
         endpoint = self.broker.endpoints.get((self.host, normal))
         if endpoint is not None:
@@ -202,7 +214,8 @@ class Session:
         placed = placement.place(self.view, method, path, normal, query, head.headers, self._real)
         agent = placed.secret.agent if placed.secret is not None else None
         entry["agent"] = agent
-        verdict = github.judge(self.host, method, normal, query, placed.secret is not None, self.broker.allow_push,
+        verdict = github.judge(self.host, method, normal, query, placed.secret is not None,
+                               self.broker.allow_push or self.host in self.broker.inspected,
                                self.broker.push_namespace)
         if verdict.refused:
             raise self._read_only(verdict.refused)
@@ -361,6 +374,7 @@ class Session:
             pooled = self.up = self.pool.take(self.host, self.port)
         self.reusable = False
         needles = self._needles(placed.sent)
+        self._count(len(raw_head) + len(whole or b""))  # once: a retry on a new connection sends the same bytes
         try:
             status, raw, response = await self._send(raw_head, whole, framing, source, needles)
         except (ConnectionError, asyncio.IncompleteReadError, _UpstreamClosed):
@@ -390,6 +404,16 @@ class Session:
             return await self._relay_push(head, status, response, push, writer, needles)
         return await self._relay(head, status, response, writer, needles)
 
+    def _capped(self, with_body: bool) -> Capped:
+        reason, detail = self.counter.refusal(self.host)
+        return Capped(413 if with_body else 403, reason, detail)
+
+    def _count(self, size: int) -> None:
+        """Count bytes about to go upstream against the host's upload cap; past it the request is refused."""
+        if not self.counter.add(self.host, size):
+            raise self._capped(True)
+        self.sent[0] += size
+
     async def _send(self, raw_head: bytes, whole: bytes | None, framing: Framing, source: Any,
                     needles: list[bytes]) -> tuple[int, bytes, Head]:
         if self.up is None:
@@ -399,11 +423,14 @@ class Session:
         if whole is not None:
             up_writer.write(whole)
         elif source is not None:
+            # a long body streams: room for a few of its pieces in flight, so a drain waits less often
+            up_writer.transport.set_write_buffer_limits(high=4 * CHUNK)
             scanned = scan.PlaceholderScan()
             async for piece in source:
                 found = scanned.feed(piece)
                 if found:
                     raise Refusal(403, self._placeholder_reason(found))
+                self._count(len(piece))
                 up_writer.write(httpwire.chunk(piece) if framing.chunked else piece)
                 await up_writer.drain()
             if framing.chunked:
@@ -487,6 +514,7 @@ class Session:
 
         def send(data: bytes) -> None:
             if data:
+                self.sent[1] += len(data)
                 writer.write(httpwire.chunk(data) if chunked_out else data)
 
         try:

@@ -17,7 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, NamedTuple
 
+from agentbox import sizes
+from agentbox.net import uploads
+
 MODES = ("open", "allowlist", "offline")
+INSPECT_CREDENTIALS, INSPECT_ALL = "credentials", "all"
 ADVISORY = "advisory"
 HOST = "host"
 
@@ -49,6 +53,9 @@ class NetworkSettings(NamedTuple):
     presets: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
     agent_api: bool = True
+    upload_limit: int | None = uploads.DEFAULT_LIMIT  # bytes per host and session (agentbox.net.uploads); None: none
+    upload_limit_text: str | bool = uploads.DEFAULT_TEXT  # as the config wrote it (false: no cap)
+    inspect: str = INSPECT_CREDENTIALS  # network.inspect: which allowed hosts the broker terminates TLS for
 
     @property
     def proxied(self) -> bool:
@@ -57,7 +64,8 @@ class NetworkSettings(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "allowHost": self.allow_host if isinstance(self.allow_host, bool)
                 else list(self.allow_host), "allowLan": self.allow_lan, "presets": list(self.presets),
-                "allow": list(self.allow), "agentApi": self.agent_api}
+                "allow": list(self.allow), "agentApi": self.agent_api,
+                "uploadLimit": self.upload_limit_text, "inspect": self.inspect}
 
 
 def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
@@ -70,13 +78,28 @@ def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
         presets=tuple(dict.fromkeys(raw.get("presets", ()))),
         allow=tuple(dict.fromkeys(raw.get("allow", ()))),
         agent_api=raw.get("agentApi", True),
+        upload_limit=upload_limit(raw.get("uploadLimit", uploads.DEFAULT_TEXT)),
+        inspect=raw.get("inspect", INSPECT_CREDENTIALS),
+        upload_limit_text=False if raw.get("uploadLimit") is False else str(raw.get("uploadLimit",
+                                                                                    uploads.DEFAULT_TEXT)),
     )
+
+
+def upload_limit(value: Any) -> int | None:
+    """network.uploadLimit as bytes (validated by schema.py: a size, or false for no cap); None: no cap."""
+    if value is False or value is None:
+        return None
+    return sizes.to_bytes(str(value)) or uploads.DEFAULT_LIMIT
 
 
 # -- config checks (schema.py calls these for each value) --------------------------------------------------
 
 def check_mode(value: str) -> str | None:
     return None if value in MODES else f"expected open, allowlist or offline, found {value!r}"
+
+
+def check_inspect(value: str) -> str | None:
+    return None if value in (INSPECT_CREDENTIALS, INSPECT_ALL) else f"expected credentials or all, found {value!r}"
 
 
 def check_preset(value: str) -> str | None:
@@ -121,6 +144,20 @@ def allow_list(settings: NetworkSettings, agent_endpoints: Mapping[str, Iterable
     return unique
 
 
+def inspected_hosts(settings: NetworkSettings) -> tuple[str, ...]:
+    """The allowed hosts the broker terminates TLS for besides the credential hosts (network.inspect: all, in
+    allowlist and offline mode): every listed name on 443. A `*.suffix` pattern, an IP literal and another port are
+    tunnelled as before (a leaf is made ahead for a name, never on a request's path)."""
+    if settings.inspect != INSPECT_ALL or settings.mode == "open":
+        return ()
+    names = []
+    for pattern, _ in allow_list(settings, {}):
+        host, _, port = pattern.lower().partition(":")
+        if port in ("", "443") and not host.startswith(("*", "[")) and not host.replace(".", "").isdigit():
+            names.append(host.rstrip("."))
+    return tuple(dict.fromkeys(names))
+
+
 # -- trust: a project's file may tighten the policy, never loosen it -----------------------------------------
 
 _RANK = {mode: rank for rank, mode in enumerate(MODES)}
@@ -135,6 +172,14 @@ def loosened(global_only: NetworkSettings, effective: NetworkSettings) -> list[s
         found.append(f"network.allowHost: {_ports_words(effective.allow_host)} (opens the host's localhost to the VM)")
     if effective.mode == "open" or global_only.mode == "open":
         return found  # open lets everything but the host through: any list is narrower
+    if _cap_above(effective.upload_limit, global_only.upload_limit):
+        cap = "false" if effective.upload_limit is None else sizes.shown(effective.upload_limit)
+        allowed = "no cap" if global_only.upload_limit is None else sizes.shown(global_only.upload_limit)
+        found.append(f"network.uploadLimit: {cap} (more than the global config's {allowed} may be uploaded to a "
+                     "host)")
+    if effective.inspect == INSPECT_CREDENTIALS and global_only.inspect == INSPECT_ALL:
+        found.append("network.inspect: credentials (the global config has the broker read what goes to every "
+                     "allowed host)")
     if effective.allow_lan and not global_only.allow_lan:
         found.append("network.allowLan: true (opens your local network to the VM)")
     if effective.agent_api and not global_only.agent_api:
@@ -146,6 +191,10 @@ def loosened(global_only: NetworkSettings, effective: NetworkSettings) -> list[s
             shown = ", ".join(added) if added else "the global config's list"
             found.append(f"network.allow/presets: {shown} (more hosts the VM may reach)")
     return found
+
+
+def _cap_above(cap: int | None, allowed: int | None) -> bool:
+    return allowed is not None and (cap is None or cap > allowed)
 
 
 def _ports_within(ports: bool | tuple[int, ...], allowed: bool | tuple[int, ...]) -> bool:

@@ -67,7 +67,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from agentbox import lazyre
-from agentbox.net import httpwire, intercept, placement, scan
+from agentbox.net import httpwire, intercept, placement, scan, uploads
 from agentbox.net.broker import Brokering
 from agentbox.net.upstream import ProxyRefused, ProxyURL, Route, open_plain, open_tunnel, trust
 
@@ -303,6 +303,9 @@ class Policy:
     queue_timeout: float = 10.0
     idle_timeout: float = 300.0
     connect_timeout: float = 10.0
+    # network.uploadLimit: bytes per host in the upload window `upload_window` (agentbox.net.uploads); None: no cap
+    upload_limit: int | None = None
+    upload_window: str = ""
     rules: list[_Rule] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -394,14 +397,17 @@ def _bound_here(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
 
 
 class _Refused(Exception):
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(self, status: int, reason: str, decision: str | None = None,
+                 detail: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.decision = decision  # the log's decision when not deny/error (uploads.DECISION)
+        self.detail = detail or {}  # more of the JSON body
 
 
 _STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
-                431: "Request Header Fields Too Large",
+                413: "Content Too Large", 431: "Request Header Fields Too Large",
                 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
 
 
@@ -409,6 +415,7 @@ class _Log:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+        self.path = path
         self.fd = os.open(path, flags, 0o600)
         if not stat.S_ISREG(os.fstat(self.fd).st_mode):
             os.close(self.fd)
@@ -445,6 +452,7 @@ class _Proxy:
         self.credentials = _expected(secret)  # None: every client is served (tests and benchmarks only)
         self.broker: Brokering | None = None
         self.pool = intercept.Pool()
+        self.uploads = uploads.Counter(policy.upload_limit, policy.upload_window, log.path.parent / uploads.CAPS_FILE)
         self.set_broker(broker)
         self.slots = asyncio.Semaphore(policy.max_connections)
         self.waiting = 0
@@ -479,7 +487,7 @@ class _Proxy:
                 self.slots.release()
         except _Refused as refused:
             entry["reason"] = refused.reason
-            entry["decision"] = "deny" if refused.status in (403, 407) else "error"
+            entry["decision"] = refused.decision or ("deny" if refused.status in (403, 407) else "error")
             await self.refuse(writer, refused, entry)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as error:
             entry["reason"] = entry["reason"] or type(error).__name__
@@ -491,6 +499,19 @@ class _Proxy:
             with contextlib.suppress(OSError):
                 self.log.write(entry)
             self.tasks.discard(task)
+
+    def use_policy(self, policy: Policy) -> None:
+        self.policy = policy
+        self.uploads.configure(policy.upload_limit, policy.upload_window)
+
+    def capped(self, host: str, with_body: bool) -> _Refused:
+        """The refusal of a request to `host` past its upload cap: 413 for one with a body, else 403."""
+        reason, detail = self.uploads.refusal(host)
+        return _Refused(413 if with_body else 403, reason, uploads.DECISION, detail)
+
+    def count_up(self, host: str, count: int, with_body: bool = True) -> None:
+        if not self.uploads.add(host, count):
+            raise self.capped(host, with_body)
 
     def set_broker(self, broker: Brokering | None) -> None:
         self.pool.close()  # connections made for the previous broker (its upstream, its trust) are not reused
@@ -505,6 +526,9 @@ class _Proxy:
                 ("resolves to a loopback", "is a loopback", "resolves to the host's own", "is the host's own"))
                 or _local_problem(str(entry["host"])) is not None):  # `net allow` refuses these: allowHost opens them
             body["allow"] = allow_host_hint(entry["port"])
+        elif refused.decision == uploads.DECISION:
+            body["by"] = "agentbox proxy"
+            body.update(refused.detail)
         elif refused.status == 403 and refused.reason.startswith("resolves to"):
             body["allow"] = "network.allowLan: true (in agentbox.yml)"
         elif refused.status == 403 and refused.reason.startswith("attempted leak"):
@@ -653,6 +677,9 @@ class _Proxy:
             if broker is not None and split[1] == CONNECT_PORT and split[0].lower().rstrip(".") in broker.hosts:
                 await self.intercept(broker, split[0].lower().rstrip("."), reader, writer, entry)
                 return
+            host = self.check_destination(split[0], split[1], CONNECT_PORT, entry)
+            if self.uploads.full(host):
+                raise self.capped(host, with_body=False)
             up_reader, up_writer = await self.open_upstream(split[0], split[1], CONNECT_PORT, entry)
             writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
             first = b""
@@ -666,6 +693,8 @@ class _Proxy:
             entry["host"], entry["port"] = split[0].lower(), split[1] or HTTP_PORT
             body = _Body(reader, *_framing(headers), leak=self._leak_reason(split[0]) if self.broker else None)
             self.no_placeholders(split[0], target, headers)
+            if self.uploads.full(entry["host"]):
+                raise self.capped(entry["host"], with_body=body.state != "done")
             proxy = self.company_proxy(split[0], split[1] or HTTP_PORT, plain=True)
             up_reader, up_writer = await self.open_upstream(split[0], split[1] or HTTP_PORT, HTTP_PORT, entry,
                                                             plain=proxy is not None)
@@ -685,6 +714,8 @@ class _Proxy:
                      + "Connection: close\r\n\r\n").encode("latin-1")
         entry["decision"], entry["reason"] = "allow", "listed"
         try:
+            self.count_up(entry["host"], len(first), with_body=body is not None and body.state != "done")
+            entry["bytes_up"] += len(first)
             up_writer.write(first)
             await self.relay(body or reader, writer, up_reader, up_writer, entry)
         finally:
@@ -710,7 +741,9 @@ class _Proxy:
                         writer: asyncio.StreamWriter, entry: dict[str, Any]) -> None:
         """A CONNECT to a credential host: TLS as that host, each request judged (agentbox.net.intercept)."""
         host = self.check_destination(host, CONNECT_PORT, CONNECT_PORT, entry)
-        entry["decision"], entry["reason"] = "allow", "credential host: brokered"
+        entry["decision"] = "allow"
+        entry["reason"] = ("inspected (network.inspect: all)" if host in broker.inspected
+                           else "credential host: brokered")
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         await writer.drain()
         try:
@@ -727,7 +760,7 @@ class _Proxy:
                 raise intercept.Refusal(refused.status, refused.reason) from None
 
         session = intercept.Session(broker, host, CONNECT_PORT, entry["client"], opener, self.log.write,
-                                    self.policy.idle_timeout, self.pool)
+                                    self.policy.idle_timeout, self.pool, self.uploads)
         try:
             await session.run(reader, writer)
         finally:
@@ -777,6 +810,8 @@ class _Proxy:
                             dst.write_eof()
                     return
                 last[0] = time.monotonic()
+                if counter == "bytes_up":
+                    self.count_up(entry["host"], len(data))
                 entry[counter] += len(data)
                 dst.write(data)
                 await dst.drain()
@@ -788,9 +823,12 @@ class _Proxy:
             # error or the idle timeout on either side ends the tunnel.
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
             leak = up.exception() if up in done else None
+            if isinstance(leak, _Refused) and leak.decision == uploads.DECISION and not isinstance(reader, _Body):
+                entry["decision"], entry["reason"] = leak.decision, leak.reason  # a tunnel is cut where it stands
+                return
             if isinstance(leak, _Refused):
                 if entry["bytes_down"]:
-                    entry["decision"], entry["reason"] = "deny", leak.reason
+                    entry["decision"], entry["reason"] = leak.decision or "deny", leak.reason
                     return
                 raise leak
             if down not in done and up.exception() is None and entry["reason"] != "idle timeout":
@@ -989,7 +1027,7 @@ class RunningProxy:
     def set_policy(self, policy: Policy) -> None:
         """Decide the next requests by `policy` (open tunnels stay as they are)."""
         if self._proxy is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(setattr, self._proxy, "policy", policy)
+            self._loop.call_soon_threadsafe(self._proxy.use_policy, policy)
 
     def set_secret(self, secret: str | None) -> None:
         """Ask the next connections for the proxy credentials with `secret` (open connections stay as they are)."""

@@ -7,9 +7,11 @@ lease, the company proxy's settings) is imported when they do (tests/test_own_ti
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple
 
 from agentbox.config import keys
+from agentbox.net import policy
 from agentbox.progress import note
 
 if TYPE_CHECKING:
@@ -46,12 +48,19 @@ def prepare(config: Config, vm_name: str, agent: str | None = None) -> Brokered 
         if title is not None and text.startswith(f"{title}:") and text not in said:
             note(f"{text} (said once)")
     brokerreport.record(vm_name, prepared, agent)  # what status/describe/doctor report, without parsing the logins
-    if not prepared.hosts:  # no brokered login on the host: no CA to make or read
+    hosts = authority_hosts(prepared.hosts, config)
+    if not hosts:  # no brokered login on the host and nothing to inspect: no CA to make or read
         return Brokered(prepared, None)
     # deferred: start-up (net.certauthority: only when a brokered login is on the host)
     from agentbox.net import certauthority
 
-    return Brokered(prepared, certauthority.ensure(vm_name, prepared.hosts))
+    return Brokered(prepared, certauthority.ensure(vm_name, hosts))
+
+
+def authority_hosts(credential_hosts: Iterable[str], config: Config) -> tuple[str, ...]:
+    """The names the VM's CA vouches for: the credential hosts, and with network.inspect: all every allowed name the
+    broker inspects (the same set whichever agent launches, so the CA stays)."""
+    return tuple(dict.fromkeys([*credential_hosts, *policy.inspected_hosts(config.network)]))
 
 
 def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]) -> guard.Lease | None:
@@ -71,7 +80,8 @@ def begin_proxy(config: Config, vm_name: str, agents: dict[str, tuple[str, ...]]
     # allowPush: every push (sync.remoteWrite); pushMode "session": pushes only to the VM's own branches
     # (git.allowPush, agentbox.net.pushes), judged and recorded by the broker
     wanted_broker = {**request.to_json(), "allowPush": config.remote_write,
-                     "pushMode": keys.PUSH_SESSION if config.scoped_pushes else "off"}
+                     "pushMode": keys.PUSH_SESSION if config.scoped_pushes else "off",
+                     "inspect": list(policy.inspected_hosts(config.network))}
     return guard.begin(config.network, vm_name, agents, broker=wanted_broker, program=BROKER_PROGRAM,
                           upstream=route)
 

@@ -18,12 +18,12 @@ from urllib.parse import urlsplit
 
 import click
 
-from agentbox import paths
+from agentbox import paths, sizes, tables
 from agentbox.cli.commands.common import load_config, vm_control
 from agentbox.config import edit, load, trust
 from agentbox.credentials import brokerreport, pushreport
 from agentbox.errors import StateError, UsageError
-from agentbox.net import guard, policy, proxy
+from agentbox.net import guard, policy, proxy, uploads
 from agentbox.progress import emit, note, say
 from agentbox.safetext import visible
 from agentbox.session import prepare, staging, warm
@@ -172,16 +172,26 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 @click.option("--broker", "broker_only", is_flag=True,
               help="Only the credential broker's decisions: each request to a credential host (substituted, "
                    "answered on the host, passed or refused) and each placeholder refused on its way elsewhere.")
+@click.option("--hosts", "per_host", is_flag=True,
+              help="A table of what each host was sent and sent back in this session's upload window (requests, "
+                   "bytes up and down, refusals at network.uploadLimit); with --json one object.")
 @click.pass_context
-def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, broker_only: bool) -> None:
+def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, broker_only: bool,
+                per_host: bool) -> None:
     """Print the proxy's decisions for the project's VM: time, decision, the host and why.
 
     A request the credential broker judged (credentials.broker) also shows its path (without the query) and
     the agent whose credential it carried: substitute (the real value put in on the host), answer (a token
     request answered on the host), pass (no credential) or deny. Never a secret.
     """
+    if per_host and (follow or broker_only):
+        raise UsageError("--hosts sums the log: it takes neither --follow nor --broker",
+                         hint="`agentbox net log --hosts` (add --json for one JSON object).")
     config = load_config(ctx, describe=True)
     path = guard.log_path(config.vm_name)
+    if per_host:
+        _print_hosts(config, path, as_json)
+        return
     if not path.exists() and not follow:
         say(f"no decisions logged for {config.vm_name} yet ({path}); the proxy runs in network.mode allowlist and "
             "offline, and in every mode with credentials.broker")
@@ -190,6 +200,30 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, bro
         _print_log(path, count, follow, as_json, broker_only)
     except KeyboardInterrupt:
         pass
+
+
+def _print_hosts(config: Config, path: Path, as_json: bool) -> None:
+    """What each host was sent in the current upload window (agentbox.net.uploads), as a table or one JSON object."""
+    since = str((guard.policy(config.vm_name) or {}).get("uploadWindow", ""))
+    try:
+        with open(path, "rb") as handle:
+            rows = uploads.per_host(handle, since)
+    except FileNotFoundError:
+        rows = []
+    limit = config.network.upload_limit
+    if as_json:
+        click.echo(json.dumps({"since": since or None, "uploadLimit": limit, "hosts": rows}))
+        return
+    cap = "no cap" if limit is None else f"cap {sizes.shown(limit)} per host"
+    when = f"since {tables.local_time(since)}" if since else "in the whole log"
+    say(f"uploads per host {when} (this session window; network.uploadLimit: {cap})")
+    if not rows:
+        say(f"nothing logged for {config.vm_name} in this window ({path})")
+        return
+    table = [["HOST", "REQUESTS", "UP", "DOWN", "AT CAP"]] + [
+        [visible(row["host"]), str(row["requests"]), sizes.shown(row["up"]), sizes.shown(row["down"]),
+         str(row["capped"]) if row["capped"] else "-"] for row in rows]
+    tables.echo(table, flexible=(0,), right=(1, 2, 3, 4))
 
 
 def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only: bool = False) -> None:

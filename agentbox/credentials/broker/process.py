@@ -43,9 +43,11 @@ def load(vm_name: str) -> Brokering | None:
         refreshes = Upstream(upstream.context if upstream else trust(route),
                              upstream.address if upstream else None, route)
     prepared = brokered.prepare_request(vm_name, brokered.Request.from_json(data), refreshes)
-    if not prepared.hosts:
+    inspect = [host for host in data.get("inspect", []) if isinstance(host, str) and host not in prepared.hosts]
+    if not prepared.hosts and not inspect:
         return None
-    authority = certauthority.ensure(vm_name, prepared.hosts)
+    # the same host set, in the same order, as the launch's (agentbox.session.brokersetup.authority_hosts)
+    authority = certauthority.ensure(vm_name, tuple(dict.fromkeys([*prepared.hosts, *inspect])))
     scoped = data.get("pushMode") == keys.PUSH_SESSION and not data.get("allowPush")
     return Brokering(
         leaves={host: certauthority.server_context(authority.leaf(host)) for host in authority.hosts},
@@ -58,6 +60,7 @@ def load(vm_name: str) -> Brokering | None:
         pushes=pushes.Ledger(vm_name) if scoped else None,
         upstream_context=upstream.context if upstream else None,
         upstream_address=upstream.address if upstream else None,
+        inspected=frozenset(inspect),
     )
 
 
