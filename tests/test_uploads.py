@@ -178,7 +178,7 @@ def test_net_log_hosts_sums_up_and_down_per_host_in_this_window(project: Path, v
     assert result.exit_code == 0, result.stderr
     summary = json.loads(result.stdout)
     assert summary["uploadLimit"] == 50 << 20
-    assert summary["since"] == netguard.policy(NAME)["uploadWindow"]
+    assert summary["since"] == netguard.upload_window(NAME)
     (row,) = summary["hosts"]
     assert row["host"] == "sink.test" and row["requests"] == 3 and row["capped"] == 0
     assert 100 * 1024 < row["up"] < 100 * 1024 + 2048  # the tunnel's bytes, the POST's head and body

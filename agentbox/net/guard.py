@@ -18,8 +18,10 @@ Files in the VM's state folder, `network/`:
                 runs: it asks Lima (seldom, only while no session holds it) and ends once the VM stopped or is
                 gone, however that happened; `agentbox stop` ends it at once
   policy.json   what the proxy allows (written by each launch: the mode, the patterns with their sources, the
-                agents launched since the proxy started, allowLan, uploadLimit, and uploadWindow: when the
-                current upload window began, agentbox.net.uploads); the proxy reloads it when it changes
+                agents launched since the proxy started, allowLan, uploadLimit); the proxy reloads it when it
+                changes
+  window        when the current upload window began (agentbox.net.uploads): written when a session starts while
+                no other holds the proxy, by a full launch and a launch from its plan alike; never a plan's input
   upstream.json the company proxy the proxy goes on through and the CA files it trusts besides the system's
                 (agentbox.net.upstream; 0600: a proxy password may be in it); reloaded when it changes
   secret        the VM's proxy secret (0600): every request to the proxy carries it (`Proxy-Authorization: Basic`,
@@ -54,8 +56,8 @@ from typing import Any, NamedTuple, NoReturn
 from agentbox import fsutil, lazyre, livemarkers, paths, progress
 from agentbox.errors import StateError
 from agentbox.fsutil import atomic_write, locked, private_dir, write_if_changed
-from agentbox.net import hold, uploads, upstream
 from agentbox.net import policy as netpolicy
+from agentbox.net import uploads, upstream
 from agentbox.net.broker import Brokering
 
 POLL_SEC = 0.25
@@ -67,6 +69,7 @@ VM_CHECK_MAX_SEC = 30.0  # ... then twice as long each time, up to this
 SECRET_FILE = "secret"  # the VM's proxy secret (0600): the password of the proxy credentials in its proxy URL
 SECRET_BYTES = 16
 BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
+WINDOW_FILE = "window"  # when the current upload window began (agentbox.net.uploads)
 UPSTREAM_FILE = "upstream.json"  # the company proxy to go through (0600: its URL may hold a password)
 _SECRET = lazyre.compile(f"[0-9a-f]{{{SECRET_BYTES * 2}}}")
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
@@ -142,6 +145,9 @@ def policy(vm_name: str) -> dict[str, Any] | None:
 def describe(settings: netpolicy.NetworkSettings, vm_name: str,
              agents: Mapping[str, tuple[str, ...]], vm_type: str | None = None) -> dict[str, Any]:
     """The VM's network policy as `agentbox net status --json` and `status --json` report it."""
+    # deferred: start-up (net.hold: status reads it; a launch from its plan leases the proxy through this module)
+    from agentbox.net import hold
+
     enforcement, why = hold.enforcement(vm_name, settings, vm_type)
     current = running(vm_name)
     launched = (policy(vm_name) or {}).get("agents", {}) if current is not None else {}
@@ -260,9 +266,8 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
         if current is not None:
             for name, hosts in (policy(vm_name) or {}).get("agents", {}).items():
                 launched.setdefault(name, tuple(hosts))
-        # a session that starts while no other holds the proxy begins a new upload window (agentbox.net.uploads)
-        window = None if current is not None and _claimed(vm_name) else _new_window()
-        _write_policy(vm_name, settings, launched, window)
+        _begin_window(vm_name, current is not None)
+        _write_policy(vm_name, settings, launched)
         if broker is not None:
             write_if_changed(base / BROKER_FILE, (json.dumps(broker, sort_keys=True, indent=1) + "\n").encode())
         else:
@@ -288,6 +293,7 @@ def lease_running(vm_name: str, port: int, brokers: bool, program: str) -> Lease
         current = running(vm_name)
         if current is None or current.port != port or current.brokers != brokers:
             return None
+        _begin_window(vm_name, True)
         fd, lease_path = _held_lease(base)
     return Lease(vm_name, fd, lease_path, None, port, program, brokers)
 
@@ -346,15 +352,30 @@ def _control_lock(vm_name: str) -> Path:
     return folder(vm_name) / "control.lock"
 
 
-def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dict[str, tuple[str, ...]],
-                  window: str | None = None) -> None:
-    """`window`: a new upload window's start (None: the one policy.json has)."""
+def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dict[str, tuple[str, ...]]) -> None:
     entries = netpolicy.allow_list(settings, agents)
     data = {"mode": settings.mode, "allow": [[host, source] for host, source in entries],
             "allowLan": settings.allow_lan, "agents": {name: list(hosts) for name, hosts in agents.items()},
-            "uploadLimit": settings.upload_limit,
-            "uploadWindow": window or str((policy(vm_name) or {}).get("uploadWindow") or _new_window())}
+            "uploadLimit": settings.upload_limit}
     write_if_changed(folder(vm_name) / "policy.json", (json.dumps(data, indent=1) + "\n").encode())
+
+
+def _begin_window(vm_name: str, proxy_runs: bool) -> None:
+    """A session that starts while no other holds the proxy begins a new upload window (agentbox.net.uploads).
+    Not an input of the launch's plan: a launch from its plan decides it again (lease_running)."""
+    # A launch being recorded has its recorder loaded; a launch from its plan (or any other caller) has none.
+    recorder = sys.modules.get("agentbox.session.planrecorder")
+    with recorder.unrecorded() if recorder is not None else contextlib.nullcontext():
+        if not proxy_runs or not _claimed(vm_name):
+            atomic_write(folder(vm_name) / WINDOW_FILE, _new_window() + "\n", mode=0o600, durable=False)
+
+
+def upload_window(vm_name: str) -> str:
+    """When the current upload window began ("" before the first session)."""
+    try:
+        return (folder(vm_name) / WINDOW_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
 
 
 def _new_window() -> str:
@@ -487,7 +508,7 @@ def _load_policy(vm_name: str) -> Any:
     hooks["upstream"] = upstream_route(vm_name)
     limit = data.get("uploadLimit", uploads.DEFAULT_LIMIT)
     hooks["upload_limit"] = limit if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0 else None
-    hooks["upload_window"] = str(data.get("uploadWindow", ""))
+    hooks["upload_window"] = upload_window(vm_name)
     if data.get("mode") == "open":
         return Policy(open=True, **hooks)
     patterns = [entry[0] for entry in data.get("allow", []) if isinstance(entry, list) and entry]
@@ -548,7 +569,8 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     _rotate(log_path(vm_name))
     _rotate(base / uploads.CAPS_FILE)
     policy_file = base / "policy.json"
-    seen = _mtime(policy_file)
+    window_file = base / WINDOW_FILE
+    seen = (_mtime(policy_file), _mtime(window_file))
     broker_file = base / BROKER_FILE
     broker_seen = _mtime(broker_file)
     upstream_file = base / UPSTREAM_FILE
@@ -558,7 +580,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
     proxy = start(_load_policy(vm_name), log_path(vm_name), port=preferred,
                   broker=_broker(vm_name, load_broker, broker_seen), listener=listener,
                   secret=secret(vm_name),  # always: only the VM has it
-                  guest_socket=base / hold.GUEST_SOCKET)  # a held VM's connections (agentbox.net.hold)
+                  guest_socket=base / netpolicy.HOLD_SOCKET)  # a held VM's connections (agentbox.net.hold)
     lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
     try:
         if listener is None:
@@ -576,8 +598,8 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                     return 0
             if not base.is_dir():  # the VM's state is gone (`agentbox rm`): nothing here is its to serve
                 return 0
-            if _mtime(policy_file) != seen or _mtime(upstream_file) != upstream_seen:
-                seen, upstream_seen = _mtime(policy_file), _mtime(upstream_file)
+            if (_mtime(policy_file), _mtime(window_file)) != seen or _mtime(upstream_file) != upstream_seen:
+                seen, upstream_seen = (_mtime(policy_file), _mtime(window_file)), _mtime(upstream_file)
                 proxy.set_policy(_load_policy(vm_name))
                 broker_seen = -1  # the broker's own requests (OAuth refreshes) go by the new route too
             if _mtime(secret_file) != secret_seen:

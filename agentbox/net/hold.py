@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentbox import paths
-from agentbox.net.policy import ADVISORY, HOLD_ADDRESS, HOLD_PROXY_PORT, HOST, NetworkSettings
+from agentbox.net.policy import ADVISORY, HOLD_ADDRESS, HOLD_PROXY_PORT, HOLD_SOCKET, HOST, NetworkSettings
 from agentbox.net.policy import enforcement as advisory_why
 
 GUEST_ADDRESS = HOLD_ADDRESS  # QEMU's default guestfwd address in Lima's 192.168.5.0/24 (the host's .2 is refused)
@@ -40,7 +40,7 @@ PROXY_GUEST_PORT = HOLD_PROXY_PORT
 RECORD = "hold.json"
 SPEC = "hold-spec.json"
 LAUNCHER = "qemu-hold"
-GUEST_SOCKET = "guest.sock"  # the VM's proxy process takes held connections here (agentbox.net.proxy)
+GUEST_SOCKET = HOLD_SOCKET  # the VM's proxy process takes held connections here (agentbox.net.proxy)
 RESTART_HINT = "`agentbox restart` starts it held"
 
 

@@ -33,6 +33,7 @@ DNS_ADDRESS = "192.168.5.3"
 # A held VM's forwards (agentbox.net.hold): QEMU's default guestfwd address in Lima's network, the proxy's port there.
 HOLD_ADDRESS = "192.168.5.4"
 HOLD_PROXY_PORT = 3128
+HOLD_SOCKET = "guest.sock"  # in the VM's network folder: where its proxy process takes held connections
 PRIVATE_NETS = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "169.254.0.0/16", "100.64.0.0/10")
 PRIVATE_NETS6 = ("fc00::/7", "fe80::/10")
 

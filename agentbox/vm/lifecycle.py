@@ -17,7 +17,6 @@ from agentbox.config import naming
 from agentbox.config.load import Config
 from agentbox.errors import Interrupted, LimaError, RefusedError, StateError
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.net import holdstart
 from agentbox.progress import Progress, note, warn
 from agentbox.safetext import visible
 from agentbox.vm import drift, effective, render, statefile, verified
@@ -320,6 +319,9 @@ def start(control: VmControl, vm_name: str, instance_dir: str, row: Instance | N
     timeout = max(MIN_START_TIMEOUT, control.config.startup_wait_sec)
     log_path = os.path.join(instance_dir, "ha.stderr.log")
     config = control.config
+    # deferred: start-up (net.holdstart: only a start writes the VM's QEMU launcher; a warm launch starts nothing)
+    from agentbox.net import holdstart
+
     held_env = holdstart.start_env(vm_name, config.network if hold_network else config.network._replace(mode="open"),
                               config.vm_type, config.arch)
     try:

@@ -204,7 +204,7 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, bro
 
 def _print_hosts(config: Config, path: Path, as_json: bool) -> None:
     """What each host was sent in the current upload window (agentbox.net.uploads), as a table or one JSON object."""
-    since = str((guard.policy(config.vm_name) or {}).get("uploadWindow", ""))
+    since = guard.upload_window(config.vm_name)
     try:
         with open(path, "rb") as handle:
             rows = uploads.per_host(handle, since)
