@@ -115,6 +115,9 @@ LAUNCH_OPTIONS = (
     LaunchOption("--go", "TOKEN", "start the program only once the staging folder has go/TOKEN, which the host "
                  "writes when it recorded the start checkpoint (its first line: the checkpoint's id, exported as "
                  "AGENTBOX_CHECKPOINT); after GO_LIMIT seconds without it, stop with GO_TIMED_OUT"),
+    LaunchOption("--canaries", "ID", "place this session's canary secrets, staging/canaries/ID (KIND=VALUE lines, "
+                 "agentbox.session.canaries): ~/.aws/credentials and ~/.env (unless the user keeps their own there) "
+                 "and the program's environment"),
     LaunchOption("--setup-digest", "DIGEST", "the host's digest of everything the setup applies "
                  "(agentbox.session.setupdigest): when it and the VM's boot are those of the last setup that "
                  "finished (~/.agentbox/setup.applied), launch.sh skips the setup and runs no process before the "

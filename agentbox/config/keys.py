@@ -333,6 +333,10 @@ SCHEMA: dict[str, Key] = {
             "agentApi": Key("bool", "Let the launched agent reach its API (and login) in allowlist and offline "
                             "mode.", default=True, trust=RULE,
                             why="when true and the global config turns it off"),
+            "private": Key("strlist", "Workspace files whose content must not leave the VM: globs relative to the "
+                           "workspace (`*` within a folder, `**` any depth). An upload through the proxy or broker "
+                           "carrying a chunk of one is refused (docs/network.md).",
+                           default=[".env*", "*.pem", "*.key", "id_*", "secrets/**"]),
         },
     ),
     "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "

@@ -39,6 +39,10 @@ PRESETS: dict[str, tuple[str, ...]] = {
                "download.docker.com"),
 }
 
+# network.private's default: workspace files whose content must not be uploaded (agentbox.net.doors)
+DEFAULT_PRIVATE = (".env*", "*.pem", "*.key", "id_*", "secrets/**")
+
+
 class NetworkSettings(NamedTuple):
     mode: str = "open"
     allow_host: bool | tuple[int, ...] = False  # True: every port of the host's loopback
@@ -46,6 +50,7 @@ class NetworkSettings(NamedTuple):
     presets: tuple[str, ...] = ()
     allow: tuple[str, ...] = ()
     agent_api: bool = True
+    private: tuple[str, ...] = DEFAULT_PRIVATE
 
     @property
     def proxied(self) -> bool:
@@ -67,6 +72,7 @@ def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
         presets=tuple(dict.fromkeys(raw.get("presets", ()))),
         allow=tuple(dict.fromkeys(raw.get("allow", ()))),
         agent_api=raw.get("agentApi", True),
+        private=tuple(dict.fromkeys(raw.get("private", DEFAULT_PRIVATE))),
     )
 
 
