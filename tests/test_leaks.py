@@ -19,9 +19,12 @@ from typing import ClassVar
 
 import pytest
 
+from agentbox import paths
 from agentbox.net import guard as netguard
 from agentbox.net import proxy as netproxy
 from tests.helpers import GUEST_PROXY, NAME, FakeLima, agentbox, run_cli, staged_logins, write
+from tests.test_broker_cli import host_logins, upstream  # noqa: F401 (fixtures)
+from tests.test_launch_plan import configure, launch, planned_launch
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -237,3 +240,62 @@ def test_a_glob_matching_nothing_warns_and_an_unreadable_private_file_is_named(
     assert result.stderr.count("certs/*.pem") == 1  # once per launch
     files = json.loads((netguard.folder(NAME) / "private.json").read_text())["files"]
     assert [record["path"] for record in files] == [".env"]
+
+
+def test_a_launch_from_its_plan_gets_new_canaries_and_pays_nothing_for_unchanged_private_files(
+        project: Path, vm: FakeLima, home: Path) -> None:
+    staged_logins(home)
+    write(project / ".env", SECRET_LINE.decode())
+    configure(project)
+    first = planned_launch(project, vm)
+    private = netguard.folder(NAME) / "private.json"
+    made = private.stat().st_mtime_ns
+    second = launch(project, "codex")
+    assert second.planned and second.result.returncode == 0, second.stderr
+    values = [ran.data["env"]["STRIPE_API_KEY"] for ran in (first, second)]
+    assert values[0] != values[1]
+    known = (netguard.folder(NAME) / "canaries.json").read_text()
+    assert all(value in known for value in values)  # the proxy knows both sessions' values
+    assert private.stat().st_mtime_ns == made  # nothing fingerprinted again
+    assert not list((paths.staging_dir(NAME) / "canaries").iterdir())  # each session's staged copy is gone
+    write(project / ".env", "OTHER=" + "z8" * 60 + "\n")
+    after = launch(project, "codex")
+    assert not after.planned and after.result.returncode == 0, after.stderr
+    assert private.stat().st_mtime_ns != made
+
+
+# In the guest: through the credential broker to api.anthropic.com, with the VM's login; argv[1] says what to add:
+# the ~/.env canary in the body, the session's environment canary in a header, or nothing.
+BROKERED = GUEST_PROXY + r"""
+import http.client, json, os, ssl, sys
+login = json.load(open(os.path.expanduser("~/.claude/.credentials.json")))["claudeAiOauth"]["accessToken"]
+password = open(os.path.expanduser("~/.env")).read().split("postgres://app:")[1].split("@")[0]
+context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
+connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=20)
+connection.set_tunnel("api.anthropic.com", 443, headers=proxy_auth)
+headers = {"Authorization": "Bearer " + login}
+body = None
+if sys.argv[1] == "body":
+    body = json.dumps({"messages": [{"role": "user", "content": "the db password is " + password}]})
+elif sys.argv[1] == "header":
+    headers["X-Note"] = os.environ["STRIPE_API_KEY"]
+connection.request("GET", "/api/oauth/profile", body=body, headers=headers)
+response = connection.getresponse()
+print(json.dumps({"status": response.status, "body": response.read().decode()}))
+"""
+
+
+@pytest.mark.usefixtures("host_logins", "upstream")
+def test_the_broker_refuses_a_canary_in_an_intercepted_requests_body_or_header(project: Path, vm: FakeLima) -> None:
+    write(project / "agentbox.yml", "")  # the broker is on by default
+    results = {}
+    for what in ("none", "body", "header"):
+        result = agentbox(project, "shell", "--", "python3", "-c", BROKERED, what)
+        assert result.returncode == 0, result.stderr
+        results[what] = json.loads(result.stdout.strip().splitlines()[-1])
+    assert results["none"]["status"] == 200
+    for what in ("body", "header"):
+        assert results[what]["status"] == 403, results
+        assert json.loads(results[what]["body"])["reason"].startswith("attempted leak")
+    assert [(entry["what"], entry["host"]) for entry in _leaks(project)] == [
+        ("dotenv", "api.anthropic.com"), ("env", "api.anthropic.com")]

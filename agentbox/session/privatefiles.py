@@ -12,6 +12,7 @@ that cannot be read, or is too large, is named as not fingerprinted.
 from __future__ import annotations
 
 import base64
+import contextlib
 import fnmatch
 import json
 import os
@@ -24,6 +25,7 @@ from agentbox.fsutil import atomic_write, private_dir
 from agentbox.net import doors
 from agentbox.progress import warn
 from agentbox.safetext import visible
+from agentbox.session import planrecorder
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -37,13 +39,20 @@ STAMP_FILE = "private.stamp"
 def refresh(config: Config, vm_name: str, workspace: Path) -> None:
     """Fingerprints of the private files as they are now, for the proxy (written only when they changed)."""
     found: dict[str, os.stat_result] = {}
+    folders: set[str] = set()
     for pattern in config.network.private:
-        matched = _expand(workspace, pattern)
+        with planrecorder.unrecorded():  # a listing would make every file beside them an input
+            matched = _expand(workspace, pattern, folders)
         if not matched and _source(config, pattern) is not None:
             warn(visible(f"network.private: `{pattern}` (in {_source(config, pattern)}) matches no file in "
                          f"{workspace}; nothing is fingerprinted for it"))
         found.update(matched)
     chosen = sorted(found.items())[:MAX_FILES]
+    # What a verified plan keeps (agentbox.session.plan): the folders the globs looked in (a file made or removed
+    # there changes them) and the files they found.
+    for name in sorted(folders) + [str(workspace / name) for name, _ in chosen]:
+        with contextlib.suppress(OSError):
+            os.lstat(name)
     signature = [[name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for name, st in chosen]
     network = paths.vm_state_dir(vm_name) / "network"
     stamp = json.dumps({"window": doors.WINDOW, "files": signature})
@@ -83,27 +92,29 @@ def _source(config: Config, pattern: str) -> str | None:
     return None
 
 
-def _expand(workspace: Path, pattern: str) -> dict[str, os.stat_result]:
+def _expand(workspace: Path, pattern: str, folders: set[str]) -> dict[str, os.stat_result]:
     """The regular files under `workspace` a glob names: workspace-relative path -> stat (links never followed)."""
     parts = [part for part in pattern.strip("/").split("/") if part not in ("", ".")]
     if not parts or ".." in parts:
         return {}
     found: dict[str, os.stat_result] = {}
-    _walk(workspace, "", parts, found)
+    _walk(workspace, "", parts, found, folders)
     return found
 
 
-def _walk(folder: Path, relative: str, parts: list[str], found: dict[str, os.stat_result]) -> None:
+def _walk(folder: Path, relative: str, parts: list[str], found: dict[str, os.stat_result],
+          folders: set[str]) -> None:
     """`parts` matched from `folder` on: `**` is any number of folders (none included); `**` last, every file."""
     if len(found) >= MAX_FILES:
         return
     head, rest = parts[0], parts[1:]
     if head == "**" and rest:
-        _walk(folder, relative, rest, found)
+        _walk(folder, relative, rest, found, folders)
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
         return
+    folders.add(str(folder))
     for entry in entries:
         name = f"{relative}{entry.name}"
         try:
@@ -114,12 +125,12 @@ def _walk(folder: Path, relative: str, parts: list[str], found: dict[str, os.sta
             if not rest and _candidate(st):
                 found[name] = st
             if stat.S_ISDIR(st.st_mode) and entry.name != ".git":
-                _walk(Path(entry.path), f"{name}/", parts, found)
+                _walk(Path(entry.path), f"{name}/", parts, found, folders)
         elif fnmatch.fnmatchcase(entry.name, head):
             if not rest and _candidate(st):
                 found[name] = st
             elif rest and stat.S_ISDIR(st.st_mode):
-                _walk(Path(entry.path), f"{name}/", rest, found)
+                _walk(Path(entry.path), f"{name}/", rest, found, folders)
 
 
 def _candidate(st: os.stat_result) -> bool:
