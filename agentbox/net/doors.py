@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import gc
 import hashlib
 import json
 import os
@@ -31,6 +32,7 @@ import re
 import time
 import zlib
 from array import array
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -40,13 +42,20 @@ WINDOW = 64
 STRIDE = 32
 MIN_VARIETY = 8  # a window of fewer distinct bytes (padding, indentation, a run of one letter) is no fingerprint
 MIN_BASE64 = 24
+GRAM = 8  # canaries are found by pieces of this many bytes, looked up every GRAM_STRIDE bytes
+GRAM_STRIDE = 12
 MAX_EMBEDDED = 8  # gzip streams looked into per body
 CANARIES_FILE = "canaries.json"  # agentbox.session.canaries.FILE writes it
 PRIVATE_FILE = "private.json"
 RECHECK_SEC = 0.5
 KINDS = {"aws": "the cloud-credentials file (~/.aws/credentials)", "env": "the session's environment",
          "dotenv": "the .env file in the home (~/.env)"}
-_BASE64_RUN = re.compile(rb"[A-Za-z0-9+/_\-\r\n]{%d,}=*" % MIN_BASE64)
+# base64 runs are found on a mask of the data (translate and find run in C; a regular expression tries every byte)
+_ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-\r\n"
+_MASK = bytes(ord("a") if byte in _ALPHABET else ord("=") if byte == ord("=") else ord(" ") for byte in range(256))
+_RUN_START = b"a" * MIN_BASE64
+_RUN_END = re.compile(rb"[^a]")
+_PADDING_END = re.compile(rb"[^=]")
 _BASE64_CHAR = re.compile(rb"[A-Za-z0-9+/_\-\r\n]*")
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
 _GZIP_MAGIC = b"\x1f\x8b\x08"
@@ -109,7 +118,8 @@ class Doors:
                  files: list[str] | None = None) -> None:
         self.needles = sorted((canaries or {}).items())
         self.longest = max((len(needle) for needle, _ in self.needles), default=0)
-        self.lowered = [(needle.lower(), kind) for needle, kind in self.needles]  # in a host name, any case
+        self.grams = _grams(self.needles)
+        self.lowered = _grams([(needle.lower(), kind) for needle, kind in self.needles])  # a host name: any case
         self.crcs = crcs or {}
         self.checks = checks or set()
         self.files = files or []
@@ -123,20 +133,41 @@ class Doors:
         if not self.needles:
             return None
         check = BodyCheck(self, None, fingerprints=False)
-        hit = check.feed(text) or check.end()
-        if hit is None:
-            lowered = text.lower()
-            hit = next((Hit(kind) for needle, kind in self.lowered if needle in lowered), None)
-        return hit
+        return check.feed(text) or check.end() or self.canary(text.lower(), self.lowered)
 
     def body(self, encoding: str | None) -> BodyCheck:
         return BodyCheck(self, encoding)
 
-    def canary(self, data: bytes) -> Hit | None:
-        for needle, kind in self.needles:
+    def canary(self, data: bytes, grams: _Grams | None = None) -> Hit | None:
+        """A canary in `data`: its GRAM-byte pieces every GRAM_STRIDE bytes looked up, a candidate compared whole
+        (every value is at least GRAM + GRAM_STRIDE - 1 bytes long, so one of its pieces is always looked up)."""
+        index, short = grams or self.grams
+        for needle, kind in short:
             if needle in data:
                 return Hit(kind)
+        for at in range(0, len(data) - GRAM + 1, GRAM_STRIDE):
+            found = index.get(data[at:at + GRAM])
+            if found is not None:
+                for needle, kind in found:
+                    if needle in data[max(0, at - len(needle)):at + len(needle) + GRAM]:
+                        return Hit(kind)
         return None
+
+
+_Grams = tuple[dict[bytes, list[tuple[bytes, str]]], list[tuple[bytes, str]]]
+
+
+def _grams(needles: list[tuple[bytes, str]]) -> _Grams:
+    """Each value's GRAM-byte pieces (at every offset) to the values they are in; values too short for them."""
+    index: dict[bytes, list[tuple[bytes, str]]] = {}
+    short = []
+    for needle, kind in needles:
+        if len(needle) < GRAM + GRAM_STRIDE - 1:
+            short.append((needle, kind))
+            continue
+        for at in range(len(needle) - GRAM + 1):
+            index.setdefault(needle[at:at + GRAM], []).append((needle, kind))
+    return index, short
 
 
 NONE = Doors()
@@ -199,10 +230,10 @@ class _Base64:
             if hit is not None or length == len(data):
                 return hit
             start = length
-        for run in _BASE64_RUN.finditer(data, start):
+        for begin, end in _runs(data, start):
             self.open = _Stream(self.doors, self.fingerprints)
             self.quad = b""
-            hit = self._decode(run.group(), final=run.end() < len(data))
+            hit = self._decode(data[begin:end], final=end < len(data))
             if hit is not None:
                 return hit
         tail = _BASE64_CHAR.match(data[-(MIN_BASE64 - 1):][::-1]) if self.open is None and data else None
@@ -232,6 +263,19 @@ class _Base64:
         if final:
             self.open, self.quad = None, b""
         return hit
+
+
+def _runs(data: bytes, start: int) -> Iterator[tuple[int, int]]:
+    """(start, end) of each run of at least MIN_BASE64 base64 characters (with its padding) from `start` on."""
+    mask = data.translate(_MASK)
+    at = mask.find(_RUN_START, start)
+    while at != -1:
+        stop = _RUN_END.search(mask, at + MIN_BASE64)
+        end = stop.start() if stop is not None else len(data)
+        padding = _PADDING_END.search(mask, end)
+        end = padding.start() if padding is not None else len(data)
+        yield at, end
+        at = mask.find(_RUN_START, end)
 
 
 class _Gzip:
@@ -362,6 +406,7 @@ class Watch:
             if stamps != self.seen:
                 self.seen = stamps
                 self.doors = load(self.folder)
+                gc.freeze()  # a million fingerprints are never garbage: no collection walks them again
         return self.doors
 
 
