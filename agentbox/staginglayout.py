@@ -45,6 +45,7 @@ GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 GUEST_BROKER_CA = "/usr/local/share/ca-certificates/agentbox-broker.crt"  # provision/launch/broker.sh installs it there
 # launch.sh's exit status when the broker's CA could not be installed in the guest's trust store (it says why first).
 BROKER_CA_FAILED = 122
+CANARIES = "canaries"  # staging/canaries/ID: a session's canary secrets (launch.sh --canaries ID)
 GO_MARKERS = "go"  # staging/go/TOKEN: the host recorded this launch's start checkpoint (launch.sh --go TOKEN)
 # launch.sh's exit status when the host did not say within GO_LIMIT seconds that the start checkpoint is recorded.
 GO_TIMED_OUT = 121

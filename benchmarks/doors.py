@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from agentbox.net import doors
+from agentbox.net import doors, fingerprints
 from agentbox.net import proxy as netproxy
 from agentbox.session import canaries
 
@@ -85,14 +85,14 @@ def median_ms(run: Callable[[], None], runs: int) -> float:
 
 def plant(folder: Path) -> None:
     sessions = [{"id": str(n), "started": 0, "values": canaries.make()} for n in range(canaries.KEPT)]
-    (folder / doors.CANARIES_FILE).write_text(json.dumps({"sessions": sessions}))
+    (folder / fingerprints.CANARIES_FILE).write_text(json.dumps({"sessions": sessions}))
     private = os.urandom(1 << 20)
     records = []
     for n in range(4):
-        crcs, checks = doors.window_hashes(private[n << 18:(n + 1) << 18])
+        crcs, checks = fingerprints.window_hashes(private[n << 18:(n + 1) << 18])
         records.append({"path": f"secret{n}", "crc": base64.b64encode(crcs.tobytes()).decode(),
                         "check": base64.b64encode(checks.tobytes()).decode()})
-    (folder / doors.PRIVATE_FILE).write_text(json.dumps({"window": doors.WINDOW, "files": records}))
+    (folder / fingerprints.PRIVATE_FILE).write_text(json.dumps({"window": fingerprints.WINDOW, "files": records}))
 
 
 def main() -> None:

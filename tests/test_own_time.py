@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parent.parent
 # point loads first (cli.launchflags, agents.argv, session.plan, config.checkpointkeys) and two that record and save
 # a full launch's plan (session.planrecorder, session.planwrite); and two a full launch costs less with: lazyre (no
 # pattern compiled at import) and the broker's gh reader ghhosts (no PyYAML).) A launch from its verified plan loads
-# far fewer (tests/test_launch_plan.py).
-MAX_AGENTBOX_MODULES = 112
+# far fewer (tests/test_launch_plan.py). Issue 41 added three small ones: session.canaries (a session's canary
+# secrets), session.privatefiles and net.fingerprints (network.private's fingerprints, standard library only).
+MAX_AGENTBOX_MODULES = 115
 NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.cli.commandline",
                      "agentbox.cli.commands.agentcommand",
                      # dataclasses' decorator costs inspect and ast: NamedTuples and plain classes instead

@@ -25,10 +25,8 @@ import base64
 import binascii
 import contextlib
 import gc
-import hashlib
 import json
 import os
-import re
 import time
 import zlib
 from array import array
@@ -36,17 +34,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from agentbox import lazyre
+from agentbox.net.fingerprints import CANARIES_FILE, PRIVATE_FILE, STRIDE, WINDOW, confirm
 from agentbox.net.placement import Refusal
 
-WINDOW = 64
-STRIDE = 32
-MIN_VARIETY = 8  # a window of fewer distinct bytes (padding, indentation, a run of one letter) is no fingerprint
 MIN_BASE64 = 24
 GRAM = 8  # canaries are found by pieces of this many bytes, looked up every GRAM_STRIDE bytes
 GRAM_STRIDE = 12
 MAX_EMBEDDED = 8  # gzip streams looked into per body
-CANARIES_FILE = "canaries.json"  # agentbox.session.canaries.FILE writes it
-PRIVATE_FILE = "private.json"
 RECHECK_SEC = 0.5
 KINDS = {"aws": "the cloud-credentials file (~/.aws/credentials)", "env": "the session's environment",
          "dotenv": "the .env file in the home (~/.env)"}
@@ -54,9 +49,9 @@ KINDS = {"aws": "the cloud-credentials file (~/.aws/credentials)", "env": "the s
 _ALPHABET = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/_-\r\n"
 _MASK = bytes(ord("a") if byte in _ALPHABET else ord("=") if byte == ord("=") else ord(" ") for byte in range(256))
 _RUN_START = b"a" * MIN_BASE64
-_RUN_END = re.compile(rb"[^a]")
-_PADDING_END = re.compile(rb"[^=]")
-_BASE64_CHAR = re.compile(rb"[A-Za-z0-9+/_\-\r\n]*")
+_RUN_END = lazyre.compile(rb"[^a]")
+_PADDING_END = lazyre.compile(rb"[^=]")
+_BASE64_CHAR = lazyre.compile(rb"[A-Za-z0-9+/_\-\r\n]*")
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
 _GZIP_MAGIC = b"\x1f\x8b\x08"
 
@@ -88,26 +83,6 @@ def mark(entry: dict[str, Any], error: BaseException) -> None:
         entry["decision"], entry["reason"], entry["what"] = "leak", error.logged, error.hit.what
         if error.hit.file is not None:
             entry["file"] = error.hit.file
-
-
-def window_hashes(data: bytes) -> tuple[array, array]:
-    """Every WINDOW-byte run of `data` (each start) with MIN_VARIETY distinct bytes: its crc32s and blake2b-8s."""
-    crcs, checks = array("I"), array("Q")
-    view = memoryview(data)
-    seen: set[int] = set()
-    for start in range(len(data) - WINDOW + 1):
-        window = view[start:start + WINDOW]
-        check = _check(window)
-        if check in seen or len(set(window)) < MIN_VARIETY:
-            continue
-        seen.add(check)
-        crcs.append(zlib.crc32(window))
-        checks.append(check)
-    return crcs, checks
-
-
-def _check(window: Any) -> int:
-    return int.from_bytes(hashlib.blake2b(window, digest_size=8).digest(), "little")
 
 
 class Doors:
@@ -203,7 +178,7 @@ class _Stream:
         found = [at for at in range(0, last + 1, STRIDE) if crc(view[at:at + WINDOW]) in crcs]
         for at in found:
             window = view[at:at + WINDOW]
-            if _check(window) in doors.checks:
+            if confirm(window) in doors.checks:
                 return Hit("private", doors.files[crcs[crc(window)]])
         self.pending = buffer[(last // STRIDE + 1) * STRIDE:]
         return None

@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import paths
+from agentbox import paths, staginglayout
 from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.progress import warn
 from agentbox.safetext import visible
 
-FOLDER = "canaries"  # in the staging folder
+FOLDER = staginglayout.CANARIES
 FILE = "canaries.json"  # in the network folder: agentbox.net.doors.CANARIES_FILE reads it
 KEPT = 256
 CANARY_ENV = "STRIPE_API_KEY"  # believable, and used by none of the agents agentbox runs

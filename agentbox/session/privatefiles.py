@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from agentbox import paths
 from agentbox.fsutil import atomic_write, private_dir
-from agentbox.net import doors
+from agentbox.net import fingerprints
 from agentbox.progress import warn
 from agentbox.safetext import visible
 from agentbox.session import planrecorder
@@ -55,8 +55,8 @@ def refresh(config: Config, vm_name: str, workspace: Path) -> None:
             os.lstat(name)
     signature = [[name, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] for name, st in chosen]
     network = paths.vm_state_dir(vm_name) / "network"
-    stamp = json.dumps({"window": doors.WINDOW, "files": signature})
-    if _read(network / STAMP_FILE) == stamp and (network / doors.PRIVATE_FILE).exists():
+    stamp = json.dumps({"window": fingerprints.WINDOW, "files": signature})
+    if _read(network / STAMP_FILE) == stamp and (network / fingerprints.PRIVATE_FILE).exists():
         return
     records: list[dict[str, Any]] = []
     total = 0
@@ -74,12 +74,12 @@ def refresh(config: Config, vm_name: str, workspace: Path) -> None:
                          "uploaded)"))
             continue
         total += len(data)
-        crcs, checks = doors.window_hashes(data)
+        crcs, checks = fingerprints.window_hashes(data)
         records.append({"path": name, "crc": base64.b64encode(crcs.tobytes()).decode(),
                         "check": base64.b64encode(checks.tobytes()).decode()})
     private_dir(network)
-    atomic_write(network / doors.PRIVATE_FILE, json.dumps({"window": doors.WINDOW, "files": records}) + "\n",
-                 mode=0o600)
+    text = json.dumps({"window": fingerprints.WINDOW, "files": records}) + "\n"
+    atomic_write(network / fingerprints.PRIVATE_FILE, text, mode=0o600)
     atomic_write(network / STAMP_FILE, stamp, mode=0o600)
 
 
