@@ -14,6 +14,9 @@ sides keep it alive (HTTP/1.1), and kept for the next connection to the same hos
    the answer where it stands (logged as an attempted leak) — a secret is never sent in part (agentbox.net.scan).
 5. A WebSocket upgrade (Codex streams over one) is relayed frame by frame, both ways checked
    (agentbox.net.websocket).
+6. Leaks at the door (agentbox.net.doors): a request whose line, headers or body carries one of the VM's canary
+   secrets or a chunk of a private file is refused (403, logged as decision `leak`); a streamed body is checked piece
+   by piece before each piece is sent on.
 The rules are agentbox.net.broker's docstring.
 """
 

@@ -37,6 +37,10 @@ Policy (a `Policy` object, built from `network.allow`-style patterns):
   error (400, 431, 502, 503), reason, bytes_up, bytes_down) appended to the log file (O_APPEND,
   mode 0600), written when the request ends.
 
+Leaks at the door (agentbox.net.doors, from the files beside the log): a canary secret in a request's line or headers
+(a CONNECT's authority too) or body, or a private file's chunk in a plain-HTTP body, is refused (403 JSON, decision
+`leak` with `what`); a body is checked piece by piece before each piece is forwarded.
+
 What it cannot do: see inside TLS (a tunnel to an allowed name may carry anything, domain fronting
 included) or stop a program that ignores the proxy variables; that is the guest firewall's job.
 
