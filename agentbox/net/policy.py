@@ -59,7 +59,7 @@ class NetworkSettings(NamedTuple):
     def to_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "allowHost": self.allow_host if isinstance(self.allow_host, bool)
                 else list(self.allow_host), "allowLan": self.allow_lan, "presets": list(self.presets),
-                "allow": list(self.allow), "agentApi": self.agent_api}
+                "allow": list(self.allow), "agentApi": self.agent_api, "private": list(self.private)}
 
 
 def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
