@@ -45,6 +45,7 @@ GUEST_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 GUEST_BROKER_CA = "/usr/local/share/ca-certificates/agentbox-broker.crt"  # provision/launch/broker.sh installs it there
 # launch.sh's exit status when the broker's CA could not be installed in the guest's trust store (it says why first).
 BROKER_CA_FAILED = 122
+CANARIES = "canaries"  # staging/canaries/ID: a session's canary secrets (launch.sh --canaries ID)
 GO_MARKERS = "go"  # staging/go/TOKEN: the host recorded this launch's start checkpoint (launch.sh --go TOKEN)
 # launch.sh's exit status when the host did not say within GO_LIMIT seconds that the start checkpoint is recorded.
 GO_TIMED_OUT = 121
@@ -115,6 +116,9 @@ LAUNCH_OPTIONS = (
     LaunchOption("--go", "TOKEN", "start the program only once the staging folder has go/TOKEN, which the host "
                  "writes when it recorded the start checkpoint (its first line: the checkpoint's id, exported as "
                  "AGENTBOX_CHECKPOINT); after GO_LIMIT seconds without it, stop with GO_TIMED_OUT"),
+    LaunchOption("--canaries", "ID", "place this session's canary secrets, staging/canaries/ID (KIND=VALUE lines, "
+                 "agentbox.session.canaries): ~/.aws/credentials and ~/.env (unless the user keeps their own there) "
+                 "and the program's environment"),
     LaunchOption("--setup-digest", "DIGEST", "the host's digest of everything the setup applies "
                  "(agentbox.session.setupdigest): when it and the VM's boot are those of the last setup that "
                  "finished (~/.agentbox/setup.applied), launch.sh skips the setup and runs no process before the "

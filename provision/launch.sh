@@ -45,6 +45,7 @@ session_reply=""
 session_events=""
 session_live=""
 go=""
+canaries=""
 setup_digest=""
 setup_only=""
 setup_incomplete=""  # set by a step that tries again at the next launch: the setup is then not recorded
@@ -80,6 +81,7 @@ while [ $# -gt 0 ]; do
     --session-events) session_events="$2"; shift 2 ;;
     --session-live) session_live="$2"; shift 2 ;;
     --go) go="$2"; shift 2 ;;
+    --canaries) canaries="$2"; shift 2 ;;
     --setup-digest) setup_digest="$2"; shift 2 ;;
     --setup-only) setup_only=1; shift ;;
     --) shift; break ;;
@@ -116,6 +118,8 @@ source "$staging/launch/session.sh"
 source "$staging/launch/checkpoint.sh"
 # shellcheck source=launch/current.sh
 source "$staging/launch/current.sh"
+# shellcheck source=launch/canary.sh
+source "$staging/launch/canary.sh"
 
 # The parts only the setup runs (and an isolated launch, which always sets up).
 source_setup_parts() {
@@ -209,6 +213,7 @@ if [ -n "$timing_start" ] && [ -n "${EPOCHREALTIME:-}" ]; then
 fi
 
 [ -z "$setup_only" ] || exit 0  # agentbox start: the setup done ahead of the first launch, which then skips it
+place_canaries
 wait_for_go
 [ $# -gt 0 ] || run_login_shell
 check_program "$1"

@@ -60,7 +60,8 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "endpoints": list(BUILTIN_AGENTS["claude"].endpoints),
     }
     assert data["network"] == {"mode": "open", "allowHost": False, "allowLan": False, "presets": [], "allow": [],
-                               "agentApi": True, "uploadLimit": "50MiB", "inspect": "credentials"}
+                               "agentApi": True, "uploadLimit": "50MiB", "inspect": "credentials",
+                               "private": [".env*", "*.pem", "*.key", "id_*", "secrets/**"]}
     assert data["credentials"] == {"netrc": False, "gh": True, "git": True, "writeBack": True, "broker": True}
     assert data["agents"]["kiro"]["binary"] == "kiro-cli"
     assert data["agents"]["kiro"]["defaultArgs"] == ["chat", "--trust-all-tools"]

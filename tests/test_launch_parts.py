@@ -101,6 +101,7 @@ def test_the_parts_read_the_staging_files_the_host_stages() -> None:
         staginglayout.CONTEXT_FILE, staginglayout.MEMORY_BLOCK, staginglayout.CONTEXT_TOOLS, staginglayout.CONTEXT_DIGESTS,
         staginglayout.MEMORY_SCRIPT, staginglayout.TASK_RUNNER, staginglayout.SESSION_SCRIPT, staginglayout.TMUX_CONF,
         staginglayout.ATTENTION_SCRIPT, staginglayout.CLAUDE_HOOKS, staginglayout.BROKER_CA, staginglayout.BROKER_CA_DIGEST, staginglayout.GO_MARKERS,
+        staginglayout.CANARIES,
     }
     assert staging_reads() == host
 

@@ -20,10 +20,11 @@ REPO = Path(__file__).resolve().parent.parent
 # credentials.broker and vm.workmode's split from review.isolation. Issue 40's plan added four small ones the entry
 # point loads first (cli.launchflags, agents.argv, session.plan, config.checkpointkeys) and two that record and save
 # a full launch's plan (session.planrecorder, session.planwrite); and two a full launch costs less with: lazyre (no
-# pattern compiled at import) and the broker's gh reader ghhosts (no PyYAML). Issue 41 added net.hold: whether the
-# running VM is held on the host decides its firewall's forwards and the context's enforcement.) A launch from its
-# verified plan loads far fewer (tests/test_launch_plan.py).
-MAX_AGENTBOX_MODULES = 113
+# pattern compiled at import) and the broker's gh reader ghhosts (no PyYAML).) A launch from its verified plan loads
+# far fewer (tests/test_launch_plan.py). Issue 41 added four small ones: session.canaries (a session's canary
+# secrets), session.privatefiles and net.fingerprints (network.private's fingerprints, standard library only), and
+# net.hold (whether the running VM is held on the host: its firewall's forwards, the context's enforcement).
+MAX_AGENTBOX_MODULES = 116
 NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.cli.commandline",
                      "agentbox.cli.commands.agentcommand",
                      # dataclasses' decorator costs inspect and ast: NamedTuples and plain classes instead

@@ -148,7 +148,7 @@ def test_a_launch_sends_every_option_and_launch_sh_takes_them(project: Path, vm:
              staginglayout.BROKER_CA_DIGEST, *executable}
     folders = {staginglayout.GUARDS, staginglayout.BOOTSTRAP, staginglayout.CREDS, staginglayout.CREDS_HOME, f"{staginglayout.CREDS_HOME}/.codex",
                "sync", "sync/codex", "sync/memory-files", "sync/memory-files/home", "sync/memory-files/home/.codex",
-               staginglayout.CONTEXT, staginglayout.BROKER, staginglayout.GO_MARKERS}
+               staginglayout.CONTEXT, staginglayout.BROKER, staginglayout.GO_MARKERS, staginglayout.CANARIES}
     copies = {name for name in found if name.startswith(f"{staginglayout.BOOTSTRAP}/")}
     parts = {f"{staginglayout.LAUNCH_PARTS}/{part.name}" for part in LAUNCH_PARTS.glob("*.sh")}
     assert len(parts) > 5

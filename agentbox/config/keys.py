@@ -345,6 +345,10 @@ SCHEMA: dict[str, Key] = {
                                "are refused and the session's end says so (docs/network.md).",
                                default=uploads.DEFAULT_TEXT, trust=RULE,
                                why="when larger than the global config's (or false): more may be uploaded"),
+            "private": Key("strlist", "Workspace files whose content must not leave the VM: globs relative to the "
+                           "workspace (`*` within a folder, `**` any depth). An upload through the proxy or broker "
+                           "carrying a chunk of one is refused (docs/network.md).",
+                           default=[".env*", "*.pem", "*.key", "id_*", "secrets/**"]),
         },
     ),
     "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "

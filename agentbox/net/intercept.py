@@ -14,6 +14,9 @@ sides keep it alive (HTTP/1.1), and kept for the next connection to the same hos
    the answer where it stands (logged as an attempted leak) — a secret is never sent in part (agentbox.net.scan).
 5. A WebSocket upgrade (Codex streams over one) is relayed frame by frame, both ways checked
    (agentbox.net.websocket).
+6. Leaks at the door (agentbox.net.doors): a request whose line, headers or body carries one of the VM's canary
+   secrets or a chunk of a private file is refused (403, logged as decision `leak`); a streamed body is checked piece
+   by piece before each piece is sent on.
 The rules are agentbox.net.broker's docstring.
 """
 
@@ -28,9 +31,9 @@ import time
 import zlib
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
-from agentbox.net import github, httpwire, placement, scan, uploads, websocket
+from agentbox.net import doors, github, httpwire, placement, scan, uploads, websocket
 from agentbox.net.broker import MAX_EXCHANGE, Brokering, Exchange, Reply
 from agentbox.net.httpwire import Framing, Head, WireError
 from agentbox.net.placement import Refusal
@@ -118,6 +121,8 @@ class Capped(Refusal):
 class Session:
     """One intercepted connection to `host`."""
 
+    doors = doors.NONE  # what must not leave (agentbox.net.doors): the proxy sets the VM's
+
     def __init__(self, broker: Brokering, host: str, port: int, client: str, open_upstream: Opener, log: Log,
                  idle_timeout: float, pool: Pool | None = None, counter: uploads.Counter | None = None) -> None:
         self.broker = broker
@@ -154,6 +159,7 @@ class Session:
                     entry["decision"], entry["reason"] = "deny", refusal.reason
                     if isinstance(refusal, Capped):
                         entry["decision"] = uploads.DECISION
+                    doors.mark(entry, refusal)
                     self._drop_upstream()
                     await _send_refusal(writer, refusal, self.host, self.port)
                 except Cut as cut:
@@ -202,6 +208,7 @@ class Session:
                           {"fix": "fix that on the host, then `agentbox stop` and launch again (the broker restarts "
                                   "with the VM's next launch)"})
         method, target, _ = head.first
+        self._no_leak_in_head(head)
         path, query = self._target(target, head)
         normal = httpwire.normal_path(path)
         framing = httpwire.request_framing(head)
@@ -366,6 +373,10 @@ class Session:
             headers += [("Connection", "Upgrade"), ("Upgrade", "websocket")]
         target = path + (f"?{placed.query}" if placed.query else "")
         raw_head = httpwire.head_bytes(f"{method} {target} HTTP/1.1", headers)
+        if whole is not None:
+            self._no_leak_in_body(head, [whole])
+        elif source is not None:
+            source = self._checked(head, source)
         replayable = source is None
         if self.up is not None and self.up[0].at_eof():
             self._drop_upstream()
@@ -437,6 +448,37 @@ class Session:
                 up_writer.write(httpwire.LAST_CHUNK)
         await up_writer.drain()
         return await self._response_head(needles)
+
+    def _no_leak_in_head(self, head: Head) -> None:
+        if not self.doors.needles:
+            return
+        target = head.first[1]
+        text = f"{head.first[0]} {target} {unquote(target)}\n" + "\n".join(f"{k}: {v}" for k, v in head.headers)
+        hit = self.doors.head(text.encode("utf-8", "surrogateescape"))
+        if hit is not None:
+            raise doors.LeakRefused(hit, self.host)
+
+    def _no_leak_in_body(self, head: Head, pieces: list[bytes]) -> None:
+        check = self.doors.body(head.value("content-encoding"))
+        for piece in pieces:
+            hit = check.feed(piece)
+            if hit is not None:
+                raise doors.LeakRefused(hit, self.host)
+        hit = check.end()
+        if hit is not None:
+            raise doors.LeakRefused(hit, self.host)
+
+    async def _checked(self, head: Head, source: Any) -> Any:
+        """A streamed body's pieces, each checked before it is sent on."""
+        check = self.doors.body(head.value("content-encoding"))
+        async for piece in source:
+            hit = check.feed(piece)
+            if hit is not None:
+                raise doors.LeakRefused(hit, self.host)
+            yield piece
+        hit = check.end()
+        if hit is not None:
+            raise doors.LeakRefused(hit, self.host)
 
     def _identity_body(self, head: Head) -> None:
         encodings = [c.strip().lower() for v in head.values("content-encoding") for c in v.split(",") if c.strip()]

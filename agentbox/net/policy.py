@@ -47,6 +47,10 @@ PRESETS: dict[str, tuple[str, ...]] = {
                "download.docker.com"),
 }
 
+# network.private's default: workspace files whose content must not be uploaded (agentbox.net.doors)
+DEFAULT_PRIVATE = (".env*", "*.pem", "*.key", "id_*", "secrets/**")
+
+
 class NetworkSettings(NamedTuple):
     mode: str = "open"
     allow_host: bool | tuple[int, ...] = False  # True: every port of the host's loopback
@@ -57,6 +61,7 @@ class NetworkSettings(NamedTuple):
     upload_limit: int | None = uploads.DEFAULT_LIMIT  # bytes per host and session (agentbox.net.uploads); None: none
     upload_limit_text: str | bool = uploads.DEFAULT_TEXT  # as the config wrote it (false: no cap)
     inspect: str = INSPECT_CREDENTIALS  # network.inspect: which allowed hosts the broker terminates TLS for
+    private: tuple[str, ...] = DEFAULT_PRIVATE
 
     @property
     def proxied(self) -> bool:
@@ -66,7 +71,7 @@ class NetworkSettings(NamedTuple):
         return {"mode": self.mode, "allowHost": self.allow_host if isinstance(self.allow_host, bool)
                 else list(self.allow_host), "allowLan": self.allow_lan, "presets": list(self.presets),
                 "allow": list(self.allow), "agentApi": self.agent_api,
-                "uploadLimit": self.upload_limit_text, "inspect": self.inspect}
+                "uploadLimit": self.upload_limit_text, "inspect": self.inspect, "private": list(self.private)}
 
 
 def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
@@ -83,6 +88,7 @@ def from_data(raw: Mapping[str, Any]) -> NetworkSettings:
         inspect=raw.get("inspect", INSPECT_CREDENTIALS),
         upload_limit_text=False if raw.get("uploadLimit") is False else str(raw.get("uploadLimit",
                                                                                     uploads.DEFAULT_TEXT)),
+        private=tuple(dict.fromkeys(raw.get("private", DEFAULT_PRIVATE))),
     )
 
 

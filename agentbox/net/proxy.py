@@ -37,6 +37,10 @@ Policy (a `Policy` object, built from `network.allow`-style patterns):
   error (400, 431, 502, 503), reason, bytes_up, bytes_down) appended to the log file (O_APPEND,
   mode 0600), written when the request ends.
 
+Leaks at the door (agentbox.net.doors, from the files beside the log): a canary secret in a request's line or headers
+(a CONNECT's authority too) or body, or a private file's chunk in a plain-HTTP body, is refused (403 JSON, decision
+`leak` with `what`); a body is checked piece by piece before each piece is forwarded.
+
 What it cannot do: see inside TLS (a tunnel to an allowed name may carry anything, domain fronting
 included) or stop a program that ignores the proxy variables; that is the guest firewall's job.
 
@@ -67,7 +71,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from agentbox import lazyre
-from agentbox.net import httpwire, intercept, placement, scan, uploads
+from agentbox.net import doors, httpwire, intercept, placement, scan, uploads
 from agentbox.net.broker import Brokering
 from agentbox.net.upstream import ProxyRefused, ProxyURL, Route, open_plain, open_tunnel, trust
 
@@ -406,6 +410,15 @@ class _Refused(Exception):
         self.detail = detail or {}  # more of the JSON body
 
 
+class _Leak(_Refused):
+    """A request that carried a canary or a private file's content (agentbox.net.doors): logged as a leak."""
+
+    def __init__(self, hit: doors.Hit, host: str) -> None:
+        refused = doors.LeakRefused(hit, host)
+        super().__init__(403, refused.reason)
+        self.refused = refused
+
+
 _STATUS_TEXT = {400: "Bad Request", 403: "Forbidden", 407: "Proxy Authentication Required",
                 413: "Content Too Large", 431: "Request Header Fields Too Large",
                 502: "Bad Gateway", 503: "Service Unavailable", 504: "Gateway Timeout"}
@@ -422,6 +435,7 @@ class _Log:
             raise OSError(f"{path} is not a regular file")
         os.set_blocking(self.fd, True)
         os.fchmod(self.fd, 0o600)
+        self.folder = path.parent  # the VM's network folder: what the doors read (agentbox.net.doors)
 
     def write(self, entry: dict[str, Any]) -> None:
         os.write(self.fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
@@ -454,6 +468,7 @@ class _Proxy:
         self.pool = intercept.Pool()
         self.uploads = uploads.Counter(policy.upload_limit, policy.upload_window, log.path.parent / uploads.CAPS_FILE)
         self.set_broker(broker)
+        self.doors = doors.Watch(log.folder)
         self.slots = asyncio.Semaphore(policy.max_connections)
         self.waiting = 0
         self.tasks: set[asyncio.Task[None]] = set()
@@ -488,6 +503,8 @@ class _Proxy:
         except _Refused as refused:
             entry["reason"] = refused.reason
             entry["decision"] = refused.decision or ("deny" if refused.status in (403, 407) else "error")
+            if isinstance(refused, _Leak):
+                doors.mark(entry, refused.refused)
             await self.refuse(writer, refused, entry)
         except (ConnectionError, asyncio.TimeoutError, asyncio.IncompleteReadError) as error:
             entry["reason"] = entry["reason"] or type(error).__name__
@@ -531,6 +548,8 @@ class _Proxy:
             body.update(refused.detail)
         elif refused.status == 403 and refused.reason.startswith("resolves to"):
             body["allow"] = "network.allowLan: true (in agentbox.yml)"
+        elif isinstance(refused, _Leak):
+            body["by"] = "agentbox proxy"
         elif refused.status == 403 and refused.reason.startswith("attempted leak"):
             body["by"] = "agentbox credential broker"
         elif refused.status == 407:
@@ -673,6 +692,8 @@ class _Proxy:
             split = _split_host_port(target)
             if isinstance(split, str) or split[1] is None:
                 raise _Refused(400, "CONNECT target must be host:port")
+            entry["host"], entry["port"] = split[0].lower(), split[1]
+            self.no_leak_in_head(method, target, headers, entry)
             broker = self.broker
             if broker is not None and split[1] == CONNECT_PORT and split[0].lower().rstrip(".") in broker.hosts:
                 await self.intercept(broker, split[0].lower().rstrip("."), reader, writer, entry)
@@ -693,6 +714,9 @@ class _Proxy:
             entry["host"], entry["port"] = split[0].lower(), split[1] or HTTP_PORT
             body = _Body(reader, *_framing(headers), leak=self._leak_reason(split[0]) if self.broker else None)
             self.no_placeholders(split[0], target, headers)
+            self.no_leak_in_head(method, target, headers, entry)
+            body.doors = self.doors.current().body(_content_encoding(headers))
+            body.host = entry["host"]
             if self.uploads.full(entry["host"]):
                 raise self.capped(entry["host"], with_body=body.state != "done")
             proxy = self.company_proxy(split[0], split[1] or HTTP_PORT, plain=True)
@@ -761,6 +785,7 @@ class _Proxy:
 
         session = intercept.Session(broker, host, CONNECT_PORT, entry["client"], opener, self.log.write,
                                     self.policy.idle_timeout, self.pool, self.uploads)
+        session.doors = self.doors.current()
         try:
             await session.run(reader, writer)
         finally:
@@ -774,6 +799,17 @@ class _Proxy:
         found = scan.placeholders_in(text.encode("utf-8", "surrogateescape"))
         if found:
             raise _Refused(403, f"attempted leak: {self._whose(found)} sent to {host} over plain HTTP")
+
+    def no_leak_in_head(self, method: str, target: str, headers: Sequence[tuple[str, str]],
+                        entry: dict[str, Any]) -> None:
+        """A canary in the request line or headers (a CONNECT's authority too) is an attempted leak."""
+        door = self.doors.current()
+        if not door.needles:
+            return
+        text = f"{method} {target} {unquote(target)}\n" + "\n".join(f"{name}: {value}" for name, value in headers)
+        hit = door.head(text.encode("utf-8", "surrogateescape"))
+        if hit is not None:
+            raise _Leak(hit, str(entry["host"]))
 
     def _leak_reason(self, host: str) -> Callable[[list[str]], str]:
         return lambda found: f"attempted leak: {self._whose(found)} in the body of a plain-HTTP request to {host}"
@@ -829,6 +865,8 @@ class _Proxy:
             if isinstance(leak, _Refused):
                 if entry["bytes_down"]:
                     entry["decision"], entry["reason"] = leak.decision or "deny", leak.reason
+                    if isinstance(leak, _Leak):
+                        doors.mark(entry, leak.refused)
                     return
                 raise leak
             if down not in done and up.exception() is None and entry["reason"] != "idle timeout":
@@ -862,6 +900,11 @@ def _framing(headers: Sequence[tuple[str, str]]) -> tuple[int, bool]:
     return int(lengths[0]) if lengths else 0, False
 
 
+def _content_encoding(headers: Sequence[tuple[str, str]]) -> str | None:
+    found = [value for name, value in headers if name.lower() == "content-encoding"]
+    return found[0] if len(found) == 1 else None
+
+
 class _Body:
     """A plain-HTTP request's body read from the client as its framing says, bytes as sent (chunk framing included):
     one request per connection, so nothing the client sends after it is read (a second request's head, never
@@ -877,6 +920,8 @@ class _Body:
         # found is refused with leak(found) before it is forwarded
         self.leak = leak
         self.scanned = scan.PlaceholderScan()
+        self.doors: doors.BodyCheck | None = None  # canaries and private files (agentbox.net.doors)
+        self.host = ""
 
     def _check(self, content: bytes, whole: bool = False) -> None:
         if self.leak is None:
@@ -885,10 +930,20 @@ class _Body:
         if found:
             raise _Refused(403, self.leak(found))
 
+    def _doors(self, content: bytes | None) -> None:
+        """`content` (None: the body's end) checked before it is forwarded."""
+        if self.doors is None:
+            return
+        hit = self.doors.feed(content) if content is not None else self.doors.end()
+        if hit is not None:
+            raise _Leak(hit, self.host)
+
     async def read(self, limit: int) -> bytes:
         while self.state == "data" and not self.left:
             self.state = "crlf" if self.chunked else "done"
         if self.state == "done":
+            self._doors(None)
+            self.doors = None
             return b""
         if self.state == "data":
             data = await self.reader.read(min(limit, self.left))
@@ -896,6 +951,7 @@ class _Body:
                 raise asyncio.IncompleteReadError(b"", self.left)
             self.left -= len(data)
             self._check(data)
+            self._doors(data)
             return data
         try:
             line = await self.reader.readuntil(b"\r\n")

@@ -36,7 +36,7 @@ from agentbox.errors import StateError
 from agentbox.progress import note, warn
 from agentbox.review import tripwire
 from agentbox.safetext import visible, visible_text
-from agentbox.session import context, detached, isolated, plan, planrecorder, staging, warm
+from agentbox.session import canaries, context, detached, isolated, plan, planrecorder, privatefiles, staging, warm
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.session.prepare import Ask, Launch, checkpoint_tree, listed_reached, prepare, proxied, warm_reached
 from agentbox.vm import drift, forwards, lifecycle, statefile, workmode
@@ -113,6 +113,7 @@ class _Prepared(NamedTuple):
     handback: writeback.Plan | None
     argv: list[str]
     workdir: str
+    planted: canaries.Planted
 
 
 def _session(launch: Launch, said: _Said) -> int | None:
@@ -121,7 +122,9 @@ def _session(launch: Launch, said: _Said) -> int | None:
     ready = _prepare_session(launch, said)
     code = _shell(launch, said, ready)
     if code is None:
+        canaries.done(ready.planted)
         return None
+    canaries.report(ready.planted)
     with timing.phase("tripwire check"):
         changed_files = tripwire.end_session(launch.workspace, said.tripwire_before, said.points.session,
                                              launch.vm_name if launch.kept is not None else None)
@@ -155,6 +158,11 @@ def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
                                     session=launch.kept, worktree=launch.ask.worktree)
     argv = staging.launch_command(launch, refreshed.folder, options)
     argv += points.go_options()  # launch.sh starts the program once the start checkpoint is recorded
+    with timing.phase("private files (fingerprints)"):
+        privatefiles.refresh(config, vm_name, launch.workspace)
+    with planrecorder.unrecorded():  # new every launch: a launch from a plan makes its own
+        planted = canaries.plant(vm_name, canaries.session_id(launch.attempt.nonce))
+    argv += canaries.options(planted)
     argv += ["--", *said.command.argv] if not said.command.interactive_shell else []
     with timing.phase("port clashes (Lima's logs)"):
         unreachable = forwards.warn_clashes(instance, launch.control.lima.listed or {vm_name: instance},
@@ -169,7 +177,7 @@ def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
         from agentbox.session import attention
 
         attention.ensure_watcher(vm_name)  # before the shell: a closed terminal ends agentbox with it
-    return _Prepared(refreshed, copy, handback, argv, workdir)
+    return _Prepared(refreshed, copy, handback, argv, workdir, planted)
 
 
 def _handback(launch: Launch, refreshed: staging.Refreshed) -> writeback.Plan | None:

@@ -19,7 +19,7 @@ from agentbox.agents.argv import agent_argv
 from agentbox.config.checkpointkeys import CheckpointSettings
 from agentbox.progress import note, warn
 from agentbox.review import tripwire
-from agentbox.session import plan, warm
+from agentbox.session import canaries, plan, warm
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.vm.lima import Lima
 
@@ -65,6 +65,7 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripw
         tripwire.report_yours(yours)
         tripwire.remind(unacknowledged)
         attempt = warm.prove(vm_name, data["token"])
+        planted = canaries.plant(vm_name, attempt.nonce)  # the plan's `--canaries {nonce}`
         returns = vmread.fresh_folder(paths.vm_outbox(vm_name), staginglayout.OUTBOX_CREDS, prefix="s") \
             if data.get("returns") else None  # as agentbox.credentials.writeback.begin makes it
         argv = _argv(data, attempt, points.go, returns, args)
@@ -72,9 +73,11 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripw
         if warm.fell_back(attempt, code, lima_said):
             if returns is not None:
                 vmread.remove_folder(returns.parent.parent, returns)  # as writeback.discard does
+            canaries.done(planted)
             return None
         points.shell_ended()
         points.end()
+        canaries.report(planted)
         if returns is not None:
             _write_back(data, returns)
         changed = tripwire.end_session(workspace, before, points.session, None)

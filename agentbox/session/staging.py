@@ -77,6 +77,9 @@ launch.sh finds the folder as the one it runs from.
                                  when it is recorded                         AGENTBOX_CHECKPOINT
     proof/NONCE            0600  per launch, empty: the nonce of a launch  the stub before launch.sh (agentbox.session
                                  that made no `limactl list`                 .warm): this VM mounts this staging folder
+    canaries/ID            0600  per launch: the session's canary secrets  launch.sh (--canaries ID): ~/.aws/
+                                 (agentbox.session.canaries), removed        credentials, ~/.env, the program's
+                                 after the shell                             environment (launch/canary.sh)
 
 The per-launch files and the digests above are left out of the setup's digest (agentbox.session.setupdigest).
 The outbox `outbox(VM)` (`<state dir>/vms/VM/outbox`) is the one folder of agentbox's the VM may write:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -175,9 +176,12 @@ def status_command(ctx: click.Context, as_json: bool) -> None:
 @click.option("--hosts", "per_host", is_flag=True,
               help="A table of what each host was sent and sent back in this session's upload window (requests, "
                    "bytes up and down, refusals at network.uploadLimit); with --json one object.")
+@click.option("--leaks", "leaks_only", is_flag=True,
+              help="Only attempted leaks: requests refused for carrying a canary secret or a private file's content "
+                   "(what: the canary's kind, or private and the file).")
 @click.pass_context
 def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, broker_only: bool,
-                per_host: bool) -> None:
+                per_host: bool, leaks_only: bool) -> None:
     """Print the proxy's decisions for the project's VM: time, decision, the host and why.
 
     A request the credential broker judged (credentials.broker) also shows its path (without the query) and
@@ -197,7 +201,7 @@ def log_command(ctx: click.Context, follow: bool, count: int, as_json: bool, bro
             "offline, and in every mode with credentials.broker")
         return
     try:
-        _print_log(path, count, follow, as_json, broker_only)
+        _print_log(path, count, follow, as_json, _leak if leaks_only else _brokered if broker_only else None)
     except KeyboardInterrupt:
         pass
 
@@ -226,11 +230,12 @@ def _print_hosts(config: Config, path: Path, as_json: bool) -> None:
     tables.echo(table, flexible=(0,), right=(1, 2, 3, 4))
 
 
-def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only: bool = False) -> None:
+def _print_log(path: Path, count: int, follow: bool, as_json: bool,
+               only: Callable[[bytes], bool] | None = None) -> None:
     position = 0
     if path.exists():
         with open(path, "rb") as handle:
-            chosen = (raw for raw in handle if not broker_only or _brokered(raw))
+            chosen = (raw for raw in handle if only is None or only(raw))
             tail = collections.deque(chosen, maxlen=count) if count else collections.deque()
             position = handle.tell()
         for raw in tail:
@@ -251,7 +256,7 @@ def _print_log(path: Path, count: int, follow: bool, as_json: bool, broker_only:
         complete = data[:data.rfind(b"\n") + 1]
         position += len(complete)
         for raw in complete.splitlines(keepends=True):
-            if not broker_only or _brokered(raw):
+            if only is None or only(raw):
                 _print_entry(raw, as_json)
         sys.stdout.flush()
 
@@ -271,12 +276,23 @@ def _print_entry(raw: bytes, as_json: bool) -> None:
         target += str(entry["path"])
         status = f" -> {entry['status']}" if entry.get("status") else ""
         reason = f"  {entry.get('agent') or '-'}{status}{reason}"
+    if entry.get("decision") == "leak":
+        reason = f"  {entry.get('what')}{' ' + str(entry['file']) if entry.get('file') else ''}{reason}"
         pushed = entry.get("pushed")  # a git push's ref updates (git.allowPush: session)
         if isinstance(pushed, list) and pushed:
             reason += "  push: " + ", ".join(pushreport.update_words(update) for update in pushed
                                              if isinstance(update, dict))
     click.echo(visible(f"{entry.get('time', '?')}  {entry.get('decision', '?')!s:5}  "
                        f"{entry.get('method', '?')!s:7} {target}{reason}"))
+
+
+def _leak(raw: bytes) -> bool:
+    """Whether a log line is an attempted leak the proxy or the broker refused (agentbox.net.doors)."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(entry, dict) and entry.get("decision") == "leak"
 
 
 def _brokered(raw: bytes) -> bool:
