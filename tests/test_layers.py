@@ -180,6 +180,8 @@ PROCESS_STARTERS: dict[str, str] = {
     "config.cacerts": "openssl to describe a CA file, `security` to list the macOS System keychain",
     "net.guard": "starts the host proxy (agentbox.net.proxy) as a detached python process",
     "net.certauthority": "openssl to make the credential broker's per-VM CA and its leaves (keys through pipes, never argv)",
+    "net.qemuhold": "becomes the VM's QEMU (exec) with its network held, run by Lima through QEMU_SYSTEM_<ARCH> "
+                    "(agentbox.net.hold); it never runs limactl",
     "session.attention": "starts the host watcher (agentbox.tasks.watcher) that turns a session's events into notifications",
     "session.checkpointing": "starts a live session's end checkpoint (agentbox.session.endcheckpoint) as a detached "
                            "python process, once the launch returns (PATH without the workspace's folders)",

@@ -27,7 +27,6 @@ import contextlib
 import gc
 import json
 import os
-import time
 import zlib
 from array import array
 from collections.abc import Iterator
@@ -42,7 +41,6 @@ MIN_BASE64 = 24
 GRAM = 8  # canaries are found by pieces of this many bytes, looked up every GRAM_STRIDE bytes
 GRAM_STRIDE = 12
 MAX_EMBEDDED = 8  # gzip streams looked into per body
-RECHECK_SEC = 0.5
 KINDS = {"aws": "the cloud-credentials file (~/.aws/credentials)", "env": "the session's environment",
          "dotenv": "the .env file in the home (~/.env)"}
 # base64 runs are found on a mask of the data (translate and find run in C; a regular expression tries every byte)
@@ -363,25 +361,22 @@ def read_json(path: Path) -> dict[str, Any]:
 
 
 class Watch:
-    """The folder's doors, read again when one of its files changed (looked at most every RECHECK_SEC)."""
+    """The folder's doors, read again when one of its files changed. Looked at for every request (two stats): a
+    session's canaries are new when it starts, and its first request may come at once."""
 
     def __init__(self, folder: Path | None) -> None:
         self.folder = folder
         self.doors = NONE
         self.seen: tuple[int, ...] = ()
-        self.looked = 0.0
 
     def current(self) -> Doors:
         if self.folder is None:
             return NONE
-        now = time.monotonic()
-        if now - self.looked >= RECHECK_SEC:
-            self.looked = now
-            stamps = tuple(_mtime(self.folder / name) for name in (CANARIES_FILE, PRIVATE_FILE))
-            if stamps != self.seen:
-                self.seen = stamps
-                self.doors = load(self.folder)
-                gc.freeze()  # a million fingerprints are never garbage: no collection walks them again
+        stamps = tuple(_mtime(self.folder / name) for name in (CANARIES_FILE, PRIVATE_FILE))
+        if stamps != self.seen:
+            self.seen = stamps
+            self.doors = load(self.folder)
+            gc.freeze()  # a million fingerprints are never garbage: no collection walks them again
         return self.doors
 
 

@@ -514,7 +514,7 @@ class _Proxy:
             writer.close()
             entry["time"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
             with contextlib.suppress(OSError):
-                self.log.write(entry)
+                self.logged(entry)
             self.tasks.discard(task)
 
     def use_policy(self, policy: Policy) -> None:
@@ -529,6 +529,12 @@ class _Proxy:
     def count_up(self, host: str, count: int, with_body: bool = True) -> None:
         if not self.uploads.add(host, count):
             raise self.capped(host, with_body)
+
+    def logged(self, entry: dict[str, Any]) -> None:
+        """One log line, with the upload window it was counted in (agentbox.net.uploads: `net log --hosts`)."""
+        if self.uploads.window:
+            entry["window"] = self.uploads.window
+        self.log.write(entry)
 
     def set_broker(self, broker: Brokering | None) -> None:
         self.pool.close()  # connections made for the previous broker (its upstream, its trust) are not reused
@@ -783,7 +789,7 @@ class _Proxy:
             except _Refused as refused:
                 raise intercept.Refusal(refused.status, refused.reason) from None
 
-        session = intercept.Session(broker, host, CONNECT_PORT, entry["client"], opener, self.log.write,
+        session = intercept.Session(broker, host, CONNECT_PORT, entry["client"], opener, self.logged,
                                     self.policy.idle_timeout, self.pool, self.uploads)
         session.doors = self.doors.current()
         try:

@@ -115,9 +115,9 @@ def notice(entry: dict[str, Any]) -> str:
             f"`agentbox net log --hosts` shows what each host was sent")
 
 
-def per_host(lines: Iterable[bytes], since: str = "") -> list[dict[str, Any]]:
-    """The proxy's log lines (at or after the time `since`, as the log writes times) summed per host: requests,
-    bytes up and down, refusals at the cap; the host sent the most first."""
+def per_host(lines: Iterable[bytes], window: str = "") -> list[dict[str, Any]]:
+    """The proxy's log lines of the upload window `window` ("": all of them) summed per host: requests, bytes up
+    and down, refusals at the cap; the host sent the most first."""
     hosts: dict[str, dict[str, Any]] = {}
     for raw in lines:
         try:
@@ -125,7 +125,7 @@ def per_host(lines: Iterable[bytes], since: str = "") -> list[dict[str, Any]]:
         except ValueError:
             continue
         if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) \
-                or str(entry.get("time", ""))[:19] < since[:19]:
+                or (window and entry.get("window") != window):
             continue
         row = hosts.setdefault(entry["host"], {"host": entry["host"], "requests": 0, "up": 0, "down": 0, "capped": 0})
         row["requests"] += 1
