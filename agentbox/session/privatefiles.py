@@ -20,7 +20,7 @@ import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agentbox import paths
+from agentbox import paths, vmread
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.net import fingerprints
 from agentbox.progress import warn
@@ -66,7 +66,7 @@ def refresh(config: Config, vm_name: str, workspace: Path) -> None:
             warn(visible(f"network.private: {name} is not fingerprinted: over {limit} (its content may be "
                          "uploaded)"))
             continue
-        data = _content(workspace / name)
+        data = _content(workspace, name)
         if data is None:
             why = "is a link (agentbox does not follow links in the workspace)" if stat.S_ISLNK(st.st_mode) \
                 else "cannot be read"
@@ -139,20 +139,14 @@ def _candidate(st: os.stat_result) -> bool:
     return not stat.S_ISDIR(st.st_mode)
 
 
-def _content(path: Path) -> bytes | None:
-    """A private file's bytes: a regular file, not followed through a link, at most MAX_FILE bytes."""
+def _content(workspace: Path, name: str) -> bytes | None:
+    """A private file's bytes, through the one reader of what the VM may have written (agentbox.vmread): every
+    component below the workspace opened without following a link, a regular file of at most MAX_FILE bytes."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
+        with planrecorder.unrecorded():  # read below the workspace by descriptor: its stat signature is the input
+            return vmread.read_path(workspace / name, MAX_FILE, below=workspace)
+    except vmread.Refused:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        return os.read(fd, MAX_FILE + 1)[:MAX_FILE]
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _read(path: Path) -> str | None:
