@@ -34,7 +34,7 @@ pytestmark = pytest.mark.xdist_group("tasks")
 # A stand-in agent for tasks: prints its arguments as JSON, then does what a prompt starting with `do:` asks
 # (`;`-separated): sleep:S, exit:N, write:FILE:TEXT (in its folder), spam:MB (MiB on stdout), err:TEXT,
 # ignore-term (TERM does not stop it), say:TEXT (a line on stdout, not flushed: as a program that leaves its
-# buffering to stdio), await:PATH (until that file exists).
+# buffering to stdio), await:PATH (until that file exists), env:NAME:FILE (the variable's value, in its folder).
 TASK_AGENT = r"""#!/usr/bin/python3
 import json, os, signal, sys, time
 prompt = sys.argv[-1]
@@ -65,6 +65,10 @@ if prompt.startswith("do:"):
         elif what == "await":
             while not os.path.exists(arg):
                 time.sleep(0.05)
+        elif what == "env":
+            name, _, file = arg.partition(":")
+            with open(file, "a") as f:
+                f.write(os.environ.get(name, "") + "\n")
 sys.exit(code)
 """
 
@@ -131,6 +135,16 @@ def test_a_task_runs_the_agents_non_interactive_form_with_the_prompt_byte_for_by
     assert wait(project, again).returncode == 0
     second = run_agentbox("logs", str(again), cwd=project)
     assert json.loads(second.stdout.splitlines()[0])["args"][-1] == "second"
+
+
+def test_a_task_is_a_session_with_canaries_of_its_own_the_proxy_knows(project: Path, tasks_vm: FakeLima) -> None:
+    task_id = run_task(project, "do:env:STRIPE_API_KEY:canary.txt")
+    assert wait(project, task_id).returncode == 0
+    value = (project / "canary.txt").read_text().strip()
+    assert value.startswith("sk_live_"), value
+    known = json.loads((paths.vm_state_dir(NAME) / "network" / "canaries.json").read_text())
+    assert value in json.dumps(known)
+    assert not any((paths.staging_dir(NAME) / "canaries").iterdir())  # placed, then gone from the staging folder
 
 
 def test_a_task_on_a_vm_stopped_outside_agentbox_starts_it_and_runs(project: Path, tasks_vm: FakeLima) -> None:

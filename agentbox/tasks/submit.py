@@ -37,7 +37,7 @@ from agentbox.errors import AgentboxError, StateError
 from agentbox.git import store
 from agentbox.progress import warn
 from agentbox.review import checkpoints
-from agentbox.session import attention, detached, prepare, staging, warm, worktrees
+from agentbox.session import attention, canaries, detached, prepare, staging, warm, worktrees
 from agentbox.tasks import bundles, records
 from agentbox.tasks.transitions import CANCELLED, FAILED, PENDING
 from agentbox.vm import lifecycle
@@ -141,14 +141,19 @@ def _stage_and_start(launch: prepare.Launch, task: records.Task, prompt: bytes, 
     if now is not None and now.state == CANCELLED:
         return True  # cancelled meanwhile (`agentbox cancel` of a Pending task): the VM never gets it
     command = staging.launch_command(launch, refreshed.folder, staging.LaunchOptions(task=box))
+    planted = canaries.plant(vm_name, canaries.session_id(attempt.nonce))  # the task is a session of its own
+    command += canaries.options(planted)
     shell = warm.argv(attempt, launch.workspace, task.cwd, [*command, "--", *task.argv])
     with timing.phase("in-VM setup + task runner (limactl shell)"):
-        if attempt.mode == warm.PROVE:
-            code, lima_said = launch.control.lima.shell_unlisted(vm_name, shell, stdin_data=b"")
-            if warm.fell_back(attempt, code, lima_said):
-                return False
-        else:
-            code = launch.control.lima.shell(vm_name, shell, stdin_data=b"")
+        try:
+            if attempt.mode == warm.PROVE:
+                code, lima_said = launch.control.lima.shell_unlisted(vm_name, shell, stdin_data=b"")
+                if warm.fell_back(attempt, code, lima_said):
+                    return False
+            else:
+                code = launch.control.lima.shell(vm_name, shell, stdin_data=b"")
+        finally:
+            canaries.done(planted)  # placed by the launch step before it handed the task to its runner
     if code == 0 and events is not None:
         attention.ensure_watcher(vm_name)  # it shows the task's end, and ends itself after
     if code != 0:
