@@ -11,27 +11,32 @@ Nothing else is reached: what the guest sends never chooses the target.
 
 from __future__ import annotations
 
+import _socket
 import os
-import selectors
-import socket
 import sys
 
 CHUNK = 65536
 
 
 def hand_to_proxy(path: str) -> int:
-    guest = socket.socket(fileno=os.dup(0))
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as proxy:
-        directory, name = os.path.split(path)
-        # The path may be longer than a socket address takes: connect relative to its folder.
-        os.chdir(directory)
+    # _socket, not socket: importing socket (its enums) costs some 12 ms, paid by every connection of the guest.
+    directory, name = os.path.split(path)
+    os.chdir(directory)  # the path may be longer than a socket address takes: connect relative to its folder
+    proxy = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         proxy.connect(name)
-        socket.send_fds(proxy, [b"g"], [guest.fileno()])
-    guest.close()
+        descriptor = (0).to_bytes(4, sys.byteorder)  # the guest's connection: this program's standard input
+        proxy.sendmsg([b"g"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, descriptor)])
+    finally:
+        proxy.close()
     return 0
 
 
 def copy_to_port(port: int) -> int:
+    # deferred: start-up (socket and selectors, ~12 ms: only an allowHost port's copy needs them, not the proxy's)
+    import selectors
+    import socket
+
     guest = socket.socket(fileno=os.dup(0))
     host = socket.create_connection(("127.0.0.1", port), timeout=10)
     host.settimeout(None)
