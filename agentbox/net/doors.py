@@ -50,6 +50,8 @@ _RUN_START = b"a" * MIN_BASE64
 _RUN_END = lazyre.compile(rb"[^a]")
 _PADDING_END = lazyre.compile(rb"[^=]")
 _BASE64_CHAR = lazyre.compile(rb"[A-Za-z0-9+/_\-\r\n]*")
+_WORD = lazyre.compile(rb"[A-Za-z0-9_]+")
+_WORD_RUN = lazyre.compile(rb"[A-Za-z0-9_]{%d,}" % (GRAM + GRAM_STRIDE - 1))  # long enough to hold a long canary
 _URLSAFE = bytes.maketrans(b"-_", b"+/")
 _GZIP_MAGIC = b"\x1f\x8b\x08"
 
@@ -91,6 +93,9 @@ class Doors:
                  files: list[str] | None = None) -> None:
         self.needles = sorted((canaries or {}).items())
         self.longest = max((len(needle) for needle, _ in self.needles), default=0)
+        # Canaries are word characters (agentbox.session.canaries.make): only runs of them long enough to hold one
+        # need their pieces looked up, and ordinary text and code have few (a value of another kind: every piece).
+        self.wordy = all(_WORD.fullmatch(needle) for needle, _ in self.needles)
         self.grams = _grams(self.needles)
         self.lowered = _grams([(needle.lower(), kind) for needle, kind in self.needles])  # a host name: any case
         self.crcs = crcs or {}
@@ -118,13 +123,26 @@ class Doors:
         for needle, kind in short:
             if needle in data:
                 return Hit(kind)
-        for at in range(0, len(data) - GRAM + 1, GRAM_STRIDE):
-            found = index.get(data[at:at + GRAM])
-            if found is not None:
-                for needle, kind in found:
-                    if needle in data[max(0, at - len(needle)):at + len(needle) + GRAM]:
-                        return Hit(kind)
+        if not index:
+            return None
+        if not self.wordy:
+            return _pieces(data, 0, len(data), index)
+        for run in _WORD_RUN.finditer(data):
+            hit = _pieces(data, run.start(), run.end(), index)
+            if hit is not None:
+                return hit
         return None
+
+
+def _pieces(data: bytes, start: int, end: int, index: dict[bytes, list[tuple[bytes, str]]]) -> Hit | None:
+    """The canary among data[start:end]'s GRAM-byte pieces every GRAM_STRIDE bytes, compared whole."""
+    for at in range(start, end - GRAM + 1, GRAM_STRIDE):
+        found = index.get(data[at:at + GRAM])
+        if found is not None:
+            for needle, kind in found:
+                if needle in data[max(0, at - len(needle)):at + len(needle) + GRAM]:
+                    return Hit(kind)
+    return None
 
 
 _Grams = tuple[dict[bytes, list[tuple[bytes, str]]], list[tuple[bytes, str]]]
