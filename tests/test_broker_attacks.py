@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from agentbox.net import proxy as netproxy
+from agentbox.session import canaries
 from tests.brokerharness import (
     CHATGPT,
     CLAUDE,
@@ -29,6 +30,7 @@ from tests.brokerharness import (
     CLAUDE_REAL,
     CODEX_PH,
     CODEX_REAL,
+    CREDENTIAL_HOSTS,
     GEMINI_API,
     GEMINI_KEY_PH,
     GEMINI_PH,
@@ -661,6 +663,32 @@ def test_a_placeholder_in_a_websocket_message_from_the_vm_ends_the_relay(broker:
     received(sock)
     assert got == [] or all(GH_PH.encode() not in payload for payload in got)
     assert "attempted leak" in broker.logged("/ws")[-1]["reason"]
+
+
+def test_a_canary_in_a_websocket_message_from_the_vm_ends_the_relay_as_a_leak(broker: Harness) -> None:
+    values = canaries.make()
+    (broker.log.parent / canaries.FILE).write_text(json.dumps({"sessions": [{"id": "s", "started": 0,
+                                                                            "values": values}]}))
+    got = websocket_server(broker, lambda got: [frame(b"ok", mask=False)], reads=2)
+    sock = tls(broker, CLAUDE)
+    sock.sendall(UPGRADE + frame(b"hello") + frame(b"note: " + values["env"][0].encode()))
+    received(sock)
+    assert all(values["env"][0].encode() not in payload for payload in got), got
+    entry = broker.logged("/ws")[-1]
+    assert entry["decision"] == "leak" and entry["what"] == "env", entry
+
+
+def test_a_websocket_s_messages_count_against_the_upload_cap(broker: Harness) -> None:
+    policy = netproxy.Policy(allow=[*CREDENTIAL_HOSTS], resolver=lambda host, port: [broker.upstream.address[0]],
+                             allow_lan=True, upload_limit=4096)
+    broker.proxy.set_policy(policy)
+    got = websocket_server(broker, lambda got: [frame(b"ok", mask=False)], reads=3)
+    sock = tls(broker, CLAUDE)
+    sock.sendall(UPGRADE + frame(b"small") + frame(b"x" * 3000) + frame(b"y" * 3000))
+    received(sock)
+    assert b"y" * 3000 not in got, [len(payload) for payload in got]
+    entry = broker.logged("/ws")[-1]
+    assert entry["decision"] == "cap", entry
 
 
 def test_a_websocket_the_server_compresses_is_refused(broker: Harness) -> None:

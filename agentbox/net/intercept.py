@@ -118,6 +118,30 @@ class Capped(Refusal):
     """A request to a host past its upload cap (agentbox.net.uploads): logged as decision `cap`."""
 
 
+class _FrameJudge:
+    """A relayed WebSocket's client frames, one stream of messages: what must not leave (agentbox.net.doors) and
+    the host's upload cap (agentbox.net.uploads), judged before each frame goes on."""
+
+    def __init__(self, session: Session, entry: dict[str, Any]) -> None:
+        self.session, self.entry = session, entry
+        self.check = session.doors.body(None)
+        self.decision = ""
+
+    def __call__(self, frame: websocket.Frame) -> str | None:
+        hit = self.check.feed(frame.payload) if not self.session.doors.empty else None
+        if hit is not None:
+            refused = doors.LeakRefused(hit, self.session.host)
+            doors.mark(self.entry, refused)
+            self.decision = "leak"
+            return refused.logged
+        try:
+            self.session._count(len(frame.raw))
+        except Capped as capped:
+            self.decision = uploads.DECISION
+            return capped.reason
+        return None
+
+
 class Session:
     """One intercepted connection to `host`."""
 
@@ -405,11 +429,12 @@ class Session:
             writer.write(raw)
             await writer.drain()
             assert self.up is not None
+            judge = _FrameJudge(self, entry)
             why = await websocket.relay((reader, writer), self.up, Scanner(needles), self._placeholder_reason,
-                                        self.idle)
+                                        self.idle, judge)
             self._drop_upstream()
             if why:
-                entry["decision"], entry["reason"] = "deny", why
+                entry["decision"], entry["reason"] = judge.decision or "deny", why
             return False
         if push and self.broker.pushes is not None:
             return await self._relay_push(head, status, response, push, writer, needles)

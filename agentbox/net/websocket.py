@@ -60,9 +60,12 @@ def _unmask(data: bytes, key: bytes) -> bytes:
 
 async def relay(client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
                 server: tuple[asyncio.StreamReader, asyncio.StreamWriter], scanner: Scanner,
-                placeholder_found: Callable[[list[str]], str], idle: float) -> str:
+                placeholder_found: Callable[[list[str]], str], idle: float,
+                before_sending: Callable[[Frame], str | None] | None = None) -> str:
     """Relay until either side ends; returns why it ended ("" for an ordinary end). `placeholder_found` says why
-    placeholders in a client's message end the relay."""
+    placeholders in a client's message end the relay; `before_sending` judges each client frame before it goes on
+    (a canary or a private file in the messages, the host's upload cap: agentbox.net.intercept) and says why it
+    ends the relay, or None."""
     async def upward() -> None:
         scan = PlaceholderScan()
         while True:
@@ -70,6 +73,9 @@ async def relay(client: tuple[asyncio.StreamReader, asyncio.StreamWriter],
             found = scan.feed(frame.payload)
             if found:
                 raise Broken(placeholder_found(found))
+            refused = before_sending(frame) if before_sending is not None else None
+            if refused:
+                raise Broken(refused)
             server[1].write(frame.raw)
             await server[1].drain()
 
