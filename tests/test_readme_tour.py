@@ -113,7 +113,8 @@ def test_the_readme_tour_works_in_order(project: Path, limactl: FakeLima) -> Non
     assert "proposal 2" in waited.stdout + waited.stderr
 
     # 5. Close the network: the README's agentbox.yml, then its commands (`net log` without -f, which follows).
-    assert tour_commands(tour, 5) == ["agentbox net test https://example.org", "agentbox net log -f"]
+    assert tour_commands(tour, 5) == ["agentbox net test https://example.org", "agentbox net log -f",
+                                      "agentbox net log --hosts", "agentbox net log --leaks"]
     block = re.search(r"```yaml\n# agentbox.yml\n(.*?)```", tour, re.S)
     assert block
     write(project / "agentbox.yml", block.group(1))
@@ -123,6 +124,10 @@ def test_the_readme_tour_works_in_order(project: Path, limactl: FakeLima) -> Non
     log = agentbox(project, "net", "log")
     assert log.returncode == 0, log.stderr
     assert "deny   CONNECT example.org:443" in log.stdout
+    hosts = agentbox(project, "net", "log", "--hosts")
+    assert hosts.returncode == 0 and "example.org" in hosts.stdout, hosts.stdout + hosts.stderr
+    leaks = agentbox(project, "net", "log", "--leaks")
+    assert leaks.returncode == 0 and "example.org" not in leaks.stdout, leaks.stdout + leaks.stderr
 
     # 6. Configure, trust, check.
     shown = agentbox(project, "config")

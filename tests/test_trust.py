@@ -147,7 +147,7 @@ def _start(project: Path) -> object:
 
 
 def test_retargeting_a_trusted_script_to_a_host_file_revokes_trust(project: Path, home: Path, limactl: FakeLima) -> None:
-    secret = write(home / ".aws" / "credentials", "aws_secret_access_key = x\n")
+    secret = write(home / ".aws" / "credentials", f"aws_secret_access_key = {HOST_SECRET}\n")
     write(project / "setup.sh", "echo hi\n")
     write_trusted(project, "bootstrap:\n  onStartScript: setup.sh\n")
     assert _start(project).exit_code == 0
@@ -282,13 +282,16 @@ NO_TRUST_NEEDED = [("stop",), ("rm", "--yes"), ("status",), ("ls",), ("doctor",)
                    ("checkpoints",), ("undo", "1", "--dry-run"), ("tasks",), ("logs", "TASK"), ("sessions",), ("audit",)]
 
 
+HOST_SECRET = "host-secret-5d2a91f0"  # the host file's value: a canary file's format names the key too
+
+
 def _tampered_project(project: Path, home: Path, limactl: FakeLima, with_task: bool = False) -> tuple[Path, str]:
     """A git project whose trusted agentbox.yml names a bootstrap script, its VM running (a checkpoint taken, and
     with_task: a task that ended); then the agent turns the script into a link to a host secret."""
     from tests.helpers import install_agent, make_repository
 
     needs_bwrap()
-    secret = write(home / ".aws" / "credentials", "aws_secret_access_key = x\n")
+    secret = write(home / ".aws" / "credentials", f"aws_secret_access_key = {HOST_SECRET}\n")
     make_repository(project, config="bootstrap:\n  onStartScript: setup.sh\n")
     write(project / "setup.sh", "echo hi\n")
     assert run_cli("trust", cwd=project).exit_code == 0
@@ -310,7 +313,7 @@ def _tampered_project(project: Path, home: Path, limactl: FakeLima, with_task: b
 def _staged_copies(project: Path, secret: Path) -> list[Path]:
     state = project.parent.parent / "state"
     return [path for path in state.rglob("*") if path.is_file() and not path.is_symlink()
-            and b"aws_secret_access_key" in path.read_bytes()]
+            and HOST_SECRET.encode() in path.read_bytes()]
 
 
 @pytest.mark.parametrize("args", NO_TRUST_NEEDED, ids=[args[0] for args in NO_TRUST_NEEDED])

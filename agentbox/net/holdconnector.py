@@ -6,20 +6,21 @@ input and output (a socket). Standard library only, run as `python3 -I holdconne
   serves it as any other client (asking the VM's proxy credentials first); this program ends at once;
 - `port:N`: a port of the host's loopback the config allows (`network.allowHost`): the bytes are copied both ways
   until both sides end.
-Nothing else is reached: what the guest sends never chooses the target.
+Nothing else is reached: what the guest sends never chooses the target. It uses _socket, not socket: importing
+socket (its enums) costs some 12 ms, paid by every connection the guest makes.
 """
 
 from __future__ import annotations
 
 import _socket
 import os
+import select
 import sys
 
 CHUNK = 65536
 
 
 def hand_to_proxy(path: str) -> int:
-    # _socket, not socket: importing socket (its enums) costs some 12 ms, paid by every connection of the guest.
     directory, name = os.path.split(path)
     os.chdir(directory)  # the path may be longer than a socket address takes: connect relative to its folder
     proxy = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -33,31 +34,25 @@ def hand_to_proxy(path: str) -> int:
 
 
 def copy_to_port(port: int) -> int:
-    # deferred: start-up (socket and selectors, ~12 ms: only an allowHost port's copy needs them, not the proxy's)
-    import selectors
-    import socket
-
-    guest = socket.socket(fileno=os.dup(0))
-    host = socket.create_connection(("127.0.0.1", port), timeout=10)
+    guest = _socket.socket(fileno=os.dup(0))
+    host = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    host.settimeout(10)
+    host.connect(("127.0.0.1", port))
     host.settimeout(None)
-    open_ends = {guest: host, host: guest}
-    with selectors.DefaultSelector() as selector:
-        for end in open_ends:
-            selector.register(end, selectors.EVENT_READ)
-        while open_ends:
-            for key, _ in selector.select():
-                source = key.fileobj
-                assert isinstance(source, socket.socket)
-                data = source.recv(CHUNK)
-                if data:
-                    open_ends[source].sendall(data)
-                    continue
-                selector.unregister(source)
-                target = open_ends.pop(source)
-                try:
-                    target.shutdown(socket.SHUT_WR)
-                except OSError:
-                    open_ends.clear()
+    other = {guest.fileno(): (guest, host), host.fileno(): (host, guest)}
+    while other:
+        ready, _, _ = select.select(list(other), [], [])
+        for descriptor in ready:
+            source, target = other[descriptor]
+            data = source.recv(CHUNK)
+            if data:
+                target.sendall(data)
+                continue
+            del other[descriptor]
+            try:
+                target.shutdown(_socket.SHUT_WR)
+            except OSError:
+                other.clear()
     return 0
 
 

@@ -278,10 +278,10 @@ def _print_entry(raw: bytes, as_json: bool) -> None:
         reason = f"  {entry.get('agent') or '-'}{status}{reason}"
     if entry.get("decision") == "leak":
         reason = f"  {entry.get('what')}{' ' + str(entry['file']) if entry.get('file') else ''}{reason}"
-        pushed = entry.get("pushed")  # a git push's ref updates (git.allowPush: session)
-        if isinstance(pushed, list) and pushed:
-            reason += "  push: " + ", ".join(pushreport.update_words(update) for update in pushed
-                                             if isinstance(update, dict))
+    pushed = entry.get("pushed")  # a git push's ref updates (git.allowPush: session)
+    if isinstance(pushed, list) and pushed:
+        reason += "  push: " + ", ".join(pushreport.update_words(update) for update in pushed
+                                         if isinstance(update, dict))
     click.echo(visible(f"{entry.get('time', '?')}  {entry.get('decision', '?')!s:5}  "
                        f"{entry.get('method', '?')!s:7} {target}{reason}"))
 
