@@ -293,6 +293,9 @@ def test_the_docker_era_network_keys_still_load(project: Path, vm: FakeLima) -> 
     ("network:\n  mode: allowlist\n", "network:\n  inspect: all\n", False),  # stricter
     ("network:\n  mode: allowlist\n  inspect: all\n", "network:\n  inspect: credentials\n", True),
     ("network:\n  mode: allowlist\n  inspect: all\n", "network:\n  inspect: all\n", False),
+    ("", "network:\n  private: []\n", True),  # the agent could otherwise let every private file out
+    ("", "network:\n  private: ['.env*', '*.pem', '*.key', 'id_*', 'secrets/**', 'deploy/*']\n", False),
+    ("network:\n  private: ['*.key']\n", "network:\n  private: ['*.key', '.env*']\n", False),
 ])
 def test_a_project_file_may_tighten_the_network_but_loosening_needs_trust(
         project: Path, home: Path, limactl: FakeLima, global_text: str, local_text: str, needs_trust: bool) -> None:

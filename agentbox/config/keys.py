@@ -348,7 +348,9 @@ SCHEMA: dict[str, Key] = {
             "private": Key("strlist", "Workspace files whose content must not leave the VM: globs relative to the "
                            "workspace (`*` within a folder, `**` any depth). An upload through the proxy or broker "
                            "carrying a chunk of one is refused (docs/network.md).",
-                           default=[".env*", "*.pem", "*.key", "id_*", "secrets/**"]),
+                           default=[".env*", "*.pem", "*.key", "id_*", "secrets/**"], trust=RULE,
+                           why="when it leaves out a glob the global config (or the default) has: that content may "
+                               "be uploaded"),
         },
     ),
     "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "

@@ -232,6 +232,7 @@ _RULES = {
     "network.agentApi": _network_rule,
     "network.uploadLimit": _network_rule,
     "network.inspect": _network_rule,
+    "network.private": _network_rule,
 }
 
 

@@ -134,6 +134,6 @@ def enforcement(vm_name: str | None, settings: NetworkSettings, vm_type: str | N
                       "no IPv6, no DNS): guest root cannot go around it")
     _, why = advisory_why(settings)
     if why_not is None:
-        started = "not running" if vm_name is None else "running since before it was held, or started outside agentbox"
-        why_not = f"the VM is {started}; {RESTART_HINT}"
+        why_not = ("the VM is not running held (it is stopped, started before its network was held, or started by "
+                   f"`limactl start` outside agentbox); {RESTART_HINT}")
     return ADVISORY, f"{why}; not held on the host: {why_not}" if settings.mode != "open" else why

@@ -177,6 +177,9 @@ def loosened(global_only: NetworkSettings, effective: NetworkSettings) -> list[s
         found.append(f"network.mode: {effective.mode} (the global config says {global_only.mode})")
     if not _ports_within(effective.allow_host, global_only.allow_host):
         found.append(f"network.allowHost: {_ports_words(effective.allow_host)} (opens the host's localhost to the VM)")
+    dropped = [glob for glob in global_only.private if glob not in effective.private]
+    if dropped:  # checked in every mode: the broker reads what goes to the credential hosts in open mode too
+        found.append(f"network.private: leaves out {', '.join(dropped)} (their content may then be uploaded)")
     if effective.mode == "open" or global_only.mode == "open":
         return found  # open lets everything but the host through: any list is narrower
     if _cap_above(effective.upload_limit, global_only.upload_limit):

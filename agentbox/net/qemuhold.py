@@ -44,7 +44,7 @@ def main(args: list[str]) -> int:
         spec = json.load(file)
     qemu, rest = list(spec["qemu"]), args[1:]
     if "-netdev" not in rest:
-        os.execv(qemu[0], qemu + rest)
+        os.execvp(qemu[0], qemu + rest)
     found = held_argv(rest, spec["append"])
     if isinstance(found, str):
         print(f"agentbox: not starting QEMU unheld: {found}", file=sys.stderr)
@@ -57,7 +57,7 @@ def main(args: list[str]) -> int:
         json.dump({"pid": os.getpid(), "netdev": value, "spec": spec["digest"]}, file)
         file.write("\n")
     os.replace(temporary, record)
-    os.execv(qemu[0], qemu + argv)
+    os.execvp(qemu[0], qemu + argv)
     return 1  # not reached
 
 
