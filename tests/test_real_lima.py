@@ -575,7 +575,8 @@ DOORS_REQUEST = helpers.GUEST_PROXY + r"""
 import base64, gzip, http.client, json, os, re, ssl, sys
 home = os.path.expanduser("~")
 kind = sys.argv[2]
-headers, body = {"Content-Type": "application/octet-stream"}, b"hello"
+login = json.load(open(home + "/.claude/.credentials.json"))["claudeAiOauth"]["accessToken"]  # the placeholder
+headers, body = {"Content-Type": "application/octet-stream", "Authorization": "Bearer " + login}, b"hello"
 if kind == "aws":
     body = re.search(r"aws_secret_access_key *= *(\S+)", open(home + "/.aws/credentials").read()).group(1).encode()
 elif kind == "env":
@@ -590,7 +591,7 @@ context = ssl.create_default_context(cafile=os.environ["SSL_CERT_FILE"])
 connection = http.client.HTTPSConnection(proxy.hostname, proxy.port, context=context, timeout=30)
 connection.set_tunnel(sys.argv[1], 443, headers=proxy_auth)
 if kind == "none":
-    connection.request("GET", "/api/oauth/profile")
+    connection.request("GET", "/api/oauth/profile", headers={"Authorization": "Bearer " + login})
 else:
     connection.request("POST", "/api/oauth/profile", body=body, headers=headers)
 response = connection.getresponse()
