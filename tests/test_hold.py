@@ -46,6 +46,8 @@ def test_an_allowlist_vm_starts_held_and_a_start_outside_agentbox_is_reported_un
     assert first["enforcement"] == "advisory" and "agentbox restart" in first["enforcementWhy"], first
     unheld = run_agentbox("shell", "--", "true", cwd=project, timeout=120)
     assert "kept by the VM's own firewall only" in unheld.stderr, unheld.stderr
+    again = run_agentbox("shell", "--", "true", cwd=project, timeout=120)
+    assert "firewall only" not in again.stderr, again.stderr  # once: a launch that says nothing can use its plan
     restarted = run_agentbox("restart", cwd=project, timeout=120)
     assert restarted.returncode == 0, restarted.stderr
     netdev = next(arg for arg in _qemu_cmdline(limactl) if arg.startswith("user,id=net0,"))

@@ -25,6 +25,7 @@ restart`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -32,12 +33,14 @@ from pathlib import Path
 from typing import NamedTuple
 
 from agentbox import paths
+from agentbox.fsutil import atomic_write
 from agentbox.net.policy import ADVISORY, HOLD_ADDRESS, HOLD_PROXY_PORT, HOLD_SOCKET, HOST, NetworkSettings
 from agentbox.net.policy import enforcement as advisory_why
 
 GUEST_ADDRESS = HOLD_ADDRESS  # QEMU's default guestfwd address in Lima's 192.168.5.0/24 (the host's .2 is refused)
 PROXY_GUEST_PORT = HOLD_PROXY_PORT
 RECORD = "hold.json"
+NOTED = "hold-noted"  # the mode a launch last said "not held" for, since the VM's start (said once, not each launch)
 SPEC = "hold-spec.json"
 LAUNCHER = "qemu-hold"
 GUEST_SOCKET = HOLD_SOCKET  # the VM's proxy process takes held connections here (agentbox.net.proxy)
@@ -121,6 +124,16 @@ def launch_note(vm_name: str, settings: NetworkSettings,
         return found.ports, None
     if unheld_reason(settings, vm_type) is not None:
         return None, None
+    # Said once until the next start (status, net status and doctor keep saying it): a launch that says anything
+    # before its shell cannot run from its verified plan (agentbox.session.plan).
+    noted = folder(vm_name) / NOTED
+    try:
+        if noted.read_text(encoding="utf-8") == settings.mode:
+            return None, None
+    except OSError:
+        pass
+    with contextlib.suppress(OSError):
+        atomic_write(noted, settings.mode, mode=0o600, durable=False)
     return None, (f"network.mode {settings.mode} is kept by the VM's own firewall only (enforcement: advisory): "
                   f"{vm_name} started before its network was held; {RESTART_HINT} on the host")
 

@@ -18,6 +18,7 @@ from agentbox.net.hold import (
     GUEST_ADDRESS,
     GUEST_SOCKET,
     LAUNCHER,
+    NOTED,
     PROXY_GUEST_PORT,
     RECORD,
     SPEC,
@@ -37,6 +38,7 @@ def start_env(vm_name: str, settings: NetworkSettings, vm_type: str | None, arch
     base = private_dir(folder(vm_name))
     with_record = base / RECORD
     with_record.unlink(missing_ok=True)  # whatever ran before: only this start's QEMU may record a hold
+    (base / NOTED).unlink(missing_ok=True)  # a launch says again when this boot is not held
     if unheld_reason(settings, vm_type) is not None:
         return {}
     machine = _arch(arch)
