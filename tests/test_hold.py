@@ -127,18 +127,25 @@ def test_qemu_is_never_started_unheld_when_its_network_cannot_be_held(tmp_path: 
     assert not (tmp_path / "qemu.ran").exists() and not (tmp_path / "hold.json").exists()
 
 
+def _connector(target: str) -> tuple[socket.socket, subprocess.Popen]:
+    """What QEMU's `guestfwd ... cmd:` does for one guest connection: the connector started on one end of a socket
+    pair (its standard input and output); the guest's end returned with it."""
+    guest, qemu_side = socket.socketpair()
+    connector = subprocess.Popen([sys.executable, "-I", "-S", str(CONNECTOR), target], stdin=qemu_side,
+                                 stdout=qemu_side)
+    qemu_side.close()
+    guest.settimeout(10)
+    return guest, connector
+
+
 def test_a_held_connection_is_handed_to_the_proxy_which_asks_for_the_vms_credentials(tmp_path: Path) -> None:
     folder = tmp_path / ("long-" * 20)  # longer than a socket address takes
     folder.mkdir(mode=0o700)
     log = tmp_path / "log.jsonl"
     with netproxy.start(netproxy.Policy(allow=["example.org"]), log, secret=SECRET,
                         guest_socket=folder / nethold.GUEST_SOCKET):
-        guest, qemu_side = socket.socketpair()
-        handed = subprocess.run([sys.executable, "-I", "-S", str(CONNECTOR), f"proxy:{folder / nethold.GUEST_SOCKET}"],
-                                stdin=qemu_side, stdout=qemu_side, timeout=30)
-        qemu_side.close()
-        assert handed.returncode == 0
-        guest.settimeout(10)
+        guest, handed = _connector(f"proxy:{folder / nethold.GUEST_SOCKET}")
+        assert handed.wait(timeout=30) == 0
         guest.sendall(b"CONNECT example.org:443 HTTP/1.1\r\nHost: example.org:443\r\n\r\n")
         assert guest.recv(200).startswith(b"HTTP/1.1 407 ")
         guest.close()
@@ -152,11 +159,7 @@ def test_a_held_connection_is_handed_to_the_proxy_which_asks_for_the_vms_credent
 def test_a_held_connection_to_an_allowed_host_port_is_copied_both_ways(tmp_path: Path) -> None:
     server, port = helpers.echo_server()
     try:
-        guest, qemu_side = socket.socketpair()
-        connector = subprocess.Popen([sys.executable, "-I", "-S", str(CONNECTOR), f"port:{port}"],
-                                     stdin=qemu_side, stdout=qemu_side)
-        qemu_side.close()
-        guest.settimeout(10)
+        guest, connector = _connector(f"port:{port}")
         guest.sendall(b"ping")
         assert guest.recv(100) == b"echo:ping"
         guest.close()
@@ -166,10 +169,6 @@ def test_a_held_connection_to_an_allowed_host_port_is_copied_both_ways(tmp_path:
 
 
 def test_a_connector_with_nothing_to_reach_resets_the_guests_connection(tmp_path: Path) -> None:
-    guest, qemu_side = socket.socketpair()
-    result = subprocess.run([sys.executable, "-I", "-S", str(CONNECTOR), f"proxy:{tmp_path / 'none.sock'}"],
-                            stdin=qemu_side, stdout=qemu_side, timeout=30)
-    qemu_side.close()
-    assert result.returncode == 1
-    guest.settimeout(5)
+    guest, connector = _connector(f"proxy:{tmp_path / 'none.sock'}")
+    assert connector.wait(timeout=30) == 1
     assert guest.recv(10) == b""

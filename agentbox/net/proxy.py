@@ -1077,6 +1077,9 @@ class RunningProxy:
         if self._handed is not None:
             self._loop.remove_reader(self._handed.fileno())
             self._handed.close()
+            if self._guest_socket is not None:
+                with contextlib.suppress(OSError):
+                    self._guest_socket.unlink()  # nothing stale for the next proxy (it binds anew)
         self._server.close()
         tasks = list(self._proxy.tasks)
         for task in tasks:
