@@ -45,6 +45,7 @@ RECORD = AgentSpec(
                "launch.sh: mark_claude_onboarded", ".claude.json"),
     ),
     memory_file="~/.claude/CLAUDE.md",
+    instruction_files=("CLAUDE.md", "CLAUDE.local.md", ".claude/"),
     task_args=("-p",),  # --print: answer the prompt and exit
     resume=("--continue",),
     none={

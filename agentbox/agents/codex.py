@@ -38,6 +38,7 @@ RECORD = AgentSpec(
                        ("chatgpt.com", "GET /backend-api/accounts/*")),
     ),
     memory_file="~/.codex/AGENTS.md",
+    instruction_files=("AGENTS.md", "AGENTS.override.md", ".codex/"),
     task_args=("exec",),  # codex exec [OPTIONS] PROMPT
     resume=("resume", "--last"),
     none={

@@ -26,6 +26,8 @@ RECORD = AgentSpec(
     login_env=("COPILOT_GITHUB_TOKEN", "GH_TOKEN", "GITHUB_TOKEN"),
     login_via_gh=True,
     memory_file="~/.copilot/copilot-instructions.md",  # its user-level instructions
+    instruction_files=("AGENTS.md", ".github/copilot-instructions.md", ".github/instructions/", ".github/agents/",
+                       ".github/prompts/"),
     task_args=("-p",),  # --prompt: non-interactive
     resume=("--continue",),
     none={

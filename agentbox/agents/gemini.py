@@ -61,6 +61,7 @@ RECORD = AgentSpec(
                ".gemini/trustedFolders.json"),
     ),
     memory_file="~/.gemini/GEMINI.md",
+    instruction_files=("GEMINI.md", ".gemini/"),
     task_args=("-p",),  # --prompt: non-interactive
     resume=("--resume", "latest"),
     none={

@@ -22,6 +22,7 @@ RECORD = AgentSpec(
     guest_paths=(("~/Library/Application Support/kiro-cli/", "~/.local/share/kiro-cli/"),),
     # A steering file of its own: Kiro reads every file in ~/.kiro/steering.
     memory_file="~/.kiro/steering/agentbox.md",
+    instruction_files=(".kiro/",),
     task_args=("--no-interactive",),  # after `chat --trust-all-tools`
     resume=("--resume",),
     none={

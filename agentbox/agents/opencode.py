@@ -17,6 +17,7 @@ RECORD = AgentSpec(
     flag_subcommands=("run",),
     login=("auth", "login"),
     memory_file="~/.config/opencode/AGENTS.md",  # its global rules
+    instruction_files=("AGENTS.md", "opencode.json", "opencode.jsonc", ".opencode/"),
     task_args=("run",),  # opencode run --auto PROMPT
     resume=("--continue",),
     none={

@@ -128,6 +128,10 @@ class AgentSpec(NamedTuple):
     # Its own update path in the VM (`agentbox update-agents`); None: its install command again, which fetches
     # the latest release (kiro's installer).
     update: str | None = None
+    # The workspace files that steer this agent (its project instructions, settings with hooks, commands, MCP
+    # servers), relative to the workspace; a trailing / marks a folder (everything in it). What a session or
+    # task changes there is held until the user approves it (agentbox.review.instructions).
+    instruction_files: tuple[str, ...] = ()
     # The fields this agent leaves empty on purpose: field name -> why (tests/test_agent_records.py checks that
     # every other field is set).
     none: Mapping[str, str] = MappingProxyType({})

@@ -1,0 +1,54 @@
+"""The one list of workspace files that steer an agent: what a session may not change for the next one unasked.
+
+An agent reads its project instructions (CLAUDE.md, AGENTS.md, ...), settings that run hooks, slash commands,
+subagents, skills and MCP servers from the workspace, and obeys them. Each agent's record names its own
+(AgentSpec.instruction_files, `agents.<name>.instructionFiles` for an agent a config defines); SHARED are read
+by several agents, or by the user's editor agents on the host. Every built-in's files are always in the list:
+any of them may be launched in the workspace next, or run on the host.
+
+Entries are relative to the workspace; a trailing / marks a folder (everything in it, at any depth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.review.patchcheck import fold
+
+SHARED = (
+    "AGENTS.md",
+    ".mcp.json",  # MCP servers the host's Claude Code (and others) start
+    ".github/copilot-instructions.md",
+    ".cursor/rules/",
+    ".cursorrules",
+    ".cursor/mcp.json",
+    ".vscode/mcp.json",
+)
+
+
+def instruction_files(custom: Iterable[Iterable[str]] = ()) -> tuple[str, ...]:
+    """Every built-in agent's files, then the shared ones, then `custom` (each configured agent's own
+    instructionFiles), without repeats, in that order."""
+    found: dict[str, None] = {}
+    for spec in BUILTIN_AGENTS.values():
+        found.update(dict.fromkeys(spec.instruction_files))
+    found.update(dict.fromkeys(SHARED))
+    for files in custom:
+        found.update(dict.fromkeys(files))
+    return tuple(found)
+
+
+def matcher(files: Iterable[str]) -> Callable[[str], bool]:
+    """Whether a workspace-relative path (as a patch or a listing names it) is one of `files` or lies in one of
+    their folders. Names are compared as a case-insensitive file system sees them: on macOS `claude.md` is the
+    file Claude Code reads as CLAUDE.md."""
+    listed = list(files)
+    names = {fold(entry) for entry in listed if not entry.endswith("/")}
+    prefixes = tuple(fold(entry) for entry in listed if entry.endswith("/"))
+
+    def steers(path: str) -> bool:
+        folded = fold(path.strip("/"))
+        return folded in names or folded.startswith(prefixes) or f"{folded}/" in prefixes
+
+    return steers
