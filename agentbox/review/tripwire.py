@@ -3,7 +3,9 @@
 The agent can write anything in the workspace, and some of it the host later executes on its own:
 git hooks and .git/config (core.fsmonitor, core.hooksPath, filters and aliases run on the next
 `git status`), .envrc (direnv), editor tasks, husky and pre-commit hooks, package.json scripts,
-Makefiles, CI workflows. In the git folders that host git reads, wherever they lie (a linked
+Makefiles, CI workflows, and the project files the host's own coding agents run or start programs from
+(Claude Code's settings and .mcp.json, Gemini CLI's, Cursor's, VS Code's, Kiro's, opencode's and Codex's
+settings, MCP server lists, hook scripts and plugins: HOST_AGENT_FILES, HOST_AGENT_DIRS). In the git folders that host git reads, wherever they lie (a linked
 worktree's common dir too): config, config.worktree, info/attributes, commondir and hooks/ of the
 common dir and of each submodule's folder under modules/, and each linked worktree's commondir,
 gitdir and config.worktree (its submodules' folders too). agentbox fingerprints exactly these paths
@@ -63,6 +65,26 @@ WATCHED_FILES = (
     "agentbox.yml",  # agentbox's own config: a change can weaken review (checkpoints) or ask for trust next time
 )
 WATCHED_DIRS = (".husky", ".github/workflows")
+# Since list 3: what the host's own coding agents run or start from a project when the user opens it there (each
+# tool's documented project files): hooks and status-line commands, MCP servers they start, plugins they load.
+HOST_AGENT_FILES = (
+    ".claude/settings.json",  # Claude Code: hooks, statusLine, apiKeyHelper (Cursor loads its hooks too)
+    ".claude/settings.local.json",
+    ".mcp.json",  # Claude Code's project MCP servers
+    ".gemini/settings.json",  # Gemini CLI: mcpServers, hooks, toolDiscoveryCommand / toolCallCommand
+    ".cursor/mcp.json",
+    ".cursor/hooks.json",  # Cursor's project hooks
+    ".vscode/mcp.json",  # VS Code (Copilot's agent mode) starts these servers
+    ".kiro/settings/mcp.json",
+    "opencode.json",  # opencode: local MCP servers, plugins
+    "opencode.jsonc",
+    ".opencode/opencode.json",
+    ".opencode/opencode.jsonc",
+    ".codex/config.toml",  # Codex, in a trusted project: mcp_servers, notify
+)
+# The scripts those settings conventionally name (a hook's command is a path in the project, so rewriting the
+# script is enough), Kiro's agent hooks (they can run shell commands), opencode's project plugins (loaded as code).
+HOST_AGENT_DIRS = (".claude/hooks", ".cursor/hooks", ".kiro/hooks", ".opencode/plugins", ".opencode/plugin")
 # In a git folder (the common dir, and each submodule's under its modules/): `commondir` redirects git
 # to another folder's config and hooks; hooks/ is watched whole.
 GIT_FILES = ("config", "config.worktree", "info/attributes", "commondir")
@@ -70,9 +92,9 @@ GIT_FILES = ("config", "config.worktree", "info/attributes", "commondir")
 # its work tree, and (with extensions.worktreeConfig) its own config; its submodules are under modules/.
 WORKTREE_FILES = ("commondir", "gitdir", "config.worktree")
 MAX_LISTED = 1000  # entries of a modules/ or worktrees/ folder looked at: bounded however it grows
-# The list's version, kept in each record. 2 added the modules/ and worktrees/ files: a record of an
-# older list takes the files only the newer list watches as they are (nobody was asked about them).
-WATCH_LIST = 2
+# The list's version, kept in each record. 2 added the modules/ and worktrees/ files, 3 the host agents' files: a
+# record of an older list takes the files only the newer list watches as they are (nobody was asked about them).
+WATCH_LIST = 3
 MAX_TEXT = 64 * 1024
 MAX_DIFF_LINES = 40
 MAX_NAMES = 10
@@ -161,11 +183,11 @@ def _watched(workspace: Path, version: int = WATCH_LIST) -> tuple[dict[str, Path
     workspace = Path(os.path.realpath(workspace))
     found: dict[str, Path] = {}
     folders: list[Path] = []
-    for name in WATCHED_FILES:
+    for name in WATCHED_FILES + (HOST_AGENT_FILES if version >= 3 else ()):
         for parent in reversed(Path(name).parents[:-1]):  # .vscode for .vscode/tasks.json: a link there redirects
             found[str(parent)] = workspace / parent
         found[name] = workspace / name
-    for folder in WATCHED_DIRS:
+    for folder in WATCHED_DIRS + (HOST_AGENT_DIRS if version >= 3 else ()):
         for parent in reversed(Path(folder).parents[:-1]):
             found[str(parent)] = workspace / parent
         folders.append(workspace / folder)
