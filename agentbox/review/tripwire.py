@@ -5,12 +5,12 @@ git hooks and .git/config (core.fsmonitor, core.hooksPath, filters and aliases r
 `git status`), .envrc (direnv), editor tasks, husky and pre-commit hooks, package.json scripts,
 Makefiles, CI workflows, and the project files the host's own coding agents run or start programs from
 (Claude Code's settings and .mcp.json, Gemini CLI's, Cursor's, VS Code's, Kiro's, opencode's and Codex's
-settings, MCP server lists, hook scripts and plugins: HOST_AGENT_FILES, HOST_AGENT_DIRS). In the git folders that host git reads, wherever they lie (a linked
-worktree's common dir too): config, config.worktree, info/attributes, commondir and hooks/ of the
-common dir and of each submodule's folder under modules/, and each linked worktree's commondir,
-gitdir and config.worktree (its submodules' folders too). agentbox fingerprints exactly these paths
-(no tree walk: only hooks/, modules/ and worktrees/ are listed, one level, so it stays fast on any
-repository) before a session and compares after it, naming every change loudly.
+settings, MCP server lists, hook scripts and plugins: HOST_AGENT_FILES, HOST_AGENT_DIRS). In the git folders
+that host git reads, wherever they lie (a linked worktree's common dir too): config, config.worktree,
+info/attributes, commondir and hooks/ of the common dir and of each submodule's folder under modules/, and each
+linked worktree's commondir, gitdir and config.worktree (its submodules' folders too). agentbox fingerprints
+exactly these paths (no tree walk: only hooks/, modules/, worktrees/ and the few watched folders are listed, one
+level, so it stays fast on any repository) before a session and compares after it, naming every change loudly.
 
 A change stays reported until the user accepts it. One record per workspace (every agent's VM of
 that workspace shares it), in agentbox's state folder outside the workspace, keeps:
