@@ -89,6 +89,12 @@ class PatchError(Exception):
 
 def parse(patch: bytes, limit: int = 64 * 1024 * 1024) -> list[FileChange]:
     """Every file change in a `git diff --binary --full-index` patch, in the patch's order."""
+    return [change for change, _ in split(patch, limit)]
+
+
+def split(patch: bytes, limit: int = 64 * 1024 * 1024) -> list[tuple[FileChange, bytes]]:
+    """Every file change with its own text (from its `diff --git` line to the next one): the texts of some of
+    them, joined in order, are the patch of those changes alone."""
     if len(patch) > limit:
         raise PatchError(f"the patch is {len(patch)} bytes, more than the limit of {limit}")
     if not patch:
@@ -96,11 +102,13 @@ def parse(patch: bytes, limit: int = 64 * 1024 * 1024) -> list[FileChange]:
     lines = _Lines(patch.split(b"\n"))
     if patch[-1:] != b"\n":
         raise PatchError(f"line {lines.count}: the patch ends in the middle of a line (cut short?)")
-    changes: list[FileChange] = []
+    changes: list[tuple[FileChange, bytes]] = []
     while not lines.done():
         if len(changes) == MAX_FILES:
             raise PatchError(f"line {lines.number}: the patch changes more than {MAX_FILES} files")
-        changes.append(_file(lines))
+        start = lines.number
+        change = _file(lines)
+        changes.append((change, lines.text_from(start)))
     return changes
 
 
@@ -125,6 +133,10 @@ class _Lines:
 
     def peek(self) -> bytes | None:
         return None if self.done() else self._lines[self._next]
+
+    def text_from(self, number: int) -> bytes:
+        """The lines from line `number` up to the next one take() returns, each with its newline."""
+        return b"".join(line + b"\n" for line in self._lines[number - 1:self._next])
 
     def take(self, what: str) -> bytes:
         if self.done():

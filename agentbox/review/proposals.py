@@ -35,7 +35,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -429,8 +429,10 @@ def host_exec_paths(workspace: Path, proposal: dict[str, Any]) -> list[str]:
     return found
 
 
-def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host_exec: bool) -> list[str]:
-    """Why apply refuses this patch, one line per change (empty: it may be applied)."""
+def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host_exec: bool,
+             left_out: frozenset[str] = frozenset()) -> list[str]:
+    """Why apply refuses this patch, one line per change (empty: it may be applied). A host-run file among
+    `left_out` (the paths of changes apply leaves out) needs no permission: it is not written."""
     if proposal.get("problem"):
         return [str(proposal["problem"])]
     try:
@@ -441,9 +443,47 @@ def refusals(workspace: Path, proposal: dict[str, Any], patch: bytes, allow_host
         on_host = _on_host(workspace, proposal, changes)
     except StateError as exc:
         return [exc.message]
+    runs = _host_exec_matcher(workspace)
     return patchcheck.problems(
-        changes, host_exec=_host_exec_matcher(workspace), allow_host_exec=allow_host_exec, on_host=on_host,
+        changes, host_exec=lambda path: path not in left_out and runs(path), allow_host_exec=allow_host_exec,
+        on_host=on_host,
     )
+
+
+def steering(old_path: str | None, new_path: str | None, steers: Callable[[str], bool]) -> bool:
+    """Whether a change touches a file that steers an agent: a rename or copy to or from one counts whole."""
+    return any(path is not None and steers(path) for path in (old_path, new_path))
+
+
+def instruction_entries(proposal: dict[str, Any], steers: Callable[[str], bool]) -> list[dict[str, Any]]:
+    """The proposal's file entries (named as its patch names them) that apply leaves out unless asked."""
+    return [entry for entry in proposal["files"] if steering(entry.get("oldPath"), entry["path"], steers)]
+
+
+class Selection(NamedTuple):
+    """What one apply writes: its part of the patch, and the instruction changes it leaves out."""
+
+    patch: bytes
+    files: int
+    left_out: tuple[str, ...]  # every path of the changes left out (a rename's both names), in the patch's order
+
+
+def _select(proposal: dict[str, Any], patch: bytes, steers: Callable[[str], bool] | None) -> Selection:
+    """The whole patch, or (steers given) the patch without the changes to instruction files; for a proposal
+    applied without them, with steers None: only those changes."""
+    try:
+        parts = patchcheck.split(patch, limit=MAX_PATCH)
+    except patchcheck.PatchError:
+        return Selection(patch, len(proposal["files"]), ())  # refusals() names the problem
+    earlier = set(proposal.get("leftOut") or ())
+    if proposal["status"] == APPLIED:
+        keep = [bool({change.old_path, change.new_path} & earlier) for change, _ in parts]
+    else:
+        keep = [steers is None or not steering(change.old_path, change.new_path, steers) for change, _ in parts]
+    left_out = tuple(dict.fromkeys(path for (change, _), kept in zip(parts, keep, strict=True) if not kept
+                                   for path in (change.old_path, change.new_path) if path is not None))
+    taken = [text for (_, text), kept in zip(parts, keep, strict=True) if kept]
+    return Selection(b"".join(taken), len(taken), left_out)
 
 
 def refusals_of(workspace: Path, number: int) -> list[str]:
@@ -544,21 +584,30 @@ class Applied(NamedTuple):
     proposal: dict[str, Any]
     checkpoint: int | None  # the checkpoint taken before applying (None for --check)
     head_moved: bool
+    files: int = 0  # the file changes written (or, for --check, that would be)
+    left_out: tuple[str, ...] = ()  # the paths of the instruction changes left out
 
 
 def apply(
     workspace: Path, wanted: str | None, *, check_only: bool, three_way: bool, allow_host_exec: bool,
-    settings: CheckpointSettings,
+    settings: CheckpointSettings, steers: Callable[[str], bool] | None = None,
 ) -> Applied:
     """Apply a proposal to the workspace, or only check that it would apply. Refuses, with the workspace left
     exactly as it was: an applied proposal, a patch edited since it was collected, any change patchcheck
-    refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses."""
+    refuses, a HEAD that moved since the base (unless three_way), and anything `git apply --check` refuses.
+
+    `steers` (instructionfiles.matcher): the changes to files that steer an agent are left out (Applied.left_out),
+    and a proposal of nothing else is refused. Without it, a proposal applied with them left out takes them now."""
     with locked(workspace):
         proposal = find(workspace, wanted)
         number = proposal["id"]
-        _refuse_settled(workspace, proposal)
+        _refuse_settled(workspace, proposal, taking_instructions=steers is None)
+        later = proposal["status"] == APPLIED  # its instruction changes, left out before
         patch = read_patch(workspace, proposal)
-        found = refusals(workspace, proposal, patch, allow_host_exec)
+        selection = _select(proposal, patch, steers)
+        if later:  # the rest was checked (and is written): only these changes are checked again
+            patch, selection = selection.patch, selection._replace(left_out=())
+        found = refusals(workspace, proposal, patch, allow_host_exec, frozenset(selection.left_out))
         if found:
             listing = "\n".join(f"  - {line}" for line in found)
             host_exec = any("host runs without asking" in line for line in found)
@@ -568,6 +617,13 @@ def apply(
                     "Changes to files your host runs are taken only with `agentbox apply --allow-host-exec`, "
                     "after you have read them." if host_exec else "Ask the agent for a patch without these changes."
                 ),
+            )
+        if not selection.files:
+            raise StateError(
+                f"proposal {number} changes only files that steer an agent ({_listed(selection.left_out)}), which "
+                f"apply leaves out unless you name them; nothing was changed in {workspace}",
+                hint=f"Read them (`agentbox review {number}`); `agentbox apply {number} --include-instructions` takes "
+                "them.",
             )
         repo = store.find(workspace)
         if repo is None:
@@ -586,25 +642,46 @@ def apply(
         # The patch is applied to a tree of agentbox's store (the workspace as it is now); agentbox then
         # writes the files that changed itself (agentbox.review.restore): git never opens a path of the workspace.
         now_snap = snapshot.take(repo, settings.max_file_size)
-        result_tree = store.apply_to_tree(repo, now_snap.tree, patch, three_way=three_way)
+        result_tree = store.apply_to_tree(repo, now_snap.tree, selection.patch, three_way=three_way)
         if check_only:
-            return Applied(proposal, None, moved)
+            return Applied(proposal, None, moved, selection.files, selection.left_out)
         checkpoint, before_tree = _checkpoint_before(workspace, number, settings)
         if before_tree != now_snap.tree:
             raise StateError(f"the workspace changed while proposal {number} was being applied; nothing was changed",
                              hint=f"Run `agentbox apply {number}` again.")
         _write_tree(repo, now_snap, result_tree)
-        proposal = _update(workspace, proposal, status=APPLIED, applied=isolation.now(), checkpoint=checkpoint)
+        if later:
+            proposal = _update(workspace, proposal, leftOut=[], instructionsApplied=isolation.now(),
+                               instructionsCheckpoint=checkpoint)
+        else:
+            proposal = _update(workspace, proposal, status=APPLIED, applied=isolation.now(), checkpoint=checkpoint,
+                               leftOut=list(selection.left_out))
         append_event(workspace, "proposal_applied", proposal=number, checkpoint=checkpoint, threeWay=three_way,
-                     patchSha256=proposal.get("patchSha256"))
+                     patchSha256=proposal.get("patchSha256"), leftOut=list(selection.left_out),
+                     **({"instructionsOnly": True} if later else {}))
         if proposal.get("vm"):
             isolation.mark_fresh(workspace, proposal["vm"], proposal["base"]["commit"])
-        return Applied(proposal, checkpoint, moved)
+        return Applied(proposal, checkpoint, moved, selection.files, selection.left_out)
 
 
-def _refuse_settled(workspace: Path, proposal: dict[str, Any]) -> None:
-    """An applied or rejected proposal is settled: apply (and apply --check) refuse it, saying which and what to do."""
+def _listed(paths: Sequence[str], limit: int = 10) -> str:
+    shown = [visible(path) for path in paths[:limit]]
+    return ", ".join(shown + ([f"and {len(paths) - limit} more"] if len(paths) > limit else []))
+
+
+def _refuse_settled(workspace: Path, proposal: dict[str, Any], taking_instructions: bool = False) -> None:
+    """An applied or rejected proposal is settled: apply (and apply --check) refuse it, saying which and what to do.
+    An applied one whose instruction changes were left out still takes them, when asked to."""
     number = proposal["id"]
+    if proposal["status"] == APPLIED and proposal.get("leftOut"):
+        if taking_instructions:
+            return
+        raise StateError(
+            f"proposal {number} was applied already, without its changes to files that steer an agent "
+            f"({_listed(proposal['leftOut'])}); applying it again would change nothing",
+            hint=f"Read them (`agentbox review {number}`); `agentbox apply {number} --include-instructions` takes "
+            "them.",
+        )
     if proposal["status"] == APPLIED:
         checkpoint = proposal.get("checkpoint")
         raise StateError(

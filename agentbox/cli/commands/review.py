@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,8 +17,8 @@ import click
 from agentbox import tables
 from agentbox.cli.commands.common import load_config, warn_if_untrusted
 from agentbox.config import trust
-from agentbox.progress import note, say
-from agentbox.review import patchview, proposals
+from agentbox.progress import note, say, warn
+from agentbox.review import instructionfiles, patchview, proposals
 from agentbox.safetext import visible, visible_text
 
 if TYPE_CHECKING:
@@ -39,6 +40,13 @@ def _workspace(ctx: click.Context, acts: bool) -> tuple[Config, Path]:
             if made.proposal is not None:
                 note(f"collected from an isolated session of {vm_name}: {made}")
     return config, workspace
+
+
+def _steers(config: Config) -> Callable[[str], bool]:
+    """Whether a path steers an agent: every built-in's instruction files, the shared ones, and those of the agents
+    this config defines."""
+    custom = [getattr(agent, "instruction_files", ()) for agent in config.agents.values() if not agent.builtin]
+    return instructionfiles.matcher(instructionfiles.instruction_files(custom))
 
 
 @click.command("proposals")
@@ -85,13 +93,16 @@ def review_command(ctx: click.Context, proposal_id: str | None) -> None:
     Without ID, the newest pending proposal. On a terminal every control character is shown escaped;
     piped, the summary and patch are written as they are.
     """
-    _, workspace = _workspace(ctx, acts=False)
+    config, workspace = _workspace(ctx, acts=False)
     proposal = proposals.find(workspace, proposal_id)
     patch = proposals.read_patch(workspace, proposal)
     summary = proposals.read_summary(workspace, proposal)
     flagged = set(proposals.host_exec_paths(workspace, proposal))
-    refused = proposals.refusals(workspace, proposal, patch, allow_host_exec=False)
-    front = _review_header(workspace, proposal, flagged, refused).encode("utf-8", "surrogateescape") + summary
+    steering = proposals.instruction_entries(proposal, _steers(config))
+    left_out = frozenset(path for entry in steering for path in (entry["path"], entry.get("oldPath")) if path)
+    refused = proposals.refusals(workspace, proposal, patch, allow_host_exec=False, left_out=left_out)
+    header = _review_header(workspace, proposal, flagged, refused, steering)
+    front = header.encode("utf-8", "surrogateescape") + summary
     front += b"" if front.endswith(b"\n") else b"\n"
     out = sys.stdout.buffer  # (click.get_binary_stream is deprecated from click 8.5)
     if patchview.is_terminal(out):
@@ -101,7 +112,8 @@ def review_command(ctx: click.Context, proposal_id: str | None) -> None:
     proposals.mark_reviewed(workspace, proposal)
 
 
-def _review_header(workspace: Path, proposal: dict[str, Any], flagged: set[str], refused: list[str]) -> str:
+def _review_header(workspace: Path, proposal: dict[str, Any], flagged: set[str], refused: list[str],
+                   steering: list[dict[str, Any]]) -> str:
     base = proposal["base"]
     head = base.get("head")
     lines = [
@@ -118,7 +130,15 @@ def _review_header(workspace: Path, proposal: dict[str, Any], flagged: set[str],
         source = f" (from {entry['oldPath']})" if entry.get("oldPath") else ""
         flag = "  <- YOUR HOST RUNS THIS FILE: read it before `apply --allow-host-exec`" if (
             entry["path"] in flagged or entry.get("oldPath") in flagged) else ""
+        if entry in steering:
+            flag = "  <- STEERS THE NEXT AGENT: left out of `apply` unless `--include-instructions`" + (
+                " (and `--allow-host-exec`: your host runs it)" if flag else "")
         lines.append(f"  {entry['status']:<9} {entry['path']}{source}{flag}")
+    if steering:
+        one = len(steering) == 1
+        lines += ["", f"{len(steering)} change{'' if one else 's'} to files that steer the next agent "
+                      f"{'is' if one else 'are'} left out of `agentbox apply` unless named:",
+                  f"read {'it' if one else 'them'} below, then `agentbox apply {proposal['id']} --include-instructions`"]
     if refused:
         lines += ["", "apply refuses it:", *(f"  - {line}" for line in refused)]
     lines += ["", "summary" + (" (written by agentbox: the agent left none):" if proposal.get("summary") != "agent"
@@ -136,28 +156,40 @@ def proposals_patch(workspace: Path, proposal: dict[str, Any]) -> Path:
 @click.option("--3way", "three_way", is_flag=True, help="Merge with git's three-way merge (needed when HEAD moved "
               "since the proposal's base); refuses rather than leave conflicts.")
 @click.option("--allow-host-exec", is_flag=True, help="Also take changes to files your host runs without asking "
-              "(git hooks, Makefiles, .envrc, editor tasks, CI workflows...): read them first.")
+              "(git hooks, Makefiles, .envrc, editor tasks, CI workflows, your agents' hooks...): read them first.")
+@click.option("--include-instructions", is_flag=True, help="Also take changes to files that steer an agent "
+              "(CLAUDE.md, AGENTS.md, .claude/, .codex/, ...), left out otherwise; of a proposal applied without "
+              "them, take them now: read them first.")
 @click.pass_context
 def apply_command(ctx: click.Context, proposal_id: str | None, check: bool, three_way: bool,
-                  allow_host_exec: bool) -> None:
+                  allow_host_exec: bool, include_instructions: bool) -> None:
     """Apply a proposal to the workspace (without ID: the newest pending one).
 
     agentbox checks the patch first (paths out of the tree, .git, symbolic links leaving the tree,
     submodules, files the host runs) and refuses it whole; it takes a checkpoint, so `agentbox undo`
-    returns to the workspace as it was. A failure leaves the workspace exactly as it was.
+    returns to the workspace as it was. A failure leaves the workspace exactly as it was. Changes to
+    the files that steer an agent (its instructions, settings, commands) are left out unless
+    --include-instructions.
     """
     config, workspace = _workspace(ctx, acts=True)
     result = proposals.apply(workspace, proposal_id, check_only=check, three_way=three_way,
-                             allow_host_exec=allow_host_exec, settings=config.checkpoints)
-    number, files = result.proposal["id"], len(result.proposal["files"])
+                             allow_host_exec=allow_host_exec, settings=config.checkpoints,
+                             steers=None if include_instructions else _steers(config))
+    number, files = result.proposal["id"], result.files
     how = " with a three-way merge" if three_way else ""
+    which = "the instruction changes of " if result.proposal.get("instructionsApplied") else ""
     if check:
         say(f"proposal {number} applies{how} to {workspace} ({files} file{'s' if files != 1 else ''}); "
             "nothing was changed")
-        return
-    undo = f"; `agentbox undo {result.checkpoint}` returns to it" if result.checkpoint is not None else ""
-    say(f"applied proposal {number}{how} to {workspace} ({files} file{'s' if files != 1 else ''}); checkpoint "
-        f"{result.checkpoint} holds the workspace as it was before{undo}")
+    else:
+        undo = f"; `agentbox undo {result.checkpoint}` returns to it" if result.checkpoint is not None else ""
+        say(f"applied {which}proposal {number}{how} to {workspace} ({files} file{'s' if files != 1 else ''}); "
+            f"checkpoint {result.checkpoint} holds the workspace as it was before{undo}")
+    if result.left_out:
+        names = ", ".join(visible(path) for path in result.left_out)
+        warn(f"{'would leave' if check else 'left'} out the changes to files that steer the next agent: {names}; "
+             f"read them (`agentbox review {number}`), then `agentbox apply {number} --include-instructions` "
+             "takes them")
 
 
 @click.command("reject")
