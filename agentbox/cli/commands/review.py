@@ -138,7 +138,8 @@ def _review_header(workspace: Path, proposal: dict[str, Any], flagged: set[str],
         one = len(steering) == 1
         lines += ["", f"{len(steering)} change{'' if one else 's'} to files that steer the next agent "
                       f"{'is' if one else 'are'} left out of `agentbox apply` unless named:",
-                  f"read {'it' if one else 'them'} below, then `agentbox apply {proposal['id']} --include-instructions`"]
+                  f"read {'it' if one else 'them'} below, then "
+                  f"`agentbox apply {proposal['id']} --include-instructions`"]
     if refused:
         lines += ["", "apply refuses it:", *(f"  - {line}" for line in refused)]
     lines += ["", "summary" + (" (written by agentbox: the agent left none):" if proposal.get("summary") != "agent"
