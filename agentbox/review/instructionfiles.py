@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.review.patchcheck import fold
 
 SHARED = (
     "AGENTS.md",
@@ -43,6 +42,9 @@ def matcher(files: Iterable[str]) -> Callable[[str], bool]:
     """Whether a workspace-relative path (as a patch or a listing names it) is one of `files` or lies in one of
     their folders. Names are compared as a case-insensitive file system sees them: on macOS `claude.md` is the
     file Claude Code reads as CLAUDE.md."""
+    # deferred: start-up (review.patchcheck: a launch reads the list, only a review or a new list matches it)
+    from agentbox.review.patchcheck import fold
+
     listed = list(files)
     names = {fold(entry) for entry in listed if not entry.endswith("/")}
     prefixes = tuple(fold(entry) for entry in listed if entry.endswith("/"))
