@@ -12,8 +12,12 @@ Entries are relative to the workspace; a trailing / marks a folder (everything i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
 
 SHARED = (
     "AGENTS.md",
@@ -36,6 +40,13 @@ def instruction_files(custom: Iterable[Iterable[str]] = ()) -> tuple[str, ...]:
     for files in custom:
         found.update(dict.fromkeys(files))
     return tuple(found)
+
+
+def quarantined(config: Config) -> tuple[str, ...]:
+    """The files whose changes a session with this config holds (instructions.quarantine on), or () when off."""
+    if not config.instructions_quarantine:
+        return ()
+    return instruction_files(agent.instruction_files for agent in config.agents.values())
 
 
 def matcher(files: Iterable[str]) -> Callable[[str], bool]:

@@ -27,20 +27,18 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+from typing import Any, NamedTuple, TextIO
 
 from agentbox import paths
 from agentbox.fsutil import atomic_write, locked, private_dir
+from agentbox.review import instructionrestore
 from agentbox.review.instructionscan import FILE, Entry, Scan, scan
 from agentbox.review.tripwire import Busy, nothing_else_ran
 from agentbox.safetext import visible
-
-if TYPE_CHECKING:
-    from agentbox.config.load import Config
 
 HINT = "`agentbox instructions` to review them"
 BAR = "!" * 78
@@ -83,16 +81,6 @@ class Outcome(NamedTuple):
     yours: list[str]
     problems: list[str]
     passed: list[str]
-
-
-def files_of(config: Config) -> tuple[str, ...]:
-    """The instruction files a launch with this config holds changes of (instructions.quarantine), or ()."""
-    if not config.instructions_quarantine:
-        return ()
-    # deferred: start-up (the agents' records: the full launch has them, a launch from its plan reads its list)
-    from agentbox.review.instructionfiles import instruction_files
-
-    return instruction_files(agent.instruction_files for agent in config.agents.values())
 
 
 # -- the record -------------------------------------------------------------------------------------
@@ -198,14 +186,18 @@ def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: s
                 after = Record(workspace, files, dict(found.entries), found.signature, {})
                 outcome = Outcome([], [], [], [], found.passed)
             else:
-                quiet = nothing_else_ran(record.looked, record.live, record.kept, busy)[0]
+                asked: list[tuple[bool, dict[str, int], dict[str, float]]] = []
+
+                def quiet() -> bool:
+                    asked.append(nothing_else_ran(record.looked, record.live, record.kept, busy))
+                    return asked[0][0]
+
                 after, outcome = _compared(_relisted(record, files, found), found, quiet, "a change since the last "
                                            "session's end")
-        live = {key: pid for key, pid in after.live.items() if key != session}
-        kept = nothing_else_ran(after.looked, after.live, after.kept, busy)[2]
+                if asked:  # launches gone and kept sessions ended are forgotten once the rule was asked
+                    after = after._replace(live=asked[0][1], kept=asked[0][2])
         if session is not None:
-            live[session] = os.getpid()
-        after = after._replace(live=live, kept=kept)
+            after = after._replace(live={**after.live, session: os.getpid()})
         if after != record:
             _save(after)
     return outcome
@@ -224,7 +216,7 @@ def end(workspace: Path, files: tuple[str, ...], session: str | None, by: str,
             after, outcome = record, Outcome(sorted(record.held.values()), [], [], [], [])
         else:
             found = scan(workspace, files)
-            after, outcome = _compared(_relisted(record, files, found), found, False, by)
+            after, outcome = _compared(_relisted(record, files, found), found, lambda: False, by)
         live = {key: pid for key, pid in after.live.items() if key != session}
         kept = {**after.kept, **({kept_in: time.time()} if kept_in else {})}
         _save(after._replace(looked=time.time(), live=live, kept=kept))
@@ -236,10 +228,7 @@ def _relisted(record: Record, files: tuple[str, ...], found: Scan) -> Record:
     are, nobody was asked about them."""
     if record.files == files:
         return record
-    # deferred: start-up (instructionfiles' matcher and patchcheck: only when the list changed)
-    from agentbox.review.instructionfiles import matcher
-
-    before, now = matcher(record.files), matcher(files)
+    before, now = _covered(record.files), _covered(files)
     fresh = {label: entry for label, entry in found.entries.items() if not before(label)}
     _keep(record.workspace, found, fresh.values())
     approved = {label: entry for label, entry in record.approved.items() if now(label) and before(label)}
@@ -247,17 +236,28 @@ def _relisted(record: Record, files: tuple[str, ...], found: Scan) -> Record:
                            held={label: item for label, item in record.held.items() if now(label)})
 
 
-def _compared(record: Record, found: Scan, quiet: bool, by: str) -> tuple[Record, Outcome]:
-    """The changes between the approved state and `found`: approved (quiet: the user's) or held and put back."""
+def _covered(files: tuple[str, ...]) -> Callable[[str], bool]:
+    """Whether a label is one of `files`, lies in one of their folders, or is a folder on the way to one."""
+    def covers(label: str) -> bool:
+        return any(label == entry.rstrip("/") or (entry.endswith("/") and label.startswith(entry))
+                   or entry.startswith(label + "/") for entry in files)
+
+    return covers
+
+
+def _compared(record: Record, found: Scan, quiet: Callable[[], bool], by: str) -> tuple[Record, Outcome]:
+    """The changes between the approved state and `found`: approved (quiet(): nothing else of the project could
+    have made them, the user's) or held and put back. quiet() is asked only when something changed."""
     changed = sorted(label for label in set(record.approved) | set(found.entries)
                      if record.approved.get(label) != found.entries.get(label))
     if not changed:
         return record._replace(signature=found.signature), Outcome(sorted(record.held.values()), [], [], [],
                                                                    found.passed)
-    _keep(workspace := record.workspace, found, [found.entries.get(label) for label in changed])
+    workspace = record.workspace
+    _keep(workspace, found, [found.entries.get(label) for label in changed])
     approved = dict(record.approved)
     held_now = dict(record.held)
-    if quiet:
+    if quiet():
         for label in changed:
             approved.pop(label, None)
             if label in found.entries:
@@ -275,9 +275,6 @@ def _compared(record: Record, found: Scan, quiet: bool, by: str) -> tuple[Record
 
 def _put_back(workspace: Path, versions: list[tuple[str, Entry | None]]) -> list[str]:
     """Each label made its version: removals first (a link where a folder goes), then the files, outermost first."""
-    # deferred: start-up (instructionrestore: only when something is held or approved)
-    from agentbox.review import instructionrestore
-
     order = sorted(versions, key=lambda pair: (pair[1] is not None, pair[0].count("/"), pair[0]))
     problems = []
     fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)

@@ -34,7 +34,7 @@ from agentbox.agents.builtin import BUILTIN_AGENTS  # deferred: start-up (only i
 from agentbox.credentials import writeback
 from agentbox.errors import StateError
 from agentbox.progress import note, warn
-from agentbox.review import quarantine, tripwire
+from agentbox.review import instructionfiles, quarantine, tripwire
 from agentbox.safetext import visible, visible_text
 from agentbox.session import canaries, context, detached, isolated, plan, planrecorder, privatefiles, staging, warm
 from agentbox.session.checkpointing import SessionCheckpoints
@@ -72,7 +72,7 @@ def _run(launch: Launch, command: Command, points: SessionCheckpoints, running: 
         before, unacknowledged, yours = tripwire.begin_session(launch.workspace, launch.ask.busy, points.session)
     tripwire.report_yours(yours)
     tripwire.remind(unacknowledged)
-    said = _Said(command, points, before, quarantine.files_of(launch.config))
+    said = _Said(command, points, before, instructionfiles.quarantined(launch.config))
     if said.instructions:
         with timing.phase("instructions check"), planrecorder.unrecorded():
             quarantine.start(launch.workspace, said.instructions, launch.ask.busy, points.session)

@@ -15,7 +15,7 @@ import click
 from agentbox import tables
 from agentbox.cli.commands.common import load_config
 from agentbox.errors import AgentboxError, ConfigError
-from agentbox.review import quarantine
+from agentbox.review import instructionfiles, quarantine
 from agentbox.review.instructionscan import FILE, LINK, Entry
 from agentbox.safetext import visible
 from agentbox.tasks.activity import ProjectActivity
@@ -95,7 +95,7 @@ def _looked_at(ctx: click.Context) -> Path:
     """The project's workspace, its instruction files checked first (a task's changes are held now)."""
     loaded = load_config(ctx)
     workspace = loaded.require_workspace()
-    files = quarantine.files_of(loaded)
+    files = instructionfiles.quarantined(loaded)
     if files:
         quarantine.start(workspace, files, ProjectActivity.of(loaded), None)
     return workspace
