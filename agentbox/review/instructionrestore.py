@@ -9,7 +9,6 @@ was, never half written. Each function returns None, or what went wrong in words
 
 from __future__ import annotations
 
-import errno
 import os
 import secrets
 import stat
@@ -62,27 +61,13 @@ def _folder(workspace_fd: int, parts: list[str], create: bool = True) -> int:
     fd = os.dup(workspace_fd)
     try:
         for part in parts:
-            child = _open_or_make(fd, part, create)
+            child = vmread.open_dir(fd, part, create, FOLDER_MODE)
             os.close(fd)
             fd = child
     except BaseException:
         os.close(fd)
         raise
     return fd
-
-
-def _open_or_make(parent: int, name: str, create: bool) -> int:
-    try:
-        return os.open(name, vmread.DIR_FLAGS, dir_fd=parent)
-    except FileNotFoundError:
-        if not create:
-            raise
-    except OSError as exc:
-        if not create or exc.errno not in (errno.ELOOP, errno.ENOTDIR):
-            raise
-        os.unlink(name, dir_fd=parent)  # a link or a file where the folder goes: the entry itself, never its target
-    os.mkdir(name, FOLDER_MODE, dir_fd=parent)
-    return os.open(name, vmread.DIR_FLAGS, dir_fd=parent)
 
 
 def _replace(fd: int, name: str, entry: Entry, data: bytes | None) -> None:
