@@ -74,8 +74,9 @@ def single(name: str) -> bool:
     return "/" not in name and name not in (".", "..")
 
 
-def open_dir(parent: int, name: str, create: bool = False) -> int:
-    """A folder under parent, never through a symlink; with create, whatever else is there is replaced."""
+def open_dir(parent: int, name: str, create: bool = False, mode: int = 0o700) -> int:
+    """A folder under parent, never through a symlink; with create, whatever else is there is replaced (the link
+    or file itself, never what a link points to) by a new folder of that mode."""
     if not single(name):
         raise OSError(errno.EINVAL, f"{shown(name)} is not a single folder name")
     try:
@@ -88,7 +89,7 @@ def open_dir(parent: int, name: str, create: bool = False) -> int:
             raise
         os.unlink(name, dir_fd=parent)
     try:
-        os.mkdir(name, 0o700, dir_fd=parent)
+        os.mkdir(name, mode, dir_fd=parent)
     except FileExistsError:
         pass
     return os.open(name, DIR_FLAGS, dir_fd=parent)

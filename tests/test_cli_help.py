@@ -130,7 +130,8 @@ def test_group_help_lists_the_commands_in_groups(project: Path) -> None:
     assert sections == {
         "Agents (agentbox AGENT [ARGS]... runs it in the project's VM)": AGENTS,
         "The VM": VM_COMMANDS,
-        "Review and undo": ["diff", "checkpoints", "checkpoint", "undo", "proposals", "review", "apply", "reject"],
+        "Review and undo": ["diff", "checkpoints", "checkpoint", "undo", "proposals", "review", "apply", "reject",
+                            "instructions"],
         "Background work": ["run", "tasks", "logs", "wait", "cancel", "sessions", "attach", "hosts"],
         "The agent's setup": ["config", "init", "trust", "sync", "update-agents", "base", "describe", "template"],
         "Network": ["net", "ca"],

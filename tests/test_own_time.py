@@ -23,8 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 # pattern compiled at import) and the broker's gh reader ghhosts (no PyYAML).) A launch from its verified plan loads
 # far fewer (tests/test_launch_plan.py). Issue 41 added four small ones: session.canaries (a session's canary
 # secrets), session.privatefiles and net.fingerprints (network.private's fingerprints, standard library only), and
-# net.hold (whether the running VM is held on the host: its firewall's forwards, the context's enforcement).
-MAX_AGENTBOX_MODULES = 116
+# net.hold (whether the running VM is held on the host: its firewall's forwards, the context's enforcement). Issue 42
+# added four: the instruction files' list (review.instructionfiles), their quarantine, walk and writer.
+MAX_AGENTBOX_MODULES = 120
 NEVER_ON_A_LAUNCH = ("click", "uuid", "yaml", "jinja2", "ssl", "http.client", "agentbox.cli.commandline",
                      "agentbox.cli.commands.agentcommand",
                      # dataclasses' decorator costs inspect and ast: NamedTuples and plain classes instead

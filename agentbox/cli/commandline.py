@@ -45,6 +45,7 @@ LAZY_COMMANDS = {
     "review": ("agentbox.cli.commands.review", "review_command"),
     "apply": ("agentbox.cli.commands.review", "apply_command"),
     "reject": ("agentbox.cli.commands.review", "reject_command"),
+    "instructions": ("agentbox.cli.commands.instructions", "instructions_group"),
     "sync": ("agentbox.cli.commands.sync", "sync_group"),
     "completion": ("agentbox.cli.commands.completion", "completion_command"),
     "help": ("agentbox.cli.commands.help", "help_command"),

@@ -68,6 +68,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
         ("review", "Show a proposal: summary, files, the patch."),
         ("apply", "Apply a proposal to the workspace."),
         ("reject", "Reject a proposal."),
+        ("instructions", "Changes to CLAUDE.md, .claude/ and the like, held for you."),
     )),
     ("Background work", (
         ("run", "Run an agent on PROMPT in the background; print the task's id."),

@@ -107,6 +107,16 @@ def _check_mount_type(value: str) -> str | None:
     return None if value in MOUNT_TYPES else f"expected one of {', '.join(MOUNT_TYPES)}, found {value!r}"
 
 
+def _check_instruction_path(value: str) -> str | None:
+    """agents.<name>.instructionFiles: a path inside the workspace, relative, never leaving it."""
+    parts = value.strip("/").split("/")
+    if value.startswith(("/", "~")):
+        return f"expected a path relative to the workspace, found the absolute path {value!r}"
+    if not value.strip("/") or any(part in ("", ".", "..") for part in parts):
+        return f"expected a path inside the workspace (no empty, `.` or `..` parts), found {value!r}"
+    return None
+
+
 AGENT_KEYS: dict[str, Key] = {
     "binary": Key("str", "Executable of the agent inside the VM.", default_text="built-ins", trust=SET,
                   why="decides what runs on every launch"),
@@ -129,6 +139,10 @@ AGENT_KEYS: dict[str, Key] = {
     "endpoints": Key("hosts", "Hosts of the agent's API and login, reachable in `network.mode` allowlist and offline "
                      "(`host`, `*.suffix`, `host:port`).", default_text="built-ins (docs/network.md)",
                      trust=RULE, why="when it adds hosts the VM may reach in allowlist or offline mode"),
+    "instructionFiles": Key(
+        "strlist", "Files and folders in the workspace this agent (one a config defines) obeys, relative to the "
+        "workspace, a trailing / for a folder: a session's changes to them are held (docs/instructions.md).",
+        default_text="none (built-ins have their own)", check=_check_instruction_path),
     "sync": Key(
         "mapping",
         "What of this agent's own setup is brought into the VM.",
@@ -351,6 +365,20 @@ SCHEMA: dict[str, Key] = {
                            default=[".env*", "*.pem", "*.key", "id_*", "secrets/**"], trust=RULE,
                            why="when it leaves out a glob the global config (or the default) has: that content may "
                                "be uploaded"),
+        },
+    ),
+    "instructions": Key(
+        "mapping",
+        "The files that steer an agent (CLAUDE.md, .claude/, AGENTS.md, ...; docs/instructions.md).",
+        documented=False,
+        children={
+            # A project's file may turn it on; off while the global config (or the default) has it on needs trust
+            # (trust.py's rule): the agent can write that file and stop the next session's changes being held.
+            "quarantine": Key("bool", "Hold what a session or task changes in the instruction files until you "
+                              "approve it (`agentbox instructions`); agents see the approved version meanwhile.",
+                              default=True, trust=RULE,
+                              why="when false while the global config holds them: an agent's changes to the "
+                              "instruction files reach the next agent unreviewed"),
         },
     ),
     "notify": Key("bool", "Tell you when a detached session waits for input or its agent ends, or a "

@@ -84,6 +84,7 @@ class AgentConfig(NamedTuple):
     sync: AgentSync = AgentSync()
     task_args: tuple[str, ...] = ()  # its non-interactive form (agentbox run)
     endpoints: tuple[str, ...] = ()  # its API's hosts, reachable in network.mode allowlist and offline
+    instruction_files: tuple[str, ...] = ()  # agents.<name>.instructionFiles: what it obeys in the workspace
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -98,6 +99,7 @@ class AgentConfig(NamedTuple):
         data["sync"] = self.sync.to_json()
         data["taskArgs"] = list(self.task_args)
         data["endpoints"] = list(self.endpoints)
+        data["instructionFiles"] = list(self.instruction_files)
         return data
 
 
@@ -174,6 +176,7 @@ class Config(NamedTuple):
     sync_agent_config: bool = True  # sync.agentConfig: bring the agents' own setup into the VM
     tasks_max_concurrent: int = 2  # tasks.maxConcurrent: background tasks running at once per VM
     task_hosts: tuple[TaskHost, ...] = ()  # tasks.hosts: where `run --on any` may send tasks, in order
+    instructions_quarantine: bool = True  # instructions.quarantine: hold sessions' changes to instruction files
     keep_alive: bool = False  # session.keepAlive: an interactive launch on a terminal runs in a tmux session
     notify: bool = True  # notify: desktop notification, bell and title when a session needs the user
     vm_base: str = "auto"  # vm.base: new VMs are clones of the provisioned base (agentbox.vm.golden), or "off"
@@ -237,6 +240,7 @@ class Config(NamedTuple):
             "session": {"mode": self.session_mode, "keepAlive": self.keep_alive},
             "tasks": {"maxConcurrent": self.tasks_max_concurrent,
                       "hosts": [host.to_json() for host in self.task_hosts]},
+            "instructions": {"quarantine": self.instructions_quarantine},
             "notify": self.notify,
             "network": self.network.to_json(),
         }
@@ -449,7 +453,7 @@ def merge(layers: list[Any]) -> tuple[dict[str, Any], dict[str, str]]:
                     value = {**previous, **value}
                 data["credentials"] = value
                 origins["credentials"] = label
-            elif key in ("vm", "sync", "git", "agents", "checkpoints", "session", "tasks", "network"):
+            elif key in ("vm", "sync", "git", "agents", "checkpoints", "instructions", "session", "tasks", "network"):
                 if key == "agents":
                     value = _with_excludes_added(data.get("agents", {}), value)
                 if key == "network":
@@ -595,6 +599,7 @@ def resolve(cwd: Path, layers: list[Any], notices: list[str], start: Path | None
         tasks_max_concurrent=data["tasks"]["maxConcurrent"],
         task_hosts=_task_hosts(data["tasks"]["hosts"]),
         keep_alive=data["session"]["keepAlive"],
+        instructions_quarantine=data["instructions"]["quarantine"],
         notify=data["notify"],
         vm_base=_vm_base(vm["base"]),
         base_max_age_days=vm["baseMaxAgeDays"],
@@ -767,6 +772,7 @@ def _resolve_agent(name: str, raw: dict[str, Any], vm_name: str, layers: list[An
         sync=_agent_sync(name, raw.get("sync", {}), layers),
         task_args=tuple(raw["taskArgs"]) if "taskArgs" in raw else (builtin.task_args if builtin else ()),
         endpoints=endpoints(name, raw.get("endpoints")),
+        instruction_files=tuple(raw.get("instructionFiles", builtin.instruction_files if builtin else ())),
     )
 
 

@@ -175,6 +175,15 @@ def _checkpoints_rule(config: Config, path: tuple[str, ...], value: Any) -> list
             "of checkpoints)"]
 
 
+def _quarantine_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
+    """instructions.quarantine: false in a project's file while the global config (or the default) holds changes."""
+    allowed = _global_value(config, path)
+    if value is not False or allowed is False:
+        return []
+    return ["instructions.quarantine: false (what an agent writes in CLAUDE.md, .claude/ and the other instruction "
+            "files reaches the next agent unreviewed)"]
+
+
 def _broker_rule(config: Config, path: tuple[str, ...], value: Any) -> list[str]:
     if value is not False:
         return []
@@ -221,6 +230,7 @@ _RULES = {
     "agents.<name>.sync.include": _sync_include_rule,
     "agents.<name>.sync.mcpSecrets": _widens_bool_rule,
     "agents.<name>.endpoints": _endpoints_rule,
+    "instructions.quarantine": _quarantine_rule,
     "checkpoints.enabled": _checkpoints_rule,
     "checkpoints.keep": _checkpoints_rule,
     "checkpoints.maxFileSize": _checkpoints_rule,

@@ -12,9 +12,12 @@ Entries are relative to the workspace; a trailing / marks a folder (everything i
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
-from agentbox.review.patchcheck import fold
+
+if TYPE_CHECKING:
+    from agentbox.config.load import Config
 
 SHARED = (
     "AGENTS.md",
@@ -39,10 +42,20 @@ def instruction_files(custom: Iterable[Iterable[str]] = ()) -> tuple[str, ...]:
     return tuple(found)
 
 
+def quarantined(config: Config) -> tuple[str, ...]:
+    """The files whose changes a session with this config holds (instructions.quarantine on), or () when off."""
+    if not config.instructions_quarantine:
+        return ()
+    return instruction_files(agent.instruction_files for agent in config.agents.values())
+
+
 def matcher(files: Iterable[str]) -> Callable[[str], bool]:
     """Whether a workspace-relative path (as a patch or a listing names it) is one of `files` or lies in one of
     their folders. Names are compared as a case-insensitive file system sees them: on macOS `claude.md` is the
     file Claude Code reads as CLAUDE.md."""
+    # deferred: start-up (review.patchcheck: a launch reads the list, only a review or a new list matches it)
+    from agentbox.review.patchcheck import fold
+
     listed = list(files)
     names = {fold(entry) for entry in listed if not entry.endswith("/")}
     prefixes = tuple(fold(entry) for entry in listed if entry.endswith("/"))

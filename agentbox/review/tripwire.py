@@ -409,16 +409,22 @@ def acknowledge_file(workspace: Path, path: Path) -> bool:
     return changed
 
 
+def nothing_else_ran(looked: float | None, live: Mapping[str, int], kept: Mapping[str, float],
+                     busy: Busy | None) -> tuple[bool, dict[str, int], dict[str, float]]:
+    """The rule by which a change is the user's own edit (the tripwire's, and the instruction files' quarantine):
+    (whether nothing of the project could have changed the files since `looked`, the last check after a session,
+    the launches still live, the kept sessions still to watch). `live` are the launches between their start and end
+    check (session -> pid), `kept` the VMs a kept session went on in (-> when). A launch whose process is gone ended
+    unchecked; a kept session counts until its VM shows no live one and it is older than the markers' staleness."""
+    still = {key: pid for key, pid in live.items() if pid_alive(pid)}
+    watched = {vm: when for vm, when in kept.items()
+               if busy is None or time.time() - when < livemarkers.STALE_SEC or busy.vm_busy(vm)}
+    quiet = busy is not None and looked is not None and not live and not kept and not busy(looked)
+    return quiet, still, watched
+
+
 def _nothing_else_ran(record: Record, busy: Busy | None) -> tuple[bool, dict[str, int], dict[str, float]]:
-    """(whether nothing of the project could have changed the files since record.looked, the launches still
-    live, the kept sessions still to watch). A launch whose process is gone ended unchecked; a kept session
-    counts until its VM shows no live one and it is older than the markers' staleness."""
-    live = {key: pid for key, pid in record.live.items() if pid_alive(pid)}
-    kept = {vm: when for vm, when in record.kept.items()
-            if busy is None or time.time() - when < livemarkers.STALE_SEC or busy.vm_busy(vm)}
-    quiet = (busy is not None and record.looked is not None and not record.live and not record.kept
-             and not busy(record.looked))
-    return quiet, live, kept
+    return nothing_else_ran(record.looked, record.live, record.kept, busy)
 
 
 def _in_workspace(change: Change) -> bool:

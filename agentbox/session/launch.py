@@ -34,7 +34,7 @@ from agentbox.agents.builtin import BUILTIN_AGENTS  # deferred: start-up (only i
 from agentbox.credentials import writeback
 from agentbox.errors import StateError
 from agentbox.progress import note, warn
-from agentbox.review import tripwire
+from agentbox.review import instructionfiles, quarantine, tripwire
 from agentbox.safetext import visible, visible_text
 from agentbox.session import canaries, context, detached, isolated, plan, planrecorder, privatefiles, staging, warm
 from agentbox.session.checkpointing import SessionCheckpoints
@@ -72,7 +72,10 @@ def _run(launch: Launch, command: Command, points: SessionCheckpoints, running: 
         before, unacknowledged, yours = tripwire.begin_session(launch.workspace, launch.ask.busy, points.session)
     tripwire.report_yours(yours)
     tripwire.remind(unacknowledged)
-    said = _Said(command, points, before)
+    said = _Said(command, points, before, instructionfiles.quarantined(launch.config))
+    if said.instructions:
+        with timing.phase("instructions check"), planrecorder.unrecorded():
+            quarantine.start(launch.workspace, said.instructions, launch.ask.busy, points.session)
     if running is None:
         warm_launch = warm_reached(launch)
         if warm_launch is not None:  # no `limactl list`: the guest proves it is the VM agentbox checked
@@ -90,11 +93,12 @@ def _run(launch: Launch, command: Command, points: SessionCheckpoints, running: 
 class _Said:
     """What a launch says or measures once, though a warm attempt that fell back prepares the session twice."""
 
-    def __init__(self, command: Command, points: SessionCheckpoints, tripwire_before: dict[str, tripwire.Entry]
-                 ) -> None:
+    def __init__(self, command: Command, points: SessionCheckpoints, tripwire_before: dict[str, tripwire.Entry],
+                 instructions: tuple[str, ...]) -> None:
         self.command = command
         self.points = points
         self.tripwire_before = tripwire_before
+        self.instructions = instructions  # the instruction files held at the session's end; () when off
         self.unreachable: set[str] | None = None
         self.notes: set[str] = set()
         self.mcp_noted = False
@@ -128,10 +132,15 @@ def _session(launch: Launch, said: _Said) -> int | None:
     with timing.phase("tripwire check"):
         changed_files = tripwire.end_session(launch.workspace, said.tripwire_before, said.points.session,
                                              launch.vm_name if launch.kept is not None else None)
+    held = quarantine.end(launch.workspace, said.instructions, said.points.session,
+                          f"{launch.agent_name} session in {launch.vm_name}",
+                          launch.vm_name if launch.kept is not None else None) if said.instructions else None
     try:
         return _finish(launch, said, ready, code)
     finally:
         # Last: whatever else the session's end prints comes before, so nothing pushes the warning away.
+        if held is not None:
+            quarantine.report(held)
         tripwire.report_session(*changed_files)
 
 

@@ -18,7 +18,7 @@ from agentbox import paths, staginglayout, vmread
 from agentbox.agents.argv import agent_argv
 from agentbox.config.checkpointkeys import CheckpointSettings
 from agentbox.progress import note, warn
-from agentbox.review import tripwire
+from agentbox.review import quarantine, tripwire
 from agentbox.session import canaries, plan, warm
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.vm.lima import Lima
@@ -64,6 +64,9 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripw
         before, unacknowledged, yours = tripwire.begin_session(workspace, busy, points.session)
         tripwire.report_yours(yours)
         tripwire.remind(unacknowledged)
+        instructions = tuple(data.get("instructions") or ())
+        if instructions:
+            quarantine.start(workspace, instructions, busy, points.session)
         attempt = warm.prove(vm_name, data["token"])
         planted = canaries.plant(vm_name, attempt.nonce)  # the plan's `--canaries {nonce}`
         returns = vmread.fresh_folder(paths.vm_outbox(vm_name), staginglayout.OUTBOX_CREDS, prefix="s") \
@@ -81,9 +84,13 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripw
         if returns is not None:
             _write_back(data, returns)
         changed = tripwire.end_session(workspace, before, points.session, None)
+        held = quarantine.end(workspace, instructions, points.session, f"{data['agent']} session in {vm_name}") \
+            if instructions else None
         _late_ports(data)
         if code in (1, 255):
             code = _after_failure(data, code)
+        if held is not None:
+            quarantine.report(held)
         tripwire.report_session(*changed)
         return code
     finally:

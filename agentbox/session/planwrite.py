@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from agentbox import progress
 from agentbox.agents.builtin import flag_subcommands, model_after
 from agentbox.credentials import writeback
+from agentbox.review import instructionfiles
 from agentbox.session import plan, warm
 from agentbox.session.planrecorder import Recorder
 
@@ -62,6 +63,7 @@ def _decided(recorder: Recorder, launch: Launch, points: SessionCheckpoints, she
         "proxy": {"port": lease.port, "brokers": lease.brokers, "program": lease.program} if lease else None,
         "checkpoints": {"settings": list(points.settings), "tree": str(points.workspace), "verbose": points.verbose},
         "busy": sorted(getattr(busy, "vms", ())),
+        "instructions": list(instructionfiles.quarantined(launch.config)),
         "returns": writeback.plan_to_json(handback) if handback is not None else None,
         "limaLog": [log, plan.signature(log, plan.FILE)],
     }
