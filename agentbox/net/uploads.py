@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -118,14 +118,14 @@ def notice(entry: dict[str, Any]) -> str:
 def per_host(lines: Iterable[bytes], window: str = "") -> list[dict[str, Any]]:
     """The proxy's log lines of the upload window `window` ("": all of them) summed per host: requests, bytes up
     and down, refusals at the cap; the host sent the most first."""
+    return per_host_entries(_parsed(lines), window)
+
+
+def per_host_entries(entries: Iterable[dict[str, Any]], window: str = "") -> list[dict[str, Any]]:
+    """per_host of log lines already parsed."""
     hosts: dict[str, dict[str, Any]] = {}
-    for raw in lines:
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) \
-                or (window and entry.get("window") != window):
+    for entry in entries:
+        if not isinstance(entry.get("host"), str) or (window and entry.get("window") != window):
             continue
         row = hosts.setdefault(entry["host"], {"host": entry["host"], "requests": 0, "up": 0, "down": 0, "capped": 0})
         row["requests"] += 1
@@ -134,3 +134,13 @@ def per_host(lines: Iterable[bytes], window: str = "") -> list[dict[str, Any]]:
             row[key] += value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
         row["capped"] += entry.get("decision") == DECISION
     return sorted(hosts.values(), key=lambda row: (-row["up"], row["host"]))
+
+
+def _parsed(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    for raw in lines:
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            yield entry

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -96,6 +97,9 @@ class _Said:
         self.points = points
         self.tripwire_before = tripwire_before
         self.unreachable: set[str] | None = None
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the report's start
+        self.running = False  # a kept session the launch left running
+        self.proposal: dict[str, int] | None = None
         self.notes: set[str] = set()
         self.mcp_noted = False
 
@@ -129,10 +133,31 @@ def _session(launch: Launch, said: _Said) -> int | None:
         changed_files = tripwire.end_session(launch.workspace, said.tripwire_before, said.points.session,
                                              launch.vm_name if launch.kept is not None else None)
     try:
-        return _finish(launch, said, ready, code)
+        code = _finish(launch, said, ready, code)
+        _report(launch, said, code, changed_files)
+        return code
     finally:
         # Last: whatever else the session's end prints comes before, so nothing pushes the warning away.
         tripwire.report_session(*changed_files)
+
+
+def _report(launch: Launch, said: _Said, code: int, changed: tuple[list[tripwire.Change], int]) -> None:
+    """The session's signed report (agentbox.session.endreport); a live session's end checkpoint completes it."""
+    # deferred: start-up (session.endreport, net.sessionlog: only after the shell)
+    from agentbox.session import endreport
+
+    facts = endreport.Facts("session", launch.agent_name, launch.vm_name, str(launch.workspace), launch.isolated,
+                            launch.config.network.mode, kept=launch.kept is not None)
+    # Held instruction changes: the quarantine (issue 42, items 1-2) passes them here.
+    record = endreport.draft(facts, said.started, code, running=said.running, held_instructions=())
+    taken = said.points.taken
+    record["checkpoints"]["start"] = taken.checkpoint.id if taken is not None else None
+    record["proposal"] = said.proposal
+    record["tripwire"] = endreport.tripwire_part(*changed)
+    if said.points.ending:
+        endreport.finish_later(record, said.points.session)
+    else:
+        endreport.write(record)
 
 
 def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
@@ -302,14 +327,14 @@ def _finish(launch: Launch, said: _Said, ready: _Prepared, code: int) -> int:
                               during=True)
     if ready.isolated is not None:
         with timing.phase("isolated mode (proposal)"):
-            isolated.finish(launch.config, vm_name, ready.isolated, code)
+            said.proposal = isolated.finish(launch.config, vm_name, ready.isolated, code)
     if launch.state.get("reconnect"):
         statefile.update(vm_name, {"reconnect": False})
     after = launch.control.instance(vm_name) if code in (1, SSH_FAILED) else instance
     if after is None:
         raise vanished(vm_name, code)
     if launch.kept is not None:
-        code = _session_outcome(vm_name, launch.kept, code)
+        code = _session_outcome(vm_name, launch.kept, code, said)
     if code == SSH_FAILED:
         note(ssh_failed_note(vm_name, instance, after))
     return code
@@ -341,7 +366,7 @@ def ssh_failed_note(vm_name: str, instance: Instance, after: Instance) -> str:
             f"restarts the VM; {logs}.")
 
 
-def _session_outcome(vm_name: str, kept: staginglayout.SessionLaunch, code: int) -> int:
+def _session_outcome(vm_name: str, kept: staginglayout.SessionLaunch, code: int, said: _Said) -> int:
     """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
     # deferred: start-up (click: a launch never loads it; only a kept session's outcome echoes)
     import click
@@ -353,6 +378,7 @@ def _session_outcome(vm_name: str, kept: staginglayout.SessionLaunch, code: int)
             return 1
         return code  # launch.sh stopped before the session (it said why)
     agent = reply.agent or "the agent"
+    said.running = reply.outcome != "ended"
     if reply.outcome == "started":
         click.echo(reply.name)
         note(f"{agent} runs in the session {reply.name} in {vm_name}: `agentbox attach {reply.name}` to see it, "

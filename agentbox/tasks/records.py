@@ -94,6 +94,7 @@ class Task:
     isolated: bool = False  # it works on a copy of the workspace; its changes come back as a proposal
     copy_base: dict[str, Any] | None = None  # an isolated task's base: {commit, tree, head} of agentbox's store
     proposal: int | None = None  # the proposal its changes became
+    proposal_files: int | None = None  # how many files it changes
     outcome: str | None = None  # an isolated task's changes: "proposal N: ...", "no changes", or why none was made
     # A task on a remote host (agentbox.tasks.remote; its keeper, agentbox.tasks.keeper, updates these):
     remote_key: str | None = None  # its name there (its folder `outbox/tasks/KEY` in the VM's outbox there)
@@ -557,6 +558,23 @@ def harvest(task: Task) -> None:
     _drop_box(task)
     task.harvested = True
     save(task)
+    report(task)
+
+
+def report(task: Task) -> None:
+    """The ended task's signed report (agentbox.session.endreport), once its outputs and changes are home."""
+    # deferred: start-up (session.endreport reads the proxy's log: only once a task ended)
+    from agentbox.session import endreport
+
+    facts = endreport.Facts("task", task.agent, task.vm, task.workspace, task.isolated, None, task=task.id)
+    # Held instruction changes: the quarantine (issue 42, items 1-2) passes them here.
+    record = endreport.draft(facts, endreport.iso(task.started or task.created) or "", task.exit_code,
+                             held_instructions=())
+    record.update(state=task.state, ended=endreport.iso(task.ended) or record["ended"], reason=task.reason)
+    record["checkpoints"]["start"] = task.checkpoint
+    if task.proposal is not None:
+        record["proposal"] = {"id": task.proposal, "files": task.proposal_files}
+    endreport.write(record)
 
 
 def _take_changes_from(task: Task, box: int | None) -> None:
@@ -598,7 +616,7 @@ def take_changes(task: Task, patch: bytes | None, summary: bytes | None, problem
         message = exc.message if isinstance(exc, AgentboxError) else str(exc)
         task.outcome = f"its changes could not be made a proposal ({message}); the patch is kept at {kept}"
         return
-    task.proposal = made.proposal
+    task.proposal, task.proposal_files = made.proposal, made.files
     task.outcome = str(made)
 
 
