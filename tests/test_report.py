@@ -152,14 +152,14 @@ def test_verify_passes_then_names_an_edited_record_a_gap_and_removed_newest(proj
     second.unlink()
     (reports() / "00000003.json").unlink()
     gap = verify(project)
-    assert gap.returncode == 1 and gap.stdout.splitlines() == ["records 2–3 are missing"]
+    assert gap.returncode == 1 and gap.stdout.splitlines() == ["records 2\u20133 are missing"]
 
     second.write_bytes(kept)
     newest = reports() / "00000004.json"
     newest.unlink()
     gone = verify(project)
     assert gone.returncode == 1
-    assert "the newest record(s) after 2 were removed (records 3–4; the head says 4 is the newest)" in gone.stdout
+    assert "the newest record(s) after 2 were removed (records 3\u20134; the head says 4 is the newest)" in gone.stdout
 
 
 def test_a_record_moved_to_another_seq_is_named(project: Path, chain: list[dict]) -> None:

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentbox.net import guard, pushes, uploads
+from agentbox import paths
+from agentbox.net import pushes, uploads
 
 CHUNK = 64 * 1024
 MAX_BACK = 32 << 20  # a session that logged more than this is summed over its last MAX_BACK bytes
@@ -23,7 +24,7 @@ LEDGER_TAIL = 256 * 1024
 
 
 def entries(vm_name: str, since: str) -> list[dict[str, Any]]:
-    return lines_since(guard.log_path(vm_name), since)
+    return lines_since(paths.vm_network_dir(vm_name) / uploads.LOG_FILE, since)
 
 
 def lines_since(path: Path, since: str, limit: int = MAX_BACK) -> list[dict[str, Any]]:
@@ -56,6 +57,11 @@ def lines_since(path: Path, since: str, limit: int = MAX_BACK) -> list[dict[str,
         if entry is not None and str(entry.get("time", "")) >= since:
             found.append(entry)
     return found
+
+
+def window(vm_name: str) -> str:
+    """The VM's current upload window (agentbox.net.uploads)."""
+    return uploads.window(paths.vm_network_dir(vm_name))
 
 
 def network(found: Sequence[dict[str, Any]], window: str = "") -> dict[str, Any]:

@@ -28,6 +28,8 @@ from agentbox import sizes
 DEFAULT_LIMIT = 50 << 20
 DEFAULT_TEXT = "50MiB"  # network.uploadLimit's default as the config writes it
 CAPS_FILE = "caps.jsonl"
+LOG_FILE = "log.jsonl"  # the proxy's decisions, one JSON line each, in the VM's network folder
+WINDOW_FILE = "window"  # when the current upload window began, there
 DECISION = "cap"
 
 
@@ -88,6 +90,14 @@ class Counter:
                 os.write(fd, line.encode())
             finally:
                 os.close(fd)
+
+
+def window(folder: Path) -> str:
+    """When the current upload window of the VM whose network folder this is began ("" before the first session)."""
+    try:
+        return (folder / WINDOW_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
 
 
 def capped_since(folder: Path, since: float) -> list[dict[str, Any]]:

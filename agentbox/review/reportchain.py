@@ -22,19 +22,18 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import secrets
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from agentbox import paths
+from agentbox import lazyre, paths
 from agentbox.fsutil import atomic_write, locked, private_dir
 
 KEY_FILE, HEAD_FILE, LOCK_FILE = "key", "head", "lock"
 KEY_BYTES = 32
 MAX_RECORD_BYTES = 4 << 20
-RECORD_NAME = re.compile(r"(\d{8})\.json")
+RECORD_NAME = lazyre.compile(r"(\d{8})\.json")
 
 
 class Corrupt(Exception):

@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 
 from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.git import store
-from agentbox.net import guard, sessionlog
+from agentbox.net import sessionlog
 from agentbox.progress import warn
 from agentbox.review import checkpoints, reportchain, tripwire
 
@@ -61,7 +61,7 @@ def draft(facts: Facts, started: str, code: int | None, *, running: bool = False
           held_instructions: Sequence[str] = ()) -> dict[str, Any]:
     """The record without its checkpoints, files, proposal and tripwire (the callers add those they have)."""
     found = sessionlog.entries(facts.vm, started)
-    window = guard.upload_window(facts.vm) if facts.kind == "session" else ""
+    window = sessionlog.window(facts.vm) if facts.kind == "session" else ""
     return {
         "kind": facts.kind, "task": facts.task, "agent": facts.agent, "vm": facts.vm, "workspace": facts.workspace,
         "mode": {"work": "isolated" if facts.isolated else "live", "network": facts.network},

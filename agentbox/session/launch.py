@@ -37,7 +37,18 @@ from agentbox.errors import StateError
 from agentbox.progress import note, warn
 from agentbox.review import tripwire
 from agentbox.safetext import visible, visible_text
-from agentbox.session import canaries, context, detached, isolated, plan, planrecorder, privatefiles, staging, warm
+from agentbox.session import (
+    canaries,
+    context,
+    detached,
+    endreport,
+    isolated,
+    plan,
+    planrecorder,
+    privatefiles,
+    staging,
+    warm,
+)
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.session.prepare import Ask, Launch, checkpoint_tree, listed_reached, prepare, proxied, warm_reached
 from agentbox.vm import drift, forwards, lifecycle, statefile, workmode
@@ -143,9 +154,6 @@ def _session(launch: Launch, said: _Said) -> int | None:
 
 def _report(launch: Launch, said: _Said, code: int, changed: tuple[list[tripwire.Change], int]) -> None:
     """The session's signed report (agentbox.session.endreport); a live session's end checkpoint completes it."""
-    # deferred: start-up (session.endreport, net.sessionlog: only after the shell)
-    from agentbox.session import endreport
-
     facts = endreport.Facts("session", launch.agent_name, launch.vm_name, str(launch.workspace), launch.isolated,
                             launch.config.network.mode, kept=launch.kept is not None)
     # Held instruction changes: the quarantine (issue 42, items 1-2) passes them here.

@@ -40,6 +40,7 @@ from agentbox.git import read, snapshot, store
 from agentbox.progress import warn
 from agentbox.review import checkpoints, migrate, proposals
 from agentbox.safetext import visible
+from agentbox.session import endreport
 from agentbox.tasks import recordcache, transitions
 from agentbox.tasks.transitions import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
 from agentbox.vm.lima import Lima
@@ -563,9 +564,6 @@ def harvest(task: Task) -> None:
 
 def report(task: Task) -> None:
     """The ended task's signed report (agentbox.session.endreport), once its outputs and changes are home."""
-    # deferred: start-up (session.endreport reads the proxy's log: only once a task ended)
-    from agentbox.session import endreport
-
     facts = endreport.Facts("task", task.agent, task.vm, task.workspace, task.isolated, None, task=task.id)
     # Held instruction changes: the quarantine (issue 42, items 1-2) passes them here.
     record = endreport.draft(facts, endreport.iso(task.started or task.created) or "", task.exit_code,
