@@ -17,6 +17,7 @@ from agentbox import paths
 from agentbox.net import pushes
 from tests.helpers import NAME, FakeLima, agentbox, git, make_repository, run_agentbox, run_cli, wait_for, write
 from tests.test_broker_report import BROKER_ON, FOREIGN, REQUESTS, host_logins, upstream  # noqa: F401 (fixtures)
+from tests.test_launch_plan import SETTLE, configure, launch
 from tests.test_tasks import TASK_AGENT
 
 pytestmark = pytest.mark.timeout(180)
@@ -57,6 +58,9 @@ def test_a_sessions_report_has_its_files_network_broker_pushes_and_tripwire(
     ledger.parent.mkdir(parents=True, exist_ok=True)  # an earlier session's push: not this report's
     ledger.write_text(json.dumps({"time": "2020-01-01T00:00:00Z", "outcome": "ok",
                                   "updates": [{"ref": NAMESPACE + "old", "old": ZERO, "new": SHA_A}]}) + "\n")
+    log = paths.vm_state_dir(NAME) / "network" / "log.jsonl"  # an earlier window's request: not this report's
+    write(log, json.dumps({"time": "2020-01-01T00:00:00Z", "host": "earlier.example", "decision": "deny",
+                           "bytes_up": 5, "bytes_down": 0}) + "\n")
     session = subprocess.Popen([sys.executable, "-m", "agentbox", "shell", "--", "bash", "-c", SESSION, "s",
                                 REQUESTS, FOREIGN], cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
@@ -98,6 +102,26 @@ def test_a_sessions_report_has_its_files_network_broker_pushes_and_tripwire(
     assert "  tripwire:     .envrc (added)" in shown.stdout
     assert run_cli("report", record["id"], "--json", cwd=project).stdout == run_cli(
         "report", "--last", "--json", cwd=project).stdout
+
+
+def test_a_launch_from_its_plan_leaves_a_report_too(project: Path, vm: FakeLima) -> None:
+    configure(project)
+    launches = 0
+    for _ in range(4):  # as planned_launch: until one runs from its plan
+        vm.clear()
+        ran = launch(project, "codex", "exec", "hi")
+        launches += 1
+        if ran.planned:
+            break
+        time.sleep(SETTLE)
+    assert ran.planned and ran.result.returncode == 0
+    records = json.loads(run_cli("report", "--json", cwd=project).stdout)
+    assert len(records) == launches  # one each: the full launches and the one from the plan
+    newest = records[0]
+    assert (newest["kind"], newest["agent"], newest["mode"], newest["exitCode"], newest["state"]) == (
+        "session", "codex", {"work": "live", "network": "open"}, 0, "ended")
+    assert [record["seq"] for record in records] == sorted((record["seq"] for record in records), reverse=True)
+    assert run_agentbox("report", "verify", cwd=project).returncode == 0
 
 
 @pytest.mark.xdist_group("tasks")
