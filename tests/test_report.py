@@ -18,6 +18,7 @@ from agentbox.net import pushes
 from tests.helpers import NAME, FakeLima, agentbox, git, make_repository, run_agentbox, run_cli, wait_for, write
 from tests.test_broker_report import BROKER_ON, FOREIGN, REQUESTS, host_logins, upstream  # noqa: F401 (fixtures)
 from tests.test_launch_plan import SETTLE, configure, launch
+from tests.test_sessions import install
 from tests.test_tasks import TASK_AGENT
 
 pytestmark = pytest.mark.timeout(180)
@@ -122,6 +123,17 @@ def test_a_launch_from_its_plan_leaves_a_report_too(project: Path, vm: FakeLima)
         "session", "codex", {"work": "live", "network": "open"}, 0, "ended")
     assert [record["seq"] for record in records] == sorted((record["seq"] for record in records), reverse=True)
     assert run_agentbox("report", "verify", cwd=project).returncode == 0
+
+
+def test_a_detached_sessions_report_is_written_when_the_launch_returns_as_running(project: Path,
+                                                                                  vm: FakeLima) -> None:
+    install(vm)
+    started = run_agentbox("claude", "--detach", cwd=project, timeout=120)
+    assert started.returncode == 0, started.stderr
+    record = last(project)
+    assert (record["kind"], record["agent"], record["kept"], record["state"], record["ended"], record["exitCode"]) \
+        == ("session", "claude", True, "running", None, None)
+    assert "  mode:         live, network open, kept (detached)" in run_cli("report", "--last", cwd=project).stdout
 
 
 @pytest.mark.xdist_group("tasks")
