@@ -52,6 +52,11 @@ def vm_state_dir(vm_name: str) -> Path:
     return state_dir() / "vms" / vm_name
 
 
+def vm_network_dir(vm_name: str) -> Path:
+    """The VM's proxy and broker files on the host (agentbox.net.guard lists them)."""
+    return vm_state_dir(vm_name) / "network"
+
+
 def bases_dir() -> Path:
     """The base VMs' records (agentbox.vm.golden): what each was built from, when, and its verification."""
     return state_dir() / "bases"

@@ -128,3 +128,15 @@ def test_the_broker_benchmark_prints_every_row() -> None:
                      "kept connection, CONNECT tunnel", "new connection, direct", "new connection, through the broker",
                      "new connection, CONNECT tunnel", "placement + answer scan (in process)",
                      *[name if not name.endswith(", ") else "the broker's CPU per 2 MiB (3 held)" for name in downloads]]
+
+
+def test_the_report_benchmark_prints_every_row() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, str(REPO / "benchmarks" / "report.py"), "--runs", "3", "--log-lines",
+                             "2000", "--records", "20"], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    names = [line[:64].strip() for line in result.stdout.splitlines()[2:]]
+    assert names == ["the record: network and broker summaries from the log's tail",
+                     "signing it into the chain (head, key, one file, the head again)",
+                     "added to a session end (target: at most 20 ms)",
+                     "control: the whole log read, as `net log --hosts` does"]

@@ -135,7 +135,7 @@ def test_group_help_lists_the_commands_in_groups(project: Path) -> None:
         "Background work": ["run", "tasks", "logs", "wait", "cancel", "sessions", "attach", "hosts"],
         "The agent's setup": ["config", "init", "trust", "sync", "update-agents", "base", "describe", "template"],
         "Network": ["net", "ca"],
-        "Diagnostics": ["doctor", "audit", "help", "completion"],
+        "Diagnostics": ["doctor", "audit", "report", "help", "completion"],
     }
     # The summaries start in one column across the sections.
     starts = {line.index(line.split()[1]) for line in out[out.index("\nAgents"):].splitlines()

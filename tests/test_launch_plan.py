@@ -21,9 +21,10 @@ FULL_PATH_MODULE = "agentbox.cli.commands.agent"  # what only the full launch lo
 # agentbox's modules a launch from its plan loads, as measured: 48 before the shell (issue 41: session.canaries, the
 # session's canary secrets), and the logins' write-back after it (the agents' records and login formats), and
 # net.uploads (issue 41: the session's end says a host's upload cap was reached). The bound catches the config or
-# staging layers pulled in again. Issue 42 added three: the instruction files' quarantine (review.quarantine), its
-# walk (review.instructionscan) and its writer (review.instructionrestore), which every session's end may need.
-MAX_PLANNED_MODULES = 68
+# staging layers pulled in again. Issue 42 added seven: the instruction files' quarantine (review.quarantine), its
+# walk (review.instructionscan) and its writer (review.instructionrestore), which every session's end may need, and
+# the session's report after the shell (session.endreport, net.sessionlog, net.pushes, review.reportchain).
+MAX_PLANNED_MODULES = 72
 
 
 class Launched:

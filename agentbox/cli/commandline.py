@@ -38,6 +38,7 @@ LAZY_COMMANDS = {
     "describe": ("agentbox.cli.commands.describe", "describe_command"),
     "trust": ("agentbox.cli.commands.safety", "trust_command"),
     "audit": ("agentbox.cli.commands.safety", "audit_command"),
+    "report": ("agentbox.cli.commands.report", "report_group"),
     "checkpoint": ("agentbox.cli.commands.checkpoint", "checkpoint_command"),
     "checkpoints": ("agentbox.cli.commands.checkpoint", "checkpoints_command"),
     "diff": ("agentbox.cli.commands.checkpoint", "diff_command"),

@@ -97,6 +97,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = (
     ("Diagnostics", (
         ("doctor", "Check Lima, config, VM, logins and guards; say what to fix."),
         ("audit", "Show unacknowledged changes to files your host runs."),
+        ("report", "Show and verify the signed report each session leaves."),
         ("help", "Show agentbox's help, or the help of COMMAND."),
         ("completion", "Print the shell completion script."),
     )),

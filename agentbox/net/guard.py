@@ -69,18 +69,18 @@ VM_CHECK_MAX_SEC = 30.0  # ... then twice as long each time, up to this
 SECRET_FILE = "secret"  # the VM's proxy secret (0600): the password of the proxy credentials in its proxy URL
 SECRET_BYTES = 16
 BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
-WINDOW_FILE = "window"  # when the current upload window began (agentbox.net.uploads)
+WINDOW_FILE = uploads.WINDOW_FILE  # when the current upload window began
 UPSTREAM_FILE = "upstream.json"  # the company proxy to go through (0600: its URL may hold a password)
 _SECRET = lazyre.compile(f"[0-9a-f]{{{SECRET_BYTES * 2}}}")
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
 
 def folder(vm_name: str) -> Path:
-    return paths.vm_state_dir(vm_name) / "network"
+    return paths.vm_network_dir(vm_name)
 
 
 def log_path(vm_name: str) -> Path:
-    return folder(vm_name) / "log.jsonl"
+    return folder(vm_name) / uploads.LOG_FILE
 
 
 def secret(vm_name: str) -> str:
@@ -372,10 +372,7 @@ def _begin_window(vm_name: str, proxy_runs: bool) -> None:
 
 def upload_window(vm_name: str) -> str:
     """When the current upload window began ("" before the first session)."""
-    try:
-        return (folder(vm_name) / WINDOW_FILE).read_text(encoding="utf-8").strip()
-    except OSError:
-        return ""
+    return uploads.window(folder(vm_name))
 
 
 def _new_window() -> str:

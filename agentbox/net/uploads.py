@@ -19,7 +19,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from agentbox import sizes
 DEFAULT_LIMIT = 50 << 20
 DEFAULT_TEXT = "50MiB"  # network.uploadLimit's default as the config writes it
 CAPS_FILE = "caps.jsonl"
+LOG_FILE = "log.jsonl"  # the proxy's decisions, one JSON line each, in the VM's network folder
+WINDOW_FILE = "window"  # when the current upload window began, there
 DECISION = "cap"
 
 
@@ -90,6 +92,14 @@ class Counter:
                 os.close(fd)
 
 
+def window(folder: Path) -> str:
+    """When the current upload window of the VM whose network folder this is began ("" before the first session)."""
+    try:
+        return (folder / WINDOW_FILE).read_text(encoding="utf-8").strip()
+    except OSError:
+        return ""
+
+
 def capped_since(folder: Path, since: float) -> list[dict[str, Any]]:
     """The hosts whose cap was reached at or after `since` (seconds since the epoch), each once, from the proxy's
     caps file in the VM's network folder; [] when there is none (one stat)."""
@@ -118,14 +128,14 @@ def notice(entry: dict[str, Any]) -> str:
 def per_host(lines: Iterable[bytes], window: str = "") -> list[dict[str, Any]]:
     """The proxy's log lines of the upload window `window` ("": all of them) summed per host: requests, bytes up
     and down, refusals at the cap; the host sent the most first."""
+    return per_host_entries(_parsed(lines), window)
+
+
+def per_host_entries(entries: Iterable[dict[str, Any]], window: str = "") -> list[dict[str, Any]]:
+    """per_host of log lines already parsed."""
     hosts: dict[str, dict[str, Any]] = {}
-    for raw in lines:
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(entry, dict) or not isinstance(entry.get("host"), str) \
-                or (window and entry.get("window") != window):
+    for entry in entries:
+        if not isinstance(entry.get("host"), str) or (window and entry.get("window") != window):
             continue
         row = hosts.setdefault(entry["host"], {"host": entry["host"], "requests": 0, "up": 0, "down": 0, "capped": 0})
         row["requests"] += 1
@@ -134,3 +144,13 @@ def per_host(lines: Iterable[bytes], window: str = "") -> list[dict[str, Any]]:
             row[key] += value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
         row["capped"] += entry.get("decision") == DECISION
     return sorted(hosts.values(), key=lambda row: (-row["up"], row["host"]))
+
+
+def _parsed(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    for raw in lines:
+        try:
+            entry = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(entry, dict):
+            yield entry

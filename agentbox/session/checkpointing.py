@@ -67,6 +67,7 @@ class SessionCheckpoints:
         self._thread: threading.Thread | None = None
         self._start: checkpoints.Taken | None = None
         self._error: BaseException | None = None
+        self.ending = False  # end() handed the end checkpoint to its process (which completes the session's report)
 
     def start(self) -> None:
         if not self.settings.enabled:
@@ -125,10 +126,10 @@ class SessionCheckpoints:
             return
         named = [path for path, _ in self._start.checkpoint.skipped]
         with timing.phase("end checkpoint (handed to a process of its own)"):
-            end_later(self.workspace, {
+            self.ending = end_later(self.workspace, {
                 "workspace": str(self.workspace), "agent": self.agent, "session": self.session,
                 "verbose": self.verbose, "maxFileSize": self.settings.max_file_size, "keep": self.settings.keep,
-                "named": named})
+                "named": named, "startTree": self._start.checkpoint.tree})
 
     @classmethod
     def resumed(cls, settings: CheckpointSettings, workspace: Path, agent: str, session: str,
@@ -136,11 +137,11 @@ class SessionCheckpoints:
         """A launch's checkpoints in the process that takes its end checkpoint (agentbox.session.endcheckpoint)."""
         points = cls.__new__(cls)
         points.settings, points.workspace, points.agent, points.verbose = settings, workspace, agent, verbose
-        points.session, points.go_folder, points.go = session, None, None
+        points.session, points.go_folder, points.go, points.ending = session, None, None, False
         points._thread, points._start, points._error = None, None, None
         return points
 
-    def end_now(self, already_named: set[str]) -> None:
+    def end_now(self, already_named: set[str]) -> checkpoints.Taken | None:
         """Take the end checkpoint and say what there is to say about it."""
         with timing.phase("end checkpoint"):
             try:
@@ -149,8 +150,9 @@ class SessionCheckpoints:
                                              session=self.session)
             except AgentboxError as exc:
                 self._report_failure("end", exc)
-                return
+                return None
         self._report(taken, already_named=already_named, kind="end")
+        return taken
 
     # -- in the thread ------------------------------------------------------------------------------
     def _take_start(self) -> None:
@@ -243,7 +245,7 @@ def sweep_go_markers(folder: Path) -> None:
 _spawned: list[Any] = []  # the end checkpoints' processes, kept so no warning says one still runs
 
 
-def end_later(workspace: Path, spec: dict[str, Any]) -> None:
+def end_later(workspace: Path, spec: dict[str, Any]) -> bool:
     """Start the end checkpoint in a process of its own (agentbox.session.endcheckpoint), detached from this one's
     terminal and pipes, holding this session's end lock (taken here first, so a reader that comes right after this
     process returns already finds it held). An earlier session's end checkpoint still being taken is that
@@ -252,7 +254,7 @@ def end_later(workspace: Path, spec: dict[str, Any]) -> None:
         fd, name = checkpoints.new_end_lock(workspace, str(spec["session"]))
     except OSError as exc:
         warn(f"the end checkpoint was not taken: its lock could not be made: {exc}")
-        return
+        return False
     try:
         spec = {**spec, "lock": fd, "lockName": name}
         _spawned.append(subprocess.Popen(
@@ -262,8 +264,9 @@ def end_later(workspace: Path, spec: dict[str, Any]) -> None:
     except OSError as exc:
         warn(f"the end checkpoint was not taken: it could not be started: {exc}")
         checkpoints.release_end_lock(workspace, name, fd)
-        return
+        return False
     os.close(fd)  # the child holds the lock from here
+    return True
 
 
 def _first_time(workspace: Path, mark: str) -> bool:

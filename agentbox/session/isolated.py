@@ -172,8 +172,9 @@ def _prune(record: dict[str, Any]) -> None:
         del record["sessions"][session]
 
 
-def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> None:
-    """After the session: its changes (and any other finished session's) become proposals."""
+def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> dict[str, int] | None:
+    """After the session: its changes (and any other finished session's) become proposals. Returns this session's
+    proposal ({"id", "files"}), if it made one."""
     # deferred: start-up (review.proposals and its patch checks: an isolated session only, never a live launch)
     from agentbox.review import proposals
 
@@ -203,6 +204,7 @@ def finish(config: Config, vm_name: str, launch: IsolatedLaunch, code: int) -> N
     if not own and proposals.forget_session(workspace, vm_name, session, only_if_empty=code == SSH_FAILED):
         note("the session's changes were not collected (the launch step ended early); they stay in the "
              f"VM's copy at {workspace}")
+    return next(({"id": item.proposal, "files": item.files} for item in own if item.proposal is not None), None)
 
 
 def _session_id() -> str:

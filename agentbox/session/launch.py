@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,7 +37,18 @@ from agentbox.errors import StateError
 from agentbox.progress import note, warn
 from agentbox.review import instructionfiles, quarantine, tripwire
 from agentbox.safetext import visible, visible_text
-from agentbox.session import canaries, context, detached, isolated, plan, planrecorder, privatefiles, staging, warm
+from agentbox.session import (
+    canaries,
+    context,
+    detached,
+    endreport,
+    isolated,
+    plan,
+    planrecorder,
+    privatefiles,
+    staging,
+    warm,
+)
 from agentbox.session.checkpointing import SessionCheckpoints
 from agentbox.session.prepare import Ask, Launch, checkpoint_tree, listed_reached, prepare, proxied, warm_reached
 from agentbox.vm import drift, forwards, lifecycle, statefile, workmode
@@ -100,6 +112,10 @@ class _Said:
         self.tripwire_before = tripwire_before
         self.instructions = instructions  # the instruction files held at the session's end; () when off
         self.unreachable: set[str] | None = None
+        self.started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the report's start
+        self.running = False  # a kept session the launch left running
+        self.proposal: dict[str, int] | None = None
+        self.held: quarantine.Outcome | None = None  # what the session's end held of the instruction files
         self.notes: set[str] = set()
         self.mcp_noted = False
 
@@ -132,16 +148,31 @@ def _session(launch: Launch, said: _Said) -> int | None:
     with timing.phase("tripwire check"):
         changed_files = tripwire.end_session(launch.workspace, said.tripwire_before, said.points.session,
                                              launch.vm_name if launch.kept is not None else None)
-    held = quarantine.end(launch.workspace, said.instructions, said.points.session,
-                          f"{launch.agent_name} session in {launch.vm_name}",
-                          launch.vm_name if launch.kept is not None else None) if said.instructions else None
     try:
-        return _finish(launch, said, ready, code)
+        code = _finish(launch, said, ready, code)
+        _report(launch, said, code, changed_files)
+        return code
     finally:
         # Last: whatever else the session's end prints comes before, so nothing pushes the warning away.
-        if held is not None:
-            quarantine.report(held)
+        if said.held is not None:
+            quarantine.report(said.held)
         tripwire.report_session(*changed_files)
+
+
+def _report(launch: Launch, said: _Said, code: int, changed: tuple[list[tripwire.Change], int]) -> None:
+    """The session's signed report (agentbox.session.endreport); a live session's end checkpoint completes it."""
+    facts = endreport.Facts("session", launch.agent_name, launch.vm_name, str(launch.workspace), launch.isolated,
+                            launch.config.network.mode, kept=launch.kept is not None)
+    record = endreport.draft(facts, said.started, code, running=said.running,
+                             held_instructions=said.held.newly if said.held is not None else ())
+    taken = said.points.taken
+    record["checkpoints"]["start"] = taken.checkpoint.id if taken is not None else None
+    record["proposal"] = said.proposal
+    record["tripwire"] = endreport.tripwire_part(*changed)
+    if said.points.ending:
+        endreport.finish_later(record, said.points.session)
+    else:
+        endreport.write(record)
 
 
 def _prepare_session(launch: Launch, said: _Said) -> _Prepared:
@@ -277,11 +308,12 @@ def _shell(launch: Launch, said: _Said, ready: _Prepared) -> int | None:
                 code = lima.shell(vm_name, shell_argv, workdir=ready.workdir if ready.isolated is not None else None,
                                   reconnect=reconnect)
     finally:
-        _after_shell(launch, points, ready, fell_back)
+        _after_shell(launch, said, ready, fell_back)
     return code
 
 
-def _after_shell(launch: Launch, points: SessionCheckpoints, ready: _Prepared, fell_back: bool) -> None:
+def _after_shell(launch: Launch, said: _Said, ready: _Prepared, fell_back: bool) -> None:
+    points = said.points
     if fell_back:  # nothing ran in the VM: what was prepared for the session goes
         if launch.kept is not None:
             detached.take_reply(launch.vm_name, launch.kept.reply)
@@ -289,6 +321,11 @@ def _after_shell(launch: Launch, points: SessionCheckpoints, ready: _Prepared, f
             writeback.discard(ready.handback)
         return
     points.shell_ended()  # not after a fallback: its shell runs again, and launch.sh may still make the worktree
+    if said.instructions:  # before the end checkpoint: it records the workspace as agents will read it
+        with timing.phase("instructions check"):
+            said.held = quarantine.end(launch.workspace, said.instructions, points.session,
+                                       f"{launch.agent_name} session in {launch.vm_name}",
+                                       launch.vm_name if launch.kept is not None else None)
     if launch.kept is not None and not launch.kept.attach:
         points.wait_for_start()  # the session goes on: its end is not this launch's
     else:
@@ -311,14 +348,14 @@ def _finish(launch: Launch, said: _Said, ready: _Prepared, code: int) -> int:
                               during=True)
     if ready.isolated is not None:
         with timing.phase("isolated mode (proposal)"):
-            isolated.finish(launch.config, vm_name, ready.isolated, code)
+            said.proposal = isolated.finish(launch.config, vm_name, ready.isolated, code)
     if launch.state.get("reconnect"):
         statefile.update(vm_name, {"reconnect": False})
     after = launch.control.instance(vm_name) if code in (1, SSH_FAILED) else instance
     if after is None:
         raise vanished(vm_name, code)
     if launch.kept is not None:
-        code = _session_outcome(vm_name, launch.kept, code)
+        code = _session_outcome(vm_name, launch.kept, code, said)
     if code == SSH_FAILED:
         note(ssh_failed_note(vm_name, instance, after))
     return code
@@ -350,7 +387,7 @@ def ssh_failed_note(vm_name: str, instance: Instance, after: Instance) -> str:
             f"restarts the VM; {logs}.")
 
 
-def _session_outcome(vm_name: str, kept: staginglayout.SessionLaunch, code: int) -> int:
+def _session_outcome(vm_name: str, kept: staginglayout.SessionLaunch, code: int, said: _Said) -> int:
     """What the VM said of the session: its name (stdout) when detached; the agent's code when it ended attached."""
     # deferred: start-up (click: a launch never loads it; only a kept session's outcome echoes)
     import click
@@ -362,6 +399,7 @@ def _session_outcome(vm_name: str, kept: staginglayout.SessionLaunch, code: int)
             return 1
         return code  # launch.sh stopped before the session (it said why)
     agent = reply.agent or "the agent"
+    said.running = reply.outcome != "ended"
     if reply.outcome == "started":
         click.echo(reply.name)
         note(f"{agent} runs in the session {reply.name} in {vm_name}: `agentbox attach {reply.name}` to see it, "

@@ -11,6 +11,7 @@ ran and None sends the launch down the full path.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -59,6 +60,7 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripw
     marks = data["checkpoints"]
     points = SessionCheckpoints(_Settings(CheckpointSettings(*marks["settings"])), Path(marks["tree"]),  # type: ignore[arg-type]
                                 data["agent"], marks["verbose"], paths.staging_dir(vm_name) / staginglayout.GO_MARKERS)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())  # the report's start
     try:
         points.start()
         before, unacknowledged, yours = tripwire.begin_session(workspace, busy, points.session)
@@ -79,22 +81,41 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripw
             canaries.done(planted)
             return None
         points.shell_ended()
+        # before the end checkpoint: it records the workspace as agents will read it
+        held = quarantine.end(workspace, instructions, points.session, f"{data['agent']} session in {vm_name}") \
+            if instructions else None
         points.end()
         canaries.report(planted)
         if returns is not None:
             _write_back(data, returns)
         changed = tripwire.end_session(workspace, before, points.session, None)
-        held = quarantine.end(workspace, instructions, points.session, f"{data['agent']} session in {vm_name}") \
-            if instructions else None
         _late_ports(data)
         if code in (1, 255):
             code = _after_failure(data, code)
+        _report(data, started, code, points, changed, held)
         if held is not None:
             quarantine.report(held)
         tripwire.report_session(*changed)
         return code
     finally:
         points.done()
+
+
+def _report(data: dict[str, Any], started: str, code: int, points: SessionCheckpoints,
+            changed: tuple[list[tripwire.Change], int], held: quarantine.Outcome | None) -> None:
+    """The session's signed report, as the full launch writes it (agentbox.session.launch._report)."""
+    # deferred: start-up (session.endreport, net.sessionlog: only after the shell)
+    from agentbox.session import endreport
+
+    facts = endreport.Facts("session", data["agent"], data["vm"], data["workspace"], False, data.get("network"))
+    record = endreport.draft(facts, started, code, held_instructions=held.newly if held is not None else ())
+    taken = points.taken
+    record["checkpoints"]["start"] = taken.checkpoint.id if taken is not None else None
+    record["tripwire"] = endreport.tripwire_part(*changed)
+    if points.ending:
+        endreport.finish_later(record, points.session)
+    else:
+        endreport.write(record)
 
 
 def _argv(data: dict[str, Any], attempt: warm.Attempt, go: str | None, returns: Path | None,

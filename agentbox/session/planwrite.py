@@ -56,6 +56,7 @@ def _decided(recorder: Recorder, launch: Launch, points: SessionCheckpoints, she
     log = str(Path(launch.instance.dir) / LIMA_LOG)
     return {
         "vm": launch.vm_name, "workspace": str(launch.workspace), "agent": agent.name, "token": attempt.token,
+        "network": launch.config.network.mode,  # for the session's report
         "argv": [slots.get(part, part) for part in launch_part],
         "command": {"binary": agent.binary, "defaultArgs": list(agent.default_args), "model": agent.model,
                     "after": model_after(agent.name, agent.default_args),

@@ -413,6 +413,7 @@ def _bring_home(task_id: int, runtime: Runtime) -> None:
             records.take_changes(task, found.get(records.CHANGES), found.get(records.SUMMARY))
         task.harvested = True
         records.save(task)
+        records.report(task)
     runtime.forget(ended.vm, ended.remote_key or "")
 
 

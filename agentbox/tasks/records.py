@@ -28,7 +28,7 @@ import re
 import shutil
 import stat
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -38,8 +38,9 @@ from agentbox.errors import AgentboxError, StateError
 from agentbox.fsutil import atomic_write, private_dir
 from agentbox.git import read, snapshot, store
 from agentbox.progress import warn
-from agentbox.review import checkpoints, migrate, proposals
+from agentbox.review import checkpoints, migrate, proposals, quarantine
 from agentbox.safetext import visible
+from agentbox.session import endreport
 from agentbox.tasks import recordcache, transitions
 from agentbox.tasks.transitions import CANCELLED, ENDED, FAILED, PENDING, QUEUED, RUNNING
 from agentbox.vm.lima import Lima
@@ -94,6 +95,7 @@ class Task:
     isolated: bool = False  # it works on a copy of the workspace; its changes come back as a proposal
     copy_base: dict[str, Any] | None = None  # an isolated task's base: {commit, tree, head} of agentbox's store
     proposal: int | None = None  # the proposal its changes became
+    proposal_files: int | None = None  # how many files it changes
     outcome: str | None = None  # an isolated task's changes: "proposal N: ...", "no changes", or why none was made
     # A task on a remote host (agentbox.tasks.remote; its keeper, agentbox.tasks.keeper, updates these):
     remote_key: str | None = None  # its name there (its folder `outbox/tasks/KEY` in the VM's outbox there)
@@ -106,6 +108,8 @@ class Task:
     forward_master: int | None = None  # the ssh master connection the forward was made on (a new one: make it again)
     forward_local: int | None = None  # this machine's proxy port it was made to
     session: bool = False  # an interactive session (`agentbox AGENT --on HOST --detach`): the agent in tmux there
+    # The instruction files whose changes its end holds (agentbox.review.quarantine); empty when the quarantine is off
+    instructions: list[str] = field(default_factory=list)
 
     @property
     def remote(self) -> bool:
@@ -157,6 +161,7 @@ class Task:
         task = object.__new__(cls)
         values = dict(_DEFAULTS)
         values["transitions"] = []
+        values["instructions"] = []
         values.update(fields)
         task.__dict__.update(values)
         return task
@@ -242,11 +247,12 @@ class NewTask(NamedTuple):
     worktree_name: str | None = None  # the worktree's name (`run --worktree NAME`), else `task-ID`
     host: str = LOCAL
     isolated: bool = False
+    instructions: tuple[str, ...] = ()  # a live task's: the instruction files its end holds
 
 
 def create(new: NewTask) -> Task:
     """A new Pending task with the next id, its prompt kept beside its record."""
-    vm_name, workspace, agent, argv, cwd, prompt, name, timeout, worktree, worktree_name, host, isolated = new
+    vm_name, workspace, agent, argv, cwd, prompt, name, timeout, worktree, worktree_name, host, isolated, held = new
     root = private_dir(paths.tasks_dir())
     with locked():
         try:
@@ -259,7 +265,7 @@ def create(new: NewTask) -> Task:
         now = time.time()
         task = Task(id=number, vm=vm_name, workspace=str(workspace), agent=agent, argv=argv, cwd=cwd, name=name,
                     created=now, timeout=timeout, transitions=[{"state": PENDING, "time": now}],
-                    summary=_summary(prompt), host=host, isolated=isolated)
+                    summary=_summary(prompt), host=host, isolated=isolated, instructions=list(held))
         if worktree:
             task.base = worktree
             label = worktree_name or f"task-{number}"
@@ -555,8 +561,33 @@ def harvest(task: Task) -> None:
             if not moved and not os.path.lexists(target / name):
                 atomic_write(target / name, b"", mode=0o600)
     _drop_box(task)
+    held = _hold_instructions(task)
     task.harvested = True
     save(task)
+    report(task, held)
+
+
+def _hold_instructions(task: Task) -> list[quarantine.Held]:
+    """A live task's changes to the instruction files, held as a session's end holds them (the workspace gets the
+    approved version back); said as loudly. A worktree task's checkout and an isolated task's copy are not the
+    workspace: their changes come back as a branch or a proposal."""
+    if task.isolated or task.remote or task.worktree or not task.instructions:
+        return []
+    outcome = quarantine.end(Path(task.workspace), tuple(task.instructions), None, f"{task.label} in {task.vm}")
+    quarantine.report(outcome, task.label)
+    return outcome.newly
+
+
+def report(task: Task, held: Sequence[quarantine.Held] = ()) -> None:
+    """The ended task's signed report (agentbox.session.endreport), once its outputs and changes are home."""
+    facts = endreport.Facts("task", task.agent, task.vm, task.workspace, task.isolated, None, task=task.id)
+    record = endreport.draft(facts, endreport.iso(task.started or task.created) or "", task.exit_code,
+                             held_instructions=held)
+    record.update(state=task.state, ended=endreport.iso(task.ended) or record["ended"], reason=task.reason)
+    record["checkpoints"]["start"] = task.checkpoint
+    if task.proposal is not None:
+        record["proposal"] = {"id": task.proposal, "files": task.proposal_files}
+    endreport.write(record)
 
 
 def _take_changes_from(task: Task, box: int | None) -> None:
@@ -598,7 +629,7 @@ def take_changes(task: Task, patch: bytes | None, summary: bytes | None, problem
         message = exc.message if isinstance(exc, AgentboxError) else str(exc)
         task.outcome = f"its changes could not be made a proposal ({message}); the patch is kept at {kept}"
         return
-    task.proposal = made.proposal
+    task.proposal, task.proposal_files = made.proposal, made.files
     task.outcome = str(made)
 
 

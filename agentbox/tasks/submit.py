@@ -36,9 +36,9 @@ from agentbox.config.load import AgentConfig, Config
 from agentbox.errors import AgentboxError, StateError
 from agentbox.git import store
 from agentbox.progress import warn
-from agentbox.review import checkpoints
+from agentbox.review import checkpoints, instructionfiles, quarantine
 from agentbox.session import attention, canaries, detached, prepare, staging, warm, worktrees
-from agentbox.tasks import bundles, records
+from agentbox.tasks import activity, bundles, records
 from agentbox.tasks.transitions import CANCELLED, FAILED, PENDING
 from agentbox.vm import lifecycle
 
@@ -78,9 +78,12 @@ def submit(control: lifecycle.VmControl, ask: TaskAsk) -> records.Task:
                          "(session.mode: isolated)",
                          hint="`agentbox run --on local` runs it on a copy of its own (isolated); or use a live "
                          "VM, where --worktree gives each task a checkout of its own.")
+    instructions = instructionfiles.quarantined(control.config) if base is None else ()
+    if instructions:  # as a launch does: what changed since the last check is yours or held, before the task runs
+        quarantine.start(launch.workspace, instructions, activity.ProjectActivity.of(control.config), None)
     new = records.NewTask(launch.vm_name, launch.workspace, agent.name, task_argv(agent), launch.workdir, ask.prompt,
                           name=ask.name, timeout=ask.timeout, worktree=base,
-                          worktree_name=ask.worktree_name if ask.worktree else None)
+                          worktree_name=ask.worktree_name if ask.worktree else None, instructions=instructions)
     task = records.create(new)
     handed(task, "the VM", lambda: _hand_over(launch, task, ask.prompt, base, repo))
     return records.refresh([task], check_vms=False)[0]
