@@ -193,7 +193,7 @@ def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: s
         if record is not None and record.signature == quick.signature and record.files == files \
                 and record.imported is not None:
             outcome = Outcome(sorted(record.held.values()), [], [], [], [])
-            after = record
+            after = _settled(record, quick)
         else:
             found = scan(workspace, files + (record.imported or () if record else ()), tree=quick.tree)
             if record is None:
@@ -231,7 +231,7 @@ def end(workspace: Path, files: tuple[str, ...], session: str | None, by: str,
             return Outcome([], [], [], [], [])
         quick = scan(workspace, files + (record.imported or ()), contents=False, tree=record.tree)
         if record.signature == quick.signature and record.files == files:
-            after, outcome = record, Outcome(sorted(record.held.values()), [], [], [], [])
+            after, outcome = _settled(record, quick), Outcome(sorted(record.held.values()), [], [], [], [])
         else:
             found = scan(workspace, files + (record.imported or ()), tree=quick.tree)
             after, outcome = _compared(_relisted(record, files, found), found, lambda: False, by)
@@ -265,6 +265,11 @@ def _covered(files: tuple[str, ...]) -> Callable[[str], bool]:
             or entry.startswith(label + "/") for entry in files)
 
     return covers
+
+
+def _settled(record: Record, quick: Scan) -> Record:
+    """The walk's listings taken when some were not kept last time (a folder changed just before it was listed)."""
+    return record._replace(tree=quick.tree) if any(not held.settled for held in record.tree.values()) else record
 
 
 def _listed(record: Record) -> tuple[str, ...]:
