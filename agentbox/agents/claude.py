@@ -46,6 +46,9 @@ RECORD = AgentSpec(
     ),
     memory_file="~/.claude/CLAUDE.md",
     instruction_files=("CLAUDE.md", "CLAUDE.local.md", ".claude/"),
+    # it loads a subfolder's CLAUDE.md / CLAUDE.local.md when it works there; either may `@import` files
+    instruction_names=("CLAUDE.md", "CLAUDE.local.md"),
+    instruction_imports=("CLAUDE.md", "CLAUDE.local.md"),
     task_args=("-p",),  # --print: answer the prompt and exit
     resume=("--continue",),
     none={

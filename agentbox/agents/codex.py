@@ -39,9 +39,12 @@ RECORD = AgentSpec(
     ),
     memory_file="~/.codex/AGENTS.md",
     instruction_files=("AGENTS.md", "AGENTS.override.md", ".codex/"),
+    # read in every folder from the project's root down to where it works
+    instruction_names=("AGENTS.md", "AGENTS.override.md"),
     task_args=("exec",),  # codex exec [OPTIONS] PROMPT
     resume=("resume", "--last"),
     none={
+        "instruction_imports": "AGENTS.md has no import syntax",
         "model_after_arg": "--model goes first",
         "login_hint": "`codex login` says what to do itself",
         "login_files": "its one credential file is its login",

@@ -28,9 +28,11 @@ RECORD = AgentSpec(
     memory_file="~/.copilot/copilot-instructions.md",  # its user-level instructions
     instruction_files=("AGENTS.md", ".github/copilot-instructions.md", ".github/instructions/", ".github/agents/",
                        ".github/prompts/"),
+    instruction_names=("AGENTS.md",),  # the nearest AGENTS.md up from where it works
     task_args=("-p",),  # --prompt: non-interactive
     resume=("--continue",),
     none={
+        "instruction_imports": "its instruction files have no import syntax",
         "model_after_arg": "--model goes first",
         "folder": "its setup is not synced into the VM (not built yet)",
         "sync_items": "its setup is not synced (no folder)",

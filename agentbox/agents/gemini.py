@@ -62,6 +62,9 @@ RECORD = AgentSpec(
     ),
     memory_file="~/.gemini/GEMINI.md",
     instruction_files=("GEMINI.md", ".gemini/"),
+    # it loads every GEMINI.md below the folder it starts in; a GEMINI.md may `@import` files
+    instruction_names=("GEMINI.md",),
+    instruction_imports=("GEMINI.md",),
     task_args=("-p",),  # --prompt: non-interactive
     resume=("--resume", "latest"),
     none={

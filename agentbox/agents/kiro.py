@@ -26,6 +26,8 @@ RECORD = AgentSpec(
     task_args=("--no-interactive",),  # after `chat --trust-all-tools`
     resume=("--resume",),
     none={
+        "instruction_names": "it reads its steering from the workspace's .kiro/ only (listed)",
+        "instruction_imports": "its steering files have no import syntax",
         "update": "its installer fetches the latest release: `agentbox update-agents` runs it again",
         "never_sync": "its folder holds no credentials, history or caches beyond what NEVER_SYNC names",
         "settings": "--trust-all-tools turns approvals off; agentbox writes no settings of its own",

@@ -18,9 +18,11 @@ RECORD = AgentSpec(
     login=("auth", "login"),
     memory_file="~/.config/opencode/AGENTS.md",  # its global rules
     instruction_files=("AGENTS.md", "opencode.json", "opencode.jsonc", ".opencode/"),
+    instruction_names=("AGENTS.md",),  # read from the folders up from where it works
     task_args=("run",),  # opencode run --auto PROMPT
     resume=("--continue",),
     none={
+        "instruction_imports": "AGENTS.md has no import syntax (opencode.json's instructions not followed)",
         "model_after_arg": "--model goes first (after `run` for `opencode run`: flag_subcommands)",
         "folder": "its setup is not synced into the VM (not built yet)",
         "sync_items": "its setup is not synced (no folder)",

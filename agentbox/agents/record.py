@@ -132,6 +132,12 @@ class AgentSpec(NamedTuple):
     # servers), relative to the workspace; a trailing / marks a folder (everything in it). What a session or
     # task changes there is held until the user approves it (agentbox.review.instructions).
     instruction_files: tuple[str, ...] = ()
+    # The names of its instruction files in any folder of the workspace (a CLAUDE.md in src/ steers Claude Code
+    # working there): the quarantine looks for them in every folder (agentbox.review.instructionscan's bounds).
+    instruction_names: tuple[str, ...] = ()
+    # Of those, the names whose files import other files with `@path` lines (agentbox.review.instructionimports):
+    # what an approved one imports is held like an instruction file.
+    instruction_imports: tuple[str, ...] = ()
     # The fields this agent leaves empty on purpose: field name -> why (tests/test_agent_records.py checks that
     # every other field is set).
     none: Mapping[str, str] = MappingProxyType({})

@@ -141,7 +141,8 @@ AGENT_KEYS: dict[str, Key] = {
                      trust=RULE, why="when it adds hosts the VM may reach in allowlist or offline mode"),
     "instructionFiles": Key(
         "strlist", "Files and folders in the workspace this agent (one a config defines) obeys, relative to the "
-        "workspace, a trailing / for a folder: a session's changes to them are held (docs/instructions.md).",
+        "workspace, a trailing / for a folder, **/NAME for a file of that name in any folder: a session's changes to "
+        "them are held (docs/instructions.md).",
         default_text="none (built-ins have their own)", check=_check_instruction_path),
     "sync": Key(
         "mapping",

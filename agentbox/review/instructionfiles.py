@@ -6,7 +6,9 @@ subagents, skills and MCP servers from the workspace, and obeys them. Each agent
 by several agents, or by the user's editor agents on the host. Every built-in's files are always in the list:
 any of them may be launched in the workspace next, or run on the host.
 
-Entries are relative to the workspace; a trailing / marks a folder (everything in it, at any depth).
+Entries are relative to the workspace; a trailing / marks a folder (everything in it, at any depth); `**/NAME`
+is a file of that name in any folder (AgentSpec.instruction_names: Claude Code loads src/CLAUDE.md when it works
+in src/), found by agentbox.review.instructionscan's bounded walk.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from agentbox.agents.builtin import BUILTIN_AGENTS
+from agentbox.review.instructionscan import ANYWHERE
 
 if TYPE_CHECKING:
     from agentbox.config.load import Config
@@ -36,10 +39,17 @@ def instruction_files(custom: Iterable[Iterable[str]] = ()) -> tuple[str, ...]:
     found: dict[str, None] = {}
     for spec in BUILTIN_AGENTS.values():
         found.update(dict.fromkeys(spec.instruction_files))
+    for spec in BUILTIN_AGENTS.values():
+        found.update(dict.fromkeys(ANYWHERE + name for name in spec.instruction_names))
     found.update(dict.fromkeys(SHARED))
     for files in custom:
         found.update(dict.fromkeys(files))
     return tuple(found)
+
+
+def importing() -> tuple[str, ...]:
+    """The names of the instruction files that may import others with `@path` (agentbox.review.instructionimports)."""
+    return tuple(dict.fromkeys(name for spec in BUILTIN_AGENTS.values() for name in spec.instruction_imports))
 
 
 def quarantined(config: Config) -> tuple[str, ...]:
@@ -57,11 +67,13 @@ def matcher(files: Iterable[str]) -> Callable[[str], bool]:
     from agentbox.review.patchcheck import fold
 
     listed = list(files)
+    anywhere = {fold(entry[len(ANYWHERE):]) for entry in listed if entry.startswith(ANYWHERE)}
     names = {fold(entry) for entry in listed if not entry.endswith("/")}
     prefixes = tuple(fold(entry) for entry in listed if entry.endswith("/"))
 
     def steers(path: str) -> bool:
         folded = fold(path.strip("/"))
-        return folded in names or folded.startswith(prefixes) or f"{folded}/" in prefixes
+        return (folded in names or folded.startswith(prefixes) or f"{folded}/" in prefixes
+                or folded.rpartition("/")[2] in anywhere)
 
     return steers

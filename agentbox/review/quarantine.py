@@ -18,7 +18,13 @@ approved (nobody was asked).
 
 Where it can be bypassed: while a session runs its agent sees its own edits; a process it left running in the VM
 can write a file again after agentbox put it back and before the next agent reads it (the next session's end holds
-that too); CLAUDE.md files in subfolders are not on the list.
+that too); folders the walk skips or does not reach (instructionscan.SKIPPED, the bounds) are not searched.
+
+What an approved CLAUDE.md or GEMINI.md imports (`@path`, agentbox.review.instructionimports) is covered too: the
+record keeps the imported paths, recomputed whenever an approved version changes. A path that becomes imported
+because the user approved a held change is held in turn (a session that adds `@docs/x.md` and writes docs/x.md
+does not get docs/x.md in unseen); one imported by the user's own edit, or by a record of an older agentbox, is
+approved as it is (nobody else was involved).
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ from typing import Any, NamedTuple, TextIO
 
 from agentbox import paths
 from agentbox.fsutil import atomic_write, locked, private_dir
-from agentbox.review import instructionrestore
-from agentbox.review.instructionscan import FILE, Entry, Scan, scan
+from agentbox.review import instructionfiles, instructionimports, instructionrestore
+from agentbox.review.instructionscan import ANYWHERE, FILE, Entry, Folder, Scan, scan
 from agentbox.review.tripwire import Busy, nothing_else_ran
 from agentbox.safetext import visible
 
@@ -70,6 +76,8 @@ class Record(NamedTuple):
     looked: float | None = None  # when a session's end last compared the files
     live: Mapping[str, int] = MappingProxyType({})  # session -> pid, between its start and end
     kept: Mapping[str, float] = MappingProxyType({})  # VM a kept session went on in -> when
+    imported: tuple[str, ...] | None = ()  # what the approved files import (None: not computed yet)
+    tree: Mapping[str, Folder] = MappingProxyType({})  # the folders the last walk went through (instructionscan)
 
 
 class Outcome(NamedTuple):
@@ -101,6 +109,9 @@ def load(workspace: Path) -> Record | None:
             float(data["looked"]) if data.get("looked") is not None else None,
             {str(key): int(value) for key, value in data.get("live", {}).items()},
             {str(key): float(value) for key, value in data.get("kept", {}).items()},
+            tuple(data["imported"]) if "imported" in data else None,
+            {str(label): Folder(int(v[0]), int(v[1]), int(v[2]), tuple(v[3]), tuple(v[4]), bool(v[5]))
+             for label, v in data.get("tree", {}).items()},
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -131,6 +142,8 @@ def _save(record: Record) -> None:
         "held": {label: {"approved": _list(item.approved), "held": _list(item.held), "when": item.when, "by": item.by}
                  for label, item in record.held.items()},
         "looked": record.looked, "live": dict(record.live), "kept": dict(record.kept),
+        "imported": list(record.imported or ()),
+        "tree": {label: list(folder) for label, folder in record.tree.items()},
     }
     atomic_write(private_dir(folder(record.workspace)) / "record.json", json.dumps(data), mode=0o600)
 
@@ -175,15 +188,18 @@ def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: s
     approved versions are put back. `session` names the launch until end() (None: a look, no launch)."""
     with _locked(workspace):
         record = load(workspace)
-        quick = scan(workspace, files, contents=False)
-        if record is not None and record.signature == quick.signature and record.files == files:
+        quick = scan(workspace, files + (record.imported or () if record else ()), contents=False,
+                     tree=record.tree if record else None)
+        if record is not None and record.signature == quick.signature and record.files == files \
+                and record.imported is not None:
             outcome = Outcome(sorted(record.held.values()), [], [], [], [])
-            after = record
+            after = _settled(record, quick)
         else:
-            found = scan(workspace, files)
+            found = scan(workspace, files + (record.imported or () if record else ()), tree=quick.tree)
             if record is None:
                 _keep(workspace, found, found.entries.values())
-                after = Record(workspace, files, dict(found.entries), found.signature, {})
+                after = _imports(Record(workspace, files, dict(found.entries), found.signature, {}, imported=None,
+                                        tree=found.tree), None)[0]
                 outcome = Outcome([], [], [], [], found.passed)
             else:
                 asked: list[tuple[bool, dict[str, int], dict[str, float]]] = []
@@ -196,6 +212,8 @@ def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: s
                                            "session's end")
                 if asked:  # launches gone and kept sessions ended are forgotten once the rule was asked
                     after = after._replace(live=asked[0][1], kept=asked[0][2])
+                if after.imported is None:  # a record of an older agentbox: its imports, as they are
+                    after = _imports(after, None)[0]
         if session is not None:
             after = after._replace(live={**after.live, session: os.getpid()})
         if after != record:
@@ -211,11 +229,11 @@ def end(workspace: Path, files: tuple[str, ...], session: str | None, by: str,
         record = load(workspace)
         if record is None:  # begin() makes the record: nothing to compare with
             return Outcome([], [], [], [], [])
-        quick = scan(workspace, files, contents=False)
+        quick = scan(workspace, files + (record.imported or ()), contents=False, tree=record.tree)
         if record.signature == quick.signature and record.files == files:
-            after, outcome = record, Outcome(sorted(record.held.values()), [], [], [], [])
+            after, outcome = _settled(record, quick), Outcome(sorted(record.held.values()), [], [], [], [])
         else:
-            found = scan(workspace, files)
+            found = scan(workspace, files + (record.imported or ()), tree=quick.tree)
             after, outcome = _compared(_relisted(record, files, found), found, lambda: False, by)
         live = {key: pid for key, pid in after.live.items() if key != session}
         kept = {**after.kept, **({kept_in: time.time()} if kept_in else {})}
@@ -226,9 +244,10 @@ def end(workspace: Path, files: tuple[str, ...], session: str | None, by: str,
 def _relisted(record: Record, files: tuple[str, ...], found: Scan) -> Record:
     """A longer list (an agent a config defines, a newer agentbox): the newly listed paths are approved as they
     are, nobody was asked about them."""
+    record = record._replace(tree=found.tree)
     if record.files == files:
         return record
-    before, now = _covered(record.files), _covered(files)
+    before, now = _covered(_listed(record)), _covered(files + (record.imported or ()))
     fresh = {label: entry for label, entry in found.entries.items() if not before(label)}
     _keep(record.workspace, found, fresh.values())
     approved = {label: entry for label, entry in record.approved.items() if now(label) and before(label)}
@@ -238,11 +257,61 @@ def _relisted(record: Record, files: tuple[str, ...], found: Scan) -> Record:
 
 def _covered(files: tuple[str, ...]) -> Callable[[str], bool]:
     """Whether a label is one of `files`, lies in one of their folders, or is a folder on the way to one."""
+    anywhere = {entry[len(ANYWHERE):].casefold() for entry in files if entry.startswith(ANYWHERE)}
+
     def covers(label: str) -> bool:
-        return any(label == entry.rstrip("/") or (entry.endswith("/") and label.startswith(entry))
-                   or entry.startswith(label + "/") for entry in files)
+        return label.rpartition("/")[2].casefold() in anywhere or any(
+            label == entry.rstrip("/") or (entry.endswith("/") and label.startswith(entry))
+            or entry.startswith(label + "/") for entry in files)
 
     return covers
+
+
+def _settled(record: Record, quick: Scan) -> Record:
+    """The walk's listings taken when some were not kept last time (a folder changed just before it was listed)."""
+    return record._replace(tree=quick.tree) if any(not held.settled for held in record.tree.values()) else record
+
+
+def _listed(record: Record) -> tuple[str, ...]:
+    """What the scan covers: the list, and what the approved files import."""
+    return record.files + (record.imported or ())
+
+
+def _signed(record: Record) -> Record:
+    """The record with the workspace's signature as it is now (after a put-back or a newly covered path)."""
+    quick = scan(record.workspace, _listed(record), contents=False, tree=record.tree)
+    return record._replace(signature=quick.signature, tree=quick.tree)
+
+
+def _imports(record: Record, hold_by: str | None) -> tuple[Record, list[Held], list[str]]:
+    """What the approved files import, computed again. A path newly imported is held as added and removed from
+    the workspace when `hold_by` names why (the user approved the change that imports it: what it imports is
+    still unseen), or approved as it is (None: the user's own edit, a first look, an older record)."""
+    workspace = record.workspace
+    newly: list[Held] = []
+    problems: list[str] = []
+    before = record.imported
+    for _ in range(instructionimports.MAX_HOPS + 1):
+        imported = instructionimports.followed(record.approved, instructionfiles.importing(),
+                                               lambda digest: blob(workspace, digest))
+        if imported == record.imported:
+            break
+        covered = _covered(_listed(record))
+        fresh = [label for label in imported if not covered(label)]
+        now = _covered(record.files + imported)
+        record = record._replace(imported=imported,
+                                 approved={label: entry for label, entry in record.approved.items() if now(label)},
+                                 held={label: item for label, item in record.held.items() if now(label)})
+        found = scan(workspace, fresh)
+        _keep(workspace, found, found.entries.values())
+        if hold_by is None:
+            record = record._replace(approved={**record.approved, **found.entries})
+            continue
+        items = [Held(label, None, entry, time.time(), hold_by) for label, entry in sorted(found.entries.items())]
+        newly += items
+        record = record._replace(held={**record.held, **{item.label: item for item in items}})
+        problems += _put_back(workspace, [(item.label, None) for item in items])
+    return (_signed(record) if record.imported != before else record), newly, problems
 
 
 def _compared(record: Record, found: Scan, quiet: Callable[[], bool], by: str) -> tuple[Record, Outcome]:
@@ -262,14 +331,14 @@ def _compared(record: Record, found: Scan, quiet: Callable[[], bool], by: str) -
             approved.pop(label, None)
             if label in found.entries:
                 approved[label] = found.entries[label]
-        after = record._replace(approved=approved, signature=found.signature)
+        after = _imports(record._replace(approved=approved, signature=found.signature), None)[0]
         _tidy(after)
         return after, Outcome(sorted(held_now.values()), [], changed, [], found.passed)
     now = time.time()
     newly = [Held(label, approved.get(label), found.entries.get(label), now, by) for label in changed]
     held_now.update({item.label: item for item in newly})
     problems = _put_back(workspace, [(item.label, item.approved) for item in newly])
-    after = record._replace(held=held_now, signature=scan(workspace, record.files, contents=False).signature)
+    after = _signed(record._replace(held=held_now))
     return after, Outcome(sorted(held_now.values()), newly, [], problems, found.passed)
 
 
@@ -291,13 +360,20 @@ def _put_back(workspace: Path, versions: list[tuple[str, Entry | None]]) -> list
 # -- the user's word --------------------------------------------------------------------------------
 
 
-def decide(workspace: Path, labels: list[str], approve: bool) -> tuple[list[Held], list[str]]:
+class Decided(NamedTuple):
+    done: list[Held]  # what was decided
+    problems: list[str]  # what could not be written
+    imported: list[Held]  # what an approved version newly imports, held now
+    imports: dict[str, instructionimports.Targets]  # an approved file that imports -> what it imports
+
+
+def decide(workspace: Path, labels: list[str], approve: bool) -> Decided:
     """Approve (the held version goes into the workspace and is approved) or reject (dropped; the workspace keeps
-    the approved one) each held label. (what was decided, what could not be written)."""
+    the approved one) each held label."""
     with _locked(workspace):
         record = load(workspace)
         if record is None:
-            return [], []
+            return Decided([], [], [], {})
         chosen = [record.held[label] for label in labels if label in record.held]
         versions = [(item.label, item.held if approve else item.approved) for item in chosen]
         problems = _put_back(workspace, versions)
@@ -312,11 +388,22 @@ def decide(workspace: Path, labels: list[str], approve: bool) -> tuple[list[Held
                 approved.pop(item.label, None)
                 if item.held is not None:
                     approved[item.label] = item.held
-        after = record._replace(approved=approved, held=held_now,
-                                signature=scan(workspace, record.files, contents=False).signature)
+        done = [item for item in chosen if item.label not in failed]
+        after, imported, more = _imports(record._replace(approved=approved, held=held_now),
+                                         f"imported by {names(item.label for item in done)}, approved")
+        after = _signed(after)
         _save(after)
         _tidy(after)
-    return [item for item in chosen if item.label not in failed], problems
+        importing = {name.casefold() for name in instructionfiles.importing()}
+        found = {item.label: _imported_by(workspace, item) for item in done if approve and (
+            item.label.rpartition("/")[2].casefold() in importing or item.label in (after.imported or ()))}
+    return Decided(done, problems + more, imported, {label: targets for label, targets in found.items()
+                                                     if targets.inside or targets.outside})
+
+
+def _imported_by(workspace: Path, item: Held) -> instructionimports.Targets:
+    data = blob(workspace, item.held.value) if item.held is not None and item.held.kind == FILE else None
+    return instructionimports.targets(item.label, data) if data is not None else instructionimports.Targets([], [])
 
 
 # -- printing ---------------------------------------------------------------------------------------

@@ -133,15 +133,26 @@ def _decided(workspace: Path, chosen: list[quarantine.Held], approve: bool) -> N
     if not chosen:
         click.echo("No changes to instruction files are held.", err=True)
         return
-    done, problems = quarantine.decide(workspace, [item.label for item in chosen], approve)
-    for item in done:
+    decided = quarantine.decide(workspace, [item.label for item in chosen], approve)
+    for item in decided.done:
         if approve:
             click.echo(f"Approved {visible(item.label)} ({item.kind}): the workspace has the held version.", err=True)
         else:
             click.echo(f"Rejected {visible(item.label)} ({item.kind}): the workspace keeps the approved version.",
                        err=True)
-    if problems:
-        raise AgentboxError("; ".join(problems), hint="Fix the path on the host and run the command again.")
+    for label, targets in decided.imports.items():
+        if targets.inside:
+            click.echo(f"{visible(label)} imports {quarantine.names(targets.inside)}: an agent reads them with it, "
+                       "so their changes are held too.", err=True)
+        if targets.outside:
+            click.echo(f"{visible(label)} imports {quarantine.names(targets.outside)}, outside the workspace: "
+                       "agentbox does not watch them.", err=True)
+    if decided.imported:
+        click.echo(f"Held now: {quarantine.names(item.label for item in decided.imported)}, which the approved "
+                   "version newly imports and agentbox had not held (a session may have written it); review it: "
+                   "`agentbox instructions diff`.", err=True)
+    if decided.problems:
+        raise AgentboxError("; ".join(decided.problems), hint="Fix the path on the host and run the command again.")
 
 
 def _what(entry: Entry | None) -> str:
