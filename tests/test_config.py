@@ -58,6 +58,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["-p"],
         "endpoints": list(BUILTIN_AGENTS["claude"].endpoints),
+        "instructionFiles": list(BUILTIN_AGENTS["claude"].instruction_files),
     }
     assert data["network"] == {"mode": "open", "allowHost": False, "allowLan": False, "presets": [], "allow": [],
                                "agentApi": True, "uploadLimit": "50MiB", "inspect": "credentials",
@@ -77,6 +78,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["run"],
         "endpoints": list(BUILTIN_AGENTS["opencode"].endpoints),
+        "instructionFiles": list(BUILTIN_AGENTS["opencode"].instruction_files),
     }
     assert data["agents"]["copilot"] == {
         "binary": "copilot",
@@ -88,6 +90,7 @@ def test_empty_local_file_is_a_valid_config(project: Path) -> None:
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": ["-p"],
         "endpoints": list(BUILTIN_AGENTS["copilot"].endpoints),
+        "instructionFiles": list(BUILTIN_AGENTS["copilot"].instruction_files),
     }
 
 
@@ -249,6 +252,7 @@ def test_custom_agent_is_defined_and_listed(project: Path) -> None:
         "sync": {"include": [], "exclude": [], "mcpSecrets": False},
         "taskArgs": [],
         "endpoints": [],
+        "instructionFiles": [],
     }
     lines = run_cli("--help", cwd=project).stdout.splitlines()
     agents = lines[next(i for i, line in enumerate(lines) if line.startswith("Agents (")) + 1:

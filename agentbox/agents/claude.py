@@ -46,6 +46,7 @@ RECORD = AgentSpec(
     ),
     memory_file="~/.claude/CLAUDE.md",
     instruction_files=("CLAUDE.md", "CLAUDE.local.md", ".claude/"),
+    host_run_files=(".claude/settings.json", ".claude/settings.local.json", ".mcp.json", ".claude/hooks/"),
     # it loads a subfolder's CLAUDE.md / CLAUDE.local.md when it works there; either may `@import` files
     instruction_names=("CLAUDE.md", "CLAUDE.local.md"),
     instruction_imports=("CLAUDE.md", "CLAUDE.local.md"),

@@ -39,6 +39,7 @@ RECORD = AgentSpec(
     ),
     memory_file="~/.codex/AGENTS.md",
     instruction_files=("AGENTS.md", "AGENTS.override.md", ".codex/"),
+    host_run_files=(".codex/config.toml",),
     # read in every folder from the project's root down to where it works
     instruction_names=("AGENTS.md", "AGENTS.override.md"),
     task_args=("exec",),  # codex exec [OPTIONS] PROMPT

@@ -32,6 +32,7 @@ RECORD = AgentSpec(
     task_args=("-p",),  # --prompt: non-interactive
     resume=("--continue",),
     none={
+        "host_run_files": "it starts nothing from a project's files: its MCP servers are in ~/.copilot",
         "instruction_imports": "its instruction files have no import syntax",
         "model_after_arg": "--model goes first",
         "folder": "its setup is not synced into the VM (not built yet)",

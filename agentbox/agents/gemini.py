@@ -62,6 +62,7 @@ RECORD = AgentSpec(
     ),
     memory_file="~/.gemini/GEMINI.md",
     instruction_files=("GEMINI.md", ".gemini/"),
+    host_run_files=(".gemini/settings.json",),
     # it loads every GEMINI.md below the folder it starts in; a GEMINI.md may `@import` files
     instruction_names=("GEMINI.md",),
     instruction_imports=("GEMINI.md",),

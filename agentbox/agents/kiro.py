@@ -23,6 +23,7 @@ RECORD = AgentSpec(
     # A steering file of its own: Kiro reads every file in ~/.kiro/steering.
     memory_file="~/.kiro/steering/agentbox.md",
     instruction_files=(".kiro/",),
+    host_run_files=(".kiro/settings/mcp.json", ".kiro/hooks/"),
     task_args=("--no-interactive",),  # after `chat --trust-all-tools`
     resume=("--resume",),
     none={

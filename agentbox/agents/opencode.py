@@ -18,6 +18,8 @@ RECORD = AgentSpec(
     login=("auth", "login"),
     memory_file="~/.config/opencode/AGENTS.md",  # its global rules
     instruction_files=("AGENTS.md", "opencode.json", "opencode.jsonc", ".opencode/"),
+    host_run_files=("opencode.json", "opencode.jsonc", ".opencode/opencode.json", ".opencode/opencode.jsonc",
+                    ".opencode/plugins/", ".opencode/plugin/"),
     instruction_names=("AGENTS.md",),  # read from the folders up from where it works
     task_args=("run",),  # opencode run --auto PROMPT
     resume=("--continue",),

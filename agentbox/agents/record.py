@@ -132,6 +132,10 @@ class AgentSpec(NamedTuple):
     # servers), relative to the workspace; a trailing / marks a folder (everything in it). What a session or
     # task changes there is held until the user approves it (agentbox.review.instructions).
     instruction_files: tuple[str, ...] = ()
+    # The workspace files this agent, run on the host in the project, executes or starts programs from (hooks,
+    # status-line commands, MCP servers, plugins; a trailing / marks a folder, listed one level): the tripwire
+    # watches them (agentbox.review.tripwire).
+    host_run_files: tuple[str, ...] = ()
     # The names of its instruction files in any folder of the workspace (a CLAUDE.md in src/ steers Claude Code
     # working there): the quarantine looks for them in every folder (agentbox.review.instructionscan's bounds).
     instruction_names: tuple[str, ...] = ()

@@ -43,7 +43,7 @@ from agentbox import paths
 from agentbox.fsutil import atomic_write, locked, private_dir
 from agentbox.review import instructionfiles, instructionimports, instructionrestore
 from agentbox.review.instructionscan import ANYWHERE, FILE, Entry, Folder, Scan, scan
-from agentbox.review.tripwire import Busy, nothing_else_ran
+from agentbox.review.tripwire import Busy, Change, nothing_else_ran
 from agentbox.safetext import visible
 
 HINT = "`agentbox instructions` to review them"
@@ -407,6 +407,18 @@ def _imported_by(workspace: Path, item: Held) -> instructionimports.Targets:
 
 
 # -- printing ---------------------------------------------------------------------------------------
+
+
+HELD_NOTE = "held: the workspace has the approved version back; `agentbox instructions`"
+
+
+def noted(found: tuple[list[Change], int], outcome: Outcome) -> tuple[list[Change], int]:
+    """The tripwire's findings after a session (tripwire.end_session), each file this check held and put back
+    noted so: the warning names it (the host runs it), and says it is the approved version the host will run."""
+    put_back = {item.label for item in outcome.newly
+                if not any(problem.startswith(_shown(item.label)) for problem in outcome.problems)}
+    changes, others = found
+    return [change._replace(note=HELD_NOTE) if change.label in put_back else change for change in changes], others
 
 
 def start(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: str | None) -> None:

@@ -41,6 +41,7 @@ from types import MappingProxyType
 from typing import NamedTuple, Protocol, TextIO
 
 from agentbox import livemarkers, paths
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.fsutil import atomic_write, locked, pid_alive, private_dir
 from agentbox.git import dirs
 from agentbox.safetext import visible
@@ -66,25 +67,17 @@ WATCHED_FILES = (
 )
 WATCHED_DIRS = (".husky", ".github/workflows")
 # Since list 3: what the host's own coding agents run or start from a project when the user opens it there (each
-# tool's documented project files): hooks and status-line commands, MCP servers they start, plugins they load.
-HOST_AGENT_FILES = (
-    ".claude/settings.json",  # Claude Code: hooks, statusLine, apiKeyHelper (Cursor loads its hooks too)
-    ".claude/settings.local.json",
-    ".mcp.json",  # Claude Code's project MCP servers
-    ".gemini/settings.json",  # Gemini CLI: mcpServers, hooks, toolDiscoveryCommand / toolCallCommand
-    ".cursor/mcp.json",
-    ".cursor/hooks.json",  # Cursor's project hooks
-    ".vscode/mcp.json",  # VS Code (Copilot's agent mode) starts these servers
-    ".kiro/settings/mcp.json",
-    "opencode.json",  # opencode: local MCP servers, plugins
-    "opencode.jsonc",
-    ".opencode/opencode.json",
-    ".opencode/opencode.jsonc",
-    ".codex/config.toml",  # Codex, in a trusted project: mcp_servers, notify
-)
-# The scripts those settings conventionally name (a hook's command is a path in the project, so rewriting the
-# script is enough), Kiro's agent hooks (they can run shell commands), opencode's project plugins (loaded as code).
-HOST_AGENT_DIRS = (".claude/hooks", ".cursor/hooks", ".kiro/hooks", ".opencode/plugins", ".opencode/plugin")
+# agent's record names its own: AgentSpec.host_run_files; each tool's documented project files): hooks and
+# status-line commands, MCP servers they start, plugins they load; a folder's scripts are the ones those settings
+# conventionally name (a hook's command is a path in the project, so rewriting the script is enough). Beside the
+# agents', the editors' that run agents on the host: Cursor's (it also loads Claude Code's hooks) and VS Code's.
+EDITOR_FILES = (".cursor/mcp.json", ".cursor/hooks.json", ".vscode/mcp.json", ".cursor/hooks/")
+HOST_AGENT_FILES = tuple(dict.fromkeys(
+    entry.rstrip("/") for spec in BUILTIN_AGENTS.values() for entry in spec.host_run_files + EDITOR_FILES
+    if not entry.endswith("/")))
+HOST_AGENT_DIRS = tuple(dict.fromkeys(
+    entry.rstrip("/") for spec in BUILTIN_AGENTS.values() for entry in spec.host_run_files + EDITOR_FILES
+    if entry.endswith("/")))
 # In a git folder (the common dir, and each submodule's under its modules/): `commondir` redirects git
 # to another folder's config and hooks; hooks/ is watched whole.
 GIT_FILES = ("config", "config.worktree", "info/attributes", "commondir")

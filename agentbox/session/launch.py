@@ -116,6 +116,7 @@ class _Said:
         self.running = False  # a kept session the launch left running
         self.proposal: dict[str, int] | None = None
         self.held: quarantine.Outcome | None = None  # what the session's end held of the instruction files
+        self.changed_files: tuple[list[tripwire.Change], int] = ([], 0)  # the tripwire's check after the shell
         self.notes: set[str] = set()
         self.mcp_noted = False
 
@@ -145,9 +146,7 @@ def _session(launch: Launch, said: _Said) -> int | None:
         canaries.done(ready.planted)
         return None
     canaries.report(ready.planted)
-    with timing.phase("tripwire check"):
-        changed_files = tripwire.end_session(launch.workspace, said.tripwire_before, said.points.session,
-                                             launch.vm_name if launch.kept is not None else None)
+    changed_files = said.changed_files
     try:
         code = _finish(launch, said, ready, code)
         _report(launch, said, code, changed_files)
@@ -321,11 +320,14 @@ def _after_shell(launch: Launch, said: _Said, ready: _Prepared, fell_back: bool)
             writeback.discard(ready.handback)
         return
     points.shell_ended()  # not after a fallback: its shell runs again, and launch.sh may still make the worktree
+    kept_in = launch.vm_name if launch.kept is not None else None
+    with timing.phase("tripwire check"):  # the files as the session left them, before any is put back
+        said.changed_files = tripwire.end_session(launch.workspace, said.tripwire_before, points.session, kept_in)
     if said.instructions:  # before the end checkpoint: it records the workspace as agents will read it
         with timing.phase("instructions check"):
             said.held = quarantine.end(launch.workspace, said.instructions, points.session,
-                                       f"{launch.agent_name} session in {launch.vm_name}",
-                                       launch.vm_name if launch.kept is not None else None)
+                                       f"{launch.agent_name} session in {launch.vm_name}", kept_in)
+        said.changed_files = quarantine.noted(said.changed_files, said.held)
     if launch.kept is not None and not launch.kept.attach:
         points.wait_for_start()  # the session goes on: its end is not this launch's
     else:

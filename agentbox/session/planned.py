@@ -81,14 +81,15 @@ def _with_lease(data: dict[str, Any], vm_name: str, args: list[str], busy: tripw
             canaries.done(planted)
             return None
         points.shell_ended()
-        # before the end checkpoint: it records the workspace as agents will read it
-        held = quarantine.end(workspace, instructions, points.session, f"{data['agent']} session in {vm_name}") \
-            if instructions else None
+        changed = tripwire.end_session(workspace, before, points.session, None)  # before any file is put back
+        held = None
+        if instructions:  # before the end checkpoint: it records the workspace as agents will read it
+            held = quarantine.end(workspace, instructions, points.session, f"{data['agent']} session in {vm_name}")
+            changed = quarantine.noted(changed, held)
         points.end()
         canaries.report(planted)
         if returns is not None:
             _write_back(data, returns)
-        changed = tripwire.end_session(workspace, before, points.session, None)
         _late_ports(data)
         if code in (1, 255):
             code = _after_failure(data, code)
