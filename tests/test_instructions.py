@@ -338,3 +338,21 @@ def test_an_import_pointing_outside_the_workspace_is_not_followed(workspace: Pat
     assert listed(workspace) == {}
     assert {path: path.stat().st_atime_ns for path in (outside, mine)} == {outside: outside.stat().st_atime_ns,
                                                                             mine: times[mine]}
+
+
+def test_a_nested_file_you_add_is_yours_once_agentbox_instructions_looked(workspace: Path) -> None:
+    """A launch looks at the instruction files found before, not for new ones (a walk of every folder would cost
+    every launch): `agentbox instructions` walks them, and one you added while nothing ran is yours."""
+    assert session(workspace, "true").returncode == 0
+    write(workspace / "src" / "CLAUDE.md", "Mine.\n")
+    looked = run_cli("instructions", cwd=workspace)
+    assert looked.exit_code == 0, looked.stderr
+    assert "taken as your own edits (approved): src/CLAUDE.md" in looked.stderr
+    after = session(workspace, "cat src/CLAUDE.md")
+    assert after.stdout == "Mine.\n" and "WARNING" not in after.stderr, after.stderr
+    assert listed(workspace) == {}
+    # Found once, it is looked at by every launch: an edit of yours since is yours too.
+    write(workspace / "src" / "CLAUDE.md", "Mine, edited.\n")
+    again = session(workspace, "cat src/CLAUDE.md")
+    assert "taken as your own edits (approved): src/CLAUDE.md" in again.stderr
+    assert again.stdout == "Mine, edited.\n" and listed(workspace) == {}

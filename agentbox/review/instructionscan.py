@@ -91,9 +91,11 @@ class Scan(NamedTuple):
 
 
 def scan(workspace: Path, files: Iterable[str], contents: bool = True,
-         tree: Mapping[str, Folder] | None = None) -> Scan:
+         tree: Mapping[str, Folder] | None = None, known: Iterable[str] = ()) -> Scan:
     """The listed paths as they are; without `contents`, only the signature (no file is opened). `tree`: the
-    folders a previous scan went through, whose listings are kept while their stat holds."""
+    folders a previous scan went through, whose listings are kept while their stat holds. `known`: files an
+    ANYWHERE walk found before, looked at alone (a launch's check: no walk; a folder on the way that is not a
+    real folder any more makes the file absent, it is no entry itself)."""
     walk = _Walk(contents)
     try:
         root = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -108,6 +110,10 @@ def scan(workspace: Path, files: Iterable[str], contents: bool = True,
             parts = [part for part in listed.strip("/").split("/") if part]
             if parts and all(vmread.single(part) for part in parts):
                 walk.path(root, parts, listed.endswith("/"))
+        for label in known:
+            parts = label.split("/")
+            if all(vmread.single(part) for part in parts):
+                walk.path(root, parts, False, nested=True)
         if anywhere:
             _Tree(walk, root, frozenset(anywhere), tree or {}).run()
     finally:
@@ -126,7 +132,7 @@ class _Walk:
         self.tree: dict[str, Folder] = {}
         self.seen = 0
 
-    def path(self, root: int, parts: list[str], folder: bool) -> None:
+    def path(self, root: int, parts: list[str], folder: bool, nested: bool = False) -> None:
         fd = os.dup(root)
         try:
             for index, part in enumerate(parts):
@@ -135,6 +141,8 @@ class _Walk:
                 if st is None:
                     return
                 last = index == len(parts) - 1
+                if nested and not last and not stat.S_ISDIR(st.st_mode):
+                    return  # the folders on a found file's way are no instruction files themselves
                 if not stat.S_ISDIR(st.st_mode) or (last and not folder):
                     self.entries[label] = self.entry(fd, part, st)
                     return

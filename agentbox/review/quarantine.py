@@ -47,6 +47,7 @@ from agentbox.review.tripwire import Busy, Change, nothing_else_ran
 from agentbox.safetext import visible
 
 HINT = "`agentbox instructions` to review them"
+TREE = "tree.json"  # the folders the last walk for instruction files in any folder went through
 BAR = "!" * 78
 ADDED, MODIFIED, REMOVED = "added", "modified", "removed"
 
@@ -110,12 +111,27 @@ def load(workspace: Path) -> Record | None:
             {str(key): int(value) for key, value in data.get("live", {}).items()},
             {str(key): float(value) for key, value in data.get("kept", {}).items()},
             tuple(data["imported"]) if "imported" in data else None,
-            {str(label): Folder(int(v[0]), int(v[1]), int(v[2]), tuple(v[3]), tuple(v[4]), bool(v[5]))
-             for label, v in data.get("tree", {}).items()},
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return record if record.workspace == workspace else None
+
+
+def _with_tree(record: Record) -> Record:
+    """The record with the folders the last walk went through (kept apart: a launch's check never reads them)."""
+    try:
+        data = json.loads((folder(record.workspace) / TREE).read_text())
+        tree = {str(label): Folder(int(v[0]), int(v[1]), int(v[2]), tuple(v[3]), tuple(v[4]), bool(v[5]))
+                for label, v in data.items()}
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError):
+        tree = {}
+    return record._replace(tree=tree)
+
+
+def _save_tree(record: Record, before: Mapping[str, Folder]) -> None:
+    if record.tree != before:
+        data = {label: list(entry) for label, entry in record.tree.items()}
+        atomic_write(private_dir(folder(record.workspace)) / TREE, json.dumps(data), mode=0o600)
 
 
 def held(workspace: Path) -> list[Held]:
@@ -143,7 +159,6 @@ def _save(record: Record) -> None:
                  for label, item in record.held.items()},
         "looked": record.looked, "live": dict(record.live), "kept": dict(record.kept),
         "imported": list(record.imported or ()),
-        "tree": {label: list(folder) for label, folder in record.tree.items()},
     }
     atomic_write(private_dir(folder(record.workspace)) / "record.json", json.dumps(data), mode=0o600)
 
@@ -183,22 +198,30 @@ def _locked(workspace: Path) -> Iterator[None]:
 # -- a launch's start and a session's end -----------------------------------------------------------
 
 
-def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: str | None) -> Outcome:
+def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: str | None,
+          discover: bool = False) -> Outcome:
     """Before the agent starts: changes since the last check are the user's (nothing else ran) or held, and the
-    approved versions are put back. `session` names the launch until end() (None: a look, no launch)."""
+    approved versions are put back. `session` names the launch until end() (None: a look, no launch).
+
+    A launch's check (discover False) is one stat signature of the listed paths and of the instruction files found
+    in other folders before; only `discover` (a first look, `agentbox instructions`) and end() walk the workspace's
+    folders for new ones."""
     with _locked(workspace):
         record = load(workspace)
-        quick = scan(workspace, files + (record.imported or () if record else ()), contents=False,
-                     tree=record.tree if record else None)
-        if record is not None and record.signature == quick.signature and record.files == files \
+        discover = discover or record is None
+        if record is not None and discover:
+            record = _with_tree(record)
+        listed, known = _scope(record, files, discover)
+        quick = scan(workspace, listed, contents=False, tree=record.tree if record else None, known=known)
+        if record is not None and not discover and record.signature == quick.signature and record.files == files \
                 and record.imported is not None:
             outcome = Outcome(sorted(record.held.values()), [], [], [], [])
-            after = _settled(record, quick)
+            after = record
         else:
-            found = scan(workspace, files + (record.imported or () if record else ()), tree=quick.tree)
+            found = scan(workspace, listed, tree=quick.tree, known=known)
             if record is None:
                 _keep(workspace, found, found.entries.values())
-                after = _imports(Record(workspace, files, dict(found.entries), found.signature, {}, imported=None,
+                after = _imports(Record(workspace, files, dict(found.entries), "", {}, imported=None,
                                         tree=found.tree), None)[0]
                 outcome = Outcome([], [], [], [], found.passed)
             else:
@@ -214,6 +237,9 @@ def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: s
                     after = after._replace(live=asked[0][1], kept=asked[0][2])
                 if after.imported is None:  # a record of an older agentbox: its imports, as they are
                     after = _imports(after, None)[0]
+            after = _signed(after)
+            if discover:
+                _save_tree(after, record.tree if record is not None else {})
         if session is not None:
             after = after._replace(live={**after.live, session: os.getpid()})
         if after != record:
@@ -223,22 +249,34 @@ def begin(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: s
 
 def end(workspace: Path, files: tuple[str, ...], session: str | None, by: str,
         kept_in: str | None = None) -> Outcome:
-    """After the session: what it changed is held and the approved versions are put back. `by` says which session
+    """After the session: what it changed is held and the approved versions are put back, the workspace's folders
+    walked for instruction files anywhere (their listings kept while a folder's stat holds). `by` says which session
     (shown in the list); `kept_in`: the session goes on in that VM (detached)."""
     with _locked(workspace):
         record = load(workspace)
         if record is None:  # begin() makes the record: nothing to compare with
             return Outcome([], [], [], [], [])
-        quick = scan(workspace, files + (record.imported or ()), contents=False, tree=record.tree)
-        if record.signature == quick.signature and record.files == files:
-            after, outcome = _settled(record, quick), Outcome(sorted(record.held.values()), [], [], [], [])
-        else:
-            found = scan(workspace, files + (record.imported or ()), tree=quick.tree)
-            after, outcome = _compared(_relisted(record, files, found), found, lambda: False, by)
+        record = _with_tree(record)
+        listed, _ = _scope(record, files, True)
+        found = scan(workspace, listed, tree=record.tree)
+        after, outcome = _compared(_relisted(record, files, found), found, lambda: False, by)
+        after = _signed(after)
+        _save_tree(after, record.tree)
         live = {key: pid for key, pid in after.live.items() if key != session}
         kept = {**after.kept, **({kept_in: time.time()} if kept_in else {})}
         _save(after._replace(looked=time.time(), live=live, kept=kept))
     return outcome
+
+
+def _scope(record: Record | None, files: tuple[str, ...], discover: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(what a scan lists, the files found in other folders before, looked at alone). Without `discover`, the list
+    without its `**/NAME` entries: no walk of the workspace's folders."""
+    imported = (record.imported or ()) if record is not None else ()
+    if discover or record is None:
+        return files + imported, ()
+    fixed = tuple(entry for entry in files if not entry.startswith(ANYWHERE)) + imported
+    direct = _covered(fixed)
+    return fixed, tuple(sorted(label for label in {*record.approved, *record.held} if not direct(label)))
 
 
 def _relisted(record: Record, files: tuple[str, ...], found: Scan) -> Record:
@@ -267,20 +305,16 @@ def _covered(files: tuple[str, ...]) -> Callable[[str], bool]:
     return covers
 
 
-def _settled(record: Record, quick: Scan) -> Record:
-    """The walk's listings taken when some were not kept last time (a folder changed just before it was listed)."""
-    return record._replace(tree=quick.tree) if any(not held.settled for held in record.tree.values()) else record
-
-
 def _listed(record: Record) -> tuple[str, ...]:
     """What the scan covers: the list, and what the approved files import."""
     return record.files + (record.imported or ())
 
 
 def _signed(record: Record) -> Record:
-    """The record with the workspace's signature as it is now (after a put-back or a newly covered path)."""
-    quick = scan(record.workspace, _listed(record), contents=False, tree=record.tree)
-    return record._replace(signature=quick.signature, tree=quick.tree)
+    """The record with the signature a launch's check compares: the workspace's as it is now (after a put-back, a
+    newly covered path, a walk that found files in other folders)."""
+    listed, known = _scope(record, record.files, False)
+    return record._replace(signature=scan(record.workspace, listed, contents=False, known=known).signature)
 
 
 def _imports(record: Record, hold_by: str | None) -> tuple[Record, list[Held], list[str]]:
@@ -290,7 +324,6 @@ def _imports(record: Record, hold_by: str | None) -> tuple[Record, list[Held], l
     workspace = record.workspace
     newly: list[Held] = []
     problems: list[str] = []
-    before = record.imported
     for _ in range(instructionimports.MAX_HOPS + 1):
         imported = instructionimports.followed(record.approved, instructionfiles.importing(),
                                                lambda digest: blob(workspace, digest))
@@ -311,7 +344,7 @@ def _imports(record: Record, hold_by: str | None) -> tuple[Record, list[Held], l
         newly += items
         record = record._replace(held={**record.held, **{item.label: item for item in items}})
         problems += _put_back(workspace, [(item.label, None) for item in items])
-    return (_signed(record) if record.imported != before else record), newly, problems
+    return record, newly, problems
 
 
 def _compared(record: Record, found: Scan, quiet: Callable[[], bool], by: str) -> tuple[Record, Outcome]:
@@ -320,8 +353,7 @@ def _compared(record: Record, found: Scan, quiet: Callable[[], bool], by: str) -
     changed = sorted(label for label in set(record.approved) | set(found.entries)
                      if record.approved.get(label) != found.entries.get(label))
     if not changed:
-        return record._replace(signature=found.signature), Outcome(sorted(record.held.values()), [], [], [],
-                                                                   found.passed)
+        return record, Outcome(sorted(record.held.values()), [], [], [], found.passed)
     workspace = record.workspace
     _keep(workspace, found, [found.entries.get(label) for label in changed])
     approved = dict(record.approved)
@@ -331,15 +363,14 @@ def _compared(record: Record, found: Scan, quiet: Callable[[], bool], by: str) -
             approved.pop(label, None)
             if label in found.entries:
                 approved[label] = found.entries[label]
-        after = _imports(record._replace(approved=approved, signature=found.signature), None)[0]
+        after = _imports(record._replace(approved=approved), None)[0]
         _tidy(after)
         return after, Outcome(sorted(held_now.values()), [], changed, [], found.passed)
     now = time.time()
     newly = [Held(label, approved.get(label), found.entries.get(label), now, by) for label in changed]
     held_now.update({item.label: item for item in newly})
     problems = _put_back(workspace, [(item.label, item.approved) for item in newly])
-    after = _signed(record._replace(held=held_now))
-    return after, Outcome(sorted(held_now.values()), newly, [], problems, found.passed)
+    return record._replace(held=held_now), Outcome(sorted(held_now.values()), newly, [], problems, found.passed)
 
 
 def _put_back(workspace: Path, versions: list[tuple[str, Entry | None]]) -> list[str]:
@@ -421,9 +452,10 @@ def noted(found: tuple[list[Change], int], outcome: Outcome) -> tuple[list[Chang
     return [change._replace(note=HELD_NOTE) if change.label in put_back else change for change in changes], others
 
 
-def start(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: str | None) -> None:
+def start(workspace: Path, files: tuple[str, ...], busy: Busy | None, session: str | None,
+          discover: bool = False) -> None:
     """begin() and what it says before the agent starts: the user's edits approved, changes held, the reminder."""
-    outcome = begin(workspace, files, busy, session)
+    outcome = begin(workspace, files, busy, session, discover)
     report_yours(outcome.yours)
     report(outcome, "something of this project (a task, a kept session or another launch)")
     remind([item for item in outcome.held if item not in outcome.newly])

@@ -92,12 +92,13 @@ def reject_command(ctx: click.Context, paths: tuple[str, ...]) -> None:
 
 
 def _looked_at(ctx: click.Context) -> Path:
-    """The project's workspace, its instruction files checked first (a task's changes are held now)."""
+    """The project's workspace, its instruction files checked first, every folder walked (a task's changes are held
+    now; an instruction file you added in a subfolder while nothing of the project ran is taken as yours)."""
     loaded = load_config(ctx)
     workspace = loaded.require_workspace()
     files = instructionfiles.quarantined(loaded)
     if files:
-        quarantine.start(workspace, files, ProjectActivity.of(loaded), None)
+        quarantine.start(workspace, files, ProjectActivity.of(loaded), None, discover=True)
     return workspace
 
 
