@@ -17,7 +17,7 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
@@ -58,15 +58,30 @@ def shown(text: str) -> str:
 def folder(root: Path, *parts: str, create: bool = False) -> Iterator[int]:
     """A descriptor of root/PARTS..., root trusted (agentbox's own), each part opened without following a
     link; with create, what stands in a folder's way is replaced. Raises OSError when it cannot be reached."""
-    fd = os.open(private_dir(root) if create else root, DIR_FLAGS)
+    top = os.open(private_dir(root) if create else root, DIR_FLAGS)
     try:
-        for part in parts:
-            child = open_dir(fd, part, create)
-            os.close(fd)
-            fd = child
+        fd = open_dirs(top, parts, create)
+    finally:
+        os.close(top)
+    try:
         yield fd
     finally:
         os.close(fd)
+
+
+def open_dirs(parent: int, parts: Iterable[str], create: bool = False, mode: int = 0o700) -> int:
+    """A new descriptor of parent/PARTS..., each part opened as open_dir does (never through a link; with create,
+    what stands in a folder's way is replaced by a new folder of that mode)."""
+    fd = os.dup(parent)
+    try:
+        for part in parts:
+            child = open_dir(fd, part, create, mode)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def single(name: str) -> bool:

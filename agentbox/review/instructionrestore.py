@@ -58,16 +58,7 @@ def _remove(workspace_fd: int, parts: list[str], shown: str) -> str | None:
 
 
 def _folder(workspace_fd: int, parts: list[str], create: bool = True) -> int:
-    fd = os.dup(workspace_fd)
-    try:
-        for part in parts:
-            child = vmread.open_dir(fd, part, create, FOLDER_MODE)
-            os.close(fd)
-            fd = child
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    return vmread.open_dirs(workspace_fd, parts, create, FOLDER_MODE)
 
 
 def _replace(fd: int, name: str, entry: Entry, data: bytes | None) -> None:
