@@ -292,9 +292,10 @@ def test_a_process_start_and_a_program_lookup_are_seen(tmp_path: Path) -> None:
 
 # -- the names and the hallways ------------------------------------------------------------------------------
 
-# Imports inside functions, each under a `# deferred: <reason>` line (CONTRIBUTING). Issue 42 added two (the report
-# after a plan-path launch's shell; review.patchcheck, only when the instruction list is matched against paths).
-MAX_DEFERRED_IMPORTS = 151
+# Imports inside functions, each under a `# deferred: <reason>` line (CONTRIBUTING). Issue 42 added three (the report
+# after a plan-path launch's shell; review.patchcheck, only when the instruction list is matched against paths;
+# review.instructionimports, only when what the approved instruction files import is worked out again).
+MAX_DEFERRED_IMPORTS = 152
 MAX_ALIASES = 20
 # The launch, decided once (agentbox.session.prepare) and run by the session and task modules: every function there
 # takes at most MAX_LAUNCH_PARAMETERS parameters and is at most MAX_LAUNCH_LINES lines long.

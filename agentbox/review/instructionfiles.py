@@ -47,11 +47,6 @@ def instruction_files(custom: Iterable[Iterable[str]] = ()) -> tuple[str, ...]:
     return tuple(found)
 
 
-def importing() -> tuple[str, ...]:
-    """The names of the instruction files that may import others with `@path` (agentbox.review.instructionimports)."""
-    return tuple(dict.fromkeys(name for spec in BUILTIN_AGENTS.values() for name in spec.instruction_imports))
-
-
 def quarantined(config: Config) -> tuple[str, ...]:
     """The files whose changes a session with this config holds (instructions.quarantine on), or () when off."""
     if not config.instructions_quarantine:

@@ -10,22 +10,27 @@ a file agentbox does not watch (said, never read).
 from __future__ import annotations
 
 import posixpath
-import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import NamedTuple
 
-from agentbox import vmread
+from agentbox import lazyre, vmread
+from agentbox.agents.builtin import BUILTIN_AGENTS
 from agentbox.review.instructionscan import FILE, Entry
 
 MAX_HOPS = 5  # Claude Code's limit: an import of an import ... five deep
-_FENCE = re.compile(r"^\s{0,3}(`{3,}|~{3,})")
-_SPAN = re.compile(r"(`+)(?:(?!\1).)+?\1")
-_IMPORT = re.compile(r"(?:^|(?<=\s))@((?:[^\s\\]|\\ )+)")
+_FENCE = lazyre.compile(r"^\s{0,3}(`{3,}|~{3,})")
+_SPAN = lazyre.compile(r"(`+)(?:(?!\1).)+?\1")
+_IMPORT = lazyre.compile(r"(?:^|(?<=\s))@((?:[^\s\\]|\\ )+)")
 
 
 class Targets(NamedTuple):
     inside: list[str]  # workspace-relative labels
     outside: list[str]  # as written (absolute, ~, or leaving the workspace): not followed
+
+
+def importing() -> tuple[str, ...]:
+    """The names of the instruction files that may import others with `@path` (each agent's record says)."""
+    return tuple(dict.fromkeys(name for spec in BUILTIN_AGENTS.values() for name in spec.instruction_imports))
 
 
 def targets(label: str, data: bytes) -> Targets:

@@ -36,15 +36,18 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, NamedTuple, TextIO
+from types import MappingProxyType, ModuleType
+from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
 
 from agentbox import paths
 from agentbox.fsutil import atomic_write, locked, private_dir
-from agentbox.review import instructionfiles, instructionimports, instructionrestore
+from agentbox.review import instructionrestore
 from agentbox.review.instructionscan import ANYWHERE, FILE, Entry, Folder, Scan, scan
 from agentbox.review.tripwire import Busy, Change, nothing_else_ran
 from agentbox.safetext import visible
+
+if TYPE_CHECKING:
+    from agentbox.review import instructionimports
 
 HINT = "`agentbox instructions` to review them"
 TREE = "tree.json"  # the folders the last walk for instruction files in any folder went through
@@ -324,8 +327,9 @@ def _imports(record: Record, hold_by: str | None) -> tuple[Record, list[Held], l
     workspace = record.workspace
     newly: list[Held] = []
     problems: list[str] = []
-    for _ in range(instructionimports.MAX_HOPS + 1):
-        imported = instructionimports.followed(record.approved, instructionfiles.importing(),
+    imports = _imports_module()
+    for _ in range(imports.MAX_HOPS + 1):
+        imported = imports.followed(record.approved, imports.importing(),
                                                lambda digest: blob(workspace, digest))
         if imported == record.imported:
             break
@@ -425,7 +429,7 @@ def decide(workspace: Path, labels: list[str], approve: bool) -> Decided:
         after = _signed(after)
         _save(after)
         _tidy(after)
-        importing = {name.casefold() for name in instructionfiles.importing()}
+        importing = {name.casefold() for name in _imports_module().importing()}
         found = {item.label: _imported_by(workspace, item) for item in done if approve and (
             item.label.rpartition("/")[2].casefold() in importing or item.label in (after.imported or ()))}
     return Decided(done, problems + more, imported, {label: targets for label, targets in found.items()
@@ -433,8 +437,19 @@ def decide(workspace: Path, labels: list[str], approve: bool) -> Decided:
 
 
 def _imported_by(workspace: Path, item: Held) -> instructionimports.Targets:
+    imports = _imports_module()
     data = blob(workspace, item.held.value) if item.held is not None and item.held.kind == FILE else None
-    return instructionimports.targets(item.label, data) if data is not None else instructionimports.Targets([], [])
+    found: instructionimports.Targets = (
+        imports.targets(item.label, data) if data is not None else imports.Targets([], []))
+    return found
+
+
+def _imports_module() -> ModuleType:
+    """agentbox.review.instructionimports, loaded when an approved version changed (a quiet launch never needs it)."""
+    # deferred: start-up (review.instructionimports: only when what the approved files import is worked out again)
+    from agentbox.review import instructionimports
+
+    return instructionimports
 
 
 # -- printing ---------------------------------------------------------------------------------------
