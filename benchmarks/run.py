@@ -188,8 +188,8 @@ def manifest_check_seconds(box: Sandbox, project: Path, runs: int) -> list[float
     code = (
         "import sys, time, json\n"
         "from pathlib import Path\n"
-        "from agentbox import config, pins, trust\n"
-        "loaded = config.load(Path(sys.argv[1]))\n"
+        "from agentbox.config import load, pins, trust\n"
+        "loaded = load.load(Path(sys.argv[1]))\n"
         "samples = []\n"
         "for _ in range(int(sys.argv[2])):\n"
         "    pins.forget()\n"
@@ -217,7 +217,7 @@ def tripwire_seconds(box: Sandbox, runs: int) -> list[float]:
     code = (
         "import sys, time, json\n"
         "from pathlib import Path\n"
-        "from agentbox import tripwire\n"
+        "from agentbox.review import tripwire\n"
         "samples = []\n"
         "for _ in range(int(sys.argv[2])):\n"
         "    started = time.perf_counter()\n"
