@@ -9,7 +9,6 @@ the session's start (never the whole log), summed for the session's report (agen
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -46,14 +45,14 @@ def lines_since(path: Path, since: str, limit: int = MAX_BACK) -> list[dict[str,
             end = data.find(b"\n", start)
             if (start == 0 and position > 0) or end < 0:
                 continue  # no whole line yet
-            first = _parsed(data[start:end])
+            first = uploads.parsed_line(data[start:end])
             if first is not None and str(first.get("time", "")) < since:
                 break
     if position > 0:
         data = data[data.find(b"\n") + 1:]
     found = []
     for raw in data.splitlines():
-        entry = _parsed(raw)
+        entry = uploads.parsed_line(raw)
         if entry is not None and str(entry.get("time", "")) >= since:
             found.append(entry)
     return found
@@ -100,14 +99,6 @@ def broker(vm_name: str, since: str, found: Iterable[dict[str, Any]]) -> dict[st
     }
 
 
-def _parsed(raw: bytes) -> dict[str, Any] | None:
-    try:
-        entry = json.loads(raw)
-    except ValueError:
-        return None
-    return entry if isinstance(entry, dict) else None
-
-
 def _ledger_tail(path: Path) -> list[dict[str, Any]]:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -119,4 +110,4 @@ def _ledger_tail(path: Path) -> list[dict[str, Any]]:
         data = handle.read()
     if size > LEDGER_TAIL:
         data = data[data.find(b"\n") + 1:]
-    return [entry for raw in data.splitlines() if (entry := _parsed(raw)) is not None]
+    return [entry for raw in data.splitlines() if (entry := uploads.parsed_line(raw)) is not None]

@@ -148,9 +148,15 @@ def per_host_entries(entries: Iterable[dict[str, Any]], window: str = "") -> lis
 
 def _parsed(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
     for raw in lines:
-        try:
-            entry = json.loads(raw)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
+        entry = parsed_line(raw)
+        if entry is not None:
             yield entry
+
+
+def parsed_line(raw: bytes) -> dict[str, Any] | None:
+    """One line of the proxy log as its entry (None: not a JSON object, as a line cut short)."""
+    try:
+        entry = json.loads(raw)
+    except ValueError:
+        return None
+    return entry if isinstance(entry, dict) else None
