@@ -477,7 +477,8 @@ def staged_logins(home: Path) -> None:
 
 # A stand-in agent for isolated tasks (tests/test_isolated_tasks.py, tests/test_remote_tasks.py): prints the files
 # it sees in its folder (JSON, .git left out) and its folder, then does what the prompt's `do:` steps ask
-# (`;`-separated): write:FILE:TEXT (replaced), rm:FILE, summary:TEXT (at $AGENTBOX_SUMMARY), sleep:S, out:TEXT.
+# (`;`-separated): write:FILE:TEXT (replaced), rm:FILE, summary:TEXT (at $AGENTBOX_SUMMARY), sleep:S, out:TEXT,
+# await:PATH (until that file exists).
 COPY_AGENT = r"""#!/usr/bin/python3
 import json, os, sys, time
 seen = []
@@ -503,6 +504,9 @@ if prompt.startswith("do:"):
             time.sleep(float(arg))
         elif what == "out":
             print(arg, flush=True)
+        elif what == "await":
+            while not os.path.exists(arg):
+                time.sleep(0.05)
 """
 
 

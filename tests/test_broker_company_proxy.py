@@ -163,21 +163,28 @@ def test_no_proxy_hosts_go_directly_and_the_hosts_own_proxy_variables_stand_in_f
 
 
 def test_a_changed_proxy_setting_reaches_the_running_proxy_and_without_one_it_goes_directly(
-        project: Path, vm: FakeLima, upstream: FakeUpstream, company: CompanyProxy) -> None:
+        project: Path, vm: FakeLima, upstream: FakeUpstream, company: CompanyProxy,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # The proxy reads its settings files every 30 s here, not every 0.25 s: the launch that changed them must not
+    # rely on that poll (under load, a session's first connection used to beat it and went by the old route).
+    monkeypatch.setenv(netguard.TEST_POLL, "30")
     _config(project, upstream, {"HTTPS_PROXY": company.url})
-    first = agentbox(project, "shell", "--", "python3", "-c", GUEST, "tunnel", TUNNEL, "443")
-    assert first.returncode == 0, first.stderr
-    assert company.targets() == [f"{TUNNEL}:443"]
-    pid = netguard.running(NAME)
-    # Control: no proxy configured any more: the same (still running) proxy goes directly, as before.
-    _config(project, upstream, {})
-    time.sleep(0.05)  # a new mtime for the state file
-    direct = agentbox(project, "shell", "--", "python3", "-c", GUEST, "tunnel", DIRECT, str(upstream.port))
-    assert direct.returncode == 0, direct.stderr
-    assert _last_json(direct.stdout) == [[200, {"hello": "tunnel"}]]
-    assert company.targets() == [f"{TUNNEL}:443"]
-    assert netguard.running(NAME) == pid
-    assert not (netguard.folder(NAME) / companyproxy.FILE).read_text().count("HTTPS_PROXY")
+    try:
+        first = agentbox(project, "shell", "--", "python3", "-c", GUEST, "tunnel", TUNNEL, "443")
+        assert first.returncode == 0, first.stderr
+        assert company.targets() == [f"{TUNNEL}:443"]
+        pid = netguard.running(NAME)
+        # Control: no proxy configured any more: the same (still running) proxy goes directly, as before.
+        _config(project, upstream, {})
+        time.sleep(0.05)  # a new mtime for the state file
+        direct = agentbox(project, "shell", "--", "python3", "-c", GUEST, "tunnel", DIRECT, str(upstream.port))
+        assert direct.returncode == 0, direct.stderr
+        assert _last_json(direct.stdout) == [[200, {"hello": "tunnel"}]]
+        assert company.targets() == [f"{TUNNEL}:443"]
+        assert netguard.running(NAME) == pid
+        assert not (netguard.folder(NAME) / companyproxy.FILE).read_text().count("HTTPS_PROXY")
+    finally:
+        netguard.stop(NAME)  # its slow loop would notice its folder gone only after the run
 
 
 # -- the proxy itself -------------------------------------------------------------------------------------------

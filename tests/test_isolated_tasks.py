@@ -173,9 +173,11 @@ def test_on_refuses_worktree_and_an_unknown_host(project: Path, tasks_vm: FakeLi
 def test_a_changes_patch_the_vm_turned_into_a_link_is_not_read(project: Path, tasks_vm: FakeLima, tmp_path: Path,
                                                               kind: str) -> None:
     secret = write(tmp_path / "secret", "diff --git a/x b/x\nSECRET-BYTES-7f3a\n")
-    task_id = run_task(project, "--on", "local", "do:sleep:3;write:modified.txt:by the agent")
+    release = project / ".git" / "agentbox-test-release"  # seen in the VM, in no patch
+    task_id = run_task(project, "--on", "local", f"do:await:{release};write:modified.txt:by the agent")
     box = paths.vm_outbox(NAME) / "tasks" / str(task_id)
     stop_keeper(task_id)  # nothing collects the task until an agentbox command looks at it
+    release.write_text("")  # only now may the task end: its keeper cannot have collected it
     deadline = time.monotonic() + 60
     while b"state=completed" not in ((box / "state").read_bytes() if (box / "state").exists() else b""):
         assert time.monotonic() < deadline, "the runner never ended"

@@ -416,7 +416,9 @@ def proxy_connect(port: int, target: str) -> int:
 
 
 def test_net_allow_edits_the_file_and_a_running_proxy_uses_it_at_once(project: Path, vm: FakeLima,
-                                                                       echo_server: int) -> None:
+                                                                       echo_server: int,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(netguard.TEST_POLL, "30")  # "at once": when the command returns, not at the next poll
     original = "# my project\nnetwork:\n  mode: allowlist   # keep it tight\n"
     write(project / "agentbox.yml", original)
     lease = netguard.begin(run_config(project).network, NAME, {})
@@ -426,7 +428,7 @@ def test_net_allow_edits_the_file_and_a_running_proxy_uses_it_at_once(project: P
         result = run_cli("net", "allow", f"echo.test:{echo_server}", cwd=project)
         assert result.exit_code == 0, result.stderr
         assert "lets echo.test" in result.stderr
-        assert wait_until(lambda: proxy_connect(lease.port, f"echo.test:{echo_server}") == 200, 3)
+        assert proxy_connect(lease.port, f"echo.test:{echo_server}") == 200
     finally:
         lease.release()
     text = (project / "agentbox.yml").read_text()
@@ -435,6 +437,38 @@ def test_net_allow_edits_the_file_and_a_running_proxy_uses_it_at_once(project: P
     again = run_cli("net", "allow", f"echo.test:{echo_server}", cwd=project)
     assert again.exit_code == 0 and "already" in again.stderr
     assert (project / "agentbox.yml").read_text() == text
+
+
+@pytest.mark.parametrize("confirms", [True, False], ids=["running proxy", "proxy that never confirms"])
+def test_a_launch_that_tightens_the_policy_is_refused_from_its_first_connection(
+        project: Path, vm: FakeLima, echo_server: int, monkeypatch: pytest.MonkeyPatch, confirms: bool) -> None:
+    # Another session holds the proxy (a lease of this process), which reads its settings every 30 s here: the
+    # launch that removed echo.test from the allow list must not reach the VM before the proxy knows.
+    monkeypatch.setenv(netguard.TEST_POLL, "30")
+    write(project / "agentbox.yml", f"network:\n  mode: allowlist\n  allow: ['echo.test:{echo_server}']\n")
+    lease = netguard.begin(run_config(project).network, NAME, {})
+    assert lease is not None and lease.port
+    try:
+        assert proxy_connect(lease.port, f"echo.test:{echo_server}") == 200
+        before = netguard.running(NAME)
+        assert before is not None
+        if not confirms:  # as a proxy of an agentbox before this one: it never says what it read
+            (netguard.folder(NAME) / netguard.LOADED_FILE).write_text('{"pid": 1}\n')
+        write(project / "agentbox.yml", "network:\n  mode: allowlist\n")
+        result = agentbox(project, "shell", "--", "python3", "-c", CONNECT, f"echo.test:{echo_server}")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout.strip().splitlines()[-1])["status"] == 403
+        after = netguard.running(NAME)
+        assert after is not None
+        if confirms:
+            assert after.pid == before.pid, "the running proxy took the change: nothing restarted"
+            assert "did not take" not in result.stderr
+        else:
+            assert after.pid != before.pid
+            assert "did not take the changed network settings within 5 s; starting a new one" in result.stderr
+    finally:
+        lease.release()
+        netguard.stop(NAME)
 
 
 def test_net_allow_that_loosens_the_global_policy_asks_for_trust_again(project: Path, vm: FakeLima) -> None:

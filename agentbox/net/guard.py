@@ -61,8 +61,10 @@ from agentbox.net import uploads, upstream
 from agentbox.net.broker import Brokering
 
 POLL_SEC = 0.25
+TEST_POLL = "AGENTBOX_TEST_PROXY_POLL_SEC"  # tests only: a slower serving loop, to show what waits for no poll
 START_TIMEOUT_SEC = 10.0
 STOP_TIMEOUT_SEC = 5.0
+RELOAD_TIMEOUT_SEC = 5.0  # a running proxy takes changed settings within this, or a launch starts a new one
 IDLE_GRACE_SEC = 1.0  # between a detached launch's end and its session's first marker
 VM_CHECK_SEC = 3.0  # a brokered proxy no session holds asks whether its VM runs this long after the last one ...
 VM_CHECK_MAX_SEC = 30.0  # ... then twice as long each time, up to this
@@ -71,6 +73,8 @@ SECRET_BYTES = 16
 BROKER_FILE = "broker.json"  # the credential broker's request (0600: it may hold API keys)
 WINDOW_FILE = uploads.WINDOW_FILE  # when the current upload window began
 UPSTREAM_FILE = "upstream.json"  # the company proxy to go through (0600: its URL may hold a password)
+LOADED_FILE = "loaded.json"  # what the running proxy serves by: its pid and each settings file's mtime it read
+SETTINGS_FILES = ("policy.json", UPSTREAM_FILE, BROKER_FILE)  # a launch waits until the running proxy read these
 _SECRET = lazyre.compile(f"[0-9a-f]{{{SECRET_BYTES * 2}}}")
 LOG_KEEP_BYTES = 10 << 20  # a longer log becomes log.jsonl.1 (the one before goes) when a proxy starts
 
@@ -170,10 +174,15 @@ def describe(settings: netpolicy.NetworkSettings, vm_name: str,
 def refresh_policy(settings: netpolicy.NetworkSettings, vm_name: str) -> bool:
     """Give a running proxy the settings now in the config (`agentbox net allow`); False when none runs."""
     with locked(_control_lock(vm_name)):
-        if running(vm_name) is None:
+        current = running(vm_name)
+        if current is None:
             return False
         agents = {name: tuple(hosts) for name, hosts in (policy(vm_name) or {}).get("agents", {}).items()}
+        written_before = _settings_mtimes(folder(vm_name))
         _write_policy(vm_name, settings, agents)
+        if not _running_takes_settings(vm_name, current.pid, written_before):
+            progress.warn(f"the network proxy of {vm_name} has not taken the change yet; it reads its settings "
+                          f"again every {POLL_SEC:g} s")
         return True
 
 
@@ -267,6 +276,8 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
             for name, hosts in (policy(vm_name) or {}).get("agents", {}).items():
                 launched.setdefault(name, tuple(hosts))
         _begin_window(vm_name, current is not None)
+        with _unrecorded():
+            written_before = _settings_mtimes(base)
         _write_policy(vm_name, settings, launched)
         if broker is not None:
             write_if_changed(base / BROKER_FILE, (json.dumps(broker, sort_keys=True, indent=1) + "\n").encode())
@@ -274,6 +285,11 @@ def begin(settings: netpolicy.NetworkSettings, vm_name: str, agents: dict[str, t
             with contextlib.suppress(FileNotFoundError):
                 (base / BROKER_FILE).unlink()
         _write_private(base / UPSTREAM_FILE, upstream)
+        if current is not None and not _running_takes_settings(vm_name, current.pid, written_before):
+            progress.warn(f"the network proxy of {vm_name} did not take the changed network settings within "
+                          f"{RELOAD_TIMEOUT_SEC:g} s; starting a new one (connections through the old one end)")
+            stop(vm_name, locked_already=True)
+            current = None
         fd, lease_path = _held_lease(base)
         try:
             child, port = _start(vm_name, program, broker is not None) if current is None else (None, current.port)
@@ -363,11 +379,60 @@ def _write_policy(vm_name: str, settings: netpolicy.NetworkSettings, agents: dic
 def _begin_window(vm_name: str, proxy_runs: bool) -> None:
     """A session that starts while no other holds the proxy begins a new upload window (agentbox.net.uploads).
     Not an input of the launch's plan: a launch from its plan decides it again (lease_running)."""
-    # A launch being recorded has its recorder loaded; a launch from its plan (or any other caller) has none.
-    recorder = sys.modules.get("agentbox.session.planrecorder")
-    with recorder.unrecorded() if recorder is not None else contextlib.nullcontext():
+    with _unrecorded():
         if not proxy_runs or not _claimed(vm_name):
             atomic_write(folder(vm_name) / WINDOW_FILE, _new_window() + "\n", mode=0o600, durable=False)
+
+
+def _unrecorded() -> contextlib.AbstractContextManager[None]:
+    """What a launch does about the running proxy is no input of its plan (the proxy's own files change under it)."""
+    # A launch being recorded has its recorder loaded; a launch from its plan (or any other caller) has none.
+    recorder = sys.modules.get("agentbox.session.planrecorder")
+    return recorder.unrecorded() if recorder is not None else contextlib.nullcontext()
+
+
+def _settings_mtimes(base: Path) -> dict[str, int]:
+    return {name: _mtime(base / name) for name in SETTINGS_FILES}
+
+
+def _running_takes_settings(vm_name: str, pid: int, written_before: dict[str, int]) -> bool:
+    """After a launch changed the settings files, wait until the running proxy has read them (its LOADED_FILE names
+    their mtimes), waking it rather than waiting for its next poll: the session must never start under the settings
+    before (a policy it tightened, a company proxy it dropped). False when it did not within RELOAD_TIMEOUT_SEC."""
+    base = folder(vm_name)
+    with _unrecorded():
+        wanted = _settings_mtimes(base)
+        if wanted == written_before:
+            return True
+        deadline = time.monotonic() + RELOAD_TIMEOUT_SEC
+        woken = False
+        while True:
+            loaded = _loaded(base)
+            if loaded.get("pid") == pid:  # it serves: its signal handlers are in place
+                if all(loaded.get(name) == mtime for name, mtime in wanted.items()):
+                    return True
+                if not woken:
+                    woken = True
+                    try:
+                        os.kill(pid, signal.SIGUSR1)
+                    except ProcessLookupError:
+                        return False
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+
+
+def _loaded(base: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((base / LOADED_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _note_loaded(base: Path, read: dict[str, int]) -> None:
+    """The proxy process: the settings files' mtimes as they were when it read them (what a launch waits for)."""
+    atomic_write(base / LOADED_FILE, json.dumps({"pid": os.getpid(), **read}) + "\n", mode=0o600, durable=False)
 
 
 def upload_window(vm_name: str) -> str:
@@ -579,6 +644,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                   secret=secret(vm_name),  # always: only the VM has it
                   guest_socket=base / netpolicy.HOLD_SOCKET)  # a held VM's connections (agentbox.net.hold)
     lock = [lock_fd]  # closed by the first _end (the proxy.lock goes before the control lock does)
+    _note_loaded(base, {"policy.json": seen[0], UPSTREAM_FILE: upstream_seen, BROKER_FILE: broker_seen})
     try:
         if listener is None:
             atomic_write(base / "port", f"{proxy.port}\n", mode=0o600, durable=False)
@@ -588,8 +654,9 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
                          mode=0o600, durable=False)
         idle_since: float | None = None
         vm_check = _VmCheck(vm_running)
+        poll = float(os.environ.get(TEST_POLL) or POLL_SEC)
         while True:
-            if select.select([wake_read], [], [], POLL_SEC)[0]:
+            if select.select([wake_read], [], [], poll)[0]:
                 signals = os.read(wake_read, 64)
                 if signal.SIGTERM in signals or signal.SIGINT in signals:
                     return 0
@@ -605,6 +672,7 @@ def serve(vm_name: str, load_broker: Callable[[], Brokering | None] | None = Non
             if _mtime(broker_file) != broker_seen:
                 broker_seen = _mtime(broker_file)
                 proxy.set_broker(_broker(vm_name, load_broker, broker_seen))
+                _note_loaded(base, {"policy.json": seen[0], UPSTREAM_FILE: upstream_seen, BROKER_FILE: broker_seen})
             if _claimed(vm_name):
                 idle_since = None
             elif idle_since is None:
@@ -671,6 +739,7 @@ def _wake_on_signals(wake_write: int) -> None:
     signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
+    signal.signal(signal.SIGUSR1, lambda *_: None)  # a launch changed the settings: read them now
 
 
 def _broker(vm_name: str, load: Callable[[], Brokering | None] | None, seen: int) -> Brokering | None:
