@@ -299,7 +299,8 @@ def test_a_placeholder_in_a_plain_http_request_of_any_vm_is_refused(broker: Harn
                 answer += piece
             raw.close()
             if body == b"fine":
-                assert answer.startswith(b"HTTP/1.0 200") and bodies[-1] == b"fine", answer
+                # in `bodies`, not last: the request cut short before may be read to its end only after this one
+                assert answer.startswith(b"HTTP/1.0 200") and b"fine" in bodies, answer
             else:
                 assert status_of(answer) == 403 and b"attempted leak" in answer, (path, answer)
         assert all(GH_PH.encode() not in sent and OTHER_VM_PH.encode() not in sent for sent in bodies)
