@@ -19,7 +19,7 @@ from agentbox.net import pushes, uploads
 
 CHUNK = 64 * 1024
 MAX_BACK = 32 << 20  # a session that logged more than this is summed over its last MAX_BACK bytes
-LEDGER_TAIL = 256 * 1024
+LEDGER_TAIL = 256 * 1024  # the pushes ledger is read back at most this far for a report
 
 
 def entries(vm_name: str, since: str) -> list[dict[str, Any]]:
@@ -85,9 +85,7 @@ def broker(vm_name: str, since: str, found: Iterable[dict[str, Any]]) -> dict[st
     pushes it let through or refused since `since` (its ledger's tail: agentbox.net.pushes)."""
     judged = [entry for entry in found if "path" in entry]
     made = []
-    for entry in _ledger_tail(pushes.ledger_path(vm_name)):
-        if str(entry.get("time", "")) < since:
-            continue
+    for entry in lines_since(pushes.ledger_path(vm_name), since, LEDGER_TAIL):
         updates = entry.get("updates") if isinstance(entry.get("updates"), list) else []
         made.append({"time": str(entry.get("time", "")), "outcome": str(entry.get("outcome", "")),
                      "refs": [str(update.get("ref", "")) for update in updates or [] if isinstance(update, dict)]})
@@ -98,16 +96,3 @@ def broker(vm_name: str, since: str, found: Iterable[dict[str, Any]]) -> dict[st
         "pushes": made,
     }
 
-
-def _ledger_tail(path: Path) -> list[dict[str, Any]]:
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return []
-    with os.fdopen(fd, "rb") as handle:
-        size = handle.seek(0, os.SEEK_END)
-        handle.seek(max(0, size - LEDGER_TAIL))
-        data = handle.read()
-    if size > LEDGER_TAIL:
-        data = data[data.find(b"\n") + 1:]
-    return [entry for raw in data.splitlines() if (entry := uploads.parsed_line(raw)) is not None]
